@@ -1,0 +1,51 @@
+"""The stateful half of every operator.
+
+An accumulator sees every item of one lane, in order, on one thread, and makes every stateful
+decision (which documents share a packed row, what a shuffle buffer emits). It lives for exactly
+one *segment*: the items between two flush sentinels. A new segment gets a new accumulator built
+from the segment's context, so its behaviour after a flush is a pure function of the input after
+that flush — which is what lets a checkpoint hold cursors instead of buffers.
+
+Thread-safety: an accumulator is thread-unsafe by contract; the lane driver is its only caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Accumulator", "AccumulatorFactory", "SegmentContext"]
+
+
+@dataclass(frozen=True)
+class SegmentContext:
+    """Everything an accumulator may depend on besides its input: the lane and segment it serves."""
+
+    lane: int
+    segment: int
+
+    def rng(self, seed: int, purpose: str) -> np.random.Generator:
+        """A generator derived from (seed, purpose, lane, segment) and nothing else.
+
+        Never from a rank, a worker id or the wall clock: the same segment of the same lane gets the
+        same stream on every layout and after every resume.
+        """
+        key = f"{seed}/{purpose}/{self.lane}/{self.segment}".encode()
+        words = np.frombuffer(hashlib.sha256(key).digest(), dtype=np.uint32)
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words.tolist())))
+
+
+@runtime_checkable
+class Accumulator(Protocol):
+    """`push` takes one item and returns the items now ready (possibly none), in order;
+    `flush` returns everything still held and leaves the accumulator empty."""
+
+    def push(self, item: Any) -> list[Any]: ...
+
+    def flush(self) -> list[Any]: ...
+
+
+AccumulatorFactory = Callable[[SegmentContext], Accumulator]

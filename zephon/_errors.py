@@ -1,0 +1,59 @@
+"""The named errors Zephon raises.
+
+Every failure a user can hit has its own class so that training scripts can catch exactly what
+they mean to, and every message names the numbers, fields or record address involved.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ZephonError",
+    "ConfigurationError",
+    "BadRecordError",
+    "UserFunctionError",
+    "CheckpointError",
+    "RecipeMismatchError",
+]
+
+
+class ZephonError(Exception):
+    """Base class of every error Zephon raises on purpose."""
+
+
+class ConfigurationError(ZephonError, ValueError):
+    """The recipe or the layout (lanes, ranks, batch sizes) cannot work; raised at construction."""
+
+
+class BadRecordError(ZephonError):
+    """A record could not be used and the policy is to fail fast; the message names its address."""
+
+    def __init__(self, address: object, reason: str, detail: str = "") -> None:
+        self.address = address
+        self.reason = reason
+        self.detail = detail
+        suffix = f": {detail}" if detail else ""
+        super().__init__(f"bad record {address} ({reason}){suffix}")
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.address, self.reason, self.detail))
+
+
+class UserFunctionError(ZephonError):
+    """A user `map`/`filter` function raised; carries the record address and the original traceback."""
+
+    def __init__(self, address: object, operator: str, original: str) -> None:
+        self.address = address
+        self.operator = operator
+        self.original = original
+        super().__init__(f"{operator} failed on record {address}\n--- original traceback ---\n{original}")
+
+    def __reduce__(self):
+        return (type(self), (self.address, self.operator, self.original))
+
+
+class CheckpointError(ZephonError):
+    """A checkpoint is malformed, truncated, of an unknown version or does not cover the lanes needed."""
+
+
+class RecipeMismatchError(CheckpointError):
+    """A checkpoint was taken with a different recipe; the message names every field that changed."""

@@ -1,0 +1,66 @@
+"""What flows between a reader and the operators: records with their address, and counted skips.
+
+A chunk of records is the unit of work that is numbered, dispatched to workers and put back in
+order. Skips travel with the chunk that produced them so that the ledger never loses one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RecordAddress", "Chunk", "ChunkRecords"]
+
+
+@dataclass(frozen=True, order=True)
+class RecordAddress:
+    """Where a record lives: dataset name, shard URL and the record's index inside that shard."""
+
+    dataset: str
+    shard: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.dataset}:{self.shard}#{self.index}"
+
+
+@dataclass(frozen=True, order=True)
+class Chunk:
+    """A contiguous record range [start, stop) of one shard (by position in `Dataset.shards`)."""
+
+    dataset: str
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def num_records(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class ChunkRecords:
+    """The records of one chunk after some stateless stages, in shard order.
+
+    `records[i]` lives at `addresses[i]`. `skipped` lists (address, reason) for every record a stage
+    dropped; `filtered` counts records a user filter removed. Both are carried to the ledger.
+    """
+
+    chunk: Chunk
+    records: list[dict[str, Any]] = field(default_factory=list)
+    addresses: list[RecordAddress] = field(default_factory=list)
+    skipped: list[tuple[RecordAddress, str]] = field(default_factory=list)
+    filtered: list[RecordAddress] = field(default_factory=list)
+
+    def keep(self, keep_mask: list[bool], *, reason: str | None) -> None:
+        """Drop records whose mask entry is False, counting them as skipped (reason) or filtered (None)."""
+        records, addresses = [], []
+        for keep, record, address in zip(keep_mask, self.records, self.addresses):
+            if keep:
+                records.append(record)
+                addresses.append(address)
+            elif reason is None:
+                self.filtered.append(address)
+            else:
+                self.skipped.append((address, reason))
+        self.records, self.addresses = records, addresses
