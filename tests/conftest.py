@@ -1,0 +1,113 @@
+"""Fixtures shared by every test module. Keep this file small: harnesses live in their own modules.
+
+- ``demo_data_dir`` / ``demo_tokenizer_path``: the shipped corpus and tokenizer (``zephon/data``).
+- ``make_jsonl_corpus(num_shards, records_per_shard, seed)``: a deterministic synthetic JSON Lines
+  corpus in a session temp dir (cached per argument triple), for tests that need exact counts.
+- ``@requires_torch`` (also ``@pytest.mark.requires_torch``): skips when torch cannot be imported,
+  as on free-threaded 3.14t where no CPU build exists. Nothing else in the suite may skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # pragma: no cover - hypothesis is a test extra
+    _hypothesis_settings = None
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_DATA_DIR = REPO_ROOT / "zephon" / "data"
+TORCH_SKIP_REASON = "torch is not installed (no CPU build exists for this Python)"
+
+requires_torch = pytest.mark.requires_torch
+
+if _hypothesis_settings is not None:
+    # The free-threaded build and a shared 2-core machine make per-example timing meaningless.
+    _hypothesis_settings.register_profile("zephon", deadline=None, print_blob=True)
+    _hypothesis_settings.load_profile("zephon")
+
+
+@cache
+def torch_available() -> bool:
+    """True when ``import torch`` works (a CUDA-only build without its libraries counts as absent)."""
+    try:
+        importlib.import_module("torch")
+    except Exception:
+        return False
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"requires_torch: skip with '{TORCH_SKIP_REASON}' when torch is absent")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # torch is imported only if some collected test needs it, and then only once.
+    needing = [item for item in items if item.get_closest_marker("requires_torch")]
+    if needing and not torch_available():
+        skip = pytest.mark.skip(reason=TORCH_SKIP_REASON)
+        for item in needing:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def demo_data_dir() -> Path:
+    """``zephon/data``: ``kjv/*.jsonl.zst`` (4 shards) and ``jargon/*.jsonl`` (3 shards)."""
+    assert (DEMO_DATA_DIR / "tokenizer.json").is_file(), f"shipped demo data missing under {DEMO_DATA_DIR}"
+    return DEMO_DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer_path(demo_data_dir: Path) -> Path:
+    """The shipped byte-level BPE ``tokenizer.json`` (vocab 8192; <|bos|>=0, <|eos|>=1, <|pad|>=2)."""
+    return demo_data_dir / "tokenizer.json"
+
+
+_WORDS = (
+    "alpha beta gamma delta lane shard chunk token pack shuffle batch flush replay seed mixture "
+    "record window buffer worker thread process rank epoch sequence document the of and a to in"
+).split()
+
+
+def write_jsonl_corpus(root: Path, num_shards: int, records_per_shard: int, seed: int) -> Path:
+    """Write ``part-NNNNN.jsonl`` shards of ``{"id", "shard", "index", "text"}`` records.
+
+    Content is a pure function of the arguments: ``id`` is ``"s{shard}-r{index}"`` and ``text``
+    holds 1–200 words drawn from a small vocabulary (lengths vary so packing has real work).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(f"zephon-synthetic:{seed}")
+    for shard in range(num_shards):
+        lines = []
+        for index in range(records_per_shard):
+            n_words = rng.randint(1, 200)
+            text = " ".join(rng.choice(_WORDS) for _ in range(n_words))
+            lines.append(json.dumps({"id": f"s{shard}-r{index}", "shard": shard, "index": index, "text": text}))
+        (root / f"part-{shard:05d}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="session")
+def make_jsonl_corpus(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int, int], Path]:
+    """Factory: ``make_jsonl_corpus(num_shards, records_per_shard, seed) -> directory``.
+
+    The same arguments return the same directory within a session; treat it as read-only.
+    """
+    made: dict[tuple[int, int, int], Path] = {}
+
+    def make(num_shards: int, records_per_shard: int, seed: int = 0) -> Path:
+        key = (num_shards, records_per_shard, seed)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"corpus-{num_shards}x{records_per_shard}-s{seed}", numbered=True)
+            made[key] = write_jsonl_corpus(root, *key)
+        return made[key]
+
+    return make
