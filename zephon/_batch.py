@@ -1,0 +1,107 @@
+"""Microbatches and the SHA-256 of a global batch.
+
+A microbatch holds `microbatch_size` packed rows of one lane. Its position in the global batch is
+(lane, index); `global_batch_digest` sorts by that, so every layout of ranks hashes the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from ._errors import ZephonError
+from ._records import RecordAddress
+from ._sequence import PackedSequence
+
+__all__ = ["Batch", "global_batch_digest", "combine_digests", "collate"]
+
+
+@dataclass
+class Batch:
+    """One microbatch of one lane at one global step.
+
+    `tokens` holds (microbatch_size, max_length) int32 arrays; `ragged` holds per-row payloads
+    concatenated along axis 0 with `ragged_counts[name][i]` entries from row i.
+    `sources[i]` lists the records whose tokens are in row i.
+    """
+
+    lane: int
+    step: int
+    index: int
+    tokens: dict[str, np.ndarray]
+    ragged: dict[str, np.ndarray] = field(default_factory=dict)
+    ragged_counts: dict[str, np.ndarray] = field(default_factory=dict)
+    sources: tuple[tuple[RecordAddress, ...], ...] = ()
+
+    @property
+    def num_real_tokens(self) -> int:
+        return int(np.count_nonzero(self.tokens["document_ids"] >= 0))
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        out = dict(self.tokens)
+        out.update(self.ragged)
+        out.update({f"{k}_counts": v for k, v in self.ragged_counts.items()})
+        return out
+
+    def to_training(self) -> dict:
+        """torch tensors for a training step (int64 ids, as embedding layers expect)."""
+        import torch
+
+        out = {}
+        for name, array in self.to_numpy().items():
+            tensor = torch.from_numpy(np.ascontiguousarray(array))
+            out[name] = tensor.long() if array.dtype == np.int32 and name in _ID_FIELDS else tensor
+        return out
+
+    def update_digest(self, h) -> None:
+        """Feed this microbatch's content, in a fixed field order, into a hashlib object."""
+        for group in (self.tokens, self.ragged, self.ragged_counts):
+            for name in sorted(group):
+                array = np.ascontiguousarray(group[name])
+                h.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+                h.update(array.tobytes())
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        self.update_digest(h)
+        return h.hexdigest()
+
+
+_ID_FIELDS = frozenset({"input_ids", "labels", "position_ids", "document_ids"})
+
+
+def global_batch_digest(batches: Iterable[Batch]) -> str:
+    """SHA-256 of a global batch: over its microbatch digests in canonical (lane, index) order.
+
+    Hashing digests rather than raw bytes lets ranks exchange 32 bytes per microbatch instead of
+    the tensors, and still agree on one number per step.
+    """
+    batches = sorted(batches, key=lambda b: (b.lane, b.index))
+    if not batches:
+        raise ZephonError("global_batch_digest needs at least one microbatch")
+    steps = {b.step for b in batches}
+    if len(steps) != 1:
+        raise ZephonError(f"microbatches of different steps cannot form one global batch: {sorted(steps)}")
+    return combine_digests(b.digest() for b in batches)
+
+
+def combine_digests(microbatch_digests: Iterable[str]) -> str:
+    """The global digest from microbatch digests already in canonical order."""
+    h = hashlib.sha256()
+    for digest in microbatch_digests:
+        h.update(bytes.fromhex(digest))
+    return h.hexdigest()
+
+
+def collate(rows: list[PackedSequence], lane: int, step: int, index: int) -> Batch:
+    """Stack fixed-length fields; concatenate ragged ones with per-row counts."""
+    tokens = {name: np.stack([r.tokens[name] for r in rows]) for name in rows[0].tokens}
+    ragged, counts = {}, {}
+    for name in rows[0].ragged:
+        parts = [r.ragged[name] for r in rows]
+        ragged[name] = np.concatenate(parts, axis=0)
+        counts[name] = np.array([len(p) for p in parts], dtype=np.int64)
+    return Batch(lane, step, index, tokens, ragged, counts, tuple(r.sources for r in rows))

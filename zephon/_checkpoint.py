@@ -1,0 +1,108 @@
+"""Loader state: cursors per lane, a recipe fingerprint, a version — plain JSON, never pickle.
+
+A lane's cursor is (segment, skip, position): replay the lane from the start of `segment`, drop
+the first `skip` rows it produces (the trainer already consumed them), and count the lane's rows
+from `position`. Nothing buffered is ever saved; loading a state cannot execute code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from ._errors import CheckpointError, RecipeMismatchError
+
+__all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "merge_states"]
+
+STATE_FORMAT = "zephon.loader_state"
+STATE_VERSION = 1
+
+
+@dataclass
+class LaneCursor:
+    """Where a lane stands. `position` counts rows handed to the trainer, padding included."""
+
+    segment: int = 0
+    skip: int = 0
+    position: int = 0
+
+    def as_json(self) -> list[int]:
+        return [self.segment, self.skip, self.position]
+
+
+def canonical_json(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def recipe_digests(recipe: Mapping) -> dict[str, str]:
+    """A short digest per top-level recipe field, so a mismatch can be named without storing it all."""
+    return {k: hashlib.sha256(canonical_json(v).encode()).hexdigest()[:16] for k, v in recipe.items()}
+
+
+def _checksum(body: Mapping) -> str:
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def make_state(recipe: Mapping, lanes: Mapping[int, LaneCursor], num_lanes: int) -> dict:
+    body = {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "num_lanes": num_lanes,
+        "recipe": recipe_digests(recipe),
+        "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},
+    }
+    return {**body, "checksum": _checksum(body)}
+
+
+def read_state(state: object, recipe: Mapping, num_lanes: int) -> dict[int, LaneCursor]:
+    """Validate a state against the current recipe and return its cursors by lane."""
+    if isinstance(state, (str, bytes)):
+        try:
+            state = json.loads(state)
+        except ValueError as exc:
+            raise CheckpointError(f"loader state is not valid JSON: {exc}") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise CheckpointError("not a Zephon loader state (missing or wrong 'format' field)")
+    if state.get("version") != STATE_VERSION:
+        raise CheckpointError(
+            f"loader state version {state.get('version')!r} is not supported (this Zephon reads {STATE_VERSION})"
+        )
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    if state.get("checksum") != _checksum(body):
+        raise CheckpointError("loader state checksum does not match its content (truncated or edited)")
+    saved = state["recipe"]
+    current = recipe_digests(recipe)
+    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if changed:
+        raise RecipeMismatchError(
+            "the checkpoint was taken with a different recipe; changed: " + ", ".join(changed)
+            + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not."
+        )
+    if state["num_lanes"] != num_lanes:
+        raise RecipeMismatchError(f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}")
+    try:
+        return {int(lane): LaneCursor(*map(int, cursor)) for lane, cursor in state["lanes"].items()}
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"malformed lane cursors in loader state: {exc}") from None
+
+
+def merge_states(states: Iterable[Mapping]) -> dict:
+    """Combine the states of all ranks into one covering every lane (ranks own disjoint lanes)."""
+    states = list(states)
+    if not states:
+        raise CheckpointError("merge_states needs at least one state")
+    first = states[0]
+    lanes: dict[str, list[int]] = {}
+    for state in states:
+        for key in ("format", "version", "num_lanes", "recipe"):
+            if state.get(key) != first.get(key):
+                raise CheckpointError(f"cannot merge loader states that differ in {key!r}")
+        for lane, cursor in state["lanes"].items():
+            if lane in lanes and lanes[lane] != cursor:
+                raise CheckpointError(f"lane {lane} appears in two states with different cursors")
+            lanes[lane] = cursor
+    body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe")}
+    body["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+    return {**body, "checksum": _checksum(body)}

@@ -1,0 +1,128 @@
+"""The driver of one lane: ordered dispatch of its chunks, in-order accumulation of the results.
+
+Chunks are submitted to the runner ahead of need (numbered by their position in the lane), and
+their results are consumed strictly in that order, whatever order workers finish in. Every
+stateful decision happens here, on the loader's thread, which is what makes parallelism a pure
+performance knob.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable, Iterator
+
+from ._accumulator import AccumulatorFactory, SegmentContext
+from ._records import Chunk, ChunkRecords
+from ._sequence import PackedSequence
+from .work import Flush
+
+__all__ = ["LaneStream"]
+
+
+class LaneStream:
+    """Yields (segment, row) for one lane, starting at the beginning of `start_segment`.
+
+    Thread-unsafe: owned and driven by one rank loader.
+    """
+
+    def __init__(
+        self,
+        lane: int,
+        items: Iterator[Chunk | Flush],
+        start_segment: int,
+        submit: Callable[[Chunk], Future],
+        factories: list[AccumulatorFactory],
+        prefetch: int,
+        on_chunk: Callable[[int, ChunkRecords], None],
+    ) -> None:
+        self.lane = lane
+        self._items = items
+        self._segment = start_segment
+        self._submit = submit
+        self._factories = factories
+        self._prefetch = prefetch
+        self._on_chunk = on_chunk
+        self._pending: deque[Future | Flush] = deque()
+        self._in_flight = 0
+        self._plan_done = False
+        self._rows = self._generate()
+        self._lookahead: tuple[int, PackedSequence] | None = None
+        self.exhausted = False
+
+    def next(self) -> tuple[int, PackedSequence] | None:
+        """The next row and its segment, or None once a finite plan is used up."""
+        if self._lookahead is not None:
+            row, self._lookahead = self._lookahead, None
+            return row
+        row = next(self._rows, None)
+        if row is None:
+            self.exhausted = True
+        return row
+
+    def has_more(self) -> bool:
+        if self._lookahead is None and not self.exhausted:
+            self._lookahead = next(self._rows, None)
+            self.exhausted = self._lookahead is None
+        return self._lookahead is not None
+
+    def _fill(self) -> None:
+        while not self._plan_done and self._in_flight < self._prefetch:
+            item = next(self._items, None)
+            if item is None:
+                self._plan_done = True
+            elif isinstance(item, Flush):
+                self._pending.append(item)
+            else:
+                self._pending.append(self._submit(item))
+                self._in_flight += 1
+
+    def _generate(self) -> Iterator[tuple[int, PackedSequence]]:
+        accumulators = [make(SegmentContext(self.lane, self._segment)) for make in self._factories]
+        while True:
+            self._fill()
+            if not self._pending:
+                return
+            entry = self._pending.popleft()
+            if isinstance(entry, Flush):
+                for row in _flush_chain(accumulators):
+                    yield self._segment, row
+                self._segment = entry.segment
+                accumulators = [make(SegmentContext(self.lane, self._segment)) for make in self._factories]
+                continue
+            self._in_flight -= 1
+            self._fill()
+            batch: ChunkRecords = entry.result()
+            self._on_chunk(self.lane, batch)
+            for address, record in zip(batch.addresses, batch.records):
+                for row in _push_chain(accumulators, (address, record)):
+                    yield self._segment, row
+
+    def close(self) -> None:
+        for entry in self._pending:
+            if isinstance(entry, Future):
+                entry.cancel()
+        self._pending.clear()
+
+
+def _push_chain(accumulators, item) -> list:
+    items = [item]
+    for accumulator in accumulators:
+        ready = []
+        for it in items:
+            ready.extend(accumulator.push(it))
+        items = ready
+        if not items:
+            break
+    return items
+
+
+def _flush_chain(accumulators) -> list:
+    items: list = []
+    for accumulator in accumulators:
+        ready = []
+        for it in items:
+            ready.extend(accumulator.push(it))
+        ready.extend(accumulator.flush())
+        items = ready
+    return items

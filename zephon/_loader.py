@@ -1,0 +1,316 @@
+"""The loader of one data-parallel rank: its lanes, its runner, its cursors.
+
+With L lanes and R ranks, rank r owns lanes [r·L/R, (r+1)·L/R). Each global step takes G/L rows
+from every lane, as (G/L)/m microbatches of m rows. A rank yields, step by step, its lanes'
+microbatches in canonical (lane, index) order; concatenating the ranks' microbatches of a step in
+rank order gives the global batch in canonical order, whatever R is.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from concurrent.futures import Future
+from typing import Iterator
+
+import numpy as np
+
+from ._batch import Batch, collate
+from ._checkpoint import LaneCursor, make_state, read_state
+from ._errors import ConfigurationError
+from ._ledger import Ledger
+from ._lane import LaneStream
+from ._packing import assemble_row
+from ._records import Chunk, ChunkRecords
+from ._runner import Runner, Stage, make_runner
+from ._sequence import PackedSequence
+from .work import lane_plan
+
+__all__ = ["RankLoader"]
+
+log = logging.getLogger("zephon")
+
+RECIPE_VERSION = 1
+
+
+def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
+    """Fail at construction, naming the numbers, on any layout that cannot split evenly."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigurationError(f"rank {rank} is not in [0, world_size={world_size})")
+    if num_lanes % world_size:
+        raise ConfigurationError(
+            f"num_lanes={num_lanes} is not divisible by world_size={world_size}; "
+            f"choose num_lanes as a common multiple of every world size you will run on"
+        )
+    if global_batch_size % num_lanes:
+        raise ConfigurationError(
+            f"global_batch_size={global_batch_size} is not divisible by num_lanes={num_lanes}"
+        )
+    per_lane = global_batch_size // num_lanes
+    if per_lane % microbatch_size:
+        raise ConfigurationError(
+            f"global_batch_size/num_lanes = {global_batch_size}/{num_lanes} = {per_lane} rows per lane per step "
+            f"is not divisible by microbatch_size={microbatch_size}"
+        )
+    return per_lane
+
+
+class RankLoader:
+    """Iterates one rank's microbatches; `state_dict`/`load_state_dict` for elastic resume.
+
+    Thread-unsafe: iterate it from one thread. Call `close()` (or use `with`) to stop its workers.
+    """
+
+    def __init__(self, pipeline, rank: int, world_size: int, global_batch_size: int) -> None:
+        self.pipeline = pipeline
+        settings = pipeline.settings
+        self.num_lanes = settings.num_lanes
+        self.rank, self.world_size = rank, world_size
+        self.global_batch_size = global_batch_size
+        self.microbatch_size = pipeline.microbatch_size
+        self.rows_per_step = check_layout(
+            self.num_lanes, world_size, rank, global_batch_size, self.microbatch_size
+        )
+        per_rank = self.num_lanes // world_size
+        self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
+        self._compile()
+        self._cursors = {lane: LaneCursor() for lane in self.lanes}
+        self._streams: dict[int, LaneStream] = {}
+        self._runner: Runner | None = None
+        self._ledger = Ledger()
+        self._generation = 0
+        self._closed = False
+
+    # -- building ---------------------------------------------------------------------------
+    def _compile(self) -> None:
+        pipeline, settings = self.pipeline, self.pipeline.settings
+        ops = pipeline.operators
+        accumulators = [op for op in ops if op.kind == "accumulator"]
+        if not accumulators:
+            raise ConfigurationError("the pipeline needs a packing operator (e.g. pack_flat) before batch")
+        record_ops = pipeline.record_operators()
+        if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
+            raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
+        self.default_pad_id = _default_pad_id(record_ops)
+        on_error = settings.on_error
+        record_fns = [(op, op.build(on_error)) for op in record_ops]
+        self.stages = _fuse_stages(record_fns, settings.read_parallelism)
+        self._stage_fns = [fn for _, fn in record_fns]
+        pack_field = getattr(accumulators[0], "field", "input_ids")
+        self.row_length = accumulators[0].max_length
+        self.plan = pipeline.source.bind(self._token_counter(pack_field))
+        self.factories = [op.factory(self.default_pad_id) for op in accumulators]
+        self.recipe = {
+            "recipe_version": RECIPE_VERSION,
+            "plan": self.plan.fingerprint(),
+            "operators": [op.fingerprint() if op.kind == "record" else op.fingerprint(self.default_pad_id) for op in ops],
+            "num_lanes": self.num_lanes,
+            "flush_every_chunks": settings.flush_every_chunks,
+            "global_batch_size": self.global_batch_size,
+        }
+        max_parallelism = max((s.parallelism for s in self.stages), default=1)
+        self.prefetch = settings.prefetch or max(2, math.ceil(2 * max_parallelism / len(self.lanes)))
+
+    def _token_counter(self, field: str):
+        fns = self._stage_fns
+
+        def count(batch: ChunkRecords) -> int:
+            for fn in fns:
+                batch = fn(batch)
+            return sum(len(r[field]) for r in batch.records if field in r)
+
+        return count
+
+    def _read(self, chunk: Chunk) -> ChunkRecords:
+        dataset = self.plan.datasets[chunk.dataset]
+        return dataset.read_chunk(chunk, on_error=self.pipeline.settings.on_error)
+
+    # -- running ----------------------------------------------------------------------------
+    @property
+    def runner_info(self) -> dict:
+        """Which runner executes the stateless work, and why it was chosen."""
+        runner = self._ensure_runner()
+        return {"name": runner.name, "reason": runner.reason}
+
+    def _ensure_runner(self) -> Runner:
+        if self._closed:
+            raise ConfigurationError("this loader is closed")
+        if self._runner is None:
+            read = self._read
+            stages = [Stage(s.name, _compose(read if i == 0 else None, s.fns), s.parallelism) for i, s in enumerate(self.stages)]
+            runner = make_runner(self.pipeline.settings.runner)
+            runner.start(stages)
+            self._runner = runner
+            log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, runner.name, runner.reason)
+        return self._runner
+
+    def _submit(self, chunk: Chunk) -> Future:
+        return _submit_chain(self._runner, len(self.stages), chunk)
+
+    def _open_streams(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._ensure_runner()
+        flush_every = self.pipeline.settings.flush_every_chunks
+        self._streams = {}
+        for lane in self.lanes:
+            cursor = self._cursors[lane]
+            stream = LaneStream(
+                lane,
+                lane_plan(self.plan, lane, self.num_lanes, flush_every, cursor.segment),
+                cursor.segment,
+                self._submit,
+                self.factories,
+                self.prefetch,
+                self._ledger.count_chunk,
+            )
+            for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
+                if stream.next() is None:
+                    break
+            self._streams[lane] = stream
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._generation += 1
+        generation = self._generation
+        self._open_streams()
+        m, per_step = self.microbatch_size, self.rows_per_step
+        while True:
+            step = min(self._cursors[lane].position for lane in self.lanes) // per_step
+            if not any(self._streams[lane].has_more() for lane in self.lanes):
+                if all(self._cursors[lane].position % per_step == 0 for lane in self.lanes):
+                    return
+            for lane in self.lanes:
+                cursor = self._cursors[lane]
+                while cursor.position < (step + 1) * per_step:
+                    rows = [self._take(lane) for _ in range(m)]
+                    if generation != self._generation:
+                        return  # a newer iteration (or a load_state_dict) took over this loader
+                    index = (cursor.position % per_step) // m
+                    cursor.position += m
+                    yield collate(rows, lane, step, index)
+
+    def _take(self, lane: int) -> PackedSequence:
+        cursor = self._cursors[lane]
+        got = self._streams[lane].next()
+        if got is None:  # a finite plan is used up: pad the step so every lane stays aligned
+            row = assemble_row([], self.row_length, self.default_pad_id)
+            self._ledger.count_rows(lane, 0, row.length)
+            return row
+        segment, row = got
+        if segment != cursor.segment:
+            cursor.segment, cursor.skip = segment, 0
+        cursor.skip += 1
+        self._ledger.count_rows(lane, row.num_real_tokens, row.length)
+        return row
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`)."""
+        return make_state(self.recipe, self._cursors, self.num_lanes)
+
+    def load_state_dict(self, state) -> None:
+        """Take up the cursors of this rank's lanes from a state covering them (any world size)."""
+        cursors = read_state(state, self.recipe, self.num_lanes)
+        missing = [lane for lane in self.lanes if lane not in cursors]
+        if missing:
+            from ._errors import CheckpointError
+
+            raise CheckpointError(
+                f"the loader state does not cover lanes {missing} of rank {self.rank}; "
+                "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
+            )
+        self._cursors = {lane: cursors[lane] for lane in self.lanes}
+        self._generation += 1
+        for stream in self._streams.values():
+            stream.close()
+        self._streams = {}
+
+    def stats(self) -> dict:
+        """The ledger of this rank: records read/emitted/filtered/skipped by reason, tokens, padding."""
+        return self._ledger.snapshot()
+
+    def describe_plan(self) -> dict:
+        return self.plan.describe()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams = {}
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        self._closed = True
+
+    def __enter__(self) -> RankLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _FusedStage:
+    def __init__(self, name: str, parallelism: int) -> None:
+        self.name, self.parallelism, self.fns = name, parallelism, []
+
+
+def _fuse_stages(record_fns, read_parallelism: int | None) -> list[_FusedStage]:
+    """Adjacent stateless operators with the same parallelism run as one stage: composing pure
+    functions changes nothing in the output and saves a hand-off per chunk."""
+    first = record_fns[0][0].parallelism if record_fns else 1
+    stages = [_FusedStage("read", read_parallelism or first)]
+    for op, fn in record_fns:
+        if op.parallelism != stages[-1].parallelism:
+            stages.append(_FusedStage(op.name, op.parallelism))
+        else:
+            stages[-1].name += f"+{op.name}"
+        stages[-1].fns.append(fn)
+    return stages
+
+
+def _compose(read, fns):
+    def run(item):
+        if read is not None:
+            item = read(item)
+        for fn in fns:
+            item = fn(item)
+        return item
+
+    return run
+
+
+def _submit_chain(runner: Runner, num_stages: int, item) -> Future:
+    """Run an item through every stage in turn; the returned future resolves with the last result."""
+    done: Future = Future()
+
+    def advance(stage: int, value) -> None:
+        if stage == num_stages:
+            done.set_result(value)
+            return
+        future = runner.submit(stage, value)
+
+        def on_done(f: Future) -> None:
+            error = f.exception()
+            if error is not None:
+                done.set_exception(error)
+            else:
+                advance(stage + 1, f.result())
+
+        future.add_done_callback(on_done)
+
+    advance(0, item)
+    return done
+
+
+def _default_pad_id(record_ops) -> int:
+    """The tokenizer's pad token if it has one, else 0 (padding is masked out either way)."""
+    from ._record_ops import TokenizeOp
+
+    for op in reversed(record_ops):
+        if isinstance(op, TokenizeOp):
+            tokenizer = op.handle().tokenizer
+            for token in ("<|pad|>", "<pad>", "[PAD]", "<|endoftext|>"):
+                token_id = tokenizer.token_to_id(token)
+                if token_id is not None:
+                    return token_id
+    return 0

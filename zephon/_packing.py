@@ -1,0 +1,196 @@
+"""Flat packing of token documents into fixed-length rows.
+
+The accumulator decides which document pieces go into which row; assembling a row is a few
+numpy concatenations. Two algorithms:
+
+- `wrap`: documents are laid end to end and cut every `max_length` tokens; no padding except in
+  the last row of a segment, documents may be split across rows.
+- `first_fit`: a document is placed in the first open row with room for it; a document that fits
+  in a row is never split (longer ones are cut into `max_length` pieces first). Up to
+  `max_open_rows` rows stay open; the oldest is emitted (padded) when one more is needed.
+
+Every row carries `input_ids`, `labels` (the next token of the same document, IGNORE_INDEX at a
+document's end and on padding), `position_ids` (restarting at each document piece) and
+`document_ids` (0, 1, … per piece in the row, PADDING_DOCUMENT on padding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._accumulator import SegmentContext
+from ._errors import ConfigurationError
+from ._records import RecordAddress
+from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
+
+__all__ = ["PackFlatOp", "WrapPacker", "FirstFitPacker", "Piece", "assemble_row"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens [start, stop) of a document."""
+
+    tokens: np.ndarray
+    start: int
+    stop: int
+    address: RecordAddress
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+
+def assemble_row(pieces: list[Piece], max_length: int, pad_id: int) -> PackedSequence:
+    """Build one packed row from document pieces (a stateless function)."""
+    input_ids = np.full(max_length, pad_id, dtype=np.int32)
+    labels = np.full(max_length, IGNORE_INDEX, dtype=np.int32)
+    position_ids = np.zeros(max_length, dtype=np.int32)
+    document_ids = np.full(max_length, PADDING_DOCUMENT, dtype=np.int32)
+    at = 0
+    for doc, piece in enumerate(pieces):
+        n = piece.length
+        tokens = piece.tokens
+        input_ids[at : at + n] = tokens[piece.start : piece.stop]
+        following = tokens[piece.start + 1 : piece.stop + 1]
+        labels[at : at + len(following)] = following
+        position_ids[at : at + n] = np.arange(n, dtype=np.int32)
+        document_ids[at : at + n] = doc
+        at += n
+    sources = tuple(dict.fromkeys(p.address for p in pieces))
+    return PackedSequence(
+        tokens={
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": position_ids,
+            "document_ids": document_ids,
+        },
+        sources=sources,
+    )
+
+
+class WrapPacker:
+    """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
+
+    def __init__(self, max_length: int, pad_id: int, field: str) -> None:
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self.field = field
+        self._pieces: list[Piece] = []
+        self._filled = 0
+
+    def push(self, item: tuple[RecordAddress, dict]) -> list[PackedSequence]:
+        address, record = item
+        tokens = record[self.field]
+        start, out = 0, []
+        while start < len(tokens):
+            take = min(len(tokens) - start, self.max_length - self._filled)
+            self._pieces.append(Piece(tokens, start, start + take, address))
+            self._filled += take
+            start += take
+            if self._filled == self.max_length:
+                out.append(self._emit())
+        return out
+
+    def flush(self) -> list[PackedSequence]:
+        return [self._emit()] if self._pieces else []
+
+    def _emit(self) -> PackedSequence:
+        row = assemble_row(self._pieces, self.max_length, self.pad_id)
+        self._pieces, self._filled = [], 0
+        return row
+
+
+class FirstFitPacker:
+    """First-fit bin packing that never splits a document shorter than a row. Thread-unsafe."""
+
+    def __init__(self, max_length: int, pad_id: int, field: str, max_open_rows: int) -> None:
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self.field = field
+        self.max_open_rows = max_open_rows
+        self._rows: list[list[Piece]] = []
+        self._free: list[int] = []
+
+    def push(self, item: tuple[RecordAddress, dict]) -> list[PackedSequence]:
+        address, record = item
+        tokens = record[self.field]
+        out = []
+        start = 0
+        while len(tokens) - start > self.max_length:
+            piece = Piece(tokens, start, start + self.max_length, address)
+            out.append(assemble_row([piece], self.max_length, self.pad_id))
+            start += self.max_length
+        if start < len(tokens):
+            out.extend(self._place(Piece(tokens, start, len(tokens), address)))
+        return out
+
+    def _place(self, piece: Piece) -> list[PackedSequence]:
+        for i, free in enumerate(self._free):
+            if free >= piece.length:
+                self._rows[i].append(piece)
+                self._free[i] -= piece.length
+                return [self._emit(i)] if self._free[i] == 0 else []
+        out = []
+        if len(self._rows) == self.max_open_rows:
+            out.append(self._emit(0))
+        self._rows.append([piece])
+        self._free.append(self.max_length - piece.length)
+        if self._free[-1] == 0:
+            out.append(self._emit(len(self._rows) - 1))
+        return out
+
+    def _emit(self, i: int) -> PackedSequence:
+        pieces = self._rows.pop(i)
+        self._free.pop(i)
+        return assemble_row(pieces, self.max_length, self.pad_id)
+
+    def flush(self) -> list[PackedSequence]:
+        out = [assemble_row(p, self.max_length, self.pad_id) for p in self._rows]
+        self._rows, self._free = [], []
+        return out
+
+
+ALGORITHMS = ("wrap", "first_fit")
+
+
+@dataclass(frozen=True)
+class PackFlatOp:
+    """Configuration of `Pipeline.pack_flat`; builds one packer per lane segment."""
+
+    max_length: int
+    algorithm: str = "wrap"
+    pad_id: int | None = None
+    field: str = "input_ids"
+    max_open_rows: int = 16
+    name: str = "pack_flat"
+    kind = "accumulator"
+
+    def __post_init__(self) -> None:
+        if self.max_length < 1:
+            raise ConfigurationError(f"pack_flat: max_length must be positive, got {self.max_length}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigurationError(f"pack_flat: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.max_open_rows < 1:
+            raise ConfigurationError(f"pack_flat: max_open_rows must be positive, got {self.max_open_rows}")
+
+    def factory(self, default_pad_id: int):
+        pad = self.pad_id if self.pad_id is not None else default_pad_id
+
+        def make(ctx: SegmentContext):
+            if self.algorithm == "wrap":
+                return WrapPacker(self.max_length, pad, self.field)
+            return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows)
+
+        return make
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        return {
+            "op": self.name,
+            "max_length": self.max_length,
+            "algorithm": self.algorithm,
+            "pad_id": self.pad_id if self.pad_id is not None else default_pad_id,
+            "field": self.field,
+            "max_open_rows": self.max_open_rows,
+        }

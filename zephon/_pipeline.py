@@ -1,0 +1,185 @@
+"""The Pipeline: an immutable description of the path from stored records to training batches.
+
+Building a pipeline never reads data or starts workers; `shard()` (or iterating) does. Each
+builder method returns a new Pipeline, so a recipe can be shared and extended safely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterator
+
+from ._errors import ConfigurationError
+from ._packing import PackFlatOp
+from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism
+from ._runner import Runner
+from ._shuffle import ShuffleOp
+from .work import WorkSource
+
+__all__ = ["Pipeline", "PipelineOptions", "BatchOp"]
+
+ON_ERROR = ("skip", "raise")
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Settings of a pipeline.
+
+    Recipe (must stay fixed across a resume): `num_lanes`, `flush_every_chunks`.
+    Performance (free to change on resume): `runner`, `prefetch`, `read_parallelism`.
+    Policy: `on_error` ("skip": count bad records and go on; "raise": fail on the first one).
+    """
+
+    num_lanes: int = 8
+    flush_every_chunks: int = 16
+    runner: str | Runner = "auto"
+    prefetch: int | None = None
+    read_parallelism: int | None = None
+    on_error: str = "skip"
+    io_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_lanes, int) or self.num_lanes < 1:
+            raise ConfigurationError(f"num_lanes must be a positive integer, got {self.num_lanes!r}")
+        if not isinstance(self.flush_every_chunks, int) or self.flush_every_chunks < 1:
+            raise ConfigurationError(f"flush_every_chunks must be a positive integer, got {self.flush_every_chunks!r}")
+        if self.prefetch is not None and self.prefetch < 1:
+            raise ConfigurationError(f"prefetch must be a positive integer, got {self.prefetch!r}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigurationError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+
+
+@dataclass(frozen=True)
+class BatchOp:
+    microbatch_size: int
+    name: str = "batch"
+    kind = "batch"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:
+            raise ConfigurationError(f"batch: microbatch_size must be a positive integer, got {self.microbatch_size!r}")
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        return {"op": self.name, "microbatch_size": self.microbatch_size}
+
+
+class Pipeline:
+    """Operators from a WorkSource's records to microbatches.
+
+    Thread-safety: a Pipeline is immutable and may be shared; the loaders it creates are not.
+    """
+
+    def __init__(self, source: WorkSource, *, operators: tuple = (), options: PipelineOptions | None = None) -> None:
+        self.source = source
+        self.operators = tuple(operators)
+        self.settings = options or PipelineOptions()
+
+    def _with(self, op) -> Pipeline:
+        if self.operators and self.operators[-1].kind == "batch":
+            raise ConfigurationError(f"{op.name}: batch must be the last operator")
+        return Pipeline(self.source, operators=self.operators + (op,), options=self.settings)
+
+    def options(self, **settings: Any) -> Pipeline:
+        """Set pipeline options (see PipelineOptions); unknown names are an error."""
+        known = set(PipelineOptions.__dataclass_fields__)
+        unknown = set(settings) - known
+        if unknown:
+            raise ConfigurationError(f"unknown pipeline options {sorted(unknown)}; known: {sorted(known)}")
+        return Pipeline(self.source, operators=self.operators, options=replace(self.settings, **settings))
+
+    def map(self, fn: Callable[[dict], dict | None], *, parallelism: int = 1) -> Pipeline:
+        return self._with(MapOp(fn, check_parallelism(parallelism, "map")))
+
+    def filter(self, fn: Callable[[dict], bool], *, parallelism: int = 1) -> Pipeline:
+        return self._with(FilterOp(fn, check_parallelism(parallelism, "filter")))
+
+    def tokenize(
+        self,
+        tokenizer_id: str,
+        field: str = "text",
+        *,
+        parallelism: int = 1,
+        bos: str | None = None,
+        eos: str | None = None,
+        output_field: str = "input_ids",
+        keep_field: bool = False,
+    ) -> Pipeline:
+        op = TokenizeOp(
+            tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field
+        )
+        op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
+        op.handle().token_id(bos), op.handle().token_id(eos)
+        return self._with(op)
+
+    def pack_flat(
+        self,
+        max_length: int,
+        algorithm: str = "wrap",
+        *,
+        pad_id: int | None = None,
+        field: str = "input_ids",
+        max_open_rows: int = 16,
+    ) -> Pipeline:
+        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows))
+
+    def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
+        return self._with(ShuffleOp(buffer_size, seed))
+
+    def batch(self, microbatch_size: int) -> Pipeline:
+        return self._with(BatchOp(microbatch_size))
+
+    def apply(self, operator) -> Pipeline:
+        """Append an operator object: a RecordOperator (kind "record": stateless, on workers) or an
+        accumulator operator (kind "accumulator": `factory(default_pad_id)` and
+        `fingerprint(default_pad_id)`). This is how `vlm` adds its operators."""
+        if getattr(operator, "kind", None) not in ("record", "accumulator"):
+            raise ConfigurationError(f"{operator!r} is neither a record nor an accumulator operator")
+        return self._with(operator)
+
+    def __getattr__(self, name: str):
+        """Builder methods contributed by other packages through the `zephon.pipeline` entry points
+        (e.g. `decode_images` from `vlm`), so the core never imports them."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        for ep in entry_points(group="zephon.pipeline"):
+            if ep.name == name:
+                method = ep.load()
+                return lambda *args, **kwargs: method(self, *args, **kwargs)
+        raise AttributeError(f"Pipeline has no operator {name!r}")
+
+    @property
+    def microbatch_size(self) -> int:
+        if not self.operators or self.operators[-1].kind != "batch":
+            raise ConfigurationError("the pipeline must end with .batch(microbatch_size)")
+        return self.operators[-1].microbatch_size
+
+    def shard(
+        self,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        global_batch_size: int | None = None,
+    ):
+        """The loader of one data-parallel rank. Rank and world size default to torch.distributed's
+        when a process group is initialised, else to a single rank. `global_batch_size` defaults to
+        one microbatch per lane."""
+        from ._loader import RankLoader
+
+        if rank is None or world_size is None:
+            from .distributed import rank_and_world_size
+
+            rank, world_size = rank_and_world_size(rank, world_size)
+        if global_batch_size is None:
+            global_batch_size = self.settings.num_lanes * self.microbatch_size
+        return RankLoader(self, rank, world_size, global_batch_size)
+
+    def __iter__(self) -> Iterator:
+        loader = self.shard()
+        try:
+            yield from loader
+        finally:
+            loader.close()
+
+    def record_operators(self) -> list[RecordOperator]:
+        return [op for op in self.operators if op.kind == "record"]

@@ -1,0 +1,172 @@
+"""Stateless record operators: map, filter, tokenize.
+
+Each works on a whole chunk (`ChunkRecords -> ChunkRecords`) so that dispatch costs are paid per
+chunk, not per record. They are pure: the same chunk gives the same output on any worker.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ._errors import BadRecordError, ConfigurationError, UserFunctionError
+from ._records import ChunkRecords
+from ._tokenizer import load_tokenizer
+
+__all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
+
+RecordFn = Callable[[ChunkRecords], ChunkRecords]
+
+
+def _describe_callable(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class RecordOperator:
+    """Base of operators that run on workers. Subclasses are frozen dataclasses."""
+
+    kind = "record"
+    name: str
+    parallelism: int
+
+    def build(self, on_error: str) -> RecordFn:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class MapOp(RecordOperator):
+    """`fn(record) -> record` (a new or the same dict). Returning None drops the record as filtered."""
+
+    fn: Callable[[dict], dict | None]
+    parallelism: int = 1
+    name: str = "map"
+
+    def build(self, on_error: str) -> RecordFn:
+        fn, name = self.fn, self.name
+
+        def apply_map(batch: ChunkRecords) -> ChunkRecords:
+            out = []
+            for record, address in zip(batch.records, batch.addresses):
+                try:
+                    out.append(fn(record))
+                except Exception:
+                    raise UserFunctionError(address, name, traceback.format_exc()) from None
+            batch.records = out
+            batch.keep([r is not None for r in out], reason=None)
+            return batch
+
+        return apply_map
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "fn": _describe_callable(self.fn)}
+
+
+@dataclass(frozen=True)
+class FilterOp(RecordOperator):
+    """Keeps records for which `fn(record)` is true; the others are counted as filtered."""
+
+    fn: Callable[[dict], bool]
+    parallelism: int = 1
+    name: str = "filter"
+
+    def build(self, on_error: str) -> RecordFn:
+        fn, name = self.fn, self.name
+
+        def apply_filter(batch: ChunkRecords) -> ChunkRecords:
+            mask = []
+            for record, address in zip(batch.records, batch.addresses):
+                try:
+                    mask.append(bool(fn(record)))
+                except Exception:
+                    raise UserFunctionError(address, name, traceback.format_exc()) from None
+            batch.keep(mask, reason=None)
+            return batch
+
+        return apply_filter
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "fn": _describe_callable(self.fn)}
+
+
+@dataclass(frozen=True)
+class TokenizeOp(RecordOperator):
+    """Tokenizes `record[field]` into `record[output_field]` (int32 numpy array).
+
+    BOS/EOS are given as token strings (looked up in the vocabulary) or None. The source field is
+    dropped after tokenization unless `keep_field`, so text does not travel further than needed.
+    Records whose field is missing, not a string, or blank are skipped with reasons
+    `missing_field`, `not_text`, `empty_document`.
+    """
+
+    tokenizer_id: str
+    field: str = "text"
+    parallelism: int = 1
+    bos: str | None = None
+    eos: str | None = None
+    output_field: str = "input_ids"
+    keep_field: bool = False
+    name: str = "tokenize"
+
+    def handle(self):
+        return load_tokenizer(self.tokenizer_id)
+
+    def build(self, on_error: str) -> RecordFn:
+        handle = self.handle()
+        tokenizer = handle.tokenizer
+        bos_id, eos_id = handle.token_id(self.bos), handle.token_id(self.eos)
+        prefix = [bos_id] if bos_id is not None else []
+        suffix = [eos_id] if eos_id is not None else []
+        field_name, out_field, keep_field = self.field, self.output_field, self.keep_field
+
+        def tokenize(batch: ChunkRecords) -> ChunkRecords:
+            texts, mask, reasons = [], [], []
+            for record in batch.records:
+                value = record.get(field_name)
+                reason = None
+                if value is None:
+                    reason = "missing_field"
+                elif not isinstance(value, str):
+                    reason = "not_text"
+                elif not value.strip():
+                    reason = "empty_document"
+                mask.append(reason is None)
+                reasons.append(reason)
+                if reason is None:
+                    texts.append(value)
+            if on_error == "raise":
+                for reason, address in zip(reasons, batch.addresses):
+                    if reason is not None:
+                        raise BadRecordError(address, reason, f"field {field_name!r}")
+            for reason in set(r for r in reasons if r is not None):
+                batch.keep([r != reason for r in reasons], reason=reason)
+                reasons = [r for r in reasons if r != reason]
+            encodings = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+            for record, encoding in zip(batch.records, encodings):
+                record[out_field] = np.array(prefix + encoding.ids + suffix, dtype=np.int32)
+                if not keep_field:
+                    record.pop(field_name, None)
+            return batch
+
+        return tokenize
+
+    def fingerprint(self) -> dict:
+        return {
+            "op": self.name,
+            "tokenizer": self.handle().digest,
+            "field": self.field,
+            "bos": self.bos,
+            "eos": self.eos,
+            "output_field": self.output_field,
+        }
+
+
+def check_parallelism(parallelism: int, op: str) -> int:
+    if not isinstance(parallelism, int) or parallelism < 1:
+        raise ConfigurationError(f"{op}: parallelism must be a positive integer, got {parallelism!r}")
+    return parallelism

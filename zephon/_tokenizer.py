@@ -1,0 +1,58 @@
+"""Loading a Hugging Face `tokenizers` tokenizer from a hub id, a directory or a tokenizer.json."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ._errors import ConfigurationError
+
+__all__ = ["TokenizerHandle", "load_tokenizer"]
+
+
+@dataclass(frozen=True)
+class TokenizerHandle:
+    """A loaded tokenizer with the facts the recipe depends on.
+
+    `tokenizer` (a `tokenizers.Tokenizer`) is thread-safe for encoding, so one instance is shared
+    by every worker thread; worker processes inherit it by fork.
+    """
+
+    tokenizer_id: str
+    tokenizer: object
+    digest: str
+
+    def token_id(self, token: str | None) -> int | None:
+        if token is None:
+            return None
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ConfigurationError(f"token {token!r} is not in the vocabulary of {self.tokenizer_id!r}")
+        return token_id
+
+
+@lru_cache(maxsize=16)
+def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
+    """`tokenizer_id` is a path to a tokenizer.json, a directory holding one, or a hub id
+    (which needs a reachable or cached hub)."""
+    from tokenizers import Tokenizer
+
+    path = os.path.expanduser(tokenizer_id)
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(path):
+        tokenizer = Tokenizer.from_file(path)
+    elif os.path.exists(os.path.dirname(path) or ".") and tokenizer_id.endswith(".json"):
+        raise ConfigurationError(f"tokenizer file {tokenizer_id!r} does not exist")
+    else:
+        try:
+            tokenizer = Tokenizer.from_pretrained(tokenizer_id)
+        except Exception as exc:  # the hub library raises many types; all mean "not loadable"
+            raise ConfigurationError(
+                f"cannot load tokenizer {tokenizer_id!r}: not a local tokenizer.json or directory, "
+                f"and the hub could not provide it ({exc})"
+            ) from exc
+    digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+    return TokenizerHandle(tokenizer_id, tokenizer, digest)

@@ -1,0 +1,47 @@
+"""torch.distributed integration: rank discovery and gathering every rank's lane state.
+
+torch stays optional: nothing here imports it unless a process group is actually in use.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ._checkpoint import merge_states
+
+__all__ = ["rank_and_world_size", "gather_state"]
+
+
+def _dist():
+    if "torch" not in sys.modules:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Explicit values win; otherwise the initialised process group's; otherwise (0, 1)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = _dist()
+    if dist is not None:
+        return (dist.get_rank() if rank is None else rank, dist.get_world_size() if world_size is None else world_size)
+    return (0 if rank is None else rank, 1 if world_size is None else world_size)
+
+
+def gather_state(loader, group=None) -> dict:
+    """Every rank's lane cursors merged into one state that covers all lanes (an all-gather of
+    small JSON). Each rank can save the result with its own checkpoint: resuming on any world
+    size then needs no shared filesystem."""
+    dist = _dist()
+    local = loader.state_dict()
+    if dist is None:
+        return local
+    states: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(states, json.dumps(local), group=group)
+    return merge_states(json.loads(s) for s in states)

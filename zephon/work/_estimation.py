@@ -1,0 +1,96 @@
+"""Token estimation: how many tokens a dataset's records yield, measured on a small sample.
+
+Records are stored as raw strings, but a mixture is a ratio of *tokens*. Before planning, each
+dataset is sampled deterministically (the same records for the same seed) and run through the
+pipeline's own stateless stages up to tokenization; the measured tokens per record (and per stored
+byte) turn token weights into chunk weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .._records import Chunk, ChunkRecords
+
+if TYPE_CHECKING:
+    from ..io import Dataset
+
+__all__ = ["TokenEstimation", "TokenStats", "TokenCounter"]
+
+TokenCounter = Callable[[ChunkRecords], int]
+"""Runs the pipeline's pre-packing stages on a chunk's records and returns the tokens they yield."""
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """What the sample showed for one dataset."""
+
+    dataset: str
+    sampled_records: int
+    tokens: int
+    tokens_per_record: float
+    tokens_per_byte: float
+
+
+@dataclass(frozen=True)
+class TokenEstimation:
+    """Measure tokens per record on `sample_records` records spread over `sample_chunks` places.
+
+    The sample positions depend only on (seed, dataset name, dataset size), so every rank and every
+    resume computes the same plan without communicating.
+    """
+
+    sample_records: int = 2048
+    sample_chunks: int = 32
+    seed: int = 0
+
+    def measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
+        chunks = self._sample_chunks(dataset)
+        tokens = 0
+        records = 0
+        for chunk in chunks:
+            tokens += count_tokens(dataset.read_chunk(chunk, on_error="skip"))
+            records += chunk.num_records
+        total_bytes = sum(shard.nbytes for shard in dataset.shards)
+        per_record = tokens / records if records else 0.0
+        bytes_per_record = total_bytes / dataset.num_records if dataset.num_records else 0.0
+        return TokenStats(
+            dataset=dataset.name,
+            sampled_records=records,
+            tokens=tokens,
+            tokens_per_record=per_record,
+            tokens_per_byte=per_record / bytes_per_record if bytes_per_record else 0.0,
+        )
+
+    def _sample_chunks(self, dataset: Dataset) -> list[Chunk]:
+        """Evenly spread windows of records, jittered by a seeded generator."""
+        shards = [(i, s.num_records) for i, s in enumerate(dataset.shards) if s.num_records > 0]
+        total = sum(n for _, n in shards)
+        if total == 0:
+            return []
+        if total <= self.sample_records:
+            return [Chunk(dataset.name, i, 0, n) for i, n in shards]
+        windows = max(1, min(self.sample_chunks, self.sample_records))
+        window = max(1, self.sample_records // windows)
+        rng = np.random.default_rng([self.seed, total, *dataset.name.encode()])
+        stride = total / windows
+        chunks = []
+        for w in range(windows):
+            start = int(w * stride + rng.integers(0, max(1, int(stride) - window + 1)))
+            chunks.extend(_global_range_to_chunks(dataset.name, shards, start, min(total, start + window)))
+        return chunks
+
+
+def _global_range_to_chunks(name: str, shards: list[tuple[int, int]], start: int, stop: int) -> list[Chunk]:
+    """Split a range over the concatenation of all shards into per-shard chunks."""
+    chunks = []
+    offset = 0
+    for shard, size in shards:
+        lo, hi = max(start, offset), min(stop, offset + size)
+        if lo < hi:
+            chunks.append(Chunk(name, shard, lo - offset, hi - offset))
+        offset += size
+    return chunks
