@@ -1,0 +1,68 @@
+"""Streaming decompression that notices a stream cut short.
+
+fsspec's own codecs are not used for reading because zstandard's stream reader returns an empty or
+short result for a truncated frame without any error; a truncated shard would then silently lose
+records. Here both codecs raise `EOFError` when the input ends inside a frame, and concatenated
+gzip members or zstd frames are decoded one after the other.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from typing import BinaryIO, Protocol
+
+import zstandard
+
+__all__ = ["BLOCK_SIZE", "compression_of", "raw_blocks", "decompressed_blocks"]
+
+BLOCK_SIZE = 1 << 20  # bytes per read: large enough for object stores, small enough to bound memory
+_COMPRESSED_BLOCK_SIZE = 1 << 18  # a compressed block may expand many times over
+
+_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+class _Decompressor(Protocol):
+    eof: bool
+    unused_data: bytes
+
+    def decompress(self, data: bytes) -> bytes: ...
+
+
+_DECOMPRESSORS: dict[str, Callable[[], _Decompressor]] = {
+    "gzip": lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16),
+    "zstd": lambda: zstandard.ZstdDecompressor().decompressobj(),
+}
+
+
+def compression_of(path: str) -> str | None:
+    """The codec named by the path's last suffix, or None for an uncompressed file."""
+    for suffix, codec in _SUFFIXES.items():
+        if path.endswith(suffix):
+            return codec
+    return None
+
+
+def raw_blocks(f: BinaryIO, size: int = BLOCK_SIZE) -> Iterator[bytes]:
+    """The bytes of `f` from its current position to its end, in blocks."""
+    while block := f.read(size):
+        yield block
+
+
+def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]:
+    """The decompressed bytes of `f` in blocks; `EOFError` if it ends inside a frame."""
+    if compression is None:
+        yield from raw_blocks(f)
+        return
+    new = _DECOMPRESSORS[compression]
+    decoder, inside_frame = new(), False
+    for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
+        while block:
+            if out := decoder.decompress(block):
+                yield out
+            if decoder.eof:
+                block, decoder, inside_frame = decoder.unused_data, new(), False
+            else:
+                block, inside_frame = b"", True
+    if inside_frame:
+        raise EOFError(f"{compression} stream ends inside a frame")

@@ -1,0 +1,222 @@
+"""`Dataset`: a named, planned collection of shards that reads chunks of records.
+
+Construction (`from_path`) does all the listing and counting, once, in the process that builds the
+plan; the result is immutable, cheap to pickle (metadata, small seek indexes and the fsspec
+filesystem's constructor arguments) and reads any chunk in any process without re-planning.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from fsspec import AbstractFileSystem
+
+from .._errors import ConfigurationError
+from .._records import Chunk, ChunkRecords
+from ._format import ShardFile, ShardFormat, ShardScan
+from ._jsonl import JsonLines
+from ._locate import is_local, locate
+from ._parquet import Parquet
+from ._policy import ErrorPolicy, collect
+from ._retry import RetryPolicy
+from ._storage import CacheOptions, reading_filesystem
+from ._text import TEXT_UNITS, Text
+from ._webdataset import WebDataset
+
+__all__ = ["Dataset", "ShardInfo"]
+
+_PLANNING_THREADS = 16  # shards are counted concurrently: planning a remote dataset is I/O-bound
+_IO_OPTIONS = ("cache", "retries", "retry_delay")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Planning facts of one shard: its URL, how many record slots it holds, its size in bytes."""
+
+    url: str
+    num_records: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _ShardAccess:
+    """How to reach one shard's records: filesystem path, codec and seek points (see ShardScan)."""
+
+    path: str
+    compression: str | None
+    seek: np.ndarray | None = field(compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """A named collection of shards, planned once and read chunk by chunk.
+
+    Immutable and thread-safe: `read_chunk` opens its own file handle on every call. Records are
+    dicts; the address of a record is (dataset name, shard URL, index of its slot in the shard),
+    where every slot counts, bad ones included, so that a skipped record can be found again.
+    Build one with `Dataset.from_path`.
+    """
+
+    name: str
+    url: str
+    format: str
+    text_unit: str
+    shards: tuple[ShardInfo, ...]
+    _access: tuple[_ShardAccess, ...] = field(repr=False)
+    _reader: ShardFormat = field(repr=False)
+    _fs: AbstractFileSystem = field(repr=False, compare=False)
+    _cache: CacheOptions = field(repr=False, compare=False)
+    _retry: RetryPolicy = field(repr=False, compare=False)
+
+    @classmethod
+    def from_path(
+        cls,
+        name: str,
+        url: str,
+        *,
+        format: str | None = None,
+        storage_options: dict | None = None,
+        text_unit: str = "line",
+        cache: dict | None = None,
+        retries: int = 3,
+        retry_delay: float = 0.5,
+    ) -> Dataset:
+        """List and count the shards at `url` (any fsspec URL, a directory, a glob or `hf://`).
+
+        `format` ("jsonl", "parquet", "text", "webdataset") is inferred from file suffixes when None.
+        `text_unit` ("line" or "file") says what a text record is. `cache={"enabled": True,
+        "dir": ...}` copies remote shards to local disk. Storage errors are retried `retries` times
+        in all, waiting `retry_delay` seconds and doubling.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")
+        located = locate(url, format, dict(storage_options or {}))
+        reader = _make_reader(located.format, text_unit)
+        cache_options = CacheOptions.from_dict(cache)
+        retry = RetryPolicy(retries, retry_delay)
+        fs = reading_filesystem(located.fs, cache_options)
+        urls = tuple(_shard_url(located.fs, path) for path in located.paths)
+
+        def scan(i: int) -> ShardScan:
+            if located.nbytes[i] == 0:
+                return ShardScan(0)
+            shard = ShardFile(urls[i], located.paths[i], located.compressions[i], fs)
+            try:
+                return retry.call(shard.url, lambda: reader.scan(shard))
+            except Exception as error:
+                error.add_note(f"while planning shard {shard.url} of dataset {name!r}")
+                raise
+
+        with ThreadPoolExecutor(max_workers=min(_PLANNING_THREADS, len(urls))) as pool:
+            scans = list(pool.map(scan, range(len(urls))))
+        return cls(
+            name=name,
+            url=url,
+            format=located.format,
+            text_unit=text_unit,
+            shards=tuple(ShardInfo(u, s.num_records, n) for u, s, n in zip(urls, scans, located.nbytes)),
+            _access=tuple(
+                _ShardAccess(p, c, s.seek) for p, c, s in zip(located.paths, located.compressions, scans)
+            ),
+            _reader=reader,
+            _fs=located.fs,
+            _cache=cache_options,
+            _retry=retry,
+        )
+
+    @property
+    def num_records(self) -> int:
+        return sum(shard.num_records for shard in self.shards)
+
+    def chunks(self, records_per_chunk: int) -> list[Chunk]:
+        """Every record slot in exactly one chunk, in shard order then record order.
+
+        Chunks never cross a shard boundary, so a shard's last chunk may be shorter; an empty shard
+        gives no chunk.
+        """
+        if not isinstance(records_per_chunk, int) or records_per_chunk < 1:
+            raise ConfigurationError(f"records_per_chunk={records_per_chunk!r} must be an int >= 1")
+        return [
+            Chunk(self.name, i, start, min(start + records_per_chunk, shard.num_records))
+            for i, shard in enumerate(self.shards)
+            for start in range(0, shard.num_records, records_per_chunk)
+        ]
+
+    def read_chunk(self, chunk: Chunk, *, on_error: str | ErrorPolicy = "skip") -> ChunkRecords:
+        """The records of `chunk`; bad ones are skipped with their reason or raise BadRecordError.
+
+        Storage errors are retried; a shard that stays unreadable raises ShardUnavailableError.
+        """
+        policy = ErrorPolicy.parse(on_error)
+        self._check(chunk)
+        info, access = self.shards[chunk.shard], self._access[chunk.shard]
+        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs)
+        if chunk.num_records == 0:
+            slots = []
+        else:
+            slots = self._retry.call(
+                info.url, lambda: self._reader.read(shard, access.seek, chunk.start, chunk.stop)
+            )
+        return collect(chunk, info.url, chunk.start, slots, policy)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset's content for a checkpoint: a change here changes the records."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "format": self.format,
+            "text_unit": self.text_unit,
+            "shards": [
+                {"url": s.url, "num_records": s.num_records, "nbytes": s.nbytes} for s in self.shards
+            ],
+        }
+
+    def with_io_options(self, io_options: Mapping[str, Any]) -> Dataset:
+        """This dataset (same plan, not re-listed) read with other `cache`/`retries`/`retry_delay`."""
+        unknown = sorted(set(io_options) - set(_IO_OPTIONS))
+        if unknown:
+            raise ConfigurationError(f"io options {unknown} are unknown; expected {list(_IO_OPTIONS)}")
+        cache = CacheOptions.from_dict(io_options["cache"]) if "cache" in io_options else self._cache
+        retry = RetryPolicy(
+            io_options.get("retries", self._retry.attempts),
+            io_options.get("retry_delay", self._retry.base_delay),
+        )
+        return replace(self, _cache=cache, _retry=retry)
+
+    @functools.cached_property
+    def _reading_fs(self) -> AbstractFileSystem:
+        return reading_filesystem(self._fs, self._cache)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_reading_fs", None)  # rebuilt on first read in the receiving process
+        return state
+
+    def _check(self, chunk: Chunk) -> None:
+        if chunk.dataset != self.name:
+            raise ConfigurationError(f"chunk {chunk} belongs to dataset {chunk.dataset!r}, not {self.name!r}")
+        if not 0 <= chunk.shard < len(self.shards):
+            raise ConfigurationError(f"chunk {chunk} names shard {chunk.shard}; {self.name!r} has {len(self.shards)}")
+        num_records = self.shards[chunk.shard].num_records
+        if not 0 <= chunk.start <= chunk.stop <= num_records:
+            raise ConfigurationError(
+                f"chunk {chunk} is outside [0, {num_records}) of shard {self.shards[chunk.shard].url}"
+            )
+
+
+def _make_reader(format: str, text_unit: str) -> ShardFormat:
+    if text_unit not in TEXT_UNITS:  # checked for every format: a typo should not wait for a text dataset
+        raise ConfigurationError(f"text_unit={text_unit!r} is not one of {TEXT_UNITS}")
+    if format == "text":
+        return Text(text_unit)
+    return {"jsonl": JsonLines, "parquet": Parquet, "webdataset": WebDataset}[format]()
+
+
+def _shard_url(fs: AbstractFileSystem, path: str) -> str:
+    """Local shards keep their plain path (what a user recognises in a log); others their full URL."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)

@@ -1,0 +1,62 @@
+"""The contract between `Dataset` and a shard format, and the handle a format reads through.
+
+A format knows two things about a shard: how to count its records cheaply (`scan`, run once when a
+Dataset is planned) and how to read a record range (`read`, run per chunk, possibly in a worker).
+`scan` may return seek points so that `read` starts near its range instead of at byte 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+import numpy as np
+
+from ._policy import Slot
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+__all__ = ["SEEK_STRIDE", "ShardFile", "ShardScan", "ShardFormat"]
+
+SEEK_STRIDE = 256
+"""Records between two seek points. A read starts at most this many records before its range; the
+index costs 8 bytes per SEEK_STRIDE records on the (pickled) Dataset."""
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One shard as a format sees it: where it is and how it is compressed.
+
+    Opening goes through the Dataset's (possibly caching) filesystem; retries are the caller's job.
+    """
+
+    url: str
+    path: str
+    compression: str | None
+    fs: AbstractFileSystem
+
+    def open(self) -> BinaryIO:
+        return self.fs.open(self.path, "rb")
+
+
+@dataclass(frozen=True)
+class ShardScan:
+    """The planning facts of one shard. `seek[j]` is the byte offset of record `j * SEEK_STRIDE`."""
+
+    num_records: int
+    seek: np.ndarray | None = None
+
+
+class ShardFormat(Protocol):
+    """A way of storing records in a shard. Implementations are stateless and thread-safe."""
+
+    name: str
+
+    def scan(self, shard: ShardFile) -> ShardScan:
+        """Count the shard's records, reading as little as the format allows."""
+        ...
+
+    def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
+        """One slot per record index in [start, stop): the record, or `Bad` with its reason."""
+        ...

@@ -1,0 +1,46 @@
+"""JSON Lines shards (.jsonl, .json, optionally .gz/.zst): one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._format import ShardFile, ShardScan
+from ._lines import read_lines, scan_lines
+from ._policy import INVALID_UTF8, MALFORMED_JSON, NOT_AN_OBJECT, Bad, Slot, fill_truncated
+
+__all__ = ["JsonLines"]
+
+
+@dataclass(frozen=True)
+class JsonLines:
+    """Every line is a record slot, blank lines included, so that each bad line has an address.
+
+    A line must decode as UTF-8 (else `invalid_utf8`), parse as JSON (else `malformed_json`; a blank
+    line is malformed too) and be an object (else `not_an_object`).
+    """
+
+    name: str = "jsonl"
+
+    def scan(self, shard: ShardFile) -> ShardScan:
+        return scan_lines(shard)
+
+    def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
+        lines, short_detail = read_lines(shard, seek, start, stop)
+        return fill_truncated([_parse(line) for line in lines], stop - start, short_detail)
+
+
+def _parse(line: bytes) -> Slot:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return Bad(INVALID_UTF8, str(error))
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        return Bad(MALFORMED_JSON, str(error))
+    if not isinstance(value, dict):
+        return Bad(NOT_AN_OBJECT, f"got {type(value).__name__}")
+    return value

@@ -1,0 +1,125 @@
+"""From a user's URL to a sorted list of shard files and their format.
+
+A URL names one file (one shard), a directory (every shard below it) or a glob (every matching
+shard). In a directory or glob only files of the dataset's format count, so a README or a `_SUCCESS`
+marker next to the data is not mistaken for a shard; hidden files (basename starting with ".") are
+ignored. Paths are sorted, so the same URL always gives the same shards in the same order.
+
+`hf://ORG/NAME/CONFIG/SPLIT` is shorthand for the Parquet files the Hugging Face hub keeps for every
+dataset on its `refs/convert/parquet` branch (`~parquet` is the hub's alias for that revision),
+laid out as `CONFIG/SPLIT/NNNN.parquet`. Any other `hf://` URL (e.g. `hf://datasets/...`) is used
+as written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+from .._errors import ConfigurationError
+from ._compression import compression_of
+
+__all__ = ["FORMATS", "Located", "infer_format", "hf_parquet_url", "is_local", "locate"]
+
+FORMATS = ("jsonl", "parquet", "text", "webdataset")
+
+_LINE_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
+_PLAIN_SUFFIXES = {".parquet": "parquet", ".tar": "webdataset"}
+_HUB_REPO_TYPES = ("datasets", "models", "spaces")
+_GLOB_CHARS = "*?["
+
+
+@dataclass(frozen=True)
+class Located:
+    """The shard files of a URL: `paths[i]` is `nbytes[i]` long and compressed with `compressions[i]`."""
+
+    fs: AbstractFileSystem
+    format: str
+    paths: tuple[str, ...]
+    nbytes: tuple[int, ...]
+    compressions: tuple[str | None, ...]
+
+
+def infer_format(path: str) -> tuple[str, str | None] | None:
+    """(format, compression) named by a file's suffixes, or None when they name no known format.
+
+    Only line formats may be compressed: Parquet and tar need random access.
+    """
+    compression = compression_of(path)
+    stem = path[: path.rfind(".")] if compression else path
+    for suffixes in (_LINE_SUFFIXES,) if compression else (_LINE_SUFFIXES, _PLAIN_SUFFIXES):
+        for suffix, fmt in suffixes.items():
+            if stem.endswith(suffix):
+                return fmt, compression
+    return None
+
+
+def hf_parquet_url(url: str) -> str | None:
+    """The hub Parquet glob for `hf://ORG/NAME/CONFIG/SPLIT`, or None for any other URL."""
+    if not url.startswith("hf://"):
+        return None
+    parts = url[len("hf://") :].strip("/").split("/")
+    if len(parts) != 4 or not all(parts) or parts[0] in _HUB_REPO_TYPES or "@" in parts[1]:
+        return None
+    org, name, config, split = parts
+    return f"hf://datasets/{org}/{name}@~parquet/{config}/{split}/*.parquet"
+
+
+def is_local(fs: AbstractFileSystem) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return "file" in protocols or "local" in protocols
+
+
+def locate(url: str, format: str | None, storage_options: dict) -> Located:
+    """List the shards of `url`; raise ConfigurationError when there are none or the format is unclear."""
+    if format is not None and format not in FORMATS:
+        raise ConfigurationError(f"format={format!r} is not one of {FORMATS}")
+    hub_url = hf_parquet_url(url)
+    if hub_url is not None:
+        if format not in (None, "parquet"):
+            raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
+        url, format = hub_url, "parquet"
+    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    if any(char in path for char in _GLOB_CHARS):
+        listing = fs.glob(path, detail=True)
+    elif fs.isdir(path):
+        listing = fs.find(path, detail=True)
+    elif fs.isfile(path):
+        return _single_file(fs, path, url, format)
+    else:
+        raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
+    files = {
+        p: info["size"]
+        for p, info in listing.items()
+        if info["type"] == "file" and not p.rpartition("/")[2].startswith(".")
+    }
+    inferred = {p: infer_format(p) for p in files}
+    if format is None:
+        found = sorted({fc[0] for fc in inferred.values() if fc is not None})
+        if len(found) != 1:
+            what = f"several formats {found}" if found else "no file of a known format"
+            raise ConfigurationError(f"{url} holds {what}; pass format= (one of {FORMATS})")
+        format = found[0]
+    paths = sorted(p for p, fc in inferred.items() if fc is not None and fc[0] == format)
+    if not paths:
+        raise ConfigurationError(f"{url} holds no {format} shards")
+    return Located(
+        fs,
+        format,
+        tuple(paths),
+        tuple(int(files[p]) for p in paths),
+        tuple(inferred[p][1] for p in paths),
+    )
+
+
+def _single_file(fs: AbstractFileSystem, path: str, url: str, format: str | None) -> Located:
+    """A file named directly is a shard whatever its name, once its format is known."""
+    inferred = infer_format(path)
+    if format is None:
+        if inferred is None:
+            raise ConfigurationError(f"cannot infer the format of {url} from its name; pass format=")
+        format = inferred[0]
+    compression = compression_of(path) if format in ("jsonl", "text") else None
+    return Located(fs, format, (path,), (int(fs.size(path)),), (compression,))

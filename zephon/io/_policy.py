@@ -1,0 +1,85 @@
+"""What a reader reports about bad input, and the policy that turns it into skips or errors.
+
+Readers never decide what to do with a bad record: they put a `Bad` marker in the record's slot,
+so that every record index of a chunk is accounted for, and `collect` applies the user's policy.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import BadRecordError, ConfigurationError
+from .._records import Chunk, ChunkRecords, RecordAddress
+
+__all__ = [
+    "MALFORMED_JSON",
+    "INVALID_UTF8",
+    "NOT_AN_OBJECT",
+    "TRUNCATED_SHARD",
+    "REASONS",
+    "ErrorPolicy",
+    "Bad",
+    "Slot",
+    "collect",
+    "fill_truncated",
+]
+
+MALFORMED_JSON = "malformed_json"
+INVALID_UTF8 = "invalid_utf8"
+NOT_AN_OBJECT = "not_an_object"
+TRUNCATED_SHARD = "truncated_shard"
+REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD})
+
+
+class ErrorPolicy(enum.StrEnum):
+    """What `Dataset.read_chunk` does with a bad record: count it as skipped, or fail fast."""
+
+    SKIP = "skip"
+    RAISE = "raise"
+
+    @classmethod
+    def parse(cls, value: str | ErrorPolicy) -> ErrorPolicy:
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(repr(p.value) for p in cls)
+            raise ConfigurationError(f"on_error={value!r} is not one of {choices}") from None
+
+
+@dataclass(frozen=True)
+class Bad:
+    """The slot of a record that could not be read; `reason` is one of `REASONS`."""
+
+    reason: str
+    detail: str = ""
+
+
+Slot = dict[str, Any] | Bad
+
+
+def collect(
+    chunk: Chunk, shard_url: str, first_index: int, slots: list[Slot], policy: ErrorPolicy
+) -> ChunkRecords:
+    """Turn the slots of a chunk (one per record index, from `first_index`) into ChunkRecords.
+
+    Under `ErrorPolicy.RAISE` the first bad slot raises `BadRecordError` naming its address.
+    """
+    out = ChunkRecords(chunk=chunk)
+    for offset, slot in enumerate(slots):
+        address = RecordAddress(chunk.dataset, shard_url, first_index + offset)
+        if isinstance(slot, Bad):
+            if policy is ErrorPolicy.RAISE:
+                raise BadRecordError(address, slot.reason, slot.detail)
+            out.skipped.append((address, slot.reason))
+        else:
+            out.records.append(slot)
+            out.addresses.append(address)
+    return out
+
+
+def fill_truncated(slots: list[Slot], expected: int, detail: str) -> list[Slot]:
+    """Pad `slots` to `expected` with TRUNCATED_SHARD: records the shard promised but no longer holds."""
+    slots.extend(Bad(TRUNCATED_SHARD, detail) for _ in range(expected - len(slots)))
+    return slots

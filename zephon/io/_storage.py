@@ -1,0 +1,56 @@
+"""Which filesystem a Dataset reads through: the URL's own, or a local-disk cache in front of it.
+
+Caching uses fsspec's `simplecache`, which copies a whole remote file to local disk on first open
+and serves later opens from the copy. It keeps no metadata, which fsspec recommends for concurrent
+readers; it also never re-checks the remote file, so a shard that changes remotely needs its cache
+directory cleared. Planning opens every shard, so the copies are made once, in the planning
+process, before workers read. Two processes planning the same remote dataset at the same time with
+the same cache directory may race on a first download. Local files are never copied.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+from .._errors import ConfigurationError
+from ._locate import is_local
+
+__all__ = ["CacheOptions", "reading_filesystem"]
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """`enabled` turns the cache on; `dir` is where copies live (default: the user cache directory).
+
+    The default is a fixed directory rather than fsspec's per-instance temporary one, so that every
+    worker process of a run, and the next run, find the copies already made.
+    """
+
+    enabled: bool = False
+    dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, options: Mapping | None) -> CacheOptions:
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"enabled", "dir"})
+        if unknown:
+            raise ConfigurationError(f"cache options {unknown} are unknown; expected 'enabled', 'dir'")
+        return cls(bool(options.get("enabled", False)), options.get("dir"))
+
+    @property
+    def directory(self) -> str:
+        if self.dir is not None:
+            return os.fspath(self.dir)
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "zephon", "shards")
+
+
+def reading_filesystem(fs: AbstractFileSystem, cache: CacheOptions) -> AbstractFileSystem:
+    if not cache.enabled or is_local(fs):
+        return fs
+    return fsspec.filesystem("simplecache", fs=fs, cache_storage=cache.directory)

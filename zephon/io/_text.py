@@ -1,0 +1,56 @@
+"""Plain-text shards (.txt, optionally .gz/.zst): a record per line, or a record per file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._errors import ConfigurationError
+from ._compression import decompressed_blocks
+from ._format import ShardFile, ShardScan
+from ._lines import read_lines, scan_lines
+from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
+
+__all__ = ["Text", "TEXT_UNITS"]
+
+TEXT_UNITS = ("line", "file")
+
+
+@dataclass(frozen=True)
+class Text:
+    """Records are {"text": str}. With `unit="line"` empty lines stay records (a trailing b"\\r" is
+    dropped), so that later stages count them as empty documents instead of losing them unseen.
+    With `unit="file"` a non-empty file is one record holding its whole content.
+    """
+
+    unit: str = "line"
+    name: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.unit not in TEXT_UNITS:
+            raise ConfigurationError(f"text_unit={self.unit!r} is not one of {TEXT_UNITS}")
+
+    def scan(self, shard: ShardFile) -> ShardScan:
+        if self.unit == "line":
+            return scan_lines(shard)
+        return ShardScan(1)  # the Dataset never scans a zero-length shard
+
+    def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
+        if self.unit == "line":
+            lines, short_detail = read_lines(shard, seek, start, stop)
+            slots = [_decode(line[:-1] if line.endswith(b"\r") else line) for line in lines]
+            return fill_truncated(slots, stop - start, short_detail)
+        with shard.open() as f:
+            try:
+                content = b"".join(decompressed_blocks(f, shard.compression))
+            except EOFError as error:
+                return fill_truncated([], stop - start, str(error))
+        return [_decode(content)]
+
+
+def _decode(data: bytes) -> Slot:
+    try:
+        return {"text": data.decode("utf-8")}
+    except UnicodeDecodeError as error:
+        return Bad(INVALID_UTF8, str(error))

@@ -1,0 +1,114 @@
+"""WebDataset shards (.tar): consecutive members sharing a key form one record.
+
+The key of a member is its path up to the first dot of its basename (the directory part included),
+and the rest is its extension: `imgs/0001.seg.png` has key `imgs/0001` and extension `seg.png`.
+A record is {"__key__": key, ext: payload, ...}. Payloads stay raw bytes, except an extension whose
+last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text pipelines read.
+Members without an extension and non-file members (directories, links) are not part of any record.
+
+Record counting walks the tar headers only (tarfile seeks over member data), remembering the header
+offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._format import SEEK_STRIDE, ShardFile, ShardScan
+from ._policy import INVALID_UTF8, MALFORMED_JSON, Bad, Slot, fill_truncated
+
+__all__ = ["WebDataset", "split_member_name"]
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """(key, extension) of a tar member, or None when the basename has no dot."""
+    directory, slash, basename = name.rpartition("/")
+    stem, dot, extension = basename.partition(".")
+    if not dot:
+        return None
+    return directory + slash + stem, extension
+
+
+@dataclass(frozen=True)
+class WebDataset:
+    name: str = "webdataset"
+
+    def scan(self, shard: ShardFile) -> ShardScan:
+        count, seek = 0, []
+        with shard.open() as f:
+            tar = tarfile.TarFile(fileobj=f, mode="r")
+            previous = None
+            try:
+                for member, key, _ in _members(tar):
+                    if key != previous:
+                        if count % SEEK_STRIDE == 0:
+                            seek.append(member.offset)
+                        count, previous = count + 1, key
+            except (tarfile.ReadError, EOFError):
+                # Cut short: the keys seen are the shard's records; reading reports the damaged ones.
+                pass
+        return ShardScan(count, np.asarray(seek, dtype=np.int64))
+
+    def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
+        assert seek is not None, "a webdataset shard is always scanned with seek points"
+        point = start // SEEK_STRIDE
+        index = point * SEEK_STRIDE - 1
+        slots: list[Slot] = []
+        record: dict[str, Any] | None = None
+        detail = "shard has fewer records than when it was planned"
+        with shard.open() as f:
+            f.seek(int(seek[point]))
+            try:
+                tar = tarfile.TarFile(fileobj=f, mode="r")
+                for member, key, extension in _members(tar):
+                    if record is None or key != record["__key__"]:
+                        if record is not None and index >= start:
+                            slots.append(_decode(record))
+                        index += 1
+                        if index >= stop:
+                            record = None
+                            break
+                        record = {"__key__": key}
+                    if index >= start:
+                        record[extension] = tar.extractfile(member).read()
+                if record is not None and index >= start:
+                    slots.append(_decode(record))
+            except (tarfile.ReadError, EOFError) as error:
+                detail = f"tar cut short: {error}"
+        return fill_truncated(slots, stop - start, detail)
+
+
+def _members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
+    """File members with their key and extension, in tar order."""
+    while (member := tar.next()) is not None:
+        # TarFile keeps every header it has read; a shard can hold millions, and we never look back.
+        tar.members.clear()
+        split = split_member_name(member.name) if member.isfile() else None
+        if split is not None:
+            yield member, *split
+
+
+def _decode(record: dict[str, Any]) -> Slot:
+    for extension, payload in record.items():
+        last = extension.rpartition(".")[2]
+        if extension == "__key__" or last not in ("txt", "json"):
+            continue
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return Bad(INVALID_UTF8, f"{extension}: {error}")
+        if last == "txt":
+            record[extension] = text
+            continue
+        try:
+            record[extension] = json.loads(text)
+        except json.JSONDecodeError as error:
+            return Bad(MALFORMED_JSON, f"{extension}: {error}")
+    return record
+
