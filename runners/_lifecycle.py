@@ -1,0 +1,46 @@
+"""Checks and small pieces every runner shares, so that all of them fail the same way."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Sequence
+
+from zephon._errors import ConfigurationError
+from zephon._runner import Stage
+
+__all__ = ["validate_stages", "stage_at", "cancelled_future"]
+
+
+def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
+    """The stages as an immutable tuple, refusing a layout no runner can serve."""
+    checked = tuple(stages)
+    for index, stage in enumerate(checked):
+        if not isinstance(stage, Stage):
+            raise ConfigurationError(f"stage {index} is a {type(stage).__name__}, not a Stage")
+        if not callable(stage.fn):
+            raise ConfigurationError(f"stage {stage.name!r}: fn is not callable")
+        if isinstance(stage.parallelism, bool) or not isinstance(stage.parallelism, int) or stage.parallelism < 1:
+            raise ConfigurationError(
+                f"stage {stage.name!r}: parallelism must be a positive int, got {stage.parallelism!r}"
+            )
+    return checked
+
+
+def stage_at(stages: tuple[Stage, ...] | None, index: int) -> Stage:
+    """The stage `submit` names; misuse is a programming error, so it raises instead of failing a future."""
+    if stages is None:
+        raise RuntimeError("submit() called before start()")
+    if not 0 <= index < len(stages):
+        raise IndexError(f"stage index {index} out of range for {len(stages)} stage(s)")
+    return stages[index]
+
+
+def cancelled_future() -> Future:
+    """What `submit` returns once the runner is closing.
+
+    A chain of done-callbacks may still be submitting the next stage while the owner closes the
+    runner; a cancelled future lets that chain end quietly instead of raising inside a callback.
+    """
+    future: Future = Future()
+    future.cancel()
+    return future

@@ -1,0 +1,86 @@
+"""The loop a forked worker process runs: receive an item, apply the stage function, reply.
+
+The function arrives by inheritance (the process is forked after `start()` has the stages), so it
+may be any closure or lambda; only items and results are pickled. Every message is one pickled
+tuple on a private duplex pipe:
+
+    parent -> worker   the item's Envelope, or STOP (empty bytes)
+    worker -> parent   (ok, Envelope) where ok is False when the Envelope holds an exception
+
+The worker holds at most one item at a time, so a reply needs no identifier: it answers the item
+most recently sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Iterable
+
+from ._transport import Envelope, decode, encode
+
+__all__ = ["STOP", "serve"]
+
+STOP = b""
+
+
+def serve(
+    conn: Connection,
+    fn: Callable[[Any], Any],
+    stage: str,
+    directory: str,
+    threshold: int,
+    inherited: Iterable[Connection],
+) -> None:
+    """Run items until told to stop or until the parent disappears (end of file on the pipe).
+
+    `inherited` are the parent's ends of every pipe that existed at fork time, this worker's own
+    included: closing them here is what makes the parent's death visible as end of file.
+    """
+    # Ctrl-C reaches the whole process group; the parent decides what happens, then closes us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for other in inherited:
+        other.close()
+    names = (os.path.join(directory, f"r{os.getpid()}-{n}") for n in itertools.count())
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if message == STOP:
+            return
+        try:
+            reply = (True, encode(fn(decode(pickle.loads(message))), next(names), threshold))
+        except Exception as exc:
+            reply = (False, Envelope(_pickled_error(exc, stage), None, ()))
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=5))
+        except OSError:  # the parent is gone
+            return
+
+
+def _pickled_error(exc: Exception, stage: str) -> bytes:
+    """The exception, pickled, with the worker's traceback attached as a note.
+
+    An exception that does not survive a pickle round trip (unpicklable attributes, a constructor
+    that pickle cannot call again) is replaced by a RuntimeError carrying its type, message and
+    traceback, so the parent always learns what went wrong.
+    """
+    text = "".join(traceback.format_exception(exc))
+    exc.add_note(f"raised in stage {stage!r}, worker process {os.getpid()}:\n{text.rstrip()}")
+    try:
+        stream = pickle.dumps(exc, protocol=5)
+        pickle.loads(stream)
+    except Exception:
+        stream = pickle.dumps(
+            RuntimeError(
+                f"stage {stage!r} raised {type(exc).__qualname__}: {exc} "
+                f"(the exception itself could not be pickled); worker traceback:\n{text}"
+            ),
+            protocol=5,
+        )
+    return stream

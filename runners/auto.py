@@ -1,0 +1,39 @@
+"""The default runner: threads where the interpreter runs without the GIL, processes elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .process import ProcessRunner
+from .thread import ThreadRunner
+
+__all__ = ["auto_runner", "choose_runner", "gil_enabled"]
+
+_log = logging.getLogger(__name__)
+
+
+def gil_enabled() -> bool:
+    """Whether this interpreter currently runs with the GIL (always True before Python 3.13)."""
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
+
+
+def choose_runner(gil: bool) -> tuple[str, str]:
+    """The runner name `auto` picks for a GIL state, and the reason, as shown to the user.
+
+    Without the GIL, threads run Python in parallel and share arrays for free; with it, only
+    processes give Python-heavy stages (tokenising, packing) real parallelism.
+    """
+    if gil:
+        return "process", "auto: GIL enabled (sys._is_gil_enabled() is True or absent) → process"
+    return "thread", "auto: GIL disabled (sys._is_gil_enabled() is False) → thread"
+
+
+def auto_runner() -> ThreadRunner | ProcessRunner:
+    """A ThreadRunner or ProcessRunner with default options for this interpreter; the choice is logged."""
+    name, reason = choose_runner(gil_enabled())
+    runner = ThreadRunner() if name == "thread" else ProcessRunner()
+    runner.reason = reason
+    _log.info("zephon runner: %s", reason)
+    return runner

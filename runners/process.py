@@ -1,0 +1,502 @@
+"""Forked worker processes per stage, with large buffers crossing in shared memory.
+
+The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` encodes the item
+(see `_transport`) in the caller's thread, then hands it to an idle worker or queues it. One reader
+thread waits on every worker's pipe and process sentinel at once; it decodes replies, resolves
+futures, replaces dead or timed-out workers (re-running their item) and feeds queued tasks to the
+workers it frees. Futures are always resolved outside the runner's lock, so a done-callback may
+submit to any stage, or close the runner, without deadlocking.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import threading
+import time
+import uuid
+import warnings
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Iterator, Sequence
+
+from zephon._errors import ConfigurationError
+from zephon._runner import Stage
+
+from ._errors import WorkerCrashedError
+from ._lifecycle import cancelled_future, stage_at, validate_stages
+from ._transport import Envelope, decode, discard, encode, make_shm_directory
+from ._worker import STOP, serve
+
+__all__ = ["ProcessRunner", "TransportStats"]
+
+_log = logging.getLogger(__name__)
+
+# (future, ok, value): a resolution decided under the lock and applied after releasing it.
+_Resolution = tuple[Future, bool, Any]
+
+
+@dataclass(frozen=True)
+class TransportStats:
+    """Bytes moved and faults handled by one ProcessRunner, counted in the parent (both directions).
+
+    `pipe_bytes` is what went through the pipes (pickle streams and framing-free metadata);
+    `shm_bytes` is what went through shared-memory files. A healthy array pipeline shows the arrays'
+    size under `shm_bytes` and only a few hundred bytes per item under `pipe_bytes`.
+    """
+
+    items_sent: int
+    pipe_bytes: int
+    shm_bytes: int
+    retries: int
+    workers_replaced: int
+
+
+@dataclass(eq=False)
+class _Task:
+    future: Future
+    stage: int
+    item: Any  # kept so that a crashed worker's item can be encoded again
+    envelope: Envelope | None  # None when it must be encoded again (its buffer file may be gone)
+    attempts: int = 0
+
+
+@dataclass(eq=False)
+class _Worker:
+    stage: int
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    task: _Task | None = None
+    deadline: float | None = None
+    broken: bool = False  # a send failed; the reader will see the sentinel and retire it
+
+
+class ProcessRunner:
+    """Runs each stage on `parallelism` worker processes forked eagerly in `start()`.
+
+    Options (keyword-only, all optional):
+
+    - `task_timeout_s`: a worker busy with one item for longer is killed and handled like a crash.
+    - `max_retries`: how many times an item is re-run after its worker died or timed out; an item is
+      attempted at most `1 + max_retries` times before its future fails with `WorkerCrashedError`.
+    - `oob_threshold_bytes`: buffers at least this large go through shared memory, smaller ones
+      inside the pickle stream.
+    - `shm_root`: where the per-runner buffer directory is created (default /dev/shm, else the
+      temporary directory).
+    - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
+
+    Stage functions are inherited through fork and never pickled, so they may be closures or
+    lambdas; items and results must be picklable. Arrays in results are copy-on-write views of
+    shared memory (writable; writes stay private). An exception raised by the function is delivered
+    as itself (with the worker's traceback as a note), or as a RuntimeError carrying it when it
+    cannot be pickled; only a dying worker counts as a crash.
+
+    `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
+    to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
+    killed after `close_timeout_s`, and the shared-memory directory is removed.
+
+    Forking happens from a multi-threaded parent once the reader thread runs (to replace a worker),
+    and possibly in `start()` if the caller has threads. This is safe here because the child never
+    touches state guarded by the parent's other threads: it closes inherited pipe ends and runs
+    `serve` only. The DeprecationWarning CPython 3.12+ emits for it is silenced around our own fork;
+    on GIL builds `warnings.catch_warnings` is process-global, so another thread warning at that
+    instant is filtered by the same narrow rule only.
+
+    Thread-safety: `submit` may be called from any thread, including done-callbacks (which run on
+    the reader thread); `start` belongs to the owner; `close` may be called from any thread,
+    including a done-callback, and is idempotent.
+    """
+
+    name = "process"
+
+    def __init__(
+        self,
+        *,
+        task_timeout_s: float | None = None,
+        max_retries: int = 3,
+        oob_threshold_bytes: int = 64 * 1024,
+        shm_root: str | None = None,
+        close_timeout_s: float = 2.0,
+    ) -> None:
+        if task_timeout_s is not None and not task_timeout_s > 0:
+            raise ConfigurationError(f"task_timeout_s must be positive or None, got {task_timeout_s!r}")
+        if max_retries < 0:
+            raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
+        if oob_threshold_bytes < 1:
+            raise ConfigurationError(f"oob_threshold_bytes must be >= 1, got {oob_threshold_bytes!r}")
+        self.reason = "requested explicitly"
+        self._task_timeout_s = task_timeout_s
+        self._max_retries = max_retries
+        self._threshold = oob_threshold_bytes
+        self._shm_root = shm_root
+        self._close_timeout_s = close_timeout_s
+        self._context = multiprocessing.get_context("fork")
+
+        self._lock = threading.Lock()
+        self._stages: tuple[Stage, ...] | None = None
+        self._closing = False
+        self._failure: BaseException | None = None  # set if the reader thread itself broke
+        self._directory: str | None = None
+        self._wake_r = self._wake_w = -1
+        self._reader: threading.Thread | None = None
+        self._workers: list[_Worker] = []
+        self._idle: list[deque[_Worker]] = []
+        self._queued: list[deque[_Task]] = []
+        self._items_sent = self._pipe_bytes = self._shm_bytes = self._retries = self._replaced = 0
+
+    # -- public surface ---------------------------------------------------------------------------
+
+    @property
+    def shm_directory(self) -> str | None:
+        """The directory holding buffer files in transit; None before `start()` and after `close()`."""
+        return self._directory
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers, for monitoring and tests."""
+        with self._lock:
+            return [worker.process.pid for worker in self._workers]
+
+    def stats(self) -> TransportStats:
+        with self._lock:
+            return TransportStats(
+                self._items_sent, self._pipe_bytes, self._shm_bytes, self._retries, self._replaced
+            )
+
+    def start(self, stages: Sequence[Stage]) -> None:
+        if self._stages is not None or self._closing:
+            raise RuntimeError("start() may be called once, before close()")
+        self._stages = validate_stages(stages)
+        self._idle = [deque() for _ in self._stages]
+        self._queued = [deque() for _ in self._stages]
+        try:
+            with self._lock:
+                self._directory = make_shm_directory(self._shm_root)
+                self._wake_r, self._wake_w = os.pipe()
+                os.set_blocking(self._wake_r, False)
+                os.set_blocking(self._wake_w, False)
+                for index, stage in enumerate(self._stages):
+                    for _ in range(stage.parallelism):
+                        self._add_worker_locked(index)
+        except BaseException:
+            self.close()
+            raise
+        self._reader = threading.Thread(target=self._read_loop, name="zephon-process-reader", daemon=True)
+        self._reader.start()
+
+    def submit(self, stage_index: int, item: Any) -> Future:
+        stage_at(self._stages, stage_index)
+        if self._closing:
+            return cancelled_future()
+        future: Future = Future()
+        try:
+            envelope = encode(item, self._new_path("i"), self._threshold)
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+        resolutions: list[_Resolution] = []
+        with self._lock:
+            if self._closing:
+                discard(envelope)
+                return cancelled_future()
+            if self._failure is not None:
+                discard(envelope)
+                resolutions.append((future, False, RuntimeError("the process runner has failed")))
+            else:
+                self._queued[stage_index].append(_Task(future, stage_index, item, envelope))
+                self._dispatch_locked(stage_index, resolutions)
+        self._resolve(resolutions)
+        return future
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._wake()
+            self._reader.join()
+        with self._lock:
+            tasks = [task for queue in self._queued for task in queue]
+            tasks += [worker.task for worker in self._workers if worker.task is not None]
+            workers, self._workers = self._workers, []
+            for queue in (*self._queued, *self._idle):
+                queue.clear()
+        self._stop_workers(workers)
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        for task in tasks:
+            discard(task.envelope)
+            task.future.cancel()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+    def __enter__(self) -> ProcessRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    def _add_worker_locked(self, stage_index: int) -> None:
+        stage = self._stages[stage_index]
+        parent_conn, child_conn = self._context.Pipe(duplex=True)
+        inherited = [worker.conn for worker in self._workers] + [parent_conn]
+        process = self._context.Process(
+            target=serve,
+            args=(child_conn, stage.fn, stage.name, self._directory, self._threshold, inherited),
+            name=f"zephon-{stage.name}",
+            daemon=True,
+        )
+        try:
+            with _fork_warning_silenced():
+                process.start()
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
+        worker = _Worker(stage_index, process, parent_conn)
+        self._workers.append(worker)
+        self._idle[stage_index].append(worker)
+
+    def _stop_workers(self, workers: list[_Worker]) -> None:
+        for worker in workers:
+            if worker.task is None and not worker.broken:
+                try:
+                    worker.conn.send_bytes(STOP)
+                except OSError:
+                    pass
+            else:
+                worker.process.terminate()
+        deadline = time.monotonic() + self._close_timeout_s
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        for worker in workers:
+            if worker.process.exitcode is None:
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
+            worker.process.close()
+
+    def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
+        """Reap a dead worker, re-queue or fail its item, and fork its replacement."""
+        self._workers.remove(worker)
+        if worker in self._idle[worker.stage]:
+            self._idle[worker.stage].remove(worker)
+        worker.process.join()
+        worker.conn.close()
+        worker.process.close()
+        stage = self._stages[worker.stage]
+        task = worker.task
+        if task is not None:
+            self._forget_file(task)
+            if task.attempts > self._max_retries:
+                _log.error("stage %r: worker %s; giving up after %d attempts", stage.name, cause, task.attempts)
+                resolutions.append((task.future, False, WorkerCrashedError(stage.name, task.attempts, cause)))
+            else:
+                _log.warning("stage %r: worker %s; re-running its item (attempt %d)", stage.name, cause, task.attempts + 1)
+                self._retries += 1
+                self._queued[worker.stage].appendleft(task)
+        if self._closing:
+            return
+        try:
+            self._add_worker_locked(worker.stage)
+        except OSError as exc:
+            _log.error("stage %r: could not fork a replacement worker: %s", stage.name, exc)
+        else:
+            self._replaced += 1
+
+    @staticmethod
+    def _forget_file(task: _Task) -> None:
+        """A worker may have consumed the item's buffer file: encode the item again if it is re-run."""
+        if task.envelope is not None and task.envelope.path is not None:
+            discard(task.envelope)
+            task.envelope = None
+
+    def _dispatch_locked(self, stage_index: int, resolutions: list[_Resolution]) -> None:
+        """Give queued tasks of a stage to its idle workers; fail them if the stage has no workers."""
+        queue, idle = self._queued[stage_index], self._idle[stage_index]
+        if not any(worker.stage == stage_index for worker in self._workers):
+            name = self._stages[stage_index].name
+            while queue:
+                task = queue.popleft()
+                resolutions.append(
+                    (task.future, False, WorkerCrashedError(name, task.attempts, "could not be replaced (fork failed)"))
+                )
+            return
+        while queue and idle:
+            task = queue.popleft()
+            if task.future.cancelled():
+                discard(task.envelope)
+                continue
+            if task.envelope is None:
+                try:
+                    task.envelope = encode(task.item, self._new_path("i"), self._threshold)
+                except Exception as exc:  # it encoded once; a second failure is environmental
+                    resolutions.append((task.future, False, exc))
+                    continue
+            worker = idle.popleft()
+            message = pickle.dumps(task.envelope, protocol=5)
+            try:
+                worker.conn.send_bytes(message)
+            except OSError:
+                worker.broken = True
+                self._forget_file(task)
+                queue.appendleft(task)
+                continue
+            self._items_sent += 1
+            self._pipe_bytes += len(message)
+            self._shm_bytes += task.envelope.shm_bytes
+            task.attempts += 1
+            worker.task = task
+            if self._task_timeout_s is not None:
+                worker.deadline = time.monotonic() + self._task_timeout_s
+                self._wake()
+
+    # -- the reader thread ------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        try:
+            while not self._closing:
+                self._read_once()
+        except BaseException as exc:
+            _log.exception("process runner reader thread failed; failing every pending item")
+            self._fail_everything(exc)
+
+    def _read_once(self) -> None:
+        with self._lock:
+            workers = list(self._workers)
+            deadlines = [worker.deadline for worker in workers if worker.deadline is not None]
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        by_conn = {worker.conn: worker for worker in workers}
+        by_sentinel = {worker.process.sentinel: worker for worker in workers}
+        ready = set(wait([*by_conn, *by_sentinel, self._wake_r], timeout))
+        if self._closing:
+            return
+        if self._wake_r in ready:
+            _drain(self._wake_r)
+
+        replies: dict[int, tuple[_Worker, bytes]] = {}  # by id(worker)
+        dead: dict[int, tuple[_Worker, str]] = {}
+        for conn, worker in by_conn.items():
+            sentinel_ready = worker.process.sentinel in ready
+            if conn in ready or (sentinel_ready and conn.poll()):
+                try:
+                    replies[id(worker)] = (worker, conn.recv_bytes())
+                except (EOFError, OSError):
+                    sentinel_ready = True
+            if sentinel_ready:
+                worker.process.join()
+                dead[id(worker)] = (worker, _describe_exit(worker.process))
+        now = time.monotonic()
+        for worker in workers:
+            expired = worker.deadline is not None and worker.deadline <= now
+            if expired and id(worker) not in replies and id(worker) not in dead:
+                worker.process.kill()
+                worker.process.join()
+                dead[id(worker)] = (worker, f"(pid {worker.process.pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed")
+
+        decoded = [(worker, *self._decode_reply(worker, message)) for worker, message in replies.values()]
+        resolutions: list[_Resolution] = []
+        with self._lock:
+            for worker, ok, value, pipe_bytes, shm_bytes in decoded:
+                self._pipe_bytes += pipe_bytes
+                self._shm_bytes += shm_bytes
+                resolutions.append((worker.task.future, ok, value))
+                worker.task, worker.deadline = None, None
+                if id(worker) not in dead:
+                    self._idle[worker.stage].append(worker)
+            for worker, cause in dead.values():
+                self._retire_locked(worker, cause, resolutions)
+            for index in range(len(self._stages)):
+                self._dispatch_locked(index, resolutions)
+        self._resolve(resolutions)
+
+    def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, int, int]:
+        """(ok, value, pipe bytes, shm bytes) of one reply; a reply that cannot be decoded fails its item."""
+        try:
+            ok, envelope = pickle.loads(message)
+            return ok, decode(envelope), len(message), envelope.shm_bytes
+        except Exception as exc:
+            stage = self._stages[worker.stage].name
+            error = RuntimeError(f"stage {stage!r}: could not unpickle the worker's reply: {exc!r}")
+            error.__cause__ = exc
+            return False, error, len(message), 0
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        resolutions: list[_Resolution] = []
+        with self._lock:
+            self._failure = exc
+            tasks = [task for queue in self._queued for task in queue]
+            tasks += [worker.task for worker in self._workers if worker.task is not None]
+            for queue in self._queued:
+                queue.clear()
+            for worker in self._workers:
+                worker.task = None
+            for task in tasks:
+                error = RuntimeError("the process runner's reader thread failed")
+                error.__cause__ = exc
+                resolutions.append((task.future, False, error))
+        self._resolve(resolutions)
+
+    def _resolve(self, resolutions: list[_Resolution]) -> None:
+        for future, ok, value in resolutions:
+            if self._closing:
+                future.cancel()
+                continue
+            try:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            except InvalidStateError:  # its owner cancelled it meanwhile
+                pass
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):  # already full of wake-ups, or closing
+            pass
+
+    def _new_path(self, prefix: str) -> str:
+        return os.path.join(self._directory, f"{prefix}{uuid.uuid4().hex}")
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _describe_exit(process: multiprocessing.process.BaseProcess) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"(pid {process.pid}) was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"(pid {process.pid}) was killed by signal {-code}"
+    return f"(pid {process.pid}) exited with code {code}"
+
+
+@contextmanager
+def _fork_warning_silenced() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks",
+            category=DeprecationWarning,
+        )
+        yield

@@ -1,0 +1,86 @@
+"""A thread pool per stage, sharing items and results with the caller.
+
+On free-threaded CPython the stages run truly in parallel; with the GIL only code that releases it
+(NumPy kernels, image codecs, tokenizers) overlaps, which is why `auto` prefers processes there.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Sequence
+
+from zephon._runner import Stage
+
+from ._lifecycle import cancelled_future, stage_at, validate_stages
+
+__all__ = ["ThreadRunner"]
+
+_pool_thread = threading.local()
+
+
+class ThreadRunner:
+    """One `ThreadPoolExecutor` of `parallelism` threads per stage, named after the stage.
+
+    Items and results are passed by reference: nothing is copied or pickled, so a stage function
+    must not mutate its input if an earlier stage or the caller still reads it. Done-callbacks run on
+    the pool thread that finished the item; submitting the next stage from one is safe because every
+    stage has its own pool.
+
+    `close()` cancels work that has not started and waits for running items (threads cannot be
+    interrupted); from the moment it begins, `submit` returns cancelled futures, so a callback chain
+    still running ends quietly.
+
+    Thread-safety: `submit` may be called from any thread, including done-callbacks; `start` and
+    `close` belong to the owner (`close` may also be called from a done-callback). `close` is
+    idempotent.
+    """
+
+    name = "thread"
+
+    def __init__(self) -> None:
+        self.reason = "requested explicitly"
+        self._stages: tuple[Stage, ...] | None = None
+        self._pools: list[ThreadPoolExecutor] = []
+        self._closed = False
+
+    def start(self, stages: Sequence[Stage]) -> None:
+        if self._stages is not None or self._closed:
+            raise RuntimeError("start() may be called once, before close()")
+        self._stages = validate_stages(stages)
+        self._pools = [
+            ThreadPoolExecutor(
+                max_workers=stage.parallelism,
+                thread_name_prefix=f"zephon-{stage.name}",
+                initializer=self._mark_pool_thread,
+            )
+            for stage in self._stages
+        ]
+
+    def submit(self, stage_index: int, item: Any) -> Future:
+        stage = stage_at(self._stages, stage_index)
+        if self._closed:
+            return cancelled_future()
+        try:
+            return self._pools[stage_index].submit(stage.fn, item)
+        except RuntimeError:  # the pool shut down between the check and the submit
+            return cancelled_future()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # A pool thread cannot join itself; when a done-callback closes the runner the threads are
+        # left to finish on their own (they exit once their queues are drained).
+        wait = getattr(_pool_thread, "runner", None) is not self
+        for pool in self._pools:
+            pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _mark_pool_thread(self) -> None:
+        _pool_thread.runner = self
+
+    def __enter__(self) -> ThreadRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
