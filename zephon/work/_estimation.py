@@ -43,8 +43,8 @@ class TokenEstimation:
     resume computes the same plan without communicating.
     """
 
-    sample_records: int = 2048
-    sample_chunks: int = 32
+    sample_records: int = 512
+    sample_chunks: int = 16
     seed: int = 0
 
     def measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:

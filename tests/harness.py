@@ -1,0 +1,93 @@
+"""Shared harnesses: build a text pipeline, run it on any layout, collect per-step global digests.
+
+Determinism tests compare real SHA-256s of real batches from separately constructed pipelines;
+every helper here builds a fresh Pipeline and fresh loaders on each call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zephon import Pipeline, global_batch_digest, merge_states
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource, TokenEstimation
+
+NUM_LANES = 8
+MICROBATCH = 2
+GLOBAL_BATCH = NUM_LANES * MICROBATCH * 2  # two microbatches per lane per step
+
+
+def text_pipeline(
+    corpus_a: Path,
+    corpus_b: Path,
+    tokenizer: Path,
+    *,
+    runner: str = "inline",
+    parallelism: int = 1,
+    seed: int = 42,
+    max_length: int = 64,
+    num_epochs: int | None = None,
+    algorithm: str = "wrap",
+    flush_every_chunks: int = 3,
+    mixture: dict | None = None,
+    shuffle_buffer: int = 8,
+) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_path("a", str(corpus_a)), Dataset.from_path("b", str(corpus_b))],
+        mixture=mixture or {"a": 0.5, "b": 0.5},
+        token_estimation=TokenEstimation(sample_records=64),
+        seed=seed,
+        records_per_chunk=8,
+        num_epochs=num_epochs,
+    )
+    return (
+        Pipeline(source)
+        .options(num_lanes=NUM_LANES, runner=runner, flush_every_chunks=flush_every_chunks)
+        .tokenize(tokenizer_id=str(tokenizer), field="text", parallelism=parallelism, eos="<|eos|>")
+        .pack_flat(max_length=max_length, algorithm=algorithm)
+        .shuffle(buffer_size=shuffle_buffer, seed=seed)
+        .batch(microbatch_size=MICROBATCH)
+    )
+
+
+def microbatches_per_rank_step(loader) -> int:
+    return len(loader.lanes) * loader.rows_per_step // loader.microbatch_size
+
+
+def step_digests(pipeline: Pipeline, world_size: int, steps: int, *, state=None, start_step: int = 0) -> list[str]:
+    """Run `world_size` rank loaders side by side for `steps` global steps and return each step's
+    global digest. With `state`, every rank first loads it (an elastic resume)."""
+    loaders = [pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) for rank in range(world_size)]
+    try:
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
+        iterators = [iter(loader) for loader in loaders]
+        digests = []
+        for step in range(start_step, start_step + steps):
+            batches = []
+            for loader, it in zip(loaders, iterators):
+                for _ in range(microbatches_per_rank_step(loader)):
+                    batch = next(it)
+                    assert batch.step == step, (batch.step, step)
+                    batches.append(batch)
+            digests.append(global_batch_digest(batches))
+        return digests
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+def checkpoint_after(pipeline: Pipeline, world_size: int, steps: int, extra_microbatches: int = 0) -> dict:
+    """Consume `steps` global steps (plus `extra_microbatches` of the next step on every rank) on
+    `world_size` ranks and return the merged state of all ranks."""
+    loaders = [pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) for rank in range(world_size)]
+    try:
+        for loader in loaders:
+            it = iter(loader)
+            for _ in range(steps * microbatches_per_rank_step(loader) + extra_microbatches):
+                next(it)
+        return merge_states(loader.state_dict() for loader in loaders)
+    finally:
+        for loader in loaders:
+            loader.close()

@@ -1,0 +1,100 @@
+"""Barcodes: the per-step record of global-batch SHA-256s, and comparing two of them.
+
+A barcode file is JSON Lines, one `{"step": s, "digest": "<sha256 hex>"}` per global step. Two runs
+of the same recipe must have identical barcodes; `compare` names the first step that differs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["BarcodeWriter", "read_barcode", "compare_barcodes", "BarcodeComparison", "draw_barcodes"]
+
+
+class BarcodeWriter:
+    """Appends one line per step; flushes each line so a crashed run still leaves its barcode."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, step: int, digest: str) -> None:
+        self._file.write(json.dumps({"step": step, "digest": digest}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> BarcodeWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_barcode(path: str | Path) -> dict[int, str]:
+    barcode = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    entry = json.loads(line)
+                    barcode[int(entry["step"])] = str(entry["digest"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}:{n}: not a barcode line ({exc})") from None
+    return barcode
+
+
+@dataclass(frozen=True)
+class BarcodeComparison:
+    common_steps: tuple[int, ...]
+    mismatched_steps: tuple[int, ...]
+    only_in_a: tuple[int, ...]
+    only_in_b: tuple[int, ...]
+
+    @property
+    def first_mismatch(self) -> int | None:
+        return self.mismatched_steps[0] if self.mismatched_steps else None
+
+    @property
+    def identical(self) -> bool:
+        return not self.mismatched_steps
+
+
+def compare_barcodes(a: dict[int, str], b: dict[int, str]) -> BarcodeComparison:
+    common = sorted(set(a) & set(b))
+    return BarcodeComparison(
+        common_steps=tuple(common),
+        mismatched_steps=tuple(s for s in common if a[s] != b[s]),
+        only_in_a=tuple(sorted(set(a) - set(b))),
+        only_in_b=tuple(sorted(set(b) - set(a))),
+    )
+
+
+def draw_barcodes(a: dict[int, str], b: dict[int, str], path: str | Path, labels: Iterable[str] = ("A", "B")) -> None:
+    """A PNG with one vertical stripe per step for each run (colour from the digest, so equal
+    digests look equal) and a red marker row under every mismatching step. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    steps = sorted(set(a) | set(b))
+    def colours(run):
+        return np.array([[int(run[s][i : i + 2], 16) / 255 for i in (0, 2, 4)] if s in run else [1, 1, 1] for s in steps])
+
+    mismatch = np.array([[1, 0, 0] if (s in a and s in b and a[s] != b[s]) else [1, 1, 1] for s in steps])
+    image = np.stack([colours(a), colours(b), mismatch])
+    fig, ax = plt.subplots(figsize=(max(4, len(steps) / 8), 1.6))
+    ax.imshow(image, aspect="auto", interpolation="nearest")
+    ax.set_yticks([0, 1, 2], [*labels, "differs"])
+    ax.set_xlabel("global step")
+    ticks = np.linspace(0, len(steps) - 1, min(len(steps), 10)).astype(int) if steps else []
+    ax.set_xticks(ticks, [steps[i] for i in ticks])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

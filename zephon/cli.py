@@ -1,0 +1,73 @@
+"""The `zephon` command: demos and barcode tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zephon", description="Zephon: elastically deterministic data loading.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run a demo on the shipped data").add_subparsers(dest="demo", required=True)
+    text = demo.add_parser("text", help="the text pipeline: tokenize → pack → shuffle → batch, with throughput")
+    text.add_argument("--steps", type=int, default=50, help="global steps to run (default 50)")
+    text.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")
+    text.add_argument("--parallelism", type=int, default=2, help="tokenizer workers (default 2)")
+    text.add_argument("--global-batch-size", type=int, default=32, help="rows per global step (default 32)")
+
+    elastic = demo.add_parser(
+        "elastic", help="checkpoint on R ranks, resume on several R′ as separate processes, compare every step"
+    )
+    elastic.add_argument("--steps", type=int, default=24, help="global steps in the reference run (default 24)")
+    elastic.add_argument("--checkpoint-step", type=int, default=10, help="step at which to checkpoint (default 10)")
+    elastic.add_argument("--from-world-size", type=int, default=2, help="ranks before the checkpoint (default 2)")
+    elastic.add_argument("--to-world-sizes", type=int, nargs="+", default=[1, 4, 8],
+                         help="rank counts to resume on (default 1 4 8)")
+    elastic.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")
+    elastic.add_argument("--parallelism", type=int, default=1, help="tokenizer workers per rank (default 1)")
+    elastic.add_argument("--global-batch-size", type=int, default=32, help="rows per global step (default 32)")
+    elastic.add_argument("--barcode-dir", help="also write each run's barcode (JSON Lines) into this directory")
+
+    barcode = sub.add_parser("barcode", help="compare per-step global-batch digests of two runs")
+    bsub = barcode.add_subparsers(dest="barcode", required=True)
+    compare = bsub.add_parser("compare", help="name the first differing step; exit 1 on any difference")
+    compare.add_argument("a", help="barcode file (JSON Lines of {step, digest})")
+    compare.add_argument("b", help="barcode file to compare with")
+    compare.add_argument("--png", help="also draw both runs as a barcode picture (needs matplotlib)")
+    return parser
+
+
+def _barcode_compare(args) -> int:
+    from .barcode import compare_barcodes, draw_barcodes, read_barcode
+
+    a, b = read_barcode(args.a), read_barcode(args.b)
+    result = compare_barcodes(a, b)
+    if args.png:
+        draw_barcodes(a, b, args.png, labels=(args.a, args.b))
+    print(f"{len(result.common_steps)} common steps, {len(result.mismatched_steps)} differ")
+    if result.only_in_a or result.only_in_b:
+        print(f"steps only in A: {len(result.only_in_a)}, only in B: {len(result.only_in_b)}")
+    if result.identical:
+        print("identical")
+        return 0
+    print(f"first differing step: {result.first_mismatch}")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "barcode":
+        return _barcode_compare(args)
+    if args.demo == "text":
+        from .demo._text import run_text_demo
+
+        return run_text_demo(args.steps, args.runner, args.parallelism, args.global_batch_size)
+    from .demo._elastic import run_elastic_demo
+
+    return run_elastic_demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Demos on the shipped data: `zephon demo text` and `zephon demo elastic`."""
