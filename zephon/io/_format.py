@@ -17,11 +17,7 @@ from ._policy import Slot
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["SEEK_STRIDE", "ShardFile", "ShardScan", "ShardFormat"]
-
-SEEK_STRIDE = 256
-"""Records between two seek points. A read starts at most this many records before its range; the
-index costs 8 bytes per SEEK_STRIDE records on the (pickled) Dataset."""
+__all__ = ["ShardFile", "ShardScan", "ShardFormat"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +38,11 @@ class ShardFile:
 
 @dataclass(frozen=True)
 class ShardScan:
-    """The planning facts of one shard. `seek[j]` is the byte offset of record `j * SEEK_STRIDE`."""
+    """The planning facts of one shard. `seek[j]` is the byte offset of record `j * stride`.
+
+    Each format picks its stride: a read starts at most `stride` records before its range, and the
+    index costs 8 bytes per `stride` records on the (pickled) Dataset.
+    """
 
     num_records: int
     seek: np.ndarray | None = None

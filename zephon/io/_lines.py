@@ -2,7 +2,8 @@
 
 A line is what lies between two b"\\n" (a final line without one counts too). Counting scans every
 byte once at planning time; for uncompressed shards the same scan records the byte offset of every
-SEEK_STRIDE-th line, so a chunk read seeks close to its first line instead of re-reading the shard.
+SEEK_STRIDE-th line (see ShardScan), so a chunk read seeks close to its first line instead of
+re-reading the shard.
 Compressed shards cannot seek: each read decompresses from the start and skips lines.
 """
 
@@ -14,9 +15,11 @@ from itertools import islice
 import numpy as np
 
 from ._compression import decompressed_blocks, raw_blocks
-from ._format import SEEK_STRIDE, ShardFile, ShardScan
+from ._format import ShardFile, ShardScan
 
 __all__ = ["scan_lines", "read_lines"]
+
+SEEK_STRIDE = 256  # lines are small: a chunk read skips at most a few hundred of them
 
 _NEWLINE = 0x0A
 
@@ -24,12 +27,14 @@ _NEWLINE = 0x0A
 def scan_lines(shard: ShardFile) -> ShardScan:
     """Count the lines of a shard; index them when it is uncompressed.
 
-    A compressed shard cut short is counted up to the cut (the cut line included), so that reading
-    it later reports the damaged records as truncated instead of the plan silently omitting them.
+    A compressed shard cut short counts its complete lines plus one for the damaged tail (how many
+    records the tail held is unknowable), so that reading it reports at least one truncated record
+    instead of the plan silently omitting the loss.
     """
     indexed = shard.compression is None
     newlines = size = 0
     last = b""
+    cut = False
     starts = [np.zeros(1, dtype=np.int64)]
     with shard.open() as f:
         try:
@@ -45,8 +50,8 @@ def scan_lines(shard: ShardFile) -> ShardScan:
                 size += len(block)
                 last = block[-1:]
         except EOFError:
-            pass
-    num_lines = newlines + (1 if size and last != b"\n" else 0)
+            cut = True
+    num_lines = newlines + (1 if cut or (size and last != b"\n") else 0)
     if not indexed:
         return ShardScan(num_lines)
     num_points = -(-num_lines // SEEK_STRIDE)

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ._format import SEEK_STRIDE, ShardFile, ShardScan
+from ._format import ShardFile, ShardScan
 from ._policy import INVALID_UTF8, MALFORMED_JSON, Bad, Slot, fill_truncated
 
 __all__ = ["WebDataset", "split_member_name"]
+
+SEEK_STRIDE = 16  # walking tar headers is slow in Python; a record is large, so its seek point is cheap
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:

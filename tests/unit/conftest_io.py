@@ -1,0 +1,123 @@
+"""Shared writers and fake filesystems for the zephon.io tests (imported explicitly, not a conftest)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.registry import _registry
+
+_COMPRESS = {None: lambda b: b, "gz": gzip.compress, "zst": lambda b: zstandard.ZstdCompressor().compress(b)}
+
+
+def lines_bytes(lines: list[bytes], *, final_newline: bool = True) -> bytes:
+    return b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+
+
+def jsonl_bytes(records: list[dict], compression: str | None = None) -> bytes:
+    return _COMPRESS[compression](lines_bytes([json.dumps(r).encode() for r in records]))
+
+
+def compress(data: bytes, compression: str | None) -> bytes:
+    return _COMPRESS[compression](data)
+
+
+def parquet_bytes(rows: list[dict], row_group_size: int) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), sink, row_group_size=row_group_size)
+    return sink.getvalue()
+
+
+def tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:
+    """A tar of (name, payload) members; a None payload makes a directory member."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            if payload is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return sink.getvalue()
+
+
+def memory_root() -> str:
+    """A fresh memory:// directory, so tests sharing the process-wide memory store never collide."""
+    return f"memory://zephon-io-tests/{uuid.uuid4().hex}"
+
+
+def put(url: str, data: bytes) -> str:
+    with fsspec.open(url, "wb") as f:
+        f.write(data)
+    return url
+
+
+class _PrefixedMemoryFileSystem(MemoryFileSystem):
+    """An in-memory filesystem under another protocol, with a store of its own."""
+
+    root_marker = ""
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        prefix = f"{cls.protocol}://"
+        path = path[len(prefix) :] if path.startswith(prefix) else path
+        return path.strip("/")
+
+
+class FakeHubFileSystem(_PrefixedMemoryFileSystem):
+    """Stands in for huggingface_hub's HfFileSystem: files live at their hub paths, no network."""
+
+    protocol = "hf"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+
+
+class FlakyFileSystem(_PrefixedMemoryFileSystem):
+    """Fails the next `failures` opens for reading with a transient error; counts every open."""
+
+    protocol = "flaky"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+    failures = 0
+    opens = 0
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" in mode:
+            FlakyFileSystem.opens += 1
+            if FlakyFileSystem.failures > 0:
+                FlakyFileSystem.failures -= 1
+                raise ConnectionResetError(f"flaky storage dropped {path}")
+        return super()._open(path, mode, **kwargs)
+
+
+@contextmanager
+def registered(cls: type[MemoryFileSystem]) -> Iterator[type[MemoryFileSystem]]:
+    """Register a fake filesystem for its protocol, then put back exactly what was there before.
+
+    fsspec has no public way to unregister, and a protocol that was never used (e.g. "hf" resolved
+    lazily to huggingface_hub) must go back to being lazy, hence the private registry dict.
+    """
+    previous = fsspec.registry.get(cls.protocol)
+    fsspec.register_implementation(cls.protocol, cls, clobber=True)
+    cls.store.clear()
+    cls.pseudo_dirs[:] = [""]
+    try:
+        yield cls
+    finally:
+        cls.store.clear()
+        if previous is not None:
+            fsspec.register_implementation(cls.protocol, previous, clobber=True)
+        else:
+            _registry.pop(cls.protocol, None)

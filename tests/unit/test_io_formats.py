@@ -1,0 +1,211 @@
+"""Each shard format reads the records it holds, in order, and accounts for every bad one."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import tarfile
+
+import pytest
+
+from zephon import BadRecordError, RecordAddress
+from zephon.io import Dataset
+
+from .conftest_io import compress, jsonl_bytes, lines_bytes, parquet_bytes, tar_bytes
+
+
+def read_all(ds: Dataset, records_per_chunk: int, on_error: str = "skip"):
+    records, skipped = [], []
+    for chunk in ds.chunks(records_per_chunk):
+        out = ds.read_chunk(chunk, on_error=on_error)
+        records += out.records
+        skipped += out.skipped
+    return records, skipped
+
+
+def noisy_records(n: int) -> list[dict]:
+    """Records that compress poorly, so a cut compressed file still decodes part of its lines."""
+    rng = random.Random(n)
+    return [{"i": i, "noise": rng.getrandbits(128)} for i in range(n)]
+
+
+@pytest.mark.parametrize("compression", [None, "gz", "zst"])
+@pytest.mark.parametrize("records_per_chunk", [1, 97, 256, 1000])
+def test_jsonl_chunks_read_every_record_in_order(tmp_path, compression, records_per_chunk):
+    records = noisy_records(700)
+    suffix = ".jsonl" + (f".{compression}" if compression else "")
+    (tmp_path / f"a{suffix}").write_bytes(jsonl_bytes(records, compression))
+    ds = Dataset.from_path("d", str(tmp_path / f"a{suffix}"))
+    assert ds.format == "jsonl" and ds.num_records == 700
+    assert read_all(ds, records_per_chunk) == (records, [])
+
+
+def test_jsonl_chunk_in_the_middle_reads_exactly_its_range(tmp_path):
+    records = [{"i": i} for i in range(1000)]
+    (tmp_path / "a.jsonl").write_bytes(jsonl_bytes(records))
+    ds = Dataset.from_path("d", str(tmp_path / "a.jsonl"))
+    from zephon import Chunk
+
+    for start, stop in [(0, 1), (255, 257), (256, 512), (300, 301), (999, 1000), (511, 900)]:
+        out = ds.read_chunk(Chunk("d", 0, start, stop))
+        assert out.records == records[start:stop]
+        assert [a.index for a in out.addresses] == list(range(start, stop))
+
+
+def test_jsonl_bad_lines_are_skipped_with_their_reason_and_address(tmp_path):
+    lines = [b'{"ok": 0}', b'{"broken', b'"\xff\xfe"', b"[1, 2]", b"", b'{"ok": 5}\r', b'{"ok": 6}']
+    path = tmp_path / "a.json"
+    path.write_bytes(lines_bytes(lines, final_newline=False))
+    ds = Dataset.from_path("d", str(path))
+    assert ds.num_records == 7
+    out = ds.read_chunk(ds.chunks(10)[0])
+    assert out.records == [{"ok": 0}, {"ok": 5}, {"ok": 6}]
+    assert [a.index for a in out.addresses] == [0, 5, 6]
+    shard = str(path)
+    assert out.skipped == [
+        (RecordAddress("d", shard, 1), "malformed_json"),
+        (RecordAddress("d", shard, 2), "invalid_utf8"),
+        (RecordAddress("d", shard, 3), "not_an_object"),
+        (RecordAddress("d", shard, 4), "malformed_json"),
+    ]
+
+
+def test_raise_policy_fails_on_the_first_bad_record_naming_its_address(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(lines_bytes([b'{"ok": 0}', b"{nope", b"[]"]))
+    ds = Dataset.from_path("d", str(path))
+    with pytest.raises(BadRecordError) as caught:
+        ds.read_chunk(ds.chunks(3)[0], on_error="raise")
+    assert caught.value.reason == "malformed_json"
+    assert caught.value.address == RecordAddress("d", str(path), 1)
+    assert f"{path}#1" in str(caught.value)
+
+
+@pytest.mark.parametrize("compression", [None, "gz", "zst"])
+def test_text_lines_keep_empty_lines_as_records(tmp_path, compression):
+    data = b"first\r\n\nthird \xff\nlast without newline"
+    suffix = ".txt" + (f".{compression}" if compression else "")
+    (tmp_path / f"a{suffix}").write_bytes(compress(data, compression))
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert ds.format == "text" and ds.num_records == 4
+    records, skipped = read_all(ds, 3)
+    assert records == [{"text": "first"}, {"text": ""}, {"text": "last without newline"}]
+    assert [(a.index, reason) for a, reason in skipped] == [(2, "invalid_utf8")]
+
+
+def test_text_file_unit_makes_one_record_per_file(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"one\ntwo\n")
+    (tmp_path / "b.txt.gz").write_bytes(compress("três".encode(), "gz"))
+    (tmp_path / "c.txt").write_bytes(b"")
+    ds = Dataset.from_path("d", str(tmp_path), text_unit="file")
+    assert [s.num_records for s in ds.shards] == [1, 1, 0]
+    assert read_all(ds, 5) == ([{"text": "one\ntwo\n"}, {"text": "três"}], [])
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+@pytest.mark.parametrize("kept", [0.05, 0.8])
+def test_cut_compressed_shard_reports_its_lost_records_as_truncated(tmp_path, compression, kept):
+    data = jsonl_bytes(noisy_records(3000), compression)
+    path = tmp_path / f"a.jsonl.{compression}"
+    path.write_bytes(data[: int(len(data) * kept)])
+    ds = Dataset.from_path("d", str(path))
+    assert 0 < ds.num_records < 3000
+    records, skipped = read_all(ds, 500)
+    assert records == noisy_records(3000)[: len(records)]
+    assert skipped and {reason for _, reason in skipped} == {"truncated_shard"}
+    assert len(records) + len(skipped) == ds.num_records
+
+
+def test_parquet_chunks_across_row_groups_read_the_right_rows(tmp_path):
+    rows = [{"i": i, "text": f"row {i}", "blob": bytes([i % 256])} for i in range(1000)]
+    (tmp_path / "a.parquet").write_bytes(parquet_bytes(rows[:700], row_group_size=64))
+    (tmp_path / "b.parquet").write_bytes(parquet_bytes(rows[700:], row_group_size=1000))
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert ds.format == "parquet" and [s.num_records for s in ds.shards] == [700, 300]
+    for records_per_chunk in (1, 63, 64, 65, 300, 1000):
+        assert read_all(ds, records_per_chunk) == (rows, [])
+    from zephon import Chunk
+
+    out = ds.read_chunk(Chunk("d", 0, 100, 130))  # inside row group 1, not at its start
+    assert out.records == rows[100:130]
+
+
+def test_webdataset_groups_members_by_key_and_decodes_txt_and_json(tmp_path):
+    members = [
+        ("shard/", None),
+        ("shard/0001.jpg", b"\xff\xd8jpeg"),
+        ("shard/0001.txt", "a caption é".encode()),
+        ("shard/0001.json", b'{"w": 3}'),
+        ("shard/0002.seg.png", b"png"),
+        ("shard/0002.en.txt", b"second"),
+        ("NOTES", b"no extension: not part of any record"),
+        ("top.cls", b"7"),
+    ]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.format == "webdataset" and ds.num_records == 3
+    records, skipped = read_all(ds, 2)
+    assert skipped == []
+    assert records == [
+        {"__key__": "shard/0001", "jpg": b"\xff\xd8jpeg", "txt": "a caption é", "json": {"w": 3}},
+        {"__key__": "shard/0002", "seg.png": b"png", "en.txt": "second"},
+        {"__key__": "top", "cls": b"7"},
+    ]
+
+
+def test_webdataset_bad_members_skip_their_record(tmp_path):
+    members = [("0.txt", b"ok"), ("1.txt", b"\xff"), ("2.json", b"{"), ("3.txt", b"ok")]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path))
+    records, skipped = read_all(ds, 4)
+    assert [r["__key__"] for r in records] == ["0", "3"]
+    assert [(a.index, reason) for a, reason in skipped] == [(1, "invalid_utf8"), (2, "malformed_json")]
+
+
+def long_name(i: int) -> str:
+    return f"{'deep/' * 30}{i:05d}"  # over 100 characters: stored with a PAX header
+
+
+def test_webdataset_chunks_far_into_a_shard_with_long_names(tmp_path):
+    n = 100
+    members = [m for i in range(n) for m in [(f"{long_name(i)}.txt", str(i).encode()), (f"{long_name(i)}.cls", b"c")]]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.num_records == n
+    for records_per_chunk in (1, 15, 17, 100):
+        records, skipped = read_all(ds, records_per_chunk)
+        assert skipped == []
+        assert [(r["__key__"], r["txt"]) for r in records] == [(long_name(i), str(i)) for i in range(n)]
+
+
+def cut_tar(num_records: int, cut_in_record: int) -> tuple[bytes, bytes]:
+    members = [(f"{i:03d}.txt", json.dumps(i).encode() * 300) for i in range(num_records)]
+    whole = tar_bytes(members)
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        cut = tar.getmembers()[cut_in_record].offset_data + 100  # inside that member's data
+    return whole, whole[:cut]
+
+
+def test_tar_cut_short_before_planning_reports_the_cut_record(tmp_path):
+    _, cut = cut_tar(10, cut_in_record=7)
+    (tmp_path / "a.tar").write_bytes(cut)
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert ds.num_records == 8
+    records, skipped = read_all(ds, 3)
+    assert [r["__key__"] for r in records] == [f"{i:03d}" for i in range(7)]
+    assert [(a.index, reason) for a, reason in skipped] == [(7, "truncated_shard")]
+
+
+def test_tar_cut_short_after_planning_counts_every_missing_record(tmp_path):
+    whole, cut = cut_tar(10, cut_in_record=7)
+    path = tmp_path / "a.tar"
+    path.write_bytes(whole)
+    ds = Dataset.from_path("d", str(path))
+    assert ds.num_records == 10
+    path.write_bytes(cut)
+    records, skipped = read_all(ds, 4)
+    assert len(records) == 7
+    assert [(a.index, reason) for a, reason in skipped] == [(i, "truncated_shard") for i in (7, 8, 9)]
+    with pytest.raises(BadRecordError, match="truncated_shard"):
+        read_all(ds, 10, on_error="raise")
