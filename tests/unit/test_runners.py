@@ -1,0 +1,185 @@
+"""Behaviour every runner shares: same results, futures that carry results or exceptions, chaining
+through done-callbacks, and a close() that is idempotent and ends later submissions quietly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import CancelledError, Future
+from functools import partial
+
+import numpy as np
+import pytest
+
+from runners import InlineRunner, ProcessRunner, ThreadRunner
+from zephon._errors import ConfigurationError
+from zephon._runner import Runner, Stage
+
+RUNNERS = [InlineRunner, ThreadRunner, ProcessRunner]
+
+
+def numpy_heavy(seed: int) -> dict:
+    """Deterministic array work that avoids BLAS, whose threading may change float summation order."""
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, size=(192, 256, 3), dtype=np.uint8)
+    signal = rng.standard_normal(50_000)
+    return {
+        "seed": seed,
+        "image": image[::-1].copy(),
+        "histogram": np.bincount(image.ravel(), minlength=256),
+        "spectrum": np.abs(np.fft.rfft(signal)),
+        "sorted": np.sort(signal),
+    }
+
+
+def run_stage(runner: Runner, fn, items, parallelism: int = 2, timeout: float = 20.0) -> list:
+    runner.start([Stage("work", fn, parallelism)])
+    futures = [runner.submit(0, item) for item in items]
+    return [future.result(timeout) for future in futures]
+
+
+def assert_same_outputs(left: list[dict], right: list[dict]) -> None:
+    assert len(left) == len(right)
+    for a, b in zip(left, right):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+@pytest.mark.parametrize("make", [ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_every_runner_returns_what_the_inline_runner_returns_for_numpy_work(make):
+    with InlineRunner() as reference:
+        expected = run_stage(reference, numpy_heavy, range(12))
+    with make() as runner:
+        assert_same_outputs(run_stage(runner, numpy_heavy, range(12), parallelism=3), expected)
+
+
+@pytest.mark.parametrize("make", [ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_results_are_right_even_when_futures_resolve_out_of_order(make):
+    completed: list[int] = []
+    lock = threading.Lock()
+
+    def slow_square(i: int) -> int:
+        time.sleep(0.05 * (4 - i))
+        return i * i
+
+    def record(i: int, _future: Future) -> None:
+        with lock:
+            completed.append(i)
+
+    with make() as runner:
+        runner.start([Stage("square", slow_square, 4)])
+        futures = [runner.submit(0, i) for i in range(4)]
+        for i, future in enumerate(futures):
+            future.add_done_callback(partial(record, i))
+        assert [future.result(10) for future in futures] == [0, 1, 4, 9]
+    assert completed[0] != 0  # item 0 sleeps longest, so it cannot finish first
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_an_exception_from_the_stage_function_reaches_the_future_with_its_message(make):
+    def picky(x: int) -> int:
+        if x == 3:
+            raise ValueError(f"item {x} is not welcome")
+        return x
+
+    with make() as runner:
+        runner.start([Stage("picky", picky)])
+        futures = [runner.submit(0, x) for x in range(5)]
+        assert futures[3].exception(10).args == ("item 3 is not welcome",)
+        assert isinstance(futures[3].exception(), ValueError)
+        assert [futures[i].result(10) for i in (0, 1, 2, 4)] == [0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_a_done_callback_can_submit_the_next_stage(make):
+    n = 40
+    results: dict[int, int] = {}
+    finished = threading.Event()
+    lock = threading.Lock()
+
+    with make() as runner:
+
+        def second_done(i: int, future: Future) -> None:
+            with lock:
+                results[i] = future.result()
+                if len(results) == n:
+                    finished.set()
+
+        def first_done(i: int, future: Future) -> None:
+            runner.submit(1, future.result()).add_done_callback(partial(second_done, i))
+
+        runner.start([Stage("add", lambda x: x + 1, 2), Stage("double", lambda x: x * 2, 2)])
+        for i in range(n):
+            runner.submit(0, i).add_done_callback(partial(first_done, i))
+        assert finished.wait(20)
+    assert results == {i: (i + 1) * 2 for i in range(n)}
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_close_is_idempotent_and_later_submissions_are_cancelled(make):
+    runner = make()
+    runner.start([Stage("identity", lambda x: x)])
+    assert runner.submit(0, 1).result(10) == 1
+    runner.close()
+    runner.close()
+    late = runner.submit(0, 2)
+    assert late.cancelled()
+    with pytest.raises(CancelledError):
+        late.result(0)
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_the_context_manager_closes_the_runner(make):
+    with make() as runner:
+        runner.start([Stage("identity", lambda x: x)])
+    assert runner.submit(0, 1).cancelled()
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_every_runner_builds_without_arguments_and_explains_itself(make):
+    runner = make()
+    assert isinstance(runner, Runner)
+    assert runner.name == {InlineRunner: "inline", ThreadRunner: "thread", ProcessRunner: "process"}[make]
+    assert runner.reason == "requested explicitly"
+    runner.close()
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_misuse_fails_loudly_instead_of_hanging(make):
+    with make() as runner:
+        with pytest.raises(RuntimeError, match="before start"):
+            runner.submit(0, 1)
+        with pytest.raises(ConfigurationError, match="parallelism"):
+            runner.start([Stage("zero", lambda x: x, 0)])
+    with make() as runner:
+        runner.start([Stage("one", lambda x: x)])
+        with pytest.raises(IndexError):
+            runner.submit(1, 1)
+        with pytest.raises(RuntimeError, match="once"):
+            runner.start([Stage("again", lambda x: x)])
+
+
+def test_inline_runner_completes_the_future_before_submit_returns():
+    with InlineRunner() as runner:
+        runner.start([Stage("boom", lambda x: 1 / x)])
+        ok, failed = runner.submit(0, 2), runner.submit(0, 0)
+        assert ok.done() and ok.result() == 0.5
+        assert failed.done() and isinstance(failed.exception(), ZeroDivisionError)
+
+
+def test_thread_runner_shares_items_and_names_threads_after_the_stage():
+    item = {"payload": np.zeros(10)}
+    with ThreadRunner() as runner:
+        runner.start([Stage("tokenize", lambda x: (x, threading.current_thread().name), 2)])
+        returned, thread_name = runner.submit(0, item).result(10)
+    assert returned is item
+    assert "tokenize" in thread_name
+
+
+def test_thread_runner_joins_its_threads_on_close():
+    before = set(threading.enumerate())
+    with ThreadRunner() as runner:
+        runner.start([Stage("a", lambda x: x, 3), Stage("b", lambda x: x, 2)])
+        assert [runner.submit(i % 2, i).result(10) for i in range(10)] == list(range(10))
+    assert set(threading.enumerate()) == before

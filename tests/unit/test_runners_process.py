@@ -1,0 +1,278 @@
+"""ProcessRunner specifics: shared-memory transport, fault handling, and a close() that leaks nothing.
+
+Everything here uses real forked processes, real signals and the real /dev/shm directory."""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runners import InlineRunner, ProcessRunner, WorkerCrashedError
+from zephon._errors import ConfigurationError, ZephonError
+from zephon._runner import Stage
+
+MIB = 1 << 20
+
+
+def backed_by_mmap(array: np.ndarray) -> bool:
+    """True when the array is a view whose memory belongs to an mmap (the shared-memory file)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def child_pids() -> set[int]:
+    """Every process whose parent is this one, zombies included: a leak check independent of
+    multiprocessing's own bookkeeping."""
+    me, children = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                children.add(int(entry))
+    return children
+
+
+def wait_for_text(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()):
+            return text
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+def stall_first_attempt(marker: Path, x: int) -> None:
+    """On the first attempt at item 3 only: write this worker's pid to `marker` and hang."""
+    if x != 3:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    time.sleep(60)
+
+
+def cube(x: int) -> np.ndarray:
+    return np.arange(x, x + 100_000, dtype=np.int64) ** 3
+
+
+def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
+    items = [np.full(MIB, i, dtype=np.float64) for i in range(4)]  # 8 MiB each
+
+    def double(x: np.ndarray) -> tuple[bool, np.ndarray]:
+        return backed_by_mmap(x), x * 2
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("double", double, 2)])
+        results = [runner.submit(0, item).result(10) for item in items]
+        stats = runner.stats()
+    for i, (input_was_shared, doubled) in enumerate(results):
+        assert input_was_shared
+        assert backed_by_mmap(doubled) and not doubled.flags.owndata
+        np.testing.assert_array_equal(doubled, items[i] * 2)
+    assert stats.shm_bytes == 2 * sum(item.nbytes for item in items)
+    assert stats.pipe_bytes < 2048 * len(items)  # metadata only: 64 MiB of arrays moved elsewhere
+
+
+def test_small_arrays_stay_in_the_pickle_stream():
+    with ProcessRunner() as runner:
+        runner.start([Stage("negate", lambda x: -x)])
+        result = runner.submit(0, np.arange(100)).result(10)
+        assert runner.stats().shm_bytes == 0
+    assert not backed_by_mmap(result)
+    np.testing.assert_array_equal(result, -np.arange(100))
+
+
+def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
+    with ProcessRunner() as runner:
+        runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8), 2)])
+        results = [runner.submit(0, 4 * MIB).result(10) for _ in range(3)]
+        assert os.listdir(runner.shm_directory) == []
+    results[0][:] = 7  # copy-on-write: private to this process
+    assert results[0].sum() == 7 * 4 * MIB and results[1].sum() == 4 * MIB
+
+
+def test_the_stage_function_is_inherited_not_pickled():
+    lock = threading.Lock()  # unpicklable, captured by the closure
+
+    def guarded(x: int) -> int:
+        with lock:
+            return x + 1
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("guarded", guarded)])
+        assert runner.submit(0, 1).result(10) == 2
+
+
+def test_an_unpicklable_exception_arrives_as_runtime_error_with_the_original_traceback():
+    def fail(x: int) -> None:
+        class LocalError(Exception):
+            pass
+
+        raise LocalError(f"local trouble with {x}")
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("fail", fail)])
+        error = runner.submit(0, 5).exception(10)
+    assert isinstance(error, RuntimeError)
+    assert "local trouble with 5" in str(error) and "Traceback" in str(error) and "'fail'" in str(error)
+
+
+def test_a_picklable_exception_keeps_its_type_and_gains_the_worker_traceback_as_a_note():
+    def fail(x: int) -> None:
+        raise KeyError(x)
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("lookup", fail)])
+        error = runner.submit(0, 5).exception(10)
+    assert type(error) is KeyError and error.args == (5,)
+    assert any("Traceback" in note and "'lookup'" in note for note in error.__notes__)
+
+
+def test_unpicklable_items_and_results_fail_their_future_not_the_runner():
+    with ProcessRunner() as runner:
+        runner.start([Stage("identity", lambda x: x), Stage("make_lambda", lambda x: lambda: x)])
+        assert runner.submit(0, lambda: 1).exception(10) is not None
+        assert "pickle" in str(runner.submit(1, 1).exception(10)).lower()
+        assert runner.submit(0, 3).result(10) == 3
+
+
+def test_a_sigkilled_worker_is_replaced_and_its_item_rerun_with_the_same_result(tmp_path, recwarn):
+    marker = tmp_path / "pid"
+
+    def stage(x: int) -> np.ndarray:
+        stall_first_attempt(marker, x)
+        return cube(x)
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("cube", stage, 2)])
+        futures = [runner.submit(0, x) for x in range(8)]
+        victim = int(wait_for_text(marker))
+        os.kill(victim, signal.SIGKILL)
+        results = [future.result(10) for future in futures]
+        stats = runner.stats()
+        assert victim not in runner.worker_pids() and len(runner.worker_pids()) == 2
+    for x, result in enumerate(results):
+        np.testing.assert_array_equal(result, cube(x))
+    assert (stats.retries, stats.workers_replaced) == (1, 1)
+    # The replacement was forked by the reader thread; CPython >= 3.12 warns about that unless silenced.
+    assert not [w for w in recwarn if "fork" in str(w.message)]
+
+
+def test_a_worker_over_the_task_timeout_is_killed_and_its_item_rerun(tmp_path):
+    marker = tmp_path / "pid"
+
+    def stage(x: int) -> np.ndarray:
+        stall_first_attempt(marker, x)
+        return cube(x)
+
+    started = time.monotonic()
+    with ProcessRunner(task_timeout_s=0.5) as runner:
+        runner.start([Stage("cube", stage, 2)])
+        results = [runner.submit(0, x).result(10) for x in range(6)]
+        assert runner.stats().retries == 1
+    assert time.monotonic() - started < 5
+    for x, result in enumerate(results):
+        np.testing.assert_array_equal(result, cube(x))
+
+
+def test_an_item_that_always_kills_its_worker_fails_after_max_retries(tmp_path):
+    attempts = tmp_path / "attempts"
+
+    def crash_on_seven(x: int) -> int:
+        if x == 7:
+            with open(attempts, "a") as log:
+                log.write("attempt\n")
+            os._exit(3)
+        return x
+
+    with ProcessRunner(max_retries=2) as runner:
+        runner.start([Stage("fragile", crash_on_seven, 2)])
+        error = runner.submit(0, 7).exception(10)
+        assert runner.submit(0, 8).result(10) == 8  # the stage still works
+    assert isinstance(error, WorkerCrashedError) and isinstance(error, ZephonError)
+    assert error.stage == "fragile" and error.attempts == 3
+    assert "'fragile'" in str(error) and "exited with code 3" in str(error)
+    assert attempts.read_text().count("attempt") == 3
+
+
+def test_an_item_that_always_hangs_fails_with_the_timeout_named():
+    with ProcessRunner(task_timeout_s=0.2, max_retries=1) as runner:
+        runner.start([Stage("sleepy", lambda x: time.sleep(60))])
+        error = runner.submit(0, 1).exception(10)
+    assert isinstance(error, WorkerCrashedError) and error.attempts == 2
+    assert "task_timeout_s=0.2" in str(error)
+
+
+def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_flight():
+    threads_before, children_before = set(threading.enumerate()), child_pids()
+    runner = ProcessRunner()
+    runner.start([Stage("big", lambda n: np.ones(n)), Stage("slow", lambda x: time.sleep(60), 2)])
+    directory, workers = runner.shm_directory, set(runner.worker_pids())
+    assert workers <= child_pids() and len(workers) == 3
+    kept = runner.submit(0, MIB).result(10)
+    in_flight = [runner.submit(1, i) for i in range(3)]  # two running, one queued
+    runner.submit(0, 2 * MIB)  # may be in flight or finished when close() starts
+    time.sleep(0.2)
+
+    started = time.monotonic()
+    runner.close()
+    runner.close()
+    assert time.monotonic() - started < 2  # busy workers are terminated, not waited for
+    assert all(future.cancelled() for future in in_flight)
+    assert child_pids() == children_before and multiprocessing.active_children() == []
+    assert set(threading.enumerate()) == threads_before
+    assert not os.path.exists(directory) and runner.shm_directory is None
+    assert kept.sum() == MIB  # a result received before close outlives the directory
+
+
+def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
+    children_before = set(child_pids())
+    seen: dict[str, str] = {}
+    runner = ProcessRunner()
+    runner.start([Stage("slow", lambda x: time.sleep(0.3) or x, 2)])
+
+    def close_from_callback(_future) -> None:
+        seen["thread"] = threading.current_thread().name
+        runner.close()
+
+    runner.submit(0, 1).add_done_callback(close_from_callback)
+    deadline = time.monotonic() + 10
+    while any(t.name == "zephon-process-reader" for t in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert seen["thread"] == "zephon-process-reader"
+    assert child_pids() == children_before
+
+
+def test_invalid_options_are_refused_at_construction():
+    with pytest.raises(ConfigurationError, match="task_timeout_s"):
+        ProcessRunner(task_timeout_s=0)
+    with pytest.raises(ConfigurationError, match="max_retries"):
+        ProcessRunner(max_retries=-1)
+
+
+def test_process_results_match_inline_for_a_two_stage_chain():
+    items = list(range(10))
+    stages = [Stage("cube", cube, 2), Stage("sum", lambda a: int(a.sum()), 2)]
+    with InlineRunner() as inline, ProcessRunner() as process:
+        inline.start(stages)
+        process.start(stages)
+        expected = [inline.submit(1, inline.submit(0, x).result()).result() for x in items]
+        got = [process.submit(1, process.submit(0, x).result(10)).result(10) for x in items]
+    assert got == expected
