@@ -91,3 +91,33 @@ def checkpoint_after(pipeline: Pipeline, world_size: int, steps: int, extra_micr
     finally:
         for loader in loaders:
             loader.close()
+
+
+def microbatch_digests(pipeline: Pipeline, world_size: int, until_step: int, *, state=None) -> dict:
+    """{(step, lane, index): microbatch digest} for every microbatch before `until_step`, each
+    rank iterated by its own loader (optionally resumed from `state`)."""
+    out = {}
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            for batch in loader:
+                if batch.step >= until_step:
+                    break
+                key = (batch.step, batch.lane, batch.index)
+                assert key not in out, f"microbatch {key} delivered twice"
+                out[key] = batch.digest()
+    return out
+
+
+def consumed_keys(pipeline: Pipeline, world_size: int, steps: int, extra_microbatches: int) -> set:
+    """The (step, lane, index) keys a run of `checkpoint_after` consumed, from a 1-rank replay of
+    the same layout order."""
+    keys = set()
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) as loader:
+            it = iter(loader)
+            for _ in range(steps * microbatches_per_rank_step(loader) + extra_microbatches):
+                batch = next(it)
+                keys.add((batch.step, batch.lane, batch.index))
+    return keys

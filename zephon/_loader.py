@@ -4,6 +4,11 @@ With L lanes and R ranks, rank r owns lanes [r·L/R, (r+1)·L/R). Each global st
 from every lane, as (G/L)/m microbatches of m rows. A rank yields, step by step, its lanes'
 microbatches in canonical (lane, index) order; concatenating the ranks' microbatches of a step in
 rank order gives the global batch in canonical order, whatever R is.
+
+When a finite plan runs out, a lane simply stops: its last microbatch is padded, and later steps
+hold only the microbatches of lanes that still have data. No layout-dependent padding is ever
+invented, so even the ragged tail of an epoch is identical on every world size; a rank whose lanes
+are all done stops iterating (trainers on finite epochs must tolerate ranks finishing early).
 """
 
 from __future__ import annotations
@@ -175,13 +180,13 @@ class RankLoader:
         self._open_streams()
         m, per_step = self.microbatch_size, self.rows_per_step
         while True:
-            step = min(self._cursors[lane].position for lane in self.lanes) // per_step
-            if not any(self._streams[lane].has_more() for lane in self.lanes):
-                if all(self._cursors[lane].position % per_step == 0 for lane in self.lanes):
-                    return
-            for lane in self.lanes:
+            live = [lane for lane in self.lanes if self._streams[lane].has_more()]
+            if not live:
+                return
+            step = min(self._cursors[lane].position for lane in live) // per_step
+            for lane in live:
                 cursor = self._cursors[lane]
-                while cursor.position < (step + 1) * per_step:
+                while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
                     rows = [self._take(lane) for _ in range(m)]
                     if generation != self._generation:
                         return  # a newer iteration (or a load_state_dict) took over this loader
@@ -192,7 +197,7 @@ class RankLoader:
     def _take(self, lane: int) -> PackedSequence:
         cursor = self._cursors[lane]
         got = self._streams[lane].next()
-        if got is None:  # a finite plan is used up: pad the step so every lane stays aligned
+        if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
             row = assemble_row([], self.row_length, self.default_pad_id)
             self._ledger.count_rows(lane, 0, row.length)
             return row

@@ -1,0 +1,120 @@
+"""Within a finite epoch every record is used exactly once or reported as skipped (SPEC §5)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tests.harness import GLOBAL_BATCH, checkpoint_after, text_pipeline
+from zephon import RecordAddress
+
+
+def _expected_lengths(corpus: Path, name: str, tokenizer: Tokenizer) -> dict:
+    """Token count (+1 EOS) of every usable record, and the records a reader must skip."""
+    lengths, skipped = {}, {}
+    for shard in sorted(corpus.glob("*.jsonl")):
+        for index, line in enumerate(shard.read_text(encoding="utf-8", errors="replace").splitlines()):
+            address = RecordAddress(name, str(shard), index)
+            try:
+                text = json.loads(line).get("text")
+            except ValueError:
+                skipped[address] = "malformed_json"
+                continue
+            if text is None:
+                skipped[address] = "missing_field"
+            elif not text.strip():
+                skipped[address] = "empty_document"
+            else:
+                lengths[address] = len(tokenizer.encode(text, add_special_tokens=False).ids) + 1
+    return lengths, skipped
+
+
+def _tokens_by_record(batches) -> Counter:
+    used = Counter()
+    for batch in batches:
+        doc_ids = batch.tokens["document_ids"]
+        for row, sources in enumerate(batch.sources):
+            for piece, address in enumerate(sources):
+                used[address] += int(np.count_nonzero(doc_ids[row] == piece))
+    return used
+
+
+def _shard_key(address: RecordAddress):
+    return (address.dataset, Path(address.shard).name, address.index)
+
+
+@pytest.fixture(scope="module")
+def dirty_corpora(make_jsonl_corpus, tmp_path_factory):
+    """A clean corpus and one with a malformed line, a record without `text` and an empty document."""
+    clean = make_jsonl_corpus(2, 40, 5)
+    dirty = tmp_path_factory.mktemp("dirty")
+    source = make_jsonl_corpus(2, 30, 6)
+    for shard in sorted(source.glob("*.jsonl")):
+        lines = shard.read_text().splitlines()
+        lines[3] = '{"text": "unterminated'
+        lines[7] = json.dumps({"title": "no text field"})
+        lines[11] = json.dumps({"text": "   "})
+        (dirty / shard.name).write_text("\n".join(lines) + "\n")
+    return clean, dirty
+
+
+def _epoch(pipeline, world_size, state=None):
+    batches = []
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            batches.extend(loader)
+            stats = loader.stats()
+    return batches
+
+
+@pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_every_record_is_used_exactly_once_or_counted_as_skipped(dirty_corpora, demo_tokenizer_path, algorithm, runner):
+    clean, dirty = dirty_corpora
+    tokenizer = Tokenizer.from_file(str(demo_tokenizer_path))
+    expected_a, skipped_a = _expected_lengths(clean, "a", tokenizer)
+    expected_b, skipped_b = _expected_lengths(dirty, "b", tokenizer)
+    pipeline = text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1, algorithm=algorithm, runner=runner)
+    with pipeline.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    used = _tokens_by_record(batches)
+    expected = {**expected_a, **expected_b}
+    assert {_shard_key(a): n for a, n in used.items()} == {_shard_key(a): n for a, n in expected.items()}
+    assert stats["datasets"]["b"]["total"]["skipped"] == Counter(skipped_b.values())
+    assert stats["datasets"]["a"]["total"]["read"] == 80 and stats["datasets"]["b"]["total"]["read"] == 60
+    assert not skipped_a
+
+
+def test_a_resumed_finite_epoch_still_uses_every_record_exactly_once(dirty_corpora, demo_tokenizer_path):
+    clean, dirty = dirty_corpora
+    make = lambda: text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1, runner="thread", parallelism=2)
+    with make().shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        whole = list(loader)
+    per_step = Counter(b.step for b in whole)
+    full = [step for step, n in per_step.items() if n == per_step[0]]
+    stop = max(full)  # near the end: the last step in which every lane still has data
+    assert stop >= 3 and len(per_step) > stop + 1, "the epoch should end raggedly after the checkpoint"
+    state = checkpoint_after(make(), 2, stop)
+    before = [b for b in whole if b.step < stop]
+    after = _epoch(make(), 4, state)
+    assert sorted(b.digest() for b in before + after) == sorted(b.digest() for b in whole)
+    assert _tokens_by_record(before + after) == _tokens_by_record(whole)
+
+
+def test_fail_fast_names_the_bad_record(dirty_corpora, demo_tokenizer_path):
+    from zephon import BadRecordError
+
+    clean, dirty = dirty_corpora
+    pipeline = text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1).options(on_error="raise")
+    with pytest.raises(BadRecordError) as info:
+        with pipeline.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+            list(loader)
+    assert "b:" in str(info.value) and "part-0000" in str(info.value)
