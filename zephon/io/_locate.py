@@ -95,6 +95,8 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         for p, info in listing.items()
         if info["type"] == "file" and not p.rpartition("/")[2].startswith(".")
     }
+    if not files:
+        raise ConfigurationError(f"{url} matches no files")
     inferred = {p: infer_format(p) for p in files}
     if format is None:
         found = sorted({fc[0] for fc in inferred.values() if fc is not None})

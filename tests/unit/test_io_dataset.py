@@ -1,0 +1,169 @@
+"""A Dataset lists shards deterministically, chunks them exactly, and travels cheaply to workers."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon import Chunk, ConfigurationError
+from zephon.io import Dataset, ErrorPolicy, ShardInfo
+
+from .conftest_io import jsonl_bytes, memory_root, parquet_bytes, put
+
+
+def write_shards(root, sizes: list[int]) -> list[list[dict]]:
+    shards = [[{"shard": s, "i": i} for i in range(n)] for s, n in enumerate(sizes)]
+    for s, records in enumerate(shards):
+        (root / f"part-{s:03d}.jsonl").write_bytes(jsonl_bytes(records))
+    return shards
+
+
+def test_directory_lists_its_shards_sorted_recursively_ignoring_other_files(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ["b.jsonl", "a.jsonl", "sub/c.jsonl", "10.jsonl", "2.jsonl"]:
+        (tmp_path / name).write_bytes(jsonl_bytes([{"name": name}]))
+    (tmp_path / "README.md").write_text("not a shard")
+    (tmp_path / ".partial.jsonl").write_text("hidden: not a shard")
+    ds = Dataset.from_path("d", str(tmp_path))
+    names = [s.url.removeprefix(str(tmp_path) + "/") for s in ds.shards]
+    assert names == ["10.jsonl", "2.jsonl", "a.jsonl", "b.jsonl", "sub/c.jsonl"]
+    again = Dataset.from_path("d", str(tmp_path))
+    assert again.shards == ds.shards and again.fingerprint() == ds.fingerprint()
+
+
+def test_glob_selects_only_matching_shards(tmp_path):
+    write_shards(tmp_path, [2, 3, 4])
+    ds = Dataset.from_path("d", str(tmp_path / "part-00[02].jsonl"))
+    assert [s.url.rpartition("/")[2] for s in ds.shards] == ["part-000.jsonl", "part-002.jsonl"]
+    assert ds.num_records == 6
+
+
+def test_format_is_inferred_and_a_mixed_directory_needs_it_declared(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(jsonl_bytes([{"x": 1}]))
+    (tmp_path / "b.parquet").write_bytes(parquet_bytes([{"x": 2}, {"x": 3}], row_group_size=10))
+    with pytest.raises(ConfigurationError, match="several formats"):
+        Dataset.from_path("d", str(tmp_path))
+    ds = Dataset.from_path("d", str(tmp_path), format="parquet")
+    assert [s.num_records for s in ds.shards] == [2]
+
+
+def test_a_file_named_directly_is_read_in_the_declared_format(tmp_path):
+    (tmp_path / "corpus.log").write_bytes(b"one\ntwo\n")
+    with pytest.raises(ConfigurationError, match="cannot infer"):
+        Dataset.from_path("d", str(tmp_path / "corpus.log"))
+    ds = Dataset.from_path("d", str(tmp_path / "corpus.log"), format="text")
+    assert ds.read_chunk(ds.chunks(5)[0]).records == [{"text": "one"}, {"text": "two"}]
+
+
+def test_file_url_and_memory_url_work_like_local_paths(tmp_path):
+    write_shards(tmp_path, [3])
+    via_file = Dataset.from_path("d", f"file://{tmp_path}")
+    root = memory_root()
+    put(f"{root}/part-000.jsonl", (tmp_path / "part-000.jsonl").read_bytes())
+    via_memory = Dataset.from_path("d", root)
+    assert via_memory.shards[0].url.startswith("memory://")
+    for ds in (via_file, via_memory):
+        assert ds.read_chunk(ds.chunks(3)[0]).records == [{"shard": 0, "i": i} for i in range(3)]
+
+
+def test_zero_length_shard_has_no_records_no_chunks_and_no_error(tmp_path):
+    write_shards(tmp_path, [2, 0, 1])
+    (tmp_path / "part-003.jsonl").write_bytes(b"")
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert [s.num_records for s in ds.shards] == [2, 0, 1, 0]
+    assert ds.chunks(10) == [Chunk("d", 0, 0, 2), Chunk("d", 2, 0, 1)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5), records_per_chunk=st.integers(1, 17))
+def test_chunks_cover_every_record_once_in_shard_then_record_order(sizes, records_per_chunk):
+    root = memory_root()
+    expected = []
+    for s, n in enumerate(sizes):
+        records = [{"shard": s, "i": i} for i in range(n)]
+        put(f"{root}/{s:03d}.jsonl", jsonl_bytes(records) if n else b"")
+        expected += records
+    ds = Dataset.from_path("d", root)
+    chunks = ds.chunks(records_per_chunk)
+    assert all(0 < c.num_records <= records_per_chunk for c in chunks)
+    assert [(c.shard, c.start) for c in chunks] == sorted((c.shard, c.start) for c in chunks)
+    covered = [(c.shard, i) for c in chunks for i in range(c.start, c.stop)]
+    assert covered == [(s, i) for s, n in enumerate(sizes) for i in range(n)]
+    read = [r for c in chunks for r in ds.read_chunk(c).records]
+    assert read == expected
+
+
+def test_pickled_dataset_is_small_and_reads_the_same(tmp_path):
+    write_shards(tmp_path, [1000, 10, 700])
+    ds = Dataset.from_path("d", str(tmp_path))
+    chunk = ds.chunks(300)[1]
+    expected = ds.read_chunk(chunk)  # builds the lazily made reading filesystem first
+    payload = pickle.dumps(ds)
+    assert len(payload) < 4096
+    clone = pickle.loads(payload)
+    assert clone == ds
+    assert clone.read_chunk(chunk).records == expected.records
+
+
+def test_fingerprint_is_json_and_names_every_shard(tmp_path):
+    write_shards(tmp_path, [2, 3])
+    ds = Dataset.from_path("d", str(tmp_path))
+    fingerprint = json.loads(json.dumps(ds.fingerprint()))
+    assert fingerprint["name"] == "d" and fingerprint["format"] == "jsonl" and fingerprint["url"] == str(tmp_path)
+    assert [(s["url"], s["num_records"], s["nbytes"]) for s in fingerprint["shards"]] == [
+        (s.url, s.num_records, s.nbytes) for s in ds.shards
+    ]
+    assert all(isinstance(s, ShardInfo) for s in ds.shards)
+
+
+def test_error_policy_accepts_its_enum_and_strings(tmp_path):
+    write_shards(tmp_path, [1])
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert ds.read_chunk(ds.chunks(1)[0], on_error=ErrorPolicy.RAISE).records == [{"shard": 0, "i": 0}]
+    with pytest.raises(ConfigurationError, match="on_error='ignore'"):
+        ds.read_chunk(ds.chunks(1)[0], on_error="ignore")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": ""}, "non-empty name"),
+        ({"format": "csv"}, "format='csv'"),
+        ({"text_unit": "paragraph"}, "text_unit='paragraph'"),
+        ({"cache": {"enabled": True, "size": 3}}, "cache options"),
+        ({"retries": 0}, "retries=0"),
+        ({"url_suffix": "/missing"}, "not a file, a directory or a glob"),
+        ({"url_suffix": "/*.parquet"}, "matches no files"),
+    ],
+)
+def test_bad_configuration_is_refused_at_construction(tmp_path, kwargs, message):
+    write_shards(tmp_path, [1])
+    kwargs = dict(kwargs)
+    url = str(tmp_path) + kwargs.pop("url_suffix", "")
+    name = kwargs.pop("name", "d")
+    with pytest.raises(ConfigurationError, match=message):
+        Dataset.from_path(name, url, **kwargs)
+
+
+def test_chunks_from_elsewhere_are_refused(tmp_path):
+    write_shards(tmp_path, [3])
+    ds = Dataset.from_path("d", str(tmp_path))
+    for chunk in (Chunk("other", 0, 0, 1), Chunk("d", 1, 0, 1), Chunk("d", 0, 2, 4)):
+        with pytest.raises(ConfigurationError):
+            ds.read_chunk(chunk)
+    with pytest.raises(ConfigurationError, match="records_per_chunk"):
+        ds.chunks(0)
+
+
+def test_io_options_change_how_a_plan_is_read_not_the_plan(tmp_path):
+    write_shards(tmp_path, [3])
+    ds = Dataset.from_path("d", str(tmp_path))
+    other = ds.with_io_options({"cache": {"enabled": True, "dir": str(tmp_path / "cache")}, "retries": 5})
+    assert other == ds and other.fingerprint() == ds.fingerprint()
+    assert other.read_chunk(other.chunks(3)[0]).records == ds.read_chunk(ds.chunks(3)[0]).records
+    with pytest.raises(ConfigurationError, match="unknown"):
+        ds.with_io_options({"prefetch": 2})

@@ -1,0 +1,116 @@
+"""Storage: vanished and flaky shards, Hugging Face URLs and the local-disk cache."""
+
+from __future__ import annotations
+
+import pickle
+
+import fsspec
+import pytest
+
+from zephon import ConfigurationError
+from zephon.io import Dataset, ShardUnavailableError
+
+from .conftest_io import (
+    FakeHubFileSystem,
+    FlakyFileSystem,
+    jsonl_bytes,
+    memory_root,
+    parquet_bytes,
+    put,
+    registered,
+)
+
+
+@pytest.fixture
+def flaky():
+    with registered(FlakyFileSystem) as cls:
+        cls.failures = cls.opens = 0
+        put("flaky://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
+        yield cls
+
+
+@pytest.fixture
+def hub():
+    with registered(FakeHubFileSystem) as cls:
+        yield cls
+
+
+def test_shard_that_vanished_after_planning_raises_naming_its_url():
+    root = memory_root()
+    url = put(f"{root}/a.jsonl", jsonl_bytes([{"i": 1}]))
+    ds = Dataset.from_path("d", root, retry_delay=0)
+    fsspec.filesystem("memory").rm(url)
+    with pytest.raises(ShardUnavailableError) as caught:
+        ds.read_chunk(ds.chunks(1)[0])
+    assert caught.value.url == ds.shards[0].url
+    assert ds.shards[0].url in str(caught.value) and "3 attempt" in str(caught.value)
+
+
+def test_flaky_storage_is_retried_until_it_answers(flaky):
+    ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    flaky.failures, flaky.opens = 2, 0
+    assert ds.read_chunk(ds.chunks(5)[0]).records == [{"i": i} for i in range(5)]
+    assert flaky.opens == 3
+
+
+def test_planning_is_retried_too(flaky):
+    flaky.failures = 1
+    assert Dataset.from_path("d", "flaky://bucket/a.jsonl", retry_delay=0.001).num_records == 5
+
+
+def test_storage_that_keeps_failing_raises_after_the_configured_attempts(flaky):
+    ds = Dataset.from_path("d", "flaky://bucket", retries=4, retry_delay=0.001)
+    flaky.failures, flaky.opens = 100, 0
+    with pytest.raises(ShardUnavailableError, match="flaky://bucket/a.jsonl unavailable after 4") as caught:
+        ds.read_chunk(ds.chunks(5)[0])
+    assert flaky.opens == 4
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+
+
+def test_shard_unavailable_error_survives_pickling():
+    error = pickle.loads(pickle.dumps(ShardUnavailableError("s3://b/x.jsonl", 3, "OSError: gone")))
+    assert (error.url, error.attempts, error.cause) == ("s3://b/x.jsonl", 3, "OSError: gone")
+
+
+def test_hf_url_resolves_to_the_hub_parquet_conversion(hub):
+    base = "hf://datasets/acme/wiki@~parquet"
+    rows = [{"text": f"row {i}"} for i in range(7)]
+    put(f"{base}/default/train/0001.parquet", parquet_bytes(rows[4:], row_group_size=2))
+    put(f"{base}/default/train/0000.parquet", parquet_bytes(rows[:4], row_group_size=2))
+    put(f"{base}/default/test/0000.parquet", parquet_bytes(rows[:1], row_group_size=2))
+    put(f"{base}/other/train/0000.parquet", parquet_bytes(rows[:1], row_group_size=2))
+    ds = Dataset.from_path("wiki", "hf://acme/wiki/default/train")
+    assert ds.url == "hf://acme/wiki/default/train" and ds.format == "parquet"
+    assert [s.url for s in ds.shards] == [f"{base}/default/train/0000.parquet", f"{base}/default/train/0001.parquet"]
+    assert [r for c in ds.chunks(3) for r in ds.read_chunk(c).records] == rows
+
+
+def test_hf_url_with_another_format_is_refused(hub):
+    with pytest.raises(ConfigurationError, match="hub Parquet"):
+        Dataset.from_path("wiki", "hf://acme/wiki/default/train", format="jsonl")
+
+
+def test_explicit_hub_paths_are_used_as_written(hub):
+    put("hf://datasets/acme/raw/data/a.jsonl", jsonl_bytes([{"i": 0}]))
+    ds = Dataset.from_path("raw", "hf://datasets/acme/raw/data")
+    assert ds.shards[0].url == "hf://datasets/acme/raw/data/a.jsonl"
+
+
+def test_remote_shards_are_cached_on_local_disk(tmp_path):
+    root = memory_root()
+    url = put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(4)]))
+    cache = tmp_path / "cache"
+    ds = Dataset.from_path("d", root, cache={"enabled": True, "dir": str(cache)}, retry_delay=0)
+    assert len(list(cache.iterdir())) == 1  # planning already made the copy
+    fsspec.filesystem("memory").rm(url)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.read_chunk(clone.chunks(4)[0]).records == [{"i": i} for i in range(4)]
+
+
+def test_local_shards_are_never_copied(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    cache = tmp_path / "cache"
+    ds = Dataset.from_path("d", str(tmp_path / "data"), cache={"enabled": True, "dir": str(cache)})
+    assert ds.read_chunk(ds.chunks(1)[0]).records == [{"i": 0}]
+    assert not cache.exists() or not any(cache.iterdir())
