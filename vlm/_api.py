@@ -1,0 +1,76 @@
+"""Pipeline builder methods contributed by `vlm` (registered under the `zephon.pipeline` entry
+points, so the core never imports this package): `decode_images`, `decode_video`,
+`pack_multimodal`. Each takes the pipeline first and returns a new pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._image import ImageSpec
+from ._packing import PackMultimodal
+from ._placeholders import Placeholders
+from ._stages import DEFAULT_IMAGE_FIELDS, DEFAULT_VIDEO_FIELDS, DecodeImages, DecodeVideo
+from ._video import VideoSpec
+
+__all__ = ["decode_images", "decode_video", "pack_multimodal"]
+
+
+def decode_images(
+    pipeline,
+    field: str | tuple[str, ...] = DEFAULT_IMAGE_FIELDS,
+    *,
+    spec: ImageSpec | None = None,
+    output_field: str = "pixels",
+    processor: Any = None,
+    keep_source: bool = False,
+    parallelism: int = 1,
+    on_error: str | None = None,
+):
+    """Append a `DecodeImages` stage (on_error=None follows the pipeline's policy)."""
+    stage = DecodeImages(field, spec or ImageSpec(), output_field, processor, on_error, keep_source,
+                         parallelism=parallelism)
+    return pipeline.apply(stage)
+
+
+def decode_video(
+    pipeline,
+    field: str | tuple[str, ...] = DEFAULT_VIDEO_FIELDS,
+    *,
+    spec: VideoSpec | None = None,
+    output_field: str = "pixels",
+    keep_source: bool = False,
+    parallelism: int = 1,
+    on_error: str | None = None,
+):
+    """Append a `DecodeVideo` stage (on_error=None follows the pipeline's policy)."""
+    return pipeline.apply(DecodeVideo(field, spec or VideoSpec(), output_field, on_error, keep_source,
+                                      parallelism=parallelism))
+
+
+def pack_multimodal(
+    pipeline,
+    max_length: int,
+    placeholders: Placeholders,
+    *,
+    spec: ImageSpec | None = None,
+    pad_id: int | None = None,
+    image_position: str = "before_text",
+    field: str = "input_ids",
+    pixels_field: str = "pixels",
+    max_open_rows: int = 16,
+):
+    """Append a `PackMultimodal` accumulator. `spec` defaults to the last `decode_images` stage's,
+    and the patch layout (dim, dtype) to what that stage produces (its processor's, if any)."""
+    decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
+    if spec is None:
+        spec = decoder.spec if isinstance(decoder, DecodeImages) else (
+            decoder.spec.image if isinstance(decoder, DecodeVideo) else ImageSpec())
+    patch_dim = patch_dtype = None
+    if isinstance(decoder, DecodeImages) and decoder.processor is not None:
+        dim, dtype = decoder.patch_layout()
+        patch_dim, patch_dtype = dim, dtype.str
+    return pipeline.apply(PackMultimodal(
+        max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
+        max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
+    ))

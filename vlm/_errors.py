@@ -1,0 +1,36 @@
+"""Decode failures with a named reason, so that a bad image or video is skipped and counted by kind.
+
+The reason strings are part of the contract: they are what the ledger counts and what stats show.
+"""
+
+from __future__ import annotations
+
+from zephon._errors import ZephonError
+
+__all__ = ["MediaDecodeError", "ImageDecodeError", "VideoDecodeError", "IMAGE_REASONS", "VIDEO_REASONS"]
+
+IMAGE_REASONS = frozenset({"corrupt_image", "truncated_image", "decompression_bomb"})
+"""Every reason `decode_image` can raise with."""
+
+VIDEO_REASONS = frozenset({"corrupt_video", "video_too_short", "decompression_bomb"})
+"""Every reason `decode_video` can raise with."""
+
+
+class MediaDecodeError(ZephonError):
+    """Bytes that could not become pixels; `reason` is a short stable name, `detail` is for humans."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.reason, self.detail))
+
+
+class ImageDecodeError(MediaDecodeError):
+    """An image was corrupt, truncated or a decompression bomb (see `IMAGE_REASONS`)."""
+
+
+class VideoDecodeError(MediaDecodeError):
+    """A video was corrupt, shorter than the requested window, or too large (see `VIDEO_REASONS`)."""

@@ -1,0 +1,308 @@
+"""Image bytes to a uint8 RGB array on a patch grid, with one resize and named failures.
+
+`decode_image` is a pure function of (bytes, spec) for a given Pillow build: the same bytes give the
+same pixels on every worker, thread and process. Pillow and pillow-simd share the `PIL` import, so
+either works; their resize kernels differ, so pixel digests are only comparable within one build.
+
+Order of work, chosen so that nothing large is allocated before it is known to be wanted:
+1. open the header only (no pixel data) and refuse decompression bombs by the header's size;
+2. compute the target patch grid from the header's size (`image_grid`);
+3. for JPEG, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the target;
+4. decode; convert exotic modes (1, P, CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
+5. one resize to the target (Pillow premultiplies alpha itself), then composite any alpha on
+   `background`, then apply the EXIF orientation.
+
+Thread-safety: every function here is safe to call from many threads at once; nothing global is
+read or written (Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies, see `ImageSpec`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from zephon._errors import ConfigurationError
+
+from ._errors import ImageDecodeError
+
+__all__ = ["ImageSpec", "decode_image", "load_rgb", "image_grid", "patchify", "PILLOW_MAX_IMAGE_PIXELS"]
+
+PILLOW_MAX_IMAGE_PIXELS = 89_478_485
+"""Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGBA), used as our default refusal size."""
+
+_RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
+
+# EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
+_EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
+                   6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How an image becomes pixels on a patch grid.
+
+    The output height and width are multiples of `patch_size * merge_size` (a "grid cell": what one
+    placeholder token stands for after merging). Two sizing rules:
+
+    - `fit="pixels"` (default; the Qwen2-VL convention): each side is rounded to the nearest
+      multiple of a cell; if the area leaves [min_pixels, max_pixels] the image is scaled by the
+      square root of the excess, flooring (too big) or ceiling (too small) to whole cells. Extreme
+      aspect ratios that cannot meet `max_pixels` with whole cells are narrowed on the long side.
+    - `fit="max_side"` (the mistral-common / Pixtral convention): the longest side is scaled down
+      (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
+      `max_pixels` are not used.
+
+    `max_image_pixels` refuses images whose header announces more pixels than this, before any
+    pixel is decoded ("decompression_bomb"). Pillow refuses on its own above twice its global
+    `Image.MAX_IMAGE_PIXELS`; to accept larger images raise both.
+    """
+
+    patch_size: int = 16
+    merge_size: int = 1
+    min_pixels: int = 32 * 32
+    max_pixels: int = 512 * 512
+    fit: Literal["pixels", "max_side"] = "pixels"
+    max_side: int = 1024
+    max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
+    resample: str = "bicubic"
+    background: tuple[int, int, int] = (255, 255, 255)
+    draft: bool = True
+    draft_gap: float = 2.0
+    exif_transpose: bool = True
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 1 or self.merge_size < 1:
+            raise ConfigurationError(f"ImageSpec: patch_size and merge_size must be positive, "
+                                     f"got {self.patch_size} and {self.merge_size}")
+        if self.fit not in ("pixels", "max_side"):
+            raise ConfigurationError(f"ImageSpec: fit must be 'pixels' or 'max_side', got {self.fit!r}")
+        if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
+            raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
+                                     f"got {self.min_pixels} and {self.max_pixels}")
+        if self.fit == "pixels" and self.max_pixels < self.cell**2:
+            raise ConfigurationError(f"ImageSpec: max_pixels={self.max_pixels} is below one grid cell "
+                                     f"({self.cell}x{self.cell} pixels)")
+        if self.fit == "max_side" and self.max_side < 1:
+            raise ConfigurationError(f"ImageSpec: max_side must be positive, got {self.max_side}")
+        if self.resample not in _RESAMPLE:
+            raise ConfigurationError(f"ImageSpec: resample must be one of {_RESAMPLE}, got {self.resample!r}")
+        if self.max_image_pixels < 1:
+            raise ConfigurationError(f"ImageSpec: max_image_pixels must be positive, got {self.max_image_pixels}")
+        if self.draft_gap < 1.0:
+            raise ConfigurationError(f"ImageSpec: draft_gap must be >= 1, got {self.draft_gap}")
+        if len(self.background) != 3 or not all(0 <= int(c) <= 255 for c in self.background):
+            raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")
+
+    @property
+    def cell(self) -> int:
+        """Side in pixels of what one placeholder token covers: patch_size * merge_size."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch row in `pixel_values`: patch_size * patch_size * 3."""
+        return self.patch_size * self.patch_size * 3
+
+    @classmethod
+    def pixtral(cls, max_side: int = 1024, patch_size: int = 16, merge_size: int = 1, **kwargs) -> ImageSpec:
+        """Pixtral-12B sizing as mistral-common encodes it (longest side <= 1024, 16 px patches)."""
+        return cls(patch_size=patch_size, merge_size=merge_size, fit="max_side", max_side=max_side, **kwargs)
+
+    @classmethod
+    def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
+        """Qwen2-VL sizing: 14 px patches merged 2x2, area within [min_pixels, max_pixels]."""
+        return cls(patch_size=14, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
+
+
+def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """(rows, cols) of patches the image of this size is resized to; both multiples of merge_size."""
+    if height < 1 or width < 1:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    cell = spec.cell
+    if spec.fit == "max_side":
+        ratio = max(height, width) / spec.max_side
+        if ratio > 1:
+            height, width = max(round(height / ratio), 1), max(round(width / ratio), 1)
+        rows, cols = -(-height // cell), -(-width // cell)
+        return rows * spec.merge_size, cols * spec.merge_size
+
+    # Sides in cells. Python's round (half to even) on purpose: it is the convention's.
+    h_cells, w_cells = round(height / cell), round(width / cell)
+    area = h_cells * w_cells * cell * cell
+    if area > spec.max_pixels:
+        shrink = math.sqrt(height * width / spec.max_pixels)
+        h_cells, w_cells = math.floor(height / shrink / cell), math.floor(width / shrink / cell)
+    elif area < spec.min_pixels:
+        grow = math.sqrt(spec.min_pixels / (height * width))
+        h_cells, w_cells = math.ceil(height * grow / cell), math.ceil(width * grow / cell)
+    h_cells, w_cells = max(h_cells, 1), max(w_cells, 1)
+    cap = spec.max_pixels // (cell * cell)
+    if h_cells * w_cells > cap:  # one side was clamped to a single cell: narrow the long side
+        if w_cells >= h_cells:
+            w_cells = max(cap // h_cells, 1)
+        else:
+            h_cells = max(cap // w_cells, 1)
+    return h_cells * spec.merge_size, w_cells * spec.merge_size
+
+
+def patchify(pixels: np.ndarray, patch_size: int) -> np.ndarray:
+    """(H, W, C) -> (rows * cols, patch_size * patch_size * C), patches in raster order.
+
+    Each row is one patch flattened as (patch_row, patch_col, channel). Copies once.
+    """
+    h, w, c = pixels.shape
+    rows, cols = h // patch_size, w // patch_size
+    if rows * patch_size != h or cols * patch_size != w:
+        raise ValueError(f"image {h}x{w} is not a whole number of {patch_size}px patches")
+    blocks = pixels.reshape(rows, patch_size, cols, patch_size, c).swapaxes(1, 2)
+    return blocks.reshape(rows * cols, patch_size * patch_size * c)
+
+
+def _open(data: bytes, spec: ImageSpec):
+    """The image with its header parsed and no pixel decoded; bombs refused here."""
+    from PIL import Image
+
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if not isinstance(data, (bytes, bytearray)):
+        raise ImageDecodeError("corrupt_image", f"expected image bytes, got {type(data).__name__}")
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageDecodeError("decompression_bomb", str(exc)) from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes fail in many ways; all mean "not an image"
+        raise _classify(exc) from None
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise ImageDecodeError("corrupt_image", f"header announces a {width}x{height} image")
+    if width * height > spec.max_image_pixels:
+        raise ImageDecodeError(
+            "decompression_bomb",
+            f"header announces {width}x{height} = {width * height} pixels, more than "
+            f"max_image_pixels={spec.max_image_pixels}",
+        )
+    return image
+
+
+def _classify(exc: BaseException) -> ImageDecodeError:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(exc, UnidentifiedImageError):  # its message names a memory address: not stable
+        return ImageDecodeError("corrupt_image", "no image format recognises these bytes")
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, EOFError) or "truncated" in message.lower():
+        return ImageDecodeError("truncated_image", message)
+    return ImageDecodeError("corrupt_image", message)
+
+
+def _orientation(image, spec: ImageSpec) -> int:
+    if not spec.exif_transpose:
+        return 1
+    try:
+        value = image.getexif().get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block must not lose the image
+        return 1
+    return value if value in _EXIF_TRANSPOSE else 1
+
+
+def _load(image) -> None:
+    try:
+        image.load()
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _classify(exc) from None
+
+
+def _normalise_mode(image):
+    """Any mode -> one of L, RGB, LA, RGBA (alpha kept for the composite after resizing)."""
+    from PIL import Image
+
+    mode = image.mode
+    if mode in ("RGB", "L", "RGBA", "LA"):
+        return image
+    if mode == "1":
+        return image.convert("L")
+    if mode in ("P", "PA"):
+        has_alpha = mode == "PA" or "transparency" in image.info
+        return image.convert("RGBA" if has_alpha else "RGB")
+    if mode in _SIXTEEN_BIT:
+        # Fixed 16-bit -> 8-bit scaling (x / 257, rounded), never per-image min/max: a dark frame
+        # stays dark and the result does not depend on the image's content range.
+        wide = np.asarray(image).astype(np.int64, copy=False)
+        narrow = (np.clip(wide, 0, 65535) + 128) // 257
+        return Image.fromarray(narrow.astype(np.uint8), "L")
+    if mode == "F":
+        return Image.fromarray(np.clip(np.rint(np.asarray(image)), 0, 255).astype(np.uint8), "L")
+    if mode == "RGBa":
+        return image.convert("RGBA")
+    if mode == "La":
+        return image.convert("LA")
+    return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV, RGBX, ...
+
+
+def _finish(image, spec: ImageSpec):
+    """L/LA/RGBA -> RGB (alpha composited on the fixed background)."""
+    from PIL import Image
+
+    if image.mode == "RGB":
+        return image
+    if image.mode == "L":
+        return image.convert("RGB")
+    background = Image.new("RGB", image.size, tuple(int(c) for c in spec.background))
+    background.paste(image.convert("RGB"), (0, 0), image.getchannel("A"))
+    return background
+
+
+def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
+    from PIL import Image
+
+    image = _open(data, spec)
+    orientation = _orientation(image, spec)
+    width, height = image.size
+    swapped = orientation in (5, 6, 7, 8)
+    box = None
+    target = None
+    if resize:
+        shown_h, shown_w = (width, height) if swapped else (height, width)
+        rows, cols = image_grid(shown_h, shown_w, spec)
+        target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
+        target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
+        if spec.draft and image.format == "JPEG":
+            wanted = (max(1, int(target[0] * spec.draft_gap)), max(1, int(target[1] * spec.draft_gap)))
+            drafted = image.draft(None, wanted)
+            if drafted is not None:
+                box = drafted[1]
+    _load(image)
+    image = _normalise_mode(image)
+    if target is not None and (image.size != target or box is not None):
+        image = image.resize(target, Image.Resampling[spec.resample.upper()], box=box)
+    image = _finish(image, spec)
+    if orientation != 1:
+        image = image.transpose(Image.Transpose[_EXIF_TRANSPOSE[orientation]])
+    return image
+
+
+def decode_image(data: bytes, spec: ImageSpec = ImageSpec()) -> np.ndarray:
+    """Decode image bytes to (H, W, 3) uint8 on the spec's patch grid.
+
+    H = rows * patch_size and W = cols * patch_size with (rows, cols) = `image_grid` of the
+    upright image. Raises `ImageDecodeError` with reason corrupt_image, truncated_image or
+    decompression_bomb. The returned array may be read-only.
+    """
+    return np.asarray(_decode(data, spec, resize=True))
+
+
+def load_rgb(data: bytes, spec: ImageSpec = ImageSpec()):
+    """Decode image bytes to an upright RGB `PIL.Image` at full size (for a user's image processor).
+
+    Same refusals and mode conversion as `decode_image`, no resize and no draft.
+    """
+    return _decode(data, spec, resize=False)

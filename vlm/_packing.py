@@ -1,0 +1,405 @@
+"""Multimodal packing: documents of text tokens and images into fixed-length rows.
+
+A *document* is one record: its text tokens (`input_ids`, already tokenized with BOS/EOS as the
+pipeline configured) and zero or more images, each expanded to its placeholder tokens. Where the
+images go is `image_position` ("before_text", "after_bos", "after_text"), or, per record, an
+explicit `image_offsets` list (image k goes right before text token `image_offsets[k]`), which
+gives interleaved documents.
+
+Decisions (the accumulator, one per lane segment): documents are placed first-fit into up to
+`max_open_rows` open rows; a document is never split and an image never crosses a row. A row is
+emitted when it is exactly full, when one more row must open and `max_open_rows` are open (the
+oldest goes), and on flush. A document whose images alone need more than `max_length` tokens is
+skipped ("images_exceed_length"); one whose images fit but whose text does not is cut on the text
+side (the tail of its text goes; counted as a truncation).
+
+Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
+- tokens: `input_ids`; `labels` — at position i the token to predict next: the next token of the
+  same document if that token is text, IGNORE_INDEX if it is an image placeholder, at a
+  document's last token and on padding (the shifted form of "labels = -100 on image tokens");
+  `position_ids` restarting at 0 for each document; `document_ids` 0, 1, … per document,
+  PADDING_DOCUMENT on padding;
+- ragged: `pixel_values` (num_patches, patch_dim) — every image's patches concatenated in image
+  order, each image's patches in raster order (row-major over its patch grid), a patch flattened
+  as (patch_row, patch_col, channel) uint8 when the pipeline decoded images itself, or the image
+  processor's own rows when one was given; `image_grid` (num_images, 2) int32 (rows, cols) in
+  patches; `image_token_offset` (num_images,) int32, the position in the row of each image's first
+  placeholder token.
+
+Nothing here uses randomness: the output is a pure function of the segment's input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon._accumulator import SegmentContext
+from zephon._errors import ConfigurationError
+from zephon._records import RecordAddress
+from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
+
+from ._image import ImageSpec
+from ._placeholders import Placeholders
+
+__all__ = ["MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row", "IMAGE_POSITIONS"]
+
+IMAGE_POSITIONS = ("before_text", "after_bos", "after_text")
+
+
+@dataclass(frozen=True)
+class PlacedDocument:
+    """One document as the packer decided it: its (possibly cut) text and its images in order.
+
+    `images[k]` is (H, W, 3) uint8 on the patch grid, or (rows * cols, patch_dim) rows from an
+    image processor; `grids[k]` its (rows, cols) in patches; it goes before text token
+    `offsets[k]`. `length` counts text and placeholder tokens.
+    """
+
+    address: RecordAddress
+    text: np.ndarray
+    images: tuple[np.ndarray, ...]
+    grids: tuple[tuple[int, int], ...]
+    offsets: tuple[int, ...]
+    length: int
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Everything `assemble_row` needs to build one row; holds references, never copies."""
+
+    documents: tuple[PlacedDocument, ...]
+    max_length: int
+    pad_id: int
+    placeholders: Placeholders
+    patch_size: int
+    patch_dim: int
+    patch_dtype: np.dtype
+
+
+def assemble_row(plan: RowPlan) -> PackedSequence:
+    """Build one packed row (a pure function of the plan; safe on any worker)."""
+    length = plan.max_length
+    input_ids = np.full(length, plan.pad_id, dtype=np.int32)
+    labels = np.full(length, IGNORE_INDEX, dtype=np.int32)
+    position_ids = np.zeros(length, dtype=np.int32)
+    document_ids = np.full(length, PADDING_DOCUMENT, dtype=np.int32)
+    is_text = np.zeros(length + 1, dtype=bool)
+    grids = [g for doc in plan.documents for g in doc.grids]
+    num_patches = sum(r * c for r, c in grids)
+    pixel_values = np.empty((num_patches, plan.patch_dim), dtype=plan.patch_dtype)
+    image_grid = np.array(grids, dtype=np.int32).reshape(len(grids), 2)
+    image_offset = np.empty(len(grids), dtype=np.int32)
+    p = plan.patch_size
+    at = patch_at = k = 0
+    for number, doc in enumerate(plan.documents):
+        start, cut = at, 0
+        for image, (rows, cols), offset in zip(doc.images, doc.grids, doc.offsets):
+            piece = doc.text[cut:offset]
+            input_ids[at : at + len(piece)] = piece
+            is_text[at : at + len(piece)] = True
+            at += len(piece)
+            cut = offset
+            tokens = plan.placeholders.tokens_for(rows, cols)
+            input_ids[at : at + len(tokens)] = tokens
+            image_offset[k] = at
+            at += len(tokens)
+            n = rows * cols
+            target = pixel_values[patch_at : patch_at + n]
+            if image.ndim == 3:
+                channels = image.shape[2]
+                target.reshape(rows, cols, p, p, channels)[...] = image.reshape(rows, p, cols, p, channels).swapaxes(1, 2)
+            else:
+                target[...] = image
+            patch_at += n
+            k += 1
+        piece = doc.text[cut:]
+        input_ids[at : at + len(piece)] = piece
+        is_text[at : at + len(piece)] = True
+        at += len(piece)
+        n = at - start
+        position_ids[start:at] = np.arange(n, dtype=np.int32)
+        document_ids[start:at] = number
+        labels[start : at - 1] = np.where(is_text[start + 1 : at], input_ids[start + 1 : at], IGNORE_INDEX)
+    return PackedSequence(
+        tokens={
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": position_ids,
+            "document_ids": document_ids,
+        },
+        sources=tuple(doc.address for doc in plan.documents),
+        ragged={"pixel_values": pixel_values, "image_grid": image_grid, "image_token_offset": image_offset},
+    )
+
+
+class MultimodalPacker:
+    """First-fit packer of text+image documents (the accumulator of `pack_multimodal`).
+
+    `push((address, record))` returns the rows now complete; `flush()` returns every row still
+    open, oldest first, and leaves the packer empty. Records it cannot use are not lost: they are
+    reported by `drain_skips()` as (address, reason), and documents cut to fit by
+    `drain_truncations()` as (address, text tokens dropped); the lane driver collects both.
+    With `assemble=False` it emits `RowPlan`s instead of rows, so that `assemble_row` can run on
+    workers.
+
+    Thread-safety: thread-unsafe; one instance per lane segment, driven by the lane's thread.
+    """
+
+    def __init__(
+        self,
+        ctx: SegmentContext | None,
+        *,
+        max_length: int,
+        placeholders: Placeholders,
+        spec: ImageSpec = ImageSpec(),
+        pad_id: int,
+        image_position: str = "before_text",
+        text_field: str = "input_ids",
+        pixels_field: str = "pixels",
+        grid_field: str = "image_grid",
+        offsets_field: str = "image_offsets",
+        max_open_rows: int = 16,
+        patch_dim: int | None = None,
+        patch_dtype: Any = None,
+        assemble: bool = True,
+    ) -> None:
+        _validate(max_length, image_position, max_open_rows, placeholders, spec)
+        self.ctx = ctx
+        self.max_length = max_length
+        self.placeholders = placeholders
+        self.spec = spec
+        self.pad_id = pad_id
+        self.image_position = image_position
+        self.text_field, self.pixels_field = text_field, pixels_field
+        self.grid_field, self.offsets_field = grid_field, offsets_field
+        self.max_open_rows = max_open_rows
+        self.patch_dim = spec.patch_dim if patch_dim is None else int(patch_dim)
+        self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
+        self.assemble = assemble
+        self._rows: list[list[PlacedDocument]] = []
+        self._free: list[int] = []
+        self._skips: list[tuple[RecordAddress, str]] = []
+        self._truncations: list[tuple[RecordAddress, int]] = []
+        self._lengths: dict[tuple[int, int], int] = {}
+
+    # -- the accumulator protocol -----------------------------------------------------------
+    def push(self, item: tuple[RecordAddress, dict]) -> list:
+        address, record = item
+        doc = self._document(address, record)
+        return [] if doc is None else self._place(doc)
+
+    def flush(self) -> list:
+        out = [self._emit_rows(row) for row in self._rows]
+        self._rows, self._free = [], []
+        return out
+
+    def drain_skips(self) -> list[tuple[RecordAddress, str]]:
+        """Records skipped since the last call, as (address, reason); the list is handed over."""
+        skips, self._skips = self._skips, []
+        return skips
+
+    def drain_truncations(self) -> list[tuple[RecordAddress, int]]:
+        """Documents cut to fit since the last call, as (address, text tokens dropped)."""
+        cut, self._truncations = self._truncations, []
+        return cut
+
+    def empty_row(self):
+        """A padding-only row with empty ragged fields (what a finished lane pads a step with)."""
+        return self._emit_rows([])
+
+    # -- decisions --------------------------------------------------------------------------
+    def _document(self, address: RecordAddress, record: dict) -> PlacedDocument | None:
+        text = record.get(self.text_field)
+        if text is None:
+            self._skips.append((address, "missing_text"))
+            return None
+        text = np.asarray(text, dtype=np.int32)
+        images = _as_images(record.get(self.pixels_field))
+        grids = self._grids(address, record, images)
+        lengths = self._lengths
+        image_tokens = 0
+        for grid in grids:
+            n = lengths.get(grid)
+            if n is None:
+                n = lengths[grid] = self.placeholders.num_tokens(*grid)
+            image_tokens += n
+        if image_tokens > self.max_length:
+            self._skips.append((address, "images_exceed_length"))
+            return None
+        if image_tokens + len(text) == 0:
+            self._skips.append((address, "empty_document"))
+            return None
+        offsets = self._offsets(address, record, len(images), len(text))
+        room = self.max_length - image_tokens
+        if len(text) > room:
+            self._truncations.append((address, len(text) - room))
+            text = text[:room]
+            offsets = tuple(min(o, room) for o in offsets)
+        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text))
+
+    def _grids(self, address, record: dict, images: list[np.ndarray]) -> tuple[tuple[int, int], ...]:
+        given = record.get(self.grid_field)
+        p, cell = self.spec.patch_size, self.spec.cell
+        if given is not None:
+            grids = tuple((int(r), int(c)) for r, c in np.asarray(given, dtype=np.int64).reshape(-1, 2))
+            if len(grids) != len(images):
+                raise ConfigurationError(f"record {address}: {len(images)} images but {len(grids)} grids")
+        else:
+            grids = []
+            for image in images:
+                if image.ndim != 3:
+                    raise ConfigurationError(
+                        f"record {address}: an image of shape {image.shape} needs its grid in {self.grid_field!r}"
+                    )
+                h, w = image.shape[:2]
+                if h % cell or w % cell:
+                    raise ConfigurationError(
+                        f"record {address}: a {h}x{w} image is not on the {cell}px grid of the packer's ImageSpec; "
+                        "decode it with the same spec"
+                    )
+                grids.append((h // p, w // p))
+            grids = tuple(grids)
+        for image, (rows, cols) in zip(images, grids):
+            if image.ndim == 3:
+                ok = image.shape[:2] == (rows * p, cols * p) and image.dtype == self.patch_dtype \
+                    and image.shape[2] * p * p == self.patch_dim
+            else:
+                ok = image.shape == (rows * cols, self.patch_dim) and image.dtype == self.patch_dtype
+            if not ok:
+                raise ConfigurationError(
+                    f"record {address}: image {image.shape} {image.dtype} does not match grid {rows}x{cols} with "
+                    f"patch_dim={self.patch_dim} {self.patch_dtype} (set patch_dim/patch_dtype for processor output)"
+                )
+        return grids
+
+    def _offsets(self, address, record: dict, num_images: int, num_text: int) -> tuple[int, ...]:
+        given = record.get(self.offsets_field)
+        if given is not None:
+            offsets = tuple(int(o) for o in given)
+            if len(offsets) != num_images or any(b < a for a, b in zip(offsets, offsets[1:])) \
+                    or (offsets and (offsets[0] < 0 or offsets[-1] > num_text)):
+                raise ConfigurationError(
+                    f"record {address}: {self.offsets_field}={list(offsets)} must give one non-decreasing "
+                    f"offset in [0, {num_text}] per image ({num_images})"
+                )
+            return offsets
+        at = {"before_text": 0, "after_bos": min(1, num_text), "after_text": num_text}[self.image_position]
+        return (at,) * num_images
+
+    def _place(self, doc: PlacedDocument) -> list:
+        for i, free in enumerate(self._free):
+            if free >= doc.length:
+                self._rows[i].append(doc)
+                self._free[i] -= doc.length
+                return [self._emit(i)] if self._free[i] == 0 else []
+        out = []
+        if len(self._rows) == self.max_open_rows:
+            out.append(self._emit(0))
+        self._rows.append([doc])
+        self._free.append(self.max_length - doc.length)
+        if self._free[-1] == 0:
+            out.append(self._emit(len(self._rows) - 1))
+        return out
+
+    def _emit(self, i: int):
+        self._free.pop(i)
+        return self._emit_rows(self._rows.pop(i))
+
+    def _emit_rows(self, documents: list[PlacedDocument]):
+        plan = RowPlan(tuple(documents), self.max_length, self.pad_id, self.placeholders,
+                       self.spec.patch_size, self.patch_dim, self.patch_dtype)
+        return assemble_row(plan) if self.assemble else plan
+
+
+def _as_images(value: Any) -> list[np.ndarray]:
+    """None -> no image; (H, W, 3) -> one; (T, H, W, 3) video -> T frames; a list -> each."""
+    if value is None:
+        return []
+    if isinstance(value, np.ndarray):
+        if value.ndim == 4:
+            return list(value)
+        return [value]
+    return [np.asarray(v) for v in value]
+
+
+def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> None:
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ConfigurationError(f"pack_multimodal: max_length must be a positive integer, got {max_length!r}")
+    if image_position not in IMAGE_POSITIONS:
+        raise ConfigurationError(f"pack_multimodal: image_position must be one of {IMAGE_POSITIONS}, "
+                                 f"got {image_position!r}")
+    if not isinstance(max_open_rows, int) or max_open_rows < 1:
+        raise ConfigurationError(f"pack_multimodal: max_open_rows must be a positive integer, got {max_open_rows!r}")
+    if not isinstance(placeholders, Placeholders):
+        raise ConfigurationError(f"pack_multimodal: placeholders must be a Placeholders convention "
+                                 f"(PixtralPlaceholders, QwenPlaceholders), got {type(placeholders).__name__}")
+    if placeholders.merge_size != spec.merge_size:
+        raise ConfigurationError(f"pack_multimodal: placeholders merge {placeholders.merge_size}x"
+                                 f"{placeholders.merge_size} patches but the ImageSpec merges {spec.merge_size}")
+
+
+def _describe(obj: Any) -> dict:
+    fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+    return {"class": f"{type(obj).__module__}.{type(obj).__qualname__}", **fields}
+
+
+@dataclass(frozen=True)
+class PackMultimodal:
+    """Configuration of `pack_multimodal`: builds one `MultimodalPacker` per lane segment.
+
+    Follows the core's accumulator-operator shape (`kind`, `name`, `field`, `max_length`,
+    `factory(default_pad_id)`, `fingerprint(default_pad_id)`), so `Pipeline.apply` takes it.
+    `pad_id=None` uses the pipeline's default pad id.
+    """
+
+    max_length: int
+    placeholders: Placeholders
+    spec: ImageSpec = ImageSpec()
+    pad_id: int | None = None
+    image_position: str = "before_text"
+    field: str = "input_ids"
+    pixels_field: str = "pixels"
+    grid_field: str = "image_grid"
+    offsets_field: str = "image_offsets"
+    max_open_rows: int = 16
+    patch_dim: int | None = None
+    patch_dtype: str | None = None
+    name: str = "pack_multimodal"
+    kind = "accumulator"
+
+    def __post_init__(self) -> None:
+        _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
+
+    def factory(self, default_pad_id: int):
+        pad = self.pad_id if self.pad_id is not None else default_pad_id
+
+        def make(ctx: SegmentContext) -> MultimodalPacker:
+            return MultimodalPacker(
+                ctx, max_length=self.max_length, placeholders=self.placeholders, spec=self.spec, pad_id=pad,
+                image_position=self.image_position, text_field=self.field, pixels_field=self.pixels_field,
+                grid_field=self.grid_field, offsets_field=self.offsets_field, max_open_rows=self.max_open_rows,
+                patch_dim=self.patch_dim, patch_dtype=self.patch_dtype,
+            )
+
+        return make
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        out = {
+            "op": self.name,
+            "max_length": self.max_length,
+            "placeholders": _describe(self.placeholders),
+            "spec": _describe(self.spec),
+            "pad_id": self.pad_id if self.pad_id is not None else default_pad_id,
+            "image_position": self.image_position,
+            "fields": [self.field, self.pixels_field, self.grid_field, self.offsets_field],
+            "max_open_rows": self.max_open_rows,
+            "patch_dim": self.patch_dim,
+            "patch_dtype": None if self.patch_dtype is None else np.dtype(self.patch_dtype).str,
+        }
+        return json.loads(json.dumps(out, default=str))
+

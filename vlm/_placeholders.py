@@ -1,0 +1,149 @@
+"""How an image of (rows, cols) patches becomes placeholder tokens in the text sequence.
+
+The count is a pure function of the patch grid and the model family's convention; the model later
+replaces these tokens by the image's embeddings, so a count that differs from the model's own
+processor by one token breaks training silently. Both conventions here are checked in the tests
+against the reference implementations (mistral-common's image encoder, transformers' Qwen2-VL
+processor).
+
+Rows and cols are always in *patches* (patch_size pixels); with merge_size m, one placeholder
+token stands for an m x m block of patches, so rows and cols must be multiples of m.
+
+Thread-safety: instances are immutable; `tokens_for` caches per grid and is safe to share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from zephon._errors import ConfigurationError
+
+__all__ = ["Placeholders", "PixtralPlaceholders", "QwenPlaceholders", "lookup_token_id"]
+
+
+@runtime_checkable
+class Placeholders(Protocol):
+    """An image-token convention: the token ids an image of a given patch grid expands to."""
+
+    merge_size: int
+
+    def tokens_for(self, rows: int, cols: int) -> np.ndarray: ...
+
+    def num_tokens(self, rows: int, cols: int) -> int: ...
+
+
+def lookup_token_id(tokenizer: Any, token: str) -> int:
+    """The id of a special token by its string, for a transformers tokenizer, a `tokenizers.Tokenizer`
+    or a mistral-common tokenizer; raises ConfigurationError if the vocabulary lacks it."""
+    found = None
+    if hasattr(tokenizer, "instruct_tokenizer"):  # mistral_common MistralTokenizer
+        tokenizer = tokenizer.instruct_tokenizer.tokenizer
+    if hasattr(tokenizer, "get_special_token"):  # mistral_common Tekkenizer / SentencePieceTokenizer
+        try:
+            found = tokenizer.get_special_token(token)
+        except Exception:  # noqa: BLE001 - it raises on unknown tokens; we name the token below
+            found = None
+    elif hasattr(tokenizer, "convert_tokens_to_ids"):  # transformers
+        found = tokenizer.convert_tokens_to_ids(token)
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if found is not None and unk is not None and found == unk and token != getattr(tokenizer, "unk_token", None):
+            found = None
+    elif hasattr(tokenizer, "token_to_id"):  # tokenizers.Tokenizer
+        found = tokenizer.token_to_id(token)
+    else:
+        raise ConfigurationError(f"cannot look up token ids in a {type(tokenizer).__name__}")
+    if found is None:
+        raise ConfigurationError(f"the tokenizer has no token {token!r}; is it the model's tokenizer?")
+    return int(found)
+
+
+def _check_grid(rows: int, cols: int, merge: int) -> None:
+    if rows < 1 or cols < 1 or rows % merge or cols % merge:
+        raise ValueError(f"a {rows}x{cols} patch grid is not a whole number of {merge}x{merge} merged cells")
+
+
+@dataclass(frozen=True)
+class PixtralPlaceholders:
+    """Pixtral (mistral-common) convention: one row of `[IMG]` per merged row of the image, each
+    row closed by `[IMG_BREAK]` except the last, which is closed by `[IMG_END]` instead.
+
+    An image of rows x cols patches gives (rows/m) * (cols/m + 1) tokens.
+    """
+
+    img_id: int
+    break_id: int
+    end_id: int
+    merge_size: int = 1
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 1, img: str = "[IMG]",
+                       img_break: str = "[IMG_BREAK]", img_end: str = "[IMG_END]") -> PixtralPlaceholders:
+        return cls(lookup_token_id(tokenizer, img), lookup_token_id(tokenizer, img_break),
+                   lookup_token_id(tokenizer, img_end), merge_size)
+
+    def __post_init__(self) -> None:
+        _validate(self.merge_size)
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        m = self.merge_size
+        _check_grid(rows, cols, m)
+        return (rows // m) * (cols // m + 1)
+
+    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
+        """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
+        cached = self._cache.get((rows, cols))
+        if cached is None:
+            m = self.merge_size
+            _check_grid(rows, cols, m)
+            grid = np.full((rows // m, cols // m + 1), self.img_id, dtype=np.int32)
+            grid[:, -1] = self.break_id
+            grid[-1, -1] = self.end_id
+            cached = grid.reshape(-1)
+            cached.flags.writeable = False
+            self._cache[(rows, cols)] = cached
+        return cached
+
+
+@dataclass(frozen=True)
+class QwenPlaceholders:
+    """Qwen2-VL convention: `<|vision_start|>`, then one `<|image_pad|>` per merged cell
+    (rows * cols / merge_size**2 of them), then `<|vision_end|>`."""
+
+    vision_start: int
+    image_pad: int
+    vision_end: int
+    merge_size: int = 2
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 2, vision_start: str = "<|vision_start|>",
+                       image_pad: str = "<|image_pad|>", vision_end: str = "<|vision_end|>") -> QwenPlaceholders:
+        return cls(lookup_token_id(tokenizer, vision_start), lookup_token_id(tokenizer, image_pad),
+                   lookup_token_id(tokenizer, vision_end), merge_size)
+
+    def __post_init__(self) -> None:
+        _validate(self.merge_size)
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        m = self.merge_size
+        _check_grid(rows, cols, m)
+        return rows * cols // (m * m) + 2
+
+    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
+        """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
+        cached = self._cache.get((rows, cols))
+        if cached is None:
+            cached = np.full(self.num_tokens(rows, cols), self.image_pad, dtype=np.int32)
+            cached[0], cached[-1] = self.vision_start, self.vision_end
+            cached.flags.writeable = False
+            self._cache[(rows, cols)] = cached
+        return cached
+
+
+def _validate(merge_size: int) -> None:
+    if merge_size < 1:
+        raise ConfigurationError(f"merge_size must be positive, got {merge_size}")

@@ -1,0 +1,273 @@
+"""Stateless chunk stages: decode each record's image or video bytes into pixels.
+
+Each stage is a frozen dataclass that is both the operator's configuration and its function:
+`stage(chunk_records) -> chunk_records`. It is pure (a new ChunkRecords and new record dicts; the
+input is not modified), so it may run on any worker, in any order, any number of times. It has
+the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error)`,
+`fingerprint()`), so `Pipeline.apply(DecodeImages(...))` takes it.
+
+A record that cannot be decoded is dropped and reported in `skipped` with its reason
+(missing_image / missing_video when no candidate field is present, not_media_bytes when the
+field holds something other than encoded bytes, the decode error's reason, or processor_error), or, with
+`on_error="raise"`, fails with `BadRecordError` naming its address.
+
+Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
+call from several threads when the thread runner runs this stage with parallelism > 1
+(transformers' image processors are stateless when called).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon._errors import BadRecordError, ConfigurationError
+from zephon._records import ChunkRecords
+
+from ._errors import MediaDecodeError
+from ._image import ImageSpec, decode_image, load_rgb, patchify
+from ._video import VideoSpec, decode_video
+
+__all__ = ["DecodeImages", "DecodeVideo", "DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "run_processor"]
+
+DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
+"""WebDataset member extensions tried in order when no field is given."""
+
+DEFAULT_VIDEO_FIELDS = ("mp4", "webm", "mkv", "mov", "avi")
+
+ON_ERROR = ("skip", "raise")
+
+
+class _Skip(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason, self.detail = reason, detail
+
+
+def _fields(value: str | Any) -> tuple[str, ...]:
+    fields = (value,) if isinstance(value, str) else tuple(value)
+    if not fields or not all(isinstance(f, str) and f for f in fields):
+        raise ConfigurationError(f"field must be a field name or a non-empty list of them, got {value!r}")
+    return fields
+
+
+def _check_common(stage) -> None:
+    object.__setattr__(stage, "field", _fields(stage.field))
+    if stage.on_error is not None and stage.on_error not in ON_ERROR:
+        raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
+    if not isinstance(stage.parallelism, int) or stage.parallelism < 1:
+        raise ConfigurationError(f"{stage.name}: parallelism must be a positive integer, got {stage.parallelism!r}")
+
+
+def _first_present(record: dict, fields: tuple[str, ...], reason: str) -> tuple[str, Any]:
+    for name in fields:
+        value = record.get(name)
+        if value is not None:
+            return name, value
+    raise _Skip(reason, f"none of the fields {list(fields)} is present")
+
+
+def _items(value: Any, allow_paths: bool) -> tuple[list[Any], bool]:
+    """(items, single): one media value or a list of them. HF image structs {"bytes": ...} unwrap."""
+    if isinstance(value, (list, tuple)):
+        return [_unwrap(v, allow_paths) for v in value], False
+    return [_unwrap(value, allow_paths)], True
+
+
+def _unwrap(value: Any, allow_paths: bool) -> Any:
+    if isinstance(value, dict) and value.get("bytes") is not None:
+        value = value["bytes"]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    if allow_paths and isinstance(value, (str, os.PathLike)):
+        return value
+    raise _Skip("not_media_bytes", f"expected encoded bytes, got {type(value).__name__}")
+
+
+def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
+    records, addresses = [], []
+    skipped = list(batch.skipped)
+    fail_fast = stage.on_error == "raise"
+    for record, address in zip(batch.records, batch.addresses):
+        try:
+            records.append(decode_record(record))
+        except (_Skip, MediaDecodeError) as exc:
+            if fail_fast:
+                raise BadRecordError(address, exc.reason, exc.detail) from None
+            skipped.append((address, exc.reason))
+            continue
+        addresses.append(address)
+    return ChunkRecords(batch.chunk, records, addresses, skipped, list(batch.filtered))
+
+
+def _describe(obj: Any) -> Any:
+    if obj is None:
+        return None
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _describe(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return [_describe(v) for v in obj]
+    described = {"class": f"{type(obj).__module__}.{type(obj).__qualname__}"}
+    to_json = getattr(obj, "to_json_string", None)
+    if callable(to_json):
+        described["config_sha256"] = hashlib.sha256(to_json().encode()).hexdigest()
+    return described
+
+
+def _processor_patch_size(processor: Any) -> int:
+    size = getattr(processor, "patch_size", None)
+    if isinstance(size, dict):
+        size = size.get("height")
+    if hasattr(size, "height"):
+        size = size.height
+    if not isinstance(size, int):
+        raise ConfigurationError(f"cannot read a patch size from {type(processor).__name__}")
+    return size
+
+
+def run_processor(processor: Any, image: Any) -> tuple[np.ndarray, tuple[int, int]]:
+    """Run a transformers image processor on one image: (patch rows, (rows, cols) in patches).
+
+    Qwen2-VL-style output (`pixel_values` as patch rows plus `image_grid_thw`) is passed through.
+    Pixtral-style output (a padded (1, C, H, W) image plus `image_sizes`) is cropped to the image
+    and cut into raster-order patch rows of (patch_row, patch_col, channel), like our own
+    `pixel_values`. Other processors are refused with a message.
+    """
+    out = processor(images=image, return_tensors="np")
+    pixel_values = np.asarray(out["pixel_values"])
+    if "image_grid_thw" in out:
+        t, h, w = (int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1, 3)[0])
+        if t != 1:
+            raise ConfigurationError(f"processor returned {t} temporal patches for one image")
+        return np.ascontiguousarray(pixel_values.reshape(h * w, -1)), (h, w)
+    if "image_sizes" in out and pixel_values.ndim == 4:
+        height, width = (int(x) for x in np.asarray(out["image_sizes"]).reshape(-1, 2)[0])
+        patch = _processor_patch_size(processor)
+        picture = np.ascontiguousarray(pixel_values[0, :, :height, :width].transpose(1, 2, 0))
+        return patchify(picture, patch), (height // patch, width // patch)
+    raise ConfigurationError(
+        f"unsupported image processor output {sorted(out.keys())}: expected image_grid_thw (Qwen2-VL style) "
+        "or image_sizes (Pixtral style)"
+    )
+
+
+@dataclass(frozen=True)
+class DecodeImages:
+    """Decode `record[field]` (the first present of several candidate fields) into pixels.
+
+    The field holds encoded bytes, a {"bytes": ...} struct (Hugging Face image columns), or a list
+    of either for several images. `record[output_field]` becomes one (H, W, 3) uint8 array on the
+    spec's patch grid, or a list of them. With a transformers `processor`, the image is decoded
+    at full size (same refusals and RGB conversion) and handed to it; `record[output_field]`
+    then holds its patch rows and `record[grid_field]` the (num_images, 2) int32 grid
+    (see `run_processor`). The source field is dropped unless `keep_source`.
+    """
+
+    field: str | tuple[str, ...] = DEFAULT_IMAGE_FIELDS
+    spec: ImageSpec = ImageSpec()
+    output_field: str = "pixels"
+    processor: Any = None
+    on_error: str | None = None
+    keep_source: bool = False
+    grid_field: str = "image_grid"
+    parallelism: int = 1
+    name: str = "decode_images"
+    kind = "record"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+
+    def build(self, on_error: str) -> DecodeImages:
+        """This stage with the pipeline's error policy where it has none of its own."""
+        return dataclasses.replace(self, on_error=self.on_error or on_error)
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
+                "output_field": self.output_field, "processor": _describe(self.processor),
+                "keep_source": self.keep_source, "grid_field": self.grid_field}
+
+    def patch_layout(self) -> tuple[int, np.dtype]:
+        """(patch_dim, dtype) of the rows this stage's images become in `pixel_values`."""
+        if self.processor is None:
+            return self.spec.patch_dim, np.dtype(np.uint8)
+        from PIL import Image
+
+        rows, _ = run_processor(self.processor, Image.new("RGB", (64, 64)))
+        return int(rows.shape[1]), rows.dtype
+
+    def __call__(self, batch: ChunkRecords) -> ChunkRecords:
+        return _apply(self, batch, self._decode_record)
+
+    def _decode_record(self, record: dict) -> dict:
+        name, value = _first_present(record, self.field, "missing_image")
+        items, single = _items(value, allow_paths=False)
+        out = dict(record)
+        if not self.keep_source:
+            del out[name]
+        if self.processor is None:
+            pixels = [decode_image(data, self.spec) for data in items]
+            out[self.output_field] = pixels[0] if single else pixels
+            return out
+        rows, grids = [], []
+        for data in items:
+            image = load_rgb(data, self.spec)
+            try:
+                patches, grid = run_processor(self.processor, image)
+            except ConfigurationError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the user's processor refused this image
+                raise _Skip("processor_error", f"{type(exc).__name__}: {exc}") from None
+            rows.append(patches)
+            grids.append(grid)
+        out[self.output_field] = rows[0] if single else rows
+        out[self.grid_field] = np.array(grids, dtype=np.int32).reshape(len(grids), 2)
+        return out
+
+
+@dataclass(frozen=True)
+class DecodeVideo:
+    """Decode `record[field]` (bytes, a {"bytes": ...} struct or a local path) into frames.
+
+    `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
+    multimodal packer treats the T frames as T images. The source field is dropped unless
+    `keep_source`.
+    """
+
+    field: str | tuple[str, ...] = DEFAULT_VIDEO_FIELDS
+    spec: VideoSpec = VideoSpec()
+    output_field: str = "pixels"
+    on_error: str | None = None
+    keep_source: bool = False
+    parallelism: int = 1
+    name: str = "decode_video"
+    kind = "record"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+
+    def build(self, on_error: str) -> DecodeVideo:
+        return dataclasses.replace(self, on_error=self.on_error or on_error)
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
+                "output_field": self.output_field, "keep_source": self.keep_source}
+
+    def __call__(self, batch: ChunkRecords) -> ChunkRecords:
+        return _apply(self, batch, self._decode_record)
+
+    def _decode_record(self, record: dict) -> dict:
+        name, value = _first_present(record, self.field, "missing_video")
+        items, single = _items(value, allow_paths=True)
+        if not single or len(items) != 1:
+            raise _Skip("corrupt_video", f"field {name!r} holds {len(items)} videos; one is supported")
+        out = dict(record)
+        if not self.keep_source:
+            del out[name]
+        out[self.output_field] = decode_video(items[0], self.spec)
+        return out

@@ -1,0 +1,195 @@
+"""Video bytes (or a path) to (T, H, W, 3) uint8 frames sampled by timestamp, with PyAV.
+
+Which frames are returned is decided by timestamps alone, never by how the decoder was driven:
+for every target time t the frame shown at t is taken, i.e. the last frame whose presentation time
+is <= t (or the stream's first frame when t precedes it). Target times come from the spec and
+the stream's duration, so the choice is a pure function of (bytes, spec).
+
+Only what is needed is decoded: a demux pass (packets, no decoding) finds the keyframes; the
+decoder seeks to the keyframe before a target whenever that keyframe lies past the frame it has
+reached, and decoding stops after the last target. Chosen frames are converted to RGB and resized by swscale in one step, on the same
+patch grid rule as images (`image_grid`).
+
+Thread-safety: `decode_video` shares nothing between calls and may run on many threads at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import math
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from zephon._errors import ConfigurationError
+
+from ._errors import VideoDecodeError
+from ._image import ImageSpec, image_grid
+
+__all__ = ["VideoSpec", "decode_video", "sample_times"]
+
+_INTERPOLATION = {"nearest": "POINT", "box": "AREA", "bilinear": "BILINEAR", "hamming": "BICUBIC",
+                  "bicubic": "BICUBIC", "lanczos": "LANCZOS"}
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """Which frames of a video to take and how to size them.
+
+    Give at most one of `num_frames` (that many frames, 8 when neither is given, at the centres of equal slices of the
+    window) or `fps` (one frame every 1/fps seconds from the window's start, at most `max_frames`).
+    The window is [start_s, end_s) in seconds from the stream's start; `end_s=None` means the end
+    of the stream. `image` sizes every frame exactly like `decode_image` sizes an image.
+    """
+
+    num_frames: int | None = None
+    fps: float | None = None
+    start_s: float = 0.0
+    end_s: float | None = None
+    image: ImageSpec = ImageSpec()
+    max_frames: int = 256
+
+    def __post_init__(self) -> None:
+        if self.num_frames is None and self.fps is None:
+            object.__setattr__(self, "num_frames", 8)
+        if self.num_frames is not None and self.fps is not None:
+            raise ConfigurationError("VideoSpec: give num_frames or fps, not both")
+        if self.num_frames is not None and self.num_frames < 1:
+            raise ConfigurationError(f"VideoSpec: num_frames must be positive, got {self.num_frames}")
+        if self.fps is not None and not self.fps > 0:
+            raise ConfigurationError(f"VideoSpec: fps must be positive, got {self.fps}")
+        if self.start_s < 0 or (self.end_s is not None and self.end_s <= self.start_s):
+            raise ConfigurationError(f"VideoSpec: need 0 <= start_s < end_s, got {self.start_s} and {self.end_s}")
+        if self.max_frames < 1:
+            raise ConfigurationError(f"VideoSpec: max_frames must be positive, got {self.max_frames}")
+
+
+def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
+    """Target times in seconds from the stream's start, ascending. Raises if the window is empty."""
+    end = duration_s if spec.end_s is None else min(spec.end_s, duration_s)
+    if not end > spec.start_s:
+        raise VideoDecodeError(
+            "video_too_short", f"window starts at {spec.start_s}s but the video lasts {duration_s:.3f}s"
+        )
+    span = end - spec.start_s
+    if spec.num_frames is not None:
+        return [spec.start_s + (k + 0.5) * span / spec.num_frames for k in range(spec.num_frames)]
+    count = min(spec.max_frames, max(1, math.ceil(span * spec.fps)))
+    return [spec.start_s + k / spec.fps for k in range(count) if k / spec.fps < span] or [spec.start_s]
+
+
+def _open(source):
+    import av
+
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return av.open(io.BytesIO(bytes(source)), mode="r")
+        return av.open(os.fspath(source), mode="r")
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - FFmpeg reports bad input in many ways
+        raise VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
+
+
+def _duration(container, stream) -> float:
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / 1_000_000  # AV_TIME_BASE
+    raise VideoDecodeError("corrupt_video", "the container announces no duration")
+
+
+def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = VideoSpec()) -> np.ndarray:
+    """Decode the spec's frames of a video to (T, H, W, 3) uint8.
+
+    Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream, decoder error),
+    video_too_short (the window lies past the end), decompression_bomb (frame too large).
+    """
+    container = _open(source)
+    try:
+        return _decode(container, spec)
+    except VideoDecodeError:
+        raise
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
+    finally:
+        container.close()
+
+
+def _decode(container, spec: VideoSpec) -> np.ndarray:
+    if not container.streams.video:
+        raise VideoDecodeError("corrupt_video", "no video stream")
+    stream = container.streams.video[0]
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if width < 1 or height < 1:
+        raise VideoDecodeError("corrupt_video", f"stream announces a {width}x{height} picture")
+    if width * height > spec.image.max_image_pixels:
+        raise VideoDecodeError("decompression_bomb", f"{width}x{height} frames exceed "
+                               f"max_image_pixels={spec.image.max_image_pixels}")
+    rows, cols = image_grid(height, width, spec.image)
+    size = (cols * spec.image.patch_size, rows * spec.image.patch_size)
+    time_base = stream.time_base
+    origin = stream.start_time or 0
+    targets = [origin + math.floor(Fraction(t) / time_base) for t in sample_times(_duration(container, stream), spec)]
+    chosen = _choose_frames(container, stream, targets)
+    converted: dict[int, np.ndarray] = {}
+    frames = []
+    for frame in chosen:
+        key = id(frame)
+        if key not in converted:
+            converted[key] = frame.reformat(width=size[0], height=size[1], format="rgb24",
+                                            interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
+        frames.append(converted[key])
+    return np.stack(frames)
+
+
+def _keyframes(container, stream) -> list[int]:
+    """Presentation times of the stream's keyframes, from a demux pass (packets only, no decoding)."""
+    keyframes = sorted(packet.pts for packet in container.demux(stream)
+                       if packet.is_keyframe and packet.pts is not None)
+    return keyframes
+
+
+def _choose_frames(container, stream, targets: list[int]) -> list:
+    """For each target pts (ascending), the last frame with pts <= target (the first frame if none).
+
+    The decoder seeks only when the keyframe before the next target lies past the frame it is at,
+    i.e. when seeking skips decoding work; otherwise it decodes on. Either way a target gets the
+    frame shown at its time, so how the decoder was driven never changes the answer.
+    """
+    keyframes = _keyframes(container, stream)
+    chosen: list = []
+    decoder = None
+    previous = pending = None  # last frame at or before the target; first frame after it
+    exhausted = False
+    for target in targets:
+        before = bisect.bisect_right(keyframes, target) - 1
+        keyframe = keyframes[before] if before >= 0 else None
+        here = pending if pending is not None else previous
+        if decoder is None or (keyframe is not None and here is not None and keyframe > here.pts):
+            container.seek(target, stream=stream, backward=True, any_frame=False)
+            decoder = iter(container.decode(stream))
+            previous = pending = None
+            exhausted = False
+        while not exhausted:
+            frame = pending if pending is not None else next(decoder, None)
+            pending = None
+            if frame is None:
+                exhausted = True
+            elif frame.pts is None:
+                continue
+            elif frame.pts > target:
+                pending = frame
+                break
+            else:
+                previous = frame
+        pick = previous if previous is not None else pending
+        if pick is None:
+            raise VideoDecodeError("corrupt_video", "no frame could be decoded")
+        chosen.append(pick)
+    return chosen
