@@ -3,8 +3,9 @@
 - ``demo_data_dir`` / ``demo_tokenizer_path``: the shipped corpus and tokenizer (``zephon/data``).
 - ``make_jsonl_corpus(num_shards, records_per_shard, seed)``: a deterministic synthetic JSON Lines
   corpus in a session temp dir (cached per argument triple), for tests that need exact counts.
-- ``@requires_torch`` (also ``@pytest.mark.requires_torch``): skips when torch cannot be imported,
-  as on free-threaded 3.14t where no CPU build exists. Nothing else in the suite may skip.
+- ``@pytest.mark.requires_torch`` (or ``from tests.conftest import requires_torch``): skips when
+  torch cannot be imported, as on free-threaded 3.14t where no CPU build exists. Nothing else in the
+  suite may skip.
 """
 
 from __future__ import annotations

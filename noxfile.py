@@ -1,0 +1,142 @@
+"""Nox sessions: the test suite on standard CPython 3.11 and free-threaded CPython 3.14t, benchmarks, demo.
+
+    nox -s tests-3.11 tests-3.14t        # what CI (.ci/run) runs; README's test command
+    nox -s tests-3.11 -- -k packing -x   # anything after -- goes to pytest
+    nox -t benchmarks                    # benchmarks-3.11 and benchmarks-3.14t
+    nox -s demo
+
+Two interpreters because Zephon promises identical batches on a GIL and a free-threaded build, and
+the thread runner only runs in parallel on the latter. The 3.14t interpreter is
+``/opt/python3.14t/bin/python3.14t`` (``shared/tools/provision-python314t.sh`` builds it), or
+``$ZEPHON_PY314T``.
+
+torch is installed only on 3.11, as its own ``pip install torch==2.13.0`` step that takes the CPU
+build from this machine's disk; the project is then installed with that exact pin repeated so no
+resolver can swap in a (multi-GB, CUDA) build. 3.14t has no CPU torch, so there the ``torch`` extra
+is never requested and torch tests skip (see ``tests/conftest.py``).
+
+Virtual environments are reused between runs (``.nox/``); installs are then no-ops apart from the
+editable rebuild. ``nox --reuse-venv=no`` (or ``rm -rf .nox``) starts fresh.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+PY311 = "3.11"
+PY314T = os.environ.get("ZEPHON_PY314T", "/opt/python3.14t/bin/python3.14t")
+TORCH_PIN = "torch==2.13.0"
+
+nox.options.sessions = ["tests-3.11", "tests-3.14t"]
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True  # a missing 3.14t is a failure, not a silent skip
+nox.options.download_python = "never"  # no network here; find the interpreter or fail
+
+# Extras per interpreter. On 3.11, av 19+ has no wheels (needs Python >= 3.12). On 3.14t,
+# transformers' dependency safetensors has a cp314t wheel only as the pre-release 0.9.0rc1; naming
+# a pre-release in the requirement lets pip take it for that one package without a global --pre.
+EXTRAS = {
+    PY311: ("-e", ".[test,torch,vlm]", TORCH_PIN, "av<19"),
+    PY314T: ("-e", ".[test,vlm]", "safetensors>=0.9.0rc1"),
+}
+
+# Imported after installation on 3.14t: none of these may turn the GIL back on (SPEC §3.4).
+FREE_THREADING_IMPORTS = (
+    "numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "zstandard", "fsspec",
+    "PIL.Image", "av", "zephon", "runners",
+)
+
+
+def _install(session: nox.Session, python: str) -> None:
+    if python == PY311:
+        # Its own step first: pip takes the local CPU wheel; the pin repeated below keeps it.
+        session.install(TORCH_PIN)
+    session.install(*EXTRAS[python])
+
+
+def _env(session: nox.Session) -> None:
+    # A stray PYTHON_GIL in the caller's environment would hide (=0) or fake (=1) GIL re-enabling.
+    session.env["PYTHON_GIL"] = None
+    # A deadlocked runner must fail its test, not eat the CI budget (pytest-timeout reads this).
+    session.env["PYTEST_TIMEOUT"] = os.environ.get("PYTEST_TIMEOUT", "900")
+
+
+def _check_gil_stays_off(session: nox.Session) -> None:
+    code = (
+        "import importlib, sys\n"
+        f"mods = {FREE_THREADING_IMPORTS!r}\n"
+        "for m in mods:\n"
+        "    importlib.import_module(m)\n"
+        "    if sys._is_gil_enabled():\n"
+        "        sys.exit(f'importing {m} re-enabled the GIL')\n"
+        "print('free-threaded: GIL still disabled after importing', ', '.join(mods))\n"
+    )
+    session.run("python", "-c", code)
+
+
+def _pytest(session: nox.Session, *default_args: str) -> None:
+    args = session.posargs or ["--durations=15"]
+    session.run("python", "-m", "pytest", *default_args, *args)
+
+
+@nox.session(name="tests-3.11", python=PY311, tags=["tests"])
+def tests_311(session: nox.Session) -> None:
+    """The test suite on standard CPython 3.11, with CPU torch and the VLM extras."""
+    _env(session)
+    _install(session, PY311)
+    session.run("python", "-c", "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)")
+    _pytest(session)
+
+
+@nox.session(name="tests-3.14t", python=PY314T, tags=["tests"])
+def tests_314t(session: nox.Session) -> None:
+    """The test suite on free-threaded CPython 3.14t (no torch), after checking the GIL stays off."""
+    _env(session)
+    _install(session, PY314T)
+    _check_gil_stays_off(session)
+    _pytest(session)
+
+
+def _benchmarks(session: nox.Session, python: str, label: str) -> None:
+    _env(session)
+    _install(session, python)
+    out = Path(".benchmarks")
+    out.mkdir(exist_ok=True)
+    # glibc's dynamic mmap threshold slows big allocations in the main thread only, which would
+    # skew runner comparisons (shared ENVIRONMENT.md, "Allocator trap").
+    session.env["MALLOC_MMAP_THRESHOLD_"] = os.environ.get("MALLOC_MMAP_THRESHOLD_", "16777216")
+    session.env["MALLOC_TRIM_THRESHOLD_"] = os.environ.get("MALLOC_TRIM_THRESHOLD_", "67108864")
+    session.run(
+        "python", "-m", "pytest", "benchmarks/", "--benchmark-only",
+        f"--benchmark-json={out / f'{label}.json'}",
+        *session.posargs,
+    )
+
+
+@nox.session(name="benchmarks-3.11", python=PY311, tags=["benchmarks"])
+def benchmarks_311(session: nox.Session) -> None:
+    """pytest-benchmark suite on 3.11 (process runner's home); JSON in .benchmarks/3.11.json."""
+    _benchmarks(session, PY311, "3.11")
+
+
+@nox.session(name="benchmarks-3.14t", python=PY314T, tags=["benchmarks"])
+def benchmarks_314t(session: nox.Session) -> None:
+    """pytest-benchmark suite on 3.14t (thread runner's home); JSON in .benchmarks/3.14t.json."""
+    _benchmarks(session, PY314T, "3.14t")
+
+
+@nox.session(python=False, requires=["benchmarks-3.11", "benchmarks-3.14t"], default=False)
+def benchmarks(session: nox.Session) -> None:
+    """Both benchmark sessions (``nox -s benchmarks``); results land in .benchmarks/."""
+    session.log("benchmark results: .benchmarks/3.11.json, .benchmarks/3.14t.json")
+
+
+@nox.session(python=PY311)
+def demo(session: nox.Session) -> None:
+    """The CPU elastic-resume demo (SPEC §4): ``zephon demo``; pass other arguments after --."""
+    _env(session)
+    _install(session, PY311)
+    session.run("zephon", "demo", *session.posargs)
