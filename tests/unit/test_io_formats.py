@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from zephon import BadRecordError, RecordAddress
+from zephon import BadRecordError, Chunk, RecordAddress
 from zephon.io import Dataset
 
 from .conftest_io import compress, jsonl_bytes, lines_bytes, parquet_bytes, tar_bytes
@@ -45,8 +45,6 @@ def test_jsonl_chunk_in_the_middle_reads_exactly_its_range(tmp_path):
     records = [{"i": i} for i in range(1000)]
     (tmp_path / "a.jsonl").write_bytes(jsonl_bytes(records))
     ds = Dataset.from_path("d", str(tmp_path / "a.jsonl"))
-    from zephon import Chunk
-
     for start, stop in [(0, 1), (255, 257), (256, 512), (300, 301), (999, 1000), (511, 900)]:
         out = ds.read_chunk(Chunk("d", 0, start, stop))
         assert out.records == records[start:stop]
@@ -125,8 +123,6 @@ def test_parquet_chunks_across_row_groups_read_the_right_rows(tmp_path):
     assert ds.format == "parquet" and [s.num_records for s in ds.shards] == [700, 300]
     for records_per_chunk in (1, 63, 64, 65, 300, 1000):
         assert read_all(ds, records_per_chunk) == (rows, [])
-    from zephon import Chunk
-
     out = ds.read_chunk(Chunk("d", 0, 100, 130))  # inside row group 1, not at its start
     assert out.records == rows[100:130]
 

@@ -114,15 +114,15 @@ class Dataset:
 
         with ThreadPoolExecutor(max_workers=min(_PLANNING_THREADS, len(urls))) as pool:
             scans = list(pool.map(scan, range(len(urls))))
+        facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
+        planned = [(ShardInfo(u, s.num_records, n), _ShardAccess(p, c, s.seek)) for u, p, n, c, s in facts]
         return cls(
             name=name,
             url=url,
             format=located.format,
             text_unit=text_unit,
-            shards=tuple(ShardInfo(u, s.num_records, n) for u, s, n in zip(urls, scans, located.nbytes)),
-            _access=tuple(
-                _ShardAccess(p, c, s.seek) for p, c, s in zip(located.paths, located.compressions, scans)
-            ),
+            shards=tuple(info for info, _ in planned),
+            _access=tuple(access for _, access in planned),
             _reader=reader,
             _fs=located.fs,
             _cache=cache_options,
@@ -162,7 +162,7 @@ class Dataset:
             slots = self._retry.call(
                 info.url, lambda: self._reader.read(shard, access.seek, chunk.start, chunk.stop)
             )
-        return collect(chunk, info.url, chunk.start, slots, policy)
+        return collect(chunk, info.url, slots, policy)
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content for a checkpoint: a change here changes the records."""
@@ -201,7 +201,9 @@ class Dataset:
         if chunk.dataset != self.name:
             raise ConfigurationError(f"chunk {chunk} belongs to dataset {chunk.dataset!r}, not {self.name!r}")
         if not 0 <= chunk.shard < len(self.shards):
-            raise ConfigurationError(f"chunk {chunk} names shard {chunk.shard}; {self.name!r} has {len(self.shards)}")
+            raise ConfigurationError(
+                f"chunk {chunk} names shard {chunk.shard}; {self.name!r} has {len(self.shards)}"
+            )
         num_records = self.shards[chunk.shard].num_records
         if not 0 <= chunk.start <= chunk.stop <= num_records:
             raise ConfigurationError(

@@ -61,7 +61,7 @@ def hf_parquet_url(url: str) -> str | None:
     if not url.startswith("hf://"):
         return None
     parts = url[len("hf://") :].strip("/").split("/")
-    if len(parts) != 4 or not all(parts) or parts[0] in _HUB_REPO_TYPES or "@" in parts[1]:
+    if len(parts) != 4 or not all(parts) or parts[0] in _HUB_REPO_TYPES:
         return None
     org, name, config, split = parts
     return f"hf://datasets/{org}/{name}@~parquet/{config}/{split}/*.parquet"

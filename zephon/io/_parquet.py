@@ -36,5 +36,7 @@ class Parquet:
                         first_row = row
                     groups.append(group)
                 row += size
-            rows = parquet.read_row_groups(groups).slice(start - first_row, stop - start).to_pylist() if groups else []
+            rows = []
+            if groups:
+                rows = parquet.read_row_groups(groups).slice(start - first_row, stop - start).to_pylist()
         return fill_truncated(rows, stop - start, "shard has fewer rows than when it was planned")

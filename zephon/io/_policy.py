@@ -59,16 +59,14 @@ class Bad:
 Slot = dict[str, Any] | Bad
 
 
-def collect(
-    chunk: Chunk, shard_url: str, first_index: int, slots: list[Slot], policy: ErrorPolicy
-) -> ChunkRecords:
-    """Turn the slots of a chunk (one per record index, from `first_index`) into ChunkRecords.
+def collect(chunk: Chunk, shard_url: str, slots: list[Slot], policy: ErrorPolicy) -> ChunkRecords:
+    """Turn the slots of a chunk (one per record index, from `chunk.start`) into ChunkRecords.
 
     Under `ErrorPolicy.RAISE` the first bad slot raises `BadRecordError` naming its address.
     """
     out = ChunkRecords(chunk=chunk)
     for offset, slot in enumerate(slots):
-        address = RecordAddress(chunk.dataset, shard_url, first_index + offset)
+        address = RecordAddress(chunk.dataset, shard_url, chunk.start + offset)
         if isinstance(slot, Bad):
             if policy is ErrorPolicy.RAISE:
                 raise BadRecordError(address, slot.reason, slot.detail)
