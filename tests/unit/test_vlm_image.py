@@ -1,0 +1,222 @@
+"""Image decode: patch-grid sizing, every odd mode to RGB, and a named reason for every bad file."""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.test_vlm_assets import (
+    REAL_JPEGS,
+    REAL_PNGS,
+    cmyk_jpeg,
+    encode,
+    gradient,
+    palette_alpha_png,
+    png_header_only,
+    real_file,
+    rgba_png,
+    rotated_jpeg,
+    sixteen_bit_png,
+    truncated_jpeg,
+)
+from vlm import IMAGE_REASONS, ImageDecodeError, ImageSpec, decode_image, image_grid, load_rgb, patchify
+from zephon._errors import ConfigurationError, ZephonError
+
+Image = pytest.importorskip("PIL.Image")
+
+
+def _reason(data: bytes, spec: ImageSpec = ImageSpec()) -> str:
+    with pytest.raises(ImageDecodeError) as caught:
+        decode_image(data, spec)
+    assert caught.value.reason in IMAGE_REASONS
+    return caught.value.reason
+
+
+# -- sizing ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("package,relative", REAL_JPEGS + REAL_PNGS, ids=lambda v: str(v).split("/")[-1])
+def test_real_photo_decodes_to_its_patch_grid_within_pixel_bounds(package, relative):
+    data = real_file(package, relative).read_bytes()
+    spec = ImageSpec()
+    pixels = decode_image(data, spec)
+    width, height = Image.open(io.BytesIO(data)).size
+    rows, cols = image_grid(height, width, spec)
+    assert pixels.shape == (rows * 16, cols * 16, 3) and pixels.dtype == np.uint8
+    assert spec.min_pixels <= pixels.shape[0] * pixels.shape[1] <= spec.max_pixels
+    assert abs(math.log((cols / rows) / (width / height))) < 0.1
+    assert pixels.std() > 5, "a real photo should not decode to a flat picture"
+    assert np.array_equal(pixels, decode_image(data, spec))
+
+
+@given(height=st.integers(1, 12000), width=st.integers(1, 12000),
+       cell=st.sampled_from([(16, 1), (14, 2), (8, 2)]), max_cells=st.integers(1, 4096))
+def test_grid_is_whole_cells_within_pixel_bounds_and_keeps_aspect(height, width, cell, max_cells):
+    patch, merge = cell
+    side = patch * merge
+    spec = ImageSpec(patch_size=patch, merge_size=merge, min_pixels=min(4, max_cells) * side * side // 2,
+                     max_pixels=max_cells * side * side)
+    rows, cols = image_grid(height, width, spec)
+    assert rows % merge == 0 and cols % merge == 0 and rows >= merge and cols >= merge
+    area = rows * patch * cols * patch
+    assert area <= spec.max_pixels
+    assert area >= spec.min_pixels
+    h_cells, w_cells = rows // merge, cols // merge
+    aspect = max(height, width) / min(height, width)
+    if min(h_cells, w_cells) >= 4 and aspect < 50 and h_cells * w_cells < max_cells:
+        error = abs(math.log((w_cells / h_cells) / (width / height)))
+        assert error <= 1.2 * (1 / h_cells + 1 / w_cells)
+
+
+def test_pixtral_fit_scales_the_longest_side_down_then_rounds_each_side_up():
+    spec = ImageSpec.pixtral(max_side=1024)
+    assert image_grid(1000, 2000, spec) == (32, 64)  # 2000 -> 1024, 1000 -> 512
+    assert image_grid(100, 33, spec) == (7, 3)  # never scaled up; ceil(100/16), ceil(33/16)
+    assert image_grid(1, 5000, spec) == (1, 64)
+
+
+def test_qwen2_vl_preset_merges_two_by_two_fourteen_pixel_patches():
+    spec = ImageSpec.qwen2_vl()
+    rows, cols = image_grid(480, 640, spec)
+    assert (rows, cols) == (34, 46) and spec.cell == 28
+
+
+@pytest.mark.parametrize("bad", [dict(fit="square"), dict(min_pixels=10, max_pixels=5), dict(resample="fancy"),
+                                 dict(max_pixels=100), dict(patch_size=0), dict(draft_gap=0.5),
+                                 dict(background=(0, 0, 300))])
+def test_image_spec_refuses_settings_that_cannot_work(bad):
+    with pytest.raises(ConfigurationError):
+        ImageSpec(**bad)
+
+
+def test_patchify_lays_patches_out_in_raster_order():
+    picture = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    patches = patchify(picture, 2)
+    assert patches.shape == (6, 12)
+    assert np.array_equal(patches[4].reshape(2, 2, 3), picture[2:4, 2:4])
+
+
+# -- JPEG draft ---------------------------------------------------------------------------------
+
+def test_large_jpeg_is_draft_decoded_and_close_to_a_full_decode(monkeypatch):
+    from PIL import JpegImagePlugin
+
+    big = np.asarray(Image.fromarray(gradient(96, 160)).resize((1600, 960), Image.Resampling.BICUBIC))
+    data = encode(big, "JPEG", quality=95)
+    calls = []
+    original = JpegImagePlugin.JpegImageFile.draft
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
+                        lambda self, mode, size: calls.append(size) or original(self, mode, size))
+    spec = ImageSpec(max_pixels=128 * 128)
+    drafted = decode_image(data, spec)
+    assert calls, "a JPEG much larger than its target must be draft-decoded"
+    full = decode_image(data, ImageSpec(max_pixels=128 * 128, draft=False))
+    assert drafted.shape == full.shape
+    assert np.abs(drafted.astype(int) - full.astype(int)).mean() < 2.0
+
+
+# -- modes ----------------------------------------------------------------------------------------
+
+def test_cmyk_jpeg_becomes_rgb_close_to_the_original():
+    pixels = decode_image(cmyk_jpeg())
+    assert pixels.shape == (96, 160, 3)
+    assert np.abs(pixels.astype(int) - gradient().astype(int)).mean() < 6
+
+
+def test_sixteen_bit_png_is_scaled_to_eight_bits_by_a_fixed_factor():
+    pixels = decode_image(sixteen_bit_png())  # 96x160 is already on the grid: no resize
+    ramp = np.linspace(0, 65535, 96 * 160).reshape(96, 160).astype(np.uint16)
+    expected = ((ramp.astype(np.int64) + 128) // 257).astype(np.uint8)
+    assert np.array_equal(pixels[..., 0], expected)
+    assert np.array_equal(pixels[..., 0], pixels[..., 2])
+    assert pixels.min() == 0 and pixels.max() == 255
+
+
+def test_palette_with_transparency_is_composited_on_the_background():
+    pixels = decode_image(palette_alpha_png())
+    assert pixels.shape == (64, 96, 3)
+    assert (pixels[:, :32] == 255).all(), "the transparent index shows the white background"
+    assert (pixels[:, 32:64] == (255, 0, 0)).all() and (pixels[:, 64:] == (0, 255, 0)).all()
+    black = decode_image(palette_alpha_png(), ImageSpec(background=(0, 0, 0)))
+    assert (black[:, :32] == 0).all()
+
+
+def test_rgba_is_composited_on_the_background_not_on_its_hidden_colour():
+    pixels = decode_image(rgba_png())
+    assert (pixels[:, :48] == 255).all() and (pixels[:, 48:] == (0, 0, 255)).all()
+
+
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "I", "F", "YCbCr"])
+def test_every_other_mode_becomes_three_channel_uint8(mode):
+    source = Image.fromarray(gradient()).convert(mode)
+    buffer = io.BytesIO()
+    source.save(buffer, "TIFF")
+    pixels = decode_image(buffer.getvalue())
+    assert pixels.shape == (96, 160, 3) and pixels.dtype == np.uint8
+
+
+def test_exif_orientation_is_applied_after_the_resize():
+    plain = decode_image(encode(gradient(), "JPEG", quality=95))
+    turned = decode_image(rotated_jpeg(6))  # 6: displayed rotated 90 degrees clockwise
+    assert turned.shape == (160, 96, 3)
+    assert np.array_equal(turned, np.rot90(plain, k=-1))
+    kept = decode_image(rotated_jpeg(6), ImageSpec(exif_transpose=False))
+    assert np.array_equal(kept, plain)
+
+
+def test_load_rgb_keeps_full_size_for_an_image_processor():
+    image = load_rgb(palette_alpha_png())
+    assert image.mode == "RGB" and image.size == (96, 64)
+
+
+# -- bad files ------------------------------------------------------------------------------------
+
+def test_truncated_jpeg_is_reported_as_truncated():
+    assert _reason(truncated_jpeg()) == "truncated_image"
+
+
+def test_truncated_png_is_reported_as_truncated():
+    data = encode(gradient(480, 640))
+    assert _reason(data[: len(data) // 2]) == "truncated_image"
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00" * 64, b"GIF89a not really", b"<html>404</html>" * 20],
+                         ids=["empty", "zeros", "fake-gif", "html"])
+def test_garbage_bytes_are_reported_as_corrupt_with_a_stable_message(data):
+    with pytest.raises(ImageDecodeError) as first:
+        decode_image(data)
+    with pytest.raises(ImageDecodeError) as second:
+        decode_image(data)
+    assert first.value.reason in ("corrupt_image", "truncated_image")
+    assert str(first.value) == str(second.value), "the message must not name memory addresses"
+
+
+def test_twenty_thousand_squared_header_is_refused_before_decoding():
+    assert _reason(png_header_only(20000, 20000)) == "decompression_bomb"
+
+
+def test_header_above_the_spec_limit_but_below_pillows_is_refused_by_the_spec():
+    spec = ImageSpec(max_image_pixels=300 * 300)
+    assert _reason(png_header_only(400, 400), spec) == "decompression_bomb"
+    assert _reason(png_header_only(200, 200), spec) == "corrupt_image"  # allowed size, but no pixel data
+
+
+def test_decode_errors_are_zephon_errors_that_survive_pickling():
+    error = ImageDecodeError("corrupt_image", "detail")
+    copy = pickle.loads(pickle.dumps(error))
+    assert isinstance(copy, ZephonError) and (copy.reason, copy.detail) == ("corrupt_image", "detail")
+
+
+def test_decoding_from_many_threads_gives_the_same_pixels():
+    data = encode(gradient(300, 500), "JPEG", quality=90)
+    spec = ImageSpec(max_pixels=96 * 96)
+    reference = decode_image(data, spec)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: decode_image(data, spec), range(16)))
+    assert all(np.array_equal(reference, r) for r in results)
