@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
 import numpy as np
@@ -285,19 +285,32 @@ def _compose(read, fns):
 
 
 def _submit_chain(runner: Runner, num_stages: int, item) -> Future:
-    """Run an item through every stage in turn; the returned future resolves with the last result."""
+    """Run an item through every stage in turn; the returned future resolves with the last result.
+
+    Cancelling the returned future (a loader closing with work in flight) stops the chain at the
+    next hand-off.
+    """
     done: Future = Future()
+
+    def settle(setter, value) -> None:
+        try:
+            setter(value)
+        except InvalidStateError:  # cancelled by the loader meanwhile
+            pass
 
     def advance(stage: int, value) -> None:
         if stage == num_stages:
-            done.set_result(value)
+            settle(done.set_result, value)
+            return
+        if done.cancelled():
             return
         future = runner.submit(stage, value)
 
         def on_done(f: Future) -> None:
-            error = f.exception()
-            if error is not None:
-                done.set_exception(error)
+            if f.cancelled():
+                done.cancel()
+            elif f.exception() is not None:
+                settle(done.set_exception, f.exception())
             else:
                 advance(stage + 1, f.result())
 
