@@ -1,0 +1,286 @@
+"""Multimodal packing: nothing lost or duplicated, images never split, loss masked on image tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vlm import (
+    ImageSpec,
+    MultimodalPacker,
+    PackMultimodal,
+    PixtralPlaceholders,
+    QwenPlaceholders,
+    RowPlan,
+    assemble_row,
+    patchify,
+)
+from zephon._accumulator import Accumulator, SegmentContext
+from zephon._errors import ConfigurationError
+from zephon._records import RecordAddress
+from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT
+
+P = 4  # a small patch keeps the arrays tiny; the packer does not care about the size
+SPEC = ImageSpec(patch_size=P, min_pixels=P * P, max_pixels=64 * P * P)
+PIXTRAL = PixtralPlaceholders(10, 12, 13)
+PAD = 0
+CTX = SegmentContext(lane=0, segment=0)
+
+
+def address(i: int) -> RecordAddress:
+    return RecordAddress("ds", "shard-0", i)
+
+
+def picture(rows: int, cols: int, seed: int, patch: int = P) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (rows * patch, cols * patch, 3), dtype=np.uint8)
+
+
+def text(n: int, start: int = 1000) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+def packer(max_length: int, **kwargs) -> MultimodalPacker:
+    kwargs.setdefault("placeholders", PIXTRAL)
+    kwargs.setdefault("spec", SPEC)
+    return MultimodalPacker(CTX, max_length=max_length, pad_id=PAD, **kwargs)
+
+
+def run(pack: MultimodalPacker, records: list[dict]) -> list:
+    rows = []
+    for i, record in enumerate(records):
+        rows.extend(pack.push((address(i), record)))
+    rows.extend(pack.flush())
+    return rows
+
+
+def test_packer_satisfies_the_accumulator_protocol():
+    assert isinstance(packer(8), Accumulator)
+
+
+def test_one_image_then_text_lays_out_placeholders_labels_and_pixels():
+    image = picture(2, 3, seed=1)
+    [row] = run(packer(32), [{"input_ids": text(5), "pixels": image}])
+    ids = row.tokens["input_ids"]
+    placeholder = [10, 10, 10, 12, 10, 10, 10, 13]
+    assert ids[:13].tolist() == placeholder + list(range(1000, 1005)) and (ids[13:] == PAD).all()
+    labels = row.tokens["labels"]
+    assert (labels[:7] == IGNORE_INDEX).all(), "positions whose next token is an image token learn nothing"
+    assert labels[7] == 1000, "the image's last token predicts the first text token"
+    assert labels[8:12].tolist() == [1001, 1002, 1003, 1004]
+    assert (labels[12:] == IGNORE_INDEX).all(), "document end and padding are masked"
+    assert row.tokens["position_ids"][:13].tolist() == list(range(13))
+    assert (row.tokens["document_ids"][:13] == 0).all() and (row.tokens["document_ids"][13:] == PADDING_DOCUMENT).all()
+    assert np.array_equal(row.ragged["pixel_values"], patchify(image, P))
+    assert row.ragged["image_grid"].tolist() == [[2, 3]] and row.ragged["image_grid"].dtype == np.int32
+    assert row.ragged["image_token_offset"].tolist() == [0]
+    assert row.sources == (address(0),)
+    assert all(a.dtype == np.int32 and a.shape == (32,) for a in row.tokens.values())
+
+
+@pytest.mark.parametrize("position,expected", [
+    ("after_text", [1000, 1001, 1002, 10, 13]),
+    ("after_bos", [1000, 10, 13, 1001, 1002]),
+])
+def test_image_position_places_the_image_after_the_text_or_after_bos(position, expected):
+    [row] = run(packer(8, image_position=position), [{"input_ids": text(3), "pixels": picture(1, 1, 0)}])
+    assert row.tokens["input_ids"][:5].tolist() == expected
+    assert row.ragged["image_token_offset"].tolist() == [expected.index(10)]
+
+
+def test_explicit_offsets_interleave_images_with_text():
+    record = {"input_ids": text(4), "pixels": [picture(1, 1, 0), picture(1, 2, 1)], "image_offsets": [1, 3]}
+    [row] = run(packer(16), [record])
+    assert row.tokens["input_ids"][:10].tolist() == [1000, 10, 13, 1001, 1002, 10, 10, 13, 1003, PAD]
+    assert row.ragged["image_token_offset"].tolist() == [1, 5]
+    I = IGNORE_INDEX  # noqa: E741
+    assert row.tokens["labels"][:9].tolist() == [I, I, 1001, 1002, I, I, I, 1003, I]
+
+
+def test_sample_whose_images_alone_exceed_the_length_is_skipped_and_reported_once():
+    pack = packer(8)
+    big = {"input_ids": text(2), "pixels": picture(3, 3, 0)}  # 3 * (3 + 1) = 12 > 8 image tokens
+    rows = run(pack, [big, {"input_ids": text(3)}])
+    assert [r.sources for r in rows] == [(address(1),)]
+    assert pack.drain_skips() == [(address(0), "images_exceed_length")]
+    assert pack.drain_skips() == []
+
+
+def test_document_longer_than_a_row_is_cut_on_the_text_side_and_counted():
+    pack = packer(10)
+    out = pack.push((address(0), {"input_ids": text(20), "pixels": picture(1, 2, 0)}))
+    assert len(out) == 1, "a full row is emitted at once"
+    ids = out[0].tokens["input_ids"]
+    assert ids[:3].tolist() == [10, 10, 13] and ids[3:].tolist() == list(range(1000, 1007))
+    assert pack.drain_truncations() == [(address(0), 13)]
+    assert pack.flush() == []
+
+
+def test_empty_and_textless_documents():
+    pack = packer(8)
+    rows = run(pack, [{"input_ids": text(0)}, {"input_ids": text(0), "pixels": picture(1, 1, 0)}, {}])
+    assert [r.sources for r in rows] == [(address(1),)]
+    assert pack.drain_skips() == [(address(0), "empty_document"), (address(2), "missing_text")]
+
+
+def test_first_fit_fills_earlier_rows_and_evicts_the_oldest_when_too_many_are_open():
+    pack = packer(10, max_open_rows=2)
+    assert pack.push((address(0), {"input_ids": text(6)})) == []
+    assert pack.push((address(1), {"input_ids": text(6)})) == []  # does not fit row 0: opens row 1
+    evicted = pack.push((address(2), {"input_ids": text(7)}))  # a third row: the oldest goes
+    assert [r.sources for r in evicted] == [(address(0),)]
+    full = pack.push((address(3), {"input_ids": text(4)}))  # fills row 1 exactly
+    assert [r.sources for r in full] == [(address(1), address(3))]
+    assert [r.sources for r in pack.flush()] == [(address(2),)]
+    assert full[0].tokens["document_ids"].tolist() == [0] * 6 + [1] * 4
+    assert full[0].tokens["position_ids"].tolist() == list(range(6)) + list(range(4))
+
+
+def test_video_frames_are_packed_as_consecutive_images():
+    frames = np.stack([picture(1, 2, s) for s in range(3)])
+    [row] = run(packer(16), [{"input_ids": text(2), "pixels": frames}])
+    assert row.ragged["image_grid"].tolist() == [[1, 2]] * 3
+    assert row.ragged["image_token_offset"].tolist() == [0, 3, 6]
+    assert np.array_equal(row.ragged["pixel_values"], np.concatenate([patchify(f, P) for f in frames]))
+
+
+def test_processor_patch_rows_travel_with_their_given_grid():
+    rows = np.random.default_rng(0).random((2 * 4, 12), dtype=np.float32)
+    pack = packer(32, placeholders=QwenPlaceholders(1, 2, 3, merge_size=2), spec=ImageSpec(patch_size=14, merge_size=2),
+                  patch_dim=12, patch_dtype=np.float32)
+    [row] = run(pack, [{"input_ids": text(3), "pixels": rows, "image_grid": np.array([[2, 4]], np.int32)}])
+    assert row.tokens["input_ids"][:7].tolist() == [1, 2, 2, 3, 1000, 1001, 1002]
+    assert np.array_equal(row.ragged["pixel_values"], rows)
+    assert row.ragged["image_grid"].tolist() == [[2, 4]]
+
+
+def test_images_that_do_not_match_the_spec_are_a_configuration_error():
+    with pytest.raises(ConfigurationError, match="grid"):
+        run(packer(32), [{"input_ids": text(2), "pixels": np.zeros((5, 8, 3), np.uint8)}])
+    with pytest.raises(ConfigurationError, match="merge"):
+        packer(32, placeholders=QwenPlaceholders(1, 2, 3, merge_size=2))
+    with pytest.raises(ConfigurationError, match="image_position"):
+        packer(32, image_position="middle")
+
+
+def test_unassembled_plans_assemble_to_the_same_rows_elsewhere():
+    records = [{"input_ids": text(n, 1000 + 100 * n), "pixels": picture(1, n % 3 + 1, n)} for n in range(1, 9)]
+    rows = run(packer(16), records)
+    plans = run(packer(16, assemble=False), records)
+    assert all(isinstance(p, RowPlan) for p in plans)
+    for row, plan in zip(rows, plans, strict=True):
+        again = assemble_row(plan)
+        assert again.sources == row.sources
+        for group in ("tokens", "ragged"):
+            for name, array in getattr(row, group).items():
+                assert np.array_equal(array, getattr(again, group)[name]), name
+
+
+def test_padding_row_has_empty_ragged_fields_that_concatenate_with_real_ones():
+    pack = packer(8)
+    empty = pack.empty_row()
+    [real] = run(pack, [{"input_ids": text(2), "pixels": picture(1, 1, 0)}])
+    assert (empty.tokens["document_ids"] == PADDING_DOCUMENT).all()
+    for name in real.ragged:
+        assert empty.ragged[name].shape[0] == 0
+        joined = np.concatenate([empty.ragged[name], real.ragged[name]])
+        assert joined.dtype == real.ragged[name].dtype
+
+
+def test_operator_builds_packers_per_segment_and_fingerprints_as_json():
+    op = PackMultimodal(max_length=16, placeholders=PIXTRAL, spec=SPEC)
+    make = op.factory(default_pad_id=7)
+    pack = make(SegmentContext(lane=3, segment=1))
+    [row] = run(pack, [{"input_ids": text(2)}])
+    assert row.tokens["input_ids"][2:].tolist() == [7] * 14
+    fingerprint = op.fingerprint(default_pad_id=7)
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+    assert fingerprint["pad_id"] == 7 and fingerprint["placeholders"]["img_id"] == 10
+    assert op.fingerprint(7) != PackMultimodal(max_length=16, placeholders=PixtralPlaceholders(10, 12, 14),
+                                               spec=SPEC).fingerprint(7)
+
+
+# -- the property: every token, image and label accounted for -----------------------------------
+
+@st.composite
+def documents(draw):
+    count = draw(st.integers(0, 12))
+    docs = []
+    for i in range(count):
+        n_text = draw(st.integers(0, 30))
+        grids = draw(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), max_size=3))
+        record = {"input_ids": text(n_text, 1000 + 100 * i)}
+        if grids:
+            record["pixels"] = [picture(r, c, seed=i * 10 + k) for k, (r, c) in enumerate(grids)]
+            if draw(st.booleans()):
+                record["image_offsets"] = sorted(draw(st.lists(st.integers(0, n_text), min_size=len(grids),
+                                                               max_size=len(grids))))
+        docs.append(record)
+    return docs
+
+
+def expected_document(record: dict, max_length: int, position: str):
+    """The tokens and text mask a document should occupy, built independently of the packer."""
+    tokens = record["input_ids"].tolist()
+    images = record.get("pixels", [])
+    expansions = [PIXTRAL.tokens_for(im.shape[0] // P, im.shape[1] // P).tolist() for im in images]
+    image_tokens = sum(map(len, expansions))
+    if image_tokens > max_length or image_tokens + len(tokens) == 0:
+        return None
+    offsets = record.get("image_offsets") or [{"before_text": 0, "after_bos": min(1, len(tokens)),
+                                               "after_text": len(tokens)}[position]] * len(images)
+    tokens = tokens[: max_length - image_tokens]
+    out, is_text, starts, cut = [], [], [], 0
+    for expansion, offset in zip(expansions, offsets):
+        offset = min(offset, len(tokens))
+        out += tokens[cut:offset]
+        is_text += [True] * (offset - cut)
+        starts.append(len(out))
+        out += expansion
+        is_text += [False] * len(expansion)
+        cut = offset
+    out += tokens[cut:]
+    is_text += [True] * (len(tokens) - cut)
+    return out, is_text, starts
+
+
+@settings(max_examples=60)
+@given(docs=documents(), max_length=st.integers(8, 48), open_rows=st.integers(1, 4),
+       position=st.sampled_from(["before_text", "after_bos", "after_text"]))
+def test_every_document_lands_whole_in_exactly_one_row(docs, max_length, open_rows, position):
+    pack = packer(max_length, max_open_rows=open_rows, image_position=position)
+    rows = run(pack, docs)
+    assert pack.flush() == []
+    expected = {address(i): expected_document(d, max_length, position) for i, d in enumerate(docs)}
+    skipped = {a for a, _ in pack.drain_skips()}
+    assert skipped == {a for a, e in expected.items() if e is None}
+    placed = [a for row in rows for a in row.sources]
+    assert sorted(placed) == sorted(a for a, e in expected.items() if e is not None), "each document once"
+    for row in rows:
+        ids, labels = row.tokens["input_ids"], row.tokens["labels"]
+        doc_ids = row.tokens["document_ids"]
+        assert all(a.shape == (max_length,) for a in row.tokens.values())
+        patches, grids, image_at = [], [], []
+        for number, source in enumerate(row.sources):
+            tokens, is_text, starts = expected[source]
+            span = np.flatnonzero(doc_ids == number)
+            assert span.tolist() == list(range(span[0], span[0] + len(tokens))), "a document is contiguous"
+            assert ids[span].tolist() == tokens
+            assert row.tokens["position_ids"][span].tolist() == list(range(len(tokens)))
+            want = [tokens[k + 1] if k + 1 < len(tokens) and is_text[k + 1] else IGNORE_INDEX
+                    for k in range(len(tokens))]
+            assert labels[span].tolist() == want
+            images = docs[source.index].get("pixels", [])
+            patches += [patchify(im, P) for im in images]
+            grids += [[im.shape[0] // P, im.shape[1] // P] for im in images]
+            image_at += [int(span[0]) + s for s in starts]
+        end = max((int(np.flatnonzero(doc_ids == n)[-1]) + 1 for n in range(len(row.sources))), default=0)
+        assert (doc_ids[end:] == PADDING_DOCUMENT).all() and (ids[end:] == PAD).all()
+        assert (labels[end:] == IGNORE_INDEX).all()
+        assert row.ragged["image_grid"].tolist() == grids
+        assert row.ragged["image_token_offset"].tolist() == image_at
+        assert np.array_equal(row.ragged["pixel_values"],
+                              np.concatenate(patches) if patches else np.empty((0, SPEC.patch_dim), np.uint8))

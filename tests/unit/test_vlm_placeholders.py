@@ -1,0 +1,153 @@
+"""Placeholder counts equal what the model family's own reference code produces for that image.
+
+Pixtral is checked against mistral-common's `ImageEncoder` with the real Tekken tokenizer's ids;
+Qwen2-VL against transformers' `Qwen2VLImageProcessor` grid and its processor's expansion rule.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.unit.test_vlm_assets import encode, gradient, package_dir
+from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders, decode_image, image_grid, lookup_token_id
+from zephon._errors import ConfigurationError
+
+IMAGE_SIZES = [(16, 16), (17, 15), (333, 500), (640, 480), (1024, 1024), (1025, 31), (3000, 2000), (50, 4000)]
+"""(width, height): tiny, off-grid, ordinary photos, exactly the limit, just over, huge, extreme aspect."""
+
+
+def _tekken_json() -> Path:
+    root = package_dir("mistral_common")
+    path = None if root is None else root / "data" / "tekken_240911.json"
+    if path is None or not path.is_file():
+        pytest.skip("mistral-common is not installed (pip install mistral-common==1.13.1)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pixtral_tokenizer(tmp_path_factory):
+    """The real Pixtral Tekken tokenizer, loaded by transformers from a directory with tekken.json."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    directory = tmp_path_factory.mktemp("tekken")
+    shutil.copy(_tekken_json(), directory / "tekken.json")
+    return transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+def _mistral_tokens(monkeypatch, width: int, height: int, *, patch: int, max_side: int, merge: int, ids) -> list[int]:
+    """mistral-common's own token expansion for an image of this size.
+
+    Its pixel transform needs OpenCV, which the expansion does not use; without OpenCV it is
+    replaced by a stub so that the encoder's token logic runs unchanged.
+    """
+    image_module = pytest.importorskip("mistral_common.tokens.tokenizers.image")
+    from mistral_common.protocol.instruct.chunk import ImageChunk
+    from PIL import Image
+
+    if importlib_missing("cv2"):
+        monkeypatch.setattr(image_module, "transform_image", lambda image, size: np.zeros((3, size[1], size[0])))
+    encoder = image_module.ImageEncoder(
+        image_module.ImageConfig(image_patch_size=patch, max_image_size=max_side, spatial_merge_size=merge),
+        image_module.SpecialImageIDs(img=ids[0], img_break=ids[1], img_end=ids[2]),
+    )
+    return list(encoder(ImageChunk(image=Image.new("RGB", (width, height)))).tokens)
+
+
+def importlib_missing(name: str) -> bool:
+    return importlib.util.find_spec(name) is None
+
+
+def test_pixtral_ids_come_from_the_real_tekken_tokenizer(pixtral_tokenizer):
+    placeholders = PixtralPlaceholders.from_tokenizer(pixtral_tokenizer)
+    assert (placeholders.img_id, placeholders.break_id, placeholders.end_id) == (10, 12, 13)
+
+
+def test_pixtral_ids_also_come_from_mistral_commons_own_tokenizer():
+    tekken = pytest.importorskip("mistral_common.tokens.tokenizers.tekken")
+    tokenizer = tekken.Tekkenizer.from_file(_tekken_json())
+    assert PixtralPlaceholders.from_tokenizer(tokenizer) == PixtralPlaceholders(10, 12, 13)
+
+
+@pytest.mark.parametrize("width,height", IMAGE_SIZES)
+def test_pixtral_expansion_equals_mistral_commons_encoder(monkeypatch, pixtral_tokenizer, width, height):
+    placeholders = PixtralPlaceholders.from_tokenizer(pixtral_tokenizer)
+    ids = (placeholders.img_id, placeholders.break_id, placeholders.end_id)
+    reference = _mistral_tokens(monkeypatch, width, height, patch=16, max_side=1024, merge=1, ids=ids)
+    rows, cols = image_grid(height, width, ImageSpec.pixtral(max_side=1024))
+    ours = placeholders.tokens_for(rows, cols)
+    assert ours.dtype == np.int32
+    assert ours.tolist() == reference
+    assert placeholders.num_tokens(rows, cols) == len(reference)
+
+
+@pytest.mark.parametrize("width,height", [(333, 500), (1025, 31), (3000, 2000)])
+def test_pixtral_expansion_with_two_by_two_merging_equals_mistral_common(monkeypatch, width, height):
+    placeholders = PixtralPlaceholders(10, 12, 13, merge_size=2)
+    reference = _mistral_tokens(monkeypatch, width, height, patch=14, max_side=1540, merge=2, ids=(10, 12, 13))
+    rows, cols = image_grid(height, width, ImageSpec.pixtral(max_side=1540, patch_size=14, merge_size=2))
+    assert placeholders.tokens_for(rows, cols).tolist() == reference
+
+
+def test_decoded_pixels_carry_the_grid_mistral_common_expects(monkeypatch, pixtral_tokenizer):
+    """The whole path: bytes -> decode_image -> grid read off the array -> placeholders."""
+    placeholders = PixtralPlaceholders.from_tokenizer(pixtral_tokenizer)
+    spec = ImageSpec.pixtral(max_side=256)
+    for height, width in [(96, 160), (250, 60), (400, 300)]:
+        pixels = decode_image(encode(gradient(height, width), "PNG"), spec)
+        rows, cols = pixels.shape[0] // spec.patch_size, pixels.shape[1] // spec.patch_size
+        reference = _mistral_tokens(monkeypatch, width, height, patch=16, max_side=256, merge=1, ids=(10, 12, 13))
+        assert placeholders.tokens_for(rows, cols).tolist() == reference
+
+
+def test_pixtral_rows_end_in_break_and_the_last_in_end():
+    tokens = PixtralPlaceholders(10, 12, 13).tokens_for(2, 3)
+    assert tokens.tolist() == [10, 10, 10, 12, 10, 10, 10, 13]
+
+
+def test_qwen_expansion_wraps_one_pad_per_merged_cell():
+    tokens = QwenPlaceholders(1, 2, 3, merge_size=2).tokens_for(4, 6)
+    assert tokens.tolist() == [1] + [2] * 6 + [3]
+
+
+@pytest.mark.parametrize("width,height", IMAGE_SIZES[2:6] + [(40, 30), (5000, 4000)])
+def test_qwen_grid_and_count_equal_the_transformers_qwen2_vl_processor(width, height):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    processor_class = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
+    processor = processor_class(min_pixels=56 * 56, max_pixels=28 * 28 * 256)
+    out = processor(images=np.zeros((height, width, 3), np.uint8), return_tensors="np")
+    t, h, w = out["image_grid_thw"][0].tolist()
+    spec = ImageSpec.qwen2_vl(min_pixels=56 * 56, max_pixels=28 * 28 * 256)
+    assert (t, *image_grid(height, width, spec)) == (1, h, w)
+    placeholders = QwenPlaceholders(151652, 151655, 151653, merge_size=processor.merge_size)
+    # Qwen2VLProcessor.replace_image_token: image_grid_thw.prod() // merge_size**2 pads.
+    assert placeholders.num_tokens(h, w) - 2 == t * h * w // processor.merge_size**2
+
+
+def test_qwen_ids_are_looked_up_by_string_in_a_tokenizers_vocabulary():
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[UNK]": 0, "hello": 1, "<|vision_start|>": 7, "<|image_pad|>": 8, "<|vision_end|>": 9}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    assert QwenPlaceholders.from_tokenizer(tokenizer) == QwenPlaceholders(7, 8, 9, merge_size=2)
+    with pytest.raises(ConfigurationError, match=r"\[IMG\]"):
+        PixtralPlaceholders.from_tokenizer(tokenizer)
+
+
+def test_missing_special_token_is_named_for_a_transformers_tokenizer(pixtral_tokenizer):
+    with pytest.raises(ConfigurationError, match="vision_start"):
+        lookup_token_id(pixtral_tokenizer, "<|vision_start|>")
+
+
+@pytest.mark.parametrize("grid", [(3, 4), (4, 3), (0, 2)])
+def test_grid_that_is_not_whole_merged_cells_is_refused(grid):
+    with pytest.raises(ValueError):
+        QwenPlaceholders(1, 2, 3, merge_size=2).tokens_for(*grid)
+
+
+def test_cached_expansions_are_read_only():
+    tokens = PixtralPlaceholders(10, 12, 13).tokens_for(2, 2)
+    with pytest.raises(ValueError):
+        tokens[0] = 0
