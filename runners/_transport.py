@@ -12,16 +12,20 @@ happens, a slow or crashing consumer can never leave it behind.
 Only C- or Fortran-contiguous buffers take the shared-memory path; NumPy pickles a non-contiguous
 array in-band as a copy.
 
-Thread-safety: the functions are stateless and may be called from any thread; a file name must be
-unique per call, which the callers guarantee.
+Thread-safety: the functions are stateless and may be called from any thread; every file gets a
+random name, so concurrent senders into one directory never collide.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
+import sys
 import tempfile
+import uuid
+import weakref
 from typing import Any, NamedTuple
 
 __all__ = ["Envelope", "encode", "decode", "discard", "make_shm_directory"]
@@ -48,8 +52,8 @@ def make_shm_directory(root: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"zephon-{os.getpid()}-", dir=root)
 
 
-def encode(obj: Any, path: str, threshold: int) -> Envelope:
-    """Pickle `obj`, writing buffers of at least `threshold` bytes into a new file at `path`."""
+def encode(obj: Any, directory: str, threshold: int) -> Envelope:
+    """Pickle `obj`, writing buffers of at least `threshold` bytes into a new file in `directory`."""
     large: list[memoryview] = []
 
     def route(buffer: pickle.PickleBuffer) -> bool:
@@ -62,6 +66,7 @@ def encode(obj: Any, path: str, threshold: int) -> Envelope:
     stream = pickle.dumps(obj, protocol=5, buffer_callback=route)
     if not large:
         return Envelope(stream, None, ())
+    path = os.path.join(directory, uuid.uuid4().hex)
     return Envelope(stream, path, _write(path, large))
 
 
@@ -73,10 +78,9 @@ def decode(envelope: Envelope) -> Any:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.unlink(path)
-        mapping = mmap.mmap(fd, spans[-1][0] + spans[-1][1], access=mmap.ACCESS_COPY)
+        view = _map_private(fd, spans[-1][0] + spans[-1][1])
     finally:
         os.close(fd)
-    view = memoryview(mapping)
     return pickle.loads(stream, buffers=[view[offset : offset + length] for offset, length in spans])
 
 
@@ -87,6 +91,39 @@ def discard(envelope: Envelope | None) -> None:
             os.unlink(envelope.path)
         except FileNotFoundError:
             pass
+
+
+def _map_private(fd: int, size: int) -> memoryview:
+    """A writable copy-on-write view of the file that holds no file descriptor once mapped.
+
+    `mmap.mmap` keeps a duplicate descriptor open for the mapping's lifetime unless told not to
+    (`trackfd=False`, Python 3.13+); received arrays can live long (shuffle buffers hold thousands),
+    and a descriptor each would exhaust the process limit. Before 3.13 the mapping is made through
+    libc directly and unmapped when the last view of it is released.
+    """
+    if sys.version_info >= (3, 13):
+        return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY, trackfd=False))
+    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if address in (None, _MAP_FAILED):
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mmap of a shared-memory buffer file failed: {os.strerror(errno)}")
+    region = (ctypes.c_ubyte * size).from_address(address)
+    weakref.finalize(region, _libc.munmap, address, size)
+    return memoryview(region).cast("B")
+
+
+def _load_libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.restype = ctypes.c_int
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+if sys.version_info < (3, 13):
+    _libc = _load_libc()
+    _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def _write(path: str, buffers: list[memoryview]) -> tuple[tuple[int, int], ...]:

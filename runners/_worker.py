@@ -13,7 +13,6 @@ most recently sent.
 
 from __future__ import annotations
 
-import itertools
 import os
 import pickle
 import signal
@@ -45,7 +44,6 @@ def serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for other in inherited:
         other.close()
-    names = (os.path.join(directory, f"r{os.getpid()}-{n}") for n in itertools.count())
     while True:
         try:
             message = conn.recv_bytes()
@@ -54,7 +52,7 @@ def serve(
         if message == STOP:
             return
         try:
-            reply = (True, encode(fn(decode(pickle.loads(message))), next(names), threshold))
+            reply = (True, encode(fn(decode(pickle.loads(message))), directory, threshold))
         except Exception as exc:
             reply = (False, Envelope(_pickled_error(exc, stage), None, ()))
         try:

@@ -18,7 +18,6 @@ import shutil
 import signal
 import threading
 import time
-import uuid
 import warnings
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
@@ -47,8 +46,8 @@ _Resolution = tuple[Future, bool, Any]
 class TransportStats:
     """Bytes moved and faults handled by one ProcessRunner, counted in the parent (both directions).
 
-    `pipe_bytes` is what went through the pipes (pickle streams and framing-free metadata);
-    `shm_bytes` is what went through shared-memory files. A healthy array pipeline shows the arrays'
+    `pipe_bytes` is the payload of every pipe message (pickle streams plus buffer-file layouts,
+    without the pipe's own 4-byte length prefix); `shm_bytes` is what went through buffer files. A healthy array pipeline shows the arrays'
     size under `shm_bytes` and only a few hundred bytes per item under `pipe_bytes`.
     """
 
@@ -196,8 +195,10 @@ class ProcessRunner:
             return cancelled_future()
         future: Future = Future()
         try:
-            envelope = encode(item, self._new_path("i"), self._threshold)
+            envelope = encode(item, self._directory, self._threshold)
         except Exception as exc:
+            if self._closing:  # the directory went away under us
+                return cancelled_future()
             future.set_exception(exc)
             return future
         resolutions: list[_Resolution] = []
@@ -207,7 +208,9 @@ class ProcessRunner:
                 return cancelled_future()
             if self._failure is not None:
                 discard(envelope)
-                resolutions.append((future, False, RuntimeError("the process runner has failed")))
+                error = RuntimeError("the process runner's reader thread failed earlier")
+                error.__cause__ = self._failure
+                resolutions.append((future, False, error))
             else:
                 self._queued[stage_index].append(_Task(future, stage_index, item, envelope))
                 self._dispatch_locked(stage_index, resolutions)
@@ -342,7 +345,7 @@ class ProcessRunner:
                 continue
             if task.envelope is None:
                 try:
-                    task.envelope = encode(task.item, self._new_path("i"), self._threshold)
+                    task.envelope = encode(task.item, self._directory, self._threshold)
                 except Exception as exc:  # it encoded once; a second failure is environmental
                     resolutions.append((task.future, False, exc))
                     continue
@@ -468,9 +471,6 @@ class ProcessRunner:
             os.write(self._wake_w, b"\0")
         except (BlockingIOError, OSError):  # already full of wake-ups, or closing
             pass
-
-    def _new_path(self, prefix: str) -> str:
-        return os.path.join(self._directory, f"{prefix}{uuid.uuid4().hex}")
 
 
 def _drain(fd: int) -> None:

@@ -4,7 +4,6 @@ Everything here uses real forked processes, real signals and the real /dev/shm d
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing
 import os
 import signal
@@ -22,12 +21,24 @@ from zephon._runner import Stage
 MIB = 1 << 20
 
 
-def backed_by_mmap(array: np.ndarray) -> bool:
-    """True when the array is a view whose memory belongs to an mmap (the shared-memory file)."""
-    base = array
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+def mapped_file(array: np.ndarray) -> str | None:
+    """The file this process has mapped at the array's data address, per /proc/self/maps.
+
+    Independent of how the runner maps memory: a shared-memory view shows its (deleted) buffer
+    file; a private copy shows the heap or an anonymous mapping (None)."""
+    address = array.__array_interface__["data"][0]
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        low, high = (int(bound, 16) for bound in fields[0].split("-"))
+        if low <= address < high:
+            return fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
+    raise AssertionError("address not mapped")
+
+
+def backed_by_shm_file(array: np.ndarray) -> bool:
+    """True when the array is a view of a buffer file that the receiver has already unlinked."""
+    path = mapped_file(array)
+    return path is not None and "/zephon-" in path and path.endswith("(deleted)")
 
 
 def child_pids() -> set[int]:
@@ -75,7 +86,7 @@ def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
     items = [np.full(MIB, i, dtype=np.float64) for i in range(4)]  # 8 MiB each
 
     def double(x: np.ndarray) -> tuple[bool, np.ndarray]:
-        return backed_by_mmap(x), x * 2
+        return backed_by_shm_file(x), x * 2
 
     with ProcessRunner() as runner:
         runner.start([Stage("double", double, 2)])
@@ -83,7 +94,7 @@ def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
         stats = runner.stats()
     for i, (input_was_shared, doubled) in enumerate(results):
         assert input_was_shared
-        assert backed_by_mmap(doubled) and not doubled.flags.owndata
+        assert backed_by_shm_file(doubled) and not doubled.flags.owndata
         np.testing.assert_array_equal(doubled, items[i] * 2)
     assert stats.shm_bytes == 2 * sum(item.nbytes for item in items)
     assert stats.pipe_bytes < 2048 * len(items)  # metadata only: 64 MiB of arrays moved elsewhere
@@ -94,7 +105,7 @@ def test_small_arrays_stay_in_the_pickle_stream():
         runner.start([Stage("negate", lambda x: -x)])
         result = runner.submit(0, np.arange(100)).result(10)
         assert runner.stats().shm_bytes == 0
-    assert not backed_by_mmap(result)
+    assert not backed_by_shm_file(result)
     np.testing.assert_array_equal(result, -np.arange(100))
 
 
@@ -105,6 +116,22 @@ def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
         assert os.listdir(runner.shm_directory) == []
     results[0][:] = 7  # copy-on-write: private to this process
     assert results[0].sum() == 7 * 4 * MIB and results[1].sum() == 4 * MIB
+
+
+def test_received_arrays_hold_no_file_descriptor_and_unmap_when_released():
+    with ProcessRunner() as runner:
+        runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8))])
+        runner.submit(0, MIB).result(10)  # warm-up: lazily opened descriptors are not leaks
+        fds_before = len(os.listdir("/proc/self/fd"))
+        held = [runner.submit(0, MIB).result(10) for _ in range(50)]
+        assert len(os.listdir("/proc/self/fd")) == fds_before  # a shuffle buffer may hold thousands
+        path = mapped_file(held[0])
+        assert backed_by_shm_file(held[0])
+        del held
+        # Free-threaded CPython frees an object made on another thread when that thread next runs
+        # (biased reference counting): wake the reader thread with one more item.
+        runner.submit(0, 1).result(10)
+        assert path not in Path("/proc/self/maps").read_text()
 
 
 def test_the_stage_function_is_inherited_not_pickled():
@@ -221,6 +248,7 @@ def test_an_item_that_always_hangs_fails_with_the_timeout_named():
 
 def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_flight():
     threads_before, children_before = set(threading.enumerate()), child_pids()
+    fds_before = len(os.listdir("/proc/self/fd"))
     runner = ProcessRunner()
     runner.start([Stage("big", lambda n: np.ones(n)), Stage("slow", lambda x: time.sleep(60), 2)])
     directory, workers = runner.shm_directory, set(runner.worker_pids())
@@ -238,6 +266,7 @@ def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_f
     assert child_pids() == children_before and multiprocessing.active_children() == []
     assert set(threading.enumerate()) == threads_before
     assert not os.path.exists(directory) and runner.shm_directory is None
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # pipes, sentinels and wake-up pipe closed
     assert kept.sum() == MIB  # a result received before close outlives the directory
 
 
@@ -260,6 +289,14 @@ def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
     assert child_pids() == children_before
 
 
+def test_buffer_files_live_under_shm_root_when_given(tmp_path):
+    with ProcessRunner(shm_root=str(tmp_path)) as runner:
+        runner.start([Stage("ones", lambda n: np.ones(n))])
+        assert Path(runner.shm_directory).parent == tmp_path
+        assert backed_by_shm_file(runner.submit(0, MIB).result(10))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_invalid_options_are_refused_at_construction():
     with pytest.raises(ConfigurationError, match="task_timeout_s"):
         ProcessRunner(task_timeout_s=0)
@@ -267,7 +304,7 @@ def test_invalid_options_are_refused_at_construction():
         ProcessRunner(max_retries=-1)
 
 
-def test_process_results_match_inline_for_a_two_stage_chain():
+def test_arrays_received_from_one_stage_can_be_sent_to_the_next():
     items = list(range(10))
     stages = [Stage("cube", cube, 2), Stage("sum", lambda a: int(a.sum()), 2)]
     with InlineRunner() as inline, ProcessRunner() as process:
