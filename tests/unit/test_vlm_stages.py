@@ -1,0 +1,180 @@
+"""Decode stages on chunks: every record decoded or skipped with its reason, the input untouched."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from tests.unit.test_vlm_assets import (
+    cmyk_jpeg,
+    encode,
+    gradient,
+    make_video,
+    palette_alpha_png,
+    png_header_only,
+    real_file,
+    sixteen_bit_png,
+    truncated_jpeg,
+)
+from vlm import (
+    DecodeImages,
+    DecodeVideo,
+    ImageSpec,
+    PackMultimodal,
+    QwenPlaceholders,
+    VideoSpec,
+    image_grid,
+)
+from zephon._accumulator import SegmentContext
+from zephon._errors import BadRecordError, ConfigurationError
+from zephon._records import Chunk, ChunkRecords, RecordAddress
+
+CHUNK = Chunk("pairs", 0, 0, 10)
+
+
+def chunk_of(records: list[dict]) -> ChunkRecords:
+    addresses = [RecordAddress("pairs", "shard-0.tar", i) for i in range(len(records))]
+    return ChunkRecords(CHUNK, records=records, addresses=addresses)
+
+
+def dirty_records() -> list[dict]:
+    """One record per documented case, in a fixed order."""
+    china = real_file("sklearn", "datasets/images/china.jpg").read_bytes()
+    return [
+        {"__key__": "ok-real", "jpg": china, "txt": "a temple"},
+        {"__key__": "no-image", "txt": "only text"},
+        {"__key__": "garbage", "jpg": b"\x00garbage" * 20, "txt": "x"},
+        {"__key__": "truncated", "jpg": truncated_jpeg(), "txt": "x"},
+        {"__key__": "cmyk", "jpg": cmyk_jpeg(), "txt": "x"},
+        {"__key__": "sixteen-bit", "png": sixteen_bit_png(), "txt": "x"},
+        {"__key__": "palette-alpha", "png": palette_alpha_png(), "txt": "x"},
+        {"__key__": "bomb", "png": png_header_only(20000, 20000), "txt": "x"},
+        {"__key__": "path-not-bytes", "jpg": "/some/where.jpg", "txt": "x"},
+    ]
+
+
+def test_dirty_chunk_keeps_the_good_records_and_names_each_bad_one():
+    records = dirty_records()
+    batch = chunk_of(records)
+    out = DecodeImages()(batch)
+    assert [r["__key__"] for r in out.records] == ["ok-real", "cmyk", "sixteen-bit", "palette-alpha"]
+    assert [a.index for a in out.addresses] == [0, 4, 5, 6]
+    assert [(a.index, reason) for a, reason in out.skipped] == [
+        (1, "missing_image"), (2, "corrupt_image"), (3, "truncated_image"), (7, "decompression_bomb"),
+        (8, "not_media_bytes"),
+    ]
+    for record in out.records:
+        pixels = record["pixels"]
+        assert pixels.dtype == np.uint8 and pixels.ndim == 3 and pixels.shape[2] == 3
+        assert pixels.shape[0] % 16 == 0 and pixels.shape[1] % 16 == 0
+        assert "jpg" not in record and "png" not in record and record["txt"]
+    assert len(batch.records) == len(records) and batch.skipped == [], "the input chunk is not modified"
+    assert "jpg" in records[0] and "pixels" not in records[0]
+
+
+def test_fail_fast_names_the_record_address_and_reason():
+    stage = DecodeImages(on_error="raise")
+    with pytest.raises(BadRecordError) as caught:
+        stage(chunk_of([{"jpg": encode(gradient(), "JPEG")}, {"jpg": truncated_jpeg()}]))
+    assert caught.value.reason == "truncated_image" and caught.value.address.index == 1
+
+
+def test_pipeline_policy_applies_unless_the_stage_sets_its_own():
+    bad = chunk_of([{"jpg": b"nope"}])
+    with pytest.raises(BadRecordError):
+        DecodeImages().build("raise")(bad)
+    assert DecodeImages(on_error="skip").build("raise")(bad).skipped[0][1] == "corrupt_image"
+
+
+def test_candidate_fields_lists_and_hugging_face_image_structs():
+    png, jpg = encode(gradient(), "PNG"), encode(gradient(), "JPEG")
+    out = DecodeImages(field=["webp", "png"], keep_source=True)(chunk_of([
+        {"png": png},
+        {"png": [png, {"bytes": jpg, "path": "x.jpg"}]},
+    ]))
+    assert out.records[0]["pixels"].shape == (96, 160, 3) and "png" in out.records[0]
+    assert isinstance(out.records[1]["pixels"], list) and len(out.records[1]["pixels"]) == 2
+
+
+def test_stage_pickles_and_fingerprints_as_json_that_tracks_the_spec():
+    stage = DecodeImages(spec=ImageSpec(max_pixels=256 * 256), parallelism=4)
+    assert pickle.loads(pickle.dumps(stage)) == stage
+    fingerprint = stage.fingerprint()
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+    assert fingerprint != DecodeImages(spec=ImageSpec(max_pixels=128 * 128)).fingerprint()
+    assert stage.kind == "record" and stage.name == "decode_images"
+
+
+@pytest.mark.parametrize("bad", [dict(field=[]), dict(on_error="ignore"), dict(parallelism=0)])
+def test_stage_refuses_settings_that_cannot_work(bad):
+    with pytest.raises(ConfigurationError):
+        DecodeImages(**bad)
+
+
+# -- a user's transformers image processor -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers", reason="transformers is not installed")
+
+
+def _processor(transformers, name: str, **kwargs):
+    cls = getattr(transformers, f"{name}ImageProcessorPil", None) or getattr(transformers, f"{name}ImageProcessor")
+    return cls(**kwargs)
+
+
+def test_qwen2_vl_processor_output_is_carried_with_its_grid_and_packs(transformers):
+    processor = _processor(transformers, "Qwen2VL", min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    stage = DecodeImages(processor=processor)
+    data = real_file("sklearn", "datasets/images/flower.jpg").read_bytes()
+    out = stage(chunk_of([{"jpg": data, "input_ids": np.arange(5, dtype=np.int32) + 100}]))
+    record = out.records[0]
+    rows, cols = record["image_grid"][0].tolist()
+    assert (rows, cols) == image_grid(427, 640, ImageSpec.qwen2_vl(max_pixels=28 * 28 * 64))
+    assert record["pixels"].shape == (rows * cols, 1176) and record["pixels"].dtype == np.float32
+    dim, dtype = stage.patch_layout()
+    assert (dim, dtype) == (1176, np.float32)
+    packer = PackMultimodal(max_length=128, placeholders=QwenPlaceholders(1, 2, 3), spec=ImageSpec.qwen2_vl(),
+                            patch_dim=dim, patch_dtype=dtype.str).factory(0)(SegmentContext(0, 0))
+    [row] = packer.push((out.addresses[0], record)) + packer.flush()
+    assert (row.tokens["input_ids"] == 2).sum() == rows * cols // 4
+    assert np.array_equal(row.ragged["pixel_values"], record["pixels"])
+
+
+def test_pixtral_processor_output_is_cut_into_raster_patches(transformers):
+    processor = _processor(transformers, "Pixtral", size={"longest_edge": 128}, patch_size=16)
+    out = DecodeImages(processor=processor)(chunk_of([{"png": encode(gradient(60, 100), "PNG")}]))
+    record = out.records[0]
+    rows, cols = record["image_grid"][0].tolist()
+    assert record["pixels"].shape == (rows * cols, 16 * 16 * 3)
+    assert DecodeImages(processor=processor).patch_layout()[0] == 768
+
+
+def test_image_the_processor_refuses_is_skipped_as_processor_error(transformers):
+    processor = _processor(transformers, "Qwen2VL", min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    sliver = encode(np.zeros((4, 1200, 3), np.uint8), "PNG")  # Qwen2-VL refuses aspect ratios > 200
+    out = DecodeImages(processor=processor)(chunk_of([{"png": sliver}]))
+    assert out.skipped[0][1] == "processor_error"
+
+
+# -- video ----------------------------------------------------------------------------------------
+
+def test_video_stage_decodes_bytes_and_paths_and_names_bad_ones(tmp_path):
+    path = make_video(tmp_path / "clip.mp4", frames=20)
+    stage = DecodeVideo(spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=16)))
+    out = stage(chunk_of([
+        {"mp4": path.read_bytes()},
+        {"mp4": str(path)},
+        {"mp4": b"not a video at all" * 10},
+        {"txt": "no video"},
+        {"mp4": path.read_bytes(), "start": 0},
+    ]))
+    assert [a.index for a in out.addresses] == [0, 1, 4]
+    assert all(r["pixels"].shape == (2, 96, 128, 3) for r in out.records)
+    assert np.array_equal(out.records[0]["pixels"], out.records[1]["pixels"])
+    assert [(a.index, reason) for a, reason in out.skipped] == [(2, "corrupt_video"), (3, "missing_video")]
+    with pytest.raises(BadRecordError, match="video_too_short"):
+        DecodeVideo(spec=VideoSpec(start_s=60), on_error="raise")(chunk_of([{"mp4": str(path)}]))
