@@ -55,12 +55,15 @@ def test_every_runner_returns_what_the_inline_runner_returns_for_numpy_work(make
 
 
 @pytest.mark.parametrize("make", [ThreadRunner, ProcessRunner], ids=lambda c: c.name)
-def test_results_are_right_even_when_futures_resolve_out_of_order(make):
+def test_results_are_right_even_when_futures_resolve_out_of_order(make, tmp_path):
+    gate = tmp_path / "gate"  # a file, so that it works across processes too
     completed: list[int] = []
     lock = threading.Lock()
 
-    def slow_square(i: int) -> int:
-        time.sleep(0.05 * (4 - i))
+    def square(i: int) -> int:
+        deadline = time.monotonic() + 10
+        while i == 0 and not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
         return i * i
 
     def record(i: int, _future: Future) -> None:
@@ -68,12 +71,15 @@ def test_results_are_right_even_when_futures_resolve_out_of_order(make):
             completed.append(i)
 
     with make() as runner:
-        runner.start([Stage("square", slow_square, 4)])
+        runner.start([Stage("square", square, 2)])
         futures = [runner.submit(0, i) for i in range(4)]
         for i, future in enumerate(futures):
             future.add_done_callback(partial(record, i))
-        assert [future.result(10) for future in futures] == [0, 1, 4, 9]
-    assert completed[0] != 0  # item 0 sleeps longest, so it cannot finish first
+        assert [future.result(10) for future in futures[1:]] == [1, 4, 9]
+        assert not futures[0].done()
+        gate.touch()
+        assert futures[0].result(10) == 0
+    assert completed[-1] == 0 and sorted(completed) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
