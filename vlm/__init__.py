@@ -1,11 +1,42 @@
 """Vision-language operators on Zephon's lane core: image and video decode, placeholder
 conventions, and multimodal packing. Depends on `zephon`; `zephon` never imports it."""
 
-from ._errors import IMAGE_REASONS, VIDEO_REASONS, ImageDecodeError, MediaDecodeError, VideoDecodeError
-from ._image import PILLOW_MAX_IMAGE_PIXELS, ImageSpec, decode_image, image_grid, load_rgb, patchify
-from ._packing import IMAGE_POSITIONS, MultimodalPacker, PackMultimodal, PlacedDocument, RowPlan, assemble_row
-from ._placeholders import Placeholders, PixtralPlaceholders, QwenPlaceholders, lookup_token_id
-from ._stages import DEFAULT_IMAGE_FIELDS, DEFAULT_VIDEO_FIELDS, DecodeImages, DecodeVideo, run_processor
+from ._errors import (
+    IMAGE_REASONS,
+    VIDEO_REASONS,
+    ImageDecodeError,
+    MediaDecodeError,
+    VideoDecodeError,
+)
+from ._image import (
+    PILLOW_MAX_IMAGE_PIXELS,
+    ImageSpec,
+    decode_image,
+    image_grid,
+    load_rgb,
+    patchify,
+)
+from ._packing import (
+    IMAGE_POSITIONS,
+    MultimodalPacker,
+    PackMultimodal,
+    PlacedDocument,
+    RowPlan,
+    assemble_row,
+)
+from ._placeholders import (
+    PixtralPlaceholders,
+    Placeholders,
+    QwenPlaceholders,
+    lookup_token_id,
+)
+from ._stages import (
+    DEFAULT_IMAGE_FIELDS,
+    DEFAULT_VIDEO_FIELDS,
+    DecodeImages,
+    DecodeVideo,
+    run_processor,
+)
 from ._video import VideoSpec, decode_video, sample_times
 
 __all__ = [

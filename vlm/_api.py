@@ -10,7 +10,12 @@ from typing import Any
 from ._image import ImageSpec
 from ._packing import PackMultimodal
 from ._placeholders import Placeholders
-from ._stages import DEFAULT_IMAGE_FIELDS, DEFAULT_VIDEO_FIELDS, DecodeImages, DecodeVideo
+from ._stages import (
+    DEFAULT_IMAGE_FIELDS,
+    DEFAULT_VIDEO_FIELDS,
+    DecodeImages,
+    DecodeVideo,
+)
 from ._video import VideoSpec
 
 __all__ = ["decode_images", "decode_video", "pack_multimodal"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from zephon._errors import ZephonError
 
-__all__ = ["MediaDecodeError", "ImageDecodeError", "VideoDecodeError", "IMAGE_REASONS", "VIDEO_REASONS"]
+__all__ = ["IMAGE_REASONS", "VIDEO_REASONS", "ImageDecodeError", "MediaDecodeError", "VideoDecodeError"]
 
 IMAGE_REASONS = frozenset({"corrupt_image", "truncated_image", "decompression_bomb"})
 """Every reason `decode_image` can raise with."""

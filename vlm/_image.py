@@ -7,7 +7,8 @@ either works; their resize kernels differ, so pixel digests are only comparable 
 Order of work, chosen so that nothing large is allocated before it is known to be wanted:
 1. open the header only (no pixel data) and refuse decompression bombs by the header's size;
 2. compute the target patch grid from the header's size (`image_grid`);
-3. for JPEG, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the target;
+3. for JPEG, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the target
+   (other formats get the same effect from Pillow's integer `reduce` inside the resize);
 4. decode; convert exotic modes (1, P, CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
 5. one resize to the target (Pillow premultiplies alpha itself), then composite any alpha on
    `background`, then apply the EXIF orientation.
@@ -29,7 +30,7 @@ from zephon._errors import ConfigurationError
 
 from ._errors import ImageDecodeError
 
-__all__ = ["ImageSpec", "decode_image", "load_rgb", "image_grid", "patchify", "PILLOW_MAX_IMAGE_PIXELS"]
+__all__ = ["PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "load_rgb", "patchify"]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
 """Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGBA), used as our default refusal size."""
@@ -56,6 +57,10 @@ class ImageSpec:
     - `fit="max_side"` (the mistral-common / Pixtral convention): the longest side is scaled down
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
+
+    `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs are decoded at
+    1/2, 1/4 or 1/8 scale by the decoder itself, and any image is first reduced by an integer
+    factor, both never below `draft_gap` x the target size (Pillow's `thumbnail` does the same).
 
     `max_image_pixels` refuses images whose header announces more pixels than this, before any
     pixel is decoded ("decompression_bomb"). Pillow refuses on its own above twice its global
@@ -281,16 +286,24 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
             if drafted is not None:
                 box = drafted[1]
     _load(image)
-    image = _normalise_mode(image)
+    try:
+        image = _normalise_mode(image)
+    except (ValueError, OSError) as exc:  # a mode Pillow cannot convert: unusable, not a crash
+        raise ImageDecodeError("corrupt_image", f"cannot convert mode {image.mode}: {exc}") from None
     if target is not None and (image.size != target or box is not None):
-        image = image.resize(target, Image.Resampling[spec.resample.upper()], box=box)
+        image = image.resize(target, Image.Resampling[spec.resample.upper()], box=box,
+                             reducing_gap=spec.draft_gap if spec.draft else None)
     image = _finish(image, spec)
     if orientation != 1:
         image = image.transpose(Image.Transpose[_EXIF_TRANSPOSE[orientation]])
     return image
 
 
-def decode_image(data: bytes, spec: ImageSpec = ImageSpec()) -> np.ndarray:
+DEFAULT_SPEC = ImageSpec()
+"""The default ImageSpec (16 px patches, area in [32², 512²])."""
+
+
+def decode_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> np.ndarray:
     """Decode image bytes to (H, W, 3) uint8 on the spec's patch grid.
 
     H = rows * patch_size and W = cols * patch_size with (rows, cols) = `image_grid` of the
@@ -300,7 +313,7 @@ def decode_image(data: bytes, spec: ImageSpec = ImageSpec()) -> np.ndarray:
     return np.asarray(_decode(data, spec, resize=True))
 
 
-def load_rgb(data: bytes, spec: ImageSpec = ImageSpec()):
+def load_rgb(data: bytes, spec: ImageSpec = DEFAULT_SPEC):
     """Decode image bytes to an upright RGB `PIL.Image` at full size (for a user's image processor).
 
     Same refusals and mode conversion as `decode_image`, no resize and no draft.

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -43,10 +44,10 @@ from zephon._errors import ConfigurationError
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-from ._image import ImageSpec
+from ._image import DEFAULT_SPEC, ImageSpec
 from ._placeholders import Placeholders
 
-__all__ = ["MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row", "IMAGE_POSITIONS"]
+__all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
 IMAGE_POSITIONS = ("before_text", "after_bos", "after_text")
 
@@ -156,7 +157,7 @@ class MultimodalPacker:
         *,
         max_length: int,
         placeholders: Placeholders,
-        spec: ImageSpec = ImageSpec(),
+        spec: ImageSpec = DEFAULT_SPEC,
         pad_id: int,
         image_position: str = "before_text",
         text_field: str = "input_ids",
@@ -281,7 +282,7 @@ class MultimodalPacker:
         given = record.get(self.offsets_field)
         if given is not None:
             offsets = tuple(int(o) for o in given)
-            if len(offsets) != num_images or any(b < a for a, b in zip(offsets, offsets[1:])) \
+            if len(offsets) != num_images or any(b < a for a, b in pairwise(offsets)) \
                     or (offsets and (offsets[0] < 0 or offsets[-1] > num_text)):
                 raise ConfigurationError(
                     f"record {address}: {self.offsets_field}={list(offsets)} must give one non-decreasing "
@@ -359,7 +360,7 @@ class PackMultimodal:
 
     max_length: int
     placeholders: Placeholders
-    spec: ImageSpec = ImageSpec()
+    spec: ImageSpec = DEFAULT_SPEC
     pad_id: int | None = None
     image_position: str = "before_text"
     field: str = "input_ids"

@@ -21,7 +21,7 @@ import numpy as np
 
 from zephon._errors import ConfigurationError
 
-__all__ = ["Placeholders", "PixtralPlaceholders", "QwenPlaceholders", "lookup_token_id"]
+__all__ = ["PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id"]
 
 
 @runtime_checkable

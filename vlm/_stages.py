@@ -30,10 +30,10 @@ from zephon._errors import BadRecordError, ConfigurationError
 from zephon._records import ChunkRecords
 
 from ._errors import MediaDecodeError
-from ._image import ImageSpec, decode_image, load_rgb, patchify
-from ._video import VideoSpec, decode_video
+from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify
+from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, decode_video
 
-__all__ = ["DecodeImages", "DecodeVideo", "DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "run_processor"]
+__all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "run_processor"]
 
 DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
 """WebDataset member extensions tried in order when no field is given."""
@@ -170,7 +170,7 @@ class DecodeImages:
     """
 
     field: str | tuple[str, ...] = DEFAULT_IMAGE_FIELDS
-    spec: ImageSpec = ImageSpec()
+    spec: ImageSpec = DEFAULT_SPEC
     output_field: str = "pixels"
     processor: Any = None
     on_error: str | None = None
@@ -240,7 +240,7 @@ class DecodeVideo:
     """
 
     field: str | tuple[str, ...] = DEFAULT_VIDEO_FIELDS
-    spec: VideoSpec = VideoSpec()
+    spec: VideoSpec = DEFAULT_VIDEO_SPEC
     output_field: str = "pixels"
     on_error: str | None = None
     keep_source: bool = False

@@ -27,7 +27,7 @@ import numpy as np
 from zephon._errors import ConfigurationError
 
 from ._errors import VideoDecodeError
-from ._image import ImageSpec, image_grid
+from ._image import DEFAULT_SPEC, ImageSpec, image_grid
 
 __all__ = ["VideoSpec", "decode_video", "sample_times"]
 
@@ -49,7 +49,7 @@ class VideoSpec:
     fps: float | None = None
     start_s: float = 0.0
     end_s: float | None = None
-    image: ImageSpec = ImageSpec()
+    image: ImageSpec = DEFAULT_SPEC
     max_frames: int = 256
 
     def __post_init__(self) -> None:
@@ -102,7 +102,11 @@ def _duration(container, stream) -> float:
     raise VideoDecodeError("corrupt_video", "the container announces no duration")
 
 
-def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = VideoSpec()) -> np.ndarray:
+DEFAULT_VIDEO_SPEC = VideoSpec()
+"""8 frames over the whole video, sized like DEFAULT_SPEC images."""
+
+
+def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
     """Decode the spec's frames of a video to (T, H, W, 3) uint8.
 
     Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream, decoder error),

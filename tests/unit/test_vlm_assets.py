@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 PIL = pytest.importorskip("PIL", reason="Pillow is not installed (pip install zephon[vlm])")
-from PIL import Image  # noqa: E402
+from PIL import Image
 
 
 def package_dir(name: str) -> Path | None:

@@ -26,15 +26,23 @@ from tests.unit.test_vlm_assets import (
     sixteen_bit_png,
     truncated_jpeg,
 )
-from vlm import IMAGE_REASONS, ImageDecodeError, ImageSpec, decode_image, image_grid, load_rgb, patchify
+from vlm import (
+    IMAGE_REASONS,
+    ImageDecodeError,
+    ImageSpec,
+    decode_image,
+    image_grid,
+    load_rgb,
+    patchify,
+)
 from zephon._errors import ConfigurationError, ZephonError
 
 Image = pytest.importorskip("PIL.Image")
 
 
-def _reason(data: bytes, spec: ImageSpec = ImageSpec()) -> str:
+def _reason(data: bytes, spec: ImageSpec | None = None) -> str:
     with pytest.raises(ImageDecodeError) as caught:
-        decode_image(data, spec)
+        decode_image(data, spec or ImageSpec())
     assert caught.value.reason in IMAGE_REASONS
     return caught.value.reason
 
@@ -87,9 +95,9 @@ def test_qwen2_vl_preset_merges_two_by_two_fourteen_pixel_patches():
     assert (rows, cols) == (34, 46) and spec.cell == 28
 
 
-@pytest.mark.parametrize("bad", [dict(fit="square"), dict(min_pixels=10, max_pixels=5), dict(resample="fancy"),
-                                 dict(max_pixels=100), dict(patch_size=0), dict(draft_gap=0.5),
-                                 dict(background=(0, 0, 300))])
+@pytest.mark.parametrize("bad", [{"fit": "square"}, {"min_pixels": 10, "max_pixels": 5}, {"resample": "fancy"},
+                                 {"max_pixels": 100}, {"patch_size": 0}, {"draft_gap": 0.5},
+                                 {"background": (0, 0, 300)}])
 def test_image_spec_refuses_settings_that_cannot_work(bad):
     with pytest.raises(ConfigurationError):
         ImageSpec(**bad)

@@ -96,7 +96,7 @@ def test_explicit_offsets_interleave_images_with_text():
     [row] = run(packer(16), [record])
     assert row.tokens["input_ids"][:10].tolist() == [1000, 10, 13, 1001, 1002, 10, 10, 13, 1003, PAD]
     assert row.ragged["image_token_offset"].tolist() == [1, 5]
-    I = IGNORE_INDEX  # noqa: E741
+    I = IGNORE_INDEX
     assert row.tokens["labels"][:9].tolist() == [I, I, 1001, 1002, I, I, I, 1003, I]
 
 

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from tests.unit.test_vlm_assets import encode, gradient, package_dir
-from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders, decode_image, image_grid, lookup_token_id
+from vlm import (
+    ImageSpec,
+    PixtralPlaceholders,
+    QwenPlaceholders,
+    decode_image,
+    image_grid,
+    lookup_token_id,
+)
 from zephon._errors import ConfigurationError
 
 IMAGE_SIZES = [(16, 16), (17, 15), (333, 500), (640, 480), (1024, 1024), (1025, 31), (3000, 2000), (50, 4000)]

@@ -70,7 +70,7 @@ def test_truncated_file_is_reported_as_corrupt_video(clip):
 
 
 def test_video_spec_refuses_settings_that_cannot_work():
-    for bad in (dict(num_frames=2, fps=1.0), dict(num_frames=0), dict(fps=-1.0), dict(start_s=2, end_s=1)):
+    for bad in ({"num_frames": 2, "fps": 1.0}, {"num_frames": 0}, {"fps": -1.0}, {"start_s": 2, "end_s": 1}):
         with pytest.raises(ConfigurationError):
             VideoSpec(**bad)
     assert VideoSpec().num_frames == 8
