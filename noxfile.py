@@ -43,10 +43,18 @@ EXTRAS = {
     PY314T: ("-e", ".[test,vlm]", "safetensors>=0.9.0rc1"),
 }
 
+# Real test assets that registry wheels ship (shared ASSETS.md): photos inside scikit-image and
+# scikit-learn, and mistral-common's Tekken tokenizer and image encoder as the Pixtral reference.
+# Tests skip without them, so the sessions always install them; all have cp311 and cp314t wheels
+# and none re-enables the GIL on import.
+TEST_ASSETS = ("scikit-image>=0.25", "scikit-learn>=1.6", "mistral-common==1.13.1")
+
 # Imported after installation on 3.14t: none of these may turn the GIL back on (SPEC §3.4).
 FREE_THREADING_IMPORTS = (
     "numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "zstandard", "fsspec",
-    "PIL.Image", "av", "zephon", "runners",
+    "PIL.Image", "av", "zephon", "runners", "vlm",
+    # not the library's path, but imported by tests in the same process as the thread-runner tests
+    "mistral_common.tokens.tokenizers.tekken",
 )
 
 
@@ -54,7 +62,7 @@ def _install(session: nox.Session, python: str) -> None:
     if python == PY311:
         # Its own step first: pip takes the local CPU wheel; the pin repeated below keeps it.
         session.install(TORCH_PIN)
-    session.install(*EXTRAS[python])
+    session.install(*EXTRAS[python], *TEST_ASSETS)
 
 
 def _env(session: nox.Session) -> None:
