@@ -14,8 +14,8 @@ from .thread import ThreadRunner
 
 __all__ = [
     "InlineRunner",
-    "ThreadRunner",
     "ProcessRunner",
+    "ThreadRunner",
     "TransportStats",
     "WorkerCrashedError",
     "auto_runner",

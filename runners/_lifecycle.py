@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Sequence
 
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
-__all__ = ["validate_stages", "stage_at", "cancelled_future"]
+__all__ = ["cancelled_future", "stage_at", "validate_stages"]
 
 
 def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:

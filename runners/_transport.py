@@ -28,7 +28,7 @@ import uuid
 import weakref
 from typing import Any, NamedTuple
 
-__all__ = ["Envelope", "encode", "decode", "discard", "make_shm_directory"]
+__all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
 _ALIGNMENT = 64  # every buffer starts on a cache line, which also satisfies any NumPy dtype
 

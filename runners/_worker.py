@@ -17,8 +17,9 @@ import os
 import pickle
 import signal
 import traceback
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ._transport import Envelope, decode, encode
 

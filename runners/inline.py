@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Sequence
+from typing import Any, Self
 
 from zephon._runner import Stage
 
@@ -53,7 +54,7 @@ class InlineRunner:
     def close(self) -> None:
         self._closed = True
 
-    def __enter__(self) -> InlineRunner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

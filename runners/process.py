@@ -20,11 +20,12 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Iterator, Sequence
+from typing import Any, Self
 
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
@@ -243,7 +244,7 @@ class ProcessRunner:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
 
-    def __enter__(self) -> ProcessRunner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -330,7 +331,7 @@ class ProcessRunner:
     def _dispatch_locked(self, stage_index: int, resolutions: list[_Resolution]) -> None:
         """Give queued tasks of a stage to its idle workers; fail them if the stage has no workers."""
         queue, idle = self._queued[stage_index], self._idle[stage_index]
-        if not any(worker.stage == stage_index for worker in self._workers):
+        if not idle and not any(worker.stage == stage_index for worker in self._workers):
             name = self._stages[stage_index].name
             while queue:
                 task = queue.popleft()
@@ -390,27 +391,27 @@ class ProcessRunner:
         if self._wake_r in ready:
             _drain(self._wake_r)
 
-        replies: dict[int, tuple[_Worker, bytes]] = {}  # by id(worker)
-        dead: dict[int, tuple[_Worker, str]] = {}
+        replies: dict[_Worker, bytes] = {}
+        dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
             sentinel_ready = worker.process.sentinel in ready
             if conn in ready or (sentinel_ready and conn.poll()):
                 try:
-                    replies[id(worker)] = (worker, conn.recv_bytes())
+                    replies[worker] = conn.recv_bytes()
                 except (EOFError, OSError):
                     sentinel_ready = True
             if sentinel_ready:
                 worker.process.join()
-                dead[id(worker)] = (worker, _describe_exit(worker.process))
+                dead[worker] = _describe_exit(worker.process)
         now = time.monotonic()
         for worker in workers:
             expired = worker.deadline is not None and worker.deadline <= now
-            if expired and id(worker) not in replies and id(worker) not in dead:
+            if expired and worker not in replies and worker not in dead:
                 worker.process.kill()
                 worker.process.join()
-                dead[id(worker)] = (worker, f"(pid {worker.process.pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed")
+                dead[worker] = f"(pid {worker.process.pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed"
 
-        decoded = [(worker, *self._decode_reply(worker, message)) for worker, message in replies.values()]
+        decoded = [(worker, *self._decode_reply(worker, message)) for worker, message in replies.items()]
         resolutions: list[_Resolution] = []
         with self._lock:
             for worker, ok, value, pipe_bytes, shm_bytes in decoded:
@@ -418,9 +419,9 @@ class ProcessRunner:
                 self._shm_bytes += shm_bytes
                 resolutions.append((worker.task.future, ok, value))
                 worker.task, worker.deadline = None, None
-                if id(worker) not in dead:
+                if worker not in dead:
                     self._idle[worker.stage].append(worker)
-            for worker, cause in dead.values():
+            for worker, cause in dead.items():
                 self._retire_locked(worker, cause, resolutions)
             for index in range(len(self._stages)):
                 self._dispatch_locked(index, resolutions)

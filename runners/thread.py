@@ -7,8 +7,9 @@ On free-threaded CPython the stages run truly in parallel; with the GIL only cod
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Self
 
 from zephon._runner import Stage
 
@@ -79,7 +80,7 @@ class ThreadRunner:
     def _mark_pool_thread(self) -> None:
         _pool_thread.runner = self
 
-    def __enter__(self) -> ThreadRunner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

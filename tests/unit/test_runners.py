@@ -136,6 +136,21 @@ def test_close_is_idempotent_and_later_submissions_are_cancelled(make):
 
 
 @pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_close_from_a_done_callback_does_not_deadlock(make):
+    closed = threading.Event()
+    with make() as runner:
+        runner.start([Stage("slow", lambda x: time.sleep(0.1) or x, 2)])
+
+        def close_runner(_future: Future) -> None:
+            runner.close()
+            closed.set()
+
+        runner.submit(0, 1).add_done_callback(close_runner)
+        assert closed.wait(10)
+        assert runner.submit(0, 2).cancelled()
+
+
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
 def test_the_context_manager_closes_the_runner(make):
     with make() as runner:
         runner.start([Stage("identity", lambda x: x)])
