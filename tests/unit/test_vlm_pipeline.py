@@ -1,0 +1,114 @@
+"""The vlm operators on the real lane core: WebDataset pairs -> decode -> tokenize -> pack -> batch.
+
+Small on purpose (a few steps); the full determinism matrix lives with the core's tests.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+
+from tests.unit.test_vlm_assets import (
+    REAL_JPEGS,
+    cmyk_jpeg,
+    encode,
+    gradient,
+    package_dir,
+    png_header_only,
+    truncated_jpeg,
+)
+from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders
+from vlm._api import decode_images, pack_multimodal
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+SPEC = ImageSpec(max_pixels=96 * 96)
+PLACEHOLDERS = PixtralPlaceholders(3, 4, 5)
+STEPS = 3
+BAD_REASONS = {"truncated_image", "corrupt_image", "decompression_bomb", "missing_image"}
+
+
+def _pairs() -> list[tuple[str, bytes | None, str]]:
+    pairs = []
+    for package, relative in REAL_JPEGS:
+        root = package_dir(package)
+        if root is not None and (root / relative).is_file():
+            pairs.append(("jpg", (root / relative).read_bytes(), f"a photograph, {relative.split('/')[-1]}"))
+    for k in range(12 - len(pairs)):
+        pairs.append(("png", encode(gradient(40 + 17 * k, 200 - 9 * k)), f"a gradient number {k}"))
+    pairs += [("jpg", truncated_jpeg(), "cut short"), ("jpg", b"\xff\xd8 not really", "garbage"),
+              ("png", png_header_only(20000, 20000), "a bomb"), ("jpg", cmyk_jpeg(), "printer colours"),
+              (None, None, "a caption without its image")]
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    pairs = _pairs()
+    for shard in range(2):
+        with tarfile.open(root / f"pairs-{shard:03d}.tar", "w") as tar:
+            for i, (ext, data, caption) in enumerate(pairs[shard::2]):
+                members = [("txt", (caption + " ") * (i % 4 + 1))] + ([(ext, data)] if ext else [])
+                for member_ext, payload in members:
+                    payload = payload.encode() if isinstance(payload, str) else payload
+                    info = tarfile.TarInfo(f"s{shard}-{i:03d}.{member_ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    return root
+
+
+def _pipeline(shards, runner: str, parallelism: int, *, via_api: bool = False) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
+    pipeline = Pipeline(source).options(num_lanes=4, runner=runner)
+    if via_api:
+        pipeline = decode_images(pipeline, spec=SPEC, parallelism=parallelism)
+    else:
+        pipeline = pipeline.apply(DecodeImages(spec=SPEC, parallelism=parallelism))
+    pipeline = pipeline.tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt",
+                                 parallelism=parallelism, bos="<|bos|>", eos="<|eos|>")
+    if via_api:
+        pipeline = pack_multimodal(pipeline, 256, PLACEHOLDERS)
+    else:
+        pipeline = pipeline.apply(PackMultimodal(max_length=256, placeholders=PLACEHOLDERS, spec=SPEC))
+    return pipeline.batch(2)
+
+
+def _digests(pipeline: Pipeline, world_size: int) -> tuple[list, dict]:
+    digests, skipped = [], {}
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size) as loader:
+            for batch in loader:
+                if batch.step >= STEPS:
+                    break
+                digests.append((batch.step, batch.lane, batch.index, batch.digest()))
+            for reason, n in loader.stats()["datasets"]["pairs"]["total"]["skipped"].items():
+                skipped[reason] = skipped.get(reason, 0) + n
+    return sorted(digests), skipped
+
+
+def test_vlm_batches_are_identical_across_runners_ranks_and_parallelism(shards):
+    reference, skipped = _digests(_pipeline(shards, "inline", 1), world_size=1)
+    assert len(reference) == STEPS * 4
+    assert set(skipped) == BAD_REASONS, "every bad pair is skipped and counted by its reason"
+    assert _digests(_pipeline(shards, "thread", 2), world_size=2)[0] == reference
+    assert _digests(_pipeline(shards, "inline", 1, via_api=True), world_size=4)[0] == reference
+
+
+def test_vlm_batch_carries_pixels_grids_and_offsets_for_training(shards):
+    with _pipeline(shards, "inline", 1).shard(0, 1) as loader:
+        batch = next(iter(loader))
+    arrays = batch.to_numpy()
+    assert arrays["input_ids"].shape == (2, 256)
+    grids, offsets = arrays["image_grid"], arrays["image_token_offset"]
+    assert arrays["pixel_values"].shape == (int((grids[:, 0] * grids[:, 1]).sum()), 16 * 16 * 3)
+    assert arrays["image_grid_counts"].sum() == len(grids) == len(offsets) > 0
+    row_of_image = np.repeat(np.arange(2), arrays["image_grid_counts"])
+    for row, (rows, cols), at in zip(row_of_image, grids, offsets):
+        expected = PLACEHOLDERS.tokens_for(int(rows), int(cols))
+        assert arrays["input_ids"][row, at : at + len(expected)].tolist() == expected.tolist()
+        assert (arrays["labels"][row, at : at + len(expected) - 1] == -100).all()
