@@ -48,8 +48,9 @@ class TransportStats:
     """Bytes moved and faults handled by one ProcessRunner, counted in the parent (both directions).
 
     `pipe_bytes` is the payload of every pipe message (pickle streams plus buffer-file layouts,
-    without the pipe's own 4-byte length prefix); `shm_bytes` is what went through buffer files. A healthy array pipeline shows the arrays'
-    size under `shm_bytes` and only a few hundred bytes per item under `pipe_bytes`.
+    without the pipe's own 4-byte length prefix); `shm_bytes` is what went through buffer files.
+    A healthy array pipeline shows the arrays' size under `shm_bytes` and only a few hundred bytes
+    per item under `pipe_bytes`. `items_sent` counts dispatches, re-runs included.
     """
 
     items_sent: int
@@ -62,7 +63,6 @@ class TransportStats:
 @dataclass(eq=False)
 class _Task:
     future: Future
-    stage: int
     item: Any  # kept so that a crashed worker's item can be encoded again
     envelope: Envelope | None  # None when it must be encoded again (its buffer file may be gone)
     attempts: int = 0
@@ -93,8 +93,8 @@ class ProcessRunner:
     - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
 
     Stage functions are inherited through fork and never pickled, so they may be closures or
-    lambdas; items and results must be picklable. Arrays in results are copy-on-write views of
-    shared memory (writable; writes stay private). An exception raised by the function is delivered
+    lambdas; items and results must be picklable. Large arrays arrive, in the worker and back in
+    the parent, as copy-on-write views of shared memory (writable; writes stay private). An exception raised by the function is delivered
     as itself (with the worker's traceback as a note), or as a RuntimeError carrying it when it
     cannot be pickled; only a dying worker counts as a crash.
 
@@ -105,9 +105,9 @@ class ProcessRunner:
     Forking happens from a multi-threaded parent once the reader thread runs (to replace a worker),
     and possibly in `start()` if the caller has threads. This is safe here because the child never
     touches state guarded by the parent's other threads: it closes inherited pipe ends and runs
-    `serve` only. The DeprecationWarning CPython 3.12+ emits for it is silenced around our own fork;
-    on GIL builds `warnings.catch_warnings` is process-global, so another thread warning at that
-    instant is filtered by the same narrow rule only.
+    `serve` only. The DeprecationWarning CPython 3.12+ emits for it is silenced around our own fork
+    with one narrow rule; where `warnings.catch_warnings` is process-global (GIL builds), a filter
+    another thread installs during that instant would be undone — forks are rare and brief.
 
     Thread-safety: `submit` may be called from any thread, including done-callbacks (which run on
     the reader thread); `start` belongs to the owner; `close` may be called from any thread,
@@ -137,7 +137,10 @@ class ProcessRunner:
         self._threshold = oob_threshold_bytes
         self._shm_root = shm_root
         self._close_timeout_s = close_timeout_s
-        self._context = multiprocessing.get_context("fork")
+        try:
+            self._context = multiprocessing.get_context("fork")
+        except ValueError as exc:
+            raise ConfigurationError("the process runner needs the fork start method (POSIX)") from exc
 
         self._lock = threading.Lock()
         self._stages: tuple[Stage, ...] | None = None
@@ -213,7 +216,7 @@ class ProcessRunner:
                 error.__cause__ = self._failure
                 resolutions.append((future, False, error))
             else:
-                self._queued[stage_index].append(_Task(future, stage_index, item, envelope))
+                self._queued[stage_index].append(_Task(future, item, envelope))
                 self._dispatch_locked(stage_index, resolutions)
         self._resolve(resolutions)
         return future

@@ -96,6 +96,7 @@ def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
         assert input_was_shared
         assert backed_by_shm_file(doubled) and not doubled.flags.owndata
         np.testing.assert_array_equal(doubled, items[i] * 2)
+    assert stats.items_sent == len(items)
     assert stats.shm_bytes == 2 * sum(item.nbytes for item in items)
     assert stats.pipe_bytes < 2048 * len(items)  # metadata only: 64 MiB of arrays moved elsewhere
 
