@@ -20,16 +20,18 @@ def demo_pipeline(
     max_length: int = 512,
     microbatch_size: int = 2,
     seed: int = 42,
+    records_per_chunk: int = 16,
+    mixture: dict[str, float] | None = None,
 ) -> Pipeline:
     source = StaticMixtureWorkSource(
         datasets=[
             Dataset.from_path("kjv", str(DATA / "kjv")),
             Dataset.from_path("jargon", str(DATA / "jargon")),
         ],
-        mixture={"kjv": 0.7, "jargon": 0.3},
+        mixture=mixture or {"kjv": 0.7, "jargon": 0.3},
         token_estimation=TokenEstimation(),
         seed=seed,
-        records_per_chunk=16,
+        records_per_chunk=records_per_chunk,
     )
     return (
         Pipeline(source)

@@ -36,11 +36,13 @@ _IO_OPTIONS = ("cache", "retries", "retry_delay")
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """Planning facts of one shard: its URL, how many record slots it holds, its size in bytes."""
+    """Planning facts of one shard: its URL, how many record slots it holds, its size in bytes as
+    stored (`nbytes`) and decompressed (`raw_bytes`)."""
 
     url: str
     num_records: int
     nbytes: int
+    raw_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,10 @@ class Dataset:
         with ThreadPoolExecutor(max_workers=min(_PLANNING_THREADS, len(urls))) as pool:
             scans = list(pool.map(scan, range(len(urls))))
         facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
-        planned = [(ShardInfo(u, s.num_records, n), _ShardAccess(p, c, s.seek)) for u, p, n, c, s in facts]
+        planned = [
+            (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes), _ShardAccess(p, c, s.seek))
+            for u, p, n, c, s in facts
+        ]
         return cls(
             name=name,
             url=url,
@@ -163,6 +168,19 @@ class Dataset:
                 info.url, lambda: self._reader.read(shard, access.seek, chunk.start, chunk.stop)
             )
         return collect(chunk, info.url, slots, policy)
+
+    def raw_bytes(self, chunk: Chunk) -> int:
+        """Decompressed bytes of a chunk's records: measured where the format can, else prorated."""
+        self._check(chunk)
+        info, access = self.shards[chunk.shard], self._access[chunk.shard]
+        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs)
+        measure = getattr(self._reader, "raw_bytes", None)
+        measured = None
+        if measure is not None and chunk.num_records:
+            measured = self._retry.call(info.url, lambda: measure(shard, access.seek, chunk.start, chunk.stop))
+        if measured is not None:
+            return measured
+        return info.raw_bytes * chunk.num_records // max(1, info.num_records)
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content for a checkpoint: a change here changes the records."""

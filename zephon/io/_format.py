@@ -40,12 +40,17 @@ class ShardFile:
 class ShardScan:
     """The planning facts of one shard. `seek[j]` is the byte offset of record `j * stride`.
 
+    `raw_bytes` is the size of the records as stored, decompressed (None: use the file size). Token
+    estimation measures tokens per raw byte, which varies far less between records than tokens per
+    record does.
+
     Each format picks its stride: a read starts at most `stride` records before its range, and the
     index costs 8 bytes per `stride` records on the (pickled) Dataset.
     """
 
     num_records: int
     seek: np.ndarray | None = None
+    raw_bytes: int | None = None
 
 
 class ShardFormat(Protocol):
@@ -59,4 +64,9 @@ class ShardFormat(Protocol):
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         """One slot per record index in [start, stop): the record, or `Bad` with its reason."""
+        ...
+
+    def raw_bytes(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> int | None:
+        """Decompressed bytes of the records [start, stop), or None when the format cannot tell
+        cheaply (the Dataset then prorates the shard's `raw_bytes`)."""
         ...

@@ -17,7 +17,7 @@ import numpy as np
 from ._compression import decompressed_blocks, raw_blocks
 from ._format import ShardFile, ShardScan
 
-__all__ = ["scan_lines", "read_lines"]
+__all__ = ["scan_lines", "read_lines", "lines_raw_bytes"]
 
 SEEK_STRIDE = 256  # lines are small: a chunk read skips at most a few hundred of them
 
@@ -53,9 +53,15 @@ def scan_lines(shard: ShardFile) -> ShardScan:
             cut = True
     num_lines = newlines + (1 if cut or (size and last != b"\n") else 0)
     if not indexed:
-        return ShardScan(num_lines)
+        return ShardScan(num_lines, raw_bytes=size)
     num_points = -(-num_lines // SEEK_STRIDE)
-    return ShardScan(num_lines, np.concatenate(starts)[:num_points])
+    return ShardScan(num_lines, np.concatenate(starts)[:num_points], raw_bytes=size)
+
+
+def lines_raw_bytes(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> int:
+    """Bytes of the lines [start, stop), newlines included."""
+    lines, _ = read_lines(shard, seek, start, stop)
+    return sum(len(line) + 1 for line in lines)
 
 
 def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> tuple[list[bytes], str]:

@@ -1,0 +1,136 @@
+"""The Pipeline API: the SPEC §2 program shape, misconfiguration errors, training tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zephon import ConfigurationError, IGNORE_INDEX, Pipeline, PADDING_DOCUMENT, global_batch_digest
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource, TokenEstimation
+
+
+@pytest.fixture
+def spec_pipeline(demo_data_dir, demo_tokenizer_path):
+    """The exact program shape of SPEC §2, on local data and the shipped tokenizer."""
+    source = StaticMixtureWorkSource(
+        datasets=[
+            Dataset.from_path("wiki", str(demo_data_dir / "kjv")),
+            Dataset.from_path("news", str(demo_data_dir / "jargon")),
+        ],
+        mixture={"wiki": 0.5, "news": 0.5},
+        token_estimation=TokenEstimation(),
+        seed=42,
+    )
+    return (
+        Pipeline(source)
+        .options(io_options={"cache": {"enabled": True}})
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text", parallelism=4)
+        .pack_flat(max_length=256, algorithm="wrap")
+        .shuffle(buffer_size=16, seed=42)
+        .batch(microbatch_size=8)
+    )
+
+
+def test_the_spec_program_shape_runs_and_yields_full_rows(spec_pipeline):
+    seen = 0
+    for batch in spec_pipeline:
+        assert batch.tokens["input_ids"].shape == (8, 256)
+        assert batch.tokens["input_ids"].dtype == np.int32
+        seen += 1
+        if seen == 10:
+            break
+    assert seen == 10
+
+
+@pytest.mark.requires_torch
+def test_to_training_gives_the_tensors_a_training_step_consumes(spec_pipeline):
+    import torch
+
+    batch = next(iter(spec_pipeline))
+    tensors = batch.to_training()
+    assert set(tensors) >= {"input_ids", "labels", "position_ids", "document_ids"}
+    assert all(isinstance(t, torch.Tensor) and t.shape == (8, 256) for t in tensors.values())
+    assert tensors["input_ids"].dtype == torch.int64
+    np.testing.assert_array_equal(tensors["labels"].numpy(), batch.tokens["labels"])
+
+
+def test_position_ids_restart_per_document_and_labels_are_masked_at_padding(spec_pipeline):
+    batch = next(iter(spec_pipeline))
+    docs, positions, labels = (batch.tokens[k] for k in ("document_ids", "position_ids", "labels"))
+    starts = np.ones_like(docs, dtype=bool)
+    starts[:, 1:] = docs[:, 1:] != docs[:, :-1]
+    assert (positions[starts & (docs != PADDING_DOCUMENT)] == 0).all()
+    assert (labels[docs == PADDING_DOCUMENT] == IGNORE_INDEX).all()
+
+
+@pytest.mark.parametrize(
+    "lanes,world,global_batch,micro,message",
+    [
+        (8, 3, 16, 2, "num_lanes=8 is not divisible by world_size=3"),
+        (8, 2, 12, 2, "global_batch_size=12 is not divisible by num_lanes=8"),
+        (8, 2, 24, 2, "= 3 rows per lane per step is not divisible by microbatch_size=2"),
+        (8, 2, 16, 2, None),
+    ],
+)
+def test_misconfigured_layouts_fail_at_construction_naming_the_numbers(
+    spec_pipeline, lanes, world, global_batch, micro, message
+):
+    pipeline = spec_pipeline.options(num_lanes=lanes)
+    pipeline = Pipeline(pipeline.source, operators=pipeline.operators[:-1], options=pipeline.settings).batch(micro)
+    if message is None:
+        pipeline.shard(1, world, global_batch_size=global_batch).close()
+        return
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace("=", "=")):
+        pipeline.shard(0, world, global_batch_size=global_batch)
+
+
+def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, demo_tokenizer_path):
+    with pytest.raises(ConfigurationError, match="unknown pipeline options"):
+        spec_pipeline.options(num_lane=8)
+    with pytest.raises(ConfigurationError, match="batch must be the last operator"):
+        spec_pipeline.shuffle(4)
+    with pytest.raises(ConfigurationError, match="parallelism must be a positive integer"):
+        Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path), parallelism=0)
+    with pytest.raises(ConfigurationError, match="not in the vocabulary"):
+        Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path), eos="<|nope|>")
+    with pytest.raises(ConfigurationError, match="packing operator"):
+        Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)).batch(2).shard(0, 1)
+
+
+def test_the_chosen_runner_and_the_reason_are_inspectable(spec_pipeline):
+    with spec_pipeline.options(runner="thread").shard(0, 1) as loader:
+        assert loader.runner_info == {"name": "thread", "reason": "requested explicitly"}
+    with spec_pipeline.shard(0, 1) as loader:
+        info = loader.runner_info
+        import sys
+
+        expected = "thread" if not getattr(sys, "_is_gil_enabled", lambda: True)() else "process"
+        assert info["name"] == expected and "GIL" in info["reason"]
+
+
+def test_user_map_errors_surface_with_the_record_address(spec_pipeline, demo_tokenizer_path):
+    from zephon import UserFunctionError
+
+    def explode(record):
+        if "Psalm" in record.get("text", "")[:40]:
+            raise KeyError("boom")
+        return record
+
+    p = Pipeline(spec_pipeline.source).options(runner="process").map(explode, parallelism=2)
+    p = p.tokenize(str(demo_tokenizer_path), parallelism=2).pack_flat(128).batch(2)
+    with pytest.raises(UserFunctionError) as info:
+        for _ in p:
+            pass
+    assert "wiki:" in str(info.value) and "KeyError: 'boom'" in str(info.value)
+    assert info.value.address.dataset == "wiki"
+
+
+def test_a_global_digest_needs_one_step(spec_pipeline):
+    from zephon import ZephonError
+
+    with spec_pipeline.shard(0, 1, global_batch_size=64) as loader:
+        it = iter(loader)
+        batches = [next(it) for _ in range(9)]
+    with pytest.raises(ZephonError, match="different steps"):
+        global_batch_digest(batches)
