@@ -146,7 +146,7 @@ class MultimodalPacker:
     reported by `drain_skips()` as (address, reason), and documents cut to fit by
     `drain_truncations()` as (address, text tokens dropped); the lane driver collects both.
     With `assemble=False` it emits `RowPlan`s instead of rows, so that `assemble_row` can run on
-    workers.
+    workers. `ctx` is accepted for the accumulator-factory shape; packing needs no randomness.
 
     Thread-safety: thread-unsafe; one instance per lane segment, driven by the lane's thread.
     """
@@ -388,6 +388,11 @@ class PackMultimodal:
             )
 
         return make
+
+    def padding_row(self, default_pad_id: int) -> PackedSequence:
+        """A padding-only row with empty ragged fields of the right shapes, for a lane whose finite
+        plan ran out (the core's text padding row has no ragged fields to concatenate with)."""
+        return self.factory(default_pad_id)(SegmentContext(lane=-1, segment=-1)).empty_row()
 
     def fingerprint(self, default_pad_id: int) -> dict:
         out = {

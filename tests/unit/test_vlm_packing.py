@@ -196,6 +196,8 @@ def test_operator_builds_packers_per_segment_and_fingerprints_as_json():
     pack = make(SegmentContext(lane=3, segment=1))
     [row] = run(pack, [{"input_ids": text(2)}])
     assert row.tokens["input_ids"][2:].tolist() == [7] * 14
+    padding = op.padding_row(default_pad_id=7)
+    assert (padding.tokens["input_ids"] == 7).all() and padding.ragged["pixel_values"].shape == (0, SPEC.patch_dim)
     fingerprint = op.fingerprint(default_pad_id=7)
     assert json.loads(json.dumps(fingerprint)) == fingerprint
     assert fingerprint["pad_id"] == 7 and fingerprint["placeholders"]["img_id"] == 10
