@@ -28,7 +28,7 @@ def text_pipeline(
     max_length: int = 64,
     num_epochs: int | None = None,
     algorithm: str = "wrap",
-    flush_every_chunks: int = 3,
+    flush_every_chunks: int = 2,
     mixture: dict | None = None,
     shuffle_buffer: int = 8,
 ) -> Pipeline:

@@ -103,7 +103,7 @@ class RankLoader:
         self._stage_fns = [fn for _, fn in record_fns]
         pack_field = getattr(accumulators[0], "field", "input_ids")
         self.row_length = accumulators[0].max_length
-        self.plan = pipeline.source.bind(self._token_counter(pack_field))
+        self.plan = pipeline.source.bind(self._token_counter(pack_field), self.num_lanes)
         self.factories = [op.factory(self.default_pad_id) for op in accumulators]
         self.recipe = {
             "recipe_version": RECIPE_VERSION,
@@ -162,7 +162,7 @@ class RankLoader:
             cursor = self._cursors[lane]
             stream = LaneStream(
                 lane,
-                lane_plan(self.plan, lane, self.num_lanes, flush_every, cursor.segment),
+                lane_plan(self.plan, lane, flush_every, cursor.segment),
                 cursor.segment,
                 self._submit,
                 self.factories,

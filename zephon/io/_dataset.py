@@ -52,6 +52,7 @@ class _ShardAccess:
     path: str
     compression: str | None
     seek: np.ndarray | None = field(compare=False)
+    record_offsets: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +119,7 @@ class Dataset:
             scans = list(pool.map(scan, range(len(urls))))
         facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
         planned = [
-            (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes), _ShardAccess(p, c, s.seek))
+            (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes), _ShardAccess(p, c, s.seek, s.record_offsets))
             for u, p, n, c, s in facts
         ]
         return cls(
@@ -170,16 +171,13 @@ class Dataset:
         return collect(chunk, info.url, slots, policy)
 
     def raw_bytes(self, chunk: Chunk) -> int:
-        """Decompressed bytes of a chunk's records: measured where the format can, else prorated."""
+        """Decompressed bytes of a chunk's records: exact where planning saw each record's offset
+        (line formats), else the shard's raw bytes prorated by record count."""
         self._check(chunk)
-        info, access = self.shards[chunk.shard], self._access[chunk.shard]
-        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs)
-        measure = getattr(self._reader, "raw_bytes", None)
-        measured = None
-        if measure is not None and chunk.num_records:
-            measured = self._retry.call(info.url, lambda: measure(shard, access.seek, chunk.start, chunk.stop))
-        if measured is not None:
-            return measured
+        offsets = self._access[chunk.shard].record_offsets
+        if offsets is not None:
+            return int(offsets[chunk.stop] - offsets[chunk.start])
+        info = self.shards[chunk.shard]
         return info.raw_bytes * chunk.num_records // max(1, info.num_records)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -213,6 +211,8 @@ class Dataset:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_reading_fs", None)  # rebuilt on first read in the receiving process
+        # Per-record offsets serve planning only, which happens where the Dataset was built.
+        state["_access"] = tuple(replace(a, record_offsets=None) for a in self._access)
         return state
 
     def _check(self, chunk: Chunk) -> None:

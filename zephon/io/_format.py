@@ -40,8 +40,10 @@ class ShardFile:
 class ShardScan:
     """The planning facts of one shard. `seek[j]` is the byte offset of record `j * stride`.
 
-    `raw_bytes` is the size of the records as stored, decompressed (None: use the file size). Token
-    estimation measures tokens per raw byte, which varies far less between records than tokens per
+    `raw_bytes` is the size of the records as stored, decompressed (None: use the file size);
+    `record_offsets[i]` is where record i starts in that decompressed stream (one more entry for
+    the end), when the format learns it while counting. Token estimation and mixture planning weigh
+    chunks by raw bytes, because tokens per byte varies far less between records than tokens per
     record does.
 
     Each format picks its stride: a read starts at most `stride` records before its range, and the
@@ -51,6 +53,7 @@ class ShardScan:
     num_records: int
     seek: np.ndarray | None = None
     raw_bytes: int | None = None
+    record_offsets: np.ndarray | None = None
 
 
 class ShardFormat(Protocol):
@@ -64,9 +67,4 @@ class ShardFormat(Protocol):
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         """One slot per record index in [start, stop): the record, or `Bad` with its reason."""
-        ...
-
-    def raw_bytes(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> int | None:
-        """Decompressed bytes of the records [start, stop), or None when the format cannot tell
-        cheaply (the Dataset then prorates the shard's `raw_bytes`)."""
         ...

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._format import ShardFile, ShardScan
-from ._lines import lines_raw_bytes, read_lines, scan_lines
+from ._lines import read_lines, scan_lines
 from ._policy import INVALID_UTF8, MALFORMED_JSON, NOT_AN_OBJECT, Bad, Slot, fill_truncated
 
 __all__ = ["JsonLines"]
@@ -30,10 +30,6 @@ class JsonLines:
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         lines, short_detail = read_lines(shard, seek, start, stop)
         return fill_truncated([_parse(line) for line in lines], stop - start, short_detail)
-
-    def raw_bytes(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> int:
-        return lines_raw_bytes(shard, seek, start, stop)
-
 
 def _parse(line: bytes) -> Slot:
     try:

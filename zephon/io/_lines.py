@@ -17,7 +17,7 @@ import numpy as np
 from ._compression import decompressed_blocks, raw_blocks
 from ._format import ShardFile, ShardScan
 
-__all__ = ["scan_lines", "read_lines", "lines_raw_bytes"]
+__all__ = ["scan_lines", "read_lines"]
 
 SEEK_STRIDE = 256  # lines are small: a chunk read skips at most a few hundred of them
 
@@ -25,43 +25,33 @@ _NEWLINE = 0x0A
 
 
 def scan_lines(shard: ShardFile) -> ShardScan:
-    """Count the lines of a shard; index them when it is uncompressed.
+    """Count the lines of a shard and record where each starts in the decompressed stream.
 
+    The starts give every chunk's exact raw size for mixture planning; for uncompressed shards every
+    SEEK_STRIDE-th start is also the seek index of chunk reads.
     A compressed shard cut short counts its complete lines plus one for the damaged tail (how many
     records the tail held is unknowable), so that reading it reports at least one truncated record
     instead of the plan silently omitting the loss.
     """
-    indexed = shard.compression is None
-    newlines = size = 0
+    size = 0
     last = b""
     cut = False
     starts = [np.zeros(1, dtype=np.int64)]
     with shard.open() as f:
         try:
             for block in decompressed_blocks(f, shard.compression):
-                if indexed:
-                    positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
-                    # line m + 1 starts after newline m; keep the lines whose number is a stride multiple
-                    first = (SEEK_STRIDE - 1 - newlines) % SEEK_STRIDE
-                    starts.append(positions[first::SEEK_STRIDE].astype(np.int64) + size + 1)
-                    newlines += positions.size
-                else:
-                    newlines += block.count(b"\n")
+                positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
+                starts.append(positions.astype(np.int64) + size + 1)  # line m + 1 starts after newline m
                 size += len(block)
                 last = block[-1:]
         except EOFError:
             cut = True
-    num_lines = newlines + (1 if cut or (size and last != b"\n") else 0)
-    if not indexed:
-        return ShardScan(num_lines, raw_bytes=size)
-    num_points = -(-num_lines // SEEK_STRIDE)
-    return ShardScan(num_lines, np.concatenate(starts)[:num_points], raw_bytes=size)
-
-
-def lines_raw_bytes(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> int:
-    """Bytes of the lines [start, stop), newlines included."""
-    lines, _ = read_lines(shard, seek, start, stop)
-    return sum(len(line) + 1 for line in lines)
+    offsets = np.concatenate(starts)
+    unterminated = cut or (size and last != b"\n")
+    num_lines = len(offsets) - 1 + (1 if unterminated else 0)
+    offsets = np.append(offsets[:num_lines], size)  # starts of every line, then the end
+    seek = offsets[:num_lines:SEEK_STRIDE] if shard.compression is None else None
+    return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets)
 
 
 def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> tuple[list[bytes], str]:

@@ -27,9 +27,6 @@ class Parquet:
         raw = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         return ShardScan(metadata.num_rows, raw_bytes=raw)
 
-    def raw_bytes(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> None:
-        return None  # row groups have sizes, rows do not: prorated by the Dataset
-
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         with shard.open() as f:
             parquet = pq.ParquetFile(f)

@@ -9,7 +9,7 @@ import numpy as np
 from .._errors import ConfigurationError
 from ._compression import decompressed_blocks
 from ._format import ShardFile, ShardScan
-from ._lines import lines_raw_bytes, read_lines, scan_lines
+from ._lines import read_lines, scan_lines
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
 __all__ = ["Text", "TEXT_UNITS"]
@@ -47,10 +47,6 @@ class Text:
             except EOFError as error:
                 return fill_truncated([], stop - start, str(error))
         return [_decode(content)]
-
-    def raw_bytes(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> int | None:
-        return lines_raw_bytes(shard, seek, start, stop) if self.unit == "line" else None
-
 
 def _decode(data: bytes) -> Slot:
     try:

@@ -1,14 +1,10 @@
 """Work plans: which chunk each lane reads at each of its slots, and where flushes fall.
 
-The global plan is an endless (or epoch-bounded) sequence of *slots*; slot g belongs to lane
-g % num_lanes. A slot holds one chunk, or nothing once a finite dataset is exhausted. Any slot can
-be computed directly from its index, so a resumed lane starts at its cursor without replaying the
-plan from the beginning.
-
-A mixture is realised in *rounds*: every round holds a fixed integer quota of chunks per dataset,
-laid out by a smooth interleave (each dataset's chunks evenly spread), so every prefix of the
-plan is within about one chunk per dataset of the target. The order *within* a dataset is a
-seeded permutation per epoch.
+Each lane has an endless (or epoch-bounded) sequence of *slots*, each holding one chunk. Any slot
+can be computed directly from its index (in logarithmic time), so a resumed lane starts at its
+cursor without replaying the plan from the beginning. The order within a dataset is a seeded
+permutation per epoch; how datasets are interleaved follows their target token shares (see
+MixturePlan and TokenInterleave).
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from ._estimation import TokenCounter, TokenEstimation, TokenStats
 if TYPE_CHECKING:
     from ..io import Dataset
 
-__all__ = ["WorkSource", "WorkPlan", "StaticMixtureWorkSource", "MixturePlan", "Flush", "lane_plan"]
+__all__ = ["WorkSource", "WorkPlan", "StaticMixtureWorkSource", "MixturePlan", "TokenInterleave", "Flush", "lane_plan"]
 
 
 @dataclass(frozen=True)
@@ -43,15 +39,16 @@ class Flush:
 
 @runtime_checkable
 class WorkPlan(Protocol):
-    """A bound, deterministic plan of chunks."""
+    """A bound, deterministic plan of chunks for each of `num_lanes` lanes."""
 
     datasets: Mapping[str, Dataset]
+    num_lanes: int
 
-    def slot(self, g: int) -> Chunk | None:
-        """The chunk of global slot g, or None for an empty slot."""
+    def slot(self, lane: int, s: int) -> Chunk | None:
+        """The chunk of the lane's slot s, or None for an empty slot."""
 
-    def num_slots(self) -> int | None:
-        """Total number of slots of a finite plan; None when the plan is endless."""
+    def num_slots(self, lane: int) -> int | None:
+        """Number of slots of the lane in a finite plan; None when the plan is endless."""
 
     def fingerprint(self) -> dict: ...
 
@@ -62,25 +59,22 @@ class WorkPlan(Protocol):
 class WorkSource(Protocol):
     """Turns datasets, a mixture and a seed into a WorkPlan once the pipeline can count tokens."""
 
-    def bind(self, count_tokens: TokenCounter | None) -> WorkPlan: ...
+    def bind(self, count_tokens: TokenCounter | None, num_lanes: int) -> WorkPlan: ...
 
 
-def lane_plan(
-    plan: WorkPlan, lane: int, num_lanes: int, flush_every: int, start_segment: int = 0
-) -> Iterator[Chunk | Flush]:
+def lane_plan(plan: WorkPlan, lane: int, flush_every: int, start_segment: int = 0) -> Iterator[Chunk | Flush]:
     """The input of one lane from the start of `start_segment`: chunks with a Flush every
     `flush_every` slots (empty slots count as slots, so segment boundaries never move), and a
     final Flush when a finite plan ends."""
-    total = plan.num_slots()
+    total = plan.num_slots(lane)
     first = slot = start_segment * flush_every
     while True:
         if slot % flush_every == 0 and slot > first:
             yield Flush(slot // flush_every)
-        g = slot * num_lanes + lane
-        if total is not None and g >= total:
+        if total is not None and slot >= total:
             yield Flush(slot // flush_every + 1)
             return
-        chunk = plan.slot(g)
+        chunk = plan.slot(lane, slot)
         if chunk is not None:
             yield chunk
         slot += 1
@@ -92,7 +86,8 @@ class StaticMixtureWorkSource:
     `mixture` maps dataset names to weights (normalised). With a `token_estimation`, weights are
     token shares; without one, they are record shares. `num_epochs=None` plans forever (each
     dataset restarts with a fresh permutation); an integer bounds each dataset to that many passes,
-    after which its slots are empty and the plan ends once every dataset is done.
+    after which it drops out and the plan ends once every dataset is done. `round_size` is about
+    how many chunks a planning round holds (a bigger round mixes over a longer horizon).
     """
 
     def __init__(
@@ -131,77 +126,70 @@ class StaticMixtureWorkSource:
         self.num_epochs = num_epochs
         self.round_size = round_size
 
-    def bind(self, count_tokens: TokenCounter | None) -> MixturePlan:
+    def bind(self, count_tokens: TokenCounter | None, num_lanes: int) -> MixturePlan:
         stats: dict[str, TokenStats] = {}
         if self.token_estimation is not None and count_tokens is not None:
             for ds in self.datasets:
                 if self.mixture[ds.name] > 0:
                     stats[ds.name] = self.token_estimation.measure(ds, count_tokens)
-        return MixturePlan(self, stats)
+        return MixturePlan(self, stats, num_lanes)
 
 
 class MixturePlan:
-    """A StaticMixtureWorkSource bound to measured token statistics. Immutable and thread-safe."""
+    """A StaticMixtureWorkSource bound to token statistics and a lane count. Immutable.
 
-    def __init__(self, source: StaticMixtureWorkSource, stats: Mapping[str, TokenStats]) -> None:
+    Each dataset's chunks are dealt to lanes by a seeded permutation (chunk j of it goes to lane
+    j mod num_lanes), and every lane mixes its own share of each dataset by tokens (see
+    TokenInterleave). Lanes hand the trainer equal numbers of tokens, so mixing *inside* each lane
+    is what keeps the global token shares on target at every step, not only on average.
+    """
+
+    def __init__(self, source: StaticMixtureWorkSource, stats: Mapping[str, TokenStats], num_lanes: int) -> None:
         self.source = source
         self.stats = dict(stats)
-        live = [ds for ds in source.datasets if source.mixture[ds.name] > 0]
+        self.num_lanes = num_lanes
         self.datasets = {ds.name: ds for ds in source.datasets}
-        self._names = [ds.name for ds in live]
-        self._chunks = {ds.name: ds.chunks(source.records_per_chunk) for ds in live}
-        for name, chunks in self._chunks.items():
-            if not chunks:
-                raise ConfigurationError(f"dataset {name!r} has no records; drop it from the mixture")
-        self.quotas = self._quotas()
-        self._pattern, self._occurrence = self._interleave()
-        self._round = len(self._pattern)
+        live = [ds for ds in source.datasets if source.mixture[ds.name] > 0]
+        dealt: dict[str, list[list[Chunk]]] = {}
+        weights: dict[str, list[np.ndarray]] = {}
+        for ds in live:
+            chunks = ds.chunks(source.records_per_chunk)
+            if len(chunks) < num_lanes:
+                raise ConfigurationError(
+                    f"dataset {ds.name!r} has {len(chunks)} chunks of {source.records_per_chunk} records, fewer than "
+                    f"num_lanes={num_lanes}: every lane needs a share of every dataset; lower records_per_chunk"
+                )
+            tokens = self._expected_tokens(ds, chunks)
+            order = _seeded_permutation(f"{source.seed}/deal/{ds.name}", len(chunks))
+            dealt[ds.name] = [[chunks[i] for i in order[lane::num_lanes]] for lane in range(num_lanes)]
+            weights[ds.name] = [tokens[order[lane::num_lanes]] for lane in range(num_lanes)]
+        self.expected_tokens_per_epoch = {n: float(sum(w.sum() for w in ws)) for n, ws in weights.items()}
+        self._lanes = [
+            TokenInterleave(
+                {n: dealt[n][lane] for n in dealt},
+                {n: weights[n][lane] for n in weights},
+                {n: source.mixture[n] for n in dealt},
+                seed=f"{source.seed}/lane/{lane}",
+                round_size=max(1, source.round_size // num_lanes),
+                num_epochs=source.num_epochs,
+            )
+            for lane in range(num_lanes)
+        ]
 
-    def _quotas(self) -> dict[str, int]:
-        """Chunks per round for each dataset, so that the *tokens* per round follow the mixture."""
-        weights = {}
-        for name in self._names:
-            records = sum(c.num_records for c in self._chunks[name])
-            records_per_chunk = records / len(self._chunks[name])
-            per_chunk = records_per_chunk
-            if name in self.stats and self.stats[name].tokens_per_record > 0:
-                per_chunk = records_per_chunk * self.stats[name].tokens_per_record
-            weights[name] = self.source.mixture[name] / per_chunk
-        norm = sum(weights.values())
-        return {n: max(1, round(self.source.round_size * w / norm)) for n, w in weights.items()}
+    def _expected_tokens(self, dataset: Dataset, chunks: list[Chunk]) -> np.ndarray:
+        """Tokens per raw byte × raw bytes when estimated, else records (a record mixture)."""
+        stats = self.stats.get(dataset.name)
+        if stats is not None and stats.tokens_per_byte > 0:
+            weights = np.array([dataset.raw_bytes(c) for c in chunks], dtype=np.float64) * stats.tokens_per_byte
+        else:
+            weights = np.array([c.num_records for c in chunks], dtype=np.float64)
+        return np.maximum(weights, 1e-9)
 
-    def _interleave(self) -> tuple[list[int], list[int]]:
-        """One round's layout: dataset index per position, and that chunk's rank within its dataset."""
-        keyed = []
-        for d, name in enumerate(self._names):
-            q = self.quotas[name]
-            keyed.extend(((2 * k + 1) / (2 * q), d, k) for k in range(q))
-        keyed.sort()
-        return [d for _, d, _ in keyed], [k for _, _, k in keyed]
+    def slot(self, lane: int, s: int) -> Chunk | None:
+        return self._lanes[lane].slot(s)
 
-    @lru_cache(maxsize=64)
-    def _permutation(self, name: str, epoch: int) -> np.ndarray:
-        key = f"{self.source.seed}/epoch/{name}/{epoch}".encode()
-        seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
-        return np.random.default_rng(seed).permutation(len(self._chunks[name]))
-
-    def slot(self, g: int) -> Chunk | None:
-        r, j = divmod(g, self._round)
-        name = self._names[self._pattern[j]]
-        n = r * self.quotas[name] + self._occurrence[j]
-        chunks = self._chunks[name]
-        epoch, i = divmod(n, len(chunks))
-        if self.source.num_epochs is not None and epoch >= self.source.num_epochs:
-            return None
-        return chunks[int(self._permutation(name, epoch)[i])]
-
-    def num_slots(self) -> int | None:
-        if self.source.num_epochs is None:
-            return None
-        rounds = max(
-            math.ceil(self.source.num_epochs * len(self._chunks[n]) / self.quotas[n]) for n in self._names
-        )
-        return rounds * self._round
+    def num_slots(self, lane: int) -> int | None:
+        return self._lanes[lane].num_slots()
 
     def fingerprint(self) -> dict:
         return {
@@ -211,13 +199,105 @@ class MixturePlan:
             "seed": self.source.seed,
             "records_per_chunk": self.source.records_per_chunk,
             "num_epochs": self.source.num_epochs,
-            "quotas": self.quotas,
+            "round_size": self.source.round_size,
+            "tokens_per_byte": {n: s.tokens_per_byte for n, s in sorted(self.stats.items())},
         }
 
     def describe(self) -> dict:
         return {
             "mixture": self.source.mixture,
-            "chunks_per_round": self.quotas,
+            "expected_tokens_per_epoch": self.expected_tokens_per_epoch,
             "tokens_per_record": {n: s.tokens_per_record for n, s in self.stats.items()},
             "tokens_per_byte": {n: s.tokens_per_byte for n, s in self.stats.items()},
         }
+
+
+def _seeded_permutation(key: str, n: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    return np.random.default_rng(seed).permutation(n)
+
+
+class TokenInterleave:
+    """One lane's endless (or epoch-bounded) interleave of several chunk streams by token shares.
+
+    Every chunk has an expected token count. Each dataset's stream (a seeded permutation of its
+    chunks per epoch) is cut into rounds by cumulative tokens: round r holds the chunks whose token
+    midpoint falls in [r·B·share, (r+1)·B·share), ordered by that midpoint. Where a round starts is
+    a closed-form sum, so slot s is found by binary search over rounds: resuming deep into a run
+    costs the same as resuming early. Every prefix is within about one chunk per dataset of the
+    target token shares. Thread-safe for reading (its caches hold only pure values).
+    """
+
+    def __init__(self, chunks, weights, shares, *, seed: str, round_size: int, num_epochs: int | None) -> None:
+        self._names = list(chunks)
+        self._chunks = chunks
+        self._weights = weights
+        self._seed = seed
+        self._num_epochs = num_epochs
+        self._epoch_tokens = {n: float(weights[n].sum()) for n in self._names}
+        chunks_per_token = sum(shares[n] * len(chunks[n]) / self._epoch_tokens[n] for n in self._names)
+        round_tokens = round_size / chunks_per_token
+        self._per_round = {n: round_tokens * shares[n] for n in self._names}
+        self._rounds: dict[int, list[Chunk]] = {}
+
+    @lru_cache(maxsize=32)
+    def _epoch(self, name: str, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(permutation, token midpoint of each permuted chunk within the epoch)."""
+        order = _seeded_permutation(f"{self._seed}/epoch/{name}/{epoch}", len(self._chunks[name]))
+        weights = self._weights[name][order]
+        return order, np.cumsum(weights) - weights / 2
+
+    def _limit(self, name: str) -> int | None:
+        return None if self._num_epochs is None else self._num_epochs * len(self._chunks[name])
+
+    def _count_before(self, name: str, round_index: int) -> int:
+        """How many chunks of `name` come before round `round_index`."""
+        target = round_index * self._per_round[name]
+        epoch_tokens, n = self._epoch_tokens[name], len(self._chunks[name])
+        epoch = int(target // epoch_tokens)
+        _, mids = self._epoch(name, epoch)
+        count = epoch * n + int(np.searchsorted(mids, target - epoch * epoch_tokens, side="left"))
+        limit = self._limit(name)
+        return count if limit is None else min(count, limit)
+
+    def _round_start(self, round_index: int) -> int:
+        return sum(self._count_before(n, round_index) for n in self._names)
+
+    def _round(self, round_index: int) -> list[Chunk]:
+        cached = self._rounds.get(round_index)
+        if cached is not None:
+            return cached
+        keyed = []
+        for d, name in enumerate(self._names):
+            n, epoch_tokens = len(self._chunks[name]), self._epoch_tokens[name]
+            for k in range(self._count_before(name, round_index), self._count_before(name, round_index + 1)):
+                epoch, i = divmod(k, n)
+                order, mids = self._epoch(name, epoch)
+                position = (epoch * epoch_tokens + mids[i]) / self._per_round[name] - round_index
+                keyed.append((position, d, self._chunks[name][int(order[i])]))
+        keyed.sort(key=lambda t: (t[0], t[1]))
+        chunks = [chunk for _, _, chunk in keyed]
+        if len(self._rounds) > 8:
+            self._rounds.clear()
+        self._rounds[round_index] = chunks
+        return chunks
+
+    def slot(self, s: int) -> Chunk | None:
+        total = self.num_slots()
+        if total is not None and s >= total:
+            return None
+        lo, hi = 0, 1
+        while self._round_start(hi) <= s:  # find a round that starts after s
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._round_start(mid) <= s:
+                lo = mid
+            else:
+                hi = mid
+        return self._round(lo)[s - self._round_start(lo)]
+
+    def num_slots(self) -> int | None:
+        if self._num_epochs is None:
+            return None
+        return sum(self._limit(n) for n in self._names)
