@@ -1,0 +1,391 @@
+"""A TorchTitan data loader on Zephon lanes, built from a `DataRecipe`.
+
+Targets TorchTitan 0.3.0 (`torchtitan.components.dataloader.BaseDataLoader`). TorchTitan's
+contract, read from that release:
+
+- the trainer builds the loader with `config.dataloader.build(dp_world_size=, dp_rank=,
+  tokenizer=, seq_len=, local_batch_size=, snapshot_every_n_steps=)`;
+- each `next()` on the loader's iterator yields `(input_dict, labels)`: `input_dict["input"]` a
+  (local_batch_size, seq_len) token tensor, every other key of `input_dict` (here `positions`)
+  passed to the model's forward; the trainer calls `next()` `gradient_accumulation_steps` times per
+  optimizer step, where gradient_accumulation_steps = global_batch_size / (local_batch_size ×
+  dp_world_size);
+- the checkpointer stores the loader (a `Stateful`) under the key `dataloader` of a DCP checkpoint:
+  `state_dict()` on every rank at save, `state_dict()` (as a template) then `load_state_dict()` at
+  load. TorchTitan's own loaders write one key per data-parallel rank and refuse a different
+  data-parallel degree on load.
+
+`ZephonDataLoader.state_dict()` instead writes ONE key holding the state of EVERY lane (gathered
+over the process group), identical on all ranks: DCP saves it once, every rank of a later run —
+on any data-parallel degree that divides the lane count — reads it and picks its own lanes.
+
+When `torchtitan` is importable the loader subclasses its `BaseDataLoader` and its `Config`
+subclasses `BaseDataLoader.Config`; otherwise it implements the same contract on its own, so this
+module imports without torch or torchtitan.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from .._batch import Batch
+from .._errors import CheckpointError, ConfigurationError
+from .._pipeline import Pipeline
+from ..distributed import gather_state, rank_and_world_size
+
+__all__ = ["DataRecipe", "ZephonDataLoader", "build_zephon_dataloader", "TORCHTITAN_VERSION", "STATE_KEY"]
+
+log = logging.getLogger("zephon.integrations.torchtitan")
+
+TORCHTITAN_VERSION = "0.3.0"
+"""The TorchTitan release whose data-loader contract this module was written against."""
+
+STATE_KEY = "zephon_state"
+"""The one key of `ZephonDataLoader.state_dict()`: the JSON state of every lane."""
+
+try:
+    from torchtitan.components.dataloader import BaseDataLoader as _TitanBase
+except ImportError:  # torchtitan (or torch) is optional: implement the contract without it
+    _TitanBase = None
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    """Everything that decides the data, plus the performance knobs to run it with.
+
+    Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
+    `mixture`, `tokenizer`, `text_field`, `bos`, `eos`, `max_length`, `packing`, `shuffle_buffer`,
+    `seed`, `num_lanes`, `microbatch_size`, `flush_every_chunks`, `records_per_chunk`,
+    `token_estimation`, `num_epochs` — and the global batch size, which the loader takes separately.
+    Performance (free to change on resume): `parallelism`, `runner`, `cache`.
+
+    `datasets` are `(name, url)` pairs (any URL `zephon.io.Dataset.from_path` reads); a mapping is
+    accepted and kept in its order. `mixture` maps names to token shares (normalised; None: equal).
+    `num_lanes` should be a common multiple of every data-parallel size the run may use.
+    """
+
+    datasets: tuple[tuple[str, str], ...]
+    tokenizer: str
+    mixture: tuple[tuple[str, float], ...] | None = None
+    text_field: str = "text"
+    bos: str | None = None
+    eos: str | None = None
+    max_length: int = 2048
+    packing: str = "wrap"
+    shuffle_buffer: int = 1024
+    seed: int = 0
+    num_lanes: int = 32
+    microbatch_size: int = 1
+    flush_every_chunks: int = 16
+    records_per_chunk: int = 128
+    token_estimation: bool = True
+    num_epochs: int | None = None
+    parallelism: int = 1
+    runner: str = "auto"
+    cache: bool = False
+
+    def __post_init__(self) -> None:
+        datasets = self.datasets.items() if isinstance(self.datasets, Mapping) else self.datasets
+        try:
+            datasets = tuple((str(name), str(url)) for name, url in datasets)
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"DataRecipe.datasets must be (name, url) pairs, got {self.datasets!r}") from None
+        if not datasets:
+            raise ConfigurationError("DataRecipe.datasets is empty")
+        object.__setattr__(self, "datasets", datasets)
+        if self.mixture is not None:
+            mixture = self.mixture.items() if isinstance(self.mixture, Mapping) else self.mixture
+            mixture = tuple((str(name), float(weight)) for name, weight in mixture)
+            object.__setattr__(self, "mixture", mixture)
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
+
+    def pipeline(self) -> Pipeline:
+        """The Zephon pipeline this recipe describes: tokenize → pack → shuffle → batch."""
+        from ..io import Dataset
+        from ..work import StaticMixtureWorkSource, TokenEstimation
+
+        cache = {"enabled": True} if self.cache else None
+        source = StaticMixtureWorkSource(
+            datasets=[Dataset.from_path(name, url, cache=cache) for name, url in self.datasets],
+            mixture=dict(self.mixture) if self.mixture is not None else None,
+            token_estimation=TokenEstimation() if self.token_estimation else None,
+            seed=self.seed,
+            records_per_chunk=self.records_per_chunk,
+            num_epochs=self.num_epochs,
+        )
+        return (
+            Pipeline(source)
+            .options(num_lanes=self.num_lanes, runner=self.runner, flush_every_chunks=self.flush_every_chunks)
+            .tokenize(self.tokenizer, field=self.text_field, parallelism=self.parallelism, bos=self.bos, eos=self.eos)
+            .pack_flat(max_length=self.max_length, algorithm=self.packing)
+            .shuffle(buffer_size=self.shuffle_buffer, seed=self.seed)
+            .batch(microbatch_size=self.microbatch_size)
+        )
+
+
+class _DataLoaderContract(ABC):
+    """TorchTitan's `BaseDataLoader` contract where torchtitan is not installed: an iterable of
+    `(input_dict, labels)` that is `Stateful` (torch's `Stateful` is a structural protocol, so DCP
+    accepts it as one)."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[tuple[dict, Any]]: ...
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def check_titan_layout(
+    num_lanes: int, microbatch_size: int, dp_rank: int, dp_world_size: int, global_batch_size: int, local_batch_size: int
+) -> None:
+    """Fail at construction, naming the numbers, on a layout that cannot split evenly."""
+    if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
+        raise ConfigurationError(f"dp_rank={dp_rank} is not in [0, dp_world_size={dp_world_size})")
+    if num_lanes % dp_world_size:
+        raise ConfigurationError(
+            f"num_lanes={num_lanes} is not divisible by dp_world_size={dp_world_size}: every data-parallel "
+            f"replica must own the same number of lanes; choose num_lanes as a common multiple of every "
+            f"data-parallel size the run may use"
+        )
+    if global_batch_size < 1 or global_batch_size % num_lanes:
+        raise ConfigurationError(
+            f"global_batch_size={global_batch_size} does not split evenly across num_lanes={num_lanes}: "
+            f"each step takes global_batch_size/num_lanes rows from every lane"
+        )
+    per_lane = global_batch_size // num_lanes
+    if per_lane % microbatch_size:
+        raise ConfigurationError(
+            f"global_batch_size/num_lanes = {global_batch_size}/{num_lanes} = {per_lane} rows per lane per step "
+            f"is not divisible by microbatch_size={microbatch_size}"
+        )
+    local_step = global_batch_size // dp_world_size
+    if local_batch_size < 1 or local_step % local_batch_size:
+        raise ConfigurationError(
+            f"local_batch_size={local_batch_size} does not divide the {local_step} rows each of the "
+            f"dp_world_size={dp_world_size} replicas takes per step (global_batch_size={global_batch_size}): "
+            f"TorchTitan needs global_batch_size = local_batch_size × dp_world_size × gradient accumulation steps"
+        )
+    if local_batch_size % microbatch_size:
+        raise ConfigurationError(
+            f"local_batch_size={local_batch_size} is not a multiple of the recipe's microbatch_size="
+            f"{microbatch_size}: each yielded batch must hold whole microbatches (choose a microbatch_size "
+            f"that divides every local batch size the run may use, e.g. 1)"
+        )
+
+
+_Base = _TitanBase if _TitanBase is not None else _DataLoaderContract
+
+
+class ZephonDataLoader(_Base):
+    """One data-parallel replica's share of a Zephon stream, in TorchTitan's loader contract.
+
+    Each global step of `global_batch_size` rows takes the same rows whatever `dp_world_size` is;
+    this replica yields its lanes' rows of every step in canonical (lane, microbatch) order, in
+    `gradient_accumulation_steps` batches of `local_batch_size` rows:
+    `({"input": input_ids, "positions": position_ids}, labels)`, int64 tensors of shape
+    (local_batch_size, max_length). Labels are next-token aligned already (IGNORE_INDEX = -100 at
+    document ends and padding), as TorchTitan's own text loader yields them; `positions` restart at
+    each document, which TorchTitan's block-causal attention uses as the document mask.
+
+    `recipe` is a `DataRecipe` or a ready `zephon.Pipeline` (ending in `.batch`). `dp_rank` and
+    `dp_world_size` default to torch.distributed's. `group` is the process group over which
+    `state_dict()` gathers the lanes (default: the world, which also works when tensor/pipeline
+    parallel peers hold identical copies).
+
+    With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
+    short, then iteration stops (TorchTitan ends training on the first exhausted rank).
+
+    Thread-unsafe: iterate it from one thread. `close()` (or `with`) stops its workers.
+    """
+
+    if _TitanBase is not None:
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(_TitanBase.Config):
+            """`Trainer.Config.dataloader` for a Zephon stream (see the integrations README)."""
+
+            recipe: DataRecipe | None = None
+            global_batch_size: int = -1
+            """Rows per optimizer step; set it to `training.global_batch_size`. -1: local × dp (then a
+            resume on another data-parallel size is refused, the global batch having changed)."""
+            emit_positions: bool = True
+
+            def build(self, **kwargs):
+                return build_zephon_dataloader(self, **kwargs)
+
+    else:
+
+        @dataclass(kw_only=True)
+        class Config:
+            """`Trainer.Config.dataloader` for a Zephon stream (see the integrations README)."""
+
+            dataset: str = ""
+            dataset_path: str | None = None
+            recipe: DataRecipe | None = None
+            global_batch_size: int = -1
+            emit_positions: bool = True
+
+            def build(self, **kwargs):
+                return build_zephon_dataloader(self, **kwargs)
+
+    def __init__(
+        self,
+        recipe: DataRecipe | Pipeline,
+        dp_rank: int | None = None,
+        dp_world_size: int | None = None,
+        global_batch_size: int | None = None,
+        *,
+        local_batch_size: int | None = None,
+        group=None,
+        emit_positions: bool = True,
+    ) -> None:
+        pipeline = recipe.pipeline() if isinstance(recipe, DataRecipe) else recipe
+        if not isinstance(pipeline, Pipeline):
+            raise ConfigurationError(f"ZephonDataLoader needs a DataRecipe or a zephon.Pipeline, got {type(recipe).__name__}")
+        dp_rank, dp_world_size = rank_and_world_size(dp_rank, dp_world_size)
+        num_lanes, m = pipeline.settings.num_lanes, pipeline.microbatch_size
+        if global_batch_size is None:
+            raise ConfigurationError("ZephonDataLoader needs global_batch_size (rows per optimizer step)")
+        if local_batch_size is None:
+            local_batch_size = global_batch_size // dp_world_size if global_batch_size % dp_world_size == 0 else 0
+        check_titan_layout(num_lanes, m, dp_rank, dp_world_size, global_batch_size, local_batch_size)
+        self.recipe = recipe if isinstance(recipe, DataRecipe) else None
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.global_batch_size, self.local_batch_size = global_batch_size, local_batch_size
+        self.gradient_accumulation_steps = global_batch_size // (local_batch_size * dp_world_size)
+        self.emit_positions = emit_positions
+        self.last_microbatches: tuple[Batch, ...] = ()
+        """The Zephon microbatches behind the most recent yield (for barcodes: `Batch.digest()`)."""
+        self._group = group
+        self._loader = pipeline.shard(dp_rank, dp_world_size, global_batch_size=global_batch_size)
+
+    @property
+    def loader(self):
+        """The underlying `zephon.RankLoader`."""
+        return self._loader
+
+    @property
+    def lanes(self) -> list[int]:
+        return self._loader.lanes
+
+    def __iter__(self) -> Iterator[tuple[dict, Any]]:
+        per_yield = self.local_batch_size // self._loader.microbatch_size
+        microbatches = iter(self._loader)
+        while True:
+            group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
+            if not group:
+                return
+            self.last_microbatches = group
+            yield self._collate(group)
+            if len(group) < per_yield:
+                return
+
+    def _collate(self, group: tuple[Batch, ...]) -> tuple[dict, Any]:
+        import torch
+
+        def stacked(name: str):
+            return torch.from_numpy(np.concatenate([b.tokens[name] for b in group])).long()
+
+        inputs = {"input": stacked("input_ids")}
+        if self.emit_positions:
+            inputs["positions"] = stacked("position_ids")
+        return inputs, stacked("labels")
+
+    # -- Stateful ----------------------------------------------------------------------------
+    def local_state_dict(self) -> dict:
+        """This replica's lanes only (plain JSON); `zephon.merge_states` combines replicas."""
+        return self._loader.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """`{STATE_KEY: JSON}` covering every lane: gathered over the process group when one is
+        initialised (every rank must call this, as DCP does), else this replica's own lanes.
+
+        A JSON string rather than nested containers: DCP stores it as one opaque value, identical
+        on every rank, so it is written once and read back by any number of ranks.
+        """
+        return {STATE_KEY: json.dumps(gather_state(self._loader, self._group), sort_keys=True)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take up this replica's lanes from a state saved on any data-parallel size.
+
+        An empty state is accepted (TorchTitan's convention for "nothing saved"); a state without
+        Zephon's key, a changed recipe or a state missing this replica's lanes is refused.
+        """
+        if not state_dict:
+            return
+        if STATE_KEY not in state_dict:
+            raise CheckpointError(
+                f"the dataloader state has keys {sorted(state_dict)} but no {STATE_KEY!r}: it was not written "
+                f"by ZephonDataLoader (a TorchTitan loader writes one 'dp_rank_N' key per rank)"
+            )
+        self._loader.load_state_dict(state_dict[STATE_KEY])
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return self._loader.stats()
+
+    def close(self) -> None:
+        self._loader.close()
+
+    def __enter__(self) -> ZephonDataLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def build_zephon_dataloader(
+    config,
+    *,
+    dp_world_size: int,
+    dp_rank: int,
+    local_batch_size: int,
+    seq_len: int | None = None,
+    tokenizer=None,
+    snapshot_every_n_steps: int | None = None,
+    **other,
+) -> ZephonDataLoader:
+    """What TorchTitan 0.3.0's trainer calls through `config.dataloader.build(...)`.
+
+    `seq_len` (`training.seq_len`) must equal the recipe's `max_length`. `tokenizer` (TorchTitan's,
+    from `hf_assets_path`) is not used: the recipe names its own, whose vocabulary must fit the
+    model. `snapshot_every_n_steps` is not needed: a Zephon state is a few cursors, cheap at any step.
+    """
+    recipe = getattr(config, "recipe", None)
+    if recipe is None:
+        raise ConfigurationError("dataloader.recipe is not set: give ZephonDataLoader.Config a DataRecipe")
+    if other:
+        log.warning("ZephonDataLoader ignores unknown build arguments %s", sorted(other))
+    max_length = recipe.max_length if isinstance(recipe, DataRecipe) else None
+    if seq_len is not None and max_length is not None and seq_len != max_length:
+        raise ConfigurationError(
+            f"training.seq_len={seq_len} differs from the data recipe's max_length={max_length}; make them equal"
+        )
+    global_batch_size = config.global_batch_size
+    if global_batch_size is None or global_batch_size < 0:
+        global_batch_size = local_batch_size * dp_world_size
+        log.warning(
+            "dataloader.global_batch_size is not set: using local_batch_size × dp_world_size = %d. A resume on "
+            "another data-parallel size will be refused (the global batch size is part of the recipe); set it "
+            "to training.global_batch_size to make the run elastic", global_batch_size,
+        )
+    return ZephonDataLoader(
+        recipe,
+        dp_rank,
+        dp_world_size,
+        global_batch_size,
+        local_batch_size=local_batch_size,
+        emit_positions=getattr(config, "emit_positions", True),
+    )
