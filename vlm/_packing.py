@@ -394,6 +394,18 @@ class PackMultimodal:
         plan ran out (the core's text padding row has no ragged fields to concatenate with)."""
         return self.factory(default_pad_id)(SegmentContext(lane=-1, segment=-1)).empty_row()
 
+    def token_counter(self):
+        """(address, record) -> the tokens that record becomes (text plus image placeholders), so
+        token estimation weighs VLM datasets by what they really put in a row."""
+        packer = self.factory(0)(SegmentContext(lane=-1, segment=-1))
+
+        def count(address: RecordAddress, record: dict) -> int:
+            doc = packer._document(address, record)
+            packer.drain_skips(), packer.drain_truncations()
+            return 0 if doc is None else doc.length
+
+        return count
+
     def fingerprint(self, default_pad_id: int) -> dict:
         out = {
             "op": self.name,

@@ -41,7 +41,12 @@ class SegmentContext:
 @runtime_checkable
 class Accumulator(Protocol):
     """`push` takes one item and returns the items now ready (possibly none), in order;
-    `flush` returns everything still held and leaves the accumulator empty."""
+    `flush` returns everything still held and leaves the accumulator empty.
+
+    An accumulator that refuses items (it cannot place them) also offers `drain_skips()`, returning
+    and forgetting the (address, reason) pairs refused since the last call; the lane driver passes
+    them to the ledger.
+    """
 
     def push(self, item: Any) -> list[Any]: ...
 

@@ -35,6 +35,7 @@ class LaneStream:
         factories: list[AccumulatorFactory],
         prefetch: int,
         on_chunk: Callable[[int, ChunkRecords], None],
+        on_skips: Callable[[int, list], None],
     ) -> None:
         self.lane = lane
         self._items = items
@@ -43,6 +44,7 @@ class LaneStream:
         self._factories = factories
         self._prefetch = prefetch
         self._on_chunk = on_chunk
+        self._on_skips = on_skips
         self._pending: deque[Future | Flush] = deque()
         self._in_flight = 0
         self._plan_done = False
@@ -85,7 +87,9 @@ class LaneStream:
                 return
             entry = self._pending.popleft()
             if isinstance(entry, Flush):
-                for row in _flush_chain(accumulators):
+                rows = _flush_chain(accumulators)
+                self._collect_skips(accumulators)
+                for row in rows:
                     yield self._segment, row
                 self._segment = entry.segment
                 accumulators = [make(SegmentContext(self.lane, self._segment)) for make in self._factories]
@@ -97,6 +101,17 @@ class LaneStream:
             for address, record in zip(batch.addresses, batch.records):
                 for row in _push_chain(accumulators, (address, record)):
                     yield self._segment, row
+            self._collect_skips(accumulators)
+
+    def _collect_skips(self, accumulators) -> None:
+        """Accumulators may refuse items (a sample whose images cannot fit); they report them
+        through an optional `drain_skips()` so the ledger loses nothing."""
+        for accumulator in accumulators:
+            drain = getattr(accumulator, "drain_skips", None)
+            if drain is not None:
+                skips = drain()
+                if skips:
+                    self._on_skips(self.lane, skips)
 
     def close(self) -> None:
         for entry in self._pending:

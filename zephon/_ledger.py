@@ -28,6 +28,13 @@ class Ledger:
         for _, reason in batch.skipped:
             counts[f"skipped:{reason}"] += 1
 
+    def count_skips(self, lane: int, skips: list) -> None:
+        """Items an accumulator refused, as (address, reason)."""
+        for address, reason in skips:
+            counts = self._records[(address.dataset, lane)]
+            counts["emitted"] -= 1
+            counts[f"skipped:{reason}"] += 1
+
     def count_rows(self, lane: int, real_tokens: int, total_tokens: int) -> None:
         counts = self._tokens[lane]
         counts["rows"] += 1

@@ -101,10 +101,14 @@ class RankLoader:
         record_fns = [(op, op.build(on_error)) for op in record_ops]
         self.stages = _fuse_stages(record_fns, settings.read_parallelism)
         self._stage_fns = [fn for _, fn in record_fns]
-        pack_field = getattr(accumulators[0], "field", "input_ids")
-        self.row_length = accumulators[0].max_length
-        self.plan = pipeline.source.bind(self._token_counter(pack_field), self.num_lanes)
+        packer = accumulators[0]
+        self.row_length = packer.max_length
+        self.plan = pipeline.source.bind(self._token_counter(packer), self.num_lanes)
         self.factories = [op.factory(self.default_pad_id) for op in accumulators]
+        padding_row = getattr(packer, "padding_row", None)
+        self._padding_row = (
+            padding_row(self.default_pad_id) if padding_row else assemble_row([], self.row_length, self.default_pad_id)
+        )
         self.recipe = {
             "recipe_version": RECIPE_VERSION,
             "plan": self.plan.fingerprint(),
@@ -116,13 +120,19 @@ class RankLoader:
         max_parallelism = max((s.parallelism for s in self.stages), default=1)
         self.prefetch = settings.prefetch or max(2, math.ceil(2 * max_parallelism / len(self.lanes)))
 
-    def _token_counter(self, field: str):
+    def _token_counter(self, packer):
+        """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
+        packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
+        of its input field."""
         fns = self._stage_fns
+        make_counter = getattr(packer, "token_counter", None)
+        field = getattr(packer, "field", "input_ids")
+        tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
 
         def count(batch: ChunkRecords) -> int:
             for fn in fns:
                 batch = fn(batch)
-            return sum(len(r[field]) for r in batch.records if field in r)
+            return sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
 
         return count
 
@@ -168,6 +178,7 @@ class RankLoader:
                 self.factories,
                 self.prefetch,
                 self._ledger.count_chunk,
+                self._ledger.count_skips,
             )
             for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
                 if stream.next() is None:
@@ -198,7 +209,7 @@ class RankLoader:
         cursor = self._cursors[lane]
         got = self._streams[lane].next()
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
-            row = assemble_row([], self.row_length, self.default_pad_id)
+            row = self._padding_row
             self._ledger.count_rows(lane, 0, row.length)
             return row
         segment, row = got
