@@ -1,0 +1,235 @@
+"""`zephon.integrations.torchtitan` against TorchTitan 0.3.0's data-loader contract (SPEC §4).
+
+Where `torchtitan` imports (0.3.0 installed with --no-deps beside torch 2.13, plus torchdata,
+tyro and spmd_types), the loader is checked against the real `BaseDataLoader`, the trainer's real
+build call is read from its source, and the torchrun test checkpoints through TorchTitan's own
+CheckpointManager. Without it, the same tests run against the contract the module implements
+itself, and the torchrun test uses torch.distributed.checkpoint under the same `dataloader` key.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.harness import GLOBAL_BATCH, step_digests, text_pipeline
+from tests.integration._torchrun_worker import launch
+from zephon import (
+    IGNORE_INDEX,
+    CheckpointError,
+    ConfigurationError,
+    RecipeMismatchError,
+    global_batch_digest,
+    merge_states,
+)
+from zephon.demo._recipe import DATA, TOKENIZER, demo_pipeline
+from zephon.integrations.torchtitan import (
+    STATE_KEY,
+    TORCHTITAN_VERSION,
+    DataRecipe,
+    ZephonDataLoader,
+    build_zephon_dataloader,
+)
+
+pytestmark = pytest.mark.requires_torch
+
+LOCAL_BATCH = 4
+STEPS = 5
+RESUME_AT = 2
+
+
+def _titan_installed() -> bool:
+    try:
+        import torchtitan.components.dataloader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def corpora(make_jsonl_corpus):
+    return make_jsonl_corpus(3, 40, 21), make_jsonl_corpus(2, 40, 22)
+
+
+@pytest.fixture(scope="module")
+def pipeline(corpora, demo_tokenizer_path):
+    return text_pipeline(*corpora, demo_tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def reference(pipeline) -> list[str]:
+    return step_digests(pipeline, 1, STEPS)
+
+
+def titan_run(pipeline, world_size: int, steps: int, *, state=None, first_step: int = 0) -> tuple[list[str], list]:
+    """Replicas side by side in one process, each `next()`-ed as TorchTitan's train_step does
+    (gradient_accumulation_steps times per step). Returns per-step global digests and the
+    local states of every replica at the end."""
+    loaders = [ZephonDataLoader(pipeline, r, world_size, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) for r in range(world_size)]
+    try:
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
+        iterators = [iter(loader) for loader in loaders]
+        digests = []
+        for step in range(first_step, first_step + steps):
+            microbatches = []
+            for loader, it in zip(loaders, iterators):
+                for _ in range(loader.gradient_accumulation_steps):
+                    next(it)
+                    assert {b.step for b in loader.last_microbatches} == {step}
+                    microbatches.extend(loader.last_microbatches)
+            digests.append(global_batch_digest(microbatches))
+        return digests, [loader.local_state_dict() for loader in loaders]
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+def test_loader_implements_torchtitans_dataloader_contract():
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    if _titan_installed():
+        from torchtitan.components.dataloader import BaseDataLoader
+
+        assert issubclass(ZephonDataLoader, BaseDataLoader)
+        assert issubclass(ZephonDataLoader.Config, BaseDataLoader.Config)
+        assert ZephonDataLoader.Config._owner is ZephonDataLoader
+        import torchtitan
+
+        assert getattr(torchtitan, "__version__", TORCHTITAN_VERSION).startswith(TORCHTITAN_VERSION[:3])
+    for name in ("__iter__", "state_dict", "load_state_dict"):
+        assert callable(getattr(ZephonDataLoader, name))
+    assert issubclass(ZephonDataLoader, Stateful)  # what DCP checks before calling state_dict()
+
+
+def test_builder_accepts_every_argument_the_trainer_passes():
+    """The keywords of TorchTitan's `config.dataloader.build(...)` call, read from trainer.py."""
+    if _titan_installed():
+        source = Path(importlib.util.find_spec("torchtitan").submodule_search_locations[0], "trainer.py").read_text()
+        calls = [
+            node for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "build"
+            and ast.unparse(node.func.value) == "config.dataloader"
+        ]
+        assert calls, "TorchTitan's trainer no longer calls config.dataloader.build(...)"
+        passed = {kw.arg for kw in calls[0].keywords}
+    else:  # as read from torchtitan 0.3.0's trainer.py
+        passed = {"dp_world_size", "dp_rank", "tokenizer", "seq_len", "local_batch_size", "snapshot_every_n_steps"}
+    accepted = set(inspect.signature(build_zephon_dataloader).parameters) - {"config", "other"}
+    assert passed <= accepted, f"the trainer passes {sorted(passed - accepted)} that the builder does not name"
+
+
+def test_config_build_makes_a_loader_like_the_trainer_does(corpora, demo_tokenizer_path):
+    recipe = DataRecipe(
+        datasets={"a": str(corpora[0]), "b": str(corpora[1])}, tokenizer=str(demo_tokenizer_path), eos="<|eos|>",
+        max_length=64, num_lanes=8, microbatch_size=2, shuffle_buffer=8, records_per_chunk=8, runner="inline",
+    )
+    config = ZephonDataLoader.Config(recipe=recipe, global_batch_size=GLOBAL_BATCH)
+    kwargs = dict(dp_world_size=2, dp_rank=1, tokenizer=None, local_batch_size=LOCAL_BATCH, snapshot_every_n_steps=10)
+    with config.build(seq_len=64, **kwargs) as loader:
+        assert loader.lanes == [4, 5, 6, 7]
+        assert loader.gradient_accumulation_steps == GLOBAL_BATCH // (LOCAL_BATCH * 2)
+        inputs, labels = next(iter(loader))
+        assert set(inputs) == {"input", "positions"}
+    with pytest.raises(ConfigurationError, match="seq_len=128 differs from the data recipe's max_length=64"):
+        config.build(seq_len=128, **kwargs)
+
+
+def test_yields_input_positions_and_next_token_labels(pipeline):
+    import torch
+
+    with ZephonDataLoader(pipeline, 0, 2, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        inputs, labels = next(iter(loader))
+    tokens, positions = inputs["input"], inputs["positions"]
+    assert tokens.shape == positions.shape == labels.shape == (LOCAL_BATCH, 64)
+    assert tokens.dtype == positions.dtype == labels.dtype == torch.int64
+    same_document = positions[:, 1:] == positions[:, :-1] + 1
+    assert torch.equal(labels[:, :-1][same_document], tokens[:, 1:][same_document])
+    assert (labels[:, :-1][~same_document] == IGNORE_INDEX).all()
+    rows = np.concatenate([b.tokens["input_ids"] for b in loader.last_microbatches])
+    assert torch.equal(tokens, torch.from_numpy(rows).long())
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_replicas_yield_the_uninterrupted_global_batches(pipeline, reference, world_size):
+    digests, _ = titan_run(pipeline, world_size, STEPS)
+    assert digests == reference
+
+
+@pytest.mark.parametrize("source,target", [(2, 4), (4, 1), (1, 8)])
+def test_state_from_one_dp_size_resumes_on_another(pipeline, reference, source, target):
+    before, states = titan_run(pipeline, source, RESUME_AT)
+    state = {STATE_KEY: json.dumps(merge_states(states))}  # what state_dict() gathers over a process group
+    after, _ = titan_run(pipeline, target, STEPS - RESUME_AT, state=state, first_step=RESUME_AT)
+    assert before + after == reference
+
+
+def test_state_dict_without_a_process_group_is_the_local_state(pipeline):
+    with ZephonDataLoader(pipeline, 1, 2, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        state = loader.state_dict()
+        assert list(state) == [STATE_KEY]
+        assert json.loads(state[STATE_KEY]) == loader.local_state_dict()
+        assert sorted(map(int, loader.local_state_dict()["lanes"])) == [4, 5, 6, 7]
+
+
+def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenizer_path):
+    with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        loader.load_state_dict({})  # TorchTitan's "nothing saved"
+        with pytest.raises(CheckpointError, match="dp_rank_0"):
+            loader.load_state_dict({"dp_rank_0": b"\x80\x04N.", "world_size": 1})
+        other = text_pipeline(*corpora, demo_tokenizer_path, seed=7)
+        with ZephonDataLoader(other, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as changed:
+            with pytest.raises(RecipeMismatchError, match="operators"):
+                loader.load_state_dict(changed.state_dict())
+
+
+@pytest.mark.parametrize(
+    "world,global_batch,local_batch,message",
+    [
+        (3, 32, None, "num_lanes=8 is not divisible by dp_world_size=3"),
+        (2, 36, 2, "global_batch_size=36 does not split evenly across num_lanes=8"),
+        (2, 24, 4, r"global_batch_size/num_lanes = 24/8 = 3 rows per lane per step is not divisible by microbatch_size=2"),
+        (2, 32, 6, "local_batch_size=6 does not divide the 16 rows"),
+        (2, 32, 1, "local_batch_size=1 is not a multiple of the recipe's microbatch_size=2"),
+    ],
+)
+def test_layout_errors_fail_at_construction_naming_the_numbers(pipeline, world, global_batch, local_batch, message):
+    with pytest.raises(ConfigurationError, match=message):
+        ZephonDataLoader(pipeline, 0, world, global_batch, local_batch_size=local_batch)
+
+
+def test_data_recipe_builds_the_same_stream_as_the_equivalent_pipeline():
+    recipe = DataRecipe(
+        datasets=[("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon"))], tokenizer=str(TOKENIZER),
+        mixture={"kjv": 0.7, "jargon": 0.3}, eos="<|eos|>", max_length=128, shuffle_buffer=64, seed=42,
+        num_lanes=8, microbatch_size=2, flush_every_chunks=8, records_per_chunk=16, runner="inline",
+    )
+    assert recipe.datasets == (("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon")))
+    expected = demo_pipeline(runner="inline", max_length=128)
+    with ZephonDataLoader(recipe, 0, 1, 16) as ours, expected.shard(0, 1, global_batch_size=16) as theirs:
+        next(iter(ours))
+        mine = ours.last_microbatches
+        it = iter(theirs)
+        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
+
+
+def test_torchrun_checkpoint_on_two_ranks_resumes_on_four(corpora, demo_tokenizer_path, reference, tmp_path):
+    """Real processes, gloo, a real distributed checkpoint of the `dataloader` state (through
+    TorchTitan's CheckpointManager where torchtitan imports)."""
+    args = ["--mode", "titan", "--corpus-a", str(corpora[0]), "--corpus-b", str(corpora[1]),
+            "--tokenizer", str(demo_tokenizer_path), "--local-batch-size", str(LOCAL_BATCH)]
+    folder = tmp_path / "checkpoint"
+    before = launch(2, tmp_path / "before.json", *args, "--steps", str(RESUME_AT), "--save", str(folder))
+    after = launch(4, tmp_path / "after.json", *args, "--load", str(folder),
+                   "--first-step", str(RESUME_AT), "--steps", str(STEPS - RESUME_AT))
+    if _titan_installed():
+        assert before["runtime"]["checkpointer"].startswith("torchtitan")
+    digests = {**before["digests"], **after["digests"]}
+    assert [digests[str(s)] for s in range(STEPS)] == reference
