@@ -2,7 +2,8 @@
 
 A lane's cursor is (segment, skip, position): replay the lane from the start of `segment`, drop
 the first `skip` rows it produces (the trainer already consumed them), and count the lane's rows
-from `position`. Nothing buffered is ever saved; loading a state cannot execute code.
+from `position`. Beside it travel the lane's settled ledger counts (see `_ledger.py`). Nothing
+buffered is ever saved; loading a state cannot execute code.
 """
 
 from __future__ import annotations
@@ -45,19 +46,22 @@ def _checksum(body: Mapping) -> str:
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
-def make_state(recipe: Mapping, lanes: Mapping[int, LaneCursor], num_lanes: int) -> dict:
+def make_state(
+    recipe: Mapping, lanes: Mapping[int, LaneCursor], num_lanes: int, ledgers: Mapping[int, dict]
+) -> dict:
     body = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "num_lanes": num_lanes,
         "recipe": recipe_digests(recipe),
         "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},
+        "ledger": {str(lane): ledgers[lane] for lane in sorted(ledgers)},
     }
     return {**body, "checksum": _checksum(body)}
 
 
-def read_state(state: object, recipe: Mapping, num_lanes: int) -> dict[int, LaneCursor]:
-    """Validate a state against the current recipe and return its cursors by lane."""
+def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int, LaneCursor], dict[int, dict]]:
+    """Validate a state against the current recipe; return its cursors and ledger counts by lane."""
     if isinstance(state, (str, bytes)):
         try:
             state = json.loads(state)
@@ -83,9 +87,11 @@ def read_state(state: object, recipe: Mapping, num_lanes: int) -> dict[int, Lane
     if state["num_lanes"] != num_lanes:
         raise RecipeMismatchError(f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}")
     try:
-        return {int(lane): LaneCursor(*map(int, cursor)) for lane, cursor in state["lanes"].items()}
-    except (TypeError, ValueError) as exc:
+        cursors = {int(lane): LaneCursor(*map(int, cursor)) for lane, cursor in state["lanes"].items()}
+        ledgers = {int(lane): dict(counts) for lane, counts in state.get("ledger", {}).items()}
+    except (TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"malformed lane cursors in loader state: {exc}") from None
+    return cursors, ledgers
 
 
 def merge_states(states: Iterable[Mapping]) -> dict:
@@ -95,6 +101,7 @@ def merge_states(states: Iterable[Mapping]) -> dict:
         raise CheckpointError("merge_states needs at least one state")
     first = states[0]
     lanes: dict[str, list[int]] = {}
+    ledger: dict[str, dict] = {}
     for state in states:
         for key in ("format", "version", "num_lanes", "recipe"):
             if state.get(key) != first.get(key):
@@ -103,6 +110,8 @@ def merge_states(states: Iterable[Mapping]) -> dict:
             if lane in lanes and lanes[lane] != cursor:
                 raise CheckpointError(f"lane {lane} appears in two states with different cursors")
             lanes[lane] = cursor
+        ledger.update(state.get("ledger", {}))
     body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe")}
     body["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+    body["ledger"] = dict(sorted(ledger.items(), key=lambda kv: int(kv[0])))
     return {**body, "checksum": _checksum(body)}

@@ -34,8 +34,8 @@ class LaneStream:
         submit: Callable[[Chunk], Future],
         factories: list[AccumulatorFactory],
         prefetch: int,
-        on_chunk: Callable[[int, ChunkRecords], None],
-        on_skips: Callable[[int, list], None],
+        on_chunk: Callable[[int, int, ChunkRecords], None],
+        on_skips: Callable[[int, int, list], None],
     ) -> None:
         self.lane = lane
         self._items = items
@@ -97,7 +97,7 @@ class LaneStream:
             self._in_flight -= 1
             self._fill()
             batch: ChunkRecords = entry.result()
-            self._on_chunk(self.lane, batch)
+            self._on_chunk(self.lane, self._segment, batch)
             for address, record in zip(batch.addresses, batch.records):
                 for row in _push_chain(accumulators, (address, record)):
                     yield self._segment, row
@@ -111,7 +111,7 @@ class LaneStream:
             if drain is not None:
                 skips = drain()
                 if skips:
-                    self._on_skips(self.lane, skips)
+                    self._on_skips(self.lane, self._segment, skips)
 
     def close(self) -> None:
         for entry in self._pending:

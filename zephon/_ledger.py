@@ -1,7 +1,12 @@
 """The ledger: what happened to every record, per dataset and lane.
 
-Counts are kept on the loader's thread as chunk results are consumed and rows are handed out, so
-they need no locks.
+Record counts (read, emitted, filtered, skipped by reason) are kept per lane *segment* as chunk
+results are consumed. Segments before a lane's replay point are *settled* and travel in the
+checkpoint; a resumed loader restores them and recounts the replayed segments from scratch, so no
+record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
+padding) are taken when rows are handed to the trainer and travel as they are.
+
+Thread-unsafe: counts are kept on the loader's thread only, so they need no locks.
 """
 
 from __future__ import annotations
@@ -14,49 +19,74 @@ __all__ = ["Ledger"]
 
 
 class Ledger:
-    """Thread-unsafe; owned by one rank loader."""
-
     def __init__(self) -> None:
-        self._records: dict[tuple[str, int], Counter] = defaultdict(Counter)
-        self._tokens: dict[int, Counter] = defaultdict(Counter)
+        self._settled: dict[int, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+        self._open: dict[tuple[int, int], dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+        self._rows: dict[int, Counter] = defaultdict(Counter)
 
-    def count_chunk(self, lane: int, batch: ChunkRecords) -> None:
-        counts = self._records[(batch.chunk.dataset, lane)]
+    def count_chunk(self, lane: int, segment: int, batch: ChunkRecords) -> None:
+        counts = self._open[(lane, segment)][batch.chunk.dataset]
         counts["read"] += batch.chunk.num_records
         counts["emitted"] += len(batch.records)
         counts["filtered"] += len(batch.filtered)
         for _, reason in batch.skipped:
             counts[f"skipped:{reason}"] += 1
 
-    def count_skips(self, lane: int, skips: list) -> None:
-        """Items an accumulator refused, as (address, reason)."""
+    def count_skips(self, lane: int, segment: int, skips: list) -> None:
+        """Items an accumulator refused, as (address, reason): no longer emitted, now skipped."""
         for address, reason in skips:
-            counts = self._records[(address.dataset, lane)]
+            counts = self._open[(lane, segment)][address.dataset]
             counts["emitted"] -= 1
             counts[f"skipped:{reason}"] += 1
 
     def count_rows(self, lane: int, real_tokens: int, total_tokens: int) -> None:
-        counts = self._tokens[lane]
+        counts = self._rows[lane]
         counts["rows"] += 1
         counts["tokens"] += real_tokens
         counts["padding"] += total_tokens - real_tokens
 
-    def snapshot(self) -> dict:
-        """A fresh, JSON-able copy (never the live counters)."""
-        datasets: dict[str, dict] = defaultdict(lambda: {"lanes": {}, "total": Counter()})
-        for (dataset, lane), counts in sorted(self._records.items()):
-            entry = datasets[dataset]
-            entry["lanes"][lane] = _split(counts)
-            entry["total"].update(counts)
+    def settle(self, lane: int, segment: int) -> None:
+        """Fold the lane's segments before `segment` (its new replay point) into its settled counts."""
+        for key in [k for k in self._open if k[0] == lane and k[1] < segment]:
+            for dataset, counts in self._open.pop(key).items():
+                self._settled[lane][dataset].update(counts)
+
+    def lane_state(self, lane: int, segment: int) -> dict:
+        """JSON-able counts a checkpoint needs for a lane whose replay starts at `segment`."""
+        self.settle(lane, segment)
         return {
-            "datasets": {name: {"lanes": e["lanes"], "total": _split(e["total"])} for name, e in datasets.items()},
-            "lanes": {lane: dict(c) for lane, c in sorted(self._tokens.items())},
+            "records": {d: dict(sorted(c.items())) for d, c in sorted(self._settled[lane].items())},
+            "rows": dict(sorted(self._rows[lane].items())),
         }
+
+    def restore(self, lane: int, state: dict) -> None:
+        """Take up a lane's settled counts; everything from its replay point will be recounted."""
+        self._settled[lane] = defaultdict(Counter, {d: Counter(c) for d, c in state.get("records", {}).items()})
+        self._rows[lane] = Counter(state.get("rows", {}))
+        for key in [k for k in self._open if k[0] == lane]:
+            del self._open[key]
+
+    def snapshot(self) -> dict:
+        """A fresh, JSON-able copy (never the live counters): per dataset (per lane and total) and per lane."""
+        per_dataset: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
+        for lane, datasets in self._settled.items():
+            for dataset, counts in datasets.items():
+                per_dataset[dataset][lane].update(counts)
+        for (lane, _), datasets in self._open.items():
+            for dataset, counts in datasets.items():
+                per_dataset[dataset][lane].update(counts)
+        out = {}
+        for dataset, lanes in sorted(per_dataset.items()):
+            total = Counter()
+            for counts in lanes.values():
+                total.update(counts)
+            out[dataset] = {"lanes": {lane: _split(c) for lane, c in sorted(lanes.items())}, "total": _split(total)}
+        return {"datasets": out, "lanes": {lane: dict(c) for lane, c in sorted(self._rows.items())}}
 
 
 def _split(counts: Counter) -> dict:
     out = {k: v for k, v in counts.items() if not k.startswith("skipped:")}
     for key in ("read", "emitted", "filtered"):
         out.setdefault(key, 0)
-    out["skipped"] = {k.split(":", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped:")}
+    out["skipped"] = {k.split(":", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped:") and v}
     return out

@@ -215,6 +215,7 @@ class RankLoader:
         segment, row = got
         if segment != cursor.segment:
             cursor.segment, cursor.skip = segment, 0
+            self._ledger.settle(lane, segment)
         cursor.skip += 1
         self._ledger.count_rows(lane, row.num_real_tokens, row.length)
         return row
@@ -222,11 +223,12 @@ class RankLoader:
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`)."""
-        return make_state(self.recipe, self._cursors, self.num_lanes)
+        ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
+        return make_state(self.recipe, self._cursors, self.num_lanes, ledgers)
 
     def load_state_dict(self, state) -> None:
         """Take up the cursors of this rank's lanes from a state covering them (any world size)."""
-        cursors = read_state(state, self.recipe, self.num_lanes)
+        cursors, ledgers = read_state(state, self.recipe, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
             from ._errors import CheckpointError
@@ -236,13 +238,18 @@ class RankLoader:
                 "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
             )
         self._cursors = {lane: cursors[lane] for lane in self.lanes}
+        for lane in self.lanes:
+            self._ledger.restore(lane, ledgers.get(lane, {}))
         self._generation += 1
         for stream in self._streams.values():
             stream.close()
         self._streams = {}
 
     def stats(self) -> dict:
-        """The ledger of this rank: records read/emitted/filtered/skipped by reason, tokens, padding."""
+        """The ledger of this rank's lanes: records read/emitted/filtered/skipped by reason per
+        dataset and lane (counted as chunks are processed, so it runs ahead of the trainer by the
+        prefetch window), and rows/tokens/padding handed to the trainer per lane. Across a resume
+        the counts carry on exactly: nothing replayed is counted twice."""
         return self._ledger.snapshot()
 
     def describe_plan(self) -> dict:

@@ -64,14 +64,21 @@ def dirty_corpora(make_jsonl_corpus, tmp_path_factory):
 
 
 def _epoch(pipeline, world_size, state=None):
-    batches = []
+    """Every rank's batches of the rest of the epoch, and the ledger totals summed over ranks."""
+    batches, totals = [], {}
     for rank in range(world_size):
         with pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) as loader:
             if state is not None:
                 loader.load_state_dict(state)
             batches.extend(loader)
-            stats = loader.stats()
-    return batches
+            for name, entry in loader.stats()["datasets"].items():
+                total = totals.setdefault(name, Counter())
+                for key, value in entry["total"].items():
+                    if key == "skipped":
+                        total.update({f"skipped:{k}": v for k, v in value.items()})
+                    else:
+                        total[key] += value
+    return batches, totals
 
 
 @pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
@@ -96,17 +103,20 @@ def test_every_record_is_used_exactly_once_or_counted_as_skipped(dirty_corpora, 
 def test_a_resumed_finite_epoch_still_uses_every_record_exactly_once(dirty_corpora, demo_tokenizer_path):
     clean, dirty = dirty_corpora
     make = lambda: text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1, runner="thread", parallelism=2)
-    with make().shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
-        whole = list(loader)
+    whole, whole_totals = _epoch(make(), 1)
     per_step = Counter(b.step for b in whole)
     full = [step for step, n in per_step.items() if n == per_step[0]]
     stop = max(full)  # near the end: the last step in which every lane still has data
     assert stop >= 3 and len(per_step) > stop + 1, "the epoch should end raggedly after the checkpoint"
     state = checkpoint_after(make(), 2, stop)
     before = [b for b in whole if b.step < stop]
-    after = _epoch(make(), 4, state)
+    after, resumed_totals = _epoch(make(), 4, state)
     assert sorted(b.digest() for b in before + after) == sorted(b.digest() for b in whole)
     assert _tokens_by_record(before + after) == _tokens_by_record(whole)
+    assert resumed_totals == whole_totals, "the ledger must carry across the resume, counting nothing twice"
+    assert whole_totals["b"]["read"] == whole_totals["b"]["emitted"] + sum(
+        v for k, v in whole_totals["b"].items() if k.startswith("skipped:")
+    ) + whole_totals["b"]["filtered"]
 
 
 def test_fail_fast_names_the_bad_record(dirty_corpora, demo_tokenizer_path):
