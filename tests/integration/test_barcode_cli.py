@@ -1,0 +1,112 @@
+"""The `zephon` command as a user runs it: `demo elastic` and `barcode compare` (SPEC §4).
+
+Barcodes come from real runs: the elastic demo's separate rank processes (`--barcode-dir`), and
+harness runs written with `BarcodeWriter`, one of them resumed from the wrong checkpoint (the
+state of step 2 taken up as if it were step 3's) so that it diverges at a known step.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import checkpoint_after, step_digests, text_pipeline
+from zephon.barcode import BarcodeWriter, read_barcode
+
+STEPS = 6
+DIVERGES_AT = 3
+
+
+def zephon_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zephon", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def write_barcode(path: Path, digests: list[str]) -> Path:
+    with BarcodeWriter(path) as writer:
+        for step, digest in enumerate(digests):
+            writer.write(step, digest)
+    return path
+
+
+@pytest.fixture(scope="module")
+def elastic_demo(tmp_path_factory):
+    barcodes = tmp_path_factory.mktemp("elastic-barcodes")
+    done = zephon_cli(
+        "demo", "elastic", "--steps", "8", "--checkpoint-step", "3", "--to-world-sizes", "1", "4",
+        "--runner", "thread", "--barcode-dir", str(barcodes),
+    )
+    return done, barcodes
+
+
+@pytest.fixture(scope="module")
+def harness_barcodes(make_jsonl_corpus, demo_tokenizer_path, tmp_path_factory):
+    """(uninterrupted, rerun, off-by-one resume) barcode files of the same recipe."""
+    pipeline = text_pipeline(make_jsonl_corpus(3, 40, 31), make_jsonl_corpus(2, 40, 32), demo_tokenizer_path)
+    reference = step_digests(pipeline, 1, STEPS)
+    rerun = step_digests(pipeline, 2, STEPS)
+    wrong_state = checkpoint_after(pipeline, 2, DIVERGES_AT - 1)
+    diverged = reference[:DIVERGES_AT] + step_digests(pipeline, 4, STEPS - DIVERGES_AT, state=wrong_state, start_step=DIVERGES_AT - 1)
+    tmp = tmp_path_factory.mktemp("harness-barcodes")
+    return (
+        write_barcode(tmp / "reference.jsonl", reference),
+        write_barcode(tmp / "rerun.jsonl", rerun),
+        write_barcode(tmp / "diverged.jsonl", diverged),
+    )
+
+
+def test_demo_elastic_resumes_on_one_and_four_ranks_identically(elastic_demo):
+    done, _ = elastic_demo
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdicts = [line for line in done.stdout.splitlines() if line.startswith("2 → ")]
+    assert len(verdicts) == 2 and all(line.split()[-1] == "IDENTICAL" for line in verdicts), done.stdout
+    assert "DIFFERENT" not in done.stdout
+    assert "RESULT: every resumed global batch is bit-identical" in done.stdout
+
+
+def test_compare_demo_barcodes_from_separate_processes_is_identical(elastic_demo):
+    _, barcodes = elastic_demo
+    assert len(read_barcode(barcodes / "reference.jsonl")) == 8
+    for resumed in ("resume-2-to-1.jsonl", "resume-2-to-4.jsonl"):
+        done = zephon_cli("barcode", "compare", str(barcodes / "reference.jsonl"), str(barcodes / resumed))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "8 common steps, 0 differ" in done.stdout and "identical" in done.stdout
+
+
+def test_compare_identical_runs_exits_zero(harness_barcodes):
+    reference, rerun, _ = harness_barcodes
+    done = zephon_cli("barcode", "compare", str(reference), str(rerun))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "identical"
+
+
+def test_compare_names_the_first_differing_step_and_exits_one(harness_barcodes):
+    reference, _, diverged = harness_barcodes
+    done = zephon_cli("barcode", "compare", str(reference), str(diverged))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{STEPS} common steps, {STEPS - DIVERGES_AT} differ" in done.stdout
+    assert f"first differing step: {DIVERGES_AT}" in done.stdout
+
+
+def test_compare_reports_steps_only_one_run_has(harness_barcodes, tmp_path):
+    reference, _, _ = harness_barcodes
+    crashed = write_barcode(tmp_path / "crashed.jsonl", list(read_barcode(reference).values())[:2])
+    done = zephon_cli("barcode", "compare", str(reference), str(crashed))
+    assert f"steps only in A: {STEPS - 2}, only in B: 0" in done.stdout
+
+
+def test_compare_png_draws_both_runs_and_marks_mismatches(harness_barcodes, tmp_path):
+    image = pytest.importorskip("matplotlib.image", reason="--png needs matplotlib (the `plot` extra)")
+    reference, rerun, diverged = harness_barcodes
+    red_pixels = {}
+    for name, other, code in (("same", rerun, 0), ("differs", diverged, 1)):
+        png = tmp_path / f"{name}.png"
+        done = zephon_cli("barcode", "compare", str(reference), str(other), "--png", str(png))
+        assert done.returncode == code, done.stdout + done.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        pixels = image.imread(png)[..., :3]
+        red_pixels[name] = int(((pixels[..., 0] > 0.9) & (pixels[..., 1] < 0.1) & (pixels[..., 2] < 0.1)).sum())
+    assert red_pixels["same"] == 0
+    assert red_pixels["differs"] > 0
