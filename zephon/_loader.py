@@ -104,6 +104,10 @@ class RankLoader:
         packer = accumulators[0]
         self.row_length = packer.max_length
         self.plan = pipeline.source.bind(self._token_counter(packer), self.num_lanes)
+        io_options = settings.io_options
+        self._read_datasets = {
+            name: ds.with_io_options(io_options) if io_options else ds for name, ds in self.plan.datasets.items()
+        }
         self.factories = [op.factory(self.default_pad_id) for op in accumulators]
         padding_row = getattr(packer, "padding_row", None)
         self._padding_row = (
@@ -137,8 +141,7 @@ class RankLoader:
         return count
 
     def _read(self, chunk: Chunk) -> ChunkRecords:
-        dataset = self.plan.datasets[chunk.dataset]
-        return dataset.read_chunk(chunk, on_error=self.pipeline.settings.on_error)
+        return self._read_datasets[chunk.dataset].read_chunk(chunk, on_error=self.pipeline.settings.on_error)
 
     # -- running ----------------------------------------------------------------------------
     @property

@@ -29,6 +29,8 @@ class PipelineOptions:
     Recipe (must stay fixed across a resume): `num_lanes`, `flush_every_chunks`.
     Performance (free to change on resume): `runner`, `prefetch`, `read_parallelism`.
     Policy: `on_error` ("skip": count bad records and go on; "raise": fail on the first one).
+    Storage: `io_options` (`cache`, `retries`, `retry_delay`; see `Dataset.with_io_options`) apply to
+    every dataset's chunk reads, e.g. `{"cache": {"enabled": True}}` keeps remote shards on local disk.
     """
 
     num_lanes: int = 8
