@@ -134,3 +134,26 @@ def test_a_global_digest_needs_one_step(spec_pipeline):
         batches = [next(it) for _ in range(9)]
     with pytest.raises(ZephonError, match="different steps"):
         global_batch_digest(batches)
+
+
+def test_io_cache_option_keeps_remote_shards_on_local_disk(tmp_path, demo_tokenizer_path):
+    import json
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for shard in range(2):
+        lines = [json.dumps({"text": f"record {shard} {i} " * 20}) for i in range(64)]
+        fs.pipe(f"/cache-test/part-{shard}.jsonl", ("\n".join(lines) + "\n").encode())
+    source = StaticMixtureWorkSource([Dataset.from_path("mem", "memory:///cache-test")], records_per_chunk=8)
+    cache_dir = tmp_path / "cache"
+    pipeline = (
+        Pipeline(source)
+        .options(io_options={"cache": {"enabled": True, "dir": str(cache_dir)}}, runner="inline")
+        .tokenize(str(demo_tokenizer_path))
+        .pack_flat(64)
+        .batch(2)
+    )
+    batches = [b for _, b in zip(range(4), pipeline)]
+    assert len(batches) == 4
+    assert any(p.is_file() for p in cache_dir.rglob("*")), "remote shards should be cached on local disk"
