@@ -1,0 +1,193 @@
+"""Bad images inside a real WebDataset shard, through the whole VLM pipeline.
+
+The shard mixes real image+caption pairs with one record of each kind of trouble, each made from
+a real photograph where a real one can carry the fault. Each gets its documented behaviour
+(vlm/README.md, "Bad input"): odd modes are converted and packed, broken files and bombs are
+skipped by reason, half-pairs are skipped by the stage that misses its half. The ledger counts every
+record exactly once, and `on_error="raise"` stops on the first bad record, naming its address.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.unit.test_vlm_assets import png_header_only
+from vlm import ImageSpec
+from vlm._assets import pair_shards, photographs, tekken_tokenizer
+from zephon._errors import BadRecordError
+from zephon.demo._vlm import vlm_pipeline
+
+SPEC = ImageSpec.pixtral(max_side=64)
+NUM_GOOD = 12
+
+# key -> (what the pipeline does with it, the skip reason or None when it is packed)
+EXPECTED = {
+    "bad-truncated-jpeg": "truncated_image",
+    "bad-garbage-bytes": "corrupt_image",
+    "bad-bomb-20000x20000": "decompression_bomb",
+    "bad-image-without-caption": "missing_field",  # tokenize runs first and finds no caption
+    "bad-caption-without-image": "missing_image",
+    "odd-cmyk-jpeg": None,
+    "odd-16-bit-png": None,
+    "odd-palette-alpha-png": None,
+}
+
+
+def _photo() -> Image.Image:
+    """A real, colourful photograph from a wheel (scikit-learn's china.jpg, else scikit-image's
+    rocket), 192 px on its long side."""
+    paths = {p.name: p for p in photographs(origin="wheels").paths}
+    path = paths.get("china.jpg") or paths.get("rocket.jpg") or next(p for p in paths.values() if p.suffix == ".jpg")
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        image.thumbnail((192, 192))
+        return image
+
+
+def _save(image: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _bad_members() -> list[tuple[str, str, bytes | str]]:
+    photo = _photo()
+    jpeg = _save(photo, "JPEG", quality=90)
+    grey16 = Image.fromarray(np.asarray(photo.convert("L"), dtype=np.uint16) * 257)
+    adaptive = photo.convert("P", palette=Image.Palette.ADAPTIVE, colors=255)
+    indices = np.asarray(adaptive).copy()
+    indices[:, : indices.shape[1] // 3] = 255  # the left third becomes the transparent entry
+    palette = Image.fromarray(indices, "P")
+    palette.putpalette(adaptive.getpalette()[: 255 * 3] + [0, 0, 0])
+    return [
+        ("bad-truncated-jpeg", "jpg", jpeg[: len(jpeg) // 2]),
+        ("bad-truncated-jpeg", "txt", "The first half of a photograph."),
+        ("bad-garbage-bytes", "png", bytes(range(256)) * 16),
+        ("bad-garbage-bytes", "txt", "Bytes that are no image."),
+        ("bad-bomb-20000x20000", "png", png_header_only(20000, 20000)),
+        ("bad-bomb-20000x20000", "txt", "A header announcing 400 million pixels."),
+        ("bad-image-without-caption", "jpg", jpeg),
+        ("bad-caption-without-image", "txt", "A caption whose image is missing."),
+        ("odd-cmyk-jpeg", "jpg", _save(photo.convert("CMYK"), "JPEG", quality=95)),
+        ("odd-cmyk-jpeg", "txt", "A photograph in printer colours."),
+        ("odd-16-bit-png", "png", _save(grey16, "PNG")),
+        ("odd-16-bit-png", "txt", "A photograph with sixteen bits per sample."),
+        ("odd-palette-alpha-png", "png", _save(palette, "PNG", transparency=255)),
+        ("odd-palette-alpha-png", "txt", "A palette photograph, its left third transparent."),
+    ]
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    """One tar: real pairs, with the bad and odd records spread between them. Returns
+    (directory, keys in record order, the bad members by key)."""
+    real = pair_shards(4, 64).shards[0]
+    good = []
+    with tarfile.open(real) as tar:
+        for member in tar:
+            good.append((member.name.rsplit(".", 1)[0].replace("/", "_"), member.name.rsplit(".", 1)[1],
+                         tar.extractfile(member).read()))
+    good = good[: 2 * NUM_GOOD]
+    bad = _bad_members()
+    members, keys = [], []
+    bad_keys = list(dict.fromkeys(key for key, _, _ in bad))
+    for i in range(0, len(good), 2):
+        members += good[i : i + 2]
+        keys.append(good[i][0])
+        if i // 2 < len(bad_keys):
+            key = bad_keys[i // 2]
+            members += [m for m in bad if m[0] == key]
+            keys.append(key)
+    root = tmp_path_factory.mktemp("bad-pairs")
+    with tarfile.open(root / "pairs-00000.tar", "w") as tar:
+        for key, ext, payload in members:
+            data = payload.encode() if isinstance(payload, str) else payload
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return root, keys, {key: {ext: p for k, ext, p in bad if k == key} for key in bad_keys}
+
+
+def _pipeline(shard, runner: str = "inline", on_error: str = "skip"):
+    root, _, _ = shard
+    return vlm_pipeline(root, tekken_tokenizer(), runner=runner, parallelism=2, spec=SPEC, num_lanes=2,
+                        max_length=512, microbatch_size=1, records_per_chunk=4, num_epochs=1, on_error=on_error)
+
+
+def _run(shard, runner: str = "inline"):
+    with _pipeline(shard, runner).shard(0, 1) as loader:
+        batches = list(loader)
+        return batches, loader.stats()
+
+
+def _images_by_key(batches, keys) -> dict[str, np.ndarray]:
+    """Each packed record's image, rebuilt (H, W, 3) from its patches, by record key."""
+    p = SPEC.patch_size
+    out = {}
+    for batch in batches:
+        grids, patches = batch.ragged["image_grid"], batch.ragged["pixel_values"]
+        image, start = 0, 0
+        for sources in batch.sources:
+            for address in sources:  # one image per record, in row order
+                rows, cols = (int(x) for x in grids[image])
+                block = patches[start : start + rows * cols].reshape(rows, cols, p, p, 3)
+                out[keys[address.index]] = block.swapaxes(1, 2).reshape(rows * p, cols * p, 3)
+                image, start = image + 1, start + rows * cols
+    return out
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_each_bad_record_is_skipped_by_its_reason_and_odd_modes_are_packed(shard, runner):
+    _, keys, _ = shard
+    batches, stats = _run(shard, runner)
+    total = stats["datasets"]["pairs"]["total"]
+    expected_skips = {reason: 1 for reason in EXPECTED.values() if reason}
+    assert total["skipped"] == expected_skips
+    packed = {keys[a.index] for b in batches for sources in b.sources for a in sources}
+    assert packed == set(keys) - {k for k, reason in EXPECTED.items() if reason}
+    assert {k for k in EXPECTED if EXPECTED[k] is None} <= packed
+
+
+def test_the_ledger_balances_on_every_lane(shard):
+    _, keys, _ = shard
+    batches, stats = _run(shard)
+    entry = stats["datasets"]["pairs"]
+    for counts in [entry["total"], *entry["lanes"].values()]:
+        assert counts["read"] == counts["emitted"] + counts["filtered"] + sum(counts["skipped"].values())
+    assert entry["total"]["read"] == len(keys)
+    assert entry["total"]["emitted"] == sum(len(sources) for b in batches for sources in b.sources)
+
+
+def test_odd_modes_become_rgb_as_documented(shard):
+    _, keys, bad = shard
+    images = _images_by_key(_run(shard)[0], keys)
+    grey = images["odd-16-bit-png"].astype(int)
+    assert (grey[..., 0] == grey[..., 1]).all() and (grey[..., 1] == grey[..., 2]).all()
+    assert grey.max() > 128, "16-bit samples are scaled by 1/257, not clipped to black"
+    palette = images["odd-palette-alpha-png"]
+    width = palette.shape[1]
+    assert (palette[:, : width // 3 - 4] == 255).all(), "transparent pixels are composited on white"
+    assert not (palette[:, width // 2 :] == 255).all()
+    cmyk = images["odd-cmyk-jpeg"].astype(int)
+    with Image.open(io.BytesIO(bad["odd-cmyk-jpeg"]["jpg"])) as image:
+        assert image.mode == "CMYK"
+        reference = np.asarray(image.convert("RGB").resize(cmyk.shape[1::-1], Image.Resampling.BICUBIC), dtype=int)
+    assert np.abs(cmyk - reference).mean() < 8, "CMYK is converted to its RGB colours"
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_on_error_raise_fails_naming_the_bad_records_address(shard, runner):
+    root, keys, _ = shard
+    with _pipeline(shard, runner, on_error="raise").shard(0, 1) as loader:
+        with pytest.raises(BadRecordError) as raised:
+            for _ in loader:
+                pass
+    error = raised.value
+    assert error.address.shard.endswith("pairs-00000.tar")
+    assert EXPECTED[keys[error.address.index]] == error.reason
+    assert str(error.address) in str(error) and error.reason in str(error)
