@@ -1,0 +1,62 @@
+"""`zephon demo vlm` on real image+caption pairs: throughput, the runner and why, and a picture.
+
+The demo is run as the `zephon demo` command line does it (an argparse `demo` sub-parser with
+`add_vlm_parser`), in a separate process so its runner and its output are the user's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from zephon.demo._vlm import IMAGE_COLOURS, PADDING_COLOUR, TEXT_COLOURS, add_vlm_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+RUN_DEMO = """
+import argparse, sys
+from zephon.demo._vlm import add_vlm_parser
+parser = argparse.ArgumentParser(prog="zephon demo")
+add_vlm_parser(parser.add_subparsers(dest="demo", required=True))
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.run_demo(args))
+"""
+
+
+def test_parser_registers_vlm_with_its_defaults():
+    parser = argparse.ArgumentParser()
+    add_vlm_parser(parser.add_subparsers(dest="demo"))
+    args = parser.parse_args(["vlm"])
+    assert (args.demo, args.runner, args.png, args.steps) == ("vlm", "auto", "vlm-batch.png", 20)
+    assert callable(args.run_demo)
+
+
+def test_vlm_demo_prints_throughput_and_runner_and_draws_a_packed_batch(tmp_path):
+    png = tmp_path / "batch.png"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_DEMO, "vlm", "--steps", "4", "--pairs", "96", "--global-batch-size", "16",
+         "--max-length", "1024", "--max-side", "128", "--png", str(png)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"data: 96 image\+caption pairs in 8 shards from (Debian tuxpaint-stamps-default|scikit-image)", out)
+    assert re.search(r"runner: (thread|process) \(auto: .+\)", out), "the runner and the reason it was chosen"
+    speed = re.search(r"([\d,]+) usable tokens/s, ([\d,.]+) images/s, padding ([\d.]+) %", out)
+    assert speed and float(speed[1].replace(",", "")) > 0 and float(speed[2].replace(",", "")) > 0
+    ledger = re.search(r"read (\d+)  emitted (\d+)  filtered 0  skipped 0", out)
+    assert ledger and int(ledger[1]) == int(ledger[2]) > 0
+
+    assert png.is_file() and str(png) in out
+    with Image.open(png) as picture:
+        pixels = np.asarray(picture.convert("RGB"))
+    assert pixels.shape[1] == 1024 and pixels.shape[0] >= 16 * 10
+    colours = {tuple(c) for c in pixels.reshape(-1, 3)}
+    assert IMAGE_COLOURS[0] in colours and TEXT_COLOURS[0] in colours and PADDING_COLOUR in colours
