@@ -146,5 +146,6 @@ def benchmarks(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The CPU elastic-resume demo (SPEC §4): ``zephon demo elastic``; ``-- text ...`` for the other one."""
     _env(session)
-    _install(session, PY311)
+    session.install(TORCH_PIN)
+    session.install("-e", ".", TORCH_PIN)
     session.run("zephon", "demo", *(session.posargs or ["elastic"]))
