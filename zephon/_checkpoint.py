@@ -18,7 +18,7 @@ from ._errors import CheckpointError, RecipeMismatchError
 __all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "merge_states"]
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: recipe digests per setting (plan.seed, operators[i].op.setting)
 
 
 @dataclass
@@ -38,8 +38,23 @@ def canonical_json(value) -> str:
 
 
 def recipe_digests(recipe: Mapping) -> dict[str, str]:
-    """A short digest per top-level recipe field, so a mismatch can be named without storing it all."""
-    return {k: hashlib.sha256(canonical_json(v).encode()).hexdigest()[:16] for k, v in recipe.items()}
+    """A short digest per recipe setting, so a mismatch can be named without storing it all.
+
+    Settings are named one level below the recipe's top: `plan.seed`, `plan.mixture`,
+    `plan.datasets`; an operator's as `operators[i].<op>.<setting>` (e.g.
+    `operators[2].pack_flat.max_length`). Deeper values (the dataset list) get one digest each.
+    """
+    named: dict[str, object] = {}
+    for key, value in recipe.items():
+        if isinstance(value, Mapping) and value:
+            named.update({f"{key}.{k}": v for k, v in value.items()})
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            for i, item in enumerate(value):
+                prefix = f"{key}[{i}].{item.get('op', '')}".rstrip(".")
+                named.update({f"{prefix}.{k}": v for k, v in item.items() if k != "op"} or {prefix: {}})
+        else:
+            named[key] = value
+    return {k: hashlib.sha256(canonical_json(v).encode()).hexdigest()[:16] for k, v in named.items()}
 
 
 def _checksum(body: Mapping) -> str:
