@@ -1,11 +1,20 @@
 """Work planning: what is read, in which order, by which lane."""
 
 from ._estimation import TokenEstimation, TokenStats
-from ._plan import Flush, MixturePlan, StaticMixtureWorkSource, WorkPlan, WorkSource, lane_plan
+from ._plan import (
+    Flush,
+    MixturePlan,
+    ScheduledMixtureWorkSource,
+    StaticMixtureWorkSource,
+    WorkPlan,
+    WorkSource,
+    lane_plan,
+)
 
 __all__ = [
     "Flush",
     "MixturePlan",
+    "ScheduledMixtureWorkSource",
     "StaticMixtureWorkSource",
     "TokenEstimation",
     "TokenStats",

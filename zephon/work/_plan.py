@@ -24,7 +24,16 @@ from ._estimation import TokenCounter, TokenEstimation, TokenStats
 if TYPE_CHECKING:
     from ..io import Dataset
 
-__all__ = ["WorkSource", "WorkPlan", "StaticMixtureWorkSource", "MixturePlan", "TokenInterleave", "Flush", "lane_plan"]
+__all__ = [
+    "Flush",
+    "MixturePlan",
+    "ScheduledMixtureWorkSource",
+    "StaticMixtureWorkSource",
+    "TokenInterleave",
+    "WorkPlan",
+    "WorkSource",
+    "lane_plan",
+]
 
 
 @dataclass(frozen=True)
@@ -80,14 +89,82 @@ def lane_plan(plan: WorkPlan, lane: int, flush_every: int, start_segment: int = 
         slot += 1
 
 
-class StaticMixtureWorkSource:
+Schedule = tuple[tuple[int, dict[str, float]], ...]
+"""Mixture phases: (global token count at which the phase starts, normalised weights)."""
+
+
+class _MixtureWorkSource:
+    """Shared validation and binding of the mixture work sources; see the two public classes."""
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        schedule: Sequence[tuple[int, Mapping[str, float]]],
+        token_estimation: TokenEstimation | None,
+        seed: int,
+        records_per_chunk: int,
+        num_epochs: int | None,
+        round_size: int,
+    ) -> None:
+        names = [d.name for d in datasets]
+        if not datasets:
+            raise ConfigurationError("a work source needs at least one dataset")
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"dataset names must be unique, got {names}")
+        if records_per_chunk < 1 or round_size < 1:
+            raise ConfigurationError("records_per_chunk and round_size must be positive")
+        if num_epochs is not None and num_epochs < 1:
+            raise ConfigurationError(f"num_epochs must be a positive integer or None, got {num_epochs}")
+        self.datasets = tuple(datasets)
+        self.schedule: Schedule = _validate_schedule(schedule, names)
+        self.token_estimation = token_estimation
+        self.seed = seed
+        self.records_per_chunk = records_per_chunk
+        self.num_epochs = num_epochs
+        self.round_size = round_size
+
+    def live_names(self) -> list[str]:
+        """Datasets with a positive weight in some phase, in declaration order."""
+        return [d.name for d in self.datasets if any(w[d.name] > 0 for _, w in self.schedule)]
+
+    def bind(self, count_tokens: TokenCounter | None, num_lanes: int) -> MixturePlan:
+        stats: dict[str, TokenStats] = {}
+        if self.token_estimation is not None and count_tokens is not None:
+            live = set(self.live_names())
+            for ds in self.datasets:
+                if ds.name in live:
+                    stats[ds.name] = self.token_estimation.measure(ds, count_tokens)
+        return MixturePlan(self, stats, num_lanes)
+
+
+def _validate_schedule(schedule, names: list[str]) -> Schedule:
+    phases = []
+    for start, weights in schedule:
+        weights = dict(weights)
+        unknown = set(weights) - set(names)
+        if unknown:
+            raise ConfigurationError(f"mixture names {sorted(unknown)} are not datasets of this source {names}")
+        weights = {n: float(weights.get(n, 0.0)) for n in names}
+        if any(w < 0 or not math.isfinite(w) for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ConfigurationError(f"mixture weights must be finite, non-negative and not all zero: {weights}")
+        total = sum(weights.values())
+        phases.append((int(start), {n: w / total for n, w in weights.items()}))
+    if not phases or phases[0][0] != 0:
+        raise ConfigurationError("a mixture schedule must start with a phase at token 0")
+    if any(b[0] <= a[0] for a, b in zip(phases, phases[1:])):
+        raise ConfigurationError(f"mixture phases must start at increasing token counts: {[p[0] for p in phases]}")
+    return tuple(phases)
+
+
+class StaticMixtureWorkSource(_MixtureWorkSource):
     """Mixes datasets by a fixed *token* ratio.
 
-    `mixture` maps dataset names to weights (normalised). With a `token_estimation`, weights are
-    token shares; without one, they are record shares. `num_epochs=None` plans forever (each
-    dataset restarts with a fresh permutation); an integer bounds each dataset to that many passes,
-    after which it drops out and the plan ends once every dataset is done. `round_size` is about
-    how many chunks a planning round holds (a bigger round mixes over a longer horizon).
+    `mixture` maps dataset names to weights (normalised; default: equal). With a
+    `token_estimation`, weights are token shares; without one, they are record shares.
+    `num_epochs=None` plans forever (each dataset restarts with a fresh permutation); an integer
+    bounds each dataset to that many passes, after which it drops out and the plan ends once every
+    dataset is done. `records_per_chunk` is the unit of dispatch and of mixing; `round_size` is about
+    how many chunks a planning round holds.
     """
 
     def __init__(
@@ -102,41 +179,42 @@ class StaticMixtureWorkSource:
         round_size: int = 1024,
     ) -> None:
         names = [d.name for d in datasets]
-        if len(set(names)) != len(names):
-            raise ConfigurationError(f"dataset names must be unique, got {names}")
-        if not datasets:
-            raise ConfigurationError("a work source needs at least one dataset")
         mixture = dict(mixture) if mixture is not None else {n: 1.0 for n in names}
         if set(mixture) != set(names):
-            raise ConfigurationError(
-                f"mixture names {sorted(mixture)} do not match dataset names {sorted(names)}"
-            )
-        if any(w < 0 or not math.isfinite(w) for w in mixture.values()) or sum(mixture.values()) <= 0:
-            raise ConfigurationError(f"mixture weights must be finite, non-negative and not all zero: {mixture}")
-        if records_per_chunk < 1 or round_size < 1:
-            raise ConfigurationError("records_per_chunk and round_size must be positive")
-        if num_epochs is not None and num_epochs < 1:
-            raise ConfigurationError(f"num_epochs must be a positive integer or None, got {num_epochs}")
-        total = sum(mixture.values())
-        self.datasets = tuple(datasets)
-        self.mixture = {n: mixture[n] / total for n in names}
-        self.token_estimation = token_estimation
-        self.seed = seed
-        self.records_per_chunk = records_per_chunk
-        self.num_epochs = num_epochs
-        self.round_size = round_size
+            raise ConfigurationError(f"mixture names {sorted(mixture)} do not match dataset names {sorted(names)}")
+        super().__init__(datasets, [(0, mixture)], token_estimation, seed, records_per_chunk, num_epochs, round_size)
 
-    def bind(self, count_tokens: TokenCounter | None, num_lanes: int) -> MixturePlan:
-        stats: dict[str, TokenStats] = {}
-        if self.token_estimation is not None and count_tokens is not None:
-            for ds in self.datasets:
-                if self.mixture[ds.name] > 0:
-                    stats[ds.name] = self.token_estimation.measure(ds, count_tokens)
-        return MixturePlan(self, stats, num_lanes)
+    @property
+    def mixture(self) -> dict[str, float]:
+        return self.schedule[0][1]
+
+
+class ScheduledMixtureWorkSource(_MixtureWorkSource):
+    """Mixture weights that change at given *global token counts*, deterministically.
+
+    `schedule` is a list of (start_token, weights): the first phase starts at 0; a phase's weights
+    hold from its start token until the next phase's. Token counts are the expected tokens the plan
+    hands out over all lanes (each lane switches at start_token / num_lanes of its own tokens), so the
+    switch point is a pure function of the recipe — the same on every layout and after every resume.
+    Datasets carry on where they were when a phase changes (no epoch restarts).
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        schedule: Sequence[tuple[int, Mapping[str, float]]],
+        token_estimation: TokenEstimation | None = None,
+        seed: int = 0,
+        *,
+        records_per_chunk: int = 128,
+        num_epochs: int | None = None,
+        round_size: int = 1024,
+    ) -> None:
+        super().__init__(datasets, schedule, token_estimation, seed, records_per_chunk, num_epochs, round_size)
 
 
 class MixturePlan:
-    """A StaticMixtureWorkSource bound to token statistics and a lane count. Immutable.
+    """A mixture work source bound to token statistics and a lane count; one per loader.
 
     Each dataset's chunks are dealt to lanes by a seeded permutation (chunk j of it goes to lane
     j mod num_lanes), and every lane mixes its own share of each dataset by tokens (see
@@ -144,12 +222,13 @@ class MixturePlan:
     is what keeps the global token shares on target at every step, not only on average.
     """
 
-    def __init__(self, source: StaticMixtureWorkSource, stats: Mapping[str, TokenStats], num_lanes: int) -> None:
+    def __init__(self, source: _MixtureWorkSource, stats: Mapping[str, TokenStats], num_lanes: int) -> None:
         self.source = source
         self.stats = dict(stats)
         self.num_lanes = num_lanes
         self.datasets = {ds.name: ds for ds in source.datasets}
-        live = [ds for ds in source.datasets if source.mixture[ds.name] > 0]
+        live_names = set(source.live_names())
+        live = [ds for ds in source.datasets if ds.name in live_names]
         dealt: dict[str, list[list[Chunk]]] = {}
         weights: dict[str, list[np.ndarray]] = {}
         for ds in live:
@@ -168,7 +247,7 @@ class MixturePlan:
             TokenInterleave(
                 {n: dealt[n][lane] for n in dealt},
                 {n: weights[n][lane] for n in weights},
-                {n: source.mixture[n] for n in dealt},
+                [(start / num_lanes, {n: w[n] for n in dealt}) for start, w in source.schedule],
                 seed=f"{source.seed}/lane/{lane}",
                 round_size=max(1, source.round_size // num_lanes),
                 num_epochs=source.num_epochs,
@@ -195,7 +274,7 @@ class MixturePlan:
         return {
             "kind": "static_mixture",
             "datasets": [ds.fingerprint() for ds in self.source.datasets],
-            "mixture": self.source.mixture,
+            "schedule": [[start, weights] for start, weights in self.source.schedule],
             "seed": self.source.seed,
             "records_per_chunk": self.source.records_per_chunk,
             "num_epochs": self.source.num_epochs,
@@ -205,7 +284,7 @@ class MixturePlan:
 
     def describe(self) -> dict:
         return {
-            "mixture": self.source.mixture,
+            "schedule": [[start, weights] for start, weights in self.source.schedule],
             "expected_tokens_per_epoch": self.expected_tokens_per_epoch,
             "tokens_per_record": {n: s.tokens_per_record for n, s in self.stats.items()},
             "tokens_per_byte": {n: s.tokens_per_byte for n, s in self.stats.items()},
@@ -222,23 +301,49 @@ class TokenInterleave:
 
     Every chunk has an expected token count. Each dataset's stream (a seeded permutation of its
     chunks per epoch) is cut into rounds by cumulative tokens: round r holds the chunks whose token
-    midpoint falls in [r·B·share, (r+1)·B·share), ordered by that midpoint. Where a round starts is
+    midpoint falls in the round's part of the dataset's cumulative target, ordered by the time (on
+    the lane's token axis) at which the schedule reaches that midpoint. Where a round starts is
     a closed-form sum, so slot s is found by binary search over rounds: resuming deep into a run
     costs the same as resuming early. Every prefix is within about one chunk per dataset of the
-    target token shares. Thread-safe for reading (its caches hold only pure values).
+    target token shares. Thread-unsafe (it caches rounds): each loader binds its own plan.
     """
 
-    def __init__(self, chunks, weights, shares, *, seed: str, round_size: int, num_epochs: int | None) -> None:
+    def __init__(self, chunks, weights, phases, *, seed: str, round_size: int, num_epochs: int | None) -> None:
         self._names = list(chunks)
         self._chunks = chunks
         self._weights = weights
         self._seed = seed
         self._num_epochs = num_epochs
         self._epoch_tokens = {n: float(weights[n].sum()) for n in self._names}
-        chunks_per_token = sum(shares[n] * len(chunks[n]) / self._epoch_tokens[n] for n in self._names)
-        round_tokens = round_size / chunks_per_token
-        self._per_round = {n: round_tokens * shares[n] for n in self._names}
+        first = phases[0][1]
+        chunks_per_token = sum(first[n] * len(chunks[n]) / self._epoch_tokens[n] for n in self._names)
+        self._round_tokens = round_size / max(chunks_per_token, 1e-12)
+        self._phases = list(phases)
         self._rounds: dict[int, list[Chunk]] = {}
+
+    def _target(self, name: str, round_index: int) -> float:
+        """Cumulative expected tokens of `name` before round `round_index`: the integral of its
+        share over the lane's token axis, which is piecewise linear across mixture phases."""
+        end_tokens = round_index * self._round_tokens
+        total = 0.0
+        for i, (start, shares) in enumerate(self._phases):
+            if end_tokens <= start:
+                break
+            stop = self._phases[i + 1][0] if i + 1 < len(self._phases) else end_tokens
+            total += shares[name] * (min(end_tokens, stop) - start)
+        return total
+
+    def _time_of(self, name: str, tokens: float) -> float:
+        """Inverse of `_target` on the token axis: where the lane has handed out `tokens` of `name`.
+        Sorting a round's chunks by this time interleaves them as their phases dictate."""
+        done = 0.0
+        for i, (start, shares) in enumerate(self._phases):
+            share = shares[name]
+            stop = self._phases[i + 1][0] if i + 1 < len(self._phases) else math.inf
+            if share > 0 and tokens <= done + share * (stop - start):
+                return start + (tokens - done) / share
+            done += share * (stop - start) if stop != math.inf else 0.0
+        return math.inf
 
     @lru_cache(maxsize=32)
     def _epoch(self, name: str, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +357,7 @@ class TokenInterleave:
 
     def _count_before(self, name: str, round_index: int) -> int:
         """How many chunks of `name` come before round `round_index`."""
-        target = round_index * self._per_round[name]
+        target = self._target(name, round_index)
         epoch_tokens, n = self._epoch_tokens[name], len(self._chunks[name])
         epoch = int(target // epoch_tokens)
         _, mids = self._epoch(name, epoch)
@@ -273,7 +378,7 @@ class TokenInterleave:
             for k in range(self._count_before(name, round_index), self._count_before(name, round_index + 1)):
                 epoch, i = divmod(k, n)
                 order, mids = self._epoch(name, epoch)
-                position = (epoch * epoch_tokens + mids[i]) / self._per_round[name] - round_index
+                position = self._time_of(name, epoch * epoch_tokens + mids[i])
                 keyed.append((position, d, self._chunks[name][int(order[i])]))
         keyed.sort(key=lambda t: (t[0], t[1]))
         chunks = [chunk for _, _, chunk in keyed]

@@ -1,0 +1,73 @@
+"""A scheduled mixture switches weights at a global token count, the same on every layout."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tests.harness import step_digests
+from zephon import ConfigurationError, Pipeline
+from zephon.demo._recipe import DATA, TOKENIZER
+from zephon.io import Dataset
+from zephon.work import ScheduledMixtureWorkSource, TokenEstimation
+
+SWITCH = 600_000
+
+
+def scheduled_pipeline(runner="thread", parallelism=2):
+    source = ScheduledMixtureWorkSource(
+        datasets=[Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))],
+        schedule=[(0, {"kjv": 0.8, "jargon": 0.2}), (SWITCH, {"kjv": 0.2, "jargon": 0.8})],
+        token_estimation=TokenEstimation(),
+        seed=3,
+        records_per_chunk=8,
+    )
+    return (
+        Pipeline(source)
+        .options(num_lanes=8, runner=runner)
+        .tokenize(str(TOKENIZER), parallelism=parallelism, eos="<|eos|>")
+        .pack_flat(2048)
+        .batch(1)
+    )
+
+
+def test_token_shares_follow_the_schedule_on_both_sides_of_the_switch():
+    windows = {"before": (0, 550_000), "after": (650_000, 1_250_000)}
+    tokens = {name: Counter() for name in windows}
+    seen = 0
+    with scheduled_pipeline().shard(0, 1, global_batch_size=8) as loader:
+        for batch in loader:
+            doc_ids = batch.tokens["document_ids"]
+            for row, sources in enumerate(batch.sources):
+                for piece, address in enumerate(sources):
+                    n = int(np.count_nonzero(doc_ids[row] == piece))
+                    for name, (lo, hi) in windows.items():
+                        if lo <= seen < hi:
+                            tokens[name][address.dataset] += n
+                    seen += n
+            if seen >= windows["after"][1]:
+                break
+    share = {name: c["kjv"] / sum(c.values()) for name, c in tokens.items()}
+    assert abs(share["before"] - 0.8) < 0.02, share
+    assert abs(share["after"] - 0.2) < 0.02, share
+
+
+def test_a_scheduled_mixture_is_layout_independent():
+    assert step_digests(scheduled_pipeline(), 1, 6) == step_digests(scheduled_pipeline("process", 1), 4, 6)
+
+
+@pytest.mark.parametrize(
+    "schedule,message",
+    [
+        ([(5, {"kjv": 1.0})], "must start with a phase at token 0"),
+        ([(0, {"kjv": 1.0}), (0, {"jargon": 1.0})], "increasing token counts"),
+        ([(0, {"nope": 1.0})], "not datasets of this source"),
+        ([(0, {"kjv": -1.0, "jargon": 1.0})], "non-negative"),
+    ],
+)
+def test_bad_schedules_are_rejected(schedule, message):
+    datasets = [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+    with pytest.raises(ConfigurationError, match=message):
+        ScheduledMixtureWorkSource(datasets, schedule)
