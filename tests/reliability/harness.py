@@ -1,0 +1,226 @@
+"""Shared harness of the reliability tests: dirty corpora, a one-dataset pipeline, whole-epoch runs.
+
+Every helper builds real shards on disk (or in a real fsspec filesystem) and runs the real
+Pipeline -> shard -> iterate path; nothing here stubs a reader, a runner or the ledger.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import tarfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from zephon import Pipeline, RecordAddress
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource, TokenEstimation
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER = REPO_ROOT / "zephon" / "data" / "tokenizer.json"
+NUM_LANES = 4
+MICROBATCH = 2
+RECORDS_PER_CHUNK = 4
+
+_WORDS = (
+    "river stone lantern harbor meadow signal copper orchard falcon ember quarry tide compass "
+    "ledger anchor willow granite beacon thistle cinder the of and a to in"
+).split()
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+def clean_records(n: int, seed: int, prefix: str = "r") -> list[dict]:
+    """`n` records {"id", "text"} of 3–60 words, a pure function of the arguments."""
+    rng = random.Random(f"reliability:{prefix}:{seed}")
+    return [{"id": f"{prefix}{i}", "text": words(rng, rng.randint(3, 60))} for i in range(n)]
+
+
+def jsonl_lines(records: list[dict]) -> list[bytes]:
+    return [json.dumps(r).encode() for r in records]
+
+
+def write_lines(path: Path, lines: list[bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def tar_bytes(records: list[list[tuple[str, bytes]]]) -> bytes:
+    """A WebDataset tar: each record is a list of (member name, payload)."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for members in records:
+            for name, payload in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return sink.getvalue()
+
+
+def text_pipeline(
+    dataset: Dataset | list[Dataset],
+    *,
+    runner=None,
+    field: str = "text",
+    max_length: int = 64,
+    algorithm: str = "wrap",
+    on_error: str = "skip",
+    estimate_tokens: bool = False,
+    num_epochs: int | None = 1,
+    seed: int = 7,
+    shuffle_buffer: int = 8,
+    map_fn=None,
+    num_lanes: int = NUM_LANES,
+) -> Pipeline:
+    """dataset(s) -> [map] -> tokenize -> pack_flat -> shuffle -> batch, on `num_lanes` lanes.
+
+    Without `estimate_tokens` the mixture is by records, so building a loader reads nothing: every
+    read (and every fault) happens while iterating, on the runner's workers.
+    """
+    datasets = dataset if isinstance(dataset, list) else [dataset]
+    source = StaticMixtureWorkSource(
+        datasets,
+        token_estimation=TokenEstimation(sample_records=32) if estimate_tokens else None,
+        seed=seed,
+        records_per_chunk=RECORDS_PER_CHUNK,
+        num_epochs=num_epochs,
+    )
+    pipeline = Pipeline(source).options(
+        num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=2, on_error=on_error
+    )
+    if map_fn is not None:
+        pipeline = pipeline.map(map_fn)
+    return (
+        pipeline.tokenize(str(TOKENIZER), field=field, eos="<|eos|>")
+        .pack_flat(max_length=max_length, algorithm=algorithm)
+        .shuffle(buffer_size=shuffle_buffer, seed=seed)
+        .batch(microbatch_size=MICROBATCH)
+    )
+
+
+def global_batch(pipeline: Pipeline) -> int:
+    """One microbatch per lane per step."""
+    return pipeline.settings.num_lanes * pipeline.microbatch_size
+
+
+@dataclass
+class EpochRun:
+    """What a whole finite epoch delivered, over every rank of one layout."""
+
+    digests: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    totals: dict[str, Counter] = field(default_factory=dict)
+    batches: list = field(default_factory=list)
+
+    def skipped(self, dataset: str) -> Counter:
+        return Counter({k.split(":", 1)[1]: v for k, v in self.totals[dataset].items() if k.startswith("skipped:")})
+
+
+def run_epoch(pipeline: Pipeline, world_size: int = 1, *, keep_batches: bool = True, state=None) -> EpochRun:
+    """Iterate every rank of `world_size` to the end of the plan; sum the ranks' ledgers."""
+    run = EpochRun()
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=global_batch(pipeline)) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            for batch in loader:
+                key = (batch.step, batch.lane, batch.index)
+                assert key not in run.digests, f"microbatch {key} delivered twice"
+                run.digests[key] = batch.digest()
+                if keep_batches:
+                    run.batches.append(batch)
+            for name, entry in loader.stats()["datasets"].items():
+                total = run.totals.setdefault(name, Counter())
+                for key, value in entry["total"].items():
+                    if key == "skipped":
+                        total.update({f"skipped:{k}": v for k, v in value.items()})
+                    else:
+                        total[key] += value
+    return run
+
+
+def assert_ledger_balances(run: EpochRun, expected_read: dict[str, int] | None = None) -> None:
+    """read == emitted + filtered + skipped for every dataset (and read == the slots planned)."""
+    for name, counts in run.totals.items():
+        skipped = sum(v for k, v in counts.items() if k.startswith("skipped:"))
+        assert counts["read"] == counts["emitted"] + counts["filtered"] + skipped, (name, dict(counts))
+        if expected_read is not None:
+            assert counts["read"] == expected_read[name], (name, counts["read"], expected_read[name])
+
+
+def tokens_by_record(batches) -> Counter:
+    """Real tokens each record contributed, over every row of every batch."""
+    used: Counter = Counter()
+    for batch in batches:
+        document_ids = batch.tokens["document_ids"]
+        for row, sources in enumerate(batch.sources):
+            for piece, address in enumerate(sources):
+                used[address] += int(np.count_nonzero(document_ids[row] == piece))
+    return used
+
+
+def token_values_of(batches, address: RecordAddress) -> Counter:
+    """Multiset of the token ids `address` contributed (rows are shuffled, so order is not kept)."""
+    values: Counter = Counter()
+    for batch in batches:
+        for row, sources in enumerate(batch.sources):
+            for piece, source in enumerate(sources):
+                if source == address:
+                    mask = batch.tokens["document_ids"][row] == piece
+                    values.update(batch.tokens["input_ids"][row][mask].tolist())
+    return values
+
+
+# -- vision-language -------------------------------------------------------------------------
+def vlm_pipeline(dataset: Dataset, spec, *, runner=None, on_error: str = "skip", num_lanes: int = 2,
+                 max_length: int = 256, parallelism: int = 1, shuffle_buffer: int = 0) -> Pipeline:
+    """pairs -> decode_images -> tokenize(txt) -> pack_multimodal -> [shuffle] -> batch."""
+    from vlm import PixtralPlaceholders
+
+    source = StaticMixtureWorkSource([dataset], seed=3, records_per_chunk=RECORDS_PER_CHUNK, num_epochs=1)
+    pipeline = (
+        Pipeline(source)
+        .options(num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=2, on_error=on_error)
+        .decode_images(spec=spec, parallelism=parallelism)
+        .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>", parallelism=parallelism)
+        .pack_multimodal(max_length, PixtralPlaceholders(3, 4, 5))
+    )
+    if shuffle_buffer:
+        pipeline = pipeline.shuffle(buffer_size=shuffle_buffer, seed=3)
+    return pipeline.batch(microbatch_size=MICROBATCH)
+
+
+def pair_tar(path: Path, pairs: list[tuple[str, str | None, bytes | None]]) -> Path:
+    """A WebDataset shard of (key, image extension or None, image bytes) with a caption each."""
+    records = []
+    for key, extension, image in pairs:
+        members = [(f"{key}.txt", f"a picture called {key}".encode())]
+        if extension is not None:
+            members.append((f"{key}.{extension}", image))
+        records.append(members)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(tar_bytes(records))
+    return path
+
+
+def pixels_by_address(batches) -> dict[RecordAddress, np.ndarray]:
+    """The patch rows of each record's image (every record here carries at most one image)."""
+    out = {}
+    for batch in batches:
+        arrays = batch.to_numpy()
+        grids = arrays["image_grid"]
+        patches_per_image = (grids[:, 0] * grids[:, 1]).astype(int)
+        starts = np.concatenate([[0], np.cumsum(patches_per_image)])
+        image = 0
+        for row, sources in enumerate(batch.sources):
+            assert int(arrays["image_grid_counts"][row]) == len(sources), "every packed record has one image"
+            for address in sources:
+                out[address] = arrays["pixel_values"][starts[image] : starts[image + 1]]
+                image += 1
+    return out

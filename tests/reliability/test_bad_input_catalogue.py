@@ -1,0 +1,340 @@
+"""The bad-input catalogue (SPEC §6, docs/RELIABILITY.md): one test per case, through the real
+Pipeline -> shard -> iterate path.
+
+Default policy: the record is skipped deterministically and counted by reason, and the ledger
+balances (read == emitted + filtered + skipped). With `on_error="raise"` the first bad record
+fails the run with `BadRecordError` naming its address (dataset, shard, index).
+Storage-level failures (a shard gone) are not record errors: they fail with the shard's URL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from tests.reliability.harness import (
+    RECORDS_PER_CHUNK,
+    TOKENIZER,
+    assert_ledger_balances,
+    clean_records,
+    jsonl_lines,
+    pair_tar,
+    pixels_by_address,
+    run_epoch,
+    tar_bytes,
+    text_pipeline,
+    token_values_of,
+    tokens_by_record,
+    vlm_pipeline,
+    words,
+    write_lines,
+)
+from tests.unit.test_vlm_assets import (  # the shared bad-image makers
+    cmyk_jpeg,
+    encode,
+    gradient,
+    palette_alpha_png,
+    png_header_only,
+    sixteen_bit_png,
+    truncated_jpeg,
+)
+from vlm import ImageSpec, decode_image, patchify
+from zephon import BadRecordError, RecordAddress
+from zephon.io import Dataset, ShardUnavailableError
+
+SHARDS, PER_SHARD = 2, 16
+
+
+def jsonl_dataset(root: Path, replace: dict[tuple[int, int], bytes] | None = None, **options) -> Dataset:
+    """2 shards x 16 clean JSON lines, with `replace[(shard, index)]` put in place of some lines."""
+    for shard in range(SHARDS):
+        lines = jsonl_lines(clean_records(PER_SHARD, shard))
+        for (s, index), line in (replace or {}).items():
+            if s == shard:
+                lines[index] = line
+        write_lines(root / f"part-{shard:05d}.jsonl", lines)
+    return Dataset.from_path("d", str(root), **options)
+
+
+def address(dataset: Dataset, shard: int, index: int) -> RecordAddress:
+    return RecordAddress(dataset.name, dataset.shards[shard].url, index)
+
+
+def fail_fast(pipeline) -> BadRecordError:
+    with pytest.raises(BadRecordError) as info:
+        run_epoch(pipeline.options(on_error="raise"), keep_batches=False)
+    return info.value
+
+
+# -- line-level cases ----------------------------------------------------------------------------
+BAD_LINES = {
+    "malformed_json": b'{"text": "a line cut in the middle',
+    "blank_line": b"",
+    "invalid_utf8": b'{"text": "caf\xe9 au lait"}',
+    "not_an_object": b'["a", "list", "not", "an", "object"]',
+    "missing_field": json.dumps({"id": "x", "body": "the text is under another key"}).encode(),
+    "not_text": json.dumps({"id": "x", "text": 12345}).encode(),
+    "empty_document": json.dumps({"id": "x", "text": " \n\t "}).encode(),
+}
+REASON = {"blank_line": "malformed_json"}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+def test_bad_line_is_skipped_and_counted_by_reason(tmp_path, case):
+    dataset = jsonl_dataset(tmp_path, {(1, 5): BAD_LINES[case], (0, 11): BAD_LINES[case]})
+    run = run_epoch(text_pipeline(dataset))
+    reason = REASON.get(case, case)
+    assert run.skipped("d") == Counter({reason: 2})
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+    used = set(tokens_by_record(run.batches))
+    assert address(dataset, 1, 5) not in used and address(dataset, 0, 11) not in used
+    assert len(used) == SHARDS * PER_SHARD - 2, "every other record is delivered"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+def test_bad_line_fails_fast_naming_its_address_with_on_error_raise(tmp_path, case):
+    dataset = jsonl_dataset(tmp_path, {(1, 5): BAD_LINES[case]})
+    error = fail_fast(text_pipeline(dataset))
+    assert error.address == address(dataset, 1, 5)
+    assert error.reason == REASON.get(case, case)
+    assert str(error.address) in str(error) and "part-00001.jsonl#5" in str(error)
+
+
+# -- a document far longer than the context --------------------------------------------------------
+MAX_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def huge_document_corpus(tmp_path_factory):
+    """Shard 1, line 3 holds a document of more than 1000 x MAX_LENGTH tokens."""
+    rng = random.Random("huge")
+    text = words(rng, 1000 * MAX_LENGTH + 500)
+    root = tmp_path_factory.mktemp("huge")
+    dataset = jsonl_dataset(root, {(1, 3): json.dumps({"id": "huge", "text": text}).encode()})
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    return dataset, tokenizer.encode(text, add_special_tokens=False).ids + [tokenizer.token_to_id("<|eos|>")]
+
+
+def test_huge_document_is_wrapped_into_rows_with_every_token_delivered(huge_document_corpus):
+    dataset, tokens = huge_document_corpus
+    assert len(tokens) > 1000 * MAX_LENGTH
+    run = run_epoch(text_pipeline(dataset, max_length=MAX_LENGTH, algorithm="wrap"))
+    huge = address(dataset, 1, 3)
+    assert tokens_by_record(run.batches)[huge] == len(tokens)
+    assert token_values_of(run.batches, huge) == Counter(tokens)
+    assert run.skipped("d") == Counter() and run.totals["d"]["emitted"] == SHARDS * PER_SHARD
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+
+
+def test_huge_document_is_cut_into_max_length_pieces_by_first_fit(huge_document_corpus):
+    dataset, tokens = huge_document_corpus
+    run = run_epoch(text_pipeline(dataset, max_length=MAX_LENGTH, algorithm="first_fit"))
+    huge = address(dataset, 1, 3)
+    rows_of_huge = [
+        (row_sources, batch.tokens["document_ids"][row])
+        for batch in run.batches
+        for row, row_sources in enumerate(batch.sources)
+        if huge in row_sources
+    ]
+    whole_rows = [s for s, doc_ids in rows_of_huge if s == (huge,) and (doc_ids == 0).all()]
+    assert len(whole_rows) >= (len(tokens) - 1) // MAX_LENGTH, "every piece but the last fills a row alone"
+    assert len(rows_of_huge) <= len(whole_rows) + 1
+    assert tokens_by_record(run.batches)[huge] == len(tokens)
+    assert token_values_of(run.batches, huge) == Counter(tokens)
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+
+
+# -- shards: empty, vanished, shrunk -------------------------------------------------------------
+def test_zero_length_shard_holds_no_records_and_changes_no_batch(tmp_path):
+    plain = jsonl_dataset(tmp_path / "plain")
+    jsonl_dataset(tmp_path / "with_empty")
+    (tmp_path / "with_empty" / "part-00000_empty.jsonl").write_bytes(b"")  # sorts between the two shards
+    with_empty = Dataset.from_path("d", str(tmp_path / "with_empty"))
+    assert [s.num_records for s in with_empty.shards] == [PER_SHARD, 0, PER_SHARD]
+    reference = run_epoch(text_pipeline(plain), keep_batches=False)
+    run = run_epoch(text_pipeline(with_empty), keep_batches=False)
+    assert run.digests == reference.digests
+    assert run.totals == reference.totals
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+    assert run_epoch(text_pipeline(with_empty, on_error="raise"), keep_batches=False).digests == reference.digests
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_shard_deleted_between_planning_and_reading_fails_naming_its_url(tmp_path, runner):
+    dataset = jsonl_dataset(tmp_path, retries=2, retry_delay=0.01)
+    pipeline = text_pipeline(dataset, runner=runner)
+    with pipeline.shard(0, 1, global_batch_size=8) as loader:  # planned; nothing read yet
+        os.remove(dataset.shards[1].url)
+        with pytest.raises(ShardUnavailableError) as info:
+            list(loader)
+    assert info.value.url == dataset.shards[1].url
+    assert dataset.shards[1].url in str(info.value) and info.value.attempts == 2
+
+
+def test_shard_cut_short_after_planning_counts_the_lost_records_as_truncated(tmp_path):
+    dataset = jsonl_dataset(tmp_path)
+    shard = Path(dataset.shards[0].url)
+    lines = shard.read_bytes().split(b"\n")
+    shard.write_bytes(b"\n".join(lines[:10]) + b"\n")  # 10 of the 16 planned lines remain
+    run = run_epoch(text_pipeline(dataset))
+    assert run.skipped("d") == Counter({"truncated_shard": 6})
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+    error = fail_fast(text_pipeline(dataset))
+    assert error.reason == "truncated_shard" and error.address in {address(dataset, 0, i) for i in range(10, 16)}
+
+
+# -- Parquet --------------------------------------------------------------------------------------
+def _parquet(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=5)
+
+
+def test_parquet_shard_without_the_text_column_skips_its_rows_as_missing_field(tmp_path):
+    """Decided behaviour: a schema is a per-shard fact, so a shard that lacks the field is not an
+    error of the dataset; each of its rows is skipped as `missing_field` (on_error="raise" fails on
+    its first row), and shards with the right schema are read as usual."""
+    good = clean_records(PER_SHARD, 0)
+    _parquet(tmp_path / "part-0.parquet", pa.Table.from_pylist(good))
+    wrong = [{"id": r["id"], "body": r["text"]} for r in clean_records(PER_SHARD, 1)]
+    _parquet(tmp_path / "part-1.parquet", pa.Table.from_pylist(wrong))
+    typed = [{"id": i, "text": i * 7} for i in range(8)]  # a text column of integers
+    _parquet(tmp_path / "part-2.parquet", pa.Table.from_pylist(typed))
+    dataset = Dataset.from_path("d", str(tmp_path))
+    run = run_epoch(text_pipeline(dataset))
+    assert run.skipped("d") == Counter({"missing_field": PER_SHARD, "not_text": 8})
+    assert run.totals["d"]["emitted"] == PER_SHARD
+    assert_ledger_balances(run, {"d": 2 * PER_SHARD + 8})
+    error = fail_fast(text_pipeline(dataset))
+    assert error.reason in ("missing_field", "not_text") and error.address.shard.endswith(".parquet")
+
+
+# -- WebDataset tars ------------------------------------------------------------------------------
+def _text_tar(path: Path, records: list[dict], drop_text: set[int] = frozenset()) -> bytes:
+    data = tar_bytes([
+        [(f"k{i:03d}.json", json.dumps({"id": r["id"]}).encode())]
+        + ([] if i in drop_text else [(f"k{i:03d}.txt", r["text"].encode())])
+        for i, r in enumerate(records)
+    ])
+    path.write_bytes(data)
+    return data
+
+
+def test_truncated_tar_shard_counts_the_cut_record_as_truncated_shard(tmp_path):
+    _text_tar(tmp_path / "a-000.tar", clean_records(PER_SHARD, 0))
+    data = _text_tar(tmp_path / "a-001.tar", clean_records(PER_SHARD, 1))
+    # Each record is two members of 1024 bytes (header + one data block): cut inside record 12's text.
+    (tmp_path / "a-001.tar").write_bytes(data[: 12 * 2048 + 1024 + 512 + 40])
+    dataset = Dataset.from_path("t", str(tmp_path))
+    assert [s.num_records for s in dataset.shards] == [PER_SHARD, 13], "planning sees the cut record's header"
+    run = run_epoch(text_pipeline(dataset, field="txt"))
+    assert run.skipped("t") == Counter({"truncated_shard": 1})
+    assert_ledger_balances(run, {"t": PER_SHARD + 13})
+    error = fail_fast(text_pipeline(dataset, field="txt"))
+    assert error.reason == "truncated_shard" and error.address == address(dataset, 1, 12)
+    assert "tar cut short" in error.detail
+
+
+def test_tar_record_missing_its_text_member_is_skipped_as_missing_field(tmp_path):
+    """Text side of a broken pair; a pair missing its image is `missing_image` (see
+    tests/unit/test_vlm_bad_images_pipeline.py and the image cases below)."""
+    _text_tar(tmp_path / "a-000.tar", clean_records(PER_SHARD, 0), drop_text={2, 9})
+    _text_tar(tmp_path / "a-001.tar", clean_records(PER_SHARD, 1))
+    dataset = Dataset.from_path("t", str(tmp_path))
+    run = run_epoch(text_pipeline(dataset, field="txt"))
+    assert run.skipped("t") == Counter({"missing_field": 2})
+    assert_ledger_balances(run, {"t": 2 * PER_SHARD})
+    error = fail_fast(text_pipeline(dataset, field="txt"))
+    assert error.reason == "missing_field" and error.address in (address(dataset, 0, 2), address(dataset, 0, 9))
+
+
+# -- images through decode_images ---------------------------------------------------------------
+SPEC = ImageSpec(max_pixels=64 * 64)
+IMAGES_PER_SHARD = 6
+
+
+def _corrupt_jpeg() -> bytes:
+    """A JPEG whose header parses but whose start-of-scan segment is zeroed: the decoder fails."""
+    data = bytearray(encode(gradient(48, 64), "JPEG", quality=90))
+    sos = data.index(b"\xff\xda")
+    data[sos + 2 : sos + 12] = bytes(10)
+    return bytes(data)
+
+
+BAD_IMAGES = {
+    "corrupt_jpeg": ("jpg", _corrupt_jpeg, "corrupt_image"),
+    "truncated_jpeg": ("jpg", truncated_jpeg, "truncated_image"),
+    "garbage_bytes": ("jpg", lambda: bytes(random.Random(5).randbytes(3000)), "corrupt_image"),
+    "decompression_bomb_header": ("png", lambda: png_header_only(20000, 20000), "decompression_bomb"),
+}
+CONVERTED = {"cmyk_jpeg": ("jpg", cmyk_jpeg), "sixteen_bit_png": ("png", sixteen_bit_png),
+             "palette_alpha_png": ("png", palette_alpha_png)}
+
+
+def _pairs_dataset(root: Path, odd: tuple[str, bytes] | None) -> Dataset:
+    """2 shards of 6 pairs each; shard 1's pair 2 gets the `odd` image."""
+    for shard in range(2):
+        pairs = [(f"s{shard}-{i}", "png", encode(gradient(40 + 8 * i, 56 + 4 * shard))) for i in range(IMAGES_PER_SHARD)]
+        if odd is not None and shard == 1:
+            pairs[2] = (f"s{shard}-2", *odd)
+        pair_tar(root / f"pairs-{shard}.tar", pairs)
+    return Dataset.from_path("pairs", str(root))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_IMAGES))
+def test_bad_image_is_skipped_by_reason_or_fails_fast_naming_its_address(tmp_path, case):
+    extension, make, reason = BAD_IMAGES[case]
+    dataset = _pairs_dataset(tmp_path, (extension, make()))
+    run = run_epoch(vlm_pipeline(dataset, SPEC))
+    assert run.skipped("pairs") == Counter({reason: 1})
+    assert_ledger_balances(run, {"pairs": 2 * IMAGES_PER_SHARD})
+    assert address(dataset, 1, 2) not in pixels_by_address(run.batches)
+    assert len(pixels_by_address(run.batches)) == 2 * IMAGES_PER_SHARD - 1
+    error = fail_fast(vlm_pipeline(dataset, SPEC))
+    assert error.reason == reason and error.address == address(dataset, 1, 2)
+
+
+@pytest.mark.parametrize("case", sorted(CONVERTED))
+def test_odd_image_mode_is_converted_to_rgb_not_skipped(tmp_path, case):
+    extension, make = CONVERTED[case]
+    data = make()
+    dataset = _pairs_dataset(tmp_path, (extension, data))
+    run = run_epoch(vlm_pipeline(dataset, SPEC, on_error="raise"))
+    assert run.skipped("pairs") == Counter()
+    assert_ledger_balances(run, {"pairs": 2 * IMAGES_PER_SHARD})
+    expected = patchify(np.ascontiguousarray(decode_image(data, SPEC)), SPEC.patch_size)
+    delivered = pixels_by_address(run.batches)[address(dataset, 1, 2)]
+    assert delivered.dtype == np.uint8 and np.array_equal(delivered, expected)
+
+
+# -- the same dirty corpus, the same result --------------------------------------------------------
+def test_dirty_corpus_gives_the_same_digests_and_stats_on_every_run_and_world_size(tmp_path, huge_document_corpus):
+    replace = {(0, 1): BAD_LINES["malformed_json"], (0, 4): BAD_LINES["invalid_utf8"],
+               (1, 2): BAD_LINES["missing_field"], (1, 7): BAD_LINES["empty_document"],
+               (1, 9): BAD_LINES["not_an_object"], (0, 13): BAD_LINES["blank_line"]}
+    dirty = jsonl_dataset(tmp_path / "dirty", replace)
+    (tmp_path / "dirty" / "part-00002.jsonl").write_bytes(b"")
+    dirty = Dataset.from_path("d", str(tmp_path / "dirty"))
+    huge, _ = huge_document_corpus
+    huge = Dataset.from_path("huge", huge.url)
+
+    def pipeline(runner: str = "inline"):
+        return text_pipeline([dirty, huge], runner=runner, estimate_tokens=True)
+
+    first = run_epoch(pipeline(), keep_batches=False)
+    assert first.skipped("d") == Counter({"malformed_json": 2, "invalid_utf8": 1, "missing_field": 1,
+                                          "empty_document": 1, "not_an_object": 1})
+    assert_ledger_balances(first, {"d": SHARDS * PER_SHARD, "huge": SHARDS * PER_SHARD})
+    again = run_epoch(pipeline(), keep_batches=False)
+    on_four = run_epoch(pipeline("thread"), world_size=4, keep_batches=False)
+    for other in (again, on_four):
+        assert other.digests == first.digests
+        assert other.totals == first.totals
