@@ -39,7 +39,7 @@ def launch(nproc: int, out: Path, *worker_args: str, timeout: float = 120) -> di
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
         "--max-restarts=0", "-m", "tests.integration._torchrun_worker", "--out", str(out), *worker_args,
     ]
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"torchrun with {nproc} processes failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(Path(out).read_text())
 

@@ -132,11 +132,12 @@ def test_config_build_makes_a_loader_like_the_trainer_does(corpora, demo_tokeniz
         max_length=64, num_lanes=8, microbatch_size=2, shuffle_buffer=8, records_per_chunk=8, runner="inline",
     )
     config = ZephonDataLoader.Config(recipe=recipe, global_batch_size=GLOBAL_BATCH)
-    kwargs = dict(dp_world_size=2, dp_rank=1, tokenizer=None, local_batch_size=LOCAL_BATCH, snapshot_every_n_steps=10)
+    kwargs = {"dp_world_size": 2, "dp_rank": 1, "tokenizer": None, "local_batch_size": LOCAL_BATCH,
+              "snapshot_every_n_steps": 10}
     with config.build(seq_len=64, **kwargs) as loader:
         assert loader.lanes == [4, 5, 6, 7]
         assert loader.gradient_accumulation_steps == GLOBAL_BATCH // (LOCAL_BATCH * 2)
-        inputs, labels = next(iter(loader))
+        inputs, _ = next(iter(loader))
         assert set(inputs) == {"input", "positions"}
     with pytest.raises(ConfigurationError, match="seq_len=128 differs from the data recipe's max_length=64"):
         config.build(seq_len=128, **kwargs)
@@ -185,9 +186,11 @@ def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenize
         with pytest.raises(CheckpointError, match="dp_rank_0"):
             loader.load_state_dict({"dp_rank_0": b"\x80\x04N.", "world_size": 1})
         other = text_pipeline(*corpora, demo_tokenizer_path, seed=7)
-        with ZephonDataLoader(other, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as changed:
-            with pytest.raises(RecipeMismatchError, match="operators"):
-                loader.load_state_dict(changed.state_dict())
+        with (
+            ZephonDataLoader(other, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as changed,
+            pytest.raises(RecipeMismatchError, match="operators"),
+        ):
+            loader.load_state_dict(changed.state_dict())
 
 
 @pytest.mark.parametrize(

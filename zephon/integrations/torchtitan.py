@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from .._errors import CheckpointError, ConfigurationError
 from .._pipeline import Pipeline
 from ..distributed import gather_state, rank_and_world_size
 
-__all__ = ["DataRecipe", "ZephonDataLoader", "build_zephon_dataloader", "TORCHTITAN_VERSION", "STATE_KEY"]
+__all__ = ["STATE_KEY", "TORCHTITAN_VERSION", "DataRecipe", "ZephonDataLoader", "build_zephon_dataloader"]
 
 log = logging.getLogger("zephon.integrations.torchtitan")
 
@@ -339,7 +339,7 @@ class ZephonDataLoader(_Base):
     def close(self) -> None:
         self._loader.close()
 
-    def __enter__(self) -> ZephonDataLoader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
