@@ -26,10 +26,7 @@ NUM_LANES = 4
 MICROBATCH = 2
 RECORDS_PER_CHUNK = 4
 
-_WORDS = (
-    "river stone lantern harbor meadow signal copper orchard falcon ember quarry tide compass "
-    "ledger anchor willow granite beacon thistle cinder the of and a to in"
-).split()
+_WORDS = ["river", "stone", "lantern", "harbor", "meadow", "signal", "copper", "orchard", "falcon", "ember", "quarry", "tide", "compass", "ledger", "anchor", "willow", "granite", "beacon", "thistle", "cinder", "the", "of", "and", "a", "to", "in"]
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -50,6 +47,25 @@ def write_lines(path: Path, lines: list[bytes]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     return path
+
+
+SHARDS, PER_SHARD = 2, 16
+
+
+def jsonl_dataset(root: Path, replace: dict[tuple[int, int], bytes] | None = None, **options) -> Dataset:
+    """SHARDS x PER_SHARD clean JSON lines under `root`, with `replace[(shard, index)]` put in
+    place of some lines; `options` go to `Dataset.from_path`."""
+    for shard in range(SHARDS):
+        lines = jsonl_lines(clean_records(PER_SHARD, shard))
+        for (s, index), line in (replace or {}).items():
+            if s == shard:
+                lines[index] = line
+        write_lines(root / f"part-{shard:05d}.jsonl", lines)
+    return Dataset.from_path("d", str(root), **options)
+
+
+def address(dataset: Dataset, shard: int, index: int) -> RecordAddress:
+    return RecordAddress(dataset.name, dataset.shards[shard].url, index)
 
 
 def tar_bytes(records: list[list[tuple[str, bytes]]]) -> bytes:
@@ -77,9 +93,11 @@ def text_pipeline(
     seed: int = 7,
     shuffle_buffer: int = 8,
     map_fn=None,
+    filter_fn=None,
     num_lanes: int = NUM_LANES,
+    parallelism: int = 1,
 ) -> Pipeline:
-    """dataset(s) -> [map] -> tokenize -> pack_flat -> shuffle -> batch, on `num_lanes` lanes.
+    """dataset(s) -> [map] -> [filter] -> tokenize -> pack_flat -> shuffle -> batch, on `num_lanes` lanes.
 
     Without `estimate_tokens` the mixture is by records, so building a loader reads nothing: every
     read (and every fault) happens while iterating, on the runner's workers.
@@ -96,9 +114,11 @@ def text_pipeline(
         num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=2, on_error=on_error
     )
     if map_fn is not None:
-        pipeline = pipeline.map(map_fn)
+        pipeline = pipeline.map(map_fn, parallelism=parallelism)
+    if filter_fn is not None:
+        pipeline = pipeline.filter(filter_fn, parallelism=parallelism)
     return (
-        pipeline.tokenize(str(TOKENIZER), field=field, eos="<|eos|>")
+        pipeline.tokenize(str(TOKENIZER), field=field, eos="<|eos|>", parallelism=parallelism)
         .pack_flat(max_length=max_length, algorithm=algorithm)
         .shuffle(buffer_size=shuffle_buffer, seed=seed)
         .batch(microbatch_size=MICROBATCH)

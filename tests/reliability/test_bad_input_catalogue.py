@@ -22,11 +22,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.reliability.harness import (
-    RECORDS_PER_CHUNK,
+    PER_SHARD,
+    SHARDS,
     TOKENIZER,
+    address,
     assert_ledger_balances,
     clean_records,
-    jsonl_lines,
+    jsonl_dataset,
     pair_tar,
     pixels_by_address,
     run_epoch,
@@ -36,7 +38,6 @@ from tests.reliability.harness import (
     tokens_by_record,
     vlm_pipeline,
     words,
-    write_lines,
 )
 from tests.unit.test_vlm_assets import (  # the shared bad-image makers
     cmyk_jpeg,
@@ -48,25 +49,8 @@ from tests.unit.test_vlm_assets import (  # the shared bad-image makers
     truncated_jpeg,
 )
 from vlm import ImageSpec, decode_image, patchify
-from zephon import BadRecordError, RecordAddress
+from zephon import BadRecordError
 from zephon.io import Dataset, ShardUnavailableError
-
-SHARDS, PER_SHARD = 2, 16
-
-
-def jsonl_dataset(root: Path, replace: dict[tuple[int, int], bytes] | None = None, **options) -> Dataset:
-    """2 shards x 16 clean JSON lines, with `replace[(shard, index)]` put in place of some lines."""
-    for shard in range(SHARDS):
-        lines = jsonl_lines(clean_records(PER_SHARD, shard))
-        for (s, index), line in (replace or {}).items():
-            if s == shard:
-                lines[index] = line
-        write_lines(root / f"part-{shard:05d}.jsonl", lines)
-    return Dataset.from_path("d", str(root), **options)
-
-
-def address(dataset: Dataset, shard: int, index: int) -> RecordAddress:
-    return RecordAddress(dataset.name, dataset.shards[shard].url, index)
 
 
 def fail_fast(pipeline) -> BadRecordError:

@@ -1,0 +1,240 @@
+"""Faults on the real code paths (SPEC §6): worker processes killed or hung, a user function that
+raises, storage that fails for a while or for good.
+
+A killed or hung worker is replaced and its chunk re-run, so the output is bit-identical to an
+undisturbed run; a user exception surfaces as `UserFunctionError` with the record address and
+the original traceback; a transient read error is retried with backoff and changes nothing; a
+permanent one fails with `ShardUnavailableError` naming the file's URL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from runners import ProcessRunner
+from tests.reliability.harness import (
+    PER_SHARD,
+    SHARDS,
+    address,
+    assert_ledger_balances,
+    clean_records,
+    jsonl_dataset,
+    jsonl_lines,
+    run_epoch,
+    text_pipeline,
+)
+from tests.unit.conftest_io import registered
+from zephon import UserFunctionError
+from zephon.io import Dataset, ShardUnavailableError
+
+VICTIM = "r9"  # the id of the record whose map call misbehaves (record 9 of each shard)
+
+
+def _claim(marker: Path) -> bool:
+    """True exactly once per marker, across processes (O_EXCL creation is atomic)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def kill_own_worker_once(marker: Path):
+    """A map that SIGKILLs the worker process running it, once, at the first victim record."""
+    parent = os.getpid()
+
+    def misbehave(record: dict) -> dict:
+        if record["id"] == VICTIM and os.getpid() != parent and _claim(marker):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record
+
+    return misbehave
+
+
+def hang_once(marker: Path, seconds: float = 60.0):
+    """A map that hangs the worker running it, once, at the first victim record."""
+    parent = os.getpid()
+
+    def misbehave(record: dict) -> dict:
+        if record["id"] == VICTIM and os.getpid() != parent and _claim(marker):
+            time.sleep(seconds)
+        return record
+
+    return misbehave
+
+
+def _undisturbed(dataset: Dataset, map_fn):
+    return run_epoch(text_pipeline(dataset, map_fn=map_fn), keep_batches=False)
+
+
+def test_worker_killed_mid_run_is_replaced_and_the_output_is_bit_identical(tmp_path):
+    dataset = jsonl_dataset(tmp_path / "data")
+    marker = tmp_path / "killed"
+    runner = ProcessRunner()
+    run = run_epoch(
+        text_pipeline(dataset, runner=runner, map_fn=kill_own_worker_once(marker), parallelism=2),
+        keep_batches=False,
+    )
+    assert marker.exists(), "the worker really killed itself"
+    stats = runner.stats()
+    assert stats.workers_replaced == 1 and stats.retries == 1
+    reference = _undisturbed(dataset, kill_own_worker_once(marker))
+    assert run.digests == reference.digests
+    assert run.totals == reference.totals
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+
+
+def test_worker_hung_past_task_timeout_is_killed_and_the_output_is_bit_identical(tmp_path):
+    dataset = jsonl_dataset(tmp_path / "data")
+    marker = tmp_path / "hung"
+    runner = ProcessRunner(task_timeout_s=2.0)
+    started = time.monotonic()
+    run = run_epoch(text_pipeline(dataset, runner=runner, map_fn=hang_once(marker)), keep_batches=False)
+    assert time.monotonic() - started < 45, "the hung worker was killed, not waited for"
+    assert marker.exists()
+    assert runner.stats().workers_replaced == 1
+    reference = _undisturbed(dataset, hang_once(marker))
+    assert run.digests == reference.digests
+    assert run.totals == reference.totals
+
+
+def _raise_on_victim(record: dict):
+    if record["id"] == VICTIM:
+        raise ValueError(f"cannot handle record {record['id']}")
+    return record
+
+
+@pytest.mark.parametrize("operator", ["map", "filter"])
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_user_function_error_surfaces_with_address_and_original_traceback(tmp_path, runner, operator):
+    dataset = jsonl_dataset(tmp_path / "data")
+    function = {f"{operator}_fn": _raise_on_victim}
+    pipeline = text_pipeline(dataset, runner=runner, **function)
+    with pytest.raises(UserFunctionError) as info:
+        run_epoch(pipeline, keep_batches=False)
+    error = info.value
+    assert error.address in {address(dataset, shard, 9) for shard in range(SHARDS)}
+    assert error.operator == operator
+    assert "Traceback (most recent call last)" in error.original
+    assert "ValueError: cannot handle record r9" in error.original
+    assert 'raise ValueError(f"cannot handle record' in error.original, "the user's own source line"
+    assert str(error.address) in str(error)
+
+
+# -- storage ------------------------------------------------------------------------------------
+class FlakyStore(MemoryFileSystem):
+    """A real fsspec filesystem (memory-backed, protocol `flakyrel://`) whose next `failing_opens`
+    opens and next `failing_reads` reads fail like a dropped connection. Each failure is appended to
+    `log` (a local file, so failures in forked workers are seen too)."""
+
+    protocol = "flakyrel"
+    root_marker = ""
+    store: dict = {}
+    pseudo_dirs: list = [""]
+    failing_opens = 0
+    failing_reads = 0
+    log: Path | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        prefix = f"{cls.protocol}://"
+        return (path.removeprefix(prefix)).strip("/")
+
+    @classmethod
+    def arm(cls, *, opens: int = 0, reads: int = 0, log: Path) -> None:
+        cls.failing_opens, cls.failing_reads, cls.log = opens, reads, log
+        log.write_text("")
+
+    @classmethod
+    def _fail(cls, kind: str, path: str) -> bool:
+        with cls._lock:
+            left = getattr(cls, f"failing_{kind}")
+            if left <= 0:
+                return False
+            setattr(cls, f"failing_{kind}", left - 1)
+        with open(cls.log, "a") as log:
+            log.write(f"{time.monotonic()} {kind} {path}\n")
+        return True
+
+    def _open(self, path, mode="rb", **kwargs):
+        f = super()._open(path, mode, **kwargs)
+        if "r" not in mode:
+            return f
+        if FlakyStore._fail("opens", path):
+            raise ConnectionResetError(f"connection reset while opening {path}")
+        read = f.read
+
+        def flaky_read(*args):
+            if FlakyStore._fail("reads", path):
+                raise TimeoutError(f"read timed out on {path}")
+            return read(*args)
+
+        f.read = flaky_read
+        return f
+
+    @classmethod
+    def failures(cls) -> list[tuple[float, str, str]]:
+        rows = [line.split(" ", 2) for line in cls.log.read_text().splitlines()]
+        return [(float(t), kind, path) for t, kind, path in rows]
+
+
+@pytest.fixture
+def flaky_store():
+    with registered(FlakyStore) as store:
+        store.failing_opens = store.failing_reads = 0
+        root = "flakyrel://corpus"
+        for shard in range(SHARDS):
+            with fsspec.open(f"{root}/part-{shard:05d}.jsonl", "wb") as f:
+                f.write(b"".join(line + b"\n" for line in jsonl_lines(clean_records(PER_SHARD, shard))))
+        try:
+            yield store, root
+        finally:
+            store.failing_opens = store.failing_reads = 0
+
+
+def test_transient_read_errors_are_retried_with_backoff_and_change_nothing(flaky_store, tmp_path):
+    store, root = flaky_store
+    dataset = Dataset.from_path("d", root, retries=4, retry_delay=0.05)
+    reference = run_epoch(text_pipeline(dataset), keep_batches=False)
+    store.arm(opens=2, reads=1, log=tmp_path / "failures")
+    run = run_epoch(text_pipeline(dataset), keep_batches=False)
+    failures = store.failures()
+    assert [kind for _, kind, _ in failures] == ["opens", "opens", "reads"]
+    assert len({path for _, _, path in failures}) == 1, "the same chunk read failed three times, then succeeded"
+    times = [t for t, _, _ in failures]
+    assert times[1] - times[0] >= 0.05 and times[2] - times[1] >= 0.1, "exponential backoff between attempts"
+    assert run.digests == reference.digests and run.totals == reference.totals
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+
+
+def test_transient_read_errors_in_worker_processes_are_retried_and_change_nothing(flaky_store, tmp_path):
+    store, root = flaky_store
+    dataset = Dataset.from_path("d", root, retries=3, retry_delay=0.01)
+    reference = run_epoch(text_pipeline(dataset), keep_batches=False)
+    store.arm(opens=1, reads=1, log=tmp_path / "failures")  # each forked worker inherits the counters
+    run = run_epoch(text_pipeline(dataset, runner=ProcessRunner(), parallelism=2), keep_batches=False)
+    failures = store.failures()
+    assert failures and len(failures) % 2 == 0, "every worker that read failed once on open, once on read"
+    assert run.digests == reference.digests and run.totals == reference.totals
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_permanent_read_error_fails_with_the_files_url(flaky_store, tmp_path, runner):
+    store, root = flaky_store
+    dataset = Dataset.from_path("d", root, retries=3, retry_delay=0.01)
+    store.arm(opens=10**9, log=tmp_path / "failures")
+    with pytest.raises(ShardUnavailableError) as info:
+        run_epoch(text_pipeline(dataset, runner=runner), keep_batches=False)
+    error = info.value
+    assert error.url in {shard.url for shard in dataset.shards} and error.url.startswith("flakyrel://")
+    assert error.url in str(error) and error.attempts == 3
+    assert "ConnectionResetError" in error.cause
