@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon import Pipeline, RecordAddress
+from zephon import Pipeline, RecordAddress, merge_states
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -33,7 +33,7 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
-def clean_records(n: int, seed: int, prefix: str = "r") -> list[dict]:
+def clean_records(n: int, seed: int | str, prefix: str = "r") -> list[dict]:
     """`n` records {"id", "text"} of 3–60 words, a pure function of the arguments."""
     rng = random.Random(f"reliability:{prefix}:{seed}")
     return [{"id": f"{prefix}{i}", "text": words(rng, rng.randint(3, 60))} for i in range(n)]
@@ -52,16 +52,18 @@ def write_lines(path: Path, lines: list[bytes]) -> Path:
 SHARDS, PER_SHARD = 2, 16
 
 
-def jsonl_dataset(root: Path, replace: dict[tuple[int, int], bytes] | None = None, **options) -> Dataset:
+def jsonl_dataset(
+    root: Path, replace: dict[tuple[int, int], bytes] | None = None, *, name: str = "d", **options
+) -> Dataset:
     """SHARDS x PER_SHARD clean JSON lines under `root`, with `replace[(shard, index)]` put in
-    place of some lines; `options` go to `Dataset.from_path`."""
+    place of some lines; `options` go to `Dataset.from_path`. Record i of every shard has id `r<i>`."""
     for shard in range(SHARDS):
-        lines = jsonl_lines(clean_records(PER_SHARD, shard))
+        lines = jsonl_lines(clean_records(PER_SHARD, shard if name == "d" else f"{name}/{shard}"))
         for (s, index), line in (replace or {}).items():
             if s == shard:
                 lines[index] = line
         write_lines(root / f"part-{shard:05d}.jsonl", lines)
-    return Dataset.from_path("d", str(root), **options)
+    return Dataset.from_path(name, str(root), **options)
 
 
 def address(dataset: Dataset, shard: int, index: int) -> RecordAddress:
@@ -96,6 +98,8 @@ def text_pipeline(
     filter_fn=None,
     num_lanes: int = NUM_LANES,
     parallelism: int = 1,
+    mixture: dict | None = None,
+    tokenizer: Path = TOKENIZER,
 ) -> Pipeline:
     """dataset(s) -> [map] -> [filter] -> tokenize -> pack_flat -> shuffle -> batch, on `num_lanes` lanes.
 
@@ -105,6 +109,7 @@ def text_pipeline(
     datasets = dataset if isinstance(dataset, list) else [dataset]
     source = StaticMixtureWorkSource(
         datasets,
+        mixture=mixture,
         token_estimation=TokenEstimation(sample_records=32) if estimate_tokens else None,
         seed=seed,
         records_per_chunk=RECORDS_PER_CHUNK,
@@ -118,7 +123,7 @@ def text_pipeline(
     if filter_fn is not None:
         pipeline = pipeline.filter(filter_fn, parallelism=parallelism)
     return (
-        pipeline.tokenize(str(TOKENIZER), field=field, eos="<|eos|>", parallelism=parallelism)
+        pipeline.tokenize(str(tokenizer), field=field, eos="<|eos|>", parallelism=parallelism)
         .pack_flat(max_length=max_length, algorithm=algorithm)
         .shuffle(buffer_size=shuffle_buffer, seed=seed)
         .batch(microbatch_size=MICROBATCH)
@@ -163,6 +168,18 @@ def run_epoch(pipeline: Pipeline, world_size: int = 1, *, keep_batches: bool = T
                     else:
                         total[key] += value
     return run
+
+
+def checkpoint_after(pipeline: Pipeline, world_size: int, microbatches_per_rank: int) -> dict:
+    """Take `microbatches_per_rank` microbatches on every rank, then merge the ranks' states."""
+    states = []
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=global_batch(pipeline)) as loader:
+            iterator = iter(loader)
+            for _ in range(microbatches_per_rank):
+                next(iterator)
+            states.append(loader.state_dict())
+    return merge_states(states)
 
 
 def assert_ledger_balances(run: EpochRun, expected_read: dict[str, int] | None = None) -> None:

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import fsspec
 import pytest
@@ -137,8 +138,8 @@ class FlakyStore(MemoryFileSystem):
 
     protocol = "flakyrel"
     root_marker = ""
-    store: dict = {}
-    pseudo_dirs: list = [""]
+    store: ClassVar[dict] = {}
+    pseudo_dirs: ClassVar[list] = [""]
     failing_opens = 0
     failing_reads = 0
     log: Path | None = None

@@ -1,0 +1,196 @@
+"""Checkpoint safety (SPEC §3.3): a damaged checkpoint fails with a clear CheckpointError, one from
+another recipe is refused naming what changed, performance settings may change, and a checkpoint is
+JSON that loading can never turn into code.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import random
+import re
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from tests.reliability.harness import (
+    REPO_ROOT,
+    TOKENIZER,
+    checkpoint_after,
+    global_batch,
+    jsonl_dataset,
+    run_epoch,
+    text_pipeline,
+)
+from zephon import CheckpointError, RecipeMismatchError
+
+MICROBATCHES = 3  # per rank, on 2 ranks of 2 lanes: a checkpoint in the middle of step 1
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoint")
+    return jsonl_dataset(root / "a", name="a"), jsonl_dataset(root / "b", name="b")
+
+
+def recipe(corpora, **changes):
+    settings = {"mixture": {"a": 0.5, "b": 0.5}, **changes}
+    return text_pipeline(list(corpora), **settings)
+
+
+@pytest.fixture(scope="module")
+def state(corpora):
+    return checkpoint_after(recipe(corpora), 2, MICROBATCHES)
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _tampered(state: dict) -> dict:
+    changed = json.loads(json.dumps(state))
+    changed["lanes"]["1"][1] += 1  # one more row "consumed" on lane 1, checksum left as it was
+    return changed
+
+
+def _resealed(state: dict, **body) -> dict:
+    """A state edited *and* given a matching checksum: what a careful forger would write."""
+    from zephon._checkpoint import _checksum
+
+    changed = {k: v for k, v in json.loads(json.dumps(state)).items() if k != "checksum"}
+    changed.update(body)
+    return {**changed, "checksum": _checksum(changed)}
+
+
+DAMAGED = {
+    "garbage_bytes": (lambda s, tmp: random.Random(0).randbytes(64) + b"\x00\xff", "not valid JSON"),
+    "truncated_json": (lambda s, tmp: json.dumps(s)[: len(json.dumps(s)) * 2 // 3], "not valid JSON"),
+    "empty_file": (lambda s, tmp: b"", "not valid JSON"),
+    "json_but_not_a_state": (lambda s, tmp: {"step": 10, "lanes": {}}, "not a Zephon loader state"),
+    "json_list": (lambda s, tmp: "[1, 2, 3]", "not a Zephon loader state"),
+    "tampered_cursor": (lambda s, tmp: _tampered(s), "checksum does not match"),
+    "checksum_removed": (lambda s, tmp: {k: v for k, v in s.items() if k != "checksum"}, "checksum does not match"),
+    "unknown_version": (lambda s, tmp: {**s, "version": 99}, "version 99 is not supported"),
+    "malformed_cursor_resealed": (lambda s, tmp: _resealed(s, lanes={"0": ["x", 1, 2]}), "malformed lane cursors"),
+    "pickle_blob": (lambda s, tmp: pickle.dumps(_RunsCodeWhenUnpickled(tmp / "pwned")), "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_damaged_checkpoint_fails_with_a_clear_message_and_changes_nothing(corpora, state, tmp_path, case):
+    make, message = DAMAGED[case]
+    damaged = make(state, tmp_path)
+    pipeline = recipe(corpora)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(CheckpointError, match=re.escape(message)) as info:
+            loader.load_state_dict(damaged)
+        assert not isinstance(info.value, RecipeMismatchError)
+        first = next(iter(loader)).digest()
+    assert not (tmp_path / "pwned").exists(), "loading a pickle must not run its code"
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as fresh:
+        assert first == next(iter(fresh)).digest(), "a refused checkpoint leaves the loader where it was"
+
+
+def refused(pipeline, state) -> RecipeMismatchError:
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader, pytest.raises(
+        RecipeMismatchError
+    ) as info:
+        loader.load_state_dict(state)
+    return info.value
+
+
+def _other_tokenizer(tmp_path: Path) -> Path:
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    tokenizer.add_special_tokens(["<|image|>"])
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+# change -> the names the refusal must give (one regular expression per name)
+RECIPE_CHANGES = {
+    "seed": (lambda tmp: {"seed": 8}, [r"plan\.seed", r"operators\[2\]\.shuffle\.seed"]),
+    "mixture": (lambda tmp: {"mixture": {"a": 0.6, "b": 0.4}}, [r"plan\.(mixture|schedule)"]),
+    "max_length": (lambda tmp: {"max_length": 96}, [r"operators\[1\]\.pack_flat\.max_length"]),
+    "packing": (lambda tmp: {"algorithm": "first_fit"}, [r"operators\[1\]\.pack_flat\.algorithm"]),
+    "shuffle_buffer": (lambda tmp: {"shuffle_buffer": 16}, [r"operators\[2\]\.shuffle\.buffer_size"]),
+    "tokenizer": (lambda tmp: {"tokenizer": _other_tokenizer(tmp)}, [r"operators\[0\]\.tokenize\.tokenizer"]),
+    "text_field": (lambda tmp: {"field": "body"}, [r"operators\[0\]\.tokenize\.field"]),
+    "epochs": (lambda tmp: {"num_epochs": 2}, [r"plan\.num_epochs"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECIPE_CHANGES))
+def test_checkpoint_of_another_recipe_is_refused_naming_what_changed(corpora, state, tmp_path, case):
+    make, expected = RECIPE_CHANGES[case]
+    refusal = refused(recipe(corpora, **make(tmp_path)), state)
+    named = re.search(r"changed: (.*?)\. Performance", str(refusal)).group(1).split(", ")
+    assert len(named) == len(expected), named
+    assert all(any(re.fullmatch(pattern, name) for name in named) for pattern in expected), named
+    assert "may change on resume" in str(refusal)
+
+
+def test_checkpoint_of_changed_data_is_refused_naming_the_datasets(tmp_path):
+    """Shards are fingerprinted by URL, record count and size: a shard rewritten in place with
+    other content of another size is another recipe."""
+    dataset = jsonl_dataset(tmp_path / "a", name="a")
+    saved = checkpoint_after(text_pipeline(dataset), 1, 2)
+    edited = jsonl_dataset(tmp_path / "a", {(0, 0): b'{"text": "one record edited"}'}, name="a")
+    assert re.search(r"changed: plan\.datasets\.", str(refused(text_pipeline(edited), saved)))
+
+
+def test_checkpoint_with_another_lane_count_is_refused(corpora, state):
+    assert "num_lanes" in str(refused(recipe(corpora, num_lanes=8), state))
+
+
+def test_performance_settings_may_change_on_resume(corpora, state):
+    """Saved on 2 ranks with the inline runner; resumed on 4 ranks of worker processes with
+    parallelism 2, and on 1 rank of threads: the rest of the epoch is the uninterrupted one."""
+    reference = run_epoch(recipe(corpora), keep_batches=False).digests
+    # (step, lane, index) taken before the checkpoint: rank 0 owns lanes 0-1, rank 1 lanes 2-3
+    consumed = {(0, lane, 0) for lane in range(4)} | {(1, 0, 0), (1, 2, 0)}
+    expected = {key: d for key, d in reference.items() if key not in consumed}
+    on_processes = run_epoch(recipe(corpora, runner="process", parallelism=2), 4, state=state, keep_batches=False)
+    on_threads = run_epoch(recipe(corpora, runner="thread", parallelism=2), 1, state=state, keep_batches=False)
+    assert on_processes.digests == expected
+    assert on_threads.digests == expected
+
+
+def test_checkpoint_is_plain_json(state, corpora):
+    def plain(value) -> bool:
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in value.items())
+        if isinstance(value, list):
+            return all(plain(v) for v in value)
+        return value is None or isinstance(value, (str, int, float, bool))
+
+    assert plain(state)
+    text = json.dumps(state)
+    assert json.loads(text) == state
+    pipeline = recipe(corpora)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        loader.load_state_dict(text)  # a JSON string is accepted as it is
+        loader.load_state_dict(text.encode())
+    assert len(text) < 8 * 1024, "a checkpoint holds cursors, never payloads"
+
+
+def test_checkpoint_module_cannot_deserialise_code():
+    """The state module uses json only: no pickle, marshal, shelve, eval or exec anywhere in it."""
+    source = (REPO_ROOT / "zephon" / "_checkpoint.py").read_text()
+    tree = ast.parse(source)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    assert imported <= {"__future__", "hashlib", "json", "dataclasses", "typing", "._errors"}, imported
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert not called & {"eval", "exec", "compile", "__import__"}, called
