@@ -100,6 +100,8 @@ def text_pipeline(
     parallelism: int = 1,
     mixture: dict | None = None,
     tokenizer: Path = TOKENIZER,
+    flush_every_chunks: int = 2,
+    records_per_chunk: int = RECORDS_PER_CHUNK,
 ) -> Pipeline:
     """dataset(s) -> [map] -> [filter] -> tokenize -> pack_flat -> shuffle -> batch, on `num_lanes` lanes.
 
@@ -112,11 +114,11 @@ def text_pipeline(
         mixture=mixture,
         token_estimation=TokenEstimation(sample_records=32) if estimate_tokens else None,
         seed=seed,
-        records_per_chunk=RECORDS_PER_CHUNK,
+        records_per_chunk=records_per_chunk,
         num_epochs=num_epochs,
     )
     pipeline = Pipeline(source).options(
-        num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=2, on_error=on_error
+        num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=flush_every_chunks, on_error=on_error
     )
     if map_fn is not None:
         pipeline = pipeline.map(map_fn, parallelism=parallelism)
@@ -216,14 +218,19 @@ def token_values_of(batches, address: RecordAddress) -> Counter:
 
 # -- vision-language -------------------------------------------------------------------------
 def vlm_pipeline(dataset: Dataset, spec, *, runner=None, on_error: str = "skip", num_lanes: int = 2,
-                 max_length: int = 256, parallelism: int = 1, shuffle_buffer: int = 0) -> Pipeline:
+                 max_length: int = 256, parallelism: int = 1, shuffle_buffer: int = 0,
+                 flush_every_chunks: int = 2, records_per_chunk: int = RECORDS_PER_CHUNK,
+                 estimate_tokens: bool = False) -> Pipeline:
     """pairs -> decode_images -> tokenize(txt) -> pack_multimodal -> [shuffle] -> batch."""
     from vlm import PixtralPlaceholders
 
-    source = StaticMixtureWorkSource([dataset], seed=3, records_per_chunk=RECORDS_PER_CHUNK, num_epochs=1)
+    estimation = TokenEstimation(sample_records=8) if estimate_tokens else None
+    source = StaticMixtureWorkSource([dataset], token_estimation=estimation, seed=3,
+                                     records_per_chunk=records_per_chunk, num_epochs=1)
     pipeline = (
         Pipeline(source)
-        .options(num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=2, on_error=on_error)
+        .options(num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=flush_every_chunks,
+                 on_error=on_error)
         .decode_images(spec=spec, parallelism=parallelism)
         .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>", parallelism=parallelism)
         .pack_multimodal(max_length, PixtralPlaceholders(3, 4, 5))
