@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.memory_probe import SCENARIOS, measure_in_subprocess, write_corpus
+from tests.reliability.memory_probe import (
+    SCENARIOS,
+    measure_in_subprocess,
+    write_corpus,
+)
 
 MiB = 1 << 20
 LAYOUTS = [("inline", 1), ("thread", 1), ("thread", 2), ("thread", 4), ("process", 1), ("process", 2), ("process", 4)]
