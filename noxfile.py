@@ -39,8 +39,8 @@ nox.options.download_python = "never"  # no network here; find the interpreter o
 # transformers' dependency safetensors has a cp314t wheel only as the pre-release 0.9.0rc1; naming
 # a pre-release in the requirement lets pip take it for that one package without a global --pre.
 EXTRAS = {
-    PY311: ("-e", ".[test,torch,vlm]", TORCH_PIN, "av<19"),
-    PY314T: ("-e", ".[test,vlm]", "safetensors>=0.9.0rc1"),
+    PY311: ("-e", ".[test,torch,vlm,plot]", TORCH_PIN, "av<19"),
+    PY314T: ("-e", ".[test,vlm,plot]", "safetensors>=0.9.0rc1"),
 }
 
 # Real test assets that registry wheels ship (shared ASSETS.md): photos inside scikit-image and
