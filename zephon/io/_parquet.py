@@ -2,17 +2,25 @@
 
 Planning reads only the footer. A chunk read decodes only the row groups that overlap its range and
 then slices, so reading a small chunk of a large file costs about one row group, not the file.
+
+Bytes pyarrow cannot decode (a corrupt footer or page) make the shard unreadable: it raises
+ShardUnavailableError naming the shard, at once. (pyarrow reports some corruption as OSError,
+which is retried as a storage error first and then reported the same way.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._errors import ShardUnavailableError
 from ._format import ShardFile, ShardScan
-from ._policy import Slot, fill_truncated
+from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
 __all__ = ["Parquet"]
 
@@ -22,13 +30,13 @@ class Parquet:
     name: str = "parquet"
 
     def scan(self, shard: ShardFile) -> ShardScan:
-        with shard.open() as f:
+        with shard.open() as f, _decoding(shard.url):
             metadata = pq.ParquetFile(f).metadata
         raw = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         return ShardScan(metadata.num_rows, raw_bytes=raw)
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
-        with shard.open() as f:
+        with shard.open() as f, _decoding(shard.url):
             parquet = pq.ParquetFile(f)
             groups, first_row, row = [], 0, 0
             for group in range(parquet.metadata.num_row_groups):
@@ -40,5 +48,31 @@ class Parquet:
                 row += size
             rows = []
             if groups:
-                rows = parquet.read_row_groups(groups).slice(start - first_row, stop - start).to_pylist()
+                rows = _rows(parquet.read_row_groups(groups).slice(start - first_row, stop - start))
         return fill_truncated(rows, stop - start, "shard has fewer rows than when it was planned")
+
+
+def _rows(table: pa.Table) -> list[Slot]:
+    """Rows as dicts. pyarrow does not validate the strings it reads, only when they become Python
+    strings: a row holding bytes that are not UTF-8 is `invalid_utf8`, like a JSON line would be."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    rows: list[Slot] = []
+    for i in range(table.num_rows):
+        try:
+            rows.extend(table.slice(i, 1).to_pylist())
+        except UnicodeDecodeError as error:
+            rows.append(Bad(INVALID_UTF8, str(error)))
+    return rows
+
+
+@contextmanager
+def _decoding(url: str) -> Iterator[None]:
+    try:
+        yield
+    except pa.ArrowException as error:
+        if isinstance(error, OSError):
+            raise  # maybe storage: the caller retries it
+        raise ShardUnavailableError(url, 1, f"undecodable Parquet: {type(error).__name__}: {error}") from error
