@@ -75,8 +75,9 @@ def make_state(
     return {**body, "checksum": _checksum(body)}
 
 
-def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int, LaneCursor], dict[int, dict]]:
-    """Validate a state against the current recipe; return its cursors and ledger counts by lane."""
+def _intact(state: object) -> dict:
+    """The state as a dict, after checking that it is a Zephon state of this version whose checksum
+    matches its content; raises CheckpointError naming what is wrong otherwise."""
     if isinstance(state, (str, bytes)):
         try:
             state = json.loads(state)
@@ -91,6 +92,12 @@ def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int
     body = {k: v for k, v in state.items() if k != "checksum"}
     if state.get("checksum") != _checksum(body):
         raise CheckpointError("loader state checksum does not match its content (truncated or edited)")
+    return state
+
+
+def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int, LaneCursor], dict[int, dict]]:
+    """Validate a state against the current recipe; return its cursors and ledger counts by lane."""
+    state = _intact(state)
     saved = state["recipe"]
     current = recipe_digests(recipe)
     changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
@@ -110,8 +117,11 @@ def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int
 
 
 def merge_states(states: Iterable[Mapping]) -> dict:
-    """Combine the states of all ranks into one covering every lane (ranks own disjoint lanes)."""
-    states = list(states)
+    """Combine the states of all ranks into one covering every lane (ranks own disjoint lanes).
+
+    Each input must be intact (its checksum is verified): merging never launders an edited state.
+    """
+    states = [_intact(state) for state in states]
     if not states:
         raise CheckpointError("merge_states needs at least one state")
     first = states[0]

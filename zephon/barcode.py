@@ -61,7 +61,8 @@ class BarcodeComparison:
 
     @property
     def identical(self) -> bool:
-        return not self.mismatched_steps
+        """Same digest at every step, and the same steps: a run that stopped early differs."""
+        return not (self.mismatched_steps or self.only_in_a or self.only_in_b)
 
 
 def compare_barcodes(a: dict[int, str], b: dict[int, str]) -> BarcodeComparison:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     elastic.add_argument("--global-batch-size", type=int, default=32, help="rows per global step (default 32)")
     elastic.add_argument("--barcode-dir", help="also write each run's barcode (JSON Lines) into this directory")
 
+    from .demo._gpu import add_gpu_parser, run_gpu_demo
+
+    add_gpu_parser(demo).set_defaults(run_demo=run_gpu_demo)
+    for entry in entry_points(group="zephon.demos"):  # demos of other packages (vlm), found, not imported
+        try:
+            register = entry.load()
+        except ImportError as exc:  # a broken optional package must not take the whole CLI down
+            print(f"zephon: demo {entry.name!r} unavailable ({exc})", file=sys.stderr)
+            continue
+        register(demo)
+
     barcode = sub.add_parser("barcode", help="compare per-step global-batch digests of two runs")
     bsub = barcode.add_subparsers(dest="barcode", required=True)
     compare = bsub.add_parser("compare", help="name the first differing step; exit 1 on any difference")
@@ -52,7 +64,11 @@ def _barcode_compare(args) -> int:
     if result.identical:
         print("identical")
         return 0
-    print(f"first differing step: {result.first_mismatch}")
+    if result.mismatched_steps:
+        print(f"first differing step: {result.first_mismatch}")
+    for name, only in (("A", result.only_in_a), ("B", result.only_in_b)):
+        if only:
+            print(f"first step only in {name}: {only[0]}")
     return 1
 
 
@@ -60,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "barcode":
         return _barcode_compare(args)
+    if hasattr(args, "run_demo"):
+        return args.run_demo(args)
     if args.demo == "text":
         from .demo._text import run_text_demo
 

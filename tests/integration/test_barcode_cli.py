@@ -96,10 +96,12 @@ def test_compare_reports_steps_only_one_run_has(harness_barcodes, tmp_path):
     crashed = write_barcode(tmp_path / "crashed.jsonl", list(read_barcode(reference).values())[:2])
     done = zephon_cli("barcode", "compare", str(reference), str(crashed))
     assert f"steps only in A: {STEPS - 2}, only in B: 0" in done.stdout
+    assert "first step only in A: 2" in done.stdout
+    assert done.returncode == 1, "a run that stopped early is not identical"
 
 
 def test_compare_png_draws_both_runs_and_marks_mismatches(harness_barcodes, tmp_path):
-    image = pytest.importorskip("matplotlib.image", reason="--png needs matplotlib (the `plot` extra)")
+    from matplotlib import image
     reference, rerun, diverged = harness_barcodes
     red_pixels = {}
     for name, other, code in (("same", rerun, 0), ("differs", diverged, 1)):
