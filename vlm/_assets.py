@@ -10,7 +10,7 @@ Each asset is prepared once into a cache directory and reused, so a second run i
   Where apt cannot fetch it, photographs bundled in the scikit-image / scikit-learn wheels, cut
   into crops with generated captions. `PairShards.source` says which one you got.
 - `photographs`: a few large real photographs (Debian `mate-backgrounds`, up to 5640x3172), or the
-  wheels' photographs, for decode and resize cost.
+  wheels' photographs, for decode and resize cost; `photograph_shards` packs them with captions.
 - `tekken_tokenizer`: a directory with a `tokenizer.json` equivalent to mistral-common's
   Tekkenizer (vocab 131,072; `<s>`=1, `</s>`=2, `[IMG]`=10, `<pad>`=11, `[IMG_BREAK]`=12,
   `[IMG_END]`=13), converted here with `tokenizers` alone, so neither `transformers` nor
@@ -51,6 +51,7 @@ __all__ = [
     "cache_root",
     "debian_package",
     "pair_shards",
+    "photograph_shards",
     "photographs",
     "tekken_tokenizer",
 ]
@@ -374,6 +375,31 @@ def photographs(*, origin: str = "auto", cache: Path | None = None) -> Photograp
     if not paths:
         raise RuntimeError("no photographs: apt cannot fetch mate-backgrounds and scikit-image is not installed")
     return Photographs(paths, "scikit-image / scikit-learn wheel photographs")
+
+
+def photograph_shards(num_shards: int = 4, *, origin: str = "auto", cache: Path | None = None) -> PairShards:
+    """`photographs` as WebDataset shards of {jpg, txt} records, the caption made from the file
+    name ("A photograph: Two Wings."), for pipelines whose cost is decoding large JPEGs."""
+    found = photographs(origin=origin, cache=cache)
+    kind = "debian" if found.source.startswith("Debian") else "wheels"
+    target = (cache or cache_root()) / "pairs" / f"photographs-{kind}-{num_shards}"
+
+    def build(tmp: Path) -> None:
+        chosen = [p for p in found.paths if p.suffix == ".jpg"]
+        for shard in range(num_shards):
+            members = []
+            for path in chosen[shard::num_shards]:
+                words = "".join(f" {c}" if c.isupper() and i else c for i, c in enumerate(path.stem))
+                caption = f"A photograph: {words.replace('_', ' ').strip()}."
+                key = path.stem.replace(".", "_")
+                members += [(f"{key}.jpg", path.read_bytes()), (f"{key}.txt", caption.encode())]
+            _write_tar(tmp / f"pairs-{shard:05d}.tar", members)
+        (tmp / "pairs.meta").write_text(json.dumps({"source": found.source, "num_pairs": len(chosen),
+                                                    "num_shards": num_shards}))
+
+    _build_once(target, build)
+    meta = json.loads((target / "pairs.meta").read_text())
+    return PairShards(target, meta["source"], meta["num_pairs"], meta["num_shards"])
 
 
 # -- the Pixtral Tekken tokenizer -----------------------------------------------------------
