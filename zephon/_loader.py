@@ -13,6 +13,7 @@ are all done stops iterating (trainers on finite epochs must tolerate ranks fini
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from concurrent.futures import Future, InvalidStateError
@@ -138,6 +139,11 @@ class RankLoader:
                 batch = fn(batch)
             return sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
 
+        # Same key, same counts: lets the work source measure once for every loader of a pipeline.
+        count.key = json.dumps(
+            [op.fingerprint() for op in self.pipeline.record_operators()] + [packer.fingerprint(self.default_pad_id)],
+            sort_keys=True,
+        )
         return count
 
     def _read(self, chunk: Chunk) -> ChunkRecords:

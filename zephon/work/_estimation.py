@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["TokenEstimation", "TokenStats", "TokenCounter"]
 
 TokenCounter = Callable[[ChunkRecords], int]
-"""Runs the pipeline's pre-packing stages on a chunk's records and returns the tokens they yield."""
+"""Runs the pipeline's pre-packing stages on a chunk's records and returns the tokens they yield.
+A counter may carry a string `key` (what it computes, e.g. its operators' fingerprints); work
+sources then measure each dataset once per key and process."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ MixturePlan and TokenInterleave).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime_checkable
@@ -122,6 +124,8 @@ class _MixtureWorkSource:
         self.records_per_chunk = records_per_chunk
         self.num_epochs = num_epochs
         self.round_size = round_size
+        self._measured: dict[tuple[str, str], TokenStats] = {}
+        self._measuring = threading.Lock()
 
     def live_names(self) -> list[str]:
         """Datasets with a positive weight in some phase, in declaration order."""
@@ -133,8 +137,20 @@ class _MixtureWorkSource:
             live = set(self.live_names())
             for ds in self.datasets:
                 if ds.name in live:
-                    stats[ds.name] = self.token_estimation.measure(ds, count_tokens)
+                    stats[ds.name] = self._measure(ds, count_tokens)
         return MixturePlan(self, stats, num_lanes)
+
+    def _measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
+        """Measured once per (counting recipe, dataset) in this process: every rank loader built
+        from the same pipeline reuses it. Counters without a `key` attribute are always re-run."""
+        key = getattr(count_tokens, "key", None)
+        if key is None:
+            return self.token_estimation.measure(dataset, count_tokens)
+        cache_key = (key, json.dumps(dataset.fingerprint(), sort_keys=True))
+        with self._measuring:
+            if cache_key not in self._measured:
+                self._measured[cache_key] = self.token_estimation.measure(dataset, count_tokens)
+            return self._measured[cache_key]
 
 
 def _validate_schedule(schedule, names: list[str]) -> Schedule:
