@@ -1,0 +1,241 @@
+"""Fuzzing the shard readers: random bytes and structures as JSON Lines, tar and Parquet shards.
+
+What must hold for any input:
+- planning a shard either works or fails naming the shard (never a bare error from deep inside);
+- once planned, reading a chunk never raises under on_error="skip" (a shard that changed after
+  planning included), and every record slot of the chunk comes back exactly once, as a record or
+  as a skip with one of the documented reasons;
+- under on_error="raise" a read fails exactly when some slot would be skipped, with BadRecordError;
+- through the whole pipeline, the ledger accounts for every slot of the shard.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
+
+from tests.fuzz.conftest import fuzz_settings
+from tests.reliability.harness import assert_ledger_balances, run_epoch, text_pipeline
+from zephon import BadRecordError
+from zephon.io import REASONS, Dataset, ShardUnavailableError
+
+SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+@contextmanager
+def shard_dir():
+    with tempfile.TemporaryDirectory(prefix="zephon-fuzz-") as root:
+        yield Path(root)
+
+
+def plan(root: Path, name: str, **options) -> Dataset | None:
+    """The planned dataset, or None when planning refused the shard, naming it."""
+    shard = next(p for p in sorted(root.iterdir()) if p.is_file())
+    try:
+        return Dataset.from_path("f", str(root), retries=1, retry_delay=0, **options)
+    except ShardUnavailableError as error:
+        assert error.url == str(shard)
+    except Exception as error:  # noqa: BLE001 - a format library's own error, which must name the shard
+        notes = " ".join(getattr(error, "__notes__", []))
+        assert f"while planning shard {shard}" in notes, f"{type(error).__name__}: {error} does not name {name}"
+    return None
+
+
+def check_every_slot_accounted(dataset: Dataset, records_per_chunk: int, *, unreadable_ok: bool = False) -> int:
+    """Read every chunk with both policies; return how many slots were skipped.
+
+    With `unreadable_ok` a chunk may also fail as a whole with ShardUnavailableError naming the
+    shard (Parquet: pyarrow reports corrupt pages as OSError, see docs/RELIABILITY.md)."""
+    skipped_total = 0
+    for shard_index, shard in enumerate(dataset.shards):
+        seen = []
+        for chunk in dataset.chunks(records_per_chunk):
+            if chunk.shard != shard_index:
+                continue
+            try:
+                out = dataset.read_chunk(chunk, on_error="skip")
+            except ShardUnavailableError as error:
+                assert unreadable_ok and error.url == shard.url, error
+                return skipped_total
+            assert all(isinstance(r, dict) for r in out.records)
+            assert {reason for _, reason in out.skipped} <= REASONS
+            indexes = sorted([a.index for a in out.addresses] + [a.index for a, _ in out.skipped])
+            assert indexes == list(range(chunk.start, chunk.stop)), "each slot exactly once"
+            assert all(a.shard == shard.url and a.dataset == "f" for a in out.addresses)
+            seen.extend(indexes)
+            skipped_total += len(out.skipped)
+            try:
+                strict = dataset.read_chunk(chunk, on_error="raise")
+            except BadRecordError as error:
+                assert out.skipped and (error.address, error.reason) == out.skipped[0]
+            else:
+                assert not out.skipped and len(strict.records) == chunk.num_records
+        assert seen == list(range(shard.num_records))
+    return skipped_total
+
+
+# -- JSON Lines ---------------------------------------------------------------------------------
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=10,
+)
+records = st.fixed_dictionaries({"text": st.text(max_size=60)}, optional={"id": st.integers()})
+lines = st.one_of(
+    records.map(lambda r: json.dumps(r).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=60).map(lambda b: b.replace(b"\n", b"")),
+)
+
+
+def _expected_reason(line: bytes) -> str | None:
+    """An independent oracle of the JSON Lines rules."""
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "invalid_utf8"
+    except ValueError:
+        return "malformed_json"
+    return None if isinstance(value, dict) else "not_an_object"
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(
+    body=st.lists(lines, max_size=30),
+    final_newline=st.booleans(),
+    compression=st.sampled_from([None, "gz", "zst"]),
+    cut=st.none() | st.floats(0, 1),
+    records_per_chunk=st.integers(1, 7),
+)
+def test_jsonl_reader_accounts_for_every_line(body, final_newline, compression, cut, records_per_chunk):
+    data = b"\n".join(body) + (b"\n" if final_newline and body else b"")
+    suffix = {None: "", "gz": ".gz", "zst": ".zst"}[compression]
+    stored = {None: lambda b: b, "gz": gzip.compress, "zst": zstandard.ZstdCompressor().compress}[compression](data)
+    if cut is not None:
+        stored = stored[: int(len(stored) * cut)]
+    with shard_dir() as root:
+        (root / f"shard.jsonl{suffix}").write_bytes(stored)
+        dataset = plan(root, "shard")
+        if dataset is None:
+            return
+        skipped = check_every_slot_accounted(dataset, records_per_chunk)
+        if cut is None:
+            slots = data.split(b"\n")[: -1 if data.endswith(b"\n") else None] if data else []
+            expected = [_expected_reason(line) for line in slots]
+            assert dataset.num_records == len(expected)
+            assert skipped == sum(r is not None for r in expected)
+
+
+# -- WebDataset tar -----------------------------------------------------------------------------
+member_names = st.tuples(
+    st.sampled_from(["a", "b", "dir/c", "d.e", "noext", "x/y/z"]),
+    st.sampled_from(["txt", "json", "jpg", "seg.txt", "cls", ""]),
+).map(lambda kv: f"{kv[0]}.{kv[1]}" if kv[1] else kv[0])
+payloads = st.one_of(st.binary(max_size=80), st.text(max_size=40).map(str.encode),
+                     json_values.map(lambda v: json.dumps(v).encode()))
+
+
+@st.composite
+def tar_shards(draw) -> bytes:
+    members = draw(st.lists(st.tuples(member_names, payloads, st.booleans()), max_size=12))
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=draw(st.sampled_from([tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT]))) as tar:
+        for name, payload, is_dir in members:
+            info = tarfile.TarInfo(name)
+            if is_dir:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    data = bytearray(sink.getvalue())
+    for _ in range(draw(st.integers(0, 3))):  # flipped bytes anywhere, headers included
+        if data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    return bytes(data)
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(data=tar_shards(), records_per_chunk=st.integers(1, 5), shrink_after_planning=st.none() | st.floats(0, 1))
+def test_tar_reader_accounts_for_every_record(data, records_per_chunk, shrink_after_planning):
+    with shard_dir() as root:
+        shard = root / "shard.tar"
+        shard.write_bytes(data)
+        dataset = plan(root, "shard")
+        if dataset is None:
+            return
+        if shrink_after_planning is not None:  # the shard changes between planning and reading
+            shard.write_bytes(data[: int(len(data) * shrink_after_planning)])
+        check_every_slot_accounted(dataset, records_per_chunk)
+
+
+# -- Parquet --------------------------------------------------------------------------------------
+column_values = {
+    "string": st.text(max_size=30),
+    "int64": st.integers(-(2**63), 2**63 - 1),
+    "double": st.floats(allow_nan=True),
+    "bool": st.booleans(),
+    "list": st.lists(st.integers(0, 9), max_size=3),
+}
+
+
+@st.composite
+def parquet_shards(draw) -> bytes:
+    names = draw(st.lists(st.sampled_from(["text", "id", "body", "meta"]), min_size=1, max_size=3, unique=True))
+    kinds = {name: draw(st.sampled_from(sorted(column_values))) for name in names}
+    rows = draw(st.integers(0, 25))
+    columns = {
+        name: [draw(st.none() | column_values[kind]) for _ in range(rows)] for name, kind in kinds.items()
+    }
+    sink = io.BytesIO()
+    pq.write_table(pa.table(columns), sink, row_group_size=draw(st.integers(1, 10)))
+    data = bytearray(sink.getvalue())
+    for _ in range(draw(st.integers(0, 2))):
+        if data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    return bytes(data)
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(data=parquet_shards(), records_per_chunk=st.integers(1, 8))
+def test_parquet_reader_accounts_for_every_row(data, records_per_chunk):
+    with shard_dir() as root:
+        (root / "shard.parquet").write_bytes(data)
+        dataset = plan(root, "shard")
+        if dataset is None:
+            return
+        check_every_slot_accounted(dataset, records_per_chunk, unreadable_ok=True)
+
+
+# -- the whole pipeline's ledger ---------------------------------------------------------------------
+@fuzz_settings(ci=12, suppress_health_check=SLOW_OK)
+@given(shards=st.lists(st.lists(lines, min_size=8, max_size=24), min_size=2, max_size=3))
+def test_pipeline_ledger_accounts_for_every_slot_of_a_random_corpus(shards):
+    """At least 16 slots, so that each of the 4 lanes gets a chunk of 4."""
+    with shard_dir() as root:
+        total = 0
+        for i, body in enumerate(shards):
+            data = b"".join(line + b"\n" for line in body)
+            (root / f"part-{i}.jsonl").write_bytes(data)
+            total += data.count(b"\n")  # a text line may hold a newline of its own
+        dataset = Dataset.from_path("f", str(root))
+        run = run_epoch(text_pipeline(dataset), keep_batches=False)
+        assert_ledger_balances(run, {"f": total})
+        reasons = {k.split(":", 1)[1] for k in run.totals["f"] if k.startswith("skipped:")}
+        assert reasons <= REASONS | {"missing_field", "not_text", "empty_document"}
