@@ -1,6 +1,6 @@
 """VLM pipeline throughput: usable (non-padding) tokens/s and images/s, by runner x parallelism.
 
-The recipe is the demo's (`zephon.demo._vlm.vlm_pipeline`): real image+caption pairs (Debian
+The recipe is the demo's (`vlm._demo.vlm_pipeline`): real image+caption pairs (Debian
 tuxpaint stamps, ~785 RGBA PNGs of 100-500 px; or the wheels' photographs where apt is
 unavailable) → Pixtral Tekken tokenizer → decode (Pixtral sizing, longest side 256) → multimodal
 packing into 2048-token rows → shuffle → batch; 8 lanes, 16 rows per global step. A second case
@@ -24,7 +24,7 @@ import pytest
 
 from vlm import ImageSpec
 from vlm._assets import pair_shards, photograph_shards, tekken_tokenizer
-from zephon.demo._vlm import vlm_pipeline
+from vlm._demo import vlm_pipeline
 
 RUNNERS = ["inline", "thread", "process"]
 PARALLELISM = [1, 2, 4]

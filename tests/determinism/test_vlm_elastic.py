@@ -29,7 +29,7 @@ from tests.harness import (
 )
 from vlm import ImageSpec, image_grid
 from vlm._assets import pair_shards, tekken_tokenizer
-from zephon.demo._vlm import placeholders_for, vlm_pipeline
+from vlm._demo import placeholders_for, vlm_pipeline
 
 SPEC = ImageSpec.pixtral(max_side=128)  # stamps become up to 8x8 patches: 72 placeholder tokens
 MAX_LENGTH = 256

@@ -1,12 +1,11 @@
 """`zephon demo vlm` on real image+caption pairs: throughput, the runner and why, and a picture.
 
-The demo is run as the `zephon demo` command line does it (an argparse `demo` sub-parser with
-`add_vlm_parser`), in a separate process so its runner and its output are the user's.
+The demo is found by the `zephon` command through the `zephon.demos` entry point and run as
+`python -m zephon demo vlm` in a separate process, so its runner and its output are the user's.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -16,32 +15,23 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from zephon.demo._vlm import IMAGE_COLOURS, PADDING_COLOUR, TEXT_COLOURS, add_vlm_parser
+from vlm._demo import IMAGE_COLOURS, PADDING_COLOUR, TEXT_COLOURS, run_vlm_demo
 
 REPO = Path(__file__).resolve().parents[2]
 
-RUN_DEMO = """
-import argparse, sys
-from zephon.demo._vlm import add_vlm_parser
-parser = argparse.ArgumentParser(prog="zephon demo")
-add_vlm_parser(parser.add_subparsers(dest="demo", required=True))
-args = parser.parse_args(sys.argv[1:])
-sys.exit(args.run_demo(args))
-"""
 
+def test_zephon_command_registers_the_vlm_demo_with_its_defaults():
+    from zephon.cli import _parser
 
-def test_parser_registers_vlm_with_its_defaults():
-    parser = argparse.ArgumentParser()
-    add_vlm_parser(parser.add_subparsers(dest="demo"))
-    args = parser.parse_args(["vlm"])
+    args = _parser().parse_args(["demo", "vlm"])
     assert (args.demo, args.runner, args.png, args.steps) == ("vlm", "auto", "vlm-batch.png", 20)
-    assert callable(args.run_demo)
+    assert args.run_demo is run_vlm_demo
 
 
 def test_vlm_demo_prints_throughput_and_runner_and_draws_a_packed_batch(tmp_path):
     png = tmp_path / "batch.png"
     done = subprocess.run(
-        [sys.executable, "-c", RUN_DEMO, "vlm", "--steps", "4", "--pairs", "96", "--global-batch-size", "16",
+        [sys.executable, "-m", "zephon", "demo", "vlm", "--steps", "4", "--pairs", "96", "--global-batch-size", "16",
          "--max-length", "1024", "--max-side", "128", "--png", str(png)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
     )

@@ -20,7 +20,7 @@ from tests.unit.test_vlm_assets import png_header_only
 from vlm import ImageSpec
 from vlm._assets import pair_shards, photographs, tekken_tokenizer
 from zephon._errors import BadRecordError
-from zephon.demo._vlm import vlm_pipeline
+from vlm._demo import vlm_pipeline
 
 SPEC = ImageSpec.pixtral(max_side=64)
 NUM_GOOD = 12

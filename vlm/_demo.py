@@ -1,0 +1,190 @@
+"""`zephon demo vlm`: the vision-language pipeline on real image+caption pairs.
+
+    WebDataset pairs (png + txt) → tokenize the caption (Pixtral Tekken) → decode_images →
+    pack_multimodal (Pixtral [IMG]/[IMG_BREAK]/[IMG_END]) → shuffle → batch
+
+It prints the runner and why it was chosen, throughput in usable (non-padding) tokens/s and
+images/s, the ledger, and draws one packed global batch as a PNG: one band per row, one column
+per position, coloured text / image placeholder / padding (alternating shades per document).
+
+`vlm_pipeline` is the recipe; the VLM tests and benchmarks build theirs with it too. The data and
+tokenizer come from `vlm._assets` (fetched and cached at run time, never shipped). The `zephon`
+command finds this demo through the `zephon.demos` entry point (`add_vlm_parser`), so `zephon`
+never imports `vlm`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from zephon import Pipeline
+from zephon._tokenizer import load_tokenizer
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+from ._assets import pair_shards, tekken_tokenizer
+from ._image import ImageSpec
+from ._placeholders import PixtralPlaceholders
+
+__all__ = ["add_vlm_parser", "draw_batch", "placeholders_for", "position_kinds", "run_vlm_demo", "vlm_pipeline"]
+
+# RGB of each kind of position in the picture: two shades each, alternating per document.
+TEXT_COLOURS = ((52, 101, 164), (114, 159, 207))
+IMAGE_COLOURS = ((206, 92, 0), (252, 175, 62))
+PADDING_COLOUR = (211, 215, 207)
+
+
+def placeholders_for(tokenizer: str | Path):
+    """Pixtral's placeholder ids, looked up by name in the tokenizer that tokenizes the captions."""
+    return PixtralPlaceholders.from_tokenizer(load_tokenizer(str(tokenizer)).tokenizer)
+
+
+def vlm_pipeline(
+    shards: str | Path,
+    tokenizer: str | Path,
+    *,
+    runner: Any = "auto",
+    parallelism: int = 1,
+    spec: Any = None,
+    num_lanes: int = 8,
+    max_length: int = 2048,
+    microbatch_size: int = 2,
+    records_per_chunk: int = 16,
+    flush_every_chunks: int = 4,
+    shuffle_buffer: int = 8,
+    seed: int = 0,
+    num_epochs: int | None = None,
+    on_error: str = "skip",
+    image_fields: tuple[str, ...] = ("png", "jpg"),
+) -> Pipeline:
+    """The VLM recipe on a directory of WebDataset shards of {png|jpg, txt} pairs.
+
+    `tokenizer` is a tokenizer.json or its directory with Pixtral's control tokens (`<s>`, `</s>`,
+    `[IMG]`, `[IMG_BREAK]`, `[IMG_END]`; see `vlm._assets.tekken_tokenizer`). `spec` defaults to
+    Pixtral sizing with the longest side at most 256 px. Each document is
+    `<s> [image placeholders] caption </s>`. `parallelism` applies to tokenize and decode alike.
+    """
+    spec = spec or ImageSpec.pixtral(max_side=256)
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards), format="webdataset")], seed=seed,
+                                     records_per_chunk=records_per_chunk, num_epochs=num_epochs)
+    return (
+        Pipeline(source)
+        .options(num_lanes=num_lanes, runner=runner, flush_every_chunks=flush_every_chunks, on_error=on_error)
+        .tokenize(str(tokenizer), field="txt", parallelism=parallelism, bos="<s>", eos="</s>")
+        .decode_images(field=image_fields, spec=spec, parallelism=parallelism)
+        .pack_multimodal(max_length, placeholders_for(tokenizer), image_position="after_bos")
+        .shuffle(buffer_size=shuffle_buffer, seed=seed)
+        .batch(microbatch_size)
+    )
+
+
+def position_kinds(batch, placeholders) -> Any:
+    """(rows, length) int8 for one microbatch: 0 text, 1 image placeholder, 2 padding."""
+    import numpy as np
+
+    kinds = np.where(batch.tokens["document_ids"] < 0, 2, 0).astype(np.int8)
+    counts = batch.ragged_counts["image_grid"]
+    row_of_image = np.repeat(np.arange(len(counts)), counts)
+    for row, (rows, cols), at in zip(row_of_image, batch.ragged["image_grid"], batch.ragged["image_token_offset"]):
+        kinds[row, at : at + placeholders.num_tokens(int(rows), int(cols))] = 1
+    return kinds
+
+
+def draw_batch(batches: list, path: str | Path, placeholders, *, row_height: int = 10,
+               max_width: int = 1024) -> Path:
+    """Draw the rows of `batches` (one global batch, in canonical order) as a PNG at `path`:
+    one band per row, positions left to right (sampled down to `max_width` columns)."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    bands = []
+    for batch in sorted(batches, key=lambda b: (b.lane, b.index)):
+        kinds = position_kinds(batch, placeholders)
+        shade = batch.tokens["document_ids"] % 2
+        rgb = np.empty(kinds.shape + (3,), np.uint8)
+        for kind, colours in ((0, TEXT_COLOURS), (1, IMAGE_COLOURS)):
+            for s in (0, 1):
+                rgb[(kinds == kind) & (shade == s)] = colours[s]
+        rgb[kinds == 2] = PADDING_COLOUR
+        bands.append(rgb)
+    rows = np.concatenate(bands, axis=0)
+    num_rows, length = rows.shape[:2]
+    width = min(length, max_width)
+    columns = rows[:, (np.arange(width) * length) // width]
+    picture = np.full((num_rows, row_height + 1, width, 3), 255, np.uint8)
+    picture[:, :row_height] = columns[:, None]
+    picture = picture.reshape(-1, width, 3)
+    legend_height = 18
+    canvas = Image.new("RGB", (width, picture.shape[0] + legend_height), (255, 255, 255))
+    canvas.paste(Image.fromarray(picture), (0, legend_height))
+    draw = ImageDraw.Draw(canvas)
+    x = 4
+    for label, colour in (("text", TEXT_COLOURS[0]), ("image", IMAGE_COLOURS[0]), ("padding", PADDING_COLOUR)):
+        draw.rectangle((x, 4, x + 10, 14), fill=colour)
+        draw.text((x + 14, 3), label, fill=(0, 0, 0))
+        x += 24 + 7 * len(label)
+    draw.text((x + 8, 3), f"{num_rows} rows x {length} positions", fill=(0, 0, 0))
+    path = Path(path)
+    canvas.save(path, "PNG")
+    return path
+
+
+def add_vlm_parser(demo_subparsers) -> Any:
+    """Register `zephon demo vlm` on the `demo` sub-parsers; returns the new parser."""
+    vlm = demo_subparsers.add_parser(
+        "vlm", help="the VLM pipeline on real image+caption pairs: decode → tokenize → pack → shuffle → batch"
+    )
+    vlm.add_argument("--steps", type=int, default=20, help="global steps to run (default 20)")
+    vlm.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")
+    vlm.add_argument("--parallelism", type=int, default=2, help="decode and tokenize workers (default 2)")
+    vlm.add_argument("--global-batch-size", type=int, default=16, help="rows per global step (default 16)")
+    vlm.add_argument("--max-length", type=int, default=2048, help="tokens per packed row (default 2048)")
+    vlm.add_argument("--max-side", type=int, default=256, help="longest image side in pixels (default 256)")
+    vlm.add_argument("--pairs", type=int, default=None, help="use this many pairs (default: all)")
+    vlm.add_argument("--origin", default="auto", choices=("auto", "tuxpaint", "photos"),
+                     help="tuxpaint stamps (Debian, via apt), wheel photos, or auto (default)")
+    vlm.add_argument("--png", default="vlm-batch.png", help="picture of the first global batch (default ./vlm-batch.png)")
+    vlm.set_defaults(run_demo=run_vlm_demo)
+    return vlm
+
+
+def run_vlm_demo(args) -> int:
+    prepared = time.perf_counter()
+    pairs = pair_shards(8, args.pairs, origin=args.origin)
+    tokenizer = tekken_tokenizer()
+    print(f"data: {pairs.describe()}\n      {pairs.directory}")
+    print(f"tokenizer: Pixtral Tekken (mistral-common tekken_240911.json) as {tokenizer / 'tokenizer.json'}")
+    print(f"assets ready in {time.perf_counter() - prepared:.1f} s (cached after the first run)")
+    placeholders = placeholders_for(tokenizer)
+    pipeline = vlm_pipeline(pairs.directory, tokenizer, runner=args.runner, parallelism=args.parallelism,
+                            spec=ImageSpec.pixtral(max_side=args.max_side), max_length=args.max_length)
+    started = time.perf_counter()
+    with pipeline.shard(0, 1, global_batch_size=args.global_batch_size) as loader:
+        info = loader.runner_info
+        print(f"runner: {info['name']} ({info['reason']}); parallelism {args.parallelism}; lanes: {loader.num_lanes}; "
+              f"global batch: {args.global_batch_size} rows of {loader.row_length} tokens")
+        per_step = len(loader.lanes) * loader.rows_per_step // loader.microbatch_size
+        iterator = iter(loader)
+        first_batch_s = None
+        real = total = images = 0
+        for step in range(args.steps):
+            batches = [next(iterator) for _ in range(per_step)]
+            if first_batch_s is None:
+                first_batch_s = time.perf_counter() - started
+                drawn = draw_batch(batches, args.png, placeholders)
+            real += sum(b.num_real_tokens for b in batches)
+            total += sum(b.tokens["input_ids"].size for b in batches)
+            images += sum(len(b.ragged["image_grid"]) for b in batches)
+        elapsed = time.perf_counter() - started
+        stats = loader.stats()
+    print(f"\n{args.steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
+          f"{real / elapsed:,.0f} usable tokens/s, {images / elapsed:,.1f} images/s, "
+          f"padding {100 * (1 - real / total):.2f} %")
+    for name, entry in stats["datasets"].items():
+        t = entry["total"]
+        print(f"records ({name}): read {t['read']}  emitted {t['emitted']}  filtered {t['filtered']}  "
+              f"skipped {t['skipped'] or 0}")
+    print(f"picture of step 0 (text / image / padding per position): {drawn}")
+    return 0
