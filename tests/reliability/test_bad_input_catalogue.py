@@ -201,6 +201,45 @@ def test_parquet_shard_without_the_text_column_skips_its_rows_as_missing_field(t
     assert error.reason in ("missing_field", "not_text") and error.address.shard.endswith(".parquet")
 
 
+def test_parquet_string_that_is_not_utf8_skips_its_row_as_invalid_utf8(tmp_path):
+    rows = clean_records(PER_SHARD, 0)
+    rows[6]["text"] = "MARKER " + rows[6]["text"]
+    sink = tmp_path / "part-0.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), sink, use_dictionary=False, compression="NONE")
+    # pyarrow checks no UTF-8 when it reads pages, only when it converts (statistics hold copies too)
+    sink.write_bytes(sink.read_bytes().replace(b"MARKER", b"\xffARKER"))
+    _parquet(tmp_path / "part-1.parquet", pa.Table.from_pylist(clean_records(PER_SHARD, 1)))
+    dataset = Dataset.from_path("d", str(tmp_path))
+    run = run_epoch(text_pipeline(dataset))
+    assert run.skipped("d") == Counter({"invalid_utf8": 1})
+    assert_ledger_balances(run, {"d": 2 * PER_SHARD})
+    assert fail_fast(text_pipeline(dataset)).address == address(dataset, 0, 6)
+
+
+def test_parquet_shard_with_corrupt_pages_fails_naming_the_shard(tmp_path):
+    _parquet(tmp_path / "part-0.parquet", pa.Table.from_pylist(clean_records(PER_SHARD, 0)))
+    _parquet(tmp_path / "part-1.parquet", pa.Table.from_pylist(clean_records(PER_SHARD, 1)))
+    dataset = Dataset.from_path("d", str(tmp_path), retries=2, retry_delay=0.01)
+    corrupt = Path(dataset.shards[1].url)
+    data = bytearray(corrupt.read_bytes())
+    data[4 : len(data) // 2] = bytes(len(data) // 2 - 4)  # pages zeroed, footer intact
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(ShardUnavailableError) as info:
+        run_epoch(text_pipeline(dataset), keep_batches=False)
+    assert info.value.url == str(corrupt) and str(corrupt) in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".tar", ".jsonl.zst"])
+def test_shard_that_is_not_a_file_of_its_format_fails_planning_naming_it(tmp_path, suffix):
+    shard = tmp_path / f"part-0{suffix}"
+    shard.write_bytes(random.Random(3).randbytes(4096))
+    with pytest.raises(Exception) as info:  # noqa: PT011 - each format library has its own error
+        Dataset.from_path("d", str(tmp_path), retries=1)
+    error = info.value
+    named = str(shard) in str(error) or f"while planning shard {shard}" in " ".join(getattr(error, "__notes__", []))
+    assert named, f"{type(error).__name__}: {error}"
+
+
 # -- WebDataset tars ------------------------------------------------------------------------------
 def _text_tar(path: Path, records: list[dict], drop_text: set[int] = frozenset()) -> bytes:
     data = tar_bytes([
