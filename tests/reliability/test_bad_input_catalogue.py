@@ -233,7 +233,7 @@ def test_parquet_shard_with_corrupt_pages_fails_naming_the_shard(tmp_path):
 def test_shard_that_is_not_a_file_of_its_format_fails_planning_naming_it(tmp_path, suffix):
     shard = tmp_path / f"part-0{suffix}"
     shard.write_bytes(random.Random(3).randbytes(4096))
-    with pytest.raises(Exception) as info:  # noqa: PT011 - each format library has its own error
+    with pytest.raises(Exception) as info:
         Dataset.from_path("d", str(tmp_path), retries=1)
     error = info.value
     named = str(shard) in str(error) or f"while planning shard {shard}" in " ".join(getattr(error, "__notes__", []))
