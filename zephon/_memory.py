@@ -13,7 +13,8 @@ settings let it buffer:
 - images:    every decoding worker may hold one image at its decoder's output size (JPEG draft
              mode decodes at 1/2, 1/4 or 1/8 scale), given by the caller as `image_decode_bytes`,
              and every in-flight chunk its records' decoded images (at most the spec's pixels);
-- workers:   a fixed allowance per worker thread (allocator arenas, stacks touched).
+- workers:   a fixed allowance per worker thread (allocator arenas, stacks touched); for a process
+             runner, one for the parent's reader thread and the result buffers it maps.
 
 Nothing here allocates or reads data beyond the plan's chunk sizes; it is arithmetic on settings.
 """
@@ -45,8 +46,8 @@ READ_BLOCK_BYTES = 1 << 20
 """Line-format shards are read in blocks of this size (zephon.io._compression.BLOCK_SIZE)."""
 
 WORKER_OVERHEAD_BYTES = 4 << 20
-"""Per worker thread: a malloc arena's touched pages and temporaries (a process worker's own
-memory is its process's, not the loader's)."""
+"""Per worker thread: allocator arenas' touched pages and temporaries. A process worker's own
+memory is its process's, not the loader's: the parent gets one allowance, for its reader thread."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def memory_budget(
     tokenizer = workers * largest_tokens * TOKENIZER_BYTES_PER_TOKEN
     decoded = _decoded_image_bytes(packer) * _records_per_chunk(loader.plan)
     images = workers * image_decode_bytes + lanes * loader.prefetch * decoded
-    overhead = sum(s.parallelism for s in loader.stages) * WORKER_OVERHEAD_BYTES if threads_in_process else 0
+    threads = sum(s.parallelism for s in loader.stages) if threads_in_process else 1  # else: the reader thread
+    overhead = threads * WORKER_OVERHEAD_BYTES
     return MemoryBudget(rows, records, tokenizer, images, overhead)
 
 
