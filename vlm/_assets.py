@@ -134,16 +134,23 @@ def _apt_download(name: str, into: Path) -> Path | None:
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         return None
     for attempt in range(2):
-        done = subprocess.run(["apt-get", "download", name], cwd=into, capture_output=True, text=True, timeout=900)
+        try:
+            done = subprocess.run(["apt-get", "download", name], cwd=into, capture_output=True, text=True,
+                                  timeout=900)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.info("apt-get download %s failed: %s", name, exc)
+            return None
         debs = sorted(into.glob(f"{name}_*.deb"))
         if done.returncode == 0 and debs:
             return debs[0]
         log.info("apt-get download %s failed: %s", name, done.stderr.strip()[-300:])
-        if attempt == 0 and hasattr(os, "geteuid") and os.geteuid() == 0:
-            # A fresh machine may have no package lists yet; fetch them once and retry.
+        if attempt or not hasattr(os, "geteuid") or os.geteuid() != 0:
+            return None
+        # A fresh machine may have no package lists, or stale ones; fetch them once and retry.
+        try:
             subprocess.run(["apt-get", "update"], capture_output=True, timeout=900)
-        else:
-            break
+        except (OSError, subprocess.SubprocessError):
+            return None
     return None
 
 

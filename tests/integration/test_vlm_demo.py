@@ -50,3 +50,20 @@ def test_vlm_demo_prints_throughput_and_runner_and_draws_a_packed_batch(tmp_path
     assert pixels.shape[1] == 1024 and pixels.shape[0] >= 16 * 10
     colours = {tuple(c) for c in pixels.reshape(-1, 3)}
     assert IMAGE_COLOURS[0] in colours and TEXT_COLOURS[0] in colours and PADDING_COLOUR in colours
+
+
+def test_the_recipe_runs_on_the_photograph_fallback_too():
+    """Where apt cannot fetch the stamps, the wheels' photographs (cropped, captions generated)
+    stand in, and the same recipe packs them."""
+    from vlm._assets import pair_shards, tekken_tokenizer
+    from vlm._demo import vlm_pipeline
+
+    pairs = pair_shards(2, 12, origin="photos")
+    assert pairs.source.startswith("scikit-image") and pairs.num_pairs == 12
+    pipeline = vlm_pipeline(pairs.directory, tekken_tokenizer(), runner="inline", num_lanes=2, max_length=1024,
+                            microbatch_size=1, records_per_chunk=3, num_epochs=1)
+    with pipeline.shard(0, 1) as loader:
+        batches = list(loader)
+        total = loader.stats()["datasets"]["pairs"]["total"]
+    assert total["read"] == total["emitted"] == 12 and not total["skipped"]
+    assert sum(len(b.ragged["image_grid"]) for b in batches) == 12
