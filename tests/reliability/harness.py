@@ -26,7 +26,11 @@ NUM_LANES = 4
 MICROBATCH = 2
 RECORDS_PER_CHUNK = 4
 
-_WORDS = ["river", "stone", "lantern", "harbor", "meadow", "signal", "copper", "orchard", "falcon", "ember", "quarry", "tide", "compass", "ledger", "anchor", "willow", "granite", "beacon", "thistle", "cinder", "the", "of", "and", "a", "to", "in"]
+_WORDS = [
+    "river", "stone", "lantern", "harbor", "meadow", "signal", "copper", "orchard", "falcon",
+    "ember", "quarry", "tide", "compass", "ledger", "anchor", "willow", "granite", "beacon",
+    "thistle", "cinder", "the", "of", "and", "a", "to", "in",
+]
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -143,6 +147,7 @@ class EpochRun:
 
     digests: dict[tuple[int, int, int], str] = field(default_factory=dict)
     totals: dict[str, Counter] = field(default_factory=dict)
+    per_lane: dict[tuple[str, int], Counter] = field(default_factory=dict)
     batches: list = field(default_factory=list)
 
     def skipped(self, dataset: str) -> Counter:
@@ -163,13 +168,18 @@ def run_epoch(pipeline: Pipeline, world_size: int = 1, *, keep_batches: bool = T
                 if keep_batches:
                     run.batches.append(batch)
             for name, entry in loader.stats()["datasets"].items():
-                total = run.totals.setdefault(name, Counter())
-                for key, value in entry["total"].items():
-                    if key == "skipped":
-                        total.update({f"skipped:{k}": v for k, v in value.items()})
-                    else:
-                        total[key] += value
+                _add(run.totals.setdefault(name, Counter()), entry["total"])
+                for lane, counts in entry["lanes"].items():
+                    _add(run.per_lane.setdefault((name, int(lane)), Counter()), counts)
     return run
+
+
+def _add(into: Counter, counts: dict) -> None:
+    for key, value in counts.items():
+        if key == "skipped":
+            into.update({f"skipped:{k}": v for k, v in value.items()})
+        else:
+            into[key] += value
 
 
 def checkpoint_after(pipeline: Pipeline, world_size: int, microbatches_per_rank: int) -> dict:
@@ -185,12 +195,13 @@ def checkpoint_after(pipeline: Pipeline, world_size: int, microbatches_per_rank:
 
 
 def assert_ledger_balances(run: EpochRun, expected_read: dict[str, int] | None = None) -> None:
-    """read == emitted + filtered + skipped for every dataset (and read == the slots planned)."""
-    for name, counts in run.totals.items():
+    """read == emitted + filtered + skipped for every dataset and every lane, and (given
+    `expected_read`) every planned slot of every dataset was read."""
+    for where, counts in [*run.totals.items(), *run.per_lane.items()]:
         skipped = sum(v for k, v in counts.items() if k.startswith("skipped:"))
-        assert counts["read"] == counts["emitted"] + counts["filtered"] + skipped, (name, dict(counts))
-        if expected_read is not None:
-            assert counts["read"] == expected_read[name], (name, counts["read"], expected_read[name])
+        assert counts["read"] == counts["emitted"] + counts["filtered"] + skipped, (where, dict(counts))
+    if expected_read is not None:
+        assert {name: counts["read"] for name, counts in run.totals.items()} == expected_read
 
 
 def tokens_by_record(batches) -> Counter:
