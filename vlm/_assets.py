@@ -227,12 +227,14 @@ class PairShards:
         return f"{self.num_pairs} image+caption pairs in {self.num_shards} shards from {self.source}"
 
 
-def _tuxpaint_pairs(cache: Path) -> tuple[list[tuple[str, str, bytes, str]], str] | None:
-    """(key, ext, image bytes, caption) for every stamp with both X.png and X.txt, by path."""
-    root = debian_package(TUXPAINT, lambda n: n.startswith("usr/share/tuxpaint/stamps/")
+def _stamps(cache: Path) -> Path | None:
+    """The unpacked stamps of tuxpaint-stamps-default (PNG and TXT files only), or None."""
+    return debian_package(TUXPAINT, lambda n: n.startswith("usr/share/tuxpaint/stamps/")
                           and n.endswith((".png", ".txt")), cache=cache)
-    if root is None:
-        return None
+
+
+def _tuxpaint_pairs(root: Path) -> tuple[list[tuple[str, str, Path, str]], str]:
+    """(key, ext, image file, caption) for every stamp with both X.png and X.txt, by path."""
     stamps = root / "usr/share/tuxpaint/stamps"
     pairs = []
     for png in sorted(stamps.rglob("*.png")):
@@ -241,12 +243,9 @@ def _tuxpaint_pairs(cache: Path) -> tuple[list[tuple[str, str, bytes, str]], str
             continue
         lines = [line.strip() for line in txt.read_text(encoding="utf-8", errors="replace").splitlines()]
         caption = next((line for line in lines if line), "")
-        if not caption:
-            continue
-        key = str(png.relative_to(stamps).with_suffix("")).replace(".", "_")
-        pairs.append((key, "png", png.read_bytes(), caption))
-    source = f"Debian {TUXPAINT} {_package_version(root)} (GPL-2, fetched with apt-get download)"
-    return pairs, source
+        if caption:
+            pairs.append((str(png.relative_to(stamps).with_suffix("")).replace(".", "_"), "png", png, caption))
+    return pairs, f"Debian {TUXPAINT} {_package_version(root)} (GPL-2, fetched with apt-get download)"
 
 
 def _wheel_photos() -> list[Path]:
@@ -324,22 +323,17 @@ def pair_shards(num_shards: int = 8, limit: int | None = None, *, origin: str = 
     if num_shards < 1:
         raise ValueError(f"num_shards must be positive, got {num_shards}")
     cache = cache or cache_root()
-    got = None
-    if origin in ("auto", "tuxpaint"):
-        got = _tuxpaint_pairs(cache)
-        if got is None and origin == "tuxpaint":
-            raise RuntimeError(f"cannot fetch Debian package {TUXPAINT} with apt-get download")
-        kind = "tuxpaint"
-    if got is None:
-        kind = "photos"
+    stamps = None if origin == "photos" else _stamps(cache)
+    if stamps is None and origin == "tuxpaint":
+        raise RuntimeError(f"cannot fetch Debian package {TUXPAINT} with apt-get download")
+    kind = "photos" if stamps is None else "tuxpaint"
     target = cache / "pairs" / f"{kind}-{num_shards}x{limit or 'all'}"
     meta_file = target / "pairs.meta"
     if not meta_file.exists():
+        got = _tuxpaint_pairs(stamps) if stamps is not None else _photo_pairs(limit or 96)
         if got is None:
-            got = _photo_pairs(limit or 96)
-            if got is None:
-                raise RuntimeError(f"no image+caption pairs: apt cannot fetch {TUXPAINT} and neither "
-                                   "scikit-image nor scikit-learn is installed")
+            raise RuntimeError(f"no image+caption pairs: apt cannot fetch {TUXPAINT} and neither "
+                               "scikit-image nor scikit-learn is installed")
         pairs, source = got
         chosen = _spread(pairs, limit)
 
@@ -347,7 +341,8 @@ def pair_shards(num_shards: int = 8, limit: int | None = None, *, origin: str = 
             for shard in range(num_shards):
                 members = []
                 for key, ext, image, caption in chosen[shard::num_shards]:
-                    members += [(f"{key}.{ext}", image), (f"{key}.txt", caption.encode("utf-8"))]
+                    data = image.read_bytes() if isinstance(image, Path) else image
+                    members += [(f"{key}.{ext}", data), (f"{key}.txt", caption.encode("utf-8"))]
                 _write_tar(tmp / f"pairs-{shard:05d}.tar", members)
             (tmp / "pairs.meta").write_text(json.dumps({"source": source, "num_pairs": len(chosen),
                                                         "num_shards": num_shards}))
