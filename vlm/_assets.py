@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "TEKKEN_SPECIAL_TOKENS",
     "PairShards",
     "Photographs",
-    "TEKKEN_SPECIAL_TOKENS",
     "cache_root",
     "debian_package",
     "pair_shards",
@@ -136,7 +136,7 @@ def _apt_download(name: str, into: Path) -> Path | None:
     for attempt in range(2):
         try:
             done = subprocess.run(["apt-get", "download", name], cwd=into, capture_output=True, text=True,
-                                  timeout=900)
+                                  timeout=900, check=False)
         except (OSError, subprocess.SubprocessError) as exc:
             log.info("apt-get download %s failed: %s", name, exc)
             return None
@@ -148,7 +148,7 @@ def _apt_download(name: str, into: Path) -> Path | None:
             return None
         # A fresh machine may have no package lists, or stale ones; fetch them once and retry.
         try:
-            subprocess.run(["apt-get", "update"], capture_output=True, timeout=900)
+            subprocess.run(["apt-get", "update"], capture_output=True, timeout=900, check=False)
         except (OSError, subprocess.SubprocessError):
             return None
     return None
@@ -416,7 +416,7 @@ def _tekken_json(cache: Path) -> bytes:
     if not list(wheels.glob("mistral_common-*.whl")):
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
                         "-d", str(wheels), MISTRAL_COMMON], check=True, capture_output=True, timeout=900)
-    wheel = sorted(wheels.glob("mistral_common-*.whl"))[-1]
+    wheel = max(wheels.glob("mistral_common-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         return archive.read(f"mistral_common/data/{TEKKEN_FILE}")
 

@@ -19,8 +19,8 @@ from PIL import Image
 from tests.unit.test_vlm_assets import png_header_only
 from vlm import ImageSpec
 from vlm._assets import pair_shards, photographs, tekken_tokenizer
-from zephon._errors import BadRecordError
 from vlm._demo import vlm_pipeline
+from zephon._errors import BadRecordError
 
 SPEC = ImageSpec.pixtral(max_side=64)
 NUM_GOOD = 12
@@ -182,11 +182,10 @@ def test_odd_modes_become_rgb_as_documented(shard):
 
 @pytest.mark.parametrize("runner", ["inline", "process"])
 def test_on_error_raise_fails_naming_the_bad_records_address(shard, runner):
-    root, keys, _ = shard
-    with _pipeline(shard, runner, on_error="raise").shard(0, 1) as loader:
-        with pytest.raises(BadRecordError) as raised:
-            for _ in loader:
-                pass
+    _, keys, _ = shard
+    with _pipeline(shard, runner, on_error="raise").shard(0, 1) as loader, pytest.raises(BadRecordError) as raised:
+        for _ in loader:
+            pass
     error = raised.value
     assert error.address.shard.endswith("pairs-00000.tar")
     assert EXPECTED[keys[error.address.index]] == error.reason

@@ -6,7 +6,7 @@ import the recipe from here (`from zephon.demo._vlm import vlm_pipeline`); new c
 
 from __future__ import annotations
 
-from vlm._demo import (  # noqa: F401 - re-exported
+from vlm._demo import (
     add_vlm_parser,
     draw_batch,
     placeholders_for,
