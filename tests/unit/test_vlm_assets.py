@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-PIL = pytest.importorskip("PIL", reason="Pillow is not installed (pip install zephon[vlm])")
 from PIL import Image
 
 
@@ -31,8 +30,7 @@ def real_file(package: str, relative: str) -> Path:
     """A data file shipped inside an installed wheel, or a skip naming what to install."""
     root = package_dir(package)
     path = None if root is None else root / relative
-    if path is None or not path.is_file():
-        pytest.skip(f"{relative} from the {package} wheel is not installed")
+    assert path is not None and path.is_file(), f"{relative} from the {package} wheel must be installed (test assets)"
     return path
 
 
@@ -113,7 +111,8 @@ def rotated_jpeg(orientation: int) -> bytes:
 def make_video(path: Path, frames: int = 30, fps: int = 10, size=(128, 96), codec: str = "mpeg4") -> Path:
     """A small video whose frame k is filled with grey level 8*k, so a frame's index reads back
     from its pixels (every frame a keyframe at gop_size=1, or a GOP of 10 otherwise)."""
-    av = pytest.importorskip("av", reason="PyAV is not installed (pip install 'av<19')")
+    import av
+
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height = size

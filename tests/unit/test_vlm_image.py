@@ -37,7 +37,7 @@ from vlm import (
 )
 from zephon._errors import ConfigurationError, ZephonError
 
-Image = pytest.importorskip("PIL.Image")
+from PIL import Image
 
 
 def _reason(data: bytes, spec: ImageSpec | None = None) -> str:

@@ -31,15 +31,15 @@ IMAGE_SIZES = [(16, 16), (17, 15), (333, 500), (640, 480), (1024, 1024), (1025, 
 def _tekken_json() -> Path:
     root = package_dir("mistral_common")
     path = None if root is None else root / "data" / "tekken_240911.json"
-    if path is None or not path.is_file():
-        pytest.skip("mistral-common is not installed (pip install mistral-common==1.13.1)")
+    assert path is not None and path.is_file(), "mistral-common==1.13.1 must be installed (the test assets)"
     return path
 
 
 @pytest.fixture(scope="module")
 def pixtral_tokenizer(tmp_path_factory):
     """The real Pixtral Tekken tokenizer, loaded by transformers from a directory with tekken.json."""
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    import transformers
+
     directory = tmp_path_factory.mktemp("tekken")
     shutil.copy(_tekken_json(), directory / "tekken.json")
     return transformers.AutoTokenizer.from_pretrained(str(directory))
@@ -51,7 +51,7 @@ def _mistral_tokens(monkeypatch, width: int, height: int, *, patch: int, max_sid
     Its pixel transform needs OpenCV, which the expansion does not use; without OpenCV it is
     replaced by a stub so that the encoder's token logic runs unchanged.
     """
-    image_module = pytest.importorskip("mistral_common.tokens.tokenizers.image")
+    import mistral_common.tokens.tokenizers.image as image_module
     from mistral_common.protocol.instruct.chunk import ImageChunk
     from PIL import Image
 
@@ -74,7 +74,7 @@ def test_pixtral_ids_come_from_the_real_tekken_tokenizer(pixtral_tokenizer):
 
 
 def test_pixtral_ids_also_come_from_mistral_commons_own_tokenizer():
-    tekken = pytest.importorskip("mistral_common.tokens.tokenizers.tekken")
+    import mistral_common.tokens.tokenizers.tekken as tekken
     tokenizer = tekken.Tekkenizer.from_file(_tekken_json())
     assert PixtralPlaceholders.from_tokenizer(tokenizer) == PixtralPlaceholders(10, 12, 13)
 
@@ -122,7 +122,8 @@ def test_qwen_expansion_wraps_one_pad_per_merged_cell():
 
 @pytest.mark.parametrize("width,height", IMAGE_SIZES[2:6] + [(40, 30), (5000, 4000)])
 def test_qwen_grid_and_count_equal_the_transformers_qwen2_vl_processor(width, height):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    import transformers
+
     processor_class = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
     processor = processor_class(min_pixels=56 * 56, max_pixels=28 * 28 * 256)
     out = processor(images=np.zeros((height, width, 3), np.uint8), return_tensors="np")
@@ -135,7 +136,7 @@ def test_qwen_grid_and_count_equal_the_transformers_qwen2_vl_processor(width, he
 
 
 def test_qwen_ids_are_looked_up_by_string_in_a_tokenizers_vocabulary():
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
     vocab = {"[UNK]": 0, "hello": 1, "<|vision_start|>": 7, "<|image_pad|>": 8, "<|vision_end|>": 9}
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     assert QwenPlaceholders.from_tokenizer(tokenizer) == QwenPlaceholders(7, 8, 9, merge_size=2)

@@ -13,7 +13,7 @@ from vlm import ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_tim
 from vlm._video import _choose_frames
 from zephon._errors import ConfigurationError
 
-av = pytest.importorskip("av", reason="PyAV is not installed (pip install 'av<19')")
+import av
 
 
 @pytest.fixture(scope="module")
