@@ -19,7 +19,6 @@ import math
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
-import numpy as np
 
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state
@@ -200,11 +199,15 @@ class RankLoader:
         self._open_streams()
         m, per_step = self.microbatch_size, self.rows_per_step
         while True:
-            live = [lane for lane in self.lanes if self._streams[lane].has_more()]
-            if not live:
+            # Lanes are asked whether they have more only when their turn comes: asking every lane
+            # up front would fill every lane's buffers before the first microbatch (time to first
+            # batch x lanes). A lane not yet known to be finished may hold the step back for one
+            # round in which nothing is yielded; the next round knows it, so the order is the same.
+            unknown = [lane for lane in self.lanes if not self._streams[lane].exhausted]
+            if not unknown:
                 return
-            step = min(self._cursors[lane].position for lane in live) // per_step
-            for lane in live:
+            step = min(self._cursors[lane].position for lane in unknown) // per_step
+            for lane in unknown:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
                     rows = [self._take(lane) for _ in range(m)]
