@@ -1,0 +1,219 @@
+"""The race: every loader on the same data and the same work, side by side on this machine.
+
+    python -m benchmarks.race --parallelism 1 2 4 --pipelines text vlm --out benchmarks/results/
+
+Each (loader, configuration, parallelism) runs as its own process in the loader's own virtual
+environment (`workers/<script>.py`, working directory outside the repository), one at a time, in
+an interleaved order over `--repeats` rounds, so that slow drifts of a shared machine hit every
+loader alike. The parent samples the memory of the process tree. Results go to `race.json`
+(every run, the medians, the bounds, the machine) and the plots to PNG files beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import _data
+from ._monitor import TreeMemory
+from .loaders import BOUNDS, LOADERS, python_for
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+# The recipe every loader follows. Zephon's lanes: 4 per rank (e.g. 32 lanes over 8 GPUs); the row
+# shuffle buffers are per lane for Zephon and per worker for the torch DataLoader and zephon 0.2.0
+# (grain shuffles records globally instead, its own idiom).
+TEXT = {"max_length": 2048, "microbatch": 8, "num_lanes": 4, "records_per_chunk": 16, "flush_every_chunks": 16,
+        "shuffle_buffer": 16, "eos": "<|eos|>"}
+VLM = {"max_length": 4096, "microbatch": 4, "num_lanes": 4, "records_per_chunk": 16, "flush_every_chunks": 16,
+       "shuffle_buffer": 4, "max_side": 448}
+
+
+def machine() -> dict:
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        pass
+    mem = 0
+    try:
+        mem = int(next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1]) * 1024
+    except (OSError, StopIteration):
+        pass
+    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
+            "avx2": " avx2" in flags, "memory_bytes": mem, "kernel": platform.release(),
+            "platform": platform.platform(), "load_average_at_start": os.getloadavg()}
+
+
+def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: dict | None = None) -> dict:
+    """Run one worker in its own session; returns its result plus the tree's peak memory."""
+    with tempfile.TemporaryDirectory(prefix="zephon-race-") as tmp:
+        cfg_path, out_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
+        cfg_path.write_text(json.dumps(cfg))
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        # glibc's dynamic mmap threshold makes big allocations slower in the main thread only
+        # (shared ENVIRONMENT.md, "Allocator trap"); fixed thresholds for every loader alike.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", "16777216")
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", "67108864")
+        env.update(env_extra or {})
+        started = time.perf_counter()
+        proc = subprocess.Popen([python, str(WORKERS / script), str(cfg_path), str(out_path)], cwd=tmp, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        memory = TreeMemory(proc.pid)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            output, _ = proc.communicate()
+        mem = memory.stop()
+        _kill_group(proc.pid)  # workers a loader left behind
+        wall = time.perf_counter() - started
+        text = output.decode(errors="replace")[-4000:]
+        if proc.returncode != 0 or not out_path.exists():
+            return {"ok": False, "returncode": proc.returncode, "output": text, "wall_s": wall, **mem}
+        result = json.loads(out_path.read_text())
+        result.update(ok=True, wall_s=wall, output=text[-1500:], **mem)
+        return result
+
+
+def _kill_group(pid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def median_runs(runs: list[dict]) -> dict:
+    keys = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes")
+    ok = [r for r in runs if r.get("ok")]
+    out = {"runs": len(runs), "ok": len(ok)}
+    for key in keys:
+        values = [r[key] for r in ok if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.race", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pipelines", nargs="+", default=["text", "vlm"], choices=["text", "vlm"])
+    parser.add_argument("--loaders", nargs="+", default=None, help=f"subset of: {', '.join(LOADERS)}")
+    parser.add_argument("--out", default="benchmarks/results/")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported (default 3)")
+    parser.add_argument("--text-tokens", type=float, default=4e6, help="usable tokens per text run after the first batch")
+    parser.add_argument("--vlm-images", type=int, default=4000, help="images per VLM run after the first batch")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is killed")
+    parser.add_argument("--no-bound", action="store_true", help="skip the compute-bound measurements")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+
+    loaders = {name: LOADERS[name] for name in (args.loaders or LOADERS)}
+    data = {}
+    if "text" in args.pipelines:
+        data.update(_data.text_data())
+    if "vlm" in args.pipelines:
+        data.update(_data.vlm_data())
+    base = {"data": data, "text": TEXT, "vlm": VLM, "target_tokens": None, "target_images": None, "warmup": 0.3}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {
+        "command": "python -m benchmarks.race " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "settings": {"text": TEXT, "vlm": VLM, "text_tokens": args.text_tokens, "vlm_images": args.vlm_images,
+                     "repeats": args.repeats, "parallelism": args.parallelism},
+        "data": {k: v for k, v in data.items() if k != "vlm_ids"},
+        "bounds": [],
+        "runs": [],
+    }
+
+    if not args.no_bound:
+        for pipeline in args.pipelines:
+            for name, spec in BOUNDS.items():
+                python = python_for(spec["venv"])
+                if python is None:
+                    continue
+                for functions in spec["functions"]:
+                    cfg = dict(base, pipeline=pipeline, functions=functions, repeats=3)
+                    print(f"[bound] {pipeline} {name} {functions} ...", flush=True)
+                    got = run_worker(python, "bound.py", cfg, args.timeout,
+                                     {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"})
+                    got.update(name=name, stack=spec["stack"], pipeline=pipeline, functions=functions)
+                    results["bounds"].append(got)
+                    if got.get("ok"):
+                        print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on one core", flush=True)
+                    else:
+                        print(f"        FAILED: {got['output'][-800:]}", flush=True)
+
+    plan = []
+    for pipeline in args.pipelines:
+        for name, spec in loaders.items():
+            if pipeline not in spec["pipelines"]:
+                continue
+            for config in spec["configs"]:
+                for p in args.parallelism:
+                    plan.append((pipeline, name, config, p))
+    for round_ in range(args.repeats):
+        for pipeline, name, config, p in plan:
+            spec = loaders[name]
+            python = python_for(spec["venv"])
+            if python is None:
+                print(f"[skip] {name}: no interpreter for {spec['venv']}", flush=True)
+                continue
+            cfg = dict(base, pipeline=pipeline, parallelism=p, **config)
+            if pipeline == "text":
+                cfg["target_tokens"] = args.text_tokens
+            else:
+                cfg["target_images"] = args.vlm_images
+            label = f"{name} {config} p={p}"
+            print(f"[{round_ + 1}/{args.repeats}] {pipeline:4s} {label} ...", end=" ", flush=True)
+            got = run_worker(python, spec["script"], cfg, args.timeout, spec.get("env"))
+            got.update(loader=name, pipeline=pipeline, parallelism=p, config=config, round=round_,
+                       stack=spec["stack"], family=spec["family"])
+            results["runs"].append(got)
+            if got.get("ok"):
+                print(f"{got['usable_tokens_per_s']:>12,.0f} tok/s {got['images_per_s']:8.1f} img/s "
+                      f"ttfb {got['time_to_first_batch_s']:.2f}s pss {got['peak_pss_bytes'] / 2**20:,.0f} MiB", flush=True)
+            else:
+                print(f"FAILED rc={got.get('returncode')}\n{got['output'][-1500:]}", flush=True)
+        (out_dir / "race.json").write_text(json.dumps(results, indent=1, default=str))
+
+    from ._report import summarise
+
+    results["summary"] = summarise(results)
+    (out_dir / "race.json").write_text(json.dumps(results, indent=1, default=str))
+    table = (out_dir / "race.md")
+    from ._report import markdown
+
+    table.write_text(markdown(results))
+    print(table.read_text())
+    if not args.no_plots:
+        from ._plot import plot_all
+
+        for path in plot_all(results, out_dir):
+            print(f"plot: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""From the race's raw runs to medians, efficiencies, the issue-6 target checks and a table."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from .loaders import LOADERS
+
+# Each loader's "same-library" bound: the stateless work it really runs, on its interpreter and
+# Pillow build ("ours" = Zephon's functions, "work" = the peers' plain equivalents).
+BOUND_OF = {
+    "zephon thread 3.14t": ("3.14t Pillow", "ours"),
+    "zephon process 3.11": ("3.11 Pillow", "ours"),
+    "zephon thread 3.11": ("3.11 Pillow", "ours"),
+    "zephon thread 3.14t simd": ("3.14t pillow-simd", "ours"),
+    "zephon process 3.11 simd": ("3.11 pillow-simd", "ours"),
+    "grain 3.11": ("3.11 Pillow", "work"),
+    "grain-free-threading 3.14t": ("3.14t Pillow", "work"),
+    "zephon 0.2.0 3.11": ("3.11 Pillow", "work"),
+    "torch DataLoader 3.11": ("3.11 Pillow", "work"),
+}
+METRICS = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes")
+MiB = 2**20
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarise(results: dict) -> dict:
+    cores = results["machine"]["affinity"]
+    bounds = {}
+    for b in results["bounds"]:
+        if b.get("ok"):
+            bounds[(b["pipeline"], b["name"], b["functions"])] = b
+    grouped = defaultdict(list)
+    for run in results["runs"]:
+        key = (run["pipeline"], run["loader"], tuple(sorted(run["config"].items())), run["parallelism"])
+        grouped[key].append(run)
+    configs = {}
+    for (pipeline, loader, config, p), runs in grouped.items():
+        ok = [r for r in runs if r.get("ok")]
+        entry = {"pipeline": pipeline, "loader": loader, "config": dict(config), "parallelism": p,
+                 "runs": len(runs), "ok": len(ok)}
+        for metric in METRICS:
+            entry[metric] = _median(r.get(metric) for r in ok)
+        if ok:
+            entry["build"] = ok[0].get("build")
+        configs.setdefault((pipeline, loader, p), []).append(entry)
+
+    best = {}
+    for (pipeline, loader, p), entries in configs.items():
+        scored = [e for e in entries if e["usable_tokens_per_s"]]
+        if not scored:
+            best[(pipeline, loader, p)] = dict(entries[0], failed=True)
+            continue
+        top = max(scored, key=lambda e: e["usable_tokens_per_s"])
+        top = dict(top, all_configs=[{"config": e["config"], "usable_tokens_per_s": e["usable_tokens_per_s"]}
+                                     for e in entries])
+        ref = BOUND_OF.get(loader)
+        bound = bounds.get((pipeline, *ref)) if ref else None
+        if bound:
+            ideal = bound["usable_tokens_per_s"] * cores
+            top["bound"] = {"name": ref[0], "functions": ref[1], "one_core_usable_tokens_per_s": bound["usable_tokens_per_s"],
+                            "ideal_usable_tokens_per_s": ideal}
+            top["efficiency"] = top["usable_tokens_per_s"] / ideal
+        best[(pipeline, loader, p)] = top
+
+    rows = sorted(best.values(), key=lambda e: (e["pipeline"], list(LOADERS).index(e["loader"]) if e["loader"] in LOADERS else 99,
+                                                 e["parallelism"]))
+    summary = {"cores": cores, "best": rows,
+               "bounds": [{k: b.get(k) for k in ("pipeline", "name", "functions", "usable_tokens_per_s", "images_per_s",
+                                                  "parts", "seconds", "records")} for b in bounds.values()]}
+    summary["targets"] = targets(best, results)
+    summary["thread_vs_process"] = ratios(best, results)
+    return summary
+
+
+def _get(best, pipeline, loader, p, metric):
+    e = best.get((pipeline, loader, p))
+    return None if e is None or e.get("failed") else e.get(metric)
+
+
+def targets(best: dict, results: dict, p: int = 2) -> list[dict]:
+    """The issue-6 targets at parallelism `p`, each with the measured value and met / missed."""
+    out = []
+    pipelines = sorted({k[0] for k in best})
+    peers = [name for name, spec in LOADERS.items() if spec["family"] == "peer"]
+    for pipeline in pipelines:
+        ours = best.get((pipeline, "zephon thread 3.14t", p))
+        if ours and not ours.get("failed"):
+            eff = ours.get("efficiency")
+            out.append({"pipeline": pipeline, "target": "thread 3.14t >= 0.97 of the same-library bound",
+                        "value": eff, "met": eff is not None and eff >= 0.97})
+            peer_best = max(((n, _get(best, pipeline, n, p, "usable_tokens_per_s") or 0) for n in peers),
+                            key=lambda x: x[1], default=(None, 0))
+            value = ours["usable_tokens_per_s"] / peer_best[1] if peer_best[1] else None
+            out.append({"pipeline": pipeline, "target": f"thread 3.14t beats every peer's best (best: {peer_best[0]})",
+                        "value": value, "met": value is not None and value > 1.0})
+            ttfb = ours.get("time_to_first_batch_s")
+            out.append({"pipeline": pipeline, "target": "thread 3.14t time to first batch <= 1 s", "value": ttfb,
+                        "met": ttfb is not None and ttfb <= 1.0})
+            mem = ours.get("peak_pss_bytes")
+            z020 = _get(best, pipeline, "zephon 0.2.0 3.11", p, "peak_pss_bytes")
+            grain = min([m for m in (_get(best, pipeline, "grain 3.11", p, "peak_pss_bytes"),
+                                     _get(best, pipeline, "grain-free-threading 3.14t", p, "peak_pss_bytes")) if m] or [None],
+                        key=lambda m: m or 0)
+            if mem and z020:
+                out.append({"pipeline": pipeline, "target": "thread 3.14t peak memory (PSS) <= half of zephon 0.2.0",
+                            "value": mem / z020, "met": mem <= z020 / 2})
+            if mem and grain:
+                out.append({"pipeline": pipeline, "target": "thread 3.14t peak memory (PSS) <= grain's",
+                            "value": mem / grain, "met": mem <= grain})
+        proc = best.get((pipeline, "zephon process 3.11", p))
+        if proc and not proc.get("failed") and proc.get("efficiency") is not None:
+            out.append({"pipeline": pipeline, "target": "process 3.11 >= 0.9 of the bound", "value": proc["efficiency"],
+                        "met": proc["efficiency"] >= 0.9})
+        simd = best.get((pipeline, "zephon thread 3.14t simd", p))
+        if pipeline == "vlm" and simd and not simd.get("failed"):
+            peer_best = max((_get(best, pipeline, n, p, "usable_tokens_per_s") or 0) for n in peers)
+            value = simd["usable_tokens_per_s"] / peer_best if peer_best else None
+            out.append({"pipeline": pipeline, "target": "thread 3.14t with pillow-simd >= 1.3x the best peer (VLM)",
+                        "value": value, "met": value is not None and value >= 1.3})
+    return out
+
+
+def ratios(best: dict, results: dict) -> list[dict]:
+    out = []
+    for (pipeline, loader, p), e in sorted(best.items()):
+        if loader != "zephon thread 3.14t" or e.get("failed"):
+            continue
+        proc = best.get((pipeline, "zephon process 3.11", p))
+        if not proc or proc.get("failed"):
+            continue
+        row = {"pipeline": pipeline, "parallelism": p}
+        for metric in ("usable_tokens_per_s", "peak_pss_bytes", "time_to_first_batch_s"):
+            a, b = e.get(metric), proc.get(metric)
+            row[metric] = a / b if a and b else None
+        out.append(row)
+    return out
+
+
+def _fmt(value, kind):
+    if value is None:
+        return "—"
+    if kind == "tok":
+        return f"{value / 1e3:,.0f} k"
+    if kind == "img":
+        return f"{value:,.0f}"
+    if kind == "s":
+        return f"{value:.2f}"
+    if kind == "mib":
+        return f"{value / MiB:,.0f}"
+    if kind == "x":
+        return f"{value:.2f}"
+    return str(value)
+
+
+def markdown(results: dict) -> str:
+    summary = results.get("summary") or summarise(results)
+    ps = sorted({e["parallelism"] for e in summary["best"]})
+    lines = []
+    m = results["machine"]
+    lines.append(f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), load average at start {m['load_average_at_start'][0]:.2f}; "
+                 f"{results['settings']['repeats']} rounds, medians. Command: `{results['command']}`.")
+    lines.append("")
+    for pipeline in sorted({e["pipeline"] for e in summary["best"]}):
+        lines.append(f"### {pipeline}: usable tokens/s by parallelism (best configuration of each loader)")
+        lines.append("")
+        head = ["loader"] + [f"p={p}" for p in ps] + ["eff. @2", "img/s @2", "first batch s @2", "PSS MiB @2",
+                                                       "RSS MiB @2", "best config @2"]
+        if pipeline != "vlm":
+            head.remove("img/s @2")
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + ["---"]) + "|")
+        loaders = []
+        for e in summary["best"]:
+            if e["pipeline"] == pipeline and e["loader"] not in loaders:
+                loaders.append(e["loader"])
+        by = {(e["loader"], e["parallelism"]): e for e in summary["best"] if e["pipeline"] == pipeline}
+        for loader in loaders:
+            at2 = by.get((loader, 2), {})
+            cells = [loader] + [_fmt(by.get((loader, p), {}).get("usable_tokens_per_s"), "tok") for p in ps]
+            cells.append(_fmt(at2.get("efficiency"), "x"))
+            if pipeline == "vlm":
+                cells.append(_fmt(at2.get("images_per_s"), "img"))
+            cells += [_fmt(at2.get("time_to_first_batch_s"), "s"), _fmt(at2.get("peak_pss_bytes"), "mib"),
+                      _fmt(at2.get("peak_rss_bytes"), "mib"),
+                      ", ".join(f"{k}={v}" for k, v in at2.get("config", {}).items()) or "—"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append("Compute bound (one core, tight loop; ideal = × {} cores):".format(summary["cores"]))
+        lines.append("")
+        lines.append("| stack | functions | usable tokens/s (1 core) | images/s (1 core) | parts (s per epoch) |")
+        lines.append("|---|---|---:|---:|---|")
+        for b in summary["bounds"]:
+            if b["pipeline"] != pipeline:
+                continue
+            parts = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in (b.get("parts") or {}).items())
+            lines.append(f"| {b['name']} | {b['functions']} | {_fmt(b['usable_tokens_per_s'], 'tok')} | "
+                         f"{_fmt(b.get('images_per_s') or None, 'img')} | {parts} |")
+        lines.append("")
+    if summary["thread_vs_process"]:
+        lines.append("### Thread runner on 3.14t ÷ process runner on 3.11")
+        lines.append("")
+        lines.append("| pipeline | p | throughput | peak memory (PSS) | time to first batch |")
+        lines.append("|---|---:|---:|---:|---:|")
+        for r in summary["thread_vs_process"]:
+            lines.append(f"| {r['pipeline']} | {r['parallelism']} | {_fmt(r['usable_tokens_per_s'], 'x')} | "
+                         f"{_fmt(r['peak_pss_bytes'], 'x')} | {_fmt(r['time_to_first_batch_s'], 'x')} |")
+        lines.append("")
+    if summary["targets"]:
+        lines.append("### Issue 6 targets at parallelism 2")
+        lines.append("")
+        lines.append("| pipeline | target | measured | met |")
+        lines.append("|---|---|---:|---|")
+        for t in summary["targets"]:
+            lines.append(f"| {t['pipeline']} | {t['target']} | {_fmt(t['value'], 'x')} | {'yes' if t['met'] else '**no**'} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""Which loaders race, in which virtual environment, with which configurations.
+
+Every peer lives in its own virtual environment (never a dependency of this project; `zephon`
+0.2.0 even has our import name). `benchmarks/race/setup_peers.sh` creates them under
+`$ZEPHON_RACE_VENVS` (default `/work/peers`). Our own loader runs in the project's environments:
+3.11 in `$ZEPHON_RACE_PY311` (default: the interpreter running the race) and free-threaded 3.14t in
+`$ZEPHON_RACE_PY314T` (default: `.nox/tests-3-14t`, made by `nox -s tests-3.14t`); the
+pillow-simd variants ("Zephon's default decode stack") in their own venvs beside the peers.
+
+A peer with several `configs` is run in each, and its best configuration at each parallelism is
+the one compared ("its best-performing configuration, not a strawman").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENVS = Path(os.environ.get("ZEPHON_RACE_VENVS", "/work/peers"))
+
+
+def python_for(venv: str) -> str | None:
+    """The interpreter of a named environment, or None when it is not there."""
+    if venv == "project-3.11":
+        path = os.environ.get("ZEPHON_RACE_PY311", sys.executable)
+    elif venv == "project-3.14t":
+        path = os.environ.get("ZEPHON_RACE_PY314T", str(REPO / ".nox" / "tests-3-14t" / "bin" / "python"))
+    else:
+        path = str(VENVS / venv / "bin" / "python")
+    return path if os.path.exists(path) else None
+
+
+LOADERS: dict[str, dict] = {
+    "zephon thread 3.14t": {
+        "family": "zephon", "stack": "Pillow", "venv": "project-3.14t", "script": "zephon_ours.py",
+        "pipelines": ("text", "vlm"), "configs": [{"runner": "thread"}],
+    },
+    "zephon process 3.11": {
+        "family": "zephon", "stack": "Pillow", "venv": "project-3.11", "script": "zephon_ours.py",
+        "pipelines": ("text", "vlm"), "configs": [{"runner": "process"}],
+    },
+    "zephon thread 3.11": {
+        "family": "zephon", "stack": "Pillow", "venv": "project-3.11", "script": "zephon_ours.py",
+        "pipelines": ("text", "vlm"), "configs": [{"runner": "thread"}],
+    },
+    "zephon thread 3.14t simd": {
+        "family": "zephon-simd", "stack": "pillow-simd", "venv": "simd314t", "script": "zephon_ours.py",
+        "pipelines": ("vlm",), "configs": [{"runner": "thread"}],
+    },
+    "zephon process 3.11 simd": {
+        "family": "zephon-simd", "stack": "pillow-simd", "venv": "simd311", "script": "zephon_ours.py",
+        "pipelines": ("vlm",), "configs": [{"runner": "process"}],
+    },
+    "grain 3.11": {
+        "family": "peer", "stack": "Pillow", "venv": "grain311", "script": "grain_peer.py",
+        "pipelines": ("text", "vlm"), "configs": [{"mode": "threads"}, {"mode": "mp"}],
+    },
+    "grain-free-threading 3.14t": {
+        "family": "peer", "stack": "Pillow", "venv": "grainft314t", "script": "grain_peer.py",
+        "pipelines": ("text", "vlm"), "configs": [{"mode": "threads"}, {"mode": "mt"}],
+    },
+    "zephon 0.2.0 3.11": {
+        "family": "peer", "stack": "Pillow", "venv": "zephon020", "script": "zephon020_peer.py",
+        "pipelines": ("text", "vlm"), "configs": [{"runner": "threads"}, {"runner": "process"}],
+    },
+    "torch DataLoader 3.11": {
+        "family": "peer", "stack": "Pillow", "venv": "torch311", "script": "torch_peer.py",
+        "pipelines": ("text", "vlm"), "configs": [{}],
+    },
+}
+
+# Where the compute bound is measured: (venv, whose functions).
+BOUNDS: dict[str, dict] = {
+    "3.11 Pillow": {"venv": "project-3.11", "stack": "Pillow", "functions": ["ours", "work"]},
+    "3.14t Pillow": {"venv": "project-3.14t", "stack": "Pillow", "functions": ["ours", "work"]},
+    "3.14t pillow-simd": {"venv": "simd314t", "stack": "pillow-simd", "functions": ["ours"]},
+    "3.11 pillow-simd": {"venv": "simd311", "stack": "pillow-simd", "functions": ["ours"]},
+}

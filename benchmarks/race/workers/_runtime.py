@@ -1,0 +1,114 @@
+"""What every race worker script shares: its config, the timed loop, the facts it reports.
+
+A worker is run as `python workers/<loader>.py CONFIG_JSON RESULT_JSON` by `benchmarks.race`, in
+the loader's own virtual environment, with the working directory outside the repository (so
+`import zephon` finds whatever that environment installed). It imports no Zephon code itself.
+
+Timing: `t0` is taken by `start()` once the heavy libraries are imported and before the loader
+is built; time to first batch is measured from there (building the loader, planning, starting
+workers, the first batch's work). Throughput is the steady state: usable tokens and images
+after the first batch, divided by the time from the first batch to the last.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable
+
+_T0: float | None = None
+
+
+def config() -> dict:
+    with open(sys.argv[1]) as f:
+        return json.load(f)
+
+
+def start() -> float:
+    global _T0
+    _T0 = time.perf_counter()
+    return _T0
+
+
+def versions(*names: str) -> dict:
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def build_facts(packages: Iterable[str]) -> dict:
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return {
+        "python": platform.python_version(),
+        "free_threaded": not gil,
+        "gil_enabled": gil,
+        "executable": sys.executable,
+        "versions": versions(*packages),
+    }
+
+
+def measure(batches: Iterable, cfg: dict, usable: Callable, images: Callable) -> dict:
+    """Iterate until `cfg["target_tokens"]` usable tokens (text) or `cfg["target_images"]` images
+    (VLM) have been delivered after the first batch; returns counts, times and the steady rate.
+
+    The steady rate is taken between the moment `warmup` (a fraction of the target, default 0.25)
+    had been delivered and the end: by then every loader's buffers (shuffle buffers, open rows,
+    prefetch queues) are full, as they are at the end, so work done before the window and still
+    buffered at its start does not inflate the rate.
+    """
+    assert _T0 is not None, "call start() first"
+    target_tokens = cfg.get("target_tokens") or float("inf")
+    target_images = cfg.get("target_images") or float("inf")
+    warmup = cfg.get("warmup", 0.25)
+    first = None
+    tokens = imgs = n = 0
+    first_tokens = first_images = 0
+    mark = None  # (time, tokens, images) when the warm-up part was delivered
+    for batch in batches:
+        u, k = usable(batch), images(batch)
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+            first_tokens, first_images = u, k
+            continue
+        tokens += u
+        imgs += k
+        if mark is None and (tokens >= warmup * target_tokens or imgs >= warmup * target_images):
+            mark = (time.perf_counter(), tokens, imgs)
+        if tokens >= target_tokens or imgs >= target_images:
+            break
+    end = time.perf_counter()
+    if first is None:
+        raise RuntimeError("the loader produced no batch")
+    mark = mark or (first, 0, 0)
+    steady = end - mark[0]
+    return {
+        "batches": n,
+        "time_to_first_batch_s": first - _T0,
+        "steady_s": steady,
+        "usable_tokens": tokens,
+        "images": imgs,
+        "usable_tokens_per_s": (tokens - mark[1]) / steady if steady > 0 else 0.0,
+        "images_per_s": (imgs - mark[2]) / steady if steady > 0 else 0.0,
+        "end_to_end_usable_tokens_per_s": (tokens + first_tokens) / (end - _T0),
+        "first_batch_usable_tokens": first_tokens,
+        "first_batch_images": first_images,
+        "total_s": end - _T0,
+    }
+
+
+def finish(result: dict) -> None:
+    result["pid"] = os.getpid()
+    with open(sys.argv[2], "w") as f:
+        json.dump(result, f, indent=1)
+    sys.stdout.flush()
+    # Skip interpreter teardown cost and any hang in a loader's atexit: the result is written.
+    os._exit(0)
