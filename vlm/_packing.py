@@ -41,6 +41,7 @@ import numpy as np
 
 from zephon._accumulator import SegmentContext
 from zephon._errors import ConfigurationError
+from zephon._first_fit import FirstFitRows
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -182,8 +183,7 @@ class MultimodalPacker:
         self.patch_dim = spec.patch_dim if patch_dim is None else int(patch_dim)
         self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
         self.assemble = assemble
-        self._rows: list[list[PlacedDocument]] = []
-        self._free: list[int] = []
+        self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
         self._lengths: dict[tuple[int, int], int] = {}
@@ -195,9 +195,7 @@ class MultimodalPacker:
         return [] if doc is None else self._place(doc)
 
     def flush(self) -> list:
-        out = [self._emit_rows(row) for row in self._rows]
-        self._rows, self._free = [], []
-        return out
+        return [self._emit_rows(row) for row in self._open.drain()]
 
     def drain_skips(self) -> list[tuple[RecordAddress, str]]:
         """Records skipped since the last call, as (address, reason); the list is handed over."""
@@ -293,23 +291,7 @@ class MultimodalPacker:
         return (at,) * num_images
 
     def _place(self, doc: PlacedDocument) -> list:
-        for i, free in enumerate(self._free):
-            if free >= doc.length:
-                self._rows[i].append(doc)
-                self._free[i] -= doc.length
-                return [self._emit(i)] if self._free[i] == 0 else []
-        out = []
-        if len(self._rows) == self.max_open_rows:
-            out.append(self._emit(0))
-        self._rows.append([doc])
-        self._free.append(self.max_length - doc.length)
-        if self._free[-1] == 0:
-            out.append(self._emit(len(self._rows) - 1))
-        return out
-
-    def _emit(self, i: int):
-        self._free.pop(i)
-        return self._emit_rows(self._rows.pop(i))
+        return [self._emit_rows(row) for row in self._open.place(doc, doc.length)]
 
     def _emit_rows(self, documents: list[PlacedDocument]):
         plan = RowPlan(tuple(documents), self.max_length, self.pad_id, self.placeholders,

@@ -22,6 +22,7 @@ import numpy as np
 
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError
+from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -110,8 +111,7 @@ class FirstFitPacker:
         self.pad_id = pad_id
         self.field = field
         self.max_open_rows = max_open_rows
-        self._rows: list[list[Piece]] = []
-        self._free: list[int] = []
+        self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[PackedSequence]:
         address, record = item
@@ -127,29 +127,10 @@ class FirstFitPacker:
         return out
 
     def _place(self, piece: Piece) -> list[PackedSequence]:
-        for i, free in enumerate(self._free):
-            if free >= piece.length:
-                self._rows[i].append(piece)
-                self._free[i] -= piece.length
-                return [self._emit(i)] if self._free[i] == 0 else []
-        out = []
-        if len(self._rows) == self.max_open_rows:
-            out.append(self._emit(0))
-        self._rows.append([piece])
-        self._free.append(self.max_length - piece.length)
-        if self._free[-1] == 0:
-            out.append(self._emit(len(self._rows) - 1))
-        return out
-
-    def _emit(self, i: int) -> PackedSequence:
-        pieces = self._rows.pop(i)
-        self._free.pop(i)
-        return assemble_row(pieces, self.max_length, self.pad_id)
+        return [assemble_row(row, self.max_length, self.pad_id) for row in self._open.place(piece, piece.length)]
 
     def flush(self) -> list[PackedSequence]:
-        out = [assemble_row(p, self.max_length, self.pad_id) for p in self._rows]
-        self._rows, self._free = [], []
-        return out
+        return [assemble_row(row, self.max_length, self.pad_id) for row in self._open.drain()]
 
 
 ALGORITHMS = ("wrap", "first_fit")
