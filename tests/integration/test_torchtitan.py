@@ -196,8 +196,8 @@ def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenize
 @pytest.mark.parametrize(
     "world,global_batch,local_batch,message",
     [
-        (3, 32, None, "num_lanes=8 is not divisible by dp_world_size=3"),
-        (2, 36, 2, "global_batch_size=36 does not split evenly across num_lanes=8"),
+        (3, 32, None, "num_lanes=8 is not divisible by world_size=3"),
+        (2, 36, 2, "global_batch_size=36 is not divisible by num_lanes=8"),
         (2, 24, 4, r"global_batch_size/num_lanes = 24/8 = 3 rows per lane per step is not divisible by microbatch_size=2"),
         (2, 32, 6, "local_batch_size=6 does not divide the 16 rows"),
         (2, 32, 1, "local_batch_size=1 is not a multiple of the recipe's microbatch_size=2"),

@@ -38,6 +38,7 @@ import numpy as np
 
 from .._batch import Batch
 from .._errors import CheckpointError, ConfigurationError
+from .._loader import check_layout
 from .._pipeline import Pipeline
 from ..distributed import gather_state, rank_and_world_size
 
@@ -150,26 +151,9 @@ class _DataLoaderContract(ABC):
 def check_titan_layout(
     num_lanes: int, microbatch_size: int, dp_rank: int, dp_world_size: int, global_batch_size: int, local_batch_size: int
 ) -> None:
-    """Fail at construction, naming the numbers, on a layout that cannot split evenly."""
-    if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
-        raise ConfigurationError(f"dp_rank={dp_rank} is not in [0, dp_world_size={dp_world_size})")
-    if num_lanes % dp_world_size:
-        raise ConfigurationError(
-            f"num_lanes={num_lanes} is not divisible by dp_world_size={dp_world_size}: every data-parallel "
-            f"replica must own the same number of lanes; choose num_lanes as a common multiple of every "
-            f"data-parallel size the run may use"
-        )
-    if global_batch_size < 1 or global_batch_size % num_lanes:
-        raise ConfigurationError(
-            f"global_batch_size={global_batch_size} does not split evenly across num_lanes={num_lanes}: "
-            f"each step takes global_batch_size/num_lanes rows from every lane"
-        )
-    per_lane = global_batch_size // num_lanes
-    if per_lane % microbatch_size:
-        raise ConfigurationError(
-            f"global_batch_size/num_lanes = {global_batch_size}/{num_lanes} = {per_lane} rows per lane per step "
-            f"is not divisible by microbatch_size={microbatch_size}"
-        )
+    """Fail at construction, naming the numbers, on a layout that cannot split evenly: the core's
+    lane checks, then TorchTitan's local-batch ones."""
+    check_layout(num_lanes, dp_world_size, dp_rank, global_batch_size, microbatch_size)
     local_step = global_batch_size // dp_world_size
     if local_batch_size < 1 or local_step % local_batch_size:
         raise ConfigurationError(
