@@ -123,6 +123,9 @@ class TokenizeOp(RecordOperator):
         prefix = [bos_id] if bos_id is not None else []
         suffix = [eos_id] if eos_id is not None else []
         field_name, out_field, keep_field = self.field, self.output_field, self.keep_field
+        # Only ids are used: `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets
+        # and gives the same ids for ~20% less CPU.
+        encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             texts, mask, reasons = [], [], []
@@ -146,7 +149,7 @@ class TokenizeOp(RecordOperator):
             for reason in set(r for r in reasons if r is not None):
                 batch.keep([r != reason for r in reasons], reason=reason)
                 reasons = [r for r in reasons if r != reason]
-            encodings = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+            encodings = encode_batch(texts, add_special_tokens=False) if texts else []
             for record, encoding in zip(batch.records, encodings):
                 record[out_field] = np.array(prefix + encoding.ids + suffix, dtype=np.int32)
                 if not keep_field:
