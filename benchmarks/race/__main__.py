@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                 cfg["target_images"] = args.vlm_images
             label = f"{name} {config} p={p}"
             print(f"[{round_ + 1}/{args.repeats}] {pipeline:4s} {label} ...", end=" ", flush=True)
+            load = os.getloadavg()[0]
             got = run_worker(python, spec["script"], cfg, args.timeout, spec.get("env"))
-            got.update(loader=name, pipeline=pipeline, parallelism=p, config=config, round=round_,
+            got.update(load_average_before=load, loader=name, pipeline=pipeline, parallelism=p, config=config, round=round_,
                        stack=spec["stack"], family=spec["family"])
             results["runs"].append(got)
             if got.get("ok"):

@@ -1,7 +1,7 @@
 """Race worker: this repository's Zephon (thread or process runner), one rank, all lanes.
 
 Text: tokenize (parallelism p) -> pack_flat wrap 2048 -> shuffle -> batch 8.
-VLM: `zephon.demo._vlm.vlm_pipeline` (the demo's recipe: tokenize the caption and decode the
+VLM: `vlm._demo.vlm_pipeline` (the demo's recipe: tokenize the caption and decode the
 image in one stage of parallelism p -> pack_multimodal 4096 -> shuffle -> batch).
 """
 
@@ -38,7 +38,10 @@ if cfg["pipeline"] == "text":
 else:
     from vlm import ImageSpec
 
-    from zephon.demo._vlm import vlm_pipeline
+    try:
+        from vlm._demo import vlm_pipeline
+    except ImportError:  # before the recipe moved into vlm
+        from zephon.demo._vlm import vlm_pipeline
 
     v = cfg["vlm"]
     pipeline = vlm_pipeline(data["pairs_dir"], data["vlm_tokenizer"], runner=cfg["runner"], parallelism=p,
