@@ -29,7 +29,8 @@ if cfg["pipeline"] == "text":
                                      records_per_chunk=t["records_per_chunk"])
     pipeline = (
         Pipeline(source)
-        .options(num_lanes=t["num_lanes"], runner=cfg["runner"], flush_every_chunks=t["flush_every_chunks"])
+        .options(num_lanes=t["num_lanes"], runner=cfg["runner"], flush_every_chunks=t["flush_every_chunks"],
+                 prefetch=cfg.get("prefetch"))
         .tokenize(tokenizer_id=data["text_tokenizer"], field="text", parallelism=p, eos=t["eos"])
         .pack_flat(max_length=t["max_length"], algorithm="wrap")
         .shuffle(buffer_size=t["shuffle_buffer"], seed=0)
@@ -49,6 +50,8 @@ else:
                             max_length=v["max_length"], microbatch_size=v["microbatch"],
                             records_per_chunk=v["records_per_chunk"], flush_every_chunks=v["flush_every_chunks"],
                             shuffle_buffer=v["shuffle_buffer"], seed=0)
+    if cfg.get("prefetch"):
+        pipeline = pipeline.options(prefetch=cfg["prefetch"])
 
 with pipeline.shard(0, 1) as loader:
     result = _runtime.measure(
