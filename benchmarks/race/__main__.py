@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is killed")
     parser.add_argument("--no-bound", action="store_true", help="skip the compute-bound measurements")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--reuse-runs", metavar="RACE_JSON", default=None,
+                        help="take the loader runs (and, with --no-bound, the bounds) from an earlier race.json "
+                             "instead of running them; re-summarise, redraw")
     args = parser.parse_args(argv)
 
     loaders = {name: LOADERS[name] for name in (args.loaders or LOADERS)}
@@ -147,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
     }
 
+    earlier = json.loads(Path(args.reuse_runs).read_text()) if args.reuse_runs else None
+    if earlier is not None:
+        for key in ("command", "date", "machine", "settings"):
+            results[key] = earlier[key]
+        results["runs"] = earlier["runs"]
+        results["reused_from"] = args.reuse_runs
+        if args.no_bound:
+            results["bounds"] = earlier["bounds"]
+        else:
+            results["bounds_date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if not args.no_bound:
         for pipeline in args.pipelines:
             for name, spec in BOUNDS.items():
@@ -173,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             for config in spec["configs"]:
                 for p in args.parallelism:
                     plan.append((pipeline, name, config, p))
-    for round_ in range(args.repeats):
+    for round_ in range(0 if earlier is not None else args.repeats):
         for pipeline, name, config, p in plan:
             spec = loaders[name]
             python = python_for(spec["venv"])
