@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
@@ -122,7 +121,10 @@ class RankLoader:
             "global_batch_size": self.global_batch_size,
         }
         max_parallelism = max((s.parallelism for s in self.stages), default=1)
-        self.prefetch = settings.prefetch or max(2, math.ceil(2 * max_parallelism / len(self.lanes)))
+        # Chunks in flight per lane. A rank consumes its lanes one after another (G/L rows from
+        # one, then the next), so the lane being consumed must keep every worker busy on its own:
+        # the other lanes' windows are mostly finished work waiting for their turn.
+        self.prefetch = settings.prefetch or max(2, 2 * max_parallelism)
 
     def _token_counter(self, packer):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
