@@ -18,7 +18,6 @@ import logging
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
-
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state
 from ._errors import ConfigurationError
