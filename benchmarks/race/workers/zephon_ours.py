@@ -42,7 +42,7 @@ else:
     try:
         from vlm._demo import vlm_pipeline
     except ImportError:  # before the recipe moved into vlm
-        from zephon.demo._vlm import vlm_pipeline
+        from vlm._demo import vlm_pipeline
 
     v = cfg["vlm"]
     pipeline = vlm_pipeline(data["pairs_dir"], data["vlm_tokenizer"], runner=cfg["runner"], parallelism=p,
