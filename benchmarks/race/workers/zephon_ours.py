@@ -39,10 +39,7 @@ if cfg["pipeline"] == "text":
 else:
     from vlm import ImageSpec
 
-    try:
-        from vlm._demo import vlm_pipeline
-    except ImportError:  # before the recipe moved into vlm
-        from vlm._demo import vlm_pipeline
+    from vlm._demo import vlm_pipeline
 
     v = cfg["vlm"]
     pipeline = vlm_pipeline(data["pairs_dir"], data["vlm_tokenizer"], runner=cfg["runner"], parallelism=p,
