@@ -28,7 +28,7 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
     pipelines = sorted({e["pipeline"] for e in summary["best"]})
     paths = []
 
-    fig, axes = plt.subplots(1, len(pipelines), figsize=(6.5 * len(pipelines), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(pipelines), figsize=(9 * len(pipelines), 4.8), squeeze=False)
     for ax, pipeline in zip(axes[0], pipelines):
         entries = [e for e in summary["best"] if e["pipeline"] == pipeline and e.get("usable_tokens_per_s")]
         loaders = []
@@ -40,7 +40,8 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
             colour, line, marker = STYLE.get(loader, ("grey", "-", "."))
             ax.plot([p for p, _ in pts], [v / 1e3 for _, v in pts], line, marker=marker, color=colour, label=loader)
         for b in summary["bounds"]:
-            if b["pipeline"] == pipeline and b["functions"] == "ours" and b["name"] in ("3.14t Pillow", "3.14t pillow-simd"):
+            wanted = ("3.14t Pillow", "3.14t pillow-simd") if pipeline == "vlm" else ("3.14t Pillow",)
+            if b["pipeline"] == pipeline and b["functions"] == "ours" and b["name"] in wanted:
                 ax.axhline(b["usable_tokens_per_s"] * cores / 1e3, color="grey",
                            linestyle="-." if "simd" in b["name"] else ":", linewidth=1,
                            label=f"ideal, {b['name']} (bound × {cores} cores)")
@@ -50,7 +51,8 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
         ax.set_xticks(sorted({e["parallelism"] for e in entries}))
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.05)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(f"Zephon vs peers, same data and work, {cores} CPUs ({results['date']})", fontsize=10)
     fig.tight_layout()
     path = out_dir / "race_throughput.png"
