@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {
         "command": "python -m benchmarks.race " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "settings": {"text": TEXT, "vlm": VLM, "text_tokens": args.text_tokens, "vlm_images": args.vlm_images,
                      "repeats": args.repeats, "parallelism": args.parallelism},
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_bound:
             results["bounds"] = earlier["bounds"]
         else:
-            results["bounds_date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            results["bounds_date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     if not args.no_bound:
         for pipeline in args.pipelines:
             for name, spec in BOUNDS.items():

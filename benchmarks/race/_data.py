@@ -61,10 +61,10 @@ def vlm_data() -> dict:
             ("img_end", "[IMG_END]"), ("pad", "<pad>"))}
     parquet = cache_dir() / f"pairs-parquet-{pairs.directory.name}"
     if not (parquet / "DONE").exists():
+        import sys
+
         import pyarrow as pa
         import pyarrow.parquet as pq
-
-        import sys
         sys.path.insert(0, str(Path(__file__).parent / "workers"))
         from _work import read_pair_shard
 

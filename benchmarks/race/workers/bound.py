@@ -22,12 +22,11 @@ import _runtime
 cfg = _runtime.config()
 os.sched_setaffinity(0, {cfg.get("cpu", 0)})
 
-import time  # noqa: E402
+import time
 
-import numpy as np  # noqa: E402
-import PIL  # noqa: E402
-
-import _work  # noqa: E402
+import _work
+import numpy as np
+import PIL
 
 data = cfg["data"]
 repeats = cfg.get("repeats", 3)
@@ -129,7 +128,6 @@ def vlm_bound(functions: str) -> dict:
     t_tok, texts = best(tokenize, "tokenize_s")
     if functions == "ours":
         from vlm import ImageSpec, MultimodalPacker, PixtralPlaceholders, decode_image
-
         from zephon._records import RecordAddress
 
         spec = ImageSpec.pixtral(max_side=max_side)

@@ -16,19 +16,18 @@ multimodal packing has no grain operator, so it is the plain first-fit packer wr
 
 from __future__ import annotations
 
-import _runtime
+import logging
 
-import logging  # noqa: E402
+import _runtime
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-import grain  # noqa: E402
-import grain.experimental as ge  # noqa: E402
-import numpy as np  # noqa: E402
-import PIL  # noqa: E402
-import tokenizers  # noqa: E402,F401
-
-import _work  # noqa: E402
+import _work
+import grain
+import grain.experimental as ge
+import numpy as np
+import PIL
+import tokenizers  # noqa: F401
 
 
 class Tokenize(grain.transforms.Map):

@@ -12,15 +12,14 @@ import _runtime
 
 cfg = _runtime.config()
 
-import random  # noqa: E402
+import random
 
-import numpy as np  # noqa: E402,F401
-import PIL  # noqa: E402
-import tokenizers  # noqa: E402,F401
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info  # noqa: E402
-
-import _work  # noqa: E402
+import _work
+import numpy as np  # noqa: F401
+import PIL
+import tokenizers  # noqa: F401
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 
 class Stream(IterableDataset):

@@ -11,25 +11,25 @@ Runner: "threads" or "process" (`options(runner=..., max_workers=p)`); the best 
 
 from __future__ import annotations
 
-import _runtime
+import logging
+import os
+import warnings
 
-import logging  # noqa: E402
-import os  # noqa: E402
-import warnings  # noqa: E402
+import _runtime
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 
-import numpy as np  # noqa: E402
-import PIL  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+import _work
+import numpy as np
+import PIL
+from transformers import PreTrainedTokenizerFast
 
-from zephon import Pipeline  # noqa: E402
-from zephon.io import Dataset  # noqa: E402
-from zephon.work import MixtureSpec, StaticMixtureWorkSource  # noqa: E402
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
-import _work  # noqa: E402
 
 def _row(payload: dict) -> dict:
     """pack_sequences puts what pack_payloads returned under "packed_samples"."""

@@ -11,14 +11,13 @@ import _runtime
 
 cfg = _runtime.config()
 
-import numpy as np  # noqa: E402
-import PIL  # noqa: E402,F401
-import tokenizers  # noqa: E402,F401
+import PIL
+import tokenizers  # noqa: F401
 
-import zephon  # noqa: E402
-from zephon import Pipeline  # noqa: E402
-from zephon.io import Dataset  # noqa: E402
-from zephon.work import StaticMixtureWorkSource  # noqa: E402
+import zephon
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
 
 _runtime.start()
 p = cfg["parallelism"]
@@ -38,7 +37,6 @@ if cfg["pipeline"] == "text":
     )
 else:
     from vlm import ImageSpec
-
     from vlm._demo import vlm_pipeline
 
     v = cfg["vlm"]
