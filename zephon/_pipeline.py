@@ -110,8 +110,9 @@ class Pipeline:
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field
         )
-        op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
-        op.handle().token_id(bos), op.handle().token_id(eos)
+        handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
+        handle.token_id(bos)
+        handle.token_id(eos)
         return self._with(op)
 
     def pack_flat(

@@ -58,7 +58,7 @@ class MapOp(RecordOperator):
                 except Exception:
                     raise UserFunctionError(address, name, traceback.format_exc()) from None
             batch.records = out
-            batch.keep([r is not None for r in out], reason=None)
+            batch.keep([r is not None for r in out])
             return batch
 
         return apply_map
@@ -85,7 +85,7 @@ class FilterOp(RecordOperator):
                     mask.append(bool(fn(record)))
                 except Exception:
                     raise UserFunctionError(address, name, traceback.format_exc()) from None
-            batch.keep(mask, reason=None)
+            batch.keep(mask)
             return batch
 
         return apply_filter
@@ -128,7 +128,7 @@ class TokenizeOp(RecordOperator):
         encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
-            texts, mask, reasons = [], [], []
+            texts, reasons = [], []
             for record in batch.records:
                 value = record.get(field_name)
                 reason = None
@@ -138,7 +138,6 @@ class TokenizeOp(RecordOperator):
                     reason = "not_text"
                 elif not value.strip():
                     reason = "empty_document"
-                mask.append(reason is None)
                 reasons.append(reason)
                 if reason is None:
                     texts.append(value)
@@ -146,9 +145,7 @@ class TokenizeOp(RecordOperator):
                 for reason, address in zip(reasons, batch.addresses):
                     if reason is not None:
                         raise BadRecordError(address, reason, f"field {field_name!r}")
-            for reason in set(r for r in reasons if r is not None):
-                batch.keep([r != reason for r in reasons], reason=reason)
-                reasons = [r for r in reasons if r != reason]
+            batch.skip(reasons)
             encodings = encode_batch(texts, add_special_tokens=False) if texts else []
             for record, encoding in zip(batch.records, encodings):
                 record[out_field] = np.array(prefix + encoding.ids + suffix, dtype=np.int32)

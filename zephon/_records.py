@@ -52,14 +52,21 @@ class ChunkRecords:
     skipped: list[tuple[RecordAddress, str]] = field(default_factory=list)
     filtered: list[RecordAddress] = field(default_factory=list)
 
-    def keep(self, keep_mask: list[bool], *, reason: str | None) -> None:
-        """Drop records whose mask entry is False, counting them as skipped (reason) or filtered (None)."""
+    def keep(self, keep_mask: list[bool]) -> None:
+        """Drop the records whose mask entry is False, counting them as filtered."""
+        self._drop([None if keep else "filtered" for keep in keep_mask], filtered=True)
+
+    def skip(self, reasons: list[str | None]) -> None:
+        """Drop the records that have a reason, counting each as skipped for it, in record order."""
+        self._drop(reasons, filtered=False)
+
+    def _drop(self, reasons: list[str | None], *, filtered: bool) -> None:
         records, addresses = [], []
-        for keep, record, address in zip(keep_mask, self.records, self.addresses):
-            if keep:
+        for reason, record, address in zip(reasons, self.records, self.addresses):
+            if reason is None:
                 records.append(record)
                 addresses.append(address)
-            elif reason is None:
+            elif filtered:
                 self.filtered.append(address)
             else:
                 self.skipped.append((address, reason))

@@ -10,11 +10,6 @@ STEPS = 20
 
 
 @pytest.fixture(scope="module")
-def corpora(make_jsonl_corpus):
-    return make_jsonl_corpus(3, 60, 1), make_jsonl_corpus(2, 50, 2)
-
-
-@pytest.fixture(scope="module")
 def reference(corpora, demo_tokenizer_path):
     return step_digests(text_pipeline(*corpora, demo_tokenizer_path), world_size=1, steps=STEPS)
 

@@ -19,11 +19,6 @@ TOTAL_STEPS = 14
 
 
 @pytest.fixture(scope="module")
-def corpora(make_jsonl_corpus):
-    return make_jsonl_corpus(3, 60, 1), make_jsonl_corpus(2, 50, 2)
-
-
-@pytest.fixture(scope="module")
 def make(corpora, demo_tokenizer_path):
     return lambda **kw: text_pipeline(*corpora, demo_tokenizer_path, **kw)
 
