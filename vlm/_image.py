@@ -146,6 +146,12 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
         grow = math.sqrt(spec.min_pixels / (height * width))
         h_cells, w_cells = math.ceil(height * grow / cell), math.ceil(width * grow / cell)
     h_cells, w_cells = max(h_cells, 1), max(w_cells, 1)
+    floor = -(-spec.min_pixels // (cell * cell))
+    while h_cells * w_cells < floor:  # flooring while shrinking fell below min_pixels: widen the long side
+        if w_cells >= h_cells:
+            w_cells += 1
+        else:
+            h_cells += 1
     cap = spec.max_pixels // (cell * cell)
     if h_cells * w_cells > cap:  # one side was clamped to a single cell: narrow the long side
         if w_cells >= h_cells:
