@@ -51,6 +51,29 @@ def test_jsonl_chunk_in_the_middle_reads_exactly_its_range(tmp_path):
         assert [a.index for a in out.addresses] == list(range(start, stop))
 
 
+def test_jsonl_every_range_reads_exactly_its_lines_across_seek_points(tmp_path):
+    """Reads start at a seek point before the range and stop at the seek point after it."""
+    records = noisy_records(70)
+    (tmp_path / "a.jsonl").write_bytes(jsonl_bytes(records))
+    ds = Dataset.from_path("d", str(tmp_path / "a.jsonl"))
+    for start in range(70):
+        for stop in range(start + 1, 71):
+            assert ds.read_chunk(Chunk("d", 0, start, stop)).records == records[start:stop]
+
+
+def test_plain_jsonl_cut_after_planning_counts_every_missing_record(tmp_path):
+    records = noisy_records(60)
+    whole = jsonl_bytes(records)
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(whole)
+    ds = Dataset.from_path("d", str(path))
+    path.write_bytes(whole[: whole.index(b"\n", len(whole) // 2) + 1])  # keeps whole lines only
+    kept = sum(1 for _ in path.read_bytes().splitlines())
+    out = ds.read_chunk(Chunk("d", 0, 10, 60))
+    assert out.records == records[10:kept]
+    assert [(a.index, reason) for a, reason in out.skipped] == [(i, "truncated_shard") for i in range(kept, 60)]
+
+
 def test_jsonl_bad_lines_are_skipped_with_their_reason_and_address(tmp_path):
     lines = [b'{"ok": 0}', b'{"broken', b'"\xff\xfe"', b"[1, 2]", b"", b'{"ok": 5}\r', b'{"ok": 6}']
     path = tmp_path / "a.json"
