@@ -6,6 +6,9 @@ then slices, so reading a small chunk of a large file costs about one row group,
 Bytes pyarrow cannot decode (a corrupt footer or page) make the shard unreadable: it raises
 ShardUnavailableError naming the shard, at once. (pyarrow reports some corruption as OSError,
 which is retried as a storage error first and then reported the same way.)
+
+pyarrow is imported on first use: it adds ~37 MB to every process that imports it, and a loader
+that reads no Parquet should not pay that.
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ._errors import ShardUnavailableError
 from ._format import ShardFile, ShardScan
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["Parquet"]
 
@@ -30,12 +35,16 @@ class Parquet:
     name: str = "parquet"
 
     def scan(self, shard: ShardFile) -> ShardScan:
+        import pyarrow.parquet as pq
+
         with shard.open() as f, _decoding(shard.url):
             metadata = pq.ParquetFile(f).metadata
         raw = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         return ShardScan(metadata.num_rows, raw_bytes=raw)
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
+        import pyarrow.parquet as pq
+
         with shard.open() as f, _decoding(shard.url):
             parquet = pq.ParquetFile(f)
             groups, first_row, row = [], 0, 0
@@ -70,6 +79,8 @@ def _rows(table: pa.Table) -> list[Slot]:
 
 @contextmanager
 def _decoding(url: str) -> Iterator[None]:
+    import pyarrow as pa
+
     try:
         yield
     except pa.ArrowException as error:
