@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -49,6 +50,7 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
         path = os.path.join(path, "tokenizer.json")
     if os.path.isfile(path):
         tokenizer = Tokenizer.from_file(path)
+        _return_parse_memory()
         # The file's bytes identify the tokenizer as well as its re-serialisation does, in 6 ms
         # instead of 0.13 s for a 131k-token vocabulary (time to first batch).
         with open(path, "rb") as f:
@@ -63,8 +65,24 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
                 f"cannot load tokenizer {tokenizer_id!r}: not a local tokenizer.json or directory, "
                 f"and the hub could not provide it ({exc})"
             ) from exc
+    _return_parse_memory()
     digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
     return TokenizerHandle(tokenizer_id, tokenizer, digest)
+
+
+def _return_parse_memory() -> None:
+    """Give the operating system back the heap pages that parsing tokenizer.json freed.
+
+    glibc keeps freed memory inside the heap unless it sits at the very top; parsing a large
+    tokenizer.json leaves most of it stranded: loading Pixtral's Tekken (131k tokens, 7 MB of JSON)
+    grows a process by ~145 MB, of which `malloc_trim` returns ~95 MB. Elsewhere than glibc there is
+    no such call and nothing to do.
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def leave_cores_to_workers(parallelism: int) -> None:
