@@ -13,6 +13,7 @@ are all done stops iterating (trainers on finite epochs must tolerate ranks fini
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from concurrent.futures import Future, InvalidStateError
@@ -321,34 +322,51 @@ def _submit_chain(runner: Runner, num_stages: int, item) -> Future:
     Cancelling the returned future (a loader closing with work in flight) stops the chain at the
     next hand-off.
     """
-    done: Future = Future()
+    chain = _Chain(runner, num_stages)
+    chain.advance(0, item)
+    return chain.done
 
-    def settle(setter, value) -> None:
+
+class _Chain:
+    """One item's way through the stages.
+
+    A class, not nested closures: a closure that calls itself is a reference cycle, and a cycle
+    that reaches `done` keeps the chunk's records (token arrays, decoded pixels) alive until the
+    cyclic garbage collector happens to run. On 3.14t that let ~450 finished chunks pile up
+    (text race recipe: 7,201 records, 25 MB of live objects, RSS 76 -> 128 MiB over 16 M tokens).
+    Here the runner's future holds the callback, the callback the chain, the chain `done`; once the
+    loader drops `done`, plain reference counting frees it all.
+    """
+
+    __slots__ = ("runner", "num_stages", "done")
+
+    def __init__(self, runner: Runner, num_stages: int) -> None:
+        self.runner = runner
+        self.num_stages = num_stages
+        self.done: Future = Future()
+
+    def advance(self, stage: int, value) -> None:
+        if stage == self.num_stages:
+            self._settle(self.done.set_result, value)
+            return
+        if self.done.cancelled():
+            return
+        self.runner.submit(stage, value).add_done_callback(functools.partial(self._on_stage_done, stage))
+
+    def _on_stage_done(self, stage: int, future: Future) -> None:
+        if future.cancelled():
+            self.done.cancel()
+        elif future.exception() is not None:
+            self._settle(self.done.set_exception, future.exception())
+        else:
+            self.advance(stage + 1, future.result())
+
+    @staticmethod
+    def _settle(setter, value) -> None:
         try:
             setter(value)
         except InvalidStateError:  # cancelled by the loader meanwhile
             pass
-
-    def advance(stage: int, value) -> None:
-        if stage == num_stages:
-            settle(done.set_result, value)
-            return
-        if done.cancelled():
-            return
-        future = runner.submit(stage, value)
-
-        def on_done(f: Future) -> None:
-            if f.cancelled():
-                done.cancel()
-            elif f.exception() is not None:
-                settle(done.set_exception, f.exception())
-            else:
-                advance(stage + 1, f.result())
-
-        future.add_done_callback(on_done)
-
-    advance(0, item)
-    return done
 
 
 def _default_pad_id(record_ops) -> int:
