@@ -46,6 +46,11 @@ class Accumulator(Protocol):
     An accumulator that refuses items (it cannot place them) also offers `drain_skips()`, returning
     and forgetting the (address, reason) pairs refused since the last call; the lane driver passes
     them to the ledger.
+
+    The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans, objects whose
+    `assemble()` returns the `PackedSequence`. The loader assembles a plan only when it takes the
+    row into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references,
+    not copies, and rows a resume replays past are never assembled.
     """
 
     def push(self, item: Any) -> list[Any]: ...

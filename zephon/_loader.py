@@ -229,6 +229,8 @@ class RankLoader:
             self._ledger.count_rows(lane, 0, row.length)
             return row
         segment, row = got
+        if not isinstance(row, PackedSequence):  # a row plan (see Accumulator)
+            row = row.assemble()
         if segment != cursor.segment:
             cursor.segment, cursor.skip = segment, 0
             self._ledger.settle(lane, segment)

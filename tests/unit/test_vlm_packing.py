@@ -194,8 +194,9 @@ def test_operator_builds_packers_per_segment_and_fingerprints_as_json():
     op = PackMultimodal(max_length=16, placeholders=PIXTRAL, spec=SPEC)
     make = op.factory(default_pad_id=7)
     pack = make(SegmentContext(lane=3, segment=1))
-    [row] = run(pack, [{"input_ids": text(2)}])
-    assert row.tokens["input_ids"][2:].tolist() == [7] * 14
+    [plan] = run(pack, [{"input_ids": text(2)}])
+    assert isinstance(plan, RowPlan)  # the loader assembles it when it takes the row
+    assert plan.assemble().tokens["input_ids"][2:].tolist() == [7] * 14
     padding = op.padding_row(default_pad_id=7)
     assert (padding.tokens["input_ids"] == 7).all() and padding.ragged["pixel_values"].shape == (0, SPEC.patch_dim)
     fingerprint = op.fingerprint(default_pad_id=7)

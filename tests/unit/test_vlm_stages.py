@@ -141,7 +141,8 @@ def test_qwen2_vl_processor_output_is_carried_with_its_grid_and_packs(transforme
     assert (dim, dtype) == (1176, np.float32)
     packer = PackMultimodal(max_length=128, placeholders=QwenPlaceholders(1, 2, 3), spec=ImageSpec.qwen2_vl(),
                             patch_dim=dim, patch_dtype=dtype.str).factory(0)(SegmentContext(0, 0))
-    [row] = packer.push((out.addresses[0], record)) + packer.flush()
+    [plan] = packer.push((out.addresses[0], record)) + packer.flush()
+    row = plan.assemble()
     assert (row.tokens["input_ids"] == 2).sum() == rows * cols // 4
     assert np.array_equal(row.ragged["pixel_values"], record["pixels"])
 
