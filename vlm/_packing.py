@@ -74,10 +74,11 @@ class PlacedDocument:
 class RowPlan:
     """Everything `assemble_row` needs to build one row; holds references, never copies.
 
-    The pipeline's packer emits plans, and the loader assembles each (`assemble()`) only when it
-    takes the row into a microbatch: rows waiting in shuffle buffers, or emitted all at once when a
-    segment flushes, hold the decoded images they already referenced instead of ~1 MB copies each
-    (race VLM recipe: up to 144 assembled rows, 117 MB, were alive at once).
+    The pipeline's packer emits plans, and the loader assembles them only when it takes them into
+    a microbatch (`assemble_batch`, straight into the microbatch's arrays): rows waiting in shuffle
+    buffers, or emitted all at once when a segment flushes, hold the decoded images they already
+    referenced instead of ~1 MB copies each (race VLM recipe: up to 144 assembled rows, 117 MB,
+    were alive at once), and no row is built only to be copied again into its batch.
     """
 
     documents: tuple[PlacedDocument, ...]
@@ -91,20 +92,75 @@ class RowPlan:
     def assemble(self) -> PackedSequence:
         return assemble_row(self)
 
+    @property
+    def sources(self) -> tuple[RecordAddress, ...]:
+        return tuple(doc.address for doc in self.documents)
+
+    @property
+    def num_real_tokens(self) -> int:
+        return sum(doc.length for doc in self.documents)
+
+    @property
+    def length(self) -> int:
+        return self.max_length
+
+    @staticmethod
+    def assemble_batch(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
+        """(tokens, ragged, ragged_counts) of a microbatch made straight from its row plans: what
+        collating `[p.assemble() for p in plans]` gives, without building each row first and then
+        copying every row's pixels again into the batch."""
+        tokens, ragged, counts = _allocate(plans)
+        patch_at = image_at = 0
+        for i, plan in enumerate(plans):
+            row = {name: array[i] for name, array in tokens.items()}
+            images = int(counts["image_grid"][i])
+            patches = int(counts["pixel_values"][i])
+            _fill_row(plan, row, ragged["pixel_values"][patch_at : patch_at + patches],
+                      ragged["image_token_offset"][image_at : image_at + images])
+            patch_at += patches
+            image_at += images
+        return tokens, ragged, counts
+
 
 def assemble_row(plan: RowPlan) -> PackedSequence:
     """Build one packed row (a pure function of the plan; safe on any worker)."""
-    length = plan.max_length
-    input_ids = np.full(length, plan.pad_id, dtype=np.int32)
-    labels = np.full(length, IGNORE_INDEX, dtype=np.int32)
-    position_ids = np.zeros(length, dtype=np.int32)
-    document_ids = np.full(length, PADDING_DOCUMENT, dtype=np.int32)
-    is_text = np.zeros(length + 1, dtype=bool)
-    grids = [g for doc in plan.documents for g in doc.grids]
-    num_patches = sum(r * c for r, c in grids)
-    pixel_values = np.empty((num_patches, plan.patch_dim), dtype=plan.patch_dtype)
-    image_grid = np.array(grids, dtype=np.int32).reshape(len(grids), 2)
-    image_offset = np.empty(len(grids), dtype=np.int32)
+    tokens, ragged, _ = _allocate([plan])
+    row = {name: array[0] for name, array in tokens.items()}
+    _fill_row(plan, row, ragged["pixel_values"], ragged["image_token_offset"])
+    return PackedSequence(tokens=row, sources=plan.sources, ragged=ragged)
+
+
+def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
+    """The arrays of len(plans) rows, padding-filled; image grids already in place."""
+    first = plans[0]
+    shape = (len(plans), first.max_length)
+    tokens = {
+        "input_ids": np.full(shape, first.pad_id, dtype=np.int32),
+        "labels": np.full(shape, IGNORE_INDEX, dtype=np.int32),
+        "position_ids": np.zeros(shape, dtype=np.int32),
+        "document_ids": np.full(shape, PADDING_DOCUMENT, dtype=np.int32),
+    }
+    grids = [[g for doc in plan.documents for g in doc.grids] for plan in plans]
+    patches = [sum(r * c for r, c in row) for row in grids]
+    every = [g for row in grids for g in row]
+    ragged = {
+        "pixel_values": np.empty((sum(patches), first.patch_dim), dtype=first.patch_dtype),
+        "image_grid": np.array(every, dtype=np.int32).reshape(len(every), 2),
+        "image_token_offset": np.empty(len(every), dtype=np.int32),
+    }
+    counts = {
+        "pixel_values": np.array(patches, dtype=np.int64),
+        "image_grid": np.array([len(row) for row in grids], dtype=np.int64),
+        "image_token_offset": np.array([len(row) for row in grids], dtype=np.int64),
+    }
+    return tokens, ragged, counts
+
+
+def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarray, image_offset: np.ndarray) -> None:
+    """Write one row's tokens, labels, positions, documents, patches and image offsets in place."""
+    input_ids, labels = row["input_ids"], row["labels"]
+    position_ids, document_ids = row["position_ids"], row["document_ids"]
+    is_text = np.zeros(plan.max_length + 1, dtype=bool)
     p = plan.patch_size
     at = patch_at = k = 0
     for number, doc in enumerate(plan.documents):
@@ -136,16 +192,6 @@ def assemble_row(plan: RowPlan) -> PackedSequence:
         position_ids[start:at] = np.arange(n, dtype=np.int32)
         document_ids[start:at] = number
         labels[start : at - 1] = np.where(is_text[start + 1 : at], input_ids[start + 1 : at], IGNORE_INDEX)
-    return PackedSequence(
-        tokens={
-            "input_ids": input_ids,
-            "labels": labels,
-            "position_ids": position_ids,
-            "document_ids": document_ids,
-        },
-        sources=tuple(doc.address for doc in plan.documents),
-        ragged={"pixel_values": pixel_values, "image_grid": image_grid, "image_token_offset": image_offset},
-    )
 
 
 class MultimodalPacker:

@@ -47,10 +47,12 @@ class Accumulator(Protocol):
     and forgetting the (address, reason) pairs refused since the last call; the lane driver passes
     them to the ledger.
 
-    The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans, objects whose
-    `assemble()` returns the `PackedSequence`. The loader assembles a plan only when it takes the
-    row into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references,
-    not copies, and rows a resume replays past are never assembled.
+    The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans. A row plan has
+    `num_real_tokens`, `length` and `sources` like a row, `assemble()` returning its
+    `PackedSequence`, and may offer a static `assemble_batch(plans)` returning a microbatch's
+    (tokens, ragged, ragged_counts) directly. The loader assembles plans only when it collates them
+    into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references, not
+    copies, and rows a resume replays past are never assembled.
     """
 
     def push(self, item: Any) -> list[Any]: ...

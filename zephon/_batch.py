@@ -96,12 +96,23 @@ def combine_digests(microbatch_digests: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def collate(rows: list[PackedSequence], lane: int, step: int, index: int) -> Batch:
-    """Stack fixed-length fields; concatenate ragged ones with per-row counts."""
+def collate(rows: list, lane: int, step: int, index: int) -> Batch:
+    """Stack fixed-length fields; concatenate ragged ones with per-row counts.
+
+    `rows` are `PackedSequence`s or row plans (see `Accumulator`); plans of one kind that can
+    assemble a whole microbatch at once do so, others are assembled one by one first.
+    """
+    sources = tuple(r.sources for r in rows)
+    kind = type(rows[0])
+    assemble_batch = getattr(kind, "assemble_batch", None)
+    if assemble_batch is not None and all(type(r) is kind for r in rows):
+        tokens, ragged, counts = assemble_batch(rows)
+        return Batch(lane, step, index, tokens, ragged, counts, sources)
+    rows = [r if isinstance(r, PackedSequence) else r.assemble() for r in rows]
     tokens = {name: np.stack([r.tokens[name] for r in rows]) for name in rows[0].tokens}
     ragged, counts = {}, {}
     for name in rows[0].ragged:
         parts = [r.ragged[name] for r in rows]
         ragged[name] = np.concatenate(parts, axis=0)
         counts[name] = np.array([len(p) for p in parts], dtype=np.int64)
-    return Batch(lane, step, index, tokens, ragged, counts, tuple(r.sources for r in rows))
+    return Batch(lane, step, index, tokens, ragged, counts, sources)

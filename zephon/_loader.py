@@ -221,16 +221,14 @@ class RankLoader:
                     cursor.position += m
                     yield collate(rows, lane, step, index)
 
-    def _take(self, lane: int) -> PackedSequence:
+    def _take(self, lane: int):
         cursor = self._cursors[lane]
         got = self._streams[lane].next()
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
             row = self._padding_row
             self._ledger.count_rows(lane, 0, row.length)
             return row
-        segment, row = got
-        if not isinstance(row, PackedSequence):  # a row plan (see Accumulator)
-            row = row.assemble()
+        segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if segment != cursor.segment:
             cursor.segment, cursor.skip = segment, 0
             self._ledger.settle(lane, segment)
