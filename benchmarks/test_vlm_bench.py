@@ -29,7 +29,7 @@ from vlm._demo import vlm_pipeline
 RUNNERS = ["inline", "thread", "process"]
 PARALLELISM = [1, 2, 4]
 # per case: lanes, rows per global step, microbatch size, global steps timed per round. Few lanes
-# for the photographs: each lane prefetches two chunks at start, which at 16 large photographs
+# for the photographs: each lane prefetches 4 x parallelism chunks at start, which at 16 large photographs
 # would otherwise decode more than a short run consumes.
 LAYOUT = {"stamps": (8, 16, 2, 6), "photographs": (2, 4, 1, 6)}
 ROUNDS = 2
