@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from zephon import BadRecordError, Chunk, RecordAddress
-from zephon.io import Dataset
+from zephon.io import Dataset, ShardUnavailableError
 
 from .conftest_io import compress, jsonl_bytes, lines_bytes, parquet_bytes, tar_bytes
 
@@ -101,6 +101,27 @@ def test_raise_policy_fails_on_the_first_bad_record_naming_its_address(tmp_path)
     assert caught.value.reason == "malformed_json"
     assert caught.value.address == RecordAddress("d", str(path), 1)
     assert f"{path}#1" in str(caught.value)
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_compressed_shard_corrupted_after_planning_is_named_unreadable(tmp_path, compression, suffix):
+    whole = compress(jsonl_bytes(noisy_records(300)), compression)
+    path = tmp_path / f"a{suffix}.{compression}"
+    path.write_bytes(whole)
+    ds = Dataset.from_path("d", str(path), retries=3, retry_delay=0)
+    # gzip checks a CRC, so any flip fails; zstd frames carry no checksum by default, so flipped
+    # literal bytes would decode to garbage lines (counted as malformed_json): flip its frame header.
+    at = len(whole) // 2 if compression == "gz" else 4
+    flipped = bytearray(whole)
+    for i in range(at, at + 64):
+        flipped[i] ^= 0xFF
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(ShardUnavailableError, match=f"undecodable {'gzip' if compression == 'gz' else 'zstd'}") as caught:
+        read_all(ds, 300)
+    assert caught.value.url == str(path) and caught.value.attempts == 1  # corrupt bytes are not retried
+    with pytest.raises(ShardUnavailableError, match="undecodable"):
+        Dataset.from_path("d", str(path))  # and planning it again names it too
 
 
 @pytest.mark.parametrize("compression", [None, "gz", "zst"])

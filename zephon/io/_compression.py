@@ -3,7 +3,8 @@
 fsspec's own codecs are not used for reading because zstandard's stream reader returns an empty or
 short result for a truncated frame without any error; a truncated shard would then silently lose
 records. Here both codecs raise `EOFError` when the input ends inside a frame, and concatenated
-gzip members or zstd frames are decoded one after the other.
+gzip members or zstd frames are decoded one after the other. Bytes a codec cannot decode raise
+`CorruptStreamError`, which the dataset reports as its shard being unreadable (named, not retried).
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from typing import BinaryIO, Protocol
 
 import zstandard
 
-__all__ = ["BLOCK_SIZE", "compression_of", "raw_blocks", "decompressed_blocks"]
+__all__ = ["BLOCK_SIZE", "CorruptStreamError", "compression_of", "decompressed_blocks", "raw_blocks"]
 
 BLOCK_SIZE = 1 << 20  # bytes per read: large enough for object stores, small enough to bound memory
 _COMPRESSED_BLOCK_SIZE = 1 << 18  # a compressed block may expand many times over
 
 _SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+_CODEC_ERRORS = (zlib.error, zstandard.ZstdError)
+
+
+class CorruptStreamError(ValueError):
+    """A compressed stream holds bytes its codec cannot decode (not a cut: that is `EOFError`)."""
 
 
 class _Decompressor(Protocol):
@@ -58,7 +65,11 @@ def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]
     decoder, inside_frame = new(), False
     for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
         while block:
-            if out := decoder.decompress(block):
+            try:
+                out = decoder.decompress(block)
+            except _CODEC_ERRORS as error:
+                raise CorruptStreamError(f"undecodable {compression} stream: {error}") from error
+            if out:
                 yield out
             if decoder.eof:
                 block, decoder, inside_frame = decoder.unused_data, new(), False
