@@ -65,8 +65,31 @@ def _check_grid(rows: int, cols: int, merge: int) -> None:
         raise ValueError(f"a {rows}x{cols} patch grid is not a whole number of {merge}x{merge} merged cells")
 
 
+class _GridTokens:
+    """What both conventions share: the merge check and one read-only array per grid, built once."""
+
+    merge_size: int
+    _cache: dict
+
+    def __post_init__(self) -> None:
+        _validate(self.merge_size)
+
+    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
+        """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
+        cached = self._cache.get((rows, cols))
+        if cached is None:
+            _check_grid(rows, cols, self.merge_size)
+            cached = self._build(rows, cols)
+            cached.flags.writeable = False
+            self._cache[(rows, cols)] = cached
+        return cached
+
+    def _build(self, rows: int, cols: int) -> np.ndarray:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class PixtralPlaceholders:
+class PixtralPlaceholders(_GridTokens):
     """Pixtral (mistral-common) convention: one row of `[IMG]` per merged row of the image, each
     row closed by `[IMG_BREAK]` except the last, which is closed by `[IMG_END]` instead.
 
@@ -85,31 +108,21 @@ class PixtralPlaceholders:
         return cls(lookup_token_id(tokenizer, img), lookup_token_id(tokenizer, img_break),
                    lookup_token_id(tokenizer, img_end), merge_size)
 
-    def __post_init__(self) -> None:
-        _validate(self.merge_size)
-
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
         _check_grid(rows, cols, m)
         return (rows // m) * (cols // m + 1)
 
-    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
-        """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
-        cached = self._cache.get((rows, cols))
-        if cached is None:
-            m = self.merge_size
-            _check_grid(rows, cols, m)
-            grid = np.full((rows // m, cols // m + 1), self.img_id, dtype=np.int32)
-            grid[:, -1] = self.break_id
-            grid[-1, -1] = self.end_id
-            cached = grid.reshape(-1)
-            cached.flags.writeable = False
-            self._cache[(rows, cols)] = cached
-        return cached
+    def _build(self, rows: int, cols: int) -> np.ndarray:
+        m = self.merge_size
+        grid = np.full((rows // m, cols // m + 1), self.img_id, dtype=np.int32)
+        grid[:, -1] = self.break_id
+        grid[-1, -1] = self.end_id
+        return grid.reshape(-1)
 
 
 @dataclass(frozen=True)
-class QwenPlaceholders:
+class QwenPlaceholders(_GridTokens):
     """Qwen2-VL convention: `<|vision_start|>`, then one `<|image_pad|>` per merged cell
     (rows * cols / merge_size**2 of them), then `<|vision_end|>`."""
 
@@ -125,23 +138,15 @@ class QwenPlaceholders:
         return cls(lookup_token_id(tokenizer, vision_start), lookup_token_id(tokenizer, image_pad),
                    lookup_token_id(tokenizer, vision_end), merge_size)
 
-    def __post_init__(self) -> None:
-        _validate(self.merge_size)
-
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
         _check_grid(rows, cols, m)
         return rows * cols // (m * m) + 2
 
-    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
-        """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
-        cached = self._cache.get((rows, cols))
-        if cached is None:
-            cached = np.full(self.num_tokens(rows, cols), self.image_pad, dtype=np.int32)
-            cached[0], cached[-1] = self.vision_start, self.vision_end
-            cached.flags.writeable = False
-            self._cache[(rows, cols)] = cached
-        return cached
+    def _build(self, rows: int, cols: int) -> np.ndarray:
+        tokens = np.full(self.num_tokens(rows, cols), self.image_pad, dtype=np.int32)
+        tokens[0], tokens[-1] = self.vision_start, self.vision_end
+        return tokens
 
 
 def _validate(merge_size: int) -> None:
