@@ -148,10 +148,11 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
         "image_grid": np.array(every, dtype=np.int32).reshape(len(every), 2),
         "image_token_offset": np.empty(len(every), dtype=np.int32),
     }
+    images = [len(row) for row in grids]
     counts = {
         "pixel_values": np.array(patches, dtype=np.int64),
-        "image_grid": np.array([len(row) for row in grids], dtype=np.int64),
-        "image_token_offset": np.array([len(row) for row in grids], dtype=np.int64),
+        "image_grid": np.array(images, dtype=np.int64),
+        "image_token_offset": np.array(images, dtype=np.int64),
     }
     return tokens, ragged, counts
 

@@ -27,7 +27,6 @@ from ._lane import LaneStream
 from ._packing import assemble_row
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, make_runner
-from ._sequence import PackedSequence
 from .work import lane_plan
 
 __all__ = ["RankLoader"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -48,13 +50,10 @@ print(rss_mib() - before)
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status") or os.uname().sysname != "Linux", reason="reads Linux RSS")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux RSS")
 def test_loading_a_large_tokenizer_keeps_only_what_it_holds(tmp_path):
     """Parsing Tekken's 7 MB tokenizer.json grows a glibc process by ~145 MiB, ~95 of it freed heap
     that glibc would keep; load_tokenizer hands that back, leaving ~60 MiB."""
-    import subprocess
-    import sys
-
     from vlm._assets import tekken_tokenizer
 
     directory = tekken_tokenizer(cache=tmp_path)

@@ -18,8 +18,6 @@ from fsspec import AbstractFileSystem
 
 from .._errors import ConfigurationError
 from .._records import Chunk, ChunkRecords
-from ._compression import CorruptStreamError
-from ._errors import ShardUnavailableError
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
 from ._locate import is_local, locate
@@ -113,8 +111,6 @@ class Dataset:
             shard = ShardFile(urls[i], located.paths[i], located.compressions[i], fs)
             try:
                 return retry.call(shard.url, lambda: reader.scan(shard))
-            except CorruptStreamError as error:
-                raise ShardUnavailableError(shard.url, 1, str(error)) from error
             except Exception as error:
                 error.add_note(f"while planning shard {shard.url} of dataset {name!r}")
                 raise
@@ -169,12 +165,9 @@ class Dataset:
         if chunk.num_records == 0:
             slots = []
         else:
-            try:
-                slots = self._retry.call(
-                    info.url, lambda: self._reader.read(shard, access.seek, chunk.start, chunk.stop)
-                )
-            except CorruptStreamError as error:  # rewritten since planning: its bytes no longer decode
-                raise ShardUnavailableError(info.url, 1, str(error)) from error
+            slots = self._retry.call(
+                info.url, lambda: self._reader.read(shard, access.seek, chunk.start, chunk.stop)
+            )
         return collect(chunk, info.url, slots, policy)
 
     def raw_bytes(self, chunk: Chunk) -> int:

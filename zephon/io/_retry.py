@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .._errors import ConfigurationError
+from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 
 __all__ = ["RetryPolicy"]
@@ -20,7 +21,9 @@ class RetryPolicy:
     """Up to `attempts` tries with exponential backoff (`base_delay`, then doubled each time).
 
     Only `OSError` is retried: that is what fsspec backends raise for network, permission and
-    missing-file failures. Anything else (a parse error, a bug) is not transient and surfaces at once.
+    missing-file failures. A compressed stream whose bytes do not decode is not transient either:
+    it is reported at once as ShardUnavailableError. Anything else (a parse error, a bug) surfaces
+    as it is.
     """
 
     attempts: int = 3
@@ -41,6 +44,8 @@ class RetryPolicy:
         for attempt in range(self.attempts):
             try:
                 return operation()
+            except CorruptStreamError as error:  # reading the same bytes again cannot help
+                raise ShardUnavailableError(url, attempt + 1, str(error)) from error
             except OSError as error:
                 last = error
                 if attempt + 1 < self.attempts:
