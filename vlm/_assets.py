@@ -70,7 +70,7 @@ TEKKEN_SPECIAL_TOKENS = (
     "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]",
     "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]",
 )
-_CONVERTER_VERSION = 2  # bump when the conversion changes, so cached tokenizers are rebuilt
+_CONVERTER_VERSION = 3  # bump when the conversion changes, so cached tokenizers are rebuilt
 
 
 # -- the cache ------------------------------------------------------------------------------
@@ -480,7 +480,22 @@ def _convert_tekken(data: bytes) -> str:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tokenizer.decoder = decoders.ByteLevel()
-    return tokenizer.to_str()
+    return _merges_as_strings(tokenizer.to_str())
+
+
+def _merges_as_strings(tokenizer_json: str) -> str:
+    """The same tokenizer with each merge written as one "left right" string, not a [left, right] pair.
+
+    `tokenizers` writes pairs (so that tokens may contain spaces) but reads both; the byte-level
+    alphabet has no space, so the forms are equivalent, and the string form loads faster: Tekken's
+    269k merges, `Tokenizer.from_file` median 0.48 -> 0.35 s on 3.14t (time to first batch).
+    """
+    spec = json.loads(tokenizer_json)
+    merges = spec["model"]["merges"]
+    if any(" " in part for pair in merges for part in pair):
+        raise ValueError("a Tekken merge contains a space; it cannot be written as one string")
+    spec["model"]["merges"] = [" ".join(pair) for pair in merges]
+    return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
 
 
 def tekken_tokenizer(*, cache: Path | None = None) -> Path:
