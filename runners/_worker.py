@@ -7,8 +7,8 @@ tuple on a private duplex pipe:
     parent -> worker   the item's Envelope, or STOP (empty bytes)
     worker -> parent   (ok, Envelope) where ok is False when the Envelope holds an exception
 
-The worker holds at most one item at a time, so a reply needs no identifier: it answers the item
-most recently sent.
+The parent may send the next item while this one runs; items are handled and answered in the
+order they arrive, so a reply needs no identifier: it answers the oldest item not yet answered.
 """
 
 from __future__ import annotations

@@ -239,6 +239,54 @@ def test_an_item_that_always_kills_its_worker_fails_after_max_retries(tmp_path):
     assert attempts.read_text().count("attempt") == 3
 
 
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.01)
+
+
+def test_a_busy_worker_already_holds_its_next_item_unless_the_message_is_large(tmp_path):
+    release = tmp_path / "release"
+
+    def wait_for_release(x):
+        if x == 0:
+            wait_for_text(release, timeout=30)
+        return len(x) if isinstance(x, str) else x
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("one", wait_for_release, 1)])
+        first, second = runner.submit(0, 0), runner.submit(0, 1)
+        wait_until(lambda: runner.stats().items_sent == 2)  # item 1 sent while item 0 still runs
+        large = runner.submit(0, "x" * 100_000)  # pickled in the stream: waits for an idle worker
+        time.sleep(0.2)
+        assert not first.done() and runner.stats().items_sent == 2
+        release.write_text("go")
+        assert [first.result(10), second.result(10), large.result(10)] == [0, 1, 100_000]
+        assert runner.stats().items_sent == 3
+
+
+def test_when_a_worker_dies_only_the_item_it_was_running_counts_an_attempt(tmp_path):
+    ran = tmp_path / "ran"
+
+    def crash_on_zero(x: int) -> int:
+        if x == 0:
+            time.sleep(0.2)  # item 1 reaches this worker's pipe meanwhile
+            os._exit(3)
+        ran.write_text(str(os.getpid()))
+        return x
+
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("fragile", crash_on_zero, 1)])
+        crashed, waiting = runner.submit(0, 0), runner.submit(0, 1)
+        wait_until(lambda: runner.stats().items_sent == 2)
+        error = crashed.exception(10)
+        assert waiting.result(10) == 1  # re-sent to the replacement, not failed with the crash
+        stats = runner.stats()
+    assert isinstance(error, WorkerCrashedError) and error.attempts == 1
+    assert (stats.items_sent, stats.retries, stats.workers_replaced) == (3, 0, 1)
+
+
 def test_an_item_that_always_hangs_fails_with_the_timeout_named():
     with ProcessRunner(task_timeout_s=0.2, max_retries=1) as runner:
         runner.start([Stage("sleepy", lambda x: time.sleep(60))])
@@ -255,7 +303,7 @@ def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_f
     directory, workers = runner.shm_directory, set(runner.worker_pids())
     assert workers <= child_pids() and len(workers) == 3
     kept = runner.submit(0, MIB).result(10)
-    in_flight = [runner.submit(1, i) for i in range(3)]  # two running, one queued
+    in_flight = [runner.submit(1, i) for i in range(3)]  # two running, one waiting in a worker's pipe
     runner.submit(0, 2 * MIB)  # may be in flight or finished when close() starts
     time.sleep(0.2)
 
