@@ -65,19 +65,13 @@ def vlm_pipeline(
     `[IMG]`, `[IMG_BREAK]`, `[IMG_END]`; see `vlm._assets.tekken_tokenizer`). `spec` defaults to
     Pixtral sizing with the longest side at most 256 px. Each document is
     `<s> [image placeholders] caption </s>`. `parallelism` applies to tokenize and decode alike.
-
-    Each lane prefetches 2 chunks per worker rather than the default 4: a chunk of 16 images is
-    ~27 ms of work and ~2.4 MB of pixels, so two keep the workers as busy (race recipe, thread
-    runner on 3.14t at parallelism 2: 168-169 k vs 156-167 k tokens/s) and the rank holds ~20 MB
-    less (peak PSS 369-372 vs 390-395 MiB).
     """
     spec = spec or ImageSpec.pixtral(max_side=256)
     source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards), format="webdataset")], seed=seed,
                                      records_per_chunk=records_per_chunk, num_epochs=num_epochs)
     return (
         Pipeline(source)
-        .options(num_lanes=num_lanes, runner=runner, flush_every_chunks=flush_every_chunks, on_error=on_error,
-                 prefetch=2 * parallelism)
+        .options(num_lanes=num_lanes, runner=runner, flush_every_chunks=flush_every_chunks, on_error=on_error)
         .tokenize(str(tokenizer), field="txt", parallelism=parallelism, bos="<s>", eos="</s>")
         .decode_images(field=image_fields, spec=spec, parallelism=parallelism)
         .pack_multimodal(max_length, placeholders_for(tokenizer), image_position="after_bos")
