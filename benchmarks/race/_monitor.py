@@ -1,16 +1,18 @@
 """Peak memory of a whole process tree (the loader's process and every worker it starts).
 
-Sampled from /proc: the sum of RSS over the tree (what `ps` would add up; forked workers' shared
-pages are counted once per process) every `interval` seconds, and the sum of PSS (proportional set
+Sampled from /proc every `interval` seconds: the sum of RSS over the tree (what `ps` would add up;
+forked workers' shared pages are counted once per process), and the sum of PSS (proportional set
 size: each shared page split between the processes that map it, so a forked tree is not counted
-twice) every `pss_interval` seconds. The race reports PSS as the memory a loader really costs and
-keeps RSS beside it.
+twice) whenever that RSS reaches a new high, and at least every `pss_interval` seconds. The race
+reports PSS as the memory a loader really costs and keeps RSS beside it.
 
-PSS is sampled less often because reading it is not free for the process observed: the kernel
-walks every page table of the process under its memory-map lock, which stalls the process's own
-mmap/munmap calls meanwhile. At 10 samples/s that cost the VLM race recipe (Zephon thread runner,
-3.14t, p=2) 5-8 % of its images/s (949-993 vs 1018-1071 unobserved); at 1 sample/s it is within
-noise (1063). RSS comes from /proc/<pid>/statm, a counter read that walks nothing.
+PSS is not read at every sample because reading it is not free for the process observed: the
+kernel walks every page table of the process under its memory-map lock, which stalls the process's
+own mmap/munmap calls meanwhile. Read 10 times a second it cost the VLM race recipe (Zephon thread
+runner, 3.14t, p=2) 5-8 % of its images/s (949-993 vs 1018-1071 unobserved); once a second it is
+within noise but misses short peaks (zephon 0.2.0's VLM peak: 555-622 vs 699 MiB). Memory peaks
+when RSS does, so reading PSS at every new RSS high keeps the peaks at little cost once a loader's
+memory has levelled off. RSS comes from /proc/<pid>/statm, a counter read that walks nothing.
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ class TreeMemory:
         sample = 0
         while not self._stop.is_set():
             pids = tree(self.root)
-            self.peak_rss = max(self.peak_rss, sum(_rss(pid) for pid in pids))
-            if sample % self.pss_every == 0:
+            rss = sum(_rss(pid) for pid in pids)
+            if rss > self.peak_rss or sample % self.pss_every == 0:
                 self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in pids))
+            self.peak_rss = max(self.peak_rss, rss)
             self.peak_processes = max(self.peak_processes, len(pids))
             sample += 1
             self._stop.wait(self.interval)
