@@ -52,8 +52,9 @@ print(rss_mib() - before)
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads Linux RSS")
 def test_loading_a_large_tokenizer_keeps_only_what_it_holds(tmp_path):
-    """Parsing Tekken's 7 MB tokenizer.json grows a glibc process by ~145 MiB, ~95 of it freed heap
-    that glibc would keep; load_tokenizer hands that back, leaving ~60 MiB."""
+    """Parsing Tekken's tokenizer.json grows a glibc process by ~70 MiB (~145 MiB with merges written
+    as pairs), part of it freed heap that glibc would keep; load_tokenizer hands that back, leaving
+    ~44 MiB."""
     from vlm._assets import tekken_tokenizer
 
     directory = tekken_tokenizer(cache=tmp_path)
