@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -68,6 +70,47 @@ def test_file_url_and_memory_url_work_like_local_paths(tmp_path):
     assert via_memory.shards[0].url.startswith("memory://")
     for ds in (via_file, via_memory):
         assert ds.read_chunk(ds.chunks(3)[0]).records == [{"shard": 0, "i": i} for i in range(3)]
+
+
+@pytest.mark.parametrize("pattern", ["", "*.jsonl", "*/*.jsonl", "**/*.jsonl", "sub/**", "**/c.json*", "part-00[0-1].jsonl"])
+def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
+    """Plain paths are listed without fsspec (zephon.io._local); what they select must not change."""
+    write_shards(tmp_path, [2, 3])
+    for name in ["sub/c.jsonl", "sub/deeper/d.jsonl", ".hidden-dir/e.jsonl", "sub/.f.jsonl", "sub/notes.txt"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(jsonl_bytes([{"name": name}]))
+    url = f"{tmp_path}/{pattern}" if pattern else str(tmp_path)
+    plain = Dataset.from_path("d", url, format="jsonl")
+    via_fsspec = Dataset.from_path("d", f"file://{url}", format="jsonl")
+    assert plain.shards == via_fsspec.shards and len(plain.shards) >= 1
+    assert [plain.read_chunk(c).records for c in plain.chunks(2)] == [
+        via_fsspec.read_chunk(c).records for c in via_fsspec.chunks(2)
+    ]
+
+
+def test_relative_and_home_paths_are_listed_as_absolute_paths(tmp_path, monkeypatch):
+    write_shards(tmp_path, [2])
+    monkeypatch.chdir(tmp_path.parent)
+    relative = Dataset.from_path("d", tmp_path.name)
+    monkeypatch.setenv("HOME", str(tmp_path.parent))
+    home = Dataset.from_path("d", f"~/{tmp_path.name}/*.jsonl")
+    expected = [str(tmp_path / "part-000.jsonl")]
+    assert [s.url for s in relative.shards] == [s.url for s in home.shards] == expected
+    with pytest.raises(ConfigurationError, match="not a file, a directory or a glob"):
+        Dataset.from_path("d", "no-such-directory")
+
+
+def test_reading_local_shards_does_not_import_fsspec(tmp_path):
+    """fsspec brings asyncio and ssl (7 MiB PSS per process); local data must not pay for them."""
+    write_shards(tmp_path, [3])
+    script = (
+        "import sys; from zephon.io import Dataset; "
+        f"ds = Dataset.from_path('d', {str(tmp_path)!r}); "
+        "records = ds.read_chunk(ds.chunks(3)[0]).records; "
+        "print(len(records), 'fsspec' in sys.modules, 'asyncio' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["3", "False", "False"]
 
 
 def test_zero_length_shard_has_no_records_no_chunks_and_no_error(tmp_path):

@@ -1,8 +1,8 @@
 """`Dataset`: a named, planned collection of shards that reads chunks of records.
 
 Construction (`from_path`) does all the listing and counting, once, in the process that builds the
-plan; the result is immutable, cheap to pickle (metadata, small seek indexes and the fsspec
-filesystem's constructor arguments) and reads any chunk in any process without re-planning.
+plan; the result is immutable, cheap to pickle (metadata, small seek indexes and the filesystem
+— for fsspec, its constructor arguments) and reads any chunk in any process without re-planning.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import functools
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from fsspec import AbstractFileSystem
 
 from .._errors import ConfigurationError
 from .._records import Chunk, ChunkRecords
@@ -27,6 +26,11 @@ from ._retry import RetryPolicy
 from ._storage import CacheOptions, reading_filesystem
 from ._text import TEXT_UNITS, Text
 from ._webdataset import WebDataset
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+    from ._local import LocalFiles
 
 __all__ = ["Dataset", "ShardInfo"]
 
@@ -72,7 +76,7 @@ class Dataset:
     shards: tuple[ShardInfo, ...]
     _access: tuple[_ShardAccess, ...] = field(repr=False)
     _reader: ShardFormat = field(repr=False)
-    _fs: AbstractFileSystem = field(repr=False, compare=False)
+    _fs: AbstractFileSystem | LocalFiles = field(repr=False, compare=False)
     _cache: CacheOptions = field(repr=False, compare=False)
     _retry: RetryPolicy = field(repr=False, compare=False)
 
@@ -205,7 +209,7 @@ class Dataset:
         return replace(self, _cache=cache, _retry=retry)
 
     @functools.cached_property
-    def _reading_fs(self) -> AbstractFileSystem:
+    def _reading_fs(self) -> AbstractFileSystem | LocalFiles:
         return reading_filesystem(self._fs, self._cache)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -237,6 +241,6 @@ def _make_reader(format: str, text_unit: str) -> ShardFormat:
     return {"jsonl": JsonLines, "parquet": Parquet, "webdataset": WebDataset}[format]()
 
 
-def _shard_url(fs: AbstractFileSystem, path: str) -> str:
+def _shard_url(fs: AbstractFileSystem | LocalFiles, path: str) -> str:
     """Local shards keep their plain path (what a user recognises in a log); others their full URL."""
     return path if is_local(fs) else fs.unstrip_protocol(path)

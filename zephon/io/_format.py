@@ -17,6 +17,8 @@ from ._policy import Slot
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
+    from ._local import LocalFiles
+
 __all__ = ["ShardFile", "ShardScan", "ShardFormat"]
 
 
@@ -30,7 +32,7 @@ class ShardFile:
     url: str
     path: str
     compression: str | None
-    fs: AbstractFileSystem
+    fs: AbstractFileSystem | LocalFiles
 
     def open(self) -> BinaryIO:
         return self.fs.open(self.path, "rb")

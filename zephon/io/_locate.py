@@ -14,12 +14,14 @@ as written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import fsspec
-from fsspec import AbstractFileSystem
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
 from ._compression import compression_of
+from ._local import LocalFiles, is_plain_path, list_local
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 __all__ = ["FORMATS", "Located", "infer_format", "hf_parquet_url", "is_local", "locate"]
 
@@ -35,7 +37,7 @@ _GLOB_CHARS = "*?["
 class Located:
     """The shard files of a URL: `paths[i]` is `nbytes[i]` long and compressed with `compressions[i]`."""
 
-    fs: AbstractFileSystem
+    fs: AbstractFileSystem | LocalFiles
     format: str
     paths: tuple[str, ...]
     nbytes: tuple[int, ...]
@@ -67,7 +69,7 @@ def hf_parquet_url(url: str) -> str | None:
     return f"hf://datasets/{org}/{name}@~parquet/{config}/{split}/*.parquet"
 
 
-def is_local(fs: AbstractFileSystem) -> bool:
+def is_local(fs: AbstractFileSystem | LocalFiles) -> bool:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     return "file" in protocols or "local" in protocols
 
@@ -81,15 +83,28 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         if format not in (None, "parquet"):
             raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
         url, format = hub_url, "parquet"
-    fs, path = fsspec.core.url_to_fs(url, **storage_options)
-    if any(char in path for char in _GLOB_CHARS):
-        listing = fs.glob(path, detail=True)
-    elif fs.isdir(path):
-        listing = fs.find(path, detail=True)
-    elif fs.isfile(path):
-        return _single_file(fs, path, url, format)
+    has_glob = any(char in url for char in _GLOB_CHARS)
+    if is_plain_path(url) and not storage_options:
+        fs = LocalFiles()
+        try:
+            path, sizes = list_local(url, has_glob)
+        except FileNotFoundError:
+            raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything") from None
+        if sizes is None:
+            return _single_file(fs, path, url, format)
+        listing = {p: {"type": "file", "size": size} for p, size in sizes.items()}
     else:
-        raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
+        import fsspec  # only here: see _local for what importing it costs
+
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        if any(char in path for char in _GLOB_CHARS):
+            listing = fs.glob(path, detail=True)
+        elif fs.isdir(path):
+            listing = fs.find(path, detail=True)
+        elif fs.isfile(path):
+            return _single_file(fs, path, url, format)
+        else:
+            raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
     files = {
         p: info["size"]
         for p, info in listing.items()
@@ -116,7 +131,7 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
     )
 
 
-def _single_file(fs: AbstractFileSystem, path: str, url: str, format: str | None) -> Located:
+def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None) -> Located:
     """A file named directly is a shard whatever its name, once its format is known."""
     inferred = infer_format(path)
     if format is None:

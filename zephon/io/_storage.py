@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import fsspec
-from fsspec import AbstractFileSystem
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
 from ._locate import is_local
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+    from ._local import LocalFiles
 
 __all__ = ["CacheOptions", "reading_filesystem"]
 
@@ -50,7 +53,9 @@ class CacheOptions:
         return os.path.join(base, "zephon", "shards")
 
 
-def reading_filesystem(fs: AbstractFileSystem, cache: CacheOptions) -> AbstractFileSystem:
+def reading_filesystem(fs: AbstractFileSystem | LocalFiles, cache: CacheOptions) -> AbstractFileSystem | LocalFiles:
     if not cache.enabled or is_local(fs):
         return fs
+    import fsspec  # a remote filesystem has imported it already
+
     return fsspec.filesystem("simplecache", fs=fs, cache_storage=cache.directory)
