@@ -5,7 +5,9 @@
 Each (loader, configuration, parallelism) runs as its own process in the loader's own virtual
 environment (`workers/<script>.py`, working directory outside the repository), one at a time, in
 an interleaved order over `--repeats` rounds, so that slow drifts of a shared machine hit every
-loader alike. The parent samples the memory of the process tree. Results go to `race.json`
+loader alike; each round starts each pipeline with a different loader (`round_order`), so that
+what a position in the sequence does to a run (following the previous pipeline's heaviest runs,
+say) does not fall on the same loader every round. The parent samples the memory of the process tree. Results go to `race.json`
 (every run, the medians, the bounds, the machine) and the plots to PNG files beside it.
 """
 
@@ -28,6 +30,22 @@ from ._monitor import TreeMemory
 from .loaders import BOUNDS, LOADERS, python_for
 
 WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def round_order(plan: list[tuple], round_: int) -> list[tuple]:
+    """`plan` ((pipeline, loader, config, p) runs) with each pipeline's loaders rotated by `round_`.
+
+    A loader's runs stay together and pipelines keep their order; only which loader goes first
+    changes from round to round.
+    """
+    ordered = []
+    for pipeline in dict.fromkeys(run[0] for run in plan):
+        runs = [run for run in plan if run[0] == pipeline]
+        loaders = list(dict.fromkeys(run[1] for run in runs))
+        shift = round_ % len(loaders)
+        for loader in loaders[shift:] + loaders[:shift]:
+            ordered.extend(run for run in runs if run[1] == loader)
+    return ordered
 
 # The recipe every loader follows. Zephon's lanes: 4 per rank (e.g. 32 lanes over 8 GPUs); the row
 # shuffle buffers are per lane for Zephon and per worker for the torch DataLoader and zephon 0.2.0
@@ -187,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in args.parallelism:
                     plan.append((pipeline, name, config, p))
     for round_ in range(0 if earlier is not None else args.repeats):
-        for pipeline, name, config, p in plan:
+        for pipeline, name, config, p in round_order(plan, round_):
             spec = loaders[name]
             python = python_for(spec["venv"])
             if python is None:
