@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             results["bounds"] = earlier["bounds"]
         else:
             results["bounds_date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    if not args.no_bound:
+    def measure_bounds(round_: int) -> None:
         for pipeline in args.pipelines:
             for name, spec in BOUNDS.items():
                 python = python_for(spec["venv"])
@@ -186,15 +186,18 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 for functions in spec["functions"]:
                     cfg = dict(base, pipeline=pipeline, functions=functions, repeats=3)
-                    print(f"[bound] {pipeline} {name} {functions} ...", flush=True)
+                    print(f"[bound {round_ + 1}] {pipeline} {name} {functions} ...", flush=True)
                     got = run_worker(python, "bound.py", cfg, args.timeout,
                                      {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"})
-                    got.update(name=name, stack=spec["stack"], pipeline=pipeline, functions=functions)
+                    got.update(name=name, stack=spec["stack"], pipeline=pipeline, functions=functions, round=round_)
                     results["bounds"].append(got)
                     if got.get("ok"):
                         print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on one core", flush=True)
                     else:
                         print(f"        FAILED: {got['output'][-800:]}", flush=True)
+
+    if earlier is not None and not args.no_bound:
+        measure_bounds(0)
 
     plan = []
     for pipeline in args.pipelines:
@@ -205,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 for p in args.parallelism:
                     plan.append((pipeline, name, config, p))
     for round_ in range(0 if earlier is not None else args.repeats):
+        if not args.no_bound:
+            measure_bounds(round_)  # every round: the bound drifts with the machine as the runs do
         for pipeline, name, config, p in round_order(plan, round_):
             spec = loaders[name]
             python = python_for(spec["venv"])

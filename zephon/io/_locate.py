@@ -83,11 +83,10 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         if format not in (None, "parquet"):
             raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
         url, format = hub_url, "parquet"
-    has_glob = any(char in url for char in _GLOB_CHARS)
     if is_plain_path(url) and not storage_options:
         fs = LocalFiles()
         try:
-            path, sizes = list_local(url, has_glob)
+            path, sizes = list_local(url, has_glob=any(char in url for char in _GLOB_CHARS))
         except FileNotFoundError:
             raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything") from None
         if sizes is None:
