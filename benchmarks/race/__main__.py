@@ -7,8 +7,9 @@ environment (`workers/<script>.py`, working directory outside the repository), o
 an interleaved order over `--repeats` rounds, so that slow drifts of a shared machine hit every
 loader alike; each round starts each pipeline with a different loader (`round_order`), so that
 what a position in the sequence does to a run (following the previous pipeline's heaviest runs,
-say) does not fall on the same loader every round. The parent samples the memory of the process tree. Results go to `race.json`
-(every run, the medians, the bounds, the machine) and the plots to PNG files beside it.
+say) does not fall on the same loader every round, and measures the compute bound again first.
+The parent samples the memory of the process tree. Results go to `race.json` (every run, the
+medians, the bounds, the machine) and the plots to PNG files beside it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def round_order(plan: list[tuple], round_: int) -> list[tuple]:
         for loader in loaders[shift:] + loaders[:shift]:
             ordered.extend(run for run in runs if run[1] == loader)
     return ordered
+
 
 # The recipe every loader follows. Zephon's lanes: 4 per rank (e.g. 32 lanes over 8 GPUs); the row
 # shuffle buffers are per lane for Zephon and per worker for the torch DataLoader and zephon 0.2.0
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             results["bounds"] = earlier["bounds"]
         else:
             results["bounds_date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
     def measure_bounds(round_: int) -> None:
         for pipeline in args.pipelines:
             for name, spec in BOUNDS.items():
