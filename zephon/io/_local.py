@@ -30,12 +30,6 @@ class LocalFiles:
     def size(self, path: str) -> int:
         return os.path.getsize(path)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LocalFiles)
-
-    def __hash__(self) -> int:
-        return hash(LocalFiles)
-
 
 def is_plain_path(url: str) -> bool:
     """A path on the local disk, as opposed to a URL with a protocol or an fsspec chain."""
