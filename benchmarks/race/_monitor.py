@@ -11,7 +11,8 @@ kernel walks every page table of the process under its memory-map lock, which st
 own mmap/munmap calls meanwhile. Read 10 times a second it cost the VLM race recipe (Zephon thread
 runner, 3.14t, p=2) 5-8 % of its images/s (949-993 vs 1018-1071 unobserved); once a second it is
 within noise but could step over a short peak. Memory peaks when RSS does, so reading PSS at every
-new RSS high keeps the peaks at little cost once a loader's memory has levelled off. RSS comes from /proc/<pid>/statm, a counter read that walks nothing.
+new RSS high keeps the peaks at little cost once a loader's memory has levelled off. RSS comes
+from /proc/<pid>/statm, a counter read that walks nothing.
 """
 
 from __future__ import annotations

@@ -36,11 +36,9 @@ def is_plain_path(url: str) -> bool:
     return "://" not in url and "::" not in url
 
 
-def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None]:
-    """(absolute path, {file: size}) for a glob or a directory, or None for a single existing file.
-
-    Raises FileNotFoundError when the path names nothing.
-    """
+def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None] | None:
+    """(absolute path, {file: size}) for a glob or a directory, (absolute path, None) for a single
+    existing file, and None when the path names nothing."""
     path = os.path.abspath(os.path.expanduser(pattern))
     if has_glob:
         matches = glob.glob(path, recursive=True, include_hidden=True)
@@ -55,4 +53,4 @@ def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None
         return path, found
     if os.path.isfile(path):
         return path, None
-    raise FileNotFoundError(path)
+    return None

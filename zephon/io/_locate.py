@@ -84,31 +84,15 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
             raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
         url, format = hub_url, "parquet"
     if is_plain_path(url) and not storage_options:
-        fs = LocalFiles()
-        try:
-            path, sizes = list_local(url, has_glob=any(char in url for char in _GLOB_CHARS))
-        except FileNotFoundError:
-            raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything") from None
-        if sizes is None:
-            return _single_file(fs, path, url, format)
-        listing = {p: {"type": "file", "size": size} for p, size in sizes.items()}
+        fs, listed = LocalFiles(), list_local(url, has_glob=any(char in url for char in _GLOB_CHARS))
     else:
-        import fsspec  # only here: see _local for what importing it costs
-
-        fs, path = fsspec.core.url_to_fs(url, **storage_options)
-        if any(char in path for char in _GLOB_CHARS):
-            listing = fs.glob(path, detail=True)
-        elif fs.isdir(path):
-            listing = fs.find(path, detail=True)
-        elif fs.isfile(path):
-            return _single_file(fs, path, url, format)
-        else:
-            raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
-    files = {
-        p: info["size"]
-        for p, info in listing.items()
-        if info["type"] == "file" and not p.rpartition("/")[2].startswith(".")
-    }
+        fs, listed = _list_with_fsspec(url, storage_options)
+    if listed is None:
+        raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
+    path, sizes = listed
+    if sizes is None:
+        return _single_file(fs, path, url, format)
+    files = {p: size for p, size in sizes.items() if not p.rpartition("/")[2].startswith(".")}
     if not files:
         raise ConfigurationError(f"{url} matches no files")
     inferred = {p: infer_format(p) for p in files}
@@ -128,6 +112,25 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         tuple(int(files[p]) for p in paths),
         tuple(inferred[p][1] for p in paths),
     )
+
+
+def _list_with_fsspec(
+    url: str, storage_options: dict
+) -> tuple[AbstractFileSystem, tuple[str, dict[str, int] | None] | None]:
+    """The URL's filesystem and what `list_local` gives for a plain path: (path, {file: size}),
+    (path, None) for a single file, or None when nothing is there."""
+    import fsspec  # only here: see _local for what importing it costs
+
+    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    if any(char in path for char in _GLOB_CHARS):
+        listing = fs.glob(path, detail=True)
+    elif fs.isdir(path):
+        listing = fs.find(path, detail=True)
+    elif fs.isfile(path):
+        return fs, (path, None)
+    else:
+        return fs, None
+    return fs, (path, {p: info["size"] for p, info in listing.items() if info["type"] == "file"})
 
 
 def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None) -> Located:
