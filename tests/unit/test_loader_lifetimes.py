@@ -11,7 +11,7 @@ import gc
 
 import pytest
 
-from zephon import ChunkRecords, Pipeline
+from zephon import ChunkRecords, PackedSequence, Pipeline
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -19,8 +19,8 @@ NUM_LANES = 4
 PREFETCH = 2
 
 
-def live_chunks() -> int:
-    return sum(1 for obj in gc.get_objects() if type(obj) is ChunkRecords)
+def live(kind: type) -> int:
+    return sum(1 for obj in gc.get_objects() if type(obj) is kind)
 
 
 @pytest.mark.parametrize("runner", ["inline", "thread"])
@@ -42,10 +42,44 @@ def test_only_the_prefetch_window_of_chunks_stays_alive(demo_data_dir, demo_toke
         with pipeline.shard(0, 1) as loader:
             for step, _ in enumerate(loader):
                 if step % 10 == 9:
-                    most = max(most, live_chunks())
+                    most = max(most, live(ChunkRecords))
                 if step == 200:
                     break
     finally:
         gc.enable()
     # each lane: its prefetch window, plus the chunk it is packing and one being handed over
     assert most <= NUM_LANES * (PREFETCH + 2), f"{most} chunks alive"
+
+
+SHUFFLE = 8
+MAX_LENGTH = 4096  # longer than any KJV record (3,419 tokens at most): a record closes at most one row
+
+
+def test_rows_a_flush_emitted_are_freed_once_the_loader_took_them(demo_data_dir, demo_tokenizer_path):
+    """At a segment's flush every open row and the shuffle buffer come out at once (for VLM rows,
+    each holds its decoded images). Once the loader took such a row, the lane must not keep it:
+    kept until the next flush, the rows of the last flush doubled what a lane holds."""
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0,
+                                     records_per_chunk=8)
+    pipeline = (
+        Pipeline(source)
+        .options(num_lanes=NUM_LANES, runner="inline", prefetch=1, flush_every_chunks=8)
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+        .pack_flat(max_length=MAX_LENGTH, algorithm="wrap")
+        .shuffle(buffer_size=SHUFFLE, seed=0)
+        .batch(microbatch_size=2)
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        most = 0
+        with pipeline.shard(0, 1) as loader:
+            for step, _ in enumerate(loader):
+                most = max(most, live(PackedSequence))
+                if step == 300:
+                    break
+    finally:
+        gc.enable()
+    # each lane: a full shuffle buffer and the packer's open row, or what a flush emitted (the
+    # same rows), plus the lane's look-ahead row and the microbatch being collated
+    assert most <= NUM_LANES * (SHUFFLE + 2) + 2, f"{most} rows alive"
