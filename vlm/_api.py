@@ -31,10 +31,12 @@ def decode_images(
     keep_source: bool = False,
     parallelism: int = 1,
     on_error: str | None = None,
+    defer: bool = False,
 ):
-    """Append a `DecodeImages` stage (on_error=None follows the pipeline's policy)."""
+    """Append a `DecodeImages` stage (on_error=None follows the pipeline's policy; `defer=True`
+    decodes each image after packing, just before its row is taken: see `vlm._deferred`)."""
     stage = DecodeImages(field, spec or ImageSpec(), output_field, processor, on_error, keep_source,
-                         parallelism=parallelism)
+                         parallelism=parallelism, defer=defer)
     return pipeline.apply(stage)
 
 
@@ -75,7 +77,9 @@ def pack_multimodal(
     if isinstance(decoder, DecodeImages) and decoder.processor is not None:
         dim, dtype = decoder.patch_layout()
         patch_dim, patch_dtype = dim, dtype.str
+    deferred = isinstance(decoder, DecodeImages) and decoder.defer
     return pipeline.apply(PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
+        deferred_images=deferred, deferred_on_error=decoder.on_error if deferred else None,
     ))

@@ -1,7 +1,8 @@
 """`zephon demo vlm`: the vision-language pipeline on real image+caption pairs.
 
-    WebDataset pairs (png + txt) → tokenize the caption (Pixtral Tekken) → decode_images →
-    pack_multimodal (Pixtral [IMG]/[IMG_BREAK]/[IMG_END]) → shuffle → batch
+    WebDataset pairs (png + txt) → tokenize the caption (Pixtral Tekken) → decode_images
+    (header now, pixels after packing) → pack_multimodal (Pixtral [IMG]/[IMG_BREAK]/[IMG_END]) →
+    shuffle → batch
 
 It prints the runner and why it was chosen, throughput in usable (non-padding) tokens/s and
 images/s, the ledger, and draws one packed global batch as a PNG: one band per row, one column
@@ -58,13 +59,15 @@ def vlm_pipeline(
     num_epochs: int | None = None,
     on_error: str = "skip",
     image_fields: tuple[str, ...] = ("png", "jpg"),
+    defer: bool = False,
 ) -> Pipeline:
     """The VLM recipe on a directory of WebDataset shards of {png|jpg, txt} pairs.
 
     `tokenizer` is a tokenizer.json or its directory with Pixtral's control tokens (`<s>`, `</s>`,
     `[IMG]`, `[IMG_BREAK]`, `[IMG_END]`; see `vlm._assets.tekken_tokenizer`). `spec` defaults to
     Pixtral sizing with the longest side at most 256 px. Each document is
-    `<s> [image placeholders] caption </s>`. `parallelism` applies to tokenize and decode alike.
+    `<s> [image placeholders] caption </s>`. `parallelism` applies to tokenize and decode alike;
+    `defer` decodes each image after packing, just before its row is taken (`vlm._deferred`).
     """
     spec = spec or ImageSpec.pixtral(max_side=256)
     source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards), format="webdataset")], seed=seed,
@@ -73,7 +76,7 @@ def vlm_pipeline(
         Pipeline(source)
         .options(num_lanes=num_lanes, runner=runner, flush_every_chunks=flush_every_chunks, on_error=on_error)
         .tokenize(str(tokenizer), field="txt", parallelism=parallelism, bos="<s>", eos="</s>")
-        .decode_images(field=image_fields, spec=spec, parallelism=parallelism)
+        .decode_images(field=image_fields, spec=spec, parallelism=parallelism, defer=defer)
         .pack_multimodal(max_length, placeholders_for(tokenizer), image_position="after_bos")
         .shuffle(buffer_size=shuffle_buffer, seed=seed)
         .batch(microbatch_size)
@@ -146,6 +149,9 @@ def add_vlm_parser(demo_subparsers) -> Any:
     vlm.add_argument("--origin", default="auto", choices=("auto", "tuxpaint", "photos"),
                      help="tuxpaint stamps (Debian, via apt), wheel photos, or auto (default)")
     vlm.add_argument("--png", default="vlm-batch.png", help="picture of the first global batch (default ./vlm-batch.png)")
+    vlm.add_argument("--decode-before-packing", action="store_true",
+                     help="decode images before packing (default: hold them encoded and decode each row "
+                          "just before it is taken; same batches, less memory)")
     vlm.set_defaults(run_demo=run_vlm_demo)
     return vlm
 
@@ -159,7 +165,8 @@ def run_vlm_demo(args) -> int:
     print(f"assets ready in {time.perf_counter() - prepared:.1f} s (cached after the first run)")
     placeholders = placeholders_for(tokenizer)
     pipeline = vlm_pipeline(pairs.directory, tokenizer, runner=args.runner, parallelism=args.parallelism,
-                            spec=ImageSpec.pixtral(max_side=args.max_side), max_length=args.max_length)
+                            spec=ImageSpec.pixtral(max_side=args.max_side), max_length=args.max_length,
+                            defer=not args.decode_before_packing)
     started = time.perf_counter()
     with pipeline.shard(0, 1, global_batch_size=args.global_batch_size) as loader:
         info = loader.runner_info

@@ -30,7 +30,7 @@ from zephon._errors import ConfigurationError
 
 from ._errors import ImageDecodeError
 
-__all__ = ["PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "load_rgb", "patchify"]
+__all__ = ["PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "load_rgb", "patchify", "probe_image"]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
 """Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGBA), used as our default refusal size."""
@@ -223,6 +223,14 @@ def _orientation(image, spec: ImageSpec) -> int:
     return value if value in _EXIF_TRANSPOSE else 1
 
 
+def _upright_grid(image, orientation: int, spec: ImageSpec) -> tuple[int, int]:
+    """The patch grid of the image as shown (after its EXIF orientation), from its header."""
+    width, height = image.size
+    if orientation in (5, 6, 7, 8):
+        width, height = height, width
+    return image_grid(height, width, spec)
+
+
 def _load(image) -> None:
     try:
         image.load()
@@ -277,13 +285,11 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
 
     image = _open(data, spec)
     orientation = _orientation(image, spec)
-    width, height = image.size
     swapped = orientation in (5, 6, 7, 8)
     box = None
     target = None
     if resize:
-        shown_h, shown_w = (width, height) if swapped else (height, width)
-        rows, cols = image_grid(shown_h, shown_w, spec)
+        rows, cols = _upright_grid(image, orientation, spec)
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
         if spec.draft and image.format == "JPEG":
@@ -325,3 +331,25 @@ def load_rgb(data: bytes, spec: ImageSpec = DEFAULT_SPEC):
     Same refusals and mode conversion as `decode_image`, no resize and no draft.
     """
     return _decode(data, spec, resize=False)
+
+
+def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
+    """The (rows, cols) patch grid `decode_image(data, spec)` will give, from the header alone.
+
+    Refuses like `decode_image` does what the header shows (no image, bombs), and what a format
+    can check without decoding: `Image.verify` checks a PNG's chunk checksums, so a truncated or
+    damaged PNG is refused here. A JPEG's entropy-coded data is only checked by decoding it.
+    """
+    image = _open(data, spec)
+    # A PNG's getexif() decodes the whole image to look for an eXIf chunk after the pixel data;
+    # one before it is already parsed. `DeferredImage.decode` refuses the rare image whose late
+    # orientation turns it, so the grid planned here is the grid delivered or nothing.
+    late_exif = image.format == "PNG" and "exif" not in image.info
+    grid = _upright_grid(image, 1 if late_exif else _orientation(image, spec), spec)
+    try:
+        image.verify()  # nothing was decoded yet, which verify() requires
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _classify(exc) from None
+    return grid

@@ -45,6 +45,7 @@ from zephon._first_fit import FirstFitRows
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
+from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
 from ._placeholders import Placeholders
 
@@ -88,9 +89,22 @@ class RowPlan:
     patch_size: int
     patch_dim: int
     patch_dtype: np.dtype
+    masked: tuple[tuple[int, str], ...] = ()
+    """(document index, reason) of documents whose deferred image failed to decode: they keep
+    their place but train nothing (see `vlm._deferred`)."""
 
     def assemble(self) -> PackedSequence:
         return assemble_row(self)
+
+    @property
+    def masked_documents(self) -> tuple[tuple[RecordAddress, str], ...]:
+        """(address, reason) of the masked documents, for the loader's ledger."""
+        return tuple((self.documents[number].address, reason) for number, reason in self.masked)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether some image of this row is still encoded (its row work has not run)."""
+        return any(isinstance(image, DeferredImage) for doc in self.documents for image in doc.images)
 
     @property
     def sources(self) -> tuple[RecordAddress, ...]:
@@ -109,6 +123,7 @@ class RowPlan:
         """(tokens, ragged, ragged_counts) of a microbatch made straight from its row plans: what
         collating `[p.assemble() for p in plans]` gives, without building each row first and then
         copying every row's pixels again into the batch."""
+        plans = [_decoded(plan) for plan in plans]
         tokens, ragged, counts = _allocate(plans)
         patch_at = image_at = 0
         for i, plan in enumerate(plans):
@@ -124,10 +139,17 @@ class RowPlan:
 
 def assemble_row(plan: RowPlan) -> PackedSequence:
     """Build one packed row (a pure function of the plan; safe on any worker)."""
+    plan = _decoded(plan)
     tokens, ragged, _ = _allocate([plan])
     row = {name: array[0] for name, array in tokens.items()}
     _fill_row(plan, row, ragged["pixel_values"], ragged["image_token_offset"])
     return PackedSequence(tokens=row, sources=plan.sources, ragged=ragged)
+
+
+def _decoded(plan: RowPlan) -> RowPlan:
+    """The plan with its deferred images decoded here, if the loader's row work did not run (a
+    packer used on its own): a failure raises, as nothing would count a masked document."""
+    return decode_row(plan, on_error="raise") if plan.deferred else plan
 
 
 def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
@@ -163,6 +185,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarra
     position_ids, document_ids = row["position_ids"], row["document_ids"]
     is_text = np.zeros(plan.max_length + 1, dtype=bool)
     p = plan.patch_size
+    masked = {number for number, _ in plan.masked}
     at = patch_at = k = 0
     for number, doc in enumerate(plan.documents):
         start, cut = at, 0
@@ -192,7 +215,8 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarra
         n = at - start
         position_ids[start:at] = np.arange(n, dtype=np.int32)
         document_ids[start:at] = number
-        labels[start : at - 1] = np.where(is_text[start + 1 : at], input_ids[start + 1 : at], IGNORE_INDEX)
+        if number not in masked:
+            labels[start : at - 1] = np.where(is_text[start + 1 : at], input_ids[start + 1 : at], IGNORE_INDEX)
 
 
 class MultimodalPacker:
@@ -307,6 +331,9 @@ class MultimodalPacker:
         else:
             grids = []
             for image in images:
+                if isinstance(image, DeferredImage):
+                    grids.append(image.grid)
+                    continue
                 if image.ndim != 3:
                     raise ConfigurationError(
                         f"record {address}: an image of shape {image.shape} needs its grid in {self.grid_field!r}"
@@ -320,7 +347,10 @@ class MultimodalPacker:
                 grids.append((h // p, w // p))
             grids = tuple(grids)
         for image, (rows, cols) in zip(images, grids):
-            if image.ndim == 3:
+            if isinstance(image, DeferredImage):
+                ok = image.grid == (rows, cols) and image.spec.patch_size == p and image.spec.cell == cell \
+                    and self.patch_dtype == np.uint8 and self.patch_dim == image.spec.patch_dim
+            elif image.ndim == 3:
                 ok = image.shape[:2] == (rows * p, cols * p) and image.dtype == self.patch_dtype \
                     and image.shape[2] * p * p == self.patch_dim
             else:
@@ -358,15 +388,17 @@ class MultimodalPacker:
                        self.spec.patch_size, self.patch_dim, self.patch_dtype)
 
 
-def _as_images(value: Any) -> list[np.ndarray]:
-    """None -> no image; (H, W, 3) -> one; (T, H, W, 3) video -> T frames; a list -> each."""
+def _as_images(value: Any) -> list[np.ndarray | DeferredImage]:
+    """None -> no image; (H, W, 3) or a DeferredImage -> one; (T, H, W, 3) video -> T frames; a list -> each."""
     if value is None:
         return []
+    if isinstance(value, DeferredImage):
+        return [value]
     if isinstance(value, np.ndarray):
         if value.ndim == 4:
             return list(value)
         return [value]
-    return [np.asarray(v) for v in value]
+    return [v if isinstance(v, DeferredImage) else np.asarray(v) for v in value]
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> None:
@@ -397,7 +429,8 @@ class PackMultimodal:
     Follows the core's accumulator-operator shape (`kind`, `name`, `field`, `max_length`,
     `factory(default_pad_id)`, `fingerprint(default_pad_id)`), so `Pipeline.apply` takes it. Its
     packers emit `RowPlan`s, which the loader assembles as it takes them into microbatches.
-    `pad_id=None` uses the pipeline's default pad id.
+    `pad_id=None` uses the pipeline's default pad id. `deferred_images` (set by `pack_multimodal`
+    after `decode_images(defer=True)`) gives it a `row_work`: the deferred images' decoding.
     """
 
     max_length: int
@@ -412,6 +445,8 @@ class PackMultimodal:
     max_open_rows: int = 16
     patch_dim: int | None = None
     patch_dtype: str | None = None
+    deferred_images: bool = False
+    deferred_on_error: str | None = None
     name: str = "pack_multimodal"
     kind = "accumulator"
 
@@ -430,6 +465,14 @@ class PackMultimodal:
             )
 
         return make
+
+    def row_work(self, on_error: str):
+        """The stateless work the loader has the runner do on each row before taking it, or None:
+        decoding the images `decode_images(defer=True)` left encoded (`deferred_on_error`, the
+        decode stage's own policy, else the pipeline's `on_error`)."""
+        if not self.deferred_images:
+            return None
+        return DecodeDeferred(self.deferred_on_error or on_error)
 
     def padding_row(self, default_pad_id: int) -> PackedSequence:
         """A padding-only row with empty ragged fields of the right shapes, for a lane whose finite

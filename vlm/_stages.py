@@ -30,7 +30,8 @@ from zephon._errors import BadRecordError, ConfigurationError
 from zephon._records import ChunkRecords
 
 from ._errors import MediaDecodeError
-from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify
+from ._deferred import DeferredImage
+from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, decode_video
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "run_processor"]
@@ -167,6 +168,10 @@ class DecodeImages:
     at full size (same refusals and RGB conversion) and handed to it; `record[output_field]`
     then holds its patch rows and `record[grid_field]` the (num_images, 2) int32 grid
     (see `run_processor`). The source field is dropped unless `keep_source`.
+
+    With `defer=True` (no processor) only the header is parsed and checked here: the field holds
+    `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just
+    before the loader takes the row (see `vlm._deferred`; same pixels, a fraction of the memory).
     """
 
     field: str | tuple[str, ...] = DEFAULT_IMAGE_FIELDS
@@ -177,11 +182,15 @@ class DecodeImages:
     keep_source: bool = False
     grid_field: str = "image_grid"
     parallelism: int = 1
+    defer: bool = False
     name: str = "decode_images"
     kind = "record"
 
     def __post_init__(self) -> None:
         _check_common(self)
+        if self.defer and self.processor is not None:
+            raise ConfigurationError("decode_images: defer=True decodes with the ImageSpec after packing; "
+                                     "an image processor's output cannot be deferred")
 
     def build(self, on_error: str) -> DecodeImages:
         """This stage with the pipeline's error policy where it has none of its own."""
@@ -190,7 +199,7 @@ class DecodeImages:
     def fingerprint(self) -> dict:
         return {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
                 "output_field": self.output_field, "processor": _describe(self.processor),
-                "keep_source": self.keep_source, "grid_field": self.grid_field}
+                "keep_source": self.keep_source, "grid_field": self.grid_field, "defer": self.defer}
 
     def patch_layout(self) -> tuple[int, np.dtype]:
         """(patch_dim, dtype) of the rows this stage's images become in `pixel_values`."""
@@ -210,6 +219,10 @@ class DecodeImages:
         out = dict(record)
         if not self.keep_source:
             del out[name]
+        if self.defer:
+            pixels = [DeferredImage(bytes(data), probe_image(data, self.spec), self.spec) for data in items]
+            out[self.output_field] = pixels[0] if single else pixels
+            return out
         if self.processor is None:
             pixels = [decode_image(data, self.spec) for data in items]
             out[self.output_field] = pixels[0] if single else pixels

@@ -3,14 +3,15 @@
 Chunks are submitted to the runner ahead of need (numbered by their position in the lane), and
 their results are consumed strictly in that order, whatever order workers finish in. Every
 stateful decision happens here, on the loader's thread, which is what makes parallelism a pure
-performance knob.
+performance knob. When the packer has stateless work left to do on its rows (decoding images it
+packed encoded), that work too is put on the runner a few rows ahead of the loader.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from ._accumulator import AccumulatorFactory, SegmentContext
 from ._records import Chunk, ChunkRecords
@@ -36,6 +37,8 @@ class LaneStream:
         prefetch: int,
         on_chunk: Callable[[int, int, ChunkRecords], None],
         on_skips: Callable[[int, int, list], None],
+        row_work: Callable[[Any], Future] | None = None,
+        rows_ahead: int = 1,
     ) -> None:
         self.lane = lane
         self._items = items
@@ -45,28 +48,58 @@ class LaneStream:
         self._prefetch = prefetch
         self._on_chunk = on_chunk
         self._on_skips = on_skips
+        self._row_work = row_work
+        self._rows_ahead = rows_ahead
         self._pending: deque[Future | Flush] = deque()
         self._in_flight = 0
         self._plan_done = False
         self._rows = self._generate()
-        self._lookahead: tuple[int, PackedSequence] | None = None
-        self.exhausted = False
+        # Rows pulled from the accumulators and not yet taken, oldest first: one look-ahead row,
+        # or with row work up to `rows_ahead` rows whose work (a Future) is already on the runner.
+        self._ahead: deque[tuple[int, Any]] = deque()
+        self._rows_done = False
 
-    def next(self) -> tuple[int, PackedSequence] | None:
-        """The next row and its segment, or None once a finite plan is used up."""
-        if self._lookahead is not None:
-            row, self._lookahead = self._lookahead, None
-            return row
-        row = next(self._rows, None)
-        if row is None:
-            self.exhausted = True
-        return row
+    @property
+    def exhausted(self) -> bool:
+        """True once a finite plan is used up and every row was taken."""
+        return self._rows_done and not self._ahead
 
     def has_more(self) -> bool:
-        if self._lookahead is None and not self.exhausted:
-            self._lookahead = next(self._rows, None)
-            self.exhausted = self._lookahead is None
-        return self._lookahead is not None
+        if not self._ahead:
+            self._pull(with_work=True)
+        return bool(self._ahead)
+
+    def next(self) -> tuple[int, PackedSequence] | None:
+        """The next row and its segment, or None once a finite plan is used up. With row work, the
+        work of the rows after it is started before this row's is waited for."""
+        if not self.has_more():
+            return None
+        segment, row = self._ahead.popleft()
+        if self._row_work is not None:
+            while len(self._ahead) < self._rows_ahead and self._pull(with_work=True):
+                pass
+        return segment, row.result() if isinstance(row, Future) else row
+
+    def skip(self) -> bool:
+        """Drop the next row without doing its row work (a resume replaying past rows the trainer
+        already had); False once a finite plan is used up."""
+        if not self._ahead and not self._pull(with_work=False):
+            return False
+        _, row = self._ahead.popleft()
+        if isinstance(row, Future):
+            row.cancel()
+        return True
+
+    def _pull(self, with_work: bool) -> bool:
+        if self._rows_done:
+            return False
+        got = next(self._rows, None)
+        if got is None:
+            self._rows_done = True
+            return False
+        segment, row = got
+        self._ahead.append((segment, self._row_work(row) if with_work and self._row_work else row))
+        return True
 
     def _fill(self) -> None:
         while not self._plan_done and self._in_flight < self._prefetch:
@@ -112,10 +145,11 @@ class LaneStream:
                     self._on_skips(self.lane, self._segment, skips)
 
     def close(self) -> None:
-        for entry in self._pending:
+        for entry in [*self._pending, *(row for _, row in self._ahead)]:
             if isinstance(entry, Future):
                 entry.cancel()
         self._pending.clear()
+        self._ahead.clear()
 
 
 def _handed_over(segment: int, rows: list) -> Iterator[tuple[int, PackedSequence]]:

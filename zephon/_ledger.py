@@ -4,7 +4,8 @@ Record counts (read, emitted, filtered, skipped by reason) are kept per lane *se
 results are consumed. Segments before a lane's replay point are *settled* and travel in the
 checkpoint; a resumed loader restores them and recounts the replayed segments from scratch, so no
 record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
-padding) are taken when rows are handed to the trainer and travel as they are.
+padding, documents masked in them) are taken when rows are handed to the trainer and travel as
+they are.
 
 Thread-unsafe: counts are kept on the loader's thread only, so they need no locks.
 """
@@ -44,6 +45,13 @@ class Ledger:
         counts["rows"] += 1
         counts["tokens"] += real_tokens
         counts["padding"] += total_tokens - real_tokens
+
+    def count_masked(self, lane: int, masked) -> None:
+        """Documents a row kept in place but trains nothing on (its row work failed on them), as
+        (address, reason): counted with the rows handed to the trainer, as `masked:<reason>`."""
+        counts = self._rows[lane]
+        for _, reason in masked:
+            counts[f"masked:{reason}"] += 1
 
     def settle(self, lane: int, segment: int) -> None:
         """Fold the lane's segments before `segment` (its new replay point) into its settled counts."""

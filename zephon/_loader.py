@@ -119,7 +119,17 @@ class RankLoader:
             "flush_every_chunks": settings.flush_every_chunks,
             "global_batch_size": self.global_batch_size,
         }
+        # Stateless work the packer leaves on its rows (decoding images packed encoded) is put on
+        # the runner `rows_ahead` rows before the loader takes them, per lane: at least the
+        # microbatch it takes at once and two rows per worker, so that when the loader turns to a
+        # lane its rows are done and the workers still hold the other lanes' next rows. It runs on
+        # the workers of the stage with the most of them (the last such): no extra pool or worker
+        # processes, and no more busy threads than cores.
+        row_work = getattr(packer, "row_work", None)
+        self._row_work = row_work(settings.on_error) if row_work else None
         max_parallelism = max((s.parallelism for s in self.stages), default=1)
+        self._row_stage = max(i for i, s in enumerate(self.stages) if s.parallelism == max_parallelism)
+        self.rows_ahead = max(self.microbatch_size, 2 * max_parallelism)
         # Chunks in flight per lane. A rank consumes its lanes one after another (G/L rows from
         # one, then the next), so the lane being consumed must keep every worker busy on its own:
         # the other lanes' windows are mostly finished work waiting for their turn. Four per worker
@@ -163,7 +173,12 @@ class RankLoader:
             raise ConfigurationError("this loader is closed")
         if self._runner is None:
             read = self._read
-            stages = [Stage(s.name, _compose(read if i == 0 else None, s.fns), s.parallelism) for i, s in enumerate(self.stages)]
+            stages = []
+            for i, s in enumerate(self.stages):
+                fn = _compose(read if i == 0 else None, s.fns)
+                if self._row_work is not None and i == self._row_stage:
+                    fn = _AlsoRowWork(fn, self._row_work.run)
+                stages.append(Stage(s.name, fn, s.parallelism))
             runner = make_runner(self.pipeline.settings.runner)
             runner.start(stages)
             self._runner = runner
@@ -172,6 +187,18 @@ class RankLoader:
 
     def _submit(self, chunk: Chunk) -> Future:
         return _submit_chain(self._runner, len(self.stages), chunk)
+
+    def _submit_row(self, row) -> Future:
+        """A future of the row with its row work done: the work's order goes to the runner, and
+        the result is applied to the row as it comes back."""
+        done: Future = Future()
+        order = self._row_work.order(row)
+        if order is None:
+            done.set_result(row)
+        else:
+            self._runner.submit(self._row_stage, _RowWork(order)).add_done_callback(
+                functools.partial(_apply_row_work, self._row_work, row, done))
+        return done
 
     def _open_streams(self) -> None:
         for stream in self._streams.values():
@@ -190,9 +217,11 @@ class RankLoader:
                 self.prefetch,
                 self._ledger.count_chunk,
                 self._ledger.count_skips,
+                row_work=self._submit_row if self._row_work is not None else None,
+                rows_ahead=self.rows_ahead,
             )
             for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
-                if stream.next() is None:
+                if not stream.skip():
                     break
             self._streams[lane] = stream
 
@@ -233,6 +262,9 @@ class RankLoader:
             self._ledger.settle(lane, segment)
         cursor.skip += 1
         self._ledger.count_rows(lane, row.num_real_tokens, row.length)
+        masked = getattr(row, "masked_documents", ())
+        if masked:
+            self._ledger.count_masked(lane, masked)
         return row
 
     # -- state ------------------------------------------------------------------------------
@@ -315,6 +347,43 @@ def _compose(read, fns):
         return item
 
     return run
+
+
+class _RowWork:
+    """A row work order sent to the stage that also runs the packer's row work (`_AlsoRowWork`)."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, order) -> None:
+        self.order = order
+
+
+class _AlsoRowWork:
+    """A stage function that also runs the packer's row work on `_RowWork` items."""
+
+    __slots__ = ("stage_fn", "run")
+
+    def __init__(self, stage_fn, run) -> None:
+        self.stage_fn, self.run = stage_fn, run
+
+    def __call__(self, item):
+        return self.run(item.order) if isinstance(item, _RowWork) else self.stage_fn(item)
+
+
+def _apply_row_work(work, row, done: Future, future: Future) -> None:
+    """Settles `done` with the row and its row work's result (on the thread that finished it)."""
+    if future.cancelled():
+        done.cancel()
+        return
+    try:
+        done.set_result(work.apply(row, future.result()))
+    except InvalidStateError:  # cancelled by the loader meanwhile
+        pass
+    except Exception as exc:  # noqa: BLE001 - the work or its apply failed: the loader raises it at take
+        try:
+            done.set_exception(exc)
+        except InvalidStateError:
+            pass
 
 
 def _submit_chain(runner: Runner, num_stages: int, item) -> Future:

@@ -55,7 +55,9 @@ def round_order(plan: list[tuple], round_: int) -> list[tuple]:
 TEXT = {"max_length": 2048, "microbatch": 8, "num_lanes": 4, "records_per_chunk": 16, "flush_every_chunks": 16,
         "shuffle_buffer": 16, "eos": "<|eos|>"}
 VLM = {"max_length": 4096, "microbatch": 4, "num_lanes": 4, "records_per_chunk": 16, "flush_every_chunks": 16,
-       "shuffle_buffer": 4, "max_side": 448}
+       "shuffle_buffer": 4, "max_side": 448, "defer": True}
+# "defer": Zephon decodes each row's images after packing (decode_images(defer=True)); the peers,
+# which have no such stage, decode before packing as before.
 
 
 def machine() -> dict:

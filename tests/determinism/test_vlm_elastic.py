@@ -49,10 +49,10 @@ def assets():
 def make(assets):
     pairs, tokenizer = assets
 
-    def make(runner: str = "inline", parallelism: int = 1):
+    def make(runner: str = "inline", parallelism: int = 1, defer: bool = False):
         return vlm_pipeline(pairs.directory, tokenizer, runner=runner, parallelism=parallelism, spec=SPEC,
                             num_lanes=8, max_length=MAX_LENGTH, microbatch_size=2, records_per_chunk=4,
-                            flush_every_chunks=2, shuffle_buffer=4, seed=5)
+                            flush_every_chunks=2, shuffle_buffer=4, seed=5, defer=defer)
 
     return make
 
@@ -95,6 +95,25 @@ def test_vlm_resume_on_another_world_size_matches_uninterrupted_run(make, refere
     assert len(json.dumps(state)) < 64 * 1024, "a checkpoint holds cursors, never pixels"
     resumed = microbatch_digests(make(runner, 2), target_world, RESUME_STEPS, state=state)
     consumed = consumed_keys(make(), 2, steps, extra)
+    assert set(resumed) == set(reference_microbatches) - consumed
+    assert resumed == {key: reference_microbatches[key] for key in resumed}
+
+
+@pytest.mark.parametrize("runner,parallelism,world_size", [("inline", 1, 1), ("thread", 2, 2), ("process", 2, 4),
+                                                           ("thread", 4, 1)])
+def test_decoding_after_packing_gives_the_same_global_batches(make, reference, runner, parallelism, world_size):
+    """decode_images(defer=True) packs from the headers and decodes each row on the workers just
+    before it is taken: the same tokens and the same pixels, on every runner and world size."""
+    assert step_digests(make(runner, parallelism, defer=True), world_size, STEPS) == reference
+
+
+@pytest.mark.parametrize("target_world,runner", [(4, "process"), (1, "thread")])
+def test_decoding_after_packing_resumes_on_another_world_size(make, reference_microbatches, target_world, runner):
+    """Checkpointed mid-step on 2 ranks, resumed on 4 and on 1: the replayed rows are skipped
+    without being decoded, and every later microbatch is the uninterrupted (eager) run's."""
+    state = json.loads(json.dumps(checkpoint_after(make("thread", 2, defer=True), 2, 3, 1)))
+    resumed = microbatch_digests(make(runner, 2, defer=True), target_world, RESUME_STEPS, state=state)
+    consumed = consumed_keys(make(), 2, 3, 1)
     assert set(resumed) == set(reference_microbatches) - consumed
     assert resumed == {key: reference_microbatches[key] for key in resumed}
 

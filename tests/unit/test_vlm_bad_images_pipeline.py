@@ -113,14 +113,15 @@ def shard(tmp_path_factory):
     return root, keys, {key: {ext: p for k, ext, p in bad if k == key} for key in bad_keys}
 
 
-def _pipeline(shard, runner: str = "inline", on_error: str = "skip"):
+def _pipeline(shard, runner: str = "inline", on_error: str = "skip", defer: bool = False):
     root, _, _ = shard
     return vlm_pipeline(root, tekken_tokenizer(), runner=runner, parallelism=2, spec=SPEC, num_lanes=2,
-                        max_length=512, microbatch_size=1, records_per_chunk=4, num_epochs=1, on_error=on_error)
+                        max_length=512, microbatch_size=1, records_per_chunk=4, num_epochs=1, on_error=on_error,
+                        defer=defer)
 
 
-def _run(shard, runner: str = "inline"):
-    with _pipeline(shard, runner).shard(0, 1) as loader:
+def _run(shard, runner: str = "inline", defer: bool = False):
+    with _pipeline(shard, runner, defer=defer).shard(0, 1) as loader:
         batches = list(loader)
         return batches, loader.stats()
 
@@ -190,3 +191,53 @@ def test_on_error_raise_fails_naming_the_bad_records_address(shard, runner):
     assert error.address.shard.endswith("pairs-00000.tar")
     assert EXPECTED[keys[error.address.index]] == error.reason
     assert str(error.address) in str(error) and error.reason in str(error)
+
+
+# -- decoded after packing (decode_images(defer=True)) ----------------------------------------
+# The header is checked before packing: garbage and bombs are skipped as above. A truncated JPEG's
+# header parses, so it is packed, and fails when its row is decoded: its document is masked.
+MASKED_WHEN_DEFERRED = {"bad-truncated-jpeg": "truncated_image"}
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_deferred_decode_masks_an_image_that_fails_after_packing_and_counts_it(shard, runner):
+    _, keys, _ = shard
+    batches, stats = _run(shard, runner, defer=True)
+    total = stats["datasets"]["pairs"]["total"]
+    assert total["skipped"] == {reason: 1 for k, reason in EXPECTED.items() if reason and k not in MASKED_WHEN_DEFERRED}
+    assert total["read"] == total["emitted"] + total["filtered"] + sum(total["skipped"].values())
+    masked = {}
+    for lane in stats["lanes"].values():
+        for name, count in lane.items():
+            if name.startswith("masked:"):
+                masked[name] = masked.get(name, 0) + count
+    assert masked == {f"masked:{reason}": 1 for reason in MASKED_WHEN_DEFERRED.values()}
+    found = 0
+    for batch in batches:
+        for row, sources in enumerate(batch.sources):
+            for number, address in enumerate(sources):
+                if keys[address.index] not in MASKED_WHEN_DEFERRED:
+                    continue
+                found += 1
+                in_document = batch.tokens["document_ids"][row] == number
+                assert in_document.sum() > 0, "the masked document keeps its place in the row"
+                assert (batch.tokens["labels"][row][in_document] == -100).all(), "and trains nothing"
+    assert found == 1
+    images = _images_by_key(batches, keys)
+    assert not images["bad-truncated-jpeg"].any(), "its image is zeros"
+    eager = _images_by_key(_run(shard, runner)[0], keys)
+    assert set(images) - set(MASKED_WHEN_DEFERRED) == set(eager)
+    for key, pixels in eager.items():
+        assert np.array_equal(images[key], pixels), f"{key}: deferred decode gives other pixels"
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_deferred_decode_with_on_error_raise_fails_naming_the_record(shard, runner):
+    _, keys, _ = shard
+    with _pipeline(shard, runner, on_error="raise", defer=True).shard(0, 1) as loader, \
+            pytest.raises(BadRecordError) as raised:
+        for _ in loader:
+            pass
+    error = raised.value
+    assert EXPECTED[keys[error.address.index]] == error.reason
+    assert str(error.address) in str(error)

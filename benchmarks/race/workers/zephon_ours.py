@@ -1,8 +1,9 @@
 """Race worker: this repository's Zephon (thread or process runner), one rank, all lanes.
 
 Text: tokenize (parallelism p) -> pack_flat wrap 2048 -> shuffle -> batch 8.
-VLM: `vlm._demo.vlm_pipeline` (the demo's recipe: tokenize the caption and decode the
-image in one stage of parallelism p -> pack_multimodal 4096 -> shuffle -> batch).
+VLM: `vlm._demo.vlm_pipeline` (the demo's recipe: tokenize the caption and read the image's
+header in one stage of parallelism p -> pack_multimodal 4096 -> shuffle -> batch, each row's
+images decoded on the workers just before the loader takes it: `decode_images(defer=True)`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ else:
                             spec=ImageSpec.pixtral(max_side=v["max_side"]), num_lanes=v["num_lanes"],
                             max_length=v["max_length"], microbatch_size=v["microbatch"],
                             records_per_chunk=v["records_per_chunk"], flush_every_chunks=v["flush_every_chunks"],
-                            shuffle_buffer=v["shuffle_buffer"], seed=0)
+                            shuffle_buffer=v["shuffle_buffer"], seed=0, defer=v["defer"])
     if cfg.get("prefetch"):
         pipeline = pipeline.options(prefetch=cfg["prefetch"])
 

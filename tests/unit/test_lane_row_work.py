@@ -1,0 +1,77 @@
+"""A lane's row work (e.g. decoding images packed encoded) runs a bounded window ahead of the
+loader, in row order, and never for rows a resume replays past."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from zephon._lane import LaneStream
+from zephon._records import Chunk, ChunkRecords, RecordAddress
+from zephon.work import Flush
+
+ROWS_PER_CHUNK = 4
+AHEAD = 3
+
+
+class EachRecordARow:
+    """An accumulator that emits every record as a row, and nothing at flush."""
+
+    def push(self, item):
+        return [item[1]["row"]]
+
+    def flush(self):
+        return []
+
+
+def _chunk_result(chunk: Chunk) -> Future:
+    records = [{"row": f"row-{chunk.start + i}"} for i in range(ROWS_PER_CHUNK)]
+    addresses = [RecordAddress("d", "s", chunk.start + i) for i in range(ROWS_PER_CHUNK)]
+    future = Future()
+    future.set_result(ChunkRecords(chunk, records, addresses))
+    return future
+
+
+def _stream(worked: list, chunks: int = 6) -> LaneStream:
+    items = []
+    for n in range(chunks):
+        items.append(Chunk("d", 0, n * ROWS_PER_CHUNK, (n + 1) * ROWS_PER_CHUNK))
+        if n % 2 == 1:
+            items.append(Flush(segment=n // 2 + 1))
+
+    def row_work(row) -> Future:
+        worked.append(row)
+        future = Future()
+        future.set_result(row.upper())
+        return future
+
+    return LaneStream(0, iter(items), 0, _chunk_result, [lambda ctx: EachRecordARow()], prefetch=2,
+                      on_chunk=lambda *a: None, on_skips=lambda *a: None, row_work=row_work, rows_ahead=AHEAD)
+
+
+def test_rows_come_out_with_their_work_done_in_order_and_the_work_runs_a_window_ahead():
+    worked: list = []
+    stream = _stream(worked)
+    taken = []
+    while (got := stream.next()) is not None:
+        taken.append(got)
+        assert len(worked) <= len(taken) + AHEAD, "row work ran more than its window ahead"
+    assert [row for _, row in taken] == [f"ROW-{i}" for i in range(6 * ROWS_PER_CHUNK)]
+    assert [segment for segment, _ in taken] == [i // (2 * ROWS_PER_CHUNK) for i in range(6 * ROWS_PER_CHUNK)]
+    assert worked == [f"row-{i}" for i in range(6 * ROWS_PER_CHUNK)], "every row's work ran once"
+    assert stream.exhausted
+
+
+def test_replayed_rows_are_skipped_without_their_work():
+    worked: list = []
+    stream = _stream(worked)
+    for _ in range(10):
+        assert stream.skip()
+    assert worked == []
+    assert stream.next() == (1, "ROW-10")
+    assert worked[0] == "row-10" and len(worked) <= 1 + AHEAD
+
+
+def test_skipping_past_the_end_reports_it():
+    stream = _stream([], chunks=1)
+    assert all(stream.skip() for _ in range(ROWS_PER_CHUNK))
+    assert not stream.skip() and stream.exhausted and stream.next() is None

@@ -1,0 +1,115 @@
+"""Decoding after packing: the grid planned from a header is the grid decoded, and what a header
+cannot vouch for fails with a named reason when its row is decoded."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.unit.test_vlm_assets import (
+    REAL_JPEGS,
+    REAL_PNGS,
+    cmyk_jpeg,
+    encode,
+    gradient,
+    palette_alpha_png,
+    png_header_only,
+    real_file,
+    rotated_jpeg,
+    sixteen_bit_png,
+    truncated_jpeg,
+)
+from vlm import ImageDecodeError, ImageSpec, decode_image
+from vlm._deferred import DeferredImage
+from vlm._image import probe_image
+
+SPECS = [ImageSpec(), ImageSpec.pixtral(max_side=128), ImageSpec.qwen2_vl(max_pixels=256 * 256)]
+
+
+def _tiff(mode: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(gradient()).convert(mode).save(buffer, "TIFF")
+    return buffer.getvalue()
+
+
+IMAGES = {
+    **{relative.rsplit("/", 1)[-1]: (package, relative) for package, relative in REAL_JPEGS + REAL_PNGS},
+    "rotated-6.jpg": rotated_jpeg(6),
+    "rotated-8.jpg": rotated_jpeg(8),
+    "cmyk.jpg": cmyk_jpeg(),
+    "sixteen-bit.png": sixteen_bit_png(),
+    "palette-alpha.png": palette_alpha_png(),
+    "one-bit.tiff": _tiff("1"),
+    "float.tiff": _tiff("F"),
+    "tall.png": encode(gradient(700, 90)),
+}
+
+
+def _bytes(name: str) -> bytes:
+    value = IMAGES[name]
+    return real_file(*value).read_bytes() if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["default", "pixtral", "qwen2-vl"])
+@pytest.mark.parametrize("name", list(IMAGES))
+def test_the_grid_read_from_the_header_is_the_grid_decoded(name, spec):
+    data = _bytes(name)
+    rows, cols = probe_image(data, spec)
+    pixels = decode_image(data, spec)
+    assert pixels.shape == (rows * spec.patch_size, cols * spec.patch_size, 3)
+    deferred = DeferredImage(data, (rows, cols), spec)
+    assert deferred.shape == pixels.shape
+    assert np.array_equal(pickle.loads(pickle.dumps(deferred)).decode(), pixels)
+
+
+def _reason(call) -> str:
+    with pytest.raises(ImageDecodeError) as caught:
+        call()
+    return caught.value.reason
+
+
+def _flip_a_byte_in_the_pixel_data(png: bytes) -> bytes:
+    at = png.index(b"IDAT") + 4 + 40
+    return png[:at] + bytes([png[at] ^ 0xFF]) + png[at + 1 :]
+
+
+def test_what_the_header_shows_is_refused_before_packing():
+    png = encode(gradient(480, 640))
+    assert _reason(lambda: probe_image(b"<html>404</html>" * 20)) == "corrupt_image"
+    assert _reason(lambda: probe_image(png_header_only(20000, 20000))) == "decompression_bomb"
+    assert _reason(lambda: probe_image(png[: len(png) // 2])) == "truncated_image"
+    assert _reason(lambda: probe_image(_flip_a_byte_in_the_pixel_data(png))) == "corrupt_image"
+
+
+def test_a_truncated_jpeg_passes_its_header_and_fails_when_decoded():
+    data = truncated_jpeg()
+    spec = ImageSpec()
+    deferred = DeferredImage(data, probe_image(data, spec), spec)
+    assert _reason(deferred.decode) == "truncated_image"
+
+
+def _png_with_late_orientation(orientation: int) -> bytes:
+    """A PNG whose eXIf chunk (EXIF orientation) comes after its pixel data."""
+    png = encode(gradient(96, 160))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    payload = exif.tobytes()[6:]  # eXIf holds the TIFF structure without the "Exif\0\0" prefix
+    chunk = struct.pack(">I", len(payload)) + b"eXIf" + payload
+    chunk += struct.pack(">I", zlib.crc32(b"eXIf" + payload))
+    end = png.rindex(b"IEND") - 4
+    return png[:end] + chunk + png[end:]
+
+
+def test_an_orientation_found_only_after_a_pngs_pixels_fails_instead_of_changing_the_row():
+    data = _png_with_late_orientation(6)
+    spec = ImageSpec()
+    rows, cols = probe_image(data, spec)
+    turned = decode_image(data, spec)
+    assert turned.shape[:2] != (rows * spec.patch_size, cols * spec.patch_size), "the late EXIF turns it"
+    assert _reason(DeferredImage(data, (rows, cols), spec).decode) == "corrupt_image"

@@ -1,0 +1,116 @@
+"""Images held encoded until their row is decoded: decode after packing.
+
+A decoded image is 4-15x larger than its PNG or JPEG (the race's PNGs: 22.9 MiB encoded, 93.7 MiB
+decoded at 448 px). Decoded before packing, every image waits decoded in its lane's prefetch
+window, its open row, the shuffle buffer and the rows a segment's flush releases at once: on the
+race's VLM recipe ~900 live images. The packer only needs each image's patch grid, which the
+header gives, so `DecodeImages(defer=True)` parses and checks the header on the workers
+(`probe_image`) and passes a `DeferredImage`; the loader has each row decoded on the workers a few
+rows before it takes the row (`decode_row`, the packer's row work).
+
+An image whose header parses but whose pixels do not decode can then only fail after its row was
+planned. Its document stays where it was placed (the row's layout is a decision already made) but
+trains nothing: its image patches are zero and every label of the document is IGNORE_INDEX. The row
+reports it as (address, reason), the loader counts it per lane as `masked:<reason>` with the rows
+it hands to the trainer, and with `on_error="raise"` it fails with `BadRecordError` instead. The
+same bytes fail the same way on every worker, so the batches stay a pure function of the recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from zephon._errors import BadRecordError
+
+from ._errors import ImageDecodeError
+from ._image import ImageSpec, decode_image
+
+__all__ = ["DecodeDeferred", "DeferredImage", "decode_row"]
+
+
+@dataclass(frozen=True, eq=False)
+class DeferredImage:
+    """Encoded image bytes whose header was checked, and the (rows, cols) grid they decode to."""
+
+    data: bytes
+    grid: tuple[int, int]
+    spec: ImageSpec
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The (H, W, 3) shape `decode()` returns."""
+        p = self.spec.patch_size
+        return self.grid[0] * p, self.grid[1] * p, 3
+
+    def decode(self) -> np.ndarray:
+        """(H, W, 3) uint8 on the planned grid; `ImageDecodeError` if the bytes do not give it."""
+        pixels = decode_image(self.data, self.spec)
+        if pixels.shape != self.shape:
+            raise ImageDecodeError(
+                "corrupt_image",
+                f"decoded to {pixels.shape[:2]} instead of the {self.shape[:2]} its header announced "
+                "(an EXIF orientation after a PNG's pixel data)",
+            )
+        return pixels
+
+
+@dataclass(frozen=True)
+class DecodeDeferred:
+    """The row work of a packer whose images were deferred, in the three parts the loader runs:
+    `order(plan)` on its thread (the deferred images, or None), `run(order)` on a worker (the
+    pure part: decoding), `apply(plan, done)` back on its thread. Only the encoded images cross
+    to the worker and only their pixels come back, not the whole plan, which matters to the
+    process runner: every byte crossing is pickled by the loader's process."""
+
+    on_error: str
+
+    def order(self, plan) -> tuple[DeferredImage, ...] | None:
+        deferred = tuple(image for doc in plan.documents for image in doc.images if isinstance(image, DeferredImage))
+        return deferred or None
+
+    @staticmethod
+    def run(order: tuple[DeferredImage, ...]) -> list[np.ndarray | tuple[str, str]]:
+        """Each image's pixels, or (reason, detail) where it failed."""
+        done: list[np.ndarray | tuple[str, str]] = []
+        for image in order:
+            try:
+                done.append(image.decode())
+            except ImageDecodeError as exc:
+                done.append((exc.reason, exc.detail))
+        return done
+
+    def apply(self, plan, done: list):
+        """The plan with the pixels in place; a document with a failed image is masked, or with
+        `on_error="raise"` the failure raises `BadRecordError` naming its record."""
+        decoded = iter(done)
+        documents, masked = [], []
+        for number, doc in enumerate(plan.documents):
+            if not any(isinstance(image, DeferredImage) for image in doc.images):
+                documents.append(doc)
+                continue
+            images, failure = [], None
+            for image in doc.images:
+                if isinstance(image, DeferredImage):
+                    pixels = next(decoded)
+                    if isinstance(pixels, tuple):
+                        reason, detail = pixels
+                        if self.on_error == "raise":
+                            raise BadRecordError(doc.address, reason, detail)
+                        failure = failure or reason
+                        pixels = np.zeros(image.shape, dtype=np.uint8)
+                    image = pixels
+                images.append(image)
+            documents.append(dataclasses.replace(doc, images=tuple(images)))
+            if failure is not None:
+                masked.append((number, failure))
+        return dataclasses.replace(plan, documents=tuple(documents), masked=plan.masked + tuple(masked))
+
+
+def decode_row(plan, on_error: str):
+    """The row plan with every `DeferredImage` decoded here, in this thread (see `DecodeDeferred`)."""
+    work = DecodeDeferred(on_error)
+    order = work.order(plan)
+    return plan if order is None else work.apply(plan, work.run(order))
