@@ -100,7 +100,10 @@ class ProcessRunner:
     - `max_retries`: how many times an item is re-run after its worker died or timed out; an item is
       attempted at most `1 + max_retries` times before its future fails with `WorkerCrashedError`.
     - `oob_threshold_bytes`: buffers at least this large go through shared memory, smaller ones
-      inside the pickle stream.
+      inside the pickle stream. 16 KiB lets encoded images (`vlm` decoding after packing: 10-60 KB
+      each, sent to the parent and back to a worker) skip the pipe: race VLM recipe, p=2, at 64 KiB
+      the parent spent 0.14 ms of CPU per image and held them in its heap (PSS 160 MiB), at 16 KiB
+      0.11 ms and 102 MiB. Text chunks' token arrays stay below it (text throughput unchanged).
     - `shm_root`: where the per-runner buffer directory is created (default /dev/shm, else the
       temporary directory).
     - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
@@ -134,7 +137,7 @@ class ProcessRunner:
         *,
         task_timeout_s: float | None = None,
         max_retries: int = 3,
-        oob_threshold_bytes: int = 64 * 1024,
+        oob_threshold_bytes: int = 16 * 1024,
         shm_root: str | None = None,
         close_timeout_s: float = 2.0,
     ) -> None:

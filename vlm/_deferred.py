@@ -19,6 +19,7 @@ same bytes fail the same way on every worker, so the batches stay a pure functio
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,11 +34,19 @@ __all__ = ["DecodeDeferred", "DeferredImage", "decode_row"]
 
 @dataclass(frozen=True, eq=False)
 class DeferredImage:
-    """Encoded image bytes whose header was checked, and the (rows, cols) grid they decode to."""
+    """Encoded image bytes whose header was checked, and the (rows, cols) grid they decode to.
 
-    data: bytes
+    Pickled (protocol 5), the bytes are an out-of-band buffer, so the process runner moves them
+    through shared memory like arrays; `data` may then be a read-only view of those pages.
+    """
+
+    data: bytes | memoryview
     grid: tuple[int, int]
     spec: ImageSpec
+
+    def __reduce_ex__(self, protocol: int):
+        data = pickle.PickleBuffer(self.data) if protocol >= 5 else self.data
+        return (DeferredImage, (data, self.grid, self.spec))
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -113,3 +113,16 @@ def test_an_orientation_found_only_after_a_pngs_pixels_fails_instead_of_changing
     turned = decode_image(data, spec)
     assert turned.shape[:2] != (rows * spec.patch_size, cols * spec.patch_size), "the late EXIF turns it"
     assert _reason(DeferredImage(data, (rows, cols), spec).decode) == "corrupt_image"
+
+
+def test_a_deferred_image_crosses_processes_through_shared_memory(tmp_path):
+    """The process runner's transport moves its bytes out of band, like an array's."""
+    from runners._transport import decode, encode
+
+    data = _bytes("chelsea.png")
+    spec = ImageSpec.pixtral(max_side=128)
+    deferred = DeferredImage(data, probe_image(data, spec), spec)
+    envelope = encode(deferred, str(tmp_path), threshold=16 * 1024)
+    assert envelope.path is not None and envelope.shm_bytes == len(data) > 16 * 1024
+    assert len(envelope.stream) < 1024, "the bytes are not in the pickle stream"
+    assert np.array_equal(decode(envelope).decode(), decode_image(data, spec))
