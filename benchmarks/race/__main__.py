@@ -126,7 +126,8 @@ def _kill_group(pid: int) -> None:
 
 
 def median_runs(runs: list[dict]) -> dict:
-    keys = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes")
+    keys = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes",
+            "peak_shm_bytes")
     ok = [r for r in runs if r.get("ok")]
     out = {"runs": len(runs), "ok": len(ok)}
     for key in keys:

@@ -6,6 +6,12 @@ size: each shared page split between the processes that map it, so a forked tree
 twice) whenever that RSS reaches a new high, and at least every `pss_interval` seconds. The race
 reports PSS as the memory a loader really costs and keeps RSS beside it.
 
+Beside them, the growth of the machine's shared memory (`Shmem` in /proc/meminfo, /dev/shm among
+it) since the start: loaders that move data between processes through shared-memory files
+(Zephon's process runner, torch's DataLoader, grain's multiprocessing) hold pages there that no
+PSS counts while no process has touched them (a file mapped but not yet read, or no longer
+mapped). It is machine-wide, so it is only meaningful on a machine doing nothing else.
+
 PSS is not read at every sample because reading it is not free for the process observed: the
 kernel walks every page table of the process under its memory-map lock, which stalls the process's
 own mmap/munmap calls meanwhile. Read 10 times a second it cost the VLM race recipe (Zephon thread
@@ -58,6 +64,14 @@ def _pss(pid: int) -> int:
     return 0
 
 
+def _shmem() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/statm") as f:
@@ -75,8 +89,9 @@ class TreeMemory:
     def __init__(self, root: int, interval: float = 0.1, pss_interval: float = 1.0) -> None:
         self.root, self.interval = root, interval
         self.pss_every = max(1, round(pss_interval / interval))
-        self.peak_rss = self.peak_pss = 0
+        self.peak_rss = self.peak_pss = self.peak_shm = 0
         self.peak_processes = 0
+        self._shm_at_start = _shmem()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="race-memory", daemon=True)
         self._thread.start()
@@ -89,6 +104,7 @@ class TreeMemory:
             if rss > self.peak_rss or sample % self.pss_every == 0:
                 self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in pids))
             self.peak_rss = max(self.peak_rss, rss)
+            self.peak_shm = max(self.peak_shm, _shmem() - self._shm_at_start)
             self.peak_processes = max(self.peak_processes, len(pids))
             sample += 1
             self._stop.wait(self.interval)
@@ -96,4 +112,5 @@ class TreeMemory:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
-        return {"peak_rss_bytes": self.peak_rss, "peak_pss_bytes": self.peak_pss, "peak_processes": self.peak_processes}
+        return {"peak_rss_bytes": self.peak_rss, "peak_pss_bytes": self.peak_pss, "peak_shm_bytes": self.peak_shm,
+                "peak_processes": self.peak_processes}

@@ -20,7 +20,8 @@ BOUND_OF = {
     "zephon 0.2.0 3.11": ("3.11 Pillow", "work"),
     "torch DataLoader 3.11": ("3.11 Pillow", "work"),
 }
-METRICS = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes")
+METRICS = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes",
+           "peak_shm_bytes")
 MiB = 2**20
 
 
@@ -182,7 +183,7 @@ def markdown(results: dict) -> str:
         lines.append(f"### {pipeline}: usable tokens/s by parallelism (best configuration of each loader)")
         lines.append("")
         head = ["loader"] + [f"p={p}" for p in ps] + ["eff. @2", "img/s @2", "first batch s @2", "PSS MiB @2",
-                                                       "RSS MiB @2", "best config @2"]
+                                                       "RSS MiB @2", "shm MiB @2", "best config @2"]
         if pipeline != "vlm":
             head.remove("img/s @2")
         lines.append("| " + " | ".join(head) + " |")
@@ -199,7 +200,7 @@ def markdown(results: dict) -> str:
             if pipeline == "vlm":
                 cells.append(_fmt(at2.get("images_per_s"), "img"))
             cells += [_fmt(at2.get("time_to_first_batch_s"), "s"), _fmt(at2.get("peak_pss_bytes"), "mib"),
-                      _fmt(at2.get("peak_rss_bytes"), "mib"),
+                      _fmt(at2.get("peak_rss_bytes"), "mib"), _fmt(at2.get("peak_shm_bytes"), "mib"),
                       ", ".join(f"{k}={v}" for k, v in at2.get("config", {}).items()) or "—"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
