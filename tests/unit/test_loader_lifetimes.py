@@ -23,6 +23,23 @@ def live(kind: type) -> int:
     return sum(1 for obj in gc.get_objects() if type(obj) is kind)
 
 
+def most_alive(pipeline, kind: type, steps: int, every: int = 1) -> int:
+    """The most objects of `kind` alive at once over `steps` microbatches, with the collector off."""
+    gc.collect()
+    gc.disable()
+    try:
+        most = 0
+        with pipeline.shard(0, 1) as loader:
+            for step, _ in enumerate(loader):
+                if step % every == every - 1:
+                    most = max(most, live(kind))
+                if step == steps:
+                    break
+    finally:
+        gc.enable()
+    return most
+
+
 @pytest.mark.parametrize("runner", ["inline", "thread"])
 def test_only_the_prefetch_window_of_chunks_stays_alive(demo_data_dir, demo_tokenizer_path, runner):
     source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0,
@@ -35,18 +52,7 @@ def test_only_the_prefetch_window_of_chunks_stays_alive(demo_data_dir, demo_toke
         .shuffle(buffer_size=4, seed=0)
         .batch(microbatch_size=4)
     )
-    gc.collect()
-    gc.disable()
-    try:
-        most = 0
-        with pipeline.shard(0, 1) as loader:
-            for step, _ in enumerate(loader):
-                if step % 10 == 9:
-                    most = max(most, live(ChunkRecords))
-                if step == 200:
-                    break
-    finally:
-        gc.enable()
+    most = most_alive(pipeline, ChunkRecords, steps=200, every=10)
     # each lane: its prefetch window, plus the chunk it is packing and one being handed over
     assert most <= NUM_LANES * (PREFETCH + 2), f"{most} chunks alive"
 
@@ -69,17 +75,7 @@ def test_rows_a_flush_emitted_are_freed_once_the_loader_took_them(demo_data_dir,
         .shuffle(buffer_size=SHUFFLE, seed=0)
         .batch(microbatch_size=2)
     )
-    gc.collect()
-    gc.disable()
-    try:
-        most = 0
-        with pipeline.shard(0, 1) as loader:
-            for step, _ in enumerate(loader):
-                most = max(most, live(PackedSequence))
-                if step == 300:
-                    break
-    finally:
-        gc.enable()
+    most = most_alive(pipeline, PackedSequence, steps=300)
     # each lane: a full shuffle buffer and the packer's open row, or what a flush emitted (the
     # same rows), plus the lane's look-ahead row and the microbatch being collated
     assert most <= NUM_LANES * (SHUFFLE + 2) + 2, f"{most} rows alive"
