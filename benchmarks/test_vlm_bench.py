@@ -13,7 +13,10 @@ prefetch made while the first step was awaited, which on a few steps inflates th
 interpreter build (`record_build`), and the Pillow build: pixel throughput, and pixel digests,
 depend on whether Pillow or pillow-simd is installed (vlm/README.md).
 
-    pytest benchmarks/test_vlm_bench.py --benchmark-only        # under 3 min on 2 cores
+    pytest benchmarks/test_vlm_bench.py --benchmark-only        # under 4 min on 2 cores
+
+`test_vlm_decode_before_or_after_packing` runs the same cases with `decode_images(defer=...)`
+both ways, side by side in one session.
 """
 
 from __future__ import annotations
@@ -47,21 +50,22 @@ def assets():
     return {"stamps": pair_shards(8), "photographs": photograph_shards(4)}, tekken_tokenizer()
 
 
-def _pipeline(assets, data: str, runner: str, parallelism: int):
+def _pipeline(assets, data: str, runner: str, parallelism: int, defer: bool):
     shards, tokenizer = assets
     lanes, _, microbatch, _ = LAYOUT[data]
     if data == "stamps":
         return vlm_pipeline(shards[data].directory, tokenizer, runner=runner, parallelism=parallelism,
                             spec=ImageSpec.pixtral(max_side=256), max_length=2048, records_per_chunk=16,
-                            num_lanes=lanes, microbatch_size=microbatch)
+                            num_lanes=lanes, microbatch_size=microbatch, defer=defer)
     # 16 photographs, 2 per chunk so that every lane has some, 512 px on the long side (~600 tokens)
     return vlm_pipeline(shards[data].directory, tokenizer, runner=runner, parallelism=parallelism,
                         spec=ImageSpec.pixtral(max_side=512), max_length=1024, records_per_chunk=2,
-                        num_lanes=lanes, microbatch_size=microbatch, image_fields=("jpg",))
+                        num_lanes=lanes, microbatch_size=microbatch, image_fields=("jpg",), defer=defer)
 
 
-def _measure(benchmark, record_build, assets, data: str, runner: str, parallelism: int) -> None:
-    pipeline = _pipeline(assets, data, runner, parallelism)
+def _measure(benchmark, record_build, assets, data: str, runner: str, parallelism: int,
+             defer: bool = False) -> None:
+    pipeline = _pipeline(assets, data, runner, parallelism, defer)
     _, global_batch, _, steps = LAYOUT[data]
     results, infos = [], []
 
@@ -85,9 +89,10 @@ def _measure(benchmark, record_build, assets, data: str, runner: str, parallelis
         "data": f"{data}: {assets[0][data].source}",
         "runner": infos[0]["name"], "runner_reason": infos[0]["reason"], "parallelism": parallelism,
         "usable_tokens_per_s": round(tokens / seconds), "images_per_s": round(images / seconds, 1),
-        "steps": steps, "global_batch": global_batch,
+        "steps": steps, "global_batch": global_batch, "decode": "after packing" if defer else "before packing",
     })
-    print(f"\n{data} {runner} x{parallelism}: {tokens / seconds:,.0f} usable tokens/s, {images / seconds:,.1f} images/s")
+    print(f"\n{data} {runner} x{parallelism} defer={defer}: {tokens / seconds:,.0f} usable tokens/s, "
+          f"{images / seconds:,.1f} images/s")
 
 
 @pytest.mark.parametrize("parallelism", PARALLELISM)
@@ -99,3 +104,12 @@ def test_vlm_pipeline_throughput_on_caption_pairs(benchmark, record_build, asset
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_vlm_pipeline_throughput_on_large_photographs(benchmark, record_build, assets, runner):
     _measure(benchmark, record_build, assets, "photographs", runner, 2)
+
+
+@pytest.mark.parametrize("data", ["stamps", "photographs"])
+@pytest.mark.parametrize("runner", ["thread", "process"])
+@pytest.mark.parametrize("defer", [False, True], ids=["decode_before_packing", "decode_after_packing"])
+def test_vlm_decode_before_or_after_packing(benchmark, record_build, assets, runner, data, defer):
+    """The same batches either way (tests/determinism/test_vlm_elastic.py); this measures what
+    holding images encoded until their row is taken costs or saves in throughput."""
+    _measure(benchmark, record_build, assets, data, runner, 2, defer=defer)
