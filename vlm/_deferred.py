@@ -6,7 +6,7 @@ window, its open row, the shuffle buffer and the rows a segment's flush releases
 race's VLM recipe ~900 live images. The packer only needs each image's patch grid, which the
 header gives, so `DecodeImages(defer=True)` parses and checks the header on the workers
 (`probe_image`) and passes a `DeferredImage`; the loader has each row decoded on the workers a few
-rows before it takes the row (`decode_row`, the packer's row work).
+rows before it takes the row (`DecodeDeferred`, the packer's row work).
 
 An image whose header parses but whose pixels do not decode can then only fail after its row was
 planned. Its document stays where it was placed (the row's layout is a decision already made) but
@@ -70,8 +70,9 @@ class DeferredImage:
 class DecodeDeferred:
     """The row work of a packer whose images were deferred, in the three parts the loader runs:
     `order(plan)` on its thread (the deferred images, or None), `run(order)` on a worker (the
-    pure part: decoding), `apply(plan, done)` back on its thread. Only the encoded images cross
-    to the worker and only their pixels come back, not the whole plan, which matters to the
+    pure part: decoding), `apply(plan, done)` in the loader's process once the pixels are back
+    (on whichever thread received them; it only builds a new plan). Only the encoded images
+    cross to the worker and only their pixels come back, not the whole plan, which matters to the
     process runner: every byte crossing is pickled by the loader's process."""
 
     on_error: str
