@@ -102,11 +102,6 @@ class RowPlan:
         return tuple((self.documents[number].address, reason) for number, reason in self.masked)
 
     @property
-    def deferred(self) -> bool:
-        """Whether some image of this row is still encoded (its row work has not run)."""
-        return any(isinstance(image, DeferredImage) for doc in self.documents for image in doc.images)
-
-    @property
     def sources(self) -> tuple[RecordAddress, ...]:
         return tuple(doc.address for doc in self.documents)
 
@@ -147,9 +142,10 @@ def assemble_row(plan: RowPlan) -> PackedSequence:
 
 
 def _decoded(plan: RowPlan) -> RowPlan:
-    """The plan with its deferred images decoded here, if the loader's row work did not run (a
-    packer used on its own): a failure raises, as nothing would count a masked document."""
-    return decode_row(plan, on_error="raise") if plan.deferred else plan
+    """The plan with any deferred images decoded here, if the loader's row work did not run (a
+    packer used on its own): a failure raises, as nothing would count a masked document. A plan
+    without deferred images comes back as it is."""
+    return decode_row(plan, on_error="raise")
 
 
 def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:

@@ -220,7 +220,8 @@ class DecodeImages:
         if not self.keep_source:
             del out[name]
         if self.defer:
-            pixels = [DeferredImage(bytes(data), probe_image(data, self.spec), self.spec) for data in items]
+            encoded = [bytes(data) for data in items]  # bytes stay as they are; views are copied once
+            pixels = [DeferredImage(data, probe_image(data, self.spec), self.spec) for data in encoded]
             out[self.output_field] = pixels[0] if single else pixels
             return out
         if self.processor is None:

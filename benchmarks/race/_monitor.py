@@ -53,23 +53,24 @@ def tree(root: int) -> list[int]:
     return found
 
 
-def _pss(pid: int) -> int:
+def _kib_field(path: str, key: str) -> int:
+    """Bytes of the `key:  N kB` line of a /proc file; 0 if the file is gone (a process that ended)."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("Pss:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
 
 
+def _pss(pid: int) -> int:
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
 def _shmem() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _kib_field("/proc/meminfo", "Shmem:")
 
 
 def _rss(pid: int) -> int:
