@@ -13,8 +13,6 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, Protocol
 
-import zstandard
-
 __all__ = ["BLOCK_SIZE", "CorruptStreamError", "compression_of", "decompressed_blocks", "raw_blocks"]
 
 BLOCK_SIZE = 1 << 20  # bytes per read: large enough for object stores, small enough to bound memory
@@ -22,7 +20,6 @@ _COMPRESSED_BLOCK_SIZE = 1 << 18  # a compressed block may expand many times ove
 
 _SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
-_CODEC_ERRORS = (zlib.error, zstandard.ZstdError)
 
 
 class CorruptStreamError(ValueError):
@@ -36,9 +33,23 @@ class _Decompressor(Protocol):
     def decompress(self, data: bytes) -> bytes: ...
 
 
-_DECOMPRESSORS: dict[str, Callable[[], _Decompressor]] = {
-    "gzip": lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16),
-    "zstd": lambda: zstandard.ZstdDecompressor().decompressobj(),
+# A codec: what makes a new decoder, and the errors a decoder raises on bytes it cannot decode.
+_Codec = tuple[Callable[[], _Decompressor], tuple[type[Exception], ...]]
+
+
+def _gzip() -> _Codec:
+    return lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16), (zlib.error,)
+
+
+def _zstd() -> _Codec:
+    import zstandard  # on first use: a process reading no zstd shard does not map the library
+
+    return lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,)
+
+
+_CODECS: dict[str, Callable[[], _Codec]] = {
+    "gzip": _gzip,
+    "zstd": _zstd,
 }
 
 
@@ -61,13 +72,13 @@ def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]
     if compression is None:
         yield from raw_blocks(f)
         return
-    new = _DECOMPRESSORS[compression]
+    new, codec_errors = _CODECS[compression]()
     decoder, inside_frame = new(), False
     for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
         while block:
             try:
                 out = decoder.decompress(block)
-            except _CODEC_ERRORS as error:
+            except codec_errors as error:
                 raise CorruptStreamError(f"undecodable {compression} stream: {error}") from error
             if out:
                 yield out

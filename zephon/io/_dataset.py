@@ -8,6 +8,7 @@ plan; the result is immutable, cheap to pickle (metadata, small seek indexes and
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,21 @@ if TYPE_CHECKING:
 
 __all__ = ["Dataset", "ShardInfo"]
 
-_PLANNING_THREADS = 16  # shards are counted concurrently: planning a remote dataset is I/O-bound
+_REMOTE_PLANNING_THREADS = 16  # counting remote shards waits on the network: many in flight at once
+
+
+def _planning_threads(fs: AbstractFileSystem | LocalFiles, num_shards: int) -> int:
+    """How many shards to count at once: a local shard is counted as fast as a core can scan it,
+    so threads beyond the cores only add their own heaps (on 3.14t each thread's allocator kept
+    ~0.4 MiB more PSS after planning)."""
+    limit = _usable_cores() if is_local(fs) else _REMOTE_PLANNING_THREADS
+    return max(1, min(limit, num_shards))
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 _IO_OPTIONS = ("cache", "retries", "retry_delay")
 
 
@@ -119,7 +134,7 @@ class Dataset:
                 error.add_note(f"while planning shard {shard.url} of dataset {name!r}")
                 raise
 
-        with ThreadPoolExecutor(max_workers=min(_PLANNING_THREADS, len(urls))) as pool:
+        with ThreadPoolExecutor(max_workers=_planning_threads(located.fs, len(urls))) as pool:
             scans = list(pool.map(scan, range(len(urls))))
         facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
         planned = [

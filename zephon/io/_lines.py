@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import islice
+from typing import BinaryIO
 
 import numpy as np
 
-from ._compression import decompressed_blocks, raw_blocks
+from ._compression import BLOCK_SIZE, decompressed_blocks, raw_blocks
 from ._format import ShardFile, ShardScan
 
 __all__ = ["scan_lines", "read_lines"]
@@ -36,24 +37,39 @@ def scan_lines(shard: ShardFile) -> ShardScan:
     instead of the plan silently omitting the loss.
     """
     size = 0
-    last = b""
+    ends_with_newline = True
     cut = False
     starts = [np.zeros(1, dtype=np.int64)]
     with shard.open() as f:
         try:
-            for block in decompressed_blocks(f, shard.compression):
+            for block in _blocks_to_count(f, shard.compression):
                 positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
                 starts.append(positions.astype(np.int64) + size + 1)  # line m + 1 starts after newline m
                 size += len(block)
-                last = block[-1:]
+                ends_with_newline = block[-1] == _NEWLINE
         except EOFError:
             cut = True
     offsets = np.concatenate(starts)
-    unterminated = cut or (size and last != b"\n")
+    unterminated = cut or not ends_with_newline
     num_lines = len(offsets) - 1 + (1 if unterminated else 0)
     offsets = np.append(offsets[:num_lines], size)  # starts of every line, then the end
     seek = offsets[:num_lines:SEEK_STRIDE] if shard.compression is None else None
     return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets)
+
+
+def _blocks_to_count(f: BinaryIO, compression: str | None) -> Iterator[np.ndarray | bytes]:
+    """The shard's decompressed bytes in blocks, each valid only until the next is asked for.
+
+    An uncompressed shard is read into one reused buffer: a new `bytes` per MiB would leave each
+    planning thread's allocator holding freed blocks (on 3.14t, 7 threads planning the race's
+    5.6 MB text corpus kept ~2.5 MiB more PSS that way).
+    """
+    if compression is not None:
+        yield from decompressed_blocks(f, compression)
+        return
+    buffer = np.empty(BLOCK_SIZE, dtype=np.uint8)
+    while filled := f.readinto(buffer):
+        yield buffer[:filled]
 
 
 def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> tuple[list[bytes], str]:

@@ -13,15 +13,17 @@ offset of every SEEK_STRIDE-th record so that a chunk read starts near its first
 from __future__ import annotations
 
 import json
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._format import ShardFile, ShardScan
 from ._policy import INVALID_UTF8, MALFORMED_JSON, Bad, Slot, fill_truncated
+
+if TYPE_CHECKING:
+    import tarfile
 
 __all__ = ["WebDataset", "split_member_name"]
 
@@ -42,6 +44,8 @@ class WebDataset:
     name: str = "webdataset"
 
     def scan(self, shard: ShardFile) -> ShardScan:
+        import tarfile  # here, not at the top: it brings shutil and four codecs to every process that reads no tar
+
         count, seek = 0, []
         with shard.open() as f:
             tar = tarfile.TarFile(fileobj=f, mode="r")
@@ -59,6 +63,7 @@ class WebDataset:
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         assert seek is not None, "a webdataset shard is always scanned with seek points"
+        import tarfile
         point = start // SEEK_STRIDE
         index = point * SEEK_STRIDE - 1
         slots: list[Slot] = []
