@@ -1,7 +1,7 @@
 """Flat packing of token documents into fixed-length rows.
 
-The accumulator decides which document pieces go into which row; assembling a row is a few
-numpy concatenations. Two algorithms:
+The accumulator decides which document pieces go into which row and emits that decision as a
+`FlatRowPlan`; the loader writes the plans of a microbatch straight into its arrays. Two algorithms:
 
 - `wrap`: documents are laid end to end and cut every `max_length` tokens; no padding except in
   the last row of a segment, documents may be split across rows.
@@ -16,6 +16,7 @@ document's end and on padding), `position_ids` (restarting at each document piec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,7 @@ from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["PackFlatOp", "WrapPacker", "FirstFitPacker", "Piece", "assemble_row"]
+__all__ = ["PackFlatOp", "WrapPacker", "FirstFitPacker", "FlatRowPlan", "Piece", "assemble_row"]
 
 
 @dataclass(frozen=True)
@@ -43,22 +44,13 @@ class Piece:
         return self.stop - self.start
 
 
-def assemble_row(pieces: list[Piece], max_length: int, pad_id: int) -> PackedSequence:
+def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
     """Build one packed row from document pieces (a stateless function)."""
     input_ids = np.full(max_length, pad_id, dtype=np.int32)
     labels = np.full(max_length, IGNORE_INDEX, dtype=np.int32)
     position_ids = np.zeros(max_length, dtype=np.int32)
     document_ids = np.full(max_length, PADDING_DOCUMENT, dtype=np.int32)
-    at = 0
-    for doc, piece in enumerate(pieces):
-        n = piece.length
-        tokens = piece.tokens
-        input_ids[at : at + n] = tokens[piece.start : piece.stop]
-        following = tokens[piece.start + 1 : piece.stop + 1]
-        labels[at : at + len(following)] = following
-        position_ids[at : at + n] = np.arange(n, dtype=np.int32)
-        document_ids[at : at + n] = doc
-        at += n
+    _fill_row(pieces, input_ids, labels, position_ids, document_ids)
     sources = tuple(dict.fromkeys(p.address for p in pieces))
     return PackedSequence(
         tokens={
@@ -71,6 +63,66 @@ def assemble_row(pieces: list[Piece], max_length: int, pad_id: int) -> PackedSeq
     )
 
 
+@dataclass(frozen=True)
+class FlatRowPlan:
+    """One flat row as the pieces that fill it: references to their documents' token arrays.
+
+    Packers emit plans and the loader assembles them only when it collates a microbatch
+    (`assemble_batch`, straight into the microbatch's arrays), so a row is written once instead
+    of being built, kept in a shuffle buffer as four arrays, and copied again into its batch.
+    """
+
+    pieces: tuple[Piece, ...]
+    max_length: int
+    pad_id: int
+
+    def assemble(self) -> PackedSequence:
+        return assemble_row(self.pieces, self.max_length, self.pad_id)
+
+    @property
+    def sources(self) -> tuple[RecordAddress, ...]:
+        return tuple(dict.fromkeys(p.address for p in self.pieces))
+
+    @property
+    def num_real_tokens(self) -> int:
+        return sum(p.stop - p.start for p in self.pieces)
+
+    @property
+    def length(self) -> int:
+        return self.max_length
+
+    @staticmethod
+    def assemble_batch(plans: list[FlatRowPlan]) -> tuple[dict, dict, dict]:
+        """(tokens, {}, {}) of a microbatch: what stacking `[p.assemble() for p in plans]` gives."""
+        shape = (len(plans), max(p.max_length for p in plans))
+        tokens = {
+            "input_ids": np.empty(shape, dtype=np.int32),
+            "labels": np.full(shape, IGNORE_INDEX, dtype=np.int32),
+            "position_ids": np.zeros(shape, dtype=np.int32),
+            "document_ids": np.full(shape, PADDING_DOCUMENT, dtype=np.int32),
+        }
+        for i, plan in enumerate(plans):
+            end = _fill_row(plan.pieces, *(array[i] for array in tokens.values()))
+            tokens["input_ids"][i, end:] = plan.pad_id
+        return tokens, {}, {}
+
+
+def _fill_row(pieces, input_ids, labels, position_ids, document_ids) -> int:
+    """Write pieces one after another into a row's arrays (labels, positions and document ids
+    already hold their padding values); returns where the pieces end."""
+    at = 0
+    for doc, piece in enumerate(pieces):
+        n = piece.stop - piece.start
+        tokens = piece.tokens
+        input_ids[at : at + n] = tokens[piece.start : piece.stop]
+        following = tokens[piece.start + 1 : piece.stop + 1]
+        labels[at : at + len(following)] = following
+        position_ids[at : at + n] = np.arange(n, dtype=np.int32)
+        document_ids[at : at + n] = doc
+        at += n
+    return at
+
+
 class WrapPacker:
     """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
 
@@ -81,7 +133,7 @@ class WrapPacker:
         self._pieces: list[Piece] = []
         self._filled = 0
 
-    def push(self, item: tuple[RecordAddress, dict]) -> list[PackedSequence]:
+    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
         tokens = record[self.field]
         start, out = 0, []
@@ -94,11 +146,11 @@ class WrapPacker:
                 out.append(self._emit())
         return out
 
-    def flush(self) -> list[PackedSequence]:
+    def flush(self) -> list[FlatRowPlan]:
         return [self._emit()] if self._pieces else []
 
-    def _emit(self) -> PackedSequence:
-        row = assemble_row(self._pieces, self.max_length, self.pad_id)
+    def _emit(self) -> FlatRowPlan:
+        row = FlatRowPlan(tuple(self._pieces), self.max_length, self.pad_id)
         self._pieces, self._filled = [], 0
         return row
 
@@ -113,24 +165,27 @@ class FirstFitPacker:
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
 
-    def push(self, item: tuple[RecordAddress, dict]) -> list[PackedSequence]:
+    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
         tokens = record[self.field]
         out = []
         start = 0
         while len(tokens) - start > self.max_length:
             piece = Piece(tokens, start, start + self.max_length, address)
-            out.append(assemble_row([piece], self.max_length, self.pad_id))
+            out.append(self._row([piece]))
             start += self.max_length
         if start < len(tokens):
             out.extend(self._place(Piece(tokens, start, len(tokens), address)))
         return out
 
-    def _place(self, piece: Piece) -> list[PackedSequence]:
-        return [assemble_row(row, self.max_length, self.pad_id) for row in self._open.place(piece, piece.length)]
+    def _place(self, piece: Piece) -> list[FlatRowPlan]:
+        return [self._row(row) for row in self._open.place(piece, piece.length)]
 
-    def flush(self) -> list[PackedSequence]:
-        return [assemble_row(row, self.max_length, self.pad_id) for row in self._open.drain()]
+    def flush(self) -> list[FlatRowPlan]:
+        return [self._row(row) for row in self._open.drain()]
+
+    def _row(self, pieces: Sequence[Piece]) -> FlatRowPlan:
+        return FlatRowPlan(tuple(pieces), self.max_length, self.pad_id)
 
 
 ALGORITHMS = ("wrap", "first_fit")

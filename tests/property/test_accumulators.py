@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon import IGNORE_INDEX, PADDING_DOCUMENT, SegmentContext
-from zephon._packing import FirstFitPacker, WrapPacker
+from zephon._batch import collate
+from zephon._packing import FirstFitPacker, FlatRowPlan, WrapPacker
 from zephon._records import RecordAddress
 from zephon._shuffle import ShuffleBuffer
 
@@ -22,13 +23,18 @@ def _docs(lengths):
     ]
 
 
-def _run(packer, docs):
-    rows = []
+def _plans(packer, docs):
+    plans = []
     for doc in docs:
-        rows.extend(packer.push(doc))
-    rows.extend(packer.flush())
+        plans.extend(packer.push(doc))
+    plans.extend(packer.flush())
     assert packer.flush() == [], "a flush must leave the accumulator empty"
-    return rows
+    return plans
+
+
+def _run(packer, docs):
+    """The packed rows, each assembled on its own."""
+    return [plan.assemble() for plan in _plans(packer, docs)]
 
 
 def _real_tokens(rows):
@@ -102,3 +108,20 @@ def test_segment_rng_depends_only_on_seed_lane_and_segment():
     assert draw(0, 0) != draw(1, 0)
     assert draw(0, 0) != draw(0, 1)
     assert draw(0, 0) != draw(0, 0, seed=2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(documents, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=5),
+       st.sampled_from(["wrap", "first_fit"]))
+def test_a_microbatch_of_flat_plans_equals_its_rows_assembled_one_by_one(lengths, max_length, microbatch, algorithm):
+    packer = (WrapPacker(max_length, pad_id=7, field="input_ids") if algorithm == "wrap"
+              else FirstFitPacker(max_length, pad_id=7, field="input_ids", max_open_rows=3))
+    plans = _plans(packer, _docs(lengths))
+    assert all(isinstance(plan, FlatRowPlan) for plan in plans)
+    for at in range(0, len(plans), microbatch):
+        group = plans[at : at + microbatch]
+        straight = collate(group, lane=0, step=0, index=0)
+        one_by_one = collate([plan.assemble() for plan in group], lane=0, step=0, index=0)
+        assert straight.digest() == one_by_one.digest()
+        assert straight.sources == one_by_one.sources
+        assert straight.num_real_tokens == sum(plan.num_real_tokens for plan in group)
