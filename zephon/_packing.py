@@ -94,7 +94,7 @@ class FlatRowPlan:
     @staticmethod
     def assemble_batch(plans: list[FlatRowPlan]) -> tuple[dict, dict, dict]:
         """(tokens, {}, {}) of a microbatch: what stacking `[p.assemble() for p in plans]` gives."""
-        shape = (len(plans), max(p.max_length for p in plans))
+        shape = (len(plans), plans[0].max_length)  # one packer's plans: one length
         tokens = {
             "input_ids": np.empty(shape, dtype=np.int32),
             "labels": np.full(shape, IGNORE_INDEX, dtype=np.int32),
