@@ -1,4 +1,5 @@
-"""Shared harnesses: build a text pipeline, run it on any layout, collect per-step global digests.
+"""Shared harnesses: build a text pipeline, run it on any layout, collect per-step global digests;
+check that row plans collate like their rows.
 
 Determinism tests compare real SHA-256s of real batches from separately constructed pipelines;
 every helper here builds a fresh Pipeline and fresh loaders on each call.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zephon import Pipeline, global_batch_digest, merge_states
+from zephon._batch import collate
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -121,3 +123,15 @@ def consumed_keys(pipeline: Pipeline, world_size: int, steps: int, extra_microba
                 batch = next(it)
                 keys.add((batch.step, batch.lane, batch.index))
     return keys
+
+
+def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
+    """Every microbatch of `plans`, collated from the plans themselves (straight into the batch
+    arrays), has the digest, sources and real-token count of the same rows assembled one by one."""
+    for start in range(0, len(plans), microbatch):
+        group = plans[start : start + microbatch]
+        direct = collate(group, lane=0, step=0, index=0)
+        via_rows = collate([plan.assemble() for plan in group], lane=0, step=0, index=0)
+        assert direct.digest() == via_rows.digest()
+        assert direct.sources == via_rows.sources
+        assert [p.num_real_tokens for p in group] == [p.assemble().num_real_tokens for p in group]

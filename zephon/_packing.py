@@ -27,7 +27,7 @@ from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["PackFlatOp", "WrapPacker", "FirstFitPacker", "FlatRowPlan", "Piece", "assemble_row"]
+__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row"]
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness import assert_plans_collate_like_their_rows
 from zephon import IGNORE_INDEX, PADDING_DOCUMENT, SegmentContext
-from zephon._batch import collate
 from zephon._packing import FirstFitPacker, FlatRowPlan, WrapPacker
 from zephon._records import RecordAddress
 from zephon._shuffle import ShuffleBuffer
@@ -118,10 +118,4 @@ def test_a_microbatch_of_flat_plans_equals_its_rows_assembled_one_by_one(lengths
               else FirstFitPacker(max_length, pad_id=7, field="input_ids", max_open_rows=3))
     plans = _plans(packer, _docs(lengths))
     assert all(isinstance(plan, FlatRowPlan) for plan in plans)
-    for at in range(0, len(plans), microbatch):
-        group = plans[at : at + microbatch]
-        straight = collate(group, lane=0, step=0, index=0)
-        one_by_one = collate([plan.assemble() for plan in group], lane=0, step=0, index=0)
-        assert straight.digest() == one_by_one.digest()
-        assert straight.sources == one_by_one.sources
-        assert straight.num_real_tokens == sum(plan.num_real_tokens for plan in group)
+    assert_plans_collate_like_their_rows(plans, microbatch)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness import assert_plans_collate_like_their_rows
 from vlm import (
     ImageSpec,
     MultimodalPacker,
@@ -20,7 +21,6 @@ from vlm import (
     patchify,
 )
 from zephon._accumulator import Accumulator, SegmentContext
-from zephon._batch import collate
 from zephon._errors import ConfigurationError
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT
@@ -294,10 +294,4 @@ def test_every_document_lands_whole_in_exactly_one_row(docs, max_length, open_ro
 @given(docs=documents(), max_length=st.integers(8, 48), microbatch=st.integers(1, 4))
 def test_a_microbatch_assembled_from_plans_equals_its_rows_collated(docs, max_length, microbatch):
     plans = run(packer(max_length, assemble=False), docs) + [packer(max_length)._plan([])]
-    for start in range(0, len(plans), microbatch):
-        group = plans[start : start + microbatch]
-        direct = collate(group, lane=0, step=0, index=0)
-        via_rows = collate([plan.assemble() for plan in group], lane=0, step=0, index=0)
-        assert direct.digest() == via_rows.digest()
-        assert direct.sources == via_rows.sources
-        assert [p.num_real_tokens for p in group] == [p.assemble().num_real_tokens for p in group]
+    assert_plans_collate_like_their_rows(plans, microbatch)
