@@ -21,7 +21,6 @@ _COMPRESSED_BLOCK_SIZE = 1 << 18  # a compressed block may expand many times ove
 _SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
-
 class CorruptStreamError(ValueError):
     """A compressed stream holds bytes its codec cannot decode (not a cut: that is `EOFError`)."""
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Dataset", "ShardInfo"]
 
 _REMOTE_PLANNING_THREADS = 16  # counting remote shards waits on the network: many in flight at once
+_IO_OPTIONS = ("cache", "retries", "retry_delay")
 
 
 def _planning_threads(fs: AbstractFileSystem | LocalFiles, num_shards: int) -> int:
@@ -50,7 +51,6 @@ def _usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-_IO_OPTIONS = ("cache", "retries", "retry_delay")
 
 
 @dataclass(frozen=True)
