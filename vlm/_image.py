@@ -231,9 +231,11 @@ def _upright_grid(image, orientation: int, spec: ImageSpec) -> tuple[int, int]:
     return image_grid(height, width, spec)
 
 
-def _load(image) -> None:
+def _read_data(step) -> None:
+    """Run a Pillow step that reads the image's data (`load`, `verify`): its failure on untrusted
+    bytes becomes an `ImageDecodeError` with a named reason."""
     try:
-        image.load()
+        step()
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -297,7 +299,7 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
             drafted = image.draft(None, wanted)
             if drafted is not None:
                 box = drafted[1]
-    _load(image)
+    _read_data(image.load)
     try:
         image = _normalise_mode(image)
     except (ValueError, OSError) as exc:  # a mode Pillow cannot convert: unusable, not a crash
@@ -346,10 +348,5 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
     # orientation turns it, so the grid planned here is the grid delivered or nothing.
     late_exif = image.format == "PNG" and "exif" not in image.info
     grid = _upright_grid(image, 1 if late_exif else _orientation(image, spec), spec)
-    try:
-        image.verify()  # nothing was decoded yet, which verify() requires
-    except MemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise _classify(exc) from None
+    _read_data(image.verify)  # nothing was decoded yet, which verify() requires
     return grid

@@ -376,14 +376,11 @@ def _apply_row_work(work, row, done: Future, future: Future) -> None:
         done.cancel()
         return
     try:
-        done.set_result(work.apply(row, future.result()))
-    except InvalidStateError:  # cancelled by the loader meanwhile
-        pass
+        finished = work.apply(row, future.result())
     except Exception as exc:  # noqa: BLE001 - the work or its apply failed: the loader raises it at take
-        try:
-            done.set_exception(exc)
-        except InvalidStateError:
-            pass
+        _settle(done.set_exception, exc)
+    else:
+        _settle(done.set_result, finished)
 
 
 def _submit_chain(runner: Runner, num_stages: int, item) -> Future:
@@ -417,7 +414,7 @@ class _Chain:
 
     def advance(self, stage: int, value) -> None:
         if stage == self.num_stages:
-            self._settle(self.done.set_result, value)
+            _settle(self.done.set_result, value)
             return
         if self.done.cancelled():
             return
@@ -427,16 +424,17 @@ class _Chain:
         if future.cancelled():
             self.done.cancel()
         elif future.exception() is not None:
-            self._settle(self.done.set_exception, future.exception())
+            _settle(self.done.set_exception, future.exception())
         else:
             self.advance(stage + 1, future.result())
 
-    @staticmethod
-    def _settle(setter, value) -> None:
-        try:
-            setter(value)
-        except InvalidStateError:  # cancelled by the loader meanwhile
-            pass
+
+def _settle(setter, value) -> None:
+    """Resolve a future the loader may have cancelled meanwhile (then the value is dropped)."""
+    try:
+        setter(value)
+    except InvalidStateError:
+        pass
 
 
 def _default_pad_id(record_ops) -> int:
