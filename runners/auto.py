@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-from .process import ProcessRunner
-from .thread import ThreadRunner
+if TYPE_CHECKING:
+    from .process import ProcessRunner
+    from .thread import ThreadRunner
 
 __all__ = ["auto_runner", "choose_runner", "gil_enabled"]
 
@@ -31,9 +33,18 @@ def choose_runner(gil: bool) -> tuple[str, str]:
 
 
 def auto_runner() -> ThreadRunner | ProcessRunner:
-    """A ThreadRunner or ProcessRunner with default options for this interpreter; the choice is logged."""
+    """A ThreadRunner or ProcessRunner with default options for this interpreter; the choice is logged.
+
+    Only the chosen runner's module is imported (the process runner's brings `multiprocessing`)."""
     name, reason = choose_runner(gil_enabled())
-    runner = ThreadRunner() if name == "thread" else ProcessRunner()
+    if name == "thread":
+        from .thread import ThreadRunner
+
+        runner = ThreadRunner()
+    else:
+        from .process import ProcessRunner
+
+        runner = ProcessRunner()
     runner.reason = reason
     _log.info("zephon runner: %s", reason)
     return runner
