@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,9 +31,12 @@ from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 __all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row"]
 
 
-@dataclass(frozen=True)
-class Piece:
-    """Tokens [start, stop) of a document."""
+class Piece(NamedTuple):
+    """Tokens [start, stop) of a document.
+
+    A named tuple rather than a frozen dataclass: packers make one per document per row, on the
+    loader's thread, and a tuple is built and unpacked faster (text race corpus, 3.14t: packing
+    2.7-4.1 -> 2.0-2.6 ns per token)."""
 
     tokens: np.ndarray
     start: int
@@ -46,21 +50,9 @@ class Piece:
 
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
     """Build one packed row from document pieces (a stateless function)."""
-    input_ids = np.full(max_length, pad_id, dtype=np.int32)
-    labels = np.full(max_length, IGNORE_INDEX, dtype=np.int32)
-    position_ids = np.zeros(max_length, dtype=np.int32)
-    document_ids = np.full(max_length, PADDING_DOCUMENT, dtype=np.int32)
-    _fill_row(pieces, input_ids, labels, position_ids, document_ids)
+    tokens = _assemble([pieces], max_length, pad_id)
     sources = tuple(dict.fromkeys(p.address for p in pieces))
-    return PackedSequence(
-        tokens={
-            "input_ids": input_ids,
-            "labels": labels,
-            "position_ids": position_ids,
-            "document_ids": document_ids,
-        },
-        sources=sources,
-    )
+    return PackedSequence(tokens={name: array[0] for name, array in tokens.items()}, sources=sources)
 
 
 @dataclass(frozen=True)
@@ -94,33 +86,36 @@ class FlatRowPlan:
     @staticmethod
     def assemble_batch(plans: list[FlatRowPlan]) -> tuple[dict, dict, dict]:
         """(tokens, {}, {}) of a microbatch: what stacking `[p.assemble() for p in plans]` gives."""
-        shape = (len(plans), plans[0].max_length)  # one packer's plans: one length
-        tokens = {
-            "input_ids": np.empty(shape, dtype=np.int32),
-            "labels": np.full(shape, IGNORE_INDEX, dtype=np.int32),
-            "position_ids": np.zeros(shape, dtype=np.int32),
-            "document_ids": np.full(shape, PADDING_DOCUMENT, dtype=np.int32),
-        }
-        for i, plan in enumerate(plans):
-            end = _fill_row(plan.pieces, *(array[i] for array in tokens.values()))
-            tokens["input_ids"][i, end:] = plan.pad_id
-        return tokens, {}, {}
+        # One packer's plans: one length and one pad id.
+        return _assemble([plan.pieces for plan in plans], plans[0].max_length, plans[0].pad_id), {}, {}
 
 
-def _fill_row(pieces, input_ids, labels, position_ids, document_ids) -> int:
-    """Write pieces one after another into a row's arrays (labels, positions and document ids
-    already hold their padding values); returns where the pieces end."""
-    at = 0
-    for doc, piece in enumerate(pieces):
-        n = piece.stop - piece.start
-        tokens = piece.tokens
-        input_ids[at : at + n] = tokens[piece.start : piece.stop]
-        following = tokens[piece.start + 1 : piece.stop + 1]
-        labels[at : at + len(following)] = following
-        position_ids[at : at + n] = np.arange(n, dtype=np.int32)
-        document_ids[at : at + n] = doc
-        at += n
-    return at
+def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """The four (rows, max_length) arrays of rows of pieces, written piece by piece.
+
+    Runs on the loader's thread for every microbatch, so every NumPy call per piece counts: the
+    positions are slices of one `arange` instead of a new one per piece (text race corpus, 3.14t:
+    9.0 -> 7.0 ns per token).
+    """
+    shape = (len(rows), max_length)
+    input_ids = np.empty(shape, dtype=np.int32)
+    labels = np.full(shape, IGNORE_INDEX, dtype=np.int32)
+    position_ids = np.zeros(shape, dtype=np.int32)
+    document_ids = np.full(shape, PADDING_DOCUMENT, dtype=np.int32)
+    positions = np.arange(max_length, dtype=np.int32)  # sliced for every piece, made once
+    for i, pieces in enumerate(rows):
+        row_ids, row_labels, row_positions, row_documents = input_ids[i], labels[i], position_ids[i], document_ids[i]
+        at = 0
+        for doc, (tokens, start, stop, _) in enumerate(pieces):
+            end = at + stop - start
+            row_ids[at:end] = tokens[start:stop]
+            following = tokens[start + 1 : stop + 1]  # one shorter at the document's end
+            row_labels[at : at + len(following)] = following
+            row_positions[at:end] = positions[: stop - start]
+            row_documents[at:end] = doc
+            at = end
+        row_ids[at:] = pad_id
+    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "document_ids": document_ids}
 
 
 class WrapPacker:

@@ -79,9 +79,12 @@ def test_labels_are_the_next_token_of_the_same_document(lengths, max_length):
         ids, labels, docs = (row.tokens[k] for k in ("input_ids", "labels", "document_ids"))
         positions = row.tokens["position_ids"]
         for i in range(len(ids)):
+            owner, position = divmod(int(ids[i]), 1000)
             if docs[i] == PADDING_DOCUMENT:
                 assert labels[i] == IGNORE_INDEX
-            elif labels[i] != IGNORE_INDEX:
+            elif position == lengths[owner - 1] - 1:
+                assert labels[i] == IGNORE_INDEX, "a document's last token has nothing to predict"
+            else:
                 assert labels[i] == ids[i] + 1, "label must be the following token of the same document"
             if i and docs[i] == docs[i - 1] and docs[i] != PADDING_DOCUMENT:
                 assert positions[i] == positions[i - 1] + 1
