@@ -336,6 +336,7 @@ class TokenInterleave:
         self._round_tokens = round_size / max(chunks_per_token, 1e-12)
         self._phases = list(phases)
         self._rounds: dict[int, list[Chunk]] = {}
+        self._last_round = (0, 0, 0)  # (index, first slot, first slot of the next) of the last lookup
 
     def _target(self, name: str, round_index: int) -> float:
         """Cumulative expected tokens of `name` before round `round_index`: the integral of its
@@ -407,6 +408,16 @@ class TokenInterleave:
         total = self.num_slots()
         if total is not None and s >= total:
             return None
+        index, start = self._round_of(s)
+        return self._round(index)[s - start]
+
+    def _round_of(self, s: int) -> tuple[int, int]:
+        """(index, first slot) of the round holding slot `s`. A lane reads its slots in order, so
+        the round of the previous lookup is tried first instead of searching from round 0 (text
+        race recipe, 3.14t: the loader's dispatch of a chunk 21.5 -> 15.5 us)."""
+        index, start, stop = self._last_round
+        if start <= s < stop:
+            return index, start
         lo, hi = 0, 1
         while self._round_start(hi) <= s:  # find a round that starts after s
             lo, hi = hi, hi * 2
@@ -416,7 +427,9 @@ class TokenInterleave:
                 lo = mid
             else:
                 hi = mid
-        return self._round(lo)[s - self._round_start(lo)]
+        start = self._round_start(lo)
+        self._last_round = (lo, start, self._round_start(lo + 1))
+        return lo, start
 
     def num_slots(self) -> int | None:
         if self._num_epochs is None:
