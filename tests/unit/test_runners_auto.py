@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 
 from runners import ProcessRunner, ThreadRunner, auto_runner, choose_runner, gil_enabled
@@ -30,3 +31,18 @@ def test_auto_runner_follows_this_interpreter_and_logs_its_choice(caplog):
         assert runner.reason in caplog.text
     finally:
         runner.close()
+
+
+def test_only_the_runner_in_use_is_imported():
+    """A loader on threads must not pay for the process runner's imports (multiprocessing and its
+    socket, subprocess and tempfile machinery); checked in a fresh interpreter, since this one's
+    tests import every runner."""
+    script = (
+        "import sys, zephon\n"
+        "zephon.make_runner('thread').close()\n"
+        "print('multiprocessing' in sys.modules, 'runners.process' in sys.modules)\n"
+        "zephon.make_runner('process').close()\n"
+        "print('multiprocessing' in sys.modules, 'runners.process' in sys.modules)\n"
+    )
+    lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert lines == ["False", "False", "True", "True"]
