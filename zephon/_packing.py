@@ -50,9 +50,7 @@ class Piece(NamedTuple):
 
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
     """Build one packed row from document pieces (a stateless function)."""
-    tokens = _assemble([pieces], max_length, pad_id)
-    sources = tuple(dict.fromkeys(p.address for p in pieces))
-    return PackedSequence(tokens={name: array[0] for name, array in tokens.items()}, sources=sources)
+    return FlatRowPlan(tuple(pieces), max_length, pad_id).assemble()
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,8 @@ class FlatRowPlan:
     pad_id: int
 
     def assemble(self) -> PackedSequence:
-        return assemble_row(self.pieces, self.max_length, self.pad_id)
+        tokens = _assemble([self.pieces], self.max_length, self.pad_id)
+        return PackedSequence(tokens={name: array[0] for name, array in tokens.items()}, sources=self.sources)
 
     @property
     def sources(self) -> tuple[RecordAddress, ...]:
