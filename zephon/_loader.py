@@ -25,6 +25,7 @@ from ._errors import ConfigurationError
 from ._ledger import Ledger
 from ._lane import LaneStream
 from ._packing import assemble_row
+from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, make_runner
 from .work import lane_plan
@@ -130,12 +131,7 @@ class RankLoader:
         max_parallelism = max((s.parallelism for s in self.stages), default=1)
         self._row_stage = max(i for i, s in enumerate(self.stages) if s.parallelism == max_parallelism)
         self.rows_ahead = max(self.microbatch_size, 2 * max_parallelism)
-        # Chunks in flight per lane. A rank consumes its lanes one after another (G/L rows from
-        # one, then the next), so the lane being consumed must keep every worker busy on its own:
-        # the other lanes' windows are mostly finished work waiting for their turn. Four per worker
-        # rather than two absorbs chunks of unequal cost (text race recipe, p=2: workers busy
-        # 1.85-1.90 -> 1.92-1.97 of 2 cores, +2-5 % tokens/s; VLM unchanged, +~15 MB).
-        self.prefetch = settings.prefetch or 4 * max_parallelism
+        self.prefetch = settings.prefetch or default_prefetch(self.plan, max_parallelism)
 
     def _token_counter(self, packer):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
