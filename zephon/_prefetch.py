@@ -6,13 +6,14 @@ work waiting for their turn. Four chunks per worker rather than two absorb chunk
 (text race recipe, p=2: workers busy 1.85-1.90 -> 1.92-1.97 of 2 cores, +2-5 % tokens/s; VLM
 unchanged, +~15 MB).
 
-Small chunks get eight per worker. A chunk of ~11 KB of text is ~7 ms of tokenizing, so four per
-worker cover only a few milliseconds of the loader falling behind (a segment flush, a scheduler
-hiccup with three busy threads on two cores), after which the workers find nothing queued (text race
-recipe, 3.14t, p=2: each worker idle 1-3 % of the run). Eight per worker cost a lane a few hundred
-KB there and gained 2-6 % tokens/s (three alternating pairs of runs). Large chunks keep four: a
-VLM chunk holds ~640 KB of encoded images, and eight per worker added 28 MiB to the peak of the
-recipe that decodes before packing.
+Small chunks get eight per worker. A chunk of the race's text (16 documents, ~26 KB) is ~7 ms of
+tokenizing, so four per worker cover only a few tens of milliseconds of the loader falling behind
+(a segment flush, a scheduler hiccup with three busy threads on two cores), after which the
+workers find nothing queued (text race recipe, 3.14t, p=2: each worker idle 1-3 % of the run).
+Eight per worker there: +3.9 % tokens/s on the median of 8 alternating pairs of runs (6 higher),
++3.4 % with the process runner on 3.11, and the race's peak memory unchanged (76 MiB). Large
+chunks keep four: a VLM chunk of the race holds ~450 KB of encoded images, and eight per worker
+added 28 MiB to the peak of the recipe that decodes before packing.
 """
 
 from __future__ import annotations
