@@ -32,3 +32,11 @@ def test_a_different_seed_changes_the_digests(corpora, demo_tokenizer_path, refe
 def test_first_fit_packing_is_layout_independent_too(corpora, demo_tokenizer_path):
     make = lambda: text_pipeline(*corpora, demo_tokenizer_path, algorithm="first_fit", runner="thread", parallelism=2)
     assert step_digests(make(), 1, 10) == step_digests(make(), 4, 10)
+
+
+@pytest.mark.parametrize("prefetch", [1, 3, 32])
+def test_the_prefetch_window_does_not_change_the_digests(corpora, demo_tokenizer_path, reference, prefetch):
+    pipeline = text_pipeline(*corpora, demo_tokenizer_path, runner="thread", parallelism=2).options(prefetch=prefetch)
+    with pipeline.shard(0, 1) as loader:
+        assert loader.prefetch == prefetch
+    assert step_digests(pipeline, 2, STEPS) == reference
