@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ._prefetch import records_per_chunk
+
 __all__ = [
     "READ_BLOCK_BYTES",
     "ROW_FIELD_BYTES",
@@ -131,11 +133,11 @@ def _decoded_image_bytes(packer) -> int:
 
 
 def _records_per_chunk(plan) -> int:
-    return getattr(getattr(plan, "source", None), "records_per_chunk", None) or 1
+    return records_per_chunk(plan) or 1
 
 
 def _largest_chunk_raw_bytes(plan) -> int:
-    per_chunk = getattr(getattr(plan, "source", None), "records_per_chunk", None)
+    per_chunk = records_per_chunk(plan)
     largest = 0
     for dataset in plan.datasets.values():
         if per_chunk is None:

@@ -18,7 +18,7 @@ added 28 MiB to the peak of the recipe that decodes before packing.
 
 from __future__ import annotations
 
-__all__ = ["DEEP_WINDOW_EXTRA_BYTES", "default_prefetch"]
+__all__ = ["DEEP_WINDOW_EXTRA_BYTES", "default_prefetch", "records_per_chunk"]
 
 DEEP_WINDOW_EXTRA_BYTES = 1 << 20
 """The raw bytes per lane the four extra chunks per worker of a deep window may hold, on average."""
@@ -36,7 +36,7 @@ def default_prefetch(plan, parallelism: int) -> int:
 def mean_chunk_raw_bytes(plan) -> float | None:
     """The plan's raw bytes per chunk over all its datasets, from shard sizes alone (no chunk is
     listed); None for a work source that does not chunk by record count."""
-    per_chunk = getattr(getattr(plan, "source", None), "records_per_chunk", None)
+    per_chunk = records_per_chunk(plan)
     if not per_chunk:
         return None
     raw_bytes = chunks = 0
@@ -45,3 +45,9 @@ def mean_chunk_raw_bytes(plan) -> float | None:
             raw_bytes += shard.raw_bytes
             chunks += -(-shard.num_records // per_chunk)
     return raw_bytes / chunks if chunks else None
+
+
+def records_per_chunk(plan) -> int | None:
+    """The records in each chunk (a shard's last one may hold fewer), or None for a work source
+    that does not chunk by record count."""
+    return getattr(getattr(plan, "source", None), "records_per_chunk", None)
