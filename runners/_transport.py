@@ -12,6 +12,14 @@ happens, a slow or crashing consumer can never leave it behind.
 Only C- or Fortran-contiguous buffers take the shared-memory path; NumPy pickles a non-contiguous
 array in-band as a copy.
 
+One-dimensional arrays of plain numbers (token ids, lengths: most of what crosses) are pickled as a
+single `numpy.frombuffer` call on their buffer instead of NumPy's own reduction, which goes through
+a Python helper and a reshape on receipt. Sixteen token arrays (a text chunk) unpickle in 7 instead
+of 21 µs and pickle in 18 instead of 32 (3.11); with the reader's persistent selector, the parent's
+CPU per item in `benchmarks/test_transport_bench.py` went from 131 to 90 µs, time its workers get
+back on a machine whose cores all tokenize. The arrays arrive the same: same dtype and shape,
+writable unless they were read-only, a view of shared memory when they are large.
+
 Thread-safety: the functions are stateless and may be called from any thread; every file gets a
 random name, so concurrent senders into one directory never collide.
 """
@@ -19,6 +27,7 @@ random name, so concurrent senders into one directory never collide.
 from __future__ import annotations
 
 import ctypes
+import io
 import mmap
 import os
 import pickle
@@ -27,6 +36,8 @@ import tempfile
 import uuid
 import weakref
 from typing import Any, NamedTuple
+
+import numpy as np
 
 __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
@@ -63,7 +74,9 @@ def encode(obj: Any, directory: str, threshold: int) -> Envelope:
         large.append(raw)
         return False
 
-    stream = pickle.dumps(obj, protocol=5, buffer_callback=route)
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=route).dump(obj)
+    stream = out.getvalue()
     if not large:
         return Envelope(stream, None, ())
     path = os.path.join(directory, uuid.uuid4().hex)
@@ -82,6 +95,13 @@ def decode(envelope: Envelope) -> Any:
     finally:
         os.close(fd)
     return pickle.loads(stream, buffers=[view[offset : offset + length] for offset, length in spans])
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray and obj.ndim == 1 and obj.dtype.kind in "biufc" and obj.flags.c_contiguous:
+            return np.frombuffer, (pickle.PickleBuffer(obj), obj.dtype)
+        return NotImplemented
 
 
 def discard(envelope: Envelope | None) -> None:

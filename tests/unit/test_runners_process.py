@@ -110,6 +110,36 @@ def test_small_arrays_stay_in_the_pickle_stream():
     np.testing.assert_array_equal(result, -np.arange(100))
 
 
+def test_arrays_of_every_plain_kind_come_back_equal_with_their_dtype_and_writability():
+    """One-dimensional numeric arrays take a shorter pickling path; everything else NumPy's own.
+    Both directions, small (in the stream) and large (shared memory), must give the same arrays."""
+    read_only = np.arange(10, dtype=np.int16)
+    read_only.flags.writeable = False
+    sent = [
+        np.array([True, False, True]),
+        np.arange(7, dtype=">i4"),  # big-endian stays big-endian
+        np.arange(5, dtype=np.uint64) * 3,
+        np.linspace(0, 1, 9, dtype=np.float32),
+        np.array([1 + 2j, 3 - 4j]),
+        np.zeros(0, dtype=np.int32),
+        read_only,
+        np.arange(20, dtype=np.int64)[::2],  # not contiguous
+        np.arange(12, dtype=np.int32).reshape(3, 4),  # two dimensions
+        np.array(["a", "bc"]),  # not a number
+        np.array([np.datetime64("2026-11-30")] * 2),  # exports no buffer
+        np.arange(MIB, dtype=np.int32),  # 4 MiB: through shared memory both ways
+    ]
+    with ProcessRunner() as runner:
+        runner.start([Stage("echo", lambda arrays: (arrays, [a.flags.writeable for a in arrays]))])
+        received, writable_in_worker = runner.submit(0, sent).result(10)
+    for original, echoed, worker_writable in zip(sent, received, writable_in_worker, strict=True):
+        assert echoed.dtype == original.dtype and echoed.shape == original.shape
+        np.testing.assert_array_equal(echoed, original)
+        assert worker_writable == original.flags.writeable
+        assert echoed.flags.writeable == original.flags.writeable
+    assert backed_by_shm_file(received[-1])
+
+
 def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
     with ProcessRunner() as runner:
         runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8), 2)])
