@@ -98,6 +98,8 @@ def decode(envelope: Envelope) -> Any:
 
 
 class _Pickler(pickle.Pickler):
+    """Pickle protocol 5 with one-dimensional numeric arrays rebuilt by `numpy.frombuffer` alone."""
+
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is np.ndarray and obj.ndim == 1 and obj.dtype.kind in "biufc" and obj.flags.c_contiguous:
             return np.frombuffer, (pickle.PickleBuffer(obj), obj.dtype)
