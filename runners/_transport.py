@@ -15,10 +15,10 @@ array in-band as a copy.
 One-dimensional arrays of plain numbers (token ids, lengths: most of what crosses) are pickled as a
 single `numpy.frombuffer` call on their buffer instead of NumPy's own reduction, which goes through
 a Python helper and a reshape on receipt. Sixteen token arrays (a text chunk) unpickle in 7 instead
-of 21 µs and pickle in 18 instead of 32 (3.11); with the reader's persistent selector, the parent's
-CPU per item in `benchmarks/test_transport_bench.py` went from 131 to 90 µs, time its workers get
-back on a machine whose cores all tokenize. The arrays arrive the same: same dtype and shape,
-writable unless they were read-only, a view of shared memory when they are large.
+of 21 µs and pickle in 18 instead of 32 (3.11), time the parent otherwise takes from workers that
+share its cores (`benchmarks/test_transport_bench.py` measures the parent's cost per item). The
+arrays arrive the same: same dtype and shape, writable unless they were read-only, a view of
+shared memory when they are large.
 
 Thread-safety: the functions are stateless and may be called from any thread; every file gets a
 random name, so concurrent senders into one directory never collide.
