@@ -11,11 +11,10 @@ Thread-safety: an accumulator is thread-unsafe by contract; the lane driver is i
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-import numpy as np
+from ._random import SeededStream
 
 __all__ = ["Accumulator", "AccumulatorFactory", "SegmentContext"]
 
@@ -27,15 +26,13 @@ class SegmentContext:
     lane: int
     segment: int
 
-    def rng(self, seed: int, purpose: str) -> np.random.Generator:
-        """A generator derived from (seed, purpose, lane, segment) and nothing else.
+    def rng(self, seed: int, purpose: str) -> SeededStream:
+        """A stream derived from (seed, purpose, lane, segment) and nothing else.
 
         Never from a rank, a worker id or the wall clock: the same segment of the same lane gets the
         same stream on every layout and after every resume.
         """
-        key = f"{seed}/{purpose}/{self.lane}/{self.segment}".encode()
-        words = np.frombuffer(hashlib.sha256(key).digest(), dtype=np.uint32)
-        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words.tolist())))
+        return SeededStream.from_key(f"{seed}/{purpose}/{self.lane}/{self.segment}")
 
 
 @runtime_checkable

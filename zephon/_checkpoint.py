@@ -18,7 +18,7 @@ from ._errors import CheckpointError, RecipeMismatchError
 __all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "merge_states"]
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 2  # 2: recipe digests per setting (plan.seed, operators[i].op.setting)
+STATE_VERSION = 3  # 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError
+from ._random import SeededStream
 
 __all__ = ["ShuffleBuffer", "ShuffleOp"]
 
@@ -18,7 +19,7 @@ __all__ = ["ShuffleBuffer", "ShuffleOp"]
 class ShuffleBuffer:
     """Emits one random held item per pushed item once `buffer_size` items are held. Thread-unsafe."""
 
-    def __init__(self, buffer_size: int, rng) -> None:
+    def __init__(self, buffer_size: int, rng: SeededStream) -> None:
         self.buffer_size = buffer_size
         self._rng = rng
         self._items: list[Any] = []
@@ -27,7 +28,7 @@ class ShuffleBuffer:
         if len(self._items) < self.buffer_size:
             self._items.append(item)
             return []
-        i = int(self._rng.integers(len(self._items)))
+        i = self._rng.below(len(self._items))
         out, self._items[i] = self._items[i], item
         return [out]
 

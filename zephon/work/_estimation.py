@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
+from .._random import SeededStream
 from .._records import Chunk, ChunkRecords
 
 if TYPE_CHECKING:
@@ -81,11 +80,11 @@ class TokenEstimation:
             return [Chunk(dataset.name, i, 0, n) for i, n in shards]
         windows = max(1, min(self.sample_chunks, self.sample_records))
         window = max(1, self.sample_records // windows)
-        rng = np.random.default_rng([self.seed, total, *dataset.name.encode()])
+        rng = SeededStream.from_key(f"{self.seed}/estimate/{total}/{dataset.name}")
         stride = total / windows
         chunks = []
         for w in range(windows):
-            start = int(w * stride + rng.integers(0, max(1, int(stride) - window + 1)))
+            start = int(w * stride + rng.below(max(1, int(stride) - window + 1)))
             chunks.extend(_global_range_to_chunks(dataset.name, shards, start, min(total, start + window)))
         return chunks
 

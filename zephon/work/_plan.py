@@ -9,7 +9,6 @@ MixturePlan and TokenInterleave).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import threading
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 import numpy as np
 
 from .._errors import ConfigurationError
+from .._random import SeededStream
 from .._records import Chunk
 from ._estimation import TokenCounter, TokenEstimation, TokenStats
 
@@ -308,8 +308,7 @@ class MixturePlan:
 
 
 def _seeded_permutation(key: str, n: int) -> np.ndarray:
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-    return np.random.default_rng(seed).permutation(n)
+    return SeededStream.from_key(key).permutation(n)
 
 
 class TokenInterleave:
