@@ -6,8 +6,8 @@ streams stable across versions, but not the `Generator` methods built on them (N
 `integers` and `permutation` change algorithm), and a recipe's batches must not change when NumPy
 is upgraded under a checkpointed run. The two draws Zephon needs, a bounded integer and a
 permutation, are a few lines on top of a fixed, published mixer, pinned by a known-answer test.
-It also keeps `numpy.random` (24 modules; +3.2 MiB of PSS when imported after NumPy on 3.14t) out of every
-loader and worker process.
+It also keeps `numpy.random` (24 modules; +3.2 MiB of PSS when imported after NumPy on 3.14t) out
+of every loader and worker process.
 
 A change to any output of this module changes batches: bump `STATE_VERSION` in `_checkpoint`.
 """
