@@ -19,7 +19,6 @@ call from several threads when the thread runner runs this stage with parallelis
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 
 from zephon._errors import BadRecordError, ConfigurationError
 from zephon._records import ChunkRecords
+from zephon._sha256 import sha256
 
 from ._errors import MediaDecodeError
 from ._deferred import DeferredImage
@@ -117,7 +117,7 @@ def _describe(obj: Any) -> Any:
     described = {"class": f"{type(obj).__module__}.{type(obj).__qualname__}"}
     to_json = getattr(obj, "to_json_string", None)
     if callable(to_json):
-        described["config_sha256"] = hashlib.sha256(to_json().encode()).hexdigest()
+        described["config_sha256"] = sha256(to_json().encode()).hexdigest()
     return described
 
 

@@ -6,7 +6,6 @@ A microbatch holds `microbatch_size` packed rows of one lane. Its position in th
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -15,6 +14,7 @@ import numpy as np
 from ._errors import ZephonError
 from ._records import RecordAddress
 from ._sequence import PackedSequence
+from ._sha256 import sha256
 
 __all__ = ["Batch", "global_batch_digest", "combine_digests", "collate"]
 
@@ -65,6 +65,8 @@ class Batch:
                 h.update(array.tobytes())
 
     def digest(self) -> str:
+        import hashlib  # OpenSSL's SHA-256 for whole tensors, loaded only by who asks (see _sha256)
+
         h = hashlib.sha256()
         self.update_digest(h)
         return h.hexdigest()
@@ -90,7 +92,7 @@ def global_batch_digest(batches: Iterable[Batch]) -> str:
 
 def combine_digests(microbatch_digests: Iterable[str]) -> str:
     """The global digest from microbatch digests already in canonical order."""
-    h = hashlib.sha256()
+    h = sha256()
     for digest in microbatch_digests:
         h.update(bytes.fromhex(digest))
     return h.hexdigest()

@@ -8,12 +8,12 @@ buffered is ever saved; loading a state cannot execute code.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ._errors import CheckpointError, RecipeMismatchError
+from ._sha256 import sha256
 
 __all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "merge_states"]
 
@@ -54,11 +54,11 @@ def recipe_digests(recipe: Mapping) -> dict[str, str]:
                 named.update({f"{prefix}.{k}": v for k, v in item.items() if k != "op"} or {prefix: {}})
         else:
             named[key] = value
-    return {k: hashlib.sha256(canonical_json(v).encode()).hexdigest()[:16] for k, v in named.items()}
+    return {k: sha256(canonical_json(v).encode()).hexdigest()[:16] for k, v in named.items()}
 
 
 def _checksum(body: Mapping) -> str:
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    return sha256(canonical_json(body).encode()).hexdigest()
 
 
 def make_state(

@@ -14,9 +14,9 @@ A change to any output of this module changes batches: bump `STATE_VERSION` in `
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+
+from ._sha256 import sha256
 
 __all__ = ["SeededStream"]
 
@@ -52,7 +52,7 @@ class SeededStream:
     @classmethod
     def from_key(cls, key: str) -> SeededStream:
         """A stream named by text (seed, purpose, lane, ...): equal keys, equal streams, on every machine."""
-        return cls(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+        return cls(int.from_bytes(sha256(key.encode()).digest()[:8], "little"))
 
     def next_u64(self) -> int:
         self._state = (self._state + _GAMMA) & _MASK64

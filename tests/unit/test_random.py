@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -69,19 +65,3 @@ def test_below_refuses_an_empty_or_too_wide_range():
         SeededStream(1).below(0)
     with pytest.raises(ValueError, match="below"):
         SeededStream(1).below(2**53 + 1)
-
-
-def test_a_shuffled_text_loader_runs_without_importing_numpy_random(make_jsonl_corpus, demo_tokenizer_path):
-    """Checked in a fresh interpreter, since this one's tests import numpy.random themselves."""
-    corpus = make_jsonl_corpus(2, 40)
-    script = (
-        "import sys\n"
-        "from tests.harness import text_pipeline\n"
-        f"pipeline = text_pipeline({str(corpus)!r}, {str(corpus)!r}, {str(demo_tokenizer_path)!r}, runner='thread')\n"
-        "with pipeline.shard(0, 1) as loader:\n"
-        "    batches = [batch for _, batch in zip(range(4), loader)]\n"
-        "print(len(batches), 'numpy.random' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert out.stdout.split() == ["4", "False"]
