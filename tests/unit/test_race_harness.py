@@ -9,6 +9,7 @@ from collections import Counter
 
 from benchmarks.race.__main__ import round_order
 from benchmarks.race._report import _median_bounds
+from benchmarks.race.workers._passes import time_passes
 
 
 def plan() -> list[tuple]:
@@ -53,3 +54,23 @@ def test_the_bound_is_the_median_rounds_measurement_and_failed_rounds_do_not_cou
     assert (bound["rounds"], bound["spread"]) == (5, (950.0, 1020.0))
     single = _median_bounds([measured(900.0, 0)])[("text", "3.14t Pillow", "ours")]
     assert (single["usable_tokens_per_s"], single["rounds"], single["spread"]) == (900.0, 1, (900.0, 900.0))
+
+
+def test_bound_parts_take_turns_and_cost_their_mean_pass_not_their_fastest():
+    ticks = iter([0, 1, 1, 4, 4, 6, 6, 10, 10, 11, 11, 13]).__next__  # CPU: read 1, 2, 1; tokenize 3, 4, 2
+    calls = []
+
+    def read(out):
+        calls.append("read")
+        return len(calls)
+
+    def tokenize(out):
+        calls.append("tokenize")
+        return out["read"] * 10  # a later part sees the same pass's earlier output
+
+    passes = time_passes([("read", read), ("tokenize", tokenize)], repeats=3, clock=ticks, wall=lambda: 0.0)
+    assert calls == ["read", "tokenize"] * 3
+    assert passes.cpu == {"read": [1, 2, 1], "tokenize": [3, 4, 2]}
+    assert passes.means() == {"read": 4 / 3, "tokenize": 3.0}
+    assert passes.fastests() == {"read": 1, "tokenize": 2}
+    assert passes.outputs == {"read": 5, "tokenize": 50}

@@ -1,14 +1,16 @@
 """Race worker: the compute bound, the bare stateless work in a tight loop on one core.
 
 Pinned to one CPU, tokenizers' own thread pool off. For every record of one epoch, in order:
-text: read the shards and parse each JSON line, tokenize (+EOS) and assemble the wrap-packed rows;
-VLM: read the tar shards, decode + resize, tokenize the caption
-(+BOS/EOS), and pack/assemble the rows (the packer's decisions are included: they are a small part
-of the assembly). Each part is timed separately over the whole epoch; the best of `repeats` passes
-is kept. `functions` says whose code runs: "ours" (zephon's TokenizeOp chunk function and
-`assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`) and/or "work" (the peers' plain
-equivalents in `_work`). For tokenizing, both a per-document `encode` loop and `encode_batch` per
-chunk are timed and the faster counts (the bound is the cheapest way to do the work).
+text: read the shards and parse each JSON line, tokenize (+EOS) and pack/assemble the wrap-packed
+rows; VLM: read the tar shards, tokenize the caption (+BOS/EOS), decode + resize, and pack/assemble
+the rows (the packer's decisions are included: they are a small part of the assembly). Each part
+is timed separately; a pass is one epoch of every part, `repeats` passes, and a part costs its mean
+pass (`_passes`: why the mean and not the fastest). `functions` says whose code runs: "ours"
+(zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`) and/or "work" (the peers'
+plain equivalents in `_work`). For tokenizing, a per-document `encode` loop (what the peers do)
+and `encode_batch_fast` per chunk (what Zephon does) are timed and the cheaper counts (the bound is
+the cheapest way to do the work; `encode_batch`, never cheaper than `encode_batch_fast`, is no
+longer timed).
 
 ideal tokens/s on N cores = bound tokens/s x N.
 """
@@ -22,150 +24,135 @@ import _runtime
 cfg = _runtime.config()
 os.sched_setaffinity(0, {cfg.get("cpu", 0)})
 
-import time
-
 import _work
 import numpy as np
 import PIL
+from _passes import Passes, time_passes
 
 data = cfg["data"]
-repeats = cfg.get("repeats", 3)
+repeats = cfg.get("repeats", 5)
 
 
-WALL: dict[str, float] = {}
-
-
-def best(fn, name: str = "") -> tuple[float, object]:
-    """CPU seconds of the fastest of `repeats` passes (the thread's own CPU time: on one pinned
-    core this is the work's cost, and other processes on a busy machine do not inflate it; the
-    wall time of the same pass is kept in WALL for comparison)."""
-    times, out = [], None
-    for _ in range(repeats):
-        w, c = time.perf_counter(), time.thread_time()
-        out = fn()
-        times.append((time.thread_time() - c, time.perf_counter() - w))
-    cpu, wall = min(times)
-    WALL[name] = wall
-    return cpu, out
-
-
-def text_bound(functions: str) -> dict:
+def text_bound(functions: str) -> tuple[dict, Passes]:
     t = cfg["text"]
     shards = _work.text_shards(data["text_dir"])
-    t_read, texts = best(lambda: [text for shard in shards for text in _work.read_text_shard(shard)], "read_parse_s")
     eos = data["text_eos_id"]
     length = t["max_length"]
     tok = _work.load_tokenizer(data["text_tokenizer"])
     chunk = t["records_per_chunk"]
 
-    def encode_loop():
-        return [_work.encode_text(tok, text, None, eos) for text in texts]
+    def read_parse(_):
+        return [text for shard in shards for text in _work.read_text_shard(shard)]
 
-    def encode_batched():
-        out = []
-        for i in range(0, len(texts), chunk):
-            for e in tok.encode_batch(texts[i:i + chunk], add_special_tokens=False):
-                out.append(np.array(e.ids + [eos], dtype=np.int32))
-        return out
+    def encode_loop(out):
+        return [_work.encode_text(tok, text, None, eos) for text in out["read_parse_s"]]
 
-    def encode_batched_fast():
-        out = []
-        for i in range(0, len(texts), chunk):
-            for e in tok.encode_batch_fast(texts[i:i + chunk], add_special_tokens=False):
-                out.append(np.array(e.ids + [eos], dtype=np.int32))
-        return out
+    def batched(encode):
+        def run(out):
+            texts, docs = out["read_parse_s"], []
+            for i in range(0, len(texts), chunk):
+                for e in encode(texts[i:i + chunk], add_special_tokens=False):
+                    docs.append(np.array(e.ids + [eos], dtype=np.int32))
+            return docs
+        return run
 
-    t_loop, docs = best(encode_loop, "tokenize_encode_s")
-    t_batch, _ = best(encode_batched, "tokenize_encode_batch_s")
-    t_fast, _ = best(encode_batched_fast, "tokenize_encode_batch_fast_s")
-    t_batch = min(t_batch, t_fast)
-    parts = {"tokenize_encode_s": t_loop, "tokenize_encode_batch_s": t_batch, "tokenize_encode_batch_fast_s": t_fast}
     if functions == "ours":
         from zephon._packing import Piece, assemble_row
         from zephon._records import RecordAddress
 
         address = RecordAddress("text", "x", 0)
-        plan, pieces, filled = [], [], 0
-        for tokens in docs:
-            start = 0
-            while start < len(tokens):
-                take = min(len(tokens) - start, length - filled)
-                pieces.append(Piece(tokens, start, start + take, address))
-                filled += take
-                start += take
-                if filled == length:
-                    plan.append(pieces)
-                    pieces, filled = [], 0
 
-        t_assemble, rows = best(lambda: [assemble_row(p, length, 0) for p in plan], "assemble_s")
-        usable = sum(int(np.count_nonzero(r.tokens["document_ids"] >= 0)) for r in rows)
+        def pack(out):
+            plan, pieces, filled = [], [], 0
+            for tokens in out["tokenize_encode_s"]:
+                start = 0
+                while start < len(tokens):
+                    take = min(len(tokens) - start, length - filled)
+                    pieces.append(Piece(tokens, start, start + take, address))
+                    filled += take
+                    start += take
+                    if filled == length:
+                        plan.append(pieces)
+                        pieces, filled = [], 0
+            return [assemble_row(p, length, 0).tokens for p in plan]
     else:
-        def pack():
+        def pack(out):
             packer = _work.WrapPacker(length, 0)
-            return [row for tokens in docs for row in packer.push(tokens)]
+            return [row for tokens in out["tokenize_encode_s"] for row in packer.push(tokens)]
 
-        t_assemble, rows = best(pack, "assemble_s")
-        usable = sum(int(np.count_nonzero(r["document_ids"] >= 0)) for r in rows)
-    seconds = t_read + min(t_loop, t_batch) + t_assemble
-    parts["assemble_s"] = t_assemble
-    parts["read_parse_s"] = t_read
-    return {"records": len(texts), "rows": len(rows), "usable_tokens": usable, "seconds": seconds,
-            "usable_tokens_per_s": usable / seconds, "images_per_s": 0.0, "parts": parts}
+    tokenizers = ("tokenize_encode_s", "tokenize_encode_batch_fast_s")
+    passes = time_passes([("read_parse_s", read_parse), ("tokenize_encode_s", encode_loop),
+                          ("tokenize_encode_batch_fast_s", batched(tok.encode_batch_fast)), ("assemble_s", pack)],
+                         repeats)
+    rows = passes.outputs["assemble_s"]
+    usable = sum(int(np.count_nonzero(r["document_ids"] >= 0)) for r in rows)
+
+    def seconds(parts: dict) -> float:
+        return parts["read_parse_s"] + min(parts[k] for k in tokenizers) + parts["assemble_s"]
+
+    parts, fastest = passes.means(), passes.fastests()
+    return {"records": len(passes.outputs["read_parse_s"]), "rows": len(rows), "usable_tokens": usable,
+            "seconds": seconds(parts), "usable_tokens_per_s": usable / seconds(parts), "images_per_s": 0.0,
+            "parts": parts, "fastest_pass_usable_tokens_per_s": usable / seconds(fastest)}, passes
 
 
-def vlm_bound(functions: str) -> dict:
+def vlm_bound(functions: str) -> tuple[dict, Passes]:
     v = cfg["vlm"]
     ids = data["vlm_ids"]
     shards = _work.pair_shards(data["pairs_dir"])
-    t_read, pairs = best(lambda: [pair for shard in shards for pair in _work.read_pair_shard(shard)], "read_s")
     tok = _work.load_tokenizer(data["vlm_tokenizer"])
     max_side, patch, length = v["max_side"], 16, v["max_length"]
-    captions = [c for _, c in pairs]
 
-    def tokenize():
-        return [_work.encode_text(tok, c, ids["bos"], ids["eos"]) for c in captions]
+    def read(_):
+        return [pair for shard in shards for pair in _work.read_pair_shard(shard)]
 
-    t_tok, texts = best(tokenize, "tokenize_s")
+    def tokenize(out):
+        return [_work.encode_text(tok, c, ids["bos"], ids["eos"]) for _, c in out["read_s"]]
+
     if functions == "ours":
         from vlm import ImageSpec, MultimodalPacker, PixtralPlaceholders, decode_image
         from zephon._records import RecordAddress
 
         spec = ImageSpec.pixtral(max_side=max_side)
-        t_dec, pixels = best(lambda: [decode_image(b, spec) for b, _ in pairs], "decode_resize_s")
         placeholders = PixtralPlaceholders(ids["img"], ids["img_break"], ids["img_end"])
         address = RecordAddress("pairs", "x", 0)
-        records = [{"input_ids": t, "pixels": p} for t, p in zip(texts, pixels)]
 
-        def pack():
+        def decode(out):
+            return [decode_image(b, spec) for b, _ in out["read_s"]]
+
+        def pack(out):
             packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec,
                                       pad_id=ids["pad"], image_position="after_bos")
+            records = [{"input_ids": t, "pixels": p} for t, p in zip(out["tokenize_s"], out["decode_resize_s"])]
             rows = [row for r in records for row in packer.push((address, r))]
-            return rows + packer.flush()
-
-        t_pack, rows = best(pack, "pack_assemble_s")
-        usable = sum(int(np.count_nonzero(r.tokens["document_ids"] >= 0)) for r in rows)
+            return [row.tokens for row in rows + packer.flush()]
     else:
-        t_dec, pixels = best(lambda: [_work.decode_image(b, max_side, patch) for b, _ in pairs], "decode_resize_s")
         placeholders = _work.Placeholders(ids["img"], ids["img_break"], ids["img_end"])
-        docs = [{"pixels": p, "text": t} for t, p in zip(texts, pixels)]
 
-        def pack():
+        def decode(out):
+            return [_work.decode_image(b, max_side, patch) for b, _ in out["read_s"]]
+
+        def pack(out):
             packer = _work.FirstFitPacker(length, ids["pad"], patch, placeholders)
+            docs = [{"pixels": p, "text": t} for t, p in zip(out["tokenize_s"], out["decode_resize_s"])]
             rows = [row for d in docs for row in packer.push(d)]
             return rows + [packer._emit(0) for _ in range(len(packer._rows))]
 
-        t_pack, rows = best(pack, "pack_assemble_s")
-        usable = sum(int(np.count_nonzero(r["document_ids"] >= 0)) for r in rows)
-    seconds = t_read + t_dec + t_tok + t_pack
-    return {"records": len(pairs), "rows": len(rows), "usable_tokens": usable, "images": len(pairs),
-            "seconds": seconds, "usable_tokens_per_s": usable / seconds, "images_per_s": len(pairs) / seconds,
-            "parts": {"read_s": t_read, "decode_resize_s": t_dec, "tokenize_s": t_tok, "pack_assemble_s": t_pack}}
+    passes = time_passes([("read_s", read), ("tokenize_s", tokenize), ("decode_resize_s", decode),
+                          ("pack_assemble_s", pack)], repeats)
+    rows, images = passes.outputs["pack_assemble_s"], len(passes.outputs["read_s"])
+    usable = sum(int(np.count_nonzero(r["document_ids"] >= 0)) for r in rows)
+    parts, fastest = passes.means(), passes.fastests()
+    seconds = sum(parts.values())
+    return {"records": images, "rows": len(rows), "usable_tokens": usable, "images": images,
+            "seconds": seconds, "usable_tokens_per_s": usable / seconds, "images_per_s": images / seconds,
+            "parts": parts, "fastest_pass_usable_tokens_per_s": usable / sum(fastest.values())}, passes
 
 
 _runtime.start()
 result = {"pipeline": cfg["pipeline"], "functions": cfg["functions"]}
-result.update((text_bound if cfg["pipeline"] == "text" else vlm_bound)(cfg["functions"]))
-result["wall_parts"] = WALL
+measured, passes = (text_bound if cfg["pipeline"] == "text" else vlm_bound)(cfg["functions"])
+result.update(measured, pass_cpu_s=passes.cpu, pass_wall_s=passes.wall)
 result["build"] = _runtime.build_facts(["zephon", "numpy", "pillow", "Pillow-SIMD", "tokenizers"])
 result["build"]["pil_version"] = PIL.__version__
 _runtime.finish(result)
