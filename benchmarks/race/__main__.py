@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 if python is None:
                     continue
                 for functions in spec["functions"]:
-                    cfg = dict(base, pipeline=pipeline, functions=functions, repeats=5)
+                    cfg = dict(base, pipeline=pipeline, functions=functions, repeats=4)
                     print(f"[bound {round_ + 1}] {pipeline} {name} {functions} ...", flush=True)
                     got = run_worker(python, "bound.py", cfg, args.timeout,
                                      {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"})

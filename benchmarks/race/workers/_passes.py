@@ -7,7 +7,9 @@ fastest"), the fastest of a few passes measures the machine's fastest moments in
 built from it is out of reach of any loader that runs for longer than a pass. So a part's cost is
 its mean CPU time per pass (total CPU over all passes ÷ passes: the same kind of average as a run's
 rate), and the parts take turns (a pass is one epoch of every part, in order) so that each part is
-timed over the same stretch of time as the others. The fastest pass is kept beside the mean.
+timed over the same stretch of time as the others. A first, untimed pass warms up (first-time
+allocations, the tokenizer's cache), as a loader's rate is taken after its warm-up. The fastest
+pass is kept beside the mean.
 """
 
 from __future__ import annotations
@@ -41,19 +43,22 @@ class Passes:
         return {part: self.fastest(part) for part in self.cpu}
 
 
-def time_passes(steps: Sequence[Step], repeats: int,
+def time_passes(steps: Sequence[Step], repeats: int, warmup: int = 1,
                 clock: Callable[[], float] = time.thread_time, wall: Callable[[], float] = time.perf_counter) -> Passes:
-    """Run `repeats` passes of `steps` in order; each step is `(name, fn)`, `fn(outputs)` may read
-    the outputs of the steps before it. CPU time is the calling thread's own: on one pinned core
-    that is the work's cost, and other processes on the machine do not add to it."""
+    """Run `warmup` untimed passes, then `repeats` timed passes of `steps` in order; each step is
+    `(name, fn)`, `fn(outputs)` may read the outputs of the steps before it. CPU time is the calling
+    thread's own: on one pinned core that is the work's cost, and other processes on the machine do
+    not add to it."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     passes = Passes()
-    for _ in range(repeats):
+    for number in range(warmup + repeats):
         for name, fn in steps:
             passes.outputs.pop(name, None)  # the last pass's output is freed first, its memory reused
             w, c = wall(), clock()
             passes.outputs[name] = fn(passes.outputs)
-            passes.cpu.setdefault(name, []).append(clock() - c)
-            passes.wall.setdefault(name, []).append(wall() - w)
+            cpu, elapsed = clock() - c, wall() - w
+            if number >= warmup:
+                passes.cpu.setdefault(name, []).append(cpu)
+                passes.wall.setdefault(name, []).append(elapsed)
     return passes

@@ -4,8 +4,8 @@ Pinned to one CPU, tokenizers' own thread pool off. For every record of one epoc
 text: read the shards and parse each JSON line, tokenize (+EOS) and pack/assemble the wrap-packed
 rows; VLM: read the tar shards, tokenize the caption (+BOS/EOS), decode + resize, and pack/assemble
 the rows (the packer's decisions are included: they are a small part of the assembly). Each part
-is timed separately; a pass is one epoch of every part, `repeats` passes, and a part costs its mean
-pass (`_passes`: why the mean and not the fastest). `functions` says whose code runs: "ours"
+is timed separately; a pass is one epoch of every part, one untimed pass then `repeats` timed ones,
+and a part costs its mean pass (`_passes`: why the mean and not the fastest). `functions` says whose code runs: "ours"
 (zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`) and/or "work" (the peers'
 plain equivalents in `_work`). For tokenizing, a per-document `encode` loop (what the peers do)
 and `encode_batch_fast` per chunk (what Zephon does) are timed and the cheaper counts (the bound is
@@ -30,7 +30,7 @@ import PIL
 from _passes import Passes, time_passes
 
 data = cfg["data"]
-repeats = cfg.get("repeats", 5)
+repeats = cfg.get("repeats", 4)
 
 
 def text_bound(functions: str) -> tuple[dict, Passes]:
