@@ -5,12 +5,12 @@ text: read the shards and parse each JSON line, tokenize (+EOS) and pack/assembl
 rows; VLM: read the tar shards, tokenize the caption (+BOS/EOS), decode + resize, and pack/assemble
 the rows (the packer's decisions are included: they are a small part of the assembly). Each part
 is timed separately; a pass is one epoch of every part, one untimed pass then `repeats` timed ones,
-and a part costs its mean pass (`_passes`: why the mean and not the fastest). `functions` says whose code runs: "ours"
-(zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`) and/or "work" (the peers'
-plain equivalents in `_work`). For tokenizing, a per-document `encode` loop (what the peers do)
-and `encode_batch_fast` per chunk (what Zephon does) are timed and the cheaper counts (the bound is
-the cheapest way to do the work; `encode_batch`, never cheaper than `encode_batch_fast`, is no
-longer timed).
+and a part costs its mean pass (`_passes`: why the mean and not the fastest). `functions` says
+whose code runs: "ours" (zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`)
+and/or "work" (the peers' plain equivalents in `_work`). For tokenizing, a per-document `encode`
+loop (what the peers do) and `encode_batch_fast` per chunk (what Zephon does) are timed and the
+cheaper counts (the bound is the cheapest way to do the work; `encode_batch`, never cheaper than
+`encode_batch_fast`, is no longer timed).
 
 ideal tokens/s on N cores = bound tokens/s x N.
 """
