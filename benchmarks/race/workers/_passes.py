@@ -3,8 +3,8 @@
 A loader's rate is the work it delivered divided by the time it took, over a run of seconds: an
 average over whatever speed the machine had meanwhile. On a shared machine whose speed moves by
 tens of per cent from one second to the next (benchmarks/README.md, "The bound: mean pass, not
-fastest"), the fastest of a few passes measures the machine's fastest moments instead, and an ideal
-built from it is out of reach of any loader that runs for longer than a pass. So a part's cost is
+fastest"), the fastest of a few passes measures the machine's fastest moments instead of the
+average that a run of several seconds sees. So a part's cost is
 its mean CPU time per pass (total CPU over all passes ÷ passes: the same kind of average as a run's
 rate), and the parts take turns (a pass is one epoch of every part, in order) so that each part is
 timed over the same stretch of time as the others. A first, untimed pass warms up (first-time
