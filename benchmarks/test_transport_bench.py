@@ -1,11 +1,15 @@
 """The process runner's own cost per item, with workers that do no work.
 
-Each item's reply is what a text chunk brings back to the parent in the race's recipe: 16 records,
-each a short id and an int32 token array of 50-1,500 tokens (in the pickle stream, below the
-shared-memory threshold). The workers return a prepared reply at once, so the time per item is the
-parent's: pickling and sending the item, waiting on the workers' pipes, receiving and unpickling the
-reply, resolving the future. On a machine whose cores are all tokenizing, each of those
-microseconds is taken from the workers.
+Text: each item's reply is what a text chunk brings back to the parent in the race's recipe: 16
+records, each a short id and an int32 token array of 50-1,500 tokens (in the pickle stream, below
+the shared-memory threshold). The workers return a prepared reply at once, so the time per item is
+the parent's: pickling and sending the item, waiting on the workers' pipes, receiving and
+unpickling the reply, resolving the future. On a machine whose cores are all tokenizing, each of
+those microseconds is taken from the workers.
+
+Image: each reply is a decoded image of the race's VLM recipe (448 × 336 RGB, 441 KiB), which the
+parent copies into a batch array and lets go, through the worker's reply arena or (arena off) a
+buffer file of its own. Timed: the CPU of the parent and of the workers together, per item.
 
     pytest benchmarks/test_transport_bench.py --benchmark-only        # a few seconds
 """
@@ -13,9 +17,11 @@ microseconds is taken from the workers.
 from __future__ import annotations
 
 import collections
+import os
 import resource
 
 import numpy as np
+import pytest
 
 from runners import ProcessRunner
 from zephon._runner import Stage
@@ -55,3 +61,42 @@ def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build
         np.testing.assert_array_equal(got["input_ids"], sent["input_ids"])
     record_build["items_per_round"] = ITEMS
     record_build["parent_cpu_us_per_item_last_round"] = round(parent_cpu / ITEMS * 1e6, 1)
+
+
+IMAGES = 1_000
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("arena", ["arena", "files"])
+def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, arena) -> None:
+    image = np.random.default_rng(0).integers(0, 256, (336, 448, 3), dtype=np.uint8)
+    batch = np.empty((IN_FLIGHT, *image.shape), dtype=np.uint8)
+    options = {} if arena == "arena" else {"reply_arena_bytes": 0}
+    with ProcessRunner(**options) as runner:
+        runner.start([Stage("decoded", lambda _: image, 2)])
+        for _ in range(50):
+            runner.submit(0, 0).result(10)
+        workers = runner.worker_pids()
+
+        def run() -> float:
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            before_workers = sum(process_cpu_s(pid) for pid in workers)
+            in_flight: collections.deque = collections.deque()
+            for i in range(IMAGES):
+                in_flight.append(runner.submit(0, i))
+                if len(in_flight) >= IN_FLIGHT:
+                    batch[i % IN_FLIGHT] = in_flight.popleft().result(10)
+            while in_flight:
+                batch[0] = in_flight.popleft().result(10)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            parent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            return parent + sum(process_cpu_s(pid) for pid in workers) - before_workers
+
+        cpu = benchmark.pedantic(run, rounds=3, iterations=1)
+        np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
+    record_build["images_per_round"] = IMAGES
+    record_build["cpu_us_per_image_last_round"] = round(cpu / IMAGES * 1e6, 1)

@@ -7,7 +7,10 @@ and the file's layout cross the pipe. The receiver maps the file copy-on-write, 
 and unpickles with `buffers=` slices of the mapping, so the arrays it gets are views of the shared
 pages: no copy on receipt, writable (writes stay private to the receiver), and the memory returns
 to the system when the last view is released. Because the file is unlinked before anything else
-happens, a slow or crashing consumer can never leave it behind.
+happens, a slow or crashing consumer can never leave it behind. A worker's replies go instead
+into its reply arena when there is room (`_arena`: one region mapped in both processes, blocks
+reused once the parent releases them), which spares both sides the file's creation, mapping and
+page faults.
 
 Only C- or Fortran-contiguous buffers take the shared-memory path; NumPy pickles a non-contiguous
 array in-band as a copy.
@@ -20,8 +23,9 @@ share its cores (`benchmarks/test_transport_bench.py` measures the parent's cost
 arrays arrive the same: same dtype and shape, writable unless they were read-only, a view of
 shared memory when they are large.
 
-Thread-safety: the functions are stateless and may be called from any thread; every file gets a
-random name, so concurrent senders into one directory never collide.
+Thread-safety: the functions keep no state of their own and may be called from any thread; every
+file gets a random name, so concurrent senders into one directory never collide. An arena is
+written by its one worker only.
 """
 
 from __future__ import annotations
@@ -39,17 +43,22 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._arena import ALIGNMENT, ReplyArena
+
 __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
-_ALIGNMENT = 64  # every buffer starts on a cache line, which also satisfies any NumPy dtype
-
-
 class Envelope(NamedTuple):
-    """One encoded object: the pickle stream and, when it has large buffers, where they wait."""
+    """One encoded object: the pickle stream and, when it has large buffers, where they wait.
+
+    The buffers wait in the file at `path`, or in the block of the sender's reply arena that
+    `block` gives as (offset, length); `spans` are each buffer's (offset, length) in the file or
+    the block.
+    """
 
     stream: bytes
     path: str | None
     spans: tuple[tuple[int, int], ...]
+    block: tuple[int, int] | None = None
 
     @property
     def shm_bytes(self) -> int:
@@ -63,8 +72,9 @@ def make_shm_directory(root: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"zephon-{os.getpid()}-", dir=root)
 
 
-def encode(obj: Any, directory: str, threshold: int) -> Envelope:
-    """Pickle `obj`, writing buffers of at least `threshold` bytes into a new file in `directory`."""
+def encode(obj: Any, directory: str, threshold: int, arena: ReplyArena | None = None) -> Envelope:
+    """Pickle `obj`, writing buffers of at least `threshold` bytes into a block of `arena` when
+    one is given and has room, else into a new file in `directory`."""
     large: list[memoryview] = []
 
     def route(buffer: pickle.PickleBuffer) -> bool:
@@ -79,21 +89,28 @@ def encode(obj: Any, directory: str, threshold: int) -> Envelope:
     stream = out.getvalue()
     if not large:
         return Envelope(stream, None, ())
+    if arena is not None and (placed := arena.write(large)) is not None:
+        block, spans = placed
+        return Envelope(stream, None, spans, block)
     path = os.path.join(directory, uuid.uuid4().hex)
     return Envelope(stream, path, _write(path, large))
 
 
-def decode(envelope: Envelope) -> Any:
-    """The object back; its large buffers are views of the (already unlinked) file's pages."""
-    stream, path, spans = envelope
-    if path is None:
+def decode(envelope: Envelope, arena: ReplyArena | None = None) -> Any:
+    """The object back; its large buffers are views of the (already unlinked) file's pages, or of
+    the block the envelope names in `arena`, the sender's."""
+    stream, path, spans, block = envelope
+    if block is not None:
+        view = arena.receive(*block)
+    elif path is not None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.unlink(path)
+            view = _map_private(fd, spans[-1][0] + spans[-1][1])
+        finally:
+            os.close(fd)
+    else:
         return pickle.loads(stream)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.unlink(path)
-        view = _map_private(fd, spans[-1][0] + spans[-1][1])
-    finally:
-        os.close(fd)
     return pickle.loads(stream, buffers=[view[offset : offset + length] for offset, length in spans])
 
 
@@ -154,7 +171,7 @@ def _write(path: str, buffers: list[memoryview]) -> tuple[tuple[int, int], ...]:
     try:
         offset = 0
         for buffer in buffers:
-            offset = -(-offset // _ALIGNMENT) * _ALIGNMENT
+            offset = -(-offset // ALIGNMENT) * ALIGNMENT
             _pwrite_all(fd, buffer, offset)
             spans.append((offset, buffer.nbytes))
             offset += buffer.nbytes

@@ -4,7 +4,8 @@ The function arrives by inheritance (the process is forked after `start()` has t
 may be any closure or lambda; only items and results are pickled. Every message is one pickled
 tuple on a private duplex pipe:
 
-    parent -> worker   the item's Envelope, or STOP (empty bytes)
+    parent -> worker   (the item's Envelope, offsets of reply-arena blocks the parent has
+                       released), or STOP (empty bytes)
     worker -> parent   (ok, Envelope) where ok is False when the Envelope holds an exception
 
 The parent may send the next item while this one runs; items are handled and answered in the
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ._arena import ReplyArena
 from ._transport import Envelope, decode, encode
 
 __all__ = ["STOP", "serve"]
@@ -34,6 +36,7 @@ def serve(
     stage: str,
     directory: str,
     threshold: int,
+    arena: ReplyArena | None,
     inherited: Iterable[Connection],
 ) -> None:
     """Run items until told to stop or until the parent disappears (end of file on the pipe).
@@ -52,8 +55,11 @@ def serve(
             return
         if message == STOP:
             return
+        envelope, released = pickle.loads(message)
+        if released:
+            arena.give_back(released)
         try:
-            reply = (True, encode(fn(decode(pickle.loads(message))), directory, threshold))
+            reply = (True, encode(fn(decode(envelope)), directory, threshold, arena))
         except Exception as exc:
             reply = (False, Envelope(_pickled_error(exc, stage), None, ()))
         try:

@@ -1,5 +1,9 @@
 """Forked worker processes per stage, with large buffers crossing in shared memory.
 
+Large buffers go to a worker through a file in shared memory each, and come back through the
+worker's reply arena (`_arena`), whose blocks the parent releases by sending their offsets back
+with the next item.
+
 The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` encodes the item
 (see `_transport`) in the caller's thread, then hands it to the least busy worker or queues it. A
 worker holds up to two items: the one it runs and the next, already in its pipe, so it never waits
@@ -32,6 +36,7 @@ from typing import Any, Self
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
+from ._arena import ReplyArena
 from ._errors import WorkerCrashedError
 from ._lifecycle import cancelled_future, stage_at, validate_stages
 from ._transport import Envelope, decode, discard, encode, make_shm_directory
@@ -60,8 +65,9 @@ _PIPELINED_MESSAGE_MAX = 32 * 1024
 class TransportStats:
     """Bytes moved and faults handled by one ProcessRunner, counted in the parent (both directions).
 
-    `pipe_bytes` is the payload of every pipe message (pickle streams plus buffer-file layouts,
-    without the pipe's own 4-byte length prefix); `shm_bytes` is what went through buffer files.
+    `pipe_bytes` is the payload of every pipe message (pickle streams plus buffer layouts, without
+    the pipe's own 4-byte length prefix); `shm_bytes` is what went through shared memory: buffer
+    files and the workers' reply arenas.
     A healthy array pipeline shows the arrays' size under `shm_bytes` and only a few hundred bytes
     per item under `pipe_bytes`. `items_sent` counts dispatches, re-runs included.
     """
@@ -86,6 +92,7 @@ class _Worker:
     stage: int
     process: multiprocessing.process.BaseProcess
     conn: Connection
+    arena: ReplyArena | None  # where its replies' large buffers wait; None when disabled
     # Sent and not answered, oldest first; replies come in the same order. tasks[0] is running.
     tasks: deque[_Task] = field(default_factory=deque)
     deadline: float | None = None  # for tasks[0]
@@ -105,6 +112,10 @@ class ProcessRunner:
       each, sent to the parent and back to a worker) skip the pipe: race VLM recipe, p=2, at 64 KiB
       the parent spent 0.14 ms of CPU per image and held them in its heap (PSS 160 MiB), at 16 KiB
       0.11 ms and 102 MiB. Text chunks' token arrays stay below it (text throughput unchanged).
+    - `reply_arena_bytes`: the size of each worker's reply arena (`_arena`), the shared region its
+      replies' large buffers are written into while the parent holds them; a reply that does not
+      fit goes through a buffer file of its own. Costs up to this much shared memory per worker;
+      0 sends every reply through files.
     - `shm_root`: where the per-runner buffer directory is created (default /dev/shm, else the
       temporary directory).
     - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
@@ -139,6 +150,7 @@ class ProcessRunner:
         task_timeout_s: float | None = None,
         max_retries: int = 3,
         oob_threshold_bytes: int = 16 * 1024,
+        reply_arena_bytes: int = 64 * 1024 * 1024,
         shm_root: str | None = None,
         close_timeout_s: float = 2.0,
     ) -> None:
@@ -148,10 +160,13 @@ class ProcessRunner:
             raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
         if oob_threshold_bytes < 1:
             raise ConfigurationError(f"oob_threshold_bytes must be >= 1, got {oob_threshold_bytes!r}")
+        if reply_arena_bytes < 0:
+            raise ConfigurationError(f"reply_arena_bytes must be >= 0, got {reply_arena_bytes!r}")
         self.reason = "requested explicitly"
         self._task_timeout_s = task_timeout_s
         self._max_retries = max_retries
         self._threshold = oob_threshold_bytes
+        self._arena_bytes = reply_arena_bytes
         self._shm_root = shm_root
         self._close_timeout_s = close_timeout_s
         try:
@@ -273,11 +288,12 @@ class ProcessRunner:
 
     def _add_worker_locked(self, stage_index: int) -> None:
         stage = self._stages[stage_index]
+        arena = ReplyArena(self._arena_bytes) if self._arena_bytes else None
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         inherited = [worker.conn for worker in self._workers] + [parent_conn]
         process = self._context.Process(
             target=serve,
-            args=(child_conn, stage.fn, stage.name, self._directory, self._threshold, inherited),
+            args=(child_conn, stage.fn, stage.name, self._directory, self._threshold, arena, inherited),
             name=f"zephon-{stage.name}",
             daemon=True,
         )
@@ -289,7 +305,7 @@ class ProcessRunner:
             raise
         finally:
             child_conn.close()
-        self._workers.append(_Worker(stage_index, process, parent_conn))
+        self._workers.append(_Worker(stage_index, process, parent_conn, arena))
 
     def _stop_workers(self, workers: list[_Worker]) -> None:
         for worker in workers:
@@ -377,8 +393,11 @@ class ProcessRunner:
                 except Exception as exc:  # it encoded once; a second failure is environmental
                     resolutions.append((task.future, False, exc))
                     continue
-            message = pickle.dumps(task.envelope, protocol=5)
+            released = worker.arena.released() if worker.arena is not None else ()
+            message = pickle.dumps((task.envelope, released), protocol=5)
             if worker.tasks and len(message) > _PIPELINED_MESSAGE_MAX:
+                if released:
+                    worker.arena.requeue(released)  # they go with the next item sent to it
                 queue.appendleft(task)  # no worker is idle; wait for one
                 return
             try:
@@ -464,7 +483,7 @@ class ProcessRunner:
         """(ok, value, pipe bytes, shm bytes) of one reply; a reply that cannot be decoded fails its item."""
         try:
             ok, envelope = pickle.loads(message)
-            return ok, decode(envelope), len(message), envelope.shm_bytes
+            return ok, decode(envelope, worker.arena), len(message), envelope.shm_bytes
         except Exception as exc:
             stage = self._stages[worker.stage].name
             error = RuntimeError(f"stage {stage!r}: could not unpickle the worker's reply: {exc!r}")

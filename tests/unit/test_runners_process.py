@@ -21,24 +21,39 @@ from zephon._runner import Stage
 MIB = 1 << 20
 
 
-def mapped_file(array: np.ndarray) -> str | None:
-    """The file this process has mapped at the array's data address, per /proc/self/maps.
+def mapping_of(array: np.ndarray) -> tuple[str, str | None]:
+    """(permissions, file) of the mapping holding the array's data, per /proc/self/maps.
 
-    Independent of how the runner maps memory: a shared-memory view shows its (deleted) buffer
-    file; a private copy shows the heap or an anonymous mapping (None)."""
+    Independent of how the runner maps memory: a buffer file's view shows the (deleted) file; a
+    private copy shows the heap or a private anonymous mapping (no file)."""
     address = array.__array_interface__["data"][0]
     for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split(maxsplit=5)
         low, high = (int(bound, 16) for bound in fields[0].split("-"))
         if low <= address < high:
-            return fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
+            return fields[1], fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
     raise AssertionError("address not mapped")
+
+
+def mapped_file(array: np.ndarray) -> str | None:
+    return mapping_of(array)[1]
 
 
 def backed_by_shm_file(array: np.ndarray) -> bool:
     """True when the array is a view of a buffer file that the receiver has already unlinked."""
     path = mapped_file(array)
     return path is not None and "/zephon-" in path and path.endswith("(deleted)")
+
+
+def in_reply_arena(array: np.ndarray) -> bool:
+    """True when the array is a view of anonymous shared memory (a worker's reply arena): the
+    kernel shows such a mapping as shared ('s') and backed by a deleted /dev/zero."""
+    permissions, path = mapping_of(array)
+    return permissions.endswith("s") and path == "/dev/zero (deleted)"
+
+
+def in_shared_memory(array: np.ndarray) -> bool:
+    return backed_by_shm_file(array) or in_reply_arena(array)
 
 
 def child_pids() -> set[int]:
@@ -94,7 +109,7 @@ def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
         stats = runner.stats()
     for i, (input_was_shared, doubled) in enumerate(results):
         assert input_was_shared
-        assert backed_by_shm_file(doubled) and not doubled.flags.owndata
+        assert in_reply_arena(doubled) and not doubled.flags.owndata
         np.testing.assert_array_equal(doubled, items[i] * 2)
     assert stats.items_sent == len(items)
     assert stats.shm_bytes == 2 * sum(item.nbytes for item in items)
@@ -106,7 +121,7 @@ def test_small_arrays_stay_in_the_pickle_stream():
         runner.start([Stage("negate", lambda x: -x)])
         result = runner.submit(0, np.arange(100)).result(10)
         assert runner.stats().shm_bytes == 0
-    assert not backed_by_shm_file(result)
+    assert not in_shared_memory(result)
     np.testing.assert_array_equal(result, -np.arange(100))
 
 
@@ -137,7 +152,7 @@ def test_arrays_of_every_plain_kind_come_back_equal_with_their_dtype_and_writabi
         np.testing.assert_array_equal(echoed, original)
         assert worker_writable == original.flags.writeable
         assert echoed.flags.writeable == original.flags.writeable
-    assert backed_by_shm_file(received[-1])
+    assert in_reply_arena(received[-1])
 
 
 def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
@@ -149,8 +164,8 @@ def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
     assert results[0].sum() == 7 * 4 * MIB and results[1].sum() == 4 * MIB
 
 
-def test_received_arrays_hold_no_file_descriptor_and_unmap_when_released():
-    with ProcessRunner() as runner:
+def test_received_arrays_hold_no_file_descriptor_and_buffer_files_unmap_when_released():
+    with ProcessRunner(reply_arena_bytes=0) as runner:
         runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8))])
         runner.submit(0, MIB).result(10)  # warm-up: lazily opened descriptors are not leaks
         fds_before = len(os.listdir("/proc/self/fd"))
@@ -366,10 +381,12 @@ def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
 
 
 def test_buffer_files_live_under_shm_root_when_given(tmp_path):
-    with ProcessRunner(shm_root=str(tmp_path)) as runner:
-        runner.start([Stage("ones", lambda n: np.ones(n))])
-        assert Path(runner.shm_directory).parent == tmp_path
-        assert backed_by_shm_file(runner.submit(0, MIB).result(10))
+    with ProcessRunner(shm_root=str(tmp_path), reply_arena_bytes=0) as runner:
+        runner.start([Stage("echo", lambda x: (mapped_file(x), x))])
+        directory = runner.shm_directory
+        assert Path(directory).parent == tmp_path
+        seen_by_worker, echoed = runner.submit(0, np.ones(MIB)).result(10)
+    assert seen_by_worker.startswith(directory + "/") and mapped_file(echoed).startswith(directory + "/")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -389,3 +406,50 @@ def test_arrays_received_from_one_stage_can_be_sent_to_the_next():
         expected = [inline.submit(1, inline.submit(0, x).result()).result() for x in items]
         got = [process.submit(1, process.submit(0, x).result(10)).result(10) for x in items]
     assert got == expected
+
+
+def address_of(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_a_held_reply_is_never_overwritten_and_released_blocks_are_reused():
+    """Replies wait in the worker's arena; the worker reuses a block only after the parent let go."""
+    with ProcessRunner(reply_arena_bytes=8 * MIB) as runner:
+        runner.start([Stage("fill", lambda i: np.full(MIB, i % 251, dtype=np.uint8))])
+        held = [runner.submit(0, i).result(10) for i in range(3)]
+        low = min(address_of(a) for a in held)
+        touched = set()
+        for i in range(3, 40):  # each one released before the next is asked for
+            reply = runner.submit(0, i).result(10)
+            assert in_reply_arena(reply) and reply[0] == reply[-1] == i % 251
+            touched.add(address_of(reply))
+            del reply
+        for i, array in enumerate(held):
+            assert in_reply_arena(array)
+            assert (array == i).all()  # 37 replies later, still what the worker wrote
+        # 37 MiB of replies went through an 8 MiB arena: its blocks were reused, and first fit
+        # kept them at its low end (a release travels with the next item, so two or three blocks
+        # take turns; free-threaded CPython may release a little later).
+        assert all(low <= address < low + 8 * MIB for address in touched)
+        assert len(touched) <= 4
+
+
+def test_a_full_arena_sends_replies_through_files_and_loses_nothing():
+    with ProcessRunner(reply_arena_bytes=2 * MIB + 1024) as runner:
+        runner.start([Stage("fill", lambda i: np.full(MIB, i, dtype=np.uint8))])
+        held = [runner.submit(0, i).result(10) for i in range(5)]
+        assert [in_reply_arena(a) for a in held] == [True, True, False, False, False]
+        assert all(backed_by_shm_file(a) for a in held[2:])
+        assert [int(a[0]) for a in held] == list(range(5)) and all((a == a[0]).all() for a in held)
+        assert runner.stats().shm_bytes == 5 * MIB  # arena and files alike
+        del held
+        runner.submit(0, 9).result(10)  # carries the releases (and wakes the reader thread on 3.14t)
+        assert in_reply_arena(runner.submit(0, 10).result(10))
+
+
+def test_the_arena_can_be_turned_off_and_its_size_must_not_be_negative():
+    with ProcessRunner(reply_arena_bytes=0) as runner:
+        runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8))])
+        assert backed_by_shm_file(runner.submit(0, MIB).result(10))
+    with pytest.raises(ConfigurationError, match="reply_arena_bytes"):
+        ProcessRunner(reply_arena_bytes=-1)

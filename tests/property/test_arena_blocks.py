@@ -1,0 +1,58 @@
+"""Property test for the reply arena's allocator: blocks never overlap, first fit, nothing lost."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runners._arena import ALIGNMENT, ArenaBlocks
+
+SIZE = 64 * ALIGNMENT
+
+# Each step either asks for a block of some length or gives back the i-th block still held.
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("take"), st.integers(min_value=0, max_value=20 * ALIGNMENT)),
+        st.tuples(st.just("give"), st.integers(min_value=0, max_value=1000)),
+    ),
+    max_size=80,
+)
+
+
+def lowest_fit(held: dict[int, int], length: int) -> int | None:
+    """The model: the lowest aligned offset where `length` bytes overlap no held block."""
+    need = -(-max(length, 1) // ALIGNMENT) * ALIGNMENT
+    for offset in range(0, SIZE - need + 1, ALIGNMENT):
+        if all(offset + need <= start or start + size <= offset for start, size in held.items()):
+            return offset
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_blocks_are_the_lowest_fit_never_overlap_and_all_come_back(script):
+    blocks = ArenaBlocks(SIZE)
+    held: dict[int, int] = {}  # offset -> aligned length
+    for action, value in script:
+        if action == "take":
+            expected = lowest_fit(held, value)
+            offset = blocks.take(value)
+            assert offset == expected
+            if offset is not None:
+                held[offset] = -(-max(value, 1) // ALIGNMENT) * ALIGNMENT
+        elif held:
+            offset = sorted(held)[value % len(held)]
+            blocks.give_back(offset)
+            del held[offset]
+        assert blocks.taken_bytes == sum(held.values())
+    for offset in list(held):
+        blocks.give_back(offset)
+    assert blocks.take(SIZE) == 0  # every gap merged back into one
+
+
+def test_giving_back_a_block_that_was_never_taken_is_refused():
+    blocks = ArenaBlocks(SIZE)
+    blocks.take(ALIGNMENT)
+    with pytest.raises(KeyError):
+        blocks.give_back(ALIGNMENT)
