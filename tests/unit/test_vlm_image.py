@@ -160,6 +160,20 @@ def test_rgba_is_composited_on_the_background_not_on_its_hidden_colour():
     assert (pixels[:, :48] == 255).all() and (pixels[:, 48:] == (0, 0, 255)).all()
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "LA"])
+def test_alpha_is_blended_with_the_background_rounded_to_nearest(mode):
+    """Every alpha from 0 to 255 against an independent reference: round((c*a + b*(255-a)) / 255)."""
+    rng = np.random.default_rng(7)
+    alpha = np.arange(256, dtype=np.int64).reshape(16, 16).repeat(3, axis=0).repeat(4, axis=1)  # 48 x 64
+    colour = rng.integers(0, 256, (48, 64, 3 if mode == "RGBA" else 1))
+    pixels = np.concatenate([colour, alpha[..., None]], axis=2).astype(np.uint8)
+    background = np.array([10, 200, 30])
+    decoded = decode_image(encode(pixels, "PNG", mode=mode), ImageSpec(background=tuple(background)))
+    blended = colour * alpha[..., None] + background * (255 - alpha[..., None])
+    assert decoded.shape == (48, 64, 3)
+    assert np.array_equal(decoded, ((2 * blended + 255) // 510).astype(np.uint8))
+
+
 @pytest.mark.parametrize("mode", ["1", "L", "LA", "I", "F", "YCbCr"])
 def test_every_other_mode_becomes_three_channel_uint8(mode):
     source = Image.fromarray(gradient()).convert(mode)
