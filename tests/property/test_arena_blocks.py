@@ -1,4 +1,5 @@
-"""Property test for the reply arena's allocator: blocks never overlap, first fit, nothing lost."""
+"""The reply arena on its own: the allocator (blocks never overlap, first fit, nothing lost) and
+the parent's record of released blocks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runners._arena import ALIGNMENT, ArenaBlocks
+from runners._arena import ALIGNMENT, ArenaBlocks, ReplyArena
 
 SIZE = 64 * ALIGNMENT
 
@@ -56,3 +57,19 @@ def test_giving_back_a_block_that_was_never_taken_is_refused():
     blocks.take(ALIGNMENT)
     with pytest.raises(KeyError):
         blocks.give_back(ALIGNMENT)
+
+
+def test_released_blocks_are_reported_once_and_requeued_ones_go_first():
+    """The parent's end: a block is reported when its last view goes, and offsets that could not
+    be sent (`requeue`) come out again ahead of later ones."""
+    arena = ReplyArena(4 * ALIGNMENT)
+    first, second = arena.receive(0, ALIGNMENT), arena.receive(ALIGNMENT, ALIGNMENT)
+    part = first[8:16]  # a slice keeps the block alive
+    del first
+    assert arena.released() == ()
+    del part
+    assert arena.released() == (0,)
+    arena.requeue((0,))
+    del second
+    assert arena.released() == (0, ALIGNMENT)
+    assert arena.released() == ()
