@@ -47,6 +47,7 @@ from ._arena import ALIGNMENT, ReplyArena
 
 __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
+
 class Envelope(NamedTuple):
     """One encoded object: the pickle stream and, when it has large buffers, where they wait.
 

@@ -55,10 +55,10 @@ def serve(
             return
         if message == STOP:
             return
-        envelope, released = pickle.loads(message)
-        if released:
-            arena.give_back(released)
         try:
+            envelope, released = pickle.loads(message)
+            if released:
+                arena.give_back(released)
             reply = (True, encode(fn(decode(envelope)), directory, threshold, arena))
         except Exception as exc:
             reply = (False, Envelope(_pickled_error(exc, stage), None, ()))
