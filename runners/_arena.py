@@ -35,9 +35,24 @@ import mmap
 import weakref
 from collections import deque
 
-__all__ = ["ArenaBlocks", "ReplyArena"]
+__all__ = ["ALIGNMENT", "ArenaBlocks", "ReplyArena", "layout"]
 
 ALIGNMENT = 64  # every block and buffer starts on a cache line, which also satisfies any NumPy dtype
+
+
+def _aligned(length: int) -> int:
+    return -(-length // ALIGNMENT) * ALIGNMENT
+
+
+def layout(buffers: list[memoryview]) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The buffers laid one after another, each starting on an aligned offset: ((offset, length) of
+    each, the total length). An arena block and a buffer file hold them the same way."""
+    spans, end = [], 0
+    for buffer in buffers:
+        start = _aligned(end)
+        spans.append((start, buffer.nbytes))
+        end = start + buffer.nbytes
+    return tuple(spans), end
 
 
 class ArenaBlocks:
@@ -54,7 +69,7 @@ class ArenaBlocks:
 
     def take(self, length: int) -> int | None:
         """The offset of a new block of at least `length` bytes, or None when no gap is large enough."""
-        length = -(-max(length, 1) // ALIGNMENT) * ALIGNMENT
+        length = _aligned(max(length, 1))
         for index, (offset, size) in enumerate(self._gaps):
             if size >= length:
                 if size == length:
@@ -93,7 +108,6 @@ class ReplyArena:
 
     def __init__(self, size: int) -> None:
         self._map = mmap.mmap(-1, size)  # anonymous and shared: the worker forked next sees the same pages
-        self.size = size
         self._blocks = ArenaBlocks(size)
         self._released: deque[int] = deque()
 
@@ -102,18 +116,14 @@ class ReplyArena:
     def write(self, buffers: list[memoryview]) -> tuple[tuple[int, int], tuple[tuple[int, int], ...]] | None:
         """((block offset, block length), (offset, length) of each buffer in the block), or None when
         the block does not fit."""
-        spans, length = [], 0
-        for buffer in buffers:
-            length = -(-length // ALIGNMENT) * ALIGNMENT
-            spans.append((length, buffer.nbytes))
-            length += buffer.nbytes
+        spans, length = layout(buffers)
         start = self._blocks.take(length)
         if start is None:
             return None
         view = memoryview(self._map)
         for buffer, (offset, size) in zip(buffers, spans):
             view[start + offset : start + offset + size] = buffer
-        return (start, length), tuple(spans)
+        return (start, length), spans
 
     def give_back(self, offsets: tuple[int, ...]) -> None:
         for offset in offsets:

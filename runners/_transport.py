@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._arena import ALIGNMENT, ReplyArena
+from ._arena import ReplyArena, layout
 
 __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
@@ -167,21 +167,17 @@ if sys.version_info < (3, 13):
 
 
 def _write(path: str, buffers: list[memoryview]) -> tuple[tuple[int, int], ...]:
-    spans = []
+    spans, _ = layout(buffers)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        offset = 0
-        for buffer in buffers:
-            offset = -(-offset // ALIGNMENT) * ALIGNMENT
+        for buffer, (offset, _) in zip(buffers, spans):
             _pwrite_all(fd, buffer, offset)
-            spans.append((offset, buffer.nbytes))
-            offset += buffer.nbytes
     except BaseException:
         os.close(fd)
         os.unlink(path)
         raise
     os.close(fd)
-    return tuple(spans)
+    return spans
 
 
 def _pwrite_all(fd: int, buffer: memoryview, offset: int) -> None:
