@@ -36,6 +36,36 @@ def text_chunk_reply() -> list[dict]:
     return [{"id": f"doc/{i}", "input_ids": rng.integers(0, 8_192, int(n), dtype=np.int32)} for i, n in enumerate(lengths)]
 
 
+def parent_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stream(runner: ProcessRunner, count: int, take=None) -> None:
+    """Submit `count` items, IN_FLIGHT at a time; `take(n, result)` gets the n-th result back."""
+    in_flight: collections.deque = collections.deque()
+    received = 0
+
+    def collect_oldest() -> None:
+        nonlocal received
+        result = in_flight.popleft().result(10)
+        if take is not None:
+            take(received, result)
+        received += 1
+
+    for i in range(count):
+        in_flight.append(runner.submit(0, i))
+        if len(in_flight) >= IN_FLIGHT:
+            collect_oldest()
+    while in_flight:
+        collect_oldest()
+
+
 def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build) -> None:
     reply = text_chunk_reply()
     with ProcessRunner() as runner:
@@ -44,16 +74,9 @@ def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build
             runner.submit(0, 0).result(10)
 
         def run() -> float:
-            before = resource.getrusage(resource.RUSAGE_SELF)
-            in_flight: collections.deque = collections.deque()
-            for i in range(ITEMS):
-                in_flight.append(runner.submit(0, i))
-                if len(in_flight) >= IN_FLIGHT:
-                    in_flight.popleft().result(10)
-            while in_flight:
-                in_flight.popleft().result(10)
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            before = parent_cpu_s()
+            stream(runner, ITEMS)
+            return parent_cpu_s() - before
 
         parent_cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         received = runner.submit(0, 0).result(10)
@@ -64,11 +87,6 @@ def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build
 
 
 IMAGES = 1_000
-
-
-def process_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.mark.parametrize("arena", ["arena", "files"])
@@ -82,19 +100,13 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
             runner.submit(0, 0).result(10)
         workers = runner.worker_pids()
 
+        def copy_into_batch(n: int, result: np.ndarray) -> None:
+            batch[n % IN_FLIGHT] = result
+
         def run() -> float:
-            before = resource.getrusage(resource.RUSAGE_SELF)
-            before_workers = sum(process_cpu_s(pid) for pid in workers)
-            in_flight: collections.deque = collections.deque()
-            for i in range(IMAGES):
-                in_flight.append(runner.submit(0, i))
-                if len(in_flight) >= IN_FLIGHT:
-                    batch[i % IN_FLIGHT] = in_flight.popleft().result(10)
-            while in_flight:
-                batch[0] = in_flight.popleft().result(10)
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            parent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            return parent + sum(process_cpu_s(pid) for pid in workers) - before_workers
+            before = parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers)
+            stream(runner, IMAGES, copy_into_batch)
+            return parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers) - before
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
