@@ -11,6 +11,11 @@ Image: each reply is a decoded image of the race's VLM recipe (448 × 336 RGB, 4
 parent copies into a batch array and lets go, through the worker's reply arena or (arena off) a
 buffer file of its own. Timed: the CPU of the parent and of the workers together, per item.
 
+Encoded row: each item is what the parent sends to have one row of the race's VLM recipe decoded,
+six encoded images of 30 KB (the race's mean), through the runner's request arena or (arena off) a
+buffer file per item; the worker reads every byte and answers with a number. Timed: the CPU of the
+parent and of the workers together, per item.
+
     pytest benchmarks/test_transport_bench.py --benchmark-only        # a few seconds
 """
 
@@ -46,8 +51,9 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stream(runner: ProcessRunner, count: int, take=None) -> None:
-    """Submit `count` items, IN_FLIGHT at a time; `take(n, result)` gets the n-th result back."""
+def stream(runner: ProcessRunner, count: int, take=None, items=None) -> None:
+    """Submit `count` items (`items[i % len(items)]`, or i), IN_FLIGHT at a time; `take(n, result)`
+    gets the n-th result back."""
     in_flight: collections.deque = collections.deque()
     received = 0
 
@@ -59,7 +65,7 @@ def stream(runner: ProcessRunner, count: int, take=None) -> None:
         received += 1
 
     for i in range(count):
-        in_flight.append(runner.submit(0, i))
+        in_flight.append(runner.submit(0, i if items is None else items[i % len(items)]))
         if len(in_flight) >= IN_FLIGHT:
             collect_oldest()
     while in_flight:
@@ -112,3 +118,28 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
         np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
     record_build["images_per_round"] = IMAGES
     record_build["cpu_us_per_image_last_round"] = round(cpu / IMAGES * 1e6, 1)
+
+
+ROWS = 2_000
+
+
+@pytest.mark.parametrize("arena", ["arena", "files"])
+def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_build, arena) -> None:
+    rng = np.random.default_rng(0)
+    rows = [[rng.integers(0, 256, 30_000, dtype=np.uint8) for _ in range(6)] for _ in range(IN_FLIGHT)]
+    options = {} if arena == "arena" else {"request_arena_bytes": 0}
+    with ProcessRunner(**options) as runner:
+        runner.start([Stage("checksum", lambda row: sum(int(image.sum()) for image in row), 2)])
+        for _ in range(50):
+            runner.submit(0, rows[0]).result(10)
+        workers = runner.worker_pids()
+
+        def run() -> float:
+            before = parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers)
+            stream(runner, ROWS, items=rows)
+            return parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers) - before
+
+        cpu = benchmark.pedantic(run, rounds=3, iterations=1)
+        assert runner.submit(0, rows[1]).result(10) == sum(int(image.sum()) for image in rows[1])
+    record_build["rows_per_round"] = ROWS
+    record_build["cpu_us_per_row_last_round"] = round(cpu / ROWS * 1e6, 1)

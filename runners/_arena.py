@@ -1,25 +1,32 @@
-"""A worker's reply arena: one shared-memory region its replies' large buffers are written into.
+"""Arenas: shared-memory regions that large buffers cross in, instead of a file each.
 
-Without it, every reply with large buffers is a new file in shared memory: the worker writes it
-(the kernel allocates and fills fresh pages), the parent maps it, faults its pages in, and unmaps
-it, and the kernel frees the pages. Through an arena the worker copies into pages that both
-processes have mapped since the first replies. A decoded image of the race's VLM recipe (448 × 336
+Without them, every message with large buffers is a new file in shared memory: the sender writes
+it (the kernel allocates and fills fresh pages), the receiver maps it, faults its pages in and
+unmaps it, and the kernel frees the pages. Through an arena the sender copies into pages that both
+processes have mapped since the first messages. A decoded image of the race's VLM recipe (448 × 336
 RGB, 441 KiB) that the parent copies into a batch costs, parent and worker together, 0.46 ms of
 CPU through files and 0.155 ms through the arena (3.11, `benchmarks/test_transport_bench.py`); in
 the race's VLM recipe on the process runner (3.11, p=2) the system time of the whole process tree
 fell from 0.14-0.18 to 0.05-0.06 ms per image, of about 2 ms.
 
-The parent maps one arena per worker (anonymous shared memory: no file, no descriptor, nothing to
-leave behind) just before forking it, so the worker inherits the mapping. The worker allocates
-blocks in it (first fit, so the pages in use stay at the low end and the touched size follows the
-peak of buffers alive at once) and writes a reply's buffers into one block. The parent hands out views of the block; when the last of them is released, the
-block's offset is queued and sent back to the worker with the next item, and only then does the
-worker reuse it. A block the worker cannot fit (the parent holds many replies, or one reply is
-larger than the arena) goes through a file of its own, so a full arena costs speed, never a stall.
+An arena is anonymous shared memory (no file, no descriptor, nothing to leave behind) mapped by
+the parent before it forks the workers that use it, so they inherit the mapping. The process
+runner has two kinds:
+
+- each worker's *reply arena*: the worker writes its replies' buffers, the parent receives them;
+- one *request arena* for all workers: the parent writes the items' buffers (the encoded images
+  that `vlm` decodes after packing), the worker that runs an item receives them.
+
+The writer allocates blocks (first fit, so the pages in use stay at the low end and the touched
+size follows the peak of buffers alive at once) and copies one message's buffers into one block.
+The receiver hands out views of the block; when the last of them is released, the block's offset
+is queued and sent back to the writer with the next message the other way, and only then does the
+writer reuse the block. A message the writer cannot fit (the receiver holds many, or one is larger
+than the arena) goes through a file of its own, so a full arena costs speed, never a stall.
 
 Pages touched once stay allocated until the arena goes away, so an arena costs up to its size in
-shared memory; 64 MiB per worker by default (`ProcessRunner(reply_arena_bytes=...)`). It goes away
-when its worker has exited, the parent has released every view of it, and the workers forked
+shared memory (`ProcessRunner(reply_arena_bytes=..., request_arena_bytes=...)`). A reply arena goes
+away when its worker has exited, the parent has released every view of it, and the workers forked
 after it, which inherit the mapping without ever touching it, have exited too: a worker replaced
 after a crash leaves its arena to the end of the runner. The mapping is inherited rather than
 withheld (`MADV_DONTFORK`) because a forked worker holds Python objects for every arena mapped at
@@ -32,10 +39,12 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
+import threading
 import weakref
 from collections import deque
+from collections.abc import Iterable
 
-__all__ = ["ALIGNMENT", "ArenaBlocks", "ReplyArena", "layout"]
+__all__ = ["ALIGNMENT", "Arena", "ArenaBlocks", "layout"]
 
 ALIGNMENT = 64  # every block and buffer starts on a cache line, which also satisfies any NumPy dtype
 
@@ -56,10 +65,10 @@ def layout(buffers: list[memoryview]) -> tuple[tuple[tuple[int, int], ...], int]
 
 
 class ArenaBlocks:
-    """First-fit allocation of aligned blocks in a region of `size` bytes (the worker's side).
+    """First-fit allocation of aligned blocks in a region of `size` bytes (the writer's side).
 
     Free space is a sorted list of disjoint (offset, length) gaps, merged with its neighbours
-    whenever a block comes back. A worker holds at most a few hundred blocks at once, so the
+    whenever a block comes back. A receiver holds at most a few hundred blocks at once, so the
     linear scan costs microseconds against the block's copy.
     """
 
@@ -98,26 +107,29 @@ class ArenaBlocks:
         return sum(self._taken.values())
 
 
-class ReplyArena:
-    """The shared region of one worker, with both ends of its protocol.
+class Arena:
+    """One shared region, with both ends of its protocol.
 
-    Worker: `write(buffers)` places a reply's buffers in a new block; `give_back(offsets)` frees
-    the blocks the parent has released. Parent: `receive(offset, length)` is the view the reply's
-    arrays are unpickled from; `released()` the offsets to send back with the next item.
+    Writer: `write(buffers)` places one message's buffers in a new block; `give_back(offsets)` frees
+    the blocks the receiver has released. Receiver: `receive(offset, length)` is the view the
+    message's arrays are unpickled from; `released()` the offsets to send back to the writer.
+    Both ends are safe from any thread: the parent writes requests from whichever thread submits.
     """
 
     def __init__(self, size: int) -> None:
-        self._map = mmap.mmap(-1, size)  # anonymous and shared: the worker forked next sees the same pages
+        self._map = mmap.mmap(-1, size)  # anonymous and shared: a worker forked next sees the same pages
         self._blocks = ArenaBlocks(size)
+        self._lock = threading.Lock()  # guards _blocks
         self._released: deque[int] = deque()
 
-    # -- the worker's end -------------------------------------------------------------------------
+    # -- the writer's end -------------------------------------------------------------------------
 
     def write(self, buffers: list[memoryview]) -> tuple[tuple[int, int], tuple[tuple[int, int], ...]] | None:
         """((block offset, block length), (offset, length) of each buffer in the block), or None when
         the block does not fit."""
         spans, length = layout(buffers)
-        start = self._blocks.take(length)
+        with self._lock:
+            start = self._blocks.take(length)
         if start is None:
             return None
         view = memoryview(self._map)
@@ -125,17 +137,24 @@ class ReplyArena:
             view[start + offset : start + offset + size] = buffer
         return (start, length), spans
 
-    def give_back(self, offsets: tuple[int, ...]) -> None:
-        for offset in offsets:
-            self._blocks.give_back(offset)
+    def give_back(self, offsets: Iterable[int]) -> None:
+        with self._lock:
+            for offset in offsets:
+                self._blocks.give_back(offset)
 
-    # -- the parent's end -------------------------------------------------------------------------
+    @property
+    def taken_bytes(self) -> int:
+        """Bytes in blocks written and not yet given back."""
+        with self._lock:
+            return self._blocks.taken_bytes
+
+    # -- the receiver's end -----------------------------------------------------------------------
 
     def receive(self, offset: int, length: int) -> memoryview:
         """A writable view of the block; once it and every slice of it are gone, the block is released.
 
-        The parent may write into the arrays it received: the worker does not touch the block until
-        the parent has released it.
+        The receiver may write into the arrays it received: the writer does not touch the block
+        until the receiver has released it.
         """
         region = (ctypes.c_ubyte * length).from_buffer(self._map, offset)
         weakref.finalize(region, self._released.append, offset)

@@ -7,9 +7,9 @@ and the file's layout cross the pipe. The receiver maps the file copy-on-write, 
 and unpickles with `buffers=` slices of the mapping, so the arrays it gets are views of the shared
 pages: no copy on receipt, writable (writes stay private to the receiver), and the memory returns
 to the system when the last view is released. Because the file is unlinked before anything else
-happens, a slow or crashing consumer can never leave it behind. A worker's replies go instead
-into its reply arena when there is room (`_arena`: one region mapped in both processes, blocks
-reused once the parent releases them), which spares both sides the file's creation, mapping and
+happens, a slow or crashing consumer can never leave it behind. Where the sender has an arena
+with room (`_arena`: one region mapped in both processes, blocks reused once the receiver releases
+them), the buffers go into it instead, which spares both sides the file's creation, mapping and
 page faults.
 
 Only C- or Fortran-contiguous buffers take the shared-memory path; NumPy pickles a non-contiguous
@@ -24,8 +24,8 @@ arrays arrive the same: same dtype and shape, writable unless they were read-onl
 shared memory when they are large.
 
 Thread-safety: the functions keep no state of their own and may be called from any thread; every
-file gets a random name, so concurrent senders into one directory never collide. An arena is
-written by its one worker only.
+file gets a random name, so concurrent senders into one directory never collide; an arena
+allocates its blocks under its own lock.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._arena import ReplyArena, layout
+from ._arena import Arena, layout
 
 __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
@@ -51,8 +51,8 @@ __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 class Envelope(NamedTuple):
     """One encoded object: the pickle stream and, when it has large buffers, where they wait.
 
-    The buffers wait in the file at `path`, or in the block of the sender's reply arena that
-    `block` gives as (offset, length); `spans` are each buffer's (offset, length) in the file or
+    The buffers wait in the file at `path`, or in the block of the sender's arena that `block`
+    gives as (offset, length); `spans` are each buffer's (offset, length) in the file or
     the block.
     """
 
@@ -73,7 +73,7 @@ def make_shm_directory(root: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"zephon-{os.getpid()}-", dir=root)
 
 
-def encode(obj: Any, directory: str, threshold: int, arena: ReplyArena | None = None) -> Envelope:
+def encode(obj: Any, directory: str, threshold: int, arena: Arena | None = None) -> Envelope:
     """Pickle `obj`, writing buffers of at least `threshold` bytes into a block of `arena` when
     one is given and has room, else into a new file in `directory`."""
     large: list[memoryview] = []
@@ -97,9 +97,9 @@ def encode(obj: Any, directory: str, threshold: int, arena: ReplyArena | None = 
     return Envelope(stream, path, _write(path, large))
 
 
-def decode(envelope: Envelope, arena: ReplyArena | None = None) -> Any:
+def decode(envelope: Envelope, arena: Arena | None = None) -> Any:
     """The object back; its large buffers are views of the (already unlinked) file's pages, or of
-    the block the envelope names in `arena`, the sender's."""
+    the block the envelope names in `arena`, the one the sender wrote into."""
     stream, path, spans, block = envelope
     if block is not None:
         view = arena.receive(*block)

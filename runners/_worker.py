@@ -6,7 +6,8 @@ tuple on a private duplex pipe:
 
     parent -> worker   (the item's Envelope, offsets of reply-arena blocks the parent has
                        released), or STOP (empty bytes)
-    worker -> parent   (ok, Envelope) where ok is False when the Envelope holds an exception
+    worker -> parent   (ok, Envelope, offsets of request-arena blocks this worker has released)
+                       where ok is False when the Envelope holds an exception
 
 The parent may send the next item while this one runs; items are handled and answered in the
 order they arrive, so a reply needs no identifier: it answers the oldest item not yet answered.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ._arena import ReplyArena
+from ._arena import Arena
 from ._transport import Envelope, decode, encode
 
 __all__ = ["STOP", "serve"]
@@ -36,10 +37,15 @@ def serve(
     stage: str,
     directory: str,
     threshold: int,
-    arena: ReplyArena | None,
+    arena: Arena | None,
+    requests: Arena | None,
     inherited: Iterable[Connection],
 ) -> None:
     """Run items until told to stop or until the parent disappears (end of file on the pipe).
+
+    `arena` is this worker's reply arena; `requests` the runner's request arena, which items'
+    buffers may arrive in. An item's views of its request block are gone once its reply is built
+    (unless the function kept them), so the block goes back with that very reply.
 
     `inherited` are the parent's ends of every pipe that existed at fork time, this worker's own
     included: closing them here is what makes the parent's death visible as end of file.
@@ -56,14 +62,15 @@ def serve(
         if message == STOP:
             return
         try:
-            envelope, released = pickle.loads(message)
-            if released:
-                arena.give_back(released)
-            reply = (True, encode(fn(decode(envelope)), directory, threshold, arena))
+            envelope, replies_released = pickle.loads(message)
+            if replies_released:
+                arena.give_back(replies_released)
+            ok, answer = True, encode(fn(decode(envelope, requests)), directory, threshold, arena)
         except Exception as exc:
-            reply = (False, Envelope(_pickled_error(exc, stage), None, ()))
+            ok, answer = False, Envelope(_pickled_error(exc, stage), None, ())
+        requests_released = requests.released() if requests is not None else ()
         try:
-            conn.send_bytes(pickle.dumps(reply, protocol=5))
+            conn.send_bytes(pickle.dumps((ok, answer, requests_released), protocol=5))
         except OSError:  # the parent is gone
             return
 

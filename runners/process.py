@@ -1,8 +1,8 @@
 """Forked worker processes per stage, with large buffers crossing in shared memory.
 
-Large buffers go to a worker through a file in shared memory each, and come back through the
-worker's reply arena (`_arena`), whose blocks the parent releases by sending their offsets back
-with the next item.
+Large buffers go to a worker through the runner's request arena and come back through the
+worker's reply arena (`_arena`); each side sends the offsets of the blocks it has released back
+with its next message, and a message that does not fit in its arena goes through a file.
 
 The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` encodes the item
 (see `_transport`) in the caller's thread, then hands it to the least busy worker or queues it. A
@@ -36,7 +36,7 @@ from typing import Any, Self
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
-from ._arena import ReplyArena
+from ._arena import Arena
 from ._errors import WorkerCrashedError
 from ._lifecycle import cancelled_future, stage_at, validate_stages
 from ._transport import Envelope, decode, discard, encode, make_shm_directory
@@ -67,7 +67,7 @@ class TransportStats:
 
     `pipe_bytes` is the payload of every pipe message (pickle streams plus buffer layouts, without
     the pipe's own 4-byte length prefix); `shm_bytes` is what went through shared memory: buffer
-    files and the workers' reply arenas.
+    files and arenas.
     A healthy array pipeline shows the arrays' size under `shm_bytes` and only a few hundred bytes
     per item under `pipe_bytes`. `items_sent` counts dispatches, re-runs included.
     """
@@ -83,7 +83,7 @@ class TransportStats:
 class _Task:
     future: Future
     item: Any  # kept so that a crashed worker's item can be encoded again
-    envelope: Envelope | None  # None when it must be encoded again (its buffer file may be gone)
+    envelope: Envelope | None  # None when it must be encoded again (its buffer file or block may be gone)
     attempts: int = 0
 
 
@@ -92,7 +92,9 @@ class _Worker:
     stage: int
     process: multiprocessing.process.BaseProcess
     conn: Connection
-    arena: ReplyArena | None  # where its replies' large buffers wait; None when disabled
+    arena: Arena | None  # where its replies' large buffers wait; None when disabled
+    # Offsets of the request-arena blocks of items sent to it that it has not released yet.
+    request_blocks: set[int] = field(default_factory=set)
     # Sent and not answered, oldest first; replies come in the same order. tasks[0] is running.
     tasks: deque[_Task] = field(default_factory=deque)
     deadline: float | None = None  # for tasks[0]
@@ -116,15 +118,20 @@ class ProcessRunner:
       replies' large buffers are written into while the parent holds them; a reply that does not
       fit goes through a buffer file of its own. Costs up to this much shared memory per worker;
       0 sends every reply through files.
+    - `request_arena_bytes`: the size of the request arena all workers share, the region the
+      parent writes items' large buffers into until the worker that ran the item releases them;
+      an item that does not fit goes through a buffer file. Costs up to this much shared memory;
+      0 sends every item through files.
     - `shm_root`: where the per-runner buffer directory is created (default /dev/shm, else the
       temporary directory).
     - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
 
     Stage functions are inherited through fork and never pickled, so they may be closures or
     lambdas; items and results must be picklable. Large arrays arrive, in the worker and back in
-    the parent, as copy-on-write views of shared memory (writable; writes stay private). An exception raised by the function is delivered
-    as itself (with the worker's traceback as a note), or as a RuntimeError carrying it when it
-    cannot be pickled; only a dying worker counts as a crash.
+    the parent, as views of shared memory: writable, and no other process reads or reuses that
+    memory until the receiver has let go of them. An exception raised by the function is
+    delivered as itself (with the worker's traceback as a note), or as a RuntimeError carrying it
+    when it cannot be pickled; only a dying worker counts as a crash.
 
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
@@ -151,6 +158,7 @@ class ProcessRunner:
         max_retries: int = 3,
         oob_threshold_bytes: int = 16 * 1024,
         reply_arena_bytes: int = 64 * 1024 * 1024,
+        request_arena_bytes: int = 64 * 1024 * 1024,
         shm_root: str | None = None,
         close_timeout_s: float = 2.0,
     ) -> None:
@@ -162,11 +170,14 @@ class ProcessRunner:
             raise ConfigurationError(f"oob_threshold_bytes must be >= 1, got {oob_threshold_bytes!r}")
         if reply_arena_bytes < 0:
             raise ConfigurationError(f"reply_arena_bytes must be >= 0, got {reply_arena_bytes!r}")
+        if request_arena_bytes < 0:
+            raise ConfigurationError(f"request_arena_bytes must be >= 0, got {request_arena_bytes!r}")
         self.reason = "requested explicitly"
         self._task_timeout_s = task_timeout_s
         self._max_retries = max_retries
         self._threshold = oob_threshold_bytes
         self._arena_bytes = reply_arena_bytes
+        self._request_arena_bytes = request_arena_bytes
         self._shm_root = shm_root
         self._close_timeout_s = close_timeout_s
         try:
@@ -179,6 +190,7 @@ class ProcessRunner:
         self._closing = False
         self._failure: BaseException | None = None  # set if the reader thread itself broke
         self._directory: str | None = None
+        self._requests: Arena | None = None  # the request arena, mapped in start() before any fork
         self._wake_r = self._wake_w = -1
         self._reader: threading.Thread | None = None
         self._watch = _Watch()  # the reader thread's own
@@ -212,6 +224,8 @@ class ProcessRunner:
         try:
             with self._lock:
                 self._directory = make_shm_directory(self._shm_root)
+                if self._request_arena_bytes:
+                    self._requests = Arena(self._request_arena_bytes)
                 self._wake_r, self._wake_w = os.pipe()
                 os.set_blocking(self._wake_r, False)
                 os.set_blocking(self._wake_w, False)
@@ -230,7 +244,7 @@ class ProcessRunner:
             return cancelled_future()
         future: Future = Future()
         try:
-            envelope = encode(item, self._directory, self._threshold)
+            envelope = encode(item, self._directory, self._threshold, self._requests)
         except Exception as exc:
             if self._closing:  # the directory went away under us
                 return cancelled_future()
@@ -239,10 +253,10 @@ class ProcessRunner:
         resolutions: list[_Resolution] = []
         with self._lock:
             if self._closing:
-                discard(envelope)
+                self._discard(envelope)
                 return cancelled_future()
             if self._failure is not None:
-                discard(envelope)
+                self._discard(envelope)
                 error = RuntimeError("the process runner's reader thread failed earlier")
                 error.__cause__ = self._failure
                 resolutions.append((future, False, error))
@@ -277,6 +291,7 @@ class ProcessRunner:
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
+        self._requests = None  # unmapped once its last view is gone
 
     def __enter__(self) -> Self:
         return self
@@ -288,12 +303,12 @@ class ProcessRunner:
 
     def _add_worker_locked(self, stage_index: int) -> None:
         stage = self._stages[stage_index]
-        arena = ReplyArena(self._arena_bytes) if self._arena_bytes else None
+        arena = Arena(self._arena_bytes) if self._arena_bytes else None
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         inherited = [worker.conn for worker in self._workers] + [parent_conn]
         process = self._context.Process(
             target=serve,
-            args=(child_conn, stage.fn, stage.name, self._directory, self._threshold, arena, inherited),
+            args=(child_conn, stage.fn, stage.name, self._directory, self._threshold, arena, self._requests, inherited),
             name=f"zephon-{stage.name}",
             daemon=True,
         )
@@ -330,20 +345,24 @@ class ProcessRunner:
         """Reap a dead worker, re-queue or fail its items, and fork its replacement.
 
         Only the item it was running counts an attempt; the one waiting in its pipe goes back to
-        the queue as it was.
+        the queue as it was. The request blocks it had not released are free again: nothing holds
+        them now, and its items are encoded again if they are re-run.
         """
         self._workers.remove(worker)
         worker.process.join()
         worker.conn.close()
         worker.process.close()
+        if worker.request_blocks:
+            self._requests.give_back(worker.request_blocks)
+            worker.request_blocks.clear()
         stage = self._stages[worker.stage]
         for waiting in reversed(list(worker.tasks)[1:]):
-            self._forget_file(waiting)
+            self._forget_envelope(waiting)
             waiting.attempts -= 1
             self._queued[worker.stage].appendleft(waiting)
         if worker.tasks:
             task = worker.tasks[0]
-            self._forget_file(task)
+            self._forget_envelope(task)
             if task.attempts > self._max_retries:
                 _log.error("stage %r: worker %s; giving up after %d attempts", stage.name, cause, task.attempts)
                 resolutions.append((task.future, False, WorkerCrashedError(stage.name, task.attempts, cause)))
@@ -361,11 +380,18 @@ class ProcessRunner:
             self._replaced += 1
 
     @staticmethod
-    def _forget_file(task: _Task) -> None:
-        """A worker may have consumed the item's buffer file: encode the item again if it is re-run."""
-        if task.envelope is not None and task.envelope.path is not None:
+    def _forget_envelope(task: _Task) -> None:
+        """The item went to a worker that is gone, which may have consumed its buffer file: encode
+        it again if it is re-run. (A request block it was sent in is given back with the worker's.)"""
+        if task.envelope is not None:
             discard(task.envelope)
             task.envelope = None
+
+    def _discard(self, envelope: Envelope | None) -> None:
+        """Free what holds the buffers of an envelope that no worker will ever receive."""
+        if envelope is not None and envelope.block is not None and self._requests is not None:
+            self._requests.give_back((envelope.block[0],))
+        discard(envelope)
 
     def _dispatch_locked(self, stage_index: int, resolutions: list[_Resolution]) -> None:
         """Give queued tasks of a stage to its least busy workers; fail them if the stage has no workers."""
@@ -385,11 +411,11 @@ class ProcessRunner:
                 return
             task = queue.popleft()
             if task.future.cancelled():
-                discard(task.envelope)
+                self._discard(task.envelope)
                 continue
             if task.envelope is None:
                 try:
-                    task.envelope = encode(task.item, self._directory, self._threshold)
+                    task.envelope = encode(task.item, self._directory, self._threshold, self._requests)
                 except Exception as exc:  # it encoded once; a second failure is environmental
                     resolutions.append((task.future, False, exc))
                     continue
@@ -400,11 +426,13 @@ class ProcessRunner:
                     worker.arena.requeue(released)  # they go with the next item sent to it
                 queue.appendleft(task)  # no worker is idle; wait for one
                 return
+            if task.envelope.block is not None:  # the worker's from now on (given back if it dies)
+                worker.request_blocks.add(task.envelope.block[0])
             try:
                 worker.conn.send_bytes(message)
             except OSError:
                 worker.broken = True
-                self._forget_file(task)
+                self._forget_envelope(task)
                 queue.appendleft(task)
                 continue
             self._items_sent += 1
@@ -467,7 +495,10 @@ class ProcessRunner:
         ]
         resolutions: list[_Resolution] = []
         with self._lock:
-            for worker, ok, value, pipe_bytes, shm_bytes in decoded:
+            for worker, ok, value, released, pipe_bytes, shm_bytes in decoded:
+                if released:
+                    worker.request_blocks.difference_update(released)
+                    self._requests.give_back(released)
                 self._pipe_bytes += pipe_bytes
                 self._shm_bytes += shm_bytes
                 resolutions.append((worker.tasks.popleft().future, ok, value))
@@ -479,16 +510,18 @@ class ProcessRunner:
                 self._dispatch_locked(index, resolutions)
         self._resolve(resolutions)
 
-    def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, int, int]:
-        """(ok, value, pipe bytes, shm bytes) of one reply; a reply that cannot be decoded fails its item."""
+    def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, tuple[int, ...], int, int]:
+        """(ok, value, request blocks the worker released, pipe bytes, shm bytes) of one reply; a
+        reply that cannot be decoded fails its item."""
+        released: tuple[int, ...] = ()
         try:
-            ok, envelope = pickle.loads(message)
-            return ok, decode(envelope, worker.arena), len(message), envelope.shm_bytes
+            ok, envelope, released = pickle.loads(message)
+            return ok, decode(envelope, worker.arena), released, len(message), envelope.shm_bytes
         except Exception as exc:
             stage = self._stages[worker.stage].name
             error = RuntimeError(f"stage {stage!r}: could not unpickle the worker's reply: {exc!r}")
             error.__cause__ = exc
-            return False, error, len(message), 0
+            return False, error, released, len(message), 0
 
     def _fail_everything(self, exc: BaseException) -> None:
         resolutions: list[_Resolution] = []

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runners._arena import ALIGNMENT, ArenaBlocks, ReplyArena
+from runners._arena import ALIGNMENT, Arena, ArenaBlocks
 
 SIZE = 64 * ALIGNMENT
 
@@ -60,9 +60,9 @@ def test_giving_back_a_block_that_was_never_taken_is_refused():
 
 
 def test_released_blocks_are_reported_once_and_requeued_ones_go_first():
-    """The parent's end: a block is reported when its last view goes, and offsets that could not
+    """The receiver's end: a block is reported when its last view goes, and offsets that could not
     be sent (`requeue`) come out again ahead of later ones."""
-    arena = ReplyArena(4 * ALIGNMENT)
+    arena = Arena(4 * ALIGNMENT)
     first, second = arena.receive(0, ALIGNMENT), arena.receive(ALIGNMENT, ALIGNMENT)
     part = first[8:16]  # a slice keeps the block alive
     del first

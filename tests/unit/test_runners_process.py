@@ -45,15 +45,15 @@ def backed_by_shm_file(array: np.ndarray) -> bool:
     return path is not None and "/zephon-" in path and path.endswith("(deleted)")
 
 
-def in_reply_arena(array: np.ndarray) -> bool:
-    """True when the array is a view of anonymous shared memory (a worker's reply arena): the
-    kernel shows such a mapping as shared ('s') and backed by a deleted /dev/zero."""
+def in_arena(array: np.ndarray) -> bool:
+    """True when the array is a view of anonymous shared memory (a worker's reply arena, or the
+    request arena): the kernel shows such a mapping as shared ('s') and backed by a deleted /dev/zero."""
     permissions, path = mapping_of(array)
     return permissions.endswith("s") and path == "/dev/zero (deleted)"
 
 
 def in_shared_memory(array: np.ndarray) -> bool:
-    return backed_by_shm_file(array) or in_reply_arena(array)
+    return backed_by_shm_file(array) or in_arena(array)
 
 
 def child_pids() -> set[int]:
@@ -101,7 +101,7 @@ def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
     items = [np.full(MIB, i, dtype=np.float64) for i in range(4)]  # 8 MiB each
 
     def double(x: np.ndarray) -> tuple[bool, np.ndarray]:
-        return backed_by_shm_file(x), x * 2
+        return in_arena(x), x * 2
 
     with ProcessRunner() as runner:
         runner.start([Stage("double", double, 2)])
@@ -109,7 +109,7 @@ def test_large_arrays_cross_in_shared_memory_and_never_through_the_pipe():
         stats = runner.stats()
     for i, (input_was_shared, doubled) in enumerate(results):
         assert input_was_shared
-        assert in_reply_arena(doubled) and not doubled.flags.owndata
+        assert in_arena(doubled) and not doubled.flags.owndata
         np.testing.assert_array_equal(doubled, items[i] * 2)
     assert stats.items_sent == len(items)
     assert stats.shm_bytes == 2 * sum(item.nbytes for item in items)
@@ -152,7 +152,7 @@ def test_arrays_of_every_plain_kind_come_back_equal_with_their_dtype_and_writabi
         np.testing.assert_array_equal(echoed, original)
         assert worker_writable == original.flags.writeable
         assert echoed.flags.writeable == original.flags.writeable
-    assert in_reply_arena(received[-1])
+    assert in_arena(received[-1])
 
 
 def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
@@ -160,7 +160,7 @@ def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
         runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8), 2)])
         results = [runner.submit(0, 4 * MIB).result(10) for _ in range(3)]
         assert os.listdir(runner.shm_directory) == []
-    results[0][:] = 7  # copy-on-write: private to this process
+    results[0][:] = 7  # the worker does not reuse the block until this array is let go
     assert results[0].sum() == 7 * 4 * MIB and results[1].sum() == 4 * MIB
 
 
@@ -381,7 +381,7 @@ def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
 
 
 def test_buffer_files_live_under_shm_root_when_given(tmp_path):
-    with ProcessRunner(shm_root=str(tmp_path), reply_arena_bytes=0) as runner:
+    with ProcessRunner(shm_root=str(tmp_path), reply_arena_bytes=0, request_arena_bytes=0) as runner:
         runner.start([Stage("echo", lambda x: (mapped_file(x), x))])
         directory = runner.shm_directory
         assert Path(directory).parent == tmp_path
@@ -421,11 +421,11 @@ def test_a_held_reply_is_never_overwritten_and_released_blocks_are_reused():
         touched = set()
         for i in range(3, 40):  # each one released before the next is asked for
             reply = runner.submit(0, i).result(10)
-            assert in_reply_arena(reply) and reply[0] == reply[-1] == i % 251
+            assert in_arena(reply) and reply[0] == reply[-1] == i % 251
             touched.add(address_of(reply))
             del reply
         for i, array in enumerate(held):
-            assert in_reply_arena(array)
+            assert in_arena(array)
             assert (array == i).all()  # 37 replies later, still what the worker wrote
         # 37 MiB of replies went through an 8 MiB arena: its blocks were reused, and first fit
         # kept them at its low end (a release travels with the next item, so two or three blocks
@@ -438,18 +438,101 @@ def test_a_full_arena_sends_replies_through_files_and_loses_nothing():
     with ProcessRunner(reply_arena_bytes=2 * MIB + 1024) as runner:
         runner.start([Stage("fill", lambda i: np.full(MIB, i, dtype=np.uint8))])
         held = [runner.submit(0, i).result(10) for i in range(5)]
-        assert [in_reply_arena(a) for a in held] == [True, True, False, False, False]
+        assert [in_arena(a) for a in held] == [True, True, False, False, False]
         assert all(backed_by_shm_file(a) for a in held[2:])
         assert [int(a[0]) for a in held] == list(range(5)) and all((a == a[0]).all() for a in held)
         assert runner.stats().shm_bytes == 5 * MIB  # arena and files alike
         del held
         runner.submit(0, 9).result(10)  # carries the releases (and wakes the reader thread on 3.14t)
-        assert in_reply_arena(runner.submit(0, 10).result(10))
+        assert in_arena(runner.submit(0, 10).result(10))
 
 
-def test_the_arena_can_be_turned_off_and_its_size_must_not_be_negative():
-    with ProcessRunner(reply_arena_bytes=0) as runner:
-        runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8))])
-        assert backed_by_shm_file(runner.submit(0, MIB).result(10))
+def test_the_arenas_can_be_turned_off_and_their_sizes_must_not_be_negative():
+    with ProcessRunner(reply_arena_bytes=0, request_arena_bytes=0) as runner:
+        runner.start([Stage("echo", lambda x: (backed_by_shm_file(x), x))])
+        input_in_file, echoed = runner.submit(0, np.ones(MIB, dtype=np.uint8)).result(10)
+        assert input_in_file and backed_by_shm_file(echoed)
     with pytest.raises(ConfigurationError, match="reply_arena_bytes"):
         ProcessRunner(reply_arena_bytes=-1)
+    with pytest.raises(ConfigurationError, match="request_arena_bytes"):
+        ProcessRunner(request_arena_bytes=-1)
+
+
+def summary(x: np.ndarray) -> tuple[bool, int, int]:
+    """Where an item arrived, and its first and last byte: read in the worker."""
+    return in_arena(x), int(x[0]), int(x[-1])
+
+
+def test_items_cross_in_the_request_arena_and_each_block_is_reused_once_its_worker_let_go():
+    """40 MiB of items through a 4 MiB request arena, four at a time across two workers: every
+    one arrives in the arena, intact, so blocks came back with the replies and were reused."""
+    with ProcessRunner(request_arena_bytes=4 * MIB + 4096) as runner:
+        runner.start([Stage("summary", summary, 2)])
+        seen = []
+        for start in range(0, 40, 4):
+            futures = [runner.submit(0, np.full(MIB, i % 251, dtype=np.uint8)) for i in range(start, start + 4)]
+            seen += [future.result(10) for future in futures]
+        assert os.listdir(runner.shm_directory) == []
+    assert seen == [(True, i % 251, i % 251) for i in range(40)]
+
+
+def gated_summary(gates: Path):
+    """`summary`, once the file `gates / str(x[0] // 10)` exists: items of a round (0-9, 10-19,
+    ...) wait in the runner, encoded, until the test opens their gate."""
+
+    def stage(x: np.ndarray) -> tuple[bool, int, int]:
+        wait_for_text(gates / str(int(x[0]) // 10), timeout=30)
+        return summary(x)
+
+    return stage
+
+
+def test_a_full_request_arena_sends_items_through_files_and_loses_nothing(tmp_path):
+    with ProcessRunner(request_arena_bytes=2 * MIB + 1024) as runner:
+        runner.start([Stage("summary", gated_summary(tmp_path), 1)])
+        # Encoded as they are submitted, while the worker waits: two fit, three go to files.
+        futures = [runner.submit(0, np.full(MIB, i, dtype=np.uint8)) for i in range(5)]
+        (tmp_path / "0").write_text("go")
+        assert [future.result(10) for future in futures] == [(i < 2, i, i) for i in range(5)]
+        assert runner.stats().shm_bytes >= 5 * MIB  # arena and files alike
+        (tmp_path / "1").write_text("go")
+        assert runner.submit(0, np.full(MIB, 10, dtype=np.uint8)).result(10) == (True, 10, 10)
+
+
+def submit_round(runner, first: int, count: int) -> list:
+    return [runner.submit(0, np.full(MIB, first + i, dtype=np.uint8)) for i in range(count)]
+
+
+def test_a_dead_workers_request_blocks_are_freed_and_its_items_rerun_intact(tmp_path):
+    """A worker killed while holding two items' blocks: both items run again elsewhere with the
+    right bytes, and the arena gets every block back (six more items at once still fit)."""
+    marker = tmp_path / "pid"
+    gated = gated_summary(tmp_path)
+
+    def stall_on_three(x: np.ndarray) -> tuple[bool, int, int]:
+        stall_first_attempt(marker, int(x[0]))
+        return gated(x)
+
+    with ProcessRunner(request_arena_bytes=6 * MIB + 4096) as runner:
+        runner.start([Stage("summary", stall_on_three, 2)])
+        (tmp_path / "0").write_text("go")
+        futures = submit_round(runner, 0, 6)
+        os.kill(int(wait_for_text(marker)), signal.SIGKILL)
+        assert [future.result(10) for future in futures] == [(True, i, i) for i in range(6)]
+        assert runner.stats().workers_replaced == 1
+        again = submit_round(runner, 10, 6)
+        (tmp_path / "1").write_text("go")
+        assert [future.result(10) for future in again] == [(True, 10 + i, 10 + i) for i in range(6)]
+
+
+def test_cancelled_items_give_their_request_blocks_back(tmp_path):
+    with ProcessRunner(request_arena_bytes=4 * MIB + 4096) as runner:
+        runner.start([Stage("summary", gated_summary(tmp_path), 1)])
+        running = submit_round(runner, 0, 2)  # the worker holds two items
+        queued = submit_round(runner, 2, 2)
+        assert all(future.cancel() for future in queued)
+        (tmp_path / "0").write_text("go")
+        assert [future.result(10) for future in running] == [(True, 0, 0), (True, 1, 1)]
+        again = submit_round(runner, 10, 4)
+        (tmp_path / "1").write_text("go")
+        assert [future.result(10) for future in again] == [(True, 10 + i, 10 + i) for i in range(4)]
