@@ -51,6 +51,11 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(workers: list[int]) -> float:
+    """CPU seconds of this process and of the given worker processes together."""
+    return parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers)
+
+
 def stream(runner: ProcessRunner, count: int, take=None, items=None) -> None:
     """Submit `count` items (`items[i % len(items)]`, or i), IN_FLIGHT at a time; `take(n, result)`
     gets the n-th result back."""
@@ -110,9 +115,9 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
             batch[n % IN_FLIGHT] = result
 
         def run() -> float:
-            before = parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers)
+            before = tree_cpu_s(workers)
             stream(runner, IMAGES, copy_into_batch)
-            return parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers) - before
+            return tree_cpu_s(workers) - before
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
@@ -135,9 +140,9 @@ def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_bui
         workers = runner.worker_pids()
 
         def run() -> float:
-            before = parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers)
+            before = tree_cpu_s(workers)
             stream(runner, ROWS, items=rows)
-            return parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers) - before
+            return tree_cpu_s(workers) - before
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         assert runner.submit(0, rows[1]).result(10) == sum(int(image.sum()) for image in rows[1])

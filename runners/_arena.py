@@ -143,12 +143,6 @@ class Arena:
             for offset in offsets:
                 self._blocks.give_back(offset)
 
-    @property
-    def taken_bytes(self) -> int:
-        """Bytes in blocks written and not yet given back."""
-        with self._lock:
-            return self._blocks.taken_bytes
-
     # -- the receiver's end -----------------------------------------------------------------------
 
     def receive(self, offset: int, length: int) -> memoryview:

@@ -487,20 +487,20 @@ def gated_summary(gates: Path):
     return stage
 
 
+def submit_round(runner, first: int, count: int) -> list:
+    return [runner.submit(0, np.full(MIB, first + i, dtype=np.uint8)) for i in range(count)]
+
+
 def test_a_full_request_arena_sends_items_through_files_and_loses_nothing(tmp_path):
     with ProcessRunner(request_arena_bytes=2 * MIB + 1024) as runner:
         runner.start([Stage("summary", gated_summary(tmp_path), 1)])
         # Encoded as they are submitted, while the worker waits: two fit, three go to files.
-        futures = [runner.submit(0, np.full(MIB, i, dtype=np.uint8)) for i in range(5)]
+        futures = submit_round(runner, 0, 5)
         (tmp_path / "0").write_text("go")
         assert [future.result(10) for future in futures] == [(i < 2, i, i) for i in range(5)]
         assert runner.stats().shm_bytes >= 5 * MIB  # arena and files alike
         (tmp_path / "1").write_text("go")
         assert runner.submit(0, np.full(MIB, 10, dtype=np.uint8)).result(10) == (True, 10, 10)
-
-
-def submit_round(runner, first: int, count: int) -> list:
-    return [runner.submit(0, np.full(MIB, first + i, dtype=np.uint8)) for i in range(count)]
 
 
 def test_a_dead_workers_request_blocks_are_freed_and_its_items_rerun_intact(tmp_path):
