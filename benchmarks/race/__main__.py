@@ -7,7 +7,9 @@ environment (`workers/<script>.py`, working directory outside the repository), o
 an interleaved order over `--repeats` rounds, so that slow drifts of a shared machine hit every
 loader alike; each round starts each pipeline with a different loader (`round_order`), so that
 what a position in the sequence does to a run (following the previous pipeline's heaviest runs,
-say) does not fall on the same loader every round, and measures the compute bound again first.
+say) does not fall on the same loader every round. Each round measures a pipeline's compute
+bounds again right before that pipeline's runs, so that the bound sees the machine of the runs
+it judges and not the one of ten minutes earlier.
 The parent samples the memory of the process tree. Results go to `race.json` (every run, the
 medians, the bounds, the machine) and the plots to PNG files beside it.
 """
@@ -186,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results["bounds_date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
-    def measure_bounds(round_: int) -> None:
-        for pipeline in args.pipelines:
+    def measure_bounds(round_: int, pipelines: list[str]) -> None:
+        for pipeline in pipelines:
             for name, spec in BOUNDS.items():
                 python = python_for(spec["venv"])
                 if python is None:
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"        FAILED: {got['output'][-800:]}", flush=True)
 
     if earlier is not None and not args.no_bound:
-        measure_bounds(0)
+        measure_bounds(0, args.pipelines)
 
     plan = []
     for pipeline in args.pipelines:
@@ -216,9 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                 for p in args.parallelism:
                     plan.append((pipeline, name, config, p))
     for round_ in range(0 if earlier is not None else args.repeats):
-        if not args.no_bound:
-            measure_bounds(round_)  # every round: the bound drifts with the machine as the runs do
+        measured = set()
         for pipeline, name, config, p in round_order(plan, round_):
+            if not args.no_bound and pipeline not in measured:
+                measure_bounds(round_, [pipeline])  # every round: the bound drifts with the machine as the runs do
+                measured.add(pipeline)
             spec = loaders[name]
             python = python_for(spec["venv"])
             if python is None:

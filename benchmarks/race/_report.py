@@ -21,7 +21,7 @@ BOUND_OF = {
     "torch DataLoader 3.11": ("3.11 Pillow", "work"),
 }
 METRICS = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes",
-           "peak_shm_bytes")
+           "peak_shm_bytes", "cores_busy", "cpu_s_per_usable_token", "cpu_s_per_image")
 MiB = 2**20
 
 
@@ -45,6 +45,15 @@ def _median_bounds(measured: list[dict]) -> dict[tuple, dict]:
     return out
 
 
+def cpu_per_unit(run: dict) -> dict:
+    """A run's CPU seconds (its whole process tree, steady window) per usable token and per image;
+    None where the run did not record its CPU (races before the fifteenth session)."""
+    cpu = run.get("steady_cpu_s")
+    tokens, images = run.get("steady_usable_tokens"), run.get("steady_images")
+    return {"cpu_s_per_usable_token": cpu / tokens if cpu is not None and tokens else None,
+            "cpu_s_per_image": cpu / images if cpu is not None and images else None}
+
+
 def summarise(results: dict) -> dict:
     cores = results["machine"]["affinity"]
     bounds = _median_bounds(results["bounds"])
@@ -57,6 +66,7 @@ def summarise(results: dict) -> dict:
         ok = [r for r in runs if r.get("ok")]
         entry = {"pipeline": pipeline, "loader": loader, "config": dict(config), "parallelism": p,
                  "runs": len(runs), "ok": len(ok)}
+        ok = [dict(r, **cpu_per_unit(r)) for r in ok]
         for metric in METRICS:
             entry[metric] = _median(r.get(metric) for r in ok)
         if ok:
@@ -79,6 +89,12 @@ def summarise(results: dict) -> dict:
             top["bound"] = {"name": ref[0], "functions": ref[1], "one_core_usable_tokens_per_s": bound["usable_tokens_per_s"],
                             "ideal_usable_tokens_per_s": ideal}
             top["efficiency"] = top["usable_tokens_per_s"] / ideal
+            if top.get("cpu_s_per_usable_token"):
+                # efficiency = (bound's CPU per token / the loader's) x (cores busy / cores), per run
+                top["cpu_efficiency"] = 1.0 / bound["usable_tokens_per_s"] / top["cpu_s_per_usable_token"]
+                top["busy"] = top["cores_busy"] / cores
+                if bound.get("images_per_s"):
+                    top["bound"]["cpu_s_per_image"] = 1.0 / bound["images_per_s"]
         best[(pipeline, loader, p)] = top
 
     rows = sorted(best.values(), key=lambda e: (e["pipeline"], list(LOADERS).index(e["loader"]) if e["loader"] in LOADERS else 99,
@@ -169,7 +185,35 @@ def _fmt(value, kind):
         return f"{value / MiB:,.0f}"
     if kind == "x":
         return f"{value:.2f}"
+    if kind == "ms":
+        return f"{value:.3f}"
     return str(value)
+
+
+def _cpu_table(pipeline: str, entries: list[dict], cores: int) -> list[str]:
+    """Where each loader's efficiency at p=2 goes: the CPU it spent per token against the bound's,
+    and how busy it kept the cores (their product is the efficiency, run by run)."""
+    entries = [e for e in entries if e.get("cpu_efficiency") is not None]
+    if not entries:
+        return []
+    vlm = pipeline == "vlm"
+    lines = [f"Where the efficiency goes at p=2: efficiency = CPU efficiency (the bound's CPU per usable token ÷ "
+             f"the loader's, all its threads and processes over the steady window) × busy (cores busy ÷ {cores}). "
+             "Medians of the rounds, so the product can differ from the efficiency in the last digit:", ""]
+    head = ["loader", "efficiency", "CPU efficiency", "busy", "cores busy"]
+    if vlm:
+        head += ["CPU ms per image", "bound's ms per image"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|---|" + "---:|" * (len(head) - 1))
+    for e in entries:
+        cells = [e["loader"], _fmt(e.get("efficiency"), "x"), _fmt(e["cpu_efficiency"], "x"), _fmt(e["busy"], "x"),
+                 _fmt(e["cores_busy"], "x")]
+        if vlm:
+            per_image, bound = e.get("cpu_s_per_image"), e["bound"].get("cpu_s_per_image")
+            cells += [_fmt(per_image * 1e3 if per_image else None, "ms"), _fmt(bound * 1e3 if bound else None, "ms")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 def markdown(results: dict) -> str:
@@ -222,6 +266,7 @@ def markdown(results: dict) -> str:
                          f"{_fmt(b.get('fastest_pass_usable_tokens_per_s'), 'tok')} | "
                          f"{_fmt(b.get('images_per_s') or None, 'img')} | {parts} |")
         lines.append("")
+        lines += _cpu_table(pipeline, [by[(loader, 2)] for loader in loaders if (loader, 2) in by], summary["cores"])
     if summary["thread_vs_process"]:
         lines.append("### Thread runner on 3.14t ÷ process runner on 3.11")
         lines.append("")

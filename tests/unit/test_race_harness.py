@@ -5,11 +5,17 @@ The published efficiencies depend on both, so they are checked here, without run
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections import Counter
 
+import pytest
+
 from benchmarks.race.__main__ import round_order
-from benchmarks.race._report import _median_bounds
+from benchmarks.race._report import _median_bounds, markdown, summarise
 from benchmarks.race.workers._passes import time_passes
+from benchmarks.race.workers._runtime import tree_cpu_s
 
 
 def plan() -> list[tuple]:
@@ -75,3 +81,48 @@ def test_bound_parts_take_turns_after_a_warm_up_and_cost_their_mean_pass_not_the
     assert passes.means() == {"read": 4 / 3, "tokenize": 3.0}
     assert passes.fastests() == {"read": 1, "tokenize": 2}
     assert passes.outputs == {"read": 7, "tokenize": 70}
+
+
+BURN = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nprint('burnt', flush=True)\nsys.stdin.read()"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_tree_cpu_counts_a_worker_process_while_it_lives_and_after_it_is_reaped():
+    before, own = tree_cpu_s(), time.process_time()
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "burnt\n"
+    alive = tree_cpu_s() - before
+    child.communicate("")
+    reaped = tree_cpu_s() - before
+    assert time.process_time() - own < 0.2  # so the 0.4 s can only be the child's
+    assert alive >= 0.39 and reaped >= alive
+
+
+def race(run_fields: dict, bound_images_per_s: float = 0.0) -> dict:
+    """A one-round race: one loader at p=2 on two cores against a 1,000 tokens/s bound."""
+    bound = {"pipeline": "vlm", "name": "3.14t Pillow", "functions": "ours", "usable_tokens_per_s": 1000.0,
+             "images_per_s": bound_images_per_s, "round": 0, "ok": True}
+    run = {"pipeline": "vlm", "loader": "zephon thread 3.14t", "config": {"runner": "thread"}, "parallelism": 2,
+           "round": 0, "ok": True, "time_to_first_batch_s": 0.5, **run_fields}
+    return {"machine": {"affinity": 2, "cpus": 2, "cpu_model": "x", "load_average_at_start": (0.0, 0.0, 0.0)},
+            "settings": {"repeats": 1}, "command": "race", "bounds": [bound], "runs": [run]}
+
+
+def test_efficiency_splits_into_cpu_per_token_against_the_bound_times_how_busy_the_cores_were():
+    # 1,800 tokens/s against 2 x 1,000: efficiency 0.9; 19 CPU-s for 18,000 tokens over 10 s
+    results = race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0, "steady_usable_tokens": 18000,
+                    "steady_images": 900, "steady_cpu_s": 19.0, "cores_busy": 1.9}, bound_images_per_s=50.0)
+    (best,) = summarise(results)["best"]
+    assert best["efficiency"] == pytest.approx(0.9)
+    assert best["cpu_efficiency"] == pytest.approx(18 / 19)  # the bound's 1 ms per token against 19/18 ms
+    assert best["busy"] == pytest.approx(0.95)
+    assert best["cpu_efficiency"] * best["busy"] == pytest.approx(best["efficiency"])
+    assert best["cpu_s_per_image"] == pytest.approx(19 / 900) and best["bound"]["cpu_s_per_image"] == 0.02
+    assert "| zephon thread 3.14t | 0.90 | 0.95 | 0.95 | 1.90 | 21.111 | 20.000 |" in markdown(results)
+
+
+def test_runs_that_did_not_record_their_cpu_get_no_split_and_no_table():
+    results = race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0})  # a race.json from before the split
+    (best,) = summarise(results)["best"]
+    assert best["efficiency"] == pytest.approx(0.9)
+    assert "cpu_efficiency" not in best and "Where the efficiency goes" not in markdown(results)

@@ -8,6 +8,11 @@ Timing: `t0` is taken by `start()` once the heavy libraries are imported and bef
 is built; time to first batch is measured from there (building the loader, planning, starting
 workers, the first batch's work). Throughput is the steady state: usable tokens and images
 after the first batch, divided by the time from the first batch to the last.
+
+CPU: over the same steady window, the user + system CPU seconds of the worker's whole process
+tree (its threads, its worker processes, and any it reaped), so that a loader's efficiency
+against the compute bound splits into its CPU per token against the bound's and how busy it kept
+the cores (`benchmarks.race._report`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,45 @@ def build_facts(packages: Iterable[str]) -> dict:
     }
 
 
+def _stat_cpu_s(pid: int) -> float:
+    """CPU seconds of process `pid`: its threads, live and exited, and the children it reaped."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # after the command name: state is field 3, so utime/stime/cutime/cstime (14-17) are 11-14 here
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def tree_cpu_s(root: int | None = None) -> float:
+    """User + system CPU seconds so far of process `root` (this one by default) and every
+    descendant alive or not yet reaped. A descendant reaped between two readings is still counted,
+    in its parent's share of reaped children; one that exits unreaped by a process outside the
+    tree is not (none of the race's loaders does that)."""
+    total, todo = 0.0, [os.getpid() if root is None else root]
+    while todo:
+        pid = todo.pop()
+        try:
+            total += _stat_cpu_s(pid)
+        except (OSError, IndexError, ValueError):
+            continue  # gone between listing and reading
+        todo.extend(_children(pid))
+    return total
+
+
 def measure(batches: Iterable, cfg: dict, usable: Callable, images: Callable) -> dict:
     """Iterate until `cfg["target_tokens"]` usable tokens (text) or `cfg["target_images"]` images
     (VLM) have been delivered after the first batch; returns counts, times and the steady rate.
@@ -71,25 +115,28 @@ def measure(batches: Iterable, cfg: dict, usable: Callable, images: Callable) ->
     first = None
     tokens = imgs = n = 0
     first_tokens = first_images = 0
-    mark = None  # (time, tokens, images) when the warm-up part was delivered
+    mark = None  # (time, tokens, images, CPU of the tree) when the warm-up part was delivered
     for batch in batches:
         u, k = usable(batch), images(batch)
         n += 1
         if first is None:
             first = time.perf_counter()
             first_tokens, first_images = u, k
+            first_cpu = tree_cpu_s()
             continue
         tokens += u
         imgs += k
         if mark is None and (tokens >= warmup * target_tokens or imgs >= warmup * target_images):
-            mark = (time.perf_counter(), tokens, imgs)
+            mark = (time.perf_counter(), tokens, imgs, tree_cpu_s())
         if tokens >= target_tokens or imgs >= target_images:
             break
     end = time.perf_counter()
+    end_cpu = tree_cpu_s()
     if first is None:
         raise RuntimeError("the loader produced no batch")
-    mark = mark or (first, 0, 0)
+    mark = mark or (first, 0, 0, first_cpu)
     steady = end - mark[0]
+    steady_cpu = end_cpu - mark[3]
     return {
         "batches": n,
         "time_to_first_batch_s": first - _T0,
@@ -98,6 +145,10 @@ def measure(batches: Iterable, cfg: dict, usable: Callable, images: Callable) ->
         "images": imgs,
         "usable_tokens_per_s": (tokens - mark[1]) / steady if steady > 0 else 0.0,
         "images_per_s": (imgs - mark[2]) / steady if steady > 0 else 0.0,
+        "steady_usable_tokens": tokens - mark[1],
+        "steady_images": imgs - mark[2],
+        "steady_cpu_s": steady_cpu,
+        "cores_busy": steady_cpu / steady if steady > 0 else 0.0,
         "end_to_end_usable_tokens_per_s": (tokens + first_tokens) / (end - _T0),
         "first_batch_usable_tokens": first_tokens,
         "first_batch_images": first_images,
