@@ -22,12 +22,12 @@ parent and of the workers together, per item.
 from __future__ import annotations
 
 import collections
-import os
 import resource
 
 import numpy as np
 import pytest
 
+from benchmarks.race.workers._runtime import tree_cpu_s
 from runners import ProcessRunner
 from zephon._runner import Stage
 
@@ -44,16 +44,6 @@ def text_chunk_reply() -> list[dict]:
 def parent_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(workers: list[int]) -> float:
-    """CPU seconds of this process and of the given worker processes together."""
-    return parent_cpu_s() + sum(process_cpu_s(pid) for pid in workers)
 
 
 def stream(runner: ProcessRunner, count: int, take=None, items=None) -> None:
@@ -109,15 +99,14 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
         runner.start([Stage("decoded", lambda _: image, 2)])
         for _ in range(50):
             runner.submit(0, 0).result(10)
-        workers = runner.worker_pids()
 
         def copy_into_batch(n: int, result: np.ndarray) -> None:
             batch[n % IN_FLIGHT] = result
 
         def run() -> float:
-            before = tree_cpu_s(workers)
+            before = tree_cpu_s()
             stream(runner, IMAGES, copy_into_batch)
-            return tree_cpu_s(workers) - before
+            return tree_cpu_s() - before
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
@@ -137,12 +126,11 @@ def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_bui
         runner.start([Stage("checksum", lambda row: sum(int(image.sum()) for image in row), 2)])
         for _ in range(50):
             runner.submit(0, rows[0]).result(10)
-        workers = runner.worker_pids()
 
         def run() -> float:
-            before = tree_cpu_s(workers)
+            before = tree_cpu_s()
             stream(runner, ROWS, items=rows)
-            return tree_cpu_s(workers) - before
+            return tree_cpu_s() - before
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         assert runner.submit(0, rows[1]).result(10) == sum(int(image.sum()) for image in rows[1])
