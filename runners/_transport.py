@@ -3,7 +3,7 @@
 The sender pickles an object with `buffer_callback`: buffers below a threshold stay in the pickle
 stream, larger ones (NumPy arrays, anything exporting a contiguous buffer through `PickleBuffer`) are
 written one after another into a single file in a shared-memory directory. Only the small stream
-and the file's layout cross the pipe. The receiver maps the file copy-on-write, unlinks it at once,
+and the file's layout cross the pipe. The receiver opens the file, unlinks it at once, maps it copy-on-write,
 and unpickles with `buffers=` slices of the mapping, so the arrays it gets are views of the shared
 pages: no copy on receipt, writable (writes stay private to the receiver), and the memory returns
 to the system when the last view is released. Because the file is unlinked before anything else

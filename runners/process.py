@@ -57,7 +57,8 @@ _ITEMS_PER_WORKER = 2
 
 # A second item goes to a busy worker only if its message fits in the pipe's buffer with room to
 # spare (a Unix socket pair: ~208 KiB per direction on Linux); a larger one would block the sender until the worker
-# finishes its current item. Large buffers travel as files, so messages are rarely bigger.
+# finishes its current item. Large buffers travel through the arenas (or files when they do not fit),
+# so messages are rarely bigger.
 _PIPELINED_MESSAGE_MAX = 32 * 1024
 
 

@@ -362,7 +362,7 @@ class Photographs:
 
 def photographs(*, origin: str = "auto", cache: Path | None = None) -> Photographs:
     """Large real photographs (JPEG) for decode and resize cost: Debian `mate-backgrounds`
-    (16 JPEGs, 1920x1080 up to 5640x3172), else the wheels' photographs."""
+    (16 JPEGs, 1280x1024 up to 5640x3172), else the wheels' photographs."""
     if origin not in ("auto", "debian", "wheels"):
         raise ValueError(f"origin must be 'auto', 'debian' or 'wheels', got {origin!r}")
     if origin != "wheels":

@@ -6,7 +6,7 @@
 
 It prints the runner and why it was chosen, throughput in usable (non-padding) tokens/s and
 images/s, the ledger, and draws one packed global batch as a PNG: one band per row, one column
-per position, coloured text / image placeholder / padding (alternating shades per document).
+per position (sampled down to at most 1,024 columns), coloured text / image placeholder / padding (alternating shades per document).
 
 `vlm_pipeline` is the recipe; the VLM tests and benchmarks build theirs with it too. The data and
 tokenizer come from `vlm._assets` (fetched and cached at run time, never shipped). The `zephon`
@@ -137,7 +137,7 @@ def draw_batch(batches: list, path: str | Path, placeholders, *, row_height: int
 def add_vlm_parser(demo_subparsers) -> Any:
     """Register `zephon demo vlm` on the `demo` sub-parsers; returns the new parser."""
     vlm = demo_subparsers.add_parser(
-        "vlm", help="the VLM pipeline on real image+caption pairs: decode → tokenize → pack → shuffle → batch"
+        "vlm", help="the VLM pipeline on real image+caption pairs: tokenize → decode → pack → shuffle → batch"
     )
     vlm.add_argument("--steps", type=int, default=20, help="global steps to run (default 20)")
     vlm.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")

@@ -33,7 +33,7 @@ from ._errors import ImageDecodeError
 __all__ = ["PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "load_rgb", "patchify", "probe_image"]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
-"""Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGBA), used as our default refusal size."""
+"""Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGB), used as our default refusal size."""
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 

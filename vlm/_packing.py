@@ -222,8 +222,8 @@ class MultimodalPacker:
     open, oldest first, and leaves the packer empty. Records it cannot use are not lost: they are
     reported by `drain_skips()` as (address, reason), and documents cut to fit by
     `drain_truncations()` as (address, text tokens dropped); the lane driver collects both.
-    With `assemble=False` it emits `RowPlan`s instead of rows, so that `assemble_row` can run on
-    workers. `ctx` is accepted for the accumulator-factory shape; packing needs no randomness.
+    With `assemble=False` it emits `RowPlan`s instead of rows, so that the loader assembles them
+    straight into the microbatch's arrays as it takes them (`RowPlan.assemble_batch`). `ctx` is accepted for the accumulator-factory shape; packing needs no randomness.
 
     Thread-safety: thread-unsafe; one instance per lane segment, driven by the lane's thread.
     """
