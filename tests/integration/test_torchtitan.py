@@ -1,10 +1,14 @@
 """`zephon.integrations.torchtitan` against TorchTitan 0.3.0's data-loader contract (SPEC §4).
 
-Where `torchtitan` imports (0.3.0 installed with --no-deps beside torch 2.13, plus torchdata,
-tyro and spmd_types), the loader is checked against the real `BaseDataLoader`, the trainer's real
-build call is read from its source, and the torchrun test checkpoints through TorchTitan's own
-CheckpointManager. Without it, the same tests run against the contract the module implements
-itself, and the torchrun test uses torch.distributed.checkpoint under the same `dataloader` key.
+The checks against TorchTitan itself (the real `BaseDataLoader`, the trainer's build call read
+from its source) are `requires_torchtitan`: the nox session on 3.11 installs 0.3.0 (--no-deps,
+with torchdata, tyro and spmd_types; `noxfile.TORCHTITAN`), so CI runs them. The torchrun test
+checkpoints through TorchTitan's own CheckpointManager where torchtitan imports, else through
+torch.distributed.checkpoint under the same `dataloader` key, and checks which one it used.
+
+Every loader here is built from its own pipeline, separately constructed from the reference's:
+a pipeline caches its work plan's token estimate, so sharing one would hide a difference between
+two constructions of the same recipe.
 """
 
 from __future__ import annotations
@@ -44,27 +48,25 @@ STEPS = 5
 RESUME_AT = 2
 
 
-def _titan_installed() -> bool:
-    try:
-        import torchtitan.components.dataloader  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def corpora(make_jsonl_corpus):
     return make_jsonl_corpus(3, 40, 21), make_jsonl_corpus(2, 40, 22)
 
 
 @pytest.fixture(scope="module")
-def pipeline(corpora, demo_tokenizer_path):
-    return text_pipeline(*corpora, demo_tokenizer_path)
+def make_pipeline(corpora, demo_tokenizer_path):
+    """A new, separately constructed pipeline of the recipe at every call."""
+    return lambda: text_pipeline(*corpora, demo_tokenizer_path)
+
+
+@pytest.fixture
+def pipeline(make_pipeline):
+    return make_pipeline()
 
 
 @pytest.fixture(scope="module")
-def reference(pipeline) -> list[str]:
-    return step_digests(pipeline, 1, STEPS)
+def reference(make_pipeline) -> list[str]:
+    return step_digests(make_pipeline(), 1, STEPS)
 
 
 def titan_run(pipeline, world_size: int, steps: int, *, state=None, first_step: int = 0) -> tuple[list[str], list]:
@@ -92,36 +94,36 @@ def titan_run(pipeline, world_size: int, steps: int, *, state=None, first_step: 
             loader.close()
 
 
-def test_loader_implements_torchtitans_dataloader_contract():
+def test_loader_is_a_stateful_iterable_as_dcp_expects():
     from torch.distributed.checkpoint.stateful import Stateful
 
-    if _titan_installed():
-        from torchtitan.components.dataloader import BaseDataLoader
-
-        assert issubclass(ZephonDataLoader, BaseDataLoader)
-        assert issubclass(ZephonDataLoader.Config, BaseDataLoader.Config)
-        assert ZephonDataLoader.Config._owner is ZephonDataLoader
-        import torchtitan
-
-        assert getattr(torchtitan, "__version__", TORCHTITAN_VERSION).startswith(TORCHTITAN_VERSION[:3])
     for name in ("__iter__", "state_dict", "load_state_dict"):
         assert callable(getattr(ZephonDataLoader, name))
     assert issubclass(ZephonDataLoader, Stateful)  # what DCP checks before calling state_dict()
 
 
+@pytest.mark.requires_torchtitan
+def test_loader_is_a_torchtitan_base_dataloader_of_the_pinned_version():
+    import torchtitan
+    from torchtitan.components.dataloader import BaseDataLoader
+
+    assert issubclass(ZephonDataLoader, BaseDataLoader)
+    assert issubclass(ZephonDataLoader.Config, BaseDataLoader.Config)
+    assert ZephonDataLoader.Config._owner is ZephonDataLoader
+    assert getattr(torchtitan, "__version__", TORCHTITAN_VERSION).startswith(TORCHTITAN_VERSION[:3])
+
+
+@pytest.mark.requires_torchtitan
 def test_builder_accepts_every_argument_the_trainer_passes():
     """The keywords of TorchTitan's `config.dataloader.build(...)` call, read from trainer.py."""
-    if _titan_installed():
-        source = Path(importlib.util.find_spec("torchtitan").submodule_search_locations[0], "trainer.py").read_text()
-        calls = [
-            node for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "build"
-            and ast.unparse(node.func.value) == "config.dataloader"
-        ]
-        assert calls, "TorchTitan's trainer no longer calls config.dataloader.build(...)"
-        passed = {kw.arg for kw in calls[0].keywords}
-    else:  # as read from torchtitan 0.3.0's trainer.py
-        passed = {"dp_world_size", "dp_rank", "tokenizer", "seq_len", "local_batch_size", "snapshot_every_n_steps"}
+    source = Path(importlib.util.find_spec("torchtitan").submodule_search_locations[0], "trainer.py").read_text()
+    calls = [
+        node for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "build"
+        and ast.unparse(node.func.value) == "config.dataloader"
+    ]
+    assert calls, "TorchTitan's trainer no longer calls config.dataloader.build(...)"
+    passed = {kw.arg for kw in calls[0].keywords}
     accepted = set(inspect.signature(build_zephon_dataloader).parameters) - {"config", "other"}
     assert passed <= accepted, f"the trainer passes {sorted(passed - accepted)} that the builder does not name"
 
@@ -159,16 +161,16 @@ def test_yields_input_positions_and_next_token_labels(pipeline):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_replicas_yield_the_uninterrupted_global_batches(pipeline, reference, world_size):
-    digests, _ = titan_run(pipeline, world_size, STEPS)
+def test_replicas_yield_the_uninterrupted_global_batches(make_pipeline, reference, world_size):
+    digests, _ = titan_run(make_pipeline(), world_size, STEPS)
     assert digests == reference
 
 
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 1), (1, 8)])
-def test_state_from_one_dp_size_resumes_on_another(pipeline, reference, source, target):
-    before, states = titan_run(pipeline, source, RESUME_AT)
+def test_state_from_one_dp_size_resumes_on_another(make_pipeline, reference, source, target):
+    before, states = titan_run(make_pipeline(), source, RESUME_AT)
     state = {STATE_KEY: json.dumps(merge_states(states))}  # what state_dict() gathers over a process group
-    after, _ = titan_run(pipeline, target, STEPS - RESUME_AT, state=state, first_step=RESUME_AT)
+    after, _ = titan_run(make_pipeline(), target, STEPS - RESUME_AT, state=state, first_step=RESUME_AT)
     assert before + after == reference
 
 
@@ -232,7 +234,11 @@ def test_torchrun_checkpoint_on_two_ranks_resumes_on_four(corpora, demo_tokenize
     before = launch(2, tmp_path / "before.json", *args, "--steps", str(RESUME_AT), "--save", str(folder))
     after = launch(4, tmp_path / "after.json", *args, "--load", str(folder),
                    "--first-step", str(RESUME_AT), "--steps", str(STEPS - RESUME_AT))
-    if _titan_installed():
-        assert before["runtime"]["checkpointer"].startswith("torchtitan")
+    from tests.conftest import torchtitan_available
+
+    expected = (
+        "torchtitan.components.checkpoint.CheckpointManager" if torchtitan_available() else "torch.distributed.checkpoint"
+    )
+    assert before["runtime"]["checkpointer"] == after["runtime"]["checkpointer"] == expected
     digests = {**before["digests"], **after["digests"]}
     assert [digests[str(s)] for s in range(STEPS)] == reference

