@@ -295,9 +295,6 @@ class RankLoader:
         the counts carry on exactly: nothing replayed is counted twice."""
         return self._ledger.snapshot()
 
-    def describe_plan(self) -> dict:
-        return self.plan.describe()
-
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         for stream in self._streams.values():

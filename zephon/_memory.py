@@ -73,14 +73,13 @@ class MemoryBudget:
 def memory_budget(
     loader,
     *,
-    tokens_per_byte: float | None = None,
     image_decode_bytes: int = 0,
     threads_in_process: bool = True,
 ) -> MemoryBudget:
     """The budget of `loader` (a RankLoader) for the data its plan can deliver.
 
-    `tokens_per_byte` defaults to the plan's measured ratio when it has one, else 1.0 (a
-    byte-level tokenizer never makes more tokens than bytes). `image_decode_bytes` is the decode
+    Tokens per byte are the plan's measured ratio when it has one, else 1.0 (a byte-level
+    tokenizer never makes more tokens than bytes). `image_decode_bytes` is the decode
     workspace of the largest image (0 for text). `threads_in_process=False` for a process runner,
     whose workers' memory lives in their own processes.
     """
@@ -95,9 +94,8 @@ def memory_budget(
     rows = lanes * (buffered + open_rows + loader.microbatch_size) * row_bytes
 
     largest_chunk = _largest_chunk_raw_bytes(loader.plan)
-    if tokens_per_byte is None:
-        measured = [s.tokens_per_byte for s in getattr(loader.plan, "stats", {}).values()]
-        tokens_per_byte = max(measured) if measured and max(measured) > 0 else 1.0
+    measured = [s.tokens_per_byte for s in getattr(loader.plan, "stats", {}).values()]
+    tokens_per_byte = max(measured) if measured and max(measured) > 0 else 1.0
     largest_tokens = int(largest_chunk * tokens_per_byte) + 1
     inline = getattr(settings.runner, "name", settings.runner) == "inline"
     readers = 1 if inline else loader.stages[0].parallelism

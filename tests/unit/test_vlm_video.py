@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import io
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tests.unit.test_vlm_assets import make_video, real_file
-from vlm import ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_times
+import vlm._video
+from vlm import VIDEO_REASONS, ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_times
 from vlm._video import _choose_frames
 from zephon._errors import ConfigurationError
 
@@ -67,6 +70,18 @@ def test_truncated_file_is_reported_as_corrupt_video(clip):
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(data[: len(data) // 2])
     assert caught.value.reason == "corrupt_video"
+
+
+def test_video_reasons_list_exactly_the_reasons_decode_video_raises():
+    """VIDEO_REASONS is what a user matches the ledger's skip reasons against: read from the
+    module's source, every `VideoDecodeError(reason, ...)` it raises, and nothing else."""
+    tree = ast.parse(Path(vlm._video.__file__).read_text())
+    raised = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "VideoDecodeError"
+    }
+    assert raised == VIDEO_REASONS
 
 
 def test_video_spec_refuses_settings_that_cannot_work():

@@ -63,8 +63,6 @@ class WorkPlan(Protocol):
 
     def fingerprint(self) -> dict: ...
 
-    def describe(self) -> dict: ...
-
 
 @runtime_checkable
 class WorkSource(Protocol):
@@ -258,7 +256,6 @@ class MixturePlan:
             order = _seeded_permutation(f"{source.seed}/deal/{ds.name}", len(chunks))
             dealt[ds.name] = [[chunks[i] for i in order[lane::num_lanes]] for lane in range(num_lanes)]
             weights[ds.name] = [tokens[order[lane::num_lanes]] for lane in range(num_lanes)]
-        self.expected_tokens_per_epoch = {n: float(sum(w.sum() for w in ws)) for n, ws in weights.items()}
         self._lanes = [
             TokenInterleave(
                 {n: dealt[n][lane] for n in dealt},
@@ -296,14 +293,6 @@ class MixturePlan:
             "num_epochs": self.source.num_epochs,
             "round_size": self.source.round_size,
             "tokens_per_byte": {n: s.tokens_per_byte for n, s in sorted(self.stats.items())},
-        }
-
-    def describe(self) -> dict:
-        return {
-            "schedule": [[start, weights] for start, weights in self.source.schedule],
-            "expected_tokens_per_epoch": self.expected_tokens_per_epoch,
-            "tokens_per_record": {n: s.tokens_per_record for n, s in self.stats.items()},
-            "tokens_per_byte": {n: s.tokens_per_byte for n, s in self.stats.items()},
         }
 
 
