@@ -9,11 +9,12 @@ packed encoded), that work too is put on the runner a few rows ahead of the load
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
 from ._accumulator import AccumulatorFactory, SegmentContext
+from ._errors import ConfigurationError
 from ._records import Chunk, ChunkRecords
 from ._sequence import PackedSequence
 from .work import Flush
@@ -39,6 +40,7 @@ class LaneStream:
         on_skips: Callable[[int, int, list], None],
         row_work: Callable[[Any], Future] | None = None,
         rows_ahead: int = 1,
+        barren_records: int | None = None,
     ) -> None:
         self.lane = lane
         self._items = items
@@ -50,6 +52,11 @@ class LaneStream:
         self._on_skips = on_skips
         self._row_work = row_work
         self._rows_ahead = rows_ahead
+        # An endless plan whose every record is dropped would be read forever without a row:
+        # after `barren_records` records in a row with none handed over, the lane says so instead.
+        self._barren_records = barren_records
+        self._read_without_rows = 0
+        self._drops_without_rows: Counter[str] = Counter()
         self._pending: deque[Future | Flush] = deque()
         self._in_flight = 0
         self._plan_done = False
@@ -122,6 +129,7 @@ class LaneStream:
             if isinstance(entry, Flush):
                 rows = _flush_chain(accumulators)
                 self._collect_skips(accumulators)
+                self._count_rows(rows)
                 yield from _handed_over(self._segment, rows)
                 self._segment = entry.segment
                 accumulators = [make(SegmentContext(self.lane, self._segment)) for make in self._factories]
@@ -130,9 +138,36 @@ class LaneStream:
             self._fill()
             batch: ChunkRecords = entry.result()
             self._on_chunk(self.lane, self._segment, batch)
+            self._count_read(batch)
             for address, record in zip(batch.addresses, batch.records):
-                yield from _handed_over(self._segment, _push_chain(accumulators, (address, record)))
+                rows = _push_chain(accumulators, (address, record))
+                self._count_rows(rows)
+                yield from _handed_over(self._segment, rows)
             self._collect_skips(accumulators)
+            self._check_barren()
+
+    def _count_read(self, batch: ChunkRecords) -> None:
+        if self._barren_records is not None:
+            self._read_without_rows += batch.chunk.num_records
+            self._drops_without_rows.update(reason for _, reason in batch.skipped)
+            if batch.filtered:
+                self._drops_without_rows["filtered"] += len(batch.filtered)
+
+    def _check_barren(self) -> None:
+        if self._barren_records is None or self._read_without_rows <= self._barren_records:
+            return
+        drops = ", ".join(f"{reason}: {n}" for reason, n in self._drops_without_rows.most_common(5))
+        raise ConfigurationError(
+            f"lane {self.lane} read {self._read_without_rows} records in a row and handed over no row "
+            f"(dropped: {drops or 'none counted'}): every record of its datasets seems to be dropped, "
+            "and an endless plan would read them forever. Check the field names, the filters and the "
+            "image or video specs against the data."
+        )
+
+    def _count_rows(self, rows: list) -> None:
+        if rows:
+            self._read_without_rows = 0
+            self._drops_without_rows.clear()
 
     def _collect_skips(self, accumulators) -> None:
         """Accumulators may refuse items (a sample whose images cannot fit); they report them
@@ -143,6 +178,8 @@ class LaneStream:
                 skips = drain()
                 if skips:
                     self._on_skips(self.lane, self._segment, skips)
+                    if self._barren_records is not None:
+                        self._drops_without_rows.update(reason for _, reason in skips)
 
     def close(self) -> None:
         for entry in [*self._pending, *(row for _, row in self._ahead)]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import numbers
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
@@ -39,7 +40,10 @@ RECIPE_VERSION = 1
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
     """Fail at construction, naming the numbers, on any layout that cannot split evenly."""
-    if world_size < 1 or not 0 <= rank < world_size:
+    for name, value, least in (("rank", rank, 0), ("world_size", world_size, 1), ("global_batch_size", global_batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ConfigurationError(f"{name}={value!r} must be an integer >= {least}")
+    if not rank < world_size:
         raise ConfigurationError(f"rank {rank} is not in [0, world_size={world_size})")
     if num_lanes % world_size:
         raise ConfigurationError(
@@ -69,12 +73,12 @@ class RankLoader:
         self.pipeline = pipeline
         settings = pipeline.settings
         self.num_lanes = settings.num_lanes
-        self.rank, self.world_size = rank, world_size
-        self.global_batch_size = global_batch_size
         self.microbatch_size = pipeline.microbatch_size
         self.rows_per_step = check_layout(
             self.num_lanes, world_size, rank, global_batch_size, self.microbatch_size
         )
+        # plain ints from here on (a NumPy integer would not go into the state's JSON)
+        self.rank, self.world_size, self.global_batch_size = int(rank), int(world_size), int(global_batch_size)
         per_rank = self.num_lanes // world_size
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._compile()
@@ -95,6 +99,8 @@ class RankLoader:
         record_ops = pipeline.record_operators()
         if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
+        _check_one_packer(accumulators)
+        _check_packed_field(record_ops, accumulators[0])
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
         record_fns = [(op, op.build(on_error)) for op in record_ops]
@@ -201,6 +207,7 @@ class RankLoader:
             stream.close()
         self._ensure_runner()
         flush_every = self.pipeline.settings.flush_every_chunks
+        barren_records = getattr(self.plan, "barren_records", None)  # optional for other work plans
         self._streams = {}
         for lane in self.lanes:
             cursor = self._cursors[lane]
@@ -215,6 +222,7 @@ class RankLoader:
                 self._ledger.count_skips,
                 row_work=self._submit_row if self._row_work is not None else None,
                 rows_ahead=self.rows_ahead,
+                barren_records=barren_records(lane, flush_every) if barren_records else None,
             )
             for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
                 if not stream.skip():
@@ -310,6 +318,27 @@ class RankLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_one_packer(accumulators) -> None:
+    packers = [op.name for op in accumulators if hasattr(op, "max_length")]
+    if len(packers) > 1:
+        raise ConfigurationError(f"one packing operator per pipeline, got {packers}: rows cannot be packed again")
+
+
+def _check_packed_field(record_ops, packer) -> None:
+    """A packer that reads a field the tokenizer does not write would drop every record; say so
+    before reading anything. Not decidable with a user `map` (it may make the field) or without
+    a tokenizer (the data may hold token ids already)."""
+    tokenizers = [op for op in record_ops if op.name == "tokenize"]
+    if not tokenizers or any(op.name == "map" for op in record_ops):
+        return
+    made = {getattr(op, "output_field", None) for op in record_ops}
+    if packer.field not in made:
+        raise ConfigurationError(
+            f"{packer.name}(field={packer.field!r}) packs a field no operator writes: tokenize writes "
+            f"{tokenizers[-1].output_field!r}"
+        )
 
 
 class _FusedStage:

@@ -6,6 +6,7 @@ builder method returns a new Pipeline, so a recipe can be shared and extended sa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator
@@ -100,7 +101,7 @@ class Pipeline:
 
     def tokenize(
         self,
-        tokenizer_id: str,
+        tokenizer_id: str | os.PathLike,
         field: str = "text",
         *,
         parallelism: int = 1,
@@ -109,6 +110,8 @@ class Pipeline:
         output_field: str = "input_ids",
         keep_field: bool = False,
     ) -> Pipeline:
+        if isinstance(tokenizer_id, os.PathLike):
+            tokenizer_id = os.fspath(tokenizer_id)
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field
         )

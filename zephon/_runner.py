@@ -56,6 +56,10 @@ def available_runners() -> dict[str, Any]:
 def make_runner(spec: str | Runner) -> Runner:
     """A runner from a registered name (`inline`, `thread`, `process`, `auto`) or an instance."""
     if not isinstance(spec, str):
+        if not all(callable(getattr(spec, method, None)) for method in ("start", "submit", "close")):
+            raise ConfigurationError(
+                f"runner={spec!r} is neither a runner's name nor a runner (an object with start, submit and close)"
+            )
         return spec
     registered = available_runners()
     if spec not in registered:

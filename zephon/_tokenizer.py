@@ -45,11 +45,16 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
     (which needs a reachable or cached hub)."""
     from tokenizers import Tokenizer
 
+    if not isinstance(tokenizer_id, str):
+        raise ConfigurationError(f"a tokenizer is named by a str (a path or hub id), got {tokenizer_id!r}")
     path = os.path.expanduser(tokenizer_id)
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
     if os.path.isfile(path):
-        tokenizer = Tokenizer.from_file(path)
+        try:
+            tokenizer = Tokenizer.from_file(path)
+        except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ConfigurationError(f"{path!r} is not a tokenizers tokenizer.json: {exc}") from exc
         # The file's bytes identify the tokenizer as well as its re-serialisation does, in 20 ms
         # instead of 0.13 s for a 131k-token vocabulary (time to first batch).
         digest = _file_sha256(path)

@@ -9,6 +9,7 @@ import json
 import sys
 
 from ._checkpoint import merge_states
+from ._errors import ConfigurationError
 
 __all__ = ["rank_and_world_size", "gather_state"]
 
@@ -25,13 +26,22 @@ def _dist():
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """Explicit values win; otherwise the initialised process group's; otherwise (0, 1)."""
+    """Explicit values win; otherwise the initialised process group's; otherwise (0, 1).
+
+    Without a process group, one of the two alone is refused: a world size without a rank would
+    make every process rank 0 (all reading the same lanes), and a rank without a world size means
+    nothing."""
     if rank is not None and world_size is not None:
         return rank, world_size
     dist = _dist()
     if dist is not None:
         return (dist.get_rank() if rank is None else rank, dist.get_world_size() if world_size is None else world_size)
-    return (0 if rank is None else rank, 1 if world_size is None else world_size)
+    if rank is not None or world_size is not None:
+        raise ConfigurationError(
+            f"rank={rank!r} and world_size={world_size!r}: give both, or neither (then they come from an "
+            "initialised torch.distributed process group, else a single rank)"
+        )
+    return 0, 1
 
 
 def gather_state(loader, group=None) -> dict:

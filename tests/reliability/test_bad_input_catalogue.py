@@ -28,6 +28,7 @@ from tests.reliability.harness import (
     address,
     assert_ledger_balances,
     clean_records,
+    global_batch,
     jsonl_dataset,
     pair_tar,
     pixels_by_address,
@@ -49,7 +50,7 @@ from tests.unit.test_vlm_assets import (  # the shared bad-image makers
     truncated_jpeg,
 )
 from vlm import ImageSpec, decode_image, patchify
-from zephon import BadRecordError
+from zephon import BadRecordError, ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
 
 
@@ -135,6 +136,40 @@ def test_huge_document_is_cut_into_max_length_pieces_by_first_fit(huge_document_
     assert tokens_by_record(run.batches)[huge] == len(tokens)
     assert token_values_of(run.batches, huge) == Counter(tokens)
     assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+
+
+# -- a recipe that drops every record ------------------------------------------------------------
+def _first_batches(pipeline, count: int) -> list:
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        iterator = iter(loader)
+        return [next(iterator) for _ in range(count)]
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread"])
+def test_endless_plan_that_drops_every_record_fails_naming_why_instead_of_spinning(tmp_path, runner):
+    """A misnamed field drops every record: an endless plan would read the data forever without
+    a row (100 % CPU, no error), so the lane gives up after reading its share twice over."""
+    dataset = jsonl_dataset(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"read \d+ records in a row and handed over no row "
+                                                 r"\(dropped: missing_field: \d+\)"):
+        _first_batches(text_pipeline(dataset, field="body", num_epochs=None, runner=runner), 1)
+
+
+def test_finite_plan_that_drops_every_record_ends_with_every_record_counted(tmp_path):
+    run = run_epoch(text_pipeline(jsonl_dataset(tmp_path), field="body", num_epochs=1))
+    assert run.batches == []
+    assert run.skipped("d") == Counter({"missing_field": SHARDS * PER_SHARD})
+
+
+def test_endless_plan_keeps_going_on_a_few_surviving_records_or_one_good_dataset(tmp_path):
+    """The guard does not fire on a recipe that makes rows, however few records survive: one
+    record per chunk kept by a filter, or a mixture whose other dataset drops every record."""
+    dataset = jsonl_dataset(tmp_path / "d")
+    sparse = text_pipeline(dataset, num_epochs=None, filter_fn=lambda record: record["id"] in ("r3", "r7", "r11", "r15"))
+    assert len(_first_batches(sparse, 40)) == 40
+    no_text = json.dumps({"id": "x", "body": "the text is under another key"}).encode()
+    broken = jsonl_dataset(tmp_path / "e", {(s, i): no_text for s in range(SHARDS) for i in range(PER_SHARD)}, name="e")
+    assert len(_first_batches(text_pipeline([dataset, broken], num_epochs=None), 40)) == 40
 
 
 # -- shards: empty, vanished, shrunk -------------------------------------------------------------

@@ -70,6 +70,10 @@ def test_position_ids_restart_per_document_and_labels_are_masked_at_padding(spec
         (8, 3, 16, 2, "num_lanes=8 is not divisible by world_size=3"),
         (8, 2, 12, 2, "global_batch_size=12 is not divisible by num_lanes=8"),
         (8, 2, 24, 2, "= 3 rows per lane per step is not divisible by microbatch_size=2"),
+        (8, 2, 0, 2, "global_batch_size=0 must be an integer >= 1"),
+        (8, 2, -16, 2, "global_batch_size=-16 must be an integer >= 1"),
+        (8, 2, 16.0, 2, "global_batch_size=16.0 must be an integer >= 1"),
+        (8, 0, 16, 2, "world_size=0 must be an integer >= 1"),
         (8, 2, 16, 2, None),
     ],
 )
@@ -85,6 +89,28 @@ def test_misconfigured_layouts_fail_at_construction_naming_the_numbers(
         pipeline.shard(0, world, global_batch_size=global_batch)
 
 
+@pytest.mark.parametrize("rank,world", [(-1, 2), (2, 2), ("0", 2), (True, 2), (0.0, 2)])
+def test_a_rank_outside_the_world_or_not_an_integer_is_refused(spec_pipeline, rank, world):
+    with pytest.raises(ConfigurationError, match="rank"):
+        spec_pipeline.shard(rank, world)
+
+
+@pytest.mark.parametrize("rank,world", [(None, 2), (1, None)])
+def test_rank_and_world_size_come_together_without_a_process_group(spec_pipeline, rank, world):
+    """A world size alone would make every process rank 0, all reading the same lanes."""
+    with pytest.raises(ConfigurationError, match="give both, or neither"):
+        spec_pipeline.shard(rank, world)
+
+
+def test_numpy_integers_for_the_layout_give_plain_ints_in_the_state(spec_pipeline):
+    import json
+
+    with spec_pipeline.options(num_lanes=2).shard(np.int64(0), np.int64(2), global_batch_size=np.int64(16)) as loader:
+        next(iter(loader))
+        assert (loader.rank, loader.world_size, loader.global_batch_size) == (0, 2, 16)
+        json.dumps(loader.state_dict())
+
+
 def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, demo_tokenizer_path):
     with pytest.raises(ConfigurationError, match="unknown pipeline options"):
         spec_pipeline.options(num_lane=8)
@@ -96,6 +122,31 @@ def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, 
         Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path), eos="<|nope|>")
     with pytest.raises(ConfigurationError, match="packing operator"):
         Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)).batch(2).shard(0, 1)
+    tokenized = Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path))
+    with pytest.raises(ConfigurationError, match=r"pack_flat\(field='ids'\) packs a field no operator writes"):
+        tokenized.pack_flat(64, field="ids").batch(2).shard(0, 1)
+    with pytest.raises(ConfigurationError, match="one packing operator per pipeline"):
+        tokenized.pack_flat(64).pack_flat(32).batch(2).shard(0, 1)
+
+
+@pytest.mark.parametrize("runner,message", [("bogus", "unknown runner 'bogus'"), (None, "neither a runner's name"),
+                                            (3, "neither a runner's name")])
+def test_a_runner_that_is_not_one_is_refused_naming_it(spec_pipeline, runner, message):
+    with spec_pipeline.options(runner=runner, num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
+        with pytest.raises(ConfigurationError, match=message):
+            loader.runner_info
+
+
+def test_a_tokenizer_that_is_not_one_is_refused_naming_it(spec_pipeline, demo_tokenizer_path, tmp_path):
+    not_json = tmp_path / "tokenizer.json"
+    not_json.write_text("# a README, not a tokenizer")
+    with pytest.raises(ConfigurationError, match="is not a tokenizers tokenizer.json"):
+        Pipeline(spec_pipeline.source).tokenize(str(not_json))
+    for wrong in (None, 123):
+        with pytest.raises(ConfigurationError, match="a tokenizer is named by a str"):
+            Pipeline(spec_pipeline.source).tokenize(wrong)
+    as_path = Pipeline(spec_pipeline.source).tokenize(demo_tokenizer_path)  # a pathlib.Path works as its str
+    assert as_path.operators[-1].tokenizer_id == str(demo_tokenizer_path)
 
 
 def test_the_chosen_runner_and_the_reason_are_inspectable(spec_pipeline):

@@ -283,6 +283,18 @@ class MixturePlan:
     def num_slots(self, lane: int) -> int | None:
         return self._lanes[lane].num_slots()
 
+    def barren_records(self, lane: int, flush_every: int) -> int | None:
+        """How many records in a row the lane may read without handing over a row before its
+        recipe is taken to make none (every record dropped by a stage: a misnamed field, a spec
+        no image meets): twice what it reads while each dataset with a share completes one epoch
+        of its chunks in the lane, plus a segment and a chunk per dataset of slack (a lane's
+        prefixes keep within about a chunk per dataset of their shares). None for a finite plan,
+        which ends by itself."""
+        if self.source.num_epochs is not None:
+            return None
+        slack = (flush_every + len(self.datasets) + 1) * self.source.records_per_chunk
+        return int(2 * self._lanes[lane].records_per_epoch_of_every_dataset()) + slack
+
     def fingerprint(self) -> dict:
         return {
             "kind": "static_mixture",
@@ -423,3 +435,19 @@ class TokenInterleave:
         if self._num_epochs is None:
             return None
         return sum(self._limit(n) for n in self._names)
+
+    def records_per_epoch_of_every_dataset(self) -> float:
+        """Records this lane reads while a dataset with a share completes one epoch of its
+        chunks, for the slowest dataset in the phase where it is slowest: one epoch of dataset n
+        spans (its epoch tokens ÷ its share) of the lane's token axis, over which every dataset m
+        is read at its share times its records per expected token."""
+        records_per_token = {
+            n: sum(c.num_records for c in self._chunks[n]) / self._epoch_tokens[n] for n in self._names
+        }
+        longest = 0.0
+        for _, shares in self._phases:
+            records_per_axis_token = sum(shares[m] * records_per_token[m] for m in self._names)
+            for n in self._names:
+                if shares[n] > 0:
+                    longest = max(longest, self._epoch_tokens[n] / shares[n] * records_per_axis_token)
+        return longest
