@@ -7,6 +7,7 @@ they mean to, and every message names the numbers, fields or record address invo
 from __future__ import annotations
 
 __all__ = [
+    "check_count",
     "ZephonError",
     "ConfigurationError",
     "BadRecordError",
@@ -22,6 +23,17 @@ class ZephonError(Exception):
 
 class ConfigurationError(ZephonError, ValueError):
     """The recipe or the layout (lanes, ranks, batch sizes) cannot work; raised at construction."""
+
+
+def check_count(value: object, what: str, least: int = 1) -> int:
+    """`value` if it is a plain int of at least `least`, else ConfigurationError naming `what`.
+
+    A bool is not a count, and a float or a string that looks like one is refused rather than
+    rounded: these numbers enter recipe fingerprints and array shapes, where 8.0 and "8" are not 8.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigurationError(f"{what} must be an integer >= {least}, got {value!r}")
+    return value
 
 
 class BadRecordError(ZephonError):

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._accumulator import SegmentContext
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, check_count
 from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
@@ -198,12 +198,12 @@ class PackFlatOp:
     kind = "accumulator"
 
     def __post_init__(self) -> None:
-        if self.max_length < 1:
-            raise ConfigurationError(f"pack_flat: max_length must be positive, got {self.max_length}")
+        check_count(self.max_length, "pack_flat: max_length")
         if self.algorithm not in ALGORITHMS:
             raise ConfigurationError(f"pack_flat: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.max_open_rows < 1:
-            raise ConfigurationError(f"pack_flat: max_open_rows must be positive, got {self.max_open_rows}")
+        check_count(self.max_open_rows, "pack_flat: max_open_rows")
+        if self.pad_id is not None and (check_count(self.pad_id, "pack_flat: pad_id", 0) >= 2**31):
+            raise ConfigurationError(f"pack_flat: pad_id={self.pad_id} does not fit the int32 token arrays")
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id

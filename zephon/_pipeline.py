@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, check_count
 from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism
 from ._runner import Runner
@@ -45,12 +45,14 @@ class PipelineOptions:
     io_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_lanes, int) or self.num_lanes < 1:
-            raise ConfigurationError(f"num_lanes must be a positive integer, got {self.num_lanes!r}")
-        if not isinstance(self.flush_every_chunks, int) or self.flush_every_chunks < 1:
-            raise ConfigurationError(f"flush_every_chunks must be a positive integer, got {self.flush_every_chunks!r}")
-        if self.prefetch is not None and self.prefetch < 1:
-            raise ConfigurationError(f"prefetch must be a positive integer, got {self.prefetch!r}")
+        check_count(self.num_lanes, "num_lanes")
+        check_count(self.flush_every_chunks, "flush_every_chunks")
+        if self.prefetch is not None:
+            check_count(self.prefetch, "prefetch")
+        if self.read_parallelism is not None:
+            check_count(self.read_parallelism, "read_parallelism")
+        if not isinstance(self.io_options, dict):
+            raise ConfigurationError(f"io_options must be a dict, got {self.io_options!r}")
         if self.on_error not in ON_ERROR:
             raise ConfigurationError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
 
@@ -62,8 +64,7 @@ class BatchOp:
     kind = "batch"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:
-            raise ConfigurationError(f"batch: microbatch_size must be a positive integer, got {self.microbatch_size!r}")
+        check_count(self.microbatch_size, "batch: microbatch_size")
 
     def fingerprint(self, default_pad_id: int) -> dict:
         return {"op": self.name, "microbatch_size": self.microbatch_size}

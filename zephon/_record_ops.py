@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._errors import BadRecordError, ConfigurationError, UserFunctionError
+from ._errors import BadRecordError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._tokenizer import leave_cores_to_workers, load_tokenizer
 
@@ -168,6 +168,4 @@ class TokenizeOp(RecordOperator):
 
 
 def check_parallelism(parallelism: int, op: str) -> int:
-    if not isinstance(parallelism, int) or parallelism < 1:
-        raise ConfigurationError(f"{op}: parallelism must be a positive integer, got {parallelism!r}")
-    return parallelism
+    return check_count(parallelism, f"{op}: parallelism")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._accumulator import SegmentContext
-from ._errors import ConfigurationError
+from ._errors import check_count
 from ._random import SeededStream
 
 __all__ = ["ShuffleBuffer", "ShuffleOp"]
@@ -47,8 +47,7 @@ class ShuffleOp:
     kind = "accumulator"
 
     def __post_init__(self) -> None:
-        if self.buffer_size < 1:
-            raise ConfigurationError(f"shuffle: buffer_size must be positive, got {self.buffer_size}")
+        check_count(self.buffer_size, "shuffle: buffer_size")
 
     def factory(self, default_pad_id: int):
         def make(ctx: SegmentContext) -> ShuffleBuffer:

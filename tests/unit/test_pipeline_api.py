@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from zephon import ConfigurationError, IGNORE_INDEX, Pipeline, PADDING_DOCUMENT, global_batch_digest
 from zephon.io import Dataset
-from zephon.work import StaticMixtureWorkSource, TokenEstimation
+from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
 
 @pytest.fixture
@@ -116,7 +118,7 @@ def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, 
         spec_pipeline.options(num_lane=8)
     with pytest.raises(ConfigurationError, match="batch must be the last operator"):
         spec_pipeline.shuffle(4)
-    with pytest.raises(ConfigurationError, match="parallelism must be a positive integer"):
+    with pytest.raises(ConfigurationError, match="parallelism must be an integer >= 1"):
         Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path), parallelism=0)
     with pytest.raises(ConfigurationError, match="not in the vocabulary"):
         Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path), eos="<|nope|>")
@@ -135,6 +137,53 @@ def test_a_runner_that_is_not_one_is_refused_naming_it(spec_pipeline, runner, me
     with spec_pipeline.options(runner=runner, num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
         with pytest.raises(ConfigurationError, match=message):
             loader.runner_info
+
+
+WRONG_OPTIONS = {
+    "prefetch": (lambda p, tok: p.options(prefetch="4"), "prefetch must be an integer >= 1, got '4'"),
+    "read_parallelism": (lambda p, tok: p.options(read_parallelism=0), "read_parallelism must be an integer >= 1, got 0"),
+    "num_lanes": (lambda p, tok: p.options(num_lanes=True), "num_lanes must be an integer >= 1, got True"),
+    "io_options": (lambda p, tok: p.options(io_options="cache"), "io_options must be a dict"),
+    "max_length": (lambda p, tok: tok.pack_flat(64.5), "pack_flat: max_length must be an integer >= 1, got 64.5"),
+    "pad_id": (lambda p, tok: tok.pack_flat(64, pad_id=10**12), "does not fit the int32 token arrays"),
+    "buffer_size": (lambda p, tok: tok.pack_flat(64).shuffle(None), "shuffle: buffer_size must be an integer >= 1"),
+    "microbatch_size": (lambda p, tok: tok.pack_flat(64).batch(2.0), "batch: microbatch_size must be an integer >= 1"),
+}
+
+
+@pytest.mark.parametrize("option", sorted(WRONG_OPTIONS))
+def test_an_option_of_the_wrong_type_or_range_is_refused_naming_it(spec_pipeline, demo_tokenizer_path, option):
+    """Rounded or coerced, 2.0 or "4" would enter fingerprints and shapes as something else."""
+    make, message = WRONG_OPTIONS[option]
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        make(Pipeline(spec_pipeline.source), Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)))
+
+
+WRONG_SOURCES = {
+    "a path for the datasets": (lambda ds: StaticMixtureWorkSource(str(ds.shards[0].url)), "a sequence of zephon.io.Dataset"),
+    "a list for the mixture": (lambda ds: StaticMixtureWorkSource([ds], mixture=[1.0]), "mixture maps dataset names"),
+    "a weight that is not a number": (lambda ds: StaticMixtureWorkSource([ds], mixture={ds.name: None}), "weights must be numbers"),
+    "a phase without its start": (lambda ds: ScheduledMixtureWorkSource([ds], schedule=[{ds.name: 1}]), "a mixture phase is"),
+    "a start that is a string": (lambda ds: ScheduledMixtureWorkSource([ds], schedule=[("0", {ds.name: 1})]), "starts at a token count"),
+    "the estimation class": (lambda ds: StaticMixtureWorkSource([ds], token_estimation=TokenEstimation), "a TokenEstimation instance"),
+    "an empty estimation": (lambda ds: TokenEstimation(sample_records=0), "sample_records must be an integer >= 1, got 0"),
+    "a fractional chunk": (lambda ds: StaticMixtureWorkSource([ds], records_per_chunk=1.5), "records_per_chunk must be an integer"),
+    "cache options as a word": (lambda ds: Dataset.from_path("x", str(ds.shards[0].url), cache="yes"), "cache options are a dict"),
+    "no URL": (lambda ds: Dataset.from_path("x", None), "needs a URL or path as a str"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_SOURCES))
+def test_a_work_source_or_dataset_given_the_wrong_things_is_refused_naming_them(demo_data_dir, case):
+    dataset = Dataset.from_path("jargon", str(demo_data_dir / "jargon"))
+    make, message = WRONG_SOURCES[case]
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        make(dataset)
+
+
+def test_a_dataset_path_may_be_a_pathlib_path(demo_data_dir):
+    assert Dataset.from_path("jargon", demo_data_dir / "jargon").fingerprint() == \
+        Dataset.from_path("jargon", str(demo_data_dir / "jargon")).fingerprint()
 
 
 def test_a_tokenizer_that_is_not_one_is_refused_naming_it(spec_pipeline, demo_tokenizer_path, tmp_path):

@@ -99,7 +99,7 @@ class Dataset:
     def from_path(
         cls,
         name: str,
-        url: str,
+        url: str | os.PathLike,
         *,
         format: str | None = None,
         storage_options: dict | None = None,
@@ -117,6 +117,10 @@ class Dataset:
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")
+        if isinstance(url, os.PathLike):
+            url = os.fspath(url)
+        if not isinstance(url, str) or not url:
+            raise ConfigurationError(f"dataset {name!r} needs a URL or path as a str, got {url!r}")
         located = locate(url, format, dict(storage_options or {}))
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)

@@ -39,6 +39,8 @@ class CacheOptions:
 
     @classmethod
     def from_dict(cls, options: Mapping | None) -> CacheOptions:
+        if options is not None and not isinstance(options, Mapping):
+            raise ConfigurationError(f"cache options are a dict like {{'enabled': True, 'dir': ...}}, got {options!r}")
         options = dict(options or {})
         unknown = sorted(set(options) - {"enabled", "dir"})
         if unknown:

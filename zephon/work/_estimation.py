@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .._errors import check_count
 from .._random import SeededStream
 from .._records import Chunk, ChunkRecords
 
@@ -47,6 +48,10 @@ class TokenEstimation:
     sample_records: int = 512
     sample_chunks: int = 16
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_count(self.sample_records, "TokenEstimation: sample_records")
+        check_count(self.sample_chunks, "TokenEstimation: sample_chunks")
 
     def measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
         """Tokens per raw (decompressed) byte on the sample, scaled by the dataset's raw bytes.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, check_count
 from .._random import SeededStream
 from .._records import Chunk
 from ._estimation import TokenCounter, TokenEstimation, TokenStats
@@ -106,15 +107,16 @@ class _MixtureWorkSource:
         num_epochs: int | None,
         round_size: int,
     ) -> None:
+        _check_datasets(datasets)
         names = [d.name for d in datasets]
-        if not datasets:
-            raise ConfigurationError("a work source needs at least one dataset")
         if len(set(names)) != len(names):
             raise ConfigurationError(f"dataset names must be unique, got {names}")
-        if records_per_chunk < 1 or round_size < 1:
-            raise ConfigurationError("records_per_chunk and round_size must be positive")
-        if num_epochs is not None and num_epochs < 1:
-            raise ConfigurationError(f"num_epochs must be a positive integer or None, got {num_epochs}")
+        check_count(records_per_chunk, "records_per_chunk")
+        check_count(round_size, "round_size")
+        if num_epochs is not None:
+            check_count(num_epochs, "num_epochs (or None: endless)")
+        if token_estimation is not None and not isinstance(token_estimation, TokenEstimation):
+            raise ConfigurationError(f"token_estimation must be a TokenEstimation instance or None, got {token_estimation!r}")
         self.datasets = tuple(datasets)
         self.schedule: Schedule = _validate_schedule(schedule, names)
         self.token_estimation = token_estimation
@@ -151,13 +153,28 @@ class _MixtureWorkSource:
             return self._measured[cache_key]
 
 
+def _check_datasets(datasets) -> None:
+    from ..io import Dataset  # at run time only: zephon.io is the heavier import
+
+    if isinstance(datasets, (str, bytes, Dataset)) or not all(isinstance(d, Dataset) for d in datasets):
+        raise ConfigurationError(f"datasets must be a sequence of zephon.io.Dataset, got {datasets!r}")
+    if not datasets:
+        raise ConfigurationError("a work source needs at least one dataset")
+
+
 def _validate_schedule(schedule, names: list[str]) -> Schedule:
     phases = []
-    for start, weights in schedule:
-        weights = dict(weights)
+    for phase in schedule:
+        if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and isinstance(phase[1], Mapping)):
+            raise ConfigurationError(f"a mixture phase is (start token, {{dataset name: weight}}), got {phase!r}")
+        start, weights = phase
+        if isinstance(start, bool) or not isinstance(start, numbers.Real) or not math.isfinite(start):
+            raise ConfigurationError(f"a mixture phase starts at a token count, got {start!r}")
         unknown = set(weights) - set(names)
         if unknown:
             raise ConfigurationError(f"mixture names {sorted(unknown)} are not datasets of this source {names}")
+        if not all(isinstance(w, numbers.Real) and not isinstance(w, bool) for w in weights.values()):
+            raise ConfigurationError(f"mixture weights must be numbers: {dict(weights)}")
         weights = {n: float(weights.get(n, 0.0)) for n in names}
         if any(w < 0 or not math.isfinite(w) for w in weights.values()) or sum(weights.values()) <= 0:
             raise ConfigurationError(f"mixture weights must be finite, non-negative and not all zero: {weights}")
@@ -192,6 +209,9 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
         num_epochs: int | None = None,
         round_size: int = 1024,
     ) -> None:
+        _check_datasets(datasets)
+        if mixture is not None and not isinstance(mixture, Mapping):
+            raise ConfigurationError(f"mixture maps dataset names to weights, got {mixture!r}")
         names = [d.name for d in datasets]
         mixture = dict(mixture) if mixture is not None else {n: 1.0 for n in names}
         if set(mixture) != set(names):
