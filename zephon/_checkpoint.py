@@ -98,6 +98,7 @@ def _intact(state: object) -> dict:
 def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int, LaneCursor], dict[int, dict]]:
     """Validate a state against the current recipe; return its cursors and ledger counts by lane."""
     state = _intact(state)
+    _check_shape(state)
     saved = state["recipe"]
     current = recipe_digests(recipe)
     changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
@@ -114,6 +115,39 @@ def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int
     except (TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"malformed lane cursors in loader state: {exc}") from None
     return cursors, ledgers
+
+
+def _check_shape(state: dict) -> None:
+    """The shape `make_state` writes. A checksum only proves the content is what was signed: a
+    state edited and signed again by hand must still not reach the loader as a KeyError or a
+    negative cursor."""
+    if not isinstance(state.get("recipe"), dict) or not _is_count(state.get("num_lanes")):
+        raise CheckpointError("malformed loader state: 'recipe' must be an object and 'num_lanes' an integer")
+    lanes, ledger = state.get("lanes"), state.get("ledger", {})
+    if not isinstance(lanes, dict) or not all(
+        isinstance(cursor, list) and len(cursor) == 3 and all(map(_is_count, cursor)) for cursor in lanes.values()
+    ):
+        raise CheckpointError("malformed lane cursors in loader state: each lane needs 3 non-negative integers")
+    if not isinstance(ledger, dict) or not all(_is_lane_ledger(counts) for counts in ledger.values()):
+        raise CheckpointError("malformed ledger in loader state: each lane needs its record and row counts")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_lane_ledger(counts: object) -> bool:
+    """{"records": {dataset: {name: count | {reason: count}}}, "rows": {name: count}}."""
+    if not isinstance(counts, dict) or set(counts) - {"records", "rows"}:
+        return False
+    records, rows = counts.get("records", {}), counts.get("rows", {})
+    if not isinstance(records, dict) or not isinstance(rows, dict) or not all(map(_is_count, rows.values())):
+        return False
+    return all(
+        isinstance(by_name, dict)
+        and all(_is_count(v) or (isinstance(v, dict) and all(map(_is_count, v.values()))) for v in by_name.values())
+        for by_name in records.values()
+    )
 
 
 def merge_states(states: Iterable[Mapping]) -> dict:

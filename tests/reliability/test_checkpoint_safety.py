@@ -79,6 +79,10 @@ DAMAGED = {
     "checksum_removed": (lambda s, tmp: {k: v for k, v in s.items() if k != "checksum"}, "checksum does not match"),
     "unknown_version": (lambda s, tmp: {**s, "version": 99}, "version 99 is not supported"),
     "malformed_cursor_resealed": (lambda s, tmp: _resealed(s, lanes={"0": ["x", 1, 2]}), "malformed lane cursors"),
+    "negative_cursor_resealed": (lambda s, tmp: _resealed(s, lanes={**s["lanes"], "0": [0, -4, 0]}), "malformed lane cursors"),
+    "missing_lanes_resealed": (lambda s, tmp: _resealed(s, lanes=None), "malformed lane cursors"),
+    "recipe_not_an_object_resealed": (lambda s, tmp: _resealed(s, recipe="x"), "'recipe' must be an object"),
+    "malformed_ledger_resealed": (lambda s, tmp: _resealed(s, ledger={"0": {"records": 5}}), "malformed ledger"),
     "pickle_blob": (lambda s, tmp: pickle.dumps(_RunsCodeWhenUnpickled(tmp / "pwned")), "not valid JSON"),
 }
 
