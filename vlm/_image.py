@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from zephon._errors import ConfigurationError
+from zephon._errors import ConfigurationError, check_count
 
 from ._errors import ImageDecodeError
 
@@ -81,9 +81,10 @@ class ImageSpec:
     exif_transpose: bool = True
 
     def __post_init__(self) -> None:
-        if self.patch_size < 1 or self.merge_size < 1:
-            raise ConfigurationError(f"ImageSpec: patch_size and merge_size must be positive, "
-                                     f"got {self.patch_size} and {self.merge_size}")
+        for name in ("patch_size", "merge_size", "max_side", "max_image_pixels"):
+            check_count(getattr(self, name), f"ImageSpec: {name}")
+        for name in ("min_pixels", "max_pixels"):
+            check_count(getattr(self, name), f"ImageSpec: {name}", 0)
         if self.fit not in ("pixels", "max_side"):
             raise ConfigurationError(f"ImageSpec: fit must be 'pixels' or 'max_side', got {self.fit!r}")
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
@@ -92,13 +93,9 @@ class ImageSpec:
         if self.fit == "pixels" and self.max_pixels < self.cell**2:
             raise ConfigurationError(f"ImageSpec: max_pixels={self.max_pixels} is below one grid cell "
                                      f"({self.cell}x{self.cell} pixels)")
-        if self.fit == "max_side" and self.max_side < 1:
-            raise ConfigurationError(f"ImageSpec: max_side must be positive, got {self.max_side}")
         if self.resample not in _RESAMPLE:
             raise ConfigurationError(f"ImageSpec: resample must be one of {_RESAMPLE}, got {self.resample!r}")
-        if self.max_image_pixels < 1:
-            raise ConfigurationError(f"ImageSpec: max_image_pixels must be positive, got {self.max_image_pixels}")
-        if self.draft_gap < 1.0:
+        if not self.draft_gap >= 1.0:  # NaN too
             raise ConfigurationError(f"ImageSpec: draft_gap must be >= 1, got {self.draft_gap}")
         if len(self.background) != 3 or not all(0 <= int(c) <= 255 for c in self.background):
             raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")

@@ -14,12 +14,12 @@ Thread-safety: instances are immutable; `tokens_for` caches per grid and is safe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from zephon._errors import ConfigurationError
+from zephon._errors import ConfigurationError, check_count
 
 __all__ = ["PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id"]
 
@@ -72,7 +72,14 @@ class _GridTokens:
     _cache: dict
 
     def __post_init__(self) -> None:
-        _validate(self.merge_size)
+        check_count(self.merge_size, f"{type(self).__name__}: merge_size")
+        for each in fields(self):
+            if each.init and each.name != "merge_size":
+                token_id = getattr(self, each.name)
+                if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < 2**31:
+                    raise ConfigurationError(
+                        f"{type(self).__name__}: {each.name} must be a token id (an integer in [0, 2**31)), got {token_id!r}"
+                    )
 
     def tokens_for(self, rows: int, cols: int) -> np.ndarray:
         """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
@@ -147,8 +154,3 @@ class QwenPlaceholders(_GridTokens):
         tokens = np.full(self.num_tokens(rows, cols), self.image_pad, dtype=np.int32)
         tokens[0], tokens[-1] = self.vision_start, self.vision_end
         return tokens
-
-
-def _validate(merge_size: int) -> None:
-    if merge_size < 1:
-        raise ConfigurationError(f"merge_size must be positive, got {merge_size}")

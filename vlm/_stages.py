@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon._errors import BadRecordError, ConfigurationError
+from zephon._errors import BadRecordError, ConfigurationError, check_count
 from zephon._records import ChunkRecords
 from zephon._sha256 import sha256
 
@@ -50,6 +50,8 @@ class _Skip(Exception):
 
 
 def _fields(value: str | Any) -> tuple[str, ...]:
+    if not isinstance(value, (str, list, tuple)):
+        raise ConfigurationError(f"field must be a field name or a non-empty list of them, got {value!r}")
     fields = (value,) if isinstance(value, str) else tuple(value)
     if not fields or not all(isinstance(f, str) and f for f in fields):
         raise ConfigurationError(f"field must be a field name or a non-empty list of them, got {value!r}")
@@ -60,8 +62,10 @@ def _check_common(stage) -> None:
     object.__setattr__(stage, "field", _fields(stage.field))
     if stage.on_error is not None and stage.on_error not in ON_ERROR:
         raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
-    if not isinstance(stage.parallelism, int) or stage.parallelism < 1:
-        raise ConfigurationError(f"{stage.name}: parallelism must be a positive integer, got {stage.parallelism!r}")
+    check_count(stage.parallelism, f"{stage.name}: parallelism")
+    spec_type = ImageSpec if isinstance(stage, DecodeImages) else VideoSpec
+    if not isinstance(stage.spec, spec_type):
+        raise ConfigurationError(f"{stage.name}: spec must be of type {spec_type.__name__}, got {stage.spec!r}")
 
 
 def _first_present(record: dict, fields: tuple[str, ...], reason: str) -> tuple[str, Any]:

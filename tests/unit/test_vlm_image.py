@@ -97,7 +97,8 @@ def test_qwen2_vl_preset_merges_two_by_two_fourteen_pixel_patches():
 
 @pytest.mark.parametrize("bad", [{"fit": "square"}, {"min_pixels": 10, "max_pixels": 5}, {"resample": "fancy"},
                                  {"max_pixels": 100}, {"patch_size": 0}, {"draft_gap": 0.5},
-                                 {"background": (0, 0, 300)}])
+                                 {"background": (0, 0, 300)}, {"patch_size": 2.5}, {"merge_size": True},
+                                 {"draft_gap": float("nan")}, {"max_side": "448"}])
 def test_image_spec_refuses_settings_that_cannot_work(bad):
     with pytest.raises(ConfigurationError):
         ImageSpec(**bad)

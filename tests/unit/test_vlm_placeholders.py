@@ -159,3 +159,12 @@ def test_cached_expansions_are_read_only():
     tokens = PixtralPlaceholders(10, 12, 13).tokens_for(2, 2)
     with pytest.raises(ValueError):
         tokens[0] = 0
+
+
+@pytest.mark.parametrize("ids", [(-1, 12, 13), (10.0, 12, 13), (10, 2**31, 13), (True, 12, 13)])
+def test_placeholder_ids_must_be_token_ids(ids):
+    """A negative, fractional or too large id would be written into input_ids as it is."""
+    with pytest.raises(ConfigurationError, match="must be a token id"):
+        PixtralPlaceholders(*ids)
+    with pytest.raises(ConfigurationError, match="must be a token id"):
+        QwenPlaceholders(*ids)

@@ -108,7 +108,8 @@ def test_stage_pickles_and_fingerprints_as_json_that_tracks_the_spec():
     assert stage.kind == "record" and stage.name == "decode_images"
 
 
-@pytest.mark.parametrize("bad", [{"field": []}, {"on_error": "ignore"}, {"parallelism": 0}])
+@pytest.mark.parametrize("bad", [{"field": []}, {"on_error": "ignore"}, {"parallelism": 0}, {"field": 5},
+                                 {"spec": {"patch_size": 16}}, {"parallelism": 2.0}])
 def test_stage_refuses_settings_that_cannot_work(bad):
     with pytest.raises(ConfigurationError):
         DecodeImages(**bad)
