@@ -330,13 +330,14 @@ def _check_packed_field(record_ops, packer) -> None:
     """A packer that reads a field the tokenizer does not write would drop every record; say so
     before reading anything. Not decidable with a user `map` (it may make the field) or without
     a tokenizer (the data may hold token ids already)."""
+    field = getattr(packer, "field", None)  # a packer of a plugin may name its input otherwise
     tokenizers = [op for op in record_ops if op.name == "tokenize"]
-    if not tokenizers or any(op.name == "map" for op in record_ops):
+    if field is None or not tokenizers or any(op.name == "map" for op in record_ops):
         return
     made = {getattr(op, "output_field", None) for op in record_ops}
-    if packer.field not in made:
+    if field not in made:
         raise ConfigurationError(
-            f"{packer.name}(field={packer.field!r}) packs a field no operator writes: tokenize writes "
+            f"{packer.name}(field={field!r}) packs a field no operator writes: tokenize writes "
             f"{tokenizers[-1].output_field!r}"
         )
 
