@@ -81,10 +81,11 @@ class ImageSpec:
     exif_transpose: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("patch_size", "merge_size", "max_side", "max_image_pixels"):
-            check_count(getattr(self, name), f"ImageSpec: {name}")
-        for name in ("min_pixels", "max_pixels"):
-            check_count(getattr(self, name), f"ImageSpec: {name}", 0)
+        counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
+        if self.fit == "max_side":
+            counts["max_side"] = 1
+        for name, least in counts.items():
+            object.__setattr__(self, name, check_count(getattr(self, name), f"ImageSpec: {name}", least))
         if self.fit not in ("pixels", "max_side"):
             raise ConfigurationError(f"ImageSpec: fit must be 'pixels' or 'max_side', got {self.fit!r}")
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:

@@ -72,14 +72,13 @@ class _GridTokens:
     _cache: dict
 
     def __post_init__(self) -> None:
-        check_count(self.merge_size, f"{type(self).__name__}: merge_size")
+        object.__setattr__(self, "merge_size", check_count(self.merge_size, f"{type(self).__name__}: merge_size"))
         for each in fields(self):
             if each.init and each.name != "merge_size":
-                token_id = getattr(self, each.name)
-                if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < 2**31:
-                    raise ConfigurationError(
-                        f"{type(self).__name__}: {each.name} must be a token id (an integer in [0, 2**31)), got {token_id!r}"
-                    )
+                token_id = check_count(getattr(self, each.name), f"{type(self).__name__}: {each.name} (a token id)", 0)
+                if token_id >= 2**31:
+                    raise ConfigurationError(f"{type(self).__name__}: {each.name}={token_id} is not a token id (>= 2**31)")
+                object.__setattr__(self, each.name, token_id)
 
     def tokens_for(self, rows: int, cols: int) -> np.ndarray:
         """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""

@@ -62,7 +62,7 @@ def _check_common(stage) -> None:
     object.__setattr__(stage, "field", _fields(stage.field))
     if stage.on_error is not None and stage.on_error not in ON_ERROR:
         raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
-    check_count(stage.parallelism, f"{stage.name}: parallelism")
+    object.__setattr__(stage, "parallelism", check_count(stage.parallelism, f"{stage.name}: parallelism"))
     spec_type = ImageSpec if isinstance(stage, DecodeImages) else VideoSpec
     if not isinstance(stage.spec, spec_type):
         raise ConfigurationError(f"{stage.name}: spec must be of type {spec_type.__name__}, got {stage.spec!r}")

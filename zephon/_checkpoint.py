@@ -156,6 +156,8 @@ def merge_states(states: Iterable[Mapping]) -> dict:
     Each input must be intact (its checksum is verified): merging never launders an edited state.
     """
     states = [_intact(state) for state in states]
+    for state in states:
+        _check_shape(state)
     if not states:
         raise CheckpointError("merge_states needs at least one state")
     first = states[0]

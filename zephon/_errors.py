@@ -6,6 +6,8 @@ they mean to, and every message names the numbers, fields or record address invo
 
 from __future__ import annotations
 
+import numbers
+
 __all__ = [
     "check_count",
     "ZephonError",
@@ -26,14 +28,16 @@ class ConfigurationError(ZephonError, ValueError):
 
 
 def check_count(value: object, what: str, least: int = 1) -> int:
-    """`value` if it is a plain int of at least `least`, else ConfigurationError naming `what`.
+    """`value` as a plain int if it is an integer (a NumPy one too) of at least `least`, else
+    ConfigurationError naming `what`.
 
     A bool is not a count, and a float or a string that looks like one is refused rather than
     rounded: these numbers enter recipe fingerprints and array shapes, where 8.0 and "8" are not 8.
+    Callers keep the returned int, so a fingerprint holds 8 and not numpy.int64(8).
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ConfigurationError(f"{what} must be an integer >= {least}, got {value!r}")
-    return value
+    return int(value)
 
 
 class BadRecordError(ZephonError):

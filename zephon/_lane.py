@@ -129,7 +129,8 @@ class LaneStream:
             if isinstance(entry, Flush):
                 rows = _flush_chain(accumulators)
                 self._collect_skips(accumulators)
-                self._count_rows(rows)
+                if rows and self._read_without_rows:
+                    self._rows_handed_over()
                 yield from _handed_over(self._segment, rows)
                 self._segment = entry.segment
                 accumulators = [make(SegmentContext(self.lane, self._segment)) for make in self._factories]
@@ -141,7 +142,8 @@ class LaneStream:
             self._count_read(batch)
             for address, record in zip(batch.addresses, batch.records):
                 rows = _push_chain(accumulators, (address, record))
-                self._count_rows(rows)
+                if rows and self._read_without_rows:  # per record: no call unless it changes something
+                    self._rows_handed_over()
                 yield from _handed_over(self._segment, rows)
             self._collect_skips(accumulators)
             self._check_barren()
@@ -164,10 +166,9 @@ class LaneStream:
             "image or video specs against the data."
         )
 
-    def _count_rows(self, rows: list) -> None:
-        if rows:
-            self._read_without_rows = 0
-            self._drops_without_rows.clear()
+    def _rows_handed_over(self) -> None:
+        self._read_without_rows = 0
+        self._drops_without_rows.clear()
 
     def _collect_skips(self, accumulators) -> None:
         """Accumulators may refuse items (a sample whose images cannot fit); they report them

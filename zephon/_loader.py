@@ -16,13 +16,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import numbers
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, check_count
 from ._ledger import Ledger
 from ._lane import LaneStream
 from ._packing import assemble_row
@@ -40,9 +39,8 @@ RECIPE_VERSION = 1
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
     """Fail at construction, naming the numbers, on any layout that cannot split evenly."""
-    for name, value, least in (("rank", rank, 0), ("world_size", world_size, 1), ("global_batch_size", global_batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-            raise ConfigurationError(f"{name}={value!r} must be an integer >= {least}")
+    rank, world_size = check_count(rank, "rank", 0), check_count(world_size, "world_size")
+    global_batch_size = check_count(global_batch_size, "global_batch_size")
     if not rank < world_size:
         raise ConfigurationError(f"rank {rank} is not in [0, world_size={world_size})")
     if num_lanes % world_size:
@@ -77,8 +75,9 @@ class RankLoader:
         self.rows_per_step = check_layout(
             self.num_lanes, world_size, rank, global_batch_size, self.microbatch_size
         )
-        # plain ints from here on (a NumPy integer would not go into the state's JSON)
-        self.rank, self.world_size, self.global_batch_size = int(rank), int(world_size), int(global_batch_size)
+        # plain ints from here on: a NumPy integer would reach Batch.step and the state's JSON
+        rank, world_size = int(rank), int(world_size)
+        self.rank, self.world_size, self.global_batch_size = rank, world_size, int(global_batch_size)
         per_rank = self.num_lanes // world_size
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._compile()
@@ -328,11 +327,12 @@ def _check_one_packer(accumulators) -> None:
 
 def _check_packed_field(record_ops, packer) -> None:
     """A packer that reads a field the tokenizer does not write would drop every record; say so
-    before reading anything. Not decidable with a user `map` (it may make the field) or without
-    a tokenizer (the data may hold token ids already)."""
+    before reading anything. Decided only when tokenizers and filters are the whole of it: a
+    `map` or a plugin's operator may make the field, and without a tokenizer the data may hold
+    token ids already."""
     field = getattr(packer, "field", None)  # a packer of a plugin may name its input otherwise
     tokenizers = [op for op in record_ops if op.name == "tokenize"]
-    if field is None or not tokenizers or any(op.name == "map" for op in record_ops):
+    if field is None or not tokenizers or any(op.name not in ("tokenize", "filter") for op in record_ops):
         return
     made = {getattr(op, "output_field", None) for op in record_ops}
     if field not in made:

@@ -198,12 +198,14 @@ class PackFlatOp:
     kind = "accumulator"
 
     def __post_init__(self) -> None:
-        check_count(self.max_length, "pack_flat: max_length")
+        object.__setattr__(self, "max_length", check_count(self.max_length, "pack_flat: max_length"))
         if self.algorithm not in ALGORITHMS:
             raise ConfigurationError(f"pack_flat: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        check_count(self.max_open_rows, "pack_flat: max_open_rows")
-        if self.pad_id is not None and (check_count(self.pad_id, "pack_flat: pad_id", 0) >= 2**31):
-            raise ConfigurationError(f"pack_flat: pad_id={self.pad_id} does not fit the int32 token arrays")
+        object.__setattr__(self, "max_open_rows", check_count(self.max_open_rows, "pack_flat: max_open_rows"))
+        if self.pad_id is not None:
+            object.__setattr__(self, "pad_id", check_count(self.pad_id, "pack_flat: pad_id", 0))
+            if self.pad_id >= 2**31:
+                raise ConfigurationError(f"pack_flat: pad_id={self.pad_id} does not fit the int32 token arrays")
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id

@@ -45,12 +45,10 @@ class PipelineOptions:
     io_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_count(self.num_lanes, "num_lanes")
-        check_count(self.flush_every_chunks, "flush_every_chunks")
-        if self.prefetch is not None:
-            check_count(self.prefetch, "prefetch")
-        if self.read_parallelism is not None:
-            check_count(self.read_parallelism, "read_parallelism")
+        for name in ("num_lanes", "flush_every_chunks", "prefetch", "read_parallelism"):
+            value = getattr(self, name)
+            if value is not None or name in ("num_lanes", "flush_every_chunks"):
+                object.__setattr__(self, name, check_count(value, name))
         if not isinstance(self.io_options, dict):
             raise ConfigurationError(f"io_options must be a dict, got {self.io_options!r}")
         if self.on_error not in ON_ERROR:
@@ -64,7 +62,7 @@ class BatchOp:
     kind = "batch"
 
     def __post_init__(self) -> None:
-        check_count(self.microbatch_size, "batch: microbatch_size")
+        object.__setattr__(self, "microbatch_size", check_count(self.microbatch_size, "batch: microbatch_size"))
 
     def fingerprint(self, default_pad_id: int) -> dict:
         return {"op": self.name, "microbatch_size": self.microbatch_size}

@@ -47,7 +47,7 @@ class ShuffleOp:
     kind = "accumulator"
 
     def __post_init__(self) -> None:
-        check_count(self.buffer_size, "shuffle: buffer_size")
+        object.__setattr__(self, "buffer_size", check_count(self.buffer_size, "shuffle: buffer_size"))
 
     def factory(self, default_pad_id: int):
         def make(ctx: SegmentContext) -> ShuffleBuffer:

@@ -50,8 +50,9 @@ from tests.unit.test_vlm_assets import (  # the shared bad-image makers
     truncated_jpeg,
 )
 from vlm import ImageSpec, decode_image, patchify
-from zephon import BadRecordError, ConfigurationError
+from zephon import BadRecordError, ConfigurationError, Pipeline
 from zephon.io import Dataset, ShardUnavailableError
+from zephon.work import ScheduledMixtureWorkSource
 
 
 def fail_fast(pipeline) -> BadRecordError:
@@ -170,6 +171,21 @@ def test_endless_plan_keeps_going_on_a_few_surviving_records_or_one_good_dataset
     no_text = json.dumps({"id": "x", "body": "the text is under another key"}).encode()
     broken = jsonl_dataset(tmp_path / "e", {(s, i): no_text for s in range(SHARDS) for i in range(PER_SHARD)}, name="e")
     assert len(_first_batches(text_pipeline([dataset, broken], num_epochs=None), 40)) == 40
+
+
+def test_a_schedule_phase_that_draws_only_on_dropped_records_does_not_stop_the_plan(tmp_path):
+    """A middle phase may draw only on a dataset whose records some lane drops: that lane reads
+    no row for the whole phase, then makes rows again when the next phase brings the good
+    dataset back. The guard waits for the last phase before it counts epochs."""
+    good = jsonl_dataset(tmp_path / "a", name="a")
+    no_text = json.dumps({"id": "x", "body": "the text is under another key"}).encode()
+    all_but_one = {(s, i): no_text for s in range(SHARDS) for i in range(PER_SHARD) if (s, i) != (0, 0)}
+    mostly_dropped = jsonl_dataset(tmp_path / "b", all_but_one, name="b")  # one lane gets no record of b
+    source = ScheduledMixtureWorkSource([good, mostly_dropped], [(0, {"a": 1, "b": 1}), (200, {"b": 1}), (2000, {"a": 1, "b": 1})],
+                                        records_per_chunk=4, num_epochs=None)
+    pipeline = Pipeline(source).options(num_lanes=2, runner="inline", flush_every_chunks=2).tokenize(
+        str(TOKENIZER), eos="<|eos|>").pack_flat(64).batch(2)
+    assert len(_first_batches(pipeline, 300)) == 300
 
 
 # -- shards: empty, vanished, shrunk -------------------------------------------------------------

@@ -87,6 +87,16 @@ DAMAGED = {
 }
 
 
+@pytest.mark.parametrize("case", sorted(k for k in DAMAGED if k.endswith("_resealed")))
+def test_merging_a_resealed_malformed_state_fails_with_a_clear_message(state, tmp_path, case):
+    """merge_states (what gather_state runs) checks each state's shape too, not only load_state_dict."""
+    from zephon import merge_states
+
+    make, message = DAMAGED[case]
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        merge_states([make(state, tmp_path)])
+
+
 @pytest.mark.parametrize("case", sorted(DAMAGED))
 def test_damaged_checkpoint_fails_with_a_clear_message_and_changes_nothing(corpora, state, tmp_path, case):
     make, message = DAMAGED[case]

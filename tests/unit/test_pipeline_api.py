@@ -72,10 +72,10 @@ def test_position_ids_restart_per_document_and_labels_are_masked_at_padding(spec
         (8, 3, 16, 2, "num_lanes=8 is not divisible by world_size=3"),
         (8, 2, 12, 2, "global_batch_size=12 is not divisible by num_lanes=8"),
         (8, 2, 24, 2, "= 3 rows per lane per step is not divisible by microbatch_size=2"),
-        (8, 2, 0, 2, "global_batch_size=0 must be an integer >= 1"),
-        (8, 2, -16, 2, "global_batch_size=-16 must be an integer >= 1"),
-        (8, 2, 16.0, 2, "global_batch_size=16.0 must be an integer >= 1"),
-        (8, 0, 16, 2, "world_size=0 must be an integer >= 1"),
+        (8, 2, 0, 2, "global_batch_size must be an integer >= 1, got 0"),
+        (8, 2, -16, 2, "global_batch_size must be an integer >= 1, got -16"),
+        (8, 2, 16.0, 2, "global_batch_size must be an integer >= 1, got 16.0"),
+        (8, 0, 16, 2, "world_size must be an integer >= 1, got 0"),
         (8, 2, 16, 2, None),
     ],
 )
@@ -179,6 +179,53 @@ def test_a_work_source_or_dataset_given_the_wrong_things_is_refused_naming_them(
     make, message = WRONG_SOURCES[case]
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         make(dataset)
+
+
+def test_a_work_source_needs_a_sequence_of_datasets_and_of_phases(demo_data_dir):
+    dataset = Dataset.from_path("jargon", str(demo_data_dir / "jargon"))
+    for datasets in (None, (d for d in [dataset]), dataset):
+        with pytest.raises(ConfigurationError, match="a sequence of zephon.io.Dataset"):
+            StaticMixtureWorkSource(datasets)
+    with pytest.raises(ConfigurationError, match="a list of"):
+        ScheduledMixtureWorkSource([dataset], None)
+
+
+def test_numpy_integers_are_counts_and_are_kept_as_plain_ints(spec_pipeline, demo_tokenizer_path):
+    options = Pipeline(spec_pipeline.source).options(prefetch=np.int64(2), num_lanes=np.int32(4)).settings
+    assert (options.prefetch, options.num_lanes) == (2, 4) and type(options.prefetch) is int
+    estimation = TokenEstimation(sample_records=np.int64(64))
+    assert type(estimation.sample_records) is int
+    packing = Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)).pack_flat(np.int64(64)).operators[-1]
+    assert type(packing.max_length) is int
+
+
+def test_an_operator_from_a_plugin_may_make_the_packed_field(spec_pipeline, demo_tokenizer_path):
+    """The packed-field check stands aside when an operator it cannot read (a plugin's, applied)
+    may write the field: a recipe that worked before the check keeps working."""
+    from dataclasses import dataclass
+
+    from zephon._record_ops import RecordOperator
+
+    def rename(batch):
+        for record in batch.records:
+            record["tokens"] = record.pop("input_ids")
+        return batch
+
+    @dataclass(frozen=True)
+    class Rename(RecordOperator):
+        parallelism: int = 1
+        name: str = "rename"
+
+        def build(self, on_error):
+            return rename
+
+        def fingerprint(self):
+            return {"op": self.name}
+
+    pipeline = (Pipeline(spec_pipeline.source).options(num_lanes=2, runner="inline").tokenize(str(demo_tokenizer_path))
+                .apply(Rename()).pack_flat(64, field="tokens").batch(2))
+    with pipeline.shard(0, 1) as loader:
+        assert next(iter(loader)).tokens["input_ids"].shape == (2, 64)
 
 
 def test_a_dataset_path_may_be_a_pathlib_path(demo_data_dir):

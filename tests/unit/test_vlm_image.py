@@ -98,10 +98,15 @@ def test_qwen2_vl_preset_merges_two_by_two_fourteen_pixel_patches():
 @pytest.mark.parametrize("bad", [{"fit": "square"}, {"min_pixels": 10, "max_pixels": 5}, {"resample": "fancy"},
                                  {"max_pixels": 100}, {"patch_size": 0}, {"draft_gap": 0.5},
                                  {"background": (0, 0, 300)}, {"patch_size": 2.5}, {"merge_size": True},
-                                 {"draft_gap": float("nan")}, {"max_side": "448"}])
+                                 {"draft_gap": float("nan")}, {"fit": "max_side", "max_side": "448"}])
 def test_image_spec_refuses_settings_that_cannot_work(bad):
     with pytest.raises(ConfigurationError):
         ImageSpec(**bad)
+
+
+def test_image_spec_ignores_max_side_when_fitting_by_pixels_and_keeps_numpy_sizes_as_ints():
+    assert ImageSpec(fit="pixels", max_side=None).max_side is None
+    assert type(ImageSpec(patch_size=np.int64(14)).patch_size) is int
 
 
 def test_patchify_lays_patches_out_in_raster_order():

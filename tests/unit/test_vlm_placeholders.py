@@ -161,10 +161,15 @@ def test_cached_expansions_are_read_only():
         tokens[0] = 0
 
 
+def test_placeholder_ids_may_be_numpy_integers_and_are_kept_as_ints():
+    placeholders = PixtralPlaceholders(np.int64(10), np.int32(12), 13)
+    assert (type(placeholders.img_id), placeholders.tokens_for(1, 1).tolist()) == (int, [10, 13])
+
+
 @pytest.mark.parametrize("ids", [(-1, 12, 13), (10.0, 12, 13), (10, 2**31, 13), (True, 12, 13)])
 def test_placeholder_ids_must_be_token_ids(ids):
     """A negative, fractional or too large id would be written into input_ids as it is."""
-    with pytest.raises(ConfigurationError, match="must be a token id"):
+    with pytest.raises(ConfigurationError, match="token id"):
         PixtralPlaceholders(*ids)
-    with pytest.raises(ConfigurationError, match="must be a token id"):
+    with pytest.raises(ConfigurationError, match="token id"):
         QwenPlaceholders(*ids)

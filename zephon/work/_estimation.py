@@ -50,8 +50,8 @@ class TokenEstimation:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_count(self.sample_records, "TokenEstimation: sample_records")
-        check_count(self.sample_chunks, "TokenEstimation: sample_chunks")
+        for name in ("sample_records", "sample_chunks"):
+            object.__setattr__(self, name, check_count(getattr(self, name), f"TokenEstimation: {name}"))
 
     def measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
         """Tokens per raw (decompressed) byte on the sample, scaled by the dataset's raw bytes.

@@ -156,13 +156,17 @@ class _MixtureWorkSource:
 def _check_datasets(datasets) -> None:
     from ..io import Dataset  # at run time only: zephon.io is the heavier import
 
-    if isinstance(datasets, (str, bytes, Dataset)) or not all(isinstance(d, Dataset) for d in datasets):
+    if not isinstance(datasets, Sequence) or isinstance(datasets, (str, bytes)) or not all(
+        isinstance(d, Dataset) for d in datasets
+    ):
         raise ConfigurationError(f"datasets must be a sequence of zephon.io.Dataset, got {datasets!r}")
     if not datasets:
         raise ConfigurationError("a work source needs at least one dataset")
 
 
 def _validate_schedule(schedule, names: list[str]) -> Schedule:
+    if not isinstance(schedule, (list, tuple)):
+        raise ConfigurationError(f"a mixture schedule is a list of (start token, weights) phases, got {schedule!r}")
     phases = []
     for phase in schedule:
         if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and isinstance(phase[1], Mapping)):
@@ -306,14 +310,13 @@ class MixturePlan:
     def barren_records(self, lane: int, flush_every: int) -> int | None:
         """How many records in a row the lane may read without handing over a row before its
         recipe is taken to make none (every record dropped by a stage: a misnamed field, a spec
-        no image meets): twice what it reads while each dataset with a share completes one epoch
-        of its chunks in the lane, plus a segment and a chunk per dataset of slack (a lane's
-        prefixes keep within about a chunk per dataset of their shares). None for a finite plan,
-        which ends by itself."""
+        no image meets): `TokenInterleave.barren_records`, plus a segment and a chunk per dataset
+        of slack (rows leave at a flush at the latest, and a lane's prefixes keep within about a
+        chunk per dataset of their shares). None for a finite plan, which ends by itself."""
         if self.source.num_epochs is not None:
             return None
         slack = (flush_every + len(self.datasets) + 1) * self.source.records_per_chunk
-        return int(2 * self._lanes[lane].records_per_epoch_of_every_dataset()) + slack
+        return int(self._lanes[lane].barren_records()) + slack
 
     def fingerprint(self) -> dict:
         return {
@@ -357,6 +360,7 @@ class TokenInterleave:
         self._phases = list(phases)
         self._rounds: dict[int, list[Chunk]] = {}
         self._last_round = (0, 0, 0)  # (index, first slot, first slot of the next) of the last lookup
+        self._barren_records: float | None = None
 
     def _target(self, name: str, round_index: int) -> float:
         """Cumulative expected tokens of `name` before round `round_index`: the integral of its
@@ -456,18 +460,25 @@ class TokenInterleave:
             return None
         return sum(self._limit(n) for n in self._names)
 
-    def records_per_epoch_of_every_dataset(self) -> float:
-        """Records this lane reads while a dataset with a share completes one epoch of its
-        chunks, for the slowest dataset in the phase where it is slowest: one epoch of dataset n
-        spans (its epoch tokens ÷ its share) of the lane's token axis, over which every dataset m
-        is read at its share times its records per expected token."""
-        records_per_token = {
-            n: sum(c.num_records for c in self._chunks[n]) / self._epoch_tokens[n] for n in self._names
-        }
-        longest = 0.0
-        for _, shares in self._phases:
-            records_per_axis_token = sum(shares[m] * records_per_token[m] for m in self._names)
-            for n in self._names:
-                if shares[n] > 0:
-                    longest = max(longest, self._epoch_tokens[n] / shares[n] * records_per_axis_token)
-        return longest
+    def barren_records(self) -> float:
+        """Records this lane may read without a surviving one and still make rows later: all it
+        reads before the last mixture phase starts (an earlier phase may draw only on datasets
+        whose records this lane drops), plus twice what it reads while each dataset with a share
+        completes one epoch of its chunks, for the slowest dataset in the phase where it is
+        slowest. One epoch of dataset n spans (its epoch tokens ÷ its share) of the lane's token
+        axis, over which every dataset m is read at its share times its records per expected
+        token. Computed once per lane."""
+        if self._barren_records is None:
+            per_token = {n: sum(c.num_records for c in self._chunks[n]) / self._epoch_tokens[n] for n in self._names}
+            per_axis_token = [sum(shares[m] * per_token[m] for m in self._names) for _, shares in self._phases]
+            before_last = sum(
+                (self._phases[i + 1][0] - start) * per_axis_token[i] for i, (start, _) in enumerate(self._phases[:-1])
+            )
+            longest_epoch = max(
+                self._epoch_tokens[n] / shares[n] * per_axis_token[i]
+                for i, (_, shares) in enumerate(self._phases)
+                for n in self._names
+                if shares[n] > 0
+            )
+            self._barren_records = before_last + 2 * longest_epoch
+        return self._barren_records
