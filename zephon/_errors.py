@@ -10,6 +10,7 @@ import numbers
 
 __all__ = [
     "check_count",
+    "check_seed",
     "ZephonError",
     "ConfigurationError",
     "BadRecordError",
@@ -37,6 +38,15 @@ def check_count(value: object, what: str, least: int = 1) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ConfigurationError(f"{what} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
+def check_seed(value: object, what: str) -> int:
+    """`value` as a plain int of any sign, else ConfigurationError naming `what`. A seed enters
+    the keys of random streams as its decimal text, where None, 1.5 or True would silently
+    name another stream than the integer a user meant."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigurationError(f"{what} must be an integer, got {value!r}")
     return int(value)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._accumulator import SegmentContext
-from ._errors import check_count
+from ._errors import check_count, check_seed
 from ._random import SeededStream
 
 __all__ = ["ShuffleBuffer", "ShuffleOp"]
@@ -48,6 +48,7 @@ class ShuffleOp:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "buffer_size", check_count(self.buffer_size, "shuffle: buffer_size"))
+        object.__setattr__(self, "seed", check_seed(self.seed, "shuffle: seed"))
 
     def factory(self, default_pad_id: int):
         def make(ctx: SegmentContext) -> ShuffleBuffer:

@@ -148,6 +148,7 @@ WRONG_OPTIONS = {
     "pad_id": (lambda p, tok: tok.pack_flat(64, pad_id=10**12), "does not fit the int32 token arrays"),
     "buffer_size": (lambda p, tok: tok.pack_flat(64).shuffle(None), "shuffle: buffer_size must be an integer >= 1"),
     "microbatch_size": (lambda p, tok: tok.pack_flat(64).batch(2.0), "batch: microbatch_size must be an integer >= 1"),
+    "shuffle seed": (lambda p, tok: tok.pack_flat(64).shuffle(8, seed=None), "shuffle: seed must be an integer, got None"),
 }
 
 
@@ -170,6 +171,8 @@ WRONG_SOURCES = {
     "a fractional chunk": (lambda ds: StaticMixtureWorkSource([ds], records_per_chunk=1.5), "records_per_chunk must be an integer"),
     "cache options as a word": (lambda ds: Dataset.from_path("x", str(ds.shards[0].url), cache="yes"), "cache options are a dict"),
     "no URL": (lambda ds: Dataset.from_path("x", None), "needs a URL or path as a str"),
+    "a fractional seed": (lambda ds: StaticMixtureWorkSource([ds], seed=1.5), "seed must be an integer, got 1.5"),
+    "a seed that is a bool": (lambda ds: TokenEstimation(seed=True), "TokenEstimation: seed must be an integer"),
 }
 
 

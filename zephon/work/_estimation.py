@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .._errors import check_count
+from .._errors import check_count, check_seed
 from .._random import SeededStream
 from .._records import Chunk, ChunkRecords
 
@@ -52,6 +52,7 @@ class TokenEstimation:
     def __post_init__(self) -> None:
         for name in ("sample_records", "sample_chunks"):
             object.__setattr__(self, name, check_count(getattr(self, name), f"TokenEstimation: {name}"))
+        object.__setattr__(self, "seed", check_seed(self.seed, "TokenEstimation: seed"))
 
     def measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
         """Tokens per raw (decompressed) byte on the sample, scaled by the dataset's raw bytes.

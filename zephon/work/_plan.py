@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
-from .._errors import ConfigurationError, check_count
+from .._errors import ConfigurationError, check_count, check_seed
 from .._random import SeededStream
 from .._records import Chunk
 from ._estimation import TokenCounter, TokenEstimation, TokenStats
@@ -120,7 +120,7 @@ class _MixtureWorkSource:
         self.datasets = tuple(datasets)
         self.schedule: Schedule = _validate_schedule(schedule, names)
         self.token_estimation = token_estimation
-        self.seed = seed
+        self.seed = check_seed(seed, "seed")
         self.records_per_chunk = records_per_chunk
         self.num_epochs = num_epochs
         self.round_size = round_size
