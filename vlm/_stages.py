@@ -58,12 +58,11 @@ def _fields(value: str | Any) -> tuple[str, ...]:
     return fields
 
 
-def _check_common(stage) -> None:
+def _check_common(stage, spec_type: type) -> None:
     object.__setattr__(stage, "field", _fields(stage.field))
     if stage.on_error is not None and stage.on_error not in ON_ERROR:
         raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
     object.__setattr__(stage, "parallelism", check_count(stage.parallelism, f"{stage.name}: parallelism"))
-    spec_type = ImageSpec if isinstance(stage, DecodeImages) else VideoSpec
     if not isinstance(stage.spec, spec_type):
         raise ConfigurationError(f"{stage.name}: spec must be of type {spec_type.__name__}, got {stage.spec!r}")
 
@@ -191,7 +190,7 @@ class DecodeImages:
     kind = "record"
 
     def __post_init__(self) -> None:
-        _check_common(self)
+        _check_common(self, ImageSpec)
         if self.defer and self.processor is not None:
             raise ConfigurationError("decode_images: defer=True decodes with the ImageSpec after packing; "
                                      "an image processor's output cannot be deferred")
@@ -267,7 +266,7 @@ class DecodeVideo:
     kind = "record"
 
     def __post_init__(self) -> None:
-        _check_common(self)
+        _check_common(self, VideoSpec)
 
     def build(self, on_error: str) -> DecodeVideo:
         return dataclasses.replace(self, on_error=self.on_error or on_error)

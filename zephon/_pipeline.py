@@ -45,10 +45,11 @@ class PipelineOptions:
     io_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("num_lanes", "flush_every_chunks", "prefetch", "read_parallelism"):
-            value = getattr(self, name)
-            if value is not None or name in ("num_lanes", "flush_every_chunks"):
-                object.__setattr__(self, name, check_count(value, name))
+        for name in ("num_lanes", "flush_every_chunks"):
+            object.__setattr__(self, name, check_count(getattr(self, name), name))
+        for name in ("prefetch", "read_parallelism"):  # None: Zephon's default
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_count(getattr(self, name), name))
         if not isinstance(self.io_options, dict):
             raise ConfigurationError(f"io_options must be a dict, got {self.io_options!r}")
         if self.on_error not in ON_ERROR:

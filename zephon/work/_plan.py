@@ -95,7 +95,8 @@ Schedule = tuple[tuple[int, dict[str, float]], ...]
 
 
 class _MixtureWorkSource:
-    """Shared validation and binding of the mixture work sources; see the two public classes."""
+    """Shared validation and binding of the mixture work sources; see the two public classes (each
+    checks its `datasets` argument first, with `_check_datasets`)."""
 
     def __init__(
         self,
@@ -107,14 +108,13 @@ class _MixtureWorkSource:
         num_epochs: int | None,
         round_size: int,
     ) -> None:
-        _check_datasets(datasets)
         names = [d.name for d in datasets]
         if len(set(names)) != len(names):
             raise ConfigurationError(f"dataset names must be unique, got {names}")
-        check_count(records_per_chunk, "records_per_chunk")
-        check_count(round_size, "round_size")
+        records_per_chunk = check_count(records_per_chunk, "records_per_chunk")
+        round_size = check_count(round_size, "round_size")
         if num_epochs is not None:
-            check_count(num_epochs, "num_epochs (or None: endless)")
+            num_epochs = check_count(num_epochs, "num_epochs (or None: endless)")
         if token_estimation is not None and not isinstance(token_estimation, TokenEstimation):
             raise ConfigurationError(f"token_estimation must be a TokenEstimation instance or None, got {token_estimation!r}")
         self.datasets = tuple(datasets)
@@ -248,6 +248,7 @@ class ScheduledMixtureWorkSource(_MixtureWorkSource):
         num_epochs: int | None = None,
         round_size: int = 1024,
     ) -> None:
+        _check_datasets(datasets)
         super().__init__(datasets, schedule, token_estimation, seed, records_per_chunk, num_epochs, round_size)
 
 
