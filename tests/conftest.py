@@ -7,9 +7,8 @@
   torch cannot be imported, as on free-threaded 3.14t where no CPU build exists.
 - ``@pytest.mark.requires_torchtitan``: skips when ``torchtitan`` cannot be imported. The nox
   session on 3.11 installs it (``noxfile.TORCHTITAN``) and fails if it does not import, so in CI
-  these checks run wherever torch does.
-- ``@pytest.mark.requires_free_threading``: skips on a build with a GIL; the nox session on 3.14t
-  runs it. Nothing else in the suite may skip.
+  these checks run wherever torch does. Nothing else in the suite may skip. (That importing the
+  library leaves the GIL off on 3.14t is checked by the nox session itself, before its tests.)
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import importlib
 import json
 import random
-import sysconfig
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -33,7 +31,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA_DIR = REPO_ROOT / "zephon" / "data"
 TORCH_SKIP_REASON = "torch is not installed (no CPU build exists for this Python)"
 TORCHTITAN_SKIP_REASON = "torchtitan is not installed (the nox session on 3.11 installs it)"
-FREE_THREADING_SKIP_REASON = "a build with a GIL (the nox session on 3.14t runs this)"
 
 requires_torch = pytest.mark.requires_torch
 
@@ -53,11 +50,6 @@ def torch_available() -> bool:
     return True
 
 
-def free_threaded_build() -> bool:
-    """True on a free-threaded CPython build (Py_GIL_DISABLED), whatever PYTHON_GIL says."""
-    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
-
-
 @cache
 def torchtitan_available() -> bool:
     """True when TorchTitan's data-loader module imports (it needs torch)."""
@@ -73,7 +65,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"requires_torchtitan: skip with '{TORCHTITAN_SKIP_REASON}' when torchtitan is absent"
     )
-    config.addinivalue_line("markers", f"requires_free_threading: skip with '{FREE_THREADING_SKIP_REASON}'")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -81,7 +72,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for marker, available, reason in (
         ("requires_torch", torch_available, TORCH_SKIP_REASON),
         ("requires_torchtitan", torchtitan_available, TORCHTITAN_SKIP_REASON),
-        ("requires_free_threading", free_threaded_build, FREE_THREADING_SKIP_REASON),
     ):
         needing = [item for item in items if item.get_closest_marker(marker)]
         if needing and not available():
