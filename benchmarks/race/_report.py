@@ -57,6 +57,8 @@ def cpu_per_unit(run: dict) -> dict:
 def summarise(results: dict) -> dict:
     cores = results["machine"]["affinity"]
     bounds = _median_bounds(results["bounds"])
+    round_bounds = {(b["pipeline"], b["name"], b["functions"], b.get("round")): b["usable_tokens_per_s"]
+                    for b in results["bounds"] if b.get("ok")}
     grouped = defaultdict(list)
     for run in results["runs"]:
         key = (run["pipeline"], run["loader"], tuple(sorted(run["config"].items())), run["parallelism"])
@@ -69,6 +71,8 @@ def summarise(results: dict) -> dict:
         ok = [dict(r, **cpu_per_unit(r)) for r in ok]
         for metric in METRICS:
             entry[metric] = _median(r.get(metric) for r in ok)
+        entry["round_rates"] = sorted((r["round"], r["usable_tokens_per_s"]) for r in ok
+                                      if r.get("round") is not None and r.get("usable_tokens_per_s"))
         if ok:
             entry["build"] = ok[0].get("build")
         configs.setdefault((pipeline, loader, p), []).append(entry)
@@ -89,6 +93,9 @@ def summarise(results: dict) -> dict:
             top["bound"] = {"name": ref[0], "functions": ref[1], "one_core_usable_tokens_per_s": bound["usable_tokens_per_s"],
                             "ideal_usable_tokens_per_s": ideal}
             top["efficiency"] = top["usable_tokens_per_s"] / ideal
+            # Each round's rate against the bound measured in that same round, minutes before it.
+            top["round_efficiencies"] = [rate / (round_bounds[(pipeline, *ref, round_)] * cores)
+                                         for round_, rate in top["round_rates"] if (pipeline, *ref, round_) in round_bounds]
             if top.get("cpu_s_per_usable_token"):
                 # efficiency = (bound's CPU per token / the loader's) x (cores busy / cores), per run
                 top["cpu_efficiency"] = 1.0 / bound["usable_tokens_per_s"] / top["cpu_s_per_usable_token"]
@@ -121,9 +128,7 @@ def targets(best: dict, results: dict, p: int = 2) -> list[dict]:
     for pipeline in pipelines:
         ours = best.get((pipeline, "zephon thread 3.14t", p))
         if ours and not ours.get("failed"):
-            eff = ours.get("efficiency")
-            out.append({"pipeline": pipeline, "target": "thread 3.14t >= 0.97 of the same-library bound",
-                        "value": eff, "met": eff is not None and eff >= 0.97})
+            out.append(_efficiency_target(pipeline, "thread 3.14t >= 0.97 of the same-library bound", ours, 0.97))
             peer_best = max(((n, _get(best, pipeline, n, p, "usable_tokens_per_s") or 0) for n in peers),
                             key=lambda x: x[1], default=(None, 0))
             value = ours["usable_tokens_per_s"] / peer_best[1] if peer_best[1] else None
@@ -145,8 +150,7 @@ def targets(best: dict, results: dict, p: int = 2) -> list[dict]:
                             "value": mem / grain, "met": mem <= grain})
         proc = best.get((pipeline, "zephon process 3.11", p))
         if proc and not proc.get("failed") and proc.get("efficiency") is not None:
-            out.append({"pipeline": pipeline, "target": "process 3.11 >= 0.9 of the bound", "value": proc["efficiency"],
-                        "met": proc["efficiency"] >= 0.9})
+            out.append(_efficiency_target(pipeline, "process 3.11 >= 0.9 of the bound", proc, 0.9))
         simd = best.get((pipeline, "zephon thread 3.14t simd", p))
         if pipeline == "vlm" and simd and not simd.get("failed"):
             peer_best = max((_get(best, pipeline, n, p, "usable_tokens_per_s") or 0) for n in peers)
@@ -154,6 +158,16 @@ def targets(best: dict, results: dict, p: int = 2) -> list[dict]:
             out.append({"pipeline": pipeline, "target": "thread 3.14t with pillow-simd >= 1.3x the best peer (VLM)",
                         "value": value, "met": value is not None and value >= 1.3})
     return out
+
+
+def _efficiency_target(pipeline: str, target: str, entry: dict, least: float) -> dict:
+    """An efficiency target, met only when both statistics reach it: the median rate against the
+    median bound, and the median of each round's rate against its own round's bound. The two come
+    apart when the machine's speed moves between rounds (a median rate from one round, the median
+    bound from another), and a verdict that only one of them gives is not one."""
+    eff, rounds = entry.get("efficiency"), entry.get("round_efficiencies") or []
+    met = eff is not None and eff >= least and (not rounds or statistics.median(rounds) >= least)
+    return {"pipeline": pipeline, "target": target, "value": eff, "rounds": rounds, "met": met}
 
 
 def ratios(best: dict, results: dict) -> list[dict]:
@@ -279,9 +293,16 @@ def markdown(results: dict) -> str:
     if summary["targets"]:
         lines.append("### Issue 6 targets at parallelism 2")
         lines.append("")
+        lines.append("Efficiency targets are met only when the median rate against the median bound and the median of "
+                     "the rounds' own ratios (each round's rate against that round's bound, given in brackets) both "
+                     "reach them.")
+        lines.append("")
         lines.append("| pipeline | target | measured | met |")
         lines.append("|---|---|---:|---|")
         for t in summary["targets"]:
-            lines.append(f"| {t['pipeline']} | {t['target']} | {_fmt(t['value'], 'x')} | {'yes' if t['met'] else '**no**'} |")
+            measured = _fmt(t["value"], "x")
+            if t.get("rounds"):
+                measured += " (rounds " + " / ".join(_fmt(r, "x") for r in t["rounds"]) + ")"
+            lines.append(f"| {t['pipeline']} | {t['target']} | {measured} | {'yes' if t['met'] else '**no**'} |")
         lines.append("")
     return "\n".join(lines)

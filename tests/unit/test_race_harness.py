@@ -126,3 +126,23 @@ def test_runs_that_did_not_record_their_cpu_get_no_split_and_no_table():
     (best,) = summarise(results)["best"]
     assert best["efficiency"] == pytest.approx(0.9)
     assert "cpu_efficiency" not in best and "Where the efficiency goes" not in markdown(results)
+
+
+def test_an_efficiency_target_needs_the_rounds_own_ratios_as_well_as_the_medians():
+    # rounds: bound 1,000 / 800 / 1,100 tokens/s per core, rates 1,800 / 1,960 / 2,000 on 2 cores
+    rounds = [(1000.0, 1800.0), (800.0, 1960.0), (1100.0, 2000.0)]
+    results = race({})
+    results["settings"]["repeats"] = 3
+    template_bound, template_run = results["bounds"][0], results["runs"][0]
+    results["bounds"] = [dict(template_bound, round=i, usable_tokens_per_s=b) for i, (b, _) in enumerate(rounds)]
+    results["runs"] = [dict(template_run, round=i, usable_tokens_per_s=r) for i, (_, r) in enumerate(rounds)]
+    summary = summarise(results)
+    (best,) = summary["best"]
+    assert best["efficiency"] == pytest.approx(1960 / 2000)  # the median rate against the median bound: 0.98
+    assert best["round_efficiencies"] == pytest.approx([0.9, 1960 / 1600, 2000 / 2200])
+    (target,) = [t for t in summary["targets"] if t["target"].startswith("thread 3.14t >= 0.97")]
+    assert target["met"] is False  # the rounds' own median is 0.91
+    assert "| vlm | thread 3.14t >= 0.97 of the same-library bound | 0.98 (rounds 0.90 / 1.23 / 0.91) | **no** |" in markdown(results)
+    results["runs"][2]["usable_tokens_per_s"] = 2140.0  # round 3 at 0.973: the rounds' median reaches 0.97 too
+    (target,) = [t for t in summarise(results)["targets"] if t["target"].startswith("thread 3.14t >= 0.97")]
+    assert target["met"] is True
