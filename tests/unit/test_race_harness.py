@@ -146,3 +146,12 @@ def test_an_efficiency_target_needs_the_rounds_own_ratios_as_well_as_the_medians
     results["runs"][2]["usable_tokens_per_s"] = 2140.0  # round 3 at 0.973: the rounds' median reaches 0.97 too
     (target,) = [t for t in summarise(results)["targets"] if t["target"].startswith("thread 3.14t >= 0.97")]
     assert target["met"] is True
+
+
+def test_a_memory_target_missed_by_a_fraction_shows_it_in_its_third_digit():
+    results = race({"usable_tokens_per_s": 1800.0, "peak_pss_bytes": 504})
+    peer = dict(results["runs"][0], loader="zephon 0.2.0 3.11", config={"runner": "threads"}, peak_pss_bytes=1000)
+    results["runs"].append(peer)
+    (target,) = [t for t in summarise(results)["targets"] if "half of zephon 0.2.0" in t["target"]]
+    assert target["met"] is False
+    assert "| vlm | thread 3.14t peak memory (PSS) <= half of zephon 0.2.0 | 0.504 | **no** |" in markdown(results)
