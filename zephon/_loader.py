@@ -246,11 +246,13 @@ class RankLoader:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
                     rows = [self._take(lane) for _ in range(m)]
-                    if generation != self._generation:
-                        return  # a newer iteration (or a load_state_dict) took over this loader
                     index = (cursor.position % per_step) // m
                     cursor.position += m
                     yield collate(rows, lane, step, index)
+                    if generation != self._generation:
+                        # A newer iteration (or a load_state_dict) took over while this one was
+                        # suspended: stop before touching its streams, cursors or ledger.
+                        return
 
     def _take(self, lane: int):
         cursor = self._cursors[lane]

@@ -82,3 +82,46 @@ def test_resumed_global_digests_match_from_the_checkpoint_step(make):
     reference = step_digests(make(), 1, 12)
     state = checkpoint_after(make(), 4, 5)
     assert step_digests(make(runner="thread"), 2, 7, state=state, start_step=5) == reference[5:]
+
+
+def _digests(iterator, n: int) -> list[str]:
+    return [next(iterator).digest() for _ in range(n)]
+
+
+def test_an_iterator_a_newer_one_took_over_stops_without_taking_its_rows(make):
+    with make().shard(0, 1, global_batch_size=32) as loader:
+        reference = _digests(iter(loader), 40)
+    with make().shard(0, 1, global_batch_size=32) as loader:
+        old = iter(loader)
+        got = _digests(old, 3)
+        new = iter(loader)
+        got += _digests(new, 1)  # the newer iteration carries on from the loader's cursors
+        with pytest.raises(StopIteration):
+            next(old)
+        got += _digests(new, 20)
+        state = loader.state_dict()
+    assert got == reference[:24]
+    with make().shard(0, 1, global_batch_size=32) as loader:  # its cursors name the next microbatch
+        loader.load_state_dict(state)
+        assert _digests(iter(loader), 16) == reference[24:40]
+
+
+def test_an_iterator_from_before_load_state_dict_stops_and_leaves_the_resumed_run_alone(make):
+    state = json.loads(json.dumps(checkpoint_after(make(), 1, 1)))
+    with make().shard(0, 1, global_batch_size=32) as loader:
+        reference = _digests(iter(loader), 48)[16:]
+    with make().shard(0, 1, global_batch_size=32) as loader:
+        old = iter(loader)
+        next(old)
+        loader.load_state_dict(state)
+        with pytest.raises(StopIteration):  # before any new iteration: stops, no KeyError
+            next(old)
+        old = iter(loader)
+        next(old)
+        loader.load_state_dict(state)
+        new = iter(loader)
+        got = _digests(new, 1)
+        with pytest.raises(StopIteration):
+            next(old)
+        got += _digests(new, 31)
+    assert got == reference
