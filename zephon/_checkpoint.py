@@ -109,19 +109,17 @@ def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int
         )
     if state["num_lanes"] != num_lanes:
         raise RecipeMismatchError(f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}")
-    try:
-        cursors = {int(lane): LaneCursor(*map(int, cursor)) for lane, cursor in state["lanes"].items()}
-        ledgers = {int(lane): dict(counts) for lane, counts in state.get("ledger", {}).items()}
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"malformed lane cursors in loader state: {exc}") from None
+    cursors = {int(lane): LaneCursor(*cursor) for lane, cursor in state["lanes"].items()}
+    ledgers = {int(lane): dict(counts) for lane, counts in state.get("ledger", {}).items()}
     return cursors, ledgers
 
 
 def _check_shape(state: dict) -> None:
     """The shape `make_state` writes. A checksum only proves the content is what was signed: a
-    state edited and signed again by hand must still not reach the loader as a KeyError or a
-    negative cursor."""
-    if not isinstance(state.get("recipe"), dict) or not _is_count(state.get("num_lanes")):
+    state edited and signed again by hand must still not reach the loader as a KeyError, a
+    negative cursor, a lane no rank owns or a count the ledger cannot add."""
+    num_lanes = state.get("num_lanes")
+    if not isinstance(state.get("recipe"), dict) or not _is_count(num_lanes):
         raise CheckpointError("malformed loader state: 'recipe' must be an object and 'num_lanes' an integer")
     lanes, ledger = state.get("lanes"), state.get("ledger", {})
     if not isinstance(lanes, dict) or not all(
@@ -129,7 +127,34 @@ def _check_shape(state: dict) -> None:
     ):
         raise CheckpointError("malformed lane cursors in loader state: each lane needs 3 non-negative integers")
     if not isinstance(ledger, dict) or not all(_is_lane_ledger(counts) for counts in ledger.values()):
-        raise CheckpointError("malformed ledger in loader state: each lane needs its record and row counts")
+        raise CheckpointError(
+            "malformed ledger in loader state: each lane needs "
+            "{'records': {dataset: {name: count}}, 'rows': {name: count}} with non-negative integer counts"
+        )
+    _check_lane_keys(lanes, "lane cursors", num_lanes)
+    _check_lane_keys(ledger, "ledger", num_lanes)
+
+
+def _check_lane_keys(by_lane: dict, what: str, num_lanes: int) -> None:
+    """Each key must be `str(lane)` for a lane of this state, as `make_state` writes it: "01" would
+    be a second name for lane 1, and a lane out of range is owned by no rank, so merging would sign
+    it again and carry it forever."""
+    for key in by_lane:
+        lane = _lane_number(key)
+        if lane is None or not 0 <= lane < num_lanes:
+            raise CheckpointError(
+                f"malformed {what} in loader state: lane key {key!r} is not a lane of this state "
+                f"(a decimal number from 0 to num_lanes - 1 = {num_lanes - 1}, without leading zeros)"
+            )
+
+
+def _lane_number(key: object) -> int | None:
+    """The lane `key` names if it is spelled exactly as `str(lane)`; None for "x", "01", "+1" or " 1"."""
+    try:
+        lane = int(key)
+    except (TypeError, ValueError):
+        return None
+    return lane if str(lane) == key else None
 
 
 def _is_count(value: object) -> bool:
@@ -137,17 +162,17 @@ def _is_count(value: object) -> bool:
 
 
 def _is_lane_ledger(counts: object) -> bool:
-    """{"records": {dataset: {name: count | {reason: count}}}, "rows": {name: count}}."""
-    if not isinstance(counts, dict) or set(counts) - {"records", "rows"}:
+    """What `Ledger.lane_state` writes, and nothing else, since `Ledger.settle` adds these counts:
+    {"records": {dataset: {name: count}}, "rows": {name: count}}."""
+    if not isinstance(counts, dict) or set(counts) != {"records", "rows"}:
         return False
-    records, rows = counts.get("records", {}), counts.get("rows", {})
-    if not isinstance(records, dict) or not isinstance(rows, dict) or not all(map(_is_count, rows.values())):
-        return False
-    return all(
-        isinstance(by_name, dict)
-        and all(_is_count(v) or (isinstance(v, dict) and all(map(_is_count, v.values()))) for v in by_name.values())
-        for by_name in records.values()
-    )
+    records = counts["records"]
+    return _is_counter(counts["rows"]) and isinstance(records, dict) and all(map(_is_counter, records.values()))
+
+
+def _is_counter(value: object) -> bool:
+    """{name: count}, as a `collections.Counter` of the ledger is saved."""
+    return isinstance(value, dict) and all(map(_is_count, value.values()))
 
 
 def merge_states(states: Iterable[Mapping]) -> dict:

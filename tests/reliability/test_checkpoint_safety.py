@@ -69,6 +69,16 @@ def _resealed(state: dict, **body) -> dict:
     return {**changed, "checksum": _checksum(changed)}
 
 
+def _renamed(by_lane: dict, old: str, new: str) -> dict:
+    """The same lanes with one key spelled differently (the entry moves, its value stays)."""
+    return {new if key == old else key: value for key, value in by_lane.items()}
+
+
+def _with_records(state: dict, records: dict) -> dict:
+    """The state's ledger with lane 0's settled record counts replaced by `records`."""
+    return {**state["ledger"], "0": {**state["ledger"]["0"], "records": records}}
+
+
 DAMAGED = {
     "garbage_bytes": (lambda s, tmp: random.Random(0).randbytes(64) + b"\x00\xff", "not valid JSON"),
     "truncated_json": (lambda s, tmp: json.dumps(s)[: len(json.dumps(s)) * 2 // 3], "not valid JSON"),
@@ -83,6 +93,34 @@ DAMAGED = {
     "missing_lanes_resealed": (lambda s, tmp: _resealed(s, lanes=None), "malformed lane cursors"),
     "recipe_not_an_object_resealed": (lambda s, tmp: _resealed(s, recipe="x"), "'recipe' must be an object"),
     "malformed_ledger_resealed": (lambda s, tmp: _resealed(s, ledger={"0": {"records": 5}}), "malformed ledger"),
+    "lane_key_not_a_number_resealed": (
+        lambda s, tmp: _resealed(s, lanes={**s["lanes"], "x": [0, 0, 0]}),
+        "malformed lane cursors in loader state: lane key 'x'",
+    ),
+    "lane_key_out_of_range_resealed": (
+        lambda s, tmp: _resealed(s, lanes={**s["lanes"], "99": [0, 0, 0]}),
+        "malformed lane cursors in loader state: lane key '99'",
+    ),
+    "lane_key_with_leading_zero_resealed": (
+        lambda s, tmp: _resealed(s, lanes=_renamed(s["lanes"], "1", "01")),
+        "malformed lane cursors in loader state: lane key '01'",
+    ),
+    "ledger_key_not_a_number_resealed": (
+        lambda s, tmp: _resealed(s, ledger=_renamed(s["ledger"], "0", "x")),
+        "malformed ledger in loader state: lane key 'x'",
+    ),
+    "ledger_key_out_of_range_resealed": (
+        lambda s, tmp: _resealed(s, ledger={**s["ledger"], "99": s["ledger"]["0"]}),
+        "malformed ledger in loader state: lane key '99'",
+    ),
+    "ledger_nested_record_counts_resealed": (
+        lambda s, tmp: _resealed(s, ledger=_with_records(s, {"a": {"read": 2, "skipped": {"malformed_json": 1}}})),
+        "malformed ledger in loader state: each lane needs {'records': {dataset: {name: count}}",
+    ),
+    "ledger_without_row_counts_resealed": (
+        lambda s, tmp: _resealed(s, ledger={**s["ledger"], "0": {"records": {}}}),
+        "malformed ledger in loader state",
+    ),
     "pickle_blob": (lambda s, tmp: pickle.dumps(_RunsCodeWhenUnpickled(tmp / "pwned")), "not valid JSON"),
 }
 
