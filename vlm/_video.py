@@ -3,7 +3,10 @@
 Which frames are returned is decided by timestamps alone, never by how the decoder was driven:
 for every target time t the frame shown at t is taken, i.e. the last frame whose presentation time
 is <= t (or the stream's first frame when t precedes it). Target times come from the spec and
-the stream's duration, so the choice is a pure function of (bytes, spec).
+the stream's duration, so the choice is a pure function of (bytes, spec). The presentation times
+are the container's: AVI stores none, so for H.264 with B-frames in AVI the times the decoder
+gives are not in display order and "the frame shown at t" follows them (still a pure function of
+the bytes).
 
 Only what is needed is decoded: a demux pass (packets, no decoding) finds the keyframes; the
 decoder seeks to the keyframe before a target whenever that keyframe lies past the frame it has
