@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,9 +97,9 @@ class ImageSpec:
                                      f"({self.cell}x{self.cell} pixels)")
         if self.resample not in _RESAMPLE:
             raise ConfigurationError(f"ImageSpec: resample must be one of {_RESAMPLE}, got {self.resample!r}")
-        if not self.draft_gap >= 1.0:  # NaN too
+        if not _finite(self.draft_gap, "draft_gap") >= 1.0:
             raise ConfigurationError(f"ImageSpec: draft_gap must be >= 1, got {self.draft_gap}")
-        if len(self.background) != 3 or not all(0 <= int(c) <= 255 for c in self.background):
+        if len(self.background) != 3 or not all(0 <= int(_finite(c, "background")) <= 255 for c in self.background):
             raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")
 
     @property
@@ -120,6 +121,18 @@ class ImageSpec:
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
         """Qwen2-VL sizing: 14 px patches merged 2x2, area within [min_pixels, max_pixels]."""
         return cls(patch_size=14, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
+
+
+def _finite(value: object, name: str) -> float:
+    """`value` if it is a finite real number, else ConfigurationError naming the ImageSpec field.
+
+    Infinity passes a range check like `draft_gap >= 1`, then `int()` of it raises a bare
+    OverflowError while a JPEG is decoded; `int()` of an infinite or NaN background value raises
+    OverflowError or ValueError instead of a ConfigurationError.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigurationError(f"ImageSpec: {name} must be a finite number, got {value!r}")
+    return value
 
 
 def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
@@ -211,11 +224,13 @@ def _classify(exc: BaseException) -> ImageDecodeError:
     return ImageDecodeError("corrupt_image", message)
 
 
-def _orientation(image, spec: ImageSpec) -> int:
+def _orientation(image, spec: ImageSpec, read_exif=None) -> int:
+    """The EXIF orientation (1 when absent, broken or not applied), read by `read_exif(image)`,
+    by default the image's own `getexif`."""
     if not spec.exif_transpose:
         return 1
     try:
-        value = image.getexif().get(0x0112, 1)
+        value = (read_exif or type(image).getexif)(image).get(0x0112, 1)
     except Exception:  # noqa: BLE001 - a broken EXIF block must not lose the image
         return 1
     return value if value in _EXIF_TRANSPOSE else 1
@@ -301,7 +316,9 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
         if spec.draft and image.format == "JPEG":
-            wanted = (max(1, int(target[0] * spec.draft_gap)), max(1, int(target[1] * spec.draft_gap)))
+            # Capped at the stored size, which a draft never exceeds anyway (it only scales down),
+            # so that a large finite draft_gap cannot overflow int().
+            wanted = tuple(max(1, int(min(side, t * spec.draft_gap))) for t, side in zip(target, image.size))
             drafted = image.draft(None, wanted)
             if drafted is not None:
                 box = drafted[1]
@@ -349,10 +366,21 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
     damaged PNG is refused here. A JPEG's entropy-coded data is only checked by decoding it.
     """
     image = _open(data, spec)
-    # A PNG's getexif() decodes the whole image to look for an eXIf chunk after the pixel data;
-    # one before it is already parsed. `DeferredImage.decode` refuses the rare image whose late
-    # orientation turns it, so the grid planned here is the grid delivered or nothing.
-    late_exif = image.format == "PNG" and "exif" not in image.info
-    grid = _upright_grid(image, 1 if late_exif else _orientation(image, spec), spec)
+    grid = _upright_grid(image, _header_orientation(image, spec), spec)
     _read_data(image.verify)  # nothing was decoded yet, which verify() requires
     return grid
+
+
+def _header_orientation(image, spec: ImageSpec) -> int:
+    """The orientation `decode_image` will apply, read without decoding a pixel.
+
+    A PNG's own getexif() decodes the whole image unless an eXIf chunk came before the pixel
+    data, even when the orientation is already parsed from a chunk before it: an ImageMagick
+    "Raw profile type exif" text chunk or XMP. Pillow's base getexif() reads `image.info` alone,
+    which before decoding holds every chunk ahead of the pixel data, so it finds what decoding
+    finds there. Only metadata after the pixel data is missed; `DeferredImage.decode` refuses
+    the rare image it turns, so the grid planned here is the grid delivered or nothing.
+    """
+    from PIL import Image
+
+    return _orientation(image, spec, Image.Image.getexif if image.format == "PNG" else None)

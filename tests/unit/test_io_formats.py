@@ -203,6 +203,20 @@ def test_webdataset_bad_members_skip_their_record(tmp_path):
     assert [(a.index, reason) for a, reason in skipped] == [(1, "invalid_utf8"), (2, "malformed_json")]
 
 
+def test_webdataset_member_named_like_the_key_field_is_not_part_of_any_record(tmp_path):
+    """`0001.__key__` would overwrite the record's key; planning and reading both leave it out."""
+    members = [m for i in range(40) for m in [(f"{i:04d}.__key__", b"x")] * (i % 3 == 1)
+               + [(f"{i:04d}.txt", f"cap {i}".encode()), (f"{i:04d}.jpg", b"J")]]
+    members += [("0040.__key__", b"alone: no record")]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.num_records == 40
+    for records_per_chunk in (1, 7, 16, 40):
+        records, skipped = read_all(ds, records_per_chunk)
+        assert skipped == []
+        assert records == [{"__key__": f"{i:04d}", "txt": f"cap {i}", "jpg": b"J"} for i in range(40)]
+
+
 def long_name(i: int) -> str:
     return f"{'deep/' * 30}{i:05d}"  # over 100 characters: stored with a PAX header
 

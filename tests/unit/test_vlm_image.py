@@ -104,6 +104,19 @@ def test_image_spec_refuses_settings_that_cannot_work(bad):
         ImageSpec(**bad)
 
 
+@pytest.mark.parametrize("field,value", [("draft_gap", math.inf), ("draft_gap", "2"),
+                                         ("background", (0, 0, math.inf)), ("background", (math.nan, 0, 0))])
+def test_image_spec_refuses_infinite_or_non_numeric_floats_naming_the_field(field, value):
+    with pytest.raises(ConfigurationError, match=f"ImageSpec: {field} must be a finite number"):
+        ImageSpec(**{field: value})
+
+
+def test_a_huge_finite_draft_gap_decodes_a_jpeg_without_a_draft():
+    data = encode(gradient(480, 640), "JPEG")
+    spec = ImageSpec(draft_gap=1e307)
+    assert np.array_equal(decode_image(data, spec), decode_image(data, ImageSpec(draft=False)))
+
+
 def test_image_spec_ignores_max_side_when_fitting_by_pixels_and_keeps_numpy_sizes_as_ints():
     assert ImageSpec(fit="pixels", max_side=None).max_side is None
     assert type(ImageSpec(patch_size=np.int64(14)).patch_size) is int

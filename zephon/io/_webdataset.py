@@ -4,7 +4,10 @@ The key of a member is its path up to the first dot of its basename (the directo
 and the rest is its extension: `imgs/0001.seg.png` has key `imgs/0001` and extension `seg.png`.
 A record is {"__key__": key, ext: payload, ...}. Payloads stay raw bytes, except an extension whose
 last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text pipelines read.
-Members without an extension and non-file members (directories, links) are not part of any record.
+Members without an extension and non-file members (directories, links) are not part of any record,
+nor is a member whose extension is a field the reader sets itself (`0001.__key__`): its payload
+would overwrite the record's key. Planning and reading skip the same members, so they count the
+same records.
 
 Record counting walks the tar headers only (tarfile seeks over member data), remembering the header
 offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record.
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["WebDataset", "split_member_name"]
 
 SEEK_STRIDE = 16  # walking tar headers is slow in Python; a record is large, so its seek point is cheap
+KEY = "__key__"  # the field holding a record's key; no member extension may take its place
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -68,20 +72,21 @@ class WebDataset:
         index = point * SEEK_STRIDE - 1
         slots: list[Slot] = []
         record: dict[str, Any] | None = None
+        current = None  # the key of `record`, kept apart from the payloads the record collects
         detail = "shard has fewer records than when it was planned"
         with shard.open() as f:
             f.seek(int(seek[point]))
             try:
                 tar = tarfile.TarFile(fileobj=f, mode="r")
                 for member, key, extension in _members(tar):
-                    if record is None or key != record["__key__"]:
+                    if key != current:
                         if record is not None and index >= start:
                             slots.append(_decode(record))
                         index += 1
                         if index >= stop:
                             record = None
                             break
-                        record = {"__key__": key}
+                        current, record = key, {KEY: key}
                     if index >= start:
                         record[extension] = tar.extractfile(member).read()
                 if record is not None and index >= start:
@@ -92,19 +97,19 @@ class WebDataset:
 
 
 def _members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
-    """File members with their key and extension, in tar order."""
+    """File members that belong to a record, with their key and extension, in tar order."""
     while (member := tar.next()) is not None:
         # TarFile keeps every header it has read; a shard can hold millions, and we never look back.
         tar.members.clear()
         split = split_member_name(member.name) if member.isfile() else None
-        if split is not None:
+        if split is not None and split[1] != KEY:
             yield member, *split
 
 
 def _decode(record: dict[str, Any]) -> Slot:
     for extension, payload in record.items():
         last = extension.rpartition(".")[2]
-        if extension == "__key__" or last not in ("txt", "json"):
+        if extension == KEY or last not in ("txt", "json"):
             continue
         try:
             text = payload.decode("utf-8")
