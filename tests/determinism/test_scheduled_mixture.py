@@ -12,6 +12,7 @@ from zephon import ConfigurationError, Pipeline
 from zephon.demo._recipe import DATA, TOKENIZER
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, TokenEstimation
+from zephon.work._plan import Flush, lane_plan
 
 SWITCH = 600_000
 
@@ -71,3 +72,26 @@ def test_bad_schedules_are_rejected(schedule, message):
     datasets = [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
     with pytest.raises(ConfigurationError, match=message):
         ScheduledMixtureWorkSource(datasets, schedule)
+
+
+def test_a_finite_schedule_must_draw_on_every_dataset_in_its_last_phase():
+    datasets = [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+    starving = [(0, {"kjv": 0.5, "jargon": 0.5}), (200, {"kjv": 1.0, "jargon": 0.0})]
+    with pytest.raises(ConfigurationError, match=r"last phase \(from token 200\).*\['jargon'\]"):
+        ScheduledMixtureWorkSource(datasets, starving, num_epochs=1)
+    ScheduledMixtureWorkSource(datasets, starving)  # endless: the switch simply stops drawing on jargon
+
+
+def test_a_finite_schedule_delivers_every_chunk_once_per_epoch_and_ends():
+    datasets = [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+    schedule = [(0, {"kjv": 0.9, "jargon": 0.1}), (200, {"kjv": 0.1, "jargon": 0.9})]
+    source = ScheduledMixtureWorkSource(datasets, schedule, seed=3, records_per_chunk=16, num_epochs=2, round_size=8)
+    plan = source.bind(None, num_lanes=2)
+    chunks = Counter(
+        (chunk.dataset, chunk.shard, chunk.start)
+        for lane in range(2)
+        for chunk in lane_plan(plan, lane, 4)
+        if not isinstance(chunk, Flush)
+    )
+    every = {(ds.name, c.shard, c.start) for ds in datasets for c in ds.chunks(16)}
+    assert set(chunks) == every and set(chunks.values()) == {2}

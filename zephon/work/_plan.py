@@ -124,6 +124,8 @@ class _MixtureWorkSource:
         self.records_per_chunk = records_per_chunk
         self.num_epochs = num_epochs
         self.round_size = round_size
+        if num_epochs is not None:
+            _check_finite_schedule(self.schedule, self.live_names(), num_epochs)
         self._measured: dict[tuple[str, str], TokenStats] = {}
         self._measuring = threading.Lock()
 
@@ -225,6 +227,19 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
     @property
     def mixture(self) -> dict[str, float]:
         return self.schedule[0][1]
+
+
+def _check_finite_schedule(schedule: Schedule, live: list[str], num_epochs: int) -> None:
+    """A finite plan ends when every dataset it draws on has finished its epochs; a dataset whose
+    weight is 0 in the last phase stops being drawn there and would never finish, so the plan
+    could neither deliver the rest of it nor end."""
+    start, weights = schedule[-1]
+    starved = [name for name in live if not weights[name] > 0]
+    if starved:
+        raise ConfigurationError(
+            f"with num_epochs={num_epochs} every dataset the schedule draws on needs a positive weight in "
+            f"its last phase (from token {start}), or it never finishes its epochs: {starved} have none"
+        )
 
 
 class ScheduledMixtureWorkSource(_MixtureWorkSource):
