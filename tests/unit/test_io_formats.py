@@ -263,3 +263,53 @@ def test_tar_cut_short_after_planning_counts_every_missing_record(tmp_path):
     assert [(a.index, reason) for a, reason in skipped] == [(i, "truncated_shard") for i in (7, 8, 9)]
     with pytest.raises(BadRecordError, match="truncated_shard"):
         read_all(ds, 10, on_error="raise")
+
+
+def test_json_python_cannot_hold_is_a_malformed_line(tmp_path):
+    lines = [b'{"a": 1}', b'{"id": ' + b"9" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000, b'{"a": 2}']
+    (tmp_path / "a.jsonl").write_bytes(lines_bytes(lines))
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 2)
+    assert records == [{"a": 1}, {"a": 2}]
+    assert [(a.index, reason) for a, reason in skipped] == [(1, "malformed_json"), (2, "malformed_json")]
+
+
+def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"t": ["a", "b", "c"], "ts": pa.array([0, 3 * 10**17, 1], pa.timestamp("us"))})
+    pq.write_table(table, tmp_path / "a.parquet")
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 3)
+    assert [r["t"] for r in records] == ["a", "c"]
+    assert [(a.index, reason) for a, reason in skipped] == [(1, "unconvertible_value")]
+
+
+@pytest.mark.parametrize("compression", [None, "gz"])
+def test_a_byte_order_mark_opening_a_shard_is_not_part_of_its_first_record(tmp_path, compression):
+    bom = b"\xef\xbb\xbf"
+    suffix = "" if compression is None else f".{compression}"
+    (tmp_path / f"a.jsonl{suffix}").write_bytes(compress(bom + b'{"a": 1}\n{"a": 2}\n', compression))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / f"a.txt{suffix}").write_bytes(compress(bom + "héllo\nworld\n".encode(), compression))
+    assert read_all(Dataset.from_path("d", str(tmp_path / f"a.jsonl{suffix}")), 1) == ([{"a": 1}, {"a": 2}], [])
+    assert read_all(Dataset.from_path("t", str(tmp_path / "t")), 1)[0] == [{"text": "héllo"}, {"text": "world"}]
+    file_unit = Dataset.from_path("f", str(tmp_path / "t"), text_unit="file")
+    assert read_all(file_unit, 1)[0] == [{"text": "héllo\nworld\n"}]
+
+
+def test_plain_lines_cut_inside_a_line_after_planning_hand_out_no_piece_of_it(tmp_path):
+    lines = [f"sentence number {i}".encode() for i in range(40)]
+    whole = lines_bytes(lines)
+    for name, fmt in (("a.txt", "text"), ("a.jsonl", "jsonl")):
+        path = tmp_path / fmt / name
+        path.parent.mkdir()
+        data = whole if fmt == "text" else jsonl_bytes([{"s": line.decode()} for line in lines])
+        path.write_bytes(data)
+        ds = Dataset.from_path("d", str(path.parent))
+        cut = data.index(b"\n", len(data) // 3) + 12  # 12 bytes into a line well before the last 16
+        path.write_bytes(data[:cut])
+        kept = data[:cut].count(b"\n")
+        for records_per_chunk in (1, 7, 16):  # chunks that end before the shard's last seek point
+            records, skipped = read_all(ds, records_per_chunk)
+            assert len(records) == kept and {reason for _, reason in skipped} == {"truncated_shard"}
+            assert [a.index for a, _ in skipped] == list(range(kept, 40))

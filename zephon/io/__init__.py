@@ -14,6 +14,7 @@ from ._policy import (
     NOT_AN_OBJECT,
     REASONS,
     TRUNCATED_SHARD,
+    UNCONVERTIBLE_VALUE,
     ErrorPolicy,
 )
 
@@ -28,4 +29,5 @@ __all__ = [
     "INVALID_UTF8",
     "NOT_AN_OBJECT",
     "TRUNCATED_SHARD",
+    "UNCONVERTIBLE_VALUE",
 ]

@@ -19,7 +19,9 @@ class JsonLines:
     """Every line is a record slot, blank lines included, so that each bad line has an address.
 
     A line must decode as UTF-8 (else `invalid_utf8`), parse as JSON (else `malformed_json`; a blank
-    line is malformed too) and be an object (else `not_an_object`).
+    line is malformed too, and so is JSON that Python cannot hold: an integer of over 4,300 digits,
+    nesting deeper than the recursion limit) and be an object (else `not_an_object`). A UTF-8 byte
+    order mark at the start of the shard is not part of its first line.
     """
 
     name: str = "jsonl"
@@ -38,8 +40,8 @@ def _parse(line: bytes) -> Slot:
         return Bad(INVALID_UTF8, str(error))
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as error:
-        return Bad(MALFORMED_JSON, str(error))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, an integer over 4300 digits, deep nesting
+        return Bad(MALFORMED_JSON, f"{type(error).__name__}: {error}"[:300])
     if not isinstance(value, dict):
         return Bad(NOT_AN_OBJECT, f"got {type(value).__name__}")
     return value

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._errors import ShardUnavailableError
 from ._format import ShardFile, ShardScan
-from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
+from ._policy import INVALID_UTF8, UNCONVERTIBLE_VALUE, Bad, Slot, fill_truncated
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -62,11 +62,12 @@ class Parquet:
 
 
 def _rows(table: pa.Table) -> list[Slot]:
-    """Rows as dicts. pyarrow does not validate the strings it reads, only when they become Python
-    strings: a row holding bytes that are not UTF-8 is `invalid_utf8`, like a JSON line would be."""
+    """Rows as dicts. pyarrow checks values only when they become Python objects: a row holding
+    bytes that are not UTF-8 is `invalid_utf8`, like a JSON line would be, and one holding a value
+    Python cannot represent (a timestamp or date past year 9999) is `unconvertible_value`."""
     try:
         return table.to_pylist()
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, OverflowError, ValueError):
         pass
     rows: list[Slot] = []
     for i in range(table.num_rows):
@@ -74,6 +75,8 @@ def _rows(table: pa.Table) -> list[Slot]:
             rows.extend(table.slice(i, 1).to_pylist())
         except UnicodeDecodeError as error:
             rows.append(Bad(INVALID_UTF8, str(error)))
+        except (OverflowError, ValueError) as error:
+            rows.append(Bad(UNCONVERTIBLE_VALUE, f"{type(error).__name__}: {error}"))
     return rows
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "INVALID_UTF8",
     "NOT_AN_OBJECT",
     "TRUNCATED_SHARD",
+    "UNCONVERTIBLE_VALUE",
     "REASONS",
     "ErrorPolicy",
     "Bad",
@@ -30,7 +31,8 @@ MALFORMED_JSON = "malformed_json"
 INVALID_UTF8 = "invalid_utf8"
 NOT_AN_OBJECT = "not_an_object"
 TRUNCATED_SHARD = "truncated_shard"
-REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD})
+UNCONVERTIBLE_VALUE = "unconvertible_value"  # a stored value Python cannot hold (a date past year 9999)
+REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD, UNCONVERTIBLE_VALUE})
 
 
 class ErrorPolicy(enum.StrEnum):

@@ -9,7 +9,7 @@ import numpy as np
 from .._errors import ConfigurationError
 from ._compression import decompressed_blocks
 from ._format import ShardFile, ShardScan
-from ._lines import read_lines, scan_lines
+from ._lines import UTF8_BOM, read_lines, scan_lines
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
 __all__ = ["Text", "TEXT_UNITS"]
@@ -21,7 +21,8 @@ TEXT_UNITS = ("line", "file")
 class Text:
     """Records are {"text": str}. With `unit="line"` empty lines stay records (a trailing b"\\r" is
     dropped), so that later stages count them as empty documents instead of losing them unseen.
-    With `unit="file"` a non-empty file is one record holding its whole content.
+    With `unit="file"` a non-empty file is one record holding its whole content. A UTF-8 byte order
+    mark opening a shard is not part of its text.
     """
 
     unit: str = "line"
@@ -46,7 +47,7 @@ class Text:
                 content = b"".join(decompressed_blocks(f, shard.compression))
             except EOFError as error:
                 return fill_truncated([], stop - start, str(error))
-        return [_decode(content)]
+        return [_decode(content.removeprefix(UTF8_BOM))]
 
 def _decode(data: bytes) -> Slot:
     try:
