@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import io
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from zephon._errors import ConfigurationError, check_count
+from zephon._errors import ConfigurationError, check_count, check_finite
 
 from ._errors import ImageDecodeError
 
@@ -97,9 +96,9 @@ class ImageSpec:
                                      f"({self.cell}x{self.cell} pixels)")
         if self.resample not in _RESAMPLE:
             raise ConfigurationError(f"ImageSpec: resample must be one of {_RESAMPLE}, got {self.resample!r}")
-        if not _finite(self.draft_gap, "draft_gap") >= 1.0:
+        if not check_finite(self.draft_gap, "ImageSpec: draft_gap") >= 1.0:
             raise ConfigurationError(f"ImageSpec: draft_gap must be >= 1, got {self.draft_gap}")
-        if len(self.background) != 3 or not all(0 <= int(_finite(c, "background")) <= 255 for c in self.background):
+        if len(self.background) != 3 or not all(0 <= int(check_finite(c, "ImageSpec: background")) <= 255 for c in self.background):
             raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")
 
     @property
@@ -121,18 +120,6 @@ class ImageSpec:
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
         """Qwen2-VL sizing: 14 px patches merged 2x2, area within [min_pixels, max_pixels]."""
         return cls(patch_size=14, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
-
-
-def _finite(value: object, name: str) -> float:
-    """`value` if it is a finite real number, else ConfigurationError naming the ImageSpec field.
-
-    Infinity passes a range check like `draft_gap >= 1`, then `int()` of it raises a bare
-    OverflowError while a JPEG is decoded; `int()` of an infinite or NaN background value raises
-    OverflowError or ValueError instead of a ConfigurationError.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigurationError(f"ImageSpec: {name} must be a finite number, got {value!r}")
-    return value
 
 
 def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:

@@ -22,14 +22,13 @@ from __future__ import annotations
 import bisect
 import io
 import math
-import numbers
 import os
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
-from zephon._errors import ConfigurationError, check_count
+from zephon._errors import ConfigurationError, check_count, check_finite
 
 from ._errors import VideoDecodeError
 from ._image import DEFAULT_SPEC, ImageSpec, image_grid
@@ -65,26 +64,15 @@ class VideoSpec:
         if self.num_frames is not None:
             object.__setattr__(self, "num_frames", check_count(self.num_frames, "VideoSpec: num_frames"))
         object.__setattr__(self, "max_frames", check_count(self.max_frames, "VideoSpec: max_frames"))
-        for name in ("fps", "start_s", "end_s"):
-            _check_finite(getattr(self, name), name)
+        for name in ("fps", "start_s", "end_s"):  # None: not given
+            if getattr(self, name) is not None:
+                check_finite(getattr(self, name), f"VideoSpec: {name}")
         if self.fps is not None and not self.fps > 0:
             raise ConfigurationError(f"VideoSpec: fps must be positive, got {self.fps}")
         if self.start_s < 0 or (self.end_s is not None and self.end_s <= self.start_s):
             raise ConfigurationError(f"VideoSpec: need 0 <= start_s < end_s, got {self.start_s} and {self.end_s}")
         if not isinstance(self.image, ImageSpec):
             raise ConfigurationError(f"VideoSpec: image must be an ImageSpec, got {self.image!r}")
-
-
-def _check_finite(value: object, name: str) -> None:
-    """Refuse a time or rate that is not a finite real number (None means "not given").
-
-    NaN passes every `<`/`<=` check as false and inf yields no usable target time, so without this
-    a bad setting would surface only as every video being dropped, not as a refused configuration.
-    """
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigurationError(f"VideoSpec: {name} must be a finite number, got {value!r}")
 
 
 def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:

@@ -6,10 +6,12 @@ they mean to, and every message names the numbers, fields or record address invo
 
 from __future__ import annotations
 
+import math
 import numbers
 
 __all__ = [
     "check_count",
+    "check_finite",
     "check_seed",
     "ZephonError",
     "ConfigurationError",
@@ -39,6 +41,17 @@ def check_count(value: object, what: str, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ConfigurationError(f"{what} must be an integer >= {least}, got {value!r}")
     return int(value)
+
+
+def check_finite(value: object, what: str) -> float:
+    """`value` unchanged if it is a finite real number, else ConfigurationError naming `what`.
+
+    NaN is false under every comparison and infinity passes a bound like `>= 1`, so a range check
+    alone lets both through, to fail later as a bare OverflowError or as every record dropped.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigurationError(f"{what} must be a finite number, got {value!r}")
+    return value
 
 
 def check_seed(value: object, what: str) -> int:

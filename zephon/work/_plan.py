@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
-from .._errors import ConfigurationError, check_count, check_seed
+from .._errors import ConfigurationError, check_count, check_finite, check_seed
 from .._random import SeededStream
 from .._records import Chunk
 from ._estimation import TokenCounter, TokenEstimation, TokenStats
@@ -174,8 +174,7 @@ def _validate_schedule(schedule, names: list[str]) -> Schedule:
         if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and isinstance(phase[1], Mapping)):
             raise ConfigurationError(f"a mixture phase is (start token, {{dataset name: weight}}), got {phase!r}")
         start, weights = phase
-        if isinstance(start, bool) or not isinstance(start, numbers.Real) or not math.isfinite(start):
-            raise ConfigurationError(f"a mixture phase starts at a token count, got {start!r}")
+        check_finite(start, "a mixture phase starts at a token count; its start")
         unknown = set(weights) - set(names)
         if unknown:
             raise ConfigurationError(f"mixture names {sorted(unknown)} are not datasets of this source {names}")
