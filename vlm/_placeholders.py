@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from zephon._errors import ConfigurationError, check_count
+from zephon._errors import ConfigurationError, check_count, check_token_id
 
 __all__ = ["PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id"]
 
@@ -75,9 +75,7 @@ class _GridTokens:
         object.__setattr__(self, "merge_size", check_count(self.merge_size, f"{type(self).__name__}: merge_size"))
         for each in fields(self):
             if each.init and each.name != "merge_size":
-                token_id = check_count(getattr(self, each.name), f"{type(self).__name__}: {each.name} (a token id)", 0)
-                if token_id >= 2**31:
-                    raise ConfigurationError(f"{type(self).__name__}: {each.name}={token_id} is not a token id (>= 2**31)")
+                token_id = check_token_id(getattr(self, each.name), f"{type(self).__name__}: {each.name}")
                 object.__setattr__(self, each.name, token_id)
 
     def tokens_for(self, rows: int, cols: int) -> np.ndarray:

@@ -13,6 +13,7 @@ __all__ = [
     "check_count",
     "check_finite",
     "check_seed",
+    "check_token_id",
     "ZephonError",
     "ConfigurationError",
     "BadRecordError",
@@ -52,6 +53,15 @@ def check_finite(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ConfigurationError(f"{what} must be a finite number, got {value!r}")
     return value
+
+
+def check_token_id(value: object, what: str) -> int:
+    """`value` as a plain int if it can be a token id: an integer in [0, 2**31), which the int32
+    token arrays hold as it is, else ConfigurationError naming `what`."""
+    token_id = check_count(value, f"{what} (a token id)", 0)
+    if token_id >= 2**31:
+        raise ConfigurationError(f"{what}={token_id} is not a token id: it does not fit the int32 token arrays")
+    return token_id
 
 
 def check_seed(value: object, what: str) -> int:

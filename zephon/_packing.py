@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._accumulator import SegmentContext
-from ._errors import ConfigurationError, check_count
+from ._errors import ConfigurationError, check_count, check_token_id
 from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
@@ -203,9 +203,7 @@ class PackFlatOp:
             raise ConfigurationError(f"pack_flat: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         object.__setattr__(self, "max_open_rows", check_count(self.max_open_rows, "pack_flat: max_open_rows"))
         if self.pad_id is not None:
-            object.__setattr__(self, "pad_id", check_count(self.pad_id, "pack_flat: pad_id", 0))
-            if self.pad_id >= 2**31:
-                raise ConfigurationError(f"pack_flat: pad_id={self.pad_id} does not fit the int32 token arrays")
+            object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_flat: pad_id"))
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id
