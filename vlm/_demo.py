@@ -22,6 +22,7 @@ from typing import Any
 
 from zephon import Pipeline
 from zephon._tokenizer import load_tokenizer
+from zephon.cli import positive_int
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -139,13 +140,13 @@ def add_vlm_parser(demo_subparsers) -> Any:
     vlm = demo_subparsers.add_parser(
         "vlm", help="the VLM pipeline on real image+caption pairs: tokenize → decode → pack → shuffle → batch"
     )
-    vlm.add_argument("--steps", type=int, default=20, help="global steps to run (default 20)")
+    vlm.add_argument("--steps", type=positive_int, default=20, help="global steps to run (default 20)")
     vlm.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")
-    vlm.add_argument("--parallelism", type=int, default=2, help="decode and tokenize workers (default 2)")
-    vlm.add_argument("--global-batch-size", type=int, default=16, help="rows per global step (default 16)")
-    vlm.add_argument("--max-length", type=int, default=2048, help="tokens per packed row (default 2048)")
-    vlm.add_argument("--max-side", type=int, default=256, help="longest image side in pixels (default 256)")
-    vlm.add_argument("--pairs", type=int, default=None, help="use this many pairs (default: all)")
+    vlm.add_argument("--parallelism", type=positive_int, default=2, help="decode and tokenize workers (default 2)")
+    vlm.add_argument("--global-batch-size", type=positive_int, default=16, help="rows per global step (default 16)")
+    vlm.add_argument("--max-length", type=positive_int, default=2048, help="tokens per packed row (default 2048)")
+    vlm.add_argument("--max-side", type=positive_int, default=256, help="longest image side in pixels (default 256)")
+    vlm.add_argument("--pairs", type=positive_int, default=None, help="use this many pairs (default: all)")
     vlm.add_argument("--origin", default="auto", choices=("auto", "tuxpaint", "photos"),
                      help="tuxpaint stamps (Debian, via apt), wheel photos, or auto (default)")
     vlm.add_argument("--png", default="vlm-batch.png", help="picture of the first global batch (default ./vlm-batch.png)")

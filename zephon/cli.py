@@ -7,28 +7,40 @@ import sys
 from importlib.metadata import entry_points
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count (steps, ranks, workers, rows): a usage error below 1, instead of a
+    demo that runs and then fails on an empty or impossible run."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description="Zephon: elastically deterministic data loading.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run a demo on the shipped data").add_subparsers(dest="demo", required=True)
     text = demo.add_parser("text", help="the text pipeline: tokenize → pack → shuffle → batch, with throughput")
-    text.add_argument("--steps", type=int, default=50, help="global steps to run (default 50)")
+    text.add_argument("--steps", type=positive_int, default=50, help="global steps to run (default 50)")
     text.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")
-    text.add_argument("--parallelism", type=int, default=2, help="tokenizer workers (default 2)")
-    text.add_argument("--global-batch-size", type=int, default=32, help="rows per global step (default 32)")
+    text.add_argument("--parallelism", type=positive_int, default=2, help="tokenizer workers (default 2)")
+    text.add_argument("--global-batch-size", type=positive_int, default=32, help="rows per global step (default 32)")
 
     elastic = demo.add_parser(
         "elastic", help="checkpoint on R ranks, resume on several R′ as separate processes, compare every step"
     )
-    elastic.add_argument("--steps", type=int, default=24, help="global steps in the reference run (default 24)")
-    elastic.add_argument("--checkpoint-step", type=int, default=10, help="step at which to checkpoint (default 10)")
-    elastic.add_argument("--from-world-size", type=int, default=2, help="ranks before the checkpoint (default 2)")
-    elastic.add_argument("--to-world-sizes", type=int, nargs="+", default=[1, 4, 8],
+    elastic.add_argument("--steps", type=positive_int, default=24, help="global steps in the reference run (default 24)")
+    elastic.add_argument("--checkpoint-step", type=positive_int, default=10, help="step at which to checkpoint (default 10)")
+    elastic.add_argument("--from-world-size", type=positive_int, default=2, help="ranks before the checkpoint (default 2)")
+    elastic.add_argument("--to-world-sizes", type=positive_int, nargs="+", default=[1, 4, 8],
                          help="rank counts to resume on (default 1 4 8)")
     elastic.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")
-    elastic.add_argument("--parallelism", type=int, default=1, help="tokenizer workers per rank (default 1)")
-    elastic.add_argument("--global-batch-size", type=int, default=32, help="rows per global step (default 32)")
+    elastic.add_argument("--parallelism", type=positive_int, default=1, help="tokenizer workers per rank (default 1)")
+    elastic.add_argument("--global-batch-size", type=positive_int, default=32, help="rows per global step (default 32)")
     elastic.add_argument("--barcode-dir", help="also write each run's barcode (JSON Lines) into this directory")
 
     from .demo._gpu import add_gpu_parser, run_gpu_demo

@@ -15,8 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import combine_digests, merge_states
+from .. import ConfigurationError, combine_digests, merge_states
+from .._loader import check_layout
 from ..barcode import BarcodeWriter
+from ._recipe import demo_pipeline
 
 
 def _run_ranks(workdir: Path, tag: str, world_size: int, start: int, stop: int, state: Path | None, args) -> dict:
@@ -43,7 +45,20 @@ def _run_ranks(workdir: Path, tag: str, world_size: int, start: int, stop: int, 
     return {"digests": digests, "state": merge_states(r["state"] for r in results)}
 
 
+def _check_arguments(args) -> None:
+    """Refuse, naming it, what the rank processes would fail on only after the reference run."""
+    if not 0 < args.checkpoint_step < args.steps:
+        raise SystemExit(f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
+    pipeline = demo_pipeline(runner=args.runner, parallelism=args.parallelism)
+    for world in (args.from_world_size, *args.to_world_sizes):
+        try:
+            check_layout(pipeline.settings.num_lanes, world, 0, args.global_batch_size, pipeline.microbatch_size)
+        except ConfigurationError as exc:
+            raise SystemExit(f"zephon demo elastic: {exc}") from None
+
+
 def run_elastic_demo(args) -> int:
+    _check_arguments(args)
     source_world, targets = args.from_world_size, args.to_world_sizes
     total, at = args.steps, args.checkpoint_step
     with tempfile.TemporaryDirectory(prefix="zephon-elastic-") as tmp:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from .. import IGNORE_INDEX, global_batch_digest, merge_states
+from ..cli import positive_int
 from ._recipe import TOKENIZER, demo_pipeline
 
 __all__ = ["add_gpu_parser", "run_gpu_demo"]
@@ -37,15 +38,15 @@ def add_gpu_parser(subparsers) -> argparse.ArgumentParser:
         "gpu", help="train a tiny transformer on the stream, checkpoint on R ranks, resume on R′, compare every step"
     )
     gpu.add_argument("--device", default="cuda", help="cuda (default; skips without one), cuda:N or cpu")
-    gpu.add_argument("--steps", type=int, default=16, help="global steps in the uninterrupted run (default 16)")
-    gpu.add_argument("--checkpoint-step", type=int, default=6, help="step at which to checkpoint (default 6)")
-    gpu.add_argument("--from-world-size", type=int, default=2, help="ranks before the checkpoint (default 2)")
-    gpu.add_argument("--to-world-sizes", type=int, nargs="+", default=[4, 1], help="ranks to resume on (default 4 1)")
-    gpu.add_argument("--global-batch-size", type=int, default=32, help="rows per global step (default 32)")
-    gpu.add_argument("--max-length", type=int, default=256, help="tokens per row (default 256)")
-    gpu.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
-    gpu.add_argument("--dim", type=int, default=128, help="model width (default 128)")
-    gpu.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    gpu.add_argument("--steps", type=positive_int, default=16, help="global steps in the uninterrupted run (default 16)")
+    gpu.add_argument("--checkpoint-step", type=positive_int, default=6, help="step at which to checkpoint (default 6)")
+    gpu.add_argument("--from-world-size", type=positive_int, default=2, help="ranks before the checkpoint (default 2)")
+    gpu.add_argument("--to-world-sizes", type=positive_int, nargs="+", default=[4, 1], help="ranks to resume on (default 4 1)")
+    gpu.add_argument("--global-batch-size", type=positive_int, default=32, help="rows per global step (default 32)")
+    gpu.add_argument("--max-length", type=positive_int, default=256, help="tokens per row (default 256)")
+    gpu.add_argument("--layers", type=positive_int, default=2, help="transformer blocks (default 2)")
+    gpu.add_argument("--dim", type=positive_int, default=128, help="model width (default 128)")
+    gpu.add_argument("--heads", type=positive_int, default=4, help="attention heads (default 4)")
     gpu.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     gpu.add_argument("--seed", type=int, default=0, help="model initialisation seed (default 0)")
     gpu.add_argument("--runner", default="thread", help="inline | thread (default) | process | auto")

@@ -1,0 +1,69 @@
+"""`zephon demo …` refuses arguments it cannot run, naming them, before it does any work.
+
+A count of zero steps used to end `demo text` and `demo vlm` in a TypeError after the run, and a
+checkpoint step past the end (or a world size the demo's 8 lanes do not divide) ended `demo
+elastic` in a KeyError or in failing rank processes after the reference run had been paid for.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zephon import cli
+from zephon.demo import _elastic
+
+
+def parse_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(argv))
+    assert exc.value.code == 2, "argparse's usage error"
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("demo", "text", "--steps", "0"),
+        ("demo", "text", "--global-batch-size", "-8"),
+        ("demo", "text", "--parallelism", "0"),
+        ("demo", "elastic", "--steps", "0"),
+        ("demo", "elastic", "--from-world-size", "0"),
+        ("demo", "elastic", "--checkpoint-step", "0"),
+        ("demo", "elastic", "--to-world-sizes", "4", "0"),
+        ("demo", "gpu", "--steps", "0"),
+        ("demo", "vlm", "--steps", "0"),
+        ("demo", "vlm", "--pairs", "0"),
+    ],
+)
+def test_a_count_below_one_is_a_usage_error_naming_the_option(capsys, argv):
+    err = parse_error(capsys, *argv)
+    option = next(a for a in argv if a.startswith("--"))
+    assert f"argument {option}" in err and "must be an integer >= 1" in err
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fail the test if the demo starts any rank process."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the demo ran ranks before checking its arguments")
+
+    monkeypatch.setattr(_elastic, "_run_ranks", refuse)
+
+
+@pytest.mark.parametrize("checkpoint_step", ["24", "30"])
+def test_elastic_checkpoint_step_outside_the_run_is_refused_before_any_rank_runs(no_ranks, checkpoint_step):
+    with pytest.raises(SystemExit, match=r"--checkpoint-step must be in \(0, --steps=24\), got " + checkpoint_step):
+        cli.main(["demo", "elastic", "--steps", "24", "--checkpoint-step", checkpoint_step])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--to-world-sizes", "1", "3"], "num_lanes=8 is not divisible by world_size=3"),
+        (["--from-world-size", "16"], "num_lanes=8 is not divisible by world_size=16"),
+        (["--global-batch-size", "12"], "global_batch_size=12 is not divisible by num_lanes=8"),
+    ],
+)
+def test_elastic_layout_that_cannot_split_is_refused_before_any_rank_runs(no_ranks, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["demo", "elastic", *argv])
