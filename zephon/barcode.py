@@ -36,15 +36,23 @@ class BarcodeWriter:
 
 
 def read_barcode(path: str | Path) -> dict[int, str]:
+    """Step → digest. A step may appear again (a run resumed from an earlier checkpoint appends the
+    steps it replays) only with the same digest: a replay that differs is refused, naming the line,
+    rather than letting the later line hide the difference."""
     barcode = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
                     entry = json.loads(line)
-                    barcode[int(entry["step"])] = str(entry["digest"])
+                    step, digest = int(entry["step"]), str(entry["digest"])
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{path}:{n}: not a barcode line ({exc})") from None
+                if barcode.setdefault(step, digest) != digest:
+                    raise ValueError(
+                        f"{path}:{n}: step {step} again with another digest ({digest}, earlier "
+                        f"{barcode[step]}): the replayed step differs"
+                    )
     return barcode
 
 

@@ -66,7 +66,11 @@ def _parser() -> argparse.ArgumentParser:
 def _barcode_compare(args) -> int:
     from .barcode import compare_barcodes, draw_barcodes, read_barcode
 
-    a, b = read_barcode(args.a), read_barcode(args.b)
+    try:
+        a, b = read_barcode(args.a), read_barcode(args.b)
+    except (OSError, ValueError) as exc:  # a missing file or a line that is not a barcode's
+        print(f"zephon barcode compare: {exc}", file=sys.stderr)
+        return 2
     result = compare_barcodes(a, b)
     if args.png:
         draw_barcodes(a, b, args.png, labels=(args.a, args.b))

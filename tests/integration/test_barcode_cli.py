@@ -120,3 +120,22 @@ def test_compare_png_draws_both_runs_and_marks_mismatches(harness_barcodes, tmp_
         red_pixels[name] = int(((pixels[..., 0] > 0.9) & (pixels[..., 1] < 0.1) & (pixels[..., 2] < 0.1)).sum())
     assert red_pixels["same"] == 0
     assert red_pixels["differs"] > 0
+
+
+def test_a_step_written_twice_with_different_digests_is_reported_not_overwritten(tmp_path):
+    """A run resumed from an earlier checkpoint appends the replayed steps again; when they come
+    out different, that is the nondeterminism the barcode exists to show, not a line to drop."""
+    reference = write_barcode(tmp_path / "reference.jsonl", ["a" * 64, "b" * 64, "c" * 64])
+    resumed = write_barcode(tmp_path / "resumed.jsonl", ["a" * 64, "b" * 64])
+    with BarcodeWriter(resumed) as writer:  # resumed at step 1: step 1 again, then step 2
+        writer.write(1, "d" * 64)
+        writer.write(2, "c" * 64)
+    with pytest.raises(ValueError, match=r"resumed.jsonl:3: step 1 again with another digest"):
+        read_barcode(resumed)
+    done = zephon_cli("barcode", "compare", str(reference), str(resumed))
+    assert done.returncode != 0 and "step 1 again with another digest" in done.stderr
+    same = write_barcode(tmp_path / "same.jsonl", ["a" * 64, "b" * 64])
+    with BarcodeWriter(same) as writer:  # replayed identically: the same barcode
+        writer.write(1, "b" * 64)
+        writer.write(2, "c" * 64)
+    assert read_barcode(same) == read_barcode(reference)
