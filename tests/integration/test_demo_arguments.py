@@ -67,3 +67,22 @@ def test_elastic_checkpoint_step_outside_the_run_is_refused_before_any_rank_runs
 def test_elastic_layout_that_cannot_split_is_refused_before_any_rank_runs(no_ranks, argv, message):
     with pytest.raises(SystemExit, match=message):
         cli.main(["demo", "elastic", *argv])
+
+
+def test_elastic_demo_rewrites_the_barcodes_of_an_earlier_run_in_the_same_directory(monkeypatch, tmp_path, capsys):
+    """BarcodeWriter appends (a resumed run continues its file); the demo's files are each a whole
+    run, so a second demo into the same --barcode-dir must not append to the first one's."""
+    from zephon.barcode import read_barcode
+
+    def fake_ranks(workdir, tag, world_size, start, stop, state, args):
+        return {"digests": {s: f"{args.global_batch_size:064x}" for s in range(start, stop)}, "state": {"num_lanes": 8}}
+
+    monkeypatch.setattr(_elastic, "_run_ranks", fake_ranks)
+    for batch in ("32", "64"):
+        argv = ["demo", "elastic", "--steps", "4", "--checkpoint-step", "2", "--to-world-sizes", "4",
+                "--global-batch-size", batch, "--barcode-dir", str(tmp_path)]
+        assert cli.main(argv) == 0
+    capsys.readouterr()
+    for name in ("reference.jsonl", "resume-2-to-4.jsonl"):
+        assert read_barcode(tmp_path / name) == {s: f"{64:064x}" for s in range(4)}
+        assert len((tmp_path / name).read_text().splitlines()) == 4

@@ -45,6 +45,16 @@ def _run_ranks(workdir: Path, tag: str, world_size: int, start: int, stop: int, 
     return {"digests": digests, "state": merge_states(r["state"] for r in results)}
 
 
+def _write_barcode(path: Path, digests: list[str]) -> None:
+    """One whole run per file: BarcodeWriter appends (a resumed run continues its barcode), so the
+    file of an earlier demo into the same directory goes first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    with BarcodeWriter(path) as writer:
+        for step, digest in enumerate(digests):
+            writer.write(step, digest)
+
+
 def _check_arguments(args) -> None:
     """Refuse, naming it, what the rank processes would fail on only after the reference run."""
     if not 0 < args.checkpoint_step < args.steps:
@@ -80,14 +90,10 @@ def run_elastic_demo(args) -> int:
             rows.append((f"{source_world} → {world}", world, len(before), len(after)))
             failed |= bool(before or after)
             if args.barcode_dir:
-                Path(args.barcode_dir).mkdir(parents=True, exist_ok=True)
-                with BarcodeWriter(Path(args.barcode_dir) / f"resume-{source_world}-to-{world}.jsonl") as w:
-                    for s in range(total):
-                        w.write(s, partial["digests"][s] if s < at else resumed[s])
+                digests = [partial["digests"][s] if s < at else resumed[s] for s in range(total)]
+                _write_barcode(Path(args.barcode_dir) / f"resume-{source_world}-to-{world}.jsonl", digests)
         if args.barcode_dir:
-            with BarcodeWriter(Path(args.barcode_dir) / "reference.jsonl") as w:
-                for s in range(total):
-                    w.write(s, reference[s])
+            _write_barcode(Path(args.barcode_dir) / "reference.jsonl", [reference[s] for s in range(total)])
     print(f"\n{'run':16s} {'ranks':>5s} {'steps':>11s} {'mismatches':>10s}  verdict")
     for name, world, before, after in rows:
         span = f"0–{total - 1}" if name == "uninterrupted" else f"{at}–{total - 1}"
