@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
 
     barcode = sub.add_parser("barcode", help="compare per-step global-batch digests of two runs")
     bsub = barcode.add_subparsers(dest="barcode", required=True)
-    compare = bsub.add_parser("compare", help="name the first differing step; exit 1 on any difference")
+    compare = bsub.add_parser(
+        "compare", help="name the first differing step; exit 1 on any difference, 2 on a file that is not a barcode"
+    )
     compare.add_argument("a", help="barcode file (JSON Lines of {step, digest})")
     compare.add_argument("b", help="barcode file to compare with")
     compare.add_argument("--png", help="also draw both runs as a barcode picture (needs matplotlib)")
