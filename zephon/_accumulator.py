@@ -42,7 +42,8 @@ class Accumulator(Protocol):
 
     An accumulator that refuses items (it cannot place them) also offers `drain_skips()`, returning
     and forgetting the (address, reason) pairs refused since the last call; the lane driver passes
-    them to the ledger.
+    them to the ledger. One that cuts items to fit offers `drain_truncations()` likewise, as
+    (address, tokens dropped) pairs, counted as `truncated` and `truncated_tokens`.
 
     The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans. A row plan has
     `num_real_tokens`, `length` and `sources` like a row, `assemble()` returning its

@@ -38,6 +38,7 @@ class LaneStream:
         prefetch: int,
         on_chunk: Callable[[int, int, ChunkRecords], None],
         on_skips: Callable[[int, int, list], None],
+        on_truncations: Callable[[int, int, list], None] | None = None,
         row_work: Callable[[Any], Future] | None = None,
         rows_ahead: int = 1,
         barren_records: int | None = None,
@@ -50,6 +51,7 @@ class LaneStream:
         self._prefetch = prefetch
         self._on_chunk = on_chunk
         self._on_skips = on_skips
+        self._on_truncations = on_truncations
         self._row_work = row_work
         self._rows_ahead = rows_ahead
         # An endless plan whose every record is dropped would be read forever without a row:
@@ -171,8 +173,9 @@ class LaneStream:
         self._drops_without_rows.clear()
 
     def _collect_skips(self, accumulators) -> None:
-        """Accumulators may refuse items (a sample whose images cannot fit); they report them
-        through an optional `drain_skips()` so the ledger loses nothing."""
+        """Accumulators may refuse items (a sample whose images cannot fit) or cut them to fit (a
+        caption too long beside its images); they report them through optional `drain_skips()` and
+        `drain_truncations()` so the ledger loses nothing."""
         for accumulator in accumulators:
             drain = getattr(accumulator, "drain_skips", None)
             if drain is not None:
@@ -181,6 +184,11 @@ class LaneStream:
                     self._on_skips(self.lane, self._segment, skips)
                     if self._barren_records is not None:
                         self._drops_without_rows.update(reason for _, reason in skips)
+            drain = getattr(accumulator, "drain_truncations", None)
+            if drain is not None:
+                cuts = drain()
+                if cuts and self._on_truncations is not None:
+                    self._on_truncations(self.lane, self._segment, cuts)
 
     def close(self) -> None:
         for entry in [*self._pending, *(row for _, row in self._ahead)]:

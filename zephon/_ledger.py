@@ -40,6 +40,14 @@ class Ledger:
             counts["emitted"] -= 1
             counts[f"skipped:{reason}"] += 1
 
+    def count_truncations(self, lane: int, segment: int, cuts: list) -> None:
+        """Items an accumulator cut to fit, as (address, tokens dropped): still emitted, counted as
+        `truncated` (items) and `truncated_tokens`."""
+        for address, dropped in cuts:
+            counts = self._open[(lane, segment)][address.dataset]
+            counts["truncated"] += 1
+            counts["truncated_tokens"] += dropped
+
     def count_rows(self, lane: int, real_tokens: int, total_tokens: int) -> None:
         counts = self._rows[lane]
         counts["rows"] += 1

@@ -219,6 +219,7 @@ class RankLoader:
                 self.prefetch,
                 self._ledger.count_chunk,
                 self._ledger.count_skips,
+                on_truncations=self._ledger.count_truncations,
                 row_work=self._submit_row if self._row_work is not None else None,
                 rows_ahead=self.rows_ahead,
                 barren_records=barren_records(lane, flush_every) if barren_records else None,

@@ -112,3 +112,46 @@ def test_vlm_batch_carries_pixels_grids_and_offsets_for_training(shards):
         expected = PLACEHOLDERS.tokens_for(int(rows), int(cols))
         assert arrays["input_ids"][row, at : at + len(expected)].tolist() == expected.tolist()
         assert (arrays["labels"][row, at : at + len(expected) - 1] == -100).all()
+
+
+def _long_caption_pipeline(root, num_lanes: int = 2) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(root))], seed=3, records_per_chunk=2,
+                                     num_epochs=1)
+    return (Pipeline(source).options(num_lanes=num_lanes, runner="inline", flush_every_chunks=1)
+            .decode_images(spec=ImageSpec(max_pixels=32 * 32))
+            .tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt", bos="<|bos|>",
+                      eos="<|eos|>")
+            .pack_multimodal(32, PLACEHOLDERS).batch(1))
+
+
+def test_captions_cut_to_fit_their_row_are_counted_in_the_stats(tmp_path):
+    """A document whose image fits but whose caption does not is cut on the text side; the cut is
+    counted per dataset (documents and text tokens dropped), not lost silently, and the counts are
+    the same after a resume on another world size."""
+    with tarfile.open(tmp_path / "pairs-000.tar", "w") as tar:
+        for i in range(8):
+            caption = "word " * (50 if i % 2 else 3)  # 53 tokens with BOS/EOS; 6 with them
+            for ext, payload in (("txt", caption.encode()), ("png", encode(gradient(32, 32)))):
+                info = tarfile.TarInfo(f"s-{i:03d}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    with _long_caption_pipeline(tmp_path).shard(0, 1) as loader:
+        for _ in loader:
+            pass
+        total = loader.stats()["datasets"]["pairs"]["total"]
+    assert total["read"] == total["emitted"] == 8 and total["truncated"] == 4
+    assert total["truncated_tokens"] == 4 * (53 - (32 - 6)), "a 2x2-patch image is 6 Pixtral tokens"
+    with _long_caption_pipeline(tmp_path).shard(0, 1) as loader:
+        for _ in zip(range(2), loader):
+            pass
+        state = loader.state_dict()
+    resumed_total = {}
+    for rank in range(2):
+        with _long_caption_pipeline(tmp_path).shard(rank, 2) as loader:
+            loader.load_state_dict(state)
+            for _ in loader:
+                pass
+            for name, n in loader.stats()["datasets"]["pairs"]["total"].items():
+                if name.startswith("truncated"):
+                    resumed_total[name] = resumed_total.get(name, 0) + n
+    assert resumed_total == {"truncated": 4, "truncated_tokens": total["truncated_tokens"]}
