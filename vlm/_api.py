@@ -64,12 +64,16 @@ def pack_multimodal(
     pad_id: int | None = None,
     image_position: str = "before_text",
     field: str = "input_ids",
-    pixels_field: str = "pixels",
+    pixels_field: str | None = None,
     max_open_rows: int = 16,
 ):
     """Append a `PackMultimodal` accumulator. `spec` defaults to the last `decode_images` stage's,
-    and the patch layout (dim, dtype) to what that stage produces (its processor's, if any)."""
+    the patch layout (dim, dtype) to what that stage produces (its processor's, if any), and
+    `pixels_field` (and the grid field) to the fields that stage writes ("pixels" without one)."""
     decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
+    if pixels_field is None:
+        pixels_field = decoder.output_field if decoder is not None else "pixels"
+    grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
         spec = decoder.spec if isinstance(decoder, DecodeImages) else (
             decoder.spec.image if isinstance(decoder, DecodeVideo) else ImageSpec())
@@ -79,7 +83,7 @@ def pack_multimodal(
         patch_dim, patch_dtype = dim, dtype.str
     deferred = isinstance(decoder, DecodeImages) and decoder.defer
     return pipeline.apply(PackMultimodal(
-        max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
+        max_length, placeholders, spec, pad_id, image_position, field, pixels_field, grid_field,
         max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
         deferred_images=deferred, deferred_on_error=decoder.on_error if deferred else None,
     ))

@@ -155,3 +155,16 @@ def test_captions_cut_to_fit_their_row_are_counted_in_the_stats(tmp_path):
                 if name.startswith("truncated"):
                     resumed_total[name] = resumed_total.get(name, 0) + n
     assert resumed_total == {"truncated": 4, "truncated_tokens": total["truncated_tokens"]}
+
+
+def test_pack_multimodal_packs_the_field_decode_images_wrote(shards):
+    """decode_images(output_field=...) and pack_multimodal without pixels_field: the packer reads
+    the decoder's field (it used to read "pixels", find none and pack every caption without its image)."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
+    pipeline = decode_images(Pipeline(source).options(num_lanes=1, runner="inline"), spec=SPEC,
+                             output_field="image")
+    pipeline = pipeline.tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt")
+    with pack_multimodal(pipeline, 256, PLACEHOLDERS).batch(2).shard(0, 1) as loader:
+        batch = next(iter(loader))
+    assert len(batch.ragged["image_grid"]) > 0
+    assert (batch.tokens["input_ids"] == PLACEHOLDERS.end_id).sum() == len(batch.ragged["image_grid"])
