@@ -342,6 +342,13 @@ class MultimodalPacker:
                     )
                 grids.append((h // p, w // p))
             grids = tuple(grids)
+        m = self.placeholders.merge_size
+        for rows, cols in grids:
+            if rows < 1 or cols < 1 or rows % m or cols % m:
+                raise ConfigurationError(
+                    f"record {address}: a {rows}x{cols} patch grid is not a whole number of the placeholders' "
+                    f"{m}x{m} merged cells (does the image processor merge like the placeholders?)"
+                )
         for image, (rows, cols) in zip(images, grids):
             if isinstance(image, DeferredImage):
                 ok = image.grid == (rows, cols) and image.spec.patch_size == p and image.spec.cell == cell \

@@ -158,6 +158,17 @@ def test_processor_patch_rows_travel_with_their_given_grid():
     assert row.ragged["image_grid"].tolist() == [[2, 4]]
 
 
+@pytest.mark.parametrize("grid", [(3, 4), (2, 0)])
+def test_a_given_grid_the_placeholders_cannot_merge_is_a_configuration_error_naming_the_record(grid):
+    """A processor's grid that is not whole merged cells (or is empty) used to escape as a bare
+    ValueError from the placeholder convention, with no record named."""
+    rows = np.zeros((grid[0] * grid[1], 12), np.float32)
+    pack = packer(32, placeholders=QwenPlaceholders(1, 2, 3, merge_size=2), spec=ImageSpec(patch_size=14, merge_size=2),
+                  patch_dim=12, patch_dtype=np.float32)
+    with pytest.raises(ConfigurationError, match=r"record .*shard-0.*2x2"):
+        run(pack, [{"input_ids": text(3), "pixels": rows, "image_grid": np.array([grid], np.int32)}])
+
+
 def test_images_that_do_not_match_the_spec_are_a_configuration_error():
     with pytest.raises(ConfigurationError, match="grid"):
         run(packer(32), [{"input_ids": text(2), "pixels": np.zeros((5, 8, 3), np.uint8)}])
