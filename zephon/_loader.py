@@ -93,7 +93,7 @@ class RankLoader:
         pipeline, settings = self.pipeline, self.pipeline.settings
         ops = pipeline.operators
         accumulators = [op for op in ops if op.kind == "accumulator"]
-        if not accumulators:
+        if not any(hasattr(op, "max_length") for op in accumulators):
             raise ConfigurationError("the pipeline needs a packing operator (e.g. pack_flat) before batch")
         record_ops = pipeline.record_operators()
         if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
@@ -323,9 +323,16 @@ class RankLoader:
 
 
 def _check_one_packer(accumulators) -> None:
+    """One packer, and the first accumulator: the loader takes the row length, the token counter
+    and the padding row from it, and what comes after it (a shuffle) reorders its rows."""
     packers = [op.name for op in accumulators if hasattr(op, "max_length")]
     if len(packers) > 1:
         raise ConfigurationError(f"one packing operator per pipeline, got {packers}: rows cannot be packed again")
+    if not hasattr(accumulators[0], "max_length"):
+        raise ConfigurationError(
+            f"{accumulators[0].name} comes before {packers[0]}: the packer must be the first accumulating operator "
+            f"(a shuffle reorders packed rows; put it after {packers[0]})"
+        )
 
 
 def _check_packed_field(record_ops, packer) -> None:

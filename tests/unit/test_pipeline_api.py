@@ -307,3 +307,15 @@ def test_io_cache_option_keeps_remote_shards_on_local_disk(tmp_path, demo_tokeni
     batches = [b for _, b in zip(range(4), pipeline)]
     assert len(batches) == 4
     assert any(p.is_file() for p in cache_dir.rglob("*")), "remote shards should be cached on local disk"
+
+
+def test_a_pipeline_whose_first_accumulator_is_not_its_packer_is_refused_naming_the_order(
+    spec_pipeline, demo_tokenizer_path
+):
+    """The loader takes its row length, token counter and padding row from the packer: a shuffle
+    placed before it (or alone) used to fail with a bare AttributeError on 'max_length'."""
+    tokenized = Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path))
+    with pytest.raises(ConfigurationError, match=r"shuffle comes before pack_flat"):
+        tokenized.shuffle(4).pack_flat(64).batch(2).shard(0, 1)
+    with pytest.raises(ConfigurationError, match="needs a packing operator"):
+        tokenized.shuffle(4).batch(2).shard(0, 1)
