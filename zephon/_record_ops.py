@@ -123,7 +123,9 @@ class TokenizeOp(RecordOperator):
         bos_id, eos_id = handle.token_id(self.bos), handle.token_id(self.eos)
         prefix = [bos_id] if bos_id is not None else []
         suffix = [eos_id] if eos_id is not None else []
-        field_name, out_field, keep_field = self.field, self.output_field, self.keep_field
+        field_name, out_field = self.field, self.output_field
+        # Tokenized into its own field, the source is already replaced: dropping it drops the tokens.
+        keep_field = self.keep_field or field_name == out_field
         # Only ids are used: `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets
         # and gives the same ids for ~20% less CPU.
         encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch

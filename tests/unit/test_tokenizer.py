@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from zephon._tokenizer import leave_cores_to_workers, load_tokenizer
@@ -61,3 +62,16 @@ def test_loading_a_large_tokenizer_keeps_only_what_it_holds(tmp_path):
     growth = subprocess.run([sys.executable, "-c", _RSS_GROWTH_OF_LOADING, str(directory)],
                             capture_output=True, text=True, check=True).stdout
     assert int(growth) < 100, f"loading Tekken grew the process by {growth.strip()} MiB"
+
+
+@pytest.mark.parametrize("keep_field", [False, True])
+def test_tokenizing_a_field_into_itself_keeps_the_tokens(demo_tokenizer_path, keep_field):
+    """Dropping the source field after tokenizing used to drop the tokens just written there when
+    `output_field` named the same field: every record then reached the packer without its tokens."""
+    from zephon._record_ops import TokenizeOp
+    from zephon._records import Chunk, ChunkRecords, RecordAddress
+
+    op = TokenizeOp(str(demo_tokenizer_path), field="text", output_field="text", keep_field=keep_field)
+    chunk = ChunkRecords(Chunk("d", 0, 0, 1), [{"text": "hello world"}], [RecordAddress("d", "s", 0)])
+    out = op.build("skip")(chunk)
+    assert out.records[0]["text"].dtype == np.int32 and len(out.records[0]["text"]) > 0
