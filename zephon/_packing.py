@@ -12,6 +12,10 @@ The accumulator decides which document pieces go into which row and emits that d
 Every row carries `input_ids`, `labels` (the next token of the same document, IGNORE_INDEX at a
 document's end and on padding), `position_ids` (restarting at each document piece) and
 `document_ids` (0, 1, … per piece in the row, PADDING_DOCUMENT on padding).
+
+A record whose field holds no tokens to pack is refused and reported by `drain_skips()`:
+`missing_field`, `not_tokens` (not a flat sequence of integer ids in [0, 2**31)) or
+`empty_document` (no ids). Without a tokenizer the ids come from the data as it is stored.
 """
 
 from __future__ import annotations
@@ -46,6 +50,31 @@ class Piece(NamedTuple):
     @property
     def length(self) -> int:
         return self.stop - self.start
+
+
+def token_ids(value: object) -> np.ndarray | str:
+    """A document's ids as a 1-D int32 array, or the reason it has none to pack.
+
+    What `tokenize` writes (a 1-D int32 array) is taken as it is, unchecked: this runs on the
+    loader's thread for every document. Anything else (ids stored in the data, a `map`'s output)
+    is checked once here, so that no id is wrapped, truncated or rejected later inside a batch."""
+    if type(value) is np.ndarray and value.dtype == np.int32 and value.ndim == 1:
+        return value if len(value) else "empty_document"
+    if value is None:
+        return "missing_field"
+    if isinstance(value, (str, bytes)):
+        return "not_tokens"
+    try:
+        ids = np.asarray(value)
+    except (TypeError, ValueError):  # ragged nesting
+        return "not_tokens"
+    if ids.ndim != 1:
+        return "not_tokens"
+    if ids.size == 0:
+        return "empty_document"
+    if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2**31:
+        return "not_tokens"
+    return ids.astype(np.int32, copy=False)
 
 
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
@@ -126,10 +155,14 @@ class WrapPacker:
         self.field = field
         self._pieces: list[Piece] = []
         self._filled = 0
+        self._skips: list[tuple[RecordAddress, str]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        tokens = record[self.field]
+        tokens = token_ids(record.get(self.field))
+        if isinstance(tokens, str):
+            self._skips.append((address, tokens))
+            return []
         start, out = 0, []
         while start < len(tokens):
             take = min(len(tokens) - start, self.max_length - self._filled)
@@ -142,6 +175,11 @@ class WrapPacker:
 
     def flush(self) -> list[FlatRowPlan]:
         return [self._emit()] if self._pieces else []
+
+    def drain_skips(self) -> list[tuple[RecordAddress, str]]:
+        """Records refused since the last call, as (address, reason); the list is handed over."""
+        skips, self._skips = self._skips, []
+        return skips
 
     def _emit(self) -> FlatRowPlan:
         row = FlatRowPlan(tuple(self._pieces), self.max_length, self.pad_id)
@@ -158,10 +196,14 @@ class FirstFitPacker:
         self.field = field
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
+        self._skips: list[tuple[RecordAddress, str]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        tokens = record[self.field]
+        tokens = token_ids(record.get(self.field))
+        if isinstance(tokens, str):
+            self._skips.append((address, tokens))
+            return []
         out = []
         start = 0
         while len(tokens) - start > self.max_length:
@@ -177,6 +219,11 @@ class FirstFitPacker:
 
     def flush(self) -> list[FlatRowPlan]:
         return [self._row(row) for row in self._open.drain()]
+
+    def drain_skips(self) -> list[tuple[RecordAddress, str]]:
+        """Records refused since the last call, as (address, reason); the list is handed over."""
+        skips, self._skips = self._skips, []
+        return skips
 
     def _row(self, pieces: Sequence[Piece]) -> FlatRowPlan:
         return FlatRowPlan(tuple(pieces), self.max_length, self.pad_id)
@@ -214,6 +261,16 @@ class PackFlatOp:
             return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows)
 
         return make
+
+    def token_counter(self):
+        """What token estimation counts of a record: the ids a packer places, none of one it refuses."""
+        field = self.field
+
+        def count(address: RecordAddress, record: dict) -> int:
+            ids = token_ids(record.get(field))
+            return 0 if isinstance(ids, str) else len(ids)
+
+        return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
         return {

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tests.harness import assert_plans_collate_like_their_rows
 from zephon import IGNORE_INDEX, PADDING_DOCUMENT, SegmentContext
-from zephon._packing import FirstFitPacker, FlatRowPlan, WrapPacker
+from zephon._packing import FirstFitPacker, FlatRowPlan, PackFlatOp, WrapPacker
 from zephon._records import RecordAddress
 from zephon._shuffle import ShuffleBuffer
 
@@ -125,3 +125,30 @@ def test_a_microbatch_of_flat_plans_equals_its_rows_assembled_one_by_one(lengths
     plans = _plans(packer, _docs(lengths))
     assert all(isinstance(plan, FlatRowPlan) for plan in plans)
     assert_plans_collate_like_their_rows(plans, microbatch)
+
+
+def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reason():
+    """What the lane driver hands the ledger through `drain_skips()`; the other records pack as
+    usual. An int32 array is what tokenize writes; lists come from data stored pre-tokenized."""
+    records = [
+        {"input_ids": np.arange(1, 6, dtype=np.int32)},
+        {},
+        {"input_ids": "text"},
+        {"input_ids": np.zeros(0, dtype=np.int32)},
+        {"input_ids": [1, 2**31]},
+        {"input_ids": [3, 4, 5]},
+    ]
+    items = [(RecordAddress("d", "s", i), r) for i, r in enumerate(records)]
+    for packer in (WrapPacker(4, 0, "input_ids"), FirstFitPacker(4, 0, "input_ids", 2)):
+        rows = _run(packer, items)
+        np.testing.assert_array_equal(np.sort(_real_tokens(rows)), [1, 2, 3, 3, 4, 4, 5, 5])
+        assert all(r.tokens["input_ids"].dtype == np.int32 for r in rows)
+        assert packer.drain_skips() == [
+            (RecordAddress("d", "s", 1), "missing_field"),
+            (RecordAddress("d", "s", 2), "not_tokens"),
+            (RecordAddress("d", "s", 3), "empty_document"),
+            (RecordAddress("d", "s", 4), "not_tokens"),
+        ]
+        assert packer.drain_skips() == []
+    count = PackFlatOp(4).token_counter()  # token estimation counts what the packers place
+    assert [count(address, record) for address, record in items] == [5, 0, 0, 0, 0, 3]

@@ -39,6 +39,7 @@ from tests.reliability.harness import (
     tokens_by_record,
     vlm_pipeline,
     words,
+    write_lines,
 )
 from tests.unit.test_vlm_assets import (  # the shared bad-image makers
     cmyk_jpeg,
@@ -412,3 +413,41 @@ def test_dirty_corpus_gives_the_same_digests_and_stats_on_every_run_and_world_si
     for other in (again, on_four):
         assert other.digests == first.digests
         assert other.totals == first.totals
+
+
+# -- token ids given in the data (no tokenize) ---------------------------------------------------
+BAD_TOKEN_FIELDS = {
+    "missing_field": {"id": "x"},
+    "not_tokens": {"id": "x", "ids": "a string, not token ids"},
+    "negative_id": {"id": "x", "ids": [5, -1, 7]},
+    "id_past_int32": {"id": "x", "ids": [5, 2**31, 7]},
+    "fractional_ids": {"id": "x", "ids": [1.5, 2.5]},
+    "nested_ids": {"id": "x", "ids": [[1, 2], [3, 4]]},
+    "empty_document": {"id": "x", "ids": []},
+}
+TOKEN_REASON = {"negative_id": "not_tokens", "id_past_int32": "not_tokens", "fractional_ids": "not_tokens",
+                "nested_ids": "not_tokens"}
+
+
+@pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
+@pytest.mark.parametrize("case", sorted(BAD_TOKEN_FIELDS))
+def test_packing_token_ids_from_the_data_skips_a_record_without_usable_ids_by_reason(tmp_path, case, algorithm):
+    """Without a tokenizer the packer reads ids straight from the records: a record without the
+    field used to stop the run with a bare KeyError, one with text a bare ValueError, an id past
+    int32 wrapped silently and an empty list was 'emitted' with nothing packed."""
+    good = [json.dumps({"id": f"r{i}", "ids": list(range(1, i + 2))}).encode() for i in range(PER_SHARD)]
+    for shard in range(SHARDS):
+        lines = list(good)
+        if shard == 1:
+            lines[5] = json.dumps(BAD_TOKEN_FIELDS[case]).encode()
+        write_lines(tmp_path / f"part-{shard:05d}.jsonl", lines)
+    dataset = Dataset.from_path("d", str(tmp_path))
+    source = ScheduledMixtureWorkSource([dataset], [(0, {"d": 1})], records_per_chunk=4, num_epochs=1)
+    pipeline = Pipeline(source).options(num_lanes=4, runner="inline", flush_every_chunks=2).pack_flat(
+        16, algorithm, field="ids").batch(2)
+    run = run_epoch(pipeline)
+    assert run.skipped("d") == Counter({TOKEN_REASON.get(case, case): 1})
+    assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+    delivered = sum(int(np.count_nonzero(b.tokens["document_ids"] >= 0)) for b in run.batches)
+    expected = SHARDS * sum(i + 1 for i in range(PER_SHARD)) - (5 + 1)  # record 5 of shard 1 replaced
+    assert delivered == expected
