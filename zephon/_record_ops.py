@@ -54,9 +54,15 @@ class MapOp(RecordOperator):
             out = []
             for record, address in zip(batch.records, batch.addresses):
                 try:
-                    out.append(fn(record))
+                    result = fn(record)
                 except Exception:
                     raise UserFunctionError(address, name, traceback.format_exc()) from None
+                if result is not None and not isinstance(result, dict):  # else the next stage fails, unnamed
+                    raise UserFunctionError(
+                        address, name, f"{_describe_callable(fn)} returned a {type(result).__name__}, "
+                        "not a record (a dict) or None"
+                    )
+                out.append(result)
             batch.records = out
             batch.keep([r is not None for r in out])
             return batch

@@ -130,6 +130,21 @@ def test_user_function_error_surfaces_with_address_and_original_traceback(tmp_pa
     assert str(error.address) in str(error)
 
 
+def _text_of_victim(record: dict):
+    return record["text"] if record["id"] == VICTIM else record
+
+
+def test_a_map_that_returns_no_record_fails_naming_the_map_and_the_record(tmp_path):
+    """A map must return a dict (or None to drop the record): anything else used to surface in the
+    next stage as a bare AttributeError ('str' object has no attribute 'get') with no address."""
+    dataset = jsonl_dataset(tmp_path / "data")
+    with pytest.raises(UserFunctionError) as info:
+        run_epoch(text_pipeline(dataset, map_fn=_text_of_victim), keep_batches=False)
+    assert info.value.operator == "map"
+    assert info.value.address in {address(dataset, shard, 9) for shard in range(SHARDS)}
+    assert "returned a str, not a record (a dict) or None" in info.value.original
+
+
 # -- storage ------------------------------------------------------------------------------------
 class FlakyStore(MemoryFileSystem):
     """A real fsspec filesystem (memory-backed, protocol `flakyrel://`) whose next `failing_opens`
