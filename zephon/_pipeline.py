@@ -76,6 +76,13 @@ class Pipeline:
     """
 
     def __init__(self, source: WorkSource, *, operators: tuple = (), options: PipelineOptions | None = None) -> None:
+        # Checked here: a Dataset or a path would otherwise fail at shard() as a bare AttributeError.
+        if not isinstance(source, WorkSource):
+            raise ConfigurationError(
+                f"a Pipeline needs a work source (e.g. StaticMixtureWorkSource([dataset, ...])), got {source!r}"
+            )
+        if options is not None and not isinstance(options, PipelineOptions):
+            raise ConfigurationError(f"options must be a PipelineOptions (or use .options(...)), got {options!r}")
         self.source = source
         self.operators = tuple(operators)
         self.settings = options or PipelineOptions()

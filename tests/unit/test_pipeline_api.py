@@ -319,3 +319,13 @@ def test_a_pipeline_whose_first_accumulator_is_not_its_packer_is_refused_naming_
         tokenized.shuffle(4).pack_flat(64).batch(2).shard(0, 1)
     with pytest.raises(ConfigurationError, match="needs a packing operator"):
         tokenized.shuffle(4).batch(2).shard(0, 1)
+
+
+def test_a_pipeline_given_no_work_source_or_no_options_object_is_refused_naming_it(demo_data_dir):
+    """Pipeline(Dataset) used to be accepted and to fail at shard() with a bare AttributeError on 'bind'."""
+    dataset = Dataset.from_path("jargon", str(demo_data_dir / "jargon"))
+    for source in (dataset, [dataset], str(demo_data_dir)):
+        with pytest.raises(ConfigurationError, match="needs a work source"):
+            Pipeline(source)
+    with pytest.raises(ConfigurationError, match="options must be a PipelineOptions"):
+        Pipeline(StaticMixtureWorkSource([dataset]), options={"num_lanes": 2})
