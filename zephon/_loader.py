@@ -233,7 +233,7 @@ class RankLoader:
         self._generation += 1
         generation = self._generation
         self._open_streams()
-        m, per_step = self.microbatch_size, self.rows_per_step
+        per_step = self.rows_per_step
         while True:
             # Lanes are asked whether they have more only when their turn comes: asking every lane
             # up front would fill every lane's buffers before the first microbatch (time to first
@@ -246,22 +246,35 @@ class RankLoader:
             for lane in unknown:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
-                    rows = [self._take(lane) for _ in range(m)]
-                    index = (cursor.position % per_step) // m
-                    cursor.position += m
-                    yield collate(rows, lane, step, index)
+                    yield self._microbatch(lane, step)
                     if generation != self._generation:
                         # A newer iteration (or a load_state_dict) took over while this one was
                         # suspended: stop before touching its streams, cursors or ledger.
                         return
 
-    def _take(self, lane: int):
+    def _microbatch(self, lane: int, step: int) -> Batch:
+        """The lane's next microbatch, counted as handed over only once it is whole.
+
+        Every row is taken first: an exception while waiting for one (Ctrl-C, a preemption
+        handler, a worker that crashed for good) leaves the cursor and the ledger at the last
+        microbatch handed over, so a checkpoint or a new iteration taken then starts again with
+        this microbatch's first row instead of skipping the rows taken before the exception."""
+        m, cursor = self.microbatch_size, self._cursors[lane]
+        fetched = [self._streams[lane].next() for _ in range(m)]
+        index = (cursor.position % self.rows_per_step) // m
+        batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
+        for got in fetched:
+            self._account(lane, got)
+        cursor.position += m
+        return batch
+
+    def _account(self, lane: int, got) -> None:
+        """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),
+        counted as handed over: the cursor moves past it and the ledger counts it."""
         cursor = self._cursors[lane]
-        got = self._streams[lane].next()
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
-            row = self._padding_row
-            self._ledger.count_rows(lane, 0, row.length)
-            return row
+            self._ledger.count_rows(lane, 0, self._padding_row.length)
+            return
         segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if segment != cursor.segment:
             cursor.segment, cursor.skip = segment, 0
@@ -271,7 +284,6 @@ class RankLoader:
         masked = getattr(row, "masked_documents", ())
         if masked:
             self._ledger.count_masked(lane, masked)
-        return row
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

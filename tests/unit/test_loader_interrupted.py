@@ -1,0 +1,82 @@
+"""A loader interrupted inside a microbatch (Ctrl-C, a preemption handler raising, a worker that
+crashed for good) neither loses nor repeats a row.
+
+The loader takes a microbatch's rows one by one, waiting for the runner between them. An exception
+raised while it waits for the second row must leave the cursors where the trainer is: the first
+row was never handed over, so a checkpoint taken then, or a new iteration of the same loader,
+starts again with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from zephon import _lane
+
+
+class Interrupt(BaseException):
+    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
+
+
+def digests(loader, limit=None) -> list[tuple[int, int, int, str]]:
+    out = []
+    for batch in loader:
+        out.append((batch.step, batch.lane, batch.index, batch.digest()))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    return text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline")
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """Make the n-th row the loader asks a lane for raise `Interrupt` while it waits."""
+
+    def arm(n: int) -> None:
+        calls = {"n": 0}
+        original = _lane.LaneStream.next
+
+        def next_row(stream):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise Interrupt
+            return original(stream)
+
+        monkeypatch.setattr(_lane.LaneStream, "next", next_row)
+
+    return arm
+
+
+def test_a_checkpoint_taken_after_an_interrupt_inside_a_microbatch_resumes_without_a_gap(pipeline, interrupt_at):
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+    assert len(reference) > 4
+    interrupt_at(4)  # microbatch 1 (lane 1): its first row taken, the second interrupted
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for batch in loader:
+                seen.append((batch.step, batch.lane, batch.index, batch.digest()))
+        state = loader.state_dict()
+    assert seen == reference[:1]
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        loader.load_state_dict(state)
+        assert seen + digests(loader) == reference
+
+
+def test_iterating_again_after_an_interrupt_inside_a_microbatch_continues_without_a_gap(pipeline, interrupt_at):
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+    interrupt_at(4)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for batch in loader:
+                seen.append((batch.step, batch.lane, batch.index, batch.digest()))
+        assert seen + digests(loader) == reference
+
