@@ -247,6 +247,8 @@ class RankLoader:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
                     yield self._microbatch(lane, step)
+                    if self._closed:  # its streams and runner are gone
+                        raise ConfigurationError("this loader was closed while it was being iterated")
                     if generation != self._generation:
                         # A newer iteration (or a load_state_dict) took over while this one was
                         # suspended: stop before touching its streams, cursors or ledger.

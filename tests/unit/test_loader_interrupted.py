@@ -1,5 +1,6 @@
 """A loader interrupted inside a microbatch (Ctrl-C, a preemption handler raising, a worker that
-crashed for good) neither loses nor repeats a row.
+crashed for good) neither loses nor repeats a row; one closed while an iteration is suspended says
+so when that iteration goes on.
 
 The loader takes a microbatch's rows one by one, waiting for the runner between them. An exception
 raised while it waits for the second row must leave the cursors where the trainer is: the first
@@ -13,6 +14,7 @@ import pytest
 
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
 from zephon import _lane
+from zephon._errors import ConfigurationError
 
 
 class Interrupt(BaseException):
@@ -80,3 +82,13 @@ def test_iterating_again_after_an_interrupt_inside_a_microbatch_continues_withou
                 seen.append((batch.step, batch.lane, batch.index, batch.digest()))
         assert seen + digests(loader) == reference
 
+
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_an_iteration_resumed_after_close_fails_naming_the_closed_loader(tmp_path, runner):
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner)
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    batches = iter(loader)
+    next(batches)
+    loader.close()
+    with pytest.raises(ConfigurationError, match="closed"):
+        next(batches)
