@@ -85,7 +85,7 @@ def _pickled_error(exc: Exception, stage: str) -> bytes:
     text = "".join(traceback.format_exception(exc))
     exc.add_note(f"raised in stage {stage!r}, worker process {os.getpid()}:\n{text.rstrip()}")
     try:
-        stream = pickle.dumps(exc, protocol=5)
+        stream = pickle.dumps(_Noted(exc), protocol=5)
         pickle.loads(stream)
     except Exception:
         stream = pickle.dumps(
@@ -96,3 +96,25 @@ def _pickled_error(exc: Exception, stage: str) -> bytes:
             protocol=5,
         )
     return stream
+
+
+class _Noted:
+    """Pickles an exception together with its notes.
+
+    An exception whose `__reduce__` returns only its constructor's arguments (Zephon's named
+    errors do, to keep their fields) would arrive without `__notes__`, and so without the worker's
+    traceback."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def __reduce__(self):
+        return _with_notes, (self.exc, list(self.exc.__notes__))
+
+
+def _with_notes(exc: Exception, notes: list[str]) -> Exception:
+    if getattr(exc, "__notes__", None) != notes:
+        exc.__notes__ = notes
+    return exc

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from runners import InlineRunner, ProcessRunner, WorkerCrashedError
-from zephon._errors import ConfigurationError, ZephonError
+from zephon._errors import BadRecordError, ConfigurationError, ZephonError
+from zephon.io import ShardUnavailableError
 from zephon._runner import Stage
 
 MIB = 1 << 20
@@ -215,6 +216,26 @@ def test_a_picklable_exception_keeps_its_type_and_gains_the_worker_traceback_as_
         error = runner.submit(0, 5).exception(10)
     assert type(error) is KeyError and error.args == (5,)
     assert any("Traceback" in note and "'lookup'" in note for note in error.__notes__)
+
+
+def test_an_error_that_pickles_its_own_fields_keeps_them_and_still_gains_the_worker_traceback():
+    """Zephon's named errors pickle only their fields (`__reduce__`); the note must cross too."""
+
+    def fail(x: int) -> None:
+        if x == 0:
+            raise ShardUnavailableError("mem://shard-7", 3, "gone")
+        error = BadRecordError(("d", "shard-7", x), "too_long", "field 'text'")
+        error.add_note("a note of the stage's own")
+        raise error
+
+    with ProcessRunner() as runner:
+        runner.start([Stage("read", fail)])
+        shard, record = (runner.submit(0, x).exception(10) for x in (0, 5))
+    assert type(shard) is ShardUnavailableError and (shard.url, shard.attempts) == ("mem://shard-7", 3)
+    assert type(record) is BadRecordError and record.address == ("d", "shard-7", 5)
+    assert record.__notes__[0] == "a note of the stage's own"
+    for error in (shard, record):
+        assert any("Traceback" in note and "'read'" in note for note in error.__notes__)
 
 
 def test_unpicklable_items_and_results_fail_their_future_not_the_runner():
