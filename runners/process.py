@@ -15,6 +15,8 @@ runner's lock, so a done-callback may submit to any stage, or close the runner, 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import multiprocessing
 import os
@@ -25,6 +27,7 @@ import signal
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -136,7 +139,8 @@ class ProcessRunner:
 
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
-    killed after `close_timeout_s`, and the shared-memory directory is removed.
+    killed after `close_timeout_s`, and the shared-memory directory is removed. A runner never
+    closed is closed at interpreter exit.
 
     Forking happens from a multi-threaded parent once the reader thread runs (to replace a worker),
     and possibly in `start()` if the caller has threads. This is safe here because the child never
@@ -194,6 +198,7 @@ class ProcessRunner:
         self._requests: Arena | None = None  # the request arena, mapped in start() before any fork
         self._wake_r = self._wake_w = -1
         self._reader: threading.Thread | None = None
+        self._at_exit: functools.partial | None = None  # registered with atexit while started
         self._watch = _Watch()  # the reader thread's own
         self._workers: list[_Worker] = []
         self._queued: list[deque[_Task]] = []
@@ -222,6 +227,10 @@ class ProcessRunner:
             raise RuntimeError("start() may be called once, before close()")
         self._stages = validate_stages(stages)
         self._queued = [deque() for _ in self._stages]
+        # A runner never closed is closed at interpreter exit, before multiprocessing's own exit
+        # hook (registered earlier, so run later) terminates the workers under the reader thread.
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid())
+        atexit.register(self._at_exit)
         try:
             with self._lock:
                 self._directory = make_shm_directory(self._shm_root)
@@ -272,6 +281,8 @@ class ProcessRunner:
             if self._closing:
                 return
             self._closing = True
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
         if self._reader is not None and self._reader is not threading.current_thread():
             self._wake()
             self._reader.join()
@@ -591,6 +602,16 @@ class _Watch:
             self._selector.close()
             self._selector = None
         self._workers = ()
+
+
+def _close_at_exit(runner: weakref.ref, pid: int) -> None:
+    """Close a runner its owner never closed: stop its workers and remove its buffer directory.
+
+    Only in the process that started it: a child forked from it (which inherits the atexit
+    registry) must not stop the parent's workers or remove the parent's directory."""
+    alive = runner()
+    if alive is not None and os.getpid() == pid:
+        alive.close()
 
 
 def _drain(fd: int) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -383,6 +385,33 @@ def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_f
     assert not os.path.exists(directory) and runner.shm_directory is None
     assert len(os.listdir("/proc/self/fd")) == fds_before  # pipes, sentinels and wake-up pipe closed
     assert kept.sum() == MIB  # a result received before close outlives the directory
+
+
+_EXIT_WITHOUT_CLOSE = """
+import os, sys, numpy as np
+from runners import ProcessRunner
+from zephon._runner import Stage
+runner = ProcessRunner(shm_root=sys.argv[1], reply_arena_bytes=0)
+runner.start([Stage("double", lambda x: 2 * x, 2)])
+assert runner.submit(0, np.ones(1 << 20)).result(10).sum() == 2 << 20
+assert os.listdir(sys.argv[1]) == [os.path.basename(runner.shm_directory)]
+print(*runner.worker_pids())
+# exits without runner.close()
+"""
+
+
+def test_a_runner_never_closed_is_closed_at_interpreter_exit(tmp_path):
+    root = tmp_path / "shm"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, str(root)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(root.iterdir()) == []  # its buffer directory removed
+    assert "Traceback" not in done.stderr
+    for pid in map(int, done.stdout.split()):
+        assert not Path(f"/proc/{pid}").exists()
 
 
 def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
