@@ -187,7 +187,13 @@ class RankLoader:
         return self._runner
 
     def _submit(self, chunk: Chunk) -> Future:
-        return _submit_chain(self._runner, len(self.stages), chunk)
+        return _submit_chain(self._runner, len(self.stages), chunk, self._describe)
+
+    def _describe(self, chunk: Chunk) -> str:
+        """Where a chunk's records are, for an error that does not say (a worker that crashed)."""
+        shards = getattr(self._read_datasets[chunk.dataset], "shards", None)
+        url = f" ({shards[chunk.shard].url})" if shards is not None else ""
+        return f"while the loader ran {chunk}{url} through its stateless stages"
 
     def _submit_row(self, row) -> Future:
         """A future of the row with its row work done: the work's order goes to the runner, and
@@ -430,13 +436,15 @@ def _apply_row_work(work, row, done: Future, future: Future) -> None:
         _settle(done.set_result, finished)
 
 
-def _submit_chain(runner: Runner, num_stages: int, item) -> Future:
+def _submit_chain(runner: Runner, num_stages: int, item, describe) -> Future:
     """Run an item through every stage in turn; the returned future resolves with the last result.
+    An exception from any stage gets the note `describe(item)`, naming the item where the error
+    itself may not (a WorkerCrashedError knows only the stage).
 
     Cancelling the returned future (a loader closing with work in flight) stops the chain at the
     next hand-off.
     """
-    chain = _Chain(runner, num_stages)
+    chain = _Chain(runner, num_stages, item, describe)
     chain.advance(0, item)
     return chain.done
 
@@ -452,11 +460,12 @@ class _Chain:
     loader drops `done`, plain reference counting frees it all.
     """
 
-    __slots__ = ("runner", "num_stages", "done")
+    __slots__ = ("runner", "num_stages", "item", "describe", "done")
 
-    def __init__(self, runner: Runner, num_stages: int) -> None:
+    def __init__(self, runner: Runner, num_stages: int, item, describe) -> None:
         self.runner = runner
         self.num_stages = num_stages
+        self.item, self.describe = item, describe  # the first stage's item (a Chunk: small)
         self.done: Future = Future()
 
     def advance(self, stage: int, value) -> None:
@@ -470,8 +479,9 @@ class _Chain:
     def _on_stage_done(self, stage: int, future: Future) -> None:
         if future.cancelled():
             self.done.cancel()
-        elif future.exception() is not None:
-            _settle(self.done.set_exception, future.exception())
+        elif (error := future.exception()) is not None:
+            error.add_note(self.describe(self.item))
+            _settle(self.done.set_exception, error)
         else:
             self.advance(stage + 1, future.result())
 

@@ -10,6 +10,7 @@ permanent one fails with `ShardUnavailableError` naming the file's URL.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -255,3 +256,24 @@ def test_permanent_read_error_fails_with_the_files_url(flaky_store, tmp_path, ru
     assert error.url in {shard.url for shard in dataset.shards} and error.url.startswith("flakyrel://")
     assert error.url in str(error) and error.attempts == 3
     assert "ConnectionResetError" in error.cause
+
+
+def _exit_on_victim(record: dict) -> dict:
+    if record["id"] == VICTIM:
+        os._exit(3)  # a crash, not an exception: nothing names the record but the loader
+    return record
+
+
+def test_a_record_that_always_crashes_its_worker_fails_naming_its_chunk(tmp_path):
+    from runners import WorkerCrashedError
+
+    dataset = jsonl_dataset(tmp_path / "data")
+    pipeline = text_pipeline(dataset, runner=ProcessRunner(max_retries=1), map_fn=_exit_on_victim)
+    with pytest.raises(WorkerCrashedError) as info:
+        run_epoch(pipeline, keep_batches=False)
+    notes = "\n".join(getattr(info.value, "__notes__", ()))
+    assert "exited with code 3" in str(info.value)
+    found = re.search(r"Chunk\(dataset='d', shard=(\d+), start=(\d+), stop=(\d+)\) \((.*?)\)", notes)
+    assert found, notes
+    shard, start, stop = map(int, found.groups()[:3])
+    assert start <= 9 < stop and found[4] == dataset.shards[shard].url
