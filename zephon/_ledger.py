@@ -67,6 +67,13 @@ class Ledger:
             for dataset, counts in self._open.pop(key).items():
                 self._settled[lane][dataset].update(counts)
 
+    def replay(self, lane: int, segment: int) -> None:
+        """The lane is read again from the start of `segment` (a new iteration of the loader):
+        settle what lies before it and drop the counts from it on, which the replay counts anew."""
+        self.settle(lane, segment)
+        for key in [k for k in self._open if k[0] == lane]:
+            del self._open[key]
+
     def lane_state(self, lane: int, segment: int) -> dict:
         """JSON-able counts a checkpoint needs for a lane whose replay starts at `segment`."""
         self.settle(lane, segment)

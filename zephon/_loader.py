@@ -216,6 +216,7 @@ class RankLoader:
         self._streams = {}
         for lane in self.lanes:
             cursor = self._cursors[lane]
+            self._ledger.replay(lane, cursor.segment)
             stream = LaneStream(
                 lane,
                 lane_plan(self.plan, lane, flush_every, cursor.segment),

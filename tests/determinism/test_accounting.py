@@ -71,14 +71,20 @@ def _epoch(pipeline, world_size, state=None):
             if state is not None:
                 loader.load_state_dict(state)
             batches.extend(loader)
-            for name, entry in loader.stats()["datasets"].items():
-                total = totals.setdefault(name, Counter())
-                for key, value in entry["total"].items():
-                    if key == "skipped":
-                        total.update({f"skipped:{k}": v for k, v in value.items()})
-                    else:
-                        total[key] += value
+            _add_totals(totals, loader.stats())
     return batches, totals
+
+
+def _add_totals(totals: dict, stats: dict) -> dict:
+    """Add a loader's ledger totals per dataset to `totals` ({dataset: Counter}, skips as `skipped:<reason>`)."""
+    for name, entry in stats["datasets"].items():
+        total = totals.setdefault(name, Counter())
+        for key, value in entry["total"].items():
+            if key == "skipped":
+                total.update({f"skipped:{k}": v for k, v in value.items()})
+            else:
+                total[key] += value
+    return totals
 
 
 @pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
@@ -128,3 +134,18 @@ def test_fail_fast_names_the_bad_record(dirty_corpora, demo_tokenizer_path):
         with pipeline.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
             list(loader)
     assert "b:" in str(info.value) and "part-0000" in str(info.value)
+
+
+def test_a_new_iteration_of_the_same_loader_counts_nothing_twice(dirty_corpora, demo_tokenizer_path):
+    """A new `iter(loader)` carries on from the cursors by replaying the lanes from their last
+    flush; the records it reads again were counted already and must not be counted twice."""
+    clean, dirty = dirty_corpora
+    make = lambda: text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1)
+    whole, whole_totals = _epoch(make(), 1)
+    with make().shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        first = iter(loader)
+        parts = [next(first) for _ in range(len(whole) // 3)]
+        parts += list(iter(loader))  # takes over from `first`
+        stats = loader.stats()
+    assert [b.digest() for b in parts] == [b.digest() for b in whole]
+    assert _add_totals({}, stats) == whole_totals
