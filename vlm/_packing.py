@@ -42,6 +42,7 @@ import numpy as np
 from zephon._accumulator import SegmentContext
 from zephon._errors import ConfigurationError
 from zephon._first_fit import FirstFitRows
+from zephon._packing import token_ids
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -52,6 +53,10 @@ from ._placeholders import Placeholders
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
 IMAGE_POSITIONS = ("before_text", "after_bos", "after_text")
+
+_NO_TEXT = np.empty(0, dtype=np.int32)
+"""The text of a document that is images alone (read-only: shared by every such document)."""
+_NO_TEXT.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -293,7 +298,12 @@ class MultimodalPacker:
         if text is None:
             self._skips.append((address, "missing_text"))
             return None
-        text = np.asarray(text, dtype=np.int32)
+        text = token_ids(text)
+        if isinstance(text, str):
+            if text != "empty_document":  # ids stored in the data: not a flat list of int32 ids
+                self._skips.append((address, text))
+                return None
+            text = _NO_TEXT  # a document may be images alone
         images = _as_images(record.get(self.pixels_field))
         grids = self._grids(address, record, images)
         lengths = self._lengths
