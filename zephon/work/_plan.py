@@ -183,8 +183,7 @@ def _validate_schedule(schedule, names: list[str]) -> Schedule:
         weights = {n: float(weights.get(n, 0.0)) for n in names}
         if any(w < 0 or not math.isfinite(w) for w in weights.values()) or sum(weights.values()) <= 0:
             raise ConfigurationError(f"mixture weights must be finite, non-negative and not all zero: {weights}")
-        total = sum(weights.values())
-        phases.append((int(start), {n: w / total for n, w in weights.items()}))
+        phases.append((int(start), _normalised(weights)))
     if not phases or phases[0][0] != 0:
         raise ConfigurationError("a mixture schedule must start with a phase at token 0")
     if any(b[0] <= a[0] for a, b in zip(phases, phases[1:])):
@@ -192,10 +191,33 @@ def _validate_schedule(schedule, names: list[str]) -> Schedule:
     return tuple(phases)
 
 
+SMALLEST_SHARE = 2.0**-52
+"""The smallest positive share of a phase's total weight: float64's resolution next to 1. A lane
+reaches a dataset's chunks at its tokens ÷ its share on a float token axis, which a subnormal share
+(5e-324) sends to infinity; no run of realistic length would draw a single chunk at a smaller share."""
+
+
+def _normalised(weights: dict[str, float]) -> dict[str, float]:
+    """Weights as shares of their total, scaled by the largest first so that huge weights
+    (1e308 twice) do not sum to infinity and turn every share into 0."""
+    largest = max(weights.values())
+    scaled = {n: w / largest for n, w in weights.items()}
+    total = sum(scaled.values())
+    shares = {n: w / total for n, w in scaled.items()}
+    tiny = {n: weights[n] for n, share in shares.items() if 0 < share < SMALLEST_SHARE}
+    if tiny:
+        raise ConfigurationError(
+            f"mixture weights {tiny} are positive but below 2**-52 of their phase's total {weights}: "
+            "no run could draw from them and the plan cannot place them; give them 0 or a larger weight"
+        )
+    return shares
+
+
 class StaticMixtureWorkSource(_MixtureWorkSource):
     """Mixes datasets by a fixed *token* ratio.
 
-    `mixture` maps dataset names to weights (normalised; default: equal). With a
+    `mixture` maps dataset names to weights (normalised; default: equal; a positive weight below
+    2**-52 of the total is refused, see SMALLEST_SHARE). With a
     `token_estimation`, weights are token shares; without one, they are record shares.
     `num_epochs=None` plans forever (each dataset restarts with a fresh permutation); an integer
     bounds each dataset to that many passes, after which it drops out and the plan ends once every

@@ -1,0 +1,46 @@
+"""Mixture work sources refuse, with a named error, what their plan could not honour, and their
+plans honour the rest: every record once per epoch, token shares as asked."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from zephon import ConfigurationError
+from zephon.io import Dataset
+from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource
+
+DATA = Path(__file__).resolve().parents[2] / "zephon" / "data"
+
+
+def shipped() -> list[Dataset]:
+    return [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+
+
+def planned_chunks(source, num_lanes: int) -> Counter:
+    """Every chunk a finite plan hands out, over all lanes, with its count."""
+    plan = source.bind(None, num_lanes)
+    return Counter(plan.slot(lane, s) for lane in range(num_lanes) for s in range(plan.num_slots(lane)))
+
+
+@pytest.mark.parametrize("num_epochs", [None, 1])
+def test_a_subnormal_mixture_weight_is_refused_at_construction(num_epochs):
+    with pytest.raises(ConfigurationError, match="below 2\\*\\*-52"):
+        StaticMixtureWorkSource(shipped(), mixture={"kjv": 1.0, "jargon": 5e-324}, num_epochs=num_epochs)
+    with pytest.raises(ConfigurationError, match="below 2\\*\\*-52"):
+        ScheduledMixtureWorkSource(shipped(), [(0, {"kjv": 1.0, "jargon": 1.0}), (10**6, {"kjv": 1.0, "jargon": 1e-20})])
+
+
+def test_huge_mixture_weights_keep_their_shares():
+    source = StaticMixtureWorkSource(shipped(), mixture={"kjv": 1e308, "jargon": 1e308}, num_epochs=1)
+    assert source.mixture == {"kjv": 0.5, "jargon": 0.5}
+
+
+def test_a_tiny_share_still_plans_every_chunk_once_per_epoch():
+    source = StaticMixtureWorkSource(
+        shipped(), mixture={"kjv": 1.0, "jargon": 2.0**-50}, records_per_chunk=16, num_epochs=2
+    )
+    expected = Counter({c: 2 for ds in source.datasets for c in ds.chunks(16)})
+    assert planned_chunks(source, num_lanes=2) == expected
