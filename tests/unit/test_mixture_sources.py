@@ -10,7 +10,7 @@ import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset
-from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource
+from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
 DATA = Path(__file__).resolve().parents[2] / "zephon" / "data"
 
@@ -44,3 +44,38 @@ def test_a_tiny_share_still_plans_every_chunk_once_per_epoch():
     )
     expected = Counter({c: 2 for ds in source.datasets for c in ds.chunks(16)})
     assert planned_chunks(source, num_lanes=2) == expected
+
+
+def tokens_unless(silent: str):
+    """A token counter that finds no token in the records of dataset `silent` (every sampled
+    record dropped by a filter, say) and one per record elsewhere."""
+
+    def count(batch) -> int:
+        return 0 if batch.chunk.dataset == silent else len(batch.records)
+
+    return count
+
+
+@pytest.mark.parametrize("num_epochs", [None, 1])
+def test_a_dataset_whose_estimation_sample_yields_no_token_is_refused_naming_it(num_epochs):
+    """Weighting it by records while the others are weighted by tokens read it hundreds of times
+    more often than its share; no weighting can give a dataset without tokens a token share."""
+    source = StaticMixtureWorkSource(
+        shipped(), mixture={"kjv": 0.5, "jargon": 0.5}, token_estimation=TokenEstimation(sample_records=64),
+        records_per_chunk=16, num_epochs=num_epochs,
+    )
+    with pytest.raises(ConfigurationError, match="'jargon'.*sample of 64 records.*yielded no token"):
+        source.bind(tokens_unless("jargon"), num_lanes=2)
+
+
+def test_a_dataset_without_tokens_but_without_weight_is_not_measured():
+    source = StaticMixtureWorkSource(
+        shipped(), mixture={"kjv": 1.0, "jargon": 0.0}, token_estimation=TokenEstimation(sample_records=64),
+        records_per_chunk=16, num_epochs=1,
+    )
+    assert set(planned_chunks_counted(source, tokens_unless("jargon"))) == {"kjv"}
+
+
+def planned_chunks_counted(source, count_tokens, num_lanes: int = 2) -> Counter:
+    plan = source.bind(count_tokens, num_lanes)
+    return Counter(plan.slot(lane, s).dataset for lane in range(num_lanes) for s in range(plan.num_slots(lane)))

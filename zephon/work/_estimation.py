@@ -42,7 +42,9 @@ class TokenEstimation:
     """Measure tokens per record on `sample_records` records spread over `sample_chunks` places.
 
     The sample positions depend only on (seed, dataset name, dataset size), so every rank and every
-    resume computes the same plan without communicating.
+    resume computes the same plan without communicating. A dataset with a positive weight whose
+    sample yields no token has no token rate to plan its share by: binding refuses it with a
+    ConfigurationError (raise `sample_records` for a dataset whose surviving records are rare).
     """
 
     sample_records: int = 512

@@ -330,12 +330,24 @@ class MixturePlan:
         ]
 
     def _expected_tokens(self, dataset: Dataset, chunks: list[Chunk]) -> np.ndarray:
-        """Tokens per raw byte × raw bytes when estimated, else records (a record mixture)."""
+        """Tokens per raw byte × raw bytes when estimated, else records (a record mixture).
+
+        A measured dataset whose sample yields no token is refused: weighting it by records while
+        the others are weighted by tokens would read it hundreds of times over its share, and no
+        weight gives a dataset without tokens a token share."""
         stats = self.stats.get(dataset.name)
-        if stats is not None and stats.tokens_per_byte > 0:
+        if stats is None:
+            weights = np.array([c.num_records for c in chunks], dtype=np.float64)
+        elif stats.tokens_per_byte > 0:
             weights = np.array([dataset.raw_bytes(c) for c in chunks], dtype=np.float64) * stats.tokens_per_byte
         else:
-            weights = np.array([c.num_records for c in chunks], dtype=np.float64)
+            whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
+            found = "no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
+            raise ConfigurationError(
+                f"dataset {dataset.name!r}: the token estimation sample of {stats.sampled_records} records "
+                f"({whole}) yielded {found}, so its token share cannot be planned; check its field names "
+                "and filters, give it weight 0, or sample more records (TokenEstimation(sample_records=...))"
+            )
         return np.maximum(weights, 1e-9)
 
     def slot(self, lane: int, s: int) -> Chunk | None:
