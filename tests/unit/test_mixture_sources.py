@@ -79,3 +79,18 @@ def test_a_dataset_without_tokens_but_without_weight_is_not_measured():
 def planned_chunks_counted(source, count_tokens, num_lanes: int = 2) -> Counter:
     plan = source.bind(count_tokens, num_lanes)
     return Counter(plan.slot(lane, s).dataset for lane in range(num_lanes) for s in range(plan.num_slots(lane)))
+
+
+@pytest.mark.parametrize("start", [0.5, 100.7, 10**400, float("inf")], ids=["half", "fraction", "huge", "inf"])
+def test_a_phase_start_that_is_no_whole_token_count_is_refused(start):
+    """0.5 used to be truncated to 0, turning a schedule without a phase at token 0 into one,
+    and 100.7 to 100; 10**400 failed with a bare OverflowError."""
+    phases = [(0, {"kjv": 1.0}), (start, {"jargon": 1.0})] if start != 0.5 else [(start, {"kjv": 1.0})]
+    with pytest.raises(ConfigurationError, match="starts at a token count, a whole number"):
+        ScheduledMixtureWorkSource(shipped(), phases)
+
+
+def test_whole_phase_starts_written_as_floats_are_taken_as_ints():
+    source = ScheduledMixtureWorkSource(shipped(), [(0.0, {"kjv": 1.0}), (1e9, {"jargon": 1.0})])
+    assert [start for start, _ in source.schedule] == [0, 10**9]
+    assert all(type(start) is int for start, _ in source.schedule)
