@@ -94,3 +94,32 @@ def test_whole_phase_starts_written_as_floats_are_taken_as_ints():
     source = ScheduledMixtureWorkSource(shipped(), [(0.0, {"kjv": 1.0}), (1e9, {"jargon": 1.0})])
     assert [start for start, _ in source.schedule] == [0, 10**9]
     assert all(type(start) is int for start, _ in source.schedule)
+
+
+def small_dataset(root: Path, lines: list[str]) -> Dataset:
+    (root / "part.jsonl").write_text("".join(line + "\n" for line in lines))
+    return Dataset.from_path("small", str(root))
+
+
+@pytest.mark.parametrize("num_lanes", [1, 2])
+def test_a_mixed_dataset_without_records_is_refused_as_such(tmp_path, num_lanes):
+    """The error used to advise lowering records_per_chunk, which cannot help."""
+    source = StaticMixtureWorkSource([*shipped(), small_dataset(tmp_path, [])], records_per_chunk=16)
+    with pytest.raises(ConfigurationError, match="'small' has no records to mix: give it weight 0"):
+        source.bind(None, num_lanes)
+
+
+def test_a_mixed_dataset_with_fewer_records_than_lanes_is_refused_naming_both(tmp_path):
+    source = StaticMixtureWorkSource([*shipped(), small_dataset(tmp_path, ['{"text": "one"}'])], records_per_chunk=16)
+    with pytest.raises(ConfigurationError, match="'small' has 1 records, fewer than num_lanes=2: .* fewer lanes"):
+        source.bind(None, num_lanes=2)
+    assert source.bind(None, num_lanes=1).slot(0, 0) is not None
+
+
+def test_a_dataset_without_records_is_fine_with_weight_0(tmp_path):
+    (tmp_path / "part.jsonl").write_text("")
+    source = StaticMixtureWorkSource(
+        [*shipped(), Dataset.from_path("empty", str(tmp_path))], mixture={"kjv": 1, "jargon": 1, "empty": 0},
+        records_per_chunk=16, num_epochs=1,
+    )
+    assert planned_chunks(source, num_lanes=2) == Counter({c: 1 for ds in shipped() for c in ds.chunks(16)})

@@ -321,6 +321,13 @@ class MixturePlan:
         weights: dict[str, list[np.ndarray]] = {}
         for ds in live:
             chunks = ds.chunks(source.records_per_chunk)
+            if ds.num_records == 0:
+                raise ConfigurationError(f"dataset {ds.name!r} has no records to mix: give it weight 0 or leave it out")
+            if ds.num_records < num_lanes:  # no records_per_chunk helps
+                raise ConfigurationError(
+                    f"dataset {ds.name!r} has {ds.num_records} records, fewer than num_lanes={num_lanes}: every lane "
+                    "needs a share of every dataset it mixes; give it weight 0 or use fewer lanes"
+                )
             if len(chunks) < num_lanes:
                 raise ConfigurationError(
                     f"dataset {ds.name!r} has {len(chunks)} chunks of {source.records_per_chunk} records, fewer than "
