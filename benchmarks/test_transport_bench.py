@@ -16,7 +16,9 @@ six encoded images of 30 KB (the race's mean), through the runner's request aren
 buffer file per item; the worker reads every byte and answers with a number. Timed: the CPU of the
 parent and of the workers together, per item.
 
-    pytest benchmarks/test_transport_bench.py --benchmark-only        # a few seconds
+    python -m pytest benchmarks/test_transport_bench.py --benchmark-only    # under a minute
+
+(`python -m`: the repository root must be on the path, for `benchmarks.race`.)
 """
 
 from __future__ import annotations
