@@ -1,8 +1,8 @@
 """VLM pipeline throughput: usable (non-padding) tokens/s and images/s, by runner x parallelism.
 
 The recipe is the demo's (`vlm._demo.vlm_pipeline`): real image+caption pairs (Debian
-tuxpaint stamps, ~785 RGBA PNGs of 100-500 px; or the wheels' photographs where apt is
-unavailable) → Pixtral Tekken tokenizer → decode (Pixtral sizing, longest side 256) → multimodal
+tuxpaint stamps, 785 RGBA, LA and palette PNGs of 7-2348 px, median longest side 150; or the
+wheels' photographs where apt is unavailable) → Pixtral Tekken tokenizer → decode (Pixtral sizing, longest side 256) → multimodal
 packing into 2048-token rows → shuffle → batch; 8 lanes, 16 rows per global step. A second case
 decodes large real photographs (Debian mate-backgrounds JPEGs, 1280x1024 to 5640x3172, to 512 px),
 where JPEG draft decoding and resize dominate (one image per 1024-token row, 2 lanes).
