@@ -15,6 +15,7 @@ import importlib
 _HOMES = {
     "InlineRunner": ".inline",
     "ProcessRunner": ".process",
+    "RunnerFailedError": "._errors",
     "ThreadRunner": ".thread",
     "TransportStats": ".process",
     "WorkerCrashedError": "._errors",

@@ -1,10 +1,11 @@
-"""The error a runner raises when it gives up on an item because of crashing workers."""
+"""The errors a runner fails items with when it cannot compute them: crashing workers, or the
+process runner's own machinery broken."""
 
 from __future__ import annotations
 
 from zephon._errors import ZephonError
 
-__all__ = ["WorkerCrashedError"]
+__all__ = ["RunnerFailedError", "WorkerCrashedError"]
 
 
 class WorkerCrashedError(ZephonError):
@@ -27,3 +28,16 @@ class WorkerCrashedError(ZephonError):
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.stage, self.attempts, self.cause))
+
+
+class RunnerFailedError(ZephonError):
+    """The process runner's reader thread stopped on an unexpected error (a bug, or a fault it has
+    no remedy for), so no reply can be received any more.
+
+    Every item the runner held, wherever it was (queued, sent, or its reply being handled), and
+    every item submitted afterwards fails with this error, the original one as its `__cause__`:
+    the loader raises it instead of waiting forever for a reply that can no longer arrive.
+    """
+
+    def __init__(self, detail: str = "its reader thread stopped on an unexpected error") -> None:
+        super().__init__(f"the process runner failed: {detail}; it can run no more items (see the cause)")

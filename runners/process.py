@@ -40,7 +40,7 @@ from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
 from ._arena import Arena
-from ._errors import WorkerCrashedError
+from ._errors import RunnerFailedError, WorkerCrashedError
 from ._lifecycle import cancelled_future, stage_at, validate_stages
 from ._transport import Envelope, decode, discard, encode, make_shm_directory
 from ._worker import STOP, serve
@@ -202,6 +202,11 @@ class ProcessRunner:
         self._watch = _Watch()  # the reader thread's own
         self._workers: list[_Worker] = []
         self._queued: list[deque[_Task]] = []
+        # Every future submitted and not yet resolved, wherever its task is (queued, sent, or its
+        # reply in the reader's hands): what `_fail_everything` fails, so that no failure of the
+        # reader thread, wherever it strikes, leaves a future unresolved. Added under the lock,
+        # discarded after resolution without it (a set's add, discard and copy are atomic).
+        self._held: set[Future] = set()
         self._items_sent = self._pipe_bytes = self._shm_bytes = self._retries = self._replaced = 0
 
     # -- public surface ---------------------------------------------------------------------------
@@ -267,10 +272,11 @@ class ProcessRunner:
                 return cancelled_future()
             if self._failure is not None:
                 self._discard(envelope)
-                error = RuntimeError("the process runner's reader thread failed earlier")
+                error = RunnerFailedError("its reader thread stopped earlier on an unexpected error")
                 error.__cause__ = self._failure
                 resolutions.append((future, False, error))
             else:
+                self._held.add(future)
                 self._queued[stage_index].append(_Task(future, item, envelope))
                 self._dispatch_locked(stage_index, resolutions)
         self._resolve(resolutions)
@@ -292,6 +298,7 @@ class ProcessRunner:
             workers, self._workers = self._workers, []
             for queue in self._queued:
                 queue.clear()
+            held, self._held = self._held, set()
         self._stop_workers(workers)
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:
@@ -299,7 +306,8 @@ class ProcessRunner:
         self._wake_r = self._wake_w = -1
         for task in tasks:
             discard(task.envelope)
-            task.future.cancel()
+        for future in held:
+            future.cancel()
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
@@ -423,6 +431,7 @@ class ProcessRunner:
                 return
             task = queue.popleft()
             if task.future.cancelled():
+                self._held.discard(task.future)
                 self._discard(task.envelope)
                 continue
             if task.envelope is None:
@@ -536,33 +545,37 @@ class ProcessRunner:
             return False, error, released, len(message), 0
 
     def _fail_everything(self, exc: BaseException) -> None:
-        resolutions: list[_Resolution] = []
+        """The reader thread stopped on `exc`: fail every held future and every later submission.
+
+        The held set, not the queues, says what to fail: the reader may have stopped with tasks
+        taken off a queue or a worker and not yet resolved."""
         with self._lock:
             self._failure = exc
-            tasks = [task for queue in self._queued for task in queue]
-            tasks += [task for worker in self._workers for task in worker.tasks]
+            held, self._held = self._held, set()
             for queue in self._queued:
                 queue.clear()
             for worker in self._workers:
                 worker.tasks.clear()
-            for task in tasks:
-                error = RuntimeError("the process runner's reader thread failed")
-                error.__cause__ = exc
-                resolutions.append((task.future, False, error))
+        resolutions: list[_Resolution] = []
+        for future in held:
+            error = RunnerFailedError()
+            error.__cause__ = exc
+            resolutions.append((future, False, error))
         self._resolve(resolutions)
 
     def _resolve(self, resolutions: list[_Resolution]) -> None:
         for future, ok, value in resolutions:
-            if self._closing:
-                future.cancel()
-                continue
             try:
-                if ok:
+                if self._closing:
+                    future.cancel()
+                elif ok:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
             except InvalidStateError:  # its owner cancelled it meanwhile
                 pass
+            finally:
+                self._held.discard(future)
 
     def _wake(self) -> None:
         try:

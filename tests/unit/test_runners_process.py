@@ -589,3 +589,51 @@ def test_cancelled_items_give_their_request_blocks_back(tmp_path):
         again = submit_round(runner, 10, 4)
         (tmp_path / "1").write_text("go")
         assert [future.result(10) for future in again] == [(True, 10 + i, 10 + i) for i in range(4)]
+
+
+def gated_tenfold(gate: Path, crash: bool):
+    """Item 0 waits for `gate`, then returns (or, with `crash`, kills its worker); the rest at once."""
+
+    def stage(x: int) -> int:
+        if x == 0:
+            wait_for_text(gate, timeout=30)
+            if crash:
+                os._exit(3)
+        return x * 10
+
+    return stage
+
+
+class Injected(KeyError):
+    """The fault injected into the reader thread."""
+
+
+@pytest.mark.parametrize("fault", ["replacement fork fails", "arena raises in dispatch"])
+def test_a_failure_inside_the_reader_thread_fails_every_outstanding_item_with_a_named_error(tmp_path, monkeypatch, fault):
+    from runners import RunnerFailedError
+    from runners._arena import Arena
+
+    gate = tmp_path / "go"
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("tenfold", gated_tenfold(gate, crash=fault == "replacement fork fails"), 1)])
+        if fault == "replacement fork fails":
+            # Something other than OSError: the item the crash gave up on was already decided.
+            monkeypatch.setattr(runner, "_add_worker_locked", lambda stage: (_ for _ in ()).throw(Injected("fork")))
+        else:
+            released = Arena.released
+
+            def released_unless_reader(arena):
+                if threading.current_thread().name == "zephon-process-reader":
+                    raise Injected("arena")  # after item 0's reply was taken off its worker
+                return released(arena)
+
+            monkeypatch.setattr(Arena, "released", released_unless_reader)
+        futures = [runner.submit(0, x) for x in range(3)]  # 0 running, 1 in its pipe, 2 queued
+        wait_until(lambda: runner.stats().items_sent == 2)
+        gate.write_text("go")
+        errors = [future.exception(10) for future in futures]  # TimeoutError here is the hang
+        later = runner.submit(0, 5).exception(10)
+    for error in [*errors, later]:
+        assert isinstance(error, RunnerFailedError) and isinstance(error, ZephonError)
+        assert isinstance(error.__cause__, Injected)
+        assert "reader thread" in str(error)
