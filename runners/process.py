@@ -103,6 +103,7 @@ class _Worker:
     tasks: deque[_Task] = field(default_factory=deque)
     deadline: float | None = None  # for tasks[0]
     broken: bool = False  # a send failed; the reader will see the sentinel and retire it
+    abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
 
 
 class ProcessRunner:
@@ -266,20 +267,22 @@ class ProcessRunner:
             future.set_exception(exc)
             return future
         resolutions: list[_Resolution] = []
-        with self._lock:
-            if self._closing:
-                self._discard(envelope)
-                return cancelled_future()
-            if self._failure is not None:
-                self._discard(envelope)
-                error = RunnerFailedError("its reader thread stopped earlier on an unexpected error")
-                error.__cause__ = self._failure
-                resolutions.append((future, False, error))
-            else:
-                self._held.add(future)
-                self._queued[stage_index].append(_Task(future, item, envelope))
-                self._dispatch_locked(stage_index, resolutions)
-        self._resolve(resolutions)
+        try:
+            with self._lock:
+                if self._closing:
+                    self._discard(envelope)
+                    return cancelled_future()
+                if self._failure is not None:
+                    self._discard(envelope)
+                    error = RunnerFailedError("its reader thread stopped earlier on an unexpected error")
+                    error.__cause__ = self._failure
+                    resolutions.append((future, False, error))
+                else:
+                    self._held.add(future)
+                    self._queued[stage_index].append(_Task(future, item, envelope))
+                    self._dispatch_locked(stage_index, resolutions)
+        finally:  # even when interrupted: what dispatching decided concerns other callers' items too
+            self._resolve(resolutions)
         return future
 
     def close(self) -> None:
@@ -364,9 +367,10 @@ class ProcessRunner:
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
         """Reap a dead worker, re-queue or fail its items, and fork its replacement.
 
-        Only the item it was running counts an attempt; the one waiting in its pipe goes back to
-        the queue as it was. The request blocks it had not released are free again: nothing holds
-        them now, and its items are encoded again if they are re-run.
+        Only the item it was running counts an attempt (none does for a worker abandoned after an
+        interrupted send); the one waiting in its pipe goes back to the queue as it was. The
+        request blocks it had not released are free again: nothing holds them now, and its items
+        are encoded again if they are re-run.
         """
         self._workers.remove(worker)
         worker.process.join()
@@ -376,11 +380,15 @@ class ProcessRunner:
             self._requests.give_back(worker.request_blocks)
             worker.request_blocks.clear()
         stage = self._stages[worker.stage]
-        for waiting in reversed(list(worker.tasks)[1:]):
+        running = 0 if worker.abandoned else 1  # how many of its tasks count an attempt
+        if worker.abandoned:
+            _log.warning("stage %r: worker %s after a send to it was interrupted; re-running its items",
+                         stage.name, cause)
+        for waiting in reversed(list(worker.tasks)[running:]):
             self._forget_envelope(waiting)
             waiting.attempts -= 1
             self._queued[worker.stage].appendleft(waiting)
-        if worker.tasks:
+        if worker.tasks and running:
             task = worker.tasks[0]
             self._forget_envelope(task)
             if task.attempts > self._max_retries:
@@ -429,8 +437,9 @@ class ProcessRunner:
             worker = min((w for w in workers if not w.broken), key=lambda w: len(w.tasks), default=None)
             if worker is None or len(worker.tasks) >= _ITEMS_PER_WORKER:
                 return
-            task = queue.popleft()
+            task = queue[0]  # it leaves the queue only when recorded as sent, failed or dropped
             if task.future.cancelled():
+                queue.popleft()
                 self._held.discard(task.future)
                 self._discard(task.envelope)
                 continue
@@ -438,32 +447,59 @@ class ProcessRunner:
                 try:
                     task.envelope = encode(task.item, self._directory, self._threshold, self._requests)
                 except Exception as exc:  # it encoded once; a second failure is environmental
+                    queue.popleft()
                     resolutions.append((task.future, False, exc))
                     continue
-            released = worker.arena.released() if worker.arena is not None else ()
-            message = pickle.dumps((task.envelope, released), protocol=5)
-            if worker.tasks and len(message) > _PIPELINED_MESSAGE_MAX:
-                if released:
-                    worker.arena.requeue(released)  # they go with the next item sent to it
-                queue.appendleft(task)  # no worker is idle; wait for one
-                return
-            if task.envelope.block is not None:  # the worker's from now on (given back if it dies)
-                worker.request_blocks.add(task.envelope.block[0])
             try:
-                worker.conn.send_bytes(message)
-            except OSError:
-                worker.broken = True
-                self._forget_envelope(task)
-                queue.appendleft(task)
-                continue
-            self._items_sent += 1
-            self._pipe_bytes += len(message)
-            self._shm_bytes += task.envelope.shm_bytes
-            task.attempts += 1
-            worker.tasks.append(task)
-            if len(worker.tasks) == 1 and self._task_timeout_s is not None:
-                worker.deadline = time.monotonic() + self._task_timeout_s
-                self._wake()
+                if not self._send_locked(worker, queue, task):
+                    return
+            except BaseException:
+                # Interrupted (Ctrl-C in the thread that submits) between taking the worker's
+                # released reply blocks and the end of the send: the pipe may hold none, part or
+                # all of the message, so this worker's replies can no longer be paired with its
+                # tasks. It is killed; the reader re-runs its tasks on a replacement.
+                self._abandon_locked(worker)
+                raise
+
+    def _send_locked(self, worker: _Worker, queue: deque[_Task], task: _Task) -> bool:
+        """Send queue[0] to the worker; False if the message must wait for an idle worker.
+
+        The task is recorded as the worker's before the first byte goes out: a reply answers the
+        oldest recorded task, so the recorded tasks must be exactly the messages the worker got, and
+        a send that does not complete abandons the worker (see `_dispatch_locked`). An `OSError`
+        means the worker is gone: the task goes back to the queue for another one.
+        """
+        released = worker.arena.released() if worker.arena is not None else ()
+        message = pickle.dumps((task.envelope, released), protocol=5)
+        if worker.tasks and len(message) > _PIPELINED_MESSAGE_MAX:
+            if released:
+                worker.arena.requeue(released)  # they go with the next item sent to it
+            return False  # no worker is idle; wait for one
+        worker.tasks.append(queue.popleft())
+        task.attempts += 1
+        if task.envelope.block is not None:  # the worker's from now on (given back if it dies)
+            worker.request_blocks.add(task.envelope.block[0])
+        try:
+            worker.conn.send_bytes(message)
+        except OSError:
+            worker.broken = True
+            queue.appendleft(worker.tasks.pop())
+            task.attempts -= 1
+            self._forget_envelope(task)
+            return True
+        self._items_sent += 1
+        self._pipe_bytes += len(message)
+        self._shm_bytes += task.envelope.shm_bytes
+        if len(worker.tasks) == 1 and self._task_timeout_s is not None:
+            worker.deadline = time.monotonic() + self._task_timeout_s
+            self._wake()
+        return True
+
+    def _abandon_locked(self, worker: _Worker) -> None:
+        """Kill a worker whose pipe is in an unknown state; the reader retires it as usual, re-running
+        every task recorded as its own without counting an attempt (the items did nothing wrong)."""
+        worker.broken = worker.abandoned = True
+        worker.process.kill()
 
     # -- the reader thread ------------------------------------------------------------------------
 

@@ -637,3 +637,30 @@ def test_a_failure_inside_the_reader_thread_fails_every_outstanding_item_with_a_
         assert isinstance(error, RunnerFailedError) and isinstance(error, ZephonError)
         assert isinstance(error.__cause__, Injected)
         assert "reader thread" in str(error)
+
+
+@pytest.mark.parametrize("where", ["after the message", "after its length prefix"])
+def test_a_submit_interrupted_while_sending_never_pairs_a_later_reply_with_the_wrong_item(monkeypatch, where):
+    from multiprocessing.connection import Connection
+
+    # Connection.send_bytes writes a message over 16 KiB as two writes: its length, then itself.
+    method = "send_bytes" if where == "after the message" else "_send"
+    send = getattr(Connection, method)
+
+    def send_then_interrupt(conn, *args):
+        send(conn, *args)
+        monkeypatch.setattr(Connection, method, send)
+        raise KeyboardInterrupt  # Ctrl-C lands in submit, with the pipe in that state
+
+    def measure(x):
+        return len(x) if isinstance(x, str) else x * 10
+
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("measure", measure, 1)])
+        monkeypatch.setattr(Connection, method, send_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            runner.submit(0, "x" * 100_000)  # pickled in the message: 100 KB
+        assert [runner.submit(0, x).result(10) for x in (2, 3, "yy")] == [20, 30, 2]
+        stats = runner.stats()
+    # The worker whose pipe was left in an unknown state was replaced; nothing counted as a crash.
+    assert (stats.retries, stats.workers_replaced) == (0, 1)
