@@ -7,7 +7,8 @@ tuple on a private duplex pipe:
     parent -> worker   (the item's Envelope, offsets of reply-arena blocks the parent has
                        released), or STOP (empty bytes)
     worker -> parent   (ok, Envelope, offsets of request-arena blocks this worker has released)
-                       where ok is False when the Envelope holds an exception
+                       where ok is False when the Envelope holds what fn raised (any
+                       BaseException: the worker goes on serving)
 
 The parent may send the next item while this one runs; items are handled and answered in the
 order they arrive, so a reply needs no identifier: it answers the oldest item not yet answered.
@@ -66,7 +67,7 @@ def serve(
             if replies_released:
                 arena.give_back(replies_released)
             ok, answer = True, encode(fn(decode(envelope, requests)), directory, threshold, arena)
-        except Exception as exc:
+        except BaseException as exc:  # KeyboardInterrupt or SystemExit from fn too: the caller's to handle
             ok, answer = False, Envelope(_pickled_error(exc, stage), None, ())
         requests_released = requests.released() if requests is not None else ()
         try:
@@ -75,7 +76,7 @@ def serve(
             return
 
 
-def _pickled_error(exc: Exception, stage: str) -> bytes:
+def _pickled_error(exc: BaseException, stage: str) -> bytes:
     """The exception, pickled, with the worker's traceback attached as a note.
 
     An exception that does not survive a pickle round trip (unpicklable attributes, a constructor
@@ -107,14 +108,14 @@ class _Noted:
 
     __slots__ = ("exc",)
 
-    def __init__(self, exc: Exception) -> None:
+    def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
     def __reduce__(self):
         return _with_notes, (self.exc, list(self.exc.__notes__))
 
 
-def _with_notes(exc: Exception, notes: list[str]) -> Exception:
+def _with_notes(exc: BaseException, notes: list[str]) -> BaseException:
     if getattr(exc, "__notes__", None) != notes:
         exc.__notes__ = notes
     return exc

@@ -19,8 +19,9 @@ class InlineRunner:
     The simplest possible executor, for debugging (breakpoints and tracebacks stay in the caller)
     and as the reference the other runners must match. `parallelism` is accepted and ignored.
     An `Exception` from `fn` is set on the future, never raised, so callers handle failures the same
-    way for every runner; `KeyboardInterrupt` and `SystemExit` propagate, because here they would
-    otherwise be swallowed in the user's own thread.
+    way for every runner; `KeyboardInterrupt` and `SystemExit` propagate out of `submit` (a real
+    Ctrl-C lands here, in the user's own thread, and must stop it at once). The other runners set
+    them on the future, so every runner hands them to the caller as themselves (README.md).
 
     Thread-safety: `submit` may be called from any number of threads at once (each runs its own
     item); `start` and `close` belong to the owner. `close` is idempotent.

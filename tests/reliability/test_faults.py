@@ -22,13 +22,14 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from runners import ProcessRunner
+from runners import InlineRunner, ProcessRunner, ThreadRunner
 from tests.reliability.harness import (
     PER_SHARD,
     SHARDS,
     address,
     assert_ledger_balances,
     clean_records,
+    global_batch,
     jsonl_dataset,
     jsonl_lines,
     run_epoch,
@@ -129,6 +130,26 @@ def test_user_function_error_surfaces_with_address_and_original_traceback(tmp_pa
     assert "ValueError: cannot handle record r9" in error.original
     assert 'raise ValueError(f"cannot handle record' in error.original, "the user's own source line"
     assert str(error.address) in str(error)
+
+
+def _exit_on_victim_by_exception(record: dict):
+    if record["id"] == VICTIM:
+        raise SystemExit(f"the map exits at record {record['id']}")
+    return record
+
+
+@pytest.mark.parametrize("make", [InlineRunner, ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_system_exit_from_a_user_function_stops_the_loader_as_itself_not_as_a_skip_or_a_crash(tmp_path, make):
+    dataset = jsonl_dataset(tmp_path / "data")
+    runner = make()
+    pipeline = text_pipeline(dataset, runner=runner, map_fn=_exit_on_victim_by_exception)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(SystemExit, match="the map exits at record r9"):
+            for _ in loader:
+                pass
+        assert loader.stats()["datasets"]["d"]["total"]["skipped"] == {}
+        if isinstance(runner, ProcessRunner):
+            assert (runner.stats().retries, runner.stats().workers_replaced) == (0, 0)
 
 
 def _text_of_victim(record: dict):

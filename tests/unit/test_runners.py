@@ -101,6 +101,34 @@ def test_an_exception_from_the_stage_function_reaches_the_future_with_its_messag
         assert [futures[i].result(10) for i in (0, 1, 2, 4)] == [0, 1, 2, 4]
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
+def test_keyboard_interrupt_or_system_exit_from_the_stage_function_reaches_the_caller_as_itself_once(
+    make, stop, tmp_path
+):
+    """Not an item failure and not a crash: the caller gets the very exception (inline raises it
+    from submit, in the caller's own thread; the others from the future), nothing re-runs the item,
+    and the stage goes on serving."""
+    attempts = tmp_path / "attempts"  # a file, so that attempts in worker processes count too
+
+    def stops_at_three(x: int) -> int:
+        if x == 3:
+            with open(attempts, "a") as log:
+                log.write("attempt\n")
+            raise stop(f"stop at item {x}")
+        return x
+
+    with make() as runner:
+        runner.start([Stage("stops", stops_at_three, 1)])
+        with pytest.raises(stop, match="stop at item 3"):
+            runner.submit(0, 3).result(10)
+        assert [runner.submit(0, x).result(10) for x in (4, 5)] == [4, 5]
+        stats = runner.stats() if isinstance(runner, ProcessRunner) else None
+    assert attempts.read_text().count("attempt") == 1
+    if stats is not None:
+        assert (stats.retries, stats.workers_replaced) == (0, 0)
+
+
 @pytest.mark.parametrize("make", RUNNERS, ids=lambda c: c.name)
 def test_a_done_callback_can_submit_the_next_stage(make):
     n = 40
