@@ -617,8 +617,11 @@ def test_a_failure_inside_the_reader_thread_fails_every_outstanding_item_with_a_
     with ProcessRunner(max_retries=0) as runner:
         runner.start([Stage("tenfold", gated_tenfold(gate, crash=fault == "replacement fork fails"), 1)])
         if fault == "replacement fork fails":
-            # Something other than OSError: the item the crash gave up on was already decided.
-            monkeypatch.setattr(runner, "_add_worker_locked", lambda stage: (_ for _ in ()).throw(Injected("fork")))
+
+            def fork_fails(stage: int) -> None:
+                raise Injected("fork")  # not an OSError; item 0, given up on, is in the reader's hands
+
+            monkeypatch.setattr(runner, "_add_worker_locked", fork_fails)
         else:
             released = Arena.released
 
