@@ -44,6 +44,11 @@ class ThreadRunner:
         self._stages: tuple[Stage, ...] | None = None
         self._pools: list[ThreadPoolExecutor] = []
         self._closed = False
+        # What marks this runner's pool threads. Not the runner itself: a pool thread holds its
+        # initializer for life, so a bound method would keep the runner, hence its pools, alive
+        # from their own threads, and a runner never closed would keep its idle threads forever
+        # instead of their exiting once the runner is garbage.
+        self._mark = object()
 
     def start(self, stages: Sequence[Stage]) -> None:
         if self._stages is not None or self._closed:
@@ -53,7 +58,8 @@ class ThreadRunner:
             ThreadPoolExecutor(
                 max_workers=stage.parallelism,
                 thread_name_prefix=f"zephon-{stage.name}",
-                initializer=self._mark_pool_thread,
+                initializer=_mark_pool_thread,
+                initargs=(self._mark,),
             )
             for stage in self._stages
         ]
@@ -73,15 +79,16 @@ class ThreadRunner:
         self._closed = True
         # A pool thread cannot join itself; when a done-callback closes the runner the threads are
         # left to finish on their own (they exit once their queues are drained).
-        wait = getattr(_pool_thread, "runner", None) is not self
+        wait = getattr(_pool_thread, "mark", None) is not self._mark
         for pool in self._pools:
             pool.shutdown(wait=wait, cancel_futures=True)
-
-    def _mark_pool_thread(self) -> None:
-        _pool_thread.runner = self
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _mark_pool_thread(mark: object) -> None:
+    _pool_thread.mark = mark

@@ -3,8 +3,10 @@ through done-callbacks, and a close() that is idempotent and ends later submissi
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from concurrent.futures import CancelledError, Future
 from functools import partial
 
@@ -236,3 +238,22 @@ def test_thread_runner_joins_its_threads_on_close():
         runner.start([Stage("a", lambda x: x, 3), Stage("b", lambda x: x, 2)])
         assert [runner.submit(i % 2, i).result(10) for i in range(10)] == list(range(10))
     assert set(threading.enumerate()) == before
+
+
+def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped():
+    # A pool thread keeps its initializer for life; had it been a method of the runner, the
+    # threads would keep the runner and its pools alive, and a loader dropped without close()
+    # would leave its idle threads behind for good.
+    before = set(threading.enumerate())
+    runner = ThreadRunner()
+    runner.start([Stage("a", lambda x: x, 3), Stage("b", lambda x: x, 2)])
+    assert [runner.submit(i % 2, i).result(10) for i in range(10)] == list(range(10))
+    threads = set(threading.enumerate()) - before
+    assert threads
+    dropped = weakref.ref(runner)
+    del runner
+    gc.collect()
+    assert dropped() is None
+    for thread in threads:  # woken by the pools' collection; the timeout only guards the suite
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
