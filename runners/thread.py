@@ -70,8 +70,15 @@ class ThreadRunner:
             return cancelled_future()
         try:
             return self._pools[stage_index].submit(stage.fn, item)
-        except RuntimeError:  # the pool shut down between the check and the submit
-            return cancelled_future()
+        except RuntimeError as error:
+            if self._closed:  # the pool shut down between the check and the submit
+                return cancelled_future()
+            # The runner is open (a thread could not start: a container's thread limit): the item
+            # fails with the cause, where a cancelled future would reach the loader as a bare
+            # CancelledError.
+            failed: Future = Future()
+            failed.set_exception(error)
+            return failed
 
     def close(self) -> None:
         if self._closed:

@@ -257,3 +257,19 @@ def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped():
     for thread in threads:  # woken by the pools' collection; the timeout only guards the suite
         thread.join(60)
     assert not any(thread.is_alive() for thread in threads)
+
+
+def test_a_pool_thread_that_cannot_start_fails_the_item_with_that_error_instead_of_cancelling_it(monkeypatch):
+    # A cancelled future is what a closing runner returns; here the runner is open, and the
+    # loader must raise the cause (e.g. a container's thread limit), not a bare CancelledError.
+    def cannot_start(thread):
+        raise RuntimeError("can't start new thread")
+
+    with ThreadRunner() as runner:
+        runner.start([Stage("a", lambda x: x, 2)])
+        monkeypatch.setattr(threading.Thread, "start", cannot_start)
+        future = runner.submit(0, 1)
+        monkeypatch.undo()
+        assert not future.cancelled()
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            future.result(10)
