@@ -152,3 +152,18 @@ def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reaso
         assert packer.drain_skips() == []
     count = PackFlatOp(4).token_counter()  # token estimation counts what the packers place
     assert [count(address, record) for address, record in items] == [5, 0, 0, 0, 0, 3]
+
+
+def test_shuffle_reorders_what_passes_through_it_and_what_a_flush_releases():
+    """Emitting every item exactly once is not enough: a buffer that, once full, passed each new
+    item straight through, or that released its contents at a flush in arrival order, keeps the
+    test above green while shuffling nothing."""
+    def run(n, buffer_size):
+        buffer = ShuffleBuffer(buffer_size, SegmentContext(lane=0, segment=0).rng(7, "shuffle"))
+        passed = [out for item in range(n) for out in buffer.push(item)]
+        return passed, buffer.flush()
+
+    passed, _ = run(200, 8)
+    assert passed != sorted(passed), "once full, the buffer passes items through in arrival order"
+    _, flushed = run(8, 16)
+    assert sorted(flushed) == list(range(8)) and flushed != list(range(8)), "a flush releases items in arrival order"
