@@ -33,6 +33,7 @@ def text_pipeline(
     flush_every_chunks: int = 2,
     mixture: dict | None = None,
     shuffle_buffer: int = 8,
+    shuffle_seed: int | None = None,
 ) -> Pipeline:
     source = StaticMixtureWorkSource(
         datasets=[Dataset.from_path("a", str(corpus_a)), Dataset.from_path("b", str(corpus_b))],
@@ -47,7 +48,7 @@ def text_pipeline(
         .options(num_lanes=NUM_LANES, runner=runner, flush_every_chunks=flush_every_chunks)
         .tokenize(tokenizer_id=str(tokenizer), field="text", parallelism=parallelism, eos="<|eos|>")
         .pack_flat(max_length=max_length, algorithm=algorithm)
-        .shuffle(buffer_size=shuffle_buffer, seed=seed)
+        .shuffle(buffer_size=shuffle_buffer, seed=seed if shuffle_seed is None else shuffle_seed)
         .batch(microbatch_size=MICROBATCH)
     )
 
