@@ -69,6 +69,12 @@ def _resealed(state: dict, **body) -> dict:
     return {**changed, "checksum": _checksum(changed)}
 
 
+def _tampered_ledger(state: dict) -> dict:
+    changed = json.loads(json.dumps(state))
+    changed["ledger"]["0"]["rows"]["rows"] += 1  # counts edited, checksum left as it was
+    return changed
+
+
 def _renamed(by_lane: dict, old: str, new: str) -> dict:
     """The same lanes with one key spelled differently (the entry moves, its value stays)."""
     return {new if key == old else key: value for key, value in by_lane.items()}
@@ -86,6 +92,7 @@ DAMAGED = {
     "json_but_not_a_state": (lambda s, tmp: {"step": 10, "lanes": {}}, "not a Zephon loader state"),
     "json_list": (lambda s, tmp: "[1, 2, 3]", "not a Zephon loader state"),
     "tampered_cursor": (lambda s, tmp: _tampered(s), "checksum does not match"),
+    "tampered_ledger": (lambda s, tmp: _tampered_ledger(s), "checksum does not match"),
     "checksum_removed": (lambda s, tmp: {k: v for k, v in s.items() if k != "checksum"}, "checksum does not match"),
     "unknown_version": (lambda s, tmp: {**s, "version": 99}, "version 99 is not supported"),
     "malformed_cursor_resealed": (lambda s, tmp: _resealed(s, lanes={"0": ["x", 1, 2]}), "malformed lane cursors"),
@@ -187,6 +194,16 @@ def test_checkpoint_of_another_recipe_is_refused_naming_what_changed(corpora, st
     assert len(named) == len(expected), named
     assert all(any(re.fullmatch(pattern, name) for name in named) for pattern in expected), named
     assert "may change on resume" in str(refusal)
+
+
+def test_checkpoint_taken_with_another_global_batch_size_is_refused_naming_it(corpora, state):
+    """The global batch size is part of the recipe (SPEC §1): a lane's cursor counts rows, and
+    which rows make up a step follows from it."""
+    pipeline = recipe(corpora)
+    with pipeline.shard(0, 1, global_batch_size=2 * global_batch(pipeline)) as loader, pytest.raises(
+        RecipeMismatchError, match=r"changed: global_batch_size\. Performance"
+    ):
+        loader.load_state_dict(state)
 
 
 def test_checkpoint_of_changed_data_is_refused_naming_the_datasets(tmp_path):
