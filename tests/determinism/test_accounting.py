@@ -149,3 +149,33 @@ def test_a_new_iteration_of_the_same_loader_counts_nothing_twice(dirty_corpora, 
         stats = loader.stats()
     assert [b.digest() for b in parts] == [b.digest() for b in whole]
     assert _add_totals({}, stats) == whole_totals
+
+
+def _rows_handed(batches) -> dict[int, dict[str, int]]:
+    """Per lane: rows, real tokens and padding tokens in the microbatches themselves."""
+    counts: dict[int, Counter] = {}
+    for batch in batches:
+        rows, length = batch.tokens["input_ids"].shape
+        real = batch.num_real_tokens
+        counts.setdefault(batch.lane, Counter()).update(rows=rows, tokens=real, padding=rows * length - real)
+    return {lane: dict(c) for lane, c in sorted(counts.items())}
+
+
+def test_the_ledgers_row_counts_are_what_the_trainer_was_handed_across_a_resume(dirty_corpora, demo_tokenizer_path):
+    """stats()["lanes"] counts every row handed over, the padding rows of a lane whose finite plan
+    ended inside a microbatch included, and a resume on another world size carries them on."""
+    clean, dirty = dirty_corpora
+    make = lambda: text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1)
+    with make().shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        whole = list(loader)
+        counted = loader.stats()["lanes"]
+    assert any(not sources for batch in whole for sources in batch.sources), "no padding row in the epoch"
+    assert counted == _rows_handed(whole)
+    state = checkpoint_after(make(), 2, 3)
+    resumed = {}
+    for rank in range(4):
+        with make().shard(rank, 4, global_batch_size=GLOBAL_BATCH) as loader:
+            loader.load_state_dict(state)
+            list(loader)
+            resumed.update(loader.stats()["lanes"])
+    assert resumed == counted
