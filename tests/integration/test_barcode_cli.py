@@ -105,6 +105,9 @@ def test_compare_reports_steps_only_one_run_has(harness_barcodes, tmp_path):
     assert f"steps only in A: {STEPS - 2}, only in B: 0" in done.stdout
     assert "first step only in A: 2" in done.stdout
     assert done.returncode == 1, "a run that stopped early is not identical"
+    done = zephon_cli("barcode", "compare", str(crashed), str(reference))
+    assert f"steps only in A: 0, only in B: {STEPS - 2}" in done.stdout
+    assert done.returncode == 1, "a run that stopped early is not identical, given second either"
 
 
 def test_compare_png_draws_both_runs_and_marks_mismatches(harness_barcodes, tmp_path):
