@@ -50,7 +50,11 @@ def check_finite(value: object, what: str) -> float:
     NaN is false under every comparison and infinity passes a bound like `>= 1`, so a range check
     alone lets both through, to fail later as a bare OverflowError or as every record dropped.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    try:
+        finite = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    except OverflowError:  # an int past float's range (10**400): finite, but no float holds it
+        finite = False
+    if not finite:
         raise ConfigurationError(f"{what} must be a finite number, got {value!r}")
     return value
 

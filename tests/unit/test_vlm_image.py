@@ -105,6 +105,7 @@ def test_image_spec_refuses_settings_that_cannot_work(bad):
 
 
 @pytest.mark.parametrize("field,value", [("draft_gap", math.inf), ("draft_gap", "2"),
+                                         pytest.param("draft_gap", 10**400, id="draft_gap-10**400"),
                                          ("background", (0, 0, math.inf)), ("background", (math.nan, 0, 0))])
 def test_image_spec_refuses_infinite_or_non_numeric_floats_naming_the_field(field, value):
     with pytest.raises(ConfigurationError, match=f"ImageSpec: {field} must be a finite number"):
