@@ -273,11 +273,13 @@ class PackFlatOp:
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
+        """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open,
+        and a setting it ignores must not refuse a resume."""
         return {
             "op": self.name,
             "max_length": self.max_length,
             "algorithm": self.algorithm,
             "pad_id": self.pad_id if self.pad_id is not None else default_pad_id,
             "field": self.field,
-            "max_open_rows": self.max_open_rows,
+            **({"max_open_rows": self.max_open_rows} if self.algorithm == "first_fit" else {}),
         }

@@ -136,6 +136,9 @@ class Pipeline:
         field: str = "input_ids",
         max_open_rows: int = 16,
     ) -> Pipeline:
+        """Append the text packer: "wrap" cuts documents at every max_length tokens, "first_fit"
+        places each whole document in the first open row with room (at most `max_open_rows` open;
+        wrap keeps one and ignores it)."""
         return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:

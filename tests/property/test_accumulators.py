@@ -167,3 +167,13 @@ def test_shuffle_reorders_what_passes_through_it_and_what_a_flush_releases():
     assert passed != sorted(passed), "once full, the buffer passes items through in arrival order"
     _, flushed = run(8, 16)
     assert sorted(flushed) == list(range(8)) and flushed != list(range(8)), "a flush releases items in arrival order"
+
+
+def test_the_recipe_fingerprint_holds_max_open_rows_only_where_the_packer_uses_it():
+    """Wrap keeps one row open and ignores max_open_rows; in its fingerprint, changing it refused
+    a resume for nothing. First-fit's rows do depend on it."""
+    def fingerprint(algorithm: str, max_open_rows: int) -> dict:
+        return PackFlatOp(64, algorithm, max_open_rows=max_open_rows).fingerprint(0)
+
+    assert fingerprint("wrap", 4) == fingerprint("wrap", 16)
+    assert fingerprint("first_fit", 4) != fingerprint("first_fit", 16)

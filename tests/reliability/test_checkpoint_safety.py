@@ -178,7 +178,8 @@ RECIPE_CHANGES = {
     "seed": (lambda tmp: {"seed": 8}, [r"plan\.seed", r"operators\[2\]\.shuffle\.seed"]),
     "mixture": (lambda tmp: {"mixture": {"a": 0.6, "b": 0.4}}, [r"plan\.(mixture|schedule)"]),
     "max_length": (lambda tmp: {"max_length": 96}, [r"operators\[1\]\.pack_flat\.max_length"]),
-    "packing": (lambda tmp: {"algorithm": "first_fit"}, [r"operators\[1\]\.pack_flat\.algorithm"]),
+    "packing": (lambda tmp: {"algorithm": "first_fit"},  # first_fit's rows also depend on max_open_rows
+                [r"operators\[1\]\.pack_flat\.algorithm", r"operators\[1\]\.pack_flat\.max_open_rows"]),
     "shuffle_buffer": (lambda tmp: {"shuffle_buffer": 16}, [r"operators\[2\]\.shuffle\.buffer_size"]),
     "tokenizer": (lambda tmp: {"tokenizer": _other_tokenizer(tmp)}, [r"operators\[0\]\.tokenize\.tokenizer"]),
     "text_field": (lambda tmp: {"field": "body"}, [r"operators\[0\]\.tokenize\.field"]),
