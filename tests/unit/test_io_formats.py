@@ -195,12 +195,16 @@ def test_webdataset_groups_members_by_key_and_decodes_txt_and_json(tmp_path):
 
 
 def test_webdataset_bad_members_skip_their_record(tmp_path):
-    members = [("0.txt", b"ok"), ("1.txt", b"\xff"), ("2.json", b"{"), ("3.txt", b"ok")]
+    """A .json member is parsed like a JSON line: JSON Python cannot hold (an integer of over 4,300
+    digits, nesting past the recursion limit) is malformed_json too, not a failed read."""
+    members = [("0.txt", b"ok"), ("1.txt", b"\xff"), ("2.json", b"{"), ("3.txt", b"ok"),
+               ("4.json", b'{"id": ' + b"9" * 5000 + b"}"), ("5.json", b"[" * 100_000 + b"]" * 100_000)]
     (tmp_path / "a.tar").write_bytes(tar_bytes(members))
     ds = Dataset.from_path("d", str(tmp_path))
-    records, skipped = read_all(ds, 4)
+    records, skipped = read_all(ds, 6)
     assert [r["__key__"] for r in records] == ["0", "3"]
-    assert [(a.index, reason) for a, reason in skipped] == [(1, "invalid_utf8"), (2, "malformed_json")]
+    assert [(a.index, reason) for a, reason in skipped] == [
+        (1, "invalid_utf8"), (2, "malformed_json"), (4, "malformed_json"), (5, "malformed_json")]
 
 
 def test_webdataset_member_named_like_the_key_field_is_not_part_of_any_record(tmp_path):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._format import ShardFile, ShardScan
 from ._lines import read_lines, scan_lines
-from ._policy import INVALID_UTF8, MALFORMED_JSON, NOT_AN_OBJECT, Bad, Slot, fill_truncated
+from ._policy import INVALID_UTF8, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
 
 __all__ = ["JsonLines"]
 
@@ -38,10 +37,9 @@ def _parse(line: bytes) -> Slot:
         text = line.decode("utf-8")
     except UnicodeDecodeError as error:
         return Bad(INVALID_UTF8, str(error))
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError, an integer over 4300 digits, deep nesting
-        return Bad(MALFORMED_JSON, f"{type(error).__name__}: {error}"[:300])
+    value = parse_json(text)
+    if isinstance(value, Bad):
+        return value
     if not isinstance(value, dict):
         return Bad(NOT_AN_OBJECT, f"got {type(value).__name__}")
     return value

@@ -7,6 +7,7 @@ so that every record index of a chunk is accounted for, and `collect` applies th
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "REASONS",
     "ErrorPolicy",
     "Bad",
+    "parse_json",
     "Slot",
     "collect",
     "fill_truncated",
@@ -83,3 +85,14 @@ def fill_truncated(slots: list[Slot], expected: int, detail: str) -> list[Slot]:
     """Pad `slots` to `expected` with TRUNCATED_SHARD: records the shard promised but no longer holds."""
     slots.extend(Bad(TRUNCATED_SHARD, detail) for _ in range(expected - len(slots)))
     return slots
+
+
+def parse_json(text: str, where: str = "") -> Any | Bad:
+    """The value of a JSON text, or `malformed_json` (prefixed with `where`, e.g. a member's name).
+
+    Besides a syntax error that is JSON Python cannot hold: an integer of over 4,300 digits
+    (ValueError) or nesting deeper than the recursion limit (RecursionError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError
+        return Bad(MALFORMED_JSON, f"{where}{type(error).__name__}: {error}"[:300])

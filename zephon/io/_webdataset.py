@@ -15,7 +15,6 @@ offset of every SEEK_STRIDE-th record so that a chunk read starts near its first
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._format import ShardFile, ShardScan
-from ._policy import INVALID_UTF8, MALFORMED_JSON, Bad, Slot, fill_truncated
+from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated, parse_json
 
 if TYPE_CHECKING:
     import tarfile
@@ -118,9 +117,9 @@ def _decode(record: dict[str, Any]) -> Slot:
         if last == "txt":
             record[extension] = text
             continue
-        try:
-            record[extension] = json.loads(text)
-        except json.JSONDecodeError as error:
-            return Bad(MALFORMED_JSON, f"{extension}: {error}")
+        value = parse_json(text, f"{extension}: ")
+        if isinstance(value, Bad):
+            return value
+        record[extension] = value
     return record
 
