@@ -19,6 +19,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def check_checkpoint_step(args: argparse.Namespace) -> None:
+    """A demo that checkpoints and resumes needs its checkpoint inside the run, with steps after it
+    to compare: refused, naming the options, before any work."""
+    if not 0 < args.checkpoint_step < args.steps:
+        raise SystemExit(f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description="Zephon: elastically deterministic data loading.")
     sub = parser.add_subparsers(dest="command", required=True)

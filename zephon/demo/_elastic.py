@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import ConfigurationError, combine_digests, merge_states
 from .._loader import check_layout
 from ..barcode import BarcodeWriter
+from ..cli import check_checkpoint_step
 from ._recipe import demo_pipeline
 
 
@@ -57,8 +58,7 @@ def _write_barcode(path: Path, digests: list[str]) -> None:
 
 def _check_arguments(args) -> None:
     """Refuse, naming it, what the rank processes would fail on only after the reference run."""
-    if not 0 < args.checkpoint_step < args.steps:
-        raise SystemExit(f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
+    check_checkpoint_step(args)
     pipeline = demo_pipeline(runner=args.runner, parallelism=args.parallelism)
     for world in (args.from_world_size, *args.to_world_sizes):
         try:

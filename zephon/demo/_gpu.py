@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import IGNORE_INDEX, global_batch_digest, merge_states
-from ..cli import positive_int
+from ..cli import check_checkpoint_step, positive_int
 from ._recipe import TOKENIZER, demo_pipeline
 
 __all__ = ["add_gpu_parser", "run_gpu_demo"]
@@ -63,8 +63,7 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print(SKIP_NO_CUDA)
         return 0
-    if not 0 < args.checkpoint_step < args.steps:
-        raise SystemExit(f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
+    check_checkpoint_step(args)
 
     t0 = time.perf_counter()
     pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
