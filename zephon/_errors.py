@@ -12,6 +12,7 @@ import numbers
 __all__ = [
     "check_count",
     "check_finite",
+    "is_finite_number",
     "check_seed",
     "check_token_id",
     "ZephonError",
@@ -44,17 +45,22 @@ def check_count(value: object, what: str, least: int = 1) -> int:
     return int(value)
 
 
+def is_finite_number(value: object) -> bool:
+    """A real number, not a bool, that a float holds finitely: no NaN, no infinity, and no int past
+    float's range (10**400 is finite, but math.isfinite raises OverflowError on it)."""
+    try:
+        return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_finite(value: object, what: str) -> float:
     """`value` unchanged if it is a finite real number, else ConfigurationError naming `what`.
 
     NaN is false under every comparison and infinity passes a bound like `>= 1`, so a range check
     alone lets both through, to fail later as a bare OverflowError or as every record dropped.
     """
-    try:
-        finite = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-    except OverflowError:  # an int past float's range (10**400): finite, but no float holds it
-        finite = False
-    if not finite:
+    if not is_finite_number(value):
         raise ConfigurationError(f"{what} must be a finite number, got {value!r}")
     return value
 

@@ -164,6 +164,7 @@ WRONG_SOURCES = {
     "a path for the datasets": (lambda ds: StaticMixtureWorkSource(str(ds.shards[0].url)), "a sequence of zephon.io.Dataset"),
     "a list for the mixture": (lambda ds: StaticMixtureWorkSource([ds], mixture=[1.0]), "mixture maps dataset names"),
     "a weight that is not a number": (lambda ds: StaticMixtureWorkSource([ds], mixture={ds.name: None}), "weights must be numbers"),
+    "a weight past float's range": (lambda ds: StaticMixtureWorkSource([ds], mixture={ds.name: 10**400}), "weights must be finite"),
     "a phase without its start": (lambda ds: ScheduledMixtureWorkSource([ds], schedule=[{ds.name: 1}]), "a mixture phase is"),
     "a start that is a string": (lambda ds: ScheduledMixtureWorkSource([ds], schedule=[("0", {ds.name: 1})]), "starts at a token count"),
     "the estimation class": (lambda ds: StaticMixtureWorkSource([ds], token_estimation=TokenEstimation), "a TokenEstimation instance"),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
-from .._errors import ConfigurationError, check_count, check_seed
+from .._errors import ConfigurationError, check_count, check_seed, is_finite_number
 from .._random import SeededStream
 from .._records import Chunk
 from ._estimation import TokenCounter, TokenEstimation, TokenStats
@@ -181,10 +181,10 @@ def _validate_schedule(schedule, names: list[str]) -> Schedule:
             raise ConfigurationError(f"mixture names {sorted(unknown)} are not datasets of this source {names}")
         if not all(isinstance(w, numbers.Real) and not isinstance(w, bool) for w in weights.values()):
             raise ConfigurationError(f"mixture weights must be numbers: {dict(weights)}")
-        weights = {n: float(weights.get(n, 0.0)) for n in names}
-        if any(w < 0 or not math.isfinite(w) for w in weights.values()) or sum(weights.values()) <= 0:
+        weights = {n: weights.get(n, 0.0) for n in names}
+        if not all(is_finite_number(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
             raise ConfigurationError(f"mixture weights must be finite, non-negative and not all zero: {weights}")
-        phases.append((start, _normalised(weights)))
+        phases.append((start, _normalised({n: float(w) for n, w in weights.items()})))
     if not phases or phases[0][0] != 0:
         raise ConfigurationError("a mixture schedule must start with a phase at token 0")
     if any(b[0] <= a[0] for a, b in zip(phases, phases[1:])):
@@ -195,12 +195,7 @@ def _validate_schedule(schedule, names: list[str]) -> Schedule:
 def _token_count(start) -> int:
     """A phase start as an int: a whole number (1e9 is 10**9) that a float can hold, as the plan
     divides it among lanes; a fraction is refused rather than truncated (0.5 would become 0)."""
-    whole = isinstance(start, numbers.Real) and not isinstance(start, bool)
-    try:
-        whole = whole and math.isfinite(float(start)) and float(start).is_integer()
-    except OverflowError:  # an int beyond any float
-        whole = False
-    if not whole:
+    if not (is_finite_number(start) and float(start).is_integer()):
         raise ConfigurationError(f"a mixture phase starts at a token count, a whole number below 1.8e308; got {start!r}")
     return int(start)
 
