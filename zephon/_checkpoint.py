@@ -4,6 +4,10 @@ A lane's cursor is (segment, skip, position): replay the lane from the start of 
 the first `skip` rows it produces (the trainer already consumed them), and count the lane's rows
 from `position`. Beside it travel the lane's settled ledger counts (see `_ledger.py`). Nothing
 buffered is ever saved; loading a state cannot execute code.
+
+A state also says how many global steps its rank has begun handing over and which of its lanes a
+finite plan has finished. Ranks saved at one checkpoint agree on the first; `merge_states` refuses
+states that do not, since their lanes would resume out of step with each other.
 """
 
 from __future__ import annotations
@@ -18,16 +22,20 @@ from ._sha256 import sha256
 __all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "merge_states"]
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 3  # 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws
+# 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws;
+# 4: "steps_begun" and "finished", so that merging ranks saved at different steps is refused
+STATE_VERSION = 4
 
 
 @dataclass
 class LaneCursor:
-    """Where a lane stands. `position` counts rows handed to the trainer, padding included."""
+    """Where a lane stands. `position` counts rows handed to the trainer, padding included;
+    `finished` is set once a finite plan's every row of the lane was handed over."""
 
     segment: int = 0
     skip: int = 0
     position: int = 0
+    finished: bool = False
 
     def as_json(self) -> list[int]:
         return [self.segment, self.skip, self.position]
@@ -62,14 +70,22 @@ def _checksum(body: Mapping) -> str:
 
 
 def make_state(
-    recipe: Mapping, lanes: Mapping[int, LaneCursor], num_lanes: int, ledgers: Mapping[int, dict]
+    recipe: Mapping,
+    lanes: Mapping[int, LaneCursor],
+    num_lanes: int,
+    ledgers: Mapping[int, dict],
+    steps_begun: int | None,
 ) -> dict:
+    """`steps_begun`: the global steps the rank handed over microbatches of, the last one perhaps
+    in part; None once its every lane is finished (a rank that is done cannot be out of step)."""
     body = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "num_lanes": num_lanes,
         "recipe": recipe_digests(recipe),
+        "steps_begun": steps_begun,
         "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},
+        "finished": sorted(lane for lane, cursor in lanes.items() if cursor.finished),
         "ledger": {str(lane): ledgers[lane] for lane in sorted(ledgers)},
     }
     return {**body, "checksum": _checksum(body)}
@@ -95,8 +111,11 @@ def _intact(state: object) -> dict:
     return state
 
 
-def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int, LaneCursor], dict[int, dict]]:
-    """Validate a state against the current recipe; return its cursors and ledger counts by lane."""
+def read_state(
+    state: object, recipe: Mapping, num_lanes: int
+) -> tuple[dict[int, LaneCursor], dict[int, dict], int | None]:
+    """Validate a state against the current recipe; return its cursors and ledger counts by lane,
+    and its steps begun."""
     state = _intact(state)
     _check_shape(state)
     saved = state["recipe"]
@@ -109,9 +128,10 @@ def read_state(state: object, recipe: Mapping, num_lanes: int) -> tuple[dict[int
         )
     if state["num_lanes"] != num_lanes:
         raise RecipeMismatchError(f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}")
-    cursors = {int(lane): LaneCursor(*cursor) for lane, cursor in state["lanes"].items()}
+    finished = set(state["finished"])
+    cursors = {int(lane): LaneCursor(*cursor, finished=int(lane) in finished) for lane, cursor in state["lanes"].items()}
     ledgers = {int(lane): dict(counts) for lane, counts in state.get("ledger", {}).items()}
-    return cursors, ledgers
+    return cursors, ledgers, state["steps_begun"]
 
 
 def _check_shape(state: dict) -> None:
@@ -133,6 +153,15 @@ def _check_shape(state: dict) -> None:
         )
     _check_lane_keys(lanes, "lane cursors", num_lanes)
     _check_lane_keys(ledger, "ledger", num_lanes)
+    steps_begun, finished = state.get("steps_begun"), state.get("finished")
+    if "steps_begun" not in state or (steps_begun is not None and not _is_count(steps_begun)):
+        raise CheckpointError("malformed loader state: 'steps_begun' must be a non-negative integer or null")
+    if (
+        not isinstance(finished, list)
+        or not all(map(_is_count, finished))
+        or len({str(lane) for lane in finished} & set(lanes)) != len(finished)
+    ):
+        raise CheckpointError("malformed loader state: 'finished' must list distinct lanes of the state's cursors")
 
 
 def _check_lane_keys(by_lane: dict, what: str, num_lanes: int) -> None:
@@ -187,17 +216,36 @@ def merge_states(states: Iterable[Mapping]) -> dict:
         raise CheckpointError("merge_states needs at least one state")
     first = states[0]
     lanes: dict[str, list[int]] = {}
+    finished: set[int] = set()
     ledger: dict[str, dict] = {}
     for state in states:
         for key in ("format", "version", "num_lanes", "recipe"):
             if state.get(key) != first.get(key):
                 raise CheckpointError(f"cannot merge loader states that differ in {key!r}")
         for lane, cursor in state["lanes"].items():
-            if lane in lanes and lanes[lane] != cursor:
+            done = int(lane) in state["finished"]
+            if lane in lanes and (lanes[lane] != cursor or (int(lane) in finished) != done):
                 raise CheckpointError(f"lane {lane} appears in two states with different cursors")
             lanes[lane] = cursor
+        finished.update(state["finished"])
         ledger.update(state.get("ledger", {}))
     body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe")}
+    body["steps_begun"] = _common_steps_begun(states)
     body["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+    body["finished"] = sorted(finished)
     body["ledger"] = dict(sorted(ledger.items(), key=lambda kv: int(kv[0])))
     return {**body, "checksum": _checksum(body)}
+
+
+def _common_steps_begun(states: list[dict]) -> int | None:
+    """The one count of steps begun of every rank that still has data. Ranks saved at different
+    steps (one rank's file from an older checkpoint, a save taken while ranks were out of step)
+    would resume lanes out of step with each other: the global batches after the resume would not
+    be the uninterrupted run's, so the merge is refused."""
+    steps = sorted({state["steps_begun"] for state in states if state["steps_begun"] is not None})
+    if len(steps) > 1:
+        raise CheckpointError(
+            f"cannot merge loader states saved at different steps ({', '.join(map(str, steps))}): "
+            "every rank's state must come from the same checkpoint"
+        )
+    return steps[0] if steps else None

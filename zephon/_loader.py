@@ -84,6 +84,9 @@ class RankLoader:
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._compile()
         self._cursors = {lane: LaneCursor() for lane in self.lanes}
+        # Global steps this rank handed microbatches of, the last perhaps in part: ranks saved at
+        # one checkpoint agree on it, which is how merge_states tells a state of another step.
+        self._steps_begun = 0
         self._streams: dict[int, LaneStream] = {}
         self._runner: Runner | None = None
         self._ledger = Ledger()
@@ -210,12 +213,10 @@ class RankLoader:
         return done
 
     def _open_streams(self) -> None:
-        for stream in self._streams.values():
-            stream.close()
+        self._close_streams()
         self._ensure_runner()
         flush_every = self.pipeline.settings.flush_every_chunks
         barren_records = getattr(self.plan, "barren_records", None)  # optional for other work plans
-        self._streams = {}
         for lane in self.lanes:
             cursor = self._cursors[lane]
             self._ledger.replay(lane, cursor.segment)
@@ -277,6 +278,7 @@ class RankLoader:
         for got in fetched:
             self._account(lane, got)
         cursor.position += m
+        self._steps_begun = step + 1
         return batch
 
     def _account(self, lane: int, got) -> None:
@@ -300,11 +302,21 @@ class RankLoader:
     def state_dict(self) -> dict:
         """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`)."""
         ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
-        return make_state(self.recipe, self._cursors, self.num_lanes, ledgers)
+        finished = [self._finished(lane) for lane in self.lanes]
+        steps_begun = None if all(finished) else self._steps_begun
+        return make_state(self.recipe, self._cursors, self.num_lanes, ledgers, steps_begun)
+
+    def _finished(self, lane: int) -> bool:
+        """Whether a finite plan's every row of the lane was handed over; kept in the cursor, so a
+        state saved before the lane's stream is replayed after a resume still says so."""
+        cursor, stream = self._cursors[lane], self._streams.get(lane)
+        if stream is not None and stream.exhausted:
+            cursor.finished = True
+        return cursor.finished
 
     def load_state_dict(self, state) -> None:
         """Take up the cursors of this rank's lanes from a state covering them (any world size)."""
-        cursors, ledgers = read_state(state, self.recipe, self.num_lanes)
+        cursors, ledgers, steps_begun = read_state(state, self.recipe, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
             from ._errors import CheckpointError
@@ -313,13 +325,12 @@ class RankLoader:
                 f"the loader state does not cover lanes {missing} of rank {self.rank}; "
                 "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
             )
+        self._close_streams()
         self._cursors = {lane: cursors[lane] for lane in self.lanes}
+        self._steps_begun = steps_begun or 0  # None: every lane of every rank is finished
         for lane in self.lanes:
             self._ledger.restore(lane, ledgers.get(lane, {}))
         self._generation += 1
-        for stream in self._streams.values():
-            stream.close()
-        self._streams = {}
 
     def stats(self) -> dict:
         """The ledger of this rank's lanes: records read/emitted/filtered/skipped by reason per
@@ -329,10 +340,14 @@ class RankLoader:
         return self._ledger.snapshot()
 
     # -- lifecycle --------------------------------------------------------------------------
-    def close(self) -> None:
-        for stream in self._streams.values():
+    def _close_streams(self) -> None:
+        for lane, stream in self._streams.items():
+            self._finished(lane)  # the cursor keeps what only the stream knew
             stream.close()
         self._streams = {}
+
+    def close(self) -> None:
+        self._close_streams()
         if self._runner is not None:
             self._runner.close()
             self._runner = None

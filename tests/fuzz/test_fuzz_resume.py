@@ -4,6 +4,8 @@ resume on another world size (and runner) from the last checkpoint, in any order
 Invariant: every microbatch ever delivered, at (step, lane, index), has the digest of the
 uninterrupted single-rank run at the same (step, lane, index) — whatever was taken, saved and
 resumed before it, and however often a resume re-delivers what came after the checkpoint.
+A checkpoint of ranks that have begun different numbers of steps is refused by name, and the last
+good checkpoint stays.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from tests.fuzz.conftest import fuzz_settings
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
-from zephon import merge_states
+from zephon import CheckpointError, merge_states
 
 STEPS = 8  # the horizon: microbatches of later steps are not taken
 WORLD_SIZES = (1, 2, 4)
@@ -85,8 +88,22 @@ class IterateCheckpointResume(RuleBasedStateMachine):
             self.delivered += 1
 
     @rule()
+    def catch_up(self) -> None:
+        """Every rank takes microbatches until it has begun as many steps as the furthest one: where
+        the ranks of a trainer stand when it checkpoints."""
+        target = max(map(_steps_begun, self.loaders))
+        for rank, loader in enumerate(self.loaders):
+            while not self.at_horizon[rank] and _steps_begun(loader) < target:
+                self.take(rank, 1)
+
+    @rule()
     def save(self) -> None:
-        self.checkpoint = merge_states(loader.state_dict() for loader in self.loaders)
+        states = [loader.state_dict() for loader in self.loaders]
+        if len({state["steps_begun"] for state in states} - {None}) > 1:
+            with pytest.raises(CheckpointError, match="saved at different steps"):
+                merge_states(states)
+            return
+        self.checkpoint = merge_states(states)
 
     @precondition(lambda self: self.checkpoint is not None)
     @rule(world=st.sampled_from(WORLD_SIZES), runner=st.sampled_from(["inline", "thread"]))
@@ -96,6 +113,10 @@ class IterateCheckpointResume(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self._close()
+
+
+def _steps_begun(loader) -> int:
+    return loader.state_dict()["steps_begun"]
 
 
 IterateCheckpointResume.TestCase.settings = fuzz_settings(ci=25, stateful_step_count=15)

@@ -1,12 +1,13 @@
-"""merge_states combines rank states and never launders a damaged one."""
+"""merge_states combines rank states and never launders a damaged one, nor ranks out of step."""
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import pytest
 
-from tests.harness import GLOBAL_BATCH, text_pipeline
+from tests.harness import GLOBAL_BATCH, microbatches_per_rank_step, text_pipeline
 from zephon import CheckpointError, merge_states
 
 
@@ -26,7 +27,72 @@ def rank_states(make_jsonl_corpus, demo_tokenizer_path):
 def test_merging_rank_states_covers_every_lane(rank_states):
     merged = merge_states(rank_states)
     assert sorted(map(int, merged["lanes"])) == list(range(8))
+    assert merged["steps_begun"] == 1 and merged["finished"] == []  # 6 of a rank's 8 microbatches of step 0
     assert merge_states([merged]) == merged
+
+
+def test_merging_refuses_ranks_saved_at_different_steps(make_jsonl_corpus, demo_tokenizer_path):
+    """One rank's file from an older checkpoint: its lanes would replay steps the others skip."""
+    pipeline = text_pipeline(make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path)
+    states = []
+    for rank, steps in ((0, 2), (1, 3)):
+        with pipeline.shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            it = iter(loader)
+            for _ in range(steps * microbatches_per_rank_step(loader)):
+                next(it)
+            states.append(loader.state_dict())
+    assert [state["steps_begun"] for state in states] == [2, 3]
+    with pytest.raises(CheckpointError, match=r"saved at different steps \(2, 3\)"):
+        merge_states(states)
+
+
+def test_finished_lanes_and_the_step_survive_a_resume(make_jsonl_corpus, demo_tokenizer_path):
+    """In the ragged end of a finite epoch, lanes that ran out lag the others by design: the state
+    marks them finished, so ranks saved at one step still merge, and a rank that loads the state
+    says the same before its lanes are replayed."""
+    make = lambda: text_pipeline(
+        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    )
+    per_rank_step = []
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            per_rank_step.append(Counter(batch.step for batch in loader))
+    full = per_rank_step[0][0]
+    step = next(s for s in sorted(per_rank_step[0]) if per_rank_step[0][s] < full) + 1  # after lanes ran out
+    states = []
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            it = iter(loader)
+            for _ in range(sum(n for s, n in per_rank_step[rank].items() if s < step)):
+                next(it)
+            states.append(loader.state_dict())
+    merged = merge_states(states)
+    assert merged["steps_begun"] == step and 0 < len(merged["finished"]) < 8
+    resumed = []
+    for rank in range(4):
+        with make().shard(rank, 4, global_batch_size=GLOBAL_BATCH) as loader:
+            loader.load_state_dict(merged)
+            resumed.append(loader.state_dict())
+    assert merge_states(resumed) == merged
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda body: body.update(steps_begun=-1), "'steps_begun' must be"),
+        (lambda body: body.pop("steps_begun"), "'steps_begun' must be"),
+        (lambda body: body.update(finished=[0, 0]), "'finished' must list"),
+        (lambda body: body.update(finished=["0"]), "'finished' must list"),
+        (lambda body: body.update(finished=[9]), "'finished' must list"),
+    ],
+)
+def test_merging_refuses_a_re_signed_state_with_a_malformed_step_or_finished(rank_states, edit, message):
+    from zephon._checkpoint import _checksum
+
+    body = copy.deepcopy({k: v for k, v in rank_states[0].items() if k != "checksum"})
+    edit(body)
+    with pytest.raises(CheckpointError, match=message):
+        merge_states([{**body, "checksum": _checksum(body)}, rank_states[1]])
 
 
 def test_merging_refuses_an_edited_state(rank_states):
