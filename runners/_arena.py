@@ -133,9 +133,13 @@ class Arena:
             start = self._blocks.take(length)
         if start is None:
             return None
-        view = memoryview(self._map)
-        for buffer, (offset, size) in zip(buffers, spans):
-            view[start + offset : start + offset + size] = buffer
+        try:
+            view = memoryview(self._map)
+            for buffer, (offset, size) in zip(buffers, spans):
+                view[start + offset : start + offset + size] = buffer
+        except BaseException:  # Ctrl-C mid-copy included: no message will name the block
+            self.give_back((start,))
+            raise
         return (start, length), spans
 
     def give_back(self, offsets: Iterable[int]) -> None:

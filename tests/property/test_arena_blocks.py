@@ -73,3 +73,15 @@ def test_released_blocks_are_reported_once_and_requeued_ones_go_first():
     del second
     assert arena.released() == (0, ALIGNMENT)
     assert arena.released() == ()
+
+
+def test_a_write_that_fails_mid_copy_gives_its_block_back():
+    """An exception while copying (a Ctrl-C, here a buffer of another layout) must not leave the
+    block taken: no message names it, so no receiver would ever release it."""
+    from array import array
+
+    arena = Arena(4 * ALIGNMENT)
+    with pytest.raises(ValueError):
+        arena.write([memoryview(bytes(ALIGNMENT)), memoryview(array("i", [1, 2]))])
+    placed = arena.write([memoryview(bytes(4 * ALIGNMENT))])  # the whole arena is free again
+    assert placed is not None and placed[0] == (0, 4 * ALIGNMENT)
