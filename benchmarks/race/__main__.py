@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import _data
 from ._monitor import TreeMemory
-from .loaders import BOUNDS, LOADERS, python_for
+from .loaders import BOUNDS, LOADERS, at_once_name, python_for
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -118,6 +118,20 @@ def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: d
         return result
 
 
+def run_at_once(python: str, script: str, cfg: dict, timeout: float, env_extra: dict | None = None) -> dict:
+    """One copy of a bound worker per CPU of this process, all started together, each pinned to
+    its own CPU: the bound with every core busy. Rates add up; `copies` keeps each copy's result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cpus = sorted(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(len(cpus)) as pool:
+        copies = list(pool.map(lambda cpu: run_worker(python, script, dict(cfg, cpu=cpu), timeout, env_extra), cpus))
+    if not all(c.get("ok") for c in copies):
+        return {"ok": False, "output": next(c["output"] for c in copies if not c.get("ok")), "copies": copies}
+    total = {key: sum(c[key] for c in copies) for key in ("usable_tokens_per_s", "images_per_s")}
+    return {"ok": True, **total, "at_once": len(cpus), "copies": copies, "build": copies[0].get("build")}
+
+
 def _kill_group(pid: int) -> None:
     import signal
 
@@ -203,6 +217,19 @@ def main(argv: list[str] | None = None) -> int:
                     results["bounds"].append(got)
                     if got.get("ok"):
                         print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on one core", flush=True)
+                    else:
+                        print(f"        FAILED: {got['output'][-800:]}", flush=True)
+                    if functions not in spec.get("at_once", ()):
+                        continue
+                    cores = len(os.sched_getaffinity(0))
+                    print(f"[bound {round_ + 1}] {pipeline} {name} {functions}, {cores} copies at once ...", flush=True)
+                    got = run_at_once(python, "bound.py", cfg, args.timeout,
+                                      {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"})
+                    got.update(name=at_once_name(name, cores), stack=spec["stack"], pipeline=pipeline,
+                               functions=functions, round=round_)
+                    results["bounds"].append(got)
+                    if got.get("ok"):
+                        print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on {cores} cores", flush=True)
                     else:
                         print(f"        FAILED: {got['output'][-800:]}", flush=True)
 
