@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import _data
 from ._monitor import TreeMemory
-from .loaders import BOUNDS, LOADERS, at_once_name, python_for
+from .loaders import BOUNDS, LOADERS, VARIANTS, python_for, variant_name
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -219,19 +219,24 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on one core", flush=True)
                     else:
                         print(f"        FAILED: {got['output'][-800:]}", flush=True)
-                    if functions not in spec.get("at_once", ()):
+                    if functions not in spec.get("variants", ()):
                         continue
                     cores = len(os.sched_getaffinity(0))
-                    print(f"[bound {round_ + 1}] {pipeline} {name} {functions}, {cores} copies at once ...", flush=True)
-                    got = run_at_once(python, "bound.py", cfg, args.timeout,
-                                      {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"})
-                    got.update(name=at_once_name(name, cores), stack=spec["stack"], pipeline=pipeline,
-                               functions=functions, round=round_)
-                    results["bounds"].append(got)
-                    if got.get("ok"):
-                        print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on {cores} cores", flush=True)
-                    else:
-                        print(f"        FAILED: {got['output'][-800:]}", flush=True)
+                    for variant in VARIANTS:
+                        print(f"[bound {round_ + 1}] {pipeline} {variant_name(name, variant, cores)} {functions} ...",
+                              flush=True)
+                        env = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+                        if variant == "at once":
+                            got = run_at_once(python, "bound.py", cfg, args.timeout, env)
+                        else:
+                            got = run_worker(python, "bound.py", dict(cfg, idle_thread=True), args.timeout, env)
+                        got.update(name=variant_name(name, variant, cores), variant=variant, stack=spec["stack"],
+                                   pipeline=pipeline, functions=functions, round=round_)
+                        results["bounds"].append(got)
+                        if got.get("ok"):
+                            print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s", flush=True)
+                        else:
+                            print(f"        FAILED: {got['output'][-800:]}", flush=True)
 
     if earlier is not None and not args.no_bound:
         measure_bounds(0, args.pipelines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from .loaders import LOADERS, at_once_name
+from .loaders import LOADERS, variant_name
 
 # Each loader's "same-library" bound: the stateless work it really runs, on its interpreter and
 # Pillow build ("ours" = Zephon's functions, "work" = the peers' plain equivalents).
@@ -93,13 +93,17 @@ def summarise(results: dict) -> dict:
             top["bound"] = {"name": ref[0], "functions": ref[1], "one_core_usable_tokens_per_s": bound["usable_tokens_per_s"],
                             "ideal_usable_tokens_per_s": ideal}
             top["efficiency"] = top["usable_tokens_per_s"] / ideal
-            at_once = bounds.get((pipeline, at_once_name(ref[0], cores), ref[1]))
+            at_once = bounds.get((pipeline, variant_name(ref[0], "at once", cores), ref[1]))
             if at_once:
                 # What the machine gives with every core busy, against cores x one core alone: the
                 # part of a loader's shortfall that no loader can make up.
-                top["bound"]["at_once_usable_tokens_per_s"] = at_once["usable_tokens_per_s"]
                 top["bound"]["machine_scaling"] = at_once["usable_tokens_per_s"] / ideal
                 top["efficiency_at_once"] = top["usable_tokens_per_s"] / at_once["usable_tokens_per_s"]
+            threaded = bounds.get((pipeline, variant_name(ref[0], "idle thread", cores), ref[1]))
+            if threaded:
+                # The same work in a process that has a second thread: what a threaded loader's
+                # allocations cost at best, against the single-threaded bound's.
+                top["bound"]["threaded_malloc"] = threaded["usable_tokens_per_s"] / bound["usable_tokens_per_s"]
             # Each round's rate against the bound measured in that same round, minutes before it.
             top["round_efficiencies"] = [rate / (round_bounds[(pipeline, *ref, round_)] * cores)
                                          for round_, rate in top["round_rates"] if (pipeline, *ref, round_) in round_bounds]
@@ -174,8 +178,10 @@ def _efficiency_target(pipeline: str, target: str, entry: dict, least: float) ->
     bound from another), and a verdict that only one of them gives is not one."""
     eff, rounds = entry.get("efficiency"), entry.get("round_efficiencies") or []
     met = eff is not None and eff >= least and (not rounds or statistics.median(rounds) >= least)
+    bound = entry.get("bound", {})
     return {"pipeline": pipeline, "target": target, "value": eff, "rounds": rounds, "met": met,
-            "at_once": entry.get("efficiency_at_once"), "machine_scaling": entry.get("bound", {}).get("machine_scaling")}
+            "at_once": entry.get("efficiency_at_once"), "machine_scaling": bound.get("machine_scaling"),
+            "threaded_malloc": bound.get("threaded_malloc")}
 
 
 def ratios(best: dict, results: dict) -> list[dict]:
@@ -274,7 +280,9 @@ def markdown(results: dict) -> str:
         lines.append("Compute bound (one core, tight loop, each part's mean pass, the median of the rounds' "
                      "measurements; ideal = × {0} cores; the fastest pass beside it, as races before the twelfth "
                      "session counted). A row '×{0} at once' is {0} copies of the bound run together, one pinned to "
-                     "each core, their rates added: what this machine gives with every core busy:".format(summary["cores"]))
+                     "each core, their rates added: what this machine gives with every core busy; a row 'idle thread "
+                     "beside it' is one copy in a process that has started a second thread, which takes glibc's "
+                     "malloc off its single-threaded fast path as in any threaded loader:".format(summary["cores"]))
         lines.append("")
         lines.append("| stack | functions | usable tokens/s (1 core) | rounds: lowest–highest | fastest pass | images/s (1 core) "
                      "| parts (s per epoch) |")
@@ -316,6 +324,8 @@ def markdown(results: dict) -> str:
             if t.get("at_once") is not None:
                 measured += (f"; {_fmt(t['at_once'], 'x')} of the bound run on every core at once, which is "
                              f"{_fmt(t['machine_scaling'], 'x')} of the ideal")
+            if t.get("threaded_malloc") is not None:
+                measured += f"; the bound with an idle thread beside it runs at {_fmt(t['threaded_malloc'], 'x')}"
             lines.append(f"| {t['pipeline']} | {t['target']} | {measured} | {'yes' if t['met'] else '**no**'} |")
         lines.append("")
     return "\n".join(lines)

@@ -23,6 +23,10 @@ import _runtime
 
 cfg = _runtime.config()
 os.sched_setaffinity(0, {cfg.get("cpu", 0)})
+if cfg.get("idle_thread"):  # the race's "idle thread" variant (loaders.VARIANTS): glibc malloc in threaded mode
+    import threading
+
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 import _work
 import numpy as np
