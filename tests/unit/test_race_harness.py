@@ -190,3 +190,12 @@ def test_run_at_once_pins_one_copy_to_each_cpu_and_adds_their_rates(monkeypatch)
     assert sorted(seen) == [0, 3]
     assert got["ok"] and got["at_once"] == 2
     assert (got["usable_tokens_per_s"], got["images_per_s"]) == (203.0, 2.0)
+
+
+def test_a_check_that_raced_no_peer_gives_no_verdict_on_beating_the_peers():
+    results = race({"usable_tokens_per_s": 1800.0})
+    assert not [t for t in summarise(results)["targets"] if "beats every peer" in t["target"]]
+    peer = dict(results["runs"][0], loader="grain 3.11", config={"mode": "threads"}, usable_tokens_per_s=1500.0)
+    results["runs"].append(peer)
+    (target,) = [t for t in summarise(results)["targets"] if "beats every peer" in t["target"]]
+    assert target["met"] and target["value"] == pytest.approx(1.2)
