@@ -1,6 +1,8 @@
 """Race worker: the compute bound, the bare stateless work in a tight loop on one core.
 
-Pinned to one CPU, tokenizers' own thread pool off. For every record of one epoch, in order:
+Pinned to one CPU before NumPy is imported (so OpenBLAS starts no thread pool and the process
+keeps one thread, unless the race's "idle thread" variant asks for a second), tokenizers' own
+thread pool off. For every record of one epoch, in order:
 text: read the shards and parse each JSON line, tokenize (+EOS) and pack/assemble the wrap-packed
 rows; VLM: read the tar shards, tokenize the caption (+BOS/EOS), decode + resize, and pack/assemble
 the rows (the packer's decisions are included: they are a small part of the assembly). Each part
