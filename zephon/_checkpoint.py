@@ -238,14 +238,22 @@ def merge_states(states: Iterable[Mapping]) -> dict:
 
 
 def _common_steps_begun(states: list[dict]) -> int | None:
-    """The one count of steps begun of every rank that still has data. Ranks saved at different
-    steps (one rank's file from an older checkpoint, a save taken while ranks were out of step)
-    would resume lanes out of step with each other: the global batches after the resume would not
-    be the uninterrupted run's, so the merge is refused."""
-    steps = sorted({state["steps_begun"] for state in states if state["steps_begun"] is not None})
-    if len(steps) > 1:
+    """The one count of steps begun of every rank whose lanes all still have data. Ranks saved at
+    different steps (one rank's file from an older checkpoint, a save taken while ranks were out of
+    step) would resume lanes out of step with each other: the global batches after the resume would
+    not be the uninterrupted run's, so the merge is refused.
+
+    A rank with a finished lane may have begun more steps than those ranks, never fewer: a trainer
+    that takes the same number of microbatches from every rank per step (TorchTitan's local
+    batches) takes its live lanes' later steps early once a lane ran out. The merged count is the
+    smallest, that of the ranks whose lanes all have data."""
+    begun = [state for state in states if state["steps_begun"] is not None]
+    full = {state["steps_begun"] for state in begun if not state["finished"]}
+    least = min((state["steps_begun"] for state in begun), default=None)
+    if len(full) > 1 or (full and least < min(full)):
+        steps = sorted({state["steps_begun"] for state in begun})
         raise CheckpointError(
             f"cannot merge loader states saved at different steps ({', '.join(map(str, steps))}): "
             "every rank's state must come from the same checkpoint"
         )
-    return steps[0] if steps else None
+    return least

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from itertools import islice
 
 import pytest
 
@@ -115,3 +116,51 @@ def _rebuilt(state, lane, skip_delta):
     body = copy.deepcopy({k: v for k, v in state.items() if k != "checksum"})
     body["lanes"][lane][1] += skip_delta
     return {**body, "checksum": _checksum(body)}
+
+
+def test_ranks_taking_fixed_size_local_batches_merge_in_the_ragged_end(make_jsonl_corpus, demo_tokenizer_path):
+    """TorchTitan takes the same number of microbatches from every rank per optimizer step; once a
+    lane runs out, its rank's live lanes hand over later steps early, so at one trainer step ranks
+    have begun different steps. Every such checkpoint merges, and resumes each rank exactly."""
+    make = lambda: text_pipeline(
+        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    )
+    loaders = [make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) for rank in range(2)]
+    iterators = [iter(loader) for loader in loaders]
+    checkpoints, ahead = [], False
+    try:
+        while True:
+            taken = [list(islice(it, microbatches_per_rank_step(loader))) for loader, it in zip(loaders, iterators)]
+            if any(len(batches) < microbatches_per_rank_step(loader) for batches, loader in zip(taken, loaders)):
+                break
+            states = [loader.state_dict() for loader in loaders]
+            ahead = ahead or len({state["steps_begun"] for state in states}) > 1
+            checkpoints.append(merge_states(states))
+    finally:
+        for loader in loaders:
+            loader.close()
+    assert ahead  # the scenario happened: a rank with a finished lane ran ahead of the other
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            rest = [batch.digest() for batch in loader]
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            loader.load_state_dict(checkpoints[-1])
+            resumed = [batch.digest() for batch in loader]
+        assert rest[len(rest) - len(resumed) :] == resumed
+
+
+def test_a_rank_with_a_finished_lane_saved_behind_the_others_is_refused(make_jsonl_corpus, demo_tokenizer_path):
+    """A finished lane lets a rank run ahead of the ranks whose lanes all have data, never behind:
+    its file from an older checkpoint is still refused."""
+    make = lambda: text_pipeline(
+        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    )
+    states = {}
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            for batch in loader:
+                states.setdefault(rank, []).append(loader.state_dict())
+    early = next(state for state in states[0] if state["finished"] and state["steps_begun"] is not None)
+    later = next(state for state in states[1] if not state["finished"] and state["steps_begun"] > early["steps_begun"])
+    with pytest.raises(CheckpointError, match="saved at different steps"):
+        merge_states([early, later])
