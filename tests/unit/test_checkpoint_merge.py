@@ -140,6 +140,7 @@ def test_ranks_taking_fixed_size_local_batches_merge_in_the_ragged_end(make_json
         for loader in loaders:
             loader.close()
     assert ahead  # the scenario happened: a rank with a finished lane ran ahead of the other
+    resumed_in_all = 0
     for rank in range(2):
         with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
             rest = [batch.digest() for batch in loader]
@@ -147,6 +148,8 @@ def test_ranks_taking_fixed_size_local_batches_merge_in_the_ragged_end(make_json
             loader.load_state_dict(checkpoints[-1])
             resumed = [batch.digest() for batch in loader]
         assert rest[len(rest) - len(resumed) :] == resumed
+        resumed_in_all += len(resumed)
+    assert resumed_in_all  # the last checkpoint left microbatches to resume
 
 
 def test_a_rank_with_a_finished_lane_saved_behind_the_others_is_refused(make_jsonl_corpus, demo_tokenizer_path):
