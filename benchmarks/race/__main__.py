@@ -33,6 +33,8 @@ from ._monitor import TreeMemory
 from .loaders import BOUNDS, LOADERS, VARIANTS, python_for, variant_name
 
 WORKERS = Path(__file__).resolve().parent / "workers"
+# Every bound runs with tokenizers' own thread pool off: one core's work, as the bound defines it.
+BOUND_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
 
 
 def round_order(plan: list[tuple], round_: int) -> list[tuple]:
@@ -202,7 +204,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results["bounds_date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
+    def record_bound(got: dict, round_: int, **fields) -> None:
+        got.update(round=round_, **fields)
+        results["bounds"].append(got)
+        if got.get("ok"):
+            print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s", flush=True)
+        else:
+            print(f"        FAILED: {got['output'][-800:]}", flush=True)
+
     def measure_bounds(round_: int, pipelines: list[str]) -> None:
+        cores = len(os.sched_getaffinity(0))
         for pipeline in pipelines:
             for name, spec in BOUNDS.items():
                 python = python_for(spec["venv"])
@@ -210,33 +221,18 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 for functions in spec["functions"]:
                     cfg = dict(base, pipeline=pipeline, functions=functions, repeats=4)
-                    print(f"[bound {round_ + 1}] {pipeline} {name} {functions} ...", flush=True)
-                    got = run_worker(python, "bound.py", cfg, args.timeout,
-                                     {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"})
-                    got.update(name=name, stack=spec["stack"], pipeline=pipeline, functions=functions, round=round_)
-                    results["bounds"].append(got)
-                    if got.get("ok"):
-                        print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s on one core", flush=True)
-                    else:
-                        print(f"        FAILED: {got['output'][-800:]}", flush=True)
-                    if functions not in spec.get("variants", ()):
-                        continue
-                    cores = len(os.sched_getaffinity(0))
-                    for variant in VARIANTS:
-                        print(f"[bound {round_ + 1}] {pipeline} {variant_name(name, variant, cores)} {functions} ...",
-                              flush=True)
-                        env = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+                    fields = dict(stack=spec["stack"], pipeline=pipeline, functions=functions)
+                    print(f"[bound {round_ + 1}] {pipeline} {name} {functions}, one core ...", flush=True)
+                    record_bound(run_worker(python, "bound.py", cfg, args.timeout, BOUND_ENV), round_, name=name, **fields)
+                    variants = VARIANTS if functions in spec.get("variants", ()) else ()
+                    for variant in variants:
+                        label = variant_name(name, variant, cores)
+                        print(f"[bound {round_ + 1}] {pipeline} {label} {functions} ...", flush=True)
                         if variant == "at once":
-                            got = run_at_once(python, "bound.py", cfg, args.timeout, env)
+                            got = run_at_once(python, "bound.py", cfg, args.timeout, BOUND_ENV)
                         else:
-                            got = run_worker(python, "bound.py", dict(cfg, idle_thread=True), args.timeout, env)
-                        got.update(name=variant_name(name, variant, cores), variant=variant, stack=spec["stack"],
-                                   pipeline=pipeline, functions=functions, round=round_)
-                        results["bounds"].append(got)
-                        if got.get("ok"):
-                            print(f"        {got['usable_tokens_per_s']:,.0f} usable tokens/s", flush=True)
-                        else:
-                            print(f"        FAILED: {got['output'][-800:]}", flush=True)
+                            got = run_worker(python, "bound.py", dict(cfg, idle_thread=True), args.timeout, BOUND_ENV)
+                        record_bound(got, round_, name=label, variant=variant, **fields)
 
     if earlier is not None and not args.no_bound:
         measure_bounds(0, args.pipelines)
