@@ -27,7 +27,7 @@ from ._lane import LaneStream
 from ._packing import assemble_row
 from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
-from ._runner import Runner, Stage, make_runner
+from ._runner import Runner, Stage, check_runner, make_runner
 from .work import lane_plan
 
 __all__ = ["RankLoader"]
@@ -80,6 +80,7 @@ class RankLoader:
         # plain ints from here on: a NumPy integer would reach Batch.step and the state's JSON
         rank, world_size = int(rank), int(world_size)
         self.rank, self.world_size, self.global_batch_size = rank, world_size, int(global_batch_size)
+        check_runner(settings.runner)  # before _compile: its token estimate reads data
         per_rank = self.num_lanes // world_size
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._compile()

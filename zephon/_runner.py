@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ._errors import ConfigurationError
 
-__all__ = ["Stage", "Runner", "make_runner", "available_runners"]
+__all__ = ["Stage", "Runner", "check_runner", "make_runner", "available_runners"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,20 @@ def available_runners() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group="zephon.runners")}
 
 
+def check_runner(spec: str | Runner) -> None:
+    """Refuse what `make_runner` would refuse, without starting anything: a loader checks its
+    runner setting before it reads any data (its token estimate reads chunks)."""
+    _resolve(spec)
+
+
 def make_runner(spec: str | Runner) -> Runner:
     """A runner from a registered name (`inline`, `thread`, `process`, `auto`) or an instance."""
+    found = _resolve(spec)
+    return found.load()() if isinstance(spec, str) else found
+
+
+def _resolve(spec: str | Runner) -> Any:
+    """The entry point registered under the name `spec`, or `spec` itself when it is a runner."""
     if not isinstance(spec, str):
         if not all(callable(getattr(spec, method, None)) for method in ("start", "submit", "close")):
             raise ConfigurationError(
@@ -65,4 +77,4 @@ def make_runner(spec: str | Runner) -> Runner:
     if spec not in registered:
         known = ", ".join(sorted(registered)) or "none (is the package installed?)"
         raise ConfigurationError(f"unknown runner {spec!r}; registered runners: {known}")
-    return registered[spec].load()()
+    return registered[spec]

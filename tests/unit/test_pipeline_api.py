@@ -133,10 +133,21 @@ def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, 
 
 @pytest.mark.parametrize("runner,message", [("bogus", "unknown runner 'bogus'"), (None, "neither a runner's name"),
                                             (3, "neither a runner's name")])
-def test_a_runner_that_is_not_one_is_refused_naming_it(spec_pipeline, runner, message):
-    with spec_pipeline.options(runner=runner, num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
-        with pytest.raises(ConfigurationError, match=message):
-            loader.runner_info
+def test_a_runner_that_is_not_one_is_refused_naming_it_before_any_data_is_read(spec_pipeline, runner, message,
+                                                                               monkeypatch):
+    reads = []
+    read_chunk = Dataset.read_chunk
+
+    def counted_read(self, *args, **kwargs):
+        reads.append(args[0])
+        return read_chunk(self, *args, **kwargs)
+
+    monkeypatch.setattr(Dataset, "read_chunk", counted_read)
+    with pytest.raises(ConfigurationError, match=message):
+        spec_pipeline.options(runner=runner, num_lanes=2).shard(0, 1, global_batch_size=16)
+    assert reads == []
+    with spec_pipeline.options(runner="inline", num_lanes=2).shard(0, 1, global_batch_size=16):
+        assert reads, "the token estimate reads chunks while shard() builds a loader, so the check above can fail"
 
 
 WRONG_OPTIONS = {
