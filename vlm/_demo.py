@@ -16,11 +16,12 @@ never imports `vlm`.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from zephon import Pipeline
+from zephon import ConfigurationError, Pipeline
 from zephon._tokenizer import load_tokenizer
 from zephon.cli import positive_int
 from zephon.io import Dataset
@@ -29,6 +30,7 @@ from zephon.work import StaticMixtureWorkSource
 from ._assets import pair_shards, tekken_tokenizer
 from ._image import ImageSpec
 from ._placeholders import PixtralPlaceholders
+from ._stages import require_decoder
 
 __all__ = ["add_vlm_parser", "draw_batch", "placeholders_for", "position_kinds", "run_vlm_demo", "vlm_pipeline"]
 
@@ -158,6 +160,11 @@ def add_vlm_parser(demo_subparsers) -> Any:
 
 
 def run_vlm_demo(args) -> int:
+    try:
+        require_decoder("PIL", "zephon demo vlm")  # before fetching the assets, not after
+    except ConfigurationError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     prepared = time.perf_counter()
     pairs = pair_shards(8, args.pairs, origin=args.origin)
     tokenizer = tekken_tokenizer()

@@ -19,6 +19,7 @@ call from several threads when the thread runner runs this stage with parallelis
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,20 @@ from ._deferred import DeferredImage
 from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, decode_video
 
-__all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "run_processor"]
+__all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "require_decoder",
+           "run_processor"]
+
+# The optional package each decoder imports, as pip names it.
+_DECODER_PACKAGES = {"PIL": "Pillow (or pillow-simd)", "av": "PyAV"}
+
+
+def require_decoder(module: str, user: str) -> None:
+    """Refuse a decoding stage whose decoder is not installed when the pipeline is built: workers
+    import it lazily, so it would otherwise fail as a worker's traceback once data flows."""
+    if importlib.util.find_spec(module) is None:
+        raise ConfigurationError(
+            f"{user} needs {_DECODER_PACKAGES[module]}, which is not installed: pip install 'zephon[vlm]'"
+        )
 
 DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
 """WebDataset member extensions tried in order when no field is given."""
@@ -190,6 +204,7 @@ class DecodeImages:
     kind = "record"
 
     def __post_init__(self) -> None:
+        require_decoder("PIL", "decode_images")
         _check_common(self, ImageSpec)
         if self.defer and self.processor is not None:
             raise ConfigurationError("decode_images: defer=True decodes with the ImageSpec after packing; "
@@ -266,6 +281,7 @@ class DecodeVideo:
     kind = "record"
 
     def __post_init__(self) -> None:
+        require_decoder("av", "decode_video")
         _check_common(self, VideoSpec)
 
     def build(self, on_error: str) -> DecodeVideo:

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/race/setup_peers.sh [DIR]        # default: $ZEPHON_RACE_VENVS or /work/peers
 #
-# Needs python3.11 on PATH and the free-threaded 3.14t interpreter (tools/provision-python314t.sh,
+# Needs python3.11 on PATH and the free-threaded 3.14t interpreter (../shared/tools/provision-python314t.sh,
 # default /opt/python3.14t/bin/python3.14t or $ZEPHON_PY314T). Existing venvs are kept.
 # torch is installed as its own first step with the exact CPU pin (never a CUDA build);
 # pillow-simd builds from source with AVX2 and is installed last (anything depending on pillow

@@ -28,6 +28,25 @@ def test_zephon_command_registers_the_vlm_demo_with_its_defaults():
     assert args.run_demo is run_vlm_demo
 
 
+def test_vlm_demo_without_pillow_says_what_to_install_before_fetching_anything(monkeypatch, capsys):
+    import vlm._demo
+
+    def fetch(*args, **kwargs):
+        raise AssertionError("the assets were fetched before the missing decoder was named")
+
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    monkeypatch.setattr(vlm._demo, "pair_shards", fetch)
+    assert run_vlm_demo(_parser_args(["demo", "vlm"])) == 2
+    assert "zephon demo vlm needs Pillow (or pillow-simd), which is not installed: pip install 'zephon[vlm]'" \
+        in capsys.readouterr().err
+
+
+def _parser_args(argv):
+    from zephon.cli import _parser
+
+    return _parser().parse_args(argv)
+
+
 def test_vlm_demo_prints_throughput_and_runner_and_draws_a_packed_batch(tmp_path):
     png = tmp_path / "batch.png"
     done = subprocess.run(

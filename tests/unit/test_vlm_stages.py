@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -182,3 +183,12 @@ def test_video_stage_decodes_bytes_and_paths_and_names_bad_ones(tmp_path):
     assert [(a.index, reason) for a, reason in out.skipped] == [(2, "corrupt_video"), (3, "missing_video")]
     with pytest.raises(BadRecordError, match="video_too_short"):
         DecodeVideo(spec=VideoSpec(start_s=60), on_error="raise")(chunk_of([{"mp4": str(path)}]))
+
+
+@pytest.mark.parametrize("stage,module,package", [(DecodeImages, "PIL", "Pillow"), (DecodeVideo, "av", "PyAV")])
+def test_a_decoding_stage_without_its_decoder_is_refused_when_the_pipeline_is_built(monkeypatch, stage, module,
+                                                                                    package):
+    """Workers import the decoder lazily: without this check the first image would fail there."""
+    monkeypatch.setitem(sys.modules, module, None)  # what find_spec reports for a package that is not installed
+    with pytest.raises(ConfigurationError, match=rf"needs {package}.*pip install 'zephon\[vlm\]'"):
+        stage()
