@@ -25,7 +25,8 @@ class Batch:
 
     `tokens` holds (microbatch_size, max_length) int32 arrays; `ragged` holds per-row payloads
     concatenated along axis 0 with `ragged_counts[name][i]` entries from row i.
-    `sources[i]` lists the records whose tokens are in row i.
+    `sources[i][d]` is the record whose tokens are where `document_ids[i] == d` (one entry per
+    document of row i; a record read twice, in two epochs, may appear twice).
     """
 
     lane: int

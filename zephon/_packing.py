@@ -101,7 +101,9 @@ class FlatRowPlan:
 
     @property
     def sources(self) -> tuple[RecordAddress, ...]:
-        return tuple(dict.fromkeys(p.address for p in self.pieces))
+        """The record of each document, in `document_ids` order: a record read again (the next
+        epoch) is named again, so `sources[d]` stays the record of `document_ids == d`."""
+        return tuple(p.address for p in self.pieces)
 
     @property
     def num_real_tokens(self) -> int:

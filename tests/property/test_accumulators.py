@@ -177,3 +177,22 @@ def test_the_recipe_fingerprint_holds_max_open_rows_only_where_the_packer_uses_i
 
     assert fingerprint("wrap", 4) == fingerprint("wrap", 16)
     assert fingerprint("first_fit", 4) != fingerprint("first_fit", 16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=3),
+       st.sampled_from(["wrap", "first_fit"]))
+def test_a_rows_sources_name_each_document_by_its_document_id_even_when_a_record_repeats(lengths, max_length,
+                                                                                      records, algorithm):
+    """`sources[d]` is the record of the tokens where `document_ids == d`, the way a trainer
+    attributes tokens to records; a record read again (the next epoch) may fill a row twice."""
+    occurrences = _docs(lengths)  # token values say which occurrence they came from
+    docs = [(RecordAddress("d", "s", i % records), record) for i, (_, record) in enumerate(occurrences)]
+    packer = (WrapPacker(max_length, pad_id=0, field="input_ids") if algorithm == "wrap"
+              else FirstFitPacker(max_length, pad_id=0, field="input_ids", max_open_rows=4))
+    for row in _run(packer, docs):
+        document_ids = row.tokens["document_ids"]
+        assert len(row.sources) == len(np.unique(document_ids[document_ids != PADDING_DOCUMENT]))
+        for d, address in enumerate(row.sources):
+            occurrence = row.tokens["input_ids"][document_ids == d] // 1000 - 1
+            assert {int(i) % records for i in occurrence} == {address.index}
