@@ -6,6 +6,8 @@ chunk, not per record. They are pure: the same chunk gives the same output on an
 
 from __future__ import annotations
 
+import functools
+import re
 import traceback
 from dataclasses import dataclass
 from typing import Callable
@@ -14,6 +16,7 @@ import numpy as np
 
 from ._errors import BadRecordError, UserFunctionError, check_count
 from ._records import ChunkRecords
+from ._sha256 import sha256
 from ._tokenizer import leave_cores_to_workers, load_tokenizer
 
 __all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
@@ -21,8 +24,38 @@ __all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
 RecordFn = Callable[[ChunkRecords], ChunkRecords]
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _describe_callable(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    """A user function's name for messages: a callable object is named by its class."""
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({_describe_callable(fn.func)})"
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
+
+
+def _fingerprint_callable(fn: Callable) -> str:
+    """How a user function enters the recipe, the same in every process and interpreter.
+
+    Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
+    is another recipe), a `functools.partial`'s arguments and a callable object's repr, with any
+    memory address taken out: an address differs in every process, so a resumed run would never
+    match its checkpoint. Values a closure captured are not seen.
+    """
+    if isinstance(fn, functools.partial):
+        args = _ADDRESS.sub("", repr((fn.args, sorted(fn.keywords.items()))))
+        return f"functools.partial({_fingerprint_callable(fn.func)}, {args})"
+    described = _describe_callable(fn)
+    if not hasattr(fn, "__qualname__"):
+        described += f" {_ADDRESS.sub('', repr(fn))}"
+    import inspect  # only pipelines with a map or filter pay its import
+
+    try:
+        source = inspect.getsource(fn if hasattr(fn, "__qualname__") else type(fn))
+    except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
+        return described
+    return f"{described} source:{sha256(source.encode()).hexdigest()[:16]}"
 
 
 class RecordOperator:
@@ -70,7 +103,7 @@ class MapOp(RecordOperator):
         return apply_map
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "fn": _describe_callable(self.fn)}
+        return {"op": self.name, "fn": _fingerprint_callable(self.fn)}
 
 
 @dataclass(frozen=True)
@@ -97,7 +130,7 @@ class FilterOp(RecordOperator):
         return apply_filter
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "fn": _describe_callable(self.fn)}
+        return {"op": self.name, "fn": _fingerprint_callable(self.fn)}
 
 
 @dataclass(frozen=True)

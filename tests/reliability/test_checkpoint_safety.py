@@ -6,11 +6,17 @@ JSON that loading can never turn into code.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
+import importlib.util
+import itertools
 import json
 import os
 import pickle
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,3 +270,65 @@ def test_checkpoint_module_cannot_deserialise_code():
     assert imported <= {"__future__", "json", "dataclasses", "typing", "._errors", "._sha256"}, imported
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not called & {"eval", "exec", "compile", "__import__"}, called
+
+
+def _longer_than(limit: int, record: dict) -> bool:
+    return len(record["text"]) > limit
+
+
+@dataclasses.dataclass(frozen=True)
+class _Suffix:
+    """A configured callable object, as users pass transforms."""
+
+    suffix: str
+
+    def __call__(self, record: dict) -> dict:
+        return {**record, "text": record["text"] + self.suffix}
+
+
+def _configured_pipeline(root: Path, suffix: str = "!", limit: int = 3):
+    return text_pipeline(jsonl_dataset(root), map_fn=_Suffix(suffix), filter_fn=functools.partial(_longer_than, limit))
+
+
+def test_a_partial_or_a_callable_object_as_map_or_filter_resumes_in_another_process(tmp_path):
+    """Their repr holds a memory address, which differs in every process: in the recipe it made
+    every checkpoint of such a pipeline unloadable by the run meant to resume it."""
+    state = checkpoint_after(_configured_pipeline(tmp_path), 1, MICROBATCHES)
+    resumed = subprocess.run(
+        [sys.executable, "-c", "import json, sys\n"
+         "from pathlib import Path\n"
+         "from tests.reliability.test_checkpoint_safety import _configured_pipeline, global_batch\n"
+         "pipeline = _configured_pipeline(Path(sys.argv[1]))\n"
+         "with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:\n"
+         "    loader.load_state_dict(json.loads(sys.stdin.read()))\n"
+         "    print(next(iter(loader)).digest())\n", str(tmp_path)],
+        input=json.dumps(state), capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    pipeline = _configured_pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as uninterrupted:
+        expected = list(itertools.islice(uninterrupted, MICROBATCHES + 1))[-1].digest()
+    assert resumed.stdout.strip() == expected
+    # and their configuration is part of the recipe
+    for changed, name in (({"suffix": "?"}, "map"), ({"limit": 4}, "filter")):
+        named = str(refused(_configured_pipeline(tmp_path, **changed), state))
+        assert re.search(rf"changed: operators\[\d\]\.{name}\.fn\. Performance", named), named
+
+
+def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
+    """Its name alone would let a changed map resume a checkpoint of the old one."""
+
+    def load_map(body: str, version: int):
+        path = tmp_path / f"v{version}" / "user_map.py"
+        path.parent.mkdir()
+        path.write_text(f"def clean(record):\n    return {body}\n")
+        spec = importlib.util.spec_from_file_location("user_map", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.clean
+
+    data = tmp_path / "data"
+    old = text_pipeline(jsonl_dataset(data), map_fn=load_map("record", 1))
+    new = text_pipeline(jsonl_dataset(data), map_fn=load_map("{**record, 'text': record['text'].lower()}", 2))
+    named = str(refused(new, checkpoint_after(old, 1, MICROBATCHES)))
+    assert re.search(r"changed: operators\[0\]\.map\.fn\. Performance", named), named
