@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,6 +101,39 @@ class FlakyFileSystem(_PrefixedMemoryFileSystem):
                 FlakyFileSystem.failures -= 1
                 raise ConnectionResetError(f"flaky storage dropped {path}")
         return super()._open(path, mode, **kwargs)
+
+
+class ObjectStoreFileSystem(_PrefixedMemoryFileSystem):
+    """Reads like an object store: every open has its own file object (the memory filesystem hands
+    every reader one shared BytesIO), reads take a little time, and the next `failing_reads` reads
+    after the first `reads_before_failing` of an open raise a transient error mid-download."""
+
+    protocol = "objstore"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+    blocksize = 256  # fsspec's get_file copies in blocks of this size, so a copy takes many reads
+    read_delay_s = 0.0
+    failing_reads = 0
+    reads_before_failing = 0
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" not in mode:
+            return super()._open(path, mode, **kwargs)
+        return _SlowFlakyReader(bytes(self.store[self._strip_protocol(path)].getbuffer()), path)
+
+
+class _SlowFlakyReader(io.BytesIO):
+    def __init__(self, data: bytes, path: str) -> None:
+        super().__init__(data)
+        self.path, self.reads = path, 0
+
+    def read(self, size=-1):
+        self.reads += 1
+        time.sleep(ObjectStoreFileSystem.read_delay_s)
+        if self.reads > ObjectStoreFileSystem.reads_before_failing and ObjectStoreFileSystem.failing_reads > 0:
+            ObjectStoreFileSystem.failing_reads -= 1
+            raise TimeoutError(f"read of {self.path} timed out")
+        return super().read(size)
 
 
 @contextmanager

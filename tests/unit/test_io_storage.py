@@ -10,9 +10,12 @@ import pytest
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
 
+from tests.reliability.harness import run_epoch, text_pipeline
+
 from .conftest_io import (
     FakeHubFileSystem,
     FlakyFileSystem,
+    ObjectStoreFileSystem,
     jsonl_bytes,
     memory_root,
     parquet_bytes,
@@ -26,6 +29,13 @@ def flaky():
     with registered(FlakyFileSystem) as cls:
         cls.failures = cls.opens = 0
         put("flaky://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
+        yield cls
+
+
+@pytest.fixture
+def object_store():
+    with registered(ObjectStoreFileSystem) as cls:
+        cls.read_delay_s, cls.failing_reads, cls.reads_before_failing = 0.0, 0, 0
         yield cls
 
 
@@ -114,3 +124,35 @@ def test_local_shards_are_never_copied(tmp_path):
     ds = Dataset.from_path("d", str(tmp_path / "data"), cache={"enabled": True, "dir": str(cache)})
     assert ds.read_chunk(ds.chunks(1)[0]).records == [{"i": 0}]
     assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.mark.parametrize("reads_before_failing", [0, 2])
+def test_a_copy_that_fails_halfway_leaves_nothing_and_the_retry_reads_the_whole_shard(tmp_path, object_store,
+                                                                                     reads_before_failing):
+    """A partial copy left in the cache was read as the whole shard, by the retry and by every
+    later run: records vanished from the plan with no error and no skip."""
+    records = [{"text": f"record number {i}"} for i in range(200)]
+    put("objstore://bucket/a.jsonl", jsonl_bytes(records))
+    cache = {"enabled": True, "dir": str(tmp_path / "cache")}
+    object_store.failing_reads, object_store.reads_before_failing = 1, reads_before_failing
+    ds = Dataset.from_path("d", "objstore://bucket", cache=cache, retries=3, retry_delay=0)
+    assert object_store.failing_reads == 0, "the transient error must have hit the copy"
+    assert [record for chunk in ds.chunks(50) for record in ds.read_chunk(chunk).records] == records
+    assert Dataset.from_path("d", "objstore://bucket", cache=cache, retry_delay=0).num_records == len(records)
+    assert [path.read_bytes() for path in (tmp_path / "cache").iterdir()] == [jsonl_bytes(records)]
+
+
+def test_workers_copying_a_shard_at_once_never_read_a_partial_copy(tmp_path, object_store):
+    """A cache set through io_options applies after planning, so the workers' first reads copy the
+    shards, several at once; one that read another's unfinished copy lost records, and the
+    batches then differed by runner."""
+    object_store.read_delay_s = 0.002
+    for shard in range(2):
+        put(f"objstore://corpus/part-{shard}.jsonl",
+            jsonl_bytes([{"text": f"shard {shard} holds record {i} " * 3} for i in range(64)]))
+    dataset = Dataset.from_path("d", "objstore://corpus", retry_delay=0)
+    reference = run_epoch(text_pipeline(dataset, runner="inline"), keep_batches=False)
+    cached = run_epoch(text_pipeline(dataset, runner="thread").options(
+        read_parallelism=4, io_options={"cache": {"enabled": True, "dir": str(tmp_path / "cache")}}), keep_batches=False)
+    assert dict(cached.totals["d"]) == dict(reference.totals["d"]) == {"read": 128, "emitted": 128, "filtered": 0}
+    assert cached.digests == reference.digests

@@ -3,9 +3,12 @@
 Caching uses fsspec's `simplecache`, which copies a whole remote file to local disk on first open
 and serves later opens from the copy. It keeps no metadata, which fsspec recommends for concurrent
 readers; it also never re-checks the remote file, so a shard that changes remotely needs its cache
-directory cleared. Planning opens every shard, so the copies are made once, in the planning
-process, before workers read. Two processes planning the same remote dataset at the same time with
-the same cache directory may race on a first download. Local files are never copied.
+directory cleared. A cache given to `Dataset.from_path` makes its copies while planning (which opens
+every shard); one set through `Pipeline.options(io_options=...)` applies after planning, so the
+workers' first reads make them. Either way a copy is written under a temporary name and renamed
+when whole (`_atomic_cache`): a failed download leaves nothing, and readers racing on a first
+download (workers, or two runs sharing the directory) never see part of one, at worst both
+download it. Local files are never copied.
 """
 
 from __future__ import annotations
@@ -58,6 +61,6 @@ class CacheOptions:
 def reading_filesystem(fs: AbstractFileSystem | LocalFiles, cache: CacheOptions) -> AbstractFileSystem | LocalFiles:
     if not cache.enabled or is_local(fs):
         return fs
-    import fsspec  # a remote filesystem has imported it already
+    from ._atomic_cache import AtomicSimpleCacheFileSystem  # imports fsspec, which a remote filesystem has already
 
-    return fsspec.filesystem("simplecache", fs=fs, cache_storage=cache.directory)
+    return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=cache.directory)
