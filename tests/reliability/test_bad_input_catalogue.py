@@ -281,6 +281,21 @@ def test_parquet_shard_with_corrupt_pages_fails_naming_the_shard(tmp_path):
     assert info.value.url == str(corrupt) and str(corrupt) in str(info.value)
 
 
+def test_parquet_page_whose_checksum_fails_fails_naming_the_shard(tmp_path):
+    """A flipped bit in an uncompressed page decodes to another record: only the page checksum,
+    where the writer stored one, tells, and pyarrow checks it only when asked."""
+    rows = clean_records(PER_SHARD, 0)
+    rows[6]["text"] = "MARKER " + rows[6]["text"]
+    sink = tmp_path / "part-0.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), sink, use_dictionary=False, compression="NONE",
+                   write_page_checksum=True)
+    sink.write_bytes(sink.read_bytes().replace(b"MARKER", b"MARKET"))
+    dataset = Dataset.from_path("d", str(tmp_path), retries=1)
+    with pytest.raises(ShardUnavailableError, match="checksum") as info:
+        run_epoch(text_pipeline(dataset), keep_batches=False)
+    assert info.value.url == str(sink)
+
+
 @pytest.mark.parametrize("suffix", [".parquet", ".tar", ".jsonl.zst"])
 def test_shard_that_is_not_a_file_of_its_format_fails_planning_naming_it(tmp_path, suffix):
     shard = tmp_path / f"part-0{suffix}"

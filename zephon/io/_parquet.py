@@ -3,8 +3,8 @@
 Planning reads only the footer. A chunk read decodes only the row groups that overlap its range and
 then slices, so reading a small chunk of a large file costs about one row group, not the file.
 
-Bytes pyarrow cannot decode (a corrupt footer or page) make the shard unreadable: it raises
-ShardUnavailableError naming the shard, at once. (pyarrow reports some corruption as OSError,
+Bytes pyarrow cannot decode (a corrupt footer or page, or a page whose stored checksum fails)
+make the shard unreadable: it raises ShardUnavailableError naming the shard, at once. (pyarrow reports some corruption as OSError,
 which is retried as a storage error first and then reported the same way.)
 
 pyarrow is imported on first use: it adds ~37 MB to every process that imports it, and a loader
@@ -46,7 +46,8 @@ class Parquet:
         import pyarrow.parquet as pq
 
         with shard.open() as f, _decoding(shard.url):
-            parquet = pq.ParquetFile(f)
+            # A page whose checksum (where the writer stored one) fails is corrupt, not a record.
+            parquet = pq.ParquetFile(f, page_checksum_verification=True)
             groups, first_row, row = [], 0, 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
