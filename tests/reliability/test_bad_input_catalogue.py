@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -331,6 +332,24 @@ def test_truncated_tar_shard_counts_the_cut_record_as_truncated_shard(tmp_path):
     error = fail_fast(text_pipeline(dataset, field="txt"))
     assert error.reason == "truncated_shard" and error.address == address(dataset, 1, 12)
     assert "tar cut short" in error.detail
+
+
+def test_tar_with_a_damaged_header_fails_planning_naming_the_shard(tmp_path):
+    """tarfile ends its walk at a header that does not parse as if the archive ended there: the
+    records after it would have left the plan unseen, with nothing counted."""
+    data = bytearray(_text_tar(tmp_path / "a-000.tar", clean_records(PER_SHARD, 0)))
+    data[4 * 2048] ^= 0x20  # one flipped bit in the name of record 4's first member: its checksum fails
+    (tmp_path / "a-000.tar").write_bytes(bytes(data))
+    with pytest.raises(tarfile.ReadError, match="damaged tar header at byte 8192") as info:
+        Dataset.from_path("t", str(tmp_path))
+    assert f"while planning shard {tmp_path / 'a-000.tar'}" in " ".join(info.value.__notes__)
+
+
+def test_tar_cut_inside_a_header_plans_the_records_before_the_cut(tmp_path):
+    """Like a cut between records, a cut inside a header looks like a shorter tar to planning."""
+    data = _text_tar(tmp_path / "a-000.tar", clean_records(PER_SHARD, 0))
+    (tmp_path / "a-000.tar").write_bytes(data[: 6 * 2048 + 200])
+    assert [s.num_records for s in Dataset.from_path("t", str(tmp_path)).shards] == [6]
 
 
 def test_tar_record_missing_its_text_member_is_skipped_as_missing_field(tmp_path):

@@ -62,6 +62,8 @@ class WebDataset:
             except (tarfile.ReadError, EOFError):
                 # Cut short: the keys seen are the shard's records; reading reports the damaged ones.
                 pass
+            else:
+                _check_archive_end(f, tar.offset)
         return ShardScan(count, np.asarray(seek, dtype=np.int64))
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
@@ -93,6 +95,23 @@ class WebDataset:
             except (tarfile.ReadError, EOFError) as error:
                 detail = f"tar cut short: {error}"
         return fill_truncated(slots, stop - start, detail)
+
+
+def _check_archive_end(f, offset: int) -> None:
+    """Refuse a tar whose walk stopped at a damaged header rather than at its end.
+
+    `tarfile` ends the walk, as if the archive ended, at any header past the first that does not
+    parse, so one flipped byte in a header would drop every later record from the plan unseen.
+    The walk ended properly where the next 512-byte block is the end-of-archive zero block, or is
+    missing or short: a tar cut between records or inside a header, which planning cannot tell
+    from a shorter one.
+    """
+    import tarfile
+
+    f.seek(offset)
+    block = f.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and block.count(0) != tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"damaged tar header at byte {offset}: the members after it cannot be found")
 
 
 def _members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
