@@ -352,6 +352,19 @@ def test_tar_cut_inside_a_header_plans_the_records_before_the_cut(tmp_path):
     assert [s.num_records for s in Dataset.from_path("t", str(tmp_path)).shards] == [6]
 
 
+def test_tar_record_holding_one_member_twice_is_skipped_as_duplicate_member(tmp_path):
+    """Which of the two captions is the record's is not known: keeping the last was a silent guess."""
+    (tmp_path / "a-000.tar").write_bytes(tar_bytes([
+        [("k000.txt", b"the first caption"), ("k000.txt", b"the second caption")], [("k001.txt", b"a caption")],
+    ]))
+    dataset = Dataset.from_path("t", str(tmp_path))
+    read = dataset.read_chunk(dataset.chunks(2)[0])
+    assert read.records == [{"__key__": "k001", "txt": "a caption"}]
+    assert [(a.index, reason) for a, reason in read.skipped] == [(0, "duplicate_member")]
+    with pytest.raises(BadRecordError, match="duplicate_member"):
+        dataset.read_chunk(dataset.chunks(2)[0], on_error="raise")
+
+
 def test_tar_record_missing_its_text_member_is_skipped_as_missing_field(tmp_path):
     """Text side of a broken pair; a pair missing its image is `missing_image` (see
     tests/unit/test_vlm_bad_images_pipeline.py and the image cases below)."""

@@ -9,6 +9,7 @@ from ._dataset import Dataset, ShardInfo
 from ._errors import ShardUnavailableError
 from ._locate import FORMATS
 from ._policy import (
+    DUPLICATE_MEMBER,
     INVALID_UTF8,
     MALFORMED_JSON,
     NOT_AN_OBJECT,
@@ -30,4 +31,5 @@ __all__ = [
     "NOT_AN_OBJECT",
     "TRUNCATED_SHARD",
     "UNCONVERTIBLE_VALUE",
+    "DUPLICATE_MEMBER",
 ]

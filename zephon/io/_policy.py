@@ -20,6 +20,7 @@ __all__ = [
     "NOT_AN_OBJECT",
     "TRUNCATED_SHARD",
     "UNCONVERTIBLE_VALUE",
+    "DUPLICATE_MEMBER",
     "REASONS",
     "ErrorPolicy",
     "Bad",
@@ -34,7 +35,9 @@ INVALID_UTF8 = "invalid_utf8"
 NOT_AN_OBJECT = "not_an_object"
 TRUNCATED_SHARD = "truncated_shard"
 UNCONVERTIBLE_VALUE = "unconvertible_value"  # a stored value Python cannot hold (a date past year 9999)
-REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD, UNCONVERTIBLE_VALUE})
+DUPLICATE_MEMBER = "duplicate_member"  # a tar record with two members of one extension: which is meant?
+REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD, UNCONVERTIBLE_VALUE,
+                     DUPLICATE_MEMBER})
 
 
 class ErrorPolicy(enum.StrEnum):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._format import ShardFile, ShardScan
-from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated, parse_json
+from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, Bad, Slot, fill_truncated, parse_json
 
 if TYPE_CHECKING:
     import tarfile
@@ -74,6 +74,7 @@ class WebDataset:
         slots: list[Slot] = []
         record: dict[str, Any] | None = None
         current = None  # the key of `record`, kept apart from the payloads the record collects
+        duplicate = None  # the first member name `record` holds twice
         detail = "shard has fewer records than when it was planned"
         with shard.open() as f:
             f.seek(int(seek[point]))
@@ -82,16 +83,18 @@ class WebDataset:
                 for member, key, extension in _members(tar):
                     if key != current:
                         if record is not None and index >= start:
-                            slots.append(_decode(record))
+                            slots.append(_decode(record, duplicate))
                         index += 1
                         if index >= stop:
                             record = None
                             break
-                        current, record = key, {KEY: key}
+                        current, record, duplicate = key, {KEY: key}, None
                     if index >= start:
+                        if extension in record and duplicate is None:
+                            duplicate = member.name
                         record[extension] = tar.extractfile(member).read()
                 if record is not None and index >= start:
-                    slots.append(_decode(record))
+                    slots.append(_decode(record, duplicate))
             except (tarfile.ReadError, EOFError) as error:
                 detail = f"tar cut short: {error}"
         return fill_truncated(slots, stop - start, detail)
@@ -124,7 +127,9 @@ def _members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]
             yield member, *split
 
 
-def _decode(record: dict[str, Any]) -> Slot:
+def _decode(record: dict[str, Any], duplicate: str | None) -> Slot:
+    if duplicate is not None:  # the tar holds two payloads for one field; keeping either would be a guess
+        return Bad(DUPLICATE_MEMBER, f"{duplicate} appears twice in its record")
     for extension, payload in record.items():
         last = extension.rpartition(".")[2]
         if extension == KEY or last not in ("txt", "json"):
