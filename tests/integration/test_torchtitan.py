@@ -28,11 +28,13 @@ from zephon import (
     IGNORE_INDEX,
     CheckpointError,
     ConfigurationError,
+    Pipeline,
     RecipeMismatchError,
     global_batch_digest,
     merge_states,
 )
 from zephon.demo._recipe import DATA, TOKENIZER, demo_pipeline
+from zephon.io import Dataset
 from zephon.integrations.torchtitan import (
     STATE_KEY,
     TORCHTITAN_VERSION,
@@ -40,6 +42,7 @@ from zephon.integrations.torchtitan import (
     ZephonDataLoader,
     build_zephon_dataloader,
 )
+from zephon.work import StaticMixtureWorkSource
 
 pytestmark = pytest.mark.requires_torch
 
@@ -208,6 +211,19 @@ def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenize
 def test_layout_errors_fail_at_construction_naming_the_numbers(pipeline, world, global_batch, local_batch, message):
     with pytest.raises(ConfigurationError, match=message):
         ZephonDataLoader(pipeline, 0, world, global_batch, local_batch_size=local_batch)
+
+
+def test_a_multimodal_pipeline_is_refused_at_construction_not_stripped_of_its_images(corpora, demo_tokenizer_path):
+    """TorchTitan's batch has no place for image patches: it yielded the placeholder tokens and
+    dropped the pixels, with nothing raised or counted."""
+    from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders
+
+    spec = ImageSpec(max_pixels=64 * 64)
+    pipeline = (Pipeline(StaticMixtureWorkSource([Dataset.from_path("pairs", str(corpora[0]))]))
+                .apply(DecodeImages(spec=spec)).tokenize(str(demo_tokenizer_path), field="text")
+                .apply(PackMultimodal(max_length=64, placeholders=PixtralPlaceholders(3, 4, 5), spec=spec)).batch(2))
+    with pytest.raises(ConfigurationError, match="this pipeline packs with pack_multimodal"):
+        ZephonDataLoader(pipeline, 0, 1, 16)
 
 
 def test_data_recipe_builds_the_same_stream_as_the_equivalent_pipeline():

@@ -39,6 +39,7 @@ import numpy as np
 from .._batch import Batch
 from .._errors import CheckpointError, ConfigurationError
 from .._loader import check_layout
+from .._packing import PackFlatOp
 from .._pipeline import Pipeline
 from ..distributed import gather_state, rank_and_world_size
 
@@ -183,7 +184,8 @@ class ZephonDataLoader(_Base):
     document ends and padding), as TorchTitan's own text loader yields them; `positions` restart at
     each document, which TorchTitan's block-causal attention uses as the document mask.
 
-    `recipe` is a `DataRecipe` or a ready `zephon.Pipeline` (ending in `.batch`). `dp_rank` and
+    `recipe` is a `DataRecipe` or a ready text `zephon.Pipeline` (packed by `pack_flat`, ending in
+    `.batch`; a multimodal packer's rows are refused, their image patches having no place here). `dp_rank` and
     `dp_world_size` default to torch.distributed's. `group` is the process group over which
     `state_dict()` gathers the lanes (default: the world, which also works when tensor/pipeline
     parallel peers hold identical copies).
@@ -238,6 +240,14 @@ class ZephonDataLoader(_Base):
         pipeline = recipe.pipeline() if isinstance(recipe, DataRecipe) else recipe
         if not isinstance(pipeline, Pipeline):
             raise ConfigurationError(f"ZephonDataLoader needs a DataRecipe or a zephon.Pipeline, got {type(recipe).__name__}")
+        packers = [op for op in pipeline.operators if op.kind == "accumulator" and hasattr(op, "max_length")]
+        if packers and not isinstance(packers[0], PackFlatOp):
+            # TorchTitan's batch is (input, positions) and labels: image patches would be dropped.
+            raise ConfigurationError(
+                f"ZephonDataLoader yields TorchTitan's text batches, but this pipeline packs with "
+                f"{packers[0].name}, whose rows carry fields it has no place for (image patches and "
+                "their positions); iterate pipeline.shard(...) and pass Batch.to_training() to the model"
+            )
         dp_rank, dp_world_size = rank_and_world_size(dp_rank, dp_world_size)
         num_lanes, m = pipeline.settings.num_lanes, pipeline.microbatch_size
         if global_batch_size is None:
