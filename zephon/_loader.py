@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
@@ -165,9 +166,6 @@ class RankLoader:
         )
         return count
 
-    def _read(self, chunk: Chunk) -> ChunkRecords:
-        return self._read_datasets[chunk.dataset].read_chunk(chunk, on_error=self.pipeline.settings.on_error)
-
     # -- running ----------------------------------------------------------------------------
     @property
     def runner_info(self) -> dict:
@@ -179,7 +177,10 @@ class RankLoader:
         if self._closed:
             raise ConfigurationError("this loader is closed")
         if self._runner is None:
-            read = self._read
+            # Stage functions and chains never hold the loader: a runner's threads keep their
+            # stages alive, and a loader they kept could never be collected, so its finalizer
+            # below could never close a runner whose owner dropped it unclosed.
+            read = _ChunkReader(self._read_datasets, self.pipeline.settings.on_error)
             stages = []
             for i, s in enumerate(self.stages):
                 fn = _compose(read if i == 0 else None, s.fns)
@@ -189,17 +190,16 @@ class RankLoader:
             runner = make_runner(self.pipeline.settings.runner)
             runner.start(stages)
             self._runner = runner
+            # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
+            # workers (and their shared memory) but closing it (a thread runner frees itself).
+            self._close_runner = weakref.finalize(self, runner.close)
+            self._close_runner.atexit = False  # at exit the runners close themselves
             log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, runner.name, runner.reason)
         return self._runner
 
     def _submit(self, chunk: Chunk) -> Future:
-        return _submit_chain(self._runner, len(self.stages), chunk, self._describe)
-
-    def _describe(self, chunk: Chunk) -> str:
-        """Where a chunk's records are, for an error that does not say (a worker that crashed)."""
-        shards = getattr(self._read_datasets[chunk.dataset], "shards", None)
-        url = f" ({shards[chunk.shard].url})" if shards is not None else ""
-        return f"while the loader ran {chunk}{url} through its stateless stages"
+        return _submit_chain(self._runner, len(self.stages), chunk,
+                             functools.partial(_describe_chunk, self._read_datasets))
 
     def _submit_row(self, row) -> Future:
         """A future of the row with its row work done: the work's order goes to the runner, and
@@ -350,7 +350,7 @@ class RankLoader:
     def close(self) -> None:
         self._close_streams()
         if self._runner is not None:
-            self._runner.close()
+            self._close_runner()  # closes the runner once, whoever asks first
             self._runner = None
         self._closed = True
 
@@ -428,6 +428,25 @@ class _RowWork:
 
     def __init__(self, order) -> None:
         self.order = order
+
+
+class _ChunkReader:
+    """The first stage's read: a chunk's records from its dataset, under the pipeline's policy."""
+
+    __slots__ = ("datasets", "on_error")
+
+    def __init__(self, datasets: dict, on_error: str) -> None:
+        self.datasets, self.on_error = datasets, on_error
+
+    def __call__(self, chunk: Chunk) -> ChunkRecords:
+        return self.datasets[chunk.dataset].read_chunk(chunk, on_error=self.on_error)
+
+
+def _describe_chunk(datasets: dict, chunk: Chunk) -> str:
+    """Where a chunk's records are, for an error that does not say (a worker that crashed)."""
+    shards = getattr(datasets[chunk.dataset], "shards", None)
+    url = f" ({shards[chunk.shard].url})" if shards is not None else ""
+    return f"while the loader ran {chunk}{url} through its stateless stages"
 
 
 class _AlsoRowWork:

@@ -8,6 +8,10 @@ chunks pile up. With the collector off, only what the loader really holds may be
 from __future__ import annotations
 
 import gc
+import os
+import threading
+import time
+import weakref
 
 import pytest
 
@@ -79,3 +83,40 @@ def test_rows_a_flush_emitted_are_freed_once_the_loader_took_them(demo_data_dir,
     # each lane: a full shuffle buffer and the packer's open row, or what a flush emitted (the
     # same rows), plus the lane's look-ahead row and the microbatch being collated
     assert most <= NUM_LANES * (SHUFFLE + 2) + 2, f"{most} rows alive"
+
+
+@pytest.mark.parametrize("runner", ["thread", "process"])
+def test_a_loader_dropped_unclosed_mid_iteration_frees_its_runner(demo_data_dir, demo_tokenizer_path, runner):
+    """A process runner's reader thread holds the runner, and its stage functions held the loader:
+    every loader a job dropped without close() kept its workers, threads, descriptors and shared
+    memory until the interpreter exited. Now the loader is collected and closes its runner."""
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0)
+    pipeline = (Pipeline(source).options(num_lanes=NUM_LANES, runner=runner)
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text", parallelism=2)
+                .pack_flat(max_length=256).batch(microbatch_size=2))
+    threads_before = set(threading.enumerate())
+    loader = pipeline.shard(0, 1)
+    batches = iter(loader)
+    next(batches)
+    workers = loader._runner.worker_pids() if runner == "process" else []
+    shm = loader._runner.shm_directory if runner == "process" else None
+    assert runner == "thread" or (workers and shm and os.path.isdir(shm)), "the check below must have something to see"
+    dropped = weakref.ref(loader)
+    del loader, batches
+    gc.collect()
+    assert dropped() is None, "nothing may keep a dropped loader alive"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (set(threading.enumerate()) - threads_before or any(_alive(p) for p in workers)):
+        time.sleep(0.05)
+    assert not set(threading.enumerate()) - threads_before, "the runner's threads ended"
+    assert not any(_alive(pid) for pid in workers), "the workers exited"
+    assert shm is None or not os.path.exists(shm), "the shared-memory directory is gone"
+
+
+def _alive(pid: int) -> bool:
+    """Running, not exited (a zombie waiting to be reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
