@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
@@ -192,7 +193,7 @@ class RankLoader:
             self._runner = runner
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
             # workers (and their shared memory) but closing it (a thread runner frees itself).
-            self._close_runner = weakref.finalize(self, runner.close)
+            self._close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
             self._close_runner.atexit = False  # at exit the runners close themselves
             log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, runner.name, runner.reason)
         return self._runner
@@ -428,6 +429,14 @@ class _RowWork:
 
     def __init__(self, order) -> None:
         self.order = order
+
+
+def _close_in_owner(runner: Runner, pid: int) -> None:
+    """Close a loader's runner, in the process that started it only: a forked child (a worker, a
+    torch DataLoader worker) holds a copy of the loader, and collecting that copy must not stop
+    the parent's workers or remove its shared memory."""
+    if os.getpid() == pid:
+        runner.close()
 
 
 class _ChunkReader:

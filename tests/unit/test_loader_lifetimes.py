@@ -120,3 +120,31 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_forked_child_dropping_its_copy_of_a_loader_leaves_the_parents_runner_alone(demo_data_dir,
+                                                                                       demo_tokenizer_path):
+    """A child forked while a loader is open (a torch DataLoader worker, say) holds a copy of it;
+    collecting that copy there must not close the runner: that would stop the parent's workers."""
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0)
+    pipeline = (Pipeline(source).options(num_lanes=NUM_LANES, runner="process")
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text", parallelism=2)
+                .pack_flat(max_length=256).batch(microbatch_size=2))
+    loader = pipeline.shard(0, 1)  # no `with`: its exit would hold the loader in the child too
+    batches = iter(loader)
+    next(batches)
+    workers = loader._runner.worker_pids()
+    child = os.fork()
+    if child == 0:
+        dropped = weakref.ref(loader)
+        del loader, batches
+        gc.collect()
+        os._exit(0 if dropped() is None else 3)
+    try:
+        assert os.waitpid(child, 0)[1] == 0, "the child collected its copy of the loader"
+        assert all(_alive(pid) for pid in workers) and loader._runner.worker_pids() == workers
+        for _ in range(20):
+            next(batches)
+    finally:
+        loader.close()
