@@ -117,9 +117,10 @@ class RankLoader:
         self.row_length = packer.max_length
         self.plan = pipeline.source.bind(self._token_counter(packer), self.num_lanes)
         io_options = settings.io_options
-        self._read_datasets = {
+        read_datasets = {
             name: ds.with_io_options(io_options) if io_options else ds for name, ds in self.plan.datasets.items()
         }
+        self._reader = _ChunkReader(read_datasets, on_error)
         self.factories = [op.factory(self.default_pad_id) for op in accumulators]
         padding_row = getattr(packer, "padding_row", None)
         self._padding_row = (
@@ -181,10 +182,9 @@ class RankLoader:
             # Stage functions and chains never hold the loader: a runner's threads keep their
             # stages alive, and a loader they kept could never be collected, so its finalizer
             # below could never close a runner whose owner dropped it unclosed.
-            read = _ChunkReader(self._read_datasets, self.pipeline.settings.on_error)
             stages = []
             for i, s in enumerate(self.stages):
-                fn = _compose(read if i == 0 else None, s.fns)
+                fn = _compose(self._reader if i == 0 else None, s.fns)
                 if self._row_work is not None and i == self._row_stage:
                     fn = _AlsoRowWork(fn, self._row_work.run)
                 stages.append(Stage(s.name, fn, s.parallelism))
@@ -199,8 +199,7 @@ class RankLoader:
         return self._runner
 
     def _submit(self, chunk: Chunk) -> Future:
-        return _submit_chain(self._runner, len(self.stages), chunk,
-                             functools.partial(_describe_chunk, self._read_datasets))
+        return _submit_chain(self._runner, len(self.stages), chunk, self._reader.describe)
 
     def _submit_row(self, row) -> Future:
         """A future of the row with its row work done: the work's order goes to the runner, and
@@ -450,12 +449,11 @@ class _ChunkReader:
     def __call__(self, chunk: Chunk) -> ChunkRecords:
         return self.datasets[chunk.dataset].read_chunk(chunk, on_error=self.on_error)
 
-
-def _describe_chunk(datasets: dict, chunk: Chunk) -> str:
-    """Where a chunk's records are, for an error that does not say (a worker that crashed)."""
-    shards = getattr(datasets[chunk.dataset], "shards", None)
-    url = f" ({shards[chunk.shard].url})" if shards is not None else ""
-    return f"while the loader ran {chunk}{url} through its stateless stages"
+    def describe(self, chunk: Chunk) -> str:
+        """Where a chunk's records are, for an error that does not say (a worker that crashed)."""
+        shards = getattr(self.datasets[chunk.dataset], "shards", None)
+        url = f" ({shards[chunk.shard].url})" if shards is not None else ""
+        return f"while the loader ran {chunk}{url} through its stateless stages"
 
 
 class _AlsoRowWork:

@@ -27,11 +27,16 @@ RecordFn = Callable[[ChunkRecords], ChunkRecords]
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def _defining(fn: Callable):
+    """What defines `fn` by name and source: itself, or for a callable object its class."""
+    return fn if hasattr(fn, "__qualname__") else type(fn)
+
+
 def _describe_callable(fn: Callable) -> str:
     """A user function's name for messages: a callable object is named by its class."""
     if isinstance(fn, functools.partial):
         return f"functools.partial({_describe_callable(fn.func)})"
-    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    named = _defining(fn)
     return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
 
 
@@ -46,13 +51,13 @@ def _fingerprint_callable(fn: Callable) -> str:
     if isinstance(fn, functools.partial):
         args = _ADDRESS.sub("", repr((fn.args, sorted(fn.keywords.items()))))
         return f"functools.partial({_fingerprint_callable(fn.func)}, {args})"
-    described = _describe_callable(fn)
-    if not hasattr(fn, "__qualname__"):
+    described, defining = _describe_callable(fn), _defining(fn)
+    if defining is not fn:  # a callable object: its configuration is in its repr
         described += f" {_ADDRESS.sub('', repr(fn))}"
     import inspect  # only pipelines with a map or filter pay its import
 
     try:
-        source = inspect.getsource(fn if hasattr(fn, "__qualname__") else type(fn))
+        source = inspect.getsource(defining)
     except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
         return described
     return f"{described} source:{sha256(source.encode()).hexdigest()[:16]}"
