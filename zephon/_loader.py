@@ -29,7 +29,7 @@ from ._lane import LaneStream
 from ._packing import assemble_row
 from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
-from ._runner import Runner, Stage, check_runner, make_runner
+from ._runner import Runner, Stage, runner_factory
 from .work import lane_plan
 
 __all__ = ["RankLoader"]
@@ -82,7 +82,7 @@ class RankLoader:
         # plain ints from here on: a NumPy integer would reach Batch.step and the state's JSON
         rank, world_size = int(rank), int(world_size)
         self.rank, self.world_size, self.global_batch_size = rank, world_size, int(global_batch_size)
-        check_runner(settings.runner)  # before _compile: its token estimate reads data
+        self._make_runner = runner_factory(settings.runner)  # before _compile: its token estimate reads data
         per_rank = self.num_lanes // world_size
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._compile()
@@ -188,7 +188,7 @@ class RankLoader:
                 if self._row_work is not None and i == self._row_stage:
                     fn = _AlsoRowWork(fn, self._row_work.run)
                 stages.append(Stage(s.name, fn, s.parallelism))
-            runner = make_runner(self.pipeline.settings.runner)
+            runner = self._make_runner()
             runner.start(stages)
             self._runner = runner
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's

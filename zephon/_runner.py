@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ._errors import ConfigurationError
 
-__all__ = ["Stage", "Runner", "check_runner", "make_runner", "available_runners"]
+__all__ = ["Stage", "Runner", "runner_factory", "make_runner", "available_runners"]
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,17 @@ def available_runners() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group="zephon.runners")}
 
 
-def check_runner(spec: str | Runner) -> None:
-    """Refuse what `make_runner` would refuse, without starting anything: a loader checks its
-    runner setting before it reads any data (its token estimate reads chunks)."""
-    _resolve(spec)
+def runner_factory(spec: str | Runner) -> Callable[[], Runner]:
+    """What makes the runner `spec` names, checked without starting anything: a loader refuses a
+    bad runner setting before it reads any data (its token estimate reads chunks), and looks the
+    entry points up once although it starts its runner only at the first batch."""
+    found = _resolve(spec)
+    return found.load() if isinstance(spec, str) else lambda: found
 
 
 def make_runner(spec: str | Runner) -> Runner:
     """A runner from a registered name (`inline`, `thread`, `process`, `auto`) or an instance."""
-    found = _resolve(spec)
-    return found.load()() if isinstance(spec, str) else found
+    return runner_factory(spec)()
 
 
 def _resolve(spec: str | Runner) -> Any:

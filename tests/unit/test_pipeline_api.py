@@ -150,6 +150,19 @@ def test_a_runner_that_is_not_one_is_refused_naming_it_before_any_data_is_read(s
         assert reads, "the token estimate reads chunks while shard() builds a loader, so the check above can fail"
 
 
+def test_a_loader_looks_its_runner_up_among_the_entry_points_once(spec_pipeline, monkeypatch):
+    """Reading the installed packages' entry points costs milliseconds; the check before any read
+    and the start at the first batch share one lookup."""
+    import zephon._runner
+
+    lookups = []
+    available = zephon._runner.available_runners
+    monkeypatch.setattr(zephon._runner, "available_runners", lambda: lookups.append(1) or available())
+    with spec_pipeline.options(runner="thread", num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
+        next(iter(loader))
+    assert len(lookups) == 1
+
+
 WRONG_OPTIONS = {
     "prefetch": (lambda p, tok: p.options(prefetch="4"), "prefetch must be an integer >= 1, got '4'"),
     "read_parallelism": (lambda p, tok: p.options(read_parallelism=0), "read_parallelism must be an integer >= 1, got 0"),
