@@ -101,12 +101,13 @@ class RankLoader:
         pipeline, settings = self.pipeline, self.pipeline.settings
         ops = pipeline.operators
         accumulators = [op for op in ops if op.kind == "accumulator"]
-        if not any(hasattr(op, "max_length") for op in accumulators):
+        packers = pipeline.packers()
+        if not packers:
             raise ConfigurationError("the pipeline needs a packing operator (e.g. pack_flat) before batch")
         record_ops = pipeline.record_operators()
         if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
-        _check_one_packer(accumulators)
+        _check_one_packer(accumulators, packers)
         _check_packed_field(record_ops, accumulators[0])
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
@@ -361,16 +362,16 @@ class RankLoader:
         self.close()
 
 
-def _check_one_packer(accumulators) -> None:
+def _check_one_packer(accumulators, packers) -> None:
     """One packer, and the first accumulator: the loader takes the row length, the token counter
     and the padding row from it, and what comes after it (a shuffle) reorders its rows."""
-    packers = [op.name for op in accumulators if hasattr(op, "max_length")]
+    names = [op.name for op in packers]
     if len(packers) > 1:
-        raise ConfigurationError(f"one packing operator per pipeline, got {packers}: rows cannot be packed again")
-    if not hasattr(accumulators[0], "max_length"):
+        raise ConfigurationError(f"one packing operator per pipeline, got {names}: rows cannot be packed again")
+    if accumulators[0] is not packers[0]:
         raise ConfigurationError(
-            f"{accumulators[0].name} comes before {packers[0]}: the packer must be the first accumulating operator "
-            f"(a shuffle reorders packed rows; put it after {packers[0]})"
+            f"{accumulators[0].name} comes before {names[0]}: the packer must be the first accumulating operator "
+            f"(a shuffle reorders packed rows; put it after {names[0]})"
         )
 
 

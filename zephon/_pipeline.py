@@ -201,3 +201,8 @@ class Pipeline:
 
     def record_operators(self) -> list[RecordOperator]:
         return [op for op in self.operators if op.kind == "record"]
+
+    def packers(self) -> list:
+        """The packing operators: accumulators with a `max_length`, the length of the rows they
+        emit (pack_flat, vlm's pack_multimodal). A loader needs exactly one."""
+        return [op for op in self.operators if op.kind == "accumulator" and hasattr(op, "max_length")]

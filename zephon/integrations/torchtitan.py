@@ -240,7 +240,7 @@ class ZephonDataLoader(_Base):
         pipeline = recipe.pipeline() if isinstance(recipe, DataRecipe) else recipe
         if not isinstance(pipeline, Pipeline):
             raise ConfigurationError(f"ZephonDataLoader needs a DataRecipe or a zephon.Pipeline, got {type(recipe).__name__}")
-        packers = [op for op in pipeline.operators if op.kind == "accumulator" and hasattr(op, "max_length")]
+        packers = pipeline.packers()
         if packers and not isinstance(packers[0], PackFlatOp):
             # TorchTitan's batch is (input, positions) and labels: image patches would be dropped.
             raise ConfigurationError(
