@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import _data
 from ._monitor import TreeMemory
-from .loaders import BOUNDS, LOADERS, VARIANTS, python_for, variant_name
+from .loaders import BOUNDS, LOADERS, VARIANTS, compile_sources, python_for, variant_name
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 # Every bound runs with tokenizers' own thread pool off: one core's work, as the bound defines it.
@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                             got = run_worker(python, "bound.py", dict(cfg, idle_thread=True), args.timeout, BOUND_ENV)
                         record_bound(got, round_, name=label, variant=variant, **fields)
 
+    venvs = {spec["venv"] for spec in loaders.values()} | {spec["venv"] for spec in BOUNDS.values()}
+    for python in sorted(filter(None, map(python_for, venvs))):
+        compile_sources(python)
     if earlier is not None and not args.no_bound:
         measure_bounds(0, args.pipelines)
 

@@ -14,11 +14,22 @@ the one compared ("its best-performing configuration, not a strawman").
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VENVS = Path(os.environ.get("ZEPHON_RACE_VENVS", "/work/peers"))
+
+
+def compile_sources(python: str) -> None:
+    """Compile the repository's packages and the race's workers to bytecode for `python`, as
+    `pip install` leaves every peer's package: with PYTHONDONTWRITEBYTECODE set (this machine's
+    environment) a loader run from the source tree would compile its modules at every start and
+    carry the compiler's time into its first batch and its memory into its peak (3.14t: 4.2 MiB
+    of PSS and 145 ms importing zephon from source against 1.8 MiB and 83 ms from bytecode)."""
+    sources = [str(REPO / name) for name in ("zephon", "runners", "vlm", "benchmarks/race/workers")]
+    subprocess.run([python, "-m", "compileall", "-q", *sources], check=True, stdout=subprocess.DEVNULL)
 
 
 def python_for(venv: str) -> str | None:

@@ -199,3 +199,16 @@ def test_a_check_that_raced_no_peer_gives_no_verdict_on_beating_the_peers():
     results["runs"].append(peer)
     (target,) = [t for t in summarise(results)["targets"] if "beats every peer" in t["target"]]
     assert target["met"] and target["value"] == pytest.approx(1.2)
+
+
+def test_the_project_runs_in_the_race_from_bytecode_as_installed_peers_do(tmp_path, monkeypatch):
+    """Peers run from `pip install`s, which compile them; ours must not compile at every start."""
+    from benchmarks.race import loaders
+
+    for package in ("zephon", "runners", "vlm", "benchmarks/race/workers"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "module.py").write_text("VALUE = 1\n")
+    monkeypatch.setattr(loaders, "REPO", tmp_path)
+    loaders.compile_sources(sys.executable)
+    for package in ("zephon", "runners", "vlm", "benchmarks/race/workers"):
+        assert [p.name.split(".")[0] for p in (tmp_path / package / "__pycache__").iterdir()] == ["module"]
