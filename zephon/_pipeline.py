@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 from ._errors import ConfigurationError, check_count
 from ._packing import PackFlatOp
-from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism
+from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
 from ._runner import Runner
 from ._shuffle import ShuffleOp
 from .work import WorkSource
@@ -101,10 +101,10 @@ class Pipeline:
         return Pipeline(self.source, operators=self.operators, options=replace(self.settings, **settings))
 
     def map(self, fn: Callable[[dict], dict | None], *, parallelism: int = 1) -> Pipeline:
-        return self._with(MapOp(fn, check_parallelism(parallelism, "map")))
+        return self._with(MapOp(check_user_function(fn, "map"), check_parallelism(parallelism, "map")))
 
     def filter(self, fn: Callable[[dict], bool], *, parallelism: int = 1) -> Pipeline:
-        return self._with(FilterOp(fn, check_parallelism(parallelism, "filter")))
+        return self._with(FilterOp(check_user_function(fn, "filter"), check_parallelism(parallelism, "filter")))
 
     def tokenize(
         self,

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._errors import BadRecordError, UserFunctionError, check_count
+from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
 from ._tokenizer import leave_cores_to_workers, load_tokenizer
@@ -221,3 +221,11 @@ class TokenizeOp(RecordOperator):
 
 def check_parallelism(parallelism: int, op: str) -> int:
     return check_count(parallelism, f"{op}: parallelism")
+
+
+def check_user_function(fn: Callable, op: str) -> Callable:
+    """A `map`/`filter` function must be callable: refused when the pipeline is built, not on
+    every record once the workers run it."""
+    if not callable(fn):
+        raise ConfigurationError(f"{op}: fn must be callable, got {fn!r}")
+    return fn

@@ -173,6 +173,8 @@ WRONG_OPTIONS = {
     "buffer_size": (lambda p, tok: tok.pack_flat(64).shuffle(None), "shuffle: buffer_size must be an integer >= 1"),
     "microbatch_size": (lambda p, tok: tok.pack_flat(64).batch(2.0), "batch: microbatch_size must be an integer >= 1"),
     "shuffle seed": (lambda p, tok: tok.pack_flat(64).shuffle(8, seed=None), "shuffle: seed must be an integer, got None"),
+    "map fn": (lambda p, tok: p.map(3), "map: fn must be callable, got 3"),
+    "filter fn": (lambda p, tok: p.filter("len"), "filter: fn must be callable, got 'len'"),
 }
 
 
