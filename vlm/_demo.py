@@ -23,7 +23,7 @@ from typing import Any
 
 from zephon import ConfigurationError, Pipeline
 from zephon._tokenizer import load_tokenizer
-from zephon.cli import positive_int
+from zephon.cli import check_demo_layout, positive_int
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -38,6 +38,9 @@ __all__ = ["add_vlm_parser", "draw_batch", "placeholders_for", "position_kinds",
 TEXT_COLOURS = ((52, 101, 164), (114, 159, 207))
 IMAGE_COLOURS = ((206, 92, 0), (252, 175, 62))
 PADDING_COLOUR = (211, 215, 207)
+
+# The demo's layout, checked against --global-batch-size before any asset is fetched.
+DEMO_LANES, DEMO_MICROBATCH = 8, 2
 
 
 def placeholders_for(tokenizer: str | Path):
@@ -160,6 +163,8 @@ def add_vlm_parser(demo_subparsers) -> Any:
 
 
 def run_vlm_demo(args) -> int:
+    check_demo_layout("vlm", runner=args.runner, num_lanes=DEMO_LANES, microbatch_size=DEMO_MICROBATCH,
+                      world_sizes=(1,), global_batch_size=args.global_batch_size)
     try:
         require_decoder("PIL", "zephon demo vlm")  # before fetching the assets, not after
     except ConfigurationError as exc:
@@ -174,7 +179,8 @@ def run_vlm_demo(args) -> int:
     placeholders = placeholders_for(tokenizer)
     pipeline = vlm_pipeline(pairs.directory, tokenizer, runner=args.runner, parallelism=args.parallelism,
                             spec=ImageSpec.pixtral(max_side=args.max_side), max_length=args.max_length,
-                            defer=not args.decode_before_packing)
+                            defer=not args.decode_before_packing, num_lanes=DEMO_LANES,
+                            microbatch_size=DEMO_MICROBATCH)
     started = time.perf_counter()
     with pipeline.shard(0, 1, global_batch_size=args.global_batch_size) as loader:
         info = loader.runner_info

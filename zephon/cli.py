@@ -26,6 +26,23 @@ def check_checkpoint_step(args: argparse.Namespace) -> None:
         raise SystemExit(f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
 
 
+def check_demo_layout(
+    demo: str, *, runner, num_lanes: int, microbatch_size: int, world_sizes, global_batch_size: int
+) -> None:
+    """Refuse, naming it, a runner or a layout that the demo's loaders would refuse: before the demo
+    does any work (a reference run paid for and thrown away, assets fetched) and without a traceback."""
+    from ._errors import ConfigurationError
+    from ._loader import check_layout
+    from ._runner import check_runner
+
+    try:
+        check_runner(runner)
+        for world in world_sizes:
+            check_layout(num_lanes, world, 0, global_batch_size, microbatch_size)
+    except ConfigurationError as exc:
+        raise SystemExit(f"zephon demo {demo}: {exc}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description="Zephon: elastically deterministic data loading.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -7,6 +7,8 @@ elastic` in a KeyError or in failing rank processes after the reference run had 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from zephon import cli
@@ -86,3 +88,43 @@ def test_elastic_demo_rewrites_the_barcodes_of_an_earlier_run_in_the_same_direct
     for name in ("reference.jsonl", "resume-2-to-4.jsonl"):
         assert read_barcode(tmp_path / name) == {s: f"{64:064x}" for s in range(4)}
         assert len((tmp_path / name).read_text().splitlines()) == 4
+
+
+@pytest.fixture
+def no_demo_work(monkeypatch, no_ranks):
+    """Fail the test if any demo starts its work: ranks, a training run, a loader, or the VLM assets."""
+    import vlm._demo
+    from zephon import Pipeline
+    from zephon.demo import _gpu
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the demo started its work before checking its arguments")
+
+    monkeypatch.setattr(_gpu, "_Trainer", refuse)
+    monkeypatch.setattr(Pipeline, "shard", refuse)
+    monkeypatch.setattr(vlm._demo, "pair_shards", refuse)
+
+
+@pytest.mark.parametrize("demo", ["text", "elastic", "gpu", "vlm"])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runner", "bogus"], "unknown runner 'bogus'"),
+        (["--global-batch-size", "12"], "global_batch_size=12 is not divisible by num_lanes=8"),
+    ],
+)
+def test_a_runner_or_batch_the_loaders_refuse_is_named_before_any_work(no_demo_work, demo, argv, message):
+    """`--runner bogus` used to fail every rank process of `demo elastic` after it had started them,
+    and `demo gpu --to-world-sizes 3` after the whole uninterrupted training run; the other demos
+    ended in a traceback."""
+    if demo == "gpu":
+        pytest.importorskip("torch")
+        argv = [*argv, "--device", "cpu"]
+    with pytest.raises(SystemExit, match=f"zephon demo {demo}: {re.escape(message)}"):
+        cli.main(["demo", demo, *argv])
+
+
+def test_gpu_demo_refuses_a_world_size_the_lanes_do_not_divide_before_training(no_demo_work):
+    pytest.importorskip("torch")
+    with pytest.raises(SystemExit, match="zephon demo gpu: num_lanes=8 is not divisible by world_size=3"):
+        cli.main(["demo", "gpu", "--device", "cpu", "--to-world-sizes", "4", "3"])

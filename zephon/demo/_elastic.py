@@ -15,10 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import ConfigurationError, combine_digests, merge_states
-from .._loader import check_layout
+from .. import combine_digests, merge_states
 from ..barcode import BarcodeWriter
-from ..cli import check_checkpoint_step
+from ..cli import check_checkpoint_step, check_demo_layout
 from ._recipe import demo_pipeline
 
 
@@ -60,11 +59,10 @@ def _check_arguments(args) -> None:
     """Refuse, naming it, what the rank processes would fail on only after the reference run."""
     check_checkpoint_step(args)
     pipeline = demo_pipeline(runner=args.runner, parallelism=args.parallelism)
-    for world in (args.from_world_size, *args.to_world_sizes):
-        try:
-            check_layout(pipeline.settings.num_lanes, world, 0, args.global_batch_size, pipeline.microbatch_size)
-        except ConfigurationError as exc:
-            raise SystemExit(f"zephon demo elastic: {exc}") from None
+    check_demo_layout("elastic", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
+                      microbatch_size=pipeline.microbatch_size,
+                      world_sizes=(args.from_world_size, *args.to_world_sizes),
+                      global_batch_size=args.global_batch_size)
 
 
 def run_elastic_demo(args) -> int:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import IGNORE_INDEX, global_batch_digest, merge_states
-from ..cli import check_checkpoint_step, positive_int
+from ..cli import check_checkpoint_step, check_demo_layout, positive_int
 from ._recipe import TOKENIZER, demo_pipeline
 
 __all__ = ["add_gpu_parser", "run_gpu_demo"]
@@ -64,9 +64,13 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
         print(SKIP_NO_CUDA)
         return 0
     check_checkpoint_step(args)
+    pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
+    check_demo_layout("gpu", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
+                      microbatch_size=pipeline.microbatch_size,
+                      world_sizes=(args.from_world_size, *args.to_world_sizes),
+                      global_batch_size=args.global_batch_size)
 
     t0 = time.perf_counter()
-    pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     vocab = _vocab_size()
     with tempfile.TemporaryDirectory(prefix="zephon-gpu-") as tmp:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 
 from .. import global_batch_digest
+from ..cli import check_demo_layout
 from ._recipe import demo_pipeline
 
 
 def run_text_demo(steps: int, runner: str, parallelism: int, global_batch_size: int) -> int:
     pipeline = demo_pipeline(runner=runner, parallelism=parallelism)
+    check_demo_layout("text", runner=runner, num_lanes=pipeline.settings.num_lanes,
+                      microbatch_size=pipeline.microbatch_size, world_sizes=(1,), global_batch_size=global_batch_size)
     started = time.perf_counter()
     with pipeline.shard(0, 1, global_batch_size=global_batch_size) as loader:
         info = loader.runner_info
