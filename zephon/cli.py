@@ -81,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     barcode = sub.add_parser("barcode", help="compare per-step global-batch digests of two runs")
     bsub = barcode.add_subparsers(dest="barcode", required=True)
     compare = bsub.add_parser(
-        "compare", help="name the first differing step; exit 1 on any difference, 2 on a file that is not a barcode"
+        "compare",
+        help="name the first differing step; exit 1 on any difference, 2 on a file that is not a barcode "
+             "(or --png without matplotlib)",
     )
     compare.add_argument("a", help="barcode file (JSON Lines of {step, digest})")
     compare.add_argument("b", help="barcode file to compare with")
@@ -92,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
 def _barcode_compare(args) -> int:
     from .barcode import compare_barcodes, draw_barcodes, read_barcode
 
+    if args.png:
+        try:  # before comparing: a missing extra is a usage error, not a difference (exit 1)
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("zephon barcode compare: --png needs matplotlib: pip install 'zephon[plot]'", file=sys.stderr)
+            return 2
     try:
         a, b = read_barcode(args.a), read_barcode(args.b)
     except (OSError, ValueError) as exc:  # a missing file or a line that is not a barcode's

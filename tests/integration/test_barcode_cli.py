@@ -142,3 +142,16 @@ def test_a_step_written_twice_with_different_digests_is_reported_not_overwritten
         writer.write(1, "b" * 64)
         writer.write(2, "c" * 64)
     assert read_barcode(same) == read_barcode(reference)
+
+
+def test_compare_png_without_matplotlib_is_a_usage_error_naming_the_extra(harness_barcodes, tmp_path, monkeypatch, capsys):
+    """It used to end in a ModuleNotFoundError traceback with exit code 1, the code of two runs
+    that differ, and without the comparison."""
+    from zephon import cli
+
+    reference, rerun, _ = harness_barcodes
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    png = tmp_path / "same.png"
+    assert cli.main(["barcode", "compare", str(reference), str(rerun), "--png", str(png)]) == 2
+    assert "--png needs matplotlib: pip install 'zephon[plot]'" in capsys.readouterr().err
+    assert not png.exists()
