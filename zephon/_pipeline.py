@@ -30,7 +30,7 @@ class PipelineOptions:
     Recipe (must stay fixed across a resume): `num_lanes`, `flush_every_chunks`.
     Performance (free to change on resume): `runner`, `prefetch`, `read_parallelism`.
     `prefetch` is the chunks each lane keeps in flight; None: 8 per worker of the widest stage when
-    the plan's chunks are small (4 × workers × the mean chunk ≤ 1 MiB of raw bytes), else 4.
+    the plan's chunks are small (4 × workers × the mean chunk ≤ 1 MiB of raw bytes), else 4 per worker.
     Policy: `on_error` ("skip": count bad records and go on; "raise": fail on the first one).
     Storage: `io_options` (`cache`, `retries`, `retry_delay`; see `Dataset.with_io_options`) apply to
     every dataset's chunk reads, e.g. `{"cache": {"enabled": True}}` keeps remote shards on local disk.

@@ -112,8 +112,9 @@ class Dataset:
 
         `format` ("jsonl", "parquet", "text", "webdataset") is inferred from file suffixes when None.
         `text_unit` ("line" or "file") says what a text record is. `cache={"enabled": True,
-        "dir": ...}` copies remote shards to local disk. Storage errors are retried `retries` times
-        in all, waiting `retry_delay` seconds and doubling.
+        "dir": ...}` copies remote shards to local disk. A storage error is retried: `retries` counts
+        the attempts in all, the first one included (1: no retry), waiting `retry_delay` seconds
+        before the second and doubling.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")

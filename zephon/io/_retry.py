@@ -31,7 +31,9 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ConfigurationError(f"retries={self.attempts!r} must be an int >= 1")
+            raise ConfigurationError(
+                f"retries={self.attempts!r} must be an int >= 1: the attempts in all, the first one included (1: no retry)"
+            )
         if self.base_delay < 0:
             raise ConfigurationError(f"retry_delay={self.base_delay!r} must be >= 0")
 
