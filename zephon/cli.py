@@ -33,10 +33,10 @@ def check_demo_layout(
     does any work (a reference run paid for and thrown away, assets fetched) and without a traceback."""
     from ._errors import ConfigurationError
     from ._loader import check_layout
-    from ._runner import check_runner
+    from ._runner import runner_factory
 
     try:
-        check_runner(runner)
+        runner_factory(runner)
         for world in world_sizes:
             check_layout(num_lanes, world, 0, global_batch_size, microbatch_size)
     except ConfigurationError as exc:
