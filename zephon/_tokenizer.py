@@ -58,8 +58,8 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
         # The file's bytes identify the tokenizer as well as its re-serialisation does, in 20 ms
         # instead of 0.13 s for a 131k-token vocabulary (time to first batch).
         digest = _file_sha256(path)
-    elif os.path.exists(os.path.dirname(path) or ".") and tokenizer_id.endswith(".json"):
-        raise ConfigurationError(f"tokenizer file {tokenizer_id!r} does not exist")
+    elif _names_a_path(tokenizer_id):
+        raise ConfigurationError(f"tokenizer file {tokenizer_id!r} does not exist (nor a directory of that name)")
     else:
         try:
             tokenizer = Tokenizer.from_pretrained(tokenizer_id)
@@ -71,6 +71,18 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
         digest = sha256(tokenizer.to_str().encode()).hexdigest()
     _return_parse_memory()
     return TokenizerHandle(tokenizer_id, tokenizer, digest)
+
+
+def _names_a_path(tokenizer_id: str) -> bool:
+    """Whether `tokenizer_id` can only be a local path: a file name ending in .json, or a path
+    absolute, relative to `.` or `~`, or deeper than a hub id's `owner/name`. Such a name missing
+    is a typo to report at once, not a hub id to look for (offline, the hub's retries take ~20 s
+    before failing)."""
+    return (
+        tokenizer_id.endswith(".json")
+        or tokenizer_id.startswith(("/", ".", "~"))
+        or tokenizer_id.count("/") > 1
+    )
 
 
 def _file_sha256(path: str) -> str:

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from zephon import ConfigurationError
 from zephon._tokenizer import leave_cores_to_workers, load_tokenizer
 
 
@@ -22,6 +23,30 @@ def test_digest_is_the_tokenizer_files_content(tmp_path, demo_tokenizer_path):
     changed.parent.mkdir()
     changed.write_text(copy.read_text().replace('"<|eos|>"', '"<|end|>"'))
     assert load_tokenizer(str(changed.parent)).digest != same.digest
+
+
+@pytest.mark.parametrize("name", ["nope/tokenizer.json", "tokenizer.json", "./nope", "/nope/tok", "~/nope",
+                                  "models/nope/latest"])
+def test_a_missing_local_tokenizer_path_is_refused_at_once_not_looked_for_on_the_hub(name, monkeypatch):
+    from tokenizers import Tokenizer
+
+    def hub(*args, **kwargs):
+        raise AssertionError("asked the hub for a local path")
+
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(Tokenizer, "from_pretrained", hub)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        load_tokenizer(name)
+
+
+def test_a_hub_id_still_goes_to_the_hub(monkeypatch):
+    from tokenizers import Tokenizer
+
+    asked = []
+    monkeypatch.setattr(Tokenizer, "from_pretrained", lambda name: asked.append(name) or Tokenizer.from_str("{}"))
+    with pytest.raises(ConfigurationError, match="cannot load tokenizer 'someone/model'"):
+        load_tokenizer("someone/model")
+    assert asked == ["someone/model"]
 
 
 @pytest.mark.parametrize(("parallelism", "before", "after"), [
