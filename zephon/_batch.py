@@ -49,7 +49,10 @@ class Batch:
 
     def to_training(self) -> dict:
         """torch tensors for a training step (int64 ids, as embedding layers expect)."""
-        import torch
+        try:
+            import torch
+        except ImportError as exc:  # torch is an extra: say which, not just that a module is missing
+            raise ModuleNotFoundError("Batch.to_training needs torch: pip install 'zephon[torch]'", name="torch") from exc
 
         out = {}
         for name, array in self.to_numpy().items():

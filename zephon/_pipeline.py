@@ -16,6 +16,7 @@ from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
 from ._runner import Runner
 from ._shuffle import ShuffleOp
+from .io._dataset import check_io_options
 from .work import WorkSource
 
 __all__ = ["Pipeline", "PipelineOptions", "BatchOp"]
@@ -52,6 +53,7 @@ class PipelineOptions:
                 object.__setattr__(self, name, check_count(getattr(self, name), name))
         if not isinstance(self.io_options, dict):
             raise ConfigurationError(f"io_options must be a dict, got {self.io_options!r}")
+        check_io_options(self.io_options)
         if self.on_error not in ON_ERROR:
             raise ConfigurationError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -55,6 +56,13 @@ def test_to_training_gives_the_tensors_a_training_step_consumes(spec_pipeline):
     assert all(isinstance(t, torch.Tensor) and t.shape == (8, 256) for t in tensors.values())
     assert tensors["input_ids"].dtype == torch.int64
     np.testing.assert_array_equal(tensors["labels"].numpy(), batch.tokens["labels"])
+
+
+def test_to_training_without_torch_names_the_extra_that_brings_it(spec_pipeline, monkeypatch):
+    batch = next(iter(spec_pipeline))
+    monkeypatch.setitem(sys.modules, "torch", None)  # what an environment without torch gives
+    with pytest.raises(ModuleNotFoundError, match=re.escape("pip install 'zephon[torch]'")):
+        batch.to_training()
 
 
 def test_position_ids_restart_per_document_and_labels_are_masked_at_padding(spec_pipeline):
@@ -168,6 +176,11 @@ WRONG_OPTIONS = {
     "read_parallelism": (lambda p, tok: p.options(read_parallelism=0), "read_parallelism must be an integer >= 1, got 0"),
     "num_lanes": (lambda p, tok: p.options(num_lanes=True), "num_lanes must be an integer >= 1, got True"),
     "io_options": (lambda p, tok: p.options(io_options="cache"), "io_options must be a dict"),
+    "io_options key": (lambda p, tok: p.options(io_options={"retry": 2}), "io options ['retry'] are unknown"),
+    "io_options cache": (lambda p, tok: p.options(io_options={"cache": {"dri": "/x"}}), "cache options ['dri']"),
+    "io_options retries": (lambda p, tok: p.options(io_options={"retries": 0}), "retries=0 must be an int >= 1"),
+    "io_options retry_delay": (lambda p, tok: p.options(io_options={"retry_delay": "1"}),
+                               "retry_delay must be a finite number, got '1'"),
     "max_length": (lambda p, tok: tok.pack_flat(64.5), "pack_flat: max_length must be an integer >= 1, got 64.5"),
     "pad_id": (lambda p, tok: tok.pack_flat(64, pad_id=10**12), "does not fit the int32 token arrays"),
     "buffer_size": (lambda p, tok: tok.pack_flat(64).shuffle(None), "shuffle: buffer_size must be an integer >= 1"),

@@ -39,6 +39,23 @@ _REMOTE_PLANNING_THREADS = 16  # counting remote shards waits on the network: ma
 _IO_OPTIONS = ("cache", "retries", "retry_delay")
 
 
+def check_io_options(io_options: Mapping[str, Any]) -> None:
+    """Refuse, naming it, what `Dataset.with_io_options` would refuse: `Pipeline.options` checks
+    its `io_options` when they are set, not when a loader applies them after planning."""
+    _apply_io_options(io_options, CacheOptions.from_dict(None), RetryPolicy())
+
+
+def _apply_io_options(
+    io_options: Mapping[str, Any], cache: CacheOptions, retry: RetryPolicy
+) -> tuple[CacheOptions, RetryPolicy]:
+    unknown = sorted(set(io_options) - set(_IO_OPTIONS))
+    if unknown:
+        raise ConfigurationError(f"io options {unknown} are unknown; expected {list(_IO_OPTIONS)}")
+    cache = CacheOptions.from_dict(io_options["cache"]) if "cache" in io_options else cache
+    retry = RetryPolicy(io_options.get("retries", retry.attempts), io_options.get("retry_delay", retry.base_delay))
+    return cache, retry
+
+
 def _planning_threads(fs: AbstractFileSystem | LocalFiles, num_shards: int) -> int:
     """How many shards to count at once: a local shard is counted as fast as a core can scan it,
     so threads beyond the cores only add their own heaps (on 3.14t each thread's allocator kept
@@ -218,14 +235,7 @@ class Dataset:
 
     def with_io_options(self, io_options: Mapping[str, Any]) -> Dataset:
         """This dataset (same plan, not re-listed) read with other `cache`/`retries`/`retry_delay`."""
-        unknown = sorted(set(io_options) - set(_IO_OPTIONS))
-        if unknown:
-            raise ConfigurationError(f"io options {unknown} are unknown; expected {list(_IO_OPTIONS)}")
-        cache = CacheOptions.from_dict(io_options["cache"]) if "cache" in io_options else self._cache
-        retry = RetryPolicy(
-            io_options.get("retries", self._retry.attempts),
-            io_options.get("retry_delay", self._retry.base_delay),
-        )
+        cache, retry = _apply_io_options(io_options, self._cache, self._retry)
         return replace(self, _cache=cache, _retry=retry)
 
     @functools.cached_property

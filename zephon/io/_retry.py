@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, check_finite
 from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 
@@ -34,7 +34,7 @@ class RetryPolicy:
             raise ConfigurationError(
                 f"retries={self.attempts!r} must be an int >= 1: the attempts in all, the first one included (1: no retry)"
             )
-        if self.base_delay < 0:
+        if check_finite(self.base_delay, "retry_delay") < 0:
             raise ConfigurationError(f"retry_delay={self.base_delay!r} must be >= 0")
 
     def call(self, url: str, operation: Callable[[], T]) -> T:
