@@ -175,25 +175,22 @@ class TokenizeOp(RecordOperator):
         encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
-            texts, reasons = [], []
-            for record in batch.records:
-                value = record.get(field_name)
-                reason = None
-                if value is None:
-                    reason = "missing_field"
-                elif not isinstance(value, str):
-                    reason = "not_text"
-                elif not value.strip():
-                    reason = "empty_document"
-                reasons.append(reason)
-                if reason is None:
-                    texts.append(value)
+            reasons = [_text_problem(record.get(field_name)) for record in batch.records]
+            texts = [r[field_name] for r, reason in zip(batch.records, reasons) if reason is None]
+            try:
+                encodings = encode_batch(texts, add_special_tokens=False) if texts else []
+            except TypeError:
+                # tokenizers refuses the whole batch (a bare TypeError) for one str without a UTF-8
+                # form: a lone surrogate, which a JSON `\ud800` escape makes. Only then is each text
+                # checked, so the usual batch pays nothing; such a record is `invalid_utf8`.
+                reasons = [reason or _unencodable(r[field_name]) for r, reason in zip(batch.records, reasons)]
+                texts = [r[field_name] for r, reason in zip(batch.records, reasons) if reason is None]
+                encodings = encode_batch(texts, add_special_tokens=False) if texts else []
             if on_error == "raise":
                 for reason, address in zip(reasons, batch.addresses):
                     if reason is not None:
                         raise BadRecordError(address, reason, f"field {field_name!r}")
             batch.skip(reasons)
-            encodings = encode_batch(texts, add_special_tokens=False) if texts else []
             for record, encoding in zip(batch.records, encodings):
                 # `ids` is a new list at every access, so BOS/EOS go into it in place, and
                 # `fromiter` with a count fills the array in one pass: 3.14t, text race corpus,
@@ -217,6 +214,26 @@ class TokenizeOp(RecordOperator):
             "eos": self.eos,
             "output_field": self.output_field,
         }
+
+
+def _text_problem(value) -> str | None:
+    """Why a field's value cannot be tokenized, or None."""
+    if value is None:
+        return "missing_field"
+    if not isinstance(value, str):
+        return "not_text"
+    if not value.strip():
+        return "empty_document"
+    return None
+
+
+def _unencodable(text: str) -> str | None:
+    """`invalid_utf8` for a str that has no UTF-8 form (a lone surrogate), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "invalid_utf8"
+    return None
 
 
 def check_parallelism(parallelism: int, op: str) -> int:

@@ -72,8 +72,10 @@ BAD_LINES = {
     "missing_field": json.dumps({"id": "x", "body": "the text is under another key"}).encode(),
     "not_text": json.dumps({"id": "x", "text": 12345}).encode(),
     "empty_document": json.dumps({"id": "x", "text": " \n\t "}).encode(),
+    # valid JSON and valid UTF-8, but the string holds a lone surrogate: it has no UTF-8 form to tokenize
+    "lone_surrogate": b'{"text": "caf\\ud800 au lait"}',
 }
-REASON = {"blank_line": "malformed_json"}
+REASON = {"blank_line": "malformed_json", "lone_surrogate": "invalid_utf8"}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_LINES))
