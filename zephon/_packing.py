@@ -264,6 +264,12 @@ class PackFlatOp:
 
         return make
 
+    def padding_row(self, default_pad_id: int) -> PackedSequence:
+        """The row that fills the microbatch of a lane whose finite plan ran out: padding with the
+        pad id this packer pads its own rows with (`pad_id`, else the pipeline's default), so a
+        batch never holds two pad ids."""
+        return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id)
+
     def token_counter(self):
         """What token estimation counts of a record: the ids a packer places, none of one it refuses."""
         field = self.field

@@ -74,6 +74,25 @@ def test_position_ids_restart_per_document_and_labels_are_masked_at_padding(spec
     assert (labels[docs == PADDING_DOCUMENT] == IGNORE_INDEX).all()
 
 
+@pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
+def test_the_rows_padding_a_finished_lanes_microbatch_use_the_packers_pad_id(tmp_path, demo_tokenizer_path, algorithm):
+    """The padding rows after a finite plan ran out used the tokenizer's pad id (2 here) whatever
+    `pack_flat(pad_id=...)` said, so one batch held two pad ids."""
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"text": "hello world {i}"}}\n' for i in range(3)))
+    source = StaticMixtureWorkSource([Dataset.from_path("a", str(tmp_path))], num_epochs=1, records_per_chunk=1)
+    pipeline = (
+        Pipeline(source).options(num_lanes=1, runner="inline")
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), eos="<|eos|>")
+        .pack_flat(max_length=8, algorithm=algorithm, pad_id=7)
+        .batch(microbatch_size=4)
+    )
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        (batch,) = list(loader)
+    ids, docs = batch.tokens["input_ids"], batch.tokens["document_ids"]
+    assert (docs == PADDING_DOCUMENT).all(axis=1).any(), "the plan should end inside the microbatch"
+    assert set(ids[docs == PADDING_DOCUMENT].tolist()) == {7}
+
+
 @pytest.mark.parametrize(
     "lanes,world,global_batch,micro,message",
     [
