@@ -64,9 +64,12 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
         try:
             tokenizer = Tokenizer.from_pretrained(tokenizer_id)
         except Exception as exc:  # the hub library raises many types; all mean "not loadable"
+            # A local directory without a tokenizer.json is tried as a hub id too (a folder named
+            # like the hub id may sit in the working directory), but the message says what it is.
+            local = ("a directory holding no tokenizer.json" if os.path.isdir(os.path.expanduser(tokenizer_id))
+                     else "not a local tokenizer.json or directory")
             raise ConfigurationError(
-                f"cannot load tokenizer {tokenizer_id!r}: not a local tokenizer.json or directory, "
-                f"and the hub could not provide it ({exc})"
+                f"cannot load tokenizer {tokenizer_id!r}: {local}, and the hub could not provide it ({exc})"
             ) from exc
         digest = sha256(tokenizer.to_str().encode()).hexdigest()
     _return_parse_memory()

@@ -300,6 +300,9 @@ def test_a_tokenizer_that_is_not_one_is_refused_naming_it(spec_pipeline, demo_to
     not_json.write_text("# a README, not a tokenizer")
     with pytest.raises(ConfigurationError, match="is not a tokenizers tokenizer.json"):
         Pipeline(spec_pipeline.source).tokenize(str(not_json))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigurationError, match="empty': a directory holding no tokenizer.json"):
+        Pipeline(spec_pipeline.source).tokenize(str(tmp_path / "empty"))
     for wrong in (None, 123):
         with pytest.raises(ConfigurationError, match="a tokenizer is named by a str"):
             Pipeline(spec_pipeline.source).tokenize(wrong)
