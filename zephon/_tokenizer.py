@@ -48,7 +48,8 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
     if not isinstance(tokenizer_id, str):
         raise ConfigurationError(f"a tokenizer is named by a str (a path or hub id), got {tokenizer_id!r}")
     path = os.path.expanduser(tokenizer_id)
-    if os.path.isdir(path):
+    directory = os.path.isdir(path)
+    if directory:
         path = os.path.join(path, "tokenizer.json")
     if os.path.isfile(path):
         try:
@@ -59,15 +60,15 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
         # instead of 0.13 s for a 131k-token vocabulary (time to first batch).
         digest = _file_sha256(path)
     elif _names_a_path(tokenizer_id):
-        raise ConfigurationError(f"tokenizer file {tokenizer_id!r} does not exist (nor a directory of that name)")
+        what = "a directory holding no tokenizer.json" if directory else "no such file or directory"
+        raise ConfigurationError(f"cannot load tokenizer {tokenizer_id!r}: {what}")
     else:
         try:
             tokenizer = Tokenizer.from_pretrained(tokenizer_id)
         except Exception as exc:  # the hub library raises many types; all mean "not loadable"
             # A local directory without a tokenizer.json is tried as a hub id too (a folder named
             # like the hub id may sit in the working directory), but the message says what it is.
-            local = ("a directory holding no tokenizer.json" if os.path.isdir(os.path.expanduser(tokenizer_id))
-                     else "not a local tokenizer.json or directory")
+            local = "a directory holding no tokenizer.json" if directory else "not a local tokenizer.json or directory"
             raise ConfigurationError(
                 f"cannot load tokenizer {tokenizer_id!r}: {local}, and the hub could not provide it ({exc})"
             ) from exc
