@@ -118,11 +118,23 @@ class Pipeline:
         eos: str | None = None,
         output_field: str = "input_ids",
         keep_field: bool = False,
+        split_special_tokens: bool = True,
     ) -> Pipeline:
+        """Append the tokenizer: `record[field]` (a str) becomes `record[output_field]`, int32 ids,
+        with `bos`/`eos` (token strings) around them.
+
+        `split_special_tokens` (default True): a special token's string inside the text (`<|eos|>`
+        in a web page about tokenizers) is tokenized as the text it is, so a document cannot put a
+        control id (an EOS or the pad id, under a label that trains on it) in the middle of itself;
+        False matches it as the special token, `tokenizers`' own default.
+        """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
+        if not isinstance(split_special_tokens, bool):
+            raise ConfigurationError(f"tokenize: split_special_tokens must be True or False, got {split_special_tokens!r}")
         op = TokenizeOp(
-            tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field
+            tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
+            split_special_tokens,
         )
         handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
         handle.token_id(bos)

@@ -142,7 +142,8 @@ class FilterOp(RecordOperator):
 class TokenizeOp(RecordOperator):
     """Tokenizes `record[field]` into `record[output_field]` (int32 numpy array).
 
-    BOS/EOS are given as token strings (looked up in the vocabulary) or None. The source field is
+    BOS/EOS are given as token strings (looked up in the vocabulary) or None; special tokens'
+    strings inside the text are text unless `split_special_tokens` is False. The source field is
     dropped after tokenization unless `keep_field`, so text does not travel further than needed.
     Records whose field is missing, not a string, or blank are skipped with reasons
     `missing_field`, `not_text`, `empty_document`.
@@ -155,10 +156,11 @@ class TokenizeOp(RecordOperator):
     eos: str | None = None
     output_field: str = "input_ids"
     keep_field: bool = False
+    split_special_tokens: bool = True
     name: str = "tokenize"
 
     def handle(self):
-        return load_tokenizer(self.tokenizer_id)
+        return load_tokenizer(self.tokenizer_id, split_special_tokens=self.split_special_tokens)
 
     def build(self, on_error: str) -> RecordFn:
         handle = self.handle()
@@ -213,6 +215,7 @@ class TokenizeOp(RecordOperator):
             "bos": self.bos,
             "eos": self.eos,
             "output_field": self.output_field,
+            "split_special_tokens": self.split_special_tokens,
         }
 
 

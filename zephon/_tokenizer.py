@@ -40,9 +40,11 @@ class TokenizerHandle:
 
 
 @lru_cache(maxsize=16)
-def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
+def load_tokenizer(tokenizer_id: str, *, split_special_tokens: bool = False) -> TokenizerHandle:
     """`tokenizer_id` is a path to a tokenizer.json, a directory holding one, or a hub id
-    (which needs a reachable or cached hub)."""
+    (which needs a reachable or cached hub). With `split_special_tokens` the tokenizer encodes a
+    special token's string in a text as ordinary text (its own instance: the setting is the
+    tokenizer's, and instances are shared)."""
     from tokenizers import Tokenizer
 
     if not isinstance(tokenizer_id, str):
@@ -73,6 +75,7 @@ def load_tokenizer(tokenizer_id: str) -> TokenizerHandle:
                 f"cannot load tokenizer {tokenizer_id!r}: {local}, and the hub could not provide it ({exc})"
             ) from exc
         digest = sha256(tokenizer.to_str().encode()).hexdigest()
+    tokenizer.encode_special_tokens = split_special_tokens
     _return_parse_memory()
     return TokenizerHandle(tokenizer_id, tokenizer, digest)
 

@@ -101,3 +101,22 @@ def test_tokenizing_a_field_into_itself_keeps_the_tokens(demo_tokenizer_path, ke
     chunk = ChunkRecords(Chunk("d", 0, 0, 1), [{"text": "hello world"}], [RecordAddress("d", "s", 0)])
     out = op.build("skip")(chunk)
     assert out.records[0]["text"].dtype == np.int32 and len(out.records[0]["text"]) > 0
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_special_token_strings_in_a_text_are_text_unless_asked_otherwise(demo_tokenizer_path, split):
+    """A web page quoting `<|pad|>` must not put the pad id mid-document, under a label that trains
+    on it; both settings tokenize in one process, each with its own tokenizer."""
+    from zephon._record_ops import TokenizeOp
+    from zephon._records import Chunk, ChunkRecords, RecordAddress
+
+    handle = load_tokenizer(str(demo_tokenizer_path))
+    specials = {handle.token_id(t) for t in ("<|bos|>", "<|eos|>", "<|pad|>")}
+    op = TokenizeOp(str(demo_tokenizer_path), split_special_tokens=split)
+    other = TokenizeOp(str(demo_tokenizer_path), split_special_tokens=not split)
+    text = "hello <|eos|> world <|pad|>"
+    chunk = ChunkRecords(Chunk("d", 0, 0, 1), [{"text": text}], [RecordAddress("d", "s", 0)])
+    other.build("skip")(ChunkRecords(Chunk("d", 0, 0, 1), [{"text": text}], [RecordAddress("d", "s", 0)]))
+    ids = set(op.build("skip")(chunk).records[0]["input_ids"].tolist())
+    assert (ids & specials == set()) is split
+    assert op.fingerprint() != other.fingerprint()
