@@ -194,6 +194,7 @@ class ProcessRunner:
 
         self._lock = threading.Lock()
         self._stages: tuple[Stage, ...] | None = None
+        self._pid = os.getpid()  # the process that started it, the only one its workers answer
         self._closing = False
         self._failure: BaseException | None = None  # set if the reader thread itself broke
         self._directory: str | None = None
@@ -233,6 +234,7 @@ class ProcessRunner:
         if self._stages is not None or self._closing:
             raise RuntimeError("start() may be called once, before close()")
         self._stages = validate_stages(stages)
+        self._pid = os.getpid()
         self._queued = [deque() for _ in self._stages]
         # A runner never closed is closed at interpreter exit, before multiprocessing's own exit
         # hook (registered earlier, so run later) terminates the workers under the reader thread.
@@ -257,6 +259,12 @@ class ProcessRunner:
 
     def submit(self, stage_index: int, item: Any) -> Future:
         stage_at(self._stages, stage_index)
+        if os.getpid() != self._pid:
+            # The child's copy shares the parent's pipes, and the workers answer the parent's
+            # reader thread: it would pair the child's replies with the parent's items.
+            raise RuntimeError(
+                f"this runner was started in process {self._pid}; a process forked from it must start its own"
+            )
         if self._closing:
             return cancelled_future()
         future: Future = Future()

@@ -179,6 +179,12 @@ class RankLoader:
     def _ensure_runner(self) -> Runner:
         if self._closed:
             raise ConfigurationError("this loader is closed")
+        if self._runner is not None and self._runner_pid != os.getpid():
+            # A forked child's copy (a torch DataLoader worker): the runner is the parent's. Its
+            # pool threads did not survive the fork, and its workers answer the parent's reader
+            # thread, which would take the child's replies for the parent's items. The child
+            # starts its own; the parent's is left alone (see _close_in_owner).
+            self._runner = None
         if self._runner is None:
             # Stage functions and chains never hold the loader: a runner's threads keep their
             # stages alive, and a loader they kept could never be collected, so its finalizer
@@ -191,7 +197,7 @@ class RankLoader:
                 stages.append(Stage(s.name, fn, s.parallelism))
             runner = self._make_runner()
             runner.start(stages)
-            self._runner = runner
+            self._runner, self._runner_pid = runner, os.getpid()
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
             # workers (and their shared memory) but closing it (a thread runner frees itself).
             self._close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())

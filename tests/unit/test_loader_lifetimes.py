@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
 import time
 import weakref
@@ -146,5 +147,40 @@ def test_a_forked_child_dropping_its_copy_of_a_loader_leaves_the_parents_runner_
         assert all(_alive(pid) for pid in workers) and loader._runner.worker_pids() == workers
         for _ in range(20):
             next(batches)
+    finally:
+        loader.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+@pytest.mark.parametrize("runner", ["thread", "process"])
+def test_a_forked_child_iterating_its_copy_of_a_loader_gets_the_same_batches_and_leaves_the_parent_alone(
+        tmp_path, runner):
+    """A child forked after the loader's runner started (a torch DataLoader worker iterating its
+    copy) cannot use that runner: a thread pool's threads did not survive the fork, and a process
+    runner's workers answer the parent's reader thread, which paired the child's replies with the
+    parent's items (or stopped on them). The child must get a runner of its own."""
+    from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, parallelism=2)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = [batch.digest() for batch in loader]
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    batches = iter(loader)
+    assert [next(batches).digest() for _ in range(2)] == reference[:2]
+    out = tmp_path / "child"
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            signal.alarm(60)  # a child stuck waiting for replies dies instead of hanging the test
+            out.write_text("\n".join(batch.digest() for batch in loader))
+            loader.close()
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        assert os.waitpid(child, 0)[1] == 0, "the child iterated its copy to the end"
+        assert out.read_text().split("\n") == reference[2:]
+        assert [batch.digest() for batch in batches] == reference[2:]
     finally:
         loader.close()
