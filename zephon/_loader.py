@@ -68,7 +68,8 @@ def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: 
 class RankLoader:
     """Iterates one rank's microbatches; `state_dict`/`load_state_dict` for elastic resume.
 
-    Thread-unsafe: iterate it from one thread. Call `close()` (or use `with`) to stop its workers.
+    Thread-unsafe: iterate it from one thread. Call `close()` (or use `with`) to stop its workers;
+    from another thread too, and an iteration it interrupts fails with ConfigurationError saying so.
     """
 
     def __init__(self, pipeline, rank: int, world_size: int, global_batch_size: int) -> None:
@@ -251,6 +252,16 @@ class RankLoader:
         self._generation += 1
         generation = self._generation
         self._open_streams()
+        try:
+            yield from self._microbatches(generation)
+        except Exception as exc:
+            if not self._closed or isinstance(exc, ConfigurationError):
+                raise
+            # Closed by another thread (a watchdog, a shutdown handler) while this one waited for
+            # work: what reached it was that work cancelled, or the runner already dropped.
+            raise ConfigurationError("this loader was closed while it was being iterated") from exc
+
+    def _microbatches(self, generation: int) -> Iterator[Batch]:
         per_step = self.rows_per_step
         while True:
             # Lanes are asked whether they have more only when their turn comes: asking every lane
@@ -355,11 +366,11 @@ class RankLoader:
         self._streams = {}
 
     def close(self) -> None:
+        self._closed = True  # first: an iteration waiting in another thread fails saying so
         self._close_streams()
         if self._runner is not None:
             self._close_runner()  # closes the runner once, whoever asks first
             self._runner = None
-        self._closed = True
 
     def __enter__(self) -> RankLoader:
         return self

@@ -10,6 +10,9 @@ starts again with it.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
@@ -92,3 +95,41 @@ def test_an_iteration_resumed_after_close_fails_naming_the_closed_loader(tmp_pat
     loader.close()
     with pytest.raises(ConfigurationError, match="closed"):
         next(batches)
+
+
+def _wait_at_r9(marker, release):
+    """A map that, at the first record r9, says so through `marker` and waits until `release` exists."""
+
+    def map_fn(record):
+        if record["id"] == "r9" and not marker.exists():
+            marker.touch()
+            while not release.exists():
+                time.sleep(0.01)
+        return record
+
+    return map_fn
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_a_loader_closed_from_another_thread_while_it_waits_fails_naming_the_closed_loader(tmp_path, runner):
+    """A watchdog or a shutdown handler closes the loader while the training thread waits for
+    its work: that thread got a bare CancelledError, or an AttributeError on the dropped runner."""
+    marker, release = tmp_path / "waiting", tmp_path / "release"
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, map_fn=_wait_at_r9(marker, release))
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+
+    def close_once_waiting() -> None:
+        while not marker.exists():
+            time.sleep(0.01)
+        loader.close()
+        release.touch()
+
+    closer = threading.Thread(target=close_once_waiting)
+    closer.start()
+    try:
+        with pytest.raises(ConfigurationError, match="closed while it was being iterated"):
+            for _ in loader:
+                pass
+    finally:
+        release.touch()
+        closer.join()
