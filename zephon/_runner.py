@@ -73,6 +73,10 @@ def _resolve(spec: str | Runner) -> Any:
             raise ConfigurationError(
                 f"runner={spec!r} is neither a runner's name nor a runner (an object with start, submit and close)"
             )
+        if isinstance(spec, type):  # its methods are there, unbound: start(stages) would fail at the first batch
+            raise ConfigurationError(
+                f"runner={spec.__name__} is a runner class: pass an instance ({spec.__name__}()) or a name"
+            )
         return spec
     registered = available_runners()
     if spec not in registered:

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from runners import ThreadRunner
 from zephon import ConfigurationError, IGNORE_INDEX, Pipeline, PADDING_DOCUMENT, global_batch_digest
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
@@ -159,7 +160,8 @@ def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, 
 
 
 @pytest.mark.parametrize("runner,message", [("bogus", "unknown runner 'bogus'"), (None, "neither a runner's name"),
-                                            (3, "neither a runner's name")])
+                                            (3, "neither a runner's name"),
+                                            (ThreadRunner, re.escape("a runner class: pass an instance (ThreadRunner())"))])
 def test_a_runner_that_is_not_one_is_refused_naming_it_before_any_data_is_read(spec_pipeline, runner, message,
                                                                                monkeypatch):
     reads = []
