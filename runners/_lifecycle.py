@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
-__all__ = ["cancelled_future", "stage_at", "validate_stages"]
+__all__ = ["cancelled_future", "check_startable", "stage_at", "validate_stages"]
 
 
 def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
@@ -24,6 +24,17 @@ def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
                 f"stage {stage.name!r}: parallelism must be a positive int, got {stage.parallelism!r}"
             )
     return checked
+
+
+def check_startable(started: bool, closed: bool) -> None:
+    """`start` runs once per runner. A second call is most often a second loader given the same
+    instance through a pipeline's options (a resume in the same process, another iteration of the
+    pipeline), which never called `start` itself: the message says what to do."""
+    if started or closed:
+        raise RuntimeError(
+            "start() may be called once, before close(): a runner serves one loader: give each loader "
+            "an instance of its own (or a runner's name in the pipeline's options)"
+        )
 
 
 def stage_at(stages: tuple[Stage, ...] | None, index: int) -> Stage:

@@ -41,7 +41,7 @@ from zephon._runner import Stage
 
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
-from ._lifecycle import cancelled_future, stage_at, validate_stages
+from ._lifecycle import cancelled_future, check_startable, stage_at, validate_stages
 from ._transport import Envelope, decode, discard, encode, make_shm_directory
 from ._worker import STOP, serve
 
@@ -231,8 +231,7 @@ class ProcessRunner:
             )
 
     def start(self, stages: Sequence[Stage]) -> None:
-        if self._stages is not None or self._closing:
-            raise RuntimeError("start() may be called once, before close()")
+        check_startable(self._stages is not None, self._closing)
         self._stages = validate_stages(stages)
         self._pid = os.getpid()
         self._queued = [deque() for _ in self._stages]

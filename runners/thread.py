@@ -13,7 +13,7 @@ from typing import Any, Self
 
 from zephon._runner import Stage
 
-from ._lifecycle import cancelled_future, stage_at, validate_stages
+from ._lifecycle import cancelled_future, check_startable, stage_at, validate_stages
 
 __all__ = ["ThreadRunner"]
 
@@ -51,8 +51,7 @@ class ThreadRunner:
         self._mark = object()
 
     def start(self, stages: Sequence[Stage]) -> None:
-        if self._stages is not None or self._closed:
-            raise RuntimeError("start() may be called once, before close()")
+        check_startable(self._stages is not None, self._closed)
         self._stages = validate_stages(stages)
         self._pools = [
             ThreadPoolExecutor(

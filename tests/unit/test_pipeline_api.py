@@ -192,6 +192,18 @@ def test_a_loader_looks_its_runner_up_among_the_entry_points_once(spec_pipeline,
     assert len(lookups) == 1
 
 
+def test_a_runner_instance_in_the_options_serves_one_loader_and_a_second_loader_says_so(spec_pipeline):
+    """`.options(runner=ProcessRunner(task_timeout_s=30))` is how runner options are given
+    (RELIABILITY.md); a second loader of that pipeline (a resume in the same process, another
+    `for batch in pipeline`) failed with "start() may be called once", which it never called."""
+    pipeline = spec_pipeline.options(runner=ThreadRunner(), num_lanes=2)
+    with pipeline.shard(0, 1, global_batch_size=16) as loader:
+        next(iter(loader))
+    with pipeline.shard(0, 1, global_batch_size=16) as loader:
+        with pytest.raises(RuntimeError, match="a runner serves one loader: give each loader an instance of its own"):
+            next(iter(loader))
+
+
 WRONG_OPTIONS = {
     "prefetch": (lambda p, tok: p.options(prefetch="4"), "prefetch must be an integer >= 1, got '4'"),
     "read_parallelism": (lambda p, tok: p.options(read_parallelism=0), "read_parallelism must be an integer >= 1, got 0"),
