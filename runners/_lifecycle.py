@@ -32,8 +32,9 @@ def check_startable(started: bool, closed: bool) -> None:
     pipeline), which never called `start` itself: the message says what to do."""
     if started or closed:
         raise RuntimeError(
-            "start() may be called once, before close(): a runner serves one loader: give each loader "
-            "an instance of its own (or a runner's name in the pipeline's options)"
+            "start() may be called once, before close(): a runner instance serves one loader; for runner "
+            "options every loader of a pipeline can use, give a factory, e.g. "
+            "functools.partial(ProcessRunner, task_timeout_s=30)"
         )
 
 

@@ -39,7 +39,7 @@ class PipelineOptions:
 
     num_lanes: int = 8
     flush_every_chunks: int = 16
-    runner: str | Runner = "auto"
+    runner: str | Runner | Callable[[], Runner] = "auto"
     prefetch: int | None = None
     read_parallelism: int | None = None
     on_error: str = "skip"

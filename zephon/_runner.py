@@ -8,6 +8,7 @@ other way round.
 from __future__ import annotations
 
 from concurrent.futures import Future
+import functools
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
@@ -53,33 +54,50 @@ def available_runners() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group="zephon.runners")}
 
 
-def runner_factory(spec: str | Runner) -> Callable[[], Runner]:
-    """What makes the runner `spec` names, checked without starting anything: a loader refuses a
-    bad runner setting before it reads any data (its token estimate reads chunks), and looks the
-    entry points up once although it starts its runner only at the first batch."""
-    found = _resolve(spec)
-    return found.load() if isinstance(spec, str) else lambda: found
+def runner_factory(spec: str | Runner | Callable[[], Runner]) -> Callable[[], Runner]:
+    """What makes a loader's runner from its `runner` setting, checked without starting anything:
+    a loader refuses a bad setting before it reads any data (its token estimate reads chunks), and
+    looks the entry points up once although it starts its runner only at the first batch.
+
+    `spec` is a registered name (`inline`, `thread`, `process`, `auto`); a runner class or any
+    callable returning a runner, which makes a new one for every loader (runner options that
+    survive a resume in the same process: `functools.partial(ProcessRunner, task_timeout_s=30)`);
+    or a runner instance, which serves the one loader that starts it.
+    """
+    if isinstance(spec, str):
+        return _registered(spec).load()
+    if _is_runner(spec) and not isinstance(spec, type):
+        return lambda: spec
+    if callable(spec):
+        return functools.partial(_make_checked, spec)
+    raise ConfigurationError(
+        f"runner={spec!r} is neither a runner's name nor a runner (an object with start, submit and close) "
+        "nor a callable that makes one"
+    )
 
 
-def make_runner(spec: str | Runner) -> Runner:
-    """A runner from a registered name (`inline`, `thread`, `process`, `auto`) or an instance."""
+def make_runner(spec: str | Runner | Callable[[], Runner]) -> Runner:
+    """A runner from a registered name, a factory, or an instance (see `runner_factory`)."""
     return runner_factory(spec)()
 
 
-def _resolve(spec: str | Runner) -> Any:
-    """The entry point registered under the name `spec`, or `spec` itself when it is a runner."""
-    if not isinstance(spec, str):
-        if not all(callable(getattr(spec, method, None)) for method in ("start", "submit", "close")):
-            raise ConfigurationError(
-                f"runner={spec!r} is neither a runner's name nor a runner (an object with start, submit and close)"
-            )
-        if isinstance(spec, type):  # its methods are there, unbound: start(stages) would fail at the first batch
-            raise ConfigurationError(
-                f"runner={spec.__name__} is a runner class: pass an instance ({spec.__name__}()) or a name"
-            )
-        return spec
+def _is_runner(candidate: object) -> bool:
+    return all(callable(getattr(candidate, method, None)) for method in ("start", "submit", "close"))
+
+
+def _make_checked(factory: Callable[[], Runner]) -> Runner:
+    """`factory()`, refused by name unless it is a runner: a stray callable (`runner=print`) is known
+    for what it is only once called."""
+    runner = factory()
+    if isinstance(runner, type) or not _is_runner(runner):
+        raise ConfigurationError(f"runner={factory!r} made {runner!r}, which is not a runner (start, submit, close)")
+    return runner
+
+
+def _registered(name: str) -> Any:
+    """The entry point registered under `name`."""
     registered = available_runners()
-    if spec not in registered:
+    if name not in registered:
         known = ", ".join(sorted(registered)) or "none (is the package installed?)"
-        raise ConfigurationError(f"unknown runner {spec!r}; registered runners: {known}")
-    return registered[spec]
+        raise ConfigurationError(f"unknown runner {name!r}; registered runners: {known}")
+    return registered[name]
