@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from concurrent.futures import Future
 
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
-__all__ = ["cancelled_future", "check_startable", "stage_at", "validate_stages"]
+__all__ = ["cancelled_future", "check_owner", "check_startable", "stage_at", "validate_stages"]
 
 
 def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
@@ -35,6 +36,16 @@ def check_startable(started: bool, closed: bool) -> None:
             "start() may be called once, before close(): a runner instance serves one loader; for runner "
             "options every loader of a pipeline can use, give a factory, e.g. "
             "functools.partial(ProcessRunner, task_timeout_s=30)"
+        )
+
+
+def check_owner(started_in: int) -> None:
+    """Refuse work in a process forked from the one that started the runner: a thread pool's
+    threads did not survive the fork (the item would wait forever), and a process runner's
+    workers answer the parent's reader thread (which would take the child's replies for its own)."""
+    if os.getpid() != started_in:
+        raise RuntimeError(
+            f"this runner was started in process {started_in}; a process forked from it must start its own"
         )
 
 

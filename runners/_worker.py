@@ -84,6 +84,8 @@ def _pickled_error(exc: BaseException, stage: str) -> bytes:
     traceback, so the parent always learns what went wrong.
     """
     text = "".join(traceback.format_exception(exc))
+    # traceback's own line for it, which survives an exception whose str() raises
+    summary = "".join(traceback.format_exception_only(exc)).strip()
     exc.add_note(f"raised in stage {stage!r}, worker process {os.getpid()}:\n{text.rstrip()}")
     try:
         stream = pickle.dumps(_Noted(exc), protocol=5)
@@ -91,7 +93,7 @@ def _pickled_error(exc: BaseException, stage: str) -> bytes:
     except Exception:
         stream = pickle.dumps(
             RuntimeError(
-                f"stage {stage!r} raised {type(exc).__qualname__}: {exc} "
+                f"stage {stage!r} raised {summary} "
                 f"(the exception itself could not be pickled); worker traceback:\n{text}"
             ),
             protocol=5,

@@ -41,7 +41,7 @@ from zephon._runner import Stage
 
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
-from ._lifecycle import cancelled_future, check_startable, stage_at, validate_stages
+from ._lifecycle import cancelled_future, check_owner, check_startable, stage_at, validate_stages
 from ._transport import Envelope, decode, discard, encode, make_shm_directory
 from ._worker import STOP, serve
 
@@ -258,12 +258,7 @@ class ProcessRunner:
 
     def submit(self, stage_index: int, item: Any) -> Future:
         stage_at(self._stages, stage_index)
-        if os.getpid() != self._pid:
-            # The child's copy shares the parent's pipes, and the workers answer the parent's
-            # reader thread: it would pair the child's replies with the parent's items.
-            raise RuntimeError(
-                f"this runner was started in process {self._pid}; a process forked from it must start its own"
-            )
+        check_owner(self._pid)
         if self._closing:
             return cancelled_future()
         future: Future = Future()

@@ -6,6 +6,7 @@ On free-threaded CPython the stages run truly in parallel; with the GIL only cod
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,7 +14,7 @@ from typing import Any, Self
 
 from zephon._runner import Stage
 
-from ._lifecycle import cancelled_future, check_startable, stage_at, validate_stages
+from ._lifecycle import cancelled_future, check_owner, check_startable, stage_at, validate_stages
 
 __all__ = ["ThreadRunner"]
 
@@ -53,6 +54,7 @@ class ThreadRunner:
     def start(self, stages: Sequence[Stage]) -> None:
         check_startable(self._stages is not None, self._closed)
         self._stages = validate_stages(stages)
+        self._pid = os.getpid()
         self._pools = [
             ThreadPoolExecutor(
                 max_workers=stage.parallelism,
@@ -65,6 +67,7 @@ class ThreadRunner:
 
     def submit(self, stage_index: int, item: Any) -> Future:
         stage = stage_at(self._stages, stage_index)
+        check_owner(self._pid)
         if self._closed:
             return cancelled_future()
         try:

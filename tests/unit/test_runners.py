@@ -273,3 +273,23 @@ def test_a_pool_thread_that_cannot_start_fails_the_item_with_that_error_instead_
         assert not future.cancelled()
         with pytest.raises(RuntimeError, match="can't start new thread"):
             future.result(10)
+
+
+def test_a_thread_runner_used_in_a_forked_child_refuses_at_once_instead_of_waiting_forever():
+    """The pool's threads did not survive the fork: the child's item would never run."""
+    import os
+
+    with ThreadRunner() as runner:
+        runner.start([Stage("double", lambda x: 2 * x)])
+        assert runner.submit(0, 1).result(timeout=30) == 2
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                with pytest.raises(RuntimeError, match="forked from it must start its own"):
+                    runner.submit(0, 100)
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(child, 0)[1] == 0
+        assert runner.submit(0, 3).result(timeout=30) == 6

@@ -209,6 +209,21 @@ def test_an_unpicklable_exception_arrives_as_runtime_error_with_the_original_tra
     assert "local trouble with 5" in str(error) and "Traceback" in str(error) and "'fail'" in str(error)
 
 
+def test_an_unpicklable_exception_whose_str_fails_still_arrives_named_instead_of_killing_the_worker():
+    def fail(x: int) -> None:
+        class Opaque(Exception):
+            def __str__(self) -> str:
+                raise ValueError("no text")
+
+        raise Opaque(x)
+
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("fail", fail)])
+        error = runner.submit(0, 5).exception(10)
+    assert isinstance(error, RuntimeError), error
+    assert "Opaque" in str(error) and "Traceback" in str(error) and "'fail'" in str(error)
+
+
 def test_a_picklable_exception_keeps_its_type_and_gains_the_worker_traceback_as_a_note():
     def fail(x: int) -> None:
         raise KeyError(x)
