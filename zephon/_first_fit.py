@@ -2,7 +2,8 @@
 never splits what fits (`pack_flat(algorithm="first_fit")`, `pack_multimodal`).
 
 An item goes into the first open row with room for it, else into a new row. A row closes when it
-is exactly full, or — oldest first — when one more row must open and `max_open` rows are open.
+is exactly full, or — oldest first — when one more row must stay open and `max_open` rows are
+open (an item that fills a row alone closes nothing else: its row never stays open).
 Which rows close, and in which order, depends only on the sequence of lengths pushed.
 """
 
@@ -31,13 +32,13 @@ class FirstFitRows(Generic[T]):
                 self._rows[i].append(item)
                 self._free[i] -= length
                 return [self._close(i)] if self._free[i] == 0 else []
+        if length == self.capacity:
+            return [[item]]
         closed = []
         if len(self._rows) == self.max_open:
             closed.append(self._close(0))
         self._rows.append([item])
         self._free.append(self.capacity - length)
-        if self._free[-1] == 0:
-            closed.append(self._close(len(self._rows) - 1))
         return closed
 
     def drain(self) -> list[list[T]]:

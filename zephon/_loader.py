@@ -36,9 +36,10 @@ __all__ = ["RankLoader"]
 
 log = logging.getLogger("zephon")
 
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
-tokens, not by count), so that a checkpoint of the old batches is refused instead of resumed."""
+tokens, not by count; 3: first-fit closes no open row for an item that fills a row alone), so that
+a checkpoint of the old batches is refused instead of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:

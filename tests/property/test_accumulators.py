@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from tests.harness import assert_plans_collate_like_their_rows
 from zephon import IGNORE_INDEX, PADDING_DOCUMENT, SegmentContext
+from zephon._first_fit import FirstFitRows
 from zephon._packing import FirstFitPacker, FlatRowPlan, PackFlatOp, WrapPacker
 from zephon._records import RecordAddress
 from zephon._shuffle import ShuffleBuffer
@@ -69,6 +70,27 @@ def test_first_fit_keeps_every_token_once_and_never_splits_a_fitting_document(le
             owner = int(piece[0]) // 1000 - 1
             if lengths[owner] <= max_length:
                 assert len(piece) == lengths[owner], "a document that fits in a row was split"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=12), st.integers(min_value=1, max_value=4), st.data())
+def test_first_fit_closes_a_row_early_only_for_an_item_that_must_stay_open(capacity, max_open, data):
+    """An item filling a row alone (a piece of a document longer than the row, a document exactly
+    as long) gets its own full row; closing an open row for it would only add padding."""
+    rows = FirstFitRows(capacity, max_open)
+    lengths = data.draw(st.lists(st.integers(min_value=1, max_value=capacity), max_size=60))
+    emitted = []
+    for i, length in enumerate(lengths):
+        open_before = [list(r) for r in rows._rows]
+        closed = rows.place(i, length)
+        if length == capacity:
+            assert closed == [[i]] and rows._rows == open_before
+        for row in closed:
+            if sum(lengths[j] for j in row) < capacity:
+                assert len(open_before) == max_open and length < capacity, "a row closed early for nothing"
+        emitted += closed
+    emitted += rows.drain()
+    assert sorted(j for row in emitted for j in row) == list(range(len(lengths)))
 
 
 @settings(max_examples=100, deadline=None)
