@@ -184,3 +184,22 @@ def test_a_forked_child_iterating_its_copy_of_a_loader_gets_the_same_batches_and
         assert [batch.digest() for batch in batches] == reference[2:]
     finally:
         loader.close()
+
+
+def test_a_closed_loaders_lane_plans_are_freed_with_it(demo_data_dir, demo_tokenizer_path):
+    """The plans' epoch permutations were cached in one cache shared by every plan, which kept up to
+    32 plans (every lane's chunk lists) of loaders long closed alive."""
+    from zephon.work._plan import TokenInterleave
+
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0)
+    pipeline = (Pipeline(source).options(num_lanes=NUM_LANES, runner="inline")
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+                .pack_flat(max_length=256).batch(microbatch_size=2))
+    gc.collect()
+    before = live(TokenInterleave)
+    with pipeline.shard(0, 1) as loader:
+        next(iter(loader))
+        assert live(TokenInterleave) == before + NUM_LANES, "the check below must have something to see"
+    del loader
+    gc.collect()
+    assert live(TokenInterleave) == before

@@ -444,6 +444,7 @@ class TokenInterleave:
         self._round_tokens = round_size / max(chunks_per_token, 1e-12)
         self._phases = list(phases)
         self._rounds: dict[int, list[Chunk]] = {}
+        self._epoch = lru_cache(maxsize=32)(self._draw_epoch)
         self._last_round = (0, 0, 0)  # (index, first slot, first slot of the next) of the last lookup
         self._barren_records: float | None = None
 
@@ -471,9 +472,10 @@ class TokenInterleave:
             done += share * (stop - start) if stop != math.inf else 0.0
         return math.inf
 
-    @lru_cache(maxsize=32)
-    def _epoch(self, name: str, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(permutation, token midpoint of each permuted chunk within the epoch)."""
+    def _draw_epoch(self, name: str, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(permutation, token midpoint of each permuted chunk within the epoch); `_epoch` caches it
+        per plan (a lane looks a few epochs up many times, in each slot's binary search over rounds):
+        a cache on the method, shared by every plan, kept closed loaders' plans alive."""
         order = _seeded_permutation(f"{self._seed}/epoch/{name}/{epoch}", len(self._chunks[name]))
         weights = self._weights[name][order]
         return order, np.cumsum(weights) - weights / 2
