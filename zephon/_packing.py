@@ -55,9 +55,11 @@ class Piece(NamedTuple):
 def token_ids(value: object) -> np.ndarray | str:
     """A document's ids as a 1-D int32 array, or the reason it has none to pack.
 
-    What `tokenize` writes (a 1-D int32 array) is taken as it is, unchecked: this runs on the
-    loader's thread for every document. Anything else (ids stored in the data, a `map`'s output)
-    is checked once here, so that no id is wrapped, truncated or rejected later inside a batch."""
+    A 1-D int32 array (what `tokenize` writes) is taken as it is, unchecked: this runs on the
+    loader's thread for every document, and a check would cost a pass over every id. A `map` that
+    writes such an array owns its values (a negative id fails later, in the embedding lookup).
+    Anything else (ids stored in the data, lists, other dtypes) is checked once here, so that no id
+    is wrapped, truncated or rejected later inside a batch."""
     if type(value) is np.ndarray and value.dtype == np.int32 and value.ndim == 1:
         return value if len(value) else "empty_document"
     if value is None:
