@@ -196,7 +196,7 @@ def test_webdataset_groups_members_by_key_and_decodes_txt_and_json(tmp_path):
 
 def test_webdataset_bad_members_skip_their_record(tmp_path):
     """A .json member is parsed like a JSON line: JSON Python cannot hold (an integer of over 4,300
-    digits, nesting past the recursion limit) is malformed_json too, not a failed read."""
+    digits, nesting deeper than 200 levels) is malformed_json too, not a failed read."""
     members = [("0.txt", b"ok"), ("1.txt", b"\xff"), ("2.json", b"{"), ("3.txt", b"ok"),
                ("4.json", b'{"id": ' + b"9" * 5000 + b"}"), ("5.json", b"[" * 100_000 + b"]" * 100_000)]
     (tmp_path / "a.tar").write_bytes(tar_bytes(members))
@@ -275,6 +275,46 @@ def test_json_python_cannot_hold_is_a_malformed_line(tmp_path):
     records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 2)
     assert records == [{"a": 1}, {"a": 2}]
     assert [(a.index, reason) for a, reason in skipped] == [(1, "malformed_json"), (2, "malformed_json")]
+
+
+
+def test_json_nesting_gets_the_same_verdict_on_every_thread_and_stack(tmp_path):
+    """How deep `json.loads` can nest depends on the stack it runs on: the thread (the loader's for
+    the inline runner, a pool thread's, a worker process's), the frames below it, the Python build
+    (~990 levels on 3.11, ~58,000 on 3.14t's main thread). Whether a record is read or skipped
+    must not: every depth gets one verdict, up to the fixed limit read, past it `malformed_json`,
+    under a deep call stack and in a thread with a small stack alike."""
+    import threading
+
+    from zephon.io._policy import MAX_JSON_DEPTH
+
+    depths = [MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 900, 5_000, 100_000]
+    lines = [b'{"a": ' + b"[" * (d - 1) + b"]" * (d - 1) + b"}" for d in depths]
+    (tmp_path / "a.jsonl").write_bytes(lines_bytes(lines))
+    ds = Dataset.from_path("d", str(tmp_path))
+    chunk = Chunk("d", 0, 0, len(depths))
+
+    def verdicts() -> list:
+        return [(a.index, reason) for a, reason in ds.read_chunk(chunk).skipped]
+
+    def under_frames(n: int) -> list:
+        return verdicts() if n == 0 else under_frames(n - 1)
+
+    def in_thread(stack_bytes: int) -> list:
+        out, previous = [], threading.stack_size(stack_bytes)
+        try:
+            thread = threading.Thread(target=lambda: out.append(verdicts()))
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+        thread.join()
+        return out[0]
+
+    expected = [(i, "malformed_json") for i in range(1, len(depths))]
+    assert verdicts() == expected
+    assert under_frames(500) == expected
+    assert in_thread(512 * 1024) == expected
+    assert in_thread(0) == expected
 
 
 def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):

@@ -24,6 +24,7 @@ __all__ = [
     "REASONS",
     "ErrorPolicy",
     "Bad",
+    "MAX_JSON_DEPTH",
     "parse_json",
     "Slot",
     "collect",
@@ -90,12 +91,44 @@ def fill_truncated(slots: list[Slot], expected: int, detail: str) -> list[Slot]:
     return slots
 
 
+MAX_JSON_DEPTH = 200
+"""How deeply arrays and objects may nest in a JSON record. A fixed limit, not the recursion limit:
+how deep `json.loads` can go depends on the stack it runs on (the loader's thread under the inline
+runner, a pool thread, a worker process; the frames below it; the build: ~990 levels on 3.11,
+~58,000 on 3.14t's main thread, ~3,300 in a thread with a 512 KiB stack), so a record nested
+between two such limits was read by one runner and skipped by another."""
+
+
+_TOO_DEEP = object()  # what json.loads gave when it ran out of stack
+
+
 def parse_json(text: str, where: str = "") -> Any | Bad:
     """The value of a JSON text, or `malformed_json` (prefixed with `where`, e.g. a member's name).
 
     Besides a syntax error that is JSON Python cannot hold: an integer of over 4,300 digits
-    (ValueError) or nesting deeper than the recursion limit (RecursionError)."""
+    (ValueError) or nesting deeper than `MAX_JSON_DEPTH`."""
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError
+        value = json.loads(text)
+    except RecursionError:
+        value = _TOO_DEEP
+    except ValueError as error:  # JSONDecodeError is a ValueError
         return Bad(MALFORMED_JSON, f"{where}{type(error).__name__}: {error}"[:300])
+    # Nesting needs an opening bracket per level: most texts are decided by counting them.
+    if value is _TOO_DEEP or (
+        text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH)
+    ):
+        return Bad(MALFORMED_JSON, f"{where}arrays and objects nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether lists and dicts nest more than `limit` levels in `value` (walked without recursion)."""
+    containers = (list, dict)
+    stack = [(value, 1)] if isinstance(value, containers) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, containers))
+    return False
