@@ -9,6 +9,7 @@ import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
+from zephon.io._format import ShardFile
 
 from tests.reliability.harness import run_epoch, text_pipeline
 
@@ -156,3 +157,50 @@ def test_workers_copying_a_shard_at_once_never_read_a_partial_copy(tmp_path, obj
         read_parallelism=4, io_options={"cache": {"enabled": True, "dir": str(tmp_path / "cache")}}), keep_batches=False)
     assert dict(cached.totals["d"]) == dict(reference.totals["d"]) == {"read": 128, "emitted": 128, "filtered": 0}
     assert cached.digests == reference.digests
+
+
+def test_every_read_of_a_memory_shard_has_a_position_of_its_own():
+    """fsspec's memory filesystem hands every opener of a file the one object it stores: a read
+    that seeks moved the position of every other read of that shard (thread-runner workers reading
+    two chunks of one shard), so they read each other's lines."""
+    root = memory_root()
+    put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
+    ds = Dataset.from_path("d", root)
+    shard = ShardFile(ds.shards[0].url, ds._access[0].path, None, ds._reading_fs)
+    with shard.open() as first, shard.open() as second:
+        first.seek(100)
+        assert second.read(8) == b'{"i": 0}'
+
+
+def test_threads_reading_chunks_of_one_memory_shard_get_their_own_records():
+    """The same through `read_chunk` on many threads at once (the thread runner's read stage)."""
+    import sys
+    import threading
+
+    root = memory_root()
+    records = [{"text": f"record {i} " + "x" * (i % 50)} for i in range(2000)]
+    put(f"{root}/a.jsonl", jsonl_bytes(records))
+    ds = Dataset.from_path("d", root)
+    chunks = ds.chunks(50)
+    threads = 16
+    barrier, wrong = threading.Barrier(threads), []
+
+    def read(k: int) -> None:
+        barrier.wait()
+        for _ in range(30):
+            for chunk in chunks[k::threads]:
+                got = ds.read_chunk(chunk)
+                if got.records != records[chunk.start:chunk.stop] or got.skipped:
+                    wrong.append(chunk)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # with the GIL: switch threads between a read's seek and its read
+    try:
+        workers = [threading.Thread(target=read, args=(k,)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []

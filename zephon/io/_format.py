@@ -7,6 +7,7 @@ Dataset is planned) and how to read a record range (`read`, run per chunk, possi
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
@@ -27,6 +28,7 @@ class ShardFile:
     """One shard as a format sees it: where it is and how it is compressed.
 
     Opening goes through the Dataset's (possibly caching) filesystem; retries are the caller's job.
+    Thread-safe: every `open()` returns a handle of the caller's own, with its own position.
     """
 
     url: str
@@ -35,7 +37,13 @@ class ShardFile:
     fs: AbstractFileSystem | LocalFiles
 
     def open(self) -> BinaryIO:
-        return self.fs.open(self.path, "rb")
+        handle = self.fs.open(self.path, "rb")
+        if isinstance(handle, io.BytesIO):
+            # fsspec's memory filesystem gives every opener the one file object it stores: reads
+            # of two chunks on two threads would move each other's position. A BytesIO of its
+            # bytes is private and shares them without a copy.
+            return io.BytesIO(handle.getvalue())
+        return handle
 
 
 @dataclass(frozen=True)
