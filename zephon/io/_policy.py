@@ -113,12 +113,19 @@ def parse_json(text: str, where: str = "") -> Any | Bad:
         value = _TOO_DEEP
     except ValueError as error:  # JSONDecodeError is a ValueError
         return Bad(MALFORMED_JSON, f"{where}{type(error).__name__}: {error}"[:300])
-    # Nesting needs an opening bracket per level: most texts are decided by counting them.
+    # Most records are an object of plain values (a text and its metadata), decided at a glance;
+    # other nesting needs an opening bracket per level, so most texts are decided by counting them.
     if value is _TOO_DEEP or (
-        text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH)
+        not _flat_object(value)
+        and text.count("[") + text.count("{") > MAX_JSON_DEPTH
+        and _nests_deeper(value, MAX_JSON_DEPTH)
     ):
         return Bad(MALFORMED_JSON, f"{where}arrays and objects nested deeper than {MAX_JSON_DEPTH} levels")
     return value
+
+
+def _flat_object(value: Any) -> bool:
+    return type(value) is dict and not any(type(v) in (list, dict) for v in value.values())
 
 
 def _nests_deeper(value: Any, limit: int) -> bool:
