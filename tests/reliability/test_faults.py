@@ -9,6 +9,7 @@ permanent one fails with `ShardUnavailableError` naming the file's URL.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -209,20 +210,23 @@ class FlakyStore(MemoryFileSystem):
             return f
         if FlakyStore._fail("opens", path):
             raise ConnectionResetError(f"connection reset while opening {path}")
-        read = f.read
-
-        def flaky_read(*args):
-            if FlakyStore._fail("reads", path):
-                raise TimeoutError(f"read timed out on {path}")
-            return read(*args)
-
-        f.read = flaky_read
-        return f
+        return _FlakyReader(f.getvalue(), path)  # an object store's reader: one per open
 
     @classmethod
     def failures(cls) -> list[tuple[float, str, str]]:
         rows = [line.split(" ", 2) for line in cls.log.read_text().splitlines()]
         return [(float(t), kind, path) for t, kind, path in rows]
+
+
+class _FlakyReader(io.BytesIO):
+    def __init__(self, data: bytes, path: str) -> None:
+        super().__init__(data)
+        self.path = path
+
+    def read(self, *args):
+        if FlakyStore._fail("reads", self.path):
+            raise TimeoutError(f"read timed out on {self.path}")
+        return super().read(*args)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ Dataset is planned) and how to read a record range (`read`, run per chunk, possi
 from __future__ import annotations
 
 import io
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
@@ -38,7 +39,8 @@ class ShardFile:
 
     def open(self) -> BinaryIO:
         handle = self.fs.open(self.path, "rb")
-        if isinstance(handle, io.BytesIO):
+        memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
+        if memory is not None and type(handle) is memory.MemoryFile:
             # fsspec's memory filesystem gives every opener the one file object it stores: reads
             # of two chunks on two threads would move each other's position. A BytesIO of its
             # bytes is private and shares them without a copy.
