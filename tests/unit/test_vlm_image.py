@@ -262,3 +262,26 @@ def test_decoding_from_many_threads_gives_the_same_pixels():
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: decode_image(data, spec), range(16)))
     assert all(np.array_equal(reference, r) for r in results)
+
+
+def test_an_image_a_first_open_could_not_identify_while_formats_were_registering_is_decoded(monkeypatch):
+    """Pillow registers WebP, TIFF, ... on the first open that needs them; an open on another thread
+    that scanned the formats just before and asked to register just after is told there is nothing
+    more to try, and fails as unidentified. The decoder opens once more after registering all."""
+    from PIL import UnidentifiedImageError
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (200, 30, 40)).save(buffer, format="WEBP")
+    real_open, calls = Image.open, []
+
+    def lost_the_race_once(fp, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise UnidentifiedImageError("cannot identify image file")
+        return real_open(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", lost_the_race_once)
+    assert decode_image(buffer.getvalue(), ImageSpec(patch_size=8)).size > 0
+    assert len(calls) == 2
+    calls.clear()
+    assert _reason(b"no image at all, just some bytes") == "corrupt_image"
