@@ -9,10 +9,11 @@ the rows (the packer's decisions are included: they are a small part of the asse
 is timed separately; a pass is one epoch of every part, one untimed pass then `repeats` timed ones,
 and a part costs its mean pass (`_passes`: why the mean and not the fastest). `functions` says
 whose code runs: "ours" (zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`)
-and/or "work" (the peers' plain equivalents in `_work`). For tokenizing, a per-document `encode`
-loop (what the peers do) and `encode_batch_fast` per chunk (what Zephon does) are timed and the
-cheaper counts (the bound is the cheapest way to do the work; `encode_batch`, never cheaper than
-`encode_batch_fast`, is no longer timed).
+and/or "work" (the peers' plain equivalents in `_work`). For tokenizing, a per-document loop of
+`_work.encode_text` (what the peers do: `encode_batch_fast` of one document; until the twentieth
+session `encode`, which computes offsets and holds the GIL) and `encode_batch_fast` per chunk
+(what Zephon does) are timed and the cheaper counts (the bound is the cheapest way to do the work;
+`encode_batch`, never cheaper than `encode_batch_fast`, is no longer timed).
 
 ideal tokens/s on N cores = bound tokens/s x N.
 """
@@ -70,7 +71,7 @@ def text_bound(functions: str) -> tuple[dict, Passes]:
 
         def pack(out):
             plan, pieces, filled = [], [], 0
-            for tokens in out["tokenize_encode_s"]:
+            for tokens in out["tokenize_document_s"]:
                 start = 0
                 while start < len(tokens):
                     take = min(len(tokens) - start, length - filled)
@@ -84,10 +85,10 @@ def text_bound(functions: str) -> tuple[dict, Passes]:
     else:
         def pack(out):
             packer = _work.WrapPacker(length, 0)
-            return [row for tokens in out["tokenize_encode_s"] for row in packer.push(tokens)]
+            return [row for tokens in out["tokenize_document_s"] for row in packer.push(tokens)]
 
-    tokenizers = ("tokenize_encode_s", "tokenize_encode_batch_fast_s")
-    passes = time_passes([("read_parse_s", read_parse), ("tokenize_encode_s", encode_loop),
+    tokenizers = ("tokenize_document_s", "tokenize_encode_batch_fast_s")
+    passes = time_passes([("read_parse_s", read_parse), ("tokenize_document_s", encode_loop),
                           ("tokenize_encode_batch_fast_s", batched(tok.encode_batch_fast)), ("assemble_s", pack)],
                          repeats)
     rows = passes.outputs["assemble_s"]
