@@ -78,7 +78,7 @@ LOADERS: dict[str, dict] = {
     },
     "torch DataLoader 3.11": {
         "family": "peer", "stack": "Pillow", "venv": "torch311", "script": "torch_peer.py",
-        "pipelines": ("text", "vlm"), "configs": [{}],
+        "pipelines": ("text", "vlm"), "configs": [{}, {"in_order": False}],
     },
 }
 

@@ -245,3 +245,17 @@ def test_the_peers_tokenize_a_document_as_zephon_does_without_offsets_and_with_t
     tok = _work.load_tokenizer(str(_data.TEXT_SOURCES / "tokenizer.json"))
     text = "In the beginning God created the heaven and the earth. <|eos|> ünïcode"
     assert _work.encode_text(tok, text, None, 7).tolist() == tok.encode(text, add_special_tokens=False).ids + [7]
+
+
+def test_the_dataloader_races_also_taking_batches_as_they_are_ready():
+    """With the default `in_order=True` the DataLoader takes its workers' batches in strict turn:
+    one worker whose shards cost more (or that the machine delays) holds back the batches the
+    others have finished; `in_order=False` is its own remedy, so it is one of its configurations."""
+    from pathlib import Path
+
+    from benchmarks.race.loaders import LOADERS
+
+    configs = LOADERS["torch DataLoader 3.11"]["configs"]
+    assert {} in configs and {"in_order": False} in configs
+    source = (Path(__file__).resolve().parents[2] / "benchmarks" / "race" / "workers" / "torch_peer.py").read_text()
+    assert 'in_order=cfg.get("in_order", True)' in source

@@ -3,7 +3,11 @@ whole pipeline (what a team writes in an afternoon).
 
 An `IterableDataset` gives worker w the shards w, w+p, ... (repeated, reshuffled each epoch); each
 worker tokenizes (and decodes), packs, shuffles rows in a buffer and collates microbatches;
-`DataLoader(batch_size=None, num_workers=p)` ships them to the trainer as tensors.
+`DataLoader(batch_size=None, num_workers=p)` ships them to the trainer as tensors. Two
+configurations (the better one counts): the default, which takes the workers' batches in strict
+turn, and `in_order=False` (torch >= 2.6), which takes whichever batch is ready first, so that a
+worker whose shards cost more (the text shards are KJV or Jargon File; the VLM shards' images
+differ in size) or that the machine delays does not hold the others' finished batches back.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ class Stream(IterableDataset):
 
 _runtime.start()
 p = cfg["parallelism"]
-loader = DataLoader(Stream(cfg), batch_size=None, num_workers=p, prefetch_factor=2, persistent_workers=False)
+loader = DataLoader(Stream(cfg), batch_size=None, num_workers=p, prefetch_factor=2, persistent_workers=False,
+                    in_order=cfg.get("in_order", True))
 
 
 def usable(batch) -> int:
@@ -85,7 +90,7 @@ def images(batch) -> int:
 
 
 result = _runtime.measure(iter(loader), cfg, usable=usable, images=images)
-result["config"] = {"num_workers": p}
+result["config"] = {"num_workers": p, "in_order": cfg.get("in_order", True)}
 result["build"] = _runtime.build_facts(["torch", "numpy", "pillow", "tokenizers"])
 result["build"]["pil_version"] = PIL.__version__
 result["build"]["torch_threads"] = torch.get_num_threads()
