@@ -167,8 +167,17 @@ def targets(best: dict, results: dict, p: int = 2) -> list[dict]:
         if pipeline == "vlm" and simd and not simd.get("failed"):
             peer_best = max((_get(best, pipeline, n, p, "usable_tokens_per_s") or 0) for n in peers)
             value = simd["usable_tokens_per_s"] / peer_best if peer_best else None
-            out.append({"pipeline": pipeline, "target": "thread 3.14t with pillow-simd >= 1.3x the best peer (VLM)",
-                        "value": value, "met": value is not None and value >= 1.3})
+            # The peers run stock Pillow, and pillow-simd is a drop-in for any Pillow user: what the
+            # decode library alone buys is the ratio of the two same-stack bounds, which a peer on
+            # pillow-simd would gain as well. Shown beside the verdict, so that the ratio is not
+            # read as the loader's.
+            plain = best.get((pipeline, "zephon thread 3.14t", p)) or {}
+            simd_bound = (simd.get("bound") or {}).get("one_core_usable_tokens_per_s")
+            plain_bound = (plain.get("bound") or {}).get("one_core_usable_tokens_per_s")
+            out.append({"pipeline": pipeline,
+                        "target": "thread 3.14t with pillow-simd >= 1.3x the best peer (VLM; the peers on stock Pillow)",
+                        "value": value, "met": value is not None and value >= 1.3,
+                        "stack_ratio": simd_bound / plain_bound if simd_bound and plain_bound else None})
     return out
 
 
@@ -326,6 +335,9 @@ def markdown(results: dict) -> str:
             if t.get("at_once") is not None:
                 measured += (f"; {_fmt(t['at_once'], 'x')} of the bound run on every core at once, which is "
                              f"{_fmt(t['machine_scaling'], 'x')} of the ideal")
+            if t.get("stack_ratio") is not None:
+                measured += (f"; pillow-simd alone makes the bound {_fmt(t['stack_ratio'], 'x')}x as fast, "
+                             "which a peer on pillow-simd would gain too")
             if t.get("threaded_malloc") is not None:
                 measured += f"; the bound with an idle thread beside it runs at {_fmt(t['threaded_malloc'], 'x')}"
             lines.append(f"| {t['pipeline']} | {t['target']} | {measured} | {'yes' if t['met'] else '**no**'} |")

@@ -259,3 +259,19 @@ def test_the_dataloader_races_also_taking_batches_as_they_are_ready():
     assert {} in configs and {"in_order": False} in configs
     source = (Path(__file__).resolve().parents[2] / "benchmarks" / "race" / "workers" / "torch_peer.py").read_text()
     assert 'in_order=cfg.get("in_order", True)' in source
+
+
+def test_the_pillow_simd_target_says_how_much_of_it_the_decode_library_alone_gives():
+    """Zephon on pillow-simd is compared with peers on stock Pillow; any peer can install
+    pillow-simd too, so the report gives the bound's own pillow-simd ratio beside the verdict."""
+    results = race({"usable_tokens_per_s": 1800.0})
+    runs, bounds = results["runs"], results["bounds"]
+    bounds.append(dict(bounds[0], name="3.14t pillow-simd", usable_tokens_per_s=1500.0))
+    runs.append(dict(runs[0], loader="zephon thread 3.14t simd", usable_tokens_per_s=2700.0))
+    runs.append(dict(runs[0], loader="grain 3.11", config={"mode": "threads"}, usable_tokens_per_s=1800.0))
+    (target,) = [t for t in summarise(results)["targets"] if "pillow-simd" in t["target"]]
+    assert target["met"] and target["value"] == pytest.approx(1.5)
+    assert target["stack_ratio"] == pytest.approx(1.5)  # all of it the decode library's
+    assert ("| vlm | thread 3.14t with pillow-simd >= 1.3x the best peer (VLM; the peers on stock Pillow) | 1.50; "
+            "pillow-simd alone makes the bound 1.50x as fast, which a peer on pillow-simd would gain too | yes |"
+            ) in markdown(results)
