@@ -275,3 +275,26 @@ def test_the_pillow_simd_target_says_how_much_of_it_the_decode_library_alone_giv
     assert ("| vlm | thread 3.14t with pillow-simd >= 1.3x the best peer (VLM; the peers on stock Pillow) | 1.50; "
             "pillow-simd alone makes the bound 1.50x as fast, which a peer on pillow-simd would gain too | yes |"
             ) in markdown(results)
+
+
+def test_the_memory_monitor_reads_pss_at_a_real_new_high_not_at_every_page_rss_creeps_up(monkeypatch):
+    """RSS creeping up a page at a time set a new high at nearly every sample, and every PSS read
+    stalls the loader observed: PSS was read 2.5-5 times a second instead of about once."""
+    from benchmarks.race import _monitor
+
+    rss = iter([100_000_000 + 4096 * i for i in range(30)] + [150_000_000, 150_000_000]).__next__
+    reads = []
+    monkeypatch.setattr(_monitor, "tree", lambda root: [root])
+    monkeypatch.setattr(_monitor, "_rss", lambda pid: rss())
+    monkeypatch.setattr(_monitor, "_pss", lambda pid: reads.append(pid) or 90_000_000 + len(reads))
+    monkeypatch.setattr(_monitor, "_shmem", lambda: 0)
+    memory = _monitor.TreeMemory(1, interval=0.1, pss_interval=1.0, start=False)
+    for _ in range(30):
+        memory.sample()
+    assert len(reads) == 3  # samples 0, 10 and 20: the creep (1.2 % in all) is read once a second
+    memory.sample()  # a jump to a real new high is read at once
+    assert len(reads) == 4 and memory.peak_pss == 90_000_004
+    memory.sample()  # the same RSS again: not a new high
+    got = memory.stop()
+    assert len(reads) == 4 and got["pss_reads"] == 4 and got["memory_samples"] == 32
+    assert got["peak_rss_bytes"] == 150_000_000
