@@ -105,7 +105,7 @@ def no_demo_work(monkeypatch, no_ranks):
     monkeypatch.setattr(vlm._demo, "pair_shards", refuse)
 
 
-@pytest.mark.parametrize("demo", ["text", "elastic", "gpu", "vlm"])
+@pytest.mark.parametrize("demo", ["text", "elastic", pytest.param("gpu", marks=pytest.mark.requires_torch), "vlm"])
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -118,13 +118,12 @@ def test_a_runner_or_batch_the_loaders_refuse_is_named_before_any_work(no_demo_w
     and `demo gpu --to-world-sizes 3` after the whole uninterrupted training run; the other demos
     ended in a traceback."""
     if demo == "gpu":
-        pytest.importorskip("torch")
         argv = [*argv, "--device", "cpu"]
     with pytest.raises(SystemExit, match=f"zephon demo {demo}: {re.escape(message)}"):
         cli.main(["demo", demo, *argv])
 
 
+@pytest.mark.requires_torch
 def test_gpu_demo_refuses_a_world_size_the_lanes_do_not_divide_before_training(no_demo_work):
-    pytest.importorskip("torch")
     with pytest.raises(SystemExit, match="zephon demo gpu: num_lanes=8 is not divisible by world_size=3"):
         cli.main(["demo", "gpu", "--device", "cpu", "--to-world-sizes", "4", "3"])

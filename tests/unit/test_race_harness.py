@@ -239,7 +239,6 @@ def test_the_peers_tokenize_a_document_as_zephon_does_without_offsets_and_with_t
     assert calls == [("encode_batch_fast", ["a b"], False)]
     assert got.dtype == np.int32 and got.tolist() == [1, 5, 6, 2]
 
-    pytest.importorskip("tokenizers")
     from benchmarks.race import _data
 
     tok = _work.load_tokenizer(str(_data.TEXT_SOURCES / "tokenizer.json"))

@@ -275,6 +275,7 @@ def test_a_pool_thread_that_cannot_start_fails_the_item_with_that_error_instead_
             future.result(10)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_thread_runner_used_in_a_forked_child_refuses_at_once_instead_of_waiting_forever():
     """The pool's threads did not survive the fork: the child's item would never run."""
     import os
