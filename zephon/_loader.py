@@ -13,6 +13,7 @@ are all done stops iterating (trainers on finite epochs must tolerate ranks fini
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -345,8 +346,18 @@ class RankLoader:
                 f"the loader state does not cover lanes {missing} of rank {self.rank}; "
                 "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
             )
+        self._take_up({lane: cursors[lane] for lane in self.lanes}, ledgers, steps_begun)
+
+    def _mark(self) -> tuple:
+        """What `_take_up` needs to hand over again everything taken from now on: this rank's
+        cursors, ledger and steps begun (what `state_dict` saves, without its recipe digests)."""
+        cursors = {lane: dataclasses.replace(cursor) for lane, cursor in self._cursors.items()}
+        ledgers = {lane: self._ledger.lane_state(lane, cursor.segment) for lane, cursor in cursors.items()}
+        return cursors, ledgers, self._steps_begun
+
+    def _take_up(self, cursors: dict, ledgers: dict, steps_begun: int | None) -> None:
         self._close_streams()
-        self._cursors = {lane: cursors[lane] for lane in self.lanes}
+        self._cursors = cursors
         self._steps_begun = steps_begun or 0  # None: every lane of every rank is finished
         for lane in self.lanes:
             self._ledger.restore(lane, ledgers.get(lane, {}))

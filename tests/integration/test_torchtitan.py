@@ -17,6 +17,7 @@ import ast
 import importlib.util
 import inspect
 import json
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import pytest
 
 from tests.harness import GLOBAL_BATCH, step_digests, text_pipeline
 from tests.integration._torchrun_worker import launch
+from zephon import _lane
 from zephon import (
     IGNORE_INDEX,
     CheckpointError,
@@ -183,6 +185,51 @@ def test_state_dict_without_a_process_group_is_the_local_state(pipeline):
         assert list(state) == [STATE_KEY]
         assert json.loads(state[STATE_KEY]) == loader.local_state_dict()
         assert sorted(map(int, loader.local_state_dict()["lanes"])) == [4, 5, 6, 7]
+
+
+class Interrupt(BaseException):
+    """What a preemption handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
+
+
+@pytest.mark.parametrize("then", ["checkpoint", "iterate_again"])
+def test_an_interrupt_inside_a_local_batch_loses_none_of_its_microbatches(make_pipeline, monkeypatch, then):
+    """A local batch of two microbatches interrupted while its second is taken: its first was taken
+    from the rank loader but never yielded, so a checkpoint taken then (or a new iteration) must
+    start again with it. It used to be counted as handed over, and was skipped on resume."""
+    def microbatches(loader, yields: int = 6) -> list[str]:
+        out = []
+        for _ in islice(loader, yields):
+            out += [b.digest() for b in loader.last_microbatches]
+        return out
+
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        reference = microbatches(loader)
+    per_yield = LOCAL_BATCH // loader.loader.microbatch_size
+    assert per_yield == 2
+    rows = {"taken": 0}
+    original = _lane.LaneStream.next
+
+    def next_row(stream):
+        rows["taken"] += 1
+        if rows["taken"] == LOCAL_BATCH + LOCAL_BATCH // 2 + 1:  # the second yield's second microbatch
+            raise Interrupt
+        return original(stream)
+
+    monkeypatch.setattr(_lane.LaneStream, "next", next_row)
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for _ in loader:
+                seen += [b.digest() for b in loader.last_microbatches]
+        assert seen == reference[:per_yield]
+        monkeypatch.setattr(_lane.LaneStream, "next", original)
+        if then == "iterate_again":
+            assert seen + microbatches(loader, 5) == reference
+            return
+        state = loader.state_dict()
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        loader.load_state_dict(state)
+        assert seen + microbatches(loader, 5) == reference
 
 
 def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenizer_path):

@@ -278,7 +278,16 @@ class ZephonDataLoader(_Base):
         per_yield = self.local_batch_size // self._loader.microbatch_size
         microbatches = iter(self._loader)
         while True:
-            group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
+            # The rank loader counts each microbatch as handed over when it yields it. An exception
+            # while this yield's later microbatches are taken (a preemption handler, Ctrl-C) would
+            # leave its earlier ones counted but never yielded: a checkpoint or a new iteration
+            # taken then would skip them. So they are handed back first.
+            mark = self._loader._mark()
+            try:
+                group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
+            except BaseException:
+                self._loader._take_up(*mark)
+                raise
             if not group:
                 return
             self.last_microbatches = group
