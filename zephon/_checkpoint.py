@@ -106,7 +106,13 @@ def _intact(state: object) -> dict:
             f"loader state version {state.get('version')!r} is not supported (this Zephon reads {STATE_VERSION})"
         )
     body = {k: v for k, v in state.items() if k != "checksum"}
-    if state.get("checksum") != _checksum(body):
+    try:
+        checksum = _checksum(body)
+    except (TypeError, ValueError) as exc:  # a NumPy integer, an array: no state make_state wrote
+        raise CheckpointError(
+            f"loader state is not plain JSON data ({exc}): load it as it was saved (e.g. json.loads of its text)"
+        ) from None
+    if state.get("checksum") != checksum:
         raise CheckpointError("loader state checksum does not match its content (truncated or edited)")
     return state
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -134,6 +135,8 @@ DAMAGED = {
         lambda s, tmp: _resealed(s, ledger={**s["ledger"], "0": {"records": {}}}),
         "malformed ledger in loader state",
     ),
+    "numpy_integers": (lambda s, tmp: {**s, "lanes": {k: list(np.array(v)) for k, v in s["lanes"].items()}},
+                       "not plain JSON data"),
     "pickle_blob": (lambda s, tmp: pickle.dumps(_RunsCodeWhenUnpickled(tmp / "pwned")), "not valid JSON"),
 }
 
