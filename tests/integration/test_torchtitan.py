@@ -150,6 +150,17 @@ def test_config_build_makes_a_loader_like_the_trainer_does(corpora, demo_tokeniz
         config.build(seq_len=128, **kwargs)
 
 
+def test_config_build_refuses_a_seq_len_other_than_a_ready_pipelines_row_length(pipeline):
+    """A Pipeline given as the recipe was built whatever training.seq_len said: the model then got
+    rows of the pipeline's max_length, not the sequence length it was configured for."""
+    config = ZephonDataLoader.Config(recipe=pipeline, global_batch_size=GLOBAL_BATCH)
+    kwargs = {"dp_world_size": 2, "dp_rank": 0, "tokenizer": None, "local_batch_size": LOCAL_BATCH}
+    with pytest.raises(ConfigurationError, match="seq_len=128 differs from the data recipe's max_length=64"):
+        config.build(seq_len=128, **kwargs)
+    with config.build(seq_len=64, **kwargs) as loader:
+        assert next(iter(loader))[0]["input"].shape == (LOCAL_BATCH, 64)
+
+
 def test_yields_input_positions_and_next_token_labels(pipeline):
     import torch
 

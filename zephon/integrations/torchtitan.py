@@ -371,7 +371,9 @@ def build_zephon_dataloader(
         raise ConfigurationError("dataloader.recipe is not set: give ZephonDataLoader.Config a DataRecipe")
     if other:
         log.warning("ZephonDataLoader ignores unknown build arguments %s", sorted(other))
-    max_length = recipe.max_length if isinstance(recipe, DataRecipe) else None
+    # A ready Pipeline (which ZephonDataLoader takes too) has its row length in its packer.
+    packers = recipe.packers() if isinstance(recipe, Pipeline) else []
+    max_length = recipe.max_length if isinstance(recipe, DataRecipe) else packers[0].max_length if packers else None
     if seq_len is not None and max_length is not None and seq_len != max_length:
         raise ConfigurationError(
             f"training.seq_len={seq_len} differs from the data recipe's max_length={max_length}; make them equal"
