@@ -7,11 +7,14 @@ of the same recipe must have identical barcodes; `compare` names the first step 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 __all__ = ["BarcodeWriter", "read_barcode", "compare_barcodes", "BarcodeComparison", "draw_barcodes"]
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class BarcodeWriter:
@@ -45,9 +48,16 @@ def read_barcode(path: str | Path) -> dict[int, str]:
             if line.strip():
                 try:
                     entry = json.loads(line)
-                    step, digest = int(entry["step"]), str(entry["digest"])
+                    step, digest = entry["step"], entry["digest"]
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{path}:{n}: not a barcode line ({exc})") from None
+                # int() and str() made a step 1.7 or true step 1 and a digest null "None": two such
+                # files compared as identical.
+                if type(step) is not int or step < 0 or not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+                    raise ValueError(
+                        f"{path}:{n}: not a barcode line (step {step!r} must be a non-negative integer and "
+                        f"digest {digest!r} a SHA-256 in 64 lowercase hex digits)"
+                    )
                 if barcode.setdefault(step, digest) != digest:
                     raise ValueError(
                         f"{path}:{n}: step {step} again with another digest ({digest}, earlier "

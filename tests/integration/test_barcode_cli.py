@@ -144,6 +144,19 @@ def test_a_step_written_twice_with_different_digests_is_reported_not_overwritten
     assert read_barcode(same) == read_barcode(reference)
 
 
+@pytest.mark.parametrize(
+    "line", ['{"step": 0, "digest": null}', '{"step": 1.7, "digest": "%s"}' % ("a" * 64),
+             '{"step": true, "digest": "%s"}' % ("a" * 64), '{"step": 0, "digest": "abc"}'],
+)
+def test_a_line_without_an_integer_step_and_a_sha256_digest_is_not_a_barcode_line(tmp_path, line):
+    """`int()` and `str()` read a step 1.7 or true as step 1 and a digest null as "None", so two
+    such broken files compared as identical runs."""
+    path = tmp_path / "broken.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=r"broken.jsonl:1: not a barcode line"):
+        read_barcode(path)
+
+
 def test_compare_png_without_matplotlib_is_a_usage_error_naming_the_extra(harness_barcodes, tmp_path, monkeypatch, capsys):
     """It used to end in a ModuleNotFoundError traceback with exit code 1, the code of two runs
     that differ, and without the comparison."""
