@@ -276,11 +276,14 @@ def test_a_pool_thread_that_cannot_start_fails_the_item_with_that_error_instead_
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
-def test_a_thread_runner_used_in_a_forked_child_refuses_at_once_instead_of_waiting_forever():
-    """The pool's threads did not survive the fork: the child's item would never run."""
+@pytest.mark.parametrize("make", [ThreadRunner, ProcessRunner], ids=["thread", "process"])
+def test_a_runner_used_in_a_forked_child_refuses_at_once_and_serves_its_parent_on(make):
+    """A thread pool's threads did not survive the fork (the child's item would never run); a
+    process runner's workers answer the parent's reader thread, which would have paired the child's
+    reply with one of the parent's items or stopped on it."""
     import os
 
-    with ThreadRunner() as runner:
+    with make() as runner:
         runner.start([Stage("double", lambda x: 2 * x)])
         assert runner.submit(0, 1).result(timeout=30) == 2
         child = os.fork()
@@ -293,4 +296,4 @@ def test_a_thread_runner_used_in_a_forked_child_refuses_at_once_instead_of_waiti
             finally:
                 os._exit(code)
         assert os.waitpid(child, 0)[1] == 0
-        assert runner.submit(0, 3).result(timeout=30) == 6
+        assert [runner.submit(0, x).result(timeout=30) for x in (3, 4)] == [6, 8]

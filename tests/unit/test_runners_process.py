@@ -682,23 +682,3 @@ def test_a_submit_interrupted_while_sending_never_pairs_a_later_reply_with_the_w
         stats = runner.stats()
     # The worker whose pipe was left in an unknown state was replaced; nothing counted as a crash.
     assert (stats.retries, stats.workers_replaced) == (0, 1)
-
-
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
-def test_a_runner_used_in_a_forked_child_refuses_at_once_instead_of_taking_the_parents_replies():
-    """The child's copy shares the parent's pipes: an item it sent was answered to the parent's
-    reader thread, which paired that reply with one of the parent's items or stopped on it."""
-    with ProcessRunner() as runner:
-        runner.start([Stage("double", lambda x: 2 * x)])
-        assert runner.submit(0, 1).result(timeout=30) == 2
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                with pytest.raises(RuntimeError, match="forked"):
-                    runner.submit(0, 100)
-                code = 0
-            finally:
-                os._exit(code)
-        assert os.waitpid(child, 0)[1] == 0
-        assert [runner.submit(0, x).result(timeout=30) for x in (3, 4)] == [6, 8]
