@@ -243,11 +243,20 @@ def test_an_interrupt_inside_a_local_batch_loses_none_of_its_microbatches(make_p
         assert seen + microbatches(loader, 5) == reference
 
 
+def test_numpy_batch_sizes_give_plain_ints_to_the_trainer(pipeline):
+    with ZephonDataLoader(pipeline, np.int64(0), np.int64(1), np.int64(GLOBAL_BATCH),
+                          local_batch_size=np.int64(LOCAL_BATCH)) as loader:
+        facts = (loader.global_batch_size, loader.local_batch_size, loader.gradient_accumulation_steps)
+    assert all(type(value) is int for value in facts), [type(value) for value in facts]
+
+
 def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenizer_path):
     with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
         loader.load_state_dict({})  # TorchTitan's "nothing saved"
         with pytest.raises(CheckpointError, match="dp_rank_0"):
             loader.load_state_dict({"dp_rank_0": b"\x80\x04N.", "world_size": 1})
+        with pytest.raises(CheckpointError, match="this is a Zephon loader state .* not ZephonDataLoader's"):
+            loader.load_state_dict(loader._loader.state_dict())
         other = text_pipeline(*corpora, demo_tokenizer_path, seed=7)
         with (
             ZephonDataLoader(other, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as changed,

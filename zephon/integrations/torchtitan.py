@@ -256,9 +256,10 @@ class ZephonDataLoader(_Base):
             local_batch_size = global_batch_size // dp_world_size if global_batch_size % dp_world_size == 0 else 0
         check_titan_layout(num_lanes, m, dp_rank, dp_world_size, global_batch_size, local_batch_size)
         self.recipe = recipe if isinstance(recipe, DataRecipe) else None
-        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
-        self.global_batch_size, self.local_batch_size = global_batch_size, local_batch_size
-        self.gradient_accumulation_steps = global_batch_size // (local_batch_size * dp_world_size)
+        # plain ints: a NumPy integer would reach the trainer's step arithmetic and its logs
+        self.dp_rank, self.dp_world_size = int(dp_rank), int(dp_world_size)
+        self.global_batch_size, self.local_batch_size = int(global_batch_size), int(local_batch_size)
+        self.gradient_accumulation_steps = self.global_batch_size // (self.local_batch_size * self.dp_world_size)
         self.emit_positions = emit_positions
         self.last_microbatches: tuple[Batch, ...] = ()
         """The Zephon microbatches behind the most recent yield (for barcodes: `Batch.digest()`)."""
@@ -328,6 +329,12 @@ class ZephonDataLoader(_Base):
         """
         if not state_dict:
             return
+        if STATE_KEY not in state_dict and "lanes" in state_dict and "checksum" in state_dict:
+            raise CheckpointError(
+                "this is a Zephon loader state (RankLoader.state_dict, merge_states), not ZephonDataLoader's: "
+                f"ZephonDataLoader saves it as JSON under {STATE_KEY!r}; load that, or give this state to "
+                "a loader from pipeline.shard(...)"
+            )
         if STATE_KEY not in state_dict:
             raise CheckpointError(
                 f"the dataloader state has keys {sorted(state_dict)} but no {STATE_KEY!r}: it was not written "
