@@ -194,7 +194,6 @@ class ProcessRunner:
 
         self._lock = threading.Lock()
         self._stages: tuple[Stage, ...] | None = None
-        self._pid = os.getpid()  # the process that started it, the only one its workers answer
         self._closing = False
         self._failure: BaseException | None = None  # set if the reader thread itself broke
         self._directory: str | None = None
@@ -233,7 +232,7 @@ class ProcessRunner:
     def start(self, stages: Sequence[Stage]) -> None:
         check_startable(self._stages is not None, self._closing)
         self._stages = validate_stages(stages)
-        self._pid = os.getpid()
+        self._pid = os.getpid()  # the process that started it, the only one its workers answer
         self._queued = [deque() for _ in self._stages]
         # A runner never closed is closed at interpreter exit, before multiprocessing's own exit
         # hook (registered earlier, so run later) terminates the workers under the reader thread.

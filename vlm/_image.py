@@ -181,7 +181,7 @@ def _open(data: bytes, spec: ImageSpec):
     if not isinstance(data, (bytes, bytearray)):
         raise ImageDecodeError("corrupt_image", f"expected image bytes, got {type(data).__name__}")
     try:
-        image = _open_identified(Image, data)
+        image = _open_identified(data)
     except Image.DecompressionBombError as exc:
         raise ImageDecodeError("decompression_bomb", str(exc)) from None
     except MemoryError:
@@ -200,7 +200,7 @@ def _open(data: bytes, spec: ImageSpec):
     return image
 
 
-def _open_identified(Image, data: bytes):
+def _open_identified(data: bytes):
     """`Image.open`, once more after registering every format if no format knew the bytes.
 
     Pillow registers the formats beyond its first few (WebP, TIFF, ...) on the first open that
@@ -209,7 +209,7 @@ def _open_identified(Image, data: bytes):
     then fails as unidentified on one run and not on the next. Registering everything up front
     costs every loader 3.7 MiB and ~0.1 s on 3.14t; retrying costs only bytes that are no image.
     """
-    from PIL import UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
 
     try:
         return Image.open(io.BytesIO(data))

@@ -178,16 +178,14 @@ class TokenizeOp(RecordOperator):
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             reasons = [_text_problem(record.get(field_name)) for record in batch.records]
-            texts = [r[field_name] for r, reason in zip(batch.records, reasons) if reason is None]
             try:
-                encodings = encode_batch(texts, add_special_tokens=False) if texts else []
+                encodings = _encode(encode_batch, batch.records, field_name, reasons)
             except TypeError:
                 # tokenizers refuses the whole batch (a bare TypeError) for one str without a UTF-8
                 # form: a lone surrogate, which a JSON `\ud800` escape makes. Only then is each text
                 # checked, so the usual batch pays nothing; such a record is `invalid_utf8`.
                 reasons = [reason or _unencodable(r[field_name]) for r, reason in zip(batch.records, reasons)]
-                texts = [r[field_name] for r, reason in zip(batch.records, reasons) if reason is None]
-                encodings = encode_batch(texts, add_special_tokens=False) if texts else []
+                encodings = _encode(encode_batch, batch.records, field_name, reasons)
             if on_error == "raise":
                 for reason, address in zip(reasons, batch.addresses):
                     if reason is not None:
@@ -217,6 +215,12 @@ class TokenizeOp(RecordOperator):
             "output_field": self.output_field,
             "split_special_tokens": self.split_special_tokens,
         }
+
+
+def _encode(encode_batch, records: list[dict], field_name: str, reasons: list[str | None]) -> list:
+    """The encodings of the records' texts that have no reason to be skipped, in order."""
+    texts = [record[field_name] for record, reason in zip(records, reasons) if reason is None]
+    return encode_batch(texts, add_special_tokens=False) if texts else []
 
 
 def _text_problem(value) -> str | None:

@@ -7,8 +7,8 @@ other way round.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 import functools
+from concurrent.futures import Future
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable

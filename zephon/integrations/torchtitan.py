@@ -37,6 +37,7 @@ from typing import Any, Self
 import numpy as np
 
 from .._batch import Batch
+from .._checkpoint import STATE_FORMAT
 from .._errors import CheckpointError, ConfigurationError
 from .._loader import check_layout
 from .._packing import PackFlatOp
@@ -329,7 +330,7 @@ class ZephonDataLoader(_Base):
         """
         if not state_dict:
             return
-        if STATE_KEY not in state_dict and "lanes" in state_dict and "checksum" in state_dict:
+        if state_dict.get("format") == STATE_FORMAT:
             raise CheckpointError(
                 "this is a Zephon loader state (RankLoader.state_dict, merge_states), not ZephonDataLoader's: "
                 f"ZephonDataLoader saves it as JSON under {STATE_KEY!r}; load that, or give this state to "

@@ -10,7 +10,7 @@ is timed separately; a pass is one epoch of every part, one untimed pass then `r
 and a part costs its mean pass (`_passes`: why the mean and not the fastest). `functions` says
 whose code runs: "ours" (zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`)
 and/or "work" (the peers' plain equivalents in `_work`). For tokenizing, a per-document loop of
-`_work.encode_text` (what the peers do: `encode_batch_fast` of one document; until the twentieth
+`_work.encode_text` (what the peers do: `encode_batch_fast` of one document; until the twenty-first
 session `encode`, which computes offsets and holds the GIL) and `encode_batch_fast` per chunk
 (what Zephon does) are timed and the cheaper counts (the bound is the cheapest way to do the work;
 `encode_batch`, never cheaper than `encode_batch_fast`, is no longer timed).
