@@ -16,6 +16,7 @@ from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
 from ._runner import Runner
 from ._shuffle import ShuffleOp
+from ._tokenizer import SPLIT_SPECIAL_TOKENS
 from .io._dataset import check_io_options
 from .work import WorkSource
 
@@ -118,7 +119,7 @@ class Pipeline:
         eos: str | None = None,
         output_field: str = "input_ids",
         keep_field: bool = False,
-        split_special_tokens: bool = True,
+        split_special_tokens: bool = SPLIT_SPECIAL_TOKENS,
     ) -> Pipeline:
         """Append the tokenizer: `record[field]` (a str) becomes `record[output_field]`, int32 ids,
         with `bos`/`eos` (token strings) around them.

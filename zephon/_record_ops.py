@@ -17,7 +17,7 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
-from ._tokenizer import leave_cores_to_workers, load_tokenizer
+from ._tokenizer import SPLIT_SPECIAL_TOKENS, leave_cores_to_workers, load_tokenizer
 
 __all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
 
@@ -156,7 +156,7 @@ class TokenizeOp(RecordOperator):
     eos: str | None = None
     output_field: str = "input_ids"
     keep_field: bool = False
-    split_special_tokens: bool = True
+    split_special_tokens: bool = SPLIT_SPECIAL_TOKENS
     name: str = "tokenize"
 
     def handle(self):

@@ -86,3 +86,19 @@ def test_the_recipe_runs_on_the_photograph_fallback_too():
         total = loader.stats()["datasets"]["pairs"]["total"]
     assert total["read"] == total["emitted"] == 12 and not total["skipped"]
     assert sum(len(b.ragged["image_grid"]) for b in batches) == 12
+
+
+def test_the_recipe_parses_its_tokenizer_once(tmp_path):
+    """The placeholder ids are looked up in the instance the tokenize stage encodes with: a second
+    parse of Tekken costs the first batch ~0.3 s and the process ~33 MiB."""
+    import shutil
+
+    from vlm._assets import pair_shards, tekken_tokenizer
+    from vlm._demo import vlm_pipeline
+    from zephon._tokenizer import _load_tokenizer
+
+    pairs = pair_shards(2, 12, origin="photos")
+    tokenizer = shutil.copytree(tekken_tokenizer(), tmp_path / "tekken")  # a path no test loaded yet
+    before = _load_tokenizer.cache_info().misses
+    vlm_pipeline(pairs.directory, tokenizer, runner="inline")
+    assert _load_tokenizer.cache_info().misses - before == 1

@@ -120,3 +120,15 @@ def test_special_token_strings_in_a_text_are_text_unless_asked_otherwise(demo_to
     ids = set(op.build("skip")(chunk).records[0]["input_ids"].tolist())
     assert (ids & specials == set()) is split
     assert op.fingerprint() != other.fingerprint()
+
+
+def test_a_lookup_shares_the_instance_the_tokenize_stage_encodes_with(demo_tokenizer_path):
+    """Ids looked up for a packer or a pad come from the tokenize stage's own instance, whether the
+    setting is named or left to its default, and only the other setting parses the file again."""
+    from zephon._record_ops import TokenizeOp
+
+    path = str(demo_tokenizer_path)
+    stage = TokenizeOp(path).handle()
+    assert load_tokenizer(path) is stage
+    assert load_tokenizer(path, split_special_tokens=True) is stage
+    assert load_tokenizer(path, split_special_tokens=False) is not stage
