@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ._checkpoint import merge_states
+from ._checkpoint import STATE_FORMAT, merge_states
 from ._errors import ConfigurationError
 
 __all__ = ["rank_and_world_size", "gather_state"]
@@ -50,6 +50,14 @@ def gather_state(loader, group=None) -> dict:
     size then needs no shared filesystem."""
     dist = _dist()
     local = loader.state_dict()
+    if not (isinstance(local, dict) and local.get("format") == STATE_FORMAT):
+        # With a process group the merge would refuse it, without one it would come back as it
+        # is: the same mistake must get the same answer either way.
+        raise ConfigurationError(
+            f"gather_state takes one rank's Zephon loader (pipeline.shard(...)), got a {type(loader).__name__}, "
+            "whose state_dict() is not a Zephon loader state (a ZephonDataLoader's state_dict() gathers "
+            "every rank's state itself)"
+        )
     if dist is None:
         return local
     states: list = [None] * dist.get_world_size(group)

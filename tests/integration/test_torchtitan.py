@@ -190,6 +190,16 @@ def test_state_from_one_dp_size_resumes_on_another(make_pipeline, reference, sou
     assert before + after == reference
 
 
+def test_gather_state_refuses_a_zephon_data_loader_by_name(pipeline):
+    """Given the TorchTitan wrapper instead of a rank's loader, gather_state says so: without a
+    process group it used to hand the wrapper's own state back as if it were a merged one."""
+    from zephon.distributed import gather_state
+
+    with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        with pytest.raises(ConfigurationError, match="got a ZephonDataLoader"):
+            gather_state(loader)
+
+
 def test_state_dict_without_a_process_group_is_the_local_state(pipeline):
     with ZephonDataLoader(pipeline, 1, 2, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
         state = loader.state_dict()
