@@ -269,21 +269,24 @@ class ProcessRunner:
             future.set_exception(exc)
             return future
         resolutions: list[_Resolution] = []
+        queued = False
         try:
             with self._lock:
                 if self._closing:
-                    self._discard(envelope)
                     return cancelled_future()
                 if self._failure is not None:
-                    self._discard(envelope)
                     error = RunnerFailedError("its reader thread stopped earlier on an unexpected error")
                     error.__cause__ = self._failure
                     resolutions.append((future, False, error))
                 else:
                     self._held.add(future)
                     self._queued[stage_index].append(_Task(future, item, envelope))
+                    queued = True
                     self._dispatch_locked(stage_index, resolutions)
-        finally:  # even when interrupted: what dispatching decided concerns other callers' items too
+        finally:  # even when interrupted (Ctrl-C while waiting for the lock)
+            if not queued:  # no worker will ever receive the envelope: its block or file goes back now
+                self._discard(envelope)
+            # What dispatching decided concerns other callers' items too.
             self._resolve(resolutions)
         return future
 

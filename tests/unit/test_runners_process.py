@@ -593,6 +593,32 @@ def test_a_dead_workers_request_blocks_are_freed_and_its_items_rerun_intact(tmp_
         assert [future.result(10) for future in again] == [(True, 10 + i, 10 + i) for i in range(6)]
 
 
+def test_an_item_interrupted_before_it_was_queued_gives_its_request_block_back(monkeypatch, tmp_path):
+    """Ctrl-C while submit waits for the runner's lock, after the item was written into the
+    request arena: its block comes back at once, so the next two items, both held in the arena
+    while the worker waits, still fit."""
+    with ProcessRunner(request_arena_bytes=2 * MIB + 1024) as runner:
+        runner.start([Stage("summary", gated_summary(tmp_path), 1)])
+        lock, caller = runner._lock, threading.current_thread()
+
+        class InterruptedOnce:
+            def __enter__(self):
+                if threading.current_thread() is caller:
+                    monkeypatch.setattr(runner, "_lock", lock)
+                    raise KeyboardInterrupt
+                return lock.__enter__()
+
+            def __exit__(self, *exc):
+                return lock.__exit__(*exc)
+
+        monkeypatch.setattr(runner, "_lock", InterruptedOnce())
+        with pytest.raises(KeyboardInterrupt):
+            runner.submit(0, np.full(MIB, 7, dtype=np.uint8))
+        futures = submit_round(runner, 0, 2)
+        (tmp_path / "0").write_text("go")
+        assert [future.result(10) for future in futures] == [(True, 0, 0), (True, 1, 1)]
+
+
 def test_cancelled_items_give_their_request_blocks_back(tmp_path):
     with ProcessRunner(request_arena_bytes=4 * MIB + 4096) as runner:
         runner.start([Stage("summary", gated_summary(tmp_path), 1)])
