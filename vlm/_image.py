@@ -230,9 +230,14 @@ def _classify(exc: BaseException) -> ImageDecodeError:
 
 
 def _orientation(image, spec: ImageSpec, read_exif=None) -> int:
-    """The EXIF orientation (1 when absent, broken or not applied), read by `read_exif(image)`,
-    by default the image's own `getexif`."""
-    if not spec.exif_transpose:
+    """The EXIF orientation still to apply (1 when absent, broken or not applied), read by
+    `read_exif(image)`, by default the image's own `getexif`.
+
+    A TIFF's is always 1: Pillow's TIFF decoder applies the orientation itself while loading, and
+    reports the upright size from the header on (Pillow >= 11), so applying it again here would
+    turn the picture twice (it also means `exif_transpose=False` cannot keep a TIFF as stored).
+    """
+    if not spec.exif_transpose or image.format == "TIFF":
         return 1
     try:
         value = (read_exif or type(image).getexif)(image).get(0x0112, 1)

@@ -35,6 +35,7 @@ from vlm import (
     load_rgb,
     patchify,
 )
+from vlm._image import probe_image
 from zephon._errors import ConfigurationError, ZephonError
 
 from PIL import Image
@@ -210,6 +211,20 @@ def test_exif_orientation_is_applied_after_the_resize():
     assert np.array_equal(turned, np.rot90(plain, k=-1))
     kept = decode_image(rotated_jpeg(6), ImageSpec(exif_transpose=False))
     assert np.array_equal(kept, plain)
+
+
+@pytest.mark.parametrize("orientation", range(2, 9))
+def test_tiff_orientation_is_applied_once(orientation):
+    """Pillow's TIFF decoder turns the picture itself while loading; turning it again by the tag
+    (read before loading) showed every tagged TIFF flipped or turned a second time."""
+    upright = Image.fromarray(gradient())
+    transpose = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
+                 6: "ROTATE_90", 7: "TRANSVERSE", 8: "ROTATE_270"}[orientation]  # inverse of the tag's turn
+    buffer = io.BytesIO()
+    upright.transpose(Image.Transpose[transpose]).save(buffer, "TIFF", tiffinfo={0x0112: orientation})
+    expected = decode_image(encode(gradient(), "TIFF"))
+    assert np.array_equal(decode_image(buffer.getvalue()), expected)
+    assert probe_image(buffer.getvalue()) == (expected.shape[0] // 16, expected.shape[1] // 16)
 
 
 def test_load_rgb_keeps_full_size_for_an_image_processor():
