@@ -147,7 +147,7 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
     size = (cols * spec.image.patch_size, rows * spec.image.patch_size)
     time_base = stream.time_base
     origin = stream.start_time or 0
-    targets = [origin + math.floor(Fraction(t) / time_base) for t in sample_times(_duration(container, stream), spec)]
+    targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream), spec)]
     chosen = _choose_frames(container, stream, targets)
     converted: dict[int, np.ndarray] = {}
     frames = []
@@ -158,6 +158,21 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
                                             interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
         frames.append(converted[key])
     return np.stack(frames)
+
+
+_FLOAT_SLACK_S = Fraction(1, 10**9)
+"""Far above a float time's rounding error (~1e-16 relative), far below any frame interval."""
+
+
+def _last_tick_at(t: float, time_base: Fraction) -> int:
+    """The last tick of `time_base` at or before time `t` (seconds from the stream's start).
+
+    `t` is the float form of an exact time (k / fps, a slice's centre), which can fall a hair
+    before it: k=3 at 10 fps is 0.29999999999999998890, and flooring that picked the frame before
+    the one at 0.3 s, so sampling at a video's own rate dropped some frames and doubled others.
+    A nanosecond of slack lets a time that is a frame's time to float precision take that frame.
+    """
+    return math.floor((Fraction(t) + _FLOAT_SLACK_S) / time_base)
 
 
 def _keyframes(container, stream) -> list[int]:

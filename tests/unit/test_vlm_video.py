@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +39,16 @@ def test_num_frames_takes_the_centres_of_equal_slices(clip):
 def test_fps_takes_one_frame_per_period_from_the_window_start(clip):
     assert frame_numbers(decode_video(clip.read_bytes(), VideoSpec(fps=2.0))) == [0, 5, 10, 15, 20, 25]
     assert len(decode_video(clip, VideoSpec(fps=50.0, max_frames=7))) == 7
+
+
+def test_fps_at_the_videos_own_rate_takes_every_frame_once(clip):
+    """k / 10 as a float lies a hair before frame k's time for some k (0.3 s); floored, those
+    targets took frame k-1, so frames 3, 6, ... were dropped and their predecessors doubled."""
+    with av.open(str(clip)) as container:
+        every = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    frames = decode_video(clip, VideoSpec(fps=10.0))
+    assert len(frames) == len(every) == 30
+    assert [k for k, (frame, expected) in enumerate(zip(frames, every)) if not np.array_equal(frame, expected)] == []
 
 
 def test_window_limits_where_frames_come_from(clip):
@@ -164,14 +175,15 @@ def test_a_seek_that_lands_late_is_retried_further_back_until_the_target_is_cove
 
 def brute_force_frames(data: bytes, spec: VideoSpec, frames: np.ndarray) -> list[np.ndarray]:
     """The contract computed the slow way: decode every frame, and for each target time take the
-    last frame shown at or before it (the first frame when none is), sized like `frames`."""
+    last frame shown at or before it (the first frame when none is; a frame whose time equals the
+    target's to float precision, within a nanosecond, is shown at it), sized like `frames`."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
         every = list(container.decode(stream))
         origin = stream.start_time or 0
         reference = []
         for t in sample_times(float(stream.duration * stream.time_base), spec):
-            shown = [f for f in every if (f.pts - origin) * stream.time_base <= t]
+            shown = [f for f in every if (f.pts - origin) * stream.time_base <= Fraction(t) + Fraction(1, 10**9)]
             reference.append(shown[-1] if shown else every[0])
         return [f.reformat(width=frames.shape[2], height=frames.shape[1], format="rgb24",
                            interpolation="BICUBIC").to_ndarray() for f in reference]
