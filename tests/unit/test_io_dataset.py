@@ -88,6 +88,23 @@ def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
     ]
 
 
+@pytest.mark.parametrize("pattern", ["", "**/*.jsonl", "*/*.jsonl"])
+def test_file_urls_list_links_to_shards_like_plain_paths(tmp_path, pattern):
+    """A Hugging Face cache snapshot holds only links to its blobs; fsspec lists a link as "other"."""
+    blobs, data = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    (blobs / "b").write_bytes(jsonl_bytes([{"i": 1}, {"i": 2}]))
+    (data / "sub" / "b.jsonl").symlink_to(blobs / "b")
+    (data / "sub" / "dangling.jsonl").symlink_to(blobs / "gone")
+    url = f"{data}/{pattern}" if pattern else str(data)
+    plain = Dataset.from_path("d", url)
+    via_fsspec = Dataset.from_path("d", f"file://{url}")
+    assert [(s.url.rpartition("/")[2], s.num_records) for s in via_fsspec.shards] == [("a.jsonl", 1), ("b.jsonl", 2)]
+    assert via_fsspec.shards == plain.shards
+
+
 def test_relative_and_home_paths_are_listed_as_absolute_paths(tmp_path, monkeypatch):
     write_shards(tmp_path, [2])
     monkeypatch.chdir(tmp_path.parent)

@@ -130,7 +130,22 @@ def _list_with_fsspec(
         return fs, (path, None)
     else:
         return fs, None
-    return fs, (path, {p: info["size"] for p, info in listing.items() if info["type"] == "file"})
+    return fs, (path, _file_sizes(fs, listing))
+
+
+def _file_sizes(fs: AbstractFileSystem, listing: dict[str, dict]) -> dict[str, int]:
+    """{path: size} of the files in an fsspec listing, symbolic links to files included.
+
+    fsspec's local listing types a link by the link itself ("other"), while the standard library
+    behind a plain path follows it: a `file://` URL silently left out shards that the same plain
+    path reads (every file of a Hugging Face cache snapshot is a link). A link's listed size is
+    its target's; a link to nothing is no file either way.
+    """
+    return {
+        p: info["size"]
+        for p, info in listing.items()
+        if info["type"] == "file" or (info.get("islink") and fs.isfile(p))
+    }
 
 
 def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None) -> Located:
