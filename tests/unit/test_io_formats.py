@@ -146,6 +146,21 @@ def test_text_file_unit_makes_one_record_per_file(tmp_path):
 
 
 @pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_text_file_unit_plans_a_compressed_file_by_its_decompressed_size(tmp_path, compression):
+    """raw_bytes sizes prefetching and the memory budget: it is the text's size, not the stored one."""
+    text = "".join(f"line {i} of a document that compresses well\n" for i in range(2000)).encode()
+    (tmp_path / f"a.txt.{compression}").write_bytes(compress(text, compression))
+    cut = compress(text, compression)
+    (tmp_path / f"b.txt.{compression}").write_bytes(cut[: len(cut) // 2])
+    ds = Dataset.from_path("d", str(tmp_path), text_unit="file")
+    whole, truncated = ds.shards
+    assert whole.nbytes < len(text) // 10 and whole.raw_bytes == len(text)
+    assert ds.raw_bytes(ds.chunks(1)[0]) == len(text)
+    assert truncated.raw_bytes < len(text)  # what the cut stream still decodes to
+    assert read_all(ds, 1) == ([{"text": text.decode()}], [(RecordAddress("d", truncated.url, 0), "truncated_shard")])
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
 @pytest.mark.parametrize("kept", [0.05, 0.8])
 def test_cut_compressed_shard_reports_its_lost_records_as_truncated(tmp_path, compression, kept):
     data = jsonl_bytes(noisy_records(3000), compression)

@@ -35,7 +35,9 @@ class Text:
     def scan(self, shard: ShardFile) -> ShardScan:
         if self.unit == "line":
             return scan_lines(shard)
-        return ShardScan(1)  # the Dataset never scans a zero-length shard
+        if shard.compression is None:
+            return ShardScan(1)  # the Dataset never scans a zero-length shard
+        return ShardScan(1, raw_bytes=_decompressed_size(shard))
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         if self.unit == "line":
@@ -48,6 +50,21 @@ class Text:
             except EOFError as error:
                 return fill_truncated([], stop - start, str(error))
         return [_decode(content.removeprefix(UTF8_BOM))]
+
+
+def _decompressed_size(shard: ShardFile) -> int:
+    """The size of a compressed file's text. Prefetching, the memory budget and token estimation
+    take `raw_bytes` as the decompressed size; the stored size understates it several times over.
+    A stream cut short counts what it holds: reading it reports the record as truncated."""
+    size = 0
+    with shard.open() as f:
+        try:
+            for block in decompressed_blocks(f, shard.compression):
+                size += len(block)
+        except EOFError:
+            pass
+    return size
+
 
 def _decode(data: bytes) -> Slot:
     try:
