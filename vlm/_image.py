@@ -9,7 +9,8 @@ Order of work, chosen so that nothing large is allocated before it is known to b
 2. compute the target patch grid from the header's size (`image_grid`);
 3. for JPEG, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the target
    (other formats get the same effect from Pillow's integer `reduce` inside the resize);
-4. decode; convert exotic modes (1, P, CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
+4. check a PNG's pixel chunks (`_check_png_pixel_data`); decode; convert exotic modes (1, P,
+   CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
 5. one resize to the target (Pillow premultiplies alpha itself), then composite any alpha on
    `background`, then apply the EXIF orientation.
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import io
 import math
+import struct
+import zlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -255,8 +258,8 @@ def _upright_grid(image, orientation: int, spec: ImageSpec) -> tuple[int, int]:
 
 
 def _read_data(step) -> None:
-    """Run a Pillow step that reads the image's data (`load`, `verify`): its failure on untrusted
-    bytes becomes an `ImageDecodeError` with a named reason."""
+    """Run a Pillow step that reads the image's data (`load`): its failure on untrusted bytes
+    becomes an `ImageDecodeError` with a named reason."""
     try:
         step()
     except MemoryError:
@@ -332,6 +335,8 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
             drafted = image.draft(None, wanted)
             if drafted is not None:
                 box = drafted[1]
+    if image.format == "PNG":
+        _check_png_pixel_data(data)
     _read_data(image.load)
     try:
         image = _normalise_mode(image)
@@ -372,13 +377,46 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
     """The (rows, cols) patch grid `decode_image(data, spec)` will give, from the header alone.
 
     Refuses like `decode_image` does what the header shows (no image, bombs), and what a format
-    can check without decoding: `Image.verify` checks a PNG's chunk checksums, so a truncated or
-    damaged PNG is refused here. A JPEG's entropy-coded data is only checked by decoding it.
+    can check without decoding: a PNG whose pixel chunks are cut short or fail their checksums
+    (`_check_png_pixel_data`, the check `decode_image` makes too) is refused here. A JPEG's
+    entropy-coded data, and whether a PNG's deflate stream ends, are only checked by decoding.
     """
     image = _open(data, spec)
     grid = _upright_grid(image, _header_orientation(image, spec), spec)
-    _read_data(image.verify)  # nothing was decoded yet, which verify() requires
+    if image.format == "PNG":
+        _check_png_pixel_data(data)
     return grid
+
+
+def _check_png_pixel_data(data: bytes | memoryview) -> None:
+    """Refuse a PNG whose pixel data, its run of IDAT chunks, is cut short or fails a checksum.
+
+    `decode_image` and `probe_image` both make this check, so a PNG gets one verdict whether it
+    is decoded before or after packing. Pillow checks the chunks before the pixel data when it
+    opens a PNG; past them its decoder and its `verify` disagree. The decoder skips the IDAT
+    checksums, so a damaged chunk whose deflate data still inflates gave wrong pixels; `verify`
+    wants every chunk through IEND, so it refused a PNG whose pixels are all there but whose
+    trailer (IEND, or metadata after the pixels) was lost, which the decoder reads as it should.
+    What follows the pixel data is ignored here as in the decoder. Whether the deflate stream ends
+    properly, i.e. every pixel is present, only inflating can tell: a PNG cut exactly between two
+    IDAT chunks passes here and fails in the decoder as truncated.
+    """
+    view = memoryview(data)
+    position, in_pixels = 8, False  # after the signature; Pillow's open found the first IDAT
+    while position + 8 <= len(view):
+        length, kind = struct.unpack_from(">I4s", view, position)
+        if kind != b"IDAT":
+            if in_pixels:
+                return
+            position += 12 + length
+            continue
+        in_pixels = True
+        end = position + 8 + length
+        if end + 4 > len(view):
+            raise ImageDecodeError("truncated_image", f"the PNG ends inside the IDAT chunk at byte {position}")
+        if zlib.crc32(view[position + 4 : end]) != struct.unpack_from(">I", view, end)[0]:
+            raise ImageDecodeError("corrupt_image", f"the PNG's IDAT chunk at byte {position} fails its checksum")
+        position = end + 4
 
 
 def _header_orientation(image, spec: ImageSpec) -> int:

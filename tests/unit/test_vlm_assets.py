@@ -56,14 +56,28 @@ def gradient(height: int = 96, width: int = 160) -> np.ndarray:
                      (x + y) * 255 // max(width + height - 2, 1)], axis=-1).astype(np.uint8)
 
 
-def _png_chunk(kind: bytes, body: bytes) -> bytes:
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    """One PNG chunk: length, type, body and its checksum."""
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose IHDR announces width x height (8-bit RGB) and that holds no pixel data at all."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IEND", b"")
+
+
+def stored_png(pixels: np.ndarray, pieces: int = 1) -> bytes:
+    """An 8-bit RGB PNG whose deflate stream stores the rows as they are (no compression), split
+    over `pieces` IDAT chunks: a byte changed in its pixel data is a pixel changed, whichever zlib
+    wrote or reads it, and the file can be cut at a chunk boundary inside its pixel data."""
+    height, width = pixels.shape[:2]
+    stream = zlib.compress(b"".join(b"\x00" + row.tobytes() for row in pixels), 0)
+    step = -(-len(stream) // pieces)
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+            + b"".join(png_chunk(b"IDAT", stream[i : i + step]) for i in range(0, len(stream), step))
+            + png_chunk(b"IEND", b""))
 
 
 def cmyk_jpeg() -> bytes:

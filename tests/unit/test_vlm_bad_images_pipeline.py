@@ -35,6 +35,7 @@ EXPECTED = {
     "odd-cmyk-jpeg": None,
     "odd-16-bit-png": None,
     "odd-palette-alpha-png": None,
+    "odd-png-without-iend": None,  # every pixel is there: packed, decoded before or after packing
 }
 
 
@@ -79,6 +80,8 @@ def _bad_members() -> list[tuple[str, str, bytes | str]]:
         ("odd-16-bit-png", "txt", "A photograph with sixteen bits per sample."),
         ("odd-palette-alpha-png", "png", _save(palette, "PNG", transparency=255)),
         ("odd-palette-alpha-png", "txt", "A palette photograph, its left third transparent."),
+        ("odd-png-without-iend", "png", _save(photo, "PNG")[:-12]),
+        ("odd-png-without-iend", "txt", "A photograph whose file lost its closing chunk."),
     ]
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -19,10 +17,12 @@ from tests.unit.test_vlm_assets import (
     encode,
     gradient,
     palette_alpha_png,
+    png_chunk,
     png_header_only,
     real_file,
     rotated_jpeg,
     sixteen_bit_png,
+    stored_png,
     truncated_jpeg,
 )
 from vlm import ImageDecodeError, ImageSpec, decode_image
@@ -119,16 +119,54 @@ def test_a_truncated_jpeg_passes_its_header_and_fails_when_decoded():
     assert _reason(deferred.decode) == "truncated_image"
 
 
+# -- a PNG gets one verdict, decoded before or after packing ---------------------------------------
+# Both paths check its pixel chunks the same way (`vlm._image._check_png_pixel_data`); what follows
+# the pixel data does not decide whether the picture is whole.
+
+def _late_text_cut_short(png: bytes) -> bytes:
+    """The PNG with a text chunk after its pixel data whose body the file ends inside."""
+    end = png.rindex(b"IEND") - 4
+    return png[:end] + png_chunk(b"tEXt", b"Comment\0" + b"x" * 100)[:20]
+
+
+@pytest.mark.parametrize("lose", [lambda png: png[:-12], lambda png: png[:-6], _late_text_cut_short],
+                         ids=["without-IEND", "IEND-cut-short", "late-text-cut-short"])
+def test_a_png_that_lost_only_what_follows_its_pixels_decodes_whole_before_or_after_packing(lose):
+    """Its deflate stream ends, so every pixel is there: Pillow's decoder reads it, and its
+    `verify`, which wants every chunk through IEND, refused it before packing."""
+    whole = encode(gradient(96, 160))
+    data = lose(whole)
+    spec = ImageSpec()
+    expected = decode_image(whole, spec)
+    assert np.array_equal(decode_image(data, spec), expected)
+    assert np.array_equal(DeferredImage(data, probe_image(data, spec), spec).decode(), expected)
+
+
+def test_a_png_whose_pixel_data_fails_its_checksum_is_corrupt_before_or_after_packing():
+    """The changed byte still inflates, to one wrong pixel: Pillow's decoder skips the IDAT
+    checksums, so decoding before packing trained on it while the header check refused it."""
+    damaged = _flip_a_byte_in_the_pixel_data(stored_png(gradient(96, 160)))
+    assert _reason(lambda: decode_image(damaged)) == "corrupt_image"
+    assert _reason(lambda: probe_image(damaged)) == "corrupt_image"
+
+
+def test_a_png_cut_between_its_pixel_chunks_passes_its_header_and_fails_when_decoded():
+    """Only inflating tells that its deflate stream does not end, as for a truncated JPEG."""
+    two = stored_png(gradient(96, 160), pieces=2)
+    data = two[: two.rindex(b"IDAT") - 4]
+    spec = ImageSpec()
+    assert _reason(lambda: decode_image(data, spec)) == "truncated_image"
+    assert _reason(DeferredImage(data, probe_image(data, spec), spec).decode) == "truncated_image"
+
+
 def _png_with_late_orientation(orientation: int) -> bytes:
     """A PNG whose eXIf chunk (EXIF orientation) comes after its pixel data."""
     png = encode(gradient(96, 160))
     exif = Image.Exif()
     exif[0x0112] = orientation
     payload = exif.tobytes()[6:]  # eXIf holds the TIFF structure without the "Exif\0\0" prefix
-    chunk = struct.pack(">I", len(payload)) + b"eXIf" + payload
-    chunk += struct.pack(">I", zlib.crc32(b"eXIf" + payload))
     end = png.rindex(b"IEND") - 4
-    return png[:end] + chunk + png[end:]
+    return png[:end] + png_chunk(b"eXIf", payload) + png[end:]
 
 
 def test_an_orientation_found_only_after_a_pngs_pixels_fails_instead_of_changing_the_row():
