@@ -7,8 +7,8 @@ either works; their resize kernels differ, so pixel digests are only comparable 
 Order of work, chosen so that nothing large is allocated before it is known to be wanted:
 1. open the header only (no pixel data) and refuse decompression bombs by the header's size;
 2. compute the target patch grid from the header's size (`image_grid`);
-3. for JPEG, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the target
-   (other formats get the same effect from Pillow's integer `reduce` inside the resize);
+3. for JPEG and MPO, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the
+   target (other formats get the same effect from Pillow's integer `reduce` inside the resize);
 4. check a PNG's pixel chunks (`_check_png_pixel_data`); decode; convert exotic modes (1, P,
    CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
 5. one resize to the target (Pillow premultiplies alpha itself), then composite any alpha on
@@ -45,6 +45,12 @@ _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 
                    6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
+# Formats the JPEG decoder reads, so that it can decode a draft. An MPO (multi-picture JPEG, as
+# phones and 3D cameras write) is a JPEG followed by more JPEGs; Pillow opens it as its own
+# format, a JpegImageFile subclass that decodes the first picture, as we do: its draft is that
+# picture's draft as a JPEG.
+_DRAFTABLE = ("JPEG", "MPO")
+
 
 @dataclass(frozen=True)
 class ImageSpec:
@@ -61,9 +67,10 @@ class ImageSpec:
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
 
-    `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs are decoded at
-    1/2, 1/4 or 1/8 scale by the decoder itself, and any image is first reduced by an integer
-    factor, both never below `draft_gap` x the target size (Pillow's `thumbnail` does the same).
+    `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
+    multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
+    decoder itself, and any image is first reduced by an integer factor, both never below
+    `draft_gap` x the target size (Pillow's `thumbnail` does the same).
 
     `max_image_pixels` refuses images whose header announces more pixels than this, before any
     pixel is decoded ("decompression_bomb"). Pillow refuses on its own above twice its global
@@ -328,7 +335,7 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
         rows, cols = _upright_grid(image, orientation, spec)
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
-        if spec.draft and image.format == "JPEG":
+        if spec.draft and image.format in _DRAFTABLE:
             # Capped at the stored size, which a draft never exceeds anyway (it only scales down),
             # so that a large finite draft_gap cannot overflow int().
             wanted = tuple(max(1, int(min(side, t * spec.draft_gap))) for t, side in zip(target, image.size))

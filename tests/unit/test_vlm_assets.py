@@ -116,6 +116,18 @@ def truncated_jpeg() -> bytes:
     return data[: len(data) // 2]
 
 
+def multi_picture_jpeg() -> tuple[bytes, bytes]:
+    """An MPO of two 1600x960 pictures, as phones and 3D cameras write, and the same bytes with
+    the multi-picture marker renamed, which Pillow then opens as a JPEG of the first picture."""
+    first = Image.fromarray(gradient()).resize((1600, 960), Image.Resampling.BICUBIC)
+    buffer = io.BytesIO()
+    first.save(buffer, "MPO", save_all=True, append_images=[first.transpose(Image.Transpose.ROTATE_180)],
+               quality=95)
+    mpo = buffer.getvalue()
+    at = mpo.index(b"MPF\0")
+    return mpo, mpo[:at] + b"XXX\0" + mpo[at + 4 :]
+
+
 def rotated_jpeg(orientation: int) -> bytes:
     exif = Image.Exif()
     exif[0x0112] = orientation
