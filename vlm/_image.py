@@ -294,7 +294,11 @@ def _normalise_mode(image):
         narrow = (np.clip(wide, 0, 65535) + 128) // 257
         return Image.fromarray(narrow.astype(np.uint8), "L")
     if mode == "F":
-        return Image.fromarray(np.clip(np.rint(np.asarray(image)), 0, 255).astype(np.uint8), "L")
+        # Samples are read on the 0..255 scale, rounded and saturated (+inf 255, -inf 0), like
+        # 16-bit ones never stretched per image. NaN has no place on it, and casting NaN to uint8
+        # is undefined (the byte depends on the machine): it becomes 0, like the lowest sample.
+        samples = np.nan_to_num(np.asarray(image), nan=0.0)
+        return Image.fromarray(np.clip(np.rint(samples), 0, 255).astype(np.uint8), "L")
     if mode == "RGBa":
         return image.convert("RGBA")
     if mode == "La":

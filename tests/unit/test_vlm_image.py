@@ -218,6 +218,19 @@ def test_every_other_mode_becomes_three_channel_uint8(mode):
     assert pixels.shape == (96, 160, 3) and pixels.dtype == np.uint8
 
 
+@pytest.mark.filterwarnings("error")  # numpy's "invalid value encountered in cast" is the undefined cast
+def test_float_samples_are_rounded_and_saturated_and_nan_becomes_zero():
+    """Casting NaN to uint8 is undefined: the byte a float image's NaN sample became depended
+    on the machine, and with it the batch."""
+    samples = np.full((96, 160), 100.25, np.float32)
+    samples[:, :32], samples[:, 32:64], samples[:, 64:96], samples[:, 96:128] = np.nan, np.inf, -np.inf, 300.0
+    buffer = io.BytesIO()
+    Image.fromarray(samples, "F").save(buffer, "TIFF")
+    pixels = decode_image(buffer.getvalue())  # 96x160 is already on the grid: no resize
+    expected = np.repeat([0, 255, 0, 255, 100], 32)
+    assert np.array_equal(pixels, np.broadcast_to(expected[None, :, None], (96, 160, 3)))
+
+
 def test_exif_orientation_is_applied_after_the_resize():
     plain = decode_image(encode(gradient(), "JPEG", quality=95))
     turned = decode_image(rotated_jpeg(6))  # 6: displayed rotated 90 degrees clockwise
