@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -132,9 +133,40 @@ def leave_cores_to_workers(parallelism: int) -> None:
 
     `encode_batch` spreads each batch over a pool as wide as the machine; with several workers
     already busy, the two pools compete for the same cores (race recipe at parallelism 2 on 2 cores:
-    text +10 %, VLM +4 % with the pool off). tokenizers reads the variable at every call, and forked
-    workers inherit it. A value the user set is left alone.
+    text +10 %, VLM +4 % with the pool off). tokenizers offers no switch but the environment
+    variable, which it reads (getenv) at every call, and forked workers inherit it. A value the user
+    set is left alone.
+
+    Setting a variable while another thread reads the environment is a data race in the C library
+    (adding one may move the array getenv walks), and once a tokenize operator is built its
+    loader may tokenize at any moment, on any thread: its token estimate encodes at once, its
+    workers later. So the variable is decided once per process, by the first tokenize operator
+    built, before any of its encoding; later ones never write the environment, and one that would
+    have turned the pool off says so once.
     """
-    if parallelism > 1 and _PARALLELISM_VARIABLE not in os.environ:
-        os.environ[_PARALLELISM_VARIABLE] = "false"
-        log.info("tokenize runs on %d workers: %s=false (set it yourself to choose)", parallelism, _PARALLELISM_VARIABLE)
+    with _pool_decision.lock:
+        if _pool_decision.parallelism is None:
+            _pool_decision.parallelism = parallelism
+            if parallelism > 1 and _PARALLELISM_VARIABLE not in os.environ:
+                os.environ[_PARALLELISM_VARIABLE] = "false"
+                log.info("tokenize runs on %d workers: %s=false (set it yourself to choose)", parallelism, _PARALLELISM_VARIABLE)
+        elif parallelism > 1 and _PARALLELISM_VARIABLE not in os.environ and not _pool_decision.told:
+            _pool_decision.told = True
+            log.info(
+                "tokenize runs on %d workers with tokenizers' own pool on: %s was left unset by the first "
+                "tokenize operator of this process (parallelism %d), and cannot change while tokenizers "
+                "may run; set it to false before starting to give the workers the cores",
+                parallelism, _PARALLELISM_VARIABLE, _pool_decision.parallelism,
+            )
+
+
+class _PoolDecision:
+    """Whether `leave_cores_to_workers` has decided, and for which parallelism; one per process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parallelism: int | None = None
+        self.told = False
+
+
+_pool_decision = _PoolDecision()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -10,9 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
-from zephon import ConfigurationError
+from zephon import ConfigurationError, Pipeline, _tokenizer
 from zephon._tokenizer import leave_cores_to_workers, load_tokenizer
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
 
 
 def test_digest_is_the_tokenizer_files_content(tmp_path, demo_tokenizer_path):
@@ -50,18 +54,67 @@ def test_a_hub_id_still_goes_to_the_hub(monkeypatch):
     assert asked == ["someone/model"]
 
 
+@pytest.fixture
+def undecided_pool(monkeypatch):
+    """A process in which no tokenize operator was built yet, with the variable as the test sets it."""
+    monkeypatch.setattr(_tokenizer, "_pool_decision", _tokenizer._PoolDecision())
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+
+
 @pytest.mark.parametrize(("parallelism", "before", "after"), [
     (2, None, "false"),
     (1, None, None),
     (4, "true", "true"),
 ])
-def test_tokenizers_pool_is_off_only_when_several_workers_tokenize(monkeypatch, parallelism, before, after):
-    if before is None:
-        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    else:
+def test_tokenizers_pool_is_off_only_when_several_workers_tokenize(monkeypatch, undecided_pool, parallelism, before,
+                                                                   after):
+    if before is not None:
         monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
     leave_cores_to_workers(parallelism)
     assert os.environ.get("TOKENIZERS_PARALLELISM") == after
+
+
+def _kjv_pipeline(demo_data_dir, demo_tokenizer_path, parallelism):
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0,
+                                     records_per_chunk=4)
+    return (
+        Pipeline(source)
+        .options(num_lanes=2, runner="thread")
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text", parallelism=parallelism)
+        .pack_flat(max_length=256)
+        .batch(microbatch_size=2)
+    )
+
+
+def test_the_pool_is_off_before_the_first_encode(undecided_pool, monkeypatch, demo_data_dir, demo_tokenizer_path):
+    seen = []
+    encode_batch = Tokenizer.encode_batch_fast
+
+    def spying_encode_batch(self, *args, **kwargs):
+        seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        return encode_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "encode_batch_fast", spying_encode_batch)
+    with _kjv_pipeline(demo_data_dir, demo_tokenizer_path, 2).shard(0, 1) as loader:
+        next(iter(loader))
+    assert seen and set(seen) == {"false"}
+
+
+def test_a_loader_built_while_another_may_tokenize_leaves_the_environment_alone(
+    undecided_pool, demo_data_dir, demo_tokenizer_path, caplog
+):
+    """Writing the environment while another thread's tokenizer reads it (getenv) is a data race
+    in the C library. A loader tokenizes from its construction on (its token estimate), so later
+    loaders must not write the variable, even where their parallelism would turn the pool off;
+    they say once how to get that instead."""
+    with caplog.at_level(logging.INFO, logger="zephon"), \
+            _kjv_pipeline(demo_data_dir, demo_tokenizer_path, 1).shard(0, 1) as first:
+        next(iter(first))
+        for _ in range(2):
+            with _kjv_pipeline(demo_data_dir, demo_tokenizer_path, 2).shard(0, 1) as later:
+                next(iter(later))
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
+    assert sum("cannot change while tokenizers may run" in r.getMessage() for r in caplog.records) == 1
 
 
 _RSS_GROWTH_OF_LOADING = """
