@@ -86,20 +86,22 @@ class FakeHubFileSystem(_PrefixedMemoryFileSystem):
 
 
 class FlakyFileSystem(_PrefixedMemoryFileSystem):
-    """Fails the next `failures` opens for reading with a transient error; counts every open."""
+    """Fails the next `failures` opens for reading with `error(message)` (a transient error unless
+    a test says otherwise); counts every open."""
 
     protocol = "flaky"
     store: dict = {}
     pseudo_dirs: list = [""]
     failures = 0
     opens = 0
+    error = ConnectionResetError
 
     def _open(self, path, mode="rb", **kwargs):
         if "r" in mode:
             FlakyFileSystem.opens += 1
             if FlakyFileSystem.failures > 0:
                 FlakyFileSystem.failures -= 1
-                raise ConnectionResetError(f"flaky storage dropped {path}")
+                raise FlakyFileSystem.error(f"flaky storage dropped {path}")
         return super()._open(path, mode, **kwargs)
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pickle
+import sys
+import types
 
 import fsspec
+import httpx2
 import pytest
 
 from zephon import ConfigurationError
@@ -29,6 +32,7 @@ from .conftest_io import (
 def flaky():
     with registered(FlakyFileSystem) as cls:
         cls.failures = cls.opens = 0
+        cls.error = ConnectionResetError
         put("flaky://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
         yield cls
 
@@ -62,6 +66,63 @@ def test_flaky_storage_is_retried_until_it_answers(flaky):
     flaky.failures, flaky.opens = 2, 0
     assert ds.read_chunk(ds.chunks(5)[0]).records == [{"i": i} for i in range(5)]
     assert flaky.opens == 3
+
+
+class _FakeAiohttp(types.ModuleType):
+    """aiohttp's client errors as fsspec's HTTPFileSystem lets them through (aiohttp is not a
+    dependency): the hierarchy of aiohttp.client_exceptions, and a response error's status."""
+
+    class ClientError(Exception):
+        pass
+
+    class ClientConnectionError(ClientError):
+        pass
+
+    class ServerDisconnectedError(ClientConnectionError):
+        pass
+
+    class ClientPayloadError(ClientError):
+        pass
+
+    class ClientResponseError(ClientError):
+        def __init__(self, message: str, status: int) -> None:
+            super().__init__(message)
+            self.status = status
+
+
+@pytest.fixture
+def aiohttp(monkeypatch):
+    fake = _FakeAiohttp("aiohttp")
+    monkeypatch.setitem(sys.modules, "aiohttp", fake)
+    return fake
+
+
+@pytest.mark.parametrize("error", [
+    httpx2.ReadTimeout,
+    httpx2.RemoteProtocolError,
+    lambda message: _FakeAiohttp.ServerDisconnectedError(message),
+    lambda message: _FakeAiohttp.ClientPayloadError(message),
+    lambda message: _FakeAiohttp.ClientResponseError(message, status=503),
+], ids=["httpx2-timeout", "httpx2-protocol", "aiohttp-disconnected", "aiohttp-payload", "aiohttp-503"])
+def test_http_transport_errors_that_are_not_oserrors_are_retried(flaky, aiohttp, error):
+    """hf:// surfaces httpx2's errors once huggingface_hub's own backoff gives up, and http(s)://
+    surfaces aiohttp's as they are: neither is an OSError, and each is as transient as one."""
+    ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    flaky.failures, flaky.opens, flaky.error = 2, 0, error
+    assert ds.read_chunk(ds.chunks(5)[0]).records == [{"i": i} for i in range(5)]
+    assert flaky.opens == 3
+
+
+@pytest.mark.parametrize("error", [
+    ValueError,
+    lambda message: _FakeAiohttp.ClientResponseError(message, status=403),
+], ids=["bug", "aiohttp-403"])
+def test_errors_that_reading_again_cannot_mend_surface_at_once(flaky, aiohttp, error):
+    ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    flaky.failures, flaky.opens, flaky.error = 2, 0, error
+    with pytest.raises(Exception, match="flaky storage dropped") as caught:
+        ds.read_chunk(ds.chunks(5)[0])
+    assert not isinstance(caught.value, ShardUnavailableError) and flaky.opens == 1
 
 
 def test_planning_is_retried_too(flaky):

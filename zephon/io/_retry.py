@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,15 +16,33 @@ __all__ = ["RetryPolicy"]
 
 T = TypeVar("T")
 
+# Transport failures that the HTTP clients under fsspec backends raise as their own types, not as
+# OSError, by (module, class). huggingface_hub's HfFileSystem (hf://) raises its HTTP status errors
+# as OSError, but once its own backoff gives up, a timeout, reset or broken connection surfaces as
+# the TransportError of httpx (httpx2 in huggingface_hub 2). fsspec's HTTPFileSystem (http(s)://)
+# lets aiohttp's errors through as they are: a lost connection, or a body cut short. An error of
+# one of these modules means it is imported, so they are looked up in sys.modules, never imported.
+_TRANSPORT_ERRORS = (
+    ("httpx", "TransportError"),
+    ("httpx2", "TransportError"),
+    ("aiohttp", "ClientConnectionError"),
+    ("aiohttp", "ClientPayloadError"),
+)
+# An HTTP status that says "try again": HTTPFileSystem raises aiohttp's ClientResponseError for
+# every status but 404 (a FileNotFoundError); a 403 or 416 stays as it is.
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Up to `attempts` tries with exponential backoff (`base_delay`, then doubled each time).
 
-    Only `OSError` is retried: that is what fsspec backends raise for network, permission and
-    missing-file failures. A compressed stream whose bytes do not decode is not transient either:
-    it is reported at once as ShardUnavailableError. Anything else (a parse error, a bug) surfaces
-    as it is.
+    Retried: `OSError`, which is what fsspec backends raise for network, permission and
+    missing-file failures (fsspec's own timeout, FSTimeoutError, is one on Python >= 3.11, as are
+    requests' errors and huggingface_hub's HTTP errors), and the transport errors HTTP clients
+    raise as their own types (`_is_transient`). A compressed stream whose bytes do not decode is
+    not transient: it is reported at once as ShardUnavailableError. Anything else (a parse error,
+    a bug) surfaces as it is.
     """
 
     attempts: int = 3
@@ -48,8 +67,22 @@ class RetryPolicy:
                 return operation()
             except CorruptStreamError as error:  # reading the same bytes again cannot help
                 raise ShardUnavailableError(url, attempt + 1, str(error)) from error
-            except OSError as error:
+            except Exception as error:
+                if not _is_transient(error):
+                    raise
                 last = error
                 if attempt + 1 < self.attempts:
                     time.sleep(self.base_delay * 2**attempt)
         raise ShardUnavailableError(url, self.attempts, f"{type(last).__name__}: {last}") from last
+
+
+def _is_transient(error: Exception) -> bool:
+    """Whether reading again may succeed where `error` failed (see `_TRANSPORT_ERRORS`)."""
+    if isinstance(error, OSError):
+        return True
+    for module_name, class_name in _TRANSPORT_ERRORS:
+        kind = getattr(sys.modules.get(module_name), class_name, None)
+        if kind is not None and isinstance(error, kind):
+            return True
+    response_error = getattr(sys.modules.get("aiohttp"), "ClientResponseError", None)
+    return response_error is not None and isinstance(error, response_error) and error.status in _TRANSIENT_STATUS
