@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
-from zephon._errors import ConfigurationError
+from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 from ._arena import Arena
@@ -179,6 +179,10 @@ class ProcessRunner:
             raise ConfigurationError(f"reply_arena_bytes must be >= 0, got {reply_arena_bytes!r}")
         if request_arena_bytes < 0:
             raise ConfigurationError(f"request_arena_bytes must be >= 0, got {request_arena_bytes!r}")
+        # Checked here, not at close(): a bad one (None for "wait forever") failed close() after it
+        # had begun, leaving the workers running and the buffer directory behind.
+        if check_finite(close_timeout_s, "close_timeout_s") < 0:
+            raise ConfigurationError(f"close_timeout_s must be >= 0, got {close_timeout_s!r}")
         self.reason = "requested explicitly"
         self._task_timeout_s = task_timeout_s
         self._max_retries = max_retries

@@ -465,6 +465,14 @@ def test_invalid_options_are_refused_at_construction():
         ProcessRunner(max_retries=-1)
 
 
+@pytest.mark.parametrize("close_timeout_s", [None, -1.0, float("nan")])
+def test_a_close_timeout_that_close_could_not_wait_by_is_refused_at_construction(tmp_path, close_timeout_s):
+    """Accepted, None (taken for "wait forever") made close() raise a TypeError once it had begun,
+    so the workers were never stopped and the buffer directory stayed behind in /dev/shm."""
+    with pytest.raises(ConfigurationError, match="close_timeout_s"):
+        ProcessRunner(close_timeout_s=close_timeout_s, shm_root=str(tmp_path))
+
+
 def test_arrays_received_from_one_stage_can_be_sent_to_the_next():
     items = list(range(10))
     stages = [Stage("cube", cube, 2), Stage("sum", lambda a: int(a.sum()), 2)]
