@@ -40,4 +40,8 @@ class RunnerFailedError(ZephonError):
     """
 
     def __init__(self, detail: str = "its reader thread stopped on an unexpected error") -> None:
+        self.detail = detail
         super().__init__(f"the process runner failed: {detail}; it can run no more items (see the cause)")
+
+    def __reduce__(self):  # rebuilt from its detail, not its message, which would be wrapped again
+        return (type(self), (self.detail,))

@@ -691,6 +691,18 @@ def test_a_failure_inside_the_reader_thread_fails_every_outstanding_item_with_a_
         assert "reader thread" in str(error)
 
 
+def test_the_runners_errors_read_the_same_after_crossing_a_process_boundary():
+    """A loader run in a multiprocessing pool hands its error back pickled; RunnerFailedError,
+    rebuilt from its message, said "the process runner failed: the process runner failed: ..."."""
+    import pickle
+
+    from runners import RunnerFailedError
+
+    for error in (RunnerFailedError(), RunnerFailedError("a detail"), WorkerCrashedError("tokenize", 4, "was killed")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+
+
 @pytest.mark.parametrize("where", ["after the message", "after its length prefix"])
 def test_a_submit_interrupted_while_sending_never_pairs_a_later_reply_with_the_wrong_item(monkeypatch, where):
     from multiprocessing.connection import Connection
