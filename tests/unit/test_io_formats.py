@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import random
@@ -122,6 +123,42 @@ def test_compressed_shard_corrupted_after_planning_is_named_unreadable(tmp_path,
     assert caught.value.url == str(path) and caught.value.attempts == 1  # corrupt bytes are not retried
     with pytest.raises(ShardUnavailableError, match="undecodable"):
         Dataset.from_path("d", str(path))  # and planning it again names it too
+
+
+@pytest.mark.parametrize("unit", ["line", "file"])
+@pytest.mark.parametrize("padding", [10, 1 << 19])  # the larger runs on over several read blocks
+def test_gzip_padded_with_nul_bytes_reads_like_pythons_gzip(tmp_path, unit, padding):
+    """Block writers pad a gzip file with NULs; Python's gzip skips them after any member."""
+    first, second = jsonl_bytes(noisy_records(40)), jsonl_bytes(noisy_records(7))
+    nuls = b"\0" * padding
+    data = compress(first, "gz") + nuls + compress(second, "gz") + nuls
+    (tmp_path / "a.txt.gz").write_bytes(data)
+    assert gzip.decompress(data) == first + second
+    ds = Dataset.from_path("d", str(tmp_path / "a.txt.gz"), text_unit=unit)
+    records, skipped = read_all(ds, 16)
+    assert "".join(r["text"] + ("\n" if unit == "line" else "") for r in records) == (first + second).decode()
+    assert skipped == [] and ds.shards[0].raw_bytes == len(first + second)
+
+
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("nuls-first.txt.gz", b"\0\0" + compress(b"x\n", "gz")),  # padding follows a member, never leads
+        ("garbage-after-nuls.txt.gz", compress(b"x\n", "gz") + b"\0\0junk"),
+        ("nuls-after.txt.zst", compress(b"x\n", "zst") + b"\0" * 8),  # the zstd tool refuses these too
+    ],
+)
+def test_bytes_after_a_frame_that_are_not_its_codecs_padding_stay_undecodable(tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ShardUnavailableError, match="undecodable"):
+        Dataset.from_path("d", str(tmp_path / name))
+
+
+def test_zstd_skippable_frames_are_passed_over(tmp_path):
+    skippable = (0x184D2A50).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"about"
+    data = skippable + compress(b"a\n", "zst") + skippable + compress(b"b\n", "zst") + skippable
+    (tmp_path / "a.txt.zst").write_bytes(data)
+    assert read_all(Dataset.from_path("d", str(tmp_path / "a.txt.zst")), 4) == ([{"text": "a"}, {"text": "b"}], [])
 
 
 @pytest.mark.parametrize("compression", [None, "gz", "zst"])

@@ -5,6 +5,11 @@ short result for a truncated frame without any error; a truncated shard would th
 records. Here both codecs raise `EOFError` when the input ends inside a frame, and concatenated
 gzip members or zstd frames are decoded one after the other. Bytes a codec cannot decode raise
 `CorruptStreamError`, which the dataset reports as its shard being unreadable (named, not retried).
+
+NUL bytes after a complete gzip member are padding (tape and block writers, some uploaders add
+them), skipped exactly as Python's `gzip` module skips them: at the end or before a next member,
+never before the first. zstd has no such padding (the `zstd` tool refuses it too); its skippable
+frames are frames the decoder itself passes over.
 """
 
 from __future__ import annotations
@@ -32,18 +37,19 @@ class _Decompressor(Protocol):
     def decompress(self, data: bytes) -> bytes: ...
 
 
-# A codec: what makes a new decoder, and the errors a decoder raises on bytes it cannot decode.
-_Codec = tuple[Callable[[], _Decompressor], tuple[type[Exception], ...]]
+# A codec: what makes a new decoder, the errors a decoder raises on bytes it cannot decode, and the
+# padding bytes that may follow a complete frame (b"": none).
+_Codec = tuple[Callable[[], _Decompressor], tuple[type[Exception], ...], bytes]
 
 
 def _gzip() -> _Codec:
-    return lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16), (zlib.error,)
+    return lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16), (zlib.error,), b"\0"
 
 
 def _zstd() -> _Codec:
     import zstandard  # on first use: a process reading no zstd shard does not map the library
 
-    return lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,)
+    return lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,), b""
 
 
 _CODECS: dict[str, Callable[[], _Codec]] = {
@@ -71,9 +77,11 @@ def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]
     if compression is None:
         yield from raw_blocks(f)
         return
-    new, codec_errors = _CODECS[compression]()
-    decoder, inside_frame = new(), False
+    new, codec_errors, padding = _CODECS[compression]()
+    decoder, inside_frame, after_frame = new(), False, False
     for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
+        if after_frame:  # padding may run on across blocks
+            block = block.lstrip(padding)
         while block:
             try:
                 out = decoder.decompress(block)
@@ -82,8 +90,8 @@ def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]
             if out:
                 yield out
             if decoder.eof:
-                block, decoder, inside_frame = decoder.unused_data, new(), False
+                block, decoder, inside_frame, after_frame = decoder.unused_data.lstrip(padding), new(), False, True
             else:
-                block, inside_frame = b"", True
+                block, inside_frame, after_frame = b"", True, False
     if inside_frame:
         raise EOFError(f"{compression} stream ends inside a frame")
