@@ -105,6 +105,27 @@ def test_file_urls_list_links_to_shards_like_plain_paths(tmp_path, pattern):
     assert via_fsspec.shards == plain.shards
 
 
+@pytest.mark.parametrize("scheme", ["", "file://"])
+@pytest.mark.parametrize(
+    "pattern, expected",
+    [
+        ("data[1].jsonl", ["data[1].jsonl"]),  # as a glob it would be data1.jsonl
+        ("run[2024]", ["run[2024]/x.jsonl"]),
+        ("run[2024]/", ["run[2024]/x.jsonl"]),
+        ("data[0-9].jsonl", ["data1.jsonl"]),  # names nothing as written: a glob
+        ("data[[]1].jsonl", ["data[1].jsonl"]),
+        ("run[[]2024]/*.jsonl", ["run[2024]/x.jsonl"]),
+    ],
+)
+def test_a_path_naming_a_file_or_directory_as_written_is_not_a_glob(tmp_path, scheme, pattern, expected):
+    for name in ["data[1].jsonl", "data1.jsonl", "run[2024]/x.jsonl", "run2/y.jsonl"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(jsonl_bytes([{"name": name}]))
+    ds = Dataset.from_path("d", f"{scheme}{tmp_path}/{pattern}")
+    assert [s.url.removeprefix(f"{tmp_path}/") for s in ds.shards] == expected
+    assert ds.read_chunk(ds.chunks(1)[0]).records == [{"name": expected[0]}]
+
+
 def test_relative_and_home_paths_are_listed_as_absolute_paths(tmp_path, monkeypatch):
     write_shards(tmp_path, [2])
     monkeypatch.chdir(tmp_path.parent)

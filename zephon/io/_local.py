@@ -37,12 +37,10 @@ def is_plain_path(url: str) -> bool:
 
 
 def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None] | None:
-    """(absolute path, {file: size}) for a glob or a directory, (absolute path, None) for a single
-    existing file, and None when the path names nothing."""
+    """(absolute path, {file: size}) for a directory or a glob, (absolute path, None) for a single
+    existing file, and None when the path names nothing. A path that names a directory or a file as
+    written is taken literally, glob characters and all; only otherwise is it expanded as a glob."""
     path = os.path.abspath(os.path.expanduser(pattern))
-    if has_glob:
-        matches = glob.glob(path, recursive=True, include_hidden=True)
-        return path, {m: os.path.getsize(m) for m in matches if os.path.isfile(m)}
     if os.path.isdir(path):
         found: dict[str, int] = {}
         for directory, _, names in os.walk(path):
@@ -53,4 +51,7 @@ def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None
         return path, found
     if os.path.isfile(path):
         return path, None
+    if has_glob:
+        matches = glob.glob(path, recursive=True, include_hidden=True)
+        return path, {m: os.path.getsize(m) for m in matches if os.path.isfile(m)}
     return None

@@ -5,6 +5,11 @@ shard). In a directory or glob only files of the dataset's format count, so a RE
 marker next to the data is not mistaken for a shard; hidden files (basename starting with ".") are
 ignored. Paths are sorted, so the same URL always gives the same shards in the same order.
 
+A URL that names an existing file or directory as written is that file or directory, even when its
+name holds glob characters (`data[1].jsonl`, `run[2024]/`): read as a glob, `data[1].jsonl` would
+silently be `data1.jsonl`. Only a URL that names nothing is expanded as a glob, so a glob whose
+fixed part holds such a character escapes it as `glob.escape` does (`run[[]2024]/*.jsonl`).
+
 `hf://ORG/NAME/CONFIG/SPLIT` is shorthand for the Parquet files the Hugging Face hub keeps for every
 dataset on its `refs/convert/parquet` branch (`~parquet` is the hub's alias for that revision),
 laid out as `CONFIG/SPLIT/NNNN.parquet`. Any other `hf://` URL (e.g. `hf://datasets/...`) is used
@@ -122,12 +127,12 @@ def _list_with_fsspec(
     import fsspec  # only here: see _local for what importing it costs
 
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
-    if any(char in path for char in _GLOB_CHARS):
-        listing = fs.glob(path, detail=True)
-    elif fs.isdir(path):
+    if fs.isdir(path):
         listing = fs.find(path, detail=True)
     elif fs.isfile(path):
         return fs, (path, None)
+    elif any(char in path for char in _GLOB_CHARS):
+        listing = fs.glob(path, detail=True)
     else:
         return fs, None
     return fs, (path, _file_sizes(fs, listing))
