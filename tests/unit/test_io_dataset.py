@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 
+import fsspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -74,7 +76,8 @@ def test_file_url_and_memory_url_work_like_local_paths(tmp_path):
 
 @pytest.mark.parametrize("pattern", ["", "*.jsonl", "*/*.jsonl", "**/*.jsonl", "sub/**", "**/c.json*", "part-00[0-1].jsonl"])
 def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
-    """Plain paths are listed without fsspec (zephon.io._local); what they select must not change."""
+    """Local paths are listed without fsspec (zephon.io._local); without links, what they select
+    is what fsspec's own listing selects."""
     write_shards(tmp_path, [2, 3])
     for name in ["sub/c.jsonl", "sub/deeper/d.jsonl", ".hidden-dir/e.jsonl", "sub/.f.jsonl", "sub/notes.txt"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +85,13 @@ def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
     url = f"{tmp_path}/{pattern}" if pattern else str(tmp_path)
     plain = Dataset.from_path("d", url, format="jsonl")
     via_fsspec = Dataset.from_path("d", f"file://{url}", format="jsonl")
-    assert plain.shards == via_fsspec.shards and len(plain.shards) >= 1
+    fs = fsspec.filesystem("file")
+    listing = fs.glob(url, detail=True) if pattern else fs.find(url, detail=True)
+    fsspecs_own = sorted(
+        p for p, info in listing.items() if info["type"] == "file" and re.search(r"(^|/)[^./][^/]*\.jsonl$", p)
+    )
+    assert [s.url for s in plain.shards] == fsspecs_own and len(fsspecs_own) >= 1
+    assert plain.shards == via_fsspec.shards
     assert [plain.read_chunk(c).records for c in plain.chunks(2)] == [
         via_fsspec.read_chunk(c).records for c in via_fsspec.chunks(2)
     ]
@@ -124,6 +133,54 @@ def test_a_path_naming_a_file_or_directory_as_written_is_not_a_glob(tmp_path, sc
     ds = Dataset.from_path("d", f"{scheme}{tmp_path}/{pattern}")
     assert [s.url.removeprefix(f"{tmp_path}/") for s in ds.shards] == expected
     assert ds.read_chunk(ds.chunks(1)[0]).records == [{"name": expected[0]}]
+
+
+def linked_dataset(tmp_path):
+    """A dataset directory holding a shard, links to a directory and a file kept elsewhere, and a
+    dangling link; the dataset is reached through a link too."""
+    elsewhere, data = tmp_path / "elsewhere", tmp_path / "data"
+    (elsewhere / "deep").mkdir(parents=True)
+    (data / "real").mkdir(parents=True)
+    (data / "real" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    (elsewhere / "b.jsonl").write_bytes(jsonl_bytes([{"i": 1}]))
+    (elsewhere / "deep" / "c.jsonl").write_bytes(jsonl_bytes([{"i": 2}, {"i": 3}]))
+    (data / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (data / "real" / "d.jsonl").symlink_to(elsewhere / "b.jsonl")
+    (data / "real" / "dangling.jsonl").symlink_to(elsewhere / "gone.jsonl")
+    (tmp_path / "data-link").symlink_to(data, target_is_directory=True)
+    return tmp_path / "data-link"
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+@pytest.mark.parametrize("pattern", ["", "/", "/**/*.jsonl", "/**"])
+def test_a_directory_a_glob_and_a_file_url_list_the_same_linked_shards(tmp_path, scheme, pattern):
+    """A plain glob followed links to directories; a plain directory and file:// passed over them."""
+    root = linked_dataset(tmp_path)
+    ds = Dataset.from_path("d", f"{scheme}{root}{pattern}")
+    assert [(s.url.removeprefix(f"{root}/"), s.num_records) for s in ds.shards] == [
+        ("linked/b.jsonl", 1),
+        ("linked/deep/c.jsonl", 2),
+        ("real/a.jsonl", 1),
+        ("real/d.jsonl", 1),
+    ]
+    assert [r["i"] for c in ds.chunks(2) for r in ds.read_chunk(c).records] == [1, 2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+@pytest.mark.parametrize("pattern", ["", "/**/*.jsonl", "/sub/**"])
+@pytest.mark.parametrize("loop", ["to-itself", "to-an-ancestor", "through-two-links"])
+def test_a_loop_of_links_is_a_named_error_not_shards_listed_over_and_over(tmp_path, scheme, pattern, loop):
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    if loop == "through-two-links":  # sub/out -> other, other/back -> sub
+        (data / "other").mkdir()
+        (data / "sub" / "out").symlink_to(data / "other", target_is_directory=True)
+        (data / "other" / "back").symlink_to(data / "sub", target_is_directory=True)
+    else:
+        (data / "sub" / "up").symlink_to(data / "sub" if loop == "to-itself" else tmp_path, target_is_directory=True)
+    with pytest.raises(ConfigurationError, match="a loop of symbolic links"):
+        Dataset.from_path("d", f"{scheme}{data}{pattern}")
 
 
 def test_relative_and_home_paths_are_listed_as_absolute_paths(tmp_path, monkeypatch):

@@ -8,13 +8,22 @@ protocol, `file://` included, still goes through fsspec.
 Listing follows fsspec's local filesystem where a user could tell the difference: paths are absolute
 and POSIX, `~` is expanded, a glob's `*` stays within one directory and `**` spans any number of them,
 hidden directories are searched (hidden files are dropped by the caller, for every filesystem alike).
+Links, to files and to directories, are followed, as the standard library's glob follows them; a
+`file://` URL is listed here too, because fsspec's local listing types a link by itself ("other")
+and so passes over linked directories: a directory, a glob and a `file://` URL of one dataset list
+the same shards. A link back to a directory that holds it would list the same shards without end
+(a glob's `**` went round such a loop 40 times, and forever with two such links in one directory):
+it is a ConfigurationError naming the link.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from typing import BinaryIO
+
+from .._errors import ConfigurationError
 
 __all__ = ["LocalFiles", "is_plain_path", "list_local"]
 
@@ -43,7 +52,7 @@ def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None
     path = os.path.abspath(os.path.expanduser(pattern))
     if os.path.isdir(path):
         found: dict[str, int] = {}
-        for directory, _, names in os.walk(path):
+        for directory, names in _walk(path):
             for name in names:
                 file = os.path.join(directory, name)
                 if os.path.isfile(file):
@@ -52,6 +61,46 @@ def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None
     if os.path.isfile(path):
         return path, None
     if has_glob:
+        _check_no_loop_below(path)
         matches = glob.glob(path, recursive=True, include_hidden=True)
         return path, {m: os.path.getsize(m) for m in matches if os.path.isfile(m)}
     return None
+
+
+def _walk(top: str) -> Iterator[tuple[str, list[str]]]:
+    """(directory, names of what in it is no directory) for `top` and every directory below it,
+    links to directories followed; ConfigurationError at a link that would go round a loop.
+
+    A link loops when its target holds (or is) a directory the walk came through to reach it: the
+    target is then an ancestor of a real path on the way down. Only links need the check: a plain
+    subdirectory is new on its way.
+    """
+    ways = {top: (os.path.realpath(top),)}  # directory -> real paths of the directories down to it
+    for directory, subdirectories, names in os.walk(top, followlinks=True):
+        way = ways.pop(directory)
+        for name in subdirectories:
+            sub = os.path.join(directory, name)
+            if not os.path.islink(sub):
+                ways[sub] = (*way, os.path.join(way[-1], name))
+                continue
+            target = os.path.realpath(sub)
+            if any(os.path.commonpath((target, passed)) == target for passed in way):
+                raise ConfigurationError(
+                    f"{sub} links to {target}, a directory that holds it: "
+                    "its shards would be listed without end (a loop of symbolic links)"
+                )
+            ways[sub] = (*way, target)
+        yield directory, names
+
+
+def _check_no_loop_below(pattern: str) -> None:
+    """A glob's `**` follows links to directories, with no end when they loop: walk what it will
+    search first (the directories its part before the first `**` matches), raising at a loop."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return  # every other glob goes a fixed number of directories deep
+    above = os.sep.join(parts[: parts.index("**")]) or os.sep
+    for top in glob.glob(above, include_hidden=True):
+        if os.path.isdir(top):
+            for _ in _walk(top):
+                pass

@@ -127,6 +127,8 @@ def _list_with_fsspec(
     import fsspec  # only here: see _local for what importing it costs
 
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    if is_local(fs):  # listed as its plain path is: fsspec's local listing passes over linked directories
+        return fs, list_local(path, has_glob=any(char in path for char in _GLOB_CHARS))
     if fs.isdir(path):
         listing = fs.find(path, detail=True)
     elif fs.isfile(path):
@@ -135,22 +137,7 @@ def _list_with_fsspec(
         listing = fs.glob(path, detail=True)
     else:
         return fs, None
-    return fs, (path, _file_sizes(fs, listing))
-
-
-def _file_sizes(fs: AbstractFileSystem, listing: dict[str, dict]) -> dict[str, int]:
-    """{path: size} of the files in an fsspec listing, symbolic links to files included.
-
-    fsspec's local listing types a link by the link itself ("other"), while the standard library
-    behind a plain path follows it: a `file://` URL silently left out shards that the same plain
-    path reads (every file of a Hugging Face cache snapshot is a link). A link's listed size is
-    its target's; a link to nothing is no file either way.
-    """
-    return {
-        p: info["size"]
-        for p, info in listing.items()
-        if info["type"] == "file" or (info.get("islink") and fs.isfile(p))
-    }
+    return fs, (path, {p: info["size"] for p, info in listing.items() if info["type"] == "file"})
 
 
 def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None) -> Located:
