@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
 import re
 import subprocess
@@ -181,6 +183,48 @@ def test_a_loop_of_links_is_a_named_error_not_shards_listed_over_and_over(tmp_pa
         (data / "sub" / "up").symlink_to(data / "sub" if loop == "to-itself" else tmp_path, target_is_directory=True)
     with pytest.raises(ConfigurationError, match="a loop of symbolic links"):
         Dataset.from_path("d", f"{scheme}{data}{pattern}")
+
+
+def deny(directory, mode: int, monkeypatch) -> None:
+    """Take permissions away from `directory`: reading and searching it (0o000) or searching it
+    alone (0o444). Root reads through any mode, so there the calls that the mode would make fail
+    are made to fail as they would, with EACCES."""
+    if os.geteuid() != 0:
+        directory.chmod(mode)
+        return
+
+    def denying(real, refuses):
+        def call(path=".", *args, **kwargs):
+            if isinstance(path, str) and refuses(path):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            return real(path, *args, **kwargs)
+        return call
+
+    def inside(path):
+        return path.startswith(f"{directory}{os.sep}")
+
+    if mode == 0o000:
+        monkeypatch.setattr(os, "scandir", denying(os.scandir, lambda path: path == str(directory)))
+    monkeypatch.setattr(os, "stat", denying(os.stat, inside))
+    monkeypatch.setattr(os, "lstat", denying(os.lstat, inside))
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+@pytest.mark.parametrize("pattern", ["", "/**/*.jsonl", "/*/*.jsonl", "/*/a.jsonl"])
+@pytest.mark.parametrize("mode", [0o000, 0o444], ids=["unlistable", "unsearchable"])
+def test_a_directory_that_cannot_be_read_is_a_named_error_not_shards_left_out(tmp_path, scheme, pattern, mode,
+                                                                              monkeypatch):
+    """os.walk and glob take a directory they may not read for an empty one: its shards vanished."""
+    data = tmp_path / "data"
+    for name in ["locked/a.jsonl", "open/a.jsonl"]:
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_bytes(jsonl_bytes([{"i": 0}]))
+    deny(data / "locked", mode, monkeypatch)
+    try:
+        with pytest.raises(ConfigurationError, match=f"{re.escape(str(data / 'locked'))}.* cannot be read"):
+            Dataset.from_path("d", f"{scheme}{data}{pattern}")
+    finally:
+        (data / "locked").chmod(0o755)
 
 
 def test_relative_and_home_paths_are_listed_as_absolute_paths(tmp_path, monkeypatch):

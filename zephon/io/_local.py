@@ -13,15 +13,18 @@ Links, to files and to directories, are followed, as the standard library's glob
 and so passes over linked directories: a directory, a glob and a `file://` URL of one dataset list
 the same shards. A link back to a directory that holds it would list the same shards without end
 (a glob's `**` went round such a loop 40 times, and forever with two such links in one directory):
-it is a ConfigurationError naming the link.
+it is a ConfigurationError naming the link. So is a directory in the dataset that cannot be listed
+or searched (permission denied): `os.walk` and `glob` pass over it as if it were empty, and its
+shards would be missing from the plan without a word.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import stat
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from .._errors import ConfigurationError
 
@@ -55,28 +58,49 @@ def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None
         for directory, names in _walk(path):
             for name in names:
                 file = os.path.join(directory, name)
-                if os.path.isfile(file):
-                    found[file] = os.path.getsize(file)
+                if (size := _file_size(file)) is not None:
+                    found[file] = size
         return path, found
     if os.path.isfile(path):
         return path, None
     if has_glob:
-        _check_no_loop_below(path)
+        _check_glob_can_search(path)
         matches = glob.glob(path, recursive=True, include_hidden=True)
-        return path, {m: os.path.getsize(m) for m in matches if os.path.isfile(m)}
+        return path, {m: size for m in matches if (size := _file_size(m)) is not None}
     return None
+
+
+def _file_size(path: str) -> int | None:
+    """The size of `path` if it is a file (links followed), None if it is something else or a
+    dangling link; ConfigurationError if it cannot be looked at (its directory is not searchable),
+    where `os.path.isfile` would say False and drop a shard."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        _unreadable(error)
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+def _unreadable(error: OSError) -> NoReturn:
+    raise ConfigurationError(
+        f"{error.filename} cannot be read while listing the dataset ({error.strerror}): "
+        "shards there would be missing from it"
+    ) from error
 
 
 def _walk(top: str) -> Iterator[tuple[str, list[str]]]:
     """(directory, names of what in it is no directory) for `top` and every directory below it,
-    links to directories followed; ConfigurationError at a link that would go round a loop.
+    links to directories followed; ConfigurationError at a link that would go round a loop and at
+    a directory that cannot be listed.
 
     A link loops when its target holds (or is) a directory the walk came through to reach it: the
     target is then an ancestor of a real path on the way down. Only links need the check: a plain
     subdirectory is new on its way.
     """
     ways = {top: (os.path.realpath(top),)}  # directory -> real paths of the directories down to it
-    for directory, subdirectories, names in os.walk(top, followlinks=True):
+    for directory, subdirectories, names in os.walk(top, onerror=_unreadable, followlinks=True):
         way = ways.pop(directory)
         for name in subdirectories:
             sub = os.path.join(directory, name)
@@ -93,14 +117,28 @@ def _walk(top: str) -> Iterator[tuple[str, list[str]]]:
         yield directory, names
 
 
-def _check_no_loop_below(pattern: str) -> None:
-    """A glob's `**` follows links to directories, with no end when they loop: walk what it will
-    search first (the directories its part before the first `**` matches), raising at a loop."""
+def _check_glob_can_search(pattern: str) -> None:
+    """Raise where `glob` would quietly match less than is there: it takes a directory it cannot
+    list, or a name it cannot look up, for one that holds nothing, and its `**` follows links to
+    directories with no end when they loop. So, part by part below the glob's fixed part, the
+    directories it will list are opened, the names it will look up are looked up, and what a `**`
+    will search is walked (which is everything below it)."""
     parts = pattern.split(os.sep)
-    if "**" not in parts:
-        return  # every other glob goes a fixed number of directories deep
-    above = os.sep.join(parts[: parts.index("**")]) or os.sep
-    for top in glob.glob(above, include_hidden=True):
-        if os.path.isdir(top):
-            for _ in _walk(top):
+    first = next(depth for depth, part in enumerate(parts) if glob.has_magic(part))
+    for depth in range(first, len(parts)):
+        above = glob.glob(os.sep.join(parts[:depth]) or os.sep, recursive=True, include_hidden=True)
+        for directory in filter(os.path.isdir, above):
+            try:
+                if parts[depth] == "**":
+                    for _ in _walk(directory):
+                        pass
+                elif glob.has_magic(parts[depth]):
+                    os.scandir(directory).close()
+                else:
+                    os.lstat(os.path.join(directory, parts[depth]))
+            except FileNotFoundError:
                 pass
+            except OSError as error:
+                _unreadable(error)
+        if parts[depth] == "**":
+            return
