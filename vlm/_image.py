@@ -197,7 +197,7 @@ def _open(data: bytes, spec: ImageSpec):
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - untrusted bytes fail in many ways; all mean "not an image"
-        raise _classify(exc) from None
+        raise _classify(exc, data) from None
     width, height = image.size
     if width < 1 or height < 1:
         raise ImageDecodeError("corrupt_image", f"header announces a {width}x{height} image")
@@ -228,9 +228,12 @@ def _open_identified(data: bytes):
         return Image.open(io.BytesIO(data))
 
 
-def _classify(exc: BaseException) -> ImageDecodeError:
+def _classify(exc: BaseException, data: bytes) -> ImageDecodeError:
+    """The reason Pillow's failure on `data` is counted under."""
     from PIL import UnidentifiedImageError
 
+    if (cut := _webp_cut_short(data)) is not None:
+        return ImageDecodeError("truncated_image", cut)
     if isinstance(exc, UnidentifiedImageError):  # its message names a memory address: not stable
         return ImageDecodeError("corrupt_image", "no image format recognises these bytes")
     message = f"{type(exc).__name__}: {exc}"
@@ -264,15 +267,29 @@ def _upright_grid(image, orientation: int, spec: ImageSpec) -> tuple[int, int]:
     return image_grid(height, width, spec)
 
 
-def _read_data(step) -> None:
-    """Run a Pillow step that reads the image's data (`load`): its failure on untrusted bytes
+def _webp_cut_short(data: bytes) -> str | None:
+    """Why a WebP is cut short, or None: its RIFF header declares more bytes than there are.
+
+    Pillow cannot tell: libwebp's demuxer refuses a WebP cut anywhere at open, with the words it
+    uses for a damaged one ("could not create decoder object"), and one cut just after its RIFF
+    header is no image Pillow knows. Asked only once Pillow has failed, so a WebP that decodes is
+    never refused by this.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    declared = 8 + int.from_bytes(data[4:8], "little")
+    return f"the WebP's header declares {declared} bytes, {len(data)} are there" if len(data) < declared else None
+
+
+def _read_data(step, data: bytes) -> None:
+    """Run a Pillow step that reads the pixels of `data` (`load`): its failure on untrusted bytes
     becomes an `ImageDecodeError` with a named reason."""
     try:
         step()
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise _classify(exc) from None
+        raise _classify(exc, data) from None
 
 
 def _normalise_mode(image):
@@ -348,7 +365,7 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool):
                 box = drafted[1]
     if image.format == "PNG":
         _check_png_pixel_data(data)
-    _read_data(image.load)
+    _read_data(image.load, data)
     try:
         image = _normalise_mode(image)
     except (ValueError, OSError) as exc:  # a mode Pillow cannot convert: unusable, not a crash

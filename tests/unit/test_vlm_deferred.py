@@ -114,6 +114,14 @@ def test_what_the_header_shows_is_refused_before_packing():
     assert _reason(lambda: probe_image(_flip_a_byte_in_the_pixel_data(png))) == "corrupt_image"
 
 
+@pytest.mark.parametrize("options", [{"quality": 80}, {"lossless": True}], ids=["lossy", "lossless"])
+def test_a_truncated_webp_is_refused_as_truncated_before_packing_as_when_decoded(options):
+    """Pillow reads a WebP whole when it opens it, so the header check already finds the cut."""
+    data = encode(gradient(480, 640), "WEBP", **options)
+    cut = data[: len(data) // 2]
+    assert _reason(lambda: probe_image(cut)) == _reason(lambda: decode_image(cut)) == "truncated_image"
+
+
 def test_a_truncated_jpeg_passes_its_header_and_fails_when_decoded():
     data = truncated_jpeg()
     spec = ImageSpec()

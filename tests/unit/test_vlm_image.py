@@ -270,6 +270,15 @@ def test_truncated_png_is_reported_as_truncated():
     assert _reason(data[: len(data) // 2]) == "truncated_image"
 
 
+@pytest.mark.parametrize("options", [{"quality": 80}, {"lossless": True}], ids=["lossy", "lossless"])
+def test_truncated_webp_is_reported_as_truncated_and_a_damaged_whole_one_as_corrupt(options):
+    """Pillow refuses a cut WebP in the words it uses for a damaged one; its RIFF header tells them apart."""
+    data = encode(gradient(480, 640), "WEBP", **options)
+    for kept in (len(data) - 1, len(data) // 2, 16, 12):  # 12: the RIFF header alone
+        assert _reason(data[:kept]) == "truncated_image", kept
+    assert _reason(data[:12] + b"XXXX" + data[16:]) == "corrupt_image"  # whole, its one chunk unknown
+
+
 @pytest.mark.parametrize("data", [b"", b"\x00" * 64, b"GIF89a not really", b"<html>404</html>" * 20],
                          ids=["empty", "zeros", "fake-gif", "html"])
 def test_garbage_bytes_are_reported_as_corrupt_with_a_stable_message(data):
