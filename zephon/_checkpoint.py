@@ -5,9 +5,12 @@ the first `skip` rows it produces (the trainer already consumed them), and count
 from `position`. Beside it travel the lane's settled ledger counts (see `_ledger.py`). Nothing
 buffered is ever saved; loading a state cannot execute code.
 
-A state also says how many global steps its rank has begun handing over and which of its lanes a
-finite plan has finished. Ranks saved at one checkpoint agree on the first; `merge_states` refuses
-states that do not, since their lanes would resume out of step with each other.
+A state also says how far its rank has gone, two ways: the global steps it has begun handing over,
+and the rows handed over on all ranks together as it counts them (its own rows since it was
+resumed, times the world size, on top of the count it was resumed at). Ranks saved at one
+checkpoint agree on one of the two (see `_one_checkpoint`), whether or not a lane has finished;
+`merge_states` refuses states that agree on neither, since their lanes would resume out of step
+with each other. It also says which of its lanes a finite plan has finished.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ __all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_st
 
 STATE_FORMAT = "zephon.loader_state"
 # 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws;
-# 4: "steps_begun" and "finished", so that merging ranks saved at different steps is refused
-STATE_VERSION = 4
+# 4: "steps_begun" and "finished", so that merging ranks saved at different steps is refused;
+# 5: "rows_taken", so that it is refused also once every rank has a finished lane
+STATE_VERSION = 5
 
 
 @dataclass
@@ -75,15 +79,19 @@ def make_state(
     num_lanes: int,
     ledgers: Mapping[int, dict],
     steps_begun: int | None,
+    rows_taken: int,
 ) -> dict:
     """`steps_begun`: the global steps the rank handed over microbatches of, the last one perhaps
-    in part; None once its every lane is finished (a rank that is done cannot be out of step)."""
+    in part; None once its every lane is finished (a rank that is done cannot be out of step).
+    `rows_taken`: the rows handed over on all ranks together if every rank handed over as many as
+    this one since the state it resumed from (whose count it starts from)."""
     body = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "num_lanes": num_lanes,
         "recipe": recipe_digests(recipe),
         "steps_begun": steps_begun,
+        "rows_taken": rows_taken,
         "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},
         "finished": sorted(lane for lane, cursor in lanes.items() if cursor.finished),
         "ledger": {str(lane): ledgers[lane] for lane in sorted(ledgers)},
@@ -119,9 +127,9 @@ def _intact(state: object) -> dict:
 
 def read_state(
     state: object, recipe: Mapping, num_lanes: int
-) -> tuple[dict[int, LaneCursor], dict[int, dict], int | None]:
+) -> tuple[dict[int, LaneCursor], dict[int, dict], int | None, int]:
     """Validate a state against the current recipe; return its cursors and ledger counts by lane,
-    and its steps begun."""
+    its steps begun and its rows taken."""
     state = _intact(state)
     _check_shape(state)
     saved = state["recipe"]
@@ -137,7 +145,7 @@ def read_state(
     finished = set(state["finished"])
     cursors = {int(lane): LaneCursor(*cursor, finished=int(lane) in finished) for lane, cursor in state["lanes"].items()}
     ledgers = {int(lane): dict(counts) for lane, counts in state.get("ledger", {}).items()}
-    return cursors, ledgers, state["steps_begun"]
+    return cursors, ledgers, state["steps_begun"], state["rows_taken"]
 
 
 def _check_shape(state: dict) -> None:
@@ -162,6 +170,8 @@ def _check_shape(state: dict) -> None:
     steps_begun, finished = state.get("steps_begun"), state.get("finished")
     if "steps_begun" not in state or (steps_begun is not None and not _is_count(steps_begun)):
         raise CheckpointError("malformed loader state: 'steps_begun' must be a non-negative integer or null")
+    if not _is_count(state.get("rows_taken")):
+        raise CheckpointError("malformed loader state: 'rows_taken' must be a non-negative integer")
     if (
         not isinstance(finished, list)
         or not all(map(_is_count, finished))
@@ -236,30 +246,34 @@ def merge_states(states: Iterable[Mapping]) -> dict:
         finished.update(state["finished"])
         ledger.update(state.get("ledger", {}))
     body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe")}
-    body["steps_begun"] = _common_steps_begun(states)
+    body["steps_begun"] = _one_checkpoint(states)
+    # What was handed over, as the cursors (padding included) say: what every rank resumed from it counts on.
+    body["rows_taken"] = sum(cursor[2] for cursor in lanes.values())
     body["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
     body["finished"] = sorted(finished)
     body["ledger"] = dict(sorted(ledger.items(), key=lambda kv: int(kv[0])))
     return {**body, "checksum": _checksum(body)}
 
 
-def _common_steps_begun(states: list[dict]) -> int | None:
-    """The one count of steps begun of every rank whose lanes all still have data. Ranks saved at
-    different steps (one rank's file from an older checkpoint, a save taken while ranks were out of
-    step) would resume lanes out of step with each other: the global batches after the resume would
-    not be the uninterrupted run's, so the merge is refused.
+def _one_checkpoint(states: list[dict]) -> int | None:
+    """The steps begun of the merged state, once the ranks' states are shown to come from one
+    checkpoint; raises CheckpointError otherwise.
 
-    A rank with a finished lane may have begun more steps than those ranks, never fewer: a trainer
-    that takes the same number of microbatches from every rank per step (TorchTitan's local
-    batches) takes its live lanes' later steps early once a lane ran out. The merged count is the
-    smallest, that of the ranks whose lanes all have data."""
-    begun = [state for state in states if state["steps_begun"] is not None]
-    full = {state["steps_begun"] for state in begun if not state["finished"]}
-    least = min((state["steps_begun"] for state in begun), default=None)
-    if len(full) > 1 or (full and least < min(full)):
-        steps = sorted({state["steps_begun"] for state in begun})
+    Ranks saved at one checkpoint agree on rows taken or on steps begun, whatever their lanes: a
+    trainer that takes as many microbatches from every rank between checkpoints (TorchTitan's local
+    batches, a loop accumulating a fixed number per optimizer step) leaves them agreeing on rows,
+    even where a finished lane let a rank's live lanes run steps ahead; one that takes each step
+    whole leaves them agreeing on steps, even where finished lanes gave a rank fewer rows. A state
+    of an older save (one rank's file left behind) has taken fewer rows, and begun fewer steps
+    unless the saves fell within one step: its lanes would replay what the others' trainer already
+    had. Ranks whose lanes are all finished have nothing left to be out of step with and are left
+    out. The merged count is the smallest."""
+    live = [state for state in states if state["steps_begun"] is not None]
+    steps = sorted({state["steps_begun"] for state in live})
+    rows = sorted({state["rows_taken"] for state in live})
+    if len(rows) > 1 and len(steps) > 1:
         raise CheckpointError(
-            f"cannot merge loader states saved at different steps ({', '.join(map(str, steps))}): "
-            "every rank's state must come from the same checkpoint"
+            f"cannot merge loader states saved at different steps ({', '.join(map(str, steps))}) having taken "
+            f"different numbers of rows ({', '.join(map(str, rows))}): every rank's state must come from the same checkpoint"
         )
-    return least
+    return steps[0] if steps else None

@@ -92,9 +92,11 @@ class RankLoader:
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._compile()
         self._cursors = {lane: LaneCursor() for lane in self.lanes}
-        # Global steps this rank handed microbatches of, the last perhaps in part: ranks saved at
-        # one checkpoint agree on it, which is how merge_states tells a state of another step.
+        # Global steps this rank handed microbatches of, the last perhaps in part, and the rows
+        # handed over on all ranks if each handed over as many as this one: ranks saved at one
+        # checkpoint agree on one of them, which is how merge_states tells a state of another.
         self._steps_begun = 0
+        self._rows_taken = 0
         self._streams: dict[int, LaneStream] = {}
         self._runner: Runner | None = None
         self._ledger = Ledger()
@@ -302,6 +304,7 @@ class RankLoader:
             self._account(lane, got)
         cursor.position += m
         self._steps_begun = step + 1
+        self._rows_taken += m * self.world_size
         return batch
 
     def _account(self, lane: int, got) -> None:
@@ -327,7 +330,7 @@ class RankLoader:
         ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
         finished = [self._finished(lane) for lane in self.lanes]
         steps_begun = None if all(finished) else self._steps_begun
-        return make_state(self.recipe, self._cursors, self.num_lanes, ledgers, steps_begun)
+        return make_state(self.recipe, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken)
 
     def _finished(self, lane: int) -> bool:
         """Whether a finite plan's every row of the lane was handed over; kept in the cursor, so a
@@ -339,7 +342,7 @@ class RankLoader:
 
     def load_state_dict(self, state) -> None:
         """Take up the cursors of this rank's lanes from a state covering them (any world size)."""
-        cursors, ledgers, steps_begun = read_state(state, self.recipe, self.num_lanes)
+        cursors, ledgers, steps_begun, rows_taken = read_state(state, self.recipe, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
             from ._errors import CheckpointError
@@ -348,19 +351,20 @@ class RankLoader:
                 f"the loader state does not cover lanes {missing} of rank {self.rank}; "
                 "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
             )
-        self._take_up({lane: cursors[lane] for lane in self.lanes}, ledgers, steps_begun)
+        self._take_up({lane: cursors[lane] for lane in self.lanes}, ledgers, steps_begun, rows_taken)
 
     def _mark(self) -> tuple:
         """What `_take_up` needs to hand over again everything taken from now on: this rank's
-        cursors, ledger and steps begun (what `state_dict` saves, without its recipe digests)."""
+        cursors, ledger, steps begun and rows taken (what `state_dict` saves, without its recipe digests)."""
         cursors = {lane: dataclasses.replace(cursor) for lane, cursor in self._cursors.items()}
         ledgers = {lane: self._ledger.lane_state(lane, cursor.segment) for lane, cursor in cursors.items()}
-        return cursors, ledgers, self._steps_begun
+        return cursors, ledgers, self._steps_begun, self._rows_taken
 
-    def _take_up(self, cursors: dict, ledgers: dict, steps_begun: int | None) -> None:
+    def _take_up(self, cursors: dict, ledgers: dict, steps_begun: int | None, rows_taken: int) -> None:
         self._close_streams()
         self._cursors = cursors
         self._steps_begun = steps_begun or 0  # None: every lane of every rank is finished
+        self._rows_taken = rows_taken
         for lane in self.lanes:
             self._ledger.restore(lane, ledgers.get(lane, {}))
         self._generation += 1

@@ -167,3 +167,34 @@ def test_a_rank_with_a_finished_lane_saved_behind_the_others_is_refused(make_jso
     later = next(state for state in states[1] if not state["finished"] and state["steps_begun"] > early["steps_begun"])
     with pytest.raises(CheckpointError, match="saved at different steps"):
         merge_states([early, later])
+
+
+def test_a_rank_file_from_an_older_save_is_refused_once_every_rank_has_a_finished_lane(
+    make_jsonl_corpus, demo_tokenizer_path
+):
+    """Ranks taking each step whole, saved at every step's end: once every rank has a finished
+    lane, one rank's file from the save a step earlier (either rank's) must still be told apart."""
+    make = lambda: text_pipeline(
+        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    )
+    saves = []  # per rank: {steps taken whole: state}
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            per_step = Counter(batch.step for batch in loader)
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            it = iter(loader)
+            saves.append({})
+            for step in sorted(per_step):
+                for _ in range(per_step[step]):
+                    next(it)
+                saves[rank][step + 1] = loader.state_dict()
+    both = [
+        step for step in sorted(set(saves[0]) & set(saves[1]))
+        if all(save[step]["finished"] and save[step]["steps_begun"] is not None for save in saves)
+    ]
+    assert len(both) >= 2  # the scenario happened: two saves at which every rank had a finished lane
+    older, newer = both[0], both[1]
+    assert merge_states([saves[0][newer], saves[1][newer]])["steps_begun"] == newer
+    for mixed in ([saves[0][older], saves[1][newer]], [saves[0][newer], saves[1][older]]):
+        with pytest.raises(CheckpointError, match="saved at different steps"):
+            merge_states(mixed)
