@@ -259,21 +259,25 @@ def _one_checkpoint(states: list[dict]) -> int | None:
     """The steps begun of the merged state, once the ranks' states are shown to come from one
     checkpoint; raises CheckpointError otherwise.
 
-    Ranks saved at one checkpoint agree on rows taken or on steps begun, whatever their lanes: a
-    trainer that takes as many microbatches from every rank between checkpoints (TorchTitan's local
-    batches, a loop accumulating a fixed number per optimizer step) leaves them agreeing on rows,
-    even where a finished lane let a rank's live lanes run steps ahead; one that takes each step
-    whole leaves them agreeing on steps, even where finished lanes gave a rank fewer rows. A state
-    of an older save (one rank's file left behind) has taken fewer rows, and begun fewer steps
-    unless the saves fell within one step: its lanes would replay what the others' trainer already
-    had. Ranks whose lanes are all finished have nothing left to be out of step with and are left
-    out. The merged count is the smallest."""
+    Ranks saved at one checkpoint have taken as many rows: their trainer takes as many microbatches
+    from every rank between checkpoints (TorchTitan's local batches, a loop accumulating a fixed
+    number per optimizer step), and the rows of a step split evenly across ranks (a resume that
+    would split them unevenly is refused, see `RankLoader.load_state_dict`). So do they in the
+    ragged end of a finite epoch, where a finished lane lets a rank's live lanes run steps ahead;
+    there a trainer that takes each step whole leaves them agreeing on steps begun instead, having
+    taken fewer rows where lanes finished, and that is accepted too. A state of an older save (one
+    rank's file left behind) has taken fewer rows, and, in the ragged end, begun fewer steps unless
+    the saves fell within one step: its lanes would replay what the others' trainer already had.
+    Ranks whose lanes are all finished have nothing left to be out of step with and are left out.
+    The merged count is the smallest."""
     live = [state for state in states if state["steps_begun"] is not None]
     steps = sorted({state["steps_begun"] for state in live})
     rows = sorted({state["rows_taken"] for state in live})
-    if len(rows) > 1 and len(steps) > 1:
+    ragged = any(state["finished"] for state in live)
+    if len(rows) > 1 and (len(steps) > 1 or not ragged):
         raise CheckpointError(
             f"cannot merge loader states saved at different steps ({', '.join(map(str, steps))}) having taken "
-            f"different numbers of rows ({', '.join(map(str, rows))}): every rank's state must come from the same checkpoint"
+            f"different numbers of rows ({', '.join(map(str, rows))}): every rank's state must come from the same "
+            "checkpoint, taken when every rank had handed over as many microbatches"
         )
     return steps[0] if steps else None

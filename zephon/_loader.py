@@ -24,7 +24,7 @@ from typing import Iterator
 
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state
-from ._errors import ConfigurationError, check_count
+from ._errors import CheckpointError, ConfigurationError, check_count
 from ._ledger import Ledger
 from ._lane import LaneStream
 from ._packing import assemble_row
@@ -345,13 +345,48 @@ class RankLoader:
         cursors, ledgers, steps_begun, rows_taken = read_state(state, self.recipe, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
-            from ._errors import CheckpointError
-
             raise CheckpointError(
                 f"the loader state does not cover lanes {missing} of rank {self.rank}; "
                 "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
             )
+        if len(cursors) == self.num_lanes:
+            self._check_step_rest_splits_evenly(cursors)
         self._take_up({lane: cursors[lane] for lane in self.lanes}, ledgers, steps_begun, rows_taken)
+
+    def _check_step_rest_splits_evenly(self, cursors: dict[int, LaneCursor]) -> None:
+        """Refuse a state saved partway through a step that this world size would split unevenly.
+
+        Ranks saved at one checkpoint had each taken as many of the step's microbatches (a trainer
+        accumulates a fixed number per rank); on another world size the step's rest may fall
+        unevenly to the ranks (a state saved on 2 ranks after 1 of each rank's 8, resumed on 4:
+        3, 4, 3 and 4 left). Ranks taking as many microbatches each would then mix that step with
+        the next, differently on each rank, for the rest of the run: no later global batch would
+        be the uninterrupted run's, and their states would disagree on the step they are in. A
+        state at a step's end always splits evenly, and so does a state merged from ranks that took
+        as many rows (as `merge_states` requires) on the world size it was saved on, or on fewer
+        ranks each taking over whole ranks of it. In the ragged end of a finite epoch (a lane
+        finished), ranks taking as many microbatches each already run at different steps by
+        design, and the check is left out."""
+        if any(cursor.finished for cursor in cursors.values()):
+            return
+        positions = {lane: cursor.position for lane, cursor in cursors.items()}
+        if len(set(positions.values())) == 1:
+            return
+        per_step, m = self.rows_per_step, self.microbatch_size
+        step = min(positions.values()) // per_step
+        end = (step + 1) * per_step
+        per_rank = self.num_lanes // self.world_size
+        left = [
+            sum(max(0, end - positions[lane]) for lane in range(rank * per_rank, (rank + 1) * per_rank)) // m
+            for rank in range(self.world_size)
+        ]
+        if len(set(left)) > 1:
+            raise CheckpointError(
+                f"the loader state was saved partway through step {step}, whose remaining microbatches would "
+                f"fall {', '.join(map(str, left))} to the {self.world_size} ranks: ranks taking as many each would "
+                "never be in step again. Resume it on a world size that gives every rank as many (the one it was "
+                "saved on does), or resume from a checkpoint saved at the end of a step"
+            )
 
     def _mark(self) -> tuple:
         """What `_take_up` needs to hand over again everything taken from now on: this rank's

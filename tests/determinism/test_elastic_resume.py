@@ -4,16 +4,20 @@ to the uninterrupted run (SPEC §3.3, §5)."""
 from __future__ import annotations
 
 import json
+from itertools import islice
 
 import pytest
 
 from tests.harness import (
+    GLOBAL_BATCH,
     checkpoint_after,
     consumed_keys,
     microbatch_digests,
+    microbatches_per_rank_step,
     step_digests,
     text_pipeline,
 )
+from zephon import CheckpointError, merge_states
 
 TOTAL_STEPS = 14
 
@@ -51,9 +55,19 @@ def resume_points(flush_step):
     }
 
 
+POINTS = ["start", "mid_run", "before_flush", "after_flush", "mid_step_microbatch_boundary"]
+# A state saved partway through a step resumes on fewer ranks, each taking over whole ranks of it;
+# more ranks would split the step's rest unevenly and refuse it (see the refusal test below).
+LAYOUTS = [
+    (source, target, point)
+    for source, target in [(1, 4), (2, 1), (4, 8), (8, 2)]
+    for point in POINTS
+    if not (point == "mid_step_microbatch_boundary" and target > source)
+]
+
+
 @pytest.mark.parametrize("runner", ["inline", "thread", "process"])
-@pytest.mark.parametrize("source_world,target_world", [(1, 4), (2, 1), (4, 8), (8, 2)])
-@pytest.mark.parametrize("point", ["start", "mid_run", "before_flush", "after_flush", "mid_step_microbatch_boundary"])
+@pytest.mark.parametrize("source_world,target_world,point", LAYOUTS)
 def test_resume_on_another_world_size_matches_uninterrupted_run(
     make, reference, flush_step, runner, source_world, target_world, point
 ):
@@ -125,3 +139,39 @@ def test_an_iterator_from_before_load_state_dict_stops_and_leaves_the_resumed_ru
             next(old)
         got += _digests(new, 31)
     assert got == reference
+
+
+@pytest.mark.parametrize("source_world,target_world", [(1, 4), (2, 4), (4, 8)])
+def test_a_state_saved_partway_through_a_step_is_refused_where_ranks_would_get_unequal_parts_of_it(
+    make, source_world, target_world
+):
+    """Every rank took 1 microbatch of step 4: on more ranks, some would hold 1 microbatch of the
+    step's rest where others hold 2. Ranks taking as many each would mix steps 4 and 5 unevenly
+    for the rest of the run, and their next states would disagree on the step; refused at once."""
+    state = checkpoint_after(make(), source_world, 4, 1)
+    with make().shard(0, target_world, global_batch_size=GLOBAL_BATCH) as loader:
+        with pytest.raises(CheckpointError, match="saved partway through step 4, whose remaining microbatches"):
+            loader.load_state_dict(state)
+
+
+def test_a_state_saved_partway_through_a_step_resumes_on_fewer_ranks_in_step_and_merges_again(make, reference):
+    """Saved on 4 ranks after 1 of each rank's 4 microbatches of step 4, resumed on 2 ranks taking
+    as many microbatches each, saved partway through a later step, merged and resumed on 1 rank:
+    the ranks stay in step, and every microbatch is the uninterrupted run's."""
+    state = checkpoint_after(make(), 4, 4, 1)
+    loaders = [make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) for rank in range(2)]
+    try:
+        for loader in loaders:
+            loader.load_state_dict(state)
+        taken = [list(islice(iter(loader), 6 + microbatches_per_rank_step(loader) + 3)) for loader in loaders]
+        states = [loader.state_dict() for loader in loaders]
+    finally:
+        for loader in loaders:
+            loader.close()
+    assert [[batch.step for batch in batches] for batches in taken] == [[4] * 6 + [5] * 8 + [6] * 3] * 2
+    assert all(batch.digest() == reference[(batch.step, batch.lane, batch.index)] for batches in taken for batch in batches)
+    merged = json.loads(json.dumps(merge_states(states)))
+    resumed = microbatch_digests(make(), 1, TOTAL_STEPS, state=merged)
+    delivered = consumed_keys(make(), 4, 4, 1) | {(b.step, b.lane, b.index) for batches in taken for b in batches}
+    assert set(resumed) == set(reference) - delivered
+    assert {key: reference[key] for key in resumed} == resumed

@@ -4,8 +4,8 @@ resume on another world size (and runner) from the last checkpoint, in any order
 Invariant: every microbatch ever delivered, at (step, lane, index), has the digest of the
 uninterrupted single-rank run at the same (step, lane, index) — whatever was taken, saved and
 resumed before it, and however often a resume re-delivers what came after the checkpoint.
-A checkpoint of ranks that have begun different numbers of steps and taken different numbers of
-rows is refused by name, and the last good checkpoint stays.
+A checkpoint of ranks that have taken different numbers of rows is refused by name, and the last good checkpoint stays; so is a resume that would split a step's
+rest unevenly over the ranks, and the run resumes on the world size it ran on instead.
 """
 
 from __future__ import annotations
@@ -89,18 +89,17 @@ class IterateCheckpointResume(RuleBasedStateMachine):
 
     @rule()
     def catch_up(self) -> None:
-        """Every rank takes microbatches until it has begun as many steps as the furthest one: where
-        the ranks of a trainer stand when it checkpoints."""
-        target = max(map(_steps_begun, self.loaders))
+        """Every rank takes microbatches until it has taken as many as the furthest one: where the
+        ranks of a trainer stand when it checkpoints."""
+        target = max(map(_rows_taken, self.loaders))
         for rank, loader in enumerate(self.loaders):
-            while not self.at_horizon[rank] and _steps_begun(loader) < target:
+            while not self.at_horizon[rank] and _rows_taken(loader) < target:
                 self.take(rank, 1)
 
     @rule()
     def save(self) -> None:
         states = [loader.state_dict() for loader in self.loaders]
-        live = [state for state in states if state["steps_begun"] is not None]
-        if len({state["steps_begun"] for state in live}) > 1 and len({state["rows_taken"] for state in live}) > 1:
+        if len({state["rows_taken"] for state in states}) > 1:  # an endless plan: no lane ever finishes
             with pytest.raises(CheckpointError, match="saved at different steps"):
                 merge_states(states)
             return
@@ -110,14 +109,22 @@ class IterateCheckpointResume(RuleBasedStateMachine):
     @rule(world=st.sampled_from(WORLD_SIZES), runner=st.sampled_from(["inline", "thread"]))
     def resume(self, world: int, runner: str) -> None:
         self._close()
-        self._open(world, runner)
+        previous = self.world
+        try:
+            self._open(world, runner)
+        except CheckpointError as exc:
+            # A state saved partway through a step, on a world size that would split its rest
+            # unevenly. The loaders resume on the world size that took it up, or saved it, before.
+            assert "saved partway through step" in str(exc)
+            self._close()
+            self._open(previous, runner)
 
     def teardown(self) -> None:
         self._close()
 
 
-def _steps_begun(loader) -> int:
-    return loader.state_dict()["steps_begun"]
+def _rows_taken(loader) -> int:
+    return loader.state_dict()["rows_taken"]
 
 
 IterateCheckpointResume.TestCase.settings = fuzz_settings(ci=25, stateful_step_count=15)

@@ -85,6 +85,7 @@ def test_finished_lanes_and_the_step_survive_a_resume(make_jsonl_corpus, demo_to
         (lambda body: body.update(finished=[0, 0]), "'finished' must list"),
         (lambda body: body.update(finished=["0"]), "'finished' must list"),
         (lambda body: body.update(finished=[9]), "'finished' must list"),
+        (lambda body: body.pop("rows_taken"), "'rows_taken' must be"),
     ],
 )
 def test_merging_refuses_a_re_signed_state_with_a_malformed_step_or_finished(rank_states, edit, message):
@@ -198,3 +199,20 @@ def test_a_rank_file_from_an_older_save_is_refused_once_every_rank_has_a_finishe
     for mixed in ([saves[0][older], saves[1][newer]], [saves[0][newer], saves[1][older]]):
         with pytest.raises(CheckpointError, match="saved at different steps"):
             merge_states(mixed)
+
+
+
+def test_merging_refuses_ranks_that_took_different_parts_of_one_step(make_jsonl_corpus, demo_tokenizer_path):
+    """Both ranks have begun step 0, one with 6 of its 8 microbatches, the other with 3: a save
+    from partway through the step beside one from later in it. Before the ragged end, ranks of one
+    checkpoint have taken as many rows."""
+    pipeline = text_pipeline(make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path)
+    states = []
+    for rank, taken in ((0, 6), (1, 3)):
+        with pipeline.shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            for _ in islice(iter(loader), taken):
+                pass
+            states.append(loader.state_dict())
+    assert [state["steps_begun"] for state in states] == [1, 1]
+    with pytest.raises(CheckpointError, match=r"having taken different numbers of rows \(12, 24\)"):
+        merge_states(states)
