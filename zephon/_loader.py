@@ -554,8 +554,8 @@ def _apply_row_work(work, row, done: Future, future: Future) -> None:
 
 def _submit_chain(runner: Runner, num_stages: int, item, describe) -> Future:
     """Run an item through every stage in turn; the returned future resolves with the last result.
-    An exception from any stage gets the note `describe(item)`, naming the item where the error
-    itself may not (a WorkerCrashedError knows only the stage).
+    An exception from any stage, or from submitting to one, fails it with the note `describe(item)`,
+    naming the item where the error itself may not (a WorkerCrashedError knows only the stage).
 
     Cancelling the returned future (a loader closing with work in flight) stops the chain at the
     next hand-off.
@@ -590,16 +590,33 @@ class _Chain:
             return
         if self.done.cancelled():
             return
-        self.runner.submit(stage, value).add_done_callback(functools.partial(self._on_stage_done, stage))
+        # Every stage after the first is submitted from a done-callback, where concurrent.futures
+        # logs an exception and drops it: a submit that raises (a runner's misuse check, an
+        # unexpected fault in its dispatch, MemoryError) would leave `done` pending and the loader
+        # waiting for it forever. The item fails with it instead, like a stage that raised.
+        try:
+            future = self.runner.submit(stage, value)
+        except Exception as exc:  # noqa: BLE001 - raised at take, with the item named
+            self._fail(exc)
+            return
+        future.add_done_callback(functools.partial(self._on_stage_done, stage))
 
     def _on_stage_done(self, stage: int, future: Future) -> None:
         if future.cancelled():
             self.done.cancel()
         elif (error := future.exception()) is not None:
-            error.add_note(self.describe(self.item))
-            _settle(self.done.set_exception, error)
+            self._fail(error)
         else:
             self.advance(stage + 1, future.result())
+
+    def _fail(self, error: BaseException) -> None:
+        """Fail `done` with `error`, noted with the item; even if the note cannot be added (an
+        exception whose `__notes__` is not a list), since this too runs in a done-callback."""
+        try:
+            error.add_note(self.describe(self.item))
+        except Exception:  # noqa: BLE001 - the item's own error matters more than the note
+            log.exception("could not note which item %r failed", error)
+        _settle(self.done.set_exception, error)
 
 
 def _settle(setter, value) -> None:

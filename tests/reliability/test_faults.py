@@ -9,12 +9,14 @@ permanent one fails with `ShardUnavailableError` naming the file's URL.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
 import signal
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
@@ -151,6 +153,46 @@ def test_system_exit_from_a_user_function_stops_the_loader_as_itself_not_as_a_sk
         assert loader.stats()["datasets"]["d"]["total"]["skipped"] == {}
         if isinstance(runner, ProcessRunner):
             assert (runner.stats().retries, runner.stats().workers_replaced) == (0, 0)
+
+
+class _Unnotable(Exception):
+    """An error that takes no note (its `__notes__` is not a list: `add_note` raises TypeError)."""
+
+    __notes__ = ()
+
+
+class _FailingSecondStage(ThreadRunner):
+    """A thread runner whose second stage fails in one of two ways the loader must not hang on."""
+
+    def __init__(self, fault: str) -> None:
+        super().__init__()
+        self.fault = fault
+
+    def submit(self, stage_index: int, item):
+        if stage_index == 0:
+            return super().submit(stage_index, item)
+        if self.fault == "submit raises":  # as a runner's misuse checks or an unexpected fault do
+            raise RuntimeError("the runner refuses stage 1")
+        failed = Future()
+        failed.set_exception(_Unnotable("stage 1 failed"))
+        return failed
+
+
+@pytest.mark.timeout(30)  # the failure this guards against is a loader waiting forever
+@pytest.mark.parametrize("fault", ["submit raises", "the error takes no note"])
+def test_a_later_stage_that_fails_in_its_done_callback_fails_the_loader_instead_of_hanging_it(tmp_path, fault):
+    """Every stage after the first is submitted from the previous one's done-callback, whose
+    exceptions concurrent.futures logs and drops: the chunk used to stay pending for ever."""
+    dataset = jsonl_dataset(tmp_path / "data")
+    pipeline = text_pipeline(dataset, runner=functools.partial(_FailingSecondStage, fault), parallelism=2)
+    pipeline = pipeline.options(read_parallelism=1)  # read, then tokenize: two stages
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(loader.stages) == 2
+        with pytest.raises((RuntimeError, _Unnotable), match="the runner refuses stage 1|stage 1 failed") as info:
+            for _ in loader:
+                pass
+    if fault == "submit raises":
+        assert re.search(r"while the loader ran Chunk\(dataset='d'", "\n".join(info.value.__notes__))
 
 
 def _text_of_victim(record: dict):
