@@ -540,9 +540,17 @@ class _AlsoRowWork:
 
 
 def _apply_row_work(work, row, done: Future, future: Future) -> None:
-    """Settles `done` with the row and its row work's result (on the thread that finished it)."""
+    """Settles `done` with the row and its row work's result (on the thread that finished it).
+
+    What the work raised is taken with `exception()`, not re-raised by `result()`: a SystemExit or
+    KeyboardInterrupt from it (delivered as itself by the thread and process runners) would escape
+    this done-callback, which concurrent.futures lets through, ending the pool thread or the
+    process runner's reader thread and leaving `done` pending, the loader waiting for it forever."""
     if future.cancelled():
         done.cancel()
+        return
+    if (error := future.exception()) is not None:
+        _settle(done.set_exception, error)
         return
     try:
         finished = work.apply(row, future.result())

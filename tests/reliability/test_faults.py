@@ -40,6 +40,7 @@ from tests.reliability.harness import (
 )
 from tests.unit.conftest_io import registered
 from zephon import UserFunctionError
+from zephon._packing import PackFlatOp
 from zephon.io import Dataset, ShardUnavailableError
 from zephon.io import _retry
 
@@ -193,6 +194,33 @@ def test_a_later_stage_that_fails_in_its_done_callback_fails_the_loader_instead_
                 pass
     if fault == "submit raises":
         assert re.search(r"while the loader ran Chunk\(dataset='d'", "\n".join(info.value.__notes__))
+
+
+class _ExitingRowWork:
+    """A packer's row work (see `zephon._accumulator.Accumulator`) whose pure part exits."""
+
+    def order(self, row):
+        return row.num_real_tokens
+
+    @staticmethod
+    def run(order):
+        raise SystemExit("the row work exits")
+
+    def apply(self, row, result):
+        return row
+
+
+@pytest.mark.timeout(30)  # the failure this guards against is a loader waiting forever
+@pytest.mark.parametrize("make", [InlineRunner, ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_system_exit_from_a_packers_row_work_stops_the_loader_as_itself(tmp_path, make, monkeypatch):
+    """Row work reaches the loader through a done-callback; a SystemExit re-raised there used to
+    escape it, ending the thread runner's pool thread or the process runner's reader thread and
+    leaving the row pending for ever."""
+    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error: _ExitingRowWork(), raising=False)
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=make)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(SystemExit, match="the row work exits"):
+            next(iter(loader))
 
 
 def _text_of_victim(record: dict):
