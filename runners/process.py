@@ -142,7 +142,8 @@ class ProcessRunner:
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
     killed after `close_timeout_s`, and the shared-memory directory is removed. A runner never
-    closed is closed at interpreter exit.
+    closed is closed at interpreter exit, and so is the rest of a close that was interrupted
+    (Ctrl-C while it waits), unless a second `close()` finishes it first.
 
     Forking happens from a multi-threaded parent once the reader thread runs (to replace a worker),
     and possibly in `start()` if the caller has threads. This is safe here because the child never
@@ -197,6 +198,7 @@ class ProcessRunner:
             raise ConfigurationError("the process runner needs the fork start method (POSIX)") from exc
 
         self._lock = threading.Lock()
+        self._close_lock = threading.Lock()  # held by the one thread running close's steps
         self._stages: tuple[Stage, ...] | None = None
         self._closing = False
         self._failure: BaseException | None = None  # set if the reader thread itself broke
@@ -296,34 +298,42 @@ class ProcessRunner:
 
     def close(self) -> None:
         with self._lock:
-            if self._closing:
-                return
             self._closing = True
-        if self._at_exit is not None:
-            atexit.unregister(self._at_exit)
+        if not self._close_lock.acquire(blocking=False):
+            return  # another thread is closing it (one of its done-callbacks, say)
+        try:
+            self._finish_close()
+        finally:
+            self._close_lock.release()
+
+    def _finish_close(self) -> None:
+        """Every step of `close`, each forgetting what it freed only once it is freed, so that a
+        close cut short (Ctrl-C while it waits for the workers) is finished by the next `close()`
+        or by the exit hook, which stays registered until the very end; a finished close makes
+        the next one a few no-op checks."""
         if self._reader is not None and self._reader is not threading.current_thread():
             self._wake()
             self._reader.join()
-        with self._lock:
-            tasks = [task for queue in self._queued for task in queue]
-            tasks += [task for worker in self._workers for task in worker.tasks]
-            workers, self._workers = self._workers, []
-            for queue in self._queued:
-                queue.clear()
-            held, self._held = self._held, set()
-        self._stop_workers(workers)
-        for fd in (self._wake_r, self._wake_w):
+        self._stop_workers()
+        fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)
-        self._wake_r = self._wake_w = -1
-        for task in tasks:
-            discard(task.envelope)
+        for queue in self._queued:
+            while queue:
+                discard(queue.popleft().envelope)
+        with self._lock:
+            held = list(self._held)
         for future in held:
             future.cancel()
+            self._held.discard(future)
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
         self._requests = None  # unmapped once its last view is gone
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
 
     def __enter__(self) -> Self:
         return self
@@ -354,7 +364,12 @@ class ProcessRunner:
             child_conn.close()
         self._workers.append(_Worker(stage_index, process, parent_conn, arena))
 
-    def _stop_workers(self, workers: list[_Worker]) -> None:
+    def _stop_workers(self) -> None:
+        """Stop every worker: idle ones are told to, busy ones terminated (their results would be
+        discarded), stragglers killed after `close_timeout_s`. A worker leaves `_workers` only
+        once it is reaped, so a close interrupted while it waits leaves the rest to the next."""
+        with self._lock:
+            workers = list(self._workers)
         for worker in workers:
             if not worker.tasks and not worker.broken:
                 try:
@@ -371,6 +386,10 @@ class ProcessRunner:
                 worker.process.kill()
                 worker.process.join()
             worker.conn.close()
+            with self._lock:
+                self._workers.remove(worker)  # before close(): a rerun would join a closed process
+            for task in worker.tasks:
+                discard(task.envelope)
             worker.process.close()
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:

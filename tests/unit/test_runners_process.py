@@ -429,6 +429,76 @@ def test_a_runner_never_closed_is_closed_at_interpreter_exit(tmp_path):
         assert not Path(f"/proc/{pid}").exists()
 
 
+def interrupt_next_join(waitable) -> None:
+    """Make the next `join()` of this thread or process raise KeyboardInterrupt, as Ctrl-C does
+    while close() waits there; joins after it are left alone."""
+
+    def interrupted(*args, **kwargs):
+        del waitable.join
+        raise KeyboardInterrupt
+
+    waitable.join = interrupted
+
+
+@pytest.mark.parametrize("where", ["reader thread", "workers"])
+def test_a_close_interrupted_by_ctrl_c_is_finished_by_the_next_close(where):
+    """Close used to drop its exit hook and its list of workers first: once interrupted, a second
+    close returned at once, and the workers and the shared-memory directory were left behind."""
+    children_before = child_pids()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    runner = ProcessRunner()
+    runner.start([Stage("slow", lambda x: time.sleep(60), 2)])
+    directory, workers = runner.shm_directory, set(runner.worker_pids())
+    in_flight = runner.submit(0, 1)
+    interrupt_next_join(runner._reader if where == "reader thread" else runner._workers[0].process)
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.close()
+    assert runner.submit(0, 2).cancelled(), "it is closing all the same"
+    runner.close()
+
+    assert in_flight.cancelled()
+    assert child_pids() == children_before and not workers & child_pids()
+    assert not os.path.exists(directory) and runner.shm_directory is None
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+_EXIT_AFTER_AN_INTERRUPTED_CLOSE = """
+import sys
+from runners import ProcessRunner
+from zephon._runner import Stage
+runner = ProcessRunner(shm_root=sys.argv[1])
+runner.start([Stage("double", lambda x: 2 * x, 2)])
+assert runner.submit(0, 1).result(10) == 2
+worker = runner._workers[0].process
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt  # Ctrl-C while close() waits for the workers
+worker.join = interrupted
+try:
+    runner.close()
+except KeyboardInterrupt:
+    del worker.join
+print(*runner.worker_pids())
+# exits with that close unfinished
+"""
+
+
+def test_a_close_interrupted_by_ctrl_c_is_finished_at_interpreter_exit(tmp_path):
+    root = tmp_path / "shm"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_AFTER_AN_INTERRUPTED_CLOSE, str(root)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(root.iterdir()) == []  # its buffer directory removed by the exit hook
+    assert "Traceback" not in done.stderr
+    pids = list(map(int, done.stdout.split()))
+    assert len(pids) == 2, "the interrupted close left both workers to the exit hook"
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists()
+
+
 def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
     children_before = set(child_pids())
     seen: dict[str, str] = {}
