@@ -422,7 +422,10 @@ class RankLoader:
         self._closed = True  # first: an iteration waiting in another thread fails saying so
         self._close_streams()
         if self._runner is not None:
-            self._close_runner()  # closes the runner once, whoever asks first
+            # Closed here rather than through the finalizer, which runs once: a runner close cut
+            # short (Ctrl-C while it waits for its workers) is then finished by closing again.
+            self._close_runner.detach()
+            _close_in_owner(self._runner, self._runner_pid)
             self._runner = None
 
     def __enter__(self) -> RankLoader:

@@ -1,6 +1,6 @@
 """A loader interrupted inside a microbatch (Ctrl-C, a preemption handler raising, a worker that
 crashed for good) neither loses nor repeats a row; one closed while an iteration is suspended says
-so when that iteration goes on.
+so when that iteration goes on; one whose close is interrupted is finished by closing it again.
 
 The loader takes a microbatch's rows one by one, waiting for the runner between them. An exception
 raised while it waits for the second row must leave the cursors where the trainer is: the first
@@ -10,12 +10,15 @@ starts again with it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
+from runners import ProcessRunner
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from tests.unit.test_runners_process import child_pids, interrupt_next_join
 from zephon import _lane
 from zephon._errors import ConfigurationError
 
@@ -133,3 +136,19 @@ def test_a_loader_closed_from_another_thread_while_it_waits_fails_naming_the_clo
     finally:
         release.touch()
         closer.join()
+
+
+def test_a_loader_close_interrupted_while_its_runner_stops_is_finished_by_closing_again(tmp_path):
+    """The loader closed its runner through a finalizer, which runs once: after Ctrl-C inside the
+    runner's close, closing the loader again did nothing, leaving its workers and shared memory."""
+    runner = ProcessRunner()
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner)
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    next(iter(loader))
+    directory, workers = runner.shm_directory, runner.worker_pids()
+    interrupt_next_join(runner._workers[0].process)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    loader.close()
+    assert runner.shm_directory is None and not os.path.exists(directory)
+    assert runner.worker_pids() == [] and not set(workers) & child_pids()
