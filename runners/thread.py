@@ -31,7 +31,7 @@ class ThreadRunner:
 
     `close()` cancels work that has not started and waits for running items (threads cannot be
     interrupted); from the moment it begins, `submit` returns cancelled futures, so a callback chain
-    still running ends quietly.
+    still running ends quietly. A close interrupted while it waits is finished by the next one.
 
     Thread-safety: `submit` may be called from any thread, including done-callbacks; `start` and
     `close` belong to the owner (`close` may also be called from a done-callback). `close` is
@@ -83,14 +83,17 @@ class ThreadRunner:
             return failed
 
     def close(self) -> None:
-        if self._closed:
-            return
         self._closed = True
-        # A pool thread cannot join itself; when a done-callback closes the runner the threads are
-        # left to finish on their own (they exit once their queues are drained).
-        wait = getattr(_pool_thread, "mark", None) is not self._mark
+        # Every pool's queued work is cancelled before any is waited for, and a pool is waited for
+        # on every call (joining finished threads is cheap): a close cut short by Ctrl-C while it
+        # waits for running items has stopped every pool already, and the next close() waits for
+        # the rest. A pool thread cannot join itself; when a done-callback closes the runner the
+        # threads are left to finish on their own (they exit once their queues are drained).
         for pool in self._pools:
-            pool.shutdown(wait=wait, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(_pool_thread, "mark", None) is not self._mark:
+            for pool in self._pools:
+                pool.shutdown(wait=True)
 
     def __enter__(self) -> Self:
         return self

@@ -240,6 +240,35 @@ def test_thread_runner_joins_its_threads_on_close():
     assert set(threading.enumerate()) == before
 
 
+def test_a_thread_runner_close_interrupted_while_it_waits_is_finished_by_the_next_close():
+    """Close shut the pools down one by one, each waiting for its running item: Ctrl-C during the
+    first wait left the other pools' queued items to run, and a second close returned at once."""
+    before = set(threading.enumerate())
+    release = threading.Event()
+    runner = ThreadRunner()
+    runner.start([Stage("a", lambda x: release.wait(60) and x, 1), Stage("b", lambda x: release.wait(60) and x, 1)])
+    running = [runner.submit(0, 0), runner.submit(1, 1)]
+    queued = [runner.submit(0, 2), runner.submit(1, 3)]
+    first = runner._pools[0]
+
+    def interrupted_wait(wait=True, *, cancel_futures=False):
+        if wait:  # Ctrl-C while it waits for the running item
+            del first.shutdown
+            raise KeyboardInterrupt
+        return type(first).shutdown(first, wait=False, cancel_futures=cancel_futures)
+
+    first.shutdown = interrupted_wait
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.close()
+        assert all(future.cancelled() for future in queued)
+    finally:
+        release.set()
+    runner.close()
+    assert [future.result() for future in running] == [0, 1]
+    assert set(threading.enumerate()) == before
+
+
 def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped():
     # A pool thread keeps its initializer for life; had it been a method of the runner, the
     # threads would keep the runner and its pools alive, and a loader dropped without close()
