@@ -27,7 +27,6 @@ import signal
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -242,7 +241,9 @@ class ProcessRunner:
         self._queued = [deque() for _ in self._stages]
         # A runner never closed is closed at interpreter exit, before multiprocessing's own exit
         # hook (registered earlier, so run later) terminates the workers under the reader thread.
-        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid())
+        # The hook holds the runner until a close has finished: one whose close was interrupted,
+        # or whose reader thread failed, may be dropped by its owner with its directory still there.
+        self._at_exit = functools.partial(_close_at_exit, self, os.getpid())
         atexit.register(self._at_exit)
         try:
             with self._lock:
@@ -681,14 +682,13 @@ class _Watch:
         self._workers = ()
 
 
-def _close_at_exit(runner: weakref.ref, pid: int) -> None:
+def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
     """Close a runner its owner never closed: stop its workers and remove its buffer directory.
 
     Only in the process that started it: a child forked from it (which inherits the atexit
     registry) must not stop the parent's workers or remove the parent's directory."""
-    alive = runner()
-    if alive is not None and os.getpid() == pid:
-        alive.close()
+    if os.getpid() == pid:
+        runner.close()
 
 
 def _drain(fd: int) -> None:

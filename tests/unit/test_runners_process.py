@@ -479,7 +479,7 @@ try:
 except KeyboardInterrupt:
     del worker.join
 print(*runner.worker_pids())
-# exits with that close unfinished
+del runner, worker  # its owner lets go of it and exits with that close unfinished
 """
 
 
