@@ -37,12 +37,14 @@ __all__ = ["RankLoader"]
 
 log = logging.getLogger("zephon")
 
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
 tokens, not by count; 3: first-fit closes no open row for an item that fills a row alone; 4: a
 TIFF's orientation applied once, a video's sampled time that is a frame's time takes that frame,
-compressed text files read whole planned by their decompressed size), so that a checkpoint of the
-old batches is refused instead of resumed."""
+compressed text files read whole planned by their decompressed size; 5: a PNG's verdict the same
+before and after packing, multi-picture JPEGs draft-decoded, a path naming a file or directory as
+written not read as a glob, links to directories listed by every spelling of a local dataset), so
+that a checkpoint of the old batches is refused instead of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
