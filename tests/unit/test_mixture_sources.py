@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zephon import ConfigurationError
+from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
@@ -74,6 +74,46 @@ def test_a_dataset_without_tokens_but_without_weight_is_not_measured():
         records_per_chunk=16, num_epochs=1,
     )
     assert set(planned_chunks_counted(source, tokens_unless("jargon"))) == {"kjv"}
+
+
+def longer_than(characters: int):
+    """A filter whose threshold only its closure holds: the recipe fingerprint cannot see it."""
+
+    def keep(record: dict) -> bool:
+        return len(record["text"]) > characters
+
+    return keep
+
+
+def filtered_pipeline(source, characters: int) -> Pipeline:
+    return (
+        Pipeline(source).options(num_lanes=2, runner="inline").filter(longer_than(characters))
+        .tokenize(str(DATA / "tokenizer.json")).pack_flat(64).batch(2)
+    )
+
+
+def measured(pipeline: Pipeline) -> dict:
+    with pipeline.shard(0, 1) as loader:
+        return loader.plan.fingerprint()["tokens_per_byte"]
+
+
+def test_pipelines_sharing_a_source_each_get_their_own_token_measurement():
+    """The measurement was cached by the operators' fingerprints, which do not see a closure's
+    values: a pipeline filtering out short records took the measurement of one built before it
+    on the same source keeping them all, so its mixture (and batches) depended on what else the
+    process had built. Rank loaders of one pipeline still share one measurement."""
+    source = StaticMixtureWorkSource(shipped(), token_estimation=TokenEstimation(sample_records=64), seed=1)
+    fresh = measured(filtered_pipeline(StaticMixtureWorkSource(
+        shipped(), token_estimation=TokenEstimation(sample_records=64), seed=1), 200))
+    assert measured(filtered_pipeline(source, 0)) != fresh, "the filter should change the measurement"
+    long_only = filtered_pipeline(source, 200)
+    assert measured(long_only) == fresh
+    reads = []
+    read_chunk = Dataset.read_chunk
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Dataset, "read_chunk", lambda self, *a, **k: reads.append(a) or read_chunk(self, *a, **k))
+        assert measured(long_only.options(runner="thread")) == fresh
+    assert reads == [], "another loader of the same pipeline measured it again"
 
 
 def planned_chunks_counted(source, count_tokens, num_lanes: int = 2) -> Counter:

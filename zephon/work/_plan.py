@@ -127,7 +127,7 @@ class _MixtureWorkSource:
         self.round_size = round_size
         if num_epochs is not None:
             _check_finite_schedule(self.schedule, self.live_names(), num_epochs)
-        self._measured: dict[tuple[str, str], TokenStats] = {}
+        self._measured: dict[tuple[str, str], tuple[TokenStats, TokenCounter]] = {}
         self._measuring = threading.Lock()
 
     def live_names(self) -> list[str]:
@@ -145,15 +145,16 @@ class _MixtureWorkSource:
 
     def _measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
         """Measured once per (counting recipe, dataset) in this process: every rank loader built
-        from the same pipeline reuses it. Counters without a `key` attribute are always re-run."""
+        from the same pipeline reuses it. Counters without a `key` attribute are always re-run.
+        The counter is kept with its measurement, so objects its key names by id stay alive."""
         key = getattr(count_tokens, "key", None)
         if key is None:
             return self.token_estimation.measure(dataset, count_tokens)
         cache_key = (key, json.dumps(dataset.fingerprint(), sort_keys=True))
         with self._measuring:
             if cache_key not in self._measured:
-                self._measured[cache_key] = self.token_estimation.measure(dataset, count_tokens)
-            return self._measured[cache_key]
+                self._measured[cache_key] = (self.token_estimation.measure(dataset, count_tokens), count_tokens)
+            return self._measured[cache_key][0]
 
 
 def _check_datasets(datasets) -> None:
