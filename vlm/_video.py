@@ -3,7 +3,9 @@
 Which frames are returned is decided by timestamps alone, never by how the decoder was driven:
 for every target time t the frame shown at t is taken, i.e. the last frame whose presentation time
 is <= t (or the stream's first frame when t precedes it). Target times come from the spec and
-the stream's duration, so the choice is a pure function of (bytes, spec). The presentation times
+the video stream's own duration (where the container gives none, as Matroska and WebM do, the end
+of its last packet: never the container's, which runs to the end of a longer audio track), so
+the choice is a pure function of (bytes, spec). The presentation times
 are the container's: AVI stores none, so for H.264 with B-frames in AVI the times the decoder
 gives are not in display order and "the frame shown at t" follows them (still a pure function of
 the bytes).
@@ -102,9 +104,15 @@ def _open(source):
         raise VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
 
 
-def _duration(container, stream) -> float:
+def _duration(container, stream, end: int | None) -> float:
+    """Seconds from the stream's first to its last presentation: the stream's own duration, else
+    (Matroska, WebM) the end of its last packet `end`, else the container's as a last resort. The
+    container's runs to the end of its longest stream: taken while the video's own end was known,
+    it gave a 1 s video with 3 s of sound targets past its last frame, i.e. copies of that frame."""
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
+    if end is not None and stream.time_base is not None:
+        return float((end - (stream.start_time or 0)) * stream.time_base)
     if container.duration is not None:
         return container.duration / 1_000_000  # AV_TIME_BASE
     raise VideoDecodeError("corrupt_video", "the container announces no duration")
@@ -147,8 +155,9 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
     size = (cols * spec.image.patch_size, rows * spec.image.patch_size)
     time_base = stream.time_base
     origin = stream.start_time or 0
-    targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream), spec)]
-    chosen = _choose_frames(container, stream, targets)
+    keyframes, end = _index(container, stream)
+    targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream, end), spec)]
+    chosen = _choose_frames(container, stream, targets, keyframes)
     converted: dict[int, np.ndarray] = {}
     frames = []
     for frame in chosen:
@@ -175,21 +184,28 @@ def _last_tick_at(t: float, time_base: Fraction) -> int:
     return math.floor((Fraction(t) + _FLOAT_SLACK_S) / time_base)
 
 
-def _keyframes(container, stream) -> list[int]:
-    """Presentation times of the stream's keyframes, from a demux pass (packets only, no decoding)."""
-    keyframes = sorted(packet.pts for packet in container.demux(stream)
-                       if packet.is_keyframe and packet.pts is not None)
-    return keyframes
+def _index(container, stream) -> tuple[list[int], int | None]:
+    """From a demux pass (packets only, no decoding): the presentation times of the stream's
+    keyframes, and where its last packet ends (None without timed packets)."""
+    keyframes, end = [], None
+    for packet in container.demux(stream):
+        if packet.pts is None:
+            continue
+        if packet.is_keyframe:
+            keyframes.append(packet.pts)
+        finish = packet.pts + (packet.duration or 0)
+        end = finish if end is None else max(end, finish)
+    return sorted(keyframes), end
 
 
-def _choose_frames(container, stream, targets: list[int]) -> list:
-    """For each target pts (ascending), the last frame with pts <= target (the first frame if none).
+def _choose_frames(container, stream, targets: list[int], keyframes: list[int]) -> list:
+    """For each target pts (ascending), the last frame with pts <= target (the first frame if none);
+    `keyframes` are the stream's keyframe times (`_index`).
 
     The decoder seeks only when the keyframe before the next target lies past the frame it is at,
     i.e. when seeking skips decoding work; otherwise it decodes on. Either way a target gets the
     frame shown at its time, so how the decoder was driven never changes the answer.
     """
-    keyframes = _keyframes(container, stream)
     chosen: list = []
     decoder = None
     previous = pending = None  # last frame at or before the target; a decoded frame not yet placed

@@ -14,7 +14,7 @@ import pytest
 from tests.unit.test_vlm_assets import make_video, real_file
 import vlm._video
 from vlm import VIDEO_REASONS, ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_times
-from vlm._video import _choose_frames
+from vlm._video import _choose_frames, _index
 from zephon._errors import ConfigurationError
 
 import av
@@ -67,6 +67,36 @@ def test_window_past_the_end_is_reported_as_too_short(clip):
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(clip, VideoSpec(start_s=10.0))
     assert caught.value.reason == "video_too_short"
+
+
+def encode_with_sound(*, video_s: float, audio_s: float, container_format: str = "matroska") -> bytes:
+    """`video_s` of video at 10 fps (frame k a flat grey of 8*k) muxed with `audio_s` of silence."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container_format) as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        sound = container.add_stream("aac", rate=8000)
+        for k in range(round(video_s * 10)):
+            picture = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 8 * k, np.uint8), format="rgb24")
+            container.mux(stream.encode(picture))
+        container.mux(stream.encode())
+        samples = sound.codec_context.frame_size
+        for start in range(0, round(audio_s * 8000), samples):
+            silence = av.AudioFrame.from_ndarray(np.zeros((1, samples), np.float32), format="fltp", layout="mono")
+            silence.sample_rate, silence.pts = 8000, start
+            container.mux(sound.encode(silence))
+        container.mux(sound.encode())
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("container_format", ["matroska", "mp4"])
+def test_frames_are_sampled_over_the_video_not_a_longer_audio_track(container_format):
+    """Matroska and WebM give a stream no duration of its own; the container's, which runs to the
+    end of a 3 s audio track, spread the targets of a 1 s video over 3 s: 5 frames became frames
+    3, 9, 9, 9, 9 (copies of the last) instead of the centres 1, 3, 5, 7, 9."""
+    data = encode_with_sound(video_s=1.0, audio_s=3.0, container_format=container_format)
+    assert frame_numbers(decode_video(data, VideoSpec(num_frames=5))) == [1, 3, 5, 7, 9]
+    assert frame_numbers(decode_video(data, VideoSpec(fps=4.0))) == [0, 2, 5, 7]
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00" * 1000, b"RIFF....AVI garbage" * 50], ids=["empty", "zeros", "fake"])
@@ -136,7 +166,7 @@ class FakeContainer:
         self.decoded: list[int] = []
 
     def demux(self, stream):
-        return [SimpleNamespace(pts=i, is_keyframe=i % self.gop == 0) for i in range(self.n)]
+        return [SimpleNamespace(pts=i, duration=1, is_keyframe=i % self.gop == 0) for i in range(self.n)]
 
     def seek(self, pts, *, stream, backward, any_frame):
         self.position = (pts // self.gop) * self.gop + (self.late * self.gop if pts > 0 else 0)
@@ -149,9 +179,15 @@ class FakeContainer:
             yield SimpleNamespace(pts=self.position - 1)
 
 
+def choose_frames(container: FakeContainer, targets: list[int]) -> list:
+    keyframes, end = _index(container, None)
+    assert end == container.n, "the stream ends where its last packet does"
+    return _choose_frames(container, None, targets, keyframes)
+
+
 def test_decoder_seeks_over_whole_groups_it_does_not_need_and_stops_after_the_last_target():
     container = FakeContainer(n=1000, gop=50)
-    chosen = _choose_frames(container, None, [10, 20, 510, 530, 700])
+    chosen = choose_frames(container, [10, 20, 510, 530, 700])
     assert [f.pts for f in chosen] == [10, 20, 510, 530, 700]
     assert container.seeks == [0, 500, 700]
     assert max(container.decoded) == 701, "decoding stops one frame past the last target"
@@ -161,7 +197,7 @@ def test_decoder_seeks_over_whole_groups_it_does_not_need_and_stops_after_the_la
 def test_choice_by_timestamp_is_the_same_as_decoding_everything():
     container = FakeContainer(n=300, gop=300)  # one keyframe: no seek can help
     targets = [3, 4, 150, 299, 400]
-    chosen = _choose_frames(container, None, targets)
+    chosen = choose_frames(container, targets)
     assert [f.pts for f in chosen] == [3, 4, 150, 299, 299]
     assert container.seeks == [0]
 
@@ -169,7 +205,7 @@ def test_choice_by_timestamp_is_the_same_as_decoding_everything():
 @pytest.mark.parametrize("late", [1, 3])
 def test_a_seek_that_lands_late_is_retried_further_back_until_the_target_is_covered(late):
     targets = [10, 20, 510, 530, 700, 999]
-    chosen = _choose_frames(FakeContainer(n=1000, gop=50, late=late), None, targets)
+    chosen = choose_frames(FakeContainer(n=1000, gop=50, late=late), targets)
     assert [f.pts for f in chosen] == targets
 
 
