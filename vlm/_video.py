@@ -14,7 +14,9 @@ Only what is needed is decoded: a demux pass (packets, no decoding) finds the ke
 decoder seeks to the keyframe before a target whenever that keyframe lies past the frame it has
 reached (again further back where a container's seek lands past the target), and decoding stops
 after the last target. Chosen frames are converted to RGB and resized by swscale in one step, on the same
-patch grid rule as images (`image_grid`).
+patch grid rule as images (`image_grid`), then turned upright by the stream's display rotation (a
+phone's portrait video is stored landscape with a quarter turn to apply), as images are by
+their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`).
 
 Thread-safety: `decode_video` shares nothing between calls and may run on many threads at once.
 """
@@ -48,7 +50,9 @@ class VideoSpec:
     Give at most one of `num_frames` (that many frames, 8 when neither is given, at the centres of equal slices of the
     window) or `fps` (one frame every 1/fps seconds from the window's start, at most `max_frames`).
     The window is [start_s, end_s) in seconds from the stream's start; `end_s=None` means the end
-    of the stream. `image` sizes every frame exactly like `decode_image` sizes an image.
+    of the stream. `image` sizes every frame exactly like `decode_image` sizes an image, upright:
+    a display rotation of a quarter, half or three-quarter turn is applied unless
+    `image.exif_transpose` is False (other angles are left as stored).
     """
 
     num_frames: int | None = None
@@ -151,22 +155,34 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
     if width * height > spec.image.max_image_pixels:
         raise VideoDecodeError("decompression_bomb", f"{width}x{height} frames exceed "
                                f"max_image_pixels={spec.image.max_image_pixels}")
-    rows, cols = image_grid(height, width, spec.image)
-    size = (cols * spec.image.patch_size, rows * spec.image.patch_size)
     time_base = stream.time_base
     origin = stream.start_time or 0
     keyframes, end = _index(container, stream)
     targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream, end), spec)]
     chosen = _choose_frames(container, stream, targets, keyframes)
+    turns = _quarter_turns(chosen[0], spec.image)
+    upright = (width, height) if turns % 2 else (height, width)
+    rows, cols = image_grid(*upright, spec.image)
+    size = (cols * spec.image.patch_size, rows * spec.image.patch_size)  # (width, height) upright
+    stored = size[::-1] if turns % 2 else size
     converted: dict[int, np.ndarray] = {}
     frames = []
     for frame in chosen:
         key = id(frame)
         if key not in converted:
-            converted[key] = frame.reformat(width=size[0], height=size[1], format="rgb24",
-                                            interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
+            pixels = frame.reformat(width=stored[0], height=stored[1], format="rgb24",
+                                    interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
+            converted[key] = np.rot90(pixels, turns)
         frames.append(converted[key])
     return np.stack(frames)
+
+
+def _quarter_turns(frame, image: ImageSpec) -> int:
+    """Counter-clockwise quarter turns that show `frame` upright: its display matrix's rotation
+    (PyAV gives it counter-clockwise, as `np.rot90` turns), 0 when that is not a multiple of 90
+    degrees or `image.exif_transpose` is off. Every frame of a stream carries the stream's matrix."""
+    rotation = frame.rotation if image.exif_transpose else 0
+    return (rotation // 90) % 4 if rotation % 90 == 0 else 0
 
 
 _FLOAT_SLACK_S = Fraction(1, 10**9)

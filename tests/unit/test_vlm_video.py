@@ -99,6 +99,45 @@ def test_frames_are_sampled_over_the_video_not_a_longer_audio_track(container_fo
     assert frame_numbers(decode_video(data, VideoSpec(fps=4.0))) == [0, 2, 5, 7]
 
 
+def encode_marked(rotation: int | None) -> bytes:
+    """2 frames of 128x64, black with a white 32x16 block in the top-left corner as stored,
+    with the given display rotation (counter-clockwise degrees, as PyAV writes and reads it)."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 128, 64, "yuv420p"
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
+        picture = np.zeros((64, 128, 3), np.uint8)
+        picture[:16, :32] = 255
+        for _ in range(2):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()
+
+
+def marked_corner(frame: np.ndarray) -> str:
+    h, w = frame.shape[:2]
+    corners = {"top-left": frame[:4, :4], "top-right": frame[:4, w - 4:], "bottom-left": frame[h - 4:, :4],
+               "bottom-right": frame[h - 4:, w - 4:]}
+    [corner] = [name for name, block in corners.items() if block.mean() > 200]
+    return corner
+
+
+@pytest.mark.parametrize("rotation,corner,portrait", [
+    (None, "top-left", False), (90, "bottom-left", True), (-90, "top-right", True), (180, "bottom-right", False),
+])
+def test_frames_are_turned_upright_by_the_streams_display_rotation(rotation, corner, portrait):
+    """A phone's portrait video is stored landscape with a quarter turn in its display matrix;
+    frames came out as stored, sideways and sized on the landscape grid. The corner the marker
+    lands in is where FFmpeg's own autorotation puts it (a quarter turn counter-clockwise for 90)."""
+    frames = decode_video(encode_marked(rotation), VideoSpec(num_frames=2))
+    assert frames.shape == ((2, 128, 64, 3) if portrait else (2, 64, 128, 3))
+    assert {marked_corner(frame) for frame in frames} == {corner}
+    as_stored = decode_video(encode_marked(rotation), VideoSpec(num_frames=2, image=ImageSpec(exif_transpose=False)))
+    assert as_stored.shape == (2, 64, 128, 3) and marked_corner(as_stored[0]) == "top-left"
+
+
 @pytest.mark.parametrize("data", [b"", b"\x00" * 1000, b"RIFF....AVI garbage" * 50], ids=["empty", "zeros", "fake"])
 def test_garbage_is_reported_as_corrupt_video(data):
     with pytest.raises(VideoDecodeError) as caught:
