@@ -11,7 +11,9 @@ Decisions (the accumulator, one per lane segment): documents are placed first-fi
 emitted when it is exactly full, when one more row must open and `max_open_rows` are open (the
 oldest goes), and on flush. A document whose images alone need more than `max_length` tokens is
 skipped ("images_exceed_length"); one whose images fit but whose text does not is cut on the text
-side (the tail of its text goes; counted as a truncation).
+side (the tail of its text goes; counted as a truncation). A document whose text holds a
+placeholder id is skipped ("placeholder_in_text"): the model finds an image's slots by those ids,
+so the text token would be taken for a slot of an image that is not there.
 
 Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
 - tokens: `input_ids`; `labels` — at position i the token to predict next: the next token of the
@@ -255,6 +257,7 @@ class MultimodalPacker:
         self.ctx = ctx
         self.max_length = max_length
         self.placeholders = placeholders
+        self._placeholder_ids = placeholders.token_ids
         self.spec = spec
         self.pad_id = pad_id
         self.image_position = image_position
@@ -304,6 +307,11 @@ class MultimodalPacker:
                 self._skips.append((address, text))
                 return None
             text = _NO_TEXT  # a document may be images alone
+        elif any((text == token_id).any() for token_id in self._placeholder_ids):
+            # A caption that spells a placeholder with a tokenizer that does not split it (not
+            # split_special_tokens, or an added token that is not special), or ids from the data.
+            self._skips.append((address, "placeholder_in_text"))
+            return None
         images = _as_images(record.get(self.pixels_field))
         grids = self._grids(address, record, images)
         lengths = self._lengths

@@ -30,6 +30,9 @@ class Placeholders(Protocol):
 
     merge_size: int
 
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
+
     def tokens_for(self, rows: int, cols: int) -> np.ndarray: ...
 
     def num_tokens(self, rows: int, cols: int) -> int: ...
@@ -77,6 +80,12 @@ class _GridTokens:
             if each.init and each.name != "merge_size":
                 token_id = check_token_id(getattr(self, each.name), f"{type(self).__name__}: {each.name}")
                 object.__setattr__(self, each.name, token_id)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """Every id the convention places. The model finds an image's slots by these ids, so a
+        text token holding one would be taken for part of an image (see the packer)."""
+        return tuple(getattr(self, each.name) for each in fields(self) if each.init and each.name != "merge_size")
 
     def tokens_for(self, rows: int, cols: int) -> np.ndarray:
         """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""

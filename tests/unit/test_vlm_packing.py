@@ -138,6 +138,23 @@ def test_ids_from_the_data_that_are_not_token_ids_are_skipped_as_not_tokens(ids)
     assert pack.drain_skips() == [(address(0), "not_tokens")]
 
 
+@pytest.mark.parametrize("placeholders", [PIXTRAL, QwenPlaceholders(20, 21, 22, merge_size=1)], ids=["pixtral", "qwen"])
+@pytest.mark.parametrize("images", [0, 1], ids=["text-only", "with-image"])
+def test_text_that_holds_a_placeholder_id_is_skipped_instead_of_faking_an_image_slot(placeholders, images):
+    """A caption that spells `[IMG]` or `<|image_pad|>` through a tokenizer that does not split it
+    (split_special_tokens=False, an added token that is not special) or ids from the data gave a
+    row with more image tokens than image patches: the model, which finds image slots by these
+    ids, then fails on the count or puts an image's embeddings on the caption."""
+    for token_id in placeholders.token_ids:
+        pack = packer(16, placeholders=placeholders)
+        caption = np.array([1000, token_id, 1001], dtype=np.int32)
+        record = {"input_ids": caption, **({"pixels": picture(1, 1, 0)} if images else {})}
+        rows = run(pack, [record, {"input_ids": text(3)}])
+        assert [r.sources for r in rows] == [(address(1),)]
+        assert pack.drain_skips() == [(address(0), "placeholder_in_text")]
+    assert sorted(placeholders.token_ids) == sorted(set(placeholders.tokens_for(2, 1).tolist()))
+
+
 def test_first_fit_fills_earlier_rows_and_evicts_the_oldest_when_too_many_are_open():
     pack = packer(10, max_open_rows=2)
     assert pack.push((address(0), {"input_ids": text(6)})) == []
