@@ -43,8 +43,10 @@ tokens, not by count; 3: first-fit closes no open row for an item that fills a r
 TIFF's orientation applied once, a video's sampled time that is a frame's time takes that frame,
 compressed text files read whole planned by their decompressed size; 5: a PNG's verdict the same
 before and after packing, multi-picture JPEGs draft-decoded, a path naming a file or directory as
-written not read as a glob, links to directories listed by every spelling of a local dataset), so
-that a checkpoint of the old batches is refused instead of resumed."""
+written not read as a glob, links to directories listed by every spelling of a local dataset, a
+video sampled over its own duration and turned upright by its display rotation, a document whose
+text holds a placeholder id skipped), so that a checkpoint of the old batches is refused instead of
+resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
