@@ -30,12 +30,21 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
 
     Without a process group, one of the two alone is refused: a world size without a rank would
     make every process rank 0 (all reading the same lanes), and a rank without a world size means
-    nothing."""
+    nothing. With one, the value given alone must be the group's own: the group's rank in another
+    world size (a world size of 8 on 4 processes) leaves the lanes of the missing ranks unread, and
+    another rank in the group's world size gives two processes the same lanes, both silently."""
     if rank is not None and world_size is not None:
         return rank, world_size
     dist = _dist()
     if dist is not None:
-        return (dist.get_rank() if rank is None else rank, dist.get_world_size() if world_size is None else world_size)
+        group_rank, group_world = dist.get_rank(), dist.get_world_size()
+        if (rank, world_size) not in ((None, None), (group_rank, None), (None, group_world)):
+            raise ConfigurationError(
+                f"rank={rank!r} and world_size={world_size!r} with a process group of rank {group_rank} in "
+                f"{group_world}: the one given alone differs from the group's, so give both (a data-parallel "
+                "rank and size of your own) or neither"
+            )
+        return group_rank, group_world
     if rank is not None or world_size is not None:
         raise ConfigurationError(
             f"rank={rank!r} and world_size={world_size!r}: give both, or neither (then they come from an "
