@@ -53,10 +53,20 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
     return 0, 1
 
 
+def group_size(group=None) -> int | None:
+    """The number of ranks `gather_state(loader, group)` gathers from; None without a process group."""
+    dist = _dist()
+    return None if dist is None else dist.get_world_size(group)
+
+
 def gather_state(loader, group=None) -> dict:
     """Every rank's lane cursors merged into one state that covers all lanes (an all-gather of
     small JSON). Each rank can save the result with its own checkpoint: resuming on any world
-    size then needs no shared filesystem."""
+    size then needs no shared filesystem.
+
+    Lanes that no rank of the group holds (loaders given a world size larger than the group, or
+    a group that leaves out some data-parallel ranks) are refused here, at the save, rather than
+    at a resume on another world size, which would find them missing from every checkpoint."""
     dist = _dist()
     local = loader.state_dict()
     if not (isinstance(local, dict) and local.get("format") == STATE_FORMAT):
@@ -69,6 +79,15 @@ def gather_state(loader, group=None) -> dict:
         )
     if dist is None:
         return local
-    states: list = [None] * dist.get_world_size(group)
+    states: list = [None] * group_size(group)
     dist.all_gather_object(states, json.dumps(local), group=group)
-    return merge_states(json.loads(s) for s in states)
+    merged = merge_states(json.loads(s) for s in states)
+    missing = sorted(set(range(merged["num_lanes"])) - set(map(int, merged["lanes"])))
+    if missing:
+        raise ConfigurationError(
+            f"the process group's {len(states)} ranks hold no loader of lanes {missing} (of "
+            f"{merged['num_lanes']}), so a state saved now could not resume them: give every data-parallel rank "
+            f"a loader, with rank and world size of the group gathered over (this one: rank {loader.rank} of "
+            f"{loader.world_size})"
+        )
+    return merged

@@ -41,3 +41,27 @@ def test_a_rank_or_world_size_alone_that_is_not_the_groups_is_refused(one_proces
 def test_the_groups_layout_or_an_explicit_pair_is_taken(one_process_group, pipeline, rank, world):
     with pipeline.shard(rank, world, global_batch_size=16) as loader:
         assert (loader.rank, loader.world_size) == (0, 1 if world is None else world)
+
+
+def test_gathering_lanes_no_rank_of_the_group_holds_is_refused_at_the_save(one_process_group, pipeline):
+    """The merged state of rank 0 of 2 on a one-process group covered lanes 0-3 of 8: the save
+    went through, and only a resume on another world size found lanes 4-7 in no checkpoint."""
+    from zephon.distributed import gather_state
+
+    with pipeline.shard(0, 2, global_batch_size=16) as loader:
+        with pytest.raises(ConfigurationError, match=r"hold no loader of lanes \[4, 5, 6, 7\] \(of 8\)"):
+            gather_state(loader)
+    with pipeline.shard(global_batch_size=16) as loader:
+        assert len(gather_state(loader)["lanes"]) == 8
+
+
+def test_a_torchtitan_loader_of_more_replicas_than_the_group_holds_is_refused_at_construction(
+    one_process_group, pipeline
+):
+    from zephon.integrations.torchtitan import ZephonDataLoader
+
+    with pytest.raises(ConfigurationError, match="dp_world_size=2 replicas cannot all be among the 1 ranks"):
+        ZephonDataLoader(pipeline, 0, 2, 16, local_batch_size=4)
+    with ZephonDataLoader(pipeline, 0, 1, 16, local_batch_size=4) as loader:
+        next(iter(loader))
+        assert loader.state_dict()

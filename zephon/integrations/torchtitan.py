@@ -42,7 +42,7 @@ from .._errors import CheckpointError, ConfigurationError
 from .._loader import check_layout
 from .._packing import PackFlatOp
 from .._pipeline import Pipeline
-from ..distributed import gather_state, rank_and_world_size
+from ..distributed import gather_state, group_size, rank_and_world_size
 
 __all__ = ["STATE_KEY", "TORCHTITAN_VERSION", "DataRecipe", "ZephonDataLoader", "build_zephon_dataloader"]
 
@@ -256,6 +256,15 @@ class ZephonDataLoader(_Base):
         if local_batch_size is None:
             local_batch_size = global_batch_size // dp_world_size if global_batch_size % dp_world_size == 0 else 0
         check_titan_layout(num_lanes, m, dp_rank, dp_world_size, global_batch_size, local_batch_size)
+        # state_dict() gathers over `group`, which holds every replica only if their number divides
+        # its size (each replica being one or more of its ranks): checked now, not at the first save.
+        gathered = group_size(group)
+        if gathered is not None and gathered % dp_world_size:
+            raise ConfigurationError(
+                f"dp_world_size={dp_world_size} replicas cannot all be among the {gathered} ranks of the process "
+                "group that state_dict() gathers the lanes over: give the data-parallel size of this job (TorchTitan's "
+                "dp_world_size) or the group that holds every replica"
+            )
         self.recipe = recipe if isinstance(recipe, DataRecipe) else None
         # plain ints: a NumPy integer would reach the trainer's step arithmetic and its logs
         self.dp_rank, self.dp_world_size = int(dp_rank), int(dp_world_size)
