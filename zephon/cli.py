@@ -82,8 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     bsub = barcode.add_subparsers(dest="barcode", required=True)
     compare = bsub.add_parser(
         "compare",
-        help="name the first differing step; exit 1 on any difference, 2 on a file that is not a barcode "
-             "(or --png without matplotlib)",
+        help="name the first differing step; exit 1 on any difference, 2 on a file that is not a barcode, "
+             "two that hold no step (or --png without matplotlib)",
     )
     compare.add_argument("a", help="barcode file (JSON Lines of {step, digest})")
     compare.add_argument("b", help="barcode file to compare with")
@@ -104,6 +104,9 @@ def _barcode_compare(args) -> int:
         a, b = read_barcode(args.a), read_barcode(args.b)
     except (OSError, ValueError) as exc:  # a missing file or a line that is not a barcode's
         print(f"zephon barcode compare: {exc}", file=sys.stderr)
+        return 2
+    if not (a or b):  # no step compared is no evidence: two runs that wrote nothing are not "identical"
+        print(f"zephon barcode compare: neither {args.a} nor {args.b} holds a step: nothing to compare", file=sys.stderr)
         return 2
     result = compare_barcodes(a, b)
     if args.png:

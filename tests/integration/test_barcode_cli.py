@@ -168,3 +168,16 @@ def test_compare_png_without_matplotlib_is_a_usage_error_naming_the_extra(harnes
     assert cli.main(["barcode", "compare", str(reference), str(rerun), "--png", str(png)]) == 2
     assert "--png needs matplotlib: pip install 'zephon[plot]'" in capsys.readouterr().err
     assert not png.exists()
+
+
+def test_compare_of_two_barcodes_without_a_step_is_a_usage_error_not_identical(tmp_path, capsys):
+    """Two runs that crashed before their first step (a BarcodeWriter creates its file at once),
+    or two wrong paths to empty files, compared as "0 common steps, 0 differ / identical", exit 0:
+    a CI check on the exit code passed having compared nothing."""
+    from zephon import cli
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    BarcodeWriter(a).close()
+    b.write_text("\n")
+    assert cli.main(["barcode", "compare", str(a), str(b)]) == 2
+    assert "holds a step: nothing to compare" in capsys.readouterr().err
