@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     compare = bsub.add_parser(
         "compare",
         help="name the first differing step; exit 1 on any difference, 2 on a file that is not a barcode, "
-             "two that hold no step (or --png without matplotlib)",
+             "two that hold no step (or a --png without matplotlib or that cannot be written)",
     )
     compare.add_argument("a", help="barcode file (JSON Lines of {step, digest})")
     compare.add_argument("b", help="barcode file to compare with")
@@ -110,7 +110,12 @@ def _barcode_compare(args) -> int:
         return 2
     result = compare_barcodes(a, b)
     if args.png:
-        draw_barcodes(a, b, args.png, labels=(args.a, args.b))
+        try:
+            draw_barcodes(a, b, args.png, labels=(args.a, args.b))
+        except (OSError, ValueError) as exc:  # a folder that is not there, a format matplotlib lacks
+            # A traceback exits 1, the code of two runs that differ: this is a usage error.
+            print(f"zephon barcode compare: cannot write --png {args.png}: {exc}", file=sys.stderr)
+            return 2
     print(f"{len(result.common_steps)} common steps, {len(result.mismatched_steps)} differ")
     if result.only_in_a or result.only_in_b:
         print(f"steps only in A: {len(result.only_in_a)}, only in B: {len(result.only_in_b)}")

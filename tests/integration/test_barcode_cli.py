@@ -181,3 +181,14 @@ def test_compare_of_two_barcodes_without_a_step_is_a_usage_error_not_identical(t
     b.write_text("\n")
     assert cli.main(["barcode", "compare", str(a), str(b)]) == 2
     assert "holds a step: nothing to compare" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("png", ["missing-folder/out.png", "out.notapictureformat"])
+def test_compare_png_that_cannot_be_written_is_a_usage_error_not_a_difference(harness_barcodes, tmp_path, png, capsys):
+    """It ended in a traceback with exit code 1, the code of two runs that differ, for two
+    identical runs."""
+    from zephon import cli
+
+    reference, rerun, _ = harness_barcodes
+    assert cli.main(["barcode", "compare", str(reference), str(rerun), "--png", str(tmp_path / png)]) == 2
+    assert "cannot write --png" in capsys.readouterr().err
