@@ -127,3 +127,10 @@ def test_a_runner_or_batch_the_loaders_refuse_is_named_before_any_work(no_demo_w
 def test_gpu_demo_refuses_a_world_size_the_lanes_do_not_divide_before_training(no_demo_work):
     with pytest.raises(SystemExit, match="zephon demo gpu: num_lanes=8 is not divisible by world_size=3"):
         cli.main(["demo", "gpu", "--device", "cpu", "--to-world-sizes", "4", "3"])
+
+
+@pytest.mark.requires_torch
+def test_gpu_demo_names_a_device_that_is_not_a_torch_device(no_demo_work):
+    """`--device gpu` ended in torch's RuntimeError traceback."""
+    with pytest.raises(SystemExit, match="zephon demo gpu: --device 'gpu' is not a torch device"):
+        cli.main(["demo", "gpu", "--device", "gpu"])

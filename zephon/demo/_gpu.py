@@ -59,7 +59,10 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     except ImportError:
         print(SKIP_NO_TORCH)
         return 0
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:  # "gpu", "cuda0": a usage error, named, not a traceback
+        raise SystemExit(f"zephon demo gpu: --device {args.device!r} is not a torch device: {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         print(SKIP_NO_CUDA)
         return 0
