@@ -303,6 +303,14 @@ def test_a_multimodal_pipeline_is_refused_at_construction_not_stripped_of_its_im
         ZephonDataLoader(pipeline, 0, 1, 16)
 
 
+@pytest.mark.parametrize("mixture", [{"kjv": "much"}, {"kjv": None}, ["kjv"], 5])
+def test_a_data_recipe_mixture_that_is_not_shares_by_name_is_refused_naming_the_field(mixture):
+    """It raised float()'s or unpacking's bare TypeError / ValueError, naming neither the field
+    nor the recipe."""
+    with pytest.raises(ConfigurationError, match="DataRecipe.mixture must map dataset names to token shares"):
+        DataRecipe(datasets=[("kjv", str(DATA / "kjv"))], tokenizer=str(TOKENIZER), mixture=mixture)
+
+
 def test_data_recipe_builds_the_same_stream_as_the_equivalent_pipeline():
     recipe = DataRecipe(
         datasets=[("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon"))], tokenizer=str(TOKENIZER),

@@ -106,7 +106,12 @@ class DataRecipe:
         object.__setattr__(self, "datasets", datasets)
         if self.mixture is not None:
             mixture = self.mixture.items() if isinstance(self.mixture, Mapping) else self.mixture
-            mixture = tuple((str(name), float(weight)) for name, weight in mixture)
+            try:
+                mixture = tuple((str(name), float(weight)) for name, weight in mixture)
+            except (TypeError, ValueError):  # float()'s own error names neither the field nor the dataset
+                raise ConfigurationError(
+                    f"DataRecipe.mixture must map dataset names to token shares, got {self.mixture!r}"
+                ) from None
             object.__setattr__(self, "mixture", mixture)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
