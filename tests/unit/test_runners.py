@@ -244,10 +244,17 @@ def test_a_thread_runner_close_interrupted_while_it_waits_is_finished_by_the_nex
     """Close shut the pools down one by one, each waiting for its running item: Ctrl-C during the
     first wait left the other pools' queued items to run, and a second close returned at once."""
     before = set(threading.enumerate())
-    release = threading.Event()
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def held(x):
+        started.release()
+        return release.wait(60) and x
+
     runner = ThreadRunner()
-    runner.start([Stage("a", lambda x: release.wait(60) and x, 1), Stage("b", lambda x: release.wait(60) and x, 1)])
+    runner.start([Stage("a", held, 1), Stage("b", held, 1)])
     running = [runner.submit(0, 0), runner.submit(1, 1)]
+    for _ in running:  # each pool's one thread is inside its item before anything else is queued
+        assert started.acquire(timeout=60)
     queued = [runner.submit(0, 2), runner.submit(1, 3)]
     first = runner._pools[0]
 
