@@ -283,6 +283,9 @@ def test_foreign_and_changed_states_are_refused(pipeline, corpora, demo_tokenize
         (2, 24, 4, r"global_batch_size/num_lanes = 24/8 = 3 rows per lane per step is not divisible by microbatch_size=2"),
         (2, 32, 6, "local_batch_size=6 does not divide the 16 rows"),
         (2, 32, 1, "local_batch_size=1 is not a multiple of the recipe's microbatch_size=2"),
+        (2, 32, "8", "local_batch_size must be an integer >= 1, got '8'"),
+        (2, 32, 8.0, "local_batch_size must be an integer >= 1, got 8.0"),
+        (2, 32.0, None, "global_batch_size must be an integer >= 1, got 32.0"),
     ],
 )
 def test_layout_errors_fail_at_construction_naming_the_numbers(pipeline, world, global_batch, local_batch, message):

@@ -38,7 +38,7 @@ import numpy as np
 
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT
-from .._errors import CheckpointError, ConfigurationError
+from .._errors import CheckpointError, ConfigurationError, check_count
 from .._loader import check_layout
 from .._packing import PackFlatOp
 from .._pipeline import Pipeline
@@ -258,7 +258,11 @@ class ZephonDataLoader(_Base):
         num_lanes, m = pipeline.settings.num_lanes, pipeline.microbatch_size
         if global_batch_size is None:
             raise ConfigurationError("ZephonDataLoader needs global_batch_size (rows per optimizer step)")
-        if local_batch_size is None:
+        # Counts, as the core takes them: "8" and 8.0 are refused by name, not met by a TypeError or rounded.
+        global_batch_size = check_count(global_batch_size, "global_batch_size")
+        if local_batch_size is not None:
+            local_batch_size = check_count(local_batch_size, "local_batch_size")
+        else:
             local_batch_size = global_batch_size // dp_world_size if global_batch_size % dp_world_size == 0 else 0
         check_titan_layout(num_lanes, m, dp_rank, dp_world_size, global_batch_size, local_batch_size)
         # state_dict() gathers over `group`, which holds every replica only if their number divides
