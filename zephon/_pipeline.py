@@ -131,8 +131,13 @@ class Pipeline:
         """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
-        if not isinstance(split_special_tokens, bool):
-            raise ConfigurationError(f"tokenize: split_special_tokens must be True or False, got {split_special_tokens!r}")
+        # Checked here, not where a record first meets them: "no" would keep the field as True does.
+        for name, flag in (("keep_field", keep_field), ("split_special_tokens", split_special_tokens)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(f"tokenize: {name} must be True or False, got {flag!r}")
+        for name, value in (("field", field), ("output_field", output_field)):
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
             split_special_tokens,

@@ -237,6 +237,12 @@ WRONG_OPTIONS = {
     "buffer_size": (lambda p, tok: tok.pack_flat(64).shuffle(None), "shuffle: buffer_size must be an integer >= 1"),
     "microbatch_size": (lambda p, tok: tok.pack_flat(64).batch(2.0), "batch: microbatch_size must be an integer >= 1"),
     "shuffle seed": (lambda p, tok: tok.pack_flat(64).shuffle(8, seed=None), "shuffle: seed must be an integer, got None"),
+    "tokenize keep_field": (lambda p, tok: p.tokenize(tok.operators[-1].tokenizer_id, keep_field="no"),
+                            "tokenize: keep_field must be True or False, got 'no'"),
+    "tokenize field": (lambda p, tok: p.tokenize(tok.operators[-1].tokenizer_id, field=3),
+                       "tokenize: field must be a record field's name (a non-empty str), got 3"),
+    "tokenize output_field": (lambda p, tok: p.tokenize(tok.operators[-1].tokenizer_id, output_field=""),
+                              "tokenize: output_field must be a record field's name (a non-empty str), got ''"),
     "map fn": (lambda p, tok: p.map(3), "map: fn must be callable, got 3"),
     "filter fn": (lambda p, tok: p.filter("len"), "filter: fn must be callable, got 'len'"),
 }
