@@ -6,6 +6,7 @@ builder method returns a new Pipeline, so a recipe can be shared and extended sa
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
@@ -54,6 +55,8 @@ class PipelineOptions:
                 object.__setattr__(self, name, check_count(getattr(self, name), name))
         if not isinstance(self.io_options, dict):
             raise ConfigurationError(f"io_options must be a dict, got {self.io_options!r}")
+        # A copy: the caller's dict, changed later, would change these settings under a built pipeline.
+        object.__setattr__(self, "io_options", copy.deepcopy(self.io_options))
         check_io_options(self.io_options)
         if self.on_error not in ON_ERROR:
             raise ConfigurationError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")

@@ -256,6 +256,15 @@ def test_an_option_of_the_wrong_type_or_range_is_refused_naming_it(spec_pipeline
         make(Pipeline(spec_pipeline.source), Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)))
 
 
+def test_options_keep_their_own_copy_of_io_options(spec_pipeline):
+    """The settings are frozen: the caller's dict, changed after `options()`, must not reach them."""
+    io_options = {"cache": {"enabled": False}, "retries": 2}
+    pipeline = Pipeline(spec_pipeline.source).options(io_options=io_options)
+    io_options["retries"] = 5
+    io_options["cache"]["enabled"] = True
+    assert pipeline.settings.io_options == {"cache": {"enabled": False}, "retries": 2}
+
+
 WRONG_SOURCES = {
     "a path for the datasets": (lambda ds: StaticMixtureWorkSource(str(ds.shards[0].url)), "a sequence of zephon.io.Dataset"),
     "a list for the mixture": (lambda ds: StaticMixtureWorkSource([ds], mixture=[1.0]), "mixture maps dataset names"),
