@@ -192,3 +192,17 @@ def test_compare_png_that_cannot_be_written_is_a_usage_error_not_a_difference(ha
     reference, rerun, _ = harness_barcodes
     assert cli.main(["barcode", "compare", str(reference), str(rerun), "--png", str(tmp_path / png)]) == 2
     assert "cannot write --png" in capsys.readouterr().err
+
+
+def test_a_barcode_drawing_that_cannot_be_saved_leaves_no_figure_open(harness_barcodes, tmp_path):
+    """pyplot keeps every figure it made until it is closed: a library call that failed to save
+    left one behind for the life of the process."""
+    from matplotlib import pyplot as plt
+
+    from zephon.barcode import draw_barcodes
+
+    reference, rerun, _ = harness_barcodes
+    before = plt.get_fignums()
+    with pytest.raises(OSError):
+        draw_barcodes(read_barcode(reference), read_barcode(rerun), tmp_path / "missing-folder" / "out.png")
+    assert plt.get_fignums() == before
