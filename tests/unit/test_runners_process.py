@@ -415,18 +415,26 @@ print(*runner.worker_pids())
 """
 
 
-def test_a_runner_never_closed_is_closed_at_interpreter_exit(tmp_path):
+def exit_and_list_workers_left(script: str, tmp_path) -> list[int]:
+    """Run `script` (given a shm root, printing its runner's worker pids) in a fresh interpreter;
+    check that it exited cleanly leaving no buffer directory and no worker, and return the pids."""
     root = tmp_path / "shm"
     root.mkdir()
     done = subprocess.run(
-        [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, str(root)],
+        [sys.executable, "-c", script, str(root)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert done.returncode == 0, done.stderr
-    assert list(root.iterdir()) == []  # its buffer directory removed
+    assert list(root.iterdir()) == []  # its buffer directory removed by the exit hook
     assert "Traceback" not in done.stderr
-    for pid in map(int, done.stdout.split()):
+    pids = list(map(int, done.stdout.split()))
+    for pid in pids:
         assert not Path(f"/proc/{pid}").exists()
+    return pids
+
+
+def test_a_runner_never_closed_is_closed_at_interpreter_exit(tmp_path):
+    exit_and_list_workers_left(_EXIT_WITHOUT_CLOSE, tmp_path)
 
 
 def interrupt_next_join(waitable) -> None:
@@ -484,19 +492,8 @@ del runner, worker  # its owner lets go of it and exits with that close unfinish
 
 
 def test_a_close_interrupted_by_ctrl_c_is_finished_at_interpreter_exit(tmp_path):
-    root = tmp_path / "shm"
-    root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT_AFTER_AN_INTERRUPTED_CLOSE, str(root)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    assert done.returncode == 0, done.stderr
-    assert list(root.iterdir()) == []  # its buffer directory removed by the exit hook
-    assert "Traceback" not in done.stderr
-    pids = list(map(int, done.stdout.split()))
+    pids = exit_and_list_workers_left(_EXIT_AFTER_AN_INTERRUPTED_CLOSE, tmp_path)
     assert len(pids) == 2, "the interrupted close left both workers to the exit hook"
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists()
 
 
 def test_close_from_a_done_callback_on_the_reader_thread(tmp_path):
