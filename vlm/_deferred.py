@@ -56,7 +56,7 @@ class DeferredImage:
 
     def decode(self) -> np.ndarray:
         """(H, W, 3) uint8 on the planned grid; `ImageDecodeError` if the bytes do not give it."""
-        pixels = decode_image(self.data, self.spec)
+        pixels = decode_image(self.data, self.spec, probed=True)  # `grid` came from probe_image
         if pixels.shape != self.shape:
             raise ImageDecodeError(
                 "corrupt_image",

@@ -169,6 +169,20 @@ def test_a_png_cut_between_its_pixel_chunks_passes_its_header_and_fails_when_dec
     assert _reason(DeferredImage(data, probe_image(data, spec), spec).decode) == "truncated_image"
 
 
+def test_a_deferred_png_has_its_pixel_chunks_checked_once_at_its_header_not_again_when_decoded(monkeypatch):
+    """The bytes a DeferredImage decodes are those probe_image checked: checking their checksums
+    again after packing is work for nothing (7 µs of the ~1.5 ms a race image takes)."""
+    from vlm import _image
+
+    checked = []
+    check = _image._check_png_pixel_data
+    monkeypatch.setattr(_image, "_check_png_pixel_data", lambda data: checked.append(len(data)) or check(data))
+    data, spec = encode(gradient(96, 160)), ImageSpec()
+    deferred = DeferredImage(data, probe_image(data, spec), spec)
+    assert np.array_equal(deferred.decode(), decode_image(data, spec))
+    assert checked == [len(data), len(data)]  # the probe's and the eager decode's, not the deferred decode's
+
+
 def _png_with_late_orientation(orientation: int) -> bytes:
     """A PNG whose eXIf chunk (EXIF orientation) comes after its pixel data."""
     png = encode(gradient(96, 160))
