@@ -298,6 +298,21 @@ def test_webdataset_member_named_like_the_key_field_is_not_part_of_any_record(tm
         assert records == [{"__key__": f"{i:04d}", "txt": f"cap {i}", "jpg": b"J"} for i in range(40)]
 
 
+def test_webdataset_hidden_members_such_as_macos_appledouble_files_are_part_of_no_record(tmp_path):
+    """A tar made on macOS holds `._0001.jpg` (AppleDouble metadata) just before `0001.jpg`. Read as
+    a member of key `imgs/` it split every sample into two half-records between junk records."""
+    members = [m for i in range(40) for ext in ("jpg", "txt")
+               for m in [(f"imgs/._{i:04d}.{ext}", b"\x00\x05\x16\x07AppleDouble"),
+                         (f"imgs/{i:04d}.{ext}", f"cap {i}".encode() if ext == "txt" else b"J")]]
+    members += [("imgs/.DS_Store", b"Bud1"), (".hidden.txt", b"not a record")]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.num_records == 40
+    for records_per_chunk in (1, 7, 16, 40):
+        assert read_all(ds, records_per_chunk) == (
+            [{"__key__": f"imgs/{i:04d}", "jpg": b"J", "txt": f"cap {i}"} for i in range(40)], [])
+
+
 def long_name(i: int) -> str:
     return f"{'deep/' * 30}{i:05d}"  # over 100 characters: stored with a PAX header
 

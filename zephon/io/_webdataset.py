@@ -6,7 +6,10 @@ A record is {"__key__": key, ext: payload, ...}. Payloads stay raw bytes, except
 last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text pipelines read.
 Members without an extension and non-file members (directories, links) are not part of any record,
 nor is a member whose extension is a field the reader sets itself (`0001.__key__`): its payload
-would overwrite the record's key. Planning and reading skip the same members, so they count the
+would overwrite the record's key. Nor is a hidden member, whose basename starts with a dot (as the
+WebDataset library's own key split has it): tars made on macOS hold an AppleDouble companion
+`._0001.jpg` beside each `0001.jpg`, and a companion read as a member of key `imgs/` (an empty stem)
+cut every sample into two half-records between junk ones, each of them then skipped. Planning and reading skip the same members, so they count the
 same records.
 
 Record counting walks the tar headers only (tarfile seeks over member data), remembering the header
@@ -34,10 +37,10 @@ KEY = "__key__"  # the field holding a record's key; no member extension may tak
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
-    """(key, extension) of a tar member, or None when the basename has no dot."""
+    """(key, extension) of a tar member, or None when the basename has no dot or starts with one."""
     directory, slash, basename = name.rpartition("/")
     stem, dot, extension = basename.partition(".")
-    if not dot:
+    if not dot or not stem:
         return None
     return directory + slash + stem, extension
 
