@@ -433,6 +433,15 @@ def test_a_byte_order_mark_opening_a_shard_is_not_part_of_its_first_record(tmp_p
     assert read_all(file_unit, 1)[0] == [{"text": "héllo\nworld\n"}]
 
 
+def test_a_byte_order_mark_opening_a_tar_txt_or_json_member_is_not_part_of_its_text(tmp_path):
+    """`json.loads` refuses a str opening with a BOM: the whole sample was skipped as malformed_json."""
+    bom = b"\xef\xbb\xbf"
+    members = [("0.json", bom + b'{"w": 3}'), ("0.txt", bom + "héllo".encode()), ("0.jpg", bom + b"raw")]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    assert read_all(Dataset.from_path("d", str(tmp_path / "a.tar")), 1) == (
+        [{"__key__": "0", "json": {"w": 3}, "txt": "héllo", "jpg": bom + b"raw"}], [])
+
+
 def test_plain_lines_cut_inside_a_line_after_planning_hand_out_no_piece_of_it(tmp_path):
     lines = [f"sentence number {i}".encode() for i in range(40)]
     whole = lines_bytes(lines)

@@ -3,7 +3,10 @@
 The key of a member is its path up to the first dot of its basename (the directory part included),
 and the rest is its extension: `imgs/0001.seg.png` has key `imgs/0001` and extension `seg.png`.
 A record is {"__key__": key, ext: payload, ...}. Payloads stay raw bytes, except an extension whose
-last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text pipelines read.
+last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text pipelines read. A
+UTF-8 byte order mark opening such a member is not part of its text, as it is not of a text or JSON
+Lines shard's: `json.loads` refuses a str that starts with one, so a caption file saved by a Windows
+editor made its whole sample `malformed_json`.
 Members without an extension and non-file members (directories, links) are not part of any record,
 nor is a member whose extension is a field the reader sets itself (`0001.__key__`): its payload
 would overwrite the record's key. Nor is a hidden member, whose basename starts with a dot (as the
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._format import ShardFile, ShardScan
+from ._lines import UTF8_BOM
 from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, Bad, Slot, fill_truncated, parse_json
 
 if TYPE_CHECKING:
@@ -138,7 +142,7 @@ def _decode(record: dict[str, Any], duplicate: str | None) -> Slot:
         if extension == KEY or last not in ("txt", "json"):
             continue
         try:
-            text = payload.decode("utf-8")
+            text = payload.removeprefix(UTF8_BOM).decode("utf-8")
         except UnicodeDecodeError as error:
             return Bad(INVALID_UTF8, f"{extension}: {error}")
         if last == "txt":
