@@ -2,9 +2,11 @@
 
 Caching uses fsspec's `simplecache`, which copies a whole remote file to local disk on first open
 and serves later opens from the copy. It keeps no metadata, which fsspec recommends for concurrent
-readers; it also never re-checks the remote file, so a shard that changes remotely needs its cache
-directory cleared. A cache given to `Dataset.from_path` makes its copies while planning (which opens
-every shard); one set through `Pipeline.options(io_options=...)` applies after planning, so the
+readers. Every open asks the remote filesystem for the file's version (`ukey`: an ETag, or a hash
+of its size and modification time) and reads the copy of that version, so a shard rewritten
+remotely is copied anew rather than read from its old copy (`_atomic_cache`); old copies stay
+until the directory is cleared. A cache given to `Dataset.from_path` makes its copies while
+planning (which opens every shard); one set through `Pipeline.options(io_options=...)` applies after planning, so the
 workers' first reads make them. Either way a copy is written under a temporary name and renamed
 when whole (`_atomic_cache`): a failed download leaves nothing, and readers racing on a first
 download (workers, or two runs sharing the directory) never see part of one, at worst both
