@@ -420,6 +420,19 @@ def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):
     assert [(a.index, reason) for a, reason in skipped] == [(1, "unconvertible_value")]
 
 
+def test_parquet_rows_of_a_file_that_repeats_a_column_name_are_skipped_not_read_with_one_value_dropped(tmp_path):
+    """pyarrow writes such a file; its rows as dicts kept the last `text` and lost the first."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array(["x", "y"]), pa.array([1, 2])], ["text", "text", "n"])
+    pq.write_table(table, tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["c"], "n": [3]}), tmp_path / "b.parquet")
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 3)
+    assert records == [{"text": "c", "n": 3}]
+    assert [(a.index, reason) for a, reason in skipped] == [(0, "duplicate_column"), (1, "duplicate_column")]
+
+
 @pytest.mark.parametrize("compression", [None, "gz"])
 def test_a_byte_order_mark_opening_a_shard_is_not_part_of_its_first_record(tmp_path, compression):
     bom = b"\xef\xbb\xbf"

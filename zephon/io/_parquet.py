@@ -22,7 +22,7 @@ import numpy as np
 
 from ._errors import ShardUnavailableError
 from ._format import ShardFile, ShardScan
-from ._policy import INVALID_UTF8, UNCONVERTIBLE_VALUE, Bad, Slot, fill_truncated
+from ._policy import DUPLICATE_COLUMN, INVALID_UTF8, UNCONVERTIBLE_VALUE, Bad, Slot, fill_truncated
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -65,7 +65,15 @@ class Parquet:
 def _rows(table: pa.Table) -> list[Slot]:
     """Rows as dicts. pyarrow checks values only when they become Python objects: a row holding
     bytes that are not UTF-8 is `invalid_utf8`, like a JSON line would be, and one holding a value
-    Python cannot represent (a timestamp or date past year 9999) is `unconvertible_value`."""
+    Python cannot represent (a timestamp or date past year 9999) is `unconvertible_value`.
+
+    A file whose columns repeat a name (pyarrow writes one) has rows that are no dict: `to_pylist`
+    keeps the last column of a name and drops the others' values without a word, so each row is
+    `duplicate_column`, as a tar record holding one member twice is `duplicate_member`."""
+    names = table.column_names
+    if len(set(names)) < len(names):
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        return [Bad(DUPLICATE_COLUMN, f"columns named {repeated} more than once: which one is meant is not known")] * table.num_rows
     try:
         return table.to_pylist()
     except (UnicodeDecodeError, OverflowError, ValueError):

@@ -37,8 +37,9 @@ NOT_AN_OBJECT = "not_an_object"
 TRUNCATED_SHARD = "truncated_shard"
 UNCONVERTIBLE_VALUE = "unconvertible_value"  # a stored value Python cannot hold (a date past year 9999)
 DUPLICATE_MEMBER = "duplicate_member"  # a tar record with two members of one extension: which is meant?
+DUPLICATE_COLUMN = "duplicate_column"  # a Parquet row with two columns of one name: which is meant?
 REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD, UNCONVERTIBLE_VALUE,
-                     DUPLICATE_MEMBER})
+                     DUPLICATE_MEMBER, DUPLICATE_COLUMN})
 
 
 class ErrorPolicy(enum.StrEnum):
