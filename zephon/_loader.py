@@ -45,8 +45,9 @@ compressed text files read whole planned by their decompressed size; 5: a PNG's 
 before and after packing, multi-picture JPEGs draft-decoded, a path naming a file or directory as
 written not read as a glob, links to directories listed by every spelling of a local dataset, a
 video sampled over its own duration and turned upright by its display rotation, a document whose
-text holds a placeholder id skipped), so that a checkpoint of the old batches is refused instead of
-resumed."""
+text holds a placeholder id skipped, a tar's hidden members part of no record and a byte order mark
+opening a tar's text dropped, a Parquet file repeating a column name skipped), so that a checkpoint
+of the old batches is refused instead of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
