@@ -313,6 +313,22 @@ def test_webdataset_hidden_members_such_as_macos_appledouble_files_are_part_of_n
             [{"__key__": f"imgs/{i:04d}", "jpg": b"J", "txt": f"cap {i}"} for i in range(40)], [])
 
 
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT])
+def test_webdataset_keys_do_not_depend_on_the_locale_of_the_machine_reading_the_tar(tmp_path, monkeypatch, tar_format):
+    """Outside PAX headers a member's name is bytes; tarfile decoded them with the reading machine's
+    file-system encoding, so under a Latin-1 locale `café/0001` became `cafÃ©/0001`."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=tar_format, encoding="utf-8") as tar:
+        for name, payload in (("café/0001.txt", b"un"), ("café/0002.txt", b"deux")):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    (tmp_path / "a.tar").write_bytes(sink.getvalue())
+    monkeypatch.setattr(tarfile.TarFile, "encoding", "latin-1")  # what a Latin-1 locale makes the default
+    assert read_all(Dataset.from_path("d", str(tmp_path / "a.tar")), 2) == (
+        [{"__key__": "café/0001", "txt": "un"}, {"__key__": "café/0002", "txt": "deux"}], [])
+
+
 def long_name(i: int) -> str:
     return f"{'deep/' * 30}{i:05d}"  # over 100 characters: stored with a PAX header
 

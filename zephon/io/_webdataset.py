@@ -49,6 +49,12 @@ def split_member_name(name: str) -> tuple[str, str] | None:
     return directory + slash + stem, extension
 
 
+# Member names that are not PAX's (always UTF-8) are bytes; tarfile decodes them with the machine's
+# file-system encoding unless told, so a `__key__` (and a record's fields) would depend on the locale
+# of the machine reading the shard. Names are read as UTF-8, as tar writers on every platform write them.
+NAME_ENCODING = "utf-8"
+
+
 @dataclass(frozen=True)
 class WebDataset:
     name: str = "webdataset"
@@ -58,7 +64,7 @@ class WebDataset:
 
         count, seek = 0, []
         with shard.open() as f:
-            tar = tarfile.TarFile(fileobj=f, mode="r")
+            tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
             previous = None
             try:
                 for member, key, _ in _members(tar):
@@ -86,7 +92,7 @@ class WebDataset:
         with shard.open() as f:
             f.seek(int(seek[point]))
             try:
-                tar = tarfile.TarFile(fileobj=f, mode="r")
+                tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
                 for member, key, extension in _members(tar):
                     if key != current:
                         if record is not None and index >= start:
