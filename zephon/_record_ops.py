@@ -17,7 +17,7 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
-from ._tokenizer import SPLIT_SPECIAL_TOKENS, leave_cores_to_workers, load_tokenizer
+from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, leave_cores_to_workers, load_tokenizer
 
 __all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
 
@@ -159,7 +159,15 @@ class TokenizeOp(RecordOperator):
     split_special_tokens: bool = SPLIT_SPECIAL_TOKENS
     name: str = "tokenize"
 
-    def handle(self):
+    def handle(self) -> TokenizerHandle:
+        """The tokenizer this operator encodes with and names in its fingerprint."""
+        return self._handle
+
+    @functools.cached_property
+    def _handle(self) -> TokenizerHandle:
+        """Loaded once (`Pipeline.tokenize` does it) and kept: a tokenizer.json changed on disk
+        meanwhile (a loader's token estimate runs between its `build` and its `fingerprint`) must not
+        make the recipe name another tokenizer than the one encoding. A new pipeline reads the new file."""
         return load_tokenizer(self.tokenizer_id, split_special_tokens=self.split_special_tokens)
 
     def build(self, on_error: str) -> RecordFn:

@@ -50,17 +50,37 @@ def load_tokenizer(tokenizer_id: str, *, split_special_tokens: bool = SPLIT_SPEC
     """`tokenizer_id` is a path to a tokenizer.json, a directory holding one, or a hub id
     (which needs a reachable or cached hub). With `split_special_tokens` the tokenizer encodes a
     special token's string in a text as ordinary text (one instance per setting: the setting is
-    the tokenizer's, and instances are shared)."""
+    the tokenizer's, and instances are shared).
+
+    A local file is parsed again once it changed: a tokenizer.json rewritten in place, replaced,
+    re-linked, or a relative path read from another working directory gives the tokenizer now
+    there, with its digest, not the one an earlier call of this process cached under the name."""
+    if not isinstance(tokenizer_id, str):
+        raise ConfigurationError(f"a tokenizer is named by a str (a path or hub id), got {tokenizer_id!r}")
     # One cache key per setting, whether the caller named it or took the default.
-    return _load_tokenizer(tokenizer_id, split_special_tokens)
+    return _load_tokenizer(tokenizer_id, split_special_tokens, _file_version(tokenizer_id))
+
+
+def _file_version(tokenizer_id: str) -> tuple[int, int, int, int] | None:
+    """What tells this file apart from the one the same name gave before: device, inode, size and
+    modification time in ns of the tokenizer.json `tokenizer_id` names (what Python's own bytecode
+    cache trusts, size and mtime), or None where no local file is named. A stat, not a digest of
+    the bytes: those cost 20 ms for a large vocabulary at every call."""
+    path = os.path.expanduser(tokenizer_id)
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 @lru_cache(maxsize=16)
-def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool) -> TokenizerHandle:
+def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool, version: tuple | None) -> TokenizerHandle:
+    """`version` (`_file_version`) is only part of the cache key."""
     from tokenizers import Tokenizer
 
-    if not isinstance(tokenizer_id, str):
-        raise ConfigurationError(f"a tokenizer is named by a str (a path or hub id), got {tokenizer_id!r}")
     path = os.path.expanduser(tokenizer_id)
     directory = os.path.isdir(path)
     if directory:

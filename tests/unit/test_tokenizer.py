@@ -185,3 +185,47 @@ def test_a_lookup_shares_the_instance_the_tokenize_stage_encodes_with(demo_token
     assert load_tokenizer(path) is stage
     assert load_tokenizer(path, split_special_tokens=True) is stage
     assert load_tokenizer(path, split_special_tokens=False) is not stage
+
+
+def _renamed_eos(demo_tokenizer_path) -> str:
+    """The demo tokenizer with its EOS token spelt `<|end|>`: another tokenizer, another digest."""
+    return demo_tokenizer_path.read_text().replace('"<|eos|>"', '"<|end|>"')
+
+
+def test_a_tokenizer_file_changed_since_it_was_loaded_is_loaded_again(tmp_path, demo_tokenizer_path, monkeypatch):
+    """The cache was keyed by the name alone: a tokenizer.json rewritten in place (a sweep that
+    trains a tokenizer per ablation into one path) or a relative path read from another working
+    directory gave the first file's tokenizer and digest, so a new pipeline encoded with a stale
+    tokenizer and resumed checkpoints of it."""
+    path = tmp_path / "tokenizer.json"
+    shutil.copy(demo_tokenizer_path, path)
+    before = load_tokenizer(str(path))
+    path.write_text(_renamed_eos(demo_tokenizer_path))
+    os.utime(path, ns=(1, 1))  # the rewrite may fall in the same clock tick as the copy
+    after = load_tokenizer(str(path))
+    assert after.digest != before.digest and after.tokenizer.token_to_id("<|end|>") is not None
+    assert load_tokenizer(str(path)) is after  # an unchanged file is still parsed once
+
+    (tmp_path / "other").mkdir()
+    shutil.copy(demo_tokenizer_path, tmp_path / "other" / "tokenizer.json")
+    monkeypatch.chdir(tmp_path)
+    here = load_tokenizer("tokenizer.json")
+    monkeypatch.chdir(tmp_path / "other")
+    assert load_tokenizer("tokenizer.json").digest != here.digest
+
+
+def test_a_tokenize_operator_names_the_tokenizer_it_encodes_with_after_the_file_changed(tmp_path,
+                                                                                         demo_tokenizer_path):
+    """A loader builds its stages, then measures tokens (seconds), then takes the fingerprint: the
+    file changing in between must not make the recipe name another tokenizer than the encoding one."""
+    from zephon._record_ops import TokenizeOp
+
+    path = tmp_path / "tokenizer.json"
+    shutil.copy(demo_tokenizer_path, path)
+    op = TokenizeOp(str(path))
+    op.build("skip")
+    digest = load_tokenizer(str(path)).digest
+    path.write_text(_renamed_eos(demo_tokenizer_path))
+    os.utime(path, ns=(1, 1))
+    assert op.fingerprint()["tokenizer"] == digest
+    assert TokenizeOp(str(path)).fingerprint()["tokenizer"] != digest  # a new operator reads the new file
