@@ -141,6 +141,9 @@ class Pipeline:
         for name, value in (("field", field), ("output_field", output_field)):
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
+        for name, token in (("bos", bos), ("eos", eos)):
+            if token is not None and not isinstance(token, str):  # an id (bos=1) failed as a bare TypeError
+                raise ConfigurationError(f"tokenize: {name} must be a token's string or None, got {token!r}")
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
             split_special_tokens,

@@ -243,6 +243,10 @@ WRONG_OPTIONS = {
                        "tokenize: field must be a record field's name (a non-empty str), got 3"),
     "tokenize output_field": (lambda p, tok: p.tokenize(tok.operators[-1].tokenizer_id, output_field=""),
                               "tokenize: output_field must be a record field's name (a non-empty str), got ''"),
+    "tokenize bos": (lambda p, tok: p.tokenize(tok.operators[-1].tokenizer_id, bos=0),
+                     "tokenize: bos must be a token's string or None, got 0"),
+    "tokenize eos": (lambda p, tok: p.tokenize(tok.operators[-1].tokenizer_id, eos=b"<|eos|>"),
+                     "tokenize: eos must be a token's string or None, got b'<|eos|>'"),
     "map fn": (lambda p, tok: p.map(3), "map: fn must be callable, got 3"),
     "filter fn": (lambda p, tok: p.filter("len"), "filter: fn must be callable, got 'len'"),
 }
