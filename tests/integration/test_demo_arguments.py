@@ -52,6 +52,14 @@ def no_ranks(monkeypatch):
     monkeypatch.setattr(_elastic, "_run_ranks", refuse)
 
 
+def test_elastic_barcode_dir_that_cannot_be_a_directory_is_refused_before_any_rank_runs(no_ranks, tmp_path):
+    """A file in its place ended the demo in a traceback after every run had been paid for."""
+    taken = tmp_path / "barcodes"
+    taken.write_text("not a directory")
+    with pytest.raises(SystemExit, match="--barcode-dir .* is no directory one can write"):
+        cli.main(["demo", "elastic", "--barcode-dir", str(taken)])
+
+
 @pytest.mark.parametrize("checkpoint_step", ["24", "30"])
 def test_elastic_checkpoint_step_outside_the_run_is_refused_before_any_rank_runs(no_ranks, checkpoint_step):
     with pytest.raises(SystemExit, match=r"--checkpoint-step must be in \(0, --steps=24\), got " + checkpoint_step):

@@ -58,6 +58,13 @@ def _write_barcode(path: Path, digests: list[str]) -> None:
 def _check_arguments(args) -> None:
     """Refuse, naming it, what the rank processes would fail on only after the reference run."""
     check_checkpoint_step(args)
+    if args.barcode_dir:  # made now: a file in its place ended the demo after every run was paid for
+        try:
+            Path(args.barcode_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(
+                f"zephon demo elastic: --barcode-dir {args.barcode_dir!r} is no directory one can write: {exc}"
+            ) from None
     pipeline = demo_pipeline(runner=args.runner, parallelism=args.parallelism)
     check_demo_layout("elastic", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
                       microbatch_size=pipeline.microbatch_size,
