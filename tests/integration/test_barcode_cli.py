@@ -206,3 +206,23 @@ def test_a_barcode_drawing_that_cannot_be_saved_leaves_no_figure_open(harness_ba
     with pytest.raises(OSError):
         draw_barcodes(read_barcode(reference), read_barcode(rerun), tmp_path / "missing-folder" / "out.png")
     assert plt.get_fignums() == before
+
+
+def test_a_demo_plugin_that_fails_to_register_leaves_the_rest_of_the_command_working(harness_barcodes, monkeypatch,
+                                                                                      capsys):
+    """Only an ImportError of a plugin was caught: one that raised anything else when it registered
+    (a demo name already taken, a bug) took `barcode compare` down with it."""
+    from zephon import cli
+
+    class BrokenDemo:
+        name = "broken"
+
+        def load(self):
+            def register(demo_parsers):
+                raise ValueError("conflicting subparser: elastic")
+            return register
+
+    monkeypatch.setattr(cli, "entry_points", lambda group: [BrokenDemo()])
+    reference, rerun, _ = harness_barcodes
+    assert cli.main(["barcode", "compare", str(reference), str(rerun)]) == 0
+    assert "demo 'broken' unavailable (ValueError: conflicting subparser: elastic)" in capsys.readouterr().err
