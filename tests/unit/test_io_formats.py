@@ -449,6 +449,16 @@ def test_parquet_rows_of_a_file_that_repeats_a_column_name_are_skipped_not_read_
     assert [(a.index, reason) for a, reason in skipped] == [(0, "duplicate_column"), (1, "duplicate_column")]
 
 
+def test_every_bad_record_reason_is_a_public_name_of_zephon_io():
+    """`zephon.io` exports each reason its readers report under the constant's name, so a caller
+    can match `BadRecordError.reason` without spelling the string (duplicate_column was missing)."""
+    import zephon.io
+
+    constants = [name for name in zephon.io.__all__ if name.isupper() and name not in ("REASONS", "FORMATS")]
+    exported = {getattr(zephon.io, name) for name in constants}
+    assert exported == zephon.io.REASONS
+
+
 @pytest.mark.parametrize("compression", [None, "gz"])
 def test_a_byte_order_mark_opening_a_shard_is_not_part_of_its_first_record(tmp_path, compression):
     bom = b"\xef\xbb\xbf"

@@ -9,6 +9,7 @@ from ._dataset import Dataset, ShardInfo
 from ._errors import ShardUnavailableError
 from ._locate import FORMATS
 from ._policy import (
+    DUPLICATE_COLUMN,
     DUPLICATE_MEMBER,
     INVALID_UTF8,
     MALFORMED_JSON,
@@ -32,4 +33,5 @@ __all__ = [
     "TRUNCATED_SHARD",
     "UNCONVERTIBLE_VALUE",
     "DUPLICATE_MEMBER",
+    "DUPLICATE_COLUMN",
 ]

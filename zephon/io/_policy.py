@@ -21,6 +21,7 @@ __all__ = [
     "TRUNCATED_SHARD",
     "UNCONVERTIBLE_VALUE",
     "DUPLICATE_MEMBER",
+    "DUPLICATE_COLUMN",
     "REASONS",
     "ErrorPolicy",
     "Bad",
