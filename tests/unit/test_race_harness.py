@@ -336,3 +336,16 @@ def test_the_peers_composite_alpha_as_zephon_does_same_pixels_without_the_detour
         got = _work.decode_image(data.getvalue(), 32, 16)
         assert not detours, mode
         np.testing.assert_array_equal(got, decode_image(data.getvalue(), ImageSpec.pixtral(max_side=32)))
+
+
+def test_over_an_even_number_of_rounds_the_bound_is_the_median_as_a_loaders_rate_is():
+    """The lower middle round's bound under the loaders' true median rates raised the
+    efficiencies: two rounds held each loader to the slower round's bound."""
+    def measured(rate, round_):
+        return {"pipeline": "vlm", "name": "3.14t Pillow", "functions": "ours", "usable_tokens_per_s": rate,
+                "images_per_s": rate / 200, "parts": {"decode_resize_s": 1.0 / rate}, "round": round_, "ok": True}
+
+    bound = _median_bounds([measured(rate, round_) for round_, rate in enumerate([1100.0, 900.0, 1000.0, 1300.0])])
+    bound = bound[("vlm", "3.14t Pillow", "ours")]
+    assert bound["usable_tokens_per_s"] == 1050.0 and bound["images_per_s"] == 5.25
+    assert (bound["rounds"], bound["spread"]) == (4, (900.0, 1300.0))
