@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import _data
 from ._monitor import TreeMemory
-from .loaders import BOUNDS, LOADERS, VARIANTS, compile_sources, python_for, variant_name
+from .loaders import BOUNDS, LOADERS, VARIANTS, compile_sources, python_for, variant_name, worker_env
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 # Every bound runs with tokenizers' own thread pool off: one core's work, as the bound defines it.
@@ -95,6 +95,7 @@ def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: d
         cfg_path.write_text(json.dumps(cfg))
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)
+        env.update(worker_env(script))
         # glibc's dynamic mmap threshold makes big allocations slower in the main thread only
         # (shared ENVIRONMENT.md, "Allocator trap"); fixed thresholds for every loader alike.
         env.setdefault("MALLOC_MMAP_THRESHOLD_", "16777216")

@@ -32,6 +32,23 @@ def compile_sources(python: str) -> None:
     subprocess.run([python, "-m", "compileall", "-q", *sources], check=True, stdout=subprocess.DEVNULL)
 
 
+# Worker scripts that import this repository's packages: Zephon's loader, and the bound, whose
+# "ours" functions are Zephon's. The peers' scripts import none of them.
+OUR_SCRIPTS = ("zephon_ours.py", "bound.py")
+
+
+def worker_env(script: str) -> dict[str, str]:
+    """What a worker's environment needs beyond the race's settings, so that it runs this checkout.
+
+    Every interpreter racing our code holds an editable install of whichever checkout made it
+    (setup_peers.sh, `nox`): run from any other worktree, `import zephon` in its worker found that
+    checkout's code, not the one the race was started from (and compiled, `compile_sources`). With
+    this checkout first on the path our scripts import its packages; the peers' scripts get no
+    path, so `import zephon` in `zephon020` stays the PyPI one.
+    """
+    return {"PYTHONPATH": str(REPO)} if script in OUR_SCRIPTS else {}
+
+
 def python_for(venv: str) -> str | None:
     """The interpreter of a named environment, or None when it is not there."""
     if venv == "project-3.11":

@@ -349,3 +349,25 @@ def test_over_an_even_number_of_rounds_the_bound_is_the_median_as_a_loaders_rate
     bound = bound[("vlm", "3.14t Pillow", "ours")]
     assert bound["usable_tokens_per_s"] == 1050.0 and bound["images_per_s"] == 5.25
     assert (bound["rounds"], bound["spread"]) == (4, (900.0, 1300.0))
+
+
+def test_our_workers_import_the_checkout_that_races_and_the_peers_do_not(tmp_path, monkeypatch):
+    """Each interpreter racing our code has an editable install of the checkout that made it: a
+    race started from another worktree measured that checkout's Zephon, not its own."""
+    from benchmarks.race import __main__ as race
+    from benchmarks.race import loaders
+
+    checkout, workers = tmp_path / "checkout", tmp_path / "workers"
+    (checkout / "zephon").mkdir(parents=True)
+    (checkout / "zephon" / "__init__.py").write_text("")
+    workers.mkdir()
+    reporter = ("import json, sys\ntry:\n    import zephon\n    found = zephon.__file__\nexcept ImportError:\n"
+                "    found = None\njson.dump({'zephon': found}, open(sys.argv[2], 'w'))\n")
+    for script in ("zephon_ours.py", "bound.py", "zephon020_peer.py"):
+        (workers / script).write_text(reporter)
+    monkeypatch.setattr(loaders, "REPO", checkout)
+    monkeypatch.setattr(race, "WORKERS", workers)
+    ours = str(checkout / "zephon" / "__init__.py")
+    for script in ("zephon_ours.py", "bound.py"):
+        assert race.run_worker(sys.executable, script, {}, 30)["zephon"] == ours
+    assert race.run_worker(sys.executable, "zephon020_peer.py", {}, 30)["zephon"] != ours
