@@ -224,7 +224,9 @@ def test_the_peers_tokenize_a_document_as_zephon_does_without_offsets_and_with_t
     calls = []
 
     class Encoding:
-        ids = [5, 6]
+        @property
+        def ids(self):  # a new list at every access, as tokenizers' own
+            return [5, 6]
 
     class Tokenizer:
         def encode(self, text, add_special_tokens=True):

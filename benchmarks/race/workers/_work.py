@@ -89,11 +89,18 @@ def encode_text(tokenizer, text: str, bos: int | None, eos: int | None) -> np.nd
         ids = fast([text], add_special_tokens=False)[0].ids
     else:
         ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return ids_array(ids, bos, eos)
+
+
+def ids_array(ids: list[int], bos: int | None, eos: int | None) -> np.ndarray:
+    """A document's ids with BOS/EOS as int32, built as Zephon's tokenize stage builds them: into
+    the fresh list tokenizers returns, then `fromiter` with a count (one pass). Two list
+    concatenations and `np.array` cost the peers and the bound ~1 % more CPU per text token."""
     if bos is not None:
-        ids = [bos] + ids
+        ids.insert(0, bos)
     if eos is not None:
-        ids = ids + [eos]
-    return np.array(ids, dtype=np.int32)
+        ids.append(eos)
+    return np.fromiter(ids, dtype=np.int32, count=len(ids))
 
 
 def text_row(pieces: list[tuple[np.ndarray, int, int]], length: int, pad: int) -> dict[str, np.ndarray]:

@@ -59,7 +59,7 @@ def text_bound(functions: str) -> tuple[dict, Passes]:
             texts, docs = out["read_parse_s"], []
             for i in range(0, len(texts), chunk):
                 for e in encode(texts[i:i + chunk], add_special_tokens=False):
-                    docs.append(np.array(e.ids + [eos], dtype=np.int32))
+                    docs.append(_work.ids_array(e.ids, None, eos))
             return docs
         return run
 
