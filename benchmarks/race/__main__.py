@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -142,17 +141,6 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def median_runs(runs: list[dict]) -> dict:
-    keys = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes",
-            "peak_shm_bytes")
-    ok = [r for r in runs if r.get("ok")]
-    out = {"runs": len(runs), "ok": len(ok)}
-    for key in keys:
-        values = [r[key] for r in ok if r.get(key) is not None]
-        out[key] = statistics.median(values) if values else None
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

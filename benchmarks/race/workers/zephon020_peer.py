@@ -1,11 +1,12 @@
 """Race worker: `zephon` 0.2.0 from PyPI (datologyai/zephon), in its own venv, in its own idioms.
 
 Text: JSONL dataset -> `decode_text` -> `tokenize` (its HF-tokenizer operator, EOS appended by
-the operator, parallelism p) -> `pack_flat(2048, algorithm="wrap")` -> `shuffle(64)` -> `batch(8)`.
+the operator, parallelism p) -> `pack_flat(2048, algorithm="wrap")` -> `shuffle` -> `batch`, with
+the race's shuffle buffer and microbatch (`TEXT` and `VLM` in `benchmarks/race/__main__.py`).
 VLM: it has no image decoder and no WebDataset reader, so the same pairs are read from Parquet
 and decoded + tokenized by a `map_transform` (parallelism p); first-fit packing is its
 `pack_sequences` with a `length_fn` (image placeholders + text) and the row assembly as
-`pack_payloads` (run on its workers) -> `shuffle(8)` -> `batch(4)`.
+`pack_payloads` (run on its workers) -> `shuffle` -> `batch`.
 Runner: "threads" or "process" (`options(runner=..., max_workers=p)`); the best one counts.
 """
 
