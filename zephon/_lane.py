@@ -70,7 +70,8 @@ class LaneStream:
 
     @property
     def exhausted(self) -> bool:
-        """True once a finite plan is used up and every row was taken."""
+        """True once a finite plan is used up and every row was taken; known as soon as the last
+        row is taken wherever the rows after it were due to come from chunks already read (see `next`)."""
         return self._rows_done and not self._ahead
 
     def has_more(self) -> bool:
@@ -80,14 +81,26 @@ class LaneStream:
 
     def next(self) -> tuple[int, PackedSequence] | None:
         """The next row and its segment, or None once a finite plan is used up. With row work, the
-        work of the rows after it is started before this row's is waited for."""
+        work of the rows after it is started before this row's is waited for.
+
+        Once every chunk of the lane is read, the row after it is looked for at once: that waits
+        for nothing (what is left comes from the accumulators' buffers and the final flush), and
+        the lane is known to be exhausted the moment its last row is taken, not when the loader
+        next turns to it. A checkpoint then says the lane is finished whichever layout took it and
+        whenever its trainer saved (a trainer taking each step whole saves before the loader turns
+        to the lanes whose data ended with the step)."""
         if not self.has_more():
             return None
         segment, row = self._ahead.popleft()
         if self._row_work is not None:
             while len(self._ahead) < self._rows_ahead and self._pull(with_work=True):
                 pass
+        if not self._ahead and self._every_chunk_read():
+            self._pull(with_work=True)
         return segment, row.result() if isinstance(row, Future) else row
+
+    def _every_chunk_read(self) -> bool:
+        return self._plan_done and not any(isinstance(entry, Future) for entry in self._pending)
 
     def skip(self) -> bool:
         """Drop the next row without doing its row work (a resume replaying past rows the trainer

@@ -8,7 +8,7 @@ from itertools import islice
 
 import pytest
 
-from tests.harness import GLOBAL_BATCH, microbatches_per_rank_step, text_pipeline
+from tests.harness import GLOBAL_BATCH, NUM_LANES, microbatch_digests, microbatches_per_rank_step, text_pipeline
 from zephon import CheckpointError, merge_states
 
 
@@ -170,25 +170,63 @@ def test_a_rank_with_a_finished_lane_saved_behind_the_others_is_refused(make_jso
         merge_states([early, later])
 
 
+def _saves_at_every_step_end(make) -> list[dict[int, dict]]:
+    """Per rank of 2, {steps taken: state} of a trainer taking each step whole and saving after
+    every step of a finite epoch (a rank with nothing left of a step saves as it stands)."""
+    per_rank_step = []
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            per_rank_step.append(Counter(batch.step for batch in loader))
+    steps = max(max(per_step) for per_step in per_rank_step) + 1
+    saves = []
+    for rank, per_step in enumerate(per_rank_step):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            it = iter(loader)
+            saves.append({})
+            for step in range(steps):
+                for _ in range(per_step[step]):
+                    next(it)
+                saves[rank][step + 1] = loader.state_dict()
+    return saves
+
+
+def test_every_step_end_save_of_ranks_taking_each_step_whole_merges_and_resumes_on_any_world_size(
+    make_jsonl_corpus, demo_tokenizer_path
+):
+    """Lanes of a finite epoch end at different steps, some with a step's last microbatch (lane 2
+    here: its rank hands over nothing after it). A lane is finished the moment its last row is
+    handed over, not when its rank's loader next turns to it, which a rank with nothing left never
+    does: every save at a step's end merges, and resumed on 1 and on 4 ranks hands over exactly
+    the rest of the uninterrupted run."""
+    make = lambda: text_pipeline(
+        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    )
+    reference = microbatch_digests(make(), 1, until_step=10**6)
+    saves = _saves_at_every_step_end(make)
+    rows_per_lane_step = GLOBAL_BATCH // NUM_LANES
+    ended_with_a_step = 0
+    for steps in sorted(saves[0]):
+        merged = merge_states([save[steps] for save in saves])
+        ended_with_a_step += sum(
+            int(lane) in merged["finished"] and cursor[2] == steps * rows_per_lane_step
+            for lane, cursor in merged["lanes"].items()
+        )
+        rest = {key: digest for key, digest in reference.items() if key[0] >= steps}
+        for world in (1, 4):
+            assert microbatch_digests(make(), world, until_step=10**6, state=merged) == rest, (steps, world)
+    assert ended_with_a_step  # the scenario happened: a save right after a lane's data ended with a step
+
+
 def test_a_rank_file_from_an_older_save_is_refused_once_every_rank_has_a_finished_lane(
     make_jsonl_corpus, demo_tokenizer_path
 ):
     """Ranks taking each step whole, saved at every step's end: once every rank has a finished
     lane, one rank's file from the save a step earlier (either rank's) must still be told apart."""
-    make = lambda: text_pipeline(
-        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    saves = _saves_at_every_step_end(
+        lambda: text_pipeline(
+            make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+        )
     )
-    saves = []  # per rank: {steps taken whole: state}
-    for rank in range(2):
-        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
-            per_step = Counter(batch.step for batch in loader)
-        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
-            it = iter(loader)
-            saves.append({})
-            for step in sorted(per_step):
-                for _ in range(per_step[step]):
-                    next(it)
-                saves[rank][step + 1] = loader.state_dict()
     both = [
         step for step in sorted(set(saves[0]) & set(saves[1]))
         if all(save[step]["finished"] and save[step]["steps_begun"] is not None for save in saves)
