@@ -8,9 +8,10 @@ buffered is ever saved; loading a state cannot execute code.
 A state also says how far its rank has gone, two ways: the global steps it has begun handing over,
 and the rows handed over on all ranks together as it counts them (its own rows since it was
 resumed, times the world size, on top of the count it was resumed at). Ranks saved at one
-checkpoint agree on one of the two (see `_one_checkpoint`), whether or not a lane has finished;
-`merge_states` refuses states that agree on neither, since their lanes would resume out of step
-with each other. It also says which of its lanes a finite plan has finished.
+checkpoint agree on the rows, or, once a lane has finished, on the steps with every live lane at
+their end (see `_one_checkpoint`); `merge_states` refuses states that do neither, since their
+lanes would resume out of step with each other. It also says which of its lanes a finite plan has
+finished.
 """
 
 from __future__ import annotations
@@ -263,21 +264,32 @@ def _one_checkpoint(states: list[dict]) -> int | None:
     from every rank between checkpoints (TorchTitan's local batches, a loop accumulating a fixed
     number per optimizer step), and the rows of a step split evenly across ranks (a resume that
     would split them unevenly is refused, see `RankLoader.load_state_dict`). So do they in the
-    ragged end of a finite epoch, where a finished lane lets a rank's live lanes run steps ahead;
-    there a trainer that takes each step whole leaves them agreeing on steps begun instead, having
-    taken fewer rows where lanes finished, and that is accepted too. A state of an older save (one
-    rank's file left behind) has taken fewer rows, and, in the ragged end, begun fewer steps unless
-    the saves fell within one step: its lanes would replay what the others' trainer already had.
-    Ranks whose lanes are all finished have nothing left to be out of step with and are left out.
-    The merged count is the smallest."""
+    ragged end of a finite epoch, where a finished lane lets a rank's live lanes run steps ahead.
+    There a trainer that takes each step whole leaves them having taken fewer rows where lanes
+    finished, and that is accepted too where it is what they show: the same steps begun, and every
+    lane not finished at one position, the end of those steps. A state of an older save (one
+    rank's file left behind) has taken fewer rows, and begun fewer steps or, saved within the same
+    step, left a live lane short of the step's end: its lanes would replay what the others' trainer
+    already had. Not told apart: an older save that took as many rows (in the ragged end, finished
+    lanes can make a rank's rows at an earlier step equal another's), and a rank's file from
+    within the step when no other rank has a live lane to set beside it. Ranks whose lanes are all
+    finished have nothing left to be out of step with and are left out. The merged count is the
+    smallest."""
     live = [state for state in states if state["steps_begun"] is not None]
     steps = sorted({state["steps_begun"] for state in live})
     rows = sorted({state["rows_taken"] for state in live})
-    ragged = any(state["finished"] for state in live)
-    if len(rows) > 1 and (len(steps) > 1 or not ragged):
+    if len(rows) > 1 and (len(steps) > 1 or len(_live_lane_positions(live)) > 1):
         raise CheckpointError(
             f"cannot merge loader states saved at different steps ({', '.join(map(str, steps))}) having taken "
             f"different numbers of rows ({', '.join(map(str, rows))}): every rank's state must come from the same "
-            "checkpoint, taken when every rank had handed over as many microbatches"
+            "checkpoint, taken when every rank had handed over as many microbatches (or, once a lane has finished, "
+            "at the end of a step)"
         )
     return steps[0] if steps else None
+
+
+def _live_lane_positions(states: list[dict]) -> set[int]:
+    """The positions of the states' lanes that no finite plan has finished."""
+    return {
+        cursor[2] for state in states for lane, cursor in state["lanes"].items() if int(lane) not in state["finished"]
+    }

@@ -8,7 +8,7 @@ from itertools import islice
 
 import pytest
 
-from tests.harness import GLOBAL_BATCH, NUM_LANES, microbatch_digests, microbatches_per_rank_step, text_pipeline
+from tests.harness import GLOBAL_BATCH, MICROBATCH, NUM_LANES, microbatch_digests, microbatches_per_rank_step, text_pipeline
 from zephon import CheckpointError, merge_states
 
 
@@ -254,3 +254,32 @@ def test_merging_refuses_ranks_that_took_different_parts_of_one_step(make_jsonl_
     assert [state["steps_begun"] for state in states] == [1, 1]
     with pytest.raises(CheckpointError, match=r"having taken different numbers of rows \(12, 24\)"):
         merge_states(states)
+
+
+def test_a_rank_file_from_earlier_in_the_same_step_is_refused_in_the_ragged_end(make_jsonl_corpus, demo_tokenizer_path):
+    """Ranks taking each step whole, in the ragged end: at a step's end they have begun as many
+    steps but taken different numbers of rows (finished lanes gave fewer). Either rank's file from
+    partway through that step has begun as many steps too; its live lanes stopping short of the
+    step's end, where the other rank's stand, must tell it apart."""
+    make = lambda: text_pipeline(
+        make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, num_epochs=1
+    )
+    saves = _saves_at_every_step_end(make)
+    one_microbatch = MICROBATCH * 2  # rows on all ranks, as a rank of 2 counts them
+    steps = next(
+        s for s in sorted(saves[0])[1:]
+        if len({save[s]["rows_taken"] for save in saves}) > 1
+        and all(save[s]["steps_begun"] is not None for save in saves)
+        and all(save[s]["rows_taken"] - save[s - 1]["rows_taken"] > one_microbatch for save in saves)
+    )
+    assert merge_states([save[steps] for save in saves])["steps_begun"] == steps
+    for rank in range(2):
+        with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
+            for batch in loader:
+                if batch.step == steps - 1:  # the first microbatch of the last step taken
+                    break
+            partway = loader.state_dict()
+        assert partway["steps_begun"] == steps and partway["rows_taken"] < saves[rank][steps]["rows_taken"]
+        mixed = [partway if r == rank else save[steps] for r, save in enumerate(saves)]
+        with pytest.raises(CheckpointError, match="saved at different steps"):
+            merge_states(mixed)
