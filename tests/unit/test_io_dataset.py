@@ -99,21 +99,53 @@ def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
     ]
 
 
-@pytest.mark.parametrize("pattern", ["", "**/*.jsonl", "*/*.jsonl"])
-def test_file_urls_list_links_to_shards_like_plain_paths(tmp_path, pattern):
-    """A Hugging Face cache snapshot holds only links to its blobs; fsspec lists a link as "other"."""
+def hf_cache_snapshot(tmp_path):
+    """A Hugging Face cache snapshot: a shard, a link to a shard's blob, and a dangling link to a
+    deleted blob that names no shard (a README)."""
     blobs, data = tmp_path / "blobs", tmp_path / "snapshot"
     blobs.mkdir()
     (data / "sub").mkdir(parents=True)
     (data / "sub" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
     (blobs / "b").write_bytes(jsonl_bytes([{"i": 1}, {"i": 2}]))
     (data / "sub" / "b.jsonl").symlink_to(blobs / "b")
-    (data / "sub" / "dangling.jsonl").symlink_to(blobs / "gone")
+    (data / "sub" / "README.md").symlink_to(blobs / "gone-readme")
+    return blobs, data
+
+
+@pytest.mark.parametrize("pattern", ["", "**/*", "*/*"])
+def test_file_urls_list_links_to_shards_like_plain_paths(tmp_path, pattern):
+    """A Hugging Face cache snapshot holds only links to its blobs; fsspec lists a link as "other".
+    A dangling link that names no shard is passed over, as a README file would be."""
+    _, data = hf_cache_snapshot(tmp_path)
     url = f"{data}/{pattern}" if pattern else str(data)
     plain = Dataset.from_path("d", url)
     via_fsspec = Dataset.from_path("d", f"file://{url}")
     assert [(s.url.rpartition("/")[2], s.num_records) for s in via_fsspec.shards] == [("a.jsonl", 1), ("b.jsonl", 2)]
     assert via_fsspec.shards == plain.shards
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+@pytest.mark.parametrize("pattern", ["", "**/*.jsonl", "*/*"])
+@pytest.mark.parametrize("declared", [None, "jsonl"])
+def test_a_dangling_link_named_like_a_shard_is_a_named_error_not_a_shard_left_out(
+    tmp_path, scheme, pattern, declared
+):
+    """A snapshot whose blob was deleted misses that shard: the plan would silently hold less data."""
+    blobs, data = hf_cache_snapshot(tmp_path)
+    (data / "sub" / "c.jsonl").symlink_to(os.path.relpath(blobs / "c", data / "sub"))
+    url = f"{scheme}{data}/{pattern}" if pattern else f"{scheme}{data}"
+    link, target = re.escape(str(data / "sub" / "c.jsonl")), re.escape(str(blobs / "c"))
+    with pytest.raises(ConfigurationError, match=f"{link} is a shard of .* that links to {target}, which does not exist"):
+        Dataset.from_path("d", url, format=declared)
+
+
+def test_a_dangling_link_of_another_format_than_the_declared_one_is_not_a_shard(tmp_path):
+    _, data = hf_cache_snapshot(tmp_path)
+    (data / "sub" / "c.parquet").symlink_to(tmp_path / "gone.parquet")
+    assert [s.url.rpartition("/")[2] for s in Dataset.from_path("d", str(data), format="jsonl").shards] == [
+        "a.jsonl",
+        "b.jsonl",
+    ]
 
 
 @pytest.mark.parametrize("scheme", ["", "file://"])
@@ -139,7 +171,7 @@ def test_a_path_naming_a_file_or_directory_as_written_is_not_a_glob(tmp_path, sc
 
 def linked_dataset(tmp_path):
     """A dataset directory holding a shard, links to a directory and a file kept elsewhere, and a
-    dangling link; the dataset is reached through a link too."""
+    dangling link that names no shard; the dataset is reached through a link too."""
     elsewhere, data = tmp_path / "elsewhere", tmp_path / "data"
     (elsewhere / "deep").mkdir(parents=True)
     (data / "real").mkdir(parents=True)
@@ -148,7 +180,7 @@ def linked_dataset(tmp_path):
     (elsewhere / "deep" / "c.jsonl").write_bytes(jsonl_bytes([{"i": 2}, {"i": 3}]))
     (data / "linked").symlink_to(elsewhere, target_is_directory=True)
     (data / "real" / "d.jsonl").symlink_to(elsewhere / "b.jsonl")
-    (data / "real" / "dangling.jsonl").symlink_to(elsewhere / "gone.jsonl")
+    (data / "real" / "dangling.md").symlink_to(elsewhere / "gone.md")
     (tmp_path / "data-link").symlink_to(data, target_is_directory=True)
     return tmp_path / "data-link"
 

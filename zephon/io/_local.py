@@ -15,7 +15,9 @@ the same shards. A link back to a directory that holds it would list the same sh
 (a glob's `**` went round such a loop 40 times, and forever with two such links in one directory):
 it is a ConfigurationError naming the link. So is a directory in the dataset that cannot be listed
 or searched (permission denied): `os.walk` and `glob` pass over it as if it were empty, and its
-shards would be missing from the plan without a word.
+shards would be missing from the plan without a word. A link whose target is gone (a Hugging Face
+cache snapshot whose blob was deleted) is listed with no size, for the caller to refuse once it
+knows whether the dataset's format takes the link's name for a shard.
 """
 
 from __future__ import annotations
@@ -48,17 +50,19 @@ def is_plain_path(url: str) -> bool:
     return "://" not in url and "::" not in url
 
 
-def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None] | None:
+def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int | None] | None] | None:
     """(absolute path, {file: size}) for a directory or a glob, (absolute path, None) for a single
     existing file, and None when the path names nothing. A path that names a directory or a file as
-    written is taken literally, glob characters and all; only otherwise is it expanded as a glob."""
+    written is taken literally, glob characters and all; only otherwise is it expanded as a glob.
+    A dangling link is listed with size None: whether it is a missing shard or a stray link (to a
+    README, say) depends on the format, which the caller decides."""
     path = os.path.abspath(os.path.expanduser(pattern))
     if os.path.isdir(path):
-        found: dict[str, int] = {}
+        found: dict[str, int | None] = {}
         for directory, names in _walk(path):
             for name in names:
                 file = os.path.join(directory, name)
-                if (size := _file_size(file)) is not None:
+                if (size := _file_size(file)) != _NOT_A_FILE:
                     found[file] = size
         return path, found
     if os.path.isfile(path):
@@ -66,21 +70,25 @@ def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int] | None
     if has_glob:
         _check_glob_can_search(path)
         matches = glob.glob(path, recursive=True, include_hidden=True)
-        return path, {m: size for m in matches if (size := _file_size(m)) is not None}
+        return path, {m: size for m in matches if (size := _file_size(m)) != _NOT_A_FILE}
     return None
 
 
+_NOT_A_FILE = -1
+
+
 def _file_size(path: str) -> int | None:
-    """The size of `path` if it is a file (links followed), None if it is something else or a
-    dangling link; ConfigurationError if it cannot be looked at (its directory is not searchable),
-    where `os.path.isfile` would say False and drop a shard."""
+    """The size of `path` if it is a file (links followed), None if it is a dangling link,
+    `_NOT_A_FILE` if it is something else (a directory, a socket); ConfigurationError if it cannot
+    be looked at (its directory is not searchable), where `os.path.isfile` would say False and drop
+    a shard."""
     try:
         status = os.stat(path)
     except FileNotFoundError:
-        return None
+        return None if os.path.islink(path) else _NOT_A_FILE  # a file deleted since it was listed
     except OSError as error:
         _unreadable(error)
-    return status.st_size if stat.S_ISREG(status.st_mode) else None
+    return status.st_size if stat.S_ISREG(status.st_mode) else _NOT_A_FILE
 
 
 def _unreadable(error: OSError) -> NoReturn:

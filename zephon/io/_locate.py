@@ -3,7 +3,9 @@
 A URL names one file (one shard), a directory (every shard below it) or a glob (every matching
 shard). In a directory or glob only files of the dataset's format count, so a README or a `_SUCCESS`
 marker next to the data is not mistaken for a shard; hidden files (basename starting with ".") are
-ignored. Paths are sorted, so the same URL always gives the same shards in the same order.
+ignored. A link whose target is gone is a missing shard when its name is a shard's (a
+ConfigurationError naming the link and its target), and passed over like any other file otherwise.
+Paths are sorted, so the same URL always gives the same shards in the same order.
 
 A URL that names an existing file or directory as written is that file or directory, even when its
 name holds glob characters (`data[1].jsonl`, `run[2024]/`): read as a glob, `data[1].jsonl` would
@@ -18,6 +20,7 @@ as written.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -110,6 +113,12 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
     paths = sorted(p for p, fc in inferred.items() if fc is not None and fc[0] == format)
     if not paths:
         raise ConfigurationError(f"{url} holds no {format} shards")
+    for p in paths:
+        if files[p] is None:  # only a local listing has these: see `list_local`
+            raise ConfigurationError(
+                f"{p} is a shard of {url} that links to {os.path.realpath(p)}, which does not exist: "
+                "the shard is missing (a deleted blob of a Hugging Face cache, a moved file)"
+            )
     return Located(
         fs,
         format,
@@ -121,7 +130,7 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
 
 def _list_with_fsspec(
     url: str, storage_options: dict
-) -> tuple[AbstractFileSystem, tuple[str, dict[str, int] | None] | None]:
+) -> tuple[AbstractFileSystem, tuple[str, dict[str, int | None] | None] | None]:
     """The URL's filesystem and what `list_local` gives for a plain path: (path, {file: size}),
     (path, None) for a single file, or None when nothing is there."""
     import fsspec  # only here: see _local for what importing it costs
