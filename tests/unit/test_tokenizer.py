@@ -214,6 +214,38 @@ def test_a_tokenizer_file_changed_since_it_was_loaded_is_loaded_again(tmp_path, 
     assert load_tokenizer("tokenizer.json").digest != here.digest
 
 
+def test_a_tokenizer_file_rewritten_while_it_loads_gives_the_digest_of_the_tokenizer_parsed(
+    tmp_path, demo_tokenizer_path, monkeypatch
+):
+    """The file was read twice, to parse and to digest: a rewrite in between (a sweep writing the
+    next ablation's tokenizer) paired the old tokenizer with the new file's digest in the recipe."""
+    import tokenizers
+
+    from zephon._sha256 import sha256
+
+    path = tmp_path / "tokenizer.json"
+    shutil.copy(demo_tokenizer_path, path)
+    original = path.read_bytes()
+
+    class RewrittenAfterParsing:
+        """`Tokenizer`, with the file rewritten as soon as any tokenizer has been parsed."""
+
+        def __getattr__(self, name):
+            parse = getattr(Tokenizer, name)
+
+            def parse_then_rewrite(*args, **kwargs):
+                tokenizer = parse(*args, **kwargs)
+                path.write_text(_renamed_eos(demo_tokenizer_path))
+                return tokenizer
+
+            return parse_then_rewrite
+
+    monkeypatch.setattr(tokenizers, "Tokenizer", RewrittenAfterParsing())
+    handle = load_tokenizer(str(path))
+    assert handle.tokenizer.token_to_id("<|eos|>") is not None
+    assert handle.digest == sha256(original).hexdigest()
+
+
 def test_a_tokenize_operator_names_the_tokenizer_it_encodes_with_after_the_file_changed(tmp_path,
                                                                                          demo_tokenizer_path):
     """A loader builds its stages, then measures tokens (seconds), then takes the fingerprint: the
