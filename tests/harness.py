@@ -7,6 +7,7 @@ every helper here builds a fresh Pipeline and fresh loaders on each call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from zephon import Pipeline, global_batch_digest, merge_states
@@ -34,19 +35,23 @@ def text_pipeline(
     mixture: dict | None = None,
     shuffle_buffer: int = 8,
     shuffle_seed: int | None = None,
+    map_fn: Callable[[dict], dict | None] | None = None,
+    estimate_tokens: bool = True,
 ) -> Pipeline:
+    """The text recipe of the determinism tests; `map_fn`, if given, is mapped before tokenize."""
     source = StaticMixtureWorkSource(
         datasets=[Dataset.from_path("a", str(corpus_a)), Dataset.from_path("b", str(corpus_b))],
         mixture=mixture or {"a": 0.5, "b": 0.5},
-        token_estimation=TokenEstimation(sample_records=64),
+        token_estimation=TokenEstimation(sample_records=64) if estimate_tokens else None,
         seed=seed,
         records_per_chunk=8,
         num_epochs=num_epochs,
     )
+    pipeline = Pipeline(source).options(num_lanes=NUM_LANES, runner=runner, flush_every_chunks=flush_every_chunks)
+    if map_fn is not None:
+        pipeline = pipeline.map(map_fn, parallelism=parallelism)
     return (
-        Pipeline(source)
-        .options(num_lanes=NUM_LANES, runner=runner, flush_every_chunks=flush_every_chunks)
-        .tokenize(tokenizer_id=str(tokenizer), field="text", parallelism=parallelism, eos="<|eos|>")
+        pipeline.tokenize(tokenizer_id=str(tokenizer), field="text", parallelism=parallelism, eos="<|eos|>")
         .pack_flat(max_length=max_length, algorithm=algorithm)
         .shuffle(buffer_size=shuffle_buffer, seed=seed if shuffle_seed is None else shuffle_seed)
         .batch(microbatch_size=MICROBATCH)

@@ -107,6 +107,9 @@ class Pipeline:
         return Pipeline(self.source, operators=self.operators, options=replace(self.settings, **settings))
 
     def map(self, fn: Callable[[dict], dict | None], *, parallelism: int = 1) -> Pipeline:
+        """Append `fn(record) -> record | None` (None drops the record as filtered). What `fn`
+        returns is copied before later stages change it, so it may return one dict for many
+        records (a default, a cache): each gets its own copy, on every runner."""
         return self._with(MapOp(check_user_function(fn, "map"), check_parallelism(parallelism, "map")))
 
     def filter(self, fn: Callable[[dict], bool], *, parallelism: int = 1) -> Pipeline:

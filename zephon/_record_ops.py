@@ -79,7 +79,15 @@ class RecordOperator:
 
 @dataclass(frozen=True)
 class MapOp(RecordOperator):
-    """`fn(record) -> record` (a new or the same dict). Returning None drops the record as filtered."""
+    """`fn(record) -> record` (a new or the same dict). Returning None drops the record as filtered.
+
+    What `fn` returns is copied (shallowly) before later stages see it, because they may set and
+    drop its fields (tokenize replaces its text by ids): a result that `fn` keeps and returns again
+    (a module-level default, a cache) was changed by the first tokenization, and later records
+    holding it were skipped as `missing_field`, which ones depending on the runner and on which
+    worker ran which chunk first. The copy costs ~50 ns a record (a few keys), against several
+    µs to tokenize one.
+    """
 
     fn: Callable[[dict], dict | None]
     parallelism: int = 1
@@ -100,7 +108,7 @@ class MapOp(RecordOperator):
                         address, name, f"{_describe_callable(fn)} returned a {type(result).__name__}, "
                         "not a record (a dict) or None"
                     )
-                out.append(result)
+                out.append(None if result is None else result.copy())
             batch.records = out
             batch.keep([r is not None for r in out])
             return batch

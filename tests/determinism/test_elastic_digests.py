@@ -24,6 +24,38 @@ def test_global_digests_match_across_ranks_parallelism_and_runners(
     assert step_digests(pipeline, world_size, STEPS) == reference
 
 
+class SharedDefault:
+    """A map returning one dict of its own for many records (a default, a cache hit)."""
+
+    def __init__(self) -> None:
+        self.default = {"text": "a placeholder document, one dict returned for many records"}
+
+    def __call__(self, record: dict) -> dict:
+        return self.default if record["index"] % 3 == 0 else record
+
+
+@pytest.mark.parametrize("runner, parallelism", [("thread", 2), ("process", 2)])
+def test_a_map_returning_one_dict_for_many_records_gives_the_same_batches_on_every_runner(
+    corpora, demo_tokenizer_path, runner, parallelism
+):
+    """Tokenize replaces a record's text by its ids in place: the shared dict lost its text to the
+    first record tokenized (in each worker process), and the others holding it were skipped as
+    `missing_field`, which ones depending on the runner and the threads' timing. (No token
+    estimate: it tokenizes a sample while planning, which took the text before any runner did.)"""
+    inline_map = SharedDefault()
+    inline = text_pipeline(*corpora, demo_tokenizer_path, map_fn=inline_map, estimate_tokens=False)
+    other = text_pipeline(
+        *corpora,
+        demo_tokenizer_path,
+        runner=runner,
+        parallelism=parallelism,
+        map_fn=SharedDefault(),
+        estimate_tokens=False,
+    )
+    assert step_digests(other, 1, STEPS) == step_digests(inline, 1, STEPS)
+    assert inline_map.default == SharedDefault().default
+
+
 def test_a_different_seed_changes_the_digests(corpora, demo_tokenizer_path, reference):
     other = step_digests(text_pipeline(*corpora, demo_tokenizer_path, seed=7), world_size=1, steps=STEPS)
     assert all(a != b for a, b in zip(other, reference))
