@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
 import pickle
+import socket
+import subprocess
 import sys
+import time
 import types
 
 import fsspec
@@ -12,6 +17,7 @@ import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
+from zephon.io import _atomic_cache
 from zephon.io._format import ShardFile
 
 from tests.reliability.harness import run_epoch, text_pipeline
@@ -231,6 +237,73 @@ def test_workers_copying_a_shard_at_once_never_read_a_partial_copy(tmp_path, obj
         read_parallelism=4, io_options={"cache": {"enabled": True, "dir": str(tmp_path / "cache")}}), keep_batches=False)
     assert dict(cached.totals["d"]) == dict(reference.totals["d"]) == {"read": 128, "emitted": 128, "filtered": 0}
     assert cached.digests == reference.digests
+
+
+_KILLED_MID_DOWNLOAD = """
+import sys
+from tests.unit.conftest_io import ObjectStoreFileSystem, jsonl_bytes, put, registered
+from zephon.io import Dataset
+
+with registered(ObjectStoreFileSystem) as store:
+    put("objstore://elsewhere/a.jsonl", jsonl_bytes([{"text": "a record"}] * 64))
+    store.read_delay_s = 3600  # the download hangs at its first read, until the process is killed
+    Dataset.from_path("d", "objstore://elsewhere", cache={"enabled": True, "dir": sys.argv[1]})
+"""
+
+
+def _download_in_another_process(cache) -> tuple[subprocess.Popen, pathlib.Path]:
+    """A process downloading into `cache`, hung mid-download, and its temporary file."""
+    repository = pathlib.Path(__file__).parents[2]  # where `tests.unit.conftest_io` imports from
+    process = subprocess.Popen([sys.executable, "-c", _KILLED_MID_DOWNLOAD, str(cache)], cwd=repository)
+    while not (parts := list(cache.glob("*.part"))):
+        assert process.poll() is None, "the downloading process ended before its download began"
+        time.sleep(0.01)
+    return process, parts[0]
+
+
+def _download_another_shard(cache) -> None:
+    put("objstore://bucket/b.jsonl", jsonl_bytes([{"i": 0}]))
+    Dataset.from_path("d", "objstore://bucket", cache={"enabled": True, "dir": str(cache)}, retry_delay=0)
+
+
+def test_a_download_killed_midway_leaves_a_temporary_file_that_a_later_download_removes(
+    tmp_path, object_store
+):
+    """A process killed mid-download (SIGKILL, the OOM killer) left its temporary file in the cache
+    for good; one still downloading, however long untouched, must keep it."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    process, part = _download_in_another_process(cache)
+    try:
+        long_ago = time.time() - _atomic_cache.ABANDONED_AFTER_S - 1
+        os.utime(part, (long_ago, long_ago))
+        _download_another_shard(cache)
+        assert part.exists(), "a download still in progress was removed"
+    finally:
+        process.kill()
+        process.wait()
+    for copy in cache.iterdir():
+        if copy != part:
+            copy.unlink()  # so that the shard is downloaded again
+    _download_another_shard(cache)
+    assert not part.exists()
+    assert [copy.read_bytes() for copy in cache.iterdir()] == [jsonl_bytes([{"i": 0}])]
+
+
+@pytest.mark.parametrize("whose", ["recent", "another host's", "not a download's"])
+def test_temporary_files_that_may_belong_to_a_live_download_are_left(tmp_path, object_store, whose):
+    """Another host's lock may not be visible here, and a file just made may not be locked yet."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    host = "elsewhere-" + socket.gethostname() if whose == "another host's" else socket.gethostname()
+    name = f"{'0' * 64}.{host}.abcdefgh.part" if whose != "not a download's" else "notes.part"
+    left = cache / name
+    left.write_bytes(b"{")
+    if whose != "recent":
+        long_ago = time.time() - _atomic_cache.ABANDONED_AFTER_S - 1
+        os.utime(left, (long_ago, long_ago))
+    _download_another_shard(cache)
+    assert left.read_bytes() == b"{"
 
 
 def test_every_read_of_a_memory_shard_has_a_position_of_its_own():

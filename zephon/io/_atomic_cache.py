@@ -10,6 +10,21 @@ the final one and is renamed into place once complete (a rename within one direc
 and a failed download leaves nothing behind. Two readers may then download the same shard at once;
 both copies are whole and either may win.
 
+A process killed mid-download (SIGKILL, the OOM killer) cannot remove its temporary
+file, and nothing else did: each one stayed in the cache for good. A download therefore holds an
+exclusive `flock` on its temporary file, which the kernel drops when the process dies, and each
+download first removes the temporary files in its directory that are abandoned: no process holds
+their lock, they were written on this host, and untouched for `ABANDONED_AFTER_S`. A download in
+progress is never taken: its lock is held by a live process. Only this host's are tried, because
+a lock taken on another host may not be visible here (NFS mounted `nolock`, some FUSE
+filesystems); another host's abandoned file waits for that host's next download into the
+directory. The age closes the instants a live download is unlocked: between creating its file and
+locking it, and, on NFS, where Linux emulates `flock` with POSIX locks that a process drops on
+closing any descriptor of the file, between fsspec closing its own and the rename. What this
+cannot tell apart: two hosts with one host name sharing a directory on a filesystem whose locks
+do not reach across hosts, where one may remove the other's download after `ABANDONED_AFTER_S`
+without a write; that download then fails naming the file, it is never read in part.
+
 `simplecache` also names a copy by the shard's path alone and never looks at the remote file again,
 so a shard rewritten at its path (a dataset regenerated in place) was read from the old copy by
 every later run: its plan took the new size from the listing and the old records from the copy,
@@ -22,14 +37,22 @@ disk until the directory is cleared.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import socket
 import tempfile
+import time
 
 from fsspec.implementations.cache_mapper import AbstractCacheMapper
 from fsspec.implementations.cached import SimpleCacheFileSystem
 
-__all__ = ["AtomicSimpleCacheFileSystem"]
+__all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
+
+ABANDONED_AFTER_S = 600.0
+"""How long an unlocked temporary file of this host must have been untouched to be removed."""
+
+_PART = ".part"
 
 
 class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
@@ -45,15 +68,55 @@ class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
             return super()._get_cached_file_before_open(path, **kwargs)
         self._mkcache()
         self._cache_size = None
-        final = os.path.join(self.storage[-1], self._mapper(path))
-        handle, partial = tempfile.mkstemp(dir=self.storage[-1], prefix=os.path.basename(final) + ".", suffix=".part")
-        os.close(handle)
+        directory = self.storage[-1]
+        host = socket.gethostname()
+        _remove_abandoned(directory, host)
+        name = self._mapper(path)
+        handle, partial = tempfile.mkstemp(dir=directory, prefix=f"{name}.{host}.", suffix=_PART)
         try:
+            _lock(handle, blocking=True)
             self.fs.get_file(path, partial)
-            os.replace(partial, final)
+            os.replace(partial, os.path.join(directory, name))
         except BaseException:
             os.unlink(partial)
             raise
+        finally:
+            os.close(handle)  # only now: closing it drops the lock
+
+
+def _lock(handle: int, blocking: bool) -> bool:
+    """Take the exclusive lock on an open file; False where another process holds it or the
+    filesystem takes no locks (then nothing can tell a live download from a dead one)."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        return False
+    return True
+
+
+def _remove_abandoned(directory: str, host: str) -> None:
+    """Remove the temporary files in `directory` that downloads of `host` left when killed (see
+    the module's docstring for why each condition makes that safe)."""
+    now = time.time()
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            # A temporary file is named `{64 hex digits}.{host}.{random, no dot}.part`.
+            stem = entry.name.removesuffix(_PART)
+            if stem == entry.name or stem[64:65] != "." or stem[65:].rpartition(".")[0] != host:
+                continue
+            try:
+                if now - entry.stat().st_mtime < ABANDONED_AFTER_S:
+                    continue
+                handle = os.open(entry.path, os.O_RDWR)  # NFS's emulated flock needs a writable file
+            except OSError:  # gone meanwhile (renamed into place, removed by another download), or not ours
+                continue
+            try:
+                if _lock(handle, blocking=False):
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(handle)
 
 
 class _VersionedNames(AbstractCacheMapper):

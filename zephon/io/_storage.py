@@ -10,7 +10,8 @@ planning (which opens every shard); one set through `Pipeline.options(io_options
 workers' first reads make them. Either way a copy is written under a temporary name and renamed
 when whole (`_atomic_cache`): a failed download leaves nothing, and readers racing on a first
 download (workers, or two runs sharing the directory) never see part of one, at worst both
-download it. Local files are never copied.
+download it; a download killed midway leaves a temporary file that a later download on the same
+host removes once no live process holds it. Local files are never copied.
 """
 
 from __future__ import annotations
