@@ -88,16 +88,24 @@ class LaneStream:
         the lane is known to be exhausted the moment its last row is taken, not when the loader
         next turns to it. A checkpoint then says the lane is finished whichever layout took it and
         whenever its trainer saved (a trainer taking each step whole saves before the loader turns
-        to the lanes whose data ended with the step)."""
+        to the lanes whose data ended with the step).
+
+        The row leaves `_ahead` only once its work is done: an exception while waiting for it
+        (Ctrl-C, a close from another thread, a worker that crashed for good) then leaves the lane
+        holding it, not `exhausted` with its last row never handed over, which a checkpoint taken
+        then would save as a finished lane (and, for a rank's last lane, as a rank that is done)."""
         if not self.has_more():
             return None
-        segment, row = self._ahead.popleft()
         if self._row_work is not None:
-            while len(self._ahead) < self._rows_ahead and self._pull(with_work=True):
+            while len(self._ahead) <= self._rows_ahead and self._pull(with_work=True):
                 pass
-        if not self._ahead and self._every_chunk_read():
+        if len(self._ahead) == 1 and self._every_chunk_read():
             self._pull(with_work=True)
-        return segment, row.result() if isinstance(row, Future) else row
+        segment, row = self._ahead[0]
+        if isinstance(row, Future):
+            row = row.result()
+        self._ahead.popleft()
+        return segment, row
 
     def _every_chunk_read(self) -> bool:
         return self._plan_done and not any(isinstance(entry, Future) for entry in self._pending)

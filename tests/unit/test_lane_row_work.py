@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import pytest
+
 from zephon._lane import LaneStream
 from zephon._records import Chunk, ChunkRecords, RecordAddress
 from zephon.work import Flush
@@ -75,3 +77,29 @@ def test_skipping_past_the_end_reports_it():
     stream = _stream([], chunks=1)
     assert all(stream.skip() for _ in range(ROWS_PER_CHUNK))
     assert not stream.skip() and stream.exhausted and stream.next() is None
+
+
+class Interrupt(BaseException):
+    """What a signal handler raises while the loader waits (like KeyboardInterrupt)."""
+
+
+def test_a_lane_interrupted_while_waiting_for_its_last_rows_work_is_not_exhausted():
+    """The last row was never handed over: a checkpoint taken now must not call the lane finished.
+    Its work is waited for after the lane already knows no row follows it (every chunk is read)."""
+    last = f"row-{ROWS_PER_CHUNK - 1}"
+
+    def row_work(row) -> Future:
+        future = Future()
+        if row == last:
+            future.set_exception(Interrupt())
+        else:
+            future.set_result(row.upper())
+        return future
+
+    items = iter([Chunk("d", 0, 0, ROWS_PER_CHUNK)])
+    stream = LaneStream(0, items, 0, _chunk_result, [lambda ctx: EachRecordARow()], prefetch=2,
+                        on_chunk=lambda *a: None, on_skips=lambda *a: None, row_work=row_work, rows_ahead=AHEAD)
+    assert [stream.next()[1] for _ in range(ROWS_PER_CHUNK - 1)] == [f"ROW-{i}" for i in range(ROWS_PER_CHUNK - 1)]
+    with pytest.raises(Interrupt):
+        stream.next()
+    assert not stream.exhausted
