@@ -66,9 +66,7 @@ def _file_version(tokenizer_id: str) -> tuple[int, int, int, int] | None:
     modification time in ns of the tokenizer.json `tokenizer_id` names (what Python's own bytecode
     cache trusts, size and mtime), or None where no local file is named. A stat, not a digest of
     the bytes: those cost 20 ms for a large vocabulary at every call."""
-    path = os.path.expanduser(tokenizer_id)
-    if os.path.isdir(path):
-        path = os.path.join(path, "tokenizer.json")
+    path, _ = _tokenizer_json(tokenizer_id)
     try:
         stat = os.stat(path)
     except OSError:
@@ -76,15 +74,20 @@ def _file_version(tokenizer_id: str) -> tuple[int, int, int, int] | None:
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
+def _tokenizer_json(tokenizer_id: str) -> tuple[str, bool]:
+    """The local tokenizer.json `tokenizer_id` would name (inside it, where it is a directory), and
+    whether it is a directory."""
+    path = os.path.expanduser(tokenizer_id)
+    directory = os.path.isdir(path)
+    return (os.path.join(path, "tokenizer.json") if directory else path), directory
+
+
 @lru_cache(maxsize=16)
 def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool, version: tuple | None) -> TokenizerHandle:
     """`version` (`_file_version`) is only part of the cache key."""
     from tokenizers import Tokenizer
 
-    path = os.path.expanduser(tokenizer_id)
-    directory = os.path.isdir(path)
-    if directory:
-        path = os.path.join(path, "tokenizer.json")
+    path, directory = _tokenizer_json(tokenizer_id)
     if os.path.isfile(path):
         # Read once, parsed and digested from the same bytes: read twice, a file rewritten in
         # between paired one file's tokenizer with another's digest in the recipe. The bytes
