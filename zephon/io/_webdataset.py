@@ -11,9 +11,9 @@ Members without an extension and non-file members (directories, links) are not p
 nor is a member whose extension is a field the reader sets itself (`0001.__key__`): its payload
 would overwrite the record's key. Nor is a hidden member, whose basename starts with a dot (as the
 WebDataset library's own key split has it): tars made on macOS hold an AppleDouble companion
-`._0001.jpg` beside each `0001.jpg`, and a companion read as a member of key `imgs/` (an empty stem)
-cut every sample into two half-records between junk ones, each of them then skipped. Planning and reading skip the same members, so they count the
-same records.
+`._0001.jpg` beside each `0001.jpg`, and a companion read as a member of key `imgs/` (an empty
+stem) cut every sample into two half-records between junk ones, each of them then skipped. Planning
+and reading skip the same members, so they count the same records.
 
 Record counting walks the tar headers only (tarfile seeks over member data), remembering the header
 offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record.
