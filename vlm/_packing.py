@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from zephon._accumulator import SegmentContext
-from zephon._errors import ConfigurationError
+from zephon._errors import ConfigurationError, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._packing import token_ids
 from zephon._records import RecordAddress
@@ -259,7 +259,7 @@ class MultimodalPacker:
         self.placeholders = placeholders
         self._placeholder_ids = placeholders.token_ids
         self.spec = spec
-        self.pad_id = pad_id
+        self.pad_id = check_token_id(pad_id, "pack_multimodal: pad_id")
         self.image_position = image_position
         self.text_field, self.pixels_field = text_field, pixels_field
         self.grid_field, self.offsets_field = grid_field, offsets_field
@@ -473,6 +473,8 @@ class PackMultimodal:
 
     def __post_init__(self) -> None:
         _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
+        if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
+            object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_multimodal: pad_id"))
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id

@@ -206,6 +206,16 @@ def test_images_that_do_not_match_the_spec_are_a_configuration_error():
         packer(32, image_position="middle")
 
 
+@pytest.mark.parametrize("pad_id", [-1, 2**31, 1.5, "0"])
+def test_a_pad_id_that_is_no_token_id_is_a_configuration_error_like_pack_flats(pad_id):
+    """pack_flat checks its pad_id; pack_multimodal took any value, and a negative pad id reached
+    the batches as an id no embedding has (2**31 and "0" failed only inside the first batch)."""
+    with pytest.raises(ConfigurationError, match="pad_id"):
+        PackMultimodal(max_length=16, placeholders=PIXTRAL, spec=SPEC, pad_id=pad_id)
+    with pytest.raises(ConfigurationError, match="pad_id"):
+        MultimodalPacker(CTX, max_length=16, placeholders=PIXTRAL, spec=SPEC, pad_id=pad_id)
+
+
 def test_unassembled_plans_assemble_to_the_same_rows_elsewhere():
     records = [{"input_ids": text(n, 1000 + 100 * n), "pixels": picture(1, n % 3 + 1, n)} for n in range(1, 9)]
     rows = run(packer(16), records)
