@@ -259,7 +259,7 @@ class MultimodalPacker:
         self.placeholders = placeholders
         self._placeholder_ids = placeholders.token_ids
         self.spec = spec
-        self.pad_id = check_token_id(pad_id, "pack_multimodal: pad_id")
+        self.pad_id = _check_pad_id(pad_id, placeholders)
         self.image_position = image_position
         self.text_field, self.pixels_field = text_field, pixels_field
         self.grid_field, self.offsets_field = grid_field, offsets_field
@@ -438,6 +438,19 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> 
                                  f"{placeholders.merge_size} patches but the ImageSpec merges {spec.merge_size}")
 
 
+def _check_pad_id(pad_id: object, placeholders: Placeholders) -> int:
+    """The pad id as an int: a token id (as pack_flat checks its own) that no placeholder uses.
+    The model finds an image's slots by the placeholder ids, so padding holding one would be
+    taken for image slots without patches (Qwen's `<|image_pad|>` reads like a pad token)."""
+    pad_id = check_token_id(pad_id, "pack_multimodal: pad_id")
+    if pad_id in placeholders.token_ids:
+        raise ConfigurationError(
+            f"pack_multimodal: pad_id={pad_id} is an image placeholder id of {type(placeholders).__name__} "
+            "(the model would take padding for image slots); pass pack_multimodal(pad_id=...) another token id"
+        )
+    return pad_id
+
+
 def _describe(obj: Any) -> dict:
     fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
     return {"class": f"{type(obj).__module__}.{type(obj).__qualname__}", **fields}
@@ -474,7 +487,7 @@ class PackMultimodal:
     def __post_init__(self) -> None:
         _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
-            object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_multimodal: pad_id"))
+            object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id
@@ -505,7 +518,10 @@ class PackMultimodal:
     def token_counter(self):
         """(address, record) -> the tokens that record becomes (text plus image placeholders), so
         token estimation weighs VLM datasets by what they really put in a row."""
-        packer = self.factory(0)(SegmentContext(lane=-1, segment=-1))
+        # The pad id does not change a count: any one the packer takes (no placeholder id) does.
+        no_placeholder = next(i for i in range(len(self.placeholders.token_ids) + 1)
+                              if i not in self.placeholders.token_ids)
+        packer = self.factory(no_placeholder)(SegmentContext(lane=-1, segment=-1))
 
         def count(address: RecordAddress, record: dict) -> int:
             doc = packer._document(address, record)

@@ -216,6 +216,23 @@ def test_a_pad_id_that_is_no_token_id_is_a_configuration_error_like_pack_flats(p
         MultimodalPacker(CTX, max_length=16, placeholders=PIXTRAL, spec=SPEC, pad_id=pad_id)
 
 
+@pytest.mark.parametrize("placeholder", PIXTRAL.token_ids)
+def test_a_pad_id_that_is_a_placeholder_id_is_a_configuration_error(placeholder):
+    """Padding that holds a placeholder id is taken by the model for image slots that have no
+    patches (Qwen's `<|image_pad|>` reads like a pad token), so the row's image-token count is
+    wrong; refused whether the pad id is given or is the pipeline's default."""
+    with pytest.raises(ConfigurationError, match="placeholder"):
+        PackMultimodal(max_length=16, placeholders=PIXTRAL, spec=SPEC, pad_id=placeholder)
+    op = PackMultimodal(max_length=16, placeholders=PIXTRAL, spec=SPEC)
+    with pytest.raises(ConfigurationError, match="placeholder"):
+        op.padding_row(default_pad_id=placeholder)
+    with pytest.raises(ConfigurationError, match="placeholder"):
+        op.factory(default_pad_id=placeholder)(CTX)
+    # Counting tokens for the mixture builds a packer too, with a pad id of its own choosing.
+    zero = PackMultimodal(max_length=16, placeholders=PixtralPlaceholders(0, 1, 2), spec=SPEC)
+    assert zero.token_counter()(address(0), {"input_ids": text(3)}) == 3
+
+
 def test_unassembled_plans_assemble_to_the_same_rows_elsewhere():
     records = [{"input_ids": text(n, 1000 + 100 * n), "pixels": picture(1, n % 3 + 1, n)} for n in range(1, 9)]
     rows = run(packer(16), records)
