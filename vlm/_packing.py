@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from zephon._accumulator import SegmentContext
-from zephon._errors import ConfigurationError, check_token_id
+from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._packing import token_ids
 from zephon._records import RecordAddress
@@ -253,7 +253,7 @@ class MultimodalPacker:
         patch_dtype: Any = None,
         assemble: bool = True,
     ) -> None:
-        _validate(max_length, image_position, max_open_rows, placeholders, spec)
+        max_length, max_open_rows = _validate(max_length, image_position, max_open_rows, placeholders, spec)
         self.ctx = ctx
         self.max_length = max_length
         self.placeholders = placeholders
@@ -422,20 +422,22 @@ def _as_images(value: Any) -> list[np.ndarray | DeferredImage]:
     return [v if isinstance(v, DeferredImage) else np.asarray(v) for v in value]
 
 
-def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> None:
-    if not isinstance(max_length, int) or max_length < 1:
-        raise ConfigurationError(f"pack_multimodal: max_length must be a positive integer, got {max_length!r}")
+def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> tuple[int, int]:
+    """Refuses a bad setting; returns (max_length, max_open_rows) as plain ints. The sizes are
+    checked as pack_flat checks its own (`check_count`): a bool is refused, not taken as 1, and a
+    NumPy integer is taken, as a plain int, so that the fingerprint holds the number."""
+    max_length = check_count(max_length, "pack_multimodal: max_length")
     if image_position not in IMAGE_POSITIONS:
         raise ConfigurationError(f"pack_multimodal: image_position must be one of {IMAGE_POSITIONS}, "
                                  f"got {image_position!r}")
-    if not isinstance(max_open_rows, int) or max_open_rows < 1:
-        raise ConfigurationError(f"pack_multimodal: max_open_rows must be a positive integer, got {max_open_rows!r}")
+    max_open_rows = check_count(max_open_rows, "pack_multimodal: max_open_rows")
     if not isinstance(placeholders, Placeholders):
         raise ConfigurationError(f"pack_multimodal: placeholders must be a Placeholders convention "
                                  f"(PixtralPlaceholders, QwenPlaceholders), got {type(placeholders).__name__}")
     if placeholders.merge_size != spec.merge_size:
         raise ConfigurationError(f"pack_multimodal: placeholders merge {placeholders.merge_size}x"
                                  f"{placeholders.merge_size} patches but the ImageSpec merges {spec.merge_size}")
+    return max_length, max_open_rows
 
 
 def _check_pad_id(pad_id: object, placeholders: Placeholders) -> int:
@@ -485,7 +487,9 @@ class PackMultimodal:
     kind = "accumulator"
 
     def __post_init__(self) -> None:
-        _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
+        sizes = _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
+        object.__setattr__(self, "max_length", sizes[0])
+        object.__setattr__(self, "max_open_rows", sizes[1])
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
 

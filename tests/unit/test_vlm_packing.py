@@ -233,6 +233,22 @@ def test_a_pad_id_that_is_a_placeholder_id_is_a_configuration_error(placeholder)
     assert zero.token_counter()(address(0), {"input_ids": text(3)}) == 3
 
 
+@pytest.mark.parametrize("setting", ["max_length", "max_open_rows"])
+def test_sizes_are_checked_like_pack_flats_a_numpy_integer_taken_and_a_bool_refused(setting):
+    """`isinstance(value, int)` took True as a row of one token (or one open row) and refused
+    numpy.int64(64), a size computed with NumPy, as not "a positive integer"; pack_flat takes the
+    one and refuses the other. A NumPy size is kept as a plain int, so the fingerprint holds 64."""
+    sizes = {"max_length": 64, "max_open_rows": 4}
+    for make in (lambda **kw: PackMultimodal(placeholders=PIXTRAL, spec=SPEC, **kw),
+                 lambda **kw: MultimodalPacker(CTX, placeholders=PIXTRAL, spec=SPEC, pad_id=PAD, **kw)):
+        with pytest.raises(ConfigurationError, match=setting):
+            make(**{**sizes, setting: True})
+        made = make(**{**sizes, setting: np.int64(sizes[setting])})
+        assert type(getattr(made, setting)) is int and getattr(made, setting) == sizes[setting]
+    fingerprint = PackMultimodal(placeholders=PIXTRAL, spec=SPEC, **{**sizes, setting: np.int64(3)}).fingerprint(0)
+    assert fingerprint[setting] == 3
+
+
 def test_unassembled_plans_assemble_to_the_same_rows_elsewhere():
     records = [{"input_ids": text(n, 1000 + 100 * n), "pixels": picture(1, n % 3 + 1, n)} for n in range(1, 9)]
     rows = run(packer(16), records)
