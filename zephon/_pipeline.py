@@ -209,8 +209,9 @@ class Pipeline:
         global_batch_size: int | None = None,
     ):
         """The loader of one data-parallel rank. Rank and world size default to torch.distributed's
-        when a process group is initialised, else to a single rank. `global_batch_size` defaults to
-        one microbatch per lane."""
+        when a process group is initialised, else to a single rank (refused where a launcher's
+        `WORLD_SIZE` says there are more processes: each would read the whole stream).
+        `global_batch_size` defaults to one microbatch per lane."""
         from ._loader import RankLoader
 
         if rank is None or world_size is None:

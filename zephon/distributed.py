@@ -6,6 +6,7 @@ torch stays optional: nothing here imports it unless a process group is actually
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ._checkpoint import STATE_FORMAT, merge_states
@@ -26,13 +27,16 @@ def _dist():
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """Explicit values win; otherwise the initialised process group's; otherwise (0, 1).
+    """Explicit values win; otherwise the initialised process group's; otherwise (0, 1), unless a
+    launcher's `WORLD_SIZE` says there is more than one process (refused: see below).
 
     Without a process group, one of the two alone is refused: a world size without a rank would
     make every process rank 0 (all reading the same lanes), and a rank without a world size means
     nothing. With one, the value given alone must be the group's own: the group's rank in another
     world size (a world size of 8 on 4 processes) leaves the lanes of the missing ranks unread, and
-    another rank in the group's world size gives two processes the same lanes, both silently."""
+    another rank in the group's world size gives two processes the same lanes, both silently. With
+    neither, no group, and `WORLD_SIZE` > 1 (torchrun before `init_process_group`), every process
+    would take rank 0 of 1 and read the whole stream, the same on each: refused."""
     if rank is not None and world_size is not None:
         return rank, world_size
     dist = _dist()
@@ -50,7 +54,25 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
             f"rank={rank!r} and world_size={world_size!r}: give both, or neither (then they come from an "
             "initialised torch.distributed process group, else a single rank)"
         )
+    launched = _launcher_world_size()
+    if launched > 1:
+        raise ConfigurationError(
+            f"WORLD_SIZE={launched} in the environment (a torchrun-style launch) but no torch.distributed process "
+            "group is initialised: as a single rank every process would read every lane, the same data on each. "
+            "Call torch.distributed.init_process_group() before building the loader, or give rank and world_size"
+        )
     return 0, 1
+
+
+def _launcher_world_size() -> int:
+    """The world size a launcher (torchrun, torch.distributed.launch) put in `WORLD_SIZE`; 1 when it
+    is unset or not a number. Read only to refuse the one-rank default under a multi-process launch,
+    never taken as the layout itself: without a process group `gather_state` could not gather the
+    other ranks' lanes, and every checkpoint would hold only its own rank's."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def group_size(group=None) -> int | None:

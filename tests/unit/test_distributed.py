@@ -65,3 +65,27 @@ def test_a_torchtitan_loader_of_more_replicas_than_the_group_holds_is_refused_at
     with ZephonDataLoader(pipeline, 0, 1, 16, local_batch_size=4) as loader:
         next(iter(loader))
         assert loader.state_dict()
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "4", "RANK": "2"}, {"WORLD_SIZE": "2"}])
+def test_a_launcher_world_without_a_process_group_is_refused_not_read_as_one_rank(monkeypatch, pipeline, env):
+    """Under torchrun (WORLD_SIZE=4) before init_process_group, `shard()` made every process rank 0
+    of 1: each of the four read all eight lanes, the same data four times over, silently."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=f"WORLD_SIZE={env['WORLD_SIZE']} .* no torch.distributed process group"):
+        pipeline.shard(global_batch_size=16)
+
+
+@pytest.mark.parametrize("env", [{}, {"WORLD_SIZE": "1", "RANK": "0"}])
+def test_one_process_or_an_explicit_layout_is_taken_without_a_process_group_whatever_the_launcher_says(
+    monkeypatch, pipeline, env
+):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pipeline.shard(global_batch_size=16) as loader:
+        assert (loader.rank, loader.world_size) == (0, 1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pipeline.shard(1, 2, global_batch_size=16) as loader:  # explicit values win, as documented
+        assert (loader.rank, loader.world_size) == (1, 2)
