@@ -5,6 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib.metadata import entry_points
+from typing import NoReturn
+
+
+def usage_error(demo: str, message: str) -> NoReturn:
+    """Refuse a demo's arguments as argparse refuses them: the message on stderr and exit code 2.
+
+    A `SystemExit(message)` exits 1, the code the demos give a run whose batches differ
+    ("MISMATCH"), so a script could not tell a typo in `--checkpoint-step` from a broken guarantee;
+    argparse's own refusals (a count below 1) and `barcode compare`'s already exit 2."""
+    print(f"zephon demo {demo}: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def positive_int(text: str) -> int:
@@ -23,7 +34,7 @@ def check_checkpoint_step(args: argparse.Namespace) -> None:
     """A demo that checkpoints and resumes needs its checkpoint inside the run, with steps after it
     to compare: refused, naming the options, before any work."""
     if not 0 < args.checkpoint_step < args.steps:
-        raise SystemExit(f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
+        usage_error(args.demo, f"--checkpoint-step must be in (0, --steps={args.steps}), got {args.checkpoint_step}")
 
 
 def check_demo_layout(
@@ -40,7 +51,7 @@ def check_demo_layout(
         for world in world_sizes:
             check_layout(num_lanes, world, 0, global_batch_size, microbatch_size)
     except ConfigurationError as exc:
-        raise SystemExit(f"zephon demo {demo}: {exc}") from None
+        usage_error(demo, str(exc))
 
 
 def _parser() -> argparse.ArgumentParser:

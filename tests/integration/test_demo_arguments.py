@@ -22,6 +22,15 @@ def parse_error(capsys, *argv: str) -> str:
     return capsys.readouterr().err
 
 
+def refused(capsys, *argv: str) -> str:
+    """What a demo said on stderr when it refused its arguments, asserting it exited 2, the code of
+    every usage error (argparse's, `barcode compare`'s): exit 1 is the demos' verdict "MISMATCH"."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(argv))
+    assert exc.value.code == 2, f"a usage error must exit 2, not {exc.value.code!r} (1 reads as a mismatch)"
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -52,18 +61,19 @@ def no_ranks(monkeypatch):
     monkeypatch.setattr(_elastic, "_run_ranks", refuse)
 
 
-def test_elastic_barcode_dir_that_cannot_be_a_directory_is_refused_before_any_rank_runs(no_ranks, tmp_path):
+def test_elastic_barcode_dir_that_cannot_be_a_directory_is_refused_before_any_rank_runs(no_ranks, tmp_path, capsys):
     """A file in its place ended the demo in a traceback after every run had been paid for."""
     taken = tmp_path / "barcodes"
     taken.write_text("not a directory")
-    with pytest.raises(SystemExit, match="--barcode-dir .* is no directory one can write"):
-        cli.main(["demo", "elastic", "--barcode-dir", str(taken)])
+    assert re.search("--barcode-dir .* is no directory one can write", refused(capsys, "demo", "elastic", "--barcode-dir", str(taken)))
 
 
 @pytest.mark.parametrize("checkpoint_step", ["24", "30"])
-def test_elastic_checkpoint_step_outside_the_run_is_refused_before_any_rank_runs(no_ranks, checkpoint_step):
-    with pytest.raises(SystemExit, match=r"--checkpoint-step must be in \(0, --steps=24\), got " + checkpoint_step):
-        cli.main(["demo", "elastic", "--steps", "24", "--checkpoint-step", checkpoint_step])
+def test_elastic_checkpoint_step_outside_the_run_is_refused_before_any_rank_runs(no_ranks, checkpoint_step, capsys):
+    """`--checkpoint-step 0` was argparse's usage error (exit 2) and `--checkpoint-step 30` exited 1,
+    the code the demo gives a run whose resumed batches differ."""
+    err = refused(capsys, "demo", "elastic", "--steps", "24", "--checkpoint-step", checkpoint_step)
+    assert f"zephon demo elastic: --checkpoint-step must be in (0, --steps=24), got {checkpoint_step}" in err
 
 
 @pytest.mark.parametrize(
@@ -74,9 +84,8 @@ def test_elastic_checkpoint_step_outside_the_run_is_refused_before_any_rank_runs
         (["--global-batch-size", "12"], "global_batch_size=12 is not divisible by num_lanes=8"),
     ],
 )
-def test_elastic_layout_that_cannot_split_is_refused_before_any_rank_runs(no_ranks, argv, message):
-    with pytest.raises(SystemExit, match=message):
-        cli.main(["demo", "elastic", *argv])
+def test_elastic_layout_that_cannot_split_is_refused_before_any_rank_runs(no_ranks, argv, message, capsys):
+    assert message in refused(capsys, "demo", "elastic", *argv)
 
 
 def test_elastic_demo_rewrites_the_barcodes_of_an_earlier_run_in_the_same_directory(monkeypatch, tmp_path, capsys):
@@ -121,24 +130,29 @@ def no_demo_work(monkeypatch, no_ranks):
         (["--global-batch-size", "12"], "global_batch_size=12 is not divisible by num_lanes=8"),
     ],
 )
-def test_a_runner_or_batch_the_loaders_refuse_is_named_before_any_work(no_demo_work, demo, argv, message):
+def test_a_runner_or_batch_the_loaders_refuse_is_named_before_any_work(no_demo_work, demo, argv, message, capsys):
     """`--runner bogus` used to fail every rank process of `demo elastic` after it had started them,
     and `demo gpu --to-world-sizes 3` after the whole uninterrupted training run; the other demos
     ended in a traceback."""
     if demo == "gpu":
         argv = [*argv, "--device", "cpu"]
-    with pytest.raises(SystemExit, match=f"zephon demo {demo}: {re.escape(message)}"):
-        cli.main(["demo", demo, *argv])
+    assert f"zephon demo {demo}: {message}" in refused(capsys, "demo", demo, *argv)
 
 
 @pytest.mark.requires_torch
-def test_gpu_demo_refuses_a_world_size_the_lanes_do_not_divide_before_training(no_demo_work):
-    with pytest.raises(SystemExit, match="zephon demo gpu: num_lanes=8 is not divisible by world_size=3"):
-        cli.main(["demo", "gpu", "--device", "cpu", "--to-world-sizes", "4", "3"])
+def test_gpu_demo_refuses_a_world_size_the_lanes_do_not_divide_before_training(no_demo_work, capsys):
+    err = refused(capsys, "demo", "gpu", "--device", "cpu", "--to-world-sizes", "4", "3")
+    assert "zephon demo gpu: num_lanes=8 is not divisible by world_size=3" in err
 
 
 @pytest.mark.requires_torch
-def test_gpu_demo_names_a_device_that_is_not_a_torch_device(no_demo_work):
+def test_gpu_demo_names_a_device_that_is_not_a_torch_device(no_demo_work, capsys):
     """`--device gpu` ended in torch's RuntimeError traceback."""
-    with pytest.raises(SystemExit, match="zephon demo gpu: --device 'gpu' is not a torch device"):
-        cli.main(["demo", "gpu", "--device", "gpu"])
+    assert "zephon demo gpu: --device 'gpu' is not a torch device" in refused(capsys, "demo", "gpu", "--device", "gpu")
+
+
+@pytest.mark.requires_torch
+def test_gpu_demo_refuses_a_width_its_heads_do_not_divide_as_a_usage_error(capsys):
+    err = refused(capsys, "demo", "gpu", "--device", "cpu", "--dim", "100", "--heads", "3", "--steps", "2",
+                  "--checkpoint-step", "1")
+    assert "zephon demo gpu: --dim=100 must be divisible by --heads=3" in err

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import combine_digests, merge_states
 from ..barcode import BarcodeWriter
-from ..cli import check_checkpoint_step, check_demo_layout
+from ..cli import check_checkpoint_step, check_demo_layout, usage_error
 from ._recipe import demo_pipeline
 
 
@@ -62,9 +62,7 @@ def _check_arguments(args) -> None:
         try:
             Path(args.barcode_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SystemExit(
-                f"zephon demo elastic: --barcode-dir {args.barcode_dir!r} is no directory one can write: {exc}"
-            ) from None
+            usage_error("elastic", f"--barcode-dir {args.barcode_dir!r} is no directory one can write: {exc}")
     pipeline = demo_pipeline(runner=args.runner, parallelism=args.parallelism)
     check_demo_layout("elastic", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
                       microbatch_size=pipeline.microbatch_size,

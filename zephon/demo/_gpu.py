@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import IGNORE_INDEX, global_batch_digest, merge_states
-from ..cli import check_checkpoint_step, check_demo_layout, positive_int
+from ..cli import check_checkpoint_step, check_demo_layout, positive_int, usage_error
 from ._recipe import TOKENIZER, demo_pipeline
 
 __all__ = ["add_gpu_parser", "run_gpu_demo"]
@@ -62,7 +62,7 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     try:
         device = torch.device(args.device)
     except RuntimeError as exc:  # "gpu", "cuda0": a usage error, named, not a traceback
-        raise SystemExit(f"zephon demo gpu: --device {args.device!r} is not a torch device: {exc}") from None
+        usage_error("gpu", f"--device {args.device!r} is not a torch device: {exc}")
     if device.type == "cuda" and not torch.cuda.is_available():
         print(SKIP_NO_CUDA)
         return 0
@@ -199,7 +199,7 @@ def _tiny_transformer(vocab: int, dim: int, layers: int, heads: int, max_length:
     from torch import nn
 
     if dim % heads:
-        raise SystemExit(f"--dim={dim} must be divisible by --heads={heads}")
+        usage_error("gpu", f"--dim={dim} must be divisible by --heads={heads}")
 
     class Block(nn.Module):
         def __init__(self) -> None:
