@@ -156,3 +156,34 @@ def test_gpu_demo_refuses_a_width_its_heads_do_not_divide_as_a_usage_error(capsy
     err = refused(capsys, "demo", "gpu", "--device", "cpu", "--dim", "100", "--heads", "3", "--steps", "2",
                   "--checkpoint-step", "1")
     assert "zephon demo gpu: --dim=100 must be divisible by --heads=3" in err
+
+
+@pytest.mark.parametrize("missing", ["cuda", "torch"])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "4", "--checkpoint-step", "6"], "--checkpoint-step must be in (0, --steps=4), got 6"),
+        (["--to-world-sizes", "3"], "num_lanes=8 is not divisible by world_size=3"),
+        (["--dim", "100", "--heads", "3"], "--dim=100 must be divisible by --heads=3"),
+    ],
+)
+def test_gpu_demo_refuses_options_it_cannot_run_where_it_would_skip(monkeypatch, capsys, missing, argv, message):
+    """Without CUDA (or torch) the demo said "skipped" and exited 0 before looking at its options:
+    a CI job on a CPU machine passed with options that fail on the first GPU machine."""
+    import sys
+
+    if missing == "torch":
+        monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    else:
+        torch = pytest.importorskip("torch")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert f"zephon demo gpu: {message}" in refused(capsys, "demo", "gpu", *argv)
+
+
+def test_gpu_demo_still_skips_without_cuda_when_its_options_are_sound(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    from zephon.demo import _gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["demo", "gpu"]) == 0
+    assert _gpu.SKIP_NO_CUDA in capsys.readouterr().out

@@ -54,6 +54,16 @@ def add_gpu_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_gpu_demo(args: argparse.Namespace) -> int:
+    # The options are checked before the skips: on a machine without CUDA or torch the demo
+    # exited 0 ("skipped") whatever they were, so a CPU CI job passed options that fail on a GPU.
+    check_checkpoint_step(args)
+    if args.dim % args.heads:
+        usage_error("gpu", f"--dim={args.dim} must be divisible by --heads={args.heads}")
+    pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
+    check_demo_layout("gpu", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
+                      microbatch_size=pipeline.microbatch_size,
+                      world_sizes=(args.from_world_size, *args.to_world_sizes),
+                      global_batch_size=args.global_batch_size)
     try:
         import torch
     except ImportError:
@@ -66,12 +76,6 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print(SKIP_NO_CUDA)
         return 0
-    check_checkpoint_step(args)
-    pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
-    check_demo_layout("gpu", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
-                      microbatch_size=pipeline.microbatch_size,
-                      world_sizes=(args.from_world_size, *args.to_world_sizes),
-                      global_batch_size=args.global_batch_size)
 
     t0 = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -198,8 +202,8 @@ def _tiny_transformer(vocab: int, dim: int, layers: int, heads: int, max_length:
     import torch.nn.functional as F
     from torch import nn
 
-    if dim % heads:
-        usage_error("gpu", f"--dim={dim} must be divisible by --heads={heads}")
+    if dim % heads:  # run_gpu_demo checks its options first; this guards other callers
+        raise ValueError(f"dim={dim} must be divisible by heads={heads}")
 
     class Block(nn.Module):
         def __init__(self) -> None:
