@@ -7,6 +7,7 @@ of the same recipe must have identical barcodes; `compare` names the first step 
 from __future__ import annotations
 
 import json
+import operator
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,19 @@ class BarcodeWriter:
         self._file = open(path, "a", encoding="utf-8")
 
     def write(self, step: int, digest: str) -> None:
+        """Append `step`'s digest. A line `read_barcode` would refuse (a float or negative step, a
+        digest not 64 lowercase hex digits) is refused here, before it is written: found only at
+        `compare`, after the run, it made the whole barcode unreadable. A NumPy integer step is
+        written as the integer it is."""
+        try:
+            step = operator.index(step) if not isinstance(step, bool) else step
+        except TypeError:
+            pass  # refused below, naming it
+        if type(step) is not int or step < 0 or not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+            raise ValueError(
+                f"not a barcode entry: step {step!r} must be a non-negative integer and digest {digest!r} "
+                "a SHA-256 in 64 lowercase hex digits"
+            )
         self._file.write(json.dumps({"step": step, "digest": digest}) + "\n")
         self._file.flush()
 

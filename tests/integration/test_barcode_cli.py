@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.harness import checkpoint_after, step_digests, text_pipeline
@@ -155,6 +156,28 @@ def test_a_line_without_an_integer_step_and_a_sha256_digest_is_not_a_barcode_lin
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=r"broken.jsonl:1: not a barcode line"):
         read_barcode(path)
+
+
+@pytest.mark.parametrize(
+    ("step", "digest"),
+    [(0, None), (1.7, "a" * 64), (True, "a" * 64), (-1, "a" * 64), (0, "abc"), (0, "A" * 64), (0, b"a" * 32)],
+)
+def test_the_writer_refuses_a_line_the_reader_would_not_take(tmp_path, step, digest):
+    """The writer took any step and digest; the reader refused the line only at `compare`, after
+    the run: its whole barcode was lost to one bad write (an upper-case digest, a float step)."""
+    path = tmp_path / "run.jsonl"
+    with BarcodeWriter(path) as writer:
+        writer.write(0, "a" * 64)
+        with pytest.raises(ValueError, match="not a barcode entry"):
+            writer.write(step, digest)
+    assert read_barcode(path) == {0: "a" * 64}
+
+
+def test_the_writer_takes_a_numpy_integer_step_as_the_integer_it_is(tmp_path):
+    path = tmp_path / "run.jsonl"
+    with BarcodeWriter(path) as writer:
+        writer.write(np.int64(3), "b" * 64)
+    assert read_barcode(path) == {3: "b" * 64}
 
 
 def test_compare_png_without_matplotlib_is_a_usage_error_naming_the_extra(harness_barcodes, tmp_path, monkeypatch, capsys):
