@@ -161,6 +161,16 @@ def test_config_build_refuses_a_seq_len_other_than_a_ready_pipelines_row_length(
         assert next(iter(loader))[0]["input"].shape == (LOCAL_BATCH, 64)
 
 
+@pytest.mark.parametrize("field", [{"dataset": "c4"}, {"dataset_path": "/data/c4"}])
+def test_config_build_refuses_a_torchtitan_dataset_it_would_not_read(pipeline, field):
+    """`--dataloader.dataset c4` (TorchTitan's own field, inherited by the Config) was ignored: the
+    job trained on the recipe's datasets while its config said c4."""
+    config = ZephonDataLoader.Config(recipe=pipeline, global_batch_size=GLOBAL_BATCH, **field)
+    (name, value), = field.items()
+    with pytest.raises(ConfigurationError, match=f"dataloader.{name}={value!r} is not read by ZephonDataLoader"):
+        config.build(dp_world_size=2, dp_rank=0, tokenizer=None, local_batch_size=LOCAL_BATCH, seq_len=64)
+
+
 def test_yields_input_positions_and_next_token_labels(pipeline):
     import torch
 

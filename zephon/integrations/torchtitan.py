@@ -388,13 +388,23 @@ def build_zephon_dataloader(
 ) -> ZephonDataLoader:
     """What TorchTitan 0.3.0's trainer calls through `config.dataloader.build(...)`.
 
-    `seq_len` (`training.seq_len`) must equal the recipe's `max_length`. `tokenizer` (TorchTitan's,
+    `seq_len` (`training.seq_len`) must equal the recipe's `max_length`; TorchTitan's `dataset` and
+    `dataset_path` fields must stay unset (the recipe names the data). `tokenizer` (TorchTitan's,
     from `hf_assets_path`) is not used: the recipe names its own, whose vocabulary must fit the
     model. `snapshot_every_n_steps` is not needed: a Zephon state is a few cursors, cheap at any step.
     """
     recipe = getattr(config, "recipe", None)
     if recipe is None:
         raise ConfigurationError("dataloader.recipe is not set: give ZephonDataLoader.Config a DataRecipe")
+    # TorchTitan's own fields, which the Config inherits: set (`--dataloader.dataset c4`), they
+    # were ignored and the job trained on the recipe's datasets while its config named another.
+    for name, unset in (("dataset", ""), ("dataset_path", None)):
+        value = getattr(config, name, unset)
+        if value != unset:
+            raise ConfigurationError(
+                f"dataloader.{name}={value!r} is not read by ZephonDataLoader: the data is the recipe's "
+                "datasets (DataRecipe.datasets); leave it unset"
+            )
     if other:
         log.warning("ZephonDataLoader ignores unknown build arguments %s", sorted(other))
     # A ready Pipeline (which ZephonDataLoader takes too) has its row length in its packer.
