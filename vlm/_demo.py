@@ -23,7 +23,7 @@ from typing import Any
 
 from zephon import ConfigurationError, Pipeline
 from zephon._tokenizer import load_tokenizer
-from zephon.cli import check_demo_layout, positive_int
+from zephon.cli import check_demo_layout, positive_int, usage_error
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -165,6 +165,10 @@ def add_vlm_parser(demo_subparsers) -> Any:
 def run_vlm_demo(args) -> int:
     check_demo_layout("vlm", runner=args.runner, num_lanes=DEMO_LANES, microbatch_size=DEMO_MICROBATCH,
                       world_sizes=(1,), global_batch_size=args.global_batch_size)
+    # The picture is saved after the assets are fetched and the first step taken: a directory that
+    # is not there ended the demo then, in a traceback.
+    if not Path(args.png).parent.is_dir():
+        usage_error("vlm", f"--png {args.png!r}: no directory {str(Path(args.png).parent)!r} to write it in")
     try:
         require_decoder("PIL", "zephon demo vlm")  # before fetching the assets, not after
     except ConfigurationError as exc:

@@ -187,3 +187,11 @@ def test_gpu_demo_still_skips_without_cuda_when_its_options_are_sound(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["demo", "gpu"]) == 0
     assert _gpu.SKIP_NO_CUDA in capsys.readouterr().out
+
+
+def test_vlm_png_in_a_directory_that_is_not_there_is_refused_before_any_work(no_demo_work, tmp_path, capsys):
+    """The picture was saved after the assets were fetched and the first step taken: a `--png` in
+    a missing directory ended the demo there in a FileNotFoundError traceback."""
+    png = tmp_path / "missing" / "batch.png"
+    err = refused(capsys, "demo", "vlm", "--png", str(png))
+    assert f"zephon demo vlm: --png {str(png)!r}: no directory {str(png.parent)!r} to write it in" in err
