@@ -106,7 +106,7 @@ def _intact(state: object) -> dict:
     if isinstance(state, (str, bytes)):
         try:
             state = json.loads(state)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
             raise CheckpointError(f"loader state is not valid JSON: {exc}") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise CheckpointError("not a Zephon loader state (missing or wrong 'format' field)")
@@ -117,7 +117,7 @@ def _intact(state: object) -> dict:
     body = {k: v for k, v in state.items() if k != "checksum"}
     try:
         checksum = _checksum(body)
-    except (TypeError, ValueError) as exc:  # a NumPy integer, an array: no state make_state wrote
+    except (TypeError, ValueError, RecursionError) as exc:  # a NumPy integer, an array, deep nesting: no state make_state wrote
         raise CheckpointError(
             f"loader state is not plain JSON data ({exc}): load it as it was saved (e.g. json.loads of its text)"
         ) from None

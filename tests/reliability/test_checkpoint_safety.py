@@ -96,6 +96,7 @@ DAMAGED = {
     "garbage_bytes": (lambda s, tmp: random.Random(0).randbytes(64) + b"\x00\xff", "not valid JSON"),
     "truncated_json": (lambda s, tmp: json.dumps(s)[: len(json.dumps(s)) * 2 // 3], "not valid JSON"),
     "empty_file": (lambda s, tmp: b"", "not valid JSON"),
+    "json_nested_past_the_parsers_depth": (lambda s, tmp: "[" * 100_000 + "]" * 100_000, "not valid JSON"),
     "json_but_not_a_state": (lambda s, tmp: {"step": 10, "lanes": {}}, "not a Zephon loader state"),
     "json_list": (lambda s, tmp: "[1, 2, 3]", "not a Zephon loader state"),
     "tampered_cursor": (lambda s, tmp: _tampered(s), "checksum does not match"),
