@@ -67,6 +67,7 @@ class LaneStream:
         # or with row work up to `rows_ahead` rows whose work (a Future) is already on the runner.
         self._ahead: deque[tuple[int, Any]] = deque()
         self._rows_done = False
+        self._closed = False
 
     @property
     def exhausted(self) -> bool:
@@ -123,6 +124,10 @@ class LaneStream:
     def _pull(self, with_work: bool) -> bool:
         if self._rows_done:
             return False
+        if self._closed:  # a close from another thread: the rows it ended must not read as the plan's end
+            raise ConfigurationError(
+                f"lane {self.lane}'s stream was closed while it was being iterated (its loader closed)"
+            )
         got = next(self._rows, None)
         if got is None:
             self._rows_done = True
@@ -212,11 +217,23 @@ class LaneStream:
                     self._on_truncations(self.lane, self._segment, cuts)
 
     def close(self) -> None:
+        """Cancel the work in flight and end the row generator.
+
+        The generator's frame holds this stream (and through `submit` the loader): a stream left
+        with it open is a reference cycle, and its accumulators' rows (a shuffle buffer, open
+        rows, the token arrays or images they reference) stayed alive until the cyclic collector
+        happened to run. Closing it frees them by reference counting. A generator running on
+        another thread (a close from a watchdog) cannot be closed; the cancelled work ends it."""
+        self._closed = True
         for entry in [*self._pending, *(row for _, row in self._ahead)]:
             if isinstance(entry, Future):
                 entry.cancel()
         self._pending.clear()
         self._ahead.clear()
+        try:
+            self._rows.close()
+        except ValueError:  # "generator already executing": the iterating thread is inside it
+            pass
 
 
 def _handed_over(segment: int, rows: list) -> Iterator[tuple[int, PackedSequence]]:

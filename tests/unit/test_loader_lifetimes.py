@@ -203,3 +203,42 @@ def test_a_closed_loaders_lane_plans_are_freed_with_it(demo_data_dir, demo_token
     del loader
     gc.collect()
     assert live(TokenInterleave) == before
+
+
+@pytest.mark.parametrize("take_over", ["close", "new_iteration", "load_state_dict"])
+def test_lane_streams_a_loader_is_done_with_are_freed_without_the_cyclic_collector(
+    demo_data_dir, demo_tokenizer_path, take_over
+):
+    """A lane stream's row generator holds the stream, so a stream the loader dropped (at close, at
+    a new iteration, at load_state_dict) kept its shuffle buffer, its open rows and the token arrays
+    (for VLM, the images) they reference until a cyclic collection happened to run."""
+    from zephon._lane import LaneStream
+
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0,
+                                     records_per_chunk=4)
+    pipeline = (Pipeline(source).options(num_lanes=NUM_LANES, runner="inline", prefetch=PREFETCH)
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+                .pack_flat(max_length=256).shuffle(buffer_size=4, seed=0).batch(microbatch_size=2))
+    gc.collect()
+    gc.disable()
+    try:
+        loader = pipeline.shard(0, 1)
+        state = loader.state_dict()
+        batches = iter(loader)
+        for _ in range(NUM_LANES + 1):
+            next(batches)
+        assert live(LaneStream) == NUM_LANES, "the check below must have something to see"
+        if take_over == "close":
+            loader.close()
+            expected = 0
+        elif take_over == "new_iteration":
+            next(iter(loader))
+            expected = NUM_LANES
+        else:
+            loader.load_state_dict(state)
+            expected = 0
+        del batches
+        assert live(LaneStream) == expected, "only the streams the loader holds may be alive"
+        loader.close()
+    finally:
+        gc.enable()
