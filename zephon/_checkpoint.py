@@ -226,6 +226,10 @@ def merge_states(states: Iterable[Mapping]) -> dict:
 
     Each input must be intact (its checksum is verified): merging never launders an edited state.
     """
+    if isinstance(states, (Mapping, str, bytes)):  # iterated, one state gave its keys or characters
+        raise CheckpointError(
+            "merge_states takes the states of every rank (a list), got one state: merge_states([state])"
+        )
     states = [_intact(state) for state in states]
     for state in states:
         _check_shape(state)

@@ -32,6 +32,17 @@ def test_merging_rank_states_covers_every_lane(rank_states):
     assert merge_states([merged]) == merged
 
 
+@pytest.mark.parametrize("as_text", [False, True])
+def test_merging_one_state_not_in_a_list_is_refused_saying_so_not_called_invalid_json(rank_states, as_text):
+    """merge_states(state) iterated the state's keys and called the first one invalid JSON: a
+    good checkpoint reported as a damaged one."""
+    import json
+
+    state = json.dumps(rank_states[0]) if as_text else rank_states[0]
+    with pytest.raises(CheckpointError, match=r"merge_states takes the states of every rank \(a list\)"):
+        merge_states(state)
+
+
 def test_merging_refuses_ranks_saved_at_different_steps(make_jsonl_corpus, demo_tokenizer_path):
     """One rank's file from an older checkpoint: its lanes would replay steps the others skip."""
     pipeline = text_pipeline(make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path)
