@@ -63,6 +63,7 @@ class ImageSpec:
       multiple of a cell; if the area leaves [min_pixels, max_pixels] the image is scaled by the
       square root of the excess, flooring (too big) or ceiling (too small) to whole cells. Extreme
       aspect ratios that cannot meet `max_pixels` with whole cells are narrowed on the long side.
+      The bounds must hold a whole number of cells between them (refused otherwise).
     - `fit="max_side"` (the mistral-common / Pixtral convention): the longest side is scaled down
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
@@ -104,6 +105,11 @@ class ImageSpec:
         if self.fit == "pixels" and self.max_pixels < self.cell**2:
             raise ConfigurationError(f"ImageSpec: max_pixels={self.max_pixels} is below one grid cell "
                                      f"({self.cell}x{self.cell} pixels)")
+        if self.fit == "pixels" and -(-self.min_pixels // self.cell**2) > self.max_pixels // self.cell**2:
+            # A grid is a whole number of cells, so no image could meet both bounds; `image_grid`
+            # would grow it for min_pixels past max_pixels.
+            raise ConfigurationError(f"ImageSpec: no whole number of {self.cell}x{self.cell} grid cells has an "
+                                     f"area in [min_pixels={self.min_pixels}, max_pixels={self.max_pixels}]")
         if self.resample not in _RESAMPLE:
             raise ConfigurationError(f"ImageSpec: resample must be one of {_RESAMPLE}, got {self.resample!r}")
         if not check_finite(self.draft_gap, "ImageSpec: draft_gap") >= 1.0:

@@ -106,6 +106,21 @@ def test_image_spec_refuses_settings_that_cannot_work(bad):
         ImageSpec(**bad)
 
 
+@pytest.mark.parametrize("patch,merge,low,high", [(14, 2, 1000, 1000), (3, 3, 116, 119), (16, 1, 300, 500)])
+def test_image_spec_refuses_pixel_bounds_with_no_whole_grid_cell_count_between_them(patch, merge, low, high):
+    # 28 px cells are 784 px each: 1000..1000 holds no whole number of them. Accepted, a tiny image
+    # was grown to 2 cells for min_pixels and so decoded to 1568 pixels, past max_pixels.
+    with pytest.raises(ConfigurationError, match="no whole number of"):
+        ImageSpec(patch_size=patch, merge_size=merge, min_pixels=low, max_pixels=high)
+
+
+def test_pixel_bounds_that_are_not_multiples_of_a_cell_keep_every_grid_within_them():
+    spec = ImageSpec(patch_size=14, merge_size=2, min_pixels=1000, max_pixels=2000)  # 2 cells = 1568 px
+    for height, width in [(1, 1), (13, 13), (28, 28), (1, 5000), (5000, 1), (40, 40), (100, 100)]:
+        rows, cols = image_grid(height, width, spec)
+        assert spec.min_pixels <= rows * 14 * cols * 14 <= spec.max_pixels, (height, width)
+
+
 @pytest.mark.parametrize("field,value", [("draft_gap", math.inf), ("draft_gap", "2"),
                                          pytest.param("draft_gap", 10**400, id="draft_gap-10**400"),
                                          ("background", (0, 0, math.inf)), ("background", (math.nan, 0, 0))])
