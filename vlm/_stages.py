@@ -7,8 +7,9 @@ the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error
 `fingerprint()`), so `Pipeline.apply(DecodeImages(...))` takes it.
 
 A record that cannot be decoded is dropped and reported in `skipped` with its reason
-(missing_image / missing_video when no candidate field is present, not_media_bytes when the
-field holds something other than encoded bytes, the decode error's reason, or processor_error), or, with
+(missing_image / missing_video when no candidate field is present or a video field holds an
+empty list, several_videos when it holds more than one, not_media_bytes when the field holds
+something other than encoded bytes, the decode error's reason, or processor_error), or, with
 `on_error="raise"`, fails with `BadRecordError` naming its address.
 
 Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
@@ -264,7 +265,8 @@ class DecodeImages:
 
 @dataclass(frozen=True)
 class DecodeVideo:
-    """Decode `record[field]` (bytes, a {"bytes": ...} struct or a local path) into frames.
+    """Decode `record[field]` (bytes, a {"bytes": ...} struct or a local path, or a list of one of
+    them) into frames.
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
     multimodal packer treats the T frames as T images. The source field is dropped unless
@@ -296,9 +298,12 @@ class DecodeVideo:
 
     def _decode_record(self, record: dict) -> dict:
         name, value = _first_present(record, self.field, "missing_video")
-        items, single = _items(value, allow_paths=True)
-        if not single or len(items) != 1:
-            raise _Skip("corrupt_video", f"field {name!r} holds {len(items)} videos; one is supported")
+        items, _ = _items(value, allow_paths=True)
+        # A list (a `Sequence(Video)` column) of one video is that video; a record holds one.
+        if not items:
+            raise _Skip("missing_video", f"field {name!r} holds an empty list")
+        if len(items) > 1:
+            raise _Skip("several_videos", f"field {name!r} holds {len(items)} videos; one is supported")
         out = dict(record)
         if not self.keep_source:
             del out[name]

@@ -185,6 +185,18 @@ def test_video_stage_decodes_bytes_and_paths_and_names_bad_ones(tmp_path):
         DecodeVideo(spec=VideoSpec(start_s=60), on_error="raise")(chunk_of([{"mp4": str(path)}]))
 
 
+def test_video_field_holding_a_list_of_one_video_decodes_it_and_other_lists_are_skipped_by_what_they_hold(tmp_path):
+    """A Hugging Face `Sequence(Video)` column gives a list: one video in it was skipped as
+    `corrupt_video` ("holds 1 videos; one is supported"), and so were several sound videos."""
+    data = make_video(tmp_path / "clip.mp4", frames=20).read_bytes()
+    stage = DecodeVideo(spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=16)))
+    out = stage(chunk_of([{"mp4": data}, {"mp4": [data]}, {"mp4": [{"bytes": data}]}, {"mp4": [data, data]},
+                          {"mp4": []}]))
+    assert [a.index for a in out.addresses] == [0, 1, 2]
+    assert all(np.array_equal(r["pixels"], out.records[0]["pixels"]) for r in out.records)
+    assert [(a.index, reason) for a, reason in out.skipped] == [(3, "several_videos"), (4, "missing_video")]
+
+
 @pytest.mark.parametrize("stage,module,package", [(DecodeImages, "PIL", "Pillow"), (DecodeVideo, "av", "PyAV")])
 def test_a_decoding_stage_without_its_decoder_is_refused_when_the_pipeline_is_built(monkeypatch, stage, module,
                                                                                     package):
