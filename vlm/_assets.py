@@ -322,6 +322,8 @@ def pair_shards(num_shards: int = 8, limit: int | None = None, *, origin: str = 
         raise ValueError(f"origin must be 'auto', 'tuxpaint' or 'photos', got {origin!r}")
     if num_shards < 1:
         raise ValueError(f"num_shards must be positive, got {num_shards}")
+    if limit is not None and limit < 1:  # it would keep no pair, cached under the name of all of them
+        raise ValueError(f"limit must be positive or None (all pairs), got {limit}")
     cache = cache or cache_root()
     stamps = None if origin == "photos" else _stamps(cache)
     if stamps is None and origin == "tuxpaint":

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from vlm._demo import IMAGE_COLOURS, PADDING_COLOUR, TEXT_COLOURS, run_vlm_demo
@@ -86,6 +87,17 @@ def test_the_recipe_runs_on_the_photograph_fallback_too():
         total = loader.stats()["datasets"]["pairs"]["total"]
     assert total["read"] == total["emitted"] == 12 and not total["skipped"]
     assert sum(len(b.ragged["image_grid"]) for b in batches) == 12
+
+
+@pytest.mark.parametrize("limit", [0, -3])
+def test_pair_shards_refuses_a_limit_below_one_instead_of_caching_no_pairs_as_all_of_them(tmp_path, limit):
+    """`limit or 'all'` names the cache: a limit of 0 kept no pair and cached that empty set as
+    "all", which every later call without a limit (the demo's default) was then handed."""
+    from vlm._assets import pair_shards
+
+    with pytest.raises(ValueError, match="limit"):
+        pair_shards(2, limit, origin="photos", cache=tmp_path)
+    assert not (tmp_path / "pairs" / "photos-2xall").exists()
 
 
 def test_the_recipe_parses_its_tokenizer_once(tmp_path):
