@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from zephon._errors import ConfigurationError
+
 from ._image import ImageSpec
 from ._packing import PackMultimodal
 from ._placeholders import Placeholders
@@ -19,6 +21,9 @@ from ._stages import (
 from ._video import VideoSpec
 
 __all__ = ["decode_images", "decode_video", "pack_multimodal"]
+
+# Operators that write no pixels field other than a decoder's `output_field`.
+_WRITE_NO_PIXELS = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
 
 
 def decode_images(
@@ -73,6 +78,15 @@ def pack_multimodal(
     decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
     if pixels_field is None:
         pixels_field = decoder.output_field if decoder is not None else "pixels"
+    elif decoder is not None and all(getattr(op, "name", None) in _WRITE_NO_PIXELS for op in pipeline.operators):
+        # No record would hold a field no decoder writes, so every document would be packed as its
+        # text alone, unsaid. A map (or a plugin's operator) may write it: only decided without one.
+        written = {op.output_field: op.name for op in pipeline.operators if isinstance(op, (DecodeImages, DecodeVideo))}
+        if pixels_field not in written:
+            raise ConfigurationError(
+                f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
+                + ", ".join(f"{name} writes {field!r}" for field, name in written.items())
+            )
     grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
         spec = decoder.spec if isinstance(decoder, DecodeImages) else (

@@ -22,7 +22,7 @@ from tests.unit.test_vlm_assets import (
 )
 from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders
 from vlm._api import decode_images, pack_multimodal
-from zephon import Pipeline
+from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -168,3 +168,17 @@ def test_pack_multimodal_packs_the_field_decode_images_wrote(shards):
         batch = next(iter(loader))
     assert len(batch.ragged["image_grid"]) > 0
     assert (batch.tokens["input_ids"] == PLACEHOLDERS.end_id).sum() == len(batch.ragged["image_grid"])
+
+
+def test_pack_multimodal_refuses_a_pixels_field_no_operator_writes(shards):
+    """pack_multimodal(pixels_field="image") after a decode_images that writes "pixels" found no
+    image in any record and packed every caption alone, silently; a map may write the field, so
+    only a pipeline of decoders, tokenizers and filters is decided."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
+    pipeline = decode_images(Pipeline(source).options(num_lanes=1, runner="inline"), spec=SPEC)
+    pipeline = pipeline.tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt")
+    with pytest.raises(ConfigurationError, match=r"pixels_field='image'.*decode_images writes 'pixels'"):
+        pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="image")
+    renamed = pipeline.map(lambda record: {**record, "image": record["pixels"]})
+    pack_multimodal(renamed, 256, PLACEHOLDERS, pixels_field="image")  # a map may write it: not decided
+    pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
