@@ -150,7 +150,9 @@ def add_vlm_parser(demo_subparsers) -> Any:
     vlm.add_argument("--parallelism", type=positive_int, default=2, help="decode and tokenize workers (default 2)")
     vlm.add_argument("--global-batch-size", type=positive_int, default=16, help="rows per global step (default 16)")
     vlm.add_argument("--max-length", type=positive_int, default=2048, help="tokens per packed row (default 2048)")
-    vlm.add_argument("--max-side", type=positive_int, default=256, help="longest image side in pixels (default 256)")
+    vlm.add_argument("--max-side", type=positive_int, default=256,
+                     help="scale each image's longest side down to this many pixels, then each side is "
+                          "rounded up to whole 16 px patches (Pixtral sizing; default 256)")
     vlm.add_argument("--pairs", type=positive_int, default=None, help="use this many pairs (default: all)")
     vlm.add_argument("--origin", default="auto", choices=("auto", "tuxpaint", "photos"),
                      help="tuxpaint stamps (Debian, via apt), wheel photos, or auto (default)")

@@ -29,6 +29,21 @@ def test_zephon_command_registers_the_vlm_demo_with_its_defaults():
     assert args.run_demo is run_vlm_demo
 
 
+def test_vlm_demo_max_side_help_says_the_sides_are_rounded_up_to_whole_patches():
+    """Pixtral sizing scales the longest side down to --max-side, then rounds each side up to
+    whole 16 px patches: 100 gives 112 px. The help called it the longest side, a cap it is not."""
+    from vlm import ImageSpec, image_grid
+    from zephon.cli import _parser
+
+    assert max(image_grid(256, 256, ImageSpec.pixtral(max_side=100))) * 16 == 112
+    def subparser(parser, name):
+        return next(a for a in parser._actions if a.choices and name in a.choices).choices[name]
+
+    vlm = subparser(subparser(_parser(), "demo"), "vlm")
+    [max_side] = [a for a in vlm._actions if a.dest == "max_side"]
+    assert "rounded up to whole 16 px patches" in max_side.help
+
+
 def test_vlm_demo_without_pillow_says_what_to_install_before_fetching_anything(monkeypatch, capsys):
     import vlm._demo
 
