@@ -93,6 +93,13 @@ def pack_multimodal(
             decoder.spec.image if isinstance(decoder, DecodeVideo) else ImageSpec())
     patch_dim = patch_dtype = None
     if isinstance(decoder, DecodeImages) and decoder.processor is not None:
+        merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's: patches merged per token side
+        if isinstance(merge, int) and merge != getattr(placeholders, "merge_size", merge):  # a non-convention: refused below
+            # The grids are the processor's, so the token count must follow its merge, not the spec's.
+            raise ConfigurationError(
+                f"pack_multimodal: the image processor merges {merge}x{merge} patches per token but the "
+                f"placeholders merge {placeholders.merge_size}x{placeholders.merge_size}"
+            )
         dim, dtype = decoder.patch_layout()
         patch_dim, patch_dtype = dim, dtype.str
     deferred = isinstance(decoder, DecodeImages) and decoder.defer

@@ -149,6 +149,24 @@ def test_qwen2_vl_processor_output_is_carried_with_its_grid_and_packs(transforme
     assert np.array_equal(row.ragged["pixel_values"], record["pixels"])
 
 
+def test_pack_multimodal_refuses_placeholders_that_merge_unlike_the_image_processor(transformers, tmp_path):
+    """Qwen2-VL's processor merges 2x2 patches per token: placeholders merging 1x1 (with the default
+    ImageSpec, which merges 1x1 too) laid out 4x the image tokens the model expects, unsaid until
+    the model found its features and tokens did not match."""
+    from vlm._api import decode_images, pack_multimodal
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    processor = _processor(transformers, "Qwen2VL", min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    pipeline = decode_images(Pipeline(StaticMixtureWorkSource([Dataset.from_path("d", str(tmp_path / "d.jsonl"))])),
+                             processor=processor)
+    with pytest.raises(ConfigurationError, match="merge"):
+        pack_multimodal(pipeline, 128, QwenPlaceholders(1, 2, 3, merge_size=1))
+    pack_multimodal(pipeline, 128, QwenPlaceholders(1, 2, 3), spec=ImageSpec.qwen2_vl())
+
+
 def test_pixtral_processor_output_is_cut_into_raster_patches(transformers):
     processor = _processor(transformers, "Pixtral", size={"longest_edge": 128}, patch_size=16)
     out = DecodeImages(processor=processor)(chunk_of([{"png": encode(gradient(60, 100), "PNG")}]))
