@@ -415,12 +415,14 @@ def _tekken_json(cache: Path) -> bytes:
         return (installed / "data" / TEKKEN_FILE).read_bytes()
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    if not list(wheels.glob("mistral_common-*.whl")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                        "-d", str(wheels), MISTRAL_COMMON], check=True, capture_output=True, timeout=900)
-    wheel = max(wheels.glob("mistral_common-*.whl"))
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.read(f"mistral_common/data/{TEKKEN_FILE}")
+    # Under the lock: another process's download in progress is a half-written wheel in `wheels`.
+    with _locked(wheels / "mistral_common"):
+        if not list(wheels.glob("mistral_common-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                            "-d", str(wheels), MISTRAL_COMMON], check=True, capture_output=True, timeout=900)
+        wheel = max(wheels.glob("mistral_common-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            return archive.read(f"mistral_common/data/{TEKKEN_FILE}")
 
 
 def _byte_alphabet() -> list[str]:

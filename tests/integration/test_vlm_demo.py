@@ -115,6 +115,52 @@ def test_pair_shards_refuses_a_limit_below_one_instead_of_caching_no_pairs_as_al
     assert not (tmp_path / "pairs" / "photos-2xall").exists()
 
 
+def test_two_first_fetches_of_the_tekken_wheel_at_once_both_read_it_whole(tmp_path, monkeypatch):
+    """Without mistral-common installed the wheel is fetched with `pip download` into the cache: a
+    second process that looked while the first one's download was being written read the half
+    file (BadZipFile); the fetch is now made once, under the cache's lock."""
+    import io
+    import threading
+    import time
+    import zipfile
+
+    import vlm._assets as assets
+
+    payload = b'{"config": {}}'
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(f"mistral_common/data/{assets.TEKKEN_FILE}", payload)
+    wheel = buffer.getvalue()
+    downloads = []
+
+    def pip_download(command, **kwargs):  # writes the wheel in two halves, as a download does
+        downloads.append(command)
+        path = tmp_path / "wheels" / "mistral_common-1.13.1-py3-none-any.whl"
+        with open(path, "wb") as out:
+            out.write(wheel[: len(wheel) // 2])
+            out.flush()
+            time.sleep(0.3)
+            out.write(wheel[len(wheel) // 2 :])
+
+    monkeypatch.setattr(assets, "_package_dir", lambda name: None)
+    monkeypatch.setattr(assets.subprocess, "run", pip_download)
+    results, errors = [], []
+
+    def fetch():
+        try:
+            results.append(assets._tekken_json(tmp_path))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    first = threading.Thread(target=fetch)
+    first.start()
+    time.sleep(0.1)  # the first download is half written
+    fetch()
+    first.join()
+    assert not errors and results == [payload, payload]
+    assert len(downloads) == 1
+
+
 def test_the_recipe_parses_its_tokenizer_once(tmp_path):
     """The placeholder ids are looked up in the instance the tokenize stage encodes with: a second
     parse of Tekken costs the first batch ~0.3 s and the process ~33 MiB."""
