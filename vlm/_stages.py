@@ -73,8 +73,18 @@ def _fields(value: str | Any) -> tuple[str, ...]:
     return fields
 
 
-def _check_common(stage, spec_type: type) -> None:
+def _check_common(stage, spec_type: type, flags: tuple[str, ...] = ("keep_source",),
+                  names: tuple[str, ...] = ("output_field",)) -> None:
     object.__setattr__(stage, "field", _fields(stage.field))
+    # As tokenize checks its own: "no" would act as True does, and an empty or None field name
+    # would be written as a key nothing reads.
+    for flag in flags:
+        if not isinstance(getattr(stage, flag), bool):
+            raise ConfigurationError(f"{stage.name}: {flag} must be True or False, got {getattr(stage, flag)!r}")
+    for name in names:
+        if not isinstance(getattr(stage, name), str) or not getattr(stage, name):
+            raise ConfigurationError(f"{stage.name}: {name} must be a record field's name (a non-empty str), "
+                                     f"got {getattr(stage, name)!r}")
     if stage.on_error is not None and stage.on_error not in ON_ERROR:
         raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
     object.__setattr__(stage, "parallelism", check_count(stage.parallelism, f"{stage.name}: parallelism"))
@@ -206,7 +216,7 @@ class DecodeImages:
 
     def __post_init__(self) -> None:
         require_decoder("PIL", "decode_images")
-        _check_common(self, ImageSpec)
+        _check_common(self, ImageSpec, flags=("keep_source", "defer"), names=("output_field", "grid_field"))
         if self.defer and self.processor is not None:
             raise ConfigurationError("decode_images: defer=True decodes with the ImageSpec after packing; "
                                      "an image processor's output cannot be deferred")

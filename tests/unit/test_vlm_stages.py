@@ -116,6 +116,18 @@ def test_stage_refuses_settings_that_cannot_work(bad):
         DecodeImages(**bad)
 
 
+@pytest.mark.parametrize("stage,bad", [
+    (DecodeImages, {"defer": "no"}), (DecodeImages, {"keep_source": "no"}), (DecodeImages, {"defer": 0}),
+    (DecodeImages, {"output_field": ""}), (DecodeImages, {"output_field": None}), (DecodeImages, {"grid_field": 3}),
+    (DecodeVideo, {"keep_source": "no"}), (DecodeVideo, {"output_field": ""}),
+], ids=lambda v: v.__name__ if isinstance(v, type) else repr(v))
+def test_stage_refuses_flags_that_are_not_booleans_and_fields_that_are_not_names(stage, bad):
+    """Like tokenize's: defer="no" deferred the decode and keep_source="no" kept the bytes, as True
+    does; an empty or None output field was written as a key no packer reads."""
+    with pytest.raises(ConfigurationError, match=next(iter(bad))):
+        stage(**bad)
+
+
 # -- a user's transformers image processor -----------------------------------------------------
 
 @pytest.fixture(scope="module")
