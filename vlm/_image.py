@@ -110,6 +110,9 @@ class ImageSpec:
             # would grow it for min_pixels past max_pixels.
             raise ConfigurationError(f"ImageSpec: no whole number of {self.cell}x{self.cell} grid cells has an "
                                      f"area in [min_pixels={self.min_pixels}, max_pixels={self.max_pixels}]")
+        for name in ("draft", "exif_transpose"):  # "no" would act as True does
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"ImageSpec: {name} must be True or False, got {getattr(self, name)!r}")
         if self.resample not in _RESAMPLE:
             raise ConfigurationError(f"ImageSpec: resample must be one of {_RESAMPLE}, got {self.resample!r}")
         if not check_finite(self.draft_gap, "ImageSpec: draft_gap") >= 1.0:

@@ -106,6 +106,14 @@ def test_image_spec_refuses_settings_that_cannot_work(bad):
         ImageSpec(**bad)
 
 
+@pytest.mark.parametrize("flag", ["draft", "exif_transpose"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_image_spec_refuses_switches_that_are_not_booleans(flag, value):
+    """exif_transpose="no" turned images as True does, and draft="no" drafted JPEGs."""
+    with pytest.raises(ConfigurationError, match=f"ImageSpec: {flag} must be True or False"):
+        ImageSpec(**{flag: value})
+
+
 @pytest.mark.parametrize("patch,merge,low,high", [(14, 2, 1000, 1000), (3, 3, 116, 119), (16, 1, 300, 500)])
 def test_image_spec_refuses_pixel_bounds_with_no_whole_grid_cell_count_between_them(patch, merge, low, high):
     # 28 px cells are 784 px each: 1000..1000 holds no whole number of them. Accepted, a tiny image
