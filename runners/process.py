@@ -63,6 +63,12 @@ _ITEMS_PER_WORKER = 2
 # so messages are rarely bigger.
 _PIPELINED_MESSAGE_MAX = 32 * 1024
 
+# The longest the reader waits in one call when a deadline is pending. The selector refuses a wait
+# past about 24.8 days (epoll counts milliseconds in a C int) with an OverflowError that stopped the
+# reader thread, so a task_timeout_s of a month, or inf, failed every item; a deadline further off
+# is reached in several waits instead.
+_LONGEST_WAIT_S = 3600.0
+
 
 @dataclass(frozen=True)
 class TransportStats:
@@ -546,7 +552,7 @@ class ProcessRunner:
         with self._lock:
             workers = list(self._workers)
             deadlines = [worker.deadline for worker in workers if worker.deadline is not None]
-        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        timeout = min(_LONGEST_WAIT_S, max(0.0, min(deadlines) - time.monotonic())) if deadlines else None
         by_conn = {worker.conn: worker for worker in workers}
         ready = self._watch.wait(workers, self._wake_r, timeout)
         if self._closing:

@@ -532,6 +532,16 @@ def test_invalid_options_are_refused_at_construction():
         ProcessRunner(max_retries=-1)
 
 
+@pytest.mark.parametrize("task_timeout_s", [30 * 24 * 3600.0, 1e300, float("inf")])
+def test_a_task_timeout_longer_than_the_reader_can_wait_in_one_call_still_runs_items(tmp_path, task_timeout_s):
+    """A month (or inf, "never") passed the construction check, but the reader thread handed it to
+    the selector, whose wait is capped near 24.8 days: it died on an OverflowError at the first
+    item, and every item failed with RunnerFailedError."""
+    with ProcessRunner(task_timeout_s=task_timeout_s, shm_root=str(tmp_path)) as runner:
+        runner.start([Stage("double", lambda x: 2 * x, 1)])
+        assert [runner.submit(0, x).result(timeout=10) for x in range(3)] == [0, 2, 4]
+
+
 @pytest.mark.parametrize("close_timeout_s", [None, -1.0, float("nan")])
 def test_a_close_timeout_that_close_could_not_wait_by_is_refused_at_construction(tmp_path, close_timeout_s):
     """Accepted, None (taken for "wait forever") made close() raise a TypeError once it had begun,
