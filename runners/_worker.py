@@ -79,6 +79,10 @@ def serve(
 def _pickled_error(exc: BaseException, stage: str) -> bytes:
     """The exception, pickled, with the worker's traceback attached as a note.
 
+    One that takes no note (its `__notes__` is not a list) goes without it: the TypeError, raised
+    inside the worker's error handling, killed the worker, so the stage's own error was re-run as
+    a crash.
+
     An exception that does not survive a pickle round trip (unpicklable attributes, a constructor
     that pickle cannot call again) is replaced by a RuntimeError carrying its type, message and
     traceback, so the parent always learns what went wrong.
@@ -86,7 +90,10 @@ def _pickled_error(exc: BaseException, stage: str) -> bytes:
     text = "".join(traceback.format_exception(exc))
     # traceback's own line for it, which survives an exception whose str() raises
     summary = "".join(traceback.format_exception_only(exc)).strip()
-    exc.add_note(f"raised in stage {stage!r}, worker process {os.getpid()}:\n{text.rstrip()}")
+    try:
+        exc.add_note(f"raised in stage {stage!r}, worker process {os.getpid()}:\n{text.rstrip()}")
+    except Exception:  # noqa: BLE001 - `__notes__` not a list: the error itself matters more than the note
+        pass
     try:
         stream = pickle.dumps(_Noted(exc), protocol=5)
         pickle.loads(stream)
@@ -114,10 +121,10 @@ class _Noted:
         self.exc = exc
 
     def __reduce__(self):
-        return _with_notes, (self.exc, list(self.exc.__notes__))
+        return _with_notes, (self.exc, getattr(self.exc, "__notes__", None))
 
 
-def _with_notes(exc: BaseException, notes: list[str]) -> BaseException:
+def _with_notes(exc: BaseException, notes: list[str] | None) -> BaseException:
     if getattr(exc, "__notes__", None) != notes:
         exc.__notes__ = notes
     return exc

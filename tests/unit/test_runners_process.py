@@ -235,6 +235,29 @@ def test_a_picklable_exception_keeps_its_type_and_gains_the_worker_traceback_as_
     assert any("Traceback" in note and "'lookup'" in note for note in error.__notes__)
 
 
+class NotesNotAList(Exception):
+    """An exception whose `__notes__` someone set to a tuple: `add_note` refuses it."""
+
+
+def test_an_exception_that_takes_no_note_arrives_as_itself_instead_of_killing_the_worker():
+    """Adding the traceback note raised TypeError inside the worker's error handling, so the worker
+    died: the stage's own error was counted as a crash, re-run `1 + max_retries` times, and reached
+    the caller as WorkerCrashedError."""
+
+    def fail(x: int) -> None:
+        error = NotesNotAList(f"trouble with {x}")
+        error.__notes__ = ("a note kept in a tuple",)
+        raise error
+
+    with ProcessRunner(max_retries=1) as runner:
+        runner.start([Stage("fail", fail)])
+        pids = runner.worker_pids()
+        error = runner.submit(0, 5).exception(10)
+        assert runner.worker_pids() == pids and runner.stats().retries == 0
+    assert type(error) is NotesNotAList and error.args == ("trouble with 5",)
+    assert error.__notes__ == ("a note kept in a tuple",)
+
+
 def test_an_error_that_pickles_its_own_fields_keeps_them_and_still_gains_the_worker_traceback():
     """Zephon's named errors pickle only their fields (`__reduce__`); the note must cross too."""
 
