@@ -19,6 +19,7 @@ import atexit
 import functools
 import logging
 import multiprocessing
+import numbers
 import os
 import pickle
 import selectors
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
-from zephon._errors import ConfigurationError, check_finite
+from zephon._errors import ConfigurationError, check_count, check_finite
 from zephon._runner import Stage
 
 from ._arena import Arena
@@ -175,16 +176,16 @@ class ProcessRunner:
         shm_root: str | None = None,
         close_timeout_s: float = 2.0,
     ) -> None:
-        if task_timeout_s is not None and not task_timeout_s > 0:
-            raise ConfigurationError(f"task_timeout_s must be positive or None, got {task_timeout_s!r}")
-        if max_retries < 0:
-            raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
-        if oob_threshold_bytes < 1:
-            raise ConfigurationError(f"oob_threshold_bytes must be >= 1, got {oob_threshold_bytes!r}")
-        if reply_arena_bytes < 0:
-            raise ConfigurationError(f"reply_arena_bytes must be >= 0, got {reply_arena_bytes!r}")
-        if request_arena_bytes < 0:
-            raise ConfigurationError(f"request_arena_bytes must be >= 0, got {request_arena_bytes!r}")
+        # Types are checked too, not only ranges: a float size (64e6) passed and failed start() with
+        # a bare TypeError from mmap, None or a string failed here with an unnamed one.
+        if task_timeout_s is not None and not (
+            isinstance(task_timeout_s, numbers.Real) and not isinstance(task_timeout_s, bool) and task_timeout_s > 0
+        ):
+            raise ConfigurationError(f"task_timeout_s must be a positive number or None, got {task_timeout_s!r}")
+        max_retries = check_count(max_retries, "max_retries", 0)
+        oob_threshold_bytes = check_count(oob_threshold_bytes, "oob_threshold_bytes", 1)
+        reply_arena_bytes = check_count(reply_arena_bytes, "reply_arena_bytes", 0)
+        request_arena_bytes = check_count(request_arena_bytes, "request_arena_bytes", 0)
         # Checked here, not at close(): a bad one (None for "wait forever") failed close() after it
         # had begun, leaving the workers running and the buffer directory behind.
         if check_finite(close_timeout_s, "close_timeout_s") < 0:

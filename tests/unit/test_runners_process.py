@@ -555,6 +555,29 @@ def test_invalid_options_are_refused_at_construction():
         ProcessRunner(max_retries=-1)
 
 
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"reply_arena_bytes": 64e6},
+        {"request_arena_bytes": 1.5},
+        {"reply_arena_bytes": None},
+        {"oob_threshold_bytes": 16e3},
+        {"oob_threshold_bytes": None},
+        {"max_retries": 1.5},
+        {"max_retries": True},
+        {"task_timeout_s": "30"},
+        {"task_timeout_s": True},
+    ],
+)
+def test_an_option_of_the_wrong_type_is_refused_at_construction_naming_it(tmp_path, option):
+    """A float size (64e6 is how many write 64 MB) passed construction and failed start() with a
+    bare TypeError from mmap; None or a string failed with an unnamed comparison TypeError; a
+    fractional or bool max_retries was taken as a number of attempts."""
+    (name,) = option
+    with pytest.raises(ConfigurationError, match=name):
+        ProcessRunner(shm_root=str(tmp_path), **option)
+
+
 @pytest.mark.parametrize("task_timeout_s", [30 * 24 * 3600.0, 1e300, float("inf")])
 def test_a_task_timeout_longer_than_the_reader_can_wait_in_one_call_still_runs_items(tmp_path, task_timeout_s):
     """A month (or inf, "never") passed the construction check, but the reader thread handed it to
