@@ -148,7 +148,9 @@ def _map_private(fd: int, size: int) -> memoryview:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mmap of a shared-memory buffer file failed: {os.strerror(errno)}")
     region = (ctypes.c_ubyte * size).from_address(address)
-    weakref.finalize(region, _libc.munmap, address, size)
+    # Not at interpreter exit (finalize's default): the array may still be alive and read there,
+    # by an exit hook or a daemon thread, and would crash the process; exit unmaps everything.
+    weakref.finalize(region, _libc.munmap, address, size).atexit = False
     return memoryview(region).cast("B")
 
 

@@ -183,6 +183,29 @@ def test_received_arrays_hold_no_file_descriptor_and_buffer_files_unmap_when_rel
         assert path not in Path("/proc/self/maps").read_text()
 
 
+_READ_AT_EXIT = """
+import atexit, sys, numpy as np
+from runners import ProcessRunner
+from zephon._runner import Stage
+held = {}
+atexit.register(lambda: print(int(held["ones"].sum())))  # registered first, so it runs last
+with ProcessRunner(reply_arena_bytes=0, shm_root=sys.argv[1]) as runner:
+    runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.int64))])
+    held["ones"] = runner.submit(0, 1 << 20).result(10)
+"""
+
+
+def test_a_received_array_stays_readable_at_interpreter_exit(tmp_path):
+    """The unmapping of a buffer file (before 3.13, a `weakref.finalize`) also ran at interpreter
+    exit while the array was still alive: an exit hook or a daemon thread that read a batch then
+    crashed the process with SIGSEGV."""
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_AT_EXIT, str(tmp_path)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert (done.returncode, done.stdout.split()) == (0, [str(1 << 20)]), done.stderr
+
+
 def test_the_stage_function_is_inherited_not_pickled():
     lock = threading.Lock()  # unpicklable, captured by the closure
 
