@@ -64,10 +64,10 @@ _ITEMS_PER_WORKER = 2
 # so messages are rarely bigger.
 _PIPELINED_MESSAGE_MAX = 32 * 1024
 
-# The longest the reader waits in one call when a deadline is pending. The selector refuses a wait
-# past about 24.8 days (epoll counts milliseconds in a C int) with an OverflowError that stopped the
-# reader thread, so a task_timeout_s of a month, or inf, failed every item; a deadline further off
-# is reached in several waits instead.
+# The longest one wait lasts, for the reader's next deadline and for close's joins. The selectors
+# behind both refuse a wait past about 24.8 days (milliseconds in a C int) with an OverflowError:
+# it stopped the reader thread, so a task_timeout_s of a month, or inf, failed every item. A
+# deadline further off is reached in several waits instead.
 _LONGEST_WAIT_S = 3600.0
 
 
@@ -388,7 +388,13 @@ class ProcessRunner:
                 worker.process.terminate()
         deadline = time.monotonic() + self._close_timeout_s
         for worker in workers:
-            worker.process.join(max(0.0, deadline - time.monotonic()))
+            # In waits of at most _LONGEST_WAIT_S: a join past ~24.8 days raised OverflowError
+            # (as the reader's wait did), which left the workers and the directory behind.
+            while True:
+                left = max(0.0, deadline - time.monotonic())
+                worker.process.join(min(left, _LONGEST_WAIT_S))
+                if left <= _LONGEST_WAIT_S or worker.process.exitcode is not None:
+                    break
         for worker in workers:
             if worker.process.exitcode is None:
                 worker.process.kill()

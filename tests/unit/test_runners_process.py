@@ -611,6 +611,20 @@ def test_a_task_timeout_longer_than_the_reader_can_wait_in_one_call_still_runs_i
         assert [runner.submit(0, x).result(timeout=10) for x in range(3)] == [0, 2, 4]
 
 
+def test_a_close_timeout_longer_than_one_wait_can_last_still_closes_everything(tmp_path):
+    """A close_timeout_s of about 25 days or more passed the construction check, but close() gave
+    it to a process join, whose wait is capped there: close() raised OverflowError after it had
+    begun, leaving the workers running and the buffer directory behind, at exit too."""
+    children_before = child_pids()
+    runner = ProcessRunner(close_timeout_s=1e7, shm_root=str(tmp_path))
+    runner.start([Stage("double", lambda x: 2 * x, 2)])
+    assert runner.submit(0, 21).result(10) == 42
+    workers = runner.worker_pids()
+    runner.close()
+    assert runner.shm_directory is None and list(tmp_path.iterdir()) == []
+    assert set(workers).isdisjoint(child_pids()) and child_pids() <= children_before
+
+
 @pytest.mark.parametrize("close_timeout_s", [None, -1.0, float("nan")])
 def test_a_close_timeout_that_close_could_not_wait_by_is_refused_at_construction(tmp_path, close_timeout_s):
     """Accepted, None (taken for "wait forever") made close() raise a TypeError once it had begun,
