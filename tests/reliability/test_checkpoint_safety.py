@@ -194,6 +194,9 @@ RECIPE_CHANGES = {
     "tokenizer": (lambda tmp: {"tokenizer": _other_tokenizer(tmp)}, [r"operators\[0\]\.tokenize\.tokenizer"]),
     "text_field": (lambda tmp: {"field": "body"}, [r"operators\[0\]\.tokenize\.field"]),
     "epochs": (lambda tmp: {"num_epochs": 2}, [r"plan\.num_epochs"]),
+    # Both cut the lanes' work differently (segments, chunks): other batches from the same cursors.
+    "flush_every_chunks": (lambda tmp: {"flush_every_chunks": 3}, [r"flush_every_chunks"]),
+    "records_per_chunk": (lambda tmp: {"records_per_chunk": 8}, [r"plan\.records_per_chunk"]),
 }
 
 
