@@ -24,6 +24,28 @@ def test_global_digests_match_across_ranks_parallelism_and_runners(
     assert step_digests(pipeline, world_size, STEPS) == reference
 
 
+# The first global digests of the shared recipe on the shipped corpus (kjv as "a", jargon as "b",
+# rows of 128 tokens), as CPython 3.11 and free-threaded 3.14t both compute them.
+PINNED = [
+    "7dd5b56354c86f1ce56cf339c32585767d7f3e29c764b5c4ce3b55ca43f467b5",
+    "b3aca06922383799bd231600323eff7dc9347b28a0e20c932d14c66b12856bc4",
+    "76595d2978faa0551e57d9730376bb99837d567810039786e37b6b085b4cbeba",
+]
+
+
+@pytest.mark.parametrize("runner, world_size", [("thread", 2), ("process", 4)])
+def test_the_python_build_does_not_change_the_digests(demo_data_dir, demo_tokenizer_path, runner, world_size):
+    """SPEC §1: the batches are the same on a GIL and a free-threaded build. Every other test
+    here compares runs of one interpreter with each other, and the suite runs once per build, so a
+    build computing other batches on every layout (an iteration order, a float, a hash that
+    differs between builds) passed all of them. The shipped data and tokenizer do not change with
+    the checkout's location; a change of batches that fails this one also needs RECIPE_VERSION
+    bumped, and then the pin updated."""
+    pipeline = text_pipeline(demo_data_dir / "kjv", demo_data_dir / "jargon", demo_tokenizer_path, runner=runner,
+                             parallelism=2, max_length=128)
+    assert step_digests(pipeline, world_size, len(PINNED)) == PINNED
+
+
 class SharedDefault:
     """A map returning one dict of its own for many records (a default, a cache hit)."""
 
