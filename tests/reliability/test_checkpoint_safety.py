@@ -233,6 +233,28 @@ def test_checkpoint_with_another_lane_count_is_refused(corpora, state):
     assert "num_lanes" in str(refused(recipe(corpora, num_lanes=8), state))
 
 
+def test_one_ranks_state_is_refused_where_it_lacks_the_lanes_naming_them(corpora):
+    """A rank's own state_dict saved without merging (what merge_states and gather_state exist
+    for) covers only its lanes: a rank it does not cover must refuse it by name, not start those
+    lanes from nothing nor fail with a bare KeyError. The rank it covers takes it up."""
+    pipeline = recipe(corpora)
+    with pipeline.shard(0, 2, global_batch_size=global_batch(pipeline)) as loader:
+        next(iter(loader))
+        own = loader.state_dict()
+    assert sorted(own["lanes"]) == ["0", "1"]
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader, pytest.raises(
+        CheckpointError, match=re.escape("does not cover lanes [2, 3] of rank 0; merge every rank's state")
+    ):
+        loader.load_state_dict(own)
+    with pipeline.shard(1, 2, global_batch_size=global_batch(pipeline)) as loader, pytest.raises(
+        CheckpointError, match=re.escape("does not cover lanes [2, 3] of rank 1")
+    ):
+        loader.load_state_dict(own)
+    with pipeline.shard(0, 2, global_batch_size=global_batch(pipeline)) as loader:
+        loader.load_state_dict(own)
+        assert loader.state_dict()["lanes"] == own["lanes"]
+
+
 def test_performance_settings_may_change_on_resume(corpora, state):
     """Saved on 2 ranks with the inline runner, partway through step 1; resumed on 2 ranks of worker
     processes with parallelism 2, and on 1 rank of threads: the rest of the epoch is the
