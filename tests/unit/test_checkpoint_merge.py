@@ -115,6 +115,21 @@ def test_merging_refuses_an_edited_state(rank_states):
         merge_states([edited, rank_states[1]])
 
 
+@pytest.mark.parametrize("change", [{"seed": 7}, {"max_length": 32}])
+def test_merging_refuses_ranks_of_another_recipe(make_jsonl_corpus, demo_tokenizer_path, rank_states, change):
+    """Rank 1's file from a run of another recipe: the merged state would carry rank 0's recipe,
+    so the run resuming it takes rank 1's lanes from cursors into other batches, unrefused."""
+    other = text_pipeline(make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, **change)
+    with other.shard(1, 2, global_batch_size=GLOBAL_BATCH) as loader:
+        it = iter(loader)
+        for _ in range(6):
+            next(it)
+        foreign = loader.state_dict()
+    assert foreign["rows_taken"] == rank_states[1]["rows_taken"], "only the recipe differs"
+    with pytest.raises(CheckpointError, match="cannot merge loader states that differ in 'recipe'"):
+        merge_states([rank_states[0], foreign])
+
+
 def test_merging_refuses_overlapping_lanes_with_different_cursors(rank_states):
     other = merge_states(rank_states)
     with pytest.raises(CheckpointError, match="appears in two states"):
