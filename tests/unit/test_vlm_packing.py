@@ -101,6 +101,17 @@ def test_explicit_offsets_interleave_images_with_text():
     assert row.tokens["labels"][:9].tolist() == [I, I, 1001, 1002, I, I, I, 1003, I]
 
 
+@pytest.mark.parametrize("offsets", [[3, 1], [1], [1, 2, 3], [-1, 2], [1, 5]],
+                         ids=["decreasing", "too_few", "too_many", "before_the_text", "past_the_text"])
+def test_explicit_offsets_that_do_not_place_each_image_in_the_text_are_refused_naming_the_record(offsets):
+    """Offsets out of order laid the text between them out twice, and one offset for two images
+    dropped the second image, both without a word."""
+    record = {"input_ids": text(4), "pixels": [picture(1, 1, 0), picture(1, 2, 1)], "image_offsets": offsets}
+    with pytest.raises(ConfigurationError, match=rf"record ds:shard-0#0: image_offsets=\[.*\] must give one "
+                                                 rf"non-decreasing offset in \[0, 4\] per image \(2\)"):
+        run(packer(16), [record])
+
+
 def test_sample_whose_images_alone_exceed_the_length_is_skipped_and_reported_once():
     pack = packer(8)
     big = {"input_ids": text(2), "pixels": picture(3, 3, 0)}  # 3 * (3 + 1) = 12 > 8 image tokens
