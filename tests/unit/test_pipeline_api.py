@@ -437,6 +437,19 @@ def test_a_pipeline_whose_first_accumulator_is_not_its_packer_is_refused_naming_
         tokenized.shuffle(4).batch(2).shard(0, 1)
 
 
+@pytest.mark.parametrize("after_packing", ["map", "filter", "tokenize"])
+def test_a_record_operator_placed_after_packing_is_refused(spec_pipeline, demo_tokenizer_path, after_packing):
+    """Record operators run on records, before the packer: one written after pack_flat (meant for
+    the packed rows, or a misplaced tokenize) would run on the records all the same, silently in
+    another place than the pipeline shows."""
+    packed = Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)).pack_flat(64)
+    misplaced = {"map": lambda p: p.map(lambda record: record), "filter": lambda p: p.filter(lambda record: True),
+                 "tokenize": lambda p: p.tokenize(str(demo_tokenizer_path), field="title")}[after_packing](packed)
+    with pytest.raises(ConfigurationError, match=r"stateless operators \(map, filter, tokenize, …\) must come "
+                                                 r"before packing"):
+        misplaced.batch(2).shard(0, 1)
+
+
 def test_a_pipeline_given_no_work_source_or_no_options_object_is_refused_naming_it(demo_data_dir):
     """Pipeline(Dataset) used to be accepted and to fail at shard() with a bare AttributeError on 'bind'."""
     dataset = Dataset.from_path("jargon", str(demo_data_dir / "jargon"))
