@@ -53,3 +53,14 @@ def test_a_global_digest_does_not_depend_on_the_order_its_microbatches_are_given
     assert global_batch_digest(batches) == canonical
     assert global_batch_digest(reversed(batches)) == canonical
     assert global_batch_digest(batches[1::2] + batches[::2]) == canonical
+
+
+def test_a_global_digest_of_no_microbatch_is_refused():
+    """The SHA-256 of nothing is a digest like any other: two steps that delivered nothing would
+    compare as identical global batches."""
+    from zephon import ZephonError
+
+    with pytest.raises(ZephonError, match="needs at least one microbatch"):
+        global_batch_digest([])
+    with pytest.raises(ZephonError, match="needs at least one microbatch"):
+        global_batch_digest(iter(()))
