@@ -364,10 +364,13 @@ def test_bad_configuration_is_refused_at_construction(tmp_path, kwargs, message)
 
 
 def test_chunks_from_elsewhere_are_refused(tmp_path):
+    """Read as asked, shard -1 would be the last shard (Python's index from the end), and a
+    backwards range or one starting before the shard nothing or skips: no error either way."""
     write_shards(tmp_path, [3])
     ds = Dataset.from_path("d", str(tmp_path))
-    for chunk in (Chunk("other", 0, 0, 1), Chunk("d", 1, 0, 1), Chunk("d", 0, 2, 4)):
-        with pytest.raises(ConfigurationError):
+    for chunk in (Chunk("other", 0, 0, 1), Chunk("d", 1, 0, 1), Chunk("d", 0, 2, 4), Chunk("d", -1, 0, 1),
+                  Chunk("d", 0, -1, 1), Chunk("d", 0, 2, 1)):
+        with pytest.raises(ConfigurationError, match=re.escape(f"chunk {chunk} ")):
             ds.read_chunk(chunk)
     with pytest.raises(ConfigurationError, match="records_per_chunk"):
         ds.chunks(0)
