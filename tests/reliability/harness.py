@@ -196,7 +196,11 @@ def checkpoint_after(pipeline: Pipeline, world_size: int, microbatches_per_rank:
 
 def assert_ledger_balances(run: EpochRun, expected_read: dict[str, int] | None = None) -> None:
     """read == emitted + filtered + skipped for every dataset and every lane, and (given
-    `expected_read`) every planned slot of every dataset was read."""
+    `expected_read`) every planned slot of every dataset was read. The lanes' counts of a dataset
+    must add up to its total: with no per-lane counts at all, "every lane" balanced vacuously."""
+    for name, total in run.totals.items():
+        lanes = [counts for (dataset, _), counts in run.per_lane.items() if dataset == name]
+        assert sum(lanes, Counter()) == total, (name, "per-lane counts do not add up to the total", lanes)
     for where, counts in [*run.totals.items(), *run.per_lane.items()]:
         skipped = sum(v for k, v in counts.items() if k.startswith("skipped:"))
         assert counts["read"] == counts["emitted"] + counts["filtered"] + skipped, (where, dict(counts))
