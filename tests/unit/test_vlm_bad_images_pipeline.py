@@ -161,6 +161,9 @@ def test_the_ledger_balances_on_every_lane(shard):
     _, keys, _ = shard
     batches, stats = _run(shard)
     entry = stats["datasets"]["pairs"]
+    assert len(entry["lanes"]) > 1, "every lane: the loop below must have lanes to check"
+    for name in ("read", "emitted", "filtered"):
+        assert sum(counts[name] for counts in entry["lanes"].values()) == entry["total"][name], name
     for counts in [entry["total"], *entry["lanes"].values()]:
         assert counts["read"] == counts["emitted"] + counts["filtered"] + sum(counts["skipped"].values())
     assert entry["total"]["read"] == len(keys)
