@@ -37,7 +37,7 @@ __all__ = ["RankLoader"]
 
 log = logging.getLogger("zephon")
 
-RECIPE_VERSION = 5
+RECIPE_VERSION = 6
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
 tokens, not by count; 3: first-fit closes no open row for an item that fills a row alone; 4: a
 TIFF's orientation applied once, a video's sampled time that is a frame's time takes that frame,
@@ -46,8 +46,9 @@ before and after packing, multi-picture JPEGs draft-decoded, a path naming a fil
 written not read as a glob, links to directories listed by every spelling of a local dataset, a
 video sampled over its own duration and turned upright by its display rotation, a document whose
 text holds a placeholder id skipped, a tar's hidden members part of no record and a byte order mark
-opening a tar's text dropped, a Parquet file repeating a column name skipped), so that a checkpoint
-of the old batches is refused instead of resumed."""
+opening a tar's text dropped, a Parquet file repeating a column name skipped; 6: a video field
+holding a list of one video decodes that video), so that a checkpoint of the old batches is refused
+instead of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
