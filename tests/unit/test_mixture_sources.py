@@ -182,3 +182,20 @@ def test_every_lane_holds_a_like_share_of_every_dataset(seed):
         largest = max(c.num_records for c in plan.datasets[name].chunks(source.records_per_chunk))
         per_lane = [records[lane] for lane in range(8)]
         assert max(per_lane) - min(per_lane) <= largest, (name, per_lane)
+
+
+def test_a_dataset_unpickled_without_its_record_offsets_is_refused_for_token_planning():
+    """A pickle of a Dataset leaves out the per-record byte offsets of its line shards (they serve
+    planning only), and a token-estimated plan weighs chunks by exact raw bytes: an unpickled copy
+    (broadcast to ranks, cached on disk) prorated shard bytes instead and planned other lanes than
+    the Dataset it was pickled from, silently, rank against rank. It is now refused by name; a plan
+    by records needs no offsets and is unchanged."""
+    import pickle
+
+    copies = pickle.loads(pickle.dumps(shipped()))
+    counter = lambda batch: sum(len(r["text"]) for r in batch.records)
+    estimated = StaticMixtureWorkSource(copies, token_estimation=TokenEstimation(sample_records=64), records_per_chunk=16)
+    with pytest.raises(ConfigurationError, match="'kjv'.*unpickled.*Dataset.from_path"):
+        estimated.bind(counter, num_lanes=2)
+    by_records = lambda datasets: StaticMixtureWorkSource(datasets, records_per_chunk=16, num_epochs=1)
+    assert planned_chunks(by_records(copies), 2) == planned_chunks(by_records(shipped()), 2)

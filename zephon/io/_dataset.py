@@ -89,6 +89,7 @@ class _ShardAccess:
     compression: str | None
     seek: np.ndarray | None = field(compare=False)
     record_offsets: np.ndarray | None = field(default=None, compare=False)
+    offsets_dropped: bool = field(default=False, compare=False)  # by a pickle: see Dataset.check_plannable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +222,18 @@ class Dataset:
         info = self.shards[chunk.shard]
         return info.raw_bytes * chunk.num_records // max(1, info.num_records)
 
+    def check_plannable(self) -> None:
+        """Raise ConfigurationError if this is an unpickled copy that lost the per-record offsets
+        a plan by raw bytes (token estimation) reads: its `raw_bytes` would prorate shard bytes
+        instead, and a work source bound to it would plan other lanes than one bound to the Dataset
+        it was pickled from (a rank given a copy against a rank that built its own), silently."""
+        if any(access.offsets_dropped for access in self._access):
+            raise ConfigurationError(
+                f"dataset {self.name!r} was unpickled, and a pickle leaves out the per-record byte offsets "
+                "that planning by tokens reads (a copy would plan other lanes than the original): build it "
+                "with Dataset.from_path in the process that binds the work source"
+            )
+
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content for a checkpoint: a change here changes the records."""
         return {
@@ -246,7 +259,9 @@ class Dataset:
         state = dict(self.__dict__)
         state.pop("_reading_fs", None)  # rebuilt on first read in the receiving process
         # Per-record offsets serve planning only, which happens where the Dataset was built.
-        state["_access"] = tuple(replace(a, record_offsets=None) for a in self._access)
+        state["_access"] = tuple(
+            replace(a, record_offsets=None, offsets_dropped=a.record_offsets is not None) for a in self._access
+        )
         return state
 
     def _check(self, chunk: Chunk) -> None:

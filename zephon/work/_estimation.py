@@ -63,6 +63,7 @@ class TokenEstimation:
         A ratio estimator: tokens per byte barely varies between records, while tokens per record
         can vary a hundredfold, so a few hundred records pin the mixture down to well under 1 %.
         """
+        dataset.check_plannable()
         tokens = records = sample_bytes = 0
         for chunk in self._sample_chunks(dataset):
             tokens += count_tokens(dataset.read_chunk(chunk, on_error="skip"))

@@ -357,6 +357,7 @@ class MixturePlan:
         if stats is None:
             weights = np.array([c.num_records for c in chunks], dtype=np.float64)
         elif stats.tokens_per_byte > 0:
+            dataset.check_plannable()
             weights = np.array([dataset.raw_bytes(c) for c in chunks], dtype=np.float64) * stats.tokens_per_byte
         else:
             whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
