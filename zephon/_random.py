@@ -51,8 +51,11 @@ class SeededStream:
 
     @classmethod
     def from_key(cls, key: str) -> SeededStream:
-        """A stream named by text (seed, purpose, lane, ...): equal keys, equal streams, on every machine."""
-        return cls(int.from_bytes(sha256(key.encode()).digest()[:8], "little"))
+        """A stream named by text (seed, purpose, lane, ...): equal keys, equal streams, on every machine.
+
+        Encoded with "surrogatepass": a key holds dataset names, which hold lone surrogates where
+        they come from a file name that is not UTF-8 (os.fsdecode); other keys' bytes are UTF-8's."""
+        return cls(int.from_bytes(sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "little"))
 
     def next_u64(self) -> int:
         self._state = (self._state + _GAMMA) & _MASK64

@@ -199,3 +199,17 @@ def test_a_dataset_unpickled_without_its_record_offsets_is_refused_for_token_pla
         estimated.bind(counter, num_lanes=2)
     by_records = lambda datasets: StaticMixtureWorkSource(datasets, records_per_chunk=16, num_epochs=1)
     assert planned_chunks(by_records(copies), 2) == planned_chunks(by_records(shipped()), 2)
+
+
+def test_a_dataset_named_after_an_undecodable_directory_name_is_planned(tmp_path):
+    """Python decodes a file name that is not UTF-8 with lone surrogates (os.fsdecode), so a
+    dataset named after its directory can hold one; the plan's random streams are keyed by text
+    holding the dataset name, and encoding that key failed with a bare UnicodeEncodeError. Keys
+    are now encoded with "surrogatepass", the same bytes as before for every other name."""
+    import os
+
+    name = os.fsdecode(b"caf\xe9")
+    datasets = [Dataset.from_path(name, str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+    source = StaticMixtureWorkSource(datasets, records_per_chunk=16, num_epochs=1)
+    expected = Counter({c: 1 for ds in datasets for c in ds.chunks(16)})
+    assert planned_chunks(source, num_lanes=2) == expected
