@@ -54,3 +54,41 @@ def test_each_epoch_of_an_endless_plan_reads_the_lanes_chunks_in_a_fresh_order()
         epochs = [slots[i * per_lane : (i + 1) * per_lane] for i in range(3)]
         assert all(len(set(epoch)) == per_lane and set(epoch) == set(epochs[0]) for epoch in epochs)
         assert epochs[0] != epochs[1] and epochs[1] != epochs[2], "an epoch repeats the order of the one before"
+
+
+def test_rounds_of_a_later_phase_on_smaller_chunks_hold_about_round_size_chunks():
+    """A round spans a stretch of the lane's token axis that was sized once, for the first
+    mixture phase: a later phase drawing on chunks 10,000 times smaller (short posts after long
+    books) put 40,000 chunks in a round, all listed and held at once; with chunks of expected
+    weight 1e-9 (the floor of a chunk of no raw bytes) a round never finished listing. Each
+    phase now cuts its own stretch into rounds of about `round_size` chunks."""
+    import numpy as np
+
+    from zephon._records import Chunk
+    from zephon.work._plan import TokenInterleave
+
+    chunks = {n: [Chunk(n, 0, i, i + 1) for i in range(8)] for n in ("books", "posts")}
+    weights = {"books": np.full(8, 1e5), "posts": np.full(8, 10.0)}
+    phases = [(0.0, {"books": 1.0, "posts": 0.0}), (4e5, {"books": 0.0, "posts": 1.0})]
+    lane = TokenInterleave(chunks, weights, phases, seed="s", round_size=8, num_epochs=None)
+    slots = [lane.slot(s) for s in range(40)]
+    assert [c.dataset for c in slots] == ["books"] * 4 + ["posts"] * 36
+    assert all(set(slots[i : i + 8]) == set(chunks["posts"]) for i in range(4, 36, 8)), "an epoch of posts"
+    for s in (4, 20, 39):
+        index, _ = lane._round_of(s)
+        assert len(lane._round(index)) <= 2 * 8, f"slot {s}'s round holds {len(lane._round(index))} chunks"
+
+
+def test_a_phase_starting_past_floats_range_of_rounds_leaves_the_plan_in_the_phase_before():
+    """Rounds of 1e-8 tokens (chunks of weight 1e-9) before a phase at 1e307 tokens number past
+    float's range; the plan stays in the first phase, which it never leaves in any real run."""
+    import numpy as np
+
+    from zephon._records import Chunk
+    from zephon.work._plan import TokenInterleave
+
+    chunks = {n: [Chunk(n, 0, i, i + 1) for i in range(8)] for n in ("a", "b")}
+    weights = {"a": np.full(8, 1e-9), "b": np.full(8, 10.0)}
+    phases = [(0.0, {"a": 1.0, "b": 0.0}), (1e307, {"a": 0.0, "b": 1.0})]
+    lane = TokenInterleave(chunks, weights, phases, seed="s", round_size=8, num_epochs=None)
+    assert {lane.slot(s).dataset for s in range(40)} == {"a"}

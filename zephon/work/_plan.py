@@ -441,19 +441,42 @@ class TokenInterleave:
         self._seed = seed
         self._num_epochs = num_epochs
         self._epoch_tokens = {n: float(weights[n].sum()) for n in self._names}
-        first = phases[0][1]
-        chunks_per_token = sum(first[n] * len(chunks[n]) / self._epoch_tokens[n] for n in self._names)
-        self._round_tokens = round_size / max(chunks_per_token, 1e-12)
         self._phases = list(phases)
+        self._round_grid = self._cut_rounds(round_size)
         self._rounds: dict[int, list[Chunk]] = {}
         self._epoch = lru_cache(maxsize=32)(self._draw_epoch)
         self._last_round = (0, 0, 0)  # (index, first slot, first slot of the next) of the last lookup
         self._barren_records: float | None = None
 
+    def _cut_rounds(self, round_size: int) -> list[tuple[int, float, float]]:
+        """(index of its first round, start token, tokens per round) of each phase: each phase cuts
+        its stretch of the token axis into rounds of about `round_size` chunks at its own shares
+        (its last round ends at the next phase's start). One size for every phase, sized by the
+        first, put tens of thousands of chunks in a round of a phase on chunks far smaller than the
+        first phase's, all listed at once, and never finished listing one on weight-1e-9 chunks."""
+        grid, first_round = [], 0
+        for i, (start, shares) in enumerate(self._phases):
+            chunks_per_token = sum(shares[n] * len(self._chunks[n]) / self._epoch_tokens[n] for n in self._names)
+            round_tokens = round_size / max(chunks_per_token, 1e-12)
+            grid.append((first_round, start, round_tokens))
+            if i + 1 < len(self._phases):
+                rounds = (self._phases[i + 1][0] - start) / round_tokens
+                if not math.isfinite(rounds):  # a next phase past float's range of rounds: never reached
+                    break
+                first_round += math.ceil(rounds)
+        return grid
+
+    def _round_end(self, round_index: int) -> float:
+        """Where round `round_index` starts on the lane's token axis (where the one before ends)."""
+        for first_round, start, round_tokens in reversed(self._round_grid):
+            if first_round <= round_index:
+                return start + (round_index - first_round) * round_tokens
+        return 0.0
+
     def _target(self, name: str, round_index: int) -> float:
         """Cumulative expected tokens of `name` before round `round_index`: the integral of its
         share over the lane's token axis, which is piecewise linear across mixture phases."""
-        end_tokens = round_index * self._round_tokens
+        end_tokens = self._round_end(round_index)
         total = 0.0
         for i, (start, shares) in enumerate(self._phases):
             if end_tokens <= start:
