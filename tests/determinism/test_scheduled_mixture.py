@@ -103,3 +103,19 @@ def test_a_finite_schedule_delivers_every_chunk_once_per_epoch_and_ends():
     )
     every = {(ds.name, c.shard, c.start) for ds in datasets for c in ds.chunks(16)}
     assert set(chunks) == every and set(chunks.values()) == {2}
+
+
+def test_without_token_estimation_a_phase_starts_at_a_record_count():
+    """The docstring and README said phases start at global token counts; without a
+    `token_estimation` the plan weighs chunks by records, so a start counts records (200 tokens
+    per record would switch 200 times later than a reader of the docs expects). They say so now."""
+    datasets = [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+    schedule = [(0, {"kjv": 1.0, "jargon": 0.0}), (320, {"kjv": 0.0, "jargon": 1.0})]
+    plan = ScheduledMixtureWorkSource(datasets, schedule, records_per_chunk=16).bind(None, num_lanes=2)
+    for lane in range(2):
+        slots = [plan.slot(lane, s) for s in range(40)]
+        first_jargon = next(i for i, c in enumerate(slots) if c.dataset == "jargon")
+        assert all(c.dataset == "jargon" for c in slots[first_jargon:])
+        assert abs(sum(c.num_records for c in slots[:first_jargon]) - 320 / 2) <= 16
+    doc = " ".join(ScheduledMixtureWorkSource.__doc__.replace("`", "").split()).lower()
+    assert "without a token_estimation" in doc and "start counts are global record counts" in doc

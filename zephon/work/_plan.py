@@ -280,6 +280,8 @@ class ScheduledMixtureWorkSource(_MixtureWorkSource):
     hold from its start token until the next phase's. Token counts are the expected tokens the plan
     hands out over all lanes (each lane switches at start_token / num_lanes of its own tokens), so the
     switch point is a pure function of the recipe — the same on every layout and after every resume.
+    Without a `token_estimation` the plan weighs chunks by records, as StaticMixtureWorkSource does:
+    weights are record shares and start counts are global record counts.
     Datasets carry on where they were when a phase changes (no epoch restarts).
     """
 
