@@ -142,8 +142,8 @@ class ProcessRunner:
     the parent, as views of shared memory: writable, and no other process reads or reuses that
     memory until the receiver has let go of them. An exception raised by the function, a
     `KeyboardInterrupt` or `SystemExit` too, is delivered as itself (with the worker's traceback as
-    a note, where its `__notes__` can take one), or as a RuntimeError carrying it when it cannot be pickled; only a dying worker counts
-    as a crash.
+    a note, where its `__notes__` can take one), or as a RuntimeError carrying it when it cannot be
+    pickled; only a dying worker counts as a crash.
 
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are

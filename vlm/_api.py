@@ -81,7 +81,8 @@ def pack_multimodal(
     elif decoder is not None and all(getattr(op, "name", None) in _WRITE_NO_PIXELS for op in pipeline.operators):
         # No record would hold a field no decoder writes, so every document would be packed as its
         # text alone, unsaid. A map (or a plugin's operator) may write it: only decided without one.
-        written = {op.output_field: op.name for op in pipeline.operators if isinstance(op, (DecodeImages, DecodeVideo))}
+        written = {op.output_field: op.name for op in pipeline.operators
+                   if isinstance(op, (DecodeImages, DecodeVideo))}
         if pixels_field not in written:
             raise ConfigurationError(
                 f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
@@ -93,8 +94,9 @@ def pack_multimodal(
             decoder.spec.image if isinstance(decoder, DecodeVideo) else ImageSpec())
     patch_dim = patch_dtype = None
     if isinstance(decoder, DecodeImages) and decoder.processor is not None:
-        merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's: patches merged per token side
-        if isinstance(merge, int) and merge != getattr(placeholders, "merge_size", merge):  # a non-convention: refused below
+        # Qwen2-VL's processor merges patches per token side; a non-convention is refused below.
+        merge = getattr(decoder.processor, "merge_size", None)
+        if isinstance(merge, int) and merge != getattr(placeholders, "merge_size", merge):
             # The grids are the processor's, so the token count must follow its merge, not the spec's.
             raise ConfigurationError(
                 f"pack_multimodal: the image processor merges {merge}x{merge} patches per token but the "
