@@ -171,7 +171,18 @@ class Pipeline:
         return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
-        return self._with(ShuffleOp(buffer_size, seed))
+        """Append a seeded shuffle buffer of `buffer_size` rows per lane segment.
+
+        A second shuffle with the seed of one already in the pipeline is refused: its generator
+        comes from the same (seed, lane, segment), so it would draw the same numbers as the first
+        and undo none of its patterns, silently weaker than it reads."""
+        op = ShuffleOp(buffer_size, seed)
+        if any(isinstance(other, ShuffleOp) and other.seed == op.seed for other in self.operators):
+            raise ConfigurationError(
+                f"shuffle: seed {op.seed} is already another shuffle's in this pipeline; two shuffles with one "
+                "seed draw the same random numbers: give this one its own seed"
+            )
+        return self._with(op)
 
     def batch(self, microbatch_size: int) -> Pipeline:
         return self._with(BatchOp(microbatch_size))

@@ -437,6 +437,20 @@ def test_a_pipeline_whose_first_accumulator_is_not_its_packer_is_refused_naming_
         tokenized.shuffle(4).batch(2).shard(0, 1)
 
 
+def test_a_second_shuffle_with_the_first_ones_seed_is_refused_and_one_with_its_own_seed_runs(
+    spec_pipeline, demo_tokenizer_path
+):
+    """Both buffers draw from (seed, lane, segment): with one seed the second repeats the first's
+    draws instead of shuffling again, unsaid."""
+    packed = Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path)).pack_flat(64)
+    with pytest.raises(ConfigurationError, match="seed 0 is already another shuffle's"):
+        packed.shuffle(4).shuffle(8)
+    with pytest.raises(ConfigurationError, match="seed 7 is already another shuffle's"):
+        packed.shuffle(4, seed=7).shuffle(8, seed=7)
+    with packed.shuffle(4).shuffle(8, seed=1).batch(2).shard(0, 1) as loader:
+        assert next(iter(loader)).tokens["input_ids"].shape == (2, 64)
+
+
 @pytest.mark.parametrize("after_packing", ["map", "filter", "tokenize"])
 def test_a_record_operator_placed_after_packing_is_refused(spec_pipeline, demo_tokenizer_path, after_packing):
     """Record operators run on records, before the packer: one written after pack_flat (meant for
