@@ -61,6 +61,7 @@ class LaneStream:
         self._drops_without_rows: Counter[str] = Counter()
         self._pending: deque[Future | Flush] = deque()
         self._in_flight = 0
+        self._flushes_queued = 0
         self._plan_done = False
         self._rows = self._generate()
         # Rows pulled from the accumulators and not yet taken, oldest first: one look-ahead row,
@@ -137,12 +138,19 @@ class LaneStream:
         return True
 
     def _fill(self) -> None:
-        while not self._plan_done and self._in_flight < self._prefetch:
+        """Queue the plan's items until `prefetch` chunks are in flight, or `prefetch + 2` flushes
+        are queued: a run of empty slots in a plan yields flushes and no chunk, which queued
+        without bound took memory without limit (and an endless plan's lane given only empty
+        slots never left this loop). Without empty slots every flush but a finite plan's last
+        follows a chunk, so while fewer than `prefetch` chunks are in flight at most `prefetch + 1`
+        flushes are queued: the flush bound never holds a chunk back nor delays seeing the plan's end."""
+        while not self._plan_done and self._in_flight < self._prefetch and self._flushes_queued <= self._prefetch + 1:
             item = next(self._items, None)
             if item is None:
                 self._plan_done = True
             elif isinstance(item, Flush):
                 self._pending.append(item)
+                self._flushes_queued += 1
             else:
                 self._pending.append(self._submit(item))
                 self._in_flight += 1
@@ -155,6 +163,7 @@ class LaneStream:
                 return
             entry = self._pending.popleft()
             if isinstance(entry, Flush):
+                self._flushes_queued -= 1
                 rows = _flush_chain(accumulators)
                 self._collect_skips(accumulators)
                 if rows and self._read_without_rows:

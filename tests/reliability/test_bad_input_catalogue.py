@@ -160,6 +160,52 @@ def test_endless_plan_that_drops_every_record_fails_naming_why_instead_of_spinni
         _first_batches(text_pipeline(dataset, field="body", num_epochs=None, runner=runner), 1)
 
 
+class _OnlyLaneZeroReads:
+    """A user's work source: lane 0 gets the chunks of `inner`'s lane 0, every other lane only
+    empty slots, for ever. Past `spin` empty slots it raises, so a loader that spins fails the
+    test instead of hanging it."""
+
+    def __init__(self, inner, spin: int) -> None:
+        self.inner, self.spin = inner, spin
+
+    def bind(self, count_tokens, num_lanes):
+        return _OnlyLaneZeroReadsPlan(self.inner.bind(count_tokens, num_lanes), self.spin)
+
+
+class _OnlyLaneZeroReadsPlan:
+    def __init__(self, plan, spin: int) -> None:
+        self.plan, self.spin, self.empty_slots = plan, spin, 0
+        self.datasets, self.num_lanes = plan.datasets, plan.num_lanes
+
+    def slot(self, lane, s):
+        if lane == 0:
+            return self.plan.slot(0, s)
+        self.empty_slots += 1
+        if self.empty_slots > self.spin:
+            raise RuntimeError(f"{self.empty_slots} empty slots read and still no error: the loader spins")
+        return None
+
+    def num_slots(self, lane):
+        return None
+
+    def fingerprint(self) -> dict:
+        return {"kind": "only_lane_zero_reads", "inner": self.plan.fingerprint()}
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread"])
+def test_endless_work_plan_giving_a_lane_only_empty_slots_fails_naming_the_lane_instead_of_spinning(
+    tmp_path, monkeypatch, runner
+):
+    """A WorkPlan may leave slots empty (None): a lane an endless plan leaves empty for ever was
+    read for ever, queueing a flush per segment without bound (no row, no error)."""
+    monkeypatch.setattr("zephon.work._plan.EMPTY_SLOTS_LIMIT", 64)
+    recipe = text_pipeline(jsonl_dataset(tmp_path), num_epochs=None, runner=runner, num_lanes=2)
+    pipeline = Pipeline(_OnlyLaneZeroReads(recipe.source, spin=100 * 64), operators=recipe.operators,
+                        options=recipe.settings)
+    with pytest.raises(ConfigurationError, match=r"gave lane 1 no chunk in 64 slots in a row"):
+        _first_batches(pipeline, 2)
+
+
 def test_finite_plan_that_drops_every_record_ends_with_every_record_counted(tmp_path):
     run = run_epoch(text_pipeline(jsonl_dataset(tmp_path), field="body", num_epochs=1))
     assert run.batches == []

@@ -1,5 +1,6 @@
 """A lane's row work (e.g. decoding images packed encoded) runs a bounded window ahead of the
-loader, in row order, and never for rows a resume replays past."""
+loader, in row order, and never for rows a resume replays past; its plan is read a bounded window
+ahead too, runs of empty segments included."""
 
 from __future__ import annotations
 
@@ -103,3 +104,29 @@ def test_a_lane_interrupted_while_waiting_for_its_last_rows_work_is_not_exhauste
     with pytest.raises(Interrupt):
         stream.next()
     assert not stream.exhausted
+
+
+def test_a_run_of_empty_segments_is_read_a_bounded_window_ahead_not_to_its_end():
+    """Empty slots in a plan make flushes and no chunk: they did not count against the prefetch
+    window, so a lane queued a whole run of them at once (and a lane an endless plan gave only
+    empty slots, for ever). At most `prefetch + 2` flushes are queued now."""
+    prefetch = 2
+    items = [Chunk("d", 0, 0, ROWS_PER_CHUNK), *(Flush(segment) for segment in range(1, 1_001)),
+             Chunk("d", 0, ROWS_PER_CHUNK, 2 * ROWS_PER_CHUNK)]
+    pulled = []
+
+    def plan():
+        for item in items:
+            pulled.append(item)
+            yield item
+
+    stream = LaneStream(0, plan(), 0, _chunk_result, [lambda ctx: EachRecordARow()], prefetch=prefetch,
+                        on_chunk=lambda *a: None, on_skips=lambda *a: None)
+    taken = [stream.next()]
+    assert len(pulled) <= 1 + prefetch + 2, f"{len(pulled)} items of the plan read to hand over the first row"
+    while (got := stream.next()) is not None:
+        taken.append(got)
+    assert taken == [(0, f"row-{i}") for i in range(ROWS_PER_CHUNK)] + [
+        (1_000, f"row-{i}") for i in range(ROWS_PER_CHUNK, 2 * ROWS_PER_CHUNK)
+    ]
+    assert stream.exhausted

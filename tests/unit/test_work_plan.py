@@ -92,3 +92,54 @@ def test_a_phase_starting_past_floats_range_of_rounds_leaves_the_plan_in_the_pha
     phases = [(0.0, {"a": 1.0, "b": 0.0}), (1e307, {"a": 0.0, "b": 1.0})]
     lane = TokenInterleave(chunks, weights, phases, seed="s", round_size=8, num_epochs=None)
     assert {lane.slot(s).dataset for s in range(40)} == {"a"}
+
+
+class _SparsePlan:
+    """A user's work plan of one lane whose slot s holds a one-record chunk where `has_chunk(s)`
+    and is empty (None) elsewhere; endless unless `total` slots are given."""
+
+    datasets: dict = {}
+    num_lanes = 1
+
+    def __init__(self, has_chunk, total=None) -> None:
+        self.has_chunk, self.total = has_chunk, total
+
+    def slot(self, lane, s):
+        from zephon._records import Chunk
+
+        return Chunk("d", 0, s, s + 1) if self.has_chunk(s) else None
+
+    def num_slots(self, lane):
+        return self.total
+
+    def fingerprint(self) -> dict:
+        return {}
+
+
+def test_an_endless_plan_giving_a_lane_only_empty_slots_is_refused_naming_the_lane(monkeypatch):
+    """Empty slots yield only flushes: a lane an endless plan gives no chunk for ever was read for
+    ever (no row, no error). EMPTY_SLOTS_LIMIT empty slots in a row are now refused."""
+    from itertools import islice
+
+    from zephon import ConfigurationError
+    from zephon.work import lane_plan
+
+    monkeypatch.setattr("zephon.work._plan.EMPTY_SLOTS_LIMIT", 100)
+    items = lane_plan(_SparsePlan(lambda s: s < 3), 0, flush_every=4)
+    with pytest.raises(ConfigurationError, match=r"gave lane 0 no chunk in 100 slots in a row \(slots 3 to 102\)"):
+        for _ in islice(items, 10_000):
+            pass
+
+
+def test_runs_of_empty_slots_shorter_than_the_limit_or_in_a_finite_plan_are_read_through(monkeypatch):
+    from itertools import islice
+
+    from zephon._records import Chunk
+    from zephon.work import lane_plan
+
+    monkeypatch.setattr("zephon.work._plan.EMPTY_SLOTS_LIMIT", 100)
+    endless = lane_plan(_SparsePlan(lambda s: s % 100 == 99), 0, flush_every=4)  # 99 empty slots in a row
+    starts = [item.start for item in islice(endless, 5_000) if isinstance(item, Chunk)]
+    assert starts[:3] == [99, 199, 299] and len(starts) > 100
+    finite = list(lane_plan(_SparsePlan(lambda s: s == 1_000, total=1_001), 0, flush_every=4))
+    assert [item.start for item in finite if isinstance(item, Chunk)] == [1_000]

@@ -2,6 +2,7 @@
 
 from ._estimation import TokenEstimation, TokenStats
 from ._plan import (
+    EMPTY_SLOTS_LIMIT,
     Flush,
     MixturePlan,
     ScheduledMixtureWorkSource,
@@ -12,6 +13,7 @@ from ._plan import (
 )
 
 __all__ = [
+    "EMPTY_SLOTS_LIMIT",
     "Flush",
     "MixturePlan",
     "ScheduledMixtureWorkSource",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..io import Dataset
 
 __all__ = [
+    "EMPTY_SLOTS_LIMIT",
     "Flush",
     "MixturePlan",
     "ScheduledMixtureWorkSource",
@@ -58,7 +59,8 @@ class WorkPlan(Protocol):
     num_lanes: int
 
     def slot(self, lane: int, s: int) -> Chunk | None:
-        """The chunk of the lane's slot s, or None for an empty slot."""
+        """The chunk of the lane's slot s, or None for an empty slot. An endless plan gives each
+        lane a chunk at least once in every EMPTY_SLOTS_LIMIT slots (see `lane_plan`)."""
 
     def num_slots(self, lane: int) -> int | None:
         """Number of slots of the lane in a finite plan; None when the plan is endless."""
@@ -73,12 +75,20 @@ class WorkSource(Protocol):
     def bind(self, count_tokens: TokenCounter | None, num_lanes: int) -> WorkPlan: ...
 
 
+EMPTY_SLOTS_LIMIT = 1 << 20
+"""The most empty slots in a row `lane_plan` reads from an endless plan before refusing it: a lane
+given no chunk for ever would otherwise be read for ever (flushes of empty segments, no row, no
+error). A finite plan ends by itself and may hold runs of any length."""
+
+
 def lane_plan(plan: WorkPlan, lane: int, flush_every: int, start_segment: int = 0) -> Iterator[Chunk | Flush]:
     """The input of one lane from the start of `start_segment`: chunks with a Flush every
     `flush_every` slots (empty slots count as slots, so segment boundaries never move), and a
-    final Flush when a finite plan ends."""
+    final Flush when a finite plan ends. Raises ConfigurationError, naming the lane, where an
+    endless plan gives it EMPTY_SLOTS_LIMIT empty slots in a row."""
     total = plan.num_slots(lane)
     first = slot = start_segment * flush_every
+    empty = 0
     while True:
         if slot % flush_every == 0 and slot > first:
             yield Flush(slot // flush_every)
@@ -87,7 +97,17 @@ def lane_plan(plan: WorkPlan, lane: int, flush_every: int, start_segment: int = 
             return
         chunk = plan.slot(lane, slot)
         if chunk is not None:
+            empty = 0
             yield chunk
+        elif total is None:
+            empty += 1
+            if empty >= EMPTY_SLOTS_LIMIT:
+                raise ConfigurationError(
+                    f"the endless work plan gave lane {lane} no chunk in {empty} slots in a row (slots "
+                    f"{slot - empty + 1} to {slot}): the lane would be read for ever without a row. A WorkPlan "
+                    f"must give every lane of an endless plan a chunk at least once in {EMPTY_SLOTS_LIMIT} slots "
+                    "(or end the plan: num_slots)"
+                )
         slot += 1
 
 
