@@ -145,22 +145,28 @@ def read_state(
         raise RecipeMismatchError(f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}")
     finished = set(state["finished"])
     cursors = {int(lane): LaneCursor(*cursor, finished=int(lane) in finished) for lane, cursor in state["lanes"].items()}
-    ledgers = {int(lane): dict(counts) for lane, counts in state.get("ledger", {}).items()}
+    ledgers = {int(lane): dict(counts) for lane, counts in state["ledger"].items()}
     return cursors, ledgers, state["steps_begun"], state["rows_taken"]
 
 
 def _check_shape(state: dict) -> None:
     """The shape `make_state` writes. A checksum only proves the content is what was signed: a
     state edited and signed again by hand must still not reach the loader as a KeyError, a
-    negative cursor, a lane no rank owns or a count the ledger cannot add."""
+    negative cursor, a lane no rank owns, a count the ledger cannot add, or a lane without its
+    ledger counts (its stats would start again at zero, unsaid)."""
     num_lanes = state.get("num_lanes")
     if not isinstance(state.get("recipe"), dict) or not _is_count(num_lanes):
         raise CheckpointError("malformed loader state: 'recipe' must be an object and 'num_lanes' an integer")
-    lanes, ledger = state.get("lanes"), state.get("ledger", {})
+    lanes, ledger = state.get("lanes"), state.get("ledger")
     if not isinstance(lanes, dict) or not all(
         isinstance(cursor, list) and len(cursor) == 3 and all(map(_is_count, cursor)) for cursor in lanes.values()
     ):
         raise CheckpointError("malformed lane cursors in loader state: each lane needs 3 non-negative integers")
+    if "ledger" not in state:
+        raise CheckpointError(
+            f"malformed loader state: the 'ledger' key is missing (a state of version {STATE_VERSION} carries "
+            "the ledger counts of every lane it has a cursor for; without them the stats would start again at zero)"
+        )
     if not isinstance(ledger, dict) or not all(_is_lane_ledger(counts) for counts in ledger.values()):
         raise CheckpointError(
             "malformed ledger in loader state: each lane needs "
@@ -168,6 +174,11 @@ def _check_shape(state: dict) -> None:
         )
     _check_lane_keys(lanes, "lane cursors", num_lanes)
     _check_lane_keys(ledger, "ledger", num_lanes)
+    if set(ledger) != set(lanes):
+        raise CheckpointError(
+            f"malformed ledger in loader state: its lanes {sorted(map(int, ledger))} are not those of the lane "
+            f"cursors {sorted(map(int, lanes))} (each lane's counts travel with its cursor)"
+        )
     steps_begun, finished = state.get("steps_begun"), state.get("finished")
     if "steps_begun" not in state or (steps_begun is not None and not _is_count(steps_begun)):
         raise CheckpointError("malformed loader state: 'steps_begun' must be a non-negative integer or null")

@@ -76,6 +76,11 @@ def _resealed(state: dict, **body) -> dict:
     return {**changed, "checksum": _checksum(changed)}
 
 
+def _resealed_without(state: dict, key: str) -> dict:
+    """A state with `key` left out and a matching checksum."""
+    return _resealed({k: v for k, v in state.items() if k != key})
+
+
 def _tampered_ledger(state: dict) -> dict:
     changed = json.loads(json.dumps(state))
     changed["ledger"]["0"]["rows"]["rows"] += 1  # counts edited, checksum left as it was
@@ -135,6 +140,11 @@ DAMAGED = {
     "ledger_without_row_counts_resealed": (
         lambda s, tmp: _resealed(s, ledger={**s["ledger"], "0": {"records": {}}}),
         "malformed ledger in loader state",
+    ),
+    "ledger_missing_resealed": (lambda s, tmp: _resealed_without(s, "ledger"), "the 'ledger' key is missing"),
+    "ledger_without_a_lane_resealed": (
+        lambda s, tmp: _resealed(s, ledger={k: v for k, v in s["ledger"].items() if k != "1"}),
+        "malformed ledger in loader state: its lanes [0, 2, 3] are not those of the lane cursors [0, 1, 2, 3]",
     ),
     "numpy_integers": (lambda s, tmp: {**s, "lanes": {k: list(np.array(v)) for k, v in s["lanes"].items()}},
                        "not plain JSON data"),
