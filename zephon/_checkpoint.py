@@ -233,7 +233,9 @@ def _is_counter(value: object) -> bool:
 
 
 def merge_states(states: Iterable[Mapping]) -> dict:
-    """Combine the states of all ranks into one covering every lane (ranks own disjoint lanes).
+    """Combine the states of all ranks into one covering every lane (ranks own disjoint lanes; a
+    lane given in two states, by peers of one data-parallel rank, must have the same cursor and
+    ledger counts in both).
 
     Each input must be intact (its checksum is verified): merging never launders an edited state.
     """
@@ -258,9 +260,13 @@ def merge_states(states: Iterable[Mapping]) -> dict:
             done = int(lane) in state["finished"]
             if lane in lanes and (lanes[lane] != cursor or (int(lane) in finished) != done):
                 raise CheckpointError(f"lane {lane} appears in two states with different cursors")
+            # A lane's counts follow from its cursor, so ranks holding one lane (tensor-parallel
+            # peers gathered together) agree on them; the last state's used to win unseen.
+            if lane in ledger and ledger[lane] != state["ledger"][lane]:
+                raise CheckpointError(f"lane {lane} appears in two states with different ledger counts")
             lanes[lane] = cursor
+            ledger[lane] = state["ledger"][lane]
         finished.update(state["finished"])
-        ledger.update(state.get("ledger", {}))
     body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe")}
     body["steps_begun"] = _one_checkpoint(states)
     # What was handed over, as the cursors (padding included) say: what every rank resumed from it counts on.

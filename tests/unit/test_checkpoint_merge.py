@@ -136,6 +136,25 @@ def test_merging_refuses_overlapping_lanes_with_different_cursors(rank_states):
         merge_states([rank_states[0], _rebuilt(other, lane="0", skip_delta=1)])
 
 
+def test_merging_refuses_overlapping_lanes_with_different_ledger_counts(rank_states):
+    """A lane given twice must agree on its counts as on its cursor: the last state's ledger used
+    to win unseen. Given twice alike (a rank's state beside the merged one), it merges."""
+    merged = merge_states(rank_states)
+    assert merge_states([rank_states[0], merged]) == merged
+    with pytest.raises(CheckpointError, match="lane 0 appears in two states with different ledger counts"):
+        merge_states([rank_states[0], _with_one_more_row_counted(merged, lane="0")])
+
+
+def _with_one_more_row_counted(state, lane):
+    """An intact state whose ledger counts one more row on `lane`, its cursor unchanged."""
+    from zephon._checkpoint import _checksum
+
+    body = copy.deepcopy({k: v for k, v in state.items() if k != "checksum"})
+    rows = body["ledger"][lane]["rows"]
+    rows["rows"] = rows.get("rows", 0) + 1
+    return {**body, "checksum": _checksum(body)}
+
+
 def _rebuilt(state, lane, skip_delta):
     """A different but intact state: a cursor moved, the checksum recomputed as Zephon would."""
     from zephon._checkpoint import _checksum
