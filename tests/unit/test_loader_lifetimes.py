@@ -244,3 +244,25 @@ def test_lane_streams_a_loader_is_done_with_are_freed_without_the_cyclic_collect
         loader.close()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("iterated", [False, True], ids=["fresh", "iterated"])
+def test_a_closed_loader_refuses_to_be_iterated_again_instead_of_starting_over(
+    demo_data_dir, demo_tokenizer_path, iterated
+):
+    """close() ends a loader for good: iterated again, it started a new runner (that nothing would
+    close) and handed over batches from its cursors as if it had never been closed."""
+    from zephon import ConfigurationError
+
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0)
+    pipeline = (Pipeline(source).options(num_lanes=NUM_LANES, runner="thread")
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+                .pack_flat(max_length=256).batch(microbatch_size=2))
+    with pipeline.shard(0, 1) as loader:
+        if iterated:
+            next(iter(loader))
+    with pytest.raises(ConfigurationError, match="this loader is closed"):
+        next(iter(loader))
+    with pytest.raises(ConfigurationError, match="this loader is closed"):
+        loader.runner_info
+    assert loader._runner is None, "no runner was started again"
