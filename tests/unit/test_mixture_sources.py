@@ -38,6 +38,18 @@ def test_huge_mixture_weights_keep_their_shares():
     assert source.mixture == {"kjv": 0.5, "jargon": 0.5}
 
 
+def test_changing_the_mixture_a_source_returned_changes_neither_its_plans_nor_their_fingerprint():
+    """`mixture` returned the source's own weights: a caller changing them changed every later
+    plan and the recipe fingerprint that checkpoints are checked against."""
+    source = StaticMixtureWorkSource(shipped(), mixture={"kjv": 3.0, "jargon": 1.0}, records_per_chunk=16)
+    plan = source.bind(None, num_lanes=2)
+    fingerprint, slots, weights = plan.fingerprint(), [plan.slot(0, s) for s in range(50)], dict(source.mixture)
+    source.mixture["kjv"] = 0.0
+    assert source.mixture == weights
+    again = source.bind(None, num_lanes=2)
+    assert again.fingerprint() == fingerprint and [again.slot(0, s) for s in range(50)] == slots
+
+
 def test_a_tiny_share_still_plans_every_chunk_once_per_epoch():
     source = StaticMixtureWorkSource(
         shipped(), mixture={"kjv": 1.0, "jargon": 2.0**-50}, records_per_chunk=16, num_epochs=2

@@ -277,7 +277,9 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
 
     @property
     def mixture(self) -> dict[str, float]:
-        return self.schedule[0][1]
+        """The normalised weights, as a copy: the source's own dict is what later plans and their
+        fingerprints read, so a caller changing the one it got must change nothing there."""
+        return dict(self.schedule[0][1])
 
 
 def _check_finite_schedule(schedule: Schedule, live: list[str], num_epochs: int) -> None:
