@@ -50,6 +50,19 @@ def test_changing_the_mixture_a_source_returned_changes_neither_its_plans_nor_th
     assert again.fingerprint() == fingerprint and [again.slot(0, s) for s in range(50)] == slots
 
 
+@pytest.mark.parametrize("sample_records,sample_chunks,sampled", [(100, 16, 96), (64, 16, 64), (5, 16, 5)])
+def test_the_estimation_sample_holds_whole_windows_of_sample_records_over_windows_records(
+    sample_records, sample_chunks, sampled
+):
+    """What TokenEstimation's docstring says: min(sample_chunks, sample_records) windows of
+    sample_records // windows records, 96 of 100 in 16 windows (not the 100 it once claimed;
+    the count stays, since another sample would change every token-planned batch)."""
+    kjv = shipped()[0]
+    assert kjv.num_records > sample_records, "a dataset this small would be measured whole"
+    estimation = TokenEstimation(sample_records=sample_records, sample_chunks=sample_chunks)
+    assert estimation.measure(kjv, lambda batch: len(batch.records)).sampled_records == sampled
+
+
 def test_a_tiny_share_still_plans_every_chunk_once_per_epoch():
     source = StaticMixtureWorkSource(
         shipped(), mixture={"kjv": 1.0, "jargon": 2.0**-50}, records_per_chunk=16, num_epochs=2

@@ -40,8 +40,11 @@ class TokenStats:
 
 @dataclass(frozen=True)
 class TokenEstimation:
-    """Measure tokens per record on `sample_records` records spread over `sample_chunks` places.
+    """Measure tokens per raw byte on about `sample_records` records spread over `sample_chunks` places.
 
+    The sample is `windows = min(sample_chunks, sample_records)` runs of `sample_records //
+    windows` records each, so it holds up to `windows - 1` records fewer than `sample_records`
+    (96 of 100 in 16 runs of 6); a dataset of at most `sample_records` records is measured whole.
     The sample positions depend only on (seed, dataset name, dataset size), so every rank and every
     resume computes the same plan without communicating. A dataset with a positive weight whose
     sample yields no token has no token rate to plan its share by: binding refuses it with a
