@@ -421,9 +421,12 @@ class RankLoader:
 
     def stats(self) -> dict:
         """The ledger of this rank's lanes: records read/emitted/filtered/skipped by reason per
-        dataset and lane (counted as chunks are processed, so it runs ahead of the trainer by the
-        prefetch window), and rows/tokens/padding handed to the trainer per lane. Across a resume
-        the counts carry on exactly: nothing replayed is counted twice."""
+        dataset and lane, and rows/tokens/padding handed to the trainer per lane. Record counts
+        are taken when a lane takes a chunk's records into its packer (not while the chunk waits
+        in the prefetch window), so they run ahead of the trainer by what each lane holds: the
+        rest of that chunk, the packer's open rows, the shuffle buffer and the rows looked ahead.
+        Row counts are taken as rows are handed over. Across a resume the counts carry on
+        exactly: nothing replayed is counted twice."""
         return self._ledger.snapshot()
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -179,3 +179,30 @@ def test_the_ledgers_row_counts_are_what_the_trainer_was_handed_across_a_resume(
             list(loader)
             resumed.update(loader.stats()["lanes"])
     assert resumed == counted
+
+
+def test_record_counts_are_taken_when_a_lane_takes_a_chunk_not_while_it_waits_in_the_prefetch_window(demo_data_dir,
+                                                                                                  demo_tokenizer_path):
+    """What `stats()` says: counts run ahead of the trainer by what a lane holds (its packer's
+    open rows, its shuffle buffer), not by the prefetch window, whose chunks the inline runner
+    has already read."""
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    per_chunk, prefetch = 4, 32
+    source = StaticMixtureWorkSource([Dataset.from_path("jargon", str(demo_data_dir / "jargon"))], seed=0,
+                                     records_per_chunk=per_chunk)
+    pipeline = (Pipeline(source).options(num_lanes=1, runner="inline", prefetch=prefetch, flush_every_chunks=64)
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+                .pack_flat(max_length=256).shuffle(buffer_size=4, seed=0).batch(microbatch_size=2))
+    handed, ahead = set(), []
+    with pipeline.shard(0, 1) as loader:
+        batches = iter(loader)
+        for _ in range(3):
+            handed.update(address for row in next(batches).sources for address in row)
+            read = loader.stats()["datasets"]["jargon"]["lanes"][0]["read"]
+            assert loader._streams[0]._in_flight == prefetch, "the window is full: its chunks were read"
+            assert read % per_chunk == 0 and len(handed) <= read < prefetch * per_chunk
+            ahead.append(read - len(handed))
+    assert max(ahead) > 0, "the shuffle buffer's and the open row's records are counted before they are handed over"
