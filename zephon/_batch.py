@@ -83,7 +83,9 @@ def global_batch_digest(batches: Iterable[Batch]) -> str:
     """SHA-256 of a global batch: over its microbatch digests in canonical (lane, index) order.
 
     Hashing digests rather than raw bytes lets ranks exchange 32 bytes per microbatch instead of
-    the tensors, and still agree on one number per step.
+    the tensors, and still agree on one number per step. A global batch holds each (lane, index)
+    once: one given twice (a rank's part gathered twice) is refused, since hashing it twice would
+    give a digest no run's global batch has.
     """
     batches = sorted(batches, key=lambda b: (b.lane, b.index))
     if not batches:
@@ -91,6 +93,12 @@ def global_batch_digest(batches: Iterable[Batch]) -> str:
     steps = {b.step for b in batches}
     if len(steps) != 1:
         raise ZephonError(f"microbatches of different steps cannot form one global batch: {sorted(steps)}")
+    twice = sorted({(a.lane, a.index) for a, b in zip(batches, batches[1:]) if (a.lane, a.index) == (b.lane, b.index)})
+    if twice:
+        raise ZephonError(
+            f"microbatches (lane, index) {twice} are given more than once: a global batch holds each once "
+            "(was one rank's part gathered twice?)"
+        )
     return combine_digests(b.digest() for b in batches)
 
 

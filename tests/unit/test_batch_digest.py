@@ -64,3 +64,13 @@ def test_a_global_digest_of_no_microbatch_is_refused():
         global_batch_digest([])
     with pytest.raises(ZephonError, match="needs at least one microbatch"):
         global_batch_digest(iter(()))
+
+
+def test_a_global_digest_of_a_microbatch_given_twice_is_refused():
+    """A global batch holds each (lane, index) once: a rank's part gathered twice was hashed twice,
+    a digest no run's global batch has."""
+    from zephon import ZephonError
+
+    batches = [_batch(lane, index) for lane in range(2) for index in range(2)]
+    with pytest.raises(ZephonError, match=r"\(lane, index\) \[\(1, 0\)\] are given more than once"):
+        global_batch_digest(batches + [_batch(1, 0)])
