@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -339,7 +340,12 @@ class MultimodalPacker:
         given = record.get(self.grid_field)
         p, cell = self.spec.patch_size, self.spec.cell
         if given is not None:
-            grids = tuple((int(r), int(c)) for r, c in np.asarray(given, dtype=np.int64).reshape(-1, 2))
+            grids = _given_grids(given)
+            if grids is None:
+                raise ConfigurationError(
+                    f"record {address}: {self.grid_field}={reprlib.repr(given)} is not a (rows, cols) pair of "
+                    "whole numbers per image"
+                )
             if len(grids) != len(images):
                 raise ConfigurationError(f"record {address}: {len(images)} images but {len(grids)} grids")
         else:
@@ -386,14 +392,15 @@ class MultimodalPacker:
     def _offsets(self, address, record: dict, num_images: int, num_text: int) -> tuple[int, ...]:
         given = record.get(self.offsets_field)
         if given is not None:
-            offsets = tuple(int(o) for o in given)
-            if len(offsets) != num_images or any(b < a for a, b in pairwise(offsets)) \
+            offsets = _whole_numbers(given)
+            if offsets is None or len(offsets) != num_images or any(b < a for a, b in pairwise(offsets)) \
                     or (offsets and (offsets[0] < 0 or offsets[-1] > num_text)):
+                shown = reprlib.repr(given) if offsets is None else offsets
                 raise ConfigurationError(
-                    f"record {address}: {self.offsets_field}={list(offsets)} must give one non-decreasing "
-                    f"offset in [0, {num_text}] per image ({num_images})"
+                    f"record {address}: {self.offsets_field}={shown} must give one non-decreasing "
+                    f"offset in [0, {num_text}] per image ({num_images}), each a whole number"
                 )
-            return offsets
+            return tuple(offsets)
         at = {"before_text": 0, "after_bos": min(1, num_text), "after_text": num_text}[self.image_position]
         return (at,) * num_images
 
@@ -420,6 +427,37 @@ def _as_images(value: Any) -> list[np.ndarray | DeferredImage]:
             return list(value)
         return [value]
     return [v if isinstance(v, DeferredImage) else np.asarray(v) for v in value]
+
+
+def _whole_numbers(value: Any) -> list[int] | None:
+    """The items of a list, tuple or 1-D integer array as ints, or None where `value` is not such a
+    sequence or an item is not a whole number. Offsets and grids come from the data, where a string
+    "3" was read as 3 and 1.9 truncated to 1, silently; a bool is refused too
+    (NumPy reads True among integers as 1), as `token_ids` refuses one among token ids."""
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.ndim == 1 and value.dtype.kind in "iu" else None
+    if not isinstance(value, (list, tuple)):
+        return None  # a bare number, a string, a mapping
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+        return None
+    return [int(v) for v in value]
+
+
+def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
+    """(rows, cols) per image from a record's grid field, or None where it is not one: an
+    (images, 2) integer array (what `decode_images` with a processor writes), a list of pairs, or
+    a flat list of an even count of whole numbers, which the packer always took as pairs. An odd
+    count failed in `reshape` as a bare ValueError, and fractions and strings were converted."""
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        flat = _whole_numbers(value.reshape(-1)) if value.shape[1] == 2 else None
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(p, (list, tuple, np.ndarray)) for p in value):
+        pairs = [_whole_numbers(pair) for pair in value]
+        flat = None if any(p is None or len(p) != 2 for p in pairs) else [n for p in pairs for n in p]
+    else:
+        flat = _whole_numbers(value)
+    if flat is None or len(flat) % 2:
+        return None
+    return tuple(zip(flat[::2], flat[1::2]))
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> tuple[int, int]:

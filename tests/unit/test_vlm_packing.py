@@ -112,6 +112,20 @@ def test_explicit_offsets_that_do_not_place_each_image_in_the_text_are_refused_n
         run(packer(16), [record])
 
 
+@pytest.mark.parametrize("offsets", [["1", 3], [1.9, 3], [1.0, 3], [True, 3], 3, "13", {1: 0, 3: 0}],
+                         ids=["string", "fraction", "float", "bool", "bare_number", "string_of_digits", "mapping"])
+def test_explicit_offsets_that_are_not_whole_numbers_are_refused_naming_the_record_not_converted(offsets):
+    """`int(o)` read "1" as 1 and truncated 1.9 to 1 (its image placed silently one token early),
+    and a bare number failed as a bare TypeError naming no record."""
+    record = {"input_ids": text(4), "pixels": [picture(1, 1, 0), picture(1, 2, 1)], "image_offsets": offsets}
+    with pytest.raises(ConfigurationError, match=r"record ds:shard-0#0: image_offsets=.* must give one non-decreasing "
+                                                 r"offset in \[0, 4\] per image \(2\), each a whole number"):
+        run(packer(16), [record])
+    whole = {**record, "image_offsets": np.array([1, 3], dtype=np.int64)}  # whole numbers in any integer form
+    [row] = run(packer(16), [whole])
+    assert row.ragged["image_token_offset"].tolist() == [1, 5]
+
+
 def test_sample_whose_images_alone_exceed_the_length_is_skipped_and_reported_once():
     pack = packer(8)
     big = {"input_ids": text(2), "pixels": picture(3, 3, 0)}  # 3 * (3 + 1) = 12 > 8 image tokens
@@ -206,6 +220,24 @@ def test_a_given_grid_the_placeholders_cannot_merge_is_a_configuration_error_nam
                   patch_dim=12, patch_dtype=np.float32)
     with pytest.raises(ConfigurationError, match=r"record .*shard-0.*2x2"):
         run(pack, [{"input_ids": text(3), "pixels": rows, "image_grid": np.array([grid], np.int32)}])
+
+
+@pytest.mark.parametrize("grid", [[2, 4, 2], np.array([2, 4, 2], np.int32), np.array([[2, 4, 1]], np.int32), 8,
+                                  [["2", "4"]], [[2.9, 4]], [[2, 4.0]], [[2, 4, 1]], [[2, 4], 3]],
+                         ids=["odd_count", "odd_array", "triple_array", "bare_number", "strings", "fraction", "float",
+                              "triple", "pair_and_number"])
+def test_a_given_grid_that_is_not_whole_number_pairs_is_a_configuration_error_naming_the_record(grid):
+    """The grid comes from the data: an odd count failed in reshape as a bare ValueError naming no
+    record, and "2" or 2.9 were converted to 2 silently."""
+    rows = np.zeros((2 * 4, 12), np.float32)
+    pack = packer(32, placeholders=QwenPlaceholders(1, 2, 3, merge_size=2), spec=ImageSpec(patch_size=14, merge_size=2),
+                  patch_dim=12, patch_dtype=np.float32)
+    with pytest.raises(ConfigurationError, match=r"record ds:shard-0#0: image_grid=.* is not a \(rows, cols\) pair "
+                                                 r"of whole numbers per image"):
+        run(pack, [{"input_ids": text(3), "pixels": rows, "image_grid": grid}])
+    for whole in ([2, 4], [[2, 4]], ((2, 4),), [np.array([2, 4])], np.array([[2, 4]], np.uint8)):
+        [row] = run(pack, [{"input_ids": text(3), "pixels": rows, "image_grid": whole}])
+        assert row.ragged["image_grid"].tolist() == [[2, 4]]
 
 
 def test_images_that_do_not_match_the_spec_are_a_configuration_error():
