@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon._errors import ConfigurationError
+from zephon._record_ops import TokenizeOp
 
 from ._image import ImageSpec
 from ._packing import PackMultimodal
@@ -24,6 +25,8 @@ __all__ = ["decode_images", "decode_video", "pack_multimodal"]
 
 # Operators that write no pixels field other than a decoder's `output_field`.
 _WRITE_NO_PIXELS = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
+# Operators that write no token ids other than a tokenize's `output_field`.
+_WRITE_NO_IDS = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
 
 
 def decode_images(
@@ -74,7 +77,11 @@ def pack_multimodal(
 ):
     """Append a `PackMultimodal` accumulator. `spec` defaults to the last `decode_images` stage's,
     the patch layout (dim, dtype) to what that stage produces (its processor's, if any), and
-    `pixels_field` (and the grid field) to the fields that stage writes ("pixels" without one)."""
+    `pixels_field` (and the grid field) to the fields that stage writes ("pixels" without one).
+    `image_position="after_bos"` puts a document's images after its first token, taken to be the
+    BOS: refused after a `tokenize` of `field` that adds none (see `_check_bos`)."""
+    if image_position == "after_bos":
+        _check_bos(pipeline, field)
     decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
     if pixels_field is None:
         pixels_field = decoder.output_field if decoder is not None else "pixels"
@@ -110,3 +117,24 @@ def pack_multimodal(
         max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
         deferred_images=deferred, deferred_on_error=decoder.on_error if deferred else None,
     ))
+
+
+def _check_bos(pipeline, field: str) -> None:
+    """Refuse `image_position="after_bos"` where the `tokenize` that writes `field` adds no BOS.
+
+    The packer puts the images after a document's first token. `tokenize` encodes without the
+    tokenizer's own special tokens, so it starts a document with a BOS only when given `bos=`;
+    without one the images split every caption after its first word, unsaid. Ids read from the
+    data, or a `map` after the tokenize (it may add a BOS), are not decided here: their first
+    token is taken as the BOS, whatever it is."""
+    for op in reversed(pipeline.operators):
+        if isinstance(op, TokenizeOp) and op.output_field == field:
+            if op.bos is None:
+                raise ConfigurationError(
+                    f"pack_multimodal(image_position='after_bos') puts each document's images after its first "
+                    f"token, but the tokenize that writes {field!r} adds no BOS (bos=None): the images would "
+                    "split every caption after its first word; give tokenize(bos=...) or another image_position"
+                )
+            return
+        if getattr(op, "name", None) not in _WRITE_NO_IDS:  # a map or a plugin's operator may write the ids
+            return

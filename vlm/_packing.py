@@ -4,7 +4,10 @@ A *document* is one record: its text tokens (`input_ids`, already tokenized with
 pipeline configured) and zero or more images, each expanded to its placeholder tokens. Where the
 images go is `image_position` ("before_text", "after_bos", "after_text"), or, per record, an
 explicit `image_offsets` list (image k goes right before text token `image_offsets[k]`), which
-gives interleaved documents.
+gives interleaved documents. "after_bos" puts the images after the text's first token, whatever
+it is: the packer does not know the BOS id, so the BOS must be there (`tokenize(bos=...)`;
+`pack_multimodal` refuses "after_bos" after a tokenize without one, since the images would split
+each caption after its first word).
 
 Decisions (the accumulator, one per lane segment): documents are placed first-fit into up to
 `max_open_rows` open rows; a document is never split and an image never crosses a row. A row is

@@ -10,6 +10,7 @@ import tarfile
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from tests.unit.test_vlm_assets import (
     REAL_JPEGS,
@@ -182,3 +183,26 @@ def test_pack_multimodal_refuses_a_pixels_field_no_operator_writes(shards):
     renamed = pipeline.map(lambda record: {**record, "image": record["pixels"]})
     pack_multimodal(renamed, 256, PLACEHOLDERS, pixels_field="image")  # a map may write it: not decided
     pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
+
+
+def test_pack_multimodal_after_bos_refuses_a_tokenize_that_adds_no_bos(shards):
+    """image_position="after_bos" puts the images after a document's first token: without
+    tokenize(bos=...) that was the caption's first word, and the images split it from the rest,
+    unsaid. A map may add a BOS, so only a tokenize followed by decoders and filters is decided."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
+    pipeline = Pipeline(source).options(num_lanes=1, runner="inline")
+    tokenizer = str(package_dir("zephon") / "data" / "tokenizer.json")
+    without = decode_images(pipeline.tokenize(tokenizer, field="txt"), spec=SPEC).filter(lambda record: True)
+    with pytest.raises(ConfigurationError, match=r"image_position='after_bos'.*'input_ids' adds no BOS"):
+        pack_multimodal(without, 256, PLACEHOLDERS, image_position="after_bos")
+    with pytest.raises(ConfigurationError, match="adds no BOS"):
+        without.pack_multimodal(256, PLACEHOLDERS, image_position="after_bos")  # the Pipeline method alike
+    pack_multimodal(without, 256, PLACEHOLDERS)  # before the text: no BOS needed
+    with_bos = decode_images(pipeline.tokenize(tokenizer, field="txt", bos="<|bos|>"), spec=SPEC)
+    with pack_multimodal(with_bos, 256, PLACEHOLDERS, image_position="after_bos").batch(2).shard(0, 1) as loader:
+        batch = next(iter(loader))
+    ids = batch.tokens["input_ids"][0]
+    assert ids[0] == Tokenizer.from_file(tokenizer).token_to_id("<|bos|>") and ids[1] == PLACEHOLDERS.img_id
+    assert batch.ragged["image_token_offset"][0] == 1
+    prefixed = without.map(lambda record: record)  # a map may put a BOS first: not decided
+    pack_multimodal(prefixed, 256, PLACEHOLDERS, image_position="after_bos")
