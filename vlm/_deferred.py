@@ -10,7 +10,9 @@ rows before it takes the row (`DecodeDeferred`, the packer's row work).
 
 An image whose header parses but whose pixels do not decode can then only fail after its row was
 planned. Its document stays where it was placed (the row's layout is a decision already made) but
-trains nothing: its image patches are zero and every label of the document is IGNORE_INDEX. The row
+trains nothing: every label of the document is IGNORE_INDEX, and the image that failed has zero
+patches. Its other images keep the pixels they decoded to: the document has no label, so they add
+no loss of their own (zeroing them too would change the rows of runs already made). The row
 reports it as (address, reason), the loader counts it per lane as `masked:<reason>` with the rows
 it hands to the trainer, and with `on_error="raise"` it fails with `BadRecordError` instead. The
 same bytes fail the same way on every worker, so the batches stay a pure function of the recipe.
@@ -93,8 +95,9 @@ class DecodeDeferred:
         return done
 
     def apply(self, plan, done: list):
-        """The plan with the pixels in place; a document with a failed image is masked, or with
-        `on_error="raise"` the failure raises `BadRecordError` naming its record."""
+        """The plan with the pixels in place; a document with a failed image is masked (that image
+        zero, its other images as decoded), or with `on_error="raise"` the failure raises
+        `BadRecordError` naming its record."""
         decoded = iter(done)
         documents, masked = [], []
         for number, doc in enumerate(plan.documents):

@@ -227,3 +227,31 @@ def test_a_deferred_image_crosses_processes_through_shared_memory(tmp_path):
     assert envelope.path is not None and envelope.shm_bytes == len(data) > 16 * 1024
     assert len(envelope.stream) < 1024, "the bytes are not in the pickle stream"
     assert np.array_equal(decode(envelope).decode(), decode_image(data, spec))
+
+
+def test_a_masked_document_zeroes_only_the_image_that_failed_and_masks_all_its_labels():
+    """What the docs say of a masked document, held to: every label -100, the failed image's
+    patches zero, and its other image's patches the pixels that image decoded to (the docs said
+    every patch of the document was zero)."""
+    from vlm import MultimodalPacker, PixtralPlaceholders, assemble_row, patchify
+    from vlm._deferred import decode_row
+    from zephon._records import RecordAddress
+    from zephon._sequence import IGNORE_INDEX
+
+    spec = ImageSpec(max_pixels=96 * 96)
+    good, bad = encode(gradient(48, 64)), truncated_jpeg()
+    images = [DeferredImage(data, probe_image(data, spec), spec) for data in (good, bad)]
+    packer = MultimodalPacker(None, max_length=256, placeholders=PixtralPlaceholders(10, 12, 13), spec=spec,
+                              pad_id=0, assemble=False)
+    address = RecordAddress("ds", "shard-0", 0)
+    record = {"input_ids": np.arange(1000, 1005, dtype=np.int32), "pixels": images}
+    [plan] = packer.push((address, record)) + packer.flush()
+    decoded = decode_row(plan, on_error="skip")
+    assert decoded.masked_documents == ((address, "truncated_image"),)
+    row = assemble_row(decoded)
+    first, second = (rows * cols for rows, cols in (image.grid for image in images))
+    pixels = row.ragged["pixel_values"]
+    assert len(pixels) == first + second
+    assert np.array_equal(pixels[:first], patchify(decode_image(good, spec), spec.patch_size))
+    assert not pixels[first:].any()
+    assert (row.tokens["labels"] == IGNORE_INDEX).all()
