@@ -85,7 +85,10 @@ def _pickled_error(exc: BaseException, stage: str) -> bytes:
 
     An exception that does not survive a pickle round trip (unpicklable attributes, a constructor
     that pickle cannot call again) is replaced by a RuntimeError carrying its type, message and
-    traceback, so the parent always learns what went wrong.
+    traceback, so the parent always learns what went wrong. The round trip catches BaseException:
+    an exception whose `__reduce__` (or constructor, called again by `loads`) raises
+    KeyboardInterrupt or SystemExit escaped it, killed the worker, and its item was re-run as a
+    crash. Nothing else can raise those here: the worker ignores SIGINT (see `serve`).
     """
     text = "".join(traceback.format_exception(exc))
     # traceback's own line for it, which survives an exception whose str() raises
@@ -97,7 +100,7 @@ def _pickled_error(exc: BaseException, stage: str) -> bytes:
     try:
         stream = pickle.dumps(_Noted(exc), protocol=5)
         pickle.loads(stream)
-    except Exception:
+    except BaseException:  # noqa: BLE001 - raised by the exception's own pickling, not by a signal
         stream = pickle.dumps(
             RuntimeError(
                 f"stage {stage!r} raised {summary} "

@@ -281,6 +281,43 @@ def test_an_exception_that_takes_no_note_arrives_as_itself_instead_of_killing_th
     assert error.__notes__ == ("a note kept in a tuple",)
 
 
+class ReducesToExit(Exception):
+    """Pickling it raises SystemExit (a `__reduce__` that calls sys.exit, or a library's guard)."""
+
+    def __reduce__(self):
+        raise SystemExit(3)
+
+
+class ReducesToInterrupt(Exception):
+    def __reduce__(self):
+        raise KeyboardInterrupt
+
+
+class RebuildsToExit(Exception):
+    """Pickles, but unpickling it calls sys.exit."""
+
+    def __reduce__(self):
+        return sys.exit, (3,)
+
+
+@pytest.mark.parametrize("error_type", [ReducesToExit, ReducesToInterrupt, RebuildsToExit])
+def test_an_exception_whose_pickling_raises_exit_or_interrupt_arrives_named_instead_of_killing_the_worker(error_type):
+    """The pickle round trip caught only Exception: SystemExit or KeyboardInterrupt from an
+    exception's `__reduce__` killed the worker inside its error handling, so the stage's own error
+    was re-run `1 + max_retries` times and reached the caller as WorkerCrashedError."""
+
+    def fail(x: int) -> None:
+        raise error_type(f"trouble with {x}")
+
+    with ProcessRunner(max_retries=1) as runner:
+        runner.start([Stage("fail", fail)])
+        pids = runner.worker_pids()
+        error = runner.submit(0, 5).exception(10)
+        assert runner.worker_pids() == pids and runner.stats().retries == 0
+    assert isinstance(error, RuntimeError), error
+    assert error_type.__name__ in str(error) and "trouble with 5" in str(error) and "'fail'" in str(error)
+
+
 def test_an_error_that_pickles_its_own_fields_keeps_them_and_still_gains_the_worker_traceback():
     """Zephon's named errors pickle only their fields (`__reduce__`); the note must cross too."""
 
