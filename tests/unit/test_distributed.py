@@ -67,6 +67,30 @@ def test_a_torchtitan_loader_of_more_replicas_than_the_group_holds_is_refused_at
         assert loader.state_dict()
 
 
+@pytest.mark.parametrize("rank,world", [(None, None), (0, None), (None, 1)])
+def test_a_torchtitan_loader_given_a_group_smaller_than_the_world_needs_its_data_parallel_rank_and_size(
+    one_process_group, pipeline, monkeypatch, rank, world
+):
+    """Without dp_rank and dp_world_size the loader took the whole world's rank and size, not the
+    group's: with a data-parallel group of 2 in a world of 8 it failed saying 8 replicas cannot all
+    be among the group's 2 ranks, asking for the data-parallel size the caller had not given. The
+    group's own rank is no default: the group may hold tensor-parallel peers. One process cannot
+    make a group smaller than its world, so the world's size is stood in for."""
+    import torch.distributed as dist
+
+    from zephon.integrations.torchtitan import ZephonDataLoader
+
+    group = dist.new_group([0])
+    with ZephonDataLoader(pipeline, rank, world, 16, local_batch_size=4, group=group) as loader:  # the whole world
+        assert (loader.dp_rank, loader.dp_world_size) == (0, 1)
+    sizes = dist.get_world_size
+    monkeypatch.setattr(dist, "get_world_size", lambda g=None: 8 if g is None else sizes(g))
+    with pytest.raises(ConfigurationError, match=r"group=\.\.\.\) holds 1 of the 8 ranks.*give dp_rank and dp_world_size"):
+        ZephonDataLoader(pipeline, rank, world, 16, local_batch_size=4, group=group)
+    with ZephonDataLoader(pipeline, 0, 1, 16, local_batch_size=4, group=group) as loader:  # given: taken
+        assert (loader.dp_rank, loader.dp_world_size) == (0, 1)
+
+
 @pytest.mark.parametrize("env", [{"WORLD_SIZE": "4", "RANK": "2"}, {"WORLD_SIZE": "2"}])
 def test_a_launcher_world_without_a_process_group_is_refused_not_read_as_one_rank(monkeypatch, pipeline, env):
     """Under torchrun (WORLD_SIZE=4) before init_process_group, `shard()` made every process rank 0

@@ -192,9 +192,10 @@ class ZephonDataLoader(_Base):
 
     `recipe` is a `DataRecipe` or a ready text `zephon.Pipeline` (packed by `pack_flat`, ending in
     `.batch`; a multimodal packer's rows are refused, their image patches having no place here). `dp_rank` and
-    `dp_world_size` default to torch.distributed's. `group` is the process group over which
+    `dp_world_size` default to torch.distributed's (the world's). `group` is the process group over which
     `state_dict()` gathers the lanes (default: the world, which also works when tensor/pipeline
-    parallel peers hold identical copies).
+    parallel peers hold identical copies); a group smaller than the world needs `dp_rank` and
+    `dp_world_size` given, since its own rank need not be the data-parallel one.
 
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
     short, then iteration stops (TorchTitan ends training on the first exhausted rank).
@@ -254,6 +255,8 @@ class ZephonDataLoader(_Base):
                 f"{packers[0].name}, whose rows carry fields it has no place for (image patches and "
                 "their positions); iterate pipeline.shard(...) and pass Batch.to_training() to the model"
             )
+        if group is not None and (dp_rank is None or dp_world_size is None):
+            _check_group_is_the_world(group, dp_rank, dp_world_size)
         dp_rank, dp_world_size = rank_and_world_size(dp_rank, dp_world_size)
         num_lanes, m = pipeline.settings.num_lanes, pipeline.microbatch_size
         if global_batch_size is None:
@@ -373,6 +376,24 @@ class ZephonDataLoader(_Base):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_group_is_the_world(group, dp_rank, dp_world_size) -> None:
+    """Refuse a `group` smaller than the world beside a missing `dp_rank` or `dp_world_size`.
+
+    Those default to the whole world's rank and size, not the group's: with a data-parallel group
+    of 2 in a world of 8 the loader took itself for one of 8 replicas and failed saying that 8
+    replicas cannot all be among the group's 2 ranks, asking for a size the caller had not given. The group's
+    own rank is no answer either: `group` names the ranks `state_dict()` gathers over, which may
+    hold tensor- or pipeline-parallel peers with identical copies, so it need not be this
+    replica's data-parallel rank. A group as large as the world changes nothing and is taken."""
+    gathered, world = group_size(group), group_size()
+    if gathered != world:
+        raise ConfigurationError(
+            f"ZephonDataLoader(group=...) holds {gathered} of the {world} ranks, but dp_rank={dp_rank!r} and "
+            f"dp_world_size={dp_world_size!r} would default to the whole world's rank and size, not this "
+            "replica's data-parallel ones: give dp_rank and dp_world_size (TorchTitan's) with a group"
+        )
 
 
 def build_zephon_dataloader(
