@@ -74,9 +74,23 @@ def token_ids(value: object) -> np.ndarray | str:
         return "not_tokens"
     if ids.size == 0:
         return "empty_document"
-    if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2**31:
+    if ids.dtype.kind not in "iu":
+        return "not_tokens"
+    low = ids.min()
+    if low < 0 or ids.max() >= 2**31:
+        return "not_tokens"
+    if low <= 1 and isinstance(value, (list, tuple)) and _holds_a_bool(value, ids):
         return "not_tokens"
     return ids.astype(np.int32, copy=False)
+
+
+def _holds_a_bool(value: list | tuple, ids: np.ndarray) -> bool:
+    """Whether a list of ids holds a bool, which NumPy reads as 0 or 1 among integers: a JSON
+    `true` in an id list became token 1 (a list of bools alone has dtype bool and is refused).
+    Only the items read as 0 or 1 are looked at, so the cost is one vectorised comparison and
+    usually a few items (a BOS id of 1), not a Python pass over every id; ids that hold no 0 or 1
+    never get here."""
+    return any(isinstance(value[i], (bool, np.bool_)) for i in np.flatnonzero(ids <= 1).tolist())
 
 
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:

@@ -518,10 +518,11 @@ BAD_TOKEN_FIELDS = {
     "id_past_int32": {"id": "x", "ids": [5, 2**31, 7]},
     "fractional_ids": {"id": "x", "ids": [1.5, 2.5]},
     "nested_ids": {"id": "x", "ids": [[1, 2], [3, 4]]},
+    "bool_among_ids": {"id": "x", "ids": [5, True, 7]},  # a JSON `true`, which NumPy read as token 1
     "empty_document": {"id": "x", "ids": []},
 }
 TOKEN_REASON = {"negative_id": "not_tokens", "id_past_int32": "not_tokens", "fractional_ids": "not_tokens",
-                "nested_ids": "not_tokens"}
+                "nested_ids": "not_tokens", "bool_among_ids": "not_tokens"}
 
 
 @pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])

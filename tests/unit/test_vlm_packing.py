@@ -152,10 +152,12 @@ def test_empty_and_textless_documents():
     assert pack.drain_skips() == [(address(0), "empty_document"), (address(2), "missing_text")]
 
 
-@pytest.mark.parametrize("ids", ["a caption, not its ids", [1.5, 2.5], [-1, 5], [5, 2**31], [[1, 2], [3, 4]], [[1], [2, 3]]])
+@pytest.mark.parametrize("ids", ["a caption, not its ids", [1.5, 2.5], [-1, 5], [5, 2**31], [[1, 2], [3, 4]], [[1], [2, 3]],
+                                 [1000, True], (False, 1000)])
 def test_ids_from_the_data_that_are_not_token_ids_are_skipped_as_not_tokens(ids):
     """Without a tokenizer the ids come from the data as stored: text used to fail inside the
-    packer with a bare ValueError, and -1, 2**31 or 1.5 were wrapped or truncated into a row."""
+    packer with a bare ValueError, and -1, 2**31 or 1.5 were wrapped or truncated into a row; a
+    bool among ints (a JSON `true`) was read as id 1."""
     pack = packer(8)
     rows = run(pack, [{"input_ids": ids, "pixels": picture(1, 1, 0)}, {"input_ids": [7, 8, 9]}])
     assert [r.sources for r in rows] == [(address(1),)]
