@@ -118,8 +118,22 @@ def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool, version: tupl
             ) from exc
         digest = sha256(tokenizer.to_str().encode()).hexdigest()
     tokenizer.encode_special_tokens = split_special_tokens
+    _encode_whole_documents(tokenizer, tokenizer_id)
     _return_parse_memory()
     return TokenizerHandle(tokenizer_id, tokenizer, digest)
+
+
+def _encode_whole_documents(tokenizer, tokenizer_id: str) -> None:
+    """Turn off the truncation and padding a tokenizer.json may carry (hub files saved for a
+    model's inputs often do, e.g. `max_length` 512 and padding to the batch's longest).
+
+    Left on, `encode_batch` cut every document to that length and padded the shorter documents of
+    each chunk with pad ids, read as text by the packer, without a word: documents are to be
+    tokenized whole, and rows are cut and padded by the packer alone."""
+    if tokenizer.truncation is not None or tokenizer.padding is not None:
+        log.info("tokenizer %r: its own truncation and padding are turned off; the packer cuts and pads rows", tokenizer_id)
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
 
 
 def _names_a_path(tokenizer_id: str) -> bool:

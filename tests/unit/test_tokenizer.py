@@ -261,3 +261,25 @@ def test_a_tokenize_operator_names_the_tokenizer_it_encodes_with_after_the_file_
     os.utime(path, ns=(1, 1))
     assert op.fingerprint()["tokenizer"] == digest
     assert TokenizeOp(str(path)).fingerprint()["tokenizer"] != digest  # a new operator reads the new file
+
+
+def test_a_tokenizer_json_that_truncates_or_pads_tokenizes_whole_documents_without_padding(tmp_path, demo_tokenizer_path):
+    """A tokenizer.json saved with truncation and padding on (as many hub files are, for a model's
+    inputs) cut every document to its `max_length` and padded the shorter documents of an encode
+    batch with pad ids as if they were text, silently: documents are packed by the packer, whole."""
+    from zephon._record_ops import TokenizeOp
+    from zephon._records import Chunk, ChunkRecords, RecordAddress
+
+    tokenizer = Tokenizer.from_file(str(demo_tokenizer_path))
+    tokenizer.enable_truncation(8)
+    tokenizer.enable_padding(pad_id=2, pad_token="<|pad|>")
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    texts = ["hello world " * 20, "hi"]
+
+    def ids(path) -> list[list[int]]:
+        chunk = ChunkRecords(Chunk("d", 0, 0, 2), [{"text": t} for t in texts], [RecordAddress("d", "s", i) for i in range(2)])
+        return [r["input_ids"].tolist() for r in TokenizeOp(str(path)).build("skip")(chunk).records]
+
+    plain = ids(demo_tokenizer_path)
+    assert len(plain[0]) > 8
+    assert ids(tmp_path / "tokenizer.json") == plain
