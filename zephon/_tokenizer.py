@@ -45,6 +45,19 @@ class TokenizerHandle:
             raise ConfigurationError(f"token {token!r} is not in the vocabulary of {self.tokenizer_id!r}")
         return token_id
 
+    def __reduce__(self):
+        """Pickled with the split-special-tokens switch, which `tokenizers` leaves out of a
+        Tokenizer's own pickle: a pipeline sent to another process (a rank handed rank 0's) encoded
+        a special token's string in a text as the control id there and as text here, under the same
+        fingerprint."""
+        split = self.tokenizer.encode_special_tokens
+        return _unpickled_handle, (self.tokenizer_id, self.tokenizer, self.digest, split)
+
+
+def _unpickled_handle(tokenizer_id: str, tokenizer: object, digest: str, split_special_tokens: bool) -> TokenizerHandle:
+    tokenizer.encode_special_tokens = split_special_tokens
+    return TokenizerHandle(tokenizer_id, tokenizer, digest)
+
 
 def load_tokenizer(tokenizer_id: str, *, split_special_tokens: bool = SPLIT_SPECIAL_TOKENS) -> TokenizerHandle:
     """`tokenizer_id` is a path to a tokenizer.json, a directory holding one, or a hub id

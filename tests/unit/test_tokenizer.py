@@ -283,3 +283,24 @@ def test_a_tokenizer_json_that_truncates_or_pads_tokenizes_whole_documents_witho
     plain = ids(demo_tokenizer_path)
     assert len(plain[0]) > 8
     assert ids(tmp_path / "tokenizer.json") == plain
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_pickled_tokenize_operator_encodes_special_token_strings_as_the_original_does(demo_tokenizer_path, split):
+    """`tokenizers` leaves the split-special-tokens switch out of a Tokenizer's pickle: a pipeline
+    sent to another process (a rank given rank 0's pipeline) encoded `<|eos|>` in a text as the EOS
+    id there and as text here, under the same fingerprint."""
+    import pickle
+
+    from zephon._record_ops import TokenizeOp
+    from zephon._records import Chunk, ChunkRecords, RecordAddress
+
+    def ids(op) -> list[int]:
+        chunk = ChunkRecords(Chunk("d", 0, 0, 1), [{"text": "hello <|eos|> world"}], [RecordAddress("d", "s", 0)])
+        return op.build("skip")(chunk).records[0]["input_ids"].tolist()
+
+    op = TokenizeOp(str(demo_tokenizer_path), split_special_tokens=split)
+    op.handle()  # loaded and kept, as `Pipeline.tokenize` does before anything can pickle it
+    copy = pickle.loads(pickle.dumps(op))
+    assert copy.fingerprint() == op.fingerprint()
+    assert ids(copy) == ids(op)
