@@ -49,7 +49,11 @@ def _fingerprint_callable(fn: Callable) -> str:
     match its checkpoint. Values a closure captured are not seen.
     """
     if isinstance(fn, functools.partial):
-        args = _ADDRESS.sub("", repr((fn.args, sorted(fn.keywords.items()))))
+        arguments = (fn.args, sorted(fn.keywords.items()))
+        try:
+            args = _ADDRESS.sub("", _stable_repr(arguments))
+        except RecursionError:  # a list holding itself, or nesting deeper than the stack
+            args = _ADDRESS.sub("", repr(arguments))
         return f"functools.partial({_fingerprint_callable(fn.func)}, {args})"
     described, defining = _describe_callable(fn), _defining(fn)
     if defining is not fn:  # a callable object: its configuration is in its repr
@@ -61,6 +65,27 @@ def _fingerprint_callable(fn: Callable) -> str:
     except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
         return described
     return f"{described} source:{sha256(source.encode()).hexdigest()[:16]}"
+
+
+def _stable_repr(value) -> str:
+    """`repr(value)`, except that a set's items are listed sorted: a set of strings is listed in
+    the order their hashes give, salted per process (PYTHONHASHSEED), so a partial holding one
+    (stop words) entered the recipe differently in every process. Lists, tuples and dicts are
+    walked to reach the sets inside them and written as `repr` writes them."""
+    kind = type(value)
+    if kind in (set, frozenset):
+        if not value:
+            return repr(value)
+        items = "{" + ", ".join(sorted(_stable_repr(item) for item in value)) + "}"
+        return items if kind is set else f"frozenset({items})"
+    if kind is list:
+        return "[" + ", ".join(_stable_repr(item) for item in value) + "]"
+    if kind is tuple:
+        inner = ", ".join(_stable_repr(item) for item in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if kind is dict:
+        return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 class RecordOperator:

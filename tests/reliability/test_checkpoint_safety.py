@@ -356,6 +356,27 @@ def test_a_partial_or_a_callable_object_as_map_or_filter_resumes_in_another_proc
         assert re.search(rf"changed: operators\[\d\]\.{name}\.fn\. Performance", named), named
 
 
+def test_a_partial_holding_a_set_fingerprints_the_same_in_every_process():
+    """A set's repr lists its strings in an order that string hashing, salted per process, decides:
+    a filter given stop words as a set entered the recipe differently in every process, so its
+    checkpoints were refused as another recipe by the run meant to resume them."""
+    code = (
+        "import functools\n"
+        "from zephon._record_ops import _fingerprint_callable\n"
+        "from tests.reliability.test_checkpoint_safety import _longer_than\n"
+        "print(_fingerprint_callable(functools.partial(_longer_than, {'alpha', 'beta', 'gamma', 'delta', 'epsilon'},"
+        " stop=frozenset({'the', 'of', 'and', 'a', 'to'}))))\n"
+    )
+    prints = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in range(6)
+    }
+    assert len(prints) == 1, prints
+
+
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     """Its name alone would let a changed map resume a checkpoint of the old one."""
 
