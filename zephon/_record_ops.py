@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import traceback
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -144,6 +145,11 @@ class MapOp(RecordOperator):
         return {"op": self.name, "fn": _fingerprint_callable(self.fn)}
 
 
+_NOT_A_VERDICT = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
+"""What a filter may return that is true whatever it holds: a coroutine or generator keeps
+every record, so the filter did nothing, unsaid."""
+
+
 @dataclass(frozen=True)
 class FilterOp(RecordOperator):
     """Keeps records for which `fn(record)` is true; the others are counted as filtered."""
@@ -159,7 +165,17 @@ class FilterOp(RecordOperator):
             mask = []
             for record, address in zip(batch.records, batch.addresses):
                 try:
-                    mask.append(bool(fn(record)))
+                    verdict = fn(record)
+                    if verdict is not True and verdict is not False and isinstance(verdict, _NOT_A_VERDICT):
+                        if isinstance(verdict, types.CoroutineType):
+                            verdict.close()  # never run: else a "never awaited" warning follows
+                        raise UserFunctionError(
+                            address, name, f"{_describe_callable(fn)} returned a {type(verdict).__name__}, "
+                            "not a bool (an `async def` or a `yield` in a filter is always true)"
+                        )
+                    mask.append(bool(verdict))
+                except UserFunctionError:
+                    raise
                 except Exception:
                     raise UserFunctionError(address, name, traceback.format_exc()) from None
             batch.keep(mask)

@@ -392,6 +392,37 @@ def test_user_map_errors_surface_with_the_record_address(spec_pipeline, demo_tok
     assert info.value.address.dataset == "wiki"
 
 
+async def _async_keep(record):
+    return False
+
+
+def _generator_keep(record):
+    yield False
+
+
+async def _async_generator_keep(record):
+    yield False
+
+
+@pytest.mark.parametrize("fn", [_async_keep, _generator_keep, _async_generator_keep],
+                         ids=["async", "generator", "async_generator"])
+def test_a_filter_returning_a_coroutine_or_generator_fails_naming_the_record_instead_of_keeping_everything(fn):
+    """A coroutine or a generator is true whatever it would say: an `async def` filter, or one that
+    yields its verdict, kept every record, and the filter did nothing, unsaid."""
+    import warnings
+
+    from zephon import UserFunctionError
+    from zephon._record_ops import FilterOp
+    from zephon._records import Chunk, ChunkRecords, RecordAddress
+
+    chunk = ChunkRecords(Chunk("d", 0, 0, 1), [{"text": "hello"}], [RecordAddress("d", "s", 0)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the coroutine is closed, not left for a "never awaited" warning
+        with pytest.raises(UserFunctionError, match="not a bool") as info:
+            FilterOp(fn).build("skip")(chunk)
+    assert info.value.address == RecordAddress("d", "s", 0)
+
+
 def test_a_global_digest_needs_one_step(spec_pipeline):
     from zephon import ZephonError
 
