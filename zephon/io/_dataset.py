@@ -235,10 +235,13 @@ class Dataset:
             )
 
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this dataset's content for a checkpoint: a change here changes the records."""
+        """What identifies this dataset's content for a checkpoint: a change here changes the records.
+
+        The URL as given is left out: the shards it lists are in, each by its listed URL, and
+        spellings of one directory (`data`, `data/`, `./data`, `file://`, a glob of all its shards)
+        list the same ones; with it, a run resumed under another spelling was refused."""
         return {
             "name": self.name,
-            "url": self.url,
             "format": self.format,
             "text_unit": self.text_unit,
             "shards": [
