@@ -198,6 +198,26 @@ def test_a_shard_rewritten_remotely_is_copied_anew_not_read_from_the_old_copy(tm
     assert ds.shards[0].raw_bytes == ds.shards[0].nbytes == len(jsonl_bytes(rewritten))
 
 
+def test_a_shard_rewritten_while_it_is_copied_reads_the_copy_made_not_a_type_error(tmp_path, object_store,
+                                                                                     monkeypatch):
+    """fsspec's simplecache asks for the copy's name again after copying; the name holds the
+    shard's version, so a shard rewritten meanwhile named a copy that did not exist and the read
+    failed with `TypeError: expected str ... not NoneType` (not retried, naming nothing)."""
+    records = [{"text": f"record {i}"} for i in range(20)]
+    put("objstore://bucket/a.jsonl", jsonl_bytes(records))
+    ds = Dataset.from_path("d", "objstore://bucket", retry_delay=0).with_io_options(
+        {"cache": {"enabled": True, "dir": str(tmp_path / "cache")}})
+    copy = ObjectStoreFileSystem.get_file
+
+    def copy_then_rewrite(self, rpath, lpath, **kwargs):
+        copy(self, rpath, lpath, **kwargs)
+        time.sleep(0.01)  # a later modification time: another version
+        put("objstore://bucket/a.jsonl", jsonl_bytes([{"text": f"new {i}"} for i in range(20)]))
+
+    monkeypatch.setattr(ObjectStoreFileSystem, "get_file", copy_then_rewrite)
+    assert ds.read_chunk(ds.chunks(20)[0]).records == records
+
+
 def test_local_shards_are_never_copied(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))

@@ -63,25 +63,45 @@ class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
         super().__init__(**kwargs)
         self._mapper = _VersionedNames(self.fs)
 
+    def _open(self, path, mode="rb", **kwargs):
+        """A read opens the copy of the version asked once. fsspec asks the version again after
+        copying and opened whatever that names: a shard rewritten meanwhile named no copy, and
+        the read failed with a TypeError from `open(None)`."""
+        if mode != "rb" or self.compression:
+            return super()._open(path, mode, **kwargs)
+        path = self._strip_protocol(path)
+        name = self._mapper(path)
+        for directory in self.storage:
+            copy = os.path.join(directory, name)
+            if os.path.exists(copy):
+                return open(copy, "rb")
+        _copy_whole(self, path, name)
+        return open(os.path.join(self.storage[-1], name), "rb")
+
     def _get_cached_file_before_open(self, path, **kwargs):
         if self.compression:  # Zephon never asks the cache to decompress; fsspec's own path then
             return super()._get_cached_file_before_open(path, **kwargs)
-        self._mkcache()
-        self._cache_size = None
-        directory = self.storage[-1]
-        host = socket.gethostname()
-        _remove_abandoned(directory, host)
-        name = self._mapper(path)
-        handle, partial = tempfile.mkstemp(dir=directory, prefix=f"{name}.{host}.", suffix=_PART)
-        try:
-            _lock(handle, blocking=True)
-            self.fs.get_file(path, partial)
-            os.replace(partial, os.path.join(directory, name))
-        except BaseException:
-            os.unlink(partial)
-            raise
-        finally:
-            os.close(handle)  # only now: closing it drops the lock
+        _copy_whole(self, path, self._mapper(path))
+
+
+def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, name: str) -> None:
+    """Copy `path` into `cache` as `name`, whole or not at all. A function, not a method:
+    fsspec's caching filesystems hand any attribute they do not list to the remote filesystem."""
+    cache._mkcache()
+    cache._cache_size = None
+    directory = cache.storage[-1]
+    host = socket.gethostname()
+    _remove_abandoned(directory, host)
+    handle, partial = tempfile.mkstemp(dir=directory, prefix=f"{name}.{host}.", suffix=_PART)
+    try:
+        _lock(handle, blocking=True)
+        cache.fs.get_file(path, partial)
+        os.replace(partial, os.path.join(directory, name))
+    except BaseException:
+        os.unlink(partial)
+        raise
+    finally:
+        os.close(handle)  # only now: closing it drops the lock
 
 
 def _lock(handle: int, blocking: bool) -> bool:
