@@ -218,6 +218,24 @@ def test_a_shard_rewritten_while_it_is_copied_reads_the_copy_made_not_a_type_err
     assert ds.read_chunk(ds.chunks(20)[0]).records == records
 
 
+@pytest.mark.parametrize("where", ["file", "below a file"])
+@pytest.mark.parametrize("when", ["planning", "reading"])
+def test_a_cache_directory_that_cannot_be_made_is_a_named_configuration_error(tmp_path, where, when):
+    """It escaped as a bare `FileExistsError: File exists` or `NotADirectoryError` naming the
+    path, from planning or from the first read of a worker, with no word that it is the cache."""
+    root = memory_root()
+    put(f"{root}/a.jsonl", jsonl_bytes([{"i": 0}]))
+    (tmp_path / "afile").write_text("not a directory")
+    directory = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "cache"
+    cache = {"enabled": True, "dir": str(directory)}
+    with pytest.raises(ConfigurationError, match=f"cache directory {directory}"):
+        if when == "planning":
+            Dataset.from_path("d", root, cache=cache, retry_delay=0)
+        else:
+            ds = Dataset.from_path("d", root, retry_delay=0).with_io_options({"cache": cache})
+            ds.read_chunk(ds.chunks(1)[0])
+
+
 def test_local_shards_are_never_copied(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))

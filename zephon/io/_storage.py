@@ -66,4 +66,10 @@ def reading_filesystem(fs: AbstractFileSystem | LocalFiles, cache: CacheOptions)
         return fs
     from ._atomic_cache import AtomicSimpleCacheFileSystem  # imports fsspec, which a remote filesystem has already
 
-    return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=cache.directory)
+    try:  # makes the directory if it is missing
+        return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=cache.directory)
+    except OSError as error:  # else a bare "File exists" or "Not a directory", from planning or a worker
+        raise ConfigurationError(
+            f"cache directory {cache.directory} cannot be made ({error.strerror}: {error.filename}); "
+            "set io cache options {'dir': ...} to a directory that can be written"
+        ) from error
