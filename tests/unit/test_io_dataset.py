@@ -364,6 +364,7 @@ def test_error_policy_accepts_its_enum_and_strings(tmp_path):
         ({"text_unit": "paragraph"}, "text_unit='paragraph'"),
         ({"cache": {"enabled": True, "size": 3}}, "cache options"),
         ({"retries": 0}, "retries=0"),
+        ({"retries": True}, "retries=True"),  # an int to Python: it meant 1 attempt, no retry at all
         ({"url_suffix": "/missing"}, "not a file, a directory or a glob"),
         ({"url_suffix": "/*.parquet"}, "matches no files"),
     ],

@@ -49,7 +49,8 @@ class RetryPolicy:
     base_delay: float = 0.5
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
+        # A bool is an int to Python: retries=True meant one attempt, no retry at all.
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
             raise ConfigurationError(
                 f"retries={self.attempts!r} must be an int >= 1: the attempts in all, the first one included (1: no retry)"
             )
