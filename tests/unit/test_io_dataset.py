@@ -363,6 +363,8 @@ def test_error_policy_accepts_its_enum_and_strings(tmp_path):
         ({"format": "csv"}, "format='csv'"),
         ({"text_unit": "paragraph"}, "text_unit='paragraph'"),
         ({"cache": {"enabled": True, "size": 3}}, "cache options"),
+        ({"cache": {"enabled": "false"}}, "enabled='false'"),  # bool("false") turned the cache on
+        ({"cache": {"enabled": True, "dir": 3}}, "dir=3"),
         ({"retries": 0}, "retries=0"),
         ({"retries": True}, "retries=True"),  # an int to Python: it meant 1 attempt, no retry at all
         ({"url_suffix": "/missing"}, "not a file, a directory or a glob"),

@@ -51,7 +51,12 @@ class CacheOptions:
         unknown = sorted(set(options) - {"enabled", "dir"})
         if unknown:
             raise ConfigurationError(f"cache options {unknown} are unknown; expected 'enabled', 'dir'")
-        return cls(bool(options.get("enabled", False)), options.get("dir"))
+        enabled, directory = options.get("enabled", False), options.get("dir")
+        if not isinstance(enabled, bool):  # bool("false") is True: a config file's string turned it on
+            raise ConfigurationError(f"cache option enabled={enabled!r} must be True or False")
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise ConfigurationError(f"cache option dir={directory!r} must be a path (a str or os.PathLike)")
+        return cls(enabled, directory)
 
     @property
     def directory(self) -> str:
