@@ -23,6 +23,7 @@ from zephon.io._format import ShardFile
 from tests.reliability.harness import run_epoch, text_pipeline
 
 from .conftest_io import (
+    _PrefixedMemoryFileSystem,
     FakeHubFileSystem,
     FlakyFileSystem,
     ObjectStoreFileSystem,
@@ -143,6 +144,32 @@ def test_storage_that_keeps_failing_raises_after_the_configured_attempts(flaky):
         ds.read_chunk(ds.chunks(5)[0])
     assert flaky.opens == 4
     assert isinstance(caught.value.__cause__, ConnectionResetError)
+
+
+class ClientOptionsFileSystem(_PrefixedMemoryFileSystem):
+    """Keeps a nested storage option, as s3fs keeps `client_kwargs={"endpoint_url": ...}`."""
+
+    protocol = "clientopts"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+
+    def __init__(self, client_kwargs=None, **kwargs):
+        super().__init__(**kwargs)
+        self.client_kwargs = dict(client_kwargs or {})
+
+
+def test_storage_options_changed_after_planning_change_neither_the_dataset_nor_its_pickles():
+    """A pickle rebuilds an fsspec filesystem from the options it was given, and a nested dict of
+    them was the caller's own: options reused for the next dataset (one endpoint after another)
+    sent a worker process's copy of the first dataset to the second endpoint, while the inline
+    runner read the first."""
+    options = {"client_kwargs": {"endpoint_url": "https://first"}}
+    with registered(ClientOptionsFileSystem):
+        put("clientopts://bucket/a.jsonl", jsonl_bytes([{"i": 0}]))
+        ds = Dataset.from_path("d", "clientopts://bucket", storage_options=options)
+        options["client_kwargs"]["endpoint_url"] = "https://second"
+        clone = pickle.loads(pickle.dumps(ds))
+    assert ds._fs.client_kwargs == clone._fs.client_kwargs == {"endpoint_url": "https://first"}
 
 
 def test_shard_unavailable_error_survives_pickling():

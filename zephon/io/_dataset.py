@@ -140,7 +140,7 @@ class Dataset:
             url = os.fspath(url)
         if not isinstance(url, str) or not url:
             raise ConfigurationError(f"dataset {name!r} needs a URL or path as a str, got {url!r}")
-        located = locate(url, format, dict(storage_options or {}))
+        located = locate(url, format, _copied_options(storage_options or {}))
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)
         retry = RetryPolicy(retries, retry_delay)
@@ -279,6 +279,20 @@ class Dataset:
             raise ConfigurationError(
                 f"chunk {chunk} is outside [0, {num_records}) of shard {self.shards[chunk.shard].url}"
             )
+
+
+def _copied_options(options: Any) -> Any:
+    """`options` with its dicts and lists copied, however deeply nested; other values (a session,
+    a credentials object) kept as they are, since they may not be copyable.
+
+    The filesystem keeps the options it was given and a pickle rebuilds it from them: a nested
+    dict the caller changed afterwards (reused for the next dataset's endpoint) sent the copies
+    in worker processes elsewhere than the Dataset they were pickled from."""
+    if isinstance(options, dict):
+        return {key: _copied_options(value) for key, value in options.items()}
+    if isinstance(options, list):
+        return [_copied_options(value) for value in options]
+    return options
 
 
 def _make_reader(format: str, text_unit: str) -> ShardFormat:
