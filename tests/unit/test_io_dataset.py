@@ -367,6 +367,7 @@ def test_error_policy_accepts_its_enum_and_strings(tmp_path):
         ({"cache": {"enabled": True, "dir": 3}}, "dir=3"),
         ({"retries": 0}, "retries=0"),
         ({"retries": True}, "retries=True"),  # an int to Python: it meant 1 attempt, no retry at all
+        ({"storage_options": "anon=true"}, "storage_options='anon=true'"),
         ({"url_suffix": "/missing"}, "not a file, a directory or a glob"),
         ({"url_suffix": "/*.parquet"}, "matches no files"),
     ],

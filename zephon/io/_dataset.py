@@ -140,7 +140,11 @@ class Dataset:
             url = os.fspath(url)
         if not isinstance(url, str) or not url:
             raise ConfigurationError(f"dataset {name!r} needs a URL or path as a str, got {url!r}")
-        located = locate(url, format, _copied_options(storage_options or {}))
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigurationError(  # else a bare TypeError from fsspec, or a ValueError from dict()
+                f"storage_options={storage_options!r} must be a dict of the filesystem's options, e.g. {{'anon': True}}"
+            )
+        located = locate(url, format, _copied_options(dict(storage_options or {})))
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)
         retry = RetryPolicy(retries, retry_delay)
