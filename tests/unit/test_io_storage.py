@@ -263,6 +263,15 @@ def test_a_cache_directory_that_cannot_be_made_is_a_named_configuration_error(tm
             ds.read_chunk(ds.chunks(1)[0])
 
 
+def test_a_cache_directory_under_home_spelled_with_a_tilde_is_under_home(tmp_path, monkeypatch, flaky):
+    """`{"dir": "~/cache"}` made a directory named `~` in the working directory and cached there."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    Dataset.from_path("d", "flaky://bucket", cache={"enabled": True, "dir": "~/cache"}, retry_delay=0)
+    assert len(list((tmp_path / "home" / "cache").iterdir())) == 1
+    assert not (tmp_path / "~").exists()
+
+
 def test_local_shards_are_never_copied(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))

@@ -60,8 +60,8 @@ class CacheOptions:
 
     @property
     def directory(self) -> str:
-        if self.dir is not None:
-            return os.fspath(self.dir)
+        if self.dir is not None:  # `~` expanded, as in a dataset's path: not a directory named `~`
+            return os.path.expanduser(os.fspath(self.dir))
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return os.path.join(base, "zephon", "shards")
 
