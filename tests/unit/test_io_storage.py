@@ -68,6 +68,21 @@ def test_shard_that_vanished_after_planning_raises_naming_its_url():
     assert ds.shards[0].url in str(caught.value) and "3 attempt" in str(caught.value)
 
 
+@pytest.mark.parametrize("shard_format", ["jsonl", "parquet"])
+def test_a_shard_grown_after_planning_raises_naming_it_instead_of_handing_out_other_records(shard_format):
+    """A shard regenerated in place with longer records was read at its planned offsets: a JSON
+    Lines chunk began inside a line and handed out later lines under earlier addresses, a
+    Parquet chunk handed out the new file's rows, with no error."""
+    root = memory_root()
+    write = {"jsonl": jsonl_bytes, "parquet": lambda rows: parquet_bytes(rows, row_group_size=8)}[shard_format]
+    url = put(f"{root}/a.{shard_format}", write([{"i": i} for i in range(64)]))
+    ds = Dataset.from_path("d", root, retry_delay=0)
+    put(url, write([{"i": i, "pad": "x" * 40} for i in range(64)]))
+    with pytest.raises(ShardUnavailableError, match="changed after planning") as caught:
+        ds.read_chunk(ds.chunks(16)[1])
+    assert caught.value.url == ds.shards[0].url and caught.value.attempts == 1
+
+
 def test_flaky_storage_is_retried_until_it_answers(flaky):
     ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
     flaky.failures, flaky.opens = 2, 0

@@ -207,7 +207,7 @@ class Dataset:
         policy = ErrorPolicy.parse(on_error)
         self._check(chunk)
         info, access = self.shards[chunk.shard], self._access[chunk.shard]
-        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs)
+        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs, info.nbytes)
         if chunk.num_records == 0:
             slots = []
         else:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import numpy as np
 
+from ._errors import ShardUnavailableError
 from ._policy import Slot
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class ShardFile:
     path: str
     compression: str | None
     fs: AbstractFileSystem | LocalFiles
+    planned_nbytes: int | None = None  # the size planning listed; None while planning
 
     def open(self) -> BinaryIO:
         handle = self.fs.open(self.path, "rb")
@@ -44,8 +46,29 @@ class ShardFile:
             # fsspec's memory filesystem gives every opener the one file object it stores: reads
             # of two chunks on two threads would move each other's position. A BytesIO of its
             # bytes is private and shares them without a copy.
-            return io.BytesIO(handle.getvalue())
+            handle = io.BytesIO(handle.getvalue())
+        if self.planned_nbytes is not None:
+            self._check_not_grown(handle)
         return handle
+
+    def _check_not_grown(self, handle: BinaryIO) -> None:
+        """Raise ShardUnavailableError if the shard is now longer than planned: regenerated in
+        place, its records no longer sit at the planned offsets, row groups or members, and reads
+        handed out other records under the planned addresses without a word. A shorter shard is
+        read as far as it goes, its missing records counted as `truncated_shard`. Seeking to the
+        end reads nothing (fsspec's files know their size from opening); a stream that cannot
+        seek (an HTTP file of unknown size) is not checked."""
+        try:
+            size = handle.seek(0, io.SEEK_END)
+            handle.seek(0)
+        except (OSError, ValueError):  # io.UnsupportedOperation is both
+            return
+        if size > self.planned_nbytes:
+            handle.close()
+            raise ShardUnavailableError(
+                self.url, 1, f"it is {size} bytes, {self.planned_nbytes} when planned: it changed after planning "
+                "(build the Dataset again to read it as it is now)"
+            )
 
 
 @dataclass(frozen=True)
