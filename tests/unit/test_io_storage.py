@@ -161,6 +161,30 @@ def test_storage_that_keeps_failing_raises_after_the_configured_attempts(flaky):
     assert isinstance(caught.value.__cause__, ConnectionResetError)
 
 
+def test_backoff_between_attempts_doubles_up_to_a_minute_not_for_days(monkeypatch):
+    """Doubling without a bound, retries=20 waited 0.5 * 2**18 s (three days) before its last
+    attempt, a hang in all but name; past ~1,000 attempts the wait overflowed a float."""
+    from zephon.io._retry import MAX_RETRY_DELAY_S, RetryPolicy
+
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+
+    def failing():
+        raise ConnectionResetError("dropped")
+
+    with pytest.raises(ShardUnavailableError, match="after 20 attempt"):
+        RetryPolicy(20, 0.5).call("memory://x/a.jsonl", failing)
+    assert waits[:4] == [0.5, 1.0, 2.0, 4.0] and max(waits) == MAX_RETRY_DELAY_S == 60.0 and len(waits) == 19
+    waits.clear()
+    with pytest.raises(ShardUnavailableError):
+        RetryPolicy(1100, 0.5).call("memory://x/a.jsonl", failing)
+    assert len(waits) == 1099
+    waits.clear()
+    with pytest.raises(ShardUnavailableError):  # a first wait asked above the bound is kept
+        RetryPolicy(3, 90.0).call("memory://x/a.jsonl", failing)
+    assert waits == [90.0, 90.0]
+
+
 class ClientOptionsFileSystem(_PrefixedMemoryFileSystem):
     """Keeps a nested storage option, as s3fs keeps `client_kwargs={"endpoint_url": ...}`."""
 

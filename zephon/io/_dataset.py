@@ -132,7 +132,7 @@ class Dataset:
         `text_unit` ("line" or "file") says what a text record is. `cache={"enabled": True,
         "dir": ...}` copies remote shards to local disk. A storage error is retried: `retries` counts
         the attempts in all, the first one included (1: no retry), waiting `retry_delay` seconds
-        before the second and doubling.
+        before the second and doubling, up to a minute.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")

@@ -12,7 +12,7 @@ from .._errors import ConfigurationError, check_finite
 from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy"]
 
 T = TypeVar("T")
 
@@ -32,10 +32,16 @@ _TRANSPORT_ERRORS = (
 # every status but 404 (a FileNotFoundError); a 403 or 416 stays as it is.
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
+MAX_RETRY_DELAY_S = 60.0
+"""The longest the doubling wait between attempts grows to (a first wait asked longer is kept):
+unbounded, retries=20 waited three days before its last attempt, and past ~1,000 the wait
+overflowed a float."""
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Up to `attempts` tries with exponential backoff (`base_delay`, then doubled each time).
+    """Up to `attempts` tries with exponential backoff (`base_delay`, then doubled each time, up
+    to `MAX_RETRY_DELAY_S`).
 
     Retried: `OSError`, which is what fsspec backends raise for network, permission and
     missing-file failures (fsspec's own timeout, FSTimeoutError, is one on Python >= 3.11, as are
@@ -73,8 +79,14 @@ class RetryPolicy:
                     raise
                 last = error
                 if attempt + 1 < self.attempts:
-                    time.sleep(self.base_delay * 2**attempt)
+                    time.sleep(self._delay(attempt))
         raise ShardUnavailableError(url, self.attempts, f"{type(last).__name__}: {last}") from last
+
+    def _delay(self, attempt: int) -> float:
+        """The wait after failed attempt `attempt` (from 0); the exponent is bounded first, so
+        that a large attempt count cannot overflow."""
+        doubled = self.base_delay * 2.0 ** min(attempt, 64)
+        return max(self.base_delay, min(doubled, MAX_RETRY_DELAY_S))
 
 
 def _is_transient(error: Exception) -> bool:
