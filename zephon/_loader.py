@@ -49,8 +49,8 @@ text holds a placeholder id skipped, a tar's hidden members part of no record an
 opening a tar's text dropped, a Parquet file repeating a column name skipped; 6: a video field
 holding a list of one video decodes that video, a scheduled mixture's planning rounds sized per
 phase, which may order two chunks tied at a round's boundary otherwise, a list of token ids from
-the data holding a bool skipped), so that a checkpoint of the old batches is refused instead of
-resumed."""
+the data holding a bool skipped, a tokenizer.json's own truncation and padding switched off), so
+that a checkpoint of the old batches is refused instead of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
