@@ -54,6 +54,15 @@ def check_demo_layout(
         usage_error(demo, str(exc))
 
 
+def check_resume_layout(demo: str, args: argparse.Namespace, pipeline) -> None:
+    """`check_demo_layout` for a demo that checkpoints on `--from-world-size` ranks and resumes on
+    each of `--to-world-sizes`, with `pipeline`'s lanes and microbatch."""
+    check_demo_layout(demo, runner=args.runner, num_lanes=pipeline.settings.num_lanes,
+                      microbatch_size=pipeline.microbatch_size,
+                      world_sizes=(args.from_world_size, *args.to_world_sizes),
+                      global_batch_size=args.global_batch_size)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description="Zephon: elastically deterministic data loading.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import combine_digests, merge_states
 from ..barcode import BarcodeWriter
-from ..cli import check_checkpoint_step, check_demo_layout, usage_error
+from ..cli import check_checkpoint_step, check_resume_layout, usage_error
 from ._recipe import demo_pipeline
 
 
@@ -64,10 +64,7 @@ def _check_arguments(args) -> None:
         except OSError as exc:
             usage_error("elastic", f"--barcode-dir {args.barcode_dir!r} is no directory one can write: {exc}")
     pipeline = demo_pipeline(runner=args.runner, parallelism=args.parallelism)
-    check_demo_layout("elastic", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
-                      microbatch_size=pipeline.microbatch_size,
-                      world_sizes=(args.from_world_size, *args.to_world_sizes),
-                      global_batch_size=args.global_batch_size)
+    check_resume_layout("elastic", args, pipeline)
 
 
 def run_elastic_demo(args) -> int:

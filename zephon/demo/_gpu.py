@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import IGNORE_INDEX, global_batch_digest, merge_states
-from ..cli import check_checkpoint_step, check_demo_layout, positive_int, usage_error
+from ..cli import check_checkpoint_step, check_resume_layout, positive_int, usage_error
 from ._recipe import TOKENIZER, demo_pipeline
 
 __all__ = ["add_gpu_parser", "run_gpu_demo"]
@@ -60,10 +60,7 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     if args.dim % args.heads:
         usage_error("gpu", f"--dim={args.dim} must be divisible by --heads={args.heads}")
     pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
-    check_demo_layout("gpu", runner=args.runner, num_lanes=pipeline.settings.num_lanes,
-                      microbatch_size=pipeline.microbatch_size,
-                      world_sizes=(args.from_world_size, *args.to_world_sizes),
-                      global_batch_size=args.global_batch_size)
+    check_resume_layout("gpu", args, pipeline)
     try:
         import torch
     except ImportError:
