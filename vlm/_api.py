@@ -23,10 +23,10 @@ from ._video import VideoSpec
 
 __all__ = ["decode_images", "decode_video", "pack_multimodal"]
 
-# Operators that write no pixels field other than a decoder's `output_field`.
-_WRITE_NO_PIXELS = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
-# Operators that write no token ids other than a tokenize's `output_field`.
-_WRITE_NO_IDS = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
+# Operators that write no field but their own `output_field` (a filter writes none): a pipeline of
+# only these holds no pixels but a decoder's and no token ids but a tokenize's. A map or a plugin's
+# operator may write any field.
+_WRITE_ONLY_THEIR_OUTPUT = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
 
 
 def decode_images(
@@ -85,7 +85,8 @@ def pack_multimodal(
     decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
     if pixels_field is None:
         pixels_field = decoder.output_field if decoder is not None else "pixels"
-    elif decoder is not None and all(getattr(op, "name", None) in _WRITE_NO_PIXELS for op in pipeline.operators):
+    elif decoder is not None and all(getattr(op, "name", None) in _WRITE_ONLY_THEIR_OUTPUT
+                                     for op in pipeline.operators):
         # No record would hold a field no decoder writes, so every document would be packed as its
         # text alone, unsaid. A map (or a plugin's operator) may write it: only decided without one.
         written = {op.output_field: op.name for op in pipeline.operators
@@ -136,5 +137,5 @@ def _check_bos(pipeline, field: str) -> None:
                     "split every caption after its first word; give tokenize(bos=...) or another image_position"
                 )
             return
-        if getattr(op, "name", None) not in _WRITE_NO_IDS:  # a map or a plugin's operator may write the ids
+        if getattr(op, "name", None) not in _WRITE_ONLY_THEIR_OUTPUT:  # it may write the ids
             return
