@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import pickle
@@ -464,3 +465,49 @@ def test_threads_reading_chunks_of_one_memory_shard_get_their_own_records():
     finally:
         sys.setswitchinterval(interval)
     assert wrong == []
+
+
+class _FullDisk:
+    """A file opened for writing on a disk that is full (or over its quota): writes fail."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def write(self, data):
+        raise OSError(self.code, os.strerror(self.code))
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(("step", "code"), [("write", errno.ENOSPC), ("write", errno.EDQUOT),
+                                             ("create", errno.EROFS), ("create", errno.EACCES)])
+@pytest.mark.parametrize("when", ["planning", "reading"])
+def test_a_cache_disk_that_is_full_or_read_only_is_a_named_error_at_once_not_a_failing_shard(
+    tmp_path, object_store, monkeypatch, when, step, code
+):
+    """Writing the copy failed on the local disk (full, over quota, read-only, not writable) and
+    was retried as if the remote had failed, then reported as the shard being unavailable: the
+    user was sent to check the remote store, not the cache directory."""
+    put("objstore://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
+    directory = tmp_path / "cache"
+    cache = {"enabled": True, "dir": str(directory)}
+    downloads = []
+    copy = ObjectStoreFileSystem.get_file
+    monkeypatch.setattr(ObjectStoreFileSystem, "get_file",
+                        lambda self, *args, **kwargs: downloads.append(1) or copy(self, *args, **kwargs))
+    if step == "write":  # fsspec's get_file opens the temporary copy with the built-in open
+        monkeypatch.setattr(fsspec.spec, "open", lambda *args, **kwargs: _FullDisk(code), raising=False)
+    else:
+        def refuse(*args, **kwargs):
+            raise OSError(code, os.strerror(code), str(directory))
+        monkeypatch.setattr(_atomic_cache.tempfile, "mkstemp", refuse)
+    with pytest.raises(ConfigurationError, match=f"cache directory {directory} cannot be written") as caught:
+        if when == "planning":
+            Dataset.from_path("d", "objstore://bucket", cache=cache, retries=3, retry_delay=0)
+        else:
+            ds = Dataset.from_path("d", "objstore://bucket", retries=3, retry_delay=0).with_io_options({"cache": cache})
+            ds.read_chunk(ds.chunks(5)[0])
+    assert os.strerror(code) in str(caught.value) and errno.errorcode[code] in str(caught.value)
+    assert len(downloads) <= 1, "a local disk error was retried as if the remote had failed"
+    assert not list(directory.glob("*.part")), "the temporary copy was left behind"

@@ -37,6 +37,7 @@ disk until the directory is cleared.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -47,12 +48,21 @@ import time
 from fsspec.implementations.cache_mapper import AbstractCacheMapper
 from fsspec.implementations.cached import SimpleCacheFileSystem
 
+from .._errors import ConfigurationError
+
 __all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
 
 ABANDONED_AFTER_S = 600.0
 """How long an unlocked temporary file of this host must have been untouched to be removed."""
 
 _PART = ".part"
+
+# Errors of the local disk while the copy is written: full, over quota, read-only. A remote read
+# never raises them, so from inside the download they are the cache's. Not EACCES: a remote's
+# PermissionError is one too, and only making the temporary file, which the remote has no part
+# in, takes it as the cache's.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_CACHE_DIRECTORY_ERRNOS = _DISK_ERRNOS | {errno.EACCES, errno.EPERM}
 
 
 class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
@@ -87,21 +97,39 @@ class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
 def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, name: str) -> None:
     """Copy `path` into `cache` as `name`, whole or not at all. A function, not a method:
     fsspec's caching filesystems hand any attribute they do not list to the remote filesystem."""
-    cache._mkcache()
     cache._cache_size = None
     directory = cache.storage[-1]
     host = socket.gethostname()
-    _remove_abandoned(directory, host)
-    handle, partial = tempfile.mkstemp(dir=directory, prefix=f"{name}.{host}.", suffix=_PART)
+    try:
+        cache._mkcache()
+        _remove_abandoned(directory, host)
+        handle, partial = tempfile.mkstemp(dir=directory, prefix=f"{name}.{host}.", suffix=_PART)
+    except OSError as error:
+        if error.errno in _CACHE_DIRECTORY_ERRNOS:
+            raise _unwritable(cache, path, directory, error) from error
+        raise
     try:
         _lock(handle, blocking=True)
         cache.fs.get_file(path, partial)
         os.replace(partial, os.path.join(directory, name))
-    except BaseException:
+    except BaseException as error:
         os.unlink(partial)
+        if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
+            raise _unwritable(cache, path, directory, error) from error
         raise
     finally:
         os.close(handle)  # only now: closing it drops the lock
+
+
+def _unwritable(cache: AtomicSimpleCacheFileSystem, path: str, directory: str, error: OSError) -> ConfigurationError:
+    """The error for a cache directory the copy cannot be written to. Not an OSError, so it is not
+    retried: retrying cannot free the disk, and the retries ended in ShardUnavailableError, which
+    sent the user to the remote store rather than to the cache's disk."""
+    return ConfigurationError(
+        f"cache directory {directory} cannot be written ({errno.errorcode.get(error.errno, error.errno)}: "
+        f"{error.strerror}) while copying shard {cache.fs.unstrip_protocol(path)}: free space on its disk, "
+        "or set io cache options {'dir': ...} to a directory that can be written"
+    )
 
 
 def _lock(handle: int, blocking: bool) -> bool:
