@@ -207,6 +207,20 @@ def test_text_file_unit_makes_one_record_per_file(tmp_path):
     assert read_all(ds, 5) == ([{"text": "one\ntwo\n"}, {"text": "três"}], [])
 
 
+@pytest.mark.parametrize("kept", [0, 11])
+def test_text_file_unit_counts_a_file_cut_after_planning_as_truncated_not_a_shorter_text(tmp_path, kept):
+    """A plain text file is one record, the whole file: cut or emptied after planning, it was handed
+    out as a shorter (or empty) text with no word, where a line shard or a compressed file cut
+    the same way counts what it lost as `truncated_shard`."""
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"first line\nsecond line\nthird\n")
+    ds = Dataset.from_path("d", str(tmp_path), text_unit="file")
+    path.write_bytes(path.read_bytes()[:kept])
+    assert read_all(ds, 1) == ([], [(RecordAddress("d", str(path), 0), "truncated_shard")])
+    with pytest.raises(BadRecordError, match="truncated_shard"):
+        read_all(ds, 1, on_error="raise")
+
+
 @pytest.mark.parametrize("compression", ["gz", "zst"])
 def test_text_file_unit_plans_a_compressed_file_by_its_decompressed_size(tmp_path, compression):
     """raw_bytes sizes prefetching and the memory budget: it is the text's size, not the stored one."""

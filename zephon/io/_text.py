@@ -49,7 +49,17 @@ class Text:
                 content = b"".join(decompressed_blocks(f, shard.compression))
             except EOFError as error:
                 return fill_truncated([], stop - start, str(error))
+        if _cut_after_planning(shard, len(content)):
+            return fill_truncated([], stop - start, f"shard is {len(content)} bytes, {shard.planned_nbytes} when planned")
         return [_decode(content.removeprefix(UTF8_BOM))]
+
+
+def _cut_after_planning(shard: ShardFile, size: int) -> bool:
+    """Whether a plain file read whole holds fewer bytes than planned. Its one record is the whole
+    file, so a file cut or emptied after planning no longer holds it: handed out, it was a shorter
+    text (or an empty one) with no word. A compressed file cut short is known by its stream
+    instead, where its stored size says nothing of its text's."""
+    return shard.compression is None and shard.planned_nbytes is not None and size < shard.planned_nbytes
 
 
 def _decompressed_size(shard: ShardFile) -> int:
