@@ -513,6 +513,26 @@ def test_plain_lines_cut_inside_a_line_after_planning_hand_out_no_piece_of_it(tm
             assert [a.index for a, _ in skipped] == list(range(kept, 40))
 
 
+@pytest.mark.parametrize("records_per_chunk", [8, 40])
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_plain_lines_cut_inside_a_line_past_the_last_seek_point_hand_out_no_piece_of_it(tmp_path, fmt,
+                                                                                       records_per_chunk):
+    """A chunk that reads on to the end of the file took the piece of a line left by a cut after
+    planning for a last line without a newline: handed out as a record (a text cut mid-line) or
+    counted `malformed_json`, where a chunk ending before the last seek point counted it
+    `truncated_shard`. The file is shorter than planned, so its unterminated tail is a cut line."""
+    lines = [f"sentence number {i}" for i in range(40)]
+    data = lines_bytes([line.encode() for line in lines]) if fmt == "text" else jsonl_bytes([{"s": s} for s in lines])
+    path = tmp_path / ("a.txt" if fmt == "text" else "a.jsonl")
+    path.write_bytes(data)
+    ds = Dataset.from_path("d", str(tmp_path))
+    cut = data.index(b"\n", data.index(b"sentence number 35")) - 5  # inside line 35, past seek point 32
+    path.write_bytes(data[:cut])
+    records, skipped = read_all(ds, records_per_chunk)
+    assert len(records) == 35
+    assert [(a.index, reason) for a, reason in skipped] == [(i, "truncated_shard") for i in range(35, 40)]
+
+
 def test_a_line_spanning_many_blocks_is_not_copied_once_per_block(tmp_path, monkeypatch):
     """A line is read in blocks; copying what came so far at every block made a 200 MB line take
     15 s (quadratic). Counted in bytes allocated while each block is split, not in time."""

@@ -9,7 +9,8 @@ Compressed shards cannot seek: each read decompresses from the start and skips l
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import BinaryIO
 
@@ -77,6 +78,7 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
     """The lines [start, stop) without their b"\\n", and why there are fewer if the shard ends early."""
     first = 0
     lines: list[bytes] = []
+    tail_is_cut = None
     with shard.open() as f:
         if seek is not None:
             point = start // SEEK_STRIDE
@@ -88,10 +90,11 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
                 blocks = iter([_whole_lines(f.read(planned), planned)])
             else:
                 blocks = raw_blocks(f)
+                tail_is_cut = functools.partial(_ended_before_planned, f, shard.planned_nbytes)
         else:
             blocks = decompressed_blocks(f, shard.compression)
         try:
-            lines.extend(islice(_split_lines(blocks), start - first, stop - first))
+            lines.extend(islice(_split_lines(blocks, tail_is_cut), start - first, stop - first))
         except EOFError as error:
             return _without_bom(lines, start), str(error)
     return _without_bom(lines, start), "shard has fewer lines than when it was planned"
@@ -104,6 +107,13 @@ def _whole_lines(data: bytes, planned: int) -> bytes:
     return data if len(data) == planned else data[: data.rfind(b"\n") + 1]
 
 
+def _ended_before_planned(f: BinaryIO, planned_nbytes: int | None) -> bool:
+    """Whether `f`, read to its end, is shorter than planned. Every line of the planned file but
+    its last ends with b"\\n" and that last one ends at the planned size, so in a file cut
+    after planning a tail without b"\\n" is a piece of a line, not a last line without one."""
+    return planned_nbytes is not None and f.tell() < planned_nbytes
+
+
 def _without_bom(lines: list[bytes], start: int) -> list[bytes]:
     """A UTF-8 byte order mark opening the shard marks its encoding; it is not text of line 0."""
     if start == 0 and lines and lines[0].startswith(UTF8_BOM):
@@ -111,11 +121,12 @@ def _without_bom(lines: list[bytes], start: int) -> list[bytes]:
     return lines
 
 
-def _split_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+def _split_lines(blocks: Iterable[bytes], tail_is_cut: Callable[[], bool] | None = None) -> Iterator[bytes]:
     """The lines of a stream given in blocks. The pieces of a line that spans blocks are joined once,
     when its end arrives: prepending the unfinished line to each block copied a line spanning N
     blocks N times (one 200 MB line: 15 s instead of 0.15 s). Splitting each block on its own also spares
-    the common case, many lines a block, a copy of the whole block."""
+    the common case, many lines a block, a copy of the whole block. A tail without b"\\n" is a
+    last line unless `tail_is_cut()`, asked once the blocks have ended, says it is a cut one's piece."""
     pieces: list[bytes] = []  # the line begun in earlier blocks, not ended yet
     for block in blocks:
         lines = block.split(b"\n")
@@ -127,5 +138,5 @@ def _split_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
                 pieces.clear()
             yield from lines
         pieces.append(end)
-    if rest := b"".join(pieces):
+    if (rest := b"".join(pieces)) and (tail_is_cut is None or not tail_is_cut()):
         yield rest
