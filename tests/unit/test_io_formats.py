@@ -391,6 +391,47 @@ def test_tar_cut_short_after_planning_counts_every_missing_record(tmp_path):
         read_all(ds, 10, on_error="raise")
 
 
+def _pairs_tar(num_records: int) -> tuple[bytes, dict[str, int]]:
+    """A tar of records of a caption and a JSON member each, and the offset of each member's header."""
+    whole = tar_bytes([m for i in range(num_records)
+                       for m in [(f"{i:03d}.txt", f"caption {i}".encode()), (f"{i:03d}.json", b'{"i": %d}' % i)]])
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        return whole, {member.name: member.offset for member in tar.getmembers()}
+
+
+@pytest.mark.parametrize("inside_the_header", [False, True])
+@pytest.mark.parametrize("records_per_chunk", [4, 20])
+def test_tar_cut_after_planning_between_members_of_a_record_hands_out_no_part_of_that_record(
+    tmp_path, records_per_chunk, inside_the_header
+):
+    """A tar cut after planning at (or inside) the header of a record's second member ends the
+    walk as if the archive ended there: the record was handed out without that member (a caption
+    without its image), with no count. A file shorter than planned that does not end in the
+    end-of-archive blocks may have lost members of its last record, so that record is counted
+    `truncated_shard` with the records after it."""
+    whole, offsets = _pairs_tar(20)
+    path = tmp_path / "a.tar"
+    path.write_bytes(whole)
+    ds = Dataset.from_path("d", str(tmp_path))
+    path.write_bytes(whole[: offsets["010.json"] + (100 if inside_the_header else 0)])
+    records, skipped = read_all(ds, records_per_chunk)
+    assert [r["__key__"] for r in records] == [f"{i:03d}" for i in range(10)]
+    assert all(set(r) == {"__key__", "txt", "json"} for r in records)
+    assert [(a.index, reason) for a, reason in skipped] == [(i, "truncated_shard") for i in range(10, 20)]
+
+
+def test_tar_cut_after_planning_inside_its_end_of_archive_blocks_keeps_its_last_record(tmp_path):
+    """Zeros after the last member are the end of the archive: its last record is whole."""
+    whole, offsets = _pairs_tar(20)
+    path = tmp_path / "a.tar"
+    path.write_bytes(whole)
+    ds = Dataset.from_path("d", str(tmp_path))
+    end = offsets["019.json"] + 2 * tarfile.BLOCKSIZE  # its header and its data's one block
+    path.write_bytes(whole[: end + 700])
+    records, skipped = read_all(ds, 20)
+    assert len(records) == 20 and skipped == []
+
+
 def test_json_python_cannot_hold_is_a_malformed_line(tmp_path):
     lines = [b'{"a": 1}', b'{"id": ' + b"9" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000, b'{"a": 2}']
     (tmp_path / "a.jsonl").write_bytes(lines_bytes(lines))
