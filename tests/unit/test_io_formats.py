@@ -420,6 +420,23 @@ def test_tar_cut_after_planning_between_members_of_a_record_hands_out_no_part_of
     assert [(a.index, reason) for a, reason in skipped] == [(i, "truncated_shard") for i in range(10, 20)]
 
 
+@pytest.mark.parametrize("inside_the_header", [False, True])
+def test_tar_cut_before_planning_between_members_of_a_record_counts_that_record_as_truncated(
+    tmp_path, inside_the_header
+):
+    """Planning cannot tell where a tar without its end-of-archive blocks was cut and counts the key
+    it ends in as a record; reading handed that record out without its later members (a caption
+    without its image), uncounted. It is now counted `truncated_shard`, as a cut inside a member is."""
+    whole, offsets = _pairs_tar(20)
+    (tmp_path / "a.tar").write_bytes(whole[: offsets["010.json"] + (100 if inside_the_header else 0)])
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert ds.num_records == 11
+    for records_per_chunk in (4, 11):
+        records, skipped = read_all(ds, records_per_chunk)
+        assert [r["__key__"] for r in records] == [f"{i:03d}" for i in range(10)]
+        assert [(a.index, reason) for a, reason in skipped] == [(10, "truncated_shard")]
+
+
 def test_tar_cut_after_planning_inside_its_end_of_archive_blocks_keeps_its_last_record(tmp_path):
     """Zeros after the last member are the end of the archive: its last record is whole."""
     whole, offsets = _pairs_tar(20)

@@ -21,7 +21,6 @@ offset of every SEEK_STRIDE-th record so that a chunk read starts near its first
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -108,8 +107,8 @@ class WebDataset:
                             duplicate = member.name
                         record[extension] = tar.extractfile(member).read()
                 if record is not None and index >= start:
-                    if _cut_after_planning(f, tar.offset, shard.planned_nbytes):
-                        detail = "tar cut short after planning: its last record may lack members"
+                    if _ends_cut(f, tar.offset):
+                        detail = "tar cut short: its last record may lack members"
                     else:
                         slots.append(_decode(record, duplicate))
             except (tarfile.ReadError, EOFError) as error:
@@ -117,19 +116,17 @@ class WebDataset:
         return fill_truncated(slots, stop - start, detail)
 
 
-def _cut_after_planning(f, offset: int, planned_nbytes: int | None) -> bool:
-    """Whether a walk that ended at `offset` ended because the file was cut after planning.
+def _ends_cut(f, offset: int) -> bool:
+    """Whether a walk that ended at `offset` ended at a cut, not at the end-of-archive blocks.
 
     `tarfile` ends its walk without an error at the end of the file or at a header cut short, as
-    at the end-of-archive blocks, so a tar cut after planning before the header of a record's next
-    member handed out that record without the member. A file shorter than planned whose walk ends
-    anywhere but in zeros (the end-of-archive blocks, whole or cut) may have lost members of its
-    last record; a cut exactly between two records cannot be told from that and also counts it.
+    at the end-of-archive blocks, so a tar cut before the header of a record's next member (before
+    or after planning) handed that record out without the member. A walk that ends anywhere but in
+    zeros (the end-of-archive blocks, whole or cut) may have lost members of its last record; a
+    cut exactly between two records cannot be told from that and also counts it.
     """
     import tarfile
 
-    if planned_nbytes is None or f.seek(0, io.SEEK_END) >= planned_nbytes:
-        return False
     f.seek(offset)
     block = f.read(tarfile.BLOCKSIZE)
     return not block or block.count(0) != len(block)
