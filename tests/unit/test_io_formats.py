@@ -222,6 +222,18 @@ def test_text_file_unit_counts_a_file_cut_after_planning_as_truncated_not_a_shor
 
 
 @pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_text_file_unit_counts_a_compressed_file_emptied_after_planning_as_truncated_not_an_empty_text(
+    tmp_path, compression
+):
+    """An empty file holds no stream to be found cut: it was read as an empty text."""
+    path = tmp_path / f"a.txt.{compression}"
+    path.write_bytes(compress(b"a document\n", compression))
+    ds = Dataset.from_path("d", str(tmp_path), text_unit="file")
+    path.write_bytes(b"")
+    assert read_all(ds, 1) == ([], [(RecordAddress("d", str(path), 0), "truncated_shard")])
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
 def test_text_file_unit_plans_a_compressed_file_by_its_decompressed_size(tmp_path, compression):
     """raw_bytes sizes prefetching and the memory budget: it is the text's size, not the stored one."""
     text = "".join(f"line {i} of a document that compresses well\n" for i in range(2000)).encode()

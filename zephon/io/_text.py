@@ -49,17 +49,21 @@ class Text:
                 content = b"".join(decompressed_blocks(f, shard.compression))
             except EOFError as error:
                 return fill_truncated([], stop - start, str(error))
-        if _cut_after_planning(shard, len(content)):
-            return fill_truncated([], stop - start, f"shard is {len(content)} bytes, {shard.planned_nbytes} when planned")
+            stored = f.tell()  # read to its end: the file's size now
+        if _cut_after_planning(shard, stored):
+            return fill_truncated([], stop - start, f"shard is {stored} bytes, {shard.planned_nbytes} when planned")
         return [_decode(content.removeprefix(UTF8_BOM))]
 
 
-def _cut_after_planning(shard: ShardFile, size: int) -> bool:
-    """Whether a plain file read whole holds fewer bytes than planned. Its one record is the whole
-    file, so a file cut or emptied after planning no longer holds it: handed out, it was a shorter
-    text (or an empty one) with no word. A compressed file cut short is known by its stream
-    instead, where its stored size says nothing of its text's."""
-    return shard.compression is None and shard.planned_nbytes is not None and size < shard.planned_nbytes
+def _cut_after_planning(shard: ShardFile, stored: int) -> bool:
+    """Whether a file read whole, now `stored` bytes, lost part of its record after planning. Its
+    one record is the whole file, so a plain file cut or emptied after planning no longer holds
+    it: handed out, it was a shorter text (or an empty one) with no word. A compressed file cut
+    short is known by its stream instead (its stored size says nothing of its text's), but an
+    emptied one holds no stream to be found cut."""
+    if shard.planned_nbytes is None:
+        return False
+    return stored < shard.planned_nbytes if shard.compression is None else stored == 0
 
 
 def _decompressed_size(shard: ShardFile) -> int:
