@@ -112,12 +112,29 @@ def pack_multimodal(
             )
         dim, dtype = decoder.patch_layout()
         patch_dim, patch_dtype = dim, dtype.str
-    deferred = isinstance(decoder, DecodeImages) and decoder.defer
+    deferred, deferred_on_error = _deferred_policy(pipeline)
     return pipeline.apply(PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field, grid_field,
         max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
-        deferred_images=deferred, deferred_on_error=decoder.on_error if deferred else None,
+        deferred_images=deferred, deferred_on_error=deferred_on_error,
     ))
+
+
+def _deferred_policy(pipeline) -> tuple[bool, str | None]:
+    """(whether the pipeline has `decode_images(defer=True)` stages, their error policy; None:
+    the pipeline's own).
+
+    Any such stage, not only the last decoder, gives the packer its row work: a `decode_video`
+    after it left its images to be decoded while the loader assembled batches, on its own thread
+    and failing fast whatever the policy. The row work has one policy, so stages that set
+    different ones are refused rather than one of them silently followed."""
+    policies = {op.on_error for op in pipeline.operators if isinstance(op, DecodeImages) and op.defer}
+    if len(policies) > 1:
+        raise ConfigurationError(
+            "pack_multimodal: the decode_images(defer=True) stages set different on_error policies "
+            f"{sorted(policies, key=str)}; their images are decoded after packing under one: give them the same"
+        )
+    return bool(policies), next(iter(policies), None)
 
 
 def _check_bos(pipeline, field: str) -> None:

@@ -17,11 +17,12 @@ from tests.unit.test_vlm_assets import (
     cmyk_jpeg,
     encode,
     gradient,
+    make_video,
     package_dir,
     png_header_only,
     truncated_jpeg,
 )
-from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders
+from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders, VideoSpec
 from vlm._api import decode_images, pack_multimodal
 from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
@@ -206,3 +207,59 @@ def test_pack_multimodal_after_bos_refuses_a_tokenize_that_adds_no_bos(shards):
     assert batch.ragged["image_token_offset"][0] == 1
     prefixed = without.map(lambda record: record)  # a map may put a BOS first: not decided
     pack_multimodal(prefixed, 256, PLACEHOLDERS, image_position="after_bos")
+
+
+def _with_video_frames(record: dict) -> dict:
+    """Each record's image, then its video's frames, in the one field the packer reads."""
+    out = dict(record)
+    out["pixels"] = [out["pixels"], *out.pop("frames")]
+    return out
+
+
+def _image_and_video_pipeline(root, *, defer: bool) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("clips", str(root))], seed=1, records_per_chunk=2,
+                                     num_epochs=1)
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="thread", on_error="skip")
+                .tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt", bos="<|bos|>",
+                          eos="<|eos|>")
+                .decode_images(field="jpg", spec=SPEC, defer=defer)
+                .decode_video(field="mp4", output_field="frames", spec=VideoSpec(num_frames=2, image=SPEC))
+                .map(_with_video_frames))
+    return pipeline.pack_multimodal(512, PLACEHOLDERS, pixels_field="pixels").batch(1)
+
+
+def test_deferred_images_decode_after_packing_when_a_video_is_decoded_after_them(tmp_path):
+    """decode_images(defer=True) then decode_video: pack_multimodal took the last decoder, the
+    video's, as the one that decides, so the deferred images lost their row work. The loader
+    then decoded them itself while assembling, always failing fast: a truncated JPEG, which
+    on_error="skip" masks and counts, stopped the run with BadRecordError."""
+    video = make_video(tmp_path / "clip.mp4", frames=20).read_bytes()
+    for name, bad in (("good", None), ("bad", 3)):
+        (tmp_path / name).mkdir()
+        with tarfile.open(tmp_path / name / "clips-000.tar", "w") as tar:
+            for i in range(6):
+                image = truncated_jpeg() if i == bad else encode(gradient(40 + 8 * i, 64), "JPEG", quality=90)
+                for ext, payload in (("jpg", image), ("mp4", video), ("txt", f"clip number {i}".encode())):
+                    info = tarfile.TarInfo(f"k{i:03d}.{ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    assert _image_and_video_pipeline(tmp_path / "good", defer=True).packers()[0].row_work("skip") is not None
+
+    def run(name: str, defer: bool):
+        with _image_and_video_pipeline(tmp_path / name, defer=defer).shard(0, 1) as loader:
+            return [batch.digest() for batch in loader], loader.stats()
+
+    eager, _ = run("good", defer=False)
+    assert len(eager) > 1 and run("good", defer=True)[0] == eager, "the same pixels, decoded after packing"
+    _, stats = run("bad", defer=True)
+    masked = sum(lane.get("masked:truncated_image", 0) for lane in stats["lanes"].values())
+    assert masked == 1 and stats["datasets"]["clips"]["total"]["emitted"] == 6
+
+
+def test_pack_multimodal_refuses_deferred_image_stages_with_different_error_policies(shards):
+    """Their images are decoded after packing by one row work with one policy."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
+    pipeline = decode_images(Pipeline(source), field="jpg", spec=SPEC, defer=True, on_error="raise")
+    pipeline = decode_images(pipeline, field="png", spec=SPEC, output_field="more", defer=True, on_error="skip")
+    with pytest.raises(ConfigurationError, match=r"decode_images\(defer=True\) stages set different on_error"):
+        pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
