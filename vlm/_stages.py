@@ -9,8 +9,8 @@ the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error
 A record that cannot be decoded is dropped and reported in `skipped` with its reason
 (missing_image / missing_video when no candidate field is present or a video field holds an
 empty list, several_videos when it holds more than one, not_media_bytes when the field holds
-something other than encoded bytes, the decode error's reason, or processor_error), or, with
-`on_error="raise"`, fails with `BadRecordError` naming its address.
+something other than encoded bytes (or, for a video, a path), the decode error's reason, or
+processor_error), or, with `on_error="raise"`, fails with `BadRecordError` naming its address.
 
 Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
 call from several threads when the thread runner runs this stage with parallelism > 1
@@ -108,8 +108,16 @@ def _items(value: Any, allow_paths: bool) -> tuple[list[Any], bool]:
 
 
 def _unwrap(value: Any, allow_paths: bool) -> Any:
-    if isinstance(value, dict) and value.get("bytes") is not None:
-        value = value["bytes"]
+    """The media in one item: its bytes, or where paths are allowed (video) its path, bare or
+    as a Hugging Face struct holding only a path ({"bytes": None, "path": ...}, a local file's
+    row): one path, read alike whichever form carries it."""
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            value = value["bytes"]
+        elif isinstance(value.get("path"), str):
+            if not allow_paths:
+                raise _Skip("not_media_bytes", f"the struct holds no bytes, only the path {value['path']!r}")
+            value = value["path"]
     if isinstance(value, (bytes, bytearray, memoryview)):
         return value
     if allow_paths and isinstance(value, (str, os.PathLike)):
@@ -275,8 +283,9 @@ class DecodeImages:
 
 @dataclass(frozen=True)
 class DecodeVideo:
-    """Decode `record[field]` (bytes, a {"bytes": ...} struct or a local path, or a list of one of
-    them) into frames.
+    """Decode `record[field]` (bytes, a {"bytes": ...} struct, a local path, bare or as a Hugging
+    Face struct {"bytes": None, "path": ...}, or a list of one of them) into frames. A relative
+    path is opened from the worker's working directory, as `open` would.
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
     multimodal packer treats the T frames as T images. The source field is dropped unless

@@ -227,6 +227,23 @@ def test_video_field_holding_a_list_of_one_video_decodes_it_and_other_lists_are_
     assert [(a.index, reason) for a, reason in out.skipped] == [(3, "several_videos"), (4, "missing_video")]
 
 
+def test_a_hugging_face_video_struct_holding_only_a_path_decodes_that_path_as_a_bare_path_does(tmp_path):
+    """{"bytes": None, "path": ...} is what a Hugging Face Video column holds for a local file: the
+    stage takes a bare path, but the struct was skipped as `not_media_bytes`."""
+    path = make_video(tmp_path / "clip.mp4", frames=20)
+    stage = DecodeVideo(spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=16)), on_error="raise")
+    out = stage(chunk_of([{"mp4": str(path)}, {"mp4": {"bytes": None, "path": str(path)}},
+                          {"mp4": [{"bytes": None, "path": str(path)}]}]))
+    assert len(out.records) == 3 and not out.skipped
+    assert all(np.array_equal(r["pixels"], out.records[0]["pixels"]) for r in out.records)
+
+
+def test_a_hugging_face_image_struct_holding_only_a_path_is_skipped_naming_the_path():
+    """Images are read from bytes only (vlm/README.md): the skip says why, not "got dict"."""
+    with pytest.raises(BadRecordError, match=r"not_media_bytes.*holds no bytes, only the path 'x/y.jpg'"):
+        DecodeImages(on_error="raise")(chunk_of([{"jpg": {"bytes": None, "path": "x/y.jpg"}}]))
+
+
 @pytest.mark.parametrize("stage,module,package", [(DecodeImages, "PIL", "Pillow"), (DecodeVideo, "av", "PyAV")])
 def test_a_decoding_stage_without_its_decoder_is_refused_when_the_pipeline_is_built(monkeypatch, stage, module,
                                                                                     package):
