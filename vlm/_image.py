@@ -62,8 +62,10 @@ class ImageSpec:
     - `fit="pixels"` (default; the Qwen2-VL convention): each side is rounded to the nearest
       multiple of a cell; if the area leaves [min_pixels, max_pixels] the image is scaled by the
       square root of the excess, flooring (too big) or ceiling (too small) to whole cells. Extreme
-      aspect ratios that cannot meet `max_pixels` with whole cells are narrowed on the long side.
-      The bounds must hold a whole number of cells between them (refused otherwise).
+      aspect ratios that cannot meet `max_pixels` with whole cells are narrowed on the long side;
+      where that leaves the bounds (a window a few cells wide), the grid within them nearest the
+      image's aspect ratio is taken. The bounds must hold a whole number of cells between them
+      (refused otherwise).
     - `fit="max_side"` (the mistral-common / Pixtral convention): the longest side is scaled down
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
@@ -175,7 +177,35 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
             w_cells = max(cap // h_cells, 1)
         else:
             h_cells = max(cap // w_cells, 1)
+    if not floor <= h_cells * w_cells <= cap:  # narrowing undid the widening: a window a few cells wide
+        h_cells, w_cells = _grid_in_window(height, width, floor, cap)
     return h_cells * spec.merge_size, w_cells * spec.merge_size
+
+
+def _grid_in_window(height: int, width: int, floor: int, cap: int) -> tuple[int, int]:
+    """(rows, cols) in cells with floor <= rows * cols <= cap, nearest the image's aspect ratio
+    (ties: the larger area, then fewer rows).
+
+    Only for windows too narrow for the rules above: widening a grid for min_pixels and then
+    narrowing its long side for max_pixels could land below min_pixels (a 1x1 image in a window
+    of exactly 3 cells grew to 2x2, then narrowed to 2x1). `ImageSpec` refuses a window holding
+    no whole count of cells, so a k x 1 grid always fits. The short side is searched up to
+    sqrt(cap), either way round, so the cost stays small for any window.
+    """
+    aspect = math.log(height / width)
+    best = None
+    for short in range(1, math.isqrt(cap) + 1):
+        low, high = max(short, -(-floor // short)), cap // short
+        if low > high:
+            continue
+        for tall in (True, False):  # the short side as the columns (a tall grid) or as the rows
+            ideal = short * (height / width if tall else width / height)
+            for long in {min(max(math.floor(ideal), low), high), min(max(math.ceil(ideal), low), high)}:
+                rows, cols = (long, short) if tall else (short, long)
+                key = (abs(math.log(rows / cols) - aspect), -rows * cols, rows)
+                if best is None or key < best[0]:
+                    best = (key, (rows, cols))
+    return best[1]
 
 
 def patchify(pixels: np.ndarray, patch_size: int) -> np.ndarray:

@@ -129,6 +129,28 @@ def test_pixel_bounds_that_are_not_multiples_of_a_cell_keep_every_grid_within_th
         assert spec.min_pixels <= rows * 14 * cols * 14 <= spec.max_pixels, (height, width)
 
 
+@given(height=st.integers(1, 200_000), width=st.integers(1, 200_000),
+       cell=st.sampled_from([(16, 1), (14, 2), (8, 2), (4, 1)]), low_cells=st.integers(0, 80),
+       extra_cells=st.integers(0, 6), low_slack=st.integers(0, 10**6), high_slack=st.integers(0, 10**6))
+def test_grid_stays_within_a_narrow_pixel_window_whenever_one_holds_a_whole_grid(height, width, cell, low_cells,
+                                                                                 extra_cells, low_slack, high_slack):
+    """Widening a floored grid up to min_pixels, then narrowing its long side down to max_pixels,
+    could undo the widening: 4595x2816 px at 16 px cells in [1785, 1811] px (7 cells only) came
+    out 3x2 cells, 1536 px. Any window a spec accepts holds a grid (k x 1 for a count k in it)."""
+    patch, merge = cell
+    area = (patch * merge) ** 2
+    low = max(0, low_cells * area - low_slack % area)
+    high = (low_cells + extra_cells) * area + high_slack % area
+    try:
+        spec = ImageSpec(patch_size=patch, merge_size=merge, min_pixels=low, max_pixels=high)
+    except ConfigurationError:
+        assert -(-low // area) > high // area or high < area, "refused only where no whole grid fits"
+        return
+    rows, cols = image_grid(height, width, spec)
+    assert rows % merge == 0 and cols % merge == 0 and rows >= merge and cols >= merge
+    assert spec.min_pixels <= rows * patch * cols * patch <= spec.max_pixels
+
+
 @pytest.mark.parametrize("field,value", [("draft_gap", math.inf), ("draft_gap", "2"),
                                          pytest.param("draft_gap", 10**400, id="draft_gap-10**400"),
                                          ("background", (0, 0, math.inf)), ("background", (math.nan, 0, 0))])
