@@ -149,6 +149,10 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
     if not container.streams.video:
         raise VideoDecodeError("corrupt_video", "no video stream")
     stream = container.streams.video[0]
+    # FFmpeg conceals a damaged slice by borrowing pixels, and how depends on its thread count,
+    # by default one per CPU this thread may run on: a job's cpuset or another node would change
+    # the pixels of damaged bytes. One thread decodes sound bytes to the same pixels as many do.
+    stream.codec_context.thread_count = 1
     width, height = stream.codec_context.width, stream.codec_context.height
     if width < 1 or height < 1:
         raise VideoDecodeError("corrupt_video", f"stream announces a {width}x{height} picture")

