@@ -146,9 +146,12 @@ def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VI
 
 
 def _decode(container, spec: VideoSpec) -> np.ndarray:
-    if not container.streams.video:
+    # A cover picture (music files, podcasts) is listed as a video stream marked as attached;
+    # it is no video, and taken for one it failed to seek with a bare "Operation not permitted".
+    streams = [s for s in container.streams.video if not s.disposition & _ATTACHED_PICTURE]
+    if not streams:
         raise VideoDecodeError("corrupt_video", "no video stream")
-    stream = container.streams.video[0]
+    stream = streams[0]
     # FFmpeg conceals a damaged slice by borrowing pixels, and how depends on its thread count,
     # by default one per CPU this thread may run on: a job's cpuset or another node would change
     # the pixels of damaged bytes. One thread decodes sound bytes to the same pixels as many do.
@@ -188,6 +191,9 @@ def _quarter_turns(frame, image: ImageSpec) -> int:
     rotation = frame.rotation if image.exif_transpose else 0
     return (rotation // 90) % 4 if rotation % 90 == 0 else 0
 
+
+_ATTACHED_PICTURE = 0x400
+"""FFmpeg's AV_DISPOSITION_ATTACHED_PIC: a stream that is one picture (cover art), not a video."""
 
 _FLOAT_SLACK_S = Fraction(1, 10**9)
 """Far above a float time's rounding error (~1e-16 relative), far below any frame interval."""

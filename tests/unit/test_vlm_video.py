@@ -90,6 +90,40 @@ def encode_with_sound(*, video_s: float, audio_s: float, container_format: str =
     return buffer.getvalue()
 
 
+def encode_sound_with_cover() -> bytes:
+    """An MP4 of silence with a cover picture, as music files carry one: FFmpeg lists the
+    picture as a video stream marked as an attached picture."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        sound = container.add_stream("aac", rate=8000)
+        cover = container.add_stream("mjpeg", rate=1)
+        cover.width, cover.height, cover.pix_fmt = 64, 64, "yuvj420p"
+        cover.disposition = av.stream.Disposition.attached_pic
+        samples = 1024  # AAC's frame size
+        for start in range(0, 8000, samples):
+            silence = av.AudioFrame.from_ndarray(np.zeros((1, samples), np.float32), format="fltp", layout="mono")
+            silence.sample_rate, silence.pts = 8000, start
+            container.mux(sound.encode(silence))
+        container.mux(sound.encode())
+        picture = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 200, np.uint8), format="rgb24")
+        picture = picture.reformat(format="yuvj420p")
+        picture.pts = 0
+        container.mux(cover.encode(picture))
+        container.mux(cover.encode())
+    return buffer.getvalue()
+
+
+def test_sound_with_only_a_cover_picture_is_reported_as_having_no_video_stream():
+    """The cover picture is no video: it was taken as the video stream and failed to seek, as
+    "corrupt_video: PermissionError: [Errno 1] Operation not permitted"."""
+    data = encode_sound_with_cover()
+    with av.open(io.BytesIO(data)) as container:
+        assert [s.disposition for s in container.streams.video] == [av.stream.Disposition.attached_pic]
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(data)
+    assert caught.value.reason == "corrupt_video" and caught.value.detail == "no video stream"
+
+
 @pytest.mark.parametrize("container_format", ["matroska", "mp4"])
 def test_frames_are_sampled_over_the_video_not_a_longer_audio_track(container_format):
     """Matroska and WebM give a stream no duration of its own; the container's, which runs to the
