@@ -129,7 +129,7 @@ DEFAULT_VIDEO_SPEC = VideoSpec()
 def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
     """Decode the spec's frames of a video to (T, H, W, 3) uint8.
 
-    Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream, decoder error),
+    Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream or no frame in it, decoder error),
     video_too_short (the window lies past the end), decompression_bomb (frame too large).
     """
     container = _open(source)
@@ -165,6 +165,8 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
     time_base = stream.time_base
     origin = stream.start_time or 0
     keyframes, end = _index(container, stream)
+    if end is None:  # an empty track beside the sound: nothing to seek to, and a duration of 0 or none
+        raise VideoDecodeError("corrupt_video", "the video stream holds no timed frames")
     targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream, end), spec)]
     chosen = _choose_frames(container, stream, targets, keyframes)
     turns = _quarter_turns(chosen[0], spec.image)

@@ -81,7 +81,7 @@ def encode_with_sound(*, video_s: float, audio_s: float, container_format: str =
             picture = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 8 * k, np.uint8), format="rgb24")
             container.mux(stream.encode(picture))
         container.mux(stream.encode())
-        samples = sound.codec_context.frame_size
+        samples = sound.codec_context.frame_size or 1024  # AAC's, before the codec is opened
         for start in range(0, round(audio_s * 8000), samples):
             silence = av.AudioFrame.from_ndarray(np.zeros((1, samples), np.float32), format="fltp", layout="mono")
             silence.sample_rate, silence.pts = 8000, start
@@ -122,6 +122,19 @@ def test_sound_with_only_a_cover_picture_is_reported_as_having_no_video_stream()
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(data)
     assert caught.value.reason == "corrupt_video" and caught.value.detail == "no video stream"
+
+
+@pytest.mark.parametrize("container_format", ["matroska", "avi"])
+def test_a_video_stream_without_frames_is_reported_as_holding_none(container_format):
+    """A video track with no frames beside its sound (a recording that failed): Matroska's failed
+    to seek ("PermissionError: [Errno 1] Operation not permitted"), and AVI's, announcing a
+    duration of 0, was counted video_too_short, as if the window were at fault."""
+    data = encode_with_sound(video_s=0.0, audio_s=1.0, container_format=container_format)
+    with av.open(io.BytesIO(data)) as container:
+        assert len(container.streams.video) == 1
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(data)
+    assert (caught.value.reason, caught.value.detail) == ("corrupt_video", "the video stream holds no timed frames")
 
 
 @pytest.mark.parametrize("container_format", ["matroska", "mp4"])
