@@ -101,7 +101,10 @@ def _open(source):
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return av.open(io.BytesIO(bytes(source)), mode="r")
-        return av.open(os.fspath(source), mode="r")
+        # FFmpeg reads a name as a URL when it starts like one (data:, pipe:N, http://, ...): a
+        # path from the data could read a descriptor of the worker or the network. "file:" keeps
+        # it a local file, relative to the working directory as before.
+        return av.open("file:" + os.fsdecode(source), mode="r")
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - FFmpeg reports bad input in many ways

@@ -186,6 +186,24 @@ def test_frames_are_turned_upright_by_the_streams_display_rotation(rotation, cor
     assert as_stored.shape == (2, 64, 128, 3) and marked_corner(as_stored[0]) == "top-left"
 
 
+def test_a_path_is_read_as_a_local_file_even_where_ffmpeg_would_take_it_for_a_url(clip, tmp_path, monkeypatch):
+    """A path comes from the data. FFmpeg reads "data:...", "pipe:N", "http://..." and the like
+    as protocols: a local file named data:clip.mp4 was not found, and "pipe:N" read descriptor
+    N of the worker (its stdin for pipe:0, where the loader then waits for ever)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data:clip.mp4").write_bytes(clip.read_bytes())
+    assert np.array_equal(decode_video("data:clip.mp4"), decode_video(clip.read_bytes()))
+    read, write = os.pipe()
+    try:
+        os.write(write, clip.read_bytes()[:60000])
+        os.close(write)
+        with pytest.raises(VideoDecodeError) as caught:
+            decode_video(f"pipe:{read}")
+        assert caught.value.reason == "corrupt_video" and "No such file" in caught.value.detail
+    finally:
+        os.close(read)
+
+
 @pytest.mark.parametrize("data", [b"", b"\x00" * 1000, b"RIFF....AVI garbage" * 50], ids=["empty", "zeros", "fake"])
 def test_garbage_is_reported_as_corrupt_video(data):
     with pytest.raises(VideoDecodeError) as caught:
