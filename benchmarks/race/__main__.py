@@ -11,7 +11,7 @@ say) does not fall on the same loader every round. Each round measures a pipelin
 bounds again right before that pipeline's runs, so that the bound sees the machine of the runs
 it judges and not the one of ten minutes earlier.
 The parent samples the memory of the process tree. Results go to `race.json` (every run, the
-medians, the bounds, the machine) and the plots to PNG files beside it.
+medians, the bounds, the machine, the checkout's commit) and the plots to PNG files beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from . import _data
+from . import loaders as race_loaders
 from ._monitor import TreeMemory
 from .loaders import BOUNDS, LOADERS, VARIANTS, compile_sources, python_for, variant_name, worker_env
 
@@ -85,6 +86,23 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
             "avx2": " avx2" in flags, "memory_bytes": mem, "kernel": platform.release(),
             "platform": platform.platform(), "load_average_at_start": os.getloadavg()}
+
+
+def checkout() -> dict:
+    """The commit of the checkout whose code races (Zephon's workers and the bounds import it
+    first), and whether its tracked files differ from that commit: what a result measured,
+    recorded with it instead of recalled. `commit` and `dirty` are None outside a git checkout."""
+    repo = race_loaders.REPO
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    try:
+        return {"path": str(repo), "commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.CalledProcessError):
+        return {"path": str(repo), "commit": None, "dirty": None}
 
 
 def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: dict | None = None) -> dict:
@@ -175,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.race " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
+        "checkout": checkout(),
         "settings": {"text": TEXT, "vlm": VLM, "text_tokens": args.text_tokens, "vlm_images": args.vlm_images,
                      "repeats": args.repeats, "parallelism": args.parallelism},
         "data": {k: v for k, v in data.items() if k != "vlm_ids"},
@@ -186,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if earlier is not None:
         for key in ("command", "date", "machine", "settings"):
             results[key] = earlier[key]
+        # the runs' checkout, not this one's (unknown for a race.json from before it was recorded)
+        results["checkout"] = earlier.get("checkout")
         results["runs"] = earlier["runs"]
         results["reused_from"] = args.reuse_runs
         if args.no_bound:

@@ -261,13 +261,21 @@ def _cpu_table(pipeline: str, entries: list[dict], cores: int) -> list[str]:
     return lines
 
 
+def _checkout_line(checkout: dict | None) -> str:
+    if not checkout or not checkout.get("commit"):
+        return ""
+    modified = ", with tracked files modified" if checkout.get("dirty") else ""
+    return f" Commit: {checkout['commit'][:12]}{modified}."
+
+
 def markdown(results: dict) -> str:
     summary = results.get("summary") or summarise(results)
     ps = sorted({e["parallelism"] for e in summary["best"]})
     lines = []
     m = results["machine"]
     lines.append(f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), load average at start {m['load_average_at_start'][0]:.2f}; "
-                 f"{results['settings']['repeats']} rounds, medians. Command: `{results['command']}`.")
+                 f"{results['settings']['repeats']} rounds, medians. Command: `{results['command']}`."
+                 + _checkout_line(results.get("checkout")))
     lines.append("")
     for pipeline in sorted({e["pipeline"] for e in summary["best"]}):
         lines.append(f"### {pipeline}: usable tokens/s by parallelism (best configuration of each loader)")

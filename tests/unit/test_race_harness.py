@@ -373,3 +373,29 @@ def test_our_workers_import_the_checkout_that_races_and_the_peers_do_not(tmp_pat
     for script in ("zephon_ours.py", "bound.py"):
         assert race.run_worker(sys.executable, script, {}, 30)["zephon"] == ours
     assert race.run_worker(sys.executable, "zephon020_peer.py", {}, 30)["zephon"] != ours
+
+
+def test_a_race_records_the_commit_it_measured_and_whether_the_checkout_differed_from_it(tmp_path, monkeypatch):
+    """Results name the code they measured: the README cites a commit for every race and check, and
+    the race.json is what can confirm it."""
+    from benchmarks.race import __main__ as race_main
+    from benchmarks.race import loaders
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "module.py").write_text("VALUE = 1\n")
+    git("add", "module.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    monkeypatch.setattr(loaders, "REPO", tmp_path)
+    (tmp_path / "untracked.txt").write_text("not part of the code\n")
+    clean = race_main.checkout()
+    assert clean == {"path": str(tmp_path), "commit": git("rev-parse", "HEAD"), "dirty": False}
+    (tmp_path / "module.py").write_text("VALUE = 2\n")
+    assert race_main.checkout()["dirty"] is True
+
+    results = dict(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0}), checkout=clean)
+    assert f"Commit: {clean['commit'][:12]}." in markdown(results).splitlines()[0]
+    monkeypatch.setattr(loaders, "REPO", tmp_path / "not-a-checkout")
+    assert race_main.checkout()["commit"] is None
