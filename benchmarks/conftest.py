@@ -1,13 +1,30 @@
-"""Benchmark fixtures: every row records the interpreter build, so results from GIL and
-free-threaded runs can sit in one table."""
+"""Benchmark fixtures: every row records the interpreter build and the versions of the libraries
+the timed work runs in, so results from GIL and free-threaded runs, or from two NumPy or Pillow
+releases, can sit in one table and be told apart."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
 
 import pytest
+
+
+# The distributions whose code the benchmarks time (pillow-simd installs as its own name); the
+# ones not installed are left out.
+LIBRARIES = ("zephon", "numpy", "tokenizers", "pillow", "pillow-simd", "pyarrow", "fsspec", "av")
+
+
+def library_versions() -> dict:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def build_info() -> dict:
@@ -19,6 +36,7 @@ def build_info() -> dict:
         "gil_enabled": gil,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
+        "versions": library_versions(),
     }
 
 

@@ -399,3 +399,16 @@ def test_a_race_records_the_commit_it_measured_and_whether_the_checkout_differed
     assert f"Commit: {clean['commit'][:12]}." in markdown(results).splitlines()[0]
     monkeypatch.setattr(loaders, "REPO", tmp_path / "not-a-checkout")
     assert race_main.checkout()["commit"] is None
+
+
+def test_every_pytest_benchmark_row_records_the_versions_of_the_libraries_it_times():
+    """The pytest-benchmark suites' rows, like the race's runs, say which NumPy, tokenizers and
+    Pillow they measured, not only which interpreter."""
+    import importlib.metadata
+
+    from benchmarks.conftest import build_info
+
+    info = build_info()
+    assert info["python"] and info["free_threaded"] is not info["gil_enabled"]
+    for name in ("numpy", "tokenizers", "zephon"):
+        assert info["versions"][name] == importlib.metadata.version(name)
