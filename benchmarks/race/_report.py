@@ -268,6 +268,24 @@ def _checkout_line(checkout: dict | None) -> str:
     return f" Commit: {checkout['commit'][:12]}{modified}."
 
 
+def _builds_table(best: list[dict]) -> list[str]:
+    """Each loader's interpreter build and library versions, as its runs reported them."""
+    builds = {}
+    for e in best:
+        if e.get("build") and e["loader"] not in builds:
+            builds[e["loader"]] = e["build"]
+    if not builds:
+        return []
+    lines = ["### Builds (as each loader's runs reported them)", "",
+             "| loader | Python | build | libraries |", "|---|---|---|---|"]
+    for loader, build in builds.items():
+        kind = "free-threaded" if build.get("free_threaded") else "GIL"
+        libraries = ", ".join(f"{name} {version}" for name, version in (build.get("versions") or {}).items()) or "—"
+        lines.append(f"| {loader} | {build.get('python', '—')} | {kind} | {libraries} |")
+    lines.append("")
+    return lines
+
+
 def markdown(results: dict) -> str:
     summary = results.get("summary") or summarise(results)
     ps = sorted({e["parallelism"] for e in summary["best"]})
@@ -357,4 +375,5 @@ def markdown(results: dict) -> str:
                 measured += f"; the bound with an idle thread beside it runs at {_fmt(t['threaded_malloc'], 'x')}"
             lines.append(f"| {t['pipeline']} | {t['target']} | {measured} | {'yes' if t['met'] else '**no**'} |")
         lines.append("")
+    lines += _builds_table(summary["best"])
     return "\n".join(lines)

@@ -412,3 +412,14 @@ def test_every_pytest_benchmark_row_records_the_versions_of_the_libraries_it_tim
     assert info["python"] and info["free_threaded"] is not info["gil_enabled"]
     for name in ("numpy", "tokenizers", "zephon"):
         assert info["versions"][name] == importlib.metadata.version(name)
+
+
+def test_the_race_table_names_each_loaders_interpreter_build_and_library_versions():
+    """race.md, the table the README publishes, says which Python build and which libraries each
+    loader ran on, as race.json's runs recorded them."""
+    build = {"python": "3.14.7", "free_threaded": True, "gil_enabled": False,
+             "versions": {"zephon": "0.1.0", "numpy": "2.5.5", "tokenizers": "0.23.3"}}
+    table = markdown(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0, "build": build}))
+    assert ("| zephon thread 3.14t | 3.14.7 | free-threaded | zephon 0.1.0, numpy 2.5.5, tokenizers 0.23.3 |"
+            in table.splitlines())
+    assert "### Builds" not in markdown(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0}))
