@@ -105,6 +105,14 @@ def checkout() -> dict:
         return {"path": str(repo), "commit": None, "dirty": None}
 
 
+# Environment variables that change how a worker allocates or how many threads its libraries start:
+# each run records the values it got (absent: unset), so that a result's parallelism and allocator
+# are read from it, not assumed from this file.
+RECORDED_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "LD_PRELOAD",
+                "PYTHONMALLOC", "MIMALLOC_PURGE_DELAY", "PYTHON_GIL", "TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS",
+                "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: dict | None = None) -> dict:
     """Run one worker in its own session; returns its result plus the tree's peak memory."""
     with tempfile.TemporaryDirectory(prefix="zephon-race-") as tmp:
@@ -118,6 +126,7 @@ def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: d
         env.setdefault("MALLOC_MMAP_THRESHOLD_", "16777216")
         env.setdefault("MALLOC_TRIM_THRESHOLD_", "67108864")
         env.update(env_extra or {})
+        recorded = {name: env[name] for name in RECORDED_ENV if name in env}
         started = time.perf_counter()
         proc = subprocess.Popen([python, str(WORKERS / script), str(cfg_path), str(out_path)], cwd=tmp, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -132,9 +141,9 @@ def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: d
         wall = time.perf_counter() - started
         text = output.decode(errors="replace")[-4000:]
         if proc.returncode != 0 or not out_path.exists():
-            return {"ok": False, "returncode": proc.returncode, "output": text, "wall_s": wall, **mem}
+            return {"ok": False, "returncode": proc.returncode, "output": text, "wall_s": wall, "env": recorded, **mem}
         result = json.loads(out_path.read_text())
-        result.update(ok=True, wall_s=wall, output=text[-1500:], **mem)
+        result.update(ok=True, wall_s=wall, output=text[-1500:], env=recorded, **mem)
         return result
 
 

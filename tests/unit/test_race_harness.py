@@ -423,3 +423,22 @@ def test_the_race_table_names_each_loaders_interpreter_build_and_library_version
     assert ("| zephon thread 3.14t | 3.14.7 | free-threaded | zephon 0.1.0, numpy 2.5.5, tokenizers 0.23.3 |"
             in table.splitlines())
     assert "### Builds" not in markdown(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0}))
+
+
+def test_each_run_records_the_allocator_and_thread_pool_settings_its_worker_got(tmp_path, monkeypatch):
+    """The race sets glibc's thresholds only where the caller's environment has none, and passes
+    thread-pool variables through: a run's parallelism and allocator must be read from its result."""
+    from benchmarks.race import __main__ as race_main
+
+    names = race_main.RECORDED_ENV
+    (tmp_path / "seen.py").write_text(
+        "import json, os, sys\n"
+        f"json.dump({{'seen': {{n: os.environ[n] for n in {names!r} if n in os.environ}}}}, open(sys.argv[2], 'w'))\n")
+    monkeypatch.setattr(race_main, "WORKERS", tmp_path)
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")  # the caller's own value wins over the race's
+    got = race_main.run_worker(sys.executable, "seen.py", {}, 30, {"TOKENIZERS_PARALLELISM": "false"})
+    assert got["env"] == got["seen"] == {"MALLOC_MMAP_THRESHOLD_": "16777216", "MALLOC_TRIM_THRESHOLD_": "1",
+                                         "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "3"}
