@@ -442,3 +442,39 @@ def test_each_run_records_the_allocator_and_thread_pool_settings_its_worker_got(
     got = race_main.run_worker(sys.executable, "seen.py", {}, 30, {"TOKENIZERS_PARALLELISM": "false"})
     assert got["env"] == got["seen"] == {"MALLOC_MMAP_THRESHOLD_": "16777216", "MALLOC_TRIM_THRESHOLD_": "1",
                                          "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "3"}
+
+
+def test_the_text_benchmark_times_delivery_not_the_loaders_close(monkeypatch):
+    """test_text_bench's rate is tokens over the time from the loader's creation to the last token
+    delivered: closing the loader (joining a process runner's workers) is no part of it."""
+    import contextlib
+
+    from benchmarks import test_text_bench
+
+    class Batch:
+        num_real_tokens = test_text_bench.TOKENS // 4
+
+    class Loader:
+        runner_info = {"name": "thread", "reason": "test"}
+
+        def __iter__(self):
+            for _ in range(8):
+                time.sleep(0.01)
+                yield Batch()
+
+    class Pipeline:
+        @contextlib.contextmanager
+        def shard(self, rank, world_size):
+            yield Loader()
+            time.sleep(0.5)  # a slow close
+
+    class Benchmark:
+        def pedantic(self, fn, rounds, iterations):
+            for _ in range(rounds):
+                fn()
+
+    monkeypatch.setattr(test_text_bench, "text_pipeline", lambda runner, parallelism: Pipeline())
+    extra = {}
+    test_text_bench.test_text_pipeline_throughput(Benchmark(), extra, "thread", 2)
+    assert extra["usable_tokens"] == test_text_bench.TOKENS
+    assert extra["usable_tokens_per_s"] > test_text_bench.TOKENS / 0.2  # 4 batches of 10 ms, not 0.5 s more
