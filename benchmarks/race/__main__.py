@@ -127,6 +127,8 @@ def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: d
         env.setdefault("MALLOC_TRIM_THRESHOLD_", "67108864")
         env.update(env_extra or {})
         recorded = {name: env[name] for name in RECORDED_ENV if name in env}
+        # when the run began (UTC): a race's span, and which runs shared a stretch of the machine
+        at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         started = time.perf_counter()
         proc = subprocess.Popen([python, str(WORKERS / script), str(cfg_path), str(out_path)], cwd=tmp, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -141,9 +143,10 @@ def run_worker(python: str, script: str, cfg: dict, timeout: float, env_extra: d
         wall = time.perf_counter() - started
         text = output.decode(errors="replace")[-4000:]
         if proc.returncode != 0 or not out_path.exists():
-            return {"ok": False, "returncode": proc.returncode, "output": text, "wall_s": wall, "env": recorded, **mem}
+            return {"ok": False, "returncode": proc.returncode, "output": text, "wall_s": wall, "env": recorded,
+                    "started_at": at, **mem}
         result = json.loads(out_path.read_text())
-        result.update(ok=True, wall_s=wall, output=text[-1500:], env=recorded, **mem)
+        result.update(ok=True, wall_s=wall, output=text[-1500:], env=recorded, started_at=at, **mem)
         return result
 
 
@@ -158,7 +161,8 @@ def run_at_once(python: str, script: str, cfg: dict, timeout: float, env_extra: 
     if not all(c.get("ok") for c in copies):
         return {"ok": False, "output": next(c["output"] for c in copies if not c.get("ok")), "copies": copies}
     total = {key: sum(c[key] for c in copies) for key in ("usable_tokens_per_s", "images_per_s")}
-    return {"ok": True, **total, "at_once": len(cpus), "copies": copies, "build": copies[0].get("build")}
+    return {"ok": True, **total, "at_once": len(cpus), "copies": copies, "build": copies[0].get("build"),
+            "started_at": min((c["started_at"] for c in copies if c.get("started_at")), default=None)}
 
 
 def _kill_group(pid: int) -> None:

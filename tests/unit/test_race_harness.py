@@ -478,3 +478,19 @@ def test_the_text_benchmark_times_delivery_not_the_loaders_close(monkeypatch):
     test_text_bench.test_text_pipeline_throughput(Benchmark(), extra, "thread", 2)
     assert extra["usable_tokens"] == test_text_bench.TOKENS
     assert extra["usable_tokens_per_s"] > test_text_bench.TOKENS / 0.2  # 4 batches of 10 ms, not 0.5 s more
+
+
+def test_each_run_records_when_it_began_so_that_a_results_span_is_read_not_recalled(tmp_path, monkeypatch):
+    import datetime
+
+    from benchmarks.race import __main__ as race_main
+
+    (tmp_path / "quiet.py").write_text("import json, sys\njson.dump({}, open(sys.argv[2], 'w'))\n")
+    (tmp_path / "fails.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setattr(race_main, "WORKERS", tmp_path)
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    runs = [race_main.run_worker(sys.executable, script, {}, 30) for script in ("quiet.py", "fails.py")]
+    after = datetime.datetime.now(datetime.UTC)
+    assert [run["ok"] for run in runs] == [True, False]
+    for run in runs:
+        assert before <= datetime.datetime.fromisoformat(run["started_at"]) <= after
