@@ -28,11 +28,12 @@ from zephon.demo._recipe import demo_pipeline
 RECORDS_PER_CHUNK = 4  # 256 lanes need at least 256 chunks of every shipped dataset
 FLUSH_EVERY_CHUNKS = 2  # a segment is about 30 rows of 256 tokens per lane: flushes come early
 MAX_LENGTH = 256
+RUNNER, PARALLELISM = "thread", 2  # recorded in every row, as the other suites' rows record theirs
 
 
 def pipeline(num_lanes: int, microbatch_size: int):
     return demo_pipeline(
-        runner="thread", parallelism=2, num_lanes=num_lanes, max_length=MAX_LENGTH,
+        runner=RUNNER, parallelism=PARALLELISM, num_lanes=num_lanes, max_length=MAX_LENGTH,
         microbatch_size=microbatch_size, records_per_chunk=RECORDS_PER_CHUNK,
     ).options(flush_every_chunks=FLUSH_EVERY_CHUNKS)
 
@@ -53,7 +54,7 @@ def test_checkpoint_bytes_against_num_lanes(benchmark, record_build, num_lanes):
         text = benchmark(lambda: json.dumps(merge_states([loader.state_dict()])))
     size = len(text.encode())
     record_build.update(
-        num_lanes=num_lanes, steps=steps, bytes=size, bytes_per_lane=round(size / num_lanes, 1),
+        runner=RUNNER, parallelism=PARALLELISM, num_lanes=num_lanes, steps=steps, bytes=size, bytes_per_lane=round(size / num_lanes, 1),
         kib=round(size / 1024, 2),
     )
     assert json.loads(text)["num_lanes"] == num_lanes
@@ -141,7 +142,7 @@ def test_time_to_first_batch_after_resume(benchmark, record_build, resume_states
     skips = [cursor[1] for cursor in state["lanes"].values()] if state else [0]
     segments = [cursor[0] for cursor in state["lanes"].values()] if state else [0]
     record_build.update(
-        scope=scope, point=point, step=step, num_lanes=NUM_LANES, global_batch_size=GLOBAL_BATCH,
+        runner=RUNNER, parallelism=PARALLELISM, scope=scope, point=point, step=step, num_lanes=NUM_LANES, global_batch_size=GLOBAL_BATCH,
         replayed_rows_per_lane_max=max(skips), replayed_rows_per_lane_mean=round(statistics.mean(skips), 1),
         flush_segments_passed_min=min(segments),
     )

@@ -35,6 +35,12 @@ from zephon._runner import Stage
 
 ITEMS = 3_000
 IN_FLIGHT = 8  # a lane's prefetch window, about
+WORKERS = 2  # the stage's parallelism: the process runner's worker count
+
+
+def record_layout(record_build: dict) -> None:
+    """Every row says which runner, how many workers and how many items in flight it measured."""
+    record_build.update(runner="process", parallelism=WORKERS, in_flight=IN_FLIGHT)
 
 
 def text_chunk_reply() -> list[dict]:
@@ -72,7 +78,7 @@ def stream(runner: ProcessRunner, count: int, take=None, items=None) -> None:
 def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build) -> None:
     reply = text_chunk_reply()
     with ProcessRunner() as runner:
-        runner.start([Stage("reply", lambda _: reply, 2)])
+        runner.start([Stage("reply", lambda _: reply, WORKERS)])
         for _ in range(100):  # warm-up: the workers' first items pay for imports and page faults
             runner.submit(0, 0).result(10)
 
@@ -85,6 +91,7 @@ def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build
         received = runner.submit(0, 0).result(10)
     for sent, got in zip(reply, received, strict=True):
         np.testing.assert_array_equal(got["input_ids"], sent["input_ids"])
+    record_layout(record_build)
     record_build["items_per_round"] = ITEMS
     record_build["parent_cpu_us_per_item_last_round"] = round(parent_cpu / ITEMS * 1e6, 1)
 
@@ -98,7 +105,7 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
     batch = np.empty((IN_FLIGHT, *image.shape), dtype=np.uint8)
     options = {} if arena == "arena" else {"reply_arena_bytes": 0}
     with ProcessRunner(**options) as runner:
-        runner.start([Stage("decoded", lambda _: image, 2)])
+        runner.start([Stage("decoded", lambda _: image, WORKERS)])
         for _ in range(50):
             runner.submit(0, 0).result(10)
 
@@ -112,6 +119,7 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
+    record_layout(record_build)
     record_build["images_per_round"] = IMAGES
     record_build["cpu_us_per_image_last_round"] = round(cpu / IMAGES * 1e6, 1)
 
@@ -125,7 +133,7 @@ def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_bui
     rows = [[rng.integers(0, 256, 30_000, dtype=np.uint8) for _ in range(6)] for _ in range(IN_FLIGHT)]
     options = {} if arena == "arena" else {"request_arena_bytes": 0}
     with ProcessRunner(**options) as runner:
-        runner.start([Stage("checksum", lambda row: sum(int(image.sum()) for image in row), 2)])
+        runner.start([Stage("checksum", lambda row: sum(int(image.sum()) for image in row), WORKERS)])
         for _ in range(50):
             runner.submit(0, rows[0]).result(10)
 
@@ -136,5 +144,6 @@ def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_bui
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         assert runner.submit(0, rows[1]).result(10) == sum(int(image.sum()) for image in rows[1])
+    record_layout(record_build)
     record_build["rows_per_round"] = ROWS
     record_build["cpu_us_per_row_last_round"] = round(cpu / ROWS * 1e6, 1)

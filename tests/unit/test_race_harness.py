@@ -494,3 +494,28 @@ def test_each_run_records_when_it_began_so_that_a_results_span_is_read_not_recal
     assert [run["ok"] for run in runs] == [True, False]
     for run in runs:
         assert before <= datetime.datetime.fromisoformat(run["started_at"]) <= after
+
+
+class _OnceBenchmark:
+    """pytest-benchmark's fixture reduced to running the timed function once."""
+
+    disabled = True
+
+    def __call__(self, fn, *args):
+        return fn(*args)
+
+    def pedantic(self, fn, args=(), rounds=1, iterations=1, warmup_rounds=0):
+        return fn(*args)
+
+
+def test_the_checkpoint_and_transport_benchmarks_record_the_runner_and_parallelism_they_ran(monkeypatch):
+    """Every suite's rows say what parallelism they measured, not only the text, VLM and memory ones."""
+    from benchmarks import test_checkpoint_bench, test_transport_bench
+
+    monkeypatch.setattr(test_transport_bench, "ITEMS", 40)
+    transport = {}
+    test_transport_bench.test_process_runner_round_trip_of_a_text_chunk_reply(_OnceBenchmark(), transport)
+    assert (transport["runner"], transport["parallelism"], transport["in_flight"]) == ("process", 2, 8)
+    checkpoint = {}
+    test_checkpoint_bench.test_checkpoint_bytes_against_num_lanes(_OnceBenchmark(), checkpoint, 8)
+    assert (checkpoint["runner"], checkpoint["parallelism"], checkpoint["num_lanes"]) == ("thread", 2, 8)
