@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+import sysconfig
 
 import pytest
 
@@ -36,6 +37,7 @@ def build_info() -> dict:
         "gil_enabled": gil,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
+        "configure": sysconfig.get_config_var("CONFIG_ARGS") or "",  # PGO, LTO, shared libpython
         "versions": library_versions(),
     }
 

@@ -268,6 +268,10 @@ def _checkout_line(checkout: dict | None) -> str:
     return f" Commit: {checkout['commit'][:12]}{modified}."
 
 
+# configure options that move an interpreter's speed, shown beside its build
+CONFIGURE_FLAGS = ("--enable-optimizations", "--with-lto", "--enable-shared", "--disable-gil")
+
+
 def _builds_table(best: list[dict]) -> list[str]:
     """Each loader's interpreter build and library versions, as its runs reported them."""
     builds = {}
@@ -280,6 +284,8 @@ def _builds_table(best: list[dict]) -> list[str]:
              "| loader | Python | build | libraries |", "|---|---|---|---|"]
     for loader, build in builds.items():
         kind = "free-threaded" if build.get("free_threaded") else "GIL"
+        if "configure" in build:  # races since the twenty-fifth session: what the interpreter was built with
+            kind += "; " + (", ".join(flag for flag in CONFIGURE_FLAGS if flag in build["configure"]) or "no PGO, no LTO")
         libraries = ", ".join(f"{name} {version}" for name, version in (build.get("versions") or {}).items()) or "—"
         lines.append(f"| {loader} | {build.get('python', '—')} | {kind} | {libraries} |")
     lines.append("")

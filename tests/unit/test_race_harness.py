@@ -519,3 +519,25 @@ def test_the_checkpoint_and_transport_benchmarks_record_the_runner_and_paralleli
     checkpoint = {}
     test_checkpoint_bench.test_checkpoint_bytes_against_num_lanes(_OnceBenchmark(), checkpoint, 8)
     assert (checkpoint["runner"], checkpoint["parallelism"], checkpoint["num_lanes"]) == ("thread", 2, 8)
+
+
+def test_a_runs_build_facts_say_how_the_interpreter_was_configured_and_the_table_shows_it():
+    """3.11 and 3.14t here come from different builds (a shared libpython or not, PGO or not): the
+    results say so, beside the version and the GIL."""
+    import sysconfig
+
+    from benchmarks.conftest import build_info
+    from benchmarks.race.workers._runtime import build_facts
+
+    facts = build_facts(["numpy"])
+    assert facts["build"] == sys.version
+    assert facts["configure"] == build_info()["configure"] == (sysconfig.get_config_var("CONFIG_ARGS") or "")
+    build = {"python": "3.11.7", "free_threaded": False, "configure": "'--prefix=/x' '--enable-shared'", "versions": {}}
+    table = markdown(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0, "build": build}))
+    assert "| zephon thread 3.14t | 3.11.7 | GIL; --enable-shared | — |" in table.splitlines()
+    build["configure"] = "'--prefix=/opt/python3.11'"
+    table = markdown(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0, "build": build}))
+    assert "| zephon thread 3.14t | 3.11.7 | GIL; no PGO, no LTO | — |" in table.splitlines()
+    del build["configure"]
+    table = markdown(race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0, "build": build}))
+    assert "| zephon thread 3.14t | 3.11.7 | GIL | — |" in table.splitlines()
