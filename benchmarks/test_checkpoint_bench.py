@@ -5,7 +5,8 @@ batch after a resume at an early and a late step against a fresh start.
 
 Size: the merged JSON state (what a checkpoint stores) after every lane has passed at least one
 flush, so per-lane ledgers are populated; `extra_info` holds `bytes` and `bytes_per_lane`. The
-timed part is only the serialisation; nothing is asserted about timing.
+timed part is what a checkpoint call costs: the rank's `state_dict()`, `merge_states` and
+`json.dumps`; nothing is asserted about timing.
 
 Resume, two scopes: `restart` (end to end, as a restarted job pays it: build the rank's loader,
 load the state, take the first microbatch) and `replay` (load the state into a built loader and
