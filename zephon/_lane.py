@@ -42,6 +42,7 @@ class LaneStream:
         row_work: Callable[[Any], Future] | None = None,
         rows_ahead: int = 1,
         barren_records: int | None = None,
+        finite: bool = False,
     ) -> None:
         self.lane = lane
         self._items = items
@@ -59,6 +60,9 @@ class LaneStream:
         self._barren_records = barren_records
         self._read_without_rows = 0
         self._drops_without_rows: Counter[str] = Counter()
+        # A finite plan's lane looks one row ahead, so that it knows it is finished with its last
+        # row (see `next`); an endless plan's lane never finishes and waits for nothing early.
+        self._finite = finite
         self._pending: deque[Future | Flush] = deque()
         self._in_flight = 0
         self._flushes_queued = 0
@@ -73,7 +77,7 @@ class LaneStream:
     @property
     def exhausted(self) -> bool:
         """True once a finite plan is used up and every row was taken; known as soon as the last
-        row is taken wherever the rows after it were due to come from chunks already read (see `next`)."""
+        row is taken (see `next`)."""
         return self._rows_done and not self._ahead
 
     def has_more(self) -> bool:
@@ -85,12 +89,15 @@ class LaneStream:
         """The next row and its segment, or None once a finite plan is used up. With row work, the
         work of the rows after it is started before this row's is waited for.
 
-        Once every chunk of the lane is read, the row after it is looked for at once: that waits
-        for nothing (what is left comes from the accumulators' buffers and the final flush), and
-        the lane is known to be exhausted the moment its last row is taken, not when the loader
-        next turns to it. A checkpoint then says the lane is finished whichever layout took it and
-        whenever its trainer saved (a trainer taking each step whole saves before the loader turns
-        to the lanes whose data ended with the step).
+        In a finite plan the row after it is looked for at once, so the lane is known to be
+        exhausted the moment its last row is taken, not when the loader next turns to it. A
+        checkpoint then says the lane is finished whichever layout took it and whenever its
+        trainer saved (a trainer taking each step whole saves before the loader turns to the lanes
+        whose data ended with the step, and a rank with nothing left never turns to them). Looking
+        only once every chunk was read (which waits for nothing) missed a lane whose last chunks
+        give no row (every record dropped): its last row comes from an earlier flush, with those
+        chunks still to read, and its rank's save stayed a step behind the others'. The row looked
+        for is the one the loader would read next anyway: the rows and their order are unchanged.
 
         The row leaves `_ahead` only once its work is done: an exception while waiting for it
         (Ctrl-C, a close from another thread, a worker that crashed for good) then leaves the lane
@@ -101,16 +108,13 @@ class LaneStream:
         if self._row_work is not None:
             while len(self._ahead) <= self._rows_ahead and self._pull(with_work=True):
                 pass
-        if len(self._ahead) == 1 and self._every_chunk_read():
+        if len(self._ahead) == 1 and self._finite:
             self._pull(with_work=True)
         segment, row = self._ahead[0]
         if isinstance(row, Future):
             row = row.result()
         self._ahead.popleft()
         return segment, row
-
-    def _every_chunk_read(self) -> bool:
-        return self._plan_done and not any(isinstance(entry, Future) for entry in self._pending)
 
     def skip(self) -> bool:
         """Drop the next row without doing its row work (a resume replaying past rows the trainer

@@ -264,6 +264,7 @@ class RankLoader:
                 row_work=self._submit_row if self._row_work is not None else None,
                 rows_ahead=self.rows_ahead,
                 barren_records=barren_records(lane, flush_every) if barren_records else None,
+                finite=self.plan.num_slots(lane) is not None,
             )
             for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
                 if not stream.skip():
