@@ -407,8 +407,13 @@ class RankLoader:
 
     def _mark(self) -> tuple:
         """What `_take_up` needs to hand over again everything taken from now on: this rank's
-        cursors, ledger, steps begun and rows taken (what `state_dict` saves, without its recipe digests)."""
-        cursors = {lane: dataclasses.replace(cursor) for lane, cursor in self._cursors.items()}
+        cursors, ledger, steps begun and rows taken (what `state_dict` saves, without its recipe digests).
+
+        A cursor learns that its lane is finished from the lane's stream only when asked
+        (`_finished`); `_take_up` closes the streams, so the copies ask first: a lane finished before
+        the mark stays finished in a state saved after handing back (it used to be saved as live,
+        making the merged state look saved partway through a step)."""
+        cursors = {lane: dataclasses.replace(self._cursors[lane], finished=self._finished(lane)) for lane in self.lanes}
         ledgers = {lane: self._ledger.lane_state(lane, cursor.segment) for lane, cursor in cursors.items()}
         return cursors, ledgers, self._steps_begun, self._rows_taken
 

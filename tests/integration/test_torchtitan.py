@@ -263,6 +263,54 @@ def test_an_interrupt_inside_a_local_batch_loses_none_of_its_microbatches(make_p
         assert seen + microbatches(loader, 5) == reference
 
 
+def test_a_checkpoint_after_an_interrupt_in_the_ragged_end_still_says_which_lanes_are_finished(
+    corpora, demo_tokenizer_path, monkeypatch
+):
+    """In a finite epoch, a local batch interrupted after a lane has finished hands its
+    microbatches back (see above); the checkpoint taken then must be the one of the local
+    batches yielded. It used to forget that the lane was finished: the rank loader had not yet
+    written it into the cursor it handed back, so the merged state looked saved partway through
+    a step and was refused on 4 replicas, while the same checkpoint uninterrupted resumes there."""
+    make = lambda: text_pipeline(*corpora, demo_tokenizer_path, num_epochs=1)
+    world = 2
+    states = []  # per replica: its local state after each local batch yielded
+    for rank in range(world):
+        with ZephonDataLoader(make(), rank, world, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+            states.append([loader.local_state_dict() for _ in loader])
+    yields = min(
+        k + 1 for per_rank in states for k, state in enumerate(per_rank)
+        if state["finished"] and state["steps_begun"] is not None
+    )
+    original, rows = _lane.LaneStream.next, {"taken": None}
+
+    def next_row(stream):
+        if rows["taken"] is not None:
+            rows["taken"] += 1
+            if rows["taken"] == LOCAL_BATCH // 2 + 1:  # the next local batch's second microbatch
+                raise Interrupt
+        return original(stream)
+
+    monkeypatch.setattr(_lane.LaneStream, "next", next_row)
+    interrupted = []
+    for rank in range(world):
+        with ZephonDataLoader(make(), rank, world, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+            batches = iter(loader)
+            rows["taken"] = None
+            for _ in range(yields):
+                next(batches)
+            rows["taken"] = 0
+            with pytest.raises(Interrupt):
+                next(batches)
+            interrupted.append(loader.local_state_dict())
+    monkeypatch.setattr(_lane.LaneStream, "next", original)
+    assert interrupted == [per_rank[yields - 1] for per_rank in states]
+    merged = merge_states(interrupted)
+    for target in (1, 4):
+        for rank in range(target):
+            with ZephonDataLoader(make(), rank, target, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+                loader.load_state_dict({STATE_KEY: json.dumps(merged)})
+
+
 def test_numpy_batch_sizes_give_plain_ints_to_the_trainer(pipeline):
     with ZephonDataLoader(pipeline, np.int64(0), np.int64(1), np.int64(GLOBAL_BATCH),
                           local_batch_size=np.int64(LOCAL_BATCH)) as loader:
