@@ -263,6 +263,45 @@ def test_an_interrupt_inside_a_local_batch_loses_none_of_its_microbatches(make_p
         assert seen + microbatches(loader, 5) == reference
 
 
+@pytest.mark.parametrize("then", ["checkpoint", "iterate_again"])
+def test_an_interrupt_while_a_local_batch_is_collated_loses_none_of_its_microbatches(make_pipeline, monkeypatch, then):
+    """Every microbatch of the second local batch was taken from the rank loader, and the
+    interrupt came while they were stacked into tensors: the local batch was never yielded, so a
+    checkpoint taken then (or a new iteration) must start again with its first microbatch. They
+    used to be counted as handed over already, and were skipped on resume."""
+    def microbatches(loader, yields: int = 6) -> list[str]:
+        out = []
+        for _ in islice(loader, yields):
+            out += [b.digest() for b in loader.last_microbatches]
+        return out
+
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        reference = microbatches(loader)
+    per_yield = LOCAL_BATCH // loader.loader.microbatch_size
+    original, calls = ZephonDataLoader._collate, {"n": 0}
+
+    def collate(self, group):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Interrupt
+        return original(self, group)
+
+    monkeypatch.setattr(ZephonDataLoader, "_collate", collate)
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for _ in loader:
+                seen += [b.digest() for b in loader.last_microbatches]
+        assert seen == reference[:per_yield]
+        if then == "iterate_again":
+            assert seen + microbatches(loader, 5) == reference
+            return
+        state = loader.state_dict()
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        loader.load_state_dict(state)
+        assert seen + microbatches(loader, 5) == reference
+
+
 def test_a_checkpoint_after_an_interrupt_in_the_ragged_end_still_says_which_lanes_are_finished(
     corpora, demo_tokenizer_path, monkeypatch
 ):

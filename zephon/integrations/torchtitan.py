@@ -302,19 +302,20 @@ class ZephonDataLoader(_Base):
         microbatches = iter(self._loader)
         while True:
             # The rank loader counts each microbatch as handed over when it yields it. An exception
-            # while this yield's later microbatches are taken (a preemption handler, Ctrl-C) would
-            # leave its earlier ones counted but never yielded: a checkpoint or a new iteration
-            # taken then would skip them. So they are handed back first.
+            # while this yield's later microbatches are taken, or while they are stacked into
+            # tensors (a preemption handler, Ctrl-C), would leave them counted but never yielded: a
+            # checkpoint or a new iteration taken then would skip them. So they are handed back first.
             mark = self._loader._mark()
             try:
                 group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
+                batch = self._collate(group) if group else None
             except BaseException:
                 self._loader._take_up(*mark)
                 raise
             if not group:
                 return
             self.last_microbatches = group
-            yield self._collate(group)
+            yield batch
             if len(group) < per_yield:
                 return
 
