@@ -6,6 +6,7 @@ chunk, not per record. They are pure: the same chunk gives the same output on an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import traceback
@@ -45,7 +46,8 @@ def _fingerprint_callable(fn: Callable) -> str:
     """How a user function enters the recipe, the same in every process and interpreter.
 
     Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
-    is another recipe), a `functools.partial`'s arguments and a callable object's repr, with any
+    is another recipe), a `functools.partial`'s arguments and a callable object's repr (a
+    dataclass's written by `_stable_repr`, so that a set in it is listed in one order), with any
     memory address taken out: an address differs in every process, so a resumed run would never
     match its checkpoint. Values a closure captured are not seen.
     """
@@ -58,7 +60,11 @@ def _fingerprint_callable(fn: Callable) -> str:
         return f"functools.partial({_fingerprint_callable(fn.func)}, {args})"
     described, defining = _describe_callable(fn), _defining(fn)
     if defining is not fn:  # a callable object: its configuration is in its repr
-        described += f" {_ADDRESS.sub('', repr(fn))}"
+        try:
+            configuration = _stable_repr(fn)
+        except RecursionError:  # an object holding itself, or nesting deeper than the stack
+            configuration = repr(fn)
+        described += f" {_ADDRESS.sub('', configuration)}"
     import inspect  # only pipelines with a map or filter pay its import
 
     try:
@@ -72,7 +78,9 @@ def _stable_repr(value) -> str:
     """`repr(value)`, except that a set's items are listed sorted: a set of strings is listed in
     the order their hashes give, salted per process (PYTHONHASHSEED), so a partial holding one
     (stop words) entered the recipe differently in every process. Lists, tuples and dicts are
-    walked to reach the sets inside them and written as `repr` writes them."""
+    walked to reach the sets inside them and written as `repr` writes them. So is a dataclass
+    whose repr is the one `dataclasses` writes (a callable object holding its stop words): its
+    fields are written through this function, which changes nothing where none holds a set."""
     kind = type(value)
     if kind in (set, frozenset):
         if not value:
@@ -86,6 +94,14 @@ def _stable_repr(value) -> str:
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     if kind is dict:
         return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(kind):
+        shown = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr]
+        written = repr(value)
+        # Only where `repr` gives exactly what dataclasses write: a hand-written __repr__ may show
+        # other things, and it is kept as it is.
+        if written == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
+            return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in shown)})"
+        return written
     return repr(value)
 
 

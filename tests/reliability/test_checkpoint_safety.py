@@ -356,25 +356,53 @@ def test_a_partial_or_a_callable_object_as_map_or_filter_resumes_in_another_proc
         assert re.search(rf"changed: operators\[\d\]\.{name}\.fn\. Performance", named), named
 
 
-def test_a_partial_holding_a_set_fingerprints_the_same_in_every_process():
-    """A set's repr lists its strings in an order that string hashing, salted per process, decides:
-    a filter given stop words as a set entered the recipe differently in every process, so its
-    checkpoints were refused as another recipe by the run meant to resume them."""
+def _fingerprints_in_processes(expression: str) -> set[str]:
+    """`_fingerprint_callable(expression)` as six processes with six PYTHONHASHSEEDs print it:
+    one fingerprint, or a resumed run refuses its own checkpoint as another recipe."""
     code = (
         "import functools\n"
         "from zephon._record_ops import _fingerprint_callable\n"
+        "from tests.reliability.test_checkpoint_safety import *\n"
         "from tests.reliability.test_checkpoint_safety import _longer_than\n"
-        "print(_fingerprint_callable(functools.partial(_longer_than, {'alpha', 'beta', 'gamma', 'delta', 'epsilon'},"
-        " stop=frozenset({'the', 'of', 'and', 'a', 'to'}))))\n"
+        f"print(_fingerprint_callable({expression}))\n"
     )
-    prints = {
+    return {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=True,
             env={**os.environ, "PYTHONHASHSEED": str(seed)},
         ).stdout
         for seed in range(6)
     }
+
+
+def test_a_partial_holding_a_set_fingerprints_the_same_in_every_process():
+    """A set's repr lists its strings in an order that string hashing, salted per process, decides:
+    a filter given stop words as a set entered the recipe differently in every process, so its
+    checkpoints were refused as another recipe by the run meant to resume them."""
+    prints = _fingerprints_in_processes(
+        "functools.partial(_longer_than, {'alpha', 'beta', 'gamma', 'delta', 'epsilon'},"
+        " stop=frozenset({'the', 'of', 'and', 'a', 'to'}))"
+    )
     assert len(prints) == 1, prints
+
+
+@dataclasses.dataclass(frozen=True)
+class StopWords:
+    """A callable object configured with a set, as a stop-word filter is."""
+
+    words: frozenset
+    field: str = "text"
+
+    def __call__(self, record: dict) -> bool:
+        return record[self.field] not in self.words
+
+
+def test_a_callable_object_holding_a_set_fingerprints_the_same_in_every_process():
+    """Its configuration enters the recipe through its repr, whose set is listed in the order
+    per-process string hashing gives: the run meant to resume refused its checkpoint."""
+    prints = _fingerprints_in_processes("StopWords(frozenset({'the', 'of', 'and', 'a', 'to', 'in', 'is'}))")
+    assert len(prints) == 1, prints
+    assert "StopWords(words=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'}), field='text')" in prints.pop()
 
 
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
