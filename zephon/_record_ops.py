@@ -46,25 +46,22 @@ def _fingerprint_callable(fn: Callable) -> str:
     """How a user function enters the recipe, the same in every process and interpreter.
 
     Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
-    is another recipe), a `functools.partial`'s arguments and a callable object's repr (a
-    dataclass's written by `_stable_repr`, so that a set in it is listed in one order), with any
-    memory address taken out: an address differs in every process, so a resumed run would never
-    match its checkpoint. Values a closure captured are not seen.
+    is another recipe), a `functools.partial`'s arguments, a callable object's configuration and
+    a bound method's instance (`Cleaner(min_length=5).keep`, `stop_words.__contains__`), each
+    written by `_stable_repr` with any memory address taken out: an address differs in every
+    process, so a resumed run would never match its checkpoint. Values a closure captured are not
+    seen.
     """
     if isinstance(fn, functools.partial):
-        arguments = (fn.args, sorted(fn.keywords.items()))
-        try:
-            args = _ADDRESS.sub("", _stable_repr(arguments))
-        except RecursionError:  # a list holding itself, or nesting deeper than the stack
-            args = _ADDRESS.sub("", repr(arguments))
+        args = _configuration((fn.args, sorted(fn.keywords.items())))
         return f"functools.partial({_fingerprint_callable(fn.func)}, {args})"
     described, defining = _describe_callable(fn), _defining(fn)
-    if defining is not fn:  # a callable object: its configuration is in its repr
-        try:
-            configuration = _stable_repr(fn)
-        except RecursionError:  # an object holding itself, or nesting deeper than the stack
-            configuration = repr(fn)
-        described += f" {_ADDRESS.sub('', configuration)}"
+    if defining is not fn:  # a callable object
+        described += f" {_configuration(fn)}"
+    else:
+        owner = getattr(fn, "__self__", None)  # a built-in function's is its module: nothing to add
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            described += f" of {_configuration(owner)}"
     import inspect  # only pipelines with a map or filter pay its import
 
     try:
@@ -74,13 +71,24 @@ def _fingerprint_callable(fn: Callable) -> str:
     return f"{described} source:{sha256(source.encode()).hexdigest()[:16]}"
 
 
+def _configuration(value) -> str:
+    """`_stable_repr(value)` without memory addresses, or its repr where it nests too deep."""
+    try:
+        return _ADDRESS.sub("", _stable_repr(value))
+    except RecursionError:  # a list holding itself, or nesting deeper than the stack
+        return _ADDRESS.sub("", repr(value))
+
+
 def _stable_repr(value) -> str:
     """`repr(value)`, except that a set's items are listed sorted: a set of strings is listed in
     the order their hashes give, salted per process (PYTHONHASHSEED), so a partial holding one
     (stop words) entered the recipe differently in every process. Lists, tuples and dicts are
     walked to reach the sets inside them and written as `repr` writes them. So is a dataclass
     whose repr is the one `dataclasses` writes (a callable object holding its stop words): its
-    fields are written through this function, which changes nothing where none holds a set."""
+    fields are written through this function, which changes nothing where none holds a set. An
+    object with Python's default repr (`<Cleaner object at 0x..>`, no configuration in it) is
+    written like a dataclass from its public attributes; private ones (`_cache`) are left out, as
+    state that running changes."""
     kind = type(value)
     if kind in (set, frozenset):
         if not value:
@@ -102,6 +110,10 @@ def _stable_repr(value) -> str:
         if written == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
             return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in shown)})"
         return written
+    if kind.__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict):
+        public = sorted(((str(k), v) for k, v in vars(value).items() if not str(k).startswith("_")),
+                        key=lambda item: item[0])
+        return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in public)})"
     return repr(value)
 
 

@@ -405,6 +405,45 @@ def test_a_callable_object_holding_a_set_fingerprints_the_same_in_every_process(
     assert "StopWords(words=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'}), field='text')" in prints.pop()
 
 
+class Cleaner:
+    """A user's class whose method is passed as the filter: its settings are its attributes."""
+
+    def __init__(self, min_length: int, stop: tuple = ()) -> None:
+        self.min_length = min_length
+        self.stop = frozenset(stop)
+        self._seen = {}  # private state, filled as it runs
+
+    def keep(self, record: dict) -> bool:
+        self._seen[record["text"]] = True
+        return len(record["text"]) >= self.min_length and record["text"] not in self.stop
+
+    def __call__(self, record: dict) -> bool:
+        return self.keep(record)
+
+
+def test_a_bound_methods_or_callable_objects_attributes_are_part_of_the_recipe(tmp_path):
+    """`Cleaner(5).keep` entered the recipe by its name and source only, and a callable object
+    with Python's default repr as `<Cleaner object>`: a checkpoint of `Cleaner(5)` resumed a
+    pipeline filtering with `Cleaner(50)`, other batches without a word. Their public attributes
+    are the configuration; private ones (caches) are left out, so running does not change it."""
+    from zephon._record_ops import _fingerprint_callable
+
+    data = tmp_path / "data"
+    state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=Cleaner(5).keep), 1, MICROBATCHES)
+    named = str(refused(text_pipeline(jsonl_dataset(data), filter_fn=Cleaner(50).keep), state))
+    assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), named
+    assert _fingerprint_callable(Cleaner(5)) != _fingerprint_callable(Cleaner(50))
+    stop = frozenset({"a", "the"})
+    assert _fingerprint_callable(stop.__contains__) != _fingerprint_callable(frozenset({"an"}).__contains__)
+    used = Cleaner(5)
+    before = _fingerprint_callable(used.keep)
+    used.keep({"text": "running fills the cache"})
+    assert _fingerprint_callable(used.keep) == before
+    prints = _fingerprints_in_processes("Cleaner(5, stop=('the', 'of', 'and', 'a', 'to', 'in', 'is')).keep")
+    assert len(prints) == 1, prints
+    assert "min_length=5" in prints.pop()
+
+
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     """Its name alone would let a changed map resume a checkpoint of the old one."""
 
