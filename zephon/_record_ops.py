@@ -88,7 +88,8 @@ def _stable_repr(value) -> str:
     fields are written through this function, which changes nothing where none holds a set. An
     object with Python's default repr (`<Cleaner object at 0x..>`, no configuration in it) is
     written like a dataclass from its public attributes; private ones (`_cache`) are left out, as
-    state that running changes."""
+    state that running changes. A NumPy array is written by its content (`_array_repr`),
+    not by its repr, which elides and rounds."""
     kind = type(value)
     if kind in (set, frozenset):
         if not value:
@@ -102,6 +103,8 @@ def _stable_repr(value) -> str:
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     if kind is dict:
         return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
+    if kind is np.ndarray or kind is np.memmap:
+        return _array_repr(value)
     if dataclasses.is_dataclass(kind):
         shown = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr]
         written = repr(value)
@@ -115,6 +118,19 @@ def _stable_repr(value) -> str:
                         key=lambda item: item[0])
         return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in public)})"
     return repr(value)
+
+
+def _array_repr(array: np.ndarray) -> str:
+    """An array by dtype, shape and the SHA-256 of its bytes in C order: its repr shows only its
+    ends past 1,000 items and floats to 8 digits, so two arrays differing in the middle or in
+    the ninth digit entered the recipe alike. Objects, records (whose padding bytes hold anything)
+    and long doubles (likewise) are written item by item instead."""
+    dtype = array.dtype
+    name = type(array).__name__
+    if dtype.hasobject or dtype.names or dtype.type in (np.longdouble, np.clongdouble):
+        return f"{name}({_stable_repr(array.tolist())}, dtype={dtype!r}, shape={array.shape})"
+    digest = sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+    return f"{name}(dtype={dtype.str}, shape={array.shape}, sha256:{digest})"
 
 
 class RecordOperator:

@@ -444,6 +444,36 @@ def test_a_bound_methods_or_callable_objects_attributes_are_part_of_the_recipe(t
     assert "min_length=5" in prints.pop()
 
 
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """A callable object holding an array."""
+
+    table: np.ndarray
+
+    def __call__(self, record: dict) -> bool:
+        return bool(self.table[len(record["text"]) % len(self.table)])
+
+
+def test_an_array_in_a_partial_or_a_callable_object_enters_the_recipe_by_its_content():
+    """An array's repr elides all but its ends past 1,000 items, and rounds floats to 8 digits:
+    two arrays differing in the middle, or in the ninth digit, gave one fingerprint, so a changed
+    recipe resumed the checkpoint of the old one."""
+    from zephon._record_ops import _fingerprint_callable
+
+    table = np.arange(5000)
+    edited = table.copy()
+    edited[2500] = -1
+    assert _fingerprint_callable(functools.partial(_longer_than, table)) != \
+        _fingerprint_callable(functools.partial(_longer_than, edited))
+    assert _fingerprint_callable(functools.partial(_longer_than, limit=np.array([0.1]))) != \
+        _fingerprint_callable(functools.partial(_longer_than, limit=np.array([0.1 + 1e-12])))
+    assert _fingerprint_callable(Weights(table)) != _fingerprint_callable(Weights(edited))
+    assert _fingerprint_callable(Weights(table)) != _fingerprint_callable(Weights(table.astype(np.int32)))
+    assert _fingerprint_callable(Weights(table)) != _fingerprint_callable(Weights(table.reshape(50, 100)))
+    # the same values, however laid out in memory, are the same recipe
+    assert _fingerprint_callable(Weights(table[::-1].copy()[::-1])) == _fingerprint_callable(Weights(table))
+
+
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     """Its name alone would let a changed map resume a checkpoint of the old one."""
 
