@@ -178,9 +178,9 @@ class RankLoader:
             return sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
 
         # Same key, same counts: lets the work source measure once for every loader of a pipeline.
-        # Fingerprints alone are not enough: they cannot see the values a map's or filter's closure
-        # captured (or a callable object's attributes), so two pipelines on one source differing only
-        # there took each other's measurement. The key also names the operator objects by id, which
+        # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure
+        # captured (a tokenizer by its type only) or an object's private attributes, so two pipelines
+        # on one source differing only there took each other's measurement. The key also names the operator objects by id, which
         # rank loaders of one pipeline share; `count.operators` keeps them alive for as long as the
         # source keeps the counter with its measurement, so no other operator can take their ids.
         operators = (*self.pipeline.record_operators(), packer)

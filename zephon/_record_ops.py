@@ -42,19 +42,23 @@ def _describe_callable(fn: Callable) -> str:
     return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
 
 
-def _fingerprint_callable(fn: Callable) -> str:
+def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str:
     """How a user function enters the recipe, the same in every process and interpreter.
 
     Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
     is another recipe), a `functools.partial`'s arguments, a callable object's configuration and
     a bound method's instance (`Cleaner(min_length=5).keep`, `stop_words.__contains__`), each
     written by `_stable_repr` with any memory address taken out: an address differs in every
-    process, so a resumed run would never match its checkpoint. Values a closure captured are not
-    seen.
+    process, so a resumed run would never match its checkpoint. A function's closure enters as
+    `_captured` writes it: the values its cells hold when the loader is built.
+
+    Not seen: globals and default argument values the function reads (the source shows their
+    names, not their values), and what `_captured` leaves out. `_within` holds the functions
+    being written, so that a closure reaching itself ends.
     """
     if isinstance(fn, functools.partial):
         args = _configuration((fn.args, sorted(fn.keywords.items())))
-        return f"functools.partial({_fingerprint_callable(fn.func)}, {args})"
+        return f"functools.partial({_fingerprint_callable(fn.func, _within)}, {args})"
     described, defining = _describe_callable(fn), _defining(fn)
     if defining is not fn:  # a callable object
         described += f" {_configuration(fn)}"
@@ -67,8 +71,56 @@ def _fingerprint_callable(fn: Callable) -> str:
     try:
         source = inspect.getsource(defining)
     except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
-        return described
-    return f"{described} source:{sha256(source.encode()).hexdigest()[:16]}"
+        pass
+    else:
+        described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
+    function = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if isinstance(function, types.FunctionType) and function.__closure__:
+        described += f" captured:({_captured(function, _within | {id(function)})})"
+    return described
+
+
+def _captured(function: types.FunctionType, within: frozenset) -> str:
+    """The values a closure's cells hold, by the names it uses for them: numbers, strings,
+    bytes, arrays, and sets, lists, tuples, dicts, dataclasses and plain objects made of those,
+    by `_stable_repr`; functions (and partials, bound methods) by their own fingerprint. Any
+    other value (a tokenizer, a lock, a module: their reprs hold paths, addresses or states)
+    is written by its type's name only, so a change inside it is not seen. A class is named."""
+    parts = []
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not assigned yet
+            parts.append(f"{name}=<empty>")
+            continue
+        if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
+            inner = value.__func__ if isinstance(value, types.MethodType) else value
+            written = "<itself>" if id(inner) in within else _fingerprint_callable(value, within)
+        elif isinstance(value, type):
+            written = f"{value.__module__}.{value.__qualname__}"
+        else:
+            try:
+                seen = _describable(value)
+            except RecursionError:  # a list holding itself, or nesting deeper than the stack
+                seen = False
+            written = _configuration(value) if seen else f"<{type(value).__module__}.{type(value).__qualname__}>"
+        parts.append(f"{name}={written}")
+    return ", ".join(parts)
+
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
+
+
+def _describable(value) -> bool:
+    """Whether `_stable_repr` writes `value` from what it holds alone (see `_captured`)."""
+    if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap):
+        return True
+    if type(value) in (list, tuple, set, frozenset):
+        return all(_describable(item) for item in value)
+    if type(value) is dict:
+        return all(_describable(k) and _describable(v) for k, v in value.items())
+    shown = _shown_attributes(value)
+    return shown is not None and all(_describable(v) for _, v in shown)
 
 
 def _configuration(value) -> str:
@@ -105,19 +157,26 @@ def _stable_repr(value) -> str:
         return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
     if kind is np.ndarray or kind is np.memmap:
         return _array_repr(value)
+    shown = _shown_attributes(value)
+    if shown is not None:
+        return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in shown)})"
+    return repr(value)
+
+
+def _shown_attributes(value) -> list[tuple[str, object]] | None:
+    """(name, value) of what a dataclass's generated repr shows, or of an object's public
+    attributes where its class keeps Python's default repr; None for any other value."""
+    kind = type(value)
     if dataclasses.is_dataclass(kind):
         shown = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr]
-        written = repr(value)
         # Only where `repr` gives exactly what dataclasses write: a hand-written __repr__ may show
         # other things, and it is kept as it is.
-        if written == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
-            return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in shown)})"
-        return written
+        if repr(value) == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
+            return shown
     if kind.__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict):
-        public = sorted(((str(k), v) for k, v in vars(value).items() if not str(k).startswith("_")),
-                        key=lambda item: item[0])
-        return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in public)})"
-    return repr(value)
+        return sorted(((str(k), v) for k, v in vars(value).items() if not str(k).startswith("_")),
+                      key=lambda item: item[0])
+    return None
 
 
 def _array_repr(array: np.ndarray) -> str:

@@ -474,6 +474,60 @@ def test_an_array_in_a_partial_or_a_callable_object_enters_the_recipe_by_its_con
     assert _fingerprint_callable(Weights(table[::-1].copy()[::-1])) == _fingerprint_callable(Weights(table))
 
 
+def min_length_filter(limit: int, stop: tuple = ()):
+    """A filter configured through its closure, as a factory function makes one."""
+    stop_words = frozenset(stop)
+    weights = np.arange(5000)
+
+    def keep(record: dict) -> bool:
+        return len(record["text"]) >= limit and record["text"] not in stop_words and weights.size > 0
+
+    return keep
+
+
+def both(first, second, lock=None):
+    """A closure holding functions (and, if given, what no text describes: a lock)."""
+
+    def keep(record: dict) -> bool:
+        return first(record) and second(record) and lock is not False
+
+    return keep
+
+
+def recursive_filter():
+    """A closure that holds itself."""
+
+    def keep(record: dict, depth: int = 0) -> bool:
+        return depth > 1 or keep(record, depth + 1)
+
+    return keep
+
+
+def test_values_a_closure_captured_are_part_of_the_recipe(tmp_path):
+    """`min_length_filter(5)` and `min_length_filter(50)` have one name and one source: a
+    checkpoint of the one resumed a pipeline filtering with the other, other batches without a
+    word. Numbers, strings, arrays and containers of them are seen, functions through their own
+    fingerprint; what has no stable text (a lock) only by its type, the same in every process."""
+    import threading
+
+    from zephon._record_ops import _fingerprint_callable
+
+    data = tmp_path / "data"
+    state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=min_length_filter(5)), 1, MICROBATCHES)
+    named = str(refused(text_pipeline(jsonl_dataset(data), filter_fn=min_length_filter(50)), state))
+    assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), named
+    assert _fingerprint_callable(min_length_filter(5, ("a",))) != _fingerprint_callable(min_length_filter(5, ("b",)))
+    assert _fingerprint_callable(both(min_length_filter(5), min_length_filter(6))) != \
+        _fingerprint_callable(both(min_length_filter(5), min_length_filter(7)))
+    assert _fingerprint_callable(both(recursive_filter(), min_length_filter(1), threading.Lock())) == \
+        _fingerprint_callable(both(recursive_filter(), min_length_filter(1), threading.Lock()))
+    prints = _fingerprints_in_processes(
+        "both(min_length_filter(5, stop=('the', 'of', 'and', 'a', 'to', 'in')), recursive_filter(), "
+        "__import__('threading').Lock())"
+    )
+    assert len(prints) == 1, prints
+
+
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     """Its name alone would let a changed map resume a checkpoint of the old one."""
 
