@@ -49,6 +49,7 @@ from zephon._accumulator import SegmentContext
 from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._packing import token_ids
+from zephon._record_ops import _configuration
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -495,8 +496,14 @@ def _check_pad_id(pad_id: object, placeholders: Placeholders) -> int:
 
 
 def _describe(obj: Any) -> dict:
+    """A spec's or a placeholders convention's settings for the fingerprint. A convention of the
+    user's own need not be a dataclass (it meets the `Placeholders` protocol): it is written as a
+    map's callable object is, else building a loader failed on `dataclasses.fields`."""
+    kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    if not dataclasses.is_dataclass(obj):
+        return {"class": kind, "settings": _configuration(obj)}
     fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
-    return {"class": f"{type(obj).__module__}.{type(obj).__qualname__}", **fields}
+    return {"class": kind, **fields}
 
 
 @dataclass(frozen=True)

@@ -334,6 +334,35 @@ def test_operator_builds_packers_per_segment_and_fingerprints_as_json():
                                                spec=SPEC).fingerprint(7)
 
 
+class FixedPlaceholders:
+    """A convention of the user's own (the `Placeholders` protocol is public), not a dataclass:
+    `count` copies of one id per image, whatever its grid."""
+
+    merge_size = 1
+
+    def __init__(self, image_id: int, count: int) -> None:
+        self.image_id, self.count = image_id, count
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return (self.image_id,)
+
+    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
+        return np.full(self.count, self.image_id, np.int32)
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        return self.count
+
+
+def test_a_placeholders_convention_that_is_not_a_dataclass_fingerprints_by_its_settings():
+    """pack_multimodal accepted it (it meets the protocol), then building a loader failed in the
+    fingerprint with a bare `TypeError: must be called with a dataclass type or instance`."""
+    fingerprint = PackMultimodal(max_length=16, placeholders=FixedPlaceholders(10, 4), spec=SPEC).fingerprint(7)
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+    assert "image_id=10" in fingerprint["placeholders"]["settings"]
+    assert fingerprint != PackMultimodal(max_length=16, placeholders=FixedPlaceholders(10, 5), spec=SPEC).fingerprint(7)
+
+
 # -- the property: every token, image and label accounted for -----------------------------------
 
 @st.composite
