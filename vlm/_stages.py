@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from zephon._errors import BadRecordError, ConfigurationError, check_count
+from zephon._record_ops import _configuration
 from zephon._records import ChunkRecords
 from zephon._sha256 import sha256
 
@@ -154,6 +155,8 @@ def _describe(obj: Any) -> Any:
     to_json = getattr(obj, "to_json_string", None)
     if callable(to_json):
         described["config_sha256"] = sha256(to_json().encode()).hexdigest()
+    else:  # a processor of the user's own: its class alone let another configuration resume
+        described["settings"] = _configuration(obj)
     return described
 
 

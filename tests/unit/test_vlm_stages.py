@@ -109,6 +109,27 @@ def test_stage_pickles_and_fingerprints_as_json_that_tracks_the_spec():
     assert stage.kind == "record" and stage.name == "decode_images"
 
 
+class ResizingProcessor:
+    """An image processor of the user's own (no transformers `to_json_string`), Qwen2-VL style."""
+
+    merge_size = 1
+
+    def __init__(self, side: int) -> None:
+        self.side = side
+
+    def __call__(self, images, return_tensors: str) -> dict:
+        cells = self.side // 16
+        return {"pixel_values": np.zeros((cells * cells, 768), np.float32), "image_grid_thw": [[1, cells, cells]]}
+
+
+def test_a_processor_without_a_transformers_config_enters_the_fingerprint_by_its_settings():
+    """Only its class entered, so a checkpoint of a run resizing to 224 resumed one resizing to
+    448: other pixels from the same cursors, unsaid."""
+    fingerprint = DecodeImages(processor=ResizingProcessor(224)).fingerprint()
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+    assert fingerprint != DecodeImages(processor=ResizingProcessor(448)).fingerprint()
+
+
 @pytest.mark.parametrize("bad", [{"field": []}, {"on_error": "ignore"}, {"parallelism": 0}, {"field": 5},
                                  {"spec": {"patch_size": 16}}, {"parallelism": 2.0}])
 def test_stage_refuses_settings_that_cannot_work(bad):
