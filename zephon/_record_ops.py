@@ -53,9 +53,14 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
     `_captured` writes it: the values its cells hold when the loader is built.
 
     Not seen: globals and default argument values the function reads (the source shows their
-    names, not their values), and what `_captured` leaves out. `_within` holds the functions
-    being written, so that a closure reaching itself ends.
+    names, not their values), and what `_captured` leaves out. `_within` holds the functions and
+    partials being written, so that a closure reaching itself (directly or through a partial it
+    holds) is written `<itself>` there instead of recursing without end.
     """
+    function = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if id(function) in _within:
+        return "<itself>"
+    _within = _within | {id(function)}
     if isinstance(fn, functools.partial):
         args = _configuration((fn.args, sorted(fn.keywords.items())))
         return f"functools.partial({_fingerprint_callable(fn.func, _within)}, {args})"
@@ -74,9 +79,8 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
         pass
     else:
         described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
-    function = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if isinstance(function, types.FunctionType) and function.__closure__:
-        described += f" captured:({_captured(function, _within | {id(function)})})"
+        described += f" captured:({_captured(function, _within)})"
     return described
 
 
@@ -94,8 +98,7 @@ def _captured(function: types.FunctionType, within: frozenset) -> str:
             parts.append(f"{name}=<empty>")
             continue
         if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
-            inner = value.__func__ if isinstance(value, types.MethodType) else value
-            written = "<itself>" if id(inner) in within else _fingerprint_callable(value, within)
+            written = _fingerprint_callable(value, within)
         elif isinstance(value, type):
             written = f"{value.__module__}.{value.__qualname__}"
         else:

@@ -503,6 +503,27 @@ def recursive_filter():
     return keep
 
 
+def through_a_partial():
+    """A closure that reaches itself through a partial it holds."""
+    bound = None
+
+    def keep(record: dict, limit: int) -> bool:
+        return len(record["text"]) > limit or bound(record)
+
+    bound = functools.partial(keep, limit=3)
+    return bound
+
+
+def test_a_closure_reaching_itself_through_a_partial_is_fingerprinted():
+    """Only a function met again was stopped: a partial of it met again was written again, and
+    building the loader ended in RecursionError."""
+    from zephon._record_ops import _fingerprint_callable
+
+    written = _fingerprint_callable(through_a_partial())
+    assert "captured:(bound=<itself>)" in written
+    assert written == _fingerprint_callable(through_a_partial())
+
+
 def test_values_a_closure_captured_are_part_of_the_recipe(tmp_path):
     """`min_length_filter(5)` and `min_length_filter(50)` have one name and one source: a
     checkpoint of the one resumed a pipeline filtering with the other, other batches without a
