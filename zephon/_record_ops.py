@@ -103,10 +103,11 @@ def _captured(function: types.FunctionType, within: frozenset) -> str:
             written = f"{value.__module__}.{value.__qualname__}"
         else:
             try:
-                seen = _describable(value)
-            except RecursionError:  # a list holding itself, or nesting deeper than the stack
-                seen = False
-            written = _configuration(value) if seen else f"<{type(value).__module__}.{type(value).__qualname__}>"
+                written = _configuration(value) if _describable(value) else None
+            except Exception:  # noqa: BLE001 - a repr that fails, a list holding itself: not described
+                written = None
+            if written is None:
+                written = f"<{type(value).__module__}.{type(value).__qualname__}>"
         parts.append(f"{name}={written}")
     return ", ".join(parts)
 
@@ -166,15 +167,24 @@ def _stable_repr(value) -> str:
     return repr(value)
 
 
+_UNSET = object()
+
+
 def _shown_attributes(value) -> list[tuple[str, object]] | None:
     """(name, value) of what a dataclass's generated repr shows, or of an object's public
     attributes where its class keeps Python's default repr; None for any other value."""
     kind = type(value)
     if dataclasses.is_dataclass(kind):
-        shown = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr]
+        shown = [(f.name, getattr(value, f.name, _UNSET)) for f in dataclasses.fields(value) if f.repr]
+        try:
+            written = repr(value)
+        except AttributeError:
+            # The generated repr reads every field, and one declared `init=False` and set on first
+            # use is not there yet (building the loader failed on it): the fields set are written.
+            return [(name, v) for name, v in shown if v is not _UNSET]
         # Only where `repr` gives exactly what dataclasses write: a hand-written __repr__ may show
         # other things, and it is kept as it is.
-        if repr(value) == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
+        if written == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
             return shown
     if kind.__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict):
         return sorted(((str(k), v) for k, v in vars(value).items() if not str(k).startswith("_")),

@@ -549,6 +549,32 @@ def test_values_a_closure_captured_are_part_of_the_recipe(tmp_path):
     assert len(prints) == 1, prints
 
 
+@dataclasses.dataclass
+class LazyTable:
+    """A callable dataclass whose table is loaded on first use, in the worker that runs it."""
+
+    path: str
+    table: dict = dataclasses.field(init=False)
+
+    def __call__(self, record: dict) -> bool:
+        if not hasattr(self, "table"):
+            self.table = {}
+        return record["text"] not in self.table
+
+
+def test_a_dataclass_with_a_field_set_later_is_fingerprinted_by_the_fields_it_has():
+    """The repr dataclasses generate reads every field, and one declared `init=False` and set on
+    first use is not there yet: building the loader failed with a bare AttributeError (the
+    callable object's repr), or (a closure holding one) did once closures were seen."""
+    from zephon._record_ops import _fingerprint_callable
+
+    written = _fingerprint_callable(LazyTable("stop.txt"))
+    assert "LazyTable(path='stop.txt')" in written
+    assert written != _fingerprint_callable(LazyTable("other.txt"))
+    table = LazyTable("stop.txt")
+    assert "captured:(first=LazyTable(path='stop.txt')" in _fingerprint_callable(both(table, table))
+
+
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     """Its name alone would let a changed map resume a checkpoint of the old one."""
 
