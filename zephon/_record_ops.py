@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import sys
 import traceback
 import types
 from dataclasses import dataclass
@@ -86,10 +87,10 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
 
 def _captured(function: types.FunctionType, within: frozenset) -> str:
     """The values a closure's cells hold, by the names it uses for them: numbers, strings,
-    bytes, arrays, and sets, lists, tuples, dicts, dataclasses and plain objects made of those,
-    by `_stable_repr`; functions (and partials, bound methods) by their own fingerprint. Any
-    other value (a tokenizer, a lock, a module: their reprs hold paths, addresses or states)
-    is written by its type's name only, so a change inside it is not seen. A class is named."""
+    bytes, arrays, tensors, and sets, lists, tuples, dicts, dataclasses and plain objects made of
+    those, by `_stable_repr`; functions (and partials, bound methods) by their own fingerprint. Any
+    other value (a tokenizer, a lock, a module: their reprs hold paths, addresses or states) is
+    written by its type's name only, so a change inside it is not seen. A class is named."""
     parts = []
     for name, cell in zip(function.__code__.co_freevars, function.__closure__):
         try:
@@ -117,7 +118,7 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 def _describable(value) -> bool:
     """Whether `_stable_repr` writes `value` from what it holds alone (see `_captured`)."""
-    if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap):
+    if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap) or _is_tensor(value):
         return True
     if type(value) in (list, tuple, set, frozenset):
         return all(_describable(item) for item in value)
@@ -144,8 +145,8 @@ def _stable_repr(value) -> str:
     fields are written through this function, which changes nothing where none holds a set. An
     object with Python's default repr (`<Cleaner object at 0x..>`, no configuration in it) is
     written like a dataclass from its public attributes; private ones (`_cache`) are left out, as
-    state that running changes. A NumPy array is written by its content (`_array_repr`),
-    not by its repr, which elides and rounds."""
+    state that running changes. A NumPy array or a torch tensor is written by its content
+    (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds."""
     kind = type(value)
     if kind in (set, frozenset):
         if not value:
@@ -161,6 +162,10 @@ def _stable_repr(value) -> str:
         return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
     if kind is np.ndarray or kind is np.memmap:
         return _array_repr(value)
+    if _is_tensor(value):
+        written = _tensor_repr(value)
+        if written is not None:
+            return written
     shown = _shown_attributes(value)
     if shown is not None:
         return f"{kind.__qualname__}({', '.join(f'{name}={_stable_repr(v)}' for name, v in shown)})"
@@ -203,6 +208,28 @@ def _array_repr(array: np.ndarray) -> str:
         return f"{name}({_stable_repr(array.tolist())}, dtype={dtype!r}, shape={array.shape})"
     digest = sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
     return f"{name}(dtype={dtype.str}, shape={array.shape}, sha256:{digest})"
+
+
+def _is_tensor(value) -> bool:
+    """Whether `value` is a torch tensor, without importing torch where nothing has."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _tensor_repr(tensor) -> str | None:
+    """A torch tensor as an array is written (`_array_repr`), for the same reason: its repr
+    elides past 1,000 items and rounds to 4 digits. Its bytes are read as uint8, which every
+    dtype allows (bfloat16 has no NumPy form). None for a tensor without plain bytes (sparse,
+    quantized, on the meta device): its repr is used."""
+    import torch
+
+    try:
+        plain = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous()
+        data = plain.reshape(-1).view(torch.uint8).numpy().tobytes()
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+    digest = sha256(data).hexdigest()[:16]
+    return f"{type(tensor).__name__}(dtype={tensor.dtype}, shape={tuple(tensor.shape)}, sha256:{digest})"
 
 
 class RecordOperator:

@@ -474,6 +474,27 @@ def test_an_array_in_a_partial_or_a_callable_object_enters_the_recipe_by_its_con
     assert _fingerprint_callable(Weights(table[::-1].copy()[::-1])) == _fingerprint_callable(Weights(table))
 
 
+def test_a_torch_tensor_in_a_partial_or_a_closure_enters_the_recipe_by_its_content():
+    """A tensor's repr elides past 1,000 items and rounds to 4 digits, as an array's does: a
+    partial holding one edited in the middle resumed the old recipe's checkpoint, and a closure
+    saw it by its type only."""
+    torch = pytest.importorskip("torch")
+    from zephon._record_ops import _fingerprint_callable
+
+    table = torch.arange(5000.0)
+    edited = table.clone()
+    edited[2500] = -1
+    assert _fingerprint_callable(functools.partial(_longer_than, table)) != \
+        _fingerprint_callable(functools.partial(_longer_than, edited))
+    assert _fingerprint_callable(functools.partial(_longer_than, torch.tensor([0.1], dtype=torch.float64))) != \
+        _fingerprint_callable(functools.partial(_longer_than, torch.tensor([0.1 + 1e-9], dtype=torch.float64)))
+    assert _fingerprint_callable(Weights(table)) != _fingerprint_callable(Weights(table.to(torch.bfloat16)))
+    grid = table.reshape(50, 100)
+    assert _fingerprint_callable(Weights(grid)) == _fingerprint_callable(Weights(grid.t().contiguous().t()))
+    assert _fingerprint_callable(both(min_length_filter(1), table)) != \
+        _fingerprint_callable(both(min_length_filter(1), edited))
+
+
 def min_length_filter(limit: int, stop: tuple = ()):
     """A filter configured through its closure, as a factory function makes one."""
     stop_words = frozenset(stop)
