@@ -106,6 +106,11 @@ def text_pipeline(
     tokenizer: Path = TOKENIZER,
     flush_every_chunks: int = 2,
     records_per_chunk: int = RECORDS_PER_CHUNK,
+    bos: str | None = None,
+    eos: str | None = "<|eos|>",
+    pad_id: int | None = None,
+    microbatch_size: int = MICROBATCH,
+    round_size: int = 1024,
 ) -> Pipeline:
     """dataset(s) -> [map] -> [filter] -> tokenize -> pack_flat -> shuffle -> batch, on `num_lanes` lanes.
 
@@ -120,6 +125,7 @@ def text_pipeline(
         seed=seed,
         records_per_chunk=records_per_chunk,
         num_epochs=num_epochs,
+        round_size=round_size,
     )
     pipeline = Pipeline(source).options(
         num_lanes=num_lanes, runner=runner or "inline", flush_every_chunks=flush_every_chunks, on_error=on_error
@@ -129,10 +135,10 @@ def text_pipeline(
     if filter_fn is not None:
         pipeline = pipeline.filter(filter_fn, parallelism=parallelism)
     return (
-        pipeline.tokenize(str(tokenizer), field=field, eos="<|eos|>", parallelism=parallelism)
-        .pack_flat(max_length=max_length, algorithm=algorithm)
+        pipeline.tokenize(str(tokenizer), field=field, bos=bos, eos=eos, parallelism=parallelism)
+        .pack_flat(max_length=max_length, algorithm=algorithm, pad_id=pad_id)
         .shuffle(buffer_size=shuffle_buffer, seed=seed)
-        .batch(microbatch_size=MICROBATCH)
+        .batch(microbatch_size=microbatch_size)
     )
 
 

@@ -207,6 +207,13 @@ RECIPE_CHANGES = {
     # Both cut the lanes' work differently (segments, chunks): other batches from the same cursors.
     "flush_every_chunks": (lambda tmp: {"flush_every_chunks": 3}, [r"flush_every_chunks"]),
     "records_per_chunk": (lambda tmp: {"records_per_chunk": 8}, [r"plan\.records_per_chunk"]),
+    # The special tokens around each document and the pad id are in every row's ids.
+    "bos": (lambda tmp: {"bos": "<|bos|>"}, [r"operators\[0\]\.tokenize\.bos"]),
+    "eos": (lambda tmp: {"eos": None}, [r"operators\[0\]\.tokenize\.eos"]),
+    "pad_id": (lambda tmp: {"pad_id": 0}, [r"operators\[1\]\.pack_flat\.pad_id"]),
+    # Measured tokens per byte weigh the chunks instead of their records: another plan.
+    "token_estimation": (lambda tmp: {"estimate_tokens": True}, [r"plan\.tokens_per_byte"]),
+    "round_size": (lambda tmp: {"round_size": 8}, [r"plan\.round_size"]),
 }
 
 
@@ -226,6 +233,17 @@ def test_checkpoint_taken_with_another_global_batch_size_is_refused_naming_it(co
     pipeline = recipe(corpora)
     with pipeline.shard(0, 1, global_batch_size=2 * global_batch(pipeline)) as loader, pytest.raises(
         RecipeMismatchError, match=r"changed: global_batch_size\. Performance"
+    ):
+        loader.load_state_dict(state)
+
+
+def test_checkpoint_taken_with_another_microbatch_size_is_refused_naming_it(corpora, state):
+    """The microbatch size is part of the recipe (README, "What may change on resume") even where
+    the global batch size stays: it decides how a step's rows are cut into the microbatches that
+    are hashed and handed over, and where a lane's cursor stands within a step."""
+    pipeline = recipe(corpora, microbatch_size=1)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(recipe(corpora))) as loader, pytest.raises(
+        RecipeMismatchError, match=r"changed: operators\[3\]\.batch\.microbatch_size\. Performance"
     ):
         loader.load_state_dict(state)
 
