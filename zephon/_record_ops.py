@@ -406,6 +406,10 @@ class TokenizeOp(RecordOperator):
         return tokenize
 
     def fingerprint(self) -> dict:
+        """What decides the ids and what later stages see. `keep_field` only when True: the text it
+        leaves may be read by a later map or filter, which then keeps other records (a resume that
+        flipped it was accepted); left at its default it adds nothing, so the recipes that never set
+        it keep the digests their checkpoints hold."""
         return {
             "op": self.name,
             "tokenizer": self.handle().digest,
@@ -414,6 +418,7 @@ class TokenizeOp(RecordOperator):
             "eos": self.eos,
             "output_field": self.output_field,
             "split_special_tokens": self.split_special_tokens,
+            **({"keep_field": True} if self.keep_field else {}),
         }
 
 

@@ -248,6 +248,42 @@ def test_checkpoint_taken_with_another_microbatch_size_is_refused_naming_it(corp
         loader.load_state_dict(state)
 
 
+def _short_text(record: dict) -> bool:
+    """A filter after tokenize that reads the text tokenize leaves only under keep_field=True."""
+    return len(record.get("text", "").split()) <= 30
+
+
+def _kept_text_recipe(corpora, keep_field: bool):
+    from zephon import Pipeline
+    from zephon.work import StaticMixtureWorkSource
+
+    source = StaticMixtureWorkSource(list(corpora), seed=7, records_per_chunk=4, num_epochs=1)
+    return (
+        Pipeline(source).options(num_lanes=4, runner="inline", flush_every_chunks=2)
+        .tokenize(str(TOKENIZER), eos="<|eos|>", keep_field=keep_field)
+        .filter(_short_text)
+        .pack_flat(max_length=64)
+        .batch(microbatch_size=2)
+    )
+
+
+def test_checkpoint_taken_with_another_keep_field_is_refused_where_it_changes_the_batches(corpora):
+    """`tokenize(keep_field=True)` leaves the text for the stages after it, which may read it (that
+    is what it is for): there the setting decides which records survive, so a checkpoint taken with
+    the other value must be refused, naming it, like any other recipe change. A recipe that leaves
+    keep_field at its default keeps the digests it had, so its checkpoints still resume."""
+    kept, dropped = _kept_text_recipe(corpora, True), _kept_text_recipe(corpora, False)
+    assert run_epoch(kept).digests != run_epoch(dropped).digests
+    for saved_with, resumed_with in ((kept, dropped), (dropped, kept)):
+        saved = checkpoint_after(saved_with, 1, 2)
+        with resumed_with.shard(0, 1, global_batch_size=8) as loader, pytest.raises(
+            RecipeMismatchError, match=r"changed: operators\[0\]\.tokenize\.keep_field\. Performance"
+        ):
+            loader.load_state_dict(saved)
+    with dropped.shard(0, 1, global_batch_size=8) as loader:
+        assert "keep_field" not in json.dumps(loader.recipe), "the default adds nothing to the recipe"
+
+
 def test_checkpoint_of_changed_data_is_refused_naming_the_datasets(tmp_path):
     """Shards are fingerprinted by URL, record count and size: a shard rewritten in place with
     other content of another size is another recipe."""
