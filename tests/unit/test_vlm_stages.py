@@ -130,6 +130,15 @@ def test_a_processor_without_a_transformers_config_enters_the_fingerprint_by_its
     assert fingerprint != DecodeImages(processor=ResizingProcessor(448)).fingerprint()
 
 
+def test_decoding_after_packing_is_part_of_the_stages_fingerprint_and_its_parallelism_is_not():
+    """vlm/README.md: `defer` enters the recipe (a bad JPEG is skipped before packing and masked
+    after it, so the batches differ), and a checkpoint resumes only with the same choice; the
+    workers decoding are a performance setting, free to change on resume."""
+    eager, deferred = DecodeImages(), DecodeImages(defer=True)
+    assert eager.fingerprint() != deferred.fingerprint()
+    assert DecodeImages(defer=True, parallelism=4).fingerprint() == deferred.fingerprint()
+
+
 @pytest.mark.parametrize("bad", [{"field": []}, {"on_error": "ignore"}, {"parallelism": 0}, {"field": 5},
                                  {"spec": {"patch_size": 16}}, {"parallelism": 2.0}])
 def test_stage_refuses_settings_that_cannot_work(bad):
