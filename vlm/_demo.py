@@ -153,7 +153,8 @@ def add_vlm_parser(demo_subparsers) -> Any:
     vlm.add_argument("--max-side", type=positive_int, default=256,
                      help="scale each image's longest side down to this many pixels, then each side is "
                           "rounded up to whole 16 px patches (Pixtral sizing; default 256)")
-    vlm.add_argument("--pairs", type=positive_int, default=None, help="use this many pairs (default: all)")
+    vlm.add_argument("--pairs", type=positive_int, default=None,
+                     help=f"use this many pairs, at least {DEMO_LANES} (default: all)")
     vlm.add_argument("--origin", default="auto", choices=("auto", "tuxpaint", "photos"),
                      help="tuxpaint stamps (Debian, via apt), wheel photos, or auto (default)")
     vlm.add_argument("--png", default="vlm-batch.png", help="picture of the first global batch (default ./vlm-batch.png)")
@@ -167,6 +168,11 @@ def add_vlm_parser(demo_subparsers) -> Any:
 def run_vlm_demo(args) -> int:
     check_demo_layout("vlm", runner=args.runner, num_lanes=DEMO_LANES, microbatch_size=DEMO_MICROBATCH,
                       world_sizes=(1,), global_batch_size=args.global_batch_size)
+    if args.pairs is not None and args.pairs < DEMO_LANES:
+        # The plan gives every lane a share of the pairs (dealt round-robin over one shard per
+        # lane); fewer failed after the assets were fetched, advising fewer lanes, which the demo
+        # has no option for.
+        usage_error("vlm", f"--pairs must be at least {DEMO_LANES}, one per lane of the demo, got {args.pairs}")
     # The picture is saved after the assets are fetched and the first step taken: a directory that
     # is not there ended the demo then, in a traceback.
     if not Path(args.png).parent.is_dir():

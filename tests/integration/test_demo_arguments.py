@@ -195,3 +195,12 @@ def test_vlm_png_in_a_directory_that_is_not_there_is_refused_before_any_work(no_
     png = tmp_path / "missing" / "batch.png"
     err = refused(capsys, "demo", "vlm", "--png", str(png))
     assert f"zephon demo vlm: --png {str(png)!r}: no directory {str(png.parent)!r} to write it in" in err
+
+
+@pytest.mark.parametrize("pairs", ["1", "7"])
+def test_vlm_pairs_fewer_than_the_demos_lanes_are_refused_before_any_work(no_demo_work, pairs, capsys):
+    """Every lane needs a share of the pairs: `--pairs 7` on the demo's 8 lanes fetched the
+    assets, then ended in a ConfigurationError traceback (exit 1, the code of a mismatch) whose
+    advice, fewer lanes, the demo has no option for."""
+    err = refused(capsys, "demo", "vlm", "--pairs", pairs)
+    assert f"zephon demo vlm: --pairs must be at least 8, one per lane of the demo, got {pairs}" in err
