@@ -165,6 +165,9 @@ def test_gpu_demo_refuses_a_width_its_heads_do_not_divide_as_a_usage_error(capsy
         (["--steps", "4", "--checkpoint-step", "6"], "--checkpoint-step must be in (0, --steps=4), got 6"),
         (["--to-world-sizes", "3"], "num_lanes=8 is not divisible by world_size=3"),
         (["--dim", "100", "--heads", "3"], "--dim=100 must be divisible by --heads=3"),
+        # AdamW refuses these with a traceback (exit 1, a mismatch's code), on a GPU machine only.
+        (["--lr", "-0.1"], "--lr must be a finite number >= 0, got -0.1"),
+        (["--lr", "nan"], "--lr must be a finite number >= 0, got nan"),
     ],
 )
 def test_gpu_demo_refuses_options_it_cannot_run_where_it_would_skip(monkeypatch, capsys, missing, argv, message):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     check_checkpoint_step(args)
     if args.dim % args.heads:
         usage_error("gpu", f"--dim={args.dim} must be divisible by --heads={args.heads}")
+    if not (math.isfinite(args.lr) and args.lr >= 0):  # AdamW's refusal, but as a traceback and on a GPU only
+        usage_error("gpu", f"--lr must be a finite number >= 0, got {args.lr}")
     pipeline = demo_pipeline(runner=args.runner, max_length=args.max_length)
     check_resume_layout("gpu", args, pipeline)
     try:
