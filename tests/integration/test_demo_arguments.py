@@ -207,3 +207,15 @@ def test_vlm_pairs_fewer_than_the_demos_lanes_are_refused_before_any_work(no_dem
     advice, fewer lanes, the demo has no option for."""
     err = refused(capsys, "demo", "vlm", "--pairs", pairs)
     assert f"zephon demo vlm: --pairs must be at least 8, one per lane of the demo, got {pairs}" in err
+
+
+@pytest.mark.requires_torch
+def test_gpu_demo_names_a_cuda_device_index_this_machine_does_not_have(no_demo_work, monkeypatch, capsys):
+    """`--device cuda:3` on a machine with one GPU ended in torch's traceback (exit 1, the code of
+    a mismatch) when the demo asked for the device's name."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    err = refused(capsys, "demo", "gpu", "--device", "cuda:3")
+    assert "zephon demo gpu: --device 'cuda:3' names CUDA device 3, but this machine has 1 (cuda:0 to cuda:0)" in err

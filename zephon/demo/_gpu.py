@@ -76,6 +76,10 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print(SKIP_NO_CUDA)
         return 0
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()  # torch's refusal came later, as a traceback
+        usage_error("gpu", f"--device {args.device!r} names CUDA device {device.index}, but this machine has "
+                           f"{count} (cuda:0 to cuda:{count - 1})")
 
     t0 = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
