@@ -30,7 +30,7 @@ from ._lane import LaneStream
 from ._packing import assemble_row
 from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
-from ._runner import Runner, Stage, runner_factory
+from ._runner import Runner, Stage, describe_runner, runner_factory
 from .work import lane_plan
 
 __all__ = ["RankLoader"]
@@ -197,7 +197,7 @@ class RankLoader:
     def runner_info(self) -> dict:
         """Which runner executes the stateless work, and why it was chosen."""
         runner = self._ensure_runner()
-        return {"name": runner.name, "reason": runner.reason}
+        return describe_runner(runner)
 
     def _ensure_runner(self) -> Runner:
         if self._closed:
@@ -225,7 +225,8 @@ class RankLoader:
             # workers (and their shared memory) but closing it (a thread runner frees itself).
             self._close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
             self._close_runner.atexit = False  # at exit the runners close themselves
-            log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, runner.name, runner.reason)
+            info = describe_runner(runner)
+            log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, info["name"], info["reason"])
         return self._runner
 
     def _submit(self, chunk: Chunk) -> Future:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ._errors import ConfigurationError
 
-__all__ = ["Stage", "Runner", "runner_factory", "make_runner", "available_runners"]
+__all__ = ["Stage", "Runner", "runner_factory", "make_runner", "available_runners", "describe_runner"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Runner(Protocol):
 
     Thread-safety: `submit` may be called from any thread (including a runner's own completion
     callbacks); `start` and `close` are called by the owning loader only. `close` is idempotent.
+    `name` and `reason` say which runner it is and why it was chosen (`RankLoader.runner_info`);
+    a runner without them is described by its class (`describe_runner`).
     """
 
     name: str
@@ -79,6 +81,19 @@ def runner_factory(spec: str | Runner | Callable[[], Runner]) -> Callable[[], Ru
 def make_runner(spec: str | Runner | Callable[[], Runner]) -> Runner:
     """A runner from a registered name, a factory, or an instance (see `runner_factory`)."""
     return runner_factory(spec)()
+
+
+def describe_runner(runner: Runner) -> dict[str, str]:
+    """{"name", "reason"} of a runner, as a loader logs and reports it (`runner_info`).
+
+    What makes a runner is start, submit and close (`_is_runner`, and the refusals say so); a
+    runner of the user's without the protocol's `name` and `reason` is named by its class and
+    taken as requested explicitly, instead of failing its loader's first batch with an
+    AttributeError."""
+    return {
+        "name": getattr(runner, "name", type(runner).__name__),
+        "reason": getattr(runner, "reason", "requested explicitly"),
+    }
 
 
 def _is_runner(candidate: object) -> bool:

@@ -216,6 +216,35 @@ def test_a_runner_factory_in_the_options_makes_a_runner_for_every_loader(spec_pi
     assert digests[0] == digests[1]
 
 
+class _BareRunner:
+    """A runner as the refusals describe one, "an object with start, submit and close", without the
+    `name` and `reason` attributes of the Runner protocol."""
+
+    def start(self, stages) -> None:
+        self.stages = stages
+
+    def submit(self, stage_index: int, item):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(self.stages[stage_index].fn(item))
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_runner_with_only_start_submit_and_close_runs_and_says_what_it_is(spec_pipeline):
+    """Such a runner passed the check of what a runner is and then failed the first batch with
+    `AttributeError: '_BareRunner' object has no attribute 'name'` (the loader logs and reports the
+    runner it uses): it runs, named by its class, with the same batches as the inline runner."""
+    with spec_pipeline.options(runner="inline", num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
+        expected = next(iter(loader)).digest()
+    with spec_pipeline.options(runner=_BareRunner, num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
+        assert next(iter(loader)).digest() == expected
+        assert loader.runner_info == {"name": "_BareRunner", "reason": "requested explicitly"}
+
+
 def test_a_runner_factory_that_makes_something_else_is_refused_naming_both(spec_pipeline):
     with spec_pipeline.options(runner=dict, num_lanes=2).shard(0, 1, global_batch_size=16) as loader:
         with pytest.raises(ConfigurationError, match=r"runner=<class 'dict'> made \{\}, which is not a runner"):
