@@ -267,6 +267,10 @@ class PackFlatOp:
         if self.algorithm not in ALGORITHMS:
             raise ConfigurationError(f"pack_flat: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         object.__setattr__(self, "max_open_rows", check_count(self.max_open_rows, "pack_flat: max_open_rows"))
+        # As tokenize checks its fields: None (or a tuple) read no field of any record, so every
+        # record was skipped as missing_field, and the loader's check of the field let None by.
+        if not isinstance(self.field, str) or not self.field:
+            raise ConfigurationError(f"pack_flat: field must be a record field's name (a non-empty str), got {self.field!r}")
         if self.pad_id is not None:
             object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_flat: pad_id"))
 

@@ -266,6 +266,11 @@ WRONG_OPTIONS = {
     "algorithm": (lambda p, tok: tok.pack_flat(64, algorithm="first-fit"),
                   "pack_flat: algorithm must be one of ('wrap', 'first_fit'), got 'first-fit'"),
     "pad_id": (lambda p, tok: tok.pack_flat(64, pad_id=10**12), "does not fit the int32 token arrays"),
+    # None read no field: every record skipped as missing_field, the field check having let it by.
+    "pack_flat field": (lambda p, tok: p.pack_flat(64, field=None),
+                        "pack_flat: field must be a record field's name (a non-empty str), got None"),
+    "pack_flat field with tokenize": (lambda p, tok: tok.pack_flat(64, field=("input_ids",)),
+                                      "pack_flat: field must be a record field's name (a non-empty str), got ('input_ids',)"),
     "buffer_size": (lambda p, tok: tok.pack_flat(64).shuffle(None), "shuffle: buffer_size must be an integer >= 1"),
     "microbatch_size": (lambda p, tok: tok.pack_flat(64).batch(2.0), "batch: microbatch_size must be an integer >= 1"),
     "shuffle seed": (lambda p, tok: tok.pack_flat(64).shuffle(8, seed=None), "shuffle: seed must be an integer, got None"),
