@@ -476,6 +476,8 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> 
     if not isinstance(placeholders, Placeholders):
         raise ConfigurationError(f"pack_multimodal: placeholders must be a Placeholders convention "
                                  f"(PixtralPlaceholders, QwenPlaceholders), got {type(placeholders).__name__}")
+    if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
+        raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
     if placeholders.merge_size != spec.merge_size:
         raise ConfigurationError(f"pack_multimodal: placeholders merge {placeholders.merge_size}x"
                                  f"{placeholders.merge_size} patches but the ImageSpec merges {spec.merge_size}")
@@ -535,6 +537,13 @@ class PackMultimodal:
     kind = "accumulator"
 
     def __post_init__(self) -> None:
+        # As pack_flat and tokenize check theirs: a field of None or 3 is read from no record, so
+        # every document was skipped (`field`) or packed without its images (`pixels_field`), unsaid.
+        for name in ("field", "pixels_field", "grid_field", "offsets_field"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(f"pack_multimodal: {name} must be a record field's name (a non-empty str), "
+                                         f"got {value!r}")
         sizes = _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
         object.__setattr__(self, "max_length", sizes[0])
         object.__setattr__(self, "max_open_rows", sizes[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -292,6 +293,23 @@ def test_sizes_are_checked_like_pack_flats_a_numpy_integer_taken_and_a_bool_refu
         assert type(getattr(made, setting)) is int and getattr(made, setting) == sizes[setting]
     fingerprint = PackMultimodal(placeholders=PIXTRAL, spec=SPEC, **{**sizes, setting: np.int64(3)}).fingerprint(0)
     assert fingerprint[setting] == 3
+
+
+@pytest.mark.parametrize("setting", ["field", "pixels_field", "grid_field", "offsets_field"])
+@pytest.mark.parametrize("value", [None, "", 3])
+def test_a_field_name_that_is_not_a_non_empty_str_is_refused_like_pack_flats(setting, value):
+    """A field of None or 3 is read from no record: `field=None` skipped every document as
+    missing_text and `pixels_field=3` packed every caption without its images, unsaid, where a
+    pipeline with a map (which might write any field) is not checked against its decoders."""
+    with pytest.raises(ConfigurationError, match=re.escape(
+            f"pack_multimodal: {setting} must be a record field's name (a non-empty str), got {value!r}")):
+        PackMultimodal(max_length=64, placeholders=PIXTRAL, spec=SPEC, **{setting: value})
+
+
+def test_a_spec_that_is_not_an_image_spec_is_refused_naming_it():
+    """It failed as a bare `AttributeError: 'str' object has no attribute 'merge_size'`."""
+    with pytest.raises(ConfigurationError, match=re.escape("pack_multimodal: spec must be an ImageSpec, got 'pixtral'")):
+        PackMultimodal(max_length=64, placeholders=PIXTRAL, spec="pixtral")
 
 
 def test_unassembled_plans_assemble_to_the_same_rows_elsewhere():
