@@ -17,6 +17,7 @@ import ast
 import importlib.util
 import inspect
 import json
+import re
 from itertools import islice
 from pathlib import Path
 
@@ -409,6 +410,15 @@ def test_a_data_recipe_mixture_that_is_not_shares_by_name_is_refused_naming_the_
     nor the recipe."""
     with pytest.raises(ConfigurationError, match="DataRecipe.mixture must map dataset names to token shares"):
         DataRecipe(datasets=[("kjv", str(DATA / "kjv"))], tokenizer=str(TOKENIZER), mixture=mixture)
+
+
+@pytest.mark.parametrize("flag", ["token_estimation", "cache"])
+@pytest.mark.parametrize("value", ["no", "false", 0, None])
+def test_a_data_recipe_switch_that_is_not_true_or_false_is_refused_naming_it(flag, value):
+    """`token_estimation="no"` is true: the recipe planned by measured tokens, as with True, unsaid
+    (tokenize refuses `keep_field="no"` for the same reason)."""
+    with pytest.raises(ConfigurationError, match=re.escape(f"DataRecipe.{flag} must be True or False, got {value!r}")):
+        DataRecipe(datasets=[("kjv", str(DATA / "kjv"))], tokenizer=str(TOKENIZER), **{flag: value})
 
 
 def test_data_recipe_builds_the_same_stream_as_the_equivalent_pipeline():

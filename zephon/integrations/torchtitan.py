@@ -115,6 +115,9 @@ class DataRecipe:
             object.__setattr__(self, "mixture", mixture)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
+        for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
 
     def pipeline(self) -> Pipeline:
         """The Zephon pipeline this recipe describes: tokenize → pack → shuffle → batch."""
