@@ -36,7 +36,9 @@ class PipelineOptions:
     the plan's chunks are small (4 × workers × the mean chunk ≤ 1 MiB of raw bytes), else 4 per worker.
     Policy: `on_error` ("skip": count bad records and go on; "raise": fail on the first one).
     Storage: `io_options` (`cache`, `retries`, `retry_delay`; see `Dataset.with_io_options`) apply to
-    every dataset's chunk reads, e.g. `{"cache": {"enabled": True}}` keeps remote shards on local disk.
+    every dataset's chunk reads while a loader iterates, e.g. `{"cache": {"enabled": True}}` keeps
+    remote shards on local disk. The token estimate's sample, read by the work source when `shard()`
+    builds a loader, is read with each Dataset's own settings (those given to `Dataset.from_path`).
     """
 
     num_lanes: int = 8
