@@ -158,6 +158,13 @@ def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, 
         tokenized.pack_flat(64, field="ids").batch(2).shard(0, 1)
     with pytest.raises(ConfigurationError, match="one packing operator per pipeline"):
         tokenized.pack_flat(64).pack_flat(32).batch(2).shard(0, 1)
+    for unbatched in (tokenized.pack_flat(64), tokenized.pack_flat(64).shuffle(4)):
+        with pytest.raises(ConfigurationError, match=re.escape("the pipeline must end with .batch(microbatch_size)")):
+            unbatched.shard(0, 1)
+        with pytest.raises(ConfigurationError, match=re.escape("the pipeline must end with .batch(microbatch_size)")):
+            unbatched.shard(0, 1, global_batch_size=16)
+    with pytest.raises(ConfigurationError, match="is neither a record nor an accumulator operator"):
+        tokenized.apply(object())
 
 
 @pytest.mark.parametrize("runner,message", [("bogus", "unknown runner 'bogus'"), (None, "neither a runner's name"),
