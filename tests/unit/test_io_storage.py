@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import pathlib
 import pickle
@@ -369,10 +370,22 @@ def _download_in_another_process(cache) -> tuple[subprocess.Popen, pathlib.Path]
     """A process downloading into `cache`, hung mid-download, and its temporary file."""
     repository = pathlib.Path(__file__).parents[2]  # where `tests.unit.conftest_io` imports from
     process = subprocess.Popen([sys.executable, "-c", _KILLED_MID_DOWNLOAD, str(cache)], cwd=repository)
-    while not (parts := list(cache.glob("*.part"))):
+    while not (parts := list(cache.glob("*.part"))) or not _locked_by_another(parts[0]):
         assert process.poll() is None, "the downloading process ended before its download began"
         time.sleep(0.01)
     return process, parts[0]
+
+
+def _locked_by_another(part: pathlib.Path) -> bool:
+    """Whether another process holds the download's lock: the file exists a moment before."""
+    handle = os.open(part, os.O_RDWR)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)  # drops the lock where this process took it
+    return False
 
 
 def _download_another_shard(cache) -> None:
@@ -396,6 +409,9 @@ def test_a_download_killed_midway_leaves_a_temporary_file_that_a_later_download_
     finally:
         process.kill()
         process.wait()
+    # The download may have opened its file for writing after the first back-dating, which the
+    # killed download's file would not have been touched since.
+    os.utime(part, (long_ago, long_ago))
     for copy in cache.iterdir():
         if copy != part:
             copy.unlink()  # so that the shard is downloaded again
