@@ -9,6 +9,7 @@ packed encoded), that work too is put on the runner a few rows ahead of the load
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, deque
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
@@ -25,7 +26,8 @@ __all__ = ["LaneStream"]
 class LaneStream:
     """Yields (segment, row) for one lane, starting at the beginning of `start_segment`.
 
-    Thread-unsafe: owned and driven by one rank loader.
+    Thread-unsafe: owned and driven by one rank loader; only `close` may come from another thread
+    (a watchdog closing the loader), and the owner's next call then raises ConfigurationError.
     """
 
     def __init__(
@@ -73,6 +75,11 @@ class LaneStream:
         self._ahead: deque[tuple[int, Any]] = deque()
         self._rows_done = False
         self._closed = False
+        # Held by the owner's thread while it is inside the stream (`has_more`, `next`, `skip`).
+        # A close from another thread cannot wait for it (the owner may be waiting for work that
+        # only the runner's close ends), so it closes the generator and empties the deques only
+        # when it can take it (see `close`). Re-entrant: `next` calls `has_more`.
+        self._owner = threading.RLock()
 
     @property
     def exhausted(self) -> bool:
@@ -81,6 +88,10 @@ class LaneStream:
         return self._rows_done and not self._ahead
 
     def has_more(self) -> bool:
+        with self._owner:
+            return self._has_more()
+
+    def _has_more(self) -> bool:
         if not self._ahead:
             self._pull(with_work=True)
         return bool(self._ahead)
@@ -103,7 +114,11 @@ class LaneStream:
         (Ctrl-C, a close from another thread, a worker that crashed for good) then leaves the lane
         holding it, not `exhausted` with its last row never handed over, which a checkpoint taken
         then would save as a finished lane (and, for a rank's last lane, as a rank that is done)."""
-        if not self.has_more():
+        with self._owner:
+            return self._next()
+
+    def _next(self) -> tuple[int, PackedSequence] | None:
+        if not self._has_more():
             return None
         if self._row_work is not None:
             while len(self._ahead) <= self._rows_ahead and self._pull(with_work=True):
@@ -119,6 +134,10 @@ class LaneStream:
     def skip(self) -> bool:
         """Drop the next row without doing its row work (a resume replaying past rows the trainer
         already had); False once a finite plan is used up."""
+        with self._owner:
+            return self._skip()
+
+    def _skip(self) -> bool:
         if not self._ahead and not self._pull(with_work=False):
             return False
         _, row = self._ahead.popleft()
@@ -135,6 +154,10 @@ class LaneStream:
             )
         got = next(self._rows, None)
         if got is None:
+            if self._closed:  # a close on this thread, from inside the generator (a user's map, inline)
+                raise ConfigurationError(
+                    f"lane {self.lane}'s stream was closed while it was being iterated (its loader closed)"
+                )
             self._rows_done = True
             return False
         segment, row = got
@@ -235,18 +258,29 @@ class LaneStream:
         The generator's frame holds this stream (and through `submit` the loader): a stream left
         with it open is a reference cycle, and its accumulators' rows (a shuffle buffer, open
         rows, the token arrays or images they reference) stayed alive until the cyclic collector
-        happened to run. Closing it frees them by reference counting. A generator running on
-        another thread (a close from a watchdog) cannot be closed; the cancelled work ends it."""
+        happened to run. Closing it frees them by reference counting.
+
+        From another thread (a watchdog), while the owner's thread is inside the stream, only the
+        work in flight is cancelled (from copies of the deques, taken atomically: walking them
+        while the owner adds to them raised "deque mutated during iteration" here); the generator
+        is left to the owner, whose next call raises ConfigurationError. Closing a generator that
+        another thread is resuming can abort free-threaded CPython 3.14, and emptying the deques
+        under it ended the generator, which read as the end of the lane's plan."""
         self._closed = True
-        for entry in [*self._pending, *(row for _, row in self._ahead)]:
+        for entry in [*self._pending.copy(), *(row for _, row in self._ahead.copy())]:
             if isinstance(entry, Future):
                 entry.cancel()
-        self._pending.clear()
-        self._ahead.clear()
+        if not self._owner.acquire(blocking=False):
+            return
         try:
-            self._rows.close()
-        except ValueError:  # "generator already executing": the iterating thread is inside it
-            pass
+            self._pending.clear()
+            self._ahead.clear()
+            try:
+                self._rows.close()
+            except ValueError:  # "generator already executing": closed from inside it, on the owner's thread
+                pass
+        finally:
+            self._owner.release()
 
 
 def _handed_over(segment: int, rows: list) -> Iterator[tuple[int, PackedSequence]]:

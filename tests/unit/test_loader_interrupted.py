@@ -10,9 +10,14 @@ starts again with it.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
+import sys
 import threading
 import time
+from collections import Counter
+from concurrent.futures import Future
 
 import pytest
 
@@ -21,6 +26,7 @@ from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
 from tests.unit.test_runners_process import child_pids, interrupt_next_join
 from zephon import _lane
 from zephon._errors import ConfigurationError
+from zephon._records import Chunk, ChunkRecords, RecordAddress
 
 
 class Interrupt(BaseException):
@@ -152,3 +158,65 @@ def test_a_loader_close_interrupted_while_its_runner_stops_is_finished_by_closin
     loader.close()
     assert runner.shm_directory is None and not os.path.exists(directory)
     assert runner.worker_pids() == [] and not set(workers) & child_pids()
+
+
+class _EachRecordARow:
+    """An accumulator that emits every record as a row: a lane that hands over rows as fast as it can."""
+
+    def push(self, item):
+        return [item[1]]
+
+    def flush(self):
+        return []
+
+
+def _records_done(chunk):
+    future = Future()
+    future.set_result(ChunkRecords(chunk, [{"n": i} for i in range(chunk.start, chunk.stop)],
+                                   [RecordAddress("d", "s", i) for i in range(chunk.start, chunk.stop)]))
+    return future
+
+
+def test_a_lane_closed_from_another_thread_while_it_hands_over_rows_ends_its_reader_saying_so():
+    """A watchdog closes the loader while the training thread is taking rows. The lane's close
+    walked its deques while the training thread added to them ("deque mutated during iteration"
+    raised in the watchdog, on 3.14t about one close in ten, leaving the runner unclosed), closed
+    the row generator while that thread was resuming it (a generator closed from another thread
+    as it runs can abort 3.14t), and could end the generator under the reader, which then took
+    the lane of an endless plan for finished. Every close must return, and the reader must end
+    with the ConfigurationError that names the close."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # with the GIL: switch threads inside the lane's steps too
+    rng, outcomes, deadline = random.Random(0), Counter(), time.monotonic() + 10
+    try:
+        for _ in range(300):
+            if time.monotonic() > deadline:
+                break
+            chunks = (Chunk("d", 0, 4 * n, 4 * n + 4) for n in itertools.count())
+            stream = _lane.LaneStream(0, chunks, 0, _records_done, [lambda ctx: _EachRecordARow()], prefetch=2,
+                                      on_chunk=lambda *a: None, on_skips=lambda *a: None)
+            started = threading.Event()
+
+            def take() -> None:
+                started.set()
+                try:
+                    while stream.next() is not None:
+                        pass
+                    outcomes["reader: the endless lane ended"] += 1
+                except ConfigurationError as error:
+                    outcomes["reader: closed" if "closed" in str(error) else f"reader: {error!r}"] += 1
+                except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
+                    outcomes[f"reader: {error!r}"] += 1
+
+            reader = threading.Thread(target=take)
+            reader.start()
+            started.wait()
+            time.sleep(rng.random() * 1e-3)
+            try:
+                stream.close()
+            except Exception as error:  # noqa: BLE001
+                outcomes[f"close: {error!r}"] += 1
+            reader.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert set(outcomes) == {"reader: closed"}, outcomes
