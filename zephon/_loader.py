@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import threading
 import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
@@ -110,6 +111,11 @@ class RankLoader:
         self._ledger = Ledger()
         self._generation = 0
         self._closed = False
+        # Guards `_closed` with what a close must find to stop (`_runner` and its finalizer,
+        # `_streams`): a close from another thread as an iteration begins either finds the runner
+        # and lanes it publishes, or the iteration finds the loader closed and stops them itself.
+        # Held only to read or swap them, never while anything is stopped or started.
+        self._lifecycle = threading.Lock()
 
     # -- building ---------------------------------------------------------------------------
     def _compile(self) -> None:
@@ -220,11 +226,18 @@ class RankLoader:
                 stages.append(Stage(s.name, fn, s.parallelism))
             runner = self._make_runner()
             runner.start(stages)
-            self._runner, self._runner_pid = runner, os.getpid()
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
             # workers (and their shared memory) but closing it (a thread runner frees itself).
-            self._close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
-            self._close_runner.atexit = False  # at exit the runners close themselves
+            close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
+            close_runner.atexit = False  # at exit the runners close themselves
+            with self._lifecycle:
+                closed = self._closed
+                if not closed:
+                    self._runner, self._runner_pid, self._close_runner = runner, os.getpid(), close_runner
+            if closed:  # a close from another thread came while it started, and found no runner to stop
+                close_runner.detach()
+                runner.close()
+                raise ConfigurationError("this loader was closed while its runner started")
             info = describe_runner(runner)
             log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, info["name"], info["reason"])
         return self._runner
@@ -245,8 +258,25 @@ class RankLoader:
         return done
 
     def _open_streams(self) -> None:
+        """Open every lane's stream, replayed to its cursor. The streams are kept together once
+        all are open (or one failed): a close from another thread meanwhile cannot see them, so
+        they are then closed here, and the iteration fails saying so."""
         self._close_streams()
         self._ensure_runner()
+        streams: dict[int, LaneStream] = {}
+        try:
+            self._open_lanes(streams)
+        finally:
+            with self._lifecycle:
+                closed = self._closed
+                if not closed:
+                    self._streams = streams
+            if closed:
+                self._stop_streams(streams)
+        if closed:
+            raise ConfigurationError("this loader was closed while it was being iterated")
+
+    def _open_lanes(self, streams: dict[int, LaneStream]) -> None:
         flush_every = self.pipeline.settings.flush_every_chunks
         barren_records = getattr(self.plan, "barren_records", None)  # optional for other work plans
         for lane in self.lanes:
@@ -267,16 +297,16 @@ class RankLoader:
                 barren_records=barren_records(lane, flush_every) if barren_records else None,
                 finite=self.plan.num_slots(lane) is not None,
             )
+            streams[lane] = stream
             for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
                 if not stream.skip():
                     break
-            self._streams[lane] = stream
 
     def __iter__(self) -> Iterator[Batch]:
         self._generation += 1
         generation = self._generation
-        self._open_streams()
         try:
+            self._open_streams()  # a replay cut short by a close from another thread is that close too
             yield from self._microbatches(generation)
         except Exception as exc:
             if not self._closed or isinstance(exc, ConfigurationError):
@@ -439,20 +469,34 @@ class RankLoader:
 
     # -- lifecycle --------------------------------------------------------------------------
     def _close_streams(self) -> None:
-        for lane, stream in self._streams.items():
-            self._finished(lane)  # the cursor keeps what only the stream knew
+        with self._lifecycle:
+            streams, self._streams = self._streams, {}
+        self._stop_streams(streams)
+
+    def _stop_streams(self, streams: dict[int, LaneStream]) -> None:
+        for lane, stream in streams.items():
+            if stream.exhausted:  # the cursor keeps what only the stream knew
+                self._cursors[lane].finished = True
             stream.close()
-        self._streams = {}
 
     def close(self) -> None:
-        self._closed = True  # first: an iteration waiting in another thread fails saying so
+        """Stop the lanes and the runner; from another thread too (see `_lifecycle`). The lanes are
+        taken in one swap: walked in place, a close from another thread raised "dictionary changed
+        size during iteration" as an iteration began, and stopped neither the lanes nor the runner."""
+        with self._lifecycle:
+            self._closed = True  # first: an iteration waiting in another thread fails saying so
         self._close_streams()
-        if self._runner is not None:
+        with self._lifecycle:
+            runner, pid = self._runner, getattr(self, "_runner_pid", None)
+            close_runner = getattr(self, "_close_runner", None)
+        if runner is not None:
             # Closed here rather than through the finalizer, which runs once: a runner close cut
             # short (Ctrl-C while it waits for its workers) is then finished by closing again.
-            self._close_runner.detach()
-            _close_in_owner(self._runner, self._runner_pid)
-            self._runner = None
+            close_runner.detach()
+            _close_in_owner(runner, pid)
+            with self._lifecycle:
+                if self._runner is runner:
+                    self._runner = None
 
     def __enter__(self) -> RankLoader:
         return self

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from runners import ProcessRunner
+from runners import ProcessRunner, ThreadRunner
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
 from tests.unit.test_runners_process import child_pids, interrupt_next_join
 from zephon import _lane
@@ -220,3 +220,95 @@ def test_a_lane_closed_from_another_thread_while_it_hands_over_rows_ends_its_rea
     finally:
         sys.setswitchinterval(interval)
     assert set(outcomes) == {"reader: closed"}, outcomes
+
+
+class _StartsSlowly(ThreadRunner):
+    """A thread runner whose start waits (at most 5 s) until `closed` is set, having set `starting`."""
+
+    def __init__(self, starting: threading.Event, closed: threading.Event) -> None:
+        super().__init__()
+        self.starting, self.closed = starting, closed
+
+    def start(self, stages) -> None:
+        self.starting.set()
+        self.closed.wait(5)
+        super().start(stages)
+
+
+def test_a_loader_closed_from_another_thread_while_its_runner_starts_closes_that_runner_and_hands_over_nothing(tmp_path):
+    """The first iteration starts the runner; a close from another thread then found no runner to
+    close, returned, and the runner the iteration went on to start stayed open (its threads, or a
+    process runner's workers and shared memory, until the loader was garbage), the iteration
+    handing over batches of a closed loader."""
+    starting, closed = threading.Event(), threading.Event()
+    runners = []
+
+    def make_runner():
+        runners.append(_StartsSlowly(starting, closed))
+        return runners[-1]
+
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=make_runner)
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+
+    def close_once_starting() -> None:
+        starting.wait(5)
+        loader.close()
+        closed.set()
+
+    closer = threading.Thread(target=close_once_starting)
+    closer.start()
+    try:
+        with pytest.raises(ConfigurationError, match="closed"):
+            next(iter(loader))
+    finally:
+        closed.set()
+        closer.join()
+    assert runners and runners[0]._closed, "the runner started during the close was left open"
+    assert all(not thread.is_alive() for pool in runners[0]._pools for thread in pool._threads)
+
+
+def test_a_loader_closed_from_another_thread_as_an_iteration_begins_closes_cleanly(tmp_path):
+    """A close from another thread while the first iteration opens the lanes walked the loader's
+    lanes as the iteration added to them ("dictionary changed size during iteration" raised in the
+    closer), could read the runner before the loader kept its finalizer (AttributeError), and left
+    the runner or the lanes opened after it open. Every close must return, and leave the runner
+    closed and no lane open; the iteration hands over a batch or fails naming the close."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # with the GIL: switch threads inside the iteration's start too
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="thread", num_lanes=32, num_epochs=None,
+                             records_per_chunk=1)
+    rng, outcomes, deadline = random.Random(1), Counter(), time.monotonic() + 10
+    try:
+        for _ in range(300):
+            if time.monotonic() > deadline:
+                break
+            loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+            started = threading.Event()
+
+            def take() -> None:
+                started.set()
+                try:
+                    next(iter(loader))
+                except ConfigurationError as error:
+                    outcomes["closed" if "closed" in str(error) else f"iteration: {error!r}"] += 1
+                except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
+                    outcomes[f"iteration: {error!r}"] += 1
+                else:
+                    outcomes["a batch"] += 1
+
+            owner = threading.Thread(target=take)
+            owner.start()
+            started.wait()
+            time.sleep(rng.random() * 1e-3)
+            try:
+                loader.close()
+            except Exception as error:  # noqa: BLE001
+                outcomes[f"close: {error!r}"] += 1
+            owner.join()
+            if loader._runner is not None:
+                outcomes["runner left open"] += 1
+            if loader._streams:
+                outcomes["lanes left open"] += 1
+    finally:
+        sys.setswitchinterval(interval)
+    assert set(outcomes) <= {"closed", "a batch"}, outcomes
