@@ -1,6 +1,8 @@
 """A loader interrupted inside a microbatch (Ctrl-C, a preemption handler raising, a worker that
 crashed for good) neither loses nor repeats a row; one closed while an iteration is suspended says
-so when that iteration goes on; one whose close is interrupted is finished by closing it again.
+so when that iteration goes on; one whose close is interrupted is finished by closing it again. A
+close from another thread (a watchdog) while the iteration starts its runner, opens its lanes or
+takes rows returns, stops everything that iteration started, and the iteration fails saying so.
 
 The loader takes a microbatch's rows one by one, waiting for the runner between them. An exception
 raised while it waits for the second row must leave the cursors where the trainer is: the first
@@ -216,7 +218,10 @@ def test_a_lane_closed_from_another_thread_while_it_hands_over_rows_ends_its_rea
                 stream.close()
             except Exception as error:  # noqa: BLE001
                 outcomes[f"close: {error!r}"] += 1
-            reader.join()
+            reader.join(10)
+            if reader.is_alive():
+                outcomes["reader: still waiting 10 s after the close"] += 1
+                break
     finally:
         sys.setswitchinterval(interval)
     assert set(outcomes) == {"reader: closed"}, outcomes
@@ -304,7 +309,10 @@ def test_a_loader_closed_from_another_thread_as_an_iteration_begins_closes_clean
                 loader.close()
             except Exception as error:  # noqa: BLE001
                 outcomes[f"close: {error!r}"] += 1
-            owner.join()
+            owner.join(10)
+            if owner.is_alive():
+                outcomes["iteration still waiting 10 s after the close"] += 1
+                break
             if loader._runner is not None:
                 outcomes["runner left open"] += 1
             if loader._streams:
