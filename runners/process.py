@@ -243,6 +243,14 @@ class ProcessRunner:
 
     def start(self, stages: Sequence[Stage]) -> None:
         check_startable(self._stages is not None, self._closing)
+        if multiprocessing.current_process().daemon:
+            # multiprocessing refuses children to a daemonic process with a bare AssertionError from
+            # deep inside it (and under `python -O` would fork them anyway): say where, and what to use.
+            raise ConfigurationError(
+                f"the process runner cannot start worker processes inside the daemonic process "
+                f"{multiprocessing.current_process().name!r} (a torch DataLoader worker, say), where "
+                "multiprocessing allows no children: use runner='thread' or runner='inline' there"
+            )
         self._stages = validate_stages(stages)
         self._pid = os.getpid()  # the process that started it, the only one its workers answer
         self._queued = [deque() for _ in self._stages]

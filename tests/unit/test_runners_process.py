@@ -615,6 +615,37 @@ def test_invalid_options_are_refused_at_construction():
         ProcessRunner(max_retries=-1)
 
 
+def _start_a_process_runner_and_report(shm_root: str, conn) -> None:
+    """In a daemonic child: what starting a ProcessRunner raises, and what it left behind."""
+    runner = ProcessRunner(shm_root=shm_root)
+    try:
+        runner.start([Stage("echo", lambda x: x)])
+        conn.send(("started", "", runner.worker_pids()))
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        conn.send((type(exc).__name__, str(exc), runner.worker_pids()))
+    finally:
+        runner.close()
+        conn.close()
+
+
+def test_starting_in_a_daemonic_process_is_refused_naming_it_instead_of_a_bare_assertion(tmp_path):
+    """A torch DataLoader worker is a daemonic process, where multiprocessing refuses to start
+    children: a loader iterated there (its default runner on a GIL build is this one) failed with
+    `AssertionError: daemonic processes are not allowed to have children` from inside
+    multiprocessing, saying nothing of the runner option that avoids it."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_start_a_process_runner_and_report, args=(str(tmp_path), send), daemon=True)
+    child.start()
+    send.close()
+    assert receive.poll(30), "the daemonic child reported"
+    kind, message, workers = receive.recv()
+    child.join(30)
+    assert kind == "ConfigurationError", (kind, message)
+    assert "daemonic" in message and "runner='thread'" in message
+    assert workers == [] and list(tmp_path.iterdir()) == [], "nothing was started or left behind"
+
+
 @pytest.mark.parametrize(
     "option",
     [
