@@ -46,3 +46,31 @@ def test_only_the_runner_in_use_is_imported():
     )
     lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert lines == ["False", "False", "True", "True"]
+
+
+def _report_auto_choice(conn) -> None:
+    runner = auto_runner()
+    try:
+        conn.send((runner.name, runner.reason))
+    finally:
+        runner.close()
+        conn.close()
+
+
+def test_auto_chooses_threads_in_a_daemonic_process_where_no_process_can_start():
+    """A torch DataLoader worker is a daemonic process, which multiprocessing allows no children:
+    on a GIL build `auto` picked the process runner there, and every loader left at the default
+    runner failed in a DataLoader worker at its first batch."""
+    import multiprocessing
+
+    assert choose_runner(gil=True, daemonic=True) == (
+        "thread", "auto: in a daemonic process (a torch DataLoader worker), which can start no processes → thread"
+    )
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_report_auto_choice, args=(send,), daemon=True)
+    child.start()
+    send.close()
+    assert receive.poll(30), "the daemonic child reported"
+    assert receive.recv() == ("thread", choose_runner(gil_enabled(), daemonic=True)[1])
+    child.join(30)
