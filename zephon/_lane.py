@@ -252,7 +252,7 @@ class LaneStream:
                 if cuts and self._on_truncations is not None:
                     self._on_truncations(self.lane, self._segment, cuts)
 
-    def close(self) -> None:
+    def close(self, cancel_work: bool = True) -> None:
         """Cancel the work in flight and end the row generator.
 
         The generator's frame holds this stream (and through `submit` the loader): a stream left
@@ -265,9 +265,14 @@ class LaneStream:
         while the owner adds to them raised "deque mutated during iteration" here); the generator
         is left to the owner, whose next call raises ConfigurationError. Closing a generator that
         another thread is resuming can abort free-threaded CPython 3.14, and emptying the deques
-        under it ended the generator, which read as the end of the lane's plan."""
+        under it ended the generator, which read as the end of the lane's plan.
+
+        `cancel_work=False` drops the work's futures without touching them: in a process forked
+        from the one whose runner runs that work they are copies of the parent's, and a parent
+        thread resolving one at the fork (holding its lock for that instant) left the lock held
+        in the child for good, so cancelling it there waited forever."""
         self._closed = True
-        for entry in [*self._pending.copy(), *(row for _, row in self._ahead.copy())]:
+        for entry in [*self._pending.copy(), *(row for _, row in self._ahead.copy())] if cancel_work else ():
             if isinstance(entry, Future):
                 entry.cancel()
         if not self._owner.acquire(blocking=False):

@@ -474,10 +474,13 @@ class RankLoader:
         self._stop_streams(streams)
 
     def _stop_streams(self, streams: dict[int, LaneStream]) -> None:
+        # In a forked child (a torch DataLoader worker) the streams' futures are the parent's:
+        # they are dropped untouched (see LaneStream.close), their work left to the parent.
+        owner = self._runner is None or self._runner_pid == os.getpid()
         for lane, stream in streams.items():
             if stream.exhausted:  # the cursor keeps what only the stream knew
                 self._cursors[lane].finished = True
-            stream.close()
+            stream.close(cancel_work=owner)
 
     def close(self) -> None:
         """Stop the lanes and the runner; from another thread too (see `_lifecycle`). The lanes are

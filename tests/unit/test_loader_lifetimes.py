@@ -266,3 +266,54 @@ def test_a_closed_loader_refuses_to_be_iterated_again_instead_of_starting_over(
     with pytest.raises(ConfigurationError, match="this loader is closed"):
         loader.runner_info
     assert loader._runner is None, "no runner was started again"
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+@pytest.mark.parametrize("runner", ["thread", "process"])
+def test_a_child_forked_while_a_parent_thread_resolves_a_chunk_iterates_its_copy_without_hanging(tmp_path, runner):
+    """The parent's pool threads (or its process runner's reader thread) resolve the lanes' chunk
+    futures all the time, each holding the future's lock for an instant; a fork at that instant
+    (a torch DataLoader starting its workers) leaves that lock held in the child for good. The
+    child, dropping the streams it copied to start its own, cancelled their futures, so it waited
+    for that lock forever at its first batch. The fork's instant is made certain here by holding
+    one future's lock in a parent thread while forking."""
+    from concurrent.futures import Future
+
+    from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, parallelism=2, num_epochs=None)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = [batch.digest() for batch, _ in zip(loader, range(12))]
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    batches = iter(loader)
+    assert next(batches).digest() == reference[0]
+    futures = [entry for stream in loader._streams.values() for entry in stream._pending if isinstance(entry, Future)]
+    assert futures, "the check below must have something to see"
+    held, release = threading.Event(), threading.Event()
+
+    def resolve() -> None:  # what a pool thread does inside Future.set_result
+        with futures[0]._condition:
+            held.set()
+            release.wait()
+
+    resolver = threading.Thread(target=resolve)
+    resolver.start()
+    held.wait()
+    out = tmp_path / "child"
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            signal.alarm(15)  # a child stuck on the lock dies instead of hanging the test
+            out.write_text("\n".join(batch.digest() for batch, _ in zip(loader, range(11))))
+            loader.close()
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        release.set()
+        resolver.join()
+        assert os.waitpid(child, 0)[1] == 0, "the child iterated its copy (it hung, killed by its alarm)"
+        assert out.read_text().split("\n") == reference[1:]
+    finally:
+        loader.close()
