@@ -306,7 +306,9 @@ class RankLoader:
         self._generation += 1
         generation = self._generation
         try:
-            self._open_streams()  # a replay cut short by a close from another thread is that close too
+            # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks as
+            # the iteration does: a close from another thread may land there too.
+            self._open_streams()
             yield from self._microbatches(generation)
         except Exception as exc:
             if not self._closed or isinstance(exc, ConfigurationError):

@@ -146,6 +146,43 @@ def test_a_loader_closed_from_another_thread_while_it_waits_fails_naming_the_clo
         closer.join()
 
 
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_a_loader_closed_from_another_thread_while_it_replays_a_resume_fails_naming_the_closed_loader(
+    tmp_path, runner
+):
+    """A resumed loader's first iteration replays its lanes up to the checkpoint before yielding,
+    waiting for chunks as any iteration does, but outside the part of `__iter__` that names a close
+    from another thread: a watchdog closing it then gave the training thread a bare CancelledError
+    (or an AttributeError on the dropped runner) instead of saying the loader was closed."""
+    marker, release = tmp_path / "waiting", tmp_path / "release"
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, map_fn=_wait_at_r9(marker, release))
+    marker.touch()  # the first run takes its checkpoint without waiting
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        batches = iter(loader)
+        for _ in range(2 * pipeline.settings.num_lanes):  # two steps: every lane replays a chunk
+            next(batches)
+        state = loader.state_dict()
+    marker.unlink()
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    loader.load_state_dict(state)
+
+    def close_once_waiting() -> None:
+        while not marker.exists():
+            time.sleep(0.01)
+        loader.close()
+        release.touch()
+
+    closer = threading.Thread(target=close_once_waiting)
+    closer.start()
+    try:
+        with pytest.raises(ConfigurationError, match="closed while it was being iterated"):
+            for _ in loader:
+                pass
+    finally:
+        release.touch()
+        closer.join()
+
+
 def test_a_loader_close_interrupted_while_its_runner_stops_is_finished_by_closing_again(tmp_path):
     """The loader closed its runner through a finalizer, which runs once: after Ctrl-C inside the
     runner's close, closing the loader again did nothing, leaving its workers and shared memory."""
