@@ -51,6 +51,7 @@ def serve(
     `inherited` are the parent's ends of every pipe that existed at fork time, this worker's own
     included: closing them here is what makes the parent's death visible as end of file.
     """
+    _drop_inherited_signal_handlers()
     # Ctrl-C reaches the whole process group; the parent decides what happens, then closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for other in inherited:
@@ -74,6 +75,20 @@ def serve(
             conn.send_bytes(pickle.dumps((ok, answer, requests_released), protocol=5))
         except OSError:  # the parent is gone
             return
+
+
+def _drop_inherited_signal_handlers() -> None:
+    """Give every signal the parent handled in Python its default action back.
+
+    A worker is forked from the trainer and inherits its Python handlers: a preemption handler
+    for SIGTERM (save a checkpoint, then exit) ran in the worker on its forked copy of the
+    trainer's state, a SystemExit it raised reached the trainer as a stage's failure, and the
+    worker outlived the SIGTERM that `close()` ends busy workers with. Signals meant for the
+    trainer now act on a worker as on any process that handles none: SIGTERM ends it (the parent
+    re-runs its items on a replacement while it is open)."""
+    for signum in signal.valid_signals():
+        if callable(signal.getsignal(signum)):
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _pickled_error(exc: BaseException, stage: str) -> bytes:

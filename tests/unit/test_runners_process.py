@@ -485,6 +485,35 @@ def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_f
     assert kept.sum() == MIB  # a result received before close outlives the directory
 
 
+def test_a_signal_handler_of_the_trainer_never_runs_in_a_worker_and_close_terminates_busy_ones_at_once(tmp_path):
+    """Workers are forked from the trainer and inherited its Python signal handlers: a preemption
+    handler for SIGTERM (Lightning's, a job's own checkpoint-and-exit) ran inside every worker that
+    got the signal, on its forked copy of the trainer's state, and the worker went on. So close(),
+    which terminates busy workers, waited for each through close_timeout_s before killing it, and
+    a SIGTERM sent to the whole job ran the trainer's handler once per worker."""
+    ran_in = tmp_path / "handled"
+
+    def on_sigterm(signum, frame) -> None:  # what a trainer's preemption handler might record
+        with open(ran_in, "a") as record:
+            record.write(f"{os.getpid()}\n")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        runner = ProcessRunner(close_timeout_s=20)
+        runner.start([Stage("slow", lambda x: time.sleep(60), 2)])
+        workers = runner.worker_pids()
+        busy = [runner.submit(0, i) for i in range(2)]
+        time.sleep(0.5)  # both running
+        began = time.monotonic()
+        runner.close()
+        took = time.monotonic() - began
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert all(future.cancelled() for future in busy)
+    assert not ran_in.exists(), f"the trainer's handler ran in workers {ran_in.read_text().split()} of {workers}"
+    assert took < 10, f"close() took {took:.1f} s: the busy workers outlived SIGTERM"
+
+
 _EXIT_WITHOUT_CLOSE = """
 import os, sys, numpy as np
 from runners import ProcessRunner
