@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -378,6 +379,7 @@ class ProcessRunner:
             raise
         finally:
             child_conn.close()
+        _WORKER_PROCESSES.add(process)
         self._workers.append(_Worker(stage_index, process, parent_conn, arena))
 
     def _stop_workers(self) -> None:
@@ -701,6 +703,29 @@ class _Watch:
             self._selector.close()
             self._selector = None
         self._workers = ()
+
+
+_WORKER_PROCESSES: weakref.WeakSet = weakref.WeakSet()
+"""The worker processes of this process's runners, live or not yet reaped."""
+
+
+def _forget_the_parents_workers() -> None:
+    """In a child forked from a process with runners: drop their workers from multiprocessing's
+    own list of this process's children, which a fork copies.
+
+    multiprocessing's exit hook terminates every daemonic process on that list, so a child forked
+    with os.fork (a fork-based helper, a child iterating its copy of a loader) that ended through
+    normal interpreter exit sent SIGTERM to the parent's workers (replaced, their items re-run as
+    after a crash) and printed an AssertionError when it could not join them. They are not its
+    children, and their runner's owner alone stops them."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is not None:
+        for process in list(_WORKER_PROCESSES):
+            children.discard(process)
+    _WORKER_PROCESSES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_workers)
 
 
 def _close_at_exit(runner: ProcessRunner, pid: int) -> None:

@@ -549,6 +549,39 @@ def test_a_runner_never_closed_is_closed_at_interpreter_exit(tmp_path):
     exit_and_list_workers_left(_EXIT_WITHOUT_CLOSE, tmp_path)
 
 
+_FORK_A_CHILD_THAT_EXITS = """
+import os, sys, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from runners import ProcessRunner
+from zephon._runner import Stage
+runner = ProcessRunner()
+runner.start([Stage("double", lambda x: 2 * x, 2)])
+assert runner.submit(0, 3).result(10) == 6
+workers = runner.worker_pids()
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # a plain forked child (a fork-based helper) ending through normal interpreter exit
+assert os.waitpid(child, 0)[1] == 0
+assert runner.submit(0, 4).result(10) == 8
+print(runner.stats().workers_replaced, runner.worker_pids() == workers)
+runner.close()
+"""
+
+
+def test_a_plain_forked_child_exiting_normally_leaves_the_parents_workers_alone():
+    """A child forked with os.fork inherits multiprocessing's list of the parent's children, and
+    multiprocessing's exit hook terminates the daemonic ones there: a forked child ending through
+    normal interpreter exit sent SIGTERM to the parent's workers (replaced, their items re-run,
+    a crash counted against each) and printed an AssertionError from that hook."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_A_CHILD_THAT_EXITS],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True"], "no worker of the parent was replaced"
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def interrupt_next_join(waitable) -> None:
     """Make the next `join()` of this thread or process raise KeyboardInterrupt, as Ctrl-C does
     while close() waits there; joins after it are left alone."""
