@@ -183,6 +183,48 @@ def test_a_loader_closed_from_another_thread_while_it_replays_a_resume_fails_nam
         closer.join()
 
 
+def test_a_loader_closed_from_another_thread_while_its_runner_starts_leaves_no_runner_behind(tmp_path):
+    """The first iteration starts the runner (forking workers takes a while); a close from another
+    thread meanwhile found no runner to close, and the runner that started just after was kept
+    by the closed loader, its threads or workers and shared memory alive until the loader was
+    collected."""
+    from runners import ThreadRunner
+
+    starting, closed = threading.Event(), threading.Event()
+    started = []
+
+    class SlowToStart(ThreadRunner):
+        def start(self, stages) -> None:
+            started.append(self)
+            starting.set()
+            closed.wait(10)
+            super().start(stages)
+
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=SlowToStart, parallelism=2)
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    threads_before = set(threading.enumerate())
+
+    def close_once_starting() -> None:
+        starting.wait(10)
+        loader.close()
+        closed.set()
+
+    closer = threading.Thread(target=close_once_starting)
+    closer.start()
+    taken = []
+    try:
+        with pytest.raises(ConfigurationError, match="closed"):
+            for batch in loader:
+                taken.append(batch)
+    finally:
+        closed.set()
+        closer.join()
+    assert taken == [], "no batch is handed over after the close"
+    assert started and started[0]._closed, "the runner that started after the close was closed"
+    assert loader._runner is None
+    assert not {t for t in threading.enumerate() if t.name.startswith("zephon-")} - threads_before
+
+
 def test_a_loader_close_interrupted_while_its_runner_stops_is_finished_by_closing_again(tmp_path):
     """The loader closed its runner through a finalizer, which runs once: after Ctrl-C inside the
     runner's close, closing the loader again did nothing, leaving its workers and shared memory."""
