@@ -628,6 +628,15 @@ def _apply_row_work(work, row, done: Future, future: Future) -> None:
         done.cancel()
         return
     if (error := future.exception()) is not None:
+        # What failed on the runner (a worker that crashed for good: a decoder segfaulting on one
+        # image) knows only its stage: the row's records are named, as a chunk's shard is.
+        try:
+            error.add_note(
+                "while the loader ran the row work of a row of the records "
+                + ", ".join(map(str, getattr(row, "sources", ())))
+            )
+        except Exception:  # noqa: BLE001 - the row's own error matters more than the note
+            log.exception("could not note which row %r failed", error)
         _settle(done.set_exception, error)
         return
     try:

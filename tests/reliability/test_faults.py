@@ -223,6 +223,37 @@ def test_system_exit_from_a_packers_row_work_stops_the_loader_as_itself(tmp_path
             next(iter(loader))
 
 
+class _CrashingRowWork:
+    """A packer's row work whose pure part kills the worker running it (a decoder that segfaults)."""
+
+    def order(self, row):
+        return row.num_real_tokens
+
+    @staticmethod
+    def run(order):
+        os._exit(3)
+
+    def apply(self, row, result):
+        return row
+
+
+def test_row_work_that_always_crashes_its_worker_fails_naming_the_rows_records(tmp_path, monkeypatch):
+    """A chunk that crashes its worker for good fails naming the chunk; the row work a packer has
+    done on the workers (vlm decoding deferred images: a decoder that segfaults on one image)
+    failed with WorkerCrashedError naming only the stage, so nothing said which records to look at."""
+    from runners import WorkerCrashedError
+
+    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error: _CrashingRowWork(), raising=False)
+    dataset = jsonl_dataset(tmp_path / "data")
+    pipeline = text_pipeline(dataset, runner=functools.partial(ProcessRunner, max_retries=0))
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(WorkerCrashedError) as info:
+            next(iter(loader))
+    notes = "\n".join(getattr(info.value, "__notes__", ()))
+    assert "exited with code 3" in str(info.value)
+    assert "row work" in notes and re.search(r"d:\S*part-0000[01]\.jsonl#\d+", notes), notes
+
+
 def _text_of_victim(record: dict):
     return record["text"] if record["id"] == VICTIM else record
 
