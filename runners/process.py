@@ -314,6 +314,13 @@ class ProcessRunner:
         return future
 
     def close(self) -> None:
+        if self._stages is not None and os.getpid() != self._pid:
+            # A forked child's copy (a child leaving the parent's `with` block): its workers,
+            # pipes and directory are the parent's, which stopping here would take from it. Only
+            # the copy is marked closed; its lock is not taken, as a parent thread may have held
+            # it at the fork.
+            self._closing = True
+            return
         with self._lock:
             self._closing = True
         if not self._close_lock.acquire(blocking=False):

@@ -581,6 +581,30 @@ def test_a_plain_forked_child_exiting_normally_leaves_the_parents_workers_alone(
     assert done.stdout.split() == ["0", "True"], "no worker of the parent was replaced"
     assert "Traceback" not in done.stderr, done.stderr
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_forked_child_closing_its_copy_leaves_the_parents_workers_and_directory_alone():
+    """A child forked inside `with ProcessRunner() as runner:` that leaves the block closes its copy
+    of the runner: that close sent the stop message to the parent's idle workers and SIGTERM to its
+    busy ones (all replaced by the parent, their items re-run as after a crash), then failed in the
+    child with multiprocessing's bare `AssertionError: can only join a child process`."""
+    with ProcessRunner() as runner:
+        runner.start([Stage("double", lambda x: 2 * x, 2)])
+        assert runner.submit(0, 1).result(10) == 2
+        workers, directory = runner.worker_pids(), runner.shm_directory
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                runner.close()
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(child, 0)[1] == 0, "the child's close returned"
+        assert [runner.submit(0, x).result(10) for x in (3, 4)] == [6, 8]
+        assert runner.worker_pids() == workers and runner.stats().workers_replaced == 0
+        assert os.path.isdir(directory)
+
+
 
 def interrupt_next_join(waitable) -> None:
     """Make the next `join()` of this thread or process raise KeyboardInterrupt, as Ctrl-C does
