@@ -84,6 +84,11 @@ class ThreadRunner:
 
     def close(self) -> None:
         self._closed = True
+        if self._stages is not None and os.getpid() != self._pid:
+            # A forked child's copy (a child leaving the parent's `with` block): its pools' threads
+            # are the parent's and did not survive the fork, and a pool's lock a parent thread
+            # held at the fork (submitting the next stage) stays held here for good.
+            return
         # Every pool's queued work is cancelled before any is waited for, and a pool is waited for
         # on every call (joining finished threads is cheap): a close cut short by Ctrl-C while it
         # waits for running items has stopped every pool already, and the next close() waits for

@@ -333,3 +333,41 @@ def test_a_runner_used_in_a_forked_child_refuses_at_once_and_serves_its_parent_o
                 os._exit(code)
         assert os.waitpid(child, 0)[1] == 0
         assert [runner.submit(0, x).result(timeout=30) for x in (3, 4)] == [6, 8]
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_thread_runner_closed_in_a_forked_child_returns_at_once_and_serves_its_parent_on():
+    """A pool thread submitting the next stage holds that pool's lock for an instant; a child
+    forked then inherits it held, and closing its copy of the runner (a child leaving the
+    parent's `with` block) shut the copied pools down through that lock: it waited forever. The
+    pools' threads are the parent's anyway. The fork's instant is made certain here by holding
+    one pool's lock in a parent thread while forking."""
+    import os
+    import signal
+
+    with ThreadRunner() as runner:
+        runner.start([Stage("double", lambda x: 2 * x)])
+        assert runner.submit(0, 1).result(timeout=30) == 2
+        held, release = threading.Event(), threading.Event()
+
+        def submitting() -> None:  # what a pool thread does inside submit
+            with runner._pools[0]._shutdown_lock:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=submitting)
+        holder.start()
+        held.wait()
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                signal.alarm(15)  # a child stuck on the lock dies instead of hanging the test
+                runner.close()
+                code = 0
+            finally:
+                os._exit(code)
+        release.set()
+        holder.join()
+        assert os.waitpid(child, 0)[1] == 0, "the child's close returned (it hung, killed by its alarm)"
+        assert [runner.submit(0, x).result(timeout=30) for x in (3, 4)] == [6, 8]
