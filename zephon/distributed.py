@@ -16,11 +16,11 @@ __all__ = ["rank_and_world_size", "gather_state"]
 
 
 def _dist():
+    """torch.distributed where a process group is initialised, else None. A process that never
+    imported torch has none, so torch is not imported to ask (~1 s and ~190 MiB for a data job
+    that never uses it)."""
     if "torch" not in sys.modules:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            return None
+        return None
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
