@@ -1,10 +1,12 @@
-"""`auto` picks threads only where the interpreter runs without the GIL, and says why."""
+"""`auto` picks threads only where the interpreter runs without the GIL (or no process can start), and says why."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
 import sys
+
+import pytest
 
 from runners import ProcessRunner, ThreadRunner, auto_runner, choose_runner, gil_enabled
 
@@ -57,6 +59,7 @@ def _report_auto_choice(conn) -> None:
         conn.close()
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_auto_chooses_threads_in_a_daemonic_process_where_no_process_can_start():
     """A torch DataLoader worker is a daemonic process, which multiprocessing allows no children:
     on a GIL build `auto` picked the process runner there, and every loader left at the default

@@ -714,6 +714,7 @@ def _start_a_process_runner_and_report(shm_root: str, conn) -> None:
         conn.close()
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_starting_in_a_daemonic_process_is_refused_naming_it_instead_of_a_bare_assertion(tmp_path):
     """A torch DataLoader worker is a daemonic process, where multiprocessing refuses to start
     children: a loader iterated there (its default runner on a GIL build is this one) failed with
