@@ -67,10 +67,13 @@ class Envelope(NamedTuple):
 
 
 def make_shm_directory(root: str | None = None) -> str:
-    """A fresh private directory for one runner's buffer files: /dev/shm when it exists."""
+    """A fresh private directory for one runner's buffer files: /dev/shm when it exists.
+
+    Its path is absolute: a relative `root` would name another place once the job changes its
+    working directory (Hydra gives each run its own), where no buffer could be written or found."""
     if root is None:
         root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix=f"zephon-{os.getpid()}-", dir=root)
+    return tempfile.mkdtemp(prefix=f"zephon-{os.getpid()}-", dir=None if root is None else os.path.abspath(root))
 
 
 def encode(obj: Any, directory: str, threshold: int, arena: Arena | None = None) -> Envelope:

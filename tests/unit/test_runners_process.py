@@ -694,6 +694,20 @@ def test_buffer_files_live_under_shm_root_when_given(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_relative_shm_root_still_holds_the_buffers_after_the_working_directory_changes(tmp_path, monkeypatch):
+    """A relative `shm_root` was kept relative: once the job changed its working directory (Hydra
+    gives each run its own), every buffer went to a path that did not exist (FileNotFoundError for
+    each item that crossed through a file) and close() left the directory behind."""
+    (tmp_path / "shm").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with ProcessRunner(shm_root="shm", reply_arena_bytes=0, request_arena_bytes=0) as runner:
+        runner.start([Stage("double", lambda x: 2 * x)])
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        assert runner.submit(0, np.ones(MIB)).result(10).sum() == 2 * MIB
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
 def test_invalid_options_are_refused_at_construction():
     with pytest.raises(ConfigurationError, match="task_timeout_s"):
         ProcessRunner(task_timeout_s=0)
