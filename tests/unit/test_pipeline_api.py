@@ -544,3 +544,47 @@ def test_a_pipeline_given_no_work_source_or_no_options_object_is_refused_naming_
             Pipeline(source)
     with pytest.raises(ConfigurationError, match="options must be a PipelineOptions"):
         Pipeline(StaticMixtureWorkSource([dataset]), options={"num_lanes": 2})
+
+
+def _digests_of_a_pickled_pipeline(payload: bytes, steps: int, queue) -> None:
+    """Runs in a spawned process: unpickle a pipeline and send back its per-step global digests."""
+    import pickle
+
+    from tests.harness import step_digests
+
+    try:
+        queue.put(step_digests(pickle.loads(payload), 2, steps))
+    except BaseException as error:  # the parent asserts on it: a hang would say nothing
+        queue.put(repr(error))
+
+
+def test_a_pipeline_pickles_and_its_copy_in_a_spawned_process_yields_the_same_batches(make_jsonl_corpus,
+                                                                                      demo_tokenizer_path):
+    """spawn and forkserver (the Linux default from Python 3.14; torch workers given either) pickle
+    what they hand a child. A work source kept a threading.Lock for its measurement cache, so any
+    pipeline failed to pickle with "cannot pickle '_thread.lock' object"; the source now pickles its
+    configuration and the copy makes its own lock and cache. A recipe planned by tokens pickles too,
+    and its copy is refused by name where it binds (a Dataset's pickle leaves out record offsets)."""
+    import multiprocessing
+    import pickle
+
+    from tests.harness import step_digests, text_pipeline
+
+    corpus_a, corpus_b = make_jsonl_corpus(2, 40, 1), make_jsonl_corpus(2, 40, 2)
+    pipeline = text_pipeline(corpus_a, corpus_b, demo_tokenizer_path, runner="thread", parallelism=2,
+                             estimate_tokens=False)
+    payload = pickle.dumps(pipeline)
+    expected = step_digests(pipeline, 1, 3)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_digests_of_a_pickled_pipeline, args=(payload, 3, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=120) == expected
+    finally:
+        child.join(timeout=30)
+
+    by_tokens = text_pipeline(corpus_a, corpus_b, demo_tokenizer_path)
+    step_digests(by_tokens, 1, 1)  # measured and cached: the cache stays behind
+    with pytest.raises(ConfigurationError, match="'a' was unpickled"):
+        pickle.loads(pickle.dumps(by_tokens)).shard(0, 1)

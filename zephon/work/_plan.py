@@ -150,6 +150,20 @@ class _MixtureWorkSource:
         self._measured: dict[tuple[str, str], tuple[TokenStats, TokenCounter]] = {}
         self._measuring = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """A work source is configuration plus a per-process measurement cache; a pickle (a pipeline
+        sent to a spawn or forkserver worker, or to another rank) carries the configuration only.
+        The lock cannot be pickled, and the cache's keys name operator objects by id, which mean
+        nothing in another process: the copy measures again, on the same sample, to the same stats."""
+        state = self.__dict__.copy()
+        del state["_measuring"]
+        state["_measured"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._measuring = threading.Lock()
+
     def live_names(self) -> list[str]:
         """Datasets with a positive weight in some phase, in declaration order."""
         return [d.name for d in self.datasets if any(w[d.name] > 0 for _, w in self.schedule)]
