@@ -6,8 +6,10 @@ On free-threaded CPython the stages run truly in parallel; with the GIL only cod
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  (registers its exit hook first, so ours runs before it)
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
@@ -19,6 +21,23 @@ from ._lifecycle import cancelled_future, check_owner, check_startable, stage_at
 __all__ = ["ThreadRunner"]
 
 _pool_thread = threading.local()
+_started: weakref.WeakSet[ThreadRunner] = weakref.WeakSet()  # runners an exit hook stops
+
+
+def _stop_at_exit() -> None:
+    """Cancel the queued work of every runner still open when the interpreter exits.
+
+    `concurrent.futures` joins its pool threads at exit, and a pool thread drains its queue first:
+    a loader left unclosed ran every prefetched chunk before the process could end (seconds, or
+    minutes of a slow map). Threading's exit hooks run in reverse order of registration, before
+    non-daemon threads are joined, and this one is registered after `concurrent.futures`' own, so it
+    runs first; running items finish, as in `close()`. Held by a weak set: a runner dropped unclosed
+    still frees itself as garbage."""
+    for runner in list(_started):
+        runner._cancel_queued()
+
+
+threading._register_atexit(_stop_at_exit)
 
 
 class ThreadRunner:
@@ -64,6 +83,7 @@ class ThreadRunner:
             )
             for stage in self._stages
         ]
+        _started.add(self)
 
     def submit(self, stage_index: int, item: Any) -> Future:
         stage = stage_at(self._stages, stage_index)
@@ -84,6 +104,7 @@ class ThreadRunner:
 
     def close(self) -> None:
         self._closed = True
+        _started.discard(self)
         if self._stages is not None and os.getpid() != self._pid:
             # A forked child's copy (a child leaving the parent's `with` block): its pools' threads
             # are the parent's and did not survive the fork, and a pool's lock a parent thread
@@ -94,11 +115,18 @@ class ThreadRunner:
         # waits for running items has stopped every pool already, and the next close() waits for
         # the rest. A pool thread cannot join itself; when a done-callback closes the runner the
         # threads are left to finish on their own (they exit once their queues are drained).
-        for pool in self._pools:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._cancel_queued()
         if getattr(_pool_thread, "mark", None) is not self._mark:
             for pool in self._pools:
                 pool.shutdown(wait=True)
+
+    def _cancel_queued(self) -> None:
+        """Mark closed and cancel every pool's queued work, waiting for nothing."""
+        self._closed = True
+        if self._stages is None or os.getpid() != self._pid:
+            return
+        for pool in self._pools:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Self:
         return self

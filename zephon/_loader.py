@@ -229,7 +229,9 @@ class RankLoader:
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
             # workers (and their shared memory) but closing it (a thread runner frees itself).
             close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
-            close_runner.atexit = False  # at exit the runners close themselves
+            # At exit the runners stop themselves, before threads are joined (the thread runner
+            # cancels its queued work, the process runner closes): an atexit finalizer runs too late.
+            close_runner.atexit = False
             with self._lifecycle:
                 closed = self._closed
                 if not closed:

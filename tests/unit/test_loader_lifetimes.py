@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -317,3 +319,40 @@ def test_a_child_forked_while_a_parent_thread_resolves_a_chunk_iterates_its_copy
         assert out.read_text().split("\n") == reference[1:]
     finally:
         loader.close()
+
+
+_ITERATE_ONE_BATCH_AND_EXIT = """
+import os, sys, time
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+data, tokenizer = sys.argv[1], sys.argv[2]
+
+def slow(record):
+    time.sleep(0.02)
+    os.write(1, b"record\\n")
+    return record
+
+source = StaticMixtureWorkSource([Dataset.from_path("kjv", data + "/kjv")], records_per_chunk=1)
+pipeline = (Pipeline(source).options(num_lanes=4, runner="thread").map(slow, parallelism=2)
+            .tokenize(tokenizer, field="text").pack_flat(64).batch(2))
+next(iter(pipeline.shard(0, 1)))
+os.write(1, b"exit\\n")
+"""
+
+
+def test_an_unclosed_thread_runner_loader_cancels_its_queued_chunks_at_interpreter_exit(demo_data_dir,
+                                                                                        demo_tokenizer_path):
+    """`concurrent.futures` joins its pool threads at exit and a pool thread drains its queue first,
+    so a loader left unclosed ran every prefetched chunk before the process ended (15 here; seconds
+    at exit with a slow map). The thread runner now cancels queued work from an exit hook that runs
+    before that join: only the items already running (one per map thread) finish."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ITERATE_ONE_BATCH_AND_EXIT, str(demo_data_dir), str(demo_tokenizer_path)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    after_exit = lines[lines.index("exit") + 1:]
+    assert len(after_exit) <= 2, (len(after_exit), done.stderr)
