@@ -132,6 +132,7 @@ class RankLoader:
         _check_packed_field(record_ops, accumulators[0])
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
+        _leave_cores_to_tokenizing_workers(record_ops, settings.runner)
         record_fns = [(op, op.build(on_error)) for op in record_ops]
         self.stages = _fuse_stages(record_fns, settings.read_parallelism)
         self._stage_fns = [fn for _, fn in record_fns]
@@ -722,6 +723,20 @@ def _settle(setter, value) -> None:
         setter(value)
     except InvalidStateError:
         pass
+
+
+def _leave_cores_to_tokenizing_workers(record_ops, runner) -> None:
+    """Decide tokenizers' own pool for each tokenize operator, before any of them encodes (the token
+    estimate encodes as the work source binds). The workers that compete with that pool are the
+    operator's parallelism, except on the inline runner, which runs every stage on the caller's one
+    thread whatever the parallelism: there the pool stays on."""
+    from ._record_ops import TokenizeOp
+    from ._tokenizer import leave_cores_to_workers
+
+    inline = getattr(runner, "name", runner) == "inline"
+    for op in record_ops:
+        if isinstance(op, TokenizeOp):
+            leave_cores_to_workers(1 if inline else op.parallelism)
 
 
 def _default_pad_id(record_ops) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
-from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, leave_cores_to_workers, load_tokenizer
+from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
 
 __all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
 
@@ -365,7 +365,6 @@ class TokenizeOp(RecordOperator):
     def build(self, on_error: str) -> RecordFn:
         handle = self.handle()
         tokenizer = handle.tokenizer
-        leave_cores_to_workers(self.parallelism)
         bos_id, eos_id = handle.token_id(self.bos), handle.token_id(self.eos)
         prefix = [bos_id] if bos_id is not None else []
         suffix = [eos_id] if eos_id is not None else []

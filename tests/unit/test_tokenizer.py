@@ -304,3 +304,22 @@ def test_a_pickled_tokenize_operator_encodes_special_token_strings_as_the_origin
     copy = pickle.loads(pickle.dumps(op))
     assert copy.fingerprint() == op.fingerprint()
     assert ids(copy) == ids(op)
+
+
+def test_the_pool_stays_on_when_an_inline_runner_tokenizes_whatever_the_parallelism(
+        undecided_pool, demo_data_dir, demo_tokenizer_path):
+    """The inline runner runs every stage on the caller's one thread whatever an operator's
+    parallelism, so no Zephon workers compete with tokenizers' own pool: it stays on, as the README
+    says ("when more than one worker tokenizes"). It was turned off whenever parallelism > 1."""
+    source = StaticMixtureWorkSource([Dataset.from_path("kjv", str(demo_data_dir / "kjv"))], seed=0,
+                                     records_per_chunk=4)
+    pipeline = (
+        Pipeline(source)
+        .options(num_lanes=2, runner="inline")
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text", parallelism=4)
+        .pack_flat(max_length=256)
+        .batch(microbatch_size=2)
+    )
+    with pipeline.shard(0, 1) as loader:
+        next(iter(loader))
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
