@@ -1057,3 +1057,52 @@ def test_a_submit_interrupted_while_sending_never_pairs_a_later_reply_with_the_w
         stats = runner.stats()
     # The worker whose pipe was left in an unknown state was replaced; nothing counted as a crash.
     assert (stats.retries, stats.workers_replaced) == (0, 1)
+
+
+def resident_bytes(arena) -> int:
+    """Bytes of the arena's pages that exist in shared memory, whoever maps them: for a shared
+    mapping, mincore(2) reports the pages in the region's page cache, not this process's page table."""
+    import ctypes
+    import mmap
+
+    region = arena._map
+    pages = -(-len(region) // mmap.PAGESIZE)
+    base = (ctypes.c_char * len(region)).from_buffer(region)
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(ctypes.addressof(base)), ctypes.c_size_t(len(region)), vector) == 0
+    del base
+    return sum(v & 1 for v in vector) * mmap.PAGESIZE
+
+
+def test_a_crashed_workers_reply_arena_gives_its_pages_back_once_its_arrays_are_released(recwarn):
+    """Workers forked after a reply arena inherit its mapping, so the pages a worker touched outlived
+    it while any of them lived: under repeated crashes (OOM kills) dead arenas' pages piled up in
+    shared memory. A replaced worker's arena now frees its pages (MADV_REMOVE) as soon as the parent
+    holds no array received through it; one still held stays readable until it is dropped."""
+    def stage(x: int) -> np.ndarray:
+        if x < 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.full(8 * MIB, x, dtype=np.uint8)
+
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("fill", stage, 1)])
+        arenas = []
+        for round_ in range(3):
+            result = runner.submit(0, round_ + 1).result(30)
+            if round_ == 0:
+                held = result  # kept across its worker's crash
+            del result
+            arenas.append(runner._workers[0].arena)
+            with pytest.raises(WorkerCrashedError):
+                runner.submit(0, -1).result(30)
+        assert runner.stats().workers_replaced == 3 and runner._workers[0].arena not in arenas
+        assert [resident_bytes(arena) > 0 for arena in arenas] == [True, False, False]
+        assert int(held.min()) == int(held.max()) == 1
+        del held
+        # On free-threaded CPython the reader thread, which made the view, frees it when it next runs.
+        runner.submit(0, 0).result(30)
+        deadline = time.monotonic() + 10
+        while resident_bytes(arenas[0]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert resident_bytes(arenas[0]) == 0
