@@ -107,6 +107,25 @@ def test_elastic_demo_rewrites_the_barcodes_of_an_earlier_run_in_the_same_direct
         assert len((tmp_path / name).read_text().splitlines()) == 4
 
 
+def test_elastic_demo_exits_3_when_a_rank_process_crashes_not_1_which_means_a_mismatch(monkeypatch, capsys):
+    """A crashed rank ended the demo with SystemExit(message), exit code 1: the code of its verdict
+    "MISMATCH", so a script read a crash (an OOM kill, a missing extra) as a broken guarantee. It
+    now exits 3, naming the run and the ranks that failed."""
+    import subprocess
+    import sys
+
+    popen = subprocess.Popen
+
+    def crashing_rank(argv, **kwargs):
+        return popen([sys.executable, "-c", "raise SystemExit(1)"])
+
+    monkeypatch.setattr(_elastic.subprocess, "Popen", crashing_rank)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "elastic", "--steps", "4", "--checkpoint-step", "2", "--to-world-sizes", "4"])
+    assert exc.value.code == 3
+    assert "reference: ranks [0, 1] failed" in capsys.readouterr().err
+
+
 @pytest.fixture
 def no_demo_work(monkeypatch, no_ranks):
     """Fail the test if any demo starts its work: ranks, a training run, a loader, or the VLM assets."""
