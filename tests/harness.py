@@ -1,5 +1,5 @@
 """Shared harnesses: build a text pipeline, run it on any layout, collect per-step global digests;
-check that row plans collate like their rows.
+check that row plans collate like their rows; print what code gives under several PYTHONHASHSEEDs.
 
 Determinism tests compare real SHA-256s of real batches from separately constructed pipelines;
 every helper here builds a fresh Pipeline and fresh loaders on each call.
@@ -7,6 +7,9 @@ every helper here builds a fresh Pipeline and fresh loaders on each call.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,3 +144,17 @@ def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
         assert direct.digest() == via_rows.digest()
         assert direct.sources == via_rows.sources
         assert [p.num_real_tokens for p in group] == [p.assemble().num_real_tokens for p in group]
+
+
+def printed_in_processes(code: str, seeds=range(4)) -> set[str]:
+    """What `code` prints, run from the repository root in one fresh process per PYTHONHASHSEED:
+    one text where a fingerprint is the same in every process, as a resumed run needs of its
+    checkpoint (string hashing, and so a set's order, is salted per process)."""
+    root = Path(__file__).resolve().parent.parent
+    return {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120, check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in seeds
+    }

@@ -500,12 +500,28 @@ def _check_pad_id(pad_id: object, placeholders: Placeholders) -> int:
 def _describe(obj: Any) -> dict:
     """A spec's or a placeholders convention's settings for the fingerprint. A convention of the
     user's own need not be a dataclass (it meets the `Placeholders` protocol): it is written as a
-    map's callable object is, else building a loader failed on `dataclasses.fields`."""
+    map's callable object is, else building a loader failed on `dataclasses.fields`. A dataclass
+    field that JSON writes as it is (the built-in conventions' numbers, strings and tuples) stays
+    as it is, so their fingerprints are unchanged; any other (a set, an array) is written by
+    `_configuration`, as a map's arguments are: `json.dumps(default=str)` listed a set in the order
+    per-process string hashing gives and elided an array's middle."""
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
     if not dataclasses.is_dataclass(obj):
         return {"class": kind, "settings": _configuration(obj)}
     fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
-    return {"class": kind, **fields}
+    return {"class": kind, **{name: v if _json_native(v) else _configuration(v) for name, v in fields.items()}}
+
+
+def _json_native(value: Any) -> bool:
+    """Whether `json.dumps` writes `value` without a `default`, and so the same in every process."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_json_native(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int, float, bool)) or k is None for k in value) and \
+            all(_json_native(v) for v in value.values())
+    return False
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.harness import assert_plans_collate_like_their_rows
+from tests.harness import assert_plans_collate_like_their_rows, printed_in_processes
 from vlm import (
     ImageSpec,
     MultimodalPacker,
@@ -379,6 +380,53 @@ def test_a_placeholders_convention_that_is_not_a_dataclass_fingerprints_by_its_s
     assert json.loads(json.dumps(fingerprint)) == fingerprint
     assert "image_id=10" in fingerprint["placeholders"]["settings"]
     assert fingerprint != PackMultimodal(max_length=16, placeholders=FixedPlaceholders(10, 5), spec=SPEC).fingerprint(7)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedPlaceholders:
+    """A convention of the user's own written as a dataclass, holding a set and an array."""
+
+    image_id: int
+    tags: frozenset
+    table: np.ndarray
+    merge_size: int = 1
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return (self.image_id,)
+
+    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
+        return np.full(rows * cols, self.image_id, np.int32)
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        return rows * cols
+
+
+def test_a_dataclass_placeholders_convention_fingerprints_the_same_in_every_process_and_by_its_content():
+    """Its fields were written by `json.dumps(default=str)`: a set in the order per-process string
+    hashing gives (a resumed run refused its own checkpoint as another recipe), an array by its
+    elided str (one edited in the middle resumed the old recipe's checkpoint)."""
+    code = (
+        "import numpy as np\n"
+        "from tests.unit.test_vlm_packing import SPEC, TaggedPlaceholders\n"
+        "from vlm import PackMultimodal\n"
+        "tags = frozenset({'photo', 'scan', 'chart', 'diagram', 'screenshot', 'map'})\n"
+        "op = PackMultimodal(max_length=16, placeholders=TaggedPlaceholders(10, tags, np.arange(5000)), spec=SPEC)\n"
+        "print(op.fingerprint(7))\n"
+    )
+    prints = printed_in_processes(code)
+    assert len(prints) == 1, prints
+    assert "'chart', 'diagram', 'map', 'photo', 'scan', 'screenshot'" in prints.pop()
+
+    def fingerprint(table: np.ndarray) -> dict:
+        placeholders = TaggedPlaceholders(10, frozenset({"photo"}), table)
+        return PackMultimodal(max_length=16, placeholders=placeholders, spec=SPEC).fingerprint(7)
+
+    table = np.arange(5000)
+    edited = table.copy()
+    edited[2500] = -1
+    assert fingerprint(table) != fingerprint(edited)
+    assert json.loads(json.dumps(fingerprint(table))) == fingerprint(table)
 
 
 # -- the property: every token, image and label accounted for -----------------------------------
