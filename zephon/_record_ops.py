@@ -144,8 +144,9 @@ def _stable_repr(value) -> str:
     whose repr is the one `dataclasses` writes (a callable object holding its stop words): its
     fields are written through this function, which changes nothing where none holds a set. An
     object with Python's default repr (`<Cleaner object at 0x..>`, no configuration in it) is
-    written like a dataclass from its public attributes; private ones (`_cache`) are left out, as
-    state that running changes. A NumPy array or a torch tensor is written by its content
+    written like a dataclass from its public attributes, in `__dict__` or `__slots__`; private
+    ones (`_cache`) are left out, as state that running changes. A namedtuple with its generated
+    repr is written by its fields, like a dataclass. A NumPy array or a torch tensor is written by its content
     (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds."""
     kind = type(value)
     if kind in (set, frozenset):
@@ -176,8 +177,9 @@ _UNSET = object()
 
 
 def _shown_attributes(value) -> list[tuple[str, object]] | None:
-    """(name, value) of what a dataclass's generated repr shows, or of an object's public
-    attributes where its class keeps Python's default repr; None for any other value."""
+    """(name, value) of what a dataclass's or a namedtuple's generated repr shows, or of an
+    object's public attributes (`__dict__` and set `__slots__`) where its class keeps Python's
+    default repr; None for any other value."""
     kind = type(value)
     if dataclasses.is_dataclass(kind):
         shown = [(f.name, getattr(value, f.name, _UNSET)) for f in dataclasses.fields(value) if f.repr]
@@ -191,10 +193,38 @@ def _shown_attributes(value) -> list[tuple[str, object]] | None:
         # other things, and it is kept as it is.
         if written == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
             return shown
-    if kind.__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict):
-        return sorted(((str(k), v) for k, v in vars(value).items() if not str(k).startswith("_")),
-                      key=lambda item: item[0])
-    return None
+    if isinstance(value, tuple) and isinstance(getattr(kind, "_fields", None), tuple):
+        # A namedtuple, where `repr` gives what `collections.namedtuple` writes: written by its
+        # fields, so that a set in one is listed sorted.
+        shown = list(zip(kind._fields, value))
+        if repr(value) == f"{kind.__name__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
+            return shown
+        return None
+    if kind.__repr__ is not object.__repr__:
+        return None
+    attributes = dict(vars(value)) if isinstance(getattr(value, "__dict__", None), dict) else None
+    # A class with `__slots__` keeps its attributes there, not in `__dict__`: read only the
+    # latter and such an object entered the recipe by its type alone, whatever its settings.
+    for slot in _slots(kind):
+        held = getattr(value, slot, _UNSET)
+        if held is not _UNSET:
+            attributes = {} if attributes is None else attributes
+            attributes.setdefault(slot, held)
+    if attributes is None:
+        return None
+    return sorted(((str(k), v) for k, v in attributes.items() if not str(k).startswith("_")),
+                  key=lambda item: item[0])
+
+
+def _slots(kind: type) -> list[str]:
+    """The public slot names `kind` and its bases declare (`__slots__` may be one string)."""
+    names = []
+    for cls in kind.__mro__:
+        declared = cls.__dict__.get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
+            if isinstance(name, str) and not name.startswith("_") and name not in names:
+                names.append(name)
+    return names
 
 
 def _array_repr(array: np.ndarray) -> str:

@@ -17,6 +17,7 @@ import random
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -496,6 +497,57 @@ def test_a_bound_methods_or_callable_objects_attributes_are_part_of_the_recipe(t
     prints = _fingerprints_in_processes("Cleaner(5, stop=('the', 'of', 'and', 'a', 'to', 'in', 'is')).keep")
     assert len(prints) == 1, prints
     assert "min_length=5" in prints.pop()
+
+
+class Limits(typing.NamedTuple):
+    """Settings passed to a partial as a namedtuple, one holding stop words."""
+
+    stop: frozenset
+    limit: int
+
+
+def test_a_namedtuple_holding_a_set_in_a_partial_fingerprints_the_same_in_every_process():
+    """A namedtuple is a tuple subclass: it was written by its repr, whose set lists its strings
+    in the order per-process string hashing gives, so a resumed run refused its own checkpoint."""
+    prints = _fingerprints_in_processes(
+        "functools.partial(_longer_than, Limits(frozenset({'the', 'of', 'and', 'a', 'to', 'in', 'is'}), 3))"
+    )
+    assert len(prints) == 1, prints
+    assert "Limits(stop=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'}), limit=3)" in prints.pop()
+
+
+class SlottedCleaner:
+    """A user's callable class with `__slots__` and Python's default repr: no `__dict__`."""
+
+    __slots__ = ("min_length", "stop", "_seen")
+
+    def __init__(self, min_length: int, stop: tuple = ()) -> None:
+        self.min_length = min_length
+        self.stop = frozenset(stop)
+        self._seen = set()  # private state, filled as it runs
+
+    def __call__(self, record: dict) -> bool:
+        self._seen.add(record["text"])
+        return len(record["text"]) >= self.min_length and record["text"] not in self.stop
+
+
+def test_an_object_with_slots_enters_the_recipe_by_its_public_attributes():
+    """Its public attributes were read from `__dict__`, which a slotted object lacks: it entered
+    the recipe by its type only, so a checkpoint of `SlottedCleaner(5)` resumed a pipeline
+    filtering with `SlottedCleaner(50)`. Its slots are its configuration; private ones are state."""
+    from zephon._record_ops import _fingerprint_callable
+
+    assert _fingerprint_callable(SlottedCleaner(5)) != _fingerprint_callable(SlottedCleaner(50))
+    assert _fingerprint_callable(SlottedCleaner(5, ("a",))) != _fingerprint_callable(SlottedCleaner(5, ("b",)))
+    assert _fingerprint_callable(both(SlottedCleaner(5), SlottedCleaner(6))) != \
+        _fingerprint_callable(both(SlottedCleaner(5), SlottedCleaner(7)))
+    used = SlottedCleaner(5)
+    before = _fingerprint_callable(used)
+    used({"text": "running fills the cache"})
+    assert _fingerprint_callable(used) == before
+    prints = _fingerprints_in_processes("SlottedCleaner(5, stop=('the', 'of', 'and', 'a', 'to', 'in', 'is'))")
+    assert len(prints) == 1, prints
+    assert "SlottedCleaner(min_length=5, stop=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'}))" in prints.pop()
 
 
 @dataclasses.dataclass(frozen=True)
