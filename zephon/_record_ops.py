@@ -47,7 +47,8 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
     """How a user function enters the recipe, the same in every process and interpreter.
 
     Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
-    is another recipe), a `functools.partial`'s arguments, a callable object's configuration and
+    is another recipe; not for the `operator` module's callables, whose source only some builds
+    find), a `functools.partial`'s arguments, a callable object's configuration and
     a bound method's instance (`Cleaner(min_length=5).keep`, `stop_words.__contains__`), each
     written by `_stable_repr` with any memory address taken out: an address differs in every
     process, so a resumed run would never match its checkpoint. A function's closure enters as
@@ -74,11 +75,16 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
             described += f" of {_configuration(owner)}"
     import inspect  # only pipelines with a map or filter pay its import
 
-    try:
-        source = inspect.getsource(defining)
-    except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
-        pass
-    else:
+    source = None
+    # `operator.itemgetter`, `attrgetter`, `methodcaller` are C classes named after pure-Python
+    # twins in operator.py: 3.11's `inspect` hashed the twin's source, 3.13+ finds none, so one
+    # recipe had two fingerprints across builds. They enter by their repr, which shows their keys.
+    if getattr(defining, "__module__", None) != "operator":
+        try:
+            source = inspect.getsource(defining)
+        except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
+            pass
+    if source is not None:
         described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
     if isinstance(function, types.FunctionType) and function.__closure__:
         described += f" captured:({_captured(function, _within)})"

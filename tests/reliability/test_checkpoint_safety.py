@@ -550,6 +550,25 @@ def test_an_object_with_slots_enters_the_recipe_by_its_public_attributes():
     assert "SlottedCleaner(min_length=5, stop=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'}))" in prints.pop()
 
 
+def test_an_operator_module_callable_enters_the_recipe_by_its_repr_alone_on_every_interpreter():
+    """`operator.itemgetter` is a C class named after the pure-Python one in operator.py: 3.11's
+    `inspect` found that twin's source and hashed it, 3.13+ finds none, so a checkpoint of a map
+    by `itemgetter("text")` taken on one build was refused as another recipe on the other. Its
+    repr shows what it is configured with, so the key still tells two apart."""
+    import operator
+
+    from zephon._record_ops import _fingerprint_callable
+
+    assert _fingerprint_callable(operator.itemgetter("text")) == "operator.itemgetter operator.itemgetter('text')"
+    assert _fingerprint_callable(operator.itemgetter("text")) != _fingerprint_callable(operator.itemgetter("label"))
+    assert _fingerprint_callable(operator.attrgetter("a.b")) == "operator.attrgetter operator.attrgetter('a.b')"
+    assert _fingerprint_callable(operator.methodcaller("get", "x", 1)) == \
+        "operator.methodcaller operator.methodcaller('get', 'x', 1)"
+    assert _fingerprint_callable(operator.methodcaller("get", "x", 1)) != \
+        _fingerprint_callable(operator.methodcaller("get", "x", 2))
+    assert " source:" in _fingerprint_callable(_longer_than)  # a function keeps its source's hash
+
+
 @dataclasses.dataclass(frozen=True)
 class Weights:
     """A callable object holding an array."""
