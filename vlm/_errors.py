@@ -12,7 +12,7 @@ __all__ = ["IMAGE_REASONS", "VIDEO_REASONS", "ImageDecodeError", "MediaDecodeErr
 IMAGE_REASONS = frozenset({"corrupt_image", "truncated_image", "decompression_bomb"})
 """Every reason `decode_image` can raise with."""
 
-VIDEO_REASONS = frozenset({"corrupt_video", "video_too_short", "decompression_bomb"})
+VIDEO_REASONS = frozenset({"corrupt_video", "video_too_short", "decompression_bomb", "not_a_video"})
 """Every reason `decode_video` can raise with."""
 
 
@@ -33,4 +33,5 @@ class ImageDecodeError(MediaDecodeError):
 
 
 class VideoDecodeError(MediaDecodeError):
-    """A video was corrupt, shorter than the requested window, or too large (see `VIDEO_REASONS`)."""
+    """A video was corrupt, shorter than the requested window, too large, or a still picture
+    (see `VIDEO_REASONS`)."""

@@ -18,6 +18,9 @@ patch grid rule as images (`image_grid`), then turned upright by the stream's di
 phone's portrait video is stored landscape with a quarter turn to apply), as images are by
 their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`).
 
+A single picture in a picture format (JPEG, PNG, WebP, a GIF of one frame), which FFmpeg opens as
+a one-frame stream, is refused as `not_a_video` rather than made a clip of identical frames.
+
 Thread-safety: `decode_video` shares nothing between calls and may run on many threads at once.
 """
 
@@ -133,7 +136,8 @@ def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VI
     """Decode the spec's frames of a video to (T, H, W, 3) uint8.
 
     Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream or no frame in it, decoder error),
-    video_too_short (the window lies past the end), decompression_bomb (frame too large).
+    video_too_short (the window lies past the end), decompression_bomb (frame too large),
+    not_a_video (a single picture in a picture format: a JPEG, PNG, WebP, a GIF of one frame).
     """
     container = _open(source)
     try:
@@ -167,9 +171,13 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
                                f"max_image_pixels={spec.image.max_image_pixels}")
     time_base = stream.time_base
     origin = stream.start_time or 0
-    keyframes, end = _index(container, stream)
+    keyframes, end, timed = _index(container, stream)
     if end is None:  # an empty track beside the sound: nothing to seek to, and a duration of 0 or none
         raise VideoDecodeError("corrupt_video", "the video stream holds no timed frames")
+    if timed == 1 and _is_picture_format(container.format.name):
+        # FFmpeg opens a JPEG, PNG, WebP... as a stream of one frame: it became `num_frames`
+        # copies of the picture (a GIF of one frame, with no delay, "a video of 0.000s").
+        raise VideoDecodeError("not_a_video", f"a single picture ({container.format.name}), not a video")
     targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream, end), spec)]
     chosen = _choose_frames(container, stream, targets, keyframes)
     turns = _quarter_turns(chosen[0], spec.image)
@@ -215,18 +223,32 @@ def _last_tick_at(t: float, time_base: Fraction) -> int:
     return math.floor((Fraction(t) + _FLOAT_SLACK_S) / time_base)
 
 
-def _index(container, stream) -> tuple[list[int], int | None]:
+def _index(container, stream) -> tuple[list[int], int | None, int]:
     """From a demux pass (packets only, no decoding): the presentation times of the stream's
-    keyframes, and where its last packet ends (None without timed packets)."""
-    keyframes, end = [], None
+    keyframes, where its last packet ends (None without timed packets), and how many timed
+    packets it holds."""
+    keyframes, end, timed = [], None, 0
     for packet in container.demux(stream):
         if packet.pts is None:
             continue
+        timed += 1
         if packet.is_keyframe:
             keyframes.append(packet.pts)
         finish = packet.pts + (packet.duration or 0)
         end = finish if end is None else max(end, finish)
-    return sorted(keyframes), end
+    return sorted(keyframes), end, timed
+
+
+_PICTURE_FORMATS = frozenset({"gif", "apng", "ico", "webp"})
+"""FFmpeg demuxers of picture formats besides its image readers (`*_pipe`, `image2*`)."""
+
+
+def _is_picture_format(name: str) -> bool:
+    """Whether FFmpeg's demuxer `name` (one name or a comma-separated list) reads a picture
+    format: one frame in it is a still picture. A video container (MP4, Matroska, AVI) holding
+    one frame is a one-frame clip, which gives copies of it as documented."""
+    return any(part.endswith("_pipe") or part.startswith("image2") or part in _PICTURE_FORMATS
+               for part in name.split(","))
 
 
 def _choose_frames(container, stream, targets: list[int], keyframes: list[int]) -> list:

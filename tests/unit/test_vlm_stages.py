@@ -245,6 +245,16 @@ def test_video_stage_decodes_bytes_and_paths_and_names_bad_ones(tmp_path):
         DecodeVideo(spec=VideoSpec(start_s=60), on_error="raise")(chunk_of([{"mp4": str(path)}]))
 
 
+def test_a_still_picture_in_a_video_field_is_skipped_and_counted_as_not_a_video(tmp_path):
+    """A JPEG in a video field was packed as `num_frames` copies of itself, unsaid."""
+    from tests.unit.test_vlm_video import still_picture
+
+    stage = DecodeVideo(spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=16)))
+    out = stage(chunk_of([{"mp4": still_picture("JPEG")}, {"mp4": make_video(tmp_path / "clip.mp4").read_bytes()}]))
+    assert [a.index for a in out.addresses] == [1]
+    assert [(a.index, reason) for a, reason in out.skipped] == [(0, "not_a_video")]
+
+
 def test_video_field_holding_a_list_of_one_video_decodes_it_and_other_lists_are_skipped_by_what_they_hold(tmp_path):
     """A Hugging Face `Sequence(Video)` column gives a list: one video in it was skipped as
     `corrupt_video` ("holds 1 videos; one is supported"), and so were several sound videos."""

@@ -204,6 +204,42 @@ def test_a_path_is_read_as_a_local_file_even_where_ffmpeg_would_take_it_for_a_ur
         os.close(read)
 
 
+def still_picture(image_format: str, frames: int = 1, **options) -> bytes:
+    """A 48x32 picture in `image_format` written by Pillow; `frames` > 1 makes it animated."""
+    from PIL import Image
+
+    pictures = [Image.fromarray(np.full((32, 48, 3), 40 * k, np.uint8)) for k in range(frames)]
+    buffer = io.BytesIO()
+    if frames > 1:
+        options.update(save_all=True, append_images=pictures[1:])
+    pictures[0].save(buffer, format=image_format, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("data", [
+    pytest.param(still_picture("JPEG"), id="jpeg"), pytest.param(still_picture("PNG"), id="png"),
+    pytest.param(still_picture("WEBP"), id="webp"), pytest.param(still_picture("BMP"), id="bmp"),
+    pytest.param(still_picture("GIF"), id="gif"), pytest.param(still_picture("GIF", duration=500), id="gif-with-delay"),
+])
+def test_a_still_picture_in_a_video_field_is_reported_as_not_a_video(data):
+    """FFmpeg opens a JPEG, PNG or WebP as a stream of one frame: it was decoded as a "video" of
+    `num_frames` copies of that picture, each costing its placeholders' tokens, unsaid. A GIF of
+    one frame without a delay has a duration of 0 and was counted `video_too_short` ("the video
+    lasts 0.000s"); with a delay it too became copies. A still picture is named for what it is."""
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(data, VideoSpec(num_frames=4))
+    assert caught.value.reason == "not_a_video", caught.value
+
+
+def test_an_animated_gif_and_a_one_frame_clip_are_still_videos(tmp_path):
+    """An animated GIF is a video; a video container holding one frame gives copies of it, as
+    the README says: only a single picture in a picture format is refused."""
+    frames = decode_video(still_picture("GIF", frames=3, duration=100), VideoSpec(num_frames=3))
+    assert [int(frame.mean()) for frame in frames] == [0, 40, 80]
+    one = make_video(tmp_path / "one.mp4", frames=1).read_bytes()
+    assert decode_video(one, VideoSpec(num_frames=4)).shape[0] == 4
+
+
 @pytest.mark.parametrize("data", [b"", b"\x00" * 1000, b"RIFF....AVI garbage" * 50], ids=["empty", "zeros", "fake"])
 def test_garbage_is_reported_as_corrupt_video(data):
     with pytest.raises(VideoDecodeError) as caught:
@@ -306,7 +342,7 @@ class FakeContainer:
 
 
 def choose_frames(container: FakeContainer, targets: list[int]) -> list:
-    keyframes, end = _index(container, None)
+    keyframes, end, _ = _index(container, None)
     assert end == container.n, "the stream ends where its last packet does"
     return _choose_frames(container, None, targets, keyframes)
 
