@@ -80,6 +80,13 @@ class _GridTokens:
             if each.init and each.name != "merge_size":
                 token_id = check_token_id(getattr(self, each.name), f"{type(self).__name__}: {each.name}")
                 object.__setattr__(self, each.name, token_id)
+        # The packer places and masks images by position, but the model finds an image's slots
+        # by id: a row break, start or end sharing the slot id is one more slot than there are
+        # patches, and two shared structural ids cannot be told apart. Nothing downstream can.
+        names = [each.name for each in fields(self) if each.init and each.name != "merge_size"]
+        if len(set(self.token_ids)) < len(names):
+            given = ", ".join(f"{name}={getattr(self, name)}" for name in names)
+            raise ConfigurationError(f"{type(self).__name__}: the placeholder ids must be distinct, got {given}")
 
     @property
     def token_ids(self) -> tuple[int, ...]:

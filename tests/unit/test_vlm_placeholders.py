@@ -173,3 +173,15 @@ def test_placeholder_ids_must_be_token_ids(ids):
         PixtralPlaceholders(*ids)
     with pytest.raises(ConfigurationError, match="token id"):
         QwenPlaceholders(*ids)
+
+
+@pytest.mark.parametrize("ids", [(10, 10, 10), (10, 10, 13), (10, 12, 10), (10, 12, 12)])
+def test_placeholder_ids_that_collide_are_a_configuration_error(ids):
+    """`PixtralPlaceholders(10, 10, 10)` was accepted: the model finds an image's slots by its
+    image id, so a row break or an end sharing that id is taken for one more slot than there are
+    patches (and a start sharing Qwen's pad id likewise); a break sharing the end's id leaves the
+    model unable to tell a row's end from the image's. Nothing after the packer can tell them apart."""
+    with pytest.raises(ConfigurationError, match="distinct"):
+        PixtralPlaceholders(*ids)
+    with pytest.raises(ConfigurationError, match="distinct"):
+        QwenPlaceholders(*ids, merge_size=1)
