@@ -131,6 +131,13 @@ class LaneStream:
         self._ahead.popleft()
         return segment, row
 
+    def give_back(self, rows: list[tuple[int, Any]]) -> None:
+        """Put rows taken with `next` back in front, oldest first: the loader failed (Ctrl-C while
+        it collated them) before it handed them over. A lane whose last row was among them is then
+        not `exhausted`, so a checkpoint taken then does not save it as finished with its last
+        microbatch never counted."""
+        self._ahead.extendleft(reversed(rows))
+
     def skip(self) -> bool:
         """Drop the next row without doing its row work (a resume replaying past rows the trainer
         already had); False once a finite plan is used up."""

@@ -348,11 +348,19 @@ class RankLoader:
         Every row is taken first: an exception while waiting for one (Ctrl-C, a preemption
         handler, a worker that crashed for good) leaves the cursor and the ledger at the last
         microbatch handed over, so a checkpoint or a new iteration taken then starts again with
-        this microbatch's first row instead of skipping the rows taken before the exception."""
-        m, cursor = self.microbatch_size, self._cursors[lane]
-        fetched = [self._streams[lane].next() for _ in range(m)]
-        index = (cursor.position % self.rows_per_step) // m
-        batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
+        this microbatch's first row instead of skipping the rows taken before the exception.
+        The rows go back to the stream then: the lane may have found its end while they were
+        taken, and must not read as finished (see `_finished`) before they are counted."""
+        m, cursor, stream = self.microbatch_size, self._cursors[lane], self._streams[lane]
+        fetched = []
+        try:
+            for _ in range(m):
+                fetched.append(stream.next())
+            index = (cursor.position % self.rows_per_step) // m
+            batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
+        except BaseException:
+            stream.give_back([got for got in fetched if got is not None])
+            raise
         for got in fetched:
             self._account(lane, got)
         cursor.position += m

@@ -399,3 +399,40 @@ def test_a_loader_closed_from_another_thread_as_an_iteration_begins_closes_clean
     finally:
         sys.setswitchinterval(interval)
     assert set(outcomes) <= {"closed", "a batch"}, outcomes
+def test_an_interrupt_while_a_lane_s_last_microbatch_is_collated_leaves_the_lane_live_in_a_checkpoint(
+    pipeline, monkeypatch
+):
+    """The lane learns its plan has ended while the rows of its last microbatch are taken (it
+    looks one row ahead); an interrupt while they are stacked into arrays (`collate`) must leave
+    the lane where the trainer is: live, with that microbatch still to come. It used to be saved as
+    finished with the microbatch never counted, which for a rank's last lane also saves the rank
+    as done, so merge_states left it out of its checks. The state equals the one saved before the
+    microbatch, and a resume from it hands over exactly the rest of the uninterrupted run."""
+    from zephon import _loader
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+    last_of_a_lane = max(i for i, key in enumerate(reference) if key[1] == reference[0][1])
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(digests(loader, limit=last_of_a_lane)) == last_of_a_lane
+        expected = loader.state_dict()
+    original, calls = _loader.collate, {"n": 0}
+
+    def collate(*args):
+        calls["n"] += 1
+        if calls["n"] == last_of_a_lane + 1:
+            raise Interrupt
+        return original(*args)
+
+    monkeypatch.setattr(_loader, "collate", collate)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for batch in loader:
+                seen.append((batch.step, batch.lane, batch.index, batch.digest()))
+        state = loader.state_dict()
+    assert seen == reference[:last_of_a_lane]
+    assert state == expected
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        loader.load_state_dict(state)
+        assert seen + digests(loader) == reference
