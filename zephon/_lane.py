@@ -82,6 +82,11 @@ class LaneStream:
         self._owner = threading.RLock()
 
     @property
+    def finite(self) -> bool:
+        """Whether the lane's plan ends (it then looks one row ahead and can be `exhausted`)."""
+        return self._finite
+
+    @property
     def exhausted(self) -> bool:
         """True once a finite plan is used up and every row was taken; known as soon as the last
         row is taken (see `next`)."""

@@ -356,6 +356,9 @@ class RankLoader:
         try:
             for _ in range(m):
                 fetched.append(stream.next())
+            end = (step + 1) * self.rows_per_step
+            if stream.finite and (cursor.position + m >= end or stream.exhausted):
+                self._look_past(lane, end)
             index = (cursor.position % self.rows_per_step) // m
             batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
         except BaseException:
@@ -367,6 +370,23 @@ class RankLoader:
         self._steps_begun = step + 1
         self._rows_taken += m * self.world_size
         return batch
+
+    def _look_past(self, lane: int, end: int) -> None:
+        """Before handing over the microbatch that ends `lane`'s part of the step, turn to the
+        rank's lanes after it that have handed over no row yet, as the loader would next, until
+        one has a row: a lane that never gives one (every record of it dropped) is then known
+        finished now. A lane that gave a row knows its end with its last row (the stream looks one
+        row ahead); one that gave none has no such row. A trainer taking each step whole never
+        asks this rank again for the step, so the save it takes at the step's end said that lane
+        was live at row 0, like a file from partway through the step, and merge_states refused
+        it. The rows looked for are those the loader reads next anyway: the batches are unchanged,
+        and the wait moves only in a lane's first step, before its first row."""
+        for later in self.lanes[self.lanes.index(lane) + 1 :]:
+            stream, position = self._streams[later], self._cursors[later].position
+            if stream.exhausted or position >= end:
+                continue  # no part in this step
+            if position or stream.has_more():
+                return  # the rank's step goes on with this lane, which looks past in turn
 
     def _account(self, lane: int, got) -> None:
         """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),

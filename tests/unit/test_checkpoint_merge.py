@@ -279,6 +279,48 @@ def _last_segments_records(pipeline, flush_every: int) -> frozenset[str]:
     return frozenset(texts)
 
 
+def _lane_records(pipeline, lanes) -> frozenset[str]:
+    """The texts of every record that `pipeline`'s plan gives to `lanes`."""
+    from zephon.work import Flush, lane_plan
+
+    texts = set()
+    with pipeline.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        for lane in lanes:
+            for item in lane_plan(loader.plan, lane, 2):
+                if not isinstance(item, Flush):
+                    dataset = loader.plan.datasets[item.dataset]
+                    texts.update(record["text"] for record in dataset.read_chunk(item, on_error="skip").records)
+    return frozenset(texts)
+
+
+def test_a_lane_that_gives_no_row_at_all_is_found_finished_before_its_rank_ends_a_step_and_every_save_merges(
+    make_jsonl_corpus, demo_tokenizer_path
+):
+    """A filter drops every record of lane 3, rank 0's last lane on 2 ranks: it never gives a row,
+    so no row of its own can tell that it is finished. A trainer taking each step whole takes rank
+    0's step from lanes 0-2 and never turns the loader to lane 3; its save after step 0 said lane 3
+    was live at row 0, like a file from partway through that step, and merge_states refused it
+    ("saved at different steps (1) having taken different numbers of rows"). The loader now looks
+    past a lane ending its part of a step to the lanes after it that have given nothing yet, so
+    every step-end save merges and resumes on 1 and on 4 ranks exactly as the uninterrupted run."""
+    corpora = make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12)
+    plain = text_pipeline(*corpora, demo_tokenizer_path, num_epochs=1, estimate_tokens=False)
+    dropped = _lane_records(plain, [3])
+    make = lambda: text_pipeline(
+        *corpora, demo_tokenizer_path, num_epochs=1, estimate_tokens=False,
+        map_fn=lambda record: None if record["text"] in dropped else record,
+    )
+    reference = microbatch_digests(make(), 1, until_step=10**6)
+    assert {lane for _, lane, _ in reference} == set(range(NUM_LANES)) - {3}  # the scenario: lane 3 gives nothing
+    saves = _saves_at_every_step_end(make)
+    for steps in sorted(saves[0]):
+        merged = merge_states([save[steps] for save in saves])
+        assert 3 in merged["finished"], steps
+        rest = {key: digest for key, digest in reference.items() if key[0] >= steps}
+        for world in (1, 4):
+            assert microbatch_digests(make(), world, until_step=10**6, state=merged) == rest, (steps, world)
+
+
 def test_a_lane_whose_last_chunks_give_no_row_is_finished_with_its_last_row_and_every_step_end_save_merges(
     make_jsonl_corpus, demo_tokenizer_path
 ):
