@@ -6,23 +6,39 @@ uninterrupted single-rank run at the same (step, lane, index) — whatever was t
 resumed before it, and however often a resume re-delivers what came after the checkpoint.
 A checkpoint of ranks that have taken different numbers of rows is refused by name, and the last good checkpoint stays; so is a resume that would split a step's
 rest unevenly over the ranks, and the run resumes on the world size it ran on instead.
+
+The tests after it fuzz the ragged end of finite plans (1 or 2 epochs, filters that drop records
+and whole last chunks of lanes, skipped bad lines, both packers): every step-end save merges and
+resumes on any world size, a save after as many microbatches per rank resumes the rest, and an
+interrupt inside a microbatch leaves the state where the trainer is; the ledger always ends where
+the uninterrupted run's does.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import shutil
 import tempfile
+from collections import Counter
+from dataclasses import dataclass
 from functools import cache
+from itertools import islice
 from pathlib import Path
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from tests.fuzz.conftest import fuzz_settings
-from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from tests.reliability.harness import (
+    clean_records, global_batch, jsonl_dataset, jsonl_lines, text_pipeline, write_lines,
+)
 from zephon import CheckpointError, merge_states
+from zephon.io import Dataset
+from zephon.work import Flush, lane_plan
 
 STEPS = 8  # the horizon: microbatches of later steps are not taken
 WORLD_SIZES = (1, 2, 4)
@@ -129,3 +145,284 @@ def _rows_taken(loader) -> int:
 
 IterateCheckpointResume.TestCase.settings = fuzz_settings(ci=25, stateful_step_count=15)
 TestIterateCheckpointResume = IterateCheckpointResume.TestCase
+
+
+# -- the ragged end of finite plans ------------------------------------------------------------
+# Lanes of a finite plan end at different steps; later global batches hold only the lanes that
+# still have data, and a rank whose lanes are all done stops. Every save a trainer takes there
+# must merge and resume on any world size as the rest of the uninterrupted run, with the ledger
+# carried on exactly.
+
+
+@dataclass(frozen=True)
+class FiniteRecipe:
+    shard_sizes: tuple[int, ...]
+    bad_lines: frozenset  # (shard, index): a malformed JSON line or a blank document, skipped
+    num_lanes: int
+    microbatch_size: int
+    microbatches_per_lane_step: int
+    num_epochs: int
+    algorithm: str
+    max_length: int
+    flush_every_chunks: int
+    records_per_chunk: int
+    shuffle_buffer: int
+    seed: int
+    drop_per_mille: int  # records a filter drops, by a hash of their text
+    lanes_losing_last_chunk: frozenset  # lanes whose last chunk the filter drops whole
+    worlds: tuple[int, int, int]  # saved on, resumed on, resumed on again
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.num_lanes * self.microbatch_size * self.microbatches_per_lane_step
+
+
+@st.composite
+def finite_recipes(draw) -> FiniteRecipe:
+    shard_sizes = tuple(draw(st.lists(st.integers(20, 40), min_size=2, max_size=3)))
+    bad = draw(st.sets(st.tuples(st.integers(0, len(shard_sizes) - 1), st.integers(0, 19)), max_size=4))
+    num_lanes = draw(st.sampled_from([1, 2, 4, 8]))
+    divisors = [d for d in range(1, num_lanes + 1) if num_lanes % d == 0]
+    return FiniteRecipe(
+        shard_sizes=shard_sizes,
+        bad_lines=frozenset(bad),
+        num_lanes=num_lanes,
+        microbatch_size=draw(st.integers(1, 3)),
+        microbatches_per_lane_step=draw(st.integers(1, 2)),
+        num_epochs=draw(st.integers(1, 2)),
+        algorithm=draw(st.sampled_from(["wrap", "first_fit"])),
+        max_length=draw(st.sampled_from([16, 32, 64])),
+        flush_every_chunks=draw(st.integers(1, 3)),
+        records_per_chunk=draw(st.integers(2, 4)),
+        shuffle_buffer=draw(st.sampled_from([1, 4, 8])),
+        seed=draw(st.integers(0, 99)),
+        drop_per_mille=draw(st.sampled_from([0, 200, 600])),
+        lanes_losing_last_chunk=frozenset(draw(st.sets(st.integers(0, num_lanes - 1)))),
+        worlds=tuple(draw(st.sampled_from(divisors)) for _ in range(3)),
+    )
+
+
+_FINITE_ROOT = Path(tempfile.mkdtemp(prefix="zephon-fuzz-ragged-"))
+atexit.register(shutil.rmtree, _FINITE_ROOT, ignore_errors=True)
+
+
+@cache
+def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset) -> Dataset:
+    root = Path(tempfile.mkdtemp(dir=_FINITE_ROOT))
+    for shard, size in enumerate(shard_sizes):
+        lines = jsonl_lines(clean_records(size, f"ragged/{shard}"))
+        for s, index in sorted(bad_lines):
+            if s == shard:
+                lines[index] = b"{not json" if index % 2 else json.dumps({"id": "blank", "text": " "}).encode()
+        write_lines(root / f"part-{shard:05d}.jsonl", lines)
+    return Dataset.from_path("d", str(root))
+
+
+def finite_pipeline(recipe: FiniteRecipe, runner: str | None = "inline"):
+    """The recipe's dataset -> filter -> tokenize -> pack_flat -> shuffle -> batch, on a finite plan
+    (`runner=None`: without the filter)."""
+    dataset = _finite_dataset(recipe.shard_sizes, recipe.bad_lines)
+    options = dict(
+        num_lanes=recipe.num_lanes, microbatch_size=recipe.microbatch_size, num_epochs=recipe.num_epochs,
+        algorithm=recipe.algorithm, max_length=recipe.max_length, flush_every_chunks=recipe.flush_every_chunks,
+        records_per_chunk=recipe.records_per_chunk, shuffle_buffer=recipe.shuffle_buffer, seed=recipe.seed,
+    )
+    if runner is None:  # the pipeline without the filter, to find what it drops
+        return text_pipeline(dataset, **options)
+    dropped = _last_chunks_texts(recipe)
+    return text_pipeline(dataset, runner=runner, filter_fn=_Keep(dropped, recipe.drop_per_mille), **options)
+
+
+@cache
+def _last_chunks_texts(recipe: FiniteRecipe) -> frozenset[str]:
+    """The texts of the last chunk of each lane of `recipe.lanes_losing_last_chunk`."""
+    texts = set()
+    with finite_pipeline(recipe, runner=None).shard(0, 1, global_batch_size=recipe.global_batch_size) as loader:
+        for lane in sorted(recipe.lanes_losing_last_chunk):
+            plan = lane_plan(loader.plan, lane, recipe.flush_every_chunks)
+            chunks = [item for item in plan if not isinstance(item, Flush)]
+            dataset = loader.plan.datasets[chunks[-1].dataset]
+            texts.update(record.get("text") for record in dataset.read_chunk(chunks[-1], on_error="skip").records)
+    return frozenset(texts)
+
+
+@dataclass(frozen=True)
+class _Keep:
+    """Keeps a record unless its text is in `dropped` or falls in the `per_mille` its hash picks."""
+
+    dropped: frozenset
+    per_mille: int
+
+    def __call__(self, record: dict) -> bool:
+        text = record.get("text")
+        picked = int(hashlib.sha256(str(text).encode()).hexdigest()[:8], 16) % 1000 < self.per_mille
+        return text not in self.dropped and not picked
+
+
+def _run(recipe: FiniteRecipe, world: int, state=None, runner: str = "inline") -> tuple[dict, Counter]:
+    """Every rank of `world` (resumed from `state`) to the end: {(step, lane, index): digest} and
+    the ranks' ledgers summed (records by dataset, rows by lane)."""
+    digests, ledger = {}, Counter()
+    pipeline = finite_pipeline(recipe, runner)
+    for rank in range(world):
+        with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            for batch in loader:
+                key = (batch.step, batch.lane, batch.index)
+                assert key not in digests, f"microbatch {key} delivered twice"
+                digests[key] = batch.digest()
+            stats = loader.stats()
+        for name, entry in stats["datasets"].items():
+            for key, value in entry["total"].items():
+                if key == "skipped":
+                    ledger.update({f"{name}:skipped:{reason}": n for reason, n in value.items()})
+                else:
+                    ledger[f"{name}:{key}"] += value
+        for lane, counts in stats["lanes"].items():
+            ledger.update({f"lane {lane}:{key}": n for key, n in counts.items()})
+    return digests, ledger
+
+
+@cache
+def finite_reference(recipe: FiniteRecipe) -> tuple[dict, Counter]:
+    digests, ledger = _run(recipe, 1)
+    skipped = sum(n for key, n in ledger.items() if key.startswith("d:skipped:"))
+    assert ledger["d:read"] == ledger["d:emitted"] + ledger["d:filtered"] + skipped, ledger
+    assert ledger["d:read"] == recipe.num_epochs * sum(recipe.shard_sizes)
+    return digests, ledger
+
+
+def _lanes_of(recipe: FiniteRecipe, rank: int, world: int) -> range:
+    per_rank = recipe.num_lanes // world
+    return range(rank * per_rank, (rank + 1) * per_rank)
+
+
+def _step_end_saves(recipe: FiniteRecipe, world: int, state=None, first_step: int = 0) -> dict[int, dict]:
+    """{steps taken: merged state} of a trainer on `world` ranks taking each step whole from
+    `first_step` on (resumed from `state`) and saving at every step's end; a rank with nothing
+    from `first_step` on is asked once (it stops) and never again."""
+    reference, _ = finite_reference(recipe)
+    last = max((step for step, _, _ in reference), default=-1) + 1
+    saves: list[dict[int, dict]] = []
+    for rank in range(world):
+        lanes = _lanes_of(recipe, rank, world)
+        per_step = Counter(step for step, lane, _ in reference if lane in lanes and step >= first_step)
+        with finite_pipeline(recipe).shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            microbatches = iter(loader)
+            if not per_step:
+                assert next(microbatches, None) is None
+            saves.append({})
+            for step in range(first_step, last):
+                for _ in range(per_step[step]):
+                    batch = next(microbatches)
+                    assert batch.digest() == reference[(batch.step, batch.lane, batch.index)]
+                saves[rank][step + 1] = loader.state_dict()
+    return {steps: merge_states([save[steps] for save in saves]) for steps in saves[0]}
+
+
+def _rest(recipe: FiniteRecipe, taken=lambda key: False, from_step: int = 0) -> dict:
+    reference, _ = finite_reference(recipe)
+    return {key: digest for key, digest in reference.items() if key[0] >= from_step and not taken(key)}
+
+
+@fuzz_settings(ci=20)
+@given(recipe=finite_recipes(), rng=st.randoms(use_true_random=False))
+def test_every_step_end_save_in_a_finite_plan_merges_and_resumes_on_any_world_size_with_its_ledger(recipe, rng):
+    """Saved at every step's end on R ranks (merge_states never refuses one), resumed on R' (with
+    threads or inline): every later global batch is the uninterrupted run's, and the ledger ends
+    where the uninterrupted run's does. Resumed so, a trainer saving again at every step's end on
+    R' gives states that resume on R'' as well."""
+    saved_on, resumed_on, again_on = recipe.worlds
+    _, ledger = finite_reference(recipe)
+    merged = _step_end_saves(recipe, saved_on)
+    for steps in rng.sample(sorted(merged), min(2, len(merged))):
+        digests, resumed_ledger = _run(recipe, resumed_on, merged[steps], runner=rng.choice(["inline", "thread"]))
+        assert digests == _rest(recipe, from_step=steps), (steps, recipe)
+        assert resumed_ledger == ledger, (steps, recipe)
+    steps = rng.choice(sorted(merged)[:-1] or [0])  # a save with steps left to take
+    merged_again = _step_end_saves(recipe, resumed_on, merged.get(steps), first_step=steps)
+    later = rng.choice(sorted(merged_again))
+    digests, resumed_ledger = _run(recipe, again_on, merged_again[later])
+    assert digests == _rest(recipe, from_step=later), (steps, later, recipe)
+    assert resumed_ledger == ledger, (steps, later, recipe)
+
+
+@fuzz_settings(ci=20)
+@given(recipe=finite_recipes(), per_call=st.integers(1, 4), calls=st.integers(1, 12))
+def test_a_save_after_as_many_microbatches_per_rank_in_a_finite_plan_resumes_the_rest(recipe, per_call, calls):
+    """A trainer taking `per_call` microbatches from every rank per call (TorchTitan's local batch;
+    a rank that has run out gives fewer, then none) saves after `calls` calls, partway through a
+    step or in the ragged end. merge_states takes it; resumed on R' (or, where R' would split the
+    step's rest unevenly, refused by name and resumed on R) every microbatch not yet taken comes
+    once, as in the uninterrupted run, and the ledger ends where the uninterrupted run's does."""
+    saved_on, resumed_on, _ = recipe.worlds
+    _, ledger = finite_reference(recipe)
+    taken, states = set(), []
+    for rank in range(saved_on):
+        with finite_pipeline(recipe).shard(rank, saved_on, global_batch_size=recipe.global_batch_size) as loader:
+            for batch in islice(loader, per_call * calls):
+                taken.add((batch.step, batch.lane, batch.index))
+            states.append(loader.state_dict())
+    merged = merge_states(states)
+    try:
+        digests, resumed_ledger = _run(recipe, resumed_on, merged)
+    except CheckpointError as exc:
+        assert "saved partway through step" in str(exc), recipe
+        digests, resumed_ledger = _run(recipe, saved_on, merged)
+    assert digests == _rest(recipe, taken=taken.__contains__), recipe
+    assert resumed_ledger == ledger, recipe
+
+
+class _Interrupt(BaseException):
+    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
+
+
+@fuzz_settings(ci=20)
+@given(recipe=finite_recipes(), where=st.sampled_from(["row", "collate"]), data=st.data())
+def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_trainer_is(recipe, where, data):
+    """An interrupt while a rank's microbatch is taken (waiting for one of its rows) or stacked
+    into arrays, a lane's last one included: the state saved then is the state saved before that
+    microbatch, and iterating again hands over the rest of the rank's uninterrupted microbatches."""
+    from zephon import _lane, _loader
+
+    world = recipe.worlds[0]
+    rank = data.draw(st.integers(0, world - 1))
+    reference, _ = finite_reference(recipe)
+    lanes = _lanes_of(recipe, rank, world)
+    mine = sorted((*key, digest) for key, digest in reference.items() if key[1] in lanes)
+    if not mine:
+        return
+    lasts = sorted({lane: i for i, (_, lane, _, _) in enumerate(mine)}.values())  # where a lane finds its end
+    before = data.draw(st.sampled_from(lasts) | st.integers(0, len(mine) - 1))
+    pipeline = finite_pipeline(recipe)
+    with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
+        for _ in islice(loader, before):
+            pass
+        expected = loader.state_dict()
+    if where == "collate":
+        target, name, nth = _loader, "collate", before + 1
+    else:
+        target, name = _lane.LaneStream, "next"
+        nth = before * recipe.microbatch_size + data.draw(st.integers(1, recipe.microbatch_size))
+    original, calls = getattr(target, name), Counter()
+
+    def interrupted(*args):
+        calls["n"] += 1
+        if calls["n"] == nth:
+            raise _Interrupt
+        return original(*args)
+
+    with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
+        seen = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(target, name, interrupted)
+            with pytest.raises(_Interrupt):
+                for batch in loader:
+                    seen.append((batch.step, batch.lane, batch.index, batch.digest()))
+        assert len(seen) == before
+        assert loader.state_dict() == expected, recipe
+        seen += [(batch.step, batch.lane, batch.index, batch.digest()) for batch in loader]
+    assert sorted(seen) == mine, recipe
