@@ -261,7 +261,7 @@ class _Keep:
 
 def _run(recipe: FiniteRecipe, world: int, state=None, runner: str = "inline") -> tuple[dict, Counter]:
     """Every rank of `world` (resumed from `state`) to the end: {(step, lane, index): digest} and
-    the ranks' ledgers summed (records by dataset, rows by lane)."""
+    the ranks' ledgers summed (records by dataset and by dataset and lane, rows by lane)."""
     digests, ledger = {}, Counter()
     pipeline = finite_pipeline(recipe, runner)
     for rank in range(world):
@@ -274,11 +274,13 @@ def _run(recipe: FiniteRecipe, world: int, state=None, runner: str = "inline") -
                 digests[key] = batch.digest()
             stats = loader.stats()
         for name, entry in stats["datasets"].items():
-            for key, value in entry["total"].items():
-                if key == "skipped":
-                    ledger.update({f"{name}:skipped:{reason}": n for reason, n in value.items()})
-                else:
-                    ledger[f"{name}:{key}"] += value
+            by_lane = [(f"{name}/{lane}", counts) for lane, counts in entry["lanes"].items()]
+            for where, counts in [(name, entry["total"]), *by_lane]:
+                for key, value in counts.items():
+                    if key == "skipped":
+                        ledger.update({f"{where}:skipped:{reason}": n for reason, n in value.items()})
+                    else:
+                        ledger[f"{where}:{key}"] += value
         for lane, counts in stats["lanes"].items():
             ledger.update({f"lane {lane}:{key}": n for key, n in counts.items()})
     return digests, ledger
