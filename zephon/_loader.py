@@ -334,6 +334,7 @@ class RankLoader:
             for lane in unknown:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
+                    segment = cursor.segment
                     yield self._microbatch(lane, step)
                     if self._closed:  # its streams and runner are gone
                         raise ConfigurationError("this loader was closed while it was being iterated")
@@ -341,6 +342,10 @@ class RankLoader:
                         # A newer iteration (or a load_state_dict) took over while this one was
                         # suspended: stop before touching its streams, cursors or ledger.
                         return
+                    if cursor.segment != segment:
+                        # The lane's replay point moved: fold the counts before it, once the
+                        # microbatch was handed over (see `_microbatch`; `lane_state` does too).
+                        self._ledger.settle(lane, cursor.segment)
 
     def _microbatch(self, lane: int, step: int) -> Batch:
         """The lane's next microbatch, counted as handed over only once it is whole.
@@ -364,11 +369,16 @@ class RankLoader:
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
             raise
+        segment, skip = cursor.segment, cursor.skip
         for got in fetched:
-            self._account(lane, got)
-        cursor.position += m
-        self._steps_begun = step + 1
-        self._rows_taken += m * self.world_size
+            segment, skip = self._account(lane, got, segment, skip)
+        # One statement, after the counting: an interrupt while the rows were counted used to
+        # leave the cursor past some of them but not past the microbatch, and a checkpoint taken
+        # then replayed the lane past rows the trainer never had. Now it can only leave the
+        # ledger's row counts holding those rows; no call runs between this and the hand-over.
+        cursor.segment, cursor.skip, cursor.position, self._steps_begun, self._rows_taken = (
+            segment, skip, cursor.position + m, step + 1, self._rows_taken + m * self.world_size
+        )
         return batch
 
     def _look_past(self, lane: int, end: int) -> None:
@@ -388,22 +398,21 @@ class RankLoader:
             if position or stream.has_more():
                 return  # the rank's step goes on with this lane, which looks past in turn
 
-    def _account(self, lane: int, got) -> None:
+    def _account(self, lane: int, got, segment: int, skip: int) -> tuple[int, int]:
         """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),
-        counted as handed over: the cursor moves past it and the ledger counts it."""
-        cursor = self._cursors[lane]
+        counted by the ledger as handed over; returns where the cursor (at `segment`, `skip`) goes
+        past it, which the caller stores once the microbatch is counted."""
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
             self._ledger.count_rows(lane, 0, self._padding_row.length)
-            return
-        segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
-        if segment != cursor.segment:
-            cursor.segment, cursor.skip = segment, 0
-            self._ledger.settle(lane, segment)
-        cursor.skip += 1
+            return segment, skip
+        row_segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
+        if row_segment != segment:
+            segment, skip = row_segment, 0
         self._ledger.count_rows(lane, row.num_real_tokens, row.length)
         masked = getattr(row, "masked_documents", ())
         if masked:
             self._ledger.count_masked(lane, masked)
+        return segment, skip + 1
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

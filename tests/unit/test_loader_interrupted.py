@@ -436,3 +436,45 @@ def test_an_interrupt_while_a_lane_s_last_microbatch_is_collated_leaves_the_lane
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         loader.load_state_dict(state)
         assert seen + digests(loader) == reference
+
+
+def test_an_interrupt_while_a_microbatch_is_counted_moves_no_cursor_and_a_checkpoint_resumes_without_a_gap(
+    pipeline, monkeypatch
+):
+    """The microbatch is whole and collated; an interrupt while its rows are counted (between
+    the first row and the second) used to leave the lane's cursor having skipped the first row
+    without having moved past the microbatch: a checkpoint taken then replayed the lane past a row
+    the trainer never had, and handed over the microbatch's key with other rows. The cursor now
+    moves in one step, after the counting, so the checkpoint's cursors are those before the
+    microbatch and the resume hands over exactly the rest of the uninterrupted run (only the
+    ledger's row counts may hold the rows counted before the interrupt)."""
+    from zephon import _ledger
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(digests(loader, limit=1)) == 1
+        expected = loader.state_dict()
+    original, calls = _ledger.Ledger.count_rows, {"n": 0}
+
+    def count_rows(ledger, *args):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the second row of the second microbatch
+            raise Interrupt
+        return original(ledger, *args)
+
+    monkeypatch.setattr(_ledger.Ledger, "count_rows", count_rows)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for batch in loader:
+                seen.append((batch.step, batch.lane, batch.index, batch.digest()))
+        state = loader.state_dict()
+    monkeypatch.setattr(_ledger.Ledger, "count_rows", original)
+    assert seen == reference[:1]
+    assert (state["lanes"], state["finished"], state["rows_taken"], state["steps_begun"]) == (
+        expected["lanes"], expected["finished"], expected["rows_taken"], expected["steps_begun"]
+    )
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        loader.load_state_dict(state)
+        assert seen + digests(loader) == reference
