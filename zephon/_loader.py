@@ -366,12 +366,12 @@ class RankLoader:
                 self._look_past(lane, end)
             index = (cursor.position % self.rows_per_step) // m
             batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
+            segment, skip = cursor.segment, cursor.skip
+            for got in fetched:
+                segment, skip = self._account(lane, got, segment, skip)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
             raise
-        segment, skip = cursor.segment, cursor.skip
-        for got in fetched:
-            segment, skip = self._account(lane, got, segment, skip)
         # One statement, after the counting: an interrupt while the rows were counted used to
         # leave the cursor past some of them but not past the microbatch, and a checkpoint taken
         # then replayed the lane past rows the trainer never had. Now it can only leave the

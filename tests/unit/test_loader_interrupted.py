@@ -478,3 +478,39 @@ def test_an_interrupt_while_a_microbatch_is_counted_moves_no_cursor_and_a_checkp
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         loader.load_state_dict(state)
         assert seen + digests(loader) == reference
+
+
+def test_an_interrupt_while_a_lane_s_last_microbatch_is_counted_leaves_the_lane_live_in_a_checkpoint(
+    pipeline, monkeypatch
+):
+    """As while it is collated (above): the lane found its end while the rows were taken, and an
+    interrupt while they are counted must not leave it saved as finished with that microbatch
+    never handed over. The cursors, steps and rows saved are those before the microbatch."""
+    from zephon import _ledger
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+    last_of_a_lane = max(i for i, key in enumerate(reference) if key[1] == reference[0][1])
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(digests(loader, limit=last_of_a_lane)) == last_of_a_lane
+        expected = loader.state_dict()
+    original, calls = _ledger.Ledger.count_rows, {"n": 0}
+
+    def count_rows(ledger, *args):
+        calls["n"] += 1
+        if calls["n"] == last_of_a_lane * pipeline.microbatch_size + 1:  # its first row
+            raise Interrupt
+        return original(ledger, *args)
+
+    monkeypatch.setattr(_ledger.Ledger, "count_rows", count_rows)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(Interrupt):
+            for _ in loader:
+                pass
+        state = loader.state_dict()
+    monkeypatch.setattr(_ledger.Ledger, "count_rows", original)
+    keys = ("lanes", "finished", "rows_taken", "steps_begun")
+    assert [state[key] for key in keys] == [expected[key] for key in keys]
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        loader.load_state_dict(state)
+        assert reference[:last_of_a_lane] + digests(loader) == reference
