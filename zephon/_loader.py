@@ -38,7 +38,7 @@ __all__ = ["RankLoader"]
 
 log = logging.getLogger("zephon")
 
-RECIPE_VERSION = 6
+RECIPE_VERSION = 7
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
 tokens, not by count; 3: first-fit closes no open row for an item that fills a row alone; 4: a
 TIFF's orientation applied once, a video's sampled time that is a frame's time takes that frame,
@@ -50,8 +50,12 @@ text holds a placeholder id skipped, a tar's hidden members part of no record an
 opening a tar's text dropped, a Parquet file repeating a column name skipped; 6: a video field
 holding a list of one video decodes that video, a scheduled mixture's planning rounds sized per
 phase, which may order two chunks tied at a round's boundary otherwise, a list of token ids from
-the data holding a bool skipped, a tokenizer.json's own truncation and padding switched off), so
-that a checkpoint of the old batches is refused instead of resumed."""
+the data holding a bool skipped, a tokenizer.json's own truncation and padding switched off; 7: an
+image grid kept within a narrow min/max pixel window, a video decoded on one FFmpeg thread, a Hugging
+Face video struct holding only a path opened, a video path read as a local file only, a still
+picture in a video field skipped, a tar record cut at a member's header and a shard cut or emptied
+after planning counted as truncated), so that a checkpoint of the old batches is refused instead of
+resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
