@@ -223,19 +223,41 @@ class Interrupt(BaseException):
     """What a preemption handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
 
 
+def _local_batch_digests(loader, yields: int = 6) -> list[str]:
+    """The digests of the microbatches of the next `yields` local batches."""
+    out = []
+    for _ in islice(loader, yields):
+        out += [b.digest() for b in loader.last_microbatches]
+    return out
+
+
+def _check_the_interrupted_local_batch_comes_again(make_pipeline, reference, per_yield, then, mended=lambda: None):
+    """Iterate until the Interrupt a test set up, which must come after the first local batch;
+    then (once `mended` took the fault away) a new iteration, or a loader resumed from a
+    checkpoint taken then, must go on from the interrupted local batch's first microbatch."""
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for _ in loader:
+                seen += [b.digest() for b in loader.last_microbatches]
+        assert seen == reference[:per_yield]
+        mended()
+        if then == "iterate_again":
+            assert seen + _local_batch_digests(loader, 5) == reference
+            return
+        state = loader.state_dict()
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        loader.load_state_dict(state)
+        assert seen + _local_batch_digests(loader, 5) == reference
+
+
 @pytest.mark.parametrize("then", ["checkpoint", "iterate_again"])
 def test_an_interrupt_inside_a_local_batch_loses_none_of_its_microbatches(make_pipeline, monkeypatch, then):
     """A local batch of two microbatches interrupted while its second is taken: its first was taken
     from the rank loader but never yielded, so a checkpoint taken then (or a new iteration) must
     start again with it. It used to be counted as handed over, and was skipped on resume."""
-    def microbatches(loader, yields: int = 6) -> list[str]:
-        out = []
-        for _ in islice(loader, yields):
-            out += [b.digest() for b in loader.last_microbatches]
-        return out
-
     with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
-        reference = microbatches(loader)
+        reference = _local_batch_digests(loader)
     per_yield = LOCAL_BATCH // loader.loader.microbatch_size
     assert per_yield == 2
     rows = {"taken": 0}
@@ -248,20 +270,9 @@ def test_an_interrupt_inside_a_local_batch_loses_none_of_its_microbatches(make_p
         return original(stream)
 
     monkeypatch.setattr(_lane.LaneStream, "next", next_row)
-    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
-        seen = []
-        with pytest.raises(Interrupt):
-            for _ in loader:
-                seen += [b.digest() for b in loader.last_microbatches]
-        assert seen == reference[:per_yield]
-        monkeypatch.setattr(_lane.LaneStream, "next", original)
-        if then == "iterate_again":
-            assert seen + microbatches(loader, 5) == reference
-            return
-        state = loader.state_dict()
-    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
-        loader.load_state_dict(state)
-        assert seen + microbatches(loader, 5) == reference
+    _check_the_interrupted_local_batch_comes_again(
+        make_pipeline, reference, per_yield, then, mended=lambda: monkeypatch.setattr(_lane.LaneStream, "next", original)
+    )
 
 
 @pytest.mark.parametrize("then", ["checkpoint", "iterate_again"])
@@ -270,14 +281,8 @@ def test_an_interrupt_while_a_local_batch_is_collated_loses_none_of_its_microbat
     interrupt came while they were stacked into tensors: the local batch was never yielded, so a
     checkpoint taken then (or a new iteration) must start again with its first microbatch. They
     used to be counted as handed over already, and were skipped on resume."""
-    def microbatches(loader, yields: int = 6) -> list[str]:
-        out = []
-        for _ in islice(loader, yields):
-            out += [b.digest() for b in loader.last_microbatches]
-        return out
-
     with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
-        reference = microbatches(loader)
+        reference = _local_batch_digests(loader)
     per_yield = LOCAL_BATCH // loader.loader.microbatch_size
     original, calls = ZephonDataLoader._collate, {"n": 0}
 
@@ -288,19 +293,7 @@ def test_an_interrupt_while_a_local_batch_is_collated_loses_none_of_its_microbat
         return original(self, group)
 
     monkeypatch.setattr(ZephonDataLoader, "_collate", collate)
-    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
-        seen = []
-        with pytest.raises(Interrupt):
-            for _ in loader:
-                seen += [b.digest() for b in loader.last_microbatches]
-        assert seen == reference[:per_yield]
-        if then == "iterate_again":
-            assert seen + microbatches(loader, 5) == reference
-            return
-        state = loader.state_dict()
-    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
-        loader.load_state_dict(state)
-        assert seen + microbatches(loader, 5) == reference
+    _check_the_interrupted_local_batch_comes_again(make_pipeline, reference, per_yield, then)
 
 
 def test_a_checkpoint_after_an_interrupt_in_the_ragged_end_still_says_which_lanes_are_finished(

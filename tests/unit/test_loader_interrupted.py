@@ -121,13 +121,9 @@ def _wait_at_r9(marker, release):
     return map_fn
 
 
-@pytest.mark.parametrize("runner", ["inline", "process"])
-def test_a_loader_closed_from_another_thread_while_it_waits_fails_naming_the_closed_loader(tmp_path, runner):
-    """A watchdog or a shutdown handler closes the loader while the training thread waits for
-    its work: that thread got a bare CancelledError, or an AttributeError on the dropped runner."""
-    marker, release = tmp_path / "waiting", tmp_path / "release"
-    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, map_fn=_wait_at_r9(marker, release))
-    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+def _iterate_while_another_thread_closes_it(loader, marker, release) -> None:
+    """Iterate `loader` while another thread closes it once the map waits at `marker`, expecting
+    the error that names the close."""
 
     def close_once_waiting() -> None:
         while not marker.exists():
@@ -144,6 +140,17 @@ def test_a_loader_closed_from_another_thread_while_it_waits_fails_naming_the_clo
     finally:
         release.touch()
         closer.join()
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_a_loader_closed_from_another_thread_while_it_waits_fails_naming_the_closed_loader(tmp_path, runner):
+    """A watchdog or a shutdown handler closes the loader while the training thread waits for
+    its work: that thread got a bare CancelledError, or an AttributeError on the dropped runner."""
+    marker, release = tmp_path / "waiting", tmp_path / "release"
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, map_fn=_wait_at_r9(marker, release))
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+
+    _iterate_while_another_thread_closes_it(loader, marker, release)
 
 
 @pytest.mark.parametrize("runner", ["inline", "process"])
@@ -166,21 +173,7 @@ def test_a_loader_closed_from_another_thread_while_it_replays_a_resume_fails_nam
     loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
     loader.load_state_dict(state)
 
-    def close_once_waiting() -> None:
-        while not marker.exists():
-            time.sleep(0.01)
-        loader.close()
-        release.touch()
-
-    closer = threading.Thread(target=close_once_waiting)
-    closer.start()
-    try:
-        with pytest.raises(ConfigurationError, match="closed while it was being iterated"):
-            for _ in loader:
-                pass
-    finally:
-        release.touch()
-        closer.join()
+    _iterate_while_another_thread_closes_it(loader, marker, release)
 
 
 def test_a_loader_closed_from_another_thread_while_its_runner_starts_leaves_no_runner_behind(tmp_path):
