@@ -28,10 +28,8 @@ than the arena) goes through a file of its own, so a full arena costs speed, nev
 Pages touched once stay allocated until the arena goes away, so an arena costs up to its size in
 shared memory (`ProcessRunner(reply_arena_bytes=..., request_arena_bytes=...)`). A reply arena goes
 away when its worker has exited, the parent has released every view of it, and the workers forked
-after it, which inherit the mapping without ever touching it, have exited too. So a worker replaced
-after a crash has its arena retired, which frees the pages for every process at once
-(`MADV_REMOVE`) when the parent holds no array received through it (else under repeated OOM kills
-dead arenas' pages piled up while any later worker lived). The mapping is inherited rather than
+after it, which inherit the mapping without ever touching it, have exited too: a worker replaced
+after a crash leaves its arena to the end of the runner. The mapping is inherited rather than
 withheld (`MADV_DONTFORK`) because a forked worker holds Python objects for every arena mapped at
 its fork, and one of them freed there would unmap whatever the worker had mapped at that address
 since.
@@ -124,11 +122,6 @@ class Arena:
         self._blocks = ArenaBlocks(size)
         self._lock = threading.Lock()  # guards _blocks
         self._released: deque[int] = deque()
-        # Guards _views and _retired only: a view's finalizer takes it, from whatever thread drops
-        # the view (a collection inside a _blocks allocation included), and nothing allocates under it.
-        self._views_lock = threading.Lock()
-        self._views = 0  # blocks received and not yet released
-        self._retired = False
 
     # -- the writer's end -------------------------------------------------------------------------
 
@@ -163,38 +156,8 @@ class Arena:
         until the receiver has released it.
         """
         region = (ctypes.c_ubyte * length).from_buffer(self._map, offset)
-        with self._views_lock:
-            self._views += 1
-        # Not at exit: there a finalizer runs with its object alive (an exit hook may still read
-        # the array), and a retired arena would free the pages under it.
-        weakref.finalize(region, self._view_released, offset).atexit = False
+        weakref.finalize(region, self._released.append, offset)
         return memoryview(region).cast("B")
-
-    def _view_released(self, offset: int) -> None:
-        self._released.append(offset)
-        with self._views_lock:
-            self._views -= 1
-            free = self._retired and not self._views
-        if free:
-            self._free_pages()
-
-    def retire(self) -> None:
-        """No message will come through this arena again (its writer has exited): its pages are
-        given back to the system as soon as no view of it is left. The processes forked after it
-        keep its mapping, which would hold those pages until the last of them exits."""
-        with self._views_lock:
-            self._retired = True
-            free = not self._views
-        if free:
-            self._free_pages()
-
-    def _free_pages(self) -> None:
-        """Punch the whole region out of shared memory, for every process that maps it; a page
-        touched later reads as zeros. Where the kernel refuses, the pages wait for the mappings."""
-        try:
-            self._map.madvise(mmap.MADV_REMOVE)
-        except (AttributeError, OSError, ValueError):  # no MADV_REMOVE here, or the map is closed
-            pass
 
     def requeue(self, offsets: tuple[int, ...]) -> None:
         """Offsets taken from `released()` that could not be sent: they go out with the next call."""

@@ -435,8 +435,6 @@ class ProcessRunner:
         worker.process.join()
         worker.conn.close()
         worker.process.close()
-        if worker.arena is not None:  # its replies are all decoded: free the pages once none is held
-            worker.arena.retire()
         if worker.request_blocks:
             self._requests.give_back(worker.request_blocks)
             worker.request_blocks.clear()
