@@ -16,9 +16,12 @@ order they arrive, so a reply needs no identifier: it answers the oldest item no
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
+import shutil
 import signal
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
@@ -30,6 +33,11 @@ from ._transport import Envelope, decode, encode
 __all__ = ["STOP", "serve"]
 
 STOP = b""
+
+# How long a worker that lost its pipe waits to be handed to another parent before concluding that
+# its parent is alive after all. The kernel hands a dying process's children on at the very end of
+# its exit, after tearing down its memory, which for a trainer holding tens of GiB takes seconds.
+_ORPHANING_WAIT_S = 30.0
 
 
 def serve(
@@ -50,6 +58,9 @@ def serve(
 
     `inherited` are the parent's ends of every pipe that existed at fork time, this worker's own
     included: closing them here is what makes the parent's death visible as end of file.
+
+    A worker that outlives its parent removes the runner's buffer `directory` as it leaves: the
+    parent removes it in `close()`, which a parent killed with SIGKILL never reaches.
     """
     _drop_inherited_signal_handlers()
     # Ctrl-C reaches the whole process group; the parent decides what happens, then closes us.
@@ -60,6 +71,7 @@ def serve(
         try:
             message = conn.recv_bytes()
         except (EOFError, OSError):
+            _remove_if_orphaned(directory)
             return
         if message == STOP:
             return
@@ -74,7 +86,26 @@ def serve(
         try:
             conn.send_bytes(pickle.dumps((ok, answer, requests_released), protocol=5))
         except OSError:  # the parent is gone
+            _remove_if_orphaned(directory)
             return
+
+
+def _remove_if_orphaned(directory: str) -> None:
+    """Remove the runner's buffer directory once the parent has died.
+
+    A closed pipe alone does not prove it: the parent also closes the pipe of a worker it has just
+    forked if starting it fails, and goes on using the directory. Only a dead parent's children are
+    handed to another process. Every worker of the runner removes it as it leaves; each does so
+    after its last write into it, so the last to leave finds every file its siblings wrote (the
+    parent's files in transit included), and a sibling still writing when it is gone fails that
+    write and leaves too."""
+    parent = multiprocessing.parent_process().pid
+    deadline = time.monotonic() + _ORPHANING_WAIT_S
+    while os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _drop_inherited_signal_handlers() -> None:

@@ -549,6 +549,50 @@ def test_a_runner_never_closed_is_closed_at_interpreter_exit(tmp_path):
     exit_and_list_workers_left(_EXIT_WITHOUT_CLOSE, tmp_path)
 
 
+_TAKE_A_BATCH_THEN_SIGKILL = """
+import functools, os, signal, sys
+from pathlib import Path
+from runners import ProcessRunner
+from tests.reliability.harness import jsonl_dataset, text_pipeline
+pipeline = text_pipeline(jsonl_dataset(Path(sys.argv[2])), parallelism=2,
+                         runner=functools.partial(ProcessRunner, shm_root=sys.argv[1]))
+loader = pipeline.shard(0, 1)
+next(iter(loader))
+assert os.listdir(sys.argv[1]) == [os.path.basename(loader._runner.shm_directory)]
+print(*loader._runner.worker_pids(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def has_exited(pid: int) -> bool:
+    """Gone, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_parent_killed_with_sigkill_leaves_no_buffer_directory_once_its_workers_exit(tmp_path):
+    """The runner's buffer directory (/dev/shm/zephon-<pid>-*) was removed by close() alone, so a
+    trainer killed with SIGKILL (the OOM killer, a scheduler) left it behind for good: the workers
+    noticed the closed pipe and exited, the directory stayed. The workers now remove it."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _TAKE_A_BATCH_THEN_SIGKILL, str(root), str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    workers = list(map(int, done.stdout.split()))
+    assert len(workers) == 2
+    deadline = time.monotonic() + 60
+    while not all(has_exited(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(has_exited(pid) for pid in workers), "the workers noticed their parent's death"
+    assert list(root.iterdir()) == []
+
+
 _FORK_A_CHILD_THAT_EXITS = """
 import os, sys, warnings
 warnings.simplefilter("ignore", DeprecationWarning)
