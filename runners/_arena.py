@@ -25,14 +25,17 @@ is queued and sent back to the writer with the next message the other way, and o
 writer reuse the block. A message the writer cannot fit (the receiver holds many, or one is larger
 than the arena) goes through a file of its own, so a full arena costs speed, never a stall.
 
-Pages touched once stay allocated until the arena goes away, so an arena costs up to its size in
-shared memory (`ProcessRunner(reply_arena_bytes=..., request_arena_bytes=...)`). A reply arena goes
-away when its worker has exited, the parent has released every view of it, and the workers forked
-after it, which inherit the mapping without ever touching it, have exited too: a worker replaced
-after a crash leaves its arena to the end of the runner. The mapping is inherited rather than
-withheld (`MADV_DONTFORK`) because a forked worker holds Python objects for every arena mapped at
-its fork, and one of them freed there would unmap whatever the worker had mapped at that address
-since.
+Pages touched once stay allocated until no process maps the arena any more, so an arena costs up
+to its size in shared memory (`ProcessRunner(reply_arena_bytes=..., request_arena_bytes=...)`).
+A fork copies every mapping, so a worker forked after an arena would map it for its whole life
+without ever touching it: the arena of a worker that crashed lived as long as its siblings and
+its replacement, to the end of the runner, one more with every crash. A forked worker therefore
+gives up every arena but the two it uses (`withhold_all_but`), and a reply arena lives exactly as
+long as its worker and the arrays the parent received through it: the parent drops its `Arena`
+with the worker, and the last view of its mapping unmaps it. The inherited mapping is replaced by
+a reservation of its addresses rather than unmapped (or withheld from the fork with
+`MADV_DONTFORK`) because the worker holds Python objects for it, copied from the parent, and one
+of them freed there would unmap whatever the worker had mapped at those addresses since.
 """
 
 from __future__ import annotations
@@ -45,9 +48,48 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 
-__all__ = ["ALIGNMENT", "Arena", "ArenaBlocks", "layout"]
+from ._libc import libc
+
+__all__ = ["ALIGNMENT", "Arena", "ArenaBlocks", "layout", "withhold_all_but"]
 
 ALIGNMENT = 64  # every block and buffer starts on a cache line, which also satisfies any NumPy dtype
+
+
+# How a worker replaces an inherited arena it does not use: no access, no pages, same addresses.
+_PROT_NONE = 0
+_MAP_FIXED = 0x10  # Linux, and the BSDs
+_RESERVATION = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | getattr(mmap, "MAP_NORESERVE", 0)
+
+# Every arena's mapping made in this process, as {weak reference to the mmap: (address, size)}, so
+# that a worker forked from it can find the ones it inherited. An entry goes once its mmap has
+# (checked when the next arena is made). Each entry is added and removed by its own key, so no lock
+# is needed (two runners may make arenas at once), and a forked child reads the table without one.
+_MAPPINGS: dict[weakref.ref, tuple[int, int]] = {}
+
+
+def _register(mapping: mmap.mmap) -> None:
+    for ref in _MAPPINGS.copy():
+        if ref() is None:
+            _MAPPINGS.pop(ref, None)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    _MAPPINGS[weakref.ref(mapping)] = (address, len(mapping))
+
+
+def withhold_all_but(kept: Iterable[Arena | None]) -> None:
+    """In a freshly forked worker: give up its inherited mapping of every arena but `kept`.
+
+    Each such mapping is replaced by an inaccessible private reservation of the same addresses,
+    which holds no page, so the arena's pages are freed once the processes that use it let go. A
+    mapping whose mmap the parent was freeing at the fork is not touched: a weak reference is dead
+    from the moment its object's deallocation (which unmaps it) begins, so the addresses of a live
+    entry hold that very mapping. The call needs no room: it replaces one whole mapping by one of
+    the same size.
+    """
+    keep = {id(arena._map) for arena in kept if arena is not None}
+    for ref, (address, size) in _MAPPINGS.copy().items():
+        mapping = ref()
+        if mapping is not None and id(mapping) not in keep:
+            libc.mmap(address, size, _PROT_NONE, _RESERVATION, -1, 0)
 
 
 def _aligned(length: int) -> int:
@@ -119,6 +161,7 @@ class Arena:
 
     def __init__(self, size: int) -> None:
         self._map = mmap.mmap(-1, size)  # anonymous and shared: a worker forked next sees the same pages
+        _register(self._map)
         self._blocks = ArenaBlocks(size)
         self._lock = threading.Lock()  # guards _blocks
         self._released: deque[int] = deque()

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._arena import Arena, layout
+from ._libc import MAP_FAILED, libc
 
 __all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
 
@@ -146,29 +147,15 @@ def _map_private(fd: int, size: int) -> memoryview:
     """
     if sys.version_info >= (3, 13):
         return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY, trackfd=False))
-    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
-    if address in (None, _MAP_FAILED):
+    address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if address in (None, MAP_FAILED):
         errno = ctypes.get_errno()
         raise OSError(errno, f"mmap of a shared-memory buffer file failed: {os.strerror(errno)}")
     region = (ctypes.c_ubyte * size).from_address(address)
     # Not at interpreter exit (finalize's default): the array may still be alive and read there,
     # by an exit hook or a daemon thread, and would crash the process; exit unmaps everything.
-    weakref.finalize(region, _libc.munmap, address, size).atexit = False
+    weakref.finalize(region, libc.munmap, address, size).atexit = False
     return memoryview(region).cast("B")
-
-
-def _load_libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.restype = ctypes.c_int
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-if sys.version_info < (3, 13):
-    _libc = _load_libc()
-    _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def _write(path: str, buffers: list[memoryview]) -> tuple[tuple[int, int], ...]:

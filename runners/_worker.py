@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ._arena import Arena
+from ._arena import Arena, withhold_all_but
 from ._transport import Envelope, decode, encode
 
 __all__ = ["STOP", "serve"]
@@ -53,8 +53,10 @@ def serve(
     """Run items until told to stop or until the parent disappears (end of file on the pipe).
 
     `arena` is this worker's reply arena; `requests` the runner's request arena, which items'
-    buffers may arrive in. An item's views of its request block are gone once its reply is built
-    (unless the function kept them), so the block goes back with that very reply.
+    buffers may arrive in; every other arena it inherited, it gives up at once (so that a crashed
+    worker's arena is not kept for the life of the workers forked after it). An item's views of
+    its request block are gone once its reply is built (unless the function kept them), so the
+    block goes back with that very reply.
 
     `inherited` are the parent's ends of every pipe that existed at fork time, this worker's own
     included: closing them here is what makes the parent's death visible as end of file.
@@ -62,6 +64,7 @@ def serve(
     A worker that outlives its parent removes the runner's buffer `directory` as it leaves: the
     parent removes it in `close()`, which a parent killed with SIGKILL never reaches.
     """
+    withhold_all_but((arena, requests))
     _drop_inherited_signal_handlers()
     # Ctrl-C reaches the whole process group; the parent decides what happens, then closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1101,3 +1101,69 @@ def test_a_submit_interrupted_while_sending_never_pairs_a_later_reply_with_the_w
         stats = runner.stats()
     # The worker whose pipe was left in an unknown state was replaced; nothing counted as a crash.
     assert (stats.retries, stats.workers_replaced) == (0, 1)
+
+
+def shared_memory_of(array: np.ndarray) -> str:
+    """The kernel's name for the shared memory holding the array's data: its mapping's device and
+    inode in /proc/self/maps, the same in every process that maps those pages."""
+    address = array.__array_interface__["data"][0]
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        low, high = (int(bound, 16) for bound in fields[0].split("-"))
+        if low <= address < high:
+            assert fields[1].endswith("s"), "a shared mapping"
+            return f"{fields[3]} {fields[4]}"
+    raise AssertionError("address not mapped")
+
+
+def processes_mapping(memory: str, pids: list[int]) -> list[int]:
+    """Those of `pids` that map the shared memory named by `shared_memory_of`."""
+    return [
+        pid for pid in pids
+        if any(" ".join(line.split()[3:5]) == memory for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    ]
+
+
+def crash(x: int) -> np.ndarray:
+    if x < 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return np.full(8 * MIB, x, dtype=np.uint8)
+
+
+def run_one_item_on_each_worker(runner) -> None:
+    """Once this returns, every worker has begun serving (a replacement is forked before the
+    crashed item's future fails, and may not have started yet): items go to the least busy."""
+    futures = [runner.submit(0, 2) for _ in runner.worker_pids()]
+    assert [int(future.result(30)[0]) for future in futures] == [2] * len(futures)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_crashed_workers_reply_arena_is_mapped_by_no_process_once_its_arrays_are_released(tmp_path):
+    """A worker forked after a reply arena inherited its mapping without ever touching it, so the
+    arena of a worker that crashed lived, pages and all (up to reply_arena_bytes, 64 MiB), as long
+    as any worker forked after it: its siblings and its own replacement, to the end of the runner,
+    one more arena with every crash. Now a worker maps only the arenas it uses, and the parent
+    only while it holds arrays received through them: once released, no process maps the dead
+    arena, so the kernel has freed its pages."""
+    with ProcessRunner(max_retries=0, shm_root=str(tmp_path)) as runner:
+        runner.start([Stage("fill", crash, 2)])
+        held = runner.submit(0, 1).result(30)
+        assert in_arena(held)
+        arena = shared_memory_of(held)
+        run_one_item_on_each_worker(runner)
+        assert len(processes_mapping(arena, runner.worker_pids())) == 1, "its own worker maps it"
+        for _ in range(2):
+            with pytest.raises(WorkerCrashedError):
+                runner.submit(0, -1).result(30)
+        assert runner.stats().workers_replaced == 2
+        run_one_item_on_each_worker(runner)
+        assert processes_mapping(arena, runner.worker_pids()) == [], "no worker maps a dead worker's arena"
+        assert int(held.min()) == int(held.max()) == 1, "an array the parent holds stays intact"
+        assert processes_mapping(arena, [os.getpid()]) == [os.getpid()]
+        del held
+        deadline = time.monotonic() + 30
+        while processes_mapping(arena, [os.getpid()]) and time.monotonic() < deadline:
+            # On free-threaded CPython the reader thread, which made the view, frees it when it next runs.
+            run_one_item_on_each_worker(runner)
+            time.sleep(0.01)
+        assert processes_mapping(arena, [os.getpid()] + runner.worker_pids()) == []
