@@ -51,11 +51,13 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
     find), a `functools.partial`'s arguments, a callable object's configuration and
     a bound method's instance (`Cleaner(min_length=5).keep`, `stop_words.__contains__`), each
     written by `_stable_repr` with any memory address taken out: an address differs in every
-    process, so a resumed run would never match its checkpoint. A function's closure enters as
-    `_captured` writes it: the values its cells hold when the loader is built.
+    process, so a resumed run would never match its checkpoint. A function's closure and its
+    default argument values enter as `_captured` and `_defaults` write them: the values its cells
+    and defaults hold when the loader is built (a default is evaluated where the function is
+    defined, so `def keep(r, n=LIMIT)` keeps its source when `LIMIT` changes).
 
-    Not seen: globals and default argument values the function reads (the source shows their
-    names, not their values), and what `_captured` leaves out. `_within` holds the functions and
+    Not seen: globals the function reads (the source shows their names, not their values), and
+    what `_written` leaves out. `_within` holds the functions and
     partials being written, so that a closure reaching itself (directly or through a partial it
     holds) is written `<itself>` there instead of recursing without end.
     """
@@ -86,17 +88,17 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
             pass
     if source is not None:
         described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
-    if isinstance(function, types.FunctionType) and function.__closure__:
-        described += f" captured:({_captured(function, _within)})"
+    if isinstance(function, types.FunctionType):
+        if function.__closure__:
+            described += f" captured:({_captured(function, _within)})"
+        defaults = _defaults(function, _within)
+        if defaults:
+            described += f" defaults:({defaults})"
     return described
 
 
 def _captured(function: types.FunctionType, within: frozenset) -> str:
-    """The values a closure's cells hold, by the names it uses for them: numbers, strings,
-    bytes, arrays, tensors, and sets, lists, tuples, dicts, dataclasses and plain objects made of
-    those, by `_stable_repr`; functions (and partials, bound methods) by their own fingerprint. Any
-    other value (a tokenizer, a lock, a module: their reprs hold paths, addresses or states) is
-    written by its type's name only, so a change inside it is not seen. A class is named."""
+    """The values a closure's cells hold, by the names it uses for them, as `_written` writes them."""
     parts = []
     for name, cell in zip(function.__code__.co_freevars, function.__closure__):
         try:
@@ -104,26 +106,43 @@ def _captured(function: types.FunctionType, within: frozenset) -> str:
         except ValueError:  # a cell not assigned yet
             parts.append(f"{name}=<empty>")
             continue
-        if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
-            written = _fingerprint_callable(value, within)
-        elif isinstance(value, type):
-            written = f"{value.__module__}.{value.__qualname__}"
-        else:
-            try:
-                written = _configuration(value) if _describable(value) else None
-            except Exception:  # noqa: BLE001 - a repr that fails, a list holding itself: not described
-                written = None
-            if written is None:
-                written = f"<{type(value).__module__}.{type(value).__qualname__}>"
-        parts.append(f"{name}={written}")
+        parts.append(f"{name}={_written(value, within)}")
     return ", ".join(parts)
+
+
+def _defaults(function: types.FunctionType, within: frozenset) -> str:
+    """A function's default argument values, positional then keyword-only, by their parameters'
+    names, as `_written` writes them; keyword-only ones sorted by name."""
+    code = function.__code__
+    positional = function.__defaults__ or ()
+    names = code.co_varnames[code.co_argcount - len(positional):code.co_argcount]
+    keyword_only = sorted((function.__kwdefaults__ or {}).items())
+    return ", ".join(f"{name}={_written(value, within)}" for name, value in (*zip(names, positional), *keyword_only))
+
+
+def _written(value, within: frozenset) -> str:
+    """A value a user function holds (in its closure or its defaults): numbers, strings, bytes,
+    arrays, tensors, and sets, lists, tuples, dicts, dataclasses and plain objects made of those,
+    by `_stable_repr`; functions (and partials, bound methods) by their own fingerprint. Any other
+    value (a tokenizer, a lock, a module: their reprs hold paths, addresses or states) is written
+    by its type's name only, so a change inside it is not seen. A class is named."""
+    if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
+        return _fingerprint_callable(value, within)
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    try:
+        if _describable(value):
+            return _configuration(value)
+    except Exception:  # noqa: BLE001 - a repr that fails, a list holding itself: not described
+        pass
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 
 def _describable(value) -> bool:
-    """Whether `_stable_repr` writes `value` from what it holds alone (see `_captured`)."""
+    """Whether `_stable_repr` writes `value` from what it holds alone (see `_written`)."""
     if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap) or _is_tensor(value):
         return True
     if type(value) in (list, tuple, set, frozenset):

@@ -721,20 +721,73 @@ def test_a_dataclass_with_a_field_set_later_is_fingerprinted_by_the_fields_it_ha
     assert "captured:(first=LazyTable(path='stop.txt')" in _fingerprint_callable(both(table, table))
 
 
+def user_module(directory: Path, source: str):
+    """A user's module `user_fns` with `source`, imported from its own file in `directory`, as a
+    run and the run resuming it each import the user's code."""
+    path = directory / "user_fns.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("user_fns", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     """Its name alone would let a changed map resume a checkpoint of the old one."""
 
     def load_map(body: str, version: int):
-        path = tmp_path / f"v{version}" / "user_map.py"
-        path.parent.mkdir()
-        path.write_text(f"def clean(record):\n    return {body}\n")
-        spec = importlib.util.spec_from_file_location("user_map", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.clean
+        return user_module(tmp_path / f"v{version}", f"def clean(record):\n    return {body}\n").clean
 
     data = tmp_path / "data"
     old = text_pipeline(jsonl_dataset(data), map_fn=load_map("record", 1))
     new = text_pipeline(jsonl_dataset(data), map_fn=load_map("{**record, 'text': record['text'].lower()}", 2))
     named = str(refused(new, checkpoint_after(old, 1, MICROBATCHES)))
     assert re.search(r"changed: operators\[0\]\.map\.fn\. Performance", named), named
+
+
+def limit_by_default(limit: int):
+    """A filter configured through a default argument value, as `lambda r, n=n: ...` in a loop is."""
+
+    def keep(record: dict, min_length: int = limit) -> bool:
+        return len(record["text"]) >= min_length
+
+    return keep
+
+
+def limit_by_keyword_default(limit: int, stop: tuple = ()):
+    """A filter configured through keyword-only default argument values."""
+
+    def keep(record: dict, *, min_length: int = limit, stop_words: frozenset = frozenset(stop)) -> bool:
+        return len(record["text"]) >= min_length and record["text"] not in stop_words
+
+    return keep
+
+
+def test_default_argument_values_are_part_of_the_recipe(tmp_path):
+    """A default is evaluated where the function is defined: `def keep(r, min_length=MIN_LENGTH)`
+    keeps its source when `MIN_LENGTH` changes, and `limit_by_default(5)` and `(50)` have one name,
+    one source and no closure. A checkpoint of the one resumed a pipeline filtering with the other,
+    other batches without a word."""
+    from zephon._record_ops import _fingerprint_callable
+
+    data = tmp_path / "data"
+    state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=limit_by_default(5)), 1, MICROBATCHES)
+    named = str(refused(text_pipeline(jsonl_dataset(data), filter_fn=limit_by_default(50)), state))
+    assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), named
+
+    def user_filter(version: int, min_length: int):
+        source = f"MIN_LENGTH = {min_length}\n\n\ndef keep(record, min_length=MIN_LENGTH):\n" \
+                 "    return len(record['text']) >= min_length\n"
+        return user_module(tmp_path / f"v{version}", source).keep
+
+    state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=user_filter(1, 5)), 1, MICROBATCHES)
+    named = str(refused(text_pipeline(jsonl_dataset(data), filter_fn=user_filter(2, 50)), state))
+    assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), named
+    assert _fingerprint_callable(limit_by_keyword_default(5)) != _fingerprint_callable(limit_by_keyword_default(6))
+    assert _fingerprint_callable(limit_by_keyword_default(5, ("a",))) != \
+        _fingerprint_callable(limit_by_keyword_default(5, ("b",)))
+    assert _fingerprint_callable(limit_by_default(5)) == _fingerprint_callable(limit_by_default(5))
+    prints = _fingerprints_in_processes("limit_by_keyword_default(5, ('the', 'of', 'and', 'a', 'to', 'in'))")
+    assert len(prints) == 1, prints
+    assert "stop_words=frozenset({'a', 'and', 'in', 'of', 'the', 'to'})" in prints.pop()
