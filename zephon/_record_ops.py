@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from ._code_reads import globals_read, is_library_code
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
@@ -43,7 +44,19 @@ def _describe_callable(fn: Callable) -> str:
     return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
 
 
-def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str:
+@dataclass(frozen=True)
+class _Walk:
+    """Where a fingerprint stands among the functions a user function reaches. `within` holds the
+    functions and partials being written (by id), so that one reaching itself (directly, through a
+    partial or through the globals of another) is written `<itself>` there instead of recursing
+    without end. `home` is the top-level package of the function handed to the loader (None until
+    it is met: a partial's function is), whose code is followed wherever it is installed."""
+
+    home: str | None = None
+    within: frozenset = frozenset()
+
+
+def _fingerprint_callable(fn: Callable, _walk: _Walk = _Walk()) -> str:
     """How a user function enters the recipe, the same in every process and interpreter.
 
     Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
@@ -51,23 +64,25 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
     find), a `functools.partial`'s arguments, a callable object's configuration and
     a bound method's instance (`Cleaner(min_length=5).keep`, `stop_words.__contains__`), each
     written by `_stable_repr` with any memory address taken out: an address differs in every
-    process, so a resumed run would never match its checkpoint. A function's closure and its
-    default argument values enter as `_captured` and `_defaults` write them: the values its cells
-    and defaults hold when the loader is built (a default is evaluated where the function is
-    defined, so `def keep(r, n=LIMIT)` keeps its source when `LIMIT` changes).
+    process, so a resumed run would never match its checkpoint. The code a call runs (the
+    function, a bound method's function, a callable object's `__call__`) adds its closure, its
+    default argument values and the module globals it reads, as `_captured`, `_defaults` and
+    `_globals` write them: the values they hold when the loader is built (a default is evaluated
+    where the function is defined, so `def keep(r, n=LIMIT)` keeps its source when `LIMIT`
+    changes, and so does a function reading `MAX_LEN` when `MAX_LEN` does).
 
-    Not seen: globals the function reads (the source shows their names, not their values), and
-    what `_written` leaves out. `_within` holds the functions and
-    partials being written, so that a closure reaching itself (directly or through a partial it
-    holds) is written `<itself>` there instead of recursing without end.
+    A function of the standard library or of another installed package than the one the loader
+    was handed a function of, met inside that function, is written by its name only, and such a
+    `__call__` (a library's base class) is not followed (`_code_reads` says why). Not seen: what
+    `_written` leaves out.
     """
     function = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    if id(function) in _within:
+    if id(function) in _walk.within:
         return "<itself>"
-    _within = _within | {id(function)}
     if isinstance(fn, functools.partial):
         args = _configuration((fn.args, sorted(fn.keywords.items())))
-        return f"functools.partial({_fingerprint_callable(fn.func, _within)}, {args})"
+        inner = dataclasses.replace(_walk, within=_walk.within | {id(function)})
+        return f"functools.partial({_fingerprint_callable(fn.func, inner)}, {args})"
     described, defining = _describe_callable(fn), _defining(fn)
     if defining is not fn:  # a callable object
         described += f" {_configuration(fn)}"
@@ -75,6 +90,11 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
         owner = getattr(fn, "__self__", None)  # a built-in function's is its module: nothing to add
         if owner is not None and not isinstance(owner, types.ModuleType):
             described += f" of {_configuration(owner)}"
+    home = _package(defining) if _walk.home is None else _walk.home
+    runs = _code_run(fn)
+    followed = runs is not None and (_package(runs) == home or not is_library_code(runs.__code__))
+    if _walk.home is not None and runs is not None and not followed:
+        return described  # a library's function, held by the user's
     import inspect  # only pipelines with a map or filter pay its import
 
     source = None
@@ -88,48 +108,79 @@ def _fingerprint_callable(fn: Callable, _within: frozenset = frozenset()) -> str
             pass
     if source is not None:
         described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
-    if isinstance(function, types.FunctionType):
-        if function.__closure__:
-            described += f" captured:({_captured(function, _within)})"
-        defaults = _defaults(function, _within)
-        if defaults:
-            described += f" defaults:({defaults})"
+    if followed:
+        inner = _Walk(home=home, within=_walk.within | {id(function)})
+        for label, write in (("captured", _captured), ("defaults", _defaults), ("globals", _globals)):
+            written = write(runs, inner)
+            if written:
+                described += f" {label}:({written})"
     return described
 
 
-def _captured(function: types.FunctionType, within: frozenset) -> str:
+def _package(defined) -> str:
+    """The top-level package of the module a function or class was defined in."""
+    return (getattr(defined, "__module__", None) or "").partition(".")[0]
+
+
+def _code_run(fn: Callable) -> types.FunctionType | None:
+    """The Python function a call of `fn` runs: itself, a bound method's function, or a callable
+    object's `__call__`; None where that is built in."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    elif not isinstance(fn, types.FunctionType):
+        fn = getattr(type(fn), "__call__", None)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _captured(function: types.FunctionType, walk: _Walk) -> str:
     """The values a closure's cells hold, by the names it uses for them, as `_written` writes them."""
     parts = []
-    for name, cell in zip(function.__code__.co_freevars, function.__closure__):
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
         try:
             value = cell.cell_contents
         except ValueError:  # a cell not assigned yet
             parts.append(f"{name}=<empty>")
             continue
-        parts.append(f"{name}={_written(value, within)}")
+        parts.append(f"{name}={_written(value, walk)}")
     return ", ".join(parts)
 
 
-def _defaults(function: types.FunctionType, within: frozenset) -> str:
+def _defaults(function: types.FunctionType, walk: _Walk) -> str:
     """A function's default argument values, positional then keyword-only, by their parameters'
     names, as `_written` writes them; keyword-only ones sorted by name."""
     code = function.__code__
     positional = function.__defaults__ or ()
     names = code.co_varnames[code.co_argcount - len(positional):code.co_argcount]
     keyword_only = sorted((function.__kwdefaults__ or {}).items())
-    return ", ".join(f"{name}={_written(value, within)}" for name, value in (*zip(names, positional), *keyword_only))
+    return ", ".join(f"{name}={_written(value, walk)}" for name, value in (*zip(names, positional), *keyword_only))
 
 
-def _written(value, within: frozenset) -> str:
-    """A value a user function holds (in its closure or its defaults): numbers, strings, bytes,
-    arrays, tensors, and sets, lists, tuples, dicts, dataclasses and plain objects made of those,
-    by `_stable_repr`; functions (and partials, bound methods) by their own fingerprint. Any other
-    value (a tokenizer, a lock, a module: their reprs hold paths, addresses or states) is written
-    by its type's name only, so a change inside it is not seen. A class is named."""
+def _globals(function: types.FunctionType, walk: _Walk) -> str:
+    """The module globals `function`'s code reads (`globals_read`), by name, as `_written` writes
+    them. Builtins and names its module does not hold are left out, and so are `__dunder__` names:
+    `__file__` holds the checkout's path, which the run resuming a checkpoint need not share."""
+    namespace = function.__globals__
+    parts = []
+    for name in globals_read(function.__code__):
+        value = namespace.get(name, _UNSET)
+        if value is not _UNSET and not (name.startswith("__") and name.endswith("__")):
+            parts.append(f"{name}={_written(value, walk)}")
+    return ", ".join(parts)
+
+
+def _written(value, walk: _Walk) -> str:
+    """A value a user function holds (in its closure, its defaults or the globals it reads):
+    numbers, strings, bytes, arrays, tensors, and sets, lists, tuples, dicts, dataclasses and plain
+    objects made of those, by `_stable_repr`; functions (and partials, bound methods) by their own
+    fingerprint. A class and a module are named. Any other value (a tokenizer, a lock, a compiled
+    pattern: their reprs hold paths, addresses or states) is written by its type's name only, so a
+    change inside it is not seen."""
     if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
-        return _fingerprint_callable(value, within)
+        return _fingerprint_callable(value, walk)
     if isinstance(value, type):
         return f"{value.__module__}.{value.__qualname__}"
+    if isinstance(value, types.ModuleType):
+        return f"<module {value.__name__}>"
     try:
         if _describable(value):
             return _configuration(value)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import typing
 from pathlib import Path
+from re import sub as substitute
 
 import numpy as np
 import pytest
@@ -791,3 +792,124 @@ def test_default_argument_values_are_part_of_the_recipe(tmp_path):
     prints = _fingerprints_in_processes("limit_by_keyword_default(5, ('the', 'of', 'and', 'a', 'to', 'in'))")
     assert len(prints) == 1, prints
     assert "stop_words=frozenset({'a', 'and', 'in', 'of', 'the', 'to'})" in prints.pop()
+
+
+MIN_WORDS = 3  # module-level settings the filters below read
+LONG_WORD = 30
+WORD_UNIT = 1
+
+
+def counted_words(text: str) -> int:
+    """A helper a filter calls through a global, reading a global itself."""
+    return len(text.split()) // WORD_UNIT
+
+
+def has_min_words(record: dict) -> bool:
+    """A filter configured by the module globals it reads, one inside a generator expression."""
+    words = record["text"].split()
+    return counted_words(record["text"]) >= MIN_WORDS and not any(len(word) > LONG_WORD for word in words)
+
+
+def test_module_globals_a_function_reads_are_part_of_the_recipe(tmp_path, monkeypatch):
+    """`MAX_LEN = 2048` changed to 4096 at module level leaves the filter's name and source as they
+    were: a checkpoint of the one resumed a pipeline filtering with the other, other batches under
+    the old recipe's name, without a word. The globals its code reads (in nested code and the
+    helpers it calls too) enter the recipe by value."""
+    from zephon._record_ops import _fingerprint_callable
+
+    data = tmp_path / "data"
+    state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=has_min_words), 1, MICROBATCHES)
+    module = sys.modules[has_min_words.__module__]
+    for name, changed in (("MIN_WORDS", 4), ("LONG_WORD", 31), ("WORD_UNIT", 2)):
+        with monkeypatch.context() as patch:
+            patch.setattr(module, name, changed)
+            named = str(refused(text_pipeline(jsonl_dataset(data), filter_fn=has_min_words), state))
+            assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), (name, named)
+    assert _fingerprint_callable(lambda record: len(record["text"]) > LONG_WORD) != \
+        _fingerprint_callable(lambda record: len(record["text"]) > MIN_WORDS)
+
+    def user_filter(version: int, max_len: int):
+        source = f"MAX_LEN = {max_len}\n\n\ndef limit():\n    return MAX_LEN\n\n\n" \
+                 "def keep(record):\n    return len(record['text']) < limit()\n"
+        return user_module(tmp_path / f"v{version}", source).keep
+
+    state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=user_filter(1, 2048)), 1, MICROBATCHES)
+    named = str(refused(text_pipeline(jsonl_dataset(data), filter_fn=user_filter(2, 4096)), state))
+    assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), named
+    again = text_pipeline(jsonl_dataset(data), filter_fn=user_filter(3, 2048))
+    with again.shard(0, 1, global_batch_size=global_batch(again)) as loader:
+        loader.load_state_dict(state)  # the same code and values, imported again, resume
+
+
+STOP_WORDS = frozenset({"the", "of", "and", "a", "to", "in", "is"})
+
+
+def is_even(n: int) -> bool:
+    return n == 0 or is_odd(n - 1)
+
+
+def is_odd(n: int) -> bool:
+    return n != 0 and is_even(n - 1)
+
+
+def keeps_even_texts(record: dict) -> bool:
+    """Reads a set, a module, a library's function, itself and two mutually recursive functions."""
+    text = substitute(r"\s+", " ", record["text"])
+    return is_even(len(text) % 8) and text not in STOP_WORDS and np.size(text) == 1 and keeps_even_texts is not None
+
+
+def test_globals_a_function_reads_fingerprint_the_same_in_every_process():
+    """A set is listed sorted, a module by its name, a library's function by its name (its module's
+    globals hold its caches: `re` keeps the patterns programs compiled), and a function reaching
+    itself, directly or through another, is written `<itself>` there instead of without end."""
+    from zephon._record_ops import _fingerprint_callable
+
+    prints = _fingerprints_in_processes("keeps_even_texts")
+    assert len(prints) == 1, prints
+    written = prints.pop()
+    assert "STOP_WORDS=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})" in written, written
+    assert "np=<module numpy>" in written and "substitute=re.sub)" in written, written
+    assert "keeps_even_texts=<itself>" in written and "is_even=<itself>" in written, written
+    assert "len=" not in written, written  # a builtin
+    before = _fingerprint_callable(keeps_even_texts)
+    import re as regular_expressions
+
+    regular_expressions.purge()
+    regular_expressions.compile("a pattern compiled after the loader was built")
+    assert _fingerprint_callable(keeps_even_texts) == before
+
+
+def test_a_librarys_function_is_named_and_the_users_own_installed_package_followed(tmp_path, monkeypatch):
+    """A library's function reached through a global is written by its name: its globals are the
+    library's state (here a cache it fills as it runs), which would change the fingerprint as the
+    program runs. The user's own package is followed even where it is installed as a library."""
+    from zephon import _code_reads
+    from zephon._record_ops import _fingerprint_callable
+
+    installed = tmp_path / "site-packages"
+    for path, source in {
+        "userpkg/__init__.py": "",
+        "userpkg/helpers.py": "LIMIT = 5\n\n\ndef limit():\n    return LIMIT\n",
+        "userpkg/filters.py": "from otherlib import count\nfrom userpkg.helpers import limit\n\n\n"
+                              "def keep(record):\n    return count(record) > limit()\n",
+        "otherlib/__init__.py": "CACHE = {}\n\n\ndef count(record):\n"
+                                "    CACHE[record['text']] = len(record['text'])\n    return CACHE[record['text']]\n",
+    }.items():
+        (installed / path).parent.mkdir(parents=True, exist_ok=True)
+        (installed / path).write_text(source)
+    monkeypatch.syspath_prepend(str(installed))
+    monkeypatch.setattr(_code_reads, "_library_roots", lambda: (os.path.join(os.path.realpath(installed), ""),))
+    try:
+        import otherlib
+        import userpkg.filters
+        import userpkg.helpers
+
+        written = _fingerprint_callable(userpkg.filters.keep)
+        assert "count=otherlib.count," in written and "globals:(LIMIT=5)" in written, written
+        otherlib.count({"text": "running fills the library's cache"})
+        assert _fingerprint_callable(userpkg.filters.keep) == written
+        monkeypatch.setattr(userpkg.helpers, "LIMIT", 6)
+        assert _fingerprint_callable(userpkg.filters.keep) != written
+    finally:
+        for name in ("userpkg.filters", "userpkg.helpers", "userpkg", "otherlib"):
+            sys.modules.pop(name, None)

@@ -1,0 +1,64 @@
+"""Which module globals a user function's code reads, and whether that code is a library's.
+
+A map's or filter's fingerprint (`_record_ops._fingerprint_callable`) writes the values of the
+globals its code reads: `MAX_LEN = 2048` changed to 4096 at module level leaves the function's
+source as it was. It follows the functions it reaches that way only into the user's own code. A
+function of the standard library or of another installed package is named, not followed: its
+module's globals are the library's state (`re` keeps the patterns programs compiled in one, so a
+fingerprint reading it would change as the program runs), its call graph may hold thousands of
+functions, and its source differs between Python builds and library versions, which would refuse a
+checkpoint resumed on another interpreter.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import os
+import site
+import sysconfig
+import types
+
+__all__ = ["globals_read", "is_library_code"]
+
+_LOADS_A_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+
+
+def globals_read(code: types.CodeType) -> list[str]:
+    """The names `code` and the code nested in it (inner functions, lambdas, comprehensions,
+    generator expressions) load as globals, sorted so that the fingerprint lists them alike in
+    every process.
+
+    Read from the bytecode rather than `co_names`, which also holds every attribute name the code
+    uses (`record.get`, `np.clip`): a module global that happened to share one would enter the
+    recipe. An inner function's annotations are read too: 3.11 evaluates them in the enclosing
+    code, 3.14 in `__annotate__` code nested in it, so taking both keeps one fingerprint on both.
+    """
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        names.update(op.argval for op in dis.get_instructions(current) if op.opname in _LOADS_A_GLOBAL)
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return sorted(names)
+
+
+def is_library_code(code: types.CodeType) -> bool:
+    """Whether `code` was loaded from the standard library or an installed package (site-packages,
+    frozen modules included). Code compiled from a string (`<string>`, a notebook cell) is the user's."""
+    filename = code.co_filename
+    if filename.startswith("<"):
+        return filename.startswith("<frozen ")
+    return os.path.realpath(filename).startswith(_library_roots())
+
+
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    """The folders the standard library and installed packages are loaded from, each ending in a
+    separator so that `/usr/lib/python3.11` does not hold `/usr/lib/python3.11-user`."""
+    paths = sysconfig.get_paths()
+    roots = {paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths}
+    roots.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        roots.add(site.getusersitepackages())
+    return tuple(sorted(os.path.join(os.path.realpath(root), "") for root in roots))
