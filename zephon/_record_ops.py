@@ -49,14 +49,19 @@ class _Walk:
     """Where a fingerprint stands among the functions a user function reaches. `within` holds the
     functions and partials being written (by id), so that one reaching itself (directly, through a
     partial or through the globals of another) is written `<itself>` there instead of recursing
-    without end. `home` is the top-level package of the function handed to the loader (None until
-    it is met: a partial's function is), whose code is followed wherever it is installed."""
+    without end. `written` holds the functions written in full already, anywhere in this
+    fingerprint (one set for the whole walk; functions compare by identity, and holding them keeps
+    their ids from being reused meanwhile), so that helpers reaching a shared helper along many
+    paths write it once: written along every path, n levels of them made 2**n writings. `home` is
+    the top-level package of the function handed to the loader (None until it is met: a partial's
+    function is), whose code is followed wherever it is installed."""
 
     home: str | None = None
     within: frozenset = frozenset()
+    written: set = dataclasses.field(default_factory=set)
 
 
-def _fingerprint_callable(fn: Callable, _walk: _Walk = _Walk()) -> str:
+def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     """How a user function enters the recipe, the same in every process and interpreter.
 
     Its name, the SHA-256 of its source where Python finds it (the same name with an edited body
@@ -76,9 +81,12 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk = _Walk()) -> str:
     `__call__` (a library's base class) is not followed (`_code_reads` says why). Not seen: what
     `_written` leaves out.
     """
+    _walk = _Walk() if _walk is None else _walk
     function = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if id(function) in _walk.within:
         return "<itself>"
+    if isinstance(fn, types.FunctionType) and fn in _walk.written:
+        return f"{_describe_callable(fn)} <as above>"
     if isinstance(fn, functools.partial):
         args = _configuration((fn.args, sorted(fn.keywords.items())))
         inner = dataclasses.replace(_walk, within=_walk.within | {id(function)})
@@ -109,11 +117,13 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk = _Walk()) -> str:
     if source is not None:
         described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
     if followed:
-        inner = _Walk(home=home, within=_walk.within | {id(function)})
+        inner = _Walk(home=home, within=_walk.within | {id(function)}, written=_walk.written)
         for label, write in (("captured", _captured), ("defaults", _defaults), ("globals", _globals)):
             written = write(runs, inner)
             if written:
                 described += f" {label}:({written})"
+        if runs is fn:  # a function's writing depends on it alone; a method's, on its instance too
+            _walk.written.add(fn)
     return described
 
 

@@ -913,3 +913,28 @@ def test_a_librarys_function_is_named_and_the_users_own_installed_package_follow
     finally:
         for name in ("userpkg.filters", "userpkg.helpers", "userpkg", "otherlib"):
             sys.modules.pop(name, None)
+
+
+def test_a_helper_reached_along_many_paths_is_written_once(tmp_path):
+    """Helpers calling shared helpers (`level_3` calls `left_2` and `right_2`, which both call
+    `level_1`, ...) were written again along every path: 2**n writings for n levels, a loader
+    that took minutes to build, or never did. A function written already in this fingerprint is
+    written by its name; a change to it still shows where it was written first."""
+    from zephon._record_ops import _fingerprint_callable
+
+    levels = 14
+
+    def helpers(limit: int) -> str:
+        lines = [f"LIMIT = {limit}\n\n\ndef level_0(text):\n    return len(text) > LIMIT\n"]
+        for n in range(1, levels + 1):
+            lines.append(f"\ndef left_{n}(text):\n    return level_{n - 1}(text)\n")
+            lines.append(f"\ndef right_{n}(text):\n    return level_{n - 1}(text[1:])\n")
+            lines.append(f"\ndef level_{n}(text):\n    return left_{n}(text) and right_{n}(text)\n")
+        lines.append(f"\ndef keep(record):\n    return level_{levels}(record['text'])\n")
+        return "".join(lines)
+
+    written = _fingerprint_callable(user_module(tmp_path / "v1", helpers(5)).keep)
+    assert len(written) < 200 * 3 * levels, len(written)
+    assert written.count("as above>") == levels, written
+    assert written == _fingerprint_callable(user_module(tmp_path / "v2", helpers(5)).keep)
+    assert written != _fingerprint_callable(user_module(tmp_path / "v3", helpers(6)).keep)
