@@ -16,8 +16,9 @@ import io
 import json
 import tarfile
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,7 +29,7 @@ from hypothesis import strategies as st
 from tests.fuzz.conftest import fuzz_settings
 from tests.reliability.harness import assert_ledger_balances, run_epoch, text_pipeline
 from zephon import BadRecordError
-from zephon.io import REASONS, Dataset, ShardUnavailableError
+from zephon.io import REASONS, Dataset, ShardUnavailableError, _dataset
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -191,7 +192,11 @@ def test_tar_reader_accounts_for_every_record(data, records_per_chunk, shrink_af
     with shard_dir() as root:
         shard = root / "shard.tar"
         shard.write_bytes(data)
-        dataset = plan(root, "shard", intact=intact)
+        # A shard cut after planning is another version of its file, refused by name before it is
+        # read; planned as on storage that tells no version, the cut meets the reader itself.
+        unversioned = shrink_after_planning is not None
+        with mock.patch.object(_dataset, "version_of", return_value=None) if unversioned else nullcontext():
+            dataset = plan(root, "shard", intact=intact)
         if dataset is None:
             return
         if shrink_after_planning is not None:  # the shard changes between planning and reading

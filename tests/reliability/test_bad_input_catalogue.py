@@ -53,7 +53,7 @@ from tests.unit.test_vlm_assets import (  # the shared bad-image makers
 )
 from vlm import ImageSpec, decode_image, patchify
 from zephon import BadRecordError, ConfigurationError, Pipeline
-from zephon.io import Dataset, ShardUnavailableError
+from zephon.io import Dataset, ShardUnavailableError, _dataset
 from zephon.work import ScheduledMixtureWorkSource
 
 
@@ -265,8 +265,22 @@ def test_shard_deleted_between_planning_and_reading_fails_naming_its_url(tmp_pat
     assert dataset.shards[1].url in str(info.value) and info.value.attempts == 2
 
 
-def test_shard_cut_short_after_planning_counts_the_lost_records_as_truncated(tmp_path):
-    dataset = jsonl_dataset(tmp_path)
+def test_shard_cut_short_after_planning_fails_naming_it_or_counts_its_lost_records_where_no_version_is_told(
+    tmp_path, monkeypatch
+):
+    """A file cut after planning is another version of it (its size and mtime changed): the run
+    fails naming it, since a cut cannot be told from a rewrite. On storage that tells no version
+    (an HTTP server sending neither ETag nor Last-Modified) the records it lost are counted."""
+    dataset = jsonl_dataset(tmp_path / "versioned")
+    shard = Path(dataset.shards[0].url)
+    lines = shard.read_bytes().split(b"\n")
+    shard.write_bytes(b"\n".join(lines[:10]) + b"\n")
+    with pytest.raises(ShardUnavailableError, match="changed after planning") as info:
+        run_epoch(text_pipeline(dataset))
+    assert info.value.url == str(shard)
+
+    monkeypatch.setattr(_dataset, "version_of", lambda fs, path: None)
+    dataset = jsonl_dataset(tmp_path / "unversioned")
     shard = Path(dataset.shards[0].url)
     lines = shard.read_bytes().split(b"\n")
     shard.write_bytes(b"\n".join(lines[:10]) + b"\n")  # 10 of the 16 planned lines remain
@@ -324,10 +338,13 @@ def test_parquet_shard_with_corrupt_pages_fails_naming_the_shard(tmp_path):
     corrupt = Path(dataset.shards[1].url)
     data = bytearray(corrupt.read_bytes())
     data[4 : len(data) // 2] = bytes(len(data) // 2 - 4)  # pages zeroed, footer intact
+    planned = corrupt.stat()
     corrupt.write_bytes(bytes(data))
+    os.utime(corrupt, ns=(planned.st_atime_ns, planned.st_mtime_ns))  # bit rot: the version planned
     with pytest.raises(ShardUnavailableError) as info:
         run_epoch(text_pipeline(dataset), keep_batches=False)
     assert info.value.url == str(corrupt) and str(corrupt) in str(info.value)
+    assert "changed after planning" not in str(info.value), "the decoder, not the version check, refused it"
 
 
 def test_parquet_page_whose_checksum_fails_fails_naming_the_shard(tmp_path):

@@ -740,9 +740,9 @@ def test_a_user_function_edited_under_the_same_name_is_another_recipe(tmp_path):
     def load_map(body: str, version: int):
         return user_module(tmp_path / f"v{version}", f"def clean(record):\n    return {body}\n").clean
 
-    data = tmp_path / "data"
-    old = text_pipeline(jsonl_dataset(data), map_fn=load_map("record", 1))
-    new = text_pipeline(jsonl_dataset(data), map_fn=load_map("{**record, 'text': record['text'].lower()}", 2))
+    dataset = jsonl_dataset(tmp_path / "data")  # one plan: writing the files again would make them another version
+    old = text_pipeline(dataset, map_fn=load_map("record", 1))
+    new = text_pipeline(dataset, map_fn=load_map("{**record, 'text': record['text'].lower()}", 2))
     named = str(refused(new, checkpoint_after(old, 1, MICROBATCHES)))
     assert re.search(r"changed: operators\[0\]\.map\.fn\. Performance", named), named
 

@@ -384,6 +384,21 @@ def test_permanent_read_error_fails_with_the_files_url(flaky_store, tmp_path, ru
     assert "ConnectionResetError" in error.cause
 
 
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_a_shard_regenerated_in_place_after_planning_fails_the_run_naming_it_on_every_runner(tmp_path, runner):
+    """A dataset regenerated in place between planning and reading (here its lines reordered: as
+    many bytes) was read at the planned offsets, and its new lines went out under the planned
+    addresses, in the loader and in worker processes alike. The run now fails naming the shard."""
+    dataset = jsonl_dataset(tmp_path, retry_delay=0)
+    shard = Path(dataset.shards[1].url)
+    planned = shard.stat()
+    shard.write_bytes(b"".join(line + b"\n" for line in reversed(shard.read_bytes().splitlines())))
+    os.utime(shard, ns=(planned.st_atime_ns, planned.st_mtime_ns + 10**9))  # a later write, whatever the clock's grain
+    with pytest.raises(ShardUnavailableError, match="changed after planning") as info:
+        run_epoch(text_pipeline(dataset, runner=runner), keep_batches=False)
+    assert info.value.url == str(shard) and info.value.attempts == 1
+
+
 def _exit_on_victim(record: dict) -> dict:
     if record["id"] == VICTIM:
         os._exit(3)  # a crash, not an exception: nothing names the record but the loader

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import pathlib
 import pickle
@@ -15,11 +16,13 @@ import types
 
 import fsspec
 import httpx2
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
-from zephon.io import _atomic_cache
+from zephon.io import _atomic_cache, _version
 from zephon.io._format import ShardFile
 
 from tests.reliability.harness import run_epoch, text_pipeline
@@ -34,6 +37,7 @@ from .conftest_io import (
     parquet_bytes,
     put,
     registered,
+    tar_bytes,
 )
 
 
@@ -83,6 +87,117 @@ def test_a_shard_grown_after_planning_raises_naming_it_instead_of_handing_out_ot
     with pytest.raises(ShardUnavailableError, match="changed after planning") as caught:
         ds.read_chunk(ds.chunks(16)[1])
     assert caught.value.url == ds.shards[0].url and caught.value.attempts == 1
+
+
+def _same_size_rewrites(shard_format: str) -> tuple[bytes, bytes]:
+    """A shard's bytes when planned and after it is regenerated in place: other records, as many
+    bytes (Parquet uncompressed, so that its strings of one length give files of one length)."""
+    def parquet(word: str) -> bytes:
+        sink = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist([{"s": f"{word} {i:03d}"} for i in range(64)]), sink,
+                       row_group_size=8, compression="NONE")
+        return sink.getvalue()
+
+    planned, rewritten = {
+        "jsonl": lambda: (jsonl_bytes([{"s": f"old {i:03d}"} for i in range(64)]),
+                          jsonl_bytes([{"s": f"new {i:03d}"} for i in range(64)])),
+        "text": lambda: (b"".join(b"old line %03d\n" % i for i in range(64)),
+                         b"".join(b"new %03d\nline\n" % i for i in range(64))),
+        "parquet": lambda: (parquet("old"), parquet("new")),
+        "webdataset": lambda: (tar_bytes([(f"{i:03d}.txt", b"old") for i in range(64)]),
+                               tar_bytes([(f"{i:03d}.txt", b"new") for i in range(64)])),
+    }[shard_format]()
+    assert len(planned) == len(rewritten) and planned != rewritten
+    return planned, rewritten
+
+
+def _rewrite_keeping_size(path: pathlib.Path, data: bytes) -> None:
+    """Write `data`, as long as the file, over it in place (same inode), a second later: two writes
+    within the filesystem's timestamp granularity (a few milliseconds) may leave one mtime."""
+    planned = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(planned.st_atime_ns, planned.st_mtime_ns + 10**9))
+
+
+@pytest.mark.parametrize("shard_format", ["jsonl", "text", "parquet", "webdataset"])
+def test_a_local_shard_rewritten_after_planning_with_as_many_bytes_raises_naming_it_instead_of_handing_out_other_records(
+    tmp_path, shard_format
+):
+    """Only a shard that grew was refused: one regenerated in place with as many bytes was read at
+    the planned offsets, row groups or members, and handed out the new file's lines (or pieces of
+    them), rows or members under the planned addresses, with no error."""
+    planned, rewritten = _same_size_rewrites(shard_format)
+    path = tmp_path / f"a.{ {'text': 'txt', 'webdataset': 'tar'}.get(shard_format, shard_format)}"
+    path.write_bytes(planned)
+    ds = Dataset.from_path("d", str(tmp_path), retry_delay=0)
+    assert ds.read_chunk(ds.chunks(16)[0]).records  # read as planned
+    _rewrite_keeping_size(path, rewritten)
+    with pytest.raises(ShardUnavailableError, match="changed after planning") as caught:
+        ds.read_chunk(ds.chunks(16)[1])
+    assert caught.value.url == str(path) and caught.value.attempts == 1
+
+
+def test_a_local_shard_replaced_by_a_shorter_file_that_is_no_prefix_raises_instead_of_handing_out_its_lines(tmp_path):
+    """A shorter file was taken for the planned one cut short: its lines were handed out under the
+    planned addresses up to its end, the rest counted `truncated_shard`."""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(jsonl_bytes([{"s": f"old {i:03d}"} for i in range(64)]))
+    ds = Dataset.from_path("d", str(tmp_path), retry_delay=0)
+    path.write_bytes(jsonl_bytes([{"s": f"new {i}"} for i in range(64)]))
+    with pytest.raises(ShardUnavailableError, match="changed after planning"):
+        ds.read_chunk(ds.chunks(16)[0])
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_remote_shard_rewritten_after_planning_with_as_many_bytes_raises_naming_it(tmp_path, cache):
+    """The same on a remote filesystem, whose `info()` gives the version (here the memory
+    filesystem's creation time), with and without the local-disk cache: the cache copied the
+    new version and the read handed out its records under the planned addresses."""
+    planned, rewritten = _same_size_rewrites("jsonl")
+    root = memory_root()
+    url = put(f"{root}/a.jsonl", planned)
+    ds = Dataset.from_path("d", root, retry_delay=0, cache={"enabled": cache, "dir": str(tmp_path / "cache")})
+    put(url, rewritten)
+    with pytest.raises(ShardUnavailableError, match="changed after planning") as caught:
+        ds.read_chunk(ds.chunks(16)[1])
+    assert caught.value.url == ds.shards[0].url and caught.value.attempts == 1
+
+
+def test_a_chunk_read_asks_the_storage_for_the_shards_version_once_not_per_record(monkeypatch):
+    root = memory_root()
+    put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
+    ds = Dataset.from_path("d", root, retry_delay=0)
+    asked = []
+    info = fsspec.implementations.memory.MemoryFileSystem.info
+    monkeypatch.setattr(fsspec.implementations.memory.MemoryFileSystem, "info",
+                        lambda self, path, **kwargs: asked.append(path) or info(self, path, **kwargs))
+    assert len(ds.read_chunk(ds.chunks(64)[0]).records) == 64
+    assert len(asked) == 1
+
+
+def test_a_local_plan_read_on_another_host_is_not_refused_for_its_files_modification_time(tmp_path, monkeypatch):
+    """A local file's inode and mtime describe it on the host that planned: a Dataset pickled to
+    another node reads that node's copy of the data, whose inode and mtime differ, and is not
+    refused for them. On the host that planned, a file touched since planning is refused."""
+    path = tmp_path / "a.jsonl"
+    records = [{"s": f"record {i}"} for i in range(8)]
+    path.write_bytes(jsonl_bytes(records))
+    ds = pickle.loads(pickle.dumps(Dataset.from_path("d", str(tmp_path), retry_delay=0)))
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 10**9))
+    with pytest.raises(ShardUnavailableError, match="changed after planning"):
+        ds.read_chunk(ds.chunks(8)[0])
+    monkeypatch.setattr(_version, "_this_host", lambda: "another-node")
+    assert ds.read_chunk(ds.chunks(8)[0]).records == records
+
+
+def test_a_shards_version_is_not_part_of_the_fingerprint_a_checkpoint_is_checked_by(tmp_path):
+    """A checkpoint resumed on another node, or from a copy of the data, sees other modification
+    times: resuming is judged by URLs, record counts and sizes, not refused for those."""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(jsonl_bytes([{"s": f"record {i}"} for i in range(8)]))
+    before = Dataset.from_path("d", str(tmp_path)).fingerprint()
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 10**9))
+    assert Dataset.from_path("d", str(tmp_path)).fingerprint() == before
 
 
 def test_flaky_storage_is_retried_until_it_answers(flaky):

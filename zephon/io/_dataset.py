@@ -22,10 +22,11 @@ from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
 from ._locate import is_local, locate
 from ._parquet import Parquet
-from ._policy import ErrorPolicy, collect
+from ._policy import ErrorPolicy, Slot, collect
 from ._retry import RetryPolicy
 from ._storage import CacheOptions, reading_filesystem
 from ._text import TEXT_UNITS, Text
+from ._version import ShardVersion, check_unchanged, version_of
 from ._webdataset import WebDataset
 
 if TYPE_CHECKING:
@@ -83,13 +84,15 @@ class ShardInfo:
 
 @dataclass(frozen=True)
 class _ShardAccess:
-    """How to reach one shard's records: filesystem path, codec and seek points (see ShardScan)."""
+    """How to reach one shard's records: filesystem path, codec, seek points (see ShardScan) and
+    the version of the file they were found in (see `_version`)."""
 
     path: str
     compression: str | None
     seek: np.ndarray | None = field(compare=False)
     record_offsets: np.ndarray | None = field(default=None, compare=False)
     offsets_dropped: bool = field(default=False, compare=False)  # by a pickle: see Dataset.check_plannable
+    version: ShardVersion | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,12 +154,19 @@ class Dataset:
         fs = reading_filesystem(located.fs, cache_options)
         urls = tuple(_shard_url(located.fs, path) for path in located.paths)
 
-        def scan(i: int) -> ShardScan:
-            if located.nbytes[i] == 0:
-                return ShardScan(0)
+        def scan(i: int) -> tuple[ShardScan, ShardVersion | None]:
+            if located.nbytes[i] == 0:  # holds no record: never read, so its version is never asked
+                return ShardScan(0), None
             shard = ShardFile(urls[i], located.paths[i], located.compressions[i], fs)
+
+            def version_and_scan() -> tuple[ShardScan, ShardVersion | None]:
+                # The version first: a file rewritten during the scan is then refused at its reads,
+                # where asked after the scan it would be taken for the version the plan was made from.
+                version = version_of(located.fs, shard.path)
+                return reader.scan(shard), version
+
             try:
-                return retry.call(shard.url, lambda: reader.scan(shard))
+                return retry.call(shard.url, version_and_scan)
             except Exception as error:
                 error.add_note(f"while planning shard {shard.url} of dataset {name!r}")
                 raise
@@ -165,8 +175,9 @@ class Dataset:
             scans = list(pool.map(scan, range(len(urls))))
         facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
         planned = [
-            (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes), _ShardAccess(p, c, s.seek, s.record_offsets))
-            for u, p, n, c, s in facts
+            (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes),
+             _ShardAccess(p, c, s.seek, s.record_offsets, version=v))
+            for u, p, n, c, (s, v) in facts
         ]
         return cls(
             name=name,
@@ -202,7 +213,8 @@ class Dataset:
     def read_chunk(self, chunk: Chunk, *, on_error: str | ErrorPolicy = "skip") -> ChunkRecords:
         """The records of `chunk`; bad ones are skipped with their reason or raise BadRecordError.
 
-        Storage errors are retried; a shard that stays unreadable raises ShardUnavailableError.
+        Storage errors are retried; a shard that stays unreadable, or is another version of its
+        file than the one planned (rewritten in place), raises ShardUnavailableError.
         """
         policy = ErrorPolicy.parse(on_error)
         self._check(chunk)
@@ -211,9 +223,11 @@ class Dataset:
         if chunk.num_records == 0:
             slots = []
         else:
-            slots = self._retry.call(
-                info.url, lambda: self._reader.read(shard, access.seek, chunk.start, chunk.stop)
-            )
+            def read() -> list[Slot]:
+                check_unchanged(access.version, self._fs, access.path, info.url)
+                return self._reader.read(shard, access.seek, chunk.start, chunk.stop)
+
+            slots = self._retry.call(info.url, read)
         return collect(chunk, info.url, slots, policy)
 
     def raw_bytes(self, chunk: Chunk) -> int:

@@ -54,8 +54,10 @@ class ShardFile:
     def _check_not_grown(self, handle: BinaryIO) -> None:
         """Raise ShardUnavailableError if the shard is now longer than planned: regenerated in
         place, its records no longer sit at the planned offsets, row groups or members, and reads
-        handed out other records under the planned addresses without a word. A shorter shard is
-        read as far as it goes, its missing records counted as `truncated_shard`. Seeking to the
+        handed out other records under the planned addresses without a word. The Dataset refuses
+        any other version of the file before reading (`_version`); this is what is left where the
+        storage tells no version. A shorter shard is read as far as it goes, its missing records
+        counted as `truncated_shard`. Seeking to the
         end reads nothing (fsspec's files know their size from opening); a stream that cannot
         seek (an HTTP file of unknown size) is not checked."""
         try:
