@@ -22,7 +22,7 @@ import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
-from zephon.io import _atomic_cache, _version
+from zephon.io import _atomic_cache, _dataset, _version
 from zephon.io._format import ShardFile
 
 from tests.reliability.harness import run_epoch, text_pipeline
@@ -381,11 +381,13 @@ def test_a_shard_rewritten_remotely_is_copied_anew_not_read_from_the_old_copy(tm
     assert ds.shards[0].raw_bytes == ds.shards[0].nbytes == len(jsonl_bytes(rewritten))
 
 
-def test_a_shard_rewritten_while_it_is_copied_reads_the_copy_made_not_a_type_error(tmp_path, object_store,
-                                                                                     monkeypatch):
+def test_a_shard_rewritten_while_it_is_copied_is_refused_naming_it_not_a_type_error(tmp_path, object_store,
+                                                                                    monkeypatch):
     """fsspec's simplecache asks for the copy's name again after copying; the name holds the
     shard's version, so a shard rewritten meanwhile named a copy that did not exist and the read
-    failed with `TypeError: expected str ... not NoneType` (not retried, naming nothing)."""
+    failed with `TypeError: expected str ... not NoneType` (not retried, naming nothing). A copy
+    whose file is another version once it is whole cannot be told to hold the planned one: it is
+    not kept, and the read is refused naming the shard."""
     records = [{"text": f"record {i}"} for i in range(20)]
     put("objstore://bucket/a.jsonl", jsonl_bytes(records))
     ds = Dataset.from_path("d", "objstore://bucket", retry_delay=0).with_io_options(
@@ -394,11 +396,50 @@ def test_a_shard_rewritten_while_it_is_copied_reads_the_copy_made_not_a_type_err
 
     def copy_then_rewrite(self, rpath, lpath, **kwargs):
         copy(self, rpath, lpath, **kwargs)
-        time.sleep(0.01)  # a later modification time: another version
         put("objstore://bucket/a.jsonl", jsonl_bytes([{"text": f"new {i}"} for i in range(20)]))
 
     monkeypatch.setattr(ObjectStoreFileSystem, "get_file", copy_then_rewrite)
-    assert ds.read_chunk(ds.chunks(20)[0]).records == records
+    with pytest.raises(ShardUnavailableError, match="changed after planning or while it was copied") as caught:
+        ds.read_chunk(ds.chunks(20)[0])
+    assert caught.value.url == ds.shards[0].url and caught.value.attempts == 1
+    assert not list((tmp_path / "cache").iterdir()), "neither a copy nor its temporary file is left"
+
+
+def test_a_shard_rewritten_between_its_version_check_and_its_copy_is_refused_not_copied_and_read(
+    tmp_path, object_store, monkeypatch
+):
+    """A read checks the shard's version, then the cache copies it, naming the copy by the version
+    it asks for again: a shard rewritten in between was copied as the new version and its records
+    handed out under the planned addresses."""
+    planned, rewritten = _same_size_rewrites("jsonl")
+    put("objstore://bucket/a.jsonl", planned)
+    ds = Dataset.from_path("d", "objstore://bucket", retry_delay=0).with_io_options(
+        {"cache": {"enabled": True, "dir": str(tmp_path / "cache")}})
+    check = _dataset.check_unchanged
+
+    def check_then_rewrite(*args):
+        check(*args)
+        put("objstore://bucket/a.jsonl", rewritten)
+
+    monkeypatch.setattr(_dataset, "check_unchanged", check_then_rewrite)
+    with pytest.raises(ShardUnavailableError, match="changed") as caught:
+        ds.read_chunk(ds.chunks(16)[0])
+    assert caught.value.url == ds.shards[0].url
+    assert not list((tmp_path / "cache").iterdir()), "neither a copy nor its temporary file is left"
+
+
+def test_a_cached_read_asks_the_remote_for_the_shards_version_once(tmp_path, monkeypatch):
+    """The copy of the version planned is found by that version: asking the remote again to name
+    the copy, after the read had checked it, was a second round trip per read."""
+    root = memory_root()
+    put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
+    ds = Dataset.from_path("d", root, retry_delay=0, cache={"enabled": True, "dir": str(tmp_path / "cache")})
+    asked = []
+    info = fsspec.implementations.memory.MemoryFileSystem.info
+    monkeypatch.setattr(fsspec.implementations.memory.MemoryFileSystem, "info",
+                        lambda self, path, **kwargs: asked.append(path) or info(self, path, **kwargs))
+    assert len(ds.read_chunk(ds.chunks(64)[0]).records) == 64
+    assert len(asked) == 1
 
 
 @pytest.mark.parametrize("where", ["file", "below a file"])

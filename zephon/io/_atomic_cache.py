@@ -28,11 +28,17 @@ without a write; that download then fails naming the file, it is never read in p
 `simplecache` also names a copy by the shard's path alone and never looks at the remote file again,
 so a shard rewritten at its path (a dataset regenerated in place) was read from the old copy by
 every later run: its plan took the new size from the listing and the old records from the copy,
-and records added or changed were missing without a word. Here a copy is named by the path and the
-version the filesystem reports for it (`ukey`: the ETag on S3 and GCS, else a hash of the file's
-listing entry: size, modification time and the like; fsspec takes an http(s) file as never
-changing), asked on every open; a new version is copied anew, and copies of old versions stay on
-disk until the directory is cleared.
+and records added or changed were missing without a word. Here a copy is named by the path and a
+version of the file (`_version`: its size and ETag, generation, checksum or the like, else its
+modification time; fsspec's `ukey` where the filesystem tells none, which takes an http(s) file
+as never changing). A Dataset reading through the cache gives the versions it planned: the copy
+of that version is found without asking the remote again (the Dataset has just checked the
+remote is still that version), and one not there yet is copied. Planning, which knows no version
+yet, asks the remote. Either way the version is asked again once the copy is whole, and a copy
+of a file that is no longer the version it is named by is thrown away and the read refused
+naming the shard: a rewrite landing between the Dataset's check and the copy was copied and read
+under the planned offsets. A new version is copied anew, and copies of old versions stay on disk
+until the directory is cleared.
 """
 
 from __future__ import annotations
@@ -44,11 +50,14 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 
 from fsspec.implementations.cache_mapper import AbstractCacheMapper
 from fsspec.implementations.cached import SimpleCacheFileSystem
 
 from .._errors import ConfigurationError
+from ._errors import ShardUnavailableError
+from ._version import version_of
 
 __all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
 
@@ -67,11 +76,12 @@ _CACHE_DIRECTORY_ERRNOS = _DISK_ERRNOS | {errno.EACCES, errno.EPERM}
 
 class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
     """`simplecache` whose copies are written under a temporary name and renamed when complete, and
-    named by the version of the file they copy."""
+    named by the version of the file they copy: `planned_versions[path]` where given, else the
+    version the remote reports now."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, planned_versions: Mapping[str, str] | None = None, **kwargs):
         super().__init__(**kwargs)
-        self._mapper = _VersionedNames(self.fs)
+        self._mapper = _VersionedNames(self.fs, planned_versions or {})
 
     def _open(self, path, mode="rb", **kwargs):
         """A read opens the copy of the version asked once. fsspec asks the version again after
@@ -80,23 +90,26 @@ class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
         if mode != "rb" or self.compression:
             return super()._open(path, mode, **kwargs)
         path = self._strip_protocol(path)
-        name = self._mapper(path)
+        version = self._mapper.version(path)
+        name = _copy_name(path, version)
         for directory in self.storage:
             copy = os.path.join(directory, name)
             if os.path.exists(copy):
                 return open(copy, "rb")
-        _copy_whole(self, path, name)
+        _copy_whole(self, path, version)
         return open(os.path.join(self.storage[-1], name), "rb")
 
     def _get_cached_file_before_open(self, path, **kwargs):
         if self.compression:  # Zephon never asks the cache to decompress; fsspec's own path then
             return super()._get_cached_file_before_open(path, **kwargs)
-        _copy_whole(self, path, self._mapper(path))
+        _copy_whole(self, path, self._mapper.version(path))
 
 
-def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, name: str) -> None:
-    """Copy `path` into `cache` as `name`, whole or not at all. A function, not a method:
-    fsspec's caching filesystems hand any attribute they do not list to the remote filesystem."""
+def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, version: str) -> None:
+    """Copy `path`, which is `version`, into `cache` under that version's name, whole and of that
+    version or not at all. A function, not a method: fsspec's caching filesystems hand any
+    attribute they do not list to the remote filesystem."""
+    name = _copy_name(path, version)
     cache._cache_size = None
     directory = cache.storage[-1]
     host = socket.gethostname()
@@ -111,6 +124,12 @@ def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, name: str) -> Non
     try:
         _lock(handle, blocking=True)
         cache.fs.get_file(path, partial)
+        if (now := _current_version(cache.fs, path)) != version:
+            raise ShardUnavailableError(
+                cache.fs.unstrip_protocol(path), 1,
+                f"it changed after planning or while it was copied into the cache (copied as {version}; now {now}): "
+                "its records no longer sit where the plan has them (build the Dataset again to read it as it is now)",
+            )
         os.replace(partial, os.path.join(directory, name))
     except BaseException as error:
         os.unlink(partial)
@@ -168,10 +187,27 @@ def _remove_abandoned(directory: str, host: str) -> None:
 
 
 class _VersionedNames(AbstractCacheMapper):
-    """The name of a copy: a hash of the remote path and of the version `fs` reports for it now."""
+    """The name of a copy: a hash of the remote path and of its version, the one planned where
+    `planned` holds it (no round trip to the remote), else the one `fs` reports now."""
 
-    def __init__(self, fs) -> None:
+    def __init__(self, fs, planned: Mapping[str, str]) -> None:
         self.fs = fs
+        self.planned = {fs._strip_protocol(path): version for path, version in planned.items()}
+
+    def version(self, path: str) -> str:
+        planned = self.planned.get(self.fs._strip_protocol(path))
+        return planned if planned is not None else _current_version(self.fs, path)
 
     def __call__(self, path: str) -> str:
-        return hashlib.sha256(f"{path}\n{self.fs.ukey(path)}".encode()).hexdigest()
+        return _copy_name(path, self.version(path))
+
+
+def _current_version(fs, path: str) -> str:
+    """The version `fs` reports for `path` now: as a plan records it, or fsspec's `ukey` where the
+    filesystem tells none (an http(s) file: its URL, so it is taken as never changing)."""
+    version = version_of(fs, path)
+    return version.stamp if version is not None else f"ukey {fs.ukey(path)}"
+
+
+def _copy_name(path: str, version: str) -> str:
+    return hashlib.sha256(f"{path}\n{version}".encode()).hexdigest()

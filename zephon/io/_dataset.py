@@ -274,7 +274,8 @@ class Dataset:
 
     @functools.cached_property
     def _reading_fs(self) -> AbstractFileSystem | LocalFiles:
-        return reading_filesystem(self._fs, self._cache)
+        planned = {access.path: access.version.stamp for access in self._access if access.version is not None}
+        return reading_filesystem(self._fs, self._cache, planned)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -2,9 +2,10 @@
 
 Caching uses fsspec's `simplecache`, which copies a whole remote file to local disk on first open
 and serves later opens from the copy. It keeps no metadata, which fsspec recommends for concurrent
-readers. Every open asks the remote filesystem for the file's version (`ukey`: an ETag, or a hash
-of its size and modification time) and reads the copy of that version, so a shard rewritten
-remotely is copied anew rather than read from its old copy (`_atomic_cache`); old copies stay
+readers. A copy is named by the version of the file it holds (`_version`: an ETag, or the size and
+modification time): a Dataset's reads look for the copy of the version they planned, planning for
+the one the remote reports, so a shard rewritten remotely is copied anew rather than read from its
+old copy, and a copy that is not of its version is never kept (`_atomic_cache`); old copies stay
 until the directory is cleared. A cache given to `Dataset.from_path` makes its copies while
 planning (which opens every shard); one set through `Pipeline.options(io_options=...)` applies after planning, so the
 workers' first reads make them. Either way a copy is written under a temporary name and renamed
@@ -66,13 +67,17 @@ class CacheOptions:
         return os.path.join(base, "zephon", "shards")
 
 
-def reading_filesystem(fs: AbstractFileSystem | LocalFiles, cache: CacheOptions) -> AbstractFileSystem | LocalFiles:
+def reading_filesystem(
+    fs: AbstractFileSystem | LocalFiles, cache: CacheOptions, planned_versions: Mapping[str, str] | None = None
+) -> AbstractFileSystem | LocalFiles:
+    """`fs`, or the cache in front of it; `planned_versions` (path -> version stamp, see `_version`)
+    name the copies a Dataset's reads look for."""
     if not cache.enabled or is_local(fs):
         return fs
     from ._atomic_cache import AtomicSimpleCacheFileSystem  # imports fsspec, which a remote filesystem has already
 
     try:  # makes the directory if it is missing
-        return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=cache.directory)
+        return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=cache.directory, planned_versions=planned_versions)
     except OSError as error:  # else a bare "File exists" or "Not a directory", from planning or a worker
         raise ConfigurationError(
             f"cache directory {cache.directory} cannot be made ({error.strerror}: {error.filename}); "
