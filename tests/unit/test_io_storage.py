@@ -163,6 +163,38 @@ def test_a_remote_shard_rewritten_after_planning_with_as_many_bytes_raises_namin
     assert caught.value.url == ds.shards[0].url and caught.value.attempts == 1
 
 
+class _GenerationStore(_PrefixedMemoryFileSystem):
+    """Tells versions as Google Cloud Storage does: `generation` changes with the content alone,
+    `etag` with the object's metadata too (a label set, a content type changed)."""
+
+    protocol = "genstore"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+    metadata_updates = 0
+
+    def info(self, path, **kwargs):
+        info = super().info(path, **kwargs)
+        if info["type"] != "file":
+            return info
+        return {**info, "generation": int(info["created"].timestamp() * 1e6),
+                "etag": f"{info['created'].timestamp()}-{_GenerationStore.metadata_updates}"}
+
+
+def test_a_remote_shards_version_is_its_contents_so_a_metadata_update_does_not_fail_the_run():
+    """Every content field `info()` gave was compared: a shard whose metadata changed after
+    planning (GCS changes the etag, not the generation) failed the run as rewritten."""
+    with registered(_GenerationStore) as store:
+        records = [{"i": i} for i in range(8)]
+        url = put("genstore://bucket/a.jsonl", jsonl_bytes(records))
+        ds = Dataset.from_path("d", "genstore://bucket", retry_delay=0)
+        store.metadata_updates += 1
+        assert ds.read_chunk(ds.chunks(8)[0]).records == records
+        time.sleep(0.001)  # a later creation time: another generation
+        put(url, jsonl_bytes([{"i": 9 - i} for i in range(8)]))
+        with pytest.raises(ShardUnavailableError, match="changed after planning"):
+            ds.read_chunk(ds.chunks(8)[0])
+
+
 def test_a_chunk_read_asks_the_storage_for_the_shards_version_once_not_per_record(monkeypatch):
     root = memory_root()
     put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))

@@ -13,9 +13,12 @@ What counts as the version, cheapest first and strongest kept:
   the file on the host that planned it: a copy of the same data on another node has another inode
   and modification time, so a plan pickled to another host (a Dataset broadcast to ranks) is not
   compared there; its reads keep the checks of size.
-- a remote file: its size and the content identifiers the filesystem's `info()` gives (an ETag, a
-  generation, a version id, a checksum, a hub blob id), else its modification or creation time.
-  These are the storage's own, the same from every host, so they are compared everywhere.
+- a remote file: its size and the one field of the filesystem's `info()` that best follows its
+  content: a generation (GCS), a checksum or hub blob id, an ETag, a version id, else its
+  modification or creation time. One field, the first found in that order: GCS and Azure also
+  change the ETag when only the object's metadata changes (a label, a content type), which would
+  fail a run over data that did not change. These are the storage's own, the same from every
+  host, so they are compared everywhere.
 - neither (an HTTP server that sends no ETag and no Last-Modified): no version, nothing compared.
 
 The version is not part of a dataset's fingerprint: a checkpoint resumed on another node, or from
@@ -38,11 +41,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardVersion", "check_unchanged", "version_of"]
 
-# Fields of fsspec `info()` that name the content itself (S3, GCS, Azure, HTTP, the Hugging Face hub).
-_CONTENT_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash", "crc32c",
-                   "checksum", "Content-MD5", "Digest", "blob_id")
-# Fields that change when it is written, where no content field is given (SFTP, HTTP, memory).
-_TIME_FIELDS = ("LastModified", "last_modified", "Last-Modified", "mtime", "updated", "modified", "created")
+# Fields of fsspec `info()` that follow a file's content, those that change with nothing else first
+# (GCS, the Hugging Face hub, S3, Azure, HTTP), then those that change when it is written (SFTP,
+# HTTP, the memory filesystem). A version is the first one found.
+_VERSION_FIELDS = ("generation", "blob_id", "md5Hash", "crc32c", "checksum", "Content-MD5", "Digest",
+                   "ETag", "etag", "version_id", "VersionId",
+                   "mtime", "LastModified", "last_modified", "Last-Modified", "modified", "updated", "created")
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,10 @@ def version_of(fs: AbstractFileSystem | LocalFiles, path: str) -> ShardVersion |
         return ShardVersion(f"size={status.st_size} inode={status.st_ino} mtime_ns={status.st_mtime_ns}",
                             _this_host())
     info = fs.info(path)
-    fields = [name for name in _CONTENT_FIELDS if info.get(name) is not None]
-    fields = fields or [name for name in _TIME_FIELDS if info.get(name) is not None]
-    if not fields:
+    field = next((name for name in _VERSION_FIELDS if info.get(name) is not None), None)
+    if field is None:
         return None
-    return ShardVersion(" ".join(f"{name}={info[name]}" for name in ("size", *fields)))
+    return ShardVersion(f"size={info.get('size')} {field}={info[field]}")
 
 
 def check_unchanged(planned: ShardVersion | None, fs: AbstractFileSystem | LocalFiles, path: str, url: str) -> None:
