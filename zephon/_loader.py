@@ -302,7 +302,7 @@ class RankLoader:
                 row_work=self._submit_row if self._row_work is not None else None,
                 rows_ahead=self.rows_ahead,
                 barren_records=barren_records(lane, flush_every) if barren_records else None,
-                finite=self.plan.num_slots(lane) is not None,
+                finite=self._finite(lane),
             )
             streams[lane] = stream
             for _ in range(cursor.skip):  # replay: rebuild state, drop what the trainer already had
@@ -418,13 +418,58 @@ class RankLoader:
             self._ledger.count_masked(lane, masked)
         return segment, skip + 1
 
+    def _finite(self, lane: int) -> bool:
+        return self.plan.num_slots(lane) is not None
+
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`)."""
+        """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`). In a finite
+        plan, a rank that has handed over nothing yet may read its lanes' first chunks here (see
+        `_find_lanes_without_rows`)."""
+        self._find_lanes_without_rows()
         ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
         finished = [self._finished(lane) for lane in self.lanes]
         steps_begun = None if all(finished) else self._steps_begun
         return make_state(self.recipe, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken)
+
+    def _find_lanes_without_rows(self) -> None:
+        """Turn to the rank's lanes as its first microbatch would, in order until one has a row,
+        and mark those before it finished: a finite plan's lane that never gives a row (every
+        record of it dropped) is known finished only by asking it, which the loader does when its
+        trainer asks the rank for a microbatch, or at a lane of the rank that ends its part of a
+        step (`_look_past`). A rank whose every lane gives no row is never asked by a trainer
+        taking each step whole: its save said every lane was live at row 0 of step 0, like a file
+        from before the run began, and merge_states refused it beside the others' (it must: a rank
+        with data that was never asked is behind them). A lane that gave a row, or is known
+        finished, needs no asking, so this reads only while the rank's first live lane is at row 0.
+
+        The lanes are asked on streams of their own, whose record counts are dropped: the rank's
+        streams (a suspended iteration's, or one an interrupt ended) and its ledger stay as they
+        are. The rows looked for are those the loader reads first anyway; the batches are unchanged.
+        A closed loader reads nothing and saves its lanes as they stand."""
+        if self._closed:
+            return
+        for lane in self.lanes:
+            cursor = self._cursors[lane]
+            if self._finished(lane):
+                continue
+            if cursor.position or not self._finite(lane) or self._gives_a_row(lane, cursor.segment):
+                return
+            cursor.finished = True
+
+    def _gives_a_row(self, lane: int, segment: int) -> bool:
+        """Whether the lane, read from the start of `segment`, gives a row (its records uncounted)."""
+        ignore = lambda *_: None
+        self._ensure_runner()
+        flush_every = self.pipeline.settings.flush_every_chunks
+        stream = LaneStream(
+            lane, lane_plan(self.plan, lane, flush_every, segment), segment, self._submit, self.factories,
+            self.prefetch, ignore, ignore, on_truncations=ignore, finite=True,
+        )
+        try:
+            return stream.has_more()
+        finally:
+            stream.close()
 
     def _finished(self, lane: int) -> bool:
         """Whether a finite plan's every row of the lane was handed over; kept in the cursor, so a

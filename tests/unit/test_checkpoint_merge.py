@@ -222,7 +222,7 @@ def _saves_at_every_step_end(make) -> list[dict[int, dict]]:
     for rank in range(2):
         with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
             per_rank_step.append(Counter(batch.step for batch in loader))
-    steps = max(max(per_step) for per_step in per_rank_step) + 1
+    steps = max(max(per_step) for per_step in per_rank_step if per_step) + 1
     saves = []
     for rank, per_step in enumerate(per_rank_step):
         with make().shard(rank, 2, global_batch_size=GLOBAL_BATCH) as loader:
@@ -319,6 +319,61 @@ def test_a_lane_that_gives_no_row_at_all_is_found_finished_before_its_rank_ends_
         rest = {key: digest for key, digest in reference.items() if key[0] >= steps}
         for world in (1, 4):
             assert microbatch_digests(make(), world, until_step=10**6, state=merged) == rest, (steps, world)
+
+
+def test_a_rank_whose_every_lane_gives_no_row_saves_as_finished_though_never_asked_and_every_save_merges(
+    make_jsonl_corpus, demo_tokenizer_path
+):
+    """A filter drops every record of lanes 4-7, all of rank 1's lanes on 2 ranks: a trainer taking
+    each step whole never asks rank 1 for anything. Its save said every lane was live at row 0,
+    step 0, like a file from before the run began, and merge_states refused it beside rank 0's
+    ("saved at different steps (0, 1)"). Its save now says its lanes are finished, as the
+    uninterrupted run on 1 rank does, so every step-end save merges, resumes on 1, 2 and 4 ranks
+    exactly as the rest of the uninterrupted run, and the ledger ends where that run's does."""
+    corpora = make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12)
+    plain = text_pipeline(*corpora, demo_tokenizer_path, num_epochs=1, estimate_tokens=False)
+    dropped = _lane_records(plain, [4, 5, 6, 7])
+    make = lambda: text_pipeline(
+        *corpora, demo_tokenizer_path, num_epochs=1, estimate_tokens=False,
+        map_fn=lambda record: None if record["text"] in dropped else record,
+    )
+    reference = microbatch_digests(make(), 1, until_step=10**6)
+    assert {lane for _, lane, _ in reference} == {0, 1, 2, 3}  # the scenario: rank 1 of 2 gives nothing
+    with make().shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        list(loader)
+        whole_ledger = _ledger_totals([loader.stats()])
+    saves = _saves_at_every_step_end(make)
+    for steps in sorted(saves[0]):
+        assert saves[1][steps]["steps_begun"] is None and saves[1][steps]["finished"] == [4, 5, 6, 7], steps
+        merged = merge_states([save[steps] for save in saves])
+        rest = {key: digest for key, digest in reference.items() if key[0] >= steps}
+        for world in (1, 2, 4):
+            assert microbatch_digests(make(), world, until_step=10**6, state=merged) == rest, (steps, world)
+            assert _ledger_totals(_stats_of_a_resumed_epoch(make(), world, merged)) == whole_ledger, (steps, world)
+
+
+def _ledger_totals(stats: list[dict]) -> dict:
+    """The ledger's record counts per dataset summed over ranks' `stats()`, checked to balance."""
+    totals: dict[str, Counter] = {}
+    for one in stats:
+        for name, entry in one["datasets"].items():
+            total = totals.setdefault(name, Counter())
+            total.update({key: value for key, value in entry["total"].items() if key != "skipped"})
+            total.update({f"skipped:{reason}": n for reason, n in entry["total"]["skipped"].items()})
+    for name, total in totals.items():
+        dropped = sum(n for key, n in total.items() if key.startswith("skipped:"))
+        assert total["read"] == total["emitted"] + total["filtered"] + dropped, (name, total)
+    return totals
+
+
+def _stats_of_a_resumed_epoch(pipeline, world_size: int, state: dict) -> list[dict]:
+    stats = []
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) as loader:
+            loader.load_state_dict(state)
+            list(loader)
+            stats.append(loader.stats())
+    return stats
 
 
 def test_a_lane_whose_last_chunks_give_no_row_is_finished_with_its_last_row_and_every_step_end_save_merges(
