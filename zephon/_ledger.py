@@ -5,7 +5,8 @@ results are consumed. Segments before a lane's replay point are *settled* and tr
 checkpoint; a resumed loader restores them and recounts the replayed segments from scratch, so no
 record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
 padding, documents masked in them) are taken when rows are handed to the trainer and travel as
-they are.
+they are: a microbatch's rows are counted into a copy of its lane's counts, which the loader stores
+in the statement that moves the lane's cursor past them (see `rows`).
 
 Thread-unsafe: counts are kept on the loader's thread only, so they need no locks.
 """
@@ -23,7 +24,12 @@ class Ledger:
     def __init__(self) -> None:
         self._settled: dict[int, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
         self._open: dict[tuple[int, int], dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
-        self._rows: dict[int, Counter] = defaultdict(Counter)
+        # Row counts per lane. A lane's Counter is replaced whole, never changed in place: the
+        # loader counts a microbatch's rows into a copy (`rows_of`, `count_rows`, `count_masked`)
+        # and stores it in the one statement that moves the lane's cursor past them. Counted in
+        # place, an interrupt between two rows left the first counted with the cursor before the
+        # microbatch, and it was counted again when the microbatch was handed over again.
+        self.rows: dict[int, Counter] = defaultdict(Counter)
 
     def count_chunk(self, lane: int, segment: int, batch: ChunkRecords) -> None:
         counts = self._open[(lane, segment)][batch.chunk.dataset]
@@ -48,16 +54,20 @@ class Ledger:
             counts["truncated"] += 1
             counts["truncated_tokens"] += dropped
 
-    def count_rows(self, lane: int, real_tokens: int, total_tokens: int) -> None:
-        counts = self._rows[lane]
+    def rows_of(self, lane: int) -> Counter:
+        """A copy of the lane's row counts, for a microbatch's rows to be counted into (see `rows`)."""
+        return Counter(self.rows.get(lane, ()))
+
+    def count_rows(self, counts: Counter, real_tokens: int, total_tokens: int) -> None:
+        """One row handed to the trainer, counted into `counts` (from `rows_of`)."""
         counts["rows"] += 1
         counts["tokens"] += real_tokens
         counts["padding"] += total_tokens - real_tokens
 
-    def count_masked(self, lane: int, masked) -> None:
+    def count_masked(self, counts: Counter, masked) -> None:
         """Documents a row kept in place but trains nothing on (its row work failed on them), as
-        (address, reason): counted with the rows handed to the trainer, as `masked:<reason>`."""
-        counts = self._rows[lane]
+        (address, reason): counted into `counts` with the rows handed to the trainer, as
+        `masked:<reason>`."""
         for _, reason in masked:
             counts[f"masked:{reason}"] += 1
 
@@ -79,13 +89,13 @@ class Ledger:
         self.settle(lane, segment)
         return {
             "records": {d: dict(sorted(c.items())) for d, c in sorted(self._settled[lane].items())},
-            "rows": dict(sorted(self._rows[lane].items())),
+            "rows": dict(sorted(self.rows[lane].items())),
         }
 
     def restore(self, lane: int, state: dict) -> None:
         """Take up a lane's settled counts; everything from its replay point will be recounted."""
         self._settled[lane] = defaultdict(Counter, {d: Counter(c) for d, c in state.get("records", {}).items()})
-        self._rows[lane] = Counter(state.get("rows", {}))
+        self.rows[lane] = Counter(state.get("rows", {}))
         for key in [k for k in self._open if k[0] == lane]:
             del self._open[key]
 
@@ -104,7 +114,7 @@ class Ledger:
             for counts in lanes.values():
                 total.update(counts)
             out[dataset] = {"lanes": {lane: _split(c) for lane, c in sorted(lanes.items())}, "total": _split(total)}
-        return {"datasets": out, "lanes": {lane: dict(c) for lane, c in sorted(self._rows.items())}}
+        return {"datasets": out, "lanes": {lane: dict(c) for lane, c in sorted(self.rows.items())}}
 
 
 def _split(counts: Counter) -> dict:

@@ -370,18 +370,19 @@ class RankLoader:
                 self._look_past(lane, end)
             index = (cursor.position % self.rows_per_step) // m
             batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
-            segment, skip = cursor.segment, cursor.skip
+            segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
             for got in fetched:
-                segment, skip = self._account(lane, got, segment, skip)
+                segment, skip = self._account(got, segment, skip, counts)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
             raise
-        # One statement, after the counting: an interrupt while the rows were counted used to
-        # leave the cursor past some of them but not past the microbatch, and a checkpoint taken
-        # then replayed the lane past rows the trainer never had. Now it can only leave the
-        # ledger's row counts holding those rows; no call runs between this and the hand-over.
-        cursor.segment, cursor.skip, cursor.position, self._steps_begun, self._rows_taken = (
-            segment, skip, cursor.position + m, step + 1, self._rows_taken + m * self.world_size
+        # One statement, after the counting, with no call in it (where an interrupt could land)
+        # nor between it and the hand-over. An interrupt while the rows were counted used to leave
+        # the cursor past some of them but not past the microbatch (a checkpoint taken then
+        # replayed the lane past rows the trainer never had), and then the ledger holding the rows
+        # counted before it, which were counted again when the microbatch was handed over again.
+        cursor.segment, cursor.skip, cursor.position, self._steps_begun, self._rows_taken, self._ledger.rows[lane] = (
+            segment, skip, cursor.position + m, step + 1, self._rows_taken + m * self.world_size, counts
         )
         return batch
 
@@ -402,20 +403,21 @@ class RankLoader:
             if position or stream.has_more():
                 return  # the rank's step goes on with this lane, which looks past in turn
 
-    def _account(self, lane: int, got, segment: int, skip: int) -> tuple[int, int]:
+    def _account(self, got, segment: int, skip: int, counts) -> tuple[int, int]:
         """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),
-        counted by the ledger as handed over; returns where the cursor (at `segment`, `skip`) goes
-        past it, which the caller stores once the microbatch is counted."""
+        counted into `counts` (the lane's row counts gathered for its microbatch, see
+        `Ledger.rows`); returns where the cursor (at `segment`, `skip`) goes past it. Neither the
+        cursor nor the ledger changes here: the caller stores both once the microbatch is counted."""
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
-            self._ledger.count_rows(lane, 0, self._padding_row.length)
+            self._ledger.count_rows(counts, 0, self._padding_row.length)
             return segment, skip
         row_segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if row_segment != segment:
             segment, skip = row_segment, 0
-        self._ledger.count_rows(lane, row.num_real_tokens, row.length)
+        self._ledger.count_rows(counts, row.num_real_tokens, row.length)
         masked = getattr(row, "masked_documents", ())
         if masked:
-            self._ledger.count_masked(lane, masked)
+            self._ledger.count_masked(counts, masked)
         return segment, skip + 1
 
     def _finite(self, lane: int) -> bool:

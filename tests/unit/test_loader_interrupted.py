@@ -438,9 +438,9 @@ def test_an_interrupt_while_a_microbatch_is_counted_moves_no_cursor_and_a_checkp
     the first row and the second) used to leave the lane's cursor having skipped the first row
     without having moved past the microbatch: a checkpoint taken then replayed the lane past a row
     the trainer never had, and handed over the microbatch's key with other rows. The cursor now
-    moves in one step, after the counting, so the checkpoint's cursors are those before the
-    microbatch and the resume hands over exactly the rest of the uninterrupted run (only the
-    ledger's row counts may hold the rows counted before the interrupt)."""
+    moves in one step, after the counting, so the checkpoint is the one saved before the
+    microbatch, ledger included, and the resume hands over exactly the rest of the uninterrupted
+    run."""
     from zephon import _ledger
 
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
@@ -465,9 +465,7 @@ def test_an_interrupt_while_a_microbatch_is_counted_moves_no_cursor_and_a_checkp
         state = loader.state_dict()
     monkeypatch.setattr(_ledger.Ledger, "count_rows", original)
     assert seen == reference[:1]
-    assert (state["lanes"], state["finished"], state["rows_taken"], state["steps_begun"]) == (
-        expected["lanes"], expected["finished"], expected["rows_taken"], expected["steps_begun"]
-    )
+    assert state == expected
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         loader.load_state_dict(state)
         assert seen + digests(loader) == reference
@@ -478,7 +476,7 @@ def test_an_interrupt_while_a_lane_s_last_microbatch_is_counted_leaves_the_lane_
 ):
     """As while it is collated (above): the lane found its end while the rows were taken, and an
     interrupt while they are counted must not leave it saved as finished with that microbatch
-    never handed over. The cursors, steps and rows saved are those before the microbatch."""
+    never handed over. The state saved is the one saved before the microbatch, ledger included."""
     from zephon import _ledger
 
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
@@ -502,8 +500,54 @@ def test_an_interrupt_while_a_lane_s_last_microbatch_is_counted_leaves_the_lane_
                 pass
         state = loader.state_dict()
     monkeypatch.setattr(_ledger.Ledger, "count_rows", original)
-    keys = ("lanes", "finished", "rows_taken", "steps_begun")
-    assert [state[key] for key in keys] == [expected[key] for key in keys]
+    assert state == expected
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         loader.load_state_dict(state)
         assert reference[:last_of_a_lane] + digests(loader) == reference
+
+
+@pytest.mark.parametrize("then", ["iterate_again", "save_and_resume"])
+def test_an_interrupt_while_a_microbatch_is_counted_counts_its_rows_once_when_it_is_handed_over_again(
+    pipeline, monkeypatch, then
+):
+    """An interrupt between the counts of a microbatch's first and second rows left the first row
+    counted, with the cursor before the microbatch: when the microbatch was handed over again (by
+    a new iteration, or by a resume from a checkpoint taken then) its first row was counted a
+    second time, and `stats()["lanes"]` said more rows, tokens and padding than the trainer had.
+    The counts are now stored with the cursor, in one step after the counting: at the end of the
+    epoch the ledger equals the uninterrupted run's, row counts and record counts alike (which
+    balance)."""
+    from zephon import _ledger
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+        uninterrupted = loader.stats()
+    original, calls = _ledger.Ledger.count_rows, {"n": 0}
+
+    def count_rows(ledger, *args):
+        calls["n"] += 1
+        if calls["n"] == pipeline.microbatch_size + 2:  # the second row of the second microbatch
+            raise Interrupt
+        return original(ledger, *args)
+
+    monkeypatch.setattr(_ledger.Ledger, "count_rows", count_rows)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        seen = []
+        with pytest.raises(Interrupt):
+            for batch in loader:
+                seen.append((batch.step, batch.lane, batch.index, batch.digest()))
+        assert seen == reference[:1]
+        if then == "iterate_again":
+            assert seen + digests(loader) == reference
+            stats = loader.stats()
+        else:
+            state = loader.state_dict()
+    if then == "save_and_resume":
+        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+            loader.load_state_dict(state)
+            assert seen + digests(loader) == reference
+            stats = loader.stats()
+    assert stats["lanes"] == uninterrupted["lanes"]
+    assert stats["datasets"] == uninterrupted["datasets"]
+    total = stats["datasets"]["d"]["total"]
+    assert total["read"] == total["emitted"] + total["filtered"] + sum(total["skipped"].values()) > 0
