@@ -72,10 +72,21 @@ class Ledger:
             counts[f"masked:{reason}"] += 1
 
     def settle(self, lane: int, segment: int) -> None:
-        """Fold the lane's segments before `segment` (its new replay point) into its settled counts."""
-        for key in [k for k in self._open if k[0] == lane and k[1] < segment]:
-            for dataset, counts in self._open.pop(key).items():
-                self._settled[lane][dataset].update(counts)
+        """Fold the lane's segments before `segment` (its new replay point) into its settled counts.
+
+        The sums are made on copies and stored in one statement: taken out of the open counts
+        first and then added dataset by dataset, an interrupt in between (Ctrl-C at the trainer's
+        next ask, after a microbatch took the lane into a new segment) lost them for good, since
+        those segments are never read again."""
+        folded = [k for k in self._open if k[0] == lane and k[1] < segment]
+        if not folded:
+            return
+        settled = defaultdict(Counter, {d: Counter(c) for d, c in self._settled[lane].items()})
+        for key in folded:
+            for dataset, counts in self._open[key].items():
+                settled[dataset].update(counts)
+        still_open = defaultdict(self._open.default_factory, {k: v for k, v in self._open.items() if k not in folded})
+        self._settled[lane], self._open = settled, still_open
 
     def replay(self, lane: int, segment: int) -> None:
         """The lane is read again from the start of `segment` (a new iteration of the loader):
