@@ -211,6 +211,22 @@ def test_gpu_demo_still_skips_without_cuda_when_its_options_are_sound(monkeypatc
     assert _gpu.SKIP_NO_CUDA in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("device", [[], ["--device", "cpu"]], ids=["default-device", "cpu"])
+def test_gpu_demo_without_torch_says_what_to_install_and_exits_2_instead_of_passing_as_skipped(
+    monkeypatch, capsys, device
+):
+    """Without torch the demo printed "skipped" and exited 0, even for `--device cpu`, which asks
+    for the whole run on the CPU: a CI job meant to run the smoke test passed without running it.
+    A missing extra is a setup error, as `zephon demo vlm` without Pillow says."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    assert cli.main(["demo", "gpu", *device]) == 2
+    captured = capsys.readouterr()
+    assert "skipped" not in captured.out
+    assert "zephon demo gpu needs torch, which is not installed: pip install 'zephon[torch]'" in captured.err
+
+
 def test_vlm_png_in_a_directory_that_is_not_there_is_refused_before_any_work(no_demo_work, tmp_path, capsys):
     """The picture was saved after the assets were fetched and the first step taken: a `--png` in
     a missing directory ended the demo there in a FileNotFoundError traceback."""

@@ -12,6 +12,7 @@ uninterrupted run's. Losses are printed beside it; they agree closely but need n
 across rank counts (SPEC §1: Zephon guarantees the data, not the arithmetic).
 
 Without a GPU the demo skips with exit code 0; `--device cpu` runs the whole path on the CPU.
+Without torch it says what to install and exits 2, as a demo does on options it cannot run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +32,6 @@ from ._recipe import TOKENIZER, demo_pipeline
 __all__ = ["add_gpu_parser", "run_gpu_demo"]
 
 SKIP_NO_CUDA = "skipped: no CUDA device (torch.cuda.is_available() is False)"
-SKIP_NO_TORCH = "skipped: torch is not installed"
 
 
 def add_gpu_parser(subparsers) -> argparse.ArgumentParser:
@@ -55,8 +56,9 @@ def add_gpu_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_gpu_demo(args: argparse.Namespace) -> int:
-    # The options are checked before the skips: on a machine without CUDA or torch the demo
-    # exited 0 ("skipped") whatever they were, so a CPU CI job passed options that fail on a GPU.
+    # The options are checked before the skip and before torch is looked for: on a machine without
+    # CUDA the demo exited 0 ("skipped") whatever they were, so a CPU CI job passed options that
+    # fail on a GPU.
     check_checkpoint_step(args)
     if args.dim % args.heads:
         usage_error("gpu", f"--dim={args.dim} must be divisible by --heads={args.heads}")
@@ -66,9 +68,9 @@ def run_gpu_demo(args: argparse.Namespace) -> int:
     check_resume_layout("gpu", args, pipeline)
     try:
         import torch
-    except ImportError:
-        print(SKIP_NO_TORCH)
-        return 0
+    except ImportError:  # a missing extra, not a missing GPU: "skipped" (exit 0) read as a pass
+        print("zephon demo gpu needs torch, which is not installed: pip install 'zephon[torch]'", file=sys.stderr)
+        return 2
     try:
         device = torch.device(args.device)
     except RuntimeError as exc:  # "gpu", "cuda0": a usage error, named, not a traceback
