@@ -186,6 +186,26 @@ def test_pack_multimodal_refuses_a_pixels_field_no_operator_writes(shards):
     pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
 
 
+def _digests_with_offsets_in(shards, field: str, **pack_options) -> list:
+    """Digests of a pipeline whose map puts every record's one image before its third text token,
+    writing that offset in `field`."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
+    pipeline = decode_images(Pipeline(source).options(num_lanes=1, runner="inline"), spec=SPEC)
+    pipeline = pipeline.tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt")
+    pipeline = pipeline.map(lambda record: {**record, field: [2]})
+    with pack_multimodal(pipeline, 256, PLACEHOLDERS, **pack_options).batch(2).shard(0, 1) as loader:
+        return [batch.digest() for batch, _ in zip(loader, range(3))]
+
+
+def test_pack_multimodal_reads_image_offsets_from_the_field_its_offsets_field_names(shards):
+    """docs/RELIABILITY.md names `pack_multimodal(offsets_field=…)` as what changes where a
+    record's images go, but the builder method took no such argument (a TypeError): only the
+    `PackMultimodal` dataclass did."""
+    default = _digests_with_offsets_in(shards, "image_offsets")
+    assert _digests_with_offsets_in(shards, "where", offsets_field="where") == default
+    assert _digests_with_offsets_in(shards, "where") != default, "an unnamed field is no offsets"
+
+
 def test_pack_multimodal_after_bos_refuses_a_tokenize_that_adds_no_bos(shards):
     """image_position="after_bos" puts the images after a document's first token: without
     tokenize(bos=...) that was the caption's first word, and the images split it from the rest,
