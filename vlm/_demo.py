@@ -174,7 +174,9 @@ def run_vlm_demo(args) -> int:
         # has no option for.
         usage_error("vlm", f"--pairs must be at least {DEMO_LANES}, one per lane of the demo, got {args.pairs}")
     # The picture is saved after the assets are fetched and the first step taken: a directory that
-    # is not there ended the demo then, in a traceback.
+    # is not there, or a --png naming a directory, ended the demo then, in a traceback.
+    if Path(args.png).is_dir():
+        usage_error("vlm", f"--png {args.png!r} is a directory: name the picture's file")
     if not Path(args.png).parent.is_dir():
         usage_error("vlm", f"--png {args.png!r}: no directory {str(Path(args.png).parent)!r} to write it in")
     try:

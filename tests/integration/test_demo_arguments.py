@@ -235,6 +235,13 @@ def test_vlm_png_in_a_directory_that_is_not_there_is_refused_before_any_work(no_
     assert f"zephon demo vlm: --png {str(png)!r}: no directory {str(png.parent)!r} to write it in" in err
 
 
+def test_vlm_png_that_names_a_directory_is_refused_before_any_work(no_demo_work, tmp_path, capsys):
+    """`--png DIR` ran the demo and then ended in an IsADirectoryError traceback when the picture
+    was saved: only a missing parent directory was checked."""
+    err = refused(capsys, "demo", "vlm", "--png", str(tmp_path))
+    assert f"zephon demo vlm: --png {str(tmp_path)!r} is a directory: name the picture's file" in err
+
+
 @pytest.mark.parametrize("pairs", ["1", "7"])
 def test_vlm_pairs_fewer_than_the_demos_lanes_are_refused_before_any_work(no_demo_work, pairs, capsys):
     """Every lane needs a share of the pairs: `--pairs 7` on the demo's 8 lanes fetched the
