@@ -196,24 +196,27 @@ def run_vlm_demo(args) -> int:
                             defer=not args.decode_before_packing, num_lanes=DEMO_LANES,
                             microbatch_size=DEMO_MICROBATCH)
     started = time.perf_counter()
-    with pipeline.shard(0, 1, global_batch_size=args.global_batch_size) as loader:
-        info = loader.runner_info
-        print(f"runner: {info['name']} ({info['reason']}); parallelism {args.parallelism}; lanes: {loader.num_lanes}; "
-              f"global batch: {args.global_batch_size} rows of {loader.row_length} tokens")
-        per_step = len(loader.lanes) * loader.rows_per_step // loader.microbatch_size
-        iterator = iter(loader)
-        first_batch_s = None
-        real = total = images = 0
-        for step in range(args.steps):
-            batches = [next(iterator) for _ in range(per_step)]
-            if first_batch_s is None:
-                first_batch_s = time.perf_counter() - started
-                drawn = draw_batch(batches, args.png, placeholders)
-            real += sum(b.num_real_tokens for b in batches)
-            total += sum(b.tokens["input_ids"].size for b in batches)
-            images += sum(len(b.ragged["image_grid"]) for b in batches)
-        elapsed = time.perf_counter() - started
-        stats = loader.stats()
+    try:  # a row too short for any image drops every pair: the lane says so, with the options to change
+        with pipeline.shard(0, 1, global_batch_size=args.global_batch_size) as loader:
+            info = loader.runner_info
+            print(f"runner: {info['name']} ({info['reason']}); parallelism {args.parallelism}; "
+                  f"lanes: {loader.num_lanes}; global batch: {args.global_batch_size} rows of {loader.row_length} tokens")
+            per_step = len(loader.lanes) * loader.rows_per_step // loader.microbatch_size
+            iterator = iter(loader)
+            first_batch_s = None
+            real = total = images = 0
+            for step in range(args.steps):
+                batches = [next(iterator) for _ in range(per_step)]
+                if first_batch_s is None:
+                    first_batch_s = time.perf_counter() - started
+                    drawn = draw_batch(batches, args.png, placeholders)
+                real += sum(b.num_real_tokens for b in batches)
+                total += sum(b.tokens["input_ids"].size for b in batches)
+                images += sum(len(b.ragged["image_grid"]) for b in batches)
+            elapsed = time.perf_counter() - started
+            stats = loader.stats()
+    except ConfigurationError as exc:
+        usage_error("vlm", f"{exc} (--max-length {args.max_length}, --max-side {args.max_side})")
     print(f"\n{args.steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
           f"{real / elapsed:,.0f} usable tokens/s, {images / elapsed:,.1f} images/s, "
           f"padding {100 * (1 - real / total):.2f} %")

@@ -57,6 +57,21 @@ def test_vlm_demo_without_pillow_says_what_to_install_before_fetching_anything(m
         in capsys.readouterr().err
 
 
+def test_vlm_demo_whose_rows_hold_no_image_says_so_as_a_usage_error_not_a_traceback(tmp_path, capsys):
+    """`--max-length 16` holds no image of the demo's sizing, so every pair is skipped as
+    `images_exceed_length` and the lane stops the endless plan: that ConfigurationError ended the
+    demo in a traceback, exit 1."""
+    argv = ["demo", "vlm", "--steps", "1", "--pairs", "16", "--max-length", "16", "--max-side", "64",
+            "--runner", "inline", "--png", str(tmp_path / "batch.png")]
+    with pytest.raises(SystemExit) as exc:
+        run_vlm_demo(_parser_args(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "zephon demo vlm: lane " in err and "images_exceed_length" in err
+    assert "--max-length 16" in err and "--max-side 64" in err
+    assert not (tmp_path / "batch.png").exists()
+
+
 def _parser_args(argv):
     from zephon.cli import _parser
 
