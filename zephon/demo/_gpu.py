@@ -37,7 +37,12 @@ SKIP_NO_CUDA = "skipped: no CUDA device (torch.cuda.is_available() is False)"
 def add_gpu_parser(subparsers) -> argparse.ArgumentParser:
     """Add `gpu` to the `zephon demo` subcommands (the subparsers object of `demo`)."""
     gpu = subparsers.add_parser(
-        "gpu", help="train a tiny transformer on the stream, checkpoint on R ranks, resume on R′, compare every step"
+        "gpu", help="train a tiny transformer on the stream, checkpoint on R ranks, resume on R′, compare every step",
+        description="The GPU smoke test: a tiny transformer trains on the demo stream on simulated ranks, is "
+                    "checkpointed (model, optimizer, loader state) and resumed on other rank counts, and every "
+                    "resumed global batch's SHA-256 is compared with the uninterrupted run's (needs torch). "
+                    "Exit codes: 0 when every resumed batch is identical (or skipped: no CUDA device), 1 on any "
+                    "mismatch, 2 on options it cannot run or without torch.",
     )
     gpu.add_argument("--device", default="cuda", help="cuda (default; skips without one), cuda:N or cpu")
     gpu.add_argument("--steps", type=positive_int, default=16, help="global steps in the uninterrupted run (default 16)")
