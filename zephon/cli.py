@@ -41,17 +41,29 @@ def check_demo_layout(
     demo: str, *, runner, num_lanes: int, microbatch_size: int, world_sizes, global_batch_size: int
 ) -> None:
     """Refuse, naming it, a runner or a layout that the demo's loaders would refuse: before the demo
-    does any work (a reference run paid for and thrown away, assets fetched) and without a traceback."""
+    does any work (a reference run paid for and thrown away, assets fetched) and without a traceback.
+
+    The layout checks are the loader's (`check_layout`), said in the demo's terms: its lanes and
+    microbatch are fixed, so the loader's advice, to choose another `num_lanes`, is no option here;
+    the refusal says which world sizes and --global-batch-size the demo takes instead."""
     from ._errors import ConfigurationError
-    from ._loader import check_layout
     from ._runner import runner_factory
 
     try:
         runner_factory(runner)
-        for world in world_sizes:
-            check_layout(num_lanes, world, 0, global_batch_size, microbatch_size)
     except ConfigurationError as exc:
         usage_error(demo, str(exc))
+    step_rows = num_lanes * microbatch_size
+    takes = (f"this demo has {num_lanes} lanes taking microbatches of {microbatch_size} rows: world sizes must "
+             f"divide {num_lanes} and --global-batch-size must be a multiple of {step_rows}")
+    for world in world_sizes:
+        if num_lanes % world:
+            usage_error(demo, f"num_lanes={num_lanes} is not divisible by world_size={world}; {takes}")
+    if global_batch_size % num_lanes:
+        usage_error(demo, f"global_batch_size={global_batch_size} is not divisible by num_lanes={num_lanes}; {takes}")
+    if global_batch_size % step_rows:
+        usage_error(demo, f"global_batch_size={global_batch_size} gives {global_batch_size // num_lanes} rows per "
+                          f"lane per step, not whole microbatches of {microbatch_size}; {takes}")
 
 
 def check_resume_layout(demo: str, args: argparse.Namespace, pipeline) -> None:

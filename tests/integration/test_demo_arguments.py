@@ -142,6 +142,24 @@ def no_demo_work(monkeypatch, no_ranks):
 
 
 @pytest.mark.parametrize("demo", ["text", "elastic", pytest.param("gpu", marks=pytest.mark.requires_torch), "vlm"])
+def test_a_batch_size_the_demos_lanes_refuse_is_named_with_what_the_demo_can_take(no_demo_work, demo, capsys):
+    """The refusal advised choosing num_lanes, which no demo has an option for: the user learnt
+    what was wrong but not which --global-batch-size the demo would take."""
+    argv = ["--global-batch-size", "24"] + (["--device", "cpu"] if demo == "gpu" else [])
+    err = " ".join(refused(capsys, "demo", demo, *argv).split())
+    assert "this demo has 8 lanes taking microbatches of 2 rows" in err
+    assert "--global-batch-size must be a multiple of 16" in err
+
+
+@pytest.mark.parametrize("demo", ["elastic", pytest.param("gpu", marks=pytest.mark.requires_torch)])
+def test_a_world_size_the_demos_lanes_refuse_is_named_with_what_the_demo_can_take(no_demo_work, demo, capsys):
+    argv = ["--to-world-sizes", "3"] + (["--device", "cpu"] if demo == "gpu" else [])
+    err = " ".join(refused(capsys, "demo", demo, *argv).split())
+    assert "this demo has 8 lanes" in err and "world sizes must divide 8" in err
+    assert "choose num_lanes" not in err, "advice the demo has no option for"
+
+
+@pytest.mark.parametrize("demo", ["text", "elastic", pytest.param("gpu", marks=pytest.mark.requires_torch), "vlm"])
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
