@@ -16,6 +16,7 @@ never imports `vlm`.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -185,8 +186,11 @@ def run_vlm_demo(args) -> int:
         print(exc, file=sys.stderr)
         return 2
     prepared = time.perf_counter()
-    pairs = pair_shards(8, args.pairs, origin=args.origin)
-    tokenizer = tekken_tokenizer()
+    try:  # fetched at run time: apt that cannot reach Debian, pip without an index, end here
+        pairs = pair_shards(8, args.pairs, origin=args.origin)
+        tokenizer = tekken_tokenizer()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        usage_error("vlm", f"cannot get the demo's data (--origin {args.origin}): {exc}")
     print(f"data: {pairs.describe()}\n      {pairs.directory}")
     print(f"tokenizer: Pixtral Tekken (mistral-common tekken_240911.json) as {tokenizer / 'tokenizer.json'}")
     print(f"assets ready in {time.perf_counter() - prepared:.1f} s (cached after the first run)")

@@ -72,6 +72,20 @@ def test_vlm_demo_whose_rows_hold_no_image_says_so_as_a_usage_error_not_a_traceb
     assert not (tmp_path / "batch.png").exists()
 
 
+def test_vlm_demo_whose_pairs_cannot_be_fetched_says_so_without_a_traceback(monkeypatch, tmp_path, capsys):
+    """`--origin tuxpaint` where apt cannot fetch the package (not Debian, offline) ended the demo
+    in a RuntimeError traceback, exit 1."""
+    import vlm._assets
+
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))  # nothing fetched before
+    monkeypatch.setattr(vlm._assets, "_apt_download", lambda name, into: None)  # what apt gives offline
+    with pytest.raises(SystemExit) as exc:
+        run_vlm_demo(_parser_args(["demo", "vlm", "--origin", "tuxpaint", "--png", str(tmp_path / "b.png")]))
+    assert exc.value.code == 2
+    assert ("zephon demo vlm: cannot get the demo's data (--origin tuxpaint): cannot fetch Debian package "
+            "tuxpaint-stamps-default with apt-get download") in capsys.readouterr().err
+
+
 def _parser_args(argv):
     from zephon.cli import _parser
 
