@@ -88,7 +88,11 @@ def gather_state(loader, group=None) -> dict:
 
     Lanes that no rank of the group holds (loaders given a world size larger than the group, or
     a group that leaves out some data-parallel ranks) are refused here, at the save, rather than
-    at a resume on another world size, which would find them missing from every checkpoint."""
+    at a resume on another world size, which would find them missing from every checkpoint.
+    Without an initialised process group there is nothing to gather: the loader's own state comes
+    back, every lane only for a loader of world size 1 (`ZephonDataLoader.state_dict` relies on
+    this); merge the ranks' states with `zephon.merge_states`, or a resume that needs the other
+    ranks' lanes refuses it, naming them."""
     dist = _dist()
     local = loader.state_dict()
     if not (isinstance(local, dict) and local.get("format") == STATE_FORMAT):

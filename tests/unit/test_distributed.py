@@ -134,3 +134,22 @@ def test_finding_the_layout_without_a_process_group_never_imports_torch():
                           env={**env, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["(0,", "1)", "None", "False"]
+
+
+def test_without_a_process_group_gathering_returns_the_ranks_own_lanes_and_a_resume_needing_more_refuses_it(
+    monkeypatch, pipeline
+):
+    """What the README and gather_state's docstring say of a job without a process group: there is
+    nothing to gather, so rank 0 of 2 gets lanes 0-3 back, and one rank resuming from that alone is
+    refused, naming the lanes it lacks."""
+    from zephon import CheckpointError
+    from zephon.distributed import gather_state
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pipeline.shard(0, 2, global_batch_size=16) as loader:
+        next(iter(loader))
+        state = gather_state(loader)
+    assert sorted(map(int, state["lanes"])) == [0, 1, 2, 3]
+    with pipeline.shard(0, 1, global_batch_size=16) as loader:
+        with pytest.raises(CheckpointError, match=r"does not cover lanes \[4, 5, 6, 7\]"):
+            loader.load_state_dict(state)
