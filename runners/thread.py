@@ -1,4 +1,4 @@
-"""A thread pool per stage, sharing items and results with the caller.
+"""Daemon threads per stage, sharing items and results with the caller.
 
 On free-threaded CPython the stages run truly in parallel; with the GIL only code that releases it
 (NumPy kernels, image codecs, tokenizers) overlaps, which is why `auto` prefers processes there.
@@ -6,134 +6,142 @@ On free-threaded CPython the stages run truly in parallel; with the GIL only cod
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401  (registers its exit hook first, so ours runs before it)
+import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Self
 
+from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 from ._lifecycle import cancelled_future, check_owner, check_startable, stage_at, validate_stages
+from ._stage_threads import StageThreads, stuck_in
 
 __all__ = ["ThreadRunner"]
 
-_pool_thread = threading.local()
-_started: weakref.WeakSet[ThreadRunner] = weakref.WeakSet()  # runners an exit hook stops
+_log = logging.getLogger(__name__)
+_started: weakref.WeakSet[ThreadRunner] = weakref.WeakSet()  # runners the exit hook stops
 
 
 def _stop_at_exit() -> None:
-    """Cancel the queued work of every runner still open when the interpreter exits.
+    """Stop every runner still open when the interpreter exits, as `close()` would.
 
-    `concurrent.futures` joins its pool threads at exit, and a pool thread drains its queue first:
-    a loader left unclosed ran every prefetched chunk before the process could end (seconds, or
-    minutes of a slow map). Threading's exit hooks run in reverse order of registration, before
-    non-daemon threads are joined, and this one is registered after `concurrent.futures`' own, so it
-    runs first; running items finish, as in `close()`. Held by a weak set: a runner dropped unclosed
-    still frees itself as garbage."""
-    for runner in list(_started):
-        runner._cancel_queued()
+    Their threads are daemon threads, which exit does not wait for: without this hook, items
+    running then would be cut off wherever interpreter finalization found them, and queued ones
+    would never be cancelled. Threading's exit hooks run before non-daemon threads are joined,
+    while logging still works. Held by a weak set: a runner dropped unclosed still frees itself as
+    garbage."""
+    runners = list(_started)
+    for runner in runners:
+        runner._stop_threads()
+    began = time.monotonic()
+    for runner in runners:
+        runner._wait_for_running(began + runner._close_timeout_s, "interpreter exit began")
 
 
 threading._register_atexit(_stop_at_exit)
 
 
 class ThreadRunner:
-    """One `ThreadPoolExecutor` of `parallelism` threads per stage, named after the stage.
+    """`parallelism` daemon threads per stage, named after the stage (`_stage_threads`).
 
     Items and results are passed by reference: nothing is copied or pickled, so a stage function
     must not mutate its input if an earlier stage or the caller still reads it. Done-callbacks run on
-    the pool thread that finished the item; submitting the next stage from one is safe because every
-    stage has its own pool.
+    the thread that finished the item; submitting the next stage from one is safe because every
+    stage has its own threads.
 
-    `close()` cancels work that has not started and waits for running items (threads cannot be
-    interrupted); from the moment it begins, `submit` returns cancelled futures, so a callback chain
-    still running ends quietly. A close interrupted while it waits is finished by the next one.
+    - `close_timeout_s`: how long `close()` (or interpreter exit, for a runner never closed) waits
+      for the items already running. Threads cannot be interrupted: one still running then (a
+      stage function that never returns: a hung network read, a deadlock in a C library) is left
+      behind with a warning naming its stage and the call it is in; it is a daemon thread, so it
+      does not hold up interpreter exit.
+
+    `close()` cancels work that has not started and waits for running items, as above; from the
+    moment it begins, `submit` returns cancelled futures, so a callback chain still running ends
+    quietly. A close interrupted while it waits is finished by the next one.
 
     Thread-safety: `submit` may be called from any thread, including done-callbacks; `start` and
-    `close` belong to the owner (`close` may also be called from a done-callback). `close` is
-    idempotent.
+    `close` belong to the owner (`close` may also be called from a done-callback, which does not
+    wait for the running items). `close` is idempotent.
     """
 
     name = "thread"
 
-    def __init__(self) -> None:
+    def __init__(self, *, close_timeout_s: float = 5.0) -> None:
+        if check_finite(close_timeout_s, "close_timeout_s") < 0:
+            raise ConfigurationError(f"close_timeout_s must be >= 0, got {close_timeout_s!r}")
         self.reason = "requested explicitly"
+        self._close_timeout_s = close_timeout_s
         self._stages: tuple[Stage, ...] | None = None
-        self._pools: list[ThreadPoolExecutor] = []
+        self._pools: list[StageThreads] = []
         self._closed = False
-        # What marks this runner's pool threads. Not the runner itself: a pool thread holds its
-        # initializer for life, so a bound method would keep the runner, hence its pools, alive
-        # from their own threads, and a runner never closed would keep its idle threads forever
-        # instead of their exiting once the runner is garbage.
-        self._mark = object()
+        self._waited = False  # a close (or the exit hook) waited for the running items to the end
 
     def start(self, stages: Sequence[Stage]) -> None:
         check_startable(self._stages is not None, self._closed)
         self._stages = validate_stages(stages)
         self._pid = os.getpid()
-        self._pools = [
-            ThreadPoolExecutor(
-                max_workers=stage.parallelism,
-                thread_name_prefix=f"zephon-{stage.name}",
-                initializer=_mark_pool_thread,
-                initargs=(self._mark,),
-            )
-            for stage in self._stages
-        ]
+        try:
+            for stage in self._stages:
+                self._pools.append(StageThreads(stage))
+        except BaseException:  # a thread that cannot start: the error is start()'s, no thread is left
+            self._stop_threads()
+            raise
         _started.add(self)
 
     def submit(self, stage_index: int, item: Any) -> Future:
-        stage = stage_at(self._stages, stage_index)
+        stage_at(self._stages, stage_index)
         check_owner(self._pid)
         if self._closed:
             return cancelled_future()
-        try:
-            return self._pools[stage_index].submit(stage.fn, item)
-        except RuntimeError as error:
-            if self._closed:  # the pool shut down between the check and the submit
-                return cancelled_future()
-            # The runner is open (a thread could not start: a container's thread limit): the item
-            # fails with the cause, where a cancelled future would reach the loader as a bare
-            # CancelledError.
-            failed: Future = Future()
-            failed.set_exception(error)
-            return failed
+        return self._pools[stage_index].submit(item)
 
     def close(self) -> None:
         self._closed = True
         _started.discard(self)
         if self._stages is not None and os.getpid() != self._pid:
-            # A forked child's copy (a child leaving the parent's `with` block): its pools' threads
-            # are the parent's and did not survive the fork, and a pool's lock a parent thread
-            # held at the fork (submitting the next stage) stays held here for good.
+            # A forked child's copy (a child leaving the parent's `with` block): its threads are
+            # the parent's and did not survive the fork.
             return
-        # Every pool's queued work is cancelled before any is waited for, and a pool is waited for
-        # on every call (joining finished threads is cheap): a close cut short by Ctrl-C while it
-        # waits for running items has stopped every pool already, and the next close() waits for
-        # the rest. A pool thread cannot join itself; when a done-callback closes the runner the
-        # threads are left to finish on their own (they exit once their queues are drained).
-        self._cancel_queued()
-        if getattr(_pool_thread, "mark", None) is not self._mark:
-            for pool in self._pools:
-                pool.shutdown(wait=True)
+        # Every stage's queued work is cancelled before any is waited for, and the waiting is done
+        # again by the next call until one finishes it: a close cut short by Ctrl-C while it waits
+        # for running items has stopped every stage already, and the next close() waits for the
+        # rest. A thread cannot join itself; when a done-callback closes the runner the threads
+        # are left to finish on their own (they exit once their items are done).
+        self._stop_threads()
+        if not any(pool.runs_current_thread() for pool in self._pools):
+            self._wait_for_running(time.monotonic() + self._close_timeout_s, "close() began")
 
-    def _cancel_queued(self) -> None:
-        """Mark closed and cancel every pool's queued work, waiting for nothing."""
+    def _stop_threads(self) -> None:
+        """Mark closed, cancel every stage's queued work and tell its threads to exit, waiting for
+        nothing and taking no lock (the exit hook calls it)."""
         self._closed = True
         if self._stages is None or os.getpid() != self._pid:
             return
         for pool in self._pools:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.stop()
+
+    def _wait_for_running(self, deadline: float, since: str) -> None:
+        """Wait for the running items until `deadline`, then leave the threads still running
+        behind, each reported once with its stage and where it is."""
+        if self._waited or self._stages is None or os.getpid() != self._pid:
+            return
+        for pool in self._pools:
+            for thread in pool.wait(deadline):
+                _log.warning(
+                    "stage %r: thread %s still runs an item %.1f s after %s (close_timeout_s); it is left "
+                    "running, as a daemon thread that does not hold up interpreter exit (a thread cannot be "
+                    "interrupted). It is in:\n%s",
+                    pool.stage.name, thread.name, self._close_timeout_s, since, stuck_in(thread),
+                )
+        self._waited = True
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _mark_pool_thread(mark: object) -> None:
-    _pool_thread.mark = mark

@@ -341,7 +341,7 @@ def test_a_loader_closed_from_another_thread_while_its_runner_starts_closes_that
         closed.set()
         closer.join()
     assert runners and runners[0]._closed, "the runner started during the close was left open"
-    assert all(not thread.is_alive() for pool in runners[0]._pools for thread in pool._threads)
+    assert all(not thread.is_alive() for pool in runners[0]._pools for thread in pool.threads)
 
 
 def test_a_loader_closed_from_another_thread_as_an_iteration_begins_closes_cleanly(tmp_path):

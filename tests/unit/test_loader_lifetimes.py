@@ -359,3 +359,54 @@ def test_an_unclosed_thread_runner_loader_cancels_its_queued_chunks_at_interpret
     lines = done.stdout.split()
     after_exit = lines[lines.index("exit") + 1:]
     assert len(after_exit) <= 2, (len(after_exit), done.stderr)
+
+
+_HANG_AFTER_ONE_BATCH = """
+import os, sys, threading
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+data, tokenizer, close = sys.argv[1], sys.argv[2], sys.argv[3] == "close"
+taken, hanging, never = threading.Event(), threading.Event(), threading.Event()
+
+def hang_once_a_batch_is_taken(record):  # a hung network read, a deadlock in a C library
+    if taken.is_set():
+        hanging.set()
+        never.wait()
+    return record
+
+source = StaticMixtureWorkSource([Dataset.from_path("kjv", data + "/kjv")], records_per_chunk=1)
+pipeline = (Pipeline(source).options(num_lanes=4, runner="thread").map(hang_once_a_batch_is_taken, parallelism=2)
+            .tokenize(tokenizer, field="text").pack_flat(64).batch(2))
+loader = pipeline.shard(0, 1)
+next(iter(loader))
+taken.set()
+if hanging.wait(60):  # the prefetched chunks still queued reach the map
+    os.write(1, b"hanging\\n")
+if close:
+    loader.close()
+    os.write(1, b"closed\\n")
+os.write(1, b"exit\\n")
+"""
+
+
+@pytest.mark.parametrize("close", ["close", "exit unclosed"])
+def test_a_thread_runner_loader_whose_map_never_returns_lets_the_process_exit_and_names_the_hung_stage(
+        demo_data_dir, demo_tokenizer_path, close):
+    """A map that never returns (a hung read, a deadlock in a C library) kept its pool thread
+    running for good, and `close()` and interpreter exit both waited for it without a timeout:
+    the training job never ended. Now both wait `close_timeout_s`, then leave the thread behind (a
+    daemon thread, which exit does not wait for) with a warning naming the stage and the function
+    it is stuck in."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _HANG_AFTER_ONE_BATCH, str(demo_data_dir), str(demo_tokenizer_path), close],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the process did not exit in 60 s: {hung.stdout!r} {hung.stderr!r}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["hanging"] + (["closed"] if close == "close" else []) + ["exit"], done.stderr
+    assert "stage 'read+map'" in done.stderr and "hang_once_a_batch_is_taken" in done.stderr, done.stderr

@@ -4,6 +4,7 @@ through done-callbacks, and a close() that is idempotent and ends later submissi
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 import weakref
@@ -258,13 +259,11 @@ def test_a_thread_runner_close_interrupted_while_it_waits_is_finished_by_the_nex
     queued = [runner.submit(0, 2), runner.submit(1, 3)]
     first = runner._pools[0]
 
-    def interrupted_wait(wait=True, *, cancel_futures=False):
-        if wait:  # Ctrl-C while it waits for the running item
-            del first.shutdown
-            raise KeyboardInterrupt
-        return type(first).shutdown(first, wait=False, cancel_futures=cancel_futures)
+    def interrupted_wait(deadline):  # Ctrl-C while it waits for the running item
+        del first.wait
+        raise KeyboardInterrupt
 
-    first.shutdown = interrupted_wait
+    first.wait = interrupted_wait
     try:
         with pytest.raises(KeyboardInterrupt):
             runner.close()
@@ -274,6 +273,46 @@ def test_a_thread_runner_close_interrupted_while_it_waits_is_finished_by_the_nex
     runner.close()
     assert [future.result() for future in running] == [0, 1]
     assert set(threading.enumerate()) == before
+
+
+def test_a_thread_runner_close_leaves_an_item_that_never_returns_behind_after_close_timeout_s_naming_where_it_is(
+        caplog):
+    """close() waited for running items without a timeout: a stage function that never returns (a
+    hung read, a deadlock in a C library) made it, and interpreter exit, wait for ever. It now
+    waits `close_timeout_s`, then leaves that thread behind, a daemon thread that exit does not
+    wait for, and says which stage and which call; a later close neither waits nor warns again."""
+    release, started = threading.Event(), threading.Event()
+
+    def blocked_forever(x):
+        started.set()
+        return release.wait() and x
+
+    runner = ThreadRunner(close_timeout_s=0.2)
+    runner.start([Stage("stuck", blocked_forever, 1), Stage("fine", lambda x: x, 2)])
+    stuck = runner.submit(0, 1)
+    assert started.wait(60) and runner.submit(1, 2).result(10) == 2
+    threads = [thread for pool in runner._pools for thread in pool.threads]
+    try:
+        with caplog.at_level(logging.WARNING, logger="runners.thread"):
+            runner.close()
+            runner.close()
+        assert not stuck.done()
+        warned = [record.getMessage() for record in caplog.records]
+        assert len(warned) == 1, warned
+        assert "stage 'stuck': thread zephon-stuck_" in warned[0] and "in blocked_forever" in warned[0]
+        assert [thread.is_alive() for thread in threads] == [True, False, False], "only the stuck thread is left"
+        assert threads[0].daemon, "a thread left behind must not hold up interpreter exit"
+    finally:
+        release.set()
+    assert stuck.result(10) == 1, "the item left behind finishes on its own"
+    threads[0].join(60)
+    assert not threads[0].is_alive(), "and its thread then exits"
+
+
+@pytest.mark.parametrize("close_timeout_s", [None, -1.0, float("nan")])
+def test_a_thread_runner_close_timeout_that_close_could_not_wait_by_is_refused_at_construction(close_timeout_s):
+    with pytest.raises(ConfigurationError, match="close_timeout_s"):
+        ThreadRunner(close_timeout_s=close_timeout_s)
 
 
 def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped():
@@ -295,20 +334,26 @@ def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped():
     assert not any(thread.is_alive() for thread in threads)
 
 
-def test_a_pool_thread_that_cannot_start_fails_the_item_with_that_error_instead_of_cancelling_it(monkeypatch):
-    # A cancelled future is what a closing runner returns; here the runner is open, and the
-    # loader must raise the cause (e.g. a container's thread limit), not a bare CancelledError.
-    def cannot_start(thread):
-        raise RuntimeError("can't start new thread")
+def test_a_thread_that_cannot_start_fails_start_with_that_error_and_leaves_no_thread_behind(monkeypatch):
+    """A stage's threads start with the runner, so a thread that cannot start (a container's thread
+    limit) fails `start()` with the cause, and the threads started before it exit."""
+    before = set(threading.enumerate())
+    start, started = threading.Thread.start, []
 
-    with ThreadRunner() as runner:
-        runner.start([Stage("a", lambda x: x, 2)])
-        monkeypatch.setattr(threading.Thread, "start", cannot_start)
-        future = runner.submit(0, 1)
-        monkeypatch.undo()
-        assert not future.cancelled()
-        with pytest.raises(RuntimeError, match="can't start new thread"):
-            future.result(10)
+    def third_cannot_start(thread):
+        if len(started) == 2:
+            raise RuntimeError("can't start new thread")
+        start(thread)
+        started.append(thread)
+
+    runner = ThreadRunner()
+    monkeypatch.setattr(threading.Thread, "start", third_cannot_start)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        runner.start([Stage("a", lambda x: x, 2), Stage("b", lambda x: x, 2)])
+    monkeypatch.undo()
+    for thread in started:  # told to exit; the timeout only guards the suite
+        thread.join(60)
+    assert len(started) == 2 and set(threading.enumerate()) == before
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
@@ -337,25 +382,26 @@ def test_a_runner_used_in_a_forked_child_refuses_at_once_and_serves_its_parent_o
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_thread_runner_closed_in_a_forked_child_returns_at_once_and_serves_its_parent_on():
-    """A pool thread submitting the next stage holds that pool's lock for an instant; a child
-    forked then inherits it held, and closing its copy of the runner (a child leaving the
-    parent's `with` block) shut the copied pools down through that lock: it waited forever. The
-    pools' threads are the parent's anyway. The fork's instant is made certain here by holding
-    one pool's lock in a parent thread while forking."""
+    """A thread resolving a future holds its lock for an instant; a child forked then inherits it
+    held, so a child closing its copy of the runner (leaving the parent's `with` block) must not
+    cancel the queued futures it copied: it would wait for that lock forever. The threads and
+    their items are the parent's anyway. The fork's instant is made certain here by holding a
+    queued item's future lock in a parent thread while forking."""
     import os
     import signal
 
+    release_item = threading.Event()
     with ThreadRunner() as runner:
-        runner.start([Stage("double", lambda x: 2 * x)])
-        assert runner.submit(0, 1).result(timeout=30) == 2
+        runner.start([Stage("double", lambda x: release_item.wait(30) and 2 * x)])
+        running, queued = runner.submit(0, 1), runner.submit(0, 2)
         held, release = threading.Event(), threading.Event()
 
-        def submitting() -> None:  # what a pool thread does inside submit
-            with runner._pools[0]._shutdown_lock:
+        def resolving() -> None:  # what a thread does inside Future.set_result
+            with queued._condition:
                 held.set()
                 release.wait()
 
-        holder = threading.Thread(target=submitting)
+        holder = threading.Thread(target=resolving)
         holder.start()
         held.wait()
         child = os.fork()
@@ -370,4 +416,6 @@ def test_a_thread_runner_closed_in_a_forked_child_returns_at_once_and_serves_its
         release.set()
         holder.join()
         assert os.waitpid(child, 0)[1] == 0, "the child's close returned (it hung, killed by its alarm)"
+        release_item.set()
+        assert [running.result(timeout=30), queued.result(timeout=30)] == [2, 4]
         assert [runner.submit(0, x).result(timeout=30) for x in (3, 4)] == [6, 8]

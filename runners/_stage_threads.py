@@ -1,0 +1,118 @@
+"""The threads of one `ThreadRunner` stage: daemon threads serving one queue of items.
+
+Daemon threads, because a stage function may never return (a hung network read, a deadlock in a
+C library) and a thread cannot be interrupted: interpreter exit joins every non-daemon thread
+without a timeout, a `ThreadPoolExecutor`'s among them, so one such thread kept the training job
+from ever ending. The runner bounds how long it waits for running items instead, and reports the
+threads it leaves behind (`stuck_in` says where each one is).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import traceback
+import weakref
+from concurrent.futures import Future
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from zephon._runner import Stage
+
+__all__ = ["StageThreads", "stuck_in"]
+
+_STOP = None  # what tells a thread to exit once it takes it from the queue
+
+
+class StageThreads:
+    """`parallelism` daemon threads named `zephon-<stage>_N`, all started here, serving one queue.
+
+    The threads hold the queue and the stage function, never this object: one its runner
+    dropped unclosed is collected, and its finalizer tells its idle threads to exit.
+
+    Thread-safety: `submit` may be called from any thread; `stop` too, and it takes no lock of its
+    own (the runner's exit hook and a loader's finalizer call it); `wait` from any thread but these.
+    """
+
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+        self.threads: list[threading.Thread] = []
+        self._queue: SimpleQueue = SimpleQueue()
+        self._stopped = False
+        try:
+            for n in range(stage.parallelism):
+                thread = threading.Thread(
+                    target=_serve, args=(self._queue, stage.fn), name=f"zephon-{stage.name}_{n}", daemon=True
+                )
+                thread.start()
+                self.threads.append(thread)
+        except BaseException:  # a thread that cannot start (a container's thread limit)
+            self.stop()
+            raise
+        weakref.finalize(self, _tell_to_exit, self._queue, len(self.threads)).atexit = False
+
+    def submit(self, item: Any) -> Future:
+        """A future of `stage.fn(item)`; a cancelled one once `stop` has begun."""
+        future: Future = Future()
+        self._queue.put((future, item))
+        if self._stopped:
+            # `stop` may have drained the queue before this item reached it, and its threads may
+            # have exited: cancelled here, it cannot wait for ever (a no-op if a thread runs it).
+            future.cancel()
+        return future
+
+    def stop(self) -> None:
+        """Cancel the items no thread has taken and tell every thread to exit after its item."""
+        self._stopped = True
+        while True:
+            try:
+                work = self._queue.get_nowait()
+            except Empty:
+                break
+            if work is not _STOP:
+                work[0].cancel()
+        _tell_to_exit(self._queue, len(self.threads))
+
+    def wait(self, deadline: float) -> list[threading.Thread]:
+        """Join the threads until `deadline` (`time.monotonic()`); the threads still running then."""
+        for thread in self.threads:
+            thread.join(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
+        return [thread for thread in self.threads if thread.is_alive()]
+
+    def runs_current_thread(self) -> bool:
+        return threading.current_thread() in self.threads
+
+
+def stuck_in(thread: threading.Thread) -> str:
+    """Where `thread` is now, innermost call last: the stage function's frames down to the call
+    it waits in, so that a report of a thread that does not finish names the function at fault."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "(it has just finished)"
+    below_serve = itertools.takewhile(lambda call: call[0].f_code is not _serve.__code__, traceback.walk_stack(frame))
+    return "".join(traceback.StackSummary.extract(reversed(list(below_serve))).format()).rstrip()
+
+
+def _serve(queue: SimpleQueue, fn) -> None:
+    """Run items until told to stop. Whatever `fn` raises, `SystemExit` and `KeyboardInterrupt`
+    included, is the item's: it is set on the future, and the thread goes on serving."""
+    while (work := queue.get()) is not _STOP:
+        future, item = work
+        del work  # nothing of a finished item is kept while the thread waits for the next
+        if future.set_running_or_notify_cancel():
+            try:
+                result = fn(item)
+            except BaseException as error:
+                future.set_exception(error)
+                del error
+            else:
+                future.set_result(result)
+                del result
+        del future, item
+
+
+def _tell_to_exit(queue: SimpleQueue, threads: int) -> None:
+    for _ in range(threads):
+        queue.put(_STOP)
