@@ -148,7 +148,8 @@ class ProcessRunner:
 
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
-    killed after `close_timeout_s`, and the shared-memory directory is removed. A runner never
+    killed after `close_timeout_s` (a busy one with a warning naming its stage), and the
+    shared-memory directory is removed. A runner never
     closed is closed at interpreter exit, and so is the rest of a close that was interrupted
     (Ctrl-C while it waits), unless a second `close()` finishes it first.
 
@@ -392,9 +393,14 @@ class ProcessRunner:
     def _stop_workers(self) -> None:
         """Stop every worker: idle ones are told to, busy ones terminated (their results would be
         discarded), stragglers killed after `close_timeout_s`. A worker leaves `_workers` only
-        once it is reaped, so a close interrupted while it waits leaves the rest to the next."""
+        once it is reaped, so a close interrupted while it waits leaves the rest to the next.
+
+        A busy worker that outlives `close_timeout_s` is reported, as the thread runner reports a
+        thread it leaves running: its stage function survived SIGTERM (it blocks or ignores the
+        signal), a fault the user must hear of rather than a detail of closing."""
         with self._lock:
             workers = list(self._workers)
+        terminated = []
         for worker in workers:
             if not worker.tasks and not worker.broken:
                 try:
@@ -403,6 +409,7 @@ class ProcessRunner:
                     pass
             else:
                 worker.process.terminate()
+                terminated.append(worker)
         deadline = time.monotonic() + self._close_timeout_s
         for worker in workers:
             # In waits of at most _LONGEST_WAIT_S: a join past ~24.8 days raised OverflowError
@@ -414,6 +421,10 @@ class ProcessRunner:
                     break
         for worker in workers:
             if worker.process.exitcode is None:
+                if worker in terminated and self._close_timeout_s > 0:  # 0 asks for SIGKILL at once
+                    _log.warning("stage %r: busy worker (pid %s) had not exited %.1f s after SIGTERM "
+                                 "(close_timeout_s); killed with SIGKILL",
+                                 self._stages[worker.stage].name, worker.process.pid, self._close_timeout_s)
                 worker.process.kill()
                 worker.process.join()
             worker.conn.close()

@@ -4,6 +4,7 @@ Everything here uses real forked processes, real signals and the real /dev/shm d
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -512,6 +513,34 @@ def test_a_signal_handler_of_the_trainer_never_runs_in_a_worker_and_close_termin
     assert all(future.cancelled() for future in busy)
     assert not ran_in.exists(), f"the trainer's handler ran in workers {ran_in.read_text().split()} of {workers}"
     assert took < 10, f"close() took {took:.1f} s: the busy workers outlived SIGTERM"
+
+
+def _ignore_sigterm_and_hang(marker: str):
+    """A stage function stuck where SIGTERM does not reach it (a C library that blocks the signal)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(marker).touch()
+    while True:
+        time.sleep(60)
+
+
+def test_a_worker_that_outlives_close_timeout_s_is_killed_and_reported_naming_its_stage(tmp_path, caplog):
+    """close() terminates a busy worker and kills it (SIGKILL) if it has not exited after
+    `close_timeout_s`; that kill said nothing, so a stage function that hung past SIGTERM went
+    unreported, where the thread runner names the stage it leaves running."""
+    marker = tmp_path / "running"
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("stuck", lambda _: _ignore_sigterm_and_hang(str(marker)), 1)])
+    [worker] = runner.worker_pids()
+    stuck = runner.submit(0, 0)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert marker.exists(), "the check below must have something to see"
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        runner.close()
+    assert stuck.cancelled() and worker not in child_pids()
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1 and f"stage 'stuck': busy worker (pid {worker})" in warned[0] and "SIGKILL" in warned[0], warned
 
 
 _EXIT_WITHOUT_CLOSE = """
