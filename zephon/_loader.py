@@ -234,8 +234,9 @@ class RankLoader:
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
             # workers (and their shared memory) but closing it (a thread runner frees itself).
             close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
-            # At exit the runners stop themselves, before threads are joined (the thread runner
-            # cancels its queued work, the process runner closes): an atexit finalizer runs too late.
+            # At exit the runners close themselves (the thread runner from a threading exit hook,
+            # before threads are joined; the process runner before multiprocessing terminates its
+            # workers): an atexit finalizer runs too late.
             close_runner.atexit = False
             with self._lifecycle:
                 closed = self._closed
