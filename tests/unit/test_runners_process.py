@@ -540,7 +540,8 @@ def test_a_worker_that_outlives_close_timeout_s_is_killed_and_reported_naming_it
         runner.close()
     assert stuck.cancelled() and worker not in child_pids()
     warned = [record.getMessage() for record in caplog.records]
-    assert len(warned) == 1 and f"stage 'stuck': busy worker (pid {worker})" in warned[0] and "SIGKILL" in warned[0], warned
+    assert len(warned) == 1, warned
+    assert f"stage 'stuck': busy worker (pid {worker})" in warned[0] and "SIGKILL" in warned[0], warned
 
 
 _EXIT_WITHOUT_CLOSE = """
