@@ -251,6 +251,51 @@ def _records_done(chunk):
     return future
 
 
+def _close_from_another_thread_at_random(make, take, seed: int, left_open=lambda subject: ()) -> Counter:
+    """How often each outcome came in up to 300 rounds (10 s at most) of: a fresh subject from
+    `make()`, a thread calling `take(subject)` (which returns what it got), and this thread closing
+    the subject after a pause of up to 1 ms drawn from `seed`, then waiting 10 s at most for the
+    taker. The taker's outcome counts as "closed" for a ConfigurationError naming the close, by its
+    repr for any other exception; an exception of the close counts too, and so does whatever
+    `left_open(subject)` names once the round is over. The switch interval is 1 us meanwhile: with
+    the GIL, threads then switch inside the steps taken and closed too."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    rng, outcomes, deadline = random.Random(seed), Counter(), time.monotonic() + 10
+
+    def take_once(subject, started: threading.Event, taken: list[str]) -> None:
+        started.set()
+        try:
+            taken.append(take(subject))
+        except ConfigurationError as error:
+            taken.append("closed" if "closed" in str(error) else f"taker: {error!r}")
+        except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
+            taken.append(f"taker: {error!r}")
+
+    try:
+        for _ in range(300):
+            if time.monotonic() > deadline:
+                break
+            subject, started, taken = make(), threading.Event(), []
+            taker = threading.Thread(target=take_once, args=(subject, started, taken))
+            taker.start()
+            started.wait()
+            time.sleep(rng.random() * 1e-3)
+            try:
+                subject.close()
+            except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
+                outcomes[f"close: {error!r}"] += 1
+            taker.join(10)
+            if taker.is_alive():
+                outcomes["taker still waiting 10 s after the close"] += 1
+                break
+            outcomes.update(taken)
+            outcomes.update(left_open(subject))
+    finally:
+        sys.setswitchinterval(interval)
+    return outcomes
+
+
 def test_a_lane_closed_from_another_thread_while_it_hands_over_rows_ends_its_reader_saying_so():
     """A watchdog closes the loader while the training thread is taking rows. The lane's close
     walked its deques while the training thread added to them ("deque mutated during iteration"
@@ -259,44 +304,19 @@ def test_a_lane_closed_from_another_thread_while_it_hands_over_rows_ends_its_rea
     as it runs can abort 3.14t), and could end the generator under the reader, which then took
     the lane of an endless plan for finished. Every close must return, and the reader must end
     with the ConfigurationError that names the close."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # with the GIL: switch threads inside the lane's steps too
-    rng, outcomes, deadline = random.Random(0), Counter(), time.monotonic() + 10
-    try:
-        for _ in range(300):
-            if time.monotonic() > deadline:
-                break
-            chunks = (Chunk("d", 0, 4 * n, 4 * n + 4) for n in itertools.count())
-            stream = _lane.LaneStream(0, chunks, 0, _records_done, [lambda ctx: _EachRecordARow()], prefetch=2,
-                                      on_chunk=lambda *a: None, on_skips=lambda *a: None)
-            started = threading.Event()
 
-            def take() -> None:
-                started.set()
-                try:
-                    while stream.next() is not None:
-                        pass
-                    outcomes["reader: the endless lane ended"] += 1
-                except ConfigurationError as error:
-                    outcomes["reader: closed" if "closed" in str(error) else f"reader: {error!r}"] += 1
-                except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
-                    outcomes[f"reader: {error!r}"] += 1
+    def endless_lane() -> _lane.LaneStream:
+        chunks = (Chunk("d", 0, 4 * n, 4 * n + 4) for n in itertools.count())
+        return _lane.LaneStream(0, chunks, 0, _records_done, [lambda ctx: _EachRecordARow()], prefetch=2,
+                                on_chunk=lambda *a: None, on_skips=lambda *a: None)
 
-            reader = threading.Thread(target=take)
-            reader.start()
-            started.wait()
-            time.sleep(rng.random() * 1e-3)
-            try:
-                stream.close()
-            except Exception as error:  # noqa: BLE001
-                outcomes[f"close: {error!r}"] += 1
-            reader.join(10)
-            if reader.is_alive():
-                outcomes["reader: still waiting 10 s after the close"] += 1
-                break
-    finally:
-        sys.setswitchinterval(interval)
-    assert set(outcomes) == {"reader: closed"}, outcomes
+    def take_rows(stream: _lane.LaneStream) -> str:
+        while stream.next() is not None:
+            pass
+        return "the endless lane ended"
+
+    outcomes = _close_from_another_thread_at_random(endless_lane, take_rows, seed=0)
+    assert set(outcomes) == {"closed"}, outcomes
 
 
 class _StartsSlowly(ThreadRunner):
@@ -350,48 +370,28 @@ def test_a_loader_closed_from_another_thread_as_an_iteration_begins_closes_clean
     closer), could read the runner before the loader kept its finalizer (AttributeError), and left
     the runner or the lanes opened after it open. Every close must return, and leave the runner
     closed and no lane open; the iteration hands over a batch or fails naming the close."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # with the GIL: switch threads inside the iteration's start too
     pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="thread", num_lanes=32, num_epochs=None,
                              records_per_chunk=1)
-    rng, outcomes, deadline = random.Random(1), Counter(), time.monotonic() + 10
-    try:
-        for _ in range(300):
-            if time.monotonic() > deadline:
-                break
-            loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
-            started = threading.Event()
 
-            def take() -> None:
-                started.set()
-                try:
-                    next(iter(loader))
-                except ConfigurationError as error:
-                    outcomes["closed" if "closed" in str(error) else f"iteration: {error!r}"] += 1
-                except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
-                    outcomes[f"iteration: {error!r}"] += 1
-                else:
-                    outcomes["a batch"] += 1
+    def take_a_batch(loader) -> str:
+        next(iter(loader))
+        return "a batch"
 
-            owner = threading.Thread(target=take)
-            owner.start()
-            started.wait()
-            time.sleep(rng.random() * 1e-3)
-            try:
-                loader.close()
-            except Exception as error:  # noqa: BLE001
-                outcomes[f"close: {error!r}"] += 1
-            owner.join(10)
-            if owner.is_alive():
-                outcomes["iteration still waiting 10 s after the close"] += 1
-                break
-            if loader._runner is not None:
-                outcomes["runner left open"] += 1
-            if loader._streams:
-                outcomes["lanes left open"] += 1
-    finally:
-        sys.setswitchinterval(interval)
+    def left_open(loader) -> list[str]:
+        left = []
+        if loader._runner is not None:
+            left.append("runner left open")
+        if loader._streams:
+            left.append("lanes left open")
+        return left
+
+    def new_loader():
+        return pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+
+    outcomes = _close_from_another_thread_at_random(new_loader, take_a_batch, seed=1, left_open=left_open)
     assert set(outcomes) <= {"closed", "a batch"}, outcomes
+
+
 def test_an_interrupt_while_a_lane_s_last_microbatch_is_collated_leaves_the_lane_live_in_a_checkpoint(
     pipeline, monkeypatch
 ):
