@@ -2,8 +2,9 @@
 
 Record counts (read, emitted, filtered, skipped by reason) are kept per lane *segment* as chunk
 results are consumed. Segments before a lane's replay point are *settled* and travel in the
-checkpoint; a resumed loader restores them and recounts the replayed segments from scratch, so no
-record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
+checkpoint; a resumed loader restores them into a new ledger, which it installs with the cursors
+in one step (so an interrupted load leaves the old ledger whole), and recounts the replayed
+segments from scratch, so no record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
 padding, documents masked in them) are taken when rows are handed to the trainer and travel as
 they are: a microbatch's rows are counted into a copy of its lane's counts, which the loader stores
 in the statement that moves the lane's cursor past them (see `rows`).

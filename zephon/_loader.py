@@ -280,7 +280,7 @@ class RankLoader:
                 if not closed:
                     self._streams = streams
             if closed:
-                self._stop_streams(streams)
+                self._stop_streams(streams, self._cursors)
         if closed:
             raise ConfigurationError("this loader was closed while it was being iterated")
 
@@ -483,7 +483,11 @@ class RankLoader:
         return cursor.finished
 
     def load_state_dict(self, state) -> None:
-        """Take up the cursors of this rank's lanes from a state covering them (any world size)."""
+        """Take up the cursors of this rank's lanes from a state covering them (any world size).
+
+        All or nothing: a load that raises (a refused state, or Ctrl-C and a preemption handler
+        raising partway) leaves the loader at the state it had, the iteration it suspended included
+        (see `_take_up`); loading the state again then takes it up as a first load would."""
         cursors, ledgers, steps_begun, rows_taken = read_state(state, self.recipe, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
@@ -543,13 +547,31 @@ class RankLoader:
         return cursors, ledgers, self._steps_begun, self._rows_taken
 
     def _take_up(self, cursors: dict, ledgers: dict, steps_begun: int | None, rows_taken: int) -> None:
-        self._close_streams()
-        self._cursors = cursors
-        self._steps_begun = steps_begun or 0  # None: every lane of every rank is finished
-        self._rows_taken = rows_taken
+        """Install the given cursors, ledger counts, steps begun and rows taken in place of the
+        loader's, ending the iteration it suspended.
+
+        The new ledger is built first, beside the loader's, and everything is then installed, with
+        the lanes of the iteration it ends swapped out, in one statement with no call in it (where
+        an interrupt could land; checked with dis on 3.11 and 3.14t: only loads, stores and integer
+        arithmetic): an interrupt before it leaves the loader as it was, its suspended iteration
+        free to go on. Installed in steps, an interrupt (Ctrl-C, a preemption handler raising)
+        while the lanes' ledger counts were taken up left the new cursors with the ledger of the
+        first lanes only: the loader handed over the new state's batches with counts of both,
+        which no longer balanced. The lanes swapped out are stopped after: they count into the
+        ledger they were opened with, no longer the loader's."""
+        ledger = Ledger()
         for lane in self.lanes:
-            self._ledger.restore(lane, ledgers.get(lane, {}))
-        self._generation += 1
+            ledger.restore(lane, ledgers.get(lane, {}))
+        steps_begun = steps_begun or 0  # None: every lane of every rank is finished
+        with self._lifecycle:  # swapped like `close()` swaps them, so one of the two stops them
+            (
+                streams, cursors_before, self._streams, self._cursors, self._ledger, self._steps_begun,
+                self._rows_taken, self._generation,
+            ) = (
+                self._streams, self._cursors, {}, cursors, ledger, steps_begun,
+                rows_taken, self._generation + 1,
+            )
+        self._stop_streams(streams, cursors_before)
 
     def stats(self) -> dict:
         """The ledger of this rank's lanes: records read/emitted/filtered/skipped by reason per
@@ -565,15 +587,17 @@ class RankLoader:
     def _close_streams(self) -> None:
         with self._lifecycle:
             streams, self._streams = self._streams, {}
-        self._stop_streams(streams)
+        self._stop_streams(streams, self._cursors)
 
-    def _stop_streams(self, streams: dict[int, LaneStream]) -> None:
+    def _stop_streams(self, streams: dict[int, LaneStream], cursors: dict[int, LaneCursor]) -> None:
+        """Stop `streams`, marking finished those of `cursors` (the cursors they were opened at)
+        whose stream knew it."""
         # In a forked child (a torch DataLoader worker) the streams' futures are the parent's:
         # they are dropped untouched (see LaneStream.close), their work left to the parent.
         owner = self._runner is None or self._runner_pid == os.getpid()
         for lane, stream in streams.items():
             if stream.exhausted:  # the cursor keeps what only the stream knew
-                self._cursors[lane].finished = True
+                cursors[lane].finished = True
             stream.close(cancel_work=owner)
 
     def close(self) -> None:

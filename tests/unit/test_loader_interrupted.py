@@ -590,3 +590,75 @@ def _assert_an_interrupted_epoch_ends_with_the_uninterrupted_ledger(pipeline, th
     assert stats["datasets"] == uninterrupted["datasets"]
     total = stats["datasets"]["d"]["total"]
     assert total["read"] == total["emitted"] + total["filtered"] + sum(total["skipped"].values()) > 0
+
+
+def _interrupt_the_second_lane_taken_up(monkeypatch) -> None:
+    """Make `load_state_dict` raise `Interrupt` as it takes up its second lane's ledger counts,
+    once: the first lane is then taken up, the rest not."""
+    from zephon import _ledger
+
+    original, calls = _ledger.Ledger.restore, {"n": 0}
+
+    def restore(ledger, *args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Interrupt
+        return original(ledger, *args)
+
+    monkeypatch.setattr(_ledger.Ledger, "restore", restore)
+
+
+def _saved_after(pipeline, microbatches: int) -> dict:
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(digests(loader, limit=microbatches)) == microbatches
+        return loader.state_dict()
+
+
+def _assert_the_uninterrupted_ledger(stats: dict, uninterrupted: dict) -> None:
+    assert stats["lanes"] == uninterrupted["lanes"]
+    assert stats["datasets"] == uninterrupted["datasets"]
+    total = stats["datasets"]["d"]["total"]
+    assert total["read"] == total["emitted"] + total["filtered"] + sum(total["skipped"].values()) > 0
+
+
+@pytest.mark.parametrize("then", ["the_suspended_iteration_goes_on", "a_new_iteration"])
+def test_an_interrupted_load_state_dict_leaves_the_loader_at_the_state_it_had_before(pipeline, monkeypatch, then):
+    """An interrupt (Ctrl-C, a preemption handler raising) while `load_state_dict` takes up its
+    lanes used to leave every cursor taken up and the ledger only for the lanes before it: the
+    loader then handed over the new state's batches with a ledger of both states, which no longer
+    balanced. A load that raises now takes up nothing: the loader goes on from where it was, as
+    after a refused checkpoint, in the iteration it had suspended or in a new one, and its ledger
+    ends where the uninterrupted run's does."""
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+        uninterrupted = loader.stats()
+    later = _saved_after(pipeline, 2 * pipeline.settings.num_lanes)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        batches = iter(loader)
+        seen = [(b.step, b.lane, b.index, b.digest()) for b in itertools.islice(batches, 3)]
+        _interrupt_the_second_lane_taken_up(monkeypatch)
+        with pytest.raises(Interrupt):
+            loader.load_state_dict(later)
+        if then == "a_new_iteration":
+            batches = iter(loader)
+        seen += [(b.step, b.lane, b.index, b.digest()) for b in batches]
+        assert seen == reference
+        _assert_the_uninterrupted_ledger(loader.stats(), uninterrupted)
+
+
+def test_load_state_dict_again_after_an_interrupted_one_resumes_as_an_uninterrupted_load(pipeline, monkeypatch):
+    """After a load interrupted while it took up its lanes, loading the same state again hands
+    over what a loader that took it up at once does, with the uninterrupted run's ledger."""
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        reference = digests(loader)
+        uninterrupted = loader.stats()
+    taken = 2 * pipeline.settings.num_lanes
+    later = _saved_after(pipeline, taken)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(digests(loader, limit=3)) == 3
+        _interrupt_the_second_lane_taken_up(monkeypatch)
+        with pytest.raises(Interrupt):
+            loader.load_state_dict(later)
+        loader.load_state_dict(later)
+        assert reference[:taken] + digests(loader) == reference
+        _assert_the_uninterrupted_ledger(loader.stats(), uninterrupted)
