@@ -176,48 +176,6 @@ def test_a_loader_closed_from_another_thread_while_it_replays_a_resume_fails_nam
     _iterate_while_another_thread_closes_it(loader, marker, release)
 
 
-def test_a_loader_closed_from_another_thread_while_its_runner_starts_leaves_no_runner_behind(tmp_path):
-    """The first iteration starts the runner (forking workers takes a while); a close from another
-    thread meanwhile found no runner to close, and the runner that started just after was kept
-    by the closed loader, its threads or workers and shared memory alive until the loader was
-    collected."""
-    from runners import ThreadRunner
-
-    starting, closed = threading.Event(), threading.Event()
-    started = []
-
-    class SlowToStart(ThreadRunner):
-        def start(self, stages) -> None:
-            started.append(self)
-            starting.set()
-            closed.wait(10)
-            super().start(stages)
-
-    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=SlowToStart, parallelism=2)
-    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
-    threads_before = set(threading.enumerate())
-
-    def close_once_starting() -> None:
-        starting.wait(10)
-        loader.close()
-        closed.set()
-
-    closer = threading.Thread(target=close_once_starting)
-    closer.start()
-    taken = []
-    try:
-        with pytest.raises(ConfigurationError, match="closed"):
-            for batch in loader:
-                taken.append(batch)
-    finally:
-        closed.set()
-        closer.join()
-    assert taken == [], "no batch is handed over after the close"
-    assert started and started[0]._closed, "the runner that started after the close was closed"
-    assert loader._runner is None
-    assert not {t for t in threading.enumerate() if t.name.startswith("zephon-")} - threads_before
-
-
 def test_a_loader_close_interrupted_while_its_runner_stops_is_finished_by_closing_again(tmp_path):
     """The loader closed its runner through a finalizer, which runs once: after Ctrl-C inside the
     runner's close, closing the loader again did nothing, leaving its workers and shared memory."""
@@ -333,10 +291,10 @@ class _StartsSlowly(ThreadRunner):
 
 
 def test_a_loader_closed_from_another_thread_while_its_runner_starts_closes_that_runner_and_hands_over_nothing(tmp_path):
-    """The first iteration starts the runner; a close from another thread then found no runner to
-    close, returned, and the runner the iteration went on to start stayed open (its threads, or a
-    process runner's workers and shared memory, until the loader was garbage), the iteration
-    handing over batches of a closed loader."""
+    """The first iteration starts the runner (forking workers takes a while); a close from another
+    thread then found no runner to close, returned, and the runner the iteration went on to start
+    stayed open (its threads, or a process runner's workers and shared memory, until the loader
+    was garbage), kept by the closed loader, the iteration handing over batches of a closed loader."""
     starting, closed = threading.Event(), threading.Event()
     runners = []
 
@@ -344,8 +302,9 @@ def test_a_loader_closed_from_another_thread_while_its_runner_starts_closes_that
         runners.append(_StartsSlowly(starting, closed))
         return runners[-1]
 
-    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=make_runner)
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=make_runner, parallelism=2)
     loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    threads_before = set(threading.enumerate())
 
     def close_once_starting() -> None:
         starting.wait(5)
@@ -354,14 +313,19 @@ def test_a_loader_closed_from_another_thread_while_its_runner_starts_closes_that
 
     closer = threading.Thread(target=close_once_starting)
     closer.start()
+    taken = []
     try:
         with pytest.raises(ConfigurationError, match="closed"):
-            next(iter(loader))
+            for batch in loader:
+                taken.append(batch)
     finally:
         closed.set()
         closer.join()
+    assert taken == [], "no batch is handed over after the close"
     assert runners and runners[0]._closed, "the runner started during the close was left open"
     assert all(not thread.is_alive() for pool in runners[0]._pools for thread in pool.threads)
+    assert loader._runner is None
+    assert not {t for t in threading.enumerate() if t.name.startswith("zephon-")} - threads_before
 
 
 def test_a_loader_closed_from_another_thread_as_an_iteration_begins_closes_cleanly(tmp_path):
