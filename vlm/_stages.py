@@ -9,7 +9,8 @@ the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error
 A record that cannot be decoded is dropped and reported in `skipped` with its reason
 (missing_image / missing_video when no candidate field is present or a video field holds an
 empty list, several_videos when it holds more than one, not_media_bytes when the field holds
-something other than encoded bytes (or, for a video, a path), the decode error's reason, or
+something other than encoded bytes (or, for a video, a path), unresolvable_path when a video's
+relative path is in a shard that is no local file, the decode error's reason, or
 processor_error), or, with `on_error="raise"`, fails with `BadRecordError` naming its address.
 
 Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
@@ -29,12 +30,13 @@ import numpy as np
 
 from zephon._errors import BadRecordError, ConfigurationError, check_count
 from zephon._record_ops import _configuration
-from zephon._records import ChunkRecords
+from zephon._records import ChunkRecords, RecordAddress
 from zephon._sha256 import sha256
 
 from ._errors import MediaDecodeError
 from ._deferred import DeferredImage
 from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
+from ._paths import resolve_beside_shard
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, decode_video
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "require_decoder",
@@ -127,12 +129,13 @@ def _unwrap(value: Any, allow_paths: bool) -> Any:
 
 
 def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
+    """Run `decode_record(record, address)` on every record, dropping and counting the ones it refuses."""
     records, addresses = [], []
     skipped = list(batch.skipped)
     fail_fast = stage.on_error == "raise"
     for record, address in zip(batch.records, batch.addresses):
         try:
-            records.append(decode_record(record))
+            records.append(decode_record(record, address))
         except (_Skip, MediaDecodeError) as exc:
             if fail_fast:
                 raise BadRecordError(address, exc.reason, exc.detail) from None
@@ -251,7 +254,7 @@ class DecodeImages:
         return int(rows.shape[1]), rows.dtype
 
     def __call__(self, batch: ChunkRecords) -> ChunkRecords:
-        return _apply(self, batch, self._decode_record)
+        return _apply(self, batch, lambda record, _address: self._decode_record(record))
 
     def _decode_record(self, record: dict) -> dict:
         name, value = _first_present(record, self.field, "missing_image")
@@ -288,7 +291,8 @@ class DecodeImages:
 class DecodeVideo:
     """Decode `record[field]` (bytes, a {"bytes": ...} struct, a local path, bare or as a Hugging
     Face struct {"bytes": None, "path": ...}, or a list of one of them) into frames. A relative
-    path is opened from the worker's working directory, as `open` would.
+    path names a file beside the record's shard; in a shard that is no local file it is skipped
+    as `unresolvable_path` (`vlm._paths`), never opened from the worker's working directory.
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
     multimodal packer treats the T frames as T images. The source field is dropped unless
@@ -318,7 +322,7 @@ class DecodeVideo:
     def __call__(self, batch: ChunkRecords) -> ChunkRecords:
         return _apply(self, batch, self._decode_record)
 
-    def _decode_record(self, record: dict) -> dict:
+    def _decode_record(self, record: dict, address: RecordAddress) -> dict:
         name, value = _first_present(record, self.field, "missing_video")
         items, _ = _items(value, allow_paths=True)
         # A list (a `Sequence(Video)` column) of one video is that video; a record holds one.
@@ -329,5 +333,12 @@ class DecodeVideo:
         out = dict(record)
         if not self.keep_source:
             del out[name]
-        out[self.output_field] = decode_video(items[0], self.spec)
+        video = items[0]
+        if not isinstance(video, (bytes, bytearray, memoryview)):  # a path
+            path = resolve_beside_shard(video, address.shard)
+            if path is None:
+                raise _Skip("unresolvable_path", f"the relative path {os.fspath(video)!r} is in {address.shard}, "
+                            "which is no local file: no directory to resolve it from")
+            video = path
+        out[self.output_field] = decode_video(video, self.spec)
         return out

@@ -106,7 +106,7 @@ def _open(source):
             return av.open(io.BytesIO(bytes(source)), mode="r")
         # FFmpeg reads a name as a URL when it starts like one (data:, pipe:N, http://, ...): a
         # path from the data could read a descriptor of the worker or the network. "file:" keeps
-        # it a local file, relative to the working directory as before.
+        # it a local file (the stage has made a relative path from the data absolute: `vlm._paths`).
         return av.open("file:" + os.fsdecode(source), mode="r")
     except MemoryError:
         raise

@@ -6,6 +6,7 @@ Small on purpose (a few steps); the full determinism matrix lives with the core'
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 
 import numpy as np
@@ -283,3 +284,41 @@ def test_pack_multimodal_refuses_deferred_image_stages_with_different_error_poli
     pipeline = decode_images(pipeline, field="png", spec=SPEC, output_field="more", defer=True, on_error="skip")
     with pytest.raises(ConfigurationError, match=r"decode_images\(defer=True\) stages set different on_error"):
         pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
+
+
+def _video_paths_pipeline(shard, runner: str) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("clips", str(shard))], seed=2, records_per_chunk=2,
+                                     num_epochs=1)
+    pipeline = (Pipeline(source).options(num_lanes=2, runner=runner, on_error="raise")
+                .tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt", bos="<|bos|>",
+                          eos="<|eos|>")
+                .decode_video(field="video", spec=VideoSpec(num_frames=2, image=SPEC)))
+    return pipeline.pack_multimodal(512, PLACEHOLDERS).batch(1)
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_relative_video_paths_resolve_from_the_shard_directory_not_the_working_directory(tmp_path, monkeypatch,
+                                                                                           runner):
+    """A relative path in a local shard names a file beside the shard (as a Hugging Face dataset's
+    metadata does). It was opened from the worker's working directory: started from another
+    directory holding other files at those names, the run packed other frames, unsaid."""
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    for root, frames in ((data, 20), (elsewhere, 7)):
+        (root / "clips").mkdir(parents=True)
+        for i in range(3):
+            make_video(root / "clips" / f"clip{i}.mp4", frames=frames + 5 * i, size=(64 + 32 * i, 48))
+
+    def shard(name: str, where) -> str:
+        rows = [{"video": where(f"clips/clip{i}.mp4"), "txt": f"clip number {i}"} for i in range(3)]
+        rows.append({"video": {"bytes": None, "path": where("clips/clip1.mp4")}, "txt": "a struct"})
+        path = data / name
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return str(path)
+
+    absolute = shard("absolute.jsonl", lambda relative: str(data / relative))
+    relative = shard("relative.jsonl", lambda relative: relative)
+    with _video_paths_pipeline(absolute, "inline").shard(0, 1) as loader:
+        expected = [batch.digest() for batch in loader]
+    monkeypatch.chdir(elsewhere)
+    with _video_paths_pipeline(relative, runner).shard(0, 1) as loader:
+        assert [batch.digest() for batch in loader] == expected and len(expected) > 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import sys
 
 import numpy as np
@@ -276,6 +277,26 @@ def test_a_hugging_face_video_struct_holding_only_a_path_decodes_that_path_as_a_
                           {"mp4": [{"bytes": None, "path": str(path)}]}]))
     assert len(out.records) == 3 and not out.skipped
     assert all(np.array_equal(r["pixels"], out.records[0]["pixels"]) for r in out.records)
+
+
+@pytest.mark.parametrize("shard", ["s3://bucket/clips-000.tar", "hf://datasets/org/clips/clips-000.tar",
+                                   "clips-000.tar"], ids=["s3", "hf", "relative-shard-url"])
+def test_a_relative_video_path_where_the_shard_is_not_a_local_file_is_skipped_as_unresolvable(tmp_path, monkeypatch,
+                                                                                              shard):
+    """A relative path resolves from its shard's directory, which a remote shard (or an address
+    whose shard is no absolute local path) does not give. It was opened from the worker's working
+    directory: whatever file had that name there, on that node, was packed."""
+    monkeypatch.chdir(tmp_path)
+    make_video(tmp_path / "clip.mp4", frames=20)
+    absolute = str(tmp_path / "clip.mp4")
+    records = [{"mp4": "clip.mp4"}, {"mp4": {"bytes": None, "path": "clip.mp4"}}, {"mp4": absolute}]
+    addresses = [RecordAddress("clips", shard, i) for i in range(len(records))]
+    stage = DecodeVideo(spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=16)))
+    out = stage(ChunkRecords(CHUNK, records=records, addresses=addresses))
+    assert [(a.index, reason) for a, reason in out.skipped] == [(0, "unresolvable_path"), (1, "unresolvable_path")]
+    assert [a.index for a in out.addresses] == [2], "an absolute path is still opened as a local file"
+    with pytest.raises(BadRecordError, match=r"unresolvable_path.*'clip.mp4'.*" + re.escape(shard)):
+        DecodeVideo(on_error="raise")(ChunkRecords(CHUNK, records=records[:1], addresses=addresses[:1]))
 
 
 def test_a_hugging_face_image_struct_holding_only_a_path_is_skipped_naming_the_path():
