@@ -18,6 +18,9 @@ patch grid rule as images (`image_grid`), then turned upright by the stream's di
 phone's portrait video is stored landscape with a quarter turn to apply), as images are by
 their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`).
 
+A frame FFmpeg marks damaged (it conceals the damage with borrowed pixels and no error) refuses
+the video as corrupt_video when it is decoded on the way to the chosen frames (`_undamaged`).
+
 A single picture in a picture format (JPEG, PNG, WebP, a GIF of one frame), which FFmpeg opens as
 a one-frame stream, is refused as `not_a_video` rather than made a clip of identical frames.
 
@@ -135,7 +138,8 @@ DEFAULT_VIDEO_SPEC = VideoSpec()
 def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
     """Decode the spec's frames of a video to (T, H, W, 3) uint8.
 
-    Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream or no frame in it, decoder error),
+    Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream or no frame in it, decoder error,
+    a frame decoded on the way that FFmpeg marks damaged: `_undamaged`),
     video_too_short (the window lies past the end), decompression_bomb (frame too large),
     not_a_video (a single picture in a picture format: a JPEG, PNG, WebP, a GIF of one frame).
     """
@@ -160,8 +164,9 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
         raise VideoDecodeError("corrupt_video", "no video stream")
     stream = streams[0]
     # FFmpeg conceals a damaged slice by borrowing pixels, and how depends on its thread count,
-    # by default one per CPU this thread may run on: a job's cpuset or another node would change
-    # the pixels of damaged bytes. One thread decodes sound bytes to the same pixels as many do.
+    # by default one per CPU this thread may run on. A frame it marks is refused (`_undamaged`),
+    # but not every decoder marks what it conceals: a job's cpuset or another node would change
+    # the pixels of such bytes. One thread decodes sound bytes to the same pixels as many do.
     stream.codec_context.thread_count = 1
     width, height = stream.codec_context.width, stream.codec_context.height
     if width < 1 or height < 1:
@@ -301,11 +306,30 @@ def _seek_at_or_before(container, stream, keyframes: list[int], target: int):
     """
     for offset in _seek_offsets(keyframes, target):
         container.seek(offset, stream=stream, backward=True, any_frame=False)
-        decoder = iter(container.decode(stream))
+        decoder = _undamaged(container.decode(stream))
         first = next((frame for frame in decoder if frame.pts is not None), None)
         if first is not None and first.pts <= target:
             break
     return decoder, first
+
+
+def _undamaged(frames):
+    """The decoder's frames, refusing the video at the first one FFmpeg marks as damaged.
+
+    FFmpeg conceals a slice it cannot decode (blocks borrowed from a neighbour or the previous
+    frame) and returns the frame with no error, even with `err_detect=explode`; it marks the
+    frame instead (`is_corrupt`: AV_FRAME_FLAG_CORRUPT or decode_error_flags). A frame predicted
+    from a concealed one carries no mark. Decoding always starts at a keyframe, so such a frame
+    is refused when the frame it was predicted from is returned first, as it is in display order
+    for the frames before the next keyframe (a B-frame shown before its damaged reference is
+    caught only when that reference is decoded on the way). Frames never decoded (groups a seek
+    passed over, those after the last target) are not looked at: they shape no chosen frame.
+    """
+    for frame in frames:
+        if frame.is_corrupt:
+            raise VideoDecodeError("corrupt_video", f"FFmpeg reports the frame at pts {frame.pts} damaged "
+                                   "(it would conceal the damage with borrowed pixels)")
+        yield frame
 
 
 def _seek_offsets(keyframes: list[int], target: int) -> list[int]:

@@ -256,6 +256,19 @@ def test_a_still_picture_in_a_video_field_is_skipped_and_counted_as_not_a_video(
     assert [(a.index, reason) for a, reason in out.skipped] == [(0, "not_a_video")]
 
 
+def test_a_damaged_video_is_skipped_and_counted_as_corrupt_video(tmp_path):
+    """FFmpeg's concealed frames were decoded and packed as if sound."""
+    from tests.unit.test_vlm_video import damage_packets
+
+    data = make_video(tmp_path / "clip.mp4", frames=30).read_bytes()
+    stage = DecodeVideo(spec=VideoSpec(fps=10.0, image=ImageSpec(patch_size=16)))
+    out = stage(chunk_of([{"mp4": data}, {"mp4": damage_packets(data)}]))
+    assert [a.index for a in out.addresses] == [0] and len(out.records[0]["pixels"]) == 30
+    assert [(a.index, reason) for a, reason in out.skipped] == [(1, "corrupt_video")]
+    with pytest.raises(BadRecordError, match=r"#1.*corrupt_video.*damaged"):
+        DecodeVideo(spec=stage.spec, on_error="raise")(chunk_of([{"mp4": data}, {"mp4": damage_packets(data)}]))
+
+
 def test_video_field_holding_a_list_of_one_video_decodes_it_and_other_lists_are_skipped_by_what_they_hold(tmp_path):
     """A Hugging Face `Sequence(Video)` column gives a list: one video in it was skipped as
     `corrupt_video` ("holds 1 videos; one is supported"), and so were several sound videos."""

