@@ -337,8 +337,8 @@ class DecodeVideo:
         if not isinstance(video, (bytes, bytearray, memoryview)):  # a path
             path = resolve_beside_shard(video, address.shard)
             if path is None:
-                raise _Skip("unresolvable_path", f"the relative path {os.fspath(video)!r} is in {address.shard}, "
-                            "which is no local file: no directory to resolve it from")
+                raise _Skip("unresolvable_path", f"the relative path {os.fspath(video)!r} is in the shard "
+                            f"{address.shard}, not an absolute local path: no directory to resolve it from")
             video = path
         out[self.output_field] = decode_video(video, self.spec)
         return out

@@ -319,11 +319,12 @@ def _undamaged(frames):
     FFmpeg conceals a slice it cannot decode (blocks borrowed from a neighbour or the previous
     frame) and returns the frame with no error, even with `err_detect=explode`; it marks the
     frame instead (`is_corrupt`: AV_FRAME_FLAG_CORRUPT or decode_error_flags). A frame predicted
-    from a concealed one carries no mark. Decoding always starts at a keyframe, so such a frame
-    is refused when the frame it was predicted from is returned first, as it is in display order
-    for the frames before the next keyframe (a B-frame shown before its damaged reference is
-    caught only when that reference is decoded on the way). Frames never decoded (groups a seek
-    passed over, those after the last target) are not looked at: they shape no chosen frame.
+    from a concealed one carries no mark, but decoding starts at a keyframe and returns frames in
+    display order, so the concealed frame comes, and is refused, before the frames predicted from
+    it; only a B-frame shown before its damaged reference can come first, and is refused only if
+    that reference is decoded on the way (the frame decoded past each target, when it is next).
+    Frames never decoded (groups a seek passed over, those after the last target) are not looked
+    at: they shape no chosen frame.
     """
     for frame in frames:
         if frame.is_corrupt:
