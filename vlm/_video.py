@@ -157,6 +157,8 @@ def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VI
 
 
 def _decode(container, spec: VideoSpec) -> np.ndarray:
+    from av.video.reformatter import VideoReformatter
+
     # A cover picture (music files, podcasts) is listed as a video stream marked as attached;
     # it is no video, and taken for one it failed to seek with a bare "Operation not permitted".
     streams = [s for s in container.streams.video if not s.disposition & _ATTACHED_PICTURE]
@@ -190,13 +192,17 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
     rows, cols = image_grid(*upright, spec.image)
     size = (cols * spec.image.patch_size, rows * spec.image.patch_size)  # (width, height) upright
     stored = size[::-1] if turns % 2 else size
+    # A reformatter of this call's own, not `frame.reformat`: PyAV 19 keeps one swscale context
+    # per thread for that, with FFmpeg 8's slice threads, and a forked worker inherits the forking
+    # thread's context without its threads; resizing to another size there waited for ever.
+    reformatter = VideoReformatter()
     converted: dict[int, np.ndarray] = {}
     frames = []
     for frame in chosen:
         key = id(frame)
         if key not in converted:
-            pixels = frame.reformat(width=stored[0], height=stored[1], format="rgb24",
-                                    interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
+            pixels = reformatter.reformat(frame, width=stored[0], height=stored[1], format="rgb24",
+                                          interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
             converted[key] = np.rot90(pixels, turns)
         frames.append(converted[key])
     return np.stack(frames)

@@ -23,7 +23,7 @@ from tests.unit.test_vlm_assets import (
     png_header_only,
     truncated_jpeg,
 )
-from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders, VideoSpec
+from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders, VideoSpec, decode_video
 from vlm._api import decode_images, pack_multimodal
 from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
@@ -321,4 +321,25 @@ def test_relative_video_paths_resolve_from_the_shard_directory_not_the_working_d
         expected = [batch.digest() for batch in loader]
     monkeypatch.chdir(elsewhere)
     with _video_paths_pipeline(relative, runner).shard(0, 1) as loader:
+        assert [batch.digest() for batch in loader] == expected and len(expected) > 1
+
+
+@pytest.mark.timeout(120)  # the failure this guards against is a worker waiting forever
+def test_a_process_runner_decodes_videos_after_one_was_decoded_on_the_thread_that_starts_it(tmp_path):
+    """PyAV 19 (the 3.14t suite's) resizes every frame of a thread with one swscale context kept
+    for that thread, and FFmpeg 8 gives it a pool of slice threads. A forked worker inherits the
+    forking thread's context but not its threads: resizing to another size there waited for
+    ever on the pool. So after a video was decoded on the thread that then started a process
+    runner, the loader hung at its first batch."""
+    (tmp_path / "clips").mkdir()
+    rows = []
+    for i in range(3):
+        path = make_video(tmp_path / "clips" / f"clip{i}.mp4", frames=20 + 5 * i, size=(64 + 32 * i, 48))
+        rows.append({"video": str(path), "txt": f"clip number {i}"})
+    shard = tmp_path / "clips.jsonl"
+    shard.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with _video_paths_pipeline(shard, "thread").shard(0, 1) as loader:
+        expected = [batch.digest() for batch in loader]
+    decode_video(rows[0]["video"], VideoSpec(num_frames=1, image=ImageSpec(max_pixels=256 * 256)))  # on this thread
+    with _video_paths_pipeline(shard, "process").shard(0, 1) as loader:
         assert [batch.digest() for batch in loader] == expected and len(expected) > 1
