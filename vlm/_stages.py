@@ -10,7 +10,7 @@ A record that cannot be decoded is dropped and reported in `skipped` with its re
 (missing_image / missing_video when no candidate field is present or a video field holds an
 empty list, several_videos when it holds more than one, not_media_bytes when the field holds
 something other than encoded bytes (or, for a video, a path), unresolvable_path when a video's
-relative path is in a shard that is no local file, the decode error's reason, or
+relative path is in a shard that is not an absolute local path, the decode error's reason, or
 processor_error), or, with `on_error="raise"`, fails with `BadRecordError` naming its address.
 
 Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
@@ -291,8 +291,9 @@ class DecodeImages:
 class DecodeVideo:
     """Decode `record[field]` (bytes, a {"bytes": ...} struct, a local path, bare or as a Hugging
     Face struct {"bytes": None, "path": ...}, or a list of one of them) into frames. A relative
-    path names a file beside the record's shard; in a shard that is no local file it is skipped
-    as `unresolvable_path` (`vlm._paths`), never opened from the worker's working directory.
+    path names a file beside the record's shard; in a shard that is not an absolute local path
+    (a remote one) it is skipped as `unresolvable_path` (`vlm._paths`), never opened from the
+    worker's working directory.
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
     multimodal packer treats the T frames as T images. The source field is dropped unless
