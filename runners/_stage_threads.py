@@ -33,7 +33,7 @@ class StageThreads:
     dropped unclosed is collected, and its finalizer tells its idle threads to exit.
 
     Thread-safety: `submit` may be called from any thread; `stop` too, and it takes no lock of its
-    own (the runner's exit hook and a loader's finalizer call it); `wait` from any thread but these.
+    own (the runner's exit hook calls it); `wait` from any thread but these.
     """
 
     def __init__(self, stage: Stage) -> None:

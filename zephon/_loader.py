@@ -23,6 +23,7 @@ import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Iterator
 
+from . import _runner_closer
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state
 from ._errors import CheckpointError, ConfigurationError, check_count
@@ -229,11 +230,16 @@ class RankLoader:
                 if self._row_work is not None and i == self._row_stage:
                     fn = _AlsoRowWork(fn, self._row_work.run)
                 stages.append(Stage(s.name, fn, s.parallelism))
+            _runner_closer.start()  # here, not in the finalizer below, which may only hand it a close
             runner = self._make_runner()
             runner.start(stages)
             # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
-            # workers (and their shared memory) but closing it (a thread runner frees itself).
-            close_runner = weakref.finalize(self, _close_in_owner, runner, os.getpid())
+            # workers (and their shared memory) but closing it (a thread runner frees itself). The
+            # finalizer runs on whichever thread collects the loader, perhaps one holding a lock
+            # the close needs (the runner's own reader thread): the closer thread closes it.
+            close_runner = weakref.finalize(
+                self, _runner_closer.close_later, functools.partial(_close_in_owner, runner, os.getpid())
+            )
             # At exit the runners close themselves (the thread runner from a threading exit hook,
             # before threads are joined; the process runner before multiprocessing terminates its
             # workers): an atexit finalizer runs too late.

@@ -1,0 +1,140 @@
+"""A loader dropped without close() has its runner closed, whichever thread's collection finds it.
+
+A finalizer runs on the thread whose garbage collection finds the loader: a process runner's own
+reader thread while it holds the runner's lock, or a stage thread of another loader's runner
+while it holds a lock that the dropped runner's running items wait for. Closing the runner there
+waited for that lock for ever. Each script below forces a collection at such a point (an
+automatic one may land there), then checks that the dropped loader's runner is closed and that
+the process exits; a watchdog ends a script that hangs, printing every thread's stack.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_COLLECT_ON_THE_READER_UNDER_ITS_LOCK = """
+import faulthandler, gc, os, sys, threading, time
+from pathlib import Path
+from runners import process
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+
+faulthandler.dump_traceback_later(60, exit=True)
+dropped, collecting = threading.Event(), threading.Event()
+dispatch_locked = process.ProcessRunner._dispatch_locked
+
+def collect_under_the_lock(self, *args):  # where an automatic collection may land
+    if dropped.is_set() and threading.current_thread() is self._reader and not collecting.is_set():
+        collecting.set()
+        gc.collect()
+    return dispatch_locked(self, *args)
+
+process.ProcessRunner._dispatch_locked = collect_under_the_lock
+
+def slow(record):
+    time.sleep(0.05)
+    return record
+
+pipeline = text_pipeline(jsonl_dataset(Path(sys.argv[1])), runner="process", map_fn=slow, num_epochs=None)
+loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+batches = iter(loader)
+next(batches)
+runner = loader._runner
+while len(runner._held) < 2:  # seconds of slow work in flight, whose replies come after the drop
+    next(batches)
+gc.disable()  # only the reader thread's collection finds the loader
+del loader, batches
+dropped.set()
+if not collecting.wait(30):
+    print("no reply reached the reader after the loader was dropped", flush=True)
+    os._exit(4)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and (runner._reader.is_alive() or runner.shm_directory is not None):
+    time.sleep(0.05)
+if runner._reader.is_alive() or runner.shm_directory is not None:
+    print("the dropped loader's runner was not closed", flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(3)
+print("closed", flush=True)
+"""
+
+_COLLECT_ON_ANOTHER_RUNNERS_THREAD_HOLDING_A_SHARED_LOCK = """
+import faulthandler, functools, gc, os, sys, threading, time
+from pathlib import Path
+from runners import ThreadRunner
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+
+faulthandler.dump_traceback_later(60, exit=True)
+shared = threading.Lock()  # what both loaders' maps take: a shared cache, a rate limiter
+dropped, dropped_map_runs, held, collected = (threading.Event() for _ in range(4))
+
+def dropped_loaders_map(record):
+    if dropped.is_set():  # an item still running when its loader is dropped
+        dropped_map_runs.set()
+        held.wait()
+        with shared:
+            pass
+    time.sleep(0.01)
+    return record
+
+def live_loaders_map(record):
+    if dropped_map_runs.is_set() and not collected.is_set():
+        with shared:
+            held.set()
+            gc.collect()  # where an automatic collection may land
+        collected.set()
+    return record
+
+patient = functools.partial(ThreadRunner, close_timeout_s=600)  # waits for running items as long as it takes
+data = jsonl_dataset(Path(sys.argv[1]))
+dropped_pipeline = text_pipeline(data, runner=patient, map_fn=dropped_loaders_map, num_epochs=None)
+live_pipeline = text_pipeline(data, runner=patient, map_fn=live_loaders_map, num_epochs=None)
+loader = dropped_pipeline.shard(0, 1, global_batch_size=global_batch(dropped_pipeline))
+batches = iter(loader)
+next(batches)
+runner = loader._runner
+gc.disable()  # only the live loader's stage thread's collection finds the dropped loader
+del loader, batches
+dropped.set()
+if not dropped_map_runs.wait(30):
+    print("no item of the dropped loader ran after it was dropped", flush=True)
+    os._exit(4)
+live = live_pipeline.shard(0, 1, global_batch_size=global_batch(live_pipeline))
+for _ in live:
+    if collected.is_set():
+        break
+threads = [thread for pool in runner._pools for thread in pool.threads]
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and (not runner._closed or any(t.is_alive() for t in threads)):
+    time.sleep(0.05)
+if not runner._closed or any(t.is_alive() for t in threads):
+    print("the dropped loader's runner was not closed", flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(3)
+live.close()
+print("closed", flush=True)
+"""
+
+
+def _run(script: str, data_dir) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script, str(data_dir)], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the process did not exit in 120 s: {hung.stdout!r} {hung.stderr!r}")
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_process_runner_loader_collected_on_the_runners_reader_thread_under_its_lock_is_closed(tmp_path):
+    done = _run(_COLLECT_ON_THE_READER_UNDER_ITS_LOCK, tmp_path / "data")
+    assert done.returncode == 0 and done.stdout.split() == ["closed"], done.stdout + done.stderr
+
+
+def test_a_thread_runner_loader_collected_on_a_thread_holding_what_its_running_items_wait_for_is_closed(tmp_path):
+    done = _run(_COLLECT_ON_ANOTHER_RUNNERS_THREAD_HOLDING_A_SHARED_LOCK, tmp_path / "data")
+    assert done.returncode == 0 and done.stdout.split() == ["closed"], done.stdout + done.stderr
