@@ -5,7 +5,8 @@ reader thread while it holds the runner's lock, or a stage thread of another loa
 while it holds a lock that the dropped runner's running items wait for. Closing the runner there
 waited for that lock for ever. Each script below forces a collection at such a point (an
 automatic one may land there), then checks that the dropped loader's runner is closed and that
-the process exits; a watchdog ends a script that hangs, printing every thread's stack.
+the process exits; a watchdog ends a script that hangs, printing every thread's stack. A runner
+whose close is still queued when the interpreter exits is closed there by its own exit hook.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ print("closed", flush=True)
 """
 
 
-def _run(script: str, data_dir) -> subprocess.CompletedProcess:
+def _run(script: str, data_dir, *args: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
-            [sys.executable, "-c", script, str(data_dir)], capture_output=True, text=True, timeout=120,
+            [sys.executable, "-c", script, str(data_dir), *args], capture_output=True, text=True, timeout=120,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
     except subprocess.TimeoutExpired as hung:
@@ -138,3 +139,41 @@ def test_a_process_runner_loader_collected_on_the_runners_reader_thread_under_it
 def test_a_thread_runner_loader_collected_on_a_thread_holding_what_its_running_items_wait_for_is_closed(tmp_path):
     done = _run(_COLLECT_ON_ANOTHER_RUNNERS_THREAD_HOLDING_A_SHARED_LOCK, tmp_path / "data")
     assert done.returncode == 0 and done.stdout.split() == ["closed"], done.stdout + done.stderr
+
+
+_EXIT_WITH_A_CLOSE_STILL_QUEUED = """
+import gc, os, sys, threading
+from pathlib import Path
+from runners import process, thread
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from zephon import _runner_closer
+
+kind = sys.argv[2]
+_runner_closer.start()
+_runner_closer.close_later(threading.Event().wait)  # the closer is busy with an earlier close until exit
+# what each runner's exit hook calls
+exit_steps = {"process": (process.ProcessRunner, "close"), "thread": (thread.ThreadRunner, "_stop_threads")}
+runner_class, exit_step = exit_steps[kind]
+original = getattr(runner_class, exit_step)
+
+def reported(self):
+    os.write(1, f"{exit_step}-on-{threading.current_thread().name}\\n".encode())
+    return original(self)
+
+setattr(runner_class, exit_step, reported)
+pipeline = text_pipeline(jsonl_dataset(Path(sys.argv[1])), runner=kind, num_epochs=None)
+loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+batches = iter(loader)
+next(batches)
+del loader, batches
+gc.collect()
+os.write(1, f"queued-{_runner_closer._queue.qsize()}\\n".encode())
+"""
+
+
+@pytest.mark.parametrize("kind, exit_step", [("thread", "_stop_threads"), ("process", "close")])
+def test_a_dropped_loaders_runner_whose_close_is_still_queued_at_exit_is_closed_by_its_exit_hook(
+        tmp_path, kind, exit_step):
+    done = _run(_EXIT_WITH_A_CLOSE_STILL_QUEUED, tmp_path / "data", kind)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["queued-1", f"{exit_step}-on-MainThread"], done.stdout + done.stderr
