@@ -11,9 +11,12 @@ whose close is still queued when the interpreter exits is closed there by its ow
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -177,3 +180,32 @@ def test_a_dropped_loaders_runner_whose_close_is_still_queued_at_exit_is_closed_
     done = _run(_EXIT_WITH_A_CLOSE_STILL_QUEUED, tmp_path / "data", kind)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split() == ["queued-1", f"{exit_step}-on-MainThread"], done.stdout + done.stderr
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_forked_child_closes_the_runners_of_its_own_dropped_loaders(tmp_path):
+    """The parent's closer thread does not survive a fork: a child that took it for running would
+    queue its dropped loaders' closes for ever."""
+    from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+    from zephon import _runner_closer
+
+    _runner_closer.start()
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="thread", num_epochs=None)
+    child = os.fork()
+    if child == 0:
+        code = 3
+        try:
+            signal.alarm(60)  # a child stuck anywhere dies instead of hanging the test
+            loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+            batches = iter(loader)
+            next(batches)
+            runner = loader._runner
+            del loader, batches
+            gc.collect()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not runner._closed:
+                time.sleep(0.05)
+            code = 0 if runner._closed else 3
+        finally:
+            os._exit(code)
+    assert os.waitpid(child, 0)[1] == 0, "the child's dropped loader had its runner closed"
