@@ -180,11 +180,11 @@ def _globals(function: types.FunctionType, walk: _Walk) -> str:
 
 def _written(value, walk: _Walk) -> str:
     """A value a user function holds (in its closure, its defaults or the globals it reads):
-    numbers, strings, bytes, arrays, tensors, and sets, lists, tuples, dicts, dataclasses and plain
-    objects made of those, by `_stable_repr`; functions (and partials, bound methods) by their own
-    fingerprint. A class and a module are named. Any other value (a tokenizer, a lock, a compiled
-    pattern: their reprs hold paths, addresses or states) is written by its type's name only, so a
-    change inside it is not seen."""
+    numbers, strings, bytes, arrays, tensors, compiled `re` patterns, and sets, lists, tuples,
+    dicts, dataclasses and plain objects made of those, by `_stable_repr`; functions (and partials,
+    bound methods) by their own fingerprint. A class and a module are named. Any other value (a
+    tokenizer, a lock: their reprs hold paths, addresses or states) is written by its type's name
+    only, so a change inside it is not seen."""
     if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
         return _fingerprint_callable(value, walk)
     if isinstance(value, type):
@@ -204,7 +204,7 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 def _describable(value) -> bool:
     """Whether `_stable_repr` writes `value` from what it holds alone (see `_written`)."""
-    if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap) or _is_tensor(value):
+    if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap, re.Pattern) or _is_tensor(value):
         return True
     if type(value) in (list, tuple, set, frozenset):
         return all(_describable(item) for item in value)
@@ -233,7 +233,9 @@ def _stable_repr(value) -> str:
     written like a dataclass from its public attributes, in `__dict__` or `__slots__`; private
     ones (`_cache`) are left out, as state that running changes. A namedtuple with its generated
     repr is written by its fields, like a dataclass. A NumPy array or a torch tensor is written by its content
-    (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds."""
+    (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds. A compiled `re`
+    pattern is written by its whole pattern and its flags as a number: its repr cuts the pattern
+    at 200 characters."""
     kind = type(value)
     if kind in (set, frozenset):
         if not value:
@@ -249,6 +251,8 @@ def _stable_repr(value) -> str:
         return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
     if kind is np.ndarray or kind is np.memmap:
         return _array_repr(value)
+    if kind is re.Pattern:
+        return f"re.compile({value.pattern!r}, flags={value.flags})"
     if _is_tensor(value):
         written = _tensor_repr(value)
         if written is not None:

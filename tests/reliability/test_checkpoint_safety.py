@@ -939,3 +939,49 @@ def test_a_helper_reached_along_many_paths_is_written_once(tmp_path):
     assert written.count("as above>") == levels, written
     assert written == _fingerprint_callable(user_module(tmp_path / "v2", helpers(5)).keep)
     assert written != _fingerprint_callable(user_module(tmp_path / "v3", helpers(6)).keep)
+
+
+def assert_a_change_is_refused_and_the_same_resumes(tmp_path: Path, user_filter, original, changes) -> None:
+    """A checkpoint of a pipeline filtering with `user_filter(1, original)` is refused, naming the
+    filter, by a separately built pipeline filtering with `user_filter(version, changed)` for each
+    of `changes`, and resumed by one built again from `original` (its code imported anew)."""
+    dataset = jsonl_dataset(tmp_path / "data")  # one plan for all: the recipe is all that changes
+    state = checkpoint_after(text_pipeline(dataset, filter_fn=user_filter(1, original)), 1, MICROBATCHES)
+    for version, changed in enumerate(changes, start=2):
+        named = str(refused(text_pipeline(dataset, filter_fn=user_filter(version, changed)), state))
+        assert re.search(r"changed: operators\[\d\]\.filter\.fn\. Performance", named), (changed, named)
+    again = text_pipeline(dataset, filter_fn=user_filter(len(changes) + 2, original))
+    with again.shard(0, 1, global_batch_size=global_batch(again)) as loader:
+        loader.load_state_dict(state)
+
+
+def test_a_compiled_pattern_enters_the_recipe_by_its_pattern_and_flags(tmp_path):
+    """A compiled `re` pattern held in a global, a default or a closure was written by its type
+    alone: a filter whose `WORD = re.compile(...)` was edited, or given another flag, resumed a
+    checkpoint of the old one, filtering other records under its name."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, compiled: str):
+        source = f"import re\n\nWORD = {compiled}\n\n\n" \
+                 "def keep(record):\n    return WORD.search(record['text']) is not None\n"
+        return user_module(tmp_path / f"v{version}", source).keep
+
+    assert_a_change_is_refused_and_the_same_resumes(
+        tmp_path, user_filter, r're.compile(r"[a-z]+")', (r're.compile(r"[a-z]{2,}")', r're.compile(r"[a-z]+", re.I)')
+    )
+    held = _fingerprint_callable(has_any_pattern(re.compile("the"), [re.compile("of")]))
+    assert held == _fingerprint_callable(has_any_pattern(re.compile("the"), [re.compile("of")]))
+    for first, other in (("a", re.compile("of")), ("the", re.compile("of", re.I))):
+        assert _fingerprint_callable(has_any_pattern(re.compile(first), [other])) != held
+    long_pattern = "x" * 300  # a pattern's repr is cut at 200 characters
+    assert _fingerprint_callable(functools.partial(_longer_than, re.compile(long_pattern + "a"))) != \
+        _fingerprint_callable(functools.partial(_longer_than, re.compile(long_pattern + "b")))
+
+
+def has_any_pattern(first: re.Pattern, others: list):
+    """A filter holding one pattern in its closure and a list of them in a default."""
+
+    def keep(record: dict, others: list = others) -> bool:
+        return any(pattern.search(record["text"]) for pattern in (first, *others))
+
+    return keep
