@@ -7,6 +7,7 @@ chunk, not per record. They are pure: the same chunk gives the same output on an
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import re
 import sys
@@ -180,11 +181,11 @@ def _globals(function: types.FunctionType, walk: _Walk) -> str:
 
 def _written(value, walk: _Walk) -> str:
     """A value a user function holds (in its closure, its defaults or the globals it reads):
-    numbers, strings, bytes, arrays, tensors, compiled `re` patterns, and sets, lists, tuples,
-    dicts, dataclasses and plain objects made of those, by `_stable_repr`; functions (and partials,
-    bound methods) by their own fingerprint. A class and a module are named. Any other value (a
-    tokenizer, a lock: their reprs hold paths, addresses or states) is written by its type's name
-    only, so a change inside it is not seen."""
+    numbers, strings, bytes, arrays, tensors, compiled `re` patterns, enum members, and sets,
+    lists, tuples, dicts, dataclasses and plain objects made of those, by `_stable_repr`; functions
+    (and partials, bound methods) by their own fingerprint. A class and a module are named. Any
+    other value (a tokenizer, a lock: their reprs hold paths, addresses or states) is written by
+    its type's name only, so a change inside it is not seen."""
     if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
         return _fingerprint_callable(value, walk)
     if isinstance(value, type):
@@ -204,6 +205,8 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 def _describable(value) -> bool:
     """Whether `_stable_repr` writes `value` from what it holds alone (see `_written`)."""
+    if isinstance(value, enum.Enum):
+        return _describable(value.value)
     if isinstance(value, _SCALARS) or type(value) in (np.ndarray, np.memmap, re.Pattern) or _is_tensor(value):
         return True
     if type(value) in (list, tuple, set, frozenset):
@@ -235,8 +238,12 @@ def _stable_repr(value) -> str:
     repr is written by its fields, like a dataclass. A NumPy array or a torch tensor is written by its content
     (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds. A compiled `re`
     pattern is written by its whole pattern and its flags as a number: its repr cuts the pattern
-    at 200 characters."""
+    at 200 characters. An enum member is written by its class's module and qualified name, its
+    name and its value: a plain `Enum`'s repr is not one `_describable` lets through, and an
+    `IntEnum`'s names no module."""
     kind = type(value)
+    if isinstance(value, enum.Enum):
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}({_stable_repr(value.value)})"
     if kind in (set, frozenset):
         if not value:
             return repr(value)

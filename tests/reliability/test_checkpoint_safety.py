@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import functools
 import importlib.util
 import itertools
@@ -985,3 +986,26 @@ def has_any_pattern(first: re.Pattern, others: list):
         return any(pattern.search(record["text"]) for pattern in (first, *others))
 
     return keep
+
+
+def test_an_enum_member_enters_the_recipe_by_its_class_name_and_value(tmp_path):
+    """An enum member held in a global, a default or a closure was written by its class alone:
+    a filter reading `LIMIT = Length.SHORT` resumed a checkpoint taken while `SHORT` was another
+    value, or while `LIMIT` was another member."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, setting: tuple[str, int]):
+        member, short = setting
+        source = f"import enum\n\n\nclass Length(enum.Enum):\n    SHORT = {short}\n    LONG = 50\n\n\n" \
+                 f"LIMIT = Length.{member}\n\n\ndef keep(record):\n    return len(record['text']) >= LIMIT.value\n"
+        return user_module(tmp_path / f"v{version}", source).keep
+
+    assert_a_change_is_refused_and_the_same_resumes(tmp_path, user_filter, ("SHORT", 10), (("SHORT", 11), ("LONG", 10)))
+    written = _fingerprint_callable(limit_by_default(Sizes.SMALL))  # an int too: its repr left its module out
+    assert f"min_length={__name__}.Sizes.SMALL(3)" in written, written
+    assert written != _fingerprint_callable(limit_by_default(Sizes.LARGE))
+
+
+class Sizes(enum.IntEnum):
+    SMALL = 3
+    LARGE = 30
