@@ -33,16 +33,34 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _defining(fn: Callable):
-    """What defines `fn` by name and source: itself, or for a callable object its class."""
-    return fn if hasattr(fn, "__qualname__") else type(fn)
+    """What defines `fn` by name and source: itself, or for a callable object its class. A
+    decorator's wrapper object is one, though `functools.update_wrapper` gave it the name of the
+    function it wraps."""
+    return fn if hasattr(fn, "__qualname__") and _wrapped(fn) is None else type(fn)
+
+
+def _wrapped(fn) -> Callable | None:
+    """The function a decorator's wrapper object calls, its `__wrapped__` (which `functools.wraps`,
+    `update_wrapper`, `lru_cache` and `cache` set): a C `lru_cache` wrapper or a decorator class's
+    instance; None for anything else. A Python function wrapping another is not one: it holds the
+    other in its closure, which is followed already. Read from the object's `__dict__`, because a
+    bound method hands any attribute on to its function and a `__getattr__` may make one up."""
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        return None
+    attributes = getattr(fn, "__dict__", None)
+    wrapped = attributes.get("__wrapped__") if isinstance(attributes, dict) else None
+    return wrapped if callable(wrapped) else None
 
 
 def _describe_callable(fn: Callable) -> str:
-    """A user function's name for messages: a callable object is named by its class."""
+    """A user function's name for messages: a callable object is named by its class, and a
+    decorator's wrapper object by its class and the function it wraps."""
     if isinstance(fn, functools.partial):
         return f"functools.partial({_describe_callable(fn.func)})"
     named = _defining(fn)
-    return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
+    described = f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
+    wrapped = _wrapped(fn)
+    return described if wrapped is None else f"{described}({_describe_callable(wrapped)})"
 
 
 @dataclass(frozen=True)
@@ -75,7 +93,9 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     default argument values and the module globals it reads, as `_captured`, `_defaults` and
     `_globals` write them: the values they hold when the loader is built (a default is evaluated
     where the function is defined, so `def keep(r, n=LIMIT)` keeps its source when `LIMIT`
-    changes, and so does a function reading `MAX_LEN` when `MAX_LEN` does).
+    changes, and so does a function reading `MAX_LEN` when `MAX_LEN` does). A decorator's wrapper
+    object (`lru_cache`, `cache`, a decorator class's instance) adds the function it wraps, written
+    like any (`_wrapped`); a wrapper function `functools.wraps` made is hashed by its own source.
 
     A function of the standard library or of another installed package than the one the loader
     was handed a function of, met inside that function, is written by its name only, and such a
@@ -92,15 +112,18 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
         args = _configuration((fn.args, sorted(fn.keywords.items())))
         inner = dataclasses.replace(_walk, within=_walk.within | {id(function)})
         return f"functools.partial({_fingerprint_callable(fn.func, inner)}, {args})"
-    described, defining = _describe_callable(fn), _defining(fn)
-    if defining is not fn:  # a callable object
-        described += f" {_configuration(fn)}"
+    described, defining, runs, wrapped = _describe_callable(fn), _defining(fn), _code_run(fn), _wrapped(fn)
+    if defining is not fn:
+        if wrapped is None or runs is not None:  # a C wrapper's attributes are its cache's, not settings
+            described += f" {_configuration(fn)}"
     else:
         owner = getattr(fn, "__self__", None)  # a built-in function's is its module: nothing to add
         if owner is not None and not isinstance(owner, types.ModuleType):
             described += f" of {_configuration(owner)}"
+    if wrapped is not None:  # followed like a function, though the decorator is a library's
+        inner = dataclasses.replace(_walk, within=_walk.within | {id(function)})
+        described += f" wrapping:({_fingerprint_callable(wrapped, inner)})"
     home = _package(defining) if _walk.home is None else _walk.home
-    runs = _code_run(fn)
     followed = runs is not None and (_package(runs) == home or not is_library_code(runs.__code__))
     if _walk.home is not None and runs is not None and not followed:
         return described  # a library's function, held by the user's
@@ -112,7 +135,10 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     # recipe had two fingerprints across builds. They enter by their repr, which shows their keys.
     if getattr(defining, "__module__", None) != "operator":
         try:
-            source = inspect.getsource(defining)
+            # A function `functools.wraps` made: `inspect` would give the source of the function it
+            # wraps (followed through its closure), its code gives its own.
+            wraps = isinstance(defining, types.FunctionType) and hasattr(defining, "__wrapped__")
+            source = inspect.getsource(defining.__code__ if wraps else defining)
         except (OSError, TypeError):  # built in, or defined where no source file is (exec, -c)
             pass
     if source is not None:
@@ -186,7 +212,8 @@ def _written(value, walk: _Walk) -> str:
     (and partials, bound methods) by their own fingerprint. A class and a module are named. Any
     other value (a tokenizer, a lock: their reprs hold paths, addresses or states) is written by
     its type's name only, so a change inside it is not seen."""
-    if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
+    callables = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+    if isinstance(value, callables) or _wrapped(value) is not None:
         return _fingerprint_callable(value, walk)
     if isinstance(value, type):
         return f"{value.__module__}.{value.__qualname__}"

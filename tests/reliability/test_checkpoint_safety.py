@@ -1009,3 +1009,74 @@ def test_an_enum_member_enters_the_recipe_by_its_class_name_and_value(tmp_path):
 class Sizes(enum.IntEnum):
     SMALL = 3
     LARGE = 30
+
+
+DECORATED = '''import functools
+
+
+@functools.lru_cache(maxsize=None)
+def words(text):
+    return {words}
+
+
+def doubled(fn):
+    @functools.wraps(fn)
+    def wrapper(text):
+        return {doubled}
+    return wrapper
+
+
+@doubled
+def half(text):
+    return len(text) // 2
+
+
+class Traced:
+    """A decorator class: its instance wraps the function."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, text):
+        return self.__wrapped__(text)
+
+
+@Traced
+def third(text):
+    return {third}
+
+
+@functools.cache
+def depth(n):
+    return 0 if n <= 0 else 1 + depth(n - 1)
+
+
+def keep(record):
+    text = record["text"]
+    return words(text) + half(text) + third(text) + depth(3) > 0
+'''
+
+
+def test_a_function_a_decorator_wraps_is_followed_into_its_code(tmp_path):
+    """`functools.lru_cache`/`cache` and a decorator class made a helper an object with the
+    function in `__wrapped__`, written by its type alone; a `functools.wraps` decorator's wrapper
+    was written by the source of the function it wraps (`inspect` unwraps), not its own. Editing the
+    cached helper, the class-decorated one or the decorator resumed a checkpoint of the old code.
+    A recursive cached helper reaches itself through its wrapper: written `<itself>` there."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, bodies: tuple[str, str, str]):
+        words, doubled, third = bodies
+        return user_module(tmp_path / f"v{version}", DECORATED.format(words=words, doubled=doubled, third=third)).keep
+
+    original = ("len(text.split())", "fn(text) * 2", "len(text) // 3")
+    changes = (
+        ("len(text.split()) + 1", "fn(text) * 2", "len(text) // 3"),
+        ("len(text.split())", "fn(text) * 3", "len(text) // 3"),
+        ("len(text.split())", "fn(text) * 2", "len(text) // 4"),
+    )
+    assert_a_change_is_refused_and_the_same_resumes(tmp_path, user_filter, original, changes)
+    cached = user_filter(len(changes) + 3, original)
+    written = _fingerprint_callable(cached.__globals__["words"])
+    assert written.startswith("functools._lru_cache_wrapper(user_fns.words)") and "source:" in written, written
+    assert "depth=<itself>" in _fingerprint_callable(cached), _fingerprint_callable(cached)
