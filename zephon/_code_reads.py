@@ -1,8 +1,10 @@
-"""Which module globals a user function's code reads, and whether that code is a library's.
+"""Which module globals a user function's code reads, which attributes of `self` a method's
+code reads, and whether that code is a library's.
 
 A map's or filter's fingerprint (`_record_ops._fingerprint_callable`) writes the values of the
 globals its code reads: `MAX_LEN = 2048` changed to 4096 at module level leaves the function's
-source as it was. It follows the functions it reaches that way only into the user's own code. A
+source as it was; and a method's source leaves out the methods it calls on `self`. It follows the
+functions it reaches these ways only into the user's own code. A
 function of the standard library or of another installed package is named, not followed: its
 module's globals are the library's state (`re` keeps the patterns programs compiled in one, so a
 fingerprint reading it would change as the program runs), its call graph may hold thousands of
@@ -19,9 +21,10 @@ import site
 import sysconfig
 import types
 
-__all__ = ["globals_read", "is_library_code"]
+__all__ = ["attributes_read_on_first_argument", "globals_read", "is_library_code"]
 
 _LOADS_A_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+_LOADS_AN_ATTRIBUTE = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 
 
 def globals_read(code: types.CodeType) -> list[str]:
@@ -39,6 +42,35 @@ def globals_read(code: types.CodeType) -> list[str]:
     while pending:
         current = pending.pop()
         names.update(op.argval for op in dis.get_instructions(current) if op.opname in _LOADS_A_GLOBAL)
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return sorted(names)
+
+
+def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
+    """The attribute names `code` (a method's) and the code nested in it load on its first
+    argument, `self.helper` of `self.helper(x)`, sorted; empty for code without arguments.
+
+    Found by name, not by offset, so that 3.11 and 3.14 agree where their bytecode differs: an
+    attribute load right after a load of a local or a closure variable of that name (3.11 loads
+    `self` as `LOAD_FAST`, 3.14 as `LOAD_FAST_BORROW` or as the second of a `LOAD_FAST_LOAD_FAST`
+    pair, and a lambda or a 3.11 comprehension reads it from its closure). `super().helper` is
+    another load (`LOAD_SUPER_ATTR` on 3.12+, an attribute of `super()` before) and is not one.
+    """
+    if code.co_argcount + code.co_kwonlyargcount == 0:
+        return []
+    first = code.co_varnames[0]
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        loaded = None
+        for op in dis.get_instructions(current):
+            if op.opname == "EXTENDED_ARG":  # the prefix of a large argument, not an instruction of its own
+                continue
+            if op.opname in _LOADS_AN_ATTRIBUTE and loaded == first:
+                names.add(op.argval)
+            variable = op.opname.startswith("LOAD_FAST") or op.opname == "LOAD_DEREF"
+            loaded = (op.argval[-1] if isinstance(op.argval, tuple) else op.argval) if variable else None
         pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
     return sorted(names)
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._code_reads import globals_read, is_library_code
+from ._code_reads import attributes_read_on_first_argument, globals_read, is_library_code
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
@@ -73,11 +73,15 @@ class _Walk:
     their ids from being reused meanwhile), so that helpers reaching a shared helper along many
     paths write it once: written along every path, n levels of them made 2**n writings. `home` is
     the top-level package of the function handed to the loader (None until it is met: a partial's
-    function is), whose code is followed wherever it is installed."""
+    function is), whose code is followed wherever it is installed. `instance_class` is, for a
+    method followed from another's `self.helper(...)`, the class that call was resolved on: the
+    method's own calls on `self` resolve there too (a subclass may override them), so such a
+    method is written in full once per class."""
 
     home: str | None = None
     within: frozenset = frozenset()
     written: set = dataclasses.field(default_factory=set)
+    instance_class: type | None = None
 
 
 def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
@@ -96,6 +100,8 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     changes, and so does a function reading `MAX_LEN` when `MAX_LEN` does). A decorator's wrapper
     object (`lru_cache`, `cache`, a decorator class's instance) adds the function it wraps, written
     like any (`_wrapped`); a wrapper function `functools.wraps` made is hashed by its own source.
+    A method (a bound method's, a callable object's `__call__`) adds the methods it calls on
+    `self`, found on its instance's class and followed alike (`_methods`).
 
     A function of the standard library or of another installed package than the one the loader
     was handed a function of, met inside that function, is written by its name only, and such a
@@ -106,7 +112,8 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     function = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if id(function) in _walk.within:
         return "<itself>"
-    if isinstance(fn, types.FunctionType) and fn in _walk.written:
+    written_as = fn if _walk.instance_class is None else (fn, _walk.instance_class)
+    if isinstance(fn, types.FunctionType) and written_as in _walk.written:
         return f"{_describe_callable(fn)} <as above>"
     if isinstance(fn, functools.partial):
         args = _configuration((fn.args, sorted(fn.keywords.items())))
@@ -145,12 +152,16 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
         described += f" source:{sha256(source.encode()).hexdigest()[:16]}"
     if followed:
         inner = _Walk(home=home, within=_walk.within | {id(function)}, written=_walk.written)
-        for label, write in (("captured", _captured), ("defaults", _defaults), ("globals", _globals)):
-            written = write(runs, inner)
+        on_self = dataclasses.replace(inner, instance_class=_instance_class(fn, _walk))
+        for label, write, walk in (
+            ("captured", _captured, inner), ("defaults", _defaults, inner), ("globals", _globals, inner),
+            ("methods", _methods, on_self),
+        ):
+            written = write(runs, walk)
             if written:
                 described += f" {label}:({written})"
         if runs is fn:  # a function's writing depends on it alone; a method's, on its instance too
-            _walk.written.add(fn)
+            _walk.written.add(written_as)
     return described
 
 
@@ -167,6 +178,46 @@ def _code_run(fn: Callable) -> types.FunctionType | None:
     elif not isinstance(fn, types.FunctionType):
         fn = getattr(type(fn), "__call__", None)
     return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _instance_class(fn: Callable, walk: _Walk) -> type | None:
+    """The class on which `self.helper` in the code a call of `fn` runs is found: a bound method's
+    instance's (the class itself for a classmethod's), a callable object's, or for a method
+    followed from another's call on `self`, the class that call was found on; None for a function."""
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        return owner if isinstance(owner, type) else type(owner)
+    return walk.instance_class if isinstance(fn, types.FunctionType) else type(fn)
+
+
+def _methods(function: types.FunctionType, walk: _Walk) -> str:
+    """The methods `function` calls on its first argument (`self.helper(x)`: the names
+    `attributes_read_on_first_argument` gives), found through the MRO of `walk.instance_class`,
+    by name, each written as a function is and followed into its own calls on `self`; a
+    classmethod's or a staticmethod's function and a property's getter too. Names that are no
+    function there (an instance's attributes, which its settings hold) are left out."""
+    if walk.instance_class is None:
+        return ""
+    parts = []
+    for name in attributes_read_on_first_argument(function.__code__):
+        found, on = _class_attribute(walk.instance_class, name), walk
+        if isinstance(found, staticmethod):
+            found, on = found.__func__, dataclasses.replace(walk, instance_class=None)
+        elif isinstance(found, classmethod):
+            found = found.__func__
+        elif isinstance(found, property):
+            found = found.fget
+        if isinstance(found, types.FunctionType) or _wrapped(found) is not None:
+            parts.append(f"{name}={_fingerprint_callable(found, on)}")
+    return ", ".join(parts)
+
+
+def _class_attribute(cls: type, name: str):
+    """What `name` is in the first class of `cls`'s MRO that defines it, unbound; None if none does."""
+    for defining in cls.__mro__:
+        if name in vars(defining):
+            return vars(defining)[name]
+    return None
 
 
 def _captured(function: types.FunctionType, walk: _Walk) -> str:

@@ -1080,3 +1080,88 @@ def test_a_function_a_decorator_wraps_is_followed_into_its_code(tmp_path):
     written = _fingerprint_callable(cached.__globals__["words"])
     assert written.startswith("functools._lru_cache_wrapper(user_fns.words)") and "source:" in written, written
     assert "depth=<itself>" in _fingerprint_callable(cached), _fingerprint_callable(cached)
+
+
+METHODS = '''UNIT = {unit}
+
+
+class Counter:
+    def words(self, text):
+        return {words}
+
+
+class Cleaner(Counter):
+    def __init__(self, limit):
+        self.limit = limit
+
+    def longest(self, text):
+        return {longest}
+
+    def depth(self, n):
+        return 0 if n <= 0 else 1 + self.depth(n - 1)
+
+    def keep(self, record):
+        text = record["text"]
+        return self.words(text) >= self.limit and self.longest(text) < 40 and self.depth(2) == 2
+
+    def __call__(self, record):
+        return self.keep(record)
+'''
+
+
+@pytest.mark.parametrize("handed", ["bound method", "callable object"])
+def test_the_methods_a_method_calls_on_self_are_part_of_the_recipe(tmp_path, handed):
+    """`Cleaner(3).keep` was hashed by `keep`'s source alone, and `Cleaner(3)` by its class's:
+    `self.words(text)`, defined in a base class, edited or reading a changed module global, and
+    `self.longest(text)` edited, resumed a checkpoint of the old code. The methods a method calls on
+    its first argument, found through the class's MRO, are followed like the functions it reads."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, bodies: tuple[int, str, str]):
+        unit, words, longest = bodies
+        module = user_module(tmp_path / f"v{version}", METHODS.format(unit=unit, words=words, longest=longest))
+        return module.Cleaner(3).keep if handed == "bound method" else module.Cleaner(3)
+
+    original = (1, "len(text.split()) // UNIT", "max(len(word) for word in text.split())")
+    changes = (
+        (2, "len(text.split()) // UNIT", "max(len(word) for word in text.split())"),
+        (1, "len(text.split()) // UNIT + 1", "max(len(word) for word in text.split())"),
+        (1, "len(text.split()) // UNIT", "max(len(word) for word in text.split()) + 1"),
+    )
+    assert_a_change_is_refused_and_the_same_resumes(tmp_path, user_filter, original, changes)
+    written = _fingerprint_callable(user_filter(len(changes) + 3, original))
+    assert "depth=<itself>" in written and "words=user_fns.Counter.words" in written, written
+
+
+class Thresholds:
+    """Reaches its helpers on `self` as a property, a classmethod and a staticmethod."""
+
+    stop = frozenset({"the", "of", "and", "a", "to", "in", "is"})
+
+    def __init__(self, minimum: int) -> None:
+        self.minimum = minimum
+
+    @property
+    def floor(self) -> int:
+        return self.minimum + self.margin()
+
+    @classmethod
+    def margin(cls) -> int:
+        return len(cls.stop) // 7
+
+    @staticmethod
+    def words(text: str) -> list[str]:
+        return [word for word in text.split() if word not in STOP_WORDS]
+
+    def keep(self, record: dict) -> bool:
+        return len(self.words(record["text"])) >= self.floor
+
+
+def test_methods_reached_on_self_fingerprint_the_same_in_every_process():
+    """Each is written once, by name, in the same order in every process; a staticmethod's globals
+    (a set) are listed sorted."""
+    prints = _fingerprints_in_processes("Thresholds(3).keep")
+    assert len(prints) == 1, prints
+    written = prints.pop()
+    for reached in ("floor=", "margin=", "words=", "STOP_WORDS=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})"):
+        assert reached in written, (reached, written)
