@@ -100,8 +100,9 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     changes, and so does a function reading `MAX_LEN` when `MAX_LEN` does). A decorator's wrapper
     object (`lru_cache`, `cache`, a decorator class's instance) adds the function it wraps, written
     like any (`_wrapped`); a wrapper function `functools.wraps` made is hashed by its own source.
-    A method (a bound method's, a callable object's `__call__`) adds the methods it calls on
-    `self`, found on its instance's class and followed alike (`_methods`).
+    A method (a bound method's, a callable object's `__call__`) adds what it reads on `self` that
+    its instance's class defines: the methods it calls, followed alike, and the class's public
+    constants (`_read_on_self`).
 
     A function of the standard library or of another installed package than the one the loader
     was handed a function of, met inside that function, is written by its name only, and such a
@@ -155,7 +156,7 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
         on_self = dataclasses.replace(inner, instance_class=_instance_class(fn, _walk))
         for label, write, walk in (
             ("captured", _captured, inner), ("defaults", _defaults, inner), ("globals", _globals, inner),
-            ("methods", _methods, on_self),
+            ("self", _read_on_self, on_self),
         ):
             written = write(runs, walk)
             if written:
@@ -190,34 +191,55 @@ def _instance_class(fn: Callable, walk: _Walk) -> type | None:
     return walk.instance_class if isinstance(fn, types.FunctionType) else type(fn)
 
 
-def _methods(function: types.FunctionType, walk: _Walk) -> str:
-    """The methods `function` calls on its first argument (`self.helper(x)`: the names
-    `attributes_read_on_first_argument` gives), found through the MRO of `walk.instance_class`,
-    by name, each written as a function is and followed into its own calls on `self`; a
-    classmethod's or a staticmethod's function and a property's getter too. Names that are no
-    function there (an instance's attributes, which its settings hold) are left out."""
+def _read_on_self(function: types.FunctionType, walk: _Walk) -> str:
+    """What `function` reads on its first argument (`self.helper(x)`, `self.MIN_WORDS`: the names
+    `attributes_read_on_first_argument` gives) that the MRO of `walk.instance_class` defines, by
+    name. A method (`_method_function`) is written as a function is and followed into its own
+    calls on `self`. Any other public value there (a constant set in the class body, which neither
+    the method's source nor its instance's settings show) is written as `_written` writes it; a
+    private one (`_seen = {}`) is left out, as state that running changes, and so are slots and
+    attributes the class does not define (the instance's, which its settings hold)."""
     if walk.instance_class is None:
         return ""
+    plain = dataclasses.replace(walk, instance_class=None)
     parts = []
     for name in attributes_read_on_first_argument(function.__code__):
-        found, on = _class_attribute(walk.instance_class, name), walk
-        if isinstance(found, staticmethod):
-            found, on = found.__func__, dataclasses.replace(walk, instance_class=None)
-        elif isinstance(found, classmethod):
-            found = found.__func__
-        elif isinstance(found, property):
-            found = found.fget
-        if isinstance(found, types.FunctionType) or _wrapped(found) is not None:
-            parts.append(f"{name}={_fingerprint_callable(found, on)}")
+        found = _class_attribute(walk.instance_class, name)
+        method = _method_function(found)
+        if method is not None:
+            on = plain if isinstance(found, staticmethod) else walk  # a staticmethod has no `self`
+            parts.append(f"{name}={_fingerprint_callable(method, on)}")
+        elif found is not _UNSET and not name.startswith("_") and not isinstance(found, _DESCRIPTORS):
+            parts.append(f"{name}={_written(found, plain)}")
     return ", ".join(parts)
 
 
+_DESCRIPTORS = (
+    staticmethod, classmethod, property, functools.cached_property, types.MemberDescriptorType,
+    types.GetSetDescriptorType,
+)
+"""Class attributes that give an instance something else than themselves."""
+
+
+def _method_function(found) -> Callable | None:
+    """The user function a class attribute runs when read on an instance: a method, a
+    classmethod's or a staticmethod's function, a property's or a `cached_property`'s getter, a
+    decorator's wrapper object; None for anything else."""
+    if isinstance(found, (staticmethod, classmethod)):
+        found = found.__func__
+    elif isinstance(found, property):
+        found = found.fget
+    elif isinstance(found, functools.cached_property):
+        found = found.func
+    return found if isinstance(found, types.FunctionType) or _wrapped(found) is not None else None
+
+
 def _class_attribute(cls: type, name: str):
-    """What `name` is in the first class of `cls`'s MRO that defines it, unbound; None if none does."""
+    """What `name` is in the first class of `cls`'s MRO that defines it, unbound; `_UNSET` if none does."""
     for defining in cls.__mro__:
         if name in vars(defining):
             return vars(defining)[name]
-    return None
+    return _UNSET
 
 
 def _captured(function: types.FunctionType, walk: _Walk) -> str:

@@ -1159,9 +1159,37 @@ class Thresholds:
 
 def test_methods_reached_on_self_fingerprint_the_same_in_every_process():
     """Each is written once, by name, in the same order in every process; a staticmethod's globals
-    (a set) are listed sorted."""
+    and a class constant a classmethod reads on `cls` (sets) are listed sorted."""
     prints = _fingerprints_in_processes("Thresholds(3).keep")
     assert len(prints) == 1, prints
     written = prints.pop()
-    for reached in ("floor=", "margin=", "words=", "STOP_WORDS=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})"):
+    listed = "frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})"
+    for reached in ("floor=", "margin=", "words=", f"STOP_WORDS={listed}", f"stop={listed}"):
         assert reached in written, (reached, written)
+
+
+CONSTANTS = '''class Cleaner:
+    MIN_WORDS = {min_words}
+    _seen = {{}}  # private, filled as it runs
+
+    def keep(self, record):
+        self._seen[record["text"]] = True
+        return len(record["text"].split()) >= self.MIN_WORDS
+'''
+
+
+def test_a_class_constant_a_method_reads_on_self_is_part_of_the_recipe(tmp_path):
+    """`Cleaner().keep` reading `self.MIN_WORDS`, set in the class body, kept its source when the
+    constant changed from 3 to 4, and its instance holds no such attribute: a checkpoint of the one
+    resumed a pipeline filtering with the other. A public class attribute it reads on `self` that is
+    no function enters by value; a private one, state filled as it runs, does not."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, min_words: int):
+        return user_module(tmp_path / f"v{version}", CONSTANTS.format(min_words=min_words)).Cleaner().keep
+
+    assert_a_change_is_refused_and_the_same_resumes(tmp_path, user_filter, 3, (4,))
+    keep = user_filter(4, 3)
+    before = _fingerprint_callable(keep)
+    keep({"text": "running fills the private cache"})
+    assert _fingerprint_callable(keep) == before and "MIN_WORDS=3" in before, before
