@@ -1,5 +1,5 @@
-"""The errors a runner fails items with when it cannot compute them: crashing workers, or the
-process runner's own machinery broken."""
+"""The errors a runner fails items with when it cannot compute them: crashing or hung workers, or a
+runner that can run no more (the process runner's machinery broken, a thread stuck for good)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ __all__ = ["RunnerFailedError", "WorkerCrashedError"]
 
 
 class WorkerCrashedError(ZephonError):
-    """Every attempt at one item ended with its worker process dying or timing out.
+    """Every attempt at one item ended with its worker process dying or timing out, or the thread
+    running it (thread runner) outlived `task_timeout_s` (one attempt: a thread cannot be stopped).
 
     Distinct from an exception raised by the stage function, which is delivered as itself: this one
     means the item could not be computed at all, and names the stage and what happened to the
@@ -31,17 +32,22 @@ class WorkerCrashedError(ZephonError):
 
 
 class RunnerFailedError(ZephonError):
-    """The process runner's reader thread stopped on an unexpected error (a bug, or a fault it has
-    no remedy for), so no reply can be received any more.
+    """A runner can run no more items: the process runner's reader thread stopped on an unexpected
+    error (a bug, or a fault it has no remedy for), so no reply can be received any more; or a
+    thread runner's thread outlived `task_timeout_s`, and a thread cannot be stopped.
 
-    Every item the runner held, wherever it was (queued, sent, or its reply being handled), and
-    every item submitted afterwards fails with this error, the original one as its `__cause__`:
-    the loader raises it instead of waiting forever for a reply that can no longer arrive.
+    Every item the runner held, wherever it was (queued, sent, or its reply being handled; a thread
+    runner's queued ones), and every item submitted afterwards fails with this error, the original
+    one as its `__cause__`: the loader raises it instead of waiting forever for a reply that can no
+    longer arrive.
     """
 
-    def __init__(self, detail: str = "its reader thread stopped on an unexpected error") -> None:
+    def __init__(
+        self, detail: str = "its reader thread stopped on an unexpected error", runner: str = "process"
+    ) -> None:
         self.detail = detail
-        super().__init__(f"the process runner failed: {detail}; it can run no more items (see the cause)")
+        self.runner = runner
+        super().__init__(f"the {runner} runner failed: {detail}; it can run no more items (see the cause)")
 
     def __reduce__(self):  # rebuilt from its detail, not its message, which would be wrapped again
-        return (type(self), (self.detail,))
+        return (type(self), (self.detail, self.runner))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -9,7 +10,7 @@ from concurrent.futures import Future
 from zephon._errors import ConfigurationError
 from zephon._runner import Stage
 
-__all__ = ["cancelled_future", "check_owner", "check_startable", "stage_at", "validate_stages"]
+__all__ = ["cancelled_future", "check_owner", "check_startable", "check_task_timeout", "stage_at", "validate_stages"]
 
 
 def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
@@ -25,6 +26,16 @@ def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
                 f"stage {stage.name!r}: parallelism must be a positive int, got {stage.parallelism!r}"
             )
     return checked
+
+
+def check_task_timeout(task_timeout_s: float | None) -> float | None:
+    """`task_timeout_s` as given, refused unless None (no timeout) or a positive number (inf is
+    taken: no timeout either). Types are checked too: True or "30" was taken for a number."""
+    if task_timeout_s is not None and not (
+        isinstance(task_timeout_s, numbers.Real) and not isinstance(task_timeout_s, bool) and task_timeout_s > 0
+    ):
+        raise ConfigurationError(f"task_timeout_s must be a positive number or None, got {task_timeout_s!r}")
+    return task_timeout_s
 
 
 def check_startable(started: bool, closed: bool) -> None:

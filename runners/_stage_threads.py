@@ -4,7 +4,8 @@ Daemon threads, because a stage function may never return (a hung network read, 
 C library) and a thread cannot be interrupted: interpreter exit joins every non-daemon thread
 without a timeout, a `ThreadPoolExecutor`'s among them, so one such thread kept the training job
 from ever ending. The runner bounds how long it waits for running items instead, and reports the
-threads it leaves behind (`stuck_in` says where each one is).
+threads it leaves behind (`stuck_in` says where each one is). Each thread notes the item it runs
+and since when (`running`), so that the runner can fail one running past `task_timeout_s`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import threading
 import time
 import traceback
 import weakref
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -29,11 +31,12 @@ _STOP = None  # what tells a thread to exit once it takes it from the queue
 class StageThreads:
     """`parallelism` daemon threads named `zephon-<stage>_N`, all started here, serving one queue.
 
-    The threads hold the queue and the stage function, never this object: one its runner
-    dropped unclosed is collected, and its finalizer tells its idle threads to exit.
+    The threads hold the queue, the stage function and their slots in `_taken`, never this object:
+    one its runner dropped unclosed is collected, and its finalizer tells its idle threads to exit.
 
     Thread-safety: `submit` may be called from any thread; `stop` too, and it takes no lock of its
-    own (the runner's exit hook calls it); `wait` from any thread but these.
+    own (the runner's exit hook calls it); `wait` from any thread but these; `running` and `fail`
+    from any thread.
     """
 
     def __init__(self, stage: Stage) -> None:
@@ -41,10 +44,15 @@ class StageThreads:
         self.threads: list[threading.Thread] = []
         self._queue: SimpleQueue = SimpleQueue()
         self._stopped = False
+        self._failure: Callable[[], BaseException] | None = None  # set by `fail`
+        # Thread n's item and when it took it (time.monotonic()), None while it waits for one: a
+        # list whose slots are each written by one thread only, read by the runner's watch.
+        self._taken: list[tuple[Future, float] | None] = [None] * stage.parallelism
         try:
             for n in range(stage.parallelism):
                 thread = threading.Thread(
-                    target=_serve, args=(self._queue, stage.fn), name=f"zephon-{stage.name}_{n}", daemon=True
+                    target=_serve, args=(self._queue, stage.fn, self._taken, n), name=f"zephon-{stage.name}_{n}",
+                    daemon=True,
                 )
                 thread.start()
                 self.threads.append(thread)
@@ -54,13 +62,21 @@ class StageThreads:
         weakref.finalize(self, _tell_to_exit, self._queue, len(self.threads)).atexit = False
 
     def submit(self, item: Any) -> Future:
-        """A future of `stage.fn(item)`; a cancelled one once `stop` has begun."""
+        """A future of `stage.fn(item)`; a cancelled one once `stop` has begun, a failed one once
+        `fail` has."""
         future: Future = Future()
+        if self._failure is not None:  # not queued: an idle thread of this stage would still take it
+            future.set_exception(self._failure())
+            return future
         self._queue.put((future, item))
         if self._stopped:
             # `stop` may have drained the queue before this item reached it, and its threads may
             # have exited: cancelled here, it cannot wait for ever (a no-op if a thread runs it).
             future.cancel()
+        elif self._failure is not None:
+            # `fail` may have drained the queue before this item reached it: drained again, so
+            # it fails instead of waiting behind a stuck thread (a thread that took it runs it).
+            self._fail_queued()
         return future
 
     def stop(self) -> None:
@@ -74,6 +90,32 @@ class StageThreads:
             if work is not _STOP:
                 work[0].cancel()
         _tell_to_exit(self._queue, len(self.threads))
+
+    def fail(self, failure: Callable[[], BaseException]) -> None:
+        """Fail the items no thread has taken, and every item submitted from now on, with a fresh
+        `failure()` each (a note the loader adds to one must not reach the others): the runner can
+        run no more. The threads are left as they are; `stop` ends them."""
+        self._failure = failure
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Take every queued item and fail it; put back the stop messages taken with them. Only
+        what this call takes from the queue is failed, so no item a thread runs is touched."""
+        stops = 0
+        while True:
+            try:
+                work = self._queue.get_nowait()
+            except Empty:
+                break
+            if work is _STOP:
+                stops += 1
+            else:
+                _settle(work[0].set_exception, self._failure())
+        _tell_to_exit(self._queue, stops)
+
+    def running(self) -> list[tuple[threading.Thread, Future, float]]:
+        """The items the threads run now: (thread, its item's future, when it took it)."""
+        return [(thread, *taken) for thread, taken in zip(self.threads, list(self._taken)) if taken is not None]
 
     def wait(self, deadline: float) -> list[threading.Thread]:
         """Join the threads until `deadline` (`time.monotonic()`); the threads still running then."""
@@ -95,22 +137,36 @@ def stuck_in(thread: threading.Thread) -> str:
     return "".join(traceback.StackSummary.extract(reversed(list(below_serve))).format()).rstrip()
 
 
-def _serve(queue: SimpleQueue, fn) -> None:
-    """Run items until told to stop. Whatever `fn` raises, `SystemExit` and `KeyboardInterrupt`
-    included, is the item's: it is set on the future, and the thread goes on serving."""
+def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
+    """Run items until told to stop, noting in `taken[slot]` the one running and since when.
+    Whatever `fn` raises, `SystemExit` and `KeyboardInterrupt` included, is the item's: it is set on
+    the future, and the thread goes on serving. An item the runner failed meanwhile (it ran past
+    `task_timeout_s`) keeps that failure: what `fn` gave it late is dropped."""
     while (work := queue.get()) is not _STOP:
         future, item = work
         del work  # nothing of a finished item is kept while the thread waits for the next
         if future.set_running_or_notify_cancel():
+            taken[slot] = (future, time.monotonic())
             try:
                 result = fn(item)
             except BaseException as error:
-                future.set_exception(error)
+                taken[slot] = None
+                _settle(future.set_exception, error)
                 del error
             else:
-                future.set_result(result)
+                taken[slot] = None
+                _settle(future.set_result, result)
                 del result
         del future, item
+
+
+def _settle(setter, value) -> None:
+    """Resolve a future unless it is resolved already (failed past `task_timeout_s`, or cancelled
+    by its caller while it was queued): then `value` is dropped."""
+    try:
+        setter(value)
+    except InvalidStateError:
+        pass
 
 
 def _tell_to_exit(queue: SimpleQueue, threads: int) -> None:

@@ -19,7 +19,6 @@ import atexit
 import functools
 import logging
 import multiprocessing
-import numbers
 import os
 import pickle
 import selectors
@@ -42,7 +41,14 @@ from zephon._runner import Stage
 
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
-from ._lifecycle import cancelled_future, check_owner, check_startable, stage_at, validate_stages
+from ._lifecycle import (
+    cancelled_future,
+    check_owner,
+    check_startable,
+    check_task_timeout,
+    stage_at,
+    validate_stages,
+)
 from ._transport import Envelope, decode, discard, encode, make_shm_directory
 from ._worker import STOP, serve
 
@@ -180,10 +186,7 @@ class ProcessRunner:
     ) -> None:
         # Types are checked too, not only ranges: a float size (64e6) passed and failed start() with
         # a bare TypeError from mmap, None or a string failed here with an unnamed one.
-        if task_timeout_s is not None and not (
-            isinstance(task_timeout_s, numbers.Real) and not isinstance(task_timeout_s, bool) and task_timeout_s > 0
-        ):
-            raise ConfigurationError(f"task_timeout_s must be a positive number or None, got {task_timeout_s!r}")
+        task_timeout_s = check_task_timeout(task_timeout_s)
         max_retries = check_count(max_retries, "max_retries", 0)
         oob_threshold_bytes = check_count(oob_threshold_bytes, "oob_threshold_bytes", 1)
         reply_arena_bytes = check_count(reply_arena_bytes, "reply_arena_bytes", 0)

@@ -12,14 +12,16 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Self
 
 from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
-from ._lifecycle import cancelled_future, check_owner, check_startable, stage_at, validate_stages
+from ._errors import RunnerFailedError, WorkerCrashedError
+from ._lifecycle import cancelled_future, check_owner, check_startable, check_task_timeout, stage_at, validate_stages
 from ._stage_threads import StageThreads, stuck_in
+from ._task_timeout import TaskTimeoutWatch
 
 __all__ = ["ThreadRunner"]
 
@@ -54,6 +56,11 @@ class ThreadRunner:
     the thread that finished the item; submitting the next stage from one is safe because every
     stage has its own threads.
 
+    - `task_timeout_s` (default None: no timeout): an item running longer fails with
+      `WorkerCrashedError` naming its stage and the call its thread is stuck in. The thread cannot
+      be stopped, so the runner can run nothing more: queued and later items fail with
+      `RunnerFailedError` (the timeout as its cause), and `close()` leaves the thread behind, as
+      below. A watching thread (`_task_timeout`) runs only when this is set.
     - `close_timeout_s`: how long `close()` (or interpreter exit, for a runner never closed) waits
       for the items already running. Threads cannot be interrupted: one still running then (a
       stage function that never returns: a hung network read, a deadlock in a C library) is left
@@ -71,11 +78,15 @@ class ThreadRunner:
 
     name = "thread"
 
-    def __init__(self, *, close_timeout_s: float = 5.0) -> None:
+    def __init__(self, *, task_timeout_s: float | None = None, close_timeout_s: float = 5.0) -> None:
+        task_timeout_s = check_task_timeout(task_timeout_s)
         if check_finite(close_timeout_s, "close_timeout_s") < 0:
             raise ConfigurationError(f"close_timeout_s must be >= 0, got {close_timeout_s!r}")
         self.reason = "requested explicitly"
+        self._task_timeout_s = task_timeout_s
         self._close_timeout_s = close_timeout_s
+        self._watch: TaskTimeoutWatch | None = None
+        self._timed_out: WorkerCrashedError | None = None  # the first item failed past task_timeout_s
         self._stages: tuple[Stage, ...] | None = None
         self._pools: list[StageThreads] = []
         self._closed = False
@@ -88,6 +99,8 @@ class ThreadRunner:
         try:
             for stage in self._stages:
                 self._pools.append(StageThreads(stage))
+            if self._task_timeout_s is not None:
+                self._watch = TaskTimeoutWatch(self, self._task_timeout_s)
         except BaseException:  # a thread that cannot start: the error is start()'s, no thread is left
             self._stop_threads()
             raise
@@ -113,7 +126,8 @@ class ThreadRunner:
         # rest. A thread cannot join itself; when a done-callback closes the runner the threads
         # are left to finish on their own (they exit once their items are done).
         self._stop_threads()
-        if not any(pool.runs_current_thread() for pool in self._pools):
+        on_watch = self._watch is not None and threading.current_thread() is self._watch.thread
+        if not on_watch and not any(pool.runs_current_thread() for pool in self._pools):
             self._wait_for_running(time.monotonic() + self._close_timeout_s, "close() began")
 
     def _stop_threads(self) -> None:
@@ -124,12 +138,16 @@ class ThreadRunner:
             return
         for pool in self._pools:
             pool.stop()
+        if self._watch is not None:
+            self._watch.stop()
 
     def _wait_for_running(self, deadline: float, since: str) -> None:
         """Wait for the running items until `deadline`, then leave the threads still running
         behind, each reported once with its stage and where it is."""
         if self._waited or self._stages is None or os.getpid() != self._pid:
             return
+        if self._watch is not None:
+            self._watch.join(deadline)
         for pool in self._pools:
             for thread in pool.wait(deadline):
                 _log.warning(
@@ -139,6 +157,36 @@ class ThreadRunner:
                     pool.stage.name, thread.name, self._close_timeout_s, since, stuck_in(thread),
                 )
         self._waited = True
+
+    def _time_out(self, pool: StageThreads, thread: threading.Thread, future: Future) -> None:
+        """Fail `future`, which `thread` has run for `task_timeout_s`, naming where the thread is;
+        from the first, fail every queued and later item too. Called by the watch.
+
+        The runner is failed before the item, so whoever its failure wakes (the loader, a
+        done-callback submitting again) finds a runner that runs nothing more. An item that
+        returns in the instant between still fails the runner: it did run that long."""
+        cause = (
+            f"thread {thread.name} exceeded task_timeout_s={self._task_timeout_s} and was left running (a thread "
+            f"cannot be interrupted). It is in:\n{stuck_in(thread)}"
+        )
+        error = WorkerCrashedError(pool.stage.name, 1, cause)
+        if self._timed_out is None:
+            self._timed_out = error
+            detail = (
+                f"stage {pool.stage.name!r}: its thread {thread.name} exceeded task_timeout_s={self._task_timeout_s}"
+            )
+
+            def failure() -> RunnerFailedError:
+                failed = RunnerFailedError(detail, runner="thread")
+                failed.__cause__ = error
+                return failed
+
+            for each in self._pools:
+                each.fail(failure)
+        try:
+            future.set_exception(error)
+        except InvalidStateError:  # it returned as its time ran out
+            pass
 
     def __enter__(self) -> Self:
         return self

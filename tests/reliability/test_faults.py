@@ -113,6 +113,51 @@ def test_worker_hung_past_task_timeout_is_killed_and_the_output_is_bit_identical
     assert run.totals == reference.totals
 
 
+def test_a_map_hung_past_task_timeout_on_the_thread_runner_fails_the_loader_naming_the_map(tmp_path):
+    """A map that never returns (a hung network read, a deadlock in a C library) on the thread
+    runner kept the trainer waiting for its chunk for ever, silently. With `task_timeout_s` the
+    loader raises WorkerCrashedError naming the stage and the map call its thread is stuck in (or,
+    if the chunk it needs first was queued behind it, RunnerFailedError with that as its cause);
+    the thread cannot be stopped and is left to finish once its call returns."""
+    from runners import RunnerFailedError, WorkerCrashedError
+
+    gate = threading.Event()
+    marker = tmp_path / "hung"
+
+    def wait_at_the_gate(record: dict) -> dict:
+        if record["id"] == VICTIM and _claim(marker):
+            gate.wait()
+        return record
+
+    dataset = jsonl_dataset(tmp_path / "data")
+    runner = functools.partial(ThreadRunner, task_timeout_s=1, close_timeout_s=0.1)
+    pipeline = text_pipeline(dataset, runner=runner, map_fn=wait_at_the_gate, parallelism=2)
+    loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
+    raised: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            for _ in loader:
+                pass
+        except Exception as error:  # noqa: BLE001 - what the trainer sees is the assertion
+            raised.append(error)
+
+    trainer = threading.Thread(target=train, daemon=True)  # a regression waits for ever: not this test
+    trainer.start()
+    trainer.join(60)
+    gate.set()
+    try:
+        assert not trainer.is_alive(), "the loader still waits for the chunk the hung map holds"
+        assert marker.exists() and len(raised) == 1, raised
+        timed_out = raised[0].__cause__ if isinstance(raised[0], RunnerFailedError) else raised[0]
+        assert isinstance(timed_out, WorkerCrashedError), raised
+        message = str(timed_out)
+        assert "stage 'read+map" in message and "task_timeout_s=1 " in message, message
+        assert "in wait_at_the_gate" in message, message
+    finally:
+        loader.close()
+
+
 def _raise_on_victim(record: dict):
     if record["id"] == VICTIM:
         raise ValueError(f"cannot handle record {record['id']}")

@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from runners import InlineRunner, ProcessRunner, ThreadRunner
+from runners import InlineRunner, ProcessRunner, RunnerFailedError, ThreadRunner, WorkerCrashedError
 from zephon._errors import ConfigurationError
 from zephon._runner import Runner, Stage
 
@@ -309,18 +309,86 @@ def test_a_thread_runner_close_leaves_an_item_that_never_returns_behind_after_cl
     assert not threads[0].is_alive(), "and its thread then exits"
 
 
+def test_a_thread_runner_fails_an_item_running_past_task_timeout_s_naming_its_stage_and_where_it_is_stuck(
+        caplog, monkeypatch):
+    """A stage function that never returns (a hung read, a deadlock in a C library) kept whoever
+    waited for its item waiting for ever, silently. With `task_timeout_s` the item fails with
+    WorkerCrashedError naming the stage, the thread and the call it is stuck in. A thread cannot be
+    stopped, so the runner runs nothing more: queued and later items fail with RunnerFailedError,
+    the timeout as its cause; close() leaves the thread behind with its warning, and the thread,
+    once its call returns, drops its result and exits without an error of its own."""
+    unhandled: list = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)
+    release, started = threading.Event(), threading.Event()
+
+    def blocked_until_released(x):
+        started.set()
+        return release.wait() and x
+
+    runner = ThreadRunner(task_timeout_s=0.2, close_timeout_s=0.1)
+    runner.start([Stage("stuck", blocked_until_released, 1), Stage("fine", lambda x: x, 1)])
+    stuck = runner.submit(0, 1)
+    assert started.wait(60)
+    queued = runner.submit(0, 2)
+    thread = runner._pools[0].threads[0]
+    try:
+        timed_out = stuck.exception(60)
+        assert isinstance(timed_out, WorkerCrashedError), timed_out
+        message = str(timed_out)
+        assert "stage 'stuck'" in message and "task_timeout_s=0.2" in message, message
+        assert "thread zephon-stuck_0" in message and "in blocked_until_released" in message, message
+        for future in (queued, runner.submit(1, 3)):
+            failed = future.exception(60)
+            assert isinstance(failed, RunnerFailedError) and failed.__cause__ is timed_out, failed
+            assert "thread runner" in str(failed) and "stage 'stuck'" in str(failed), failed
+        with caplog.at_level(logging.WARNING, logger="runners.thread"):
+            runner.close()
+        warned = [record.getMessage() for record in caplog.records]
+        assert len(warned) == 1 and "in blocked_until_released" in warned[0], warned
+    finally:
+        release.set()
+    thread.join(60)
+    assert not thread.is_alive() and unhandled == []
+    assert stuck.exception() is timed_out, "the late result does not replace the timeout"
+
+
+def test_a_thread_runner_times_no_item_out_by_default_or_past_an_infinite_task_timeout_s():
+    """Off by default, like the process runner's: no thread watches the items, so a slow item
+    takes as long as it takes; an infinite timeout is taken too (it overflowed no wait)."""
+    for options in ({}, {"task_timeout_s": float("inf")}):
+        release = threading.Event()
+        before = set(threading.enumerate())
+        runner = ThreadRunner(**options)
+        runner.start([Stage("slow", lambda x: release.wait() and x, 1)])
+        future = runner.submit(0, 7)
+        watchers = set(threading.enumerate()) - before - set(runner._pools[0].threads)
+        assert len(watchers) == (1 if options else 0), watchers
+        release.set()
+        assert future.result(60) == 7
+        runner.close()
+        assert set(threading.enumerate()) == before, "close stops the watching thread too"
+
+
+@pytest.mark.parametrize("task_timeout_s", [0, -1.0, float("nan"), "30", True])
+def test_a_thread_runner_task_timeout_that_is_not_a_positive_number_is_refused_at_construction(task_timeout_s):
+    with pytest.raises(ConfigurationError, match="task_timeout_s must be a positive number or None"):
+        ThreadRunner(task_timeout_s=task_timeout_s)
+
+
 @pytest.mark.parametrize("close_timeout_s", [None, -1.0, float("nan")])
 def test_a_thread_runner_close_timeout_that_close_could_not_wait_by_is_refused_at_construction(close_timeout_s):
     with pytest.raises(ConfigurationError, match="close_timeout_s"):
         ThreadRunner(close_timeout_s=close_timeout_s)
 
 
-def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped():
+@pytest.mark.parametrize("options", [{}, {"task_timeout_s": 3600}], ids=["plain", "task_timeout_s"])
+def test_a_thread_runner_never_closed_is_freed_with_its_threads_once_dropped(options):
     # A pool thread keeps its initializer for life; had it been a method of the runner, the
     # threads would keep the runner and its pools alive, and a loader dropped without close()
-    # would leave its idle threads behind for good.
+    # would leave its idle threads behind for good. The task-timeout watch holds the runner
+    # weakly and is woken by its collection, not an hour later.
     before = set(threading.enumerate())
-    runner = ThreadRunner()
+    runner = ThreadRunner(**options)
     runner.start([Stage("a", lambda x: x, 3), Stage("b", lambda x: x, 2)])
     assert [runner.submit(i % 2, i).result(10) for i in range(10)] == list(range(10))
     threads = set(threading.enumerate()) - before

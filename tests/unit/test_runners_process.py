@@ -1101,7 +1101,9 @@ def test_the_runners_errors_read_the_same_after_crossing_a_process_boundary():
 
     from runners import RunnerFailedError
 
-    for error in (RunnerFailedError(), RunnerFailedError("a detail"), WorkerCrashedError("tokenize", 4, "was killed")):
+    errors = (RunnerFailedError(), RunnerFailedError("a detail"), RunnerFailedError("a thread is stuck", runner="thread"),
+              WorkerCrashedError("tokenize", 4, "was killed"))
+    for error in errors:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error)
 
