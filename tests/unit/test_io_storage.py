@@ -195,16 +195,22 @@ def test_a_remote_shards_version_is_its_contents_so_a_metadata_update_does_not_f
             ds.read_chunk(ds.chunks(8)[0])
 
 
-def test_a_chunk_read_asks_the_storage_for_the_shards_version_once_not_per_record(monkeypatch):
-    root = memory_root()
-    put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
-    ds = Dataset.from_path("d", root, retry_delay=0)
+def _info_calls_of_reading_the_first_chunk(ds: Dataset, monkeypatch) -> int:
+    """How many times reading `ds`'s first 64-record chunk (all 64 records) asks the memory
+    filesystem for a file's info."""
     asked = []
     info = fsspec.implementations.memory.MemoryFileSystem.info
     monkeypatch.setattr(fsspec.implementations.memory.MemoryFileSystem, "info",
                         lambda self, path, **kwargs: asked.append(path) or info(self, path, **kwargs))
     assert len(ds.read_chunk(ds.chunks(64)[0]).records) == 64
-    assert len(asked) == 1
+    return len(asked)
+
+
+def test_a_chunk_read_asks_the_storage_for_the_shards_version_once_not_per_record(monkeypatch):
+    root = memory_root()
+    put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
+    ds = Dataset.from_path("d", root, retry_delay=0)
+    assert _info_calls_of_reading_the_first_chunk(ds, monkeypatch) == 1
 
 
 def test_a_local_plan_read_on_another_host_is_not_refused_for_its_files_modification_time(tmp_path, monkeypatch):
@@ -466,12 +472,7 @@ def test_a_cached_read_asks_the_remote_for_the_shards_version_once(tmp_path, mon
     root = memory_root()
     put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
     ds = Dataset.from_path("d", root, retry_delay=0, cache={"enabled": True, "dir": str(tmp_path / "cache")})
-    asked = []
-    info = fsspec.implementations.memory.MemoryFileSystem.info
-    monkeypatch.setattr(fsspec.implementations.memory.MemoryFileSystem, "info",
-                        lambda self, path, **kwargs: asked.append(path) or info(self, path, **kwargs))
-    assert len(ds.read_chunk(ds.chunks(64)[0]).records) == 64
-    assert len(asked) == 1
+    assert _info_calls_of_reading_the_first_chunk(ds, monkeypatch) == 1
 
 
 @pytest.mark.parametrize("where", ["file", "below a file"])
