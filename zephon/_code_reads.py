@@ -1,9 +1,9 @@
-"""Which module globals a user function's code reads, which attributes of `self` a method's
-code reads, and whether that code is a library's.
+"""Which module globals a user function's code reads, which attributes of `self` and of
+`super()` a method's code reads, and whether that code is a library's.
 
 A map's or filter's fingerprint (`_record_ops._fingerprint_callable`) writes the values of the
 globals its code reads: `MAX_LEN = 2048` changed to 4096 at module level leaves the function's
-source as it was; and a method's source leaves out the methods it calls on `self`. It follows the
+source as it was; and a method's source leaves out the methods it calls on `self` and on `super()`. It follows the
 functions it reaches these ways only into the user's own code. A
 function of the standard library or of another installed package is named, not followed: its
 module's globals are the library's state (`re` keeps the patterns programs compiled in one, so a
@@ -21,10 +21,13 @@ import site
 import sysconfig
 import types
 
-__all__ = ["attributes_read_on_first_argument", "globals_read", "is_library_code"]
+__all__ = ["attributes_read_on_first_argument", "attributes_read_on_super", "globals_read", "is_library_code"]
 
 _LOADS_A_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
 _LOADS_AN_ATTRIBUTE = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_BEFORE_A_CALL = frozenset({"PRECALL", "PUSH_NULL", "EXTENDED_ARG", "CACHE"})
+_TWO_ARGUMENT_SUPER = 2
+"""The bit of `LOAD_SUPER_ATTR`'s argument set for `super(cls, obj).name`, unset for `super().name`."""
 
 
 def globals_read(code: types.CodeType) -> list[str]:
@@ -71,6 +74,37 @@ def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
                 names.add(op.argval)
             variable = op.opname.startswith("LOAD_FAST") or op.opname == "LOAD_DEREF"
             loaded = (op.argval[-1] if isinstance(op.argval, tuple) else op.argval) if variable else None
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return sorted(names)
+
+
+def attributes_read_on_super(code: types.CodeType) -> list[str]:
+    """The attribute names `code` (a method's) and the code nested in it load on a `super()` made
+    without arguments, `helper` of `super().helper(x)`, sorted.
+
+    Found by name, so that 3.11 and 3.14 agree where their bytecode differs: 3.12+ compiles it to
+    one `LOAD_SUPER_ATTR` (whose argument says whether `super` was given arguments), 3.11 (and
+    3.12+ in code without arguments) to a load of the global `super`, a call without arguments and
+    an attribute load. `super(Cleaner, self).helper` is neither and is not one.
+    """
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        step = None  # "super" after a load of it, "super()" after calling it without arguments
+        for op in dis.get_instructions(current):
+            if op.opname in _BEFORE_A_CALL:
+                continue
+            if op.opname == "LOAD_SUPER_ATTR" and not op.arg & _TWO_ARGUMENT_SUPER:
+                names.add(op.argval)
+            elif op.opname in _LOADS_AN_ATTRIBUTE and step == "super()":
+                names.add(op.argval)
+            if op.opname in _LOADS_A_GLOBAL and op.argval == "super":
+                step = "super"
+            elif op.opname == "CALL" and op.arg == 0 and step == "super":
+                step = "super()"
+            else:
+                step = None
         pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
     return sorted(names)
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._code_reads import attributes_read_on_first_argument, globals_read, is_library_code
+from ._code_reads import attributes_read_on_first_argument, attributes_read_on_super, globals_read, is_library_code
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
@@ -102,7 +102,8 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     like any (`_wrapped`); a wrapper function `functools.wraps` made is hashed by its own source.
     A method (a bound method's, a callable object's `__call__`) adds what it reads on `self` that
     its instance's class defines: the methods it calls, followed alike, and the class's public
-    constants (`_read_on_self`).
+    constants (`_read_on_self`); and what it reads on `super()`, where `super()` finds it
+    (`_read_on_super`).
 
     A function of the standard library or of another installed package than the one the loader
     was handed a function of, met inside that function, is written by its name only, and such a
@@ -156,7 +157,7 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
         on_self = dataclasses.replace(inner, instance_class=_instance_class(fn, _walk))
         for label, write, walk in (
             ("captured", _captured, inner), ("defaults", _defaults, inner), ("globals", _globals, inner),
-            ("self", _read_on_self, on_self),
+            ("self", _read_on_self, on_self), ("super", _read_on_super, on_self),
         ):
             written = write(runs, walk)
             if written:
@@ -193,18 +194,51 @@ def _instance_class(fn: Callable, walk: _Walk) -> type | None:
 
 def _read_on_self(function: types.FunctionType, walk: _Walk) -> str:
     """What `function` reads on its first argument (`self.helper(x)`, `self.MIN_WORDS`: the names
-    `attributes_read_on_first_argument` gives) that the MRO of `walk.instance_class` defines, by
-    name. A method (`_method_function`) is written as a function is and followed into its own
-    calls on `self`. Any other public value there (a constant set in the class body, which neither
-    the method's source nor its instance's settings show) is written as `_written` writes it; a
-    private one (`_seen = {}`) is left out, as state that running changes, and so are slots and
-    attributes the class does not define (the instance's, which its settings hold)."""
+    `attributes_read_on_first_argument` gives) that the MRO of `walk.instance_class` defines, as
+    `_class_attributes` writes it."""
     if walk.instance_class is None:
         return ""
+    names = attributes_read_on_first_argument(function.__code__)
+    return _class_attributes(names, walk.instance_class.__mro__, walk)
+
+
+def _read_on_super(function: types.FunctionType, walk: _Walk) -> str:
+    """What `function` reads on `super()` (`super().helper(x)`: the names `attributes_read_on_super`
+    gives), found where `super()` finds it: in the MRO of `walk.instance_class` after the class
+    defining `function` (the `__class__` its closure holds for `super()`), as `_class_attributes`
+    writes it. A method found there is followed with the same instance class, so that its own calls
+    on `self` resolve on the instance's class and its own `super()` after its class."""
+    names = attributes_read_on_super(function.__code__)
+    defining = _class_defining(function)
+    if not names or walk.instance_class is None or defining not in walk.instance_class.__mro__:
+        return ""  # no `super()` here, or one that fails when called
+    mro = walk.instance_class.__mro__
+    return _class_attributes(names, mro[mro.index(defining) + 1:], walk)
+
+
+def _class_defining(function: types.FunctionType) -> type | None:
+    """The class whose body defines `function`, which Python hands it in a `__class__` cell where
+    its code uses `super()` without arguments; None where none is."""
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        if name == "__class__":
+            try:
+                return cell.cell_contents
+            except ValueError:  # the class body has not finished running
+                return None
+    return None
+
+
+def _class_attributes(names: list[str], classes: tuple[type, ...], walk: _Walk) -> str:
+    """`names` as the first of `classes` (an MRO or its tail) defining each has it, by name. A
+    method (`_method_function`) is written as a function is and followed into its own calls on
+    `self` and `super()`. Any other public value there (a constant set in the class body, which
+    neither the method's source nor its instance's settings show) is written as `_written` writes
+    it; a private one (`_seen = {}`) is left out, as state that running changes, and so are slots
+    and attributes no class defines (the instance's, which its settings hold)."""
     plain = dataclasses.replace(walk, instance_class=None)
     parts = []
-    for name in attributes_read_on_first_argument(function.__code__):
-        found = _class_attribute(walk.instance_class, name)
+    for name in names:
+        found = _class_attribute(classes, name)
         method = _method_function(found)
         if method is not None:
             on = plain if isinstance(found, staticmethod) else walk  # a staticmethod has no `self`
@@ -234,9 +268,10 @@ def _method_function(found) -> Callable | None:
     return found if isinstance(found, types.FunctionType) or _wrapped(found) is not None else None
 
 
-def _class_attribute(cls: type, name: str):
-    """What `name` is in the first class of `cls`'s MRO that defines it, unbound; `_UNSET` if none does."""
-    for defining in cls.__mro__:
+def _class_attribute(classes: tuple[type, ...], name: str):
+    """What `name` is in the first of `classes` (an MRO or its tail) that defines it, unbound;
+    `_UNSET` if none does."""
+    for defining in classes:
         if name in vars(defining):
             return vars(defining)[name]
     return _UNSET

@@ -1193,3 +1193,78 @@ def test_a_class_constant_a_method_reads_on_self_is_part_of_the_recipe(tmp_path)
     before = _fingerprint_callable(keep)
     keep({"text": "running fills the private cache"})
     assert _fingerprint_callable(keep) == before and "MIN_WORDS=3" in before, before
+
+
+SUPER = '''class Base:
+    MINIMUM = {minimum}
+
+    def words(self, text):
+        return {base_words}
+
+
+class Counter(Base):
+    def words(self, text):
+        return {counter_words}
+
+
+class Cleaner(Counter):
+    MINIMUM = 1
+
+    def words(self, text):
+        return 0  # overridden here, but `keep` reaches the parents' through super()
+
+    def keep(self, record):
+        return super().words(record["text"]) >= super().MINIMUM
+'''
+
+
+def test_the_methods_a_method_reaches_through_super_are_part_of_the_recipe(tmp_path):
+    """`Cleaner().keep` calling `super().words(...)` was hashed without the parent's `words`: the
+    parent's body edited (or its own parent's, which it reaches through `super()` in turn), or a
+    class constant read as `super().MINIMUM` changed, resumed a checkpoint of the old code. What a
+    method reads on `super()` is found in its instance's MRO after the class defining the method,
+    and written as what it reads on `self` is."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, bodies: tuple[int, str, str]):
+        minimum, base_words, counter_words = bodies
+        source = SUPER.format(minimum=minimum, base_words=base_words, counter_words=counter_words)
+        return user_module(tmp_path / f"v{version}", source).Cleaner().keep
+
+    original = (1, "len(text.split())", "super().words(text) + 0")
+    changes = (
+        (2, "len(text.split())", "super().words(text) + 0"),
+        (1, "len(text.split()) + 1", "super().words(text) + 0"),
+        (1, "len(text.split())", "super().words(text) - 1"),
+    )
+    assert_a_change_is_refused_and_the_same_resumes(tmp_path, user_filter, original, changes)
+    written = _fingerprint_callable(user_filter(len(changes) + 3, original))
+    assert "words=user_fns.Counter.words" in written and "words=user_fns.Base.words" in written, written
+    assert "MINIMUM=1" in written and "user_fns.Cleaner.words" not in written, written
+
+
+class Tokens:
+    """A parent whose method a child's method reaches through `super()`."""
+
+    def words(self, text: str) -> list[str]:
+        return [word for word in text.split() if word not in STOP_WORDS]
+
+
+class ShortTokens(Tokens):
+    """Overrides `words`, calling the parent's through `super()`."""
+
+    def words(self, text: str) -> list[str]:
+        return [word for word in super().words(text) if len(word) < 12]
+
+    def keep(self, record: dict) -> bool:
+        return len(self.words(record["text"])) >= 2
+
+
+def test_methods_reached_through_super_fingerprint_the_same_in_every_process():
+    """The parent's method is written, with the global set it reads listed sorted, alike in every
+    process."""
+    prints = _fingerprints_in_processes("ShortTokens().keep")
+    assert len(prints) == 1, prints
+    written = prints.pop()
+    assert "super:(words=tests.reliability.test_checkpoint_safety.Tokens.words" in written, written
+    assert "STOP_WORDS=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})" in written, written
