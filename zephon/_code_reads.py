@@ -78,35 +78,47 @@ def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
     return sorted(names)
 
 
-def attributes_read_on_super(code: types.CodeType) -> list[str]:
-    """The attribute names `code` (a method's) and the code nested in it load on a `super()` made
-    without arguments, `helper` of `super().helper(x)`, sorted.
+def attributes_read_on_super(code: types.CodeType) -> list[tuple[str, str]]:
+    """What `code` (a method's) and the code nested in it load on `super()`, as (the variable
+    holding the class `super` starts after, the attribute name) pairs, sorted:
+    `("__class__", "helper")` for `super().helper(x)` (Python hands a method using `super()` its
+    class in a `__class__` cell), `("Cleaner", "helper")` for `super(Cleaner, self).helper(x)`
+    made with the method's first argument; empty for neither.
 
     Found by name, so that 3.11 and 3.14 agree where their bytecode differs: 3.12+ compiles it to
-    one `LOAD_SUPER_ATTR` (whose argument says whether `super` was given arguments), 3.11 (and
-    3.12+ in code without arguments) to a load of the global `super`, a call without arguments and
-    an attribute load. `super(Cleaner, self).helper` is neither and is not one.
+    loads of `super`, of the class and of the first argument, then one `LOAD_SUPER_ATTR` (whose
+    argument says whether `super` was given arguments); 3.11 (and 3.12+ in code without
+    arguments) to loads of `super` and of its arguments, a call and an attribute load.
     """
-    names: set[str] = set()
+    first = code.co_varnames[0] if code.co_argcount + code.co_kwonlyargcount else None
+    reads: set[tuple[str, str]] = set()
     pending = [code]
     while pending:
         current = pending.pop()
-        step = None  # "super" after a load of it, "super()" after calling it without arguments
+        step, held = None, None  # how far a `super(...)` is made, and the variable holding its class
         for op in dis.get_instructions(current):
             if op.opname in _BEFORE_A_CALL:
                 continue
-            if op.opname == "LOAD_SUPER_ATTR" and not op.arg & _TWO_ARGUMENT_SUPER:
-                names.add(op.argval)
-            elif op.opname in _LOADS_AN_ATTRIBUTE and step == "super()":
-                names.add(op.argval)
+            if op.opname == "LOAD_SUPER_ATTR":
+                if not op.arg & _TWO_ARGUMENT_SUPER:
+                    reads.add(("__class__", op.argval))
+                elif step == "arguments":
+                    reads.add((held, op.argval))
+            elif op.opname in _LOADS_AN_ATTRIBUTE and step == "called":
+                reads.add((held, op.argval))
+            variable = op.opname in _LOADS_A_GLOBAL or op.opname == "LOAD_DEREF"
             if op.opname in _LOADS_A_GLOBAL and op.argval == "super":
-                step = "super"
-            elif op.opname == "CALL" and op.arg == 0 and step == "super":
-                step = "super()"
+                step, held = "super", None
+            elif step == "super" and variable:
+                step, held = "class", op.argval
+            elif step == "class" and op.argval == first and (variable or op.opname.startswith("LOAD_FAST")):
+                step = "arguments"
+            elif op.opname == "CALL" and (step, op.arg) in (("super", 0), ("arguments", 2)):
+                step, held = "called", held or "__class__"
             else:
-                step = None
+                step, held = None, None
         pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    return sorted(names)
+    return sorted(reads)
 
 
 def is_library_code(code: types.CodeType) -> bool:

@@ -203,29 +203,39 @@ def _read_on_self(function: types.FunctionType, walk: _Walk) -> str:
 
 
 def _read_on_super(function: types.FunctionType, walk: _Walk) -> str:
-    """What `function` reads on `super()` (`super().helper(x)`: the names `attributes_read_on_super`
-    gives), found where `super()` finds it: in the MRO of `walk.instance_class` after the class
-    defining `function` (the `__class__` its closure holds for `super()`), as `_class_attributes`
-    writes it. A method found there is followed with the same instance class, so that its own calls
-    on `self` resolve on the instance's class and its own `super()` after its class."""
-    names = attributes_read_on_super(function.__code__)
-    defining = _class_defining(function)
-    if not names or walk.instance_class is None or defining not in walk.instance_class.__mro__:
-        return ""  # no `super()` here, or one that fails when called
+    """What `function` reads on `super()` (`super().helper(x)`, `super(Cleaner, self).helper(x)`:
+    the pairs `attributes_read_on_super` gives), found where `super()` finds it: in the MRO of
+    `walk.instance_class` after the class it starts after (for `super()` the class defining
+    `function`, which its closure holds as `__class__`), as `_class_attributes` writes it; the
+    two-argument form is written under the class's name. A method found there is followed with the
+    same instance class, so that its own calls on `self` resolve on the instance's class and its
+    own `super()` after its class."""
+    if walk.instance_class is None:
+        return ""
     mro = walk.instance_class.__mro__
-    return _class_attributes(names, mro[mro.index(defining) + 1:], walk)
+    parts = []
+    for variable, name in attributes_read_on_super(function.__code__):
+        after = _class_held(function, variable)
+        if after not in mro:
+            continue  # not found, or a `super()` that fails when called
+        written = _class_attributes([name], mro[mro.index(after) + 1:], walk)
+        if written:
+            parts.append(written if variable == "__class__" else f"super({after.__qualname__}).{written}")
+    return ", ".join(parts)
 
 
-def _class_defining(function: types.FunctionType) -> type | None:
-    """The class whose body defines `function`, which Python hands it in a `__class__` cell where
-    its code uses `super()` without arguments; None where none is."""
+def _class_held(function: types.FunctionType, variable: str) -> type | None:
+    """The class `variable` holds for `function`'s code: a closure's cell (`__class__`, which
+    Python hands a method using `super()`), else a module global; None where it holds none."""
+    namespace = function.__globals__
     for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-        if name == "__class__":
+        if name == variable:
             try:
-                return cell.cell_contents
-            except ValueError:  # the class body has not finished running
+                namespace = {name: cell.cell_contents}
+            except ValueError:  # a cell not assigned yet: the class body has not finished running
                 return None
-    return None
+    held = namespace.get(variable)
+    return held if isinstance(held, type) else None
 
 
 def _class_attributes(names: list[str], classes: tuple[type, ...], walk: _Walk) -> str:

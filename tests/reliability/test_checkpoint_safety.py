@@ -1214,21 +1214,29 @@ class Cleaner(Counter):
         return 0  # overridden here, but `keep` reaches the parents' through super()
 
     def keep(self, record):
-        return super().words(record["text"]) >= super().MINIMUM
+        return {cleaner_super}.words(record["text"]) >= {cleaner_super}.MINIMUM
 '''
 
 
-def test_the_methods_a_method_reaches_through_super_are_part_of_the_recipe(tmp_path):
-    """`Cleaner().keep` calling `super().words(...)` was hashed without the parent's `words`: the
-    parent's body edited (or its own parent's, which it reaches through `super()` in turn), or a
-    class constant read as `super().MINIMUM` changed, resumed a checkpoint of the old code. What a
-    method reads on `super()` is found in its instance's MRO after the class defining the method,
-    and written as what it reads on `self` is."""
+@pytest.mark.parametrize("form", ["super()", "super(Class, self)"])
+def test_the_methods_a_method_reaches_through_super_are_part_of_the_recipe(tmp_path, form):
+    """`Cleaner().keep` calling `super().words(...)` (or `super(Cleaner, self).words(...)`) was
+    hashed without the parent's `words`: the parent's body edited (or its own parent's, which it
+    reaches through `super()` in turn), or a class constant read as `super().MINIMUM` changed,
+    resumed a checkpoint of the old code. What a method reads on `super()` is found in its
+    instance's MRO after the class defining the method (or the class named), and written as what
+    it reads on `self` is."""
     from zephon._record_ops import _fingerprint_callable
+
+    def made_in(cls: str) -> str:
+        return "super()" if form == "super()" else f"super({cls}, self)"
 
     def user_filter(version: int, bodies: tuple[int, str, str]):
         minimum, base_words, counter_words = bodies
-        source = SUPER.format(minimum=minimum, base_words=base_words, counter_words=counter_words)
+        source = SUPER.format(
+            minimum=minimum, base_words=base_words, counter_words=counter_words.replace("super()", made_in("Counter")),
+            cleaner_super=made_in("Cleaner"),
+        )
         return user_module(tmp_path / f"v{version}", source).Cleaner().keep
 
     original = (1, "len(text.split())", "super().words(text) + 0")
