@@ -376,10 +376,10 @@ def _stable_repr(value) -> str:
     (stop words) entered the recipe differently in every process. Lists, tuples and dicts are
     walked to reach the sets inside them and written as `repr` writes them. So is a dataclass
     whose repr is the one `dataclasses` writes (a callable object holding its stop words): its
-    fields are written through this function, which changes nothing where none holds a set. An
-    object with Python's default repr (`<Cleaner object at 0x..>`, no configuration in it) is
-    written like a dataclass from its public attributes, in `__dict__` or `__slots__`; private
-    ones (`_cache`) are left out, as state that running changes. A namedtuple with its generated
+    public fields are written through this function, which changes nothing where none holds a
+    set; private ones (`_cache`) are left out, as state that running changes. An object with
+    Python's default repr (`<Cleaner object at 0x..>`, no configuration in it) is written like a
+    dataclass from its public attributes, in `__dict__` or `__slots__`. A namedtuple with its generated
     repr is written by its fields, like a dataclass. A NumPy array or a torch tensor is written by its content
     (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds. A compiled `re`
     pattern is written by its whole pattern and its flags as a number: its repr cuts the pattern
@@ -419,22 +419,25 @@ _UNSET = object()
 
 
 def _shown_attributes(value) -> list[tuple[str, object]] | None:
-    """(name, value) of what a dataclass's or a namedtuple's generated repr shows, or of an
-    object's public attributes (`__dict__` and set `__slots__`) where its class keeps Python's
-    default repr; None for any other value."""
+    """(name, value) of what a dataclass's (its public fields) or a namedtuple's generated repr
+    shows, or of an object's public attributes (`__dict__` and set `__slots__`) where its class
+    keeps Python's default repr; None for any other value."""
     kind = type(value)
     if dataclasses.is_dataclass(kind):
         shown = [(f.name, getattr(value, f.name, _UNSET)) for f in dataclasses.fields(value) if f.repr]
+        # Private fields (`_seen`) are state that running changes, left out as an object's private
+        # attributes are: written, a loader built after the function ran refused its checkpoint.
+        public = [(name, v) for name, v in shown if not name.startswith("_")]
         try:
             written = repr(value)
         except AttributeError:
             # The generated repr reads every field, and one declared `init=False` and set on first
             # use is not there yet (building the loader failed on it): the fields set are written.
-            return [(name, v) for name, v in shown if v is not _UNSET]
+            return [(name, v) for name, v in public if v is not _UNSET]
         # Only where `repr` gives exactly what dataclasses write: a hand-written __repr__ may show
         # other things, and it is kept as it is.
         if written == f"{kind.__qualname__}({', '.join(f'{name}={v!r}' for name, v in shown)})":
-            return shown
+            return public
     if isinstance(value, tuple) and isinstance(getattr(kind, "_fields", None), tuple):
         # A namedtuple, where `repr` gives what `collections.namedtuple` writes: written by its
         # fields, so that a set in one is listed sorted.
