@@ -58,9 +58,21 @@ def _describe_callable(fn: Callable) -> str:
     if isinstance(fn, functools.partial):
         return f"functools.partial({_describe_callable(fn.func)})"
     named = _defining(fn)
-    described = f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
+    described = f"{getattr(named, '__module__', None) or '?'}.{_qualname(named)}"
     wrapped = _wrapped(fn)
     return described if wrapped is None else f"{described}({_describe_callable(wrapped)})"
+
+
+_INLINED_SCOPES = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
+
+
+def _qualname(named) -> str:
+    """`named.__qualname__` as 3.12+ writes it. 3.11 names a lambda made in a list, dict or set
+    comprehension after the comprehension (`<listcomp>.<lambda>`); 3.12+ inlines those
+    comprehensions (PEP 709) and leaves them out, so such a filter had one fingerprint on 3.11 and
+    another on 3.14t, which refused the other's checkpoints. Only a lambda (or what is nested in
+    one) can be made in a comprehension; a generator expression stays a scope on every build."""
+    return ".".join(part for part in named.__qualname__.split(".") if part not in _INLINED_SCOPES)
 
 
 @dataclass(frozen=True)

@@ -552,6 +552,29 @@ def test_an_object_with_slots_enters_the_recipe_by_its_public_attributes():
     assert "SlottedCleaner(min_length=5, stop=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'}))" in prints.pop()
 
 
+LONGER_THAN = [lambda record, n=n: len(record["text"]) > n for n in (3, 5)]
+"""Filters made in a list comprehension, as a sweep over thresholds makes them."""
+
+
+def _filters_made_in_comprehensions() -> list:
+    by_name = {name: lambda record, name=name: name in record for name in ("text",)}
+    return [*by_name.values(), *{(lambda record: True) for _ in range(1)}, [[lambda record: False][0]][0]]
+
+
+def test_a_lambda_made_in_a_comprehension_is_named_alike_on_3_11_and_3_14t():
+    """3.11 names a lambda made in a list, dict or set comprehension after the comprehension
+    (`<listcomp>.<lambda>`), 3.12+ inlines those comprehensions (PEP 709) and names it without:
+    a checkpoint of a filter made so, taken on 3.11, was refused as another recipe on 3.14t. It
+    is named as 3.12+ names it, on every build (a generator expression is its own scope on both)."""
+    from zephon._record_ops import _fingerprint_callable
+
+    assert _fingerprint_callable(LONGER_THAN[0]).startswith(f"{__name__}.<lambda> source:")
+    assert _fingerprint_callable(LONGER_THAN[0]) != _fingerprint_callable(LONGER_THAN[1])
+    local = f"{__name__}._filters_made_in_comprehensions.<locals>.<lambda> source:"
+    for made in _filters_made_in_comprehensions():
+        assert _fingerprint_callable(made).startswith(local), _fingerprint_callable(made)
+
+
 def test_an_operator_module_callable_enters_the_recipe_by_its_repr_alone_on_every_interpreter():
     """`operator.itemgetter` is a C class named after the pure-Python one in operator.py: 3.11's
     `inspect` found that twin's source and hashed it, 3.13+ finds none, so a checkpoint of a map
