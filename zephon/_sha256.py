@@ -7,7 +7,8 @@ CPython builds its own SHA-256 in (`_sha2` from 3.12, `_sha256` in 3.11; the one
 library's `random` imports for the same reason), and it gives the same digests.
 
 It is slower than OpenSSL's (285 vs 1,609 MB/s on this project's 2-core machine), which only
-matters for bulk data: `Batch.digest`, which hashes whole tensors, imports `hashlib` when called.
+matters for bulk data: `Batch.digest`, which hashes whole tensors, imports `hashlib` when called,
+and so does the fingerprint of an array of 1 MiB or more (`_record_ops._digest_in_place`).
 """
 
 from __future__ import annotations

@@ -624,6 +624,29 @@ def test_an_array_in_a_partial_or_a_callable_object_enters_the_recipe_by_its_con
     assert _fingerprint_callable(Weights(table[::-1].copy()[::-1])) == _fingerprint_callable(Weights(table))
 
 
+def test_a_large_array_is_fingerprinted_in_place_without_a_copy_of_it():
+    """A map reading a module-level table (a lookup array of a GiB) had it copied whole to bytes
+    to be hashed, twice per loader built (its token counter's key and its recipe): a second GiB
+    held at once in the trainer's process. It is hashed where it lies, to the same digest."""
+    import hashlib
+    import tracemalloc
+
+    from zephon._record_ops import _fingerprint_callable
+
+    table = np.arange(4 * 2**20, dtype=np.float64)  # 32 MiB
+    tracemalloc.start()
+    try:
+        written = _fingerprint_callable(functools.partial(_longer_than, table))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < table.nbytes // 4, peak
+    assert f"sha256:{hashlib.sha256(table.tobytes()).hexdigest()[:16]}" in written, written
+    strided = np.arange(64, dtype=np.int16)[::2]
+    written = _fingerprint_callable(functools.partial(_longer_than, strided))
+    assert f"sha256:{hashlib.sha256(strided.tobytes()).hexdigest()[:16]}" in written, written
+
+
 def test_a_torch_tensor_in_a_partial_or_a_closure_enters_the_recipe_by_its_content():
     """A tensor's repr elides past 1,000 items and rounds to 4 digits, as an array's does: a
     partial holding one edited in the middle resumed the old recipe's checkpoint, and a closure
