@@ -749,13 +749,28 @@ def _forget_the_parents_workers() -> None:
 os.register_at_fork(after_in_child=_forget_the_parents_workers)
 
 
+# How much longer than close_timeout_s the exit hook waits for a close another thread is running:
+# the kill, the reaping and the removal of the directory that follow the wait for the workers.
+_EXIT_WAIT_MARGIN_S = 5.0
+
+
 def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
     """Close a runner its owner never closed: stop its workers and remove its buffer directory.
 
     Only in the process that started it: a child forked from it (which inherits the atexit
-    registry) must not stop the parent's workers or remove the parent's directory."""
-    if os.getpid() == pid:
-        runner.close()
+    registry) must not stop the parent's workers or remove the parent's directory.
+
+    A close under way on another thread (the closer thread, closing a dropped loader's runner)
+    made `close()` here return at once, and interpreter exit then cut that close short, leaving the
+    directory behind: the hook waits for it, for as long as a close takes (`close_timeout_s` and
+    a margin), then finishes whatever is left. It polls `locked()` rather than taking the lock: an
+    exit hook must never block on a lock."""
+    if os.getpid() != pid:
+        return
+    deadline = time.monotonic() + runner._close_timeout_s + _EXIT_WAIT_MARGIN_S
+    while runner._close_lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runner.close()
 
 
 def _drain(fd: int) -> None:

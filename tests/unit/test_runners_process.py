@@ -1200,3 +1200,42 @@ def test_a_crashed_workers_reply_arena_is_mapped_by_no_process_once_its_arrays_a
             run_one_item_on_each_worker(runner)
             time.sleep(0.01)
         assert processes_mapping(arena, [os.getpid()] + runner.worker_pids()) == []
+
+
+_EXIT_WHILE_THE_CLOSER_CLOSES = """
+import signal, sys, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from runners import ProcessRunner
+from zephon import _runner_closer
+from zephon._runner import Stage
+
+def outlives_sigterm(x):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(0 if x == 1 else 2.0)
+    return x
+
+runner = ProcessRunner(shm_root=sys.argv[1], close_timeout_s=1.0)
+runner.start([Stage("slow", outlives_sigterm, 1)])
+assert runner.submit(0, 1).result(30) == 1
+runner.submit(0, 2)  # busy when the closer closes the runner
+time.sleep(0.2)
+_runner_closer.start()
+_runner_closer.close_later(runner.close)  # what a dropped loader's finalizer hands over
+del runner
+time.sleep(0.2)  # the closer is waiting for the busy worker; the script ends meanwhile
+"""
+
+
+def test_interpreter_exit_while_the_closer_thread_closes_a_runner_still_removes_its_buffer_directory(tmp_path):
+    """A loader dropped just before the trainer exits has its runner closed by the closer thread;
+    the runner's exit hook found that close under way and returned at once, and the interpreter
+    ended the closer mid-close: the /dev/shm directory stayed behind for good."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WHILE_THE_CLOSER_CLOSES, str(root)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(root.iterdir()) == []
