@@ -20,6 +20,7 @@ import os
 import site
 import sysconfig
 import types
+from collections.abc import Iterator
 
 __all__ = ["attributes_read_on_first_argument", "attributes_read_on_super", "globals_read", "is_library_code"]
 
@@ -40,13 +41,8 @@ def globals_read(code: types.CodeType) -> list[str]:
     recipe. An inner function's annotations are read too: 3.11 evaluates them in the enclosing
     code, 3.14 in `__annotate__` code nested in it, so taking both keeps one fingerprint on both.
     """
-    names: set[str] = set()
-    pending = [code]
-    while pending:
-        current = pending.pop()
-        names.update(op.argval for op in dis.get_instructions(current) if op.opname in _LOADS_A_GLOBAL)
-        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    return sorted(names)
+    return sorted({op.argval for current in _with_nested(code) for op in dis.get_instructions(current)
+                   if op.opname in _LOADS_A_GLOBAL})
 
 
 def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
@@ -63,9 +59,7 @@ def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
         return []
     first = code.co_varnames[0]
     names: set[str] = set()
-    pending = [code]
-    while pending:
-        current = pending.pop()
+    for current in _with_nested(code):
         loaded = None
         for op in dis.get_instructions(current):
             if op.opname == "EXTENDED_ARG":  # the prefix of a large argument, not an instruction of its own
@@ -74,7 +68,6 @@ def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
                 names.add(op.argval)
             variable = op.opname.startswith("LOAD_FAST") or op.opname == "LOAD_DEREF"
             loaded = (op.argval[-1] if isinstance(op.argval, tuple) else op.argval) if variable else None
-        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
     return sorted(names)
 
 
@@ -92,9 +85,7 @@ def attributes_read_on_super(code: types.CodeType) -> list[tuple[str, str]]:
     """
     first = code.co_varnames[0] if code.co_argcount + code.co_kwonlyargcount else None
     reads: set[tuple[str, str]] = set()
-    pending = [code]
-    while pending:
-        current = pending.pop()
+    for current in _with_nested(code):
         step, held = None, None  # how far a `super(...)` is made, and the variable holding its class
         for op in dis.get_instructions(current):
             if op.opname in _BEFORE_A_CALL:
@@ -117,8 +108,17 @@ def attributes_read_on_super(code: types.CodeType) -> list[tuple[str, str]]:
                 step, held = "called", held or "__class__"
             else:
                 step, held = None, None
-        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
     return sorted(reads)
+
+
+def _with_nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    """`code`, then every code object nested in it at any depth (inner functions, lambdas,
+    comprehensions, generator expressions, 3.14's `__annotate__`)."""
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
 
 
 def is_library_code(code: types.CodeType) -> bool:
