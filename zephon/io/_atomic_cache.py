@@ -56,8 +56,7 @@ from fsspec.implementations.cache_mapper import AbstractCacheMapper
 from fsspec.implementations.cached import SimpleCacheFileSystem
 
 from .._errors import ConfigurationError
-from ._errors import ShardUnavailableError
-from ._version import version_of
+from ._version import changed_after_planning, version_of
 
 __all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
 
@@ -125,10 +124,9 @@ def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, version: str) -> 
         _lock(handle, blocking=True)
         cache.fs.get_file(path, partial)
         if (now := _current_version(cache.fs, path)) != version:
-            raise ShardUnavailableError(
-                cache.fs.unstrip_protocol(path), 1,
-                f"it changed after planning or while it was copied into the cache (copied as {version}; now {now}): "
-                "its records no longer sit where the plan has them (build the Dataset again to read it as it is now)",
+            raise changed_after_planning(
+                cache.fs.unstrip_protocol(path),
+                f"it changed after planning or while it was copied into the cache (copied as {version}; now {now})",
             )
         os.replace(partial, os.path.join(directory, name))
     except BaseException as error:

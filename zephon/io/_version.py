@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from ._local import LocalFiles
 
-__all__ = ["ShardVersion", "check_unchanged", "version_of"]
+__all__ = ["ShardVersion", "changed_after_planning", "check_unchanged", "version_of"]
 
 # Fields of fsspec `info()` that follow a file's content, those that change with nothing else first
 # (GCS, the Hugging Face hub, S3, Azure, HTTP), then those that change when it is written (SFTP,
@@ -83,10 +83,19 @@ def check_unchanged(planned: ShardVersion | None, fs: AbstractFileSystem | Local
         return
     now = version_of(fs, path)
     if now != planned:
-        raise ShardUnavailableError(
-            url, 1, f"it changed after planning (planned: {planned.stamp}; now: {now.stamp if now else 'unknown'}): "
-            "its records no longer sit where the plan has them (build the Dataset again to read it as it is now)"
+        raise changed_after_planning(
+            url, f"it changed after planning (planned: {planned.stamp}; now: {now.stamp if now else 'unknown'})"
         )
+
+
+def changed_after_planning(url: str, what: str) -> ShardUnavailableError:
+    """The error of a shard that is no longer the version planned, `what` saying how it was seen.
+
+    Not retried (it is no OSError): another attempt reads the same other file."""
+    return ShardUnavailableError(
+        url, 1, f"{what}: its records no longer sit where the plan has them "
+        "(build the Dataset again to read it as it is now)"
+    )
 
 
 def _this_host() -> str:
