@@ -7,10 +7,13 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from zephon._errors import ConfigurationError
+from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
-__all__ = ["cancelled_future", "check_owner", "check_startable", "check_task_timeout", "stage_at", "validate_stages"]
+__all__ = [
+    "cancelled_future", "check_close_timeout", "check_owner", "check_startable", "check_task_timeout", "stage_at",
+    "validate_stages",
+]
 
 
 def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
@@ -36,6 +39,15 @@ def check_task_timeout(task_timeout_s: float | None) -> float | None:
     ):
         raise ConfigurationError(f"task_timeout_s must be a positive number or None, got {task_timeout_s!r}")
     return task_timeout_s
+
+
+def check_close_timeout(close_timeout_s: float) -> float:
+    """`close_timeout_s` as given, refused unless a finite number >= 0. Checked when the runner is
+    made, not at close(): a bad one (None for "wait forever") failed close() after it had begun,
+    leaving the threads or workers running and the buffer directory behind."""
+    if check_finite(close_timeout_s, "close_timeout_s") < 0:
+        raise ConfigurationError(f"close_timeout_s must be >= 0, got {close_timeout_s!r}")
+    return close_timeout_s
 
 
 def check_startable(started: bool, closed: bool) -> None:

@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
-from zephon._errors import ConfigurationError, check_count, check_finite
+from zephon._errors import ConfigurationError, check_count
 from zephon._runner import Stage
 
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
 from ._lifecycle import (
     cancelled_future,
+    check_close_timeout,
     check_owner,
     check_startable,
     check_task_timeout,
@@ -191,10 +192,7 @@ class ProcessRunner:
         oob_threshold_bytes = check_count(oob_threshold_bytes, "oob_threshold_bytes", 1)
         reply_arena_bytes = check_count(reply_arena_bytes, "reply_arena_bytes", 0)
         request_arena_bytes = check_count(request_arena_bytes, "request_arena_bytes", 0)
-        # Checked here, not at close(): a bad one (None for "wait forever") failed close() after it
-        # had begun, leaving the workers running and the buffer directory behind.
-        if check_finite(close_timeout_s, "close_timeout_s") < 0:
-            raise ConfigurationError(f"close_timeout_s must be >= 0, got {close_timeout_s!r}")
+        close_timeout_s = check_close_timeout(close_timeout_s)
         self.reason = "requested explicitly"
         self._task_timeout_s = task_timeout_s
         self._max_retries = max_retries

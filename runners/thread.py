@@ -15,11 +15,18 @@ from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Self
 
-from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 from ._errors import RunnerFailedError, WorkerCrashedError
-from ._lifecycle import cancelled_future, check_owner, check_startable, check_task_timeout, stage_at, validate_stages
+from ._lifecycle import (
+    cancelled_future,
+    check_close_timeout,
+    check_owner,
+    check_startable,
+    check_task_timeout,
+    stage_at,
+    validate_stages,
+)
 from ._stage_threads import StageThreads, stuck_in
 from ._task_timeout import TaskTimeoutWatch
 
@@ -80,8 +87,7 @@ class ThreadRunner:
 
     def __init__(self, *, task_timeout_s: float | None = None, close_timeout_s: float = 5.0) -> None:
         task_timeout_s = check_task_timeout(task_timeout_s)
-        if check_finite(close_timeout_s, "close_timeout_s") < 0:
-            raise ConfigurationError(f"close_timeout_s must be >= 0, got {close_timeout_s!r}")
+        close_timeout_s = check_close_timeout(close_timeout_s)
         self.reason = "requested explicitly"
         self._task_timeout_s = task_timeout_s
         self._close_timeout_s = close_timeout_s
