@@ -353,6 +353,45 @@ def test_webdataset_hidden_members_such_as_macos_appledouble_files_are_part_of_n
             [{"__key__": f"imgs/{i:04d}", "jpg": b"J", "txt": f"cap {i}"} for i in range(40)], [])
 
 
+def _tar_with_links() -> bytes:
+    """Five records: 0 and 4 of plain files; 1 whose image is a hard link to record 0's; 2 made of
+    symbolic links alone; 3 whose label is a FIFO. A directory with a dot in its name sits among
+    them, as `tar` stores the directories it walks."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        def add(name: str, payload: bytes | None = None, kind: bytes = tarfile.REGTYPE, target: str = ""):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            info.size = len(payload) if payload is not None else 0
+            tar.addfile(info, io.BytesIO(payload) if payload is not None else None)
+        add("imgs.v2", kind=tarfile.DIRTYPE)
+        add("imgs.v2/0.jpg", b"J0"), add("imgs.v2/0.txt", b"cap 0")
+        add("imgs.v2/1.jpg", kind=tarfile.LNKTYPE, target="imgs.v2/0.jpg"), add("imgs.v2/1.txt", b"cap 1")
+        add("imgs.v2/2.jpg", kind=tarfile.SYMTYPE, target="0.jpg")
+        add("imgs.v2/2.txt", kind=tarfile.SYMTYPE, target="0.txt")
+        add("imgs.v2/3.jpg", b"J3"), add("imgs.v2/3.txt", b"cap 3"), add("imgs.v2/3.cls", kind=tarfile.FIFOTYPE)
+        add("imgs.v2/4.jpg", b"J4"), add("imgs.v2/4.txt", b"cap 4")
+    return sink.getvalue()
+
+
+def test_webdataset_link_or_fifo_members_skip_their_record_as_not_a_file_instead_of_vanishing(tmp_path):
+    """A member that is a link (hard or symbolic) or a FIFO holds no payload in the tar. It was
+    left out of its record unsaid: a record of links alone was missing from the plan and the
+    count, and one with a link among its files was handed out without that member (an image
+    then counted as `missing_image`, though the tar names one; a label dropped, uncounted)."""
+    (tmp_path / "a.tar").write_bytes(_tar_with_links())
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.num_records == 5
+    for records_per_chunk in (1, 2, 5):
+        records, skipped = read_all(ds, records_per_chunk)
+        assert records == [{"__key__": f"imgs.v2/{i}", "jpg": f"J{i}".encode(), "txt": f"cap {i}"} for i in (0, 4)]
+        assert [(a.index, reason) for a, reason in skipped] == [(1, "not_a_file"), (2, "not_a_file"), (3, "not_a_file")]
+    with pytest.raises(BadRecordError) as info:
+        read_all(ds, 5, on_error="raise")
+    assert (info.value.address.index, info.value.reason) == (1, "not_a_file")
+    assert "imgs.v2/1.jpg is a hard link to imgs.v2/0.jpg" in str(info.value)
+
+
 @pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT])
 def test_webdataset_keys_do_not_depend_on_the_locale_of_the_machine_reading_the_tar(tmp_path, monkeypatch, tar_format):
     """Outside PAX headers a member's name is bytes; tarfile decoded them with the reading machine's

@@ -13,6 +13,7 @@ from ._policy import (
     DUPLICATE_MEMBER,
     INVALID_UTF8,
     MALFORMED_JSON,
+    NOT_A_FILE,
     NOT_AN_OBJECT,
     REASONS,
     TRUNCATED_SHARD,
@@ -34,4 +35,5 @@ __all__ = [
     "UNCONVERTIBLE_VALUE",
     "DUPLICATE_MEMBER",
     "DUPLICATE_COLUMN",
+    "NOT_A_FILE",
 ]

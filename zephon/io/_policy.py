@@ -22,6 +22,7 @@ __all__ = [
     "UNCONVERTIBLE_VALUE",
     "DUPLICATE_MEMBER",
     "DUPLICATE_COLUMN",
+    "NOT_A_FILE",
     "REASONS",
     "ErrorPolicy",
     "Bad",
@@ -39,8 +40,9 @@ TRUNCATED_SHARD = "truncated_shard"
 UNCONVERTIBLE_VALUE = "unconvertible_value"  # a stored value Python cannot hold (a date past year 9999)
 DUPLICATE_MEMBER = "duplicate_member"  # a tar record with two members of one extension: which is meant?
 DUPLICATE_COLUMN = "duplicate_column"  # a Parquet row with two columns of one name: which is meant?
+NOT_A_FILE = "not_a_file"  # a tar record with a member that is a link, FIFO or device: no payload there
 REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD, UNCONVERTIBLE_VALUE,
-                     DUPLICATE_MEMBER, DUPLICATE_COLUMN})
+                     DUPLICATE_MEMBER, DUPLICATE_COLUMN, NOT_A_FILE})
 
 
 class ErrorPolicy(enum.StrEnum):

@@ -7,13 +7,17 @@ last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text 
 UTF-8 byte order mark opening such a member is not part of its text, as it is not of a text or JSON
 Lines shard's: `json.loads` refuses a str that starts with one, so a caption file saved by a Windows
 editor made its whole sample `malformed_json`.
-Members without an extension and non-file members (directories, links) are not part of any record,
+Members without an extension and directories are not part of any record,
 nor is a member whose extension is a field the reader sets itself (`0001.__key__`): its payload
 would overwrite the record's key. Nor is a hidden member, whose basename starts with a dot (as the
 WebDataset library's own key split has it): tars made on macOS hold an AppleDouble companion
 `._0001.jpg` beside each `0001.jpg`, and a companion read as a member of key `imgs/` (an empty
 stem) cut every sample into two half-records between junk ones, each of them then skipped. Planning
 and reading skip the same members, so they count the same records.
+A member that is a link (hard or symbolic), a FIFO or a device holds no payload in the tar; `tar`
+stores a hard link for a file it met before under another name. Its record is skipped as
+`not_a_file` (left out, the member was lost unsaid: a record of links alone was missing from the
+plan, and a record with one among its files was handed out without it).
 
 Record counting walks the tar headers only (tarfile seeks over member data), remembering the header
 offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record.
@@ -29,7 +33,7 @@ import numpy as np
 
 from ._format import ShardFile, ShardScan
 from ._lines import UTF8_BOM
-from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, Bad, Slot, fill_truncated, parse_json
+from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, NOT_A_FILE, Bad, Slot, fill_truncated, parse_json
 
 if TYPE_CHECKING:
     import tarfile
@@ -88,6 +92,7 @@ class WebDataset:
         record: dict[str, Any] | None = None
         current = None  # the key of `record`, kept apart from the payloads the record collects
         duplicate = None  # the first member name `record` holds twice
+        not_a_file = None  # what the first member of `record` that holds no payload is
         detail = "shard has fewer records than when it was planned"
         with shard.open() as f:
             f.seek(int(seek[point]))
@@ -96,21 +101,25 @@ class WebDataset:
                 for member, key, extension in _members(tar):
                     if key != current:
                         if record is not None and index >= start:
-                            slots.append(_decode(record, duplicate))
+                            slots.append(_decode(record, duplicate, not_a_file))
                         index += 1
                         if index >= stop:
                             record = None
                             break
-                        current, record, duplicate = key, {KEY: key}, None
+                        current, record, duplicate, not_a_file = key, {KEY: key}, None, None
                     if index >= start:
                         if extension in record and duplicate is None:
                             duplicate = member.name
+                        if not member.isfile():
+                            not_a_file = not_a_file or _what_it_is(member)
+                            record[extension] = b""
+                            continue
                         record[extension] = tar.extractfile(member).read()
                 if record is not None and index >= start:
                     if _ends_cut(f, tar.offset):
                         detail = "tar cut short: its last record may lack members"
                     else:
-                        slots.append(_decode(record, duplicate))
+                        slots.append(_decode(record, duplicate, not_a_file))
             except (tarfile.ReadError, EOFError) as error:
                 detail = f"tar cut short: {error}"
         return fill_truncated(slots, stop - start, detail)
@@ -150,18 +159,34 @@ def _check_archive_end(f, offset: int) -> None:
 
 
 def _members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
-    """File members that belong to a record, with their key and extension, in tar order."""
+    """Members that belong to a record, with their key and extension, in tar order: every one but
+    directories, whose names are no record's (`imgs.v2/` holds records, it is none)."""
     while (member := tar.next()) is not None:
         # TarFile keeps every header it has read; a shard can hold millions, and we never look back.
         tar.members.clear()
-        split = split_member_name(member.name) if member.isfile() else None
+        split = None if member.isdir() else split_member_name(member.name)
         if split is not None and split[1] != KEY:
             yield member, *split
 
 
-def _decode(record: dict[str, Any], duplicate: str | None) -> Slot:
+_NOT_A_FILE_KINDS = {"islnk": "a hard link to", "issym": "a symbolic link to", "isfifo": "a FIFO",
+                     "ischr": "a character device", "isblk": "a block device"}
+
+
+def _what_it_is(member: tarfile.TarInfo) -> str:
+    """Why a member holds no payload, in words: `imgs/1.jpg is a hard link to imgs/0.jpg`."""
+    for test, kind in _NOT_A_FILE_KINDS.items():
+        if getattr(member, test)():
+            target = f" {member.linkname}" if member.issym() or member.islnk() else ""
+            return f"{member.name} is {kind}{target}, not a file"
+    return f"{member.name} is a member of tar type {member.type!r}, not a file"
+
+
+def _decode(record: dict[str, Any], duplicate: str | None, not_a_file: str | None) -> Slot:
     if duplicate is not None:  # the tar holds two payloads for one field; keeping either would be a guess
         return Bad(DUPLICATE_MEMBER, f"{duplicate} appears twice in its record")
+    if not_a_file is not None:  # the record's member is elsewhere, or nowhere: its payload is not here
+        return Bad(NOT_A_FILE, not_a_file)
     for extension, payload in record.items():
         last = extension.rpartition(".")[2]
         if extension == KEY or last not in ("txt", "json"):
