@@ -57,6 +57,37 @@ def test_format_is_inferred_and_a_mixed_directory_needs_it_declared(tmp_path):
     assert [s.num_records for s in ds.shards] == [2]
 
 
+@pytest.mark.parametrize("declared", [None, "jsonl", "webdataset", "parquet"])
+@pytest.mark.parametrize(
+    "shard, fmt",
+    [("b.jsonl.bz2", "jsonl"), ("b.json.xz", "jsonl"), ("b.jsonl.lz4", "jsonl"), ("b.tar.gz", "webdataset"),
+     ("b.tgz", "webdataset"), ("b.tar.zst", "webdataset"), ("b.parquet.gz", "parquet")],
+)
+def test_a_shard_compressed_in_a_way_zephon_cannot_read_is_a_named_error_not_left_out(tmp_path, shard, fmt, declared):
+    """A directory listing `part-7.jsonl.bz2` or `shard-3.tar.gz` beside shards it reads passed
+    over them as if they were a README: their records were missing from the plan unsaid."""
+    readable = {"jsonl": "a.jsonl", "webdataset": "a.tar", "parquet": "a.parquet"}[fmt]
+    (tmp_path / readable).write_bytes(b"{}\n" if fmt == "jsonl" else b"")
+    (tmp_path / shard).write_bytes(b"compressed bytes")
+    if declared not in (None, fmt):  # a shard of another format than the dataset's is not its shard
+        with pytest.raises(ConfigurationError, match="holds no"):
+            Dataset.from_path("d", str(tmp_path), format=declared)
+        return
+    message = f"{re.escape(str(tmp_path / shard))} is a {fmt} shard of .* that cannot be read"
+    with pytest.raises(ConfigurationError, match=message):
+        Dataset.from_path("d", str(tmp_path), format=declared)
+    with pytest.raises(ConfigurationError, match=message):
+        Dataset.from_path("d", str(tmp_path / shard), format=declared)
+
+
+def test_names_that_only_look_compressed_are_passed_over_as_before(tmp_path):
+    """A checksum or a backup beside a shard (`a.jsonl.md5`, `a.tar.bak`) is no shard."""
+    (tmp_path / "a.jsonl").write_bytes(jsonl_bytes([{"x": 1}]))
+    for name in ("a.jsonl.md5", "a.jsonl.bak", "a.tar.sha256"):
+        (tmp_path / name).write_text("not a shard")
+    assert [s.url.rpartition("/")[2] for s in Dataset.from_path("d", str(tmp_path)).shards] == ["a.jsonl"]
+
+
 def test_a_file_named_directly_is_read_in_the_declared_format(tmp_path):
     (tmp_path / "corpus.log").write_bytes(b"one\ntwo\n")
     with pytest.raises(ConfigurationError, match="cannot infer"):

@@ -7,6 +7,12 @@ ignored. A link whose target is gone is a missing shard when its name is a shard
 ConfigurationError naming the link and its target), and passed over like any other file otherwise.
 Paths are sorted, so the same URL always gives the same shards in the same order.
 
+A file named like a shard of the dataset's format under a compression Zephon does not read
+(`part-7.jsonl.bz2`, `shard-3.tar.gz`: tar and Parquet need random access, so only line formats
+may be gzip or zstd) is a ConfigurationError naming it: passed over like a README, its records
+were missing from the plan unsaid. Names that only add a suffix (`a.jsonl.md5`, `a.tar.bak`) are
+no shards, as before.
+
 A URL that names an existing file or directory as written is that file or directory, even when its
 name holds glob characters (`data[1].jsonl`, `run[2024]/`): read as a glob, `data[1].jsonl` would
 silently be `data1.jsonl`. Only a URL that names nothing is expanded as a glob, so a glob whose
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .._errors import ConfigurationError
 from ._compression import compression_of
@@ -39,6 +45,9 @@ _LINE_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
 _PLAIN_SUFFIXES = {".parquet": "parquet", ".tar": "webdataset"}
 _HUB_REPO_TYPES = ("datasets", "models", "spaces")
 _GLOB_CHARS = "*?["
+# Compressions of whole files that no format here decodes, and a suffix that means "tar, gzipped".
+_UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".br", ".snappy", ".zip", ".7z")
+_GZIPPED_TAR = ".tgz"
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,30 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
             if stem.endswith(suffix):
                 return fmt, compression
     return None
+
+
+def _unreadable_shard(path: str) -> tuple[str, str] | None:
+    """(format, why it cannot be read) for a file named like a shard of a format but compressed in a
+    way that format is not read in, or None."""
+    if path.endswith(_GZIPPED_TAR):
+        return "webdataset", "(.tgz, a gzip-compressed tar: tar shards are read by seeking, so they cannot be compressed)"
+    stem, dot, suffix = path.rpartition(".")
+    suffix = dot + suffix
+    if compression_of(path) is not None:
+        plain = infer_format(stem)
+        if plain is not None and plain[0] in ("parquet", "webdataset"):
+            return plain[0], f"({suffix}: {plain[0]} shards are read by seeking, so they cannot be compressed)"
+        return None
+    if suffix in _UNREAD_COMPRESSIONS and (plain := infer_format(stem)) is not None and plain[1] is None:
+        return plain[0], f"({suffix} is no compression Zephon reads: line shards may be .gz, .zst or .zstd)"
+    return None
+
+
+def _refuse_unreadable(path: str, url: str, fmt: str, why: str) -> NoReturn:
+    raise ConfigurationError(
+        f"{path} is a {fmt} shard of {url} that cannot be read {why}: decompress it, or move it out "
+        "of the dataset"
+    )
 
 
 def hf_parquet_url(url: str) -> str | None:
@@ -104,12 +137,16 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
     if not files:
         raise ConfigurationError(f"{url} matches no files")
     inferred = {p: infer_format(p) for p in files}
+    unreadable = {p: u for p in files if (u := _unreadable_shard(p)) is not None}
     if format is None:
-        found = sorted({fc[0] for fc in inferred.values() if fc is not None})
+        found = sorted({fc[0] for fc in [*inferred.values(), *unreadable.values()] if fc is not None})
         if len(found) != 1:
             what = f"several formats {found}" if found else "no file of a known format"
             raise ConfigurationError(f"{url} holds {what}; pass format= (one of {FORMATS})")
         format = found[0]
+    for p, (fmt, why) in sorted(unreadable.items()):
+        if fmt == format:
+            _refuse_unreadable(p, url, fmt, why)
     paths = sorted(p for p, fc in inferred.items() if fc is not None and fc[0] == format)
     if not paths:
         raise ConfigurationError(f"{url} holds no {format} shards")
@@ -152,6 +189,9 @@ def _list_with_fsspec(
 def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None) -> Located:
     """A file named directly is a shard whatever its name, once its format is known."""
     inferred = infer_format(path)
+    unreadable = _unreadable_shard(path)
+    if unreadable is not None and format in (None, unreadable[0]):
+        _refuse_unreadable(path, url, *unreadable)
     if format is None:
         if inferred is None:
             raise ConfigurationError(f"cannot infer the format of {url} from its name; pass format=")
