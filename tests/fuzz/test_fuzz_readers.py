@@ -103,17 +103,23 @@ lines = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
     st.binary(max_size=60).map(lambda b: b.replace(b"\n", b"")),
+    # objects written pair by pair, so that a key may come twice (json.dumps of a dict never repeats one)
+    st.lists(st.tuples(st.sampled_from(["text", "id"]), json_values), max_size=4).map(
+        lambda pairs: ("{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in pairs) + "}").encode()),
 )
 
 
 def _expected_reason(line: bytes) -> str | None:
     """An independent oracle of the JSON Lines rules."""
+    objects = []
     try:
-        value = json.loads(line.decode("utf-8"))
+        value = json.loads(line.decode("utf-8"), object_pairs_hook=lambda pairs: objects.append(pairs) or dict(pairs))
     except UnicodeDecodeError:
         return "invalid_utf8"
     except ValueError:
         return "malformed_json"
+    if any(len({key for key, _ in pairs}) < len(pairs) for pairs in objects):
+        return "duplicate_key"
     return None if isinstance(value, dict) else "not_an_object"
 
 

@@ -74,6 +74,8 @@ BAD_LINES = {
     "empty_document": json.dumps({"id": "x", "text": " \n\t "}).encode(),
     # valid JSON and valid UTF-8, but the string holds a lone surrogate: it has no UTF-8 form to tokenize
     "lone_surrogate": b'{"text": "caf\\ud800 au lait"}',
+    # two values of one key: json.loads kept the last, dropping the other unsaid
+    "duplicate_key": b'{"id": "x", "text": "the first text", "text": "the second text"}',
 }
 REASON = {"blank_line": "malformed_json", "lone_surrogate": "invalid_utf8"}
 

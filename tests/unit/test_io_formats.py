@@ -523,6 +523,25 @@ def test_json_python_cannot_hold_is_a_malformed_line(tmp_path):
 
 
 
+def test_a_json_object_naming_a_key_twice_is_skipped_as_duplicate_key_not_read_with_one_value_dropped(tmp_path):
+    """`json.loads` keeps the last of two values of one key and drops the other without a word, as
+    a tar record's member and a Parquet file's column named twice did before they were skipped."""
+    lines = [b'{"text": "kept"}', b'{"text": "one", "text": "two"}', b'{"text": "ok", "meta": {"k": 1, "k": 2}}',
+             b'[{"a": 1, "a": 1}]', b'{"text": "also kept", "meta": {"k": 1}, "k": 2}']
+    (tmp_path / "a.jsonl").write_bytes(lines_bytes(lines))
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path / "a.jsonl")), 2)
+    assert records == [{"text": "kept"}, {"text": "also kept", "meta": {"k": 1}, "k": 2}]
+    assert [(a.index, reason) for a, reason in skipped] == [(1, "duplicate_key"), (2, "duplicate_key"),
+                                                             (3, "duplicate_key")]
+    members = [("0.json", b'{"caption": "a"}'), ("1.json", b'{"caption": "a", "caption": "b"}')]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    records, skipped = read_all(Dataset.from_path("t", str(tmp_path / "a.tar")), 2)
+    assert records == [{"__key__": "0", "json": {"caption": "a"}}]
+    assert [(a.index, reason) for a, reason in skipped] == [(1, "duplicate_key")]
+    with pytest.raises(BadRecordError, match="'caption' twice"):
+        read_all(Dataset.from_path("t", str(tmp_path / "a.tar")), 2, on_error="raise")
+
+
 def test_json_nesting_gets_the_same_verdict_on_every_thread_and_stack(tmp_path):
     """How deep `json.loads` can nest depends on the stack it runs on: the thread (the loader's for
     the inline runner, a pool thread's, a worker process's), the frames below it, the Python build

@@ -10,6 +10,7 @@ from ._errors import ShardUnavailableError
 from ._locate import FORMATS
 from ._policy import (
     DUPLICATE_COLUMN,
+    DUPLICATE_KEY,
     DUPLICATE_MEMBER,
     INVALID_UTF8,
     MALFORMED_JSON,
@@ -35,5 +36,6 @@ __all__ = [
     "UNCONVERTIBLE_VALUE",
     "DUPLICATE_MEMBER",
     "DUPLICATE_COLUMN",
+    "DUPLICATE_KEY",
     "NOT_A_FILE",
 ]

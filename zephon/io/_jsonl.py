@@ -20,7 +20,8 @@ class JsonLines:
     A line must decode as UTF-8 (else `invalid_utf8`), parse as JSON (else `malformed_json`; a blank
     line is malformed too, and so is JSON that Python cannot hold: an integer of over 4,300 digits,
     arrays and objects nested deeper than `MAX_JSON_DEPTH`, 200 levels) and be an object (else
-    `not_an_object`). A UTF-8 byte order mark at the start of the shard is not part of its first line.
+    `not_an_object`), and no object in it may name a key twice (else `duplicate_key`). A UTF-8 byte
+    order mark at the start of the shard is not part of its first line.
     """
 
     name: str = "jsonl"
