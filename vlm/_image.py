@@ -15,7 +15,8 @@ Order of work, chosen so that nothing large is allocated before it is known to b
    `background`, then apply the EXIF orientation.
 
 Thread-safety: every function here is safe to call from many threads at once; nothing global is
-read or written (Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies, see `ImageSpec`).
+written (Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies, see `ImageSpec`, and its
+`ImageFile.LOAD_TRUNCATED_IMAGES` switch is read only to be refused, see `_refuse_load_truncated_images`).
 """
 
 from __future__ import annotations
@@ -221,9 +222,34 @@ def patchify(pixels: np.ndarray, patch_size: int) -> np.ndarray:
     return blocks.reshape(rows * cols, patch_size * patch_size * c)
 
 
+def _refuse_load_truncated_images() -> None:
+    """Refuse to decode while Pillow's `ImageFile.LOAD_TRUNCATED_IMAGES` is on.
+
+    Many training scripts (and some libraries, on import) turn it on to silence "image file is
+    truncated". Pillow then decodes a truncated or corrupt JPEG with its missing part grey and no
+    error, so a broken image was packed and trained on instead of skipped and counted; and the
+    switch is a per-process global, so one set after a process runner's workers forked gave
+    threads and processes different batches. Pillow reads it nowhere but from that global, so it
+    cannot be turned off for one decode without racing other threads: every image is refused
+    alike while it is on, so the verdict never depends on the data.
+    """
+    from PIL import ImageFile
+
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise ConfigurationError(
+            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True (this program or a library it imports set it): "
+            "Pillow then decodes a truncated or corrupt image with its missing part grey and no error, so "
+            "broken images would be trained on uncounted. Set it to False before decoding: decode_images "
+            "skips such images itself, counted as truncated_image or corrupt_image"
+        )
+
+
 def _open(data: bytes, spec: ImageSpec):
-    """The image with its header parsed and no pixel decoded; bombs refused here."""
+    """The image with its header parsed and no pixel decoded; bombs refused here, and decoding
+    at all while Pillow is told to accept truncated images (`_refuse_load_truncated_images`)."""
     from PIL import Image
+
+    _refuse_load_truncated_images()
 
     if isinstance(data, memoryview):
         data = data.tobytes()

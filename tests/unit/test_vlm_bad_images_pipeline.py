@@ -20,7 +20,7 @@ from tests.unit.test_vlm_assets import png_header_only
 from vlm import ImageSpec
 from vlm._assets import pair_shards, photographs, tekken_tokenizer
 from vlm._demo import vlm_pipeline
-from zephon._errors import BadRecordError
+from zephon._errors import BadRecordError, ConfigurationError
 
 SPEC = ImageSpec.pixtral(max_side=64)
 NUM_GOOD = 12
@@ -247,3 +247,17 @@ def test_deferred_decode_with_on_error_raise_fails_naming_the_record(shard, runn
     error = raised.value
     assert EXPECTED[keys[error.address.index]] == error.reason
     assert str(error.address) in str(error)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_a_program_that_sets_pillows_load_truncated_images_fails_naming_it_instead_of_packing_broken_images(
+    shard, runner, defer, monkeypatch
+):
+    """With the switch on, the truncated photograph was packed with its lower part grey and the
+    ledger counted no `truncated_image`."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    with pytest.raises(ConfigurationError, match="LOAD_TRUNCATED_IMAGES"):
+        _run(shard, runner, defer=defer)

@@ -306,6 +306,23 @@ def test_load_rgb_keeps_full_size_for_an_image_processor():
 
 # -- bad files ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("decode", [decode_image, load_rgb])
+def test_pillows_load_truncated_images_switch_is_refused_instead_of_decoding_broken_images(monkeypatch, decode):
+    """`PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`, which many training scripts and some libraries
+    set, made Pillow decode a truncated or corrupt JPEG with its missing part grey: packed and
+    trained on, uncounted; and where it was set after a process runner's workers forked, threads
+    and processes gave different batches. Refused for every image alike, so the verdict never
+    depends on the data."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    for data in (truncated_jpeg(), encode(gradient(48, 64))):
+        with pytest.raises(ConfigurationError, match="PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True"):
+            decode(data, ImageSpec(max_pixels=64 * 64))
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    assert _reason(truncated_jpeg()) == "truncated_image"
+
+
 def test_truncated_jpeg_is_reported_as_truncated():
     assert _reason(truncated_jpeg()) == "truncated_image"
 
