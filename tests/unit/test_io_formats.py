@@ -592,6 +592,61 @@ def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):
     assert [(a.index, reason) for a, reason in skipped] == [(1, "unconvertible_value")]
 
 
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_READ_WITHOUT_PANDAS = """
+import importlib.abc, sys
+class NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] == "pandas":
+            raise ImportError("pandas is not installed here")
+sys.meta_path.insert(0, NoPandas())
+from zephon.io import Dataset
+ds = Dataset.from_path("d", sys.argv[1])
+records, skipped = [], []
+for chunk in ds.chunks(2):
+    out = ds.read_chunk(chunk)
+    records += out.records
+    skipped += [(a.index, reason) for a, reason in out.skipped]
+print(repr((records, skipped)))
+"""
+
+
+def test_parquet_nanosecond_values_read_the_same_whether_or_not_pandas_is_installed(tmp_path):
+    """pyarrow turns a nanosecond timestamp or duration into a pandas object when pandas can be
+    imported, and refuses one with a part below a microsecond otherwise: a row was kept (holding a
+    `pd.Timestamp`) where pandas was installed, as in the 3.11 test environment, and skipped as
+    `unconvertible_value` where it was not, as in the 3.14t one, so the ledger and the batches
+    depended on an optional package. A nanosecond time of day lost its part below a microsecond
+    unsaid. Now each is a standard-library value, or its row is `unconvertible_value`."""
+    import datetime
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ns = 1_700_000_000 * 10**9
+    table = pa.table({
+        "text": ["whole", "stamp", "span", "time", "nested", "aware"],
+        "ts": pa.array([ns, ns + 1, ns, ns, ns, ns], pa.timestamp("ns")),
+        "span": pa.array([1000, 1000, 7, 1000, 1000, 1000], pa.duration("ns")),
+        "at": pa.array([2000, 2000, 2000, 2001, 2000, 2000], pa.time64("ns")),
+        "many": pa.array([[ns], [ns], [ns], [ns], [ns, ns + 5], [ns]], pa.list_(pa.timestamp("ns"))),
+        "utc": pa.array([ns, ns, ns, ns, ns, ns + 999], pa.timestamp("ns", "UTC")),
+    })
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 2)
+    moment = datetime.datetime(2023, 11, 14, 22, 13, 20)
+    assert records == [{"text": "whole", "ts": moment, "span": datetime.timedelta(microseconds=1),
+                        "at": datetime.time(0, 0, 0, 2), "many": [moment],
+                        "utc": moment.replace(tzinfo=datetime.timezone.utc)}]
+    assert all(type(v) in (str, datetime.datetime, datetime.timedelta, datetime.time, list) for v in records[0].values())
+    assert [(a.index, reason) for a, reason in skipped] == [(i, "unconvertible_value") for i in range(1, 6)]
+    without_pandas = subprocess.run([sys.executable, "-c", _READ_WITHOUT_PANDAS, str(tmp_path)], capture_output=True,
+                                    text=True, check=True, env={**os.environ, "PYTHONPATH": _REPO_ROOT}).stdout
+    assert without_pandas.strip() == repr((records, [(a.index, reason) for a, reason in skipped]))
+
+
 def test_parquet_rows_of_a_file_that_repeats_a_column_name_are_skipped_not_read_with_one_value_dropped(tmp_path):
     """pyarrow writes such a file; its rows as dicts kept the last `text` and lost the first."""
     import pyarrow as pa
