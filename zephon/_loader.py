@@ -145,7 +145,13 @@ class RankLoader:
         self._stage_fns = [fn for _, fn in record_fns]
         packer = accumulators[0]
         self.row_length = packer.max_length
-        self.plan = pipeline.source.bind(self._token_counter(packer), self.num_lanes)
+        # Once per loader, and before the token estimate runs the maps and filters: walking a
+        # function's code and writing the globals it reads takes seconds for a lookup table of
+        # 10**6 entries, and the estimate's key and the recipe must describe the same operators.
+        fingerprints = {
+            id(op): op.fingerprint() if op.kind == "record" else op.fingerprint(self.default_pad_id) for op in ops
+        }
+        self.plan = pipeline.source.bind(self._token_counter(packer, fingerprints), self.num_lanes)
         io_options = settings.io_options
         read_datasets = {
             name: ds.with_io_options(io_options) if io_options else ds for name, ds in self.plan.datasets.items()
@@ -159,7 +165,7 @@ class RankLoader:
         self.recipe = {
             "recipe_version": RECIPE_VERSION,
             "plan": self.plan.fingerprint(),
-            "operators": [op.fingerprint() if op.kind == "record" else op.fingerprint(self.default_pad_id) for op in ops],
+            "operators": [fingerprints[id(op)] for op in ops],
             "num_lanes": self.num_lanes,
             "flush_every_chunks": settings.flush_every_chunks,
             "global_batch_size": self.global_batch_size,
@@ -177,10 +183,10 @@ class RankLoader:
         self.rows_ahead = max(self.microbatch_size, 2 * max_parallelism)
         self.prefetch = settings.prefetch or default_prefetch(self.plan, max_parallelism)
 
-    def _token_counter(self, packer):
+    def _token_counter(self, packer, fingerprints: dict[int, dict]):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
-        of its input field."""
+        of its input field. `fingerprints` holds the operators' fingerprints by id."""
         fns = self._stage_fns
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
@@ -199,9 +205,7 @@ class RankLoader:
         # source keeps the counter with its measurement, so no other operator can take their ids.
         operators = (*self.pipeline.record_operators(), packer)
         count.key = json.dumps(
-            [op.fingerprint() for op in operators[:-1]] + [packer.fingerprint(self.default_pad_id)]
-            + [[id(op) for op in operators]],
-            sort_keys=True,
+            [fingerprints[id(op)] for op in operators] + [[id(op) for op in operators]], sort_keys=True
         )
         count.operators = operators
         return count

@@ -661,8 +661,8 @@ class TokenizeOp(RecordOperator):
     @functools.cached_property
     def _handle(self) -> TokenizerHandle:
         """Loaded once (`Pipeline.tokenize` does it) and kept: a tokenizer.json changed on disk
-        meanwhile (a loader's token estimate runs between its `build` and its `fingerprint`) must not
-        make the recipe name another tokenizer than the one encoding. A new pipeline reads the new file."""
+        meanwhile (a loader calls `build` before `fingerprint`) must not make the recipe name another
+        tokenizer than the one encoding. A new pipeline reads the new file."""
         return load_tokenizer(self.tokenizer_id, split_special_tokens=self.split_special_tokens)
 
     def build(self, on_error: str) -> RecordFn:

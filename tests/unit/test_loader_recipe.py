@@ -1,0 +1,77 @@
+"""A loader fingerprints its recipe once, when it is built, and keeps it for its whole life.
+
+Fingerprinting a map or filter walks its code and writes the values of the globals it reads: a
+lookup table of 10**6 entries takes seconds. A loader did it twice at build (the recipe, then the
+token counter's key), and one loader is built per rank at every start of a training job.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+
+import pytest
+
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from zephon import RecipeMismatchError, _record_ops
+
+LENGTHS = {"river": 5, "stone": 5}  # a module global the map below reads, a lookup table in small
+
+
+def with_known_length(record: dict) -> dict:
+    """A map configured by the lookup table it reads."""
+    first = record["text"].split()[0]
+    return {**record, "known": LENGTHS.get(first, 0)}
+
+
+def counting(calls: Counter, method):
+    @functools.wraps(method)
+    def counted(operator, *args):
+        calls[id(operator)] += 1
+        return method(operator, *args)
+
+    return counted
+
+
+def test_a_loader_fingerprints_each_operator_once_over_build_iteration_state_dict_and_load_state_dict(
+    tmp_path, monkeypatch
+):
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), map_fn=with_known_length, estimate_tokens=True)
+    fingerprinted = Counter()
+    for kind in {type(op) for op in pipeline.operators}:
+        monkeypatch.setattr(kind, "fingerprint", counting(fingerprinted, kind.fingerprint))
+    walked = Counter()
+    globals_read = _record_ops.globals_read
+    monkeypatch.setattr(_record_ops, "globals_read", lambda code: walked.update([code]) or globals_read(code))
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        next(iter(loader))
+        loader.load_state_dict(loader.state_dict())
+
+    assert fingerprinted == {id(op): 1 for op in pipeline.operators}, [
+        (op.name, fingerprinted[id(op)]) for op in pipeline.operators
+    ]
+    assert walked[with_known_length.__code__] == 1, walked
+
+
+def test_a_global_changed_after_the_loader_was_built_enters_the_recipe_of_loaders_built_after_it(
+    tmp_path, monkeypatch
+):
+    """The recipe describes the operators as they were when the loader was built: a global changed
+    later does not change what that loader saves, and it takes its own state back; a loader built
+    after the change, as a resumed job builds one, refuses that state, naming the map."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), map_fn=with_known_length)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        next(iter(loader))
+        before = loader.state_dict()
+        monkeypatch.setitem(LENGTHS, "river", 6)
+        after = loader.state_dict()
+        loader.load_state_dict(after)
+    assert after == before
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as rebuilt, pytest.raises(
+        RecipeMismatchError
+    ) as refusal:
+        rebuilt.load_state_dict(after)
+    assert re.search(r"changed: operators\[0\]\.map\.fn\. Performance", str(refusal.value)), refusal.value
