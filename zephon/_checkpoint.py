@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 from ._errors import CheckpointError, RecipeMismatchError
 from ._sha256 import sha256
 
-__all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "merge_states"]
+__all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "recipe_digests", "merge_states"]
 
 STATE_FORMAT = "zephon.loader_state"
 # 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws;
@@ -75,14 +75,16 @@ def _checksum(body: Mapping) -> str:
 
 
 def make_state(
-    recipe: Mapping,
+    digests: Mapping[str, str],
     lanes: Mapping[int, LaneCursor],
     num_lanes: int,
     ledgers: Mapping[int, dict],
     steps_begun: int | None,
     rows_taken: int,
 ) -> dict:
-    """`steps_begun`: the global steps the rank handed over microbatches of, the last one perhaps
+    """`digests`: the recipe's, as `recipe_digests` gives them (a loader takes them once: its
+    recipe holds what its maps and filters read, written whole, which may take long to hash).
+    `steps_begun`: the global steps the rank handed over microbatches of, the last one perhaps
     in part; None once its every lane is finished (a rank that is done cannot be out of step).
     `rows_taken`: the rows handed over on all ranks together if every rank handed over as many as
     this one since the state it resumed from (whose count it starts from)."""
@@ -90,7 +92,7 @@ def make_state(
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "num_lanes": num_lanes,
-        "recipe": recipe_digests(recipe),
+        "recipe": dict(digests),
         "steps_begun": steps_begun,
         "rows_taken": rows_taken,
         "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},
@@ -127,14 +129,13 @@ def _intact(state: object) -> dict:
 
 
 def read_state(
-    state: object, recipe: Mapping, num_lanes: int
+    state: object, current: Mapping[str, str], num_lanes: int
 ) -> tuple[dict[int, LaneCursor], dict[int, dict], int | None, int]:
-    """Validate a state against the current recipe; return its cursors and ledger counts by lane,
-    its steps begun and its rows taken."""
+    """Validate a state against the current recipe's digests (`recipe_digests`); return its cursors
+    and ledger counts by lane, its steps begun and its rows taken."""
     state = _intact(state)
     _check_shape(state)
     saved = state["recipe"]
-    current = recipe_digests(recipe)
     changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     if changed:
         raise RecipeMismatchError(

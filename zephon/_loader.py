@@ -25,7 +25,7 @@ from typing import Iterator
 
 from . import _runner_closer
 from ._batch import Batch, collate
-from ._checkpoint import LaneCursor, make_state, read_state
+from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
 from ._ledger import Ledger
 from ._lane import LaneStream
@@ -170,6 +170,7 @@ class RankLoader:
             "flush_every_chunks": settings.flush_every_chunks,
             "global_batch_size": self.global_batch_size,
         }
+        self._recipe_digests = recipe_digests(self.recipe)  # what every state saves and is checked by
         # Stateless work the packer leaves on its rows (decoding images packed encoded) is put on
         # the runner `rows_ahead` rows before the loader takes them, per lane: at least the
         # microbatch it takes at once and two rows per worker, so that when the loader turns to a
@@ -445,7 +446,7 @@ class RankLoader:
         ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
         finished = [self._finished(lane) for lane in self.lanes]
         steps_begun = None if all(finished) else self._steps_begun
-        return make_state(self.recipe, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken)
+        return make_state(self._recipe_digests, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken)
 
     def _find_lanes_without_rows(self) -> None:
         """Turn to the rank's lanes as its first microbatch would, in order until one has a row,
@@ -500,7 +501,7 @@ class RankLoader:
         All or nothing: a load that raises (a refused state, or Ctrl-C and a preemption handler
         raising partway) leaves the loader at the state it had, the iteration it suspended included
         (see `_take_up`); loading the state again then takes it up as a first load would."""
-        cursors, ledgers, steps_begun, rows_taken = read_state(state, self.recipe, self.num_lanes)
+        cursors, ledgers, steps_begun, rows_taken = read_state(state, self._recipe_digests, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
             raise CheckpointError(

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
-from zephon import RecipeMismatchError, _record_ops
+from zephon import RecipeMismatchError, _checkpoint, _record_ops
 
 LENGTHS = {"river": 5, "stone": 5}  # a module global the map below reads, a lookup table in small
 
@@ -53,6 +53,25 @@ def test_a_loader_fingerprints_each_operator_once_over_build_iteration_state_dic
         (op.name, fingerprinted[id(op)]) for op in pipeline.operators
     ]
     assert walked[with_known_length.__code__] == 1, walked
+
+
+def test_a_loader_digests_its_recipe_once_not_at_every_state_dict_and_load_state_dict(tmp_path, monkeypatch):
+    """The recipe holds the values the map reads, written whole: hashing it again at every save and
+    every load cost each checkpoint as much as hashing the lookup table."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), map_fn=with_known_length)
+    hashed = []
+    canonical_json = _checkpoint.canonical_json
+    monkeypatch.setattr(_checkpoint, "canonical_json", lambda value: hashed.append(value) or canonical_json(value))
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        for _ in range(2):
+            next(iter(loader))  # a load ends the iteration it suspended: each round takes up a new one
+            loader.load_state_dict(loader.state_dict())
+        saved = loader.state_dict()
+
+    the_maps = [value for value in hashed if isinstance(value, str) and "with_known_length" in value]
+    assert len(the_maps) == 1, len(the_maps)
+    assert saved["recipe"] == _checkpoint.recipe_digests(loader.recipe)
 
 
 def test_a_global_changed_after_the_loader_was_built_enters_the_recipe_of_loaders_built_after_it(
