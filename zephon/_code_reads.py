@@ -3,13 +3,13 @@
 
 A map's or filter's fingerprint (`_record_ops._fingerprint_callable`) writes the values of the
 globals its code reads: `MAX_LEN = 2048` changed to 4096 at module level leaves the function's
-source as it was; and a method's source leaves out the methods it calls on `self` and on `super()`. It follows the
-functions it reaches these ways only into the user's own code. A
-function of the standard library or of another installed package is named, not followed: its
-module's globals are the library's state (`re` keeps the patterns programs compiled in one, so a
-fingerprint reading it would change as the program runs), its call graph may hold thousands of
-functions, and its source differs between Python builds and library versions, which would refuse a
-checkpoint resumed on another interpreter.
+source as it was; and a method's source leaves out the methods it calls on `self` (`self.helper(x)`,
+`getattr(self, "helper")(x)`) and on `super()`. It follows the functions it reaches these ways only
+into the user's own code. A function of the standard library or of another installed package is
+named, not followed: its module's globals are the library's state (`re` keeps the patterns
+programs compiled in one, so a fingerprint reading it would change as the program runs), its call
+graph may hold thousands of functions, and its source differs between Python builds and library
+versions, which would refuse a checkpoint resumed on another interpreter.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import sysconfig
 import types
 from collections.abc import Iterator
 
-__all__ = ["attributes_read_on_first_argument", "attributes_read_on_super", "globals_read", "is_library_code"]
+__all__ = [
+    "attributes_read_on_first_argument", "attributes_read_on_super", "globals_read", "is_library_code",
+    "names_got_on_first_argument",
+]
 
 _LOADS_A_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
 _LOADS_AN_ATTRIBUTE = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
@@ -60,15 +63,63 @@ def attributes_read_on_first_argument(code: types.CodeType) -> list[str]:
     first = code.co_varnames[0]
     names: set[str] = set()
     for current in _with_nested(code):
-        loaded = None
+        loaded_first = False
         for op in dis.get_instructions(current):
             if op.opname == "EXTENDED_ARG":  # the prefix of a large argument, not an instruction of its own
                 continue
-            if op.opname in _LOADS_AN_ATTRIBUTE and loaded == first:
+            if op.opname in _LOADS_AN_ATTRIBUTE and loaded_first:
                 names.add(op.argval)
-            variable = op.opname.startswith("LOAD_FAST") or op.opname == "LOAD_DEREF"
-            loaded = (op.argval[-1] if isinstance(op.argval, tuple) else op.argval) if variable else None
+            loaded_first = _loads_variable(op, first)
     return sorted(names)
+
+
+def names_got_on_first_argument(code: types.CodeType) -> list[str]:
+    """The names `code` (a method's) and the code nested in it read on its first argument with
+    `getattr` and the name written in the call: `getattr(self, "helper")` or `getattr(self,
+    "LIMIT", default)` where the default is one load (a constant, a variable), sorted; empty for
+    code without arguments. `getattr` is the name the code loads as a global, which the caller
+    checks is the builtin's.
+
+    Matched whole, from the load of `getattr` to the call, so that a name only begun there
+    (`getattr(self, "a" + suffix)`) or a default computed in more steps is not taken. 3.11
+    prefixes the call with `PUSH_NULL` and `PRECALL`, left out; 3.14 loads `self` as
+    `LOAD_FAST_BORROW` and a small default as `LOAD_SMALL_INT`.
+    """
+    if code.co_argcount + code.co_kwonlyargcount == 0:
+        return []
+    first = code.co_varnames[0]
+    names: set[str] = set()
+    for current in _with_nested(code):
+        ops = [op for op in dis.get_instructions(current) if op.opname not in _BEFORE_A_CALL]
+        for i, op in enumerate(ops):
+            if op.opname not in _LOADS_A_GLOBAL or op.argval != "getattr":
+                continue
+            target, name, *rest = ops[i + 1 : i + 5] + [None, None]  # None: the code ended
+            if not (target and name and _loads_variable(target, first) and name.opname == "LOAD_CONST"):
+                continue
+            if isinstance(name.argval, str) and (
+                _is_call(rest[0], 2) or (rest[0] and _loads_one_value(rest[0]) and _is_call(rest[1], 3))
+            ):
+                names.add(name.argval)
+    return sorted(names)
+
+
+def _loads_variable(op: dis.Instruction, name: str) -> bool:
+    """Whether `op` loads the local or closure variable `name` (as the second of a 3.14 pair too)."""
+    if not (op.opname.startswith("LOAD_FAST") or op.opname == "LOAD_DEREF"):
+        return False
+    return (op.argval[-1] if isinstance(op.argval, tuple) else op.argval) == name
+
+
+def _loads_one_value(op: dis.Instruction) -> bool:
+    """Whether `op` alone pushes a value: a constant, a global, a local or closure variable."""
+    return op.opname in ("LOAD_CONST", "LOAD_SMALL_INT", "LOAD_DEREF") or op.opname in _LOADS_A_GLOBAL or (
+        op.opname.startswith("LOAD_FAST") and not isinstance(op.argval, tuple)
+    )
+
+
+def _is_call(op: dis.Instruction | None, arguments: int) -> bool:
+    return op is not None and op.opname == "CALL" and op.arg == arguments
 
 
 def attributes_read_on_super(code: types.CodeType) -> list[tuple[str, str]]:

@@ -18,7 +18,10 @@ from typing import Callable
 
 import numpy as np
 
-from ._code_reads import attributes_read_on_first_argument, attributes_read_on_super, globals_read, is_library_code
+from ._code_reads import (
+    attributes_read_on_first_argument, attributes_read_on_super, globals_read, is_library_code,
+    names_got_on_first_argument,
+)
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._records import ChunkRecords
 from ._sha256 import sha256
@@ -206,12 +209,17 @@ def _instance_class(fn: Callable, walk: _Walk) -> type | None:
 
 def _read_on_self(function: types.FunctionType, walk: _Walk) -> str:
     """What `function` reads on its first argument (`self.helper(x)`, `self.MIN_WORDS`: the names
-    `attributes_read_on_first_argument` gives) that the MRO of `walk.instance_class` defines, as
-    `_class_attributes` writes it."""
+    `attributes_read_on_first_argument` gives; `getattr(self, "helper")(x)`: those
+    `names_got_on_first_argument` gives, where `getattr` is the builtin, not a global of the
+    function's module) that the MRO of `walk.instance_class` defines, as `_class_attributes`
+    writes it. A name read both ways is written once, where the sorted names place it."""
     if walk.instance_class is None:
         return ""
-    names = attributes_read_on_first_argument(function.__code__)
-    return _class_attributes(names, walk.instance_class.__mro__, walk)
+    code = function.__code__
+    names = set(attributes_read_on_first_argument(code))
+    if "getattr" not in function.__globals__:
+        names.update(names_got_on_first_argument(code))
+    return _class_attributes(sorted(names), walk.instance_class.__mro__, walk)
 
 
 def _read_on_super(function: types.FunctionType, walk: _Walk) -> str:

@@ -1273,6 +1273,41 @@ def test_a_class_constant_a_method_reads_on_self_is_part_of_the_recipe(tmp_path)
     assert _fingerprint_callable(keep) == before and "MIN_WORDS=3" in before, before
 
 
+GETATTR = '''class Cleaner:
+    MIN_WORDS = {min_words}
+
+    def words(self, text):
+        return {words}
+
+    def keep(self, record):
+        counts = [getattr(self, "words")(text) for text in (record["text"],)]
+        return counts[0] >= getattr(self, "MIN_WORDS", 0)
+'''
+
+
+def test_what_a_method_reads_by_getattr_with_the_name_written_in_the_call_is_part_of_the_recipe(tmp_path):
+    """`getattr(self, "words")(text)` reads what `self.words(text)` does, but only the latter was
+    followed: `words` edited, or `MIN_WORDS` read as `getattr(self, "MIN_WORDS", 0)` changed,
+    resumed a checkpoint of the old code. A name written in the call is followed as `self.name` is
+    (in a comprehension too); one held in a variable is not (Known limits), nor is a `getattr` the
+    module defines itself, which need not read anything on `self`."""
+    from zephon._record_ops import _fingerprint_callable
+
+    def user_filter(version: int, settings: tuple[int, str]):
+        min_words, words = settings
+        return user_module(tmp_path / f"v{version}", GETATTR.format(min_words=min_words, words=words)).Cleaner().keep
+
+    original = (3, "len(text.split())")
+    changes = ((4, original[1]), (3, "len(text)"))
+    assert_a_change_is_refused_and_the_same_resumes(tmp_path, user_filter, original, changes)
+    written = _fingerprint_callable(user_filter(5, original))
+    assert "words=user_fns.Cleaner.words" in written and "MIN_WORDS=3" in written, written
+    shadowed = user_module(tmp_path / "v6", "def getattr(obj, name, default=None):\n    return default\n\n\n"
+                           + GETATTR.format(min_words=3, words="len(text.split())"))
+    written = _fingerprint_callable(shadowed.Cleaner().keep)
+    assert "MIN_WORDS=" not in written and "user_fns.Cleaner.words" not in written, written
+
+
 SUPER = '''class Base:
     MINIMUM = {minimum}
 
