@@ -487,6 +487,17 @@ class RankLoader:
         finally:
             stream.close()
 
+    def _a_lane_gives_no_row(self, cursors: dict[int, LaneCursor]) -> bool:
+        """Whether a finite plan's lane that `cursors` have at row 0, not finished, gives no row at
+        all: the run is then in its ragged end, though no save has said so yet. The lanes are asked
+        in order, on streams of their own (see `_gives_a_row`), until one gives none. A closed
+        loader reads nothing."""
+        return not self._closed and any(
+            not cursor.finished and cursor.position == 0 and self._finite(lane)
+            and not self._gives_a_row(lane, cursor.segment)
+            for lane, cursor in sorted(cursors.items())
+        )
+
     def _finished(self, lane: int) -> bool:
         """Whether a finite plan's every row of the lane was handed over; kept in the cursor, so a
         state saved before the lane's stream is replayed after a resume still says so."""
@@ -525,7 +536,10 @@ class RankLoader:
         as many rows (as `merge_states` requires) on the world size it was saved on, or on fewer
         ranks each taking over whole ranks of it. In the ragged end of a finite epoch (a lane
         finished), ranks taking as many microbatches each already run at different steps by
-        design, and the check is left out."""
+        design, and the check is left out: also where no lane is saved as finished but one that
+        the state has at row 0 gives no row at all (every record of it dropped), which a save
+        partway through the lane's rank's first step cannot know yet; such lanes are asked only
+        where the state would be refused otherwise."""
         if any(cursor.finished for cursor in cursors.values()):
             return
         positions = {lane: cursor.position for lane, cursor in cursors.items()}
@@ -539,7 +553,7 @@ class RankLoader:
             sum(max(0, end - positions[lane]) for lane in range(rank * per_rank, (rank + 1) * per_rank)) // m
             for rank in range(self.world_size)
         ]
-        if len(set(left)) > 1:
+        if len(set(left)) > 1 and not self._a_lane_gives_no_row(cursors):
             raise CheckpointError(
                 f"the loader state was saved partway through step {step}, whose remaining microbatches would "
                 f"fall {', '.join(map(str, left))} to the {self.world_size} ranks: ranks taking as many each would "
