@@ -55,7 +55,8 @@ def require_decoder(module: str, user: str) -> None:
         )
 
 DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
-"""WebDataset member extensions tried in order when no field is given."""
+"""WebDataset member extensions tried in order when no field is given (the tar reader names every
+field in lower case, so `0001.JPG` is found as `jpg`)."""
 
 DEFAULT_VIDEO_FIELDS = ("mp4", "webm", "mkv", "mov", "avi")
 

@@ -160,8 +160,8 @@ def test_jsonl_reader_accounts_for_every_line(body, final_newline, compression, 
 
 # -- WebDataset tar -----------------------------------------------------------------------------
 member_names = st.tuples(
-    st.sampled_from(["a", "b", "dir/c", "d.e", "noext", "x/y/z"]),
-    st.sampled_from(["txt", "json", "jpg", "seg.txt", "cls", ""]),
+    st.sampled_from(["a", "A", "b", "dir/c", "d.e", "noext", "x/y/z"]),
+    st.sampled_from(["txt", "TXT", "json", "Json", "jpg", "seg.txt", "cls", ""]),
 ).map(lambda kv: f"{kv[0]}.{kv[1]}" if kv[1] else kv[0])
 payloads = st.one_of(st.binary(max_size=80), st.text(max_size=40).map(str.encode),
                      json_values.map(lambda v: json.dumps(v).encode()))

@@ -353,6 +353,62 @@ def test_webdataset_hidden_members_such_as_macos_appledouble_files_are_part_of_n
             [{"__key__": f"imgs/{i:04d}", "jpg": b"J", "txt": f"cap {i}"} for i in range(40)], [])
 
 
+def test_webdataset_member_extensions_in_upper_or_mixed_case_read_as_their_lower_case_fields(tmp_path):
+    """Camera dumps and Windows tools write `0001.JPG`; the WebDataset library lowercases the
+    extension when it groups members. Read as fields "JPG" and "Txt", the image and the caption
+    were counted `missing_image` / `missing_field` while the tar held them. The field is the
+    lower-cased extension, and a `.txt` or `.json` member is decoded whatever its case."""
+    def members(case):
+        return [(f"imgs/0001.{case('jpg')}", b"\xff\xd8jpeg"), (f"imgs/0001.{case('txt')}", "a caption é".encode()),
+                (f"imgs/0001.{case('json')}", b'{"w": 3}'), (f"imgs/0002.{case('seg.png')}", b"png"),
+                (f"imgs/0002.{case('en.txt')}", b"\xef\xbb\xbfsecond")]
+    mixed = iter([str.upper, str.title, str.upper, str.upper, str.title])
+    (tmp_path / "upper").mkdir(), (tmp_path / "lower").mkdir()
+    (tmp_path / "upper" / "a.tar").write_bytes(tar_bytes(members(lambda ext: next(mixed)(ext))))
+    (tmp_path / "lower" / "a.tar").write_bytes(tar_bytes(members(str.lower)))
+    expected = [{"__key__": "imgs/0001", "jpg": b"\xff\xd8jpeg", "txt": "a caption é", "json": {"w": 3}},
+                {"__key__": "imgs/0002", "seg.png": b"png", "en.txt": "second"}]
+    for case in ("upper", "lower"):
+        ds = Dataset.from_path("d", str(tmp_path / case / "a.tar"))
+        assert ds.num_records == 2
+        for records_per_chunk in (1, 2):
+            assert read_all(ds, records_per_chunk) == (expected, [])
+
+
+def test_webdataset_record_holding_one_field_in_two_cases_is_skipped_as_duplicate_member(tmp_path):
+    """`0001.jpg` and `0001.JPG` are two payloads for the field jpg: which is the record's is not
+    known, as for a member named twice. The record is counted once, at planning and when read."""
+    members = [("0000.jpg", b"J0"), ("0000.txt", b"cap 0"),
+               ("0001.jpg", b"lower"), ("0001.JPG", b"upper"), ("0001.txt", b"cap 1"),
+               ("0002.Txt", b"cap 2"), ("0002.jpg", b"J2")]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.num_records == 3
+    for records_per_chunk in (1, 3):
+        records, skipped = read_all(ds, records_per_chunk)
+        assert records == [{"__key__": "0000", "jpg": b"J0", "txt": "cap 0"},
+                           {"__key__": "0002", "txt": "cap 2", "jpg": b"J2"}]
+        assert [(a.index, reason) for a, reason in skipped] == [(1, "duplicate_member")]
+    with pytest.raises(BadRecordError) as info:
+        read_all(ds, 3, on_error="raise")
+    assert (info.value.address.index, info.value.reason) == (1, "duplicate_member")
+    assert "0001.JPG" in str(info.value) and "'jpg'" in str(info.value)
+
+
+def test_webdataset_keys_keep_their_case_so_keys_differing_only_in_case_are_two_records(tmp_path):
+    """Only the extension is a field name; the key names a sample as its writer spelled it, as in
+    the WebDataset library: `A.jpg` and `a.jpg` are two samples. A member whose extension is the
+    key field in any case (`0001.__KEY__`) is part of no record: lower-cased, it would overwrite the key."""
+    members = [("A.jpg", b"upper"), ("A.txt", b"cap A"), ("a.jpg", b"lower"), ("a.TXT", b"cap a"),
+               ("a.__KEY__", b"x"), ("B.__Key__", b"alone: no record")]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(members))
+    ds = Dataset.from_path("d", str(tmp_path / "a.tar"))
+    assert ds.num_records == 2
+    for records_per_chunk in (1, 2):
+        assert read_all(ds, records_per_chunk) == (
+            [{"__key__": "A", "jpg": b"upper", "txt": "cap A"}, {"__key__": "a", "jpg": b"lower", "txt": "cap a"}], [])
+
+
 def _tar_with_links() -> bytes:
     """Five records: 0 and 4 of plain files; 1 whose image is a hard link to record 0's; 2 made of
     symbolic links alone; 3 whose label is a FIFO. A directory with a dot in its name sits among

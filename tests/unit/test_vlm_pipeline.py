@@ -49,9 +49,8 @@ def _pairs() -> list[tuple[str, bytes | None, str]]:
     return pairs
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pairs")
+def _write_pair_shards(root, extension_case=str.lower):
+    """Two tars of `_pairs()`, each member's extension written as `extension_case` spells it."""
     pairs = _pairs()
     for shard in range(2):
         with tarfile.open(root / f"pairs-{shard:03d}.tar", "w") as tar:
@@ -59,10 +58,15 @@ def shards(tmp_path_factory):
                 members = [("txt", (caption + " ") * (i % 4 + 1))] + ([(ext, data)] if ext else [])
                 for member_ext, payload in members:
                     payload = payload.encode() if isinstance(payload, str) else payload
-                    info = tarfile.TarInfo(f"s{shard}-{i:03d}.{member_ext}")
+                    info = tarfile.TarInfo(f"s{shard}-{i:03d}.{extension_case(member_ext)}")
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))
     return root
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return _write_pair_shards(tmp_path_factory.mktemp("pairs"))
 
 
 def _pipeline(shards, runner: str, parallelism: int, *, via_api: bool = False) -> Pipeline:
@@ -100,6 +104,18 @@ def test_vlm_batches_are_identical_across_runners_ranks_and_parallelism(shards):
     assert set(skipped) == BAD_REASONS, "every bad pair is skipped and counted by its reason"
     assert _digests(_pipeline(shards, "thread", 2), world_size=2)[0] == reference
     assert _digests(_pipeline(shards, "inline", 1, via_api=True), world_size=4)[0] == reference
+
+
+@pytest.mark.parametrize("extension_case", [str.upper, str.title], ids=["JPG+TXT", "Jpg+Txt"])
+def test_vlm_batches_from_shards_with_upper_case_extensions_equal_those_with_lower_case_ones(shards, tmp_path,
+                                                                                            extension_case):
+    """Shards written with `.JPG`/`.PNG` and `.TXT` members (camera dumps, Windows tools) are read
+    as the same pairs: the image is decoded and the caption tokenized, where every record was
+    counted `missing_image` because its fields were named "JPG" and "TXT"."""
+    lower_case = _digests(_pipeline(shards, "inline", 1), world_size=1)
+    assert len(lower_case[0]) == STEPS * 4 and set(lower_case[1]) == BAD_REASONS
+    upper_case = _digests(_pipeline(_write_pair_shards(tmp_path, extension_case), "inline", 1), world_size=1)
+    assert upper_case == lower_case, "the same batch SHA-256s, and the same records skipped for the same reasons"
 
 
 def test_vlm_batch_carries_pixels_grids_and_offsets_for_training(shards):

@@ -2,14 +2,19 @@
 
 The key of a member is its path up to the first dot of its basename (the directory part included),
 and the rest is its extension: `imgs/0001.seg.png` has key `imgs/0001` and extension `seg.png`.
-A record is {"__key__": key, ext: payload, ...}. Payloads stay raw bytes, except an extension whose
-last part is `txt` (decoded as UTF-8 str) or `json` (parsed), the two that text pipelines read. A
-UTF-8 byte order mark opening such a member is not part of its text, as it is not of a text or JSON
-Lines shard's: `json.loads` refuses a str that starts with one, so a caption file saved by a Windows
-editor made its whole sample `malformed_json`.
-Members without an extension and directories are not part of any record,
-nor is a member whose extension is a field the reader sets itself (`0001.__key__`): its payload
-would overwrite the record's key. Nor is a hidden member, whose basename starts with a dot (as the
+A record is {"__key__": key, ext: payload, ...}. The extension names its field in lower case, as
+the WebDataset library's grouping has it: camera dumps and Windows tools write `0001.JPG`, which
+read as a field "JPG" made its sample `missing_image` (and `0001.TXT`, `missing_field`) while the
+tar held both. So `0001.jpg` and `0001.JPG` in one record name one field twice: `duplicate_member`.
+The key keeps its case: `A.jpg` and `a.jpg` are two samples, as their writer named them.
+Payloads stay raw bytes, except an extension whose last part is `txt` (decoded as UTF-8 str) or
+`json` (parsed), the two that text pipelines read. A UTF-8 byte order mark opening such a member
+is not part of its text, as it is not of a text or JSON Lines shard's: `json.loads` refuses a str
+that starts with one, so a caption file saved by a Windows editor made its whole sample
+`malformed_json`.
+Members without an extension and directories are not part of any record, nor is a member whose
+extension is a field the reader sets itself (`0001.__key__`, in any case): its payload would
+overwrite the record's key. Nor is a hidden member, whose basename starts with a dot (as the
 WebDataset library's own key split has it): tars made on macOS hold an AppleDouble companion
 `._0001.jpg` beside each `0001.jpg`, and a companion read as a member of key `imgs/` (an empty
 stem) cut every sample into two half-records between junk ones, each of them then skipped. Planning
@@ -45,12 +50,13 @@ KEY = "__key__"  # the field holding a record's key; no member extension may tak
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
-    """(key, extension) of a tar member, or None when the basename has no dot or starts with one."""
+    """(key, extension in lower case: the field it fills) of a tar member, or None when the basename
+    has no dot or starts with one."""
     directory, slash, basename = name.rpartition("/")
     stem, dot, extension = basename.partition(".")
     if not dot or not stem:
         return None
-    return directory + slash + stem, extension
+    return directory + slash + stem, extension.lower()
 
 
 # Member names that are not PAX's (always UTF-8) are bytes; tarfile decodes them with the machine's
@@ -91,7 +97,7 @@ class WebDataset:
         slots: list[Slot] = []
         record: dict[str, Any] | None = None
         current = None  # the key of `record`, kept apart from the payloads the record collects
-        duplicate = None  # the first member name `record` holds twice
+        duplicate = None  # why `record` holds one field twice: its first member naming a field already held
         not_a_file = None  # what the first member of `record` that holds no payload is
         detail = "shard has fewer records than when it was planned"
         with shard.open() as f:
@@ -109,7 +115,7 @@ class WebDataset:
                         current, record, duplicate, not_a_file = key, {KEY: key}, None, None
                     if index >= start:
                         if extension in record and duplicate is None:
-                            duplicate = member.name
+                            duplicate = f"{member.name} is its record's second member for field {extension!r}"
                         if not member.isfile():
                             not_a_file = not_a_file or _what_it_is(member)
                             record[extension] = b""
@@ -184,7 +190,7 @@ def _what_it_is(member: tarfile.TarInfo) -> str:
 
 def _decode(record: dict[str, Any], duplicate: str | None, not_a_file: str | None) -> Slot:
     if duplicate is not None:  # the tar holds two payloads for one field; keeping either would be a guess
-        return Bad(DUPLICATE_MEMBER, f"{duplicate} appears twice in its record")
+        return Bad(DUPLICATE_MEMBER, duplicate)
     if not_a_file is not None:  # the record's member is elsewhere, or nowhere: its payload is not here
         return Bad(NOT_A_FILE, not_a_file)
     for extension, payload in record.items():
