@@ -39,7 +39,7 @@ __all__ = ["RankLoader"]
 
 log = logging.getLogger("zephon")
 
-RECIPE_VERSION = 8
+RECIPE_VERSION = 9
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
 tokens, not by count; 3: first-fit closes no open row for an item that fills a row alone; 4: a
 TIFF's orientation applied once, a video's sampled time that is a frame's time takes that frame,
@@ -57,8 +57,10 @@ Face video struct holding only a path opened, a video path read as a local file 
 picture in a video field skipped, a tar record cut at a member's header and a shard cut or emptied
 after planning counted as truncated; 8: a relative video path read beside its local shard, and
 skipped as unresolvable in any other shard, a video with a frame FFmpeg marks damaged on the way
-to its sampled frames skipped as corrupt), so that a checkpoint of the old batches is refused
-instead of resumed."""
+to its sampled frames skipped as corrupt; 9: a tar member's extension read in lower case, a tar
+record holding a link, FIFO or device member skipped, a JSON object naming a key twice skipped, a
+Parquet nanosecond value read as a standard-library value or skipped where it has a part below a
+microsecond), so that a checkpoint of the old batches is refused instead of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
