@@ -11,7 +11,7 @@ from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 __all__ = [
-    "cancelled_future", "check_close_timeout", "check_owner", "check_startable", "check_task_timeout", "stage_at",
+    "cancel_and_notify", "cancelled_future", "check_close_timeout", "check_owner", "check_startable", "check_task_timeout", "stage_at",
     "validate_stages",
 ]
 
@@ -88,5 +88,19 @@ def cancelled_future() -> Future:
     runner; a cancelled future lets that chain end quietly instead of raising inside a callback.
     """
     future: Future = Future()
-    future.cancel()
+    cancel_and_notify(future)
     return future
+
+
+def cancel_and_notify(future: Future) -> None:
+    """End `future` cancelled as a concurrent.futures executor does, unless it has finished.
+
+    `cancel()` alone runs the done-callbacks and makes `result()` raise, but `wait()` and
+    `as_completed()` count a cancelled future as done only once `set_running_or_notify_cancel()`
+    has told their waiters: without it they waited out their timeout for it, or for ever. That
+    call raises when made twice, so only the one party that owns the future's start may make it
+    (the thread that took its item from a queue, the one that claimed it from a runner's
+    unfinished set). A future its caller has cancelled already runs no callback again here.
+    """
+    if future.cancel():
+        future.set_running_or_notify_cancel()
