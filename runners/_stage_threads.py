@@ -23,6 +23,8 @@ from typing import Any
 
 from zephon._runner import Stage
 
+from ._lifecycle import cancel_and_notify
+
 __all__ = ["StageThreads", "stuck_in"]
 
 _STOP = None  # what tells a thread to exit once it takes it from the queue
@@ -71,24 +73,19 @@ class StageThreads:
         self._queue.put((future, item))
         if self._stopped:
             # `stop` may have drained the queue before this item reached it, and its threads may
-            # have exited: cancelled here, it cannot wait for ever (a no-op if a thread runs it).
-            future.cancel()
+            # have exited: drained again, so it is cancelled instead of waiting for ever (a thread
+            # that took it runs it).
+            _tell_to_exit(self._queue, self._end_queued(cancel_and_notify))
         elif self._failure is not None:
             # `fail` may have drained the queue before this item reached it: drained again, so
             # it fails instead of waiting behind a stuck thread (a thread that took it runs it).
-            self._fail_queued()
+            _tell_to_exit(self._queue, self._end_queued(self._fail_one))
         return future
 
     def stop(self) -> None:
         """Cancel the items no thread has taken and tell every thread to exit after its item."""
         self._stopped = True
-        while True:
-            try:
-                work = self._queue.get_nowait()
-            except Empty:
-                break
-            if work is not _STOP:
-                work[0].cancel()
+        self._end_queued(cancel_and_notify)
         _tell_to_exit(self._queue, len(self.threads))
 
     def fail(self, failure: Callable[[], BaseException]) -> None:
@@ -96,22 +93,28 @@ class StageThreads:
         `failure()` each (a note the loader adds to one must not reach the others): the runner can
         run no more. The threads are left as they are; `stop` ends them."""
         self._failure = failure
-        self._fail_queued()
+        _tell_to_exit(self._queue, self._end_queued(self._fail_one))
 
-    def _fail_queued(self) -> None:
-        """Take every queued item and fail it; put back the stop messages taken with them. Only
-        what this call takes from the queue is failed, so no item a thread runs is touched."""
+    def _end_queued(self, end: Callable[[Future], None]) -> int:
+        """Take every queued item and `end` its future; how many stop messages were taken with
+        them. Whoever takes an item from the queue, a thread or this, is the one to start or end
+        its future, so no item a thread runs is touched and no future is ended twice."""
         stops = 0
         while True:
             try:
                 work = self._queue.get_nowait()
             except Empty:
-                break
+                return stops
             if work is _STOP:
                 stops += 1
             else:
-                _settle(work[0].set_exception, self._failure())
-        _tell_to_exit(self._queue, stops)
+                end(work[0])
+
+    def _fail_one(self, future: Future) -> None:
+        """Fail a future taken from the queue; one its caller cancelled stays cancelled, its
+        waiters told (`set_running_or_notify_cancel`, as a thread taking it would have)."""
+        if future.set_running_or_notify_cancel():
+            future.set_exception(self._failure())
 
     def running(self) -> list[tuple[threading.Thread, Future, float]]:
         """The items the threads run now: (thread, its item's future, when it took it)."""
@@ -161,8 +164,8 @@ def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
 
 
 def _settle(setter, value) -> None:
-    """Resolve a future unless it is resolved already (failed past `task_timeout_s`, or cancelled
-    by its caller while it was queued): then `value` is dropped."""
+    """Resolve a running future unless it is resolved already (failed past `task_timeout_s`):
+    then `value` is dropped."""
     try:
         setter(value)
     except InvalidStateError:

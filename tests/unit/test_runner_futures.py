@@ -69,3 +69,61 @@ def test_a_future_submitted_after_close_is_done_for_wait_and_as_completed(make):
     for future in late:
         assert_cancelled(future)
     assert calls == Counter({0: 1, 1: 1, 2: 1})
+
+
+def held_until(release: threading.Event, started: threading.Event):
+    """A stage function that signals it runs, then waits for `release` (at most the guard)."""
+
+    def held(x):
+        started.set()
+        release.wait(GUARD_S)
+        return x
+
+    return held
+
+
+def test_items_still_queued_when_a_thread_runner_closes_are_done_for_wait_and_as_completed():
+    """close() cancels the items no thread has taken; one of them its caller had cancelled first."""
+    release, started = threading.Event(), threading.Event()
+    runner = ThreadRunner()
+    runner.start([Stage("held", held_until(release, started), 1)])
+    running = runner.submit(0, 0)
+    assert started.wait(GUARD_S)
+    queued = [runner.submit(0, i) for i in range(1, 4)]
+    assert queued[0].cancel()
+    calls = counting_callbacks([running, *queued])
+    closer = threading.Thread(target=runner.close)  # it waits for the running item
+    closer.start()
+    try:
+        assert_done_for_wait_and_as_completed(queued)
+    finally:
+        release.set()
+        closer.join(GUARD_S)
+    assert not closer.is_alive()
+    for future in queued:
+        assert_cancelled(future)
+    assert running.result(0) == 0
+    assert_done_for_wait_and_as_completed([running, *queued])
+    assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+
+
+def test_a_queued_item_its_caller_cancelled_is_done_for_wait_once_a_thread_runner_fails_its_queue():
+    """Past task_timeout_s the runner fails its queued items; one its caller had cancelled stays
+    cancelled, and its waiters are told."""
+    release, started = threading.Event(), threading.Event()
+    runner = ThreadRunner(task_timeout_s=0.2)
+    runner.start([Stage("stuck", held_until(release, started), 1)])
+    stuck = runner.submit(0, 0)
+    assert started.wait(GUARD_S)
+    cancelled, failed = runner.submit(0, 1), runner.submit(0, 2)
+    assert cancelled.cancel()
+    calls = counting_callbacks([stuck, cancelled, failed])
+    try:
+        assert_done_for_wait_and_as_completed([stuck, cancelled, failed])
+        assert isinstance(stuck.exception(0), WorkerCrashedError)
+        assert_cancelled(cancelled)
+        assert isinstance(failed.exception(0), RunnerFailedError)
+    finally:
+        release.set()
+        runner.close()
+    assert calls == Counter({0: 1, 1: 1, 2: 1})
