@@ -42,6 +42,7 @@ from zephon._runner import Stage
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
 from ._lifecycle import (
+    cancel_and_notify,
     cancelled_future,
     check_close_timeout,
     check_owner,
@@ -57,7 +58,8 @@ __all__ = ["ProcessRunner", "TransportStats"]
 
 _log = logging.getLogger(__name__)
 
-# (future, ok, value): a resolution decided under the lock and applied after releasing it.
+# (future, ok, value): a resolution decided under the lock and applied after releasing it (a
+# future its caller cancelled ends cancelled, whatever the rest says).
 _Resolution = tuple[Future, bool, Any]
 
 # Items a worker holds at once. With one, a worker idles from its reply until the parent's reader
@@ -220,9 +222,10 @@ class ProcessRunner:
         self._workers: list[_Worker] = []
         self._queued: list[deque[_Task]] = []
         # Every future submitted and not yet resolved, wherever its task is (queued, sent, or its
-        # reply in the reader's hands): what `_fail_everything` fails, so that no failure of the
-        # reader thread, wherever it strikes, leaves a future unresolved. Added under the lock,
-        # discarded after resolution without it (a set's add, discard and copy are atomic).
+        # reply in the reader's hands): what `_fail_everything` fails and `close` cancels, so that
+        # no failure of the reader thread, wherever it strikes, leaves a future unresolved. Added
+        # under the lock; whoever ends a future takes it out first (`_claim`, atomic), so exactly
+        # one of the threads that may end it at once (the reader, a submitter, a closer) does.
         self._held: set[Future] = set()
         self._items_sent = self._pipe_bytes = self._shm_bytes = self._retries = self._replaced = 0
 
@@ -302,6 +305,7 @@ class ProcessRunner:
                 if self._failure is not None:
                     error = RunnerFailedError("its reader thread stopped earlier on an unexpected error")
                     error.__cause__ = self._failure
+                    self._held.add(future)
                     resolutions.append((future, False, error))
                 else:
                     self._held.add(future)
@@ -351,8 +355,8 @@ class ProcessRunner:
         with self._lock:
             held = list(self._held)
         for future in held:
-            future.cancel()
-            self._held.discard(future)
+            if self._claim(future):
+                cancel_and_notify(future)
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
@@ -509,9 +513,9 @@ class ProcessRunner:
             if worker is None or len(worker.tasks) >= _ITEMS_PER_WORKER:
                 return
             task = queue[0]  # it leaves the queue only when recorded as sent, failed or dropped
-            if task.future.cancelled():
+            if task.future.cancelled():  # by its caller: its waiters are told outside the lock
                 queue.popleft()
-                self._held.discard(task.future)
+                resolutions.append((task.future, False, None))
                 self._discard(task.envelope)
                 continue
             if task.envelope is None:
@@ -658,7 +662,7 @@ class ProcessRunner:
         taken off a queue or a worker and not yet resolved."""
         with self._lock:
             self._failure = exc
-            held, self._held = self._held, set()
+            held = list(self._held)
             for queue in self._queued:
                 queue.clear()
             for worker in self._workers:
@@ -671,18 +675,30 @@ class ProcessRunner:
         self._resolve(resolutions)
 
     def _resolve(self, resolutions: list[_Resolution]) -> None:
+        """End each future as decided, outside the lock (its done-callbacks may submit or close);
+        cancelled instead once closing, or if its caller cancelled it, its waiters told."""
         for future, ok, value in resolutions:
+            if not self._claim(future):
+                continue  # ended already: cancelled by a close, or failed with the reader thread
+            if self._closing or future.cancelled():
+                cancel_and_notify(future)
+                continue
             try:
-                if self._closing:
-                    future.cancel()
-                elif ok:
+                if ok:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
-            except InvalidStateError:  # its owner cancelled it meanwhile
-                pass
-            finally:
-                self._held.discard(future)
+            except InvalidStateError:  # its caller cancelled it just now
+                cancel_and_notify(future)
+
+    def _claim(self, future: Future) -> bool:
+        """Take `future` out of the held set: True for the one caller that did, which alone may
+        end it (`cancel_and_notify` must not tell its waiters twice)."""
+        try:
+            self._held.remove(future)
+        except KeyError:
+            return False
+        return True
 
     def _wake(self) -> None:
         try:

@@ -9,7 +9,9 @@ guard against a hang; every assertion is on what the futures and `wait()` say.""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections import Counter
 from concurrent.futures import CancelledError, Future, as_completed, wait
 from pathlib import Path
@@ -127,3 +129,87 @@ def test_a_queued_item_its_caller_cancelled_is_done_for_wait_once_a_thread_runne
         release.set()
         runner.close()
     assert calls == Counter({0: 1, 1: 1, 2: 1})
+
+
+def opens_with(gate: Path):
+    """A stage function that returns its item once `gate` exists (a file: workers are processes)."""
+
+    def gated(x):
+        deadline = time.monotonic() + GUARD_S
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return x
+
+    return gated
+
+
+def test_items_in_flight_when_a_process_runner_closes_are_done_for_wait_and_as_completed(tmp_path):
+    """Two items in the worker (running, and waiting in its pipe), two queued in the parent."""
+    runner = ProcessRunner()
+    runner.start([Stage("held", opens_with(tmp_path / "never"), 1)])
+    in_flight = [runner.submit(0, i) for i in range(4)]
+    calls = counting_callbacks(in_flight)
+    runner.close()
+    assert_done_for_wait_and_as_completed(in_flight)
+    for future in in_flight:
+        assert_cancelled(future)
+    assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+
+
+def test_items_their_caller_cancelled_on_a_process_runner_are_done_for_wait_once_the_runner_reaches_them(tmp_path):
+    """Cancelled while a worker held them (running, in its pipe) or queued in the parent: told to
+    waiters when their reply comes or the queue reaches them, as an executor's worker would."""
+    gate = tmp_path / "gate"
+    with ProcessRunner() as runner:
+        runner.start([Stage("held", opens_with(gate), 1)])
+        cancelled = [runner.submit(0, i) for i in range(3)]
+        kept = runner.submit(0, 3)
+        assert all(future.cancel() for future in cancelled)
+        calls = counting_callbacks([*cancelled, kept])
+        gate.touch()
+        assert_done_for_wait_and_as_completed([*cancelled, kept])
+        for future in cancelled:
+            assert_cancelled(future)
+        assert kept.result(0) == 3
+    assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+
+
+def test_a_process_runner_closed_from_a_done_callback_ends_every_other_item_done_for_wait(tmp_path):
+    """The close runs on the reader thread, between the resolutions it was handing out."""
+    with ProcessRunner() as runner:
+        runner.start([Stage("quick", lambda x: x, 1), Stage("held", opens_with(tmp_path / "never"), 2)])
+        held = [runner.submit(1, i) for i in range(5)]
+        first = runner.submit(0, "close")
+        first.add_done_callback(lambda _future: runner.close())
+        calls = counting_callbacks([first, *held])
+        assert_done_for_wait_and_as_completed([first, *held])
+        assert first.result(0) == "close"
+        for future in held:
+            assert_cancelled(future)
+    assert calls == Counter({index: 1 for index in range(6)})
+
+
+def dies_on_one_hangs_on_two(x: int) -> int:
+    if x == 1:
+        os._exit(3)
+    if x == 2:
+        time.sleep(GUARD_S * 2)
+    if x == 3:
+        raise ValueError("three")
+    return x
+
+
+def test_every_way_a_process_runner_ends_a_future_is_done_for_wait_and_runs_its_callback_once():
+    """A result, the function's exception, a worker that always dies, one that always hangs."""
+    with ProcessRunner(task_timeout_s=0.5, max_retries=1) as runner:
+        runner.start([Stage("mixed", dies_on_one_hangs_on_two, 2)])
+        futures = [runner.submit(0, i) for i in range(4)]
+        calls = counting_callbacks(futures)
+        assert_done_for_wait_and_as_completed(futures)
+        assert futures[0].result(0) == 0 and futures[0].exception(0) is None
+        for crashed in futures[1:3]:
+            assert isinstance(crashed.exception(0), WorkerCrashedError)
+            with pytest.raises(WorkerCrashedError):
+                crashed.result(0)
+        assert futures[3].exception(0).args == ("three",)
+    assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
