@@ -180,8 +180,8 @@ def test_a_process_runner_closed_from_a_done_callback_ends_every_other_item_done
         runner.start([Stage("quick", lambda x: x, 1), Stage("held", opens_with(tmp_path / "never"), 2)])
         held = [runner.submit(1, i) for i in range(5)]
         first = runner.submit(0, "close")
+        calls = counting_callbacks([first, *held])  # first's counts before its close begins
         first.add_done_callback(lambda _future: runner.close())
-        calls = counting_callbacks([first, *held])
         assert_done_for_wait_and_as_completed([first, *held])
         assert first.result(0) == "close"
         for future in held:
