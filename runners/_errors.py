@@ -10,7 +10,8 @@ __all__ = ["RunnerFailedError", "WorkerCrashedError"]
 
 class WorkerCrashedError(ZephonError):
     """Every attempt at one item ended with its worker process dying or timing out, or the thread
-    running it (thread runner) outlived `task_timeout_s` (one attempt: a thread cannot be stopped).
+    running it (thread runner) outlived `task_timeout_s`, or `close_timeout_s` at close (one
+    attempt: a thread cannot be stopped).
 
     Distinct from an exception raised by the stage function, which is delivered as itself: this one
     means the item could not be computed at all, and names the stage and what happened to the

@@ -71,8 +71,9 @@ class ThreadRunner:
     - `close_timeout_s`: how long `close()` (or interpreter exit, for a runner never closed) waits
       for the items already running. Threads cannot be interrupted: one still running then (a
       stage function that never returns: a hung network read, a deadlock in a C library) is left
-      behind with a warning naming its stage and the call it is in; it is a daemon thread, so it
-      does not hold up interpreter exit.
+      behind with a warning naming its stage and the call it is in, and its item fails with
+      `WorkerCrashedError` saying the same (a late result is dropped); it is a daemon thread, so
+      it does not hold up interpreter exit.
 
     `close()` cancels work that has not started and waits for running items, as above; from the
     moment it begins, `submit` returns cancelled futures, so a callback chain still running ends
@@ -149,19 +150,30 @@ class ThreadRunner:
 
     def _wait_for_running(self, deadline: float, since: str) -> None:
         """Wait for the running items until `deadline`, then leave the threads still running
-        behind, each reported once with its stage and where it is."""
+        behind, each reported once with its stage and where it is, and fail their items: nothing
+        else would ever end those futures if the call never returns (`wait()` on one waited for
+        ever), and one that returns late has its result dropped, as past `task_timeout_s`."""
         if self._waited or self._stages is None or os.getpid() != self._pid:
             return
         if self._watch is not None:
             self._watch.join(deadline)
         for pool in self._pools:
-            for thread in pool.wait(deadline):
+            left = pool.wait(deadline)
+            items = {thread: future for thread, future, _ in pool.running()}
+            for thread in left:
+                where = stuck_in(thread)
                 _log.warning(
                     "stage %r: thread %s still runs an item %.1f s after %s (close_timeout_s); it is left "
                     "running, as a daemon thread that does not hold up interpreter exit (a thread cannot be "
                     "interrupted). It is in:\n%s",
-                    pool.stage.name, thread.name, self._close_timeout_s, since, stuck_in(thread),
+                    pool.stage.name, thread.name, self._close_timeout_s, since, where,
                 )
+                if (future := items.get(thread)) is not None:
+                    cause = (
+                        f"thread {thread.name} still ran it after {since} and close_timeout_s={self._close_timeout_s}, "
+                        f"and was left running (a thread cannot be interrupted). It is in:\n{where}"
+                    )
+                    _fail_running(future, WorkerCrashedError(pool.stage.name, 1, cause))
         self._waited = True
 
     def _time_out(self, pool: StageThreads, thread: threading.Thread, future: Future) -> None:
@@ -189,13 +201,18 @@ class ThreadRunner:
 
             for each in self._pools:
                 each.fail(failure)
-        try:
-            future.set_exception(error)
-        except InvalidStateError:  # it returned as its time ran out
-            pass
+        _fail_running(future, error)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _fail_running(future: Future, error: WorkerCrashedError) -> None:
+    """Fail a running item's future, unless it has just returned (or already failed)."""
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass

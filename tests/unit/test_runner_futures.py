@@ -213,3 +213,30 @@ def test_every_way_a_process_runner_ends_a_future_is_done_for_wait_and_runs_its_
                 crashed.result(0)
         assert futures[3].exception(0).args == ("three",)
     assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+
+
+def test_an_item_a_thread_runner_leaves_running_at_close_fails_naming_close_timeout_s_and_is_done_for_wait():
+    """A thread cannot be stopped: close() leaves one still running after close_timeout_s behind.
+    Its future stayed running for good, so wait() without a timeout never returned for it; it
+    fails instead, naming the stage and where the thread is, and a late result is dropped."""
+    release, started = threading.Event(), threading.Event()
+    runner = ThreadRunner(close_timeout_s=0.1)
+    runner.start([Stage("stuck", held_until(release, started), 1)])
+    stuck = runner.submit(0, 0)
+    assert started.wait(GUARD_S)
+    thread = runner._pools[0].threads[0]
+    calls = counting_callbacks([stuck])
+    try:
+        runner.close()
+        assert stuck.done(), "close() left it pending"
+        assert_done_for_wait_and_as_completed([stuck])
+    finally:
+        release.set()
+    error = stuck.exception(0)
+    assert isinstance(error, WorkerCrashedError), error
+    assert "stage 'stuck'" in str(error) and "close_timeout_s=0.1" in str(error), error
+    assert "thread zephon-stuck_0" in str(error) and "in held" in str(error), error
+    thread.join(GUARD_S)
+    assert not thread.is_alive()
+    assert stuck.exception(0) is error, "the late result does not replace the failure"
+    assert calls == Counter({0: 1})
