@@ -35,6 +35,12 @@ class Stage:
 class Runner(Protocol):
     """Executes the stateless stages of one loader.
 
+    Every future `submit` returns ends as a `concurrent.futures` executor's does, however the
+    runner ends it (a result, an exception, a crash, a timeout, cancellation at `close`): its
+    done-callbacks run once, and `concurrent.futures.wait()` and `as_completed()` count it done,
+    so a cancelled one is also notified (`set_running_or_notify_cancel()`), not only cancelled.
+    The loader waits through done-callbacks and `result()`; a user's tooling may use either.
+
     Thread-safety: `submit` may be called from any thread (including a runner's own completion
     callbacks); `start` and `close` are called by the owning loader only. `close` is idempotent.
     `name` and `reason` say which runner it is and why it was chosen (`RankLoader.runner_info`);

@@ -240,3 +240,33 @@ def test_an_item_a_thread_runner_leaves_running_at_close_fails_naming_close_time
     assert not thread.is_alive()
     assert stuck.exception(0) is error, "the late result does not replace the failure"
     assert calls == Counter({0: 1})
+
+
+@pytest.mark.parametrize("make", [ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_items_submitted_from_many_threads_while_the_runner_closes_all_end_done_for_wait(make):
+    """Submissions racing close(): each future ends once (a result or cancelled), none pending."""
+    runner = make()
+    runner.start([Stage("identity", lambda x: x, 2)])
+    submitted: list[list[Future]] = [[] for _ in range(4)]
+    go = threading.Barrier(len(submitted) + 1)
+
+    def submit_until_closed(mine: list[Future]) -> None:
+        go.wait(GUARD_S)
+        for i in range(1_000_000):  # a guard: close() ends it long before
+            mine.append(runner.submit(0, i))
+            if mine[-1].cancelled():
+                return
+
+    submitters = [threading.Thread(target=submit_until_closed, args=(mine,)) for mine in submitted]
+    for thread in submitters:
+        thread.start()
+    go.wait(GUARD_S)
+    runner.close()
+    for thread in submitters:
+        thread.join(GUARD_S)
+    assert all(mine[-1].cancelled() for mine in submitted)
+    futures = [future for mine in submitted for future in mine]
+    calls = counting_callbacks(futures)
+    assert_done_for_wait_and_as_completed(futures)
+    assert calls == Counter({index: 1 for index in range(len(futures))})
+    assert all(future.cancelled() or future.result(0) == i for mine in submitted for i, future in enumerate(mine))
