@@ -37,7 +37,8 @@ _started: weakref.WeakSet[ThreadRunner] = weakref.WeakSet()  # runners the exit 
 
 
 def _stop_at_exit() -> None:
-    """Stop every runner still open when the interpreter exits, as `close()` would.
+    """Stop every runner still open when the interpreter exits, as `close()` would, and wait for
+    the running items of one whose close another thread (the closer thread) has not finished.
 
     Their threads are daemon threads, which exit does not wait for: without this hook, items
     running then would be cut off wherever interpreter finalization found them, and queued ones
@@ -122,10 +123,10 @@ class ThreadRunner:
 
     def close(self) -> None:
         self._closed = True
-        _started.discard(self)
         if self._stages is not None and os.getpid() != self._pid:
             # A forked child's copy (a child leaving the parent's `with` block): its threads are
             # the parent's and did not survive the fork.
+            _started.discard(self)
             return
         # Every stage's queued work is cancelled before any is waited for, and the waiting is done
         # again by the next call until one finishes it: a close cut short by Ctrl-C while it waits
@@ -136,6 +137,9 @@ class ThreadRunner:
         on_watch = self._watch is not None and threading.current_thread() is self._watch.thread
         if not on_watch and not any(pool.runs_current_thread() for pool in self._pools):
             self._wait_for_running(time.monotonic() + self._close_timeout_s, "close() began")
+            # Only now: interpreter exit during a close on another thread (the closer thread's, for
+            # a dropped loader) waits for the running items too, instead of cutting them off.
+            _started.discard(self)
 
     def _stop_threads(self) -> None:
         """Mark closed, cancel every stage's queued work and tell its threads to exit, waiting for

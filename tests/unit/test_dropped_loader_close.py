@@ -209,3 +209,42 @@ def test_a_forked_child_closes_the_runners_of_its_own_dropped_loaders(tmp_path):
         finally:
             os._exit(code)
     assert os.waitpid(child, 0)[1] == 0, "the child's dropped loader had its runner closed"
+
+
+_EXIT_WHILE_THE_CLOSER_CLOSES_A_THREAD_RUNNER = """
+import faulthandler, os, sys, threading, time
+from runners import ThreadRunner
+from zephon import _runner_closer
+from zephon._runner import Stage
+
+faulthandler.dump_traceback_later(60, exit=True)
+marker = sys.argv[1]
+started = threading.Event()
+
+def writes_when_done(x):
+    started.set()
+    time.sleep(1.0)
+    with open(marker, "w") as out:
+        out.write("finished")
+    return x
+
+runner = ThreadRunner(close_timeout_s=30)
+runner.start([Stage("write", writes_when_done, 1)])
+runner.submit(0, 1)
+assert started.wait(30)
+_runner_closer.start()
+_runner_closer.close_later(runner.close)  # what a dropped loader's finalizer hands over
+while not runner._pools[0]._stopped:  # the closer thread's close has begun: it waits for the item
+    time.sleep(0.01)
+os.write(1, b"exiting\\n")
+"""
+
+
+def test_interpreter_exit_while_the_closer_thread_closes_a_thread_runner_waits_for_its_running_items(tmp_path):
+    """A thread runner never closed gets `close_timeout_s` at exit for its running items. One the
+    closer thread was closing (a loader dropped just before exit) had left the exit hook's set when
+    its close began, so exit did not wait, and the running item was cut off mid-call."""
+    marker = tmp_path / "finished"
+    done = _run(_EXIT_WHILE_THE_CLOSER_CLOSES_A_THREAD_RUNNER, marker)
+    assert done.returncode == 0 and done.stdout.split() == ["exiting"], done.stdout + done.stderr
+    assert marker.exists(), "the item running at exit was cut off instead of waited for"
