@@ -53,12 +53,14 @@ def close_later(close: Callable[[], None]) -> None:
 
 def _close_each(queue: SimpleQueue[Callable[[], None]]) -> None:
     """Call each close handed over, one at a time, for as long as the process lives. A close that
-    fails is logged and the next one still runs."""
+    fails is logged and the next one still runs, whatever it raised: a SystemExit (or another
+    BaseException) ending this thread would leave every later dropped loader's runner open, with
+    `start` taking the dead thread for a running one."""
     while True:
         close = queue.get()
         try:
             close()
-        except Exception:
+        except BaseException:
             log.exception("zephon: closing the runner of a loader dropped without close() failed")
         del close  # the runner is not held while the thread waits for the next one
 

@@ -248,3 +248,29 @@ def test_interpreter_exit_while_the_closer_thread_closes_a_thread_runner_waits_f
     done = _run(_EXIT_WHILE_THE_CLOSER_CLOSES_A_THREAD_RUNNER, marker)
     assert done.returncode == 0 and done.stdout.split() == ["exiting"], done.stdout + done.stderr
     assert marker.exists(), "the item running at exit was cut off instead of waited for"
+
+
+_A_CLOSE_RAISING_SYSTEM_EXIT_THEN_ANOTHER = """
+import faulthandler, sys, threading
+from zephon import _runner_closer
+
+faulthandler.dump_traceback_later(60, exit=True)
+second_closed = threading.Event()
+
+def close_raising_system_exit():  # a runner whose close calls something that raises it
+    raise SystemExit(2)
+
+_runner_closer.start()
+_runner_closer.close_later(close_raising_system_exit)
+_runner_closer.close_later(second_closed.set)
+print("second-closed" if second_closed.wait(20) else "second-never-closed", flush=True)
+"""
+
+
+def test_a_close_raising_a_base_exception_on_the_closer_thread_is_logged_and_later_closes_still_run(tmp_path):
+    """The closer thread caught only Exception: a close raising SystemExit (or any other
+    BaseException) ended the thread without a word, and since it still counted as started, every
+    loader dropped later in the process kept its runner (threads, workers, shared memory) open."""
+    done = _run(_A_CLOSE_RAISING_SYSTEM_EXIT_THEN_ANOTHER, tmp_path)
+    assert done.returncode == 0 and done.stdout.split() == ["second-closed"], done.stdout + done.stderr
+    assert "SystemExit" in done.stderr, "the failed close is logged"
