@@ -33,7 +33,28 @@ from ._task_timeout import TaskTimeoutWatch
 __all__ = ["ThreadRunner"]
 
 _log = logging.getLogger(__name__)
-_started: weakref.WeakSet[ThreadRunner] = weakref.WeakSet()  # runners the exit hook stops
+# The runners the exit hook stops, as weak references (a runner dropped unclosed still frees itself
+# as garbage, and its reference's callback removes it). The hook reads a copy made in one C call:
+# it iterated a WeakSet in Python (to 3.13), which a runner closed on another thread meanwhile (the
+# closer thread's close) changed under it, failing the hook with "Set changed size during
+# iteration" and leaving every other runner unstopped at exit.
+_started: dict[weakref.ref[ThreadRunner], None] = {}
+
+
+def _remember(runner: ThreadRunner) -> None:
+    _started[weakref.ref(runner, _forget_collected)] = None
+
+
+def _forget(runner: ThreadRunner) -> None:
+    _started.pop(weakref.ref(runner), None)  # a live reference equals the one stored
+
+
+def _forget_collected(reference: weakref.ref) -> None:
+    _started.pop(reference, None)
+
+
+def _open_runners() -> list[ThreadRunner]:
+    return [runner for reference in _started.copy() if (runner := reference()) is not None]
 
 
 def _stop_at_exit() -> None:
@@ -43,9 +64,8 @@ def _stop_at_exit() -> None:
     Their threads are daemon threads, which exit does not wait for: without this hook, items
     running then would be cut off wherever interpreter finalization found them, and queued ones
     would never be cancelled. Threading's exit hooks run before non-daemon threads are joined,
-    while logging still works. Held by a weak set: a runner dropped unclosed still frees itself as
-    garbage."""
-    runners = list(_started)
+    while logging still works."""
+    runners = _open_runners()
     for runner in runners:
         runner._stop_threads()
     began = time.monotonic()
@@ -112,7 +132,7 @@ class ThreadRunner:
         except BaseException:  # a thread that cannot start: the error is start()'s, no thread is left
             self._stop_threads()
             raise
-        _started.add(self)
+        _remember(self)
 
     def submit(self, stage_index: int, item: Any) -> Future:
         stage_at(self._stages, stage_index)
@@ -126,7 +146,7 @@ class ThreadRunner:
         if self._stages is not None and os.getpid() != self._pid:
             # A forked child's copy (a child leaving the parent's `with` block): its threads are
             # the parent's and did not survive the fork.
-            _started.discard(self)
+            _forget(self)
             return
         # Every stage's queued work is cancelled before any is waited for, and the waiting is done
         # again by the next call until one finishes it: a close cut short by Ctrl-C while it waits
@@ -139,7 +159,7 @@ class ThreadRunner:
             self._wait_for_running(time.monotonic() + self._close_timeout_s, "close() began")
             # Only now: interpreter exit during a close on another thread (the closer thread's, for
             # a dropped loader) waits for the running items too, instead of cutting them off.
-            _started.discard(self)
+            _forget(self)
 
     def _stop_threads(self) -> None:
         """Mark closed, cancel every stage's queued work and tell its threads to exit, waiting for

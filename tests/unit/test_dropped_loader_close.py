@@ -274,3 +274,62 @@ def test_a_close_raising_a_base_exception_on_the_closer_thread_is_logged_and_lat
     done = _run(_A_CLOSE_RAISING_SYSTEM_EXIT_THEN_ANOTHER, tmp_path)
     assert done.returncode == 0 and done.stdout.split() == ["second-closed"], done.stdout + done.stderr
     assert "SystemExit" in done.stderr, "the failed close is logged"
+
+
+_ANOTHER_THREAD_CLOSES_A_RUNNER_AS_THE_EXIT_HOOK_GATHERS_THEM = """
+import faulthandler, sys, threading, time
+from runners import ThreadRunner, thread
+from zephon._runner import Stage
+
+faulthandler.dump_traceback_later(60, exit=True)
+marker = sys.argv[1]
+started = threading.Event()
+
+def writes_when_done(x):
+    started.set()
+    time.sleep(0.5)
+    with open(marker, "w") as out:
+        out.write("finished")
+    return x
+
+running = ThreadRunner(close_timeout_s=30)
+running.start([Stage("write", writes_when_done, 1)])
+running.submit(0, 1)
+idle = ThreadRunner()
+idle.start([Stage("idle", lambda x: x, 1)])
+assert started.wait(30)
+closing, closed = threading.Event(), threading.Event()
+
+def close_idle():  # another thread (the closer, a trainer's) closes a runner as exit begins
+    closing.wait()
+    idle.close()
+    closed.set()
+
+threading.Thread(target=close_idle, daemon=True).start()
+
+iterations = []  # the iterations of the hook's set begun, in Python
+
+def pause_the_exit_hook_between_two_runners(frame, event, arg):
+    # A Python-level iteration of the hook's set, resumed after its first runner, lets the other
+    # thread close one first: what a thread switch there (or free threading) does by chance.
+    if event == "call" and frame.f_code.co_name == "__iter__" and frame.f_locals.get("self") is thread._started:
+        if frame not in iterations:
+            iterations.append(frame)
+        elif not closing.is_set():
+            closing.set()
+            closed.wait(10)
+    return None
+
+sys.settrace(pause_the_exit_hook_between_two_runners)
+"""
+
+
+def test_a_runner_closed_on_another_thread_while_the_exit_hook_gathers_the_open_ones_breaks_no_exit_step(tmp_path):
+    """The thread runners' exit hook listed its open runners by iterating a WeakSet in Python; a
+    runner closed on another thread meanwhile (the closer thread's close) changed the set under
+    it: the hook died on RuntimeError ("Set changed size during iteration"), so no other runner
+    was stopped at exit and their running items were cut off."""
+    marker = tmp_path / "finished"
+    done = _run(_ANOTHER_THREAD_CLOSES_A_RUNNER_AS_THE_EXIT_HOOK_GATHERS_THEM, marker)
+    assert done.returncode == 0 and "Error" not in done.stderr, done.stdout + done.stderr
+    assert marker.exists(), "the open runner's running item was cut off at exit"
