@@ -778,13 +778,18 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
     made `close()` here return at once, and interpreter exit then cut that close short, leaving the
     directory behind: the hook waits for it, for as long as a close takes (`close_timeout_s` and
     a margin), then finishes whatever is left. It polls `locked()` rather than taking the lock: an
-    exit hook must never block on a lock."""
+    exit hook must never block on a lock. It waits again when its own `close()` returned because
+    the other thread took the lock just after the hook looked: only a close that did every step
+    (which unregisters the hook, `_at_exit`) ends the wait."""
     if os.getpid() != pid:
         return
     deadline = time.monotonic() + runner._close_timeout_s + _EXIT_WAIT_MARGIN_S
-    while runner._close_lock.locked() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    runner.close()
+    while True:
+        while runner._close_lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runner.close()
+        if runner._at_exit is None or time.monotonic() >= deadline:
+            return
 
 
 def _drain(fd: int) -> None:

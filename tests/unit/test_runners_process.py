@@ -1239,3 +1239,72 @@ def test_interpreter_exit_while_the_closer_thread_closes_a_runner_still_removes_
     )
     assert done.returncode == 0, done.stderr
     assert list(root.iterdir()) == []
+
+
+_EXIT_AS_THE_CLOSER_BEGINS_ITS_CLOSE = """
+import faulthandler, os, signal, sys, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from runners import ProcessRunner, process
+from zephon import _runner_closer
+from zephon._runner import Stage
+
+faulthandler.dump_traceback_later(60, exit=True)
+
+def outlives_sigterm(x):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(0 if x == 1 else 2.0)
+    return x
+
+class TakenByTheCloserJustAfterTheExitHookLooked:
+    \"\"\"The runner's close lock: the closer thread's close takes it in the instant after the exit
+    hook found it free, before the hook's own close tries it (what a thread switch there, or free
+    threading, does by chance).\"\"\"
+
+    def __init__(self, lock):
+        self._lock, self._closer_may_take, self._closer_took = lock, threading.Event(), threading.Event()
+
+    def locked(self):
+        return self._lock.locked()
+
+    def acquire(self, blocking=True):
+        if threading.current_thread().name == _runner_closer.THREAD_NAME:
+            self._closer_may_take.wait(30)
+            taken = self._lock.acquire(blocking)
+            self._closer_took.set()
+            return taken
+        self._closer_may_take.set()
+        self._closer_took.wait(30)
+        return self._lock.acquire(blocking)
+
+    def release(self):
+        self._lock.release()
+
+runner = ProcessRunner(shm_root=sys.argv[1], close_timeout_s=1.0)
+runner.start([Stage("slow", outlives_sigterm, 1)])
+assert runner.submit(0, 1).result(30) == 1
+runner.submit(0, 2)  # busy when the closer closes the runner
+time.sleep(0.2)
+runner._close_lock = TakenByTheCloserJustAfterTheExitHookLooked(runner._close_lock)
+_runner_closer.start()
+_runner_closer.close_later(runner.close)  # what a dropped loader's finalizer hands over
+process._close_at_exit(runner, os.getpid())  # what interpreter exit runs for it
+print("closed" if runner.shm_directory is None and not os.listdir(sys.argv[1]) else "still-closing", flush=True)
+"""
+
+
+def test_the_exit_hook_of_a_runner_the_closer_thread_begins_closing_as_it_looks_returns_once_the_close_is_done(
+        tmp_path):
+    """The exit hook waited for a close under way on the closer thread only if it found the close
+    lock held when it looked. A close the closer began in the instant after (a loader dropped just
+    before exit) made the hook's own close() return at once, the runner still closing: interpreter
+    exit could then cut that close short and leave the /dev/shm directory behind."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_AS_THE_CLOSER_BEGINS_ITS_CLOSE, str(root)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["closed"], done.stdout + done.stderr
+    assert list(root.iterdir()) == []
