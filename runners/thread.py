@@ -119,6 +119,10 @@ class ThreadRunner:
         self._pools: list[StageThreads] = []
         self._closed = False
         self._waited = False  # a close (or the exit hook) waited for the running items to the end
+        # Each thread left behind, with the wait that reported it: two may wait at once (the
+        # owner's close and the closer thread's, the exit hook during the closer's close), and
+        # `setdefault` lets one claim each thread without a lock (the exit hook waits too).
+        self._reported: dict[threading.Thread, object] = {}
 
     def start(self, stages: Sequence[Stage]) -> None:
         check_startable(self._stages is not None, self._closed)
@@ -181,10 +185,13 @@ class ThreadRunner:
             return
         if self._watch is not None:
             self._watch.join(deadline)
+        claim = object()
         for pool in self._pools:
             left = pool.wait(deadline)
             items = {thread: future for thread, future, _ in pool.running()}
             for thread in left:
+                if self._reported.setdefault(thread, claim) is not claim:
+                    continue  # another wait reported it and failed its item
                 where = stuck_in(thread)
                 _log.warning(
                     "stage %r: thread %s still runs an item %.1f s after %s (close_timeout_s); it is left "

@@ -310,6 +310,42 @@ def test_a_thread_runner_close_leaves_an_item_that_never_returns_behind_after_cl
     assert isinstance(stuck.exception(0), WorkerCrashedError), "its late result is dropped"
 
 
+@pytest.mark.timeout(60)
+def test_a_thread_left_behind_is_reported_once_when_two_closes_wait_for_it_at_once(caplog, monkeypatch):
+    """Each close (and the exit hook) that waited for the running items reported every thread
+    still running, so two waiting at once (the owner's close and the closer thread's, or the exit
+    hook during the closer's close) each warned about the same stuck thread."""
+    release, started = threading.Event(), threading.Event()
+
+    def blocked(x):
+        started.set()
+        return release.wait() and x
+
+    runner = ThreadRunner(close_timeout_s=0.2)
+    runner.start([Stage("stuck", blocked, 1)])
+    stuck = runner.submit(0, 1)
+    assert started.wait(60)
+    both_waiting = threading.Barrier(2, timeout=30)
+    wait = type(runner._pools[0]).wait
+
+    def wait_once_both_close(pool, deadline):  # neither close has reported before the other waits
+        both_waiting.wait()
+        return wait(pool, deadline)
+
+    monkeypatch.setattr(type(runner._pools[0]), "wait", wait_once_both_close)
+    try:
+        with caplog.at_level(logging.WARNING, logger="runners.thread"):
+            other = threading.Thread(target=runner.close)
+            other.start()
+            runner.close()
+            other.join(30)
+        warned = [record.getMessage() for record in caplog.records]
+        assert len(warned) == 1 and "thread zephon-stuck_0" in warned[0], warned
+    finally:
+        release.set()
+    assert stuck.result(10) == 1
+
+
 def test_a_thread_runner_fails_an_item_running_past_task_timeout_s_naming_its_stage_and_where_it_is_stuck(
         caplog, monkeypatch):
     """A stage function that never returns (a hung read, a deadlock in a C library) kept whoever
