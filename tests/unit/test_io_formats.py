@@ -637,6 +637,42 @@ def test_json_nesting_gets_the_same_verdict_on_every_thread_and_stack(tmp_path):
     assert in_thread(0) == expected
 
 
+def test_a_line_that_is_not_json_is_malformed_even_where_an_object_in_it_names_a_key_twice(tmp_path):
+    """A repeated key is a fault of a JSON text; a line that is no JSON text Python can hold (cut
+    off, trailing data, an integer of over 4,300 digits, nested deeper than the fixed limit) is
+    `malformed_json` whatever objects it holds. The decoder meets an object's repeated key as that
+    object closes, before it has read the rest of the line, and how deep it gets before running
+    out of stack depends on the build and thread: a repeated key deep inside a too-deep record was
+    `duplicate_key` on 3.14t's main thread and `malformed_json` on 3.11."""
+    import threading
+
+    from zephon.io._policy import MAX_JSON_DEPTH
+
+    twice = b'{"k": 1, "k": 2}'
+    lines = [b'{"text": "a", "text": "b"} trailing', b'{"text": "a", "text": "b"',
+             b'[' + twice + b', ' + b"9" * 5_000 + b']']
+    # the object naming a key twice is the d-th level: inside the outer object and d - 2 arrays
+    lines += [b'{"a": ' + b"[" * (d - 2) + twice + b"]" * (d - 2) + b"}" for d in (MAX_JSON_DEPTH, 900, 5_000)]
+    (tmp_path / "a.jsonl").write_bytes(lines_bytes(lines))
+    ds = Dataset.from_path("d", str(tmp_path))
+    chunk = Chunk("d", 0, 0, len(lines))
+
+    def verdicts() -> list:
+        return [(a.index, reason) for a, reason in ds.read_chunk(chunk).skipped]
+
+    out, previous = [], threading.stack_size(512 * 1024)
+    try:
+        thread = threading.Thread(target=lambda: out.append(verdicts()))
+        thread.start()
+    finally:
+        threading.stack_size(previous)
+    thread.join()
+    expected = [(i, "malformed_json") for i in range(len(lines))]
+    expected[3] = (3, "duplicate_key")  # nested just to the limit: read, and its repeated key found
+    assert verdicts() == expected
+    assert out[0] == expected
+
+
 def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,9 +135,21 @@ def parse_json(text: str, where: str = "") -> Any | Bad:
     twice is `duplicate_key`: `json.loads` keeps the last value and drops the other unsaid, and
     which one the writer meant is not known (as for a tar member or a Parquet column named twice)."""
     try:
-        value = _DECODER.decode(text)
+        return _held_value(text, where, _DECODER.decode)
     except _KeyNamedTwice as twice:
+        # Met as its object closed, before the rest of the text was read, and at a depth the stack
+        # allowed on this build and thread: a text that is not JSON Python can hold is malformed
+        # whatever it holds, so that is decided first, by the same rules without the check.
+        verdict = _held_value(text, where, json.loads)
+        if isinstance(verdict, Bad):
+            return verdict
         return Bad(DUPLICATE_KEY, f"{where}an object names {twice.key!r} twice: which value is meant is not known"[:300])
+
+
+def _held_value(text: str, where: str, decode: Callable[[str], Any]) -> Any | Bad:
+    """The value `decode` gives, or `malformed_json` where the text is not JSON Python can hold."""
+    try:
+        value = decode(text)
     except RecursionError:
         value = _TOO_DEEP
     except ValueError as error:  # JSONDecodeError is a ValueError
