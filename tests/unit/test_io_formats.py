@@ -775,6 +775,15 @@ def test_a_byte_order_mark_opening_a_shard_is_not_part_of_its_first_record(tmp_p
     assert read_all(file_unit, 1)[0] == [{"text": "héllo\nworld\n"}]
 
 
+def test_a_byte_order_mark_inside_a_shard_is_named_in_its_line_s_malformed_json_detail(tmp_path):
+    """A BOM opening a line other than the shard's first (files joined by `cat`, one saved by a
+    Windows editor) makes that line `malformed_json`; the detail says so, as `json.loads` did
+    ("Unexpected UTF-8 BOM"), not "Expecting value" at column 1 of a line that reads as JSON."""
+    (tmp_path / "a.jsonl").write_bytes(b'{"a": 1}\n\xef\xbb\xbf{"a": 2}\n')
+    with pytest.raises(BadRecordError, match=r"\(malformed_json\): .*BOM"):
+        read_all(Dataset.from_path("d", str(tmp_path / "a.jsonl")), 2, on_error="raise")
+
+
 def test_a_byte_order_mark_opening_a_tar_txt_or_json_member_is_not_part_of_its_text(tmp_path):
     """`json.loads` refuses a str opening with a BOM: the whole sample was skipped as malformed_json."""
     bom = b"\xef\xbb\xbf"

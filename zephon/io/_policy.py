@@ -153,6 +153,10 @@ def _held_value(text: str, where: str, decode: Callable[[str], Any]) -> Any | Ba
     except RecursionError:
         value = _TOO_DEEP
     except ValueError as error:  # JSONDecodeError is a ValueError
+        if decode is not json.loads and text.startswith("\ufeff"):
+            # A decoder's decode() takes a byte order mark for a bad value at column 1, where
+            # json.loads names it: asked again, the detail says what is wrong with the line.
+            return _held_value(text, where, json.loads)
         return Bad(MALFORMED_JSON, f"{where}{type(error).__name__}: {error}"[:300])
     # Most records are an object of plain values (a text and its metadata), decided at a glance;
     # other nesting needs an opening bracket per level, so most texts are decided by counting them.
