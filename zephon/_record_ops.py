@@ -369,6 +369,11 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
 """The exact types `repr` writes as `_stable_repr` does, told apart by one look-up: a lookup table
 of 10**6 of them was walked item by item through the checks for objects, 2 s per loader built."""
+_REPR_INT_BITS = 14_000
+"""The longest int, in bits (4,215 decimal digits), that `_stable_repr` writes by `repr`. Longer
+ones are written in hex: `repr` refuses an int of over 4,300 digits under Python's default limit
+(`sys.set_int_max_str_digits`, per process), and a table holding one was written by its type's
+name alone, every edit in it unseen; where the limit was lifted, by value, another recipe."""
 
 
 def _describable(value) -> bool:
@@ -408,10 +413,12 @@ def _stable_repr(value) -> str:
     repr is written by its fields, like a dataclass. A NumPy array or a torch tensor is written by its content
     (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds. A compiled `re`
     pattern is written by its whole pattern and its flags as a number: its repr cuts the pattern
-    at 200 characters. An enum member is written by its class's module and qualified name, its
+    at 200 characters. An int too long for `repr` (`_REPR_INT_BITS`) is written in hex. An enum member is written by its class's module and qualified name, its
     name and its value: a plain `Enum`'s repr is not one `_describable` lets through, and an
     `IntEnum`'s names no module."""
     kind = type(value)
+    if kind is int and value.bit_length() > _REPR_INT_BITS:
+        return hex(value)
     if kind in _PLAIN:
         return repr(value)
     if isinstance(value, enum.Enum):

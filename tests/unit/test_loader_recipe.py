@@ -114,3 +114,29 @@ def test_a_table_of_plain_values_is_written_as_its_repr_without_asking_each_item
         assert _record_ops._describable(value)
         assert _record_ops._stable_repr(value) == repr(value)
     assert asked == []
+
+
+def test_a_table_holding_an_integer_too_long_for_repr_is_written_by_value_under_any_digit_limit():
+    """`repr` refuses an int of over 4,300 decimal digits (Python's default limit, which
+    `sys.set_int_max_str_digits` changes per process), and a table holding one was then written by
+    its type's name alone: an edit anywhere in it left the map's fingerprint as it was, and a
+    checkpoint of the old table resumed; where the limit was lifted the same table was written by
+    value, another recipe. Such an int is written in hex, which no limit applies to."""
+    import sys
+
+    def reading(table):
+        return lambda record: {**record, "n": len(table)}
+
+    huge = 7**6000  # 5,071 digits
+    before = _record_ops._fingerprint_callable(reading({"modulus": huge, "words": ("river",)}))
+    edited = _record_ops._fingerprint_callable(reading({"modulus": huge, "words": ("stone",)}))
+    assert before != edited
+    assert "river" in before and "<builtins.dict>" not in before, before
+    limit = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(0)
+        unlimited = _record_ops._fingerprint_callable(reading({"modulus": huge, "words": ("river",)}))
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert unlimited == before
+    assert _record_ops._stable_repr([10**4000, -(10**4000)]) == repr([10**4000, -(10**4000)])  # within the limit: as before
