@@ -61,7 +61,8 @@ def test_format_is_inferred_and_a_mixed_directory_needs_it_declared(tmp_path):
 @pytest.mark.parametrize(
     "shard, fmt",
     [("b.jsonl.bz2", "jsonl"), ("b.json.xz", "jsonl"), ("b.jsonl.lz4", "jsonl"), ("b.tar.gz", "webdataset"),
-     ("b.tgz", "webdataset"), ("b.tar.zst", "webdataset"), ("b.parquet.gz", "parquet")],
+     ("b.tgz", "webdataset"), ("b.tbz2", "webdataset"), ("b.txz", "webdataset"), ("b.tzst", "webdataset"),
+     ("b.tar.zst", "webdataset"), ("b.parquet.gz", "parquet")],
 )
 def test_a_shard_compressed_in_a_way_zephon_cannot_read_is_a_named_error_not_left_out(tmp_path, shard, fmt, declared):
     """A directory listing `part-7.jsonl.bz2` or `shard-3.tar.gz` beside shards it reads passed

@@ -8,8 +8,8 @@ ConfigurationError naming the link and its target), and passed over like any oth
 Paths are sorted, so the same URL always gives the same shards in the same order.
 
 A file named like a shard of the dataset's format under a compression Zephon does not read
-(`part-7.jsonl.bz2`, `shard-3.tar.gz`: tar and Parquet need random access, so only line formats
-may be gzip or zstd) is a ConfigurationError naming it: passed over like a README, its records
+(`part-7.jsonl.bz2`, `shard-3.tar.gz`, `shard-4.txz`: tar and Parquet need random access, so only
+line formats may be gzip or zstd) is a ConfigurationError naming it: passed over like a README, its records
 were missing from the plan unsaid. Names that only add a suffix (`a.jsonl.md5`, `a.tar.bak`) are
 no shards, as before.
 
@@ -45,9 +45,10 @@ _LINE_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
 _PLAIN_SUFFIXES = {".parquet": "parquet", ".tar": "webdataset"}
 _HUB_REPO_TYPES = ("datasets", "models", "spaces")
 _GLOB_CHARS = "*?["
-# Compressions of whole files that no format here decodes, and a suffix that means "tar, gzipped".
+# Compressions of whole files that no format here decodes, and the suffixes that mean "a compressed
+# tar" in one (those GNU tar's --auto-compress knows).
 _UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".br", ".snappy", ".zip", ".7z")
-_GZIPPED_TAR = ".tgz"
+_COMPRESSED_TAR = (".tgz", ".taz", ".tbz", ".tbz2", ".tb2", ".txz", ".tlz", ".tzst")
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
 def _unreadable_shard(path: str) -> tuple[str, str] | None:
     """(format, why it cannot be read) for a file named like a shard of a format but compressed in a
     way that format is not read in, or None."""
-    if path.endswith(_GZIPPED_TAR):
-        return "webdataset", "(.tgz, a gzip-compressed tar: tar shards are read by seeking, so they cannot be compressed)"
+    if path.endswith(_COMPRESSED_TAR):
+        suffix = path[path.rfind("."):]
+        return "webdataset", f"({suffix}, a compressed tar: tar shards are read by seeking, so they cannot be compressed)"
     stem, dot, suffix = path.rpartition(".")
     suffix = dot + suffix
     if compression_of(path) is not None:
