@@ -413,9 +413,9 @@ def _stable_repr(value) -> str:
     repr is written by its fields, like a dataclass. A NumPy array or a torch tensor is written by its content
     (`_array_repr`, `_tensor_repr`), not by its repr, which elides and rounds. A compiled `re`
     pattern is written by its whole pattern and its flags as a number: its repr cuts the pattern
-    at 200 characters. An int too long for `repr` (`_REPR_INT_BITS`) is written in hex. An enum member is written by its class's module and qualified name, its
-    name and its value: a plain `Enum`'s repr is not one `_describable` lets through, and an
-    `IntEnum`'s names no module."""
+    at 200 characters. An int too long for `repr` (`_REPR_INT_BITS`) is written in hex. An enum
+    member is written by its class's module and qualified name, its name and its value: a plain
+    `Enum`'s repr is not one `_describable` lets through, and an `IntEnum`'s names no module."""
     kind = type(value)
     if kind is int and value.bit_length() > _REPR_INT_BITS:
         return hex(value)
