@@ -6,7 +6,8 @@ decoding before and after packing. Each row is then rebuilt here from nothing bu
 `sources` name, the documented layout (README "What a packed row carries") and Pillow: the token
 ids with each convention's placeholders written out by hand, the shifted labels, the positions and
 documents restarting per document, every image's patches cut from Pillow's own decode, the grids,
-the token offsets and the per-row counts, rows without images and padding rows included. None of
+the token offsets and the per-row counts, rows without images and padding rows included; and, for
+an image that fails when decoded after packing, the masked document the README describes. None of
 the packer's helpers is called, so a packer that drifted from the layout a model expects fails here.
 """
 
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests.unit.test_vlm_assets import stored_png
 from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders
 from zephon import Pipeline
 from zephon.io import Dataset
@@ -67,7 +69,8 @@ def _records(convention: str) -> list[dict]:
         images = [_png(rng, r, c, spec.patch_size, "L" if i % 5 == 0 else "RGB") for r, c in grids]
         records.append({"images": images, "input_ids": text, "image_offsets": offsets})
     big = 8 * spec.merge_size  # 8x8 merged cells: more placeholder tokens than MAX_LENGTH
-    records[23] = {"images": [_png(rng, big, big, spec.patch_size, "RGB")], "input_ids": [TEXT_BASE], "image_offsets": None}
+    records[23] = {"images": [_png(rng, big, big, spec.patch_size, "RGB")], "input_ids": [TEXT_BASE],
+                   "image_offsets": None}
     return records
 
 
@@ -119,28 +122,41 @@ def _placeholder_tokens(convention: str, rows: int, cols: int) -> list[int]:
     return [placeholders.vision_start] + [placeholders.image_pad] * (rows * cols // (m * m)) + [placeholders.vision_end]
 
 
-def _patches(data: bytes, patch: int) -> tuple[np.ndarray, tuple[int, int]]:
+def _grid(data: bytes, patch: int) -> tuple[int, int]:
+    """(rows, cols) in patches of an image on the grid, from its header alone."""
+    width, height = Image.open(io.BytesIO(data)).size
+    return height // patch, width // patch
+
+
+def _patches(data: bytes, patch: int) -> np.ndarray:
     """Pillow's decode of the image cut into patches, row-major, each (patch_row, patch_col, channel)."""
     pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-    rows, cols = pixels.shape[0] // patch, pixels.shape[1] // patch
+    rows, cols = _grid(data, patch)
     cut = [pixels[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch].reshape(-1)
            for r in range(rows) for c in range(cols)]
-    return np.array(cut, dtype=np.uint8).reshape(rows * cols, patch * patch * 3), (rows, cols)
+    return np.array(cut, dtype=np.uint8).reshape(rows * cols, patch * patch * 3)
 
 
 def _image_tokens(convention: str, record: dict) -> int:
     _, spec, _ = CONVENTIONS[convention]
-    return sum(len(_placeholder_tokens(convention, *_patches(data, spec.patch_size)[1])) for data in record["images"])
+    return sum(len(_placeholder_tokens(convention, *_grid(data, spec.patch_size))) for data in record["images"])
 
 
-def _expected_row(convention: str, documents: list[dict]) -> dict:
-    """One row rebuilt from its documents: tokens, labels, positions, documents, images."""
+def _expected_row(convention: str, documents: list[dict], failing: frozenset[bytes] = frozenset()) -> dict:
+    """One row rebuilt from its documents: tokens, labels, positions, documents, images. An image
+    in `failing` (decoded after packing, it fails) has zero patches and its document no label."""
     _, spec, _ = CONVENTIONS[convention]
-    ids, is_text, positions, document_ids, labels = [], [], [], [], []
+    ids, positions, document_ids, labels = [], [], [], []
     patches, grids, offsets = [], [], []
     for number, record in enumerate(documents):
-        images = [_patches(data, spec.patch_size) for data in record["images"]]
-        image_tokens = sum(len(_placeholder_tokens(convention, *grid)) for _, grid in images)
+        images = []
+        for data in record["images"]:
+            rows, cols = _grid(data, spec.patch_size)
+            failed = np.zeros((rows * cols, spec.patch_dim), np.uint8)
+            pixels = failed if data in failing else _patches(data, spec.patch_size)
+            images.append((pixels, (rows, cols)))
+        trains = not failing.intersection(record["images"])
+        image_tokens = _image_tokens(convention, record)
         room = MAX_LENGTH - image_tokens
         text = record["input_ids"][:room]  # a document too long is cut on the text side
         at = record["image_offsets"] or [0] * len(images)  # before_text by default
@@ -160,9 +176,8 @@ def _expected_row(convention: str, documents: list[dict]) -> dict:
         doc_ids += text[cut:]
         doc_text += [True] * (len(text) - cut)
         # At i, the next token of the document when it is text; -100 before an image token and at the end.
-        labels += [doc_ids[i + 1] if doc_text[i + 1] else -100 for i in range(len(doc_ids) - 1)] + [-100]
+        labels += [doc_ids[i + 1] if trains and doc_text[i + 1] else -100 for i in range(len(doc_ids) - 1)] + [-100]
         ids += doc_ids
-        is_text += doc_text
         positions += list(range(len(doc_ids)))
         document_ids += [number] * len(doc_ids)
     padding = MAX_LENGTH - len(ids)
@@ -178,7 +193,8 @@ def _expected_row(convention: str, documents: list[dict]) -> dict:
     }
 
 
-def _check_batches(convention: str, by_address: dict, batches: list) -> Counter:
+def _check_batches(convention: str, by_address: dict, batches: list,
+                   failing: frozenset[bytes] = frozenset()) -> Counter:
     """Every row of every microbatch equals the oracle's; returns how often each record was packed."""
     packed = Counter()
     for batch in batches:
@@ -189,13 +205,14 @@ def _check_batches(convention: str, by_address: dict, batches: list) -> Counter:
         for i, sources in enumerate(batch.sources):
             documents = [by_address[(Path(a.shard).name, a.index)] for a in sources]
             packed.update((Path(a.shard).name, a.index) for a in sources)
-            want = _expected_row(convention, documents)
+            want = _expected_row(convention, documents, failing)
             where = f"step {batch.step} lane {batch.lane} row {i} ({[str(a) for a in sources]})"
             for name in ("input_ids", "labels", "position_ids", "document_ids"):
                 assert arrays[name][i].tolist() == want[name], f"{name} of {where}"
             images, patches = int(counts["image_grid"][i]), int(counts["pixel_values"][i])
-            assert arrays["image_grid"][image_at:image_at + images].tolist() == [list(g) for g in want["image_grid"]], where
-            assert arrays["image_token_offset"][image_at:image_at + images].tolist() == want["image_token_offset"], where
+            in_row = slice(image_at, image_at + images)
+            assert arrays["image_grid"][in_row].tolist() == [list(g) for g in want["image_grid"]], where
+            assert arrays["image_token_offset"][in_row].tolist() == want["image_token_offset"], where
             assert np.array_equal(arrays["pixel_values"][patch_at:patch_at + patches], want["pixel_values"]), \
                 f"the patches of {where} are not its images' pixels in placeholder order"
             patch_at += patches
@@ -225,7 +242,8 @@ def test_every_packed_row_is_what_the_model_expects_from_its_documents_and_their
     assert too_big and cut, "the corpus holds a document no row can hold and one that must be cut"
     totals = stats["datasets"]["docs"]["total"]
     assert totals["read"] == len(by_address)
-    assert totals["skipped"] == {"images_exceed_length": len(too_big)}, "images too big for a row: a named, counted skip"
+    assert totals["skipped"] == {"images_exceed_length": len(too_big)}, \
+        "images too big for a row: a named, counted skip"
     assert set(packed.values()) == {1} and set(packed) == set(by_address) - too_big, \
         "every record not skipped lands whole in exactly one row"
     assert totals["truncated"] == len(cut), "a document longer than a row is cut on its text side and counted"
@@ -235,7 +253,38 @@ def test_every_packed_row_is_what_the_model_expects_from_its_documents_and_their
     assert sum(lane["padding"] for lane in lanes) == sum(int((b.tokens["document_ids"] < 0).sum()) for b in batches), \
         "padding is counted as such, not as usable tokens"
     assert any(len(sources) and not images for b in batches
-               for sources, images in zip(b.sources, b.ragged_counts["image_grid"])), "a row of documents without images was checked"
+               for sources, images in zip(b.sources, b.ragged_counts["image_grid"])), \
+        "a row of documents without images was checked"
 
     reference = [(b.step, b.lane, b.index, b.digest()) for b in _run(convention, root, "inline", False)[0]]
     assert [(b.step, b.lane, b.index, b.digest()) for b in batches] == reference
+
+
+def _cut_between_pixel_chunks(rng: np.random.Generator, rows: int, cols: int, patch: int) -> bytes:
+    """A PNG whose header and first pixel chunk are whole and whose second pixel chunk is gone:
+    its header passes the check made before packing, its pixels fail when decoded."""
+    whole = stored_png(rng.integers(0, 256, (rows * patch, cols * patch, 3), dtype=np.uint8), pieces=2)
+    return whole[: whole.rindex(b"IDAT") - 4]
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_a_document_whose_image_fails_after_packing_trains_nothing_and_its_row_neighbours_are_intact(tmp_path, runner):
+    """Decoded after packing, a document with an image that does not decode keeps its place: that
+    image's patches are zeros, its other images keep their pixels, none of its tokens has a label,
+    and the documents sharing its row are exactly as they would be without it."""
+    convention = "pixtral"
+    _, spec, _ = CONVENTIONS[convention]
+    records = _records(convention)
+    rng = np.random.default_rng(11)
+    failing = set()
+    for i in (4, 5):  # the first image of a document of three and of a document of one
+        bad = _cut_between_pixel_chunks(rng, 3, 2, spec.patch_size)
+        records[i] = dict(records[i], images=[bad] + records[i]["images"][1:])
+        failing.add(bad)
+    by_address = _write(tmp_path, records)
+
+    batches, stats = _run(convention, tmp_path, runner, defer=True)
+    packed = _check_batches(convention, by_address, batches, frozenset(failing))
+    assert {key for key, r in by_address.items() if failing.intersection(r["images"])} <= set(packed)
+    masked = sum(lane.get("masked:truncated_image", 0) for lane in stats["lanes"].values())
+    assert masked == len(failing), "each masked document is counted by its reason"
