@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from zephon import Chunk, ConfigurationError
 from zephon.io import Dataset, ErrorPolicy, ShardInfo
 
-from .conftest_io import jsonl_bytes, memory_root, parquet_bytes, put
+from .conftest_io import compress, jsonl_bytes, memory_root, parquet_bytes, put, tar_bytes
 
 
 def write_shards(root, sizes: list[int]) -> list[list[dict]]:
@@ -62,7 +62,8 @@ def test_format_is_inferred_and_a_mixed_directory_needs_it_declared(tmp_path):
     "shard, fmt",
     [("b.jsonl.bz2", "jsonl"), ("b.json.xz", "jsonl"), ("b.jsonl.lz4", "jsonl"), ("b.tar.gz", "webdataset"),
      ("b.tgz", "webdataset"), ("b.tbz2", "webdataset"), ("b.txz", "webdataset"), ("b.tzst", "webdataset"),
-     ("b.tar.zst", "webdataset"), ("b.parquet.gz", "parquet")],
+     ("b.tar.zst", "webdataset"), ("b.parquet.gz", "parquet"), ("b.JSONL.BZ2", "jsonl"), ("b.Json.Xz", "jsonl"),
+     ("b.TAR.GZ", "webdataset"), ("b.TGZ", "webdataset"), ("b.Tar.Zst", "webdataset"), ("b.PARQUET.GZ", "parquet")],
 )
 def test_a_shard_compressed_in_a_way_zephon_cannot_read_is_a_named_error_not_left_out(tmp_path, shard, fmt, declared):
     """A directory listing `part-7.jsonl.bz2` or `shard-3.tar.gz` beside shards it reads passed
@@ -84,9 +85,84 @@ def test_a_shard_compressed_in_a_way_zephon_cannot_read_is_a_named_error_not_lef
 def test_names_that_only_look_compressed_are_passed_over_as_before(tmp_path):
     """A checksum or a backup beside a shard (`a.jsonl.md5`, `a.tar.bak`) is no shard."""
     (tmp_path / "a.jsonl").write_bytes(jsonl_bytes([{"x": 1}]))
-    for name in ("a.jsonl.md5", "a.jsonl.bak", "a.tar.sha256"):
+    for name in ("a.jsonl.md5", "a.jsonl.bak", "a.tar.sha256", "a.jsonl.MD5", "a.JSONL.Bak", "a.TAR.SHA256"):
         (tmp_path / name).write_text("not a shard")
     assert [s.url.rpartition("/")[2] for s in Dataset.from_path("d", str(tmp_path)).shards] == ["a.jsonl"]
+
+
+# Shards of each format written in lower case, and the same shards under upper- or mixed-case names
+# (as Windows tools and some exporters write them); names sort alike in both, so shard order is one.
+_CASED_SHARDS = {
+    "jsonl": [("p0.jsonl", "P0.JSONL", None), ("p1.jsonl.gz", "P1.Jsonl.GZ", "gz"),
+              ("p2.json.zst", "P2.JSON.ZST", "zst"), ("p3.jsonl.zstd", "P3.jsonl.Zstd", "zst")],
+    "text": [("p0.txt", "P0.TXT", None), ("p1.txt.gz", "P1.Txt.Gz", "gz")],
+    "parquet": [("p0.parquet", "P0.PARQUET", None), ("p1.parquet", "P1.Parquet", None)],
+    "webdataset": [("p0.tar", "P0.TAR", None), ("p1.tar", "P1.Tar", None)],
+}
+
+
+def _write_cased_shards(root, fmt: str, cased: bool) -> list[str]:
+    """Write the `_CASED_SHARDS` of `fmt` under `root`, each with records of its own; their names."""
+    root.mkdir()
+    names = []
+    for i, (lower, upper, compression) in enumerate(_CASED_SHARDS[fmt]):
+        records = [{"text": f"shard {i} record {r}"} for r in range(3)]
+        if fmt == "parquet":
+            data = parquet_bytes(records, row_group_size=2)
+        elif fmt == "webdataset":
+            data = tar_bytes([(f"k{r}.txt", rec["text"].encode()) for r, rec in enumerate(records)])
+        elif fmt == "text":
+            data = compress("".join(rec["text"] + "\n" for rec in records).encode(), compression)
+        else:
+            data = jsonl_bytes(records, compression)
+        names.append(upper if cased else lower)
+        (root / names[-1]).write_bytes(data)
+    (root / ("README.MD" if cased else "README.md")).write_text("not a shard")
+    return names
+
+
+def _records(ds: Dataset) -> list[dict]:
+    return [record for chunk in ds.chunks(2) for record in ds.read_chunk(chunk).records]
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["inferred", "declared"])
+@pytest.mark.parametrize("listing", ["directory", "glob"])
+@pytest.mark.parametrize("fmt", list(_CASED_SHARDS))
+def test_shards_with_upper_or_mixed_case_suffixes_are_planned_and_read_like_lower_case_ones(
+    tmp_path, fmt, listing, declared
+):
+    """`B.JSONL`, `C.Jsonl.GZ`, `D.PARQUET`, `E.TAR` were passed over like a README: their records
+    were missing from the plan unsaid. They are shards of their format, decompressed by their
+    suffix as in lower case, and read as the same records."""
+    datasets = {}
+    for cased in (False, True):
+        root = tmp_path / ("cased" if cased else "lower")
+        names = _write_cased_shards(root, fmt, cased)
+        url = str(root) if listing == "directory" else f"{root}/*"
+        ds = Dataset.from_path("d", url, format=fmt if declared else None)
+        assert [s.url.rpartition("/")[2] for s in ds.shards] == names
+        datasets[cased] = ds
+    assert _records(datasets[True]) == _records(datasets[False])
+    assert len(_records(datasets[True])) == 3 * len(_CASED_SHARDS[fmt])
+
+
+@pytest.mark.parametrize("name, compression", [("X.JSONL", None), ("X.Json.GZ", "gz"), ("X.JSONL.ZSTD", "zst")])
+def test_a_file_named_directly_with_an_upper_case_suffix_has_its_format_and_compression_inferred(
+    tmp_path, name, compression
+):
+    (tmp_path / name).write_bytes(jsonl_bytes([{"x": 1}, {"x": 2}], compression))
+    for declared in (None, "jsonl"):
+        ds = Dataset.from_path("d", str(tmp_path / name), format=declared)
+        assert ds.read_chunk(ds.chunks(5)[0]).records == [{"x": 1}, {"x": 2}]
+
+
+def test_names_differing_only_in_the_case_of_their_suffix_are_two_shards(tmp_path):
+    """On a case-sensitive filesystem `a.jsonl` and `a.JSONL` are two files: both are read."""
+    (tmp_path / "a.jsonl").write_bytes(jsonl_bytes([{"x": 1}]))
+    (tmp_path / "a.JSONL").write_bytes(jsonl_bytes([{"x": 2}]))
+    ds = Dataset.from_path("d", str(tmp_path))
+    assert [s.url.rpartition("/")[2] for s in ds.shards] == ["a.JSONL", "a.jsonl"]
+    assert _records(ds) == [{"x": 2}, {"x": 1}]
 
 
 def test_a_file_named_directly_is_read_in_the_declared_format(tmp_path):

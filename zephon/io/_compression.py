@@ -63,9 +63,11 @@ _CODECS: dict[str, Callable[[], _Codec]] = {
 
 
 def compression_of(path: str) -> str | None:
-    """The codec named by the path's last suffix, or None for an uncompressed file."""
+    """The codec named by the path's last suffix in any case (`.gz`, `.GZ`, `.Zst`: Windows tools and
+    some exporters write suffixes in upper case), or None for an uncompressed file."""
+    name = path.lower()
     for suffix, codec in _SUFFIXES.items():
-        if path.endswith(suffix):
+        if name.endswith(suffix):
             return codec
     return None
 

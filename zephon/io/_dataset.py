@@ -131,11 +131,11 @@ class Dataset:
     ) -> Dataset:
         """List and count the shards at `url` (any fsspec URL, a directory, a glob or `hf://`).
 
-        `format` ("jsonl", "parquet", "text", "webdataset") is inferred from file suffixes when None.
-        `text_unit` ("line" or "file") says what a text record is. `cache={"enabled": True,
-        "dir": ...}` copies remote shards to local disk. A storage error is retried: `retries` counts
-        the attempts in all, the first one included (1: no retry), waiting `retry_delay` seconds
-        before the second and doubling, up to a minute.
+        `format` ("jsonl", "parquet", "text", "webdataset") is inferred from file suffixes, in any
+        case, when None. `text_unit` ("line" or "file") says what a text record is.
+        `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error is
+        retried: `retries` counts the attempts in all, the first one included (1: no retry), waiting
+        `retry_delay` seconds before the second and doubling, up to a minute.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")

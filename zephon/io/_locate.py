@@ -7,11 +7,16 @@ ignored. A link whose target is gone is a missing shard when its name is a shard
 ConfigurationError naming the link and its target), and passed over like any other file otherwise.
 Paths are sorted, so the same URL always gives the same shards in the same order.
 
+Suffixes are compared in any case: `B.JSONL`, `C.Jsonl.GZ` (gzip), `D.PARQUET` and `E.TAR`, as
+Windows tools and some exporters write them, are shards of their format, where they were passed over
+like a README. Only the comparison ignores case, never the path: `a.jsonl` and `a.JSONL` are two
+files, and two shards.
+
 A file named like a shard of the dataset's format under a compression Zephon does not read
-(`part-7.jsonl.bz2`, `shard-3.tar.gz`, `shard-4.txz`: tar and Parquet need random access, so only
-line formats may be gzip or zstd) is a ConfigurationError naming it: passed over like a README, its records
-were missing from the plan unsaid. Names that only add a suffix (`a.jsonl.md5`, `a.tar.bak`) are
-no shards, as before.
+(`part-7.jsonl.bz2`, `shard-3.tar.gz`, `shard-4.txz`, `S.TGZ`: tar and Parquet need random access,
+so only line formats may be gzip or zstd) is a ConfigurationError naming it: passed over like a
+README, its records were missing from the plan unsaid. Names that only add a suffix (`a.jsonl.md5`,
+`a.JSONL.MD5`, `a.tar.bak`) are no shards, as before.
 
 A URL that names an existing file or directory as written is that file or directory, even when its
 name holds glob characters (`data[1].jsonl`, `run[2024]/`): read as a glob, `data[1].jsonl` would
@@ -63,12 +68,14 @@ class Located:
 
 
 def infer_format(path: str) -> tuple[str, str | None] | None:
-    """(format, compression) named by a file's suffixes, or None when they name no known format.
+    """(format, compression) named by a file's suffixes in any case, or None when they name no known
+    format.
 
     Only line formats may be compressed: Parquet and tar need random access.
     """
-    compression = compression_of(path)
-    stem = path[: path.rfind(".")] if compression else path
+    name = path.lower()
+    compression = compression_of(name)
+    stem = name[: name.rfind(".")] if compression else name
     for suffixes in (_LINE_SUFFIXES,) if compression else (_LINE_SUFFIXES, _PLAIN_SUFFIXES):
         for suffix, fmt in suffixes.items():
             if stem.endswith(suffix):
@@ -78,19 +85,20 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
 
 def _unreadable_shard(path: str) -> tuple[str, str] | None:
     """(format, why it cannot be read) for a file named like a shard of a format but compressed in a
-    way that format is not read in, or None."""
-    if path.endswith(_COMPRESSED_TAR):
-        suffix = path[path.rfind("."):]
-        return "webdataset", f"({suffix}, a compressed tar: tar shards are read by seeking, so they cannot be compressed)"
-    stem, dot, suffix = path.rpartition(".")
-    suffix = dot + suffix
-    if compression_of(path) is not None:
+    way that format is not read in, or None. Suffixes are compared in any case, and named as written."""
+    name = path.lower()
+    written = path[path.rfind(".") :]
+    if name.endswith(_COMPRESSED_TAR):
+        why = "a compressed tar: tar shards are read by seeking, so they cannot be compressed"
+        return "webdataset", f"({written}, {why})"
+    stem, dot, suffix = name.rpartition(".")
+    if compression_of(name) is not None:
         plain = infer_format(stem)
         if plain is not None and plain[0] in ("parquet", "webdataset"):
-            return plain[0], f"({suffix}: {plain[0]} shards are read by seeking, so they cannot be compressed)"
+            return plain[0], f"({written}: {plain[0]} shards are read by seeking, so they cannot be compressed)"
         return None
-    if suffix in _UNREAD_COMPRESSIONS and (plain := infer_format(stem)) is not None and plain[1] is None:
-        return plain[0], f"({suffix} is no compression Zephon reads: line shards may be .gz, .zst or .zstd)"
+    if dot + suffix in _UNREAD_COMPRESSIONS and (plain := infer_format(stem)) is not None and plain[1] is None:
+        return plain[0], f"({written} is no compression Zephon reads: line shards may be .gz, .zst or .zstd)"
     return None
 
 
