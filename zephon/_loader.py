@@ -58,9 +58,10 @@ picture in a video field skipped, a tar record cut at a member's header and a sh
 after planning counted as truncated; 8: a relative video path read beside its local shard, and
 skipped as unresolvable in any other shard, a video with a frame FFmpeg marks damaged on the way
 to its sampled frames skipped as corrupt; 9: a shard's suffix and a tar member's extension read
-in any case, a tar record holding a link, FIFO or device member skipped, a JSON object naming a key twice skipped, a
-Parquet nanosecond value read as a standard-library value or skipped where it has a part below a
-microsecond), so that a checkpoint of the old batches is refused instead of resumed."""
+in any case, a tar record holding a link, FIFO or device member skipped, a JSON object naming a
+key twice skipped, a Parquet nanosecond value read as a standard-library value or skipped where
+it has a part below a microsecond), so that a checkpoint of the old batches is refused instead
+of resumed."""
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
