@@ -121,10 +121,14 @@ class StageThreads:
         return [(thread, *taken) for thread, taken in zip(self.threads, list(self._taken)) if taken is not None]
 
     def wait(self, deadline: float) -> list[threading.Thread]:
-        """Join the threads until `deadline` (`time.monotonic()`); the threads still running then."""
+        """Join the threads until `deadline` (`time.monotonic()`); the threads still running
+        something then: an item, or a finished item's done-callbacks. One that is only yet to
+        exit (it waits for, or has just taken, its stop message) is not: with a short
+        `close_timeout_s` every idle thread was reported as left behind running an item."""
         for thread in self.threads:
             thread.join(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
-        return [thread for thread in self.threads if thread.is_alive()]
+        busy = {thread for thread, *_ in self.running()}  # in a stage function written in C too
+        return [thread for thread in self.threads if thread.is_alive() and (thread in busy or _runs_something(thread))]
 
     def runs_current_thread(self) -> bool:
         return threading.current_thread() in self.threads
@@ -138,6 +142,19 @@ def stuck_in(thread: threading.Thread) -> str:
         return "(it has just finished)"
     below_serve = itertools.takewhile(lambda call: call[0].f_code is not _serve.__code__, traceback.walk_stack(frame))
     return "".join(traceback.StackSummary.extract(reversed(list(below_serve))).format()).rstrip()
+
+
+def _runs_something(thread: threading.Thread) -> bool:
+    """Whether `thread` is in a call made from `_serve` (the stage function, a done-callback),
+    rather than in `_serve` itself (waiting on the queue) or outside it (starting or exiting)."""
+    frame = sys._current_frames().get(thread.ident)
+    below = 0
+    while frame is not None:
+        if frame.f_code is _serve.__code__:
+            return below > 0
+        below += 1
+        frame = frame.f_back
+    return False
 
 
 def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
