@@ -101,6 +101,16 @@ def cancel_and_notify(future: Future) -> None:
     call raises when made twice, so only the one party that owns the future's start may make it
     (the thread that took its item from a queue, the one that claimed it from a runner's
     unfinished set). A future its caller has cancelled already runs no callback again here.
+
+    The waiters are told even when a done-callback that `cancel()` runs raises (a Ctrl-C landing
+    in one as close() cancels: concurrent.futures lets a BaseException through). The future has
+    left the queue or the held set already, so no later close() reaches it again: `wait()` waited
+    for it for ever. It is cancelled by then (callbacks run after the state is set).
     """
-    if future.cancel():
+    try:
+        cancelled = future.cancel()
+    except BaseException:
+        future.set_running_or_notify_cancel()
+        raise
+    if cancelled:
         future.set_running_or_notify_cancel()

@@ -270,3 +270,48 @@ def test_items_submitted_from_many_threads_while_the_runner_closes_all_end_done_
     assert_done_for_wait_and_as_completed(futures)
     assert calls == Counter({index: 1 for index in range(len(futures))})
     assert all(future.cancelled() or future.result(0) == i for mine in submitted for i, future in enumerate(mine))
+
+
+def interrupted_once():
+    """A done-callback that raises KeyboardInterrupt the first time it runs: a Ctrl-C landing in
+    one of the callbacks close() runs as it cancels (concurrent.futures lets it through)."""
+    raised = []
+
+    def callback(_future: Future) -> None:
+        if not raised:
+            raised.append(True)
+            raise KeyboardInterrupt
+
+    return callback
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("make", [ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_a_future_whose_done_callback_interrupts_close_as_it_cancels_is_still_done_for_wait(make, tmp_path):
+    """close() cancelled the future (its callbacks ran) and was interrupted before telling its
+    waiters; the next close() did not reach it again (it was no longer queued, or no longer held),
+    so wait() waited out its timeout for it, and for ever without one."""
+    release, started = threading.Event(), threading.Event()
+    runner = make(close_timeout_s=0.1)
+    if make is ThreadRunner:
+        runner.start([Stage("held", held_until(release, started), 1)])
+        in_flight = [runner.submit(0, 0)]
+        assert started.wait(GUARD_S)
+    else:
+        runner.start([Stage("held", opens_with(tmp_path / "never"), 1)])
+        in_flight = []
+    queued = [runner.submit(0, i) for i in range(1, 5)]
+    interrupt = interrupted_once()  # in whichever future close() cancels first
+    for future in queued:
+        future.add_done_callback(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.close()
+        runner.close()  # finishes the interrupted close
+        done, not_done = wait(queued, timeout=5)  # a hang guard: all are done at once
+        assert not_done == set(), f"{len(not_done)} cancelled futures never told to wait()"
+        for future in queued:
+            assert_cancelled(future)
+    finally:
+        release.set()
+        runner.close()
