@@ -100,9 +100,11 @@ class ThreadRunner:
     moment it begins, `submit` returns cancelled futures, so a callback chain still running ends
     quietly. A close interrupted while it waits is finished by the next one.
 
-    Thread-safety: `submit` may be called from any thread, including done-callbacks; `start` and
-    `close` belong to the owner (`close` may also be called from a done-callback, which does not
-    wait for the running items). `close` is idempotent.
+    Thread-safety: `submit` may be called from any thread, including done-callbacks; `start`
+    belongs to the owner. `close` may be called from any thread, also while another close runs
+    (the owner's and the closer thread's, or a watchdog's: each waits, and each thread left
+    behind is reported once), and from a done-callback, which does not wait for the running
+    items. `close` is idempotent.
     """
 
     name = "thread"

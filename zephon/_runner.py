@@ -42,7 +42,9 @@ class Runner(Protocol):
     The loader waits through done-callbacks and `result()`; a user's tooling may use either.
 
     Thread-safety: `submit` may be called from any thread (including a runner's own completion
-    callbacks); `start` and `close` are called by the owning loader only. `close` is idempotent.
+    callbacks); `start` and `close` are called by the owning loader only, `close` from whichever
+    thread closes the loader (a watchdog's, the `zephon-runner-closer` thread for a loader dropped
+    unclosed), possibly two at once. `close` is idempotent.
     `name` and `reason` say which runner it is and why it was chosen (`RankLoader.runner_info`);
     a runner without them is described by its class (`describe_runner`).
     """
