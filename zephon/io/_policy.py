@@ -43,7 +43,7 @@ UNCONVERTIBLE_VALUE = "unconvertible_value"  # a stored value Python cannot hold
 DUPLICATE_MEMBER = "duplicate_member"  # a tar record with two members of one extension: which is meant?
 DUPLICATE_COLUMN = "duplicate_column"  # a Parquet row with two columns of one name: which is meant?
 DUPLICATE_KEY = "duplicate_key"  # a JSON object naming one key twice: which value is meant?
-NOT_A_FILE = "not_a_file"  # a tar record with a member that is a link, FIFO or device: no payload there
+NOT_A_FILE = "not_a_file"  # a tar member that is a link, FIFO or device: no bytes of its own
 REASONS = frozenset({MALFORMED_JSON, INVALID_UTF8, NOT_AN_OBJECT, TRUNCATED_SHARD, UNCONVERTIBLE_VALUE,
                      DUPLICATE_MEMBER, DUPLICATE_COLUMN, DUPLICATE_KEY, NOT_A_FILE})
 
