@@ -7,7 +7,8 @@ settings let it buffer:
              rows, each `max_length` x (4 int32 fields + the pixel bytes an image token carries);
 - records:   every lane has at most `prefetch` chunks in flight, each the chunk's raw bytes as read,
              as text and as tokens (plus one read block per reading worker), and the token array
-             of the largest document stays alive while rows cut from it are buffered;
+             of the largest document stays alive while rows are cut from it (a row cut from a
+             document longer than a row holds a copy of its piece, not the document);
 - tokenizer: every tokenizing worker may hold the `tokenizers` Encoding of the largest document,
              about TOKENIZER_BYTES_PER_TOKEN per token, while it encodes it;
 - images:    every decoding worker may hold one image at its decoder's output size (JPEG draft

@@ -93,6 +93,18 @@ def _holds_a_bool(value: list | tuple, ids: np.ndarray) -> bool:
     return any(isinstance(value[i], (bool, np.bool_)) for i in np.flatnonzero(ids <= 1).tolist())
 
 
+def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress) -> Piece:
+    """Tokens [start, stop) of a document longer than a row, as a piece holding a copy of them
+    and of the token after them (its last position's label), not a view of the document.
+
+    A view keeps the whole document alive as long as any row cut from it waits: a shuffle buffer
+    keeps a row or two of many documents, and held every one of them whole (documents of 20 rows
+    through a 64-row buffer: 3x the tokens of the rows it held), beyond the memory budget's one
+    document per lane. Only such documents are copied, once each (a memcpy per token, against
+    microseconds to tokenize it); a shorter one is referenced by at most two rows."""
+    return Piece(tokens[start : stop + 1].copy(), 0, stop - start, address)
+
+
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
     """Build one packed row from document pieces (a stateless function)."""
     return FlatRowPlan(tuple(pieces), max_length, pad_id).assemble()
@@ -100,7 +112,8 @@ def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> Packe
 
 @dataclass(frozen=True)
 class FlatRowPlan:
-    """One flat row as the pieces that fill it: references to their documents' token arrays.
+    """One flat row as the pieces that fill it: references to their documents' token arrays
+    (to copies of its own tokens for a document longer than a row, see `_own_piece`).
 
     Packers emit plans and the loader assembles them only when it collates a microbatch
     (`assemble_batch`, straight into the microbatch's arrays), so a row is written once instead
@@ -182,9 +195,10 @@ class WrapPacker:
             self._skips.append((address, tokens))
             return []
         start, out = 0, []
+        cut = _own_piece if len(tokens) > self.max_length else Piece
         while start < len(tokens):
             take = min(len(tokens) - start, self.max_length - self._filled)
-            self._pieces.append(Piece(tokens, start, start + take, address))
+            self._pieces.append(cut(tokens, start, start + take, address))
             self._filled += take
             start += take
             if self._filled == self.max_length:
@@ -224,12 +238,12 @@ class FirstFitPacker:
             return []
         out = []
         start = 0
+        cut = _own_piece if len(tokens) > self.max_length else Piece
         while len(tokens) - start > self.max_length:
-            piece = Piece(tokens, start, start + self.max_length, address)
-            out.append(self._row([piece]))
+            out.append(self._row([cut(tokens, start, start + self.max_length, address)]))
             start += self.max_length
         if start < len(tokens):
-            out.extend(self._place(Piece(tokens, start, len(tokens), address)))
+            out.extend(self._place(cut(tokens, start, len(tokens), address)))
         return out
 
     def _place(self, piece: Piece) -> list[FlatRowPlan]:

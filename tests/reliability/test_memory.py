@@ -6,7 +6,13 @@ context length and with 24-megapixel JPEGs.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+
+from zephon import IGNORE_INDEX, SegmentContext
+from zephon._packing import FlatRowPlan, PackFlatOp
+from zephon._records import RecordAddress
+from zephon._shuffle import ShuffleOp
 
 from tests.reliability.memory_probe import measure_in_subprocess, write_corpus
 
@@ -61,3 +67,51 @@ def test_process_runner_keeps_trainer_and_workers_within_the_budget(probe):
     assert result["peak"] - result["baseline"] <= MARGIN * budget, _describe(result)
     # A forked worker starts from the parent's pages (at most its baseline) and adds its own work.
     assert result["children_peak"] <= result["baseline"] + MARGIN * budget, _describe(result)
+
+
+def _token_bytes_referenced(rows) -> int:
+    """Bytes of the token arrays that row plans keep alive: each piece's array, or the array it
+    is a view of, counted once however many pieces reference it."""
+    owners = {}
+    for row in rows:
+        for piece in row.pieces:
+            owner = piece.tokens if piece.tokens.base is None else piece.tokens.base
+            owners[id(owner)] = owner.nbytes
+    return sum(owners.values())
+
+
+@pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
+def test_rows_of_long_documents_waiting_in_a_shuffle_buffer_keep_only_their_own_tokens(algorithm):
+    """The budget's `rows` term gives a buffered row its own `max_length` positions and its
+    `records` term one document per lane. A row cut from a document longer than a row must not
+    keep the whole document alive: a shuffle buffer keeps a row or two of many documents, and
+    referenced by views, every one of those documents stayed whole in memory."""
+    max_length, rows_per_document, buffer_size = 64, 20, 64
+    packer = PackFlatOp(max_length, algorithm=algorithm).factory(0)(SegmentContext(0, 0))
+    shuffle = ShuffleOp(buffer_size, seed=3).factory(0)(SegmentContext(0, 0))
+    for i in range(400):
+        tokens = np.full(rows_per_document * max_length + 7, i, dtype=np.int32)
+        for row in packer.push((RecordAddress("d", "s", i), {"input_ids": tokens})):
+            shuffle.push(row)
+        del tokens  # what the lane holds once the record's chunk is done
+    buffered = shuffle._items
+    assert len(buffered) == buffer_size
+    # A row's pieces: its max_length tokens, and the next token of its last document for its labels.
+    allowed = buffer_size * (max_length + 1) * 4
+    assert _token_bytes_referenced(buffered) <= allowed
+
+
+def test_rows_cut_from_a_long_document_label_each_last_token_with_the_documents_next_one():
+    """A row cut from inside a long document keeps, besides its tokens, the document's next token:
+    the label of its last position (copying only the row's own tokens would lose it)."""
+    max_length = 8
+    tokens = np.arange(1, 3 * max_length + 4, dtype=np.int32)
+    for algorithm in ("wrap", "first_fit"):
+        packer = PackFlatOp(max_length, algorithm=algorithm).factory(0)(SegmentContext(0, 0))
+        rows = packer.push((RecordAddress("d", "s", 0), {"input_ids": tokens})) + packer.flush()
+        assembled, _, _ = FlatRowPlan.assemble_batch(rows)
+        whole = 3 * max_length
+        np.testing.assert_array_equal(assembled["input_ids"][:3].reshape(-1), tokens[:whole])
+        np.testing.assert_array_equal(assembled["labels"][:3].reshape(-1), tokens[1 : whole + 1])
+        np.testing.assert_array_equal(assembled["labels"][3, :2], tokens[whole + 1 :])
+        assert assembled["labels"][3, 2] == IGNORE_INDEX
