@@ -336,7 +336,8 @@ class MultimodalPacker:
         room = self.max_length - image_tokens
         if len(text) > room:
             self._truncations.append((address, len(text) - room))
-            text = text[:room]
+            # A copy: a view kept the whole text alive as long as the row waited (a shuffle buffer).
+            text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text))
 

@@ -147,6 +147,20 @@ def test_document_longer_than_a_row_is_cut_on_the_text_side_and_counted():
     assert pack.flush() == []
 
 
+def test_a_document_cut_to_fit_keeps_only_the_text_its_row_holds():
+    """A row plan waiting in a shuffle buffer holds its documents; one cut on the text side must
+    hold the text its row takes, not the whole text it was cut from (a view of it kept a long
+    caption or interleaved document whole for as long as the row waited)."""
+    pack = packer(10, assemble=False)
+    long_text = text(100_000)
+    (plan,) = pack.push((address(0), {"input_ids": long_text, "pixels": picture(1, 2, 0)}))
+    del long_text
+    (document,) = plan.documents
+    held = document.text if document.text.base is None else document.text.base
+    assert held.nbytes == len(document.text) * 4 == 7 * 4
+    assert plan.assemble().tokens["input_ids"][3:].tolist() == list(range(1000, 1007))
+
+
 def test_empty_and_textless_documents():
     pack = packer(8)
     rows = run(pack, [{"input_ids": text(0)}, {"input_ids": text(0), "pixels": picture(1, 1, 0)}, {}])
