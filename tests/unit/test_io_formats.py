@@ -598,14 +598,27 @@ def test_a_json_object_naming_a_key_twice_is_skipped_as_duplicate_key_not_read_w
         read_all(Dataset.from_path("t", str(tmp_path / "a.tar")), 2, on_error="raise")
 
 
+def on_a_thread_with_stack(call, stack_bytes: int):
+    """`call()`'s value, called on a new thread given `stack_bytes` of stack (0: the default), as a
+    runner's pool thread with a small stack would call it."""
+    import threading
+
+    out, previous = [], threading.stack_size(stack_bytes)
+    try:
+        thread = threading.Thread(target=lambda: out.append(call()))
+        thread.start()
+    finally:
+        threading.stack_size(previous)
+    thread.join()
+    return out[0]
+
+
 def test_json_nesting_gets_the_same_verdict_on_every_thread_and_stack(tmp_path):
     """How deep `json.loads` can nest depends on the stack it runs on: the thread (the loader's for
     the inline runner, a pool thread's, a worker process's), the frames below it, the Python build
     (~990 levels on 3.11, ~58,000 on 3.14t's main thread). Whether a record is read or skipped
     must not: every depth gets one verdict, up to the fixed limit read, past it `malformed_json`,
     under a deep call stack and in a thread with a small stack alike."""
-    import threading
-
     from zephon.io._policy import MAX_JSON_DEPTH
 
     depths = [MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 900, 5_000, 100_000]
@@ -620,21 +633,11 @@ def test_json_nesting_gets_the_same_verdict_on_every_thread_and_stack(tmp_path):
     def under_frames(n: int) -> list:
         return verdicts() if n == 0 else under_frames(n - 1)
 
-    def in_thread(stack_bytes: int) -> list:
-        out, previous = [], threading.stack_size(stack_bytes)
-        try:
-            thread = threading.Thread(target=lambda: out.append(verdicts()))
-            thread.start()
-        finally:
-            threading.stack_size(previous)
-        thread.join()
-        return out[0]
-
     expected = [(i, "malformed_json") for i in range(1, len(depths))]
     assert verdicts() == expected
     assert under_frames(500) == expected
-    assert in_thread(512 * 1024) == expected
-    assert in_thread(0) == expected
+    assert on_a_thread_with_stack(verdicts, 512 * 1024) == expected
+    assert on_a_thread_with_stack(verdicts, 0) == expected
 
 
 def test_a_line_that_is_not_json_is_malformed_even_where_an_object_in_it_names_a_key_twice(tmp_path):
@@ -644,8 +647,6 @@ def test_a_line_that_is_not_json_is_malformed_even_where_an_object_in_it_names_a
     object closes, before it has read the rest of the line, and how deep it gets before running
     out of stack depends on the build and thread: a repeated key deep inside a too-deep record was
     `duplicate_key` on 3.14t's main thread and `malformed_json` on 3.11."""
-    import threading
-
     from zephon.io._policy import MAX_JSON_DEPTH
 
     twice = b'{"k": 1, "k": 2}'
@@ -660,17 +661,10 @@ def test_a_line_that_is_not_json_is_malformed_even_where_an_object_in_it_names_a
     def verdicts() -> list:
         return [(a.index, reason) for a, reason in ds.read_chunk(chunk).skipped]
 
-    out, previous = [], threading.stack_size(512 * 1024)
-    try:
-        thread = threading.Thread(target=lambda: out.append(verdicts()))
-        thread.start()
-    finally:
-        threading.stack_size(previous)
-    thread.join()
     expected = [(i, "malformed_json") for i in range(len(lines))]
     expected[3] = (3, "duplicate_key")  # nested just to the limit: read, and its repeated key found
     assert verdicts() == expected
-    assert out[0] == expected
+    assert on_a_thread_with_stack(verdicts, 512 * 1024) == expected
 
 
 def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):
