@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 __all__ = [
-    "cancel_and_notify", "cancelled_future", "check_close_timeout", "check_owner", "check_startable", "check_task_timeout", "stage_at",
+    "cancel_and_notify", "cancelled_future", "end_on_runner_thread", "check_close_timeout", "check_owner", "check_startable", "check_task_timeout", "stage_at",
     "validate_stages",
 ]
 
@@ -114,3 +116,25 @@ def cancel_and_notify(future: Future) -> None:
         raise
     if cancelled:
         future.set_running_or_notify_cancel()
+
+
+def end_on_runner_thread(log: logging.Logger, end: Callable[..., object], *args: object) -> None:
+    """`end(*args)`, a call that ends a future and so runs its done-callbacks (`set_result`,
+    `set_exception`, `cancel_and_notify`), made on a thread the runner owns, which must go on.
+
+    `concurrent.futures` catches only `Exception` from a done-callback; a `SystemExit`,
+    `GeneratorExit` or a user's own `BaseException` went through to this thread and ended it: a
+    stage thread's queue was never served again, the `task_timeout_s` watch failed nothing more,
+    the process runner's reader read no later reply. It is logged on `log` instead, naming the
+    thread; the future is ended by then (callbacks run after its state is set), but its callbacks
+    after the one that raised do not run. An `Exception` from `end` itself (`InvalidStateError`)
+    is the caller's. No lock is taken here: callbacks run on the caller's terms."""
+    try:
+        end(*args)
+    except Exception:
+        raise
+    except BaseException as error:
+        log.error(
+            "a done-callback raised %s on the runner's thread %s, which goes on; the future's later done-callbacks "
+            "were not run", type(error).__name__, threading.current_thread().name, exc_info=error,
+        )

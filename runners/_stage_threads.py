@@ -11,6 +11,7 @@ and since when (`running`), so that the runner can fail one running past `task_t
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import threading
 import time
@@ -23,9 +24,11 @@ from typing import Any
 
 from zephon._runner import Stage
 
-from ._lifecycle import cancel_and_notify
+from ._lifecycle import cancel_and_notify, end_on_runner_thread
 
 __all__ = ["StageThreads", "stuck_in"]
+
+_log = logging.getLogger("runners.thread")  # the runner's: a user configures one logger for it
 
 _STOP = None  # what tells a thread to exit once it takes it from the queue
 
@@ -160,7 +163,8 @@ def _runs_something(thread: threading.Thread) -> bool:
 def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
     """Run items until told to stop, noting in `taken[slot]` the one running and since when.
     Whatever `fn` raises, `SystemExit` and `KeyboardInterrupt` included, is the item's: it is set on
-    the future, and the thread goes on serving. An item the runner failed meanwhile (it ran past
+    the future, and the thread goes on serving; so it does past a done-callback raising one (logged,
+    `end_on_runner_thread`). An item the runner failed meanwhile (it ran past
     `task_timeout_s`) keeps that failure: what `fn` gave it late is dropped."""
     while (work := queue.get()) is not _STOP:
         future, item = work
@@ -184,7 +188,7 @@ def _settle(setter, value) -> None:
     """Resolve a running future unless it is resolved already (failed past `task_timeout_s`):
     then `value` is dropped."""
     try:
-        setter(value)
+        end_on_runner_thread(_log, setter, value)
     except InvalidStateError:
         pass
 
