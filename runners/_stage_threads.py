@@ -94,9 +94,11 @@ class StageThreads:
     def fail(self, failure: Callable[[], BaseException]) -> None:
         """Fail the items no thread has taken, and every item submitted from now on, with a fresh
         `failure()` each (a note the loader adds to one must not reach the others): the runner can
-        run no more. The threads are left as they are; `stop` ends them."""
+        run no more. The threads are left as they are; `stop` ends them. Called on the runner's
+        `task_timeout_s` watch, which a done-callback raising a BaseException must not end midway
+        through the queue: the rest of it never failed, and the stop messages taken were lost."""
         self._failure = failure
-        _tell_to_exit(self._queue, self._end_queued(self._fail_one))
+        _tell_to_exit(self._queue, self._end_queued(lambda future: end_on_runner_thread(_log, self._fail_one, future)))
 
     def _end_queued(self, end: Callable[[Future], None]) -> int:
         """Take every queued item and `end` its future; how many stop messages were taken with

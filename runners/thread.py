@@ -24,6 +24,7 @@ from ._lifecycle import (
     check_owner,
     check_startable,
     check_task_timeout,
+    end_on_runner_thread,
     stage_at,
     validate_stages,
 )
@@ -234,7 +235,7 @@ class ThreadRunner:
 
             for each in self._pools:
                 each.fail(failure)
-        _fail_running(future, error)
+        end_on_runner_thread(_log, _fail_running, future, error)  # the watch goes on past its callbacks
 
     def __enter__(self) -> Self:
         return self

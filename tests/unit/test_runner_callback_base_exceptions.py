@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from runners import ThreadRunner
+from runners import RunnerFailedError, ThreadRunner, WorkerCrashedError
 from zephon._runner import Stage
 
 GUARD_S = 20  # a hang guard only
@@ -68,3 +68,32 @@ def test_a_thread_runner_stage_thread_serves_later_items_after_a_done_callback_r
     assert first.done()
     assert logged_naming(caplog, "runners.thread", error_type), caplog.text
     assert all(not thread.is_alive() for thread in runner._pools[0].threads)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error_type", ERRORS)
+def test_the_task_timeout_watch_fails_every_item_after_a_done_callback_raises_a_base_exception(error_type, caplog):
+    release = threading.Event()
+
+    def hang(x: int) -> int:
+        release.wait(GUARD_S)
+        return x
+
+    runner = ThreadRunner(task_timeout_s=0.2, close_timeout_s=GUARD_S)
+    with caplog.at_level(logging.ERROR, logger="runners.thread"):
+        runner.start([Stage("stuck", hang, parallelism=2)])
+        stuck = [runner.submit(0, x) for x in range(2)]
+        queued = [runner.submit(0, x) for x in range(2, 5)]
+        # Raised as the watch drains the queue, and as it fails a running item.
+        queued[0].add_done_callback(raising_callback(error_type))
+        stuck[0].add_done_callback(raising_callback(error_type))
+        for future in stuck:
+            assert isinstance(future.exception(timeout=GUARD_S), WorkerCrashedError)
+        for future in queued:
+            assert isinstance(future.exception(timeout=GUARD_S), RunnerFailedError)
+        assert isinstance(runner.submit(0, 5).exception(timeout=GUARD_S), RunnerFailedError)
+        release.set()
+        runner.close()
+    assert len(logged_naming(caplog, "runners.thread", error_type)) == 2, caplog.text
+    assert all(not thread.is_alive() for thread in runner._pools[0].threads)
+    assert not runner._watch.thread.is_alive()
