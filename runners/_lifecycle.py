@@ -13,8 +13,8 @@ from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 __all__ = [
-    "cancel_and_notify", "cancelled_future", "end_on_runner_thread", "check_close_timeout", "check_owner", "check_startable", "check_task_timeout", "stage_at",
-    "validate_stages",
+    "cancel_and_notify", "cancelled_future", "check_close_timeout", "check_owner", "check_startable",
+    "check_task_timeout", "end_on_runner_thread", "stage_at", "validate_stages",
 ]
 
 

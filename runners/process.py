@@ -48,6 +48,7 @@ from ._lifecycle import (
     check_owner,
     check_startable,
     check_task_timeout,
+    end_on_runner_thread,
     stage_at,
     validate_stages,
 )
@@ -675,21 +676,31 @@ class ProcessRunner:
         self._resolve(resolutions)
 
     def _resolve(self, resolutions: list[_Resolution]) -> None:
-        """End each future as decided, outside the lock (its done-callbacks may submit or close);
-        cancelled instead once closing, or if its caller cancelled it, its waiters told."""
+        """End each future as decided, outside the lock (its done-callbacks may submit or close).
+        On the reader thread a done-callback raising a BaseException is logged and the rest are
+        still ended (`end_on_runner_thread`): it ended the reader, and every later reply went unread."""
+        on_reader = threading.current_thread() is self._reader
         for future, ok, value in resolutions:
             if not self._claim(future):
                 continue  # ended already: cancelled by a close, or failed with the reader thread
-            if self._closing or future.cancelled():
-                cancel_and_notify(future)
-                continue
-            try:
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-            except InvalidStateError:  # its caller cancelled it just now
-                cancel_and_notify(future)
+            if on_reader:
+                end_on_runner_thread(_log, self._end, future, ok, value)
+            else:
+                self._end(future, ok, value)
+
+    def _end(self, future: Future, ok: bool, value: Any) -> None:
+        """End a claimed future as decided; cancelled instead once closing, or if its caller
+        cancelled it, its waiters told."""
+        if self._closing or future.cancelled():
+            cancel_and_notify(future)
+            return
+        try:
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        except InvalidStateError:  # its caller cancelled it just now
+            cancel_and_notify(future)
 
     def _claim(self, future: Future) -> bool:
         """Take `future` out of the held set: True for the one caller that did, which alone may

@@ -11,12 +11,15 @@ The timeouts below only guard against a hang; every assertion is on what futures
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
-from runners import RunnerFailedError, ThreadRunner, WorkerCrashedError
+from runners import ProcessRunner, RunnerFailedError, ThreadRunner, WorkerCrashedError
 from zephon._runner import Stage
 
 GUARD_S = 20  # a hang guard only
@@ -97,3 +100,31 @@ def test_the_task_timeout_watch_fails_every_item_after_a_done_callback_raises_a_
     assert len(logged_naming(caplog, "runners.thread", error_type)) == 2, caplog.text
     assert all(not thread.is_alive() for thread in runner._pools[0].threads)
     assert not runner._watch.thread.is_alive()
+
+
+def wait_for_file(path: str) -> str:
+    """A stage function that returns once `path` exists, so the test adds its callback first."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("error_type", ERRORS)
+def test_the_process_runner_reader_reads_later_replies_after_a_done_callback_raises_a_base_exception(
+        error_type, tmp_path: Path, caplog):
+    go = tmp_path / "go"
+    runner = ProcessRunner(close_timeout_s=GUARD_S)
+    with caplog.at_level(logging.ERROR, logger="runners.process"):
+        runner.start([Stage("only", wait_for_file, parallelism=1)])
+        try:
+            first = runner.submit(0, str(go))
+            first.add_done_callback(raising_callback(error_type))  # before its reply: run on the reader
+            go.touch()
+            assert first.result(timeout=GUARD_S) == str(go)
+            later = [runner.submit(0, str(go)) for _ in range(4)]
+            assert [future.result(timeout=GUARD_S) for future in later] == [str(go)] * 4
+        finally:
+            runner.close()
+    assert logged_naming(caplog, "runners.process", error_type), caplog.text
+    assert runner._reader is not None and not runner._reader.is_alive()
