@@ -15,7 +15,8 @@ Order of work, chosen so that nothing large is allocated before it is known to b
    `background`, then apply the EXIF orientation.
 
 Thread-safety: every function here is safe to call from many threads at once; nothing global is
-written (Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies, see `ImageSpec`, and its
+written once this module is imported (importing it adds one warning filter, see
+`_silence_pillows_bomb_warning`; Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies, see `ImageSpec`, and its
 `ImageFile.LOAD_TRUNCATED_IMAGES` switch is read only to be refused, see `_refuse_load_truncated_images`).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+import warnings
 import zlib
 from dataclasses import dataclass
 from typing import Literal
@@ -38,6 +40,28 @@ __all__ = ["PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid",
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
 """Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGB), used as our default refusal size."""
+
+
+def _silence_pillows_bomb_warning() -> None:
+    """Ignore the DecompressionBombWarning `Image.open` gives for a header above Pillow's
+    `MAX_IMAGE_PIXELS` (and below twice it, where it raises instead).
+
+    Every such image is refused here anyway, counted as `decompression_bomb` unless
+    `max_image_pixels` was raised on purpose; but the warning names the image's pixel count, so
+    Python's once-per-message rule printed it once per image size, in every worker: a stderr line
+    per large image in a multi-day job. The filter matches only that message from `PIL.Image`
+    (which is also what a user's own `Image.open` of such a file in this process would warn),
+    and is added once, at import, so no decode changes the filters while other threads read them.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"Image size \(\d+ pixels\) exceeds limit of \d+ pixels",
+        category=RuntimeWarning,  # DecompressionBombWarning's base: Pillow is imported only to decode
+        module=r"PIL\.Image",
+    )
+
+
+_silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -360,6 +364,31 @@ def test_header_above_the_spec_limit_but_below_pillows_is_refused_by_the_spec():
     spec = ImageSpec(max_image_pixels=300 * 300)
     assert _reason(png_header_only(400, 400), spec) == "decompression_bomb"
     assert _reason(png_header_only(200, 200), spec) == "corrupt_image"  # allowed size, but no pixel data
+
+
+def test_headers_between_pillows_warning_and_error_sizes_are_counted_without_a_warning_per_image():
+    """Pillow warns (DecompressionBombWarning) on every header above its MAX_IMAGE_PIXELS, and its
+    message names the pixel count, so Python's once-per-message rule printed a line per image size
+    and per worker: a stream of stderr lines for images already refused and counted. Run in a fresh
+    interpreter with the default warning filters, as in a training job."""
+    script = (
+        "import struct, zlib\n"
+        "from vlm import ImageDecodeError, decode_image\n"
+        "from vlm._image import probe_image\n"
+        "def chunk(kind, data): return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))\n"
+        "for side in (9500, 9600, 9700):\n"
+        "    png = b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', side, side, 8, 2, 0, 0, 0)) + chunk(b'IEND', b'')\n"
+        "    for read in (decode_image, probe_image):\n"
+        "        try:\n"
+        "            read(png)\n"
+        "        except ImageDecodeError as error:\n"
+        "            print(error.reason)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("PYTHONWARNINGS", None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.split() == ["decompression_bomb"] * 6
+    assert "DecompressionBombWarning" not in done.stderr and "exceeds limit" not in done.stderr, done.stderr
 
 
 def test_decode_errors_are_zephon_errors_that_survive_pickling():
