@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import io
+import logging
 import os
 import pathlib
 import pickle
@@ -22,7 +23,7 @@ import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
-from zephon.io import _atomic_cache, _dataset, _version
+from zephon.io import _atomic_cache, _dataset, _retry, _version
 from zephon.io._format import ShardFile
 
 from tests.reliability.harness import run_epoch, text_pipeline
@@ -300,6 +301,34 @@ def test_errors_that_reading_again_cannot_mend_surface_at_once(flaky, aiohttp, e
     with pytest.raises(Exception, match="flaky storage dropped") as caught:
         ds.read_chunk(ds.chunks(5)[0])
     assert not isinstance(caught.value, ShardUnavailableError) and flaky.opens == 1
+
+
+def test_a_read_that_is_retried_logs_a_warning_naming_the_shard_the_error_and_the_attempt(flaky, caplog, monkeypatch):
+    """A flaky store mended by a retry still costs the run its backoff: the trainer only saw the
+    loader slow down (up to a minute a wait), with nothing in the log saying why."""
+    monkeypatch.setattr(_retry, "_retry_log", _retry._RetryLog())
+    ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    flaky.failures, flaky.opens = 2, 0
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        assert ds.read_chunk(ds.chunks(5)[0]).records == [{"i": i} for i in range(5)]
+    retried = [r.getMessage() for r in caplog.records if r.name.startswith("zephon")]
+    assert len(retried) == 2, retried
+    for attempt, message in enumerate(retried, 1):
+        assert "flaky://bucket" in message and "flaky storage dropped" in message, message
+        assert f"attempt {attempt} of 3" in message, message
+
+
+def test_retried_reads_are_logged_at_the_first_second_fourth_and_eighth_not_one_line_each(flaky, caplog, monkeypatch):
+    """A store failing one read in ten over a multi-day job must not write a line per chunk."""
+    monkeypatch.setattr(_retry, "_retry_log", _retry._RetryLog())
+    ds = Dataset.from_path("d", "flaky://bucket", retries=2, retry_delay=0.001)
+    chunk = ds.chunks(5)[0]
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        for _ in range(9):
+            flaky.failures = 1
+            assert ds.read_chunk(chunk).records == [{"i": i} for i in range(5)]
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("zephon")]
+    assert [int(m.split("retried read ")[1].split()[0]) for m in logged] == [1, 2, 4, 8], logged
 
 
 def test_planning_is_retried_too(flaky):

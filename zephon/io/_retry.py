@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +16,37 @@ from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 
 __all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy"]
+
+log = logging.getLogger("zephon")
+
+
+class _RetryLog:
+    """Which retried reads are logged: the 1st, 2nd, 4th, 8th, … of this process, each naming the
+    count. Every retry costs the run a wait, so the first ones must show; but a store that fails
+    one read in ten over a multi-day job would write a line per chunk. Counted per process, the
+    lines are bounded by the logarithm of the retries and the count in the last one says how many.
+
+    Thread-safe: the count is taken under a lock (held for the increment only), which a forked
+    child (a process-runner worker) replaces, as a fork may copy it held by another thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
+
+    def count(self) -> int | None:
+        """Count one retried read; its number if it is to be logged, else None."""
+        with self._lock:
+            self._count += 1
+            count = self._count
+        return count if count & (count - 1) == 0 else None
+
+
+_retry_log = _RetryLog()
 
 T = TypeVar("T")
 
@@ -48,7 +82,9 @@ class RetryPolicy:
     requests' errors and huggingface_hub's HTTP errors), and the transport errors HTTP clients
     raise as their own types (`_is_transient`). A compressed stream whose bytes do not decode is
     not transient: it is reported at once as ShardUnavailableError. Anything else (a parse error,
-    a bug) surfaces as it is.
+    a bug) surfaces as it is. A failed attempt that is retried is logged as a warning (logger
+    `zephon`) naming the file, the attempt and the error: the 1st, 2nd, 4th, … of the process
+    (`_RetryLog`).
     """
 
     attempts: int = 3
@@ -79,7 +115,16 @@ class RetryPolicy:
                     raise
                 last = error
                 if attempt + 1 < self.attempts:
-                    time.sleep(self._delay(attempt))
+                    # Said even when the next attempt mends it: the wait slows the run (up to a
+                    # minute), and a store that keeps failing must show in the job's log.
+                    delay = self._delay(attempt)
+                    if (count := _retry_log.count()) is not None:
+                        log.warning(
+                            "reading %s failed on attempt %d of %d (%s: %s); retrying in %.3g s "
+                            "(retried read %d of this process; logged at 1, 2, 4, 8, …)",
+                            url, attempt + 1, self.attempts, type(error).__name__, error, delay, count,
+                        )
+                    time.sleep(delay)
         raise ShardUnavailableError(url, self.attempts, f"{type(last).__name__}: {last}") from last
 
     def _delay(self, attempt: int) -> float:
