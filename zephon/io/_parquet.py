@@ -105,7 +105,8 @@ def _in_microseconds(kind: pa.DataType) -> pa.DataType:
     with a part below a microsecond otherwise, so a row was kept in one environment (the 3.11
     tests', with pandas) and skipped in another (the 3.14t tests', without), and a nanosecond
     time of day lost that part unsaid. Cast safely to microseconds, such a row fails the cast
-    and is `unconvertible_value` everywhere; every other value becomes a `datetime` object.
+    and is `unconvertible_value` everywhere; every other value becomes a `datetime`, `timedelta`
+    or `time`.
     """
     import pyarrow as pa
 
