@@ -144,7 +144,12 @@ def draw_batch(batches: list, path: str | Path, placeholders, *, row_height: int
 def add_vlm_parser(demo_subparsers) -> Any:
     """Register `zephon demo vlm` on the `demo` sub-parsers; returns the new parser."""
     vlm = demo_subparsers.add_parser(
-        "vlm", help="the VLM pipeline on real image+caption pairs: tokenize → decode → pack → shuffle → batch"
+        "vlm", help="the VLM pipeline on real image+caption pairs: tokenize → decode → pack → shuffle → batch",
+        description="Run the VLM pipeline (tokenize → decode → pack → shuffle → batch) on real image+caption "
+                    "pairs, fetched and cached at the first run, on one rank; print the runner, usable "
+                    "tokens/s, images/s, padding and the records read per dataset, and save a picture of "
+                    "the first global batch. Exit codes: 0 after the run, 2 on options it cannot run, "
+                    "without Pillow, or when the demo's pairs or tokenizer cannot be fetched.",
     )
     vlm.add_argument("--steps", type=positive_int, default=20, help="global steps to run (default 20)")
     vlm.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")

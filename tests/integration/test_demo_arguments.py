@@ -226,12 +226,14 @@ def test_gpu_demo_refuses_options_it_cannot_run_where_it_would_skip(monkeypatch,
         ("gpu", "Exit codes: 0 when every resumed batch is identical (or skipped: no CUDA device), 1 on "
                 "any mismatch, 2 on options it cannot run or without torch."),
         ("text", "Exit codes: 0 after the run, 2 on options it cannot run."),
+        ("vlm", "Exit codes: 0 after the run, 2 on options it cannot run, without Pillow, or when the "
+                "demo's pairs or tokenizer cannot be fetched."),
     ],
 )
 def test_demo_help_says_what_the_demo_does_and_lists_its_exit_codes(capsys, demo, codes):
     """Only `zephon demo elastic --help` had a description: `demo gpu --help`, the smoke test a CI
     job runs, said neither that it skips without CUDA nor what its exit codes mean, and `demo text
-    --help` only listed options."""
+    --help` and `demo vlm --help` only listed options."""
     with pytest.raises(SystemExit) as exc:
         cli.main(["demo", demo, "--help"])
     assert exc.value.code == 0
