@@ -85,7 +85,9 @@ class PlacedDocument:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """Everything `assemble_row` needs to build one row; holds references, never copies.
+    """Everything `assemble_row` needs to build one row; holds references, never copies, but for
+    the text of a document cut to fit the row, a copy of the part it holds (a view kept the whole
+    text alive as long as the row waited).
 
     The pipeline's packer emits plans, and the loader assembles them only when it takes them into
     a microbatch (`assemble_batch`, straight into the microbatch's arrays): rows waiting in shuffle
