@@ -477,7 +477,9 @@ def decode_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC, *, probed: bool = 
 
     H = rows * patch_size and W = cols * patch_size with (rows, cols) = `image_grid` of the
     upright image. Raises `ImageDecodeError` with reason corrupt_image, truncated_image or
-    decompression_bomb. The returned array may be read-only. `probed`: these bytes passed
+    decompression_bomb, and `ConfigurationError` while Pillow's `ImageFile.LOAD_TRUNCATED_IMAGES`
+    is on (it would decode such images with their missing part grey). The returned array may be
+    read-only. `probed`: these bytes passed
     `probe_image` (deferred decoding), so the checks it made are not made again (a PNG's pixel
     chunks' checksums: 7 µs of a race image's ~1.5 ms).
     """
