@@ -169,7 +169,9 @@ class Pipeline:
     ) -> Pipeline:
         """Append the text packer: "wrap" cuts documents at every max_length tokens, "first_fit"
         places each whole document in the first open row with room (at most `max_open_rows` open;
-        wrap keeps one and ignores it)."""
+        wrap keeps one and ignores it); a document longer than a row is first cut into max_length
+        pieces that each fill a row alone, the rest placed first-fit. A record whose `field` is
+        absent, not token ids, or empty is skipped (`missing_field`, `not_tokens`, `empty_document`)."""
         return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
