@@ -16,7 +16,10 @@ oldest goes), and on flush. A document whose images alone need more than `max_le
 skipped ("images_exceed_length"); one whose images fit but whose text does not is cut on the text
 side (the tail of its text goes; counted as a truncation). A document whose text holds a
 placeholder id is skipped ("placeholder_in_text"): the model finds an image's slots by those ids,
-so the text token would be taken for a slot of an image that is not there.
+so the text token would be taken for a slot of an image that is not there. A record without its
+text field is skipped ("missing_text"), one whose ids from the data are no flat list of token ids
+("not_tokens"), and one with neither text nor images ("empty_document"); images alone are a
+document.
 
 Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
 - tokens: `input_ids`; `labels` — at position i the token to predict next: the next token of the
