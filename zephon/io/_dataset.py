@@ -132,7 +132,9 @@ class Dataset:
         """List and count the shards at `url` (any fsspec URL, a directory, a glob or `hf://`).
 
         `format` ("jsonl", "parquet", "text", "webdataset") is inferred from file suffixes, in any
-        case, when None. `text_unit` ("line" or "file") says what a text record is.
+        case, when None; a file named like a shard but compressed in a way it is not read in
+        (`a.jsonl.bz2`, `s.tar.gz`, `p.parquet.gz`) is a `ConfigurationError` naming it, not passed
+        over. `text_unit` ("line" or "file") says what a text record is.
         `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error is
         retried: `retries` counts the attempts in all, the first one included (1: no retry), waiting
         `retry_delay` seconds before the second and doubling, up to a minute.
