@@ -150,12 +150,12 @@ def _encode_whole_documents(tokenizer, tokenizer_id: str) -> None:
 
 
 def _names_a_path(tokenizer_id: str) -> bool:
-    """Whether `tokenizer_id` can only be a local path: a file name ending in .json, or a path
-    absolute, relative to `.` or `~`, or deeper than a hub id's `owner/name`. Such a name missing
-    is a typo to report at once, not a hub id to look for (offline, the hub's retries take ~20 s
-    before failing)."""
+    """Whether `tokenizer_id` can only be a local path: a file name ending in .json (in any case:
+    `tok.JSON` is a file name, never a hub id), or a path absolute, relative to `.` or `~`, or
+    deeper than a hub id's `owner/name`. Such a name missing is a typo to report at once, not a hub
+    id to look for (offline, the hub's retries take ~20 s before failing)."""
     return (
-        tokenizer_id.endswith(".json")
+        tokenizer_id.lower().endswith(".json")
         or tokenizer_id.startswith(("/", ".", "~"))
         or tokenizer_id.count("/") > 1
     )

@@ -30,8 +30,8 @@ def test_digest_is_the_tokenizer_files_content(tmp_path, demo_tokenizer_path):
     assert load_tokenizer(str(changed.parent)).digest != same.digest
 
 
-@pytest.mark.parametrize("name", ["nope/tokenizer.json", "tokenizer.json", "./nope", "/nope/tok", "~/nope",
-                                  "models/nope/latest"])
+@pytest.mark.parametrize("name", ["nope/tokenizer.json", "tokenizer.json", "tok.JSON", "nope/tokenizer.Json", "./nope",
+                                  "/nope/tok", "~/nope", "models/nope/latest"])
 def test_a_missing_local_tokenizer_path_is_refused_at_once_not_looked_for_on_the_hub(name, monkeypatch):
     from tokenizers import Tokenizer
 
