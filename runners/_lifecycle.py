@@ -6,16 +6,21 @@ import logging
 import numbers
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
 __all__ = [
     "cancel_and_notify", "cancelled_future", "check_close_timeout", "check_owner", "check_startable",
-    "check_task_timeout", "end_on_runner_thread", "stage_at", "validate_stages",
+    "check_task_timeout", "end_in_close", "end_on_runner_thread", "exit_hook", "stage_at", "validate_stages",
 ]
+
+# Whether the main thread runs a runner's exit hook now: a plain flag, set and reset by that thread
+# alone (an exit hook takes no lock).
+_in_exit_hook = False
 
 
 def validate_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
@@ -135,6 +140,34 @@ def end_on_runner_thread(log: logging.Logger, end: Callable[..., object], *args:
         raise
     except BaseException as error:
         log.error(
-            "a done-callback raised %s on the runner's thread %s, which goes on; the future's later done-callbacks "
-            "were not run", type(error).__name__, threading.current_thread().name, exc_info=error,
+            "a done-callback raised %s on thread %s, which goes on; the future's later done-callbacks were not run",
+            type(error).__name__, threading.current_thread().name, exc_info=error,
         )
+
+
+def end_in_close(log: logging.Logger, end: Callable[..., object], *args: object) -> None:
+    """`end(*args)`, a call that ends a future from `close()` (cancelling queued or held work,
+    failing an item left running), where a done-callback may raise a BaseException.
+
+    On the main thread outside an exit hook it goes through and cuts the close short: a Ctrl-C
+    there is the user's, and the next `close()` finishes the rest. Anywhere else no one calls
+    `close()` again (the closer thread closing a dropped loader's runner, a runner's own thread,
+    an exit hook): it is logged and the close goes on (`end_on_runner_thread`). Raised there, it
+    left the rest of a thread runner's queue uncancelled and its idle threads waiting until exit,
+    a process runner's other held futures unended and its /dev/shm directory in place, and in
+    the thread runners' exit hook every runner after that one unstopped."""
+    if threading.current_thread() is threading.main_thread() and not _in_exit_hook:
+        end(*args)
+    else:
+        end_on_runner_thread(log, end, *args)
+
+
+@contextmanager
+def exit_hook() -> Iterator[None]:
+    """Mark the main thread as running a runner's exit hook (`end_in_close`), taking no lock."""
+    global _in_exit_hook
+    _in_exit_hook = True
+    try:
+        yield
+    finally:
+        _in_exit_hook = False

@@ -24,7 +24,7 @@ from typing import Any
 
 from zephon._runner import Stage
 
-from ._lifecycle import cancel_and_notify, end_on_runner_thread
+from ._lifecycle import cancel_and_notify, end_in_close, end_on_runner_thread
 
 __all__ = ["StageThreads", "stuck_in"]
 
@@ -88,7 +88,7 @@ class StageThreads:
     def stop(self) -> None:
         """Cancel the items no thread has taken and tell every thread to exit after its item."""
         self._stopped = True
-        self._end_queued(cancel_and_notify)
+        self._end_queued(lambda future: end_in_close(_log, cancel_and_notify, future))
         _tell_to_exit(self._queue, len(self.threads))
 
     def fail(self, failure: Callable[[], BaseException]) -> None:

@@ -48,7 +48,9 @@ from ._lifecycle import (
     check_owner,
     check_startable,
     check_task_timeout,
+    end_in_close,
     end_on_runner_thread,
+    exit_hook,
     stage_at,
     validate_stages,
 )
@@ -357,7 +359,7 @@ class ProcessRunner:
             held = list(self._held)
         for future in held:
             if self._claim(future):
-                cancel_and_notify(future)
+                end_in_close(_log, cancel_and_notify, future)
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
@@ -791,16 +793,19 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
     a margin), then finishes whatever is left. It polls `locked()` rather than taking the lock: an
     exit hook must never block on a lock. It waits again when its own `close()` returned because
     the other thread took the lock just after the hook looked: only a close that did every step
-    (which unregisters the hook, `_at_exit`) ends the wait."""
+    (which unregisters the hook, `_at_exit`) ends the wait. A done-callback raising a
+    BaseException as the close cancels a held future is logged and the close goes on
+    (`exit_hook`): nothing closes the runner later."""
     if os.getpid() != pid:
         return
     deadline = time.monotonic() + runner._close_timeout_s + _EXIT_WAIT_MARGIN_S
-    while True:
-        while runner._close_lock.locked() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        runner.close()
-        if runner._at_exit is None or time.monotonic() >= deadline:
-            return
+    with exit_hook():
+        while True:
+            while runner._close_lock.locked() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            runner.close()
+            if runner._at_exit is None or time.monotonic() >= deadline:
+                return
 
 
 def _drain(fd: int) -> None:

@@ -24,7 +24,9 @@ from ._lifecycle import (
     check_owner,
     check_startable,
     check_task_timeout,
+    end_in_close,
     end_on_runner_thread,
+    exit_hook,
     stage_at,
     validate_stages,
 )
@@ -65,13 +67,15 @@ def _stop_at_exit() -> None:
     Their threads are daemon threads, which exit does not wait for: without this hook, items
     running then would be cut off wherever interpreter finalization found them, and queued ones
     would never be cancelled. Threading's exit hooks run before non-daemon threads are joined,
-    while logging still works."""
-    runners = _open_runners()
-    for runner in runners:
-        runner._stop_threads()
-    began = time.monotonic()
-    for runner in runners:
-        runner._wait_for_running(began + runner._close_timeout_s, "interpreter exit began")
+    while logging still works. A done-callback raising a BaseException as the hook cancels or
+    fails a future is logged and the hook goes on (`exit_hook`): nothing closes these runners later."""
+    with exit_hook():
+        runners = _open_runners()
+        for runner in runners:
+            runner._stop_threads()
+        began = time.monotonic()
+        for runner in runners:
+            runner._wait_for_running(began + runner._close_timeout_s, "interpreter exit began")
 
 
 threading._register_atexit(_stop_at_exit)
@@ -207,7 +211,7 @@ class ThreadRunner:
                         f"thread {thread.name} still ran it after {since} and close_timeout_s={self._close_timeout_s}, "
                         f"and was left running (a thread cannot be interrupted). It is in:\n{where}"
                     )
-                    _fail_running(future, WorkerCrashedError(pool.stage.name, 1, cause))
+                    end_in_close(_log, _fail_running, future, WorkerCrashedError(pool.stage.name, 1, cause))
         self._waited = True
 
     def _time_out(self, pool: StageThreads, thread: threading.Thread, future: Future) -> None:

@@ -5,21 +5,26 @@
 `set_exception` or `cancel` to whoever called it. On a runner's own thread that ended the thread:
 a stage thread (its queue then never served, whoever waits for an item waiting for ever), the
 `task_timeout_s` watch (the stuck item and the rest of the queue never failed), or the process
-runner's reader (every later reply never read). The error is logged, naming it, not swallowed.
+runner's reader (every later reply never read). The same error raised as `close()` cancels a
+future cut that close short where no one closes the runner again (the closer thread, the exit
+hooks): it now goes on to the end. The error is logged, naming it, not swallowed.
 The timeouts below only guard against a hang; every assertion is on what futures and logs say."""
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 import pytest
 
 from runners import ProcessRunner, RunnerFailedError, ThreadRunner, WorkerCrashedError
+from zephon import _runner_closer
 from zephon._runner import Stage
 
 GUARD_S = 20  # a hang guard only
@@ -128,3 +133,125 @@ def test_the_process_runner_reader_reads_later_replies_after_a_done_callback_rai
             runner.close()
     assert logged_naming(caplog, "runners.process", error_type), caplog.text
     assert runner._reader is not None and not runner._reader.is_alive()
+
+
+# -- a close no one will call again: on the closer thread, and in the exit hooks ------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error_type", ERRORS)
+def test_a_thread_runner_closed_by_the_closer_thread_cancels_its_whole_queue_and_ends_its_threads_after_a_done_callback_raises(
+        error_type, caplog):
+    gate = threading.Event()
+
+    def fn(x: int) -> int:
+        gate.wait(GUARD_S)
+        return x
+
+    runner = ThreadRunner(close_timeout_s=GUARD_S)
+    with caplog.at_level(logging.ERROR):
+        runner.start([Stage("only", fn, parallelism=1)])
+        runner.submit(0, 0)  # taken first by the stage's one thread, which waits for the gate
+        queued = [runner.submit(0, x) for x in range(1, 6)]
+        queued[0].add_done_callback(raising_callback(error_type))
+        closed = threading.Event()
+        _runner_closer.start()
+        _runner_closer.close_later(runner.close)  # what a dropped loader's finalizer does
+        _, not_ended = wait(queued, timeout=GUARD_S)
+        gate.set()
+        _runner_closer.close_later(closed.set)  # one close at a time: set once runner.close returned
+        assert closed.wait(GUARD_S)
+    assert not not_ended, "every queued future ends, cancelled"
+    assert all(future.cancelled() for future in queued)
+    for thread in runner._pools[0].threads:
+        thread.join(GUARD_S)
+        assert not thread.is_alive()
+    assert error_type.__name__ in caplog.text, "the done-callback's error is logged"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("error_type", ERRORS)
+def test_a_process_runner_closed_by_the_closer_thread_ends_every_held_future_and_removes_its_directory_after_a_done_callback_raises(
+        error_type, tmp_path: Path, caplog):
+    never = tmp_path / "never"  # the items wait for it until close terminates their worker
+    runner = ProcessRunner(close_timeout_s=1)
+    with caplog.at_level(logging.ERROR):
+        runner.start([Stage("only", wait_for_file, parallelism=1)])
+        held = [runner.submit(0, str(never)) for _ in range(6)]
+        held[2].add_done_callback(raising_callback(error_type))
+        directory = runner.shm_directory
+        closed = threading.Event()
+        _runner_closer.start()
+        _runner_closer.close_later(runner.close)
+        _runner_closer.close_later(closed.set)
+        assert closed.wait(GUARD_S)
+        _, not_ended = wait(held, timeout=GUARD_S)
+    assert not not_ended, "every held future ends, cancelled"
+    assert directory is not None and not os.path.exists(directory), "the buffer directory is removed"
+    assert runner.worker_pids() == [], "every worker is stopped and reaped"
+    assert runner._at_exit is None, "the close finished: the exit hook has nothing left to do"
+    assert error_type.__name__ in caplog.text, "the done-callback's error is logged"
+
+
+_TWO_RUNNERS_OPEN_AT_EXIT = """
+import atexit, faulthandler, os, sys, threading
+from concurrent.futures import wait
+from runners import ProcessRunner, ThreadRunner
+from zephon._runner import Stage
+from tests.unit.test_runner_callback_base_exceptions import wait_for_file
+
+faulthandler.dump_traceback_later(90, exit=True)
+kind, never = sys.argv[1], sys.argv[2]
+gate = threading.Event()
+
+def blocks(x):
+    gate.wait(60)
+    return x
+
+def raise_system_exit(future):
+    raise SystemExit("raised by a done-callback")
+
+runners, queued = [], []
+
+def report():  # registered before the runners start: runs after their exit hooks
+    _, not_ended = wait(queued, timeout=0)
+    gate.set()
+    for runner in runners:
+        if kind == "thread":
+            for thread in runner._pools[0].threads:
+                thread.join(30)
+                print("thread-alive" if thread.is_alive() else "thread-ended")
+        else:
+            print("directory-left" if os.path.exists(runner._directory or "") else "directory-removed")
+    print(f"not-ended-{len(not_ended)}")
+    sys.stdout.flush()
+
+atexit.register(report)
+for _ in range(2):
+    if kind == "thread":
+        runner = ThreadRunner(close_timeout_s=0.5)
+        runner.start([Stage("only", blocks, 1)])
+        runner.submit(0, 0)
+    else:
+        runner = ProcessRunner(close_timeout_s=0.5)
+        runner.start([Stage("only", wait_for_file, 1)])
+        runner.submit(0, never)
+    runners.append(runner)
+    futures = [runner.submit(0, never) for _ in range(4)]
+    futures[1].add_done_callback(raise_system_exit)
+    queued.extend(futures)
+"""
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+@pytest.mark.parametrize("kind, closed", [("thread", "thread-ended"), ("process", "directory-removed")])
+def test_runners_open_at_exit_are_all_closed_to_the_end_by_their_exit_hooks_after_a_done_callback_raises(
+        kind, closed, tmp_path: Path):
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_RUNNERS_OPEN_AT_EXIT, kind, str(tmp_path / "never")], capture_output=True,
+        text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path])},
+    )
+    assert done.stdout.split() == [closed, closed, "not-ended-0"], done.stdout + done.stderr
+    assert "SystemExit" in done.stderr, "the done-callback's error is logged"
