@@ -25,6 +25,14 @@ from zephon._runner import Stage
 MIB = 1 << 20
 
 
+def _run_script(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh interpreter that imports this checkout (its exit is what is tested)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
 def mapping_of(array: np.ndarray) -> tuple[str, str | None]:
     """(permissions, file) of the mapping holding the array's data, per /proc/self/maps.
 
@@ -200,10 +208,7 @@ def test_a_received_array_stays_readable_at_interpreter_exit(tmp_path):
     """The unmapping of a buffer file (before 3.13, a `weakref.finalize`) also ran at interpreter
     exit while the array was still alive: an exit hook or a daemon thread that read a batch then
     crashed the process with SIGSEGV."""
-    done = subprocess.run(
-        [sys.executable, "-c", _READ_AT_EXIT, str(tmp_path)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    done = _run_script(_READ_AT_EXIT, str(tmp_path), timeout=60)
     assert (done.returncode, done.stdout.split()) == (0, [str(1 << 20)]), done.stderr
 
 
@@ -562,10 +567,7 @@ def exit_and_list_workers_left(script: str, tmp_path) -> list[int]:
     check that it exited cleanly leaving no buffer directory and no worker, and return the pids."""
     root = tmp_path / "shm"
     root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(root)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    done = _run_script(script, str(root), timeout=60)
     assert done.returncode == 0, done.stderr
     assert list(root.iterdir()) == []  # its buffer directory removed by the exit hook
     assert "Traceback" not in done.stderr
@@ -608,11 +610,7 @@ def test_a_parent_killed_with_sigkill_leaves_no_buffer_directory_once_its_worker
     noticed the closed pipe and exited, the directory stayed. The workers now remove it."""
     root = tmp_path / "shm"
     root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", _TAKE_A_BATCH_THEN_SIGKILL, str(root), str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    done = _run_script(_TAKE_A_BATCH_THEN_SIGKILL, str(root), str(tmp_path / "data"), timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     workers = list(map(int, done.stdout.split()))
     assert len(workers) == 2
@@ -647,10 +645,7 @@ def test_a_plain_forked_child_exiting_normally_leaves_the_parents_workers_alone(
     multiprocessing's exit hook terminates the daemonic ones there: a forked child ending through
     normal interpreter exit sent SIGTERM to the parent's workers (replaced, their items re-run,
     a crash counted against each) and printed an AssertionError from that hook."""
-    done = subprocess.run(
-        [sys.executable, "-c", _FORK_A_CHILD_THAT_EXITS],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    done = _run_script(_FORK_A_CHILD_THAT_EXITS, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "True"], "no worker of the parent was replaced"
     assert "Traceback" not in done.stderr, done.stderr
@@ -1232,11 +1227,7 @@ def test_interpreter_exit_while_the_closer_thread_closes_a_runner_still_removes_
     ended the closer mid-close: the /dev/shm directory stayed behind for good."""
     root = tmp_path / "shm"
     root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT_WHILE_THE_CLOSER_CLOSES, str(root)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    done = _run_script(_EXIT_WHILE_THE_CLOSER_CLOSES, str(root), timeout=120)
     assert done.returncode == 0, done.stderr
     assert list(root.iterdir()) == []
 
@@ -1300,11 +1291,7 @@ def test_the_exit_hook_of_a_runner_the_closer_thread_begins_closing_as_it_looks_
     exit could then cut that close short and leave the /dev/shm directory behind."""
     root = tmp_path / "shm"
     root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT_AS_THE_CLOSER_BEGINS_ITS_CLOSE, str(root)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    done = _run_script(_EXIT_AS_THE_CLOSER_BEGINS_ITS_CLOSE, str(root), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["closed"], done.stdout + done.stderr
     assert list(root.iterdir()) == []
