@@ -142,16 +142,20 @@ def test_the_process_runner_reader_reads_later_replies_after_a_done_callback_rai
 @pytest.mark.parametrize("error_type", ERRORS)
 def test_a_thread_runner_closed_by_the_closer_thread_cancels_its_whole_queue_and_ends_its_threads_after_a_done_callback_raises(
         error_type, caplog):
-    gate = threading.Event()
+    gate, first_taken = threading.Event(), threading.Event()
 
     def fn(x: int) -> int:
+        first_taken.set()
         gate.wait(GUARD_S)
         return x
 
     runner = ThreadRunner(close_timeout_s=GUARD_S)
     with caplog.at_level(logging.ERROR):
         runner.start([Stage("only", fn, parallelism=1)])
-        runner.submit(0, 0)  # taken first by the stage's one thread, which waits for the gate
+        runner.submit(0, 0)
+        # The stage's one thread holds item 0 before the others are queued: a thread still waiting
+        # on the queue as the close drains it takes one of them and runs it, as it should.
+        assert first_taken.wait(GUARD_S)
         queued = [runner.submit(0, x) for x in range(1, 6)]
         queued[0].add_done_callback(raising_callback(error_type))
         closed = threading.Event()
