@@ -7,7 +7,7 @@ import numbers
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 
 from zephon._errors import ConfigurationError, check_finite
@@ -15,7 +15,8 @@ from zephon._runner import Stage
 
 __all__ = [
     "cancel_and_notify", "cancelled_future", "check_close_timeout", "check_owner", "check_startable",
-    "check_task_timeout", "end_in_close", "end_on_runner_thread", "exit_hook", "stage_at", "validate_stages",
+    "check_task_timeout", "end_in_close", "end_on_runner_thread", "exit_hook", "set_unless_ended", "stage_at",
+    "validate_stages",
 ]
 
 # Whether the main thread runs a runner's exit hook now: a plain flag, set and reset by that thread
@@ -121,6 +122,16 @@ def cancel_and_notify(future: Future) -> None:
         raise
     if cancelled:
         future.set_running_or_notify_cancel()
+
+
+def set_unless_ended(setter: Callable[[object], None], value: object) -> None:
+    """`setter(value)` (a running future's `set_result` or `set_exception`), unless the future has
+    ended already: failed past `task_timeout_s` or at close while its item ran, or its item
+    returned just as the runner failed it. `value` is then dropped."""
+    try:
+        setter(value)
+    except InvalidStateError:
+        pass
 
 
 def end_on_runner_thread(log: logging.Logger, end: Callable[..., object], *args: object) -> None:

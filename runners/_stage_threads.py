@@ -18,13 +18,13 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from zephon._runner import Stage
 
-from ._lifecycle import cancel_and_notify, end_in_close, end_on_runner_thread
+from ._lifecycle import cancel_and_notify, end_in_close, end_on_runner_thread, set_unless_ended
 
 __all__ = ["StageThreads", "stuck_in"]
 
@@ -187,12 +187,9 @@ def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
 
 
 def _settle(setter, value) -> None:
-    """Resolve a running future unless it is resolved already (failed past `task_timeout_s`):
-    then `value` is dropped."""
-    try:
-        end_on_runner_thread(_log, setter, value)
-    except InvalidStateError:
-        pass
+    """Resolve a running future unless it is resolved already (`set_unless_ended`), on the stage
+    thread, which goes on past a done-callback raising a BaseException."""
+    end_on_runner_thread(_log, set_unless_ended, setter, value)
 
 
 def _tell_to_exit(queue: SimpleQueue, threads: int) -> None:

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, Self
 
 from zephon._runner import Stage
@@ -27,6 +27,7 @@ from ._lifecycle import (
     end_in_close,
     end_on_runner_thread,
     exit_hook,
+    set_unless_ended,
     stage_at,
     validate_stages,
 )
@@ -211,7 +212,8 @@ class ThreadRunner:
                         f"thread {thread.name} still ran it after {since} and close_timeout_s={self._close_timeout_s}, "
                         f"and was left running (a thread cannot be interrupted). It is in:\n{where}"
                     )
-                    end_in_close(_log, _fail_running, future, WorkerCrashedError(pool.stage.name, 1, cause))
+                    error = WorkerCrashedError(pool.stage.name, 1, cause)
+                    end_in_close(_log, set_unless_ended, future.set_exception, error)
         self._waited = True
 
     def _time_out(self, pool: StageThreads, thread: threading.Thread, future: Future) -> None:
@@ -239,18 +241,11 @@ class ThreadRunner:
 
             for each in self._pools:
                 each.fail(failure)
-        end_on_runner_thread(_log, _fail_running, future, error)  # the watch goes on past its callbacks
+        # The watch goes on past a done-callback raising a BaseException.
+        end_on_runner_thread(_log, set_unless_ended, future.set_exception, error)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _fail_running(future: Future, error: WorkerCrashedError) -> None:
-    """Fail a running item's future, unless it has just returned (or already failed)."""
-    try:
-        future.set_exception(error)
-    except InvalidStateError:
-        pass

@@ -16,8 +16,9 @@ Order of work, chosen so that nothing large is allocated before it is known to b
 
 Thread-safety: every function here is safe to call from many threads at once; nothing global is
 written once this module is imported (importing it adds one warning filter, see
-`_silence_pillows_bomb_warning`; Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies, see `ImageSpec`, and its
-`ImageFile.LOAD_TRUNCATED_IMAGES` switch is read only to be refused, see `_refuse_load_truncated_images`).
+`_silence_pillows_bomb_warning`). Pillow's own `Image.MAX_IMAGE_PIXELS` guard still applies (see
+`ImageSpec`), and its `ImageFile.LOAD_TRUNCATED_IMAGES` switch is read only to be refused (see
+`_refuse_load_truncated_images`).
 """
 
 from __future__ import annotations
@@ -479,9 +480,8 @@ def decode_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC, *, probed: bool = 
     upright image. Raises `ImageDecodeError` with reason corrupt_image, truncated_image or
     decompression_bomb, and `ConfigurationError` while Pillow's `ImageFile.LOAD_TRUNCATED_IMAGES`
     is on (it would decode such images with their missing part grey). The returned array may be
-    read-only. `probed`: these bytes passed
-    `probe_image` (deferred decoding), so the checks it made are not made again (a PNG's pixel
-    chunks' checksums: 7 µs of a race image's ~1.5 ms).
+    read-only. `probed`: these bytes passed `probe_image` (deferred decoding), so the checks it
+    made are not made again (a PNG's pixel chunks' checksums: 7 µs of a race image's ~1.5 ms).
     """
     return np.asarray(_decode(data, spec, resize=True, probed=probed))
 
