@@ -334,15 +334,16 @@ from zephon.work import StaticMixtureWorkSource
 
 data, tokenizer = sys.argv[1], sys.argv[2]
 
-def slow(record):
-    time.sleep(0.02)
+def slow(record):  # slow enough that no item is taken and finished between "exit" and the exit hook
+    time.sleep(0.2)
     os.write(1, b"record\\n")
     return record
 
 source = StaticMixtureWorkSource([Dataset.from_path("kjv", data + "/kjv")], records_per_chunk=1)
 pipeline = (Pipeline(source).options(num_lanes=4, runner="thread").map(slow, parallelism=2)
             .tokenize(tokenizer, field="text").pack_flat(64).batch(2))
-next(iter(pipeline.shard(0, 1)))
+batches = iter(pipeline.shard(0, 1))  # held: the exit hook, not the closer thread, stops its runner
+next(batches)
 os.write(1, b"exit\\n")
 """
 
