@@ -21,9 +21,10 @@ import os
 import threading
 import weakref
 from concurrent.futures import Future, InvalidStateError
+from time import perf_counter
 from typing import Iterator
 
-from . import _runner_closer
+from . import _runner_closer, _wait
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
@@ -119,6 +120,7 @@ class RankLoader:
         self._streams: dict[int, LaneStream] = {}
         self._runner: Runner | None = None
         self._ledger = Ledger()
+        self._waits = _wait.NO_WAITS  # this object's, never saved nor restored (see _wait)
         self._generation = 0
         self._closed = False
         # Guards `_closed` with what a close must find to stop (`_runner` and its finalizer,
@@ -327,13 +329,14 @@ class RankLoader:
                     break
 
     def __iter__(self) -> Iterator[Batch]:
+        called = perf_counter()  # the first next(): its wait takes in starting the runner and the lanes' replay
         self._generation += 1
         generation = self._generation
         try:
             # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks as
             # the iteration does: a close from another thread may land there too.
             self._open_streams()
-            yield from self._microbatches(generation)
+            yield from self._microbatches(generation, called)
         except Exception as exc:
             if not self._closed or isinstance(exc, ConfigurationError):
                 raise
@@ -341,7 +344,9 @@ class RankLoader:
             # work: what reached it was that work cancelled, or the runner already dropped.
             raise ConfigurationError("this loader was closed while it was being iterated") from exc
 
-    def _microbatches(self, generation: int) -> Iterator[Batch]:
+    def _microbatches(self, generation: int, called: float) -> Iterator[Batch]:
+        """The rank's microbatches in order; `called` is when the trainer asked for the first
+        (`perf_counter`), each later ask is when the previous yield resumes."""
         per_step = self.rows_per_step
         while True:
             # Lanes are asked whether they have more only when their turn comes: asking every lane
@@ -356,7 +361,8 @@ class RankLoader:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
                     segment = cursor.segment
-                    yield self._microbatch(lane, step)
+                    yield self._microbatch(lane, step, called)
+                    called = perf_counter()
                     if self._closed:  # its streams and runner are gone
                         raise ConfigurationError("this loader was closed while it was being iterated")
                     if generation != self._generation:
@@ -368,8 +374,9 @@ class RankLoader:
                         # microbatch was handed over (see `_microbatch`; `lane_state` does too).
                         self._ledger.settle(lane, cursor.segment)
 
-    def _microbatch(self, lane: int, step: int) -> Batch:
-        """The lane's next microbatch, counted as handed over only once it is whole.
+    def _microbatch(self, lane: int, step: int, called: float) -> Batch:
+        """The lane's next microbatch, counted as handed over only once it is whole, with the time
+        since the trainer asked for it (`called`) as its wait (see `_wait`).
 
         Every row is taken first: an exception while waiting for one (Ctrl-C, a preemption
         handler, a worker that crashed for good) leaves the cursor and the ledger at the last
@@ -390,6 +397,7 @@ class RankLoader:
             segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
             for got in fetched:
                 segment, skip = self._account(got, segment, skip, counts)
+            waits = _wait.after(self._waits, perf_counter() - called)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
             raise
@@ -398,9 +406,10 @@ class RankLoader:
         # the cursor past some of them but not past the microbatch (a checkpoint taken then
         # replayed the lane past rows the trainer never had), and then the ledger holding the rows
         # counted before it, which were counted again when the microbatch was handed over again.
-        cursor.segment, cursor.skip, cursor.position, self._steps_begun, self._rows_taken, self._ledger.rows[lane] = (
-            segment, skip, cursor.position + m, step + 1, self._rows_taken + m * self.world_size, counts
-        )
+        (
+            cursor.segment, cursor.skip, cursor.position, self._steps_begun, self._rows_taken, self._ledger.rows[lane],
+            self._waits,
+        ) = (segment, skip, cursor.position + m, step + 1, self._rows_taken + m * self.world_size, counts, waits)
         return batch
 
     def _look_past(self, lane: int, end: int) -> None:
@@ -610,8 +619,18 @@ class RankLoader:
         in the prefetch window), so they run ahead of the trainer by what each lane holds: the
         rest of that chunk, the packer's open rows, the shuffle buffer and the rows looked ahead.
         Row counts are taken as rows are handed over. Across a resume the counts carry on
-        exactly: nothing replayed is counted twice."""
-        return self._ledger.snapshot()
+        exactly: nothing replayed is counted twice.
+
+        `"wait"` says whether the trainer waits for data: the microbatches this loader object
+        handed over (`batches`), the seconds the caller's thread spent inside `next()` for them,
+        from the call until the microbatch was counted (`total_s`), the first one's wait, which is
+        the time to first batch (`first_s`: starting the runner, a resume's replay; not planning,
+        which `pipeline.shard` does), the most recent one's (`last_s`) and the longest
+        (`longest_s`); `first_s` and `last_s` are None before any. It is this process's wall-clock, not a recipe count: never
+        in `state_dict()`, left as it is by `load_state_dict()` (a resumed loader starts it at zero,
+        the same loader carries on), and carried on over a second `iter()`. A `next()` that raises
+        or ends the iteration hands over nothing and counts no wait."""
+        return {**self._ledger.snapshot(), "wait": _wait.report(self._waits)}
 
     # -- lifecycle --------------------------------------------------------------------------
     def _close_streams(self) -> None:

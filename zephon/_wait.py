@@ -1,0 +1,35 @@
+"""How long the trainer waited for data: the time its thread spent inside a loader's `next()`.
+
+The first thing to ask when step time or MFU drops is whether the job is waiting on its data.
+These numbers answer it for one loader object in one process: wall-clock, different on every run,
+machine and load, so unlike the ledger's counts they are no part of a recipe's outcome. They are
+never saved in a checkpoint, and neither a resume nor `load_state_dict` restores or resets them: a
+loader resumed in a new process starts from zero, and a loader that loads a state or is iterated
+again carries on, the replay its next batch waits for counted in that batch's wait.
+
+The numbers are one tuple, replaced whole per batch (`after`): the loader stores it in the same
+statement that moves a lane's cursor past the microbatch, so an interrupt counts a wait exactly
+when it counts the microbatch as handed over, and a reader on another thread sees one batch's
+numbers, never half of them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NO_WAITS", "after", "report"]
+
+NO_WAITS = (0, 0.0, None, None, 0.0)
+"""(batches handed over, seconds waited in all, the first batch's wait, the last one's, the longest)."""
+
+
+def after(waits: tuple, waited: float) -> tuple:
+    """`waits` with one more batch handed over after `waited` seconds."""
+    batches, total, first, _, longest = waits
+    return (
+        batches + 1, total + waited, waited if first is None else first, waited, waited if waited > longest else longest
+    )
+
+
+def report(waits: tuple) -> dict:
+    """The wait section of `RankLoader.stats()`; `first_s` and `last_s` are None before any batch."""
+    batches, total, first, last, longest = waits
+    return {"batches": batches, "total_s": total, "first_s": first, "last_s": last, "longest_s": longest}
