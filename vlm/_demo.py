@@ -24,7 +24,7 @@ from typing import Any
 
 from zephon import ConfigurationError, Pipeline
 from zephon._tokenizer import load_tokenizer
-from zephon.cli import check_demo_layout, positive_int, usage_error
+from zephon.cli import check_demo_layout, describe_wait, positive_int, usage_error
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -229,6 +229,7 @@ def run_vlm_demo(args) -> int:
     print(f"\n{args.steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
           f"{real / elapsed:,.0f} usable tokens/s, {images / elapsed:,.1f} images/s, "
           f"padding {100 * (1 - real / total):.2f} %")
+    print(describe_wait(stats["wait"]))
     for name, entry in stats["datasets"].items():
         t = entry["total"]
         print(f"records ({name}): read {t['read']}  emitted {t['emitted']}  filtered {t['filtered']}  "

@@ -66,6 +66,13 @@ def check_demo_layout(
                           f"lane per step, not whole microbatches of {microbatch_size}; {takes}")
 
 
+def describe_wait(wait: dict) -> str:
+    """A demo's line for `stats()["wait"]` once a batch was handed over: how long its loop waited
+    inside the loader's `next()`."""
+    return (f"waited for batches: {wait['total_s']:.2f} s inside next() for {wait['batches']} microbatches "
+            f"(first {wait['first_s']:.2f} s, longest {wait['longest_s']:.3f} s, last {wait['last_s']:.3f} s)")
+
+
 def check_resume_layout(demo: str, args: argparse.Namespace, pipeline) -> None:
     """`check_demo_layout` for a demo that checkpoints on `--from-world-size` ranks and resumes on
     each of `--to-world-sizes`, with `pipeline`'s lanes and microbatch."""

@@ -344,6 +344,16 @@ def test_a_checkpoint_after_an_interrupt_in_the_ragged_end_still_says_which_lane
                 loader.load_state_dict({STATE_KEY: json.dumps(merged)})
 
 
+def test_stats_wait_counts_the_microbatches_behind_each_yield_and_stays_out_of_the_state(pipeline):
+    with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        list(islice(loader, 3))
+        wait = loader.stats()["wait"]
+        state = json.loads(loader.state_dict()[STATE_KEY])
+    assert wait["batches"] == 3 * LOCAL_BATCH // loader.loader.microbatch_size
+    assert wait["total_s"] >= wait["first_s"] > 0
+    assert "wait" not in json.dumps(state)
+
+
 def test_numpy_batch_sizes_give_plain_ints_to_the_trainer(pipeline):
     with ZephonDataLoader(pipeline, np.int64(0), np.int64(1), np.int64(GLOBAL_BATCH),
                           local_batch_size=np.int64(LOCAL_BATCH)) as loader:

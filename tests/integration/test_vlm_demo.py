@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm._demo import IMAGE_COLOURS, PADDING_COLOUR, TEXT_COLOURS, run_vlm_demo
+from vlm._demo import DEMO_MICROBATCH, IMAGE_COLOURS, PADDING_COLOUR, TEXT_COLOURS, run_vlm_demo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def _parser_args(argv):
     return _parser().parse_args(argv)
 
 
-def test_vlm_demo_prints_throughput_and_runner_and_draws_a_packed_batch(tmp_path):
+def test_vlm_demo_prints_throughput_runner_and_time_waited_and_draws_a_packed_batch(tmp_path):
     png = tmp_path / "batch.png"
     done = subprocess.run(
         [sys.executable, "-m", "zephon", "demo", "vlm", "--steps", "4", "--pairs", "96", "--global-batch-size", "16",
@@ -105,6 +105,8 @@ def test_vlm_demo_prints_throughput_and_runner_and_draws_a_packed_batch(tmp_path
     assert re.search(r"runner: (thread|process) \(auto: .+\)", out), "the runner and the reason it was chosen"
     speed = re.search(r"([\d,]+) usable tokens/s, ([\d,.]+) images/s, padding ([\d.]+) %", out)
     assert speed and float(speed[1].replace(",", "")) > 0 and float(speed[2].replace(",", "")) > 0
+    waited = re.search(r"waited for batches: [\d.]+ s inside next\(\) for (\d+) microbatches \(first [\d.]+ s", out)
+    assert waited and int(waited[1]) == 4 * 16 // DEMO_MICROBATCH, "every microbatch of the 4 steps, from stats()"
     ledger = re.search(r"read (\d+)  emitted (\d+)  filtered 0  skipped 0", out)
     assert ledger and int(ledger[1]) == int(ledger[2]) > 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from .. import global_batch_digest
-from ..cli import check_demo_layout
+from ..cli import check_demo_layout, describe_wait
 from ._recipe import demo_pipeline
 
 
@@ -36,6 +36,7 @@ def run_text_demo(steps: int, runner: str, parallelism: int, global_batch_size: 
         stats = loader.stats()
     print(f"\n{steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
           f"{real / elapsed:,.0f} usable tokens/s, padding {100 * (1 - real / total):.2f} %")
+    print(describe_wait(stats["wait"]))
     print("records by dataset:")
     for name, entry in stats["datasets"].items():
         t = entry["total"]

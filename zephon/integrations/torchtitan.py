@@ -370,6 +370,11 @@ class ZephonDataLoader(_Base):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict:
+        """The rank loader's `stats()`. Its `"wait"` counts microbatches, `local_batch_size /
+        microbatch_size` of them per batch this loader yields, and the time spent taking them;
+        stacking them into tensors is not in it. A yield interrupted while its microbatches are
+        taken hands them back (`_take_up`) with their waits still counted, as they were taken,
+        and counts them again when they are taken again."""
         return self._loader.stats()
 
     def close(self) -> None:
