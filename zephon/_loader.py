@@ -626,10 +626,11 @@ class RankLoader:
         from the call until the microbatch was counted (`total_s`), the first one's wait, which is
         the time to first batch (`first_s`: starting the runner, a resume's replay; not planning,
         which `pipeline.shard` does), the most recent one's (`last_s`) and the longest
-        (`longest_s`); `first_s` and `last_s` are None before any. It is this process's wall-clock, not a recipe count: never
-        in `state_dict()`, left as it is by `load_state_dict()` (a resumed loader starts it at zero,
-        the same loader carries on), and carried on over a second `iter()`. A `next()` that raises
-        or ends the iteration hands over nothing and counts no wait."""
+        (`longest_s`); `first_s` and `last_s` are None before any. It is this process's
+        wall-clock, not a recipe count: never in `state_dict()`, left as it is by
+        `load_state_dict()` (a resumed loader starts it at zero, the same loader carries on), and
+        carried on over a second `iter()`. A `next()` that raises or ends the iteration hands over
+        nothing and counts no wait."""
         return {**self._ledger.snapshot(), "wait": _wait.report(self._waits)}
 
     # -- lifecycle --------------------------------------------------------------------------
