@@ -372,9 +372,9 @@ class ZephonDataLoader(_Base):
     def stats(self) -> dict:
         """The rank loader's `stats()`. Its `"wait"` counts microbatches, `local_batch_size /
         microbatch_size` of them per batch this loader yields, and the time spent taking them;
-        stacking them into tensors is not in it. A yield interrupted while its microbatches are
-        taken hands them back (`_take_up`) with their waits still counted, as they were taken,
-        and counts them again when they are taken again."""
+        stacking them into tensors is not in it. Microbatches that an interrupted yield hands back
+        (see `__iter__`) keep the waits they were counted with, and count new ones when they are
+        taken again."""
         return self._loader.stats()
 
     def close(self) -> None:
