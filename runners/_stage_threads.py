@@ -22,13 +22,14 @@ from concurrent.futures import Future
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from zephon._job_log import RankLog
 from zephon._runner import Stage
 
 from ._lifecycle import cancel_and_notify, end_in_close, end_on_runner_thread, set_unless_ended
 
 __all__ = ["StageThreads", "stuck_in"]
 
-_log = logging.getLogger("runners.thread")  # the runner's: a user configures one logger for it
+_log = RankLog(logging.getLogger("runners.thread"))  # the runner's: a user configures one logger for it
 
 _STOP = None  # what tells a thread to exit once it takes it from the queue
 

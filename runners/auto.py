@@ -46,9 +46,12 @@ def choose_runner(gil: bool, daemonic: bool = False) -> tuple[str, str]:
 
 
 def auto_runner() -> ThreadRunner | ProcessRunner:
-    """A ThreadRunner or ProcessRunner with default options for this interpreter; the choice is logged.
+    """A ThreadRunner or ProcessRunner with default options for this interpreter; its `reason` says why.
 
-    Only the chosen runner's module is imported (the process runner's brings `multiprocessing`)."""
+    The choice is logged at DEBUG only: a loader starting it says which runner and why at INFO, on
+    the job's rank 0 (every rank of a job chooses alike), and this line, at INFO, doubled that on
+    every rank. Only the chosen runner's module is imported (the process runner's brings
+    `multiprocessing`)."""
     name, reason = choose_runner(gil_enabled(), _in_daemonic_process())
     if name == "thread":
         from .thread import ThreadRunner
@@ -59,5 +62,5 @@ def auto_runner() -> ThreadRunner | ProcessRunner:
 
         runner = ProcessRunner()
     runner.reason = reason
-    _log.info("zephon runner: %s", reason)
+    _log.debug("zephon runner: %s", reason)
     return runner

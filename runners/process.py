@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Self
 
 from zephon._errors import ConfigurationError, check_count
+from zephon._job_log import RankLog
 from zephon._runner import Stage
 
 from ._arena import Arena
@@ -59,7 +60,7 @@ from ._worker import STOP, serve
 
 __all__ = ["ProcessRunner", "TransportStats"]
 
-_log = logging.getLogger(__name__)
+_log = RankLog(logging.getLogger(__name__))  # its lines are this rank's own events
 
 # (future, ok, value): a resolution decided under the lock and applied after releasing it (a
 # future its caller cancelled ends cancelled, whatever the rest says).

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Self
 
+from zephon._job_log import RankLog
 from zephon._runner import Stage
 
 from ._errors import RunnerFailedError, WorkerCrashedError
@@ -36,7 +37,7 @@ from ._task_timeout import TaskTimeoutWatch
 
 __all__ = ["ThreadRunner"]
 
-_log = logging.getLogger(__name__)
+_log = RankLog(logging.getLogger(__name__))  # its lines are this rank's own events
 # The runners the exit hook stops, as weak references (a runner dropped unclosed still frees itself
 # as garbage, and its reference's callback removes it). The hook reads a copy made in one C call:
 # it iterated a WeakSet in Python (to 3.13), which a runner closed on another thread meanwhile (the

@@ -28,6 +28,7 @@ from . import _runner_closer, _wait
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
+from ._job_log import RankLog, config_level
 from ._ledger import Ledger
 from ._lane import LaneStream
 from ._packing import assemble_row
@@ -39,6 +40,7 @@ from .work import lane_plan
 __all__ = ["RankLoader"]
 
 log = logging.getLogger("zephon")
+events = RankLog(log)
 
 RECIPE_VERSION = 9
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
@@ -265,7 +267,10 @@ class RankLoader:
                 runner.close()
                 raise ConfigurationError("this loader was closed while its runner started")
             info = describe_runner(runner)
-            log.info("zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, info["name"], info["reason"])
+            log.log(  # the runner follows the interpreter, the same on every rank: said once per job
+                config_level(logging.INFO, self.rank),
+                "zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, info["name"], info["reason"],
+            )
         return self._runner
 
     def _submit(self, chunk: Chunk) -> Future:
@@ -802,7 +807,7 @@ def _apply_row_work(work, row, done: Future, future: Future) -> None:
                 + ", ".join(map(str, getattr(row, "sources", ())))
             )
         except Exception:  # noqa: BLE001 - the row's own error matters more than the note
-            log.exception("could not note which row %r failed", error)
+            events.exception("could not note which row %r failed", error)
         _settle(done.set_exception, error)
         return
     try:
@@ -876,7 +881,7 @@ class _Chain:
         try:
             error.add_note(self.describe(self.item))
         except Exception:  # noqa: BLE001 - the item's own error matters more than the note
-            log.exception("could not note which item %r failed", error)
+            events.exception("could not note which item %r failed", error)
         _settle(self.done.set_exception, error)
 
 

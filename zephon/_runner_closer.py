@@ -25,9 +25,11 @@ import threading
 from collections.abc import Callable
 from queue import SimpleQueue
 
+from ._job_log import RankLog
+
 __all__ = ["THREAD_NAME", "close_later", "start"]
 
-log = logging.getLogger("zephon")
+log = RankLog(logging.getLogger("zephon"))
 
 THREAD_NAME = "zephon-runner-closer"
 

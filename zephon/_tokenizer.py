@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ._errors import ConfigurationError
+from ._job_log import config_level
 from ._sha256 import sha256
 
 __all__ = ["SPLIT_SPECIAL_TOKENS", "TokenizerHandle", "load_tokenizer", "leave_cores_to_workers"]
@@ -144,7 +145,10 @@ def _encode_whole_documents(tokenizer, tokenizer_id: str) -> None:
     each chunk with pad ids, read as text by the packer, without a word: documents are to be
     tokenized whole, and rows are cut and padded by the packer alone."""
     if tokenizer.truncation is not None or tokenizer.padding is not None:
-        log.info("tokenizer %r: its own truncation and padding are turned off; the packer cuts and pads rows", tokenizer_id)
+        log.log(  # every rank loads the same file: said once per job
+            config_level(logging.INFO),
+            "tokenizer %r: its own truncation and padding are turned off; the packer cuts and pads rows", tokenizer_id,
+        )
         tokenizer.no_truncation()
         tokenizer.no_padding()
 
@@ -191,17 +195,20 @@ def leave_cores_to_workers(parallelism: int) -> None:
     loader may tokenize at any moment, on any thread: its token estimate encodes at once, its
     workers later. So the variable is decided once per process, by the first tokenize operator
     built, before any of its encoding; later ones never write the environment, and one that would
-    have turned the pool off says so once.
+    have turned the pool off says so once. Every rank decides alike, so both lines are said at INFO
+    by the job's rank 0 alone (`config_level`).
     """
     with _pool_decision.lock:
         if _pool_decision.parallelism is None:
             _pool_decision.parallelism = parallelism
             if parallelism > 1 and _PARALLELISM_VARIABLE not in os.environ:
                 os.environ[_PARALLELISM_VARIABLE] = "false"
-                log.info("tokenize runs on %d workers: %s=false (set it yourself to choose)", parallelism, _PARALLELISM_VARIABLE)
+                log.log(config_level(logging.INFO), "tokenize runs on %d workers: %s=false (set it yourself to choose)",
+                        parallelism, _PARALLELISM_VARIABLE)
         elif parallelism > 1 and _PARALLELISM_VARIABLE not in os.environ and not _pool_decision.told:
             _pool_decision.told = True
-            log.info(
+            log.log(
+                config_level(logging.INFO),
                 "tokenize runs on %d workers with tokenizers' own pool on: %s was left unset by the first "
                 "tokenize operator of this process (parallelism %d), and cannot change while tokenizers "
                 "may run; set it to false before starting to give the workers the cores",

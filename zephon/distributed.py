@@ -12,7 +12,7 @@ import sys
 from ._checkpoint import STATE_FORMAT, merge_states
 from ._errors import ConfigurationError
 
-__all__ = ["rank_and_world_size", "gather_state"]
+__all__ = ["rank_and_world_size", "job_rank", "gather_state"]
 
 
 def _dist():
@@ -73,6 +73,21 @@ def _launcher_world_size() -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 1
+
+
+def job_rank() -> int | None:
+    """This process's rank in the whole job: the initialised process group's, else the `RANK` a
+    launcher (torchrun) set, else None. Unlike a loader's data-parallel rank, it tells every
+    process of the job apart (the tensor- and pipeline-parallel ranks of one data-parallel rank
+    too), so it is what a log line names and what picks the one process that speaks for the job
+    (`zephon._job_log`)."""
+    dist = _dist()
+    if dist is not None:
+        return dist.get_rank()
+    try:
+        return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None
 
 
 def group_size(group=None) -> int | None:

@@ -17,6 +17,7 @@ import ast
 import importlib.util
 import inspect
 import json
+import logging
 import re
 from itertools import islice
 from pathlib import Path
@@ -170,6 +171,25 @@ def test_config_build_refuses_a_torchtitan_dataset_it_would_not_read(pipeline, f
     (name, value), = field.items()
     with pytest.raises(ConfigurationError, match=f"dataloader.{name}={value!r} is not read by ZephonDataLoader"):
         config.build(dp_world_size=2, dp_rank=0, tokenizer=None, local_batch_size=LOCAL_BATCH, seq_len=64)
+
+
+def test_a_loader_built_on_rank_3_of_8_does_not_repeat_rank_0s_configuration_warnings(pipeline, monkeypatch, caplog):
+    """Unknown build arguments and an unset global_batch_size are the job's configuration, the same
+    on every rank: each of a thousand ranks warned, a thousand identical lines. Rank 0 warns once;
+    the others say it at DEBUG only."""
+    monkeypatch.delenv("RANK", raising=False)  # no launcher: the data-parallel rank decides
+    config = ZephonDataLoader.Config(recipe=pipeline)
+    warned = {}
+    for dp_rank in (0, 3):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="zephon.integrations.torchtitan"):
+            config.build(dp_world_size=8, dp_rank=dp_rank, local_batch_size=LOCAL_BATCH, seq_len=64,
+                         job_config=None).close()
+        warned[dp_rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned[0]) == 2, warned[0]
+    assert "ignores unknown build arguments ['job_config']" in warned[0][0]
+    assert "global_batch_size is not set" in warned[0][1]
+    assert warned[3] == []
 
 
 def test_yields_input_positions_and_next_token_labels(pipeline):

@@ -6,6 +6,8 @@ that disagrees with the group, which on a real job would leave lanes unread or u
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from zephon import ConfigurationError
@@ -153,3 +155,26 @@ def test_without_a_process_group_gathering_returns_the_ranks_own_lanes_and_a_res
     with pipeline.shard(0, 1, global_batch_size=16) as loader:
         with pytest.raises(CheckpointError, match=r"does not cover lanes \[4, 5, 6, 7\]"):
             loader.load_state_dict(state)
+
+
+def test_a_torchtitan_loader_on_another_rank_of_the_first_replica_leaves_configuration_warnings_to_rank_0(
+    one_process_group, pipeline, monkeypatch, caplog
+):
+    """With tensor or pipeline parallelism, every rank of the first data-parallel replica has
+    dp_rank 0: those ranks repeated rank 0's configuration warnings. The process group's own rank
+    picks the one process that says them (here the group's rank stands in for a job's 0 and 5)."""
+    import torch.distributed as dist
+
+    from zephon.integrations.torchtitan import ZephonDataLoader
+
+    config = ZephonDataLoader.Config(recipe=pipeline)  # no global_batch_size: a warning
+    monkeypatch.setenv("RANK", "0")  # a launcher's RANK is read only without a process group
+    warned = {}
+    for rank in (0, 5):
+        monkeypatch.setattr(dist, "get_rank", lambda group=None, rank=rank: rank)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="zephon.integrations.torchtitan"):
+            config.build(dp_world_size=1, dp_rank=0, local_batch_size=16, seq_len=None).close()
+        warned[rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned[0]) == 1 and "global_batch_size is not set" in warned[0][0]
+    assert warned[5] == []

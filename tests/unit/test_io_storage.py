@@ -331,6 +331,18 @@ def test_retried_reads_are_logged_at_the_first_second_fourth_and_eighth_not_one_
     assert [int(m.split("retried read ")[1].split()[0]) for m in logged] == [1, 2, 4, 8], logged
 
 
+def test_a_retried_read_on_one_rank_of_a_job_is_logged_naming_that_rank(flaky, caplog, monkeypatch):
+    """Each rank reads its own lanes' shards: a flaky store seen by one rank of a thousand must say which."""
+    monkeypatch.setattr(_retry, "_retry_log", _retry._RetryLog())
+    monkeypatch.setenv("RANK", "517")
+    ds = Dataset.from_path("d", "flaky://bucket", retries=2, retry_delay=0.001)
+    flaky.failures = 1
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        ds.read_chunk(ds.chunks(5)[0])
+    [logged] = [r.getMessage() for r in caplog.records if r.name.startswith("zephon")]
+    assert logged.startswith("rank 517: reading flaky://bucket"), logged
+
+
 def test_planning_is_retried_too(flaky):
     flaky.failures = 1
     assert Dataset.from_path("d", "flaky://bucket/a.jsonl", retry_delay=0.001).num_records == 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sys
 
@@ -209,6 +210,23 @@ def test_a_runner_instance_in_the_options_serves_one_loader_and_a_second_loader_
     with pipeline.shard(0, 1, global_batch_size=16) as loader:
         with pytest.raises(RuntimeError, match="a runner instance serves one loader; for runner options every loader"):
             next(iter(loader))
+
+
+def test_the_runner_choice_is_said_at_info_by_rank_0_alone_naming_the_runner_and_why(
+    spec_pipeline, monkeypatch, caplog
+):
+    """The runner `auto` picks follows the interpreter, the same on every rank: every rank said it
+    at INFO, twice (the auto runner's line and the loader's), 2,000 lines for 1,000 GPUs."""
+    monkeypatch.delenv("RANK", raising=False)
+    pipeline = spec_pipeline.options(runner="auto", num_lanes=8)
+    said = {}
+    for rank in (0, 3):
+        caplog.clear()
+        with caplog.at_level(logging.INFO), pipeline.shard(rank, 8, global_batch_size=64) as loader:
+            info = loader.runner_info
+        said[rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "runner" in r.getMessage()]
+    assert said[0] == [f"zephon rank 0/8: runner {info['name']} ({info['reason']})"]
+    assert said[3] == []
 
 
 @pytest.mark.parametrize("factory", [ThreadRunner, functools.partial(ThreadRunner), lambda: ThreadRunner()],

@@ -21,16 +21,16 @@ def test_auto_chooses_threads_when_the_gil_is_disabled():
     assert choose_runner(gil=False) == ("thread", "auto: GIL disabled (sys._is_gil_enabled() is False) → thread")
 
 
-def test_auto_runner_follows_this_interpreter_and_logs_its_choice(caplog):
+def test_auto_runner_follows_this_interpreter_and_logs_its_choice_at_debug(caplog):
     expected_gil = sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
     assert gil_enabled() is expected_gil
-    with caplog.at_level(logging.INFO, logger="runners.auto"):
+    with caplog.at_level(logging.DEBUG, logger="runners.auto"):
         runner = auto_runner()
     try:
         assert isinstance(runner, ProcessRunner if expected_gil else ThreadRunner)
         assert runner.name == ("process" if expected_gil else "thread")
         assert runner.reason == choose_runner(expected_gil)[1]
-        assert runner.reason in caplog.text
+        assert [r.levelname for r in caplog.records if runner.reason in r.getMessage()] == ["DEBUG"]
     finally:
         runner.close()
 

@@ -411,6 +411,22 @@ def test_an_item_that_always_kills_its_worker_fails_after_max_retries(tmp_path):
     assert attempts.read_text().count("attempt") == 3
 
 
+def test_a_worker_crash_on_one_rank_of_a_job_is_logged_naming_that_rank(tmp_path, monkeypatch, caplog):
+    """A crash is that process's own event, kept on every rank; but "worker exited with code 3"
+    from one of a thousand ranks did not say which one, nor so which node to look at."""
+    monkeypatch.setenv("RANK", "517")
+
+    def crash(x: int) -> int:
+        os._exit(3)
+
+    with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner(max_retries=1) as runner:
+        runner.start([Stage("fragile", crash, 1)])
+        assert isinstance(runner.submit(0, 0).exception(10), WorkerCrashedError)
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2, logged
+    assert all(m.startswith("rank 517: stage 'fragile': worker (pid") and "exited with code 3" in m for m in logged), logged
+
+
 def wait_until(condition, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -285,6 +285,42 @@ def test_a_tokenizer_json_that_truncates_or_pads_tokenizes_whole_documents_witho
     assert ids(tmp_path / "tokenizer.json") == plain
 
 
+def test_a_tokenizers_own_truncation_turned_off_is_said_at_info_by_the_jobs_rank_0_alone(
+    tmp_path, demo_tokenizer_path, monkeypatch, caplog
+):
+    """Every rank loads the same tokenizer.json: each of a thousand said it turned the file's
+    truncation off. torchrun's RANK tells the ranks apart before any process group exists."""
+    tokenizer = Tokenizer.from_file(str(demo_tokenizer_path))
+    tokenizer.enable_truncation(8)
+    said = {}
+    for rank in ("3", "0"):
+        monkeypatch.setenv("RANK", rank)
+        path = tmp_path / rank / "tokenizer.json"
+        path.parent.mkdir()
+        tokenizer.save(str(path))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="zephon"):
+            load_tokenizer(str(path))
+        said[rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert said["3"] == []
+    assert len(said["0"]) == 1 and "truncation and padding are turned off" in said["0"][0]
+
+
+def test_turning_tokenizers_own_pool_off_is_said_at_info_by_the_jobs_rank_0_alone(undecided_pool, monkeypatch, caplog):
+    said = {}
+    for rank in ("3", "0"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setattr(_tokenizer, "_pool_decision", _tokenizer._PoolDecision())
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="zephon"):
+            leave_cores_to_workers(2)
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+        said[rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert said["3"] == []
+    assert said["0"] == ["tokenize runs on 2 workers: TOKENIZERS_PARALLELISM=false (set it yourself to choose)"]
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_a_pickled_tokenize_operator_encodes_special_token_strings_as_the_original_does(demo_tokenizer_path, split):
     """`tokenizers` leaves the split-special-tokens switch out of a Tokenizer's pickle: a pipeline

@@ -39,6 +39,7 @@ import numpy as np
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT
 from .._errors import CheckpointError, ConfigurationError, check_count
+from .._job_log import config_level
 from .._loader import check_layout
 from .._packing import PackFlatOp
 from .._pipeline import Pipeline
@@ -435,8 +436,10 @@ def build_zephon_dataloader(
                 f"dataloader.{name}={value!r} is not read by ZephonDataLoader: the data is the recipe's "
                 "datasets (DataRecipe.datasets); leave it unset"
             )
+    # Both warnings below are about the job's configuration, the same on every rank: said once.
+    level = config_level(logging.WARNING, dp_rank)
     if other:
-        log.warning("ZephonDataLoader ignores unknown build arguments %s", sorted(other))
+        log.log(level, "ZephonDataLoader ignores unknown build arguments %s", sorted(other))
     # A ready Pipeline (which ZephonDataLoader takes too) has its row length in its packer.
     packers = recipe.packers() if isinstance(recipe, Pipeline) else []
     max_length = recipe.max_length if isinstance(recipe, DataRecipe) else packers[0].max_length if packers else None
@@ -447,7 +450,8 @@ def build_zephon_dataloader(
     global_batch_size = config.global_batch_size
     if global_batch_size is None or global_batch_size < 0:
         global_batch_size = local_batch_size * dp_world_size
-        log.warning(
+        log.log(
+            level,
             "dataloader.global_batch_size is not set: using local_batch_size × dp_world_size = %d. A resume on "
             "another data-parallel size will be refused (the global batch size is part of the recipe); set it "
             "to training.global_batch_size to make the run elastic", global_batch_size,

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .._errors import ConfigurationError, check_finite
+from .._job_log import RankLog
 from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 
 __all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy"]
 
-log = logging.getLogger("zephon")
+log = RankLog(logging.getLogger("zephon"))
 
 
 class _RetryLog:
