@@ -134,7 +134,9 @@ def set_unless_ended(setter: Callable[[object], None], value: object) -> None:
         pass
 
 
-def end_on_runner_thread(log: logging.Logger | logging.LoggerAdapter, end: Callable[..., object], *args: object) -> None:
+def end_on_runner_thread(
+    log: logging.Logger | logging.LoggerAdapter, end: Callable[..., object], *args: object
+) -> None:
     """`end(*args)`, a call that ends a future and so runs its done-callbacks (`set_result`,
     `set_exception`, `cancel_and_notify`), made on a thread the runner owns, which must go on.
 
@@ -156,7 +158,9 @@ def end_on_runner_thread(log: logging.Logger | logging.LoggerAdapter, end: Calla
         )
 
 
-def end_in_close(log: logging.Logger | logging.LoggerAdapter, end: Callable[..., object], *args: object) -> None:
+def end_in_close(
+    log: logging.Logger | logging.LoggerAdapter, end: Callable[..., object], *args: object
+) -> None:
     """`end(*args)`, a call that ends a future from `close()` (cancelling queued or held work,
     failing an item left running), where a done-callback may raise a BaseException.
 

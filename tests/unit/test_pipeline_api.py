@@ -224,7 +224,7 @@ def test_the_runner_choice_is_said_at_info_by_rank_0_alone_naming_the_runner_and
         caplog.clear()
         with caplog.at_level(logging.INFO), pipeline.shard(rank, 8, global_batch_size=64) as loader:
             info = loader.runner_info
-        said[rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "runner" in r.getMessage()]
+        said[rank] = [m for r in caplog.records if r.levelno >= logging.INFO and "runner" in (m := r.getMessage())]
     assert said[0] == [f"zephon rank 0/8: runner {info['name']} ({info['reason']})"]
     assert said[3] == []
 

@@ -424,7 +424,8 @@ def test_a_worker_crash_on_one_rank_of_a_job_is_logged_naming_that_rank(tmp_path
         assert isinstance(runner.submit(0, 0).exception(10), WorkerCrashedError)
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 2, logged
-    assert all(m.startswith("rank 517: stage 'fragile': worker (pid") and "exited with code 3" in m for m in logged), logged
+    for message in logged:
+        assert message.startswith("rank 517: stage 'fragile': worker (pid") and "exited with code 3" in message, logged
 
 
 def wait_until(condition, timeout: float = 10.0) -> None:
