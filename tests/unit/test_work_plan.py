@@ -143,3 +143,32 @@ def test_runs_of_empty_slots_shorter_than_the_limit_or_in_a_finite_plan_are_read
     assert starts[:3] == [99, 199, 299] and len(starts) > 100
     finite = list(lane_plan(_SparsePlan(lambda s: s == 1_000, total=1_001), 0, flush_every=4))
     assert [item.start for item in finite if isinstance(item, Chunk)] == [1_000]
+
+
+def test_a_lane_read_in_order_finds_each_slots_round_without_searching_from_round_zero(monkeypatch):
+    """With many lanes a round holds a chunk or two (`round_size // num_lanes`: 1,024 lanes of
+    the default 1,024 give one), so a lane read in order enters a new round at nearly every slot.
+    Each new round was found by a binary search from round 0, which asks where about 2·log2(r)
+    rounds start, each a search over every dataset: deep into a run (10 datasets, 256 lanes)
+    the loader spent ~3 ms a chunk there. The round after the last one looked up is tried
+    first, which takes one more round start per round entered."""
+    from zephon.work._plan import TokenInterleave
+
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))],
+        seed=3, records_per_chunk=16, round_size=2,
+    )
+    slots = range(10**6, 10**6 + 200)
+    looked_up_backwards = source.bind(None, num_lanes=2)
+    expected = [looked_up_backwards.slot(1, s) for s in reversed(slots)][::-1]
+    plan = source.bind(None, num_lanes=2)
+    calls = {"n": 0}
+    original = TokenInterleave._round_start
+
+    def counted(self, round_index):
+        calls["n"] += 1
+        return original(self, round_index)
+
+    monkeypatch.setattr(TokenInterleave, "_round_start", counted)
+    assert [plan.slot(1, s) for s in slots] == expected
+    assert calls["n"] <= 2 * len(slots) + 64
