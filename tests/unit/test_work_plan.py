@@ -172,3 +172,25 @@ def test_a_lane_read_in_order_finds_each_slots_round_without_searching_from_roun
     monkeypatch.setattr(TokenInterleave, "_round_start", counted)
     assert [plan.slot(1, s) for s in slots] == expected
     assert calls["n"] <= 2 * len(slots) + 64
+
+
+def test_the_demo_recipes_plan_deals_and_orders_the_chunks_it_did_at_recipe_version_9():
+    """What every lane reads, slot by slot, for a token-weighted two-dataset recipe on 8 lanes,
+    against the SHA-256 of the same slots listed at recipe version 9: how the plan holds its chunks
+    (a table of arrays since, where every rank built an object per chunk of the corpus) must not
+    change which chunk a slot reads."""
+    from zephon._sha256 import sha256
+    from zephon.work import TokenEstimation
+
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))],
+        mixture={"kjv": 0.7, "jargon": 0.3},
+        token_estimation=TokenEstimation(sample_records=64),
+        seed=11,
+        records_per_chunk=8,
+        round_size=64,
+    )
+    plan = source.bind(lambda batch: sum(len(r["text"]) // 4 for r in batch.records), num_lanes=8)
+    slots = [[plan.slot(lane, s) for s in range(0, 3000, 7)] for lane in range(8)]
+    listed = repr([[(c.dataset, c.shard, c.start, c.stop) for c in lane] for lane in slots]).encode()
+    assert sha256(listed).hexdigest() == "797e1a5227317666a63e26bbc1b069ecef94ca018ef6eb1d8ddf23a7b670e5b9"

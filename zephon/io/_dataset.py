@@ -242,6 +242,16 @@ class Dataset:
         info = self.shards[chunk.shard]
         return info.raw_bytes * chunk.num_records // max(1, info.num_records)
 
+    def raw_bytes_of(self, shard: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """`raw_bytes` of the chunks [starts[i], stops[i]) of one shard, all at once: a plan of
+        millions of chunks makes no Chunk object to ask for each (see `zephon.work._chunk_table`)."""
+        offsets = self._access[shard].record_offsets
+        if offsets is not None:
+            return offsets[stops] - offsets[starts]
+        info = self.shards[shard]
+        prorated = [info.raw_bytes * n // max(1, info.num_records) for n in (stops - starts).tolist()]
+        return np.array(prorated, dtype=np.int64)
+
     def check_plannable(self) -> None:
         """Raise ConfigurationError if this is an unpickled copy that lost the per-record offsets
         a plan by raw bytes (token estimation) reads: its `raw_bytes` would prorate shard bytes

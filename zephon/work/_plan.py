@@ -23,6 +23,7 @@ import numpy as np
 from .._errors import ConfigurationError, check_count, check_seed, is_finite_number
 from .._random import SeededStream
 from .._records import Chunk
+from ._chunk_table import ChunkTable
 from ._estimation import TokenCounter, TokenEstimation, TokenStats
 
 if TYPE_CHECKING:
@@ -352,10 +353,10 @@ class MixturePlan:
         self.datasets = {ds.name: ds for ds in source.datasets}
         live_names = set(source.live_names())
         live = [ds for ds in source.datasets if ds.name in live_names]
-        dealt: dict[str, list[list[Chunk]]] = {}
+        dealt: dict[str, list[ChunkTable]] = {}
         weights: dict[str, list[np.ndarray]] = {}
         for ds in live:
-            chunks = ds.chunks(source.records_per_chunk)
+            chunks = ChunkTable.of(ds, source.records_per_chunk)
             if ds.num_records == 0:
                 raise ConfigurationError(f"dataset {ds.name!r} has no records to mix: give it weight 0 or leave it out")
             if ds.num_records < num_lanes:  # no records_per_chunk helps
@@ -371,7 +372,7 @@ class MixturePlan:
             tokens = self._expected_tokens(ds, chunks)
             order = _seeded_permutation(f"{source.seed}/deal/{ds.name}", len(chunks))
             lanes = _deal_by_tokens(order, tokens, num_lanes)
-            dealt[ds.name] = [[chunks[i] for i in lane] for lane in lanes]
+            dealt[ds.name] = [chunks.take(lane) for lane in lanes]
             weights[ds.name] = [tokens[lane] for lane in lanes]
         self._lanes = [
             TokenInterleave(
@@ -385,7 +386,7 @@ class MixturePlan:
             for lane in range(num_lanes)
         ]
 
-    def _expected_tokens(self, dataset: Dataset, chunks: list[Chunk]) -> np.ndarray:
+    def _expected_tokens(self, dataset: Dataset, chunks: ChunkTable) -> np.ndarray:
         """Tokens per raw byte × raw bytes when estimated, else records (a record mixture).
 
         A measured dataset whose sample yields no token is refused: weighting it by records while
@@ -393,10 +394,10 @@ class MixturePlan:
         weight gives a dataset without tokens a token share."""
         stats = self.stats.get(dataset.name)
         if stats is None:
-            weights = np.array([c.num_records for c in chunks], dtype=np.float64)
+            weights = chunks.num_records().astype(np.float64)
         elif stats.tokens_per_byte > 0:
             dataset.check_plannable()
-            weights = np.array([dataset.raw_bytes(c) for c in chunks], dtype=np.float64) * stats.tokens_per_byte
+            weights = chunks.raw_bytes(dataset).astype(np.float64) * stats.tokens_per_byte
         else:
             whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
             found = "no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"

@@ -1,0 +1,55 @@
+"""A plan holds a dataset's chunks as a table and makes a Chunk only when a slot is read.
+
+Every rank binds the whole plan; with one Chunk object per chunk of the corpus, a corpus of 16
+million chunks cost each rank ~2.6 GiB and minutes of binding. The table must be the dataset's
+chunks exactly, with the same raw bytes, or the lanes would read other chunks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon._records import Chunk
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+from zephon.work._chunk_table import ChunkTable
+
+DATA = Path(__file__).resolve().parents[2] / "zephon" / "data"
+
+
+def _parquet_dataset(tmp_path: Path) -> Dataset:
+    """Shards of 0, 5 and 130 rows: an empty shard, one shorter than a chunk, one with a tail."""
+    for i, rows in enumerate([0, 5, 130]):
+        pq.write_table(pa.table({"text": [f"row {i}.{r} " * (r % 7 + 1) for r in range(rows)]}), tmp_path / f"p{i}.parquet")
+    return Dataset.from_path("p", str(tmp_path))
+
+
+@pytest.mark.parametrize("records_per_chunk", [1, 16, 1000])
+def test_a_chunk_table_is_the_datasets_chunks_with_their_raw_bytes(tmp_path, records_per_chunk):
+    for dataset in (Dataset.from_path("kjv", str(DATA / "kjv")), _parquet_dataset(tmp_path)):
+        table = ChunkTable.of(dataset, records_per_chunk)
+        chunks = dataset.chunks(records_per_chunk)
+        assert list(table) == chunks
+        assert table.raw_bytes(dataset).tolist() == [dataset.raw_bytes(c) for c in chunks]
+        assert table.num_records().tolist() == [c.num_records for c in chunks]
+
+
+def test_binding_a_plan_makes_no_chunk_object_per_chunk_of_the_corpus(monkeypatch):
+    kjv = Dataset.from_path("kjv", str(DATA / "kjv"))
+    source = StaticMixtureWorkSource([kjv], seed=3, records_per_chunk=1)
+    assert len(kjv.chunks(1)) > 1000
+    created = {"n": 0}
+    original = Chunk.__init__
+
+    def counted(self, *args, **kwargs):
+        created["n"] += 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Chunk, "__init__", counted)
+    plan = source.bind(None, num_lanes=8)
+    assert created["n"] == 0
+    assert isinstance(plan.slot(3, 10**5), Chunk)
