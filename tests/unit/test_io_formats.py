@@ -849,3 +849,18 @@ def test_a_line_spanning_many_blocks_is_not_copied_once_per_block(tmp_path, monk
         tracemalloc.stop()
     assert records == [{"text": "short"}, {"text": line.decode()}, {"text": "last"}]
     assert len(allocated) >= 64 and sum(allocated) < len(line)  # copied at every block: 31 times its size
+
+
+def test_planning_a_plain_line_shard_holds_a_fraction_of_a_mib_of_heap_whatever_its_size(tmp_path):
+    """Planning counts lines on threads whose heaps keep what the count touched for the rest of the
+    run (`_lines.SCAN_BLOCK_SIZE`): 1 MiB blocks and their newline masks held over 2 MiB at once."""
+    record = json.dumps({"text": "x" * 4000}).encode()
+    (tmp_path / "a.jsonl").write_bytes(lines_bytes([record] * 1024))  # 4 MiB
+    tracemalloc.start()
+    try:
+        ds = Dataset.from_path("d", str(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ds.num_records == 1024
+    assert peak < 512 << 10

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ._compression import BLOCK_SIZE, decompressed_blocks, raw_blocks
+from ._compression import decompressed_blocks, raw_blocks
 from ._format import ShardFile, ShardScan
 
 __all__ = ["UTF8_BOM", "read_lines", "scan_lines"]
@@ -24,6 +24,13 @@ __all__ = ["UTF8_BOM", "read_lines", "scan_lines"]
 # A chunk read covers at most 2 * SEEK_STRIDE lines more than it needs, and the index costs 0.5 byte
 # a line. At 256 reading and splitting the surplus took ~20 % as long as tokenizing (race profile).
 SEEK_STRIDE = 16
+
+SCAN_BLOCK_SIZE = 1 << 17
+"""Bytes per block while counting an uncompressed shard's lines. Planning counts on threads, and
+each thread's heap keeps the pages its scan touched (the block and its newline mask) after the
+thread ends, for whichever thread takes that heap next, often one that allocates little for the
+rest of the run (race text recipe, 3.11: 1 MiB blocks left ~1 MiB of such pages at the peak).
+Smaller blocks count as fast: the mask of a 128 KiB block stays in cache."""
 
 _NEWLINE = 0x0A
 UTF8_BOM = b"\xef\xbb\xbf"  # opens some shards; it marks their encoding and is not text
@@ -62,14 +69,14 @@ def scan_lines(shard: ShardFile) -> ShardScan:
 def _blocks_to_count(f: BinaryIO, compression: str | None) -> Iterator[np.ndarray | bytes]:
     """The shard's decompressed bytes in blocks, each valid only until the next is asked for.
 
-    An uncompressed shard is read into one reused buffer: a new `bytes` per MiB would leave each
-    planning thread's allocator holding freed blocks (on 3.14t, 7 threads planning the race's
-    5.6 MB text corpus kept ~2.5 MiB more PSS that way).
+    An uncompressed shard is read into one reused buffer of SCAN_BLOCK_SIZE: a new `bytes` per
+    block would leave each planning thread's allocator holding freed blocks (on 3.14t, 7 threads
+    planning the race's 5.6 MB text corpus kept ~2.5 MiB more PSS that way).
     """
     if compression is not None:
         yield from decompressed_blocks(f, compression)
         return
-    buffer = np.empty(BLOCK_SIZE, dtype=np.uint8)
+    buffer = np.empty(SCAN_BLOCK_SIZE, dtype=np.uint8)
     while filled := f.readinto(buffer):
         yield buffer[:filled]
 
