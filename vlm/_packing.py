@@ -127,6 +127,14 @@ class RowPlan:
         return sum(doc.length for doc in self.documents)
 
     @property
+    def document_counts(self) -> list[tuple[str, int, int]]:
+        """(dataset, tokens, images) of each document, in `document_ids` order: what the ledger
+        counts per dataset as the row is handed over. Tokens are text and placeholder tokens (a
+        caption cut to fit counts what the row holds); a masked document counts like the others,
+        as it keeps its place and its images' slots in the row."""
+        return [(doc.address.dataset, doc.length, len(doc.grids)) for doc in self.documents]
+
+    @property
     def length(self) -> int:
         return self.max_length
 

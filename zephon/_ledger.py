@@ -5,9 +5,15 @@ results are consumed. Segments before a lane's replay point are *settled* and tr
 checkpoint; a resumed loader restores them into a new ledger, which it installs with the cursors
 in one step (so an interrupted load leaves the old ledger whole), and recounts the replayed
 segments from scratch, so no record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
-padding, documents masked in them) are taken when rows are handed to the trainer and travel as
-they are: a microbatch's rows are counted into a copy of its lane's counts, which the loader stores
-in the statement that moves the lane's cursor past them (see `rows`).
+padding, documents masked in them, and the tokens and images of each dataset in them: the realised
+mixture) are taken when rows are handed to the trainer and travel as they are: a microbatch's rows
+are counted into a copy of its lane's counts, which the loader stores in the statement that moves
+the lane's cursor past them (see `rows`).
+
+A lane's row counts are one flat Counter, per-dataset ones under `tokens:<dataset>` and
+`images:<dataset>` (as masked documents are under `masked:<reason>`), so they travel in a
+checkpoint in the shape it always had. A state saved before they were counted carries none: the
+per-dataset counts of a run resumed from it cover the rows handed over since.
 
 Open counts are kept per lane, then per segment: a rank may own hundreds of lanes, and settling or
 replaying one lane (every lane at each `state_dict`) must not walk the others' counts. Keyed by
@@ -63,11 +69,17 @@ class Ledger:
         """A copy of the lane's row counts, for a microbatch's rows to be counted into (see `rows`)."""
         return Counter(self.rows.get(lane, ()))
 
-    def count_rows(self, counts: Counter, real_tokens: int, total_tokens: int) -> None:
-        """One row handed to the trainer, counted into `counts` (from `rows_of`)."""
+    def count_rows(self, counts: Counter, real_tokens: int, total_tokens: int, documents=()) -> None:
+        """One row handed to the trainer, counted into `counts` (from `rows_of`). `documents`: the
+        row's `document_counts`, (dataset, tokens, images) per document, whose tokens add up to
+        `real_tokens`."""
         counts["rows"] += 1
         counts["tokens"] += real_tokens
         counts["padding"] += total_tokens - real_tokens
+        for dataset, tokens, images in documents:
+            counts["tokens:" + dataset] += tokens
+            if images:
+                counts["images:" + dataset] += images
 
     def count_masked(self, counts: Counter, masked) -> None:
         """Documents a row kept in place but trains nothing on (its row work failed on them), as
@@ -115,7 +127,9 @@ class Ledger:
         self._open.pop(lane, None)
 
     def snapshot(self) -> dict:
-        """A fresh, JSON-able copy (never the live counters): per dataset (per lane and total) and per lane."""
+        """A fresh, JSON-able copy (never the live counters): record counts per dataset (per lane and
+        total); row counts per lane, each with its `datasets` ({dataset: {"tokens", "images"}}); and
+        the `mixture`, those per-dataset row counts summed over the lanes."""
         per_dataset: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
         for lane, datasets in self._settled.items():
             for dataset, counts in datasets.items():
@@ -130,7 +144,16 @@ class Ledger:
             for counts in lanes.values():
                 total.update(counts)
             out[dataset] = {"lanes": {lane: _split(c) for lane, c in sorted(lanes.items())}, "total": _split(total)}
-        return {"datasets": out, "lanes": {lane: dict(c) for lane, c in sorted(self.rows.items())}}
+        lanes = {lane: _split_rows(c) for lane, c in sorted(self.rows.items())}
+        mixture: dict[str, Counter] = defaultdict(Counter)
+        for lane in lanes.values():
+            for dataset, counts in lane["datasets"].items():
+                mixture[dataset].update(counts)
+        return {
+            "datasets": out,
+            "lanes": lanes,
+            "mixture": {dataset: dict(counts) for dataset, counts in sorted(mixture.items())},
+        }
 
 
 def _segments(open_counts=()) -> defaultdict[int, defaultdict[str, Counter]]:
@@ -143,4 +166,19 @@ def _split(counts: Counter) -> dict:
     for key in ("read", "emitted", "filtered"):
         out.setdefault(key, 0)
     out["skipped"] = {k.split(":", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped:") and v}
+    return out
+
+
+def _split_rows(counts: Counter) -> dict:
+    """A lane's row counts with its `tokens:<dataset>` and `images:<dataset>` ones gathered under
+    `datasets`, each dataset with both."""
+    out: dict = {}
+    datasets: dict[str, dict[str, int]] = {}
+    for key, value in counts.items():
+        kind, per_dataset, dataset = key.partition(":")
+        if per_dataset and kind in ("tokens", "images"):
+            datasets.setdefault(dataset, {"tokens": 0, "images": 0})[kind] = value
+        else:
+            out[key] = value
+    out["datasets"] = dict(sorted(datasets.items()))
     return out

@@ -445,7 +445,7 @@ class RankLoader:
         row_segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if row_segment != segment:
             segment, skip = row_segment, 0
-        self._ledger.count_rows(counts, row.num_real_tokens, row.length)
+        self._ledger.count_rows(counts, row.num_real_tokens, row.length, row.document_counts)
         masked = getattr(row, "masked_documents", ())
         if masked:
             self._ledger.count_masked(counts, masked)

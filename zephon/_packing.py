@@ -139,6 +139,13 @@ class FlatRowPlan:
         return sum(p.stop - p.start for p in self.pieces)
 
     @property
+    def document_counts(self) -> list[tuple[str, int, int]]:
+        """(dataset, tokens, images) of each piece, in `document_ids` order: what the ledger counts
+        per dataset as the row is handed over. A piece of a document cut across rows counts the
+        tokens this row holds; padding belongs to no piece."""
+        return [(p.address.dataset, p.stop - p.start, 0) for p in self.pieces]
+
+    @property
     def length(self) -> int:
         return self.max_length
 

@@ -36,3 +36,17 @@ class PackedSequence:
     @property
     def length(self) -> int:
         return int(self.tokens["input_ids"].shape[0])
+
+    @property
+    def document_counts(self) -> list[tuple[str, int, int]]:
+        """(dataset, tokens, images) of each document in `document_ids` order, read from the arrays
+        (an image belongs to the document at its first placeholder, `image_token_offset`): what the
+        ledger counts per dataset as the row is handed over. A row plan says the same from its
+        pieces without building the arrays. A row that names no `sources` has none to count."""
+        if not self.sources:
+            return []
+        documents, n = self.tokens["document_ids"], len(self.sources)
+        tokens = np.bincount(documents[documents != PADDING_DOCUMENT], minlength=n)
+        offsets = self.ragged.get("image_token_offset", ())
+        images = np.bincount(documents[offsets], minlength=n) if len(offsets) else np.zeros(n, dtype=np.int64)
+        return list(zip([address.dataset for address in self.sources], tokens.tolist(), images.tolist()))
