@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from zephon import Pipeline, global_batch_digest, merge_states
 from zephon._batch import collate
 from zephon.io import Dataset
@@ -136,7 +138,8 @@ def consumed_keys(pipeline: Pipeline, world_size: int, steps: int, extra_microba
 
 def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
     """Every microbatch of `plans`, collated from the plans themselves (straight into the batch
-    arrays), has the digest, sources and real-token count of the same rows assembled one by one."""
+    arrays), has the digest, sources, real-token count and per-document counts (the ledger's
+    realised mixture) of the same rows assembled one by one."""
     for start in range(0, len(plans), microbatch):
         group = plans[start : start + microbatch]
         direct = collate(group, lane=0, step=0, index=0)
@@ -144,6 +147,28 @@ def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
         assert direct.digest() == via_rows.digest()
         assert direct.sources == via_rows.sources
         assert [p.num_real_tokens for p in group] == [p.assemble().num_real_tokens for p in group]
+        assert [p.document_counts for p in group] == [p.assemble().document_counts for p in group]
+
+
+def dataset_counts_in(batches) -> dict[int, dict[str, dict[str, int]]]:
+    """{lane: {dataset: {"tokens", "images"}}} read from the microbatches themselves, as
+    `stats()["lanes"][lane]["datasets"]` counts them: a document's tokens are where `document_ids`
+    holds its number, `sources` names its dataset, and an image is the document's at its first
+    placeholder (`image_token_offset`)."""
+    out: dict[int, dict[str, dict[str, int]]] = {}
+    for batch in batches:
+        lane = out.setdefault(batch.lane, {})
+        offsets = batch.ragged.get("image_token_offset", np.empty(0, np.int64))
+        per_row = batch.ragged_counts.get("image_token_offset", np.zeros(len(batch.sources), np.int64))
+        ends = np.cumsum(per_row)
+        for row, sources in enumerate(batch.sources):
+            documents = batch.tokens["document_ids"][row]
+            images = documents[offsets[ends[row] - per_row[row] : ends[row]]]
+            for number, address in enumerate(sources):
+                counts = lane.setdefault(address.dataset, {"tokens": 0, "images": 0})
+                counts["tokens"] += int(np.count_nonzero(documents == number))
+                counts["images"] += int(np.count_nonzero(images == number))
+    return {lane: dict(sorted(datasets.items())) for lane, datasets in sorted(out.items())}
 
 
 def printed_in_processes(code: str, seeds=range(4)) -> set[str]:

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.harness import GLOBAL_BATCH, checkpoint_after, text_pipeline
-from zephon import RecordAddress
+from tests.harness import GLOBAL_BATCH, MICROBATCH, NUM_LANES, checkpoint_after, dataset_counts_in, text_pipeline
+from zephon import Pipeline, RecordAddress
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
 
 
 def _expected_lengths(corpus: Path, name: str, tokenizer: Tokenizer) -> dict:
@@ -151,19 +153,22 @@ def test_a_new_iteration_of_the_same_loader_counts_nothing_twice(dirty_corpora, 
     assert _add_totals({}, stats) == whole_totals
 
 
-def _rows_handed(batches) -> dict[int, dict[str, int]]:
-    """Per lane: rows, real tokens and padding tokens in the microbatches themselves."""
+def _rows_handed(batches) -> dict[int, dict]:
+    """Per lane: rows, real tokens and padding tokens in the microbatches themselves, and the
+    tokens and images of each dataset in them."""
     counts: dict[int, Counter] = {}
     for batch in batches:
         rows, length = batch.tokens["input_ids"].shape
         real = batch.num_real_tokens
         counts.setdefault(batch.lane, Counter()).update(rows=rows, tokens=real, padding=rows * length - real)
-    return {lane: dict(c) for lane, c in sorted(counts.items())}
+    datasets = dataset_counts_in(batches)
+    return {lane: {**c, "datasets": datasets[lane]} for lane, c in sorted(counts.items())}
 
 
 def test_the_ledgers_row_counts_are_what_the_trainer_was_handed_across_a_resume(dirty_corpora, demo_tokenizer_path):
     """stats()["lanes"] counts every row handed over, the padding rows of a lane whose finite plan
-    ended inside a microbatch included, and a resume on another world size carries them on."""
+    ended inside a microbatch included, with each dataset's tokens in them, and a resume on another
+    world size carries them on."""
     clean, dirty = dirty_corpora
     make = lambda: text_pipeline(clean, dirty, demo_tokenizer_path, num_epochs=1)
     with make().shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
@@ -206,3 +211,94 @@ def test_record_counts_are_taken_when_a_lane_takes_a_chunk_not_while_it_waits_in
             assert read % per_chunk == 0 and len(handed) <= read < prefetch * per_chunk
             ahead.append(read - len(handed))
     assert max(ahead) > 0, "the shuffle buffer's and the open row's records are counted before they are handed over"
+
+
+ID_RANGES = {"a": range(1000, 2000), "b": range(5000, 6000)}
+"""The token ids of each dataset of `id_corpora`: a batch's ids say which dataset each token is
+from, whatever its `sources` and `document_ids` say (padding is id 0)."""
+
+
+@pytest.fixture(scope="module")
+def id_corpora(tmp_path_factory):
+    """Two datasets of token ids from the data, documents of 1 to 90 ids: many longer than a
+    32-token row, so cut across rows."""
+    root = tmp_path_factory.mktemp("ids")
+    rng = np.random.default_rng(0)
+    written = Counter()
+    for name, ids in ID_RANGES.items():
+        (root / name).mkdir()
+        for shard in range(2):
+            lines = []
+            for _ in range(30 if name == "a" else 20):
+                doc = rng.integers(ids.start, ids.stop, size=int(rng.integers(1, 91))).tolist()
+                written[name] += len(doc)
+                lines.append(json.dumps({"ids": doc}))
+            (root / name / f"part-{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    return root, written
+
+
+def _ids_pipeline(root: Path, algorithm: str = "wrap") -> Pipeline:
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path(name, str(root / name)) for name in ID_RANGES],
+        mixture={"a": 0.7, "b": 0.3}, seed=5, records_per_chunk=4, num_epochs=1,
+    )
+    return (
+        Pipeline(source).options(num_lanes=NUM_LANES, runner="inline", flush_every_chunks=2)
+        .pack_flat(max_length=32, algorithm=algorithm, field="ids")
+        .shuffle(buffer_size=4, seed=1)
+        .batch(microbatch_size=MICROBATCH)
+    )
+
+
+def _tokens_by_id_range(batches) -> dict[str, int]:
+    return {name: sum(int(np.isin(b.tokens["input_ids"], ids).sum()) for b in batches) for name, ids in ID_RANGES.items()}
+
+
+def _mixture_of_ranks(world_size: int, root: Path, state=None) -> tuple[dict, dict]:
+    """The lanes' row counts of every rank, and the per-dataset totals summed over the ranks."""
+    lanes, mixture = {}, {name: Counter() for name in ID_RANGES}
+    for rank in range(world_size):
+        with _ids_pipeline(root).shard(rank, world_size, global_batch_size=GLOBAL_BATCH) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            list(loader)
+            stats = loader.stats()
+        lanes.update(stats["lanes"])
+        for name, counts in stats["mixture"].items():
+            mixture[name].update(counts)
+    return lanes, {name: dict(counts) for name, counts in mixture.items()}
+
+
+@pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
+def test_the_realised_mixture_is_each_dataset_s_tokens_in_the_rows_handed_over(id_corpora, algorithm):
+    """stats()["mixture"] and each lane's "datasets" count the tokens of each dataset in the rows
+    the trainer was handed (a document cut across rows in each row's share, padding in none), and
+    add up to the lane's `tokens`; told apart here by the ids themselves."""
+    root, written = id_corpora
+    with _ids_pipeline(root, algorithm).shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    assert any(len(sources) > 1 for b in batches for sources in b.sources), "no row holds two documents"
+    assert stats["datasets"]["a"]["total"]["emitted"] == 60 and stats["datasets"]["b"]["total"]["emitted"] == 40
+    in_batches = _tokens_by_id_range(batches)
+    assert in_batches == written, "every id of the epoch is in a batch once (the check below reads them all)"
+    assert stats["mixture"] == {name: {"tokens": n, "images": 0} for name, n in in_batches.items()}
+    for lane, counts in stats["lanes"].items():
+        assert sum(d["tokens"] for d in counts["datasets"].values()) == counts["tokens"] > 0, lane
+        assert counts["padding"] > 0, "padding counts for no dataset"
+    assert {lane: counts["datasets"] for lane, counts in stats["lanes"].items()} == dataset_counts_in(batches)
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_the_realised_mixture_carries_across_a_resume_on_another_rank_count(id_corpora, world_size):
+    """Saved on 2 ranks after two steps and resumed on 1 or 4, the per-dataset counts at the end
+    of the epoch are the uninterrupted run's: the rows replayed to rebuild the lanes are not
+    counted again, and those handed over before the save are not lost."""
+    root, written = id_corpora
+    whole_lanes, whole_mixture = _mixture_of_ranks(1, root)
+    assert whole_mixture == {name: {"tokens": n, "images": 0} for name, n in written.items()}
+    state = checkpoint_after(_ids_pipeline(root), 2, 2)
+    assert any(counts["rows"]["rows"] for counts in state["ledger"].values()), "the state carries rows handed over"
+    lanes, mixture = _mixture_of_ranks(world_size, root, state)
+    assert mixture == whole_mixture
+    assert lanes == whole_lanes

@@ -94,5 +94,7 @@ def test_reliability_stats_example_reads_the_keys_it_shows_and_its_ledger_balanc
     assert set(lanes) == set(stats["lanes"]) == {0, 1}
     for lane in lanes.values():
         assert lane["read"] == lane["emitted"] + lane["filtered"] + sum(lane["skipped"].values())
-    assert {key for lane in stats["lanes"].values() for key in lane} == {"rows", "tokens", "padding"}
+    assert {key for lane in stats["lanes"].values() for key in lane} == {"rows", "tokens", "padding", "datasets"}
     assert sum(lane["rows"] for lane in stats["lanes"].values()) == rows
+    assert all(lane["datasets"] == {"web": {"tokens": lane["tokens"], "images": 0}} for lane in stats["lanes"].values())
+    assert stats["mixture"] == {"web": {"tokens": sum(lane["tokens"] for lane in stats["lanes"].values()), "images": 0}}

@@ -252,6 +252,9 @@ def test_every_packed_row_is_what_the_model_expects_from_its_documents_and_their
     assert sum(lane["tokens"] for lane in lanes) == sum(int((b.tokens["document_ids"] >= 0).sum()) for b in batches)
     assert sum(lane["padding"] for lane in lanes) == sum(int((b.tokens["document_ids"] < 0).sum()) for b in batches), \
         "padding is counted as such, not as usable tokens"
+    assert stats["mixture"] == {"docs": {"tokens": sum(lane["tokens"] for lane in lanes),
+                                         "images": sum(len(b.ragged["image_grid"]) for b in batches)}}, \
+        "the dataset's tokens (cut captions as cut) and images in the rows handed over"
     assert any(len(sources) and not images for b in batches
                for sources, images in zip(b.sources, b.ragged_counts["image_grid"])), \
         "a row of documents without images was checked"

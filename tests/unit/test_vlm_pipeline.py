@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from tests.harness import dataset_counts_in
 from tests.unit.test_vlm_assets import (
     REAL_JPEGS,
     cmyk_jpeg,
@@ -131,6 +132,32 @@ def test_vlm_batch_carries_pixels_grids_and_offsets_for_training(shards):
         expected = PLACEHOLDERS.tokens_for(int(rows), int(cols))
         assert arrays["input_ids"][row, at : at + len(expected)].tolist() == expected.tolist()
         assert (arrays["labels"][row, at : at + len(expected) - 1] == -100).all()
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["decode-before-packing", "decode-after-packing"])
+def test_vlm_stats_count_each_dataset_s_tokens_and_images_in_the_rows_handed_over(shards, defer):
+    """Two datasets mixed: each lane's "datasets" and the rank's "mixture" in stats() hold the text
+    and placeholder tokens and the images each dataset put in the rows the trainer was handed,
+    their tokens adding up to the lane's; a document masked for an image that failed after
+    packing keeps its place, so it counts too."""
+    source = StaticMixtureWorkSource([Dataset.from_path(name, str(shards)) for name in ("pairs", "more")],
+                                     mixture={"pairs": 0.6, "more": 0.4}, seed=3, records_per_chunk=3, num_epochs=1)
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .decode_images(spec=SPEC, defer=defer)
+                .tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt", bos="<|bos|>",
+                          eos="<|eos|>")
+                .pack_multimodal(256, PLACEHOLDERS).batch(2))
+    with pipeline.shard(0, 1) as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    masked = sum(n for lane in stats["lanes"].values() for key, n in lane.items() if key.startswith("masked:"))
+    assert masked == (2 if defer else 0), "the truncated JPEG of each dataset is masked only when decoded late"
+    assert {lane: counts["datasets"] for lane, counts in stats["lanes"].items()} == dataset_counts_in(batches)
+    for lane, counts in stats["lanes"].items():
+        assert sum(d["tokens"] for d in counts["datasets"].values()) == counts["tokens"], lane
+    images = sum(len(b.ragged["image_grid"]) for b in batches)
+    assert sum(d["images"] for d in stats["mixture"].values()) == images > 0
+    assert set(stats["mixture"]) == {"pairs", "more"} and all(d["images"] for d in stats["mixture"].values())
 
 
 def _long_caption_pipeline(root, num_lanes: int = 2) -> Pipeline:
