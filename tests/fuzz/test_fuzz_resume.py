@@ -261,7 +261,8 @@ class _Keep:
 
 def _run(recipe: FiniteRecipe, world: int, state=None, runner: str = "inline") -> tuple[dict, Counter]:
     """Every rank of `world` (resumed from `state`) to the end: {(step, lane, index): digest} and
-    the ranks' ledgers summed (records by dataset and by dataset and lane, rows by lane)."""
+    the ranks' ledgers summed (records by dataset and by dataset and lane, rows by lane and the
+    tokens and images of each dataset in them)."""
     digests, ledger = {}, Counter()
     pipeline = finite_pipeline(recipe, runner)
     for rank in range(world):
@@ -282,7 +283,9 @@ def _run(recipe: FiniteRecipe, world: int, state=None, runner: str = "inline") -
                     else:
                         ledger[f"{where}:{key}"] += value
         for lane, counts in stats["lanes"].items():
-            ledger.update({f"lane {lane}:{key}": n for key, n in counts.items()})
+            ledger.update({f"lane {lane}:{key}": n for key, n in counts.items() if key != "datasets"})
+            for name, by_kind in counts["datasets"].items():
+                ledger.update({f"lane {lane}:{name}:{kind}": n for kind, n in by_kind.items()})
     return digests, ledger
 
 
