@@ -147,7 +147,9 @@ def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
         assert direct.digest() == via_rows.digest()
         assert direct.sources == via_rows.sources
         assert [p.num_real_tokens for p in group] == [p.assemble().num_real_tokens for p in group]
-        assert [p.document_counts for p in group] == [p.assemble().document_counts for p in group]
+        for plan in group:
+            assert plan.tokens_by_dataset == plan.assemble().tokens_by_dataset
+            assert plan.images_by_dataset == plan.assemble().images_by_dataset
 
 
 def dataset_counts_in(batches) -> dict[int, dict[str, dict[str, int]]]:

@@ -127,12 +127,23 @@ class RowPlan:
         return sum(doc.length for doc in self.documents)
 
     @property
-    def document_counts(self) -> list[tuple[str, int, int]]:
-        """(dataset, tokens, images) of each document, in `document_ids` order: what the ledger
-        counts per dataset as the row is handed over. Tokens are text and placeholder tokens (a
-        caption cut to fit counts what the row holds); a masked document counts like the others,
-        as it keeps its place and its images' slots in the row."""
-        return [(doc.address.dataset, doc.length, len(doc.grids)) for doc in self.documents]
+    def tokens_by_dataset(self) -> dict[str, int]:
+        """{dataset: text and placeholder tokens} of the row's documents, what the ledger counts as
+        the row is handed over (a caption cut to fit counts what the row holds). A masked document
+        counts like the others: it keeps its place in the row."""
+        out: dict[str, int] = {}
+        for doc in self.documents:
+            out[doc.address.dataset] = out.get(doc.address.dataset, 0) + doc.length
+        return out
+
+    @property
+    def images_by_dataset(self) -> dict[str, int]:
+        """{dataset: images} of the row's documents (a masked document's too: they keep their slots)."""
+        out: dict[str, int] = {}
+        for doc in self.documents:
+            if doc.grids:
+                out[doc.address.dataset] = out.get(doc.address.dataset, 0) + len(doc.grids)
+        return out
 
     @property
     def length(self) -> int:

@@ -69,17 +69,18 @@ class Ledger:
         """A copy of the lane's row counts, for a microbatch's rows to be counted into (see `rows`)."""
         return Counter(self.rows.get(lane, ()))
 
-    def count_rows(self, counts: Counter, real_tokens: int, total_tokens: int, documents=()) -> None:
-        """One row handed to the trainer, counted into `counts` (from `rows_of`). `documents`: the
-        row's `document_counts`, (dataset, tokens, images) per document, whose tokens add up to
-        `real_tokens`."""
+    def count_rows(
+        self, counts: Counter, real_tokens: int, total_tokens: int, tokens_by_dataset: dict, images_by_dataset: dict
+    ) -> None:
+        """One row handed to the trainer, counted into `counts` (from `rows_of`), with its
+        `tokens_by_dataset` (adding up to `real_tokens`) and `images_by_dataset`."""
         counts["rows"] += 1
         counts["tokens"] += real_tokens
         counts["padding"] += total_tokens - real_tokens
-        for dataset, tokens, images in documents:
+        for dataset, tokens in tokens_by_dataset.items():
             counts["tokens:" + dataset] += tokens
-            if images:
-                counts["images:" + dataset] += images
+        for dataset, images in images_by_dataset.items():
+            counts["images:" + dataset] += images
 
     def count_masked(self, counts: Counter, masked) -> None:
         """Documents a row kept in place but trains nothing on (its row work failed on them), as

@@ -440,12 +440,12 @@ class RankLoader:
         `Ledger.rows`); returns where the cursor (at `segment`, `skip`) goes past it. Neither the
         cursor nor the ledger changes here: the caller stores both once the microbatch is counted."""
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
-            self._ledger.count_rows(counts, 0, self._padding_row.length)
+            self._ledger.count_rows(counts, 0, self._padding_row.length, {}, {})
             return segment, skip
         row_segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if row_segment != segment:
             segment, skip = row_segment, 0
-        self._ledger.count_rows(counts, row.num_real_tokens, row.length, row.document_counts)
+        self._ledger.count_rows(counts, row.num_real_tokens, row.length, row.tokens_by_dataset, row.images_by_dataset)
         masked = getattr(row, "masked_documents", ())
         if masked:
             self._ledger.count_masked(counts, masked)

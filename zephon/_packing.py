@@ -139,11 +139,20 @@ class FlatRowPlan:
         return sum(p.stop - p.start for p in self.pieces)
 
     @property
-    def document_counts(self) -> list[tuple[str, int, int]]:
-        """(dataset, tokens, images) of each piece, in `document_ids` order: what the ledger counts
-        per dataset as the row is handed over. A piece of a document cut across rows counts the
-        tokens this row holds; padding belongs to no piece."""
-        return [(p.address.dataset, p.stop - p.start, 0) for p in self.pieces]
+    def tokens_by_dataset(self) -> dict[str, int]:
+        """{dataset: tokens} of the row's pieces, what the ledger counts as the row is handed over:
+        a piece of a document cut across rows counts the tokens this row holds, padding none.
+        Summed here, per row, rather than listed per piece: the ledger then updates its counts
+        once per dataset, not once per piece (on the loader's thread, for every row)."""
+        out: dict[str, int] = {}
+        for _, start, stop, address in self.pieces:
+            out[address.dataset] = out.get(address.dataset, 0) + stop - start
+        return out
+
+    @property
+    def images_by_dataset(self) -> dict[str, int]:
+        """A text row holds no images."""
+        return {}
 
     @property
     def length(self) -> int:

@@ -38,15 +38,24 @@ class PackedSequence:
         return int(self.tokens["input_ids"].shape[0])
 
     @property
-    def document_counts(self) -> list[tuple[str, int, int]]:
-        """(dataset, tokens, images) of each document in `document_ids` order, read from the arrays
-        (an image belongs to the document at its first placeholder, `image_token_offset`): what the
-        ledger counts per dataset as the row is handed over. A row plan says the same from its
-        pieces without building the arrays. A row that names no `sources` has none to count."""
-        if not self.sources:
-            return []
-        documents, n = self.tokens["document_ids"], len(self.sources)
-        tokens = np.bincount(documents[documents != PADDING_DOCUMENT], minlength=n)
+    def tokens_by_dataset(self) -> dict[str, int]:
+        """{dataset: tokens} of the row, what the ledger counts as the row is handed over: each
+        document's tokens (where `document_ids` holds its number) for the dataset `sources` names.
+        A row plan says the same from its pieces, without the arrays."""
+        real = self.tokens["document_ids"]
+        return self._by_dataset(real[real != PADDING_DOCUMENT])
+
+    @property
+    def images_by_dataset(self) -> dict[str, int]:
+        """{dataset: images} of the row: an image is its document's at its first placeholder
+        (`image_token_offset`)."""
         offsets = self.ragged.get("image_token_offset", ())
-        images = np.bincount(documents[offsets], minlength=n) if len(offsets) else np.zeros(n, dtype=np.int64)
-        return list(zip([address.dataset for address in self.sources], tokens.tolist(), images.tolist()))
+        return self._by_dataset(self.tokens["document_ids"][offsets]) if len(offsets) else {}
+
+    def _by_dataset(self, documents: np.ndarray) -> dict[str, int]:
+        """How often each document number occurs in `documents`, summed by its dataset."""
+        out: dict[str, int] = {}
+        for address, n in zip(self.sources, np.bincount(documents, minlength=len(self.sources)).tolist()):
+            if n:
+                out[address.dataset] = out.get(address.dataset, 0) + n
+        return out
