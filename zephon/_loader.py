@@ -619,7 +619,9 @@ class RankLoader:
 
     def stats(self) -> dict:
         """The ledger of this rank's lanes: records read/emitted/filtered/skipped by reason per
-        dataset and lane, and rows/tokens/padding handed to the trainer per lane. Record counts
+        dataset and lane, and rows/tokens/padding handed to the trainer per lane, with each
+        dataset's tokens and images in those rows (`lanes[lane]["datasets"]`, summed over the
+        rank's lanes as `"mixture"`: the realised mixture, padding counted for none). Record counts
         are taken when a lane takes a chunk's records into its packer (not while the chunk waits
         in the prefetch window), so they run ahead of the trainer by what each lane holds: the
         rest of that chunk, the packer's open rows, the shuffle buffer and the rows looked ahead.
