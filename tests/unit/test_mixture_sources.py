@@ -3,6 +3,8 @@ plans honour the rest: every record once per epoch, token shares as asked."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
+from zephon.work._plan import MEASURED_RECIPES_KEPT
 
 DATA = Path(__file__).resolve().parents[2] / "zephon" / "data"
 
@@ -139,6 +142,24 @@ def test_pipelines_sharing_a_source_each_get_their_own_token_measurement():
         patch.setattr(Dataset, "read_chunk", lambda self, *a, **k: reads.append(a) or read_chunk(self, *a, **k))
         assert measured(long_only.options(runner="thread")) == fresh
     assert reads == [], "another loader of the same pipeline measured it again"
+
+
+def test_a_source_lets_go_of_the_operators_of_pipelines_built_on_it_long_ago():
+    """A source kept the measurement of every pipeline built on it, and with it that pipeline's
+    operators and whatever a map's or filter's closure held: a job building a pipeline per epoch,
+    per resume or per ablation on one source grew by each (soak: 29 objects a pipeline, for ever).
+    It keeps the last MEASURED_RECIPES_KEPT; an older pipeline built again is measured again."""
+    source = StaticMixtureWorkSource(shipped(), token_estimation=TokenEstimation(sample_records=16), seed=1)
+    first = longer_than(0)
+    alive = weakref.ref(first)
+    pipeline = Pipeline(source).options(num_lanes=2, runner="inline").filter(first).tokenize(
+        str(DATA / "tokenizer.json")).pack_flat(64).batch(2)
+    measured(pipeline)
+    del pipeline, first
+    for characters in range(1, MEASURED_RECIPES_KEPT + 1):
+        measured(filtered_pipeline(source, characters))
+    gc.collect()
+    assert alive() is None, "the first pipeline's filter is still held by the source"
 
 
 def planned_chunks_counted(source, count_tokens, num_lanes: int = 2) -> Counter:

@@ -23,8 +23,9 @@ __all__ = ["TokenEstimation", "TokenStats", "TokenCounter"]
 TokenCounter = Callable[[ChunkRecords], int]
 """Runs the pipeline's pre-packing stages on a chunk's records and returns the tokens they yield.
 A counter may carry a string `key` (what it computes, e.g. its operators' fingerprints); work
-sources then measure each dataset once per key and process, and keep the counter as long as its
-measurement, so a key may name objects by id that the counter holds."""
+sources then measure each dataset once per key and process while the key is among the last few used
+(`work._plan.MEASURED_RECIPES_KEPT`), and keep the counter as long as its measurement, so a key may
+name objects by id that the counter holds."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import json
 import math
 import numbers
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime_checkable
@@ -112,6 +113,14 @@ def lane_plan(plan: WorkPlan, lane: int, flush_every: int, start_segment: int = 
         slot += 1
 
 
+MEASURED_RECIPES_KEPT = 8
+"""How many counting recipes (a pipeline's stateless operators and packer) a work source keeps the
+token measurements of, the most recently used. Each keeps its operators alive (their ids are in its
+key), so keeping all of them grew a source by every pipeline built on it; rank loaders of one
+pipeline, built together, still measure once, and a pipeline whose measurement was let go is
+measured again, on the same sample, to the same stats."""
+
+
 Schedule = tuple[tuple[int, dict[str, float]], ...]
 """Mixture phases: (global token count at which the phase starts, normalised weights)."""
 
@@ -148,7 +157,7 @@ class _MixtureWorkSource:
         self.round_size = round_size
         if num_epochs is not None:
             _check_finite_schedule(self.schedule, self.live_names(), num_epochs)
-        self._measured: dict[tuple[str, str], tuple[TokenStats, TokenCounter]] = {}
+        self._measured: OrderedDict[str, tuple[TokenCounter, dict[str, TokenStats]]] = OrderedDict()
         self._measuring = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -158,7 +167,7 @@ class _MixtureWorkSource:
         nothing in another process: the copy measures again, on the same sample, to the same stats."""
         state = self.__dict__.copy()
         del state["_measuring"]
-        state["_measured"] = {}
+        state["_measured"] = OrderedDict()
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -179,17 +188,25 @@ class _MixtureWorkSource:
         return MixturePlan(self, stats, num_lanes)
 
     def _measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
-        """Measured once per (counting recipe, dataset) in this process: every rank loader built
-        from the same pipeline reuses it. Counters without a `key` attribute are always re-run.
-        The counter is kept with its measurement, so objects its key names by id stay alive."""
+        """Measured once per (counting recipe, dataset) in this process while the recipe is among
+        the MEASURED_RECIPES_KEPT last used: every rank loader built from the same pipeline reuses
+        it. Counters without a `key` attribute are always re-run. The first counter of a key is
+        kept with its measurements, so objects its key names by id stay alive while they are kept."""
         key = getattr(count_tokens, "key", None)
         if key is None:
             return self.token_estimation.measure(dataset, count_tokens)
-        cache_key = (key, json.dumps(dataset.fingerprint(), sort_keys=True))
+        dataset_key = json.dumps(dataset.fingerprint(), sort_keys=True)
         with self._measuring:
-            if cache_key not in self._measured:
-                self._measured[cache_key] = (self.token_estimation.measure(dataset, count_tokens), count_tokens)
-            return self._measured[cache_key][0]
+            if key in self._measured:
+                self._measured.move_to_end(key)
+            else:
+                self._measured[key] = (count_tokens, {})
+                while len(self._measured) > MEASURED_RECIPES_KEPT:
+                    self._measured.popitem(last=False)
+            stats = self._measured[key][1]
+            if dataset_key not in stats:
+                stats[dataset_key] = self.token_estimation.measure(dataset, count_tokens)
+            return stats[dataset_key]
 
 
 def _check_datasets(datasets) -> None:
