@@ -42,15 +42,18 @@ def test_slots_looked_up_in_any_order_match_slots_read_in_order(num_epochs):
     assert [plan.slot(lane, s) for s in reversed(slots)] == in_order[::-1]
 
 
-def test_each_epoch_of_an_endless_plan_reads_the_lanes_chunks_in_a_fresh_order():
+@pytest.mark.parametrize("first_epoch", [0, 10**3, 10**9, 10**12])
+def test_each_epoch_of_an_endless_plan_reads_the_lanes_chunks_in_a_fresh_order(first_epoch):
     """num_epochs=None restarts each dataset with a fresh permutation per epoch: every epoch holds
-    each of the lane's chunks once, in another order than the epoch before."""
+    each of the lane's chunks once, in another order than the epoch before; also a week into a job
+    and far past it, where epochs and slots are large numbers on the plan's float token axis."""
     kjv = Dataset.from_path("kjv", str(DATA / "kjv"))
     per_lane, odd = divmod(len(kjv.chunks(16)), 2)
     assert not odd
     plan = StaticMixtureWorkSource([kjv], seed=3, records_per_chunk=16, round_size=8).bind(None, num_lanes=2)
     for lane in range(2):
-        slots = [plan.slot(lane, s) for s in range(3 * per_lane)]
+        first = first_epoch * per_lane
+        slots = [plan.slot(lane, s) for s in range(first, first + 3 * per_lane)]
         epochs = [slots[i * per_lane : (i + 1) * per_lane] for i in range(3)]
         assert all(len(set(epoch)) == per_lane and set(epoch) == set(epochs[0]) for epoch in epochs)
         assert epochs[0] != epochs[1] and epochs[1] != epochs[2], "an epoch repeats the order of the one before"
