@@ -187,6 +187,15 @@ def small_dataset(root: Path, lines: list[str]) -> Dataset:
     return Dataset.from_path("small", str(root))
 
 
+def test_a_finite_plan_of_thousands_of_epochs_hands_out_each_chunk_once_an_epoch_and_ends(tmp_path):
+    """A small dataset read for a long job: epoch counts, each epoch's permutation and the plan's
+    end stay exact far past the first epochs (soak: 1,500 epochs through a loader, every record
+    read 1,500 times)."""
+    dataset = small_dataset(tmp_path, [f'{{"text": "record {i}"}}' for i in range(8)])
+    counts = planned_chunks(StaticMixtureWorkSource([dataset], records_per_chunk=2, num_epochs=3000), 2)
+    assert len(counts) == 4 and set(counts.values()) == {3000}
+
+
 @pytest.mark.parametrize("num_lanes", [1, 2])
 def test_a_mixed_dataset_without_records_is_refused_as_such(tmp_path, num_lanes):
     """The error used to advise lowering records_per_chunk, which cannot help."""
