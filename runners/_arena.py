@@ -48,6 +48,8 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 
+import numpy as np
+
 from ._libc import libc
 
 __all__ = ["ALIGNMENT", "Arena", "ArenaBlocks", "layout", "withhold_all_but"]
@@ -197,10 +199,14 @@ class Arena:
 
         The receiver may write into the arrays it received: the writer does not touch the block
         until the receiver has released it.
+
+        The view's owner is a NumPy array, not a ctypes array: a ctypes array type is made per
+        length, and CPython 3.14 keeps every one it made (about 0.7 KiB each), so a long job's
+        replies, nearly each of its own length, grew the process without bound.
         """
-        region = (ctypes.c_ubyte * length).from_buffer(self._map, offset)
+        region = np.frombuffer(self._map, np.uint8, length, offset)
         weakref.finalize(region, self._released.append, offset)
-        return memoryview(region).cast("B")
+        return memoryview(region)
 
     def requeue(self, offsets: tuple[int, ...]) -> None:
         """Offsets taken from `released()` that could not be sent: they go out with the next call."""

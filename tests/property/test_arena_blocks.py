@@ -3,6 +3,9 @@ the parent's record of released blocks."""
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -85,3 +88,30 @@ def test_a_write_that_fails_mid_copy_gives_its_block_back():
         arena.write([memoryview(bytes(ALIGNMENT)), memoryview(array("i", [1, 2]))])
     placed = arena.write([memoryview(bytes(4 * ALIGNMENT))])  # the whole arena is free again
     assert placed is not None and placed[0] == (0, 4 * ALIGNMENT)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def test_receiving_blocks_of_many_lengths_costs_no_memory_per_length():
+    """Each block was viewed through a ctypes array type made for its length, and CPython 3.14
+    keeps every such type: replies each of their own length (a chunk's decoded images) grew the
+    parent, and requests each worker, by about 0.7 KiB per length for the whole job (soak: 20,000
+    lengths, +13.5 MiB on 3.14t; 3.11 frees them). The block is viewed through NumPy instead."""
+    arena = Arena(1 << 24)
+
+    def receive(lengths):
+        for length in lengths:
+            view = arena.receive(0, length)
+            view[-1] = 1  # the receiver may write into what it received
+            del view
+            assert arena.released() == (0,)
+
+    receive(range(ALIGNMENT, 2_000 * ALIGNMENT, ALIGNMENT))
+    gc.collect()
+    before = _rss_kib()
+    receive(range(2_000 * ALIGNMENT, 22_000 * ALIGNMENT, ALIGNMENT))
+    gc.collect()
+    assert _rss_kib() - before < 4096, "receiving 20,000 lengths kept memory for each"
