@@ -426,8 +426,13 @@ class RankLoader:
         asks this rank again for the step, so the save it takes at the step's end said that lane
         was live at row 0, like a file from partway through the step, and merge_states refused
         it. The rows looked for are those the loader reads next anyway: the batches are unchanged,
-        and the wait moves only in a lane's first step, before its first row."""
-        for later in self.lanes[self.lanes.index(lane) + 1 :]:
+        and the wait moves only in a lane's first step, before its first row.
+
+        A rank's lanes are consecutive numbers, so the lanes after `lane` are counted up from it:
+        finding `lane` in the rank's list and copying the rest of it cost every call all the
+        rank's lanes, and a step, made of one call per lane, their square (1,024 lanes: 11 ms a
+        step). A call now costs only the lanes it looks at, up to the first that goes on."""
+        for later in range(lane + 1, self.lanes[-1] + 1):
             stream, position = self._streams[later], self._cursors[later].position
             if stream.exhausted or position >= end:
                 continue  # no part in this step
