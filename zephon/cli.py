@@ -90,8 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     text = demo.add_parser(
         "text", help="the text pipeline: tokenize → pack → shuffle → batch, with throughput",
         description="Run the text pipeline (tokenize → pack → shuffle → batch) on the shipped corpus on one "
-                    "rank and print the runner, a few global batches' SHA-256, usable tokens/s, padding and "
-                    "the records read per dataset. Exit codes: 0 after the run, 2 on options it cannot run.",
+                    "rank and print the runner, a few global batches' SHA-256, usable tokens/s, padding, "
+                    "the time spent waiting for batches, and per dataset the records read and its share "
+                    "of the tokens in the batches beside its weight. Exit codes: 0 after the run, 2 on options it cannot run.",
     )
     text.add_argument("--steps", type=positive_int, default=50, help="global steps to run (default 50)")
     text.add_argument("--runner", default="auto", help="inline | thread | process | auto (default)")

@@ -12,6 +12,10 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 TOKENIZER = DATA / "tokenizer.json"
 
 
+DEMO_MIXTURE = {"kjv": 0.7, "jargon": 0.3}
+"""The demo's token weights, which its ledger's realised mixture approaches as the run goes on."""
+
+
 def demo_pipeline(
     *,
     runner: str = "auto",
@@ -28,7 +32,7 @@ def demo_pipeline(
             Dataset.from_path("kjv", str(DATA / "kjv")),
             Dataset.from_path("jargon", str(DATA / "jargon")),
         ],
-        mixture=mixture or {"kjv": 0.7, "jargon": 0.3},
+        mixture=mixture or DEMO_MIXTURE,
         token_estimation=TokenEstimation(),
         seed=seed,
         records_per_chunk=records_per_chunk,

@@ -6,7 +6,7 @@ import time
 
 from .. import global_batch_digest
 from ..cli import check_demo_layout, describe_wait
-from ._recipe import demo_pipeline
+from ._recipe import DEMO_MIXTURE, demo_pipeline
 
 
 def run_text_demo(steps: int, runner: str, parallelism: int, global_batch_size: int) -> int:
@@ -37,8 +37,11 @@ def run_text_demo(steps: int, runner: str, parallelism: int, global_batch_size: 
     print(f"\n{steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
           f"{real / elapsed:,.0f} usable tokens/s, padding {100 * (1 - real / total):.2f} %")
     print(describe_wait(stats["wait"]))
-    print("records by dataset:")
+    print("records by dataset, and its tokens in the batches (the realised mixture):")
+    handed = sum(entry["tokens"] for entry in stats["mixture"].values())
     for name, entry in stats["datasets"].items():
         t = entry["total"]
-        print(f"  {name:8s} read {t['read']:6d}  emitted {t['emitted']:6d}  filtered {t['filtered']}  skipped {t['skipped'] or 0}")
+        tokens = stats["mixture"].get(name, {}).get("tokens", 0)
+        print(f"  {name:8s} read {t['read']:6d}  emitted {t['emitted']:6d}  filtered {t['filtered']}  skipped {t['skipped'] or 0}"
+              f"  tokens {tokens:9,d} ({100 * tokens / handed:.1f} %, weight {100 * DEMO_MIXTURE[name]:.0f} %)")
     return 0
