@@ -5,7 +5,9 @@ These numbers answer it for one loader object in one process: wall-clock, differ
 machine and load, so unlike the ledger's counts they are no part of a recipe's outcome. They are
 never saved in a checkpoint, and neither a resume nor `load_state_dict` restores or resets them: a
 loader resumed in a new process starts from zero, and a loader that loads a state or is iterated
-again carries on, the replay its next batch waits for counted in that batch's wait.
+again carries on, the replay its next batch waits for counted in that batch's wait. A copy forked
+with the process (a torch DataLoader worker) starts from its parent's numbers as they were at the
+fork and counts its own batches on from there.
 
 The numbers are one tuple, replaced whole per batch (`after`): the loader stores it in the same
 statement that moves a lane's cursor past the microbatch, so an interrupt counts a wait exactly
