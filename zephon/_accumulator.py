@@ -47,7 +47,8 @@ class Accumulator(Protocol):
 
     The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans. A row plan has
     `num_real_tokens`, `length`, `sources`, `tokens_by_dataset` and `images_by_dataset` (what the
-    ledger counts per dataset) like a row, `assemble()` returning its
+    ledger counts per dataset; a row without them is refused with ConfigurationError) like a row,
+    `assemble()` returning its
     `PackedSequence`, and may offer a static `assemble_batch(plans)` returning a microbatch's
     (tokens, ragged, ragged_counts) directly. The loader assembles plans only when it collates them
     into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references, not

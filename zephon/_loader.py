@@ -42,6 +42,11 @@ __all__ = ["RankLoader"]
 log = logging.getLogger("zephon")
 events = RankLog(log)
 
+_PER_DATASET_COUNTS = ("tokens_by_dataset", "images_by_dataset")
+"""What a row says of itself beyond its tokens for the ledger's per-dataset counts: a row plan of a
+plugin written before they were counted lacks them, and is refused naming its type, not failed on
+with an AttributeError from deep in the loader."""
+
 RECIPE_VERSION = 9
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
 tokens, not by count; 3: first-fit closes no open row for an item that fills a row alone; 4: a
@@ -450,7 +455,19 @@ class RankLoader:
         row_segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if row_segment != segment:
             segment, skip = row_segment, 0
-        self._ledger.count_rows(counts, row.num_real_tokens, row.length, row.tokens_by_dataset, row.images_by_dataset)
+        try:
+            self._ledger.count_rows(
+                counts, row.num_real_tokens, row.length, row.tokens_by_dataset, row.images_by_dataset
+            )
+        except AttributeError as exc:
+            if exc.obj is not row or exc.name not in _PER_DATASET_COUNTS:
+                raise
+            raise ConfigurationError(
+                f"rows of type {type(row).__qualname__} have no {exc.name}: a pipeline's last accumulator emits "
+                f"PackedSequences or row plans that also say their tokens and images per dataset "
+                f"({', '.join(_PER_DATASET_COUNTS)}), which the loader counts as it hands the rows over "
+                "(see zephon._accumulator.Accumulator)"
+            ) from exc
         masked = getattr(row, "masked_documents", ())
         if masked:
             self._ledger.count_masked(counts, masked)

@@ -606,3 +606,59 @@ def test_a_pipeline_pickles_and_its_copy_in_a_spawned_process_yields_the_same_ba
     step_digests(by_tokens, 1, 1)  # measured and cached: the cache stays behind
     with pytest.raises(ConfigurationError, match="'a' was unpickled"):
         pickle.loads(pickle.dumps(by_tokens)).shard(0, 1)
+
+
+class _RowPlanOfTheOldContract:
+    """A plugin's row plan written before rows counted their tokens per dataset: no
+    `tokens_by_dataset`, no `images_by_dataset`."""
+
+    def __init__(self, row) -> None:
+        self._row = row
+
+    @property
+    def num_real_tokens(self) -> int:
+        return self._row.num_real_tokens
+
+    @property
+    def length(self) -> int:
+        return self._row.length
+
+    @property
+    def sources(self):
+        return self._row.sources
+
+    def assemble(self):
+        return self._row.assemble()
+
+
+class _OldContractRows:
+    kind, name = "accumulator", "old_contract_rows"
+
+    def factory(self, default_pad_id: int):
+        class Wrap:
+            def push(self, row):
+                return [_RowPlanOfTheOldContract(row)]
+
+            def flush(self):
+                return []
+
+        return lambda ctx: Wrap()
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        return {"op": self.name}
+
+
+def test_a_plugin_row_plan_without_per_dataset_counts_is_refused_naming_its_type_and_what_it_lacks(
+    demo_data_dir, demo_tokenizer_path
+):
+    """The ledger counts each row's tokens and images per dataset; a row plan of a plugin written
+    to the older contract lacks them and failed deep in the loader with a bare AttributeError."""
+    source = StaticMixtureWorkSource([Dataset.from_path("wiki", str(demo_data_dir / "kjv"))], seed=1)
+    pipeline = (
+        Pipeline(source).options(num_lanes=2, runner="inline")
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+        .pack_flat(max_length=64).apply(_OldContractRows()).batch(microbatch_size=2)
+    )
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        with pytest.raises(ConfigurationError, match="_RowPlanOfTheOldContract.*tokens_by_dataset"):
+            next(iter(loader))
