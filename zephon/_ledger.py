@@ -19,7 +19,12 @@ Open counts are kept per lane, then per segment: a rank may own hundreds of lane
 replaying one lane (every lane at each `state_dict`) must not walk the others' counts. Keyed by
 (lane, segment) pairs, each settle walked them all: a save of 1,024 lanes took 0.28 s in it.
 
-Thread-unsafe: counts are kept on the loader's thread only, so they need no locks.
+Thread-unsafe: counts are kept on the loader's thread only, so they need no locks. `snapshot` may
+be read from another thread (a monitor calling `stats()` while the trainer iterates): it copies
+every dict it reads in one C call (`list(d.items())`, `dict(counts)`) before walking the copy, as
+it walked the live ones while the loader's thread added lanes, segments, datasets and reasons to
+them ("dictionary changed size during iteration"). Each number it gives was the loader's at some
+moment, not all at the same one.
 """
 
 from __future__ import annotations
@@ -132,13 +137,13 @@ class Ledger:
         total); row counts per lane, each with its `datasets` ({dataset: {"tokens", "images"}}); and
         the `mixture`, those per-dataset row counts summed over the lanes."""
         per_dataset: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
-        for lane, datasets in self._settled.items():
-            for dataset, counts in datasets.items():
-                per_dataset[dataset][lane].update(counts)
-        for lane, segments in self._open.items():
-            for datasets in segments.values():
-                for dataset, counts in datasets.items():
-                    per_dataset[dataset][lane].update(counts)
+        for lane, datasets in list(self._settled.items()):
+            for dataset, counts in list(datasets.items()):
+                per_dataset[dataset][lane].update(dict(counts))
+        for lane, segments in list(self._open.items()):
+            for datasets in list(segments.values()):
+                for dataset, counts in list(datasets.items()):
+                    per_dataset[dataset][lane].update(dict(counts))
         out = {}
         for dataset, lanes in sorted(per_dataset.items()):
             total = Counter()

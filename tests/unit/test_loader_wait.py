@@ -8,6 +8,8 @@ load. The test reads the same clock around each `next()` to know what the loader
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 
 import pytest
@@ -169,3 +171,37 @@ def test_the_first_batch_waits_at_least_for_a_record_to_be_mapped_on_worker_thre
         next(iter(loader))
         wait = loader.stats()["wait"]
     assert wait["batches"] == 1 and wait["first_s"] == wait["last_s"] == wait["total_s"] >= SLEEP_S
+
+
+def test_stats_read_on_another_thread_while_the_trainer_iterates_never_fails(tmp_path):
+    """A monitoring thread reads stats() while the training thread takes batches. The ledger's
+    snapshot walked the open counts that the loader's thread adds to as its lanes take chunks
+    ("dictionary changed size during iteration" in the reader). The switch interval is 1 us
+    meanwhile: with the GIL, the threads then switch inside the snapshot too."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", num_epochs=None)
+    failures, done = [], threading.Event()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+
+            def monitor() -> None:
+                while not done.is_set() and not failures:
+                    try:
+                        loader.stats()
+                    except Exception as error:  # noqa: BLE001 - named by the assertion
+                        failures.append(repr(error))
+
+            reader = threading.Thread(target=monitor)
+            reader.start()
+            batches = iter(loader)
+            for _ in range(3000):
+                next(batches)
+                if failures:
+                    break
+            done.set()
+            reader.join()
+            assert failures == []
+            assert loader.stats()["wait"]["batches"] == 3000
+    finally:
+        sys.setswitchinterval(interval)
