@@ -197,3 +197,26 @@ def test_the_demo_recipes_plan_deals_and_orders_the_chunks_it_did_at_recipe_vers
     slots = [[plan.slot(lane, s) for s in range(0, 3000, 7)] for lane in range(8)]
     listed = repr([[(c.dataset, c.shard, c.start, c.stop) for c in lane] for lane in slots]).encode()
     assert sha256(listed).hexdigest() == "797e1a5227317666a63e26bbc1b069ecef94ca018ef6eb1d8ddf23a7b670e5b9"
+
+
+def test_an_endless_plans_barren_records_bound_makes_no_chunk_object_per_chunk(monkeypatch):
+    """Each lane's bound on records read without a row sums its chunks' records when the loader
+    opens it. Over the plan's table of arrays it made a `Chunk` for every chunk of the lane to
+    read its `num_records` (~2 us each: 16 million chunks on one rank, half a minute before the
+    first batch), what the table was made to avoid."""
+    from zephon.work import _chunk_table
+
+    plan = StaticMixtureWorkSource(
+        [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))],
+        seed=3, records_per_chunk=1,
+    ).bind(None, num_lanes=2)
+    made = {"n": 0}
+    original = _chunk_table.Chunk
+
+    def counted(*args):
+        made["n"] += 1
+        return original(*args)
+
+    monkeypatch.setattr(_chunk_table, "Chunk", counted)
+    assert [plan.barren_records(lane, flush_every=4) for lane in range(2)] == [4623, 4619]  # as at 386a370, when the plan held Chunk lists
+    assert made["n"] == 0
