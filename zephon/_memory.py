@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ._prefetch import records_per_chunk
+from .work._chunk_table import ChunkTable
 
 __all__ = [
     "READ_BLOCK_BYTES",
@@ -142,6 +143,5 @@ def _largest_chunk_raw_bytes(plan) -> int:
         if per_chunk is None:
             largest = max(largest, max((s.raw_bytes for s in dataset.shards), default=0))
             continue
-        for chunk in dataset.chunks(per_chunk):
-            largest = max(largest, dataset.raw_bytes(chunk))
+        largest = max(largest, int(ChunkTable.of(dataset, per_chunk).raw_bytes(dataset).max(initial=0)))
     return largest

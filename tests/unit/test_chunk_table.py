@@ -38,10 +38,8 @@ def test_a_chunk_table_is_the_datasets_chunks_with_their_raw_bytes(tmp_path, rec
         assert table.num_records().tolist() == [c.num_records for c in chunks]
 
 
-def test_binding_a_plan_makes_no_chunk_object_per_chunk_of_the_corpus(monkeypatch):
-    kjv = Dataset.from_path("kjv", str(DATA / "kjv"))
-    source = StaticMixtureWorkSource([kjv], seed=3, records_per_chunk=1)
-    assert len(kjv.chunks(1)) > 1000
+def _count_chunks_made(monkeypatch) -> dict:
+    """Counts the Chunk objects made from here on, in `["n"]`."""
     created = {"n": 0}
     original = Chunk.__init__
 
@@ -50,6 +48,25 @@ def test_binding_a_plan_makes_no_chunk_object_per_chunk_of_the_corpus(monkeypatc
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(Chunk, "__init__", counted)
+    return created
+
+
+def test_binding_a_plan_makes_no_chunk_object_per_chunk_of_the_corpus(monkeypatch):
+    kjv = Dataset.from_path("kjv", str(DATA / "kjv"))
+    source = StaticMixtureWorkSource([kjv], seed=3, records_per_chunk=1)
+    assert len(kjv.chunks(1)) > 1000
+    created = _count_chunks_made(monkeypatch)
     plan = source.bind(None, num_lanes=8)
     assert created["n"] == 0
     assert isinstance(plan.slot(3, 10**5), Chunk)
+
+
+def test_the_memory_budgets_largest_chunk_is_read_from_the_tables_without_a_chunk_object(monkeypatch):
+    from zephon._memory import _largest_chunk_raw_bytes
+
+    datasets = [Dataset.from_path("kjv", str(DATA / "kjv")), Dataset.from_path("jargon", str(DATA / "jargon"))]
+    plan = StaticMixtureWorkSource(datasets, seed=3, records_per_chunk=3).bind(None, num_lanes=8)
+    expected = max(d.raw_bytes(c) for d in datasets for c in d.chunks(3))
+    created = _count_chunks_made(monkeypatch)
+    assert _largest_chunk_raw_bytes(plan) == expected
+    assert created["n"] == 0
