@@ -45,7 +45,9 @@ class Accumulator(Protocol):
     them to the ledger. One that cuts items to fit offers `drain_truncations()` likewise, as
     (address, tokens dropped) pairs, counted as `truncated` and `truncated_tokens`.
 
-    The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans. A row plan has
+    The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans. A row names the
+    record of each of its documents (`sources`, see `PackedSequence`; one holding a document it
+    names none for is refused with ConfigurationError). A row plan has
     `num_real_tokens`, `length`, `sources`, `tokens_by_dataset` and `images_by_dataset` (what the
     ledger counts per dataset; a row without them is refused with ConfigurationError) like a row,
     `assemble()` returning its

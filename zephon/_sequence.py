@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._errors import ConfigurationError
 from ._records import RecordAddress
 
 __all__ = ["PackedSequence", "IGNORE_INDEX", "PADDING_DOCUMENT"]
@@ -24,6 +25,11 @@ PADDING_DOCUMENT = -1
 
 @dataclass
 class PackedSequence:
+    """One packed row. `sources[d]` is the record of the document where `document_ids == d`, one
+    for each document the row holds: the ledger counts each document's tokens and images for its
+    record's dataset (`stats()["mixture"]`), and a batch hands them on (`Batch.sources`). A row
+    holding a document without one is refused as it is handed over (see `tokens_by_dataset`)."""
+
     tokens: dict[str, np.ndarray]
     sources: tuple[RecordAddress, ...] = ()
     ragged: dict[str, np.ndarray] = field(default_factory=dict)
@@ -53,9 +59,21 @@ class PackedSequence:
         return self._by_dataset(self.tokens["document_ids"][offsets]) if len(offsets) else {}
 
     def _by_dataset(self, documents: np.ndarray) -> dict[str, int]:
-        """How often each document number occurs in `documents`, summed by its dataset."""
+        """How often each document number occurs in `documents`, summed by its dataset.
+
+        A document `sources` names no record for is a ConfigurationError: its tokens were counted
+        in the lane's `tokens` and for no dataset (a plugin's row made without `sources`), so the
+        realised mixture fell short of the tokens handed over, and nothing said so."""
+        per_document = np.bincount(documents, minlength=len(self.sources))
+        if len(per_document) > len(self.sources):
+            raise ConfigurationError(
+                f"a PackedSequence holds documents 0 to {len(per_document) - 1} and names the record of "
+                f"{len(self.sources)} (its sources): the last accumulator of a pipeline names each document's "
+                "record, sources[d] for document_ids == d, whose dataset the loader counts the document's "
+                "tokens and images for as it hands the row over (stats()['mixture'])"
+            )
         out: dict[str, int] = {}
-        for address, n in zip(self.sources, np.bincount(documents, minlength=len(self.sources)).tolist()):
+        for address, n in zip(self.sources, per_document.tolist()):
             if n:
                 out[address.dataset] = out.get(address.dataset, 0) + n
         return out

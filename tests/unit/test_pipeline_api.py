@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runners import ThreadRunner
-from zephon import ConfigurationError, IGNORE_INDEX, Pipeline, PADDING_DOCUMENT, global_batch_digest
+from zephon import ConfigurationError, IGNORE_INDEX, PackedSequence, Pipeline, PADDING_DOCUMENT, global_batch_digest
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
@@ -662,3 +662,64 @@ def test_a_plugin_row_plan_without_per_dataset_counts_is_refused_naming_its_type
     with pipeline.shard(0, 1, global_batch_size=4) as loader:
         with pytest.raises(ConfigurationError, match="_RowPlanOfTheOldContract.*tokens_by_dataset"):
             next(iter(loader))
+
+
+class _RowsNamingSources:
+    """A plugin that hands each packed row over as a `PackedSequence` naming the records of only
+    its first `named` documents (`sources`; None: all of them)."""
+
+    kind, name = "accumulator", "rows_naming_sources"
+
+    def __init__(self, named: int | None) -> None:
+        self.named = named
+
+    def factory(self, default_pad_id: int):
+        named = self.named
+
+        class Rows:
+            def push(self, plan):
+                row = plan.assemble()
+                return [PackedSequence(tokens=row.tokens, sources=row.sources[:named])]
+
+            def flush(self):
+                return []
+
+        return lambda ctx: Rows()
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        return {"op": self.name, "named": self.named}
+
+
+def _stats_of_rows_naming_sources(demo_data_dir, demo_tokenizer_path, named: int | None, microbatches: int) -> dict:
+    source = StaticMixtureWorkSource([Dataset.from_path("wiki", str(demo_data_dir / "kjv"))], seed=1)
+    pipeline = (
+        Pipeline(source).options(num_lanes=2, runner="inline")
+        .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
+        .pack_flat(max_length=64).apply(_RowsNamingSources(named)).batch(microbatch_size=2)
+    )
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        batches = iter(loader)
+        for _ in range(microbatches):
+            next(batches)
+        return loader.stats()
+
+
+@pytest.mark.parametrize("named", [0, 1], ids=["no_sources", "the_first_document_s_only"])
+def test_a_plugin_row_naming_no_record_for_some_of_its_documents_is_refused_naming_what_it_lacks(
+    demo_data_dir, demo_tokenizer_path, named
+):
+    """The ledger counts a row's tokens for the dataset of the record `sources` names for each of
+    its documents: a plugin's PackedSequence made without them (`sources` defaults to none) had
+    those tokens counted in its lane's `tokens` and under no dataset, so the realised mixture did
+    not add up to the tokens handed over, silently."""
+    with pytest.raises(ConfigurationError, match=r"PackedSequence holds documents 0 to \d+ and names the record "
+                                                 rf"of {named}.*sources\[d\]"):
+        _stats_of_rows_naming_sources(demo_data_dir, demo_tokenizer_path, named, microbatches=8)
+
+
+def test_a_plugin_row_naming_every_documents_record_counts_all_its_tokens_for_their_datasets(
+    demo_data_dir, demo_tokenizer_path
+):
+    stats = _stats_of_rows_naming_sources(demo_data_dir, demo_tokenizer_path, None, microbatches=8)
+    for lane in stats["lanes"].values():
+        assert sum(counts["tokens"] for counts in lane["datasets"].values()) == lane["tokens"] > 0
