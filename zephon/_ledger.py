@@ -15,31 +15,46 @@ A lane's row counts are one flat Counter, per-dataset ones under `tokens:<datase
 checkpoint in the shape it always had. A state saved before they were counted carries none: the
 per-dataset counts of a run resumed from it cover the rows handed over since.
 
-Open counts are kept per lane, then per segment: a rank may own hundreds of lanes, and settling or
-replaying one lane (every lane at each `state_dict`) must not walk the others' counts. Keyed by
+Record counts are kept per lane, then per segment: a rank may own hundreds of lanes, and settling
+or replaying one lane (every lane at each `state_dict`) must not walk the others' counts. Keyed by
 (lane, segment) pairs, each settle walked them all: a save of 1,024 lanes took 0.28 s in it.
 
 Thread-unsafe: counts are kept on the loader's thread only, so they need no locks. `snapshot` may
-be read from another thread (a monitor calling `stats()` while the trainer iterates): it copies
-every dict it reads in one C call (`list(d.items())`, `dict(counts)`) before walking the copy, as
-it walked the live ones while the loader's thread added lanes, segments, datasets and reasons to
-them ("dictionary changed size during iteration"). Each number it gives was the loader's at some
-moment, not all at the same one.
+be read from another thread (a monitor calling `stats()` while the trainer iterates), and shows
+whole counting steps: a lane's record counts (`_LaneRecords`) are never changed in place, but
+counted into copies that one store puts in place of the old, per call (a chunk, an accumulator's
+skips or cuts, a settle), as its row counts are per microbatch. The snapshot copies the two
+per-lane dicts in one C call each (`list(d.items())`) and walks the copies. Counted in place, key
+by key, a snapshot could show a chunk read but its skips not yet counted, or a skip taken from
+`emitted` and not yet added to `skipped`, and a segment being settled in neither its settled nor
+its open counts. Under any snapshot, then, `read == emitted + filtered + skipped` for every dataset
+and lane, and a lane's per-dataset tokens add up to its `tokens`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import NamedTuple
 
 from ._records import ChunkRecords
 
 __all__ = ["Ledger"]
 
 
+class _LaneRecords(NamedTuple):
+    """A lane's record counts: `settled` ({dataset: Counter}) and `open` ({segment: {dataset:
+    Counter}}). Never changed once stored, dicts and Counters alike: a change is a new one."""
+
+    settled: dict[str, Counter]
+    open: dict[int, dict[str, Counter]]
+
+
+_NO_RECORDS = _LaneRecords({}, {})
+
+
 class Ledger:
     def __init__(self) -> None:
-        self._settled: dict[int, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
-        self._open: dict[int, dict[int, dict[str, Counter]]] = defaultdict(_segments)
+        self._records: dict[int, _LaneRecords] = {}
         # Row counts per lane. A lane's Counter is replaced whole, never changed in place: the
         # loader counts a microbatch's rows into a copy (`rows_of`, `count_rows`, `count_masked`)
         # and stores it in the one statement that moves the lane's cursor past them. Counted in
@@ -48,27 +63,45 @@ class Ledger:
         self.rows: dict[int, Counter] = defaultdict(Counter)
 
     def count_chunk(self, lane: int, segment: int, batch: ChunkRecords) -> None:
-        counts = self._open[lane][segment][batch.chunk.dataset]
-        counts["read"] += batch.chunk.num_records
+        chunk = batch.chunk
+        counts = Counter(self._records.get(lane, _NO_RECORDS).open.get(segment, {}).get(chunk.dataset, ()))
+        counts["read"] += chunk.num_records
         counts["emitted"] += len(batch.records)
         counts["filtered"] += len(batch.filtered)
         for _, reason in batch.skipped:
             counts[f"skipped:{reason}"] += 1
+        self._store_open(lane, segment, {chunk.dataset: counts})
 
     def count_skips(self, lane: int, segment: int, skips: list) -> None:
         """Items an accumulator refused, as (address, reason): no longer emitted, now skipped."""
+        counts = self._open_copies(lane, segment, skips)
         for address, reason in skips:
-            counts = self._open[lane][segment][address.dataset]
-            counts["emitted"] -= 1
-            counts[f"skipped:{reason}"] += 1
+            dataset = counts[address.dataset]
+            dataset["emitted"] -= 1
+            dataset[f"skipped:{reason}"] += 1
+        self._store_open(lane, segment, counts)
 
     def count_truncations(self, lane: int, segment: int, cuts: list) -> None:
         """Items an accumulator cut to fit, as (address, tokens dropped): still emitted, counted as
         `truncated` (items) and `truncated_tokens`."""
+        counts = self._open_copies(lane, segment, cuts)
         for address, dropped in cuts:
-            counts = self._open[lane][segment][address.dataset]
-            counts["truncated"] += 1
-            counts["truncated_tokens"] += dropped
+            dataset = counts[address.dataset]
+            dataset["truncated"] += 1
+            dataset["truncated_tokens"] += dropped
+        self._store_open(lane, segment, counts)
+
+    def _open_copies(self, lane: int, segment: int, items: list) -> dict[str, Counter]:
+        """Copies of the lane's open counts in `segment` of each dataset of `items` ((address, _)
+        pairs), to count them into and store with `_store_open`."""
+        datasets = self._records.get(lane, _NO_RECORDS).open.get(segment, {})
+        return {address.dataset: Counter(datasets.get(address.dataset, ())) for address, _ in items}
+
+    def _store_open(self, lane: int, segment: int, counts: dict[str, Counter]) -> None:
+        """Put `counts` ({dataset: Counter}) in place of the lane's open ones in `segment`, in one store."""
+        records = self._records.get(lane, _NO_RECORDS)
+        datasets = {**records.open.get(segment, {}), **counts}
+        self._records[lane] = _LaneRecords(records.settled, {**records.open, segment: datasets})
 
     def rows_of(self, lane: int) -> Counter:
         """A copy of the lane's row counts, for a microbatch's rows to be counted into (see `rows`)."""
@@ -101,56 +134,57 @@ class Ledger:
         first and then added dataset by dataset, an interrupt in between (Ctrl-C at the trainer's
         next ask, after a microbatch took the lane into a new segment) lost them for good, since
         those segments are never read again."""
-        segments = self._open.get(lane)
-        folded = [s for s in segments if s < segment] if segments else []
+        records = self._records.get(lane, _NO_RECORDS)
+        folded = [s for s in records.open if s < segment]
         if not folded:
             return
-        settled = defaultdict(Counter, {d: Counter(c) for d, c in self._settled[lane].items()})
+        settled = defaultdict(Counter, {d: Counter(c) for d, c in records.settled.items()})
         for s in folded:
-            for dataset, counts in segments[s].items():
+            for dataset, counts in records.open[s].items():
                 settled[dataset].update(counts)
-        still_open = _segments({s: counts for s, counts in segments.items() if s >= segment})
-        self._settled[lane], self._open[lane] = settled, still_open
+        still_open = {s: counts for s, counts in records.open.items() if s >= segment}
+        self._records[lane] = _LaneRecords(dict(settled), still_open)
 
     def replay(self, lane: int, segment: int) -> None:
         """The lane is read again from the start of `segment` (a new iteration of the loader):
         settle what lies before it and drop the counts from it on, which the replay counts anew."""
         self.settle(lane, segment)
-        self._open.pop(lane, None)
+        records = self._records.get(lane)
+        if records is not None:
+            self._records[lane] = _LaneRecords(records.settled, {})
 
     def lane_state(self, lane: int, segment: int) -> dict:
         """JSON-able counts a checkpoint needs for a lane whose replay starts at `segment`."""
         self.settle(lane, segment)
+        settled = self._records.get(lane, _NO_RECORDS).settled
         return {
-            "records": {d: dict(sorted(c.items())) for d, c in sorted(self._settled[lane].items())},
+            "records": {d: dict(sorted(c.items())) for d, c in sorted(settled.items())},
             "rows": dict(sorted(self.rows[lane].items())),
         }
 
     def restore(self, lane: int, state: dict) -> None:
         """Take up a lane's settled counts; everything from its replay point will be recounted."""
-        self._settled[lane] = defaultdict(Counter, {d: Counter(c) for d, c in state.get("records", {}).items()})
+        settled = {d: Counter(c) for d, c in state.get("records", {}).items()}
+        self._records[lane] = _LaneRecords(settled, {})
         self.rows[lane] = Counter(state.get("rows", {}))
-        self._open.pop(lane, None)
 
     def snapshot(self) -> dict:
         """A fresh, JSON-able copy (never the live counters): record counts per dataset (per lane and
         total); row counts per lane, each with its `datasets` ({dataset: {"tokens", "images"}}); and
         the `mixture`, those per-dataset row counts summed over the lanes."""
+        records, rows = list(self._records.items()), list(self.rows.items())
         per_dataset: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
-        for lane, datasets in list(self._settled.items()):
-            for dataset, counts in list(datasets.items()):
-                per_dataset[dataset][lane].update(dict(counts))
-        for lane, segments in list(self._open.items()):
-            for datasets in list(segments.values()):
-                for dataset, counts in list(datasets.items()):
-                    per_dataset[dataset][lane].update(dict(counts))
+        for lane, (settled, segments) in records:
+            for datasets in (settled, *segments.values()):
+                for dataset, counts in datasets.items():
+                    per_dataset[dataset][lane].update(counts)
         out = {}
         for dataset, lanes in sorted(per_dataset.items()):
             total = Counter()
             for counts in lanes.values():
                 total.update(counts)
             out[dataset] = {"lanes": {lane: _split(c) for lane, c in sorted(lanes.items())}, "total": _split(total)}
-        lanes = {lane: _split_rows(c) for lane, c in sorted(self.rows.items())}
+        lanes = {lane: _split_rows(c) for lane, c in sorted(rows)}
         mixture: dict[str, Counter] = defaultdict(Counter)
         for lane in lanes.values():
             for dataset, counts in lane["datasets"].items():
@@ -160,11 +194,6 @@ class Ledger:
             "lanes": lanes,
             "mixture": {dataset: dict(counts) for dataset, counts in sorted(mixture.items())},
         }
-
-
-def _segments(open_counts=()) -> defaultdict[int, defaultdict[str, Counter]]:
-    """A lane's open counts: {segment: {dataset: Counter}}."""
-    return defaultdict(lambda: defaultdict(Counter), open_counts)
 
 
 def _split(counts: Counter) -> dict:

@@ -648,7 +648,9 @@ class RankLoader:
         in the prefetch window), so they run ahead of the trainer by what each lane holds: the
         rest of that chunk, the packer's open rows, the shuffle buffer and the rows looked ahead.
         Row counts are taken as rows are handed over. Across a resume the counts carry on
-        exactly: nothing replayed is counted twice.
+        exactly: nothing replayed is counted twice. Read on another thread while the trainer
+        iterates, it shows whole counting steps (a chunk, a microbatch; see `_ledger`): every
+        dataset and lane balances.
 
         `"wait"` says whether the trainer waits for data: the microbatches this loader object
         handed over (`batches`), the seconds the caller's thread spent inside `next()` for them,
