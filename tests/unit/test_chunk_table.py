@@ -38,6 +38,17 @@ def test_a_chunk_table_is_the_datasets_chunks_with_their_raw_bytes(tmp_path, rec
         assert table.num_records().tolist() == [c.num_records for c in chunks]
 
 
+def test_a_chunks_raw_bytes_are_its_records_bytes_where_planning_saw_them_else_its_shards_prorated(tmp_path):
+    """Pinned apart from the table: `Dataset.raw_bytes`, `chunks` and the table share one formula."""
+    kjv, parquet = Dataset.from_path("kjv", str(DATA / "kjv")), _parquet_dataset(tmp_path)
+    for shard, info in enumerate(kjv.shards):
+        own = [kjv.raw_bytes(c) for c in kjv.chunks(16) if c.shard == shard]
+        assert all(own) and sum(own) == info.raw_bytes
+    for chunk in parquet.chunks(16):
+        info = parquet.shards[chunk.shard]
+        assert parquet.raw_bytes(chunk) == info.raw_bytes * chunk.num_records // info.num_records
+
+
 def _count_chunks_made(monkeypatch) -> dict:
     """Counts the Chunk objects made from here on, in `["n"]`."""
     created = {"n": 0}

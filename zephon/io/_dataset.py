@@ -204,13 +204,20 @@ class Dataset:
         Chunks never cross a shard boundary, so a shard's last chunk may be shorter; an empty shard
         gives no chunk.
         """
+        shard, start, stop = self.chunk_bounds(records_per_chunk)
+        return [Chunk(self.name, *bounds) for bounds in zip(shard.tolist(), start.tolist(), stop.tolist())]
+
+    def chunk_bounds(self, records_per_chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (shard, start, stop) of every chunk of `chunks`, in its order, as three int64 arrays:
+        what a plan of millions of chunks holds instead of a Chunk each (`zephon.work`'s ChunkTable)."""
         if not isinstance(records_per_chunk, int) or records_per_chunk < 1:
             raise ConfigurationError(f"records_per_chunk={records_per_chunk!r} must be an int >= 1")
-        return [
-            Chunk(self.name, i, start, min(start + records_per_chunk, shard.num_records))
-            for i, shard in enumerate(self.shards)
-            for start in range(0, shard.num_records, records_per_chunk)
-        ]
+        counts = np.array([shard.num_records for shard in self.shards], dtype=np.int64)
+        per_shard = -(-counts // records_per_chunk)
+        shard = np.repeat(np.arange(len(counts), dtype=np.int64), per_shard)
+        first = np.cumsum(per_shard) - per_shard
+        start = (np.arange(len(shard), dtype=np.int64) - first[shard]) * records_per_chunk
+        return shard, start, np.minimum(start + records_per_chunk, counts[shard])
 
     def read_chunk(self, chunk: Chunk, *, on_error: str | ErrorPolicy = "skip") -> ChunkRecords:
         """The records of `chunk`; bad ones are skipped with their reason or raise BadRecordError.
@@ -233,18 +240,15 @@ class Dataset:
         return collect(chunk, info.url, slots, policy)
 
     def raw_bytes(self, chunk: Chunk) -> int:
-        """Decompressed bytes of a chunk's records: exact where planning saw each record's offset
-        (line formats), else the shard's raw bytes prorated by record count."""
+        """Decompressed bytes of a chunk's records (see `raw_bytes_of`)."""
         self._check(chunk)
-        offsets = self._access[chunk.shard].record_offsets
-        if offsets is not None:
-            return int(offsets[chunk.stop] - offsets[chunk.start])
-        info = self.shards[chunk.shard]
-        return info.raw_bytes * chunk.num_records // max(1, info.num_records)
+        return int(self.raw_bytes_of(chunk.shard, np.array([chunk.start]), np.array([chunk.stop]))[0])
 
     def raw_bytes_of(self, shard: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        """`raw_bytes` of the chunks [starts[i], stops[i]) of one shard, all at once: a plan of
-        millions of chunks makes no Chunk object to ask for each (see `zephon.work._chunk_table`)."""
+        """Decompressed bytes of the records [starts[i], stops[i]) of one shard, for each i: exact
+        where planning saw each record's offset (line formats), else the shard's raw bytes prorated
+        by record count (in Python ints: raw bytes times a record count can pass 2**63). All at
+        once: a plan of millions of chunks makes no Chunk object to ask for each."""
         offsets = self._access[shard].record_offsets
         if offsets is not None:
             return offsets[stops] - offsets[starts]

@@ -35,12 +35,7 @@ class ChunkTable(Sequence):
     @classmethod
     def of(cls, dataset: Dataset, records_per_chunk: int) -> ChunkTable:
         """Every record slot of `dataset` in one chunk: shard order, then record order."""
-        counts = np.array([shard.num_records for shard in dataset.shards], dtype=np.int64)
-        per_shard = -(-counts // records_per_chunk)
-        shard = np.repeat(np.arange(len(counts), dtype=np.int64), per_shard)
-        first = np.cumsum(per_shard) - per_shard
-        start = (np.arange(len(shard), dtype=np.int64) - first[shard]) * records_per_chunk
-        return cls(dataset.name, shard, start, np.minimum(start + records_per_chunk, counts[shard]))
+        return cls(dataset.name, *dataset.chunk_bounds(records_per_chunk))
 
     def __len__(self) -> int:
         return len(self.shard)
