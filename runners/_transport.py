@@ -36,7 +36,6 @@ import mmap
 import os
 import pickle
 import sys
-import tempfile
 import uuid
 import weakref
 from typing import Any, NamedTuple
@@ -46,7 +45,7 @@ import numpy as np
 from ._arena import Arena, layout
 from ._libc import MAP_FAILED, libc
 
-__all__ = ["Envelope", "decode", "discard", "encode", "make_shm_directory"]
+__all__ = ["Envelope", "decode", "discard", "encode"]
 
 
 class Envelope(NamedTuple):
@@ -65,16 +64,6 @@ class Envelope(NamedTuple):
     @property
     def shm_bytes(self) -> int:
         return sum(length for _, length in self.spans)
-
-
-def make_shm_directory(root: str | None = None) -> str:
-    """A fresh private directory for one runner's buffer files: /dev/shm when it exists.
-
-    Its path is absolute: a relative `root` would name another place once the job changes its
-    working directory (Hydra gives each run its own), where no buffer could be written or found."""
-    if root is None:
-        root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix=f"zephon-{os.getpid()}-", dir=None if root is None else os.path.abspath(root))
 
 
 def encode(obj: Any, directory: str, threshold: int, arena: Arena | None = None) -> Envelope:

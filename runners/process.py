@@ -55,7 +55,8 @@ from ._lifecycle import (
     stage_at,
     validate_stages,
 )
-from ._transport import Envelope, decode, discard, encode, make_shm_directory
+from ._buffer_directory import make_buffer_directory
+from ._transport import Envelope, decode, discard, encode
 from ._worker import STOP, serve
 
 __all__ = ["ProcessRunner", "TransportStats"]
@@ -148,7 +149,8 @@ class ProcessRunner:
       an item that does not fit goes through a buffer file. Costs up to this much shared memory;
       0 sends every item through files.
     - `shm_root`: where the per-runner buffer directory is created (default /dev/shm, else the
-      temporary directory).
+      temporary directory). Making it removes the directories there of runners whose processes
+      all died (`_buffer_directory`).
     - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
 
     Stage functions are inherited through fork and never pickled, so they may be closures or
@@ -218,6 +220,7 @@ class ProcessRunner:
         self._closing = False
         self._failure: BaseException | None = None  # set if the reader thread itself broke
         self._directory: str | None = None
+        self._directory_lock: int | None = None  # held until the directory is removed (`_buffer_directory`)
         self._requests: Arena | None = None  # the request arena, mapped in start() before any fork
         self._wake_r = self._wake_w = -1
         self._reader: threading.Thread | None = None
@@ -272,7 +275,7 @@ class ProcessRunner:
         atexit.register(self._at_exit)
         try:
             with self._lock:
-                self._directory = make_shm_directory(self._shm_root)
+                self._directory, self._directory_lock = make_buffer_directory(self._shm_root)
                 if self._request_arena_bytes:
                     self._requests = Arena(self._request_arena_bytes)
                 self._wake_r, self._wake_w = os.pipe()
@@ -364,6 +367,9 @@ class ProcessRunner:
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
+        if self._directory_lock is not None:
+            os.close(self._directory_lock)
+            self._directory_lock = None
         self._requests = None  # unmapped once its last view is gone
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)

@@ -7,17 +7,19 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from runners import InlineRunner, ProcessRunner, WorkerCrashedError
+from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory
 from zephon._errors import BadRecordError, ConfigurationError, ZephonError
 from zephon.io import ShardUnavailableError
 from zephon._runner import Stage
@@ -25,12 +27,15 @@ from zephon._runner import Stage
 MIB = 1 << 20
 
 
-def _run_script(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+def _run_script(script: str, *args: str, timeout: int, **popen: Any) -> subprocess.CompletedProcess:
     """Run `script` in a fresh interpreter that imports this checkout (its exit is what is tested)."""
     return subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env=_THIS_CHECKOUT, **popen,
     )
+
+
+_THIS_CHECKOUT = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def mapping_of(array: np.ndarray) -> tuple[str, str | None]:
@@ -171,7 +176,7 @@ def test_buffer_files_are_unlinked_on_receipt_and_results_stay_writable():
     with ProcessRunner() as runner:
         runner.start([Stage("ones", lambda n: np.ones(n, dtype=np.uint8), 2)])
         results = [runner.submit(0, 4 * MIB).result(10) for _ in range(3)]
-        assert os.listdir(runner.shm_directory) == []
+        assert os.listdir(runner.shm_directory) == [_buffer_directory.LOCK]
     results[0][:] = 7  # the worker does not reuse the block until this array is let go
     assert results[0].sum() == 7 * 4 * MIB and results[1].sum() == 4 * MIB
 
@@ -638,6 +643,139 @@ def test_a_parent_killed_with_sigkill_leaves_no_buffer_directory_once_its_worker
     assert list(root.iterdir()) == []
 
 
+def dead_runners_directory(root: Path, name: str = "zephon-4343-deadbeef") -> Path:
+    """A buffer directory as a runner killed whole leaves it: its lock file held by no process,
+    a buffer file in transit."""
+    directory = root / name
+    directory.mkdir()
+    (directory / "owner.lock").touch()
+    (directory / ("0" * 32)).write_bytes(b"x" * 4096)
+    return directory
+
+
+def start_a_runner_beside(root: Path) -> None:
+    with ProcessRunner(shm_root=str(root)) as runner:
+        runner.start([Stage("double", lambda x: 2 * x, 1)])
+        assert runner.submit(0, 2).result(10) == 4
+
+
+_KILLED_WHOLE = """
+import os, signal, sys, time, numpy as np
+from runners import ProcessRunner
+from zephon._runner import Stage
+runner = ProcessRunner(shm_root=sys.argv[1], reply_arena_bytes=0, request_arena_bytes=0)
+runner.start([Stage("slow", lambda x: time.sleep(60), 1)])
+in_transit = [runner.submit(0, np.ones(1 << 20)) for _ in range(4)]  # the worker holds two, two wait
+print(runner.shm_directory, *runner.worker_pids(), flush=True)
+os.killpg(0, signal.SIGKILL)  # the trainer and its workers at once, as scancel or the OOM killer
+"""
+
+
+def test_a_job_killed_whole_leaves_its_buffer_directory_to_the_next_runner_made_under_the_same_root(tmp_path, caplog):
+    """Killed whole (SIGKILL to the trainer and its workers at once: Slurm's scancel after its grace
+    period, the OOM killer taking the job's cgroup), a job left nobody to remove its buffer
+    directory: it stayed in /dev/shm with the buffer files in transit for good, and a node running
+    job after job filled its /dev/shm. The next process runner made under that root removes it."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    done = _run_script(_KILLED_WHOLE, str(root), timeout=60, start_new_session=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    directory, *workers = done.stdout.split()
+    wait_until(lambda: all(has_exited(int(pid)) for pid in workers))
+    assert len(os.listdir(directory)) >= 2, "the directory and the buffer files in transit were left"
+
+    with caplog.at_level(logging.INFO, logger="runners.process"):
+        start_a_runner_beside(root)
+    assert not os.path.exists(directory) and list(root.iterdir()) == []
+    assert f"removed {directory}, the buffer directory of a process runner none of whose processes is alive" in caplog.text
+
+
+_OPEN_UNTIL_TOLD = """
+import os, signal, sys, time, numpy as np
+from runners import ProcessRunner
+from zephon._runner import Stage
+runner = ProcessRunner(shm_root=sys.argv[1], reply_arena_bytes=0, request_arena_bytes=0)
+if sys.argv[2] == "its parent":
+    runner.start([Stage("double", lambda x: 2 * x, 1)])
+    print(runner.shm_directory, flush=True)
+    sys.stdin.readline()
+    print(int(runner.submit(0, np.ones(1 << 20)).result(10).sum()), flush=True)
+    runner.close()
+else:
+    runner.start([Stage("slow", lambda x: time.sleep(60), 1)])
+    runner.submit(0, 1)
+    print(runner.shm_directory, *runner.worker_pids(), flush=True)
+    sys.stdin.readline()
+    os.kill(os.getpid(), signal.SIGKILL)  # the parent alone, its worker busy
+"""
+
+
+@pytest.mark.parametrize("alive", ["its parent", "only its busy worker, its parent killed alone"])
+def test_a_buffer_directory_is_never_removed_while_a_process_of_its_runner_lives(tmp_path, alive):
+    """A runner made beside a live one leaves its directory alone, whatever the pid in its name
+    says; so does one made while a runner's parent is dead but a worker, which removes the
+    directory once its item is done, still runs. The one made after that worker dies removes it."""
+    script = subprocess.Popen(
+        [sys.executable, "-c", _OPEN_UNTIL_TOLD, str(tmp_path), alive],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_THIS_CHECKOUT,
+    )
+    try:
+        directory, *workers = script.stdout.readline().split()
+        if alive == "its parent":
+            start_a_runner_beside(tmp_path)
+            out, _ = script.communicate("go\n", timeout=60)
+            assert (script.returncode, out.split()) == (0, [str(2 << 20)]), "it kept its directory"
+            return
+        script.stdin.write("die\n")
+        script.stdin.close()
+        assert script.wait(60) == -signal.SIGKILL
+        start_a_runner_beside(tmp_path)
+        assert os.path.isdir(directory) and not has_exited(int(workers[0]))
+    finally:
+        script.kill()
+        script.wait()
+    os.kill(int(workers[0]), signal.SIGKILL)
+    wait_until(lambda: has_exited(int(workers[0])))
+    start_a_runner_beside(tmp_path)
+    assert not os.path.exists(directory)
+
+
+@pytest.mark.parametrize("left", ["a directory a runner is making", "a directory not named as a runner's", "a file named as a runner's directory"])
+def test_what_may_not_be_a_dead_runners_buffer_directory_is_left_alone(tmp_path, left):
+    """A runner's directory exists a moment before its lock is taken, and nothing not named as a
+    runner's buffer directory is a runner's to remove; a dead runner's beside them is removed."""
+    dead = dead_runners_directory(tmp_path)
+    if left == "a directory a runner is making":
+        kept = tmp_path / "zephon-4242-abcdefgh"
+        kept.mkdir()
+        (kept / "owner.lock.new").touch()  # created, not yet locked and named
+    elif left == "a directory not named as a runner's":
+        kept = dead_runners_directory(tmp_path, "zephon-cache")
+    else:
+        kept = tmp_path / "zephon-4242-abcdefgh"
+        kept.write_bytes(b"not ours")
+    before = sorted(kept.iterdir()) if kept.is_dir() else kept.read_bytes()
+    start_a_runner_beside(tmp_path)
+    assert (sorted(kept.iterdir()) if kept.is_dir() else kept.read_bytes()) == before
+    assert not dead.exists()
+
+
+def test_a_dead_runners_directory_that_cannot_be_removed_is_logged_and_the_new_runner_starts(tmp_path, monkeypatch, caplog):
+    dead = dead_runners_directory(tmp_path)
+    remove = shutil.rmtree
+
+    def refuse(path, *args, **kwargs):
+        if str(path) == str(dead):
+            raise PermissionError(13, "Permission denied", str(path))
+        return remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        start_a_runner_beside(tmp_path)
+    assert dead.is_dir()
+    assert f"could not remove {dead}, the buffer directory of a dead process runner: [Errno 13] Permission denied" in caplog.text
+
+
 _FORK_A_CHILD_THAT_EXITS = """
 import os, sys, warnings
 warnings.simplefilter("ignore", DeprecationWarning)
@@ -963,7 +1101,7 @@ def test_items_cross_in_the_request_arena_and_each_block_is_reused_once_its_work
         for start in range(0, 40, 4):
             futures = [runner.submit(0, np.full(MIB, i % 251, dtype=np.uint8)) for i in range(start, start + 4)]
             seen += [future.result(10) for future in futures]
-        assert os.listdir(runner.shm_directory) == []
+        assert os.listdir(runner.shm_directory) == [_buffer_directory.LOCK]
     assert seen == [(True, i % 251, i % 251) for i in range(40)]
 
 

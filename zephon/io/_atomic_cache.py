@@ -44,7 +44,7 @@ until the directory is cleared.
 from __future__ import annotations
 
 import errno
-import fcntl
+import functools
 import hashlib
 import os
 import socket
@@ -56,6 +56,7 @@ from fsspec.implementations.cache_mapper import AbstractCacheMapper
 from fsspec.implementations.cached import SimpleCacheFileSystem
 
 from .._errors import ConfigurationError
+from .._file_lock import lock, remove_if_unlocked
 from ._version import changed_after_planning, version_of
 
 __all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
@@ -121,7 +122,7 @@ def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, version: str) -> 
             raise _unwritable(cache, path, directory, error) from error
         raise
     try:
-        _lock(handle, blocking=True)
+        lock(handle, blocking=True)
         cache.fs.get_file(path, partial)
         if (now := _current_version(cache.fs, path)) != version:
             raise changed_after_planning(
@@ -149,16 +150,6 @@ def _unwritable(cache: AtomicSimpleCacheFileSystem, path: str, directory: str, e
     )
 
 
-def _lock(handle: int, blocking: bool) -> bool:
-    """Take the exclusive lock on an open file; False where another process holds it or the
-    filesystem takes no locks (then nothing can tell a live download from a dead one)."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except OSError:
-        return False
-    return True
-
-
 def _remove_abandoned(directory: str, host: str) -> None:
     """Remove the temporary files in `directory` that downloads of `host` left when killed (see
     the module's docstring for why each condition makes that safe)."""
@@ -172,16 +163,12 @@ def _remove_abandoned(directory: str, host: str) -> None:
             try:
                 if now - entry.stat().st_mtime < ABANDONED_AFTER_S:
                     continue
-                handle = os.open(entry.path, os.O_RDWR)  # NFS's emulated flock needs a writable file
             except OSError:  # gone meanwhile (renamed into place, removed by another download), or not ours
                 continue
             try:
-                if _lock(handle, blocking=False):
-                    os.unlink(entry.path)
+                remove_if_unlocked(entry.path, functools.partial(os.unlink, entry.path))
             except FileNotFoundError:
                 pass
-            finally:
-                os.close(handle)
 
 
 class _VersionedNames(AbstractCacheMapper):
