@@ -17,6 +17,11 @@ lock as it removes it (`zephon._file_lock`): two runners sweeping at once never 
 pid in the name decides nothing: containers sharing /dev/shm count pids in namespaces of their own,
 and pids are reused.
 
+A lock is proof only to processes of the kernel that holds it: on a filesystem shared between
+nodes (an `shm_root` on NFS mounted without its lock service) another node's lock may not be seen.
+`owner.lock` therefore holds the kernel's boot id (the same in every container on a node), and a
+directory another kernel locked is left to that kernel's runners.
+
 The lock is taken on the file under another name, which is then renamed to `owner.lock`, so a
 directory's `owner.lock` is locked from the moment it can be seen: a runner being made is never
 taken for a dead one, however long it is held up between making its directory and locking it. A
@@ -27,9 +32,9 @@ A process forked from the trainer while the runner is open inherits the descript
 do (another runner's workers, a torch DataLoader worker), so the directory of a job killed whole
 waits, if such a process outlives the job, until it has exited too.
 
-Sweeping costs a listing of the root and, per directory named as a runner's, an open and a lock
-that does not wait. It never fails the runner being made: what fails is logged (logger
-`runners.process`) and skipped.
+Sweeping costs a listing of the root and, per directory named as a runner's, a read of its
+`owner.lock` and a lock that does not wait. It never fails the runner being made: what fails is
+logged (logger `runners.process`) and skipped.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ def _hold(directory: str) -> int | None:
         handle = os.open(os.path.join(directory, _LOCKING), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         if not lock(handle, blocking=False):
             raise OSError(errno.ENOLCK, "its filesystem takes no locks")
+        os.write(handle, _kernel())
         os.rename(os.path.join(directory, _LOCKING), os.path.join(directory, LOCK))
         return handle
     except OSError as error:
@@ -102,8 +108,33 @@ def _remove_dead(root: str) -> None:
         _log.warning("could not look for dead process runners' buffer directories in %s: %s", root, error)
         return
     for directory in named:
+        if not _locked_on_this_kernel(directory):
+            continue
         try:
             if remove_if_unlocked(os.path.join(directory, LOCK), functools.partial(shutil.rmtree, directory)):
                 _log.info("removed %s, the buffer directory of a process runner none of whose processes is alive", directory)
+        except FileNotFoundError:  # removed by another runner between our open and our lock
+            pass
         except OSError as error:
             _log.warning("could not remove %s, the buffer directory of a dead process runner: %s", directory, error)
+
+
+def _locked_on_this_kernel(directory: str) -> bool:
+    """Whether the directory's `owner.lock` was locked by a process of this kernel, whose locks
+    this one sees; False where it cannot be read (none yet, another user's)."""
+    try:
+        with open(os.path.join(directory, LOCK), "rb") as file:
+            return file.read(len(_kernel()) + 1) == _kernel()
+    except OSError:
+        return False
+
+
+@functools.cache
+def _kernel() -> bytes:
+    """This kernel's boot id: one for every container on the node, another on any other node or
+    after a reboot; empty where the system tells none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as file:
+            return file.read().strip()
+    except OSError:
+        return b""

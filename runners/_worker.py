@@ -62,7 +62,9 @@ def serve(
     included: closing them here is what makes the parent's death visible as end of file.
 
     A worker that outlives its parent removes the runner's buffer `directory` as it leaves: the
-    parent removes it in `close()`, which a parent killed with SIGKILL never reaches.
+    parent removes it in `close()`, which a parent killed with SIGKILL never reaches. Until it
+    exits, the worker holds the directory's lock through the descriptor it inherited, so no other
+    runner takes the directory for a dead one meanwhile (`_buffer_directory`).
     """
     withhold_all_but((arena, requests))
     _drop_inherited_signal_handlers()

@@ -648,7 +648,7 @@ def dead_runners_directory(root: Path, name: str = "zephon-4343-deadbeef") -> Pa
     a buffer file in transit."""
     directory = root / name
     directory.mkdir()
-    (directory / "owner.lock").touch()
+    (directory / "owner.lock").write_bytes(Path("/proc/sys/kernel/random/boot_id").read_bytes().strip())
     (directory / ("0" * 32)).write_bytes(b"x" * 4096)
     return directory
 
@@ -740,12 +740,24 @@ def test_a_buffer_directory_is_never_removed_while_a_process_of_its_runner_lives
     assert not os.path.exists(directory)
 
 
-@pytest.mark.parametrize("left", ["a directory a runner is making", "a directory not named as a runner's", "a file named as a runner's directory"])
+@pytest.mark.parametrize(
+    "left",
+    [
+        "a directory a runner is making",
+        "a runner's directory another node locked",
+        "a directory not named as a runner's",
+        "a file named as a runner's directory",
+    ],
+)
 def test_what_may_not_be_a_dead_runners_buffer_directory_is_left_alone(tmp_path, left):
-    """A runner's directory exists a moment before its lock is taken, and nothing not named as a
-    runner's buffer directory is a runner's to remove; a dead runner's beside them is removed."""
+    """A runner's directory exists a moment before its lock is taken; another node's lock, on a
+    filesystem shared between nodes, may not be seen here; and nothing not named as a runner's
+    buffer directory is a runner's to remove. A dead runner's beside them is removed."""
     dead = dead_runners_directory(tmp_path)
-    if left == "a directory a runner is making":
+    if left == "a runner's directory another node locked":
+        kept = dead_runners_directory(tmp_path, "zephon-4242-abcdefgh")
+        (kept / "owner.lock").write_bytes(b"00000000-0000-0000-0000-000000000000")
+    elif left == "a directory a runner is making":
         kept = tmp_path / "zephon-4242-abcdefgh"
         kept.mkdir()
         (kept / "owner.lock.new").touch()  # created, not yet locked and named

@@ -10,20 +10,20 @@ the final one and is renamed into place once complete (a rename within one direc
 and a failed download leaves nothing behind. Two readers may then download the same shard at once;
 both copies are whole and either may win.
 
-A process killed mid-download (SIGKILL, the OOM killer) cannot remove its temporary
-file, and nothing else did: each one stayed in the cache for good. A download therefore holds an
-exclusive `flock` on its temporary file, which the kernel drops when the process dies, and each
-download first removes the temporary files in its directory that are abandoned: no process holds
-their lock, they were written on this host, and untouched for `ABANDONED_AFTER_S`. A download in
-progress is never taken: its lock is held by a live process. Only this host's are tried, because
-a lock taken on another host may not be visible here (NFS mounted `nolock`, some FUSE
-filesystems); another host's abandoned file waits for that host's next download into the
-directory. The age closes the instants a live download is unlocked: between creating its file and
-locking it, and, on NFS, where Linux emulates `flock` with POSIX locks that a process drops on
-closing any descriptor of the file, between fsspec closing its own and the rename. What this
-cannot tell apart: two hosts with one host name sharing a directory on a filesystem whose locks
-do not reach across hosts, where one may remove the other's download after `ABANDONED_AFTER_S`
-without a write; that download then fails naming the file, it is never read in part.
+A process killed mid-download (SIGKILL, the OOM killer) cannot remove its temporary file, and
+nothing else did: each one stayed in the cache for good. A download therefore holds an exclusive
+`flock` (`zephon._file_lock`) on its temporary file, which the kernel drops when the process dies,
+and each download first removes the temporary files in its directory that are abandoned: no process
+holds their lock, they were written on this host, and untouched for `ABANDONED_AFTER_S`. A download
+in progress is never taken: its lock is held by a live process. Only this host's are tried, because
+a lock taken on another host may not be visible here (NFS mounted `nolock`, some FUSE filesystems);
+another host's abandoned file waits for that host's next download into the directory. The age
+closes the instants a live download is unlocked: between creating its file and locking it, and, on
+NFS, where Linux emulates `flock` with POSIX locks that a process drops on closing any descriptor
+of the file, between fsspec closing its own and the rename. What this cannot tell apart: two hosts
+with one host name sharing a directory on a filesystem whose locks do not reach across hosts, where
+one may remove the other's download after `ABANDONED_AFTER_S` without a write; that download then
+fails naming the file, it is never read in part.
 
 `simplecache` also names a copy by the shard's path alone and never looks at the remote file again,
 so a shard rewritten at its path (a dataset regenerated in place) was read from the old copy by
