@@ -8,6 +8,7 @@ import json
 import tarfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.spec import AbstractBufferedFile
 from fsspec.registry import _registry
 
 _COMPRESS = {None: lambda b: b, "gz": gzip.compress, "zst": lambda b: zstandard.ZstdCompressor().compress(b)}
@@ -136,6 +138,74 @@ class _SlowFlakyReader(io.BytesIO):
             ObjectStoreFileSystem.failing_reads -= 1
             raise TimeoutError(f"read of {self.path} timed out")
         return super().read(size)
+
+
+class _ScanCountingStore(dict):
+    """A memory store that counts the passes over all of it (`MemoryFileSystem.info` makes one per
+    call, `find` and `ls` one each) under `CountingStore.asked["scan"]`."""
+
+    def __iter__(self):
+        CountingStore.asked["scan"] += 1
+        return super().__iter__()
+
+    def items(self):
+        CountingStore.asked["scan"] += 1
+        return super().items()
+
+
+class CountingStore(_PrefixedMemoryFileSystem):
+    """An object store that counts what it is asked, in `asked`: ("info", path) for each `info()`,
+    ("list", path) for each `ls` or `find` (`glob` lists through `find`), ("open", path) for each open for reading, and
+    "scan" for each pass over its whole store. On s3 or gcs each `info()` is a HEAD request."""
+
+    protocol = "countstore"
+    store: dict = _ScanCountingStore()
+    pseudo_dirs: list = [""]
+    asked: Counter = Counter()
+
+    def info(self, path, **kwargs):
+        CountingStore.asked["info", self._strip_protocol(path)] += 1
+        return super().info(path, **kwargs)
+
+    def ls(self, path, detail=True, **kwargs):
+        CountingStore.asked["list", self._strip_protocol(path)] += 1
+        return super().ls(path, detail=detail, **kwargs)
+
+    def find(self, path, *args, **kwargs):
+        CountingStore.asked["list", self._strip_protocol(path)] += 1
+        return super().find(path, *args, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" in mode:
+            CountingStore.asked["open", self._strip_protocol(path)] += 1
+        return super()._open(path, mode, **kwargs)
+
+    @staticmethod
+    def asked_of(what: str, paths) -> int:
+        """How many times `what` ("info", "list", "open") was asked of any of `paths` (URLs or paths)."""
+        stripped = {path.rpartition("://")[2].strip("/") for path in paths}
+        return sum(n for key, n in CountingStore.asked.items() if key != "scan" and key[0] == what and key[1] in stripped)
+
+
+class BufferedCountingStore(CountingStore):
+    """Opens files as s3fs, gcsfs and the hub's filesystem do: an `AbstractBufferedFile` that asks
+    `info()` for the file's details (size, ETag, generation...) when it is opened, then reads byte
+    ranges."""
+
+    protocol = "bufstore"
+    store: dict = _ScanCountingStore()
+    pseudo_dirs: list = [""]
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" not in mode:
+            return super()._open(path, mode, **kwargs)
+        CountingStore.asked["open", self._strip_protocol(path)] += 1
+        return _RangeReadFile(self, self._strip_protocol(path), mode)
+
+
+class _RangeReadFile(AbstractBufferedFile):
+    def _fetch_range(self, start, end):
+        return bytes(self.fs.store[self.path].getbuffer()[start:end])
 
 
 @contextmanager

@@ -57,7 +57,7 @@ from fsspec.implementations.cached import SimpleCacheFileSystem
 
 from .._errors import ConfigurationError
 from .._file_lock import lock, remove_if_unlocked
-from ._version import changed_after_planning, version_of
+from ._version import ShardVersion, changed_after_planning, version_of
 
 __all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
 
@@ -79,7 +79,7 @@ class AtomicSimpleCacheFileSystem(SimpleCacheFileSystem):
     named by the version of the file they copy: `planned_versions[path]` where given, else the
     version the remote reports now."""
 
-    def __init__(self, planned_versions: Mapping[str, str] | None = None, **kwargs):
+    def __init__(self, planned_versions: Mapping[str, ShardVersion] | None = None, **kwargs):
         super().__init__(**kwargs)
         self._mapper = _VersionedNames(self.fs, planned_versions or {})
 
@@ -124,7 +124,7 @@ def _copy_whole(cache: AtomicSimpleCacheFileSystem, path: str, version: str) -> 
     try:
         lock(handle, blocking=True)
         cache.fs.get_file(path, partial)
-        if (now := _current_version(cache.fs, path)) != version:
+        if (now := _current_version(cache.fs, path, cache._mapper.key(path))) != version:
             raise changed_after_planning(
                 cache.fs.unstrip_protocol(path),
                 f"it changed after planning or while it was copied into the cache (copied as {version}; now {now})",
@@ -175,22 +175,28 @@ class _VersionedNames(AbstractCacheMapper):
     """The name of a copy: a hash of the remote path and of its version, the one planned where
     `planned` holds it (no round trip to the remote), else the one `fs` reports now."""
 
-    def __init__(self, fs, planned: Mapping[str, str]) -> None:
+    def __init__(self, fs, planned: Mapping[str, ShardVersion]) -> None:
         self.fs = fs
         self.planned = {fs._strip_protocol(path): version for path, version in planned.items()}
 
     def version(self, path: str) -> str:
         planned = self.planned.get(self.fs._strip_protocol(path))
-        return planned if planned is not None else _current_version(self.fs, path)
+        return planned.stamp if planned is not None else _current_version(self.fs, path)
+
+    def key(self, path: str) -> str | None:
+        """The field of the file's details its planned version was taken from (see `_version`)."""
+        planned = self.planned.get(self.fs._strip_protocol(path))
+        return None if planned is None else planned.key
 
     def __call__(self, path: str) -> str:
         return _copy_name(path, self.version(path))
 
 
-def _current_version(fs, path: str) -> str:
-    """The version `fs` reports for `path` now: as a plan records it, or fsspec's `ukey` where the
-    filesystem tells none (an http(s) file: its URL, so it is taken as never changing)."""
-    version = version_of(fs, path)
+def _current_version(fs, path: str, key: str | None = None) -> str:
+    """The version `fs` reports for `path` now: as a plan records it (its field `key` where given),
+    or fsspec's `ukey` where the filesystem tells none (an http(s) file: its URL, so it is taken as
+    never changing)."""
+    version = version_of(fs, path, key)
     return version.stamp if version is not None else f"ukey {fs.ukey(path)}"
 
 

@@ -26,7 +26,7 @@ from ._policy import ErrorPolicy, Slot, collect
 from ._retry import RetryPolicy
 from ._storage import CacheOptions, reading_filesystem
 from ._text import TEXT_UNITS, Text
-from ._version import ShardVersion, check_unchanged, version_of
+from ._version import ShardVersion, check_unchanged, version_in, version_of
 from ._webdataset import WebDataset
 
 if TYPE_CHECKING:
@@ -153,7 +153,12 @@ class Dataset:
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)
         retry = RetryPolicy(retries, retry_delay)
-        fs = reading_filesystem(located.fs, cache_options)
+        listed = {
+            path: version
+            for path, details in zip(located.paths, located.listed, strict=True)
+            if details is not None and (version := version_in(details)) is not None
+        }
+        fs = reading_filesystem(located.fs, cache_options, listed)
         urls = tuple(_shard_url(located.fs, path) for path in located.paths)
 
         def scan(i: int) -> tuple[ShardScan, ShardVersion | None]:
@@ -164,7 +169,9 @@ class Dataset:
             def version_and_scan() -> tuple[ShardScan, ShardVersion | None]:
                 # The version first: a file rewritten during the scan is then refused at its reads,
                 # where asked after the scan it would be taken for the version the plan was made from.
-                version = version_of(located.fs, shard.path)
+                # The listing's was taken before either, for the size planned; asked only where it
+                # tells none (on an object store each `info()` is a request).
+                version = listed.get(shard.path) or version_of(located.fs, shard.path)
                 return reader.scan(shard), version
 
             try:
@@ -228,12 +235,17 @@ class Dataset:
         policy = ErrorPolicy.parse(on_error)
         self._check(chunk)
         info, access = self.shards[chunk.shard], self._access[chunk.shard]
-        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs, info.nbytes)
+        cached = self._reading_fs is not self._fs
+        # Through the cache the version is asked of the remote before the copy is found or made;
+        # otherwise it is read from the file opened (see `_version`), with no request of its own.
+        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs, info.nbytes,
+                          None if cached else access.version)
         if chunk.num_records == 0:
             slots = []
         else:
             def read() -> list[Slot]:
-                check_unchanged(access.version, self._fs, access.path, info.url)
+                if cached:
+                    check_unchanged(access.version, self._fs, access.path, info.url)
                 return self._reader.read(shard, access.seek, chunk.start, chunk.stop)
 
             slots = self._retry.call(info.url, read)
@@ -290,7 +302,7 @@ class Dataset:
 
     @functools.cached_property
     def _reading_fs(self) -> AbstractFileSystem | LocalFiles:
-        planned = {access.path: access.version.stamp for access in self._access if access.version is not None}
+        planned = {access.path: access.version for access in self._access if access.version is not None}
         return reading_filesystem(self._fs, self._cache, planned)
 
     def __getstate__(self) -> dict[str, Any]:

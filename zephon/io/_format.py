@@ -16,6 +16,7 @@ import numpy as np
 
 from ._errors import ShardUnavailableError
 from ._policy import Slot
+from ._version import ShardVersion, check_opened
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -38,17 +39,24 @@ class ShardFile:
     compression: str | None
     fs: AbstractFileSystem | LocalFiles
     planned_nbytes: int | None = None  # the size planning listed; None while planning
+    planned_version: ShardVersion | None = None  # compared with the opened file's (see `_version`)
 
     def open(self) -> BinaryIO:
-        handle = self.fs.open(self.path, "rb")
+        opened = self.fs.open(self.path, "rb")
+        handle = opened
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
-        if memory is not None and type(handle) is memory.MemoryFile:
+        if memory is not None and type(opened) is memory.MemoryFile:
             # fsspec's memory filesystem gives every opener the one file object it stores: reads
             # of two chunks on two threads would move each other's position. A BytesIO of its
             # bytes is private and shares them without a copy.
-            handle = io.BytesIO(handle.getvalue())
-        if self.planned_nbytes is not None:
-            self._check_not_grown(handle)
+            handle = io.BytesIO(opened.getvalue())
+        try:
+            check_opened(self.planned_version, opened, self.fs, self.path, self.url)
+            if self.planned_nbytes is not None:
+                self._check_not_grown(handle)
+        except BaseException:
+            handle.close()
+            raise
         return handle
 
     def _check_not_grown(self, handle: BinaryIO) -> None:
@@ -66,7 +74,6 @@ class ShardFile:
         except (OSError, ValueError):  # io.UnsupportedOperation is both
             return
         if size > self.planned_nbytes:
-            handle.close()
             raise ShardUnavailableError(
                 self.url, 1, f"it is {size} bytes, {self.planned_nbytes} when planned: it changed after planning "
                 "(build the Dataset again to read it as it is now)"

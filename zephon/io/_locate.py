@@ -32,8 +32,9 @@ as written.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import ConfigurationError
 from ._compression import compression_of
@@ -58,13 +59,17 @@ _COMPRESSED_TAR = (".tgz", ".taz", ".tbz", ".tbz2", ".tb2", ".txz", ".tlz", ".tz
 
 @dataclass(frozen=True)
 class Located:
-    """The shard files of a URL: `paths[i]` is `nbytes[i]` long and compressed with `compressions[i]`."""
+    """The shard files of a URL: `paths[i]` is `nbytes[i]` long and compressed with `compressions[i]`.
+    `listed[i]` is what the filesystem told of it when listing it (fsspec's details: size, ETag,
+    modification time...), which planning reads its version from; None for a file listed by the
+    standard library."""
 
     fs: AbstractFileSystem | LocalFiles
     format: str
     paths: tuple[str, ...]
     nbytes: tuple[int, ...]
     compressions: tuple[str | None, ...]
+    listed: tuple[Mapping[str, Any] | None, ...]
 
 
 def infer_format(path: str) -> tuple[str, str | None] | None:
@@ -134,15 +139,16 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         if format not in (None, "parquet"):
             raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
         url, format = hub_url, "parquet"
+    details: dict[str, Mapping[str, Any]] = {}
     if is_plain_path(url) and not storage_options:
         fs, listed = LocalFiles(), list_local(url, has_glob=any(char in url for char in _GLOB_CHARS))
     else:
-        fs, listed = _list_with_fsspec(url, storage_options)
+        fs, listed, details = _list_with_fsspec(url, storage_options)
     if listed is None:
         raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
     path, sizes = listed
     if sizes is None:
-        return _single_file(fs, path, url, format)
+        return _single_file(fs, path, url, format, details.get(path))
     files = {p: size for p, size in sizes.items() if not p.rpartition("/")[2].startswith(".")}
     if not files:
         raise ConfigurationError(f"{url} matches no files")
@@ -172,31 +178,46 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         tuple(paths),
         tuple(int(files[p]) for p in paths),
         tuple(inferred[p][1] for p in paths),
+        tuple(details.get(p) for p in paths),
     )
 
 
 def _list_with_fsspec(
     url: str, storage_options: dict
-) -> tuple[AbstractFileSystem, tuple[str, dict[str, int | None] | None] | None]:
-    """The URL's filesystem and what `list_local` gives for a plain path: (path, {file: size}),
-    (path, None) for a single file, or None when nothing is there."""
+) -> tuple[AbstractFileSystem, tuple[str, dict[str, int | None] | None] | None, dict[str, Mapping[str, Any]]]:
+    """The URL's filesystem, what `list_local` gives for a plain path: (path, {file: size}),
+    (path, None) for a single file, or None when nothing is there; and {file: its details} as the
+    listing (or, for a single file, its `info()`) gave them."""
     import fsspec  # only here: see _local for what importing it costs
 
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
     if is_local(fs):  # listed as its plain path is: fsspec's local listing passes over linked directories
-        return fs, list_local(path, has_glob=any(char in path for char in _GLOB_CHARS))
+        return fs, list_local(path, has_glob=any(char in path for char in _GLOB_CHARS)), {}
     if fs.isdir(path):
         listing = fs.find(path, detail=True)
-    elif fs.isfile(path):
-        return fs, (path, None)
+    elif (single := _info_of_file(fs, path)) is not None:
+        return fs, (path, None), {path: single}
     elif any(char in path for char in _GLOB_CHARS):
         listing = fs.glob(path, detail=True)
     else:
-        return fs, None
-    return fs, (path, {p: info["size"] for p, info in listing.items() if info["type"] == "file"})
+        return fs, None, {}
+    files = {p: info for p, info in listing.items() if info["type"] == "file"}
+    return fs, (path, {p: info["size"] for p, info in files.items()}), files
 
 
-def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None) -> Located:
+def _info_of_file(fs: AbstractFileSystem, path: str) -> Mapping[str, Any] | None:
+    """`fs.info(path)` when `path` is a file, else None: what `fs.isfile` asks, kept for the
+    file's size and version (asked apart, they were two more requests)."""
+    try:
+        info = fs.info(path)
+    except Exception:  # as fsspec's isfile: whatever the storage raises, it is no file here
+        return None
+    return info if info["type"] == "file" else None
+
+
+def _single_file(
+    fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None, details: Mapping[str, Any] | None
+) -> Located:
     """A file named directly is a shard whatever its name, once its format is known."""
     inferred = infer_format(path)
     unreadable = _unreadable_shard(path)
@@ -207,4 +228,5 @@ def _single_file(fs: AbstractFileSystem | LocalFiles, path: str, url: str, forma
             raise ConfigurationError(f"cannot infer the format of {url} from its name; pass format=")
         format = inferred[0]
     compression = compression_of(path) if format in ("jsonl", "text") else None
-    return Located(fs, format, (path,), (int(fs.size(path)),), (compression,))
+    size = fs.size(path) if details is None else details["size"]
+    return Located(fs, format, (path,), (int(size),), (compression,), (details,))

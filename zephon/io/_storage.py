@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
     from ._local import LocalFiles
+    from ._version import ShardVersion
 
 __all__ = ["CacheOptions", "reading_filesystem"]
 
@@ -68,10 +69,10 @@ class CacheOptions:
 
 
 def reading_filesystem(
-    fs: AbstractFileSystem | LocalFiles, cache: CacheOptions, planned_versions: Mapping[str, str] | None = None
+    fs: AbstractFileSystem | LocalFiles, cache: CacheOptions, planned_versions: Mapping[str, ShardVersion] | None = None
 ) -> AbstractFileSystem | LocalFiles:
-    """`fs`, or the cache in front of it; `planned_versions` (path -> version stamp, see `_version`)
-    name the copies a Dataset's reads look for."""
+    """`fs`, or the cache in front of it; `planned_versions` (path -> version, see `_version`) name
+    the copies a Dataset's reads look for, and planning's (the listing's)."""
     if not cache.enabled or is_local(fs):
         return fs
     from ._atomic_cache import AtomicSimpleCacheFileSystem  # imports fsspec, which a remote filesystem has already

@@ -5,21 +5,29 @@ A shard rewritten in place (a dataset regenerated, a copy refreshed) keeps its U
 under the planned offsets hands out the new file's records under the planned addresses: lines,
 pieces of lines, rows or members other than the plan's. Only a file that grew, or was cut short,
 showed it by its size. So planning records what the storage says of the file's version, and every
-read of a chunk asks again (one `stat`, or one `info()` of the remote filesystem, per read, never
-per record) and refuses a file that is another version now.
+read of a chunk looks again, at the file it opened, and refuses a file that is another version now.
 
 What counts as the version, cheapest first and strongest kept:
-- a local file: its size, inode and modification time in nanoseconds (`os.stat`). These describe
-  the file on the host that planned it: a copy of the same data on another node has another inode
-  and modification time, so a plan pickled to another host (a Dataset broadcast to ranks) is not
-  compared there; its reads keep the checks of size.
-- a remote file: its size and the one field of the filesystem's `info()` that best follows its
-  content: a generation (GCS), a checksum or hub blob id, an ETag, a version id, else its
-  modification or creation time. One field, the first found in that order: GCS and Azure also
-  change the ETag when only the object's metadata changes (a label, a content type), which would
-  fail a run over data that did not change. These are the storage's own, the same from every
-  host, so they are compared everywhere.
+- a local file: its size, inode and modification time in nanoseconds (`os.stat` at planning,
+  `os.fstat` of the handle a read opened). These describe the file on the host that planned it:
+  a copy of the same data on another node has another inode and modification time, so a plan
+  pickled to another host (a Dataset broadcast to ranks) is not compared there; its reads keep
+  the checks of size.
+- a remote file: its size and the one field of the filesystem's description of it (its listing
+  entry, or its `info()`) that best follows its content: a generation (GCS), a checksum or hub
+  blob id, an ETag, a version id, else its modification or creation time. One field, the first
+  found in that order: GCS and Azure also change the ETag when only the object's metadata changes
+  (a label, a content type), which would fail a run over data that did not change. These are the
+  storage's own, the same from every host, so they are compared everywhere. A later look compares
+  the field the plan's version was taken from, whichever the later description puts first.
 - neither (an HTTP server that sends no ETag and no Last-Modified): no version, nothing compared.
+
+Where each look comes from, since on an object store every `info()` is a HEAD request: planning
+takes the version from the listing it already made (`find`/`glob` with details; `info()` only for
+a shard whose listing entry tells no version); a read takes it from the handle it opened, which
+knows it without another request (a memory file's creation time; an fsspec buffered file, as
+s3fs, gcsfs and the hub open them, holds the `info()` its open made to learn its size), and asks
+`info()` only of a handle that does not tell the planned field.
 
 The version is not part of a dataset's fingerprint: a checkpoint resumed on another node, or from
 a copy of the data, is judged by URLs, record counts and sizes, as before.
@@ -28,8 +36,11 @@ a copy of the data, is judged by URLs, record counts and sizes, as before.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
 from ._locate import is_local
@@ -39,7 +50,7 @@ if TYPE_CHECKING:
 
     from ._local import LocalFiles
 
-__all__ = ["ShardVersion", "changed_after_planning", "check_unchanged", "version_of"]
+__all__ = ["ShardVersion", "changed_after_planning", "check_opened", "check_unchanged", "version_in", "version_of"]
 
 # Fields of fsspec `info()` that follow a file's content, those that change with nothing else first
 # (GCS, the Hugging Face hub, S3, Azure, HTTP), then those that change when it is written (SFTP,
@@ -52,40 +63,81 @@ _VERSION_FIELDS = ("generation", "blob_id", "md5Hash", "crc32c", "checksum", "Co
 @dataclass(frozen=True)
 class ShardVersion:
     """What the storage said of a shard file's version. `host` is the host whose disk a local
-    file's stamp describes, None for a remote file's, which every host sees alike."""
+    file's stamp describes, None for a remote file's, which every host sees alike. `key` is the
+    field of a remote file's description the stamp holds (None for a local file's)."""
 
     stamp: str
     host: str | None = None
+    key: str | None = field(default=None, compare=False)
 
     def comparable_here(self) -> bool:
         return self.host is None or self.host == _this_host()
 
 
-def version_of(fs: AbstractFileSystem | LocalFiles, path: str) -> ShardVersion | None:
-    """The version of `path` on `fs` now, or None when the storage tells none. May raise OSError
-    (the file vanished, the storage failed), which the caller retries."""
-    if is_local(fs):
-        status = os.stat(path)
-        return ShardVersion(f"size={status.st_size} inode={status.st_ino} mtime_ns={status.st_mtime_ns}",
-                            _this_host())
-    info = fs.info(path)
-    field = next((name for name in _VERSION_FIELDS if info.get(name) is not None), None)
-    if field is None:
+def version_in(details: Mapping[str, Any], key: str | None = None) -> ShardVersion | None:
+    """The version a remote file's description (a listing entry, an `info()`) tells: its field
+    `key` where given (the one a plan's version holds), else the first of `_VERSION_FIELDS` it
+    holds; None when it holds none. A time is written as a POSIX timestamp: fsspec's memory
+    filesystem lists its creation time as one and gives it as a datetime from `info()`."""
+    if key is None:
+        key = next((name for name in _VERSION_FIELDS if details.get(name) is not None), None)
+    value = None if key is None else details.get(key)
+    if value is None:
         return None
-    return ShardVersion(f"size={info.get('size')} {field}={info[field]}")
+    if isinstance(value, datetime):
+        value = value.timestamp()
+    return ShardVersion(f"size={details.get('size')} {key}={value}", key=key)
+
+
+def version_of(fs: AbstractFileSystem | LocalFiles, path: str, key: str | None = None) -> ShardVersion | None:
+    """The version of `path` on `fs` now (`key` as in `version_in`), or None when the storage
+    tells none. May raise OSError (the file vanished, the storage failed), which the caller retries."""
+    if is_local(fs):
+        return _local_version(os.stat(path))
+    return version_in(fs.info(path), key)
 
 
 def check_unchanged(planned: ShardVersion | None, fs: AbstractFileSystem | LocalFiles, path: str, url: str) -> None:
-    """Raise ShardUnavailableError naming the shard if it is no longer the version planned.
-
-    Not retried (it is no OSError): another attempt reads the same other file."""
+    """Raise ShardUnavailableError naming the shard if it is no longer the version planned, asking
+    `fs` (one `stat`, or one `info()`). Not retried (it is no OSError): another attempt reads the
+    same other file."""
     if planned is None or not planned.comparable_here():
         return
-    now = version_of(fs, path)
+    _compare(planned, version_of(fs, path, planned.key), url)
+
+
+def check_opened(
+    planned: ShardVersion | None, handle: BinaryIO, fs: AbstractFileSystem | LocalFiles, path: str, url: str
+) -> None:
+    """`check_unchanged` of the file `handle` opened, from what the handle knows of it where it
+    tells the planned field, else by asking `fs`."""
+    if planned is None or not planned.comparable_here():
+        return
+    now = _version_of_handle(handle, planned)
+    _compare(planned, now if now is not None else version_of(fs, path, planned.key), url)
+
+
+def _version_of_handle(handle: BinaryIO, planned: ShardVersion) -> ShardVersion | None:
+    if planned.key is None:  # a local file's
+        return _local_version(os.fstat(handle.fileno()))
+    memory = sys.modules.get("fsspec.implementations.memory")  # neither is imported for local files
+    spec = sys.modules.get("fsspec.spec")
+    if memory is not None and type(handle) is memory.MemoryFile:
+        return version_in({"size": handle.size, "created": handle.created}, planned.key)
+    if spec is not None and isinstance(handle, spec.AbstractBufferedFile):
+        return version_in(handle.details, planned.key)
+    return None
+
+
+def _compare(planned: ShardVersion, now: ShardVersion | None, url: str) -> None:
     if now != planned:
         raise changed_after_planning(
             url, f"it changed after planning (planned: {planned.stamp}; now: {now.stamp if now else 'unknown'})"
         )
+
+
+def _local_version(status: os.stat_result) -> ShardVersion:
+    return ShardVersion(f"size={status.st_size} inode={status.st_ino} mtime_ns={status.st_mtime_ns}", _this_host())
 
 
 def changed_after_planning(url: str, what: str) -> ShardUnavailableError:
