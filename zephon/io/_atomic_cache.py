@@ -33,8 +33,9 @@ version of the file (`_version`: its size and ETag, generation, checksum or the 
 modification time; fsspec's `ukey` where the filesystem tells none, which takes an http(s) file
 as never changing). A Dataset reading through the cache gives the versions it planned: the copy
 of that version is found without asking the remote again (the Dataset has just checked the
-remote is still that version), and one not there yet is copied. Planning, which knows no version
-yet, asks the remote. Either way the version is asked again once the copy is whole, and a copy
+remote is still that version), and one not there yet is copied. Planning gives the versions its
+listing told, and asks the remote of a file whose listing told none. Either way the version is
+asked again once the copy is whole (the field the given version holds, see `_version`), and a copy
 of a file that is no longer the version it is named by is thrown away and the read refused
 naming the shard: a rewrite landing between the Dataset's check and the copy was copied and read
 under the planned offsets. A new version is copied anew, and copies of old versions stay on disk
