@@ -184,7 +184,8 @@ class CountingStore(_PrefixedMemoryFileSystem):
     def asked_of(what: str, paths) -> int:
         """How many times `what` ("info", "list", "open") was asked of any of `paths` (URLs or paths)."""
         stripped = {path.rpartition("://")[2].strip("/") for path in paths}
-        return sum(n for key, n in CountingStore.asked.items() if key != "scan" and key[0] == what and key[1] in stripped)
+        asked = CountingStore.asked.items()
+        return sum(n for key, n in asked if key != "scan" and key[0] == what and key[1] in stripped)
 
 
 class BufferedCountingStore(CountingStore):

@@ -4,9 +4,9 @@ Caching uses fsspec's `simplecache`, which copies a whole remote file to local d
 and serves later opens from the copy. It keeps no metadata, which fsspec recommends for concurrent
 readers. A copy is named by the version of the file it holds (`_version`: an ETag, or the size and
 modification time): a Dataset's reads look for the copy of the version they planned, planning for
-the one its listing gave (else the one the remote reports), so a shard rewritten remotely is copied anew rather than read from its
-old copy, and a copy that is not of its version is never kept (`_atomic_cache`); old copies stay
-until the directory is cleared. A cache given to `Dataset.from_path` makes its copies while
+the one its listing gave (else the one the remote reports), so a shard rewritten remotely is
+copied anew rather than read from its old copy, and a copy that is not of its version is never
+kept (`_atomic_cache`); old copies stay until the directory is cleared. A cache given to `Dataset.from_path` makes its copies while
 planning (which opens every shard); one set through `Pipeline.options(io_options=...)` applies after planning, so the
 workers' first reads make them. Either way a copy is written under a temporary name and renamed
 when whole (`_atomic_cache`): a failed download leaves nothing, and readers racing on a first
