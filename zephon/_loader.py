@@ -99,8 +99,10 @@ def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: 
 class RankLoader:
     """Iterates one rank's microbatches; `state_dict`/`load_state_dict` for elastic resume.
 
-    Thread-unsafe: iterate it from one thread. Call `close()` (or use `with`) to stop its workers;
-    from another thread too, and an iteration it interrupts fails with ConfigurationError saying so.
+    Iterate it from one thread. `state_dict()` and `load_state_dict()` may be called from another
+    (an asynchronous checkpointer): they wait for the microbatch in progress (see `_moving`).
+    Call `close()` (or use `with`) to stop its workers; from another thread too, and an iteration
+    it interrupts fails with ConfigurationError saying so.
     """
 
     def __init__(self, pipeline, rank: int, world_size: int, global_batch_size: int) -> None:
@@ -135,6 +137,13 @@ class RankLoader:
         # and lanes it publishes, or the iteration finds the loader closed and stops them itself.
         # Held only to read or swap them, never while anything is stopped or started.
         self._lifecycle = threading.Lock()
+        # Held by the iterating thread while it moves the lanes (from the trainer's ask until the
+        # microbatch is handed over, never across a yield), and by `state_dict` and
+        # `load_state_dict`: a save on another thread read the cursors and settled the ledger while
+        # the iteration moved and counted them ("dictionary changed size during iteration", or a
+        # state whose ledger had lost records). Reentrant: a stage function run inline inside a
+        # `next()` that saves does not wait on itself. `close()` and `stats()` never take it.
+        self._moving = threading.RLock()
 
     # -- building ---------------------------------------------------------------------------
     def _compile(self) -> None:
@@ -340,19 +349,32 @@ class RankLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         called = perf_counter()  # the first next(): its wait takes in starting the runner and the lanes' replay
-        self._generation += 1
-        generation = self._generation
         try:
-            # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks as
-            # the iteration does: a close from another thread may land there too.
-            self._open_streams()
-            yield from self._microbatches(generation, called)
+            with self._moving:
+                self._generation += 1
+                # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks
+                # as the iteration does: a close from another thread may land there too.
+                self._open_streams()
+                microbatches = self._microbatches(self._generation, called)
+            yield from self._handed_over(microbatches)
         except Exception as exc:
             if not self._closed or isinstance(exc, ConfigurationError):
                 raise
             # Closed by another thread (a watchdog, a shutdown handler) while this one waited for
             # work: what reached it was that work cancelled, or the runner already dropped.
             raise ConfigurationError("this loader was closed while it was being iterated") from exc
+
+    def _handed_over(self, microbatches: Iterator[Batch]) -> Iterator[Batch]:
+        """`microbatches`, each made under `_moving`, which is let go as it is handed over."""
+        try:
+            while True:
+                with self._moving:
+                    batch = next(microbatches, None)
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            microbatches.close()
 
     def _microbatches(self, generation: int, called: float) -> Iterator[Batch]:
         """The rank's microbatches in order; `called` is when the trainer asked for the first
@@ -480,12 +502,15 @@ class RankLoader:
     def state_dict(self) -> dict:
         """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`). In a finite
         plan, a rank that has handed over nothing yet may read its lanes' first chunks here (see
-        `_find_lanes_without_rows`)."""
-        self._find_lanes_without_rows()
-        ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
-        finished = [self._finished(lane) for lane in self.lanes]
-        steps_begun = None if all(finished) else self._steps_begun
-        return make_state(self._recipe_digests, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken)
+        `_find_lanes_without_rows`). From another thread, it waits for the microbatch in progress."""
+        with self._moving:
+            self._find_lanes_without_rows()
+            ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
+            finished = [self._finished(lane) for lane in self.lanes]
+            steps_begun = None if all(finished) else self._steps_begun
+            return make_state(
+                self._recipe_digests, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken
+            )
 
     def _find_lanes_without_rows(self) -> None:
         """Turn to the rank's lanes as its first microbatch would, in order until one has a row,
@@ -550,7 +575,12 @@ class RankLoader:
 
         All or nothing: a load that raises (a refused state, or Ctrl-C and a preemption handler
         raising partway) leaves the loader at the state it had, the iteration it suspended included
-        (see `_take_up`); loading the state again then takes it up as a first load would."""
+        (see `_take_up`); loading the state again then takes it up as a first load would. From
+        another thread, it waits for the microbatch in progress."""
+        with self._moving:
+            self._load_state(state)
+
+    def _load_state(self, state) -> None:
         cursors, ledgers, steps_begun, rows_taken = read_state(state, self._recipe_digests, self.num_lanes)
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:

@@ -18,6 +18,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import typing
 from pathlib import Path
 from re import sub as substitute
@@ -1389,3 +1390,46 @@ def test_methods_reached_through_super_fingerprint_the_same_in_every_process():
     written = prints.pop()
     assert "super:(words=tests.reliability.test_checkpoint_safety.Tokens.words" in written, written
     assert "STOP_WORDS=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})" in written, written
+
+
+def test_a_state_saved_on_another_thread_while_the_trainer_iterates_is_one_saved_between_two_microbatches(tmp_path):
+    """An asynchronous checkpointer or a watchdog calls state_dict() on its own thread while the
+    trainer's thread takes microbatches. The save read the cursors and settled the ledger while the
+    loader's thread moved and counted them: it failed with "dictionary changed size during
+    iteration", or gave a state whose ledger had lost records. Every state saved on the other thread
+    must be one the trainer's thread saves between two microbatches. The switch interval is 1 us
+    meanwhile: with the GIL, the threads then switch inside a save too."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", num_epochs=None, flush_every_chunks=1)
+    microbatches = 1500
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        batches = iter(loader)
+        between = {json.dumps(loader.state_dict(), sort_keys=True)}
+        for _ in range(microbatches):
+            next(batches)
+            between.add(json.dumps(loader.state_dict(), sort_keys=True))
+    saved, failures, done = [], [], threading.Event()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+
+            def checkpointer() -> None:
+                while not done.is_set():
+                    try:
+                        saved.append(loader.state_dict())
+                    except Exception as error:  # noqa: BLE001 - named by the assertion
+                        failures.append(repr(error))
+                        return
+
+            thread = threading.Thread(target=checkpointer)
+            thread.start()
+            batches = iter(loader)
+            for _ in range(microbatches):
+                next(batches)
+            done.set()
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+    strays = [state for state in saved if json.dumps(state, sort_keys=True) not in between]
+    assert saved and not strays, f"{len(strays)} of {len(saved)} states saved on the other thread are no state between two microbatches"
