@@ -88,15 +88,23 @@ class FakeHubFileSystem(_PrefixedMemoryFileSystem):
 
 
 class FlakyFileSystem(_PrefixedMemoryFileSystem):
-    """Fails the next `failures` opens for reading with `error(message)` (a transient error unless
+    """Fails the next `failures` opens for reading, and the next `listing_failures` questions about
+    a path (`info`, which `isdir` and `isfile` ask), with `error(message)` (a transient error unless
     a test says otherwise); counts every open."""
 
     protocol = "flaky"
     store: dict = {}
     pseudo_dirs: list = [""]
     failures = 0
+    listing_failures = 0
     opens = 0
     error = ConnectionResetError
+
+    def info(self, path, **kwargs):
+        if FlakyFileSystem.listing_failures > 0:
+            FlakyFileSystem.listing_failures -= 1
+            raise FlakyFileSystem.error(f"flaky storage could not say what {path} is")
+        return super().info(path, **kwargs)
 
     def _open(self, path, mode="rb", **kwargs):
         if "r" in mode:

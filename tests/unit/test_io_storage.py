@@ -45,7 +45,7 @@ from .conftest_io import (
 @pytest.fixture
 def flaky():
     with registered(FlakyFileSystem) as cls:
-        cls.failures = cls.opens = 0
+        cls.failures = cls.listing_failures = cls.opens = 0
         cls.error = ConnectionResetError
         put("flaky://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
         yield cls
@@ -347,6 +347,20 @@ def test_a_retried_read_on_one_rank_of_a_job_is_logged_naming_that_rank(flaky, c
 def test_planning_is_retried_too(flaky):
     flaky.failures = 1
     assert Dataset.from_path("d", "flaky://bucket/a.jsonl", retry_delay=0.001).num_records == 5
+
+
+def test_listing_a_dataset_is_retried_and_a_store_out_of_reach_is_named_with_the_dataset(flaky):
+    """`hf://ORG/NAME/CONFIG/SPLIT` on a machine that cannot reach the hub: the listing's bare
+    `httpx2.ConnectError: [Errno -2] Name or service not known` named neither the URL nor the
+    dataset, and was not retried, though `from_path` retries storage errors."""
+    flaky.error = httpx2.ConnectError
+    flaky.listing_failures = 2
+    assert Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001).num_records == 5
+    flaky.listing_failures = 100
+    with pytest.raises(ShardUnavailableError, match="flaky://bucket unavailable after 3 attempt") as caught:
+        Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    assert isinstance(caught.value.__cause__, httpx2.ConnectError)
+    assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
 
 
 def test_storage_that_keeps_failing_raises_after_the_configured_attempts(flaky):

@@ -135,8 +135,8 @@ class Dataset:
         case, when None; a file named like a shard but compressed in a way it is not read in
         (`a.jsonl.bz2`, `s.tar.gz`, `p.parquet.gz`) is a `ConfigurationError` naming it, not passed
         over. `text_unit` ("line" or "file") says what a text record is.
-        `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error is
-        retried: `retries` counts the attempts in all, the first one included (1: no retry), waiting
+        `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error,
+        listing or reading, is retried: `retries` counts the attempts in all, the first one included (1: no retry), waiting
         `retry_delay` seconds before the second and doubling, up to a minute.
         """
         if not isinstance(name, str) or not name:
@@ -149,10 +149,17 @@ class Dataset:
             raise ConfigurationError(  # else a bare TypeError from fsspec, or a ValueError from dict()
                 f"storage_options={storage_options!r} must be a dict of the filesystem's options, e.g. {{'anon': True}}"
             )
-        located = locate(url, format, _copied_options(dict(storage_options or {})))
+        retry = RetryPolicy(retries, retry_delay)
+        options = _copied_options(dict(storage_options or {}))
+        try:  # listing a remote store fails as transiently as reading it (a hub out of reach)
+            located = retry.call(url, lambda: locate(url, format, options))
+        except ConfigurationError:
+            raise
+        except Exception as error:
+            error.add_note(f"while listing dataset {name!r} at {url}")
+            raise
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)
-        retry = RetryPolicy(retries, retry_delay)
         listed = {
             path: version
             for path, details in zip(located.paths, located.listed, strict=True)
