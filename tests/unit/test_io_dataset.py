@@ -379,6 +379,20 @@ def test_relative_and_home_paths_are_listed_as_absolute_paths(tmp_path, monkeypa
         Dataset.from_path("d", "no-such-directory")
 
 
+def test_a_relative_path_that_names_nothing_says_which_directory_it_was_looked_for_from(tmp_path, monkeypatch):
+    """The README's `Dataset.from_path("bible", "zephon/data/kjv")`, run from another directory
+    than the repository's, said only that the path is not a file, a directory or a glob."""
+    (tmp_path / "data").mkdir()
+    write_shards(tmp_path / "data", [2])
+    monkeypatch.chdir(tmp_path)
+    for url in ("zephon/data/kjv", "data/*.parquet"):
+        with pytest.raises(ConfigurationError, match=re.escape(f"looked for from the working directory {tmp_path}")):
+            Dataset.from_path("d", url)
+    with pytest.raises(ConfigurationError) as caught:
+        Dataset.from_path("d", str(tmp_path / "missing"))
+    assert "working directory" not in str(caught.value)
+
+
 def test_reading_local_shards_does_not_import_fsspec(tmp_path):
     """fsspec brings asyncio and ssl (7 MiB PSS per process); local data must not pay for them."""
     write_shards(tmp_path, [3])

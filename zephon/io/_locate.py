@@ -145,13 +145,13 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
     else:
         fs, listed, details = _list_with_fsspec(url, storage_options)
     if listed is None:
-        raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything")
+        raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything{_relative_to(url)}")
     path, sizes = listed
     if sizes is None:
         return _single_file(fs, path, url, format, details.get(path))
     files = {p: size for p, size in sizes.items() if not p.rpartition("/")[2].startswith(".")}
     if not files:
-        raise ConfigurationError(f"{url} matches no files")
+        raise ConfigurationError(f"{url} matches no files{_relative_to(url)}")
     inferred = {p: infer_format(p) for p in files}
     unreadable = {p: u for p in files if (u := _unreadable_shard(p)) is not None}
     if format is None:
@@ -180,6 +180,15 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         tuple(inferred[p][1] for p in paths),
         tuple(details.get(p) for p in paths),
     )
+
+
+def _relative_to(url: str) -> str:
+    """Where a relative local path was looked for, for an error saying it names nothing: a path
+    copied from an example (`zephon/data/kjv`) names the data only from the directory it was
+    written for, and the message did not say which directory it was looked for from."""
+    if not is_plain_path(url) or os.path.isabs(url):
+        return ""
+    return f" (a relative path: looked for from the working directory {os.getcwd()})"
 
 
 def _list_with_fsspec(
