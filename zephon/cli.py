@@ -127,12 +127,12 @@ def _parser() -> argparse.ArgumentParser:
 
     barcode = sub.add_parser("barcode", help="compare per-step global-batch digests of two runs")
     bsub = barcode.add_subparsers(dest="barcode", required=True)
-    exit_codes = ("exit 0 when every step matches, 1 on any difference (a step whose digests differ, or "
+    exit_codes = ("0 when every step matches, 1 on any difference (a step whose digests differ, or "
                   "a step only one run has), 2 on a file that is missing or not a barcode, two that hold no "
                   "step (or a --png without matplotlib or that cannot be written)")
     compare = bsub.add_parser(
         "compare",
-        help=f"name the first differing step; {exit_codes}",
+        help=f"name the first differing step; exit {exit_codes}",
         # the subcommand's own --help shows its description, not the help line above
         description=f"Compare two runs' barcodes step by step and name the first step that differs. "
                     f"Exit codes: {exit_codes}.",

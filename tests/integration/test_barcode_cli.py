@@ -233,14 +233,14 @@ def test_a_barcode_drawing_that_cannot_be_saved_leaves_no_figure_open(harness_ba
 
 def test_compare_help_lists_its_exit_codes(capsys):
     """Only `zephon barcode --help` listed them: `zephon barcode compare --help`, the one a user
-    writing a CI check reads, said nothing of what 0, 1 and 2 mean."""
+    writing a CI check reads, said nothing of what 0, 1 and 2 mean (and then "Exit codes: exit 0")."""
     from zephon import cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["barcode", "compare", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "exit 0 when every step matches, 1 on any difference" in text
+    assert "Exit codes: 0 when every step matches, 1 on any difference" in text
     assert "2 on a file that is missing or not a barcode, two that hold no step" in text
 
 
