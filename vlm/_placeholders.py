@@ -14,12 +14,14 @@ Thread-safety: instances are immutable; `tokens_for` caches per grid and is safe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from zephon._errors import ConfigurationError, check_count, check_token_id
+from zephon._tokenizer import load_tokenizer
 
 __all__ = ["PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id"]
 
@@ -39,8 +41,12 @@ class Placeholders(Protocol):
 
 
 def lookup_token_id(tokenizer: Any, token: str) -> int:
-    """The id of a special token by its string, for a transformers tokenizer, a `tokenizers.Tokenizer`
-    or a mistral-common tokenizer; raises ConfigurationError if the vocabulary lacks it."""
+    """The id of a special token by its string, for a transformers tokenizer, a `tokenizers.Tokenizer`,
+    a mistral-common tokenizer, or the `tokenizer_id` that `Pipeline.tokenize` takes (a tokenizer.json,
+    a directory holding one, a hub id), so a recipe names its tokenizer once; raises
+    ConfigurationError if the vocabulary lacks it."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(os.fspath(tokenizer)).tokenizer
     found = None
     if hasattr(tokenizer, "instruct_tokenizer"):  # mistral_common MistralTokenizer
         tokenizer = tokenizer.instruct_tokenizer.tokenizer

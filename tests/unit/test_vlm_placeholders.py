@@ -144,6 +144,16 @@ def test_qwen_ids_are_looked_up_by_string_in_a_tokenizers_vocabulary():
         PixtralPlaceholders.from_tokenizer(tokenizer)
 
 
+def test_placeholder_ids_are_looked_up_in_the_tokenizer_a_recipe_names_as_tokenize_does(tmp_path):
+    """`tokenize` takes a tokenizer.json's path (or its directory); `from_tokenizer` given the same
+    path failed with "cannot look up token ids in a str"."""
+    import tokenizers
+    vocab = {"[UNK]": 0, "hello": 1, "<|vision_start|>": 7, "<|image_pad|>": 8, "<|vision_end|>": 9}
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    for named in (str(tmp_path / "tokenizer.json"), tmp_path / "tokenizer.json", str(tmp_path)):
+        assert QwenPlaceholders.from_tokenizer(named) == QwenPlaceholders(7, 8, 9, merge_size=2)
+
+
 def test_missing_special_token_is_named_for_a_transformers_tokenizer(pixtral_tokenizer):
     with pytest.raises(ConfigurationError, match="vision_start"):
         lookup_token_id(pixtral_tokenizer, "<|vision_start|>")
