@@ -136,8 +136,9 @@ class Dataset:
         (`a.jsonl.bz2`, `s.tar.gz`, `p.parquet.gz`) is a `ConfigurationError` naming it, not passed
         over. `text_unit` ("line" or "file") says what a text record is.
         `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error,
-        listing or reading, is retried: `retries` counts the attempts in all, the first one included (1: no retry), waiting
-        `retry_delay` seconds before the second and doubling, up to a minute.
+        listing or reading, is retried: `retries` counts the attempts in all, the first one
+        included (1: no retry), waiting `retry_delay` seconds before the second and doubling, up to
+        a minute.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")
