@@ -226,7 +226,8 @@ def run_vlm_demo(args) -> int:
             stats = loader.stats()
     except ConfigurationError as exc:
         usage_error("vlm", f"{exc} (--max-length {args.max_length}, --max-side {args.max_side})")
-    print(f"\n{args.steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
+    print(f"\n{args.steps} steps in {elapsed:.2f} s "
+          f"(first global batch after {first_batch_s:.2f} s, planning included): "
           f"{real / elapsed:,.0f} usable tokens/s, {images / elapsed:,.1f} images/s, "
           f"padding {100 * (1 - real / total):.2f} %")
     print(describe_wait(stats["wait"]))

@@ -34,7 +34,7 @@ def run_text_demo(steps: int, runner: str, parallelism: int, global_batch_size: 
                 print("  …")
         elapsed = time.perf_counter() - started
         stats = loader.stats()
-    print(f"\n{steps} steps in {elapsed:.2f} s (first batch after {first_batch_s:.2f} s): "
+    print(f"\n{steps} steps in {elapsed:.2f} s (first global batch after {first_batch_s:.2f} s, planning included): "
           f"{real / elapsed:,.0f} usable tokens/s, padding {100 * (1 - real / total):.2f} %")
     print(describe_wait(stats["wait"]))
     print("records by dataset, and its tokens in the batches (the realised mixture):")
