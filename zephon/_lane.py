@@ -239,7 +239,8 @@ class LaneStream:
             f"lane {self.lane} read {self._read_without_rows} records in a row and handed over no row "
             f"(dropped: {drops or 'none counted'}): every record of its datasets seems to be dropped, "
             "and an endless plan would read them forever. Check the field names, the filters and the "
-            "image or video specs against the data."
+            "image or video specs against the data: with .options(on_error=\"raise\") the first record "
+            "dropped fails naming itself and why (a missing field by its name)."
         )
 
     def _rows_handed_over(self) -> None:

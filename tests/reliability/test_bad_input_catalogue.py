@@ -155,11 +155,14 @@ def _first_batches(pipeline, count: int) -> list:
 @pytest.mark.parametrize("runner", ["inline", "thread"])
 def test_endless_plan_that_drops_every_record_fails_naming_why_instead_of_spinning(tmp_path, runner):
     """A misnamed field drops every record: an endless plan would read the data forever without
-    a row (100 % CPU, no error), so the lane gives up after reading its share twice over."""
+    a row (100 % CPU, no error), so the lane gives up after reading its share twice over, saying
+    how to see the first record dropped and why: the reasons alone did not name the field."""
     dataset = jsonl_dataset(tmp_path)
     with pytest.raises(ConfigurationError, match=r"read \d+ records in a row and handed over no row "
-                                                 r"\(dropped: missing_field: \d+\)"):
+                                                 r"\(dropped: missing_field: \d+\).*on_error=\"raise\""):
         _first_batches(text_pipeline(dataset, field="body", num_epochs=None, runner=runner), 1)
+    with pytest.raises(BadRecordError, match="field 'body'"):
+        _first_batches(text_pipeline(dataset, field="body", num_epochs=None, runner=runner, on_error="raise"), 1)
 
 
 class _OnlyLaneZeroReads:
