@@ -127,8 +127,13 @@ def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool, version: tupl
             # A local directory without a tokenizer.json is tried as a hub id too (a folder named
             # like the hub id may sit in the working directory), but the message says what it is.
             local = "a directory holding no tokenizer.json" if directory else "not a local tokenizer.json or directory"
+            # Without a network the hub library retries for ~20 s, logging each try, before this.
+            offline = "" if os.environ.get("HF_HUB_OFFLINE") else (
+                "; on a machine that cannot reach the hub, give the tokenizer.json's path "
+                "(HF_HUB_OFFLINE=1 makes a hub id fail at once instead of after the hub's retries)"
+            )
             raise ConfigurationError(
-                f"cannot load tokenizer {tokenizer_id!r}: {local}, and the hub could not provide it ({exc})"
+                f"cannot load tokenizer {tokenizer_id!r}: {local}, and the hub could not provide it ({exc}){offline}"
             ) from exc
         digest = sha256(tokenizer.to_str().encode()).hexdigest()
     tokenizer.encode_special_tokens = split_special_tokens

@@ -54,6 +54,23 @@ def test_a_hub_id_still_goes_to_the_hub(monkeypatch):
     assert asked == ["someone/model"]
 
 
+def test_a_hub_id_the_hub_cannot_provide_says_how_to_fail_at_once_offline(monkeypatch):
+    """`tokenize("gpt2")` on a machine without a network failed after ~20 s of the hub library's
+    retries, each logged, saying only that the hub could not provide it."""
+    from tokenizers import Tokenizer
+
+    def unreachable(name):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(Tokenizer, "from_pretrained", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ConfigurationError, match=r"give the tokenizer.json's path \(HF_HUB_OFFLINE=1 makes"):
+        load_tokenizer("gpt2")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigurationError, match=r"could not provide it \(Name or service not known\)$"):
+        load_tokenizer("gpt2")
+
+
 @pytest.fixture
 def undecided_pool(monkeypatch):
     """A process in which no tokenize operator was built yet, with the variable as the test sets it."""
