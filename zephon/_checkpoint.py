@@ -109,7 +109,14 @@ def _intact(state: object) -> dict:
         try:
             state = json.loads(state)
         except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
-            raise CheckpointError(f"loader state is not valid JSON: {exc}") from None
+            named = isinstance(state, str) and not state.lstrip().startswith(("{", "["))
+            path = " (a str is the state's JSON text, not a file's name: load the file and pass what it holds)"
+            raise CheckpointError(f"loader state is not valid JSON: {exc}{path if named else ''}") from None
+    if isinstance(state, dict) and set(state) == {"zephon_state"}:
+        raise CheckpointError(
+            "not a Zephon loader state but a ZephonDataLoader's state_dict() (TorchTitan's): "
+            "the loader state is its 'zephon_state'"
+        )
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise CheckpointError("not a Zephon loader state (missing or wrong 'format' field)")
     if state.get("version") != STATE_VERSION:

@@ -108,6 +108,11 @@ DAMAGED = {
     "json_nested_past_the_parsers_depth": (lambda s, tmp: "[" * 100_000 + "]" * 100_000, "not valid JSON"),
     "json_but_not_a_state": (lambda s, tmp: {"step": 10, "lanes": {}}, "not a Zephon loader state"),
     "json_list": (lambda s, tmp: "[1, 2, 3]", "not a Zephon loader state"),
+    # Two mistakes of a first integration: the state's file name for the state, and the TorchTitan
+    # adapter's state dict for a RankLoader's (both were called invalid JSON or no state, unsaid why).
+    "a_file_name": (lambda s, tmp: str(tmp / "step-10" / "loader.json"), "not a file's name: load the file"),
+    "torchtitan_adapters_state_dict": (lambda s, tmp: {"zephon_state": json.dumps(s)},
+                                       "a ZephonDataLoader's state_dict() (TorchTitan's): the loader state is its 'zephon_state'"),
     "tampered_cursor": (lambda s, tmp: _tampered(s), "checksum does not match"),
     "tampered_ledger": (lambda s, tmp: _tampered_ledger(s), "checksum does not match"),
     "checksum_removed": (lambda s, tmp: {k: v for k, v in s.items() if k != "checksum"}, "checksum does not match"),
