@@ -75,13 +75,16 @@ def pack_multimodal(
     pixels_field: str | None = None,
     offsets_field: str = "image_offsets",
     max_open_rows: int = 16,
+    mrope: bool = False,
 ):
     """Append a `PackMultimodal` accumulator. `spec` defaults to the last `decode_images` stage's,
     the patch layout (dim, dtype) to what that stage produces (its processor's, if any), and
     `pixels_field` (and the grid field) to the fields that stage writes ("pixels" without one).
     `image_position="after_bos"` puts a document's images after its first token, taken to be the
     BOS: refused after a `tokenize` of `field` that adds none (see `_check_bos`). A record that holds
-    `offsets_field` has its images placed where that list says, whatever `image_position`."""
+    `offsets_field` has its images placed where that list says, whatever `image_position`.
+    `mrope=True` (with `QwenPlaceholders`) adds `mrope_position_ids` to every row: the (temporal,
+    height, width) rotary positions a Qwen2-VL-family model would compute itself (`vlm._mrope`)."""
     if image_position == "after_bos":
         _check_bos(pipeline, field)
     decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
@@ -118,7 +121,7 @@ def pack_multimodal(
     return pipeline.apply(PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field, grid_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
-        deferred_images=deferred, deferred_on_error=deferred_on_error,
+        deferred_images=deferred, deferred_on_error=deferred_on_error, mrope=mrope,
     ))
 
 

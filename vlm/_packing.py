@@ -32,7 +32,10 @@ Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
   as (patch_row, patch_col, channel) uint8 when the pipeline decoded images itself, or the image
   processor's own rows when one was given; `image_grid` (num_images, 2) int32 (rows, cols) in
   patches; `image_token_offset` (num_images,) int32, the position in the row of each image's first
-  placeholder token.
+  placeholder token;
+- with `mrope=True` (Qwen2-VL-family models, `QwenPlaceholders` only), also `mrope_position_ids`
+  (3, max_length) int32: each token's (temporal, height, width) rotary positions, restarting per
+  document, 0 on padding (`vlm._mrope`).
 
 Nothing here uses randomness: the output is a pure function of the segment's input.
 """
@@ -58,7 +61,8 @@ from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
-from ._placeholders import Placeholders
+from ._mrope import fill_mrope_positions
+from ._placeholders import Placeholders, QwenPlaceholders
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
@@ -109,6 +113,8 @@ class RowPlan:
     masked: tuple[tuple[int, str], ...] = ()
     """(document index, reason) of documents whose deferred image failed to decode: they keep
     their place but train nothing (see `vlm._deferred`)."""
+    mrope: bool = False
+    """Whether the row carries `mrope_position_ids` (see `vlm._mrope`)."""
 
     def assemble(self) -> PackedSequence:
         return assemble_row(self)
@@ -194,6 +200,8 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
         "position_ids": np.zeros(shape, dtype=np.int32),
         "document_ids": np.full(shape, PADDING_DOCUMENT, dtype=np.int32),
     }
+    if first.mrope:
+        tokens["mrope_position_ids"] = np.zeros((len(plans), 3, first.max_length), dtype=np.int32)
     grids = [[g for doc in plan.documents for g in doc.grids] for plan in plans]
     patches = [sum(r * c for r, c in row) for row in grids]
     every = [g for row in grids for g in row]
@@ -249,6 +257,8 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarra
         document_ids[start:at] = number
         if number not in masked:
             labels[start : at - 1] = np.where(is_text[start + 1 : at], input_ids[start + 1 : at], IGNORE_INDEX)
+    if plan.mrope:
+        fill_mrope_positions(row["mrope_position_ids"], plan.documents, image_offset, plan.placeholders.merge_size)
 
 
 class MultimodalPacker:
@@ -281,8 +291,9 @@ class MultimodalPacker:
         patch_dim: int | None = None,
         patch_dtype: Any = None,
         assemble: bool = True,
+        mrope: bool = False,
     ) -> None:
-        max_length, max_open_rows = _validate(max_length, image_position, max_open_rows, placeholders, spec)
+        max_length, max_open_rows = _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope)
         self.ctx = ctx
         self.max_length = max_length
         self.placeholders = placeholders
@@ -296,6 +307,7 @@ class MultimodalPacker:
         self.patch_dim = spec.patch_dim if patch_dim is None else int(patch_dim)
         self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
         self.assemble = assemble
+        self.mrope = mrope
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
@@ -442,7 +454,7 @@ class MultimodalPacker:
 
     def _plan(self, documents: list[PlacedDocument]) -> RowPlan:
         return RowPlan(tuple(documents), self.max_length, self.pad_id, self.placeholders,
-                       self.spec.patch_size, self.patch_dim, self.patch_dtype)
+                       self.spec.patch_size, self.patch_dim, self.patch_dtype, mrope=self.mrope)
 
 
 def _as_images(value: Any) -> list[np.ndarray | DeferredImage]:
@@ -489,7 +501,7 @@ def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
     return tuple(zip(flat[::2], flat[1::2]))
 
 
-def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> tuple[int, int]:
+def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
     """Refuses a bad setting; returns (max_length, max_open_rows) as plain ints. The sizes are
     checked as pack_flat checks its own (`check_count`): a bool is refused, not taken as 1, and a
     NumPy integer is taken, as a plain int, so that the fingerprint holds the number."""
@@ -506,6 +518,13 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec) -> 
     if placeholders.merge_size != spec.merge_size:
         raise ConfigurationError(f"pack_multimodal: placeholders merge {placeholders.merge_size}x"
                                  f"{placeholders.merge_size} patches but the ImageSpec merges {spec.merge_size}")
+    if not isinstance(mrope, bool):
+        raise ConfigurationError(f"pack_multimodal: mrope must be True or False, got {mrope!r}")
+    if mrope and not isinstance(placeholders, QwenPlaceholders):
+        # The positions follow Qwen2-VL's layout (start token, merged cells, end token); another
+        # convention's tokens would be given positions its model does not compute.
+        raise ConfigurationError(f"pack_multimodal: mrope=True gives Qwen2-VL's rotary positions and needs "
+                                 f"QwenPlaceholders, got {type(placeholders).__name__}")
     return max_length, max_open_rows
 
 
@@ -558,6 +577,7 @@ class PackMultimodal:
     packers emit `RowPlan`s, which the loader assembles as it takes them into microbatches.
     `pad_id=None` uses the pipeline's default pad id. `deferred_images` (set by `pack_multimodal`
     after `decode_images(defer=True)`) gives it a `row_work`: the deferred images' decoding.
+    `mrope=True` adds each row's `mrope_position_ids` (Qwen2-VL's rotary positions, `vlm._mrope`).
     """
 
     max_length: int
@@ -574,6 +594,7 @@ class PackMultimodal:
     patch_dtype: str | None = None
     deferred_images: bool = False
     deferred_on_error: str | None = None
+    mrope: bool = False
     name: str = "pack_multimodal"
     kind = "accumulator"
 
@@ -585,7 +606,8 @@ class PackMultimodal:
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"pack_multimodal: {name} must be a record field's name (a non-empty str), "
                                          f"got {value!r}")
-        sizes = _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec)
+        sizes = _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec,
+                          self.mrope)
         object.__setattr__(self, "max_length", sizes[0])
         object.__setattr__(self, "max_open_rows", sizes[1])
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
@@ -599,7 +621,7 @@ class PackMultimodal:
                 ctx, max_length=self.max_length, placeholders=self.placeholders, spec=self.spec, pad_id=pad,
                 image_position=self.image_position, text_field=self.field, pixels_field=self.pixels_field,
                 grid_field=self.grid_field, offsets_field=self.offsets_field, max_open_rows=self.max_open_rows,
-                patch_dim=self.patch_dim, patch_dtype=self.patch_dtype, assemble=False,
+                patch_dim=self.patch_dim, patch_dtype=self.patch_dtype, assemble=False, mrope=self.mrope,
             )
 
         return make
@@ -645,5 +667,7 @@ class PackMultimodal:
             "patch_dim": self.patch_dim,
             "patch_dtype": None if self.patch_dtype is None else np.dtype(self.patch_dtype).str,
         }
+        if self.mrope:  # a key only when on: the recipes made before the option keep their fingerprint
+            out["mrope"] = True
         return json.loads(json.dumps(out, default=str))
 

@@ -76,7 +76,7 @@ class Batch:
         return h.hexdigest()
 
 
-_ID_FIELDS = frozenset({"input_ids", "labels", "position_ids", "document_ids"})
+_ID_FIELDS = frozenset({"input_ids", "labels", "position_ids", "document_ids", "mrope_position_ids"})
 
 
 def global_batch_digest(batches: Iterable[Batch]) -> str:
