@@ -8,10 +8,10 @@ resumes one past the largest position before it. The model derives this itself f
 training side; packed here, the positions come with the row instead, from the grids the packer
 already holds.
 
-The layout is `QwenPlaceholders`': per image, one start token (text), the merged cells row-major
-(the grid positions), one end token (text). An image is one temporal step (t = 0): a video
-decoded by `decode_video` is packed as consecutive images, and the model positions those
-placeholders as images too. Positions restart at 0 for every document, as the model sees a
+The layout is `QwenPlaceholders`': per image, one start token (positioned as text), the merged
+cells row-major (the grid positions), one end token (text again, one past the largest). An image
+is one temporal step (t = 0): a video decoded by `decode_video` is packed as consecutive images,
+and the model positions those placeholders as images too. Positions restart at 0 for every document, as the model sees a
 packed document as a sequence of its own; padding stays 0.
 """
 
@@ -23,20 +23,29 @@ import numpy as np
 
 __all__ = ["fill_mrope_positions"]
 
-_LEADING = 1
-"""Placeholder tokens before an image's grid tokens: `QwenPlaceholders`' `<|vision_start|>`."""
+
+@cache
+def _image_positions(rows: int, cols: int) -> tuple[np.ndarray, int]:
+    """An image's placeholders relative to the position before it: (3, rows * cols + 2) int32 with
+    the start token at 0, the merged cells row-major at 1 + (t, h, w), the end token one past the
+    largest (read-only); and how far the image moves the position (start, grid, end)."""
+    span = max(rows, cols)
+    cells = np.zeros((3, rows, cols), dtype=np.int32)
+    cells[1] = np.arange(rows, dtype=np.int32)[:, None]
+    cells[2] = np.arange(cols, dtype=np.int32)[None, :]
+    block = np.zeros((3, rows * cols + 2), dtype=np.int32)
+    block[:, 1:-1] = cells.reshape(3, rows * cols) + 1
+    block[:, -1] = 1 + span
+    block.flags.writeable = False
+    return block, span + 2
 
 
 @cache
-def _grid_positions(rows: int, cols: int) -> tuple[np.ndarray, int]:
-    """((3, rows * cols) int32 (t, h, w) of a merged grid's cells row-major, read-only; how far the
-    grid moves the running position: one past its largest coordinate)."""
-    spread = np.zeros((3, rows, cols), dtype=np.int32)
-    spread[1] = np.arange(rows, dtype=np.int32)[:, None]
-    spread[2] = np.arange(cols, dtype=np.int32)[None, :]
-    spread = spread.reshape(3, rows * cols)
-    spread.flags.writeable = False
-    return spread, max(rows, cols)
+def _ramp(length: int) -> np.ndarray:
+    """0, 1, ..., length - 1 (read-only): text positions are slices of it, no array made per run."""
+    ramp = np.arange(length, dtype=np.int32)
+    ramp.flags.writeable = False
+    return ramp
 
 
 def fill_mrope_positions(out: np.ndarray, documents, image_offsets: np.ndarray, merge_size: int) -> None:
@@ -44,20 +53,24 @@ def fill_mrope_positions(out: np.ndarray, documents, image_offsets: np.ndarray, 
 
     `documents` are the row's `PlacedDocument`s in order (their `grids` in patches and `length`);
     `image_offsets[k]` is the row position of the k-th image's first placeholder token. One
-    slice assignment per text run and per image: no loop over tokens.
+    slice assignment per text run and per image: no loop over tokens. A position never exceeds
+    its token's index in the document (an image's tokens outnumber what it moves the position),
+    so the ramp of the row's length covers every text run.
     """
+    ramp = _ramp(out.shape[1])
     offsets = iter(image_offsets.tolist())
     start = 0
     for doc in documents:
         position, cursor = 0, start
         for rows, cols in doc.grids:
-            first = next(offsets) + _LEADING
-            out[:, cursor:first] = np.arange(position, position + first - cursor, dtype=np.int32)
-            position += first - cursor
-            spread, span = _grid_positions(rows // merge_size, cols // merge_size)
-            cursor = first + spread.shape[1]
-            np.add(spread, position, out=out[:, first:cursor])
-            position += span
+            at = next(offsets)
+            if at > cursor:
+                out[:, cursor:at] = ramp[position : position + at - cursor]
+                position += at - cursor
+            block, advance = _image_positions(rows // merge_size, cols // merge_size)
+            cursor = at + block.shape[1]
+            np.add(block, position, out=out[:, at:cursor])
+            position += advance
         end = start + doc.length
-        out[:, cursor:end] = np.arange(position, position + end - cursor, dtype=np.int32)
+        out[:, cursor:end] = ramp[position : position + end - cursor]
         start = end

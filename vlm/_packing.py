@@ -54,6 +54,7 @@ import numpy as np
 from zephon._accumulator import SegmentContext
 from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
+from zephon._memory import ROW_FIELD_BYTES
 from zephon._packing import token_ids
 from zephon._record_ops import _configuration
 from zephon._records import RecordAddress
@@ -625,6 +626,12 @@ class PackMultimodal:
             )
 
         return make
+
+    @property
+    def row_field_bytes(self) -> int:
+        """Bytes per position of a row's fixed-length fields, for the memory budget: the core's
+        four int32 fields, and with `mrope` its three int32 positions."""
+        return ROW_FIELD_BYTES + (3 * 4 if self.mrope else 0)
 
     def row_work(self, on_error: str):
         """The stateless work the loader has the runner do on each row before taking it, or None:

@@ -4,7 +4,8 @@ Memory a loader holds beyond the interpreter, the tokenizer and the plan is boun
 settings let it buffer:
 
 - rows:      every lane holds at most `shuffle buffer + open packer rows + one microbatch` packed
-             rows, each `max_length` x (4 int32 fields + the pixel bytes an image token carries);
+             rows, each `max_length` x (4 int32 fields, or the packer's `row_field_bytes` where it
+             adds fields, + the pixel bytes an image token carries);
 - records:   every lane has at most `prefetch` chunks in flight, each the chunk's raw bytes as read,
              as text and as tokens (plus one read block per reading worker), and the token array
              of the largest document stays alive while rows are cut from it (a row cut from a
@@ -92,7 +93,8 @@ def memory_budget(
     packer = accumulators[0]
     buffered = sum(getattr(op, "buffer_size", 0) for op in accumulators)
     open_rows = 1 if getattr(packer, "algorithm", None) == "wrap" else getattr(packer, "max_open_rows", 1)
-    row_bytes = packer.max_length * (ROW_FIELD_BYTES + _pixel_bytes_per_token(packer))
+    field_bytes = getattr(packer, "row_field_bytes", ROW_FIELD_BYTES)  # a packer adding fields says so
+    row_bytes = packer.max_length * (field_bytes + _pixel_bytes_per_token(packer))
     rows = lanes * (buffered + open_rows + loader.microbatch_size) * row_bytes
 
     largest_chunk = _largest_chunk_raw_bytes(loader.plan)

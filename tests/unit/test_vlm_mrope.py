@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import requires_torch
-from tests.reliability.harness import run_epoch
+from tests.reliability.harness import global_batch, run_epoch
 from tests.unit.test_vlm_assets import make_video
 from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders, VideoSpec
 from vlm._assets import pair_shards, tekken_tokenizer
@@ -122,7 +122,8 @@ def test_rows_carry_no_mrope_positions_unless_asked_and_the_default_fingerprint_
     default = PackMultimodal(32, PLACEHOLDERS, SPEC)
     assert "mrope" not in default.fingerprint(0), "recipes made before the option keep their fingerprint"
     # Turned on, the recipe differs, so a checkpoint made without it is not resumed with it.
-    assert PackMultimodal(32, PLACEHOLDERS, SPEC, mrope=True).fingerprint(0) == {**default.fingerprint(0), "mrope": True}
+    turned_on = PackMultimodal(32, PLACEHOLDERS, SPEC, mrope=True)
+    assert turned_on.fingerprint(0) == {**default.fingerprint(0), "mrope": True}
 
 
 def test_mrope_positions_are_refused_for_a_convention_other_than_qwens():
@@ -165,20 +166,29 @@ def test_interleaved_documents_get_the_models_mrope_positions(model):
 # -- through the pipeline -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def demo_rows():
+def demo_pipeline():
     """The demo's stamp pairs, tokenized with its Tekken tokenizer, sized and packed the Qwen way,
-    decoded after packing, every rank's microbatches of one epoch."""
+    decoded after packing."""
     pairs, tokenizer = pair_shards(4, 64), tekken_tokenizer()
-    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(pairs.directory), format="webdataset")],
-                                     seed=3, records_per_chunk=8, num_epochs=1)
-    pipeline = (
-        Pipeline(source).options(num_lanes=2, runner="inline", flush_every_chunks=4)
-        .tokenize(str(tokenizer), field="txt", bos="<s>", eos="</s>")
-        .decode_images(field=("png", "jpg"), spec=SPEC, defer=True)
-        .pack_multimodal(256, PLACEHOLDERS, image_position="after_bos", mrope=True)
-        .batch(2)
-    )
-    return run_epoch(pipeline).batches
+
+    def make(mrope: bool = True) -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(pairs.directory), format="webdataset")],
+                                         seed=3, records_per_chunk=8, num_epochs=1)
+        return (
+            Pipeline(source).options(num_lanes=2, runner="inline", flush_every_chunks=4)
+            .tokenize(str(tokenizer), field="txt", bos="<s>", eos="</s>")
+            .decode_images(field=("png", "jpg"), spec=SPEC, defer=True)
+            .pack_multimodal(256, PLACEHOLDERS, image_position="after_bos", mrope=mrope)
+            .batch(2)
+        )
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def demo_rows(demo_pipeline):
+    """Every rank's microbatches of one epoch of the demo pairs."""
+    return run_epoch(demo_pipeline()).batches
 
 
 @requires_torch
@@ -224,3 +234,52 @@ def test_video_frames_get_the_positions_the_model_gives_them_as_images(tmp_path)
     batches = run_epoch(pipeline).batches
     documents, images = check_batches("qwen2_vl", batches)
     assert documents == 6 and images == 18
+
+
+@requires_torch
+def test_a_packed_row_given_to_qwen2_vl_with_its_text_positions_first_equals_each_document_alone():
+    """What the README tells a trainer to pass: `position_ids` stacked on top of the transposed
+    `mrope_position_ids`, (4, B, L), and no attention mask. Qwen2-VL's text model then masks
+    attention per document (it finds the documents where the first row restarts), so each
+    document's hidden states are what the document alone gives (a tiny model, random weights)."""
+    import torch
+    from transformers import Qwen2VLConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLTextModel
+
+    torch.manual_seed(0)
+    config = Qwen2VLConfig(text_config={
+        "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": None, "eos_token_id": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+    })
+    model = Qwen2VLTextModel._from_config(config.text_config, attn_implementation="sdpa").eval()
+    pack = _packer(40)
+    pack.push((RecordAddress("d", "s", 0), {"input_ids": np.arange(30, 36, dtype=np.int32), "pixels": [_image(4, 6)],
+                                            "image_offsets": [2]}))
+    pack.push((RecordAddress("d", "s", 1), {"input_ids": np.arange(40, 47, dtype=np.int32), "pixels": [_image(6, 2)],
+                                            "image_offsets": [3]}))
+    [row] = pack.flush()
+    ids = torch.from_numpy(row.tokens["input_ids"]).long()[None]
+    mrope = torch.from_numpy(row.tokens["mrope_position_ids"]).long()[None].transpose(0, 1)  # (3, 1, L)
+    four = torch.cat([torch.from_numpy(row.tokens["position_ids"]).long()[None, None], mrope])
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=four, use_cache=False).last_hidden_state[0]
+        for number in range(2):
+            where = np.flatnonzero(row.tokens["document_ids"] == number)
+            start, end = int(where[0]), int(where[-1]) + 1
+            alone = model(input_ids=ids[:, start:end], position_ids=mrope[:, :, start:end],
+                          use_cache=False).last_hidden_state[0]
+            torch.testing.assert_close(packed[start:end], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_the_memory_budget_counts_the_three_positions_a_row_carries_with_mrope(demo_pipeline):
+    from zephon._memory import memory_budget
+
+    def budget(mrope: bool) -> tuple[int, int]:
+        """(bytes of rows in the budget, rows it counts per lane and over the lanes)."""
+        pipeline = demo_pipeline(mrope)
+        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+            return memory_budget(loader).rows, len(loader.lanes) * (16 + loader.microbatch_size)
+
+    (off, rows), (on, _) = budget(False), budget(True)  # 16 open rows and a microbatch per lane, no shuffle
+    assert on - off == rows * 256 * 3 * 4
