@@ -23,8 +23,9 @@ __all__ = ["Batch", "global_batch_digest", "combine_digests", "collate"]
 class Batch:
     """One microbatch of one lane at one global step.
 
-    `tokens` holds (microbatch_size, max_length) int32 arrays; `ragged` holds per-row payloads
-    concatenated along axis 0 with `ragged_counts[name][i]` entries from row i.
+    `tokens` holds (microbatch_size, max_length) int32 arrays (a packer may add a field with an
+    axis between: VLM's `mrope_position_ids` is (microbatch_size, 3, max_length)); `ragged` holds
+    per-row payloads concatenated along axis 0 with `ragged_counts[name][i]` entries from row i.
     `sources[i][d]` is the record whose tokens are where `document_ids[i] == d` (one entry per
     document of row i; a record read twice, in two epochs, may appear twice).
     """

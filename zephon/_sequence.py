@@ -1,7 +1,8 @@
 """Packed sequences: what packers emit, shuffles reorder and batches stack.
 
 Fixed-length per-token arrays (`input_ids`, `labels`, `position_ids`, `document_ids`, all of
-length `max_length`) live in `tokens`; variable-size per-sequence payloads (image patches and
+length `max_length`, and any a packer adds, its last axis `max_length`: VLM's (3, max_length)
+`mrope_position_ids`) live in `tokens`; variable-size per-sequence payloads (image patches and
 their grids, for VLM) live in `ragged` and are concatenated, not stacked, when batched.
 """
 

@@ -171,11 +171,11 @@ def demo_pipeline():
     decoded after packing."""
     pairs, tokenizer = pair_shards(4, 64), tekken_tokenizer()
 
-    def make(mrope: bool = True) -> Pipeline:
+    def make(mrope: bool = True, runner: str = "inline") -> Pipeline:
         source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(pairs.directory), format="webdataset")],
                                          seed=3, records_per_chunk=8, num_epochs=1)
         return (
-            Pipeline(source).options(num_lanes=2, runner="inline", flush_every_chunks=4)
+            Pipeline(source).options(num_lanes=2, runner=runner, flush_every_chunks=4)
             .tokenize(str(tokenizer), field="txt", bos="<s>", eos="</s>")
             .decode_images(field=("png", "jpg"), spec=SPEC, defer=True)
             .pack_multimodal(256, PLACEHOLDERS, image_position="after_bos", mrope=mrope)
@@ -197,6 +197,14 @@ def test_demo_rows_get_the_models_mrope_positions_per_document(demo_rows, model)
     documents, images = check_batches(model, demo_rows)
     rows = sum(len(batch.tokens["input_ids"]) for batch in demo_rows)
     assert images == documents > 4 * rows, "each pair is a document of one image, several a row"
+
+
+@pytest.mark.parametrize("runner", ["thread", "process"])
+def test_mrope_rows_are_the_same_bytes_on_every_runner_and_on_two_ranks(demo_pipeline, demo_rows, runner):
+    reference = [batch.digest() for batch in sorted(demo_rows, key=lambda b: (b.step, b.lane, b.index))]
+    digests = run_epoch(demo_pipeline(runner=runner), world_size=2).digests
+    assert [digests[key] for key in sorted(digests)] == reference
+    assert all("mrope_position_ids" in batch.tokens for batch in demo_rows)
 
 
 @requires_torch
