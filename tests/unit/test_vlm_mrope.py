@@ -141,19 +141,20 @@ def test_interleaved_documents_get_the_models_mrope_positions(model):
     document of images alone, text alone, and one whose text is cut to fit."""
     rng = np.random.default_rng(3)
     pack = _packer(96)
-    rows = []
+    rows, cases = [], set()
     for i in range(40):
-        grids = [tuple(int(s) for s in rng.choice([2, 4, 6], 2)) for _ in range(i % 4)]
+        grids = [tuple(int(s) for s in rng.choice([2, 4, 6], 2)) for _ in range((i + 1) % 4)]
         length = [0, 5, 17, 120][i % 4] if i % 3 else int(rng.integers(1, 30))
         offsets = sorted(int(o) for o in rng.integers(0, length + 1, len(grids)))
-        if i % 5 == 0 and grids:
-            offsets[-1] = length  # the document ends on an image
+        if i % 5 == 1 and len(grids) > 1:
+            offsets[1], offsets[-1] = offsets[0], length
+            cases.update({"two images in a row", "ends on an image"})
+        cases.update({"images alone"} if not length else {"text alone"} if not grids else set())
         record = {"input_ids": np.arange(100, 100 + length, dtype=np.int32),
                   "pixels": [_image(*g) for g in grids], "image_offsets": offsets}
-        if not grids and not length:
-            continue
         rows += pack.push((RecordAddress("d", "s", i), record))
     rows += pack.flush()
+    assert cases == {"two images in a row", "ends on an image", "images alone", "text alone"}
     tokens = {name: np.stack([row.tokens[name] for row in rows]) for name in rows[0].tokens}
     documents, images = check_rows_against_the_model(
         model, tokens, np.concatenate([row.ragged["image_grid"] for row in rows]),
