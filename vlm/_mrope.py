@@ -13,6 +13,10 @@ cells row-major (the grid positions), one end token (text again, one past the la
 is one temporal step (t = 0): a video decoded by `decode_video` is packed as consecutive images,
 and the model positions those placeholders as images too. Positions restart at 0 for every document, as the model sees a
 packed document as a sequence of its own; padding stays 0.
+
+Checked against transformers' `get_rope_index` of Qwen2-VL, Qwen2.5-VL and Qwen3-VL, which agree on
+images; Qwen3-VL interleaves the three axes over the rotary frequencies, inside the model, from
+these same positions. Other models are not known to position their tokens so.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Qwen2-VL's multimodal rotary positions (`pack_multimodal(mrope=True)`), checked against the model.
+"""Qwen2-VL's multimodal rotary positions (`pack_multimodal(mrope=True)`), checked against the models.
 
-The oracle is transformers' own `get_rope_index` (Qwen2-VL and Qwen2.5-VL), called with a stub in
-place of the model (it reads only the vision config's merge size and its own position helper):
-every document of every packed row must get, token for token, the positions the model computes
-for that document's `input_ids` and image grids alone. The rows come from the shipped demo pairs
-through the real pipeline, from decoded videos, and from interleaved documents packed by hand.
+The oracle is transformers' own `get_rope_index` (Qwen2-VL, Qwen2.5-VL and Qwen3-VL), called with a
+stub in place of the model (it reads only the vision config's merge size and its own position
+helper): every document of every packed row must get, token for token, the positions the model
+computes for that document's `input_ids` and image grids alone. The rows come from the shipped demo
+pairs through the real pipeline, from decoded videos, and from interleaved documents packed by
+hand, each sized as its model sizes images: 14 px patches for Qwen2-VL and Qwen2.5-VL, 16 px for
+Qwen3-VL, merged 2x2 by all three.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from zephon.work import StaticMixtureWorkSource
 # Tekken control ids that no caption encodes to, standing in for Qwen's vision tokens.
 PLACEHOLDERS = QwenPlaceholders(14, 15, 16, merge_size=2)
 SPEC = ImageSpec.qwen2_vl(min_pixels=56 * 56, max_pixels=224 * 224)  # up to 16x16 patches: 64 cells
-MODELS = ("qwen2_vl", "qwen2_5_vl")
+QWEN3_SPEC = ImageSpec(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=256 * 256)  # likewise
+MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+SPECS = {"qwen2_vl": SPEC, "qwen2_5_vl": SPEC, "qwen3_vl": QWEN3_SPEC}
 
 
 def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, int]]) -> np.ndarray:
@@ -40,8 +44,9 @@ def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, in
     import torch
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
-    cls = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel}[model]
+    cls = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel, "qwen3_vl": Qwen3VLModel}[model]
     vision = SimpleNamespace(spatial_merge_size=PLACEHOLDERS.merge_size, tokens_per_second=2)
     stub = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
     stub.get_vision_position_ids = partial(cls.get_vision_position_ids, stub)
@@ -86,13 +91,13 @@ def check_batches(model: str, batches: list) -> tuple[int, int]:
 
 # -- the positions themselves -------------------------------------------------------------------
 
-def _packer(max_length: int = 32, **kwargs) -> MultimodalPacker:
-    return MultimodalPacker(None, max_length=max_length, placeholders=PLACEHOLDERS, spec=SPEC, pad_id=0,
-                            mrope=True, **kwargs)
+def _packer(max_length: int = 32, spec: ImageSpec = SPEC) -> MultimodalPacker:
+    return MultimodalPacker(None, max_length=max_length, placeholders=PLACEHOLDERS, spec=spec, pad_id=0,
+                            mrope=True)
 
 
-def _image(rows: int, cols: int) -> np.ndarray:
-    return np.zeros((rows * SPEC.patch_size, cols * SPEC.patch_size, 3), np.uint8)
+def _image(rows: int, cols: int, spec: ImageSpec = SPEC) -> np.ndarray:
+    return np.zeros((rows * spec.patch_size, cols * spec.patch_size, 3), np.uint8)
 
 
 def test_mrope_positions_spread_an_image_over_its_merged_grid_and_restart_per_document():
@@ -140,7 +145,8 @@ def test_interleaved_documents_get_the_models_mrope_positions(model):
     """Documents of several images at given offsets (two in a row, one at the very end), a
     document of images alone, text alone, and one whose text is cut to fit."""
     rng = np.random.default_rng(3)
-    pack = _packer(96)
+    spec = SPECS[model]
+    pack = _packer(96, spec)
     rows, cases = [], set()
     for i in range(40):
         grids = [tuple(int(s) for s in rng.choice([2, 4, 6], 2)) for _ in range((i + 1) % 4)]
@@ -151,7 +157,7 @@ def test_interleaved_documents_get_the_models_mrope_positions(model):
             cases.update({"two images in a row", "ends on an image"})
         cases.update({"images alone"} if not length else {"text alone"} if not grids else set())
         record = {"input_ids": np.arange(100, 100 + length, dtype=np.int32),
-                  "pixels": [_image(*g) for g in grids], "image_offsets": offsets}
+                  "pixels": [_image(*g, spec) for g in grids], "image_offsets": offsets}
         rows += pack.push((RecordAddress("d", "s", i), record))
     rows += pack.flush()
     assert cases == {"two images in a row", "ends on an image", "images alone", "text alone"}
@@ -168,17 +174,17 @@ def test_interleaved_documents_get_the_models_mrope_positions(model):
 
 @pytest.fixture(scope="module")
 def demo_pipeline():
-    """The demo's stamp pairs, tokenized with its Tekken tokenizer, sized and packed the Qwen way,
-    decoded after packing."""
+    """The demo's stamp pairs, tokenized with its Tekken tokenizer, sized (Qwen2-VL's way unless
+    told) and packed the Qwen way, decoded after packing."""
     pairs, tokenizer = pair_shards(4, 64), tekken_tokenizer()
 
-    def make(mrope: bool = True, runner: str = "inline") -> Pipeline:
+    def make(mrope: bool = True, runner: str = "inline", spec: ImageSpec = SPEC) -> Pipeline:
         source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(pairs.directory), format="webdataset")],
                                          seed=3, records_per_chunk=8, num_epochs=1)
         return (
             Pipeline(source).options(num_lanes=2, runner=runner, flush_every_chunks=4)
             .tokenize(str(tokenizer), field="txt", bos="<s>", eos="</s>")
-            .decode_images(field=("png", "jpg"), spec=SPEC, defer=True)
+            .decode_images(field=("png", "jpg"), spec=spec, defer=True)
             .pack_multimodal(256, PLACEHOLDERS, image_position="after_bos", mrope=mrope)
             .batch(2)
         )
@@ -194,10 +200,13 @@ def demo_rows(demo_pipeline):
 
 @requires_torch
 @pytest.mark.parametrize("model", MODELS)
-def test_demo_rows_get_the_models_mrope_positions_per_document(demo_rows, model):
-    documents, images = check_batches(model, demo_rows)
-    rows = sum(len(batch.tokens["input_ids"]) for batch in demo_rows)
+def test_demo_rows_get_the_models_mrope_positions_per_document(demo_pipeline, demo_rows, model):
+    batches = demo_rows if SPECS[model] == SPEC else run_epoch(demo_pipeline(spec=SPECS[model])).batches
+    documents, images = check_batches(model, batches)
+    rows = sum(len(batch.tokens["input_ids"]) for batch in batches)
     assert images == documents > 4 * rows, "each pair is a document of one image, several a row"
+    patch = SPECS[model].patch_size
+    assert all(batch.ragged["pixel_values"].shape[1] == patch * patch * 3 for batch in batches), "sized for the model"
 
 
 @pytest.mark.parametrize("runner", ["thread", "process"])
@@ -219,9 +228,12 @@ def test_mrope_positions_reach_training_as_int64_rows_of_three(demo_rows):
 
 
 @requires_torch
-def test_video_frames_get_the_positions_the_model_gives_them_as_images(tmp_path):
+@pytest.mark.parametrize("model", MODELS)
+def test_video_frames_get_the_positions_the_model_gives_them_as_images(tmp_path, model):
     """`decode_video` frames are packed as consecutive images, so the model positions each frame's
-    placeholders as an image of one temporal step, after the frame before it."""
+    placeholders as an image of one temporal step, after the frame before it (not as its own
+    video layout: Qwen2.5-VL's `<|video_pad|>` grids with a temporal index scaled by time, or
+    Qwen3-VL's frames each after a `<t seconds>` timestamp in text)."""
     payloads = [make_video(tmp_path / f"v{j}.mp4", frames=8, size=(112 + 28 * j, 84)).read_bytes() for j in range(2)]
     with tarfile.open(tmp_path / "clips-000.tar", "w") as tar:
         for k in range(6):
@@ -236,48 +248,63 @@ def test_video_frames_get_the_positions_the_model_gives_them_as_images(tmp_path)
     pipeline = (
         Pipeline(source).options(num_lanes=1, runner="inline")
         .tokenize(str(tekken_tokenizer()), field="txt", bos="<s>", eos="</s>")
-        .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=SPEC))
+        .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=SPECS[model]))
         .pack_multimodal(256, PLACEHOLDERS, image_position="after_bos", mrope=True)
         .batch(1)
     )
     batches = run_epoch(pipeline).batches
-    documents, images = check_batches("qwen2_vl", batches)
+    documents, images = check_batches(model, batches)
     assert documents == 6 and images == 18
 
 
-@requires_torch
-def test_a_packed_row_given_to_qwen2_vl_with_its_text_positions_first_equals_each_document_alone():
-    """What the README tells a trainer to pass: `position_ids` stacked on top of the transposed
-    `mrope_position_ids`, (4, B, L), and no attention mask. Qwen2-VL's text model then masks
-    attention per document (it finds the documents where the first row restarts), so each
-    document's hidden states are what the document alone gives (a tiny model, random weights)."""
-    import torch
-    from transformers import Qwen2VLConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLTextModel
+TEXT_MODELS = {
+    # Qwen2-VL rotates each axis on its own contiguous band of frequencies; Qwen3-VL interleaves
+    # the bands (t, h, w, t, h, w, ...). Both read the same (3, L) positions.
+    "qwen2_vl": ("Qwen2VLConfig", "qwen2_vl.modeling_qwen2_vl", "Qwen2VLTextModel", {"mrope_section": [1, 1, 2]}),
+    "qwen3_vl": ("Qwen3VLConfig", "qwen3_vl.modeling_qwen3_vl", "Qwen3VLTextModel",
+                 {"mrope_section": [2, 1, 1]}),
+}
 
+
+@requires_torch
+@pytest.mark.parametrize("model", TEXT_MODELS)
+def test_a_packed_row_given_to_the_text_model_with_its_text_positions_first_equals_each_document_alone(model):
+    """What the README tells a trainer to pass: `position_ids` stacked on top of the transposed
+    `mrope_position_ids`, (4, B, L), and no attention mask. The text model (Qwen2-VL's, and
+    Qwen3-VL's with its interleaved M-RoPE) then masks attention per document (it finds the
+    documents where the first row restarts), so each document's hidden states are what the
+    document alone gives (a tiny model, random weights)."""
+    import importlib
+
+    import torch
+    import transformers
+
+    config_name, module, model_name, rope = TEXT_MODELS[model]
     torch.manual_seed(0)
-    config = Qwen2VLConfig(text_config={
-        "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    config = getattr(transformers, config_name)(text_config={
+        "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8,
         "num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": None, "eos_token_id": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, **rope},
     })
-    model = Qwen2VLTextModel._from_config(config.text_config, attn_implementation="sdpa").eval()
-    pack = _packer(40)
-    pack.push((RecordAddress("d", "s", 0), {"input_ids": np.arange(30, 36, dtype=np.int32), "pixels": [_image(4, 6)],
-                                            "image_offsets": [2]}))
-    pack.push((RecordAddress("d", "s", 1), {"input_ids": np.arange(40, 47, dtype=np.int32), "pixels": [_image(6, 2)],
-                                            "image_offsets": [3]}))
+    text_model = getattr(importlib.import_module(f"transformers.models.{module}"), model_name)
+    text_model = text_model._from_config(config.text_config, attn_implementation="sdpa").eval()
+    spec = SPECS[model]
+    pack = _packer(40, spec)
+    pack.push((RecordAddress("d", "s", 0), {"input_ids": np.arange(30, 36, dtype=np.int32),
+                                            "pixels": [_image(4, 6, spec)], "image_offsets": [2]}))
+    pack.push((RecordAddress("d", "s", 1), {"input_ids": np.arange(40, 47, dtype=np.int32),
+                                            "pixels": [_image(6, 2, spec)], "image_offsets": [3]}))
     [row] = pack.flush()
     ids = torch.from_numpy(row.tokens["input_ids"]).long()[None]
     mrope = torch.from_numpy(row.tokens["mrope_position_ids"]).long()[None].transpose(0, 1)  # (3, 1, L)
     four = torch.cat([torch.from_numpy(row.tokens["position_ids"]).long()[None, None], mrope])
     with torch.no_grad():
-        packed = model(input_ids=ids, position_ids=four, use_cache=False).last_hidden_state[0]
+        packed = text_model(input_ids=ids, position_ids=four, use_cache=False).last_hidden_state[0]
         for number in range(2):
             where = np.flatnonzero(row.tokens["document_ids"] == number)
             start, end = int(where[0]), int(where[-1]) + 1
-            alone = model(input_ids=ids[:, start:end], position_ids=mrope[:, :, start:end],
-                          use_cache=False).last_hidden_state[0]
+            alone = text_model(input_ids=ids[:, start:end], position_ids=mrope[:, :, start:end],
+                               use_cache=False).last_hidden_state[0]
             torch.testing.assert_close(packed[start:end], alone, rtol=1e-5, atol=1e-5)
 
 

@@ -1,7 +1,8 @@
 """Placeholder counts equal what the model family's own reference code produces for that image.
 
 Pixtral is checked against mistral-common's `ImageEncoder` with the real Tekken tokenizer's ids;
-Qwen2-VL against transformers' `Qwen2VLImageProcessor` grid and its processor's expansion rule.
+Qwen2-VL against transformers' `Qwen2VLImageProcessor` grid and its processor's expansion rule, and
+Qwen3-VL against the same processor with Qwen3-VL's 16 px patches.
 """
 
 from __future__ import annotations
@@ -120,16 +121,22 @@ def test_qwen_expansion_wraps_one_pad_per_merged_cell():
     assert tokens.tolist() == [1] + [2] * 6 + [3]
 
 
+@pytest.mark.parametrize("patch_size", [14, 16], ids=["qwen2_vl", "qwen3_vl"])
 @pytest.mark.parametrize("width,height", IMAGE_SIZES[2:6] + [(40, 30), (5000, 4000)])
-def test_qwen_grid_and_count_equal_the_transformers_qwen2_vl_processor(width, height):
+def test_qwen_grid_and_count_equal_the_transformers_processor_of_qwen2_vl_and_qwen3_vl(width, height, patch_size):
+    """Qwen3-VL's image processor is Qwen2-VL's with 16 px patches (transformers maps `qwen3_vl` to
+    `Qwen2VLImageProcessor`): 32 px cells, which `ImageSpec(patch_size=16, merge_size=2)` gives."""
     import transformers
 
     processor_class = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
-    processor = processor_class(min_pixels=56 * 56, max_pixels=28 * 28 * 256)
+    cell = 2 * patch_size
+    processor = processor_class(patch_size=patch_size, merge_size=2, min_pixels=2 * cell * 2 * cell,
+                                max_pixels=cell * cell * 256)
     out = processor(images=np.zeros((height, width, 3), np.uint8), return_tensors="np")
     t, h, w = out["image_grid_thw"][0].tolist()
-    spec = ImageSpec.qwen2_vl(min_pixels=56 * 56, max_pixels=28 * 28 * 256)
+    spec = ImageSpec(patch_size=patch_size, merge_size=2, min_pixels=2 * cell * 2 * cell, max_pixels=cell * cell * 256)
     assert (t, *image_grid(height, width, spec)) == (1, h, w)
+    assert out["pixel_values"].shape == (h * w, 3 * 2 * patch_size * patch_size), "the patch size was taken"
     placeholders = QwenPlaceholders(151652, 151655, 151653, merge_size=processor.merge_size)
     # Qwen2VLProcessor.replace_image_token: image_grid_thw.prod() // merge_size**2 pads.
     assert placeholders.num_tokens(h, w) - 2 == t * h * w // processor.merge_size**2
