@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.memory import MemoryFileSystem
-from fsspec.spec import AbstractBufferedFile
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.registry import _registry
 
 _COMPRESS = {None: lambda b: b, "gz": gzip.compress, "zst": lambda b: zstandard.ZstdCompressor().compress(b)}
@@ -88,23 +88,35 @@ class FakeHubFileSystem(_PrefixedMemoryFileSystem):
 
 
 class FlakyFileSystem(_PrefixedMemoryFileSystem):
-    """Fails the next `failures` opens for reading, and the next `listing_failures` questions about
-    a path (`info`, which `isdir` and `isfile` ask), with `error(message)` (a transient error unless
-    a test says otherwise); counts every open."""
+    """Fails the next `failures` opens for reading, the next `listing_failures` questions about
+    a path (`info`, which `isdir` and `isfile` ask) and the next `ls_failures` listings of a
+    directory with `error(message)` (a transient error unless a test says otherwise); counts every
+    open and every `info`. Lists a directory tree through fsspec's generic walk, one `ls` per
+    directory, as the sftp, ftp and smb filesystems do."""
 
     protocol = "flaky"
     store: dict = {}
     pseudo_dirs: list = [""]
     failures = 0
     listing_failures = 0
+    ls_failures = 0
     opens = 0
+    infos = 0
     error = ConnectionResetError
+    find = AbstractFileSystem.find
 
     def info(self, path, **kwargs):
+        FlakyFileSystem.infos += 1
         if FlakyFileSystem.listing_failures > 0:
             FlakyFileSystem.listing_failures -= 1
             raise FlakyFileSystem.error(f"flaky storage could not say what {path} is")
         return super().info(path, **kwargs)
+
+    def ls(self, path, detail=True, **kwargs):
+        if FlakyFileSystem.ls_failures > 0:
+            FlakyFileSystem.ls_failures -= 1
+            raise FlakyFileSystem.error(f"flaky storage could not list {path}")
+        return super().ls(path, detail=detail, **kwargs)
 
     def _open(self, path, mode="rb", **kwargs):
         if "r" in mode:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon import Chunk, ConfigurationError
-from zephon.io import Dataset, ErrorPolicy, ShardInfo
+from zephon.io import Dataset, ErrorPolicy, ShardInfo, ShardUnavailableError
 
 from .conftest_io import compress, jsonl_bytes, memory_root, parquet_bytes, put, tar_bytes
 
@@ -391,6 +391,76 @@ def test_a_relative_path_that_names_nothing_says_which_directory_it_was_looked_f
     with pytest.raises(ConfigurationError) as caught:
         Dataset.from_path("d", str(tmp_path / "missing"))
     assert "working directory" not in str(caught.value)
+
+
+def _directory(tmp_path, where: str, names: list[str]) -> str:
+    """A directory holding empty files `names`, on the local disk or in memory://."""
+    if where == "local":
+        for name in names:
+            (tmp_path / name).write_bytes(b"")
+        return str(tmp_path)
+    root = memory_root()
+    fsspec.filesystem("memory").mkdir(root)
+    for name in names:
+        put(f"{root}/{name}", b"")
+    return root
+
+
+_ANY_FORMAT = "file of a format read here (jsonl, parquet, text, webdataset, by suffix)"
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+@pytest.mark.parametrize(
+    ("names", "format", "says"),
+    [
+        ([], None, f"holds no {_ANY_FORMAT}: it is empty"),
+        ([], "jsonl", "holds no jsonl file: it is empty"),
+        ([".DS_Store"], "jsonl", "holds no jsonl file; it holds .DS_Store"),
+        (["a.jsonl"], "parquet", "holds no parquet file; it holds a.jsonl"),
+        (["README.md", "_SUCCESS"], None, f"holds no {_ANY_FORMAT}; it holds README.md, _SUCCESS"),
+        ([f"n{i}.md" for i in range(8)], "text", "holds no text file; it holds n0.md, n1.md, n2.md, n3.md, n4.md and 3 more"),
+    ],
+    ids=["empty", "empty-jsonl", "hidden-only", "other-format", "no-known-format", "many-others"],
+)
+def test_a_directory_holding_no_shard_says_it_exists_naming_the_format_and_what_it_holds(
+    tmp_path, where, names, format, says
+):
+    """An empty directory, or one of other files, read as a glob that matched nothing ("matches
+    no files") or said only that it holds no shards: nothing told that the directory is there
+    and what is in it instead."""
+    url = _directory(tmp_path, where, names)
+    with pytest.raises(ConfigurationError, match=re.escape(f"the directory {url} exists but {says}")):
+        Dataset.from_path("d", url, format=format)
+
+
+def _stat_failing_at(monkeypatch, path: str, error: OSError) -> None:
+    real_stat = os.stat
+
+    def stat(target, *args, **kwargs):
+        if os.fspath(target) == path:
+            raise error
+        return real_stat(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+
+
+def test_a_local_path_that_cannot_be_looked_at_is_retried_not_taken_for_nothing_there(tmp_path, monkeypatch):
+    """`os.path.isdir` and `isfile` say False for every error: EIO from a mounted bucket read as a
+    path naming nothing."""
+    write_shards(tmp_path, [2])
+    _stat_failing_at(monkeypatch, str(tmp_path), OSError(errno.EIO, "Input/output error", str(tmp_path)))
+    unavailable = f"{re.escape(str(tmp_path))} unavailable after 2 attempt"
+    with pytest.raises(ShardUnavailableError, match=unavailable) as caught:
+        Dataset.from_path("d", str(tmp_path), retries=2, retry_delay=0.001)
+    assert caught.value.__cause__.errno == errno.EIO
+    assert f"while listing dataset 'd' at {tmp_path}" in caught.value.__notes__
+
+
+def test_a_local_path_that_may_not_be_looked_at_is_a_configuration_error_naming_it(tmp_path, monkeypatch):
+    write_shards(tmp_path, [2])
+    _stat_failing_at(monkeypatch, str(tmp_path), PermissionError(errno.EACCES, "Permission denied", str(tmp_path)))
+    with pytest.raises(ConfigurationError, match=f"{re.escape(str(tmp_path))} may not be listed .*Permission denied"):
+        Dataset.from_path("d", str(tmp_path), retries=2, retry_delay=0.001)
 
 
 def test_reading_local_shards_does_not_import_fsspec(tmp_path):

@@ -35,18 +35,29 @@ def _planned(store: type[CountingStore], n: int, url: str = "data") -> tuple[Dat
     return Dataset.from_path("d", f"{store.protocol}://bucket/{url}", retry_delay=0), shards
 
 
-@pytest.mark.parametrize(("url", "infos"), [("data", 0), ("data/*.jsonl", 0), ("data/part-000.jsonl", 2)])
+@pytest.mark.parametrize(("url", "infos"), [("data", 0), ("data/*.jsonl", 0), ("data/part-000.jsonl", 1)])
 def test_planning_takes_each_shards_size_and_version_from_the_listing_asking_no_shards_info(store, url, infos):
     """Planning asked `info()` of every shard for its version, one HEAD per shard on top of the
     listing, which already tells each file's size and ETag (here its creation time). A file named
-    directly is asked whether it is a directory, then for its details, which give its size and
-    version both (they were asked for apart). A buffered file asks for its own details when it is
-    opened to be counted: those are the filesystem's, one per open."""
+    directly is asked for its details once, which tell that it is a file, its size and its version
+    (they were asked for apart, and whether it is a directory before that). A buffered file asks
+    for its own details when it is opened to be counted: those are the filesystem's, one per open."""
     ds, _ = _planned(store, 6, url)
     shard_urls = [shard.url for shard in ds.shards]
     opens = CountingStore.asked_of("open", shard_urls) if store is BufferedCountingStore else 0
     assert CountingStore.asked_of("info", shard_urls) == infos + opens
     assert sum(n for key, n in CountingStore.asked.items() if key[0] == "list") <= 1
+
+
+@pytest.mark.parametrize("url", ["data", "data/*.jsonl", "data/part-000.jsonl"])
+def test_what_a_url_names_is_asked_once_then_listed_at_most_once(url):
+    """fsspec's `isdir` and then `isfile` each asked `info()` of the URL: two HEADs on s3 or gcs
+    before a glob was expanded or a file named directly was planned. One `info()` tells a
+    directory, a file and nothing apart."""
+    with registered(CountingStore):
+        _planned(CountingStore, 3, url)
+        assert CountingStore.asked["info", f"bucket/{url}"] == 1
+        assert sum(n for key, n in CountingStore.asked.items() if key[0] == "list") <= 1
 
 
 def _listings_and_infos_of_planning(n: int) -> int:

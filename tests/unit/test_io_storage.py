@@ -45,7 +45,7 @@ from .conftest_io import (
 @pytest.fixture
 def flaky():
     with registered(FlakyFileSystem) as cls:
-        cls.failures = cls.listing_failures = cls.opens = 0
+        cls.failures = cls.listing_failures = cls.ls_failures = cls.opens = cls.infos = 0
         cls.error = ConnectionResetError
         put("flaky://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
         yield cls
@@ -361,6 +361,46 @@ def test_listing_a_dataset_is_retried_and_a_store_out_of_reach_is_named_with_the
         Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
     assert isinstance(caught.value.__cause__, httpx2.ConnectError)
     assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
+
+
+def _eio(message: str) -> OSError:
+    return OSError(errno.EIO, message)
+
+
+@pytest.mark.parametrize("failing", ["listing_failures", "ls_failures"], ids=["info", "ls"])
+@pytest.mark.parametrize("error", [ConnectionRefusedError, _eio], ids=["refused", "EIO"])
+def test_a_store_out_of_reach_while_locating_is_retried_not_taken_for_nothing_there(flaky, failing, error):
+    """fsspec's `isdir` and `isfile` say False for every OSError, and its generic walk takes a
+    directory it cannot list for an empty one: a refused connection or EIO while locating read as
+    a URL naming nothing (or matching no files), a ConfigurationError no retry looked at."""
+    flaky.error = error
+    setattr(flaky, failing, 2)
+    assert Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001).num_records == 5
+    setattr(flaky, failing, 100)
+    with pytest.raises(ShardUnavailableError, match="flaky://bucket unavailable after 3 attempt") as caught:
+        Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    assert isinstance(caught.value.__cause__, OSError)
+    assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
+
+
+def test_a_store_that_denies_listing_is_a_configuration_error_naming_the_url_and_dataset_at_once(flaky):
+    """A denial lasts until the credentials or permissions change: retrying it only delays the
+    error. It read as a URL naming nothing."""
+    flaky.error, flaky.listing_failures = PermissionError, 100
+    with pytest.raises(ConfigurationError, match="flaky://bucket may not be listed .*could not say what") as caught:
+        Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    assert isinstance(caught.value.__cause__, PermissionError)
+    assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
+    assert flaky.infos == 1
+
+
+def test_a_path_or_glob_naming_nothing_on_a_store_is_still_a_configuration_error(flaky):
+    """Only FileNotFoundError means nothing is there; a generic walk told to raise raises it for a
+    glob whose directory is missing, which is a glob matching nothing, not a store to retry."""
+    with pytest.raises(ConfigurationError, match="flaky://bucket/missing is not a file, a directory or a glob"):
+        Dataset.from_path("d", "flaky://bucket/missing", retries=3, retry_delay=0.001)
+    with pytest.raises(ConfigurationError, match="flaky://bucket/missing/\\*.jsonl matches no files"):
+        Dataset.from_path("d", "flaky://bucket/missing/*.jsonl", retries=3, retry_delay=0.001)
 
 
 def test_storage_that_keeps_failing_raises_after_the_configured_attempts(flaky):

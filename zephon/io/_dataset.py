@@ -138,7 +138,8 @@ class Dataset:
         `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error,
         listing or reading, is retried: `retries` counts the attempts in all, the first one
         included (1: no retry), waiting `retry_delay` seconds before the second and doubling, up to
-        a minute.
+        a minute. Listing, only "no such file" means nothing is at `url`, and permission denied is a
+        `ConfigurationError` at once; every error of listing is noted with the dataset's name.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")
@@ -154,9 +155,7 @@ class Dataset:
         options = _copied_options(dict(storage_options or {}))
         try:  # listing a remote store fails as transiently as reading it (a hub out of reach)
             located = retry.call(url, lambda: locate(url, format, options))
-        except ConfigurationError:
-            raise
-        except Exception as error:
+        except Exception as error:  # a ConfigurationError too: in a mixture, the name says which dataset
             error.add_note(f"while listing dataset {name!r} at {url}")
             raise
         reader = _make_reader(located.format, text_unit)

@@ -18,6 +18,12 @@ or searched (permission denied): `os.walk` and `glob` pass over it as if it were
 shards would be missing from the plan without a word. A link whose target is gone (a Hugging Face
 cache snapshot whose blob was deleted) is listed with no size, for the caller to refuse once it
 knows whether the dataset's format takes the link's name for a shard.
+
+What the path names is asked once (`os.stat`), and only "no such file" (or a file where a directory
+was meant) is taken for nothing there. `os.path.isdir` and `isfile` say False for every error, so a
+disk out of reach (an NFS or FUSE mount of a bucket answering EIO) read as a path naming nothing;
+that error now reaches the caller's retry, and a path that may not be looked at (permission
+denied) raises PermissionError for the caller to name.
 """
 
 from __future__ import annotations
@@ -25,12 +31,28 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from collections.abc import Iterator
-from typing import BinaryIO, NoReturn
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Literal, NoReturn
 
 from .._errors import ConfigurationError
 
-__all__ = ["LocalFiles", "is_plain_path", "list_local"]
+__all__ = ["Listing", "LocalFiles", "is_plain_path", "list_local"]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a URL names: one `file`, a `directory` or a `glob`'s matches, at absolute `path`.
+
+    `sizes` maps each file listed (none for a `file`) to its size, None for a dangling link;
+    `details` maps a file to what the filesystem told of it (fsspec's details; empty for a local
+    listing). The kind is kept so that a directory holding no shard is told apart from a glob
+    matching none."""
+
+    path: str
+    kind: Literal["file", "directory", "glob"]
+    sizes: Mapping[str, int | None] = field(default_factory=dict)
+    details: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class LocalFiles:
@@ -50,27 +72,31 @@ def is_plain_path(url: str) -> bool:
     return "://" not in url and "::" not in url
 
 
-def list_local(pattern: str, has_glob: bool) -> tuple[str, dict[str, int | None] | None] | None:
-    """(absolute path, {file: size}) for a directory or a glob, (absolute path, None) for a single
-    existing file, and None when the path names nothing. A path that names a directory or a file as
-    written is taken literally, glob characters and all; only otherwise is it expanded as a glob.
-    A dangling link is listed with size None: whether it is a missing shard or a stray link (to a
-    README, say) depends on the format, which the caller decides."""
+def list_local(pattern: str, has_glob: bool) -> Listing | None:
+    """The Listing of a directory, a glob or a single existing file, and None when the path names
+    nothing. A path that names a directory or a file as written is taken literally, glob characters
+    and all; only otherwise is it expanded as a glob. A dangling link is listed with size None:
+    whether it is a missing shard or a stray link (to a README, say) depends on the format, which
+    the caller decides."""
     path = os.path.abspath(os.path.expanduser(pattern))
-    if os.path.isdir(path):
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = 0
+    if stat.S_ISDIR(mode):
         found: dict[str, int | None] = {}
         for directory, names in _walk(path):
             for name in names:
                 file = os.path.join(directory, name)
                 if (size := _file_size(file)) != _NOT_A_FILE:
                     found[file] = size
-        return path, found
-    if os.path.isfile(path):
-        return path, None
+        return Listing(path, "directory", found)
+    if stat.S_ISREG(mode):
+        return Listing(path, "file")
     if has_glob:
         _check_glob_can_search(path)
         matches = glob.glob(path, recursive=True, include_hidden=True)
-        return path, {m: size for m in matches if (size := _file_size(m)) != _NOT_A_FILE}
+        return Listing(path, "glob", {m: size for m in matches if (size := _file_size(m)) != _NOT_A_FILE})
     return None
 
 

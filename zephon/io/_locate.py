@@ -23,6 +23,15 @@ name holds glob characters (`data[1].jsonl`, `run[2024]/`): read as a glob, `dat
 silently be `data1.jsonl`. Only a URL that names nothing is expanded as a glob, so a glob whose
 fixed part holds such a character escapes it as `glob.escape` does (`run[[]2024]/*.jsonl`).
 
+What a URL names is asked once (`info()`; `os.stat` for a local path), and only FileNotFoundError
+means nothing is there. fsspec's `isdir` and `isfile`, asked before, say False for every OSError,
+so a store out of reach (a refused connection, a 5xx, EIO from a mounted bucket) read as a URL
+naming nothing, a ConfigurationError no retry looks at; such an error now reaches the caller's
+retry. Permission denied is a ConfigurationError naming the URL, never retried: a denial lasts
+until the credentials, `storage_options` or the permissions change. A directory that holds no
+shard of the format says so, naming a few of the files it holds (or that it is empty), where it
+read as a glob that matched nothing.
+
 `hf://ORG/NAME/CONFIG/SPLIT` is shorthand for the Parquet files the Hugging Face hub keeps for every
 dataset on its `refs/convert/parquet` branch (`~parquet` is the hub's alias for that revision),
 laid out as `CONFIG/SPLIT/NNNN.parquet`. Any other `hf://` URL (e.g. `hf://datasets/...`) is used
@@ -34,11 +43,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError
 from ._compression import compression_of
-from ._local import LocalFiles, is_plain_path, list_local
+from ._local import Listing, LocalFiles, is_plain_path, list_local
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -139,23 +148,25 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         if format not in (None, "parquet"):
             raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
         url, format = hub_url, "parquet"
-    details: dict[str, Mapping[str, Any]] = {}
-    if is_plain_path(url) and not storage_options:
-        fs, listed = LocalFiles(), list_local(url, has_glob=any(char in url for char in _GLOB_CHARS))
-    else:
-        fs, listed, details = _list_with_fsspec(url, storage_options)
-    if listed is None:
+    try:
+        fs, listing = _list(url, storage_options)
+    except PermissionError as error:
+        raise ConfigurationError(
+            f"{url} may not be listed ({error}): check the credentials, storage_options or the path's permissions"
+        ) from error
+    if listing is None:
         raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything{_relative_to(url)}")
-    path, sizes = listed
-    if sizes is None:
-        return _single_file(fs, path, url, format, details.get(path))
-    files = {p: size for p, size in sizes.items() if not p.rpartition("/")[2].startswith(".")}
-    if not files:
+    if listing.kind == "file":
+        return _single_file(fs, listing.path, url, format, listing.details.get(listing.path))
+    files = {p: size for p, size in listing.sizes.items() if not p.rpartition("/")[2].startswith(".")}
+    if not files and listing.kind == "glob":
         raise ConfigurationError(f"{url} matches no files{_relative_to(url)}")
     inferred = {p: infer_format(p) for p in files}
     unreadable = {p: u for p in files if (u := _unreadable_shard(p)) is not None}
     if format is None:
         found = sorted({fc[0] for fc in [*inferred.values(), *unreadable.values()] if fc is not None})
+        if not found and listing.kind == "directory":
+            raise _holds_no_shard(url, listing, None)
         if len(found) != 1:
             what = f"several formats {found}" if found else "no file of a known format"
             raise ConfigurationError(f"{url} holds {what}; pass format= (one of {FORMATS})")
@@ -165,6 +176,8 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
             _refuse_unreadable(p, url, fmt, why)
     paths = sorted(p for p, fc in inferred.items() if fc is not None and fc[0] == format)
     if not paths:
+        if listing.kind == "directory":
+            raise _holds_no_shard(url, listing, format)
         raise ConfigurationError(f"{url} holds no {format} shards")
     for p in paths:
         if files[p] is None:  # only a local listing has these: see `list_local`
@@ -178,7 +191,7 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         tuple(paths),
         tuple(int(files[p]) for p in paths),
         tuple(inferred[p][1] for p in paths),
-        tuple(details.get(p) for p in paths),
+        tuple(listing.details.get(p) for p in paths),
     )
 
 
@@ -191,37 +204,78 @@ def _relative_to(url: str) -> str:
     return f" (a relative path: looked for from the working directory {os.getcwd()})"
 
 
-def _list_with_fsspec(
-    url: str, storage_options: dict
-) -> tuple[AbstractFileSystem, tuple[str, dict[str, int | None] | None] | None, dict[str, Mapping[str, Any]]]:
-    """The URL's filesystem, what `list_local` gives for a plain path: (path, {file: size}),
-    (path, None) for a single file, or None when nothing is there; and {file: its details} as the
-    listing (or, for a single file, its `info()`) gave them."""
+_NAMES_SHOWN = 5
+
+
+def _holds_no_shard(url: str, listing: Listing, format: str | None) -> ConfigurationError:
+    """The error for a directory that exists but holds no shard of `format` (of any format read,
+    when None), naming the first few files it holds, hidden ones included, so that a wrong
+    directory or a wrong format= shows at once."""
+    what = f"{format} file" if format else f"file of a format read here ({', '.join(FORMATS)}, by suffix)"
+    prefix = listing.path.rstrip("/") + "/"
+    names = sorted(p.removeprefix(prefix) for p in listing.sizes)
+    if not names:
+        return ConfigurationError(f"the directory {url} exists but holds no {what}: it is empty")
+    more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    return ConfigurationError(
+        f"the directory {url} exists but holds no {what}; it holds {', '.join(names[:_NAMES_SHOWN])}{more}"
+    )
+
+
+def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFiles, Listing | None]:
+    """The URL's filesystem and what it names, None when nothing is there.
+
+    A plain local path is listed with the standard library, and so is a `file://` URL: fsspec's
+    local listing passes over linked directories. Elsewhere the URL is asked for its `info()`
+    once, which tells a directory (then listed with details, one call), a file (whose details are
+    kept for its size and version) and nothing (FileNotFoundError alone: then a glob is expanded,
+    and its FileNotFoundError is a glob matching nothing, not an error to retry).
+    """
+    if is_plain_path(url) and not storage_options:
+        return LocalFiles(), list_local(url, has_glob=any(char in url for char in _GLOB_CHARS))
     import fsspec  # only here: see _local for what importing it costs
 
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
-    if is_local(fs):  # listed as its plain path is: fsspec's local listing passes over linked directories
-        return fs, list_local(path, has_glob=any(char in path for char in _GLOB_CHARS)), {}
-    if fs.isdir(path):
-        listing = fs.find(path, detail=True)
-    elif (single := _info_of_file(fs, path)) is not None:
-        return fs, (path, None), {path: single}
-    elif any(char in path for char in _GLOB_CHARS):
-        listing = fs.glob(path, detail=True)
-    else:
-        return fs, None, {}
-    files = {p: info for p, info in listing.items() if info["type"] == "file"}
-    return fs, (path, {p: info["size"] for p, info in files.items()}), files
-
-
-def _info_of_file(fs: AbstractFileSystem, path: str) -> Mapping[str, Any] | None:
-    """`fs.info(path)` when `path` is a file, else None: what `fs.isfile` asks, kept for the
-    file's size and version (asked apart, they were two more requests)."""
+    has_glob = any(char in path for char in _GLOB_CHARS)
+    if is_local(fs):
+        return fs, list_local(path, has_glob)
     try:
         info = fs.info(path)
-    except Exception:  # as fsspec's isfile: whatever the storage raises, it is no file here
-        return None
-    return info if info["type"] == "file" else None
+    except FileNotFoundError:
+        info = None
+    if info is not None and info["type"] == "directory":
+        return fs, _files_of(path, "directory", fs.find(path, detail=True, **_raising_walk(fs)))
+    if info is not None and info["type"] == "file":
+        return fs, Listing(path, "file", details={path: info})
+    if not has_glob:
+        return fs, None
+    try:
+        matches = fs.glob(path, detail=True, **_raising_walk(fs))
+    except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
+        raise ConfigurationError(f"{url} matches no files ({error})") from error
+    return fs, _files_of(path, "glob", matches)
+
+
+def _files_of(path: str, kind: Literal["directory", "glob"], listing: Mapping[str, Mapping[str, Any]]) -> Listing:
+    files = {p: info for p, info in listing.items() if info["type"] == "file"}
+    return Listing(path, kind, {p: info["size"] for p, info in files.items()}, files)
+
+
+def _raising_walk(fs: AbstractFileSystem) -> dict[str, str]:
+    """`find`'s and `glob`'s arguments that make fsspec's generic walk raise where it cannot list
+    the directory asked (a store out of reach): by default it takes that directory for an empty
+    one. The walk does not hand the argument down, so a directory below the one asked that cannot
+    be listed is still taken for an empty one. Only for a filesystem that lists through that walk
+    (sftp, ftp, smb): one with a listing of its own (s3fs, gcsfs, the hub's, the memory
+    filesystem) raises by itself and may refuse the argument."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    is_async = isinstance(fs, AsyncFileSystem)
+    base, names = (AsyncFileSystem, ("_find", "_walk")) if is_async else (AbstractFileSystem, ("find", "walk"))
+    # The bound methods, not the class's: a caching filesystem (`simplecache::`) hands on those it wraps.
+    generic = all(getattr(getattr(fs, name), "__func__", None) is getattr(base, name) for name in names)
+    return {"on_error": "raise"} if generic else {}
 
 
 def _single_file(
