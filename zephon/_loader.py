@@ -141,8 +141,10 @@ class RankLoader:
         # microbatch is handed over, never across a yield), and by `state_dict` and
         # `load_state_dict`: a save on another thread read the cursors and settled the ledger while
         # the iteration moved and counted them ("dictionary changed size during iteration", or a
-        # state whose ledger had lost records). Reentrant: a stage function run inline inside a
-        # `next()` that saves does not wait on itself. `close()` and `stats()` never take it.
+        # state whose ledger had lost records). TorchTitan's adapter holds it over a whole local
+        # batch, its `_mark` and its hand-back (`_take_up`) included. Reentrant: a stage function
+        # run inline inside a `next()` that saves does not wait on itself, nor the adapter's
+        # `next()`s. `close()` and `stats()` never take it.
         self._moving = threading.RLock()
 
     # -- building ---------------------------------------------------------------------------
@@ -633,6 +635,7 @@ class RankLoader:
     def _mark(self) -> tuple:
         """What `_take_up` needs to hand over again everything taken from now on: this rank's
         cursors, ledger, steps begun and rows taken (what `state_dict` saves, without its recipe digests).
+        Its caller holds `_moving` over both, so that no save on another thread lands in between.
 
         A cursor learns that its lane is finished from the lane's stream only when asked
         (`_finished`); `_take_up` closes the streams, so the copies ask first: a lane finished before

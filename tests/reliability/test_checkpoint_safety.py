@@ -1397,13 +1397,42 @@ def test_methods_reached_through_super_fingerprint_the_same_in_every_process():
     assert "STOP_WORDS=frozenset({'a', 'and', 'in', 'is', 'of', 'the', 'to'})" in written, written
 
 
+def _states_saved_on_another_thread(save, take, times: int) -> list[dict]:
+    """`save()` called over and over on another thread while this one calls `take()` `times`
+    times; what it returned. The switch interval is 1 us meanwhile: with the GIL, the threads then
+    switch inside a save too."""
+    saved, failures, done = [], [], threading.Event()
+
+    def checkpointer() -> None:
+        while not done.is_set():
+            try:
+                saved.append(save())
+            except Exception as error:  # noqa: BLE001 - named by the assertion
+                failures.append(repr(error))
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=checkpointer)
+    try:
+        thread.start()
+        for _ in range(times):
+            take()
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert failures == []
+    assert saved
+    return saved
+
+
 def test_a_state_saved_on_another_thread_while_the_trainer_iterates_is_one_saved_between_two_microbatches(tmp_path):
     """An asynchronous checkpointer or a watchdog calls state_dict() on its own thread while the
     trainer's thread takes microbatches. The save read the cursors and settled the ledger while the
     loader's thread moved and counted them: it failed with "dictionary changed size during
     iteration", or gave a state whose ledger had lost records. Every state saved on the other thread
-    must be one the trainer's thread saves between two microbatches. The switch interval is 1 us
-    meanwhile: with the GIL, the threads then switch inside a save too."""
+    must be one the trainer's thread saves between two microbatches."""
     pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", num_epochs=None, flush_every_chunks=1)
     microbatches = 1500
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
@@ -1412,29 +1441,36 @@ def test_a_state_saved_on_another_thread_while_the_trainer_iterates_is_one_saved
         for _ in range(microbatches):
             next(batches)
             between.add(json.dumps(loader.state_dict(), sort_keys=True))
-    saved, failures, done = [], [], threading.Event()
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
-
-            def checkpointer() -> None:
-                while not done.is_set():
-                    try:
-                        saved.append(loader.state_dict())
-                    except Exception as error:  # noqa: BLE001 - named by the assertion
-                        failures.append(repr(error))
-                        return
-
-            thread = threading.Thread(target=checkpointer)
-            thread.start()
-            batches = iter(loader)
-            for _ in range(microbatches):
-                next(batches)
-            done.set()
-            thread.join()
-    finally:
-        sys.setswitchinterval(interval)
-    assert failures == []
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        batches = iter(loader)
+        saved = _states_saved_on_another_thread(loader.state_dict, lambda: next(batches), microbatches)
     strays = [state for state in saved if json.dumps(state, sort_keys=True) not in between]
-    assert saved and not strays, f"{len(strays)} of {len(saved)} states saved on the other thread are no state between two microbatches"
+    assert not strays, f"{len(strays)} of {len(saved)} states saved on the other thread are no state between two microbatches"
+
+
+def test_a_titan_state_saved_on_another_thread_is_one_saved_between_two_local_batches(tmp_path, monkeypatch):
+    """ZephonDataLoader takes a local batch's microbatches from its rank loader one by one, and
+    hands them back (`RankLoader._take_up`) if an interrupt comes before the batch is yielded. A
+    save on another thread waited only for the microbatch in progress: it saved states partway
+    through a local batch, which resume on the rest of that batch, so that every later yield
+    straddled two of the uninterrupted run's and the optimizer steps differed; and a save landing
+    in a hand-back read the ledger before it and the cursors after it. Every state saved on the
+    other thread must be one the trainer's thread saves between two local batches."""
+    from zephon.integrations.torchtitan import ZephonDataLoader
+
+    monkeypatch.setattr(ZephonDataLoader, "_collate", lambda self, group: group)  # no torch needed
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", num_epochs=None, flush_every_chunks=1)
+    size = global_batch(pipeline)
+    assert size // pipeline.microbatch_size > 1  # a local batch of several microbatches
+    yields = 400
+    with ZephonDataLoader(pipeline, 0, 1, size, local_batch_size=size) as loader:
+        batches = iter(loader)
+        between = {json.dumps(loader.local_state_dict(), sort_keys=True)}
+        for _ in range(yields):
+            next(batches)
+            between.add(json.dumps(loader.local_state_dict(), sort_keys=True))
+    with ZephonDataLoader(pipeline, 0, 1, size, local_batch_size=size) as loader:
+        batches = iter(loader)
+        saved = _states_saved_on_another_thread(loader.local_state_dict, lambda: next(batches), yields)
+    strays = [state for state in saved if json.dumps(state, sort_keys=True) not in between]
+    assert not strays, f"{len(strays)} of {len(saved)} states saved on the other thread are no state between two local batches"

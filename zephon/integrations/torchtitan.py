@@ -204,7 +204,9 @@ class ZephonDataLoader(_Base):
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
     short, then iteration stops (TorchTitan ends training on the first exhausted rank).
 
-    Thread-unsafe: iterate it from one thread. `close()` (or `with`) stops its workers.
+    Iterate it from one thread. `local_state_dict()` and `state_dict()` may be called from another
+    (an asynchronous checkpointer): they wait for the local batch in progress. `close()` (or
+    `with`) stops its workers.
     """
 
     if _TitanBase is not None:
@@ -309,13 +311,17 @@ class ZephonDataLoader(_Base):
             # while this yield's later microbatches are taken, or while they are stacked into
             # tensors (a preemption handler, Ctrl-C), would leave them counted but never yielded: a
             # checkpoint or a new iteration taken then would skip them. So they are handed back first.
-            mark = self._loader._mark()
-            try:
-                group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
-                batch = self._collate(group) if group else None
-            except BaseException:
-                self._loader._take_up(*mark)
-                raise
+            # All of it under the rank loader's `_moving`, which a save or load on another thread
+            # waits for: it saved states partway through a local batch (each resumed yield then
+            # straddled two), or read a hand-back's ledger before it and its cursors after.
+            with self._loader._moving:
+                mark = self._loader._mark()
+                try:
+                    group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
+                    batch = self._collate(group) if group else None
+                except BaseException:
+                    self._loader._take_up(*mark)
+                    raise
             if not group:
                 return
             self.last_microbatches = group
