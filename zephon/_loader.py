@@ -352,13 +352,7 @@ class RankLoader:
     def __iter__(self) -> Iterator[Batch]:
         called = perf_counter()  # the first next(): its wait takes in starting the runner and the lanes' replay
         try:
-            with self._moving:
-                self._generation += 1
-                # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks
-                # as the iteration does: a close from another thread may land there too.
-                self._open_streams()
-                microbatches = self._microbatches(self._generation, called)
-            yield from self._handed_over(microbatches)
+            yield from self._handed_over(self._microbatches(called))
         except Exception as exc:
             if not self._closed or isinstance(exc, ConfigurationError):
                 raise
@@ -378,9 +372,19 @@ class RankLoader:
         finally:
             microbatches.close()
 
-    def _microbatches(self, generation: int, called: float) -> Iterator[Batch]:
-        """The rank's microbatches in order; `called` is when the trainer asked for the first
-        (`perf_counter`), each later ask is when the previous yield resumes."""
+    def _microbatches(self, called: float) -> Iterator[Batch]:
+        """The rank's microbatches in order, from lanes opened anew; `called` is when the trainer
+        asked for the first (`perf_counter`), each later ask is when the previous yield resumes.
+
+        The lanes are opened in the first `next()`, so that `_handed_over` holds `_moving` over
+        the opening and the first microbatch at once: opened under a hold of their own, a load on
+        another thread landing between the two swapped the lanes out from under the iteration,
+        which failed with a bare KeyError naming a lane."""
+        self._generation += 1
+        generation = self._generation
+        # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks as the
+        # iteration does: a close from another thread may land there too.
+        self._open_streams()
         per_step = self.rows_per_step
         while True:
             # Lanes are asked whether they have more only when their turn comes: asking every lane

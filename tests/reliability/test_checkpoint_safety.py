@@ -1474,3 +1474,39 @@ def test_a_titan_state_saved_on_another_thread_is_one_saved_between_two_local_ba
         saved = _states_saved_on_another_thread(loader.local_state_dict, lambda: next(batches), yields)
     strays = [state for state in saved if json.dumps(state, sort_keys=True) not in between]
     assert not strays, f"{len(strays)} of {len(saved)} states saved on the other thread are no state between two local batches"
+
+
+def test_a_state_loaded_on_another_thread_as_the_trainer_begins_iterating_is_the_one_it_iterates_from(
+    tmp_path, monkeypatch
+):
+    """load_state_dict() on another thread waits for the microbatch in progress. The first next()
+    opened the lanes under `_moving` and let it go before taking the first microbatch: a load
+    landing there swapped the lanes out from under it, and the trainer's thread failed with a bare
+    KeyError naming a lane. The hook loads the state at that point, on a thread of its own."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", num_epochs=None)
+    size = global_batch(pipeline)
+    with pipeline.shard(0, 1, global_batch_size=size) as loader:
+        batches = iter(loader)
+        for _ in range(3):
+            next(batches)
+        state = loader.state_dict()
+        after = [next(batches).digest() for _ in range(4)]
+    with pipeline.shard(0, 1, global_batch_size=size) as loader:
+        handed_over, failures = loader._handed_over, []
+
+        def load_then_hand_over(microbatches):
+            def load() -> None:
+                try:
+                    loader.load_state_dict(state)
+                except Exception as error:  # noqa: BLE001 - named by the assertion
+                    failures.append(repr(error))
+
+            thread = threading.Thread(target=load)
+            thread.start()
+            thread.join()
+            return handed_over(microbatches)
+
+        monkeypatch.setattr(loader, "_handed_over", load_then_hand_over)
+        batches = iter(loader)
+        assert [next(batches).digest() for _ in range(4)] == after
+        assert failures == []
