@@ -100,7 +100,8 @@ class RankLoader:
     """Iterates one rank's microbatches; `state_dict`/`load_state_dict` for elastic resume.
 
     Iterate it from one thread. `state_dict()` and `load_state_dict()` may be called from another
-    (an asynchronous checkpointer): they wait for the microbatch in progress (see `_moving`).
+    (an asynchronous checkpointer): they wait for the microbatch in progress (see `_moving`), and a
+    load ends the iteration it lands in, as one on the iterating thread does.
     Call `close()` (or use `with`) to stop its workers; from another thread too, and an iteration
     it interrupts fails with ConfigurationError saying so.
     """

@@ -1510,3 +1510,27 @@ def test_a_state_loaded_on_another_thread_as_the_trainer_begins_iterating_is_the
         batches = iter(loader)
         assert [next(batches).digest() for _ in range(4)] == after
         assert failures == []
+
+
+def test_a_state_loaded_on_another_thread_ends_the_iteration_it_lands_in_and_a_new_one_starts_from_it(tmp_path):
+    """The trainer's iteration, suspended between two microbatches when another thread loads a
+    state, ends (its next() raises StopIteration) rather than going on from cursors it no longer
+    has; a new iter() hands over the loaded state's microbatches."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", num_epochs=None)
+    size = global_batch(pipeline)
+    with pipeline.shard(0, 1, global_batch_size=size) as loader:
+        batches = iter(loader)
+        next(batches)
+        state = loader.state_dict()
+        after = [next(batches).digest() for _ in range(4)]
+    with pipeline.shard(0, 1, global_batch_size=size) as loader:
+        batches = iter(loader)
+        for _ in range(6):
+            next(batches)
+        thread = threading.Thread(target=loader.load_state_dict, args=(state,))
+        thread.start()
+        thread.join()
+        with pytest.raises(StopIteration):
+            next(batches)
+        batches = iter(loader)
+        assert [next(batches).digest() for _ in range(4)] == after
