@@ -14,8 +14,13 @@ the runner, so a parent killed alone keeps it while its workers clean up. A runn
 directory first removes, under the same root, each directory named as a runner's (`zephon-<pid>-`
 and `tempfile.mkdtemp`'s eight characters) whose lock it can take without waiting, holding the
 lock as it removes it (`zephon._file_lock`): two runners sweeping at once never both remove one. The
-pid in the name decides nothing: containers sharing /dev/shm count pids in namespaces of their own,
-and pids are reused.
+pid in the name does not tell a dead runner: containers sharing /dev/shm count pids in namespaces
+of their own, and pids are reused. It only keeps a runner from sweeping the directories named with
+its own process's pid, which are its process's (or a dead namesake's, left to a runner of another
+process): on NFS, Linux emulates `flock` with POSIX record locks, which a process's own opens never
+conflict with and which closing any descriptor of the file drops, so a second runner in the process
+of a live one (a validation loader's beside the training loader's) took the first's lock and
+removed its live directory.
 
 A lock is proof only to processes of the kernel that holds it: on a filesystem shared between
 nodes (an `shm_root` on NFS mounted without its lock service) another node's lock may not be seen.
@@ -107,8 +112,9 @@ def _remove_dead(root: str) -> None:
     except OSError as error:
         _log.warning("could not look for dead process runners' buffer directories in %s: %s", root, error)
         return
+    ours = f"zephon-{os.getpid()}-"
     for directory in named:
-        if not _locked_on_this_kernel(directory):
+        if os.path.basename(directory).startswith(ours) or not _locked_on_this_kernel(directory):
             continue
         try:
             if remove_if_unlocked(os.path.join(directory, LOCK), functools.partial(shutil.rmtree, directory)):

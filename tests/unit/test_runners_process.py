@@ -4,6 +4,7 @@ Everything here uses real forked processes, real signals and the real /dev/shm d
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import multiprocessing
 import os
@@ -770,6 +771,22 @@ def test_what_may_not_be_a_dead_runners_buffer_directory_is_left_alone(tmp_path,
     start_a_runner_beside(tmp_path)
     assert (sorted(kept.iterdir()) if kept.is_dir() else kept.read_bytes()) == before
     assert not dead.exists()
+
+
+def test_a_second_runner_in_one_process_keeps_the_first_s_directory_where_locks_are_posix_record_locks(
+    tmp_path, monkeypatch
+):
+    """On NFS, Linux emulates `flock` with POSIX record locks, which a process's own opens never
+    conflict with and which closing any descriptor of the file drops. A second runner made in the
+    process of a live one (a validation loader's beside the training loader's) on such an
+    `shm_root` took the first runner's lock and removed its live directory. Emulated here with
+    `lockf`, which takes the same record locks on a local disk."""
+    monkeypatch.setattr(fcntl, "flock", fcntl.lockf)
+    with ProcessRunner(shm_root=str(tmp_path), reply_arena_bytes=0, request_arena_bytes=0) as first:
+        first.start([Stage("sum", lambda a: int(a.sum()), 1)])
+        start_a_runner_beside(tmp_path)
+        assert os.path.isdir(first.shm_directory)
+        assert first.submit(0, np.ones(1 << 20, dtype=np.uint8)).result(10) == 1 << 20  # through a buffer file
 
 
 def test_a_dead_runners_directory_that_cannot_be_removed_is_logged_and_the_new_runner_starts(tmp_path, monkeypatch, caplog):
