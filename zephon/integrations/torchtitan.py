@@ -204,9 +204,10 @@ class ZephonDataLoader(_Base):
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
     short, then iteration stops (TorchTitan ends training on the first exhausted rank).
 
-    Iterate it from one thread. `local_state_dict()` and `state_dict()` may be called from another
-    (an asynchronous checkpointer): they wait for the local batch in progress. `close()` (or
-    `with`) stops its workers.
+    Iterate it from one thread. `local_state_dict()` may be called from another (an asynchronous
+    checkpointer): it waits for the local batch in progress. `state_dict()` gathers over the
+    process group, a collective: call it where the job's other collectives are issued. `close()`
+    (or `with`) stops its workers.
     """
 
     if _TitanBase is not None:
