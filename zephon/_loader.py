@@ -138,6 +138,8 @@ class RankLoader:
         # and lanes it publishes, or the iteration finds the loader closed and stops them itself.
         # Held only to read or swap them, never while anything is stopped or started.
         self._lifecycle = threading.Lock()
+        # One lock per process (see `_start_lock`), held while a runner is made and started.
+        self._start_locks: dict[int, threading.Lock] = {}
         # Held by the iterating thread while it moves the lanes (from the trainer's ask until the
         # microbatch is handed over, never across a yield), and by `state_dict` and
         # `load_state_dict`: a save on another thread read the cursors and settled the ledger while
@@ -238,57 +240,75 @@ class RankLoader:
     # -- running ----------------------------------------------------------------------------
     @property
     def runner_info(self) -> dict:
-        """Which runner executes the stateless work, and why it was chosen."""
+        """Which runner executes the stateless work, and why it was chosen; it is started here if
+        no iteration has started it yet. Any thread may read it: one runner is started, whichever
+        thread asks first (`_ensure_runner`)."""
         runner = self._ensure_runner()
         return describe_runner(runner)
 
     def _ensure_runner(self) -> Runner:
-        if self._closed:
-            raise ConfigurationError("this loader is closed")
-        if self._runner is not None and self._runner_pid != os.getpid():
-            # A forked child's copy (a torch DataLoader worker): the runner is the parent's. Its
-            # pool threads did not survive the fork, and its workers answer the parent's reader
-            # thread, which would take the child's replies for the parent's items. The child
-            # starts its own; the parent's is left alone (see _close_in_owner).
-            self._runner = None
-        if self._runner is None:
-            # Stage functions and chains never hold the loader: a runner's threads keep their
-            # stages alive, and a loader they kept could never be collected, so its finalizer
-            # below could never close a runner whose owner dropped it unclosed.
-            stages = []
-            for i, s in enumerate(self.stages):
-                fn = _compose(self._reader if i == 0 else None, s.fns)
-                if self._row_work is not None and i == self._row_stage:
-                    fn = _AlsoRowWork(fn, self._row_work.run)
-                stages.append(Stage(s.name, fn, s.parallelism))
-            _runner_closer.start()  # here, not in the finalizer below, which may only hand it a close
-            runner = self._make_runner()
-            runner.start(stages)
-            # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
-            # workers (and their shared memory) but closing it (a thread runner frees itself). The
-            # finalizer runs on whichever thread collects the loader, perhaps one holding a lock
-            # the close needs (the runner's own reader thread): the closer thread closes it.
-            close_runner = weakref.finalize(
-                self, _runner_closer.close_later, functools.partial(_close_in_owner, runner, os.getpid())
-            )
-            # At exit the runners close themselves (the thread runner from a threading exit hook,
-            # before threads are joined; the process runner before multiprocessing terminates its
-            # workers): an atexit finalizer runs too late.
-            close_runner.atexit = False
-            with self._lifecycle:
-                closed = self._closed
-                if not closed:
-                    self._runner, self._runner_pid, self._close_runner = runner, os.getpid(), close_runner
-            if closed:  # a close from another thread came while it started, and found no runner to stop
-                close_runner.detach()
-                runner.close()
-                raise ConfigurationError("this loader was closed while its runner started")
-            info = describe_runner(runner)
-            log.log(  # the runner follows the interpreter, the same on every rank: said once per job
-                config_level(logging.INFO, self.rank),
-                "zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, info["name"], info["reason"],
-            )
-        return self._runner
+        """The loader's runner, started on first use. Two threads may ask at once (a monitor reading
+        `runner_info` as the trainer's first iteration begins): both saw no runner and each started
+        one, and the one not kept was never closed (its threads, or a process runner's workers and
+        /dev/shm directory, left until exit). The start is made under `_start_lock`, which `close()`
+        never takes: a close meanwhile is found once the start is done (`_start_runner`)."""
+        with self._start_lock():
+            if self._closed:
+                raise ConfigurationError("this loader is closed")
+            if self._runner is not None and self._runner_pid != os.getpid():
+                # A forked child's copy (a torch DataLoader worker): the runner is the parent's. Its
+                # pool threads did not survive the fork, and its workers answer the parent's reader
+                # thread, which would take the child's replies for the parent's items. The child
+                # starts its own; the parent's is left alone (see _close_in_owner).
+                self._runner = None
+            if self._runner is None:
+                return self._start_runner()
+            return self._runner
+
+    def _start_lock(self) -> threading.Lock:
+        """This process's lock for starting the runner. A child forked while a parent thread held
+        the parent's (a torch DataLoader forking its workers as a monitor starts the runner)
+        inherits it held for good: the child takes one of its own, keyed by its pid."""
+        return self._start_locks.setdefault(os.getpid(), threading.Lock())
+
+    def _start_runner(self) -> Runner:
+        # Stage functions and chains never hold the loader: a runner's threads keep their
+        # stages alive, and a loader they kept could never be collected, so its finalizer
+        # below could never close a runner whose owner dropped it unclosed.
+        stages = []
+        for i, s in enumerate(self.stages):
+            fn = _compose(self._reader if i == 0 else None, s.fns)
+            if self._row_work is not None and i == self._row_stage:
+                fn = _AlsoRowWork(fn, self._row_work.run)
+            stages.append(Stage(s.name, fn, s.parallelism))
+        _runner_closer.start()  # here, not in the finalizer below, which may only hand it a close
+        runner = self._make_runner()
+        runner.start(stages)
+        # A process runner's reader thread holds the runner, so nothing frees a dropped loader's
+        # workers (and their shared memory) but closing it (a thread runner frees itself). The
+        # finalizer runs on whichever thread collects the loader, perhaps one holding a lock
+        # the close needs (the runner's own reader thread): the closer thread closes it.
+        close_runner = weakref.finalize(
+            self, _runner_closer.close_later, functools.partial(_close_in_owner, runner, os.getpid())
+        )
+        # At exit the runners close themselves (the thread runner from a threading exit hook,
+        # before threads are joined; the process runner before multiprocessing terminates its
+        # workers): an atexit finalizer runs too late.
+        close_runner.atexit = False
+        with self._lifecycle:
+            closed = self._closed
+            if not closed:
+                self._runner, self._runner_pid, self._close_runner = runner, os.getpid(), close_runner
+        if closed:  # a close from another thread came while it started, and found no runner to stop
+            close_runner.detach()
+            runner.close()
+            raise ConfigurationError("this loader was closed while its runner started")
+        info = describe_runner(runner)
+        log.log(  # the runner follows the interpreter, the same on every rank: said once per job
+            config_level(logging.INFO, self.rank),
+            "zephon rank %d/%d: runner %s (%s)", self.rank, self.world_size, info["name"], info["reason"],
+        )
+        return runner
 
     def _submit(self, chunk: Chunk) -> Future:
         return _submit_chain(self._runner, len(self.stages), chunk, self._reader.describe)
