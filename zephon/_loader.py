@@ -924,6 +924,20 @@ class _Chain:
     (text race recipe: 7,201 records, 25 MB of live objects, RSS 76 -> 128 MiB over 16 M tokens).
     Here the runner's future holds the callback, the callback the chain, the chain `done`; once the
     loader drops `done`, plain reference counting frees it all.
+
+    Every stage after the first is submitted from the previous stage's done-callback, on whichever
+    thread ended that future, which must then hold no lock `submit` (or a `close()` the callback
+    may cause) takes. The runners keep that: the inline runner takes no lock and ends its future
+    inside `submit`, before a callback is added (one added then runs at once, on the adding
+    thread); the thread runner's `submit` takes none of its own (its queue's is internal to
+    `SimpleQueue`), and its stage threads, its `task_timeout_s` watch and `close()` end futures
+    holding no lock. The process runner's `submit` takes its `_lock` (and the request arena's
+    lock, briefly, never around a callback); whoever decides under `_lock` how a future ends (the
+    reader thread with a reply, a worker given up on or its own failure; a submitting thread
+    dispatching) ends it only after releasing `_lock`. Its `close()` ends the held futures under
+    `_close_lock` only, which `submit` never takes and a `close()` from a callback only tries.
+    The loader's own locks are never taken here nor in `_apply_row_work`. Pinned, for each way each
+    runner ends a future, by `tests/unit/test_runner_futures.py::test_whichever_way_a_*`.
     """
 
     __slots__ = ("runner", "num_stages", "item", "describe", "done")

@@ -1,6 +1,7 @@
 """The futures a runner returns keep concurrent.futures' contract, whichever way the runner ends
 them: `wait()` and `as_completed()` see them done, each done-callback runs once, and `result()` and
-`exception()` say how it ended. A user's own tooling around a runner relies on those functions.
+`exception()` say how it ended, and a done-callback may submit again or close the runner (the
+loader chains its stages that way). A user's own tooling around a runner relies on those functions.
 
 A future ended by `cancel()` alone is done for its own `result()` but not for `wait()` or
 `as_completed()`: they count it only once `set_running_or_notify_cancel()` has told its waiters,
@@ -312,6 +313,137 @@ def test_a_future_whose_done_callback_interrupts_close_as_it_cancels_is_still_do
         assert not_done == set(), f"{len(not_done)} cancelled futures never told to wait()"
         for future in queued:
             assert_cancelled(future)
+    finally:
+        release.set()
+        runner.close()
+
+
+def chains_on(
+    runner, future: Future, *, stage: int = 1, closes: bool = False
+) -> tuple[list[Future], threading.Event]:
+    """Give `future` a done-callback doing what the loader's chain does: submit to another stage
+    (`stage`), and with `closes` close the runner too. It hands back what it submitted, and sets
+    the event once it has returned: a callback run under a lock that submit or close takes waits
+    on its own thread for ever, and the event is never set."""
+    submitted: list[Future] = []
+    returned = threading.Event()
+
+    def submit_next(_future: Future) -> None:
+        try:
+            submitted.append(runner.submit(stage, "next"))
+            if closes:
+                runner.close()
+        finally:
+            returned.set()
+
+    future.add_done_callback(submit_next)
+    return submitted, returned
+
+
+class Injected(Exception):
+    """A fault injected into the process runner's reader thread."""
+
+
+def first_stage(gate: Path):
+    """Stage 0 of the tests below: "crash" kills its worker, "raise" raises, anything else is
+    returned once `gate` exists."""
+    opened = opens_with(gate)
+
+    def first(x):
+        if x == "crash":
+            os._exit(3)
+        if x == "raise":
+            raise ValueError(x)
+        return opened(x)
+
+    return first
+
+
+@pytest.mark.timeout(120)  # bounds a close() after a callback hung holding the runner's lock
+@pytest.mark.parametrize("way", ["result", "raise", "crash", "reader fails", "close"])
+def test_whichever_way_a_process_runner_ends_a_future_its_done_callback_may_submit_and_close(way, tmp_path, monkeypatch):
+    """The loader submits each next stage from a done-callback, on whichever thread ended the
+    future: the reader thread (a reply, a worker given up on, the reader's own failure) or the
+    closing thread. None of them may end a future while holding the runner's lock (`submit` and
+    `close` take it): the callback would wait for it for ever, on the very thread holding it."""
+    gate = tmp_path / "gate"
+    runner = ProcessRunner(max_retries=0)
+    try:
+        runner.start([Stage("first", first_stage(gate), 1), Stage("next", lambda x: x, 1)])
+        if way == "reader fails":
+
+            def decode_fails(*_args):
+                raise Injected("decode")
+
+            monkeypatch.setattr(runner, "_decode_reply", decode_fails)
+        future = runner.submit(0, way)
+        submitted, returned = chains_on(runner, future, closes=way == "close")
+        if way == "close":
+            closer = threading.Thread(target=runner.close)
+            closer.start()
+            closer.join(GUARD_S)
+        else:
+            gate.touch()
+        assert returned.wait(GUARD_S), "the done-callback never returned from submit or close"
+        if way == "reader fails":
+            assert isinstance(future.exception(0), RunnerFailedError)
+            assert isinstance(submitted[0].exception(GUARD_S), RunnerFailedError)
+        elif way == "close":
+            assert not closer.is_alive()
+            assert_cancelled(future)
+            assert_cancelled(submitted[0])
+        else:
+            expected = {"result": type(None), "raise": ValueError, "crash": WorkerCrashedError}[way]
+            assert isinstance(future.exception(0), expected)
+            assert submitted[0].result(GUARD_S) == "next"
+    finally:
+        gate.touch()
+        runner.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("way", ["raise", "task_timeout_s", "close"])
+def test_whichever_way_a_thread_runner_ends_a_future_its_done_callback_may_submit_and_close(way):
+    """As for the process runner: a stage thread (the item's error), the `task_timeout_s` watch
+    (a queued item failed as the runner can run no more) or the closing thread (a queued item
+    cancelled) ends the future, and its callback submits and closes from there."""
+    release, started = threading.Event(), threading.Event()
+    runner = ThreadRunner(task_timeout_s=0.2 if way == "task_timeout_s" else None)
+    held = held_until(release, started)
+
+    def first(x):
+        if x == "raise":
+            raise ValueError(x)
+        return held(x)
+
+    try:
+        runner.start([Stage("first", first, 1), Stage("next", lambda x: x, 1)])
+        if way == "raise":
+            future = runner.submit(0, "raise")
+        else:
+            runner.submit(0, "held")
+            assert started.wait(GUARD_S)
+            future = runner.submit(0, "queued")  # waits behind the held item on the stage's one thread
+            future.add_done_callback(lambda _future: release.set())  # before a close in the next one waits
+        # Past task_timeout_s the stages are failed one after another: stage 0's own, failed first,
+        # is the one a submit from its callback finds failed on every build.
+        next_stage = 0 if way == "task_timeout_s" else 1
+        submitted, returned = chains_on(runner, future, stage=next_stage, closes=way == "close")
+        if way == "close":
+            closer = threading.Thread(target=runner.close)
+            closer.start()
+            closer.join(GUARD_S)
+        assert returned.wait(GUARD_S), "the done-callback never returned from submit or close"
+        if way == "raise":
+            assert isinstance(future.exception(0), ValueError)
+            assert submitted[0].result(GUARD_S) == "next"
+        elif way == "task_timeout_s":
+            assert isinstance(future.exception(0), RunnerFailedError)
+            assert isinstance(submitted[0].exception(GUARD_S), RunnerFailedError)
+        else:
+            assert not closer.is_alive()
+            assert_cancelled(future)
+            assert_cancelled(submitted[0])
     finally:
         release.set()
         runner.close()
