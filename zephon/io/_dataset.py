@@ -8,6 +8,7 @@ plan; the result is immutable, cheap to pickle (metadata, small seek indexes and
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import ConfigurationError
+from .._job_log import RankLog
 from .._records import Chunk, ChunkRecords
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
@@ -24,6 +26,7 @@ from ._locate import is_local, locate
 from ._parquet import Parquet
 from ._policy import ErrorPolicy, Slot, collect
 from ._retry import RetryPolicy
+from ._scan_cache import ScanCache
 from ._storage import CacheOptions, reading_filesystem
 from ._text import TEXT_UNITS, Text
 from ._version import ShardVersion, check_unchanged, version_in, version_of
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from ._local import LocalFiles
 
 __all__ = ["Dataset", "ShardInfo"]
+
+log = RankLog(logging.getLogger("zephon"))
 
 _REMOTE_PLANNING_THREADS = 16  # counting remote shards waits on the network: many in flight at once
 _IO_OPTIONS = ("cache", "retries", "retry_delay")
@@ -126,6 +131,7 @@ class Dataset:
         storage_options: dict | None = None,
         text_unit: str = "line",
         cache: dict | None = None,
+        scan_cache: str | os.PathLike | None = None,
         retries: int = 3,
         retry_delay: float = 0.5,
     ) -> Dataset:
@@ -135,7 +141,10 @@ class Dataset:
         case, when None; a file named like a shard but compressed in a way it is not read in
         (`a.jsonl.bz2`, `s.tar.gz`, `p.parquet.gz`) is a `ConfigurationError` naming it, not passed
         over. `text_unit` ("line" or "file") says what a text record is.
-        `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. A storage error,
+        `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. `scan_cache`, a
+        local directory, keeps what counting each shard found, so that the next planning of the
+        same version of a shard (another rank, a resumed run) reads none of it (`_scan_cache`);
+        the plan is the same either way. A storage error,
         listing or reading, is retried: `retries` counts the attempts in all, the first one
         included (1: no retry), waiting `retry_delay` seconds before the second and doubling, up to
         a minute. Listing, only "no such file" means nothing is at `url`, and permission denied is a
@@ -160,6 +169,7 @@ class Dataset:
             raise
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)
+        scans_kept = None if scan_cache is None else ScanCache(scan_cache)
         listed = {
             path: version
             for path, details in zip(located.paths, located.listed, strict=True)
@@ -168,18 +178,22 @@ class Dataset:
         fs = reading_filesystem(located.fs, cache_options, listed)
         urls = tuple(_shard_url(located.fs, path) for path in located.paths)
 
-        def scan(i: int) -> tuple[ShardScan, ShardVersion | None]:
+        def scan(i: int) -> tuple[ShardScan, ShardVersion | None, str | None]:
             if located.nbytes[i] == 0:  # holds no record: never read, so its version is never asked
-                return ShardScan(0), None
+                return ShardScan(0), None, None
             shard = ShardFile(urls[i], located.paths[i], located.compressions[i], fs)
 
-            def version_and_scan() -> tuple[ShardScan, ShardVersion | None]:
+            def version_and_scan() -> tuple[ShardScan, ShardVersion | None, str | None]:
                 # The version first: a file rewritten during the scan is then refused at its reads,
                 # where asked after the scan it would be taken for the version the plan was made from.
                 # The listing's was taken before either, for the size planned; asked only where it
                 # tells none (on an object store each `info()` is a request).
                 version = listed.get(shard.path) or version_of(located.fs, shard.path)
-                return reader.scan(shard), version
+                if scans_kept is None or version is None:
+                    return reader.scan(shard), version, None
+                url = os.path.abspath(shard.path) if is_local(located.fs) else shard.url
+                found, distrusted = scans_kept.scan(shard, url, version, reader)
+                return found, version, distrusted
 
             try:
                 return retry.call(shard.url, version_and_scan)
@@ -189,11 +203,15 @@ class Dataset:
 
         with ThreadPoolExecutor(max_workers=_planning_threads(located.fs, len(urls))) as pool:
             scans = list(pool.map(scan, range(len(urls))))
+        distrusted = [why for _, _, why in scans if why is not None]
+        if distrusted:
+            log.warning("dataset %r: %d entries of scan cache %s could not be trusted, their shards were "
+                        "scanned again (the first: %s)", name, len(distrusted), scans_kept.directory, distrusted[0])
         facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
         planned = [
             (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes),
              _ShardAccess(p, c, s.seek, s.record_offsets, version=v))
-            for u, p, n, c, (s, v) in facts
+            for u, p, n, c, (s, v, _) in facts
         ]
         return cls(
             name=name,

@@ -105,8 +105,15 @@ class ShardFormat(Protocol):
 
     name: str
 
+    @property
+    def scan_key(self) -> str:
+        """What `scan` returns depends on besides the file's bytes (the format, its options, its
+        seek stride): part of the name of a shard's entry in the scan cache (`_scan_cache`)."""
+        ...
+
     def scan(self, shard: ShardFile) -> ShardScan:
-        """Count the shard's records, reading as little as the format allows."""
+        """Count the shard's records, reading as little as the format allows. A change to what it
+        returns for the same file bumps `_scan_cache.SCAN_CACHE_VERSION`."""
         ...
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._format import ShardFile, ShardScan
-from ._lines import read_lines, scan_lines
+from ._lines import SEEK_STRIDE, read_lines, scan_lines
 from ._policy import INVALID_UTF8, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
 
 __all__ = ["JsonLines"]
@@ -25,6 +25,10 @@ class JsonLines:
     """
 
     name: str = "jsonl"
+
+    @property
+    def scan_key(self) -> str:
+        return f"jsonl stride={SEEK_STRIDE}"
 
     def scan(self, shard: ShardFile) -> ShardScan:
         return scan_lines(shard)

@@ -34,6 +34,10 @@ __all__ = ["Parquet"]
 class Parquet:
     name: str = "parquet"
 
+    @property
+    def scan_key(self) -> str:
+        return "parquet"
+
     def scan(self, shard: ShardFile) -> ShardScan:
         import pyarrow.parquet as pq
 

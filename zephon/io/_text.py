@@ -9,7 +9,7 @@ import numpy as np
 from .._errors import ConfigurationError
 from ._compression import decompressed_blocks
 from ._format import ShardFile, ShardScan
-from ._lines import UTF8_BOM, read_lines, scan_lines
+from ._lines import SEEK_STRIDE, UTF8_BOM, read_lines, scan_lines
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
 __all__ = ["Text", "TEXT_UNITS"]
@@ -31,6 +31,10 @@ class Text:
     def __post_init__(self) -> None:
         if self.unit not in TEXT_UNITS:
             raise ConfigurationError(f"text_unit={self.unit!r} is not one of {TEXT_UNITS}")
+
+    @property
+    def scan_key(self) -> str:
+        return f"text unit={self.unit} stride={SEEK_STRIDE}"
 
     def scan(self, shard: ShardFile) -> ShardScan:
         if self.unit == "line":

@@ -69,6 +69,10 @@ NAME_ENCODING = "utf-8"
 class WebDataset:
     name: str = "webdataset"
 
+    @property
+    def scan_key(self) -> str:
+        return f"webdataset stride={SEEK_STRIDE}"
+
     def scan(self, shard: ShardFile) -> ShardScan:
         import tarfile  # here, not at the top: it brings shutil and four codecs to every process that reads no tar
 

@@ -1,0 +1,188 @@
+"""Shard scans kept on disk, so that planning reads a shard once per cache instead of once per rank and run.
+
+Counting the records of a JSON Lines or text shard reads every byte of it. Every rank of a job
+plans for itself, and a job resumed after preemption plans again: a thousand ranks read the whole
+corpus a thousand times before the first batch. `Dataset.from_path(..., scan_cache=DIR)` keeps
+each shard's `ShardScan` in DIR (a local directory: the node's disk, or a filesystem the nodes
+share), and planning takes it from there when it is found.
+
+An entry is named by a hash of everything the scan depends on: `SCAN_CACHE_VERSION`, the shard's
+URL (a local shard's absolute path), the version planning recorded for it (`_version`: a remote
+file's size and content field; a local file's size, inode, modification time and host, since
+those describe it on its host only, so a local shard is scanned once per host), its compression,
+and what the format's scan depends on besides the bytes (`ShardFormat.scan_key`: the format, its
+text unit, its seek stride). A shard whose storage tells no version is never cached: nothing would
+tell its entry from another file's at its URL. The version is taken before the scan, as for
+planning without the cache: a file rewritten while it was scanned is stored under the version it
+had before, which the next listing no longer reports, and any plan made from that version refuses
+the new file at its reads.
+
+An entry is an uncompressed `.npz` (no pickle: it is loaded with `allow_pickle=False`) holding
+its own key and the scan's fields. One that cannot be loaded (cut short, a bad CRC), holds another
+key, or fails the checks of `_checked` is not trusted: the shard is scanned again, the entry
+replaced, and the caller counts it. Entries are written under a temporary name and renamed into
+place once whole (a rename within one directory is atomic), so a killed writer never leaves half
+an entry under an entry's name; they are not fsynced, since one lost with the page cache on power
+loss reads as corrupt and is rescanned.
+
+Ranks of one node planning at once all miss the same entries on a cold cache. Each entry has a
+lock file (`flock`, `zephon._file_lock`): the first to miss takes it and scans, the others wait
+on it and then load what it stored, so a node (or every node, where the shared filesystem carries
+locks across hosts) reads each shard once, not once per rank. A warm entry is loaded without the
+lock, since entries appear whole or not at all; so a warm cache on a read-only mount is usable.
+The lock holder writes its entry to a temporary name of its own (`.part`), which the next holder
+overwrites if a writer was killed; where the filesystem takes no locks, ranks scan at once and each
+writes to a unique temporary name. Lock files, and entries of versions since replaced, stay until
+the directory is cleared.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import tempfile
+import zipfile
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .._errors import ConfigurationError
+from .._file_lock import lock
+from ._format import ShardScan
+
+if TYPE_CHECKING:
+    from ._format import ShardFile, ShardFormat
+    from ._version import ShardVersion
+
+__all__ = ["SCAN_CACHE_VERSION", "ScanCache"]
+
+SCAN_CACHE_VERSION = 1
+"""The layout of an entry and the meaning of a scan: bumped when either changes, so that entries
+written by an older Zephon are never read as this one's."""
+
+_ENTRY, _LOCK, _PART = ".npz", ".lock", ".part"
+
+# A disk that cannot take the entry: full, over quota, read-only, not writable by this user.
+_UNWRITABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class ScanCache:
+    """A directory of shard scans. Thread-safe and process-safe: it holds no state but its path."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ConfigurationError(f"scan_cache={directory!r} must be a local directory path (a str or os.PathLike)")
+        path = os.fspath(directory)
+        if not path or "://" in path:
+            raise ConfigurationError(f"scan_cache={path!r} must be a local directory path, not a URL")
+        self.directory = os.path.expanduser(path)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as error:
+            raise ConfigurationError(
+                f"scan cache directory {self.directory} cannot be made ({error.strerror}: {error.filename})"
+            ) from error
+
+    def scan(
+        self, shard: ShardFile, url: str, version: ShardVersion, reader: ShardFormat
+    ) -> tuple[ShardScan, str | None]:
+        """The scan of `shard`, which is `version` of the file at `url`: its entry's, else
+        `reader.scan`'s, stored. The second value says why an entry found was not trusted."""
+        key = "\n".join([f"zephon scan cache {SCAN_CACHE_VERSION}", f"url={url}", f"version={version.stamp}",
+                         f"host={version.host}", f"compression={shard.compression}", f"format={reader.scan_key}"])
+        entry = os.path.join(self.directory, hashlib.sha256(key.encode()).hexdigest() + _ENTRY)
+        found, distrusted = _load(entry, key)
+        if found is not None:
+            return found, None
+        try:
+            handle = os.open(entry.removesuffix(_ENTRY) + _LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise self._unwritable(error, url) from error
+        try:
+            locked = lock(handle, blocking=True)
+            if locked:  # whoever held the lock has stored it meanwhile
+                found, _ = _load(entry, key)
+                if found is not None:
+                    return found, distrusted
+            scanned = reader.scan(shard)
+            try:
+                _store(entry, key, scanned, locked)
+            except OSError as error:
+                if error.errno in _UNWRITABLE_ERRNOS:
+                    raise self._unwritable(error, url) from error
+                raise
+            return scanned, distrusted
+        finally:
+            os.close(handle)  # only now: closing it drops the lock
+
+    def _unwritable(self, error: OSError, url: str) -> ConfigurationError:
+        """Not an OSError, so not retried as a failing shard: retrying frees no disk."""
+        return ConfigurationError(
+            f"scan cache directory {self.directory} cannot be written ({errno.errorcode.get(error.errno, error.errno)}: "
+            f"{error.strerror}) while storing the scan of shard {url}: free space on its disk, or set "
+            "scan_cache to a directory that can be written"
+        )
+
+
+def _load(entry: str, key: str) -> tuple[ShardScan | None, str | None]:
+    """The scan stored at `entry` for `key`; (None, None) where there is none, (None, why) where
+    the one there is not to be trusted."""
+    try:
+        with np.load(entry, allow_pickle=False) as stored:
+            fields = {name: stored[name] for name in stored.files}
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        return None, f"{entry}: {type(error).__name__}: {error}"
+    try:
+        return _checked(fields, key), None
+    except (ValueError, KeyError, TypeError) as error:
+        return None, f"{entry}: {error}"
+
+
+def _checked(fields: dict[str, np.ndarray], key: str) -> ShardScan:
+    """The ShardScan `fields` hold, if they are one a format could have returned for `key`."""
+    if fields.pop("key").tolist() != key:
+        raise ValueError("it holds the scan of another shard, version or format")
+    arrays = {name: fields.pop(name, None) for name in ("num_records", "raw_bytes", "seek", "record_offsets")}
+    if fields:
+        raise ValueError(f"it holds unknown fields {sorted(fields)}")
+    for name, array in arrays.items():
+        scalar = name in ("num_records", "raw_bytes")
+        if array is not None and (array.dtype != np.int64 or array.ndim != (0 if scalar else 1)):
+            raise ValueError(f"its {name} is {array.dtype} of {array.ndim} dimensions")
+    num_records, raw_bytes = int(arrays["num_records"]), arrays["raw_bytes"]
+    seek, offsets = arrays["seek"], arrays["record_offsets"]
+    if num_records < 0 or (raw_bytes is not None and raw_bytes < 0):
+        raise ValueError("it holds a negative count")
+    for name, points in (("seek", seek), ("record_offsets", offsets)):
+        if points is not None and (np.any(points < 0) or np.any(np.diff(points) < 0)):
+            raise ValueError(f"its {name} are not ascending offsets")
+    if seek is not None and len(seek) > max(1, num_records):
+        raise ValueError(f"it holds {len(seek)} seek points for {num_records} records")
+    if offsets is not None and (len(offsets) != num_records + 1 or raw_bytes is None or offsets[-1] != raw_bytes):
+        raise ValueError(f"its record offsets do not bound {num_records} records of {raw_bytes} bytes")
+    return ShardScan(num_records, seek, None if raw_bytes is None else int(raw_bytes), offsets)
+
+
+def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:
+    """Write `entry` whole or not at all. Under the entry's lock the temporary name is the entry's
+    own, overwritten by the next holder if a writer was killed; without one it is unique."""
+    arrays = {"key": np.array(key), "num_records": np.int64(scanned.num_records)}
+    for name in ("raw_bytes", "seek", "record_offsets"):
+        if (value := getattr(scanned, name)) is not None:
+            arrays[name] = np.asarray(value, dtype=np.int64)
+    if locked:
+        partial = entry + _PART
+        handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    else:
+        handle, partial = tempfile.mkstemp(dir=os.path.dirname(entry), prefix=os.path.basename(entry) + ".",
+                                           suffix=_PART)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(partial, entry)
+    except BaseException:
+        os.unlink(partial)
+        raise
