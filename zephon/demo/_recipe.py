@@ -26,11 +26,13 @@ def demo_pipeline(
     seed: int = 42,
     records_per_chunk: int = 16,
     mixture: dict[str, float] | None = None,
+    scan_cache: str | None = None,
 ) -> Pipeline:
+    """The demo's pipeline; `scan_cache` as in `Dataset.from_path` (the data is the same with it)."""
     source = StaticMixtureWorkSource(
         datasets=[
-            Dataset.from_path("kjv", str(DATA / "kjv")),
-            Dataset.from_path("jargon", str(DATA / "jargon")),
+            Dataset.from_path("kjv", str(DATA / "kjv"), scan_cache=scan_cache),
+            Dataset.from_path("jargon", str(DATA / "jargon"), scan_cache=scan_cache),
         ],
         mixture=mixture or DEMO_MIXTURE,
         token_estimation=TokenEstimation(),
