@@ -214,7 +214,7 @@ def test_ranks_planning_at_once_on_a_cold_scan_cache_read_each_shard_once(tmp_pa
         assert [n for key, n in CountingStore.asked.items() if key[0] == "open"] == [1] * _SHARDS
 
 
-@pytest.mark.parametrize("errno_", [errno.EROFS, errno.ENOSPC, errno.EACCES])
+@pytest.mark.parametrize("errno_", [errno.EROFS, errno.ENOSPC, errno.EACCES], ids=["read-only", "full", "denied"])
 def test_a_scan_cache_that_cannot_take_an_entry_is_a_configuration_error_naming_it(tmp_path, monkeypatch, errno_):
     """Planning without the cache would read the whole corpus on every rank again, unsaid."""
     url = _write("local", tmp_path)
@@ -249,7 +249,10 @@ def test_a_warm_scan_cache_on_a_disk_that_takes_no_writes_is_read(tmp_path, monk
     assert opens() == before
 
 
-@pytest.mark.parametrize("given", [lambda tmp: tmp / "a-file" / "scans", lambda tmp: "s3://bucket/scans", lambda tmp: 7])
+@pytest.mark.parametrize(
+    "given", [lambda tmp: tmp / "a-file" / "scans", lambda tmp: "s3://bucket/scans", lambda tmp: 7],
+    ids=["under-a-file", "a-url", "not-a-path"],
+)
 def test_a_scan_cache_that_is_no_local_directory_that_can_be_made_is_a_configuration_error(tmp_path, given):
     (tmp_path / "a-file").write_text("")
     url = _write("local", tmp_path)
