@@ -278,3 +278,31 @@ def test_the_demo_recipe_s_batches_are_the_same_with_its_scans_cold_warm_and_war
     other = subprocess.run([sys.executable, "-c", _WARM_FROM_ANOTHER_PROCESS, scans], capture_output=True,
                            text=True, check=True, cwd=root)
     assert scanned == cold == warm == json.loads(other.stdout)
+
+
+_KILLED_WHILE_WRITING = """
+import os, signal, sys
+from zephon.io import Dataset, _scan_cache
+
+def write_half_then_die(f, **arrays):
+    f.write(b"PK" + b"\\0" * 100)
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+_scan_cache.np.savez = write_half_then_die
+Dataset.from_path("d", sys.argv[1], scan_cache=sys.argv[2])
+"""
+
+
+def test_a_writer_killed_while_storing_a_scan_leaves_no_entry_and_the_next_planning_stores_it_whole(tmp_path, caplog):
+    url = _write("local", tmp_path)
+    scans = str(tmp_path / "scans")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WHILE_WRITING, url, scans], cwd=root, capture_output=True)
+    assert killed.returncode == -9, killed.stderr
+    assert _entries(scans) == [] and any(name.endswith(".part") for name in os.listdir(scans))
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        ds = Dataset.from_path("d", url, scan_cache=scans)
+    assert not caplog.records
+    assert _plan_facts(ds) == _plan_facts(Dataset.from_path("d", url))
+    assert len(_entries(scans)) == _SHARDS and not any(name.endswith(".part") for name in os.listdir(scans))
