@@ -30,10 +30,12 @@ lock file (`flock`, `zephon._file_lock`): the first to miss takes it and scans, 
 on it and then load what it stored, so a node (or every node, where the shared filesystem carries
 locks across hosts) reads each shard once, not once per rank. A warm entry is loaded without the
 lock, since entries appear whole or not at all; so a warm cache on a read-only mount is usable.
-The lock holder writes its entry to a temporary name of its own (`.part`), which the next holder
-overwrites if a writer was killed; where the filesystem takes no locks, ranks scan at once and each
-writes to a unique temporary name. Lock files, and entries of versions since replaced, stay until
-the directory is cleared.
+The lock holder writes its entry to the entry's temporary name (`.part`), which the next holder
+overwrites if a writer was killed, so nothing is left over; where the filesystem refuses locks,
+ranks scan at once and each writes to a unique temporary name. Where locks are taken but do not
+reach across hosts (NFS mounted `nolock`), two hosts may write one temporary name at once and
+leave a damaged entry: like any, it is not trusted, and the next planning scans and replaces it.
+Lock files, and entries of versions since replaced, stay until the directory is cleared.
 """
 
 from __future__ import annotations
