@@ -132,7 +132,9 @@ def _empty(path: str) -> None:
     open(path, "wb").close()
 
 
-@pytest.mark.parametrize("damage", [_cut, _flip_a_byte_of_the_offsets, _swap_with_another_entry, _one_record_fewer, _empty])
+@pytest.mark.parametrize(
+    "damage", [_cut, _flip_a_byte_of_the_offsets, _swap_with_another_entry, _one_record_fewer, _empty]
+)
 def test_a_damaged_scan_cache_entry_is_not_trusted_but_counted_in_a_warning_and_rescanned(tmp_path, caplog, damage):
     url = _write("local", tmp_path)
     scans = tmp_path / "scans"
@@ -228,7 +230,8 @@ def test_a_scan_cache_that_cannot_take_an_entry_is_a_configuration_error_naming_
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(_scan_cache.os, "open", refusing_open)
-    with pytest.raises(ConfigurationError, match=f"scan cache directory {scans} cannot be written .*{errno.errorcode[errno_]}"):
+    named = f"scan cache directory {scans} cannot be written .*{errno.errorcode[errno_]}"
+    with pytest.raises(ConfigurationError, match=named):
         Dataset.from_path("d", url, scan_cache=scans)
 
 

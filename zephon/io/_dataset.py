@@ -161,6 +161,7 @@ class Dataset:
                 f"storage_options={storage_options!r} must be a dict of the filesystem's options, e.g. {{'anon': True}}"
             )
         retry = RetryPolicy(retries, retry_delay)
+        scans_kept = None if scan_cache is None else ScanCache(scan_cache)
         options = _copied_options(dict(storage_options or {}))
         try:  # listing a remote store fails as transiently as reading it (a hub out of reach)
             located = retry.call(url, lambda: locate(url, format, options))
@@ -169,7 +170,6 @@ class Dataset:
             raise
         reader = _make_reader(located.format, text_unit)
         cache_options = CacheOptions.from_dict(cache)
-        scans_kept = None if scan_cache is None else ScanCache(scan_cache)
         listed = {
             path: version
             for path, details in zip(located.paths, located.listed, strict=True)

@@ -120,10 +120,10 @@ class ScanCache:
 
     def _unwritable(self, error: OSError, url: str) -> ConfigurationError:
         """Not an OSError, so not retried as a failing shard: retrying frees no disk."""
+        code = errno.errorcode.get(error.errno, error.errno)
         return ConfigurationError(
-            f"scan cache directory {self.directory} cannot be written ({errno.errorcode.get(error.errno, error.errno)}: "
-            f"{error.strerror}) while storing the scan of shard {url}: free space on its disk, or set "
-            "scan_cache to a directory that can be written"
+            f"scan cache directory {self.directory} cannot be written ({code}: {error.strerror}) while storing "
+            f"the scan of shard {url}: free space on its disk, or set scan_cache to a directory that can be written"
         )
 
 
