@@ -116,7 +116,9 @@ def test_a_loader_dropped_unclosed_mid_iteration_frees_its_runner(demo_data_dir,
     gc.collect()
     assert dropped() is None, "nothing may keep a dropped loader alive"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (set(threading.enumerate()) - threads_before or any(_alive(p) for p in workers)):
+    # The closer thread removes the directory after the workers exit and the reader thread ends.
+    while time.monotonic() < deadline and (set(threading.enumerate()) - threads_before or any(_alive(p) for p in workers)
+                                           or (shm is not None and os.path.exists(shm))):
         time.sleep(0.05)
     assert not set(threading.enumerate()) - threads_before, "the runner's threads ended"
     assert not any(_alive(pid) for pid in workers), "the workers exited"

@@ -41,7 +41,6 @@ Lock files, and entries of versions since replaced, stay until the directory is 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import tempfile
 import zipfile
@@ -51,6 +50,7 @@ import numpy as np
 
 from .._errors import ConfigurationError
 from .._file_lock import lock
+from .._sha256 import sha256
 from ._format import ShardScan
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class ScanCache:
         `reader.scan`'s, stored. The second value says why an entry found was not trusted."""
         key = "\n".join([f"zephon scan cache {SCAN_CACHE_VERSION}", f"url={url}", f"version={version.stamp}",
                          f"host={version.host}", f"compression={shard.compression}", f"format={reader.scan_key}"])
-        entry = os.path.join(self.directory, hashlib.sha256(key.encode()).hexdigest() + _ENTRY)
+        entry = os.path.join(self.directory, sha256(key.encode()).hexdigest() + _ENTRY)
         found, distrusted = _load(entry, key)
         if found is not None:
             return found, None
