@@ -31,28 +31,13 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal, NoReturn
+from collections.abc import Iterator
+from typing import BinaryIO, NoReturn
 
 from .._errors import ConfigurationError
+from ._listing import Listing
 
-__all__ = ["Listing", "LocalFiles", "is_plain_path", "list_local"]
-
-
-@dataclass(frozen=True)
-class Listing:
-    """What a URL names: one `file`, a `directory` or a `glob`'s matches, at absolute `path`.
-
-    `sizes` maps each file listed (none for a `file`) to its size, None for a dangling link;
-    `details` maps a file to what the filesystem told of it (fsspec's details; empty for a local
-    listing). The kind is kept so that a directory holding no shard is told apart from a glob
-    matching none."""
-
-    path: str
-    kind: Literal["file", "directory", "glob"]
-    sizes: Mapping[str, int | None] = field(default_factory=dict)
-    details: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+__all__ = ["LocalFiles", "is_plain_path", "list_local"]
 
 
 class LocalFiles:

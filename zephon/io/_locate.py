@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError
 from ._compression import compression_of
-from ._local import Listing, LocalFiles, is_plain_path, list_local
+from ._listing import Listing
+from ._local import LocalFiles, is_plain_path, list_local
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
