@@ -90,9 +90,10 @@ class FakeHubFileSystem(_PrefixedMemoryFileSystem):
 class FlakyFileSystem(_PrefixedMemoryFileSystem):
     """Fails the next `failures` opens for reading, the next `listing_failures` questions about
     a path (`info`, which `isdir` and `isfile` ask) and the next `ls_failures` listings of a
-    directory with `error(message)` (a transient error unless a test says otherwise); counts every
-    open and every `info`. Lists a directory tree through fsspec's generic walk, one `ls` per
-    directory, as the sftp, ftp and smb filesystems do."""
+    directory (of `ls_failing` alone, where a test names one) with `error(message)` (a transient
+    error unless a test says otherwise); counts every open and every `info`. Lists a directory
+    tree through fsspec's generic walk, one `ls` per directory, as the sftp, ftp and smb
+    filesystems do."""
 
     protocol = "flaky"
     store: dict = {}
@@ -100,6 +101,7 @@ class FlakyFileSystem(_PrefixedMemoryFileSystem):
     failures = 0
     listing_failures = 0
     ls_failures = 0
+    ls_failing: str | None = None
     opens = 0
     infos = 0
     error = ConnectionResetError
@@ -113,7 +115,8 @@ class FlakyFileSystem(_PrefixedMemoryFileSystem):
         return super().info(path, **kwargs)
 
     def ls(self, path, detail=True, **kwargs):
-        if FlakyFileSystem.ls_failures > 0:
+        failing = FlakyFileSystem.ls_failing
+        if FlakyFileSystem.ls_failures > 0 and (failing is None or self._strip_protocol(path) == failing):
             FlakyFileSystem.ls_failures -= 1
             raise FlakyFileSystem.error(f"flaky storage could not list {path}")
         return super().ls(path, detail=detail, **kwargs)

@@ -46,7 +46,7 @@ from .conftest_io import (
 def flaky():
     with registered(FlakyFileSystem) as cls:
         cls.failures = cls.listing_failures = cls.ls_failures = cls.opens = cls.infos = 0
-        cls.error = ConnectionResetError
+        cls.error, cls.ls_failing = ConnectionResetError, None
         put("flaky://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
         yield cls
 
@@ -381,6 +381,33 @@ def test_a_store_out_of_reach_while_locating_is_retried_not_taken_for_nothing_th
         Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
     assert isinstance(caught.value.__cause__, OSError)
     assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
+
+
+@pytest.mark.parametrize("url", ["flaky://bucket", "flaky://bucket/**/*.jsonl"], ids=["directory", "glob"])
+@pytest.mark.parametrize("error", [ConnectionRefusedError, _eio, FileNotFoundError], ids=["refused", "EIO", "vanished"])
+def test_a_subdirectory_a_generic_walk_cannot_list_is_retried_then_named_not_taken_for_an_empty_one(flaky, url, error):
+    """fsspec's generic walk (sftp, ftp, smb) hands `on_error="raise"` to the directory asked
+    only: one below it that could not be listed read as empty, and its shards were left out of
+    the plan unsaid."""
+    put("flaky://bucket/deep/sub/b.jsonl", jsonl_bytes([{"i": i} for i in range(3)]))
+    flaky.error, flaky.ls_failing, flaky.ls_failures = error, "bucket/deep/sub", 2
+    assert Dataset.from_path("d", url, retries=3, retry_delay=0.001).num_records == 8
+    flaky.ls_failures = 100
+    with pytest.raises(ShardUnavailableError, match="unavailable after 3 attempt") as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert "bucket/deep/sub, a directory of flaky://bucket" in str(caught.value), caught.value
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+
+
+def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_naming_it_at_once(flaky):
+    """A denial lasts until the permissions change, as for the directory named."""
+    put("flaky://bucket/sub/b.jsonl", jsonl_bytes([{"i": 0}]))
+    flaky.error, flaky.ls_failing, flaky.ls_failures = PermissionError, "bucket/sub", 100
+    with pytest.raises(ConfigurationError, match="bucket/sub, a directory of flaky://bucket, may not be listed") as caught:
+        Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
+    assert isinstance(caught.value.__cause__, PermissionError)
+    assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
+    assert flaky.ls_failures == 99
 
 
 def test_a_store_that_denies_listing_is_a_configuration_error_naming_the_url_and_dataset_at_once(flaky):

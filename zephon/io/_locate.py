@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError
 from ._compression import compression_of
+from ._fsspec_walk import lister
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
 
@@ -245,13 +246,13 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     except FileNotFoundError:
         info = None
     if info is not None and info["type"] == "directory":
-        return fs, _files_of(path, "directory", fs.find(path, detail=True, **_raising_walk(fs)))
+        return fs, _files_of(path, "directory", lister(fs, url).find(path, detail=True))
     if info is not None and info["type"] == "file":
         return fs, Listing(path, "file", details={path: info})
     if not has_glob:
         return fs, None
     try:
-        matches = fs.glob(path, detail=True, **_raising_walk(fs))
+        matches = lister(fs, url).glob(path, detail=True)
     except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
         raise ConfigurationError(f"{url} matches no files ({error})") from error
     return fs, _files_of(path, "glob", matches)
@@ -260,23 +261,6 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
 def _files_of(path: str, kind: Literal["directory", "glob"], listing: Mapping[str, Mapping[str, Any]]) -> Listing:
     files = {p: info for p, info in listing.items() if info["type"] == "file"}
     return Listing(path, kind, {p: info["size"] for p, info in files.items()}, files)
-
-
-def _raising_walk(fs: AbstractFileSystem) -> dict[str, str]:
-    """`find`'s and `glob`'s arguments that make fsspec's generic walk raise where it cannot list
-    the directory asked (a store out of reach): by default it takes that directory for an empty
-    one. The walk does not hand the argument down, so a directory below the one asked that cannot
-    be listed is still taken for an empty one. Only for a filesystem that lists through that walk
-    (sftp, ftp, smb): one with a listing of its own (s3fs, gcsfs, the hub's, the memory
-    filesystem) raises by itself and may refuse the argument."""
-    from fsspec.asyn import AsyncFileSystem
-    from fsspec.spec import AbstractFileSystem
-
-    is_async = isinstance(fs, AsyncFileSystem)
-    base, names = (AsyncFileSystem, ("_find", "_walk")) if is_async else (AbstractFileSystem, ("find", "walk"))
-    # The bound methods, not the class's: a caching filesystem (`simplecache::`) hands on those it wraps.
-    generic = all(getattr(getattr(fs, name), "__func__", None) is getattr(base, name) for name in names)
-    return {"on_error": "raise"} if generic else {}
 
 
 def _single_file(

@@ -1,0 +1,109 @@
+"""fsspec's generic `find` and `glob` over a walk that fails at any directory it cannot list.
+
+Filesystems with no listing of their own (sftp, ftp, smb) list a tree through fsspec's generic
+walk, one `ls` per directory, which takes a directory it cannot list for an empty one. Asked with
+`on_error="raise"` it raises for the directory asked only: it does not hand the argument down, so
+a directory below it that could not be listed (a dropped connection, a permission) still read as
+empty, and its shards were missing from the plan unsaid. Here fsspec's own `find` and `glob` run
+over a walk that lists every directory with `ls(detail=True)` and raises at each one it cannot
+list: the directory asked as `ls` raised it, as `on_error="raise"` did; one below it named, as
+`UnlistedDirectoryError` (an OSError, so the caller retries the listing whole) or, for a denial,
+which waiting does not lift, a ConfigurationError at once. Filesystems with a listing of their own
+(s3fs, gcsfs, the hub's, the memory filesystem) raise by themselves and are listed as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+__all__ = ["UnlistedDirectoryError", "lister"]
+
+Details = dict[str, Mapping[str, Any]]
+
+
+class UnlistedDirectoryError(OSError):
+    """A directory below the one a dataset's URL names could not be listed. Its own type, so that
+    a vanished subdirectory (FileNotFoundError) is not read as a glob that matched nothing."""
+
+
+def lister(fs: AbstractFileSystem, url: str) -> Any:
+    """What lists `url`'s tree on `fs` (its `find` and `glob`): `fs` itself where it lists by its
+    own code; else fsspec's generic `find` (and `glob`, where `fs` has no glob of its own) over
+    a walk that raises. A filesystem with a glob of its own over the generic walk (http) globs with
+    `on_error="raise"`, which reaches the directory asked only."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    base, prefix = (AsyncFileSystem, "_") if isinstance(fs, AsyncFileSystem) else (AbstractFileSystem, "")
+
+    def generic(name: str) -> bool:
+        # The bound method, not the class's: a caching filesystem (`simplecache::`) hands on those it wraps.
+        return getattr(getattr(fs, prefix + name), "__func__", None) is getattr(base, prefix + name)
+
+    if not (generic("find") and generic("walk")):
+        return fs
+    return _RaisingWalk(fs, url, own_glob=not generic("glob"))
+
+
+class _RaisingWalk:
+    """`fs` seen through fsspec's generic `find` and `glob`, whose walk raises (module docstring).
+    Holds nothing but `fs` and the URL; used for one listing."""
+
+    def __init__(self, fs: AbstractFileSystem, url: str, own_glob: bool) -> None:
+        self._fs, self._url, self._own_glob = fs, url, own_glob
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        from fsspec.spec import AbstractFileSystem
+
+        return AbstractFileSystem.find(self, path, *args, **kwargs)
+
+    def glob(self, path: str, **kwargs: Any) -> Any:
+        from fsspec.spec import AbstractFileSystem
+
+        if self._own_glob:
+            return self._fs.glob(path, on_error="raise", **kwargs)
+        return AbstractFileSystem.glob(self, path, **kwargs)
+
+    def walk(self, path: str, maxdepth: int | None = None, **_: Any) -> Iterator[tuple[str, Details, Details]]:
+        """(directory, its subdirectories, its files) by name, with details, for `path` and the
+        directories below it down to `maxdepth` levels: what the generic `find` asks of a walk."""
+        top = self._fs._strip_protocol(path)
+        pending = [(top, maxdepth)]
+        while pending:
+            directory, depth = pending.pop()
+            listing = self._fs.ls(directory, detail=True) if directory == top else self._listed_below(directory)
+            subdirectories: Details = {}
+            files: Details = {}
+            for info in listing:
+                name = info["name"].rstrip("/")
+                if info["type"] == "directory" and name != directory:
+                    subdirectories[name.rsplit("/", 1)[-1]] = info
+                else:
+                    files["" if name == directory else name.rsplit("/", 1)[-1]] = info
+            yield directory, subdirectories, files
+            if depth is None or depth > 1:
+                below = None if depth is None else depth - 1
+                pending.extend((info["name"].rstrip("/"), below) for info in subdirectories.values())
+
+    def _listed_below(self, directory: str) -> list[Mapping[str, Any]]:
+        try:
+            return self._fs.ls(directory, detail=True)
+        except PermissionError as error:
+            raise ConfigurationError(
+                f"{directory}, a directory of {self._url}, may not be listed ({error}): its shards would be "
+                "missing from the dataset; check the credentials, storage_options or the directory's permissions"
+            ) from error
+        except OSError as error:
+            raise UnlistedDirectoryError(
+                f"{directory}, a directory of {self._url}, could not be listed ({type(error).__name__}: {error}): "
+                "its shards would be missing from the dataset"
+            ) from error
