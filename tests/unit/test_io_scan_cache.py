@@ -4,6 +4,8 @@ so ranks and restarts do not read the whole corpus again, and the plan is the on
 from __future__ import annotations
 
 import errno
+import fcntl
+import glob
 import json
 import logging
 import os
@@ -97,7 +99,69 @@ def test_a_shard_rewritten_with_as_many_bytes_after_its_scan_was_kept_is_scanned
 
 
 def _entries(directory) -> list[str]:
-    return sorted(os.path.join(directory, name) for name in os.listdir(directory) if name.endswith(".npz"))
+    return sorted(glob.glob(os.path.join(directory, "**", "*.npz"), recursive=True))
+
+
+def _files(directory) -> list[str]:
+    """Every file in a scan cache directory, by its path in it."""
+    return sorted(os.path.relpath(path, directory) for path in glob.glob(os.path.join(directory, "**", "*"),
+                                                                         recursive=True) if os.path.isfile(path))
+
+
+def test_a_local_shard_rewritten_in_place_to_its_size_and_given_back_its_mtime_is_scanned_again(tmp_path):
+    """Size, inode and mtime stay as they were (`touch -r`, `os.utime` after an in-place rewrite);
+    the inode's change time does not, and an entry kept under the old one held the old count."""
+    url = _write("local", tmp_path)
+    scans = tmp_path / "scans"
+    Dataset.from_path("d", url, scan_cache=scans)
+    shard = os.path.join(url, "part-1.jsonl")
+    before = os.stat(shard)
+    with open(shard, "r+b") as f:
+        f.write(b"\n" * before.st_size)
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    while os.stat(shard).st_ctime_ns == before.st_ctime_ns:  # still within the tick the kernel stamped it in
+        os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(shard)
+    assert (after.st_size, after.st_ino, after.st_mtime_ns) == (before.st_size, before.st_ino, before.st_mtime_ns)
+    ds = Dataset.from_path("d", url, scan_cache=scans)
+    assert ds.shards[1].num_records == before.st_size
+    assert _plan_facts(ds) == _plan_facts(Dataset.from_path("d", url))
+
+
+def _rewrite(shard: str, records: int) -> None:
+    """Another version of `shard`: another size, so another version whatever the clock."""
+    with open(shard, "wb") as f:
+        f.write(jsonl_bytes([{"text": "x"}] * records))
+
+
+def test_storing_a_shard_s_new_version_removes_the_entries_and_lock_files_of_its_old_ones_not_locked_ones(tmp_path):
+    """Entries of versions since replaced, and their lock files, were kept until the directory
+    was cleared: a corpus regenerated daily grew its scan cache by a copy of its scans a day."""
+    (tmp_path / "data").mkdir()
+    shard, other = str(tmp_path / "data" / "a.jsonl"), str(tmp_path / "data" / "b.jsonl")
+    _rewrite(shard, 1)
+    _rewrite(other, 1)
+    scans = str(tmp_path / "scans")
+    Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)
+    first = set(_files(scans))
+    assert len(first) == 4  # an entry and a lock file a shard
+    _rewrite(shard, 2)
+    Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)
+    second = set(_files(scans))
+    assert len(second) == 4 and len(second - first) == 2
+    [held] = [name for name in second - first if name.endswith(".lock")]
+    handle = os.open(os.path.join(scans, held), os.O_RDWR)  # as a rank still scanning that version holds it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _rewrite(shard, 3)
+        Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)
+        third = set(_files(scans))
+        assert len(third) == 6 and held in third and held.replace(".lock", ".npz") in third
+    finally:
+        os.close(handle)
+    _rewrite(shard, 4)
+    assert Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans).num_records == 5
+    assert len(set(_files(scans))) == 4 and first & second <= set(_files(scans))
 
 
 def _cut(path: str) -> None:
@@ -115,7 +179,7 @@ def _flip_a_byte_of_the_offsets(path: str) -> None:
 
 
 def _swap_with_another_entry(path: str) -> None:
-    other = next(entry for entry in _entries(os.path.dirname(path)) if entry != path)
+    other = next(entry for entry in _entries(os.path.dirname(os.path.dirname(path))) if entry != path)
     with open(other, "rb") as f, open(path, "wb") as g:
         g.write(f.read())
 
@@ -263,6 +327,34 @@ def test_a_scan_cache_that_is_no_local_directory_that_can_be_made_is_a_configura
         Dataset.from_path("d", url, scan_cache=given(tmp_path))
 
 
+def test_a_rank_that_waited_on_a_lock_file_a_cleaner_removed_locks_the_one_now_in_its_place(tmp_path, monkeypatch):
+    """A cleaner removes an old version's lock file while holding its lock; a rank waiting on that
+    file then locks a file no other rank opens, and would scan and store beside the next one."""
+    path = str(tmp_path / "entry.lock")
+    held = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    waiting = threading.Event()
+    real_lock = _scan_cache.lock
+
+    def signalling_lock(handle, blocking):
+        waiting.set()
+        return real_lock(handle, blocking)
+
+    monkeypatch.setattr(_scan_cache, "lock", signalling_lock)
+    taken = []
+    rank = threading.Thread(target=lambda: taken.append(_scan_cache._locked(path)))
+    rank.start()
+    waiting.wait()
+    os.unlink(path)  # as `_remove_superseded` does, under the lock
+    os.close(held)
+    rank.join()
+    [(handle, locked)] = taken
+    try:
+        assert locked and os.fstat(handle).st_ino == os.stat(path).st_ino
+    finally:
+        os.close(handle)
+
+
 _WARM_FROM_ANOTHER_PROCESS = """
 import json, sys
 from tests.harness import step_digests
@@ -303,9 +395,9 @@ def test_a_writer_killed_while_storing_a_scan_leaves_no_entry_and_the_next_plann
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     killed = subprocess.run([sys.executable, "-c", _KILLED_WHILE_WRITING, url, scans], cwd=root, capture_output=True)
     assert killed.returncode == -9, killed.stderr
-    assert _entries(scans) == [] and any(name.endswith(".part") for name in os.listdir(scans))
+    assert _entries(scans) == [] and any(name.endswith(".part") for name in _files(scans))
     with caplog.at_level(logging.WARNING, logger="zephon"):
         ds = Dataset.from_path("d", url, scan_cache=scans)
     assert not caplog.records
     assert _plan_facts(ds) == _plan_facts(Dataset.from_path("d", url))
-    assert len(_entries(scans)) == _SHARDS and not any(name.endswith(".part") for name in os.listdir(scans))
+    assert len(_entries(scans)) == _SHARDS and not any(name.endswith(".part") for name in _files(scans))

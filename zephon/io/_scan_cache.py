@@ -8,11 +8,16 @@ share), and planning takes it from there when it is found.
 
 An entry is named by a hash of everything the scan depends on: `SCAN_CACHE_VERSION`, the shard's
 URL (a local shard's absolute path), the version planning recorded for it (`_version`: a remote
-file's size and content field; a local file's size, inode, modification time and host, since
-those describe it on its host only, so a local shard is scanned once per host), its compression,
-and what the format's scan depends on besides the bytes (`ShardFormat.scan_key`: the format, its
-text unit, its seek stride). A shard whose storage tells no version is never cached: nothing would
-tell its entry from another file's at its URL. The version is taken before the scan, as for
+file's size and content field; a local file's size, inode, modification time, inode change time
+and host, since those describe it on its host only, so a local shard is scanned once per host),
+its compression, and what the format's scan depends on besides the bytes (`ShardFormat.scan_key`:
+the format, its text unit, its seek stride). The change time is there because a file rewritten
+in place to its size and given back its modification time (`touch -r`, `os.utime`) keeps the
+other three, and its old entry held the old file's count; a `chmod` changes it too, which costs
+one scan. Entries of one shard (everything but its version) share a directory named by a hash
+of that, so that storing an entry removes the shard's other versions (`_remove_superseded`) by
+listing a directory of a few files, not the whole cache. A shard whose storage tells no version
+is never cached: nothing would tell its entry from another file's at its URL. The version is taken before the scan, as for
 planning without the cache: a file rewritten while it was scanned is stored under the version it
 had before, which the next listing no longer reports, and any plan made from that version refuses
 the new file at its reads.
@@ -35,12 +40,21 @@ overwrites if a writer was killed, so nothing is left over; where the filesystem
 ranks scan at once and each writes to a unique temporary name. Where locks are taken but do not
 reach across hosts (NFS mounted `nolock`), two hosts may write one temporary name at once and
 leave a damaged entry: like any, it is not trusted, and the next planning scans and replaces it.
-Lock files, and entries of versions since replaced, stay until the directory is cleared.
+
+Storing an entry removes those of the shard's other versions, which its listing no longer reports
+(a corpus regenerated daily kept a copy of its scans a day, and every lock file, until the
+directory was cleared): each with its lock file and `.part`, under its lock taken without waiting,
+so never one another rank is scanning or storing; one whose lock is held, or on a filesystem that
+takes no locks, stays until the next entry of the shard is stored. A rank waiting on a lock file
+removed meanwhile finds it gone once it holds the lock, and locks the file now at its name
+(`_locked`), so two ranks never scan one version under two lock files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import os
 import tempfile
 import zipfile
@@ -49,7 +63,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._errors import ConfigurationError
-from .._file_lock import lock
+from .._file_lock import lock, remove_if_unlocked
 from .._sha256 import sha256
 from ._format import ShardScan
 
@@ -59,11 +73,14 @@ if TYPE_CHECKING:
 
 __all__ = ["SCAN_CACHE_VERSION", "ScanCache"]
 
-SCAN_CACHE_VERSION = 1
+SCAN_CACHE_VERSION = 2
 """The layout of an entry and the meaning of a scan: bumped when either changes, so that entries
-written by an older Zephon are never read as this one's."""
+written by an older Zephon are never read as this one's. 2: entries in a directory per shard
+(so that storing one removes the shard's other versions), keyed by a local file's inode change
+time too."""
 
 _ENTRY, _LOCK, _PART = ".npz", ".lock", ".part"
+_NAME_LENGTH = 64  # the hex digits of a SHA-256, which every file of an entry is named by first
 
 # A disk that cannot take the entry: full, over quota, read-only, not writable by this user.
 _UNWRITABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -90,19 +107,22 @@ class ScanCache:
         self, shard: ShardFile, url: str, version: ShardVersion, reader: ShardFormat
     ) -> tuple[ShardScan, str | None]:
         """The scan of `shard`, which is `version` of the file at `url`: its entry's, else
-        `reader.scan`'s, stored. The second value says why an entry found was not trusted."""
-        key = "\n".join([f"zephon scan cache {SCAN_CACHE_VERSION}", f"url={url}", f"version={version.stamp}",
-                         f"host={version.host}", f"compression={shard.compression}", f"format={reader.scan_key}"])
-        entry = os.path.join(self.directory, sha256(key.encode()).hexdigest() + _ENTRY)
+        `reader.scan`'s, stored, and the entries of the shard's other versions removed. The second
+        value says why an entry found was not trusted."""
+        shard_key = "\n".join([f"zephon scan cache {SCAN_CACHE_VERSION}", f"url={url}", f"host={version.host}",
+                               f"compression={shard.compression}", f"format={reader.scan_key}"])
+        key = f"{shard_key}\nversion={version.stamp}\nchanged_ns={version.changed_ns}"
+        versions = os.path.join(self.directory, _name(shard_key))
+        entry = os.path.join(versions, _name(key) + _ENTRY)
         found, distrusted = _load(entry, key)
         if found is not None:
             return found, None
         try:
-            handle = os.open(entry.removesuffix(_ENTRY) + _LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            os.makedirs(versions, exist_ok=True)
+            handle, locked = _locked(entry.removesuffix(_ENTRY) + _LOCK)
         except OSError as error:
             raise self._unwritable(error, url) from error
         try:
-            locked = lock(handle, blocking=True)
             if locked:  # whoever held the lock has stored it meanwhile
                 found, _ = _load(entry, key)
                 if found is not None:
@@ -114,6 +134,8 @@ class ScanCache:
                 if error.errno in _UNWRITABLE_ERRNOS:
                     raise self._unwritable(error, url) from error
                 raise
+            with contextlib.suppress(OSError):  # what cannot be removed now is tried again at the next store
+                _remove_superseded(versions, entry)
             return scanned, distrusted
         finally:
             os.close(handle)  # only now: closing it drops the lock
@@ -125,6 +147,58 @@ class ScanCache:
             f"scan cache directory {self.directory} cannot be written ({code}: {error.strerror}) while storing "
             f"the scan of shard {url}: free space on its disk, or set scan_cache to a directory that can be written"
         )
+
+
+def _name(key: str) -> str:
+    return sha256(key.encode()).hexdigest()
+
+
+def _locked(path: str) -> tuple[int, bool]:
+    """The lock file at `path`, open and, where the filesystem takes locks, locked (waiting for
+    its holder): (its descriptor, whether locked). A lock taken on a file that a cleaner removed
+    meanwhile (`_remove_superseded`) guards nothing another rank would see, so it is taken again
+    on the file now at `path`."""
+    while True:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            if not lock(handle, blocking=True):
+                return handle, False
+            if _still_at(handle, path):
+                return handle, True
+        except BaseException:
+            os.close(handle)
+            raise
+        os.close(handle)
+
+
+def _still_at(handle: int, path: str) -> bool:
+    """Whether the file open as `handle` is the one at `path`."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _remove_superseded(versions: str, kept: str) -> None:
+    """Remove from `versions`, the directory of one shard's entries, every entry but `kept`, with
+    its lock file and temporary `.part`: one of another version of the shard, which its listing
+    no longer reports. Each is removed under its lock, taken without waiting, so never while
+    another rank scans or stores that version; where the lock is held, or the filesystem takes
+    none, it is left for the next entry stored."""
+    kept_name = os.path.basename(kept).removesuffix(_ENTRY)
+    names = {name[:_NAME_LENGTH] for name in os.listdir(versions)} - {kept_name}
+    for name in sorted(names):
+        stem = os.path.join(versions, name)
+        remove_if_unlocked(stem + _LOCK, functools.partial(_remove_entry, stem))
+
+
+def _remove_entry(stem: str) -> None:
+    """The lock file last: until it is gone, the next store finds the rest by it."""
+    for leftover in (stem + _ENTRY, stem + _ENTRY + _PART, stem + _LOCK):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(leftover)
 
 
 def _load(entry: str, key: str) -> tuple[ShardScan | None, str | None]:

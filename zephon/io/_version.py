@@ -64,11 +64,18 @@ _VERSION_FIELDS = ("generation", "blob_id", "md5Hash", "crc32c", "checksum", "Co
 class ShardVersion:
     """What the storage said of a shard file's version. `host` is the host whose disk a local
     file's stamp describes, None for a remote file's, which every host sees alike. `key` is the
-    field of a remote file's description the stamp holds (None for a local file's)."""
+    field of a remote file's description the stamp holds (None for a local file's).
+
+    `changed_ns` is a local file's inode change time (`st_ctime_ns`; None for a remote file),
+    which a rewrite given back its size and mtime (`touch -r`, `os.utime`) does not undo. It is
+    no part of comparing versions, since a `chmod` or a new hard link changes it too and a read
+    refused for those would fail a run over data that did not change; the scan cache keys its
+    entries by it, where such a change costs one scan of the shard."""
 
     stamp: str
     host: str | None = None
     key: str | None = field(default=None, compare=False)
+    changed_ns: int | None = field(default=None, compare=False)
 
     def comparable_here(self) -> bool:
         return self.host is None or self.host == _this_host()
@@ -137,7 +144,8 @@ def _compare(planned: ShardVersion, now: ShardVersion | None, url: str) -> None:
 
 
 def _local_version(status: os.stat_result) -> ShardVersion:
-    return ShardVersion(f"size={status.st_size} inode={status.st_ino} mtime_ns={status.st_mtime_ns}", _this_host())
+    stamp = f"size={status.st_size} inode={status.st_ino} mtime_ns={status.st_mtime_ns}"
+    return ShardVersion(stamp, _this_host(), changed_ns=status.st_ctime_ns)
 
 
 def changed_after_planning(url: str, what: str) -> ShardUnavailableError:
