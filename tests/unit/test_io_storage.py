@@ -403,7 +403,8 @@ def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_nam
     """A denial lasts until the permissions change, as for the directory named."""
     put("flaky://bucket/sub/b.jsonl", jsonl_bytes([{"i": 0}]))
     flaky.error, flaky.ls_failing, flaky.ls_failures = PermissionError, "bucket/sub", 100
-    with pytest.raises(ConfigurationError, match="bucket/sub, a directory of flaky://bucket, may not be listed") as caught:
+    named = "bucket/sub, a directory of flaky://bucket, may not be listed"
+    with pytest.raises(ConfigurationError, match=named) as caught:
         Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
     assert isinstance(caught.value.__cause__, PermissionError)
     assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__

@@ -17,10 +17,10 @@ other three, and its old entry held the old file's count; a `chmod` changes it t
 one scan. Entries of one shard (everything but its version) share a directory named by a hash
 of that, so that storing an entry removes the shard's other versions (`_remove_superseded`) by
 listing a directory of a few files, not the whole cache. A shard whose storage tells no version
-is never cached: nothing would tell its entry from another file's at its URL. The version is taken before the scan, as for
-planning without the cache: a file rewritten while it was scanned is stored under the version it
-had before, which the next listing no longer reports, and any plan made from that version refuses
-the new file at its reads.
+is never cached: nothing would tell its entry from another file's at its URL. The version is
+taken before the scan, as for planning without the cache: a file rewritten while it was scanned
+is stored under the version it had before, which the next listing no longer reports, and any
+plan made from that version refuses the new file at its reads.
 
 An entry is an uncompressed `.npz` (no pickle: it is loaded with `allow_pickle=False`) holding
 its own key and the scan's fields. One that cannot be loaded (cut short, a bad CRC), holds another
