@@ -411,6 +411,26 @@ def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_nam
     assert flaky.ls_failures == 99
 
 
+class _OwnGlobFlakyFileSystem(FlakyFileSystem):
+    """A glob of its own over fsspec's generic walk, as http's."""
+
+    protocol = "ownglob"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+
+    def glob(self, path, **kwargs):
+        return super().glob(path, **kwargs)
+
+
+def test_a_glob_of_its_own_over_the_generic_walk_is_retried_where_its_directory_cannot_be_listed(flaky):
+    """Such a glob is asked with `on_error="raise"`, which its walk honours for the directory asked."""
+    with registered(_OwnGlobFlakyFileSystem):
+        put("ownglob://bucket/a.jsonl", jsonl_bytes([{"i": 0}]))
+        flaky.error, flaky.ls_failures = ConnectionRefusedError, 100
+        with pytest.raises(ShardUnavailableError, match="ownglob://bucket/\\*.jsonl unavailable after 2 attempt"):
+            Dataset.from_path("d", "ownglob://bucket/*.jsonl", retries=2, retry_delay=0.001)
+
+
 def test_a_store_that_denies_listing_is_a_configuration_error_naming_the_url_and_dataset_at_once(flaky):
     """A denial lasts until the credentials or permissions change: retrying it only delays the
     error. It read as a URL naming nothing."""
