@@ -27,6 +27,7 @@ import pytest
 
 from tests.harness import GLOBAL_BATCH, step_digests, text_pipeline
 from tests.integration._torchrun_worker import launch
+from tests.unit.conftest_io import CountingStore, put, registered
 from zephon import _lane
 from zephon import (
     IGNORE_INDEX,
@@ -457,6 +458,44 @@ def test_data_recipe_builds_the_same_stream_as_the_equivalent_pipeline():
         mine = ours.last_microbatches
         it = iter(theirs)
         assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
+
+
+@pytest.fixture
+def stored_recipe():
+    """DataRecipe settings over the demo's Jargon shards copied to an object store that counts the
+    opens it is asked for, and a count of those opens."""
+    with registered(CountingStore):
+        urls = [put(f"countstore://bucket/jargon/{path.name}", path.read_bytes())
+                for path in sorted((DATA / "jargon").glob("*.jsonl"))]
+        settings = dict(datasets=[("jargon", "countstore://bucket/jargon")], tokenizer=str(TOKENIZER),
+                        eos="<|eos|>", max_length=128, shuffle_buffer=16, num_lanes=4, microbatch_size=2,
+                        records_per_chunk=16, runner="inline")
+        yield settings, lambda: CountingStore.asked_of("open", urls), len(urls)
+
+
+def test_a_data_recipe_built_again_on_its_scan_cache_reads_no_shard_to_plan(stored_recipe, tmp_path):
+    """`scan_cache` was no DataRecipe field: every rank of a TorchTitan job, at every start, read
+    every shard through to count its records."""
+    settings, opens, num_shards = stored_recipe
+    recipe = DataRecipe(**settings, scan_cache=str(tmp_path / "scans"))
+    for expected in (num_shards, 0):  # the first build scans each shard, the second none
+        before = opens()
+        recipe.pipeline()
+        assert opens() - before == expected
+
+
+def test_a_data_recipe_scan_cache_changes_no_batch_and_may_be_switched_on_at_a_resume(stored_recipe, tmp_path):
+    settings, _, _ = stored_recipe
+    plain = DataRecipe(**settings)
+    cached = DataRecipe(**settings, scan_cache=str(tmp_path / "scans"))
+    cached.pipeline()  # warm: the loader below plans from kept scans
+    with ZephonDataLoader(plain, 0, 1, 16) as without, ZephonDataLoader(cached, 0, 1, 16) as with_cache:
+        uninterrupted = _local_batch_digests(without, 4)
+        assert _local_batch_digests(with_cache, 4) == uninterrupted
+    with ZephonDataLoader(plain, 0, 1, 16) as before, ZephonDataLoader(cached, 0, 1, 16) as after:
+        first_half = _local_batch_digests(before, 2)
+        after.load_state_dict(before.state_dict())
+        assert first_half + _local_batch_digests(after, 2) == uninterrupted
 
 
 def test_torchrun_checkpoint_on_two_ranks_resumes_on_four(corpora, demo_tokenizer_path, reference, tmp_path):

@@ -69,7 +69,10 @@ class DataRecipe:
     `mixture`, `tokenizer`, `text_field`, `bos`, `eos`, `max_length`, `packing`, `shuffle_buffer`,
     `seed`, `num_lanes`, `microbatch_size`, `flush_every_chunks`, `records_per_chunk`,
     `token_estimation`, `num_epochs` — and the global batch size, which the loader takes separately.
-    Performance (free to change on resume): `parallelism`, `runner`, `cache`.
+    Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
+    `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
+    every rank plans for itself at every start, and without it each one reads every JSON Lines or
+    text shard through to count its records.
 
     `datasets` are `(name, url)` pairs (any URL `zephon.io.Dataset.from_path` reads); a mapping is
     accepted and kept in its order. `mixture` maps names to token shares (normalised; None: equal).
@@ -95,6 +98,7 @@ class DataRecipe:
     parallelism: int = 1
     runner: str = "auto"
     cache: bool = False
+    scan_cache: str | None = None
 
     def __post_init__(self) -> None:
         datasets = self.datasets.items() if isinstance(self.datasets, Mapping) else self.datasets
@@ -127,7 +131,9 @@ class DataRecipe:
 
         cache = {"enabled": True} if self.cache else None
         source = StaticMixtureWorkSource(
-            datasets=[Dataset.from_path(name, url, cache=cache) for name, url in self.datasets],
+            datasets=[
+                Dataset.from_path(name, url, cache=cache, scan_cache=self.scan_cache) for name, url in self.datasets
+            ],
             mixture=dict(self.mixture) if self.mixture is not None else None,
             token_estimation=TokenEstimation() if self.token_estimation else None,
             seed=self.seed,
