@@ -168,6 +168,29 @@ class ImageSpec:
         """Qwen2-VL sizing: 14 px patches merged 2x2, area within [min_pixels, max_pixels]."""
         return cls(patch_size=14, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
 
+    @classmethod
+    def qwen3_vl(cls, min_pixels: int = 256 * 256, max_pixels: int = 4096 * 4096, **kwargs) -> ImageSpec:
+        """Qwen3-VL sizing: 16 px patches merged 2x2 (32 px cells), area within [min_pixels, max_pixels].
+
+        transformers (5.24) has no image processor of Qwen3-VL's own: its auto map gives `qwen3_vl`
+        `Qwen2VLImageProcessor`, whose class defaults are Qwen2-VL's (14 px, CLIP mean/std, 56·56 to
+        28·28·1280 pixels), and the checkpoint's `preprocessor_config.json` sets Qwen3-VL's. So:
+
+        - `patch_size=16`, `merge_size=2`: `Qwen3VLVisionConfig`'s defaults (`patch_size`,
+          `spatial_merge_size`; its `temporal_patch_size` is 2), which `Qwen3VLVideoProcessor`'s
+          class attributes repeat;
+        - `min_pixels=65536`, `max_pixels=16777216`: the `size` (`shortest_edge`, `longest_edge`)
+          of the Qwen/Qwen3-VL checkpoints' `preprocessor_config.json`, which loads them into that
+          processor (transformers itself states no image pixel bounds for Qwen3-VL).
+
+        The spec decides the grid, hence the placeholder count, and yields uint8 pixels: the
+        normalisation (mean = std = 0.5 per channel: the checkpoints' `image_mean`/`image_std`,
+        transformers' `IMAGENET_STANDARD_MEAN`/`_STD`, as `Qwen3VLVideoProcessor` uses) and the
+        doubling in time (`temporal_patch_size=2`) are the processor's, in rows of 2·3·16·16 = 1536
+        values: the model's vision tower takes those, from `decode_images(processor=...)`.
+        """
+        return cls(patch_size=16, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
+
 
 def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     """(rows, cols) of patches the image of this size is resized to; both multiples of merge_size."""

@@ -2,7 +2,8 @@
 
 Pixtral is checked against mistral-common's `ImageEncoder` with the real Tekken tokenizer's ids;
 Qwen2-VL against transformers' `Qwen2VLImageProcessor` grid and its processor's expansion rule, and
-Qwen3-VL against the same processor with Qwen3-VL's 16 px patches.
+Qwen3-VL against the same processor with Qwen3-VL's 16 px patches, and `ImageSpec.qwen3_vl()` against
+that processor configured as the Qwen3-VL checkpoints configure it.
 """
 
 from __future__ import annotations
@@ -140,6 +141,43 @@ def test_qwen_grid_and_count_equal_the_transformers_processor_of_qwen2_vl_and_qw
     placeholders = QwenPlaceholders(151652, 151655, 151653, merge_size=processor.merge_size)
     # Qwen2VLProcessor.replace_image_token: image_grid_thw.prod() // merge_size**2 pads.
     assert placeholders.num_tokens(h, w) - 2 == t * h * w // processor.merge_size**2
+
+
+QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 65536, "longest_edge": 16777216}, "patch_size": 16,
+                         "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+"""The image settings of the Qwen/Qwen3-VL checkpoints' `preprocessor_config.json`, which transformers
+loads into `Qwen2VLImageProcessor` (its own class defaults being Qwen2-VL's)."""
+
+
+def test_qwen3_vl_preset_and_checkpoint_settings_have_the_sizes_transformers_states_for_qwen3_vl():
+    """The preset against the vision config's sizes; the checkpoint settings the next test builds
+    its processor from against those and the video processor's normalisation."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    vision, video, spec = Qwen3VLVisionConfig(), Qwen3VLVideoProcessor, ImageSpec.qwen3_vl()
+    assert (spec.patch_size, spec.merge_size) == (vision.patch_size, vision.spatial_merge_size)
+    sizes = (QWEN3_VL_PREPROCESSOR["patch_size"], QWEN3_VL_PREPROCESSOR["merge_size"],
+             QWEN3_VL_PREPROCESSOR["temporal_patch_size"])
+    assert sizes == (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+    assert sizes == (video.patch_size, video.merge_size, video.temporal_patch_size)
+    assert (QWEN3_VL_PREPROCESSOR["image_mean"], QWEN3_VL_PREPROCESSOR["image_std"]) == (video.image_mean, video.image_std)
+
+
+@pytest.mark.parametrize("width,height", IMAGE_SIZES + [(40, 30), (200, 100), (4096, 4096), (5000, 4000)])
+def test_qwen3_vl_preset_gives_the_grid_and_count_of_the_transformers_processor_as_qwen3_vl_configures_it(width, height):
+    """Above 4096·4096 pixels the grid shrinks, below 256·256 it grows, as the processor's does."""
+    import transformers
+
+    processor_class = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
+    processor = processor_class(**QWEN3_VL_PREPROCESSOR)
+    out = processor(images=np.zeros((height, width, 3), np.uint8), return_tensors="np")
+    t, h, w = out["image_grid_thw"][0].tolist()
+    spec = ImageSpec.qwen3_vl()
+    assert (spec.patch_size, spec.merge_size) == (processor.patch_size, processor.merge_size)
+    assert (t, *image_grid(height, width, spec)) == (1, h, w)
+    assert out["pixel_values"].shape == (h * w, processor.temporal_patch_size * spec.patch_dim)
+    assert QwenPlaceholders(1, 2, 3, merge_size=spec.merge_size).num_tokens(h, w) - 2 == h * w // processor.merge_size**2
 
 
 def test_qwen_ids_are_looked_up_by_string_in_a_tokenizers_vocabulary():
