@@ -415,15 +415,20 @@ def test_layout_errors_fail_at_construction_naming_the_numbers(pipeline, world, 
         ZephonDataLoader(pipeline, 0, world, global_batch, local_batch_size=local_batch)
 
 
-def test_a_multimodal_pipeline_is_refused_at_construction_not_stripped_of_its_images(corpora, demo_tokenizer_path):
+@pytest.mark.parametrize("mrope", [False, True], ids=["pixtral", "qwen_mrope"])
+def test_a_multimodal_pipeline_is_refused_at_construction_not_stripped_of_its_images(corpora, demo_tokenizer_path, mrope):
     """TorchTitan's batch has no place for image patches: it yielded the placeholder tokens and
-    dropped the pixels, with nothing raised or counted."""
-    from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders
+    dropped the pixels, with nothing raised or counted. With `mrope=True` the rows' (3, L)
+    `mrope_position_ids` would go too, leaving the model the 1-D `positions` of a text row."""
+    from vlm import DecodeImages, ImageSpec, PackMultimodal, PixtralPlaceholders, QwenPlaceholders
 
-    spec = ImageSpec(max_pixels=64 * 64)
+    if mrope:
+        spec, placeholders = ImageSpec.qwen3_vl(min_pixels=64 * 64, max_pixels=128 * 128), QwenPlaceholders(3, 4, 5)
+    else:
+        spec, placeholders = ImageSpec(max_pixels=64 * 64), PixtralPlaceholders(3, 4, 5)
     pipeline = (Pipeline(StaticMixtureWorkSource([Dataset.from_path("pairs", str(corpora[0]))]))
                 .apply(DecodeImages(spec=spec)).tokenize(str(demo_tokenizer_path), field="text")
-                .apply(PackMultimodal(max_length=64, placeholders=PixtralPlaceholders(3, 4, 5), spec=spec)).batch(2))
+                .apply(PackMultimodal(max_length=64, placeholders=placeholders, spec=spec, mrope=mrope)).batch(2))
     with pytest.raises(ConfigurationError, match="this pipeline packs with pack_multimodal"):
         ZephonDataLoader(pipeline, 0, 1, 16)
 

@@ -201,11 +201,12 @@ class ZephonDataLoader(_Base):
     each document, which TorchTitan's block-causal attention uses as the document mask.
 
     `recipe` is a `DataRecipe` or a ready text `zephon.Pipeline` (packed by `pack_flat`, ending in
-    `.batch`; a multimodal packer's rows are refused, their image patches having no place here). `dp_rank` and
-    `dp_world_size` default to torch.distributed's (the world's). `group` is the process group over which
-    `state_dict()` gathers the lanes (default: the world, which also works when tensor/pipeline
-    parallel peers hold identical copies); a group smaller than the world needs `dp_rank` and
-    `dp_world_size` given, since its own rank need not be the data-parallel one.
+    `.batch`; a multimodal packer's rows are refused, their image patches and `mrope_position_ids`
+    having no place here). `dp_rank` and `dp_world_size` default to torch.distributed's (the
+    world's). `group` is the process group over which `state_dict()` gathers the lanes (default:
+    the world, which also works when tensor/pipeline parallel peers hold identical copies); a
+    group smaller than the world needs `dp_rank` and `dp_world_size` given, since its own rank need
+    not be the data-parallel one.
 
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
     short, then iteration stops (TorchTitan ends training on the first exhausted rank).
