@@ -149,19 +149,27 @@ QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 65536, "longest_edge": 167772
 loads into `Qwen2VLImageProcessor` (its own class defaults being Qwen2-VL's)."""
 
 
-def test_qwen3_vl_preset_and_checkpoint_settings_have_the_sizes_transformers_states_for_qwen3_vl():
-    """The preset against the vision config's sizes; the checkpoint settings the next test builds
-    its processor from against those and the video processor's normalisation."""
+def test_qwen3_vl_preset_and_checkpoint_settings_have_the_sizes_of_transformers_qwen3_vl_vision_config():
+    """The preset's sizes, and those of the checkpoint settings the grid test builds its processor
+    from, against transformers' code."""
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+
+    vision, spec = Qwen3VLVisionConfig(), ImageSpec.qwen3_vl()
+    assert (spec.patch_size, spec.merge_size) == (vision.patch_size, vision.spatial_merge_size)
+    checkpoint = (QWEN3_VL_PREPROCESSOR["patch_size"], QWEN3_VL_PREPROCESSOR["merge_size"],
+                  QWEN3_VL_PREPROCESSOR["temporal_patch_size"])
+    assert checkpoint == (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+
+
+@pytest.mark.requires_torch  # transformers' video processors import torch
+def test_qwen3_vl_checkpoint_settings_normalise_as_transformers_qwen3_vl_video_processor():
+    """The settings the grid test builds its processor from, against transformers' code."""
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    vision, video, spec = Qwen3VLVisionConfig(), Qwen3VLVideoProcessor, ImageSpec.qwen3_vl()
-    assert (spec.patch_size, spec.merge_size) == (vision.patch_size, vision.spatial_merge_size)
-    sizes = (QWEN3_VL_PREPROCESSOR["patch_size"], QWEN3_VL_PREPROCESSOR["merge_size"],
-             QWEN3_VL_PREPROCESSOR["temporal_patch_size"])
-    assert sizes == (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
-    assert sizes == (video.patch_size, video.merge_size, video.temporal_patch_size)
+    video = Qwen3VLVideoProcessor
     assert (QWEN3_VL_PREPROCESSOR["image_mean"], QWEN3_VL_PREPROCESSOR["image_std"]) == (video.image_mean, video.image_std)
+    assert (QWEN3_VL_PREPROCESSOR["patch_size"], QWEN3_VL_PREPROCESSOR["merge_size"],
+            QWEN3_VL_PREPROCESSOR["temporal_patch_size"]) == (video.patch_size, video.merge_size, video.temporal_patch_size)
 
 
 @pytest.mark.parametrize("width,height", IMAGE_SIZES + [(40, 30), (200, 100), (4096, 4096), (5000, 4000)])
