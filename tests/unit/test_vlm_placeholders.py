@@ -166,14 +166,14 @@ def test_qwen3_vl_checkpoint_settings_normalise_as_transformers_qwen3_vl_video_p
     """The settings the grid test builds its processor from, against transformers' code."""
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    video = Qwen3VLVideoProcessor
-    assert (QWEN3_VL_PREPROCESSOR["image_mean"], QWEN3_VL_PREPROCESSOR["image_std"]) == (video.image_mean, video.image_std)
-    assert (QWEN3_VL_PREPROCESSOR["patch_size"], QWEN3_VL_PREPROCESSOR["merge_size"],
-            QWEN3_VL_PREPROCESSOR["temporal_patch_size"]) == (video.patch_size, video.merge_size, video.temporal_patch_size)
+    names = ("image_mean", "image_std", "patch_size", "merge_size", "temporal_patch_size")
+    assert {name: QWEN3_VL_PREPROCESSOR[name] for name in names} == {
+        name: getattr(Qwen3VLVideoProcessor, name) for name in names
+    }
 
 
 @pytest.mark.parametrize("width,height", IMAGE_SIZES + [(40, 30), (200, 100), (4096, 4096), (5000, 4000)])
-def test_qwen3_vl_preset_gives_the_grid_and_count_of_the_transformers_processor_as_qwen3_vl_configures_it(width, height):
+def test_qwen3_vl_preset_gives_the_grid_and_count_of_the_processor_as_qwen3_vl_configures_it(width, height):
     """Above 4096·4096 pixels the grid shrinks, below 256·256 it grows, as the processor's does."""
     import transformers
 
@@ -185,7 +185,8 @@ def test_qwen3_vl_preset_gives_the_grid_and_count_of_the_transformers_processor_
     assert (spec.patch_size, spec.merge_size) == (processor.patch_size, processor.merge_size)
     assert (t, *image_grid(height, width, spec)) == (1, h, w)
     assert out["pixel_values"].shape == (h * w, processor.temporal_patch_size * spec.patch_dim)
-    assert QwenPlaceholders(1, 2, 3, merge_size=spec.merge_size).num_tokens(h, w) - 2 == h * w // processor.merge_size**2
+    pads = QwenPlaceholders(1, 2, 3, merge_size=spec.merge_size).num_tokens(h, w) - 2
+    assert pads == h * w // processor.merge_size**2  # Qwen3VLProcessor.replace_image_token's count
 
 
 def test_qwen_ids_are_looked_up_by_string_in_a_tokenizers_vocabulary():
