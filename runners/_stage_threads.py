@@ -41,8 +41,8 @@ class StageThreads:
     one its runner dropped unclosed is collected, and its finalizer tells its idle threads to exit.
 
     Thread-safety: `submit` may be called from any thread; `stop` too, and it takes no lock of its
-    own (the runner's exit hook calls it); `wait` from any thread but these; `running` and `fail`
-    from any thread.
+    own (the runner's exit hook calls it); `wait` from any thread but these; `running`, `refuse`
+    and `fail_queued` from any thread.
     """
 
     def __init__(self, stage: Stage) -> None:
@@ -50,7 +50,7 @@ class StageThreads:
         self.threads: list[threading.Thread] = []
         self._queue: SimpleQueue = SimpleQueue()
         self._stopped = False
-        self._failure: Callable[[], BaseException] | None = None  # set by `fail`
+        self._failure: Callable[[], BaseException] | None = None  # set by `refuse`
         # Thread n's item and when it took it (time.monotonic()), None while it waits for one: a
         # list whose slots are each written by one thread only, read by the runner's watch.
         self._taken: list[tuple[Future, float] | None] = [None] * stage.parallelism
@@ -69,7 +69,7 @@ class StageThreads:
 
     def submit(self, item: Any) -> Future:
         """A future of `stage.fn(item)`; a cancelled one once `stop` has begun, a failed one once
-        `fail` has."""
+        `refuse` has."""
         future: Future = Future()
         if self._failure is not None:  # not queued: an idle thread of this stage would still take it
             future.set_exception(self._failure())
@@ -81,7 +81,7 @@ class StageThreads:
             # that took it runs it).
             _tell_to_exit(self._queue, self._end_queued(cancel_and_notify))
         elif self._failure is not None:
-            # `fail` may have drained the queue before this item reached it: drained again, so
+            # `fail_queued` may have drained the queue before this item reached it: drained again, so
             # it fails instead of waiting behind a stuck thread (a thread that took it runs it).
             _tell_to_exit(self._queue, self._end_queued(self._fail_one))
         return future
@@ -92,13 +92,18 @@ class StageThreads:
         self._end_queued(lambda future: end_in_close(_log, cancel_and_notify, future))
         _tell_to_exit(self._queue, len(self.threads))
 
-    def fail(self, failure: Callable[[], BaseException]) -> None:
-        """Fail the items no thread has taken, and every item submitted from now on, with a fresh
-        `failure()` each (a note the loader adds to one must not reach the others): the runner can
-        run no more. The threads are left as they are; `stop` ends them. Called on the runner's
-        `task_timeout_s` watch, which a done-callback raising a BaseException must not end midway
-        through the queue: the rest of it never failed, and the stop messages taken were lost."""
+    def refuse(self, failure: Callable[[], BaseException]) -> None:
+        """Fail every item submitted from now on, with a fresh `failure()` each (a note the loader
+        adds to one must not reach the others): the runner can run no more. Ends no future, so it
+        runs no done-callback: the runner refuses on every stage before it fails any queued item,
+        whose callback may submit to another stage (`fail_queued`)."""
         self._failure = failure
+
+    def fail_queued(self) -> None:
+        """Fail the items no thread has taken, once `refuse` has begun. The threads are left as
+        they are; `stop` ends them. Called on the runner's `task_timeout_s` watch, which a
+        done-callback raising a BaseException must not end midway through the queue: the rest of
+        it never failed, and the stop messages taken were lost."""
         _tell_to_exit(self._queue, self._end_queued(lambda future: end_on_runner_thread(_log, self._fail_one, future)))
 
     def _end_queued(self, end: Callable[[Future], None]) -> int:

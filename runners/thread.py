@@ -221,9 +221,11 @@ class ThreadRunner:
         """Fail `future`, which `thread` has run for `task_timeout_s`, naming where the thread is;
         from the first, fail every queued and later item too. Called by the watch.
 
-        The runner is failed before the item, so whoever its failure wakes (the loader, a
-        done-callback submitting again) finds a runner that runs nothing more. An item that
-        returns in the instant between still fails the runner: it did run that long."""
+        Every stage refuses new items before any future is failed, so whoever a failure wakes
+        (the loader, a done-callback submitting the next stage) finds a runner that runs nothing
+        more, on whichever stage: a stage still accepting items as an earlier stage's queue was
+        failed ran the item a failed item's callback submitted to it. An item that returns in the
+        instant before its own failure still fails the runner: it did run that long."""
         cause = (
             f"thread {thread.name} exceeded task_timeout_s={self._task_timeout_s} and was left running (a thread "
             f"cannot be interrupted). It is in:\n{stuck_in(thread)}"
@@ -241,7 +243,9 @@ class ThreadRunner:
                 return failed
 
             for each in self._pools:
-                each.fail(failure)
+                each.refuse(failure)
+            for each in self._pools:
+                each.fail_queued()
         # The watch goes on past a done-callback raising a BaseException.
         end_on_runner_thread(_log, set_unless_ended, future.set_exception, error)
 

@@ -132,6 +132,48 @@ def test_a_queued_item_its_caller_cancelled_is_done_for_wait_once_a_thread_runne
     assert calls == Counter({0: 1, 1: 1, 2: 1})
 
 
+def test_a_later_stage_refuses_an_item_submitted_as_a_thread_runner_fails_an_earlier_stage_past_task_timeout_s():
+    """Past task_timeout_s the watch fails stage 0's queued item, whose done-callback submits to
+    stage 1, as the loader's chain does. Stage 1 was marked failed only after stage 0's queue was
+    drained, so that item reached stage 1's idle thread and ran on a runner already failed (on
+    3.14t a stage-0 item finishing on its own thread did the same). The callback holds the watch
+    until stage 1 has run the item or refused it, which makes the order the same on every build."""
+    release, started, ran = threading.Event(), threading.Event(), threading.Event()
+
+    def next_stage(x):
+        ran.set()
+        return x
+
+    runner = ThreadRunner(task_timeout_s=0.2)
+    runner.start([Stage("first", held_until(release, started), 1), Stage("next", next_stage, 1)])
+    submitted: list[Future] = []
+    returned = threading.Event()
+
+    def submit_next(_future: Future) -> None:
+        try:
+            submitted.append(runner.submit(1, "next"))
+            if not submitted[0].done():
+                ran.wait(GUARD_S)  # stage 1's idle thread takes the item unless the watch drains it
+        finally:
+            returned.set()
+
+    try:
+        stuck = runner.submit(0, "held")
+        assert started.wait(GUARD_S)
+        queued = runner.submit(0, "queued")
+        queued.add_done_callback(submit_next)
+        assert returned.wait(GUARD_S), "the done-callback never returned"
+        timed_out = stuck.exception(GUARD_S)
+        assert isinstance(timed_out, WorkerCrashedError)
+        assert isinstance(queued.exception(0), RunnerFailedError)
+        refused = submitted[0].exception(GUARD_S)
+        assert not ran.is_set(), "stage 1 ran an item submitted after the runner had failed"
+        assert isinstance(refused, RunnerFailedError) and refused.__cause__ is timed_out, refused
+    finally:
+        release.set()
+        runner.close()
+
+
 def opens_with(gate: Path):
     """A stage function that returns its item once `gate` exists (a file: workers are processes)."""
 
@@ -425,10 +467,7 @@ def test_whichever_way_a_thread_runner_ends_a_future_its_done_callback_may_submi
             assert started.wait(GUARD_S)
             future = runner.submit(0, "queued")  # waits behind the held item on the stage's one thread
             future.add_done_callback(lambda _future: release.set())  # before a close in the next one waits
-        # Past task_timeout_s the stages are failed one after another: stage 0's own, failed first,
-        # is the one a submit from its callback finds failed on every build.
-        next_stage = 0 if way == "task_timeout_s" else 1
-        submitted, returned = chains_on(runner, future, stage=next_stage, closes=way == "close")
+        submitted, returned = chains_on(runner, future, closes=way == "close")
         if way == "close":
             closer = threading.Thread(target=runner.close)
             closer.start()
