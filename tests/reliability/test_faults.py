@@ -268,6 +268,58 @@ def test_system_exit_from_a_packers_row_work_stops_the_loader_as_itself(tmp_path
             next(iter(loader))
 
 
+class _PassingRowWork:
+    """A packer's row work that goes through the runner and changes nothing."""
+
+    def order(self, row):
+        return row.num_real_tokens
+
+    @staticmethod
+    def run(order):
+        return order
+
+    def apply(self, row, result):
+        return row
+
+
+def _counting_done_callbacks(base: type, added: list[tuple[str, list[int]]]) -> type:
+    """`base`, whose futures count the done-callbacks added to them, each noted in `added` with the
+    kind of item it ran."""
+
+    class CountingDoneCallbacks(base):
+        def submit(self, stage_index: int, item):
+            future = super().submit(stage_index, item)
+            count = [0]
+            add = future.add_done_callback
+
+            def counted(fn) -> None:
+                count[0] += 1
+                add(fn)
+
+            future.add_done_callback = counted
+            added.append((type(item).__name__, count))
+            return future
+
+    return CountingDoneCallbacks
+
+
+@pytest.mark.parametrize("make", [InlineRunner, ThreadRunner, ProcessRunner], ids=lambda c: c.name)
+def test_the_loader_adds_one_done_callback_to_each_runner_future(tmp_path, make, monkeypatch):
+    """A done-callback raising a BaseException skips that future's later callbacks, as in
+    concurrent.futures (runners/README.md). None of them is ever the loader's: it adds one callback
+    to each future a runner gives it, a chunk's stage or a row's work, and nothing else adds any."""
+    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error: _PassingRowWork(), raising=False)
+    added: list[tuple[str, list[int]]] = []
+    runner = _counting_done_callbacks(make, added)
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, parallelism=2)
+    with pipeline.options(read_parallelism=1).shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        assert len(loader.stages) == 2  # read, then tokenize: the second is submitted from a done-callback
+        for _ in loader:
+            pass
+    assert {kind for kind, _ in added} == {"Chunk", "ChunkRecords", "_RowWork"}, added  # each stage, and row work
+    assert [count for _, [count] in added] == [1] * len(added)
+
+
 class _CrashingRowWork:
     """A packer's row work whose pure part kills the worker running it (a decoder that segfaults)."""
 
