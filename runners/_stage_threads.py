@@ -37,8 +37,9 @@ _STOP = None  # what tells a thread to exit once it takes it from the queue
 class StageThreads:
     """`parallelism` daemon threads named `zephon-<stage>_N`, all started here, serving one queue.
 
-    The threads hold the queue, the stage function and their slots in `_taken`, never this object:
-    one its runner dropped unclosed is collected, and its finalizer tells its idle threads to exit.
+    The threads hold the queue, the stage function, their slots in `_taken` and `_failure`, never
+    this object: one its runner dropped unclosed is collected, and its finalizer tells its idle
+    threads to exit.
 
     Thread-safety: `submit` may be called from any thread; `stop` too, and it takes no lock of its
     own (the runner's exit hook calls it); `wait` from any thread but these; `running`, `refuse`
@@ -50,15 +51,17 @@ class StageThreads:
         self.threads: list[threading.Thread] = []
         self._queue: SimpleQueue = SimpleQueue()
         self._stopped = False
-        self._failure: Callable[[], BaseException] | None = None  # set by `refuse`
+        # What every item fails with once `refuse` has begun, in a one-slot list the threads share:
+        # one takes no new item from then on (it holds the list, never this object).
+        self._failure: list[Callable[[], BaseException] | None] = [None]
         # Thread n's item and when it took it (time.monotonic()), None while it waits for one: a
         # list whose slots are each written by one thread only, read by the runner's watch.
         self._taken: list[tuple[Future, float] | None] = [None] * stage.parallelism
         try:
             for n in range(stage.parallelism):
                 thread = threading.Thread(
-                    target=_serve, args=(self._queue, stage.fn, self._taken, n), name=f"zephon-{stage.name}_{n}",
-                    daemon=True,
+                    target=_serve, args=(self._queue, stage.fn, self._taken, n, self._failure),
+                    name=f"zephon-{stage.name}_{n}", daemon=True,
                 )
                 thread.start()
                 self.threads.append(thread)
@@ -71,8 +74,8 @@ class StageThreads:
         """A future of `stage.fn(item)`; a cancelled one once `stop` has begun, a failed one once
         `refuse` has."""
         future: Future = Future()
-        if self._failure is not None:  # not queued: an idle thread of this stage would still take it
-            future.set_exception(self._failure())
+        if (failure := self._failure[0]) is not None:  # not queued: it would wait behind a stuck thread
+            future.set_exception(failure())
             return future
         self._queue.put((future, item))
         if self._stopped:
@@ -80,10 +83,10 @@ class StageThreads:
             # have exited: drained again, so it is cancelled instead of waiting for ever (a thread
             # that took it runs it).
             _tell_to_exit(self._queue, self._end_queued(cancel_and_notify))
-        elif self._failure is not None:
+        elif self._failure[0] is not None:
             # `fail_queued` may have drained the queue before this item reached it: drained again, so
-            # it fails instead of waiting behind a stuck thread (a thread that took it runs it).
-            _tell_to_exit(self._queue, self._end_queued(self._fail_one))
+            # it fails instead of waiting behind a stuck thread (a thread that took it fails it).
+            _tell_to_exit(self._queue, self._end_queued(lambda future: _fail_taken(future, self._failure[0])))
         return future
 
     def stop(self) -> None:
@@ -97,14 +100,17 @@ class StageThreads:
         adds to one must not reach the others): the runner can run no more. Ends no future, so it
         runs no done-callback: the runner refuses on every stage before it fails any queued item,
         whose callback may submit to another stage (`fail_queued`)."""
-        self._failure = failure
+        self._failure[0] = failure
 
     def fail_queued(self) -> None:
         """Fail the items no thread has taken, once `refuse` has begun. The threads are left as
         they are; `stop` ends them. Called on the runner's `task_timeout_s` watch, which a
         done-callback raising a BaseException must not end midway through the queue: the rest of
         it never failed, and the stop messages taken were lost."""
-        _tell_to_exit(self._queue, self._end_queued(lambda future: end_on_runner_thread(_log, self._fail_one, future)))
+        _tell_to_exit(
+            self._queue,
+            self._end_queued(lambda future: end_on_runner_thread(_log, _fail_taken, future, self._failure[0])),
+        )
 
     def _end_queued(self, end: Callable[[Future], None]) -> int:
         """Take every queued item and `end` its future; how many stop messages were taken with
@@ -120,12 +126,6 @@ class StageThreads:
                 stops += 1
             else:
                 end(work[0])
-
-    def _fail_one(self, future: Future) -> None:
-        """Fail a future taken from the queue; one its caller cancelled stays cancelled, its
-        waiters told (`set_running_or_notify_cancel`, as a thread taking it would have)."""
-        if future.set_running_or_notify_cancel():
-            future.set_exception(self._failure())
 
     def running(self) -> list[tuple[threading.Thread, Future, float]]:
         """The items the threads run now: (thread, its item's future, when it took it)."""
@@ -168,16 +168,20 @@ def _runs_something(thread: threading.Thread) -> bool:
     return False
 
 
-def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
+def _serve(queue: SimpleQueue, fn, taken: list, slot: int, failure: list) -> None:
     """Run items until told to stop, noting in `taken[slot]` the one running and since when.
     Whatever `fn` raises, `SystemExit` and `KeyboardInterrupt` included, is the item's: it is set on
     the future, and the thread goes on serving; so it does past a done-callback raising one (logged,
     `end_on_runner_thread`). An item the runner failed meanwhile (it ran past
-    `task_timeout_s`) keeps that failure: what `fn` gave it late is dropped."""
+    `task_timeout_s`) keeps that failure: what `fn` gave it late is dropped. Once the runner has
+    failed (`failure[0]`), an item taken fails with it instead of running: the watch may still be
+    failing another stage's queue, and this one's until it reaches it."""
     while (work := queue.get()) is not _STOP:
         future, item = work
         del work  # nothing of a finished item is kept while the thread waits for the next
-        if future.set_running_or_notify_cancel():
+        if failure[0] is not None:
+            end_on_runner_thread(_log, _fail_taken, future, failure[0])
+        elif future.set_running_or_notify_cancel():
             taken[slot] = (future, time.monotonic())
             try:
                 result = fn(item)
@@ -190,6 +194,13 @@ def _serve(queue: SimpleQueue, fn, taken: list, slot: int) -> None:
                 _settle(future.set_result, result)
                 del result
         del future, item
+
+
+def _fail_taken(future: Future, failure: Callable[[], BaseException]) -> None:
+    """Fail a future taken from the queue with a fresh `failure()`; one its caller cancelled stays
+    cancelled, its waiters told (`set_running_or_notify_cancel`, as a thread taking it would have)."""
+    if future.set_running_or_notify_cancel():
+        future.set_exception(failure())
 
 
 def _settle(setter, value) -> None:

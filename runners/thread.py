@@ -221,10 +221,11 @@ class ThreadRunner:
         """Fail `future`, which `thread` has run for `task_timeout_s`, naming where the thread is;
         from the first, fail every queued and later item too. Called by the watch.
 
-        Every stage refuses new items before any future is failed, so whoever a failure wakes
-        (the loader, a done-callback submitting the next stage) finds a runner that runs nothing
-        more, on whichever stage: a stage still accepting items as an earlier stage's queue was
-        failed ran the item a failed item's callback submitted to it. An item that returns in the
+        Every stage refuses new items, and its threads start no queued one, before any future is
+        failed, so whoever a failure wakes (the loader, a done-callback submitting the next stage)
+        finds a runner that runs nothing more, on whichever stage: a stage still accepting items
+        as an earlier stage's queue was failed ran the item a failed item's callback submitted to
+        it, and its threads the items queued there before. An item that returns in the
         instant before its own failure still fails the runner: it did run that long."""
         cause = (
             f"thread {thread.name} exceeded task_timeout_s={self._task_timeout_s} and was left running (a thread "

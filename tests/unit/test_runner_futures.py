@@ -174,6 +174,53 @@ def test_a_later_stage_refuses_an_item_submitted_as_a_thread_runner_fails_an_ear
         runner.close()
 
 
+def test_a_stage_thread_starts_no_queued_item_once_a_thread_runner_has_failed_past_task_timeout_s():
+    """An item queued before the runner failed, taken by its stage's thread while the watch was
+    still failing an earlier stage's queue, ran on a runner already failed; it now fails with
+    the same RunnerFailedError. Stage 0's queued item's done-callback, run on the watch once every
+    stage refuses new items, frees stage 1's thread and holds the watch until that thread has
+    ended the item queued behind, which makes the order the same on every build."""
+    release, started = threading.Event(), threading.Event()
+    release_next, next_started, ran = threading.Event(), threading.Event(), threading.Event()
+    held_next = held_until(release_next, next_started)
+
+    def next_stage(x):
+        if x == "held":
+            return held_next(x)
+        ran.set()
+        return x
+
+    runner = ThreadRunner(task_timeout_s=0.2)
+    runner.start([Stage("first", held_until(release, started), 1), Stage("next", next_stage, 1)])
+    returned = threading.Event()
+    try:
+        stuck = runner.submit(0, "held")
+        assert started.wait(GUARD_S)
+        runner.submit(1, "held")
+        assert next_started.wait(GUARD_S)
+        behind = runner.submit(1, "queued before the failure")
+        behind_done = threading.Event()
+        behind.add_done_callback(lambda _future: behind_done.set())
+
+        def free_the_next_stage(_future: Future) -> None:
+            try:
+                release_next.set()
+                behind_done.wait(GUARD_S)
+            finally:
+                returned.set()
+
+        runner.submit(0, "queued").add_done_callback(free_the_next_stage)
+        assert returned.wait(GUARD_S), "the done-callback never returned"
+        timed_out = stuck.exception(GUARD_S)
+        failed = behind.exception(GUARD_S)
+        assert not ran.is_set(), "stage 1 started an item after the runner had failed"
+        assert isinstance(failed, RunnerFailedError) and failed.__cause__ is timed_out, failed
+    finally:
+        release.set()
+        release_next.set()
+        runner.close()
+
+
 def opens_with(gate: Path):
     """A stage function that returns its item once `gate` exists (a file: workers are processes)."""
 
