@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import weakref
+from collections import Counter
 from concurrent.futures import Future, InvalidStateError
 from time import perf_counter
 from typing import Iterator
@@ -36,6 +37,7 @@ from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, describe_runner, runner_factory
 from .work import lane_plan
+from .work._estimation import SampleCount
 
 __all__ = ["RankLoader"]
 
@@ -46,6 +48,13 @@ _PER_DATASET_COUNTS = ("tokens_by_dataset", "images_by_dataset")
 """What a row says of itself beyond its tokens for the ledger's per-dataset counts: a row plan of a
 plugin written before they were counted lacks them, and is refused naming its type, not failed on
 with an AttributeError from deep in the loader."""
+
+_MAKE_ANOTHER = (
+    "make a new loader with pipeline.shard(...) and, to go on where this one stopped, give it "
+    "load_state_dict(state) of a state_dict() this loader gave (it still gives one once closed)"
+)
+"""What a closed loader's refusal tells its caller to do: it cannot be reopened, and its state says
+where it stopped."""
 
 RECIPE_VERSION = 9
 """Bumped when a recipe's batches change with no change of its options (2: chunks dealt to lanes by
@@ -85,15 +94,29 @@ def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: 
         )
     if global_batch_size % num_lanes:
         raise ConfigurationError(
-            f"global_batch_size={global_batch_size} is not divisible by num_lanes={num_lanes}"
+            f"global_batch_size={global_batch_size} is not divisible by num_lanes={num_lanes}; "
+            f"{_splitting_batch_sizes(global_batch_size, num_lanes, microbatch_size)}"
         )
     per_lane = global_batch_size // num_lanes
     if per_lane % microbatch_size:
+        divisors = [m for m in range(1, per_lane + 1) if per_lane % m == 0]
         raise ConfigurationError(
             f"global_batch_size/num_lanes = {global_batch_size}/{num_lanes} = {per_lane} rows per lane per step "
-            f"is not divisible by microbatch_size={microbatch_size}"
+            f"is not divisible by microbatch_size={microbatch_size}; a microbatch_size in {divisors} would "
+            f"split it, or {_splitting_batch_sizes(global_batch_size, num_lanes, microbatch_size)}"
         )
     return per_lane
+
+
+def _splitting_batch_sizes(global_batch_size: int, num_lanes: int, microbatch_size: int) -> str:
+    """The global batch sizes nearest `global_batch_size` that split evenly, as the end of a message."""
+    step = num_lanes * microbatch_size
+    below = global_batch_size // step * step
+    nearest = f"{below} or {below + step}" if below else f"{step}"
+    return (
+        f"a global_batch_size of {nearest} would split evenly "
+        f"(a multiple of num_lanes × microbatch_size = {num_lanes} × {microbatch_size})"
+    )
 
 
 class RankLoader:
@@ -219,10 +242,13 @@ class RankLoader:
         field = getattr(packer, "field", "input_ids")
         tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
 
-        def count(batch: ChunkRecords) -> int:
+        def count(batch: ChunkRecords) -> SampleCount:
             for fn in fns:
                 batch = fn(batch)
-            return sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
+            dropped = Counter(reason for _, reason in batch.skipped)
+            if batch.filtered:
+                dropped["filtered"] = len(batch.filtered)
+            return SampleCount(sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records)), dropped)
 
         # Same key, same counts: lets the work source measure once for every loader of a pipeline.
         # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure
@@ -254,7 +280,7 @@ class RankLoader:
         never takes: a close meanwhile is found once the start is done (`_start_runner`)."""
         with self._start_lock():
             if self._closed:
-                raise ConfigurationError("this loader is closed")
+                raise ConfigurationError(f"this loader is closed; {_MAKE_ANOTHER}")
             if self._runner is not None and self._runner_pid != os.getpid():
                 # A forked child's copy (a torch DataLoader worker): the runner is the parent's. Its
                 # pool threads did not survive the fork, and its workers answer the parent's reader
@@ -302,7 +328,7 @@ class RankLoader:
         if closed:  # a close from another thread came while it started, and found no runner to stop
             close_runner.detach()
             runner.close()
-            raise ConfigurationError("this loader was closed while its runner started")
+            raise ConfigurationError(f"this loader was closed while its runner started; {_MAKE_ANOTHER}")
         info = describe_runner(runner)
         log.log(  # the runner follows the interpreter, the same on every rank: said once per job
             config_level(logging.INFO, self.rank),
@@ -342,7 +368,7 @@ class RankLoader:
             if closed:
                 self._stop_streams(streams, self._cursors)
         if closed:
-            raise ConfigurationError("this loader was closed while it was being iterated")
+            raise ConfigurationError(f"this loader was closed while it was being iterated; {_MAKE_ANOTHER}")
 
     def _open_lanes(self, streams: dict[int, LaneStream]) -> None:
         flush_every = self.pipeline.settings.flush_every_chunks
@@ -379,7 +405,7 @@ class RankLoader:
                 raise
             # Closed by another thread (a watchdog, a shutdown handler) while this one waited for
             # work: what reached it was that work cancelled, or the runner already dropped.
-            raise ConfigurationError("this loader was closed while it was being iterated") from exc
+            raise ConfigurationError(f"this loader was closed while it was being iterated; {_MAKE_ANOTHER}") from exc
 
     def _handed_over(self, microbatches: Iterator[Batch]) -> Iterator[Batch]:
         """`microbatches`, each made under `_moving`, which is let go as it is handed over."""
@@ -423,7 +449,7 @@ class RankLoader:
                     yield self._microbatch(lane, step, called)
                     called = perf_counter()
                     if self._closed:  # its streams and runner are gone
-                        raise ConfigurationError("this loader was closed while it was being iterated")
+                        raise ConfigurationError(f"this loader was closed while it was being iterated; {_MAKE_ANOTHER}")
                     if generation != self._generation:
                         # A newer iteration (or a load_state_dict) took over while this one was
                         # suspended: stop before touching its streams, cursors or ledger.

@@ -9,9 +9,10 @@ byte) turn token weights into chunk weights.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 from .._errors import check_count, check_seed
 from .._random import SeededStream
@@ -20,10 +21,21 @@ from .._records import Chunk, ChunkRecords
 if TYPE_CHECKING:
     from ..io import Dataset
 
-__all__ = ["TokenEstimation", "TokenStats", "TokenCounter"]
+__all__ = ["TokenEstimation", "TokenStats", "TokenCounter", "SampleCount"]
 
-TokenCounter = Callable[[ChunkRecords], int]
-"""Runs the pipeline's pre-packing stages on a chunk's records and returns the tokens they yield.
+
+class SampleCount(NamedTuple):
+    """What a counter found in one chunk: the tokens its records yield and, by reason, the records
+    dropped before they reached the packer (a read's or a stage's skip; `filtered` for a filter's).
+    The drops are what explain a sample without a token, such as a misnamed field's `missing_field`."""
+
+    tokens: int
+    dropped: Mapping[str, int]
+
+
+TokenCounter = Callable[[ChunkRecords], "int | SampleCount"]
+"""Runs the pipeline's pre-packing stages on a chunk's records and returns the tokens they yield
+(an int, or a `SampleCount` that also says what was dropped).
 A counter may carry a string `key` (what it computes, e.g. its operators' fingerprints); work
 sources then measure each dataset once per key and process while the key is among the last few used
 (`work._plan.MEASURED_RECIPES_KEPT`), and keep the counter as long as its measurement, so a key may
@@ -39,6 +51,8 @@ class TokenStats:
     tokens: int
     tokens_per_record: float
     tokens_per_byte: float
+    dropped: tuple[tuple[str, int], ...] = ()
+    """Records of the sample dropped before packing, by reason, most first (where the counter says)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +85,13 @@ class TokenEstimation:
         """
         dataset.check_plannable()
         tokens = records = sample_bytes = 0
+        dropped: Counter[str] = Counter()
         for chunk in self._sample_chunks(dataset):
-            tokens += count_tokens(dataset.read_chunk(chunk, on_error="skip"))
+            counted = count_tokens(dataset.read_chunk(chunk, on_error="skip"))
+            if isinstance(counted, SampleCount):
+                dropped.update(counted.dropped)
+                counted = counted.tokens
+            tokens += counted
             sample_bytes += dataset.raw_bytes(chunk)
             records += chunk.num_records
         per_byte = tokens / sample_bytes if sample_bytes else 0.0
@@ -84,6 +103,7 @@ class TokenEstimation:
             tokens=tokens,
             tokens_per_record=per_record,
             tokens_per_byte=per_byte,
+            dropped=tuple(dropped.most_common()),
         )
 
     def _sample_chunks(self, dataset: Dataset) -> list[Chunk]:

@@ -304,7 +304,14 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
         names = [d.name for d in datasets]
         mixture = dict(mixture) if mixture is not None else {n: 1.0 for n in names}
         if set(mixture) != set(names):
-            raise ConfigurationError(f"mixture names {sorted(mixture)} do not match dataset names {sorted(names)}")
+            unknown, unweighted = sorted(set(mixture) - set(names)), sorted(set(names) - set(mixture))
+            problems = [f"{unknown} name no dataset"] if unknown else []
+            if unweighted:
+                problems.append(f"{unweighted} have no weight")
+            raise ConfigurationError(
+                f"mixture names {sorted(mixture)} do not match dataset names {sorted(names)}: {'; '.join(problems)}; "
+                "key the mixture by the names given to Dataset.from_path, one weight each (0 leaves one out)"
+            )
         super().__init__(datasets, [(0, mixture)], token_estimation, seed, records_per_chunk, num_epochs, round_size)
 
     @property
@@ -418,10 +425,12 @@ class MixturePlan:
         else:
             whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
             found = "no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
+            dropped = ", ".join(f"{reason} {count}" for reason, count in stats.dropped)
             raise ConfigurationError(
                 f"dataset {dataset.name!r}: the token estimation sample of {stats.sampled_records} records "
-                f"({whole}) yielded {found}, so its token share cannot be planned; check its field names "
-                "and filters, give it weight 0, or sample more records (TokenEstimation(sample_records=...))"
+                f"({whole}) yielded {found}" + (f" (records dropped: {dropped})" if dropped else "")
+                + ", so its token share cannot be planned; check its field names and filters, give it "
+                "weight 0, or sample more records (TokenEstimation(sample_records=...))"
             )
         return np.maximum(weights, 1e-9)
 
