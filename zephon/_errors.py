@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 __all__ = [
     "check_count",
@@ -15,6 +16,7 @@ __all__ = [
     "is_finite_number",
     "check_seed",
     "check_token_id",
+    "relative_path_note",
     "ZephonError",
     "ConfigurationError",
     "BadRecordError",
@@ -81,6 +83,15 @@ def check_seed(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigurationError(f"{what} must be an integer, got {value!r}")
     return int(value)
+
+
+def relative_path_note(path: str) -> str:
+    """Where a relative local path was looked for, for an error saying it names nothing: a path
+    copied from an example (`zephon/data/kjv`) names the file only from the directory it was
+    written for, and the message did not say which directory it was looked for from."""
+    if os.path.isabs(os.path.expanduser(path)):
+        return ""
+    return f" (a relative path: looked for from the working directory {os.getcwd()})"
 
 
 class BadRecordError(ZephonError):

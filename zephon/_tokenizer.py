@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, relative_path_note
 from ._job_log import config_level
 from ._sha256 import sha256
 
@@ -119,7 +119,7 @@ def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool, version: tupl
         digest = sha256(data).hexdigest()
     elif _names_a_path(tokenizer_id):
         what = "a directory holding no tokenizer.json" if directory else "no such file or directory"
-        raise ConfigurationError(f"cannot load tokenizer {tokenizer_id!r}: {what}")
+        raise ConfigurationError(f"cannot load tokenizer {tokenizer_id!r}: {what}{relative_path_note(tokenizer_id)}")
     else:
         try:
             tokenizer = Tokenizer.from_pretrained(tokenizer_id)

@@ -40,8 +40,23 @@ def test_a_missing_local_tokenizer_path_is_refused_at_once_not_looked_for_on_the
 
     monkeypatch.chdir("/")
     monkeypatch.setattr(Tokenizer, "from_pretrained", hub)
-    with pytest.raises(ConfigurationError, match=f"cannot load tokenizer '{re.escape(name)}': no such file or directory$"):
+    with pytest.raises(ConfigurationError, match=f"cannot load tokenizer '{re.escape(name)}': no such file or directory"
+                                                 r"( \(a relative path: [^)]*\))?$"):
         load_tokenizer(name)
+
+
+@pytest.mark.parametrize("name,looked_for_from", [("zephon/data/tokenizr.json", True), ("./tok", True),
+                                                  ("/nope/tokenizer.json", False), ("~/nope.json", False)])
+def test_a_missing_relative_tokenizer_path_names_the_working_directory_it_was_looked_for_from(
+    name, looked_for_from, tmp_path, monkeypatch
+):
+    """The README's `tokenizer_id="zephon/data/tokenizer.json"` names the file from the repository's
+    root only: run from elsewhere, the refusal said "no such file or directory" and not where it looked."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as refused:
+        load_tokenizer(name)
+    note = f" (a relative path: looked for from the working directory {tmp_path})"
+    assert str(refused.value).endswith(note) == looked_for_from
 
 
 def test_a_hub_id_still_goes_to_the_hub(monkeypatch):

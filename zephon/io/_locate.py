@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._fsspec_walk import lister
 from ._listing import Listing
@@ -198,12 +198,8 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
 
 
 def _relative_to(url: str) -> str:
-    """Where a relative local path was looked for, for an error saying it names nothing: a path
-    copied from an example (`zephon/data/kjv`) names the data only from the directory it was
-    written for, and the message did not say which directory it was looked for from."""
-    if not is_plain_path(url) or os.path.isabs(url):
-        return ""
-    return f" (a relative path: looked for from the working directory {os.getcwd()})"
+    """Where a plain local path was looked for (`relative_path_note`); nothing for a URL."""
+    return relative_path_note(url) if is_plain_path(url) else ""
 
 
 _NAMES_SHOWN = 5
