@@ -393,6 +393,17 @@ def test_a_relative_path_that_names_nothing_says_which_directory_it_was_looked_f
     assert "working directory" not in str(caught.value)
 
 
+def test_a_home_relative_path_that_names_nothing_is_not_said_to_be_looked_for_from_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """`~/data` is listed from the home directory, but its refusal said it was looked for from the
+    working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigurationError) as caught:
+        Dataset.from_path("d", "~/missing")
+    assert "working directory" not in str(caught.value)
+
+
 def _directory(tmp_path, where: str, names: list[str]) -> str:
     """A directory holding empty files `names`, on the local disk or in memory://."""
     if where == "local":
