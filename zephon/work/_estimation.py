@@ -89,9 +89,10 @@ class TokenEstimation:
         for chunk in self._sample_chunks(dataset):
             counted = count_tokens(dataset.read_chunk(chunk, on_error="skip"))
             if isinstance(counted, SampleCount):
+                tokens += counted.tokens
                 dropped.update(counted.dropped)
-                counted = counted.tokens
-            tokens += counted
+            else:
+                tokens += counted
             sample_bytes += dataset.raw_bytes(chunk)
             records += chunk.num_records
         per_byte = tokens / sample_bytes if sample_bytes else 0.0
