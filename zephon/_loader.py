@@ -126,7 +126,8 @@ class RankLoader:
     (an asynchronous checkpointer): they wait for the microbatch in progress (see `_moving`), and a
     load ends the iteration it lands in, as one on the iterating thread does.
     Call `close()` (or use `with`) to stop its workers; from another thread too, and an iteration
-    it interrupts fails with ConfigurationError saying so.
+    it interrupts, and any later one, fails with ConfigurationError saying so and how to go on (a new
+    loader given this one's `state_dict()`, which a closed loader still gives).
     """
 
     def __init__(self, pipeline, rank: int, world_size: int, global_batch_size: int) -> None:
