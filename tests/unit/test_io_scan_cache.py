@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from zephon import ConfigurationError
+from zephon import ConfigurationError, _file_lock
 from zephon.demo._recipe import demo_pipeline
 from zephon.io import Dataset, _local, _scan_cache
 
@@ -353,6 +353,36 @@ def test_a_rank_that_waited_on_a_lock_file_a_cleaner_removed_locks_the_one_now_i
         assert locked and os.fstat(handle).st_ino == os.stat(path).st_ino
     finally:
         os.close(handle)
+
+
+def test_a_cleaner_whose_lock_file_was_replaced_meanwhile_leaves_the_entry_a_rank_now_stores(tmp_path, monkeypatch):
+    """Another cleaner removed an old version's lock file after this one opened it, and a rank
+    waiting on that version locked the file now at its name and began storing. The lock this
+    cleaner then took, on the removed file, guards nothing: it removed the rank's `.part` and its
+    lock file, so the rank's store failed and a third rank could scan that version beside it."""
+    versions = str(tmp_path)
+    stem, kept = os.path.join(versions, "a" * 64), os.path.join(versions, "b" * 64 + ".npz")
+    for name in (stem + ".npz", stem + ".lock", kept):
+        open(name, "wb").close()
+    real_lock = _file_lock.lock
+    rank = []
+
+    def replaced_before_locking(handle, blocking):
+        if not rank:
+            os.unlink(stem + ".lock")  # the other cleaner, under its lock
+            os.unlink(stem + ".npz")
+            rank.append(os.open(stem + ".lock", os.O_RDWR | os.O_CREAT))
+            fcntl.flock(rank[0], fcntl.LOCK_EX)
+            open(stem + ".npz.part", "wb").close()
+        return real_lock(handle, blocking)
+
+    monkeypatch.setattr(_file_lock, "lock", replaced_before_locking)
+    try:
+        _scan_cache._remove_superseded(versions, kept)
+        assert os.path.exists(stem + ".npz.part")
+        assert os.stat(stem + ".lock").st_ino == os.fstat(rank[0]).st_ino
+    finally:
+        os.close(rank[0])
 
 
 _WARM_FROM_ANOTHER_PROCESS = """

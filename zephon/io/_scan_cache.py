@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._errors import ConfigurationError
-from .._file_lock import lock, remove_if_unlocked
+from .._file_lock import lock, remove_if_unlocked, still_at
 from .._sha256 import sha256
 from ._format import ShardScan
 
@@ -163,22 +163,12 @@ def _locked(path: str) -> tuple[int, bool]:
         try:
             if not lock(handle, blocking=True):
                 return handle, False
-            if _still_at(handle, path):
+            if still_at(handle, path):
                 return handle, True
         except BaseException:
             os.close(handle)
             raise
         os.close(handle)
-
-
-def _still_at(handle: int, path: str) -> bool:
-    """Whether the file open as `handle` is the one at `path`."""
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(handle)
-    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _remove_superseded(versions: str, kept: str) -> None:
