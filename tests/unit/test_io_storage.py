@@ -411,6 +411,30 @@ def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_nam
     assert flaky.ls_failures == 99
 
 
+@pytest.mark.parametrize("error", [PermissionError, ConnectionRefusedError], ids=["denied", "refused"])
+@pytest.mark.parametrize(
+    ("url", "unlisted", "records"),
+    [("flaky://bucket/2024-*/*.jsonl", "bucket/private", 3), ("flaky://bucket/*/day/*.jsonl", "bucket/2024-01/other", 4)],
+    ids=["magic", "literal"],
+)
+def test_a_directory_a_glob_cannot_match_below_is_not_listed_so_it_failing_to_list_fails_nothing(
+    flaky, url, unlisted, records, error
+):
+    """fsspec's generic glob lists every directory down to the pattern's depth, matching or not;
+    each that failed to list then failed the dataset (a denial at once, anything else after the
+    retries), for a directory none of whose files the glob could take, as a local glob does not.
+    One the glob could match below still fails it."""
+    put("flaky://bucket/2024-01/day/b.jsonl", jsonl_bytes([{"i": i} for i in range(3)]))
+    put("flaky://bucket/2024-01/b.jsonl", jsonl_bytes([{"i": i} for i in range(3)]))
+    put("flaky://bucket/private/day/c.jsonl", jsonl_bytes([{"i": 0}]))
+    put("flaky://bucket/2024-01/other/c.jsonl", jsonl_bytes([{"i": 0}]))
+    flaky.error, flaky.ls_failing, flaky.ls_failures = error, unlisted, 100
+    assert Dataset.from_path("d", url, retries=2, retry_delay=0.001).num_records == records
+    assert flaky.ls_failures == 100
+    flaky.ls_failing = "bucket/2024-01"
+    with pytest.raises((ConfigurationError, ShardUnavailableError), match="bucket/2024-01, a directory of"):
+        Dataset.from_path("d", url, retries=2, retry_delay=0.001)
+
 class _OwnGlobFlakyFileSystem(FlakyFileSystem):
     """A glob of its own over fsspec's generic walk, as http's."""
 

@@ -8,13 +8,17 @@ empty, and its shards were missing from the plan unsaid. Here fsspec's own `find
 over a walk that lists every directory with `ls(detail=True)` and raises at each one it cannot
 list: the directory asked as `ls` raised it, as `on_error="raise"` did; one below it named, as
 `UnlistedDirectoryError` (an OSError, so the caller retries the listing whole) or, for a denial,
-which waiting does not lift, a ConfigurationError at once. Filesystems with a listing of their own
+which waiting does not lift, a ConfigurationError at once. A glob's walk lists only the
+directories that could hold a match, as a local glob does: fsspec's lists every directory down to
+the pattern's depth, and one the pattern's fixed parts rule out (`bucket/private` under
+`bucket/2024-*/*.jsonl`) failed the dataset once it raised. Filesystems with a listing of their own
 (s3fs, gcsfs, the hub's, the memory filesystem) raise by themselves and are listed as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
@@ -57,6 +61,7 @@ class _RaisingWalk:
 
     def __init__(self, fs: AbstractFileSystem, url: str, own_glob: bool) -> None:
         self._fs, self._url, self._own_glob = fs, url, own_glob
+        self._may_hold: Callable[[str], bool] = lambda directory: True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fs, name)
@@ -71,6 +76,7 @@ class _RaisingWalk:
 
         if self._own_glob:
             return self._fs.glob(path, on_error="raise", **kwargs)
+        self._may_hold = _may_hold_a_match(self._fs._strip_protocol(path))
         return AbstractFileSystem.glob(self, path, **kwargs)
 
     def walk(self, path: str, maxdepth: int | None = None, **_: Any) -> Iterator[tuple[str, Details, Details]]:
@@ -92,7 +98,8 @@ class _RaisingWalk:
             yield directory, subdirectories, files
             if depth is None or depth > 1:
                 below = None if depth is None else depth - 1
-                pending.extend((info["name"].rstrip("/"), below) for info in subdirectories.values())
+                names = (info["name"].rstrip("/") for info in subdirectories.values())
+                pending.extend((name, below) for name in names if self._may_hold(name))
 
     def _listed_below(self, directory: str) -> list[Mapping[str, Any]]:
         try:
@@ -107,3 +114,20 @@ class _RaisingWalk:
                 f"{directory}, a directory of {self._url}, could not be listed ({type(error).__name__}: {error}): "
                 "its shards would be missing from the dataset"
             ) from error
+
+
+def _may_hold_a_match(pattern: str) -> Callable[[str], bool]:
+    """Whether a directory may hold a file `pattern` matches: each of its parts matches the
+    pattern's part at its depth, up to the pattern's first `**`, as fsspec's glob (`glob_translate`)
+    matches parts. A directory whose names take another form than the pattern's (a protocol
+    prefixed) holds none that fsspec's glob would match either."""
+    from fsspec.utils import glob_translate
+
+    parts = pattern.split("/")
+    fixed = parts[: parts.index("**")] if "**" in parts else parts
+    matchers = [re.compile(glob_translate(part)).match for part in fixed]
+
+    def may_hold(directory: str) -> bool:
+        return all(match(name) for match, name in zip(matchers, directory.split("/")))
+
+    return may_hold
