@@ -414,7 +414,10 @@ def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_nam
 @pytest.mark.parametrize("error", [PermissionError, ConnectionRefusedError], ids=["denied", "refused"])
 @pytest.mark.parametrize(
     ("url", "unlisted", "records"),
-    [("flaky://bucket/2024-*/*.jsonl", "bucket/private", 3), ("flaky://bucket/*/day/*.jsonl", "bucket/2024-01/other", 4)],
+    [
+        ("flaky://bucket/2024-*/*.jsonl", "bucket/private", 3),
+        ("flaky://bucket/*/day/*.jsonl", "bucket/2024-01/other", 4),
+    ],
     ids=["magic", "literal"],
 )
 def test_a_directory_a_glob_cannot_match_below_is_not_listed_so_it_failing_to_list_fails_nothing(
@@ -434,6 +437,77 @@ def test_a_directory_a_glob_cannot_match_below_is_not_listed_so_it_failing_to_li
     flaky.ls_failing = "bucket/2024-01"
     with pytest.raises((ConfigurationError, ShardUnavailableError), match="bucket/2024-01, a directory of"):
         Dataset.from_path("d", url, retries=2, retry_delay=0.001)
+
+class _LinkingFlakyFileSystem(FlakyFileSystem):
+    """Symbolic links as sftp lists them (`listdir_attr` does not follow them): typed "link" by
+    `ls`, and resolved by `info` and `open`, which follow them."""
+
+    protocol = "linking"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+    links: dict = {}  # a link's path -> its target's
+
+    def ls(self, path, detail=True, **kwargs):
+        here = self._strip_protocol(path)
+        listed = super().ls(path, detail=True, **kwargs)
+        listed += [{"name": link, "type": "link", "size": 0} for link in self.links if link.rpartition("/")[0] == here]
+        return listed if detail else [info["name"] for info in listed]
+
+    def info(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        if path in self.links:
+            return {**super().info(self.links[path], **kwargs), "name": path}
+        return super().info(path, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):
+        path = self._strip_protocol(path)
+        return super()._open(self.links.get(path, path), mode, **kwargs)
+
+
+@pytest.fixture
+def linking(flaky):
+    with registered(_LinkingFlakyFileSystem) as cls:
+        cls.links = {}
+        put("linking://bucket/a.jsonl", jsonl_bytes([{"i": i} for i in range(5)]))
+        put("linking://data/real.jsonl", jsonl_bytes([{"i": i} for i in range(3)]))
+        yield cls
+
+
+@pytest.mark.parametrize("url", ["linking://bucket", "linking://bucket/*.jsonl"], ids=["directory", "glob"])
+def test_a_shard_that_is_a_link_on_a_generic_walk_s_filesystem_is_planned_not_dropped(linking, url):
+    """sftp types a link "link", neither file nor directory, and the listing kept files only:
+    a dataset of linked shards lost them, unsaid."""
+    linking.links = {"bucket/b.jsonl": "data/real.jsonl"}
+    ds = Dataset.from_path("d", url)
+    assert ds.num_records == 8
+    assert [shard.num_records for shard in ds.shards] == [5, 3]
+    assert [record["i"] for record in ds.read_chunk(ds.chunks(16)[1]).records] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("link", "target", "named"),
+    [("bucket/more", "data", "bucket/more, a link of linking://bucket to a directory"),
+     ("bucket/gone.jsonl", "data/gone.jsonl",
+      "bucket/gone.jsonl is a shard of linking://bucket that is a link to nothing")],
+    ids=["to a directory", "dangling"],
+)
+def test_a_link_on_a_generic_walk_s_filesystem_it_cannot_follow_is_a_configuration_error_naming_it(
+    linking, link, target, named
+):
+    """A link to a directory (which the walk does not follow: nothing tells it a loop) and one to
+    nothing were dropped from the listing, their shards missing from the plan unsaid."""
+    linking.links = {link: target}
+    with pytest.raises(ConfigurationError, match=named):
+        Dataset.from_path("d", "linking://bucket")
+
+
+def test_a_link_to_a_directory_a_glob_cannot_match_below_fails_nothing(linking):
+    """Only a directory the walk would list is refused for being a link."""
+    put("linking://bucket/2024-01/c.jsonl", jsonl_bytes([{"i": i} for i in range(2)]))
+    linking.links = {"bucket/more": "data"}
+    assert Dataset.from_path("d", "linking://bucket/*.jsonl").num_records == 5
+    assert Dataset.from_path("d", "linking://bucket/2024-*/*.jsonl").num_records == 2
+
 
 class _OwnGlobFlakyFileSystem(FlakyFileSystem):
     """A glob of its own over fsspec's generic walk, as http's."""

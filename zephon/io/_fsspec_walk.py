@@ -8,11 +8,19 @@ empty, and its shards were missing from the plan unsaid. Here fsspec's own `find
 over a walk that lists every directory with `ls(detail=True)` and raises at each one it cannot
 list: the directory asked as `ls` raised it, as `on_error="raise"` did; one below it named, as
 `UnlistedDirectoryError` (an OSError, so the caller retries the listing whole) or, for a denial,
-which waiting does not lift, a ConfigurationError at once. A glob's walk lists only the
-directories that could hold a match, as a local glob does: fsspec's lists every directory down to
-the pattern's depth, and one the pattern's fixed parts rule out (`bucket/private` under
-`bucket/2024-*/*.jsonl`) failed the dataset once it raised. Filesystems with a listing of their own
-(s3fs, gcsfs, the hub's, the memory filesystem) raise by themselves and are listed as they are.
+which waiting does not lift, a ConfigurationError at once.
+
+A glob's walk lists only the directories that could hold a match, as a local glob does: fsspec's
+lists every directory down to the pattern's depth, and one the pattern's fixed parts rule out
+(`bucket/private` under `bucket/2024-*/*.jsonl`) failed the dataset once it raised. A symbolic
+link, which sftp's listing types "link" (neither file nor directory, so it was dropped with its
+shards, unsaid), is resolved by `info`, which follows it: one to a file is listed as that file
+under the link's name; one to a directory the walk would list is a ConfigurationError naming it,
+since the walk does not follow it (nothing here tells a loop); one to nothing is listed with no
+size, which `_locate` refuses where its name is a shard's.
+
+Filesystems with a listing of their own (s3fs, gcsfs, the hub's, the memory filesystem) raise by
+themselves and are listed as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["UnlistedDirectoryError", "lister"]
 
 Details = dict[str, Mapping[str, Any]]
+
+_LINK = "zephon_followed_link"  # in a link's details: they are its target's
 
 
 class UnlistedDirectoryError(OSError):
@@ -89,7 +99,7 @@ class _RaisingWalk:
             listing = self._fs.ls(directory, detail=True) if directory == top else self._listed_below(directory)
             subdirectories: Details = {}
             files: Details = {}
-            for info in listing:
+            for info in map(self._followed, listing):
                 name = info["name"].rstrip("/")
                 if info["type"] == "directory" and name != directory:
                     subdirectories[name.rsplit("/", 1)[-1]] = info
@@ -98,8 +108,32 @@ class _RaisingWalk:
             yield directory, subdirectories, files
             if depth is None or depth > 1:
                 below = None if depth is None else depth - 1
-                names = (info["name"].rstrip("/") for info in subdirectories.values())
-                pending.extend((name, below) for name in names if self._may_hold(name))
+                for info in subdirectories.values():
+                    name = info["name"].rstrip("/")
+                    if self._may_hold(name):
+                        self._check_not_a_link(name, info)
+                        pending.append((name, below))
+
+    def _followed(self, info: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`info`, or for a link what it links to under the link's name (a directory marked
+        `_LINK`, refused if the walk would list it); size None where it links to nothing (refused by
+        `_locate` if it is a shard)."""
+        if info["type"] != "link":
+            return info
+        name = info["name"].rstrip("/")
+        try:
+            target = self._fs.info(name)
+        except FileNotFoundError:
+            return {**info, "name": name, "type": "file", "size": None}
+        return {**target, "name": name, **({_LINK: True} if target["type"] == "directory" else {})}
+
+    def _check_not_a_link(self, directory: str, info: Mapping[str, Any]) -> None:
+        if info.get(_LINK):
+            raise ConfigurationError(
+                f"{directory}, a link of {self._url} to a directory, is not followed on this filesystem (a loop of "
+                "links could not be told): its shards would be missing from the dataset; name the directory it "
+                "links to in the dataset instead"
+            )
 
     def _listed_below(self, directory: str) -> list[Mapping[str, Any]]:
         try:

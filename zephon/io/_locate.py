@@ -182,10 +182,13 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
             raise _holds_no_shard(url, listing, format)
         raise ConfigurationError(f"{url} holds no {format} shards")
     for p in paths:
-        if files[p] is None:  # only a local listing has these: see `list_local`
+        if files[p] is None:  # see `list_local` and `_fsspec_walk`
+            target = f"links to {os.path.realpath(p)}, which does not exist" if is_local(fs) else (
+                "is a link to nothing"
+            )
             raise ConfigurationError(
-                f"{p} is a shard of {url} that links to {os.path.realpath(p)}, which does not exist: "
-                "the shard is missing (a deleted blob of a Hugging Face cache, a moved file)"
+                f"{p} is a shard of {url} that {target}: the shard is missing (a deleted blob of a Hugging Face "
+                "cache, a moved file)"
             )
     return Located(
         fs,
