@@ -47,7 +47,8 @@ directory was cleared): each with its lock file and `.part`, under its lock take
 so never one another rank is scanning or storing; one whose lock is held, or on a filesystem that
 takes no locks, stays until the next entry of the shard is stored. A rank waiting on a lock file
 removed meanwhile finds it gone once it holds the lock, and locks the file now at its name
-(`_locked`), so two ranks never scan one version under two lock files.
+(`_locked`), so two ranks never scan one version under two lock files; a cleaner likewise
+removes nothing under a lock it took on a file no longer at its name (`remove_if_unlocked`).
 """
 
 from __future__ import annotations
