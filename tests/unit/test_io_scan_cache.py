@@ -431,3 +431,18 @@ def test_a_writer_killed_while_storing_a_scan_leaves_no_entry_and_the_next_plann
     assert not caplog.records
     assert _plan_facts(ds) == _plan_facts(Dataset.from_path("d", url))
     assert len(_entries(scans)) == _SHARDS and not any(name.endswith(".part") for name in _files(scans))
+
+
+def test_a_filesystem_that_never_reports_the_lock_file_at_its_name_is_used_unlocked_not_waited_on(tmp_path, monkeypatch):
+    """Were an open file's identity never the one its name reports (a filesystem answering `fstat`
+    and `stat` with different inodes), relocking would go on for ever: the rank scans unlocked."""
+    monkeypatch.setattr(_scan_cache, "still_at", lambda handle, path: False)
+    path = str(tmp_path / "entry.lock")
+    result = []
+    rank = threading.Thread(target=lambda: result.append(_scan_cache._locked(path)), daemon=True)
+    rank.start()
+    rank.join(60)
+    assert result, "_locked kept relocking a file its filesystem never reports at its name"
+    [(handle, locked)] = result
+    os.close(handle)
+    assert not locked

@@ -150,6 +150,10 @@ class ScanCache:
         )
 
 
+# Cleaners replacing a lock file between one rank's open and its lock: each retry needs another.
+_RELOCK_ATTEMPTS = 16
+
+
 def _name(key: str) -> str:
     return sha256(key.encode()).hexdigest()
 
@@ -158,8 +162,10 @@ def _locked(path: str) -> tuple[int, bool]:
     """The lock file at `path`, open and, where the filesystem takes locks, locked (waiting for
     its holder): (its descriptor, whether locked). A lock taken on a file that a cleaner removed
     meanwhile (`_remove_superseded`) guards nothing another rank would see, so it is taken again
-    on the file now at `path`."""
-    while True:
+    on the file now at `path`. A filesystem that never reports the open file as the one at its
+    name gets `_RELOCK_ATTEMPTS` tries, then is used as one that takes no locks, not waited on
+    for ever."""
+    for _ in range(_RELOCK_ATTEMPTS):
         handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             if not lock(handle, blocking=True):
@@ -170,6 +176,7 @@ def _locked(path: str) -> tuple[int, bool]:
             os.close(handle)
             raise
         os.close(handle)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o666), False
 
 
 def _remove_superseded(versions: str, kept: str) -> None:
