@@ -29,9 +29,9 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Self
@@ -84,6 +84,12 @@ _PIPELINED_MESSAGE_MAX = 32 * 1024
 # it stopped the reader thread, so a task_timeout_s of a month, or inf, failed every item. A
 # deadline further off is reached in several waits instead.
 _LONGEST_WAIT_S = 3600.0
+
+# How long close waits for a process's exit after SIGKILL. A killed process is reaped once the
+# kernel has torn down its memory (well under a second for a worker); one in uninterruptible sleep
+# (a hung NFS read) dies only when that sleep ends, possibly never. Twice this (see `_finish_close`)
+# stays within the exit hook's margin, `_EXIT_WAIT_MARGIN_S`.
+_REAP_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -347,11 +353,17 @@ class ProcessRunner:
         """Every step of `close`, each forgetting what it freed only once it is freed, so that a
         close cut short (Ctrl-C while it waits for the workers) is finished by the next `close()`
         or by the exit hook, which stays registered until the very end; a finished close makes
-        the next one a few no-op checks."""
+        the next one a few no-op checks.
+
+        Every wait is bounded: `close_timeout_s` for the reader thread and the workers together,
+        then `_REAP_WAIT_S` after SIGKILL, at most twice (`_reader_stopped`, `_stop_workers`)."""
+        deadline = time.monotonic() + self._close_timeout_s
         if self._reader is not None and self._reader is not threading.current_thread():
             self._wake()
-            self._reader.join()
-        self._stop_workers()
+            if not self._reader_stopped(deadline):
+                self._leave_to_a_later_close()
+                return
+        self._stop_workers(deadline)
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
         for fd in fds:
             if fd >= 0:
@@ -374,6 +386,37 @@ class ProcessRunner:
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
+
+    def _reader_stopped(self, deadline: float) -> bool:
+        """Join the reader thread until `deadline`; if it still runs, kill every worker and join it
+        `_REAP_WAIT_S` more. A reader waiting for the rest of a reply from a worker that stopped
+        part-way through it (SIGSTOP, a hung page fault) waited for ever, and so did close; the
+        worker's death ends that wait. It cannot end one for the exit of a worker that survives
+        SIGKILL (uninterruptible sleep), nor a done-callback that never returns."""
+        reader = self._reader
+        if _joined(reader.join, lambda: not reader.is_alive(), deadline):
+            return True
+        for worker in list(self._workers):  # not under the lock, which the stuck reader may hold
+            with suppress(ValueError):  # closed: the reader retired it just now
+                worker.process.kill()
+        return _joined(reader.join, lambda: not reader.is_alive(), time.monotonic() + _REAP_WAIT_S)
+
+    def _leave_to_a_later_close(self) -> None:
+        """The reader thread still runs: cancel every held future, report it, and leave what it may
+        still touch (workers, pipes, the directory) to the next close, or the exit hook, which
+        stays registered. Meanwhile `owner.lock` keeps the directory from other runners' sweeps,
+        and after this process exits it is theirs to remove. multiprocessing's exit hook, which
+        joins every child it knows of without a bound, is told to forget the workers."""
+        for worker in list(self._workers):
+            _forget_process(worker.process)
+        for future in list(self._held):
+            if self._claim(future):
+                end_in_close(_log, cancel_and_notify, future)
+        _log.warning("the reader thread had not stopped %.1f s after close began and %.1f s after its workers "
+                     "were killed with SIGKILL (a worker that does not die, or a done-callback that does not "
+                     "return); every item cancelled, the workers and the buffer directory %s left to a later "
+                     "close (at interpreter exit at the latest)",
+                     self._close_timeout_s, _REAP_WAIT_S, self._directory)
 
     def __enter__(self) -> Self:
         return self
@@ -405,14 +448,17 @@ class ProcessRunner:
         _WORKER_PROCESSES.add(process)
         self._workers.append(_Worker(stage_index, process, parent_conn, arena))
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, deadline: float) -> None:
         """Stop every worker: idle ones are told to, busy ones terminated (their results would be
-        discarded), stragglers killed after `close_timeout_s`. A worker leaves `_workers` only
-        once it is reaped, so a close interrupted while it waits leaves the rest to the next.
+        discarded), stragglers killed at `deadline`. A worker leaves `_workers` only once it is
+        reaped or given up on, so a close interrupted while it waits leaves the rest to the next.
 
         A busy worker that outlives `close_timeout_s` is reported, as the thread runner reports a
         thread it leaves running: its stage function survived SIGTERM (it blocks or ignores the
-        signal), a fault the user must hear of rather than a detail of closing."""
+        signal), a fault the user must hear of rather than a detail of closing. One not reaped
+        `_REAP_WAIT_S` after SIGKILL (uninterruptible sleep: a hung NFS read) is reported and
+        given up on: its exit was waited for without a bound, holding close and interpreter exit
+        for ever. It is left a zombie until this process exits, and multiprocessing forgets it."""
         with self._lock:
             workers = list(self._workers)
         terminated = []
@@ -425,15 +471,8 @@ class ProcessRunner:
             else:
                 worker.process.terminate()
                 terminated.append(worker)
-        deadline = time.monotonic() + self._close_timeout_s
         for worker in workers:
-            # In waits of at most _LONGEST_WAIT_S: a join past ~24.8 days raised OverflowError
-            # (as the reader's wait did), which left the workers and the directory behind.
-            while True:
-                left = max(0.0, deadline - time.monotonic())
-                worker.process.join(min(left, _LONGEST_WAIT_S))
-                if left <= _LONGEST_WAIT_S or worker.process.exitcode is not None:
-                    break
+            _join(worker.process, deadline)
         for worker in workers:
             if worker.process.exitcode is None:
                 if worker in terminated and self._close_timeout_s > 0:  # 0 asks for SIGKILL at once
@@ -441,13 +480,21 @@ class ProcessRunner:
                                  "(close_timeout_s); killed with SIGKILL",
                                  self._stages[worker.stage].name, worker.process.pid, self._close_timeout_s)
                 worker.process.kill()
-                worker.process.join()
+        reap_deadline = time.monotonic() + _REAP_WAIT_S
+        for worker in workers:
+            reaped = _join(worker.process, reap_deadline)
             worker.conn.close()
             with self._lock:
                 self._workers.remove(worker)  # before close(): a rerun would join a closed process
             for task in worker.tasks:
                 discard(task.envelope)
-            worker.process.close()
+            if reaped:
+                worker.process.close()
+                continue
+            _forget_process(worker.process)
+            _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
+                         "sleep: a hung NFS read, say); left unreaped",
+                         self._stages[worker.stage].name, worker.process.pid, _REAP_WAIT_S)
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
         """Reap a dead worker, re-queue or fail its items, and fork its replacement.
@@ -773,11 +820,17 @@ def _forget_the_parents_workers() -> None:
     normal interpreter exit sent SIGTERM to the parent's workers (replaced, their items re-run as
     after a crash) and printed an AssertionError when it could not join them. They are not its
     children, and their runner's owner alone stops them."""
+    for process in list(_WORKER_PROCESSES):
+        _forget_process(process)
+    _WORKER_PROCESSES.clear()
+
+
+def _forget_process(process: multiprocessing.process.BaseProcess) -> None:
+    """Drop `process` from multiprocessing's list of this process's children, which its exit hook
+    terminates and then joins without a bound."""
     children = getattr(multiprocessing.process, "_children", None)
     if children is not None:
-        for process in list(_WORKER_PROCESSES):
-            children.discard(process)
-    _WORKER_PROCESSES.clear()
+        children.discard(process)
 
 
 os.register_at_fork(after_in_child=_forget_the_parents_workers)
@@ -813,6 +866,25 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
             runner.close()
             if runner._at_exit is None or time.monotonic() >= deadline:
                 return
+
+
+def _wait_left(deadline: float) -> float:
+    """Seconds to `deadline`, at most `_LONGEST_WAIT_S`: a wait past ~24.8 days raises OverflowError."""
+    return min(max(0.0, deadline - time.monotonic()), _LONGEST_WAIT_S)
+
+
+def _join(process: multiprocessing.process.BaseProcess, deadline: float) -> bool:
+    """Wait until `process` has exited and been reaped, or `deadline` has passed; whether it was."""
+    return _joined(process.join, lambda: process.exitcode is not None, deadline)
+
+
+def _joined(join: Callable[[float], None], ended: Callable[[], bool], deadline: float) -> bool:
+    while True:
+        join(_wait_left(deadline))
+        if ended():
+            return True
+        if time.monotonic() >= deadline:
+            return False
 
 
 def _drain(fd: int) -> None:

@@ -1,0 +1,187 @@
+"""A process runner's close() returns within `close_timeout_s` and a margin whatever its workers do:
+one that does not die after SIGKILL (uninterruptible sleep on a hung NFS read), one stopped part-way
+through a reply, a reader thread stuck reaping. Each waited for ever, and interpreter exit with it.
+
+Linux offers no process that SIGKILL cannot end on demand (a stopped one dies too), so a worker
+whose exit never comes is stood in for by its `multiprocessing` handle: its `poll` and `wait`, the
+waitpid behind `exitcode`, `is_alive()` and `join()`, report it running until the test lets go,
+while the real process underneath is killed and left a zombie, as a process in uninterruptible
+sleep would be once it woke."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import os
+import signal
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+
+from runners import ProcessRunner
+from zephon._runner import Stage
+
+# Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close
+# still running then is one that waits for ever.
+BOUND_S = 60.0
+
+
+def close_within_bound(runner: ProcessRunner) -> None:
+    closing = threading.Thread(target=runner.close, name="test-close", daemon=True)
+    closing.start()
+    closing.join(BOUND_S)
+    assert not closing.is_alive(), "close() is still waiting"
+
+
+class NeverExiting:
+    """`never_exiting(pid)`: that worker's exit is not seen by its parent until `release()` (at the
+    end of the test at the latest)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.patched: list[int] = []
+
+    def __call__(self, pid: int) -> None:
+        released = self.released
+        [process] = [p for p in multiprocessing.active_children() if p.pid == pid]
+        popen = process._popen
+        real_poll = popen.poll
+
+        def poll(flag: int = os.WNOHANG) -> int | None:
+            return real_poll(flag) if released.is_set() else None
+
+        def wait(timeout: float | None = None) -> int | None:
+            released.wait(timeout)
+            return poll(0)
+
+        popen.poll, popen.wait = poll, wait
+        self.patched.append(pid)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def never_exiting() -> Iterator[NeverExiting]:
+    stand_in = NeverExiting()
+    yield stand_in
+    stand_in.release()
+    for pid in stand_in.patched:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # the zombie close left behind, reaped here
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.exists(), "the check below must have something to see"
+
+
+def test_a_worker_that_does_not_die_after_sigkill_is_reported_and_close_still_removes_the_directory(
+    tmp_path, caplog, never_exiting
+):
+    """close() killed a worker still there after `close_timeout_s` and then waited for its exit
+    without a bound: a worker in uninterruptible sleep held close (and interpreter exit) for ever.
+    It now waits a bounded time after SIGKILL, names the worker it could not reap, and goes on:
+    the other workers are reaped, the directory removed, and multiprocessing's own exit hook, which
+    joins every child it knows of without a bound, no longer knows of that one."""
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("nfs", lambda x: x, 2)])
+    stuck, other = runner.worker_pids()
+    assert runner.submit(0, 1).result(BOUND_S) == 1
+    directory = runner.shm_directory
+    never_exiting(stuck)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        close_within_bound(runner)
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1, warned
+    assert f"stage 'nfs': worker (pid {stuck}) had not exited" in warned[0] and "SIGKILL" in warned[0], warned
+    assert not os.path.exists(directory) and runner.shm_directory is None
+    assert [p.pid for p in multiprocessing.active_children()] == []
+    assert not Path(f"/proc/{other}").exists()
+
+
+def kill_if_still_a_child(pid: int) -> None:
+    try:
+        if f"PPid:\t{os.getpid()}\n" in Path(f"/proc/{pid}/status").read_text():
+            os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
+def _half_a_reply_then_hang(marker: str) -> None:
+    """Stands in for a worker stopped part-way through sending its reply (SIGSTOP, a page fault
+    that never completes): the length of a reply goes out, a few of its bytes, then nothing; the
+    parent's reader waits in the middle of reading it. SIGTERM does not reach it either."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    [conn] = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]  # its pipe
+    os.write(conn.fileno(), struct.pack("!i", 1 << 20) + b"\x80\x05")
+    Path(marker).touch()
+    while True:
+        time.sleep(60)
+
+
+def test_a_worker_stopped_part_way_through_a_reply_does_not_hold_close(tmp_path):
+    """The reader thread was joined without a bound, and it was waiting for the rest of a reply
+    that never came: close() waited for ever. Killing the workers once `close_timeout_s` has
+    passed ends the reader's wait, and close does every step."""
+    marker = tmp_path / "half sent"
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("stopped", lambda _: _half_a_reply_then_hang(str(marker)), 1)])
+    [worker] = runner.worker_pids()
+    future = runner.submit(0, 0)
+    wait_for(marker)
+    directory = runner.shm_directory
+    try:
+        close_within_bound(runner)
+    finally:
+        kill_if_still_a_child(worker)  # it ignores SIGTERM: a failed close would leave it for good
+    assert future.cancelled()
+    assert not os.path.exists(directory) and runner.shm_directory is None
+    assert not Path(f"/proc/{worker}").exists()
+
+
+def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
+    tmp_path, caplog, never_exiting
+):
+    """The reader kills a worker past `task_timeout_s` and reaps it; a worker that never dies held
+    the reader there, and close(), which joined the reader without a bound, for ever. close() now
+    gives the reader `close_timeout_s` and a margin, then reports it, cancels every item and leaves
+    what the reader may still touch (workers, pipes, the directory, locked by `owner.lock` so that
+    no other runner takes it) to a later close, the exit hook's at the latest."""
+    marker = tmp_path / "running"
+
+    def hang(_):
+        Path(marker).touch()
+        time.sleep(3600)
+
+    runner = ProcessRunner(task_timeout_s=0.5, close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("hung", hang, 1)])
+    [worker] = runner.worker_pids()
+    never_exiting(worker)
+    future = runner.submit(0, 0)
+    wait_for(marker)
+    deadline = time.monotonic() + BOUND_S
+    while Path(f"/proc/{worker}/status").read_text().find("State:\tZ") < 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # killed by the reader, which now waits for its exit
+    directory = runner.shm_directory
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        close_within_bound(runner)
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1 and "reader thread" in warned[0] and "left to a later close" in warned[0], warned
+    assert future.cancelled()
+    assert os.path.exists(directory)
+    assert [p.pid for p in multiprocessing.active_children()] == []  # multiprocessing's exit joins none of them
+    never_exiting.release()  # the worker's exit comes at last: the next close does the rest
+    close_within_bound(runner)
+    assert not os.path.exists(directory) and runner.shm_directory is None
