@@ -87,8 +87,8 @@ _LONGEST_WAIT_S = 3600.0
 
 # How long close waits for a process's exit after SIGKILL. A killed process is reaped once the
 # kernel has torn down its memory (well under a second for a worker); one in uninterruptible sleep
-# (a hung NFS read) dies only when that sleep ends, possibly never. Twice this (see `_finish_close`)
-# stays within the exit hook's margin, `_EXIT_WAIT_MARGIN_S`.
+# (a hung NFS read) dies only when that sleep ends, possibly never. Within the exit hook's margin,
+# `_EXIT_WAIT_MARGIN_S`, for which close takes at most this more than close_timeout_s.
 _REAP_WAIT_S = 2.0
 
 
@@ -157,7 +157,8 @@ class ProcessRunner:
     - `shm_root`: where the per-runner buffer directory is created (default /dev/shm, else the
       temporary directory). Making it removes the directories there of runners whose processes
       all died (`_buffer_directory`).
-    - `close_timeout_s`: how long `close()` waits for workers to exit before killing them.
+    - `close_timeout_s`: how long `close()` waits for the reader thread, a submit in progress and
+      the workers to end before killing the workers.
 
     Stage functions are inherited through fork and never pickled, so they may be closures or
     lambdas; items and results must be picklable. Large arrays arrive, in the worker and back in
@@ -170,7 +171,8 @@ class ProcessRunner:
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
     killed after `close_timeout_s` (a busy one with a warning naming its stage), and the
-    shared-memory directory is removed. A runner never
+    shared-memory directory is removed. Every wait is bounded: close returns within
+    `close_timeout_s` and 2 s, reporting a worker that outlives SIGKILL. A runner never
     closed is closed at interpreter exit, and so is the rest of a close that was interrupted
     (Ctrl-C while it waits), unless a second `close()` finishes it first.
 
@@ -340,8 +342,10 @@ class ProcessRunner:
             # it at the fork.
             self._closing = True
             return
-        with self._lock:
-            self._closing = True
+        # Not under the lock: a thread holding it may be stuck sending to a worker that does not
+        # read (stopped). Every submit that takes the lock from now on sees it; `_finish_close`
+        # waits, boundedly, for the one holding it now.
+        self._closing = True
         if not self._close_lock.acquire(blocking=False):
             return  # another thread is closing it (one of its done-callbacks, say)
         try:
@@ -355,15 +359,22 @@ class ProcessRunner:
         or by the exit hook, which stays registered until the very end; a finished close makes
         the next one a few no-op checks.
 
-        Every wait is bounded: `close_timeout_s` for the reader thread and the workers together,
-        then `_REAP_WAIT_S` after SIGKILL, at most twice (`_reader_stopped`, `_stop_workers`)."""
-        deadline = time.monotonic() + self._close_timeout_s
-        if self._reader is not None and self._reader is not threading.current_thread():
+        Every wait is bounded (`_CloseClock`): the reader thread, a submit still holding the
+        runner's lock and the workers get `close_timeout_s` in all to end by themselves; then the
+        workers are killed (which also ends a wait for a stopped worker's half-sent reply or for
+        room in its pipe) and everything gets `_REAP_WAIT_S` more. A reader thread or a lock
+        still not free then leaves the rest to a later close (`_leave_to_a_later_close`)."""
+        clock = _CloseClock(self._close_timeout_s, self._kill_workers)
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
             self._wake()
-            if not self._reader_stopped(deadline):
-                self._leave_to_a_later_close()
+            if not clock.wait(lambda until: _joined(reader.join, lambda: not reader.is_alive(), until)):
+                self._leave_to_a_later_close("the reader thread had not stopped")
                 return
-        self._stop_workers(deadline)
+        if not clock.wait(self._lock_free_by):
+            self._leave_to_a_later_close("a thread sending an item to a worker still held the runner's lock")
+            return
+        self._stop_workers(clock)
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
         for fd in fds:
             if fd >= 0:
@@ -387,36 +398,40 @@ class ProcessRunner:
             atexit.unregister(self._at_exit)
             self._at_exit = None
 
-    def _reader_stopped(self, deadline: float) -> bool:
-        """Join the reader thread until `deadline`; if it still runs, kill every worker and join it
-        `_REAP_WAIT_S` more. A reader waiting for the rest of a reply from a worker that stopped
-        part-way through it (SIGSTOP, a hung page fault) waited for ever, and so did close; the
-        worker's death ends that wait. It cannot end one for the exit of a worker that survives
-        SIGKILL (uninterruptible sleep), nor a done-callback that never returns."""
-        reader = self._reader
-        if _joined(reader.join, lambda: not reader.is_alive(), deadline):
-            return True
-        for worker in list(self._workers):  # not under the lock, which the stuck reader may hold
+    def _kill_workers(self) -> None:
+        """SIGKILL every worker, taking no lock: the thread holding it may be the one waiting for a
+        worker (the rest of its reply, room in its pipe), which that worker's death frees."""
+        for worker in list(self._workers):
             with suppress(ValueError):  # closed: the reader retired it just now
                 worker.process.kill()
-        return _joined(reader.join, lambda: not reader.is_alive(), time.monotonic() + _REAP_WAIT_S)
 
-    def _leave_to_a_later_close(self) -> None:
-        """The reader thread still runs: cancel every held future, report it, and leave what it may
-        still touch (workers, pipes, the directory) to the next close, or the exit hook, which
-        stays registered. Meanwhile `owner.lock` keeps the directory from other runners' sweeps,
-        and after this process exits it is theirs to remove. multiprocessing's exit hook, which
-        joins every child it knows of without a bound, is told to forget the workers."""
+    def _lock_free_by(self, until: float) -> bool:
+        """Whether the runner's lock could be taken before `until`: no submit is still dispatching,
+        and every later one sees `_closing`."""
+        while True:
+            if self._lock.acquire(timeout=_wait_left(until)):
+                self._lock.release()
+                return True
+            if time.monotonic() >= until:
+                return False
+
+    def _leave_to_a_later_close(self, why: str) -> None:
+        """What close must wait for still runs after its workers were killed (a worker that outlived
+        SIGKILL, a done-callback that does not return): cancel every held future, report it, and
+        leave what that thread may still touch (workers, pipes, the directory) to the next close,
+        or the exit hook, which stays registered. Meanwhile `owner.lock` keeps the directory from
+        other runners' sweeps, and after this process exits it is theirs to remove.
+        multiprocessing's exit hook, which joins every child it knows of without a bound, is told
+        to forget the workers."""
         for worker in list(self._workers):
             _forget_process(worker.process)
         for future in list(self._held):
             if self._claim(future):
                 end_in_close(_log, cancel_and_notify, future)
-        _log.warning("the reader thread had not stopped %.1f s after close began and %.1f s after its workers "
-                     "were killed with SIGKILL (a worker that does not die, or a done-callback that does not "
-                     "return); every item cancelled, the workers and the buffer directory %s left to a later "
-                     "close (at interpreter exit at the latest)",
-                     self._close_timeout_s, _REAP_WAIT_S, self._directory)
+        _log.warning("close: %s %.1f s after close began and %.1f s after the workers were killed with SIGKILL "
+                     "(a worker that does not die, or a done-callback that does not return); every item "
+                     "cancelled, the workers and the buffer directory %s left to a later close (at interpreter "
+                     "exit at the latest)", why, self._close_timeout_s, _REAP_WAIT_S, self._directory)
 
     def __enter__(self) -> Self:
         return self
@@ -448,9 +463,9 @@ class ProcessRunner:
         _WORKER_PROCESSES.add(process)
         self._workers.append(_Worker(stage_index, process, parent_conn, arena))
 
-    def _stop_workers(self, deadline: float) -> None:
+    def _stop_workers(self, clock: _CloseClock) -> None:
         """Stop every worker: idle ones are told to, busy ones terminated (their results would be
-        discarded), stragglers killed at `deadline`. A worker leaves `_workers` only once it is
+        discarded), stragglers killed at the clock's deadline. A worker leaves `_workers` only once it is
         reaped or given up on, so a close interrupted while it waits leaves the rest to the next.
 
         A busy worker that outlives `close_timeout_s` is reported, as the thread runner reports a
@@ -472,17 +487,16 @@ class ProcessRunner:
                 worker.process.terminate()
                 terminated.append(worker)
         for worker in workers:
-            _join(worker.process, deadline)
+            _join(worker.process, clock.deadline)
+        stragglers = [worker for worker in workers if worker.process.exitcode is None]
+        for worker in stragglers:
+            if worker in terminated and self._close_timeout_s > 0:  # 0 asks for SIGKILL at once
+                _log.warning("stage %r: busy worker (pid %s) had not exited %.1f s after SIGTERM "
+                             "(close_timeout_s); killed with SIGKILL",
+                             self._stages[worker.stage].name, worker.process.pid, self._close_timeout_s)
+        reap_by = clock.kill() if stragglers else clock.deadline
         for worker in workers:
-            if worker.process.exitcode is None:
-                if worker in terminated and self._close_timeout_s > 0:  # 0 asks for SIGKILL at once
-                    _log.warning("stage %r: busy worker (pid %s) had not exited %.1f s after SIGTERM "
-                                 "(close_timeout_s); killed with SIGKILL",
-                                 self._stages[worker.stage].name, worker.process.pid, self._close_timeout_s)
-                worker.process.kill()
-        reap_deadline = time.monotonic() + _REAP_WAIT_S
-        for worker in workers:
-            reaped = _join(worker.process, reap_deadline)
+            reaped = _join(worker.process, reap_by)
             worker.conn.close()
             with self._lock:
                 self._workers.remove(worker)  # before close(): a rerun would join a closed process
@@ -772,6 +786,28 @@ class ProcessRunner:
             os.write(self._wake_w, b"\0")
         except (BlockingIOError, OSError):  # already full of wake-ups, or closing
             pass
+
+
+class _CloseClock:
+    """The deadlines of one close: `close_timeout_s` from its start for the reader thread, the
+    runner's lock and the workers to be done by themselves; then, once the workers are killed (once
+    only), `_REAP_WAIT_S` for the rest. So close returns within `close_timeout_s + _REAP_WAIT_S`."""
+
+    def __init__(self, timeout_s: float, kill_workers: Callable[[], None]) -> None:
+        self.deadline = time.monotonic() + timeout_s
+        self._kill_workers = kill_workers
+        self._grace_ends: float | None = None
+
+    def wait(self, done_by: Callable[[float], bool]) -> bool:
+        """`done_by(deadline)`; if that is not done, the workers are killed and it gets the grace."""
+        return done_by(self.deadline) or done_by(self.kill())
+
+    def kill(self) -> float:
+        """Kill every worker, the first time; when the grace after that kill ends."""
+        if self._grace_ends is None:
+            self._kill_workers()
+            self._grace_ends = time.monotonic() + _REAP_WAIT_S
+        return self._grace_ends
 
 
 class _Watch:

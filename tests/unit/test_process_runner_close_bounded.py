@@ -1,6 +1,7 @@
-"""A process runner's close() returns within `close_timeout_s` and a margin whatever its workers do:
-one that does not die after SIGKILL (uninterruptible sleep on a hung NFS read), one stopped part-way
-through a reply, a reader thread stuck reaping. Each waited for ever, and interpreter exit with it.
+"""A process runner's close() returns within `close_timeout_s` and 2 s whatever its workers do: one
+that does not die after SIGKILL (uninterruptible sleep on a hung NFS read), one stopped part-way
+through a reply or before reading an item larger than its pipe holds, a reader thread stuck
+reaping. Each made close wait for ever, and interpreter exit with it.
 
 Linux offers no process that SIGKILL cannot end on demand (a stopped one dies too), so a worker
 whose exit never comes is stood in for by its `multiprocessing` handle: its `poll` and `wait`, the
@@ -156,9 +157,10 @@ def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_
 ):
     """The reader kills a worker past `task_timeout_s` and reaps it; a worker that never dies held
     the reader there, and close(), which joined the reader without a bound, for ever. close() now
-    gives the reader `close_timeout_s` and a margin, then reports it, cancels every item and leaves
-    what the reader may still touch (workers, pipes, the directory, locked by `owner.lock` so that
-    no other runner takes it) to a later close, the exit hook's at the latest."""
+    gives the reader `close_timeout_s`, kills the workers, gives it 2 s more, then reports it,
+    cancels every item and leaves what the reader may still touch (workers, pipes, the directory,
+    locked by `owner.lock` so that no other runner takes it) to a later close, the exit hook's at
+    the latest."""
     marker = tmp_path / "running"
 
     def hang(_):
@@ -184,4 +186,35 @@ def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_
     assert [p.pid for p in multiprocessing.active_children()] == []  # multiprocessing's exit joins none of them
     never_exiting.release()  # the worker's exit comes at last: the next close does the rest
     close_within_bound(runner)
+    assert not os.path.exists(directory) and runner.shm_directory is None
+
+
+def test_a_submit_stuck_sending_to_a_stopped_worker_does_not_hold_close(tmp_path):
+    """A submit sends an item to an idle worker under the runner's lock; one of text records,
+    carried inside the pickle stream, is larger than the pipe holds, so a stopped worker (SIGSTOP)
+    leaves the send waiting for it to read, lock held. close() began by taking that lock without a
+    bound and waited for ever. It now waits `close_timeout_s` for it, then kills the workers, which
+    ends the send, and does every step."""
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("text", len, 1)])
+    [worker] = runner.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    documents = [f"{i:08d}" + "x" * 992 for i in range(4000)]  # 4 MB in the pickle stream, far beyond the pipe's buffer
+    submitted = []
+    submitting = threading.Thread(target=lambda: submitted.append(runner.submit(0, documents)), daemon=True)
+    submitting.start()
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        if not runner._lock.acquire(timeout=0.5):
+            break  # held for good: the submit waits for room in the pipe
+        runner._lock.release()
+    else:
+        pytest.fail("the check below must have something to see")
+    directory = runner.shm_directory
+    try:
+        close_within_bound(runner)
+    finally:
+        kill_if_still_a_child(worker)
+    submitting.join(BOUND_S)
+    assert submitted and submitted[0].cancelled()
     assert not os.path.exists(directory) and runner.shm_directory is None
