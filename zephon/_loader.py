@@ -23,7 +23,7 @@ import weakref
 from collections import Counter
 from concurrent.futures import Future, InvalidStateError
 from time import perf_counter
-from typing import Iterator
+from typing import Generator, Iterator
 
 from . import _runner_closer, _wait
 from ._batch import Batch, collate
@@ -398,9 +398,9 @@ class RankLoader:
                     break
 
     def __iter__(self) -> Iterator[Batch]:
-        called = perf_counter()  # the first next(): its wait takes in starting the runner and the lanes' replay
+        asked = perf_counter()  # the first next()
         try:
-            yield from self._handed_over(self._microbatches(called))
+            yield from self._handed_over(self._microbatches(), asked)
         except Exception as exc:
             if not self._closed or isinstance(exc, ConfigurationError):
                 raise
@@ -408,26 +408,34 @@ class RankLoader:
             # work: what reached it was that work cancelled, or the runner already dropped.
             raise ConfigurationError(f"this loader was closed while it was being iterated; {_MAKE_ANOTHER}") from exc
 
-    def _handed_over(self, microbatches: Iterator[Batch]) -> Iterator[Batch]:
-        """`microbatches`, each made under `_moving`, which is let go as it is handed over."""
+    def _handed_over(self, microbatches: Generator[Batch, float, None], asked: float) -> Iterator[Batch]:
+        """`microbatches`, each made under `_moving`, which is let go as it is handed over. Each is
+        sent when the trainer asked for it (`perf_counter`; `asked` for the first), before the
+        wait for `_moving` that a save or load on another thread may impose (see `_wait`)."""
+        next(microbatches)  # to its first `yield`, which takes the first ask
         try:
             while True:
                 with self._moving:
-                    batch = next(microbatches, None)
-                if batch is None:
-                    return
+                    try:
+                        batch = microbatches.send(asked)
+                    except StopIteration:
+                        return
                 yield batch
+                asked = perf_counter()
         finally:
             microbatches.close()
 
-    def _microbatches(self, called: float) -> Iterator[Batch]:
-        """The rank's microbatches in order, from lanes opened anew; `called` is when the trainer
-        asked for the first (`perf_counter`), each later ask is when the previous yield resumes.
+    def _microbatches(self) -> Generator[Batch, float, None]:
+        """The rank's microbatches in order, from lanes opened anew. Each is sent when the trainer
+        asked for it (`_handed_over`); the wait for data is counted from when the ask holds
+        `_moving` (`called`), the time until then as a wait for a save or load (see `_wait`).
 
         The lanes are opened in the first `next()`, so that `_handed_over` holds `_moving` over
         the opening and the first microbatch at once: opened under a hold of their own, a load on
         another thread landing between the two swapped the lanes out from under the iteration,
         which failed with a bare KeyError naming a lane."""
+        asked = yield  # primed outside `_moving`: nothing before this line may touch the loader
+        called = perf_counter()  # its wait takes in starting the runner and the lanes' replay
         self._generation += 1
         generation = self._generation
         # Opening replays a resumed loader's lanes up to its checkpoint, waiting for chunks as the
@@ -447,7 +455,7 @@ class RankLoader:
                 cursor = self._cursors[lane]
                 while cursor.position < (step + 1) * per_step and self._streams[lane].has_more():
                     segment = cursor.segment
-                    yield self._microbatch(lane, step, called)
+                    asked = yield self._microbatch(lane, step, asked, called)
                     called = perf_counter()
                     if self._closed:  # its streams and runner are gone
                         raise ConfigurationError(f"this loader was closed while it was being iterated; {_MAKE_ANOTHER}")
@@ -460,9 +468,11 @@ class RankLoader:
                         # microbatch was handed over (see `_microbatch`; `lane_state` does too).
                         self._ledger.settle(lane, cursor.segment)
 
-    def _microbatch(self, lane: int, step: int, called: float) -> Batch:
+    def _microbatch(self, lane: int, step: int, asked: float, called: float) -> Batch:
         """The lane's next microbatch, counted as handed over only once it is whole, with the time
-        since the trainer asked for it (`called`) as its wait (see `_wait`).
+        since the trainer's ask held `_moving` (`called`) as its wait for data, and the time the
+        ask waited for `_moving` before that (since `asked`) as its wait for a save or load on
+        another thread (see `_wait`).
 
         Every row is taken first: an exception while waiting for one (Ctrl-C, a preemption
         handler, a worker that crashed for good) leaves the cursor and the ledger at the last
@@ -483,7 +493,7 @@ class RankLoader:
             segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
             for got in fetched:
                 segment, skip = self._account(got, segment, skip, counts)
-            waits = _wait.after(self._waits, perf_counter() - called)
+            waits = _wait.after(self._waits, perf_counter() - called, called - asked)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
             raise
@@ -739,15 +749,21 @@ class RankLoader:
 
         `"wait"` says whether the trainer waits for data: the microbatches this loader object
         handed over (`batches`), the seconds the caller's thread spent inside `next()` for them,
-        from the call until the microbatch was counted (`total_s`), the first one's wait, which is
+        from the call until the microbatch was counted, less any wait for a `state_dict()` or
+        `load_state_dict()` running on another thread (`total_s`), the first one's wait, which is
         the time to first batch (`first_s`: starting the runner, a resume's replay; not planning,
         which `pipeline.shard` does), the most recent one's (`last_s`) and the longest
         (`longest_s`); `first_s` and `last_s` are None before any. It is this process's
         wall-clock, not a recipe count: never in `state_dict()`, left as it is by
         `load_state_dict()` (a resumed loader starts it at zero, the same loader carries on), and
         carried on over a second `iter()`. A `next()` that raises or ends the iteration hands over
-        nothing and counts no wait."""
-        return {**self._ledger.snapshot(), "wait": _wait.report(self._waits)}
+        nothing and counts no wait.
+
+        `"checkpoint_wait_s"` is the rest of those `next()` calls' time: the seconds they waited
+        for a save or load on another thread (an asynchronous checkpointer) to let go of the
+        loader, counted, kept and reset like `"wait"`."""
+        waits = self._waits
+        return {**self._ledger.snapshot(), "wait": _wait.report(waits), "checkpoint_wait_s": _wait.checkpoint_s(waits)}
 
     # -- lifecycle --------------------------------------------------------------------------
     def _close_streams(self) -> None:

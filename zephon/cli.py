@@ -68,7 +68,8 @@ def check_demo_layout(
 
 def describe_wait(wait: dict) -> str:
     """A demo's line for `stats()["wait"]` once a batch was handed over: how long its loop waited
-    inside the loader's `next()`."""
+    for data inside the loader's `next()` (a demo saves no state on another thread, which would
+    be counted apart)."""
     return (f"waited for batches: {wait['total_s']:.2f} s inside next() for {wait['batches']} microbatches "
             f"(first {wait['first_s']:.2f} s, longest {wait['longest_s']:.3f} s, last {wait['last_s']:.3f} s)")
 

@@ -42,6 +42,9 @@ class MapClock:
     def slow_down(self, factor: float) -> None:
         self._per_record *= factor
 
+    def pass_time(self, seconds: float) -> None:
+        self._now += seconds
+
 
 @pytest.fixture
 def clocked(tmp_path, monkeypatch):
@@ -107,6 +110,69 @@ def test_wait_times_stay_out_of_the_saved_state(clocked):
     (digests, state, wait, ledger), (slow_digests, slow_state, slow_wait, slow_ledger) = runs
     assert slow_digests == digests and slow_wait["total_s"] == 3 * wait["total_s"] > 0
     assert slow_state == state and slow_ledger == ledger
+
+
+GUARD_S = 30  # a hang guard only: the events below are set long before
+SAVE_S = 100.0  # what the clock moves while a save on another thread holds the trainer's next() back
+
+
+class SaysWhenWaitedFor:
+    """A reentrant lock, like the loader's `_moving`, that sets `waited_for` when a thread finds it
+    held by another and has to wait."""
+
+    def __init__(self, waited_for: threading.Event) -> None:
+        self._lock = threading.RLock()
+        self._waited_for = waited_for
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self._waited_for.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("which", ["first_next", "later_next"])
+def test_a_next_held_back_by_a_save_on_another_thread_counts_it_as_checkpoint_wait_not_as_data_wait(
+        clocked, monkeypatch, which):
+    """An asynchronous checkpointer's `state_dict()` holds the loader while the trainer asks for a
+    batch: the time the trainer waits for the save is no wait for data (`stats()["wait"]`), which
+    is what tells a slow input pipeline; it is reported apart, as `checkpoint_wait_s`. The clock
+    moves by SAVE_S while the save holds the trainer back, and otherwise only as records are
+    mapped, so both numbers are exact."""
+    pipeline, clock = clocked
+    saving, go_on, waited_for = threading.Event(), threading.Event(), threading.Event()
+    make_state = _loader.make_state
+
+    def held_save(*args):
+        saving.set()
+        assert go_on.wait(GUARD_S)
+        return make_state(*args)
+
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        loader._moving = SaysWhenWaitedFor(waited_for)
+        iterator = iter(loader)
+        waits = [waited for waited, _ in timed(clock, iterator, 1 if which == "later_next" else 0)]
+        monkeypatch.setattr(_loader, "make_state", held_save)
+        saver = threading.Thread(target=loader.state_dict)
+        taken: list[tuple[float, str]] = []
+        trainer = threading.Thread(target=lambda: taken.extend(timed(clock, iterator, 1)))
+        try:
+            saver.start()
+            assert saving.wait(GUARD_S)
+            trainer.start()
+            assert waited_for.wait(GUARD_S), "the trainer's next() waits for the save"
+            clock.pass_time(SAVE_S)
+        finally:
+            go_on.set()
+            saver.join(GUARD_S)
+            trainer.join(GUARD_S)
+        [(took, _)] = taken
+        stats = loader.stats()
+    assert took > SAVE_S
+    assert stats["wait"] == expected_wait(waits + [took - SAVE_S])
+    assert stats["checkpoint_wait_s"] == SAVE_S
 
 
 def test_a_next_that_raises_hands_over_nothing_and_counts_no_wait(clocked, monkeypatch):
