@@ -173,6 +173,7 @@ class RankLoader:
         # run inline inside a `next()` that saves does not wait on itself, nor the adapter's
         # `next()`s. `close()` and `stats()` never take it.
         self._moving = threading.RLock()
+        _LIVE.add(self)  # its locks are renewed in a forked child (`_renew_locks_in_child`)
 
     # -- building ---------------------------------------------------------------------------
     def _compile(self) -> None:
@@ -806,6 +807,33 @@ class RankLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_LIVE: weakref.WeakSet[RankLoader] = weakref.WeakSet()
+"""This process's loaders, for `_renew_locks_in_child`; weak, so that a dropped loader is still
+collected (and its runner closed, see `_start_runner`)."""
+
+
+def _renew_locks_in_child() -> None:
+    """In a forked child: give every loader copied with the process new `_lifecycle` and `_moving`
+    locks, taking none.
+
+    A fork copies a lock as it stands: one held by another thread of the parent (a save or load on
+    an asynchronous checkpointer's thread, the trainer's thread taking a microbatch, a `close()`
+    swapping the lanes out) is held in the child by a thread the child does not have, and the
+    child's first `next()`, `state_dict()` or `close()` on its copy waited for it for ever (a torch
+    DataLoader forking its workers, a `multiprocessing.Process` started by a trainer).
+    No thread of the child was inside what those locks guard, so the copy works as a copy forked
+    between two microbatches does: the cursors, the ledger and the waits change in single
+    statements (see `_microbatch`, `_take_up`), so a fork lands before or after a microbatch, a
+    save's reads or a load, never inside; the lanes the parent's thread was moving are the
+    parent's, dropped untouched when the child iterates (see `_stop_streams`), which starts a
+    runner of its own (see `_ensure_runner`)."""
+    for loader in list(_LIVE):
+        loader._lifecycle, loader._moving = threading.Lock(), threading.RLock()
+
+
+os.register_at_fork(after_in_child=_renew_locks_in_child)
 
 
 def _check_one_packer(accumulators, packers) -> None:

@@ -1,0 +1,176 @@
+"""A process forked while another thread holds one of a loader's locks (a torch DataLoader forking
+its workers, a trainer starting a multiprocessing.Process, as an asynchronous checkpointer saves or
+the trainer's thread takes a microbatch) holds a copy of the loader whose locks are copied held,
+by a thread the child does not have. The copy must still work in the child, as a copy forked
+between two microbatches does: save, iterate with a runner of its own, close.
+
+Each lock is held for certain with events: a save held inside `make_state` (under `_moving`), the
+trainer's thread held inside the pipeline's map while it takes a microbatch (the inline runner
+maps on that thread, under `_moving`), and another thread holding `_lifecycle` as a `close()`
+does while it swaps the lanes out. The child reports what it got in a file; the parent waits for
+it with a deadline, so a child that hangs fails the test instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+
+import pytest
+
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from zephon import _loader
+
+GUARD_S = 30  # a hang guard only: the events below are set long before
+CHILD_ALARM_S = 20  # a child stuck on a copied lock dies of its alarm...
+CHILD_DEADLINE_S = 60  # ...and one that outlives this is killed by the parent
+TAKEN_BEFORE = 2  # microbatches the parent hands over before a lock is held
+
+
+class HoldOnce:
+    """Calls `fn` through; the first call after `arm()` says so (`inside`) and waits for `go_on`
+    first. Its state is private, so as a pipeline's map its fingerprint never changes, and a copy
+    forked while it waits is disarmed: the child's calls go through."""
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+        self._armed = False
+        self._inside, self._go_on = threading.Event(), threading.Event()
+
+    def __call__(self, *args):
+        if self._armed:
+            self._armed = False
+            self._inside.set()
+            assert self._go_on.wait(GUARD_S)
+        return self._fn(*args)
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def wait_inside(self) -> bool:
+        return self._inside.wait(GUARD_S)
+
+    def entered(self) -> bool:
+        return self._inside.is_set()
+
+    def release(self) -> None:
+        self._go_on.set()
+
+
+def _exit_code_within(child: int, seconds: float) -> int | None:
+    """The child's exit code, or None (and the child killed) if it has not exited in `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return None
+
+
+def _fork_and_use_the_copy(loader, out) -> int | None:
+    """Fork; the child saves its copy's state, iterates the copy to its end and closes it, writing
+    the state and the batches' digests to `out`. Returns the child's exit code (None: it hung)."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler, copied with the test
+            signal.alarm(CHILD_ALARM_S)
+            state = loader.state_dict()
+            digests = [batch.digest() for batch in loader]
+            loader.close()
+            out.write_text(json.dumps({"state": state, "digests": digests}))
+            code = 0
+        except BaseException:
+            out.with_suffix(".error").write_text(traceback.format_exc())
+        finally:
+            os._exit(code)
+    return _exit_code_within(child, CHILD_DEADLINE_S)
+
+
+def _hold_moving_in_a_save(loader, map_fn, monkeypatch, batches, taken):
+    """A save on another thread, held inside `make_state`, under `_moving`."""
+    held = HoldOnce(_loader.make_state)
+    monkeypatch.setattr(_loader, "make_state", held)
+    held.arm()
+    saver = threading.Thread(target=loader.state_dict)
+    saver.start()
+    return held, saver
+
+
+def _hold_moving_in_a_microbatch(loader, map_fn, monkeypatch, batches, taken):
+    """The trainer's thread, held inside the map while it takes a microbatch, under `_moving`:
+    it asks for microbatches until one maps a record (one whose chunks were mapped already is
+    handed over, into `taken`)."""
+    map_fn.arm()
+
+    def trainer() -> None:
+        while not map_fn.entered():
+            taken.append(next(batches).digest())
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    return map_fn, thread
+
+
+def _hold_lifecycle(loader, map_fn, monkeypatch, batches, taken):
+    """Another thread holding `_lifecycle`, as `close()` does while it swaps the lanes out."""
+    held = HoldOnce(lambda: None)
+    held.arm()
+
+    def closer_swapping() -> None:
+        with loader._lifecycle:
+            held()
+
+    thread = threading.Thread(target=closer_swapping)
+    thread.start()
+    return held, thread
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+@pytest.mark.parametrize(
+    "hold", [_hold_moving_in_a_save, _hold_moving_in_a_microbatch, _hold_lifecycle],
+    ids=["moving_held_by_a_save", "moving_held_by_the_trainer_taking_a_microbatch", "lifecycle_held_by_a_close"],
+)
+def test_a_child_forked_while_another_thread_holds_a_loader_lock_saves_iterates_and_closes_its_copy(
+        tmp_path, monkeypatch, hold):
+    """The child's copy is the loader as it stood after its last microbatch handed over: it saves
+    that state and hands over the rest of the run's batches. Before, the child's first save or
+    `next()` waited for ever on the lock no thread of the child would release."""
+    map_fn = HoldOnce(lambda record: record)
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", map_fn=map_fn)
+    layout = dict(global_batch_size=global_batch(pipeline))
+    with pipeline.shard(0, 1, **layout) as loader:
+        reference = [batch.digest() for batch in loader]
+    loader = pipeline.shard(0, 1, **layout)
+    batches = iter(loader)
+    taken = [next(batches).digest() for _ in range(TAKEN_BEFORE)]
+    held, thread = hold(loader, map_fn, monkeypatch, batches, taken)
+    out = tmp_path / "child.json"
+    try:
+        assert held.wait_inside(), "the lock is held"
+        handed_over = len(taken)  # the held microbatch, if any, is added once it is released
+        code = _fork_and_use_the_copy(loader, out)
+    finally:
+        held.release()
+        thread.join(GUARD_S)
+    try:
+        error = out.with_suffix(".error")
+        assert code == 0, error.read_text() if error.exists() else f"the child hung ({code}: its alarm ended it)"
+        rest = [batch.digest() for batch in batches]
+        assert taken + rest == reference, "the parent goes on undisturbed"
+        with pipeline.shard(0, 1, **layout) as same_point:
+            assert [batch.digest() for _, batch in zip(range(handed_over), same_point)] == taken[:handed_over]
+            expected_state = same_point.state_dict()
+        child = json.loads(out.read_text())
+        assert child["state"] == expected_state
+        assert child["digests"] == reference[handed_over:]
+    finally:
+        loader.close()
