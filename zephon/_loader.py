@@ -128,6 +128,9 @@ class RankLoader:
     Call `close()` (or use `with`) to stop its workers; from another thread too, and an iteration
     it interrupts, and any later one, fails with ConfigurationError saying so and how to go on (a new
     loader given this one's `state_dict()`, which a closed loader still gives).
+    A process forked from its own (a torch DataLoader worker) holds a copy that works there, even
+    when another thread held one of its locks at the fork (see `_renew_locks_in_child`): iterated
+    anew with `iter()`, it goes on from its last microbatch handed over, on a runner of its own.
     """
 
     def __init__(self, pipeline, rank: int, world_size: int, global_batch_size: int) -> None:
@@ -162,8 +165,8 @@ class RankLoader:
         # and lanes it publishes, or the iteration finds the loader closed and stops them itself.
         # Held only to read or swap them, never while anything is stopped or started.
         self._lifecycle = threading.Lock()
-        # One lock per process (see `_start_lock`), held while a runner is made and started.
-        self._start_locks: dict[int, threading.Lock] = {}
+        # Held while a runner is made and started (see `_ensure_runner`).
+        self._starting = threading.Lock()
         # Held by the iterating thread while it moves the lanes (from the trainer's ask until the
         # microbatch is handed over, never across a yield), and by `state_dict` and
         # `load_state_dict`: a save on another thread read the cursors and settled the ledger while
@@ -278,9 +281,9 @@ class RankLoader:
         """The loader's runner, started on first use. Two threads may ask at once (a monitor reading
         `runner_info` as the trainer's first iteration begins): both saw no runner and each started
         one, and the one not kept was never closed (its threads, or a process runner's workers and
-        /dev/shm directory, left until exit). The start is made under `_start_lock`, which `close()`
+        /dev/shm directory, left until exit). The start is made under `_starting`, which `close()`
         never takes: a close meanwhile is found once the start is done (`_start_runner`)."""
-        with self._start_lock():
+        with self._starting:
             if self._closed:
                 raise ConfigurationError(f"this loader is closed; {_MAKE_ANOTHER}")
             if self._runner is not None and self._runner_pid != os.getpid():
@@ -292,12 +295,6 @@ class RankLoader:
             if self._runner is None:
                 return self._start_runner()
             return self._runner
-
-    def _start_lock(self) -> threading.Lock:
-        """This process's lock for starting the runner. A child forked while a parent thread held
-        the parent's (a torch DataLoader forking its workers as a monitor starts the runner)
-        inherits it held for good: the child takes one of its own, keyed by its pid."""
-        return self._start_locks.setdefault(os.getpid(), threading.Lock())
 
     def _start_runner(self) -> Runner:
         # Stage functions and chains never hold the loader: a runner's threads keep their
@@ -815,22 +812,26 @@ collected (and its runner closed, see `_start_runner`)."""
 
 
 def _renew_locks_in_child() -> None:
-    """In a forked child: give every loader copied with the process new `_lifecycle` and `_moving`
-    locks, taking none.
+    """In a forked child: give every loader copied with the process new `_lifecycle`, `_moving` and
+    `_starting` locks, taking none.
 
     A fork copies a lock as it stands: one held by another thread of the parent (a save or load on
     an asynchronous checkpointer's thread, the trainer's thread taking a microbatch, a `close()`
-    swapping the lanes out) is held in the child by a thread the child does not have, and the
-    child's first `next()`, `state_dict()` or `close()` on its copy waited for it for ever (a torch
-    DataLoader forking its workers, a `multiprocessing.Process` started by a trainer).
+    swapping the lanes out, a monitor's `runner_info` starting the runner) is held in the child by
+    a thread the child does not have, and the child's first `next()`, `state_dict()` or `close()`
+    on its copy waited for it for ever (a torch DataLoader forking its workers, a
+    `multiprocessing.Process` started by a trainer).
     No thread of the child was inside what those locks guard, so the copy works as a copy forked
     between two microbatches does: the cursors, the ledger and the waits change in single
     statements (see `_microbatch`, `_take_up`), so a fork lands before or after a microbatch, a
     save's reads or a load, never inside; the lanes the parent's thread was moving are the
     parent's, dropped untouched when the child iterates (see `_stop_streams`), which starts a
-    runner of its own (see `_ensure_runner`)."""
+    runner of its own (see `_ensure_runner`). One thing the child cannot know: whether a finite
+    plan's lane whose last rows the parent's thread was taking into a microbatch is finished, as
+    its stream says, before the child hands that microbatch over itself; a state saved before then
+    says it is (the batches are the same either way: a lane is always replayed to its end)."""
     for loader in list(_LIVE):
-        loader._lifecycle, loader._moving = threading.Lock(), threading.RLock()
+        loader._lifecycle, loader._moving, loader._starting = threading.Lock(), threading.RLock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_renew_locks_in_child)

@@ -60,7 +60,7 @@ def test_runner_info_read_on_another_thread_as_the_first_iteration_starts_the_ru
     first_starting, go_on = threading.Event(), threading.Event()
     pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=_held_first_start(made, first_starting, go_on))
     loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
-    loader._start_locks = {os.getpid(): _SaysWhenWaitedFor(go_on)}
+    loader._starting = _SaysWhenWaitedFor(go_on)
     taken = []
     trainer = threading.Thread(target=lambda: taken.append(next(iter(loader))))
     try:
