@@ -821,15 +821,16 @@ def _renew_locks_in_child() -> None:
     a thread the child does not have, and the child's first `next()`, `state_dict()` or `close()`
     on its copy waited for it for ever (a torch DataLoader forking its workers, a
     `multiprocessing.Process` started by a trainer).
-    No thread of the child was inside what those locks guard, so the copy works as a copy forked
+    No thread of the child is inside what those locks guard, so the copy works as a copy forked
     between two microbatches does: the cursors, the ledger and the waits change in single
-    statements (see `_microbatch`, `_take_up`), so a fork lands before or after a microbatch, a
-    save's reads or a load, never inside; the lanes the parent's thread was moving are the
-    parent's, dropped untouched when the child iterates (see `_stop_streams`), which starts a
-    runner of its own (see `_ensure_runner`). One thing the child cannot know: whether a finite
-    plan's lane whose last rows the parent's thread was taking into a microbatch is finished, as
-    its stream says, before the child hands that microbatch over itself; a state saved before then
-    says it is (the batches are the same either way: a lane is always replayed to its end)."""
+    statements (see `_microbatch`, `_take_up`), so the copy holds them as they were before or
+    after the microbatch, save or load a parent's thread was making, never partway; the lanes the
+    parent's thread was moving are the parent's, dropped untouched when the child iterates (see
+    `_stop_streams`), which starts a runner of its own (see `_ensure_runner`). One thing the child
+    cannot know: whether a finite plan's lane whose last rows the parent's thread was taking into
+    a microbatch is finished, as its stream says, before the child hands that microbatch over
+    itself; a state saved before then says it is (the batches are the same either way: a lane is
+    always replayed to its end)."""
     for loader in list(_LIVE):
         loader._lifecycle, loader._moving, loader._starting = threading.Lock(), threading.RLock(), threading.Lock()
 

@@ -174,3 +174,62 @@ def test_a_child_forked_while_another_thread_holds_a_loader_lock_saves_iterates_
         assert child["digests"] == reference[handed_over:]
     finally:
         loader.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_child_forked_while_the_titan_loader_takes_a_local_batch_goes_on_from_the_batch_before(
+        tmp_path, monkeypatch):
+    """TorchTitan's ZephonDataLoader holds its rank loader's `_moving` over a whole local batch,
+    taking its microbatches one by one and handing them back if it cannot yield them. Forked
+    while the trainer's thread is inside that hold (here: held as the batch is stacked), the
+    child has the microbatches counted as taken and a batch never yielded, which no thread of
+    the child will hand back: the child's copy saved the state after that batch and went on
+    from the batch after it. It must take up the state it yielded last, as the parent will."""
+    from zephon.integrations.torchtitan import ZephonDataLoader
+
+    collate = HoldOnce(lambda group: [batch.digest() for batch in group])  # no torch needed
+    monkeypatch.setattr(ZephonDataLoader, "_collate", lambda self, group: collate(group))
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline")
+    size = global_batch(pipeline)
+    assert size // pipeline.microbatch_size > 1  # a local batch of several microbatches
+    with ZephonDataLoader(pipeline, 0, 1, size, local_batch_size=size) as titan:
+        reference = list(titan)
+    titan = ZephonDataLoader(pipeline, 0, 1, size, local_batch_size=size)
+    batches = iter(titan)
+    taken = [next(batches) for _ in range(TAKEN_BEFORE)]
+    collate.arm()
+    trainer = threading.Thread(target=lambda: taken.append(next(batches)))
+    out = tmp_path / "child.json"
+    try:
+        trainer.start()
+        assert collate.wait_inside(), "the trainer's thread holds the local batch"
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                signal.alarm(CHILD_ALARM_S)
+                out.write_text(json.dumps({"state": titan.local_state_dict(), "batches": list(titan)}))
+                titan.close()
+                code = 0
+            except BaseException:
+                out.with_suffix(".error").write_text(traceback.format_exc())
+            finally:
+                os._exit(code)
+        code = _exit_code_within(child, CHILD_DEADLINE_S)
+    finally:
+        collate.release()
+        trainer.join(GUARD_S)
+    try:
+        error = out.with_suffix(".error")
+        assert code == 0, error.read_text() if error.exists() else f"the child hung ({code}: its alarm ended it)"
+        assert taken + list(batches) == reference, "the parent goes on undisturbed"
+        with ZephonDataLoader(pipeline, 0, 1, size, local_batch_size=size) as same_point:
+            same = iter(same_point)
+            assert [next(same) for _ in range(TAKEN_BEFORE)] == reference[:TAKEN_BEFORE]
+            expected_state = same_point.local_state_dict()
+        child = json.loads(out.read_text())
+        assert child["batches"] == reference[TAKEN_BEFORE:]
+        assert child["state"] == expected_state
+    finally:
+        titan.close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -301,6 +302,9 @@ class ZephonDataLoader(_Base):
         """The Zephon microbatches behind the most recent yield (for barcodes: `Batch.digest()`)."""
         self._group = group
         self._loader = pipeline.shard(dp_rank, dp_world_size, global_batch_size=global_batch_size)
+        # (pid, mark) while a local batch is taken (see `__iter__`); a child forked meanwhile hands
+        # it back at its first use of this loader (`_hand_back_a_batch_cut_by_fork`).
+        self._taking: tuple[int, tuple] | None = None
 
     @property
     def loader(self):
@@ -312,6 +316,7 @@ class ZephonDataLoader(_Base):
         return self._loader.lanes
 
     def __iter__(self) -> Iterator[tuple[dict, Any]]:
+        self._hand_back_a_batch_cut_by_fork()
         per_yield = self.local_batch_size // self._loader.microbatch_size
         microbatches = iter(self._loader)
         while True:
@@ -325,11 +330,14 @@ class ZephonDataLoader(_Base):
             with self._loader._moving:
                 mark = self._loader._mark()
                 try:
+                    self._taking = (os.getpid(), mark)
                     group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
                     batch = self._collate(group) if group else None
                 except BaseException:
                     self._loader._take_up(*mark)
                     raise
+                finally:
+                    self._taking = None
             if not group:
                 return
             self.last_microbatches = group
@@ -349,8 +357,24 @@ class ZephonDataLoader(_Base):
         return inputs, stacked("labels")
 
     # -- Stateful ----------------------------------------------------------------------------
+    def _hand_back_a_batch_cut_by_fork(self) -> None:
+        """In a process forked while the parent's thread took a local batch (a torch DataLoader
+        forking its workers, a trainer starting a `multiprocessing.Process`): hand that batch's
+        microbatches back, as an interrupt there would. The copy of the rank loader has them
+        counted as taken, and the thread that would have yielded the batch or handed them back is
+        not in the child: its saves said the batch was yielded, and its iteration went on from the
+        batch after it. The rank loader's own locks are new in the child (see
+        `zephon._loader._renew_locks_in_child`); in the parent, a mark is another thread's batch
+        in progress, which a save waits for."""
+        taking = self._taking
+        if taking is not None and taking[0] != os.getpid():
+            with self._loader._moving:
+                self._loader._take_up(*taking[1])
+                self._taking = None
+
     def local_state_dict(self) -> dict:
         """This replica's lanes only (plain JSON); `zephon.merge_states` combines replicas."""
+        self._hand_back_a_batch_cut_by_fork()
         return self._loader.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
@@ -360,6 +384,7 @@ class ZephonDataLoader(_Base):
         A JSON string rather than nested containers: DCP stores it as one opaque value, identical
         on every rank, so it is written once and read back by any number of ranks.
         """
+        self._hand_back_a_batch_cut_by_fork()
         return {STATE_KEY: json.dumps(gather_state(self._loader, self._group), sort_keys=True)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -368,6 +393,7 @@ class ZephonDataLoader(_Base):
         An empty state is accepted (TorchTitan's convention for "nothing saved"); a state without
         Zephon's key, a changed recipe or a state missing this replica's lanes is refused.
         """
+        self._hand_back_a_batch_cut_by_fork()  # now, not over the state loaded at the next iter()
         if not state_dict:
             return
         if state_dict.get("format") == STATE_FORMAT:
