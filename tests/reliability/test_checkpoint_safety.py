@@ -1494,7 +1494,7 @@ def test_a_state_loaded_on_another_thread_as_the_trainer_begins_iterating_is_the
     with pipeline.shard(0, 1, global_batch_size=size) as loader:
         handed_over, failures = loader._handed_over, []
 
-        def load_then_hand_over(microbatches):
+        def load_then_hand_over(microbatches, asked):
             def load() -> None:
                 try:
                     loader.load_state_dict(state)
@@ -1504,7 +1504,7 @@ def test_a_state_loaded_on_another_thread_as_the_trainer_begins_iterating_is_the
             thread = threading.Thread(target=load)
             thread.start()
             thread.join()
-            return handed_over(microbatches)
+            return handed_over(microbatches, asked)
 
         monkeypatch.setattr(loader, "_handed_over", load_then_hand_over)
         batches = iter(loader)
