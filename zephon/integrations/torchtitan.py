@@ -415,9 +415,9 @@ class ZephonDataLoader(_Base):
         microbatch_size` of them per batch this loader yields, and the time spent taking them;
         stacking them into tensors is not in it, nor is a wait for a save or load on another
         thread before a batch (this loader holds the rank loader over each batch, so it waits
-        before asking for the first microbatch, and `"checkpoint_wait_s"` stays near zero). Microbatches that an interrupted yield hands back
-        (see `__iter__`) keep the waits they were counted with, and count new ones when they are
-        taken again."""
+        before asking for the first microbatch, and `"checkpoint_wait_s"` stays near zero).
+        Microbatches that an interrupted yield hands back (see `__iter__`) keep the waits they
+        were counted with, and count new ones when they are taken again."""
         return self._loader.stats()
 
     def close(self) -> None:
