@@ -335,23 +335,28 @@ class ProcessRunner:
         return future
 
     def close(self) -> None:
+        self._close()
+
+    def _close(self) -> bool:
+        """`close()`; False when it returned at once because another thread's close was under way."""
         if self._stages is not None and os.getpid() != self._pid:
             # A forked child's copy (a child leaving the parent's `with` block): its workers,
             # pipes and directory are the parent's, which stopping here would take from it. Only
             # the copy is marked closed; its lock is not taken, as a parent thread may have held
             # it at the fork.
             self._closing = True
-            return
+            return True
         # Not under the lock: a thread holding it may be stuck sending to a worker that does not
         # read (stopped). Every submit that takes the lock from now on sees it; `_finish_close`
         # waits, boundedly, for the one holding it now.
         self._closing = True
         if not self._close_lock.acquire(blocking=False):
-            return  # another thread is closing it (one of its done-callbacks, say)
+            return False  # another thread is closing it (one of its done-callbacks, say)
         try:
             self._finish_close()
         finally:
             self._close_lock.release()
+        return True
 
     def _finish_close(self) -> None:
         """Every step of `close`, each forgetting what it freed only once it is freed, so that a
@@ -887,9 +892,11 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
     made `close()` here return at once, and interpreter exit then cut that close short, leaving the
     directory behind: the hook waits for it, for as long as a close takes (`close_timeout_s` and
     a margin), then finishes whatever is left. It polls `locked()` rather than taking the lock: an
-    exit hook must never block on a lock. It waits again when its own `close()` returned because
-    the other thread took the lock just after the hook looked: only a close that did every step
-    (which unregisters the hook, `_at_exit`) ends the wait. A done-callback raising a
+    exit hook must never block on a lock. It waits again only when its own close returned because
+    the other thread took the lock just after the hook looked. A close of its own that left the rest
+    to a later close (a reader thread still busy) ends it too: another would wait as long again for
+    the same thread and report it again, and the hook closed the runner again until its deadline
+    had passed (three closes, three warnings, for `close_timeout_s=0.2`). A done-callback raising a
     BaseException as the close cancels a held future is logged and the close goes on
     (`exit_hook`): nothing closes the runner later."""
     if os.getpid() != pid:
@@ -899,8 +906,7 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
         while True:
             while runner._close_lock.locked() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            runner.close()
-            if runner._at_exit is None or time.monotonic() >= deadline:
+            if runner._close() or time.monotonic() >= deadline:
                 return
 
 

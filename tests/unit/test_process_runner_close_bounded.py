@@ -20,6 +20,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -152,15 +153,9 @@ def test_a_worker_stopped_part_way_through_a_reply_does_not_hold_close(tmp_path)
     assert not Path(f"/proc/{worker}").exists()
 
 
-def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
-    tmp_path, caplog, never_exiting
-):
-    """The reader kills a worker past `task_timeout_s` and reaps it; a worker that never dies held
-    the reader there, and close(), which joined the reader without a bound, for ever. close() now
-    gives the reader `close_timeout_s`, kills the workers, gives it 2 s more, then reports it,
-    cancels every item and leaves what the reader may still touch (workers, pipes, the directory,
-    locked by `owner.lock` so that no other runner takes it) to a later close, the exit hook's at
-    the latest."""
+def reader_stuck_reaping(tmp_path: Path, never_exiting: NeverExiting) -> tuple[ProcessRunner, Future]:
+    """A runner whose reader thread killed a worker past `task_timeout_s` and waits for its exit,
+    which does not come until `never_exiting.release()`; the future of the item it ran."""
     marker = tmp_path / "running"
 
     def hang(_):
@@ -176,6 +171,19 @@ def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_
     deadline = time.monotonic() + BOUND_S
     while Path(f"/proc/{worker}/status").read_text().find("State:\tZ") < 0 and time.monotonic() < deadline:
         time.sleep(0.01)  # killed by the reader, which now waits for its exit
+    return runner, future
+
+
+def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
+    tmp_path, caplog, never_exiting
+):
+    """The reader kills a worker past `task_timeout_s` and reaps it; a worker that never dies held
+    the reader there, and close(), which joined the reader without a bound, for ever. close() now
+    gives the reader `close_timeout_s`, kills the workers, gives it 2 s more, then reports it,
+    cancels every item and leaves what the reader may still touch (workers, pipes, the directory,
+    locked by `owner.lock` so that no other runner takes it) to a later close, the exit hook's at
+    the latest."""
+    runner, future = reader_stuck_reaping(tmp_path, never_exiting)
     directory = runner.shm_directory
     with caplog.at_level(logging.WARNING, logger="runners.process"):
         close_within_bound(runner)
@@ -218,3 +226,20 @@ def test_a_submit_stuck_sending_to_a_stopped_worker_does_not_hold_close(tmp_path
     submitting.join(BOUND_S)
     assert submitted and submitted[0].cancelled()
     assert not os.path.exists(directory) and runner.shm_directory is None
+
+
+def test_the_exit_hook_closes_a_runner_whose_reader_is_stuck_once_and_reports_it_once(
+    tmp_path, caplog, never_exiting
+):
+    """The exit hook closed the runner again while its deadline (`close_timeout_s` and 5 s) had not
+    passed, as long as the runner was not closed for good: a close left to a later one for a stuck
+    reader thread was run again and again, each waiting as long and warning the same, and
+    interpreter exit took that much longer. A close of its own ends the hook, whatever it could do."""
+    runner, future = reader_stuck_reaping(tmp_path, never_exiting)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        runner._at_exit()  # what interpreter exit runs for it
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1 and "left to a later close" in warned[0], warned
+    assert future.cancelled()
+    never_exiting.release()
+    close_within_bound(runner)
