@@ -567,9 +567,11 @@ class ProcessRunner:
             task.envelope = None
 
     def _discard(self, envelope: Envelope | None) -> None:
-        """Free what holds the buffers of an envelope that no worker will ever receive."""
-        if envelope is not None and envelope.block is not None and self._requests is not None:
-            self._requests.give_back((envelope.block[0],))
+        """Free what holds the buffers of an envelope that no worker will ever receive. The request
+        arena is read once: a close ending on another thread drops it, a submit's item included."""
+        requests = self._requests
+        if envelope is not None and envelope.block is not None and requests is not None:
+            requests.give_back((envelope.block[0],))
         discard(envelope)
 
     def _dispatch_locked(self, stage_index: int, resolutions: list[_Resolution]) -> None:

@@ -10,13 +10,16 @@ guard against a hang; every assertion is on what the futures and `wait()` say.""
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 import threading
 import time
 from collections import Counter
 from concurrent.futures import CancelledError, Future, as_completed, wait
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from runners import InlineRunner, ProcessRunner, RunnerFailedError, ThreadRunner, WorkerCrashedError
@@ -533,3 +536,68 @@ def test_whichever_way_a_thread_runner_ends_a_future_its_done_callback_may_submi
     finally:
         release.set()
         runner.close()
+
+
+def _line_of(function, text: str) -> int:
+    """The number of the first line of `function` holding `text`."""
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_an_array_item_whose_submit_meets_a_close_ending_is_cancelled_not_raised(tmp_path):
+    """A submit that finds the runner closing once it has written its item's array into the request
+    arena gives the arena's block back. It looked whether the runner still had the arena, then used
+    it; a close ending between the two (on another thread) dropped it, and submit raised
+    AttributeError ('NoneType' object has no attribute 'give_back') instead of returning a cancelled
+    future. The interleaving is forced by trace functions: close starts once the item is encoded and
+    is held before its first step; the submit, once it has looked, lets it run to its end."""
+    runner = ProcessRunner(shm_root=str(tmp_path))
+    runner.start([Stage("sum", lambda a: int(a.sum()), 1)])
+    at_lock = _line_of(ProcessRunner.submit, "with self._lock:")
+    give_back = _line_of(ProcessRunner._discard, ".give_back(")
+    close_held, looked = threading.Event(), threading.Event()
+
+    def hold_close(frame, event, _arg):
+        if event == "call" and frame.f_code is ProcessRunner._finish_close.__code__:
+            close_held.set()
+            looked.wait(GUARD_S)
+        return None
+
+    def close_held_until_looked() -> None:
+        sys.settrace(hold_close)
+        runner.close()
+
+    closing = threading.Thread(target=close_held_until_looked, daemon=True)
+
+    def steer(frame, event, _arg):
+        if frame.f_code not in (ProcessRunner.submit.__code__, ProcessRunner._discard.__code__):
+            return None
+
+        def at_line(frame, event, _arg):
+            at = event == "line" and frame.f_lineno
+            if at == at_lock and frame.f_code is ProcessRunner.submit.__code__ and closing.ident is None:
+                closing.start()
+                assert close_held.wait(GUARD_S)
+            elif at == give_back and frame.f_code is ProcessRunner._discard.__code__:
+                looked.set()
+                closing.join(GUARD_S)
+            return at_line
+
+        return at_line
+
+    outcome: list = []
+
+    def submit() -> None:
+        sys.settrace(steer)
+        try:
+            outcome.append(runner.submit(0, np.ones(1 << 16, dtype=np.uint8)))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    submitting = threading.Thread(target=submit, daemon=True)
+    submitting.start()
+    submitting.join(GUARD_S)
+    closing.join(GUARD_S)
+    assert looked.is_set() and not closing.is_alive(), "the interleaving under test must have happened"
+    [future] = outcome
+    assert isinstance(future, Future) and future.cancelled(), future
