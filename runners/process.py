@@ -85,11 +85,14 @@ _PIPELINED_MESSAGE_MAX = 32 * 1024
 # deadline further off is reached in several waits instead.
 _LONGEST_WAIT_S = 3600.0
 
-# How long close waits for a process's exit after SIGKILL. A killed process is reaped once the
-# kernel has torn down its memory (well under a second for a worker); one in uninterruptible sleep
-# (a hung NFS read) dies only when that sleep ends, possibly never. Within the exit hook's margin,
-# `_EXIT_WAIT_MARGIN_S`, for which close takes at most this more than close_timeout_s.
+# How long close waits for a process's exit after SIGKILL: this, and `_REAP_WAIT_S_PER_GIB` for
+# each GiB the largest worker holds (`_reap_wait_s`). A killed process is reaped once the kernel has
+# torn down its memory, which takes time in proportion to it: 4 GiB in 4 KiB pages took 1.0 s on
+# two loaded cores, so a worker holding 8 GiB was reported as never dying and left a zombie. One in
+# uninterruptible sleep (a hung NFS read) dies only when that sleep ends, possibly never. Within the
+# exit hook's margin, `_EXIT_WAIT_MARGIN_S`, for workers of up to 3 GiB.
 _REAP_WAIT_S = 2.0
+_REAP_WAIT_S_PER_GIB = 1.0
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ class ProcessRunner:
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
     killed after `close_timeout_s` (a busy one with a warning naming its stage), and the
     shared-memory directory is removed. Every wait is bounded: close returns within
-    `close_timeout_s` and 2 s, reporting a worker that outlives SIGKILL. A runner never
+    `close_timeout_s` and 2 s (and 1 s per GiB the largest worker holds), reporting a worker that
+    outlives SIGKILL. A runner never
     closed is closed at interpreter exit, and so is the rest of a close that was interrupted
     (Ctrl-C while it waits), unless a second `close()` finishes it first.
 
@@ -367,17 +371,17 @@ class ProcessRunner:
         Every wait is bounded (`_CloseClock`): the reader thread, a submit still holding the
         runner's lock and the workers get `close_timeout_s` in all to end by themselves; then the
         workers are killed (which also ends a wait for a stopped worker's half-sent reply or for
-        room in its pipe) and everything gets `_REAP_WAIT_S` more. A reader thread or a lock
+        room in its pipe) and everything gets `_reap_wait_s` more. A reader thread or a lock
         still not free then leaves the rest to a later close (`_leave_to_a_later_close`)."""
         clock = _CloseClock(self._close_timeout_s, self._kill_workers)
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             self._wake()
             if not clock.wait(lambda until: _joined(reader.join, lambda: not reader.is_alive(), until)):
-                self._leave_to_a_later_close("the reader thread had not stopped")
+                self._leave_to_a_later_close("the reader thread had not stopped", clock)
                 return
         if not clock.wait(self._lock_free_by):
-            self._leave_to_a_later_close("a thread sending an item to a worker still held the runner's lock")
+            self._leave_to_a_later_close("a thread sending an item to a worker still held the runner's lock", clock)
             return
         self._stop_workers(clock)
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
@@ -403,12 +407,16 @@ class ProcessRunner:
             atexit.unregister(self._at_exit)
             self._at_exit = None
 
-    def _kill_workers(self) -> None:
+    def _kill_workers(self) -> int:
         """SIGKILL every worker, taking no lock: the thread holding it may be the one waiting for a
-        worker (the rest of its reply, room in its pipe), which that worker's death frees."""
+        worker (the rest of its reply, room in its pipe), which that worker's death frees. The
+        resident bytes of the largest, which its exit has to free."""
+        largest = 0
         for worker in list(self._workers):
             with suppress(ValueError):  # closed: the reader retired it just now
+                largest = max(largest, _resident_bytes(worker.process.pid))
                 worker.process.kill()
+        return largest
 
     def _lock_free_by(self, until: float) -> bool:
         """Whether the runner's lock could be taken before `until`: no submit is still dispatching,
@@ -420,7 +428,7 @@ class ProcessRunner:
             if time.monotonic() >= until:
                 return False
 
-    def _leave_to_a_later_close(self, why: str) -> None:
+    def _leave_to_a_later_close(self, why: str, clock: _CloseClock) -> None:
         """What close must wait for still runs after its workers were killed (a worker that outlived
         SIGKILL, a done-callback that does not return): cancel every held future, report it, and
         leave what that thread may still touch (workers, pipes, the directory) to the next close,
@@ -436,7 +444,7 @@ class ProcessRunner:
         _log.warning("close: %s %.1f s after close began and %.1f s after the workers were killed with SIGKILL "
                      "(a worker that does not die, or a done-callback that does not return); every item "
                      "cancelled, the workers and the buffer directory %s left to a later close (at interpreter "
-                     "exit at the latest)", why, self._close_timeout_s, _REAP_WAIT_S, self._directory)
+                     "exit at the latest)", why, self._close_timeout_s, clock.grace_s, self._directory)
 
     def __enter__(self) -> Self:
         return self
@@ -476,7 +484,7 @@ class ProcessRunner:
         A busy worker that outlives `close_timeout_s` is reported, as the thread runner reports a
         thread it leaves running: its stage function survived SIGTERM (it blocks or ignores the
         signal), a fault the user must hear of rather than a detail of closing. One not reaped
-        `_REAP_WAIT_S` after SIGKILL (uninterruptible sleep: a hung NFS read) is reported and
+        `_reap_wait_s` after SIGKILL (uninterruptible sleep: a hung NFS read) is reported and
         given up on: its exit was waited for without a bound, holding close and interpreter exit
         for ever. It is left a zombie until this process exits, and multiprocessing forgets it."""
         with self._lock:
@@ -513,7 +521,7 @@ class ProcessRunner:
             _forget_process(worker.process)
             _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
                          "sleep: a hung NFS read, say); left unreaped",
-                         self._stages[worker.stage].name, worker.process.pid, _REAP_WAIT_S)
+                         self._stages[worker.stage].name, worker.process.pid, clock.grace_s)
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
         """Reap a dead worker, re-queue or fail its items, and fork its replacement.
@@ -798,12 +806,14 @@ class ProcessRunner:
 class _CloseClock:
     """The deadlines of one close: `close_timeout_s` from its start for the reader thread, the
     runner's lock and the workers to be done by themselves; then, once the workers are killed (once
-    only), `_REAP_WAIT_S` for the rest. So close returns within `close_timeout_s + _REAP_WAIT_S`."""
+    only), `_reap_wait_s` of the largest worker for the rest. So close returns within
+    `close_timeout_s` and that."""
 
-    def __init__(self, timeout_s: float, kill_workers: Callable[[], None]) -> None:
+    def __init__(self, timeout_s: float, kill_workers: Callable[[], int]) -> None:
         self.deadline = time.monotonic() + timeout_s
         self._kill_workers = kill_workers
         self._grace_ends: float | None = None
+        self.grace_s = 0.0
 
     def wait(self, done_by: Callable[[float], bool]) -> bool:
         """`done_by(deadline)`; if that is not done, the workers are killed and it gets the grace."""
@@ -812,8 +822,8 @@ class _CloseClock:
     def kill(self) -> float:
         """Kill every worker, the first time; when the grace after that kill ends."""
         if self._grace_ends is None:
-            self._kill_workers()
-            self._grace_ends = time.monotonic() + _REAP_WAIT_S
+            self.grace_s = _reap_wait_s(self._kill_workers())
+            self._grace_ends = time.monotonic() + self.grace_s
         return self._grace_ends
 
 
@@ -910,6 +920,20 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
                 time.sleep(0.01)
             if runner._close() or time.monotonic() >= deadline:
                 return
+
+
+def _reap_wait_s(resident_bytes: int) -> float:
+    """How long to wait for a killed process holding `resident_bytes` to be reaped."""
+    return _REAP_WAIT_S + _REAP_WAIT_S_PER_GIB * resident_bytes / 2**30
+
+
+def _resident_bytes(pid: int | None) -> int:
+    """The resident memory of process `pid`; 0 if it cannot be read (it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _wait_left(deadline: float) -> float:

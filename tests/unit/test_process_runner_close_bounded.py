@@ -1,7 +1,8 @@
-"""A process runner's close() returns within `close_timeout_s` and 2 s whatever its workers do: one
-that does not die after SIGKILL (uninterruptible sleep on a hung NFS read), one stopped part-way
-through a reply or before reading an item larger than its pipe holds, a reader thread stuck
-reaping. Each made close wait for ever, and interpreter exit with it.
+"""A process runner's close() returns within `close_timeout_s` and 2 s (and 1 s per GiB the largest
+worker holds) whatever its workers do: one that does not die after SIGKILL (uninterruptible sleep on
+a hung NFS read), one stopped part-way through a reply or before reading an item larger than its
+pipe holds, a reader thread stuck reaping. Each made close wait for ever, and interpreter exit with
+it. A big worker still being torn down is waited for, not reported.
 
 Linux offers no process that SIGKILL cannot end on demand (a stopped one dies too), so a worker
 whose exit never comes is stood in for by its `multiprocessing` handle: its `poll` and `wait`, the
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from runners import ProcessRunner
+from runners import ProcessRunner, process
 from zephon._runner import Stage
 
 # Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close
@@ -43,30 +44,35 @@ def close_within_bound(runner: ProcessRunner) -> None:
 
 class NeverExiting:
     """`never_exiting(pid)`: that worker's exit is not seen by its parent until `release()` (at the
-    end of the test at the latest)."""
+    end of the test at the latest); `never_exiting(pid, seen_after_kill_s=...)`: nor until that long
+    after its parent killed it (as a worker whose memory takes that long to free)."""
 
     def __init__(self) -> None:
-        self.released = threading.Event()
-        self.patched: list[int] = []
+        self.seen: dict[int, threading.Event] = {}
 
-    def __call__(self, pid: int) -> None:
-        released = self.released
+    def __call__(self, pid: int, seen_after_kill_s: float | None = None) -> None:
+        seen = self.seen[pid] = threading.Event()
         [process] = [p for p in multiprocessing.active_children() if p.pid == pid]
         popen = process._popen
-        real_poll = popen.poll
+        real_poll, real_kill = popen.poll, popen.kill
 
         def poll(flag: int = os.WNOHANG) -> int | None:
-            return real_poll(flag) if released.is_set() else None
+            return real_poll(flag) if seen.is_set() else None
 
         def wait(timeout: float | None = None) -> int | None:
-            released.wait(timeout)
+            seen.wait(timeout)
             return poll(0)
 
-        popen.poll, popen.wait = poll, wait
-        self.patched.append(pid)
+        def kill() -> None:
+            real_kill()
+            if seen_after_kill_s is not None:
+                threading.Timer(seen_after_kill_s, seen.set).start()
+
+        popen.poll, popen.wait, popen.kill = poll, wait, kill
 
     def release(self) -> None:
-        self.released.set()
+        for seen in self.seen.values():
+            seen.set()
 
 
 @pytest.fixture
@@ -74,7 +80,7 @@ def never_exiting() -> Iterator[NeverExiting]:
     stand_in = NeverExiting()
     yield stand_in
     stand_in.release()
-    for pid in stand_in.patched:
+    for pid in stand_in.seen:
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)  # the zombie close left behind, reaped here
@@ -111,6 +117,25 @@ def test_a_worker_that_does_not_die_after_sigkill_is_reported_and_close_still_re
     assert not os.path.exists(directory) and runner.shm_directory is None
     assert [p.pid for p in multiprocessing.active_children()] == []
     assert not Path(f"/proc/{other}").exists()
+
+
+def test_a_big_worker_still_exiting_2_s_after_sigkill_is_reaped_not_reported(
+    tmp_path, caplog, monkeypatch, never_exiting
+):
+    """A killed worker is reaped once the kernel has freed its memory, which takes time in
+    proportion to it (4 GiB in 4 KiB pages took 1 s on two loaded cores). close() gave every worker
+    2 s after SIGKILL whatever it held, so one of 8 GiB on a loaded machine was reported as never
+    dying (uninterruptible sleep) and left a zombie for the trainer's lifetime. The wait now grows
+    with the largest worker's resident memory."""
+    monkeypatch.setattr(process, "_resident_bytes", lambda pid: 8 << 30, raising=False)
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("decode", lambda x: x, 1)])
+    [worker] = runner.worker_pids()
+    never_exiting(worker, seen_after_kill_s=3.0)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        close_within_bound(runner)
+    assert [record.getMessage() for record in caplog.records] == []
+    assert not Path(f"/proc/{worker}").exists(), "reaped"
 
 
 def kill_if_still_a_child(pid: int) -> None:
