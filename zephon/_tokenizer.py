@@ -231,3 +231,16 @@ class _PoolDecision:
 
 
 _pool_decision = _PoolDecision()
+
+
+def _renew_pool_decision_lock_in_child() -> None:
+    """In a forked child: a new lock for the pool decision, taking none. A fork copies it held when
+    another thread of the parent was deciding (building the process's first tokenize operator),
+    by a thread the child does not have, and the child's first loader with a tokenize operator
+    waited for it for ever. The child keeps the decision and the environment as they were copied:
+    forked between deciding and writing the variable, its tokenizers keep their own pool (a
+    matter of speed only; the tokens are the same)."""
+    _pool_decision.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_pool_decision_lock_in_child)
