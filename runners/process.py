@@ -85,7 +85,7 @@ _PIPELINED_MESSAGE_MAX = 32 * 1024
 # deadline further off is reached in several waits instead.
 _LONGEST_WAIT_S = 3600.0
 
-# How long close waits for a process's exit after SIGKILL: this, and `_REAP_WAIT_S_PER_GIB` for
+# How long close, and the reader for a worker it killed past task_timeout_s, wait for its exit after SIGKILL: this, and `_REAP_WAIT_S_PER_GIB` for
 # each GiB the largest worker holds (`_reap_wait_s`). A killed process is reaped once the kernel has
 # torn down its memory, which takes time in proportion to it: 4 GiB in 4 KiB pages took 1.0 s on
 # two loaded cores, so a worker holding 8 GiB was reported as never dying and left a zombie. One in
@@ -134,6 +134,21 @@ class _Worker:
     deadline: float | None = None  # for tasks[0]
     broken: bool = False  # a send failed; the reader will see the sentinel and retire it
     abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
+    grace_s: float = _REAP_WAIT_S  # once killed past task_timeout_s: how long its reaping may take
+
+
+@dataclass(eq=False)
+class _Dying:
+    """A worker the reader killed past `task_timeout_s` and retired before its exit was seen: the
+    reader reaps it once it has exited, or reports it at `reap_by` and gives up on it."""
+
+    process: multiprocessing.process.BaseProcess
+    stage: str
+    grace_s: float  # how long after its kill it may take to be reaped (`_reap_wait_s`)
+    reap_by: float
+    # Request-arena blocks it held: free only once it is reaped. A process in uninterruptible
+    # sleep has its I/O still under way, which may be a read into one of them.
+    request_blocks: set[int]
 
 
 class ProcessRunner:
@@ -141,7 +156,9 @@ class ProcessRunner:
 
     Options (keyword-only, all optional):
 
-    - `task_timeout_s`: a worker running one item for longer is killed and handled like a crash.
+    - `task_timeout_s`: a worker running one item for longer is killed and handled like a crash,
+      at once: its exit is not waited for (one in uninterruptible sleep outlives SIGKILL), and one
+      not reaped 2 s after the kill is reported and left a zombie, as `close()` does.
     - `max_retries`: how many times an item is re-run after its worker died or timed out; an item is
       attempted at most `1 + max_retries` times before its future fails with `WorkerCrashedError`.
     - `oob_threshold_bytes`: buffers at least this large go through shared memory, smaller ones
@@ -239,6 +256,7 @@ class ProcessRunner:
         self._at_exit: functools.partial | None = None  # registered with atexit while started
         self._watch = _Watch()  # the reader thread's own
         self._workers: list[_Worker] = []
+        self._dying: list[_Dying] = []  # the reader's own, then close's once the reader has stopped
         self._queued: list[deque[_Task]] = []
         # Every future submitted and not yet resolved, wherever its task is (queued, sent, or its
         # reply in the reader's hands): what `_fail_everything` fails and `close` cancels, so that
@@ -384,6 +402,7 @@ class ProcessRunner:
             self._leave_to_a_later_close("a thread sending an item to a worker still held the runner's lock", clock)
             return
         self._stop_workers(clock)
+        self._reap_dying(until=max((dying.reap_by for dying in self._dying), default=0.0))
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
         for fd in fds:
             if fd >= 0:
@@ -436,8 +455,8 @@ class ProcessRunner:
         other runners' sweeps, and after this process exits it is theirs to remove.
         multiprocessing's exit hook, which joins every child it knows of without a bound, is told
         to forget the workers."""
-        for worker in list(self._workers):
-            _forget_process(worker.process)
+        for process in [worker.process for worker in list(self._workers)] + [dying.process for dying in list(self._dying)]:
+            _forget_process(process)
         for future in list(self._held):
             if self._claim(future):
                 end_in_close(_log, cancel_and_notify, future)
@@ -518,13 +537,11 @@ class ProcessRunner:
             if reaped:
                 worker.process.close()
                 continue
-            _forget_process(worker.process)
-            _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
-                         "sleep: a hung NFS read, say); left unreaped",
-                         self._stages[worker.stage].name, worker.process.pid, clock.grace_s)
+            _give_up_on(worker.process, self._stages[worker.stage].name, clock.grace_s)
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
-        """Reap a dead worker, re-queue or fail its items, and fork its replacement.
+        """Reap a dead worker (one killed past `task_timeout_s` just now is reaped later, by
+        `_reap_dying`), re-queue or fail its items, and fork its replacement.
 
         Only the item it was running counts an attempt (none does for a worker abandoned after an
         interrupted send); the one waiting in its pipe goes back to the queue as it was. The
@@ -532,13 +549,18 @@ class ProcessRunner:
         are encoded again if they are re-run.
         """
         self._workers.remove(worker)
-        worker.process.join()
         worker.conn.close()
-        worker.process.close()
-        if worker.request_blocks:
-            self._requests.give_back(worker.request_blocks)
-            worker.request_blocks.clear()
         stage = self._stages[worker.stage]
+        if worker.process.exitcode is None:  # killed past task_timeout_s just now: reaped later
+            self._dying.append(
+                _Dying(worker.process, stage.name, worker.grace_s, time.monotonic() + worker.grace_s,
+                       set(worker.request_blocks))
+            )
+        else:
+            worker.process.close()
+            if worker.request_blocks:
+                self._requests.give_back(worker.request_blocks)
+        worker.request_blocks.clear()
         running = 0 if worker.abandoned else 1  # how many of its tasks count an attempt
         if worker.abandoned:
             _log.warning("stage %r: worker %s after a send to it was interrupted; re-running its items",
@@ -675,9 +697,13 @@ class ProcessRunner:
             self._watch.close()
 
     def _read_once(self) -> None:
+        if self._dying:
+            self._reap_dying(until=time.monotonic())
         with self._lock:
             workers = list(self._workers)
             deadlines = [worker.deadline for worker in workers if worker.deadline is not None]
+        if self._dying:
+            deadlines += [dying.reap_by for dying in self._dying]
         timeout = min(_LONGEST_WAIT_S, max(0.0, min(deadlines) - time.monotonic())) if deadlines else None
         by_conn = {worker.conn: worker for worker in workers}
         ready = self._watch.wait(workers, self._wake_r, timeout)
@@ -704,8 +730,11 @@ class ProcessRunner:
         for worker in workers:
             expired = worker.deadline is not None and worker.deadline <= now
             if expired and worker not in replies and worker not in dead:
+                # Not waited for here: one in uninterruptible sleep (a hung NFS read) outlives
+                # SIGKILL, and every other worker's replies waited with it. It is retired at once
+                # and reaped later (`_reap_dying`).
+                worker.grace_s = _reap_wait_s(_resident_bytes(worker.process.pid))  # before its memory goes
                 worker.process.kill()
-                worker.process.join()
                 dead[worker] = f"(pid {worker.process.pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed"
 
         decoded = [
@@ -727,6 +756,21 @@ class ProcessRunner:
             for index in range(len(self._stages)):
                 self._dispatch_locked(index, resolutions)
         self._resolve(resolutions)
+
+    def _reap_dying(self, until: float) -> None:
+        """Reap each killed worker that has exited by `until` (waiting for none past its
+        `reap_by`), freeing its request blocks; report and give up on one still there at its
+        `reap_by`, as close does (`_give_up_on`)."""
+        for dying in list(self._dying):
+            if not _join(dying.process, min(until, dying.reap_by)) and time.monotonic() < dying.reap_by:
+                continue
+            self._dying.remove(dying)
+            if dying.process.exitcode is None:
+                _give_up_on(dying.process, dying.stage, dying.grace_s)
+                continue
+            dying.process.close()
+            if dying.request_blocks:
+                self._requests.give_back(dying.request_blocks)
 
     def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, tuple[int, ...], int, int]:
         """(ok, value, request blocks the worker released, pipe bytes, shm bytes) of one reply; a
@@ -934,6 +978,14 @@ def _resident_bytes(pid: int | None) -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _give_up_on(process: multiprocessing.process.BaseProcess, stage: str, waited_s: float) -> None:
+    """Report a worker not reaped `waited_s` after SIGKILL and leave it a zombie until this
+    process exits: multiprocessing, whose exit hook joins its children without a bound, forgets it."""
+    _forget_process(process)
+    _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
+                 "sleep: a hung NFS read, say); left unreaped", stage, process.pid, waited_s)
 
 
 def _wait_left(deadline: float) -> float:

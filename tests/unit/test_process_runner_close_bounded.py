@@ -1,8 +1,9 @@
 """A process runner's close() returns within `close_timeout_s` and 2 s (and 1 s per GiB the largest
 worker holds) whatever its workers do: one that does not die after SIGKILL (uninterruptible sleep on
 a hung NFS read), one stopped part-way through a reply or before reading an item larger than its
-pipe holds, a reader thread stuck reaping. Each made close wait for ever, and interpreter exit with
-it. A big worker still being torn down is waited for, not reported.
+pipe holds, a reader thread stuck in a done-callback. Each made close wait for ever, and interpreter
+exit with it. A big worker still being torn down is waited for, not reported. Nor does the reader
+thread, while the runner runs, wait without a bound for a worker it killed past `task_timeout_s`.
 
 Linux offers no process that SIGKILL cannot end on demand (a stopped one dies too), so a worker
 whose exit never comes is stood in for by its `multiprocessing` handle: its `poll` and `wait`, the
@@ -21,13 +22,12 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
 
-from runners import ProcessRunner, process
+from runners import ProcessRunner, WorkerCrashedError, process
 from zephon._runner import Stage
 
 # Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close
@@ -185,46 +185,76 @@ def test_a_worker_stopped_part_way_through_a_reply_does_not_hold_close(tmp_path)
     assert not Path(f"/proc/{worker}").exists()
 
 
-def reader_stuck_reaping(tmp_path: Path, never_exiting: NeverExiting) -> tuple[ProcessRunner, Future]:
-    """A runner whose reader thread killed a worker past `task_timeout_s` and waits for its exit,
-    which does not come until `never_exiting.release()`; the future of the item it ran."""
-    marker = tmp_path / "running"
-
-    def hang(_):
-        Path(marker).touch()
-        time.sleep(3600)
-
-    runner = ProcessRunner(task_timeout_s=0.5, close_timeout_s=0.2, shm_root=str(tmp_path))
-    runner.start([Stage("hung", hang, 1)])
-    [worker] = runner.worker_pids()
-    never_exiting(worker)
-    future = runner.submit(0, 0)
-    wait_for(marker)
-    deadline = time.monotonic() + BOUND_S
-    while Path(f"/proc/{worker}/status").read_text().find("State:\tZ") < 0 and time.monotonic() < deadline:
-        time.sleep(0.01)  # killed by the reader, which now waits for its exit
-    return runner, future
-
-
-def test_a_reader_thread_stuck_reaping_a_worker_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
+def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_workers_replies(
     tmp_path, caplog, never_exiting
 ):
-    """The reader kills a worker past `task_timeout_s` and reaps it; a worker that never dies held
-    the reader there, and close(), which joined the reader without a bound, for ever. close() now
-    gives the reader `close_timeout_s`, kills the workers, gives it 2 s more, then reports it,
-    cancels every item and leaves what the reader may still touch (workers, pipes, the directory,
-    locked by `owner.lock` so that no other runner takes it) to a later close, the exit hook's at
-    the latest."""
-    runner, future = reader_stuck_reaping(tmp_path, never_exiting)
-    directory = runner.shm_directory
+    """The reader killed a worker past `task_timeout_s` and waited for its exit without a bound: a
+    worker in uninterruptible sleep held the reader there, and no reply of any other worker was
+    read again while the loader ran. The reader now retires it at once (its item fails with the
+    timeout named, or is re-run), reads the others' replies meanwhile, and reports it 2 s after
+    SIGKILL with close's warning, leaving it to multiprocessing to forget."""
+    marker = tmp_path / "running"
+
+    def hang_on_minus_one(x):
+        if x == -1:
+            Path(marker).touch()
+            time.sleep(3600)
+        return x
+
+    runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("nfs", hang_on_minus_one, 2)])
+    stuck, _ = runner.worker_pids()
+    never_exiting(stuck)
     with caplog.at_level(logging.WARNING, logger="runners.process"):
+        hung = runner.submit(0, -1)  # to the first idle worker: `stuck`
+        wait_for(marker)
+        deadline = time.monotonic() + BOUND_S
+        while Path(f"/proc/{stuck}/status").read_text().find("State:\tZ") < 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # killed by the reader
+        error = hung.exception(BOUND_S)
+        assert [runner.submit(0, x).result(BOUND_S) for x in range(4)] == list(range(4))
+        deadline = time.monotonic() + BOUND_S
+        while not any("SIGKILL" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.01)
         close_within_bound(runner)
-    warned = [record.getMessage() for record in caplog.records]
-    assert len(warned) == 1 and "reader thread" in warned[0] and "left to a later close" in warned[0], warned
-    assert future.cancelled()
-    assert os.path.exists(directory)
-    assert [p.pid for p in multiprocessing.active_children()] == []  # multiprocessing's exit joins none of them
-    never_exiting.release()  # the worker's exit comes at last: the next close does the rest
+    assert isinstance(error, WorkerCrashedError) and "exceeded task_timeout_s=0.5" in str(error), error
+    unreaped = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert len(unreaped) == 1 and f"stage 'nfs': worker (pid {stuck}) had not exited" in unreaped[0], unreaped
+    assert stuck not in [p.pid for p in multiprocessing.active_children()]  # multiprocessing's exit joins it not
+    assert runner.shm_directory is None
+
+
+def test_a_reader_thread_stuck_in_a_done_callback_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
+    tmp_path, caplog
+):
+    """A done-callback runs on the reader thread; one that never returns held the reader, and
+    close(), which joined the reader without a bound, for ever. close() now gives the reader
+    `close_timeout_s`, kills the workers, gives it 2 s more, then reports it, cancels every item
+    and leaves what the reader may still touch (workers, pipes, the directory, locked by
+    `owner.lock` so that no other runner takes it) to a later close, the exit hook's at the
+    latest."""
+    inside, go_on = threading.Event(), threading.Event()
+
+    def never_returning(_future) -> None:
+        inside.set()
+        go_on.wait(BOUND_S)
+
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("echo", lambda x: x, 1)])
+    try:
+        runner.submit(0, 0).add_done_callback(never_returning)
+        assert inside.wait(BOUND_S), "the reader is in the callback"
+        unread = runner.submit(0, 1)  # its reply waits for the reader
+        directory = runner.shm_directory
+        with caplog.at_level(logging.WARNING, logger="runners.process"):
+            close_within_bound(runner)
+        warned = [record.getMessage() for record in caplog.records]
+        assert len(warned) == 1 and "reader thread" in warned[0] and "left to a later close" in warned[0], warned
+        assert unread.cancelled()
+        assert os.path.exists(directory)
+        assert [p.pid for p in multiprocessing.active_children()] == []  # multiprocessing's exit joins none of them
+    finally:
+        go_on.set()  # the callback returns at last: the next close does the rest
     close_within_bound(runner)
     assert not os.path.exists(directory) and runner.shm_directory is None
 
@@ -260,18 +290,28 @@ def test_a_submit_stuck_sending_to_a_stopped_worker_does_not_hold_close(tmp_path
     assert not os.path.exists(directory) and runner.shm_directory is None
 
 
-def test_the_exit_hook_closes_a_runner_whose_reader_is_stuck_once_and_reports_it_once(
-    tmp_path, caplog, never_exiting
-):
+def test_the_exit_hook_closes_a_runner_whose_reader_is_stuck_once_and_reports_it_once(tmp_path, caplog):
     """The exit hook closed the runner again while its deadline (`close_timeout_s` and 5 s) had not
     passed, as long as the runner was not closed for good: a close left to a later one for a stuck
     reader thread was run again and again, each waiting as long and warning the same, and
     interpreter exit took that much longer. A close of its own ends the hook, whatever it could do."""
-    runner, future = reader_stuck_reaping(tmp_path, never_exiting)
-    with caplog.at_level(logging.WARNING, logger="runners.process"):
-        runner._at_exit()  # what interpreter exit runs for it
-    warned = [record.getMessage() for record in caplog.records]
-    assert len(warned) == 1 and "left to a later close" in warned[0], warned
-    assert future.cancelled()
-    never_exiting.release()
+    inside, go_on = threading.Event(), threading.Event()
+
+    def never_returning(_future) -> None:
+        inside.set()
+        go_on.wait(BOUND_S)
+
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("echo", lambda x: x, 1)])
+    try:
+        runner.submit(0, 0).add_done_callback(never_returning)
+        assert inside.wait(BOUND_S), "the reader is in the callback"
+        unread = runner.submit(0, 1)
+        with caplog.at_level(logging.WARNING, logger="runners.process"):
+            runner._at_exit()  # what interpreter exit runs for it
+        warned = [record.getMessage() for record in caplog.records]
+        assert len(warned) == 1 and "left to a later close" in warned[0], warned
+        assert unread.cancelled()
+    finally:
+        go_on.set()
     close_within_bound(runner)
