@@ -16,6 +16,7 @@ _HOMES = {
     "InlineRunner": ".inline",
     "ProcessRunner": ".process",
     "RunnerFailedError": "._errors",
+    "RunnerReusedError": "._errors",
     "ThreadRunner": ".thread",
     "TransportStats": ".process",
     "WorkerCrashedError": "._errors",

@@ -3,9 +3,9 @@ runner that can run no more (the process runner's machinery broken, a thread stu
 
 from __future__ import annotations
 
-from zephon._errors import ZephonError
+from zephon._errors import ConfigurationError, ZephonError
 
-__all__ = ["RunnerFailedError", "WorkerCrashedError"]
+__all__ = ["RunnerFailedError", "RunnerReusedError", "WorkerCrashedError"]
 
 
 class WorkerCrashedError(ZephonError):
@@ -30,6 +30,15 @@ class WorkerCrashedError(ZephonError):
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.stage, self.attempts, self.cause))
+
+
+class RunnerReusedError(ConfigurationError, RuntimeError):
+    """A runner instance was started a second time: most often a second loader given the same
+    instance through a pipeline's options, or one runner reused after its loader closed.
+
+    A setup mistake, so a ConfigurationError, which is what a training script catches for those;
+    a RuntimeError too, which it was before, so that callers catching that still do.
+    """
 
 
 class RunnerFailedError(ZephonError):

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from zephon._errors import ConfigurationError, check_finite
 from zephon._runner import Stage
 
+from ._errors import RunnerReusedError
+
 __all__ = [
     "cancel_and_notify", "cancelled_future", "check_close_timeout", "check_owner", "check_startable",
     "check_task_timeout", "end_in_close", "end_on_runner_thread", "exit_hook", "set_unless_ended", "stage_at",
@@ -58,15 +60,16 @@ def check_close_timeout(close_timeout_s: float) -> float:
     return close_timeout_s
 
 
-def check_startable(started: bool, closed: bool) -> None:
+def check_startable(runner: object, started: bool, closed: bool) -> None:
     """`start` runs once per runner. A second call is most often a second loader given the same
     instance through a pipeline's options (a resume in the same process, another iteration of the
-    pipeline), which never called `start` itself: the message says what to do."""
+    pipeline), which never called `start` itself: the message says what to do, naming the runner."""
     if started or closed:
-        raise RuntimeError(
-            "start() may be called once, before close(): a runner instance serves one loader; for runner "
-            "options every loader of a pipeline can use, give a factory, e.g. "
-            "functools.partial(ProcessRunner, task_timeout_s=30)"
+        kind = type(runner).__name__
+        raise RunnerReusedError(
+            f"this {kind} was started or closed already (start() may be called once, before close()): a runner "
+            "instance serves one loader; pass a runner name or factory instead, so that each loader makes its own: "
+            f"runner={runner.name!r}, or for runner options functools.partial({kind}, ...)"
         )
 
 

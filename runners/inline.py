@@ -35,7 +35,7 @@ class InlineRunner:
         self._closed = False
 
     def start(self, stages: Sequence[Stage]) -> None:
-        check_startable(self._stages is not None, self._closed)
+        check_startable(self, self._stages is not None, self._closed)
         self._stages = validate_stages(stages)
 
     def submit(self, stage_index: int, item: Any) -> Future:

@@ -285,7 +285,7 @@ class ProcessRunner:
             )
 
     def start(self, stages: Sequence[Stage]) -> None:
-        check_startable(self._stages is not None, self._closing)
+        check_startable(self, self._stages is not None, self._closing)
         if multiprocessing.current_process().daemon:
             # multiprocessing refuses children to a daemonic process with a bare AssertionError from
             # deep inside it (and under `python -O` would fork them anyway): say where, and what to use.

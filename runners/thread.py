@@ -134,7 +134,7 @@ class ThreadRunner:
         self._reported: dict[threading.Thread, object] = {}
 
     def start(self, stages: Sequence[Stage]) -> None:
-        check_startable(self._stages is not None, self._closed)
+        check_startable(self, self._stages is not None, self._closed)
         self._stages = validate_stages(stages)
         self._pid = os.getpid()
         try:

@@ -200,16 +200,20 @@ def test_a_loader_looks_its_runner_up_among_the_entry_points_once(spec_pipeline,
     assert len(lookups) == 1
 
 
-def test_a_runner_instance_in_the_options_serves_one_loader_and_a_second_loader_says_so(spec_pipeline):
-    """`.options(runner=ProcessRunner(task_timeout_s=30))` is how runner options are given
-    (RELIABILITY.md); a second loader of that pipeline (a resume in the same process, another
-    `for batch in pipeline`) failed with "start() may be called once", which it never called."""
+def test_a_runner_instance_given_to_a_second_loader_is_a_configuration_error_saying_to_pass_a_factory(spec_pipeline):
+    """`.options(runner=ThreadRunner())` is one runner for one loader; a second loader of that
+    pipeline (a resume in the same process, another `for batch in pipeline`) failed with a bare
+    RuntimeError, "start() may be called once", which it never called, and not with the
+    ConfigurationError a training script catches for setup mistakes."""
     pipeline = spec_pipeline.options(runner=ThreadRunner(), num_lanes=2)
     with pipeline.shard(0, 1, global_batch_size=16) as loader:
         next(iter(loader))
     with pipeline.shard(0, 1, global_batch_size=16) as loader:
-        with pytest.raises(RuntimeError, match="a runner instance serves one loader; for runner options every loader"):
+        with pytest.raises(ConfigurationError) as refused:
             next(iter(loader))
+    assert isinstance(refused.value, RuntimeError), "a caller catching RuntimeError, as it had to, no longer did"
+    assert "a runner instance serves one loader" in str(refused.value)
+    assert "runner='thread', or for runner options functools.partial(ThreadRunner, ...)" in str(refused.value)
 
 
 def test_the_runner_choice_is_said_at_info_by_rank_0_alone_naming_the_runner_and_why(
