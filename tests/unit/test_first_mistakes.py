@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from zephon import ConfigurationError, Pipeline
+from zephon.integrations.torchtitan import ZephonDataLoader
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -95,3 +96,22 @@ def test_a_closed_loader_says_how_to_go_on_and_the_state_it_still_gives_resumes_
         again.load_state_dict(loader.state_dict())
         resumed = next(iter(again)).digest()
     assert taken + [resumed] == expected
+
+
+def test_a_closed_torchtitan_loader_says_to_build_a_new_one_and_load_its_state_not_to_shard_the_pipeline(
+    datasets, demo_tokenizer_path
+):
+    """The adapter passed on the rank loader's refusal, "make a new loader with pipeline.shard(...)",
+    which is no loader a TorchTitan trainer can use."""
+    source = StaticMixtureWorkSource(datasets, mixture={"bible": 0.7, "jargon": 0.3}, records_per_chunk=8)
+    pipeline = readme_pipeline(source, demo_tokenizer_path)
+    loader = ZephonDataLoader(pipeline, 0, 1, global_batch_size=16)
+    loader.close()
+    with pytest.raises(ConfigurationError) as refused:
+        next(iter(loader))
+    assert str(refused.value) == (
+        "this ZephonDataLoader is closed; build a new ZephonDataLoader and, to go on where this one stopped, "
+        "give it load_state_dict(state) of a state_dict() this one gave (it still gives one once closed)"
+    )
+    with ZephonDataLoader(pipeline, 0, 1, global_batch_size=16) as again:
+        again.load_state_dict(loader.state_dict())

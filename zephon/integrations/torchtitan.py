@@ -56,6 +56,13 @@ TORCHTITAN_VERSION = "0.3.0"
 STATE_KEY = "zephon_state"
 """The one key of `ZephonDataLoader.state_dict()`: the JSON state of every lane."""
 
+_MAKE_ANOTHER = (
+    "build a new ZephonDataLoader and, to go on where this one stopped, give it load_state_dict(state) of "
+    "a state_dict() this one gave (it still gives one once closed)"
+)
+"""What a closed ZephonDataLoader's refusal tells its caller to do: the rank loader's own advice,
+a loader from `pipeline.shard(...)`, is not one a TorchTitan trainer can use."""
+
 try:
     from torchtitan.components.dataloader import BaseDataLoader as _TitanBase
 except ImportError:  # torchtitan (or torch) is optional: implement the contract without it
@@ -333,8 +340,11 @@ class ZephonDataLoader(_Base):
                     self._taking = (os.getpid(), mark)
                     group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
                     batch = self._collate(group) if group else None
-                except BaseException:
+                except BaseException as exc:
                     self._loader._take_up(*mark)
+                    if isinstance(exc, ConfigurationError) and self._loader._closed:
+                        # The rank loader's refusal says to make a loader with pipeline.shard(...).
+                        raise ConfigurationError(f"this ZephonDataLoader is closed; {_MAKE_ANOTHER}") from None
                     raise
                 finally:
                     self._taking = None
