@@ -126,7 +126,10 @@ def _load_tokenizer(tokenizer_id: str, split_special_tokens: bool, version: tupl
         except Exception as exc:  # the hub library raises many types; all mean "not loadable"
             # A local directory without a tokenizer.json is tried as a hub id too (a folder named
             # like the hub id may sit in the working directory), but the message says what it is.
-            local = "a directory holding no tokenizer.json" if directory else "not a local tokenizer.json or directory"
+            # A missing one may be a local path mistyped (`tokenizers/gpt2`): say where it was looked for.
+            local = "a directory holding no tokenizer.json" if directory else (
+                f"not a local tokenizer.json or directory{relative_path_note(tokenizer_id)}"
+            )
             # Without a network the hub library retries for ~20 s, logging each try, before this.
             offline = "" if os.environ.get("HF_HUB_OFFLINE") else (
                 "; on a machine that cannot reach the hub, give the tokenizer.json's path "

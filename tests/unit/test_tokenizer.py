@@ -86,6 +86,35 @@ def test_a_hub_id_the_hub_cannot_provide_says_how_to_fail_at_once_offline(monkey
         load_tokenizer("gpt2")
 
 
+@pytest.mark.parametrize("directory_there", [False, True], ids=["nothing there", "a directory without tokenizer.json"])
+def test_a_hub_shaped_id_neither_local_nor_on_the_hub_names_the_working_directory_it_was_looked_for_from(
+    directory_there, tmp_path, monkeypatch
+):
+    """`tokenizers/gpt2`, a local path mistyped (one slash, no `.json`), is tried as a hub id; its
+    refusal said "not a local tokenizer.json or directory" without the working directory that other
+    relative paths name, so a script run from another directory did not say where it had looked."""
+    from tokenizers import Tokenizer
+
+    def unreachable(name):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(Tokenizer, "from_pretrained", unreachable)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    if directory_there:
+        (tmp_path / "tokenizers" / "gpt2").mkdir(parents=True)
+    with pytest.raises(ConfigurationError) as refused:
+        load_tokenizer("tokenizers/gpt2")
+    note = f" (a relative path: looked for from the working directory {tmp_path})"
+    local = "a directory holding no tokenizer.json" if directory_there else (
+        f"not a local tokenizer.json or directory{note}"
+    )
+    assert str(refused.value) == (
+        f"cannot load tokenizer 'tokenizers/gpt2': {local}, and the hub could not provide it "
+        "(Name or service not known)"
+    )
+
+
 @pytest.fixture
 def undecided_pool(monkeypatch):
     """A process in which no tokenize operator was built yet, with the variable as the test sets it."""
