@@ -89,8 +89,8 @@ _LONGEST_WAIT_S = 3600.0
 # each GiB the largest worker holds (`_reap_wait_s`). A killed process is reaped once the kernel has
 # torn down its memory, which takes time in proportion to it: 4 GiB in 4 KiB pages took 1.0 s on
 # two loaded cores, so a worker holding 8 GiB was reported as never dying and left a zombie. One in
-# uninterruptible sleep (a hung NFS read) dies only when that sleep ends, possibly never. Within the
-# exit hook's margin, `_EXIT_WAIT_MARGIN_S`, for workers of up to 3 GiB.
+# uninterruptible sleep (a hung NFS read) dies only when that sleep ends, possibly never. The exit
+# hook, waiting for a close on another thread, waits this long too (`_CloseClock.ends`).
 _REAP_WAIT_S = 2.0
 _REAP_WAIT_S_PER_GIB = 1.0
 
@@ -254,6 +254,7 @@ class ProcessRunner:
         self._wake_r = self._wake_w = -1
         self._reader: threading.Thread | None = None
         self._at_exit: functools.partial | None = None  # registered with atexit while started
+        self._close_clock: _CloseClock | None = None  # the latest close's, read by the exit hook
         self._watch = _Watch()  # the reader thread's own
         self._workers: list[_Worker] = []
         self._dying: list[_Dying] = []  # the reader's own, then close's once the reader has stopped
@@ -391,7 +392,7 @@ class ProcessRunner:
         workers are killed (which also ends a wait for a stopped worker's half-sent reply or for
         room in its pipe) and everything gets `_reap_wait_s` more. A reader thread or a lock
         still not free then leaves the rest to a later close (`_leave_to_a_later_close`)."""
-        clock = _CloseClock(self._close_timeout_s, self._kill_workers)
+        clock = self._close_clock = _CloseClock(self._close_timeout_s, self._kill_workers)
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             self._wake()
@@ -402,7 +403,7 @@ class ProcessRunner:
             self._leave_to_a_later_close("a thread sending an item to a worker still held the runner's lock", clock)
             return
         self._stop_workers(clock)
-        self._reap_dying(until=max((dying.reap_by for dying in self._dying), default=0.0))
+        self._reap_dying(until=clock.reach(max((dying.reap_by for dying in self._dying), default=0.0)))
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
         for fd in fds:
             if fd >= 0:
@@ -851,10 +852,15 @@ class _CloseClock:
     """The deadlines of one close: `close_timeout_s` from its start for the reader thread, the
     runner's lock and the workers to be done by themselves; then, once the workers are killed (once
     only), `_reap_wait_s` of the largest worker for the rest. So close returns within
-    `close_timeout_s` and that."""
+    `close_timeout_s` and that, or by the `reap_by` of a worker the reader killed before, if later.
+
+    `ends` is when the close's last wait ends, as far as known so far: the exit hook, waiting for a
+    close another thread runs, reads it on every poll, so that it waits as long as that close's
+    grace, which only the kill can tell (a flat `close_timeout_s` and 5 s gave up first on
+    workers of over 3 GiB, and exit then cut the close short)."""
 
     def __init__(self, timeout_s: float, kill_workers: Callable[[], int]) -> None:
-        self.deadline = time.monotonic() + timeout_s
+        self.deadline = self.ends = time.monotonic() + timeout_s
         self._kill_workers = kill_workers
         self._grace_ends: float | None = None
         self.grace_s = 0.0
@@ -867,8 +873,13 @@ class _CloseClock:
         """Kill every worker, the first time; when the grace after that kill ends."""
         if self._grace_ends is None:
             self.grace_s = _reap_wait_s(self._kill_workers())
-            self._grace_ends = time.monotonic() + self.grace_s
+            self._grace_ends = self.reach(time.monotonic() + self.grace_s)
         return self._grace_ends
+
+    def reach(self, until: float) -> float:
+        """`until`, a wait's deadline, which `ends` now covers."""
+        self.ends = max(self.ends, until)
+        return until
 
 
 class _Watch:
@@ -933,8 +944,9 @@ def _forget_process(process: multiprocessing.process.BaseProcess) -> None:
 os.register_at_fork(after_in_child=_forget_the_parents_workers)
 
 
-# How much longer than close_timeout_s the exit hook waits for a close another thread is running:
-# the kill, the reaping and the removal of the directory that follow the wait for the workers.
+# How much longer than the end of a close's last wait (`_CloseClock.ends`) the exit hook waits for
+# that close, another thread's: the kill (measuring the workers' memory first), and the closing of
+# pipes and removal of the directory after the waits.
 _EXIT_WAIT_MARGIN_S = 5.0
 
 
@@ -946,23 +958,31 @@ def _close_at_exit(runner: ProcessRunner, pid: int) -> None:
 
     A close under way on another thread (the closer thread, closing a dropped loader's runner)
     made `close()` here return at once, and interpreter exit then cut that close short, leaving the
-    directory behind: the hook waits for it, for as long as a close takes (`close_timeout_s` and
-    a margin), then finishes whatever is left. It polls `locked()` rather than taking the lock: an
-    exit hook must never block on a lock. It waits again only when its own close returned because
-    the other thread took the lock just after the hook looked. A close of its own that left the rest
-    to a later close (a reader thread still busy) ends it too: another would wait as long again for
-    the same thread and report it again, and the hook closed the runner again until its deadline
-    had passed (three closes, three warnings, for `close_timeout_s=0.2`). A done-callback raising a
-    BaseException as the close cancels a held future is logged and the close goes on
-    (`exit_hook`): nothing closes the runner later."""
+    directory behind: the hook waits for it, for as long as that close's waits last (its clock's
+    `ends`, which grows once it kills the workers, and a margin; at least `close_timeout_s` and the
+    margin from now, as that close may not have published its clock yet), then finishes whatever
+    is left. It polls `locked()` rather than taking the lock: an exit hook must never block on a
+    lock. It waits again only when its own close returned because the other thread took the lock
+    just after the hook looked. A close of its own that left the rest to a later close (a reader
+    thread still busy) ends it too: another would wait as long again for the same thread and
+    report it again, and the hook closed the runner again until its deadline had passed (three
+    closes, three warnings, for `close_timeout_s=0.2`). A done-callback raising a BaseException as
+    the close cancels a held future is logged and the close goes on (`exit_hook`): nothing closes
+    the runner later."""
     if os.getpid() != pid:
         return
-    deadline = time.monotonic() + runner._close_timeout_s + _EXIT_WAIT_MARGIN_S
+    at_least = time.monotonic() + runner._close_timeout_s + _EXIT_WAIT_MARGIN_S
+
+    def waited_enough() -> bool:
+        clock = runner._close_clock
+        ends = at_least if clock is None else max(at_least, clock.ends + _EXIT_WAIT_MARGIN_S)
+        return time.monotonic() >= ends
+
     with exit_hook():
         while True:
-            while runner._close_lock.locked() and time.monotonic() < deadline:
+            while runner._close_lock.locked() and not waited_enough():
                 time.sleep(0.01)
-            if runner._close() or time.monotonic() >= deadline:
+            if runner._close() or waited_enough():
                 return
 
 

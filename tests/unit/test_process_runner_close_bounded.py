@@ -22,6 +22,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -315,3 +316,71 @@ def test_the_exit_hook_closes_a_runner_whose_reader_is_stuck_once_and_reports_it
     finally:
         go_on.set()
     close_within_bound(runner)
+
+
+@contextmanager
+def closing_on_another_thread(runner: ProcessRunner) -> Iterator[None]:
+    """While the closer thread is closing `runner` (it has taken the close lock)."""
+    closing = threading.Thread(target=runner.close, name="zephon-runner-closer", daemon=True)
+    closing.start()
+    deadline = time.monotonic() + BOUND_S
+    while not runner._close_lock.locked() and closing.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert runner._close_lock.locked(), "the check below must have something to see"
+    try:
+        yield
+    finally:
+        closing.join(BOUND_S)
+
+
+def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_big_worker(
+    tmp_path, caplog, monkeypatch, never_exiting
+):
+    """The exit hook waited for a close under way on another thread for `close_timeout_s` and 5 s,
+    but that close gives its killed workers 2 s and 1 s per GiB the largest holds: with 6 GiB
+    (8 s), the hook gave up first, interpreter exit cut the close short and the buffer directory
+    stayed. The hook now waits until the close's own last deadline, and a margin."""
+    monkeypatch.setattr(process, "_resident_bytes", lambda pid: 6 << 30, raising=False)
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("decode", lambda x: x, 1)])
+    [worker] = runner.worker_pids()
+    directory = runner.shm_directory
+    never_exiting(worker)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        with closing_on_another_thread(runner):
+            runner._at_exit()  # what interpreter exit runs for it
+            assert not os.path.exists(directory) and runner.shm_directory is None, "removed before the hook returned"
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1 and "had not exited 8.0 s after SIGKILL" in warned[0], warned
+
+
+def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_worker_killed_past_task_timeout(
+    tmp_path, caplog, monkeypatch, never_exiting
+):
+    """A worker the reader killed past `task_timeout_s` is waited for by close until its own
+    `reap_by` (2 s and 1 s per GiB after that kill), which may end after close's other waits; the
+    exit hook, waiting for that close on another thread, gave up `close_timeout_s` and 5 s after it
+    began, and the buffer directory stayed. It now waits until that `reap_by` too, and a margin."""
+    monkeypatch.setattr(process, "_resident_bytes", lambda pid: 6 << 30, raising=False)
+    marker = tmp_path / "running"
+
+    def hang_on_minus_one(x):
+        if x == -1:
+            Path(marker).touch()
+            time.sleep(3600)
+        return x
+
+    runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("nfs", hang_on_minus_one, 1)])
+    [stuck] = runner.worker_pids()
+    directory = runner.shm_directory
+    never_exiting(stuck)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        hung = runner.submit(0, -1)
+        wait_for(marker)
+        assert isinstance(hung.exception(BOUND_S), WorkerCrashedError)  # killed and retired by the reader
+        with closing_on_another_thread(runner):
+            runner._at_exit()  # what interpreter exit runs for it
+            assert not os.path.exists(directory) and runner.shm_directory is None, "removed before the hook returned"
+    unreaped = [record.getMessage() for record in caplog.records if "SIGKILL" in record.getMessage()]
+    assert len(unreaped) == 1 and f"worker (pid {stuck}) had not exited 8.0 s after SIGKILL" in unreaped[0], unreaped
