@@ -14,37 +14,20 @@ the suite.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import threading
-import traceback
 
 import pytest
 
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
-from tests.unit.test_loader_fork import CHILD_ALARM_S, CHILD_DEADLINE_S, GUARD_S, HoldOnce, _exit_code_within
+from tests.unit.test_loader_fork import GUARD_S, HoldOnce, hold_in_a_thread, run_in_a_child, what_the_child_wrote
 from zephon import _tokenizer
 from zephon.work import TokenEstimation
 
 
-def _fork_and_build(pipeline, layout, out) -> int | None:
-    """Fork; the child builds a loader from `pipeline`, iterates it to its end and closes it,
-    writing the batches' digests to `out`. Returns the child's exit code (None: it hung)."""
-    child = os.fork()
-    if child == 0:
-        code = 1
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler, copied with the test
-            signal.alarm(CHILD_ALARM_S)
-            with pipeline.shard(0, 1, **layout) as loader:
-                out.write_text(json.dumps([batch.digest() for batch in loader]))
-            code = 0
-        except BaseException:
-            out.with_suffix(".error").write_text(traceback.format_exc())
-        finally:
-            os._exit(code)
-    return _exit_code_within(child, CHILD_DEADLINE_S)
+def _build_and_iterate(pipeline, layout):
+    """The child's work: build a loader from `pipeline`, iterate it to its end, close it."""
+    with pipeline.shard(0, 1, **layout) as loader:
+        return [batch.digest() for batch in loader]
 
 
 def _hold_measuring_in_a_build(pipeline, monkeypatch):
@@ -61,16 +44,7 @@ def _hold_measuring_in_a_build(pipeline, monkeypatch):
 def _hold_the_pool_decision(pipeline, monkeypatch):
     """Another thread holding the tokenizer's pool decision, as the first tokenize operator built
     in a process does while it decides tokenizers' pool and says so."""
-    held = HoldOnce(lambda: None)
-    held.arm()
-
-    def deciding() -> None:
-        with _tokenizer._pool_decision.lock:
-            held()
-
-    thread = threading.Thread(target=deciding)
-    thread.start()
-    return held, thread
+    return hold_in_a_thread(_tokenizer._pool_decision.lock)
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
@@ -92,10 +66,8 @@ def test_a_child_forked_while_another_thread_builds_a_loader_builds_and_iterates
     out = tmp_path / "child.json"
     try:
         assert held.wait_inside(), "the lock is held"
-        code = _fork_and_build(pipeline, layout, out)
+        code = run_in_a_child(lambda: _build_and_iterate(pipeline, layout), out)
     finally:
         held.release()
         thread.join(GUARD_S)
-    error = out.with_suffix(".error")
-    assert code == 0, error.read_text() if error.exists() else f"the child hung ({code}: its alarm ended it)"
-    assert json.loads(out.read_text()) == reference
+    assert what_the_child_wrote(code, out) == reference

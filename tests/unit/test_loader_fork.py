@@ -74,25 +74,58 @@ def _exit_code_within(child: int, seconds: float) -> int | None:
     return None
 
 
-def _fork_and_use_the_copy(loader, out) -> int | None:
-    """Fork; the child saves its copy's state, iterates the copy to its end and closes it, writing
-    the state and the batches' digests to `out`. Returns the child's exit code (None: it hung)."""
+def run_in_a_child(work, out) -> int | None:
+    """Fork; the child runs `work` under an alarm and writes what it returns to `out` as JSON (its
+    traceback, if it fails, beside it). Returns the child's exit code (None: it hung)."""
     child = os.fork()
     if child == 0:
         code = 1
         try:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler, copied with the test
             signal.alarm(CHILD_ALARM_S)
-            state = loader.state_dict()
-            digests = [batch.digest() for batch in loader]
-            loader.close()
-            out.write_text(json.dumps({"state": state, "digests": digests}))
+            out.write_text(json.dumps(work()))
             code = 0
         except BaseException:
             out.with_suffix(".error").write_text(traceback.format_exc())
         finally:
             os._exit(code)
     return _exit_code_within(child, CHILD_DEADLINE_S)
+
+
+def what_the_child_wrote(code: int | None, out):
+    """What `run_in_a_child` wrote, once its child has exited cleanly."""
+    error = out.with_suffix(".error")
+    assert code == 0, error.read_text() if error.exists() else f"the child hung ({code}: its alarm ended it)"
+    return json.loads(out.read_text())
+
+
+def hold_in_a_thread(lock):
+    """Another thread holding `lock` until the returned HoldOnce is released; and that thread."""
+    held = HoldOnce(lambda: None)
+    held.arm()
+
+    def holding() -> None:
+        with lock:
+            held()
+
+    thread = threading.Thread(target=holding)
+    thread.start()
+    return held, thread
+
+
+def _use_the_copy(loader):
+    """The child's use of its copy: save its state, iterate it to its end, close it."""
+    state = loader.state_dict()
+    digests = [batch.digest() for batch in loader]
+    loader.close()
+    return {"state": state, "digests": digests}
+
+
+def _use_the_titan_copy(titan):
+    """The child's use of its ZephonDataLoader copy: save its state, iterate it to its end, close it."""
+    used = {"state": titan.local_state_dict(), "batches": list(titan)}
+    titan.close()
+    return used
 
 
 def _hold_moving_in_a_save(loader, map_fn, monkeypatch, batches, taken):
@@ -122,16 +155,7 @@ def _hold_moving_in_a_microbatch(loader, map_fn, monkeypatch, batches, taken):
 
 def _hold_lifecycle(loader, map_fn, monkeypatch, batches, taken):
     """Another thread holding `_lifecycle`, as `close()` does while it swaps the lanes out."""
-    held = HoldOnce(lambda: None)
-    held.arm()
-
-    def closer_swapping() -> None:
-        with loader._lifecycle:
-            held()
-
-    thread = threading.Thread(target=closer_swapping)
-    thread.start()
-    return held, thread
+    return hold_in_a_thread(loader._lifecycle)
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
@@ -157,19 +181,17 @@ def test_a_child_forked_while_another_thread_holds_a_loader_lock_saves_iterates_
     try:
         assert held.wait_inside(), "the lock is held"
         handed_over = len(taken)  # the held microbatch, if any, is added once it is released
-        code = _fork_and_use_the_copy(loader, out)
+        code = run_in_a_child(lambda: _use_the_copy(loader), out)
     finally:
         held.release()
         thread.join(GUARD_S)
     try:
-        error = out.with_suffix(".error")
-        assert code == 0, error.read_text() if error.exists() else f"the child hung ({code}: its alarm ended it)"
+        child = what_the_child_wrote(code, out)
         rest = [batch.digest() for batch in batches]
         assert taken + rest == reference, "the parent goes on undisturbed"
         with pipeline.shard(0, 1, **layout) as same_point:
             assert [batch.digest() for _, batch in zip(range(handed_over), same_point)] == taken[:handed_over]
             expected_state = same_point.state_dict()
-        child = json.loads(out.read_text())
         assert child["state"] == expected_state
         assert child["digests"] == reference[handed_over:]
     finally:
@@ -203,32 +225,17 @@ def test_a_child_forked_while_the_titan_loader_takes_a_local_batch_goes_on_from_
     try:
         trainer.start()
         assert collate.wait_inside(), "the trainer's thread holds the local batch"
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                signal.signal(signal.SIGALRM, signal.SIG_DFL)
-                signal.alarm(CHILD_ALARM_S)
-                out.write_text(json.dumps({"state": titan.local_state_dict(), "batches": list(titan)}))
-                titan.close()
-                code = 0
-            except BaseException:
-                out.with_suffix(".error").write_text(traceback.format_exc())
-            finally:
-                os._exit(code)
-        code = _exit_code_within(child, CHILD_DEADLINE_S)
+        code = run_in_a_child(lambda: _use_the_titan_copy(titan), out)
     finally:
         collate.release()
         trainer.join(GUARD_S)
     try:
-        error = out.with_suffix(".error")
-        assert code == 0, error.read_text() if error.exists() else f"the child hung ({code}: its alarm ended it)"
+        child = what_the_child_wrote(code, out)
         assert taken + list(batches) == reference, "the parent goes on undisturbed"
         with ZephonDataLoader(pipeline, 0, 1, size, local_batch_size=size) as same_point:
             same = iter(same_point)
             assert [next(same) for _ in range(TAKEN_BEFORE)] == reference[:TAKEN_BEFORE]
             expected_state = same_point.local_state_dict()
-        child = json.loads(out.read_text())
         assert child["batches"] == reference[TAKEN_BEFORE:]
         assert child["state"] == expected_state
     finally:

@@ -20,11 +20,12 @@ from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
 GUARD_S = 30  # a hang guard only: the events below are set long before
 
 
-class _SaysWhenWaitedFor:
-    """A lock that sets `waited_for` when a thread finds it held and has to wait."""
+class SaysWhenWaitedFor:
+    """A lock (`lock`, a plain one unless given) that sets `waited_for` when a thread finds it held
+    and has to wait."""
 
-    def __init__(self, waited_for: threading.Event) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, waited_for: threading.Event, lock=None) -> None:
+        self._lock = threading.Lock() if lock is None else lock
         self._waited_for = waited_for
 
     def __enter__(self) -> None:
@@ -60,7 +61,7 @@ def test_runner_info_read_on_another_thread_as_the_first_iteration_starts_the_ru
     first_starting, go_on = threading.Event(), threading.Event()
     pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=_held_first_start(made, first_starting, go_on))
     loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
-    loader._starting = _SaysWhenWaitedFor(go_on)
+    loader._starting = SaysWhenWaitedFor(go_on)
     taken = []
     trainer = threading.Thread(target=lambda: taken.append(next(iter(loader))))
     try:

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from tests.unit.test_loader_runner_start import SaysWhenWaitedFor
 from zephon import _lane, _loader
 
 NO_WAIT = {"batches": 0, "total_s": 0.0, "first_s": None, "last_s": None, "longest_s": 0.0}
@@ -116,23 +117,6 @@ GUARD_S = 30  # a hang guard only: the events below are set long before
 SAVE_S = 100.0  # what the clock moves while a save on another thread holds the trainer's next() back
 
 
-class SaysWhenWaitedFor:
-    """A reentrant lock, like the loader's `_moving`, that sets `waited_for` when a thread finds it
-    held by another and has to wait."""
-
-    def __init__(self, waited_for: threading.Event) -> None:
-        self._lock = threading.RLock()
-        self._waited_for = waited_for
-
-    def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            self._waited_for.set()
-            self._lock.acquire()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._lock.release()
-
-
 @pytest.mark.parametrize("which", ["first_next", "later_next"])
 def test_a_next_held_back_by_a_save_on_another_thread_counts_it_as_checkpoint_wait_not_as_data_wait(
         clocked, monkeypatch, which):
@@ -151,7 +135,7 @@ def test_a_next_held_back_by_a_save_on_another_thread_counts_it_as_checkpoint_wa
         return make_state(*args)
 
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
-        loader._moving = SaysWhenWaitedFor(waited_for)
+        loader._moving = SaysWhenWaitedFor(waited_for, threading.RLock())  # reentrant, as `_moving`
         iterator = iter(loader)
         waits = [waited for waited, _ in timed(clock, iterator, 1 if which == "later_next" else 0)]
         monkeypatch.setattr(_loader, "make_state", held_save)

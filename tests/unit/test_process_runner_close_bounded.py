@@ -22,6 +22,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -189,6 +190,19 @@ def test_a_worker_stopped_part_way_through_a_reply_does_not_hold_close(tmp_path)
     assert not Path(f"/proc/{worker}").exists()
 
 
+def hanging_on_minus_one(marker: Path):
+    """A stage function that echoes its item, but on -1 touches `marker` and hangs (a read from a
+    hung NFS server, say)."""
+
+    def hang_on_minus_one(x):
+        if x == -1:
+            marker.touch()
+            time.sleep(3600)
+        return x
+
+    return hang_on_minus_one
+
+
 def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_workers_replies(
     tmp_path, caplog, never_exiting
 ):
@@ -198,13 +212,7 @@ def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_work
     timeout named, or is re-run), reads the others' replies meanwhile, and reports it 2 s after
     SIGKILL with close's warning, leaving it to multiprocessing to forget."""
     marker = tmp_path / "running"
-
-    def hang_on_minus_one(x):
-        if x == -1:
-            Path(marker).touch()
-            time.sleep(3600)
-        return x
-
+    hang_on_minus_one = hanging_on_minus_one(marker)
     runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("nfs", hang_on_minus_one, 2)])
     stuck, _ = runner.worker_pids()
@@ -228,15 +236,10 @@ def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_work
     assert runner.shm_directory is None
 
 
-def test_a_reader_thread_stuck_in_a_done_callback_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
-    tmp_path, caplog
-):
-    """A done-callback runs on the reader thread; one that never returns held the reader, and
-    close(), which joined the reader without a bound, for ever. close() now gives the reader
-    `close_timeout_s`, kills the workers, gives it 2 s more, then reports it, cancels every item
-    and leaves what the reader may still touch (workers, pipes, the directory, locked by
-    `owner.lock` so that no other runner takes it) to a later close, the exit hook's at the
-    latest."""
+@contextmanager
+def reader_stuck_in_a_callback(tmp_path: Path) -> Iterator[tuple[ProcessRunner, Future]]:
+    """A runner whose reader thread is held in a done-callback until the block ends, and the
+    future of an item whose reply waits for that reader."""
     inside, go_on = threading.Event(), threading.Event()
 
     def never_returning(_future) -> None:
@@ -248,7 +251,21 @@ def test_a_reader_thread_stuck_in_a_done_callback_is_reported_its_items_cancelle
     try:
         runner.submit(0, 0).add_done_callback(never_returning)
         assert inside.wait(BOUND_S), "the reader is in the callback"
-        unread = runner.submit(0, 1)  # its reply waits for the reader
+        yield runner, runner.submit(0, 1)
+    finally:
+        go_on.set()  # the callback returns at last: the next close does the rest
+
+
+def test_a_reader_thread_stuck_in_a_done_callback_is_reported_its_items_cancelled_and_the_rest_left_to_a_later_close(
+    tmp_path, caplog
+):
+    """A done-callback runs on the reader thread; one that never returns held the reader, and
+    close(), which joined the reader without a bound, for ever. close() now gives the reader
+    `close_timeout_s`, kills the workers, gives it 2 s more, then reports it, cancels every item
+    and leaves what the reader may still touch (workers, pipes, the directory, locked by
+    `owner.lock` so that no other runner takes it) to a later close, the exit hook's at the
+    latest."""
+    with reader_stuck_in_a_callback(tmp_path) as (runner, unread):
         directory = runner.shm_directory
         with caplog.at_level(logging.WARNING, logger="runners.process"):
             close_within_bound(runner)
@@ -257,8 +274,6 @@ def test_a_reader_thread_stuck_in_a_done_callback_is_reported_its_items_cancelle
         assert unread.cancelled()
         assert os.path.exists(directory)
         assert [p.pid for p in multiprocessing.active_children()] == []  # multiprocessing's exit joins none of them
-    finally:
-        go_on.set()  # the callback returns at last: the next close does the rest
     close_within_bound(runner)
     assert not os.path.exists(directory) and runner.shm_directory is None
 
@@ -299,25 +314,12 @@ def test_the_exit_hook_closes_a_runner_whose_reader_is_stuck_once_and_reports_it
     passed, as long as the runner was not closed for good: a close left to a later one for a stuck
     reader thread was run again and again, each waiting as long and warning the same, and
     interpreter exit took that much longer. A close of its own ends the hook, whatever it could do."""
-    inside, go_on = threading.Event(), threading.Event()
-
-    def never_returning(_future) -> None:
-        inside.set()
-        go_on.wait(BOUND_S)
-
-    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
-    runner.start([Stage("echo", lambda x: x, 1)])
-    try:
-        runner.submit(0, 0).add_done_callback(never_returning)
-        assert inside.wait(BOUND_S), "the reader is in the callback"
-        unread = runner.submit(0, 1)
+    with reader_stuck_in_a_callback(tmp_path) as (runner, unread):
         with caplog.at_level(logging.WARNING, logger="runners.process"):
             runner._at_exit()  # what interpreter exit runs for it
         warned = [record.getMessage() for record in caplog.records]
         assert len(warned) == 1 and "left to a later close" in warned[0], warned
         assert unread.cancelled()
-    finally:
-        go_on.set()
     close_within_bound(runner)
 
 
@@ -366,13 +368,7 @@ def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_wo
     began, and the buffer directory stayed. It now waits until that `reap_by` too, and a margin."""
     monkeypatch.setattr(process, "_resident_bytes", lambda pid: 6 << 30, raising=False)
     marker = tmp_path / "running"
-
-    def hang_on_minus_one(x):
-        if x == -1:
-            Path(marker).touch()
-            time.sleep(3600)
-        return x
-
+    hang_on_minus_one = hanging_on_minus_one(marker)
     runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("nfs", hang_on_minus_one, 1)])
     [stuck] = runner.worker_pids()
