@@ -155,7 +155,7 @@ kind = sys.argv[2]
 _runner_closer.start()
 _runner_closer.close_later(threading.Event().wait)  # the closer is busy with an earlier close until exit
 # what each runner's exit hook calls
-exit_steps = {"process": (process.ProcessRunner, "close"), "thread": (thread.ThreadRunner, "_stop_threads")}
+exit_steps = {"process": (process.ProcessRunner, "_close"), "thread": (thread.ThreadRunner, "_stop_threads")}
 runner_class, exit_step = exit_steps[kind]
 original = getattr(runner_class, exit_step)
 
@@ -174,7 +174,7 @@ os.write(1, f"queued-{_runner_closer._queue.qsize()}\\n".encode())
 """
 
 
-@pytest.mark.parametrize("kind, exit_step", [("thread", "_stop_threads"), ("process", "close")])
+@pytest.mark.parametrize("kind, exit_step", [("thread", "_stop_threads"), ("process", "_close")])
 def test_a_dropped_loaders_runner_whose_close_is_still_queued_at_exit_is_closed_by_its_exit_hook(
         tmp_path, kind, exit_step):
     done = _run(_EXIT_WITH_A_CLOSE_STILL_QUEUED, tmp_path / "data", kind)
