@@ -85,12 +85,13 @@ _PIPELINED_MESSAGE_MAX = 32 * 1024
 # deadline further off is reached in several waits instead.
 _LONGEST_WAIT_S = 3600.0
 
-# How long close, and the reader for a worker it killed past task_timeout_s, wait for its exit after SIGKILL: this, and `_REAP_WAIT_S_PER_GIB` for
-# each GiB the largest worker holds (`_reap_wait_s`). A killed process is reaped once the kernel has
-# torn down its memory, which takes time in proportion to it: 4 GiB in 4 KiB pages took 1.0 s on
-# two loaded cores, so a worker holding 8 GiB was reported as never dying and left a zombie. One in
-# uninterruptible sleep (a hung NFS read) dies only when that sleep ends, possibly never. The exit
-# hook, waiting for a close on another thread, waits this long too (`_CloseClock.ends`).
+# How long close, and the reader for a worker it killed past task_timeout_s, wait for a worker's
+# exit after SIGKILL: this, and `_REAP_WAIT_S_PER_GIB` for each GiB the largest worker holds
+# (`_reap_wait_s`). A killed process is reaped once the kernel has torn down its memory, which
+# takes time in proportion to it: 4 GiB in 4 KiB pages took 1.0 s on two loaded cores, so a worker
+# holding 8 GiB was reported as never dying and left a zombie. One in uninterruptible sleep (a hung
+# NFS read) dies only when that sleep ends, possibly never. The exit hook, waiting for a close on
+# another thread, waits this long too (`_CloseClock.ends`).
 _REAP_WAIT_S = 2.0
 _REAP_WAIT_S_PER_GIB = 1.0
 
@@ -158,7 +159,8 @@ class ProcessRunner:
 
     - `task_timeout_s`: a worker running one item for longer is killed and handled like a crash,
       at once: its exit is not waited for (one in uninterruptible sleep outlives SIGKILL), and one
-      not reaped 2 s after the kill is reported and left a zombie, as `close()` does.
+      not reaped 2 s after the kill (and 1 s more per GiB it held) is reported and left a zombie,
+      as `close()` does.
     - `max_retries`: how many times an item is re-run after its worker died or timed out; an item is
       attempted at most `1 + max_retries` times before its future fails with `WorkerCrashedError`.
     - `oob_threshold_bytes`: buffers at least this large go through shared memory, smaller ones
