@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
+import http.server
 import io
 import json
+import threading
 import tarfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import fsspec
 import pyarrow as pa
@@ -251,3 +255,71 @@ def registered(cls: type[MemoryFileSystem]) -> Iterator[type[MemoryFileSystem]]:
             fsspec.register_implementation(cls.protocol, previous, clobber=True)
         else:
             _registry.pop(cls.protocol, None)
+
+
+class IndexServer(http.server.ThreadingHTTPServer):
+    """A local HTTP server of a directory tree, as a static file server publishes one: a file is
+    served with its Content-Length and Last-Modified, a directory as an index page of links to
+    its entries (a subdirectory's ending in "/"). A path answers the statuses queued for it in
+    `statuses` (by path, without a trailing "/") before it is served; `requests` counts the GET
+    and HEAD requests of each path."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(("127.0.0.1", 0), functools.partial(_IndexHandler, directory=str(root)))
+        self.statuses: dict[str, list[int]] = {}
+        self.requests: Counter[str] = Counter()
+
+    def url(self, path: str) -> str:
+        """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`)."""
+        return f"sync-http://127.0.0.1:{self.server_address[1]}/{path}"
+
+
+class _IndexHandler(http.server.SimpleHTTPRequestHandler):
+    server: IndexServer
+
+    def do_GET(self) -> None:
+        if not self._answered_a_queued_status():
+            super().do_GET()
+
+    def do_HEAD(self) -> None:
+        if not self._answered_a_queued_status():
+            super().do_HEAD()
+
+    def _answered_a_queued_status(self) -> bool:
+        path = self.path.rstrip("/")
+        self.server.requests[path] += 1
+        queued = self.server.statuses.get(path)
+        if not queued:
+            return False
+        self.send_error(queued.pop(0))
+        return True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving_over_http(root: Path) -> Iterator[IndexServer]:
+    """Serve `root` over HTTP on a thread, read through fsspec's blocking HTTP filesystem (fsspec's
+    usual one needs aiohttp, which is not installed here); its glob, listing and errors are those
+    of HTTPFileSystem, but for the client's error types. Importing that filesystem registers it
+    for http and https too: the registry is put back as it was."""
+    protocols = ("http", "https", "sync-http", "sync-https")
+    previous = {protocol: _registry.get(protocol) for protocol in protocols}
+    from fsspec.implementations.http_sync import HTTPFileSystem
+
+    fsspec.register_implementation("sync-http", HTTPFileSystem, clobber=True)
+    server = IndexServer(root)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+        for protocol, cls in previous.items():
+            if cls is None:
+                _registry.pop(protocol, None)
+            else:
+                _registry[protocol] = cls

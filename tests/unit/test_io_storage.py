@@ -38,6 +38,7 @@ from .conftest_io import (
     parquet_bytes,
     put,
     registered,
+    serving_over_http,
     tar_bytes,
 )
 
@@ -527,6 +528,40 @@ def test_a_glob_of_its_own_over_the_generic_walk_is_retried_where_its_directory_
         flaky.error, flaky.ls_failures = ConnectionRefusedError, 100
         with pytest.raises(ShardUnavailableError, match="ownglob://bucket/\\*.jsonl unavailable after 2 attempt"):
             Dataset.from_path("d", "ownglob://bucket/*.jsonl", retries=2, retry_delay=0.001)
+
+
+@pytest.fixture
+def http_index(tmp_path):
+    """data/2024-01/a.jsonl (3 records), data/2024-02/b.jsonl (2) and data/private/c.jsonl (1),
+    served over HTTP with index pages."""
+    for path, count in {"data/2024-01/a.jsonl": 3, "data/2024-02/b.jsonl": 2, "data/private/c.jsonl": 1}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(jsonl_bytes([{"i": i} for i in range(count)]))
+    with serving_over_http(tmp_path) as server:
+        yield server
+
+
+def test_an_http_glob_plans_the_shards_of_each_subdirectory_with_the_sizes_their_server_tells(http_index, tmp_path):
+    """An HTTP index page tells no file's size: every shard an http(s) glob found was refused as
+    a link to nothing, so no http(s) glob could be planned."""
+    ds = Dataset.from_path("d", http_index.url("data/*/*.jsonl"), retries=1)
+    assert ds.num_records == 6
+    assert [shard.nbytes for shard in ds.shards] == [
+        (tmp_path / path).stat().st_size for path in ("data/2024-01/a.jsonl", "data/2024-02/b.jsonl", "data/private/c.jsonl")
+    ]
+    assert [record["i"] for record in ds.read_chunk(ds.chunks(8)[1]).records] == [0, 1]
+
+
+def test_an_http_shard_its_index_lists_that_cannot_be_looked_at_is_retried_then_named(http_index):
+    """Planning asks each shard found its size; one the server will not describe is neither
+    dropped nor taken for a glob that matched nothing."""
+    url = http_index.url("data/*/*.jsonl")
+    http_index.statuses["/data/2024-02/b.jsonl"] = [503, 503]  # HEAD, then GET
+    assert Dataset.from_path("d", url, retries=2, retry_delay=0.001).num_records == 6
+    http_index.statuses["/data/2024-02/b.jsonl"] = [404] * 4
+    with pytest.raises(ShardUnavailableError, match="unavailable after 2 attempt") as caught:
+        Dataset.from_path("d", url, retries=2, retry_delay=0.001)
+    assert f"{http_index.url('data/2024-02/b.jsonl')[5:]}, a file of {url} its directory lists" in str(caught.value)
 
 
 def test_a_store_that_denies_listing_is_a_configuration_error_naming_the_url_and_dataset_at_once(flaky):

@@ -7,7 +7,7 @@ a directory below it that could not be listed (a dropped connection, a permissio
 empty, and its shards were missing from the plan unsaid. Here fsspec's own `find` and `glob` run
 over a walk that lists every directory with `ls(detail=True)` and raises at each one it cannot
 list: the directory asked as `ls` raised it, as `on_error="raise"` did; one below it named, as
-`UnlistedDirectoryError` (an OSError, so the caller retries the listing whole) or, for a denial,
+`UnlistedError` (an OSError, so the caller retries the listing whole) or, for a denial,
 which waiting does not lift, a ConfigurationError at once.
 
 A glob's walk lists only the directories that could hold a match, as a local glob does: fsspec's
@@ -18,6 +18,11 @@ shards, unsaid), is resolved by `info`, which follows it: one to a file is liste
 under the link's name; one to a directory the walk would list is a ConfigurationError naming it,
 since the walk does not follow it (nothing here tells a loop); one to nothing is listed with no
 size, which `_locate` refuses where its name is a shard's.
+
+A file listed with no size (an HTTP index page is links, and tells none) is asked its `info()`
+once it is found, as a local glob asks `stat`: planning refused every such shard as a link to
+nothing, so that no http(s) glob could be planned. One that `info()` cannot find (HTTP's says so
+for any failure) raises `UnlistedError` naming it.
 
 Filesystems with a listing of their own (s3fs, gcsfs, the hub's, the memory filesystem) raise by
 themselves and are listed as they are.
@@ -34,16 +39,17 @@ from .._errors import ConfigurationError
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["UnlistedDirectoryError", "lister"]
+__all__ = ["UnlistedError", "lister"]
 
 Details = dict[str, Mapping[str, Any]]
 
-_LINK = "zephon_followed_link"  # in a link's details: they are its target's
+_LINK = "zephon_followed_link"  # in a followed link's details: they are its target's, if it has one
 
 
-class UnlistedDirectoryError(OSError):
-    """A directory below the one a dataset's URL names could not be listed. Its own type, so that
-    a vanished subdirectory (FileNotFoundError) is not read as a glob that matched nothing."""
+class UnlistedError(OSError):
+    """A directory below the one a dataset's URL names could not be listed, or a file a listing
+    found could not be looked at. Its own type, so that a vanished subdirectory or file
+    (FileNotFoundError) is not read as a glob that matched nothing."""
 
 
 def lister(fs: AbstractFileSystem, url: str) -> Any:
@@ -76,18 +82,36 @@ class _RaisingWalk:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fs, name)
 
-    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Details:
         from fsspec.spec import AbstractFileSystem
 
-        return AbstractFileSystem.find(self, path, *args, **kwargs)
+        return self._sized(AbstractFileSystem.find(self, path, *args, **kwargs))
 
-    def glob(self, path: str, **kwargs: Any) -> Any:
+    def glob(self, path: str, **kwargs: Any) -> Details:
         from fsspec.spec import AbstractFileSystem
 
         if self._own_glob:
-            return self._fs.glob(path, on_error="raise", **kwargs)
+            return self._sized(self._fs.glob(path, on_error="raise", **kwargs))
         self._may_hold = _may_hold_a_match(self._fs._strip_protocol(path))
-        return AbstractFileSystem.glob(self, path, **kwargs)
+        return self._sized(AbstractFileSystem.glob(self, path, **kwargs))
+
+    def _sized(self, found: Details) -> Details:
+        """`found` (asked with details, as `_locate` asks), where a file listed with no size (an
+        HTTP index page tells none) has its `info()`: one request per file found, not per file
+        listed, and none where the listing told a size or the file is a link to nothing."""
+        return {
+            name: self._info(name) if info["type"] == "file" and info["size"] is None and not info.get(_LINK) else info
+            for name, info in found.items()
+        }
+
+    def _info(self, name: str) -> Mapping[str, Any]:
+        try:
+            return {**self._fs.info(name), "name": name}
+        except FileNotFoundError as error:  # HTTP's info says so for any failure
+            raise UnlistedError(
+                f"{name}, a file of {self._url} its directory lists, could not be looked at ({error}): "
+                "it would be missing from the dataset"
+            ) from error
 
     def walk(self, path: str, maxdepth: int | None = None, **_: Any) -> Iterator[tuple[str, Details, Details]]:
         """(directory, its subdirectories, its files) by name, with details, for `path` and the
@@ -124,7 +148,7 @@ class _RaisingWalk:
         try:
             target = self._fs.info(name)
         except FileNotFoundError:
-            return {**info, "name": name, "type": "file", "size": None}
+            return {**info, "name": name, "type": "file", "size": None, _LINK: True}
         return {**target, "name": name, **({_LINK: True} if target["type"] == "directory" else {})}
 
     def _check_not_a_link(self, directory: str, info: Mapping[str, Any]) -> None:
@@ -144,7 +168,7 @@ class _RaisingWalk:
                 "missing from the dataset; check the credentials, storage_options or the directory's permissions"
             ) from error
         except OSError as error:
-            raise UnlistedDirectoryError(
+            raise UnlistedError(
                 f"{directory}, a directory of {self._url}, could not be listed ({type(error).__name__}: {error}): "
                 "its shards would be missing from the dataset"
             ) from error
