@@ -9,6 +9,7 @@ import logging
 import os
 import pathlib
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -385,11 +386,17 @@ def test_a_store_out_of_reach_while_locating_is_retried_not_taken_for_nothing_th
 
 
 @pytest.mark.parametrize("url", ["flaky://bucket", "flaky://bucket/**/*.jsonl"], ids=["directory", "glob"])
-@pytest.mark.parametrize("error", [ConnectionRefusedError, _eio, FileNotFoundError], ids=["refused", "EIO", "vanished"])
-def test_a_subdirectory_a_generic_walk_cannot_list_is_retried_then_named_not_taken_for_an_empty_one(flaky, url, error):
-    """fsspec's generic walk (sftp, ftp, smb) hands `on_error="raise"` to the directory asked
-    only: one below it that could not be listed read as empty, and its shards were left out of
-    the plan unsaid."""
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionRefusedError, _eio, FileNotFoundError, lambda message: _FakeAiohttp.ClientResponseError(message, 503)],
+    ids=["refused", "EIO", "vanished", "aiohttp-503"],
+)
+def test_a_subdirectory_a_generic_walk_cannot_list_is_retried_then_named_not_taken_for_an_empty_one(
+    flaky, aiohttp, url, error
+):
+    """fsspec's generic walk (sftp, ftp, smb, http) hands `on_error="raise"` to the directory
+    asked only: one below it that could not be listed read as empty, and its shards were left out
+    of the plan unsaid. An HTTP status that says "try again" is no OSError from aiohttp."""
     put("flaky://bucket/deep/sub/b.jsonl", jsonl_bytes([{"i": i} for i in range(3)]))
     flaky.error, flaky.ls_failing, flaky.ls_failures = error, "bucket/deep/sub", 2
     assert Dataset.from_path("d", url, retries=3, retry_delay=0.001).num_records == 8
@@ -400,14 +407,20 @@ def test_a_subdirectory_a_generic_walk_cannot_list_is_retried_then_named_not_tak
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
 
 
-def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_naming_it_at_once(flaky):
-    """A denial lasts until the permissions change, as for the directory named."""
+@pytest.mark.parametrize(
+    "error",
+    [PermissionError, lambda message: _FakeAiohttp.ClientResponseError(message, 403)],
+    ids=["denied", "aiohttp-403"],
+)
+def test_a_subdirectory_a_generic_walk_may_not_list_is_a_configuration_error_naming_it_at_once(flaky, aiohttp, error):
+    """A denial lasts until the permissions change, as for the directory named; aiohttp's 403 is
+    no PermissionError."""
     put("flaky://bucket/sub/b.jsonl", jsonl_bytes([{"i": 0}]))
-    flaky.error, flaky.ls_failing, flaky.ls_failures = PermissionError, "bucket/sub", 100
+    flaky.error, flaky.ls_failing, flaky.ls_failures = error, "bucket/sub", 100
     named = "bucket/sub, a directory of flaky://bucket, may not be listed"
     with pytest.raises(ConfigurationError, match=named) as caught:
         Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
-    assert isinstance(caught.value.__cause__, PermissionError)
+    assert isinstance(caught.value.__cause__, (PermissionError, aiohttp.ClientResponseError))
     assert "while listing dataset 'd' at flaky://bucket" in caught.value.__notes__
     assert flaky.ls_failures == 99
 
@@ -522,7 +535,7 @@ class _OwnGlobFlakyFileSystem(FlakyFileSystem):
 
 
 def test_a_glob_of_its_own_over_the_generic_walk_is_retried_where_its_directory_cannot_be_listed(flaky):
-    """Such a glob is asked with `on_error="raise"`, which its walk honours for the directory asked."""
+    """Such a glob is left for fsspec's generic one over the walk that raises."""
     with registered(_OwnGlobFlakyFileSystem):
         put("ownglob://bucket/a.jsonl", jsonl_bytes([{"i": 0}]))
         flaky.error, flaky.ls_failures = ConnectionRefusedError, 100
@@ -546,9 +559,8 @@ def test_an_http_glob_plans_the_shards_of_each_subdirectory_with_the_sizes_their
     a link to nothing, so no http(s) glob could be planned."""
     ds = Dataset.from_path("d", http_index.url("data/*/*.jsonl"), retries=1)
     assert ds.num_records == 6
-    assert [shard.nbytes for shard in ds.shards] == [
-        (tmp_path / path).stat().st_size for path in ("data/2024-01/a.jsonl", "data/2024-02/b.jsonl", "data/private/c.jsonl")
-    ]
+    shards = ("data/2024-01/a.jsonl", "data/2024-02/b.jsonl", "data/private/c.jsonl")
+    assert [shard.nbytes for shard in ds.shards] == [(tmp_path / path).stat().st_size for path in shards]
     assert [record["i"] for record in ds.read_chunk(ds.chunks(8)[1]).records] == [0, 1]
 
 
@@ -562,6 +574,48 @@ def test_an_http_shard_its_index_lists_that_cannot_be_looked_at_is_retried_then_
     with pytest.raises(ShardUnavailableError, match="unavailable after 2 attempt") as caught:
         Dataset.from_path("d", url, retries=2, retry_delay=0.001)
     assert f"{http_index.url('data/2024-02/b.jsonl')[5:]}, a file of {url} its directory lists" in str(caught.value)
+
+
+@pytest.mark.parametrize("status", [503, 404], ids=["unavailable", "listed-but-not-found"])
+def test_an_http_subdirectory_that_cannot_be_listed_is_retried_then_named_not_taken_for_an_empty_one(
+    http_index, status
+):
+    """http(s)' glob walked below its directory taking a subdirectory it could not list for an
+    empty one: its shards were left out of the plan, unsaid. A 404 for a link its parent's index
+    lists is retried too: each attempt lists the parent again, so a directory removed meanwhile is
+    no longer linked, while one still linked that cannot be listed fails the dataset."""
+    url = http_index.url("data/*/*.jsonl")
+    http_index.statuses["/data/2024-02"] = [status, status]
+    assert Dataset.from_path("d", url, retries=3, retry_delay=0.001).num_records == 6
+    assert http_index.statuses["/data/2024-02"] == []
+    http_index.statuses["/data/2024-02"] = [status] * 3
+    with pytest.raises(ShardUnavailableError, match="unavailable after 3 attempt") as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert f"{http_index.url('data/2024-02')[5:]}, a directory of {url}, could not be listed" in str(caught.value)
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+
+
+@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("denied", ["data/2024-02", "data"], ids=["subdirectory", "glob-directory"])
+def test_an_http_directory_that_may_not_be_listed_is_a_configuration_error_naming_it_at_once(
+    http_index, denied, status
+):
+    """A denial lasts until the credentials change, as on every other store; on http(s) a
+    subdirectory denied read as an empty one, and the glob's own directory was retried."""
+    url = http_index.url("data/*/*.jsonl")
+    http_index.statuses[f"/{denied}"] = [status] * 3
+    named = re.escape(http_index.url(denied)[5:]) + f"/?, a directory of {re.escape(url)}, may not be listed"
+    with pytest.raises(ConfigurationError, match=named) as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+    assert http_index.statuses[f"/{denied}"] == [status] * 2
+
+
+def test_an_http_subdirectory_a_glob_cannot_match_below_is_not_asked(http_index):
+    """Only a directory that could hold a match is listed, as on every generic walk's filesystem."""
+    http_index.statuses["/data/private"] = [403] * 3
+    assert Dataset.from_path("d", http_index.url("data/2024-*/*.jsonl"), retries=1).num_records == 5
+    assert http_index.requests["/data/private"] == 0
 
 
 def test_a_store_that_denies_listing_is_a_configuration_error_naming_the_url_and_dataset_at_once(flaky):

@@ -1,14 +1,22 @@
 """fsspec's generic `find` and `glob` over a walk that fails at any directory it cannot list.
 
-Filesystems with no listing of their own (sftp, ftp, smb) list a tree through fsspec's generic
-walk, one `ls` per directory, which takes a directory it cannot list for an empty one. Asked with
-`on_error="raise"` it raises for the directory asked only: it does not hand the argument down, so
-a directory below it that could not be listed (a dropped connection, a permission) still read as
-empty, and its shards were missing from the plan unsaid. Here fsspec's own `find` and `glob` run
-over a walk that lists every directory with `ls(detail=True)` and raises at each one it cannot
-list: the directory asked as `ls` raised it, as `on_error="raise"` did; one below it named, as
-`UnlistedError` (an OSError, so the caller retries the listing whole) or, for a denial,
-which waiting does not lift, a ConfigurationError at once.
+Filesystems with no listing of their own (sftp, ftp, smb, http(s)) list a tree through fsspec's
+generic walk, one `ls` per directory, which takes a directory it cannot list for an empty one.
+Asked with `on_error="raise"` it raises for the directory asked only: it does not hand the
+argument down, so a directory below it that could not be listed (a dropped connection, a
+permission, an HTTP 5xx or 403) still read as empty, and its shards were missing from the plan
+unsaid. Here fsspec's own `find` and `glob` run over a walk that lists every directory with
+`ls(detail=True)` and raises at each one it cannot list: a denial (PermissionError, HTTP 401 or
+403), which waiting does not lift, as a ConfigurationError naming the directory at once; any other
+failure of the directory asked as `ls` raised it, as `on_error="raise"` did (FileNotFoundError:
+a glob matching nothing); a transient one below it (an OSError, aiohttp's errors that
+`is_transient` names) as `UnlistedError` naming it, an OSError, so the caller retries the listing
+whole. A 404 for a directory its parent's index page links to is such an error: the retry lists
+the parent again, which no longer links a directory removed meanwhile.
+
+http(s)' glob of its own, which differs from fsspec's generic one only in not taking `?` for a
+glob character, is not used: it walks with `on_error="raise"`, which reaches the directory asked
+only. Its URLs are globbed as every other filesystem's, `?` included, as `_locate` reads them.
 
 A glob's walk lists only the directories that could hold a match, as a local glob does: fsspec's
 lists every directory down to the pattern's depth, and one the pattern's fixed parts rule out
@@ -35,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+from ._retry import is_transient
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -43,6 +52,7 @@ __all__ = ["UnlistedError", "lister"]
 
 Details = dict[str, Mapping[str, Any]]
 
+_DENIED_STATUS = frozenset({401, 403})
 _LINK = "zephon_followed_link"  # in a followed link's details: they are its target's, if it has one
 
 
@@ -54,9 +64,8 @@ class UnlistedError(OSError):
 
 def lister(fs: AbstractFileSystem, url: str) -> Any:
     """What lists `url`'s tree on `fs` (its `find` and `glob`): `fs` itself where it lists by its
-    own code; else fsspec's generic `find` (and `glob`, where `fs` has no glob of its own) over
-    a walk that raises. A filesystem with a glob of its own over the generic walk (http) globs with
-    `on_error="raise"`, which reaches the directory asked only."""
+    own code; else fsspec's generic `find` and `glob` over a walk that raises, whether or not `fs`
+    has a glob of its own over the generic walk (http's: module docstring)."""
     from fsspec.asyn import AsyncFileSystem
     from fsspec.spec import AbstractFileSystem
 
@@ -68,15 +77,15 @@ def lister(fs: AbstractFileSystem, url: str) -> Any:
 
     if not (generic("find") and generic("walk")):
         return fs
-    return _RaisingWalk(fs, url, own_glob=not generic("glob"))
+    return _RaisingWalk(fs, url)
 
 
 class _RaisingWalk:
     """`fs` seen through fsspec's generic `find` and `glob`, whose walk raises (module docstring).
     Holds nothing but `fs` and the URL; used for one listing."""
 
-    def __init__(self, fs: AbstractFileSystem, url: str, own_glob: bool) -> None:
-        self._fs, self._url, self._own_glob = fs, url, own_glob
+    def __init__(self, fs: AbstractFileSystem, url: str) -> None:
+        self._fs, self._url = fs, url
         self._may_hold: Callable[[str], bool] = lambda directory: True
 
     def __getattr__(self, name: str) -> Any:
@@ -90,10 +99,18 @@ class _RaisingWalk:
     def glob(self, path: str, **kwargs: Any) -> Details:
         from fsspec.spec import AbstractFileSystem
 
-        if self._own_glob:
-            return self._sized(self._fs.glob(path, on_error="raise", **kwargs))
         self._may_hold = _may_hold_a_match(self._fs._strip_protocol(path))
         return self._sized(AbstractFileSystem.glob(self, path, **kwargs))
+
+    def isdir(self, path: str) -> bool:
+        """`fs.isdir`, which the generic glob asks of its directory: http's lists it, so a denial
+        there is one of the directory asked."""
+        try:
+            return self._fs.isdir(path)
+        except Exception as error:
+            if _denied(error):
+                raise self._denial(path, error) from error
+            raise
 
     def _sized(self, found: Details) -> Details:
         """`found` (asked with details, as `_locate` asks), where a file listed with no size (an
@@ -120,7 +137,7 @@ class _RaisingWalk:
         pending = [(top, maxdepth)]
         while pending:
             directory, depth = pending.pop()
-            listing = self._fs.ls(directory, detail=True) if directory == top else self._listed_below(directory)
+            listing = self._listed(directory, below=directory != top)
             subdirectories: Details = {}
             files: Details = {}
             for info in map(self._followed, listing):
@@ -139,9 +156,9 @@ class _RaisingWalk:
                         pending.append((name, below))
 
     def _followed(self, info: Mapping[str, Any]) -> Mapping[str, Any]:
-        """`info`, or for a link what it links to under the link's name (a directory marked
-        `_LINK`, refused if the walk would list it); size None where it links to nothing (refused by
-        `_locate` if it is a shard)."""
+        """`info`, or for a link what it links to under the link's name, marked `_LINK` where it
+        links to a directory (refused if the walk would list it) or to nothing (size None, refused
+        by `_locate` if it is a shard, and never asked its size)."""
         if info["type"] != "link":
             return info
         name = info["name"].rstrip("/")
@@ -159,19 +176,36 @@ class _RaisingWalk:
                 "links to in the dataset instead"
             )
 
-    def _listed_below(self, directory: str) -> list[Mapping[str, Any]]:
+    def _listed(self, directory: str, below: bool) -> list[Mapping[str, Any]]:
+        """`directory`'s listing. A denial is a ConfigurationError naming it; any other failure of
+        the directory asked raises as it is (FileNotFoundError: nothing there), and of one below
+        it, where it is transient, as UnlistedError naming it."""
         try:
             return self._fs.ls(directory, detail=True)
-        except PermissionError as error:
-            raise ConfigurationError(
-                f"{directory}, a directory of {self._url}, may not be listed ({error}): its shards would be "
-                "missing from the dataset; check the credentials, storage_options or the directory's permissions"
-            ) from error
-        except OSError as error:
+        except Exception as error:
+            if _denied(error):
+                raise self._denial(directory, error) from error
+            if not below or not is_transient(error):
+                raise
             raise UnlistedError(
                 f"{directory}, a directory of {self._url}, could not be listed ({type(error).__name__}: {error}): "
                 "its shards would be missing from the dataset"
             ) from error
+
+    def _denial(self, directory: str, error: Exception) -> ConfigurationError:
+        return ConfigurationError(
+            f"{directory}, a directory of {self._url}, may not be listed ({error}): its shards would be "
+            "missing from the dataset; check the credentials, storage_options or the directory's permissions"
+        )
+
+
+def _denied(error: Exception) -> bool:
+    """Whether listing failed on a denial, which waiting does not lift: PermissionError (sftp, smb),
+    or an HTTP 401 or 403, which fsspec's HTTP filesystem raises as aiohttp's ClientResponseError
+    (its `status`) and its blocking one as requests' HTTPError, an OSError (its response's
+    `status_code`)."""
+    status = getattr(error, "status", None) or getattr(getattr(error, "response", None), "status_code", None)
+    return isinstance(error, PermissionError) or status in _DENIED_STATUS
 
 
 def _may_hold_a_match(pattern: str) -> Callable[[str], bool]:

@@ -16,7 +16,7 @@ from .._job_log import RankLog
 from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 
-__all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy"]
+__all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy", "is_transient"]
 
 log = RankLog(logging.getLogger("zephon"))
 
@@ -81,7 +81,7 @@ class RetryPolicy:
     Retried: `OSError`, which is what fsspec backends raise for network, permission and
     missing-file failures (fsspec's own timeout, FSTimeoutError, is one on Python >= 3.11, as are
     requests' errors and huggingface_hub's HTTP errors), and the transport errors HTTP clients
-    raise as their own types (`_is_transient`). A compressed stream whose bytes do not decode is
+    raise as their own types (`is_transient`). A compressed stream whose bytes do not decode is
     not transient: it is reported at once as ShardUnavailableError. Anything else (a parse error,
     a bug) surfaces as it is. A failed attempt that is retried is logged as a warning (logger
     `zephon`) naming the file, the attempt and the error: the 1st, 2nd, 4th, … of the process
@@ -112,7 +112,7 @@ class RetryPolicy:
             except CorruptStreamError as error:  # reading the same bytes again cannot help
                 raise ShardUnavailableError(url, attempt + 1, str(error)) from error
             except Exception as error:
-                if not _is_transient(error):
+                if not is_transient(error):
                     raise
                 last = error
                 if attempt + 1 < self.attempts:
@@ -135,7 +135,7 @@ class RetryPolicy:
         return max(self.base_delay, min(doubled, MAX_RETRY_DELAY_S))
 
 
-def _is_transient(error: Exception) -> bool:
+def is_transient(error: Exception) -> bool:
     """Whether reading again may succeed where `error` failed (see `_TRANSPORT_ERRORS`)."""
     if isinstance(error, OSError):
         return True
