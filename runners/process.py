@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
+from zephon import _fork
 from zephon._errors import ConfigurationError, check_count
 from zephon._job_log import RankLog
 from zephon._runner import Stage
@@ -943,7 +944,7 @@ def _forget_process(process: multiprocessing.process.BaseProcess) -> None:
         children.discard(process)
 
 
-os.register_at_fork(after_in_child=_forget_the_parents_workers)
+_fork.call_in_child(_forget_the_parents_workers)
 
 
 # How much longer than the end of a close's last wait (`_CloseClock.ends`) the exit hook waits for

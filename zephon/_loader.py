@@ -25,7 +25,7 @@ from concurrent.futures import Future, InvalidStateError
 from time import perf_counter
 from typing import Generator, Iterator
 
-from . import _runner_closer, _wait
+from . import _fork, _runner_closer, _wait
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
@@ -176,7 +176,7 @@ class RankLoader:
         # run inline inside a `next()` that saves does not wait on itself, nor the adapter's
         # `next()`s. `close()` and `stats()` never take it.
         self._moving = threading.RLock()
-        _LIVE.add(self)  # its locks are renewed in a forked child (`_renew_locks_in_child`)
+        _fork.renew_in_child(self, _renew_locks_in_child)
 
     # -- building ---------------------------------------------------------------------------
     def _compile(self) -> None:
@@ -806,14 +806,10 @@ class RankLoader:
         self.close()
 
 
-_LIVE: weakref.WeakSet[RankLoader] = weakref.WeakSet()
-"""This process's loaders, for `_renew_locks_in_child`; weak, so that a dropped loader is still
-collected (and its runner closed, see `_start_runner`)."""
-
-
-def _renew_locks_in_child() -> None:
-    """In a forked child: give every loader copied with the process new `_lifecycle`, `_moving` and
-    `_starting` locks, taking none.
+def _renew_locks_in_child(loader: RankLoader) -> None:
+    """In a forked child: give a loader copied with the process new `_lifecycle`, `_moving` and
+    `_starting` locks, taking none (registered weakly: a dropped loader is still collected, and
+    its runner closed, see `_start_runner`).
 
     A fork copies a lock as it stands: one held by another thread of the parent (a save or load on
     an asynchronous checkpointer's thread, the trainer's thread taking a microbatch, a `close()`
@@ -831,11 +827,7 @@ def _renew_locks_in_child() -> None:
     a microbatch is finished, as its stream says, before the child hands that microbatch over
     itself; a state saved before then says it is (the batches are the same either way: a lane is
     always replayed to its end)."""
-    for loader in list(_LIVE):
-        loader._lifecycle, loader._moving, loader._starting = threading.Lock(), threading.RLock(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_renew_locks_in_child)
+    loader._lifecycle, loader._moving, loader._starting = threading.Lock(), threading.RLock(), threading.Lock()
 
 
 def _check_one_packer(accumulators, packers) -> None:

@@ -20,11 +20,11 @@ Thread-safety: `close_later` from any thread, finalizers included; `start` from 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from queue import SimpleQueue
 
+from . import _fork
 from ._job_log import RankLog
 
 __all__ = ["THREAD_NAME", "close_later", "start"]
@@ -74,4 +74,4 @@ def _forget_the_parents_closer() -> None:
     _queue, _thread, _starting = SimpleQueue(), None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_the_parents_closer)
+_fork.call_in_child(_forget_the_parents_closer)

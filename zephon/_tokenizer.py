@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
+from . import _fork
 from ._errors import ConfigurationError, relative_path_note
 from ._job_log import config_level
 from ._sha256 import sha256
@@ -246,4 +247,4 @@ def _renew_pool_decision_lock_in_child() -> None:
     _pool_decision.lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_renew_pool_decision_lock_in_child)
+_fork.call_in_child(_renew_pool_decision_lock_in_child)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import io
 import logging
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import types
+import weakref
 
 import fsspec
 import httpx2
@@ -332,6 +334,17 @@ def test_retried_reads_are_logged_at_the_first_second_fourth_and_eighth_not_one_
             assert ds.read_chunk(chunk).records == [{"i": i} for i in range(5)]
     logged = [r.getMessage() for r in caplog.records if r.name.startswith("zephon")]
     assert [int(m.split("retried read ")[1].split()[0]) for m in logged] == [1, 2, 4, 8], logged
+
+
+def test_a_retry_log_let_go_is_collected_not_kept_alive_for_forked_children():
+    """Each retry log registered an `os.register_at_fork` handler of its own, holding it, and such a
+    handler can never be removed: every log made (one per test that counts retries) stayed alive,
+    and was renewed in every forked child, for the life of the process."""
+    retry_log = _retry._RetryLog()
+    gone = weakref.ref(retry_log)
+    del retry_log
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_retried_read_on_one_rank_of_a_job_is_logged_naming_that_rank(flaky, caplog, monkeypatch):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -11,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .. import _fork
 from .._errors import ConfigurationError, check_finite
 from .._job_log import RankLog
 from ._compression import CorruptStreamError
@@ -33,8 +33,7 @@ class _RetryLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count = 0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._new_lock)
+        _fork.renew_in_child(self, _RetryLog._new_lock)
 
     def _new_lock(self) -> None:
         self._lock = threading.Lock()

@@ -13,9 +13,7 @@ import heapq
 import json
 import math
 import numbers
-import os
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
+from .. import _fork
 from .._errors import ConfigurationError, check_count, check_seed, is_finite_number
 from .._random import SeededStream
 from .._records import Chunk
@@ -161,7 +160,7 @@ class _MixtureWorkSource:
             _check_finite_schedule(self.schedule, self.live_names(), num_epochs)
         self._measured: OrderedDict[str, tuple[TokenCounter, dict[str, TokenStats]]] = OrderedDict()
         self._measuring = threading.Lock()
-        _MEASURING.add(self)  # its lock is renewed in a forked child (`_renew_measuring_in_child`)
+        _fork.renew_in_child(self, _renew_measuring_in_child)
 
     def __getstate__(self) -> dict:
         """A work source is configuration plus a per-process measurement cache; a pickle (a pipeline
@@ -176,7 +175,7 @@ class _MixtureWorkSource:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._measuring = threading.Lock()
-        _MEASURING.add(self)
+        _fork.renew_in_child(self, _renew_measuring_in_child)
 
     def live_names(self) -> list[str]:
         """Datasets with a positive weight in some phase, in declaration order."""
@@ -213,13 +212,9 @@ class _MixtureWorkSource:
             return stats[dataset_key]
 
 
-_MEASURING: weakref.WeakSet[_MixtureWorkSource] = weakref.WeakSet()
-"""This process's mixture work sources, for `_renew_measuring_in_child`."""
-
-
-def _renew_measuring_in_child() -> None:
-    """In a forked child: give every work source copied with the process a new `_measuring`
-    lock, taking none.
+def _renew_measuring_in_child(source: _MixtureWorkSource) -> None:
+    """In a forked child: give a work source copied with the process a new `_measuring` lock,
+    taking none.
 
     A fork copies the lock as it stands: held by another thread of the parent measuring a token
     estimate (a loader built on another thread as a torch DataLoader forks its workers or a
@@ -228,11 +223,7 @@ def _renew_measuring_in_child() -> None:
     The cache it guards changes in single statements, a dataset's stats stored only once
     measured, so the child's copy lacks at most the measurement that thread was making, which the
     child makes again, on the same sample, to the same stats."""
-    for source in list(_MEASURING):
-        source._measuring = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_renew_measuring_in_child)
+    source._measuring = threading.Lock()
 
 
 def _check_datasets(datasets) -> None:
