@@ -7,7 +7,7 @@ with its next message, and a message that does not fit in its arena goes through
 The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` encodes the item
 (see `_transport`) in the caller's thread, then hands it to the least busy worker or queues it. A
 worker holds up to two items: the one it runs and the next, already in its pipe, so it never waits
-for the parent between items. One reader thread waits on every worker's pipe and process sentinel
+for the parent between items. One reader thread waits on every worker's pipe and exit (`_exits`)
 at once; it decodes replies, resolves futures, replaces dead or timed-out workers (re-running their
 items) and feeds queued tasks to the workers it frees. Futures are always resolved outside the
 runner's lock, so a done-callback may submit to any stage, or close the runner, without deadlocking.
@@ -43,6 +43,7 @@ from zephon._runner import Stage
 
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
+from ._exits import ExitWatch, leave_unreaped, reap_the_left
 from ._lifecycle import (
     cancel_and_notify,
     cancelled_future,
@@ -128,13 +129,14 @@ class _Worker:
     stage: int
     process: multiprocessing.process.BaseProcess
     conn: Connection
+    exit: ExitWatch
     arena: Arena | None  # where its replies' large buffers wait; None when disabled
     # Offsets of the request-arena blocks of items sent to it that it has not released yet.
     request_blocks: set[int] = field(default_factory=set)
     # Sent and not answered, oldest first; replies come in the same order. tasks[0] is running.
     tasks: deque[_Task] = field(default_factory=deque)
     deadline: float | None = None  # for tasks[0]
-    broken: bool = False  # a send failed; the reader will see the sentinel and retire it
+    broken: bool = False  # a send failed; the reader will see its exit and retire it
     abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
     grace_s: float = _REAP_WAIT_S  # once killed past task_timeout_s: how long its reaping may take
 
@@ -145,6 +147,7 @@ class _Dying:
     reader reaps it once it has exited, or reports it at `reap_by` and gives up on it."""
 
     process: multiprocessing.process.BaseProcess
+    exit: ExitWatch
     stage: str
     grace_s: float  # how long after its kill it may take to be reaped (`_reap_wait_s`)
     reap_by: float
@@ -299,6 +302,7 @@ class ProcessRunner:
                 "multiprocessing allows no children: use runner='thread' or runner='inline' there"
             )
         self._stages = validate_stages(stages)
+        reap_the_left()
         self._pid = os.getpid()  # the process that started it, the only one its workers answer
         self._queued = [deque() for _ in self._stages]
         # A runner never closed is closed at interpreter exit, before multiprocessing's own exit
@@ -407,6 +411,7 @@ class ProcessRunner:
             return
         self._stop_workers(clock)
         self._reap_dying(until=clock.reach(max((dying.reap_by for dying in self._dying), default=0.0)))
+        reap_the_left()
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
         for fd in fds:
             if fd >= 0:
@@ -497,7 +502,7 @@ class ProcessRunner:
         finally:
             child_conn.close()
         _WORKER_PROCESSES.add(process)
-        self._workers.append(_Worker(stage_index, process, parent_conn, arena))
+        self._workers.append(_Worker(stage_index, process, parent_conn, ExitWatch(process), arena))
 
     def _stop_workers(self, clock: _CloseClock) -> None:
         """Stop every worker: idle ones are told to, busy ones terminated (their results would be
@@ -523,8 +528,8 @@ class ProcessRunner:
                 worker.process.terminate()
                 terminated.append(worker)
         for worker in workers:
-            _join(worker.process, clock.deadline)
-        stragglers = [worker for worker in workers if worker.process.exitcode is None]
+            _join(worker.exit, clock.deadline)
+        stragglers = [worker for worker in workers if not worker.exit.exited()]
         for worker in stragglers:
             if worker in terminated and self._close_timeout_s > 0:  # 0 asks for SIGKILL at once
                 _log.warning("stage %r: busy worker (pid %s) had not exited %.1f s after SIGTERM "
@@ -532,7 +537,8 @@ class ProcessRunner:
                              self._stages[worker.stage].name, worker.process.pid, self._close_timeout_s)
         reap_by = clock.kill() if stragglers else clock.deadline
         for worker in workers:
-            reaped = _join(worker.process, reap_by)
+            reaped = _join(worker.exit, reap_by)
+            worker.exit.close()
             worker.conn.close()
             with self._lock:
                 self._workers.remove(worker)  # before close(): a rerun would join a closed process
@@ -555,12 +561,13 @@ class ProcessRunner:
         self._workers.remove(worker)
         worker.conn.close()
         stage = self._stages[worker.stage]
-        if worker.process.exitcode is None:  # killed past task_timeout_s just now: reaped later
+        if not worker.exit.exited():  # killed past task_timeout_s just now: reaped later
             self._dying.append(
-                _Dying(worker.process, stage.name, worker.grace_s, time.monotonic() + worker.grace_s,
+                _Dying(worker.process, worker.exit, stage.name, worker.grace_s, time.monotonic() + worker.grace_s,
                        set(worker.request_blocks))
             )
         else:
+            worker.exit.close()
             worker.process.close()
             if worker.request_blocks:
                 self._requests.give_back(worker.request_blocks)
@@ -719,15 +726,15 @@ class ProcessRunner:
         replies: dict[_Worker, list[bytes]] = {}
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
-            sentinel_ready = worker.process.sentinel in ready
-            if conn in ready or (sentinel_ready and conn.poll()):
+            exited = worker.exit.fd in ready
+            if conn in ready or (exited and conn.poll()):
                 try:
                     messages = replies[worker] = [conn.recv_bytes()]
                     while len(messages) < len(worker.tasks) and conn.poll():
                         messages.append(conn.recv_bytes())
                 except (EOFError, OSError):
-                    sentinel_ready = True
-            if sentinel_ready:
+                    exited = True
+            if exited:
                 worker.process.join()
                 dead[worker] = _describe_exit(worker.process)
         now = time.monotonic()
@@ -766,10 +773,11 @@ class ProcessRunner:
         `reap_by`), freeing its request blocks; report and give up on one still there at its
         `reap_by`, as close does (`_give_up_on`)."""
         for dying in list(self._dying):
-            if not _join(dying.process, min(until, dying.reap_by)) and time.monotonic() < dying.reap_by:
+            if not _join(dying.exit, min(until, dying.reap_by)) and time.monotonic() < dying.reap_by:
                 continue
             self._dying.remove(dying)
-            if dying.process.exitcode is None:
+            dying.exit.close()
+            if not dying.exit.exited():
                 _give_up_on(dying.process, dying.stage, dying.grace_s)
                 continue
             dying.process.close()
@@ -886,7 +894,7 @@ class _CloseClock:
 
 
 class _Watch:
-    """Waits on every worker's pipe and process sentinel and on the wake-up pipe at once.
+    """Waits on every worker's pipe and exit (`ExitWatch.fd`) and on the wake-up pipe at once.
 
     One selector keeps its registrations while the worker set stays the same, instead of
     `multiprocessing.connection.wait` building and filling a new one on every call: the reader
@@ -902,12 +910,12 @@ class _Watch:
         self._workers: tuple[_Worker, ...] = ()
 
     def wait(self, workers: list[_Worker], wake_fd: int, timeout: float | None) -> set[Any]:
-        """The ready objects among the workers' connections and sentinels and `wake_fd`."""
+        """The ready objects among the workers' connections and exit descriptors and `wake_fd`."""
         if self._selector is None or tuple(workers) != self._workers:
             self.close()
             self._selector = selectors.DefaultSelector()
             self._workers = tuple(workers)
-            for watched in (wake_fd, *(w.conn for w in workers), *(w.process.sentinel for w in workers)):
+            for watched in (wake_fd, *(w.conn for w in workers), *(w.exit.fd for w in workers)):
                 self._selector.register(watched, selectors.EVENT_READ, watched)
         return {key.data for key, _ in self._selector.select(timeout)}
 
@@ -1004,9 +1012,11 @@ def _resident_bytes(pid: int | None) -> int:
 
 
 def _give_up_on(process: multiprocessing.process.BaseProcess, stage: str, waited_s: float) -> None:
-    """Report a worker not reaped `waited_s` after SIGKILL and leave it a zombie until this
-    process exits: multiprocessing, whose exit hook joins its children without a bound, forgets it."""
+    """Report a worker not reaped `waited_s` after SIGKILL and stop waiting for it: multiprocessing,
+    whose exit hook joins its children without a bound, forgets it, and the next runner's start
+    or close reaps it once it has exited (`reap_the_left`), without waiting for it."""
     _forget_process(process)
+    leave_unreaped(process.pid)
     _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
                  "sleep: a hung NFS read, say); left unreaped", stage, process.pid, waited_s)
 
@@ -1016,9 +1026,9 @@ def _wait_left(deadline: float) -> float:
     return min(max(0.0, deadline - time.monotonic()), _LONGEST_WAIT_S)
 
 
-def _join(process: multiprocessing.process.BaseProcess, deadline: float) -> bool:
-    """Wait until `process` has exited and been reaped, or `deadline` has passed; whether it was."""
-    return _joined(process.join, lambda: process.exitcode is not None, deadline)
+def _join(watch: ExitWatch, deadline: float) -> bool:
+    """Wait until a worker has exited and been reaped, or `deadline` has passed; whether it was."""
+    return _joined(watch.wait, watch.exited, deadline)
 
 
 def _joined(join: Callable[[float], None], ended: Callable[[], bool], deadline: float) -> bool:

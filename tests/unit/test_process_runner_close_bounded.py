@@ -6,10 +6,10 @@ exit with it. A big worker still being torn down is waited for, not reported. No
 thread, while the runner runs, wait without a bound for a worker it killed past `task_timeout_s`.
 
 Linux offers no process that SIGKILL cannot end on demand (a stopped one dies too), so a worker
-whose exit never comes is stood in for by its `multiprocessing` handle: its `poll` and `wait`, the
-waitpid behind `exitcode`, `is_alive()` and `join()`, report it running until the test lets go,
-while the real process underneath is killed and left a zombie, as a process in uninterruptible
-sleep would be once it woke."""
+whose exit never comes is stood in for by its `multiprocessing` handle and the runner's watch of its
+exit: the waitpid behind `exitcode` and `is_alive()`, and the watch's wait, report it running until
+the test lets go, while the real process underneath is killed and left a zombie, as a process in
+uninterruptible sleep would be once it woke."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -45,39 +45,37 @@ def close_within_bound(runner: ProcessRunner) -> None:
 
 
 class NeverExiting:
-    """`never_exiting(pid)`: that worker's exit is not seen by its parent until `release()` (at the
-    end of the test at the latest); `never_exiting(pid, seen_after_kill_s=...)`: nor by a wait that
-    ends sooner than that after its parent killed it (as a worker whose memory takes that long to
-    free). Which waits see it depends on the deadlines close asks for, not on how fast this
-    machine runs."""
+    """`never_exiting(runner, pid)`: that worker's exit is not seen by its parent until `release()`
+    (at the end of the test at the latest); `never_exiting(runner, pid, seen_after_kill_s=...)`:
+    nor by a wait that ends sooner than that after its parent killed it (as a worker whose memory
+    takes that long to free). Which waits see it depends on the deadlines close asks for, not on
+    how fast this machine runs."""
 
     def __init__(self) -> None:
         self.seen: dict[int, threading.Event] = {}
 
-    def __call__(self, pid: int, seen_after_kill_s: float | None = None) -> None:
+    def __call__(self, runner: ProcessRunner, pid: int, seen_after_kill_s: float | None = None) -> None:
         seen = self.seen[pid] = threading.Event()
         killed_at: list[float] = []
-        [process] = [p for p in multiprocessing.active_children() if p.pid == pid]
-        popen = process._popen
+        [worker] = [w for w in runner._workers if w.process.pid == pid]
+        popen = worker.process._popen
         real_poll, real_kill = popen.poll, popen.kill
 
         def poll(flag: int = os.WNOHANG) -> int | None:
             return real_poll(flag) if seen.is_set() else None
 
-        def wait(timeout: float | None = None) -> int | None:
+        def wait(timeout: float) -> None:
             if killed_at and seen_after_kill_s is not None and (
-                timeout is None or time.monotonic() + timeout >= killed_at[0] + seen_after_kill_s
+                time.monotonic() + timeout >= killed_at[0] + seen_after_kill_s
             ):
                 seen.set()  # a wait long enough for the memory to be freed
-                return real_poll(0)
             seen.wait(timeout)
-            return poll(0)
 
         def kill() -> None:
             real_kill()
             killed_at.append(time.monotonic())
 
-        popen.poll, popen.wait, popen.kill = poll, wait, kill
+        popen.poll, popen.kill, worker.exit.wait = poll, kill, wait
 
     def release(self) -> None:
         for seen in self.seen.values():
@@ -120,7 +118,7 @@ def test_a_worker_that_does_not_die_after_sigkill_is_reported_and_close_still_re
     stuck, other = runner.worker_pids()
     assert runner.submit(0, 1).result(BOUND_S) == 1
     directory = runner.shm_directory
-    never_exiting(stuck)
+    never_exiting(runner, stuck)
     with caplog.at_level(logging.WARNING, logger="runners.process"):
         close_within_bound(runner)
     warned = [record.getMessage() for record in caplog.records]
@@ -143,7 +141,7 @@ def test_a_big_worker_still_exiting_2_s_after_sigkill_is_reaped_not_reported(
     runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("decode", lambda x: x, 1)])
     [worker] = runner.worker_pids()
-    never_exiting(worker, seen_after_kill_s=3.0)
+    never_exiting(runner, worker, seen_after_kill_s=3.0)
     with caplog.at_level(logging.WARNING, logger="runners.process"):
         close_within_bound(runner)
     assert [record.getMessage() for record in caplog.records] == []
@@ -216,7 +214,7 @@ def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_work
     runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("nfs", hang_on_minus_one, 2)])
     stuck, _ = runner.worker_pids()
-    never_exiting(stuck)
+    never_exiting(runner, stuck)
     with caplog.at_level(logging.WARNING, logger="runners.process"):
         hung = runner.submit(0, -1)  # to the first idle worker: `stuck`
         wait_for(marker)
@@ -234,6 +232,39 @@ def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_work
     assert len(unreaped) == 1 and f"stage 'nfs': worker (pid {stuck}) had not exited" in unreaped[0], unreaped
     assert stuck not in [p.pid for p in multiprocessing.active_children()]  # multiprocessing's exit joins it not
     assert runner.shm_directory is None
+
+
+def test_a_worker_given_up_on_at_close_is_reaped_by_the_next_runner_once_it_has_exited(tmp_path, caplog):
+    """close() gave up on a worker still there after SIGKILL and its grace (uninterruptible sleep)
+    and forgot it: once its sleep ended and it died, nothing reaped it, and it stayed a zombie until
+    the trainer exited, one more for every such close. The next runner's start reaps it, without
+    waiting for it (as does any later close). Here signals reach the worker only when the test
+    sends them: neither close's SIGTERM nor its SIGKILL ends it, as neither ends a process asleep
+    on a hung NFS read."""
+    marker = tmp_path / "running"
+    runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("nfs", hanging_on_minus_one(marker), 1)])
+    [worker] = runner._workers
+    stuck = worker.process.pid
+    worker.process._popen.terminate = worker.process._popen.kill = lambda: None
+    try:
+        runner.submit(0, -1)
+        wait_for(marker)
+        with caplog.at_level(logging.WARNING, logger="runners.process"):
+            close_within_bound(runner)
+        assert any(f"worker (pid {stuck}) had not exited" in r.getMessage() for r in caplog.records), caplog.text
+        os.kill(stuck, signal.SIGKILL)  # its sleep ends at last
+        deadline = time.monotonic() + BOUND_S
+        while "State:\tZ" not in Path(f"/proc/{stuck}/status").read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with ProcessRunner(shm_root=str(tmp_path)) as next_runner:
+            next_runner.start([Stage("echo", lambda x: x, 1)])
+            assert not Path(f"/proc/{stuck}").exists(), "reaped"
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(stuck, signal.SIGKILL)
+        with suppress(ChildProcessError):
+            os.waitpid(stuck, 0)
 
 
 @contextmanager
@@ -350,7 +381,7 @@ def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_bi
     runner.start([Stage("decode", lambda x: x, 1)])
     [worker] = runner.worker_pids()
     directory = runner.shm_directory
-    never_exiting(worker)
+    never_exiting(runner, worker)
     with caplog.at_level(logging.WARNING, logger="runners.process"):
         with closing_on_another_thread(runner):
             runner._at_exit()  # what interpreter exit runs for it
@@ -373,7 +404,7 @@ def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_wo
     runner.start([Stage("nfs", hang_on_minus_one, 1)])
     [stuck] = runner.worker_pids()
     directory = runner.shm_directory
-    never_exiting(stuck)
+    never_exiting(runner, stuck)
     with caplog.at_level(logging.WARNING, logger="runners.process"):
         hung = runner.submit(0, -1)
         wait_for(marker)

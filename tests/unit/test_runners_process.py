@@ -5,6 +5,7 @@ Everything here uses real forked processes, real signals and the real /dev/shm d
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import multiprocessing
 import os
@@ -415,6 +416,58 @@ def test_an_item_that_always_kills_its_worker_fails_after_max_retries(tmp_path):
     assert error.stage == "fragile" and error.attempts == 3
     assert "'fragile'" in str(error) and "exited with code 3" in str(error)
     assert attempts.read_text().count("attempt") == 3
+
+
+def _fork_a_sleeping_child_then_exit(pid_file: Path, x: int) -> int:
+    """A stage function that forks a helper (a library's daemon, a subprocess) which inherits every
+    descriptor of the worker, its pipe and its multiprocessing sentinel included, and outlives it;
+    then the worker dies."""
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(3600)
+        os._exit(0)
+    pid_file.write_text(str(helper))
+    os._exit(3)
+
+
+def test_a_worker_that_dies_leaving_a_forked_child_holding_its_pipes_is_seen_dead_at_once(tmp_path):
+    """The parent watched a worker through its sentinel and its pipe, both held open by a child the
+    stage function forked: the worker's death went unseen until `task_timeout_s`, for ever without
+    one, and its item waited all that time. It is watched through a pidfd, which says when that
+    very process exits, whatever its children hold."""
+    pid_file = tmp_path / "helper"
+    try:
+        with ProcessRunner(task_timeout_s=600, max_retries=0) as runner:
+            runner.start([Stage("forking", functools.partial(_fork_a_sleeping_child_then_exit, pid_file))])
+            error = runner.submit(0, 1).exception(60)
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert isinstance(error, WorkerCrashedError) and "exited with code 3" in str(error), error
+
+
+def _no_pidfd(pid: int) -> int:
+    raise OSError(38, "Function not implemented")  # ENOSYS: a kernel older than 5.3
+
+
+@pytest.mark.parametrize("pidfd_open", ["offered", "missing", "refused"])
+def test_a_killed_worker_is_replaced_leaving_no_descriptor_open_whether_or_not_the_system_offers_pidfds(
+    monkeypatch, pidfd_open
+):
+    """Workers are watched through pidfds where the system offers them and through their sentinels
+    where it does not (Python < 3.9, a kernel older than 5.3); either way a dead worker is replaced,
+    and what watched it is closed with it."""
+    if pidfd_open == "missing":
+        monkeypatch.delattr(os, "pidfd_open")
+    elif pidfd_open == "refused":
+        monkeypatch.setattr(os, "pidfd_open", _no_pidfd)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("fragile", lambda x: os.kill(os.getpid(), signal.SIGKILL) if x else x, 1)])
+        error = runner.submit(0, 1).exception(60)
+        assert runner.submit(0, 0).result(60) == 0
+    assert isinstance(error, WorkerCrashedError) and "killed by SIGKILL" in str(error), error
+    assert len(os.listdir("/proc/self/fd")) == fds_before
 
 
 def test_a_worker_crash_on_one_rank_of_a_job_is_logged_naming_that_rank(tmp_path, monkeypatch, caplog):
