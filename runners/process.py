@@ -163,8 +163,8 @@ class ProcessRunner:
 
     - `task_timeout_s`: a worker running one item for longer is killed and handled like a crash,
       at once: its exit is not waited for (one in uninterruptible sleep outlives SIGKILL), and one
-      not reaped 2 s after the kill (and 1 s more per GiB it held) is reported and left a zombie,
-      as `close()` does.
+      not reaped 2 s after the kill (and 1 s more per GiB it held) is reported and given up on,
+      as `close()` does (`_give_up_on`).
     - `max_retries`: how many times an item is re-run after its worker died or timed out; an item is
       attempted at most `1 + max_retries` times before its future fails with `WorkerCrashedError`.
     - `oob_threshold_bytes`: buffers at least this large go through shared memory, smaller ones
@@ -514,7 +514,7 @@ class ProcessRunner:
         signal), a fault the user must hear of rather than a detail of closing. One not reaped
         `_reap_wait_s` after SIGKILL (uninterruptible sleep: a hung NFS read) is reported and
         given up on: its exit was waited for without a bound, holding close and interpreter exit
-        for ever. It is left a zombie until this process exits, and multiprocessing forgets it."""
+        for ever. multiprocessing forgets it, and a later start or close reaps it (`_give_up_on`)."""
         with self._lock:
             workers = list(self._workers)
         terminated = []
