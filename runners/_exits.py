@@ -15,6 +15,8 @@ import os
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
+from zephon import _fork
+
 __all__ = ["ExitWatch", "leave_unreaped", "reap_the_left"]
 
 # Pids of workers given up on (not reaped within the grace after SIGKILL: uninterruptible sleep)
@@ -76,4 +78,4 @@ def reap_the_left() -> None:
 
 
 # A child forked from this process (a worker, a fork-based helper) has none of these as children.
-os.register_at_fork(after_in_child=_LEFT_UNREAPED.clear)
+_fork.call_in_child(_LEFT_UNREAPED.clear)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,14 @@ def test_a_renewal_or_hook_that_raises_leaves_the_others_to_run_in_the_child(tmp
     owner = _Owner()
     owners = [failing, owner]
     assert _in_a_child_holding(owners, lambda: [*_take_each(owners), *ran], tmp_path) == [True, True, "the hook after"]
+
+
+def test_zephon_its_runners_and_vlm_register_no_fork_handler_but_the_one_in_zephon_fork():
+    """A handler of their own could never be removed and would run in an order no one chose; the
+    process runner's reaping of abandoned workers once registered one beside this module's."""
+    root = Path(_fork.__file__).parents[1]
+    sources = [path for package in ("zephon", "runners", "vlm") for path in (root / package).rglob("*.py")]
+    registering = sorted(
+        str(path.relative_to(root)) for path in sources
+        if "register_at_fork(" in path.read_text(encoding="utf-8"))
+    assert registering == ["zephon/_fork.py"]
