@@ -9,6 +9,14 @@ which is retried as a storage error first and then reported the same way.)
 
 pyarrow is imported on first use: it adds ~37 MB to every process that imports it, and a loader
 that reads no Parquet should not pay that.
+
+A chunk is read and decoded on the thread that reads it (`pre_buffer=False`, `use_threads=False`).
+pyarrow's thread pools read a Python file object through Python and free the bytes read from it
+there, some after the read has returned. CPython 3.14 hangs for ever a thread that enters Python as
+the interpreter exits, and the process's exit then waits for ever for that pool thread (pyarrow's
+pool shutdown joins its workers), after faulthandler has stopped: a process that read Parquet
+just before exiting hung, rarely, with no stack to show. Zephon's runners already read many chunks
+at once, so the pools bought little.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ class Parquet:
 
         with shard.open() as f, _decoding(shard.url):
             # A page whose checksum (where the writer stored one) fails is corrupt, not a record.
-            parquet = pq.ParquetFile(f, page_checksum_verification=True)
+            parquet = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False)
             groups, first_row, row = [], 0, 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
@@ -62,7 +70,7 @@ class Parquet:
                 row += size
             rows = []
             if groups:
-                rows = _rows(parquet.read_row_groups(groups).slice(start - first_row, stop - start))
+                rows = _rows(parquet.read_row_groups(groups, use_threads=False).slice(start - first_row, stop - start))
         return fill_truncated(rows, stop - start, "shard has fewer rows than when it was planned")
 
 
