@@ -738,11 +738,11 @@ def test_parquet_nanosecond_values_read_the_same_whether_or_not_pandas_is_instal
 def test_a_parquet_read_calls_into_python_only_on_its_own_thread_so_an_exit_after_it_cannot_hang(tmp_path):
     """pyarrow's thread pools read a Python file through Python (each read of row groups, as it
     pre-buffers them) and free the bytes read from it there, some after `read_row_groups` has
-    returned (18 reads in 2,000 on 3.14t). CPython 3.14 hangs for ever a thread that enters
+    returned (18 times in 2,000 reads on 3.14t). CPython 3.14 hangs for ever a thread that enters
     Python as the interpreter exits, and the exit then waited for it for ever in pyarrow's pool
-    shutdown, after faulthandler had stopped: a child that read Parquet hung the 3.14t CI, no
-    stack dumped. A read now reads and decodes on the thread that asked for it, which frees
-    everything it read."""
+    shutdown, after faulthandler had stopped: the likely cause of the pandas-free child above
+    hanging the 3.14t CI once. A read now reads and decodes on the thread that asked for it,
+    which frees everything it read."""
     import threading
 
     import pyarrow as pa

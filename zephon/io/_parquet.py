@@ -14,9 +14,9 @@ A chunk is read and decoded on the thread that reads it (`pre_buffer=False`, `us
 pyarrow's thread pools read a Python file object through Python and free the bytes read from it
 there, some after the read has returned. CPython 3.14 hangs for ever a thread that enters Python as
 the interpreter exits, and the process's exit then waits for ever for that pool thread (pyarrow's
-pool shutdown joins its workers), after faulthandler has stopped: a process that read Parquet
-just before exiting hung, rarely, with no stack to show. Zephon's runners already read many chunks
-at once, so the pools bought little.
+pool shutdown joins its workers), after faulthandler has stopped: a process reading Parquet as
+it exited hung, rarely, with no stack to show. Zephon's runners read chunks in parallel already,
+and timed on 2 busy cores a chunk read no slower this way.
 """
 
 from __future__ import annotations
