@@ -679,6 +679,9 @@ def test_parquet_value_python_cannot_hold_skips_its_row(tmp_path):
 
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A hang as the child exits (after its faulthandler has stopped) fails the test in minutes, with
+# what the child wrote, not at pytest's 900 s timeout with nothing.
+CHILD_EXIT_LIMIT_S = 300
 _READ_WITHOUT_PANDAS = """
 import faulthandler, importlib.abc, sys
 faulthandler.dump_traceback_later(120, exit=True)  # a hang before the exit ends with its stacks on stderr
@@ -730,7 +733,8 @@ def test_parquet_nanosecond_values_read_the_same_whether_or_not_pandas_is_instal
     assert all(type(v) in (str, datetime.datetime, datetime.timedelta, datetime.time, list) for v in records[0].values())
     assert [(a.index, reason) for a, reason in skipped] == [(i, "unconvertible_value") for i in range(1, 6)]
     without_pandas = subprocess.run([sys.executable, "-c", _READ_WITHOUT_PANDAS, str(tmp_path)], capture_output=True,
-                                    text=True, env={**os.environ, "PYTHONPATH": _REPO_ROOT})
+                                    text=True, env={**os.environ, "PYTHONPATH": _REPO_ROOT},
+                                    timeout=CHILD_EXIT_LIMIT_S)
     assert without_pandas.returncode == 0, without_pandas.stderr
     assert without_pandas.stdout.strip() == repr((records, [(a.index, reason) for a, reason in skipped]))
 
