@@ -25,7 +25,7 @@ from functools import cache
 
 import numpy as np
 
-__all__ = ["fill_mrope_positions"]
+__all__ = ["fill_mrope_positions", "ramp"]
 
 
 @cache
@@ -45,11 +45,12 @@ def _image_positions(rows: int, cols: int) -> tuple[np.ndarray, int]:
 
 
 @cache
-def _ramp(length: int) -> np.ndarray:
-    """0, 1, ..., length - 1 (read-only): text positions are slices of it, no array made per run."""
-    ramp = np.arange(length, dtype=np.int32)
-    ramp.flags.writeable = False
-    return ramp
+def ramp(length: int) -> np.ndarray:
+    """0, 1, ..., length - 1 (read-only): positions are slices of it, no array made per text run
+    here or per document in the packer's `position_ids`."""
+    out = np.arange(length, dtype=np.int32)
+    out.flags.writeable = False
+    return out
 
 
 def fill_mrope_positions(out: np.ndarray, documents, image_offsets: np.ndarray, merge_size: int) -> None:
@@ -61,7 +62,7 @@ def fill_mrope_positions(out: np.ndarray, documents, image_offsets: np.ndarray, 
     its token's index in the document (an image's tokens outnumber what it moves the position),
     so the ramp of the row's length covers every text run.
     """
-    ramp = _ramp(out.shape[1])
+    positions = ramp(out.shape[1])
     offsets = iter(image_offsets.tolist())
     start = 0
     for doc in documents:
@@ -69,12 +70,12 @@ def fill_mrope_positions(out: np.ndarray, documents, image_offsets: np.ndarray, 
         for rows, cols in doc.grids:
             at = next(offsets)
             if at > cursor:
-                out[:, cursor:at] = ramp[position : position + at - cursor]
+                out[:, cursor:at] = positions[position : position + at - cursor]
                 position += at - cursor
             block, advance = _image_positions(rows // merge_size, cols // merge_size)
             cursor = at + block.shape[1]
             np.add(block, position, out=out[:, at:cursor])
             position += advance
         end = start + doc.length
-        out[:, cursor:end] = ramp[position : position + end - cursor]
+        out[:, cursor:end] = positions[position : position + end - cursor]
         start = end

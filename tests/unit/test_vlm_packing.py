@@ -22,6 +22,7 @@ from vlm import (
     assemble_row,
     patchify,
 )
+from vlm._packing import _SHORT_TEXT
 from zephon._accumulator import Accumulator, SegmentContext
 from zephon._errors import ConfigurationError
 from zephon._records import RecordAddress
@@ -82,6 +83,23 @@ def test_one_image_then_text_lays_out_placeholders_labels_and_pixels():
     assert row.ragged["image_token_offset"].tolist() == [0]
     assert row.sources == (address(0),)
     assert all(a.dtype == np.int32 and a.shape == (32,) for a in row.tokens.values())
+
+
+def test_pixels_that_are_a_strided_view_are_laid_out_as_their_copy():
+    """Patches are copied a patch row at a time as blocks of bytes; pixels whose samples are not
+    adjacent (every other channel of a wider array) must give the patches of their values."""
+    wide = np.random.default_rng(3).integers(0, 256, (2 * P, 3 * P, 6), dtype=np.uint8)
+    image = wide[..., ::2]
+    [row] = run(packer(32), [{"input_ids": text(2), "pixels": image}])
+    assert np.array_equal(row.ragged["pixel_values"], patchify(np.ascontiguousarray(image), P))
+
+
+def test_a_hand_built_plan_whose_pixels_are_not_the_rows_dtype_has_them_converted():
+    image = np.arange(2 * P * P * 3, dtype=np.int64).reshape(P, 2 * P, 3) % 256
+    plans = run(packer(16, assemble=False), [{"input_ids": text(2), "pixels": image.astype(np.uint8)}])
+    doc = plans[0].documents[0]
+    plan = dataclasses.replace(plans[0], documents=(dataclasses.replace(doc, images=(image,)),))
+    assert np.array_equal(assemble_row(plan).ragged["pixel_values"], patchify(image.astype(np.uint8), P))
 
 
 @pytest.mark.parametrize("position,expected", [
@@ -183,14 +201,16 @@ def test_ids_from_the_data_that_are_not_token_ids_are_skipped_as_not_tokens(ids)
 
 @pytest.mark.parametrize("placeholders", [PIXTRAL, QwenPlaceholders(20, 21, 22, merge_size=1)], ids=["pixtral", "qwen"])
 @pytest.mark.parametrize("images", [0, 1], ids=["text-only", "with-image"])
-def test_text_that_holds_a_placeholder_id_is_skipped_instead_of_faking_an_image_slot(placeholders, images):
+@pytest.mark.parametrize("before", [1, _SHORT_TEXT - 2, _SHORT_TEXT - 1, 4 * _SHORT_TEXT], ids=lambda n: f"{n + 2}-tokens")
+def test_text_that_holds_a_placeholder_id_is_skipped_instead_of_faking_an_image_slot(placeholders, images, before):
     """A caption that spells `[IMG]` or `<|image_pad|>` through a tokenizer that does not split it
     (split_special_tokens=False, an added token that is not special) or ids from the data gave a
     row with more image tokens than image patches: the model, which finds image slots by these
-    ids, then fails on the count or puts an image's embeddings on the caption."""
+    ids, then fails on the count or puts an image's embeddings on the caption. Short and long
+    texts are searched two ways (a set, NumPy): both find the id, at the end too."""
     for token_id in placeholders.token_ids:
         pack = packer(16, placeholders=placeholders)
-        caption = np.array([1000, token_id, 1001], dtype=np.int32)
+        caption = np.concatenate([text(before), np.array([1000 + before, token_id], dtype=np.int32)])
         record = {"input_ids": caption, **({"pixels": picture(1, 1, 0)} if images else {})}
         rows = run(pack, [record, {"input_ids": text(3)}])
         assert [r.sources for r in rows] == [(address(1),)]
