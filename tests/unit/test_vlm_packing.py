@@ -201,7 +201,8 @@ def test_ids_from_the_data_that_are_not_token_ids_are_skipped_as_not_tokens(ids)
 
 @pytest.mark.parametrize("placeholders", [PIXTRAL, QwenPlaceholders(20, 21, 22, merge_size=1)], ids=["pixtral", "qwen"])
 @pytest.mark.parametrize("images", [0, 1], ids=["text-only", "with-image"])
-@pytest.mark.parametrize("before", [1, _SHORT_TEXT - 2, _SHORT_TEXT - 1, 4 * _SHORT_TEXT], ids=lambda n: f"{n + 2}-tokens")
+@pytest.mark.parametrize("before", [1, _SHORT_TEXT - 2, _SHORT_TEXT - 1, 4 * _SHORT_TEXT],
+                         ids=lambda n: f"{n + 2}-tokens")
 def test_text_that_holds_a_placeholder_id_is_skipped_instead_of_faking_an_image_slot(placeholders, images, before):
     """A caption that spells `[IMG]` or `<|image_pad|>` through a tokenizer that does not split it
     (split_special_tokens=False, an added token that is not special) or ids from the data gave a
