@@ -5,7 +5,8 @@ keeps one thread, unless the race's "idle thread" variant asks for a second), to
 thread pool off. For every record of one epoch, in order:
 text: read the shards and parse each JSON line, tokenize (+EOS) and pack/assemble the wrap-packed
 rows; VLM: read the tar shards, tokenize the caption (+BOS/EOS), decode + resize, and pack/assemble
-the rows (the packer's decisions are included: they are a small part of the assembly). Each part
+the rows (the packer's decisions are included: they are a small part of the assembly; ours and
+the peers' rows alike are kept, pixels too, until the next pass: see `pack` below). Each part
 is timed separately; a pass is one epoch of every part, one untimed pass then `repeats` timed ones,
 and a part costs its mean pass (`_passes`: why the mean and not the fastest). `functions` says
 whose code runs: "ours" (zephon's `assemble_row`, `vlm.decode_image`, `vlm.MultimodalPacker`)
@@ -128,11 +129,14 @@ def vlm_bound(functions: str) -> tuple[dict, Passes]:
             return [decode_image(b, spec) for b, _ in out["read_s"]]
 
         def pack(out):
+            # Every row whole, as the peers' `pack` returns its rows: until 2026-12 only the
+            # tokens were kept, so each row's pixels were freed as soon as made, and glibc gave
+            # the next row fresh pages: 13-24 k page faults a pass here, none with the rows kept.
             packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec,
                                       pad_id=ids["pad"], image_position="after_bos")
             records = [{"input_ids": t, "pixels": p} for t, p in zip(out["tokenize_s"], out["decode_resize_s"])]
             rows = [row for r in records for row in packer.push((address, r))]
-            return [row.tokens for row in rows + packer.flush()]
+            return [row.tokens | row.ragged for row in rows + packer.flush()]
     else:
         placeholders = _work.Placeholders(ids["img"], ids["img_break"], ids["img_end"])
 
