@@ -303,7 +303,8 @@ def _write_patches(target: np.ndarray, image: np.ndarray, rows: int, cols: int, 
 
 @cache
 def _block(nbytes: int) -> np.dtype:
-    """The dtype of one `nbytes` block (made once: building it costs ~3 µs, a patch row's copy ~1)."""
+    """The dtype of one `nbytes` block, made once per size: building one costs ~3 µs, 7 % of
+    copying a race image's patches."""
     return np.dtype((np.void, nbytes))
 
 
