@@ -577,6 +577,17 @@ def test_an_http_glob_plans_the_shards_of_each_subdirectory_with_the_sizes_their
     assert [record["i"] for record in ds.read_chunk(ds.chunks(8)[1]).records] == [0, 1]
 
 
+def test_an_http_file_that_is_no_shard_is_not_asked_its_size_so_one_that_cannot_be_fails_nothing(http_index, tmp_path):
+    """Only a shard needs its size: every file a glob found was asked it (a HEAD each), a README or
+    a hidden file beside the shards as well, and one the server would not describe (a broken link
+    on the index page) failed the whole dataset."""
+    for name in ("README.md", "._a.jsonl"):
+        (tmp_path / "data/2024-01" / name).write_text("not a shard")
+        http_index.statuses[f"/data/2024-01/{name}"] = [404] * 10
+    assert Dataset.from_path("d", http_index.url("data/2024-01/*"), retries=2, retry_delay=0.001).num_records == 3
+    assert http_index.requests["/data/2024-01/README.md"] == http_index.requests["/data/2024-01/._a.jsonl"] == 0
+
+
 def test_an_http_shard_its_index_lists_that_cannot_be_looked_at_is_retried_then_named(http_index):
     """Planning asks each shard found its size; one the server will not describe is neither
     dropped nor taken for a glob that matched nothing."""

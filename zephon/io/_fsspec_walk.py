@@ -29,8 +29,10 @@ size, which `_locate` refuses where its name is a shard's.
 
 A file listed with no size (an HTTP index page is links, and tells none) is asked its `info()`
 once it is found, as a local glob asks `stat`: planning refused every such shard as a link to
-nothing, so that no http(s) glob could be planned. One that `info()` cannot find (HTTP's says so
-for any failure) raises `UnlistedError` naming it.
+nothing, so that no http(s) glob could be planned. Only a file named as a shard is asked (the
+caller's `may_be_a_shard`): a README or a hidden file beside the shards cost a request each, and
+one the server would not describe (a broken link on the index page) failed the dataset. One that
+`info()` cannot find (HTTP's says so for any failure) raises `UnlistedError` naming it.
 
 Filesystems with a listing of their own (s3fs, gcsfs, the hub's, the memory filesystem) raise by
 themselves and are listed as they are.
@@ -62,10 +64,11 @@ class UnlistedError(OSError):
     (FileNotFoundError) is not read as a glob that matched nothing."""
 
 
-def lister(fs: AbstractFileSystem, url: str) -> Any:
+def lister(fs: AbstractFileSystem, url: str, may_be_a_shard: Callable[[str], bool]) -> Any:
     """What lists `url`'s tree on `fs` (its `find` and `glob`): `fs` itself where it lists by its
     own code; else fsspec's generic `find` and `glob` over a walk that raises, whether or not `fs`
-    has a glob of its own over the generic walk (http's: module docstring)."""
+    has a glob of its own over the generic walk (http's: module docstring), asking the size of
+    each file found with none that `may_be_a_shard` by its path."""
     from fsspec.asyn import AsyncFileSystem
     from fsspec.spec import AbstractFileSystem
 
@@ -77,15 +80,15 @@ def lister(fs: AbstractFileSystem, url: str) -> Any:
 
     if not (generic("find") and generic("walk")):
         return fs
-    return _RaisingWalk(fs, url)
+    return _RaisingWalk(fs, url, may_be_a_shard)
 
 
 class _RaisingWalk:
     """`fs` seen through fsspec's generic `find` and `glob`, whose walk raises (module docstring).
-    Holds nothing but `fs` and the URL; used for one listing."""
+    Holds nothing but `fs`, the URL and what tells a shard; used for one listing."""
 
-    def __init__(self, fs: AbstractFileSystem, url: str) -> None:
-        self._fs, self._url = fs, url
+    def __init__(self, fs: AbstractFileSystem, url: str, may_be_a_shard: Callable[[str], bool]) -> None:
+        self._fs, self._url, self._may_be_a_shard = fs, url, may_be_a_shard
         self._may_hold: Callable[[str], bool] = lambda directory: True
 
     def __getattr__(self, name: str) -> Any:
@@ -113,13 +116,13 @@ class _RaisingWalk:
             raise
 
     def _sized(self, found: Details) -> Details:
-        """`found` (asked with details, as `_locate` asks), where a file listed with no size (an
-        HTTP index page tells none) has its `info()`: one request per file found, not per file
+        """`found` (asked with details, as `_locate` asks), where a shard listed with no size (an
+        HTTP index page tells none) has its `info()`: one request per shard found, not per file
         listed, and none where the listing told a size or the file is a link to nothing."""
-        return {
-            name: self._info(name) if info["type"] == "file" and info["size"] is None and not info.get(_LINK) else info
-            for name, info in found.items()
-        }
+        return {name: self._info(name) if self._unsized_shard(name, info) else info for name, info in found.items()}
+
+    def _unsized_shard(self, name: str, info: Mapping[str, Any]) -> bool:
+        return info["type"] == "file" and info["size"] is None and not info.get(_LINK) and self._may_be_a_shard(name)
 
     def _info(self, name: str) -> Mapping[str, Any]:
         try:

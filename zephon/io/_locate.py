@@ -99,6 +99,12 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
     return None
 
 
+def _may_be_a_shard(path: str) -> bool:
+    """Whether a file a listing found may be planned as a shard: named as one of a known format and
+    not hidden (see `locate`)."""
+    return not path.rpartition("/")[2].startswith(".") and infer_format(path) is not None
+
+
 def _unreadable_shard(path: str) -> tuple[str, str] | None:
     """(format, why it cannot be read) for a file named like a shard of a format but compressed in a
     way that format is not read in, or None. Suffixes are compared in any case, and named as written."""
@@ -245,13 +251,13 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     except FileNotFoundError:
         info = None
     if info is not None and info["type"] == "directory":
-        return fs, _files_of(path, "directory", lister(fs, url).find(path, detail=True))
+        return fs, _files_of(path, "directory", lister(fs, url, _may_be_a_shard).find(path, detail=True))
     if info is not None and info["type"] == "file":
         return fs, Listing(path, "file", details={path: info})
     if not has_glob:
         return fs, None
     try:
-        matches = lister(fs, url).glob(path, detail=True)
+        matches = lister(fs, url, _may_be_a_shard).glob(path, detail=True)
     except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
         raise ConfigurationError(f"{url} matches no files ({error})") from error
     return fs, _files_of(path, "glob", matches)
