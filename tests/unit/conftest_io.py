@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import http.server
@@ -262,12 +263,14 @@ class IndexServer(http.server.ThreadingHTTPServer):
     served with its Content-Length and Last-Modified, a directory as an index page of links to
     its entries (a subdirectory's ending in "/"). A path answers the statuses queued for it in
     `statuses` (by path, without a trailing "/") before it is served; `requests` counts the GET
-    and HEAD requests of each path."""
+    and HEAD requests of each path. A HEAD of a path in `meeting` waits at the `meeting` barrier
+    for as many others as it has parties (a broken barrier: they did not come together)."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_IndexHandler, directory=str(root)))
         self.statuses: dict[str, list[int]] = {}
         self.requests: Counter[str] = Counter()
+        self.meeting: tuple[set[str], threading.Barrier] | None = None
 
     def url(self, path: str) -> str:
         """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`)."""
@@ -282,6 +285,10 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
             super().do_GET()
 
     def do_HEAD(self) -> None:
+        meeting = self.server.meeting
+        if meeting is not None and self.path in meeting[0]:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meeting[1].wait()
         if not self._answered_a_queued_status():
             super().do_HEAD()
 

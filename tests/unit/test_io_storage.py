@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 import weakref
@@ -575,6 +576,16 @@ def test_an_http_glob_plans_the_shards_of_each_subdirectory_with_the_sizes_their
     shards = ("data/2024-01/a.jsonl", "data/2024-02/b.jsonl", "data/private/c.jsonl")
     assert [shard.nbytes for shard in ds.shards] == [(tmp_path / path).stat().st_size for path in shards]
     assert [record["i"] for record in ds.read_chunk(ds.chunks(8)[1]).records] == [0, 1]
+
+
+def test_an_http_glob_asks_the_sizes_of_the_shards_it_found_several_at_a_time(http_index):
+    """One HEAD per shard, each waiting for the one before: planning thousands of shards on a
+    distant server took thousands of round trips. Here each shard's HEAD is answered only once
+    the three are asked together."""
+    shards = {"/data/2024-01/a.jsonl", "/data/2024-02/b.jsonl", "/data/private/c.jsonl"}
+    http_index.meeting = shards, threading.Barrier(len(shards), timeout=20)
+    assert Dataset.from_path("d", http_index.url("data/*/*.jsonl"), retries=1).num_records == 6
+    assert not http_index.meeting[1].broken
 
 
 def test_an_http_file_that_is_no_shard_is_not_asked_its_size_so_one_that_cannot_be_fails_nothing(http_index, tmp_path):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
@@ -55,6 +56,9 @@ __all__ = ["UnlistedError", "lister"]
 Details = dict[str, Mapping[str, Any]]
 
 _DENIED_STATUS = frozenset({401, 403})
+# How many shards' info() `_sized` asks at once: under requests' pool of 10 connections per host
+# (fsspec's blocking HTTP filesystem), past which each extra one is opened, then dropped, warned of.
+_INFOS_AT_ONCE = 8
 _LINK = "zephon_followed_link"  # in a followed link's details: they are its target's, if it has one
 
 
@@ -118,8 +122,19 @@ class _RaisingWalk:
     def _sized(self, found: Details) -> Details:
         """`found` (asked with details, as `_locate` asks), where a shard listed with no size (an
         HTTP index page tells none) has its `info()`: one request per shard found, not per file
-        listed, and none where the listing told a size or the file is a link to nothing."""
-        return {name: self._info(name) if self._unsized_shard(name, info) else info for name, info in found.items()}
+        listed, and none where the listing told a size or the file is a link to nothing. Up to
+        `_INFOS_AT_ONCE` are asked at a time: one after another, thousands of shards on a distant
+        server cost thousands of round trips."""
+        unsized = [name for name, info in found.items() if self._unsized_shard(name, info)]
+        if not unsized:
+            return found
+        with ThreadPoolExecutor(min(_INFOS_AT_ONCE, len(unsized)), thread_name_prefix="zephon-info") as pool:
+            try:
+                infos = dict(zip(unsized, pool.map(self._info, unsized)))
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # the first failure in order is raised; ask no more
+                raise
+        return {name: infos.get(name, info) for name, info in found.items()}
 
     def _unsized_shard(self, name: str, info: Mapping[str, Any]) -> bool:
         return info["type"] == "file" and info["size"] is None and not info.get(_LINK) and self._may_be_a_shard(name)
