@@ -599,6 +599,16 @@ def test_an_http_file_that_is_no_shard_is_not_asked_its_size_so_one_that_cannot_
     assert http_index.requests["/data/2024-01/README.md"] == http_index.requests["/data/2024-01/._a.jsonl"] == 0
 
 
+def test_an_http_shard_a_glob_does_not_match_is_not_asked_its_size(http_index, tmp_path):
+    """The glob's walk found every file of a directory that could hold a match, and each was asked
+    its size before the pattern was matched: a shard of the split left out of the dataset that
+    the server would not describe failed it."""
+    (tmp_path / "data/2024-01/test.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    http_index.statuses["/data/2024-01/test.jsonl"] = [404] * 10
+    assert Dataset.from_path("d", http_index.url("data/2024-01/a*.jsonl"), retries=2, retry_delay=0.001).num_records == 3
+    assert http_index.requests["/data/2024-01/test.jsonl"] == 0
+
+
 def test_an_http_shard_its_index_lists_that_cannot_be_looked_at_is_retried_then_named(http_index):
     """Planning asks each shard found its size; one the server will not describe is neither
     dropped nor taken for a glob that matched nothing."""

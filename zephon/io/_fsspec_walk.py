@@ -28,7 +28,7 @@ since the walk does not follow it (nothing here tells a loop); one to nothing is
 size, which `_locate` refuses where its name is a shard's.
 
 A file listed with no size (an HTTP index page is links, and tells none) is asked its `info()`
-once it is found, as a local glob asks `stat`: planning refused every such shard as a link to
+once it is found (for a glob, once it matched), as a local glob asks `stat`: planning refused every such shard as a link to
 nothing, so that no http(s) glob could be planned. Only a file named as a shard is asked (the
 caller's `may_be_a_shard`): a README or a hidden file beside the shards cost a request each, and
 one the server would not describe (a broken link on the index page) failed the dataset. One that
@@ -94,6 +94,7 @@ class _RaisingWalk:
     def __init__(self, fs: AbstractFileSystem, url: str, may_be_a_shard: Callable[[str], bool]) -> None:
         self._fs, self._url, self._may_be_a_shard = fs, url, may_be_a_shard
         self._may_hold: Callable[[str], bool] = lambda directory: True
+        self._globbing = False  # the generic glob's own `find`: only its matches are sized
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fs, name)
@@ -101,13 +102,19 @@ class _RaisingWalk:
     def find(self, path: str, *args: Any, **kwargs: Any) -> Details:
         from fsspec.spec import AbstractFileSystem
 
-        return self._sized(AbstractFileSystem.find(self, path, *args, **kwargs))
+        found = AbstractFileSystem.find(self, path, *args, **kwargs)
+        return found if self._globbing else self._sized(found)
 
     def glob(self, path: str, **kwargs: Any) -> Details:
         from fsspec.spec import AbstractFileSystem
 
         self._may_hold = _may_hold_a_match(self._fs._strip_protocol(path))
-        return self._sized(AbstractFileSystem.glob(self, path, **kwargs))
+        self._globbing = True
+        try:
+            matches = AbstractFileSystem.glob(self, path, **kwargs)
+        finally:
+            self._globbing = False
+        return self._sized(matches)
 
     def isdir(self, path: str) -> bool:
         """`fs.isdir`, which the generic glob asks of its directory: http's lists it, so a denial
