@@ -19,10 +19,12 @@ from zephon import _fork
 
 __all__ = ["ExitWatch", "leave_unreaped", "reap_the_left"]
 
-# Pids of workers given up on (not reaped within the grace after SIGKILL: uninterruptible sleep)
-# and not reaped since. Taken and dropped with single set operations, never under a lock: the exit
-# hook and the reader thread reach them too.
-_LEFT_UNREAPED: set[int] = set()
+# Workers given up on (not reaped within the grace after SIGKILL: uninterruptible sleep) and not
+# reaped since: pid -> the pidfd that reaps that very process, or None where the system offers
+# none (reaped by pid). An entry is claimed with one `pop` before it is waited on and put back if
+# the worker is still there, never under a lock: the exit hook and the reader thread reach them too.
+_LEFT_UNREAPED: dict[int, int | None] = {}
+_CLAIMED = object()
 
 
 class ExitWatch:
@@ -52,6 +54,11 @@ class ExitWatch:
         """Whether the process has exited and been reaped (a non-blocking waitpid)."""
         return self.process.exitcode is not None
 
+    def hand_over(self) -> int | None:
+        """The pidfd, now the caller's to close (None where there is none); the watch lets go of it."""
+        pidfd, self._pidfd = self._pidfd, None
+        return pidfd
+
     def close(self) -> None:
         """Let go of the pidfd, once the process is reaped or given up on; idempotent."""
         if self._pidfd is not None:
@@ -59,23 +66,39 @@ class ExitWatch:
             self._pidfd = None
 
 
-def leave_unreaped(pid: int) -> None:
-    """Remember a worker given up on, for `reap_the_left` to reap once it has exited."""
-    _LEFT_UNREAPED.add(pid)
+def leave_unreaped(watch: ExitWatch) -> None:
+    """Remember a worker given up on, with its pidfd, for `reap_the_left` to reap once it has exited."""
+    _LEFT_UNREAPED[watch.process.pid] = watch.hand_over()
 
 
 def reap_the_left() -> None:
     """Reap every worker given up on that has exited since, without waiting for any: each was left
-    a zombie until the trainer exited. A pid stays this process's until it is reaped, so waiting on
-    it reaps no other process; one reaped elsewhere (code calling `os.wait()`) is dropped."""
+    a zombie until the trainer exited. Through its pidfd where there is one: a pid reaped elsewhere
+    (code calling `os.wait()`) may have been given to another child of this process since, which
+    a wait by pid would reap in its place. One reaped elsewhere is dropped."""
     for pid in list(_LEFT_UNREAPED):
+        pidfd = _LEFT_UNREAPED.pop(pid, _CLAIMED)
+        if pidfd is _CLAIMED:  # another thread is reaping it
+            continue
         try:
-            reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
+            if pidfd is None:
+                reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
+            else:
+                reaped = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG) is not None
         except ChildProcessError:
             reaped = True
-        if reaped:
-            _LEFT_UNREAPED.discard(pid)
+        if not reaped:
+            _LEFT_UNREAPED[pid] = pidfd
+        elif pidfd is not None:
+            os.close(pidfd)
 
 
-# A child forked from this process (a worker, a fork-based helper) has none of these as children.
-_fork.call_in_child(_LEFT_UNREAPED.clear)
+def _forget_the_parents_left() -> None:
+    """A child forked from this process has none of the parent's workers as children."""
+    for pidfd in _LEFT_UNREAPED.values():
+        if pidfd is not None:
+            os.close(pidfd)
+    _LEFT_UNREAPED.clear()
+
+
+_fork.call_in_child(_forget_the_parents_left)

@@ -538,16 +538,16 @@ class ProcessRunner:
         reap_by = clock.kill() if stragglers else clock.deadline
         for worker in workers:
             reaped = _join(worker.exit, reap_by)
-            worker.exit.close()
             worker.conn.close()
             with self._lock:
                 self._workers.remove(worker)  # before close(): a rerun would join a closed process
             for task in worker.tasks:
                 discard(task.envelope)
             if reaped:
+                worker.exit.close()
                 worker.process.close()
                 continue
-            _give_up_on(worker.process, self._stages[worker.stage].name, clock.grace_s)
+            _give_up_on(worker.exit, self._stages[worker.stage].name, clock.grace_s)
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
         """Reap a dead worker (one killed past `task_timeout_s` just now is reaped later, by
@@ -776,10 +776,10 @@ class ProcessRunner:
             if not _join(dying.exit, min(until, dying.reap_by)) and time.monotonic() < dying.reap_by:
                 continue
             self._dying.remove(dying)
-            dying.exit.close()
             if not dying.exit.exited():
-                _give_up_on(dying.process, dying.stage, dying.grace_s)
+                _give_up_on(dying.exit, dying.stage, dying.grace_s)
                 continue
+            dying.exit.close()
             dying.process.close()
             if dying.request_blocks:
                 self._requests.give_back(dying.request_blocks)
@@ -1011,14 +1011,14 @@ def _resident_bytes(pid: int | None) -> int:
         return 0
 
 
-def _give_up_on(process: multiprocessing.process.BaseProcess, stage: str, waited_s: float) -> None:
+def _give_up_on(watch: ExitWatch, stage: str, waited_s: float) -> None:
     """Report a worker not reaped `waited_s` after SIGKILL and stop waiting for it: multiprocessing,
     whose exit hook joins its children without a bound, forgets it, and the next runner's start
     or close reaps it once it has exited (`reap_the_left`), without waiting for it."""
-    _forget_process(process)
-    leave_unreaped(process.pid)
+    _forget_process(watch.process)
+    leave_unreaped(watch)
     _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
-                 "sleep: a hung NFS read, say); left unreaped", stage, process.pid, waited_s)
+                 "sleep: a hung NFS read, say); left unreaped", stage, watch.process.pid, waited_s)
 
 
 def _wait_left(deadline: float) -> float:

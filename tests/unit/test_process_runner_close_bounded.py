@@ -267,6 +267,36 @@ def test_a_worker_given_up_on_at_close_is_reaped_by_the_next_runner_once_it_has_
             os.waitpid(stuck, 0)
 
 
+def zombie(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "State:\tZ" in status.read_text()
+
+
+def test_reaping_a_worker_given_up_on_never_reaps_another_child_given_its_pid_since(monkeypatch):
+    """A worker given up on may be reaped by code of the trainer's (`os.wait()`), and its pid given
+    to another child of the trainer's: reaped by pid, that child was reaped in its place, and its
+    own parent's wait found nothing. It is reaped through the pidfd of the worker itself."""
+    import subprocess
+
+    from runners import _exits
+
+    monkeypatch.setattr(_exits, "_LEFT_UNREAPED", {})
+    given_up = subprocess.Popen(["sleep", "60"])
+    _exits.leave_unreaped(_exits.ExitWatch(given_up))  # Linux >= 5.3: a pidfd
+    given_up.kill()
+    given_up.wait()  # reaped by the trainer's own code
+    other = subprocess.Popen(["true"])
+    deadline = time.monotonic() + BOUND_S
+    while not zombie(other.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The pid number the worker had now names the other child, as after the pids wrapped round.
+    _exits._LEFT_UNREAPED[other.pid] = _exits._LEFT_UNREAPED.pop(given_up.pid)
+    _exits.reap_the_left()
+    assert zombie(other.pid), "the other child is left to its own parent's wait"
+    assert other.wait() == 0
+    assert _exits._LEFT_UNREAPED == {}, "the worker reaped elsewhere is dropped, its pidfd closed"
+
+
 @contextmanager
 def reader_stuck_in_a_callback(tmp_path: Path) -> Iterator[tuple[ProcessRunner, Future]]:
     """A runner whose reader thread is held in a done-callback until the block ends, and the
