@@ -210,7 +210,7 @@ class CountingStore(_PrefixedMemoryFileSystem):
 
     @staticmethod
     def asked_of(what: str, paths) -> int:
-        """How many times `what` ("info", "list", "open") was asked of any of `paths` (URLs or paths)."""
+        """How many times `what` ("info", "list", "open", "get") was asked of any of `paths` (URLs or paths)."""
         stripped = {path.rpartition("://")[2].strip("/") for path in paths}
         asked = CountingStore.asked.items()
         return sum(n for key, n in asked if key != "scan" and key[0] == what and key[1] in stripped)
@@ -219,21 +219,24 @@ class CountingStore(_PrefixedMemoryFileSystem):
 class BufferedCountingStore(CountingStore):
     """Opens files as s3fs, gcsfs and the hub's filesystem do: an `AbstractBufferedFile` that asks
     `info()` for the file's details (size, ETag, generation...) when it is opened, then reads byte
-    ranges."""
+    ranges, each counted as ("get", path): a ranged GET request. Its block cache holds
+    `block_size` bytes (fsspec's default where "default")."""
 
     protocol = "bufstore"
     store: dict = _ScanCountingStore()
     pseudo_dirs: list = [""]
+    block_size: int | str = "default"
 
     def _open(self, path, mode="rb", **kwargs):
         if "r" not in mode:
             return super()._open(path, mode, **kwargs)
         CountingStore.asked["open", self._strip_protocol(path)] += 1
-        return _RangeReadFile(self, self._strip_protocol(path), mode)
+        return _RangeReadFile(self, self._strip_protocol(path), mode, block_size=self.block_size)
 
 
 class _RangeReadFile(AbstractBufferedFile):
     def _fetch_range(self, start, end):
+        CountingStore.asked["get", self.path] += 1
         return bytes(self.fs.store[self.path].getbuffer()[start:end])
 
 

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from zephon.io import Dataset, ShardUnavailableError
 
-from .conftest_io import BufferedCountingStore, CountingStore, jsonl_bytes, put, registered
+from .conftest_io import BufferedCountingStore, CountingStore, jsonl_bytes, parquet_bytes, put, registered
 
 _RECORDS_PER_SHARD = 8
 
@@ -127,3 +129,21 @@ def test_a_shard_whose_listing_tells_no_version_is_asked_for_it_so_a_rewrite_is_
         put(shards[1], jsonl_bytes([{"shard": 1, "i": 9 - j} for j in range(_RECORDS_PER_SHARD)]))
         with pytest.raises(ShardUnavailableError, match="changed after planning"):
             ds.read_chunk(ds.chunks(8)[1])
+
+
+def test_a_parquet_chunk_is_read_in_one_ranged_get_for_its_row_groups_not_one_per_column_chunk(monkeypatch):
+    """Read on the calling thread without pyarrow's pre-buffering, a chunk asked the store for
+    each column chunk of each row group apart: a ranged GET each where the file's block cache
+    (4-5 MiB on gcsfs, the hub, HTTP) is smaller than a column chunk, 1 + 8 columns x 2 row
+    groups here, where pre-buffering coalesced them into one. Now one GET reads the footer and one
+    the chunk's row groups."""
+    monkeypatch.setattr(BufferedCountingStore, "block_size", 2048)
+    text = random.Random(0)
+    rows = [{f"c{i}": text.randbytes(400).hex() for i in range(8)} for _ in range(64)]
+    with registered(BufferedCountingStore):
+        url = put("bufstore://bucket/data/part-000.parquet", parquet_bytes(rows, row_group_size=16))
+        ds = Dataset.from_path("d", url, retry_delay=0)
+        chunk = ds.chunks(32)[0]
+        CountingStore.asked.clear()
+        assert ds.read_chunk(chunk).records == rows[:32]
+        assert CountingStore.asked_of("get", [url]) == 2
