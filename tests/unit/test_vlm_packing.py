@@ -102,6 +102,16 @@ def test_a_hand_built_plan_whose_pixels_are_not_the_rows_dtype_has_them_converte
     assert np.array_equal(assemble_row(plan).ragged["pixel_values"], patchify(image.astype(np.uint8), P))
 
 
+def test_pixels_of_python_objects_are_laid_out_as_their_values_as_before():
+    """Patch rows are copied as blocks of bytes, which NumPy refuses for an array of references
+    (TypeError: every such record failed the run since the copy was changed); an object patch
+    dtype (patch_dtype=object) is copied a value at a time, as it was."""
+    image = picture(1, 2, 4).astype(object)
+    [row] = run(packer(16, patch_dtype=object), [{"input_ids": text(2), "pixels": image}])
+    pixels = row.ragged["pixel_values"]
+    assert pixels.dtype == object and pixels.tolist() == patchify(picture(1, 2, 4), P).tolist()
+
+
 @pytest.mark.parametrize("position,expected", [
     ("after_text", [1000, 1001, 1002, 10, 13]),
     ("after_bos", [1000, 10, 13, 1001, 1002]),
