@@ -732,9 +732,14 @@ def test_parquet_nanosecond_values_read_the_same_whether_or_not_pandas_is_instal
                         "utc": moment.replace(tzinfo=datetime.timezone.utc)}]
     assert all(type(v) in (str, datetime.datetime, datetime.timedelta, datetime.time, list) for v in records[0].values())
     assert [(a.index, reason) for a, reason in skipped] == [(i, "unconvertible_value") for i in range(1, 6)]
-    without_pandas = subprocess.run([sys.executable, "-c", _READ_WITHOUT_PANDAS, str(tmp_path)], capture_output=True,
-                                    text=True, env={**os.environ, "PYTHONPATH": _REPO_ROOT},
-                                    timeout=CHILD_EXIT_LIMIT_S)
+    try:
+        without_pandas = subprocess.run([sys.executable, "-c", _READ_WITHOUT_PANDAS, str(tmp_path)],
+                                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _REPO_ROOT},
+                                        timeout=CHILD_EXIT_LIMIT_S)
+    except subprocess.TimeoutExpired as hung:  # its message names the command alone, not what the child wrote
+        stdout, stderr = (b"" if out is None else out for out in (hung.stdout, hung.stderr))  # bytes, despite text=True
+        pytest.fail(f"the pandas-free child did not exit in {CHILD_EXIT_LIMIT_S} s; stdout:\n"
+                    f"{stdout.decode(errors='replace')}\nstderr:\n{stderr.decode(errors='replace')}")
     assert without_pandas.returncode == 0, without_pandas.stderr
     assert without_pandas.stdout.strip() == repr((records, [(a.index, reason) for a, reason in skipped]))
 
