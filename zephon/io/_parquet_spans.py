@@ -7,7 +7,9 @@ a shard whose column chunks outgrow the block (4-5 MiB on gcsfs, the hub, HTTP) 
 per column per row group, where pyarrow's pre-buffering had coalesced them into one per 32 MiB.
 `spanned` reads consecutive row groups as pyarrow's pre-buffering did, in spans of up to 32 MiB
 (a larger row group is one span of its own), on the calling thread, and serves pyarrow's reads
-from them; a read outside every span (bytes the metadata does not place) goes to the shard.
+from them; a read outside every span (bytes the metadata does not place) goes to the shard. The
+spans are held until the chunk is decoded, as pre-buffering held its ranges: a chunk's row groups'
+compressed bytes, where reading column by column held one column chunk's at a time.
 """
 
 from __future__ import annotations
