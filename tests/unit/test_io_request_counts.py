@@ -134,7 +134,7 @@ def test_a_shard_whose_listing_tells_no_version_is_asked_for_it_so_a_rewrite_is_
 def test_a_parquet_chunk_is_read_in_one_ranged_get_for_its_row_groups_not_one_per_column_chunk(monkeypatch):
     """Read on the calling thread without pyarrow's pre-buffering, a chunk asked the store for
     each column chunk of each row group apart: a ranged GET each where the file's block cache
-    (4-5 MiB on gcsfs, the hub, HTTP) is smaller than a column chunk, 1 + 8 columns x 2 row
+    (fsspec's default block: 5 MiB) is smaller than a column chunk, 1 + 8 columns x 2 row
     groups here, where pre-buffering coalesced them into one. Now one GET reads the footer and one
     the chunk's row groups."""
     monkeypatch.setattr(BufferedCountingStore, "block_size", 2048)

@@ -3,7 +3,7 @@
 Zephon has pyarrow read a chunk on the calling thread (`pre_buffer=False`, see `_parquet`).
 Without pre-buffering pyarrow asks the file for each column chunk of each row group apart, and
 an fsspec file on an object store makes a ranged GET for each read its block cache does not hold:
-a shard whose column chunks outgrow the block (4-5 MiB on gcsfs, the hub, HTTP) cost one request
+a shard whose column chunks outgrow the block (fsspec's default: 5 MiB) cost one request
 per column per row group, where pyarrow's pre-buffering had coalesced them into one per 32 MiB.
 `spanned` reads consecutive row groups as pyarrow's pre-buffering did, in spans of up to 32 MiB
 (a larger row group is one span of its own), on the calling thread, and serves pyarrow's reads
