@@ -60,10 +60,11 @@ class ExitWatch:
         return pidfd
 
     def close(self) -> None:
-        """Let go of the pidfd, once the process is reaped or given up on; idempotent."""
+        """Let go of a reaped process: its pidfd and multiprocessing's handle."""
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+        self.process.close()
 
 
 def leave_unreaped(watch: ExitWatch) -> None:

@@ -146,8 +146,7 @@ class _Dying:
     """A worker the reader killed past `task_timeout_s` and retired before its exit was seen: the
     reader reaps it once it has exited, or reports it at `reap_by` and gives up on it."""
 
-    process: multiprocessing.process.BaseProcess
-    exit: ExitWatch
+    exit: ExitWatch  # and through it, the process
     stage: str
     grace_s: float  # how long after its kill it may take to be reaped (`_reap_wait_s`)
     reap_by: float
@@ -464,7 +463,7 @@ class ProcessRunner:
         other runners' sweeps, and after this process exits it is theirs to remove.
         multiprocessing's exit hook, which joins every child it knows of without a bound, is told
         to forget the workers."""
-        for process in [worker.process for worker in list(self._workers)] + [dying.process for dying in list(self._dying)]:
+        for process in [worker.process for worker in list(self._workers)] + [dying.exit.process for dying in list(self._dying)]:
             _forget_process(process)
         for future in list(self._held):
             if self._claim(future):
@@ -545,7 +544,6 @@ class ProcessRunner:
                 discard(task.envelope)
             if reaped:
                 worker.exit.close()
-                worker.process.close()
                 continue
             _give_up_on(worker.exit, self._stages[worker.stage].name, clock.grace_s)
 
@@ -563,12 +561,11 @@ class ProcessRunner:
         stage = self._stages[worker.stage]
         if not worker.exit.exited():  # killed past task_timeout_s just now: reaped later
             self._dying.append(
-                _Dying(worker.process, worker.exit, stage.name, worker.grace_s, time.monotonic() + worker.grace_s,
+                _Dying(worker.exit, stage.name, worker.grace_s, time.monotonic() + worker.grace_s,
                        set(worker.request_blocks))
             )
         else:
             worker.exit.close()
-            worker.process.close()
             if worker.request_blocks:
                 self._requests.give_back(worker.request_blocks)
         worker.request_blocks.clear()
@@ -780,7 +777,6 @@ class ProcessRunner:
                 _give_up_on(dying.exit, dying.stage, dying.grace_s)
                 continue
             dying.exit.close()
-            dying.process.close()
             if dying.request_blocks:
                 self._requests.give_back(dying.request_blocks)
 

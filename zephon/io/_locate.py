@@ -99,10 +99,15 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
     return None
 
 
+def _hidden(path: str) -> bool:
+    """A dot file (`.DS_Store`, an editor's `._x.jsonl`), never planned as a shard of a listing."""
+    return path.rpartition("/")[2].startswith(".")
+
+
 def _may_be_a_shard(path: str) -> bool:
     """Whether a file a listing found may be planned as a shard: named as one of a known format and
     not hidden (see `locate`)."""
-    return not path.rpartition("/")[2].startswith(".") and infer_format(path) is not None
+    return not _hidden(path) and infer_format(path) is not None
 
 
 def _unreadable_shard(path: str) -> tuple[str, str] | None:
@@ -166,7 +171,7 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything{_relative_to(url)}")
     if listing.kind == "file":
         return _single_file(fs, listing.path, url, format, listing.details.get(listing.path))
-    files = {p: size for p, size in listing.sizes.items() if not p.rpartition("/")[2].startswith(".")}
+    files = {p: size for p, size in listing.sizes.items() if not _hidden(p)}
     if not files and listing.kind == "glob":
         raise ConfigurationError(f"{url} matches no files{_relative_to(url)}")
     inferred = {p: infer_format(p) for p in files}
