@@ -7,14 +7,21 @@
   torch cannot be imported, as on free-threaded 3.14t where no CPU build exists.
 - ``@pytest.mark.requires_torchtitan``: skips when ``torchtitan`` cannot be imported. The nox
   session on 3.11 installs it (``noxfile.TORCHTITAN``) and fails if it does not import, so in CI
-  these checks run wherever torch does. Nothing else in the suite may skip. (That importing the
-  library leaves the GIL off on 3.14t is checked by the nox session itself, before its tests.)
+  these checks run wherever torch does. (That importing the library leaves the GIL off on 3.14t
+  is checked by the nox session itself, before its tests.)
+- ``@pytest.mark.requires_aiohttp``: skips when ``aiohttp`` (``zephon[http]``, what fsspec reads
+  ``http(s)://`` with) cannot be imported, as in a venv without that extra.
+- ``ZEPHON_TESTS_REQUIRE``: a comma-separated list of the above's modules (``aiohttp``) that must
+  not skip: their tests run, and fail, where the module is missing. Both nox sessions install
+  ``zephon[http]`` and set ``ZEPHON_TESTS_REQUIRE=aiohttp``, so in CI a missing aiohttp fails.
+  Nothing else in the suite may skip.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import random
 from collections.abc import Callable
 from functools import cache
@@ -31,6 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA_DIR = REPO_ROOT / "zephon" / "data"
 TORCH_SKIP_REASON = "torch is not installed (no CPU build exists for this Python)"
 TORCHTITAN_SKIP_REASON = "torchtitan is not installed (the nox session on 3.11 installs it)"
+AIOHTTP_SKIP_REASON = "aiohttp is not installed (pip install 'zephon[http]'; both nox sessions install it)"
 
 requires_torch = pytest.mark.requires_torch
 
@@ -60,21 +68,41 @@ def torchtitan_available() -> bool:
     return True
 
 
+@cache
+def aiohttp_available() -> bool:
+    """True when aiohttp, which fsspec's HTTPFileSystem reads `http(s)://` with, imports."""
+    try:
+        importlib.import_module("aiohttp")
+    except ImportError:
+        return False
+    return True
+
+
+def _required_in_this_run() -> set[str]:
+    """The modules `ZEPHON_TESTS_REQUIRE` names: their tests are not skipped where they are missing."""
+    return {name.strip() for name in os.environ.get("ZEPHON_TESTS_REQUIRE", "").split(",") if name.strip()}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"requires_torch: skip with '{TORCH_SKIP_REASON}' when torch is absent")
     config.addinivalue_line(
         "markers", f"requires_torchtitan: skip with '{TORCHTITAN_SKIP_REASON}' when torchtitan is absent"
     )
+    config.addinivalue_line(
+        "markers", f"requires_aiohttp: skip with '{AIOHTTP_SKIP_REASON}' when aiohttp is absent, unless required"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # torch (or torchtitan) is imported only if some collected test needs it, and then only once.
-    for marker, available, reason in (
-        ("requires_torch", torch_available, TORCH_SKIP_REASON),
-        ("requires_torchtitan", torchtitan_available, TORCHTITAN_SKIP_REASON),
+    # torch (or torchtitan, aiohttp) is imported only if some collected test needs it, and then only once.
+    required = _required_in_this_run()
+    for marker, module, available, reason in (
+        ("requires_torch", "torch", torch_available, TORCH_SKIP_REASON),
+        ("requires_torchtitan", "torchtitan", torchtitan_available, TORCHTITAN_SKIP_REASON),
+        ("requires_aiohttp", "aiohttp", aiohttp_available, AIOHTTP_SKIP_REASON),
     ):
         needing = [item for item in items if item.get_closest_marker(marker)]
-        if needing and not available():
+        if needing and module not in required and not available():
             for item in needing:
                 item.add_marker(pytest.mark.skip(reason=reason))
 

@@ -267,24 +267,28 @@ class IndexServer(http.server.ThreadingHTTPServer):
     its entries (a subdirectory's ending in "/"). A path answers the statuses queued for it in
     `statuses` (by path, without a trailing "/") before it is served; `requests` counts the GET
     and HEAD requests of each path. A HEAD of a path in `meeting` waits at the `meeting` barrier
-    for as many others as it has parties (a broken barrier: they did not come together)."""
+    for as many others as it has parties (a broken barrier: they did not come together). A file
+    whose path is in `unsized` is served as a page made on request is: in chunks (HTTP/1.1's
+    chunked transfer), with no Content-Length."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_IndexHandler, directory=str(root)))
         self.statuses: dict[str, list[int]] = {}
         self.requests: Counter[str] = Counter()
         self.meeting: tuple[set[str], threading.Barrier] | None = None
+        self.unsized: set[str] = set()
 
-    def url(self, path: str) -> str:
-        """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`)."""
-        return f"sync-http://127.0.0.1:{self.server_address[1]}/{path}"
+    def url(self, path: str, scheme: str = "sync-http") -> str:
+        """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`), or
+        with scheme="http" through its usual one, HTTPFileSystem over aiohttp."""
+        return f"{scheme}://127.0.0.1:{self.server_address[1]}/{path}"
 
 
 class _IndexHandler(http.server.SimpleHTTPRequestHandler):
     server: IndexServer
 
     def do_GET(self) -> None:
-        if not self._answered_a_queued_status():
+        if not self._answered_a_queued_status() and not self._sent_unsized(body=True):
             super().do_GET()
 
     def do_HEAD(self) -> None:
@@ -292,8 +296,25 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
         if meeting is not None and self.path in meeting[0]:
             with contextlib.suppress(threading.BrokenBarrierError):
                 meeting[1].wait()
-        if not self._answered_a_queued_status():
+        if not self._answered_a_queued_status() and not self._sent_unsized(body=False):
             super().do_HEAD()
+
+    def _sent_unsized(self, body: bool) -> bool:
+        if self.path not in self.server.unsized:
+            return False
+        data = Path(self.translate_path(self.path)).read_bytes()
+        self.protocol_version = "HTTP/1.1"  # chunked transfer is HTTP/1.1's
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if body:
+            for start in range(0, len(data), 64):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data[start : start + 64]), data[start : start + 64]))
+            self.wfile.write(b"0\r\n\r\n")
+        return True
 
     def _answered_a_queued_status(self) -> bool:
         path = self.path.rstrip("/")
@@ -310,14 +331,16 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
 
 @contextmanager
 def serving_over_http(root: Path) -> Iterator[IndexServer]:
-    """Serve `root` over HTTP on a thread, read through fsspec's blocking HTTP filesystem (fsspec's
-    usual one needs aiohttp, which is not installed here); its glob, listing and errors are those
-    of HTTPFileSystem, but for the client's error types. Importing that filesystem registers it
-    for http and https too: the registry is put back as it was."""
+    """Serve `root` over HTTP on a thread. Its `sync-http://` URLs are read through fsspec's
+    blocking HTTP filesystem, whose glob, listing and errors are those of HTTPFileSystem but for
+    the client's error types, and which needs no aiohttp; its `http://` URLs through
+    HTTPFileSystem over aiohttp, as users read them. Importing the blocking one registers it for
+    http and https too: those are put back at once, and the registry as it was at the end."""
     protocols = ("http", "https", "sync-http", "sync-https")
     previous = {protocol: _registry.get(protocol) for protocol in protocols}
     from fsspec.implementations.http_sync import HTTPFileSystem
 
+    _put_back(previous, ("http", "https"))
     fsspec.register_implementation("sync-http", HTTPFileSystem, clobber=True)
     server = IndexServer(root)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -328,8 +351,12 @@ def serving_over_http(root: Path) -> Iterator[IndexServer]:
         server.shutdown()
         thread.join()
         server.server_close()
-        for protocol, cls in previous.items():
-            if cls is None:
-                _registry.pop(protocol, None)
-            else:
-                _registry[protocol] = cls
+        _put_back(previous, protocols)
+
+
+def _put_back(registered: dict[str, type | None], protocols: tuple[str, ...]) -> None:
+    for protocol in protocols:
+        if registered[protocol] is None:
+            _registry.pop(protocol, None)
+        else:
+            _registry[protocol] = registered[protocol]

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from zephon import ConfigurationError
-from zephon.io import Dataset, ShardUnavailableError
+from zephon.io import Dataset, ShardUnavailableError, UnsizedShardError
 from zephon.io import _atomic_cache, _dataset, _retry, _version
 from zephon.io._format import ShardFile
 
@@ -557,6 +557,14 @@ def test_a_glob_of_its_own_over_the_generic_walk_is_retried_where_its_directory_
             Dataset.from_path("d", "ownglob://bucket/*.jsonl", retries=2, retry_delay=0.001)
 
 
+@pytest.fixture(params=["sync-http", pytest.param("http", marks=pytest.mark.requires_aiohttp)],
+                ids=["blocking", "aiohttp"])
+def scheme(request):
+    """The URL scheme of an `http_index` path: fsspec's blocking HTTP filesystem, or its usual
+    one over aiohttp (`zephon[http]`), whose errors are aiohttp's own."""
+    return request.param
+
+
 @pytest.fixture
 def http_index(tmp_path):
     """data/2024-01/a.jsonl (3 records), data/2024-02/b.jsonl (2) and data/private/c.jsonl (1),
@@ -568,10 +576,12 @@ def http_index(tmp_path):
         yield server
 
 
-def test_an_http_glob_plans_the_shards_of_each_subdirectory_with_the_sizes_their_server_tells(http_index, tmp_path):
+def test_an_http_glob_plans_the_shards_of_each_subdirectory_with_the_sizes_their_server_tells(
+    http_index, scheme, tmp_path
+):
     """An HTTP index page tells no file's size: every shard an http(s) glob found was refused as
     a link to nothing, so no http(s) glob could be planned."""
-    ds = Dataset.from_path("d", http_index.url("data/*/*.jsonl"), retries=1)
+    ds = Dataset.from_path("d", http_index.url("data/*/*.jsonl", scheme), retries=1)
     assert ds.num_records == 6
     shards = ("data/2024-01/a.jsonl", "data/2024-02/b.jsonl", "data/private/c.jsonl")
     assert [shard.nbytes for shard in ds.shards] == [(tmp_path / path).stat().st_size for path in shards]
@@ -643,13 +653,13 @@ def test_an_http_subdirectory_that_cannot_be_listed_is_retried_then_named_not_ta
 @pytest.mark.parametrize("status", [401, 403])
 @pytest.mark.parametrize("denied", ["data/2024-02", "data"], ids=["subdirectory", "glob-directory"])
 def test_an_http_directory_that_may_not_be_listed_is_a_configuration_error_naming_it_at_once(
-    http_index, denied, status
+    http_index, scheme, denied, status
 ):
     """A denial lasts until the credentials change, as on every other store; on http(s) a
     subdirectory denied read as an empty one, and the glob's own directory was retried."""
-    url = http_index.url("data/*/*.jsonl")
+    url = http_index.url("data/*/*.jsonl", scheme)
     http_index.statuses[f"/{denied}"] = [status] * 3
-    named = re.escape(http_index.url(denied)[5:]) + f"/?, a directory of {re.escape(url)}, may not be listed"
+    named = re.escape(http_index.url(denied, "http")) + f"/?, a directory of {re.escape(url)}, may not be listed"
     with pytest.raises(ConfigurationError, match=named) as caught:
         Dataset.from_path("d", url, retries=3, retry_delay=0.001)
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
@@ -661,6 +671,79 @@ def test_an_http_subdirectory_a_glob_cannot_match_below_is_not_asked(http_index)
     http_index.statuses["/data/private"] = [403] * 3
     assert Dataset.from_path("d", http_index.url("data/2024-*/*.jsonl"), retries=1).num_records == 5
     assert http_index.requests["/data/private"] == 0
+
+
+@pytest.mark.parametrize("named", ["data/2024-01/a.jsonl", "data/*/*.jsonl"], ids=["file", "glob"])
+def test_an_http_shard_whose_server_tells_no_size_is_refused_naming_it_and_what_to_serve_at_once(
+    http_index, scheme, named
+):
+    """A server that sends a file in chunks with no Content-Length (a page made on request) tells
+    no size: such a shard a glob found was refused as "a link to nothing", one named directly
+    failed with a bare TypeError. Waiting does not make the server tell one."""
+    http_index.unsized.add("/data/2024-01/a.jsonl")
+    url = http_index.url(named, scheme)
+    shard = http_index.url("data/2024-01/a.jsonl", "http") if named.endswith("*.jsonl") else url
+    with pytest.raises(UnsizedShardError, match=re.escape(shard)) as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert "without a Content-Length" in str(caught.value) and "serve the shards" in str(caught.value)
+    assert isinstance(caught.value, ConfigurationError) and caught.value.url == shard
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+    assert http_index.requests["/data/2024-01/a.jsonl"] == 2  # a HEAD, then a GET, once
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_http_url_its_server_denies_is_a_configuration_error_naming_it_and_the_status_at_once(
+    http_index, scheme, status
+):
+    """fsspec's HTTP `info()` raises FileNotFoundError whatever went wrong: a dataset's own URL
+    denied read as a URL naming nothing, which sends its owner looking for a typo, not at the
+    credentials (a directory below it denied was already a ConfigurationError naming it)."""
+    http_index.statuses["/data/2024-01/a.jsonl"] = [status] * 4
+    url = http_index.url("data/2024-01/a.jsonl", scheme)
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} may not be read: its server answered HTTP {status}"
+                       ) as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert "check the credentials" in str(caught.value)
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+    assert http_index.statuses["/data/2024-01/a.jsonl"] == [status] * 2  # a HEAD, then a GET, once
+
+
+def test_an_http_url_its_server_does_not_have_still_names_nothing(http_index, scheme):
+    url = http_index.url("data/2024-01/z.jsonl", scheme)
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} is not a file, a directory or a glob"):
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert http_index.requests["/data/2024-01/z.jsonl"] == 2
+
+
+def test_an_http_glob_whose_pattern_its_server_denies_as_a_url_is_still_expanded(http_index, scheme):
+    """Servers that hide what they do not have (S3, CloudFront) answer 403 for a URL naming no
+    file, as a glob's pattern taken literally is: the pattern is expanded, and a denial of a
+    directory it lists is named as such."""
+    http_index.statuses["/data/*/*.jsonl"] = [403] * 2
+    assert Dataset.from_path("d", http_index.url("data/*/*.jsonl", scheme), retries=1).num_records == 6
+    assert http_index.statuses["/data/*/*.jsonl"] == []
+
+
+def test_an_http_url_its_server_cannot_answer_now_is_retried_not_taken_for_nothing_there(http_index, scheme):
+    """A 5xx to what the dataset's own URL names read as a URL naming nothing, not retried, where
+    every other store's is (fsspec's HTTP `info()` raises FileNotFoundError for any failure)."""
+    url = http_index.url("data/2024-01/a.jsonl", scheme)
+    http_index.statuses["/data/2024-01/a.jsonl"] = [503, 503]  # a HEAD, then a GET
+    assert Dataset.from_path("d", url, retries=2, retry_delay=0.001).num_records == 3
+    http_index.statuses["/data/2024-01/a.jsonl"] = [503] * 4
+    with pytest.raises(ShardUnavailableError, match=rf"{re.escape(url)} unavailable after 2 attempt.*503") as caught:
+        Dataset.from_path("d", url, retries=2, retry_delay=0.001)
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+
+
+def test_an_http_server_out_of_reach_is_retried_not_taken_for_nothing_there(http_index, scheme):
+    """A refused connection to the dataset's own URL read as a URL naming nothing, not retried."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"{scheme}://127.0.0.1:{closed.getsockname()[1]}/data/a.jsonl"
+    with pytest.raises(ShardUnavailableError, match=rf"{re.escape(url)} unavailable after 2 attempt") as caught:
+        Dataset.from_path("d", url, retries=2, retry_delay=0.001)
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
 
 
 def test_a_store_that_denies_listing_is_a_configuration_error_naming_the_url_and_dataset_at_once(flaky):

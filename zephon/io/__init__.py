@@ -6,7 +6,7 @@ See README.md in this directory for the package tree and the lifecycle of a reco
 from __future__ import annotations
 
 from ._dataset import Dataset, ShardInfo
-from ._errors import ShardUnavailableError
+from ._errors import ShardUnavailableError, UnsizedShardError
 from ._locate import FORMATS
 from ._policy import (
     DUPLICATE_COLUMN,
@@ -27,6 +27,7 @@ __all__ = [
     "ShardInfo",
     "ErrorPolicy",
     "ShardUnavailableError",
+    "UnsizedShardError",
     "FORMATS",
     "REASONS",
     "MALFORMED_JSON",

@@ -1,10 +1,10 @@
-"""The error a shard raises when it cannot be opened or read, even after retries."""
+"""The errors of a shard that cannot be read: unavailable even after retries, or of no size told."""
 
 from __future__ import annotations
 
-from .._errors import ZephonError
+from .._errors import ConfigurationError, ZephonError
 
-__all__ = ["ShardUnavailableError"]
+__all__ = ["ShardUnavailableError", "UnsizedShardError"]
 
 
 class ShardUnavailableError(ZephonError):
@@ -22,3 +22,29 @@ class ShardUnavailableError(ZephonError):
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.url, self.attempts, self.cause))
+
+
+class UnsizedShardError(ConfigurationError):
+    """A shard whose storage tells no size: an HTTP server that sends it without a Content-Length
+    (in chunks, as a page made on request is sent, or compressed on the fly), to HEAD and to GET.
+
+    Raised at planning, not retried: the server answers the same way next time. Such a shard is not
+    read either way: a chunk read seeks to its first record (line shards by their seek index,
+    Parquet and tar by design), which fsspec's HTTP file of unknown size cannot do (it streams
+    from the first byte only), and a file made on request is not promised to be the same bytes at
+    every read, which batches identical on every rank and at every resume need.
+    """
+
+    def __init__(self, url: str, dataset_url: str) -> None:
+        self.url = url
+        self.dataset_url = dataset_url
+        of = "" if url == dataset_url else f", a shard of {dataset_url},"
+        super().__init__(
+            f"{url}{of} tells no size: its server sent it without a Content-Length (in chunks, as a page "
+            "made on request is sent, or compressed on the fly). Zephon plans and reads a shard by its size "
+            "and byte ranges, from a file that stays the same: serve the shards as static files with a "
+            "Content-Length (and an ETag or Last-Modified), or put them behind a server or CDN that does"
+        )
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.url, self.dataset_url))

@@ -47,16 +47,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+from ._http_status import denied
 from ._retry import is_transient
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["UnlistedError", "lister"]
+__all__ = ["UnlistedError", "links_to_nothing", "lister"]
 
 Details = dict[str, Mapping[str, Any]]
 
-_DENIED_STATUS = frozenset({401, 403})
 # How many shards' info() `_sized` asks at once: under requests' pool of 10 connections per host
 # (fsspec's blocking HTTP filesystem), past which each extra one is opened, then dropped, warned of.
 _INFOS_AT_ONCE = 8
@@ -67,6 +67,12 @@ class UnlistedError(OSError):
     """A directory below the one a dataset's URL names could not be listed, or a file a listing
     found could not be looked at. Its own type, so that a vanished subdirectory or file
     (FileNotFoundError) is not read as a glob that matched nothing."""
+
+
+def links_to_nothing(details: Mapping[str, Any] | None) -> bool:
+    """Whether a file the walk listed with no size is a link whose target is gone, not a file
+    whose server tells no size."""
+    return bool(details and details.get(_LINK))
 
 
 def lister(fs: AbstractFileSystem, url: str, may_be_a_shard: Callable[[str], bool]) -> Any:
@@ -123,7 +129,7 @@ class _RaisingWalk:
         try:
             return self._fs.isdir(path)
         except Exception as error:
-            if _denied(error):
+            if denied(error):
                 raise self._denial(path, error) from error
             raise
 
@@ -209,7 +215,7 @@ class _RaisingWalk:
         try:
             return self._fs.ls(directory, detail=True)
         except Exception as error:
-            if _denied(error):
+            if denied(error):
                 raise self._denial(directory, error) from error
             if not below or not is_transient(error):
                 raise
@@ -223,15 +229,6 @@ class _RaisingWalk:
             f"{directory}, a directory of {self._url}, may not be listed ({error}): its shards would be "
             "missing from the dataset; check the credentials, storage_options or the directory's permissions"
         )
-
-
-def _denied(error: Exception) -> bool:
-    """Whether listing failed on a denial, which waiting does not lift: PermissionError (sftp, smb),
-    or an HTTP 401 or 403, which fsspec's HTTP filesystem raises as aiohttp's ClientResponseError
-    (its `status`) and its blocking one as requests' HTTPError, an OSError (its response's
-    `status_code`)."""
-    status = getattr(error, "status", None) or getattr(getattr(error, "response", None), "status_code", None)
-    return isinstance(error, PermissionError) or status in _DENIED_STATUS
 
 
 def _may_hold_a_match(pattern: str) -> Callable[[str], bool]:

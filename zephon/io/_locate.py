@@ -28,7 +28,10 @@ means nothing is there. fsspec's `isdir` and `isfile`, asked before, say False f
 so a store out of reach (a refused connection, a 5xx, EIO from a mounted bucket) read as a URL
 naming nothing, a ConfigurationError no retry looks at; such an error now reaches the caller's
 retry. Permission denied is a ConfigurationError naming the URL, never retried: a denial lasts
-until the credentials, `storage_options` or the permissions change. A directory that holds no
+until the credentials, `storage_options` or the permissions change. fsspec's HTTP `info()` raises
+FileNotFoundError for every failure, so there the status under it is read (`_http_status`): a 401
+or 403 is a denial, a 5xx or a failed connection reaches the retry, a 404 is nothing there. A shard
+whose server tells no size (no Content-Length) is an UnsizedShardError naming it. A directory that holds no
 shard of the format says so, naming a few of the files it holds (or that it is empty), where it
 read as a glob that matched nothing.
 
@@ -43,13 +46,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
-from ._fsspec_walk import lister
+from ._errors import UnsizedShardError
+from ._fsspec_walk import links_to_nothing, lister
+from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
+from ._retry import is_transient
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -147,9 +154,17 @@ def hf_parquet_url(url: str) -> str | None:
     return f"hf://datasets/{org}/{name}@~parquet/{config}/{split}/*.parquet"
 
 
+def _protocols(fs: AbstractFileSystem | LocalFiles) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
 def is_local(fs: AbstractFileSystem | LocalFiles) -> bool:
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    return "file" in protocols or "local" in protocols
+    return not {"file", "local"}.isdisjoint(_protocols(fs))
+
+
+def _is_http(fs: AbstractFileSystem) -> bool:
+    """fsspec's HTTPFileSystem, over aiohttp or blocking (`sync-http`, whose protocols are http's too)."""
+    return not {"http", "https"}.isdisjoint(_protocols(fs))
 
 
 def locate(url: str, format: str | None, storage_options: dict) -> Located:
@@ -194,13 +209,7 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         raise ConfigurationError(f"{url} holds no {format} shards")
     for p in paths:
         if files[p] is None:  # see `list_local` and `_fsspec_walk`
-            target = f"links to {os.path.realpath(p)}, which does not exist" if is_local(fs) else (
-                "is a link to nothing"
-            )
-            raise ConfigurationError(
-                f"{p} is a shard of {url} that {target}: the shard is missing (a deleted blob of a Hugging Face "
-                "cache, a moved file)"
-            )
+            raise _sizeless(fs, p, url, listing.details.get(p))
     return Located(
         fs,
         format,
@@ -208,6 +217,23 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         tuple(int(files[p]) for p in paths),
         tuple(inferred[p][1] for p in paths),
         tuple(listing.details.get(p) for p in paths),
+    )
+
+
+def _sizeless(
+    fs: AbstractFileSystem | LocalFiles, path: str, url: str, details: Mapping[str, Any] | None
+) -> ConfigurationError:
+    """The error for a shard listed with no size: a link to nothing, or a file its server tells
+    no size of (`UnsizedShardError`)."""
+    if is_local(fs):
+        target = f"links to {os.path.realpath(path)}, which does not exist"
+    elif links_to_nothing(details):
+        target = "is a link to nothing"
+    else:
+        return UnsizedShardError(path, url)
+    return ConfigurationError(
+        f"{path} is a shard of {url} that {target}: the shard is missing (a deleted blob of a Hugging Face "
+        "cache, a moved file)"
     )
 
 
@@ -253,7 +279,9 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
         return fs, list_local(path, has_glob)
     try:
         info = fs.info(path)
-    except FileNotFoundError:
+    except FileNotFoundError as error:
+        if _is_http(fs):
+            _raise_unless_not_found(url, error, has_glob)
         info = None
     if info is not None and info["type"] == "directory":
         return fs, _files_of(path, "directory", lister(fs, url, _may_be_a_shard).find(path, detail=True))
@@ -266,6 +294,25 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
         raise ConfigurationError(f"{url} matches no files ({error})") from error
     return fs, _files_of(path, "glob", matches)
+
+
+def _raise_unless_not_found(url: str, error: FileNotFoundError, has_glob: bool) -> None:
+    """Raise what HTTP's `info()` of `url` met, where it told FileNotFoundError for something else
+    than nothing there (`_http_status`): a denial as a ConfigurationError naming the URL and the
+    status, at once; a server or connection that may answer later as its own error, which the
+    caller's retry retries. A URL with glob characters that its server denies is expanded as a
+    glob, as one it does not have: servers that hide what they do not have (S3, CloudFront)
+    answer 403 for a pattern taken literally, and the walk names a directory it is denied."""
+    cause = error.__cause__
+    status = status_of(cause)
+    if status in DENIED_STATUS and not has_glob:
+        raise ConfigurationError(
+            f"{url} may not be read: its server answered HTTP {status} ({HTTPStatus(status).phrase}); check the "
+            "credentials or headers in storage_options, or the server's permissions (a server that hides what it "
+            "does not have, as S3 and CloudFront do, answers 403 for a wrong URL too)"
+        ) from cause
+    if status in TRANSIENT_STATUS or (status is None and cause is not None and is_transient(cause)):
+        raise cause
 
 
 def _files_of(path: str, kind: Literal["directory", "glob"], listing: Mapping[str, Mapping[str, Any]]) -> Listing:
@@ -287,4 +334,6 @@ def _single_file(
         format = inferred[0]
     compression = compression_of(path) if format in ("jsonl", "text") else None
     size = fs.size(path) if details is None else details["size"]
+    if size is None:
+        raise UnsizedShardError(url, url)
     return Located(fs, format, (path,), (int(size),), (compression,), (details,))

@@ -15,6 +15,7 @@ from .._errors import ConfigurationError, check_finite
 from .._job_log import RankLog
 from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
+from ._http_status import TRANSIENT_STATUS
 
 __all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy", "is_transient"]
 
@@ -62,9 +63,6 @@ _TRANSPORT_ERRORS = (
     ("aiohttp", "ClientConnectionError"),
     ("aiohttp", "ClientPayloadError"),
 )
-# An HTTP status that says "try again": HTTPFileSystem raises aiohttp's ClientResponseError for
-# every status but 404 (a FileNotFoundError); a 403 or 416 stays as it is.
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 MAX_RETRY_DELAY_S = 60.0
 """The longest the doubling wait between attempts grows to (a first wait asked longer is kept):
@@ -135,7 +133,9 @@ class RetryPolicy:
 
 
 def is_transient(error: Exception) -> bool:
-    """Whether reading again may succeed where `error` failed (see `_TRANSPORT_ERRORS`)."""
+    """Whether reading again may succeed where `error` failed (see `_TRANSPORT_ERRORS`); of the
+    ClientResponseError that HTTPFileSystem raises for every status but 404 (a FileNotFoundError),
+    only one of a status that says "try again" (`TRANSIENT_STATUS`)."""
     if isinstance(error, OSError):
         return True
     for module_name, class_name in _TRANSPORT_ERRORS:
@@ -143,4 +143,4 @@ def is_transient(error: Exception) -> bool:
         if kind is not None and isinstance(error, kind):
             return True
     response_error = getattr(sys.modules.get("aiohttp"), "ClientResponseError", None)
-    return response_error is not None and isinstance(error, response_error) and error.status in _TRANSIENT_STATUS
+    return response_error is not None and isinstance(error, response_error) and error.status in TRANSIENT_STATUS
