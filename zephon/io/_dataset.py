@@ -7,7 +7,6 @@ plan; the result is immutable, cheap to pickle (metadata, small seek indexes and
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from ._parquet import Parquet
 from ._policy import ErrorPolicy, Slot, collect
 from ._retry import RetryPolicy
 from ._scan_cache import ScanCache
-from ._storage import CacheOptions, reading_filesystem
+from ._storage import CacheOptions, filesystem_made_here, reading_filesystem
 from ._text import TEXT_UNITS, Text
 from ._version import ShardVersion, check_unchanged, version_in, version_of
 from ._webdataset import WebDataset
@@ -120,6 +119,7 @@ class Dataset:
     _fs: AbstractFileSystem | LocalFiles = field(repr=False, compare=False)
     _cache: CacheOptions = field(repr=False, compare=False)
     _retry: RetryPolicy = field(repr=False, compare=False)
+    _fs_made_in: int = field(default_factory=os.getpid, repr=False, compare=False)  # the process `_fs` is of
 
     @classmethod
     def from_path(
@@ -260,17 +260,18 @@ class Dataset:
         policy = ErrorPolicy.parse(on_error)
         self._check(chunk)
         info, access = self.shards[chunk.shard], self._access[chunk.shard]
-        cached = self._reading_fs is not self._fs
+        fs, reading_fs = self._filesystems()
+        cached = reading_fs is not fs
         # Through the cache the version is asked of the remote before the copy is found or made;
         # otherwise it is read from the file opened (see `_version`), with no request of its own.
-        shard = ShardFile(info.url, access.path, access.compression, self._reading_fs, info.nbytes,
+        shard = ShardFile(info.url, access.path, access.compression, reading_fs, info.nbytes,
                           None if cached else access.version)
         if chunk.num_records == 0:
             slots = []
         else:
             def read() -> list[Slot]:
                 if cached:
-                    check_unchanged(access.version, self._fs, access.path, info.url)
+                    check_unchanged(access.version, fs, access.path, info.url)
                 return self._reader.read(shard, access.seek, chunk.start, chunk.stop)
 
             slots = self._retry.call(info.url, read)
@@ -325,19 +326,36 @@ class Dataset:
         cache, retry = _apply_io_options(io_options, self._cache, self._retry)
         return replace(self, _cache=cache, _retry=retry)
 
-    @functools.cached_property
-    def _reading_fs(self) -> AbstractFileSystem | LocalFiles:
-        planned = {access.path: access.version for access in self._access if access.version is not None}
-        return reading_filesystem(self._fs, self._cache, planned)
+    def _filesystems(self) -> tuple[AbstractFileSystem | LocalFiles, AbstractFileSystem | LocalFiles]:
+        """The filesystem of this dataset in this process, and the one its reads go through (the
+        cache in front of it, or itself), made once per process.
+
+        A process-runner worker is forked with the Dataset, not sent a pickle of it: there `_fs`
+        is the parent's object, which an asynchronous filesystem (http(s) over aiohttp, s3fs,
+        gcsfs) refuses to serve ("This class is not fork-safe": its requests ran on the parent's
+        event loop), and a blocking one would share the parent's connections. So a process other
+        than the one `_fs` was made in makes its own from `_fs`'s constructor arguments, as a
+        pickle would. Two threads asking at once each make the pair; one is kept, both work."""
+        made = self.__dict__.get("_made_here")
+        pid = os.getpid()
+        if made is None or made[0] != pid:
+            fs = self._fs if self._fs_made_in == pid else filesystem_made_here(self._fs)
+            planned = {access.path: access.version for access in self._access if access.version is not None}
+            made = (pid, fs, reading_filesystem(fs, self._cache, planned))
+            self.__dict__["_made_here"] = made
+        return made[1], made[2]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_reading_fs", None)  # rebuilt on first read in the receiving process
+        state.pop("_made_here", None)  # made on first read in the receiving process
         # Per-record offsets serve planning only, which happens where the Dataset was built.
         state["_access"] = tuple(
             replace(a, record_offsets=None, offsets_dropped=a.record_offsets is not None) for a in self._access
         )
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _fs_made_in=os.getpid())  # unpickling made `_fs` here
 
     def _check(self, chunk: Chunk) -> None:
         if chunk.dataset != self.name:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._local import LocalFiles
     from ._version import ShardVersion
 
-__all__ = ["CacheOptions", "reading_filesystem"]
+__all__ = ["CacheOptions", "filesystem_made_here", "reading_filesystem"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,12 @@ def reading_filesystem(
             f"cache directory {cache.directory} cannot be made ({error.strerror}: {error.filename}); "
             "set io cache options {'dir': ...} to a directory that can be written"
         ) from error
+
+
+def filesystem_made_here(fs: AbstractFileSystem | LocalFiles) -> AbstractFileSystem | LocalFiles:
+    """`fs` as this process makes it: an fsspec filesystem rebuilt from its constructor arguments,
+    as unpickling it does (fsspec's instance cache holds none from another process after a fork),
+    where `fs` may be of another process; a local one as it is, since it holds nothing of one."""
+    if is_local(fs):
+        return fs
+    return type(fs)(*fs.storage_args, **fs.storage_options)
