@@ -631,6 +631,22 @@ def test_an_http_shard_its_index_lists_that_cannot_be_looked_at_is_retried_then_
     assert f"{http_index.url('data/2024-02/b.jsonl')[5:]}, a file of {url} its directory lists" in str(caught.value)
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_http_shard_its_index_lists_that_its_server_denies_is_a_configuration_error_naming_it_at_once(
+    http_index, scheme, status
+):
+    """A denial lasts until the credentials change: such a shard was retried as one the server
+    could not describe now, then reported as unavailable."""
+    url = http_index.url("data/*/*.jsonl", scheme)
+    http_index.statuses["/data/2024-02/b.jsonl"] = [status] * 4
+    shard = re.escape(http_index.url("data/2024-02/b.jsonl", "http"))
+    with pytest.raises(ConfigurationError, match=rf"{shard}, a file of {re.escape(url)} its directory lists, may not be "
+                       rf"read: its server answered HTTP {status}") as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
+    assert http_index.statuses["/data/2024-02/b.jsonl"] == [status] * 2  # a HEAD, then a GET, once
+
+
 @pytest.mark.parametrize("status", [503, 404], ids=["unavailable", "listed-but-not-found"])
 def test_an_http_subdirectory_that_cannot_be_listed_is_retried_then_named_not_taken_for_an_empty_one(
     http_index, status

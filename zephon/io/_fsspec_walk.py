@@ -33,7 +33,7 @@ every such shard as a link to nothing, so that no http(s) glob could be planned.
 as a shard is asked (the caller's `may_be_a_shard`): a README or a hidden file beside the shards
 cost a request each, and one the server would not describe (a broken link on the index page)
 failed the dataset. One that `info()` cannot find (HTTP's says so for any failure) raises
-`UnlistedError` naming it.
+`UnlistedError` naming it, but for one its server denies (401, 403): a ConfigurationError naming it.
 
 Filesystems with a listing of their own (s3fs, gcsfs, the hub's, the memory filesystem) raise by
 themselves and are listed as they are.
@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
-from ._http_status import denied
+from ._http_status import DENIED_STATUS, denied, refused_by_its_server, status_of
 from ._retry import is_transient
 
 if TYPE_CHECKING:
@@ -156,7 +156,10 @@ class _RaisingWalk:
     def _info(self, name: str) -> Mapping[str, Any]:
         try:
             return {**self._fs.info(name), "name": name}
-        except FileNotFoundError as error:  # HTTP's info says so for any failure
+        except FileNotFoundError as error:  # HTTP's info says so for any failure: a denial is told by its status
+            if (status := status_of(error.__cause__)) in DENIED_STATUS:
+                what = f"{name}, a file of {self._url} its directory lists,"
+                raise refused_by_its_server(what, status) from error.__cause__
             raise UnlistedError(
                 f"{name}, a file of {self._url} its directory lists, could not be looked at ({error}): "
                 "it would be missing from the dataset"

@@ -46,14 +46,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
-from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, status_of
+from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
 from ._retry import is_transient
@@ -306,11 +305,7 @@ def _raise_unless_not_found(url: str, error: FileNotFoundError, has_glob: bool) 
     cause = error.__cause__
     status = status_of(cause)
     if status in DENIED_STATUS and not has_glob:
-        raise ConfigurationError(
-            f"{url} may not be read: its server answered HTTP {status} ({HTTPStatus(status).phrase}); check the "
-            "credentials or headers in storage_options, or the server's permissions (a server that hides what it "
-            "does not have, as S3 and CloudFront do, answers 403 for a wrong URL too)"
-        ) from cause
+        raise refused_by_its_server(url, status) from cause
     if status in TRANSIENT_STATUS or (status is None and cause is not None and is_transient(cause)):
         raise cause
 
