@@ -640,8 +640,8 @@ def test_an_http_shard_its_index_lists_that_its_server_denies_is_a_configuration
     url = http_index.url("data/*/*.jsonl", scheme)
     http_index.statuses["/data/2024-02/b.jsonl"] = [status] * 4
     shard = re.escape(http_index.url("data/2024-02/b.jsonl", "http"))
-    with pytest.raises(ConfigurationError, match=rf"{shard}, a file of {re.escape(url)} its directory lists, may not be "
-                       rf"read: its server answered HTTP {status}") as caught:
+    named = rf"{shard}, a file of {re.escape(url)} its directory lists, may not be read: .* HTTP {status}"
+    with pytest.raises(ConfigurationError, match=named) as caught:
         Dataset.from_path("d", url, retries=3, retry_delay=0.001)
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
     assert http_index.statuses["/data/2024-02/b.jsonl"] == [status] * 2  # a HEAD, then a GET, once
@@ -705,6 +705,14 @@ def test_an_http_shard_whose_server_tells_no_size_is_refused_naming_it_and_what_
     assert isinstance(caught.value, ConfigurationError) and caught.value.url == shard
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
     assert http_index.requests["/data/2024-01/a.jsonl"] == 2  # a HEAD, then a GET, once
+
+
+def test_an_http_file_of_another_format_whose_server_tells_no_size_fails_nothing(http_index, tmp_path):
+    """Only a shard of the dataset's format needs a size."""
+    (tmp_path / "data/2024-01/notes.txt").write_text("a line\n")
+    http_index.unsized.add("/data/2024-01/notes.txt")
+    assert Dataset.from_path("d", http_index.url("data/2024-01/*"), format="jsonl", retries=1).num_records == 3
+    assert http_index.requests["/data/2024-01/notes.txt"] == 2  # asked before the format is chosen
 
 
 @pytest.mark.parametrize("status", [401, 403])
