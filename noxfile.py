@@ -111,7 +111,7 @@ def _pytest(session: nox.Session, *default_args: str) -> None:
 
 @nox.session(name="tests-3.11", python=PY311, tags=["tests"])
 def tests_311(session: nox.Session) -> None:
-    """The test suite on standard CPython 3.11, with CPU torch, TorchTitan and the VLM extras."""
+    """The test suite on standard CPython 3.11, with CPU torch, TorchTitan, the VLM extras and aiohttp."""
     _env(session)
     _install(session, PY311)
     session.install("--no-deps", *TORCHTITAN)
@@ -126,7 +126,7 @@ def tests_311(session: nox.Session) -> None:
 
 @nox.session(name="tests-3.14t", python=PY314T, tags=["tests"])
 def tests_314t(session: nox.Session) -> None:
-    """The test suite on free-threaded CPython 3.14t (no torch), after checking the GIL stays off."""
+    """The test suite on free-threaded CPython 3.14t (no torch; aiohttp too), after checking the GIL stays off."""
     _env(session)
     _install(session, PY314T)
     _check_gil_stays_off(session)

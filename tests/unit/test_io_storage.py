@@ -253,8 +253,9 @@ def test_flaky_storage_is_retried_until_it_answers(flaky):
 
 
 class _FakeAiohttp(types.ModuleType):
-    """aiohttp's client errors as fsspec's HTTPFileSystem lets them through (aiohttp is not a
-    dependency): the hierarchy of aiohttp.client_exceptions, and a response error's status."""
+    """aiohttp's client errors as fsspec's HTTPFileSystem lets them through (aiohttp is an extra,
+    `zephon[http]`, which these tests do without): the hierarchy of aiohttp.client_exceptions, and
+    a response error's status."""
 
     class ClientError(Exception):
         pass
