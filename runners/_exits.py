@@ -1,5 +1,6 @@
 """Seeing a worker process exit, whatever its own children hold, and reaping, without blocking, the
-workers a close gave up on.
+workers given up on (`reap_exited` as the reader sees one exit; `reap_the_left` for those of runners
+that no longer read).
 
 multiprocessing tells a child's exit by its sentinel, a pipe whose other end the child holds: the
 end closes only once every process holding it has exited. A stage function that forks (a
@@ -19,9 +20,9 @@ from zephon import _fork
 
 __all__ = ["ExitWatch", "leave_unreaped", "reap_the_left"]
 
-# Workers given up on (not reaped within the grace after SIGKILL: uninterruptible sleep) and not
-# reaped since: pid -> the pidfd that reaps that very process, or None where the system offers
-# none (reaped by pid). An entry is claimed with one `pop` before it is waited on and put back if
+# Workers given up on (not reaped within the grace after SIGKILL: uninterruptible sleep) whose
+# runner no longer reads, not reaped since: pid -> the pidfd that reaps that very process, or None
+# where the system offers none (reaped by pid). An entry is claimed with one `pop` before it is waited on and put back if
 # the worker is still there, never under a lock: the exit hook and the reader thread reach them too.
 _LEFT_UNREAPED: dict[int, int | None] = {}
 _CLAIMED = object()
@@ -54,6 +55,17 @@ class ExitWatch:
         """Whether the process has exited and been reaped (a non-blocking waitpid)."""
         return self.process.exitcode is not None
 
+    def reap_exited(self) -> bool:
+        """Reap a process given up on, which multiprocessing no longer knows of, if it has exited
+        (`fd` readable), without waiting: whether it is gone, reaped now or elsewhere. Its pidfd is
+        closed once it is."""
+        if not _reaped(self.process.pid, self._pidfd):
+            return False
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return True
+
     def hand_over(self) -> int | None:
         """The pidfd, now the caller's to close (None where there is none); the watch lets go of it."""
         pidfd, self._pidfd = self._pidfd, None
@@ -68,30 +80,35 @@ class ExitWatch:
 
 
 def leave_unreaped(watch: ExitWatch) -> None:
-    """Remember a worker given up on, with its pidfd, for `reap_the_left` to reap once it has exited."""
+    """Remember a worker given up on, with its pidfd, for `reap_the_left` to reap once it has
+    exited: one given up on at close, or still there when its runner closes."""
     _LEFT_UNREAPED[watch.process.pid] = watch.hand_over()
 
 
 def reap_the_left() -> None:
-    """Reap every worker given up on that has exited since, without waiting for any: each was left
-    a zombie until the trainer exited. Through its pidfd where there is one: a pid reaped elsewhere
-    (code calling `os.wait()`) may have been given to another child of this process since, which
-    a wait by pid would reap in its place. One reaped elsewhere is dropped."""
+    """Reap every worker left unreaped that has exited since, without waiting for any: each was
+    left a zombie until the trainer exited. One reaped elsewhere is dropped."""
     for pid in list(_LEFT_UNREAPED):
         pidfd = _LEFT_UNREAPED.pop(pid, _CLAIMED)
         if pidfd is _CLAIMED:  # another thread is reaping it
             continue
-        try:
-            if pidfd is None:
-                reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
-            else:
-                reaped = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG) is not None
-        except ChildProcessError:
-            reaped = True
-        if not reaped:
+        if not _reaped(pid, pidfd):
             _LEFT_UNREAPED[pid] = pidfd
         elif pidfd is not None:
             os.close(pidfd)
+
+
+def _reaped(pid: int, pidfd: int | None) -> bool:
+    """Reap process `pid` if it has exited, without waiting: whether it is gone (reaped elsewhere
+    too). Through its pidfd where there is one: a pid reaped elsewhere (code calling `os.wait()`)
+    may have been given to another child of this process since, which a wait by pid would reap in
+    its place."""
+    try:
+        if pidfd is None:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+        return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG) is not None
+    except ChildProcessError:
+        return True
 
 
 def _forget_the_parents_left() -> None:

@@ -2,7 +2,8 @@
 
 The function arrives by inheritance (the process is forked after `start()` has the stages), so it
 may be any closure or lambda; only items and results are pickled. Every message is one pickled
-tuple on a private duplex pipe:
+tuple on a private duplex pipe (requests framed by `multiprocessing`'s `Connection`, replies by
+`_frames`, which the parent reads without waiting for the rest of one):
 
     parent -> worker   (the item's Envelope, offsets of reply-arena blocks the parent has
                        released), or STOP (empty bytes)
@@ -28,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ._arena import Arena, withhold_all_but
+from ._frames import send_reply
 from ._transport import Envelope, decode, encode
 
 __all__ = ["STOP", "serve"]
@@ -89,7 +91,7 @@ def serve(
             ok, answer = False, Envelope(_pickled_error(exc, stage), None, ())
         requests_released = requests.released() if requests is not None else ()
         try:
-            conn.send_bytes(pickle.dumps((ok, answer, requests_released), protocol=5))
+            send_reply(conn.fileno(), pickle.dumps((ok, answer, requests_released), protocol=5))
         except OSError:  # the parent is gone
             _remove_if_orphaned(directory)
             return

@@ -8,8 +8,9 @@ The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` 
 (see `_transport`) in the caller's thread, then hands it to the least busy worker or queues it. A
 worker holds up to two items: the one it runs and the next, already in its pipe, so it never waits
 for the parent between items. One reader thread waits on every worker's pipe and exit (`_exits`)
-at once; it decodes replies, resolves futures, replaces dead or timed-out workers (re-running their
-items) and feeds queued tasks to the workers it frees. Futures are always resolved outside the
+at once, never for the rest of a reply (`_frames`); it decodes replies, resolves futures, replaces
+dead or timed-out workers (re-running their items), reaps the ones it gave up on as they exit, and
+feeds queued tasks to the workers it frees. Futures are always resolved outside the
 runner's lock, so a done-callback may submit to any stage, or close the runner, without deadlocking.
 """
 
@@ -44,6 +45,7 @@ from zephon._runner import Stage
 from ._arena import Arena
 from ._errors import RunnerFailedError, WorkerCrashedError
 from ._exits import ExitWatch, leave_unreaped, reap_the_left
+from ._frames import Replies
 from ._lifecycle import (
     cancel_and_notify,
     cancelled_future,
@@ -103,7 +105,7 @@ class TransportStats:
     """Bytes moved and faults handled by one ProcessRunner, counted in the parent (both directions).
 
     `pipe_bytes` is the payload of every pipe message (pickle streams plus buffer layouts, without
-    the pipe's own 4-byte length prefix); `shm_bytes` is what went through shared memory: buffer
+    the length prefixes that frame them); `shm_bytes` is what went through shared memory: buffer
     files and arenas.
     A healthy array pipeline shows the arrays' size under `shm_bytes` and only a few hundred bytes
     per item under `pipe_bytes`. `items_sent` counts dispatches, re-runs included.
@@ -129,6 +131,7 @@ class _Worker:
     stage: int
     process: multiprocessing.process.BaseProcess
     conn: Connection
+    replies: Replies  # what has arrived on conn, read without waiting for the rest of a reply
     exit: ExitWatch
     arena: Arena | None  # where its replies' large buffers wait; None when disabled
     # Offsets of the request-arena blocks of items sent to it that it has not released yet.
@@ -144,7 +147,8 @@ class _Worker:
 @dataclass(eq=False)
 class _Dying:
     """A worker the reader killed past `task_timeout_s` and retired before its exit was seen: the
-    reader reaps it once it has exited, or reports it at `reap_by` and gives up on it."""
+    reader reaps it once it has exited, or reports it at `reap_by`, gives up waiting for it, and
+    reaps it when its exit comes (`_given_up`)."""
 
     exit: ExitWatch  # and through it, the process
     stage: str
@@ -162,8 +166,8 @@ class ProcessRunner:
 
     - `task_timeout_s`: a worker running one item for longer is killed and handled like a crash,
       at once: its exit is not waited for (one in uninterruptible sleep outlives SIGKILL), and one
-      not reaped 2 s after the kill (and 1 s more per GiB it held) is reported and given up on,
-      as `close()` does (`_give_up_on`).
+      not reaped 2 s after the kill (and 1 s more per GiB it held) is reported, as `close()` does
+      (`_give_up_on`), and reaped by the reader once it exits.
     - `max_retries`: how many times an item is re-run after its worker died or timed out; an item is
       attempted at most `1 + max_retries` times before its future fails with `WorkerCrashedError`.
     - `oob_threshold_bytes`: buffers at least this large go through shared memory, smaller ones
@@ -263,6 +267,9 @@ class ProcessRunner:
         self._watch = _Watch()  # the reader thread's own
         self._workers: list[_Worker] = []
         self._dying: list[_Dying] = []  # the reader's own, then close's once the reader has stopped
+        # Killed workers reported at their `reap_by`, whose exit the reader watches without a
+        # deadline; the reader's own, handed to `leave_unreaped` by close.
+        self._given_up: list[_Dying] = []
         self._queued: list[deque[_Task]] = []
         # Every future submitted and not yet resolved, wherever its task is (queued, sent, or its
         # reply in the reader's hands): what `_fail_everything` fails and `close` cancels, so that
@@ -410,6 +417,8 @@ class ProcessRunner:
             return
         self._stop_workers(clock)
         self._reap_dying(until=clock.reach(max((dying.reap_by for dying in self._dying), default=0.0)))
+        while self._given_up:
+            leave_unreaped(self._given_up.pop().exit)
         reap_the_left()
         fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
         for fd in fds:
@@ -501,7 +510,9 @@ class ProcessRunner:
         finally:
             child_conn.close()
         _WORKER_PROCESSES.add(process)
-        self._workers.append(_Worker(stage_index, process, parent_conn, ExitWatch(process), arena))
+        self._workers.append(
+            _Worker(stage_index, process, parent_conn, Replies(parent_conn.fileno()), ExitWatch(process), arena)
+        )
 
     def _stop_workers(self, clock: _CloseClock) -> None:
         """Stop every worker: idle ones are told to, busy ones terminated (their results would be
@@ -546,6 +557,7 @@ class ProcessRunner:
                 worker.exit.close()
                 continue
             _give_up_on(worker.exit, self._stages[worker.stage].name, clock.grace_s)
+            leave_unreaped(worker.exit)
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
         """Reap a dead worker (one killed past `task_timeout_s` just now is reaped later, by
@@ -714,26 +726,33 @@ class ProcessRunner:
             deadlines += [dying.reap_by for dying in self._dying]
         timeout = min(_LONGEST_WAIT_S, max(0.0, min(deadlines) - time.monotonic())) if deadlines else None
         by_conn = {worker.conn: worker for worker in workers}
-        ready = self._watch.wait(workers, self._wake_r, timeout)
+        ready = self._watch.wait(workers, self._given_up, self._wake_r, timeout)
         if self._closing:
             return
         if self._wake_r in ready:
             _drain(self._wake_r)
+        if self._given_up:
+            self._reap_given_up(ready)
 
-        replies: dict[_Worker, list[bytes]] = {}
+        replies: dict[_Worker, list[memoryview]] = {}
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
             exited = worker.exit.fd in ready
             if conn in ready or (exited and conn.poll()):
+                messages: list[memoryview] = []
                 try:
-                    messages = replies[worker] = [conn.recv_bytes()]
-                    while len(messages) < len(worker.tasks) and conn.poll():
-                        messages.append(conn.recv_bytes())
+                    messages += worker.replies.read()
+                    while exited and conn.poll():  # what it wrote before it died
+                        messages += worker.replies.read()
                 except (EOFError, OSError):
                     exited = True
+                if messages:
+                    replies[worker] = messages
             if exited:
                 worker.process.join()
                 dead[worker] = _describe_exit(worker.process)
+                if (partial := worker.replies.partial()) is not None:
+                    dead[worker] += f" while sending a reply, {partial}"
         now = time.monotonic()
         for worker in workers:
             expired = worker.deadline is not None and worker.deadline <= now
@@ -767,20 +786,34 @@ class ProcessRunner:
 
     def _reap_dying(self, until: float) -> None:
         """Reap each killed worker that has exited by `until` (waiting for none past its
-        `reap_by`), freeing its request blocks; report and give up on one still there at its
-        `reap_by`, as close does (`_give_up_on`)."""
+        `reap_by`), freeing its request blocks; report one still there at its `reap_by`, as close
+        does (`_give_up_on`), and move it to `_given_up`."""
         for dying in list(self._dying):
             if not _join(dying.exit, min(until, dying.reap_by)) and time.monotonic() < dying.reap_by:
                 continue
             self._dying.remove(dying)
             if not dying.exit.exited():
                 _give_up_on(dying.exit, dying.stage, dying.grace_s)
+                self._given_up.append(dying)
                 continue
             dying.exit.close()
             if dying.request_blocks:
                 self._requests.give_back(dying.request_blocks)
 
-    def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, tuple[int, ...], int, int]:
+    def _reap_given_up(self, ready: set[Any]) -> None:
+        """Reap each worker given up on whose exit `ready` shows (its uninterruptible sleep ended),
+        freeing its request blocks: it stayed a zombie until the runner's close, and its blocks
+        taken for the runner's life. One that cannot be reaped all the same (its watch shows an
+        exit waitid does not) is left to `reap_the_left`, so that its readable descriptor never
+        spins the reader."""
+        for dying in [dying for dying in self._given_up if dying.exit.fd in ready]:
+            self._given_up.remove(dying)
+            if not dying.exit.reap_exited():
+                leave_unreaped(dying.exit)
+            elif dying.request_blocks:
+                self._requests.give_back(dying.request_blocks)
+
+    def _decode_reply(self, worker: _Worker, message: memoryview) -> tuple[bool, Any, tuple[int, ...], int, int]:
         """(ok, value, request blocks the worker released, pipe bytes, shm bytes) of one reply; a
         reply that cannot be decoded fails its item."""
         released: tuple[int, ...] = ()
@@ -904,14 +937,17 @@ class _Watch:
     def __init__(self) -> None:
         self._selector: selectors.BaseSelector | None = None
         self._workers: tuple[_Worker, ...] = ()
+        self._given_up: tuple[_Dying, ...] = ()
 
-    def wait(self, workers: list[_Worker], wake_fd: int, timeout: float | None) -> set[Any]:
-        """The ready objects among the workers' connections and exit descriptors and `wake_fd`."""
-        if self._selector is None or tuple(workers) != self._workers:
+    def wait(self, workers: list[_Worker], given_up: list[_Dying], wake_fd: int, timeout: float | None) -> set[Any]:
+        """The ready objects among the workers' connections and exit descriptors, the exit
+        descriptors of the workers given up on, and `wake_fd`."""
+        if self._selector is None or tuple(workers) != self._workers or tuple(given_up) != self._given_up:
             self.close()
             self._selector = selectors.DefaultSelector()
-            self._workers = tuple(workers)
-            for watched in (wake_fd, *(w.conn for w in workers), *(w.exit.fd for w in workers)):
+            self._workers, self._given_up = tuple(workers), tuple(given_up)
+            exits = (*(w.exit.fd for w in workers), *(d.exit.fd for d in given_up))
+            for watched in (wake_fd, *(w.conn for w in workers), *exits):
                 self._selector.register(watched, selectors.EVENT_READ, watched)
         return {key.data for key, _ in self._selector.select(timeout)}
 
@@ -919,7 +955,7 @@ class _Watch:
         if self._selector is not None:
             self._selector.close()
             self._selector = None
-        self._workers = ()
+        self._workers = self._given_up = ()
 
 
 _WORKER_PROCESSES: weakref.WeakSet = weakref.WeakSet()
@@ -1009,12 +1045,12 @@ def _resident_bytes(pid: int | None) -> int:
 
 def _give_up_on(watch: ExitWatch, stage: str, waited_s: float) -> None:
     """Report a worker not reaped `waited_s` after SIGKILL and stop waiting for it: multiprocessing,
-    whose exit hook joins its children without a bound, forgets it, and the next runner's start
-    or close reaps it once it has exited (`reap_the_left`), without waiting for it."""
+    whose exit hook joins its children without a bound, forgets it. It is reaped once it has
+    exited, without being waited for: by the reader, which watches its exit (`_reap_given_up`),
+    or, once its runner no longer reads, by the next runner's start or close (`reap_the_left`)."""
     _forget_process(watch.process)
-    leave_unreaped(watch)
     _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
-                 "sleep: a hung NFS read, say); left unreaped", stage, watch.process.pid, waited_s)
+                 "sleep: a hung NFS read, say); no longer waited for, reaped once it exits", stage, watch.process.pid, waited_s)
 
 
 def _wait_left(deadline: float) -> float:

@@ -3,7 +3,8 @@ worker holds) whatever its workers do: one that does not die after SIGKILL (unin
 a hung NFS read), one stopped part-way through a reply or before reading an item larger than its
 pipe holds, a reader thread stuck in a done-callback. Each made close wait for ever, and interpreter
 exit with it. A big worker still being torn down is waited for, not reported. Nor does the reader
-thread, while the runner runs, wait without a bound for a worker it killed past `task_timeout_s`.
+thread, while the runner runs, wait without a bound for a worker it killed past `task_timeout_s`;
+it reaps one it gave up on as soon as that one exits.
 
 Linux offers no process that SIGKILL cannot end on demand (a stopped one dies too), so a worker
 whose exit never comes is stood in for by its `multiprocessing` handle and the runner's watch of its
@@ -18,7 +19,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -27,9 +27,11 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from runners import ProcessRunner, WorkerCrashedError, process
+from tests.unit.test_runners_process import half_of_a_reply
 from zephon._runner import Stage
 
 # Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close
@@ -158,11 +160,10 @@ def kill_if_still_a_child(pid: int) -> None:
 
 def _half_a_reply_then_hang(marker: str) -> None:
     """Stands in for a worker stopped part-way through sending its reply (SIGSTOP, a page fault
-    that never completes): the length of a reply goes out, a few of its bytes, then nothing; the
-    parent's reader waits in the middle of reading it. SIGTERM does not reach it either."""
+    that never completes): half a reply goes out, then nothing. SIGTERM does not reach it either."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     [conn] = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]  # its pipe
-    os.write(conn.fileno(), struct.pack("!i", 1 << 20) + b"\x80\x05")
+    os.write(conn.fileno(), half_of_a_reply())
     Path(marker).touch()
     while True:
         time.sleep(60)
@@ -170,8 +171,10 @@ def _half_a_reply_then_hang(marker: str) -> None:
 
 def test_a_worker_stopped_part_way_through_a_reply_does_not_hold_close(tmp_path):
     """The reader thread was joined without a bound, and it was waiting for the rest of a reply
-    that never came: close() waited for ever. Killing the workers once `close_timeout_s` has
-    passed ends the reader's wait, and close does every step."""
+    that never came: close() waited for ever. The reader no longer waits for the rest of a reply
+    (`test_runners_process.py::test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the_pipe_holds_up_no_other_reply`),
+    and close kills the worker that ignores its SIGTERM once `close_timeout_s` has passed, and
+    does every step."""
     marker = tmp_path / "half sent"
     runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("stopped", lambda _: _half_a_reply_then_hang(str(marker)), 1)])
@@ -261,6 +264,53 @@ def test_a_worker_given_up_on_at_close_is_reaped_by_the_next_runner_once_it_has_
             next_runner.start([Stage("echo", lambda x: x, 1)])
             assert not Path(f"/proc/{stuck}").exists(), "reaped"
     finally:
+        with suppress(ProcessLookupError):
+            os.kill(stuck, signal.SIGKILL)
+        with suppress(ChildProcessError):
+            os.waitpid(stuck, 0)
+
+
+def hanging_on_a_block_of_ones(marker: Path):
+    """`hanging_on_minus_one` for arrays: hangs on one whose first byte is 1, the rest echoed."""
+    hang_on_minus_one = hanging_on_minus_one(marker)
+    return lambda x: hang_on_minus_one(-int(x[0]))
+
+
+def test_a_worker_given_up_on_past_task_timeout_is_reaped_as_soon_as_it_exits_while_the_runner_runs(
+    tmp_path, caplog
+):
+    """A worker the reader killed past `task_timeout_s` and gave up on (still there after its
+    grace: uninterruptible sleep) was reaped only by the runner's close or the next runner's start:
+    once its sleep ended it stayed a zombie for the rest of the run, and the request-arena block
+    of its item stayed taken. The reader watches its exit and reaps it then, freeing the block.
+    Here signals reach the worker only when the test sends them, as neither the reader's SIGKILL
+    nor close's ends a process asleep on a hung NFS read."""
+    marker = tmp_path / "running"
+    runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner.start([Stage("nfs", hanging_on_a_block_of_ones(marker), 1)])
+    [worker] = runner._workers
+    stuck = worker.process.pid
+    worker.process._popen.terminate = worker.process._popen.kill = lambda: None
+    block = np.ones(1 << 20, dtype=np.uint8)  # large enough for the request arena
+    try:
+        with caplog.at_level(logging.WARNING, logger="runners.process"):
+            hung = runner.submit(0, block)
+            wait_for(marker)
+            assert isinstance(hung.exception(BOUND_S), WorkerCrashedError)
+            deadline = time.monotonic() + BOUND_S
+            while not any("had not exited" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert any(f"worker (pid {stuck}) had not exited" in r.getMessage() for r in caplog.records), caplog.text
+        assert runner._requests._blocks.taken_bytes > 0, "the check below must have something to see"
+        os.kill(stuck, signal.SIGKILL)  # its sleep ends at last
+        deadline = time.monotonic() + BOUND_S
+        while Path(f"/proc/{stuck}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not Path(f"/proc/{stuck}").exists(), "reaped while the runner runs"
+        assert runner._requests._blocks.taken_bytes == 0
+        assert runner.submit(0, block * 0).result(BOUND_S) == 0  # the runner runs on
+    finally:
+        close_within_bound(runner)
         with suppress(ProcessLookupError):
             os.kill(stuck, signal.SIGKILL)
         with suppress(ChildProcessError):

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gc
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 
 from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory
+from runners._frames import send_reply
 from zephon._errors import BadRecordError, ConfigurationError, ZephonError
 from zephon.io import ShardUnavailableError
 from zephon._runner import Stage
@@ -444,6 +448,65 @@ def test_a_worker_that_dies_leaving_a_forked_child_holding_its_pipes_is_seen_dea
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert isinstance(error, WorkerCrashedError) and "exited with code 3" in str(error), error
+
+
+def half_of_a_reply() -> bytes:
+    """The first half of what a worker writes to its pipe for a reply (of 8 KiB)."""
+    read_end, write_end = os.pipe()
+    try:
+        send_reply(write_end, bytes(8 * 1024))
+        whole = os.read(read_end, 64 * 1024)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    return whole[: len(whole) // 2]
+
+
+def _die_partway_through_a_reply_leaving_a_forked_child(helper_pid: Path, half: bytes, go: Path, x: int) -> int:
+    """A stage function that, on item -1, forks a helper which inherits the worker's pipe and
+    outlives it (a subprocess started without closing descriptors), writes `half` of a reply to
+    the pipe, and dies once `go` exists (the OOM killer, a crash in a C extension). Other items
+    come back as they are."""
+    if x != -1:
+        return x
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(600)
+        os._exit(0)
+    [conn] = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]  # its pipe
+    os.write(conn.fileno(), half)
+    helper_pid.write_text(str(helper))
+    while not go.exists():
+        time.sleep(0.01)
+    os._exit(3)
+
+
+def test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the_pipe_holds_up_no_other_reply(
+    tmp_path,
+):
+    """The reader read a reply with a blocking `recv_bytes`, which returns only once the whole
+    message has come: half a reply left it waiting for the rest, every other worker's replies
+    unread; and when the worker died there, the child it had forked still held the pipe, so no end
+    of file ever came: the reader, `task_timeout_s` and every item waited for ever. The reader now
+    keeps half a reply until the rest comes, reads the others meanwhile, and retires a worker
+    that died with half a reply sent, naming what came of it."""
+    helper_pid, go = tmp_path / "helper", tmp_path / "go"
+    half = half_of_a_reply()
+    stage = functools.partial(_die_partway_through_a_reply_leaving_a_forked_child, helper_pid, half, go)
+    try:
+        with ProcessRunner(max_retries=0) as runner:
+            runner.start([Stage("forking", stage, 2)])
+            cut_short = runner.submit(0, -1)
+            wait_for_text(helper_pid)
+            assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
+            go.touch()
+            error = cut_short.exception(60)
+            assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
+    finally:
+        if helper_pid.exists():
+            os.kill(int(helper_pid.read_text()), signal.SIGKILL)
+    assert isinstance(error, WorkerCrashedError), error
+    assert re.search(r"exited with code 3 while sending a reply, \d+ of 8192 bytes received", str(error)), error
 
 
 def _no_pidfd(pid: int) -> int:

@@ -1,0 +1,102 @@
+"""How a worker's replies are framed on its pipe: an 8-byte big-endian length, then that many bytes.
+
+The worker writes each reply whole, blocking (`send_reply`). The parent reads without ever waiting for
+the rest of one (`Replies`): it reads what the pipe holds when its selector says there is
+something, keeps a reply that has not fully arrived, and hands out only whole ones.
+`multiprocessing`'s `Connection.recv_bytes`, which the parent used, blocks until the whole message
+has come: a worker that died partway through a reply (SIGKILL from the OOM killer, a crash in a C
+extension) while a process it forked still held the pipe's write end never let that read end, and
+the parent's one reader thread, every other worker's replies, its exit watch and
+`task_timeout_s`, waited behind it for ever.
+
+Requests, parent to worker, keep `multiprocessing`'s framing (`Connection.send_bytes` and
+`recv_bytes`): the worker has nothing else to wait for, and the parent's sends are bounded by
+`close`.
+
+Thread-safety: a `Replies` belongs to the one thread that reads its pipe (the reader thread).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+__all__ = ["Replies", "send_reply"]
+
+_LENGTH = struct.Struct("!Q")
+
+# A reply up to this size goes out in one write with its length; a larger one in two, so that it
+# is never copied to join them.
+_JOINED_MAX = 16 * 1024
+
+# The most one read takes from a pipe: the socket pair's buffer holds ~208 KiB, and the replies
+# that cross it are a pickle stream of a few hundred bytes to tens of KiB.
+_READ_BYTES = 256 * 1024
+
+
+def send_reply(fd: int, payload: bytes) -> None:
+    """Write one reply to the pipe `fd`, blocking until all of it is written; OSError once the
+    reader is gone."""
+    length = _LENGTH.pack(len(payload))
+    if len(payload) <= _JOINED_MAX:
+        _write_all(fd, length + payload)
+    else:
+        _write_all(fd, length)
+        _write_all(fd, payload)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Replies:
+    """The replies arriving on one worker's pipe, read without waiting for the rest of one."""
+
+    __slots__ = ("_fd", "_held")
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._held = bytearray()  # the start of a reply not yet whole
+
+    def read(self) -> list[memoryview]:
+        """The replies made whole by one read of what the pipe holds; EOFError at end of file.
+
+        One read only, so it never blocks once the pipe has been seen readable. The replies are
+        views of what was read, not copies; a reply not yet whole is kept for the next read,
+        grown in place (a reply of many reads is copied once more, not once per read), and the
+        bytes behind a view handed out are never written again."""
+        data = os.read(self._fd, _READ_BYTES)
+        if not data:
+            raise EOFError
+        if self._held:
+            self._held += data
+            data = self._held
+        view = memoryview(data)
+        replies = []
+        start, end = 0, len(data)
+        while end - start >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(view, start)
+            stop = start + _LENGTH.size + length
+            if stop > end:
+                break
+            replies.append(view[start + _LENGTH.size : stop])
+            start = stop
+        if start == end:
+            if self._held:
+                self._held = bytearray()
+        elif start or data is not self._held:
+            self._held = bytearray(view[start:])
+        view.release()  # the replies' own views keep what they need
+        return replies
+
+    def partial(self) -> str | None:
+        """What has come of a reply not yet whole ("N of M bytes received"); None when there is none."""
+        if not self._held:
+            return None
+        received = len(self._held)
+        if received < _LENGTH.size:
+            return f"{received} of its {_LENGTH.size}-byte length received"
+        (length,) = _LENGTH.unpack_from(self._held)
+        return f"{received - _LENGTH.size} of {length} bytes received"

@@ -1,0 +1,53 @@
+"""A worker's replies, framed by `runners._frames`, read by the parent without ever waiting for the
+rest of one: however the pipe cuts them up, they come out whole, in order, and only once whole."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from runners._frames import Replies, send_reply
+
+PAYLOADS = [b"", b"a", bytes(range(256)) * 400, b"\x80\x05 the last"]  # 100 KB: many reads at most cuts
+
+
+def framed(payloads: list[bytes], tmp_path) -> bytes:
+    """The bytes a worker writes to its pipe for `payloads` (written to a file, which never blocks)."""
+    path = tmp_path / "stream"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        for payload in payloads:
+            send_reply(fd, payload)
+    finally:
+        os.close(fd)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("cut", [1, 7, 8, 9, 4096, 65536])
+def test_replies_cut_anywhere_by_the_pipe_come_out_whole_in_order_and_only_once_whole(cut, tmp_path):
+    stream = framed(PAYLOADS, tmp_path)
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        replies = Replies(read_end.fileno())
+        out: list[bytes] = []
+        for start in range(0, len(stream), cut):
+            write_end.sendall(stream[start : start + cut])
+            out += [bytes(reply) for reply in replies.read()]
+            assert out == PAYLOADS[: len(out)]
+        assert out == PAYLOADS and replies.partial() is None
+        write_end.close()
+        with pytest.raises(EOFError):
+            replies.read()
+
+
+def test_a_reply_cut_short_says_how_much_of_it_came(tmp_path):
+    stream = framed([bytes(1000)], tmp_path)
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        replies = Replies(read_end.fileno())
+        write_end.sendall(stream[:3])
+        assert replies.read() == [] and replies.partial() == "3 of its 8-byte length received"
+        write_end.sendall(stream[3:108])
+        assert replies.read() == [] and replies.partial() == "100 of 1000 bytes received"
