@@ -402,8 +402,8 @@ class ProcessRunner:
 
         Every wait is bounded (`_CloseClock`): the reader thread, a submit still holding the
         runner's lock and the workers get `close_timeout_s` in all to end by themselves; then the
-        workers are killed (which also ends a wait for a stopped worker's half-sent reply or for
-        room in its pipe) and everything gets `_reap_wait_s` more. A reader thread or a lock
+        workers are killed (which also ends a submit's wait for room in a stopped worker's
+        pipe) and everything gets `_reap_wait_s` more. A reader thread or a lock
         still not free then leaves the rest to a later close (`_leave_to_a_later_close`)."""
         clock = self._close_clock = _CloseClock(self._close_timeout_s, self._kill_workers)
         reader = self._reader
@@ -445,7 +445,7 @@ class ProcessRunner:
 
     def _kill_workers(self) -> int:
         """SIGKILL every worker, taking no lock: the thread holding it may be the one waiting for a
-        worker (the rest of its reply, room in its pipe), which that worker's death frees. The
+        worker (room in its pipe), which that worker's death frees. The
         resident bytes of the largest, which its exit has to free."""
         largest = 0
         for worker in list(self._workers):
@@ -734,12 +734,12 @@ class ProcessRunner:
         if self._given_up:
             self._reap_given_up(ready)
 
-        replies: dict[_Worker, list[memoryview]] = {}
+        replies: dict[_Worker, list[bytes]] = {}
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
             exited = worker.exit.fd in ready
             if conn in ready or (exited and conn.poll()):
-                messages: list[memoryview] = []
+                messages: list[bytes] = []
                 try:
                     messages += worker.replies.read()
                     while exited and conn.poll():  # what it wrote before it died
@@ -813,7 +813,7 @@ class ProcessRunner:
             elif dying.request_blocks:
                 self._requests.give_back(dying.request_blocks)
 
-    def _decode_reply(self, worker: _Worker, message: memoryview) -> tuple[bool, Any, tuple[int, ...], int, int]:
+    def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, tuple[int, ...], int, int]:
         """(ok, value, request blocks the worker released, pipe bytes, shm bytes) of one reply; a
         reply that cannot be decoded fails its item."""
         released: tuple[int, ...] = ()
