@@ -19,6 +19,7 @@ Thread-safety: a `Replies` belongs to the one thread that reads its pipe (the re
 from __future__ import annotations
 
 import os
+import select
 import struct
 
 __all__ = ["Replies", "send_reply"]
@@ -53,19 +54,34 @@ def _write_all(fd: int, data: bytes) -> None:
 class Replies:
     """The replies arriving on one worker's pipe, read without waiting for the rest of one."""
 
-    __slots__ = ("_buffer", "_fd", "_held")
+    __slots__ = ("_buffer", "_fd", "_held", "_poll")
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._buffer = bytearray(_READ_BYTES)
         self._held = bytearray()  # the start of a reply not yet whole
+        self._poll = select.poll()  # holds no descriptor of its own
+        self._poll.register(fd, select.POLLIN)
 
     def read(self) -> list[bytes]:
-        """The replies made whole by one read of what the pipe holds; EOFError at end of file.
+        """The replies made whole by what the pipe holds; EOFError at end of file.
 
-        One read only, so it never blocks once the pipe has been seen readable. A reply not yet
-        whole is kept for the next read, grown in place (a reply of many reads is copied once
-        more, not once per read)."""
+        Called once the pipe has been seen readable, it reads once, and again only while a reply
+        is not yet whole and the pipe has more, so it never blocks. Two pipelined text replies
+        (~50 KiB each) do not fit one read: a third of them were split, and each split cost the
+        reader a wake-up of its own. A reply not yet whole is kept for the next call, grown in
+        place (a reply of many reads is copied once more, not once per read)."""
+        replies = self._read_once()
+        while self._held and self._poll.poll(0):
+            try:
+                replies += self._read_once()
+            except EOFError:
+                if not replies:
+                    raise
+                break  # the next call finds the end of file again
+        return replies
+
+    def _read_once(self) -> list[bytes]:
         size = os.readv(self._fd, (self._buffer,))
         if not size:
             raise EOFError
