@@ -22,8 +22,9 @@ __all__ = ["ExitWatch", "leave_unreaped", "reap_the_left"]
 
 # Workers given up on (not reaped within the grace after SIGKILL: uninterruptible sleep) whose
 # runner no longer reads, not reaped since: pid -> the pidfd that reaps that very process, or None
-# where the system offers none (reaped by pid). An entry is claimed with one `pop` before it is waited on and put back if
-# the worker is still there, never under a lock: the exit hook and the reader thread reach them too.
+# where the system offers none (reaped by pid). An entry is claimed with one `pop` before it is
+# waited on and put back if the worker is still there, never under a lock: the exit hook and the
+# reader thread reach them too.
 _LEFT_UNREAPED: dict[int, int | None] = {}
 _CLAIMED = object()
 

@@ -1,7 +1,7 @@
 """How a worker's replies are framed on its pipe: an 8-byte big-endian length, then that many bytes.
 
-The worker writes each reply whole, blocking (`send_reply`). The parent reads without ever waiting for
-the rest of one (`Replies`): it reads what the pipe holds when its selector says there is
+The worker writes each reply whole, blocking (`send_reply`). The parent reads without ever waiting
+for the rest of one (`Replies`): it reads what the pipe holds when its selector says there is
 something, keeps a reply that has not fully arrived, and hands out only whole ones.
 `multiprocessing`'s `Connection.recv_bytes`, which the parent used, blocks until the whole message
 has come: a worker that died partway through a reply (SIGKILL from the OOM killer, a crash in a C

@@ -1050,7 +1050,8 @@ def _give_up_on(watch: ExitWatch, stage: str, waited_s: float) -> None:
     or, once its runner no longer reads, by the next runner's start or close (`reap_the_left`)."""
     _forget_process(watch.process)
     _log.warning("stage %r: worker (pid %s) had not exited %.1f s after SIGKILL (uninterruptible "
-                 "sleep: a hung NFS read, say); no longer waited for, reaped once it exits", stage, watch.process.pid, waited_s)
+                 "sleep: a hung NFS read, say); no longer waited for, reaped once it exits",
+                 stage, watch.process.pid, waited_s)
 
 
 def _wait_left(deadline: float) -> float:
