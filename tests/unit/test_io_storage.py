@@ -733,6 +733,20 @@ def test_an_http_url_its_server_denies_is_a_configuration_error_naming_it_and_th
     assert http_index.statuses["/data/2024-01/a.jsonl"] == [status] * 2  # a HEAD, then a GET, once
 
 
+def test_an_http_signed_url_its_server_denies_is_named_with_the_status_not_taken_for_a_glob(http_index, scheme):
+    """A signed URL (S3's, GCS's, a CDN's) carries its signature in a query, after a `?`: one
+    expired or refused (403) was expanded as a glob, `?` matching one character, and read as a
+    glob that matched no files. One that is let through is the shard it names."""
+    path = "data/2024-01/a.jsonl?X-Amz-Expires=60&X-Amz-Signature=0ff1ce"
+    url = http_index.url(path, scheme)
+    http_index.statuses[f"/{path}"] = [403] * 4
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} may not be read: its server answered HTTP 403"):
+        Dataset.from_path("d", url, format="jsonl", retries=3, retry_delay=0.001)
+    assert http_index.statuses[f"/{path}"] == [403] * 2  # a HEAD, then a GET, once
+    http_index.statuses[f"/{path}"] = []
+    assert Dataset.from_path("d", url, format="jsonl", retries=1).num_records == 3
+
+
 def test_an_http_url_its_server_does_not_have_still_names_nothing(http_index, scheme):
     url = http_index.url("data/2024-01/z.jsonl", scheme)
     with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} is not a file, a directory or a glob"):

@@ -35,6 +35,6 @@ def refused_by_its_server(what: str, status: int) -> ConfigurationError:
     denial lasts until the credentials or the server's permissions change."""
     return ConfigurationError(
         f"{what} may not be read: its server answered HTTP {status} ({HTTPStatus(status).phrase}); check the "
-        "credentials or headers in storage_options, or the server's permissions (a server that hides what it "
-        "does not have, as S3 and CloudFront do, answers 403 for a wrong URL too)"
+        "credentials or headers in storage_options, a signed URL's expiry, or the server's permissions (a server "
+        "that hides what it does not have, as S3 and CloudFront do, answers 403 for a wrong URL too)"
     )

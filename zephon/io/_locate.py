@@ -280,7 +280,7 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
         info = fs.info(path)
     except FileNotFoundError as error:
         if _is_http(fs):
-            _raise_unless_not_found(url, error, has_glob)
+            _raise_unless_not_found(url, error, _a_pattern_as_a_url(path))
         info = None
     if info is not None and info["type"] == "directory":
         return fs, _files_of(path, "directory", lister(fs, url, _may_be_a_shard).find(path, detail=True))
@@ -295,16 +295,26 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     return fs, _files_of(path, "glob", matches)
 
 
-def _raise_unless_not_found(url: str, error: FileNotFoundError, has_glob: bool) -> None:
+def _a_pattern_as_a_url(path: str) -> bool:
+    """Whether an http(s) URL holds a glob's pattern, which a server may deny as a URL taken
+    literally. Not where its only glob character is the `?` that begins a query of `key=value`
+    pairs: that is a signed URL (S3's, GCS's, a CDN's), whose server denies it as itself once
+    its signature has expired, and which no glob of shards' names is."""
+    before, mark, query = path.partition("?")
+    return any(char in before for char in _GLOB_CHARS) or bool(mark) and "=" not in query
+
+
+def _raise_unless_not_found(url: str, error: FileNotFoundError, a_pattern: bool) -> None:
     """Raise what HTTP's `info()` of `url` met, where it told FileNotFoundError for something else
     than nothing there (`_http_status`): a denial as a ConfigurationError naming the URL and the
     status, at once; a server or connection that may answer later as its own error, which the
-    caller's retry retries. A URL with glob characters that its server denies is expanded as a
-    glob, as one it does not have: servers that hide what they do not have (S3, CloudFront)
-    answer 403 for a pattern taken literally, and the walk names a directory it is denied."""
+    caller's retry retries. A URL holding a glob's pattern (`_a_pattern_as_a_url`) that its
+    server denies is expanded as a glob, as one it does not have: servers that hide what they do
+    not have (S3, CloudFront) answer 403 for a pattern taken literally, and the walk names a
+    directory it is denied."""
     cause = error.__cause__
     status = status_of(cause)
-    if status in DENIED_STATUS and not has_glob:
+    if status in DENIED_STATUS and not a_pattern:
         raise refused_by_its_server(url, status) from cause
     if status in TRANSIENT_STATUS or (status is None and cause is not None and is_transient(cause)):
         raise cause
