@@ -269,7 +269,8 @@ class IndexServer(http.server.ThreadingHTTPServer):
     and HEAD requests of each path. A HEAD of a path in `meeting` waits at the `meeting` barrier
     for as many others as it has parties (a broken barrier: they did not come together). A file
     whose path is in `unsized` is served as a page made on request is: in chunks (HTTP/1.1's
-    chunked transfer), with no Content-Length."""
+    chunked transfer), with no Content-Length; one in `encoded` with its Content-Length and a
+    `Content-Encoding: gzip`, as S3 serves an object stored with that metadata."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_IndexHandler, directory=str(root)))
@@ -277,6 +278,7 @@ class IndexServer(http.server.ThreadingHTTPServer):
         self.requests: Counter[str] = Counter()
         self.meeting: tuple[set[str], threading.Barrier] | None = None
         self.unsized: set[str] = set()
+        self.encoded: set[str] = set()
 
     def url(self, path: str, scheme: str = "sync-http") -> str:
         """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`), or
@@ -298,6 +300,11 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
                 meeting[1].wait()
         if not self._answered_a_queued_status() and not self._sent_unsized(body=False):
             super().do_HEAD()
+
+    def end_headers(self) -> None:
+        if self.path in self.server.encoded:
+            self.send_header("Content-Encoding", "gzip")
+        super().end_headers()
 
     def _sent_unsized(self, body: bool) -> bool:
         if self.path not in self.server.unsized:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
+import gzip
 import io
 import logging
 import os
@@ -706,6 +707,20 @@ def test_an_http_shard_whose_server_tells_no_size_is_refused_naming_it_and_what_
     assert isinstance(caught.value, ConfigurationError) and caught.value.url == shard
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
     assert http_index.requests["/data/2024-01/a.jsonl"] == 2  # a HEAD, then a GET, once
+
+
+@pytest.mark.requires_aiohttp
+def test_an_http_shard_its_server_sends_with_a_content_encoding_is_refused_saying_so(http_index, tmp_path):
+    """A file stored gzip-compressed with `Content-Encoding: gzip` (S3 metadata many uploaders
+    set on `.gz` files) comes with a Content-Length, which fsspec does not take for the file's
+    size (it is the encoding's): the error said the server sent no Content-Length, and told its
+    owner to serve one, which it does."""
+    (tmp_path / "data/2024-01/a.jsonl.gz").write_bytes(gzip.compress(jsonl_bytes([{"i": 0}])))
+    http_index.encoded.add("/data/2024-01/a.jsonl.gz")
+    url = http_index.url("data/2024-01/a.jsonl.gz", "http")
+    with pytest.raises(UnsizedShardError, match=re.escape(url)) as caught:
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert "Content-Encoding" in str(caught.value)
 
 
 def test_an_http_file_of_another_format_whose_server_tells_no_size_fails_nothing(http_index, tmp_path):

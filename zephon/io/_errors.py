@@ -25,8 +25,10 @@ class ShardUnavailableError(ZephonError):
 
 
 class UnsizedShardError(ConfigurationError):
-    """A shard whose storage tells no size: an HTTP server that sends it without a Content-Length
-    (in chunks, as a page made on request is sent, or compressed on the fly), to HEAD and to GET.
+    """A shard whose storage tells no size: an HTTP server that sends it, to HEAD and to GET,
+    without a Content-Length (in chunks, as a page made on request is sent) or with a
+    Content-Encoding (compressed on the fly, or an object stored with `Content-Encoding: gzip`),
+    whose Content-Length is the encoding's, not the file's (fsspec takes it for no size).
 
     Raised at planning, not retried: the server answers the same way next time. Such a shard is not
     read either way: a chunk read seeks to its first record (line shards by their seek index,
@@ -41,9 +43,11 @@ class UnsizedShardError(ConfigurationError):
         of = "" if url == dataset_url else f", a shard of {dataset_url},"
         super().__init__(
             f"{url}{of} tells no size: its server sent it without a Content-Length (in chunks, as a page "
-            "made on request is sent, or compressed on the fly). Zephon plans and reads a shard by its size "
-            "and byte ranges, from a file that stays the same: serve the shards as static files with a "
-            "Content-Length (and an ETag or Last-Modified), or put them behind a server or CDN that does"
+            "made on request is sent), or with a Content-Encoding (compressed on the fly, or stored with "
+            "Content-Encoding metadata), whose length is not the file's. Zephon plans and reads a shard by its "
+            "size and byte ranges, from a file that stays the same: serve the shards as static files with a "
+            "Content-Length and no Content-Encoding (a .gz shard as it is stored, not marked gzip-encoded; "
+            "and an ETag or Last-Modified), or put them behind a server or CDN that does"
         )
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
