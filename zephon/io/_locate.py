@@ -31,8 +31,8 @@ retry. Permission denied is a ConfigurationError naming the URL, never retried: 
 until the credentials, `storage_options` or the permissions change. fsspec's HTTP `info()` raises
 FileNotFoundError for every failure, so there the status under it is read (`_http_status`): a 401
 or 403 is a denial, a 5xx or a failed connection reaches the retry, a 404 is nothing there. A shard
-whose server tells no size (no Content-Length, or one of a Content-Encoding) is an UnsizedShardError naming it. A directory that holds no
-shard of the format says so, naming a few of the files it holds (or that it is empty), where it
+whose server tells no size (no Content-Length, or one of a Content-Encoding) is an UnsizedShardError
+naming it. A directory that holds no shard of the format says so, naming a few of the files it holds (or that it is empty), where it
 read as a glob that matched nothing.
 
 `hf://ORG/NAME/CONFIG/SPLIT` is shorthand for the Parquet files the Hugging Face hub keeps for every
