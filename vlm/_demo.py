@@ -16,9 +16,11 @@ never imports `vlm`.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
 from ._assets import pair_shards, tekken_tokenizer
-from ._image import ImageSpec
+from ._image import ImageSpec, import_decoder
 from ._placeholders import PixtralPlaceholders
 from ._stages import require_decoder
 
@@ -75,10 +77,24 @@ def vlm_pipeline(
     Pixtral sizing with the longest side at most 256 px. Each document is
     `<s> [image placeholders] caption </s>`. `parallelism` applies to tokenize and decode alike;
     `defer` decodes each image after packing, just before its row is taken (`vlm._deferred`).
+
+    The tokenizer is parsed on this thread while a second one scans the shards and then imports
+    Pillow (`import_decoder`): the parse is most of the time to the first batch (Tekken's 131k
+    tokens: 0.75 s of 1.3 s, 3.14t at p=2, the thirty-third session's machine) and needs neither.
+    On 3.14t the import mostly waits for the parse to end all the same (free-threaded CPython
+    stops every thread for steps of an import and for a garbage collection, and the parse holds
+    its thread in `tokenizers` until it returns) and ends while this thread builds the pipeline;
+    what it saves there is the first chunk's decoding threads waiting together on that import.
     """
     spec = spec or ImageSpec.pixtral(max_side=256)
-    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards), format="webdataset")], seed=seed,
-                                     records_per_chunk=records_per_chunk, num_epochs=num_epochs)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlm-recipe") as pool:
+        scanned = pool.submit(_scan_pairs, shards)
+        try:
+            load_tokenizer(str(tokenizer))  # the instance `tokenize` and `placeholders_for` take from the cache
+        finally:
+            dataset = scanned.result()  # the scan's error first, as when it ran first
+    source = StaticMixtureWorkSource([dataset], seed=seed, records_per_chunk=records_per_chunk,
+                                     num_epochs=num_epochs)
     return (
         Pipeline(source)
         .options(num_lanes=num_lanes, runner=runner, flush_every_chunks=flush_every_chunks, on_error=on_error)
@@ -88,6 +104,13 @@ def vlm_pipeline(
         .shuffle(buffer_size=shuffle_buffer, seed=seed)
         .batch(microbatch_size)
     )
+
+
+def _scan_pairs(shards: str | Path) -> Dataset:
+    dataset = Dataset.from_path("pairs", str(shards), format="webdataset")
+    if importlib.util.find_spec("PIL") is not None:  # else decode_images refuses, naming the package
+        import_decoder()
+    return dataset
 
 
 def position_kinds(batch, placeholders) -> Any:

@@ -206,3 +206,43 @@ def test_the_recipe_parses_its_tokenizer_once(tmp_path):
     before = _load_tokenizer.cache_info().misses
     vlm_pipeline(pairs.directory, tokenizer, runner="inline")
     assert _load_tokenizer.cache_info().misses - before == 1
+
+
+def test_the_recipe_scans_its_shards_and_imports_pillow_while_it_parses_the_tokenizer(tmp_path, monkeypatch):
+    """Tekken's parse is most of the recipe's time to the first batch and needs neither the
+    shards' scan nor Pillow's import, which the first chunk's decoding threads otherwise waited on
+    together: each of the two waits for the other to have begun before it goes on."""
+    import shutil
+    import threading
+
+    import vlm._demo
+    from vlm._assets import pair_shards, tekken_tokenizer
+    from vlm._image import import_decoder
+
+    pairs = pair_shards(2, 12, origin="photos")
+    tokenizer = str(shutil.copytree(tekken_tokenizer(), tmp_path / "tekken"))  # a path no test loaded yet
+    parsing, scanning = threading.Event(), threading.Event()
+    seen = {}
+    scan, load = vlm._demo.Dataset.from_path, vlm._demo.load_tokenizer
+
+    def scan_seeing_the_parse(*args, **kwargs):
+        scanning.set()
+        seen["parse began during the scan"] = parsing.wait(timeout=10)
+        return scan(*args, **kwargs)
+
+    def load_seeing_the_scan(tokenizer_id, *args, **kwargs):
+        if tokenizer_id == tokenizer:
+            parsing.set()
+            seen["scan began during the parse"] = scanning.wait(timeout=10)
+        return load(tokenizer_id, *args, **kwargs)
+
+    def import_recorded():
+        seen["decoder imported on"] = threading.current_thread()
+        import_decoder()
+
+    monkeypatch.setattr(vlm._demo.Dataset, "from_path", scan_seeing_the_parse)
+    monkeypatch.setattr(vlm._demo, "load_tokenizer", load_seeing_the_scan)
+    monkeypatch.setattr(vlm._demo, "import_decoder", import_recorded, raising=False)  # none before it
+    vlm._demo.vlm_pipeline(pairs.directory, tokenizer, runner="inline")
+    assert seen["parse began during the scan"] and seen["scan began during the parse"]
+    assert seen["decoder imported on"] is not threading.current_thread()
