@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field, replace
-from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator
 
+from ._entry_points import registered
 from ._errors import ConfigurationError, check_count
 from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
@@ -204,7 +204,7 @@ class Pipeline:
         (e.g. `decode_images` from `vlm`), so the core never imports them."""
         if name.startswith("_"):
             raise AttributeError(name)
-        for ep in entry_points(group="zephon.pipeline"):
+        for ep in registered("zephon.pipeline"):
             if ep.name == name:
                 method = ep.load()
                 return lambda *args, **kwargs: method(self, *args, **kwargs)

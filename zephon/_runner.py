@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Future
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from ._entry_points import registered
 from ._errors import ConfigurationError
 
 __all__ = ["Stage", "Runner", "runner_factory", "make_runner", "available_runners", "describe_runner"]
@@ -61,7 +61,7 @@ class Runner(Protocol):
 
 def available_runners() -> dict[str, Any]:
     """Runner factories registered under the `zephon.runners` entry-point group, by name."""
-    return {ep.name: ep for ep in entry_points(group="zephon.runners")}
+    return {ep.name: ep for ep in registered("zephon.runners")}
 
 
 def runner_factory(spec: str | Runner | Callable[[], Runner]) -> Callable[[], Runner]:
