@@ -64,7 +64,8 @@ class Replies:
         self._poll.register(fd, select.POLLIN)
 
     def read(self) -> list[bytes]:
-        """The replies made whole by what the pipe holds; EOFError at end of file.
+        """The replies made whole by what the pipe holds; EOFError at end of file, OSError where
+        reading fails (a worker that dies with an item unread resets its pipe).
 
         Called once the pipe has been seen readable, it reads once, and again only while a reply
         is not yet whole and the pipe has more, so it never blocks. Two pipelined text replies
@@ -75,10 +76,10 @@ class Replies:
         while self._held and self._poll.poll(0):
             try:
                 replies += self._read_once()
-            except EOFError:
+            except (EOFError, OSError):
                 if not replies:
                     raise
-                break  # the next call finds the end of file again
+                break  # the next call finds the end of the pipe: whole replies are never dropped
         return replies
 
     def _read_once(self) -> list[bytes]:

@@ -51,3 +51,21 @@ def test_a_reply_cut_short_says_how_much_of_it_came(tmp_path):
         assert replies.read() == [] and replies.partial() == "3 of its 8-byte length received"
         write_end.sendall(stream[3:108])
         assert replies.read() == [] and replies.partial() == "100 of 1000 bytes received"
+
+
+def test_whole_replies_read_before_the_pipe_fails_are_handed_out_and_the_failure_comes_next(tmp_path):
+    """A worker that dies with an item unread in its pipe resets it: the read after its last bytes
+    fails with ConnectionResetError, not end of file. The whole replies read just before, in the
+    same call, were lost with the error (their items then re-run or failed as crashed); they come
+    out, and the next call finds the end of the pipe."""
+    stream = framed([b"whole", bytes(1000)], tmp_path)
+    read_end, write_end = socket.socketpair()
+    with read_end:
+        read_end.sendall(b"an item the worker never read")
+        write_end.sendall(stream[:-500])
+        write_end.close()
+        replies = Replies(read_end.fileno())
+        assert replies.read() == [b"whole"]
+        assert replies.partial() == "500 of 1000 bytes received"
+        with pytest.raises(EOFError):
+            replies.read()
