@@ -770,11 +770,15 @@ class ProcessRunner:
         resolutions: list[_Resolution] = []
         with self._lock:
             for worker, ok, value, released, pipe_bytes, shm_bytes in decoded:
+                self._pipe_bytes += pipe_bytes
+                self._shm_bytes += shm_bytes
+                if not worker.tasks:
+                    if worker not in dead:
+                        dead[worker] = self._kill_for_a_stray_reply(worker)
+                    continue
                 if released:
                     worker.request_blocks.difference_update(released)
                     self._requests.give_back(released)
-                self._pipe_bytes += pipe_bytes
-                self._shm_bytes += shm_bytes
                 resolutions.append((worker.tasks.popleft().future, ok, value))
                 running = worker.tasks and self._task_timeout_s is not None
                 worker.deadline = now + self._task_timeout_s if running else None
@@ -783,6 +787,19 @@ class ProcessRunner:
             for index in range(len(self._stages)):
                 self._dispatch_locked(index, resolutions)
         self._resolve(resolutions)
+
+    def _kill_for_a_stray_reply(self, worker: _Worker) -> str:
+        """Kill a worker whose pipe brought a reply to no item it holds (a process its stage
+        function forked writing to it, say), and the cause to retire it with. Its pipe can no
+        longer be trusted to pair replies with items; the reader thread failed on it, and with it
+        every item of the runner. The blocks that reply says were released stay taken until the
+        worker is reaped: it may not be the one that held them."""
+        pid = worker.process.pid
+        worker.grace_s = _reap_wait_s(_resident_bytes(pid))  # before its memory goes
+        worker.process.kill()
+        _log.warning("stage %r: worker (pid %s) sent a reply to no item it holds (a process its stage function "
+                     "forked writing to its pipe?); killed and replaced", self._stages[worker.stage].name, pid)
+        return f"(pid {pid}) sent a reply to no item it holds and was killed"
 
     def _reap_dying(self, until: float) -> None:
         """Reap each killed worker that has exited by `until` (waiting for none past its
