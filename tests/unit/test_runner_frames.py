@@ -69,3 +69,14 @@ def test_whole_replies_read_before_the_pipe_fails_are_handed_out_and_the_failure
         assert replies.partial() == "500 of 1000 bytes received"
         with pytest.raises(EOFError):
             replies.read()
+
+
+def test_a_reply_longer_than_one_read_comes_out_in_one_call_once_the_pipe_holds_all_of_it(tmp_path):
+    """One read takes at most 64 KiB: a reply longer than that, all of it in the pipe, came out
+    only on a second call, costing the reader a wake-up of its own; a call reads on while the
+    pipe holds more of a reply not yet whole."""
+    stream = framed(PAYLOADS, tmp_path)
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        write_end.sendall(stream)  # 100 KB: within what a socket pair holds
+        assert Replies(read_end.fileno()).read() == PAYLOADS
