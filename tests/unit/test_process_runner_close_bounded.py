@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from runners import ProcessRunner, WorkerCrashedError, process
-from tests.unit.test_runners_process import half_of_a_reply
+from tests.unit.worker_replies import half_of_a_reply
 from zephon._runner import Stage
 
 # Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close

@@ -3,31 +3,19 @@ rest of one: however the pipe cuts them up, they come out whole, in order, and o
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
 
-from runners._frames import Replies, send_reply
+from runners._frames import Replies
+from tests.unit.worker_replies import framed
 
 PAYLOADS = [b"", b"a", bytes(range(256)) * 400, b"\x80\x05 the last"]  # 100 KB: many reads at most cuts
 
 
-def framed(payloads: list[bytes], tmp_path) -> bytes:
-    """The bytes a worker writes to its pipe for `payloads` (written to a file, which never blocks)."""
-    path = tmp_path / "stream"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        for payload in payloads:
-            send_reply(fd, payload)
-    finally:
-        os.close(fd)
-    return path.read_bytes()
-
-
 @pytest.mark.parametrize("cut", [1, 7, 8, 9, 4096, 65536])
-def test_replies_cut_anywhere_by_the_pipe_come_out_whole_in_order_and_only_once_whole(cut, tmp_path):
-    stream = framed(PAYLOADS, tmp_path)
+def test_replies_cut_anywhere_by_the_pipe_come_out_whole_in_order_and_only_once_whole(cut):
+    stream = framed(*PAYLOADS)
     read_end, write_end = socket.socketpair()
     with read_end, write_end:
         replies = Replies(read_end.fileno())
@@ -42,8 +30,8 @@ def test_replies_cut_anywhere_by_the_pipe_come_out_whole_in_order_and_only_once_
             replies.read()
 
 
-def test_a_reply_cut_short_says_how_much_of_it_came(tmp_path):
-    stream = framed([bytes(1000)], tmp_path)
+def test_a_reply_cut_short_says_how_much_of_it_came():
+    stream = framed(bytes(1000))
     read_end, write_end = socket.socketpair()
     with read_end, write_end:
         replies = Replies(read_end.fileno())
@@ -53,12 +41,12 @@ def test_a_reply_cut_short_says_how_much_of_it_came(tmp_path):
         assert replies.read() == [] and replies.partial() == "100 of 1000 bytes received"
 
 
-def test_whole_replies_read_before_the_pipe_fails_are_handed_out_and_the_failure_comes_next(tmp_path):
+def test_whole_replies_read_before_the_pipe_fails_are_handed_out_and_the_failure_comes_next():
     """A worker that dies with an item unread in its pipe resets it: the read after its last bytes
     fails with ConnectionResetError, not end of file. The whole replies read just before, in the
     same call, were lost with the error (their items then re-run or failed as crashed); they come
     out, and the next call finds the end of the pipe."""
-    stream = framed([b"whole", bytes(1000)], tmp_path)
+    stream = framed(b"whole", bytes(1000))
     read_end, write_end = socket.socketpair()
     with read_end:
         read_end.sendall(b"an item the worker never read")
@@ -71,11 +59,11 @@ def test_whole_replies_read_before_the_pipe_fails_are_handed_out_and_the_failure
             replies.read()
 
 
-def test_a_reply_longer_than_one_read_comes_out_in_one_call_once_the_pipe_holds_all_of_it(tmp_path):
+def test_a_reply_longer_than_one_read_comes_out_in_one_call_once_the_pipe_holds_all_of_it():
     """One read takes at most 64 KiB: a reply longer than that, all of it in the pipe, came out
     only on a second call, costing the reader a wake-up of its own; a call reads on while the
     pipe holds more of a reply not yet whole."""
-    stream = framed(PAYLOADS, tmp_path)
+    stream = framed(*PAYLOADS)
     read_end, write_end = socket.socketpair()
     with read_end, write_end:
         write_end.sendall(stream)  # 100 KB: within what a socket pair holds

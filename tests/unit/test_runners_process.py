@@ -28,6 +28,7 @@ import pytest
 from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory
 from runners._frames import send_reply
 from runners._transport import Envelope
+from tests.unit.worker_replies import half_of_a_reply
 from zephon._errors import BadRecordError, ConfigurationError, ZephonError
 from zephon.io import ShardUnavailableError
 from zephon._runner import Stage
@@ -450,18 +451,6 @@ def test_a_worker_that_dies_leaving_a_forked_child_holding_its_pipes_is_seen_dea
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert isinstance(error, WorkerCrashedError) and "exited with code 3" in str(error), error
-
-
-def half_of_a_reply() -> bytes:
-    """The first half of what a worker writes to its pipe for a reply (of 8 KiB)."""
-    read_end, write_end = os.pipe()
-    try:
-        send_reply(write_end, bytes(8 * 1024))
-        whole = os.read(read_end, 64 * 1024)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
-    return whole[: len(whole) // 2]
 
 
 def _die_partway_through_a_reply_leaving_a_forked_child(helper_pid: Path, half: bytes, go: Path, x: int) -> int:
