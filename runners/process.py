@@ -940,15 +940,16 @@ class _CloseClock:
 
 
 class _Watch:
-    """Waits on every worker's pipe and exit (`ExitWatch.fd`) and on the wake-up pipe at once.
+    """Waits on every worker's pipe and exit (`ExitWatch.fd`), the exits of the workers given up
+    on (`_given_up`) and the wake-up pipe at once.
 
     One selector keeps its registrations while the worker set stays the same, instead of
     `multiprocessing.connection.wait` building and filling a new one on every call: the reader
     wakes once or twice per item. Parent CPU per item in `benchmarks/test_transport_bench.py`
     (3.11, medians of 6 alternating runs): 131 µs with `wait`, 113 with this (90 with the array
-    pickling of `_transport` as well). A changed worker set (a worker replaced) gets a fresh
-    selector, so a closed pipe's descriptor number, reused by its replacement, is never registered
-    twice.
+    pickling of `_transport` as well). A changed worker set (a worker replaced, one given up on
+    reaped) gets a fresh selector, so a closed pipe's or pidfd's descriptor number, reused by a
+    replacement, is never registered twice.
     """
 
     def __init__(self) -> None:
