@@ -22,9 +22,11 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -74,6 +76,7 @@ def serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for other in inherited:
         other.close()
+    worker = os.getpid()
     while True:
         try:
             message = conn.recv_bytes()
@@ -86,8 +89,11 @@ def serve(
             envelope, replies_released = pickle.loads(message)
             if replies_released:
                 arena.give_back(replies_released)
-            ok, answer = True, encode(fn(decode(envelope, requests)), directory, threshold, arena)
+            value = fn(decode(envelope, requests))
+            _end_a_child_of_fn(worker, None)
+            ok, answer = True, encode(value, directory, threshold, arena)
         except BaseException as exc:  # KeyboardInterrupt or SystemExit from fn too: the caller's to handle
+            _end_a_child_of_fn(worker, exc)
             ok, answer = False, Envelope(_pickled_error(exc, stage), None, ())
         requests_released = requests.released() if requests is not None else ()
         try:
@@ -95,6 +101,33 @@ def serve(
         except OSError:  # the parent is gone
             _remove_if_orphaned(directory)
             return
+
+
+def _end_a_child_of_fn(worker: int, exc: BaseException | None) -> None:
+    """End this process if it is not the worker (pid `worker`) but a child the stage function
+    forked that returned from it, or raised `exc`, instead of exiting (`os.fork()` without
+    `os._exit`).
+
+    Such a child carried on in its copy of this loop: it sent its copy's result on the worker's
+    pipe, where the parent took it for the worker's answer to its item (or to the next one), read
+    items meant for the worker, and at the pipe's end removed the runner's buffer directory, its
+    parent being another than the runner's. It ends here as Python ends a process (0 for a
+    return, a SystemExit's code, else 1 with the traceback on stderr), its output flushed, through
+    `os._exit` as multiprocessing ends its children: the trainer's exit handlers, which the worker
+    copied, are not its own."""
+    if os.getpid() == worker:
+        return
+    if exc is None or (isinstance(exc, SystemExit) and exc.code is None):
+        code = 0
+    elif isinstance(exc, SystemExit) and isinstance(exc.code, int):
+        code = exc.code
+    else:
+        traceback.print_exception(exc)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _remove_if_orphaned(directory: str) -> None:

@@ -537,6 +537,38 @@ def test_a_worker_whose_pipe_brings_a_reply_to_no_item_is_replaced_and_the_runne
     assert f"worker (pid {pid}) sent a reply to no item it holds" in caplog.text, caplog.text
 
 
+def _forking_with_a_child_that_leaves_it(leave: Any, x: int) -> tuple[int, int | None]:
+    """A stage function that, on item -1, forks a child which returns from it (`leave` None) or
+    raises `leave`, instead of exiting (`os.fork()` without `os._exit`), and waits for that
+    child; what comes back is the item and the child's exit code."""
+    if x != -1:
+        return x, None
+    child = os.fork()
+    if child == 0:  # back into the worker's loop
+        if leave is None:
+            return x, None
+        raise leave
+    return x, os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+
+@pytest.mark.parametrize(
+    ("leave", "code"), [(None, 0), (SystemExit(3), 3), (ValueError("in the child"), 1)], ids=["returns", "exit", "raises"]
+)
+def test_a_child_the_stage_function_forks_that_leaves_it_exits_and_never_answers_for_the_worker(leave, code, tmp_path):
+    """A child forked by the stage function that returned from it or raised carried on in its
+    copy of the worker's loop: it sent a reply of its own on the worker's pipe, answering the
+    worker's item (or the next one) with its copy's result, then read items meant for the worker
+    and, at the pipe's end, removed the runner's buffer directory. Such a child now exits there, as
+    Python ends a process, having written nothing."""
+    stage = functools.partial(_forking_with_a_child_that_leaves_it, leave)
+    with ProcessRunner(shm_root=str(tmp_path)) as runner:
+        runner.start([Stage("forking", stage, 1)])
+        assert runner.submit(0, -1).result(30) == (-1, code)
+        assert [runner.submit(0, x).result(30) for x in range(4)] == [(x, None) for x in range(4)]
+        assert runner.stats().workers_replaced == 0
+        assert os.path.isdir(runner._directory)
+
+
 def _no_pidfd(pid: int) -> int:
     raise OSError(38, "Function not implemented")  # ENOSYS: a kernel older than 5.3
 
