@@ -221,7 +221,7 @@ def test_the_recipe_scans_its_shards_and_imports_pillow_while_it_parses_the_toke
 
     pairs = pair_shards(2, 12, origin="photos")
     tokenizer = str(shutil.copytree(tekken_tokenizer(), tmp_path / "tekken"))  # a path no test loaded yet
-    parsing, scanning = threading.Event(), threading.Event()
+    parsing, scanning, importing = threading.Event(), threading.Event(), threading.Event()
     seen = {}
     scan, load = vlm._demo.Dataset.from_path, vlm._demo.load_tokenizer
 
@@ -234,15 +234,55 @@ def test_the_recipe_scans_its_shards_and_imports_pillow_while_it_parses_the_toke
         if tokenizer_id == tokenizer:
             parsing.set()
             seen["scan began during the parse"] = scanning.wait(timeout=10)
+            seen["Pillow's import began during the parse"] = importing.wait(timeout=10)
         return load(tokenizer_id, *args, **kwargs)
 
     def import_recorded():
-        seen["decoder imported on"] = threading.current_thread()
+        importing.set()
         import_decoder()
 
     monkeypatch.setattr(vlm._demo.Dataset, "from_path", scan_seeing_the_parse)
     monkeypatch.setattr(vlm._demo, "load_tokenizer", load_seeing_the_scan)
     monkeypatch.setattr(vlm._demo, "import_decoder", import_recorded, raising=False)  # none before it
     vlm._demo.vlm_pipeline(pairs.directory, tokenizer, runner="inline")
-    assert seen["parse began during the scan"] and seen["scan began during the parse"]
-    assert seen["decoder imported on"] is not threading.current_thread()
+    assert all(seen.values()) and len(seen) == 3, seen
+
+
+def test_an_interrupt_during_the_shards_scan_ends_the_scan_at_once(monkeypatch):
+    """A signal interrupts the main thread alone: with the scan on a second thread, Ctrl-C during
+    a listing that does not end (a remote store retrying) waited for it to end, at the recipe's
+    exit and again at the interpreter's, where on the calling thread it stopped the scan."""
+    import signal
+    import threading
+
+    import vlm._demo
+    from vlm._assets import pair_shards, tekken_tokenizer
+
+    pairs = pair_shards(2, 12, origin="photos")
+    scanning, released = threading.Event(), threading.Event()
+    interrupted = []
+
+    def scan_that_hangs(*args, **kwargs):
+        try:
+            scanning.set()
+            for _ in range(200):  # short waits: an interrupt landing just before one begins is raised after it
+                if released.wait(timeout=0.05):
+                    break
+        except KeyboardInterrupt:
+            interrupted.append("the scan")
+            raise
+
+    def interrupt_the_scan():
+        if scanning.wait(timeout=10):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    monkeypatch.setattr(vlm._demo.Dataset, "from_path", scan_that_hangs)
+    interrupter = threading.Thread(target=interrupt_the_scan)
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            vlm._demo.vlm_pipeline(pairs.directory, tekken_tokenizer(), runner="inline")
+    finally:
+        released.set()
+        interrupter.join()
+    assert interrupted == ["the scan"]
