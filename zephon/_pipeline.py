@@ -204,10 +204,11 @@ class Pipeline:
         (e.g. `decode_images` from `vlm`), so the core never imports them."""
         if name.startswith("_"):
             raise AttributeError(name)
-        for ep in registered("zephon.pipeline"):
-            if ep.name == name:
-                method = ep.load()
-                return lambda *args, **kwargs: method(self, *args, **kwargs)
+        for reread in (False, True):
+            for ep in registered("zephon.pipeline", reread=reread):
+                if ep.name == name:
+                    method = ep.load()
+                    return lambda *args, **kwargs: method(self, *args, **kwargs)
         raise AttributeError(f"Pipeline has no operator {name!r}")
 
     @property

@@ -59,9 +59,10 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def available_runners() -> dict[str, Any]:
-    """Runner factories registered under the `zephon.runners` entry-point group, by name."""
-    return {ep.name: ep for ep in registered("zephon.runners")}
+def available_runners(*, reread: bool = False) -> dict[str, Any]:
+    """Runner factories registered under the `zephon.runners` entry-point group, by name: as this
+    process first read them, or with `reread` as installed now (`zephon._entry_points`)."""
+    return {ep.name: ep for ep in registered("zephon.runners", reread=reread)}
 
 
 def runner_factory(spec: str | Runner | Callable[[], Runner]) -> Callable[[], Runner]:
@@ -120,6 +121,8 @@ def _make_checked(factory: Callable[[], Runner]) -> Runner:
 def _registered(name: str) -> Any:
     """The entry point registered under `name`."""
     registered = available_runners()
+    if name not in registered:
+        registered = available_runners(reread=True)
     if name not in registered:
         known = ", ".join(sorted(registered)) or "none (is the package installed?)"
         raise ConfigurationError(f"unknown runner {name!r}; registered runners: {known}")

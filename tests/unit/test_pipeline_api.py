@@ -217,6 +217,51 @@ def test_builder_methods_and_runners_of_other_packages_read_the_installed_entry_
     assert len(reads) == 1
 
 
+def _install_after_the_entry_points_were_read(tmp_path, monkeypatch, group: str, name: str, value: str) -> None:
+    """A distribution registering `name` in `group`, put on sys.path once this process has read
+    the installed entry points, as `pip install` in a running notebook does."""
+    import zephon._entry_points
+
+    zephon._entry_points.registered(group)
+    dist_info = tmp_path / "zephon_late_plugin-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: zephon-late-plugin\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text(f"[{group}]\n{name} = {value}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.fixture
+def entry_points_read_anew_after():
+    """The next test reads the entry points installed then, not the late plugin's."""
+    import zephon._entry_points
+
+    yield
+    zephon._entry_points._installed.cache_clear()
+
+
+def test_a_runner_of_a_package_installed_after_the_entry_points_were_read_is_found(
+    tmp_path, monkeypatch, entry_points_read_anew_after
+):
+    """Reading the entry points once per process (f9322d4) kept the first read for good: a runner
+    installed later was an "unknown runner", its package installed."""
+    from zephon import make_runner
+
+    _install_after_the_entry_points_were_read(tmp_path, monkeypatch, "zephon.runners", "late", "runners.inline:InlineRunner")
+    runner = make_runner("late")
+    runner.close()
+    assert type(runner).__name__ == "InlineRunner"
+
+
+def test_a_builder_method_of_a_package_installed_after_the_entry_points_were_read_is_found(
+    spec_pipeline, tmp_path, monkeypatch, entry_points_read_anew_after
+):
+    """As for runners: `Pipeline` has no operator named by a package installed after the read."""
+    _install_after_the_entry_points_were_read(
+        tmp_path, monkeypatch, "zephon.pipeline", "late_options", "zephon._pipeline:Pipeline.options"
+    )
+    assert isinstance(spec_pipeline.late_options(num_lanes=2), Pipeline)
+
+
 def test_a_runner_instance_given_to_a_second_loader_is_a_configuration_error_saying_to_pass_a_factory(spec_pipeline):
     """`.options(runner=ThreadRunner())` is one runner for one loader; a second loader of that
     pipeline (a resume in the same process, another `for batch in pipeline`) failed with a bare
