@@ -211,7 +211,7 @@ def test_the_recipe_parses_its_tokenizer_once(tmp_path):
 def test_the_recipe_scans_its_shards_and_imports_pillow_while_it_parses_the_tokenizer(tmp_path, monkeypatch):
     """Tekken's parse is most of the recipe's time to the first batch and needs neither the
     shards' scan nor Pillow's import, which the first chunk's decoding threads otherwise waited on
-    together: each of the two waits for the other to have begun before it goes on."""
+    together: the parse waits for the scan and the import to have begun, the scan for the parse."""
     import shutil
     import threading
 
