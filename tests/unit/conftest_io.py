@@ -240,6 +240,48 @@ class _RangeReadFile(AbstractBufferedFile):
         return bytes(self.fs.store[self.path].getbuffer()[start:end])
 
 
+class ListingKeepingStore(_PrefixedMemoryFileSystem):
+    """Reads as huggingface_hub's HfFileSystem does: a file's details (which opening it asks for)
+    come from a listing of its directory, asked of the store once and kept in `listed`, and a
+    pickle of it carries what it has listed, as HfFileSystem's `__reduce__` carries its `dircache`.
+    Each listing asked of the store (a request to the hub) adds one to `listings_asked`, a counter
+    that a test sets and processes forked after it share."""
+
+    protocol = "listkeeping"
+    store: dict = {}
+    pseudo_dirs: list = [""]
+    listings_asked = None  # a multiprocessing Value("i"), set by the test
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.listed: dict[str, list[dict]] = {}
+
+    def info(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        if path not in self.store:
+            return super().info(path, **kwargs)
+        directory = self._parent(path)
+        if directory not in self.listed:
+            with self.listings_asked.get_lock():
+                self.listings_asked.value += 1
+            self.listed[directory] = self.ls(directory, detail=True)
+        return next(entry for entry in self.listed[directory] if entry["name"] == path)
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" in mode:
+            self.info(path)
+        return super()._open(path, mode, **kwargs)
+
+    def __reduce__(self):
+        return _with_listings, (type(self), self.storage_args, self.storage_options, self.listed)
+
+
+def _with_listings(cls, args, kwargs, listed):
+    fs = cls(*args, **kwargs)
+    fs.listed = dict(listed)
+    return fs
+
+
 @contextmanager
 def registered(cls: type[MemoryFileSystem]) -> Iterator[type[MemoryFileSystem]]:
     """Register a fake filesystem for its protocol, then put back exactly what was there before.

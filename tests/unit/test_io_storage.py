@@ -8,6 +8,7 @@ import gc
 import gzip
 import io
 import logging
+import multiprocessing
 import os
 import pathlib
 import pickle
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import types
+import uuid
 import weakref
 
 import fsspec
@@ -28,7 +30,7 @@ import pytest
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError, UnsizedShardError
-from zephon.io import _atomic_cache, _dataset, _retry, _version
+from zephon.io import _atomic_cache, _dataset, _retry, _storage, _version
 from zephon.io._format import ShardFile
 
 from tests.reliability.harness import checkpoint_after, clean_records, jsonl_dataset, run_epoch, text_pipeline
@@ -37,6 +39,7 @@ from .conftest_io import (
     _PrefixedMemoryFileSystem,
     FakeHubFileSystem,
     FlakyFileSystem,
+    ListingKeepingStore,
     ObjectStoreFileSystem,
     jsonl_bytes,
     memory_root,
@@ -829,6 +832,40 @@ def test_a_dataset_on_an_asynchronous_filesystem_is_read_in_the_process_runner_s
     wrapped = Dataset.from_path("d", f"async_wrapper::{root}")
     reference = run_epoch(text_pipeline(Dataset.from_path("d", root)), keep_batches=False)
     assert run_epoch(text_pipeline(wrapped, runner="process"), keep_batches=False).digests == reference.digests
+
+
+def test_a_filesystem_that_keeps_its_listings_keeps_them_in_the_process_runner_s_forked_workers(monkeypatch):
+    """huggingface_hub's HfFileSystem keeps the listings it asked the hub for, and a pickle of it
+    carries them. Each forked worker made its own from the constructor arguments alone, keeping
+    none, so it asked the hub again for every shard directory it read (and HfFileSystem for the
+    repository too). Made as a pickle would make it, a worker's has the parent's listings."""
+    monkeypatch.setattr(ListingKeepingStore, "listings_asked", multiprocessing.get_context("fork").Value("i", 0))
+    with registered(ListingKeepingStore):
+        root = f"listkeeping://bucket/{uuid.uuid4().hex}"
+        for shard in range(2):
+            put(f"{root}/part-{shard}.jsonl", jsonl_bytes(clean_records(16, shard)))
+        ds = Dataset.from_path("d", root)
+        assert ListingKeepingStore.listings_asked.value > 0  # counting the shards opened them
+        reference = run_epoch(text_pipeline(ds), keep_batches=False)
+        ListingKeepingStore.listings_asked.value = 0
+        assert run_epoch(text_pipeline(ds, runner="process"), keep_batches=False).digests == reference.digests
+    assert ListingKeepingStore.listings_asked.value == 0
+
+
+def test_the_hub_s_own_filesystem_made_in_a_forked_child_has_the_listings_of_the_parent_s():
+    """What `ListingKeepingStore` stands in for, on huggingface_hub's HfFileSystem itself (no
+    request is made): made anew from its constructor arguments in a forked child, it had none."""
+    from huggingface_hub import HfFileSystem
+
+    hub = HfFileSystem(token=False, skip_instance_cache=True)
+    directory = "datasets/acme/raw/data"
+    hub.dircache[directory] = [{"name": f"{directory}/a.jsonl", "size": 9, "type": "file"}]
+    context = multiprocessing.get_context("fork")
+    answers = context.SimpleQueue()
+    child = context.Process(target=lambda: answers.put(_storage.filesystem_made_here(hub).dircache))
+    child.start()
+    child.join()
+    assert child.exitcode == 0 and answers.get() == hub.dircache
 
 
 def test_an_http_server_out_of_reach_is_retried_not_taken_for_nothing_there(http_index, scheme):

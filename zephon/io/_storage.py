@@ -17,6 +17,7 @@ host removes once no live process holds it. Local files are never copied.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,9 +88,16 @@ def reading_filesystem(
 
 
 def filesystem_made_here(fs: AbstractFileSystem | LocalFiles) -> AbstractFileSystem | LocalFiles:
-    """`fs` as this process makes it: an fsspec filesystem rebuilt from its constructor arguments,
-    as unpickling it does (fsspec's instance cache holds none from another process after a fork),
-    where `fs` may be of another process; a local one as it is, since it holds nothing of one."""
+    """`fs` as unpickling it in this process would make it, where `fs` may be of another process (a
+    fork's parent): each filesystem's own `__reduce__` says what crosses a process boundary, and
+    `copy.copy` follows it without pickling the arguments. fsspec's says the constructor arguments,
+    so an asynchronous filesystem gets an event loop of this process, and a blocking one that holds
+    connections (`sync-http`'s requests session) its own: forked children sharing a pooled
+    keep-alive connection read each other's responses. huggingface_hub's HfFileSystem says its
+    listings and repository checks too, which its instance made anew lost, so each forked worker
+    asked the hub again (a listing per shard directory, a repository check); its connections are
+    huggingface_hub's own, closed in a forked child by huggingface_hub. A local one stays as it
+    is, since it holds nothing of a process."""
     if is_local(fs):
         return fs
-    return type(fs)(*fs.storage_args, **fs.storage_options)
+    return copy.copy(fs)
