@@ -860,12 +860,28 @@ def test_the_hub_s_own_filesystem_made_in_a_forked_child_has_the_listings_of_the
     hub = HfFileSystem(token=False, skip_instance_cache=True)
     directory = "datasets/acme/raw/data"
     hub.dircache[directory] = [{"name": f"{directory}/a.jsonl", "size": 9, "type": "file"}]
+    assert _in_a_forked_child(lambda: _storage.filesystem_made_here(hub).dircache) == hub.dircache
+
+
+def test_a_blocking_filesystem_made_in_a_forked_child_has_connections_of_its_own(tmp_path):
+    """fsspec's sync-http reads through a requests session, whose pool keeps the parent's
+    keep-alive connections: forked children sharing one read each other's responses. Blocking as
+    it is, it is made anew in a forked child, with a session of its own."""
+    with serving_over_http(tmp_path):
+        parent = fsspec.filesystem("sync-http")
+        made = _in_a_forked_child(lambda: _storage.filesystem_made_here(parent).session is parent.session)
+    assert made is False
+
+
+def _in_a_forked_child(ask):
+    """What `ask()` returns in a child forked from this process."""
     context = multiprocessing.get_context("fork")
     answers = context.SimpleQueue()
-    child = context.Process(target=lambda: answers.put(_storage.filesystem_made_here(hub).dircache))
+    child = context.Process(target=lambda: answers.put(ask()))
     child.start()
     child.join()
-    assert child.exitcode == 0 and answers.get() == hub.dircache
+    assert child.exitcode == 0
+    return answers.get()
 
 
 def test_an_http_server_out_of_reach_is_retried_not_taken_for_nothing_there(http_index, scheme):

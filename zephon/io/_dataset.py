@@ -334,8 +334,10 @@ class Dataset:
         is the parent's object, which an asynchronous filesystem (http(s) over aiohttp, s3fs,
         gcsfs) refuses to serve ("This class is not fork-safe": its requests ran on the parent's
         event loop), and a blocking one would share the parent's connections. So a process other
-        than the one `_fs` was made in makes its own from `_fs`'s constructor arguments, as a
-        pickle would. Two threads asking at once each make the pair; one is kept, both work."""
+        than the one `_fs` was made in makes its own as unpickling `_fs` would
+        (`filesystem_made_here`): from its constructor arguments, and for the hub's with the
+        listings the parent's holds. Two threads asking at once each make the pair; one is kept,
+        both work."""
         made = self.__dict__.get("_made_here")
         pid = os.getpid()
         if made is None or made[0] != pid:

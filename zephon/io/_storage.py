@@ -89,15 +89,15 @@ def reading_filesystem(
 
 def filesystem_made_here(fs: AbstractFileSystem | LocalFiles) -> AbstractFileSystem | LocalFiles:
     """`fs` as unpickling it in this process would make it, where `fs` may be of another process (a
-    fork's parent): each filesystem's own `__reduce__` says what crosses a process boundary, and
-    `copy.copy` follows it without pickling the arguments. fsspec's says the constructor arguments,
-    so an asynchronous filesystem gets an event loop of this process, and a blocking one that holds
-    connections (`sync-http`'s requests session) its own: forked children sharing a pooled
-    keep-alive connection read each other's responses. huggingface_hub's HfFileSystem says its
-    listings and repository checks too, which its instance made anew lost, so each forked worker
-    asked the hub again (a listing per shard directory, a repository check); its connections are
-    huggingface_hub's own, closed in a forked child by huggingface_hub. A local one stays as it
-    is, since it holds nothing of a process."""
+    fork's parent). Each filesystem's own `__reduce__` says what crosses a process boundary, and
+    `copy.copy` follows it without pickling the arguments. fsspec's says the constructor arguments
+    (its instance cache holds none from another process after a fork): an asynchronous filesystem
+    gets an event loop of this process, and a blocking one that holds connections (`sync-http`'s
+    requests session, sftp's, ftp's) its own, since forked children sharing a pooled keep-alive
+    connection read each other's responses. huggingface_hub's HfFileSystem says its listings and
+    repository checks too: made from its arguments alone, each forked worker asked the hub again
+    for them; its connections are huggingface_hub's own, which it closes in a forked child. A
+    local one stays as it is, since it holds nothing of a process."""
     if is_local(fs):
         return fs
     return copy.copy(fs)
