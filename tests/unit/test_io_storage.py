@@ -852,6 +852,7 @@ def test_a_filesystem_that_keeps_its_listings_keeps_them_in_the_process_runner_s
     assert ListingKeepingStore.listings_asked.value == 0
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_the_hub_s_own_filesystem_made_in_a_forked_child_has_the_listings_of_the_parent_s():
     """What `ListingKeepingStore` stands in for, on huggingface_hub's HfFileSystem itself (no
     request is made): made anew from its constructor arguments in a forked child, it had none."""
@@ -863,14 +864,14 @@ def test_the_hub_s_own_filesystem_made_in_a_forked_child_has_the_listings_of_the
     assert _in_a_forked_child(lambda: _storage.filesystem_made_here(hub).dircache) == hub.dircache
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_blocking_filesystem_made_in_a_forked_child_has_connections_of_its_own(tmp_path):
     """fsspec's sync-http reads through a requests session, whose pool keeps the parent's
     keep-alive connections: forked children sharing one read each other's responses. Blocking as
     it is, it is made anew in a forked child, with a session of its own."""
-    with serving_over_http(tmp_path):
+    with serving_over_http(tmp_path):  # registers sync-http
         parent = fsspec.filesystem("sync-http")
-        made = _in_a_forked_child(lambda: _storage.filesystem_made_here(parent).session is parent.session)
-    assert made is False
+    assert _in_a_forked_child(lambda: _storage.filesystem_made_here(parent).session is parent.session) is False
 
 
 def _in_a_forked_child(ask):
