@@ -8,8 +8,9 @@ The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` 
 (see `_transport`) in the caller's thread, then hands it to the least busy worker or queues it. A
 worker holds up to two items: the one it runs and the next, already in its pipe, so it never waits
 for the parent between items. One reader thread waits on every worker's pipe and exit (`_exits`)
-at once, never for the rest of a reply (`_frames`); it decodes replies, resolves futures, replaces
-dead or timed-out workers (re-running their items), reaps the ones it gave up on as they exit, and
+at once, never for the rest of a reply (`_frames`) nor, without a bound, for a worker's exit; it
+decodes replies, resolves futures, replaces dead or timed-out workers, and those whose pipe ended
+while they ran (re-running their items), reaps the ones it gave up on as they exit, and
 feeds queued tasks to the workers it frees. Futures are always resolved outside the
 runner's lock, so a done-callback may submit to any stage, or close the runner, without deadlocking.
 """
@@ -89,7 +90,7 @@ _PIPELINED_MESSAGE_MAX = 32 * 1024
 # deadline further off is reached in several waits instead.
 _LONGEST_WAIT_S = 3600.0
 
-# How long close, and the reader for a worker it killed past task_timeout_s, wait for a worker's
+# How long close, and the reader for a worker it killed (`_kill_to_retire`), wait for a worker's
 # exit after SIGKILL: this, and `_REAP_WAIT_S_PER_GIB` for each GiB the largest worker holds
 # (`_reap_wait_s`). A killed process is reaped once the kernel has torn down its memory, which
 # takes time in proportion to it: 4 GiB in 4 KiB pages took 1.0 s on two loaded cores, so a worker
@@ -98,6 +99,13 @@ _LONGEST_WAIT_S = 3600.0
 # another thread, waits this long too (`_CloseClock.ends`).
 _REAP_WAIT_S = 2.0
 _REAP_WAIT_S_PER_GIB = 1.0
+
+# How long the reader waits for a worker's exit once its pipe has ended before taking it for one
+# still running (a stage function that closed its pipe) and killing it. A dying process releases
+# its pipe just before its exit is told: of 2,000 children exiting on two loaded cores, 528 showed
+# the end of their pipe first, by at most 4 ms; without this wait their crash was reported as a
+# closed pipe. A worker that lives on holds the reader this long, once.
+_EXIT_AFTER_PIPE_END_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -141,14 +149,15 @@ class _Worker:
     deadline: float | None = None  # for tasks[0]
     broken: bool = False  # a send failed; the reader will see its exit and retire it
     abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
-    grace_s: float = _REAP_WAIT_S  # once killed past task_timeout_s: how long its reaping may take
+    grace_s: float = _REAP_WAIT_S  # once the reader killed it: how long its reaping may take
 
 
 @dataclass(eq=False)
 class _Dying:
-    """A worker the reader killed past `task_timeout_s` and retired before its exit was seen: the
-    reader reaps it once it has exited, or reports it at `reap_by`, gives up waiting for it, and
-    reaps it when its exit comes (`_given_up`)."""
+    """A worker the reader killed (past `task_timeout_s`, after a stray reply, or still running
+    when its pipe ended) and retired before its exit was seen: the reader reaps it once it has
+    exited, or reports it at `reap_by`, gives up waiting for it, and reaps it when its exit comes
+    (`_given_up`)."""
 
     exit: ExitWatch  # and through it, the process
     stage: str
@@ -195,7 +204,9 @@ class ProcessRunner:
     memory until the receiver has let go of them. An exception raised by the function, a
     `KeyboardInterrupt` or `SystemExit` too, is delivered as itself (with the worker's traceback as
     a note, where its `__notes__` can take one), or as a RuntimeError carrying it when it cannot be
-    pickled; only a dying worker counts as a crash.
+    pickled; only a dying worker counts as a crash. So does a worker whose pipe ends while it
+    still runs (its stage function closed the pipe's descriptor, or shut its socket down): it is
+    killed, as one past `task_timeout_s` is, and never waited for.
 
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
@@ -560,8 +571,8 @@ class ProcessRunner:
             leave_unreaped(worker.exit)
 
     def _retire_locked(self, worker: _Worker, cause: str, resolutions: list[_Resolution]) -> None:
-        """Reap a dead worker (one killed past `task_timeout_s` just now is reaped later, by
-        `_reap_dying`), re-queue or fail its items, and fork its replacement.
+        """Reap a dead worker (one the reader killed just now, `_kill_to_retire`, is reaped later,
+        by `_reap_dying`), re-queue or fail its items, and fork its replacement.
 
         Only the item it was running counts an attempt (none does for a worker abandoned after an
         interrupted send); the one waiting in its pipe goes back to the queue as it was. The
@@ -571,7 +582,7 @@ class ProcessRunner:
         self._workers.remove(worker)
         worker.conn.close()
         stage = self._stages[worker.stage]
-        if not worker.exit.exited():  # killed past task_timeout_s just now: reaped later
+        if not worker.exit.exited():  # killed by the reader just now: reaped later
             self._dying.append(
                 _Dying(worker.exit, stage.name, worker.grace_s, time.monotonic() + worker.grace_s,
                        set(worker.request_blocks))
@@ -738,6 +749,7 @@ class ProcessRunner:
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
             exited = worker.exit.fd in ready
+            ended = False
             if conn in ready or (exited and conn.poll()):
                 messages: list[bytes] = []
                 try:
@@ -745,24 +757,25 @@ class ProcessRunner:
                     while exited and conn.poll():  # what it wrote before it died
                         messages += worker.replies.read()
                 except (EOFError, OSError):
-                    exited = True
+                    ended = True
                 if messages:
                     replies[worker] = messages
+            if ended and not exited:
+                exited = _join(worker.exit, time.monotonic() + _EXIT_AFTER_PIPE_END_S)
             if exited:
                 worker.process.join()
                 dead[worker] = _describe_exit(worker.process)
                 if (partial := worker.replies.partial()) is not None:
                     dead[worker] += f" while sending a reply, {partial}"
+            elif ended:  # its stage function closed the pipe, say: retired as if past task_timeout_s
+                pid = self._kill_to_retire(worker)
+                dead[worker] = f"(pid {pid}) was killed: its pipe closed while it was still running"
         now = time.monotonic()
         for worker in workers:
             expired = worker.deadline is not None and worker.deadline <= now
             if expired and worker not in replies and worker not in dead:
-                # Not waited for here: one in uninterruptible sleep (a hung NFS read) outlives
-                # SIGKILL, and every other worker's replies waited with it. It is retired at once
-                # and reaped later (`_reap_dying`).
-                worker.grace_s = _reap_wait_s(_resident_bytes(worker.process.pid))  # before its memory goes
-                worker.process.kill()
-                dead[worker] = f"(pid {worker.process.pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed"
+                pid = self._kill_to_retire(worker)
+                dead[worker] = f"(pid {pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed"
 
         decoded = [
             (worker, *self._decode_reply(worker, message)) for worker, messages in replies.items() for message in messages
@@ -794,12 +807,20 @@ class ProcessRunner:
         longer be trusted to pair replies with items; the reader thread failed on it, and with it
         every item of the runner. The blocks that reply says were released stay taken until the
         worker is reaped: it may not be the one that held them."""
-        pid = worker.process.pid
-        worker.grace_s = _reap_wait_s(_resident_bytes(pid))  # before its memory goes
-        worker.process.kill()
+        pid = self._kill_to_retire(worker)
         _log.warning("stage %r: worker (pid %s) sent a reply to no item it holds (a process its stage function "
                      "forked writing to its pipe?); killed and replaced", self._stages[worker.stage].name, pid)
         return f"(pid {pid}) sent a reply to no item it holds and was killed"
+
+    @staticmethod
+    def _kill_to_retire(worker: _Worker) -> int:
+        """SIGKILL a worker the reader retires without waiting for its exit, and its pid: one in
+        uninterruptible sleep (a hung NFS read) outlives SIGKILL, and a reader waiting for it read
+        no other worker's reply again. Its grace (`_reap_wait_s`) is measured before its memory
+        goes; `_reap_dying` reaps it within that, or gives up on it."""
+        worker.grace_s = _reap_wait_s(_resident_bytes(worker.process.pid))
+        worker.process.kill()
+        return worker.process.pid
 
     def _reap_dying(self, until: float) -> None:
         """Reap each killed worker that has exited by `until` (waiting for none past its

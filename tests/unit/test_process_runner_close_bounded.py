@@ -24,14 +24,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager, suppress
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from runners import ProcessRunner, WorkerCrashedError, process
-from tests.unit.worker_replies import half_of_a_reply
+from tests.unit.worker_replies import half_of_a_reply, worker_pipe
 from zephon._runner import Stage
 
 # Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close
@@ -162,7 +161,7 @@ def _half_a_reply_then_hang(marker: str) -> None:
     """Stands in for a worker stopped part-way through sending its reply (SIGSTOP, a page fault
     that never completes): half a reply goes out, then nothing. SIGTERM does not reach it either."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    [conn] = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]  # its pipe
+    conn = worker_pipe()
     os.write(conn.fileno(), half_of_a_reply())
     Path(marker).touch()
     while True:

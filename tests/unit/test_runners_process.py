@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import gc
 import logging
 import multiprocessing
 import os
@@ -14,11 +13,11 @@ import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import pytest
 from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory
 from runners._frames import send_reply
 from runners._transport import Envelope
-from tests.unit.worker_replies import half_of_a_reply
+from tests.unit.worker_replies import half_of_a_reply, worker_pipe
 from zephon._errors import BadRecordError, ConfigurationError, ZephonError
 from zephon.io import ShardUnavailableError
 from zephon._runner import Stage
@@ -464,7 +463,7 @@ def _die_partway_through_a_reply_leaving_a_forked_child(helper_pid: Path, half: 
     if helper == 0:
         time.sleep(600)
         os._exit(0)
-    [conn] = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]  # its pipe
+    conn = worker_pipe()
     os.write(conn.fileno(), half)
     helper_pid.write_text(str(helper))
     while not go.exists():
@@ -505,7 +504,7 @@ def _a_forked_child_answers_after_the_worker(go: Path, x: int) -> int:
     its own to the worker's pipe, which it holds, after the worker has answered. Items come back
     as they are."""
     if x == -1 and os.fork() == 0:
-        [conn] = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]  # its pipe
+        conn = worker_pipe()
         while not go.exists():
             time.sleep(0.01)
         send_reply(conn.fileno(), pickle.dumps((True, Envelope(pickle.dumps(99), None, ()), ()), protocol=5))
@@ -533,6 +532,56 @@ def test_a_worker_whose_pipe_brings_a_reply_to_no_item_is_replaced_and_the_runne
             assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
             assert runner.stats().workers_replaced == 1
     assert f"worker (pid {pid}) sent a reply to no item it holds" in caplog.text, caplog.text
+
+
+def _lose_the_pipe_on_the_first_attempt(lose: str, marker: Path, x: int) -> int:
+    """A stage function that, on the first attempt at item -1 only, loses the worker's pipe while
+    the worker lives on (`lose`: its descriptor closed, another one dup2'd over it, or the socket
+    shut down), then writes the worker's pid to `marker` and sleeps. Items come back as they are."""
+    if x != -1:
+        return x
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return x
+    pipe = worker_pipe().fileno()
+    if lose == "closed":
+        os.close(pipe)
+    elif lose == "dup2 over it":
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, pipe)
+        os.close(devnull)
+    else:
+        with socket.socket(fileno=os.dup(pipe)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    time.sleep(600)
+    return x
+
+
+@pytest.mark.parametrize("lose", ["closed", "dup2 over it", "shut down"])
+def test_a_worker_whose_pipe_ends_while_it_runs_is_killed_and_replaced_holding_up_no_other_reply(
+    lose, tmp_path, caplog
+):
+    """At the end of a worker's pipe the reader took the worker for dead and joined its process
+    without a bound: a stage function that closed its pipe's descriptor (or dup2'd another over it,
+    or shut its socket down) and went on running held the reader, every other worker's replies,
+    the exit watch and `task_timeout_s` until it returned, and then the worker's own wait for its
+    parent's death. A worker whose pipe ends before its exit is seen is killed instead, as one
+    past `task_timeout_s` is, and its item re-run, the cause named."""
+    marker = tmp_path / "pid"
+    stage = functools.partial(_lose_the_pipe_on_the_first_attempt, lose, marker)
+    with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner() as runner:
+        runner.start([Stage("careless", stage, 2)])
+        lost = runner.submit(0, -1)
+        victim = int(wait_for_text(marker))
+        assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
+        assert lost.result(60) == -1
+        stats = runner.stats()
+        wait_until(lambda: has_exited(victim), timeout=60)
+    assert (stats.retries, stats.workers_replaced) == (1, 1)
+    assert f"worker (pid {victim}) was killed: its pipe closed while it was still running" in caplog.text, caplog.text
 
 
 def _forking_with_a_child_that_leaves_it(leave: Any, x: int) -> tuple[int, int | None]:
