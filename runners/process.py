@@ -749,7 +749,6 @@ class ProcessRunner:
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
             exited = worker.exit.fd in ready
-            ended = False
             if conn in ready or (exited and conn.poll()):
                 messages: list[bytes] = []
                 try:
@@ -757,19 +756,17 @@ class ProcessRunner:
                     while exited and conn.poll():  # what it wrote before it died
                         messages += worker.replies.read()
                 except (EOFError, OSError):
-                    ended = True
+                    exited = exited or _join(worker.exit, time.monotonic() + _EXIT_AFTER_PIPE_END_S)
+                    if not exited:  # its stage function closed the pipe, say: retired as if past task_timeout_s
+                        pid = self._kill_to_retire(worker)
+                        dead[worker] = f"(pid {pid}) was killed: its pipe closed while it was still running"
                 if messages:
                     replies[worker] = messages
-            if ended and not exited:
-                exited = _join(worker.exit, time.monotonic() + _EXIT_AFTER_PIPE_END_S)
             if exited:
                 worker.process.join()
                 dead[worker] = _describe_exit(worker.process)
                 if (partial := worker.replies.partial()) is not None:
                     dead[worker] += f" while sending a reply, {partial}"
-            elif ended:  # its stage function closed the pipe, say: retired as if past task_timeout_s
-                pid = self._kill_to_retire(worker)
-                dead[worker] = f"(pid {pid}) was killed: its pipe closed while it was still running"
         now = time.monotonic()
         for worker in workers:
             expired = worker.deadline is not None and worker.deadline <= now
