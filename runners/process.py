@@ -8,9 +8,9 @@ The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` 
 (see `_transport`) in the caller's thread, then hands it to the least busy worker or queues it. A
 worker holds up to two items: the one it runs and the next, already in its pipe, so it never waits
 for the parent between items. One reader thread waits on every worker's pipe and exit (`_exits`)
-at once, never for the rest of a reply (`_frames`) nor, without a bound, for a worker's exit; it
-decodes replies, resolves futures, replaces dead or timed-out workers, and those whose pipe ended
-while they ran (re-running their items), reaps the ones it gave up on as they exit, and
+at once, never for the rest of a reply (`_frames`) nor for a worker's exit; it decodes replies,
+resolves futures, replaces dead or timed-out workers, and those whose pipe ended while they ran
+(re-running their items), reaps the ones it gave up on as they exit, and
 feeds queued tasks to the workers it frees. Futures are always resolved outside the
 runner's lock, so a done-callback may submit to any stage, or close the runner, without deadlocking.
 """
@@ -100,11 +100,12 @@ _LONGEST_WAIT_S = 3600.0
 _REAP_WAIT_S = 2.0
 _REAP_WAIT_S_PER_GIB = 1.0
 
-# How long the reader waits for a worker's exit once its pipe has ended before taking it for one
-# still running (a stage function that closed its pipe) and killing it. A dying process releases
-# its pipe just before its exit is told: of 2,000 children exiting on two loaded cores, 528 showed
-# the end of their pipe first, by at most 4 ms; without this wait their crash was reported as a
-# closed pipe. A worker that lives on holds the reader this long, once.
+# How long a worker whose pipe has ended is given to exit before it is taken for one still running
+# (a stage function that closed its pipe) and killed. A dying process releases its pipe just before
+# its exit is told: of 2,000 children exiting on two loaded cores, 528 showed the end of their pipe
+# first, by at most 4 ms; without this time their crash was reported as a closed pipe. The reader
+# reads the other workers meanwhile (`_await_exit`): it waited here instead, 1 s per such worker,
+# so 16 at once held every other reply and a close for 16 s.
 _EXIT_AFTER_PIPE_END_S = 1.0
 
 
@@ -146,8 +147,9 @@ class _Worker:
     request_blocks: set[int] = field(default_factory=set)
     # Sent and not answered, oldest first; replies come in the same order. tasks[0] is running.
     tasks: deque[_Task] = field(default_factory=deque)
-    deadline: float | None = None  # for tasks[0]
-    broken: bool = False  # a send failed; the reader will see its exit and retire it
+    deadline: float | None = None  # for tasks[0]; once its pipe ended, for its exit
+    broken: bool = False  # a send failed, or its pipe ended: no item goes to it; the reader retires it
+    pipe_ended: bool = False  # before its exit was seen: retired at `deadline` unless it exits first
     abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
     grace_s: float = _REAP_WAIT_S  # once the reader killed it: how long its reaping may take
 
@@ -205,8 +207,8 @@ class ProcessRunner:
     `KeyboardInterrupt` or `SystemExit` too, is delivered as itself (with the worker's traceback as
     a note, where its `__notes__` can take one), or as a RuntimeError carrying it when it cannot be
     pickled; only a dying worker counts as a crash. So does a worker whose pipe ends while it
-    still runs (its stage function closed the pipe's descriptor, or shut its socket down): it is
-    killed, as one past `task_timeout_s` is, and never waited for.
+    still runs (its stage function closed the pipe's descriptor, or shut its socket down): not
+    exited 1 s later, it is killed, as one past `task_timeout_s` is, and never waited for.
 
     `close()` cancels every future not yet resolved: queued items are dropped, idle workers are told
     to stop, busy ones are terminated (their results would be discarded anyway), stragglers are
@@ -756,10 +758,8 @@ class ProcessRunner:
                     while exited and conn.poll():  # what it wrote before it died
                         messages += worker.replies.read()
                 except (EOFError, OSError):
-                    exited = exited or _join(worker.exit, time.monotonic() + _EXIT_AFTER_PIPE_END_S)
-                    if not exited:  # its stage function closed the pipe, say: retired as if past task_timeout_s
-                        pid = self._kill_to_retire(worker)
-                        dead[worker] = f"(pid {pid}) was killed: its pipe closed while it was still running"
+                    if not exited:
+                        self._await_exit(worker)
                 if messages:
                     replies[worker] = messages
             if exited:
@@ -772,7 +772,10 @@ class ProcessRunner:
             expired = worker.deadline is not None and worker.deadline <= now
             if expired and worker not in replies and worker not in dead:
                 pid = self._kill_to_retire(worker)
-                dead[worker] = f"(pid {pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed"
+                if worker.pipe_ended:  # its stage function closed the pipe, say
+                    dead[worker] = f"(pid {pid}) was killed: its pipe closed while it was still running"
+                else:
+                    dead[worker] = f"(pid {pid}) exceeded task_timeout_s={self._task_timeout_s} and was killed"
 
         decoded = [
             (worker, *self._decode_reply(worker, message)) for worker, messages in replies.items() for message in messages
@@ -797,6 +800,16 @@ class ProcessRunner:
             for index in range(len(self._stages)):
                 self._dispatch_locked(index, resolutions)
         self._resolve(resolutions)
+
+    def _await_exit(self, worker: _Worker) -> None:
+        """Give a worker whose pipe ended before its exit was seen `_EXIT_AFTER_PIPE_END_S` to
+        exit, without waiting for it here: one dying has its exit told just after, and that exit
+        gives the cause; one still running then is killed at its `deadline`. No item goes to it,
+        and its pipe is no longer watched: its end of file would wake the reader at once, for ever."""
+        with self._lock:  # `_send_locked` sets deadlines too
+            worker.broken = worker.pipe_ended = True
+            worker.deadline = time.monotonic() + _EXIT_AFTER_PIPE_END_S
+        self._watch.close()
 
     def _kill_for_a_stray_reply(self, worker: _Worker) -> str:
         """Kill a worker whose pipe brought a reply to no item it holds (a process its stage
@@ -967,7 +980,8 @@ class _Watch:
     (3.11, medians of 6 alternating runs): 131 µs with `wait`, 113 with this (90 with the array
     pickling of `_transport` as well). A changed worker set (a worker replaced, one given up on
     reaped) gets a fresh selector, so a closed pipe's or pidfd's descriptor number, reused by a
-    replacement, is never registered twice.
+    replacement, is never registered twice. So does a worker whose pipe has ended (`close()` once
+    it has), which is watched by its exit only.
     """
 
     def __init__(self) -> None:
@@ -976,14 +990,15 @@ class _Watch:
         self._given_up: tuple[_Dying, ...] = ()
 
     def wait(self, workers: list[_Worker], given_up: list[_Dying], wake_fd: int, timeout: float | None) -> set[Any]:
-        """The ready objects among the workers' connections and exit descriptors, the exit
-        descriptors of the workers given up on, and `wake_fd`."""
+        """The ready objects among the workers' connections (but those whose pipe has ended) and
+        exit descriptors, the exit descriptors of the workers given up on, and `wake_fd`."""
         if self._selector is None or tuple(workers) != self._workers or tuple(given_up) != self._given_up:
             self.close()
             self._selector = selectors.DefaultSelector()
             self._workers, self._given_up = tuple(workers), tuple(given_up)
             exits = (*(w.exit.fd for w in workers), *(d.exit.fd for d in given_up))
-            for watched in (wake_fd, *(w.conn for w in workers), *exits):
+            pipes = (w.conn for w in workers if not w.pipe_ended)
+            for watched in (wake_fd, *pipes, *exits):
                 self._selector.register(watched, selectors.EVENT_READ, watched)
         return {key.data for key, _ in self._selector.select(timeout)}
 

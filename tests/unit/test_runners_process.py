@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory
+from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory, process
 from runners._frames import send_reply
 from runners._transport import Envelope
 from tests.unit.worker_replies import half_of_a_reply, worker_pipe
@@ -582,6 +582,42 @@ def test_a_worker_whose_pipe_ends_while_it_runs_is_killed_and_replaced_holding_u
         wait_until(lambda: has_exited(victim), timeout=60)
     assert (stats.retries, stats.workers_replaced) == (1, 1)
     assert f"worker (pid {victim}) was killed: its pipe closed while it was still running" in caplog.text, caplog.text
+
+
+def _lose_the_pipe_then_exit_on_go(marker: Path, go: Path, x: int) -> int:
+    """A stage function that, on item -1, closes the worker's pipe, writes the worker's pid to
+    `marker`, and exits with code 3 once `go` exists: a worker dying some time after its pipe
+    ended. Other items come back as they are."""
+    if x != -1:
+        return x
+    os.close(worker_pipe().fileno())
+    marker.write_text(str(os.getpid()))
+    while not go.exists():
+        time.sleep(0.01)
+    os._exit(3)
+
+
+def test_other_replies_are_read_while_a_worker_whose_pipe_ended_is_given_time_to_exit_with_its_own_cause(
+    tmp_path, monkeypatch, caplog
+):
+    """The reader gave a worker whose pipe ended `_EXIT_AFTER_PIPE_END_S` to exit by waiting for
+    it, reading nothing else meanwhile: 1 s per such worker, so 16 at once held every other reply,
+    the exit watch and `task_timeout_s` for 16 s, and a close for as long. It now goes on reading
+    the other workers while that time runs (made an hour here), and an exit within it still gives
+    the worker's own cause."""
+    monkeypatch.setattr(process, "_EXIT_AFTER_PIPE_END_S", 3600.0)
+    marker, go = tmp_path / "pid", tmp_path / "go"
+    stage = functools.partial(_lose_the_pipe_then_exit_on_go, marker, go)
+    with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("careless", stage, 2)])
+        lost = runner.submit(0, -1)
+        victim = int(wait_for_text(marker))
+        assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
+        assert not has_exited(victim)
+        go.touch()
+        with pytest.raises(WorkerCrashedError):
+            lost.result(60)
+    assert f"worker (pid {victim}) exited with code 3" in caplog.text, caplog.text
 
 
 def _forking_with_a_child_that_leaves_it(leave: Any, x: int) -> tuple[int, int | None]:
