@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from ._entry_points import registered
+from ._entry_points import find
 from ._errors import ConfigurationError, check_count
 from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
@@ -204,11 +204,10 @@ class Pipeline:
         (e.g. `decode_images` from `vlm`), so the core never imports them."""
         if name.startswith("_"):
             raise AttributeError(name)
-        for reread in (False, True):
-            for ep in registered("zephon.pipeline", reread=reread):
-                if ep.name == name:
-                    method = ep.load()
-                    return lambda *args, **kwargs: method(self, *args, **kwargs)
+        found = find("zephon.pipeline", name)
+        if found:
+            method = next(iter(found)).load()  # the first, where several packages register the name
+            return lambda *args, **kwargs: method(self, *args, **kwargs)
         raise AttributeError(f"Pipeline has no operator {name!r}")
 
     @property

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from ._entry_points import registered
+from ._entry_points import find, registered
 from ._errors import ConfigurationError
 
 __all__ = ["Stage", "Runner", "runner_factory", "make_runner", "available_runners", "describe_runner"]
@@ -59,10 +59,10 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def available_runners(*, reread: bool = False) -> dict[str, Any]:
-    """Runner factories registered under the `zephon.runners` entry-point group, by name: as this
-    process first read them, or with `reread` as installed now (`zephon._entry_points`)."""
-    return {ep.name: ep for ep in registered("zephon.runners", reread=reread)}
+def available_runners() -> dict[str, Any]:
+    """Runner factories registered under the `zephon.runners` entry-point group, by name, as this
+    process last read them (`zephon._entry_points`)."""
+    return {ep.name: ep for ep in registered("zephon.runners")}
 
 
 def runner_factory(spec: str | Runner | Callable[[], Runner]) -> Callable[[], Runner]:
@@ -119,11 +119,10 @@ def _make_checked(factory: Callable[[], Runner]) -> Runner:
 
 
 def _registered(name: str) -> Any:
-    """The entry point registered under `name`."""
-    registered = available_runners()
-    if name not in registered:
-        registered = available_runners(reread=True)
-    if name not in registered:
-        known = ", ".join(sorted(registered)) or "none (is the package installed?)"
+    """The entry point registered under `name`, looked for again among the packages installed now
+    when this process's read lacks it (`zephon._entry_points.find`)."""
+    found = find("zephon.runners", name)
+    if not found:
+        known = ", ".join(sorted(available_runners())) or "none (is the package installed?)"
         raise ConfigurationError(f"unknown runner {name!r}; registered runners: {known}")
-    return registered[name]
+    return tuple(found)[-1]  # the last, where several packages register the name, as `available_runners` keeps it
