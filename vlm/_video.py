@@ -19,7 +19,8 @@ phone's portrait video is stored landscape with a quarter turn to apply), as ima
 their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`).
 
 A frame FFmpeg marks damaged (it conceals the damage with borrowed pixels and no error) refuses
-the video as corrupt_video when it is decoded on the way to the chosen frames (`_undamaged`).
+the video as corrupt_video when it is decoded on the way to the chosen frames (`_undamaged`), and
+so does a packet its demuxer marks damaged when it is read on the way (`_decoded`).
 
 A single picture in a picture format (JPEG, PNG, WebP, a GIF of one frame), which FFmpeg opens as
 a one-frame stream, is refused as `not_a_video` rather than made a clip of identical frames.
@@ -139,7 +140,7 @@ def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VI
     """Decode the spec's frames of a video to (T, H, W, 3) uint8.
 
     Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream or no frame in it, decoder error,
-    a frame decoded on the way that FFmpeg marks damaged: `_undamaged`),
+    a frame decoded or a packet read on the way that FFmpeg marks damaged: `_undamaged`, `_decoded`),
     video_too_short (the window lies past the end), decompression_bomb (frame too large),
     not_a_video (a single picture in a picture format: a JPEG, PNG, WebP, a GIF of one frame).
     """
@@ -312,11 +313,28 @@ def _seek_at_or_before(container, stream, keyframes: list[int], target: int):
     """
     for offset in _seek_offsets(keyframes, target):
         container.seek(offset, stream=stream, backward=True, any_frame=False)
-        decoder = _undamaged(container.decode(stream))
+        decoder = _undamaged(_decoded(container, stream))
         first = next((frame for frame in decoder if frame.pts is not None), None)
         if first is not None and first.pts <= target:
             break
     return decoder, first
+
+
+def _decoded(container, stream):
+    """The stream's frames from where the container is, decoded packet by packet, refusing the
+    video at the first packet its demuxer marks damaged (`is_corrupt`: AV_PKT_FLAG_CORRUPT; MPEG-TS
+    marks a packet that lost a transport packet or holds one a receiver flagged as in error).
+
+    Its frame may decode unmarked (whole bytes under an error flag, or lost bytes that still read
+    as valid data), so the mark is taken from the packet. The packets read are those of the frames
+    decoded on the way (`_undamaged`), with the decoder's fixed lookahead at one thread: a pure
+    function of the bytes and the spec. `container.decode` does the same without showing the packets.
+    """
+    for packet in container.demux(stream):
+        if packet.is_corrupt:
+            raise VideoDecodeError("corrupt_video", f"the demuxer reports the packet at pts {packet.pts} damaged "
+                                   "(its frame would be decoded from what arrived)")
+        yield from packet.decode()
 
 
 def _undamaged(frames):

@@ -269,6 +269,20 @@ def test_a_damaged_video_is_skipped_and_counted_as_corrupt_video(tmp_path):
         DecodeVideo(spec=stage.spec, on_error="raise")(chunk_of([{"mp4": data}, {"mp4": damage_packets(data)}]))
 
 
+def test_a_video_with_a_packet_its_demuxer_marks_damaged_is_skipped_and_counted_as_corrupt_video():
+    """A transport packet an MPEG-TS receiver flagged as in error: the frames decoded, unmarked,
+    and were packed as sound."""
+    from tests.unit.test_vlm_video import encode_grey_ramp, flag_a_transport_packet
+
+    data = encode_grey_ramp("libx264", "mpegts", 0)
+    stage = DecodeVideo(spec=VideoSpec(fps=10.0, image=ImageSpec(patch_size=16)))
+    out = stage(chunk_of([{"mp4": data}, {"mp4": flag_a_transport_packet(data)}]))
+    assert [a.index for a in out.addresses] == [0] and len(out.records[0]["pixels"]) == 60
+    assert [(a.index, reason) for a, reason in out.skipped] == [(1, "corrupt_video")]
+    with pytest.raises(BadRecordError, match=r"#1.*corrupt_video.*demuxer reports the packet"):
+        DecodeVideo(spec=stage.spec, on_error="raise")(chunk_of([{"mp4": data}, {"mp4": flag_a_transport_packet(data)}]))
+
+
 def test_video_field_holding_a_list_of_one_video_decodes_it_and_other_lists_are_skipped_by_what_they_hold(tmp_path):
     """A Hugging Face `Sequence(Video)` column gives a list: one video in it was skipped as
     `corrupt_video` ("holds 1 videos; one is supported"), and so were several sound videos."""

@@ -302,6 +302,31 @@ def test_a_damaged_mpeg4_part_2_video_is_refused_as_corrupt(clip):
     assert caught.value.reason == "corrupt_video"
 
 
+def flag_a_transport_packet(data: bytes) -> bytes:
+    """MPEG-TS `data` with the transport error indicator set on the middle transport packet of
+    its video stream, as a receiver does on a packet it could not correct; the bytes are whole."""
+    with av.open(io.BytesIO(data)) as container:
+        pid = container.streams.video[0].id
+    video = [at for at in range(0, len(data), 188) if (data[at + 1] & 0x1F) << 8 | data[at + 2] == pid]
+    flagged = bytearray(data)
+    flagged[video[len(video) // 2] + 1] |= 0x80
+    return bytes(flagged)
+
+
+def test_a_packet_the_demuxer_marks_damaged_refuses_the_video_though_its_frame_decodes():
+    """FFmpeg's MPEG-TS demuxer marks the packet of a lost or error-flagged transport packet
+    (AV_PKT_FLAG_CORRUPT); the decoder need not mark any frame (it did not here: the bytes are
+    whole), and the video was packed as sound. The marked packet now refuses it; the same bytes
+    unmarked decode to the frames a plain decode of every frame gives."""
+    data = encode_grey_ramp("libx264", "mpegts", 0)
+    spec = VideoSpec(fps=10.0, max_frames=60, image=EVERY_FRAME_SMALL)  # every frame (MPEG-TS counts none)
+    assert_frames_equal_a_brute_force_decode(data, spec)
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(flag_a_transport_packet(data), spec)
+    assert caught.value.reason == "corrupt_video"
+    assert "demuxer reports the packet at pts" in caught.value.detail
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to give the decoding thread fewer")
 def test_a_damaged_video_is_refused_alike_whatever_the_cpus_the_decoder_may_use():
@@ -373,8 +398,8 @@ def test_sample_times_are_pure_arithmetic():
 # -- decoding only what is needed ---------------------------------------------------------------
 
 class FakeContainer:
-    """A demuxer/decoder over frames 0..n-1 (pts = index) with a keyframe every `gop` frames,
-    recording where it was asked to seek and which frames it decoded. A seek lands `late` groups
+    """A demuxer/decoder over frames 0..n-1 (pts = index, one packet each) with a keyframe every
+    `gop` frames, recording where it was asked to seek and which frames it decoded. A seek lands `late` groups
     after the keyframe before the offset, as MPEG-TS and AVI with B-frames do (0: lands right)."""
 
     def __init__(self, n: int, gop: int, late: int = 0) -> None:
@@ -382,20 +407,24 @@ class FakeContainer:
         self.position = 0
         self.seeks: list[int] = []
         self.decoded: list[int] = []
-        self.damaged: set[int] = set()
+        self.damaged: set[int] = set()  # frames the decoder marks
+        self.flagged: set[int] = set()  # packets the demuxer marks
 
     def demux(self, stream):
-        return [SimpleNamespace(pts=i, duration=1, is_keyframe=i % self.gop == 0) for i in range(self.n)]
+        while self.position < self.n:
+            self.position += 1
+            yield SimpleNamespace(pts=self.position - 1, duration=1, is_keyframe=(self.position - 1) % self.gop == 0,
+                                  is_corrupt=self.position - 1 in self.flagged, decode=self._decoder(self.position - 1))
+
+    def _decoder(self, pts: int):
+        def decode() -> list:
+            self.decoded.append(pts)
+            return [SimpleNamespace(pts=pts, is_corrupt=pts in self.damaged)]
+        return decode
 
     def seek(self, pts, *, stream, backward, any_frame):
         self.position = (pts // self.gop) * self.gop + (self.late * self.gop if pts > 0 else 0)
         self.seeks.append(self.position)
-
-    def decode(self, stream):
-        while self.position < self.n:
-            self.decoded.append(self.position)
-            self.position += 1
-            yield SimpleNamespace(pts=self.position - 1, is_corrupt=self.position - 1 in self.damaged)
 
 
 def choose_frames(container: FakeContainer, targets: list[int]) -> list:
@@ -425,6 +454,22 @@ def test_a_damaged_frame_is_refused_where_it_is_decoded_on_the_way_to_a_target_a
         container = FakeContainer(n=1000, gop=50)
         container.damaged = {damaged}
         with pytest.raises(VideoDecodeError, match=f"frame at pts {damaged} damaged") as caught:
+            choose_frames(container, targets)
+        assert caught.value.reason == "corrupt_video"
+
+
+def test_a_packet_the_demuxer_marks_is_refused_where_it_is_read_on_the_way_to_a_target_and_only_there():
+    """A demuxer marks a packet it knows damaged (MPEG-TS: a lost or error-flagged transport
+    packet), whether or not the decoder then marks a frame; the packets read are those of the
+    frames decoded, so the same packets are looked at as frames, and nothing else."""
+    targets = [10, 20, 510, 530, 700]
+    skipped_over = FakeContainer(n=1000, gop=50)
+    skipped_over.flagged = {300, 600, 900}
+    assert [f.pts for f in choose_frames(skipped_over, targets)] == targets
+    for flagged in (0, 15, 505, 701):
+        container = FakeContainer(n=1000, gop=50)
+        container.flagged = {flagged}
+        with pytest.raises(VideoDecodeError, match=f"demuxer reports the packet at pts {flagged} damaged") as caught:
             choose_frames(container, targets)
         assert caught.value.reason == "corrupt_video"
 
