@@ -276,11 +276,12 @@ def test_a_video_with_a_packet_its_demuxer_marks_damaged_is_skipped_and_counted_
 
     data = encode_grey_ramp("libx264", "mpegts", 0)
     stage = DecodeVideo(spec=VideoSpec(fps=10.0, image=ImageSpec(patch_size=16)))
-    out = stage(chunk_of([{"mp4": data}, {"mp4": flag_a_transport_packet(data)}]))
+    flagged = flag_a_transport_packet(data)
+    out = stage(chunk_of([{"mp4": data}, {"mp4": flagged}]))
     assert [a.index for a in out.addresses] == [0] and len(out.records[0]["pixels"]) == 60
     assert [(a.index, reason) for a, reason in out.skipped] == [(1, "corrupt_video")]
     with pytest.raises(BadRecordError, match=r"#1.*corrupt_video.*demuxer reports the packet"):
-        DecodeVideo(spec=stage.spec, on_error="raise")(chunk_of([{"mp4": data}, {"mp4": flag_a_transport_packet(data)}]))
+        DecodeVideo(spec=stage.spec, on_error="raise")(chunk_of([{"mp4": data}, {"mp4": flagged}]))
 
 
 def test_video_field_holding_a_list_of_one_video_decodes_it_and_other_lists_are_skipped_by_what_they_hold(tmp_path):

@@ -399,8 +399,9 @@ def test_sample_times_are_pure_arithmetic():
 
 class FakeContainer:
     """A demuxer/decoder over frames 0..n-1 (pts = index, one packet each) with a keyframe every
-    `gop` frames, recording where it was asked to seek and which frames it decoded. A seek lands `late` groups
-    after the keyframe before the offset, as MPEG-TS and AVI with B-frames do (0: lands right)."""
+    `gop` frames, recording where it was asked to seek and which frames it decoded. A seek lands
+    `late` groups after the keyframe before the offset, as MPEG-TS and AVI with B-frames do (0:
+    lands right)."""
 
     def __init__(self, n: int, gop: int, late: int = 0) -> None:
         self.n, self.gop, self.late = n, gop, late
