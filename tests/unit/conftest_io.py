@@ -312,7 +312,10 @@ class IndexServer(http.server.ThreadingHTTPServer):
     for as many others as it has parties (a broken barrier: they did not come together). A file
     whose path is in `unsized` is served as a page made on request is: in chunks (HTTP/1.1's
     chunked transfer), with no Content-Length; one in `encoded` with its Content-Length and a
-    `Content-Encoding: gzip`, as S3 serves an object stored with that metadata."""
+    `Content-Encoding: gzip`, as S3 serves an object stored with that metadata. A queued status
+    of a path in `retry_after` is sent with that `Retry-After` header. A query is part of the
+    path for `statuses` and `requests`, and ignored in finding the file, as a store checking a
+    signed URL's signature ignores it once it is checked."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_IndexHandler, directory=str(root)))
@@ -321,6 +324,7 @@ class IndexServer(http.server.ThreadingHTTPServer):
         self.meeting: tuple[set[str], threading.Barrier] | None = None
         self.unsized: set[str] = set()
         self.encoded: set[str] = set()
+        self.retry_after: dict[str, str] = {}
 
     def url(self, path: str, scheme: str = "sync-http") -> str:
         """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`), or
@@ -343,9 +347,13 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
         if not self._answered_a_queued_status() and not self._sent_unsized(body=False):
             super().do_HEAD()
 
+    _retry_after: str | None = None  # sent with the queued status being answered
+
     def end_headers(self) -> None:
         if self.path in self.server.encoded:
             self.send_header("Content-Encoding", "gzip")
+        if self._retry_after is not None:
+            self.send_header("Retry-After", self._retry_after)
         super().end_headers()
 
     def _sent_unsized(self, body: bool) -> bool:
@@ -371,7 +379,11 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
         queued = self.server.statuses.get(path)
         if not queued:
             return False
-        self.send_error(queued.pop(0))
+        self._retry_after = self.server.retry_after.get(path)
+        try:
+            self.send_error(queued.pop(0))
+        finally:
+            self._retry_after = None
         return True
 
     def log_message(self, format: str, *args: object) -> None:

@@ -948,6 +948,80 @@ def test_backoff_between_attempts_doubles_up_to_a_minute_not_for_days(monkeypatc
     assert waits == [90.0, 90.0]
 
 
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_shard_read_its_server_answers_with_retry_after_waits_as_asked_then_reads_it(
+    http_index, scheme, status, monkeypatch, caplog
+):
+    """A rate-limited (429) or unavailable (503) server that says when to come back was asked
+    again after the doubling backoff alone (here 1 ms), sooner than it asked: a rate limit counts
+    those early attempts too."""
+    ds = Dataset.from_path("d", http_index.url("data/2024-01/a.jsonl", scheme), retries=3, retry_delay=0.001)
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+    monkeypatch.setattr(_retry, "_retry_log", _retry._RetryLog())
+    http_index.statuses["/data/2024-01/a.jsonl"] = [status] * 2  # opening asks a HEAD, then a GET
+    http_index.retry_after["/data/2024-01/a.jsonl"] = "7"
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        assert ds.read_chunk(ds.chunks(8)[0]).records == [{"i": i} for i in range(3)]
+    assert waits == [7.0]
+    assert "retrying in 7 s (its server asked for 7 s: Retry-After)" in caplog.records[0].getMessage()
+
+
+def test_listing_a_dataset_its_server_answers_with_retry_after_waits_as_asked(http_index, scheme, monkeypatch):
+    """The listing at `Dataset.from_path` is retried by the same policy, a directory's index page
+    as well as the URL of one file."""
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+    http_index.statuses["/data/2024-01/a.jsonl"] = [429] * 2  # a HEAD, then a GET
+    http_index.retry_after["/data/2024-01/a.jsonl"] = "5"
+    url = http_index.url("data/2024-01/a.jsonl", scheme)
+    assert Dataset.from_path("d", url, retries=2, retry_delay=0.001).num_records == 3
+    http_index.statuses["/data/2024-02"] = [503]  # the index page the glob lists
+    http_index.retry_after["/data/2024-02"] = "3"
+    assert Dataset.from_path("d", http_index.url("data/2024-02/*.jsonl", scheme), retries=2, retry_delay=0.001
+                             ).num_records == 2
+    assert waits == [5.0, 3.0]
+
+
+def test_a_retry_after_beyond_the_longest_wait_waits_that_long_and_says_the_server_asked_for_more(
+    http_index, monkeypatch, caplog
+):
+    """An hour's Retry-After, waited as asked, would hold every rank of the job for an hour per
+    attempt: the wait stops at `MAX_RETRY_DELAY_S`, and the warning says what the server asked."""
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+    monkeypatch.setattr(_retry, "_retry_log", _retry._RetryLog())
+    http_index.statuses["/data/2024-01/a.jsonl"] = [429] * 2
+    http_index.retry_after["/data/2024-01/a.jsonl"] = "3600"
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        assert Dataset.from_path("d", http_index.url("data/2024-01/a.jsonl"), retries=2).num_records == 3
+    assert waits == [_retry.MAX_RETRY_DELAY_S]
+    message = caplog.records[0].getMessage()
+    assert "retrying in 60 s, the most a wait lasts, though its server asked for 3600 s (Retry-After)" in message
+
+
+def test_a_retry_after_date_is_the_seconds_until_it_and_one_that_does_not_parse_is_not_a_wait():
+    """Retry-After is seconds or an HTTP date (RFC 9110); it counts where the error is wrapped
+    (fsspec's `info()` raises FileNotFoundError from the client's error), and only for a 429 or
+    503. Anything else leaves the backoff alone."""
+    from zephon.io._retry_after import retry_after_s
+
+    class ResponseError(Exception):  # aiohttp's ClientResponseError: a status, the response's headers
+        def __init__(self, status, headers):
+            super().__init__(status)
+            self.status, self.headers = status, headers
+
+    now = 1_800_000_000.0
+    date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now + 90))
+    assert retry_after_s(ResponseError(503, {"Retry-After": date}), now) == 90.0
+    assert retry_after_s(ResponseError(503, {"Retry-After": date}), now + 600) == 0.0  # a date past: at once
+    wrapped = FileNotFoundError("http://h/a.jsonl")
+    wrapped.__cause__ = ResponseError(429, {"Retry-After": " 12 "})
+    assert retry_after_s(wrapped, now) == 12.0
+    for status, value in [(429, "soon"), (429, "-3"), (429, "1.5"), (500, "12"), (429, None)]:
+        assert retry_after_s(ResponseError(status, {} if value is None else {"Retry-After": value}), now) is None
+
+
 class ClientOptionsFileSystem(_PrefixedMemoryFileSystem):
     """Keeps a nested storage option, as s3fs keeps `client_kwargs={"endpoint_url": ...}`."""
 

@@ -16,6 +16,7 @@ from .._job_log import RankLog
 from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 from ._http_status import TRANSIENT_STATUS
+from ._retry_after import retry_after_s
 
 __all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy", "is_transient"]
 
@@ -73,7 +74,9 @@ overflowed a float."""
 @dataclass(frozen=True)
 class RetryPolicy:
     """Up to `attempts` tries with exponential backoff (`base_delay`, then doubled each time, up
-    to `MAX_RETRY_DELAY_S`).
+    to `MAX_RETRY_DELAY_S`). A 429 or 503 whose server sent `Retry-After` waits at least what it
+    asked, up to `MAX_RETRY_DELAY_S` (`_retry_after`): the doubling alone came back sooner, and a
+    rate limit counts those early attempts too.
 
     Retried: `OSError`, which is what fsspec backends raise for network, permission and
     missing-file failures (fsspec's own timeout, FSTimeoutError, is one on Python >= 3.11, as are
@@ -81,8 +84,8 @@ class RetryPolicy:
     raise as their own types (`is_transient`). A compressed stream whose bytes do not decode is
     not transient: it is reported at once as ShardUnavailableError. Anything else (a parse error,
     a bug) surfaces as it is. A failed attempt that is retried is logged as a warning (logger
-    `zephon`) naming the file, the attempt and the error: the 1st, 2nd, 4th, … of the process
-    (`_RetryLog`).
+    `zephon`) naming the file, the attempt, the error and a Retry-After it honoured (or asked
+    beyond the cap): the 1st, 2nd, 4th, … of the process (`_RetryLog`).
     """
 
     attempts: int = 3
@@ -115,15 +118,28 @@ class RetryPolicy:
                 if attempt + 1 < self.attempts:
                     # Said even when the next attempt mends it: the wait slows the run (up to a
                     # minute), and a store that keeps failing must show in the job's log.
-                    delay = self._delay(attempt)
+                    delay, why = self._wait(attempt, error)
                     if (count := _retry_log.count()) is not None:
                         log.warning(
-                            "reading %s failed on attempt %d of %d (%s: %s); retrying in %.3g s "
+                            "reading %s failed on attempt %d of %d (%s: %s); retrying in %.3g s%s "
                             "(retried read %d of this process; logged at 1, 2, 4, 8, …)",
-                            url, attempt + 1, self.attempts, type(error).__name__, error, delay, count,
+                            url, attempt + 1, self.attempts, type(error).__name__, error, delay, why, count,
                         )
                     time.sleep(delay)
         raise ShardUnavailableError(url, self.attempts, f"{type(last).__name__}: {last}") from last
+
+    def _wait(self, attempt: int, error: Exception) -> tuple[float, str]:
+        """The wait after failed attempt `attempt` (from 0) with `error`, and what the warning
+        adds about it: the backoff's, or a Retry-After's where that is longer, up to the cap."""
+        delay = self._delay(attempt)
+        asked = retry_after_s(error)
+        if asked is None:
+            return delay, ""
+        if asked > MAX_RETRY_DELAY_S:
+            return max(delay, MAX_RETRY_DELAY_S), (
+                f", the most a wait lasts, though its server asked for {asked:.6g} s (Retry-After)"
+            )
+        return max(delay, asked), f" (its server asked for {asked:.6g} s: Retry-After)"
 
     def _delay(self, attempt: int) -> float:
         """The wait after failed attempt `attempt` (from 0); the exponent is bounded first, so
