@@ -793,6 +793,96 @@ def test_an_http_url_its_server_cannot_answer_now_is_retried_not_taken_for_nothi
     assert f"while listing dataset 'd' at {url}" in caught.value.__notes__
 
 
+def test_an_http_signed_url_s_format_and_compression_are_guessed_from_its_path_not_its_query(
+    http_index, scheme, tmp_path
+):
+    """A signed URL's query followed its name: `a.jsonl?X-Amz-Signature=…` told no format, so
+    every signed URL needed format=, and `a.jsonl.gz?…` read with format="jsonl" was taken for
+    plain lines of gzip bytes. A path that tells no format is still named as such."""
+    query = "?X-Amz-Expires=60&X-Amz-Signature=0ff1ce"
+    ds = Dataset.from_path("d", http_index.url(f"data/2024-01/a.jsonl{query}", scheme), retries=1)
+    assert (ds.format, ds.num_records) == ("jsonl", 3)
+    (tmp_path / "data/2024-01/z.jsonl.gz").write_bytes(gzip.compress(jsonl_bytes([{"i": 7}, {"i": 8}])))
+    ds = Dataset.from_path("d", http_index.url(f"data/2024-01/z.jsonl.gz{query}", scheme), retries=1)
+    assert ds.read_chunk(ds.chunks(8)[0]).records == [{"i": 7}, {"i": 8}]
+    (tmp_path / "data/2024-01/blob").write_bytes(jsonl_bytes([{"i": 0}]))
+    url = http_index.url(f"data/2024-01/blob{query}", scheme)
+    with pytest.raises(ConfigurationError, match=rf"cannot infer the format of {re.escape(url)} from its name; pass format="):
+        Dataset.from_path("d", url, retries=1)
+
+
+def test_an_http_directory_url_is_read_as_the_shards_its_index_page_links_to_as_its_glob_and_local_copy_are(
+    tmp_path, scheme
+):
+    """`http://host/data/` (what `python -m http.server`, nginx's autoindex and Apache serve) was
+    one file to fsspec's `info()`: its index page, whose format could not be guessed, or read as
+    a shard of HTML with format= given. Its shards are the files of the format it links to, its
+    subdirectories' too, sorted: the batches of the same shards globbed or read from disk."""
+    jsonl_dataset(tmp_path / "data")
+    jsonl_dataset(tmp_path / "data" / "more", name="more")
+    (tmp_path / "data/README.md").write_text("not a shard")
+    local = Dataset.from_path("d", str(tmp_path / "data"))
+    whole = run_epoch(text_pipeline(local), keep_batches=False)
+    with serving_over_http(tmp_path) as server:
+        remote = Dataset.from_path("d", server.url("data/", scheme), retries=1)
+        globbed = Dataset.from_path("d", server.url("data/**/*.jsonl", scheme), retries=1)
+        names = [shard.url.split("/data/", 1)[1] for shard in remote.shards]
+        assert names == [os.path.relpath(shard.url, tmp_path / "data") for shard in local.shards]
+        assert [shard.url for shard in remote.shards] == [shard.url for shard in globbed.shards]
+        assert run_epoch(text_pipeline(remote), keep_batches=False).digests == whole.digests
+
+
+def test_an_http_index_page_s_links_up_deeper_elsewhere_or_with_a_query_are_no_shards_of_its_directory(
+    tmp_path, scheme
+):
+    """fsspec's `ls` keeps every link under the page's URL: a `../` path, a deeper one (a shard
+    of a directory the page does not link), a query (Apache's sort links, a download button) or
+    a fragment were planned as shards. Only what is directly below the directory is, and its
+    linked subdirectories' shards, from their own pages."""
+    for path in ("data/a.jsonl", "data/sub/b.jsonl", "data/unlinked/deep.jsonl", "other/x.jsonl"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(jsonl_bytes([{"path": path}]))
+    links = ["a.jsonl", "sub/", "../other/x.jsonl", "/data/unlinked/deep.jsonl", "a.jsonl?dl=1", "?C=N;O=D",
+             "#top", "./", "http://elsewhere.invalid/data/y.jsonl"]
+    (tmp_path / "data/index.html").write_text("".join(f'<a href="{link}">{link}</a>\n' for link in links))
+    with serving_over_http(tmp_path) as server:
+        ds = Dataset.from_path("d", server.url("data/", scheme), retries=1)
+        assert [shard.url for shard in ds.shards] == [server.url(p, "http") for p in ("data/a.jsonl", "data/sub/b.jsonl")]
+        assert [ds.read_chunk(chunk).records for chunk in ds.chunks(4)] == [[{"path": "data/a.jsonl"}],
+                                                                            [{"path": "data/sub/b.jsonl"}]]
+
+
+def test_an_http_directory_url_holding_no_shard_or_nothing_is_named_as_a_local_one_is(http_index, scheme, tmp_path):
+    """The errors of a local directory: an empty index page, or one of no shard of the format,
+    says what the directory holds; a page its server does not have names nothing."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/README.md").write_text("not a shard")
+    url = http_index.url("empty/", scheme)
+    with pytest.raises(ConfigurationError, match=rf"the directory {re.escape(url)} exists but holds no jsonl file: it is empty"):
+        Dataset.from_path("d", url, format="jsonl", retries=1)
+    url = http_index.url("docs/", scheme)
+    with pytest.raises(ConfigurationError, match=rf"the directory {re.escape(url)} exists but holds no file of a format read "
+                       r"here .*; it holds README.md\n"):
+        Dataset.from_path("d", url, retries=1)
+    url = http_index.url("data/2099/", scheme)
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} is not a file, a directory or a glob"):
+        Dataset.from_path("d", url, retries=3, retry_delay=0.001)
+    assert http_index.requests["/data/2099"] == 1  # a 404 is nothing there, not retried
+
+
+@pytest.mark.requires_aiohttp
+def test_an_http_url_without_the_slash_answering_with_an_index_page_is_refused_saying_to_add_it(http_index):
+    """`http://host/data` (no slash) answers with the index page too: read with format=, its HTML
+    was planned as a shard of garbage lines. The error says how to read the directory."""
+    url = http_index.url("data", "http")
+    for format in (None, "jsonl"):
+        with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} answers with an HTML page .*end the URL with '/' "
+                           rf"\({re.escape(url)}/\)"):
+            Dataset.from_path("d", url, format=format, retries=1)
+    assert Dataset.from_path("d", f"{url}/", retries=1).num_records == 6
+
+
 @pytest.mark.requires_aiohttp
 @pytest.mark.parametrize("runner", ["inline", "thread", "process"])
 def test_a_dataset_read_over_http_gives_the_batches_of_its_local_copy_and_resumes_to_them(tmp_path, runner):

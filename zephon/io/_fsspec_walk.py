@@ -35,6 +35,9 @@ cost a request each, and one the server would not describe (a broken link on the
 failed the dataset. One that `info()` cannot find (HTTP's says so for any failure) raises
 `UnlistedError` naming it, but for one its server denies (401, 403): a ConfigurationError naming it.
 
+On http(s) a directory's entries are the links its index page makes to what is directly below it
+(`_http_index.entries_below`): a link up, deeper, or with a query is no entry of it.
+
 Filesystems with a listing of their own (s3fs, gcsfs, the hub's, the memory filesystem) raise by
 themselves and are listed as they are.
 """
@@ -47,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+from ._http_index import entries_below, is_http
 from ._http_status import DENIED_STATUS, denied, refused_by_its_server, status_of
 from ._retry import is_transient
 
@@ -133,6 +137,12 @@ class _RaisingWalk:
                 raise self._denial(path, error) from error
             raise
 
+    def isfile(self, path: str) -> bool:
+        """False: what the generic `find` asks of a directory in which its walk found nothing,
+        to list it as a file. `_locate` finds only in a directory, but on http(s), where its index
+        page is a file too, an empty one was listed as that page, with no details."""
+        return False
+
     def _sized(self, found: Details) -> Details:
         """`found` (asked with details, as `_locate` asks), where a shard listed with no size (an
         HTTP index page tells none) has its `info()`: one request per shard found, not per file
@@ -216,7 +226,7 @@ class _RaisingWalk:
         the directory asked raises as it is (FileNotFoundError: nothing there), and of one below
         it, where it is transient, as UnlistedError naming it."""
         try:
-            return self._fs.ls(directory, detail=True)
+            listing = self._fs.ls(directory, detail=True)
         except Exception as error:
             if denied(error):
                 raise self._denial(directory, error) from error
@@ -226,6 +236,7 @@ class _RaisingWalk:
                 f"{directory}, a directory of {self._url}, could not be listed ({type(error).__name__}: {error}): "
                 "its shards would be missing from the dataset"
             ) from error
+        return entries_below(directory, listing) if is_http(self._fs) else listing
 
     def _denial(self, directory: str, error: Exception) -> ConfigurationError:
         return ConfigurationError(

@@ -35,6 +35,13 @@ whose server tells no size (no Content-Length, or one of a Content-Encoding) is 
 naming it. A directory that holds no shard of the format says so, naming a few of the files it holds (or that it is empty), where it
 read as a glob that matched nothing.
 
+On http(s), where `info()` calls every URL a file, a URL whose path ends in "/" names a directory:
+its shards are the files of the format its index page links to directly below it, and those of
+the subdirectories it links to (`_http_index`); one without the slash that answers with an HTML
+page and tells no format by its name is a ConfigurationError saying to add the slash. The format
+and compression of an http(s) file named directly are guessed from its URL's path: a signed URL's
+query (`?X-Amz-Signature=…`) is no part of its name.
+
 `hf://ORG/NAME/CONFIG/SPLIT` is shorthand for the Parquet files the Hugging Face hub keeps for every
 dataset on its `refs/convert/parquet` branch (`~parquet` is the hub's alias for that revision),
 laid out as `CONFIG/SPLIT/NNNN.parquet`. Any other `hf://` URL (e.g. `hf://datasets/...`) is used
@@ -52,6 +59,7 @@ from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
+from ._http_index import index_page_error, is_http, path_of
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
@@ -159,11 +167,6 @@ def _protocols(fs: AbstractFileSystem | LocalFiles) -> tuple[str, ...]:
 
 def is_local(fs: AbstractFileSystem | LocalFiles) -> bool:
     return not {"file", "local"}.isdisjoint(_protocols(fs))
-
-
-def _is_http(fs: AbstractFileSystem) -> bool:
-    """fsspec's HTTPFileSystem, over aiohttp or blocking (`sync-http`, whose protocols are http's too)."""
-    return not {"http", "https"}.isdisjoint(_protocols(fs))
 
 
 def locate(url: str, format: str | None, storage_options: dict) -> Located:
@@ -276,15 +279,19 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     has_glob = any(char in path for char in _GLOB_CHARS)
     if is_local(fs):
         return fs, list_local(path, has_glob)
+    if is_http(fs) and path.endswith("/") and not has_glob:
+        return fs, _index_listing(fs, url, path)
     try:
         info = fs.info(path)
     except FileNotFoundError as error:
-        if _is_http(fs):
+        if is_http(fs):
             _raise_unless_not_found(url, error, _a_pattern_as_a_url(path))
         info = None
     if info is not None and info["type"] == "directory":
         return fs, _files_of(path, "directory", lister(fs, url, _may_be_a_shard).find(path, detail=True))
     if info is not None and info["type"] == "file":
+        if is_http(fs) and info.get("mimetype") == "text/html" and infer_format(path_of(path)) is None:
+            raise index_page_error(url)
         return fs, Listing(path, "file", details={path: info})
     if not has_glob:
         return fs, None
@@ -293,6 +300,22 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
         raise ConfigurationError(f"{url} matches no files ({error})") from error
     return fs, _files_of(path, "glob", matches)
+
+
+def _index_listing(fs: AbstractFileSystem, url: str, path: str) -> Listing | None:
+    """The files an http(s) directory's index page links to, and those of its subdirectories'
+    (`_http_index`), None where the page is not there. As for `info()`, only a 404
+    (FileNotFoundError), or a status that is neither a denial (a ConfigurationError naming the
+    directory, from the walk) nor worth a retry, means nothing there."""
+    try:
+        found = lister(fs, url, _may_be_a_shard).find(path, detail=True)
+    except FileNotFoundError:
+        return None
+    except Exception as error:
+        if (status := status_of(error)) is not None and status not in TRANSIENT_STATUS | DENIED_STATUS:
+            return None
+        raise
+    return _files_of(path, "directory", found)
 
 
 def _a_pattern_as_a_url(path: str) -> bool:
@@ -328,16 +351,19 @@ def _files_of(path: str, kind: Literal["directory", "glob"], listing: Mapping[st
 def _single_file(
     fs: AbstractFileSystem | LocalFiles, path: str, url: str, format: str | None, details: Mapping[str, Any] | None
 ) -> Located:
-    """A file named directly is a shard whatever its name, once its format is known."""
-    inferred = infer_format(path)
-    unreadable = _unreadable_shard(path)
+    """A file named directly is a shard whatever its name, once its format is known. The name of
+    an http(s) one is its URL's path (`_http_index.path_of`): a signed URL's query followed it,
+    so that its format was never guessed and a gzip shard's compression was missed."""
+    name = path_of(path) if is_http(fs) else path
+    inferred = infer_format(name)
+    unreadable = _unreadable_shard(name)
     if unreadable is not None and format in (None, unreadable[0]):
         _refuse_unreadable(path, url, *unreadable)
     if format is None:
         if inferred is None:
             raise ConfigurationError(f"cannot infer the format of {url} from its name; pass format=")
         format = inferred[0]
-    compression = compression_of(path) if format in ("jsonl", "text") else None
+    compression = compression_of(name) if format in ("jsonl", "text") else None
     size = fs.size(path) if details is None else details["size"]
     if size is None:
         raise UnsizedShardError(url, url)

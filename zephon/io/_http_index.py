@@ -1,0 +1,74 @@
+"""What an http(s) server's index pages name: the directories of a dataset served over HTTP.
+
+HTTP has no directories, only pages: a static file server (`python -m http.server`, nginx's
+autoindex, Apache's mod_autoindex) answers a URL ending in "/" with an HTML page of links to the
+files and subdirectories there, which fsspec's HTTPFileSystem `ls` reads. Its `info()` calls every
+URL a file, the page too, so a directory URL was planned as one shard of HTML.
+
+A URL whose path ends in "/" is read as a directory (`_locate`), and only what its page links to
+*directly below it* is an entry of it (`entries_below`): `ls` keeps every link under the URL's
+prefix, so without this a page's `../other/x.jsonl`, a deeper `/data/sub/x.jsonl` (a shard of
+`sub/`, listed from its own page), a link with a query (Apache's column-sort links `?C=N;O=D`, a
+download button's `a.jsonl?dl=1`: pages the server makes, not files) or a fragment were planned as
+shards of the directory. Links to another host or outside the prefix `ls` drops itself. A link
+ending in "/" is a subdirectory, walked as a local one is; links are named as the page writes them
+(percent-encoded where it encodes), and sorted by the caller.
+
+A URL without the slash whose server answers with an HTML page, and whose name tells no format, is
+refused (`index_page_error`) rather than read as a directory: links on such a page resolve against
+its parent in a browser (RFC 3986) but under the URL in fsspec, so the two disagree about what it
+holds; and an HTML page at such a URL may be no index at all (a login page, a CDN's error page
+served with a 200). Adding the slash is one character and says what is meant. Only fsspec's
+HTTPFileSystem over aiohttp tells a Content-Type (`mimetype`); its blocking one reads such a URL
+as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from .._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+    from ._local import LocalFiles
+
+__all__ = ["entries_below", "index_page_error", "is_http", "path_of"]
+
+
+def is_http(fs: AbstractFileSystem | LocalFiles) -> bool:
+    """fsspec's HTTPFileSystem, over aiohttp or blocking (`sync-http`, whose protocols are http's too)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return not {"http", "https"}.isdisjoint(protocols)
+
+
+def path_of(url: str) -> str:
+    """The path of an http(s) URL, without its query or fragment: what names the file, where a
+    signed URL's query (`?X-Amz-Signature=…`) only authorises reading it."""
+    return urlsplit(url).path
+
+
+def entries_below(directory: str, listing: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The entries of `directory`'s index page (`ls` with details) that name a file or
+    subdirectory directly below it (module docstring)."""
+    prefix = directory.rstrip("/") + "/"
+    below = []
+    for entry in listing:
+        name = entry["name"]
+        rest = name[len(prefix) :].removesuffix("/") if name.startswith(prefix) else ""
+        if rest not in ("", ".", "..") and not any(char in rest for char in "/?#"):
+            below.append(entry)
+    return below
+
+
+def index_page_error(url: str) -> ConfigurationError:
+    """The error for an http(s) URL without a trailing slash whose server answers with an HTML
+    page, and whose name tells no format (module docstring)."""
+    return ConfigurationError(
+        f"{url} answers with an HTML page (Content-Type text/html), not a shard: to read the files a "
+        f"directory's index page links to, end the URL with '/' ({url}/); an HTML page is no shard of "
+        "any format read here"
+    )
