@@ -9,6 +9,15 @@ extension) while a process it forked still held the pipe's write end never let t
 the parent's one reader thread, every other worker's replies, its exit watch and
 `task_timeout_s`, waited behind it for ever.
 
+A length no reply can have (`LONGEST_REPLY`: more than the system's memory) is not waited for: it
+is what a stage function that wrote to the worker's reply descriptor left there (a progress line
+meant for a log: eight bytes of text read as a length are 2**59 bytes or more), and the reader
+waited for its payload, the worker's every later reply held behind it. The whole replies before it
+are handed out, and `overlong` says what it was, for the reader to retire the worker.
+
+Once a worker has exited, `read_left` takes only the bytes its pipe holds at that moment: a process
+it forked that still holds the pipe may write on, for ever, and none of that is the worker's.
+
 Requests, parent to worker, keep `multiprocessing`'s framing (`Connection.send_bytes` and
 `recv_bytes`): the worker has nothing else to wait for, and the parent's sends are bounded by
 `close`.
@@ -18,13 +27,36 @@ Thread-safety: a `Replies` belongs to the one thread that reads its pipe (the re
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import struct
+import sys
+import termios
 
-__all__ = ["Replies", "send_reply"]
+__all__ = ["LONGEST_REPLY", "Replies", "send_reply"]
 
 _LENGTH = struct.Struct("!Q")
+_QUEUED = struct.Struct("i")  # what FIONREAD fills in: the bytes a pipe holds, unread
+
+
+def _memory_bytes() -> int:
+    """The system's memory, RAM and swap (`/proc/meminfo`); `sys.maxsize`, the most any bytes
+    object may hold, where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            fields = dict(line.split(b":", 1) for line in meminfo)
+        return sum(int(fields[name].split()[0]) * 1024 for name in (b"MemTotal", b"SwapTotal"))
+    except (OSError, KeyError, ValueError, IndexError):
+        return sys.maxsize
+
+
+# The longest a reply can be. A reply is one bytes object the worker built in its own memory (the
+# pickle stream, which carries everything but the buffers that go through shared memory: small
+# arrays, text, any object pickled in-band, of any size), so it is never longer than the memory the
+# system has, RAM and swap. Nothing tighter holds: a non-contiguous array of a few GiB is pickled
+# into the stream. Text read as a length is at least 2**59 bytes, far beyond it.
+LONGEST_REPLY = _memory_bytes()
 
 # The most one read takes from a pipe, into a buffer each worker's `Replies` keeps: a reply is a
 # pickle stream of a few hundred bytes to tens of KiB (a text chunk's: ~50 KiB). Reading into a
@@ -54,7 +86,7 @@ def _write_all(fd: int, data: bytes) -> None:
 class Replies:
     """The replies arriving on one worker's pipe, read without waiting for the rest of one."""
 
-    __slots__ = ("_buffer", "_fd", "_held", "_poll")
+    __slots__ = ("_buffer", "_fd", "_held", "_poll", "overlong")
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -62,6 +94,9 @@ class Replies:
         self._held = bytearray()  # the start of a reply not yet whole
         self._poll = select.poll()  # holds no descriptor of its own
         self._poll.register(fd, select.POLLIN)
+        # The length, more than `LONGEST_REPLY`, the pipe carried where a reply's was due; None
+        # while it has carried none. Nothing after it is read: the pipe is no longer framed.
+        self.overlong: int | None = None
 
     def read(self) -> list[bytes]:
         """The replies made whole by what the pipe holds; EOFError at end of file, OSError where
@@ -82,10 +117,33 @@ class Replies:
                 break  # the next call finds the end of the pipe: whole replies are never dropped
         return replies
 
+    def read_left(self) -> list[bytes]:
+        """The replies made whole by the bytes the pipe holds now, and none written later: called
+        once the worker has exited, it takes what the worker wrote, and never what a process it
+        forked, still holding the pipe, writes after (it may write for ever, and the reader read
+        on as long as it did). A read that fails (the pipe reset) ends it with what came before."""
+        queued = _QUEUED.unpack(fcntl.ioctl(self._fd, termios.FIONREAD, bytes(_QUEUED.size)))[0]
+        replies: list[bytes] = []
+        with memoryview(self._buffer) as buffer:
+            while queued > 0 and self.overlong is None:
+                try:
+                    size = os.readv(self._fd, (buffer[: min(queued, _READ_BYTES)],))
+                except OSError:
+                    break
+                if not size:
+                    break
+                queued -= size
+                replies += self._taken(size)
+        return replies
+
     def _read_once(self) -> list[bytes]:
         size = os.readv(self._fd, (self._buffer,))
         if not size:
             raise EOFError
+        return self._taken(size)
+
+    def _taken(self, size: int) -> list[bytes]:
+        """The replies made whole by the `size` bytes just read into the buffer."""
         with memoryview(self._buffer) as buffer:
             if not self._held:
                 return self._whole(buffer[:size])
@@ -102,6 +160,10 @@ class Replies:
             (length,) = _LENGTH.unpack_from(data, start)
             stop = start + _LENGTH.size + length
             if stop > end:
+                if length > LONGEST_REPLY:  # checked only here: a length that long is never whole
+                    self.overlong = length
+                    self._held = bytearray()
+                    return replies
                 break
             replies.append(data[start + _LENGTH.size : stop].tobytes())
             start = stop

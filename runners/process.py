@@ -9,10 +9,11 @@ The parent keeps, per stage, a queue of tasks and the stage's workers. `submit` 
 worker holds up to two items: the one it runs and the next, already in its pipe, so it never waits
 for the parent between items. One reader thread waits on every worker's pipe and exit (`_exits`)
 at once, never for the rest of a reply (`_frames`) nor for a worker's exit; it decodes replies,
-resolves futures, replaces dead or timed-out workers, and those whose pipe ended while they ran
-(re-running their items), reaps the ones it gave up on as they exit, and
-feeds queued tasks to the workers it frees. Futures are always resolved outside the
-runner's lock, so a done-callback may submit to any stage, or close the runner, without deadlocking.
+resolves futures, replaces dead or timed-out workers, those whose pipe ended while they ran and
+those whose pipe carried a length no reply can have (re-running their items), reaps the ones it
+gave up on as they exit, and feeds queued tasks to the workers it frees. Futures are always
+resolved outside the runner's lock, so a done-callback may submit to any stage, or close the
+runner, without deadlocking.
 """
 
 from __future__ import annotations
@@ -750,23 +751,25 @@ class ProcessRunner:
         replies: dict[_Worker, list[bytes]] = {}
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
-            exited = worker.exit.fd in ready
-            if conn in ready or (exited and conn.poll()):
-                messages: list[bytes] = []
-                try:
-                    messages += worker.replies.read()
-                    while exited and conn.poll():  # what it wrote before it died
-                        messages += worker.replies.read()
-                except (EOFError, OSError):
-                    if not exited:
-                        self._await_exit(worker)
-                if messages:
+            if worker.exit.fd in ready:  # its exit retires it, whoever else still holds its pipe
+                if messages := worker.replies.read_left():  # what it wrote before it died
                     replies[worker] = messages
-            if exited:
                 worker.process.join()
                 dead[worker] = _describe_exit(worker.process)
                 if (partial := worker.replies.partial()) is not None:
                     dead[worker] += f" while sending a reply, {partial}"
+                continue
+            if conn not in ready:
+                continue
+            try:
+                messages = worker.replies.read()
+            except (EOFError, OSError):
+                self._await_exit(worker)
+                continue
+            if messages:
+                replies[worker] = messages
+            if worker.replies.overlong is not None:
+                dead[worker] = self._kill_for_an_overlong_length(worker)
         now = time.monotonic()
         for worker in workers:
             expired = worker.deadline is not None and worker.deadline <= now
@@ -821,6 +824,15 @@ class ProcessRunner:
         _log.warning("stage %r: worker (pid %s) sent a reply to no item it holds (a process its stage function "
                      "forked writing to its pipe?); killed and replaced", self._stages[worker.stage].name, pid)
         return f"(pid {pid}) sent a reply to no item it holds and was killed"
+
+    def _kill_for_an_overlong_length(self, worker: _Worker) -> str:
+        """Kill a worker whose pipe carried a length no reply can have (`Replies.overlong`), and
+        the cause to retire it with: its stage function wrote to the reply descriptor, so nothing
+        after that point of the pipe can be told apart into replies. The reader waited for that
+        many bytes, the worker's every later reply behind them, until `task_timeout_s`."""
+        pid = self._kill_to_retire(worker)
+        return (f"(pid {pid}) was killed: its reply pipe carried a length of {worker.replies.overlong} bytes, "
+                "more than a reply can be: something in the worker wrote to its descriptor")
 
     @staticmethod
     def _kill_to_retire(worker: _Worker) -> int:

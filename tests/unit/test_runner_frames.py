@@ -3,11 +3,13 @@ rest of one: however the pipe cuts them up, they come out whole, in order, and o
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 
 import pytest
 
-from runners._frames import Replies
+from runners._frames import LONGEST_REPLY, Replies
 from tests.unit.worker_replies import framed
 
 PAYLOADS = [b"", b"a", bytes(range(256)) * 400, b"\x80\x05 the last"]  # 100 KB: many reads at most cuts
@@ -68,3 +70,55 @@ def test_a_reply_longer_than_one_read_comes_out_in_one_call_once_the_pipe_holds_
     with read_end, write_end:
         write_end.sendall(stream)  # 100 KB: within what a socket pair holds
         assert Replies(read_end.fileno()).read() == PAYLOADS
+
+
+def test_a_length_no_reply_can_have_is_reported_at_once_after_the_whole_replies_before_it():
+    """Text written to a worker's reply descriptor (a progress line meant for a log) was read as a
+    reply's length, 2**59 bytes or more, and waited for: every later reply of the worker with it.
+    The whole replies before it come out, the length is reported, and nothing after it is read."""
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        write_end.sendall(framed(b"whole") + b"progress: 50%\n" + framed(b"later"))
+        replies = Replies(read_end.fileno())
+        assert replies.read() == [b"whole"]
+        assert replies.overlong == int.from_bytes(b"progress", "big") > LONGEST_REPLY
+        assert replies.partial() is None
+
+
+def test_a_length_as_long_as_a_reply_can_be_is_waited_for():
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        write_end.sendall(LONGEST_REPLY.to_bytes(8, "big") + b"the start of it")
+        replies = Replies(read_end.fileno())
+        assert replies.read() == [] and replies.overlong is None
+        assert replies.partial() == f"15 of {LONGEST_REPLY} bytes received"
+
+
+def test_what_an_exited_worker_left_is_read_and_nothing_a_process_still_holding_its_pipe_writes_after():
+    """Once its worker has exited, a pipe is read for what it held then: a process the worker forked
+    that still holds it and writes on (here a writer blocked on the full pipe, which goes on the
+    moment the reader makes room) is never read, however long it writes."""
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        left = framed(b"one", b"two", bytes(1_000_000))
+        write_end.setblocking(False)
+        sent = 0
+        try:
+            while sent < len(left):
+                sent += write_end.send(left[sent:])
+        except BlockingIOError:  # full: what the worker wrote before it died
+            pass
+        assert 11 + 11 < sent < len(left)
+        write_end.setblocking(True)
+        def write_on():
+            with contextlib.suppress(OSError):  # until the reader closes its end
+                write_end.sendall(framed(b"later") * 100_000)
+
+        later = threading.Thread(target=write_on, daemon=True)
+        later.start()
+        replies = Replies(read_end.fileno())
+        assert replies.read_left() == [b"one", b"two"]
+        assert replies.partial() == f"{sent - 30} of 1000000 bytes received"
+        read_end.close()  # as the reader does once the worker is retired: the writer's send fails
+        later.join(10)
+        assert not later.is_alive()

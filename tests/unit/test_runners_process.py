@@ -14,10 +14,13 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ import pytest
 from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory, process
 from runners._frames import send_reply
 from runners._transport import Envelope
-from tests.unit.worker_replies import half_of_a_reply, worker_pipe
+from tests.unit.worker_replies import framed, half_of_a_reply, worker_pipe
 from zephon._errors import BadRecordError, ConfigurationError, ZephonError
 from zephon.io import ShardUnavailableError
 from zephon._runner import Stage
@@ -499,6 +502,89 @@ def test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the
     assert re.search(r"exited with code 3 while sending a reply, \d+ of 8192 bytes received", str(error)), error
 
 
+def _unread_bytes(fd: int) -> int:
+    """What the process at the other end of a pipe has not read yet of what was written to it."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(4)))[0]
+
+
+def _die_mid_reply_leaving_a_child_writing_on(pids: Path, hold: Path, go: Path, x: int) -> int:
+    """A stage function that, on item -1, forks a child holding the worker's pipe and, once `go`
+    exists, writes 128 KiB of a 1 MiB reply answering 99 (in pieces of 4 KiB), writes
+    "<worker pid> <child pid> <bytes written>" to `pids`, and exits with code 3. The child, once
+    the worker has exited and the parent has begun reading what it left, writes the rest of that
+    reply and then replies of its own answering 98 (a process the worker forked, writing to a
+    descriptor it inherited), then sleeps. On item 0, it waits for `hold`; other items come back
+    as they are."""
+    if x == 0:
+        wait_for_text(hold, timeout=60)
+    if x != -1:
+        return x
+    fd, worker = worker_pipe().fileno(), os.getpid()
+    answer = pickle.dumps((True, Envelope(pickle.dumps(99), None, ()), ()), protocol=5)
+    whole = framed(answer.ljust(1 << 20, b"\0"))  # pickle reads no further than its own end
+    sent = 128 * 1024
+    helper = os.fork()
+    if helper == 0:
+        while os.getppid() == worker:
+            time.sleep(0.001)
+        rest = whole[sent:]
+        stray = framed(pickle.dumps((True, Envelope(pickle.dumps(98), None, ()), ()), protocol=5))
+        left, deadline = _unread_bytes(fd), time.monotonic() + 60
+        while _unread_bytes(fd) >= left and time.monotonic() < deadline:
+            pass  # until the parent reads
+        with suppress(OSError):  # the parent closed its end
+            os.write(fd, rest)
+            for _ in range(4096):
+                os.write(fd, stray)
+        time.sleep(600)
+        os._exit(0)
+    (pids.parent / "helper").write_text(str(helper))
+    wait_for_text(go, timeout=60)
+    for start in range(0, sent, 4096):
+        os.write(fd, whole[start : start + 4096])
+    pids.write_text(f"{worker} {helper} {sent}")
+    os._exit(3)
+
+
+def test_a_worker_that_dies_mid_reply_is_retired_by_its_exit_whatever_a_child_holding_its_pipe_writes_after(
+    tmp_path,
+):
+    """Once a worker's exit was seen, the reader read its pipe for as long as it held anything: what
+    a child the worker forked, still holding the pipe, wrote on was read as the worker's whenever
+    it came before the pipe ran dry (here it would finish the worker's reply, answering its item
+    with 99, and add replies of its own: a race the child lost on this machine), and a child
+    keeping the pipe from running dry held the reader there. The exit retires the worker: the
+    reader takes only what the pipe held when it saw the exit, hands on the whole replies in it,
+    names what came of one cut short, closes the pipe, and reads nothing more from it."""
+    pids, hold, go = tmp_path / "pids", tmp_path / "hold", tmp_path / "go"
+    stage = functools.partial(_die_mid_reply_leaving_a_child_writing_on, pids, hold, go)
+    reader_held, release = threading.Event(), threading.Event()
+
+    def hold_the_reader(_):  # so that the worker's bytes wait in its pipe when it exits
+        reader_held.set()
+        release.wait(60)
+
+    try:
+        with ProcessRunner(task_timeout_s=20, max_retries=0) as runner:
+            runner.start([Stage("forking", stage, 2)])
+            cut_short, holding = runner.submit(0, -1), runner.submit(0, 0)
+            holding.add_done_callback(hold_the_reader)
+            hold.write_text("hold")
+            assert reader_held.wait(60)
+            go.write_text("go")
+            worker, _, sent = map(int, wait_for_text(pids).split())
+            wait_until(lambda: has_exited(worker), timeout=60)
+            release.set()
+            error = cut_short.exception(60)
+            assert [runner.submit(0, x).result(60) for x in range(1, 5)] == list(range(1, 5))
+    finally:
+        release.set()
+        if (helper := tmp_path / "helper").exists():
+            os.kill(int(helper.read_text()), signal.SIGKILL)
+    assert isinstance(error, WorkerCrashedError), error
+    assert f"exited with code 3 while sending a reply, {sent - 8} of {1 << 20} bytes received" in str(error), error
+
+
 def _a_forked_child_answers_after_the_worker(go: Path, x: int) -> int:
     """A stage function that, on item -1, forks a child which, once `go` exists, writes a reply of
     its own to the worker's pipe, which it holds, after the worker has answered. Items come back
@@ -618,6 +704,31 @@ def test_other_replies_are_read_while_a_worker_whose_pipe_ended_is_given_time_to
         with pytest.raises(WorkerCrashedError):
             lost.result(60)
     assert f"worker (pid {victim}) exited with code 3" in caplog.text, caplog.text
+
+
+def _print_to_the_reply_descriptor(x: int) -> int:
+    """A stage function that, on item -1, writes a line of text to the worker's reply descriptor (a
+    progress line meant for a log, a library handed the wrong descriptor), then returns the item as
+    the others."""
+    if x == -1:
+        os.write(worker_pipe().fileno(), b"progress: 50%\n")
+    return x
+
+
+def test_a_stage_function_writing_to_its_reply_descriptor_has_its_worker_retired_at_once_naming_the_length():
+    """Eight bytes of text written to the worker's reply descriptor were read as the length of a
+    reply (here 0x70726f6772657373, some 7 EiB) and the reader waited for that many bytes: every
+    later reply of the worker was held with them, its items waiting until `task_timeout_s` (for
+    ever without one) and then failing as timed out. A length more than a reply can be retires the
+    worker at once, the cause naming it, and its replacement serves the stage."""
+    with ProcessRunner(task_timeout_s=10, max_retries=0) as runner:
+        runner.start([Stage("chatty", _print_to_the_reply_descriptor, 1)])
+        error = runner.submit(0, -1).exception(60)
+        assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
+        assert runner.stats().workers_replaced == 1
+    length = int.from_bytes(b"progress", "big")
+    assert isinstance(error, WorkerCrashedError), error
+    assert f"its reply pipe carried a length of {length} bytes, more than a reply can be" in str(error), error
 
 
 def _forking_with_a_child_that_leaves_it(leave: Any, x: int) -> tuple[int, int | None]:
