@@ -7,12 +7,16 @@ tuple on a private duplex pipe (requests framed by `multiprocessing`'s `Connecti
 
     parent -> worker   (the item's Envelope, offsets of reply-arena blocks the parent has
                        released), or STOP (empty bytes)
-    worker -> parent   (ok, Envelope, offsets of request-arena blocks this worker has released)
-                       where ok is False when the Envelope holds what fn raised (any
+    worker -> parent   (ok, Envelope, offsets of request-arena blocks this worker has released,
+                       number) where ok is False when the Envelope holds what fn raised (any
                        BaseException: the worker goes on serving)
 
 The parent may send the next item while this one runs; items are handled and answered in the
-order they arrive, so a reply needs no identifier: it answers the oldest item not yet answered.
+order they arrive, so a reply answers the oldest item not yet answered, and its number is that
+item's among those the worker has received (1 for the first). The number tells the worker's
+replies from one another process put on its pipe (a child the stage function forked, holding the
+pipe, writing a reply of its own while the worker runs an item), which answered the item in the
+worker's place, the worker's own reply then answering none or the next.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ def serve(
     for other in inherited:
         other.close()
     worker = os.getpid()
+    received = 0
     while True:
         try:
             message = conn.recv_bytes()
@@ -85,6 +90,7 @@ def serve(
             return
         if message == STOP:
             return
+        received += 1
         try:
             envelope, replies_released = pickle.loads(message)
             if replies_released:
@@ -97,7 +103,7 @@ def serve(
             ok, answer = False, Envelope(_pickled_error(exc, stage), None, ())
         requests_released = requests.released() if requests is not None else ()
         try:
-            send_reply(conn.fileno(), pickle.dumps((ok, answer, requests_released), protocol=5))
+            send_reply(conn.fileno(), pickle.dumps((ok, answer, requests_released, received), protocol=5))
         except OSError:  # the parent is gone
             _remove_if_orphaned(directory)
             return

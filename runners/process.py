@@ -148,6 +148,7 @@ class _Worker:
     request_blocks: set[int] = field(default_factory=set)
     # Sent and not answered, oldest first; replies come in the same order. tasks[0] is running.
     tasks: deque[_Task] = field(default_factory=deque)
+    answered: int = 0  # items it has answered: its next reply must carry this and 1 (`_worker`)
     deadline: float | None = None  # for tasks[0]; once its pipe ended, for its exit
     broken: bool = False  # a send failed, or its pipe ended: no item goes to it; the reader retires it
     pipe_ended: bool = False  # before its exit was seen: retired at `deadline` unless it exits first
@@ -784,14 +785,23 @@ class ProcessRunner:
             (worker, *self._decode_reply(worker, message)) for worker, messages in replies.items() for message in messages
         ]
         resolutions: list[_Resolution] = []
+        untrusted: set[_Worker] = set()  # whose pipe brought a reply not of their making
         with self._lock:
-            for worker, ok, value, released, pipe_bytes, shm_bytes in decoded:
+            for worker, number, ok, value, released, pipe_bytes, shm_bytes in decoded:
                 self._pipe_bytes += pipe_bytes
                 self._shm_bytes += shm_bytes
+                if worker in untrusted:
+                    continue
                 if not worker.tasks:
                     if worker not in dead:
                         dead[worker] = self._kill_for_a_stray_reply(worker)
                     continue
+                if number != worker.answered + 1:
+                    untrusted.add(worker)
+                    if worker not in dead:
+                        dead[worker] = self._kill_for_a_reply_not_its_own(worker)
+                    continue
+                worker.answered = number
                 if released:
                     worker.request_blocks.difference_update(released)
                     self._requests.give_back(released)
@@ -824,6 +834,18 @@ class ProcessRunner:
         _log.warning("stage %r: worker (pid %s) sent a reply to no item it holds (a process its stage function "
                      "forked writing to its pipe?); killed and replaced", self._stages[worker.stage].name, pid)
         return f"(pid {pid}) sent a reply to no item it holds and was killed"
+
+    def _kill_for_a_reply_not_its_own(self, worker: _Worker) -> str:
+        """Kill a worker whose pipe brought, while it held items, a reply that is not the answer
+        its oldest item is due (not numbered as that item, or no reply at all: a process its stage
+        function forked writing to its pipe), and the cause to retire it with. That reply answered
+        the item in the worker's place, and the worker's own answered the next item or none.
+        Neither that reply nor any after it is taken, and its items are re-run."""
+        pid = self._kill_to_retire(worker)
+        _log.warning("stage %r: worker (pid %s) sent a reply that is not the answer its item is due (a process "
+                     "its stage function forked writing to its pipe?); killed and replaced",
+                     self._stages[worker.stage].name, pid)
+        return f"(pid {pid}) sent a reply that is not the answer its item is due and was killed"
 
     def _kill_for_an_overlong_length(self, worker: _Worker) -> str:
         """Kill a worker whose pipe carried a length no reply can have (`Replies.overlong`), and
@@ -873,18 +895,24 @@ class ProcessRunner:
             elif dying.request_blocks:
                 self._requests.give_back(dying.request_blocks)
 
-    def _decode_reply(self, worker: _Worker, message: bytes) -> tuple[bool, Any, tuple[int, ...], int, int]:
-        """(ok, value, request blocks the worker released, pipe bytes, shm bytes) of one reply; a
-        reply that cannot be decoded fails its item."""
-        released: tuple[int, ...] = ()
+    def _decode_reply(
+        self, worker: _Worker, message: bytes
+    ) -> tuple[int | None, bool, Any, tuple[int, ...], int, int]:
+        """(number, ok, value, request blocks the worker released, pipe bytes, shm bytes) of one
+        reply; a reply whose value cannot be decoded fails its item. The number is None for a
+        message that is no reply at all (the worker's loop pickles every one it writes): another
+        process wrote it, which the reader retires the worker for, as for a wrong number."""
         try:
-            ok, envelope, released = pickle.loads(message)
-            return ok, decode(envelope, worker.arena), released, len(message), envelope.shm_bytes
+            ok, envelope, released, number = pickle.loads(message)
+        except Exception:  # noqa: BLE001 - whatever it was, the worker did not write it
+            return None, False, None, (), len(message), 0
+        try:
+            return number, ok, decode(envelope, worker.arena), released, len(message), envelope.shm_bytes
         except Exception as exc:
             stage = self._stages[worker.stage].name
             error = RuntimeError(f"stage {stage!r}: could not unpickle the worker's reply: {exc!r}")
             error.__cause__ = exc
-            return False, error, released, len(message), 0
+            return number, False, error, released, len(message), 0
 
     def _fail_everything(self, exc: BaseException) -> None:
         """The reader thread stopped on `exc`: fail every held future and every later submission.

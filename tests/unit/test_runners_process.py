@@ -620,6 +620,41 @@ def test_a_worker_whose_pipe_brings_a_reply_to_no_item_is_replaced_and_the_runne
     assert f"worker (pid {pid}) sent a reply to no item it holds" in caplog.text, caplog.text
 
 
+def _a_forked_child_answers_before_the_worker(forked: Path, go: Path, x: int) -> int:
+    """A stage function that, on the first attempt at item -1, forks a child which writes a reply
+    answering 99 to the worker's pipe at once, while the worker waits for `go` before returning
+    the item. Items come back as they are."""
+    if x == -1 and not forked.exists():
+        forked.write_text("forked")
+        if os.fork() == 0:
+            answer = pickle.dumps((True, Envelope(pickle.dumps(99), None, ()), ()), protocol=5)
+            send_reply(worker_pipe().fileno(), answer)
+            os._exit(0)
+        wait_for_text(go, timeout=60)
+    return x
+
+
+def test_a_reply_the_worker_did_not_write_is_never_taken_for_its_answer(tmp_path, caplog):
+    """A reply a process the stage function forked wrote to the worker's pipe while the worker ran
+    an item answered that item (here with 99), and the worker's own reply then answered none. A
+    worker numbers its replies by the items it has received, and one that is not the answer its
+    item is due is not taken for it: the worker is killed and replaced, with a warning naming it,
+    and its item re-run."""
+    forked, go = tmp_path / "forked", tmp_path / "go"
+    stage = functools.partial(_a_forked_child_answers_before_the_worker, forked, go)
+    with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner(task_timeout_s=30) as runner:
+        runner.start([Stage("forking", stage, 1)])
+        [worker] = runner._workers
+        pid = worker.process.pid
+        answer = runner.submit(0, -1)
+        wait_until(lambda: answer.done() or runner.stats().workers_replaced, timeout=60)
+        go.write_text("go")
+        assert answer.result(60) == -1
+        assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
+        assert runner.stats().workers_replaced == 1
+    assert f"worker (pid {pid}) sent a reply that is not the answer its item is due" in caplog.text, caplog.text
+
+
 def _lose_the_pipe_on_the_first_attempt(lose: str, marker: Path, x: int) -> int:
     """A stage function that, on the first attempt at item -1 only, loses the worker's pipe while
     the worker lives on (`lose`: its descriptor closed, another one dup2'd over it, or the socket
