@@ -208,7 +208,7 @@ class Pipeline:
         if found:
             method = next(iter(found)).load()  # the first, where several packages register the name
             return lambda *args, **kwargs: method(self, *args, **kwargs)
-        raise AttributeError(f"Pipeline has no operator {name!r}")
+        raise AttributeError(_no_such_operator(name))
 
     @property
     def microbatch_size(self) -> int:
@@ -251,3 +251,17 @@ class Pipeline:
         """The packing operators: accumulators with a `max_length`, the length of the rows they
         emit (pack_flat, vlm's pack_multimodal). A loader needs exactly one."""
         return [op for op in self.operators if op.kind == "accumulator" and hasattr(op, "max_length")]
+
+
+def _no_such_operator(name: str) -> str:
+    """What a Pipeline says of a name it lacks. A rank loader's method asked of the recipe
+    (`pipeline.state_dict()` in a checkpoint hook) is a mistake of place, not a missing operator,
+    so it names where the method is."""
+    from ._loader import RankLoader  # only on a miss: building a recipe never loads the loader
+
+    if hasattr(RankLoader, name):
+        return (
+            f"Pipeline has no {name!r}: a Pipeline is the recipe: {name} is its loader's, "
+            f"loader = pipeline.shard(...), then loader.{name}"
+        )
+    return f"Pipeline has no operator {name!r}"

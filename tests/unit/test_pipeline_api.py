@@ -262,6 +262,19 @@ def test_a_builder_method_of_a_package_installed_after_the_entry_points_were_rea
     assert isinstance(spec_pipeline.late_options(num_lanes=2), Pipeline)
 
 
+@pytest.mark.parametrize("name", ["state_dict", "load_state_dict", "stats", "close", "runner_info"])
+def test_a_loaders_method_asked_of_the_pipeline_points_to_the_loader(spec_pipeline, name):
+    """`pipeline.state_dict()` (a checkpoint taken from the recipe, not from the rank's loader)
+    said "Pipeline has no operator 'state_dict'", as if an operator were missing, and never where
+    the method is."""
+    said = rf"a Pipeline is the recipe: {name} is its loader's, loader = pipeline\.shard\(\.\.\.\)"
+    with pytest.raises(AttributeError, match=said):
+        getattr(spec_pipeline, name)
+    assert not hasattr(spec_pipeline, name), "hasattr must still say no"
+    with pytest.raises(AttributeError, match="Pipeline has no operator 'unknown_operator'"):
+        spec_pipeline.unknown_operator
+
+
 def test_a_runner_instance_given_to_a_second_loader_is_a_configuration_error_saying_to_pass_a_factory(spec_pipeline):
     """`.options(runner=ThreadRunner())` is one runner for one loader; a second loader of that
     pipeline (a resume in the same process, another `for batch in pipeline`) failed with a bare
