@@ -109,14 +109,20 @@ def gather_state(loader, group=None) -> dict:
     this); merge the ranks' states with `zephon.merge_states`, or a resume that needs the other
     ranks' lanes refuses it, naming them."""
     dist = _dist()
-    local = loader.state_dict()
+    # A Pipeline (the recipe, given in place of its loader) has no state_dict at all.
+    state_dict = getattr(loader, "state_dict", None)
+    local = state_dict() if callable(state_dict) else None
     if not (isinstance(local, dict) and local.get("format") == STATE_FORMAT):
         # With a process group the merge would refuse it, without one it would come back as it
         # is: the same mistake must get the same answer either way.
-        raise ConfigurationError(
-            f"gather_state takes one rank's Zephon loader (pipeline.shard(...)), got a {type(loader).__name__}, "
+        what = (
             "whose state_dict() is not a Zephon loader state (a ZephonDataLoader's state_dict() gathers "
             "every rank's state itself)"
+            if callable(state_dict)
+            else "which has no state_dict()"
+        )
+        raise ConfigurationError(
+            f"gather_state takes one rank's Zephon loader (pipeline.shard(...)), got a {type(loader).__name__}, {what}"
         )
     if dist is None:
         return local

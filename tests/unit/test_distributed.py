@@ -178,3 +178,15 @@ def test_a_torchtitan_loader_on_another_rank_of_the_first_replica_leaves_configu
         warned[rank] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned[0]) == 1 and "global_batch_size is not set" in warned[0][0]
     assert warned[5] == []
+
+
+def test_gathering_the_state_of_a_pipeline_instead_of_its_loader_names_the_mistake(monkeypatch, pipeline):
+    """`gather_state(pipeline)` (the recipe, not `pipeline.shard(...)`) failed with the pipeline's
+    AttributeError, "Pipeline has no operator 'state_dict'", not the ConfigurationError that
+    gather_state gives any other object that is not a rank's loader."""
+    from zephon.distributed import gather_state
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    said = r"takes one rank's Zephon loader \(pipeline\.shard\(\.\.\.\)\), got a Pipeline, which has no state_dict\(\)"
+    with pytest.raises(ConfigurationError, match=said):
+        gather_state(pipeline)
