@@ -71,13 +71,15 @@ BAD_LINES = {
     "not_an_object": b'["a", "list", "not", "an", "object"]',
     "missing_field": json.dumps({"id": "x", "body": "the text is under another key"}).encode(),
     "not_text": json.dumps({"id": "x", "text": 12345}).encode(),
+    # a null is no text, as a Parquet null is: counted as the field missing
+    "null_text": json.dumps({"id": "x", "text": None}).encode(),
     "empty_document": json.dumps({"id": "x", "text": " \n\t "}).encode(),
     # valid JSON and valid UTF-8, but the string holds a lone surrogate: it has no UTF-8 form to tokenize
     "lone_surrogate": b'{"text": "caf\\ud800 au lait"}',
     # two values of one key: json.loads kept the last, dropping the other unsaid
     "duplicate_key": b'{"id": "x", "text": "the first text", "text": "the second text"}',
 }
-REASON = {"blank_line": "malformed_json", "lone_surrogate": "invalid_utf8"}
+REASON = {"blank_line": "malformed_json", "lone_surrogate": "invalid_utf8", "null_text": "missing_field"}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_LINES))
