@@ -99,7 +99,8 @@ def group_size(group=None) -> int | None:
 def gather_state(loader, group=None) -> dict:
     """Every rank's lane cursors merged into one state that covers all lanes (an all-gather of
     small JSON). Each rank can save the result with its own checkpoint: resuming on any world
-    size then needs no shared filesystem.
+    size then needs no shared filesystem. A collective: every rank of the group calls it at the
+    same step (one rank alone waits for the others until the group's timeout).
 
     Lanes that no rank of the group holds (loaders given a world size larger than the group, or
     a group that leaves out some data-parallel ranks) are refused here, at the save, rather than
