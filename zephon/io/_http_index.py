@@ -10,9 +10,13 @@ A URL whose path ends in "/" is read as a directory (`_locate`), and only what i
 prefix, so without this a page's `../other/x.jsonl`, a deeper `/data/sub/x.jsonl` (a shard of
 `sub/`, listed from its own page), a link with a query (Apache's column-sort links `?C=N;O=D`, a
 download button's `a.jsonl?dl=1`: pages the server makes, not files) or a fragment were planned as
-shards of the directory. Links to another host or outside the prefix `ls` drops itself. A link
-ending in "/" is a subdirectory, walked as a local one is; links are named as the page writes them
-(percent-encoded where it encodes), and sorted by the caller.
+shards of the directory. Links to another host or outside the prefix `ls` drops itself. A link is
+taken for what it resolves to: `ls` joins it to the URL as written, so Caddy's `./a.jsonl` (it
+links every entry so) read as a file deeper down and was dropped; and one `ls` keeps in the
+other scheme (`https://` on an `http://` page: a page made behind a TLS proxy) is named in the
+directory URL's, as the user named the dataset, where it read as another directory's and was
+dropped too. A link ending in "/" is a subdirectory, walked as a local one is; links are named as
+the page writes them (percent-encoded where it encodes), once each, and sorted by the caller.
 
 A URL without the slash whose server answers with an HTML page, and whose name tells no format, is
 refused (`index_page_error`) rather than read as a directory: links on such a page resolve against
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from .._errors import ConfigurationError
 
@@ -55,13 +59,18 @@ def entries_below(directory: str, listing: list[Mapping[str, Any]]) -> list[Mapp
     """The entries of `directory`'s index page (`ls` with details) that name a file or
     subdirectory directly below it (module docstring)."""
     prefix = directory.rstrip("/") + "/"
-    below = []
+    scheme = urlsplit(prefix).scheme
+    below: dict[str, Mapping[str, Any]] = {}
     for entry in listing:
-        name = entry["name"]
+        link = urlsplit(entry["name"])
+        if link.query or link.fragment:
+            continue
+        # The path with its `.` and `..` segments resolved (RFC 3986), in the directory's scheme.
+        name = urljoin(f"{scheme}://{link.netloc}/", link.path)
         rest = name[len(prefix) :].removesuffix("/") if name.startswith(prefix) else ""
-        if rest not in ("", ".", "..") and not any(char in rest for char in "/?#"):
-            below.append(entry)
-    return below
+        if rest and "/" not in rest and name not in below:
+            below[name] = {**entry, "name": name}
+    return list(below.values())
 
 
 def index_page_error(url: str) -> ConfigurationError:
