@@ -315,7 +315,8 @@ class IndexServer(http.server.ThreadingHTTPServer):
     `Content-Encoding: gzip`, as S3 serves an object stored with that metadata. A queued status
     of a path in `retry_after` is sent with that `Retry-After` header. A query is part of the
     path for `statuses` and `requests`, and ignored in finding the file, as a store checking a
-    signed URL's signature ignores it once it is checked."""
+    signed URL's signature ignores it once it is checked. A file whose suffix is in `content_types`
+    is sent as that Content-Type, as a server's MIME map (or its default type) says."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_IndexHandler, directory=str(root)))
@@ -325,6 +326,7 @@ class IndexServer(http.server.ThreadingHTTPServer):
         self.unsized: set[str] = set()
         self.encoded: set[str] = set()
         self.retry_after: dict[str, str] = {}
+        self.content_types: dict[str, str] = {}
 
     def url(self, path: str, scheme: str = "sync-http") -> str:
         """`path` on this server, through fsspec's blocking HTTP filesystem (`sync-http://`), or
@@ -348,6 +350,9 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
             super().do_HEAD()
 
     _retry_after: str | None = None  # sent with the queued status being answered
+
+    def guess_type(self, path: str) -> str:
+        return self.server.content_types.get(Path(path).suffix) or super().guess_type(path)
 
     def end_headers(self) -> None:
         if self.path in self.server.encoded:

@@ -905,6 +905,25 @@ def test_an_http_url_without_the_slash_answering_with_an_index_page_is_refused_s
 
 
 @pytest.mark.requires_aiohttp
+def test_an_http_file_with_a_suffix_its_server_sends_as_html_is_read_as_the_format_given(http_index, tmp_path):
+    """A server whose MIME map lacks a suffix sends it as its default type, which may be text/html
+    (nginx's `default_type`, a CDN's): `e.ndjson` read with format="jsonl" was refused as an index
+    page to end with "/", though its name is a file's. A page its server redirected to the URL
+    with the slash is a directory's whatever its name; one whose suffix tells no format still
+    asks for format=."""
+    (tmp_path / "data/2024-01/e.ndjson").write_bytes(jsonl_bytes([{"i": 9}]))
+    http_index.content_types[".ndjson"] = "text/html"
+    url = http_index.url("data/2024-01/e.ndjson", "http")
+    assert Dataset.from_path("d", url, format="jsonl", retries=1).num_records == 1
+    with pytest.raises(ConfigurationError, match=rf"cannot infer the format of {re.escape(url)} from its name; pass format="):
+        Dataset.from_path("d", url, retries=1)
+    (tmp_path / "data/v1.0").mkdir()
+    url = http_index.url("data/v1.0", "http")
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} answers with an HTML page .*\({re.escape(url)}/\)"):
+        Dataset.from_path("d", url, format="jsonl", retries=1)
+
+
+@pytest.mark.requires_aiohttp
 @pytest.mark.parametrize("runner", ["inline", "thread", "process"])
 def test_a_dataset_read_over_http_gives_the_batches_of_its_local_copy_and_resumes_to_them(tmp_path, runner):
     """fsspec reads `http(s)://` with aiohttp (`zephon[http]`), which no test ran: every HTTP test

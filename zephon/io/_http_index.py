@@ -18,11 +18,14 @@ directory URL's, as the user named the dataset, where it read as another directo
 dropped too. A link ending in "/" is a subdirectory, walked as a local one is; links are named as
 the page writes them (percent-encoded where it encodes), once each, and sorted by the caller.
 
-A URL without the slash whose server answers with an HTML page, and whose name tells no format, is
-refused (`index_page_error`) rather than read as a directory: links on such a page resolve against
+A URL without the slash whose server answers with an HTML page, where it redirected to the URL
+with the slash (as static file servers do for a directory) or its name has no suffix, is refused
+(`an_index_page`, `index_page_error`) rather than read as a directory: links on such a page resolve against
 its parent in a browser (RFC 3986) but under the URL in fsspec, so the two disagree about what it
 holds; and an HTML page at such a URL may be no index at all (a login page, a CDN's error page
-served with a 200). Adding the slash is one character and says what is meant. Only fsspec's
+served with a 200). Adding the slash is one character and says what is meant. A name with a
+suffix and no such redirect is a file's: a server whose MIME map lacks its suffix may send it as
+text/html (its default type), and `e.ndjson` read with format= was refused as an index page. Only fsspec's
 HTTPFileSystem over aiohttp tells a Content-Type (`mimetype`); its blocking one reads such a URL
 as before.
 """
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
 
     from ._local import LocalFiles
 
-__all__ = ["entries_below", "index_page_error", "is_http", "path_of"]
+__all__ = ["an_index_page", "entries_below", "index_page_error", "is_http", "path_of"]
 
 
 def is_http(fs: AbstractFileSystem | LocalFiles) -> bool:
@@ -73,9 +76,19 @@ def entries_below(directory: str, listing: list[Mapping[str, Any]]) -> list[Mapp
     return list(below.values())
 
 
+def an_index_page(path: str, info: Mapping[str, Any]) -> bool:
+    """Whether the file `info()` found at `path` (a URL without the trailing slash) is a
+    directory's index page: HTML, reached by a redirect to a URL ending in "/" or named with no
+    suffix (module docstring). fsspec's blocking filesystem tells neither type nor URL: never."""
+    if info.get("mimetype") != "text/html":
+        return False
+    name = path_of(path).rpartition("/")[2]
+    return path_of(info.get("url", path)).endswith("/") or "." not in name
+
+
 def index_page_error(url: str) -> ConfigurationError:
-    """The error for an http(s) URL without a trailing slash whose server answers with an HTML
-    page, and whose name tells no format (module docstring)."""
+    """The error for an http(s) URL without a trailing slash whose server answers with a
+    directory's index page (`an_index_page`)."""
     return ConfigurationError(
         f"{url} answers with an HTML page (Content-Type text/html), not a shard: to read the files a "
         f"directory's index page links to, end the URL with '/' ({url}/); an HTML page is no shard of "

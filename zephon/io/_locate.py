@@ -38,7 +38,7 @@ read as a glob that matched nothing.
 On http(s), where `info()` calls every URL a file, a URL whose path ends in "/" names a directory:
 its shards are the files of the format its index page links to directly below it, and those of
 the subdirectories it links to (`_http_index`); one without the slash that answers with an HTML
-page and tells no format by its name is a ConfigurationError saying to add the slash. The format
+page, redirected to the slash or named with no suffix, is a ConfigurationError saying to add it. The format
 and compression of an http(s) file named directly are guessed from its URL's path: a signed URL's
 query (`?X-Amz-Signature=…`) is no part of its name.
 
@@ -59,7 +59,7 @@ from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
-from ._http_index import index_page_error, is_http, path_of
+from ._http_index import an_index_page, index_page_error, is_http, path_of
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
@@ -290,7 +290,7 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     if info is not None and info["type"] == "directory":
         return fs, _files_of(path, "directory", lister(fs, url, _may_be_a_shard).find(path, detail=True))
     if info is not None and info["type"] == "file":
-        if is_http(fs) and info.get("mimetype") == "text/html" and infer_format(path_of(path)) is None:
+        if is_http(fs) and an_index_page(path, info):
             raise index_page_error(url)
         return fs, Listing(path, "file", details={path: info})
     if not has_glob:
