@@ -873,6 +873,27 @@ def test_an_http_index_page_s_links_through_dot_segments_or_the_other_scheme_to_
         assert [ds.read_chunk(chunk).records for chunk in ds.chunks(4)] == [[{"path": p}] for p in expected]
 
 
+def test_an_http_directory_whose_server_follows_a_link_back_up_is_a_configuration_error_not_its_shards_again(
+    tmp_path, scheme
+):
+    """A static file server follows a symbolic link to a directory above it (`data/loop -> ..`)
+    and lists it as a subdirectory; HTTP does not tell a link, so the walk went round it until the
+    server's own limit on links: `data/a.jsonl` was planned 41 times, its records read 41 times
+    an epoch. A directory listing what the two above it at the same step list is refused, naming
+    it, as a local loop is; directories nested under their own name (`nested/nested/`) are not."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/a.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    os.symlink("..", tmp_path / "data/loop")
+    (tmp_path / "nested/nested/nested").mkdir(parents=True)
+    (tmp_path / "nested/nested/nested/x.jsonl").write_bytes(jsonl_bytes([{"i": 1}]))
+    with serving_over_http(tmp_path) as server:
+        url = server.url("data/", scheme)
+        looped = re.escape(server.url("data/loop/data/loop/data", "http"))
+        with pytest.raises(ConfigurationError, match=rf"{looped}, a directory of {re.escape(url)}, lists what "):
+            Dataset.from_path("d", url, retries=1)
+        assert Dataset.from_path("d", server.url("nested/", scheme), retries=1).num_records == 1
+
+
 def test_an_http_directory_url_holding_no_shard_or_nothing_is_named_as_a_local_one_is(http_index, scheme, tmp_path):
     """The errors of a local directory: an empty index page, or one of no shard of the format,
     says what the directory holds; a page its server does not have names nothing."""

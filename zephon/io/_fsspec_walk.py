@@ -38,6 +38,15 @@ failed the dataset. One that `info()` cannot find (HTTP's says so for any failur
 On http(s) a directory's entries are the links its index page makes to what is directly below it
 (`_http_index.entries_below`): a link up, deeper, or with a query is no entry of it.
 
+A server that follows a symbolic link to a directory above it (a static file server does, and lists
+it as a subdirectory) shows no link: the walk went round the loop until the server's own limit on
+links (40 on Linux), planning the same shards again each time. A loop repeats: a directory that
+lists what the directory one step above it lists, and that one what the one a step further up
+lists, the steps being the same names (`data/loop/data/loop/data`), is a ConfigurationError naming
+it (`_check_not_round_a_loop`), as a local loop is. Twice, not once: a directory nested under its
+own name (`nested/nested/`, an archive unpacked into a folder of its name) may list what its parent
+lists once.
+
 Filesystems with a listing of their own (s3fs, gcsfs, the hub's, the memory filesystem) raise by
 themselves and are listed as they are.
 """
@@ -60,6 +69,7 @@ if TYPE_CHECKING:
 __all__ = ["UnlistedError", "links_to_nothing", "lister"]
 
 Details = dict[str, Mapping[str, Any]]
+Listed = tuple[frozenset[str], frozenset[str]]  # a directory's subdirectories and files, by name
 
 # How many shards' info() `_sized` asks at once: under requests' pool of 10 connections per host
 # (fsspec's blocking HTTP filesystem), past which each extra one is opened, then dropped, warned of.
@@ -179,9 +189,9 @@ class _RaisingWalk:
         """(directory, its subdirectories, its files) by name, with details, for `path` and the
         directories below it down to `maxdepth` levels: what the generic `find` asks of a walk."""
         top = self._fs._strip_protocol(path)
-        pending = [(top, maxdepth)]
+        pending: list[tuple[str, int | None, dict[str, Listed]]] = [(top, maxdepth, {})]
         while pending:
-            directory, depth = pending.pop()
+            directory, depth, above = pending.pop()
             listing = self._listed(directory, below=directory != top)
             subdirectories: Details = {}
             files: Details = {}
@@ -191,14 +201,31 @@ class _RaisingWalk:
                     subdirectories[name.rsplit("/", 1)[-1]] = info
                 else:
                     files["" if name == directory else name.rsplit("/", 1)[-1]] = info
+            listed = (frozenset(subdirectories), frozenset(files))
+            self._check_not_round_a_loop(directory.rstrip("/"), listed, above)
             yield directory, subdirectories, files
             if depth is None or depth > 1:
                 below = None if depth is None else depth - 1
+                way_down = {**above, directory.rstrip("/"): listed}
                 for info in subdirectories.values():
                     name = info["name"].rstrip("/")
                     if self._may_hold(name):
                         self._check_not_a_link(name, info)
-                        pending.append((name, below))
+                        pending.append((name, below, way_down))
+
+    def _check_not_round_a_loop(self, directory: str, listed: Listed, above: Mapping[str, Listed]) -> None:
+        """Refuse `directory` where it lists what a directory `above` it lists, and that one what
+        the one as far above it lists, the same names down (module docstring). `above` holds the
+        listings of the directories the walk came through to reach it."""
+        for ancestor, ancestor_listed in above.items():
+            step = directory[len(ancestor) :]
+            if ancestor_listed == listed and ancestor.endswith(step) and above.get(ancestor[: -len(step)]) == listed:
+                raise ConfigurationError(
+                    f"{directory}, a directory of {self._url}, lists what {ancestor} and {ancestor[: -len(step)]} "
+                    f"list: its server follows a link back up the tree (which it does not show), round which the "
+                    "walk would plan the same shards again and again; remove the link, or name the directories "
+                    "of the dataset below it"
+                )
 
     def _followed(self, info: Mapping[str, Any]) -> Mapping[str, Any]:
         """`info`, or for a link what it links to under the link's name, marked `_LINK` where it
