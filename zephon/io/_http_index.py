@@ -18,16 +18,16 @@ directory URL's, as the user named the dataset, where it read as another directo
 dropped too. A link ending in "/" is a subdirectory, walked as a local one is; links are named as
 the page writes them (percent-encoded where it encodes), once each, and sorted by the caller.
 
-A URL without the slash whose server answers with an HTML page, where it redirected to the URL
-with the slash (as static file servers do for a directory) or its name has no suffix, is refused
-(`an_index_page`, `index_page_error`) rather than read as a directory: links on such a page resolve against
-its parent in a browser (RFC 3986) but under the URL in fsspec, so the two disagree about what it
-holds; and an HTML page at such a URL may be no index at all (a login page, a CDN's error page
-served with a 200). Adding the slash is one character and says what is meant. A name with a
+A URL without the slash whose server answers with an HTML page, where it redirected to the URL with
+the slash (as static file servers do for a directory) or its name has no suffix, is refused
+(`an_index_page`, `index_page_error`) rather than read as a directory: links on such a page resolve
+against its parent in a browser (RFC 3986) but under the URL in fsspec, so the two disagree about
+what it holds; and an HTML page at such a URL may be no index at all (a login page, a CDN's error
+page served with a 200). Adding the slash is one character and says what is meant. A name with a
 suffix and no such redirect is a file's: a server whose MIME map lacks its suffix may send it as
-text/html (its default type), and `e.ndjson` read with format= was refused as an index page. Only fsspec's
-HTTPFileSystem over aiohttp tells a Content-Type (`mimetype`); its blocking one reads such a URL
-as before.
+text/html (its default type), and `e.ndjson` read with format= was refused as an index page. Only
+fsspec's HTTPFileSystem over aiohttp tells a Content-Type (`mimetype`); its blocking one reads such
+a URL as before.
 """
 
 from __future__ import annotations

@@ -36,11 +36,11 @@ naming it. A directory that holds no shard of the format says so, naming a few o
 read as a glob that matched nothing.
 
 On http(s), where `info()` calls every URL a file, a URL whose path ends in "/" names a directory:
-its shards are the files of the format its index page links to directly below it, and those of
-the subdirectories it links to (`_http_index`); one without the slash that answers with an HTML
-page, redirected to the slash or named with no suffix, is a ConfigurationError saying to add it. The format
-and compression of an http(s) file named directly are guessed from its URL's path: a signed URL's
-query (`?X-Amz-Signature=…`) is no part of its name.
+its shards are the files of the format its index page links to directly below it, and those of the
+subdirectories it links to (`_http_index`); one without the slash that answers with an HTML page,
+redirected to the slash or named with no suffix, is a ConfigurationError saying to add it. The
+format and compression of an http(s) file named directly are guessed from its URL's path: a signed
+URL's query (`?X-Amz-Signature=…`) is no part of its name.
 
 `hf://ORG/NAME/CONFIG/SPLIT` is shorthand for the Parquet files the Hugging Face hub keeps for every
 dataset on its `refs/convert/parquet` branch (`~parquet` is the hub's alias for that revision),
