@@ -859,16 +859,16 @@ def test_an_http_index_page_s_links_through_dot_segments_or_the_other_scheme_to_
     behind a TLS proxy may link its files absolutely in the other scheme: fsspec keeps both, as
     `…/data/./a.jsonl` and `https://…/data/b.jsonl`, and they were taken for deeper or foreign
     links, so the shards they name were missing from the dataset. Each is the file it resolves to,
-    named in the directory URL's scheme, once."""
-    for path in ("data/a.jsonl", "data/b.jsonl", "data/sub/c.jsonl"):
+    named in the directory URL's scheme, once; `more/.` is the directory `more/`."""
+    for path in ("data/a.jsonl", "data/b.jsonl", "data/more/d.jsonl", "data/sub/c.jsonl"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_bytes(jsonl_bytes([{"path": path}]))
     with serving_over_http(tmp_path) as server:
         other = server.url("data/b.jsonl", "https")
-        links = ["./a.jsonl", "a.jsonl", "./sub/", "sub/./c.jsonl", other, "./../data/b.jsonl"]
+        links = ["./a.jsonl", "a.jsonl", "./sub/", "sub/./c.jsonl", other, "./../data/b.jsonl", "more/."]
         (tmp_path / "data/index.html").write_text("".join(f'<a href="{link}">{link}</a>\n' for link in links))
         ds = Dataset.from_path("d", server.url("data/", scheme), retries=1)
-        expected = ("data/a.jsonl", "data/b.jsonl", "data/sub/c.jsonl")
+        expected = ("data/a.jsonl", "data/b.jsonl", "data/more/d.jsonl", "data/sub/c.jsonl")
         assert [shard.url for shard in ds.shards] == [server.url(p, "http") for p in expected]
         assert [ds.read_chunk(chunk).records for chunk in ds.chunks(4)] == [[{"path": p}] for p in expected]
 

@@ -71,8 +71,10 @@ def entries_below(directory: str, listing: list[Mapping[str, Any]]) -> list[Mapp
         # The path with its `.` and `..` segments resolved (RFC 3986), in the directory's scheme.
         name = urljoin(f"{scheme}://{link.netloc}/", link.path)
         rest = name[len(prefix) :].removesuffix("/") if name.startswith(prefix) else ""
-        if rest and "/" not in rest and name not in below:
-            below[name] = {**entry, "name": name}
+        if rest and "/" not in rest:
+            # Typed by the name resolved, as `ls` types the link written: `sub/.` is the directory
+            # `./sub/` is, whichever of the two the page's (unordered) links gave first.
+            below[name] = {**entry, "name": name, "type": "directory" if name.endswith("/") else "file"}
     return list(below.values())
 
 
