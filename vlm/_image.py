@@ -306,7 +306,7 @@ def _open(data: bytes, spec: ImageSpec):
     try:
         image = _open_identified(data)
     except Image.DecompressionBombError as exc:
-        raise ImageDecodeError("decompression_bomb", str(exc)) from None
+        raise ImageDecodeError("decompression_bomb", _pillows_cap_detail(exc, spec)) from None
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - untrusted bytes fail in many ways; all mean "not an image"
@@ -321,6 +321,18 @@ def _open(data: bytes, spec: ImageSpec):
             f"max_image_pixels={spec.max_image_pixels}",
         )
     return image
+
+
+def _pillows_cap_detail(exc: BaseException, spec: ImageSpec) -> str:
+    """Pillow's refusal of a header above twice its global `Image.MAX_IMAGE_PIXELS`, with both limits.
+
+    Pillow refuses in `Image.open`, before the spec's limit is compared, and its message names its
+    own cap (178,956,970 pixels by default) alone: neither the spec's limit nor, where the spec was
+    raised past that cap, why an image the spec allows is refused and what to raise."""
+    from PIL import Image
+
+    return (f"{exc} (Pillow's own cap, twice its Image.MAX_IMAGE_PIXELS={Image.MAX_IMAGE_PIXELS}, applies "
+            f"whatever ImageSpec.max_image_pixels={spec.max_image_pixels} allows: to accept larger images raise both)")
 
 
 def _open_identified(data: bytes):

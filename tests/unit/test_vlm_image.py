@@ -366,6 +366,19 @@ def test_header_above_the_spec_limit_but_below_pillows_is_refused_by_the_spec():
     assert _reason(png_header_only(200, 200), spec) == "corrupt_image"  # allowed size, but no pixel data
 
 
+def test_a_header_past_pillows_own_cap_names_both_limits_whatever_the_spec_allows():
+    """Pillow refuses a header above twice its global `Image.MAX_IMAGE_PIXELS` before the spec's
+    limit is looked at. Its message alone ("exceeds limit of 178956970 pixels") named neither the
+    spec's limit (89,478,485 by default) nor, for a spec raised past Pillow's cap, why an image the
+    spec allows was refused: the detail names both and what to raise."""
+    for limit in (ImageSpec().max_image_pixels, 500_000_000):
+        with pytest.raises(ImageDecodeError) as caught:
+            decode_image(png_header_only(20000, 20000), ImageSpec(max_image_pixels=limit))
+        assert caught.value.reason == "decompression_bomb"
+        assert f"max_image_pixels={limit}" in caught.value.detail
+        assert f"Image.MAX_IMAGE_PIXELS={Image.MAX_IMAGE_PIXELS}" in caught.value.detail
+
+
 def test_headers_between_pillows_warning_and_error_sizes_are_counted_without_a_warning_per_image():
     """Pillow warns (DecompressionBombWarning) on every header above its MAX_IMAGE_PIXELS, and its
     message names the pixel count, so Python's once-per-message rule printed a line per image size
