@@ -280,6 +280,21 @@ def test_float_samples_are_rounded_and_saturated_and_nan_becomes_zero():
     assert np.array_equal(pixels, np.broadcast_to(expected[None, :, None], (96, 160, 3)))
 
 
+@pytest.mark.parametrize("fmt,options", [("GIF", {}), ("WEBP", {"lossless": True}), ("PNG", {})], ids=["gif", "webp", "apng"])
+def test_an_animated_picture_in_an_image_field_gives_its_first_frame(fmt, options):
+    """An image field decodes one picture: of an animated GIF, WebP or PNG (a crawl has many), the
+    first frame, as the README says; its later frames are not decoded (`decode_video` takes an
+    animated GIF's frames)."""
+    frames = [Image.new("RGB", (64, 48), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    out = io.BytesIO()
+    frames[0].save(out, fmt, save_all=True, append_images=frames[1:], duration=100, loop=0, **options)
+    assert getattr(Image.open(io.BytesIO(out.getvalue())), "n_frames", 1) == 2
+    spec = ImageSpec(min_pixels=32 * 32, max_pixels=64 * 64)
+    pixels = decode_image(out.getvalue(), spec)
+    assert pixels.shape == (48, 64, 3) and (pixels == (255, 0, 0)).all()
+    assert probe_image(out.getvalue(), spec) == (3, 4)
+
+
 def test_exif_orientation_is_applied_after_the_resize():
     plain = decode_image(encode(gradient(), "JPEG", quality=95))
     turned = decode_image(rotated_jpeg(6))  # 6: displayed rotated 90 degrees clockwise
