@@ -70,6 +70,7 @@ _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
                    6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # Formats the JPEG decoder reads, so that it can decode a draft. An MPO (multi-picture JPEG, as
 # phones and 3D cameras write) is a JPEG followed by more JPEGs; Pillow opens it as its own
@@ -360,7 +361,7 @@ def _classify(exc: BaseException, data: bytes) -> ImageDecodeError:
     if (cut := _webp_cut_short(data)) is not None:
         return ImageDecodeError("truncated_image", cut)
     if isinstance(exc, UnidentifiedImageError):  # its message names a memory address: not stable
-        return ImageDecodeError("corrupt_image", "no image format recognises these bytes")
+        return ImageDecodeError("corrupt_image", _png_header_fault(data) or "no image format recognises these bytes")
     message = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, EOFError) or "truncated" in message.lower():
         return ImageDecodeError("truncated_image", message)
@@ -555,6 +556,27 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
     if image.format == "PNG":
         _check_png_pixel_data(data)
     return grid
+
+
+def _png_header_fault(data: bytes) -> str | None:
+    """The chunk before a PNG's pixel data whose CRC-32 is wrong, which Pillow's PNG reader refuses
+    and `Image.open` then reports as bytes no format knows; None for anything else.
+
+    A bit flipped in transit in a header chunk (IHDR, a palette, text) is a damaged PNG, not an
+    unknown format: the detail names the chunk as `_check_png_pixel_data` names a damaged IDAT."""
+    if not data.startswith(_PNG_SIGNATURE):
+        return None
+    view = memoryview(data)
+    position = len(_PNG_SIGNATURE)
+    while position + 8 <= len(view):
+        length, kind = struct.unpack_from(">I4s", view, position)
+        end = position + 8 + length
+        if kind == b"IDAT" or end + 4 > len(view):
+            return None
+        if zlib.crc32(view[position + 4 : end]) != struct.unpack_from(">I", view, end)[0]:
+            return f"the PNG's {kind.decode('ascii', 'backslashreplace')} chunk at byte {position} fails its checksum"
+        position = end + 4
+    return None
 
 
 def _check_png_pixel_data(data: bytes | memoryview) -> None:

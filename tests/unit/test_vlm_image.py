@@ -43,7 +43,7 @@ from vlm import (
 from vlm._image import probe_image
 from zephon._errors import ConfigurationError, ZephonError
 
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 
 def _reason(data: bytes, spec: ImageSpec | None = None) -> str:
@@ -369,6 +369,25 @@ def test_garbage_bytes_are_reported_as_corrupt_with_a_stable_message(data):
         decode_image(data)
     assert first.value.reason in ("corrupt_image", "truncated_image")
     assert str(first.value) == str(second.value), "the message must not name memory addresses"
+
+
+@pytest.mark.parametrize("kind", [b"IHDR", b"tEXt"])
+def test_a_png_whose_header_chunk_fails_its_checksum_is_named_so_not_as_no_image(kind):
+    """Pillow's PNG reader refuses a chunk before the pixel data whose CRC-32 is wrong (a bit flip
+    in transit), and `Image.open` then reports only that no format knows the bytes: the detail said
+    "no image format recognises these bytes" of a PNG. The reason stays corrupt_image; the detail
+    names the chunk, as for a damaged IDAT chunk."""
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "a caption kept in the file")
+    data = bytearray(encode(gradient(30, 40), "PNG", pnginfo=info))
+    at = data.index(kind) - 4
+    length = int.from_bytes(data[at : at + 4], "big")
+    data[at + 8 + length] ^= 0x01  # the first byte of the chunk's CRC-32
+    for read in (decode_image, probe_image):
+        with pytest.raises(ImageDecodeError) as caught:
+            read(bytes(data))
+        assert caught.value.reason == "corrupt_image"
+        assert caught.value.detail == f"the PNG's {kind.decode()} chunk at byte {at} fails its checksum"
 
 
 def test_twenty_thousand_squared_header_is_refused_before_decoding():
