@@ -101,6 +101,26 @@ def test_candidate_fields_lists_and_hugging_face_image_structs():
     assert isinstance(out.records[1]["pixels"], list) and len(out.records[1]["pixels"]) == 2
 
 
+def test_an_image_list_that_is_empty_gives_a_text_document_and_one_bad_item_skips_its_record():
+    """A Hugging Face `Sequence(Image)` column holds a list per record. An empty list is a
+    document with no image (interleaved web documents hold text-only ones), packed as its text
+    alone, not `missing_image` as an empty video list is `missing_video`; a list holding one item
+    that does not decode skips the whole record by that item's reason, as the README says."""
+    from tests.unit.test_vlm_packing import packer, run, text
+
+    png = encode(gradient(), "PNG")
+    out = DecodeImages(field="images", spec=ImageSpec(patch_size=4, max_pixels=64 * 16))(chunk_of([
+        {"images": []},
+        {"images": [png, b"not an image"]},
+        {"images": [png, None]},
+    ]))
+    assert [record["pixels"] for record in out.records] == [[]]
+    assert [reason for _, reason in out.skipped] == ["corrupt_image", "not_media_bytes"]
+    [row] = run(packer(16), [{"input_ids": text(5), "pixels": out.records[0]["pixels"]}])
+    assert row.tokens["input_ids"][:5].tolist() == text(5).tolist()
+    assert row.ragged["image_grid"].shape == (0, 2) and (row.tokens["document_ids"][:5] == 0).all()
+
+
 def test_stage_pickles_and_fingerprints_as_json_that_tracks_the_spec():
     stage = DecodeImages(spec=ImageSpec(max_pixels=256 * 256), parallelism=4)
     assert pickle.loads(pickle.dumps(stage)) == stage
