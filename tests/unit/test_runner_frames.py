@@ -122,3 +122,20 @@ def test_what_an_exited_worker_left_is_read_and_nothing_a_process_still_holding_
         read_end.close()  # as the reader does once the worker is retired: the writer's send fails
         later.join(10)
         assert not later.is_alive()
+
+
+def test_what_an_exited_worker_left_after_a_reply_begun_in_an_earlier_read_comes_out_whole():
+    """A worker that finished a reply the reader had begun reading, answered one more item and
+    died partway through a third reply: the part read earlier joins the rest, both whole replies
+    come out of the one call, and the third is told as cut short."""
+    first, second, third = bytes(range(256)) * 400, b"second", bytes(5000)
+    stream = framed(first, second, third)[:-1000]
+    read_end, write_end = socket.socketpair()
+    with read_end, write_end:
+        replies = Replies(read_end.fileno())
+        write_end.sendall(stream[:70_000])  # more than one read takes: the reader holds a part
+        assert replies.read() == [] and replies.partial() == f"{70_000 - 8} of {len(first)} bytes received"
+        write_end.sendall(stream[70_000:])  # the rest of it, and more, written before the exit
+        assert replies.read_left() == [first, second]
+        assert replies.partial() == "4000 of 5000 bytes received"
+        assert replies.read_left() == []

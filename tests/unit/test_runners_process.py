@@ -585,6 +585,42 @@ def test_a_worker_that_dies_mid_reply_is_retired_by_its_exit_whatever_a_child_ho
     assert f"exited with code 3 while sending a reply, {sent - 8} of {1 << 20} bytes received" in str(error), error
 
 
+def _answer_then_die_on_minus_one(x: int) -> bytes:
+    """A stage function that exits with code 3 on item -1 and answers any other with x bytes
+    (pickled in the reply itself: more than one read of the pipe takes)."""
+    if x == -1:
+        os._exit(3)
+    return bytes(x)
+
+
+def test_the_whole_replies_a_worker_wrote_before_it_died_answer_their_items_though_none_was_read_before_its_exit():
+    """The reader, held up elsewhere (here by a done-callback), had read none of a worker's
+    replies when the worker died: its exit retires it after what its pipe held then, and the
+    reply it wrote before dying answers its item; only the item it died on fails."""
+    reader_held, release = threading.Event(), threading.Event()
+
+    def hold_the_reader(_):
+        reader_held.set()
+        release.wait(60)
+
+    try:
+        with ProcessRunner(task_timeout_s=30, max_retries=0) as runner:
+            runner.start([Stage("holder", lambda x: x, 1), Stage("dying", _answer_then_die_on_minus_one, 1)])
+            [_, dying] = runner.worker_pids()
+            runner.submit(0, 0).add_done_callback(hold_the_reader)
+            assert reader_held.wait(60)
+            answered, died_on = runner.submit(1, 100_000), runner.submit(1, -1)
+            wait_until(lambda: has_exited(dying), timeout=60)
+            release.set()
+            assert answered.result(60) == bytes(100_000)
+            error = died_on.exception(60)
+            assert runner.submit(1, 3).result(60) == bytes(3)
+    finally:
+        release.set()
+    assert isinstance(error, WorkerCrashedError), error
+    assert f"(pid {dying}) exited with code 3" in str(error) and "while sending" not in str(error), error
+
+
 def _a_forked_child_answers_after_the_worker(go: Path, x: int) -> int:
     """A stage function that, on item -1, forks a child which, once `go` exists, writes a reply of
     its own to the worker's pipe, which it holds, after the worker has answered. Items come back
