@@ -85,6 +85,12 @@ _ITEMS_PER_WORKER = 2
 # so messages are rarely bigger.
 _PIPELINED_MESSAGE_MAX = 32 * 1024
 
+# The number `_decode_reply` gives a reply it lacked the memory to unpickle, whose own number it
+# could not read: taken for the worker's answer to the item it is due. A MemoryError comes of a
+# reply too large for the parent's memory now, which only the worker writes (the message is
+# already read whole); another writer's bytes fail to unpickle long before.
+_DUE = object()
+
 # The longest one wait lasts, for the reader's next deadline and for close's joins. The selectors
 # behind both refuse a wait past about 24.8 days (milliseconds in a C int) with an OverflowError:
 # it stopped the reader thread, so a task_timeout_s of a month, or inf, failed every item. A
@@ -797,10 +803,12 @@ class ProcessRunner:
                         dead[worker] = self._kill_for_a_stray_reply(worker)
                     continue
                 if number != worker.answered + 1:
-                    untrusted.add(worker)
-                    if worker not in dead:
-                        dead[worker] = self._kill_for_a_reply_not_its_own(worker)
-                    continue
+                    if number is not _DUE:
+                        untrusted.add(worker)
+                        if worker not in dead:
+                            dead[worker] = self._kill_for_a_reply_not_its_own(worker)
+                        continue
+                    number = worker.answered + 1
                 worker.answered = number
                 if released:
                     worker.request_blocks.difference_update(released)
@@ -897,22 +905,31 @@ class ProcessRunner:
 
     def _decode_reply(
         self, worker: _Worker, message: bytes
-    ) -> tuple[int | None, bool, Any, tuple[int, ...], int, int]:
+    ) -> tuple[int | object | None, bool, Any, tuple[int, ...], int, int]:
         """(number, ok, value, request blocks the worker released, pipe bytes, shm bytes) of one
         reply; a reply whose value cannot be decoded fails its item. The number is None for a
         message that is no reply at all (the worker's loop pickles every one it writes): another
-        process wrote it, which the reader retires the worker for, as for a wrong number."""
+        process wrote it, which the reader retires the worker for, as for a wrong number. It is
+        `_DUE` for one the parent lacked the memory to unpickle (a large reply pickled in-band,
+        under an address-space limit): that fails the item it is due, as it did before replies
+        were numbered; taken for no reply, it had the healthy worker killed and the item re-run."""
         try:
             ok, envelope, released, number = pickle.loads(message)
+        except MemoryError as exc:
+            return _DUE, False, self._undecodable(worker, exc), (), len(message), 0
         except Exception:  # noqa: BLE001 - whatever it was, the worker did not write it
             return None, False, None, (), len(message), 0
         try:
             return number, ok, decode(envelope, worker.arena), released, len(message), envelope.shm_bytes
         except Exception as exc:
-            stage = self._stages[worker.stage].name
-            error = RuntimeError(f"stage {stage!r}: could not unpickle the worker's reply: {exc!r}")
-            error.__cause__ = exc
-            return number, False, error, released, len(message), 0
+            return number, False, self._undecodable(worker, exc), released, len(message), 0
+
+    def _undecodable(self, worker: _Worker, exc: Exception) -> RuntimeError:
+        """The error a reply of `worker` that could not be unpickled fails its item with."""
+        stage = self._stages[worker.stage].name
+        error = RuntimeError(f"stage {stage!r}: could not unpickle the worker's reply: {exc!r}")
+        error.__cause__ = exc
+        return error
 
     def _fail_everything(self, exc: BaseException) -> None:
         """The reader thread stopped on `exc`: fail every held future and every later submission.

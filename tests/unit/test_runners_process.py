@@ -22,6 +22,7 @@ import threading
 import time
 from contextlib import suppress
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -689,6 +690,32 @@ def test_a_reply_the_worker_did_not_write_is_never_taken_for_its_answer(tmp_path
         assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
         assert runner.stats().workers_replaced == 1
     assert f"worker (pid {pid}) sent a reply that is not the answer its item is due" in caplog.text, caplog.text
+
+
+def test_a_reply_too_large_to_unpickle_in_the_parent_fails_its_item_and_not_its_worker(monkeypatch):
+    """A worker's own reply that the parent cannot unpickle for want of memory (a large reply
+    pickled in-band, under an address-space limit) failed its item with the error, as any reply
+    that cannot be decoded does. Once replies were numbered, the MemoryError was taken for a
+    message no worker wrote: the healthy worker was killed and replaced as if a process it forked
+    had written to its pipe, and the item re-run, or failed as a crash (here, with no retries)."""
+    loads = pickle.loads
+    failed: list[int] = []
+
+    def loads_short_of_memory_once(message, *args, **kwargs):
+        if not failed and len(message) > 100_000:
+            failed.append(len(message))
+            raise MemoryError
+        return loads(message, *args, **kwargs)
+
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("large", bytes, 1)])
+        monkeypatch.setattr(process, "pickle", SimpleNamespace(loads=loads_short_of_memory_once, dumps=pickle.dumps))
+        error = runner.submit(0, 200_000).exception(60)
+        assert [runner.submit(0, x).result(60) for x in (3, 200_000)] == [bytes(3), bytes(200_000)]
+        assert runner.stats().workers_replaced == 0
+    assert failed, "the reply was never unpickled"
+    assert isinstance(error, RuntimeError) and isinstance(error.__cause__, MemoryError), error
+    assert "could not unpickle the worker's reply" in str(error), error
 
 
 def _lose_the_pipe_on_the_first_attempt(lose: str, marker: Path, x: int) -> int:
