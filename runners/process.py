@@ -859,10 +859,14 @@ class ProcessRunner:
         """Kill a worker whose pipe carried a length no reply can have (`Replies.overlong`), and
         the cause to retire it with: its stage function wrote to the reply descriptor, so nothing
         after that point of the pipe can be told apart into replies. The reader waited for that
-        many bytes, the worker's every later reply behind them, until `task_timeout_s`."""
+        many bytes, the worker's every later reply behind them, until `task_timeout_s`. Reported
+        here, as a reply not its own is: a worker holding no item (a thread of its stage function
+        writing after the item was answered) is retired without a word otherwise."""
         pid = self._kill_to_retire(worker)
-        return (f"(pid {pid}) was killed: its reply pipe carried a length of {worker.replies.overlong} bytes, "
-                "more than a reply can be: something in the worker wrote to its descriptor")
+        cause = (f"(pid {pid}) was killed: its reply pipe carried a length of {worker.replies.overlong} bytes, "
+                 "more than a reply can be: something in the worker wrote to its descriptor")
+        _log.warning("stage %r: worker %s; replaced", self._stages[worker.stage].name, cause)
+        return cause
 
     @staticmethod
     def _kill_to_retire(worker: _Worker) -> int:

@@ -829,6 +829,38 @@ def test_a_stage_function_writing_to_its_reply_descriptor_has_its_worker_retired
     assert f"its reply pipe carried a length of {length} bytes, more than a reply can be" in str(error), error
 
 
+def _report_progress_to_the_reply_descriptor_later(go: Path, x: int) -> int:
+    """A stage function that, on item -1, starts a thread which, once `go` exists (the worker idle
+    by then), writes a progress line to the worker's reply descriptor; items come back as they are."""
+    if x == -1:
+        fd = worker_pipe().fileno()
+
+        def report() -> None:
+            wait_for_text(go, timeout=60)
+            os.write(fd, b"progress: 100%\n")
+
+        threading.Thread(target=report, daemon=True).start()
+    return x
+
+
+def test_an_idle_worker_retired_for_text_on_its_reply_descriptor_is_reported(tmp_path, caplog):
+    """Text a thread of the stage function wrote to the reply descriptor of a worker holding no
+    item retired it (killed and replaced) without a word: no item was there to fail or re-run with
+    the cause, so nothing told of the stage function's fault. It is reported with a warning naming
+    the worker and the length, as a reply to no item is."""
+    go = tmp_path / "go"
+    stage = functools.partial(_report_progress_to_the_reply_descriptor_later, go)
+    with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("chatty", stage, 1)])
+        [pid] = runner.worker_pids()
+        assert runner.submit(0, -1).result(60) == -1
+        go.write_text("go")
+        wait_until(lambda: runner.stats().workers_replaced == 1, timeout=60)
+        assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
+    length = int.from_bytes(b"progress", "big")
+    assert f"worker (pid {pid}) was killed: its reply pipe carried a length of {length} bytes" in caplog.text, caplog.text
+
+
 def _forking_with_a_child_that_leaves_it(leave: Any, x: int) -> tuple[int, int | None]:
     """A stage function that, on item -1, forks a child which returns from it (`leave` None) or
     raises `leave`, instead of exiting (`os.fork()` without `os._exit`), and waits for that
