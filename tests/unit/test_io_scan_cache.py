@@ -280,6 +280,10 @@ def test_ranks_planning_at_once_on_a_cold_scan_cache_read_each_shard_once(tmp_pa
         assert [n for key, n in CountingStore.asked.items() if key[0] == "open"] == [1] * _SHARDS
 
 
+_REMEDY = {errno.EROFS: "mounted read-only", errno.ENOSPC: "free space on its disk", errno.EACCES: "write permission"}
+"""What the error tells the operator to do, by errno (zephon/io/_unwritable.py)."""
+
+
 @pytest.mark.parametrize("errno_", [errno.EROFS, errno.ENOSPC, errno.EACCES], ids=["read-only", "full", "denied"])
 def test_a_scan_cache_that_cannot_take_an_entry_is_a_configuration_error_naming_it(tmp_path, monkeypatch, errno_):
     """Planning without the cache would read the whole corpus on every rank again, unsaid."""
@@ -295,8 +299,11 @@ def test_a_scan_cache_that_cannot_take_an_entry_is_a_configuration_error_naming_
 
     monkeypatch.setattr(_scan_cache.os, "open", refusing_open)
     named = f"scan cache directory {scans} cannot be written .*{errno.errorcode[errno_]}"
-    with pytest.raises(ConfigurationError, match=named):
+    with pytest.raises(ConfigurationError, match=named) as caught:
         Dataset.from_path("d", url, scan_cache=scans)
+    assert _REMEDY[errno_] in str(caught.value)
+    if errno_ != errno.ENOSPC:  # an operator told to free space on a read-only or denied disk deletes for nothing
+        assert "free space" not in str(caught.value)
 
 
 def test_a_warm_scan_cache_on_a_disk_that_takes_no_writes_is_read(tmp_path, monkeypatch, opens):

@@ -1547,5 +1547,10 @@ def test_a_cache_disk_that_is_full_or_read_only_is_a_named_error_at_once_not_a_f
             ds = Dataset.from_path("d", "objstore://bucket", retries=3, retry_delay=0).with_io_options({"cache": cache})
             ds.read_chunk(ds.chunks(5)[0])
     assert os.strerror(code) in str(caught.value) and errno.errorcode[code] in str(caught.value)
+    remedy = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "quota", errno.EROFS: "mounted read-only",
+              errno.EACCES: "write permission"}[code]
+    assert remedy in str(caught.value), "the error told the operator to do something that cannot help"
+    if code != errno.ENOSPC:
+        assert "free space on its disk" not in str(caught.value)
     assert len(downloads) <= 1, "a local disk error was retried as if the remote had failed"
     assert not list(directory.glob("*.part")), "the temporary copy was left behind"

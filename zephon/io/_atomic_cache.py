@@ -58,6 +58,7 @@ from fsspec.implementations.cached import SimpleCacheFileSystem
 
 from .._errors import ConfigurationError
 from .._file_lock import lock, remove_if_unlocked
+from ._unwritable import unwritable_remedy
 from ._version import ShardVersion, changed_after_planning, version_of
 
 __all__ = ["ABANDONED_AFTER_S", "AtomicSimpleCacheFileSystem"]
@@ -146,7 +147,7 @@ def _unwritable(cache: AtomicSimpleCacheFileSystem, path: str, directory: str, e
     sent the user to the remote store rather than to the cache's disk."""
     return ConfigurationError(
         f"cache directory {directory} cannot be written ({errno.errorcode.get(error.errno, error.errno)}: "
-        f"{error.strerror}) while copying shard {cache.fs.unstrip_protocol(path)}: free space on its disk, "
+        f"{error.strerror}) while copying shard {cache.fs.unstrip_protocol(path)}: {unwritable_remedy(error.errno)}, "
         "or set io cache options {'dir': ...} to a directory that can be written"
     )
 

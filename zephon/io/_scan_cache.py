@@ -67,6 +67,7 @@ from .._errors import ConfigurationError
 from .._file_lock import lock, remove_if_unlocked, still_at
 from .._sha256 import sha256
 from ._format import ShardScan
+from ._unwritable import unwritable_remedy
 
 if TYPE_CHECKING:
     from ._format import ShardFile, ShardFormat
@@ -146,7 +147,8 @@ class ScanCache:
         code = errno.errorcode.get(error.errno, error.errno)
         return ConfigurationError(
             f"scan cache directory {self.directory} cannot be written ({code}: {error.strerror}) while storing "
-            f"the scan of shard {url}: free space on its disk, or set scan_cache to a directory that can be written"
+            f"the scan of shard {url}: {unwritable_remedy(error.errno)}, or set scan_cache to a directory that can "
+            "be written"
         )
 
 
