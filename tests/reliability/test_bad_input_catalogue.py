@@ -53,7 +53,7 @@ from tests.unit.test_vlm_assets import (  # the shared bad-image makers
 )
 from vlm import ImageSpec, decode_image, patchify
 from zephon import BadRecordError, ConfigurationError, Pipeline
-from zephon.io import Dataset, ShardUnavailableError, _dataset
+from zephon.io import Dataset, ShardUnavailableError, _dataset, _local
 from zephon.work import ScheduledMixtureWorkSource
 
 
@@ -270,6 +270,30 @@ def test_shard_deleted_between_planning_and_reading_fails_naming_its_url(tmp_pat
             list(loader)
     assert info.value.url == dataset.shards[1].url
     assert dataset.shards[1].url in str(info.value) and info.value.attempts == 2
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_shard_made_unreadable_after_planning_fails_naming_its_url_and_the_denial(tmp_path, runner, monkeypatch):
+    """`chmod 000` on a shard mid-run. Root reads it anyway, so the test has the open refused as
+    the kernel refuses an unprivileged user (the process runner's forked workers inherit it): the
+    denial is retried like any storage error, then ends the run naming the file and the denial."""
+    dataset = jsonl_dataset(tmp_path, retries=2, retry_delay=0.01)
+    denied = dataset.shards[1].url
+    os.chmod(denied, 0)
+    real_open = open
+
+    def kernel_open(path, *args, **kwargs):
+        if str(path) == denied:
+            raise PermissionError(13, os.strerror(13), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(_local, "open", kernel_open, raising=False)
+    pipeline = text_pipeline(dataset, runner=runner)
+    with pipeline.shard(0, 1, global_batch_size=8) as loader:
+        with pytest.raises(ShardUnavailableError) as info:
+            list(loader)
+    assert info.value.url == denied and info.value.attempts == 2
+    assert "PermissionError" in info.value.cause and denied in str(info.value)
 
 
 def test_shard_cut_short_after_planning_fails_naming_it_or_counts_its_lost_records_where_no_version_is_told(
