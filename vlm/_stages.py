@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from zephon._errors import BadRecordError, ConfigurationError, check_count
+from zephon._field_names import fields_it_has
 from zephon._record_ops import _configuration
 from zephon._records import ChunkRecords, RecordAddress
 from zephon._sha256 import sha256
@@ -101,7 +102,19 @@ def _first_present(record: dict, fields: tuple[str, ...], reason: str) -> tuple[
         value = record.get(name)
         if value is not None:
             return name, value
-    raise _Skip(reason, f"none of the fields {list(fields)} is present")
+    raise _Absent(reason, fields, record)
+
+
+class _Absent(_Skip):
+    """A record without any of a stage's candidate fields. The fields it has are named only when
+    the detail is read (a `BadRecordError` under `on_error="raise"`): a counted skip never reads it."""
+
+    def __init__(self, reason: str, fields: tuple[str, ...], record: dict) -> None:
+        self.reason, self.fields, self.record = reason, fields, record
+
+    @property
+    def detail(self) -> str:
+        return f"none of the fields {list(self.fields)} is present; {fields_it_has(self.fields, self.record)}"
 
 
 def _items(value: Any, allow_paths: bool) -> tuple[list[Any], bool]:

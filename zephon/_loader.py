@@ -29,6 +29,7 @@ from . import _fork, _runner_closer, _wait
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
+from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
 from ._ledger import Ledger
 from ._lane import LaneStream
@@ -243,17 +244,25 @@ class RankLoader:
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
         of its input field. `fingerprints` holds the operators' fingerprints by id."""
         fns = self._stage_fns
+        record_ops = self.pipeline.record_operators()  # in the order of their functions
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
         tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
 
         def count(batch: ChunkRecords) -> SampleCount:
-            for fn in fns:
+            absent = None
+            for op, fn in zip(record_ops, fns):
+                before = dict(zip(batch.addresses, batch.records)) if absent is None else None
+                seen = len(batch.skipped)
                 batch = fn(batch)
+                if before is not None:
+                    absent = first_absent_field(op, before, batch.skipped[seen:])
             dropped = Counter(reason for _, reason in batch.skipped)
             if batch.filtered:
                 dropped["filtered"] = len(batch.filtered)
-            return SampleCount(sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records)), dropped)
+            tokens = sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
+            absent = absent or first_lacking_packed_field(packer, batch.addresses, batch.records)
+            return SampleCount(tokens, dropped, absent)
 
         # Same key, same counts: lets the work source measure once for every loader of a pipeline.
         # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure

@@ -23,6 +23,7 @@ from ._code_reads import (
     names_got_on_first_argument,
 )
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
+from ._field_names import fields_it_has
 from ._records import ChunkRecords
 from ._sha256 import sha256
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
@@ -711,9 +712,9 @@ class TokenizeOp(RecordOperator):
                 reasons = [reason or _unencodable(r[field_name]) for r, reason in zip(batch.records, reasons)]
                 encodings = _encode(encode_batch, batch.records, field_name, reasons)
             if on_error == "raise":
-                for reason, address in zip(reasons, batch.addresses):
+                for reason, address, record in zip(reasons, batch.addresses, batch.records):
                     if reason is not None:
-                        raise BadRecordError(address, reason, f"field {field_name!r}")
+                        raise BadRecordError(address, reason, _field_detail(field_name, reason, record))
             batch.skip(reasons)
             for record, encoding in zip(batch.records, encodings):
                 # `ids` is a new list at every access, so BOS/EOS go into it in place, and
@@ -750,6 +751,13 @@ def _encode(encode_batch, records: list[dict], field_name: str, reasons: list[st
     """The encodings of the records' texts that have no reason to be skipped, in order."""
     texts = [record[field_name] for record, reason in zip(records, reasons) if reason is None]
     return encode_batch(texts, add_special_tokens=False) if texts else []
+
+
+def _field_detail(field_name: str, reason: str, record: dict) -> str:
+    """The field a refused record was read at and, where it lacks it, the fields it has."""
+    if reason == "missing_field":
+        return f"field {field_name!r}; {fields_it_has(field_name, record)}"
+    return f"field {field_name!r}"
 
 
 def _text_problem(value) -> str | None:

@@ -7,9 +7,19 @@ names, a misnamed text field, a loader used after `close()`.
 
 from __future__ import annotations
 
+import io
+import json
+import re
+import tarfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from zephon import ConfigurationError, Pipeline
+from tests.reliability.harness import TOKENIZER
+from tests.unit.test_vlm_assets import encode, gradient
+from zephon import BadRecordError, ConfigurationError, Pipeline
+from zephon._field_names import fields_it_has
 from zephon.integrations.torchtitan import ZephonDataLoader
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
@@ -72,8 +82,152 @@ def test_a_misnamed_text_field_is_refused_at_planning_naming_why_the_sample_had_
                                      token_estimation=TokenEstimation(sample_records=64))
     pipeline = readme_pipeline(source, demo_tokenizer_path, field="txt")
     with pytest.raises(ConfigurationError, match=r"dataset 'bible': .* yielded no token \(records dropped: "
-                                                 r"missing_field 64\).*check its field names"):
+                                                 r"missing_field 64; record bible:\S+ lacks 'txt': "
+                                                 r"fields it has: 'book', 'chapter', 'id', 'text'; "
+                                                 r"did you mean 'text'\?\).*check its field names"):
         pipeline.shard(0, 1, global_batch_size=16)
+
+
+# -- a misnamed field names the fields the records have -------------------------------------------
+def _jsonl(root):
+    root.mkdir()
+    lines = [json.dumps({"id": i, "content": f"record number {i}", "url": f"u{i}"}) for i in range(16)]
+    (root / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def _parquet(root):
+    root.mkdir()
+    rows = [{"id": i, "content": f"record number {i}", "url": f"u{i}"} for i in range(16)]
+    pq.write_table(pa.Table.from_pylist(rows), root / "part-0.parquet")
+
+
+def _webdataset(root):
+    """The member extensions are the fields: a sample's text is under `.content`, beside `.id`."""
+    root.mkdir()
+    with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(16):
+            for extension, payload in (("content", f"record number {i}"), ("id", str(i))):
+                data = payload.encode()
+                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+MISNAMED_LAYOUTS = {
+    "jsonl": (_jsonl, "'content', 'id', 'url'"),
+    "parquet": (_parquet, "'content', 'id', 'url'"),
+    "webdataset": (_webdataset, "'__key__', 'content', 'id'"),
+}
+
+
+def misnamed_pipeline(tmp_path, tokenizer, layout, **options):
+    write, _ = MISNAMED_LAYOUTS[layout]
+    write(tmp_path / layout)
+    estimation = options.pop("token_estimation", None)
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(tmp_path / layout))],
+                                     token_estimation=estimation, num_epochs=1, records_per_chunk=4)
+    return (
+        Pipeline(source).options(num_lanes=2, runner="inline", **options)
+        .tokenize(tokenizer_id=str(tokenizer), field="contents", eos="<|eos|>")
+        .pack_flat(max_length=64)
+        .batch(microbatch_size=1)
+    )
+
+
+@pytest.mark.parametrize("layout", sorted(MISNAMED_LAYOUTS))
+def test_a_misnamed_field_refused_at_planning_names_the_fields_a_dropped_record_has(
+    tmp_path, demo_tokenizer_path, layout
+):
+    """The refusal said every record was dropped as missing_field, not what the field is called:
+    finding "content" meant opening a shard. JSON keys, Parquet columns and WebDataset member
+    extensions are the fields named."""
+    pipeline = misnamed_pipeline(tmp_path, demo_tokenizer_path, layout, token_estimation=TokenEstimation())
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.shard(0, 1, global_batch_size=2)
+    fields = MISNAMED_LAYOUTS[layout][1]
+    assert re.search(r"\(records dropped: missing_field 16; record d:\S+#0 lacks 'contents': "
+                     rf"fields it has: {fields}; did you mean 'content'\?\)", str(refused.value))
+
+
+@pytest.mark.parametrize("layout", sorted(MISNAMED_LAYOUTS))
+def test_a_misnamed_field_under_on_error_raise_names_the_fields_the_record_has(
+    tmp_path, demo_tokenizer_path, layout
+):
+    """BadRecordError named the missing field alone."""
+    pipeline = misnamed_pipeline(tmp_path, demo_tokenizer_path, layout, on_error="raise")
+    with pytest.raises(BadRecordError) as refused, pipeline.shard(0, 1, global_batch_size=2) as loader:
+        next(iter(loader))
+    fields = MISNAMED_LAYOUTS[layout][1]
+    assert refused.value.reason == "missing_field"
+    assert refused.value.detail == f"field 'contents'; fields it has: {fields}; did you mean 'content'?"
+
+
+def test_a_misnamed_pack_flat_field_refused_at_planning_names_the_fields_the_records_have(tmp_path):
+    """Token ids stored in the data under "token_ids", packed from "tokens": the sample counted no
+    token and no drop (the packer's count of a record without ids is 0), and said neither."""
+    (tmp_path / "d").mkdir()
+    lines = [json.dumps({"id": i, "token_ids": [5, 6, 7]}) for i in range(16)]
+    (tmp_path / "d" / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(tmp_path / "d"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .pack_flat(max_length=8, field="tokens").batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.shard(0, 1, global_batch_size=2)
+    assert re.search(r"yielded no token \(record d:\S+#0 lacks 'tokens': "
+                     r"fields it has: 'id', 'token_ids'; did you mean 'token_ids'\?\)", str(refused.value))
+
+
+def _misnamed_images(root, on_error):
+    """Pairs whose images are stored as `.image`, while decode_images is told "img"."""
+    root.mkdir()
+    with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(8):
+            for extension, data in (("txt", f"picture {i}".encode()), ("image", encode(gradient(), "PNG"))):
+                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    from vlm import PixtralPlaceholders
+
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(root))], num_epochs=1, records_per_chunk=4,
+                                     token_estimation=TokenEstimation() if on_error == "skip" else None)
+    return (
+        Pipeline(source).options(num_lanes=2, runner="inline", on_error=on_error)
+        .decode_images(field="img")
+        .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>")
+        .pack_multimodal(256, PixtralPlaceholders(3, 4, 5))
+        .batch(microbatch_size=1)
+    )
+
+
+def test_a_misnamed_image_field_names_the_fields_the_records_have(tmp_path):
+    """decode_images(field="img") on pairs stored as `.image`: planning refuses and
+    on_error="raise" fails naming the extensions the samples have, not the candidates alone."""
+    with pytest.raises(ConfigurationError) as refused:
+        _misnamed_images(tmp_path / "planned", "skip").shard(0, 1, global_batch_size=2)
+    assert re.search(r"\(records dropped: missing_image 8; record pairs:\S+#0 lacks 'img': "
+                     r"fields it has: '__key__', 'image', 'txt'; did you mean 'image'\?\)", str(refused.value))
+    pipeline = _misnamed_images(tmp_path / "raised", "raise")
+    with pytest.raises(BadRecordError) as raised, pipeline.shard(0, 1, global_batch_size=2) as loader:
+        next(iter(loader))
+    assert raised.value.reason == "missing_image"
+    assert raised.value.detail == ("none of the fields ['img'] is present; "
+                                   "fields it has: '__key__', 'image', 'txt'; did you mean 'image'?")
+
+
+def test_a_wide_record_names_its_first_fields_and_counts_the_rest():
+    """A table of 30 columns is named by its first 12 (sorted) and a count, so the message stays a line."""
+    columns = [f"col{i:02d}" for i in range(30)] + ["texts"]
+    assert fields_it_has("text", columns) == (
+        "fields it has: " + ", ".join(repr(c) for c in columns[:12]) + " … and 19 more; did you mean 'texts'?"
+    )
+    assert fields_it_has(("jpg", "png"), ["txt"]) == "fields it has: 'txt'"
+
+
+def test_a_null_field_is_said_to_be_null_not_guessed_another_name():
+    """A JSON `null` is skipped as missing_field too; "did you mean 'text'?" for a record holding
+    "text" would send the user looking for a name that is right."""
+    assert fields_it_has("text", ["id", "text"]) == "'text' is null"
 
 
 def test_a_closed_loader_says_how_to_go_on_and_the_state_it_still_gives_resumes_there(

@@ -15,6 +15,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 from .._errors import check_count, check_seed
+from .._field_names import AbsentField
 from .._random import SeededStream
 from .._records import Chunk, ChunkRecords
 
@@ -31,6 +32,8 @@ class SampleCount(NamedTuple):
 
     tokens: int
     dropped: Mapping[str, int]
+    absent_field: AbsentField | None = None
+    """The chunk's first record dropped for lacking the field a stage reads, with the fields it had."""
 
 
 TokenCounter = Callable[[ChunkRecords], "int | SampleCount"]
@@ -53,6 +56,9 @@ class TokenStats:
     tokens_per_byte: float
     dropped: tuple[tuple[str, int], ...] = ()
     """Records of the sample dropped before packing, by reason, most first (where the counter says)."""
+    absent_field: AbsentField | None = None
+    """The sample's first record dropped for lacking a stage's field (where the counter says): the
+    fields of one real record, which a refusal names so a misnamed field needs no shard opened."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +92,13 @@ class TokenEstimation:
         dataset.check_plannable()
         tokens = records = sample_bytes = 0
         dropped: Counter[str] = Counter()
+        absent_field = None
         for chunk in self._sample_chunks(dataset):
             counted = count_tokens(dataset.read_chunk(chunk, on_error="skip"))
             if isinstance(counted, SampleCount):
                 tokens += counted.tokens
                 dropped.update(counted.dropped)
+                absent_field = absent_field or counted.absent_field
             else:
                 tokens += counted
             sample_bytes += dataset.raw_bytes(chunk)
@@ -105,6 +113,7 @@ class TokenEstimation:
             tokens_per_record=per_record,
             tokens_per_byte=per_byte,
             dropped=tuple(dropped.most_common()),
+            absent_field=absent_field,
         )
 
     def _sample_chunks(self, dataset: Dataset) -> list[Chunk]:

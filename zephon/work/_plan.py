@@ -443,9 +443,11 @@ class MixturePlan:
             whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
             found = "no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
             dropped = ", ".join(f"{reason} {count}" for reason, count in stats.dropped)
+            why = [f"records dropped: {dropped}"] if dropped else []
+            why += [stats.absent_field.describe()] if stats.absent_field else []
             raise ConfigurationError(
                 f"dataset {dataset.name!r}: the token estimation sample of {stats.sampled_records} records "
-                f"({whole}) yielded {found}" + (f" (records dropped: {dropped})" if dropped else "")
+                f"({whole}) yielded {found}" + (f" ({'; '.join(why)})" if why else "")
                 + ", so its token share cannot be planned; check its field names and filters, give it "
                 "weight 0, or sample more records (TokenEstimation(sample_records=...))"
             )
