@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
 from ._accumulator import AccumulatorFactory, SegmentContext
+from ._barren import barren_error
 from ._errors import ConfigurationError
 from ._records import Chunk, ChunkRecords
 from ._sequence import PackedSequence
@@ -234,13 +235,10 @@ class LaneStream:
     def _check_barren(self) -> None:
         if self._barren_records is None or self._read_without_rows <= self._barren_records:
             return
-        drops = ", ".join(f"{reason}: {n}" for reason, n in self._drops_without_rows.most_common(5))
-        raise ConfigurationError(
-            f"lane {self.lane} read {self._read_without_rows} records in a row and handed over no row "
-            f"(dropped: {drops or 'none counted'}): every record of its datasets seems to be dropped, "
-            "and an endless plan would read them forever. Check the field names, the filters and the "
-            "image or video specs against the data: with .options(on_error=\"raise\") the first record "
-            "dropped fails naming itself and why (a missing field by its name)."
+        raise barren_error(
+            f"lane {self.lane} read {self._read_without_rows} records in a row",
+            self._drops_without_rows,
+            "every record of its datasets seems to be dropped, and an endless plan would read them forever",
         )
 
     def _rows_handed_over(self) -> None:

@@ -26,6 +26,7 @@ from time import perf_counter
 from typing import Generator, Iterator
 
 from . import _fork, _runner_closer, _wait
+from ._barren import refuse_a_finite_run_without_rows
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
@@ -456,6 +457,7 @@ class RankLoader:
             # round in which nothing is yielded; the next round knows it, so the order is the same.
             unknown = [lane for lane in self.lanes if not self._streams[lane].exhausted]
             if not unknown:
+                refuse_a_finite_run_without_rows(self)  # every record dropped: fail, not end after zero steps
                 return
             step = min(self._cursors[lane].position for lane in unknown) // per_step
             for lane in unknown:
@@ -608,14 +610,16 @@ class RankLoader:
                 return
             cursor.finished = True
 
-    def _gives_a_row(self, lane: int, segment: int) -> bool:
-        """Whether the lane, read from the start of `segment`, gives a row (its records uncounted)."""
+    def _gives_a_row(self, lane: int, segment: int, count_into: Ledger | None = None) -> bool:
+        """Whether the lane, read from the start of `segment`, gives a row; its records are counted
+        into `count_into` if given, never into the loader's ledger."""
         ignore = lambda *_: None
+        count_chunk, count_skips = (count_into.count_chunk, count_into.count_skips) if count_into else (ignore, ignore)
         self._ensure_runner()
         flush_every = self.pipeline.settings.flush_every_chunks
         stream = LaneStream(
             lane, lane_plan(self.plan, lane, flush_every, segment), segment, self._submit, self.factories,
-            self.prefetch, ignore, ignore, on_truncations=ignore, finite=True,
+            self.prefetch, count_chunk, count_skips, on_truncations=ignore, finite=True,
         )
         try:
             return stream.has_more()

@@ -213,10 +213,15 @@ def test_endless_work_plan_giving_a_lane_only_empty_slots_fails_naming_the_lane_
         _first_batches(pipeline, 2)
 
 
-def test_finite_plan_that_drops_every_record_ends_with_every_record_counted(tmp_path):
-    run = run_epoch(text_pipeline(jsonl_dataset(tmp_path), field="body", num_epochs=1))
-    assert run.batches == []
-    assert run.skipped("d") == Counter({"missing_field": SHARDS * PER_SHARD})
+def test_finite_plan_that_drops_every_record_fails_at_its_end_with_every_record_counted(tmp_path):
+    """It ended with no batch and no error: a training job that "succeeded" after zero steps."""
+    pipeline = text_pipeline(jsonl_dataset(tmp_path), field="body", num_epochs=1)
+    records = SHARDS * PER_SHARD
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(ConfigurationError, match=rf"lanes read {records} records and handed over no row "
+                                                     rf"\(dropped: missing_field: {records}\).*on_error=\"raise\""):
+            list(loader)
+        assert loader.stats()["datasets"]["d"]["total"]["skipped"] == {"missing_field": records}
 
 
 def test_endless_plan_keeps_going_on_a_few_surviving_records_or_one_good_dataset(tmp_path):

@@ -269,3 +269,107 @@ def test_a_closed_torchtitan_loader_says_to_build_a_new_one_and_load_its_state_n
     )
     with ZephonDataLoader(pipeline, 0, 1, global_batch_size=16) as again:
         again.load_state_dict(loader.state_dict())
+
+
+# -- a finite run whose every record is dropped ---------------------------------------------------
+JARGON_RECORDS = 2307
+NOTHING_TRAINED = (
+    rf"the finite plan's 2 lanes read {JARGON_RECORDS} records and handed over no row "
+    rf"\(dropped: missing_field: {JARGON_RECORDS}\): every record was dropped.*Check the field names"
+)
+
+
+def jargon_pipeline(demo_data_dir, tokenizer, field="text", runner="inline", filter_fn=None):
+    """The jargon corpus alone, one epoch, no token estimation (which would refuse a misnamed field
+    at planning), on 2 lanes."""
+    source = StaticMixtureWorkSource([Dataset.from_path("jargon", str(demo_data_dir / "jargon"))], num_epochs=1, seed=1)
+    pipeline = Pipeline(source).options(num_lanes=2, runner=runner)
+    if filter_fn is not None:
+        pipeline = pipeline.filter(filter_fn)
+    return (
+        pipeline.tokenize(tokenizer_id=str(tokenizer), field=field, eos="<|eos|>")
+        .pack_flat(max_length=256).batch(microbatch_size=2)
+    )
+
+
+def jargon_skipped(loader) -> dict:
+    return loader.stats()["datasets"]["jargon"]["total"]["skipped"]
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_a_finite_run_whose_every_record_is_dropped_fails_at_its_end_naming_why(
+    demo_data_dir, demo_tokenizer_path, runner
+):
+    """A misnamed field without TokenEstimation: the run read every record, handed over nothing and
+    ended as if it had trained, after zero steps. It now fails at the end of the iteration, once
+    every record is counted, so the ledger can still be read."""
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path, field="txt", runner=runner)
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        with pytest.raises(ConfigurationError, match=NOTHING_TRAINED):
+            for _ in loader:
+                pass
+        assert jargon_skipped(loader) == {"missing_field": JARGON_RECORDS}
+
+
+def test_every_rank_of_a_run_whose_every_record_is_dropped_fails_naming_the_whole_recipes_drops(
+    demo_data_dir, demo_tokenizer_path
+):
+    """Each rank reads its own lanes and then asks the others' whether any gives a row: the
+    decision and the counts named are the recipe's, the same on 1 rank and on 2."""
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path, field="txt")
+    own = []
+    for rank in range(2):
+        with pipeline.shard(rank, 2, global_batch_size=4) as loader:
+            with pytest.raises(ConfigurationError, match=NOTHING_TRAINED):
+                list(loader)
+            own.append(jargon_skipped(loader)["missing_field"])
+    assert sum(own) == JARGON_RECORDS and all(own), own  # each rank's ledger holds its own lane only
+
+
+def test_a_filter_that_keeps_a_few_records_trains_on_them_without_error(demo_data_dir, demo_tokenizer_path):
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path, filter_fn=lambda record: record["term"][:1] == "Q")
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        batches = list(loader)
+        totals = loader.stats()["datasets"]["jargon"]["total"]
+    assert batches and 0 < totals["emitted"] < totals["filtered"], totals
+
+
+def test_a_rank_whose_lanes_drop_every_record_ends_quietly_while_another_trains(demo_data_dir, demo_tokenizer_path):
+    """A filter keeps only lane 0's records: on 2 ranks, rank 1 hands over nothing, as a rank does in
+    the ragged end of a tiny dataset. The recipe trains on 1 rank, so it must on 2: rank 1 ends
+    with no batch and no error, having found a row in rank 0's lane."""
+    from zephon.work import Flush, lane_plan
+
+    plain = jargon_pipeline(demo_data_dir, demo_tokenizer_path)
+    with plain.shard(0, 1, global_batch_size=4) as loader:
+        chunks = [item for item in lane_plan(loader.plan, 0, 2) if not isinstance(item, Flush)]
+        lane_0 = {record["id"] for chunk in chunks for record in loader.plan.datasets["jargon"].read_chunk(chunk).records}
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path, filter_fn=lambda record: record["id"] in lane_0)
+    batches = {}
+    for world_size in (1, 2):
+        for rank in range(world_size):
+            with pipeline.shard(rank, world_size, global_batch_size=4) as loader:
+                batches[rank, world_size] = [batch.digest() for batch in loader]
+    assert batches[1, 2] == [] and batches[0, 2] == batches[0, 1] != []
+
+
+def test_a_run_that_handed_over_batches_and_then_ran_out_ends_without_error(demo_data_dir, demo_tokenizer_path):
+    """Iterated again, or resumed from a state saved at its end, a finished run gives no batch:
+    that is its end, not a recipe that drops everything."""
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path)
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        assert list(loader)
+        assert list(loader) == []
+        state = loader.state_dict()
+    with pipeline.shard(0, 2, global_batch_size=4) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == []
+
+
+def test_a_torchtitan_loader_over_a_run_whose_every_record_is_dropped_fails_the_same_way(
+    demo_data_dir, demo_tokenizer_path
+):
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path, field="txt")
+    with ZephonDataLoader(pipeline, 0, 1, global_batch_size=4) as loader:
+        with pytest.raises(ConfigurationError, match=NOTHING_TRAINED):
+            next(iter(loader))
