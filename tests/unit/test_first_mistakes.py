@@ -373,3 +373,4 @@ def test_a_torchtitan_loader_over_a_run_whose_every_record_is_dropped_fails_the_
     with ZephonDataLoader(pipeline, 0, 1, global_batch_size=4) as loader:
         with pytest.raises(ConfigurationError, match=NOTHING_TRAINED):
             next(iter(loader))
+        assert jargon_skipped(loader) == {"missing_field": JARGON_RECORDS}  # not wiped by handing back nothing

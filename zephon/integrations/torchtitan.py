@@ -341,7 +341,11 @@ class ZephonDataLoader(_Base):
                     group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
                     batch = self._collate(group) if group else None
                 except BaseException as exc:
-                    self._loader._take_up(*mark)
+                    # With none taken there is nothing to hand back, and taking up the mark only
+                    # wiped the records counted since: a run refused at its end for dropping every
+                    # record read in stats() as having read none.
+                    if self._loader._rows_taken != mark[3]:  # mark: cursors, ledgers, steps, rows taken
+                        self._loader._take_up(*mark)
                     if isinstance(exc, ConfigurationError) and self._loader._closed:
                         # The rank loader's refusal says to make a loader with pipeline.shard(...).
                         raise ConfigurationError(f"this ZephonDataLoader is closed; {_MAKE_ANOTHER}") from None
