@@ -443,34 +443,25 @@ def test_decoder_seeks_over_whole_groups_it_does_not_need_and_stops_after_the_la
     assert len(container.decoded) < 100
 
 
-def test_a_damaged_frame_is_refused_where_it_is_decoded_on_the_way_to_a_target_and_only_there():
-    """What the damage check sees: the frames decoded from the keyframe a seek lands on up to
-    the frame past each target. A damaged frame in a group the decoder seeks over shapes no
-    chosen frame and is not looked at; one between a target's keyframe and the target is."""
+@pytest.mark.parametrize(
+    ("mark", "said"),
+    [("damaged", "frame at pts {} damaged"), ("flagged", "demuxer reports the packet at pts {} damaged")],
+    ids=["frame marked by the decoder", "packet marked by the demuxer"],
+)
+def test_damage_is_refused_where_it_is_decoded_on_the_way_to_a_target_and_only_there(mark, said):
+    """What the damage checks see: the frames decoded from the keyframe a seek lands on up to
+    the frame past each target, and the packets they are decoded from. Damage in a group the
+    decoder seeks over shapes no chosen frame and is not looked at; damage between a target's
+    keyframe and the target is. A demuxer marks a packet it knows damaged (MPEG-TS: a lost or
+    error-flagged transport packet) whether or not the decoder then marks its frame."""
     targets = [10, 20, 510, 530, 700]
     skipped_over = FakeContainer(n=1000, gop=50)
-    skipped_over.damaged = {300, 600, 900}
+    setattr(skipped_over, mark, {300, 600, 900})
     assert [f.pts for f in choose_frames(skipped_over, targets)] == targets
     for damaged in (0, 15, 505, 701):
         container = FakeContainer(n=1000, gop=50)
-        container.damaged = {damaged}
-        with pytest.raises(VideoDecodeError, match=f"frame at pts {damaged} damaged") as caught:
-            choose_frames(container, targets)
-        assert caught.value.reason == "corrupt_video"
-
-
-def test_a_packet_the_demuxer_marks_is_refused_where_it_is_read_on_the_way_to_a_target_and_only_there():
-    """A demuxer marks a packet it knows damaged (MPEG-TS: a lost or error-flagged transport
-    packet), whether or not the decoder then marks a frame; the packets read are those of the
-    frames decoded, so the same packets are looked at as frames, and nothing else."""
-    targets = [10, 20, 510, 530, 700]
-    skipped_over = FakeContainer(n=1000, gop=50)
-    skipped_over.flagged = {300, 600, 900}
-    assert [f.pts for f in choose_frames(skipped_over, targets)] == targets
-    for flagged in (0, 15, 505, 701):
-        container = FakeContainer(n=1000, gop=50)
-        container.flagged = {flagged}
-        with pytest.raises(VideoDecodeError, match=f"demuxer reports the packet at pts {flagged} damaged") as caught:
+        setattr(container, mark, {damaged})
+        with pytest.raises(VideoDecodeError, match=said.format(damaged)) as caught:
             choose_frames(container, targets)
         assert caught.value.reason == "corrupt_video"
 
