@@ -176,3 +176,33 @@ def test_torchtitan_readme_job_config_builds_the_trainers_loader_and_its_plain_l
     exec(compile(loop_block, "zephon/integrations/README.md", "exec"), loop)
     loop["loader"].close()
     assert [len(digest) for digest in loop["digests"]] == [64] * (8 // shipped.microbatch_size)
+
+
+@requires_torch
+@pytest.mark.parametrize("named", ["tekken/tokenizer.json", "tekken"], ids=["file", "directory"])
+def test_vlm_readme_recipe_for_ones_own_pairs_runs_as_printed_on_the_tokenizer_file_or_its_directory(
+        tmp_path, monkeypatch, named):
+    """vlm/README.md's "Your own image–caption pairs" block, in a directory holding `tekken/` and
+    `pairs/` as it names them (Tekken's tokenizer.json and real pairs as WebDataset tars). Its
+    comment offers the tokenizer's directory in place of its file, so the block runs with each:
+    `Tokenizer.from_file` on the directory failed with "Is a directory (os error 21)"."""
+    import shutil
+
+    import torch
+
+    from vlm._assets import pair_shards, tekken_tokenizer
+
+    [block] = [b for b in python_blocks("vlm/README.md") if '"pairs/"' in b]
+    printed = 'tokenizer = "tekken/tokenizer.json"'
+    assert printed in block
+    (tmp_path / "tekken").mkdir()
+    shutil.copy(tekken_tokenizer() / "tokenizer.json", tmp_path / "tekken" / "tokenizer.json")
+    shutil.copytree(pair_shards(2, 16).directory, tmp_path / "pairs")
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(block.replace(printed, f'tokenizer = "{named}"'), "vlm/README.md", "exec"), namespace)
+    batch = namespace["batch"]
+    assert {"input_ids", "labels", "position_ids", "document_ids", "pixel_values", "image_grid"} <= set(batch)
+    assert all(isinstance(t, torch.Tensor) for t in batch.values())
+    assert tuple(batch["input_ids"].shape) == (1, 2048), "microbatch_size=1 row of 2048"
+    assert len(batch["image_grid"]) >= 1, "the row holds images"
