@@ -275,6 +275,26 @@ def test_a_loaders_method_asked_of_the_pipeline_points_to_the_loader(spec_pipeli
         spec_pipeline.unknown_operator
 
 
+@pytest.mark.parametrize("name", ["__getstate__", "__deepcopy__", "__array__", "_repr_html_", "_ipython_display_"])
+def test_a_private_name_probed_on_a_pipeline_is_a_miss_that_reads_no_entry_points_and_imports_nothing(
+        spec_pipeline, monkeypatch, name):
+    """pickle, copy, numpy and notebooks probe such names with hasattr; a miss of a public name
+    re-reads the installed packages' entry points (10-20 ms) and looks the name up on RankLoader
+    to word its error, which a probe must not pay for, nor import anything for."""
+    import zephon._pipeline
+
+    def no_read(*args):
+        raise AssertionError(f"a probe of {name!r} read the entry points")
+
+    monkeypatch.setattr(zephon._pipeline, "find", no_read)
+    monkeypatch.setattr(zephon._pipeline, "_no_such_operator", no_read)
+    imported = set(sys.modules)
+    with pytest.raises(AttributeError) as missed:
+        getattr(spec_pipeline, name) if name not in dir(object) else spec_pipeline.__getattr__(name)
+    assert str(missed.value) == name
+    assert set(sys.modules) == imported
+
+
 def test_a_runner_instance_given_to_a_second_loader_is_a_configuration_error_saying_to_pass_a_factory(spec_pipeline):
     """`.options(runner=ThreadRunner())` is one runner for one loader; a second loader of that
     pipeline (a resume in the same process, another `for batch in pipeline`) failed with a bare
