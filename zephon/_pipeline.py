@@ -257,7 +257,7 @@ def _no_such_operator(name: str) -> str:
     """What a Pipeline says of a name it lacks. A rank loader's method asked of the recipe
     (`pipeline.state_dict()` in a checkpoint hook) is a mistake of place, not a missing operator,
     so it names where the method is."""
-    from ._loader import RankLoader  # only on a miss: building a recipe never loads the loader
+    from ._loader import RankLoader  # where used, as shard() imports it
 
     if hasattr(RankLoader, name):
         return (
