@@ -217,6 +217,23 @@ def test_builder_methods_and_runners_of_other_packages_read_the_installed_entry_
     assert len(reads) == 1
 
 
+def test_a_name_no_package_registers_is_missed_without_reading_the_entry_points_again(spec_pipeline, monkeypatch):
+    """A miss read every installed package's metadata again (about 10 ms), in case one had been
+    installed since: `hasattr(pipeline, "keys")`, as libraries probe objects, paid it each time.
+    With nothing installed since the last read, a miss reads nothing."""
+    import importlib.metadata
+
+    import zephon._entry_points
+
+    zephon._entry_points.registered("zephon.pipeline")
+    reads = []
+    distributions = importlib.metadata.distributions
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: reads.append(1) or distributions(**kw))
+    for _ in range(3):
+        assert not hasattr(spec_pipeline, "keys")
+    assert reads == []
+
+
 def _install_after_the_entry_points_were_read(tmp_path, monkeypatch, group: str, name: str, value: str) -> None:
     """A distribution registering `name` in `group`, put on sys.path once this process has read
     the installed entry points, as `pip install` in a running notebook does."""
