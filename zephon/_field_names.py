@@ -64,14 +64,18 @@ def first_absent_field(
 ) -> AbsentField | None:
     """The first of `skipped` (what stage `op` just dropped, of `records` by address) dropped for
     lacking its field, as an `AbsentField`; None if there is none. Token estimation calls it on its
-    sample only: a loader's counted skips never do."""
+    sample only: a loader's counted skips never do.
+
+    A record holding a value at an asked field is passed over: `decode_video` drops a field holding
+    an empty list with the same reason, and such a record was said to lack the field, as null."""
     asked = getattr(op, "field", None)
     if asked is None:
         return None
+    asked = (asked,) if isinstance(asked, str) else tuple(asked)
     for address, reason in skipped:
-        if reason in MISSING_FIELD_REASONS and address in records:
-            asked = (asked,) if isinstance(asked, str) else tuple(asked)
-            return AbsentField(address, asked, tuple(sorted(map(str, records[address]))))
+        record = records.get(address)
+        if reason in MISSING_FIELD_REASONS and record is not None and all(record.get(n) is None for n in asked):
+            return AbsentField(address, asked, tuple(sorted(map(str, record))))
     return None
 
 

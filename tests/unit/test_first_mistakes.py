@@ -215,6 +215,26 @@ def test_a_misnamed_image_field_names_the_fields_the_records_have(tmp_path):
                                    "fields it has: '__key__', 'image', 'txt'; did you mean 'image'?")
 
 
+def test_a_video_field_holding_an_empty_list_is_not_said_to_be_absent_or_null_at_planning(tmp_path):
+    """`decode_video` drops a record whose video field holds an empty list as `missing_video`, the
+    reason of an absent field: the planning refusal said the record lacked the field and that it
+    was null, when it holds a list with no video (named as such by `on_error="raise"`)."""
+    from vlm import PixtralPlaceholders, VideoSpec
+
+    (tmp_path / "clips").mkdir()
+    lines = [json.dumps({"txt": f"clip {i}", "mp4": []}) for i in range(8)]
+    (tmp_path / "clips" / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+    source = StaticMixtureWorkSource([Dataset.from_path("clips", str(tmp_path / "clips"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .decode_video(spec=VideoSpec(num_frames=2))
+                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>")
+                .pack_multimodal(256, PixtralPlaceholders(3, 4, 5)).batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError, match=r"records dropped: missing_video 8") as refused:
+        pipeline.shard(0, 1, global_batch_size=2)
+    assert "null" not in str(refused.value) and "lacks" not in str(refused.value), str(refused.value)
+
+
 def test_a_wide_record_names_its_first_fields_and_counts_the_rest():
     """A table of 30 columns is named by its first 12 (sorted) and a count, so the message stays a line."""
     columns = [f"col{i:02d}" for i in range(30)] + ["texts"]
