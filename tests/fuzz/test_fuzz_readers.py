@@ -23,7 +23,7 @@ from unittest import mock
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from tests.fuzz.conftest import fuzz_settings
@@ -256,6 +256,7 @@ def test_parquet_reader_accounts_for_every_row(data, records_per_chunk):
 # -- the whole pipeline's ledger ---------------------------------------------------------------------
 @fuzz_settings(ci=12, suppress_health_check=SLOW_OK)
 @given(shards=st.lists(st.lists(lines, min_size=8, max_size=24), min_size=2, max_size=3))
+@example(shards=[[b"not json"] * 8, [b'{"no_text": 1}'] * 8])  # no good record: refused at its end, all counted
 def test_pipeline_ledger_accounts_for_every_slot_of_a_random_corpus(shards):
     """At least 16 slots, so that each of the 4 lanes gets a chunk of 4."""
     with shard_dir() as root:
@@ -265,7 +266,9 @@ def test_pipeline_ledger_accounts_for_every_slot_of_a_random_corpus(shards):
             (root / f"part-{i}.jsonl").write_bytes(data)
             total += data.count(b"\n")  # a text line may hold a newline of its own
         dataset = Dataset.from_path("f", str(root))
-        run = run_epoch(text_pipeline(dataset), keep_batches=False)
+        run = run_epoch(text_pipeline(dataset), keep_batches=False, may_make_no_row=True)
         assert_ledger_balances(run, {"f": total})
+        # A corpus with no good record fails at its end, naming why, and only such a one.
+        assert bool(run.refused) == (run.totals["f"]["emitted"] == 0), (run.refused, run.totals["f"])
         reasons = {k.split(":", 1)[1] for k in run.totals["f"] if k.startswith("skipped:")}
         assert reasons <= REASONS | {"missing_field", "not_text", "empty_document"}

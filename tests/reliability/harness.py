@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon import Pipeline, RecordAddress, merge_states
+from zephon import ConfigurationError, Pipeline, RecordAddress, merge_states
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -155,24 +155,36 @@ class EpochRun:
     totals: dict[str, Counter] = field(default_factory=dict)
     per_lane: dict[tuple[str, int], Counter] = field(default_factory=dict)
     batches: list = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # ranks' refusals of a run that made no row
 
     def skipped(self, dataset: str) -> Counter:
         return Counter({k.split(":", 1)[1]: v for k, v in self.totals[dataset].items() if k.startswith("skipped:")})
 
 
-def run_epoch(pipeline: Pipeline, world_size: int = 1, *, keep_batches: bool = True, state=None) -> EpochRun:
-    """Iterate every rank of `world_size` to the end of the plan; sum the ranks' ledgers."""
+def run_epoch(
+    pipeline: Pipeline, world_size: int = 1, *, keep_batches: bool = True, state=None, may_make_no_row: bool = False
+) -> EpochRun:
+    """Iterate every rank of `world_size` to the end of the plan; sum the ranks' ledgers.
+
+    A plan whose every record is dropped fails at its end (`zephon._barren`); with
+    `may_make_no_row` (a random corpus may hold no good record) that refusal is kept in
+    `run.refused` and the ledgers are still summed, for the caller to check it against them."""
     run = EpochRun()
     for rank in range(world_size):
         with pipeline.shard(rank, world_size, global_batch_size=global_batch(pipeline)) as loader:
             if state is not None:
                 loader.load_state_dict(state)
-            for batch in loader:
-                key = (batch.step, batch.lane, batch.index)
-                assert key not in run.digests, f"microbatch {key} delivered twice"
-                run.digests[key] = batch.digest()
-                if keep_batches:
-                    run.batches.append(batch)
+            try:
+                for batch in loader:
+                    key = (batch.step, batch.lane, batch.index)
+                    assert key not in run.digests, f"microbatch {key} delivered twice"
+                    run.digests[key] = batch.digest()
+                    if keep_batches:
+                        run.batches.append(batch)
+            except ConfigurationError as error:
+                if not (may_make_no_row and "handed over no row" in str(error)):
+                    raise
+                run.refused.append(str(error))
             for name, entry in loader.stats()["datasets"].items():
                 _add(run.totals.setdefault(name, Counter()), entry["total"])
                 for lane, counts in entry["lanes"].items():
