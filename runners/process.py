@@ -800,13 +800,15 @@ class ProcessRunner:
                     continue
                 if not worker.tasks:
                     if worker not in dead:
-                        dead[worker] = self._kill_for_a_stray_reply(worker)
+                        dead[worker] = self._kill_for_a_reply_not_its_own(worker, "a reply to no item it holds")
                     continue
                 if number != worker.answered + 1:
                     if number is not _DUE:
                         untrusted.add(worker)
                         if worker not in dead:
-                            dead[worker] = self._kill_for_a_reply_not_its_own(worker)
+                            dead[worker] = self._kill_for_a_reply_not_its_own(
+                                worker, "a reply that is not the answer its item is due"
+                            )
                         continue
                     number = worker.answered + 1
                 worker.answered = number
@@ -832,28 +834,20 @@ class ProcessRunner:
             worker.deadline = time.monotonic() + _EXIT_AFTER_PIPE_END_S
         self._watch.close()
 
-    def _kill_for_a_stray_reply(self, worker: _Worker) -> str:
-        """Kill a worker whose pipe brought a reply to no item it holds (a process its stage
-        function forked writing to it, say), and the cause to retire it with. Its pipe can no
-        longer be trusted to pair replies with items; the reader thread failed on it, and with it
-        every item of the runner. The blocks that reply says were released stay taken until the
-        worker is reaped: it may not be the one that held them."""
+    def _kill_for_a_reply_not_its_own(self, worker: _Worker, what: str) -> str:
+        """Kill a worker whose pipe brought `what`: a reply to no item it holds, or, while it held
+        items, one that is not the answer its oldest item is due (not numbered as that item, or no
+        reply at all); in either case a process its stage function forked writing to its pipe, say.
+        Return the cause to retire it with. Its pipe can no longer be trusted to pair replies with
+        items: a stray reply failed the reader thread, and with it every item of the runner; a
+        misnumbered one answered the item in the worker's place, and the worker's own answered the
+        next item or none. Neither that reply nor any after it is taken, and its items are re-run.
+        The blocks such a reply says were released stay taken until the worker is reaped: it may
+        not be the one that held them."""
         pid = self._kill_to_retire(worker)
-        _log.warning("stage %r: worker (pid %s) sent a reply to no item it holds (a process its stage function "
-                     "forked writing to its pipe?); killed and replaced", self._stages[worker.stage].name, pid)
-        return f"(pid {pid}) sent a reply to no item it holds and was killed"
-
-    def _kill_for_a_reply_not_its_own(self, worker: _Worker) -> str:
-        """Kill a worker whose pipe brought, while it held items, a reply that is not the answer
-        its oldest item is due (not numbered as that item, or no reply at all: a process its stage
-        function forked writing to its pipe), and the cause to retire it with. That reply answered
-        the item in the worker's place, and the worker's own answered the next item or none.
-        Neither that reply nor any after it is taken, and its items are re-run."""
-        pid = self._kill_to_retire(worker)
-        _log.warning("stage %r: worker (pid %s) sent a reply that is not the answer its item is due (a process "
-                     "its stage function forked writing to its pipe?); killed and replaced",
-                     self._stages[worker.stage].name, pid)
-        return f"(pid {pid}) sent a reply that is not the answer its item is due and was killed"
+        _log.warning("stage %r: worker (pid %s) sent %s (a process its stage function forked writing to its pipe?); "
+                     "killed and replaced", self._stages[worker.stage].name, pid, what)
+        return f"(pid {pid}) sent {what} and was killed"
 
     def _kill_for_an_overlong_length(self, worker: _Worker) -> str:
         """Kill a worker whose pipe carried a length no reply can have (`Replies.overlong`), and
