@@ -28,6 +28,7 @@ import math
 import struct
 import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -567,16 +568,28 @@ def _png_header_fault(data: bytes) -> str | None:
     if not data.startswith(_PNG_SIGNATURE):
         return None
     view = memoryview(data)
+    for position, kind, end in _png_chunks(view):
+        if kind == b"IDAT" or end + 4 > len(view):
+            return None
+        if not _png_checksum_holds(view, position, end):
+            return f"the PNG's {kind.decode('ascii', 'backslashreplace')} chunk at byte {position} fails its checksum"
+    return None
+
+
+def _png_chunks(view: memoryview) -> Iterator[tuple[int, bytes, int]]:
+    """(where it starts, its type, where its CRC-32 starts) of each chunk a PNG's bytes hold whole
+    headers of, from the one after the signature on; the last may be cut short."""
     position = len(_PNG_SIGNATURE)
     while position + 8 <= len(view):
         length, kind = struct.unpack_from(">I4s", view, position)
         end = position + 8 + length
-        if kind == b"IDAT" or end + 4 > len(view):
-            return None
-        if zlib.crc32(view[position + 4 : end]) != struct.unpack_from(">I", view, end)[0]:
-            return f"the PNG's {kind.decode('ascii', 'backslashreplace')} chunk at byte {position} fails its checksum"
+        yield position, kind, end
         position = end + 4
-    return None
+
+
+def _png_checksum_holds(view: memoryview, position: int, end: int) -> bool:
+    """Whether the CRC-32 at `end` is that of the chunk at `position` (its type and data)."""
+    return zlib.crc32(view[position + 4 : end]) == struct.unpack_from(">I", view, end)[0]
 
 
 def _check_png_pixel_data(data: bytes | memoryview) -> None:
@@ -593,21 +606,17 @@ def _check_png_pixel_data(data: bytes | memoryview) -> None:
     IDAT chunks passes here and fails in the decoder as truncated.
     """
     view = memoryview(data)
-    position, in_pixels = 8, False  # after the signature; Pillow's open found the first IDAT
-    while position + 8 <= len(view):
-        length, kind = struct.unpack_from(">I4s", view, position)
+    in_pixels = False  # Pillow's open found the signature and the first IDAT
+    for position, kind, end in _png_chunks(view):
         if kind != b"IDAT":
             if in_pixels:
                 return
-            position += 12 + length
             continue
         in_pixels = True
-        end = position + 8 + length
         if end + 4 > len(view):
             raise ImageDecodeError("truncated_image", f"the PNG ends inside the IDAT chunk at byte {position}")
-        if zlib.crc32(view[position + 4 : end]) != struct.unpack_from(">I", view, end)[0]:
+        if not _png_checksum_holds(view, position, end):
             raise ImageDecodeError("corrupt_image", f"the PNG's IDAT chunk at byte {position} fails its checksum")
-        position = end + 4
 
 
 def _header_orientation(image, spec: ImageSpec) -> int:
