@@ -12,7 +12,11 @@ __all__ = ["IMAGE_REASONS", "VIDEO_REASONS", "ImageDecodeError", "MediaDecodeErr
 IMAGE_REASONS = frozenset({"corrupt_image", "truncated_image", "decompression_bomb"})
 """Every reason `decode_image` can raise with."""
 
-VIDEO_REASONS = frozenset({"corrupt_video", "video_too_short", "decompression_bomb", "not_a_video"})
+VIDEO_FILE_REASONS = frozenset({"missing_video_file", "unopenable_video_file"})
+"""The reasons `decode_video` gives a path whose file cannot be opened: no media was read."""
+
+VIDEO_REASONS = frozenset({"corrupt_video", "video_too_short", "decompression_bomb", "not_a_video",
+                           *VIDEO_FILE_REASONS})
 """Every reason `decode_video` can raise with."""
 
 
@@ -33,5 +37,5 @@ class ImageDecodeError(MediaDecodeError):
 
 
 class VideoDecodeError(MediaDecodeError):
-    """A video was corrupt, shorter than the requested window, too large, or a still picture
-    (see `VIDEO_REASONS`)."""
+    """A video was corrupt, shorter than the requested window, too large, or a still picture, or
+    its path named no file or one that cannot be opened (see `VIDEO_REASONS`)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["resolve_beside_shard"]
+__all__ = ["as_the_record_names_it", "resolve_beside_shard"]
 
 
 def resolve_beside_shard(path: str | os.PathLike, shard: str) -> str | None:
@@ -28,3 +28,12 @@ def resolve_beside_shard(path: str | os.PathLike, shard: str) -> str | None:
     if "://" in shard or "::" in shard or not os.path.isabs(shard):
         return None
     return os.path.join(os.path.dirname(shard), path)
+
+
+def as_the_record_names_it(path: str | os.PathLike, shard: str) -> str:
+    """The path as the record writes it and, when relative, the shard it was resolved beside: what
+    an operator needs besides the file looked for to tell a wrong root or a folder a copy left out."""
+    path = os.fspath(path)
+    if os.path.isabs(path):
+        return f"the record names the absolute path {path!r}"
+    return f"the record names {path!r}, resolved beside its shard {shard}"

@@ -12,6 +12,8 @@ empty list, several_videos when it holds more than one, not_media_bytes when the
 something other than encoded bytes (or, for a video, a path), unresolvable_path when a video's
 relative path is in a shard that is not an absolute local path, the decode error's reason, or
 processor_error), or, with `on_error="raise"`, fails with `BadRecordError` naming its address.
+A video path whose file cannot be opened (missing_video_file, unopenable_video_file) has its
+detail name the path as the record writes it and the shard it was resolved beside.
 
 Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
 call from several threads when the thread runner runs this stage with parallelism > 1
@@ -34,10 +36,10 @@ from zephon._record_ops import _configuration
 from zephon._records import ChunkRecords, RecordAddress
 from zephon._sha256 import sha256
 
-from ._errors import MediaDecodeError
+from ._errors import VIDEO_FILE_REASONS, MediaDecodeError, VideoDecodeError
 from ._deferred import DeferredImage
 from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
-from ._paths import resolve_beside_shard
+from ._paths import as_the_record_names_it, resolve_beside_shard
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, decode_video
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "require_decoder",
@@ -307,7 +309,9 @@ class DecodeVideo:
     Face struct {"bytes": None, "path": ...}, or a list of one of them) into frames. A relative
     path names a file beside the record's shard; in a shard that is not an absolute local path
     (a remote one) it is skipped as `unresolvable_path` (`vlm._paths`), never opened from the
-    worker's working directory.
+    worker's working directory. A path naming no file is skipped as `missing_video_file`, one
+    naming what cannot be opened as a file (a directory, permission denied) as
+    `unopenable_video_file`, not as corrupt media.
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
     multimodal packer treats the T frames as T images. The source field is dropped unless
@@ -349,11 +353,18 @@ class DecodeVideo:
         if not self.keep_source:
             del out[name]
         video = items[0]
-        if not isinstance(video, (bytes, bytearray, memoryview)):  # a path
-            path = resolve_beside_shard(video, address.shard)
-            if path is None:
-                raise _Skip("unresolvable_path", f"the relative path {os.fspath(video)!r} is in the shard "
-                            f"{address.shard}, not an absolute local path: no directory to resolve it from")
-            video = path
-        out[self.output_field] = decode_video(video, self.spec)
+        if isinstance(video, (bytes, bytearray, memoryview)):
+            out[self.output_field] = decode_video(video, self.spec)
+            return out
+        path = resolve_beside_shard(video, address.shard)
+        if path is None:
+            raise _Skip("unresolvable_path", f"the relative path {os.fspath(video)!r} is in the shard "
+                        f"{address.shard}, not an absolute local path: no directory to resolve it from")
+        try:
+            out[self.output_field] = decode_video(path, self.spec)
+        except VideoDecodeError as exc:
+            if exc.reason not in VIDEO_FILE_REASONS:
+                raise
+            named = as_the_record_names_it(video, address.shard)
+            raise VideoDecodeError(exc.reason, f"{exc.detail}; {named}") from None
         return out

@@ -25,6 +25,10 @@ so does a packet its demuxer marks damaged when it is read on the way (`_decoded
 A single picture in a picture format (JPEG, PNG, WebP, a GIF of one frame), which FFmpeg opens as
 a one-frame stream, is refused as `not_a_video` rather than made a clip of identical frames.
 
+A path that names no file is refused as `missing_video_file`, and one that names something not
+openable as a file (a directory, permission denied) as `unopenable_video_file`: no media was read,
+so neither is `corrupt_video` (`_unopenable_file`).
+
 Thread-safety: `decode_video` shares nothing between calls and may run on many threads at once.
 """
 
@@ -34,6 +38,7 @@ import bisect
 import io
 import math
 import os
+import stat
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -105,17 +110,46 @@ def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
 def _open(source):
     import av
 
+    path = None if isinstance(source, (bytes, bytearray, memoryview)) else os.fsdecode(source)
     try:
-        if isinstance(source, (bytes, bytearray, memoryview)):
+        if path is None:
             return av.open(io.BytesIO(bytes(source)), mode="r")
         # FFmpeg reads a name as a URL when it starts like one (data:, pipe:N, http://, ...): a
         # path from the data could read a descriptor of the worker or the network. "file:" keeps
         # it a local file (the stage has made a relative path from the data absolute: `vlm._paths`).
-        return av.open("file:" + os.fsdecode(source), mode="r")
+        return av.open("file:" + path, mode="r")
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - FFmpeg reports bad input in many ways
-        raise VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
+        unopened = None if path is None else _unopenable_file(path)
+        raise unopened or VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
+
+
+def _unopenable_file(path: str) -> VideoDecodeError | None:
+    """Why no media could be read at `path`, asked of the OS once FFmpeg has failed to open it:
+    missing_video_file where no file is there, unopenable_video_file where something is there
+    that cannot be opened as a file (a directory, permission denied, a symlink loop), None when the
+    file opens, so that FFmpeg's failure was about its bytes (corrupt_video).
+
+    A missing file is no damaged media: counted as corrupt_video, it sent an operator looking for
+    damage when a copy had left out a folder. The OS decides, not FFmpeg's error code, which a
+    demuxer may also return for bad bytes (EPERM, EINVAL), so a damaged file is never called
+    missing. Only on this failure path: a video that opens pays nothing for it.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO with no writer
+    except (FileNotFoundError, NotADirectoryError) as exc:  # no such name, or a parent that is a file
+        return VideoDecodeError("missing_video_file", f"no file at {path!r} ({type(exc).__name__}: {exc.strerror})")
+    except OSError as exc:
+        return VideoDecodeError("unopenable_video_file",
+                                f"{path!r} cannot be opened ({type(exc).__name__}: {exc.strerror})")
+    try:
+        is_directory = stat.S_ISDIR(os.fstat(descriptor).st_mode)
+    finally:
+        os.close(descriptor)
+    if is_directory:
+        return VideoDecodeError("unopenable_video_file", f"{path!r} is a directory, not a file")
+    return None
 
 
 def _duration(container, stream, end: int | None) -> float:
@@ -139,10 +173,12 @@ DEFAULT_VIDEO_SPEC = VideoSpec()
 def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
     """Decode the spec's frames of a video to (T, H, W, 3) uint8.
 
-    Raises `VideoDecodeError`: corrupt_video (unreadable, no video stream or no frame in it, decoder error,
-    a frame decoded or a packet read on the way that FFmpeg marks damaged: `_undamaged`, `_decoded`),
-    video_too_short (the window lies past the end), decompression_bomb (frame too large),
-    not_a_video (a single picture in a picture format: a JPEG, PNG, WebP, a GIF of one frame).
+    Raises `VideoDecodeError`: corrupt_video (bytes FFmpeg cannot read, no video stream or no frame in it,
+    decoder error, a frame decoded or a packet read on the way that FFmpeg marks damaged: `_undamaged`,
+    `_decoded`), video_too_short (the window lies past the end), decompression_bomb (frame too large),
+    not_a_video (a single picture in a picture format: a JPEG, PNG, WebP, a GIF of one frame), and
+    for a path missing_video_file (no file there) or unopenable_video_file (a directory, permission
+    denied...: `_unopenable_file`).
     """
     container = _open(source)
     try:

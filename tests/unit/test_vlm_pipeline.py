@@ -329,10 +329,11 @@ def test_pack_multimodal_refuses_deferred_image_stages_with_different_error_poli
         pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
 
 
-def _video_paths_pipeline(shard, runner: str) -> Pipeline:
+def _video_paths_pipeline(shard, runner: str, on_error: str = "raise") -> Pipeline:
+    """The JSON-lines shard's "video" paths decoded, their "txt" tokenized, packed two frames a video."""
     source = StaticMixtureWorkSource([Dataset.from_path("clips", str(shard))], seed=2, records_per_chunk=2,
                                      num_epochs=1)
-    pipeline = (Pipeline(source).options(num_lanes=2, runner=runner, on_error="raise")
+    pipeline = (Pipeline(source).options(num_lanes=2, runner=runner, on_error=on_error)
                 .tokenize(str(package_dir("zephon") / "data" / "tokenizer.json"), field="txt", bos="<|bos|>",
                           eos="<|eos|>")
                 .decode_video(field="video", spec=VideoSpec(num_frames=2, image=SPEC)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -13,10 +14,12 @@ import numpy as np
 import pytest
 
 from tests.unit.test_vlm_assets import make_video, real_file
+from tests.unit.test_vlm_pipeline import _video_paths_pipeline
 import vlm._video
-from vlm import VIDEO_REASONS, ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_times
+from vlm import VIDEO_REASONS, DecodeVideo, ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_times
 from vlm._video import _choose_frames, _index
-from zephon._errors import ConfigurationError
+from zephon._errors import BadRecordError, ConfigurationError
+from zephon._records import Chunk, ChunkRecords, RecordAddress
 
 import av
 
@@ -199,9 +202,76 @@ def test_a_path_is_read_as_a_local_file_even_where_ffmpeg_would_take_it_for_a_ur
         os.close(write)
         with pytest.raises(VideoDecodeError) as caught:
             decode_video(f"pipe:{read}")
-        assert caught.value.reason == "corrupt_video" and "No such file" in caught.value.detail
+        assert caught.value.reason == "missing_video_file" and "No such file" in caught.value.detail
     finally:
         os.close(read)
+
+
+def clips_shard(root: Path, paths: list[str]) -> Path:
+    """A JSON-lines shard in `root` whose records name their videos by `paths`, as written."""
+    shard = root / "videos.jsonl"
+    shard.write_text("".join(json.dumps({"video": path, "txt": f"clip number {i}"}) + "\n"
+                             for i, path in enumerate(paths)))
+    return shard
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_a_video_path_naming_no_file_is_counted_as_a_missing_file_not_a_corrupt_video(tmp_path, runner):
+    """A dataset whose clips were not all copied beside it (a folder left out, a wrong root): the
+    record was counted corrupt_video ("FileNotFoundError: ..."), so stats() sent an operator
+    looking for damaged media. The detail names the path as the record writes it, where it was
+    looked for, and the shard it was resolved beside."""
+    (tmp_path / "clips").mkdir()
+    for name in ("a", "b", "c"):  # with the missing one, a chunk of 2 records for each of 2 lanes
+        make_video(tmp_path / "clips" / f"{name}.mp4", frames=20)
+    shard = clips_shard(tmp_path, ["clips/a.mp4", "clips/missing.mp4", "clips/b.mp4", "clips/c.mp4"])
+    with _video_paths_pipeline(shard, runner, on_error="skip").shard(0, 1) as loader:
+        packed = [address.index for batch in loader for sources in batch.sources for address in sources]
+        total = loader.stats()["datasets"]["clips"]["total"]
+    assert sorted(packed) == [0, 2, 3]
+    assert total["skipped"] == {"missing_video_file": 1}
+    with _video_paths_pipeline(shard, runner).shard(0, 1) as loader, pytest.raises(BadRecordError) as raised:
+        list(loader)
+    assert (raised.value.address.index, raised.value.reason) == (1, "missing_video_file")
+    assert raised.value.detail == (
+        f"no file at {str(tmp_path / 'clips' / 'missing.mp4')!r} (FileNotFoundError: No such file or directory); "
+        f"the record names 'clips/missing.mp4', resolved beside its shard {shard}")
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink loop"])
+def test_a_video_path_naming_what_cannot_be_opened_as_a_file_is_counted_as_unopenable(tmp_path, kind):
+    """A directory, or a name the OS refuses to open (a symlink loop here; permission denied, which
+    root is never refused, is the same refusal): no media was read, so it is not corrupt_video.
+    The detail gives the OS's error."""
+    if kind == "directory":
+        (tmp_path / "clips").mkdir()
+        written, error = "clips", "is a directory, not a file"
+    else:
+        (tmp_path / "loop.mp4").symlink_to(tmp_path / "loop.mp4")
+        written, error = "loop.mp4", "cannot be opened (OSError: Too many levels of symbolic links)"
+    shard = clips_shard(tmp_path, [written])
+    address = RecordAddress("clips", str(shard), 0)
+    stage = DecodeVideo(field="video", spec=VideoSpec(num_frames=2), on_error="raise")
+    with pytest.raises(BadRecordError) as raised:
+        stage(ChunkRecords(Chunk("clips", 0, 0, 1), [{"video": written}], [address]))
+    assert raised.value.reason == "unopenable_video_file"
+    assert raised.value.detail == (f"{str(tmp_path / written)!r} {error}; "
+                                   f"the record names {written!r}, resolved beside its shard {shard}")
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(tmp_path / written)
+    assert caught.value.reason == "unopenable_video_file"
+
+
+def test_an_absolute_video_path_naming_no_file_says_it_was_taken_as_written(tmp_path):
+    missing = str(tmp_path / "nowhere" / "a.mp4")
+    address = RecordAddress("clips", str(tmp_path / "videos.jsonl"), 0)
+    out = DecodeVideo(field="video")(ChunkRecords(Chunk("clips", 0, 0, 1), [{"video": missing}], [address]))
+    assert out.skipped == [(address, "missing_video_file")]
+    with pytest.raises(BadRecordError) as raised:
+        DecodeVideo(field="video", on_error="raise")(ChunkRecords(Chunk("clips", 0, 0, 1), [{"video": missing}],
+                                                                  [address]))
+    assert raised.value.detail == (f"no file at {missing!r} (FileNotFoundError: No such file or directory); "
+                                   f"the record names the absolute path {missing!r}")
 
 
 def still_picture(image_format: str, frames: int = 1, **options) -> bytes:
