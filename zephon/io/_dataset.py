@@ -21,7 +21,8 @@ from .._job_log import RankLog
 from .._records import Chunk, ChunkRecords
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
-from ._locate import is_local, locate
+from ._locate import locate
+from ._protocols import is_local
 from ._parquet import Parquet
 from ._policy import ErrorPolicy, Slot, collect
 from ._retry import RetryPolicy

@@ -59,8 +59,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
-from ._http_index import entries_below, is_http
+from ._http_index import entries_below
 from ._http_status import DENIED_STATUS, denied, refused_by_its_server, status_of
+from ._protocols import is_http
 from ._retry import is_transient
 
 if TYPE_CHECKING:

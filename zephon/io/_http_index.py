@@ -33,23 +33,12 @@ a URL as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from .._errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
-
-    from ._local import LocalFiles
-
-__all__ = ["an_index_page", "entries_below", "index_page_error", "is_http", "path_of"]
-
-
-def is_http(fs: AbstractFileSystem | LocalFiles) -> bool:
-    """fsspec's HTTPFileSystem, over aiohttp or blocking (`sync-http`, whose protocols are http's too)."""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    return not {"http", "https"}.isdisjoint(protocols)
+__all__ = ["an_index_page", "entries_below", "index_page_error", "path_of"]
 
 
 def path_of(url: str) -> str:

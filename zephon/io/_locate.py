@@ -59,16 +59,17 @@ from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
-from ._http_index import an_index_page, index_page_error, is_http, path_of
+from ._http_index import an_index_page, index_page_error, path_of
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
+from ._protocols import is_http, is_local
 from ._retry import is_transient
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["FORMATS", "Located", "infer_format", "hf_parquet_url", "is_local", "locate"]
+__all__ = ["FORMATS", "Located", "infer_format", "hf_parquet_url", "locate"]
 
 FORMATS = ("jsonl", "parquet", "text", "webdataset")
 
@@ -159,14 +160,6 @@ def hf_parquet_url(url: str) -> str | None:
         return None
     org, name, config, split = parts
     return f"hf://datasets/{org}/{name}@~parquet/{config}/{split}/*.parquet"
-
-
-def _protocols(fs: AbstractFileSystem | LocalFiles) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-
-
-def is_local(fs: AbstractFileSystem | LocalFiles) -> bool:
-    return not {"file", "local"}.isdisjoint(_protocols(fs))
 
 
 def locate(url: str, format: str | None, storage_options: dict) -> Located:

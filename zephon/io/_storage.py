@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
-from ._locate import is_local
+from ._protocols import is_local
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
-from ._locate import is_local
+from ._protocols import is_local
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
