@@ -944,6 +944,74 @@ def test_an_http_file_with_a_suffix_its_server_sends_as_html_is_read_as_the_form
         Dataset.from_path("d", url, format="jsonl", retries=1)
 
 
+_CACHE_LAYERS = ("simplecache", "filecache", "blockcache")
+
+
+def _behind(layer: str, url: str, tmp_path) -> tuple[str, dict]:
+    """`url` read through fsspec's cache `layer`, and the storage_options that keep its copies under tmp_path."""
+    return f"{layer}::{url}", {layer: {"cache_storage": str(tmp_path / "cache")}}
+
+
+@pytest.mark.parametrize("layer", _CACHE_LAYERS)
+def test_an_http_directory_or_signed_url_behind_a_cache_is_read_as_the_same_url_without_it(
+    http_index, scheme, layer, tmp_path
+):
+    """`simplecache::https://host/data/` got none of http's handling: Zephon asked the cache, whose
+    protocol is its own, whether it was http. The directory was one shard of HTML whose format
+    could not be guessed (`filecache::` and `blockcache::` describe a file from a listing of its
+    directory, which tells no size, so every shard was refused as sizeless), and a signed URL
+    told no format. Through the cache they are the shards, records and reads of the URL without it."""
+    plain = Dataset.from_path("d", http_index.url("data/", scheme), retries=1)
+    url, options = _behind(layer, http_index.url("data/", scheme), tmp_path)
+    cached = Dataset.from_path("d", url, storage_options=options, retries=1)
+    assert [shard.url for shard in cached.shards] == [shard.url for shard in plain.shards]
+    assert [cached.read_chunk(c).records for c in cached.chunks(2)] == [plain.read_chunk(c).records for c in plain.chunks(2)]
+    url, options = _behind(layer, http_index.url("data/2024-01/a.jsonl?X-Amz-Expires=60&X-Amz-Signature=0ff1ce", "http"),
+                           tmp_path)
+    signed = Dataset.from_path("d", url, storage_options=options, retries=1)
+    assert (signed.format, signed.read_chunk(signed.chunks(8)[0]).records) == ("jsonl", [{"i": i} for i in range(3)])
+
+
+@pytest.mark.requires_aiohttp
+@pytest.mark.parametrize("layer", _CACHE_LAYERS)
+def test_an_http_url_behind_a_cache_that_its_server_denies_or_answers_with_an_index_page_is_named_so(
+    http_index, layer, tmp_path
+):
+    """A 403 behind a cache read as a URL naming nothing, and `…/data` (no slash), an index page, as a
+    shard of HTML (or one of no size): the errors of the URL without the cache, naming it as written."""
+    http_index.statuses["/data/2024-01/a.jsonl"] = [403] * 4
+    url, options = _behind(layer, http_index.url("data/2024-01/a.jsonl", "http"), tmp_path)
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} may not be read: its server answered HTTP 403"):
+        Dataset.from_path("d", url, storage_options=options, retries=3, retry_delay=0.001)
+    url, options = _behind(layer, http_index.url("data", "http"), tmp_path)
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} answers with an HTML page .*\({re.escape(url)}/\)"):
+        Dataset.from_path("d", url, format="jsonl", storage_options=options, retries=1)
+
+
+@pytest.mark.requires_aiohttp
+@pytest.mark.parametrize("layer", _CACHE_LAYERS)
+def test_a_shard_read_through_a_cache_in_front_of_http_waits_as_its_server_asked(
+    http_index, layer, tmp_path, monkeypatch
+):
+    """`simplecache::` and `filecache::` ask the server whether a shard exists before copying it, and
+    keep yes or no: a 429's Retry-After was lost (a FileNotFoundError, retried after the backoff
+    alone), and reads through `filecache::` and `blockcache::` were refused as changed after
+    planning, their version asked of a listing that tells none."""
+    url, options = _behind(layer, http_index.url("data/2024-01/a.jsonl", "http"), tmp_path)
+    ds = Dataset.from_path("d", url, storage_options=options, retries=3, retry_delay=0.001)
+    for copy in (tmp_path / "cache").iterdir():  # the copy planning made: the read asks the server again
+        if copy.name != "cache":  # filecache's and blockcache's record of what they hold
+            copy.unlink()
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+    # A rate limit on the next three requests: the cache's GET asking whether the shard exists, and
+    # the HEAD, then GET, of the store's `info()` that asks what it said; the retry reads the shard.
+    http_index.statuses["/data/2024-01/a.jsonl"] = [429] * 3
+    http_index.retry_after["/data/2024-01/a.jsonl"] = "7"
+    assert ds.read_chunk(ds.chunks(8)[0]).records == [{"i": i} for i in range(3)]
+    assert waits == [7.0]
+
+
 @pytest.mark.requires_aiohttp
 @pytest.mark.parametrize("runner", ["inline", "thread", "process"])
 def test_a_dataset_read_over_http_gives_the_batches_of_its_local_copy_and_resumes_to_them(tmp_path, runner):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import numpy as np
 
+from ._cache_layer import raise_what_the_store_said
 from ._errors import ShardUnavailableError
 from ._policy import Slot
 from ._version import ShardVersion, check_opened
@@ -42,7 +43,11 @@ class ShardFile:
     planned_version: ShardVersion | None = None  # compared with the opened file's (see `_version`)
 
     def open(self) -> BinaryIO:
-        opened = self.fs.open(self.path, "rb")
+        try:
+            opened = self.fs.open(self.path, "rb")
+        except FileNotFoundError:
+            raise_what_the_store_said(self.fs, self.path)  # a cache in front of http(s) hides its status
+            raise
         handle = opened
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
         if memory is not None and type(opened) is memory.MemoryFile:

@@ -63,7 +63,7 @@ from ._http_index import an_index_page, index_page_error, path_of
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
-from ._protocols import is_http, is_local
+from ._protocols import is_http, is_local, store_of
 from ._retry import is_transient
 
 if TYPE_CHECKING:
@@ -272,24 +272,27 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     has_glob = any(char in path for char in _GLOB_CHARS)
     if is_local(fs):
         return fs, list_local(path, has_glob)
-    if is_http(fs) and path.endswith("/") and not has_glob:
-        return fs, _index_listing(fs, url, path)
+    # A cache in front of the store (`simplecache::https://…`) is for reading: what the URL names
+    # is asked of the store, which the cache hands such questions to anyway (`_protocols`).
+    store = store_of(fs)
+    if is_http(store) and path.endswith("/") and not has_glob:
+        return fs, _index_listing(store, url, path)
     try:
-        info = fs.info(path)
+        info = store.info(path)
     except FileNotFoundError as error:
-        if is_http(fs):
+        if is_http(store):
             _raise_unless_not_found(url, error, _a_pattern_as_a_url(path))
         info = None
     if info is not None and info["type"] == "directory":
-        return fs, _files_of(path, "directory", lister(fs, url, _may_be_a_shard).find(path, detail=True))
+        return fs, _files_of(path, "directory", lister(store, url, _may_be_a_shard).find(path, detail=True))
     if info is not None and info["type"] == "file":
-        if is_http(fs) and an_index_page(path, info):
+        if is_http(store) and an_index_page(path, info):
             raise index_page_error(url)
         return fs, Listing(path, "file", details={path: info})
     if not has_glob:
         return fs, None
     try:
-        matches = lister(fs, url, _may_be_a_shard).glob(path, detail=True)
+        matches = lister(store, url, _may_be_a_shard).glob(path, detail=True)
     except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
         raise ConfigurationError(f"{url} matches no files ({error})") from error
     return fs, _files_of(path, "glob", matches)

@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
-from ._protocols import is_local
+from ._protocols import is_local, store_of
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -98,10 +98,13 @@ def version_in(details: Mapping[str, Any], key: str | None = None) -> ShardVersi
 
 def version_of(fs: AbstractFileSystem | LocalFiles, path: str, key: str | None = None) -> ShardVersion | None:
     """The version of `path` on `fs` now (`key` as in `version_in`), or None when the storage
-    tells none. May raise OSError (the file vanished, the storage failed), which the caller retries."""
+    tells none. May raise OSError (the file vanished, the storage failed), which the caller retries.
+    Asked of the store under a cache in front of it (`_protocols.store_of`): fsspec's `filecache`
+    and `blockcache` describe a file from a listing of its directory, which on http(s) tells no
+    version, so every read through them was refused as a file changed after planning."""
     if is_local(fs):
         return _local_version(os.stat(path))
-    return version_in(fs.info(path), key)
+    return version_in(store_of(fs).info(path), key)
 
 
 def check_unchanged(planned: ShardVersion | None, fs: AbstractFileSystem | LocalFiles, path: str, url: str) -> None:
