@@ -1012,6 +1012,43 @@ def test_a_shard_read_through_a_cache_in_front_of_http_waits_as_its_server_asked
     assert waits == [7.0]
 
 
+@pytest.mark.parametrize("page, content_type", [
+    ('<html><head><title>Sign in</title></head><body><a href="/login">Sign in</a></body></html>', "text/html"),
+    ('{"items": [], "next": null}', "application/json"),
+    ("service is up", "text/plain"),
+], ids=["html", "json", "text"])
+def test_an_http_directory_url_answering_with_a_page_that_is_no_listing_is_refused_naming_it_not_read_as_empty(
+    http_index, scheme, tmp_path, page, content_type
+):
+    """A URL ending in "/" whose server answers with a login page, a JSON body or a text/plain 200 was
+    read as an empty directory (no link fsspec could list), which surfaced as a dataset holding no
+    shard. An empty directory's own index page still says it is empty (next test)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/index.html").write_text(page)
+    http_index.content_types[".html"] = content_type
+    url = http_index.url("site/", scheme)
+    sent = rf"Content-Type {re.escape(content_type)}" if scheme == "http" else "a Content-Type fsspec's blocking"
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(url)} answers with a page \({sent}.*\) that is no "
+                       r"directory listing Zephon can read: .* Name the shards by their own URLs, or give a glob"):
+        Dataset.from_path("d", url, format="jsonl", retries=1)
+
+
+@pytest.mark.parametrize("index", [None, '<html><title>Index of /data/empty/</title><a href="../">../</a></html>'],
+                         ids=["python", "nginx"])
+def test_an_http_directory_url_whose_index_page_lists_nothing_is_named_an_empty_directory(
+    http_index, scheme, tmp_path, index
+):
+    """An empty directory's index page (Python's, which links nothing; nginx's, which links only
+    `../`) links to no file either, and is told apart from a page that is no listing by naming the
+    directory: it is said to be empty, not refused as no listing."""
+    (tmp_path / "data/empty").mkdir()
+    if index is not None:
+        (tmp_path / "data/empty/index.html").write_text(index)
+    url = http_index.url("data/empty/", scheme)
+    with pytest.raises(ConfigurationError, match=rf"the directory {re.escape(url)} exists but holds no jsonl file: it is empty"):
+        Dataset.from_path("d", url, format="jsonl", retries=1)
+
+
 @pytest.mark.requires_aiohttp
 @pytest.mark.parametrize("runner", ["inline", "thread", "process"])
 def test_a_dataset_read_over_http_gives_the_batches_of_its_local_copy_and_resumes_to_them(tmp_path, runner):

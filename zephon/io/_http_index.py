@@ -28,17 +28,36 @@ suffix and no such redirect is a file's: a server whose MIME map lacks its suffi
 text/html (its default type), and `e.ndjson` read with format= was refused as an index page. Only
 fsspec's HTTPFileSystem over aiohttp tells a Content-Type (`mimetype`); its blocking one reads such
 a URL as before.
+
+A URL with the slash whose server answers with a page that is no directory listing (an HTML page
+linking to no file below it, a JSON body, a text/plain 200) was read as an empty directory, since
+fsspec's `ls` finds no link there, and surfaced as a dataset holding no shard. Where the walk finds
+no file, the page is looked at (`check_a_listing`): one linking to a subdirectory below it is a
+listing, one linking to nothing is an empty directory's index only where it is HTML naming the
+directory's path, as static file servers title theirs (`an_empty_listing`); any other is a
+ConfigurationError naming the URL and the Content-Type it was sent as (`not_a_listing_error`).
 """
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Mapping
-from typing import Any
-from urllib.parse import urljoin, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urljoin, urlsplit
 
 from .._errors import ConfigurationError
 
-__all__ = ["an_index_page", "entries_below", "index_page_error", "path_of"]
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+__all__ = [
+    "an_empty_listing", "an_index_page", "check_a_listing", "entries_below", "index_page_error", "not_a_listing_error",
+    "path_of",
+]
+
+# How much of a page linking to nothing below its directory is read to tell an empty index from another page.
+_PAGE_BYTES_READ = 64 * 1024
 
 
 def path_of(url: str) -> str:
@@ -84,4 +103,46 @@ def index_page_error(url: str) -> ConfigurationError:
         f"{url} answers with an HTML page (Content-Type text/html), not a shard: to read the files a "
         f"directory's index page links to, end the URL with '/' ({url}/); an HTML page is no shard of "
         "any format read here"
+    )
+
+
+def check_a_listing(fs: AbstractFileSystem, url: str, directory: str) -> None:
+    """Raise `not_a_listing_error` where `directory`'s page, in which the walk found no file, is no
+    directory listing (module docstring). Asked only then, at the cost of one listing, one `info()`
+    and one read of the page's first `_PAGE_BYTES_READ` bytes: a page that links to a
+    subdirectory is a listing, whatever it holds; one linking to nothing below it is an empty
+    directory's only where it is HTML that names the directory's path (`an_empty_listing`)."""
+    if entries_below(directory, fs.ls(directory, detail=True)):
+        return
+    mimetype = fs.info(directory).get("mimetype")
+    page = fs.cat_file(directory, start=0, end=_PAGE_BYTES_READ) if mimetype in (None, "text/html") else b""
+    if not an_empty_listing(directory, mimetype, page[:_PAGE_BYTES_READ]):
+        raise not_a_listing_error(url, mimetype)
+
+
+def an_empty_listing(directory: str, mimetype: str | None, page: bytes) -> bool:
+    """Whether `page`, sent as `mimetype` (None where the filesystem does not tell it) for
+    `directory` and linking to nothing below it, is an empty directory's index: HTML that names
+    the directory's path, as static file servers title their index pages ("Directory listing for
+    /data/empty/", "Index of /data/empty"). A JSON or plain-text body, or an HTML page that does
+    not name the path (a login page, an application's page, a CDN's error page sent with a 200),
+    is none."""
+    if mimetype not in (None, "text/html"):
+        return False
+    text = html.unescape(page.decode("utf-8", errors="replace"))
+    if mimetype is None and not re.search(r"<(html|title)\b", text, re.IGNORECASE):
+        return False
+    path = path_of(directory).rstrip("/") or "/"
+    return path in text or unquote(path) in text
+
+
+def not_a_listing_error(url: str, mimetype: str | None) -> ConfigurationError:
+    """The error for a directory URL (ending in "/") whose server answers with a page that is no
+    directory listing (`check_a_listing`)."""
+    sent = f"Content-Type {mimetype}" if mimetype else "a Content-Type fsspec's blocking HTTP filesystem does not tell"
+    return ConfigurationError(
+        f"{url} answers with a page ({sent}) that is no directory listing Zephon can read: a URL ending in '/' "
+        "is read as a directory from the index page its server makes, whose links name its files, and this page "
+        "links to no file or directory below it nor names the directory as an empty index does. Name the shards by "
+        "their own URLs, or give a glob on a store that can be listed (s3://, gs://, a local path)"
     )

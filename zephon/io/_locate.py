@@ -59,7 +59,7 @@ from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
-from ._http_index import an_index_page, index_page_error, path_of
+from ._http_index import an_index_page, check_a_listing, index_page_error, path_of
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
 from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
@@ -302,7 +302,8 @@ def _index_listing(fs: AbstractFileSystem, url: str, path: str) -> Listing | Non
     """The files an http(s) directory's index page links to, and those of its subdirectories'
     (`_http_index`), None where the page is not there. As for `info()`, only a 404
     (FileNotFoundError), or a status that is neither a denial (a ConfigurationError naming the
-    directory, from the walk) nor worth a retry, means nothing there."""
+    directory, from the walk) nor worth a retry, means nothing there. A page in which the walk
+    finds no file is refused unless it is a listing (`check_a_listing`)."""
     try:
         found = lister(fs, url, _may_be_a_shard).find(path, detail=True)
     except FileNotFoundError:
@@ -311,6 +312,8 @@ def _index_listing(fs: AbstractFileSystem, url: str, path: str) -> Listing | Non
         if (status := status_of(error)) is not None and status not in TRANSIENT_STATUS | DENIED_STATUS:
             return None
         raise
+    if not found:  # an empty directory, or a page that is no listing at all
+        check_a_listing(fs, url, path)
     return _files_of(path, "directory", found)
 
 
