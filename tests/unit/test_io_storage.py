@@ -1013,7 +1013,8 @@ def test_a_shard_read_through_a_cache_in_front_of_http_waits_as_its_server_asked
 
 
 @pytest.mark.parametrize("page, content_type", [
-    ('<html><head><title>Sign in</title></head><body><a href="/login">Sign in</a></body></html>', "text/html"),
+    ('<html><head><title>Sign in</title><link href="/site-assets/app.css"></head><body><a href="/login">Sign in</a>'
+     "</body></html>", "text/html"),
     ('{"items": [], "next": null}', "application/json"),
     ("service is up", "text/plain"),
 ], ids=["html", "json", "text"])

@@ -133,7 +133,9 @@ def an_empty_listing(directory: str, mimetype: str | None, page: bytes) -> bool:
     if mimetype is None and not re.search(r"<(html|title)\b", text, re.IGNORECASE):
         return False
     path = path_of(directory).rstrip("/") or "/"
-    return path in text or unquote(path) in text
+    # The path whole, as a title or heading ends it: not the start of another (`/site-assets/…` is not `/site`).
+    named = "|".join(re.escape(form) for form in sorted({path, unquote(path)}))
+    return re.search(rf"(?:{named})/?(?=[<\"'\s]|$)", text) is not None
 
 
 def not_a_listing_error(url: str, mimetype: str | None) -> ConfigurationError:
