@@ -966,7 +966,7 @@ def test_an_http_directory_or_signed_url_behind_a_cache_is_read_as_the_same_url_
     cached = Dataset.from_path("d", url, storage_options=options, retries=1)
     assert [shard.url for shard in cached.shards] == [shard.url for shard in plain.shards]
     assert [cached.read_chunk(c).records for c in cached.chunks(2)] == [plain.read_chunk(c).records for c in plain.chunks(2)]
-    url, options = _behind(layer, http_index.url("data/2024-01/a.jsonl?X-Amz-Expires=60&X-Amz-Signature=0ff1ce", "http"),
+    url, options = _behind(layer, http_index.url("data/2024-01/a.jsonl?X-Amz-Expires=60&X-Amz-Signature=0ff1ce", scheme),
                            tmp_path)
     signed = Dataset.from_path("d", url, storage_options=options, retries=1)
     assert (signed.format, signed.read_chunk(signed.chunks(8)[0]).records) == ("jsonl", [{"i": i} for i in range(3)])
