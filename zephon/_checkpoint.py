@@ -11,7 +11,8 @@ resumed, times the world size, on top of the count it was resumed at). Ranks sav
 checkpoint agree on the rows, or, once a lane has finished, on the steps with every live lane at
 their end (see `_one_checkpoint`); `merge_states` refuses states that do neither, since their
 lanes would resume out of step with each other. It also says which of its lanes a finite plan has
-finished.
+finished, and, per dataset of the recipe, a summary that lets a refusal of another recipe say which
+dataset differs and how (see `dataset_summaries`).
 """
 
 from __future__ import annotations
@@ -20,16 +21,24 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from ._dataset_changes import describe_dataset_changes
 from ._errors import CheckpointError, RecipeMismatchError
 from ._sha256 import sha256
 
-__all__ = ["LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "recipe_digests", "merge_states"]
+__all__ = [
+    "LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "recipe_digests", "dataset_summaries",
+    "merge_states",
+]
 
 STATE_FORMAT = "zephon.loader_state"
 # 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws;
 # 4: "steps_begun" and "finished", so that merging ranks saved at different steps is refused;
-# 5: "rows_taken", so that it is refused also once every rank has a finished lane
-STATE_VERSION = 5
+# 5: "rows_taken", so that it is refused also once every rank has a finished lane;
+# 6: "datasets", a summary per dataset, so that a refusal names the dataset that changed
+STATE_VERSION = 6
+READ_VERSIONS = (5, 6)
+"""Versions read: a state of version 5 has no dataset summaries, and a refusal of another dataset
+list names only `plan.datasets`, as the Zephon that wrote it did."""
 
 
 @dataclass
@@ -67,7 +76,42 @@ def recipe_digests(recipe: Mapping) -> dict[str, str]:
                 named.update({f"{prefix}.{k}": v for k, v in item.items() if k != "op"} or {prefix: {}})
         else:
             named[key] = value
-    return {k: sha256(canonical_json(v).encode()).hexdigest()[:16] for k, v in named.items()}
+    return {k: _short_digest(v) for k, v in named.items()}
+
+
+def _short_digest(value) -> str:
+    return sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+def dataset_summaries(recipe: Mapping) -> list[dict] | None:
+    """A summary of each entry of the recipe's `plan.datasets`, for a refusal to say which dataset
+    differs and how (`describe_dataset_changes`): its name, a digest per setting of its entry (its
+    shard list's among them), and its shards, bytes and records counted. Never the shard list
+    itself: a checkpoint holds cursors and digests. None where the plan holds no list of entries
+    (a WorkPlan of the user's may fingerprint its datasets otherwise)."""
+    plan = recipe.get("plan")
+    entries = plan.get("datasets") if isinstance(plan, Mapping) else None
+    if not isinstance(entries, list) or not all(isinstance(entry, Mapping) for entry in entries):
+        return None
+    return [_dataset_summary(entry) for entry in entries]
+
+
+def _dataset_summary(entry: Mapping) -> dict:
+    shards = entry.get("shards")
+    listed = isinstance(shards, list) and all(isinstance(shard, Mapping) for shard in shards)
+    name = entry.get("name")
+    return {
+        "name": name if isinstance(name, str) else None,
+        "settings": {str(key): _short_digest(value) for key, value in entry.items()},
+        "num_shards": len(shards) if listed else None,
+        "nbytes": _total(shards, "nbytes") if listed else None,
+        "num_records": _total(shards, "num_records") if listed else None,
+    }
+
+
+def _total(shards: list[Mapping], key: str) -> int | None:
+    values = [shard.get(key) for shard in shards]
+    return sum(values) if all(map(_is_count, values)) else None
 
 
 def _checksum(body: Mapping) -> str:
@@ -76,6 +120,7 @@ def _checksum(body: Mapping) -> str:
 
 def make_state(
     digests: Mapping[str, str],
+    datasets: list[dict] | None,
     lanes: Mapping[int, LaneCursor],
     num_lanes: int,
     ledgers: Mapping[int, dict],
@@ -84,6 +129,7 @@ def make_state(
 ) -> dict:
     """`digests`: the recipe's, as `recipe_digests` gives them (a loader takes them once: its
     recipe holds what its maps and filters read, written whole, which may take long to hash).
+    `datasets`: the recipe's dataset summaries, as `dataset_summaries` gives them.
     `steps_begun`: the global steps the rank handed over microbatches of, the last one perhaps
     in part; None once its every lane is finished (a rank that is done cannot be out of step).
     `rows_taken`: the rows handed over on all ranks together if every rank handed over as many as
@@ -93,6 +139,7 @@ def make_state(
         "version": STATE_VERSION,
         "num_lanes": num_lanes,
         "recipe": dict(digests),
+        "datasets": datasets,
         "steps_begun": steps_begun,
         "rows_taken": rows_taken,
         "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},
@@ -119,9 +166,10 @@ def _intact(state: object) -> dict:
         )
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise CheckpointError("not a Zephon loader state (missing or wrong 'format' field)")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READ_VERSIONS:
         raise CheckpointError(
-            f"loader state version {state.get('version')!r} is not supported (this Zephon reads {STATE_VERSION})"
+            f"loader state version {state.get('version')!r} is not supported "
+            f"(this Zephon reads {', '.join(map(str, READ_VERSIONS))})"
         )
     body = {k: v for k, v in state.items() if k != "checksum"}
     try:
@@ -136,17 +184,25 @@ def _intact(state: object) -> dict:
 
 
 def read_state(
-    state: object, current: Mapping[str, str], num_lanes: int
+    state: object, current: Mapping[str, str], datasets: list[dict] | None, num_lanes: int
 ) -> tuple[dict[int, LaneCursor], dict[int, dict], int | None, int]:
-    """Validate a state against the current recipe's digests (`recipe_digests`); return its cursors
-    and ledger counts by lane, its steps begun and its rows taken."""
+    """Validate a state against the current recipe's digests (`recipe_digests`) and dataset
+    summaries (`dataset_summaries`); return its cursors and ledger counts by lane, its steps begun
+    and its rows taken."""
     state = _intact(state)
     _check_shape(state)
     saved = state["recipe"]
     changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     if changed:
+        saved_datasets = state.get("datasets")
+        how = (
+            describe_dataset_changes(saved_datasets, datasets)
+            if "plan.datasets" in changed and saved_datasets is not None and datasets is not None
+            else []
+        )
         raise RecipeMismatchError(
             "the checkpoint was taken with a different recipe; changed: " + ", ".join(changed)
+            + (". In plan.datasets: " + "; ".join(how) if how else "")
             + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not."
         )
     if state["num_lanes"] != num_lanes:
@@ -192,6 +248,14 @@ def _check_shape(state: dict) -> None:
         raise CheckpointError("malformed loader state: 'steps_begun' must be a non-negative integer or null")
     if not _is_count(state.get("rows_taken")):
         raise CheckpointError("malformed loader state: 'rows_taken' must be a non-negative integer")
+    datasets = state.get("datasets")
+    if ("datasets" not in state and state["version"] >= 6) or (
+        datasets is not None and not (isinstance(datasets, list) and all(map(_is_dataset_summary, datasets)))
+    ):
+        raise CheckpointError(
+            "malformed loader state: 'datasets' must be null or a list of dataset summaries "
+            "({'name', 'settings': {setting: digest}, 'num_shards', 'nbytes', 'num_records'})"
+        )
     if (
         not isinstance(finished, list)
         or not all(map(_is_count, finished))
@@ -224,6 +288,18 @@ def _lane_number(key: object) -> int | None:
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_dataset_summary(summary: object) -> bool:
+    """What `_dataset_summary` writes, which `describe_dataset_changes` reads as it explains a refusal."""
+    return (
+        isinstance(summary, dict)
+        and set(summary) == {"name", "settings", "num_shards", "nbytes", "num_records"}
+        and (summary["name"] is None or isinstance(summary["name"], str))
+        and isinstance(summary["settings"], dict)
+        and all(isinstance(digest, str) for digest in summary["settings"].values())
+        and all(summary[key] is None or _is_count(summary[key]) for key in ("num_shards", "nbytes", "num_records"))
+    )
 
 
 def _is_lane_ledger(counts: object) -> bool:
@@ -261,7 +337,7 @@ def merge_states(states: Iterable[Mapping]) -> dict:
     finished: set[int] = set()
     ledger: dict[str, dict] = {}
     for state in states:
-        for key in ("format", "version", "num_lanes", "recipe"):
+        for key in ("format", "version", "num_lanes", "recipe", "datasets"):
             if state.get(key) != first.get(key):
                 raise CheckpointError(f"cannot merge loader states that differ in {key!r}")
         for lane, cursor in state["lanes"].items():
@@ -275,7 +351,7 @@ def merge_states(states: Iterable[Mapping]) -> dict:
             lanes[lane] = cursor
             ledger[lane] = state["ledger"][lane]
         finished.update(state["finished"])
-    body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe")}
+    body = {k: first[k] for k in ("format", "version", "num_lanes", "recipe", "datasets") if k in first}
     body["steps_begun"] = _one_checkpoint(states)
     # What was handed over, as the cursors (padding included) say: what every rank resumed from it counts on.
     body["rows_taken"] = sum(cursor[2] for cursor in lanes.values())

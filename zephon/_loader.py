@@ -28,7 +28,7 @@ from typing import Generator, Iterator
 from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
 from ._batch import Batch, collate
-from ._checkpoint import LaneCursor, make_state, read_state, recipe_digests
+from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, recipe_digests
 from ._errors import CheckpointError, ConfigurationError, check_count
 from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
@@ -227,6 +227,7 @@ class RankLoader:
             "global_batch_size": self.global_batch_size,
         }
         self._recipe_digests = recipe_digests(self.recipe)  # what every state saves and is checked by
+        self._dataset_summaries = dataset_summaries(self.recipe)  # what a refusal tells a changed dataset by
         # Stateless work the packer leaves on its rows (decoding images packed encoded) is put on
         # the runner `rows_ahead` rows before the loader takes them, per lane: at least the
         # microbatch it takes at once and two rows per worker, so that when the loader turns to a
@@ -582,7 +583,8 @@ class RankLoader:
             finished = [self._finished(lane) for lane in self.lanes]
             steps_begun = None if all(finished) else self._steps_begun
             return make_state(
-                self._recipe_digests, self._cursors, self.num_lanes, ledgers, steps_begun, self._rows_taken
+                self._recipe_digests, self._dataset_summaries, self._cursors, self.num_lanes, ledgers, steps_begun,
+                self._rows_taken,
             )
 
     def _find_lanes_without_rows(self) -> None:
@@ -656,7 +658,9 @@ class RankLoader:
             self._load_state(state)
 
     def _load_state(self, state) -> None:
-        cursors, ledgers, steps_begun, rows_taken = read_state(state, self._recipe_digests, self.num_lanes)
+        cursors, ledgers, steps_begun, rows_taken = read_state(
+            state, self._recipe_digests, self._dataset_summaries, self.num_lanes
+        )
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
             raise CheckpointError(

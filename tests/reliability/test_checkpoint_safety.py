@@ -37,6 +37,7 @@ from tests.reliability.harness import (
     text_pipeline,
 )
 from zephon import CheckpointError, RecipeMismatchError
+from zephon.io import Dataset
 
 MICROBATCHES = 3  # per rank, on 2 ranks of 2 lanes: a checkpoint in the middle of step 1
 
@@ -121,6 +122,13 @@ DAMAGED = {
     "negative_cursor_resealed": (lambda s, tmp: _resealed(s, lanes={**s["lanes"], "0": [0, -4, 0]}), "malformed lane cursors"),
     "missing_lanes_resealed": (lambda s, tmp: _resealed(s, lanes=None), "malformed lane cursors"),
     "recipe_not_an_object_resealed": (lambda s, tmp: _resealed(s, recipe="x"), "'recipe' must be an object"),
+    "dataset_summaries_missing_resealed": (
+        lambda s, tmp: _resealed_without(s, "datasets"), "'datasets' must be null or a list of dataset summaries"
+    ),
+    "dataset_summary_malformed_resealed": (
+        lambda s, tmp: _resealed(s, datasets=[{**s["datasets"][0], "num_shards": -1}]),
+        "'datasets' must be null or a list of dataset summaries",
+    ),
     "malformed_ledger_resealed": (lambda s, tmp: _resealed(s, ledger={"0": {"records": 5}}), "malformed ledger"),
     "lane_key_not_a_number_resealed": (
         lambda s, tmp: _resealed(s, lanes={**s["lanes"], "x": [0, 0, 0]}),
@@ -295,11 +303,97 @@ def test_checkpoint_taken_with_another_keep_field_is_refused_where_it_changes_th
 
 def test_checkpoint_of_changed_data_is_refused_naming_the_datasets(tmp_path):
     """Shards are fingerprinted by URL, record count and size: a shard rewritten in place with
-    other content of another size is another recipe."""
+    other content of another size is another recipe. The refusal names the dataset and tells the
+    shard list changed though its count did not, with the bytes before and now."""
     dataset = jsonl_dataset(tmp_path / "a", name="a")
     saved = checkpoint_after(text_pipeline(dataset), 1, 2)
     edited = jsonl_dataset(tmp_path / "a", {(0, 0): b'{"text": "one record edited"}'}, name="a")
-    assert re.search(r"changed: plan\.datasets\.", str(refused(text_pipeline(edited), saved)))
+    before, now = (sum(shard.nbytes for shard in ds.shards) for ds in (dataset, edited))
+    assert before != now
+    assert re.search(
+        r"changed: plan\.datasets\. In plan\.datasets: dataset 0 \('a'\): shard list changed \(same count; "
+        + re.escape(f"{before:,} bytes in the checkpoint, {now:,} now). Performance"),
+        str(refused(text_pipeline(edited), saved)),
+    )
+
+
+def _with_shards(root: Path, name: str, count: int):
+    """Dataset `name` listed again after its directory `root` was given `count` shards: the
+    harness's files, the last ones removed or copies of the first written beside them."""
+    files = sorted(root.glob("part-*.jsonl"))
+    for extra in range(len(files), count):
+        (root / f"part-{extra:05d}.jsonl").write_bytes(files[0].read_bytes())
+    for surplus in files[count:]:
+        surplus.unlink()
+    return Dataset.from_path(name, str(root))
+
+
+def _mixture_recipe(datasets: list):
+    return text_pipeline(datasets, mixture={ds.name: 1.0 / len(datasets) for ds in datasets})
+
+
+@pytest.mark.parametrize("shards_now", [1, 3])
+def test_checkpoint_of_a_mixture_whose_dataset_gained_or_lost_a_shard_is_refused_naming_it_and_its_counts(
+    tmp_path, shards_now
+):
+    """A mixture's one digest of its dataset list said only `plan.datasets`: which dataset, and
+    how, was the user's guess. The refusal names the dataset by index and name, with its shard
+    count in the checkpoint and now; the datasets that did not change go unnamed."""
+    a, b, c = (jsonl_dataset(tmp_path / name, name=name) for name in "abc")
+    saved = checkpoint_after(_mixture_recipe([a, b, c]), 1, 2)
+    message = str(refused(_mixture_recipe([a, _with_shards(tmp_path / "b", "b", shards_now), c]), saved))
+    assert re.search(
+        r"changed: plan\.datasets\. In plan\.datasets: "
+        + re.escape(f"dataset 1 ('b'): 2 shards in the checkpoint, {shards_now} now. Performance"),
+        message,
+    ), message
+
+
+def test_checkpoint_of_a_mixture_with_a_dataset_added_and_one_removed_is_refused_naming_both(tmp_path):
+    """Datasets are paired by name: one added and one removed are named as such, and a dataset
+    that moved up an index because of them is not called changed."""
+    a, b, c, d = (jsonl_dataset(tmp_path / name, name=name) for name in "abcd")
+    saved = checkpoint_after(_mixture_recipe([a, b, c]), 1, 2)
+    message = str(refused(_mixture_recipe([a, c, d]), saved))
+    assert re.search(
+        r"In plan\.datasets: "
+        + re.escape("dataset 2 ('d'): not in the checkpoint; dataset 1 ('b') of the checkpoint: not in the recipe now. Perf"),
+        message,
+    ), message
+
+
+def _written_before_dataset_summaries(state: dict) -> dict:
+    """`state` as the Zephon before dataset summaries wrote it: version 5, no 'datasets', signed."""
+    from zephon._checkpoint import _checksum
+
+    old = {k: v for k, v in json.loads(json.dumps(state)).items() if k not in ("datasets", "checksum")}
+    old["version"] = 5
+    return {**old, "checksum": _checksum(old)}
+
+
+def test_a_checkpoint_written_before_dataset_summaries_resumes_and_is_refused_as_before(tmp_path):
+    """A version-5 state holds one digest of the whole dataset list, the same digest this Zephon
+    takes: against the recipe it was saved with it resumes to the same batches as the state of
+    today, and against changed data it is refused with the message of its day, naming only
+    `plan.datasets` (it has no summaries to say more)."""
+    from zephon._checkpoint import canonical_json
+    from zephon._sha256 import sha256
+
+    a, b = (jsonl_dataset(tmp_path / name, name=name) for name in "ab")
+    pipeline = _mixture_recipe([a, b])
+    state = checkpoint_after(pipeline, 1, 2)
+    old = _written_before_dataset_summaries(state)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        whole_list = loader.recipe["plan"]["datasets"]
+    assert old["recipe"]["plan.datasets"] == sha256(canonical_json(whole_list).encode()).hexdigest()[:16]
+
+    assert run_epoch(pipeline, 1, state=old).digests == run_epoch(pipeline, 1, state=state).digests
+
+    changed = _mixture_recipe([a, _with_shards(tmp_path / "b", "b", 3)])
+    assert str(refused(changed, old)) == (
+        "the checkpoint was taken with a different recipe; changed: plan.datasets. Performance settings "
+        "(runner, parallelism, world size) may change on resume; the recipe may not."
+    )
 
 
 def test_checkpoint_with_another_lane_count_is_refused(corpora, state):
@@ -361,9 +455,11 @@ def test_checkpoint_is_plain_json(state, corpora):
     assert len(text) < 8 * 1024, "a checkpoint holds cursors, never payloads"
 
 
-def test_checkpoint_module_cannot_deserialise_code():
-    """The state module uses json only: no pickle, marshal, shelve, eval or exec anywhere in it."""
-    source = (REPO_ROOT / "zephon" / "_checkpoint.py").read_text()
+@pytest.mark.parametrize("module", ["_checkpoint.py", "_dataset_changes.py"])
+def test_checkpoint_module_cannot_deserialise_code(module):
+    """The state module, and the one that reads a state's dataset summaries to word a refusal, use
+    json only: no pickle, marshal, shelve, eval or exec anywhere in them."""
+    source = (REPO_ROOT / "zephon" / module).read_text()
     tree = ast.parse(source)
     imported = set()
     for node in ast.walk(tree):
@@ -371,7 +467,8 @@ def test_checkpoint_module_cannot_deserialise_code():
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add("." * node.level + (node.module or ""))
-    assert imported <= {"__future__", "json", "dataclasses", "typing", "._errors", "._sha256"}, imported
+    allowed = {"__future__", "json", "dataclasses", "typing", "._errors", "._sha256", "._dataset_changes"}
+    assert imported <= allowed, imported
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not called & {"eval", "exec", "compile", "__import__"}, called
 
