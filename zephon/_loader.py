@@ -227,7 +227,6 @@ class RankLoader:
             "global_batch_size": self.global_batch_size,
         }
         self._recipe_digests = recipe_digests(self.recipe)  # what every state saves and is checked by
-        self._dataset_summaries = dataset_summaries(self.recipe)  # what a refusal tells a changed dataset by
         # Stateless work the packer leaves on its rows (decoding images packed encoded) is put on
         # the runner `rows_ahead` rows before the loader takes them, per lane: at least the
         # microbatch it takes at once and two rows per worker, so that when the loader turns to a
@@ -573,6 +572,13 @@ class RankLoader:
         return self.plan.num_slots(lane) is not None
 
     # -- state ------------------------------------------------------------------------------
+    @functools.cached_property
+    def _dataset_summaries(self) -> list[dict] | None:
+        """What a state tells a changed dataset by (`dataset_summaries`): taken at the first save or
+        load, not when the loader is built, since over 10**5 shards it costs as much as the recipe's
+        digests, a time to first batch that a run which never checkpoints would pay for nothing."""
+        return dataset_summaries(self.recipe)
+
     def state_dict(self) -> dict:
         """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`). In a finite
         plan, a rank that has handed over nothing yet may read its lanes' first chunks here (see
