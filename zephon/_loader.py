@@ -38,6 +38,7 @@ from ._packing import assemble_row
 from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, describe_runner, runner_factory
+from ._torch_workers import refuse_copies_in_several_dataloader_workers
 from .work import lane_plan
 from .work._estimation import SampleCount
 
@@ -178,7 +179,17 @@ class RankLoader:
         # run inline inside a `next()` that saves does not wait on itself, nor the adapter's
         # `next()`s. `close()` and `stats()` never take it.
         self._moving = threading.RLock()
+        self._built_in_pid = os.getpid()  # a forked copy iterated in several DataLoader workers is refused
         _fork.renew_in_child(self, _renew_locks_in_child)
+
+    def __reduce__(self):
+        """Refused with the way to go: a loader's lanes, runner and threads are this process's, and
+        pickle failed on a function deep inside it (a spawn or forkserver DataLoader worker)."""
+        raise ConfigurationError(
+            "a rank loader cannot be pickled (a spawn or forkserver process, such as a torch DataLoader worker "
+            "on Python 3.14, is sent its objects by pickle): its lanes, runner and threads belong to this process. "
+            "Send the Pipeline, which pickles, and call pipeline.shard(...) in that process"
+        )
 
     # -- building ---------------------------------------------------------------------------
     def _compile(self) -> None:
@@ -407,6 +418,7 @@ class RankLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         asked = perf_counter()  # the first next()
+        refuse_copies_in_several_dataloader_workers(self._built_in_pid)
         try:
             yield from self._handed_over(self._microbatches(), asked)
         except Exception as exc:

@@ -1,0 +1,83 @@
+"""A rank loader handed to a torch DataLoader, as a PyTorch user wraps any stream.
+
+With `num_workers=N` the DataLoader forks N workers, each iterating its own copy of the loader: with
+N ≥ 2 every microbatch reached the trainer N times, silently. That is refused, naming the workers;
+one worker, and a loader each worker builds for itself, still work. A loader pickled (a spawn or
+forkserver worker, the default start method on Linux from Python 3.14) is refused saying to send
+the Pipeline instead, not with pickle's word about a local function deep inside it.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
+from zephon import ConfigurationError
+
+TAKEN = 6  # microbatches the trainer takes: a few steps of the 4-lane harness pipeline
+
+
+def _pipeline(tmp_path):
+    return text_pipeline(jsonl_dataset(tmp_path / "d"), runner="inline", num_epochs=None)
+
+
+def _positions(batches) -> list[tuple[int, int, int]]:
+    return [(b.step, b.lane, b.index) for b in batches]
+
+
+def _dataloader(stream, num_workers: int):
+    torch_data = pytest.importorskip("torch.utils.data")
+
+    class Stream(torch_data.IterableDataset):
+        def __init__(self, stream) -> None:
+            self.stream = stream
+
+        def __iter__(self):
+            return iter(self.stream() if callable(self.stream) else self.stream)
+
+    return torch_data.DataLoader(Stream(stream), batch_size=None, num_workers=num_workers)
+
+
+def _direct(pipeline) -> list[tuple[int, int, int]]:
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        return _positions(b for b, _ in zip(loader, range(TAKEN)))
+
+
+def test_a_loader_copied_into_several_dataloader_workers_is_refused_not_handed_over_once_per_worker(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        batches = _dataloader(loader, num_workers=2)
+        with pytest.raises(ConfigurationError) as refused:
+            list(zip(batches, range(TAKEN)))
+    message = str(refused.value)
+    assert "torch DataLoader worker" in message and "of 2" in message
+    assert "each microbatch 2 times" in message and "num_workers=0" in message
+
+
+def test_one_dataloader_worker_hands_over_each_microbatch_once_as_the_loader_itself_does(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        through_a_worker = _positions(b for b, _ in zip(_dataloader(loader, num_workers=1), range(TAKEN)))
+    assert through_a_worker == _direct(pipeline)
+
+
+def test_a_loader_each_dataloader_worker_builds_for_itself_is_not_refused(tmp_path):
+    pipeline = _pipeline(tmp_path)
+
+    def own_loader():
+        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+            yield from zip(loader, range(TAKEN))
+
+    taken = [b for b, _ in _dataloader(own_loader, num_workers=2)]
+    assert len(taken) == 2 * TAKEN  # each worker's own loader of one rank: as the trainer asked
+
+
+def test_pickling_a_loader_says_to_send_the_pipeline_and_shard_it_there(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(ConfigurationError) as refused:
+            pickle.dumps(loader)
+    assert "pipeline.shard(" in str(refused.value) and "pickle" in str(refused.value)
+    assert pickle.loads(pickle.dumps(pipeline)).settings == pipeline.settings  # what to send instead
