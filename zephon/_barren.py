@@ -11,7 +11,7 @@ decided at its end, for the whole recipe (`refuse_a_finite_run_without_rows`).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from ._errors import ConfigurationError
 from ._ledger import Ledger
@@ -19,12 +19,25 @@ from ._ledger import Ledger
 if TYPE_CHECKING:
     from ._loader import RankLoader
 
-__all__ = ["barren_error", "refuse_a_finite_run_without_rows"]
+__all__ = ["barren_error", "filtered_note", "refuse_a_finite_run_without_rows"]
 
 _WHAT_TO_CHECK = (
     "Check the field names, the filters and the image or video specs against the data: with "
     '.options(on_error="raise") the first record dropped fails naming itself and why (a missing field by its name).'
 )
+
+
+_FILTERED_MEANS = (
+    "'filtered' counts the records a filter returned false for and those a map returned None for: one that "
+    "changes its record in place needs `return record`"
+)
+
+
+def filtered_note(drops: Mapping[str, int]) -> str:
+    """What `filtered` among the drop reasons may mean, said where a refusal counts it: a map that
+    changes its record in place and returns nothing drops every record as filtered, in a recipe
+    that may have no filter at all, and the refusal sent its author to the filters."""
+    return f" ({_FILTERED_MEANS})" if drops.get("filtered") else ""
 
 
 def barren_error(read: str, drops: Counter, why: str) -> ConfigurationError:
@@ -35,6 +48,7 @@ def barren_error(read: str, drops: Counter, why: str) -> ConfigurationError:
     listed = ", ".join(f"{reason}: {n}" for reason, n in commonest)
     return ConfigurationError(
         f"{read} and handed over no row (dropped: {listed or 'none counted'}): {why}. {_WHAT_TO_CHECK}"
+        + filtered_note(drops)
     )
 
 

@@ -394,3 +394,46 @@ def test_a_torchtitan_loader_over_a_run_whose_every_record_is_dropped_fails_the_
         with pytest.raises(ConfigurationError, match=NOTHING_TRAINED):
             next(iter(loader))
         assert jargon_skipped(loader) == {"missing_field": JARGON_RECORDS}  # not wiped by handing back nothing
+
+
+# -- a map that changes its record in place and returns nothing ----------------------------------
+def _cleans_in_place(record):
+    """The commonest slip in a map: the record is changed where it is, and nothing is returned,
+    so every record comes back None, which drops it as `filtered`."""
+    record["text"] = record["text"].lower()
+
+
+FILTERED_BY_A_MAP = "a map returned None for: one that changes its record in place needs `return record`"
+
+
+def test_a_map_without_a_return_is_named_in_the_token_estimation_refusal(datasets, demo_tokenizer_path):
+    """The refusal said `filtered 64` and to check the filters, in a recipe that has none."""
+    source = StaticMixtureWorkSource(datasets, mixture={"bible": 0.7, "jargon": 0.3},
+                                     token_estimation=TokenEstimation(sample_records=64))
+    pipeline = (Pipeline(source).options(num_lanes=8, runner="inline").map(_cleans_in_place)
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), eos="<|eos|>").pack_flat(max_length=256)
+                .batch(microbatch_size=2))
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: filtered 64\)") as refused:
+        pipeline.shard(0, 1, global_batch_size=16)
+    assert FILTERED_BY_A_MAP in str(refused.value)
+
+
+def test_a_map_without_a_return_is_named_when_a_run_hands_over_no_row(demo_data_dir, demo_tokenizer_path):
+    """Without token estimation the endless plan's refusal said `filtered: N` and to check the filters."""
+    source = StaticMixtureWorkSource([Dataset.from_path("jargon", str(demo_data_dir / "jargon"))], seed=1)
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline").map(_cleans_in_place)
+                .tokenize(tokenizer_id=str(demo_tokenizer_path), eos="<|eos|>").pack_flat(max_length=256)
+                .batch(microbatch_size=2))
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        with pytest.raises(ConfigurationError, match=r"handed over no row \(dropped: filtered: \d+\)") as refused:
+            next(iter(loader))
+    assert FILTERED_BY_A_MAP in str(refused.value)
+
+
+def test_a_refusal_without_filtered_records_says_nothing_of_maps(demo_data_dir, demo_tokenizer_path):
+    pipeline = jargon_pipeline(demo_data_dir, demo_tokenizer_path, field="txt")
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        with pytest.raises(ConfigurationError, match=NOTHING_TRAINED) as refused:
+            for _ in loader:
+                pass
+    assert "return record" not in str(refused.value)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence, runtime
 import numpy as np
 
 from .. import _fork
+from .._barren import filtered_note
 from .._errors import ConfigurationError, check_count, check_seed, is_finite_number
 from .._random import SeededStream
 from .._records import Chunk
@@ -450,6 +451,7 @@ class MixturePlan:
                 f"({whole}) yielded {found}" + (f" ({'; '.join(why)})" if why else "")
                 + ", so its token share cannot be planned; check its field names and filters, give it "
                 "weight 0, or sample more records (TokenEstimation(sample_records=...))"
+                + filtered_note(dict(stats.dropped))
             )
         return np.maximum(weights, 1e-9)
 
