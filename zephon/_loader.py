@@ -38,7 +38,7 @@ from ._packing import assemble_row
 from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, describe_runner, runner_factory
-from ._torch_workers import refuse_copies_in_several_dataloader_workers
+from ._torch_workers import refuse_copies_in_dataloader_workers
 from .work import lane_plan
 from .work._estimation import SampleCount
 
@@ -418,7 +418,7 @@ class RankLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         asked = perf_counter()  # the first next()
-        refuse_copies_in_several_dataloader_workers(self._built_in_pid)
+        refuse_copies_in_dataloader_workers(self._built_in_pid)
         try:
             yield from self._handed_over(self._microbatches(), asked)
         except Exception as exc:

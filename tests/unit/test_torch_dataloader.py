@@ -1,8 +1,9 @@
 """A rank loader handed to a torch DataLoader, as a PyTorch user wraps any stream.
 
 With `num_workers=N` the DataLoader forks N workers, each iterating its own copy of the loader: with
-N ≥ 2 every microbatch reached the trainer N times, silently. That is refused, naming the workers;
-one worker, and a loader each worker builds for itself, still work. A loader pickled (a spawn or
+N ≥ 2 every microbatch reached the trainer N times, silently; with one worker the trainer's loader
+never moved, so its state_dict() saved a checkpoint that replayed the data. Both are refused,
+naming the worker; a loader each worker builds for itself still works. A loader pickled (a spawn or
 forkserver worker, the default start method on Linux from Python 3.14) is refused saying to send
 the Pipeline instead, not with pickle's word about a local function deep inside it.
 """
@@ -56,22 +57,26 @@ def test_a_loader_copied_into_several_dataloader_workers_is_refused_not_handed_o
     assert "each microbatch 2 times" in message and "num_workers=0" in message
 
 
-def test_one_dataloader_worker_hands_over_each_microbatch_once_as_the_loader_itself_does(tmp_path):
+def test_a_loader_copied_into_one_dataloader_worker_is_refused_since_the_trainers_state_would_not_move(tmp_path):
     pipeline = _pipeline(tmp_path)
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
-        through_a_worker = _positions(b for b, _ in zip(_dataloader(loader, num_workers=1), range(TAKEN)))
-    assert through_a_worker == _direct(pipeline)
+        with pytest.raises(ConfigurationError) as refused:
+            list(zip(_dataloader(loader, num_workers=1), range(TAKEN)))
+        assert loader.state_dict()["rows_taken"] == 0  # what a checkpoint saved here would have resumed from
+    message = str(refused.value)
+    assert "torch DataLoader worker 0 of 1" in message and "state_dict()" in message and "num_workers=0" in message
 
 
 def test_a_loader_each_dataloader_worker_builds_for_itself_is_not_refused(tmp_path):
     pipeline = _pipeline(tmp_path)
+    direct = _direct(pipeline)
 
     def own_loader():
         with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
             yield from zip(loader, range(TAKEN))
 
-    taken = [b for b, _ in _dataloader(own_loader, num_workers=2)]
-    assert len(taken) == 2 * TAKEN  # each worker's own loader of one rank: as the trainer asked
+    taken = _positions(b for b, _ in _dataloader(own_loader, num_workers=2))
+    assert sorted(taken) == sorted(direct * 2)  # each worker's own loader of one rank: as the trainer asked
 
 
 def test_pickling_a_loader_says_to_send_the_pipeline_and_shard_it_there(tmp_path):
