@@ -211,6 +211,22 @@ def test_a_mixed_dataset_with_fewer_records_than_lanes_is_refused_naming_both(tm
     assert source.bind(None, num_lanes=1).slot(0, 0) is not None
 
 
+def test_too_few_chunks_for_the_lanes_names_the_records_the_shards_and_a_records_per_chunk_that_fits(tmp_path):
+    """Two shards of 16 and 17 records make 2 chunks at the default 128: the refusal said "2 chunks
+    of 128 records" (there are 33 records) and "lower records_per_chunk" without saying where it is
+    set or to what (a user's first small video set, 4 lanes, met this)."""
+    for k, count in enumerate((16, 17)):
+        (tmp_path / f"part-{k}.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(count)))
+    source = StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))])
+    with pytest.raises(ConfigurationError) as refused:
+        source.bind(None, num_lanes=4)
+    message = str(refused.value)
+    assert "33 records in 2 shards" in message and "at most 128 records" in message
+    assert "StaticMixtureWorkSource(records_per_chunk=15)" in message  # 1 + 2 chunks at 16, 2 + 2 at 15
+    fixed = StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))], records_per_chunk=15)
+    assert fixed.bind(None, num_lanes=4).slot(3, 0) is not None
+
+
 def test_a_dataset_without_records_is_fine_with_weight_0(tmp_path):
     (tmp_path / "part.jsonl").write_text("")
     source = StaticMixtureWorkSource(

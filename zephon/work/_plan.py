@@ -407,9 +407,12 @@ class MixturePlan:
                     "needs a share of every dataset it mixes; give it weight 0 or use fewer lanes"
                 )
             if len(chunks) < num_lanes:
+                fits = _records_per_chunk_for(ds, num_lanes, source.records_per_chunk)
                 raise ConfigurationError(
-                    f"dataset {ds.name!r} has {len(chunks)} chunks of {source.records_per_chunk} records, fewer than "
-                    f"num_lanes={num_lanes}: every lane needs a share of every dataset; lower records_per_chunk"
+                    f"dataset {ds.name!r} has {ds.num_records} records in {len(ds.shards)} shards, cut into "
+                    f"{len(chunks)} chunks of at most {source.records_per_chunk} records (a chunk never spans "
+                    f"shards), fewer than num_lanes={num_lanes}: every lane needs a share of every dataset; give "
+                    f"the work source smaller chunks, {type(source).__name__}(records_per_chunk={fits}) or less"
                 )
             tokens = self._expected_tokens(ds, chunks)
             order = _seeded_permutation(f"{source.seed}/deal/{ds.name}", len(chunks))
@@ -487,6 +490,22 @@ class MixturePlan:
 
 def _seeded_permutation(key: str, n: int) -> np.ndarray:
     return SeededStream.from_key(key).permutation(n)
+
+
+def _records_per_chunk_for(dataset: Dataset, num_lanes: int, too_large: int) -> int:
+    """The largest records_per_chunk below `too_large` that cuts `dataset` into at least
+    `num_lanes` chunks (a shard's records in ceil(count / size) chunks), for the refusal to name:
+    "lower it" left the user guessing by how much. The chunk count only grows as the size shrinks,
+    and size 1 gives one chunk per record, so a dataset of num_lanes records always fits."""
+    counts = np.array([shard.num_records for shard in dataset.shards], dtype=np.int64)
+    low, high = 1, too_large - 1  # low always fits; find the largest size that does
+    while low < high:
+        size = (low + high + 1) // 2
+        if int((-(-counts // size)).sum()) >= num_lanes:
+            low = size
+        else:
+            high = size - 1
+    return low
 
 
 def _deal_by_tokens(order: np.ndarray, tokens: np.ndarray, num_lanes: int) -> list[np.ndarray]:
