@@ -609,3 +609,17 @@ def test_frames_are_chosen_by_timestamp_whatever_the_container_seek_does(codec, 
     """MPEG-TS and AVI with B-frames seek past the target (a .ts with B-frames at 1 fps even past
     the last keyframe, which once made it refused as corrupt_video); the frames must not change."""
     assert_frames_equal_a_brute_force_decode(encode_grey_ramp(codec, container_format, b_frames), spec)
+
+
+@pytest.mark.parametrize("audio_s", [0.0, 3.0], ids=["silent-track", "with-sound"])
+def test_a_matroska_file_cut_short_is_refused_not_decoded_as_a_shorter_clip(audio_s):
+    """Matroska and WebM give a stream no duration of its own, so a video's length is where its
+    last packet ends (`_duration`): a file cut short (a partial copy or download) was read as a
+    shorter clip, its frames sampled over what was left, unsaid. Its container still announces the
+    whole length, which no stream now reaches: refused as corrupt_video. A whole file, and one
+    whose sound runs past its video, decode as before."""
+    whole = encode_with_sound(video_s=3.0, audio_s=audio_s)
+    assert frame_numbers(decode_video(whole, VideoSpec(num_frames=3))) == [5, 15, 25]
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
+    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: its streams end at")
