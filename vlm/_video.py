@@ -123,7 +123,7 @@ def _open(source):
         raise
     except Exception as exc:  # noqa: BLE001 - FFmpeg reports bad input in many ways
         unopened = None if path is None else _unopenable_file(path)
-        raise unopened or VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
+        raise unopened or VideoDecodeError("corrupt_video", _ffmpeg_said(exc)) from None
 
 
 def _unopenable_file(path: str) -> VideoDecodeError | None:
@@ -231,9 +231,22 @@ def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VI
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise VideoDecodeError("corrupt_video", f"{type(exc).__name__}: {exc}") from None
+        raise VideoDecodeError("corrupt_video", _ffmpeg_said(exc)) from None
     finally:
         container.close()
+
+
+_IN_MEMORY = "<none>"
+"""The file name PyAV gives FFmpeg's errors about bytes read from memory."""
+
+
+def _ffmpeg_said(exc: Exception) -> str:
+    """An error's words for the detail. PyAV names bytes read from memory '<none>', so FFmpeg's
+    error on a record's bytes (a WebDataset member) read "Invalid data found when processing
+    input: '<none>'", as if a file of that name were at fault: said instead to be the bytes."""
+    if getattr(exc, "filename", None) == _IN_MEMORY and getattr(exc, "strerror", None):
+        return f"{type(exc).__name__}: {exc.strerror} (FFmpeg reading the record's bytes)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _decode(container, spec: VideoSpec) -> np.ndarray:

@@ -623,3 +623,15 @@ def test_a_matroska_file_cut_short_is_refused_not_decoded_as_a_shorter_clip(audi
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
     assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: its streams end at")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "cut"])
+def test_ffmpegs_error_on_a_records_bytes_says_so_not_a_file_named_none(clip, damage):
+    """PyAV names bytes read from memory '<none>': the detail of a WebDataset clip FFmpeg could
+    not read said "Invalid data found when processing input: '<none>'", as if a file of that name
+    were at fault. It says the record's bytes were read, and keeps FFmpeg's words."""
+    data = b"not a video " * 64 if damage == "garbage" else clip.read_bytes()[: clip.stat().st_size // 2]
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(data)
+    assert caught.value.reason == "corrupt_video" and "<none>" not in caught.value.detail
+    assert caught.value.detail.endswith("(FFmpeg reading the record's bytes)")
