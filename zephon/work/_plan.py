@@ -409,7 +409,8 @@ class MixturePlan:
             if len(chunks) < num_lanes:
                 fits = _records_per_chunk_for(ds, num_lanes, source.records_per_chunk)
                 raise ConfigurationError(
-                    f"dataset {ds.name!r} has {ds.num_records} records in {len(ds.shards)} shards, cut into "
+                    f"dataset {ds.name!r} has {ds.num_records} records in {len(ds.shards)} "
+                    f"shard{'s' if len(ds.shards) != 1 else ''}, cut into "
                     f"{len(chunks)} chunks of at most {source.records_per_chunk} records (a chunk never spans "
                     f"shards), fewer than num_lanes={num_lanes}: every lane needs a share of every dataset; give "
                     f"the work source smaller chunks, {type(source).__name__}(records_per_chunk={fits}) or less"
