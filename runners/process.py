@@ -159,6 +159,7 @@ class _Worker:
     broken: bool = False  # a send failed, or its pipe ended: no item goes to it; the reader retires it
     pipe_ended: bool = False  # before its exit was seen: retired at `deadline` unless it exits first
     abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
+    reported: bool = False  # its fault was logged as the reader found it (`_kill_for_a_reply_not_its_own`)
     grace_s: float = _REAP_WAIT_S  # once the reader killed it: how long its reaping may take
 
 
@@ -588,6 +589,10 @@ class ProcessRunner:
         interrupted send); the one waiting in its pipe goes back to the queue as it was. The
         request blocks it had not released are free again: nothing holds them now, and its items
         are encoded again if they are re-run.
+
+        Every death is logged, naming the stage, the pid and how it ended: with its item re-run or
+        given up on, or, for a worker holding no item, as that. One that died between items (the
+        OOM killer, `kill -9`) was replaced without a word, unseen by whoever watched the job.
         """
         self._workers.remove(worker)
         worker.conn.close()
@@ -610,6 +615,8 @@ class ProcessRunner:
             self._forget_envelope(waiting)
             waiting.attempts -= 1
             self._queued[worker.stage].appendleft(waiting)
+        if not (worker.tasks or worker.abandoned or worker.reported):  # else told above, or where found
+            _log.warning("stage %r: worker %s; it held no item, replacing it", stage.name, cause)
         if worker.tasks and running:
             task = worker.tasks[0]
             self._forget_envelope(task)
@@ -845,6 +852,7 @@ class ProcessRunner:
         The blocks such a reply says were released stay taken until the worker is reaped: it may
         not be the one that held them."""
         pid = self._kill_to_retire(worker)
+        worker.reported = True
         _log.warning("stage %r: worker (pid %s) sent %s (a process its stage function forked writing to its pipe?); "
                      "killed and replaced", self._stages[worker.stage].name, pid, what)
         return f"(pid {pid}) sent {what} and was killed"
@@ -853,14 +861,12 @@ class ProcessRunner:
         """Kill a worker whose pipe carried a length no reply can have (`Replies.overlong`), and
         the cause to retire it with: its stage function wrote to the reply descriptor, so nothing
         after that point of the pipe can be told apart into replies. The reader waited for that
-        many bytes, the worker's every later reply behind them, until `task_timeout_s`. Reported
-        here, as a reply not its own is: a worker holding no item (a thread of its stage function
-        writing after the item was answered) is retired without a word otherwise."""
+        many bytes, the worker's every later reply behind them, until `task_timeout_s`. Retiring
+        it logs the cause, as for any worker that dies, busy or holding no item (a thread of its
+        stage function writing after the item was answered)."""
         pid = self._kill_to_retire(worker)
-        cause = (f"(pid {pid}) was killed: its reply pipe carried a length of {worker.replies.overlong} bytes, "
-                 "more than a reply can be: something in the worker wrote to its descriptor")
-        _log.warning("stage %r: worker %s; replaced", self._stages[worker.stage].name, cause)
-        return cause
+        return (f"(pid {pid}) was killed: its reply pipe carried a length of {worker.replies.overlong} bytes, "
+                "more than a reply can be: something in the worker wrote to its descriptor")
 
     @staticmethod
     def _kill_to_retire(worker: _Worker) -> int:

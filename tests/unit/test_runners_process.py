@@ -934,6 +934,44 @@ def test_a_worker_crash_on_one_rank_of_a_job_is_logged_naming_that_rank(tmp_path
         assert message.startswith("rank 517: stage 'fragile': worker (pid") and "exited with code 3" in message, logged
 
 
+def _end_the_worker_with_code_7_once_go_exists(go: Path, x: int) -> int:
+    """A stage function that, on item -1, starts a thread which ends the worker with exit code 7
+    once `go` exists (the worker holding no item by then); items come back as they are."""
+    if x == -1:
+
+        def end() -> None:
+            wait_for_text(go, timeout=60)
+            os._exit(7)
+
+        threading.Thread(target=end, daemon=True).start()
+    return x
+
+
+@pytest.mark.parametrize(("end", "said"), [("kill -9", "was killed by SIGKILL"), ("exit", "exited with code 7")])
+def test_a_worker_that_dies_holding_no_item_is_reported_counted_and_replaced(end, said, tmp_path, caplog):
+    """A worker that died between items (the OOM killer, `kill -9`, a thread of its stage function
+    ending the process) was replaced without a word, where one that died running an item is
+    logged: whoever watched the job never saw it. Its death is logged at WARNING, naming the stage,
+    the pid and how it ended, and counted as a replacement, not a retry; the next items run."""
+    go = tmp_path / "go"
+    stage = functools.partial(_end_the_worker_with_code_7_once_go_exists, go)
+    with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("idle", stage, 1)])
+        [pid] = runner.worker_pids()
+        assert runner.submit(0, -1).result(60) == -1
+        if end == "kill -9":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            go.write_text("go")
+        wait_until(lambda: runner.stats().workers_replaced == 1, timeout=60)
+        assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
+        stats = runner.stats()
+    told = [record for record in caplog.records if f"(pid {pid})" in record.getMessage()]
+    expected = f"stage 'idle': worker (pid {pid}) {said}; it held no item, replacing it"
+    assert [(r.levelno, r.getMessage().endswith(expected)) for r in told] == [(logging.WARNING, True)], caplog.text
+    assert (stats.retries, stats.workers_replaced) == (0, 1)
+
+
 def wait_until(condition, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
