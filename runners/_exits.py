@@ -44,6 +44,9 @@ class ExitWatch:
             self._pidfd = None
         # What a selector watches for its exit: readable once it has exited.
         self.fd = process.sentinel if self._pidfd is None else self._pidfd
+        # Whether only its sentinel tells its exit, which a child it forked, holding the sentinel,
+        # hides: then its exit is also asked of waitpid (`exited`) while it holds items.
+        self.sentinel_only = self._pidfd is None
 
     def wait(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the process to exit; reap it if it has (`exited`)."""

@@ -115,6 +115,13 @@ _REAP_WAIT_S_PER_GIB = 1.0
 # so 16 at once held every other reply and a close for 16 s.
 _EXIT_AFTER_PIPE_END_S = 1.0
 
+# How often the reader asks waitpid whether a busy worker watched by its sentinel alone (no pidfd:
+# a kernel before 5.3, a seccomp profile refusing pidfd_open) has exited. A child its stage
+# function forked holds that sentinel open, and the worker's pipe too: a worker that died there,
+# partway through a reply or before writing any, left its item waiting until `task_timeout_s`,
+# for ever without one.
+_EXIT_POLL_S = 0.1
+
 
 @dataclass(frozen=True)
 class TransportStats:
@@ -724,6 +731,8 @@ class ProcessRunner:
         if len(worker.tasks) == 1 and self._task_timeout_s is not None:
             worker.deadline = time.monotonic() + self._task_timeout_s
             self._wake()
+        elif len(worker.tasks) == 1 and worker.exit.sentinel_only:  # the reader polls its exit from now on
+            self._wake()
         return True
 
     def _abandon_locked(self, worker: _Worker) -> None:
@@ -750,6 +759,9 @@ class ProcessRunner:
         with self._lock:
             workers = list(self._workers)
             deadlines = [worker.deadline for worker in workers if worker.deadline is not None]
+            polled = [worker for worker in workers if worker.exit.sentinel_only and worker.tasks]
+        if polled:
+            deadlines.append(time.monotonic() + _EXIT_POLL_S)
         if self._dying:
             deadlines += [dying.reap_by for dying in self._dying]
         timeout = min(_LONGEST_WAIT_S, max(0.0, min(deadlines) - time.monotonic())) if deadlines else None
@@ -765,7 +777,8 @@ class ProcessRunner:
         replies: dict[_Worker, list[bytes]] = {}
         dead: dict[_Worker, str] = {}  # worker -> what happened to it
         for conn, worker in by_conn.items():
-            if worker.exit.fd in ready:  # its exit retires it, whoever else still holds its pipe
+            # Its exit retires it, whoever else still holds its pipe (or its sentinel: `polled`).
+            if worker.exit.fd in ready or (worker in polled and worker.exit.exited()):
                 if messages := worker.replies.read_left():  # what it wrote before it died
                     replies[worker] = messages
                 worker.process.join()

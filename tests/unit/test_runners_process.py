@@ -503,6 +503,35 @@ def test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the
     assert re.search(r"exited with code 3 while sending a reply, \d+ of 8192 bytes received", str(error)), error
 
 
+@pytest.mark.parametrize("written", ["half a reply", "nothing"])
+def test_a_worker_watched_by_its_sentinel_alone_dying_while_its_forked_child_holds_it_is_seen_dead(
+    written, tmp_path, monkeypatch
+):
+    """Where the system offers no pidfd (a kernel before 5.3, a seccomp profile refusing
+    pidfd_open), a worker is watched through its sentinel, which a child its stage function forked
+    holds open, with the worker's pipe: a worker that died there, with half a reply written or
+    none, was never seen dead, and its item waited until `task_timeout_s` (for ever without one).
+    The reader asks waitpid whether such a worker has exited while it holds items, and retires it
+    as any worker that exits, naming what came of its reply."""
+    monkeypatch.setattr(os, "pidfd_open", _no_pidfd)
+    helper_pid, go = tmp_path / "helper", tmp_path / "go"
+    half = half_of_a_reply() if written == "half a reply" else b""
+    stage = functools.partial(_die_partway_through_a_reply_leaving_a_forked_child, helper_pid, half, go)
+    try:
+        with ProcessRunner(max_retries=0) as runner:
+            runner.start([Stage("forking", stage, 1)])
+            cut_short = runner.submit(0, -1)
+            wait_for_text(helper_pid)
+            go.touch()
+            error = cut_short.exception(20)
+            assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
+    finally:
+        if helper_pid.exists():
+            os.kill(int(helper_pid.read_text()), signal.SIGKILL)
+    assert isinstance(error, WorkerCrashedError) and "exited with code 3" in str(error), error
+    assert ("while sending a reply, 4092 of 8192 bytes received" in str(error)) == bool(half), error
+
+
 def _unread_bytes(fd: int) -> int:
     """What the process at the other end of a pipe has not read yet of what was written to it."""
     return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(4)))[0]
