@@ -503,6 +503,40 @@ def test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the
     assert re.search(r"exited with code 3 while sending a reply, \d+ of 8192 bytes received", str(error)), error
 
 
+def _write_then_exit(written: bytes, x: int) -> int:
+    """A stage function that, on item -1, writes `written` to the worker's reply pipe and exits
+    with code 3 (the OOM killer partway through a reply, or bytes a stage function wrote there, a
+    length a reply can have among them); other items come back as they are."""
+    if x == -1:
+        os.write(worker_pipe().fileno(), written)
+        os._exit(3)
+    return x
+
+
+@pytest.mark.parametrize(
+    ("written", "came"),
+    [
+        (framed(bytes(8192))[:4100], "4092 of 8192 bytes received"),
+        (framed(bytes(8192))[:8], "0 of 8192 bytes received"),
+        ((1 << 20).to_bytes(8, "big") + b"abc", "3 of 1048576 bytes received"),
+        (b"\0\0\0", "3 of its 8-byte length received"),
+    ],
+    ids=["part of a reply", "its length alone", "a length a reply can have, then text", "part of a length"],
+)
+def test_a_worker_that_exits_with_a_reply_unfinished_is_retired_at_once_without_task_timeout_s(written, came):
+    """Part of a reply, or a length a reply can have with less after it, is waited for only while
+    its worker lives: once it has exited and its pipe holds nothing more, the rest can never come.
+    Without `task_timeout_s`, a wait for it would last for ever; the worker is retired at once,
+    its item failed (no retries here) with a cause naming what came, and its replacement serves
+    the stage."""
+    with ProcessRunner(max_retries=0) as runner:
+        runner.start([Stage("cut", functools.partial(_write_then_exit, written), 1)])
+        error = runner.submit(0, -1).exception(30)
+        assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
+    assert isinstance(error, WorkerCrashedError), error
+    assert f"exited with code 3 while sending a reply, {came}" in str(error), error
+
+
 @pytest.mark.parametrize("written", ["half a reply", "nothing"])
 def test_a_worker_watched_by_its_sentinel_alone_dying_while_its_forked_child_holds_it_is_seen_dead(
     written, tmp_path, monkeypatch
