@@ -129,14 +129,16 @@ def _open(source):
 def _unopenable_file(path: str) -> VideoDecodeError | None:
     """Why no media could be read at `path`, asked of the OS once FFmpeg has failed to open it:
     missing_video_file where no file is there, unopenable_video_file where something is there
-    that cannot be opened as a file (a directory, permission denied, a symlink loop), None when the
-    file opens, so that FFmpeg's failure was about its bytes (corrupt_video).
+    that cannot be opened as a file (a directory, permission denied, a symlink loop, a name holding
+    a NUL), None when the file opens, so that FFmpeg's failure was about its bytes (corrupt_video).
 
     A missing file is no damaged media: counted as corrupt_video, it sent an operator looking for
     damage when a copy had left out a folder. The OS decides, not FFmpeg's error code, which a
     demuxer may also return for bad bytes (EPERM, EINVAL), so a damaged file is never called
     missing. Only on this failure path: a video that opens pays nothing for it.
     """
+    if "\x00" in path:  # the OS is not asked: it refuses such a name with a ValueError, not an OSError
+        return VideoDecodeError("unopenable_video_file", f"{path!r} holds a NUL character, which no file name can")
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO with no writer
     except (FileNotFoundError, NotADirectoryError) as exc:  # no such name, or a parent that is a file

@@ -274,6 +274,19 @@ def test_an_absolute_video_path_naming_no_file_says_it_was_taken_as_written(tmp_
                                    f"the record names the absolute path {missing!r}")
 
 
+def test_a_video_path_holding_a_nul_character_is_counted_as_unopenable_not_raised(tmp_path):
+    """No file name holds a NUL, and the OS refuses to be asked of one (ValueError, not OSError):
+    asked once FFmpeg had failed, that ValueError escaped the stage, so one malformed record
+    stopped the run instead of being skipped and counted."""
+    written = "clips/a\x00.mp4"
+    address = RecordAddress("clips", str(tmp_path / "videos.jsonl"), 0)
+    out = DecodeVideo(field="video")(ChunkRecords(Chunk("clips", 0, 0, 1), [{"video": written}], [address]))
+    assert out.skipped == [(address, "unopenable_video_file")]
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(str(tmp_path / written))
+    assert caught.value.reason == "unopenable_video_file" and "NUL" in caught.value.detail
+
+
 def still_picture(image_format: str, frames: int = 1, **options) -> bytes:
     """A 48x32 picture in `image_format` written by Pillow; `frames` > 1 makes it animated."""
     from PIL import Image
