@@ -1017,13 +1017,17 @@ def test_a_shard_read_through_a_cache_in_front_of_http_waits_as_its_server_asked
      "</body></html>", "text/html"),
     ('{"items": [], "next": null}', "application/json"),
     ("service is up", "text/plain"),
-], ids=["html", "json", "text"])
+    ('<html><head><title>Sign in</title><link rel="canonical" href="https://example.com/site/"></head><body>'
+     '<form action="/site/" method="post"><a href="/login?next=/site/">Sign in</a></form></body></html>', "text/html"),
+], ids=["html", "json", "text", "html_linking_to_itself"])
 def test_an_http_directory_url_answering_with_a_page_that_is_no_listing_is_refused_naming_it_not_read_as_empty(
     http_index, scheme, tmp_path, page, content_type
 ):
     """A URL ending in "/" whose server answers with a login page, a JSON body or a text/plain 200 was
     read as an empty directory (no link fsspec could list), which surfaced as a dataset holding no
-    shard. An empty directory's own index page still says it is empty (next test)."""
+    shard. An empty directory's own index page still says it is empty (next test). A login page
+    that links to its own URL (its form's action, a canonical link, `?next=`) names the path only
+    in a link, not in its text as an index page's title does: it too is refused."""
     (tmp_path / "site").mkdir()
     (tmp_path / "site/index.html").write_text(page)
     http_index.content_types[".html"] = content_type

@@ -33,8 +33,8 @@ A URL with the slash whose server answers with a page that is no directory listi
 linking to no file below it, a JSON body, a text/plain 200) was read as an empty directory, since
 fsspec's `ls` finds no link there, and surfaced as a dataset holding no shard. Where the walk finds
 no file, the page is looked at (`check_a_listing`): one linking to a subdirectory below it is a
-listing, one linking to nothing is an empty directory's index only where it is HTML naming the
-directory's path, as static file servers title theirs (`an_empty_listing`); any other is a
+listing, one linking to nothing is an empty directory's index only where it is HTML whose text
+names the directory's path, as static file servers title theirs (`an_empty_listing`); any other is a
 ConfigurationError naming the URL and the Content-Type it was sent as (`not_a_listing_error`).
 """
 
@@ -111,7 +111,7 @@ def check_a_listing(fs: AbstractFileSystem, url: str, directory: str) -> None:
     directory listing (module docstring). Asked only then, at the cost of one listing, one `info()`
     and one read of the page's first `_PAGE_BYTES_READ` bytes: a page that links to a
     subdirectory is a listing, whatever it holds; one linking to nothing below it is an empty
-    directory's only where it is HTML that names the directory's path (`an_empty_listing`)."""
+    directory's only where it is HTML whose text names the directory's path (`an_empty_listing`)."""
     if entries_below(directory, fs.ls(directory, detail=True)):
         return
     mimetype = fs.info(directory).get("mimetype")
@@ -122,20 +122,22 @@ def check_a_listing(fs: AbstractFileSystem, url: str, directory: str) -> None:
 
 def an_empty_listing(directory: str, mimetype: str | None, page: bytes) -> bool:
     """Whether `page`, sent as `mimetype` (None where the filesystem does not tell it) for
-    `directory` and linking to nothing below it, is an empty directory's index: HTML that names
-    the directory's path, as static file servers title their index pages ("Directory listing for
-    /data/empty/", "Index of /data/empty"). A JSON or plain-text body, or an HTML page that does
-    not name the path (a login page, an application's page, a CDN's error page sent with a 200),
-    is none."""
+    `directory` and linking to nothing below it, is an empty directory's index: HTML whose text
+    names the directory's path, as static file servers title their index pages ("Directory
+    listing for /data/empty/", "Index of /data/empty"). A JSON or plain-text body, or an HTML page
+    whose text does not name the path, at most its links do (a login page, an application's page,
+    a CDN's error page sent with a 200), is none."""
     if mimetype not in (None, "text/html"):
         return False
     text = html.unescape(page.decode("utf-8", errors="replace"))
     if mimetype is None and not re.search(r"<(html|title)\b", text, re.IGNORECASE):
         return False
     path = path_of(directory).rstrip("/") or "/"
-    # The path whole, as a title or heading ends it: not the start of another (`/site-assets/…` is not `/site`).
+    # The path whole, in the page's text as a title or heading writes it ("Index of /data/empty"):
+    # not inside a link (a login page's `action="/data/"`, `?next=/data/`, a canonical URL), nor
+    # the start of another path (`/site-assets/…` is not `/site`).
     named = "|".join(re.escape(form) for form in sorted({path, unquote(path)}))
-    return re.search(rf"(?:{named})/?(?=[<\"'\s]|$)", text) is not None
+    return re.search(rf"(?<=[>\s])(?:{named})/?(?=[<\"'\s]|$)", text) is not None
 
 
 def not_a_listing_error(url: str, mimetype: str | None) -> ConfigurationError:
