@@ -117,6 +117,12 @@ def _total(shards: list[dict], key: str) -> int | None:
     return sum(values) if all(type(value) is int and value >= 0 for value in values) else None
 
 
+def _copied(datasets: list[dict] | None) -> list[dict] | None:
+    """Summaries of the state's own: a loader hands the same summaries to every state it saves, and
+    a caller editing one state in place must not edit the next (nor the summaries a refusal reads)."""
+    return None if datasets is None else [{**summary, "settings": dict(summary["settings"])} for summary in datasets]
+
+
 def _checksum(body: Mapping) -> str:
     return sha256(canonical_json(body).encode()).hexdigest()
 
@@ -132,7 +138,7 @@ def make_state(
 ) -> dict:
     """`digests`: the recipe's, as `recipe_digests` gives them (a loader takes them once: its
     recipe holds what its maps and filters read, written whole, which may take long to hash).
-    `datasets`: the recipe's dataset summaries, as `dataset_summaries` gives them.
+    `datasets`: the recipe's dataset summaries, as `dataset_summaries` gives them (copied).
     `steps_begun`: the global steps the rank handed over microbatches of, the last one perhaps
     in part; None once its every lane is finished (a rank that is done cannot be out of step).
     `rows_taken`: the rows handed over on all ranks together if every rank handed over as many as
@@ -142,7 +148,7 @@ def make_state(
         "version": STATE_VERSION,
         "num_lanes": num_lanes,
         "recipe": dict(digests),
-        "datasets": datasets,
+        "datasets": _copied(datasets),
         "steps_begun": steps_begun,
         "rows_taken": rows_taken,
         "lanes": {str(lane): cursor.as_json() for lane, cursor in sorted(lanes.items())},

@@ -455,6 +455,20 @@ def test_checkpoint_is_plain_json(state, corpora):
     assert len(text) < 8 * 1024, "a checkpoint holds cursors, never payloads"
 
 
+def test_a_state_edited_by_its_caller_leaves_the_loaders_next_states_as_they_were(tmp_path):
+    """A state's dataset summaries were the loader's own list: a trainer editing the state it was
+    handed (dropping or rewriting a field in place) edited every state the loader saved after it,
+    sealed with a checksum of the edit, and the summaries a refusal is worded from."""
+    pipeline = _mixture_recipe([jsonl_dataset(tmp_path / name, name=name) for name in "ab"])
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        first = loader.state_dict()
+        untouched = json.loads(json.dumps(first))
+        first["datasets"][0]["num_shards"] = 99
+        first["datasets"][1]["settings"].clear()
+        first["datasets"].append(None)
+        assert loader.state_dict() == untouched
+
+
 @pytest.mark.parametrize("module", ["_checkpoint.py", "_dataset_changes.py"])
 def test_checkpoint_module_cannot_deserialise_code(module):
     """The state module, and the one that reads a state's dataset summaries to word a refusal, use
