@@ -200,12 +200,16 @@ def _check_whole(container, stream, reached: _StreamEnds) -> None:
     clip, its frames sampled over what was left, with no error. The header's duration runs to the
     end of the longest stream (a sound track may rightly outlast the video), so every stream's
     packets are measured (`_index`). A stream may end short of it by a last packet whose duration
-    the file does not give: twice the longest packet or video frame interval is allowed for that."""
+    the file does not give: twice the longest packet or video frame interval is allowed for that.
+    Matroska's duration counts from the segment's time 0, not from the first packet: a whole clip
+    whose timestamps start at 2 s was refused, measured from there. FLV's counts from the first
+    packet: the streams' end is taken as the later of the two readings, so neither refuses a
+    whole file."""
     furthest, longest = reached.seconds(container)
     rate = stream.average_rate
     slack = 2 * max(longest, float(1 / rate) if rate else 0.0) + 0.001
     start = (container.start_time or 0) / 1_000_000  # AV_TIME_BASE, as the duration
-    announced, ends = container.duration / 1_000_000, furthest - start
+    announced, ends = container.duration / 1_000_000, max(furthest, furthest - start)
     if announced - ends > slack:
         raise VideoDecodeError("corrupt_video", f"cut short: its streams end at {ends:.3f}s of the "
                                f"{announced:.3f}s its container announces (a partial copy or download)")

@@ -73,8 +73,9 @@ def test_window_past_the_end_is_reported_as_too_short(clip):
     assert caught.value.reason == "video_too_short"
 
 
-def encode_with_sound(*, video_s: float, audio_s: float, container_format: str = "matroska") -> bytes:
-    """`video_s` of video at 10 fps (frame k a flat grey of 8*k) muxed with `audio_s` of silence."""
+def encode_with_sound(*, video_s: float, audio_s: float, container_format: str = "matroska", start_s: float = 0.0) -> bytes:
+    """`video_s` of video at 10 fps (frame k a flat grey of 8*k) muxed with `audio_s` of silence,
+    both timed from `start_s` (a clip cut from a longer recording may keep its timestamps)."""
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=container_format) as container:
         stream = container.add_stream("mpeg4", rate=10)
@@ -82,12 +83,13 @@ def encode_with_sound(*, video_s: float, audio_s: float, container_format: str =
         sound = container.add_stream("aac", rate=8000)
         for k in range(round(video_s * 10)):
             picture = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 8 * k, np.uint8), format="rgb24")
+            picture.pts, picture.time_base = round(start_s * 10) + k, Fraction(1, 10)
             container.mux(stream.encode(picture))
         container.mux(stream.encode())
         samples = sound.codec_context.frame_size or 1024  # AAC's, before the codec is opened
         for start in range(0, round(audio_s * 8000), samples):
             silence = av.AudioFrame.from_ndarray(np.zeros((1, samples), np.float32), format="fltp", layout="mono")
-            silence.sample_rate, silence.pts = 8000, start
+            silence.sample_rate, silence.pts = 8000, round(start_s * 8000) + start
             container.mux(sound.encode(silence))
         container.mux(sound.encode())
     return buffer.getvalue()
@@ -632,6 +634,19 @@ def test_a_matroska_file_cut_short_is_refused_not_decoded_as_a_shorter_clip(audi
     whole length, which no stream now reaches: refused as corrupt_video. A whole file, and one
     whose sound runs past its video, decode as before."""
     whole = encode_with_sound(video_s=3.0, audio_s=audio_s)
+    assert frame_numbers(decode_video(whole, VideoSpec(num_frames=3))) == [5, 15, 25]
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
+    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: its streams end at")
+
+
+@pytest.mark.parametrize("audio_s", [0.0, 3.0], ids=["silent-track", "with-sound"])
+def test_a_whole_matroska_file_whose_timestamps_start_late_is_not_refused_as_cut_short(audio_s):
+    """Matroska's announced duration counts from the segment's time 0, not from its first packet:
+    a whole 3 s clip whose timestamps run from 2 s to 5 s (cut from a longer recording with its
+    timestamps kept) announces 5 s, and measured from its first packet its streams ended at 3 s:
+    refused as "cut short". It decodes; the same file cut short is still refused."""
+    whole = encode_with_sound(video_s=3.0, audio_s=audio_s, start_s=2.0)
     assert frame_numbers(decode_video(whole, VideoSpec(num_frames=3))) == [5, 15, 25]
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
