@@ -21,7 +21,7 @@ their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`).
 A frame FFmpeg marks damaged (it conceals the damage with borrowed pixels and no error) refuses
 the video as corrupt_video when it is decoded on the way to the chosen frames (`_undamaged`), and
 so does a packet its demuxer marks damaged when it is read on the way (`_decoded`), and a Matroska
-or WebM file whose streams end well before the length its header announces (`_check_whole`).
+or WebM file that ends before the segment it declares (`vlm._matroska`).
 
 A single picture in a picture format (JPEG, PNG, WebP, a GIF of one frame), which FFmpeg opens as
 a one-frame stream, is refused as `not_a_video` rather than made a clip of identical frames.
@@ -49,6 +49,7 @@ from zephon._errors import ConfigurationError, check_count, check_finite
 
 from ._errors import VideoDecodeError
 from ._image import DEFAULT_SPEC, ImageSpec, image_grid
+from ._matroska import HEAD_BYTES, cut_short
 
 __all__ = ["VideoSpec", "decode_video", "sample_times"]
 
@@ -169,50 +170,17 @@ def _duration(container, stream, end: int | None) -> float:
     raise VideoDecodeError("corrupt_video", "the container announces no duration")
 
 
-class _StreamEnds:
-    """Where a file's packets end, per stream, and its longest packet, kept in each stream's own
-    ticks (integers: Fraction arithmetic per packet cost more than the demux pass) and told in
-    seconds: what `_check_whole` compares with the length the file announces."""
-
-    def __init__(self) -> None:
-        self._ticks: dict[int, list[int]] = {}  # stream index: [furthest end, longest packet]
-
-    def add(self, packet) -> None:
-        length = packet.duration or 0
-        ticks = self._ticks.setdefault(packet.stream_index, [0, 0])
-        ticks[0] = max(ticks[0], packet.pts + length)
-        ticks[1] = max(ticks[1], length)
-
-    def seconds(self, container) -> tuple[float, float]:
-        """(where the furthest stream ends, the longest packet), in seconds."""
-        reached = longest = 0.0
-        for index, (end, length) in self._ticks.items():
-            time_base = container.streams[index].time_base
-            if time_base is not None:
-                reached, longest = max(reached, float(end * time_base)), max(longest, float(length * time_base))
-        return reached, longest
-
-
-def _check_whole(container, stream, reached: _StreamEnds) -> None:
-    """Refuse a Matroska or WebM file whose streams end well before the duration its header
-    announces: a file cut short (a partial copy or download). Such a container gives its streams
-    no duration, so `_duration` takes the video's last packet: the cut file was read as a shorter
-    clip, its frames sampled over what was left, with no error. The header's duration runs to the
-    end of the longest stream (a sound track may rightly outlast the video), so every stream's
-    packets are measured (`_index`). A stream may end short of it by a last packet whose duration
-    the file does not give: twice the longest packet or video frame interval is allowed for that.
-    Matroska's duration counts from the segment's time 0, not from the first packet: a whole clip
-    whose timestamps start at 2 s was refused, measured from there. FLV's counts from the first
-    packet: the streams' end is taken as the later of the two readings, so neither refuses a
-    whole file."""
-    furthest, longest = reached.seconds(container)
-    rate = stream.average_rate
-    slack = 2 * max(longest, float(1 / rate) if rate else 0.0) + 0.001
-    start = (container.start_time or 0) / 1_000_000  # AV_TIME_BASE, as the duration
-    announced, ends = container.duration / 1_000_000, max(furthest, furthest - start)
-    if announced - ends > slack:
-        raise VideoDecodeError("corrupt_video", f"cut short: its streams end at {ends:.3f}s of the "
-                               f"{announced:.3f}s its container announces (a partial copy or download)")
+def _refuse_a_cut_matroska(source) -> None:
+    """Refuse a Matroska or WebM file that ends before the segment it declares (`vlm._matroska`):
+    read from a record's bytes, or from the first bytes and size of the file at a path."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        head, length = bytes(source[:HEAD_BYTES]), len(source)
+    else:
+        with open(os.fsdecode(source), "rb") as file:
+            head, length = file.read(HEAD_BYTES), os.fstat(file.fileno()).st_size
+    why = cut_short(head, length)
+    if why is not None:
+        raise VideoDecodeError("corrupt_video", why)
 
 
 DEFAULT_VIDEO_SPEC = VideoSpec()
@@ -231,6 +199,8 @@ def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VI
     """
     container = _open(source)
     try:
+        if "matroska" in container.format.name.split(","):  # FFmpeg's "matroska,webm"
+            _refuse_a_cut_matroska(source)
         return _decode(container, spec)
     except VideoDecodeError:
         raise
@@ -277,14 +247,9 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
                                f"max_image_pixels={spec.image.max_image_pixels}")
     time_base = stream.time_base
     origin = stream.start_time or 0
-    # Matroska and WebM announce a length for the file alone: `_check_whole` holds the streams to it.
-    announced = container.duration is not None and stream.duration is None
-    reached = _StreamEnds() if announced else None
-    keyframes, end, timed = _index(container, stream, reached)
+    keyframes, end, timed = _index(container, stream)
     if end is None:  # an empty track beside the sound: nothing to seek to, and a duration of 0 or none
         raise VideoDecodeError("corrupt_video", "the video stream holds no timed frames")
-    if reached is not None:
-        _check_whole(container, stream, reached)
     if timed == 1 and _is_picture_format(container.format.name):
         # FFmpeg opens a JPEG, PNG, WebP... as a stream of one frame: it became `num_frames`
         # copies of the picture (a GIF of one frame, with no delay, "a video of 0.000s").
@@ -338,18 +303,14 @@ def _last_tick_at(t: float, time_base: Fraction) -> int:
     return math.floor((Fraction(t) + _FLOAT_SLACK_S) / time_base)
 
 
-def _index(container, stream, reached: _StreamEnds | None = None) -> tuple[list[int], int | None, int]:
+def _index(container, stream) -> tuple[list[int], int | None, int]:
     """From a demux pass (packets only, no decoding): the presentation times of the stream's
     keyframes, where its last packet ends (None without timed packets), and how many timed
-    packets it holds. With `reached`, the pass reads every stream's packets and adds each to it."""
+    packets it holds."""
     keyframes, end, timed = [], None, 0
-    for packet in container.demux() if reached is not None else container.demux(stream):
+    for packet in container.demux(stream):
         if packet.pts is None:
             continue
-        if reached is not None:
-            reached.add(packet)
-            if packet.stream_index != stream.index:
-                continue
         timed += 1
         if packet.is_keyframe:
             keyframes.append(packet.pts)

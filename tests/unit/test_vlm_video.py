@@ -6,6 +6,7 @@ import ast
 import io
 import json
 import os
+import struct
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -637,7 +638,7 @@ def test_a_matroska_file_cut_short_is_refused_not_decoded_as_a_shorter_clip(audi
     assert frame_numbers(decode_video(whole, VideoSpec(num_frames=3))) == [5, 15, 25]
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
-    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: its streams end at")
+    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: the file ends at byte")
 
 
 @pytest.mark.parametrize("audio_s", [0.0, 3.0], ids=["silent-track", "with-sound"])
@@ -650,7 +651,40 @@ def test_a_whole_matroska_file_whose_timestamps_start_late_is_not_refused_as_cut
     assert frame_numbers(decode_video(whole, VideoSpec(num_frames=3))) == [5, 15, 25]
     with pytest.raises(VideoDecodeError) as caught:
         decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
-    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: its streams end at")
+    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: the file ends at byte")
+
+
+def _announcing(data: bytes, duration_ms: float) -> bytes:
+    """`data`, a Matroska file FFmpeg wrote, with the duration its header announces rewritten (an
+    EBML float of 8 bytes, ID 0x4489): as tools for browser recordings patch one in afterwards."""
+    at = data.index(b"\x44\x89\x88") + 3
+    return data[:at] + struct.pack(">d", duration_ms) + data[at + 8:]
+
+
+@pytest.mark.parametrize("audio_s", [0.0, 3.0], ids=["silent-track", "with-sound"])
+def test_a_whole_matroska_file_whose_header_announces_more_than_its_streams_hold_is_not_refused(audio_s):
+    """Cut short was read from timestamps: a whole 3 s clip whose header announced 300 ms more
+    (its duration patched in by a recorder's tool, or a last frame held on screen) was refused as
+    "cut short: its streams end at 3.000s of the 3.300s". It is whole: every byte its segment
+    declares is there. The same file cut short is still refused."""
+    whole = _announcing(encode_with_sound(video_s=3.0, audio_s=audio_s), 4000.0)
+    assert frame_numbers(decode_video(whole, VideoSpec(num_frames=3))) == [5, 15, 25]
+    with pytest.raises(VideoDecodeError) as caught:
+        decode_video(whole[: len(whole) * 2 // 3], VideoSpec(num_frames=3))
+    assert caught.value.reason == "corrupt_video" and caught.value.detail.startswith("cut short: the file ends at byte")
+
+
+def test_a_matroska_file_missing_only_its_last_bytes_is_refused_as_cut_short(tmp_path):
+    """The last bytes of a file FFmpeg wrote are its index (Cues): a copy missing only them holds
+    every frame, but is a partial copy all the same, from a path as from bytes."""
+    whole = encode_with_sound(video_s=3.0, audio_s=3.0)
+    (tmp_path / "cut.mkv").write_bytes(whole[:-4])
+    for source in (whole[:-4], tmp_path / "cut.mkv"):
+        with pytest.raises(VideoDecodeError) as caught:
+            decode_video(source, VideoSpec(num_frames=3))
+        assert caught.value.reason == "corrupt_video"
+        assert caught.value.detail == (f"cut short: the file ends at byte {len(whole) - 4} of the {len(whole)} "
+                                       "its Matroska segment declares (a partial copy or download)")
 
 
 @pytest.mark.parametrize("damage", ["garbage", "cut"])
