@@ -86,3 +86,16 @@ def test_pickling_a_loader_says_to_send_the_pipeline_and_shard_it_there(tmp_path
             pickle.dumps(loader)
     assert "pipeline.shard(" in str(refused.value) and "pickle" in str(refused.value)
     assert pickle.loads(pickle.dumps(pipeline)).settings == pipeline.settings  # what to send instead
+
+
+def test_an_iteration_begun_before_the_dataloader_forked_is_refused_in_its_workers_too(tmp_path):
+    """The copy was checked at an iteration's first next() only: an iterator the trainer had taken
+    a microbatch from (to look at one) went on unrefused in every worker, and the trainer got each
+    later microbatch twice, silently."""
+    pipeline = _pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        begun = iter(loader)
+        next(begun)
+        with pytest.raises(ConfigurationError) as refused:
+            list(zip(_dataloader(begun, num_workers=2), range(TAKEN)))
+    assert "torch DataLoader worker" in str(refused.value) and "each microbatch 2 times" in str(refused.value)
