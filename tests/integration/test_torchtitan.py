@@ -240,6 +240,19 @@ def test_state_dict_without_a_process_group_is_the_local_state(pipeline):
         assert sorted(map(int, loader.local_state_dict()["lanes"])) == [4, 5, 6, 7]
 
 
+def test_pickling_a_zephon_data_loader_says_to_send_its_recipe_not_to_call_pipeline_shard(pipeline):
+    """Pickled (a spawn or forkserver process), the loader failed with its rank loader's refusal,
+    which says to call pipeline.shard(...) there: a loader a TorchTitan trainer cannot use."""
+    import pickle
+
+    with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        with pytest.raises(ConfigurationError) as refused:
+            pickle.dumps(loader)
+    message = str(refused.value)
+    assert "a ZephonDataLoader cannot be pickled" in message and "build a ZephonDataLoader" in message
+    assert "pipeline.shard" not in message
+
+
 class Interrupt(BaseException):
     """What a preemption handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
 

@@ -313,6 +313,15 @@ class ZephonDataLoader(_Base):
         # it back at its first use of this loader (`_hand_back_a_batch_cut_by_fork`).
         self._taking: tuple[int, tuple] | None = None
 
+    def __reduce__(self):
+        """Refused with this loader's own way to go: its rank loader's refusal says to call
+        pipeline.shard(...) in the other process, whose loader a TorchTitan trainer cannot use."""
+        raise ConfigurationError(
+            "a ZephonDataLoader cannot be pickled (a spawn or forkserver process is sent its objects by pickle): "
+            "its rank loader's lanes, runner and threads belong to this process. Send the DataRecipe or the "
+            "Pipeline, which pickle, and build a ZephonDataLoader in that process"
+        )
+
     @property
     def loader(self):
         """The underlying `zephon.RankLoader`."""
