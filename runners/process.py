@@ -166,7 +166,6 @@ class _Worker:
     broken: bool = False  # a send failed, or its pipe ended: no item goes to it; the reader retires it
     pipe_ended: bool = False  # before its exit was seen: retired at `deadline` unless it exits first
     abandoned: bool = False  # killed by us after an interrupted send; its items are not to blame
-    reported: bool = False  # its fault was logged as the reader found it (`_kill_for_a_reply_not_its_own`)
     grace_s: float = _REAP_WAIT_S  # once the reader killed it: how long its reaping may take
 
 
@@ -622,7 +621,7 @@ class ProcessRunner:
             self._forget_envelope(waiting)
             waiting.attempts -= 1
             self._queued[worker.stage].appendleft(waiting)
-        if not (worker.tasks or worker.abandoned or worker.reported):  # else told above, or where found
+        if not (worker.tasks or worker.abandoned):  # else told above, or below with its item
             _log.warning("stage %r: worker %s; it held no item, replacing it", stage.name, cause)
         if worker.tasks and running:
             task = worker.tasks[0]
@@ -863,12 +862,10 @@ class ProcessRunner:
         misnumbered one answered the item in the worker's place, and the worker's own answered the
         next item or none. Neither that reply nor any after it is taken, and its items are re-run.
         The blocks such a reply says were released stay taken until the worker is reaped: it may
-        not be the one that held them."""
+        not be the one that held them. Retiring it logs the cause, once, as for any worker that
+        dies: logged here too, a busy one's death was told twice in the same words."""
         pid = self._kill_to_retire(worker)
-        worker.reported = True
-        _log.warning("stage %r: worker (pid %s) sent %s (a process its stage function forked writing to its pipe?); "
-                     "killed and replaced", self._stages[worker.stage].name, pid, what)
-        return f"(pid {pid}) sent {what} and was killed"
+        return f"(pid {pid}) sent {what} (a process its stage function forked writing to its pipe?) and was killed"
 
     def _kill_for_an_overlong_length(self, worker: _Worker) -> str:
         """Kill a worker whose pipe carried a length no reply can have (`Replies.overlong`), and

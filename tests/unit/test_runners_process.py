@@ -739,7 +739,8 @@ def test_a_reply_the_worker_did_not_write_is_never_taken_for_its_answer(tmp_path
     an item answered that item (here with 99), and the worker's own reply then answered none. A
     worker numbers its replies by the items it has received, and one that is not the answer its
     item is due is not taken for it: the worker is killed and replaced, with a warning naming it,
-    and its item re-run."""
+    and its item re-run. One death, one warning: the fault was logged where the reader found it
+    and again, in the same words, as its item was re-run."""
     forked, go = tmp_path / "forked", tmp_path / "go"
     stage = functools.partial(_a_forked_child_answers_before_the_worker, forked, go)
     with caplog.at_level(logging.WARNING, logger="runners.process"), ProcessRunner(task_timeout_s=30) as runner:
@@ -752,7 +753,10 @@ def test_a_reply_the_worker_did_not_write_is_never_taken_for_its_answer(tmp_path
         assert answer.result(60) == -1
         assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
         assert runner.stats().workers_replaced == 1
-    assert f"worker (pid {pid}) sent a reply that is not the answer its item is due" in caplog.text, caplog.text
+    told = [record.getMessage() for record in caplog.records if f"(pid {pid})" in record.getMessage()]
+    assert len(told) == 1, told
+    assert f"worker (pid {pid}) sent a reply that is not the answer its item is due" in told[0], told
+    assert "forked writing to its pipe?" in told[0] and "re-running its item (attempt 2)" in told[0], told
 
 
 def test_a_reply_too_large_to_unpickle_in_the_parent_fails_its_item_and_not_its_worker(monkeypatch):
