@@ -729,8 +729,11 @@ class ProcessRunner:
         self._shm_bytes += task.envelope.shm_bytes
         if len(worker.tasks) == 1 and self._task_timeout_s is not None:
             worker.deadline = time.monotonic() + self._task_timeout_s
-            self._wake()
-        elif len(worker.tasks) == 1 and worker.exit.sentinel_only:  # the reader polls its exit from now on
+        # The reader watches its deadline, or polls its exit (no pidfd), from now on: woken for it
+        # unless this is the reader, which looks again before it next waits (it woke itself for
+        # nearly one item in two, a write and a turn of its loop for nothing).
+        watched = self._task_timeout_s is not None or worker.exit.sentinel_only
+        if len(worker.tasks) == 1 and watched and threading.current_thread() is not self._reader:
             self._wake()
         return True
 

@@ -537,16 +537,18 @@ def test_a_worker_that_exits_with_a_reply_unfinished_is_retired_at_once_without_
     assert f"exited with code 3 while sending a reply, {came}" in str(error), error
 
 
+@pytest.mark.parametrize("sent_by", ["the caller", "the reader"])
 @pytest.mark.parametrize("written", ["half a reply", "nothing"])
 def test_a_worker_watched_by_its_sentinel_alone_dying_while_its_forked_child_holds_it_is_seen_dead(
-    written, tmp_path, monkeypatch
+    written, sent_by, tmp_path, monkeypatch
 ):
     """Where the system offers no pidfd (a kernel before 5.3, a seccomp profile refusing
     pidfd_open), a worker is watched through its sentinel, which a child its stage function forked
     holds open, with the worker's pipe: a worker that died there, with half a reply written or
     none, was never seen dead, and its item waited until `task_timeout_s` (for ever without one).
     The reader asks waitpid whether such a worker has exited while it holds items, and retires it
-    as any worker that exits, naming what came of its reply."""
+    as any worker that exits, naming what came of its reply, whichever thread sent it the item
+    (the reader sends those its done-callbacks submit)."""
     monkeypatch.setattr(os, "pidfd_open", _no_pidfd)
     helper_pid, go = tmp_path / "helper", tmp_path / "go"
     half = half_of_a_reply() if written == "half a reply" else b""
@@ -554,7 +556,7 @@ def test_a_worker_watched_by_its_sentinel_alone_dying_while_its_forked_child_hol
     try:
         with ProcessRunner(max_retries=0) as runner:
             runner.start([Stage("forking", stage, 1)])
-            cut_short = runner.submit(0, -1)
+            cut_short = runner.submit(0, -1) if sent_by == "the caller" else _submit_from_a_done_callback(runner, -1)
             wait_for_text(helper_pid)
             go.touch()
             error = cut_short.exception(20)
@@ -564,6 +566,40 @@ def test_a_worker_watched_by_its_sentinel_alone_dying_while_its_forked_child_hol
             os.kill(int(helper_pid.read_text()), signal.SIGKILL)
     assert isinstance(error, WorkerCrashedError) and "exited with code 3" in str(error), error
     assert ("while sending a reply, 4092 of 8192 bytes received" in str(error)) == bool(half), error
+
+
+def _submit_from_a_done_callback(runner: ProcessRunner, item: int) -> Any:
+    """Submit `item` from a done-callback of a first item, that is from the reader thread, to a
+    worker idle by then; the future of `item`."""
+    submitted: list[Any] = []
+    runner.submit(0, 0).add_done_callback(lambda _: submitted.append(runner.submit(0, item)))
+    wait_until(lambda: bool(submitted), timeout=60)
+    return submitted[0]
+
+
+@pytest.mark.parametrize("task_timeout_s", [None, 600])
+def test_the_reader_never_wakes_itself_for_an_item_it_sends_to_an_idle_worker(task_timeout_s, monkeypatch):
+    """A worker that becomes busy must be polled (no pidfd) or have its deadline watched
+    (`task_timeout_s`) from then on, and the reader, waiting without either, is woken for it. The
+    reader woke itself too, for the items its own dispatch sent (replies freeing a worker, items
+    submitted from done-callbacks): a write and one more turn of its loop for nothing, as it looks
+    again before it next waits; with one worker and items pipelined, almost one per two items.
+    A wake-up from another thread is still sent, and the item sent from the reader still has its
+    worker's exit polled (below)."""
+    monkeypatch.setattr(os, "pidfd_open", _no_pidfd)
+    woken_by_the_reader = []
+    wake = ProcessRunner._wake
+
+    def counted_wake(self: ProcessRunner) -> None:
+        if threading.current_thread() is self._reader:
+            woken_by_the_reader.append(1)
+        wake(self)
+
+    monkeypatch.setattr(ProcessRunner, "_wake", counted_wake)
+    with ProcessRunner(task_timeout_s=task_timeout_s) as runner:
+        runner.start([Stage("echo", lambda x: x, 1)])
+        assert [_submit_from_a_done_callback(runner, x).result(60) for x in range(1, 11)] == list(range(1, 11))
+    assert woken_by_the_reader == []
 
 
 def _unread_bytes(fd: int) -> int:
