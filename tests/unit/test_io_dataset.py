@@ -187,7 +187,7 @@ def test_file_url_and_memory_url_work_like_local_paths(tmp_path):
 @pytest.mark.parametrize("pattern", ["", "*.jsonl", "*/*.jsonl", "**/*.jsonl", "sub/**", "**/c.json*", "part-00[0-1].jsonl"])
 def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
     """Local paths are listed without fsspec (zephon.io._local); without links, what they select
-    is what fsspec's own listing selects."""
+    is what fsspec's own listing selects, less what is hidden below the URL."""
     write_shards(tmp_path, [2, 3])
     for name in ["sub/c.jsonl", "sub/deeper/d.jsonl", ".hidden-dir/e.jsonl", "sub/.f.jsonl", "sub/notes.txt"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -197,8 +197,9 @@ def test_plain_paths_list_the_same_shards_as_file_urls(tmp_path, pattern):
     via_fsspec = Dataset.from_path("d", f"file://{url}", format="jsonl")
     fs = fsspec.filesystem("file")
     listing = fs.glob(url, detail=True) if pattern else fs.find(url, detail=True)
-    fsspecs_own = sorted(
-        p for p, info in listing.items() if info["type"] == "file" and re.search(r"(^|/)[^./][^/]*\.jsonl$", p)
+    fsspecs_own = sorted(  # less hidden files, and files in hidden directories below the URL
+        p for p, info in listing.items()
+        if info["type"] == "file" and re.fullmatch(r"(/[^./][^/]*)*\.jsonl", p.removeprefix(str(tmp_path)))
     )
     assert [s.url for s in plain.shards] == fsspecs_own and len(fsspecs_own) >= 1
     assert plain.shards == via_fsspec.shards
@@ -605,3 +606,22 @@ def test_io_options_change_how_a_plan_is_read_not_the_plan(tmp_path):
     assert other.read_chunk(other.chunks(3)[0]).records == ds.read_chunk(ds.chunks(3)[0]).records
     with pytest.raises(ConfigurationError, match="unknown"):
         ds.with_io_options({"prefetch": 2})
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_files_in_hidden_directories_below_the_url_are_no_shards_unless_the_url_names_them(tmp_path, scheme):
+    """A Hugging Face snapshot's `.cache/`, Jupyter's `.ipynb_checkpoints/` (a copy of every shard
+    opened in the editor) and a desktop's `.Trash-1000/` were listed as shards: their records were
+    read beside, or twice with, the dataset's, unsaid. A hidden directory the URL names (the hub
+    cache under `~/.cache`, a glob spelling `.cache`) is read as named."""
+    root = tmp_path / ".cache" / "snapshot"
+    for name in ["a.jsonl", "sub/b.jsonl", ".ipynb_checkpoints/a-checkpoint.jsonl", ".cache/huggingface/c.jsonl",
+                 "sub/.Trash-1000/files/d.jsonl"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(jsonl_bytes([{"name": name}]))
+    listed = Dataset.from_path("d", f"{scheme}{root}")
+    assert [s.url.removeprefix(f"{root}/") for s in listed.shards] == ["a.jsonl", "sub/b.jsonl"]
+    globbed = Dataset.from_path("d", f"{scheme}{root}/**/*.jsonl")
+    assert [s.url.removeprefix(f"{root}/") for s in globbed.shards] == ["a.jsonl", "sub/b.jsonl"]
+    named = Dataset.from_path("d", f"{scheme}{root}/.cache/**/*.jsonl")
+    assert [s.url.removeprefix(f"{root}/") for s in named.shards] == [".cache/huggingface/c.jsonl"]

@@ -7,7 +7,8 @@ protocol, `file://` included, still goes through fsspec.
 
 Listing follows fsspec's local filesystem where a user could tell the difference: paths are absolute
 and POSIX, `~` is expanded, a glob's `*` stays within one directory and `**` spans any number of them,
-hidden directories are searched (hidden files are dropped by the caller, for every filesystem alike).
+hidden directories are searched (hidden files, and the files of hidden directories below the URL, are
+dropped by the caller, for every filesystem alike).
 Links, to files and to directories, are followed, as the standard library's glob follows them; a
 `file://` URL is listed here too, because fsspec's local listing types a link by itself ("other")
 and so passes over linked directories: a directory, a glob and a `file://` URL of one dataset list

@@ -3,7 +3,8 @@
 A URL names one file (one shard), a directory (every shard below it) or a glob (every matching
 shard). In a directory or glob only files of the dataset's format count, so a README or a `_SUCCESS`
 marker next to the data is not mistaken for a shard; hidden files (basename starting with ".") are
-ignored. A link whose target is gone is a missing shard when its name is a shard's (a
+ignored, and so are the files of a hidden directory below the URL that the URL does not name (a
+Hugging Face snapshot's `.cache/`, Jupyter's `.ipynb_checkpoints/`). A link whose target is gone is a missing shard when its name is a shard's (a
 ConfigurationError naming the link and its target), and passed over like any other file otherwise.
 Paths are sorted, so the same URL always gives the same shards in the same order.
 
@@ -58,8 +59,9 @@ as written.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError, relative_path_note
@@ -126,6 +128,30 @@ def _hidden(path: str) -> bool:
     return path.rpartition("/")[2].startswith(".")
 
 
+def _in_hidden_directory(listing: Listing) -> Callable[[str], bool]:
+    """Whether a file `listing` found lies in a hidden directory below what the URL names, one the
+    URL did not spell: a Hugging Face snapshot's `.cache/`, Jupyter's `.ipynb_checkpoints/` (a copy
+    of each shard opened in the editor), a desktop's `.Trash-1000/`. Their files are no more the
+    dataset's than a hidden file is, and planning them read their records beside (or twice with)
+    the dataset's, unsaid. The directories the URL passes through (`~/.cache/...` of a hub cache)
+    and those its glob's parts spell (`.cache/*`, `.c*/`) are read as named. Made once per listing:
+    a path holding no "/." after the URL's fixed part is answered without splitting it."""
+    url_parts = listing.path.rstrip("/").split("/")
+    fixed = next((i for i, part in enumerate(url_parts) if any(c in part for c in _GLOB_CHARS)), len(url_parts))
+    prefix = len("/".join(url_parts[:fixed]))
+    spelled = [part for part in url_parts[fixed:] if part.startswith(".")] if listing.kind == "glob" else []
+
+    def hidden(path: str) -> bool:
+        if "/." not in path[prefix:]:
+            return False
+        return any(
+            part.startswith(".") and not any(fnmatchcase(part, pattern) for pattern in spelled)
+            for part in path.split("/")[fixed:-1]
+        )
+
+    return hidden
+
+
 def _may_be_a_shard(path: str) -> bool:
     """Whether a file a listing found may be planned as a shard: named as one of a known format and
     not hidden (see `locate`)."""
@@ -188,7 +214,8 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything{_relative_to(url)}")
     if listing.kind == "file":
         return _single_file(fs, listing.path, url, format, listing.details.get(listing.path))
-    files = {p: size for p, size in listing.sizes.items() if not _hidden(p)}
+    in_hidden_directory = _in_hidden_directory(listing)
+    files = {p: size for p, size in listing.sizes.items() if not _hidden(p) and not in_hidden_directory(p)}
     if not files and listing.kind == "glob":
         raise ConfigurationError(f"{url} matches no files{_relative_to(url)}")
     inferred = {p: infer_format(p) for p in files}
