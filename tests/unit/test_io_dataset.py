@@ -625,3 +625,22 @@ def test_files_in_hidden_directories_below_the_url_are_no_shards_unless_the_url_
     assert [s.url.removeprefix(f"{root}/") for s in globbed.shards] == ["a.jsonl", "sub/b.jsonl"]
     named = Dataset.from_path("d", f"{scheme}{root}/.cache/**/*.jsonl")
     assert [s.url.removeprefix(f"{root}/") for s in named.shards] == [".cache/huggingface/c.jsonl"]
+
+
+def test_a_directory_of_several_formats_names_a_file_of_each_so_a_sidecar_is_found(tmp_path):
+    """img2dataset writes `00000_stats.json` and `00000.parquet` beside each `00000.tar`: the
+    directory was said to hold 'several formats ['jsonl', 'parquet', 'webdataset']', and nothing
+    told that the JSON Lines were the stats files."""
+    for s in range(3):
+        (tmp_path / f"{s:05d}.tar").write_bytes(tar_bytes([(f"{s:05d}0000.txt", b"a caption")]))
+        (tmp_path / f"{s:05d}.parquet").write_bytes(parquet_bytes([{"key": s}], row_group_size=10))
+    (tmp_path / "00000_stats.json").write_text('{"count": 1}')
+    with pytest.raises(ConfigurationError) as raised:
+        Dataset.from_path("d", str(tmp_path))
+    assert (
+        "holds files of several formats: jsonl (00000_stats.json), parquet (00000.parquet, 00001.parquet and 1 more), "
+        "webdataset (00000.tar, 00001.tar and 1 more); pass format="
+    ) in str(raised.value)
+    assert [s.url.rpartition("/")[2] for s in Dataset.from_path("d", str(tmp_path), format="webdataset").shards] == [
+        "00000.tar", "00001.tar", "00002.tar"
+    ]

@@ -224,9 +224,10 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
         found = sorted({fc[0] for fc in [*inferred.values(), *unreadable.values()] if fc is not None})
         if not found and listing.kind == "directory":
             raise _holds_no_shard(url, listing, None)
-        if len(found) != 1:
-            what = f"several formats {found}" if found else "no file of a known format"
-            raise ConfigurationError(f"{url} holds {what}; pass format= (one of {FORMATS})")
+        if len(found) > 1:
+            raise _several_formats(url, listing, {**inferred, **unreadable})
+        if not found:
+            raise ConfigurationError(f"{url} holds no file of a known format; pass format= (one of {FORMATS})")
         format = found[0]
     for p, (fmt, why) in sorted(unreadable.items()):
         if fmt == format:
@@ -272,6 +273,28 @@ def _relative_to(url: str) -> str:
 
 
 _NAMES_SHOWN = 5
+
+
+_NAMES_SHOWN_PER_FORMAT = 2
+
+
+def _several_formats(url: str, listing: Listing, formats: Mapping[str, tuple[str, Any] | None]) -> ConfigurationError:
+    """The error for a directory or glob holding files of several formats and no `format=`, naming
+    the first files of each: a sidecar read as a format of its own (img2dataset's
+    `00000_stats.json` beside its tars is JSON Lines by suffix) shows at once."""
+    prefix = listing.path.rstrip("/") + "/"
+    by_format: dict[str, list[str]] = {}
+    for path, found in sorted(formats.items()):
+        if found is not None:
+            by_format.setdefault(found[0], []).append(path.removeprefix(prefix))
+    held = []
+    for fmt, names in sorted(by_format.items()):
+        more = len(names) - _NAMES_SHOWN_PER_FORMAT
+        held.append(f"{fmt} ({', '.join(names[:_NAMES_SHOWN_PER_FORMAT])}{f' and {more} more' if more > 0 else ''})")
+    return ConfigurationError(
+        f"{url} holds files of several formats: {', '.join(held)}; pass format= naming the dataset's "
+        f"(one of {FORMATS}): the others' files are then passed over"
+    )
 
 
 def _holds_no_shard(url: str, listing: Listing, format: str | None) -> ConfigurationError:
