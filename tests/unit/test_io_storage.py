@@ -1327,6 +1327,22 @@ def test_hf_url_resolves_to_the_hub_parquet_conversion(hub):
     assert [r for c in ds.chunks(3) for r in ds.read_chunk(c).records] == rows
 
 
+def test_hf_url_of_a_split_the_hub_converted_only_in_part_names_the_partial_conversion(hub):
+    """The hub converts only the first 5 GB of a large split, into `CONFIG/partial-SPLIT/`: the
+    shorthand's glob `CONFIG/SPLIT/*.parquet` said only that it "matches no files", and nothing
+    told where the split was, nor that what is there is part of it."""
+    base = "hf://datasets/acme/web@~parquet"
+    put(f"{base}/default/partial-train/0000.parquet", parquet_bytes([{"text": "row"}], row_group_size=2))
+    with pytest.raises(ConfigurationError) as raised:
+        Dataset.from_path("web", "hf://acme/web/default/train", retry_delay=0)
+    message = str(raised.value)
+    assert f"{base}/default/partial-train/*.parquet" in message and "first 5 GB" in message
+    assert "hf://datasets/acme/web" in message  # the repository's own files, for the whole split
+    with pytest.raises(ConfigurationError, match="matches no files") as raised:  # no split of that name at all
+        Dataset.from_path("web", "hf://acme/web/default/test", retry_delay=0)
+    assert "partial" not in str(raised.value)
+
+
 def test_hf_url_with_another_format_is_refused(hub):
     with pytest.raises(ConfigurationError, match="hub Parquet"):
         Dataset.from_path("wiki", "hf://acme/wiki/default/train", format="jsonl")

@@ -203,7 +203,40 @@ def locate(url: str, format: str | None, storage_options: dict) -> Located:
     if hub_url is not None:
         if format not in (None, "parquet"):
             raise ConfigurationError(f"{url} names hub Parquet files, but format={format!r}")
-        url, format = hub_url, "parquet"
+        try:
+            return _locate_listed(hub_url, "parquet", storage_options)
+        except ConfigurationError as error:
+            partial = _partial_conversion(url, hub_url, storage_options)
+            if partial is None:
+                raise
+            raise partial from error
+    return _locate_listed(url, format, storage_options)
+
+
+def _partial_conversion(url: str, hub_url: str, storage_options: dict) -> ConfigurationError | None:
+    """The error for a hub split converted only in part, or None where there is no such part.
+
+    The hub's Parquet conversion holds only the first 5 GB of a larger split, under
+    `CONFIG/partial-SPLIT/`, so the shorthand's `CONFIG/SPLIT/*.parquet` matches nothing: the
+    error says where the part is and that it is a part, rather than that nothing matched."""
+    directory, _, pattern = hub_url.rpartition("/")
+    config, _, split = directory.rpartition("/")
+    partial = f"{config}/partial-{split}/{pattern}"
+    try:
+        _, listing = _list(partial, storage_options)
+    except (ConfigurationError, OSError):  # the original error stands
+        return None
+    if listing is None or not listing.sizes:
+        return None
+    repository = hub_url[: hub_url.index("@~parquet")]
+    return ConfigurationError(
+        f"{url}: the hub converted only the first 5 GB of this split to Parquet, as {partial}; name "
+        f"those files to read that part, or the repository's own files ({repository}/...) to read it all"
+    )
+
+
+def _locate_listed(url: str, format: str | None, storage_options: dict) -> Located:
+    """`locate` for a URL as it is listed (a hub shorthand already rewritten)."""
     try:
         fs, listing = _list(url, storage_options)
     except PermissionError as error:
