@@ -253,6 +253,8 @@ def _locate_listed(url: str, format: str | None, storage_options: dict) -> Locat
         raise ConfigurationError(f"{url} matches no files{_relative_to(url)}")
     inferred = {p: infer_format(p) for p in files}
     unreadable = {p: u for p in files if (u := _unreadable_shard(p)) is not None}
+    if format is None and (arrow := sorted(p for p in files if p.lower().endswith(".arrow"))):
+        raise _arrow_files(url, listing, arrow)
     if format is None:
         found = sorted({fc[0] for fc in [*inferred.values(), *unreadable.values()] if fc is not None})
         if not found and listing.kind == "directory":
@@ -306,6 +308,20 @@ def _relative_to(url: str) -> str:
 
 
 _NAMES_SHOWN = 5
+
+
+def _arrow_files(url: str, listing: Listing, paths: list[str]) -> ConfigurationError:
+    """The error for a directory or glob holding Arrow files and no `format=`: what Hugging Face
+    `datasets`' `save_to_disk` (and its cache) writes, beside `state.json` and `dataset_info.json`.
+    Zephon reads no Arrow, and passing the Arrow files over planned those two JSON files as JSON
+    Lines: a run that read nothing but malformed lines, where the user meant the Arrow rows."""
+    prefix = listing.path.rstrip("/") + "/"
+    more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+    return ConfigurationError(
+        f"{url} holds Arrow files ({paths[0].removeprefix(prefix)}{more}), as Hugging Face datasets' save_to_disk "
+        "writes them, and Zephon reads no Arrow: write the dataset as Parquet (`load_from_disk(...).to_parquet(...)`) "
+        f"or JSON Lines and name those files; or pass format= (one of {FORMATS}) to plan the other files without them"
+    )
 
 
 _NAMES_SHOWN_PER_FORMAT = 2
