@@ -660,3 +660,26 @@ def test_a_directory_saved_by_hugging_face_datasets_as_arrow_is_a_named_error_no
     (tmp_path / "train.parquet").write_bytes(parquet_bytes([{"text": "a"}], row_group_size=10))
     declared = Dataset.from_path("d", str(tmp_path), format="parquet")  # the other files, named by format=
     assert [s.url.rpartition("/")[2] for s in declared.shards] == ["train.parquet"]
+
+
+@pytest.mark.parametrize("compression", [None, "gz", "zst"])
+@pytest.mark.parametrize("layout", ["pretty", "one line"])
+def test_a_json_file_holding_one_array_is_a_named_error_not_its_lines_dropped_as_malformed(tmp_path, layout, compression):
+    """A `.json` file holding one JSON array of records (`json.dump(records, f, indent=2)`, an
+    Alpaca-style instruction set) was planned as JSON Lines: every line of a pretty-printed array
+    was dropped as `malformed_json`, a one-line array as one `not_an_object`, and nothing said why."""
+    records = [{"text": f"doc {i}"} for i in range(5)]
+    body = json.dumps(records, indent=2 if layout == "pretty" else None).encode() + b"\n"
+    (tmp_path / f"train.json{'.' + compression if compression else ''}").write_bytes(compress(body, compression))
+    with pytest.raises(ConfigurationError, match=r"train\.json.* is one JSON array, not JSON Lines") as raised:
+        Dataset.from_path("d", str(tmp_path))
+    assert "jq -c" in str(raised.value)
+
+
+def test_json_lines_whose_first_record_is_an_array_are_read_with_that_record_skipped(tmp_path):
+    """Only a shard that is one array is refused: a JSON Lines shard whose first line is an array
+    among objects keeps its records, that line counted as `not_an_object`."""
+    (tmp_path / "a.jsonl").write_bytes(b'[1, 2]\n{"text": "kept"}\n')
+    ds = Dataset.from_path("d", str(tmp_path))
+    read = ds.read_chunk(ds.chunks(10)[0], on_error="skip")
+    assert read.records == [{"text": "kept"}] and [reason for _, reason in read.skipped] == ["not_an_object"]

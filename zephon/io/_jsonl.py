@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._format import ShardFile, ShardScan
-from ._lines import SEEK_STRIDE, read_lines, scan_lines
+from .._errors import ConfigurationError
+from ._lines import SEEK_STRIDE, UTF8_BOM, read_lines, scan_lines
 from ._policy import INVALID_UTF8, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
 
 __all__ = ["JsonLines"]
@@ -31,7 +33,7 @@ class JsonLines:
         return f"jsonl stride={SEEK_STRIDE}"
 
     def scan(self, shard: ShardFile) -> ShardScan:
-        return scan_lines(shard)
+        return scan_lines(shard, functools.partial(_refuse_one_array, shard.url))
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         lines, short_detail = read_lines(shard, seek, start, stop)
@@ -48,3 +50,19 @@ def _parse(line: bytes) -> Slot:
     if not isinstance(value, dict):
         return Bad(NOT_AN_OBJECT, f"got {type(value).__name__}")
     return value
+
+
+def _refuse_one_array(url: str, opening: bytes, num_lines: int) -> None:
+    """Refuse a shard that is one JSON array of records (`json.dump(records, f, indent=2)`, an
+    Alpaca-style `.json`), not JSON Lines: read line by line, a pretty-printed array's every line
+    was dropped as `malformed_json` and a one-line array as one `not_an_object`, the records lost
+    with nothing saying why. Only a whole-shard array is refused: a first line that is "[" alone
+    (which no JSON Lines record is) or a one-line shard opening with "[" (spaces and a byte order
+    mark aside); a JSON Lines shard whose first record is an array keeps its other records, that
+    one skipped."""
+    first_line = opening.removeprefix(UTF8_BOM).split(b"\n", 1)[0].strip(b" \t\r")
+    if first_line == b"[" or (num_lines == 1 and first_line.startswith(b"[")):
+        raise ConfigurationError(
+            f"{url} is one JSON array, not JSON Lines (one object per line): write one record per line "
+            "(`jq -c '.[]' FILE > FILE.jsonl`, or json.dumps of each record), and name that file"
+        )

@@ -37,8 +37,16 @@ _NEWLINE = 0x0A
 UTF8_BOM = b"\xef\xbb\xbf"  # opens some shards; it marks their encoding and is not text
 
 
-def scan_lines(shard: ShardFile) -> ShardScan:
+OPENING_BYTES = 64
+"""How much of a shard's first decompressed block `scan_lines` hands its `check_opening`."""
+
+
+def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | None = None) -> ShardScan:
     """Count the lines of a shard and record where each starts in the decompressed stream.
+
+    `check_opening`, when given, is called with the shard's first OPENING_BYTES decompressed
+    bytes (fewer for a shorter shard or first block) and its line count, once counted, to refuse a
+    shard that is no such format (JSON Lines: `_jsonl`) without opening it a second time.
 
     The starts give every chunk's exact raw size for mixture planning; for uncompressed shards every
     SEEK_STRIDE-th start is also the seek index of chunk reads.
@@ -49,10 +57,13 @@ def scan_lines(shard: ShardFile) -> ShardScan:
     size = 0
     ends_with_newline = True
     cut = False
+    opening = b""
     starts = [np.zeros(1, dtype=np.int64)]
     with shard.open() as f:
         try:
             for block in _blocks_to_count(f, shard.compression):
+                if size == 0 and check_opening is not None:
+                    opening = bytes(block[:OPENING_BYTES])
                 positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
                 starts.append(positions.astype(np.int64) + size + 1)  # line m + 1 starts after newline m
                 size += len(block)
@@ -63,6 +74,8 @@ def scan_lines(shard: ShardFile) -> ShardScan:
     unterminated = cut or not ends_with_newline
     num_lines = len(offsets) - 1 + (1 if unterminated else 0)
     offsets = np.append(offsets[:num_lines], size)  # starts of every line, then the end
+    if check_opening is not None:
+        check_opening(opening, num_lines)
     seek = offsets[:num_lines:SEEK_STRIDE] if shard.compression is None else None
     return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets)
 
