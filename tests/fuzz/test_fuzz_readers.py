@@ -22,13 +22,14 @@ from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import zstandard
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from tests.fuzz.conftest import fuzz_settings
 from tests.reliability.harness import assert_ledger_balances, run_epoch, text_pipeline
-from zephon import BadRecordError
+from zephon import BadRecordError, ConfigurationError
 from zephon.io import REASONS, Dataset, ShardUnavailableError, _dataset
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -267,6 +268,7 @@ def test_parquet_reader_accounts_for_every_row(data, records_per_chunk):
 @fuzz_settings(ci=12, suppress_health_check=SLOW_OK)
 @given(shards=st.lists(st.lists(lines, min_size=8, max_size=24), min_size=2, max_size=3))
 @example(shards=[[b"not json"] * 8, [b'{"no_text": 1}'] * 8])  # no good record: refused at its end, all counted
+@example(shards=[[b"["] + [b'{"text": "a"}'] * 7, [b'{"text": "b"}'] * 8])  # one JSON array: refused at planning
 def test_pipeline_ledger_accounts_for_every_slot_of_a_random_corpus(shards):
     """At least 16 slots, so that each of the 4 lanes gets a chunk of 4."""
     with shard_dir() as root:
@@ -275,6 +277,10 @@ def test_pipeline_ledger_accounts_for_every_slot_of_a_random_corpus(shards):
             data = b"".join(line + b"\n" for line in body)
             (root / f"part-{i}.jsonl").write_bytes(data)
             total += data.count(b"\n")  # a text line may hold a newline of its own
+        if any(_one_array(b"".join(line + b"\n" for line in body)) for body in shards):
+            with pytest.raises(ConfigurationError, match="is one JSON array, not JSON Lines"):
+                Dataset.from_path("f", str(root))
+            return
         dataset = Dataset.from_path("f", str(root))
         run = run_epoch(text_pipeline(dataset), keep_batches=False, may_make_no_row=True)
         assert_ledger_balances(run, {"f": total})
