@@ -139,6 +139,21 @@ def test_compressed_shard_corrupted_after_planning_is_named_unreadable(tmp_path,
         Dataset.from_path("d", str(path))  # and planning it again names it too
 
 
+def test_a_zstd_shard_written_with_a_long_window_is_named_with_what_to_do(tmp_path):
+    """`zstd --long=31` (a common setting for large corpora) writes frames whose window is larger
+    than the 128 MiB a zstd decoder takes by default: planning said only "Frame requires too much
+    memory for decoding", which tells neither the cause nor what to do."""
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=31, enable_ldm=True)
+    writer = zstandard.ZstdCompressor(compression_params=params).compressobj()  # streamed: no content size
+    (tmp_path / "a.jsonl.zst").write_bytes(writer.compress(jsonl_bytes(noisy_records(50))) + writer.flush())
+    with pytest.raises(ShardUnavailableError, match="undecodable zstd") as caught:
+        Dataset.from_path("d", str(tmp_path / "a.jsonl.zst"), retry_delay=0)
+    assert "zstd --long" in str(caught.value) and "recompress" in str(caught.value)
+    assert caught.value.attempts == 1
+
+
 @pytest.mark.parametrize("unit", ["line", "file"])
 @pytest.mark.parametrize("padding", [10, 1 << 19])  # the larger runs on over several read blocks
 def test_gzip_padded_with_nul_bytes_reads_like_pythons_gzip(tmp_path, unit, padding):

@@ -56,6 +56,19 @@ def _zstd() -> _Codec:
     return zstandard.ZstdDecompressor().decompressobj, (zstandard.ZstdError,), b""
 
 
+def _advice(error: Exception) -> str:
+    """What to do about a decoder's error, where its own words do not say: a zstd frame whose window
+    is over the 128 MiB (window log 27) a decoder takes by default, as `zstd --long=28` to
+    `--long=31` write for large corpora, is refused "Frame requires too much memory", which names
+    neither. It is not decoded here: its window costs that much memory in every reader at once."""
+    if "Frame requires too much memory" in str(error):
+        return (
+            " (its frames need a window over the 128 MiB zstd decodes by default, as `zstd --long=28` or more "
+            "writes: recompress it without --long, `zstd -d --long=31 -c FILE | zstd -o NEW`)"
+        )
+    return ""
+
+
 _CODECS: dict[str, Callable[[], _Codec]] = {
     "gzip": _gzip,
     "zstd": _zstd,
@@ -92,7 +105,7 @@ def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]
             try:
                 out = decoder.decompress(block)
             except codec_errors as error:
-                raise CorruptStreamError(f"undecodable {compression} stream: {error}") from error
+                raise CorruptStreamError(f"undecodable {compression} stream: {error}{_advice(error)}") from error
             if out:
                 yield out
             if decoder.eof:
