@@ -683,3 +683,14 @@ def test_json_lines_whose_first_record_is_an_array_are_read_with_that_record_ski
     ds = Dataset.from_path("d", str(tmp_path))
     read = ds.read_chunk(ds.chunks(10)[0], on_error="skip")
     assert read.records == [{"text": "kept"}] and [reason for _, reason in read.skipped] == ["not_an_object"]
+
+
+def test_a_directory_whose_only_shards_are_in_a_hidden_directory_says_they_are_passed_over(tmp_path):
+    """Its error listed `.ipynb_checkpoints/a-checkpoint.jsonl` as what the directory holds while
+    saying it holds no jsonl file, and nothing told why that file was not one."""
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "a-checkpoint.jsonl").write_bytes(jsonl_bytes([{"text": "a"}]))
+    with pytest.raises(ConfigurationError) as raised:
+        Dataset.from_path("d", str(tmp_path), format="jsonl")
+    assert "holds no jsonl file; it holds .ipynb_checkpoints/a-checkpoint.jsonl" in str(raised.value)
+    assert "files in hidden directories below it are passed over" in str(raised.value)

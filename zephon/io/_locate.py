@@ -356,8 +356,12 @@ def _holds_no_shard(url: str, listing: Listing, format: str | None) -> Configura
     if not names:
         return ConfigurationError(f"the directory {url} exists but holds no {what}: it is empty")
     more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    in_hidden_directory = _in_hidden_directory(listing)
+    hidden = any(in_hidden_directory(p) and infer_format(p) is not None for p in listing.sizes)
+    why = " (files in hidden directories below it are passed over: name such a directory in the URL to read it)"
     return ConfigurationError(
         f"the directory {url} exists but holds no {what}; it holds {', '.join(names[:_NAMES_SHOWN])}{more}"
+        f"{why if hidden else ''}"
     )
 
 
