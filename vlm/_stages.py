@@ -146,19 +146,22 @@ def _unwrap(value: Any, allow_paths: bool) -> Any:
 
 def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
     """Run `decode_record(record, address)` on every record, dropping and counting the ones it refuses."""
-    records, addresses = [], []
-    skipped = list(batch.skipped)
+    out = ChunkRecords(
+        batch.chunk, [], [], list(batch.skipped), list(batch.filtered),
+        {reason: dict(details) for reason, details in batch.skip_details.items()},
+    )
     fail_fast = stage.on_error == "raise"
     for record, address in zip(batch.records, batch.addresses):
         try:
-            records.append(decode_record(record, address))
+            out.records.append(decode_record(record, address))
         except (_Skip, MediaDecodeError) as exc:
             if fail_fast:
                 raise BadRecordError(address, exc.reason, exc.detail) from None
-            skipped.append((address, exc.reason))
+            # A callable, so that an absent field's detail (the fields the record has) is made only if kept.
+            out.skip_one(address, exc.reason, lambda exc=exc: exc.detail)
             continue
-        addresses.append(address)
-    return ChunkRecords(batch.chunk, records, addresses, skipped, list(batch.filtered))
+        out.addresses.append(address)
+    return out
 
 
 def _describe(obj: Any) -> Any:

@@ -715,7 +715,7 @@ class TokenizeOp(RecordOperator):
                 for reason, address, record in zip(reasons, batch.addresses, batch.records):
                     if reason is not None:
                         raise BadRecordError(address, reason, _field_detail(field_name, reason, record))
-            batch.skip(reasons)
+            batch.skip(reasons, functools.partial(_field_detail, field_name))
             for record, encoding in zip(batch.records, encodings):
                 # `ids` is a new list at every access, so BOS/EOS go into it in place, and
                 # `fromiter` with a count fills the array in one pass: 3.14t, text race corpus,

@@ -1,15 +1,22 @@
 """What flows between a reader and the operators: records with their address, and counted skips.
 
 A chunk of records is the unit of work that is numbered, dispatched to workers and put back in
-order. Skips travel with the chunk that produced them so that the ledger never loses one.
+order. Skips travel with the chunk that produced them so that the ledger never loses one, and so do
+the details (what was wrong) of the first few of each reason, which `stats()` shows as examples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["RecordAddress", "Chunk", "ChunkRecords"]
+__all__ = ["RecordAddress", "Chunk", "ChunkRecords", "DETAILS_PER_REASON"]
+
+DETAILS_PER_REASON = 3
+"""How many skips of each reason a chunk keeps the detail of: as many as `stats()` shows examples
+of per dataset and reason (`_skip_examples`), so the loader finds the details of its first examples
+in the chunk that skipped them. A bound, so that a chunk of thousands of bad records carries a few
+strings back from a worker, and a detail made on demand (the fields a record has) is made for few."""
 
 
 @dataclass(frozen=True, order=True)
@@ -44,6 +51,8 @@ class ChunkRecords:
 
     `records[i]` lives at `addresses[i]`. `skipped` lists (address, reason) for every record a stage
     dropped; `filtered` counts records a user filter removed. Both are carried to the ledger.
+    `skip_details` holds, per reason, {address: detail} of the first `DETAILS_PER_REASON` skipped
+    records that a stage gave a detail for (`skip_one`, `skip`), for `stats()`'s examples.
     """
 
     chunk: Chunk
@@ -51,16 +60,26 @@ class ChunkRecords:
     addresses: list[RecordAddress] = field(default_factory=list)
     skipped: list[tuple[RecordAddress, str]] = field(default_factory=list)
     filtered: list[RecordAddress] = field(default_factory=list)
+    skip_details: dict[str, dict[RecordAddress, str]] = field(default_factory=dict)
+
+    def skip_one(self, address: RecordAddress, reason: str, detail: str | Callable[[], str]) -> None:
+        """Count the record at `address` as skipped for `reason`, keeping its `detail` (a string, or
+        a function making it, called only if it is kept) if fewer of that reason have one here."""
+        self.skipped.append((address, reason))
+        details = self.skip_details.setdefault(reason, {})
+        if len(details) < DETAILS_PER_REASON:
+            details[address] = detail if isinstance(detail, str) else detail()
 
     def keep(self, keep_mask: list[bool]) -> None:
         """Drop the records whose mask entry is False, counting them as filtered."""
         self._drop([None if keep else "filtered" for keep in keep_mask], filtered=True)
 
-    def skip(self, reasons: list[str | None]) -> None:
-        """Drop the records that have a reason, counting each as skipped for it, in record order."""
-        self._drop(reasons, filtered=False)
+    def skip(self, reasons: list[str | None], detail: Callable[[str, dict], str] | None = None) -> None:
+        """Drop the records that have a reason, counting each as skipped for it, in record order;
+        `detail(reason, record)` says what was wrong, asked only for the details kept (`skip_one`)."""
+        self._drop(reasons, filtered=False, detail=detail)
 
-    def _drop(self, reasons: list[str | None], *, filtered: bool) -> None:
+    def _drop(self, reasons: list[str | None], *, filtered: bool, detail=None) -> None:
         records, addresses = [], []
         for reason, record, address in zip(reasons, self.records, self.addresses):
             if reason is None:
@@ -68,6 +87,8 @@ class ChunkRecords:
                 addresses.append(address)
             elif filtered:
                 self.filtered.append(address)
+            elif detail is None:
+                self.skip_one(address, reason, "")
             else:
-                self.skipped.append((address, reason))
+                self.skip_one(address, reason, lambda: detail(reason, record))
         self.records, self.addresses = records, addresses

@@ -101,6 +101,24 @@ def test_candidate_fields_lists_and_hugging_face_image_structs():
     assert isinstance(out.records[1]["pixels"], list) and len(out.records[1]["pixels"]) == 2
 
 
+def test_a_decode_stage_keeps_the_first_skips_details_of_each_reason_with_those_before_it():
+    """What `stats()["skipped_examples"]` shows: the detail a `BadRecordError` would carry, for the
+    first few skips of each reason in the chunk, besides those an earlier stage kept."""
+    records = [{"jpg": b"\x00garbage" * 20} for _ in range(5)] + [{"txt": "no image"}]
+    batch = chunk_of(records)
+    batch.skip_one(RecordAddress("pairs", "shard-0.tar", 99), "malformed_json", "an earlier stage's detail")
+    out = DecodeImages()(batch)
+    assert len(out.skipped) == 7
+    corrupt = out.skip_details["corrupt_image"]
+    assert [a.index for a in corrupt] == [0, 1, 2] and all(corrupt.values()), corrupt
+    with pytest.raises(BadRecordError) as raised:
+        DecodeImages(on_error="raise")(chunk_of(records[:1]))
+    assert corrupt[RecordAddress("pairs", "shard-0.tar", 0)] == raised.value.detail
+    [(address, detail)] = out.skip_details["missing_image"].items()
+    assert address.index == 5 and detail.startswith("none of the fields ") and "'txt'" in detail
+    assert out.skip_details["malformed_json"] == {RecordAddress("pairs", "shard-0.tar", 99): "an earlier stage's detail"}
+
+
 def test_an_image_list_that_is_empty_gives_a_text_document_and_one_bad_item_skips_its_record():
     """A Hugging Face `Sequence(Image)` column holds a list per record. An empty list is a
     document with no image (interleaved web documents hold text-only ones), packed as its text

@@ -85,7 +85,7 @@ def collect(chunk: Chunk, shard_url: str, slots: list[Slot], policy: ErrorPolicy
         if isinstance(slot, Bad):
             if policy is ErrorPolicy.RAISE:
                 raise BadRecordError(address, slot.reason, slot.detail)
-            out.skipped.append((address, slot.reason))
+            out.skip_one(address, slot.reason, slot.detail)
         else:
             out.records.append(slot)
             out.addresses.append(address)
