@@ -38,6 +38,7 @@ from ._packing import assemble_row
 from ._prefetch import default_prefetch
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, describe_runner, runner_factory
+from ._skip_examples import SkipExamples
 from ._torch_workers import refuse_copies_in_dataloader_workers
 from .work import lane_plan
 from .work._estimation import SampleCount
@@ -161,6 +162,8 @@ class RankLoader:
         self._runner: Runner | None = None
         self._ledger = Ledger()
         self._waits = _wait.NO_WAITS  # this object's, never saved nor restored (see _wait)
+        # This object's observations of what its lanes dropped, never saved nor restored either.
+        self._skip_examples = SkipExamples(events)
         self._generation = 0
         self._closed = False
         # Guards `_closed` with what a close must find to stop (`_runner` and its finalizer,
@@ -393,6 +396,7 @@ class RankLoader:
     def _open_lanes(self, streams: dict[int, LaneStream]) -> None:
         flush_every = self.pipeline.settings.flush_every_chunks
         barren_records = getattr(self.plan, "barren_records", None)  # optional for other work plans
+        count_chunk, count_skips = _counters(self._ledger, self._skip_examples)
         for lane in self.lanes:
             cursor = self._cursors[lane]
             self._ledger.replay(lane, cursor.segment)
@@ -403,8 +407,8 @@ class RankLoader:
                 self._submit,
                 self.factories,
                 self.prefetch,
-                self._ledger.count_chunk,
-                self._ledger.count_skips,
+                count_chunk,
+                count_skips,
                 on_truncations=self._ledger.count_truncations,
                 row_work=self._submit_row if self._row_work is not None else None,
                 rows_ahead=self.rows_ahead,
@@ -782,6 +786,14 @@ class RankLoader:
         iterates, it shows whole counting steps (a chunk, a microbatch; see `_ledger`): every
         dataset and lane balances.
 
+        `"skipped_examples"` names the records behind the skip counts: per dataset and reason, the
+        first `EXAMPLES_PER_REASON` (3) skipped records this loader object took from its lanes,
+        each with its `address` (also as `shard` and `index`), `lane` and `detail` (what was wrong,
+        as `BadRecordError` would say; "" for a packer's refusal), in the order the lanes' chunks
+        were taken, so the same on every runner; the first of each is also logged at WARNING on
+        the `zephon` logger (see `_skip_examples`). This process's observations, like `"wait"`:
+        never in `state_dict()`, kept by `load_state_dict()`.
+
         `"wait"` says whether the trainer waits for data: the microbatches this loader object
         handed over (`batches`), the seconds the caller's thread spent inside `next()` for them,
         from the call until the microbatch was counted, less any wait for a `state_dict()` or
@@ -798,7 +810,12 @@ class RankLoader:
         for a save or load on another thread (an asynchronous checkpointer) to let go of the
         loader, counted, kept and reset like `"wait"`."""
         waits = self._waits
-        return {**self._ledger.snapshot(), "wait": _wait.report(waits), "checkpoint_wait_s": _wait.checkpoint_s(waits)}
+        return {
+            **self._ledger.snapshot(),
+            "skipped_examples": self._skip_examples.snapshot(),
+            "wait": _wait.report(waits),
+            "checkpoint_wait_s": _wait.checkpoint_s(waits),
+        }
 
     # -- lifecycle --------------------------------------------------------------------------
     def _close_streams(self) -> None:
@@ -841,6 +858,22 @@ class RankLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _counters(ledger: Ledger, examples: SkipExamples):
+    """The lanes' `on_chunk` and `on_skips`: the ledger counts, and the loader's own observer
+    (the first skipped records) looks. Bound to this ledger: lanes swapped out by a load count
+    into the ledger they were opened with (see `_take_up`)."""
+
+    def count_chunk(lane: int, segment: int, batch: ChunkRecords) -> None:
+        ledger.count_chunk(lane, segment, batch)
+        examples.note_chunk(lane, batch)
+
+    def count_skips(lane: int, segment: int, skips: list) -> None:
+        ledger.count_skips(lane, segment, skips)
+        examples.note_skips(lane, skips)
+
+    return count_chunk, count_skips
 
 
 def _renew_locks_in_child(loader: RankLoader) -> None:

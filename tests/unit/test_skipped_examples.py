@@ -1,0 +1,97 @@
+"""`stats()["skipped_examples"]` names the first records skipped per dataset and reason, with what
+was wrong, and the first of each is logged: the counts alone never said which record to look at."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from zephon import Pipeline
+from zephon._skip_examples import EXAMPLES_PER_REASON
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+RECORDS = 48
+MALFORMED = (5, 17, 40)  # as many as are kept: every one is shown, whichever lane took it first
+MISSING_TEXT = (2, 9, 22, 31, 44)  # more than are kept: the first three the loader took are shown
+
+
+def write_corpus(path):
+    lines = []
+    for i in range(RECORDS):
+        if i in MALFORMED:
+            lines.append('{"text": "broken line ' + str(i))
+        elif i in MISSING_TEXT:
+            lines.append(json.dumps({"body": f"text under another name {i}", "id": i}))
+        else:
+            lines.append(json.dumps({"text": f"record {i} says something worth training on", "id": i}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def pipeline(corpus, tokenizer, runner):
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(corpus))], num_epochs=1, seed=3, records_per_chunk=8)
+    return (
+        Pipeline(source).options(num_lanes=2, runner=runner)
+        .tokenize(tokenizer_id=str(tokenizer), field="text", eos="<|eos|>")
+        .pack_flat(max_length=64).batch(microbatch_size=2)
+    )
+
+
+def run(tmp_path, tokenizer, runner):
+    corpus = tmp_path / "data.jsonl"
+    if not corpus.exists():
+        write_corpus(corpus)
+    with pipeline(corpus, tokenizer, runner).shard(0, 1, global_batch_size=4) as loader:
+        for _ in loader:
+            pass
+        return corpus, loader.stats(), loader.state_dict()
+
+
+@pytest.mark.parametrize("runner", ["inline", "thread", "process"])
+def test_stats_name_the_first_skipped_records_of_each_reason_with_their_details(tmp_path, demo_tokenizer_path, runner):
+    corpus, stats, _ = run(tmp_path, demo_tokenizer_path, runner)
+    assert stats["datasets"]["d"]["total"]["skipped"] == {"malformed_json": 3, "missing_field": 5}
+    examples = stats["skipped_examples"]["d"]
+    assert sorted(examples) == ["malformed_json", "missing_field"]
+    malformed = examples["malformed_json"]
+    assert sorted(e["index"] for e in malformed) == list(MALFORMED)
+    for example in malformed:
+        assert example["shard"] == str(corpus) and example["address"] == f"d:{corpus}#{example['index']}"
+        assert example["detail"].startswith("JSONDecodeError: "), example
+        assert example["lane"] in (0, 1)
+    missing = examples["missing_field"]
+    assert len(missing) == EXAMPLES_PER_REASON == 3
+    assert {e["index"] for e in missing} < set(MISSING_TEXT) and len({e["index"] for e in missing}) == 3
+    for example in missing:
+        assert example["detail"].startswith("field 'text'; ") and "'body'" in example["detail"], example
+
+
+def test_every_runner_shows_the_same_examples_in_the_same_order(tmp_path, demo_tokenizer_path):
+    """The first by the order the loader takes its lanes' chunks, not by which worker finished first."""
+    shown = {runner: run(tmp_path, demo_tokenizer_path, runner)[1]["skipped_examples"]
+             for runner in ("inline", "thread", "process")}
+    assert shown["thread"] == shown["inline"] and shown["process"] == shown["inline"], shown
+
+
+def test_the_examples_are_never_in_the_state(tmp_path, demo_tokenizer_path):
+    _, stats, state = run(tmp_path, demo_tokenizer_path, "inline")
+    saved = json.dumps(state)
+    assert stats["skipped_examples"] and "skipped_examples" not in saved
+    assert "JSONDecodeError" not in saved and "'body'" not in saved
+
+
+def test_the_first_skip_of_each_reason_is_logged_once_and_says_where_the_rest_are(
+    tmp_path, demo_tokenizer_path, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        corpus, stats, _ = run(tmp_path, demo_tokenizer_path, "inline")
+    lines = [r.getMessage() for r in caplog.records if r.name == "zephon" and "skipped a record" in r.getMessage()]
+    assert len(lines) == 2, lines
+    for reason in ("malformed_json", "missing_field"):
+        (line,) = [line for line in lines if f" as {reason} at " in line]
+        first = stats["skipped_examples"]["d"][reason][0]
+        assert line.startswith("dataset 'd': ") and first["address"] in line and first["detail"] in line
+        assert "loader.stats()['skipped_examples']" in line and "later skips are counted" in line

@@ -1,0 +1,92 @@
+"""Which records a loader skipped, by example: the counts in `stats()` say how many of each reason,
+these say where to look.
+
+The ledger counts skips by (dataset, reason) and keeps no address, so an operator seeing
+`corrupt_video: 1` could find the clip only by running the data again with `on_error="raise"`,
+which stops at the first bad record. A loader now keeps the first `EXAMPLES_PER_REASON` skipped
+records of each dataset and reason it took from its lanes, with the lane and what was wrong (the
+detail a `BadRecordError` would carry), shown by `stats()["skipped_examples"]`, and logs the first
+of each at WARNING on the `zephon` logger.
+
+They are this process's observations, like `stats()["wait"]`: never in `state_dict()`, kept as
+they are by `load_state_dict()`, no part of the recipe and no effect on a batch. They are taken in
+the order the loader takes its lanes' chunks (never in the order workers finish them), so the same
+run on any runner shows the same examples; a record read again (a resume's replay, a second
+iteration) is not shown twice.
+
+The details come with the chunk that skipped them (`ChunkRecords.skip_details`, the first few of
+each reason per chunk), so a chunk costs a look at its few details, never a walk of its skips, and
+nothing when it skipped none. A skip a packer decides (`drain_skips`) carries no detail: its example
+names the record and the reason only.
+
+Thread-unsafe like the ledger: `note_*` run on the loader's thread only. `snapshot` may be read on
+another thread (`stats()` from a monitor): an example list is never changed in place but replaced
+by a longer tuple in one store, and the snapshot copies the dict in one C call.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ._records import DETAILS_PER_REASON, ChunkRecords, RecordAddress
+
+__all__ = ["EXAMPLES_PER_REASON", "SkipExamples"]
+
+EXAMPLES_PER_REASON = DETAILS_PER_REASON
+"""Examples kept per (dataset, reason): enough to tell one bad file from a pattern across shards,
+few enough that a `stats()` of many datasets and reasons stays readable."""
+
+_LATER = (
+    "later skips are counted in loader.stats()['datasets'], and the first {n} of each dataset and reason "
+    "are listed in loader.stats()['skipped_examples']"
+)
+
+
+class SkipExamples:
+    """The first skipped records of each (dataset, reason) this loader took from its lanes."""
+
+    def __init__(self, log: logging.LoggerAdapter | logging.Logger) -> None:
+        self._log = log
+        # {(dataset, reason): ((lane, address, detail), ...)}, at most EXAMPLES_PER_REASON each
+        self._examples: dict[tuple[str, str], tuple[tuple[int, RecordAddress, str], ...]] = {}
+
+    def note_chunk(self, lane: int, batch: ChunkRecords) -> None:
+        """A chunk's records as its lane took them: its skips' kept details, in the chunk's order."""
+        for reason, details in batch.skip_details.items():
+            for address, detail in details.items():
+                if not self._note(lane, address, reason, detail):
+                    break
+
+    def note_skips(self, lane: int, skips: list) -> None:
+        """Items an accumulator refused, as (address, reason): they carry no detail."""
+        for address, reason in skips:
+            self._note(lane, address, reason, "")
+
+    def _note(self, lane: int, address: RecordAddress, reason: str, detail: str) -> bool:
+        """Keep the skip as an example if its (dataset, reason) has fewer; False once it is full."""
+        key = (address.dataset, reason)
+        examples = self._examples.get(key, ())
+        if len(examples) >= EXAMPLES_PER_REASON:
+            return False
+        if any(seen == address for _, seen, _ in examples):
+            return True
+        self._examples[key] = (*examples, (lane, address, detail))
+        if not examples:
+            self._log.warning(
+                "dataset %r: skipped a record as %s at %s (lane %d)%s; %s",
+                address.dataset, reason, address, lane, f": {detail}" if detail else "",
+                _LATER.format(n=EXAMPLES_PER_REASON),
+            )
+        return True
+
+    def snapshot(self) -> dict:
+        """A fresh JSON-able copy: {dataset: {reason: [{"address", "shard", "index", "lane",
+        "detail"}, ...]}}, datasets and reasons sorted, each list in the order its skips were taken."""
+        out: dict[str, dict[str, list[dict]]] = {}
+        for (dataset, reason), examples in sorted(list(self._examples.items())):
+            out.setdefault(dataset, {})[reason] = [
+                {"address": str(address), "shard": address.shard, "index": address.index, "lane": lane,
+                 "detail": detail}
+                for lane, address, detail in examples
+            ]
+        return out
