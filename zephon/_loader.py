@@ -29,6 +29,7 @@ from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, recipe_digests
+from ._dropped_datasets import DroppedDatasets
 from ._errors import CheckpointError, ConfigurationError, check_count
 from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
@@ -164,6 +165,7 @@ class RankLoader:
         self._waits = _wait.NO_WAITS  # this object's, never saved nor restored (see _wait)
         # This object's observations of what its lanes dropped, never saved nor restored either.
         self._skip_examples = SkipExamples(events)
+        self._dropped_datasets = _watch_dropped_datasets(self.plan, self.lanes)
         self._generation = 0
         self._closed = False
         # Guards `_closed` with what a close must find to stop (`_runner` and its finalizer,
@@ -396,7 +398,7 @@ class RankLoader:
     def _open_lanes(self, streams: dict[int, LaneStream]) -> None:
         flush_every = self.pipeline.settings.flush_every_chunks
         barren_records = getattr(self.plan, "barren_records", None)  # optional for other work plans
-        count_chunk, count_skips = _counters(self._ledger, self._skip_examples)
+        count_chunk, count_skips = _counters(self._ledger, self._skip_examples, self._dropped_datasets)
         for lane in self.lanes:
             cursor = self._cursors[lane]
             self._ledger.replay(lane, cursor.segment)
@@ -860,20 +862,41 @@ class RankLoader:
         self.close()
 
 
-def _counters(ledger: Ledger, examples: SkipExamples):
-    """The lanes' `on_chunk` and `on_skips`: the ledger counts, and the loader's own observer
-    (the first skipped records) looks. Bound to this ledger: lanes swapped out by a load count
-    into the ledger they were opened with (see `_take_up`)."""
+def _counters(ledger: Ledger, examples: SkipExamples, dropped: DroppedDatasets | None):
+    """The lanes' `on_chunk` and `on_skips`: the ledger counts, and the loader's own observers
+    (the first skipped records, a dataset that drops everything) look. Bound to this ledger: lanes
+    swapped out by a load count into the ledger they were opened with (see `_take_up`)."""
 
     def count_chunk(lane: int, segment: int, batch: ChunkRecords) -> None:
         ledger.count_chunk(lane, segment, batch)
         examples.note_chunk(lane, batch)
+        if dropped is not None:
+            dropped.note_chunk(batch)
 
     def count_skips(lane: int, segment: int, skips: list) -> None:
         ledger.count_skips(lane, segment, skips)
         examples.note_skips(lane, skips)
+        if dropped is not None:
+            dropped.note_skips(skips)
 
     return count_chunk, count_skips
+
+
+def _watch_dropped_datasets(plan, lanes: list[int]) -> DroppedDatasets | None:
+    """A watch on the datasets of a mixture of several that nothing at planning checked (see
+    `_dropped_datasets`), over this rank's share of each; None for other plans."""
+    records_per_pass, unestimated = getattr(plan, "records_per_pass", None), getattr(plan, "unestimated", None)
+    if records_per_pass is None or unestimated is None or len(plan.source.live_names()) < 2:
+        return None
+    watched = unestimated()
+    if not watched:
+        return None
+    passes: Counter = Counter()
+    for lane in lanes:
+        passes.update(records_per_pass(lane))
+    return DroppedDatasets(
+        {name: passes[name] for name in watched}, {name: plan.weight_of(name) for name in watched}, events
+    )
 
 
 def _renew_locks_in_child(loader: RankLoader) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import tarfile
 
@@ -437,3 +438,55 @@ def test_a_refusal_without_filtered_records_says_nothing_of_maps(demo_data_dir, 
             for _ in loader:
                 pass
     assert "return record" not in str(refused.value)
+
+
+def write_records(path, count: int, field: str):
+    path.write_text("".join(json.dumps({field: f"record {i} of {path.stem} says a few words", "id": i}) + "\n"
+                            for i in range(count)))
+    return Dataset.from_path(path.stem, str(path))
+
+
+def mixture_of_two(tmp_path, tokenizer, second_field: str):
+    """A 0.6/0.4 endless mixture, no TokenEstimation, whose second dataset holds its text under `second_field`."""
+    source = StaticMixtureWorkSource(
+        [write_records(tmp_path / "good.jsonl", 400, "text"), write_records(tmp_path / "other.jsonl", 100, second_field)],
+        {"good": 0.6, "other": 0.4}, seed=5, records_per_chunk=16,
+    )
+    return (
+        Pipeline(source).options(num_lanes=2, runner="inline")
+        .tokenize(tokenizer_id=str(tokenizer), field="text", eos="<|eos|>")
+        .pack_flat(max_length=64).batch(microbatch_size=2)
+    )
+
+
+def read_microbatches(pipeline, count: int) -> dict:
+    with pipeline.shard(0, 1, global_batch_size=4) as loader:
+        for _, _ in zip(range(count), loader):
+            pass
+        return loader.stats()["datasets"]
+
+
+DROPPED_WARNING = "was dropped"
+
+
+def test_a_mixture_dataset_whose_every_record_is_dropped_is_warned_of_once_naming_why(
+    tmp_path, demo_tokenizer_path, caplog
+):
+    """Without TokenEstimation the run trained on the other dataset alone, its weight unmet, and said nothing."""
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        datasets = read_microbatches(mixture_of_two(tmp_path, demo_tokenizer_path, "body"), 60)
+    assert datasets["other"]["total"]["read"] >= 2 * 100 and datasets["other"]["total"]["emitted"] == 0, datasets
+    warned = [r.getMessage() for r in caplog.records if DROPPED_WARNING in r.getMessage()]
+    assert len(warned) == 1, warned
+    (line,) = warned
+    assert line.startswith("dataset 'other': every one of the 100 records this rank read of it"), line
+    assert "(missing_field: 100)" in line and "mixture weight (0.4)" in line
+    assert "TokenEstimation would refuse this dataset at planning" in line
+    assert "'good'" not in line
+
+
+def test_no_mixture_dataset_is_warned_of_when_each_gives_records(tmp_path, demo_tokenizer_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        datasets = read_microbatches(mixture_of_two(tmp_path, demo_tokenizer_path, "text"), 60)
+    assert datasets["other"]["total"]["read"] >= 2 * 100 and datasets["other"]["total"]["emitted"] > 0, datasets
+    assert not [r.getMessage() for r in caplog.records if DROPPED_WARNING in r.getMessage()]

@@ -476,6 +476,20 @@ class MixturePlan:
         slack = (flush_every + len(self.datasets) + 1) * self.source.records_per_chunk
         return int(self._lanes[lane].barren_records()) + slack
 
+    def records_per_pass(self, lane: int) -> dict[str, int]:
+        """The records of each dataset dealt to the lane: what it reads of each in one pass."""
+        return self._lanes[lane].records_per_pass()
+
+    def unestimated(self) -> list[str]:
+        """The datasets with a share planned by records, not by an estimate of their tokens
+        (no `TokenEstimation`): nothing at planning checked that any of their records survives."""
+        return [name for name in self.source.live_names() if name not in self.stats]
+
+    def weight_of(self, name: str) -> str:
+        """The dataset's normalised mixture weight, or its weight in each phase of a schedule."""
+        weights = [f"{phase[name]:.3g}" for _, phase in self.source.schedule]
+        return weights[0] if len(weights) == 1 else f"{', '.join(weights)} in the schedule's {len(weights)} phases"
+
     def fingerprint(self) -> dict:
         return {
             "kind": "static_mixture",
@@ -687,6 +701,10 @@ class TokenInterleave:
         if self._num_epochs is None:
             return None
         return sum(self._limit(n) for n in self._names)
+
+    def records_per_pass(self) -> dict[str, int]:
+        """The records of each dataset's chunks in this lane: one pass (an epoch) of them."""
+        return {n: int(self._chunks[n].num_records().sum()) for n in self._names}
 
     def barren_records(self) -> float:
         """Records this lane may read without a surviving one and still make rows later: all it

@@ -1,0 +1,88 @@
+"""A warning for a dataset of a mixture whose every record this rank read was dropped.
+
+Without `TokenEstimation` nothing refuses such a dataset (its text under another field name than
+the others'): the other datasets give rows, so no lane is barren (`_barren`), and the run trains on
+them alone, endlessly, the dataset's weight unmet, every record counted in `stats()` and nothing
+said. Once this rank has read a full pass of the dataset's records (its lanes' share of them,
+`MixturePlan.records_per_pass`) with none handed on to packing (net of those a packer refused), the
+loader says so once at WARNING on the `zephon` logger: the dataset, its drop reasons and counts, its
+mixture weight, and that `TokenEstimation` would refuse it at planning.
+
+A log, not a refusal: a refusal must be the recipe's decision, the same on every world size (as
+`_barren` makes it for a recipe that drops everything), and what one rank has read is not that. It
+reads no record and changes no batch. Process-local like `SkipExamples`: counted from this loader's
+start (a resume counts anew), never saved.
+
+Thread-unsafe: `note_*` run on the loader's thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Mapping
+
+from ._barren import filtered_note
+from ._records import ChunkRecords
+
+__all__ = ["DroppedDatasets"]
+
+
+class _Seen:
+    """What this rank read of one watched dataset: records read, records handed on to packing and
+    not refused since, and the drops by reason."""
+
+    __slots__ = ("read", "emitted", "drops")
+
+    def __init__(self) -> None:
+        self.read, self.emitted, self.drops = 0, 0, Counter()
+
+
+class DroppedDatasets:
+    """Watches the datasets given `passes` ({dataset: records this rank reads in one pass}) and
+    `weights` (a phrase per dataset) until each is found dropping everything, warned of once."""
+
+    def __init__(self, passes: Mapping[str, int], weights: Mapping[str, str], log) -> None:
+        self._passes = dict(passes)
+        self._weights = dict(weights)
+        self._log = log
+        self._watched = {dataset: _Seen() for dataset, records in self._passes.items() if records > 0}
+
+    def note_chunk(self, batch: ChunkRecords) -> None:
+        seen = self._watched.get(batch.chunk.dataset) if self._watched else None
+        if seen is None:
+            return
+        seen.read += batch.chunk.num_records
+        seen.emitted += len(batch.records)
+        if batch.skipped:
+            seen.drops.update(reason for _, reason in batch.skipped)
+        if batch.filtered:
+            seen.drops["filtered"] += len(batch.filtered)
+        self._decide(batch.chunk.dataset, seen)
+
+    def note_skips(self, skips: list) -> None:
+        """Items an accumulator refused, as (address, reason): handed on, then dropped."""
+        if not self._watched:
+            return
+        for address, reason in skips:
+            seen = self._watched.get(address.dataset)
+            if seen is not None:
+                seen.emitted -= 1
+                seen.drops[reason] += 1
+                self._decide(address.dataset, seen)
+
+    def _decide(self, dataset: str, seen: _Seen) -> None:
+        """Warn once the dataset has been read a full pass with nothing left handed on. One that
+        handed records on stays watched: a packer may refuse them later (`note_skips`)."""
+        if seen.emitted > 0 or seen.read < self._passes[dataset]:
+            return
+        del self._watched[dataset]
+        commonest = sorted(seen.drops.items(), key=lambda item: (-item[1], item[0]))[:5]
+        listed = ", ".join(f"{reason}: {n}" for reason, n in commonest) or "none counted"
+        self._log.warning(
+            "dataset %r: every one of the %d records this rank read of it (a full pass of its share) was dropped "
+            "(%s), so the run trains on the other datasets alone and its mixture weight (%s) goes unmet; "
+            "TokenEstimation would refuse this dataset at planning. Check its field names and filters against "
+            "its data: loader.stats()['skipped_examples'] names the first records dropped%s",
+            dataset, seen.read, listed, self._weights.get(dataset, "?"), filtered_note(seen.drops),
+        )
