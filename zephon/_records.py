@@ -81,14 +81,18 @@ class ChunkRecords:
 
     def _drop(self, reasons: list[str | None], *, filtered: bool, detail=None) -> None:
         records, addresses = [], []
+        skipped, details = self.skipped, self.skip_details
         for reason, record, address in zip(reasons, self.records, self.addresses):
             if reason is None:
                 records.append(record)
                 addresses.append(address)
             elif filtered:
                 self.filtered.append(address)
-            elif detail is None:
-                self.skip_one(address, reason, "")
-            else:
-                self.skip_one(address, reason, lambda: detail(reason, record))
+            else:  # `skip_one` written out: this runs per skipped record, a call and a closure each cost
+                skipped.append((address, reason))
+                kept = details.get(reason)
+                if kept is None:
+                    kept = details[reason] = {}
+                if len(kept) < DETAILS_PER_REASON:
+                    kept[address] = "" if detail is None else detail(reason, record)
         self.records, self.addresses = records, addresses

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import BadRecordError, ConfigurationError
-from .._records import Chunk, ChunkRecords, RecordAddress
+from .._records import DETAILS_PER_REASON, Chunk, ChunkRecords, RecordAddress
 
 __all__ = [
     "MALFORMED_JSON",
@@ -85,7 +85,12 @@ def collect(chunk: Chunk, shard_url: str, slots: list[Slot], policy: ErrorPolicy
         if isinstance(slot, Bad):
             if policy is ErrorPolicy.RAISE:
                 raise BadRecordError(address, slot.reason, slot.detail)
-            out.skip_one(address, slot.reason, slot.detail)
+            out.skipped.append((address, slot.reason))
+            kept = out.skip_details.get(slot.reason)  # `skip_one` written out: a call per bad record costs
+            if kept is None:
+                kept = out.skip_details[slot.reason] = {}
+            if len(kept) < DETAILS_PER_REASON:
+                kept[address] = slot.detail
         else:
             out.records.append(slot)
             out.addresses.append(address)
