@@ -51,8 +51,8 @@ class ChunkRecords:
 
     `records[i]` lives at `addresses[i]`. `skipped` lists (address, reason) for every record a stage
     dropped; `filtered` counts records a user filter removed. Both are carried to the ledger.
-    `skip_details` holds, per reason, {address: detail} of the first `DETAILS_PER_REASON` skipped
-    records that a stage gave a detail for (`skip_one`, `skip`), for `stats()`'s examples.
+    `skip_details` holds, per reason, {address: detail} of the first `DETAILS_PER_REASON` records
+    skipped for it (`skip_one`, `skip`; "" where the stage gave no detail), for `stats()`'s examples.
     """
 
     chunk: Chunk
