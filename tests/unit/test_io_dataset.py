@@ -694,3 +694,16 @@ def test_a_directory_whose_only_shards_are_in_a_hidden_directory_says_they_are_p
         Dataset.from_path("d", str(tmp_path), format="jsonl")
     assert "holds no jsonl file; it holds .ipynb_checkpoints/a-checkpoint.jsonl" in str(raised.value)
     assert "files in hidden directories below it are passed over" in str(raised.value)
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_a_directory_named_with_glob_characters_reads_the_hidden_directories_its_url_passes_through(tmp_path, scheme):
+    """A directory taken literally is no glob: `run[1]/.cache/snapshot` names `.cache` as much as
+    `run1/.cache/snapshot` does. Its `[` was taken for the start of a glob's pattern, so `.cache`
+    counted as a hidden directory below the URL and the snapshot's every shard was passed over."""
+    root = tmp_path / "run[1]" / ".cache" / "snapshot"
+    for name in ["a.jsonl", ".ipynb_checkpoints/a-checkpoint.jsonl"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(jsonl_bytes([{"name": name}]))
+    listed = Dataset.from_path("d", f"{scheme}{root}")
+    assert [s.url.removeprefix(f"{root}/") for s in listed.shards] == ["a.jsonl"]

@@ -137,7 +137,9 @@ def _in_hidden_directory(listing: Listing) -> Callable[[str], bool]:
     and those its glob's parts spell (`.cache/*`, `.c*/`) are read as named. Made once per listing:
     a path holding no "/." after the URL's fixed part is answered without splitting it."""
     url_parts = listing.path.rstrip("/").split("/")
-    fixed = next((i for i, part in enumerate(url_parts) if any(c in part for c in _GLOB_CHARS)), len(url_parts))
+    fixed = len(url_parts)
+    if listing.kind == "glob":  # a directory is taken literally, its `[` and `*` too
+        fixed = next((i for i, part in enumerate(url_parts) if any(c in part for c in _GLOB_CHARS)), fixed)
     prefix = len("/".join(url_parts[:fixed]))
     spelled = [part for part in url_parts[fixed:] if part.startswith(".")] if listing.kind == "glob" else []
 
