@@ -225,6 +225,23 @@ def test_a_text_shard_scanned_by_line_is_not_taken_for_its_scan_by_file(tmp_path
     assert (by_line.num_records, by_file.num_records) == (3, 1)
 
 
+def test_a_one_array_json_shard_kept_by_a_zephon_before_its_refusal_is_refused_not_planned_from_the_entry(
+    tmp_path, monkeypatch
+):
+    """The scan of a shard that is one JSON array now refuses it (`_jsonl`); a Zephon before that
+    rule (scan cache version 2) kept its scan as a count of malformed lines. Taken from a warm
+    cache, the shard was planned and its every line dropped again, where a cold cache (another
+    host's, another directory) refused it: whether a dataset plans depended on what was cached."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text(json.dumps([{"text": "a"}, {"text": "b"}], indent=2) + "\n")
+    with monkeypatch.context() as before_the_rule:
+        before_the_rule.setattr(_scan_cache, "SCAN_CACHE_VERSION", 2)
+        before_the_rule.setattr("zephon.io._jsonl._refuse_one_array", lambda url, opening, num_lines: None)
+        Dataset.from_path("d", str(tmp_path / "data"), scan_cache=tmp_path / "scans")
+    with pytest.raises(ConfigurationError, match="is one JSON array, not JSON Lines"):
+        Dataset.from_path("d", str(tmp_path / "data"), scan_cache=tmp_path / "scans")
+
+
 class _VersionlessStore(CountingStore):
     """Tells a file's name, size and type, and no version (as an HTTP server without ETag or Last-Modified)."""
 

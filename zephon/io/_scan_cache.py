@@ -75,11 +75,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SCAN_CACHE_VERSION", "ScanCache"]
 
-SCAN_CACHE_VERSION = 2
+SCAN_CACHE_VERSION = 3
 """The layout of an entry and the meaning of a scan: bumped when either changes, so that entries
 written by an older Zephon are never read as this one's. 2: entries in a directory per shard
 (so that storing one removes the shard's other versions), keyed by a local file's inode change
-time too."""
+time too. 3: a JSON Lines shard that is one JSON array is refused by its scan, where a 2 entry
+held its count of malformed lines and planned it."""
 
 _ENTRY, _LOCK, _PART = ".npz", ".lock", ".part"
 _NAME_LENGTH = 64  # the hex digits of a SHA-256, which every file of an entry is named by first
