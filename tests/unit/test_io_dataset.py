@@ -707,3 +707,15 @@ def test_a_directory_named_with_glob_characters_reads_the_hidden_directories_its
         (root / name).write_bytes(jsonl_bytes([{"name": name}]))
     listed = Dataset.from_path("d", f"{scheme}{root}")
     assert [s.url.removeprefix(f"{root}/") for s in listed.shards] == ["a.jsonl"]
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_json_lines_whose_first_array_record_spans_two_frames_are_read_not_taken_for_one_array(tmp_path, compression):
+    """A shard of concatenated frames (`cat a.gz b.gz`, a streaming writer's flushes) decodes a
+    frame at a time: the one-array rule saw only the first, `[`, and took the line `[1, 2]` for an
+    array's opening bracket alone, refusing a JSON Lines shard that the same bytes in one frame pass."""
+    body = b'[1, 2]\n{"text": "kept"}\n'
+    (tmp_path / f"a.jsonl.{compression}").write_bytes(compress(body[:1], compression) + compress(body[1:], compression))
+    ds = Dataset.from_path("d", str(tmp_path))
+    read = ds.read_chunk(ds.chunks(10)[0], on_error="skip")
+    assert read.records == [{"text": "kept"}] and [reason for _, reason in read.skipped] == ["not_an_object"]

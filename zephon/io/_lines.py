@@ -38,14 +38,15 @@ UTF8_BOM = b"\xef\xbb\xbf"  # opens some shards; it marks their encoding and is 
 
 
 OPENING_BYTES = 64
-"""How much of a shard's first decompressed block `scan_lines` hands its `check_opening`."""
+"""How many of a shard's first decompressed bytes `scan_lines` hands its `check_opening`."""
 
 
 def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | None = None) -> ShardScan:
     """Count the lines of a shard and record where each starts in the decompressed stream.
 
     `check_opening`, when given, is called with the shard's first OPENING_BYTES decompressed
-    bytes (fewer for a shorter shard or first block) and its line count, once counted, to refuse a
+    bytes (fewer for a shorter shard; gathered across blocks, since a shard of concatenated frames
+    may decode a few bytes first) and its line count, once counted, to refuse a
     shard that is no such format (JSON Lines: `_jsonl`) without opening it a second time.
 
     The starts give every chunk's exact raw size for mixture planning; for uncompressed shards every
@@ -62,8 +63,8 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     with shard.open() as f:
         try:
             for block in _blocks_to_count(f, shard.compression):
-                if size == 0 and check_opening is not None:
-                    opening = bytes(block[:OPENING_BYTES])
+                if check_opening is not None and len(opening) < OPENING_BYTES:  # a first frame may be short
+                    opening += bytes(block[: OPENING_BYTES - len(opening)])
                 positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
                 starts.append(positions.astype(np.int64) + size + 1)  # line m + 1 starts after newline m
                 size += len(block)
