@@ -719,3 +719,16 @@ def test_json_lines_whose_first_array_record_spans_two_frames_are_read_not_taken
     ds = Dataset.from_path("d", str(tmp_path))
     read = ds.read_chunk(ds.chunks(10)[0], on_error="skip")
     assert read.records == [{"text": "kept"}] and [reason for _, reason in read.skipped] == ["not_an_object"]
+
+
+def test_a_glob_whose_only_matches_are_in_hidden_directories_says_they_are_passed_over(tmp_path):
+    """`data/*/*.jsonl` whose `*` matched only `.ipynb_checkpoints/` said it "matches no files",
+    which it did match, and nothing told why they were not shards; a directory says why (above)."""
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "a-checkpoint.jsonl").write_bytes(jsonl_bytes([{"text": "a"}]))
+    with pytest.raises(ConfigurationError) as raised:
+        Dataset.from_path("d", f"{tmp_path}/*/*.jsonl")
+    assert "files in hidden directories below it are passed over" in str(raised.value)
+    assert [s.url for s in Dataset.from_path("d", f"{tmp_path}/.*/*.jsonl").shards] == [
+        f"{tmp_path}/.ipynb_checkpoints/a-checkpoint.jsonl"
+    ]

@@ -252,7 +252,8 @@ def _locate_listed(url: str, format: str | None, storage_options: dict) -> Locat
     in_hidden_directory = _in_hidden_directory(listing)
     files = {p: size for p, size in listing.sizes.items() if not _hidden(p) and not in_hidden_directory(p)}
     if not files and listing.kind == "glob":
-        raise ConfigurationError(f"{url} matches no files{_relative_to(url)}")
+        passed_over = _passed_over_in_hidden_directories(listing)
+        raise ConfigurationError(f"{url} matches no files{passed_over}{_relative_to(url)}")
     inferred = {p: infer_format(p) for p in files}
     unreadable = {p: u for p in files if (u := _unreadable_shard(p)) is not None}
     if format is None and (arrow := sorted(p for p in files if p.lower().endswith(".arrow"))):
@@ -358,13 +359,19 @@ def _holds_no_shard(url: str, listing: Listing, format: str | None) -> Configura
     if not names:
         return ConfigurationError(f"the directory {url} exists but holds no {what}: it is empty")
     more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
-    in_hidden_directory = _in_hidden_directory(listing)
-    hidden = any(in_hidden_directory(p) and infer_format(p) is not None for p in listing.sizes)
-    why = " (files in hidden directories below it are passed over: name such a directory in the URL to read it)"
     return ConfigurationError(
         f"the directory {url} exists but holds no {what}; it holds {', '.join(names[:_NAMES_SHOWN])}{more}"
-        f"{why if hidden else ''}"
+        f"{_passed_over_in_hidden_directories(listing)}"
     )
+
+
+def _passed_over_in_hidden_directories(listing: Listing) -> str:
+    """What an error saying a listing holds no shard adds where files named as shards lie in
+    hidden directories below its URL: they were passed over, and how to read them."""
+    in_hidden_directory = _in_hidden_directory(listing)
+    if any(in_hidden_directory(p) and infer_format(p) is not None for p in listing.sizes):
+        return " (files in hidden directories below it are passed over: name such a directory in the URL to read it)"
+    return ""
 
 
 def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFiles, Listing | None]:
