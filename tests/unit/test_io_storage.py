@@ -614,6 +614,20 @@ def test_an_http_file_that_is_no_shard_is_not_asked_its_size_so_one_that_cannot_
     assert http_index.requests["/data/2024-01/README.md"] == http_index.requests["/data/2024-01/._a.jsonl"] == 0
 
 
+@pytest.mark.parametrize("pattern", ["data/2024-01/", "data/2024-01/**"])
+def test_an_http_file_in_a_hidden_directory_is_not_asked_its_size_so_one_that_cannot_be_fails_nothing(
+    http_index, tmp_path, pattern
+):
+    """A file in a hidden directory below the URL (Jupyter's checkpoint copy) is no shard, yet it
+    was asked its size as one (a HEAD each), and one the server would not describe failed the
+    dataset it is no part of."""
+    (tmp_path / "data/2024-01/.ipynb_checkpoints").mkdir()
+    (tmp_path / "data/2024-01/.ipynb_checkpoints/a-checkpoint.jsonl").write_bytes(jsonl_bytes([{"i": 0}]))
+    http_index.statuses["/data/2024-01/.ipynb_checkpoints/a-checkpoint.jsonl"] = [404] * 10
+    assert Dataset.from_path("d", http_index.url(pattern), retries=2, retry_delay=0.001).num_records == 3
+    assert http_index.requests["/data/2024-01/.ipynb_checkpoints/a-checkpoint.jsonl"] == 0
+
+
 def test_an_http_shard_a_glob_does_not_match_is_not_asked_its_size(http_index, tmp_path):
     """The glob's walk found every file of a directory that could hold a match, and each was asked
     its size before the pattern was matched: a shard of the split left out of the dataset that

@@ -30,8 +30,8 @@ size, which `_locate` refuses where its name is a shard's.
 A file listed with no size (an HTTP index page is links, and tells none) is asked its `info()`
 once it is found (for a glob, once it matched), as a local glob asks `stat`: planning refused
 every such shard as a link to nothing, so that no http(s) glob could be planned. Only a file named
-as a shard is asked (the caller's `may_be_a_shard`): a README or a hidden file beside the shards
-cost a request each, and one the server would not describe (a broken link on the index page)
+as a shard is asked (the caller's `may_be_a_shard`): a README, a hidden file beside the shards or
+one in a hidden directory below the URL cost a request each, and one the server would not describe (a broken link on the index page)
 failed the dataset. One that `info()` cannot find (HTTP's says so for any failure) raises
 `UnlistedError` naming it, but for one its server denies (401, 403): a ConfigurationError naming it.
 

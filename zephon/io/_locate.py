@@ -160,6 +160,14 @@ def _may_be_a_shard(path: str) -> bool:
     return not _hidden(path) and infer_format(path) is not None
 
 
+def _may_be_a_shard_below(path: str, kind: Literal["directory", "glob"]) -> Callable[[str], bool]:
+    """`_may_be_a_shard` for the listing of `path`, also false in a hidden directory below it: the
+    walk asks only such files their size (`_fsspec_walk`), and one in `.ipynb_checkpoints/`, no
+    shard, cost a request, and failed the dataset where its server would not describe it."""
+    in_hidden_directory = _in_hidden_directory(Listing(path, kind))
+    return lambda file: _may_be_a_shard(file) and not in_hidden_directory(file)
+
+
 def _unreadable_shard(path: str) -> tuple[str, str] | None:
     """(format, why it cannot be read) for a file named like a shard of a format but compressed in a
     way that format is not read in, or None. Suffixes are compared in any case, and named as written."""
@@ -403,7 +411,8 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
             _raise_unless_not_found(url, error, _a_pattern_as_a_url(path))
         info = None
     if info is not None and info["type"] == "directory":
-        return fs, _files_of(path, "directory", lister(store, url, _may_be_a_shard).find(path, detail=True))
+        found = lister(store, url, _may_be_a_shard_below(path, "directory")).find(path, detail=True)
+        return fs, _files_of(path, "directory", found)
     if info is not None and info["type"] == "file":
         if is_http(store) and an_index_page(path, info):
             raise index_page_error(url)
@@ -411,7 +420,7 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     if not has_glob:
         return fs, None
     try:
-        matches = lister(store, url, _may_be_a_shard).glob(path, detail=True)
+        matches = lister(store, url, _may_be_a_shard_below(path, "glob")).glob(path, detail=True)
     except FileNotFoundError as error:  # the glob's directory is missing; the hub says why (a repository not found)
         raise ConfigurationError(f"{url} matches no files ({error})") from error
     return fs, _files_of(path, "glob", matches)
@@ -424,7 +433,7 @@ def _index_listing(fs: AbstractFileSystem, url: str, path: str) -> Listing | Non
     directory, from the walk) nor worth a retry, means nothing there. A page in which the walk
     finds no file is refused unless it is a listing (`check_a_listing`)."""
     try:
-        found = lister(fs, url, _may_be_a_shard).find(path, detail=True)
+        found = lister(fs, url, _may_be_a_shard_below(path, "directory")).find(path, detail=True)
     except FileNotFoundError:
         return None
     except Exception as error:
