@@ -10,10 +10,12 @@ mixture weight, and that `TokenEstimation` would refuse it at planning.
 
 A log, not a refusal: a refusal must be the recipe's decision, the same on every world size (as
 `_barren` makes it for a recipe that drops everything), and what one rank has read is not that. It
-reads no record and changes no batch. Process-local like `SkipExamples`: counted from this loader's
-start (a resume counts anew), never saved.
+reads no record and changes no batch. The counts are the ledger's, taken up as each iteration opens
+its lanes (`recount`) and carried on chunk by chunk: a record replayed by a new iteration or a resume
+is counted once, and a resumed run counts the records read before it. The warning is process-local
+like `SkipExamples`: once per loader object, never saved.
 
-Thread-unsafe: `note_*` run on the loader's thread only.
+Thread-unsafe: `recount` and `note_*` run on the loader's thread only.
 """
 
 from __future__ import annotations
@@ -47,6 +49,19 @@ class DroppedDatasets:
         self._weights = dict(weights)
         self._log = log
         self._watched = {dataset: _Seen() for dataset, records in self._passes.items() if records > 0}
+
+    def recount(self, datasets: Mapping[str, Mapping]) -> None:
+        """Take up the ledger's counts (`Ledger.snapshot()["datasets"]`) of each watched dataset as
+        an iteration opens its lanes, their replayed segments taken out: a new iteration (or a
+        load) reads those again, and counted on top, a rank that had read a third of its share,
+        all dropped, said it had read a full pass."""
+        for dataset, seen in list(self._watched.items()):
+            total = datasets.get(dataset, {}).get("total", {})
+            seen.read, seen.emitted = total.get("read", 0), total.get("emitted", 0)
+            seen.drops = Counter(total.get("skipped", {}))
+            if total.get("filtered"):
+                seen.drops["filtered"] = total["filtered"]
+            self._decide(dataset, seen)
 
     def note_chunk(self, batch: ChunkRecords) -> None:
         seen = self._watched.get(batch.chunk.dataset) if self._watched else None

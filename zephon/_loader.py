@@ -400,8 +400,11 @@ class RankLoader:
         barren_records = getattr(self.plan, "barren_records", None)  # optional for other work plans
         count_chunk, count_skips = _counters(self._ledger, self._skip_examples, self._dropped_datasets)
         for lane in self.lanes:
+            self._ledger.replay(lane, self._cursors[lane].segment)
+        if self._dropped_datasets is not None:  # before any replay below counts a chunk into it again
+            self._dropped_datasets.recount(self._ledger.snapshot()["datasets"])
+        for lane in self.lanes:
             cursor = self._cursors[lane]
-            self._ledger.replay(lane, cursor.segment)
             stream = LaneStream(
                 lane,
                 lane_plan(self.plan, lane, flush_every, cursor.segment),

@@ -490,3 +490,21 @@ def test_no_mixture_dataset_is_warned_of_when_each_gives_records(tmp_path, demo_
         datasets = read_microbatches(mixture_of_two(tmp_path, demo_tokenizer_path, "text"), 60)
     assert datasets["other"]["total"]["read"] >= 2 * 100 and datasets["other"]["total"]["emitted"] > 0, datasets
     assert not [r.getMessage() for r in caplog.records if DROPPED_WARNING in r.getMessage()]
+
+
+def test_a_new_iteration_reading_records_again_does_not_bring_the_dropped_warning_before_a_full_pass(
+    tmp_path, demo_tokenizer_path, caplog
+):
+    """A new iteration replays each lane from its cursor's segment: counted again, those records
+    made a rank that had read under a full pass of the dataset say it had read one."""
+    pipeline = mixture_of_two(tmp_path, demo_tokenizer_path, "body")
+    with caplog.at_level(logging.WARNING, logger="zephon"), pipeline.shard(0, 1, global_batch_size=4) as loader:
+        for _ in range(120):
+            for _, _ in zip(range(1), loader):
+                pass
+            if any(DROPPED_WARNING in r.getMessage() for r in caplog.records):
+                break
+        read = loader.stats()["datasets"]["other"]["total"]["read"]
+    warned = [r.getMessage() for r in caplog.records if DROPPED_WARNING in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert read >= 100, f"warned when this rank had read {read} of the 100 records of its pass: {warned[0]}"
