@@ -95,3 +95,21 @@ def test_the_first_skip_of_each_reason_is_logged_once_and_says_where_the_rest_ar
         first = stats["skipped_examples"]["d"][reason][0]
         assert line.startswith("dataset 'd': ") and first["address"] in line and first["detail"] in line
         assert "loader.stats()['skipped_examples']" in line and "later skips are counted" in line
+
+
+
+def test_a_record_read_again_by_a_new_iteration_is_listed_once(tmp_path, demo_tokenizer_path):
+    """Each new iteration replays its lanes from their cursors' segments, skipping those records
+    again: a reason with fewer skips than are kept must not list them again."""
+    corpus = tmp_path / "data.jsonl"
+    corpus.write_text("".join(
+        '{"text": "broken line\n' if i == 17 else json.dumps({"text": f"record {i} says something", "id": i}) + "\n"
+        for i in range(RECORDS)
+    ))
+    with pipeline(corpus, demo_tokenizer_path, "inline").shard(0, 1, global_batch_size=4) as loader:
+        for _ in range(3):
+            for _, _ in zip(range(1), loader):
+                pass
+        stats = loader.stats()
+    assert stats["datasets"]["d"]["total"]["skipped"] == {"malformed_json": 1}
+    assert [e["index"] for e in stats["skipped_examples"]["d"]["malformed_json"]] == [17]
