@@ -874,7 +874,7 @@ def _counters(ledger: Ledger, examples: SkipExamples, dropped: DroppedDatasets |
         ledger.count_chunk(lane, segment, batch)
         examples.note_chunk(lane, batch)
         if dropped is not None:
-            dropped.note_chunk(batch)
+            dropped.note_chunk(lane, batch)
 
     def count_skips(lane: int, segment: int, skips: list) -> None:
         ledger.count_skips(lane, segment, skips)
@@ -887,18 +887,18 @@ def _counters(ledger: Ledger, examples: SkipExamples, dropped: DroppedDatasets |
 
 def _watch_dropped_datasets(plan, lanes: list[int]) -> DroppedDatasets | None:
     """A watch on the datasets of a mixture of several that nothing at planning checked (see
-    `_dropped_datasets`), over this rank's share of each; None for other plans."""
+    `_dropped_datasets`), over each of this rank's lanes' share of each; None for other plans."""
     records_per_pass, unestimated = getattr(plan, "records_per_pass", None), getattr(plan, "unestimated", None)
     if records_per_pass is None or unestimated is None or len(plan.source.live_names()) < 2:
         return None
     watched = unestimated()
     if not watched:
         return None
-    passes: Counter = Counter()
-    for lane in lanes:
-        passes.update(records_per_pass(lane))
+    per_lane = {lane: records_per_pass(lane) for lane in lanes}
     return DroppedDatasets(
-        {name: passes[name] for name in watched}, {name: plan.weight_of(name) for name in watched}, events
+        {name: {lane: records.get(name, 0) for lane, records in per_lane.items()} for name in watched},
+        {name: plan.weight_of(name) for name in watched},
+        events,
     )
 
 
