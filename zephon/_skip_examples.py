@@ -30,11 +30,15 @@ import logging
 
 from ._records import DETAILS_PER_REASON, ChunkRecords, RecordAddress
 
-__all__ = ["EXAMPLES_PER_REASON", "SkipExamples"]
+__all__ = ["DETAIL_CHARS", "EXAMPLES_PER_REASON", "SkipExamples"]
 
 EXAMPLES_PER_REASON = DETAILS_PER_REASON
 """Examples kept per (dataset, reason): enough to tell one bad file from a pattern across shards,
 few enough that a `stats()` of many datasets and reasons stays readable."""
+
+DETAIL_CHARS = 500
+"""The most of a detail an example keeps and logs: a user's image processor may raise with its
+input in the message, which made a log line and a `stats()` entry as long as that input."""
 
 _LATER = (
     "later skips are counted in loader.stats()['datasets'], and the first {n} of each dataset and reason "
@@ -70,6 +74,8 @@ class SkipExamples:
             return False
         if any(seen == address for _, seen, _ in examples):
             return True
+        if len(detail) > DETAIL_CHARS:
+            detail = f"{detail[:DETAIL_CHARS]}… ({len(detail) - DETAIL_CHARS} more characters)"
         self._examples[key] = (*examples, (lane, address, detail))
         if not examples:
             self._log.warning(

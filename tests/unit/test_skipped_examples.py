@@ -113,3 +113,21 @@ def test_a_record_read_again_by_a_new_iteration_is_listed_once(tmp_path, demo_to
         stats = loader.stats()
     assert stats["datasets"]["d"]["total"]["skipped"] == {"malformed_json": 1}
     assert [e["index"] for e in stats["skipped_examples"]["d"]["malformed_json"]] == [17]
+
+
+def test_a_long_detail_is_cut_in_the_example_and_its_log_line_saying_how_much_was_left_out(caplog):
+    """A user's image processor may raise with its input in the message: the example and the
+    warning kept all of it, a log line as long as that input."""
+    from zephon._records import Chunk, ChunkRecords, RecordAddress
+    from zephon._skip_examples import DETAIL_CHARS, SkipExamples
+
+    address = RecordAddress("d", "/data/a.tar", 7)
+    detail = "ValueError: " + "x" * (3 * DETAIL_CHARS)
+    batch = ChunkRecords(Chunk("d", 0, 0, 8), skip_details={"processor_error": {address: detail}})
+    examples = SkipExamples(logging.getLogger("zephon"))
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        examples.note_chunk(0, batch)
+    kept = examples.snapshot()["d"]["processor_error"][0]["detail"]
+    assert kept == f"{detail[:DETAIL_CHARS]}… ({len(detail) - DETAIL_CHARS} more characters)"
+    [logged] = [record.getMessage() for record in caplog.records]
+    assert kept in logged and detail not in logged
