@@ -20,7 +20,7 @@ import sys
 import termios
 import threading
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -475,6 +475,24 @@ def _die_partway_through_a_reply_leaving_a_forked_child(helper_pid: Path, half: 
     os._exit(3)
 
 
+@contextmanager
+def _a_worker_dying_partway_through_a_reply(tmp_path: Path, half: bytes):
+    """The stage function `_die_partway_through_a_reply_leaving_a_forked_child` (as `.stage`), with
+    `.forked()` to wait until its worker has forked the helper and written `half`, and `.die()` to
+    let the worker die; the helper, which would outlive the test, is killed on the way out."""
+    helper_pid, go = tmp_path / "helper", tmp_path / "go"
+    dying = SimpleNamespace(
+        stage=functools.partial(_die_partway_through_a_reply_leaving_a_forked_child, helper_pid, half, go),
+        forked=lambda: wait_for_text(helper_pid),
+        die=go.touch,
+    )
+    try:
+        yield dying
+    finally:
+        if helper_pid.exists():
+            os.kill(int(helper_pid.read_text()), signal.SIGKILL)
+
+
 def test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the_pipe_holds_up_no_other_reply(
     tmp_path,
 ):
@@ -484,21 +502,15 @@ def test_a_worker_dying_partway_through_a_reply_while_its_forked_child_holds_the
     of file ever came: the reader, `task_timeout_s` and every item waited for ever. The reader now
     keeps half a reply until the rest comes, reads the others meanwhile, and retires a worker
     that died with half a reply sent, naming what came of it."""
-    helper_pid, go = tmp_path / "helper", tmp_path / "go"
-    half = half_of_a_reply()
-    stage = functools.partial(_die_partway_through_a_reply_leaving_a_forked_child, helper_pid, half, go)
-    try:
+    with _a_worker_dying_partway_through_a_reply(tmp_path, half_of_a_reply()) as dying:
         with ProcessRunner(max_retries=0) as runner:
-            runner.start([Stage("forking", stage, 2)])
+            runner.start([Stage("forking", dying.stage, 2)])
             cut_short = runner.submit(0, -1)
-            wait_for_text(helper_pid)
+            dying.forked()
             assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
-            go.touch()
+            dying.die()
             error = cut_short.exception(60)
             assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
-    finally:
-        if helper_pid.exists():
-            os.kill(int(helper_pid.read_text()), signal.SIGKILL)
     assert isinstance(error, WorkerCrashedError), error
     assert re.search(r"exited with code 3 while sending a reply, \d+ of 8192 bytes received", str(error)), error
 
@@ -550,20 +562,15 @@ def test_a_worker_watched_by_its_sentinel_alone_dying_while_its_forked_child_hol
     as any worker that exits, naming what came of its reply, whichever thread sent it the item
     (the reader sends those its done-callbacks submit)."""
     monkeypatch.setattr(os, "pidfd_open", _no_pidfd)
-    helper_pid, go = tmp_path / "helper", tmp_path / "go"
     half = half_of_a_reply() if written == "half a reply" else b""
-    stage = functools.partial(_die_partway_through_a_reply_leaving_a_forked_child, helper_pid, half, go)
-    try:
+    with _a_worker_dying_partway_through_a_reply(tmp_path, half) as dying:
         with ProcessRunner(max_retries=0) as runner:
-            runner.start([Stage("forking", stage, 1)])
+            runner.start([Stage("forking", dying.stage, 1)])
             cut_short = runner.submit(0, -1) if sent_by == "the caller" else _submit_from_a_done_callback(runner, -1)
-            wait_for_text(helper_pid)
-            go.touch()
+            dying.forked()
+            dying.die()
             error = cut_short.exception(20)
             assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
-    finally:
-        if helper_pid.exists():
-            os.kill(int(helper_pid.read_text()), signal.SIGKILL)
     assert isinstance(error, WorkerCrashedError) and "exited with code 3" in str(error), error
     assert ("while sending a reply, 4092 of 8192 bytes received" in str(error)) == bool(half), error
 
