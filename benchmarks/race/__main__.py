@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             results["runs"].append(got)
             if got.get("ok"):
                 print(f"{got['usable_tokens_per_s']:>12,.0f} tok/s {got['images_per_s']:8.1f} img/s "
-                      f"ttfb {got['time_to_first_batch_s']:.2f}s pss {got['peak_pss_bytes'] / 2**20:,.0f} MiB", flush=True)
+                      f"ttfb {got['time_to_first_batch_s']:.2f}s pss {got['peak_pss_bytes'] / 2**20:,.0f} MiB "
+                      f"busy {got['cores_busy']:.2f} others {got['others_cores_busy'] + got['stolen_cores']:.2f}", flush=True)
             else:
                 print(f"FAILED rc={got.get('returncode')}\n{got['output'][-1500:]}", flush=True)
         (out_dir / "race.json").write_text(json.dumps(results, indent=1, default=str))

@@ -21,7 +21,7 @@ BOUND_OF = {
     "torch DataLoader 3.11": ("3.11 Pillow", "work"),
 }
 METRICS = ("usable_tokens_per_s", "images_per_s", "time_to_first_batch_s", "peak_pss_bytes", "peak_rss_bytes",
-           "peak_shm_bytes", "cores_busy", "cpu_s_per_usable_token", "cpu_s_per_image")
+           "peak_shm_bytes", "cores_busy", "cpu_s_per_usable_token", "cpu_s_per_image", "others_cores")
 MiB = 2**20
 
 
@@ -61,6 +61,14 @@ def cpu_per_unit(run: dict) -> dict:
             "cpu_s_per_image": cpu / images if cpu is not None and images else None}
 
 
+def others_cores(run: dict) -> float | None:
+    """Cores' worth of CPU the rest of the machine took in a run's steady window: other processes
+    (the race's own monitor among them) and the hypervisor's steal. None for runs recorded before
+    the thirty-sixth session, which did not measure it."""
+    others, stolen = run.get("others_cores_busy"), run.get("stolen_cores")
+    return None if others is None else others + (stolen or 0.0)
+
+
 def summarise(results: dict) -> dict:
     cores = results["machine"]["affinity"]
     bounds = _median_bounds(results["bounds"])
@@ -75,7 +83,7 @@ def summarise(results: dict) -> dict:
         ok = [r for r in runs if r.get("ok")]
         entry = {"pipeline": pipeline, "loader": loader, "config": dict(config), "parallelism": p,
                  "runs": len(runs), "ok": len(ok)}
-        ok = [dict(r, **cpu_per_unit(r)) for r in ok]
+        ok = [dict(r, **cpu_per_unit(r), others_cores=others_cores(r)) for r in ok]
         for metric in METRICS:
             entry[metric] = _median(r.get(metric) for r in ok)
         entry["round_rates"] = sorted((r["round"], r["usable_tokens_per_s"]) for r in ok
@@ -244,15 +252,17 @@ def _cpu_table(pipeline: str, entries: list[dict], cores: int) -> list[str]:
     vlm = pipeline == "vlm"
     lines = [f"Where the efficiency goes at p=2: efficiency = CPU efficiency (the bound's CPU per usable token ÷ "
              f"the loader's, all its threads and processes over the steady window) × busy (cores busy ÷ {cores}). "
-             "Medians of the rounds, so the product can differ from the efficiency in the last digit:", ""]
-    head = ["loader", "efficiency", "CPU efficiency", "busy", "cores busy"]
+             "Medians of the rounds, so the product can differ from the efficiency in the last digit. "
+             "'Others' cores' is what the rest of the machine took meanwhile (other processes, the race's monitor "
+             "among them, and the hypervisor's steal), a run's own noise:", ""]
+    head = ["loader", "efficiency", "CPU efficiency", "busy", "cores busy", "others' cores"]
     if vlm:
         head += ["CPU ms per image", "bound's ms per image"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|---|" + "---:|" * (len(head) - 1))
     for e in entries:
         cells = [e["loader"], _fmt(e.get("efficiency"), "x"), _fmt(e["cpu_efficiency"], "x"), _fmt(e["busy"], "x"),
-                 _fmt(e["cores_busy"], "x")]
+                 _fmt(e["cores_busy"], "x"), _fmt(e.get("others_cores"), "x")]
         if vlm:
             per_image, bound = e.get("cpu_s_per_image"), e["bound"].get("cpu_s_per_image")
             cells += [_fmt(per_image * 1e3 if per_image else None, "ms"), _fmt(bound * 1e3 if bound else None, "ms")]

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.race.__main__ import round_order
 from benchmarks.race._report import _median_bounds, markdown, summarise
 from benchmarks.race.workers._passes import time_passes
-from benchmarks.race.workers._runtime import tree_cpu_s
+from benchmarks.race.workers._runtime import machine_cpu_s, tree_cpu_s
 
 
 def plan() -> list[tuple]:
@@ -118,7 +118,29 @@ def test_efficiency_splits_into_cpu_per_token_against_the_bound_times_how_busy_t
     assert best["busy"] == pytest.approx(0.95)
     assert best["cpu_efficiency"] * best["busy"] == pytest.approx(best["efficiency"])
     assert best["cpu_s_per_image"] == pytest.approx(19 / 900) and best["bound"]["cpu_s_per_image"] == 0.02
-    assert "| zephon thread 3.14t | 0.90 | 0.95 | 0.95 | 1.90 | 21.111 | 20.000 |" in markdown(results)
+    assert "| zephon thread 3.14t | 0.90 | 0.95 | 0.95 | 1.90 | — | 21.111 | 20.000 |" in markdown(results)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_machines_busy_cpu_counts_what_any_process_burns():
+    # what a run's "others' cores" is taken from: the machine's busy CPU less the loader's own
+    busy_before, _ = machine_cpu_s()
+    own = time.process_time()
+    while time.process_time() - own < 0.3:
+        pass
+    busy_after, stolen = machine_cpu_s()
+    assert busy_after - busy_before >= 0.29 and stolen >= 0.0
+
+
+def test_a_run_beside_other_work_shows_the_cores_the_rest_of_the_machine_took():
+    # the first race of the thirty-sixth session ran beside helpers' scripts: a run that kept one
+    # core busy instead of two looked like a slow loader
+    results = race({"usable_tokens_per_s": 1800.0, "images_per_s": 90.0, "steady_usable_tokens": 18000,
+                    "steady_images": 900, "steady_cpu_s": 19.0, "cores_busy": 1.9, "others_cores_busy": 0.3,
+                    "stolen_cores": 0.1}, bound_images_per_s=50.0)
+    (best,) = summarise(results)["best"]
+    assert best["others_cores"] == pytest.approx(0.4)
+    assert "| zephon thread 3.14t | 0.90 | 0.95 | 0.95 | 1.90 | 0.40 | 21.111 | 20.000 |" in markdown(results)
 
 
 def test_runs_that_did_not_record_their_cpu_get_no_split_and_no_table():

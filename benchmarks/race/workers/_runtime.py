@@ -12,7 +12,10 @@ after the first batch, divided by the time from the first batch to the last.
 CPU: over the same steady window, the user + system CPU seconds of the worker's whole process
 tree (its threads, its worker processes, and any it reaped), so that a loader's efficiency
 against the compute bound splits into its CPU per token against the bound's and how busy it kept
-the cores (`benchmarks.race._report`).
+the cores (`benchmarks.race._report`). Beside it, the CPU the rest of the machine spent in the
+same window (every other process, and the time the hypervisor gave this machine's CPUs to
+others, `steal`): a run beside other work is slower for reasons not its own, which the rate alone
+cannot tell from a slower loader.
 """
 
 from __future__ import annotations
@@ -73,6 +76,17 @@ def _stat_cpu_s(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, stolen) CPU seconds so far of the whole machine, every CPU added, from /proc/stat:
+    busy is user + nice + system + irq + softirq (guest time is inside user), stolen is `steal`,
+    the time the hypervisor ran something else on this machine's CPUs."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
 def _children(pid: int) -> list[int]:
     found = []
     try:
@@ -127,21 +141,22 @@ def measure(batches: Iterable, cfg: dict, usable: Callable, images: Callable) ->
         if first is None:
             first = time.perf_counter()
             first_tokens, first_images = u, k
-            first_cpu = tree_cpu_s()
+            first_cpu, first_machine = tree_cpu_s(), machine_cpu_s()
             continue
         tokens += u
         imgs += k
         if mark is None and (tokens >= warmup * target_tokens or imgs >= warmup * target_images):
-            mark = (time.perf_counter(), tokens, imgs, tree_cpu_s())
+            mark = (time.perf_counter(), tokens, imgs, tree_cpu_s(), machine_cpu_s())
         if tokens >= target_tokens or imgs >= target_images:
             break
     end = time.perf_counter()
-    end_cpu = tree_cpu_s()
+    end_cpu, (end_busy, end_stolen) = tree_cpu_s(), machine_cpu_s()
     if first is None:
         raise RuntimeError("the loader produced no batch")
-    mark = mark or (first, 0, 0, first_cpu)
+    mark = mark or (first, 0, 0, first_cpu, first_machine)
     steady = end - mark[0]
     steady_cpu = end_cpu - mark[3]
+    others_cpu = max(0.0, end_busy - mark[4][0] - steady_cpu)  # ticks round: never below nothing
     return {
         "batches": n,
         "time_to_first_batch_s": first - _T0,
@@ -154,6 +169,8 @@ def measure(batches: Iterable, cfg: dict, usable: Callable, images: Callable) ->
         "steady_images": imgs - mark[2],
         "steady_cpu_s": steady_cpu,
         "cores_busy": steady_cpu / steady if steady > 0 else 0.0,
+        "others_cores_busy": others_cpu / steady if steady > 0 else 0.0,
+        "stolen_cores": (end_stolen - mark[4][1]) / steady if steady > 0 else 0.0,
         "end_to_end_usable_tokens_per_s": (tokens + first_tokens) / (end - _T0),
         "first_batch_usable_tokens": first_tokens,
         "first_batch_images": first_images,
