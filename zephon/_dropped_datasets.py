@@ -46,9 +46,10 @@ class _Seen:
 class DroppedDatasets:
     """Watches the datasets given `passes` ({dataset: {lane: records the lane reads of it in one
     pass}}) and `weights` (a phrase per dataset) until each is found dropping everything, warned of
-    once."""
+    once on `log`."""
 
-    def __init__(self, passes: Mapping[str, Mapping[int, int]], weights: Mapping[str, str], log) -> None:
+    def __init__(self, passes: Mapping[str, Mapping[int, int]], weights: Mapping[str, str],
+                 log: logging.LoggerAdapter | logging.Logger) -> None:
         self._passes = {dataset: {lane: n for lane, n in lanes.items() if n > 0} for dataset, lanes in passes.items()}
         self._weights = dict(weights)
         self._log = log
