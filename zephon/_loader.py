@@ -133,9 +133,11 @@ class RankLoader:
     Call `close()` (or use `with`) to stop its workers; from another thread too, and an iteration
     it interrupts, and any later one, fails with ConfigurationError saying so and how to go on (a new
     loader given this one's `state_dict()`, which a closed loader still gives).
-    A process forked from its own (a torch DataLoader worker) holds a copy that works there, even
-    when another thread held one of its locks at the fork (see `_renew_locks_in_child`): iterated
-    anew with `iter()`, it goes on from its last microbatch handed over, on a runner of its own.
+    A process forked from its own (a `multiprocessing.Process` the trainer starts, `os.fork()`)
+    holds a copy that works there, even when another thread held one of its locks at the fork (see
+    `_renew_locks_in_child`): iterated anew with `iter()`, it goes on from its last microbatch
+    handed over, on a runner of its own. A torch DataLoader worker's copy is refused at every
+    `next()` instead (`_torch_workers`).
     """
 
     def __init__(self, pipeline, rank: int, world_size: int, global_batch_size: int) -> None:
@@ -313,7 +315,7 @@ class RankLoader:
             if self._closed:
                 raise ConfigurationError(f"this loader is closed; {_MAKE_ANOTHER}")
             if self._runner is not None and self._runner_pid != os.getpid():
-                # A forked child's copy (a torch DataLoader worker): the runner is the parent's. Its
+                # A forked child's copy (a multiprocessing.Process): the runner is the parent's. Its
                 # pool threads did not survive the fork, and its workers answer the parent's reader
                 # thread, which would take the child's replies for the parent's items. The child
                 # starts its own; the parent's is left alone (see _close_in_owner).
@@ -831,7 +833,7 @@ class RankLoader:
     def _stop_streams(self, streams: dict[int, LaneStream], cursors: dict[int, LaneCursor]) -> None:
         """Stop `streams`, marking finished those of `cursors` (the cursors they were opened at)
         whose stream knew it."""
-        # In a forked child (a torch DataLoader worker) the streams' futures are the parent's:
+        # In a forked child (a multiprocessing.Process) the streams' futures are the parent's:
         # they are dropped untouched (see LaneStream.close), their work left to the parent.
         owner = self._runner is None or self._runner_pid == os.getpid()
         for lane, stream in streams.items():

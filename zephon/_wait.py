@@ -6,8 +6,8 @@ machine and load, so unlike the ledger's counts they are no part of a recipe's o
 never saved in a checkpoint, and neither a resume nor `load_state_dict` restores or resets them: a
 loader resumed in a new process starts from zero, and a loader that loads a state or is iterated
 again carries on, the replay its next batch waits for counted in that batch's wait. A copy forked
-with the process (a torch DataLoader worker) starts from its parent's numbers as they were at the
-fork and counts its own batches on from there.
+with the process (a `multiprocessing.Process` the trainer starts) starts from its parent's numbers
+as they were at the fork and counts its own batches on from there.
 
 A `next()` may also wait for a `state_dict()` or `load_state_dict()` running on another thread
 (an asynchronous checkpointer), which holds the loader while it reads or replaces the cursors.
