@@ -38,7 +38,10 @@ from zephon._errors import ConfigurationError, check_count, check_finite
 
 from ._errors import ImageDecodeError
 
-__all__ = ["PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "load_rgb", "patchify", "probe_image"]
+__all__ = [
+    "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
+    "probe_image",
+]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
 """Pillow's default `Image.MAX_IMAGE_PIXELS` (about 0.25 GiB of RGB), used as our default refusal size."""

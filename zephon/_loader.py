@@ -44,7 +44,7 @@ from ._torch_workers import refuse_copies_in_dataloader_workers
 from .work import lane_plan
 from .work._estimation import SampleCount
 
-__all__ = ["RankLoader"]
+__all__ = ["RankLoader", "check_layout"]
 
 log = logging.getLogger("zephon")
 events = RankLog(log)

@@ -32,7 +32,7 @@ from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row"]
+__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row", "token_ids"]
 
 
 class Piece(NamedTuple):

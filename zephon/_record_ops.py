@@ -28,7 +28,7 @@ from ._records import ChunkRecords
 from ._sha256 import sha256
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
 
-__all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn"]
+__all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn", "check_parallelism", "check_user_function"]
 
 RecordFn = Callable[[ChunkRecords], ChunkRecords]
 

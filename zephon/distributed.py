@@ -12,7 +12,7 @@ import sys
 from ._checkpoint import STATE_FORMAT, merge_states
 from ._errors import ConfigurationError
 
-__all__ = ["rank_and_world_size", "job_rank", "gather_state"]
+__all__ = ["rank_and_world_size", "job_rank", "group_size", "gather_state"]
 
 
 def _dist():

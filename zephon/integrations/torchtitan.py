@@ -173,7 +173,7 @@ class _DataLoaderContract(ABC):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
-def check_titan_layout(
+def _check_titan_layout(
     num_lanes: int, microbatch_size: int, dp_rank: int, dp_world_size: int, global_batch_size: int, local_batch_size: int
 ) -> None:
     """Fail at construction, naming the numbers, on a layout that cannot split evenly: the core's
@@ -289,7 +289,7 @@ class ZephonDataLoader(_Base):
             local_batch_size = check_count(local_batch_size, "local_batch_size")
         else:
             local_batch_size = global_batch_size // dp_world_size if global_batch_size % dp_world_size == 0 else 0
-        check_titan_layout(num_lanes, m, dp_rank, dp_world_size, global_batch_size, local_batch_size)
+        _check_titan_layout(num_lanes, m, dp_rank, dp_world_size, global_batch_size, local_batch_size)
         # state_dict() gathers over `group`, which holds every replica only if their number divides
         # its size (each replica being one or more of its ranks): checked now, not at the first save.
         gathered = group_size(group)

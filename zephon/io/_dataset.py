@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from ._local import LocalFiles
 
-__all__ = ["Dataset", "ShardInfo"]
+__all__ = ["Dataset", "ShardInfo", "check_io_options"]
 
 log = RankLog(logging.getLogger("zephon"))
 
