@@ -9,7 +9,7 @@ Order of work, chosen so that nothing large is allocated before it is known to b
 2. compute the target patch grid from the header's size (`image_grid`);
 3. for JPEG and MPO, ask the decoder for a DCT-scaled draft no smaller than `draft_gap` x the
    target (other formats get the same effect from Pillow's integer `reduce` inside the resize);
-4. check a PNG's pixel chunks (`_check_png_pixel_data`); decode; convert exotic modes (1, P,
+4. check a PNG's pixel chunks (`_png.check_pixel_data`); decode; convert exotic modes (1, P,
    CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
 5. one resize to the target (Pillow premultiplies alpha itself), then composite any alpha on
    `background`, then apply the EXIF orientation.
@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import io
 import math
-import struct
 import warnings
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +33,7 @@ import numpy as np
 
 from zephon._errors import ConfigurationError, check_count, check_finite
 
+from . import _png
 from ._errors import ImageDecodeError
 
 __all__ = [
@@ -74,7 +72,6 @@ _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
                    6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # Formats the JPEG decoder reads, so that it can decode a draft. An MPO (multi-picture JPEG, as
 # phones and 3D cameras write) is a JPEG followed by more JPEGs; Pillow opens it as its own
@@ -365,7 +362,8 @@ def _classify(exc: BaseException, data: bytes) -> ImageDecodeError:
     if (cut := _webp_cut_short(data)) is not None:
         return ImageDecodeError("truncated_image", cut)
     if isinstance(exc, UnidentifiedImageError):  # its message names a memory address: not stable
-        return ImageDecodeError("corrupt_image", _png_header_fault(data) or "no image format recognises these bytes")
+        detail = _png.header_chunk_fault(data) or "no image format recognises these bytes"
+        return ImageDecodeError("corrupt_image", detail)
     message = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, EOFError) or "truncated" in message.lower():
         return ImageDecodeError("truncated_image", message)
@@ -494,7 +492,7 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
             if drafted is not None:
                 box = drafted[1]
     if image.format == "PNG" and not probed:
-        _check_png_pixel_data(data)
+        _png.check_pixel_data(data)
     _read_data(image.load, data)
     try:
         image = _normalise_mode(image)
@@ -552,74 +550,14 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
 
     Refuses like `decode_image` does what the header shows (no image, bombs), and what a format
     can check without decoding: a PNG whose pixel chunks are cut short or fail their checksums
-    (`_check_png_pixel_data`, the check `decode_image` makes too) is refused here. A JPEG's
+    (`_png.check_pixel_data`, the check `decode_image` makes too) is refused here. A JPEG's
     entropy-coded data, and whether a PNG's deflate stream ends, are only checked by decoding.
     """
     image = _open(data, spec)
     grid = _upright_grid(image, _header_orientation(image, spec), spec)
     if image.format == "PNG":
-        _check_png_pixel_data(data)
+        _png.check_pixel_data(data)
     return grid
-
-
-def _png_header_fault(data: bytes) -> str | None:
-    """The chunk before a PNG's pixel data whose CRC-32 is wrong, which Pillow's PNG reader refuses
-    and `Image.open` then reports as bytes no format knows; None for anything else.
-
-    A bit flipped in transit in a header chunk (IHDR, a palette, text) is a damaged PNG, not an
-    unknown format: the detail names the chunk as `_check_png_pixel_data` names a damaged IDAT."""
-    if not data.startswith(_PNG_SIGNATURE):
-        return None
-    view = memoryview(data)
-    for position, kind, end in _png_chunks(view):
-        if kind == b"IDAT" or end + 4 > len(view):
-            return None
-        if not _png_checksum_holds(view, position, end):
-            return f"the PNG's {kind.decode('ascii', 'backslashreplace')} chunk at byte {position} fails its checksum"
-    return None
-
-
-def _png_chunks(view: memoryview) -> Iterator[tuple[int, bytes, int]]:
-    """(where it starts, its type, where its CRC-32 starts) of each chunk a PNG's bytes hold whole
-    headers of, from the one after the signature on; the last may be cut short."""
-    position = len(_PNG_SIGNATURE)
-    while position + 8 <= len(view):
-        length, kind = struct.unpack_from(">I4s", view, position)
-        end = position + 8 + length
-        yield position, kind, end
-        position = end + 4
-
-
-def _png_checksum_holds(view: memoryview, position: int, end: int) -> bool:
-    """Whether the CRC-32 at `end` is that of the chunk at `position` (its type and data)."""
-    return zlib.crc32(view[position + 4 : end]) == struct.unpack_from(">I", view, end)[0]
-
-
-def _check_png_pixel_data(data: bytes | memoryview) -> None:
-    """Refuse a PNG whose pixel data, its run of IDAT chunks, is cut short or fails a checksum.
-
-    `decode_image` and `probe_image` both make this check, so a PNG gets one verdict whether it
-    is decoded before or after packing. Pillow checks the chunks before the pixel data when it
-    opens a PNG; past them its decoder and its `verify` disagree. The decoder skips the IDAT
-    checksums, so a damaged chunk whose deflate data still inflates gave wrong pixels; `verify`
-    wants every chunk through IEND, so it refused a PNG whose pixels are all there but whose
-    trailer (IEND, or metadata after the pixels) was lost, which the decoder reads as it should.
-    What follows the pixel data is ignored here as in the decoder. Whether the deflate stream ends
-    properly, i.e. every pixel is present, only inflating can tell: a PNG cut exactly between two
-    IDAT chunks passes here and fails in the decoder as truncated.
-    """
-    view = memoryview(data)
-    in_pixels = False  # Pillow's open found the signature and the first IDAT
-    for position, kind, end in _png_chunks(view):
-        if kind != b"IDAT":
-            if in_pixels:
-                return
-            continue
-        in_pixels = True
-        if end + 4 > len(view):
-            raise ImageDecodeError("truncated_image", f"the PNG ends inside the IDAT chunk at byte {position}")
-        if not _png_checksum_holds(view, position, end):
-            raise ImageDecodeError("corrupt_image", f"the PNG's IDAT chunk at byte {position} fails its checksum")
 
 
 def _header_orientation(image, spec: ImageSpec) -> int:

@@ -130,7 +130,7 @@ def test_a_truncated_jpeg_passes_its_header_and_fails_when_decoded():
 
 
 # -- a PNG gets one verdict, decoded before or after packing ---------------------------------------
-# Both paths check its pixel chunks the same way (`vlm._image._check_png_pixel_data`); what follows
+# Both paths check its pixel chunks the same way (`vlm._png.check_pixel_data`); what follows
 # the pixel data does not decide whether the picture is whole.
 
 def _late_text_cut_short(png: bytes) -> bytes:
@@ -172,11 +172,11 @@ def test_a_png_cut_between_its_pixel_chunks_passes_its_header_and_fails_when_dec
 def test_a_deferred_png_has_its_pixel_chunks_checked_once_at_its_header_not_again_when_decoded(monkeypatch):
     """The bytes a DeferredImage decodes are those probe_image checked: checking their checksums
     again after packing is work for nothing (7 µs of the ~1.5 ms a race image takes)."""
-    from vlm import _image
+    from vlm import _png
 
     checked = []
-    check = _image._check_png_pixel_data
-    monkeypatch.setattr(_image, "_check_png_pixel_data", lambda data: checked.append(len(data)) or check(data))
+    check = _png.check_pixel_data
+    monkeypatch.setattr(_png, "check_pixel_data", lambda data: checked.append(len(data)) or check(data))
     data, spec = encode(gradient(96, 160)), ImageSpec()
     deferred = DeferredImage(data, probe_image(data, spec), spec)
     assert np.array_equal(deferred.decode(), decode_image(data, spec))
