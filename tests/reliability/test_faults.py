@@ -316,7 +316,7 @@ def test_the_loader_adds_one_done_callback_to_each_runner_future(tmp_path, make,
         assert len(loader.stages) == 2  # read, then tokenize: the second is submitted from a done-callback
         for _ in loader:
             pass
-    assert {kind for kind, _ in added} == {"Chunk", "ChunkRecords", "_RowWork"}, added  # each stage, and row work
+    assert {kind for kind, _ in added} == {"Chunk", "ChunkRecords", "RowWork"}, added  # each stage, and row work
     assert [count for _, [count] in added] == [1] * len(added)
 
 
