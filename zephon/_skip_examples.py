@@ -3,7 +3,7 @@ these say where to look.
 
 The ledger counts skips by (dataset, reason) and keeps no address, so an operator seeing
 `corrupt_video: 1` could find the clip only by running the data again with `on_error="raise"`,
-which stops at the first bad record. A loader now keeps the first `EXAMPLES_PER_REASON` skipped
+which stops at the first bad record. A loader keeps the first `EXAMPLES_PER_REASON` skipped
 records of each dataset and reason it took from its lanes, with the lane and what was wrong (the
 detail a `BadRecordError` would carry), shown by `stats()["skipped_examples"]`, and logs the first
 of each at WARNING on the `zephon` logger.
