@@ -57,7 +57,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._packing import token_ids
-from zephon._record_ops import _configuration
+from zephon._record_ops import stable_description
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -606,13 +606,13 @@ def _describe(obj: Any) -> dict:
     map's callable object is, else building a loader failed on `dataclasses.fields`. A dataclass
     field that JSON writes as it is (the built-in conventions' numbers, strings and tuples) stays
     as it is, so their fingerprints are unchanged; any other (a set, an array) is written by
-    `_configuration`, as a map's arguments are: `json.dumps(default=str)` listed a set in the order
+    `stable_description`, as a map's arguments are: `json.dumps(default=str)` listed a set in the order
     per-process string hashing gives and elided an array's middle."""
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
     if not dataclasses.is_dataclass(obj):
-        return {"class": kind, "settings": _configuration(obj)}
+        return {"class": kind, "settings": stable_description(obj)}
     fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
-    return {"class": kind, **{name: v if _json_native(v) else _configuration(v) for name, v in fields.items()}}
+    return {"class": kind, **{name: v if _json_native(v) else stable_description(v) for name, v in fields.items()}}
 
 
 def _json_native(value: Any) -> bool:

@@ -32,7 +32,7 @@ import numpy as np
 
 from zephon._errors import BadRecordError, ConfigurationError, check_count
 from zephon._field_names import fields_it_has
-from zephon._record_ops import _configuration
+from zephon._record_ops import stable_description
 from zephon._records import ChunkRecords, RecordAddress
 from zephon._sha256 import sha256
 
@@ -178,7 +178,7 @@ def _describe(obj: Any) -> Any:
     if callable(to_json):
         described["config_sha256"] = sha256(to_json().encode()).hexdigest()
     else:  # a processor of the user's own: its class alone let another configuration resume
-        described["settings"] = _configuration(obj)
+        described["settings"] = stable_description(obj)
     return described
 
 

@@ -28,7 +28,10 @@ from ._records import ChunkRecords
 from ._sha256 import sha256
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
 
-__all__ = ["RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn", "check_parallelism", "check_user_function"]
+__all__ = [
+    "RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn", "check_parallelism", "check_user_function",
+    "stable_description",
+]
 
 RecordFn = Callable[[ChunkRecords], ChunkRecords]
 
@@ -134,17 +137,17 @@ def _fingerprint_callable(fn: Callable, _walk: _Walk | None = None) -> str:
     if isinstance(fn, types.FunctionType) and written_as in _walk.written:
         return f"{_describe_callable(fn)} <as above>"
     if isinstance(fn, functools.partial):
-        args = _configuration((fn.args, sorted(fn.keywords.items())))
+        args = stable_description((fn.args, sorted(fn.keywords.items())))
         inner = dataclasses.replace(_walk, within=_walk.within | {id(function)})
         return f"functools.partial({_fingerprint_callable(fn.func, inner)}, {args})"
     described, defining, runs, wrapped = _describe_callable(fn), _defining(fn), _code_run(fn), _wrapped(fn)
     if defining is not fn:
         if wrapped is None or runs is not None:  # a C wrapper's attributes are its cache's, not settings
-            described += f" {_configuration(fn)}"
+            described += f" {stable_description(fn)}"
     else:
         owner = getattr(fn, "__self__", None)  # a built-in function's is its module: nothing to add
         if owner is not None and not isinstance(owner, types.ModuleType):
-            described += f" of {_configuration(owner)}"
+            described += f" of {stable_description(owner)}"
     if wrapped is not None:  # followed like a function, though the decorator is a library's
         inner = dataclasses.replace(_walk, within=_walk.within | {id(function)})
         described += f" wrapping:({_fingerprint_callable(wrapped, inner)})"
@@ -360,7 +363,7 @@ def _written(value, walk: _Walk) -> str:
         return f"<module {value.__name__}>"
     try:
         if _describable(value):
-            return _configuration(value)
+            return stable_description(value)
     except Exception:  # noqa: BLE001 - a repr that fails, a list holding itself: not described
         pass
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
@@ -393,8 +396,10 @@ def _describable(value) -> bool:
     return shown is not None and all(_describable(v) for _, v in shown)
 
 
-def _configuration(value) -> str:
-    """`_stable_repr(value)` without memory addresses, or its repr where it nests too deep."""
+def stable_description(value) -> str:
+    """`_stable_repr(value)` without memory addresses, or its repr where it nests too deep: what a
+    fingerprint holds of an object's configuration (a partial's arguments here, an image processor's
+    or a placeholder convention's settings in `vlm`)."""
     try:
         return _ADDRESS.sub("", _stable_repr(value))
     except RecursionError:  # a list holding itself, or nesting deeper than the stack
