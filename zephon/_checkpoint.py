@@ -56,6 +56,8 @@ class LaneCursor:
 
 
 def canonical_json(value) -> str:
+    """One text per value (keys sorted, no spaces, ASCII only), so that a digest of it is the same
+    in every process and on every machine."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -53,6 +53,9 @@ _NO_RECORDS = _LaneRecords({}, {})
 
 
 class Ledger:
+    """One loader's counts of records per lane and segment and of rows per lane (see the module
+    docstring for what is counted when, and what a monitor's `snapshot` sees)."""
+
     def __init__(self) -> None:
         self._records: dict[int, _LaneRecords] = {}
         # Row counts per lane. A lane's Counter is replaced whole, never changed in place: the

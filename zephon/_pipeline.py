@@ -66,6 +66,10 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class BatchOp:
+    """The last operator: rows are handed to the trainer `microbatch_size` at a time. Part of the
+    recipe (a resume with another size is refused): it decides how a step's rows are cut into
+    microbatches, and where a lane's cursor stands within a step."""
+
     microbatch_size: int
     name: str = "batch"
     kind = "batch"

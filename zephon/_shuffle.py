@@ -41,6 +41,9 @@ class ShuffleBuffer:
 
 @dataclass(frozen=True)
 class ShuffleOp:
+    """Configuration of the shuffle: each lane segment gets a `ShuffleBuffer` of `buffer_size` rows
+    drawing from a stream of (`seed`, lane, segment)."""
+
     buffer_size: int
     seed: int = 0
     name: str = "shuffle"
