@@ -162,20 +162,21 @@ class LaneStream:
         if self._rows_done:
             return False
         if self._closed:  # a close from another thread: the rows it ended must not read as the plan's end
-            raise ConfigurationError(
-                f"lane {self.lane}'s stream was closed while it was being iterated (its loader closed)"
-            )
+            raise self._closed_while_iterated()
         got = next(self._rows, None)
         if got is None:
             if self._closed:  # a close on this thread, from inside the generator (a user's map, inline)
-                raise ConfigurationError(
-                    f"lane {self.lane}'s stream was closed while it was being iterated (its loader closed)"
-                )
+                raise self._closed_while_iterated()
             self._rows_done = True
             return False
         segment, row = got
         self._ahead.append((segment, self._row_work(row) if with_work and self._row_work else row))
         return True
+
+    def _closed_while_iterated(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"lane {self.lane}'s stream was closed while it was being iterated (its loader closed)"
+        )
 
     def _fill(self) -> None:
         """Queue the plan's items until `prefetch` chunks are in flight, or `prefetch + 2` flushes
