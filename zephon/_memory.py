@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ._prefetch import records_per_chunk
+from .io._compression import BLOCK_SIZE
 from .work._chunk_table import ChunkTable
 
 __all__ = [
@@ -47,8 +48,8 @@ offsets, masks and word ids of its Encoding): about 420 measured with tokenizers
 RECORD_COPIES = 3
 """A record's raw bytes are held as read, as decoded text and as the parsed record's string."""
 
-READ_BLOCK_BYTES = 1 << 20
-"""Line-format shards are read in blocks of this size (zephon.io._compression.BLOCK_SIZE)."""
+READ_BLOCK_BYTES = BLOCK_SIZE
+"""Line-format shards are read in blocks of this size: the reader's own, so the budget follows it."""
 
 WORKER_OVERHEAD_BYTES = 4 << 20
 """Per worker thread: allocator arenas' touched pages and temporaries. A process worker's own
