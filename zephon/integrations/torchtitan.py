@@ -217,7 +217,9 @@ class ZephonDataLoader(_Base):
     not be the data-parallel one.
 
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
-    short, then iteration stops (TorchTitan ends training on the first exhausted rank).
+    short, then iteration stops, on each replica at a step of its own. TorchTitan 0.3.0 does not
+    agree the end between ranks: the replica that runs out leaves its loop while the others wait in
+    the step's all-reduce, and fail. Give TorchTitan an endless plan and `training.steps`.
 
     Iterate it from one thread. `local_state_dict()` may be called from another (an asynchronous
     checkpointer): it waits for the local batch in progress. `state_dict()` gathers over the
