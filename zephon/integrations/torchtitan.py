@@ -412,21 +412,31 @@ class ZephonDataLoader(_Base):
         self._hand_back_a_batch_cut_by_fork()
         return {STATE_KEY: json.dumps(gather_state(self._loader, self._group), sort_keys=True)}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any] | str | bytes) -> None:
         """Take up this replica's lanes from a state saved on any data-parallel size.
 
-        An empty state is accepted (TorchTitan's convention for "nothing saved"); a state without
-        Zephon's key, a changed recipe or a state missing this replica's lanes is refused.
+        Takes what `state_dict()` returns (through DCP or not), and a Zephon loader state as
+        `local_state_dict()` and `zephon.merge_states` give it, or its JSON text or bytes (what
+        `state_dict()` holds under `STATE_KEY`): a plain loop that merges its replicas' states loads
+        the merge as it is. An empty mapping is accepted (TorchTitan's convention for "nothing
+        saved"); anything else that is no mapping (None: a checkpoint's key that was missing) is
+        refused rather than taken for nothing saved, as are another loader's state, a changed recipe
+        and a state missing this replica's lanes.
         """
         self._hand_back_a_batch_cut_by_fork()  # now, not over the state loaded at the next iter()
+        if isinstance(state_dict, (str, bytes, bytearray)) or (
+            isinstance(state_dict, Mapping) and state_dict.get("format") == STATE_FORMAT
+        ):
+            self._loader.load_state_dict(state_dict)
+            return
+        if not isinstance(state_dict, Mapping):
+            raise CheckpointError(
+                f"not a loader state: got {type(state_dict).__name__}; load_state_dict takes what state_dict() "
+                f"returned ({{{STATE_KEY!r}: JSON}}), a Zephon loader state (merge_states) or its JSON, "
+                "and {} for nothing saved"
+            )
         if not state_dict:
             return
-        if state_dict.get("format") == STATE_FORMAT:
-            raise CheckpointError(
-                "this is a Zephon loader state (RankLoader.state_dict, merge_states), not ZephonDataLoader's: "
-                f"ZephonDataLoader saves it as JSON under {STATE_KEY!r}; load that, or give this state to "
-                "a loader from pipeline.shard(...)"
-            )
         if STATE_KEY not in state_dict:
             raise CheckpointError(
                 f"the dataloader state has keys {sorted(state_dict)} but no {STATE_KEY!r}: it was not written "
