@@ -214,10 +214,13 @@ def read_state(
         raise RecipeMismatchError(
             "the checkpoint was taken with a different recipe; changed: " + ", ".join(changed)
             + (". In plan.datasets: " + "; ".join(how) if how else "")
-            + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not."
+            + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not.",
+            tuple(changed),
         )
     if state["num_lanes"] != num_lanes:
-        raise RecipeMismatchError(f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}")
+        raise RecipeMismatchError(
+            f"num_lanes changed: checkpoint has {state['num_lanes']}, pipeline has {num_lanes}", ("num_lanes",)
+        )
     finished = set(state["finished"])
     cursors = {int(lane): LaneCursor(*cursor, finished=int(lane) in finished) for lane, cursor in state["lanes"].items()}
     ledgers = {int(lane): dict(counts) for lane, counts in state["ledger"].items()}

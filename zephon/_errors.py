@@ -126,4 +126,15 @@ class CheckpointError(ZephonError):
 
 
 class RecipeMismatchError(CheckpointError):
-    """A checkpoint was taken with a different recipe; the message names every field that changed."""
+    """A checkpoint was taken with a different recipe; the message names every field that changed.
+
+    `changed` holds the recipe's keys for them (`plan.seed`, `operators[1].pack_flat.max_length`),
+    so that a front end building the pipeline from settings of its own (TorchTitan's `DataRecipe`)
+    can name those settings too."""
+
+    def __init__(self, message: str, changed: tuple[str, ...] = ()) -> None:
+        self.changed = tuple(changed)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.changed))

@@ -498,6 +498,53 @@ def test_data_recipe_builds_the_same_stream_as_the_equivalent_pipeline():
         assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
 
 
+_RECIPE = dict(
+    datasets=[("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon"))], tokenizer=str(TOKENIZER),
+    mixture={"kjv": 0.7, "jargon": 0.3}, eos="<|eos|>", max_length=64, shuffle_buffer=8, seed=1, num_lanes=4,
+    microbatch_size=2, records_per_chunk=16, token_estimation=False, runner="inline",
+)
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"mixture": {"kjv": 0.5, "jargon": 0.5}}, "mixture"),
+        ({"seed": 2}, "seed"),
+        ({"shuffle_buffer": 16}, "shuffle_buffer"),
+        ({"text_field": "body"}, "text_field"),
+        ({"packing": "first_fit"}, "packing"),
+        ({"datasets": [("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon" / "jargon-0000[01]-*"))]}, "datasets"),
+        ({"token_estimation": True}, "token_estimation (or the text it measured)"),
+        ({"num_lanes": 8}, "num_lanes"),
+        ({"global_batch_size": 32}, "global_batch_size (the loader's)"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_a_data_recipe_checkpoint_refused_by_another_recipe_names_the_data_recipe_field(change, field):
+    """The refusal named the pipeline's recipe keys alone: a changed mixture was `plan.schedule`, a
+    seed `operators[2].shuffle.seed, plan.seed`, settings a DataRecipe user never wrote."""
+    settings = {**_RECIPE, "global_batch_size": 16}
+    with ZephonDataLoader(DataRecipe(**{k: v for k, v in settings.items() if k != "global_batch_size"}), 0, 1,
+                          settings["global_batch_size"]) as saved:
+        state = saved.state_dict()
+    settings.update(change)
+    batch = settings.pop("global_batch_size")
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, batch) as changed:
+        with pytest.raises(RecipeMismatchError, match=re.escape(f"DataRecipe fields that changed: {field}.")):
+            changed.load_state_dict(state)
+
+
+def test_a_pipeline_checkpoint_refused_by_another_recipe_names_no_data_recipe_field(pipeline, corpora, demo_tokenizer_path):
+    with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        state = loader.state_dict()
+    other = text_pipeline(*corpora, demo_tokenizer_path, seed=7)
+    with ZephonDataLoader(other, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as changed:
+        with pytest.raises(RecipeMismatchError) as refusal:
+            changed.load_state_dict(state)
+    assert "DataRecipe" not in str(refusal.value)
+    assert refusal.value.changed == ("operators[2].shuffle.seed", "plan.seed")
+
+
 @pytest.fixture
 def stored_recipe():
     """DataRecipe settings over the demo's Jargon shards copied to an object store that counts the

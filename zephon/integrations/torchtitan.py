@@ -39,12 +39,13 @@ import numpy as np
 
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT
-from .._errors import CheckpointError, ConfigurationError, check_count
+from .._errors import CheckpointError, ConfigurationError, RecipeMismatchError, check_count
 from .._job_log import config_level
 from .._loader import check_layout
 from .._packing import PackFlatOp
 from .._pipeline import Pipeline
 from ..distributed import gather_state, group_size, rank_and_world_size
+from ._recipe_fields import data_recipe_fields
 
 __all__ = ["STATE_KEY", "TORCHTITAN_VERSION", "DataRecipe", "ZephonDataLoader", "build_zephon_dataloader"]
 
@@ -427,7 +428,7 @@ class ZephonDataLoader(_Base):
         if isinstance(state_dict, (str, bytes, bytearray)) or (
             isinstance(state_dict, Mapping) and state_dict.get("format") == STATE_FORMAT
         ):
-            self._loader.load_state_dict(state_dict)
+            self._take_up(state_dict)
             return
         if not isinstance(state_dict, Mapping):
             raise CheckpointError(
@@ -442,7 +443,20 @@ class ZephonDataLoader(_Base):
                 f"the dataloader state has keys {sorted(state_dict)} but no {STATE_KEY!r}: it was not written "
                 f"by ZephonDataLoader (a TorchTitan loader writes one 'dp_rank_N' key per rank)"
             )
-        self._loader.load_state_dict(state_dict[STATE_KEY])
+        self._take_up(state_dict[STATE_KEY])
+
+    def _take_up(self, state) -> None:
+        """Load a Zephon loader state; a refusal of another recipe also names the DataRecipe fields
+        behind the recipe keys it names (a changed mixture is `plan.schedule` there)."""
+        try:
+            self._loader.load_state_dict(state)
+        except RecipeMismatchError as refusal:
+            fields = data_recipe_fields(refusal.changed) if self.recipe is not None else []
+            if not fields:
+                raise
+            raise RecipeMismatchError(
+                f"{refusal} DataRecipe fields that changed: {', '.join(fields)}.", refusal.changed
+            ) from refusal
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict:
