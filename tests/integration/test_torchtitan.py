@@ -542,7 +542,7 @@ def test_a_pipeline_checkpoint_refused_by_another_recipe_names_no_data_recipe_fi
         with pytest.raises(RecipeMismatchError) as refusal:
             changed.load_state_dict(state)
     assert "DataRecipe" not in str(refusal.value)
-    assert refusal.value.changed == ("operators[2].shuffle.seed", "plan.seed")
+    assert {"operators[2].shuffle.seed", "plan.seed"} <= set(refusal.value.changed)  # the keys, for other front ends
 
 
 @pytest.fixture
