@@ -244,6 +244,28 @@ def test_a_state_that_is_no_mapping_nor_json_is_refused_not_taken_for_nothing_sa
             loader.load_state_dict(state)
 
 
+def test_a_save_partway_through_a_step_warns_once_that_the_trainers_global_batch_size_differs(pipeline, caplog):
+    """TorchTitan's `training.global_batch_size` and the loader's are set apart and nothing compared
+    them: with the trainer's smaller, its checkpoints fell partway through Zephon's steps, unsaid
+    until a resume on another data-parallel size refused the state without naming the cause."""
+    with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        batches = iter(loader)
+        for _ in range(loader.gradient_accumulation_steps):
+            next(batches)
+        with caplog.at_level(logging.WARNING, logger="zephon.integrations.torchtitan"):
+            loader.state_dict()  # at a step's end, as TorchTitan saves with the sizes alike
+            assert not caplog.records
+            next(batches)
+            loader.state_dict()
+            loader.state_dict()
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+    assert re.search(
+        rf"partway through Zephon step 1 \({LOCAL_BATCH} of its {GLOBAL_BATCH} rows taken\).*"
+        rf"global_batch_size={GLOBAL_BATCH}; set training.global_batch_size to it",
+        caplog.records[0].getMessage(),
+    )
+
+
 def test_gather_state_refuses_a_zephon_data_loader_by_name(pipeline):
     """Given the TorchTitan wrapper instead of a rank's loader, gather_state says so: without a
     process group it used to hand the wrapper's own state back as if it were a merged one."""

@@ -315,6 +315,7 @@ class ZephonDataLoader(_Base):
         # (pid, mark) while a local batch is taken (see `__iter__`); a child forked meanwhile hands
         # it back at its first use of this loader (`_hand_back_a_batch_cut_by_fork`).
         self._taking: tuple[int, tuple] | None = None
+        self._warned_partway = False
 
     def __reduce__(self):
         """Refused with this loader's own way to go: its rank loader's refusal says to call
@@ -411,7 +412,31 @@ class ZephonDataLoader(_Base):
         on every rank, so it is written once and read back by any number of ranks.
         """
         self._hand_back_a_batch_cut_by_fork()
-        return {STATE_KEY: json.dumps(gather_state(self._loader, self._group), sort_keys=True)}
+        state = gather_state(self._loader, self._group)
+        self._warn_of_a_save_partway_through_a_step(state)
+        return {STATE_KEY: json.dumps(state, sort_keys=True)}
+
+    def _warn_of_a_save_partway_through_a_step(self, state: dict) -> None:
+        """Warn, once per loader, of a state saved partway through a Zephon step.
+
+        TorchTitan saves after whole optimizer steps, so there such a save means that
+        `training.global_batch_size` is not this loader's: the trainer does not pass its own to
+        `build`, and nothing else tells. Said at the first such save, not left to a resume on
+        another data-parallel size, which refuses the state without a word of the cause. A
+        finite plan's ragged end, where lanes end at steps of their own, is left out."""
+        rows = state.get("rows_taken")
+        if self._warned_partway or rows is None or state.get("finished") or rows % self.global_batch_size == 0:
+            return
+        self._warned_partway = True
+        log.log(
+            config_level(logging.WARNING, self.dp_rank),
+            "state_dict() saved partway through Zephon step %d (%d of its %d rows taken): where the trainer "
+            "saves after whole optimizer steps (TorchTitan), its global batch size is not this loader's "
+            "global_batch_size=%d; set training.global_batch_size to it. Such a state resumes on this "
+            "data-parallel size or on fewer replicas, and is refused on others",
+            rows // self.global_batch_size, rows % self.global_batch_size, self.global_batch_size,
+            self.global_batch_size,
+        )
 
     def load_state_dict(self, state_dict: Mapping[str, Any] | str | bytes) -> None:
         """Take up this replica's lanes from a state saved on any data-parallel size.
