@@ -450,10 +450,11 @@ class ZephonDataLoader(_Base):
         and a state missing this replica's lanes.
         """
         self._hand_back_a_batch_cut_by_fork()  # now, not over the state loaded at the next iter()
-        if isinstance(state_dict, (str, bytes, bytearray)) or (
-            isinstance(state_dict, Mapping) and state_dict.get("format") == STATE_FORMAT
-        ):
+        if isinstance(state_dict, (str, bytes)):
             self._take_up(state_dict)
+            return
+        if isinstance(state_dict, Mapping) and state_dict.get("format") == STATE_FORMAT:
+            self._take_up(dict(state_dict))
             return
         if not isinstance(state_dict, Mapping):
             raise CheckpointError(
