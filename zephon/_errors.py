@@ -130,11 +130,10 @@ class RecipeMismatchError(CheckpointError):
 
     `changed` holds the recipe's keys for them (`plan.seed`, `operators[1].pack_flat.max_length`),
     so that a front end building the pipeline from settings of its own (TorchTitan's `DataRecipe`)
-    can name those settings too."""
+    can name those settings too. It is an attribute, not an argument kept in `args`: a pickle (a
+    process runner sending the error to its parent) rebuilds the error from its message and then
+    restores its attributes, `changed` and the notes the worker added among them."""
 
     def __init__(self, message: str, changed: tuple[str, ...] = ()) -> None:
         self.changed = tuple(changed)
         super().__init__(message)
-
-    def __reduce__(self):
-        return (type(self), (self.args[0], self.changed))
