@@ -556,6 +556,21 @@ def test_a_data_recipe_checkpoint_refused_by_another_recipe_names_the_data_recip
             changed.load_state_dict(state)
 
 
+def test_a_data_recipe_refusal_names_token_estimation_switched_beside_a_field_its_rate_does_not_read():
+    """The measured rate's key changed beside any other field was put down to that field: with
+    token_estimation and shuffle_buffer changed, the refusal named shuffle_buffer alone, and the
+    run fixed as it said was refused again. Only datasets, tokenizer, text_field, bos and eos
+    change what the estimate measures."""
+    settings = {**_RECIPE, "token_estimation": True}
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 16) as saved:
+        state = saved.state_dict()
+    changed = {**settings, "token_estimation": False, "shuffle_buffer": 16}
+    with ZephonDataLoader(DataRecipe(**changed), 0, 1, 16) as loader:
+        with pytest.raises(RecipeMismatchError, match=re.escape(
+            "DataRecipe fields that changed: shuffle_buffer, token_estimation (or the text it measured).")):
+            loader.load_state_dict(state)
+
+
 def test_a_pipeline_checkpoint_refused_by_another_recipe_names_no_data_recipe_field(pipeline, corpora, demo_tokenizer_path):
     with ZephonDataLoader(pipeline, 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
         state = loader.state_dict()

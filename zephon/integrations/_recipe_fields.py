@@ -32,11 +32,13 @@ _FIELD_OF_KEY = {
     "global_batch_size": _LOADER_BATCH,
 }
 
-# Tokens per byte are measured through the datasets, tokenizer and text field: where one of those
-# changed, the measurement followed it; on its own it is `token_estimation` switched, or the text
-# of a shard rewritten at its size (which the dataset digests, of sizes and counts, do not see).
+# Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text field,
+# bos and eos: where one of those changed, the measurement followed it; otherwise it is
+# `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
+# digests, of sizes and counts, do not see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
 _MEASURED_RATE_FIELD = "token_estimation (or the text it measured)"
+_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "bos", "eos"}
 
 # DataRecipe's field order, then the loader's global batch size.
 _ORDER = (
@@ -51,6 +53,6 @@ def data_recipe_fields(changed: Iterable[str]) -> list[str]:
     the order the recipe lists them; keys no field stands for are left out."""
     keys = [key.split(".", 1)[1] if key.startswith("operators[") else key for key in changed]
     fields = {_FIELD_OF_KEY[key] for key in keys if key in _FIELD_OF_KEY}
-    if _MEASURED_RATE in keys and not fields:
+    if _MEASURED_RATE in keys and not fields & _MEASURED_THROUGH:
         fields.add(_MEASURED_RATE_FIELD)
     return [field for field in _ORDER if field in fields]
