@@ -207,7 +207,8 @@ class ZephonDataLoader(_Base):
     `({"input": input_ids, "positions": position_ids}, labels)`, int64 tensors of shape
     (local_batch_size, max_length). Labels are next-token aligned already (IGNORE_INDEX = -100 at
     document ends and padding), as TorchTitan's own text loader yields them; `positions` restart at
-    each document, which TorchTitan's block-causal attention uses as the document mask.
+    each document, from which TorchTitan's `flex` and `varlen` attention build block-causal masks
+    (with `sdpa` it builds none, and the documents packed in a row attend to one another).
 
     `recipe` is a `DataRecipe` or a ready text `zephon.Pipeline` (packed by `pack_flat`, ending in
     `.batch`; a multimodal packer's rows are refused, their image patches and `mrope_position_ids`
