@@ -30,6 +30,7 @@ from pathlib import Path
 from . import _data
 from . import loaders as race_loaders
 from ._monitor import TreeMemory
+from ._report import others_cores
 from .loaders import BOUNDS, LOADERS, VARIANTS, compile_sources, python_for, variant_name, worker_env
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             if got.get("ok"):
                 print(f"{got['usable_tokens_per_s']:>12,.0f} tok/s {got['images_per_s']:8.1f} img/s "
                       f"ttfb {got['time_to_first_batch_s']:.2f}s pss {got['peak_pss_bytes'] / 2**20:,.0f} MiB "
-                      f"busy {got['cores_busy']:.2f} others {got['others_cores_busy'] + got['stolen_cores']:.2f}", flush=True)
+                      f"busy {got['cores_busy']:.2f} others {others_cores(got):.2f}", flush=True)
             else:
                 print(f"FAILED rc={got.get('returncode')}\n{got['output'][-1500:]}", flush=True)
         (out_dir / "race.json").write_text(json.dumps(results, indent=1, default=str))
