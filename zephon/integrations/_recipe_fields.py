@@ -7,11 +7,10 @@ the pipeline `DataRecipe.pipeline()` builds; this module words them as the recip
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-_LOADER_BATCH = "global_batch_size (the loader's)"
-
-# A key of the pipeline's recipe, its operator index dropped, and the DataRecipe field behind it.
+# A key of the pipeline's recipe, its operator index dropped, and the DataRecipe field behind it
+# (or the loader's own global_batch_size).
 _FIELD_OF_KEY = {
     "plan.datasets": "datasets",
     "tokenize.tokenizer": "tokenizer",
@@ -29,7 +28,7 @@ _FIELD_OF_KEY = {
     "flush_every_chunks": "flush_every_chunks",
     "plan.records_per_chunk": "records_per_chunk",
     "plan.num_epochs": "num_epochs",
-    "global_batch_size": _LOADER_BATCH,
+    "global_batch_size": "global_batch_size",
 }
 
 # Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text field,
@@ -37,22 +36,21 @@ _FIELD_OF_KEY = {
 # `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
 # digests, of sizes and counts, do not see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
-_MEASURED_RATE_FIELD = "token_estimation (or the text it measured)"
 _MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "bos", "eos"}
 
-# DataRecipe's field order, then the loader's global batch size.
-_ORDER = (
-    "datasets", "tokenizer", "mixture", "text_field", "bos", "eos", "max_length", "packing", "shuffle_buffer",
-    "seed", "num_lanes", "microbatch_size", "flush_every_chunks", "records_per_chunk", _MEASURED_RATE_FIELD,
-    "num_epochs", _LOADER_BATCH,
-)
+# How a refusal words the fields whose name alone would mislead.
+_WORDING = {
+    "token_estimation": "token_estimation (or the text it measured)",
+    "global_batch_size": "global_batch_size (the loader's)",
+}
 
 
-def data_recipe_fields(changed: Iterable[str]) -> list[str]:
-    """The DataRecipe fields (and `global_batch_size`) behind the changed recipe keys, each once, in
-    the order the recipe lists them; keys no field stands for are left out."""
+def data_recipe_fields(changed: Iterable[str], recipe_fields: Sequence[str]) -> list[str]:
+    """The DataRecipe fields (and the loader's `global_batch_size`) behind the changed recipe keys,
+    each once, in the order `recipe_fields` (DataRecipe's own) lists them, `global_batch_size` last;
+    keys no field stands for are left out."""
     keys = [key.split(".", 1)[1] if key.startswith("operators[") else key for key in changed]
     fields = {_FIELD_OF_KEY[key] for key in keys if key in _FIELD_OF_KEY}
     if _MEASURED_RATE in keys and not fields & _MEASURED_THROUGH:
-        fields.add(_MEASURED_RATE_FIELD)
-    return [field for field in _ORDER if field in fields]
+        fields.add("token_estimation")
+    return [_WORDING.get(field, field) for field in (*recipe_fields, "global_batch_size") if field in fields]

@@ -32,6 +32,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from itertools import islice
 from typing import Any, Self
 
@@ -157,6 +158,10 @@ class DataRecipe:
             .shuffle(buffer_size=self.shuffle_buffer, seed=self.seed)
             .batch(microbatch_size=self.microbatch_size)
         )
+
+
+_DATA_RECIPE_FIELDS = tuple(field.name for field in dataclass_fields(DataRecipe))
+"""DataRecipe's fields in the order it declares them, the order a refusal names the changed ones in."""
 
 
 class _DataLoaderContract(ABC):
@@ -454,15 +459,15 @@ class ZephonDataLoader(_Base):
         if isinstance(state_dict, (str, bytes)):
             self._take_up(state_dict)
             return
-        if isinstance(state_dict, Mapping) and state_dict.get("format") == STATE_FORMAT:
-            self._take_up(dict(state_dict))
-            return
         if not isinstance(state_dict, Mapping):
             raise CheckpointError(
                 f"not a loader state: got {type(state_dict).__name__}; load_state_dict takes what state_dict() "
                 f"returned ({{{STATE_KEY!r}: JSON}}), a Zephon loader state (merge_states) or its JSON, "
                 "and {} for nothing saved"
             )
+        if state_dict.get("format") == STATE_FORMAT:
+            self._take_up(dict(state_dict))
+            return
         if not state_dict:
             return
         if STATE_KEY not in state_dict:
@@ -478,7 +483,7 @@ class ZephonDataLoader(_Base):
         try:
             self._loader.load_state_dict(state)
         except RecipeMismatchError as refusal:
-            fields = data_recipe_fields(refusal.changed) if self.recipe is not None else []
+            fields = data_recipe_fields(refusal.changed, _DATA_RECIPE_FIELDS) if self.recipe is not None else []
             if not fields:
                 raise
             raise RecipeMismatchError(
