@@ -59,7 +59,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
-from ._http_index import entries_below
 from ._http_status import DENIED_STATUS, denied, refused_by_its_server, status_of
 from ._protocols import is_http
 from ._retry import is_transient
@@ -264,7 +263,11 @@ class _RaisingWalk:
                 f"{directory}, a directory of {self._url}, could not be listed ({type(error).__name__}: {error}): "
                 "its shards would be missing from the dataset"
             ) from error
-        return entries_below(directory, listing) if is_http(self._fs) else listing
+        if not is_http(self._fs):
+            return listing
+        from ._http_index import entries_below  # http(s) only: it imports html and urllib.parse
+
+        return entries_below(directory, listing)
 
     def _denial(self, directory: str, error: Exception) -> ConfigurationError:
         return ConfigurationError(

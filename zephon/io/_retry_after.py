@@ -12,7 +12,6 @@ the listing walk in an `UnlistedError`, so the error's causes are looked at too,
 
 from __future__ import annotations
 
-import email.utils
 import time
 from datetime import timezone
 
@@ -51,6 +50,8 @@ def _seconds(value: str, now: float) -> float | None:
     value = value.strip()
     if value.isascii() and value.isdigit():
         return float(value)
+    import email.utils  # here, for the rare date: it imports urllib.parse, which local data never needs
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
