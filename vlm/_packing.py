@@ -57,7 +57,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._packing import token_ids
-from zephon._record_ops import stable_description
+from zephon._fingerprint import stable_description
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from zephon._errors import BadRecordError, ConfigurationError, check_count
 from zephon._field_names import fields_it_has
-from zephon._record_ops import stable_description
+from zephon._fingerprint import stable_description
 from zephon._records import ChunkRecords, RecordAddress
 from zephon._sha256 import sha256
 

@@ -1,7 +1,7 @@
 """Which module globals a user function's code reads, which attributes of `self` and of
 `super()` a method's code reads, and whether that code is a library's.
 
-A map's or filter's fingerprint (`_record_ops._fingerprint_callable`) writes the values of the
+A map's or filter's fingerprint (`_fingerprint._fingerprint_callable`) writes the values of the
 globals its code reads: `MAX_LEN = 2048` changed to 4096 at module level leaves the function's
 source as it was; and a method's source leaves out the methods it calls on `self` (`self.helper(x)`,
 `getattr(self, "helper")(x)`) and on `super()`. It follows the functions it reaches these ways only

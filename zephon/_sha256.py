@@ -8,7 +8,7 @@ library's `random` imports for the same reason), and it gives the same digests.
 
 It is slower than OpenSSL's (285 vs 1,609 MB/s on this project's 2-core machine), which only
 matters for bulk data: `Batch.digest`, which hashes whole tensors, imports `hashlib` when called,
-and so does the fingerprint of an array of 1 MiB or more (`_record_ops._digest_in_place`).
+and so does the fingerprint of an array of 1 MiB or more (`_fingerprint._digest_in_place`).
 """
 
 from __future__ import annotations

@@ -535,7 +535,7 @@ def _fingerprints_in_processes(expression: str) -> set[str]:
     one fingerprint, or a resumed run refuses its own checkpoint as another recipe."""
     code = (
         "import functools\n"
-        "from zephon._record_ops import _fingerprint_callable\n"
+        "from zephon._fingerprint import _fingerprint_callable\n"
         "from tests.reliability.test_checkpoint_safety import *\n"
         "from tests.reliability.test_checkpoint_safety import _longer_than\n"
         f"print(_fingerprint_callable({expression}))\n"
@@ -600,7 +600,7 @@ def test_a_bound_methods_or_callable_objects_attributes_are_part_of_the_recipe(t
     with Python's default repr as `<Cleaner object>`: a checkpoint of `Cleaner(5)` resumed a
     pipeline filtering with `Cleaner(50)`, other batches without a word. Their public attributes
     are the configuration; private ones (caches) are left out, so running does not change it."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     data = tmp_path / "data"
     state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=Cleaner(5).keep), 1, MICROBATCHES)
@@ -654,7 +654,7 @@ def test_an_object_with_slots_enters_the_recipe_by_its_public_attributes():
     """Its public attributes were read from `__dict__`, which a slotted object lacks: it entered
     the recipe by its type only, so a checkpoint of `SlottedCleaner(5)` resumed a pipeline
     filtering with `SlottedCleaner(50)`. Its slots are its configuration; private ones are state."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     assert _fingerprint_callable(SlottedCleaner(5)) != _fingerprint_callable(SlottedCleaner(50))
     assert _fingerprint_callable(SlottedCleaner(5, ("a",))) != _fingerprint_callable(SlottedCleaner(5, ("b",)))
@@ -683,7 +683,7 @@ def test_a_lambda_made_in_a_comprehension_is_named_alike_on_3_11_and_3_14t():
     (`<listcomp>.<lambda>`), 3.12+ inlines those comprehensions (PEP 709) and names it without:
     a checkpoint of a filter made so, taken on 3.11, was refused as another recipe on 3.14t. It
     is named as 3.12+ names it, on every build (a generator expression is its own scope on both)."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     assert _fingerprint_callable(LONGER_THAN[0]).startswith(f"{__name__}.<lambda> source:")
     assert _fingerprint_callable(LONGER_THAN[0]) != _fingerprint_callable(LONGER_THAN[1])
@@ -699,7 +699,7 @@ def test_an_operator_module_callable_enters_the_recipe_by_its_repr_alone_on_ever
     repr shows what it is configured with, so the key still tells two apart."""
     import operator
 
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     assert _fingerprint_callable(operator.itemgetter("text")) == "operator.itemgetter operator.itemgetter('text')"
     assert _fingerprint_callable(operator.itemgetter("text")) != _fingerprint_callable(operator.itemgetter("label"))
@@ -725,7 +725,7 @@ def test_an_array_in_a_partial_or_a_callable_object_enters_the_recipe_by_its_con
     """An array's repr elides all but its ends past 1,000 items, and rounds floats to 8 digits:
     two arrays differing in the middle, or in the ninth digit, gave one fingerprint, so a changed
     recipe resumed the checkpoint of the old one."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     table = np.arange(5000)
     edited = table.copy()
@@ -748,7 +748,7 @@ def test_a_large_array_is_fingerprinted_in_place_without_a_copy_of_it():
     import hashlib
     import tracemalloc
 
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     table = np.arange(4 * 2**20, dtype=np.float64)  # 32 MiB
     tracemalloc.start()
@@ -769,7 +769,7 @@ def test_a_torch_tensor_in_a_partial_or_a_closure_enters_the_recipe_by_its_conte
     partial holding one edited in the middle resumed the old recipe's checkpoint, and a closure
     saw it by its type only."""
     torch = pytest.importorskip("torch")
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     table = torch.arange(5000.0)
     edited = table.clone()
@@ -828,7 +828,7 @@ def through_a_partial():
 def test_a_closure_reaching_itself_through_a_partial_is_fingerprinted():
     """Only a function met again was stopped: a partial of it met again was written again, and
     building the loader ended in RecursionError."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     written = _fingerprint_callable(through_a_partial())
     assert "captured:(bound=<itself>)" in written
@@ -842,7 +842,7 @@ def test_values_a_closure_captured_are_part_of_the_recipe(tmp_path):
     fingerprint; what has no stable text (a lock) only by its type, the same in every process."""
     import threading
 
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     data = tmp_path / "data"
     state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=min_length_filter(5)), 1, MICROBATCHES)
@@ -877,7 +877,7 @@ def test_a_dataclass_with_a_field_set_later_is_fingerprinted_by_the_fields_it_ha
     """The repr dataclasses generate reads every field, and one declared `init=False` and set on
     first use is not there yet: building the loader failed with a bare AttributeError (the
     callable object's repr), or (a closure holding one) did once closures were seen."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     written = _fingerprint_callable(LazyTable("stop.txt"))
     assert "LazyTable(path='stop.txt')" in written
@@ -904,7 +904,7 @@ def test_a_dataclass_s_private_fields_are_state_left_out_of_its_fingerprint(tmp_
     though an object's private attributes are left out as state that running changes (and the
     docs say to keep such state there): a loader built after the filter had run (a rebuilt
     loader, an evaluation pass) refused the checkpoint of the same recipe as another one."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     used = RememberingCleaner(5)
     before = _fingerprint_callable(used)
@@ -966,7 +966,7 @@ def test_default_argument_values_are_part_of_the_recipe(tmp_path):
     keeps its source when `MIN_LENGTH` changes, and `limit_by_default(5)` and `(50)` have one name,
     one source and no closure. A checkpoint of the one resumed a pipeline filtering with the other,
     other batches without a word."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     data = tmp_path / "data"
     state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=limit_by_default(5)), 1, MICROBATCHES)
@@ -1011,7 +1011,7 @@ def test_module_globals_a_function_reads_are_part_of_the_recipe(tmp_path, monkey
     were: a checkpoint of the one resumed a pipeline filtering with the other, other batches under
     the old recipe's name, without a word. The globals its code reads (in nested code and the
     helpers it calls too) enter the recipe by value."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     data = tmp_path / "data"
     state = checkpoint_after(text_pipeline(jsonl_dataset(data), filter_fn=has_min_words), 1, MICROBATCHES)
@@ -1058,7 +1058,7 @@ def test_globals_a_function_reads_fingerprint_the_same_in_every_process():
     """A set is listed sorted, a module by its name, a library's function by its name (its module's
     globals hold its caches: `re` keeps the patterns programs compiled), and a function reaching
     itself, directly or through another, is written `<itself>` there instead of without end."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     prints = _fingerprints_in_processes("keeps_even_texts")
     assert len(prints) == 1, prints
@@ -1081,7 +1081,7 @@ def test_a_librarys_function_is_named_and_the_users_own_installed_package_follow
     library's state (here a cache it fills as it runs), which would change the fingerprint as the
     program runs. The user's own package is followed even where it is installed as a library."""
     from zephon import _code_reads
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     installed = tmp_path / "site-packages"
     for path, source in {
@@ -1117,7 +1117,7 @@ def test_a_helper_reached_along_many_paths_is_written_once(tmp_path):
     `level_1`, ...) were written again along every path: 2**n writings for n levels, a loader
     that took minutes to build, or never did. A function written already in this fingerprint is
     written by its name; a change to it still shows where it was written first."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     levels = 14
 
@@ -1155,7 +1155,7 @@ def test_a_compiled_pattern_enters_the_recipe_by_its_pattern_and_flags(tmp_path)
     """A compiled `re` pattern held in a global, a default or a closure was written by its type
     alone: a filter whose `WORD = re.compile(...)` was edited, or given another flag, resumed a
     checkpoint of the old one, filtering other records under its name."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def user_filter(version: int, compiled: str):
         source = f"import re\n\nWORD = {compiled}\n\n\n" \
@@ -1187,7 +1187,7 @@ def test_an_enum_member_enters_the_recipe_by_its_class_name_and_value(tmp_path):
     """An enum member held in a global, a default or a closure was written by its class alone:
     a filter reading `LIMIT = Length.SHORT` resumed a checkpoint taken while `SHORT` was another
     value, or while `LIMIT` was another member."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def user_filter(version: int, setting: tuple[str, int]):
         member, short = setting
@@ -1258,7 +1258,7 @@ def test_a_function_a_decorator_wraps_is_followed_into_its_code(tmp_path):
     was written by the source of the function it wraps (`inspect` unwraps), not its own. Editing the
     cached helper, the class-decorated one or the decorator resumed a checkpoint of the old code.
     A recursive cached helper reaches itself through its wrapper: written `<itself>` there."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def user_filter(version: int, bodies: tuple[str, str, str]):
         words, doubled, third = bodies
@@ -1310,7 +1310,7 @@ def test_the_methods_a_method_calls_on_self_are_part_of_the_recipe(tmp_path, han
     `self.words(text)`, defined in a base class, edited or reading a changed module global, and
     `self.longest(text)` edited, resumed a checkpoint of the old code. The methods a method calls on
     its first argument, found through the class's MRO, are followed like the functions it reads."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def user_filter(version: int, bodies: tuple[int, str, str]):
         unit, words, longest = bodies
@@ -1378,7 +1378,7 @@ def test_a_class_constant_a_method_reads_on_self_is_part_of_the_recipe(tmp_path)
     constant changed from 3 to 4, and its instance holds no such attribute: a checkpoint of the one
     resumed a pipeline filtering with the other. A public class attribute it reads on `self` that is
     no function enters by value; a private one, state filled as it runs, does not."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def user_filter(version: int, min_words: int):
         return user_module(tmp_path / f"v{version}", CONSTANTS.format(min_words=min_words)).Cleaner().keep
@@ -1408,7 +1408,7 @@ def test_what_a_method_reads_by_getattr_with_the_name_written_in_the_call_is_par
     resumed a checkpoint of the old code. A name written in the call is followed as `self.name` is
     (in a comprehension too); one held in a variable is not (Known limits), nor is a `getattr` the
     module defines itself, which need not read anything on `self`."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def user_filter(version: int, settings: tuple[int, str]):
         min_words, words = settings
@@ -1456,7 +1456,7 @@ def test_the_methods_a_method_reaches_through_super_are_part_of_the_recipe(tmp_p
     resumed a checkpoint of the old code. What a method reads on `super()` is found in its
     instance's MRO after the class defining the method (or the class named), and written as what
     it reads on `self` is."""
-    from zephon._record_ops import _fingerprint_callable
+    from zephon._fingerprint import _fingerprint_callable
 
     def made_in(cls: str) -> str:
         return "super()" if form == "super()" else f"super({cls}, self)"

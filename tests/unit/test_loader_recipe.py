@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
-from zephon import RecipeMismatchError, _checkpoint, _record_ops
+from zephon import RecipeMismatchError, _checkpoint, _fingerprint
 
 LENGTHS = {"river": 5, "stone": 5}  # a module global the map below reads, a lookup table in small
 
@@ -42,8 +42,8 @@ def test_a_loader_fingerprints_each_operator_once_over_build_iteration_state_dic
     for kind in {type(op) for op in pipeline.operators}:
         monkeypatch.setattr(kind, "fingerprint", counting(fingerprinted, kind.fingerprint))
     walked = Counter()
-    globals_read = _record_ops.globals_read
-    monkeypatch.setattr(_record_ops, "globals_read", lambda code: walked.update([code]) or globals_read(code))
+    globals_read = _fingerprint.globals_read
+    monkeypatch.setattr(_fingerprint, "globals_read", lambda code: walked.update([code]) or globals_read(code))
 
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         next(iter(loader))
@@ -107,12 +107,12 @@ def test_a_table_of_plain_values_is_written_as_its_repr_without_asking_each_item
     table = {f"word{i}": i for i in range(1000)} | {repr(value): value for value in PLAIN_VALUES}
     values = [table, [PLAIN_VALUES, tuple(PLAIN_VALUES)], PLAIN_VALUES[-1]]
     asked = []
-    shown_attributes = _record_ops._shown_attributes
-    monkeypatch.setattr(_record_ops, "_shown_attributes", lambda value: asked.append(value) or shown_attributes(value))
+    shown_attributes = _fingerprint._shown_attributes
+    monkeypatch.setattr(_fingerprint, "_shown_attributes", lambda value: asked.append(value) or shown_attributes(value))
 
     for value in values:
-        assert _record_ops._describable(value)
-        assert _record_ops._stable_repr(value) == repr(value)
+        assert _fingerprint._describable(value)
+        assert _fingerprint._stable_repr(value) == repr(value)
     assert asked == []
 
 
@@ -128,15 +128,15 @@ def test_a_table_holding_an_integer_too_long_for_repr_is_written_by_value_under_
         return lambda record: {**record, "n": len(table)}
 
     huge = 7**6000  # 5,071 digits
-    before = _record_ops._fingerprint_callable(reading({"modulus": huge, "words": ("river",)}))
-    edited = _record_ops._fingerprint_callable(reading({"modulus": huge, "words": ("stone",)}))
+    before = _fingerprint._fingerprint_callable(reading({"modulus": huge, "words": ("river",)}))
+    edited = _fingerprint._fingerprint_callable(reading({"modulus": huge, "words": ("stone",)}))
     assert before != edited
     assert "river" in before and "<builtins.dict>" not in before, before
     limit = sys.get_int_max_str_digits()
     try:
         sys.set_int_max_str_digits(0)
-        unlimited = _record_ops._fingerprint_callable(reading({"modulus": huge, "words": ("river",)}))
+        unlimited = _fingerprint._fingerprint_callable(reading({"modulus": huge, "words": ("river",)}))
     finally:
         sys.set_int_max_str_digits(limit)
     assert unlimited == before
-    assert _record_ops._stable_repr([10**4000, -(10**4000)]) == repr([10**4000, -(10**4000)])  # within the limit: as before
+    assert _fingerprint._stable_repr([10**4000, -(10**4000)]) == repr([10**4000, -(10**4000)])  # within the limit: as before
