@@ -7,9 +7,9 @@ run did, or the checkpoint is refused; a changed function written alike would be
 `repr` is no such identity: it holds memory addresses, lists a set in a per-process hash order and
 elides and rounds arrays. So a function is written by its name, the hash of its source and what it
 holds and reads (`_fingerprint_callable`; `_code_reads` finds what its code reads), and a value by
-its content (`stable_description`, which `vlm` uses for its processors' settings too). Apart from
-the operators that run those functions (`_record_ops`): any change here changes recipe digests,
-so every saved checkpoint would be refused.
+its content (`stable_description`, which `vlm` uses for its processors' settings too). It is kept
+apart from the operators that run those functions (`_record_ops`) because its contract is another:
+a change to what it writes changes recipe digests, and every checkpoint saved before is refused.
 """
 
 from __future__ import annotations
