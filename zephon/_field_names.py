@@ -8,7 +8,6 @@ are worked out only when an error is built, from the one record the error is abo
 
 from __future__ import annotations
 
-import difflib
 from typing import Iterable, NamedTuple
 
 from ._records import RecordAddress
@@ -39,6 +38,8 @@ def fields_it_has(asked: str | Iterable[str], fields: Iterable[object]) -> str:
         return "it has no fields"
     shown = ", ".join(repr(name) for name in names[:SHOWN_FIELDS])
     more = f" … and {len(names) - SHOWN_FIELDS} more" if len(names) > SHOWN_FIELDS else ""
+    import difflib  # here: only a record lacking a field is described
+
     close: list[str] = []
     for name in asked:
         close += [match for match in difflib.get_close_matches(name, names) if match not in close]

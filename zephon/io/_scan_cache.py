@@ -57,7 +57,6 @@ import contextlib
 import errno
 import functools
 import os
-import tempfile
 import zipfile
 from typing import TYPE_CHECKING
 
@@ -254,6 +253,8 @@ def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:
         partial = entry + _PART
         handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     else:
+        import tempfile  # here: a planning without a scan cache never writes an entry
+
         handle, partial = tempfile.mkstemp(dir=os.path.dirname(entry), prefix=os.path.basename(entry) + ".",
                                            suffix=_PART)
     try:
