@@ -13,6 +13,7 @@ are all done stops iterating (trainers on finite epochs must tolerate ranks fini
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,7 +24,7 @@ import weakref
 from collections import Counter
 from concurrent.futures import Future
 from time import perf_counter
-from typing import Generator, Iterator
+from typing import Generator, Iterator, NamedTuple
 
 from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
@@ -85,6 +86,16 @@ in any case, a tar record holding a link, FIFO or device member skipped, a JSON 
 key twice skipped, a Parquet nanosecond value read as a standard-library value or skipped where
 it has a part below a microsecond), so that a checkpoint of the old batches is refused instead
 of resumed."""
+
+
+class LoaderMark(NamedTuple):
+    """A rank loader's place as `taking_as_one` marks it: what `_take_up` installs to hand back
+    everything taken since (the fields are its arguments, in order)."""
+
+    cursors: dict[int, LaneCursor]
+    ledgers: dict[int, dict]
+    steps_begun: int
+    rows_taken: int
 
 
 def check_layout(num_lanes: int, world_size: int, rank: int, global_batch_size: int, microbatch_size: int) -> int:
@@ -182,11 +193,14 @@ class RankLoader:
         # microbatch is handed over, never across a yield), and by `state_dict` and
         # `load_state_dict`: a save on another thread read the cursors and settled the ledger while
         # the iteration moved and counted them ("dictionary changed size during iteration", or a
-        # state whose ledger had lost records). TorchTitan's adapter holds it over a whole local
-        # batch, its `_mark` and its hand-back (`_take_up`) included. Reentrant: a stage function
+        # state whose ledger had lost records). `taking_as_one` holds it over several microbatches
+        # (TorchTitan's local batch), its mark and its hand-back included. Reentrant: a stage function
         # run inline inside a `next()` that saves does not wait on itself, nor the adapter's
         # `next()`s. `close()` and `stats()` never take it.
         self._moving = threading.RLock()
+        # (pid, mark) while a `taking_as_one` block runs: a child forked meanwhile hands the
+        # block's microbatches back at its first use (`hand_back_a_block_cut_by_fork`).
+        self._taking: tuple[int, LoaderMark] | None = None
         self._built_in_pid = os.getpid()  # a forked copy iterated in DataLoader workers is refused
         _fork.renew_in_child(self, _renew_locks_in_child)
 
@@ -741,10 +755,61 @@ class RankLoader:
                 "saved on does), or resume from a checkpoint saved at the end of a step"
             )
 
-    def _mark(self) -> tuple:
+    @contextlib.contextmanager
+    def taking_as_one(self) -> Iterator[None]:
+        """Hold the loader while the caller takes several microbatches it hands on as one batch
+        (TorchTitan's local batch), and hand every one of them back if the block raises.
+
+        The loader counts a microbatch as handed over when it yields it. An exception while the
+        block's later microbatches are taken, or while they are stacked into tensors (a preemption
+        handler, Ctrl-C), would leave the earlier ones counted but never passed on: a checkpoint or
+        a new iteration taken then would skip them. So the cursors, ledger, steps begun and rows
+        taken are marked as the block begins, and taken up again if it raises having taken any
+        (with none taken, taking up the mark only wiped the records counted since: a run refused at
+        its end for dropping every record read in `stats()` as having read none); the iteration
+        the block took from ends there, as after `load_state_dict`. All of it under `_moving`,
+        which a save or load on another thread waits for: it saved states partway through such a
+        batch (each resumed one then straddled two), or read a hand-back's ledger before it and its
+        cursors after. Enter it on the iterating thread, between `next()` calls of the loader's
+        iteration, never across the caller's own yield."""
+        with self._moving:
+            mark = self._mark()
+            try:
+                self._taking = (os.getpid(), mark)
+                yield
+            except BaseException:
+                if self._rows_taken != mark.rows_taken:
+                    self._take_up(*mark)
+                raise
+            finally:
+                self._taking = None
+
+    def hand_back_a_block_cut_by_fork(self) -> None:
+        """In a process forked while the parent's thread was inside `taking_as_one` (a torch
+        DataLoader forking its workers, a trainer starting a `multiprocessing.Process`): hand the
+        block's microbatches back, as an exception there would. The copy has them counted as taken,
+        and the thread that would have passed them on or handed them back is not in the child: its
+        saves said they were passed on, and its iteration went on after them. Call it before the
+        copy's first iteration, save or load; it does nothing in the process that took them, where
+        a mark is another thread's block in progress, which a save waits for. The loader's own
+        locks are new in the child (see `_renew_locks_in_child`)."""
+        taking = self._taking
+        if taking is not None and taking[0] != os.getpid():
+            with self._moving:
+                self._take_up(*taking[1])
+                self._taking = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called: an adapter that refuses in its own words (naming itself,
+        not the rank loader) tells a closed loader's ConfigurationError from another's by it."""
+        return self._closed
+
+    def _mark(self) -> LoaderMark:
         """What `_take_up` needs to hand over again everything taken from now on: this rank's
         cursors, ledger, steps begun and rows taken (what `state_dict` saves, without its recipe digests).
-        Its caller holds `_moving` over both, so that no save on another thread lands in between.
+        Its caller (`taking_as_one`) holds `_moving` over both, so that no save on another thread
+        lands in between.
 
         A cursor learns that its lane is finished from the lane's stream only when asked
         (`_finished`); `_take_up` closes the streams, so the copies ask first: a lane finished before
@@ -752,7 +817,7 @@ class RankLoader:
         making the merged state look saved partway through a step)."""
         cursors = {lane: dataclasses.replace(self._cursors[lane], finished=self._finished(lane)) for lane in self.lanes}
         ledgers = {lane: self._ledger.lane_state(lane, cursor.segment) for lane, cursor in cursors.items()}
-        return cursors, ledgers, self._steps_begun, self._rows_taken
+        return LoaderMark(cursors, ledgers, self._steps_begun, self._rows_taken)
 
     def _take_up(self, cursors: dict, ledgers: dict, steps_begun: int | None, rows_taken: int) -> None:
         """Install the given cursors, ledger counts, steps begun and rows taken in place of the

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -318,9 +317,6 @@ class ZephonDataLoader(_Base):
         """The Zephon microbatches behind the most recent yield (for barcodes: `Batch.digest()`)."""
         self._group = group
         self._loader = pipeline.shard(dp_rank, dp_world_size, global_batch_size=global_batch_size)
-        # (pid, mark) while a local batch is taken (see `__iter__`); a child forked meanwhile hands
-        # it back at its first use of this loader (`_hand_back_a_batch_cut_by_fork`).
-        self._taking: tuple[int, tuple] | None = None
         self._warned_partway = False
 
     def __reduce__(self):
@@ -342,35 +338,22 @@ class ZephonDataLoader(_Base):
         return self._loader.lanes
 
     def __iter__(self) -> Iterator[tuple[dict, Any]]:
-        self._hand_back_a_batch_cut_by_fork()
+        self._loader.hand_back_a_block_cut_by_fork()
         per_yield = self.local_batch_size // self._loader.microbatch_size
         microbatches = iter(self._loader)
         while True:
-            # The rank loader counts each microbatch as handed over when it yields it. An exception
-            # while this yield's later microbatches are taken, or while they are stacked into
-            # tensors (a preemption handler, Ctrl-C), would leave them counted but never yielded: a
-            # checkpoint or a new iteration taken then would skip them. So they are handed back first.
-            # All of it under the rank loader's `_moving`, which a save or load on another thread
-            # waits for: it saved states partway through a local batch (each resumed yield then
-            # straddled two), or read a hand-back's ledger before it and its cursors after.
-            with self._loader._moving:
-                mark = self._loader._mark()
-                try:
-                    self._taking = (os.getpid(), mark)
+            # Taken as one (see `RankLoader.taking_as_one`): an exception before the yield hands
+            # the local batch's microbatches back, and no save or load on another thread lands
+            # partway through it.
+            try:
+                with self._loader.taking_as_one():
                     group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
                     batch = self._collate(group) if group else None
-                except BaseException as exc:
-                    # With none taken there is nothing to hand back, and taking up the mark only
-                    # wiped the records counted since: a run refused at its end for dropping every
-                    # record read in stats() as having read none.
-                    if self._loader._rows_taken != mark[3]:  # mark: cursors, ledgers, steps, rows taken
-                        self._loader._take_up(*mark)
-                    if isinstance(exc, ConfigurationError) and self._loader._closed:
-                        # The rank loader's refusal says to make a loader with pipeline.shard(...).
-                        raise ConfigurationError(f"this ZephonDataLoader is closed; {_MAKE_ANOTHER}") from None
-                    raise
-                finally:
-                    self._taking = None
+            except ConfigurationError:
+                if self._loader.closed:
+                    # The rank loader's refusal says to make a loader with pipeline.shard(...).
+                    raise ConfigurationError(f"this ZephonDataLoader is closed; {_MAKE_ANOTHER}") from None
+                raise
             if not group:
                 return
             self.last_microbatches = group
@@ -390,24 +373,9 @@ class ZephonDataLoader(_Base):
         return inputs, stacked("labels")
 
     # -- Stateful ----------------------------------------------------------------------------
-    def _hand_back_a_batch_cut_by_fork(self) -> None:
-        """In a process forked while the parent's thread took a local batch (a torch DataLoader
-        forking its workers, a trainer starting a `multiprocessing.Process`): hand that batch's
-        microbatches back, as an interrupt there would. The copy of the rank loader has them
-        counted as taken, and the thread that would have yielded the batch or handed them back is
-        not in the child: its saves said the batch was yielded, and its iteration went on from the
-        batch after it. The rank loader's own locks are new in the child (see
-        `zephon._loader._renew_locks_in_child`); in the parent, a mark is another thread's batch
-        in progress, which a save waits for."""
-        taking = self._taking
-        if taking is not None and taking[0] != os.getpid():
-            with self._loader._moving:
-                self._loader._take_up(*taking[1])
-                self._taking = None
-
     def local_state_dict(self) -> dict:
         """This replica's lanes only (plain JSON); `zephon.merge_states` combines replicas."""
-        self._hand_back_a_batch_cut_by_fork()
+        self._loader.hand_back_a_block_cut_by_fork()
         return self._loader.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
@@ -417,7 +385,7 @@ class ZephonDataLoader(_Base):
         A JSON string rather than nested containers: DCP stores it as one opaque value, identical
         on every rank, so it is written once and read back by any number of ranks.
         """
-        self._hand_back_a_batch_cut_by_fork()
+        self._loader.hand_back_a_block_cut_by_fork()
         state = gather_state(self._loader, self._group)
         self._warn_of_a_save_partway_through_a_step(state)
         return {STATE_KEY: json.dumps(state, sort_keys=True)}
@@ -455,7 +423,7 @@ class ZephonDataLoader(_Base):
         refused rather than taken for nothing saved, as are another loader's state, a changed recipe
         and a state missing this replica's lanes.
         """
-        self._hand_back_a_batch_cut_by_fork()  # now, not over the state loaded at the next iter()
+        self._loader.hand_back_a_block_cut_by_fork()  # now, not over the state loaded at the next iter()
         if isinstance(state_dict, (str, bytes)):
             self._take_up(state_dict)
             return
