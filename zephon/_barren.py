@@ -11,13 +11,10 @@ decided at its end, for the whole recipe (`refuse_a_finite_run_without_rows`).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Mapping
+from typing import Callable, Mapping
 
 from ._errors import ConfigurationError
 from ._ledger import Ledger
-
-if TYPE_CHECKING:
-    from ._loader import RankLoader
 
 __all__ = ["barren_error", "filtered_note", "refuse_a_finite_run_without_rows"]
 
@@ -52,17 +49,30 @@ def barren_error(read: str, drops: Counter, why: str) -> ConfigurationError:
     )
 
 
-def refuse_a_finite_run_without_rows(loader: RankLoader) -> None:
+def refuse_a_finite_run_without_rows(
+    num_lanes: int,
+    rank_lanes: list[int],
+    rank_ledger: Ledger,
+    *,
+    handed_over_a_row: bool,
+    finite: Callable[[int], bool],
+    gives_a_row: Callable[[int, Ledger], bool],
+) -> None:
     """Called by a rank loader whose lanes of a finite plan are all finished: raise the barren
     error if no lane of the recipe ever gave a row although its lanes read records.
+
+    The rank says what it knows, and nothing else of it is read here: the recipe's `num_lanes`, the
+    rank's own lanes and the ledger they counted into, whether any of them `handed_over_a_row`,
+    whether a lane is `finite`, and `gives_a_row(lane, ledger)`: whether another rank's lane, read
+    from its start on a stream of its own, gives a row, its records counted into `ledger` only.
 
     The decision is the recipe's, not the rank's, so that it is the same on every world size: in
     the ragged end of a tiny dataset, or with a filter that keeps few records, some lanes rightly
     give no row (`test_a_rank_whose_every_lane_gives_no_row_...`), and on enough ranks every lane
     of one rank may be such a lane while the others train. So a rank that handed over no row asks
     the other ranks' lanes too, each from its start on a stream of its own (records counted apart
-    from the rank's ledger, see `RankLoader._gives_a_row`), in order until one gives a row; if
-    none does, every rank refuses, naming the same counts (the whole recipe's) on any world size.
+    from the rank's ledger), in order until one gives a row; if none does, every rank refuses,
+    naming the same counts (the whole recipe's) on any world size.
     Asking costs nothing on a rank that handed over a row, the first rows of the other lanes on a
     rank that handed over none in a run that has rows, and, in a recipe that drops everything,
     a read of the lanes of the other ranks (the whole data on each rank, the price of one answer
@@ -72,17 +82,17 @@ def refuse_a_finite_run_without_rows(loader: RankLoader) -> None:
     A rank that handed over rows before (a resumed run, a second iteration) is never refused: a
     run that ran out after some batches ended as it should. An endless lane of another rank (a
     user's `WorkPlan` mixing finite and endless lanes) may give rows later, so it is not asked."""
-    if any(loader._cursors[lane].position for lane in loader.lanes):
+    if handed_over_a_row:
         return
-    mine = set(loader.lanes)
-    others = [lane for lane in range(loader.num_lanes) if lane not in mine]
-    if not all(loader._finite(lane) for lane in others):
+    mine = set(rank_lanes)
+    others = [lane for lane in range(num_lanes) if lane not in mine]
+    if not all(finite(lane) for lane in others):
         return
     apart = Ledger()
-    if any(loader._gives_a_row(lane, 0, count_into=apart) for lane in others):
+    if any(gives_a_row(lane, apart) for lane in others):
         return
     read, drops = 0, Counter()
-    for ledger in (loader._ledger, apart):
+    for ledger in (rank_ledger, apart):
         for counts in ledger.snapshot()["datasets"].values():
             total = counts["total"]
             read += total["read"]
@@ -91,7 +101,7 @@ def refuse_a_finite_run_without_rows(loader: RankLoader) -> None:
                 drops["filtered"] += total["filtered"]
     if read:
         raise barren_error(
-            f"the finite plan's {loader.num_lanes} lanes read {read} records",
+            f"the finite plan's {num_lanes} lanes read {read} records",
             drops,
             "every record was dropped, and the run would end having trained on nothing",
         )

@@ -497,7 +497,13 @@ class RankLoader:
             # round in which nothing is yielded; the next round knows it, so the order is the same.
             unknown = [lane for lane in self.lanes if not self._streams[lane].exhausted]
             if not unknown:
-                refuse_a_finite_run_without_rows(self)  # every record dropped: fail, not end after zero steps
+                # every record dropped: fail, not end after zero steps
+                refuse_a_finite_run_without_rows(
+                    self.num_lanes, self.lanes, self._ledger,
+                    handed_over_a_row=any(self._cursors[lane].position for lane in self.lanes),
+                    finite=self._finite,
+                    gives_a_row=lambda lane, apart: self._gives_a_row(lane, 0, count_into=apart),
+                )
                 return
             step = min(self._cursors[lane].position for lane in unknown) // per_step
             for lane in unknown:
