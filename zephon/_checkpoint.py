@@ -26,11 +26,29 @@ from ._errors import CheckpointError, RecipeMismatchError
 from ._sha256 import sha256
 
 __all__ = [
-    "LaneCursor", "STATE_FORMAT", "STATE_VERSION", "make_state", "read_state", "recipe_digests", "dataset_summaries",
-    "merge_states",
+    "LaneCursor", "STATE_FORMAT", "STATE_VERSION", "TORCHTITAN_STATE_KEY", "make_state", "read_state",
+    "recipe_digests", "dataset_summaries", "merge_states",
 ]
 
 STATE_FORMAT = "zephon.loader_state"
+TORCHTITAN_STATE_KEY = "zephon_state"
+"""The one key of TorchTitan's `ZephonDataLoader.state_dict()`, whose value is a loader state's JSON
+text. Kept here, where the refusals of such a dict given for a loader state name it, and taken from
+here by the adapter: the core never imports an integration."""
+
+_MERGE_TAKES_NO_TITAN_STATE_DICT = (
+    f"merge_states takes Zephon loader states, not a ZephonDataLoader's state_dict() (TorchTitan's "
+    f"{{{TORCHTITAN_STATE_KEY!r}: JSON}}) nor its JSON text: give it a list of every replica's "
+    f"loader.local_state_dict(), or json.loads(state_dict[{TORCHTITAN_STATE_KEY!r}]) of each saved state_dict. "
+    "A state_dict() saved with a process group initialised was gathered over it, covers every lane and needs no "
+    "merge: ZephonDataLoader.load_state_dict takes it as it is"
+)
+"""merge_states' refusal of such a dict, alone, in a list or as JSON text: the core's own words said
+only where the loader state is inside one, or, given one not in a list, to put it in a list, where
+it was refused next. Such dicts are not unwrapped and merged instead: the core reads one spelling
+of a state, and what a merge of them returned would not be one of them (a ZephonDataLoader's own
+`load_state_dict` takes either)."""
+
 # 2: recipe digests per setting (plan.seed, operators[i].op.setting); 3: zephon._random draws;
 # 4: "steps_begun" and "finished", so that merging ranks saved at different steps is refused;
 # 5: "rows_taken", so that it is refused also once every rank has a finished lane;
@@ -160,9 +178,10 @@ def make_state(
     return {**body, "checksum": _checksum(body)}
 
 
-def _intact(state: object) -> dict:
+def _intact(state: object, titan_refusal: str | None = None) -> dict:
     """The state as a dict, after checking that it is a Zephon state of this version whose checksum
-    matches its content; raises CheckpointError naming what is wrong otherwise."""
+    matches its content; raises CheckpointError naming what is wrong otherwise, `titan_refusal`
+    for a ZephonDataLoader's state_dict() where the caller has words of its own for it."""
     if isinstance(state, (str, bytes)):
         try:
             state = json.loads(state)
@@ -170,10 +189,11 @@ def _intact(state: object) -> dict:
             named = isinstance(state, str) and not state.lstrip().startswith(("{", "["))
             path = " (a str is the state's JSON text, not a file's name: load the file and pass what it holds)"
             raise CheckpointError(f"loader state is not valid JSON: {exc}{path if named else ''}") from None
-    if isinstance(state, dict) and set(state) == {"zephon_state"}:
+    if _is_titan_state_dict(state):
         raise CheckpointError(
-            "not a Zephon loader state but a ZephonDataLoader's state_dict() (TorchTitan's): "
-            "the loader state is its 'zephon_state'"
+            titan_refusal
+            or "not a Zephon loader state but a ZephonDataLoader's state_dict() (TorchTitan's): "
+            f"the loader state is its {TORCHTITAN_STATE_KEY!r}"
         )
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise CheckpointError("not a Zephon loader state (missing or wrong 'format' field)")
@@ -192,6 +212,22 @@ def _intact(state: object) -> dict:
     if state.get("checksum") != checksum:
         raise CheckpointError("loader state checksum does not match its content (truncated or edited)")
     return state
+
+
+def _is_titan_state_dict(value: object) -> bool:
+    """Whether `value` is a ZephonDataLoader's state_dict() (its one key holding a state's JSON)."""
+    return isinstance(value, Mapping) and set(value) == {TORCHTITAN_STATE_KEY}
+
+
+def _parsed(value: object) -> object:
+    """`value` read as JSON if it is text that holds JSON, else `value` itself: only to tell what a
+    refused value is; `_intact` reads a state, and says why text is no JSON."""
+    if isinstance(value, (str, bytes)):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+    return value
 
 
 def read_state(
@@ -336,12 +372,16 @@ def merge_states(states: Iterable[Mapping]) -> dict:
     ledger counts in both).
 
     Each input must be intact (its checksum is verified): merging never launders an edited state.
+    Each is a loader state or its JSON text; a TorchTitan `ZephonDataLoader.state_dict()`, or its
+    JSON text, is refused saying what to give instead (`_MERGE_TAKES_NO_TITAN_STATE_DICT`).
     """
     if isinstance(states, (Mapping, str, bytes)):  # iterated, one state gave its keys or characters
+        if _is_titan_state_dict(_parsed(states)):
+            raise CheckpointError(_MERGE_TAKES_NO_TITAN_STATE_DICT)
         raise CheckpointError(
             "merge_states takes the states of every rank (a list), got one state: merge_states([state])"
         )
-    states = [_intact(state) for state in states]
+    states = [_intact(state, _MERGE_TAKES_NO_TITAN_STATE_DICT) for state in states]
     for state in states:
         _check_shape(state)
     if not states:

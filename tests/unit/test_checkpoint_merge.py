@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from itertools import islice
 
@@ -41,6 +42,44 @@ def test_merging_one_state_not_in_a_list_is_refused_saying_so_not_called_invalid
     state = json.dumps(rank_states[0]) if as_text else rank_states[0]
     with pytest.raises(CheckpointError, match=r"merge_states takes the states of every rank \(a list\)"):
         merge_states(state)
+
+
+
+def _titan_state_dicts(rank_states: list[dict]) -> list[dict]:
+    """What each replica's `ZephonDataLoader.state_dict()` returns without a process group: its
+    own lanes' state as JSON under `STATE_KEY`."""
+    from zephon.integrations.torchtitan import STATE_KEY
+
+    return [{STATE_KEY: json.dumps(state, sort_keys=True)} for state in rank_states]
+
+
+TITAN_STATE_DICTS_GIVEN = {
+    "one_state_dict": lambda state_dicts: state_dicts[0],
+    "one_state_dicts_json": lambda state_dicts: json.dumps(state_dicts[0]),
+    "a_list_of_state_dicts": lambda state_dicts: state_dicts,
+    "a_list_of_their_json": lambda state_dicts: [json.dumps(d) for d in state_dicts],
+}
+
+
+@pytest.mark.parametrize("given", sorted(TITAN_STATE_DICTS_GIVEN))
+def test_merging_torchtitan_state_dicts_is_refused_saying_what_to_pass_instead(rank_states, given):
+    """A `ZephonDataLoader.state_dict()` (`{'zephon_state': JSON}`), or that dict's JSON, given to
+    merge_states was refused in the core's words: one not in a list as "one state" to put in a
+    list, which only brought the next refusal, and one in a list as no loader state, "the loader
+    state is its 'zephon_state'", not saying that this JSON text is what to load, nor that a
+    state_dict() gathered over a process group needs no merge. The refusal names what to pass, and
+    what it names merges."""
+    given_value = TITAN_STATE_DICTS_GIVEN[given](_titan_state_dicts(rank_states))
+    with pytest.raises(CheckpointError) as refusal:
+        merge_states(given_value)
+    message = str(refusal.value)
+    assert "ZephonDataLoader's state_dict()" in message
+    assert "local_state_dict()" in message
+    assert "json.loads(state_dict['zephon_state'])" in message
+    assert "needs no merge" in message
+    assert merge_states([json.loads(d["zephon_state"]) for d in _titan_state_dicts(rank_states)]) == merge_states(
+        rank_states
+    )
 
 
 def test_merging_refuses_ranks_saved_at_different_steps(make_jsonl_corpus, demo_tokenizer_path):

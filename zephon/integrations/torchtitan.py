@@ -38,7 +38,7 @@ from typing import Any, Self
 import numpy as np
 
 from .._batch import Batch
-from .._checkpoint import STATE_FORMAT
+from .._checkpoint import STATE_FORMAT, TORCHTITAN_STATE_KEY
 from .._errors import CheckpointError, ConfigurationError, RecipeMismatchError, check_count
 from .._job_log import config_level
 from .._loader import check_layout
@@ -54,8 +54,9 @@ log = logging.getLogger("zephon.integrations.torchtitan")
 TORCHTITAN_VERSION = "0.3.0"
 """The TorchTitan release whose data-loader contract this module was written against."""
 
-STATE_KEY = "zephon_state"
-"""The one key of `ZephonDataLoader.state_dict()`: the JSON state of every lane."""
+STATE_KEY = TORCHTITAN_STATE_KEY
+"""The one key of `ZephonDataLoader.state_dict()`: the JSON state of every lane (named in the core,
+whose refusals of this dict given for a loader state name it)."""
 
 _MAKE_ANOTHER = (
     "build a new ZephonDataLoader and, to go on where this one stopped, give it load_state_dict(state) of "
