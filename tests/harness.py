@@ -1,5 +1,5 @@
 """Shared harnesses: build a text pipeline, run it on any layout, collect per-step global digests;
-check that row plans collate like their rows; print what code gives under several PYTHONHASHSEEDs.
+check that row plans collate like their rows; make an accumulator's refusals' details; print what code gives under several PYTHONHASHSEEDs.
 
 Determinism tests compare real SHA-256s of real batches from separately constructed pipelines;
 every helper here builds a fresh Pipeline and fresh loaders on each call.
@@ -185,3 +185,9 @@ def printed_in_processes(code: str, seeds=range(4)) -> set[str]:
         ).stdout
         for seed in seeds
     }
+
+
+def refusals(skips: list) -> list[tuple]:
+    """An accumulator's `drain_skips()` with each detail made (a detail may be a function, made
+    only for the skips kept as examples), to compare whole."""
+    return [(address, reason, detail if isinstance(detail, str) else detail()) for address, reason, detail in skips]

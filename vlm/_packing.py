@@ -43,8 +43,10 @@ Nothing here uses randomness: the output is a pure function of the segment's inp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
@@ -56,8 +58,8 @@ from zephon._accumulator import SegmentContext
 from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
-from zephon._packing import token_ids
 from zephon._fingerprint import stable_description
+from zephon._packing import no_tokens_detail, token_ids
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -314,7 +316,7 @@ class MultimodalPacker:
 
     `push((address, record))` returns the rows now complete; `flush()` returns every row still
     open, oldest first, and leaves the packer empty. Records it cannot use are not lost: they are
-    reported by `drain_skips()` as (address, reason), and documents cut to fit by
+    reported by `drain_skips()` as (address, reason, detail), and documents cut to fit by
     `drain_truncations()` as (address, text tokens dropped); the lane driver collects both.
     With `assemble=False` it emits `RowPlan`s instead of rows, so that the loader assembles them
     straight into the microbatch's arrays as it takes them (`RowPlan.assemble_batch`). `ctx` is accepted for the accumulator-factory shape; packing needs no randomness.
@@ -358,7 +360,7 @@ class MultimodalPacker:
         self.assemble = assemble
         self.mrope = mrope
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
-        self._skips: list[tuple[RecordAddress, str]] = []
+        self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
         self._lengths: dict[tuple[int, int], int] = {}
 
@@ -371,8 +373,8 @@ class MultimodalPacker:
     def flush(self) -> list:
         return [self._emit_rows(row) for row in self._open.drain()]
 
-    def drain_skips(self) -> list[tuple[RecordAddress, str]]:
-        """Records skipped since the last call, as (address, reason); the list is handed over."""
+    def drain_skips(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
+        """Records skipped since the last call, as (address, reason, detail); the list is handed over."""
         skips, self._skips = self._skips, []
         return skips
 
@@ -389,18 +391,18 @@ class MultimodalPacker:
     def _document(self, address: RecordAddress, record: dict) -> PlacedDocument | None:
         text = record.get(self.text_field)
         if text is None:
-            self._skips.append((address, "missing_text"))
+            self._skips.append((address, "missing_text", no_tokens_detail("missing_text", self.text_field, record)))
             return None
         text = token_ids(text)
         if isinstance(text, str):
             if text != "empty_document":  # ids stored in the data: not a flat list of int32 ids
-                self._skips.append((address, text))
+                self._skips.append((address, text, no_tokens_detail(text, self.text_field, record)))
                 return None
             text = _NO_TEXT  # a document may be images alone
         elif self._holds_a_placeholder(text):
             # A caption that spells a placeholder with a tokenizer that does not split it (not
             # split_special_tokens, or an added token that is not special), or ids from the data.
-            self._skips.append((address, "placeholder_in_text"))
+            self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
         images = _as_images(record.get(self.pixels_field))
         grids = self._grids(address, record, images)
@@ -412,10 +414,11 @@ class MultimodalPacker:
                 n = lengths[grid] = self.placeholders.num_tokens(*grid)
             image_tokens += n
         if image_tokens > self.max_length:
-            self._skips.append((address, "images_exceed_length"))
+            self._skips.append((address, "images_exceed_length", f"its {len(grids)} image(s) take {image_tokens} tokens "
+                                f"(patch grids {', '.join(f'{h}x{w}' for h, w in grids)}); a row holds {self.max_length}"))
             return None
         if image_tokens + len(text) == 0:
-            self._skips.append((address, "empty_document"))
+            self._skips.append((address, "empty_document", f"{self.text_field!r} holds no token ids and it has no image"))
             return None
         offsets = self._offsets(address, record, len(images), len(text))
         room = self.max_length - image_tokens
@@ -425,6 +428,11 @@ class MultimodalPacker:
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text))
+
+    def _placeholder_detail(self, text: np.ndarray) -> str:
+        where = np.flatnonzero(np.isin(text, self._placeholder_ids))
+        return (f"{self.text_field!r} holds the placeholder id {int(text[where[0]])} at token {int(where[0])} "
+                f"({len(where)} in all): a tokenizer that does not split special tokens, or ids stored in the data")
 
     def _holds_a_placeholder(self, text: np.ndarray) -> bool:
         """Whether the text holds one of the placeholders' ids. A caption is a few tokens, which as

@@ -41,8 +41,10 @@ class Accumulator(Protocol):
     `flush` returns everything still held and leaves the accumulator empty.
 
     An accumulator that refuses items (it cannot place them) also offers `drain_skips()`, returning
-    and forgetting the (address, reason) pairs refused since the last call; the lane driver passes
-    them to the ledger. One that cuts items to fit offers `drain_truncations()` likewise, as
+    and forgetting the items refused since the last call, as (address, reason) pairs or (address,
+    reason, detail) triples; the lane driver passes them to the ledger. A detail says what was wrong
+    (`stats()["skipped_examples"]` shows it): a string, or a function making it, called only for the
+    few skips kept as examples. One that cuts items to fit offers `drain_truncations()` likewise, as
     (address, tokens dropped) pairs, counted as `truncated` and `truncated_tokens`.
 
     The last accumulator of a pipeline emits rows: `PackedSequence`s, or row plans. A row names the

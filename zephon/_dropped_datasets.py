@@ -83,10 +83,10 @@ class DroppedDatasets:
         self._decide(batch.chunk.dataset, seen)
 
     def note_skips(self, skips: list) -> None:
-        """Items an accumulator refused, as (address, reason): handed on, then dropped."""
+        """Items an accumulator refused, as (address, reason[, detail]): handed on, then dropped."""
         if not self._watched:
             return
-        for address, reason in skips:
+        for address, reason, *_ in skips:
             seen = self._watched.get(address.dataset)
             if seen is not None:
                 seen.emitted -= 1

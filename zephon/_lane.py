@@ -257,7 +257,7 @@ class LaneStream:
                 if skips:
                     self._on_skips(self.lane, self._segment, skips)
                     if self._barren_records is not None:
-                        self._drops_without_rows.update(reason for _, reason in skips)
+                        self._drops_without_rows.update(skip[1] for skip in skips)
             drain = getattr(accumulator, "drain_truncations", None)
             if drain is not None:
                 cuts = drain()

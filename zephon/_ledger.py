@@ -76,9 +76,9 @@ class Ledger:
         self._store_open(lane, segment, {chunk.dataset: counts})
 
     def count_skips(self, lane: int, segment: int, skips: list) -> None:
-        """Items an accumulator refused, as (address, reason): no longer emitted, now skipped."""
+        """Items an accumulator refused, as (address, reason[, detail]): no longer emitted, now skipped."""
         counts = self._open_copies(lane, segment, skips)
-        for address, reason in skips:
+        for address, reason, *_ in skips:
             dataset = counts[address.dataset]
             dataset["emitted"] -= 1
             dataset[f"skipped:{reason}"] += 1
@@ -95,10 +95,10 @@ class Ledger:
         self._store_open(lane, segment, counts)
 
     def _open_copies(self, lane: int, segment: int, items: list) -> dict[str, Counter]:
-        """Copies of the lane's open counts in `segment` of each dataset of `items` ((address, _)
-        pairs), to count them into and store with `_store_open`."""
+        """Copies of the lane's open counts in `segment` of each dataset of `items` (tuples whose
+        first item is an address), to count them into and store with `_store_open`."""
         datasets = self._records.get(lane, _NO_RECORDS).open.get(segment, {})
-        return {address.dataset: Counter(datasets.get(address.dataset, ())) for address, _ in items}
+        return {address.dataset: Counter(datasets.get(address.dataset, ())) for address, *_ in items}
 
     def _store_open(self, lane: int, segment: int, counts: dict[str, Counter]) -> None:
         """Put `counts` ({dataset: Counter}) in place of the lane's open ones in `segment`, in one store."""

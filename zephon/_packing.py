@@ -15,12 +15,14 @@ document's end and on padding), `position_ids` (restarting at each document piec
 
 A record whose field holds no tokens to pack is refused and reported by `drain_skips()`:
 `missing_field`, `not_tokens` (not a flat sequence of integer ids in [0, 2**31)) or
-`empty_document` (no ids). Without a tokenizer the ids come from the data as it is stored.
+`empty_document` (no ids), with what the field held (`no_tokens_detail`). Without a tokenizer the
+ids come from the data as it is stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,11 +30,13 @@ import numpy as np
 
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_token_id
+from ._field_names import fields_it_has
 from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row", "token_ids"]
+__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row", "no_tokens_detail",
+           "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -91,6 +95,43 @@ def _holds_a_bool(value: list | tuple, ids: np.ndarray) -> bool:
     usually a few items (a BOS id of 1), not a Python pass over every id; ids that hold no 0 or 1
     never get here."""
     return any(isinstance(value[i], (bool, np.bool_)) for i in np.flatnonzero(ids <= 1).tolist())
+
+
+def no_tokens_detail(reason: str, field: str, record: dict) -> Callable[[], str]:
+    """What `record[field]` held, for a record `token_ids` refused for `reason`: a function making
+    the detail `stats()["skipped_examples"]` shows, so that only the few skips kept as examples pay
+    for it (a misnamed field refuses every record)."""
+    return functools.partial(_describe_no_tokens, reason, field, record)
+
+
+def _describe_no_tokens(reason: str, field: str, record: dict) -> str:
+    value = record.get(field)
+    if value is None:
+        has = fields_it_has(field, record)  # "'input_ids' is null" where the record holds it as null
+        return has if field in record else f"it lacks {field!r}: {has}"
+    if reason == "empty_document":
+        return f"{field!r} holds no token ids"
+    return f"{field!r} holds {_what_it_holds(value)}, not a flat list of token ids in [0, 2**31)"
+
+
+def _what_it_holds(value: object) -> str:
+    """The first of `token_ids`' refusals that `value` meets, in words."""
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters (token ids are what `tokenize` writes)"
+    if isinstance(value, bytes):
+        return f"{len(value)} bytes"
+    try:
+        ids = np.asarray(value)
+    except (TypeError, ValueError):
+        return "lists of unequal lengths"
+    if ids.ndim != 1:
+        return f"a {ids.ndim}-D array of shape {ids.shape}"
+    if ids.dtype.kind not in "iu":
+        return f"{ids.dtype} values"
+    low, high = ids.min(), ids.max()
+    if low < 0 or high >= 2**31:
+        return f"ids from {low} to {high}"
+    return "a bool among its ids"
 
 
 def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress) -> Piece:
@@ -202,13 +243,13 @@ class WrapPacker:
         self.field = field
         self._pieces: list[Piece] = []
         self._filled = 0
-        self._skips: list[tuple[RecordAddress, str]] = []
+        self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
         tokens = token_ids(record.get(self.field))
         if isinstance(tokens, str):
-            self._skips.append((address, tokens))
+            self._skips.append((address, tokens, no_tokens_detail(tokens, self.field, record)))
             return []
         start, out = 0, []
         cut = _own_piece if len(tokens) > self.max_length else Piece
@@ -224,8 +265,8 @@ class WrapPacker:
     def flush(self) -> list[FlatRowPlan]:
         return [self._emit()] if self._pieces else []
 
-    def drain_skips(self) -> list[tuple[RecordAddress, str]]:
-        """Records refused since the last call, as (address, reason); the list is handed over."""
+    def drain_skips(self) -> list[tuple[RecordAddress, str, Callable[[], str]]]:
+        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
         skips, self._skips = self._skips, []
         return skips
 
@@ -244,13 +285,13 @@ class FirstFitPacker:
         self.field = field
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
-        self._skips: list[tuple[RecordAddress, str]] = []
+        self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
         tokens = token_ids(record.get(self.field))
         if isinstance(tokens, str):
-            self._skips.append((address, tokens))
+            self._skips.append((address, tokens, no_tokens_detail(tokens, self.field, record)))
             return []
         out = []
         start = 0
@@ -268,8 +309,8 @@ class FirstFitPacker:
     def flush(self) -> list[FlatRowPlan]:
         return [self._row(row) for row in self._open.drain()]
 
-    def drain_skips(self) -> list[tuple[RecordAddress, str]]:
-        """Records refused since the last call, as (address, reason); the list is handed over."""
+    def drain_skips(self) -> list[tuple[RecordAddress, str, Callable[[], str]]]:
+        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
         skips, self._skips = self._skips, []
         return skips
 

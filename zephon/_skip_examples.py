@@ -16,8 +16,9 @@ iteration) is not shown twice.
 
 The details come with the chunk that skipped them (`ChunkRecords.skip_details`, the first few of
 each reason per chunk), so a chunk costs a look at its few details, never a walk of its skips, and
-nothing when it skipped none. A skip a packer decides (`drain_skips`) carries no detail: its example
-names the record and the reason only.
+nothing when it skipped none. A skip a packer decides (`drain_skips`) may carry its detail as a
+function, made only for the skips kept here: a misnamed field refuses every record, and describing
+each (its fields, a close name) would cost more than packing it.
 
 Thread-unsafe like the ledger: `note_*` run on the loader's thread only. `snapshot` may be read on
 another thread (`stats()` from a monitor): an example list is never changed in place but replaced
@@ -27,6 +28,7 @@ by a longer tuple in one store, and the snapshot copies the dict in one C call.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ._records import DETAILS_PER_REASON, ChunkRecords, RecordAddress
 
@@ -62,18 +64,21 @@ class SkipExamples:
                     break
 
     def note_skips(self, lane: int, skips: list) -> None:
-        """Items an accumulator refused, as (address, reason): they carry no detail."""
-        for address, reason in skips:
-            self._note(lane, address, reason, "")
+        """Items an accumulator refused, as (address, reason) or (address, reason, detail)."""
+        for address, reason, *detail in skips:
+            self._note(lane, address, reason, detail[0] if detail else "")
 
-    def _note(self, lane: int, address: RecordAddress, reason: str, detail: str) -> bool:
-        """Keep the skip as an example if its (dataset, reason) has fewer; False once it is full."""
+    def _note(self, lane: int, address: RecordAddress, reason: str, detail: str | Callable[[], str]) -> bool:
+        """Keep the skip as an example if its (dataset, reason) has fewer; False once it is full. A
+        detail given as a function is made only then."""
         key = (address.dataset, reason)
         examples = self._examples.get(key, ())
         if len(examples) >= EXAMPLES_PER_REASON:
             return False
         if any(seen == address for _, seen, _ in examples):
             return True
+        if not isinstance(detail, str):
+            detail = detail()
         if len(detail) > DETAIL_CHARS:
             detail = f"{detail[:DETAIL_CHARS]}… ({len(detail) - DETAIL_CHARS} more characters)"
         self._examples[key] = (*examples, (lane, address, detail))

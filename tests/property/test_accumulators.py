@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.harness import assert_plans_collate_like_their_rows
+from tests.harness import assert_plans_collate_like_their_rows, refusals
 from zephon import IGNORE_INDEX, PADDING_DOCUMENT, SegmentContext
 from zephon._first_fit import FirstFitRows
 from zephon._packing import FirstFitPacker, FlatRowPlan, PackFlatOp, WrapPacker
@@ -165,11 +165,13 @@ def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reaso
         rows = _run(packer, items)
         np.testing.assert_array_equal(np.sort(_real_tokens(rows)), [1, 2, 3, 3, 4, 4, 5, 5])
         assert all(r.tokens["input_ids"].dtype == np.int32 for r in rows)
-        assert packer.drain_skips() == [
-            (RecordAddress("d", "s", 1), "missing_field"),
-            (RecordAddress("d", "s", 2), "not_tokens"),
-            (RecordAddress("d", "s", 3), "empty_document"),
-            (RecordAddress("d", "s", 4), "not_tokens"),
+        assert refusals(packer.drain_skips()) == [
+            (RecordAddress("d", "s", 1), "missing_field", "it lacks 'input_ids': it has no fields"),
+            (RecordAddress("d", "s", 2), "not_tokens", "'input_ids' holds a string of 4 characters (token ids are "
+             "what `tokenize` writes), not a flat list of token ids in [0, 2**31)"),
+            (RecordAddress("d", "s", 3), "empty_document", "'input_ids' holds no token ids"),
+            (RecordAddress("d", "s", 4), "not_tokens", "'input_ids' holds ids from 1 to 2147483648, not a flat list "
+             "of token ids in [0, 2**31)"),
         ]
         assert packer.drain_skips() == []
     count = PackFlatOp(4).token_counter()  # token estimation counts what the packers place

@@ -131,3 +131,42 @@ def test_a_long_detail_is_cut_in_the_example_and_its_log_line_saying_how_much_wa
     assert kept == f"{detail[:DETAIL_CHARS]}… ({len(detail) - DETAIL_CHARS} more characters)"
     [logged] = [record.getMessage() for record in caplog.records]
     assert kept in logged and detail not in logged
+
+
+@pytest.mark.parametrize("runner", ["inline", "process"])
+def test_a_packers_refusals_are_shown_with_what_the_record_held_and_described_only_when_kept(tmp_path, runner):
+    """pack_flat over ids stored in the data: a record whose ids are text, out of range or absent
+    is refused by the packer, which named the record and the reason only (`not_tokens: 1` left the
+    user to open the shard). Only the examples kept are described: a misnamed field refuses every
+    record, and describing each would cost more than packing it."""
+    from unittest import mock
+
+    from zephon import _packing
+
+    lines = [{"input_ids": list(range(1, 9)), "id": i} for i in range(RECORDS)]
+    lines[3] = {"input_ids": "a caption, not its ids", "id": 3}
+    lines[11] = {"input_ids": [5, -1, 7], "id": 11}
+    for i in range(20, RECORDS):
+        lines[i] = {"input_id": list(range(1, 9)), "id": i}  # misnamed from here on: 28 refusals
+    corpus = tmp_path / "ids.jsonl"
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(corpus))], num_epochs=1, seed=3, records_per_chunk=8)
+    pipeline = Pipeline(source).options(num_lanes=2, runner=runner).pack_flat(max_length=16).batch(microbatch_size=2)
+    described = mock.Mock(wraps=_packing._describe_no_tokens)
+    with mock.patch.object(_packing, "_describe_no_tokens", described):
+        with pipeline.shard(0, 1, global_batch_size=4) as loader:
+            for _ in loader:
+                pass
+            stats = loader.stats()
+    assert stats["datasets"]["d"]["total"]["skipped"] == {"missing_field": 28, "not_tokens": 2}
+    examples = stats["skipped_examples"]["d"]
+    not_tokens = {e["index"]: e["detail"] for e in examples["not_tokens"]}
+    assert not_tokens == {
+        3: "'input_ids' holds a string of 22 characters (token ids are what `tokenize` writes), "
+           "not a flat list of token ids in [0, 2**31)",
+        11: "'input_ids' holds ids from -1 to 7, not a flat list of token ids in [0, 2**31)",
+    }
+    missing = examples["missing_field"]
+    assert len(missing) == EXAMPLES_PER_REASON
+    assert all(e["detail"] == "it lacks 'input_ids': fields it has: 'id', 'input_id'; did you mean 'input_id'?" for e in missing)
+    assert described.call_count == 2 + EXAMPLES_PER_REASON

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.harness import assert_plans_collate_like_their_rows, printed_in_processes
+from tests.harness import assert_plans_collate_like_their_rows, printed_in_processes, refusals
 from vlm import (
     ImageSpec,
     MultimodalPacker,
@@ -161,7 +161,8 @@ def test_sample_whose_images_alone_exceed_the_length_is_skipped_and_reported_onc
     big = {"input_ids": text(2), "pixels": picture(3, 3, 0)}  # 3 * (3 + 1) = 12 > 8 image tokens
     rows = run(pack, [big, {"input_ids": text(3)}])
     assert [r.sources for r in rows] == [(address(1),)]
-    assert pack.drain_skips() == [(address(0), "images_exceed_length")]
+    assert refusals(pack.drain_skips()) == [
+        (address(0), "images_exceed_length", "its 1 image(s) take 12 tokens (patch grids 3x3); a row holds 8")]
     assert pack.drain_skips() == []
 
 
@@ -193,7 +194,10 @@ def test_empty_and_textless_documents():
     pack = packer(8)
     rows = run(pack, [{"input_ids": text(0)}, {"input_ids": text(0), "pixels": picture(1, 1, 0)}, {}])
     assert [r.sources for r in rows] == [(address(1),)]
-    assert pack.drain_skips() == [(address(0), "empty_document"), (address(2), "missing_text")]
+    assert refusals(pack.drain_skips()) == [
+        (address(0), "empty_document", "'input_ids' holds no token ids and it has no image"),
+        (address(2), "missing_text", "it lacks 'input_ids': it has no fields"),
+    ]
 
 
 @pytest.mark.parametrize("ids", ["a caption, not its ids", [1.5, 2.5], [-1, 5], [5, 2**31], [[1, 2], [3, 4]], [[1], [2, 3]],
@@ -206,7 +210,9 @@ def test_ids_from_the_data_that_are_not_token_ids_are_skipped_as_not_tokens(ids)
     rows = run(pack, [{"input_ids": ids, "pixels": picture(1, 1, 0)}, {"input_ids": [7, 8, 9]}])
     assert [r.sources for r in rows] == [(address(1),)]
     assert rows[0].tokens["input_ids"][:3].tolist() == [7, 8, 9]
-    assert pack.drain_skips() == [(address(0), "not_tokens")]
+    [(where, reason, detail)] = refusals(pack.drain_skips())
+    assert (where, reason) == (address(0), "not_tokens")
+    assert detail.startswith("'input_ids' holds ") and detail.endswith(", not a flat list of token ids in [0, 2**31)")
 
 
 @pytest.mark.parametrize("placeholders", [PIXTRAL, QwenPlaceholders(20, 21, 22, merge_size=1)], ids=["pixtral", "qwen"])
@@ -225,7 +231,9 @@ def test_text_that_holds_a_placeholder_id_is_skipped_instead_of_faking_an_image_
         record = {"input_ids": caption, **({"pixels": picture(1, 1, 0)} if images else {})}
         rows = run(pack, [record, {"input_ids": text(3)}])
         assert [r.sources for r in rows] == [(address(1),)]
-        assert pack.drain_skips() == [(address(0), "placeholder_in_text")]
+        assert refusals(pack.drain_skips()) == [(address(0), "placeholder_in_text", (
+            f"'input_ids' holds the placeholder id {token_id} at token {before + 1} (1 in all): a tokenizer that "
+            "does not split special tokens, or ids stored in the data"))]
     assert sorted(placeholders.token_ids) == sorted(set(placeholders.tokens_for(2, 1).tolist()))
 
 
@@ -526,7 +534,7 @@ def test_every_document_lands_whole_in_exactly_one_row(docs, max_length, open_ro
     rows = run(pack, docs)
     assert pack.flush() == []
     expected = {address(i): expected_document(d, max_length, position) for i, d in enumerate(docs)}
-    skipped = {a for a, _ in pack.drain_skips()}
+    skipped = {a for a, *_ in pack.drain_skips()}
     assert skipped == {a for a, e in expected.items() if e is None}
     placed = [a for row in rows for a in row.sources]
     assert sorted(placed) == sorted(a for a, e in expected.items() if e is not None), "each document once"
