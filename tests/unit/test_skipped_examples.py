@@ -170,3 +170,13 @@ def test_a_packers_refusals_are_shown_with_what_the_record_held_and_described_on
     assert len(missing) == EXAMPLES_PER_REASON
     assert all(e["detail"] == "it lacks 'input_ids': fields it has: 'id', 'input_id'; did you mean 'input_id'?" for e in missing)
     assert described.call_count == 2 + EXAMPLES_PER_REASON
+
+
+def test_a_plugin_accumulators_refusals_given_as_pairs_are_kept_without_a_detail():
+    """`drain_skips()` of an accumulator written before details (address, reason) is still taken."""
+    from zephon._records import RecordAddress
+    from zephon._skip_examples import SkipExamples
+
+    examples = SkipExamples(logging.getLogger("zephon"))
+    examples.note_skips(1, [(RecordAddress("d", "s", 4), "too_long"), (RecordAddress("d", "s", 5), "too_long", "why")])
+    assert [(e["index"], e["detail"]) for e in examples.snapshot()["d"]["too_long"]] == [(4, ""), (5, "why")]
