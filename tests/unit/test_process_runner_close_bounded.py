@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners import ProcessRunner, WorkerCrashedError, process
+from runners import ProcessRunner, WorkerCrashedError, _process_close
 from tests.unit.worker_replies import half_of_a_reply, worker_pipe
 from zephon._runner import Stage
 
@@ -138,7 +138,7 @@ def test_a_big_worker_still_exiting_2_s_after_sigkill_is_reaped_not_reported(
     2 s after SIGKILL whatever it held, so one of 8 GiB on a loaded machine was reported as never
     dying (uninterruptible sleep) and left a zombie for the trainer's lifetime. The wait now grows
     with the largest worker's resident memory."""
-    monkeypatch.setattr(process, "_resident_bytes", lambda pid: 8 << 30, raising=False)
+    monkeypatch.setattr(_process_close, "_resident_bytes", lambda pid: 8 << 30)
     runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("decode", lambda x: x, 1)])
     [worker] = runner.worker_pids()
@@ -455,7 +455,7 @@ def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_bi
     but that close gives its killed workers 2 s and 1 s per GiB the largest holds: with 6 GiB
     (8 s), the hook gave up first, interpreter exit cut the close short and the buffer directory
     stayed. The hook now waits until the close's own last deadline, and a margin."""
-    monkeypatch.setattr(process, "_resident_bytes", lambda pid: 6 << 30, raising=False)
+    monkeypatch.setattr(_process_close, "_resident_bytes", lambda pid: 6 << 30)
     runner = ProcessRunner(close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("decode", lambda x: x, 1)])
     [worker] = runner.worker_pids()
@@ -476,7 +476,7 @@ def test_the_exit_hook_waits_for_another_threads_close_through_the_grace_of_a_wo
     `reap_by` (2 s and 1 s per GiB after that kill), which may end after close's other waits; the
     exit hook, waiting for that close on another thread, gave up `close_timeout_s` and 5 s after it
     began, and the buffer directory stayed. It now waits until that `reap_by` too, and a margin."""
-    monkeypatch.setattr(process, "_resident_bytes", lambda pid: 6 << 30, raising=False)
+    monkeypatch.setattr(_process_close, "_resident_bytes", lambda pid: 6 << 30)
     marker = tmp_path / "running"
     hang_on_minus_one = hanging_on_minus_one(marker)
     runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))

@@ -2067,7 +2067,7 @@ def test_interpreter_exit_while_the_closer_thread_closes_a_runner_still_removes_
 _EXIT_AS_THE_CLOSER_BEGINS_ITS_CLOSE = """
 import faulthandler, os, signal, sys, threading, time, warnings
 warnings.simplefilter("ignore", DeprecationWarning)
-from runners import ProcessRunner, process
+from runners import ProcessRunner, _process_close
 from zephon import _runner_closer
 from zephon._runner import Stage
 
@@ -2110,7 +2110,7 @@ time.sleep(0.2)
 runner._close_lock = TakenByTheCloserJustAfterTheExitHookLooked(runner._close_lock)
 _runner_closer.start()
 _runner_closer.close_later(runner.close)  # what a dropped loader's finalizer hands over
-process._close_at_exit(runner, os.getpid())  # what interpreter exit runs for it
+_process_close.close_at_exit(runner, os.getpid())  # what interpreter exit runs for it
 print("closed" if runner.shm_directory is None and not os.listdir(sys.argv[1]) else "still-closing", flush=True)
 """
 
