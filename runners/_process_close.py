@@ -4,18 +4,19 @@ closed.
 
 These are the steps that tear the pool down (stop, kill and reap the workers or give up on them,
 close the pipes, cancel every held future, remove the buffer directory), each wait bounded, and
-the bookkeeping that keeps multiprocessing's exit hook, which joins its children without a bound,
-from waiting for a worker that will not die. They are kept apart from `process`, whose dispatch and
-reader thread fill its first thousand lines, so that what a close does, and in what order, reads
-in one place. `ProcessRunnerClose` is a base of `ProcessRunner`, not a helper object: its methods
-are the runner's own, reading the state `ProcessRunner.__init__` makes and taking the runner's
-locks exactly as before the split, so no lock is taken in another order and nothing is copied.
+the bookkeeping of multiprocessing's own list of children, whose exit hook joins them without a
+bound (and, in a forked child, would stop the parent's workers). They are kept apart from
+`process`, which is left with dispatch and the reader thread, so that what a close does, and in
+what order, reads in one place. `ProcessRunnerClose` is a base of `ProcessRunner`, not a helper
+object: its methods are the runner's own, reading the state `ProcessRunner.__init__` makes and
+taking the runner's locks exactly as they did before the split, so no lock is taken in another
+order and no state is copied.
 
 Lines are logged on `runners.process`, the logger a user configures for the process runner.
 
-Thread-safety: as `ProcessRunner`'s: `close` from any thread, once at a time (its close lock);
-`_reap_dying` and `_reap_given_up` on the reader thread, then on the closing one once the reader
-has stopped.
+Thread-safety: as `ProcessRunner`'s: `close` from any thread, one close at a time (its close
+lock); `_kill_to_retire`, `_reap_dying` and `_reap_given_up` on the reader thread, and the last two
+on the closing thread once the reader has stopped.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ from ._worker import STOP
 if TYPE_CHECKING:
     from .process import ProcessRunner, _Worker
 
-__all__ = ["LONGEST_WAIT_S", "REAP_WAIT_S", "CloseClock", "Dying", "ProcessRunnerClose", "WORKER_PROCESSES", "close_at_exit"]
+__all__ = [
+    "LONGEST_WAIT_S", "REAP_WAIT_S", "WORKER_PROCESSES", "CloseClock", "Dying", "ProcessRunnerClose", "close_at_exit",
+]
 
 # The process runner's logger, which users configure, whichever of its modules writes the line.
 _log = RankLog(logging.getLogger("runners.process"))  # its lines are this rank's own events
