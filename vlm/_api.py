@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from zephon._errors import ConfigurationError
 from zephon._record_ops import TokenizeOp
 
@@ -40,12 +41,15 @@ def decode_images(
     parallelism: int = 1,
     on_error: str | None = None,
     defer: bool = False,
+    datasets: str | list[str] | None = None,
 ):
     """Append a `DecodeImages` stage (on_error=None follows the pipeline's policy; `defer=True`
-    decodes each image after packing, just before its row is taken: see `vlm._deferred`)."""
+    decodes each image after packing, just before its row is taken: see `vlm._deferred`).
+    `datasets` (a name or a list; None: every dataset) limits it to those datasets' records, the
+    others passing unchanged: how image and video datasets are mixed in one pipeline."""
     stage = DecodeImages(field, spec or ImageSpec(), output_field, processor, on_error, keep_source,
-                         parallelism=parallelism, defer=defer)
-    return pipeline.apply(stage)
+                         parallelism=parallelism, defer=defer, datasets=datasets)
+    return _append_scoped(pipeline, stage)
 
 
 def decode_video(
@@ -57,10 +61,21 @@ def decode_video(
     keep_source: bool = False,
     parallelism: int = 1,
     on_error: str | None = None,
+    datasets: str | list[str] | None = None,
 ):
-    """Append a `DecodeVideo` stage (on_error=None follows the pipeline's policy)."""
-    return pipeline.apply(DecodeVideo(field, spec or VideoSpec(), output_field, on_error, keep_source,
-                                      parallelism=parallelism))
+    """Append a `DecodeVideo` stage (on_error=None follows the pipeline's policy; `datasets` as
+    `decode_images`')."""
+    return _append_scoped(pipeline, DecodeVideo(field, spec or VideoSpec(), output_field, on_error, keep_source,
+                                                parallelism=parallelism, datasets=datasets))
+
+
+def _append_scoped(pipeline, stage):
+    """Append `stage`, refusing now a `datasets` that names no dataset of the work source (the
+    loader checks again when it binds, for a stage given to `Pipeline.apply` directly)."""
+    names = work_source_dataset_names(pipeline.source)
+    if names is not None:
+        check_dataset_scopes([stage], names)
+    return pipeline.apply(stage)
 
 
 def pack_multimodal(
@@ -101,6 +116,7 @@ def pack_multimodal(
                 f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
                 + ", ".join(f"{name} writes {field!r}" for field, name in written.items())
             )
+    _check_one_patch_layout(pipeline, pixels_field)
     grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
         spec = decoder.spec if isinstance(decoder, DecodeImages) else (
@@ -123,6 +139,35 @@ def pack_multimodal(
         offsets_field=offsets_field, max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
         deferred_images=deferred, deferred_on_error=deferred_on_error, mrope=mrope,
     ))
+
+
+def _check_one_patch_layout(pipeline, pixels_field: str) -> None:
+    """Refuse decoders that write `pixels_field` in different patch layouts (an image dataset's
+    ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, or an image
+    processor's patch rows beside frames): the packer cuts every image of a row with one patch
+    size into one `pixel_values` array, so the records of one of them would fail as data flows."""
+    decoders = [op for op in pipeline.operators
+                if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
+    if len(decoders) < 2:
+        return
+    layouts = [(op, _patch_layout(op)) for op in decoders]  # a list: a stage holding a processor may not hash
+    if len({layout for _, layout in layouts}) > 1:
+        raise ConfigurationError(
+            f"pack_multimodal: the decoders writing {pixels_field!r} cut images into different patches, but a row "
+            "holds one patch layout: " + "; ".join(
+                f"{op.name}({'every dataset' if op.datasets is None else 'datasets=' + repr(list(op.datasets))}) "
+                f"gives {layout}" for op, layout in layouts
+            ) + ": give the image and video specs the same patch_size and merge_size"
+        )
+
+
+def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
+    """How a decoder's images are cut into patches, in words that compare equal when they agree."""
+    if isinstance(decoder, DecodeImages) and decoder.processor is not None:
+        dim, dtype = decoder.patch_layout()
+        return f"its image processor's patch rows of {dim} {dtype}"
+    spec = decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
+    return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"
 
 
 def _deferred_policy(pipeline) -> tuple[bool, str | None]:

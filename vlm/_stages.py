@@ -2,7 +2,8 @@
 
 Each stage is a frozen dataclass that is both the operator's configuration and its function:
 `stage(chunk_records) -> chunk_records`. It is pure (a new ChunkRecords and new record dicts; the
-input is not modified), so it may run on any worker, in any order, any number of times. It has
+input is not modified; a chunk of a dataset outside its `datasets` is returned as it came), so it
+may run on any worker, in any order, any number of times. It has
 the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error)`,
 `fingerprint()`), so `Pipeline.apply(DecodeImages(...))` takes it.
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._dataset_scope import check_dataset_names
 from zephon._errors import BadRecordError, ConfigurationError, check_count
 from zephon._field_names import fields_it_has
 from zephon._fingerprint import stable_description
@@ -95,6 +97,7 @@ def _check_common(stage, spec_type: type, flags: tuple[str, ...] = ("keep_source
     if stage.on_error is not None and stage.on_error not in ON_ERROR:
         raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
     object.__setattr__(stage, "parallelism", check_count(stage.parallelism, f"{stage.name}: parallelism"))
+    object.__setattr__(stage, "datasets", check_dataset_names(stage.datasets, stage.name))
     if not isinstance(stage.spec, spec_type):
         raise ConfigurationError(f"{stage.name}: spec must be of type {spec_type.__name__}, got {stage.spec!r}")
 
@@ -145,7 +148,12 @@ def _unwrap(value: Any, allow_paths: bool) -> Any:
 
 
 def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
-    """Run `decode_record(record, address)` on every record, dropping and counting the ones it refuses."""
+    """Run `decode_record(record, address)` on every record, dropping and counting the ones it refuses.
+
+    A chunk of a dataset outside the stage's `datasets` is returned as it came, neither decoded nor
+    counted: its records are another decoder's, or text that the packer places alone."""
+    if stage.datasets is not None and batch.chunk.dataset not in stage.datasets:
+        return batch
     out = ChunkRecords(
         batch.chunk, [], [], list(batch.skipped), list(batch.filtered),
         {reason: dict(details) for reason, details in batch.skip_details.items()},
@@ -162,6 +170,15 @@ def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
             continue
         out.addresses.append(address)
     return out
+
+
+def _with_scope(stage, fingerprint: dict) -> dict:
+    """The fingerprint with the stage's `datasets` (sorted) where it has them. Without, it is the
+    fingerprint of a stage that has no such setting, byte for byte, so a checkpoint saved before
+    the setting existed still resumes."""
+    if stage.datasets is not None:
+        fingerprint["datasets"] = list(stage.datasets)
+    return fingerprint
 
 
 def _describe(obj: Any) -> Any:
@@ -233,6 +250,10 @@ class DecodeImages:
     With `defer=True` (no processor) only the header is parsed and checked here: the field holds
     `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just
     before the loader takes the row (see `vlm._deferred`; same pixels, a fraction of the memory).
+
+    `datasets` (None: every dataset) names the datasets whose records this stage decodes; the
+    records of the others pass unchanged (see `_apply`), so that a `decode_video` scoped to the
+    video datasets of the mixture decodes their records.
     """
 
     field: str | tuple[str, ...] = DEFAULT_IMAGE_FIELDS
@@ -244,6 +265,7 @@ class DecodeImages:
     grid_field: str = "image_grid"
     parallelism: int = 1
     defer: bool = False
+    datasets: tuple[str, ...] | None = None
     name: str = "decode_images"
     kind = "record"
 
@@ -259,9 +281,11 @@ class DecodeImages:
         return dataclasses.replace(self, on_error=self.on_error or on_error)
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
-                "output_field": self.output_field, "processor": _describe(self.processor),
-                "keep_source": self.keep_source, "grid_field": self.grid_field, "defer": self.defer}
+        return _with_scope(self, {
+            "op": self.name, "field": list(self.field), "spec": _describe(self.spec),
+            "output_field": self.output_field, "processor": _describe(self.processor),
+            "keep_source": self.keep_source, "grid_field": self.grid_field, "defer": self.defer,
+        })
 
     def patch_layout(self) -> tuple[int, np.dtype]:
         """(patch_dim, dtype) of the rows this stage's images become in `pixel_values`."""
@@ -318,7 +342,7 @@ class DecodeVideo:
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid); the
     multimodal packer treats the T frames as T images. The source field is dropped unless
-    `keep_source`.
+    `keep_source`. `datasets` scopes the stage as `DecodeImages`'s does.
     """
 
     field: str | tuple[str, ...] = DEFAULT_VIDEO_FIELDS
@@ -327,6 +351,7 @@ class DecodeVideo:
     on_error: str | None = None
     keep_source: bool = False
     parallelism: int = 1
+    datasets: tuple[str, ...] | None = None
     name: str = "decode_video"
     kind = "record"
 
@@ -338,8 +363,8 @@ class DecodeVideo:
         return dataclasses.replace(self, on_error=self.on_error or on_error)
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
-                "output_field": self.output_field, "keep_source": self.keep_source}
+        return _with_scope(self, {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
+                                  "output_field": self.output_field, "keep_source": self.keep_source})
 
     def __call__(self, batch: ChunkRecords) -> ChunkRecords:
         return _apply(self, batch, self._decode_record)

@@ -30,6 +30,7 @@ from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
 from ._batch import Batch, collate
 from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, recipe_digests
+from ._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from ._dropped_datasets import DroppedDatasets
 from ._errors import CheckpointError, ConfigurationError, check_count
 from ._field_names import first_absent_field, first_lacking_packed_field
@@ -240,7 +241,13 @@ class RankLoader:
         fingerprints = {
             id(op): op.fingerprint() if op.kind == "record" else op.fingerprint(self.default_pad_id) for op in ops
         }
+        # Before binding: its token estimate runs the stages, which a misnamed scope leaves undecoding.
+        source_names = work_source_dataset_names(pipeline.source)
+        if source_names is not None:
+            check_dataset_scopes(record_ops, source_names)
         self.plan = pipeline.source.bind(self._token_counter(packer, fingerprints), self.num_lanes)
+        if source_names is None:
+            check_dataset_scopes(record_ops, self.plan.datasets)
         io_options = settings.io_options
         read_datasets = {
             name: ds.with_io_options(io_options) if io_options else ds for name, ds in self.plan.datasets.items()

@@ -1,0 +1,242 @@
+"""An image-caption dataset and a video-caption dataset mixed in one pipeline (vlm/README.md,
+"Mixing images and videos"): `decode_images(datasets=...)` and `decode_video(datasets=...)` each
+decode their own datasets' records, a dataset neither covers is packed as text, and the names,
+an empty scope and decoders cutting different patches are refused when the pipeline is built.
+
+The corpus (`write_mixed_corpus`) is shared with tests/determinism/test_vlm_mixed_media_elastic.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.unit.test_vlm_assets import encode, gradient, make_video, package_dir
+from vlm import ImageSpec, PixtralPlaceholders, VideoSpec
+from vlm._stages import DecodeImages
+from vlm._video import decode_video
+from zephon import ConfigurationError, Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource, TokenEstimation
+
+SPEC = ImageSpec(max_pixels=64 * 64)
+VIDEO_SPEC = VideoSpec(num_frames=2, image=SPEC)
+PLACEHOLDERS = PixtralPlaceholders(3, 4, 5)
+TOKENIZER = str(package_dir("zephon") / "data" / "tokenizer.json")
+PHOTO_SHARDS = [6, 5]
+CLIP_SHARDS = [4, 3]
+MISNAMED_PHOTO = 4
+"""The photo record (of the first shard) whose image member is misnamed `jgp`."""
+WORKTREE = Path(__file__).resolve().parents[2]
+MAIN = Path("/work/main")
+
+
+def _tar(path: Path, records: list[list[tuple[str, bytes]]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for members in records:
+            for name, payload in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+
+
+def write_mixed_corpus(root: Path) -> Path:
+    """root/photos (JPEG + caption, one image member misnamed), root/clips (MPEG-4 of 6, 9 or 12
+    frames + caption), root/notes (captions alone), all WebDataset shards."""
+    for name in ("photos", "clips", "notes"):
+        (root / name).mkdir(parents=True)
+    for shard, size in enumerate(PHOTO_SHARDS):
+        records = []
+        for i in range(size):
+            k = shard * 10 + i
+            image = encode(gradient(30 + 5 * (k % 7), 60 - 3 * (k % 5)), "JPEG")
+            extension = "jgp" if (shard, i) == (0, MISNAMED_PHOTO) else "jpg"
+            records.append([(f"p{k:03d}.txt", f"photo {k} ".encode() * (1 + k % 3)), (f"p{k:03d}.{extension}", image)])
+        _tar(root / "photos" / f"photos-{shard:03d}.tar", records)
+    payloads = []
+    for j in range(3):
+        video = make_video(root / f"v{j}.mp4", frames=6 + 3 * j, size=(64, 48))
+        payloads.append(video.read_bytes())
+        video.unlink()
+    for shard, size in enumerate(CLIP_SHARDS):
+        records = [[(f"c{shard}{i}.txt", f"clip {shard}{i} ".encode() * (1 + i % 4)),
+                    (f"c{shard}{i}.mp4", payloads[(shard + i) % 3])] for i in range(size)]
+        _tar(root / "clips" / f"clips-{shard:03d}.tar", records)
+    _tar(root / "notes" / "notes-000.tar", [[(f"n{i}.txt", f"a note {i} ".encode() * 3)] for i in range(4)])
+    return root
+
+
+def mixed_source(root: Path, *, estimation: TokenEstimation | None = None) -> StaticMixtureWorkSource:
+    datasets = [Dataset.from_path(name, str(root / name)) for name in ("photos", "clips", "notes")]
+    return StaticMixtureWorkSource(datasets, {"photos": 2.0, "clips": 1.0, "notes": 0.5},
+                                   token_estimation=estimation, seed=5, records_per_chunk=1, num_epochs=2)
+
+
+def mixed_pipeline(root: Path, runner: str = "inline", parallelism: int = 1, *, defer: bool = False,
+                   estimation: TokenEstimation | None = None) -> Pipeline:
+    """photos decoded as images, clips as 2 frames each, notes packed as text, in rows of 160."""
+    return (
+        Pipeline(mixed_source(root, estimation=estimation))
+        .options(num_lanes=4, runner=runner, flush_every_chunks=2)
+        .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=parallelism)
+        .decode_images(field="jpg", spec=SPEC, defer=defer, parallelism=parallelism, datasets="photos")
+        .decode_video(field="mp4", spec=VIDEO_SPEC, parallelism=parallelism, datasets=["clips"])
+        .pack_multimodal(160, PLACEHOLDERS)
+        .shuffle(buffer_size=3, seed=2)
+        .batch(1)
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_mixed_corpus(tmp_path_factory.mktemp("mixed"))
+
+
+def _epoch(pipeline: Pipeline):
+    with pipeline.shard(0, 1) as loader:
+        batches = list(loader)
+        return batches, loader.stats()
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["eager", "deferred"])
+def test_a_mixture_packs_photos_as_images_clips_as_frames_and_notes_as_text(corpus, defer):
+    batches, stats = _epoch(mixed_pipeline(corpus, defer=defer))
+    pixels = np.concatenate([b.ragged["pixel_values"] for b in batches])
+    frame_values = set()
+    rows_with_both = 0
+    for batch in batches:
+        grids = batch.ragged["image_grid"]
+        counts = batch.ragged_counts["image_grid"]
+        starts = np.concatenate([[0], np.cumsum((grids[:, 0] * grids[:, 1]).astype(int))])
+        image = 0
+        patches = batch.ragged["pixel_values"]
+        for row, sources in enumerate(batch.sources):
+            kinds = set()
+            for _ in range(int(counts[row])):
+                picture = patches[starts[image]:starts[image + 1]]
+                image += 1
+                # make_video fills a frame with one grey level; a photo is a colour gradient.
+                if np.ptp(picture) < 32:
+                    kinds.add("frame")
+                    frame_values.add(int(picture.mean()))
+                else:
+                    kinds.add("photo")
+            rows_with_both += kinds == {"frame", "photo"}
+    datasets = stats["datasets"]
+    assert rows_with_both > 0, "some row holds a photo and a clip's frames together"
+    assert len(frame_values) > 1, "the frames are the clips' own (different grey levels), not zeros"
+    assert pixels.shape[1] == SPEC.patch_dim
+    assert datasets["clips"]["total"]["emitted"] == 2 * sum(CLIP_SHARDS)
+    assert datasets["notes"]["total"]["emitted"] == 2 * 4, "the notes no decoder covers are packed as text"
+    # The misnamed image is still the photo decoder's to skip, and counted: nothing passes silently.
+    assert datasets["photos"]["total"]["skipped"] == {"missing_image": 2}
+    assert datasets["photos"]["total"]["emitted"] == 2 * (sum(PHOTO_SHARDS) - 1)
+    assert not datasets["clips"]["total"].get("skipped") and not datasets["notes"]["total"].get("skipped")
+
+
+def test_a_decoder_passes_the_chunks_of_other_datasets_through_unchanged(corpus):
+    stage = DecodeImages(field="jpg", spec=SPEC, datasets=("photos",))
+    with mixed_pipeline(corpus).shard(0, 1) as loader:
+        plan = loader.plan
+    chunk = next(chunk for lane in range(4) for slot in range(plan.num_slots(lane))
+                 if (chunk := plan.slot(lane, slot)) is not None and chunk.dataset == "clips")
+    records = plan.datasets["clips"].read_chunk(chunk, on_error="skip")
+    out = stage(records)
+    assert out is records and not out.skipped and all("mp4" in record for record in out.records)
+
+
+def test_the_token_estimate_runs_each_decoder_on_its_own_datasets_only(corpus):
+    with mixed_pipeline(corpus, estimation=TokenEstimation(sample_records=8)).shard(0, 1) as loader:
+        stats = loader.plan.stats
+    frames = decode_video(_first_clip(corpus), VIDEO_SPEC)
+    frame_tokens = PLACEHOLDERS.num_tokens(frames.shape[1] // SPEC.patch_size, frames.shape[2] // SPEC.patch_size)
+    assert dict(stats["clips"].dropped) == {} and dict(stats["notes"].dropped) == {}
+    assert dict(stats["photos"].dropped) == {"missing_image": 1}, "the misnamed photo, in the photo sample only"
+    assert stats["clips"].tokens > stats["clips"].sampled_records * len(frames) * frame_tokens
+    assert stats["notes"].tokens > 0
+
+
+def _first_clip(root: Path) -> bytes:
+    with tarfile.open(root / "clips" / "clips-000.tar") as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".mp4"))
+        return tar.extractfile(member).read()
+
+
+def test_a_misnamed_dataset_is_refused_with_the_datasets_there_are(corpus):
+    pipeline = Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+    with pytest.raises(ConfigurationError, match=r"'clip' is no dataset .*\['photos', 'clips', 'notes'\]; "
+                                                 r"did you mean 'clips'\?"):
+        pipeline.decode_video(field="mp4", spec=VIDEO_SPEC, datasets="clip")
+    with pytest.raises(ConfigurationError, match="names no dataset"):
+        pipeline.decode_images(field="jpg", spec=SPEC, datasets=[])
+    with pytest.raises(ConfigurationError, match="datasets must be None"):
+        pipeline.decode_images(field="jpg", spec=SPEC, datasets=[3])
+
+
+def test_a_misnamed_dataset_given_to_apply_is_refused_when_the_pipeline_is_sharded(corpus):
+    pipeline = (Pipeline(mixed_source(corpus)).options(num_lanes=4).tokenize(TOKENIZER, field="txt")
+                .apply(DecodeImages(field="jpg", spec=SPEC, datasets=("fotos",)))
+                .pack_multimodal(160, PLACEHOLDERS).batch(1))
+    with pytest.raises(ConfigurationError, match=r"'fotos' is no dataset .*did you mean 'photos'"):
+        pipeline.shard(0, 1)
+
+
+def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus):
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_images(field="jpg", spec=SPEC, datasets="photos")
+                .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=14)),
+                              datasets="clips"))
+    with pytest.raises(ConfigurationError, match=r"different patches.*16px patches merged 1x1.*14px patches"):
+        pipeline.pack_multimodal(160, PLACEHOLDERS)
+
+
+def test_a_scope_is_in_the_fingerprint_sorted():
+    listed = DecodeImages(field="jpg", datasets=["b", "a", "b"]).fingerprint()
+    assert listed["datasets"] == ["a", "b"]
+    assert listed == DecodeImages(field="jpg", datasets=("a", "b")).fingerprint()
+
+
+_RECIPE = """
+import json, sys
+from pathlib import Path
+from vlm import ImageSpec, PixtralPlaceholders, VideoSpec
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+root, tokenizer, keyword = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "datasets=None"
+scope = {"datasets": None} if keyword else {}
+spec = ImageSpec(max_pixels=64 * 64)
+source = StaticMixtureWorkSource([Dataset.from_path(n, str(root / n)) for n in ("photos", "clips")],
+                                 seed=5, records_per_chunk=1, num_epochs=2)
+pipeline = (Pipeline(source).options(num_lanes=2)
+            .tokenize(tokenizer, field="txt", bos="<|bos|>", eos="<|eos|>")
+            .decode_images(field="jpg", spec=spec, **scope)
+            .decode_video(field="mp4", output_field="frames", spec=VideoSpec(num_frames=2, image=spec), **scope)
+            .pack_multimodal(160, PixtralPlaceholders(3, 4, 5), pixels_field="pixels").batch(1))
+with pipeline.shard(0, 1) as loader:
+    print(json.dumps(loader.recipe, sort_keys=True))
+"""
+
+
+def _recipe_with(code_root: Path, corpus: Path, keyword: str, cwd: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    done = subprocess.run([sys.executable, "-c", _RECIPE, str(corpus), TOKENIZER, keyword], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(not (MAIN / "vlm" / "_stages.py").is_file(), reason="needs main's checkout at /work/main")
+def test_the_recipe_without_datasets_is_main_s_byte_for_byte(corpus, tmp_path):
+    """A checkpoint saved by main's code resumes here: same operators' fingerprints, same digests."""
+    theirs = _recipe_with(MAIN, corpus, "", tmp_path)
+    ours = _recipe_with(WORKTREE, corpus, "datasets=None", tmp_path)
+    assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)

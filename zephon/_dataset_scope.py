@@ -1,0 +1,63 @@
+"""Stateless stages scoped to some datasets of a mixture: checking the names they give.
+
+A record operator may carry `datasets`: None (it runs on every chunk) or the names of the datasets
+whose chunks it runs on, the others passing it unchanged (vlm's `decode_images(datasets=...)`
+and `decode_video(datasets=...)`, so one pipeline decodes an image dataset's records and a video
+dataset's). A name that is no dataset of the work source would scope the stage to nothing, and the
+dataset meant would reach the packer undecoded, unsaid: such a name is refused here, naming the
+datasets there are, before any record is read.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+from ._errors import ConfigurationError
+
+__all__ = ["check_dataset_names", "check_dataset_scopes", "work_source_dataset_names"]
+
+
+def check_dataset_names(value: object, user: str) -> tuple[str, ...] | None:
+    """`value` (None, a dataset's name, or a non-empty list of them) as None or a sorted tuple of
+    distinct names, else ConfigurationError naming `user` (the stage). Sorted, so that a stage's
+    fingerprint does not depend on the order its datasets were listed in."""
+    if value is None:
+        return None
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple, set, frozenset)) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigurationError(
+            f"{user}: datasets must be None (every dataset), a dataset's name or a list of them, got {value!r}"
+        )
+    if not names:
+        raise ConfigurationError(
+            f"{user}: datasets={value!r} names no dataset, so the stage would run on no record; "
+            "give the datasets it decodes, or None for every dataset"
+        )
+    return tuple(sorted(set(names)))
+
+
+def work_source_dataset_names(source: object) -> tuple[str, ...] | None:
+    """The names of a work source's datasets, where it declares them (the mixture sources do);
+    None for a source that does not, whose bound plan is asked instead."""
+    datasets = getattr(source, "datasets", None)
+    if datasets is None:
+        return None
+    return tuple(getattr(ds, "name", ds) for ds in datasets)
+
+
+def check_dataset_scopes(operators: Iterable[object], dataset_names: Iterable[str]) -> None:
+    """Refuse an operator whose `datasets` names a dataset not among `dataset_names`."""
+    known = list(dataset_names)
+    for op in operators:
+        scope = getattr(op, "datasets", None)
+        if scope is None:
+            continue
+        for name in scope:
+            if name not in known:
+                close = difflib.get_close_matches(name, known)
+                guess = "; did you mean " + " or ".join(map(repr, close)) + "?" if close else ""
+                raise ConfigurationError(
+                    f"{getattr(op, 'name', type(op).__name__)}(datasets={list(scope)}): {name!r} is no dataset of "
+                    f"the work source, whose datasets are {known}{guess}"
+                )
