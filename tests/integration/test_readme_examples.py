@@ -206,3 +206,35 @@ def test_vlm_readme_recipe_for_ones_own_pairs_runs_as_printed_on_the_tokenizer_f
     assert all(isinstance(t, torch.Tensor) for t in batch.values())
     assert tuple(batch["input_ids"].shape) == (1, 2048), "microbatch_size=1 row of 2048"
     assert len(batch["image_grid"]) >= 1, "the row holds images"
+
+
+@requires_torch
+def test_vlm_readme_recipe_mixing_photos_and_clips_runs_as_printed_and_packs_both(tmp_path, monkeypatch):
+    """vlm/README.md's "Mixing image and video datasets" block, in a directory holding `photos/`
+    and `clips/` as it names them, with the pairs block's Tekken tokenizer and placeholders: its
+    rows hold photos and clip frames, each decoded by its own scoped decoder."""
+    from tests.unit.test_vlm_mixed_media import write_mixed_corpus
+    from vlm import ImageSpec, PixtralPlaceholders, VideoSpec
+    from vlm._assets import tekken_tokenizer
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    [block] = [b for b in python_blocks("vlm/README.md") if 'datasets="photos"' in b]
+    write_mixed_corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    tokenizer = str(tekken_tokenizer())
+    namespace = {"tokenizer": tokenizer, "placeholders": PixtralPlaceholders.from_tokenizer(tokenizer),
+                 "Dataset": Dataset, "Pipeline": Pipeline, "StaticMixtureWorkSource": StaticMixtureWorkSource,
+                 "ImageSpec": ImageSpec, "VideoSpec": VideoSpec}
+    exec(compile(block, "vlm/README.md", "exec"), namespace)
+    documents = {"photos": 0, "clips": 0}
+    with namespace["pipeline"].shard(0, 1) as loader:
+        for _, batch in zip(range(12), loader):
+            for sources in batch.sources:
+                for address in sources:
+                    documents[address.dataset] += 1
+            assert int(batch.ragged_counts["image_grid"].sum()) > 0
+        skipped = {name: entry["total"].get("skipped", {}) for name, entry in loader.stats()["datasets"].items()}
+    assert documents["photos"] > 0 and documents["clips"] > 0, documents
+    assert not skipped["clips"] and set(skipped["photos"]) <= {"missing_image"}, skipped
