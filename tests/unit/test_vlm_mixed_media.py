@@ -1,5 +1,5 @@
 """An image-caption dataset and a video-caption dataset mixed in one pipeline (vlm/README.md,
-"Mixing images and videos"): `decode_images(datasets=...)` and `decode_video(datasets=...)` each
+"Mixing image and video datasets"): `decode_images(datasets=...)` and `decode_video(datasets=...)` each
 decode their own datasets' records, a dataset neither covers is packed as text, and the names,
 an empty scope and decoders cutting different patches are refused when the pipeline is built.
 
