@@ -10,7 +10,6 @@ datasets there are, before any record is read.
 
 from __future__ import annotations
 
-import difflib
 from typing import Iterable
 
 from ._errors import ConfigurationError
@@ -55,6 +54,8 @@ def check_dataset_scopes(operators: Iterable[object], dataset_names: Iterable[st
             continue
         for name in scope:
             if name not in known:
+                import difflib  # here: only a misnamed dataset is described
+
                 close = difflib.get_close_matches(name, known)
                 guess = "; did you mean " + " or ".join(map(repr, close)) + "?" if close else ""
                 raise ConfigurationError(
