@@ -719,12 +719,22 @@ class PackMultimodal:
         no_placeholder = next(i for i in range(len(self.placeholders.token_ids) + 1)
                               if i not in self.placeholders.token_ids)
         packer = self.factory(no_placeholder)(SegmentContext(lane=-1, segment=-1))
+        refused: list[str] = []
 
         def count(address: RecordAddress, record: dict) -> int:
             doc = packer._document(address, record)
-            packer.drain_skips(), packer.drain_truncations()
+            refused.extend(reason for _, reason in packer.drain_skips())
+            packer.drain_truncations()
             return 0 if doc is None else doc.length
 
+        def drain_skips() -> list[str]:
+            """The reasons of the records refused since the last call (`images_exceed_length` for a
+            max_length below one image's tokens): what explains a sample that yields no token."""
+            reasons = refused.copy()
+            refused.clear()
+            return reasons
+
+        count.drain_skips = drain_skips
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:

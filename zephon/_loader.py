@@ -283,12 +283,15 @@ class RankLoader:
     def _token_counter(self, packer, fingerprints: dict[int, dict]):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
-        of its input field. `fingerprints` holds the operators' fingerprints by id."""
+        of its input field; the reasons the packer's counter refused records for (its
+        `drain_skips()`, where it has one) count among the drops. `fingerprints` holds the
+        operators' fingerprints by id."""
         fns = self._stage_fns
         record_ops = self.pipeline.record_operators()  # in the order of their functions
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
         tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
+        packer_skips = getattr(tokens_of, "drain_skips", None)
 
         def count(batch: ChunkRecords) -> SampleCount:
             absent = None
@@ -302,6 +305,8 @@ class RankLoader:
             if batch.filtered:
                 dropped["filtered"] = len(batch.filtered)
             tokens = sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
+            if packer_skips is not None:
+                dropped.update(packer_skips())
             absent = absent or first_lacking_packed_field(packer, batch.addresses, batch.records)
             return SampleCount(tokens, dropped, absent)
 

@@ -216,6 +216,30 @@ def test_a_misnamed_image_field_names_the_fields_the_records_have(tmp_path):
                                    "fields it has: '__key__', 'image', 'txt'; did you mean 'image'?")
 
 
+def test_a_pack_length_no_image_fits_is_refused_at_planning_naming_the_packers_reason(tmp_path):
+    """pack_multimodal(max_length) below one image's placeholder tokens: the packer drops every
+    sampled record as `images_exceed_length`, and the planning refusal said only that the sample
+    yielded no token, since the counter threw the packer's reasons away (the reasons of the stages
+    before it were named)."""
+    from vlm import PixtralPlaceholders
+
+    (tmp_path / "pairs").mkdir()
+    with tarfile.open(tmp_path / "pairs" / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(8):
+            for extension, data in (("txt", f"picture {i}".encode()), ("png", encode(gradient(), "PNG"))):
+                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(tmp_path / "pairs"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .decode_images()
+                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>")
+                .pack_multimodal(4, PixtralPlaceholders(3, 4, 5)).batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: images_exceed_length 8\)"):
+        pipeline.shard(0, 1, global_batch_size=2)
+
+
 def test_a_video_field_holding_an_empty_list_is_not_said_to_be_absent_or_null_at_planning(tmp_path):
     """`decode_video` drops a record whose video field holds an empty list as `missing_video`, the
     reason of an absent field: the planning refusal said the record lacked the field and that it

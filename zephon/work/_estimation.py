@@ -27,7 +27,8 @@ __all__ = ["TokenEstimation", "TokenStats", "TokenCounter", "SampleCount"]
 
 class SampleCount(NamedTuple):
     """What a counter found in one chunk: the tokens its records yield and, by reason, the records
-    dropped before they reached the packer (a read's or a stage's skip; `filtered` for a filter's).
+    dropped (a read's or a stage's skip; `filtered` for a filter's; the packer's refusals, such as
+    `images_exceed_length`).
     The drops are what explain a sample without a token, such as a misnamed field's `missing_field`."""
 
     tokens: int
@@ -55,7 +56,7 @@ class TokenStats:
     tokens_per_record: float
     tokens_per_byte: float
     dropped: tuple[tuple[str, int], ...] = ()
-    """Records of the sample dropped before packing, by reason, most first (where the counter says)."""
+    """Records of the sample dropped, by a stage or the packer, by reason, most first (where the counter says)."""
     absent_field: AbsentField | None = None
     """The sample's first record dropped for lacking a stage's field (where the counter says): the
     fields of one real record, which a refusal names so a misnamed field needs no shard opened."""
