@@ -224,9 +224,12 @@ def _encode(encode_batch, records: list[dict], field_name: str, reasons: list[st
 
 
 def _field_detail(field_name: str, reason: str, record: dict) -> str:
-    """The field a refused record was read at and, where it lacks it, the fields it has."""
+    """The field a refused record was read at and, where it lacks it, the fields it has; where it
+    holds no string, what it holds (a caption stored as a number or a list)."""
     if reason == "missing_field":
         return f"field {field_name!r}; {fields_it_has(field_name, record)}"
+    if reason == "not_text":
+        return f"field {field_name!r} holds a {type(record.get(field_name)).__name__}, not a string"
     return f"field {field_name!r}"
 
 
