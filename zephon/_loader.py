@@ -559,7 +559,7 @@ class RankLoader:
             batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
             segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
             for got in fetched:
-                segment, skip = self._account(got, segment, skip, counts)
+                segment, skip = self._account(lane, got, segment, skip, counts)
             waits = _wait.after(self._waits, perf_counter() - called, called - asked)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
@@ -597,11 +597,12 @@ class RankLoader:
             if position or stream.has_more():
                 return  # the rank's step goes on with this lane, which looks past in turn
 
-    def _account(self, got, segment: int, skip: int, counts) -> tuple[int, int]:
+    def _account(self, lane: int, got, segment: int, skip: int, counts) -> tuple[int, int]:
         """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),
         counted into `counts` (the lane's row counts gathered for its microbatch, see
         `Ledger.rows`); returns where the cursor (at `segment`, `skip`) goes past it. Neither the
-        cursor nor the ledger changes here: the caller stores both once the microbatch is counted."""
+        cursor nor the ledger changes here: the caller stores both once the microbatch is counted.
+        Its masked documents are noted as examples (an observation, named once per record)."""
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
             self._ledger.count_rows(counts, 0, self._padding_row.length, {}, {})
             return segment, skip
@@ -624,6 +625,7 @@ class RankLoader:
         masked = getattr(row, "masked_documents", ())
         if masked:
             self._ledger.count_masked(counts, masked)
+            self._skip_examples.note_masked(lane, masked)
         return segment, skip + 1
 
     def _finite(self, lane: int) -> bool:
@@ -881,7 +883,8 @@ class RankLoader:
         first `EXAMPLES_PER_REASON` (3) skipped records this loader object took from its lanes,
         each with its `address` (also as `shard` and `index`), `lane` and `detail` (what was wrong,
         as `BadRecordError` would say; "" for a packer's refusal), in the order the lanes' chunks
-        were taken, so the same on every runner; the first of each is also logged at WARNING on
+        were taken, so the same on every runner; a document masked in a row handed over is named
+        under `masked:<reason>`, the name of its per-lane count; the first of each is also logged at WARNING on
         the `zephon` logger (see `_skip_examples`). This process's observations, like `"wait"`:
         never in `state_dict()`, kept by `load_state_dict()`.
 

@@ -18,7 +18,10 @@ The details come with the chunk that skipped them (`ChunkRecords.skip_details`, 
 each reason per chunk), so a chunk costs a look at its few details, never a walk of its skips, and
 nothing when it skipped none. A skip a packer decides (`drain_skips`) may carry its detail as a
 function, made only for the skips kept here: a misnamed field refuses every record, and describing
-each (its fields, a close name) would cost more than packing it.
+each (its fields, a close name) would cost more than packing it. A document masked in a row handed
+over (an image that failed only when its row was decoded, `decode_images(defer=True)`) is kept
+under `masked:<reason>`, the name the lane's count has, without a detail: it is counted per lane,
+not among the dataset's skips, so its log line says where.
 
 Thread-unsafe like the ledger: `note_*` run on the loader's thread only. `snapshot` may be read on
 another thread (`stats()` from a monitor): an example list is never changed in place but replaced
@@ -48,6 +51,13 @@ _LATER = (
 )
 
 
+_LATER_MASKED = (
+    "its row was handed over with that image's patches zero and the document's labels -100; later ones "
+    "are counted per lane in loader.stats()['lanes'], and the first {n} of each dataset and reason are "
+    "listed in loader.stats()['skipped_examples']"
+)
+
+
 class SkipExamples:
     """The first skipped records of each (dataset, reason) this loader took from its lanes."""
 
@@ -68,7 +78,13 @@ class SkipExamples:
         for address, reason, *detail in skips:
             self._note(lane, address, reason, detail[0] if detail else "")
 
-    def _note(self, lane: int, address: RecordAddress, reason: str, detail: str | Callable[[], str]) -> bool:
+    def note_masked(self, lane: int, masked) -> None:
+        """Documents masked in a row the loader handed over, as (address, reason): no detail."""
+        for address, reason in masked:
+            self._note(lane, address, f"masked:{reason}", "", masked=True)
+
+    def _note(self, lane: int, address: RecordAddress, reason: str, detail: str | Callable[[], str],
+              masked: bool = False) -> bool:
         """Keep the skip as an example if its (dataset, reason) has fewer; False once it is full. A
         detail given as a function is made only then."""
         key = (address.dataset, reason)
@@ -84,9 +100,9 @@ class SkipExamples:
         self._examples[key] = (*examples, (lane, address, detail))
         if not examples:
             self._log.warning(
-                "dataset %r: skipped a record as %s at %s (lane %d)%s; %s",
-                address.dataset, reason, address, lane, f": {detail}" if detail else "",
-                _LATER.format(n=EXAMPLES_PER_REASON),
+                "dataset %r: %s as %s at %s (lane %d)%s; %s",
+                address.dataset, "masked a document" if masked else "skipped a record", reason, address, lane,
+                f": {detail}" if detail else "", (_LATER_MASKED if masked else _LATER).format(n=EXAMPLES_PER_REASON),
             )
         return True
 

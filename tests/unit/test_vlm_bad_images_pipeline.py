@@ -237,6 +237,22 @@ def test_deferred_decode_masks_an_image_that_fails_after_packing_and_counts_it(s
         assert np.array_equal(images[key], pixels), f"{key}: deferred decode gives other pixels"
 
 
+@pytest.mark.parametrize("runner", ["inline", "thread"])
+def test_a_masked_document_is_named_in_skipped_examples_and_logged_once(shard, runner, caplog):
+    """A truncated JPEG found only when its row is decoded: its document was counted per lane as
+    `masked:truncated_image`, with no address anywhere and no log line, where every skip names its
+    first records in `stats()["skipped_examples"]` and logs the first at WARNING; the user had to
+    run again with on_error="raise" to learn which record it was."""
+    _, keys, _ = shard
+    with caplog.at_level("WARNING", logger="zephon"):
+        _, stats = _run(shard, runner, defer=True)
+    examples = stats["skipped_examples"]["pairs"]["masked:truncated_image"]
+    assert [keys[example["index"]] for example in examples] == list(MASKED_WHEN_DEFERRED)
+    assert examples[0]["address"].endswith("pairs-00000.tar#%d" % examples[0]["index"])
+    logged = [r.getMessage() for r in caplog.records if "masked:truncated_image" in r.getMessage()]
+    assert len(logged) == 1 and "masked a document" in logged[0] and "stats()['lanes']" in logged[0], logged
+
+
 @pytest.mark.parametrize("runner", ["inline", "process"])
 def test_deferred_decode_with_on_error_raise_fails_naming_the_record(shard, runner):
     _, keys, _ = shard
