@@ -361,6 +361,8 @@ def _classify(exc: BaseException, data: bytes) -> ImageDecodeError:
 
     if (cut := _webp_cut_short(data)) is not None:
         return ImageDecodeError("truncated_image", cut)
+    if not data:  # a failed download kept as an empty file: not a format problem to look for
+        return ImageDecodeError("corrupt_image", "the image holds 0 bytes (an empty file or member)")
     if isinstance(exc, UnidentifiedImageError):  # its message names a memory address: not stable
         detail = _png.header_chunk_fault(data) or "no image format recognises these bytes"
         return ImageDecodeError("corrupt_image", detail)

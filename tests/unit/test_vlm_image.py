@@ -371,6 +371,16 @@ def test_garbage_bytes_are_reported_as_corrupt_with_a_stable_message(data):
     assert str(first.value) == str(second.value), "the message must not name memory addresses"
 
 
+@pytest.mark.parametrize("decode", [decode_image, probe_image], ids=["decode", "probe"])
+def test_an_empty_image_is_said_to_hold_no_bytes(decode):
+    """A zero-byte `.jpg` member (a failed download kept as an empty file): the detail said "no
+    image format recognises these bytes", as for garbage, so the user looked for a format problem."""
+    with pytest.raises(ImageDecodeError) as caught:
+        decode(b"", ImageSpec())
+    assert caught.value.reason == "corrupt_image"
+    assert caught.value.detail == "the image holds 0 bytes (an empty file or member)"
+
+
 @pytest.mark.parametrize("kind", [b"IHDR", b"tEXt"])
 def test_a_png_whose_header_chunk_fails_its_checksum_is_named_so_not_as_no_image(kind):
     """Pillow's PNG reader refuses a chunk before the pixel data whose CRC-32 is wrong (a bit flip
