@@ -109,6 +109,10 @@ def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
     return [spec.start_s + k / spec.fps for k in range(count) if k / spec.fps < span] or [spec.start_s]
 
 
+_EMPTY = "{} holds 0 bytes (an empty file or member)"
+"""The detail of a video that holds nothing, as bytes or as a file: no damage to look for."""
+
+
 def _open(source):
     import av
 
@@ -123,15 +127,19 @@ def _open(source):
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - FFmpeg reports bad input in many ways
-        unopened = None if path is None else _unopenable_file(path)
-        raise unopened or VideoDecodeError("corrupt_video", _ffmpeg_said(exc)) from None
+        if path is None:
+            detail = _EMPTY.format("the video") if not len(source) else _ffmpeg_said(exc)
+            raise VideoDecodeError("corrupt_video", detail) from None
+        raise _unopenable_file(path) or VideoDecodeError("corrupt_video", _ffmpeg_said(exc)) from None
 
 
 def _unopenable_file(path: str) -> VideoDecodeError | None:
     """Why no media could be read at `path`, asked of the OS once FFmpeg has failed to open it:
     missing_video_file where no file is there, unopenable_video_file where something is there
     that cannot be opened as a file (a directory, permission denied, a symlink loop, a name holding
-    a NUL), None when the file opens, so that FFmpeg's failure was about its bytes (corrupt_video).
+    a NUL), corrupt_video saying so where the file holds 0 bytes (FFmpeg's words, "Invalid data",
+    sent the user looking for damage), None when the file opens and holds bytes, so that FFmpeg's
+    failure was about them (corrupt_video).
 
     A missing file is no damaged media: counted as corrupt_video, it sent an operator looking for
     damage when a copy had left out a folder. The OS decides, not FFmpeg's error code, which a
@@ -148,11 +156,13 @@ def _unopenable_file(path: str) -> VideoDecodeError | None:
         return VideoDecodeError("unopenable_video_file",
                                 f"{path!r} cannot be opened ({type(exc).__name__}: {exc.strerror})")
     try:
-        is_directory = stat.S_ISDIR(os.fstat(descriptor).st_mode)
+        status = os.fstat(descriptor)
     finally:
         os.close(descriptor)
-    if is_directory:
+    if stat.S_ISDIR(status.st_mode):
         return VideoDecodeError("unopenable_video_file", f"{path!r} is a directory, not a file")
+    if stat.S_ISREG(status.st_mode) and status.st_size == 0:
+        return VideoDecodeError("corrupt_video", _EMPTY.format(f"the file at {path!r}"))
     return None
 
 

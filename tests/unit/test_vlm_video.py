@@ -210,6 +210,18 @@ def test_a_path_is_read_as_a_local_file_even_where_ffmpeg_would_take_it_for_a_ur
         os.close(read)
 
 
+def test_an_empty_video_is_said_to_hold_no_bytes(tmp_path):
+    """A zero-byte clip (a copy or download that wrote nothing), as a file or as bytes: the detail
+    was FFmpeg's "Invalid data found when processing input", the words for damaged media."""
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    for source, named in ((str(tmp_path / "empty.mp4"), f"the file at {str(tmp_path / 'empty.mp4')!r}"),
+                          (b"", "the video")):
+        with pytest.raises(VideoDecodeError) as caught:
+            decode_video(source)
+        assert caught.value.reason == "corrupt_video"
+        assert caught.value.detail == f"{named} holds 0 bytes (an empty file or member)"
+
+
 def clips_shard(root: Path, paths: list[str]) -> Path:
     """A JSON-lines shard in `root` whose records name their videos by `paths`, as written."""
     shard = root / "videos.jsonl"
