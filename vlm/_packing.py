@@ -723,7 +723,7 @@ class PackMultimodal:
 
         def count(address: RecordAddress, record: dict) -> int:
             doc = packer._document(address, record)
-            refused.extend(reason for _, reason in packer.drain_skips())
+            refused.extend(reason for _, reason, _ in packer.drain_skips())
             packer.drain_truncations()
             return 0 if doc is None else doc.length
 
