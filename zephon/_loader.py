@@ -13,7 +13,6 @@ are all done stops iterating (trainers on finite epochs must tolerate ranks fini
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -24,7 +23,7 @@ import weakref
 from collections import Counter
 from concurrent.futures import Future
 from time import perf_counter
-from typing import Generator, Iterator, NamedTuple
+from typing import Callable, Generator, Iterator, NamedTuple, TypeVar
 
 from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
@@ -51,6 +50,7 @@ __all__ = ["RankLoader", "check_layout"]
 
 log = logging.getLogger("zephon")
 events = RankLog(log)
+T = TypeVar("T")  # what a `take_as_one` caller's function returns
 
 _PER_DATASET_COUNTS = ("tokens_by_dataset", "images_by_dataset")
 """What a row says of itself beyond its tokens for the ledger's per-dataset counts: a row plan of a
@@ -90,7 +90,7 @@ of resumed."""
 
 
 class LoaderMark(NamedTuple):
-    """A rank loader's place as `taking_as_one` marks it: what `_take_up` installs to hand back
+    """A rank loader's place as `take_as_one` marks it: what `_take_up` installs to hand back
     everything taken since (the fields are its arguments, in order)."""
 
     cursors: dict[int, LaneCursor]
@@ -194,12 +194,12 @@ class RankLoader:
         # microbatch is handed over, never across a yield), and by `state_dict` and
         # `load_state_dict`: a save on another thread read the cursors and settled the ledger while
         # the iteration moved and counted them ("dictionary changed size during iteration", or a
-        # state whose ledger had lost records). `taking_as_one` holds it over several microbatches
+        # state whose ledger had lost records). `take_as_one` holds it over several microbatches
         # (TorchTitan's local batch), its mark and its hand-back included. Reentrant: a stage function
         # run inline inside a `next()` that saves does not wait on itself, nor the adapter's
         # `next()`s. `close()` and `stats()` never take it.
         self._moving = threading.RLock()
-        # (pid, mark) while a `taking_as_one` block runs: a child forked meanwhile hands the
+        # (pid, mark) while a `take_as_one` block runs: a child forked meanwhile hands the
         # block's microbatches back at its first use (`hand_back_a_block_cut_by_fork`).
         self._taking: tuple[int, LoaderMark] | None = None
         self._built_in_pid = os.getpid()  # a forked copy iterated in DataLoader workers is refused
@@ -775,28 +775,33 @@ class RankLoader:
                 "saved on does), or resume from a checkpoint saved at the end of a step"
             )
 
-    @contextlib.contextmanager
-    def taking_as_one(self) -> Iterator[None]:
-        """Hold the loader while the caller takes several microbatches it hands on as one batch
-        (TorchTitan's local batch), and hand every one of them back if the block raises.
+    def take_as_one(self, take: Callable[[], T]) -> T:
+        """Call `take()`, which takes several microbatches that the caller hands on as one batch
+        (TorchTitan's local batch), holding the loader over it, and hand every one of them back if
+        it raises; return what it returns.
 
         The loader counts a microbatch as handed over when it yields it. An exception while the
         block's later microbatches are taken, or while they are stacked into tensors (a preemption
         handler, Ctrl-C), would leave the earlier ones counted but never passed on: a checkpoint or
         a new iteration taken then would skip them. So the cursors, ledger, steps begun and rows
-        taken are marked as the block begins, and taken up again if it raises having taken any
-        (with none taken, taking up the mark only wiped the records counted since: a run refused at
-        its end for dropping every record read in `stats()` as having read none); the iteration
-        the block took from ends there, as after `load_state_dict`. All of it under `_moving`,
-        which a save or load on another thread waits for: it saved states partway through such a
-        batch (each resumed one then straddled two), or read a hand-back's ledger before it and its
-        cursors after. Enter it on the iterating thread, between `next()` calls of the loader's
-        iteration, never across the caller's own yield."""
+        taken are marked as `take` begins, and taken up again if it raises having taken any (with
+        none taken, taking up the mark only wiped the records counted since: a run refused at its
+        end for dropping every record read in `stats()` as having read none); the iteration `take`
+        took from ends there, as after `load_state_dict`. All of it under `_moving`, which a save
+        or load on another thread waits for: it saved states partway through such a batch (each
+        resumed one then straddled two), or read a hand-back's ledger before it and its cursors
+        after. Call it on the iterating thread, between `next()` calls of the loader's iteration.
+
+        A call, not a context manager: between `take`'s return and `_moving`'s release no Python
+        function runs, and Ctrl-C lands at the next Python function called. A generator context
+        manager's `__exit__` is one: an interrupt landing at its call left `_moving` held by the
+        suspended generator and the block counted as handed over while its traceback lived, so a
+        trainer's handler checkpointed without the block, and a save on another thread waited."""
         with self._moving:
             mark = self._mark()
             try:
                 self._taking = (os.getpid(), mark)
-                yield
+                return take()
             except BaseException:
                 if self._rows_taken != mark.rows_taken:
                     self._take_up(*mark)
@@ -805,7 +810,7 @@ class RankLoader:
                 self._taking = None
 
     def hand_back_a_block_cut_by_fork(self) -> None:
-        """In a process forked while the parent's thread was inside `taking_as_one` (a torch
+        """In a process forked while the parent's thread was inside `take_as_one` (a torch
         DataLoader forking its workers, a trainer starting a `multiprocessing.Process`): hand the
         block's microbatches back, as an exception there would. The copy has them counted as taken,
         and the thread that would have passed them on or handed them back is not in the child: its
@@ -828,7 +833,7 @@ class RankLoader:
     def _mark(self) -> LoaderMark:
         """What `_take_up` needs to hand over again everything taken from now on: this rank's
         cursors, ledger, steps begun and rows taken (what `state_dict` saves, without its recipe digests).
-        Its caller (`taking_as_one`) holds `_moving` over both, so that no save on another thread
+        Its caller (`take_as_one`) holds `_moving` over both, so that no save on another thread
         lands in between.
 
         A cursor learns that its lane is finished from the lane's stream only when asked

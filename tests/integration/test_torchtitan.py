@@ -19,6 +19,8 @@ import inspect
 import json
 import logging
 import re
+import sys
+import threading
 from itertools import islice
 from pathlib import Path
 
@@ -372,6 +374,72 @@ def test_an_interrupt_while_a_local_batch_is_collated_loses_none_of_its_microbat
 
     monkeypatch.setattr(ZephonDataLoader, "_collate", collate)
     _check_the_interrupted_local_batch_comes_again(make_pipeline, reference, per_yield, then)
+
+
+def test_an_interrupt_between_a_local_batch_s_collate_and_its_yield_holds_no_lock_and_loses_none_of_it(
+    make_pipeline, monkeypatch
+):
+    """Ctrl-C, or a preemption handler raising, lands at the next Python function called: here at
+    any call between the second local batch's collate and its yield. The adapter took the local
+    batch inside a generator context manager, whose `__exit__` is such a call: the interrupt there
+    left the rank loader's lock held by the suspended generator, and the local batch counted as
+    handed over, until the traceback was freed. A checkpoint taken in the trainer's handler then
+    skipped the local batch, and a save on another thread (an asynchronous checkpointer) waited for
+    the handler to end. Wherever it lands, or if no call is left for it to land on, the save taken
+    then resumes with every local batch not yielded, and no other thread is held off."""
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        reference = _local_batch_digests(loader)
+    original, collated, armed = ZephonDataLoader._collate, {"n": 0}, {"on": False}
+
+    def collate(self, group):
+        batch = original(self, group)
+        collated["n"] += 1
+        armed["on"] = collated["n"] == 2
+        return batch
+
+    def interrupt_the_next_call(frame, event, arg):
+        if event == "call" and armed["on"]:
+            armed["on"] = False
+            raise Interrupt
+        return None
+
+    def held_off_on_another_thread(rank_loader) -> bool:
+        """Whether a save on another thread would wait: the rank loader's lock is held."""
+        got = []
+
+        def probe():
+            got.append(rank_loader._moving.acquire(blocking=False))
+            if got[0]:
+                rank_loader._moving.release()
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        prober.join()
+        return not got[0]
+
+    def checkpoint(loader) -> tuple[bool, dict]:
+        sys.settrace(None)
+        return held_off_on_another_thread(loader.loader), loader.state_dict()
+
+    monkeypatch.setattr(ZephonDataLoader, "_collate", collate)
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        per_yield, seen = LOCAL_BATCH // loader.loader.microbatch_size, []
+        sys.settrace(interrupt_the_next_call)
+        try:
+            for _ in loader:
+                armed["on"] = False  # the local batch was yielded: nothing left to interrupt
+                seen += [b.digest() for b in loader.last_microbatches]
+                if len(seen) == 2 * per_yield:
+                    break
+            held_off, state = checkpoint(loader)
+        except Interrupt:  # a trainer's handler: it checkpoints with the exception alive
+            held_off, state = checkpoint(loader)
+        finally:
+            sys.settrace(None)
+    assert not held_off
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        loader.load_state_dict(state)
+        assert seen + _local_batch_digests(loader, 6 - len(seen) // per_yield) == reference
 
 
 def test_a_checkpoint_after_an_interrupt_in_the_ragged_end_still_says_which_lanes_are_finished(

@@ -632,19 +632,23 @@ def test_load_state_dict_again_after_an_interrupted_one_resumes_as_an_uninterrup
 
 
 def test_microbatches_taken_as_one_are_handed_back_when_the_block_raises(pipeline):
-    """`taking_as_one` is how an adapter (TorchTitan's local batch) takes several microbatches
-    that it passes on together: an interrupt inside the block hands back every microbatch taken in
-    it, so a checkpoint taken then, or a new iteration, starts again with the block's first; with
-    the loader's ledger as the uninterrupted run's."""
+    """`take_as_one` is how an adapter (TorchTitan's local batch) takes several microbatches
+    that it passes on together: an interrupt inside the function it calls hands back every
+    microbatch taken in it, so a checkpoint taken then, or a new iteration, starts again with the
+    first of them; with the loader's ledger as the uninterrupted run's."""
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         reference = digests(loader)
         uninterrupted = loader.stats()
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         batches = iter(loader)
         seen = [(b.step, b.lane, b.index, b.digest()) for b in itertools.islice(batches, 1)]
-        with pytest.raises(Interrupt), loader.taking_as_one():
+
+        def take_two_then_interrupt():
             assert len(list(itertools.islice(batches, 2))) == 2
             raise Interrupt
+
+        with pytest.raises(Interrupt):
+            loader.take_as_one(take_two_then_interrupt)
         state = loader.state_dict()
         assert seen + digests(loader) == reference
         _assert_the_uninterrupted_ledger(loader.stats(), uninterrupted)

@@ -343,13 +343,11 @@ class ZephonDataLoader(_Base):
         per_yield = self.local_batch_size // self._loader.microbatch_size
         microbatches = iter(self._loader)
         while True:
-            # Taken as one (see `RankLoader.taking_as_one`): an exception before the yield hands
+            # Taken as one (see `RankLoader.take_as_one`): an exception before the yield hands
             # the local batch's microbatches back, and no save or load on another thread lands
             # partway through it.
             try:
-                with self._loader.taking_as_one():
-                    group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
-                    batch = self._collate(group) if group else None
+                group, batch = self._loader.take_as_one(lambda: self._local_batch(microbatches, per_yield))
             except ConfigurationError:
                 if self._loader.closed:
                     # The rank loader's refusal says to make a loader with pipeline.shard(...).
@@ -361,6 +359,11 @@ class ZephonDataLoader(_Base):
             yield batch
             if len(group) < per_yield:
                 return
+
+    def _local_batch(self, microbatches: Iterator[Batch], per_yield: int) -> tuple[tuple[Batch, ...], Any]:
+        """The next local batch's microbatches and their tensors (none and None at the end)."""
+        group = tuple(islice(microbatches, per_yield))  # never pulls a microbatch it does not yield
+        return group, (self._collate(group) if group else None)
 
     def _collate(self, group: tuple[Batch, ...]) -> tuple[dict, Any]:
         import torch
