@@ -124,6 +124,8 @@ def _what_it_holds(value: object) -> str:
         ids = np.asarray(value)
     except (TypeError, ValueError):
         return "lists of unequal lengths"
+    if ids.ndim == 0:  # a number or a mapping, which NumPy wraps as a 0-D array no record holds
+        return f"a single {type(value).__name__}"
     if ids.ndim != 1:
         return f"a {ids.ndim}-D array of shape {ids.shape}"
     if ids.dtype.kind not in "iu":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -176,6 +177,19 @@ def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reaso
         assert packer.drain_skips() == []
     count = PackFlatOp(4).token_counter()  # token estimation counts what the packers place
     assert [count(address, record) for address, record in items] == [5, 0, 0, 0, 0, 3]
+
+
+@pytest.mark.parametrize("value, held", [
+    (7, "a single int"), (2.5, "a single float"), (True, "a single bool"), ({"ids": [1, 2]}, "a single dict"),
+])
+def test_a_packers_refusal_of_one_value_that_is_no_list_says_what_the_value_is(value, held):
+    """A number or a mapping where the ids belong (a JSON `"input_ids": 7`, a nested struct) is
+    what NumPy reads as a 0-D array, and the detail said "holds a 0-D array of shape ()", which no
+    record holds: it says the value's type."""
+    packer = WrapPacker(4, 0, "input_ids")
+    packer.push((RecordAddress("d", "s", 0), {"input_ids": value}))
+    assert refusals(packer.drain_skips()) == [(RecordAddress("d", "s", 0), "not_tokens",
+                                               f"'input_ids' holds {held}, not a flat list of token ids in [0, 2**31)")]
 
 
 def test_shuffle_reorders_what_passes_through_it_and_what_a_flush_releases():
