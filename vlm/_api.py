@@ -143,9 +143,12 @@ def pack_multimodal(
 
 def _check_one_patch_layout(pipeline, pixels_field: str) -> None:
     """Refuse decoders that write `pixels_field` in different patch layouts (an image dataset's
-    ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, or an image
-    processor's patch rows beside frames): the packer cuts every image of a row with one patch
-    size into one `pixel_values` array, so the records of one of them would fail as data flows."""
+    ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, an image
+    processor's patch rows beside frames, image processors merging differently or writing their
+    grids to different fields): the packer cuts every image of a row with one patch size into one
+    `pixel_values` array, reads one grid field and checks the last decoder's merge against the
+    placeholders, so the records of one of them would fail as data flows, or be given placeholder
+    tokens for another merge than their processor's."""
     decoders = [op for op in pipeline.operators
                 if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
     if len(decoders) < 2:
@@ -157,7 +160,8 @@ def _check_one_patch_layout(pipeline, pixels_field: str) -> None:
             "holds one patch layout: " + "; ".join(
                 f"{op.name}({'every dataset' if op.datasets is None else 'datasets=' + repr(list(op.datasets))}) "
                 f"gives {layout}" for op, layout in layouts
-            ) + ": give the image and video specs the same patch_size and merge_size"
+            ) + ": give the decoders the same patch_size and merge_size (image processors: the same merge_size "
+            "and grid_field)"
         )
 
 
@@ -165,7 +169,9 @@ def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
     """How a decoder's images are cut into patches, in words that compare equal when they agree."""
     if isinstance(decoder, DecodeImages) and decoder.processor is not None:
         dim, dtype = decoder.patch_layout()
-        return f"its image processor's patch rows of {dim} {dtype}"
+        merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
+        merged = f" merged {merge}x{merge}" if isinstance(merge, int) else ""
+        return f"its image processor's patch rows of {dim} {dtype}{merged}, grids in {decoder.grid_field!r}"
     spec = decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
     return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.unit.test_vlm_assets import encode, gradient, make_video, package_dir
-from vlm import ImageSpec, PixtralPlaceholders, VideoSpec
+from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders, VideoSpec
 from vlm._stages import DecodeImages
 from vlm._video import decode_video
 from zephon import ConfigurationError, Pipeline
@@ -190,6 +190,38 @@ def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus):
                               datasets="clips"))
     with pytest.raises(ConfigurationError, match=r"different patches.*16px patches merged 1x1.*14px patches"):
         pipeline.pack_multimodal(160, PLACEHOLDERS)
+
+
+class _PatchRowsProcessor:
+    """An image processor of the user's own, Qwen2-VL style: 768-wide float32 patch rows on a 4x4
+    grid, merging `merge_size` x `merge_size` patches per token."""
+
+    def __init__(self, merge_size: int) -> None:
+        self.merge_size = merge_size
+
+    def __call__(self, images, return_tensors: str) -> dict:
+        return {"pixel_values": np.zeros((16, 768), np.float32), "image_grid_thw": [[1, 4, 4]]}
+
+
+@pytest.mark.parametrize("second, why", [
+    ({"processor": _PatchRowsProcessor(1)}, r"merged 2x2.*merged 1x1"),
+    ({"processor": _PatchRowsProcessor(2), "grid_field": "clip_grid"}, r"grids in 'image_grid'.*grids in 'clip_grid'"),
+], ids=["merge", "grid_field"])
+def test_image_processors_merging_or_placing_their_grids_differently_are_refused(corpus, second, why):
+    """Two scoped decoders with image processors of one patch width: the packer checked the last
+    one's merge against the placeholders and read the last one's grid field only, so the first
+    one's images had the wrong number of placeholder tokens for the model (merging unlike it) or
+    failed when their first record was packed (their grids in another field)."""
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
+                .apply(DecodeImages(field="jpg", datasets=("clips",), **second)))
+    merge = second["processor"].merge_size  # the last decoder's, which the placeholders and spec follow
+    with pytest.raises(ConfigurationError, match="different patches.*" + why):
+        pipeline.pack_multimodal(160, QwenPlaceholders(3, 4, 5, merge_size=merge), spec=ImageSpec(merge_size=merge))
+    alike = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+             .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
+             .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="clips"))
+    alike.pack_multimodal(160, QwenPlaceholders(3, 4, 5, merge_size=2), spec=ImageSpec(merge_size=2))
 
 
 def test_a_scope_is_in_the_fingerprint_sorted():
