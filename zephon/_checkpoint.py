@@ -23,6 +23,7 @@ from typing import Iterable, Mapping
 
 from ._dataset_changes import describe_dataset_changes
 from ._errors import CheckpointError, RecipeMismatchError
+from ._recipe_keys import meaning_of_keys
 from ._sha256 import sha256
 
 __all__ = [
@@ -82,7 +83,7 @@ def canonical_json(value) -> str:
 def recipe_digests(recipe: Mapping) -> dict[str, str]:
     """A short digest per recipe setting, so a mismatch can be named without storing it all.
 
-    Settings are named one level below the recipe's top: `plan.seed`, `plan.mixture`,
+    Settings are named one level below the recipe's top: `plan.seed`, `plan.schedule`,
     `plan.datasets`; an operator's as `operators[i].<op>.<setting>` (e.g.
     `operators[2].pack_flat.max_length`). Deeper values (the dataset list) get one digest each.
     """
@@ -250,7 +251,8 @@ def read_state(
         raise RecipeMismatchError(
             "the checkpoint was taken with a different recipe; changed: " + ", ".join(changed)
             + (". In plan.datasets: " + "; ".join(how) if how else "")
-            + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not.",
+            + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not."
+            + meaning_of_keys(changed),
             tuple(changed),
         )
     if state["num_lanes"] != num_lanes:

@@ -244,6 +244,20 @@ def test_checkpoint_of_another_recipe_is_refused_naming_what_changed(corpora, st
     assert "may change on resume" in str(refusal)
 
 
+@pytest.mark.parametrize(
+    ("case", "argument"),
+    [("mixture", "mixture="), ("token_estimation", "TokenEstimation")],
+)
+def test_a_refusal_says_which_pipeline_argument_a_plan_key_stands_for(corpora, state, tmp_path, case, argument):
+    """A plain Pipeline user changed the work source's `mixture=` and was told `changed:
+    plan.schedule` alone, a name they never wrote; the key stays (it is the error's `changed`) and
+    the refusal says what it stands for."""
+    make, _ = RECIPE_CHANGES[case]
+    refusal = str(refused(recipe(corpora, **make(tmp_path)), state))
+    key = "plan.schedule" if case == "mixture" else "plan.tokens_per_byte"
+    assert re.search(rf"{re.escape(key)} is [^.;]*{re.escape(argument)}", refusal), refusal
+
+
 def test_checkpoint_taken_with_another_global_batch_size_is_refused_naming_it(corpora, state):
     """The global batch size is part of the recipe (SPEC §1): a lane's cursor counts rows, and
     which rows make up a step follows from it."""
@@ -469,10 +483,10 @@ def test_a_state_edited_by_its_caller_leaves_the_loaders_next_states_as_they_wer
         assert loader.state_dict() == untouched
 
 
-@pytest.mark.parametrize("module", ["_checkpoint.py", "_dataset_changes.py"])
+@pytest.mark.parametrize("module", ["_checkpoint.py", "_dataset_changes.py", "_recipe_keys.py"])
 def test_checkpoint_module_cannot_deserialise_code(module):
-    """The state module, and the one that reads a state's dataset summaries to word a refusal, use
-    json only: no pickle, marshal, shelve, eval or exec anywhere in them."""
+    """The state module, and those that read a state's dataset summaries or its changed keys to word
+    a refusal, use json only: no pickle, marshal, shelve, eval or exec anywhere in them."""
     source = (REPO_ROOT / "zephon" / module).read_text()
     tree = ast.parse(source)
     imported = set()
@@ -481,7 +495,7 @@ def test_checkpoint_module_cannot_deserialise_code(module):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add("." * node.level + (node.module or ""))
-    allowed = {"__future__", "json", "dataclasses", "typing", "._errors", "._sha256", "._dataset_changes"}
+    allowed = {"__future__", "json", "dataclasses", "typing", "._errors", "._sha256", "._dataset_changes", "._recipe_keys"}
     assert imported <= allowed, imported
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not called & {"eval", "exec", "compile", "__import__"}, called
