@@ -394,6 +394,25 @@ def test_parquet_shard_with_corrupt_pages_fails_naming_the_shard(tmp_path):
     assert "changed after planning" not in str(info.value), "the decoder, not the version check, refused it"
 
 
+def test_a_corrupt_compressed_parquet_page_fails_at_once_not_retried_as_storage(tmp_path, caplog):
+    """pyarrow reports a snappy page it cannot decompress as a bare OSError, which was taken for a
+    storage error: retried with backoff, each retry logged as a failed read, before the same
+    refusal. The chunk's bytes were all read into memory by then, so it is the data, at once."""
+    rows = clean_records(PER_SHARD, 0)
+    sink = tmp_path / "part-0.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), sink, compression="snappy", use_dictionary=False)
+    data = bytearray(sink.read_bytes())
+    first_page = pq.ParquetFile(sink).metadata.row_group(0).column(0).data_page_offset
+    data[first_page + 24 : first_page + 64] = bytes(40)  # the page's compressed bytes, header kept
+    sink.write_bytes(bytes(data))
+    dataset = Dataset.from_path("d", str(tmp_path), retries=3, retry_delay=0.01)
+    with pytest.raises(ShardUnavailableError) as info:
+        dataset.read_chunk(dataset.chunks(records_per_chunk=PER_SHARD)[0], on_error="skip")
+    assert info.value.url == str(sink) and "undecodable Parquet" in str(info.value), str(info.value)
+    assert info.value.attempts == 1, str(info.value)
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
 def test_parquet_page_whose_checksum_fails_fails_naming_the_shard(tmp_path):
     """A flipped bit in an uncompressed page decodes to another record: only the page checksum,
     where the writer stored one, tells, and pyarrow checks it only when asked."""

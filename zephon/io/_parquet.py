@@ -4,8 +4,11 @@ Planning reads only the footer. A chunk read decodes only the row groups that ov
 then slices, so reading a small chunk of a large file costs about one row group, not the file.
 
 Bytes pyarrow cannot decode (a corrupt footer or page, or a page whose stored checksum fails)
-make the shard unreadable: it raises ShardUnavailableError naming the shard, at once. (pyarrow reports some corruption as OSError,
-which is retried as a storage error first and then reported the same way.)
+make the shard unreadable: it raises ShardUnavailableError naming the shard, at once. pyarrow reports
+some corruption (a page snappy cannot decompress) as a bare OSError, like a failed read: while a
+chunk's row groups are decoded, an OSError is the data's unless a read of the shard raised
+(`_Spans.storage_failed`), so only a storage error is retried. At planning (the footer) an OSError is
+still retried as a storage error first and then reported the same way.
 
 pyarrow is imported on first use: it adds ~37 MB to every process that imports it, and a loader
 that reads no Parquet should not pay that.
@@ -73,9 +76,15 @@ class Parquet:
             rows = []
             if groups:
                 # A page whose checksum (where the writer stored one) fails is corrupt, not a record.
-                parquet = pq.ParquetFile(spanned(f, metadata, groups), metadata=metadata, page_checksum_verification=True,
-                                         pre_buffer=False)
-                rows = _rows(parquet.read_row_groups(groups, use_threads=False).slice(start - first_row, stop - start))
+                spans = spanned(f, metadata, groups)
+                parquet = pq.ParquetFile(spans, metadata=metadata, page_checksum_verification=True, pre_buffer=False)
+                try:
+                    table = parquet.read_row_groups(groups, use_threads=False)
+                except OSError as error:
+                    if spans.storage_failed:
+                        raise  # storage: the caller retries it
+                    raise ShardUnavailableError(shard.url, 1, f"undecodable Parquet: {type(error).__name__}: {error}") from error
+                rows = _rows(table.slice(start - first_row, stop - start))
         return fill_truncated(rows, stop - start, "shard has fewer rows than when it was planned")
 
 

@@ -65,6 +65,9 @@ def _extent(group: pq.RowGroupMetaData) -> tuple[int, int]:
 class _Spans:
     """A read-only file that answers reads inside a span from memory and others from `file`.
 
+    `storage_failed` is set when a read of `file` raised: pyarrow reports a page it cannot
+    decompress as a bare OSError too, and only this tells the two apart.
+
     Thread-safety: thread-unsafe, as the file it wraps; one reader, the calling thread."""
 
     def __init__(self, file: BinaryIO, spans: list[tuple[int, memoryview]]) -> None:
@@ -73,6 +76,7 @@ class _Spans:
         self._starts = [start for start, _ in spans]
         self._at = 0
         self.closed = False
+        self.storage_failed = False
 
     def read(self, size: int = -1) -> bytes | memoryview:
         at = self._at
@@ -82,8 +86,12 @@ class _Spans:
             if at + size <= start + len(data):
                 self._at = at + size
                 return data[at - start : at - start + size]
-        self._file.seek(at)
-        out = self._file.read(size)
+        try:
+            self._file.seek(at)
+            out = self._file.read(size)
+        except BaseException:
+            self.storage_failed = True
+            raise
         self._at = at + len(out)
         return out
 
