@@ -46,10 +46,12 @@ def work_source_dataset_names(source: object) -> tuple[str, ...] | None:
 
 
 def check_dataset_scopes(operators: Iterable[object], dataset_names: Iterable[str]) -> None:
-    """Refuse an operator whose `datasets` names a dataset not among `dataset_names`."""
+    """Refuse an operator whose `datasets` names a dataset not among `dataset_names`. An operator
+    of the user's own may give one name as a string: it is read as that name, not as letters."""
     known = list(dataset_names)
     for op in operators:
-        scope = getattr(op, "datasets", None)
+        user = getattr(op, "name", type(op).__name__)
+        scope = check_dataset_names(getattr(op, "datasets", None), user)
         if scope is None:
             continue
         for name in scope:
@@ -59,6 +61,6 @@ def check_dataset_scopes(operators: Iterable[object], dataset_names: Iterable[st
                 close = difflib.get_close_matches(name, known)
                 guess = "; did you mean " + " or ".join(map(repr, close)) + "?" if close else ""
                 raise ConfigurationError(
-                    f"{getattr(op, 'name', type(op).__name__)}(datasets={list(scope)}): {name!r} is no dataset of "
+                    f"{user}(datasets={list(scope)}): {name!r} is no dataset of "
                     f"the work source, whose datasets are {known}{guess}"
                 )

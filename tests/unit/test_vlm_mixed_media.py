@@ -183,6 +183,17 @@ def test_a_misnamed_dataset_given_to_apply_is_refused_when_the_pipeline_is_shard
         pipeline.shard(0, 1)
 
 
+def test_an_operator_of_the_user_s_own_scoped_by_one_name_as_a_string_is_checked_by_that_name(corpus):
+    """`check_dataset_names` normalises the stages Zephon ships; an operator of the user's own may
+    hold the string as given, which was checked letter by letter ("'f' is no dataset")."""
+    decoder = DecodeImages(field="jpg", spec=SPEC)
+    object.__setattr__(decoder, "datasets", "fotos")  # as a plugin's own dataclass would hold it
+    pipeline = (Pipeline(mixed_source(corpus)).options(num_lanes=4).tokenize(TOKENIZER, field="txt")
+                .apply(decoder).pack_multimodal(160, PLACEHOLDERS).batch(1))
+    with pytest.raises(ConfigurationError, match=r"\(datasets=\['fotos'\]\): 'fotos' is no dataset"):
+        pipeline.shard(0, 1)
+
+
 def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus):
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
                 .decode_images(field="jpg", spec=SPEC, datasets="photos")
