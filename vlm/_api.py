@@ -116,6 +116,7 @@ def pack_multimodal(
                 f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
                 + ", ".join(f"{name} writes {field!r}" for field, name in written.items())
             )
+    _check_one_decoder_per_dataset(pipeline, pixels_field)
     _check_one_patch_layout(pipeline, pixels_field)
     grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
@@ -141,6 +142,35 @@ def pack_multimodal(
     ))
 
 
+def _check_one_decoder_per_dataset(pipeline, pixels_field: str) -> None:
+    """Refuse two decoders writing `pixels_field` that both run on some dataset (one of them on
+    every dataset, or both scoped to one): the later finds the earlier's arrays where it expects
+    encoded bytes, or no field of its own, and drops every record of that dataset as bad media,
+    counted but not what was meant. Scoping each decoder to its own datasets is the remedy."""
+    decoders = [op for op in pipeline.operators
+                if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
+    for i, earlier in enumerate(decoders):
+        for later in decoders[i + 1:]:
+            if earlier.datasets is None and later.datasets is None:
+                shared = "every dataset's records"
+            else:  # None stands for every dataset: the other's scope is what they share
+                both = set(earlier.datasets or later.datasets) & set(later.datasets or earlier.datasets)
+                if not both:
+                    continue
+                shared = "the records of " + ", ".join(map(repr, sorted(both)))
+            raise ConfigurationError(
+                f"pack_multimodal: {_scoped_name(earlier)} and {_scoped_name(later)} both decode {shared} into "
+                f"{pixels_field!r}, so the later would drop those records as bad media: give each decoder its "
+                "own datasets (datasets=...)"
+            )
+
+
+def _scoped_name(decoder: DecodeImages | DecodeVideo) -> str:
+    """A decoder's stage name and the datasets it runs on, as a refusal names it."""
+    scope = "every dataset" if decoder.datasets is None else f"datasets={list(decoder.datasets)!r}"
+    return f"{decoder.name}({scope})"
+
+
 def _check_one_patch_layout(pipeline, pixels_field: str) -> None:
     """Refuse decoders that write `pixels_field` in different patch layouts (an image dataset's
     ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, an image
@@ -158,8 +188,7 @@ def _check_one_patch_layout(pipeline, pixels_field: str) -> None:
         raise ConfigurationError(
             f"pack_multimodal: the decoders writing {pixels_field!r} cut images into different patches, but a row "
             "holds one patch layout: " + "; ".join(
-                f"{op.name}({'every dataset' if op.datasets is None else 'datasets=' + repr(list(op.datasets))}) "
-                f"gives {layout}" for op, layout in layouts
+                f"{_scoped_name(op)} gives {layout}" for op, layout in layouts
             ) + ": give the decoders the same patch_size and merge_size (image processors: the same merge_size "
             "and grid_field)"
         )

@@ -194,6 +194,22 @@ def test_an_operator_of_the_user_s_own_scoped_by_one_name_as_a_string_is_checked
         pipeline.shard(0, 1)
 
 
+@pytest.mark.parametrize("image_scope, video_scope, shared", [
+    (None, "clips", "the records of 'clips'"),
+    (["photos", "clips"], ["clips"], "the records of 'clips'"),
+    (None, None, "every dataset's records"),
+])
+def test_decoders_running_on_one_dataset_are_refused(corpus, image_scope, video_scope, shared):
+    """The later decoder would find the earlier's arrays, or no field of its own, and drop every
+    record they share as bad media."""
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_images(field="jpg", spec=SPEC, datasets=image_scope)
+                .decode_video(field="mp4", spec=VIDEO_SPEC, datasets=video_scope))
+    with pytest.raises(ConfigurationError, match=rf"decode_images\(.*\) and decode_video\(.*\) both decode {shared} "
+                                                 r"into 'pixels'.*give each decoder its own datasets"):
+        pipeline.pack_multimodal(160, PLACEHOLDERS)
+
+
 def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus):
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
                 .decode_images(field="jpg", spec=SPEC, datasets="photos")
