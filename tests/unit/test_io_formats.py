@@ -804,6 +804,46 @@ def test_a_parquet_read_calls_into_python_only_on_its_own_thread_so_an_exit_afte
     assert python_ran_on == {threading.get_ident()}
 
 
+_READ_EVERY_CHUNK = """
+import sys
+from zephon.io import Dataset, ShardUnavailableError
+dataset = Dataset.from_path("d", sys.argv[1], retry_delay=0)
+for chunk in dataset.chunks(2):
+    try:
+        print(len(dataset.read_chunk(chunk).records))
+    except ShardUnavailableError as refused:
+        print(type(refused).__name__)
+"""
+
+
+def test_a_parquet_file_whose_column_statistics_are_corrupt_is_refused_without_aborting_the_process(tmp_path):
+    """One byte of the footer's size statistics changed: pyarrow (26) parses the footer, then
+    aborts the process (`terminate called`, an uncaught C++ exception) when Python asks for that
+    column chunk's metadata, which the reader did to find the row groups' bytes. Its own read of
+    the row group raises an OSError: the file is now read without asking, and the training job
+    gets a ShardUnavailableError naming the shard where it lost its process (found by
+    tests/fuzz/test_fuzz_readers.py, which aborted a 3.14t run)."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": [[7], None, [9, 8, 1], [], [6, 5, 5], [4]]}), sink, row_group_size=2)
+    data = bytearray(sink.getvalue())
+    data[782] = 249  # the repetition level histogram of the last row group's column: 4 entries for 2
+    shard = tmp_path / "corrupt.parquet"
+    shard.write_bytes(bytes(data))
+    asks = "import pyarrow.parquet as pq, sys; m = pq.read_metadata(sys.argv[1]); m.row_group(2).column(0)"
+    premise = subprocess.run([sys.executable, "-c", asks, str(shard)], capture_output=True, text=True, timeout=60)
+    assert premise.returncode != 0 and "histogram size mismatch" in premise.stderr, "pyarrow no longer aborts here"
+    done = subprocess.run([sys.executable, "-c", _READ_EVERY_CHUNK, str(shard)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "2", "ShardUnavailableError"]
+
+
 def test_parquet_rows_of_a_file_that_repeats_a_column_name_are_skipped_not_read_with_one_value_dropped(tmp_path):
     """pyarrow writes such a file; its rows as dicts kept the last `text` and lost the first."""
     import pyarrow as pa

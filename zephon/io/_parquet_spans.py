@@ -5,11 +5,11 @@ Without pre-buffering pyarrow asks the file for each column chunk of each row gr
 an fsspec file on an object store makes a ranged GET for each read its block cache does not hold:
 a shard whose column chunks outgrow the block (fsspec's default: 5 MiB) cost one request
 per column per row group, where pyarrow's pre-buffering had coalesced them into one per 32 MiB.
-`spanned` reads consecutive row groups as pyarrow's pre-buffering did, in spans of up to 32 MiB
-(a larger row group is one span of its own), on the calling thread, and serves pyarrow's reads
-from them; a read outside every span (bytes the metadata does not place) goes to the shard. The
-spans are held until the chunk is decoded, as pre-buffering held its ranges: a chunk's row groups'
-compressed bytes, where reading column by column held one column chunk's at a time.
+`spanned` reads ahead, from the first bytes pyarrow asks for, about as many bytes as the chunk's
+row groups hold (up to 32 MiB at once), on the calling thread, and serves pyarrow's reads from
+them; a read it does not hold reads ahead again. The spans are held until the chunk is decoded,
+as pre-buffering held its ranges: a chunk's row groups' compressed bytes, where reading column by
+column held one column chunk's at a time.
 """
 
 from __future__ import annotations
@@ -23,77 +23,81 @@ if TYPE_CHECKING:
 __all__ = ["spanned"]
 
 SPAN_BYTES = 32 << 20
-"""The most bytes of row groups read at once (pyarrow's own pre-buffering range limit)."""
+"""The most bytes read ahead at once (pyarrow's own pre-buffering range limit)."""
+
+_SLACK = 1.1
+"""How much more than its estimate a chunk's read-ahead takes: a row group compressed a little
+worse than the file's average is read in the same request."""
 
 
 def spanned(file: BinaryIO, metadata: pq.FileMetaData, groups: list[int]) -> _Spans:
-    """`file` with the byte ranges of row groups `groups` (consecutive, in file order) read in. A
-    range the metadata places outside the file (a corrupt footer) is left for pyarrow to read and
-    report as it did."""
+    """`file`, reading ahead about the compressed bytes of row groups `groups` wherever pyarrow
+    first asks for bytes it does not hold (the first column chunk: pyarrow reads a chunk's row
+    groups column by column, each column chunk in one read).
+
+    The read-ahead is estimated, not taken from the column chunks' offsets: pyarrow (26) aborts the
+    process (`terminate called`, a C++ exception its Python binding does not catch) when asked
+    for a column chunk's metadata whose statistics are corrupt, where its own read of the same
+    row group raises an OSError. So the bytes the file's row groups hold between its magic and its
+    footer are shared out by their uncompressed sizes, which the row groups' own metadata gives
+    safely: a row group's share is its compressed size where the file compresses evenly. A read
+    past the estimate is one more read, as is a read outside the chunk's bytes."""
     size = file.seek(0, 2)
-    spans: list[tuple[int, int]] = []
-    for group in groups:
-        start, stop = _extent(metadata.row_group(group))
-        if not 0 <= start < stop <= size:
-            continue
-        if spans and start >= spans[-1][0] and stop - spans[-1][0] <= SPAN_BYTES:
-            spans[-1] = (spans[-1][0], max(stop, spans[-1][1]))
-        else:
-            spans.append((start, stop))
-    read = []
-    for start, stop in spans:
-        file.seek(start)
-        read.append((start, memoryview(file.read(stop - start))))
-    return _Spans(file, read)
-
-
-def _extent(group: pq.RowGroupMetaData) -> tuple[int, int]:
-    """[start, stop) of a row group's column chunks in the file, placed as pyarrow places them: a
-    chunk starts at its dictionary page where that comes first, else at its first data page."""
-    start, stop = -1, -1
-    for i in range(group.num_columns):
-        column = group.column(i)
-        at = column.data_page_offset
-        dictionary = column.dictionary_page_offset
-        if column.has_dictionary_page and dictionary is not None and 0 < dictionary < at:
-            at = dictionary
-        start = at if start < 0 else min(start, at)
-        stop = max(stop, at + column.total_compressed_size)
-    return start, stop
+    stored = max(0, size - 12 - metadata.serialized_size)  # less the two magics, the footer and its length
+    uncompressed = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
+    wanted = sum(metadata.row_group(g).total_byte_size for g in groups)
+    estimate = stored * wanted / uncompressed if uncompressed else stored
+    return _Spans(file, window=min(SPAN_BYTES, int(estimate * _SLACK) + 1), end=size)
 
 
 class _Spans:
-    """A read-only file that answers reads inside a span from memory and others from `file`.
+    """A read-only file that answers reads from what it read ahead of `file` where it can.
 
-    `storage_failed` is set when a read of `file` raised: pyarrow reports a page it cannot
+    A read it does not hold reads `window` bytes from its start (to `end` at most) and keeps
+    them: the spans are held until the chunk is decoded, as pyarrow's pre-buffering held its
+    ranges. `storage_failed` is set when a read of `file` raised: pyarrow reports a page it cannot
     decompress as a bare OSError too, and only this tells the two apart.
 
     Thread-safety: thread-unsafe, as the file it wraps; one reader, the calling thread."""
 
-    def __init__(self, file: BinaryIO, spans: list[tuple[int, memoryview]]) -> None:
+    def __init__(self, file: BinaryIO, window: int, end: int) -> None:
         self._file = file
-        self._spans = spans
-        self._starts = [start for start, _ in spans]
+        self._window, self._end = window, end
+        self._spans: list[tuple[int, memoryview]] = []
+        self._starts: list[int] = []
         self._at = 0
         self.closed = False
         self.storage_failed = False
 
     def read(self, size: int = -1) -> bytes | memoryview:
         at = self._at
-        i = bisect_right(self._starts, at) - 1
-        if size >= 0 and i >= 0:
+        if size >= 0:
+            i = bisect_right(self._starts, at) - 1
+            if i < 0 or at + size > self._starts[i] + len(self._spans[i][1]):
+                i = self._read_ahead(at, size)
             start, data = self._spans[i]
             if at + size <= start + len(data):
                 self._at = at + size
                 return data[at - start : at - start + size]
+        out = self._from_file(at, size)
+        self._at = at + len(out)
+        return out
+
+    def _read_ahead(self, at: int, size: int) -> int:
+        """Read `window` bytes (at least `size`) from `at` into a span of their own; its index."""
+        data = memoryview(self._from_file(at, max(size, min(self._window, self._end - at))))
+        i = bisect_right(self._starts, at)
+        self._starts.insert(i, at)
+        self._spans.insert(i, (at, data))
+        return i
+
+    def _from_file(self, at: int, size: int) -> bytes:
         try:
             self._file.seek(at)
-            out = self._file.read(size)
+            return self._file.read(size)
         except BaseException:
             self.storage_failed = True
             raise
-        self._at = at + len(out)
-        return out
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if whence == 0:
