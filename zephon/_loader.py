@@ -887,9 +887,10 @@ class RankLoader:
         `"skipped_examples"` names the records behind the skip counts: per dataset and reason, the
         first `EXAMPLES_PER_REASON` (3) skipped records this loader object took from its lanes,
         each with its `address` (also as `shard` and `index`), `lane` and `detail` (what was wrong,
-        as `BadRecordError` would say; "" for a packer's refusal), in the order the lanes' chunks
-        were taken, so the same on every runner; a document masked in a row handed over is named
-        under `masked:<reason>`, the name of its per-lane count; the first of each is also logged at WARNING on
+        as `BadRecordError` would say; for a packer's refusal, what the record held; "" for a
+        masked document and for a plugin accumulator's refusal given as a pair), in the order the
+        lanes' chunks were taken, so the same on every runner; a document masked in a row handed over
+        is named under `masked:<reason>`, the name of its per-lane count; the first of each is also logged at WARNING on
         the `zephon` logger (see `_skip_examples`). This process's observations, like `"wait"`:
         never in `state_dict()`, kept by `load_state_dict()`.
 
