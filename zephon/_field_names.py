@@ -84,8 +84,9 @@ def first_lacking_packed_field(
     packer: object, addresses: list[RecordAddress], records: list[dict]
 ) -> AbsentField | None:
     """The first record that reached `packer` without the field it packs (`pack_flat`'s token ids),
-    as an `AbsentField`; None if every record has it or the packer names no field. Token estimation
-    counts such a record as no token rather than as a drop, so it is looked for here, on the sample only."""
+    as an `AbsentField`; None if every record has it or the packer names no field. The packer's
+    counter gives only its reason (`missing_field`), so the record is looked for here, on the sample
+    only, to name the fields it has."""
     field = getattr(packer, "field", None)
     if not isinstance(field, str):
         return None

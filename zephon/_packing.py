@@ -364,13 +364,26 @@ class PackFlatOp:
         return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id)
 
     def token_counter(self):
-        """What token estimation counts of a record: the ids a packer places, none of one it refuses."""
+        """What token estimation counts of a record: the ids a packer places, none of one it refuses.
+        The reasons of the records it refused since the last call come from its `drain_skips()`,
+        as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused naming
+        `not_tokens`, where it said only that it yielded no token."""
         field = self.field
+        refused: list[str] = []
 
         def count(address: RecordAddress, record: dict) -> int:
             ids = token_ids(record.get(field))
-            return 0 if isinstance(ids, str) else len(ids)
+            if isinstance(ids, str):
+                refused.append(ids)
+                return 0
+            return len(ids)
 
+        def drain_skips() -> list[str]:
+            reasons = refused.copy()
+            refused.clear()
+            return reasons
+
+        count.drain_skips = drain_skips
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:

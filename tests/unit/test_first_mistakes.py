@@ -175,8 +175,23 @@ def test_a_misnamed_pack_flat_field_refused_at_planning_names_the_fields_the_rec
                 .pack_flat(max_length=8, field="tokens").batch(microbatch_size=1))
     with pytest.raises(ConfigurationError) as refused:
         pipeline.shard(0, 1, global_batch_size=2)
-    assert re.search(r"yielded no token \(record d:\S+#0 lacks 'tokens': "
+    assert re.search(r"yielded no token \(records dropped: missing_field 16; record d:\S+#0 lacks 'tokens': "
                      r"fields it has: 'id', 'token_ids'; did you mean 'token_ids'\?\)", str(refused.value))
+
+
+def test_token_ids_stored_as_text_refused_at_planning_name_the_pack_flat_refusal(tmp_path):
+    """Token ids stored in the data as a string ("5 6 7"), packed by pack_flat: the packer refuses
+    every sampled record as `not_tokens`, and the planning refusal said only that the sample
+    yielded no token, since pack_flat's counter kept no reasons (pack_multimodal's names its own)."""
+    (tmp_path / "d").mkdir()
+    lines = [json.dumps({"id": i, "tokens": "5 6 7"}) for i in range(16)]
+    (tmp_path / "d" / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(tmp_path / "d"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .pack_flat(max_length=8, field="tokens").batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: not_tokens 16\)"):
+        pipeline.shard(0, 1, global_batch_size=2)
 
 
 def _misnamed_images(root, on_error):
