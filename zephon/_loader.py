@@ -455,6 +455,7 @@ class RankLoader:
                     break
 
     def __iter__(self) -> Iterator[Batch]:
+        self.hand_back_a_block_cut_by_fork()
         asked = perf_counter()  # the first next()
         try:
             yield from self._handed_over(self._microbatches(), asked)
@@ -643,6 +644,7 @@ class RankLoader:
         """Plain JSON-able state of this rank's lanes (see `zephon.merge_states`). In a finite
         plan, a rank that has handed over nothing yet may read its lanes' first chunks here (see
         `_find_lanes_without_rows`). From another thread, it waits for the microbatch in progress."""
+        self.hand_back_a_block_cut_by_fork()
         with self._moving:
             self._find_lanes_without_rows()
             ledgers = {lane: self._ledger.lane_state(lane, c.segment) for lane, c in self._cursors.items()}
@@ -720,6 +722,7 @@ class RankLoader:
         raising partway) leaves the loader at the state it had, the iteration it suspended included
         (see `_take_up`); loading the state again then takes it up as a first load would. From
         another thread, it waits for the microbatch in progress."""
+        self.hand_back_a_block_cut_by_fork()  # now, not over the state loaded at the next iteration
         with self._moving:
             self._load_state(state)
 
@@ -797,6 +800,7 @@ class RankLoader:
         manager's `__exit__` is one: an interrupt landing at its call left `_moving` held by the
         suspended generator and the block counted as handed over while its traceback lived, so a
         trainer's handler checkpointed without the block, and a save on another thread waited."""
+        self.hand_back_a_block_cut_by_fork()  # before the mark, which a block cut by a fork would move
         with self._moving:
             mark = self._mark()
             try:
@@ -814,10 +818,12 @@ class RankLoader:
         DataLoader forking its workers, a trainer starting a `multiprocessing.Process`): hand the
         block's microbatches back, as an exception there would. The copy has them counted as taken,
         and the thread that would have passed them on or handed them back is not in the child: its
-        saves said they were passed on, and its iteration went on after them. Call it before the
-        copy's first iteration, save or load; it does nothing in the process that took them, where
-        a mark is another thread's block in progress, which a save waits for. The loader's own
-        locks are new in the child (see `_renew_locks_in_child`)."""
+        saves said they were passed on, and its iteration went on after them. The loader's
+        `__iter__`, `state_dict`, `load_state_dict` and `take_as_one` call it first, so no caller
+        of `take_as_one` has to: only the TorchTitan adapter did, and a plain rank loader's copy
+        saved and iterated on past the block, its microbatches lost. It does nothing in the
+        process that took them, where a mark is another thread's block in progress, which a save
+        waits for. The loader's own locks are new in the child (see `_renew_locks_in_child`)."""
         taking = self._taking
         if taking is not None and taking[0] != os.getpid():
             with self._moving:

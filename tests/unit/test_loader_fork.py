@@ -240,3 +240,52 @@ def test_a_child_forked_while_the_titan_loader_takes_a_local_batch_goes_on_from_
         assert child["state"] == expected_state
     finally:
         titan.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_child_forked_while_a_rank_loader_takes_a_block_as_one_goes_on_from_the_block_s_start(tmp_path):
+    """`RankLoader.take_as_one` hands a block's microbatches back in a child forked while the
+    parent's thread is inside it only when `hand_back_a_block_cut_by_fork()` is called there, which
+    the TorchTitan adapter did and any other caller of the public seam had to know to: the child's
+    copy of a plain rank loader saved the state after the block and iterated on from the microbatch
+    after it, the block's microbatches lost. The rank loader's own iteration, save, load and
+    `take_as_one` now hand it back first."""
+    map_fn = HoldOnce(lambda record: record)
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", map_fn=map_fn)
+    layout = dict(global_batch_size=global_batch(pipeline))
+    with pipeline.shard(0, 1, **layout) as loader:
+        reference = [batch.digest() for batch in loader]
+    loader = pipeline.shard(0, 1, **layout)
+    batches = iter(loader)
+    taken = [next(batches).digest()]  # the map runs in the first three microbatches only: one before the block
+
+    def take_until_a_record_is_mapped() -> list[str]:
+        """A microbatch, then more until one maps a record (held there, the block's first taken)."""
+        block = [next(batches).digest()]
+        map_fn.arm()
+        while not map_fn.entered():
+            block.append(next(batches).digest())
+        return block
+
+    blocks = []
+    trainer = threading.Thread(target=lambda: blocks.append(loader.take_as_one(take_until_a_record_is_mapped)))
+    out = tmp_path / "child.json"
+    try:
+        trainer.start()
+        assert map_fn.wait_inside(), "the trainer's thread is inside the block"
+        assert loader._rows_taken == 2 * loader.microbatch_size, "the block took a microbatch before"
+        code = run_in_a_child(lambda: _use_the_copy(loader), out)
+    finally:
+        map_fn.release()
+        trainer.join(GUARD_S)
+    try:
+        child = what_the_child_wrote(code, out)
+        rest = [batch.digest() for batch in batches]
+        assert taken + blocks[0] + rest == reference, "the parent goes on undisturbed"
+        with pipeline.shard(0, 1, **layout) as same_point:
+            assert [batch.digest() for _, batch in zip(range(1), same_point)] == taken
+            expected_state = same_point.state_dict()
+        assert child["state"] == expected_state
+        assert child["digests"] == reference[1:]
+    finally:
+        loader.close()

@@ -339,7 +339,6 @@ class ZephonDataLoader(_Base):
         return self._loader.lanes
 
     def __iter__(self) -> Iterator[tuple[dict, Any]]:
-        self._loader.hand_back_a_block_cut_by_fork()
         per_yield = self.local_batch_size // self._loader.microbatch_size
         microbatches = iter(self._loader)
         while True:
@@ -379,7 +378,6 @@ class ZephonDataLoader(_Base):
     # -- Stateful ----------------------------------------------------------------------------
     def local_state_dict(self) -> dict:
         """This replica's lanes only (plain JSON); `zephon.merge_states` combines replicas."""
-        self._loader.hand_back_a_block_cut_by_fork()
         return self._loader.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
@@ -389,7 +387,6 @@ class ZephonDataLoader(_Base):
         A JSON string rather than nested containers: DCP stores it as one opaque value, identical
         on every rank, so it is written once and read back by any number of ranks.
         """
-        self._loader.hand_back_a_block_cut_by_fork()
         state = gather_state(self._loader, self._group)
         self._warn_of_a_save_partway_through_a_step(state)
         return {STATE_KEY: json.dumps(state, sort_keys=True)}
@@ -427,7 +424,6 @@ class ZephonDataLoader(_Base):
         refused rather than taken for nothing saved, as are another loader's state, a changed recipe
         and a state missing this replica's lanes.
         """
-        self._loader.hand_back_a_block_cut_by_fork()  # now, not over the state loaded at the next iter()
         if isinstance(state_dict, (str, bytes)):
             self._take_up(state_dict)
             return
