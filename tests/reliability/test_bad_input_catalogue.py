@@ -415,7 +415,7 @@ def test_a_corrupt_compressed_parquet_page_fails_at_once_not_retried_as_storage(
 
 def test_a_storage_error_while_parquet_row_groups_decode_is_still_retried(tmp_path, monkeypatch):
     """The other side of the corrupt page above: an OSError of the shard's own read while pyarrow
-    decodes (a read outside the chunk's spans, here all of them) is storage, retried as before;
+    decodes (here its first, of the chunk's read-ahead) is storage, retried as before;
     only one no read raised is the data's. Nothing checked this: taking every OSError there for
     the data's passed every other test."""
     from zephon.io import _parquet as parquet_format
@@ -438,7 +438,8 @@ def test_a_storage_error_while_parquet_row_groups_decode_is_still_retried(tmp_pa
                 raise OSError("connection reset by peer")
             return self._file.read(size)
 
-    monkeypatch.setattr(parquet_format, "spanned", lambda file, metadata, groups: _parquet_spans._Spans(FailingOnce(file), []))
+    spanned = _parquet_spans.spanned
+    monkeypatch.setattr(parquet_format, "spanned", lambda file, metadata, groups: spanned(FailingOnce(file), metadata, groups))
     records = dataset.read_chunk(dataset.chunks(records_per_chunk=PER_SHARD)[0], on_error="skip").records
     assert not failures["left"] and len(records) == PER_SHARD
 
