@@ -158,6 +158,27 @@ def _hold_lifecycle(loader, map_fn, monkeypatch, batches, taken):
     return hold_in_a_thread(loader._lifecycle)
 
 
+def _pipeline_with_a_map_to_hold(tmp_path):
+    """(its map, which a test can hold inside a record; the inline pipeline; its shard layout; the
+    digests of its whole run)."""
+    map_fn = HoldOnce(lambda record: record)
+    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", map_fn=map_fn)
+    layout = dict(global_batch_size=global_batch(pipeline))
+    with pipeline.shard(0, 1, **layout) as loader:
+        reference = [batch.digest() for batch in loader]
+    return map_fn, pipeline, layout, reference
+
+
+def _assert_the_copy_went_on_after(handed_over: int, child: dict, same_point, reference: list[str]) -> None:
+    """The child saved the state of a loader that handed over `handed_over` microbatches (as
+    `same_point` does once it has) and iterated on from the next."""
+    with same_point:
+        assert [batch.digest() for _, batch in zip(range(handed_over), same_point)] == reference[:handed_over]
+        expected_state = same_point.state_dict()
+    assert child["state"] == expected_state
+    assert child["digests"] == reference[handed_over:]
+
+
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 @pytest.mark.parametrize(
     "hold", [_hold_moving_in_a_save, _hold_moving_in_a_microbatch, _hold_lifecycle],
@@ -168,11 +189,7 @@ def test_a_child_forked_while_another_thread_holds_a_loader_lock_saves_iterates_
     """The child's copy is the loader as it stood after its last microbatch handed over: it saves
     that state and hands over the rest of the run's batches. Before, the child's first save or
     `next()` waited for ever on the lock no thread of the child would release."""
-    map_fn = HoldOnce(lambda record: record)
-    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", map_fn=map_fn)
-    layout = dict(global_batch_size=global_batch(pipeline))
-    with pipeline.shard(0, 1, **layout) as loader:
-        reference = [batch.digest() for batch in loader]
+    map_fn, pipeline, layout, reference = _pipeline_with_a_map_to_hold(tmp_path)
     loader = pipeline.shard(0, 1, **layout)
     batches = iter(loader)
     taken = [next(batches).digest() for _ in range(TAKEN_BEFORE)]
@@ -189,11 +206,7 @@ def test_a_child_forked_while_another_thread_holds_a_loader_lock_saves_iterates_
         child = what_the_child_wrote(code, out)
         rest = [batch.digest() for batch in batches]
         assert taken + rest == reference, "the parent goes on undisturbed"
-        with pipeline.shard(0, 1, **layout) as same_point:
-            assert [batch.digest() for _, batch in zip(range(handed_over), same_point)] == taken[:handed_over]
-            expected_state = same_point.state_dict()
-        assert child["state"] == expected_state
-        assert child["digests"] == reference[handed_over:]
+        _assert_the_copy_went_on_after(handed_over, child, pipeline.shard(0, 1, **layout), reference)
     finally:
         loader.close()
 
@@ -250,11 +263,7 @@ def test_a_child_forked_while_a_rank_loader_takes_a_block_as_one_goes_on_from_th
     copy of a plain rank loader saved the state after the block and iterated on from the microbatch
     after it, the block's microbatches lost. The rank loader's own iteration, save, load and
     `take_as_one` now hand it back first."""
-    map_fn = HoldOnce(lambda record: record)
-    pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner="inline", map_fn=map_fn)
-    layout = dict(global_batch_size=global_batch(pipeline))
-    with pipeline.shard(0, 1, **layout) as loader:
-        reference = [batch.digest() for batch in loader]
+    map_fn, pipeline, layout, reference = _pipeline_with_a_map_to_hold(tmp_path)
     loader = pipeline.shard(0, 1, **layout)
     batches = iter(loader)
     taken = [next(batches).digest()]  # the map runs in the first three microbatches only: one before the block
@@ -282,10 +291,6 @@ def test_a_child_forked_while_a_rank_loader_takes_a_block_as_one_goes_on_from_th
         child = what_the_child_wrote(code, out)
         rest = [batch.digest() for batch in batches]
         assert taken + blocks[0] + rest == reference, "the parent goes on undisturbed"
-        with pipeline.shard(0, 1, **layout) as same_point:
-            assert [batch.digest() for _, batch in zip(range(1), same_point)] == taken
-            expected_state = same_point.state_dict()
-        assert child["state"] == expected_state
-        assert child["digests"] == reference[1:]
+        _assert_the_copy_went_on_after(len(taken), child, pipeline.shard(0, 1, **layout), reference)
     finally:
         loader.close()
