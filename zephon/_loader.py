@@ -466,6 +466,23 @@ class RankLoader:
             # work: what reached it was that work cancelled, or the runner already dropped.
             raise ConfigurationError(f"this loader was closed while it was being iterated; {_MAKE_ANOTHER}") from exc
 
+    def __len__(self) -> int:
+        """Refused saying why and what to do: Python's own TypeError ("object of type 'RankLoader'
+        has no len()") reached a trainer that had called no len() at all, from
+        `torch.utils.data.DataLoader(loader)`, which takes any dataset that is no torch
+        IterableDataset for a map-style one and asks its length first."""
+        raise TypeError(
+            "a Zephon loader has no len(): an endless plan (num_epochs=None) has no end, and a finite "
+            "one's lanes end raggedly, at steps known only once read; stop at a step count of your own. "
+            "A torch DataLoader given the loader asks its len(), taking it for a map-style dataset: "
+            "iterate the loader itself (its runner already reads and tokenizes in parallel) and call "
+            "batch.to_training() for the torch tensors"
+        )
+
+    def __bool__(self) -> bool:
+        """True, as before `__len__` was defined, which truth testing would otherwise call."""
+        return True
+
     def _handed_over(self, microbatches: Generator[Batch, float, None], asked: float) -> Iterator[Batch]:
         """`microbatches`, each made under `_moving`, which is let go as it is handed over. Each is
         sent when the trainer asked for it (`perf_counter`; `asked` for the first), before the

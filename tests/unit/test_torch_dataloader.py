@@ -99,3 +99,26 @@ def test_an_iteration_begun_before_the_dataloader_forked_is_refused_in_its_worke
         with pytest.raises(ConfigurationError) as refused:
             list(zip(_dataloader(begun, num_workers=2), range(TAKEN)))
     assert "torch DataLoader worker" in str(refused.value) and "each microbatch 2 times" in str(refused.value)
+
+
+def test_a_dataloader_given_the_loader_itself_is_told_why_it_has_no_length_and_what_to_do(tmp_path):
+    """`DataLoader(loader)` takes the loader for a map-style dataset and asks its len() at the
+    first `iter()`: the trainer, who called no len(), met Python's bare "object of type
+    'RankLoader' has no len()". `list()` and truth testing, which look for a length, still work."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    pipeline = _pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(TypeError) as refused:
+            iter(torch_data.DataLoader(loader, batch_size=None))
+        assert loader
+        assert len(list(zip(loader, range(TAKEN)))) == TAKEN
+    message = str(refused.value)
+    assert "has no len()" in message and "DataLoader" in message and "iterate the loader itself" in message
+    assert "to_training()" in message
+
+
+def test_len_of_a_loader_says_why_it_has_none(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+        with pytest.raises(TypeError, match="num_epochs=None"):
+            len(loader)
