@@ -72,6 +72,7 @@ def test_a_scheduled_mixture_is_layout_independent():
     [
         ([(5, {"kjv": 1.0})], "must start with a phase at token 0"),
         ([(0, {"kjv": 1.0}), (0, {"jargon": 1.0})], "increasing token counts"),
+        ([(200, {"kjv": 1.0}), (0, {"jargon": 1.0})], r"increasing token counts: \[200, 0\]"),
         ([(0, {"nope": 1.0})], "not datasets of this source"),
         ([(0, {"kjv": -1.0, "jargon": 1.0})], "non-negative"),
     ],

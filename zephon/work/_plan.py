@@ -256,10 +256,11 @@ def _validate_schedule(schedule, names: list[str]) -> Schedule:
         if not all(is_finite_number(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
             raise ConfigurationError(f"mixture weights must be finite, non-negative and not all zero: {weights}")
         phases.append((start, _normalised({n: float(w) for n, w in weights.items()})))
-    if not phases or phases[0][0] != 0:
-        raise ConfigurationError("a mixture schedule must start with a phase at token 0")
+    # The order first: a schedule holding its token-0 phase out of order was told it has none.
     if any(b[0] <= a[0] for a, b in zip(phases, phases[1:])):
         raise ConfigurationError(f"mixture phases must start at increasing token counts: {[p[0] for p in phases]}")
+    if not phases or phases[0][0] != 0:
+        raise ConfigurationError("a mixture schedule must start with a phase at token 0")
     return tuple(phases)
 
 
