@@ -70,7 +70,7 @@ class MapOp(RecordOperator):
                     raise UserFunctionError(address, name, traceback.format_exc()) from None
                 if result is not None and not isinstance(result, dict):  # else the next stage fails, unnamed
                     raise UserFunctionError(
-                        address, name, f"{_describe_callable(fn)} returned a {type(result).__name__}, "
+                        address, name, f"{_describe_callable(fn)} returned {_a_or_an(type(result).__name__)}, "
                         "not a record (a dict) or None"
                     )
                 out.append(None if result is None else result.copy())
@@ -109,7 +109,7 @@ class FilterOp(RecordOperator):
                         if isinstance(verdict, types.CoroutineType):
                             verdict.close()  # never run: else a "never awaited" warning follows
                         raise UserFunctionError(
-                            address, name, f"{_describe_callable(fn)} returned a {type(verdict).__name__}, "
+                            address, name, f"{_describe_callable(fn)} returned {_a_or_an(type(verdict).__name__)}, "
                             "not a bool (an `async def` or a `yield` in a filter is always true)"
                         )
                     mask.append(bool(verdict))
@@ -229,8 +229,14 @@ def _field_detail(field_name: str, reason: str, record: dict) -> str:
     if reason == "missing_field":
         return f"field {field_name!r}; {fields_it_has(field_name, record)}"
     if reason == "not_text":
-        return f"field {field_name!r} holds a {type(record.get(field_name)).__name__}, not a string"
+        return f"field {field_name!r} holds {_a_or_an(type(record.get(field_name)).__name__)}, not a string"
     return f"field {field_name!r}"
+
+
+def _a_or_an(type_name: str) -> str:
+    """A type named with its article: a JSON number read as `int` was said to be "a int", and a map
+    returning one "returned a int"."""
+    return f"{'an' if type_name[:1].lower() in 'aeiou' else 'a'} {type_name}"
 
 
 def _text_problem(value) -> str | None:

@@ -103,7 +103,7 @@ def test_bad_line_fails_fast_naming_its_address_with_on_error_raise(tmp_path, ca
     assert str(error.address) in str(error) and "part-00001.jsonl#5" in str(error)
 
 
-@pytest.mark.parametrize("value, named", [(12345, "int"), (["a", "list"], "list"), ({"a": 1}, "dict")])
+@pytest.mark.parametrize("value, named", [(12345, "an int"), (["a", "list"], "a list"), ({"a": 1}, "a dict")])
 def test_a_text_field_that_is_not_a_string_is_named_with_what_it_holds(tmp_path, value, named):
     """A caption that is a number or a list: the detail (in `BadRecordError` and
     `stats()["skipped_examples"]`) said only `field 'text'`, leaving the user to guess what was wrong."""
@@ -111,7 +111,7 @@ def test_a_text_field_that_is_not_a_string_is_named_with_what_it_holds(tmp_path,
     dataset = jsonl_dataset(tmp_path, {(1, 5): line})
     error = fail_fast(text_pipeline(dataset))
     assert error.reason == "not_text"
-    assert error.detail == f"field 'text' holds a {named}, not a string"
+    assert error.detail == f"field 'text' holds {named}, not a string"
 
 
 # -- a document far longer than the context --------------------------------------------------------
