@@ -222,9 +222,29 @@ def test_too_few_chunks_for_the_lanes_names_the_records_the_shards_and_a_records
         source.bind(None, num_lanes=4)
     message = str(refused.value)
     assert "33 records in 2 shards" in message and "at most 128 records" in message
-    assert "StaticMixtureWorkSource(records_per_chunk=15)" in message  # 1 + 2 chunks at 16, 2 + 2 at 15
-    fixed = StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))], records_per_chunk=15)
+    assert "StaticMixtureWorkSource(records_per_chunk=8)" in message  # 2 + 2 full chunks
+    fixed = StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))], records_per_chunk=8)
     assert fixed.bind(None, num_lanes=4).slot(3, 0) is not None
+
+
+@pytest.mark.parametrize("counts, num_lanes, named", [((51,), 2, 25), ((16, 17), 4, 8), ((3, 3, 1), 4, 1)])
+def test_the_records_per_chunk_a_refusal_names_deals_every_lane_a_full_chunk(tmp_path, counts, num_lanes, named):
+    """The size named was the largest that cut the dataset into num_lanes chunks, tails counted:
+    51 records on 2 lanes were told 50, which dealt one lane a single record, and that lane
+    repeated it for half its tokens (807 times in 800 rows), silently. The size named now leaves
+    no lane with less than a full chunk of the dataset."""
+    for k, count in enumerate(counts):
+        (tmp_path / f"part-{k}.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(count)))
+    with pytest.raises(ConfigurationError, match=rf"StaticMixtureWorkSource\(records_per_chunk={named}\) or less"):
+        StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))], num_epochs=1).bind(None, num_lanes)
+    source = StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))], records_per_chunk=named, num_epochs=1)
+    plan = source.bind(None, num_lanes)
+    held = Counter()
+    for lane in range(num_lanes):
+        for s in range(plan.num_slots(lane)):
+            chunk = plan.slot(lane, s)
+            held[lane] += chunk.num_records if chunk is not None else 0
+    assert min(held[lane] for lane in range(num_lanes)) >= named, held
 
 
 def test_a_dataset_without_records_is_fine_with_weight_0(tmp_path):

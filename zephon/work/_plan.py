@@ -510,14 +510,17 @@ def _seeded_permutation(key: str, n: int) -> np.ndarray:
 
 def _records_per_chunk_for(dataset: Dataset, num_lanes: int, too_large: int) -> int:
     """The largest records_per_chunk below `too_large` that cuts `dataset` into at least
-    `num_lanes` chunks (a shard's records in ceil(count / size) chunks), for the refusal to name:
-    "lower it" left the user guessing by how much. The chunk count only grows as the size shrinks,
-    and size 1 gives one chunk per record, so a dataset of num_lanes records always fits."""
+    `num_lanes` *full* chunks (floor(count / size) of a shard), for the refusal to name: "lower it"
+    left the user guessing by how much. Counting a shard's tail chunk too named a size that dealt
+    some lane a tail alone (51 records, 2 lanes: 50, leaving one lane a single record, which it
+    repeated for half its tokens); with a full chunk for every lane, dealing by tokens gives each
+    one at least a full chunk's worth (`_deal_by_tokens`). The full chunks only grow in number as
+    the size shrinks, and size 1 makes every record one, so a dataset of num_lanes records fits."""
     counts = np.array([shard.num_records for shard in dataset.shards], dtype=np.int64)
     low, high = 1, too_large - 1  # low always fits; find the largest size that does
     while low < high:
         size = (low + high + 1) // 2
-        if int((-(-counts // size)).sum()) >= num_lanes:
+        if int((counts // size).sum()) >= num_lanes:
             low = size
         else:
             high = size - 1
