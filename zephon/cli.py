@@ -171,7 +171,9 @@ def _barcode_compare(args) -> int:
             return 2
     print(f"{len(result.common_steps)} common steps, {len(result.mismatched_steps)} differ")
     if result.only_in_a or result.only_in_b:
-        print(f"steps only in A: {len(result.only_in_a)}, only in B: {len(result.only_in_b)}")
+        # Counts, said as such and with the files: "steps only in A: 0" read as step 0, and A and
+        # B were named nowhere.
+        print(f"{len(result.only_in_a)} steps only in A ({args.a}), {len(result.only_in_b)} only in B ({args.b})")
     if result.identical:
         print("identical")
         return 0

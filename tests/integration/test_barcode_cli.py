@@ -100,14 +100,16 @@ def test_compare_names_the_first_differing_step_and_exits_one(harness_barcodes):
 
 
 def test_compare_reports_steps_only_one_run_has(harness_barcodes, tmp_path):
+    """Counted as such, with each run's file: "steps only in A: 0" read as step 0, and nothing said
+    which file A was."""
     reference, _, _ = harness_barcodes
     crashed = write_barcode(tmp_path / "crashed.jsonl", list(read_barcode(reference).values())[:2])
     done = zephon_cli("barcode", "compare", str(reference), str(crashed))
-    assert f"steps only in A: {STEPS - 2}, only in B: 0" in done.stdout
+    assert f"{STEPS - 2} steps only in A ({reference}), 0 only in B ({crashed})" in done.stdout
     assert "first step only in A: 2" in done.stdout
     assert done.returncode == 1, "a run that stopped early is not identical"
     done = zephon_cli("barcode", "compare", str(crashed), str(reference))
-    assert f"steps only in A: 0, only in B: {STEPS - 2}" in done.stdout
+    assert f"0 steps only in A ({crashed}), {STEPS - 2} only in B ({reference})" in done.stdout
     assert done.returncode == 1, "a run that stopped early is not identical, given second either"
 
 
