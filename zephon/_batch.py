@@ -43,6 +43,8 @@ class Batch:
         return int(np.count_nonzero(self.tokens["document_ids"] >= 0))
 
     def to_numpy(self) -> dict[str, np.ndarray]:
+        """The microbatch's arrays by name, each ragged field beside its `<name>_counts` (entries
+        per row); `to_training` gives the same as torch tensors."""
         out = dict(self.tokens)
         out.update(self.ragged)
         out.update({f"{k}_counts": v for k, v in self.ragged_counts.items()})
@@ -70,6 +72,9 @@ class Batch:
                 h.update(array.tobytes())
 
     def digest(self) -> str:
+        """SHA-256 of this microbatch's arrays (names, dtypes, shapes and bytes, in a fixed order):
+        what `global_batch_digest` combines, and what a rank sends the others instead of its
+        tensors (`combine_digests`)."""
         import hashlib  # OpenSSL's SHA-256 for whole tensors, loaded only by who asks (see _sha256)
 
         h = hashlib.sha256()

@@ -119,6 +119,9 @@ class Pipeline:
         return self._with(MapOp(check_user_function(fn, "map"), check_parallelism(parallelism, "map")))
 
     def filter(self, fn: Callable[[dict], bool], *, parallelism: int = 1) -> Pipeline:
+        """Append `fn(record) -> bool`: a record it returns false for is dropped, counted as
+        `filtered`. A coroutine or generator returned (an `async def`, a `yield`) is refused, since
+        it is true whatever it holds and would keep every record."""
         return self._with(FilterOp(check_user_function(fn, "filter"), check_parallelism(parallelism, "filter")))
 
     def tokenize(
@@ -193,6 +196,9 @@ class Pipeline:
         return self._with(op)
 
     def batch(self, microbatch_size: int) -> Pipeline:
+        """End the pipeline: each lane's rows are handed over as `Batch`es of `microbatch_size`
+        rows. Part of the recipe; `shard(global_batch_size=G)` then takes G / num_lanes rows of
+        every lane a step, which must be a multiple of `microbatch_size`."""
         return self._with(BatchOp(microbatch_size))
 
     def apply(self, operator) -> Pipeline:

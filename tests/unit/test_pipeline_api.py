@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import re
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from runners import ThreadRunner
-from zephon import ConfigurationError, IGNORE_INDEX, PackedSequence, Pipeline, PADDING_DOCUMENT, global_batch_digest
+from zephon import Batch, ConfigurationError, IGNORE_INDEX, PackedSequence, Pipeline, PADDING_DOCUMENT, global_batch_digest
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
@@ -839,3 +840,12 @@ def test_a_plugin_row_naming_every_documents_record_counts_all_its_tokens_for_th
     stats = _stats_of_rows_naming_sources(demo_data_dir, demo_tokenizer_path, None, microbatches=8)
     for lane in stats["lanes"].values():
         assert sum(counts["tokens"] for counts in lane["datasets"].values()) == lane["tokens"] > 0
+
+
+@pytest.mark.parametrize("method", [Pipeline.filter, Pipeline.batch, Batch.to_numpy, Batch.digest])
+def test_every_method_a_training_script_calls_says_what_it_does(method):
+    """`help(Pipeline.filter)`, `help(Pipeline.batch)`, `help(Batch.digest)` and
+    `help(Batch.to_numpy)` said nothing: what a false verdict does, where the microbatch size
+    meets the global batch size, and what a digest covers were in the README alone."""
+    assert inspect.getdoc(method)
+
