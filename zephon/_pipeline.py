@@ -101,7 +101,10 @@ class Pipeline:
 
     def _with(self, op) -> Pipeline:
         if self.operators and self.operators[-1].kind == "batch":
-            raise ConfigurationError(f"{op.name}: batch must be the last operator")
+            # Said as what to do: "shuffle: batch must be the last operator" read as a rule broken
+            # by the shuffle, and named neither where it goes nor that the pipeline already ends.
+            instead = "the pipeline has one already" if op.kind == "batch" else f"add {op.name} before .batch(...)"
+            raise ConfigurationError(f"cannot add {op.name} after batch: batch must be the last operator; {instead}")
         return Pipeline(self.source, operators=self.operators + (op,), options=self.settings)
 
     def options(self, **settings: Any) -> Pipeline:

@@ -147,7 +147,7 @@ def test_numpy_integers_for_the_layout_give_plain_ints_in_the_state(spec_pipelin
 def test_bad_options_and_operator_order_are_rejected_immediately(spec_pipeline, demo_tokenizer_path):
     with pytest.raises(ConfigurationError, match="unknown pipeline options"):
         spec_pipeline.options(num_lane=8)
-    with pytest.raises(ConfigurationError, match="batch must be the last operator"):
+    with pytest.raises(ConfigurationError, match=r"cannot add shuffle after batch: .* add shuffle before \.batch"):
         spec_pipeline.shuffle(4)
     with pytest.raises(ConfigurationError, match="parallelism must be an integer >= 1"):
         Pipeline(spec_pipeline.source).tokenize(str(demo_tokenizer_path), parallelism=0)
