@@ -239,8 +239,7 @@ def read_state(
     and its rows taken."""
     state = _intact(state)
     _check_shape(state)
-    saved = state["recipe"]
-    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    changed = _changed_keys(state["recipe"], current)
     if changed:
         saved_datasets = state.get("datasets")
         how = (
@@ -263,6 +262,11 @@ def read_state(
     cursors = {int(lane): LaneCursor(*cursor, finished=int(lane) in finished) for lane, cursor in state["lanes"].items()}
     ledgers = {int(lane): dict(counts) for lane, counts in state["ledger"].items()}
     return cursors, ledgers, state["steps_begun"], state["rows_taken"]
+
+
+def _changed_keys(saved: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """The recipe keys (`recipe_digests`) whose digests differ, or that one side lacks."""
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
 
 
 def _check_shape(state: dict) -> None:
@@ -392,10 +396,16 @@ def merge_states(states: Iterable[Mapping]) -> dict:
     lanes: dict[str, list[int]] = {}
     finished: set[int] = set()
     ledger: dict[str, dict] = {}
-    for state in states:
+    for index, state in enumerate(states):
         for key in ("format", "version", "num_lanes", "recipe", "datasets"):
             if state.get(key) != first.get(key):
-                raise CheckpointError(f"cannot merge loader states that differ in {key!r}")
+                # Which state and, for the recipe, which keys: the refusal named 'recipe' alone, and
+                # finding the stale rank's file and the setting took opening every state.
+                how = f" (changed: {', '.join(_changed_keys(first[key], state[key]))})" if key == "recipe" else ""
+                raise CheckpointError(
+                    f"cannot merge loader states that differ in {key!r}: state {index} against state 0{how}; "
+                    "every state merged is one rank's of one run (was one rank's file left from another run?)"
+                )
         for lane, cursor in state["lanes"].items():
             done = int(lane) in state["finished"]
             if lane in lanes and (lanes[lane] != cursor or (int(lane) in finished) != done):

@@ -154,10 +154,13 @@ def test_merging_refuses_an_edited_state(rank_states):
         merge_states([edited, rank_states[1]])
 
 
-@pytest.mark.parametrize("change", [{"seed": 7}, {"max_length": 32}])
-def test_merging_refuses_ranks_of_another_recipe(make_jsonl_corpus, demo_tokenizer_path, rank_states, change):
+@pytest.mark.parametrize(
+    "change, changed", [({"seed": 7}, "operators[2].shuffle.seed, plan.seed"), ({"max_length": 32}, "pack_flat.max_length")]
+)
+def test_merging_refuses_ranks_of_another_recipe(make_jsonl_corpus, demo_tokenizer_path, rank_states, change, changed):
     """Rank 1's file from a run of another recipe: the merged state would carry rank 0's recipe,
-    so the run resuming it takes rank 1's lanes from cursors into other batches, unrefused."""
+    so the run resuming it takes rank 1's lanes from cursors into other batches, unrefused. The
+    refusal names the state and the settings that differ: it said 'recipe' alone."""
     other = text_pipeline(make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12), demo_tokenizer_path, **change)
     with other.shard(1, 2, global_batch_size=GLOBAL_BATCH) as loader:
         it = iter(loader)
@@ -165,8 +168,9 @@ def test_merging_refuses_ranks_of_another_recipe(make_jsonl_corpus, demo_tokeniz
             next(it)
         foreign = loader.state_dict()
     assert foreign["rows_taken"] == rank_states[1]["rows_taken"], "only the recipe differs"
-    with pytest.raises(CheckpointError, match="cannot merge loader states that differ in 'recipe'"):
+    with pytest.raises(CheckpointError, match="cannot merge loader states that differ in 'recipe'") as refused:
         merge_states([rank_states[0], foreign])
+    assert "state 1 against state 0" in str(refused.value) and changed in str(refused.value)
 
 
 def test_merging_refuses_overlapping_lanes_with_different_cursors(rank_states):
