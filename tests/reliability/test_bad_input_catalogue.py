@@ -103,6 +103,14 @@ def test_bad_line_fails_fast_naming_its_address_with_on_error_raise(tmp_path, ca
     assert str(error.address) in str(error) and "part-00001.jsonl#5" in str(error)
 
 
+@pytest.mark.parametrize("line", [b"", b"  \t", b"\r"])
+def test_a_blank_line_is_said_to_be_one(tmp_path, line):
+    """Its detail was JSON's "Expecting value: line 1 column 1 (char 0)" (column 2 for a CRLF
+    file's blank line), the words for a broken record, sending the user to look for one."""
+    error = fail_fast(text_pipeline(jsonl_dataset(tmp_path, {(1, 5): line})))
+    assert (error.reason, error.detail) == ("malformed_json", "a blank line, which holds no record")
+
+
 @pytest.mark.parametrize("value, named", [(12345, "an int"), (["a", "list"], "a list"), ({"a": 1}, "a dict")])
 def test_a_text_field_that_is_not_a_string_is_named_with_what_it_holds(tmp_path, value, named):
     """A caption that is a number or a list: the detail (in `BadRecordError` and

@@ -10,7 +10,7 @@ import numpy as np
 from ._format import ShardFile, ShardScan
 from .._errors import ConfigurationError
 from ._lines import SEEK_STRIDE, UTF8_BOM, read_lines, scan_lines
-from ._policy import INVALID_UTF8, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
+from ._policy import INVALID_UTF8, MALFORMED_JSON, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
 
 __all__ = ["JsonLines"]
 
@@ -44,6 +44,10 @@ def _parse(line: bytes) -> Slot:
         text = line.decode("utf-8")
     except UnicodeDecodeError as error:
         return Bad(INVALID_UTF8, str(error))
+    if not text.strip():
+        # Said as what it is: JSON's "Expecting value: line 1 column 1 (char 0)" (column 2 where a
+        # CRLF file's blank line keeps its "\r") sent the reader after a broken record.
+        return Bad(MALFORMED_JSON, "a blank line, which holds no record")
     value = parse_json(text)
     if isinstance(value, Bad):
         return value
