@@ -225,11 +225,19 @@ def _encode(encode_batch, records: list[dict], field_name: str, reasons: list[st
 
 def _field_detail(field_name: str, reason: str, record: dict) -> str:
     """The field a refused record was read at and, where it lacks it, the fields it has; where it
-    holds no string, what it holds (a caption stored as a number or a list)."""
+    holds no string, what it holds (a caption stored as a number or a list); where its text cannot
+    be tokenized, why (empty, only whitespace, a lone surrogate): the field's name alone left the
+    reader of `skipped_examples` to open the shard."""
     if reason == "missing_field":
         return f"field {field_name!r}; {fields_it_has(field_name, record)}"
     if reason == "not_text":
         return f"field {field_name!r} holds {_a_or_an(type(record.get(field_name)).__name__)}, not a string"
+    if reason == "empty_document":
+        text = record.get(field_name)
+        held = f"holds only whitespace ({len(text)} characters)" if text else "is empty"
+        return f"field {field_name!r} {held}"
+    if reason == "invalid_utf8":
+        return f"field {field_name!r} holds a lone surrogate (as a JSON \\ud800 escape makes), which has no UTF-8 form"
     return f"field {field_name!r}"
 
 

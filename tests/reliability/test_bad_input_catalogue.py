@@ -111,6 +111,17 @@ def test_a_blank_line_is_said_to_be_one(tmp_path, line):
     assert (error.reason, error.detail) == ("malformed_json", "a blank line, which holds no record")
 
 
+@pytest.mark.parametrize("text, said", [
+    ("", "field 'text' is empty"),
+    (" \n\t ", "field 'text' holds only whitespace (4 characters)"),
+    ("caf\ud800 au lait", "field 'text' holds a lone surrogate (as a JSON \\ud800 escape makes), which has no UTF-8 form"),
+])
+def test_a_text_that_cannot_be_tokenized_is_said_why(tmp_path, text, said):
+    """The detail of an empty_document or invalid_utf8 skip was the field's name alone."""
+    dataset = jsonl_dataset(tmp_path, {(1, 5): json.dumps({"id": "x", "text": text}).encode()})
+    assert fail_fast(text_pipeline(dataset)).detail == said
+
+
 @pytest.mark.parametrize("value, named", [(12345, "an int"), (["a", "list"], "a list"), ({"a": 1}, "a dict")])
 def test_a_text_field_that_is_not_a_string_is_named_with_what_it_holds(tmp_path, value, named):
     """A caption that is a number or a list: the detail (in `BadRecordError` and
