@@ -261,36 +261,29 @@ def test_an_interrupt_during_the_shards_scan_ends_the_scan_at_once(monkeypatch):
 
     pairs = pair_shards(2, 12, origin="photos")
     scanning, released = threading.Event(), threading.Event()
-    interrupted, sent = [], []
+    interrupted = []
 
     def scan_that_hangs(*args, **kwargs):
         began = time.monotonic()
         try:
             scanning.set()
-            # Short waits (an interrupt landing just before one begins is raised after it), two minutes
-            # in all: on a loaded machine the tokenizer's parse holds the GIL for seconds.
-            for _ in range(2400):
+            for _ in range(200):  # short waits: an interrupt landing just before one begins is raised after it
                 if released.wait(timeout=0.05):
                     break
         except KeyboardInterrupt:
             interrupted.append("the scan")
             raise
-        # Said, not left to the work source's refusal of the None returned: a local run under load
-        # (not CI) twice got here, and what it saw is what would explain it.
-        raise AssertionError(
-            f"the scan on {threading.current_thread().name} was not interrupted in "
-            f"{time.monotonic() - began:.1f} s; "
-            + (f"SIGINT sent {sent[0] - began:.2f} s in" if sent else "no SIGINT sent")
-            + f"; SIGINT handler "
-            f"{signal.getsignal(signal.SIGINT)!r}; blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])}"
-        )
+        raise AssertionError(f"the scan was not interrupted in {time.monotonic() - began:.1f} s")
 
     def interrupt_the_scan():
-        if scanning.wait(timeout=120):
-            sent.append(time.monotonic())
+        if scanning.wait(timeout=10):
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     monkeypatch.setattr(vlm._demo.Dataset, "from_path", scan_that_hangs)
+    # Python turns SIGINT into KeyboardInterrupt unless it started with SIGINT ignored, as a suite
+    # started in the background by a non-interactive shell (`pytest &`, nohup) does: the test
+    # stands for an interactive run, whatever started the suite.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupter = threading.Thread(target=interrupt_the_scan)
     interrupter.start()
     try:
@@ -299,4 +292,5 @@ def test_an_interrupt_during_the_shards_scan_ends_the_scan_at_once(monkeypatch):
     finally:
         released.set()
         interrupter.join()
+        signal.signal(signal.SIGINT, previous)
     assert interrupted == ["the scan"]
