@@ -246,6 +246,8 @@ class RankLoader:
         if source_names is not None:
             check_dataset_scopes(record_ops, source_names)
         self.plan = pipeline.source.bind(self._token_counter(packer, fingerprints), self.num_lanes)
+        for warning in getattr(self.plan, "configuration_warnings", ()):  # a work source of the user's may have none
+            log.log(config_level(logging.WARNING, self.rank), "%s", warning)
         if source_names is None:
             check_dataset_scopes(record_ops, self.plan.datasets)
         io_options = settings.io_options

@@ -4,6 +4,7 @@ plans honour the rest: every record once per epoch, token shares as asked."""
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -245,6 +246,25 @@ def test_the_records_per_chunk_a_refusal_names_deals_every_lane_a_full_chunk(tmp
             chunk = plan.slot(lane, s)
             held[lane] += chunk.num_records if chunk is not None else 0
     assert min(held[lane] for lane in range(num_lanes)) >= named, held
+
+
+def test_an_endless_plan_warns_of_a_lane_dealt_far_fewer_of_a_dataset_s_tokens_naming_a_chunk_size(tmp_path):
+    """51 records in chunks of 50 on 2 lanes: one lane holds a single record, which it repeated in
+    807 of 800 rows to fill the dataset's share of them, unsaid. A finite plan reads each record
+    once per epoch, and an even deal says nothing. The loader logs the plan's warnings on the job's
+    rank 0 (test_torchtitan's rank-3 test checks that the other ranks do not)."""
+    (tmp_path / "part.jsonl").write_text("".join(f'{{"text": "record {i}"}}\n' for i in range(51)))
+
+    def warnings(records_per_chunk: int, num_epochs: int | None) -> list[str]:
+        source = StaticMixtureWorkSource([Dataset.from_path("small", str(tmp_path))], seed=1, num_epochs=num_epochs,
+                                         records_per_chunk=records_per_chunk)
+        return source.bind(None, num_lanes=2).configuration_warnings
+
+    (said,) = warnings(50, None)
+    assert re.fullmatch(r"dataset 'small': its chunks of up to 50 records leave lane \d 2% of the expected tokens "
+                        r"lane \d holds, so lane \d reads each of its records about 50x as often as lane \d does; "
+                        r"records_per_chunk=25 or less deals them more evenly", said), said
+    assert warnings(50, 1) == [] and warnings(25, None) == []
 
 
 def test_a_dataset_without_records_is_fine_with_weight_0(tmp_path):

@@ -398,6 +398,8 @@ class MixturePlan:
         live = [ds for ds in source.datasets if ds.name in live_names]
         dealt: dict[str, list[ChunkTable]] = {}
         weights: dict[str, list[np.ndarray]] = {}
+        # What the loader warns of on the job's rank 0 (`_uneven_lanes`): a plan is bound on every rank.
+        self.configuration_warnings: list[str] = []
         for ds in live:
             chunks = ChunkTable.of(ds, source.records_per_chunk)
             if ds.num_records == 0:
@@ -421,6 +423,9 @@ class MixturePlan:
             lanes = _deal_by_tokens(order, tokens, num_lanes)
             dealt[ds.name] = [chunks.take(lane) for lane in lanes]
             weights[ds.name] = [tokens[lane] for lane in lanes]
+            uneven = _uneven_lanes(ds, source.records_per_chunk, [float(w.sum()) for w in weights[ds.name]])
+            if uneven and source.num_epochs is None:
+                self.configuration_warnings.append(uneven)
         self._lanes = [
             TokenInterleave(
                 {n: dealt[n][lane] for n in dealt},
@@ -525,6 +530,34 @@ def _records_per_chunk_for(dataset: Dataset, num_lanes: int, too_large: int) -> 
         else:
             high = size - 1
     return low
+
+
+_UNEVEN_LANES = 0.25
+"""A lane holding less than this share of the expected tokens of a dataset that another lane
+holds is warned of: it reads its records over four times as often as that lane its. Closer
+shares are what small datasets dealt in whole chunks give (a lane of 5 chunks beside one of 6),
+not worth a line on every run."""
+
+
+def _uneven_lanes(dataset: Dataset, records_per_chunk: int, held: list[float]) -> str | None:
+    """A warning where dealing a dataset's chunks left a lane far fewer of its tokens than another.
+
+    Each lane mixes its own share of every dataset by tokens, so on an endless plan a lane holding
+    a few records of a dataset repeats them to fill that dataset's share of its rows: a dataset of
+    about one chunk per lane (51 records in chunks of 50 on 2 lanes) had one lane read a single
+    record in 807 of 800 rows, silently. Dealing by tokens keeps lanes within one chunk of each
+    other, so smaller chunks even them out: the warning names the size that gives every lane a
+    full chunk. A finite plan reads each record once per epoch whatever the lane: not warned of."""
+    least, most = min(held), max(held)
+    if most <= 0 or least >= _UNEVEN_LANES * most:
+        return None
+    lane, fullest = held.index(least), held.index(most)
+    return (
+        f"dataset {dataset.name!r}: its chunks of up to {records_per_chunk} records leave lane {lane} "
+        f"{100 * least / most:.0f}% of the expected tokens lane {fullest} holds, so lane {lane} reads each of its "
+        f"records about {most / max(least, 1e-9):.0f}x as often as lane {fullest} does; records_per_chunk="
+        f"{_records_per_chunk_for(dataset, len(held), records_per_chunk)} or less deals them more evenly"
+    )
 
 
 def _deal_by_tokens(order: np.ndarray, tokens: np.ndarray, num_lanes: int) -> list[np.ndarray]:
