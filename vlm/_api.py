@@ -116,8 +116,10 @@ def pack_multimodal(
                 f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
                 + ", ".join(f"{name} writes {field!r}" for field, name in written.items())
             )
-    _check_one_decoder_per_dataset(pipeline, pixels_field)
-    _check_one_patch_layout(pipeline, pixels_field)
+    writers = [op for op in pipeline.operators
+               if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
+    _check_one_decoder_per_dataset(writers, pixels_field)
+    _check_one_patch_layout(writers, pixels_field)
     grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
         spec = decoder.spec if isinstance(decoder, DecodeImages) else (
@@ -142,13 +144,12 @@ def pack_multimodal(
     ))
 
 
-def _check_one_decoder_per_dataset(pipeline, pixels_field: str) -> None:
-    """Refuse two decoders writing `pixels_field` that both run on some dataset (one of them on
-    every dataset, or both scoped to one): the later finds the earlier's arrays where it expects
-    encoded bytes, or no field of its own, and drops every record of that dataset as bad media,
-    counted but not what was meant. Scoping each decoder to its own datasets is the remedy."""
-    decoders = [op for op in pipeline.operators
-                if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
+def _check_one_decoder_per_dataset(decoders: list[DecodeImages | DecodeVideo], pixels_field: str) -> None:
+    """Refuse two of `decoders` (those writing `pixels_field`, in pipeline order) that both run on
+    some dataset (one of them on every dataset, or both scoped to one): the later finds the
+    earlier's arrays where it expects encoded bytes, or no field of its own, and drops every record
+    of that dataset as bad media, counted but not what was meant. Scoping each decoder to its own
+    datasets is the remedy."""
     for i, earlier in enumerate(decoders):
         for later in decoders[i + 1:]:
             if earlier.datasets is None and later.datasets is None:
@@ -171,16 +172,14 @@ def _scoped_name(decoder: DecodeImages | DecodeVideo) -> str:
     return f"{decoder.name}({scope})"
 
 
-def _check_one_patch_layout(pipeline, pixels_field: str) -> None:
-    """Refuse decoders that write `pixels_field` in different patch layouts (an image dataset's
+def _check_one_patch_layout(decoders: list[DecodeImages | DecodeVideo], pixels_field: str) -> None:
+    """Refuse `decoders` (those writing `pixels_field`) in different patch layouts (an image dataset's
     ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, an image
     processor's patch rows beside frames, image processors merging differently or writing their
     grids to different fields): the packer cuts every image of a row with one patch size into one
     `pixel_values` array, reads one grid field and checks the last decoder's merge against the
     placeholders, so the records of one of them would fail as data flows, or be given placeholder
     tokens for another merge than their processor's."""
-    decoders = [op for op in pipeline.operators
-                if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
     if len(decoders) < 2:
         return
     layouts = [(op, _patch_layout(op)) for op in decoders]  # a list: a stage holding a processor may not hash

@@ -59,7 +59,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._fingerprint import stable_description
-from zephon._packing import no_tokens_detail, token_ids
+from zephon._packing import RefusedReasons, no_tokens_detail, token_ids
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -719,7 +719,9 @@ class PackMultimodal:
         no_placeholder = next(i for i in range(len(self.placeholders.token_ids) + 1)
                               if i not in self.placeholders.token_ids)
         packer = self.factory(no_placeholder)(SegmentContext(lane=-1, segment=-1))
-        refused: list[str] = []
+        # Its reasons explain a sample that yields no token (`images_exceed_length` for a
+        # max_length below one image's tokens).
+        refused = RefusedReasons()
 
         def count(address: RecordAddress, record: dict) -> int:
             doc = packer._document(address, record)
@@ -727,14 +729,7 @@ class PackMultimodal:
             packer.drain_truncations()
             return 0 if doc is None else doc.length
 
-        def drain_skips() -> list[str]:
-            """The reasons of the records refused since the last call (`images_exceed_length` for a
-            max_length below one image's tokens): what explains a sample that yields no token."""
-            reasons = refused.copy()
-            refused.clear()
-            return reasons
-
-        count.drain_skips = drain_skips
+        count.drain_skips = refused.drain
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:

@@ -35,8 +35,8 @@ from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "WrapPacker", "assemble_row", "no_tokens_detail",
-           "token_ids"]
+__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "RefusedReasons", "WrapPacker", "assemble_row",
+           "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -323,6 +323,17 @@ class FirstFitPacker:
 ALGORITHMS = ("wrap", "first_fit")
 
 
+class RefusedReasons(list):
+    """The reasons of the records a packer's token counter refused, for its `drain_skips()`: what
+    the loader's planning refusal names when a dataset's sample yields no token."""
+
+    def drain(self) -> list[str]:
+        """The reasons since the last call; this list is emptied."""
+        reasons = self.copy()
+        self.clear()
+        return reasons
+
+
 @dataclass(frozen=True)
 class PackFlatOp:
     """Configuration of `Pipeline.pack_flat`; builds one packer per lane segment."""
@@ -369,7 +380,7 @@ class PackFlatOp:
         as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused naming
         `not_tokens`, where it said only that it yielded no token."""
         field = self.field
-        refused: list[str] = []
+        refused = RefusedReasons()
 
         def count(address: RecordAddress, record: dict) -> int:
             ids = token_ids(record.get(field))
@@ -378,12 +389,7 @@ class PackFlatOp:
                 return 0
             return len(ids)
 
-        def drain_skips() -> list[str]:
-            reasons = refused.copy()
-            refused.clear()
-            return reasons
-
-        count.drain_skips = drain_skips
+        count.drain_skips = refused.drain
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
