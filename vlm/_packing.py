@@ -119,9 +119,9 @@ class RowPlan:
     patch_size: int
     patch_dim: int
     patch_dtype: np.dtype
-    masked: tuple[tuple[int, str], ...] = ()
-    """(document index, reason) of documents whose deferred image failed to decode: they keep
-    their place but train nothing (see `vlm._deferred`)."""
+    masked: tuple[tuple[int, str, str], ...] = ()
+    """(document index, reason, detail) of documents whose deferred image failed to decode: they
+    keep their place but train nothing (see `vlm._deferred`)."""
     mrope: bool = False
     """Whether the row carries `mrope_position_ids` (see `vlm._mrope`)."""
 
@@ -129,9 +129,10 @@ class RowPlan:
         return assemble_row(self)
 
     @property
-    def masked_documents(self) -> tuple[tuple[RecordAddress, str], ...]:
-        """(address, reason) of the masked documents, for the loader's ledger."""
-        return tuple((self.documents[number].address, reason) for number, reason in self.masked)
+    def masked_documents(self) -> tuple[tuple[RecordAddress, str, str], ...]:
+        """(address, reason, detail) of the masked documents, for the loader's ledger and its
+        skipped examples."""
+        return tuple((self.documents[number].address, reason, detail) for number, reason, detail in self.masked)
 
     @property
     def sources(self) -> tuple[RecordAddress, ...]:
@@ -241,7 +242,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarra
     positions = ramp(plan.max_length)
     tokens_for = plan.placeholders.tokens_for
     p = plan.patch_size
-    masked = {number for number, _ in plan.masked}
+    masked = {number for number, *_ in plan.masked}
     at = patch_at = k = 0
     for number, doc in enumerate(plan.documents):
         start, cut, text = at, 0, doc.text
