@@ -562,3 +562,11 @@ def test_qwen_placeholders_after_a_decoder_without_a_spec_name_the_spec_to_decod
     assert "decode_images or decode_video before it, else ImageSpec()" in message
     assert "merge_size=2 before pack_multimodal (ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl())" in message
     assert f"merges 1x1 (its patch_size={ImageSpec().patch_size};" in message
+
+
+def test_a_vlm_pipeline_without_a_packer_is_told_of_pack_multimodal_not_only_pack_flat(datasets):
+    """decode_images(...).batch(1) was refused with "needs a packing operator (e.g. pack_flat)":
+    followed, pack_flat packs the captions alone and drops every decoded image, unsaid."""
+    pipeline = Pipeline(StaticMixtureWorkSource(datasets)).decode_images().batch(microbatch_size=1)
+    with pytest.raises(ConfigurationError, match=r"pack_multimodal\(max_length, placeholders\) for the images"):
+        pipeline.shard(0, 1)
