@@ -37,6 +37,7 @@ from ._stages import (
     DecodeVideo,
     run_processor,
 )
+from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_pixel_values
 from ._video import VideoSpec, decode_video, sample_times
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
     "DEFAULT_VIDEO_FIELDS",
     "IMAGE_POSITIONS",
     "IMAGE_REASONS",
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
     "PILLOW_MAX_IMAGE_PIXELS",
     "VIDEO_REASONS",
     "DecodeImages",
@@ -67,6 +70,7 @@ __all__ = [
     "load_rgb",
     "lookup_token_id",
     "patchify",
+    "qwen_pixel_values",
     "run_processor",
     "sample_times",
 ]

@@ -13,8 +13,9 @@ planned. Its document stays where it was placed (the row's layout is a decision 
 trains nothing: every label of the document is IGNORE_INDEX, and the image that failed has zero
 patches. Its other images keep the pixels they decoded to: the document has no label, so they add
 no loss of their own (zeroing them too would change the rows of runs already made). The row
-reports it as (address, reason), the loader counts it per lane as `masked:<reason>` with the rows
-it hands to the trainer, and with `on_error="raise"` it fails with `BadRecordError` instead. The
+reports it as (address, reason, detail), the loader counts it per lane as `masked:<reason>` with
+the rows it hands to the trainer and names it with the decoder's detail in
+`stats()["skipped_examples"]`, and with `on_error="raise"` it fails with `BadRecordError` instead. The
 same bytes fail the same way on every worker, so the batches stay a pure function of the recipe.
 """
 
@@ -105,20 +106,22 @@ class DecodeDeferred:
                 documents.append(doc)
                 continue
             images, failure = [], None
-            for image in doc.images:
+            for index, image in enumerate(doc.images):
                 if isinstance(image, DeferredImage):
                     pixels = next(decoded)
                     if isinstance(pixels, tuple):
                         reason, detail = pixels
                         if self.on_error == "raise":
                             raise BadRecordError(doc.address, reason, detail)
-                        failure = failure or reason
+                        if len(doc.images) > 1:
+                            detail = f"image {index + 1} of {len(doc.images)}: {detail}"
+                        failure = failure or (reason, detail)
                         pixels = np.zeros(image.shape, dtype=np.uint8)
                     image = pixels
                 images.append(image)
             documents.append(dataclasses.replace(doc, images=tuple(images)))
             if failure is not None:
-                masked.append((number, failure))
+                masked.append((number, *failure))
         return dataclasses.replace(plan, documents=tuple(documents), masked=plan.masked + tuple(masked))
 
 

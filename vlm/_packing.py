@@ -119,9 +119,9 @@ class RowPlan:
     patch_size: int
     patch_dim: int
     patch_dtype: np.dtype
-    masked: tuple[tuple[int, str], ...] = ()
-    """(document index, reason) of documents whose deferred image failed to decode: they keep
-    their place but train nothing (see `vlm._deferred`)."""
+    masked: tuple[tuple[int, str, str], ...] = ()
+    """(document index, reason, detail) of documents whose deferred image failed to decode: they
+    keep their place but train nothing (see `vlm._deferred`)."""
     mrope: bool = False
     """Whether the row carries `mrope_position_ids` (see `vlm._mrope`)."""
 
@@ -129,9 +129,10 @@ class RowPlan:
         return assemble_row(self)
 
     @property
-    def masked_documents(self) -> tuple[tuple[RecordAddress, str], ...]:
-        """(address, reason) of the masked documents, for the loader's ledger."""
-        return tuple((self.documents[number].address, reason) for number, reason in self.masked)
+    def masked_documents(self) -> tuple[tuple[RecordAddress, str, str], ...]:
+        """(address, reason, detail) of the masked documents, for the loader's ledger and its
+        skipped examples."""
+        return tuple((self.documents[number].address, reason, detail) for number, reason, detail in self.masked)
 
     @property
     def sources(self) -> tuple[RecordAddress, ...]:
@@ -241,7 +242,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarra
     positions = ramp(plan.max_length)
     tokens_for = plan.placeholders.tokens_for
     p = plan.patch_size
-    masked = {number for number, _ in plan.masked}
+    masked = {number for number, *_ in plan.masked}
     at = patch_at = k = 0
     for number, doc in enumerate(plan.documents):
         start, cut, text = at, 0, doc.text
@@ -568,6 +569,11 @@ def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
     return tuple(zip(flat[::2], flat[1::2]))
 
 
+# The spec presets of each placeholder convention's models, which a merge mismatch's refusal names.
+_PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
+            "PixtralPlaceholders": "ImageSpec.pixtral()"}
+
+
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
     """Refuses a bad setting; returns (max_length, max_open_rows) as plain ints. The sizes are
     checked as pack_flat checks its own (`check_count`): a bool is refused, not taken as 1, and a
@@ -583,8 +589,14 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec, mro
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
     if placeholders.merge_size != spec.merge_size:
-        raise ConfigurationError(f"pack_multimodal: placeholders merge {placeholders.merge_size}x"
-                                 f"{placeholders.merge_size} patches but the ImageSpec merges {spec.merge_size}")
+        m = placeholders.merge_size
+        raise ConfigurationError(
+            f"pack_multimodal: the placeholders merge {m}x{m} patches into a token but the ImageSpec merges "
+            f"{spec.merge_size}x{spec.merge_size} (its patch_size={spec.patch_size}; pack_multimodal's spec=, else the spec of the last "
+            f"decode_images or decode_video before it, else ImageSpec()): decode with a spec of merge_size={m} "
+            f"before pack_multimodal ({_PRESETS.get(type(placeholders).__name__, f'ImageSpec(merge_size={m})')}), "
+            f"or give placeholders of merge_size={spec.merge_size}"
+        )
     if not isinstance(mrope, bool):
         raise ConfigurationError(f"pack_multimodal: mrope must be True or False, got {mrope!r}")
     if mrope and not isinstance(placeholders, QwenPlaceholders):

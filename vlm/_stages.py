@@ -138,13 +138,26 @@ def _unwrap(value: Any, allow_paths: bool) -> Any:
             value = value["bytes"]
         elif isinstance(value.get("path"), str):
             if not allow_paths:
-                raise _Skip("not_media_bytes", f"the struct holds no bytes, only the path {value['path']!r}")
+                raise _Skip("not_media_bytes", f"the struct holds no bytes, only the path {value['path']!r}; "
+                            + _IMAGE_PATHS_UNREAD)
             value = value["path"]
     if isinstance(value, (bytes, bytearray, memoryview)):
         return value
-    if allow_paths and isinstance(value, (str, os.PathLike)):
-        return value
+    if isinstance(value, (str, os.PathLike)):
+        if allow_paths:
+            return value
+        raise _Skip("not_media_bytes", f"expected encoded bytes, got the {type(value).__name__} "
+                    f"{os.fspath(value)!r}; " + _IMAGE_PATHS_UNREAD)
     raise _Skip("not_media_bytes", f"expected encoded bytes, got {type(value).__name__}")
+
+
+# What an image field holding a path is told: LLaVA-style JSON names its images by file, which a
+# user otherwise meets as `not_media_bytes` on every record with no way on.
+_IMAGE_PATHS_UNREAD = (
+    "decode_images reads encoded bytes only, never a path (decode_video opens paths): store each image's bytes "
+    "in the data (a WebDataset member, a Parquet binary column or an Image struct's bytes), or read the file into "
+    "the field with a map before decode_images"
+)
 
 
 def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:

@@ -62,7 +62,8 @@ class Accumulator(Protocol):
     each row a few rows before it takes it (vlm: decoding images packed encoded), never for rows a
     resume replays past. It has `order(row)` (what the work needs, or None), a pure `run(order)`
     that runs on the runner's workers, and `apply(row, result)` returning the finished row. A row
-    may then report `masked_documents`, (address, reason) pairs the ledger counts with the rows.
+    may then report `masked_documents`, (address, reason) or (address, reason, detail) tuples the
+    ledger counts with the rows and `stats()["skipped_examples"]` names with their detail.
     """
 
     def push(self, item: Any) -> list[Any]: ...

@@ -125,9 +125,9 @@ class Ledger:
 
     def count_masked(self, counts: Counter, masked) -> None:
         """Documents a row kept in place but trains nothing on (its row work failed on them), as
-        (address, reason): counted into `counts` with the rows handed to the trainer, as
-        `masked:<reason>`."""
-        for _, reason in masked:
+        (address, reason) or (address, reason, detail): counted into `counts` with the rows handed to
+        the trainer, as `masked:<reason>`."""
+        for _, reason, *_ in masked:
             counts[f"masked:{reason}"] += 1
 
     def settle(self, lane: int, segment: int) -> None:

@@ -221,7 +221,11 @@ class RankLoader:
         accumulators = [op for op in ops if op.kind == "accumulator"]
         packers = pipeline.packers()
         if not packers:
-            raise ConfigurationError("the pipeline needs a packing operator (e.g. pack_flat) before batch")
+            raise ConfigurationError(
+                "the pipeline needs a packing operator before batch: pack_flat(max_length) for text, "
+                "pack_multimodal(max_length, placeholders) for the images and videos decode_images and "
+                "decode_video give (pack_flat would pack their text alone)"
+            )
         record_ops = pipeline.record_operators()
         if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")

@@ -20,8 +20,9 @@ nothing when it skipped none. A skip a packer decides (`drain_skips`) may carry 
 function, made only for the skips kept here: a misnamed field refuses every record, and describing
 each (its fields, a close name) would cost more than packing it. A document masked in a row handed
 over (an image that failed only when its row was decoded, `decode_images(defer=True)`) is kept
-under `masked:<reason>`, the name the lane's count has, without a detail: it is counted per lane,
-not among the dataset's skips, so its log line says where.
+under `masked:<reason>`, the name the lane's count has, with the detail its row work gave (the
+decoder's error, as a skip's): it is counted per lane, not among the dataset's skips, so its log
+line says where.
 
 Thread-unsafe like the ledger: `note_*` run on the loader's thread only. `snapshot` may be read on
 another thread (`stats()` from a monitor): an example list is never changed in place but replaced
@@ -79,9 +80,10 @@ class SkipExamples:
             self._note(lane, address, reason, detail[0] if detail else "")
 
     def note_masked(self, lane: int, masked) -> None:
-        """Documents masked in a row the loader handed over, as (address, reason): no detail."""
-        for address, reason in masked:
-            self._note(lane, address, f"masked:{reason}", "", masked=True)
+        """Documents masked in a row the loader handed over, as (address, reason) or (address,
+        reason, detail)."""
+        for address, reason, *detail in masked:
+            self._note(lane, address, f"masked:{reason}", detail[0] if detail else "", masked=True)
 
     def _note(self, lane: int, address: RecordAddress, reason: str, detail: str | Callable[[], str],
               masked: bool = False) -> bool:

@@ -547,3 +547,26 @@ def test_a_new_iteration_reading_records_again_does_not_bring_the_dropped_warnin
     warned = [r.getMessage() for r in caplog.records if DROPPED_WARNING in r.getMessage()]
     assert len(warned) == 1, warned
     assert read >= 100, f"warned when this rank had read {read} of the 100 records of its pass: {warned[0]}"
+
+
+def test_qwen_placeholders_after_a_decoder_without_a_spec_name_the_spec_to_decode_with(datasets):
+    """`decode_images()` decodes with `ImageSpec()` (16 px patches, not merged), so a Qwen2-VL
+    recipe that forgot its spec was refused with "placeholders merge 2x2 patches but the ImageSpec
+    merges 1": no word of which ImageSpec (none was written) nor of the preset to give."""
+    from vlm import ImageSpec, QwenPlaceholders
+
+    pipeline = Pipeline(StaticMixtureWorkSource(datasets)).decode_images()
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.pack_multimodal(1024, QwenPlaceholders(1, 2, 3, merge_size=2))
+    message = str(refused.value)
+    assert "decode_images or decode_video before it, else ImageSpec()" in message
+    assert "merge_size=2 before pack_multimodal (ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl())" in message
+    assert f"merges 1x1 (its patch_size={ImageSpec().patch_size};" in message
+
+
+def test_a_vlm_pipeline_without_a_packer_is_told_of_pack_multimodal_not_only_pack_flat(datasets):
+    """decode_images(...).batch(1) was refused with "needs a packing operator (e.g. pack_flat)":
+    followed, pack_flat packs the captions alone and drops every decoded image, unsaid."""
+    pipeline = Pipeline(StaticMixtureWorkSource(datasets)).decode_images().batch(microbatch_size=1)
+    with pytest.raises(ConfigurationError, match=r"pack_multimodal\(max_length, placeholders\) for the images"):
+        pipeline.shard(0, 1)

@@ -253,6 +253,20 @@ def test_a_masked_document_is_named_in_skipped_examples_and_logged_once(shard, r
     assert len(logged) == 1 and "masked a document" in logged[0] and "stats()['lanes']" in logged[0], logged
 
 
+def test_a_masked_documents_example_and_log_line_say_what_the_decoder_found(shard, caplog):
+    """A masked document's example had an empty detail and its log line none, where the same JPEG
+    skipped before packing says how it failed: a user saw `masked:truncated_image` at an address
+    and had to open the shard or run again with on_error="raise" to learn what was wrong with it."""
+    with caplog.at_level("WARNING", logger="zephon"):
+        _, stats = _run(shard, defer=True)
+    [masked] = stats["skipped_examples"]["pairs"]["masked:truncated_image"]
+    [skipped] = _run(shard)[1]["skipped_examples"]["pairs"]["truncated_image"]
+    assert masked["address"] == skipped["address"]
+    assert masked["detail"] and masked["detail"] == skipped["detail"]
+    [logged] = [r.getMessage() for r in caplog.records if "masked:truncated_image" in r.getMessage()]
+    assert masked["detail"] in logged
+
+
 @pytest.mark.parametrize("runner", ["inline", "process"])
 def test_deferred_decode_with_on_error_raise_fails_naming_the_record(shard, runner):
     _, keys, _ = shard

@@ -247,7 +247,9 @@ def test_a_masked_document_zeroes_only_the_image_that_failed_and_masks_all_its_l
     record = {"input_ids": np.arange(1000, 1005, dtype=np.int32), "pixels": images}
     [plan] = packer.push((address, record)) + packer.flush()
     decoded = decode_row(plan, on_error="skip")
-    assert decoded.masked_documents == ((address, "truncated_image"),)
+    [(masked_address, reason, detail)] = decoded.masked_documents
+    assert (masked_address, reason) == (address, "truncated_image")
+    assert detail.startswith("image 2 of 2: "), "which of the document's images failed"
     row = assemble_row(decoded)
     first, second = (rows * cols for rows, cols in (image.grid for image in images))
     pixels = row.ragged["pixel_values"]

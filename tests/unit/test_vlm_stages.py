@@ -371,6 +371,19 @@ def test_a_hugging_face_image_struct_holding_only_a_path_is_skipped_naming_the_p
         DecodeImages(on_error="raise")(chunk_of([{"jpg": {"bytes": None, "path": "x/y.jpg"}}]))
 
 
+@pytest.mark.parametrize("value", ["images/a.jpg", {"bytes": None, "path": "images/a.jpg"}], ids=["bare", "struct"])
+def test_an_image_path_is_skipped_saying_images_are_read_from_bytes_and_how_to_get_them_there(value):
+    """A LLaVA-style JSON line naming its image by file ({"image": "images/a.jpg"}) was skipped as
+    `expected encoded bytes, got str`: not which path, nor that decode_video opens paths and
+    decode_images does not, nor what to do, so a user looked for a missing file that was there."""
+    with pytest.raises(BadRecordError) as raised:
+        DecodeImages("image", on_error="raise")(chunk_of([{"image": value}]))
+    assert raised.value.reason == "not_media_bytes"
+    assert "'images/a.jpg'" in raised.value.detail
+    assert "decode_images reads encoded bytes only, never a path" in raised.value.detail
+    assert "read the file into the field with a map before decode_images" in raised.value.detail
+
+
 @pytest.mark.parametrize("stage,module,package", [(DecodeImages, "PIL", "Pillow"), (DecodeVideo, "av", "PyAV")])
 def test_a_decoding_stage_without_its_decoder_is_refused_when_the_pipeline_is_built(monkeypatch, stage, module,
                                                                                     package):
