@@ -21,6 +21,7 @@ __all__ = [
     "ConfigurationError",
     "BadRecordError",
     "UserFunctionError",
+    "PartialGlobalBatchError",
     "CheckpointError",
     "RecipeMismatchError",
 ]
@@ -106,6 +107,18 @@ class BadRecordError(ZephonError):
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.address, self.reason, self.detail))
+
+
+class PartialGlobalBatchError(ZephonError):
+    """Microbatches handed to `global_batch_digest` lack some (lane, index) of their step: a rank's
+    part not gathered, or a microbatch dropped. `missing` lists them, sorted."""
+
+    def __init__(self, message: str, missing: list[tuple[int, int]]) -> None:
+        self.missing = missing
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.missing))
 
 
 class UserFunctionError(ZephonError):

@@ -27,7 +27,7 @@ from typing import Callable, Generator, Iterator, NamedTuple, TypeVar
 
 from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
-from ._batch import Batch, collate
+from ._batch import Batch, StepShape, collate
 from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, recipe_digests
 from ._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from ._dropped_datasets import DroppedDatasets
@@ -167,6 +167,11 @@ class RankLoader:
         self._make_runner = runner_factory(settings.runner)  # before _compile: its token estimate reads data
         per_rank = self.num_lanes // world_size
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
+        # What every microbatch says of its step, by whether its lane's plan ends (see StepShape).
+        self._step_shapes = {
+            finite: StepShape(self.num_lanes, self.rows_per_step // self.microbatch_size, finite)
+            for finite in (False, True)
+        }
         self._compile()
         self._cursors = {lane: LaneCursor() for lane in self.lanes}
         # Global steps this rank handed microbatches of, the last perhaps in part, and the rows
@@ -576,7 +581,10 @@ class RankLoader:
             if stream.finite and (cursor.position + m >= end or stream.exhausted):
                 self._look_past(lane, end)
             index = (cursor.position % self.rows_per_step) // m
-            batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
+            batch = collate(
+                [self._padding_row if got is None else got[1] for got in fetched], lane, step, index,
+                self._step_shapes[stream.finite], stream.finite and stream.exhausted,
+            )
             segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
             for got in fetched:
                 segment, skip = self._account(lane, got, segment, skip, counts)
