@@ -38,6 +38,7 @@ from ._ledger import Ledger
 from ._lane import LaneStream
 from ._packing import assemble_row
 from ._prefetch import default_prefetch
+from ._record_ops import estimate_stages
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, describe_runner, runner_factory
 from ._skip_examples import SkipExamples
@@ -237,7 +238,7 @@ class RankLoader:
         _leave_cores_to_tokenizing_workers(record_ops, settings.runner)
         record_fns = [(op, op.build(on_error)) for op in record_ops]
         self.stages = fuse_stages(record_fns, settings.read_parallelism)
-        self._stage_fns = [fn for _, fn in record_fns]
+        self._estimate_fns = estimate_stages(record_ops)
         packer = accumulators[0]
         self.row_length = packer.max_length
         # Once per loader, and before the token estimate runs the maps and filters: walking a
@@ -293,7 +294,7 @@ class RankLoader:
         of its input field; the reasons the packer's counter refused records for (its
         `drain_skips()`, where it has one) count among the drops. `fingerprints` holds the
         operators' fingerprints by id."""
-        fns = self._stage_fns
+        fns = self._estimate_fns  # skipping and counting whatever `on_error`: see estimate_stages
         record_ops = self.pipeline.record_operators()  # in the order of their functions
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
