@@ -23,6 +23,7 @@ __all__ = [
     "UserFunctionError",
     "PartialGlobalBatchError",
     "CheckpointError",
+    "StateLacksLanesError",
     "RecipeMismatchError",
 ]
 
@@ -136,6 +137,19 @@ class UserFunctionError(ZephonError):
 
 class CheckpointError(ZephonError):
     """A checkpoint is malformed, truncated, of an unknown version or does not cover the lanes needed."""
+
+
+class StateLacksLanesError(CheckpointError):
+    """A loader state that lacks lanes of the rank loading it (one rank's state, unmerged).
+    `lanes`: the rank's lanes it lacks. Raised as a subclass so that an adapter whose users save
+    states another way (TorchTitan's `state_dict()`) can name the way that gives every lane."""
+
+    def __init__(self, message: str, lanes: list[int]) -> None:
+        self.lanes = lanes
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.lanes))
 
 
 class RecipeMismatchError(CheckpointError):

@@ -31,7 +31,7 @@ from ._batch import Batch, StepShape, collate
 from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, recipe_digests
 from ._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from ._dropped_datasets import DroppedDatasets
-from ._errors import CheckpointError, ConfigurationError, check_count
+from ._errors import CheckpointError, ConfigurationError, StateLacksLanesError, check_count
 from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
 from ._ledger import Ledger
@@ -760,9 +760,10 @@ class RankLoader:
         )
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
-            raise CheckpointError(
+            raise StateLacksLanesError(
                 f"the loader state does not cover lanes {missing} of rank {self.rank}; "
-                "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
+                "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving",
+                missing,
             )
         if len(cursors) == self.num_lanes:
             self._check_step_rest_splits_evenly(cursors)
