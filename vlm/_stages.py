@@ -5,7 +5,7 @@ Each stage is a frozen dataclass that is both the operator's configuration and i
 input is not modified; a chunk of a dataset outside its `datasets` is returned as it came), so it
 may run on any worker, in any order, any number of times. It has
 the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error)`,
-`fingerprint()`), so `Pipeline.apply(DecodeImages(...))` takes it.
+`build_for_estimate()`, `fingerprint()`), so `Pipeline.apply(DecodeImages(...))` takes it.
 
 A record that cannot be decoded is dropped and reported in `skipped` with its reason
 (missing_image / missing_video when no candidate field is present or a video field holds an
@@ -293,6 +293,10 @@ class DecodeImages:
         """This stage with the pipeline's error policy where it has none of its own."""
         return dataclasses.replace(self, on_error=self.on_error or on_error)
 
+    def build_for_estimate(self) -> DecodeImages:
+        """Skipping and counting even under a policy of its own: see `RecordOperator.build_for_estimate`."""
+        return dataclasses.replace(self, on_error="skip")
+
     def fingerprint(self) -> dict:
         return _with_scope(self, {
             "op": self.name, "field": list(self.field), "spec": _describe(self.spec),
@@ -374,6 +378,9 @@ class DecodeVideo:
 
     def build(self, on_error: str) -> DecodeVideo:
         return dataclasses.replace(self, on_error=self.on_error or on_error)
+
+    def build_for_estimate(self) -> DecodeVideo:
+        return dataclasses.replace(self, on_error="skip")
 
     def fingerprint(self) -> dict:
         return _with_scope(self, {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),

@@ -5,12 +5,13 @@ the runner, including across a checkpoint taken on R ranks and resumed on R'.
 """
 
 from ._accumulator import Accumulator, SegmentContext
-from ._batch import Batch, combine_digests, global_batch_digest
+from ._batch import Batch, MicrobatchDigest, StepShape, combine_digests, global_batch_digest
 from ._checkpoint import merge_states
 from ._errors import (
     BadRecordError,
     CheckpointError,
     ConfigurationError,
+    PartialGlobalBatchError,
     RecipeMismatchError,
     UserFunctionError,
     ZephonError,
@@ -32,8 +33,10 @@ __all__ = [
     "ChunkRecords",
     "ConfigurationError",
     "IGNORE_INDEX",
+    "MicrobatchDigest",
     "PADDING_DOCUMENT",
     "PackedSequence",
+    "PartialGlobalBatchError",
     "Pipeline",
     "PipelineOptions",
     "RankLoader",
@@ -42,6 +45,7 @@ __all__ = [
     "Runner",
     "SegmentContext",
     "Stage",
+    "StepShape",
     "UserFunctionError",
     "ZephonError",
     "available_runners",

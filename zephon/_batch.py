@@ -2,6 +2,8 @@
 
 A microbatch holds `microbatch_size` packed rows of one lane. Its position in the global batch is
 (lane, index); `global_batch_digest` sorts by that, so every layout of ranks hashes the same bytes.
+Each microbatch a loader makes also says the shape of its step (`StepShape`), so that a global
+batch missing a (lane, index) is refused rather than hashed into a digest no run's step has.
 """
 
 from __future__ import annotations
@@ -11,12 +13,24 @@ from typing import Iterable
 
 import numpy as np
 
-from ._errors import ZephonError
+from ._errors import PartialGlobalBatchError, ZephonError
 from ._records import RecordAddress
 from ._sequence import PackedSequence
 from ._sha256 import sha256
 
-__all__ = ["Batch", "global_batch_digest", "combine_digests", "collate"]
+__all__ = ["Batch", "StepShape", "MicrobatchDigest", "global_batch_digest", "combine_digests", "collate"]
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What every global step of a loader holds: `microbatches_per_lane` microbatches (indices 0 to
+    `microbatches_per_lane - 1`) of each of `num_lanes` lanes. In a `finite` plan a lane ends at a
+    step of its own: its last microbatch (`Batch.ends_lane`) may come before the step's last index,
+    and a lane that has ended gives none in later steps."""
+
+    num_lanes: int
+    microbatches_per_lane: int
+    finite: bool
 
 
 @dataclass
@@ -28,6 +42,9 @@ class Batch:
     per-row payloads concatenated along axis 0 with `ragged_counts[name][i]` entries from row i.
     `sources[i][d]` is the record whose tokens are where `document_ids[i] == d` (one entry per
     document of row i; a record read twice, in two epochs, may appear twice).
+    `step_shape` is the shape of the step it belongs to and `ends_lane` whether its lane has no
+    microbatch after it: what lets `global_batch_digest` name the microbatches a step lacks (a
+    Batch made by hand has no shape, and is checked for duplicates only). Neither enters a digest.
     """
 
     lane: int
@@ -37,6 +54,8 @@ class Batch:
     ragged: dict[str, np.ndarray] = field(default_factory=dict)
     ragged_counts: dict[str, np.ndarray] = field(default_factory=dict)
     sources: tuple[tuple[RecordAddress, ...], ...] = ()
+    step_shape: StepShape | None = None
+    ends_lane: bool = False
 
     @property
     def num_real_tokens(self) -> int:
@@ -81,17 +100,40 @@ class Batch:
         self.update_digest(h)
         return h.hexdigest()
 
+    def to_digest(self) -> MicrobatchDigest:
+        """This microbatch's digest with its place in the global batch: what a rank gathers from
+        the others (a hundred bytes, not the tensors) for `global_batch_digest` to check and combine."""
+        return MicrobatchDigest(self.lane, self.step, self.index, self.digest(), self.step_shape, self.ends_lane)
+
+
+@dataclass(frozen=True)
+class MicrobatchDigest:
+    """A microbatch reduced to its SHA-256 (`sha256`) and what `global_batch_digest` checks a
+    global batch by: picklable, so `torch.distributed.all_gather_object` can gather it."""
+
+    lane: int
+    step: int
+    index: int
+    sha256: str
+    step_shape: StepShape | None = None
+    ends_lane: bool = False
+
 
 _ID_FIELDS = frozenset({"input_ids", "labels", "position_ids", "document_ids", "mrope_position_ids"})
 
 
-def global_batch_digest(batches: Iterable[Batch]) -> str:
+def global_batch_digest(batches: Iterable[Batch | MicrobatchDigest]) -> str:
     """SHA-256 of a global batch: over its microbatch digests in canonical (lane, index) order.
 
-    Hashing digests rather than raw bytes lets ranks exchange 32 bytes per microbatch instead of
-    the tensors, and still agree on one number per step. A global batch holds each (lane, index)
-    once: one given twice (a rank's part gathered twice) is refused, since hashing it twice would
-    give a digest no run's global batch has.
+    Takes `Batch`es, or their `to_digest()`s gathered from the ranks. Hashing digests rather than
+    raw bytes lets ranks exchange 32 bytes per microbatch instead of the tensors, and still agree
+    on one number per step. The digest of a set of microbatches that is not one whole step matches
+    no run's step, and a determinism check comparing it would report a difference (or none) about
+    the wrong thing, so it is refused: microbatches of different steps, a (lane, index) given twice
+    (a rank's part gathered twice), and, from the step's shape that a loader's microbatches carry,
+    a (lane, index) missing (`PartialGlobalBatchError`: a rank's part not gathered, a microbatch
+    dropped). In a finite plan a lane may have ended, so only the indices of the lanes present are
+    checked there: up to the step's last, or up to the lane's own last microbatch.
     """
     batches = sorted(batches, key=lambda b: (b.lane, b.index))
     if not batches:
@@ -105,7 +147,53 @@ def global_batch_digest(batches: Iterable[Batch]) -> str:
             f"microbatches (lane, index) {twice} are given more than once: a global batch holds each once "
             "(was one rank's part gathered twice?)"
         )
-    return combine_digests(b.digest() for b in batches)
+    _refuse_a_partial_step(batches, steps.pop())
+    return combine_digests(b.digest() if isinstance(b, Batch) else b.sha256 for b in batches)
+
+
+def _refuse_a_partial_step(batches: list, step: int) -> None:
+    """Refuse a step that lacks a (lane, index) its shape holds, or holds one its shape does not."""
+    shapes = {b.step_shape for b in batches}
+    if len(shapes) != 1:
+        raise ZephonError(
+            f"microbatches of step {step} come from loaders of different step shapes {sorted(map(str, shapes))}: "
+            "one global batch is one loader recipe's microbatches"
+        )
+    shape = shapes.pop()
+    if shape is None:
+        return  # made by hand: nothing says what the step holds
+    given: dict[int, set[int]] = {}
+    last: dict[int, int] = {}
+    for b in batches:
+        given.setdefault(b.lane, set()).add(b.index)
+        if b.ends_lane:
+            last[b.lane] = b.index
+    lanes = sorted(given) if shape.finite else range(shape.num_lanes)
+    full = shape.microbatches_per_lane
+    missing = [(lane, i) for lane in lanes for i in range(last.get(lane, full - 1) + 1) if i not in given.get(lane, ())]
+    beyond = [
+        (lane, i) for lane, indices in sorted(given.items()) for i in sorted(indices)
+        if not 0 <= lane < shape.num_lanes or not 0 <= i <= last.get(lane, full - 1)
+    ]
+    if beyond:
+        raise ZephonError(
+            f"microbatches (lane, index) {beyond} of step {step} lie outside the step's {shape.num_lanes} lanes of "
+            f"{full} microbatches each (or after their lane's last): they are not of this loader's steps"
+        )
+    if missing:
+        raise PartialGlobalBatchError(
+            f"step {step} lacks microbatches (lane, index) {_abridged(missing)} of its {shape.num_lanes} lanes of "
+            f"{full} microbatches each: its digest would be of no run's step. Gather every rank's microbatches "
+            "of the step (in a finite plan's ragged end, every rank's that it handed over)",
+            missing,
+        )
+
+
+def _abridged(pairs: list[tuple[int, int]], shown: int = 16) -> str:
+    """The pairs, the first `shown` of a long list and how many more (a rank of 64 lanes left out)."""
+    if len(pairs) <= shown:
+        return str(pairs)
+    return f"{str(pairs[:shown])[:-1]}, … and {len(pairs) - shown} more]"
 
 
 def combine_digests(microbatch_digests: Iterable[str]) -> str:
@@ -116,7 +204,9 @@ def combine_digests(microbatch_digests: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def collate(rows: list, lane: int, step: int, index: int) -> Batch:
+def collate(
+    rows: list, lane: int, step: int, index: int, step_shape: StepShape | None = None, ends_lane: bool = False
+) -> Batch:
     """Stack fixed-length fields; concatenate ragged ones with per-row counts.
 
     `rows` are `PackedSequence`s or row plans (see `Accumulator`); plans of one kind that can
@@ -127,7 +217,7 @@ def collate(rows: list, lane: int, step: int, index: int) -> Batch:
     assemble_batch = getattr(kind, "assemble_batch", None)
     if assemble_batch is not None and all(type(r) is kind for r in rows):
         tokens, ragged, counts = assemble_batch(rows)
-        return Batch(lane, step, index, tokens, ragged, counts, sources)
+        return Batch(lane, step, index, tokens, ragged, counts, sources, step_shape, ends_lane)
     rows = [r if isinstance(r, PackedSequence) else r.assemble() for r in rows]
     tokens = {name: np.stack([r.tokens[name] for r in rows]) for name in rows[0].tokens}
     ragged, counts = {}, {}
@@ -135,4 +225,4 @@ def collate(rows: list, lane: int, step: int, index: int) -> Batch:
         parts = [r.ragged[name] for r in rows]
         ragged[name] = np.concatenate(parts, axis=0)
         counts[name] = np.array([len(p) for p in parts], dtype=np.int64)
-    return Batch(lane, step, index, tokens, ragged, counts, sources)
+    return Batch(lane, step, index, tokens, ragged, counts, sources, step_shape, ends_lane)

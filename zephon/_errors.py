@@ -21,7 +21,9 @@ __all__ = [
     "ConfigurationError",
     "BadRecordError",
     "UserFunctionError",
+    "PartialGlobalBatchError",
     "CheckpointError",
+    "StateLacksLanesError",
     "RecipeMismatchError",
 ]
 
@@ -108,6 +110,18 @@ class BadRecordError(ZephonError):
         return (type(self), (self.address, self.reason, self.detail))
 
 
+class PartialGlobalBatchError(ZephonError):
+    """Microbatches handed to `global_batch_digest` lack some (lane, index) of their step: a rank's
+    part not gathered, or a microbatch dropped. `missing` lists them, sorted."""
+
+    def __init__(self, message: str, missing: list[tuple[int, int]]) -> None:
+        self.missing = missing
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.missing))
+
+
 class UserFunctionError(ZephonError):
     """A user `map`/`filter` function raised; carries the record address and the original traceback."""
 
@@ -123,6 +137,19 @@ class UserFunctionError(ZephonError):
 
 class CheckpointError(ZephonError):
     """A checkpoint is malformed, truncated, of an unknown version or does not cover the lanes needed."""
+
+
+class StateLacksLanesError(CheckpointError):
+    """A loader state that lacks lanes of the rank loading it (one rank's state, unmerged).
+    `lanes`: the rank's lanes it lacks. Raised as a subclass so that an adapter whose users save
+    states another way (TorchTitan's `state_dict()`) can name the way that gives every lane."""
+
+    def __init__(self, message: str, lanes: list[int]) -> None:
+        self.lanes = lanes
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.lanes))
 
 
 class RecipeMismatchError(CheckpointError):

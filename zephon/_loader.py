@@ -27,17 +27,18 @@ from typing import Callable, Generator, Iterator, NamedTuple, TypeVar
 
 from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
-from ._batch import Batch, collate
+from ._batch import Batch, StepShape, collate
 from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, recipe_digests
 from ._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from ._dropped_datasets import DroppedDatasets
-from ._errors import CheckpointError, ConfigurationError, check_count
+from ._errors import CheckpointError, ConfigurationError, StateLacksLanesError, check_count
 from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
 from ._ledger import Ledger
 from ._lane import LaneStream
 from ._packing import assemble_row
 from ._prefetch import default_prefetch
+from ._record_ops import estimate_stages
 from ._records import Chunk, ChunkRecords
 from ._runner import Runner, Stage, describe_runner, runner_factory
 from ._skip_examples import SkipExamples
@@ -167,6 +168,11 @@ class RankLoader:
         self._make_runner = runner_factory(settings.runner)  # before _compile: its token estimate reads data
         per_rank = self.num_lanes // world_size
         self.lanes = list(range(rank * per_rank, (rank + 1) * per_rank))
+        # What every microbatch says of its step, by whether its lane's plan ends (see StepShape).
+        self._step_shapes = {
+            finite: StepShape(self.num_lanes, self.rows_per_step // self.microbatch_size, finite)
+            for finite in (False, True)
+        }
         self._compile()
         self._cursors = {lane: LaneCursor() for lane in self.lanes}
         # Global steps this rank handed microbatches of, the last perhaps in part, and the rows
@@ -236,7 +242,7 @@ class RankLoader:
         _leave_cores_to_tokenizing_workers(record_ops, settings.runner)
         record_fns = [(op, op.build(on_error)) for op in record_ops]
         self.stages = fuse_stages(record_fns, settings.read_parallelism)
-        self._stage_fns = [fn for _, fn in record_fns]
+        self._estimate_fns = estimate_stages(record_ops)
         packer = accumulators[0]
         self.row_length = packer.max_length
         # Once per loader, and before the token estimate runs the maps and filters: walking a
@@ -292,7 +298,7 @@ class RankLoader:
         of its input field; the reasons the packer's counter refused records for (its
         `drain_skips()`, where it has one) count among the drops. `fingerprints` holds the
         operators' fingerprints by id."""
-        fns = self._stage_fns
+        fns = self._estimate_fns  # skipping and counting whatever `on_error`: see estimate_stages
         record_ops = self.pipeline.record_operators()  # in the order of their functions
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
@@ -580,7 +586,10 @@ class RankLoader:
             if stream.finite and (cursor.position + m >= end or stream.exhausted):
                 self._look_past(lane, end)
             index = (cursor.position % self.rows_per_step) // m
-            batch = collate([self._padding_row if got is None else got[1] for got in fetched], lane, step, index)
+            batch = collate(
+                [self._padding_row if got is None else got[1] for got in fetched], lane, step, index,
+                self._step_shapes[stream.finite], stream.finite and stream.exhausted,
+            )
             segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
             for got in fetched:
                 segment, skip = self._account(lane, got, segment, skip, counts)
@@ -755,9 +764,10 @@ class RankLoader:
         )
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
-            raise CheckpointError(
+            raise StateLacksLanesError(
                 f"the loader state does not cover lanes {missing} of rank {self.rank}; "
-                "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving"
+                "merge every rank's state (zephon.merge_states or zephon.distributed.gather_state) before saving",
+                missing,
             )
         if len(cursors) == self.num_lanes:
             self._check_step_rest_splits_evenly(cursors)

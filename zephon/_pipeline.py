@@ -34,7 +34,8 @@ class PipelineOptions:
     Performance (free to change on resume): `runner`, `prefetch`, `read_parallelism`.
     `prefetch` is the chunks each lane keeps in flight; None: 8 per worker of the widest stage when
     the plan's chunks are small (4 × workers × the mean chunk ≤ 1 MiB of raw bytes), else 4 per worker.
-    Policy: `on_error` ("skip": count bad records and go on; "raise": fail on the first one).
+    Policy: `on_error` ("skip": count bad records and go on; "raise": fail on the first one training
+    reaches; the token estimate's sample, read when `shard()` plans, skips them under either).
     Storage: `io_options` (`cache`, `retries`, `retry_delay`; see `Dataset.with_io_options`) apply to
     every dataset's chunk reads while a loader iterates, e.g. `{"cache": {"enabled": True}}` keeps
     remote shards on local disk. The token estimate's sample, read by the work source when `shard()`

@@ -23,6 +23,7 @@ from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
 
 __all__ = [
     "RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn", "check_parallelism", "check_user_function",
+    "estimate_stages",
 ]
 
 RecordFn = Callable[[ChunkRecords], ChunkRecords]
@@ -38,8 +39,23 @@ class RecordOperator:
     def build(self, on_error: str) -> RecordFn:
         raise NotImplementedError
 
+    def build_for_estimate(self) -> RecordFn:
+        """The function the token estimate runs on its sample: one that skips and counts a bad
+        record whatever the policy. The sample is read when `shard()` plans, in an order of its
+        own: a fail-fast policy there raised from planning, for whichever bad record the sample
+        happened to hold first, not the one training reaches first (see `estimate_stages`)."""
+        return self.build("skip")
+
     def fingerprint(self) -> dict:
         raise NotImplementedError
+
+
+def estimate_stages(record_ops) -> list[RecordFn]:
+    """The functions of `record_ops` for the token estimate: `build_for_estimate()` where an
+    operator has it (an operator with an error policy of its own, as VLM's decoders, overrides it),
+    else `build("skip")`, so that `on_error="raise"` fails when training reaches a bad record, in
+    training order, never inside `shard()` while the sample is measured."""
+    return [op.build_for_estimate() if hasattr(op, "build_for_estimate") else op.build("skip") for op in record_ops]
 
 
 @dataclass(frozen=True)

@@ -286,6 +286,40 @@ def test_state_dict_without_a_process_group_is_the_local_state(pipeline):
         assert sorted(map(int, loader.local_state_dict()["lanes"])) == [4, 5, 6, 7]
 
 
+def test_a_replica_s_own_state_dict_is_warned_of_at_the_save_and_refused_on_another_dp_size_naming_the_way(
+    make_pipeline, reference, caplog
+):
+    """Without a process group each replica's `state_dict()` holds its own lanes. Loaded on another
+    data-parallel size, the refusal said to merge with `zephon.merge_states` or
+    `zephon.distributed.gather_state`, which refuse a `state_dict()` and a ZephonDataLoader in
+    turn: a second try before the one that works. It names this loader's ways now, the save warns
+    of it, and the way it names resumes the uninterrupted run."""
+    loaders = [ZephonDataLoader(make_pipeline(), r, 2, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) for r in range(2)]
+    try:
+        for loader in loaders:
+            batches = iter(loader)
+            for _ in range(RESUME_AT * loader.gradient_accumulation_steps):
+                next(batches)
+        with caplog.at_level(logging.WARNING, logger="zephon.integrations.torchtitan"):
+            saved = [loader.state_dict() for loader in loaders]
+            loaders[0].state_dict()
+        locals_ = [loader.local_state_dict() for loader in loaders]
+    finally:
+        for loader in loaders:
+            loader.close()
+    assert [r.getMessage() for r in caplog.records] == [  # once, by replica 0, which speaks for the job
+        "state_dict() of replica 0 of 2 holds its own lanes only (4 of 8): no torch.distributed process group is "
+        "initialised to gather the others' over. To resume on another data-parallel size, initialise one before "
+        "saving, or save every replica's local_state_dict() and load zephon.merge_states of them"
+    ]
+    with ZephonDataLoader(make_pipeline(), 0, 1, GLOBAL_BATCH, local_batch_size=LOCAL_BATCH) as loader:
+        with pytest.raises(CheckpointError, match=r"lacks lanes \[4, 5, 6, 7\] of this replica \(dp_rank 0 of 1\)"
+                                                  r".*local_state_dict\(\) and give each replica zephon.merge_states"):
+            loader.load_state_dict(saved[0])
+    after, _ = titan_run(make_pipeline(), 1, STEPS - RESUME_AT, state=merge_states(locals_), first_step=RESUME_AT)
+    assert after == reference[RESUME_AT:]
+
+
 def test_pickling_a_zephon_data_loader_says_to_send_its_recipe_not_to_call_pipeline_shard(pipeline):
     """Pickled (a spawn or forkserver process), the loader failed with its rank loader's refusal,
     which says to call pipeline.shard(...) there: a loader a TorchTitan trainer cannot use."""

@@ -133,6 +133,42 @@ def test_a_text_field_that_is_not_a_string_is_named_with_what_it_holds(tmp_path,
     assert error.detail == f"field 'text' holds {named}, not a string"
 
 
+def _errors_on_every_rank(pipeline, world_size: int) -> list[tuple[int, str]]:
+    """(rank, message) of each `BadRecordError` the ranks of `world_size` raised, each building its
+    loader and iterating it to the end."""
+    errors = []
+    for rank in range(world_size):
+        with pipeline.shard(rank, world_size, global_batch_size=global_batch(pipeline)) as loader:
+            try:
+                for _ in loader:
+                    pass
+            except BadRecordError as error:
+                errors.append((rank, str(error)))
+    return errors
+
+
+@pytest.mark.parametrize("case", ["empty_document", "missing_field", "malformed_json"])
+def test_on_error_raise_fails_when_training_reaches_a_bad_record_not_while_the_token_estimate_samples(
+    tmp_path, case
+):
+    """The token estimate reads a sample while `shard()` plans, in an order of its own: a stage's
+    bad record (`empty_document`, `missing_field`; a read's was skipped there already) failed
+    inside `shard()` under `on_error="raise"`, from planning, naming whichever bad record the
+    sample held first. Now the estimate skips and counts it, and the run fails where training
+    reaches it, naming its file and index, the same error on one rank and on two."""
+    dataset = jsonl_dataset(tmp_path, {(1, 5): BAD_LINES[case]})
+    pipeline = text_pipeline(dataset, estimate_tokens=True, on_error="raise")
+    with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:  # plans without failing
+        with pytest.raises(BadRecordError) as info:
+            for _ in loader:
+                pass
+    error = info.value
+    assert error.address == address(dataset, 1, 5) and error.reason == REASON.get(case, case)
+    assert "part-00001.jsonl#5" in str(error)
+    assert _errors_on_every_rank(pipeline, 1) == [(0, str(error))]
+    assert [message for _, message in _errors_on_every_rank(pipeline, 2)] == [str(error)]
+
+
 # -- a document far longer than the context --------------------------------------------------------
 MAX_LENGTH = 64
 

@@ -7,10 +7,12 @@ two runs diverge in that field: the barcode would call them identical.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from zephon import Batch, combine_digests, global_batch_digest
+from zephon import Batch, PartialGlobalBatchError, StepShape, combine_digests, global_batch_digest
 
 
 def _batch(lane: int = 0, index: int = 0, step: int = 0) -> Batch:
@@ -74,3 +76,47 @@ def test_a_global_digest_of_a_microbatch_given_twice_is_refused():
     batches = [_batch(lane, index) for lane in range(2) for index in range(2)]
     with pytest.raises(ZephonError, match=r"\(lane, index\) \[\(1, 0\)\] are given more than once"):
         global_batch_digest(batches + [_batch(1, 0)])
+
+
+def _step(num_lanes: int, per_lane: int, *, finite: bool = False, step: int = 0) -> list[Batch]:
+    """A whole step's microbatches as a loader makes them: each says its step's shape."""
+    shape = StepShape(num_lanes, per_lane, finite)
+    return [dataclasses.replace(_batch(lane, index, step), step_shape=shape)
+            for lane in range(num_lanes) for index in range(per_lane)]
+
+
+def test_a_global_digest_of_a_step_missing_a_lane_is_refused_naming_its_microbatches():
+    """A rank's part not gathered: its lanes' microbatches are missing, and the digest of the
+    rest is of no run's step, so a determinism check would compare a wrong number unsaid."""
+    batches = [b for b in _step(4, 2) if b.lane != 2]
+    with pytest.raises(PartialGlobalBatchError, match=r"step 0 lacks microbatches \(lane, index\) \[\(2, 0\), \(2, 1\)\]") as info:
+        global_batch_digest(batches)
+    assert info.value.missing == [(2, 0), (2, 1)]
+    with pytest.raises(PartialGlobalBatchError, match=r"\[\(2, 0\), \(2, 1\)\]"):
+        global_batch_digest(b.to_digest() for b in batches)
+
+
+def test_a_global_digest_of_a_step_missing_a_microbatch_index_is_refused_naming_it():
+    batches = [b for b in _step(2, 3) if (b.lane, b.index) != (1, 2)]
+    with pytest.raises(PartialGlobalBatchError, match=r"lacks microbatches \(lane, index\) \[\(1, 2\)\] of its 2 lanes of 3"):
+        global_batch_digest(batches)
+
+
+def test_a_finite_plan_s_lane_that_ended_leaves_no_hole_but_one_before_its_end_does():
+    """In a finite plan's ragged end a lane stops at its last microbatch and gives none after it:
+    such a step is whole. An index missing before that last one is not."""
+    batches = _step(2, 3, finite=True)
+    ragged = [b for b in batches if (b.lane, b.index) != (1, 2)]
+    ragged[-1].ends_lane = True  # lane 1 ended with its index 1
+    assert global_batch_digest(ragged) == combine_digests(b.digest() for b in ragged)
+    without_lane_0 = [b for b in ragged if b.lane != 0]  # lane 0 ended at an earlier step
+    assert global_batch_digest(without_lane_0) == combine_digests(b.digest() for b in without_lane_0)
+    with pytest.raises(PartialGlobalBatchError, match=r"\[\(1, 0\)\]"):
+        global_batch_digest([b for b in ragged if (b.lane, b.index) != (1, 0)])
+
+
+def test_gathered_microbatch_digests_give_the_digest_of_the_microbatches():
+    """What ranks gather instead of their tensors (`Batch.to_digest()`) combines to the same number."""
+    batches = _step(4, 2)
+    assert global_batch_digest(b.to_digest() for b in reversed(batches)) == global_batch_digest(batches)
+    assert global_batch_digest(batches) == combine_digests(b.digest() for b in batches)

@@ -609,6 +609,21 @@ def test_a_global_digest_needs_one_step(spec_pipeline):
         global_batch_digest(batches)
 
 
+def test_a_global_digest_of_one_rank_s_part_of_a_step_is_refused_naming_the_other_s(spec_pipeline):
+    """The loader's microbatches say their step's shape: a gather that left out rank 1's part is
+    refused, naming its (lane, index), where it used to hash rank 0's part alone."""
+    from zephon import PartialGlobalBatchError
+
+    with spec_pipeline.shard(0, 2, global_batch_size=64) as loader:
+        it = iter(loader)
+        part = [next(it) for _ in range(len(loader.lanes))]
+        lanes = loader.num_lanes
+    assert {b.step for b in part} == {0}
+    with pytest.raises(PartialGlobalBatchError) as info:
+        global_batch_digest(part)
+    assert info.value.missing == [(lane, 0) for lane in range(lanes // 2, lanes)]
+
+
 def test_io_cache_option_keeps_remote_shards_on_local_disk(tmp_path, demo_tokenizer_path):
     import json
 

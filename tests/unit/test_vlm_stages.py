@@ -91,6 +91,20 @@ def test_pipeline_policy_applies_unless_the_stage_sets_its_own():
     assert DecodeImages(on_error="skip").build("raise")(bad).skipped[0][1] == "corrupt_image"
 
 
+def test_the_token_estimate_skips_and_counts_a_bad_image_even_under_the_stage_s_own_raise_policy():
+    """The estimate reads its sample while `shard()` plans (`estimate_stages`): a stage of its own
+    `on_error="raise"` failed there, from planning, on the first bad image the sample held, not
+    where training reaches one."""
+    from zephon._record_ops import estimate_stages
+
+    bad = chunk_of([{"jpg": b"nope"}])
+    for stage in (DecodeImages(on_error="raise"), DecodeImages()):
+        [decode] = estimate_stages([stage])
+        assert decode(bad).skipped[0][1] == "corrupt_image"
+    with pytest.raises(BadRecordError):
+        DecodeImages(on_error="raise").build("skip")(bad)  # training keeps the stage's own policy
+
+
 def test_candidate_fields_lists_and_hugging_face_image_structs():
     png, jpg = encode(gradient(), "PNG"), encode(gradient(), "JPEG")
     out = DecodeImages(field=["webp", "png"], keep_source=True)(chunk_of([

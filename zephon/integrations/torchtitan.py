@@ -39,7 +39,7 @@ import numpy as np
 
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT, TORCHTITAN_STATE_KEY
-from .._errors import CheckpointError, ConfigurationError, RecipeMismatchError, check_count
+from .._errors import CheckpointError, ConfigurationError, RecipeMismatchError, StateLacksLanesError, check_count
 from .._job_log import config_level
 from .._loader import check_layout
 from .._packing import PackFlatOp
@@ -319,6 +319,7 @@ class ZephonDataLoader(_Base):
         self._group = group
         self._loader = pipeline.shard(dp_rank, dp_world_size, global_batch_size=global_batch_size)
         self._warned_partway = False
+        self._warned_alone = False
 
     def __reduce__(self):
         """Refused with this loader's own way to go: its rank loader's refusal says to call
@@ -382,14 +383,33 @@ class ZephonDataLoader(_Base):
 
     def state_dict(self) -> dict[str, Any]:
         """`{STATE_KEY: JSON}` covering every lane: gathered over the process group when one is
-        initialised (every rank must call this, as DCP does), else this replica's own lanes.
+        initialised (every rank must call this, as DCP does), else this replica's own lanes, which
+        resume it on this data-parallel size only (warned of at the first such save; for another,
+        merge every replica's `local_state_dict()` with `zephon.merge_states`).
 
         A JSON string rather than nested containers: DCP stores it as one opaque value, identical
         on every rank, so it is written once and read back by any number of ranks.
         """
         state = gather_state(self._loader, self._group)
+        self._warn_of_a_state_of_this_replica_alone(state)
         self._warn_of_a_save_partway_through_a_step(state)
         return {STATE_KEY: json.dumps(state, sort_keys=True)}
+
+    def _warn_of_a_state_of_this_replica_alone(self, state: dict) -> None:
+        """Warn, once per loader, of a `state_dict()` that holds this replica's lanes only (no
+        process group to gather over, and other replicas): it resumes this replica on this
+        data-parallel size, but a resume on another finds lanes missing. Said at the save, where
+        the way to a state of every lane can still be taken, not only at that resume."""
+        if self._warned_alone or len(state["lanes"]) == state["num_lanes"]:
+            return
+        self._warned_alone = True
+        log.log(
+            config_level(logging.WARNING, self.dp_rank),
+            "state_dict() of replica %d of %d holds its own lanes only (%d of %d): no torch.distributed process "
+            "group is initialised to gather the others' over. To resume on another data-parallel size, initialise "
+            "one before saving, or save every replica's local_state_dict() and load zephon.merge_states of them",
+            self.dp_rank, self.dp_world_size, len(state["lanes"]), state["num_lanes"],
+        )
 
     def _warn_of_a_save_partway_through_a_step(self, state: dict) -> None:
         """Warn, once per loader, of a state saved partway through a Zephon step.
@@ -447,9 +467,22 @@ class ZephonDataLoader(_Base):
 
     def _take_up(self, state) -> None:
         """Load a Zephon loader state; a refusal of another recipe also names the DataRecipe fields
-        behind the recipe keys it names (a changed mixture is `plan.schedule` there)."""
+        behind the recipe keys it names (a changed mixture is `plan.schedule` there), and one of a
+        state lacking this replica's lanes names this loader's ways to a state of every lane: the
+        core's advice (`merge_states` the states, or `gather_state`) refuses a `state_dict()` and
+        this loader, so following it took a second refusal."""
         try:
             self._loader.load_state_dict(state)
+        except StateLacksLanesError as refusal:
+            raise StateLacksLanesError(
+                f"the loader state lacks lanes {refusal.lanes} of this replica (dp_rank {self.dp_rank} of "
+                f"{self.dp_world_size}): it holds another replica's lanes alone, a state_dict() saved without a "
+                "torch.distributed process group (or a local_state_dict()). Resume from a state of every lane: "
+                "save with the process group initialised, where state_dict() gathers every replica's lanes (as under "
+                "TorchTitan), or save every replica's local_state_dict() and give each replica "
+                "zephon.merge_states(those) (or its JSON)",
+                refusal.lanes,
+            ) from None
         except RecipeMismatchError as refusal:
             fields = data_recipe_fields(refusal.changed, _DATA_RECIPE_FIELDS) if self.recipe is not None else []
             if not fields:

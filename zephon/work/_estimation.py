@@ -73,6 +73,9 @@ class TokenEstimation:
     resume computes the same plan without communicating. A dataset with a positive weight whose
     sample yields no token has no token rate to plan its share by: binding refuses it with a
     ConfigurationError (raise `sample_records` for a dataset whose surviving records are rare).
+    Its bad records are skipped and counted (`TokenStats.dropped`) whatever the pipeline's
+    `on_error`: read here, at planning and in the sample's order, one would fail a fail-fast run
+    from `shard()` on whichever the sample held first; the run fails at the one training reaches.
     """
 
     sample_records: int = 512
