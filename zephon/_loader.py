@@ -737,6 +737,10 @@ class RankLoader:
     def load_state_dict(self, state) -> None:
         """Take up the cursors of this rank's lanes from a state covering them (any world size).
 
+        A state of another recipe is refused naming what changed; one whose datasets only moved
+        (the same shards under another directory) is taken up, logged at WARNING: its batches are
+        the same.
+
         All or nothing: a load that raises (a refused state, or Ctrl-C and a preemption handler
         raising partway) leaves the loader at the state it had, the iteration it suspended included
         (see `_take_up`); loading the state again then takes it up as a first load would. From
@@ -746,7 +750,7 @@ class RankLoader:
             self._load_state(state)
 
     def _load_state(self, state) -> None:
-        cursors, ledgers, steps_begun, rows_taken = read_state(
+        cursors, ledgers, steps_begun, rows_taken, warnings = read_state(
             state, self._recipe_digests, self._dataset_summaries, self.num_lanes
         )
         missing = [lane for lane in self.lanes if lane not in cursors]
@@ -758,6 +762,8 @@ class RankLoader:
         if len(cursors) == self.num_lanes:
             self._check_step_rest_splits_evenly(cursors)
         self._take_up({lane: cursors[lane] for lane in self.lanes}, ledgers, steps_begun, rows_taken)
+        for warning in warnings:  # the same state and recipe on every rank: said once, for the job
+            log.log(config_level(logging.WARNING, self.rank), "%s", warning)
 
     def _check_step_rest_splits_evenly(self, cursors: dict[int, LaneCursor]) -> None:
         """Refuse a state saved partway through a step that this world size would split unevenly.
