@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Mapping, NamedTuple
 
+from ._accepted_changes import accepted_keys, check_accepted, how_to_accept
 from ._dataset_changes import describe_dataset_changes, moved_datasets
 from ._errors import CheckpointError, RecipeMismatchError
 from ._recipe_keys import meaning_of_keys
@@ -266,7 +267,8 @@ def _parsed(value: object) -> object:
 
 class ReadState(NamedTuple):
     """A state read against the current recipe: its cursors and ledger counts by lane, its steps
-    begun and rows taken, and what the loader warns of taking it up (a moved corpus)."""
+    begun and rows taken, and what the loader warns of taking it up (a moved corpus, changes
+    accepted)."""
 
     cursors: dict[int, LaneCursor]
     ledgers: dict[int, dict]
@@ -280,10 +282,13 @@ def read_state(
     current: Mapping[str, str],
     datasets: list[dict] | None,
     num_lanes: int,
+    accept_changes: Iterable[str] = (),
 ) -> ReadState:
     """Validate a state against the current recipe's digests (`recipe_digests`) and dataset
-    summaries (`dataset_summaries`), accepting a dataset list whose shards only moved
+    summaries (`dataset_summaries`), accepting the recipe keys named in `accept_changes` that
+    changed and may be (`_accepted_changes`), and a dataset list whose shards only moved
     (`moved_datasets`)."""
+    accepted = accepted_keys(accept_changes)
     state = _intact(state)
     _check_shape(state)
     saved, saved_datasets = state["recipe"], state.get("datasets")
@@ -295,17 +300,20 @@ def read_state(
     )
     if moved:
         changed.remove("plan.datasets")
-    if changed:
-        how = describe_dataset_changes(saved_datasets, datasets) if "plan.datasets" in changed and not (
+    check_accepted(accepted, changed, saved, current)
+    refused = [key for key in changed if key not in accepted]
+    if refused:
+        how = describe_dataset_changes(saved_datasets, datasets) if "plan.datasets" in refused and not (
             saved_datasets is None or datasets is None
         ) else []
         raise RecipeMismatchError(
-            "the checkpoint was taken with a different recipe; changed: " + ", ".join(changed)
+            "the checkpoint was taken with a different recipe; changed: " + ", ".join(refused)
+            + (f" (accept_changes named {', '.join(accepted)})" if accepted else "")
             + (". In plan.datasets: " + "; ".join(how) if how else "")
             + (". The datasets moved, which alone is accepted: " + "; ".join(moved) if moved else "")
             + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not."
-            + meaning_of_keys(changed),
-            tuple(changed),
+            + meaning_of_keys(refused) + how_to_accept([*accepted, *refused], saved, current),
+            tuple(refused),
         )
     warnings = []
     if moved:
@@ -313,6 +321,12 @@ def read_state(
             "resuming from a checkpoint whose datasets moved: " + "; ".join(moved)
             + ". The shards are the same under the new root (names, order, sizes and record counts), so the "
             "batches are those the checkpoint's run would have had"
+        )
+    if accepted:
+        warnings.append(
+            f"resuming from a checkpoint of another recipe, accepting the changes named in accept_changes: "
+            f"{', '.join(accepted)}. The lanes go on from their cursors with the new recipe: the batches from here "
+            "are the new recipe's, not bit-identical to an uninterrupted run of either recipe"
         )
     if state["num_lanes"] != num_lanes:
         raise RecipeMismatchError(
