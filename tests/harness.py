@@ -67,14 +67,17 @@ def microbatches_per_rank_step(loader) -> int:
     return len(loader.lanes) * loader.rows_per_step // loader.microbatch_size
 
 
-def step_digests(pipeline: Pipeline, world_size: int, steps: int, *, state=None, start_step: int = 0) -> list[str]:
+def step_digests(
+    pipeline: Pipeline, world_size: int, steps: int, *, state=None, start_step: int = 0, accept_changes=()
+) -> list[str]:
     """Run `world_size` rank loaders side by side for `steps` global steps and return each step's
-    global digest. With `state`, every rank first loads it (an elastic resume)."""
+    global digest. With `state`, every rank first loads it (an elastic resume), accepting the
+    recipe changes named in `accept_changes`."""
     loaders = [pipeline.shard(rank, world_size, global_batch_size=GLOBAL_BATCH) for rank in range(world_size)]
     try:
         if state is not None:
             for loader in loaders:
-                loader.load_state_dict(state)
+                loader.load_state_dict(state, accept_changes=accept_changes)
         iterators = [iter(loader) for loader in loaders]
         digests = []
         for step in range(start_step, start_step + steps):

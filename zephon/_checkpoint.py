@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
-from ._dataset_changes import describe_dataset_changes
+from ._accepted_changes import accepted_keys, check_accepted, how_to_accept
+from ._dataset_changes import describe_dataset_changes, moved_datasets
 from ._errors import CheckpointError, RecipeMismatchError
 from ._recipe_keys import meaning_of_keys
 from ._sha256 import sha256
 
 __all__ = [
-    "LaneCursor", "STATE_FORMAT", "STATE_VERSION", "TORCHTITAN_STATE_KEY", "make_state", "read_state",
+    "LaneCursor", "STATE_FORMAT", "STATE_VERSION", "TORCHTITAN_STATE_KEY", "ReadState", "make_state", "read_state",
     "recipe_digests", "dataset_summaries", "merge_states",
 ]
 
@@ -54,10 +55,15 @@ of a state, and what a merge of them returned would not be one of them (a Zephon
 # 4: "steps_begun" and "finished", so that merging ranks saved at different steps is refused;
 # 5: "rows_taken", so that it is refused also once every rank has a finished lane;
 # 6: "datasets", a summary per dataset, so that a refusal names the dataset that changed
-STATE_VERSION = 6
-READ_VERSIONS = (5, 6)
+# 7: a dataset summary's "root" and "shards_under_root", so that a corpus moved elsewhere resumes
+STATE_VERSION = 7
+READ_VERSIONS = (5, 6, 7)
 """Versions read: a state of version 5 has no dataset summaries, and a refusal of another dataset
-list names only `plan.datasets`, as the Zephon that wrote it did."""
+list names only `plan.datasets`, as the Zephon that wrote it did; one of version 6 has summaries
+without the shards' root, and a corpus moved since it was saved is refused as it was then."""
+_SUMMARY_KEYS = {"name", "settings", "num_shards", "nbytes", "num_records"}
+_ROOT_KEYS = {"root", "shards_under_root"}
+"""What a summary of version 7 adds to those of version 6 (see `_shards_root`)."""
 
 
 @dataclass
@@ -101,15 +107,21 @@ def recipe_digests(recipe: Mapping) -> dict[str, str]:
 
 
 def _short_digest(value) -> str:
-    return sha256(canonical_json(value).encode()).hexdigest()[:16]
+    return _text_digest(canonical_json(value))
+
+
+def _text_digest(text: str) -> str:
+    return sha256(text.encode()).hexdigest()[:16]
 
 
 def dataset_summaries(recipe: Mapping) -> list[dict] | None:
     """A summary of each entry of the recipe's `plan.datasets`, for a refusal to say which dataset
     differs and how (`describe_dataset_changes`): its name, a digest per setting of its entry (its
-    shard list's among them), and its shards, bytes and records counted. Never the shard list
-    itself: a checkpoint holds cursors and digests. None where the plan holds no list of entries
-    (a WorkPlan of the user's may fingerprint its datasets otherwise)."""
+    shard list's among them), its shards, bytes and records counted, and the directory its shards
+    share with a digest of the shard list under it (`moved_datasets` tells a corpus copied
+    elsewhere by them). Never the shard list itself: a checkpoint holds cursors and digests. None
+    where the plan holds no list of entries (a WorkPlan of the user's may fingerprint its datasets
+    otherwise)."""
     plan = recipe.get("plan")
     entries = plan.get("datasets") if isinstance(plan, Mapping) else None
     if not isinstance(entries, list) or not all(isinstance(entry, Mapping) for entry in entries):
@@ -123,13 +135,35 @@ def _dataset_summary(entry: Mapping) -> dict:
     shards = entry.get("shards")
     listed = isinstance(shards, list) and all(isinstance(shard, dict) for shard in shards)
     name = entry.get("name")
+    root = _shards_root(shards) if listed else None
+    # The shard list written once: its digest, and with the root cut from every URL, the digest of
+    # the list under the root (a second list of 10**5 dicts written again took twice as long).
+    text = canonical_json(shards)
     return {
         "name": name if isinstance(name, str) else None,
-        "settings": {str(key): _short_digest(value) for key, value in entry.items()},
+        "settings": {str(key): _text_digest(text) if key == "shards" else _short_digest(value)
+                     for key, value in entry.items()},
         "num_shards": len(shards) if listed else None,
         "nbytes": _total(shards, "nbytes") if listed else None,
         "num_records": _total(shards, "num_records") if listed else None,
+        "root": root,
+        "shards_under_root": None if root is None else _text_digest(
+            text.replace('"url":' + canonical_json(root)[:-1], '"url":"')
+        ),
     }
+
+
+def _shards_root(shards: list[dict]) -> str | None:
+    """The directory (ending in "/") that every shard's URL begins with, the deepest one; None
+    where a shard has no URL or there is no shard. A corpus copied elsewhere (`/mnt/a/corpus/` to
+    `/scratch/corpus/`, a local directory to `s3://bucket/corpus/`) keeps the shard list under it:
+    its names relative to it, in the same order, with their counts and sizes."""
+    urls = [shard.get("url") for shard in shards]
+    if not urls or not all(isinstance(url, str) for url in urls):
+        return None
+    first, last = min(urls), max(urls)  # the prefix they share, every other URL shares
+    common = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
+    return first[: first.rfind("/", 0, common) + 1]
 
 
 def _total(shards: list[dict], key: str) -> int | None:
@@ -231,28 +265,68 @@ def _parsed(value: object) -> object:
     return value
 
 
+class ReadState(NamedTuple):
+    """A state read against the current recipe: its cursors and ledger counts by lane, its steps
+    begun and rows taken, and what the loader warns of taking it up (a moved corpus, changes
+    accepted)."""
+
+    cursors: dict[int, LaneCursor]
+    ledgers: dict[int, dict]
+    steps_begun: int | None
+    rows_taken: int
+    warnings: tuple[str, ...]
+
+
 def read_state(
-    state: object, current: Mapping[str, str], datasets: list[dict] | None, num_lanes: int
-) -> tuple[dict[int, LaneCursor], dict[int, dict], int | None, int]:
+    state: object,
+    current: Mapping[str, str],
+    datasets: list[dict] | None,
+    num_lanes: int,
+    accept_changes: Iterable[str] = (),
+) -> ReadState:
     """Validate a state against the current recipe's digests (`recipe_digests`) and dataset
-    summaries (`dataset_summaries`); return its cursors and ledger counts by lane, its steps begun
-    and its rows taken."""
+    summaries (`dataset_summaries`), accepting the recipe keys named in `accept_changes` that
+    changed and may be (`_accepted_changes`), and a dataset list whose shards only moved
+    (`moved_datasets`)."""
+    accepted = accepted_keys(accept_changes)
     state = _intact(state)
     _check_shape(state)
-    changed = _changed_keys(state["recipe"], current)
-    if changed:
-        saved_datasets = state.get("datasets")
-        how = (
-            describe_dataset_changes(saved_datasets, datasets)
-            if "plan.datasets" in changed and saved_datasets is not None and datasets is not None
-            else []
-        )
+    saved, saved_datasets = state["recipe"], state.get("datasets")
+    changed = _changed_keys(saved, current)
+    moved = (
+        moved_datasets(saved_datasets, datasets)
+        if "plan.datasets" in changed and saved_datasets is not None and datasets is not None
+        else []
+    )
+    if moved:
+        changed.remove("plan.datasets")
+    check_accepted(accepted, changed, saved, current)
+    refused = [key for key in changed if key not in accepted]
+    if refused:
+        how = describe_dataset_changes(saved_datasets, datasets) if "plan.datasets" in refused and not (
+            saved_datasets is None or datasets is None
+        ) else []
         raise RecipeMismatchError(
-            "the checkpoint was taken with a different recipe; changed: " + ", ".join(changed)
+            "the checkpoint was taken with a different recipe; changed: " + ", ".join(refused)
+            + (f" (accept_changes named {', '.join(accepted)})" if accepted else "")
             + (". In plan.datasets: " + "; ".join(how) if how else "")
+            + (". The datasets moved, which alone is accepted: " + "; ".join(moved) if moved else "")
             + ". Performance settings (runner, parallelism, world size) may change on resume; the recipe may not."
-            + meaning_of_keys(changed),
-            tuple(changed),
+            + meaning_of_keys(refused) + how_to_accept([*accepted, *refused], saved, current),
+            tuple(refused),
+        )
+    warnings = []
+    if moved:
+        warnings.append(
+            "resuming from a checkpoint whose datasets moved: " + "; ".join(moved)
+            + ". The shards are the same under the new root (names, order, sizes and record counts), so the "
+            "batches are those the checkpoint's run would have had"
+        )
+    if accepted:
+        warnings.append(
+            f"resuming from a checkpoint of another recipe, accepting the changes named in accept_changes: "
+            f"{', '.join(accepted)}. The lanes go on from their cursors with the new recipe: the batches from here "
+            "are the new recipe's, not bit-identical to an uninterrupted run of either recipe"
         )
     if state["num_lanes"] != num_lanes:
         raise RecipeMismatchError(
@@ -261,7 +335,7 @@ def read_state(
     finished = set(state["finished"])
     cursors = {int(lane): LaneCursor(*cursor, finished=int(lane) in finished) for lane, cursor in state["lanes"].items()}
     ledgers = {int(lane): dict(counts) for lane, counts in state["ledger"].items()}
-    return cursors, ledgers, state["steps_begun"], state["rows_taken"]
+    return ReadState(cursors, ledgers, state["steps_begun"], state["rows_taken"], tuple(warnings))
 
 
 def _changed_keys(saved: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
@@ -304,13 +378,15 @@ def _check_shape(state: dict) -> None:
         raise CheckpointError("malformed loader state: 'steps_begun' must be a non-negative integer or null")
     if not _is_count(state.get("rows_taken")):
         raise CheckpointError("malformed loader state: 'rows_taken' must be a non-negative integer")
-    datasets = state.get("datasets")
-    if ("datasets" not in state and state["version"] >= 6) or (
-        datasets is not None and not (isinstance(datasets, list) and all(map(_is_dataset_summary, datasets)))
+    datasets, version = state.get("datasets"), state["version"]
+    if ("datasets" not in state and version >= 6) or (
+        datasets is not None
+        and not (isinstance(datasets, list) and all(_is_dataset_summary(summary, version) for summary in datasets))
     ):
         raise CheckpointError(
             "malformed loader state: 'datasets' must be null or a list of dataset summaries "
-            "({'name', 'settings': {setting: digest}, 'num_shards', 'nbytes', 'num_records'})"
+            "({'name', 'settings': {setting: digest}, 'num_shards', 'nbytes', 'num_records'"
+            + (", 'root', 'shards_under_root'" if version >= 7 else "") + "})"
         )
     if (
         not isinstance(finished, list)
@@ -346,12 +422,13 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _is_dataset_summary(summary: object) -> bool:
-    """What `_dataset_summary` writes, which `describe_dataset_changes` reads as it explains a refusal."""
+def _is_dataset_summary(summary: object, version: int) -> bool:
+    """What `_dataset_summary` writes (less the root and its digest before version 7), which
+    `describe_dataset_changes` and `moved_datasets` read."""
     return (
         isinstance(summary, dict)
-        and set(summary) == {"name", "settings", "num_shards", "nbytes", "num_records"}
-        and (summary["name"] is None or isinstance(summary["name"], str))
+        and set(summary) == (_SUMMARY_KEYS | _ROOT_KEYS if version >= 7 else _SUMMARY_KEYS)
+        and all(summary.get(key) is None or isinstance(summary[key], str) for key in ("name", *_ROOT_KEYS))
         and isinstance(summary["settings"], dict)
         and all(isinstance(digest, str) for digest in summary["settings"].values())
         and all(summary[key] is None or _is_count(summary[key]) for key in ("num_shards", "nbytes", "num_records"))

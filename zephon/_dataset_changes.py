@@ -5,12 +5,13 @@ the list: a user resuming a mixture of several datasets, or one whose shards cha
 which. A state carries a small summary per dataset (`_checkpoint.dataset_summaries`: its name, a
 digest per setting of its entry, its shard list among them, and its shards, bytes and records
 counted), and this module tells from two such lists which dataset differs and how. The summaries
-only explain a refusal: whether a recipe differs is still the digest of the whole list.
+only explain a refusal: whether a recipe differs is still the digest of the whole list, save for
+one case they decide, a corpus moved (`moved_datasets`): the same shards under another directory.
 """
 
 from __future__ import annotations
 
-__all__ = ["describe_dataset_changes"]
+__all__ = ["describe_dataset_changes", "moved_datasets"]
 
 MAX_NAMED = 4
 """The most datasets a refusal describes; a mixture of hundreds rewritten names the first few."""
@@ -41,6 +42,36 @@ def describe_dataset_changes(saved: list[dict], current: list[dict]) -> list[str
     if len(phrases) > MAX_NAMED:
         phrases = phrases[:MAX_NAMED] + [f"and {len(phrases) - MAX_NAMED} more"]
     return phrases
+
+
+def moved_datasets(saved: list[dict], current: list[dict]) -> list[str]:
+    """Where the dataset lists differ only in where their shards are, one phrase per dataset moved,
+    e.g. "dataset 0 ('a'): /mnt/a/corpus/ in the checkpoint, /scratch/corpus/ now"; [] where they
+    differ otherwise, or not at all, or a side has no roots (a state of version 6).
+
+    Moved means: the same datasets in the same order, every setting of each entry the same but its
+    shard list, and that list the same under the shards' root (`_checkpoint._shards_root`): the
+    same names relative to it, in the same order, with the same record counts and sizes. Those are
+    all a plan reads of a dataset besides its records (chunks are cut from record counts, dealt by
+    a seed of the dataset's name, weighed by the records' bytes and tokens), so the batches of such
+    a recipe are those of the checkpoint's, as for the same shards spelled another way (`file://`);
+    the content is trusted as far as it is in place: by sizes and counts."""
+    if len(saved) != len(current):
+        return []
+    moved = []
+    for index, (then, now) in enumerate(zip(saved, current)):
+        if then["name"] != now["name"] or set(then["settings"]) != set(now["settings"]):
+            return []
+        if any(then["settings"][k] != now["settings"][k] for k in then["settings"] if k != "shards"):
+            return []
+        if then["settings"].get("shards") == now["settings"].get("shards"):
+            continue
+        roots = then.get("root"), now.get("root")
+        under = then.get("shards_under_root"), now.get("shards_under_root")
+        if None in roots or None in under or under[0] != under[1]:
+            return []
+        moved.append(f"{_label(index, now)}: {roots[0]} in the checkpoint, {roots[1]} now")
+    return moved
 
 
 def _distinct_names(summaries: list[dict]) -> bool:
@@ -75,4 +106,6 @@ def _how_shards_differ(then: dict, now: dict) -> str:
         for key, unit in (("nbytes", "bytes"), ("num_records", "records"))
         if then[key] is not None and now[key] is not None and then[key] != now[key]
     ]
+    if then.get("root") and now.get("root") and then["root"] != now["root"]:
+        sizes.append(f"under {then['root']} in the checkpoint, {now['root']} now")
     return "shard list changed (same count" + ("; " + "; ".join(sizes) if sizes else " and total size") + ")"

@@ -23,7 +23,7 @@ import weakref
 from collections import Counter
 from concurrent.futures import Future
 from time import perf_counter
-from typing import Callable, Generator, Iterator, NamedTuple, TypeVar
+from typing import Callable, Generator, Iterable, Iterator, NamedTuple, TypeVar
 
 from . import _fork, _runner_closer, _wait
 from ._barren import refuse_a_finite_run_without_rows
@@ -747,8 +747,17 @@ class RankLoader:
             cursor.finished = True
         return cursor.finished
 
-    def load_state_dict(self, state) -> None:
+    def load_state_dict(self, state, *, accept_changes: Iterable[str] = ()) -> None:
         """Take up the cursors of this rank's lanes from a state covering them (any world size).
+
+        A state of another recipe is refused naming what changed, unless each change is named in
+        `accept_changes` (recipe keys as the refusal names them, e.g.
+        `["operators[0].map.fn"]`): the lanes then go on from their cursors with this recipe,
+        whose batches from here are not bit-identical to an uninterrupted run of either recipe. A key
+        named that did not change, and one whose change would move the cursors (the plan's, the
+        lane count, flush_every_chunks, the global and microbatch sizes), are refused, naming why.
+        A state whose datasets only moved (the same shards under another directory) is taken up
+        with no key named: its batches are the same. Either is logged at WARNING.
 
         All or nothing: a load that raises (a refused state, or Ctrl-C and a preemption handler
         raising partway) leaves the loader at the state it had, the iteration it suspended included
@@ -756,11 +765,11 @@ class RankLoader:
         another thread, it waits for the microbatch in progress."""
         self.hand_back_a_block_cut_by_fork()  # now, not over the state loaded at the next iteration
         with self._moving:
-            self._load_state(state)
+            self._load_state(state, accept_changes)
 
-    def _load_state(self, state) -> None:
-        cursors, ledgers, steps_begun, rows_taken = read_state(
-            state, self._recipe_digests, self._dataset_summaries, self.num_lanes
+    def _load_state(self, state, accept_changes: Iterable[str]) -> None:
+        cursors, ledgers, steps_begun, rows_taken, warnings = read_state(
+            state, self._recipe_digests, self._dataset_summaries, self.num_lanes, accept_changes
         )
         missing = [lane for lane in self.lanes if lane not in cursors]
         if missing:
@@ -772,6 +781,8 @@ class RankLoader:
         if len(cursors) == self.num_lanes:
             self._check_step_rest_splits_evenly(cursors)
         self._take_up({lane: cursors[lane] for lane in self.lanes}, ledgers, steps_begun, rows_taken)
+        for warning in warnings:  # the same state and recipe on every rank: said once, for the job
+            log.log(config_level(logging.WARNING, self.rank), "%s", warning)
 
     def _check_step_rest_splits_evenly(self, cursors: dict[int, LaneCursor]) -> None:
         """Refuse a state saved partway through a step that this world size would split unevenly.

@@ -658,6 +658,32 @@ def test_a_data_recipe_checkpoint_refused_by_another_recipe_names_the_data_recip
             changed.load_state_dict(state)
 
 
+def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
+    """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
+    config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank
+    loader given the same keys does. Unnamed, it is refused saying where to name it."""
+    with ZephonDataLoader(DataRecipe(**_RECIPE), 0, 1, 16) as saved:
+        next(iter(saved))
+        state = saved.state_dict()
+    changed = DataRecipe(**{**_RECIPE, "shuffle_buffer": 16})
+    build = {"dp_world_size": 1, "dp_rank": 0, "local_batch_size": 8, "seq_len": 64}
+    with ZephonDataLoader.Config(recipe=changed, global_batch_size=16).build(**build) as refused:
+        with pytest.raises(RecipeMismatchError, match=re.escape("(ZephonDataLoader: accept_changes=)")):
+            refused.load_state_dict(state)
+    key = "operators[2].shuffle.buffer_size"
+    config = ZephonDataLoader.Config(recipe=changed, global_batch_size=16, accept_changes=(key,))
+    with caplog.at_level(logging.WARNING, logger="zephon"), config.build(**build) as loader:
+        loader.load_state_dict(state)
+        assert loader.local_state_dict()["lanes"] == json.loads(state[STATE_KEY])["lanes"]
+        first = next(iter(loader))[0]["input"]
+    assert f"accepting the changes named in accept_changes: {key}." in caplog.text
+    pipeline = changed.pipeline()
+    with pipeline.shard(0, 1, global_batch_size=16) as rank_loader:
+        rank_loader.load_state_dict(json.loads(state[STATE_KEY]), accept_changes=[key])
+        expected = next(iter(rank_loader)).tokens["input_ids"]
+    assert first[: len(expected)].tolist() == expected.tolist()
+
+
 def test_a_data_recipe_refusal_names_token_estimation_switched_beside_a_field_its_rate_does_not_read():
     """The measured rate's key changed beside any other field was put down to that field: with
     token_estimation and shuffle_buffer changed, the refusal named shuffle_buffer alone, and the

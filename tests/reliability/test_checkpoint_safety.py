@@ -483,10 +483,10 @@ def test_a_state_edited_by_its_caller_leaves_the_loaders_next_states_as_they_wer
         assert loader.state_dict() == untouched
 
 
-@pytest.mark.parametrize("module", ["_checkpoint.py", "_dataset_changes.py", "_recipe_keys.py"])
+@pytest.mark.parametrize("module", ["_checkpoint.py", "_dataset_changes.py", "_recipe_keys.py", "_accepted_changes.py"])
 def test_checkpoint_module_cannot_deserialise_code(module):
     """The state module, and those that read a state's dataset summaries or its changed keys to word
-    a refusal, use json only: no pickle, marshal, shelve, eval or exec anywhere in them."""
+    a refusal or accept it, use json only: no pickle, marshal, shelve, eval or exec anywhere in them."""
     source = (REPO_ROOT / "zephon" / module).read_text()
     tree = ast.parse(source)
     imported = set()
@@ -495,7 +495,10 @@ def test_checkpoint_module_cannot_deserialise_code(module):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add("." * node.level + (node.module or ""))
-    allowed = {"__future__", "json", "dataclasses", "typing", "._errors", "._sha256", "._dataset_changes", "._recipe_keys"}
+    allowed = {
+        "__future__", "json", "dataclasses", "typing",
+        "._errors", "._sha256", "._dataset_changes", "._recipe_keys", "._accepted_changes",
+    }
     assert imported <= allowed, imported
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not called & {"eval", "exec", "compile", "__import__"}, called

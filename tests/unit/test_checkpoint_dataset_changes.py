@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from zephon._checkpoint import dataset_summaries
-from zephon._dataset_changes import MAX_NAMED, describe_dataset_changes
+from zephon._dataset_changes import MAX_NAMED, describe_dataset_changes, moved_datasets
 
 
 def entry(name: str | None, sizes: list[int], *, records: int = 4, fmt: str = "jsonl", prefix: str = "") -> dict:
@@ -28,9 +28,66 @@ def summaries(*entries: dict) -> list[dict]:
 
 
 def test_a_dataset_whose_shard_was_renamed_is_told_by_its_shard_list_of_the_same_count_and_size():
+    """Renamed where it lies: its root is the same, so no move either."""
     then = summaries(entry("a", [10, 20]))
-    now = summaries(entry("a", [10, 20], prefix="moved/"))
+    renamed = entry("a", [10, 20])
+    renamed["shards"][1]["url"] = "a/part-00009.jsonl"
+    now = summaries(renamed)
     assert describe_dataset_changes(then, now) == ["dataset 0 ('a'): shard list changed (same count and total size)"]
+    assert moved_datasets(then, now) == []
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [("/mnt/a/corpus/", "/scratch/corpus/"), ("/data/", "s3://bucket/corpora/"), ("", "/abs/")],
+)
+def test_the_same_shards_under_another_root_are_a_move_naming_both_roots(before, after):
+    then = summaries(entry("a", [10, 20], prefix=before), entry("b", [30], prefix="/kept/"))
+    now = summaries(entry("a", [10, 20], prefix=after), entry("b", [30], prefix="/kept/"))
+    assert moved_datasets(then, now) == [f"dataset 0 ('a'): {before}a/ in the checkpoint, {after}a/ now"]
+
+
+def test_shards_in_several_directories_move_by_the_deepest_directory_they_share():
+    then, now = entry("a", [10, 20], prefix="/mnt/x/"), entry("a", [10, 20], prefix="/scratch/y/")
+    for side, root in ((then, "/mnt/x/"), (now, "/scratch/y/")):
+        side["shards"][0]["url"] = f"{root}2024/part-0.jsonl"
+        side["shards"][1]["url"] = f"{root}2025/part-0.jsonl"
+    assert summaries(then)[0]["root"] == "/mnt/x/"
+    assert moved_datasets(summaries(then), summaries(now)) == ["dataset 0 ('a'): /mnt/x/ in the checkpoint, /scratch/y/ now"]
+
+
+def _resized(prefix: str) -> dict:
+    changed = entry("a", [10, 20], prefix=prefix)
+    changed["shards"][1]["nbytes"] = 21
+    return changed
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        _resized("/scratch/"),  # moved and a shard rewritten
+        entry("a", [10, 20], prefix="/scratch/", fmt="text"),  # moved and read in another format
+        entry("a", [10], prefix="/scratch/"),  # moved and a shard left behind
+    ],
+    ids=["shard_resized", "format_changed", "shard_left_behind"],
+)
+def test_a_move_with_any_other_change_is_no_move(now):
+    assert moved_datasets(summaries(entry("a", [10, 20], prefix="/mnt/")), summaries(now)) == []
+
+
+def test_a_moved_dataset_whose_shard_changed_is_told_with_both_roots():
+    then, now = summaries(entry("a", [10, 20], prefix="/mnt/")), summaries(_resized("/scratch/"))
+    assert describe_dataset_changes(then, now) == [
+        "dataset 0 ('a'): shard list changed (same count; 30 bytes in the checkpoint, 31 now; "
+        "under /mnt/a/ in the checkpoint, /scratch/a/ now)"
+    ]
+
+
+def test_summaries_without_roots_tell_no_move():
+    """A state of version 6 holds none: whether its shards only moved cannot be told."""
+    then = [{k: v for k, v in s.items() if k not in ("root", "shards_under_root")}
+            for s in summaries(entry("a", [10], prefix="/mnt/"))]
+    assert moved_datasets(then, summaries(entry("a", [10], prefix="/scratch/"))) == []
 
 
 def test_a_shard_rewritten_with_other_records_is_told_by_its_bytes_and_records():

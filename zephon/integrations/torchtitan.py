@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from itertools import islice
@@ -37,6 +37,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from .._accepted_changes import accepted_keys
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT, TORCHTITAN_STATE_KEY
 from .._errors import CheckpointError, ConfigurationError, RecipeMismatchError, StateLacksLanesError, check_count
@@ -221,7 +222,10 @@ class ZephonDataLoader(_Base):
     world's). `group` is the process group over which `state_dict()` gathers the lanes (default:
     the world, which also works when tensor/pipeline parallel peers hold identical copies); a
     group smaller than the world needs `dp_rank` and `dp_world_size` given, since its own rank need
-    not be the data-parallel one.
+    not be the data-parallel one. `accept_changes` names the recipe keys in which a checkpoint
+    loaded may differ from `recipe`, on purpose (the trainer calls `load_state_dict` with the state
+    alone): see `RankLoader.load_state_dict`; once a checkpoint of the new recipe is saved, leave it
+    out, as a key named that did not change is refused.
 
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
     short, then iteration stops, on each replica at a step of its own. TorchTitan 0.3.0 does not
@@ -245,6 +249,8 @@ class ZephonDataLoader(_Base):
             """Rows per optimizer step; set it to `training.global_batch_size`. -1: local × dp (then a
             resume on another data-parallel size is refused, the global batch having changed)."""
             emit_positions: bool = True
+            accept_changes: tuple[str, ...] = ()
+            """Recipe keys whose change the checkpoint loaded may have (see `ZephonDataLoader`)."""
 
             def build(self, **kwargs):
                 return build_zephon_dataloader(self, **kwargs)
@@ -260,6 +266,7 @@ class ZephonDataLoader(_Base):
             recipe: DataRecipe | None = None
             global_batch_size: int = -1
             emit_positions: bool = True
+            accept_changes: tuple[str, ...] = ()
 
             def build(self, **kwargs):
                 return build_zephon_dataloader(self, **kwargs)
@@ -274,6 +281,7 @@ class ZephonDataLoader(_Base):
         local_batch_size: int | None = None,
         group=None,
         emit_positions: bool = True,
+        accept_changes: Iterable[str] = (),
     ) -> None:
         pipeline = recipe.pipeline() if isinstance(recipe, DataRecipe) else recipe
         if not isinstance(pipeline, Pipeline):
@@ -314,6 +322,7 @@ class ZephonDataLoader(_Base):
         self.global_batch_size, self.local_batch_size = int(global_batch_size), int(local_batch_size)
         self.gradient_accumulation_steps = self.global_batch_size // (self.local_batch_size * self.dp_world_size)
         self.emit_positions = emit_positions
+        self.accept_changes = accepted_keys(accept_changes)
         self.last_microbatches: tuple[Batch, ...] = ()
         """The Zephon microbatches behind the most recent yield (for barcodes: `Batch.digest()`)."""
         self._group = group
@@ -472,7 +481,7 @@ class ZephonDataLoader(_Base):
         core's advice (`merge_states` the states, or `gather_state`) refuses a `state_dict()` and
         this loader, so following it took a second refusal."""
         try:
-            self._loader.load_state_dict(state)
+            self._loader.load_state_dict(state, accept_changes=self.accept_changes)
         except StateLacksLanesError as refusal:
             raise StateLacksLanesError(
                 f"the loader state lacks lanes {refusal.lanes} of this replica (dp_rank {self.dp_rank} of "
@@ -587,4 +596,5 @@ def build_zephon_dataloader(
         global_batch_size,
         local_batch_size=local_batch_size,
         emit_positions=getattr(config, "emit_positions", True),
+        accept_changes=getattr(config, "accept_changes", ()),
     )
