@@ -60,24 +60,32 @@ def accepted_keys(accept_changes: Iterable[str]) -> tuple[str, ...]:
 
 def check_accepted(
     accepted: tuple[str, ...], changed: list[str], saved: Mapping[str, str], current: Mapping[str, str]
-) -> None:
-    """Refuse the keys of `accept_changes` that did not change (a typo, or a key left over from an
-    earlier resume, must not pass silently) and those no resume may accept, naming why."""
-    unchanged = [key for key in accepted if key not in changed]
-    if unchanged:
+) -> tuple[str, ...]:
+    """Refuse the keys of `accept_changes` that are no recipe key of either side (a typo must not
+    pass silently) and the changed ones no resume may accept, naming why. Returns the keys named
+    that did not change: a job restarted from a checkpoint of the new recipe still has them in its
+    configuration, and refusing them would stop it at every restart until someone edits it, so
+    they are only said (`read_state` warns)."""
+    unknown = [key for key in accepted if key not in saved and key not in current]
+    if unknown:
+        import difflib  # here: only a misnamed key is described
+
+        close = {key: difflib.get_close_matches(key, [*current, *saved], n=1) for key in unknown}
         raise ConfigurationError(
-            f"accept_changes names {', '.join(unchanged)}, in which the checkpoint's recipe does not differ from "
-            f"this one ({'changed: ' + ', '.join(changed) if changed else 'it changed in nothing'}): name only "
-            "the keys that changed, as a refusal names them (leave accept_changes out once a checkpoint of the "
-            "new recipe is saved)"
+            "accept_changes names " + ", ".join(
+                f"{key}" + (f" (did you mean {close[key][0]}?)" if close[key] else "") for key in unknown
+            )
+            + ", which is no recipe key of the checkpoint or of this pipeline: name the keys that changed, as a "
+            + "refusal names them" + (f" (changed: {', '.join(changed)})" if changed else " (nothing changed)")
         )
-    moving = {key: why for key in accepted if (why := _why_it_moves_the_cursors(key, saved, current))}
+    moving = {key: why for key in accepted if key in changed and (why := _why_it_moves_the_cursors(key, saved, current))}
     if moving:
         raise RecipeMismatchError(
             "accept_changes cannot accept " + "; ".join(f"{key}: {why}" for key, why in moving.items())
             + ". Resume with the checkpoint's setting, or start the new recipe from the beginning",
             tuple(moving),
         )
+    return tuple(key for key in accepted if key not in changed)
 
 
 def how_to_accept(changed: list[str], saved: Mapping[str, str], current: Mapping[str, str]) -> str:

@@ -300,7 +300,8 @@ def read_state(
     )
     if moved:
         changed.remove("plan.datasets")
-    check_accepted(accepted, changed, saved, current)
+    unchanged = check_accepted(accepted, changed, saved, current)
+    accepted = tuple(key for key in accepted if key not in unchanged)
     refused = [key for key in changed if key not in accepted]
     if refused:
         how = describe_dataset_changes(saved_datasets, datasets) if "plan.datasets" in refused and not (
@@ -327,6 +328,12 @@ def read_state(
             f"resuming from a checkpoint of another recipe, accepting the changes named in accept_changes: "
             f"{', '.join(accepted)}. The lanes go on from their cursors with the new recipe: the batches from here "
             "are the new recipe's, not bit-identical to an uninterrupted run of either recipe"
+        )
+    if unchanged:
+        warnings.append(
+            f"accept_changes names {', '.join(unchanged)}, in which the checkpoint's recipe does not differ from this "
+            "one: nothing to accept there (a key left from an earlier resume; remove it once no checkpoint of the "
+            "old recipe is to be resumed)"
         )
     if state["num_lanes"] != num_lanes:
         raise RecipeMismatchError(

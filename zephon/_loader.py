@@ -753,9 +753,11 @@ class RankLoader:
         A state of another recipe is refused naming what changed, unless each change is named in
         `accept_changes` (recipe keys as the refusal names them, e.g.
         `["operators[0].map.fn"]`): the lanes then go on from their cursors with this recipe,
-        whose batches from here are not bit-identical to an uninterrupted run of either recipe. A key
-        named that did not change, and one whose change would move the cursors (the plan's, the
-        lane count, flush_every_chunks, the global and microbatch sizes), are refused, naming why.
+        whose batches from here are not bit-identical to an uninterrupted run of either recipe. A name
+        that is no recipe key (a typo), and a change that would move the cursors (the plan's, the
+        lane count, flush_every_chunks, the global and microbatch sizes), are refused, naming why; a
+        key named that did not change is warned of (a job restarted from the new recipe's own
+        checkpoint still names it).
         A state whose datasets only moved (the same shards under another directory) is taken up
         with no key named: its batches are the same. Either is logged at WARNING.
 

@@ -224,8 +224,8 @@ class ZephonDataLoader(_Base):
     group smaller than the world needs `dp_rank` and `dp_world_size` given, since its own rank need
     not be the data-parallel one. `accept_changes` names the recipe keys in which a checkpoint
     loaded may differ from `recipe`, on purpose (the trainer calls `load_state_dict` with the state
-    alone): see `RankLoader.load_state_dict`; once a checkpoint of the new recipe is saved, leave it
-    out, as a key named that did not change is refused.
+    alone): see `RankLoader.load_state_dict`; a key named that did not change (a restart from the new
+    recipe's own checkpoint) is warned of, not refused.
 
     With a finite plan (`num_epochs`), yields are exact until a lane runs out; the last one may be
     short, then iteration stops, on each replica at a step of its own. TorchTitan 0.3.0 does not
