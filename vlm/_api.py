@@ -11,6 +11,7 @@ from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_name
 from zephon._errors import ConfigurationError
 from zephon._record_ops import TokenizeOp
 
+from ._decoder_checks import check_decoders_writing
 from ._image import ImageSpec
 from ._packing import PackMultimodal
 from ._placeholders import Placeholders
@@ -116,10 +117,7 @@ def pack_multimodal(
                 f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
                 + ", ".join(f"{name} writes {field!r}" for field, name in written.items())
             )
-    writers = [op for op in pipeline.operators
-               if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
-    _check_one_decoder_per_dataset(writers, pixels_field)
-    _check_one_patch_layout(writers, pixels_field)
+    check_decoders_writing(pixels_field, pipeline.operators)  # the loader checks again, for a packer applied
     grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
         spec = decoder.spec if isinstance(decoder, DecodeImages) else (
@@ -142,66 +140,6 @@ def pack_multimodal(
         offsets_field=offsets_field, max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
         deferred_images=deferred, deferred_on_error=deferred_on_error, mrope=mrope,
     ))
-
-
-def _check_one_decoder_per_dataset(decoders: list[DecodeImages | DecodeVideo], pixels_field: str) -> None:
-    """Refuse two of `decoders` (those writing `pixels_field`, in pipeline order) that both run on
-    some dataset (one of them on every dataset, or both scoped to one): the later finds the
-    earlier's arrays where it expects encoded bytes, or no field of its own, and drops every record
-    of that dataset as bad media, counted but not what was meant. Scoping each decoder to its own
-    datasets is the remedy."""
-    for i, earlier in enumerate(decoders):
-        for later in decoders[i + 1:]:
-            if earlier.datasets is None and later.datasets is None:
-                shared = "every dataset's records"
-            else:  # None stands for every dataset: the other's scope is what they share
-                both = set(earlier.datasets or later.datasets) & set(later.datasets or earlier.datasets)
-                if not both:
-                    continue
-                shared = "the records of " + ", ".join(map(repr, sorted(both)))
-            raise ConfigurationError(
-                f"pack_multimodal: {_scoped_name(earlier)} and {_scoped_name(later)} both decode {shared} into "
-                f"{pixels_field!r}, so the later would drop those records as bad media: give each decoder its "
-                "own datasets (datasets=...)"
-            )
-
-
-def _scoped_name(decoder: DecodeImages | DecodeVideo) -> str:
-    """A decoder's stage name and the datasets it runs on, as a refusal names it."""
-    scope = "every dataset" if decoder.datasets is None else f"datasets={list(decoder.datasets)!r}"
-    return f"{decoder.name}({scope})"
-
-
-def _check_one_patch_layout(decoders: list[DecodeImages | DecodeVideo], pixels_field: str) -> None:
-    """Refuse `decoders` (those writing `pixels_field`) in different patch layouts (an image dataset's
-    ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, an image
-    processor's patch rows beside frames, image processors merging differently or writing their
-    grids to different fields): the packer cuts every image of a row with one patch size into one
-    `pixel_values` array, reads one grid field and checks the last decoder's merge against the
-    placeholders, so the records of one of them would fail as data flows, or be given placeholder
-    tokens for another merge than their processor's."""
-    if len(decoders) < 2:
-        return
-    layouts = [(op, _patch_layout(op)) for op in decoders]  # a list: a stage holding a processor may not hash
-    if len({layout for _, layout in layouts}) > 1:
-        raise ConfigurationError(
-            f"pack_multimodal: the decoders writing {pixels_field!r} cut images into different patches, but a row "
-            "holds one patch layout: " + "; ".join(
-                f"{_scoped_name(op)} gives {layout}" for op, layout in layouts
-            ) + ": give the decoders the same patch_size and merge_size (image processors: the same merge_size "
-            "and grid_field)"
-        )
-
-
-def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
-    """How a decoder's images are cut into patches, in words that compare equal when they agree."""
-    if isinstance(decoder, DecodeImages) and decoder.processor is not None:
-        dim, dtype = decoder.patch_layout()
-        merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
-        merged = f" merged {merge}x{merge}" if isinstance(merge, int) else ""
-        return f"its image processor's patch rows of {dim} {dtype}{merged}, grids in {decoder.grid_field!r}"
-    spec = decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
-    return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"
 
 
 def _deferred_policy(pipeline) -> tuple[bool, str | None]:

@@ -63,6 +63,7 @@ from zephon._packing import RefusedReasons, no_tokens_detail, token_ids
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
+from ._decoder_checks import check_decoders_writing
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
@@ -679,6 +680,13 @@ class PackMultimodal:
         object.__setattr__(self, "max_open_rows", sizes[1])
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
+
+    def check_record_operators(self, operators) -> None:
+        """Refuse the decoders before this packer that write its `pixels_field` where two run on one
+        dataset or they cut different patches (`vlm._decoder_checks`). The loader calls it as it
+        binds the pipeline, so a packer given to `Pipeline.apply`, which `pack_multimodal`'s own
+        checks never saw, is checked too."""
+        check_decoders_writing(self.pixels_field, operators)
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id

@@ -227,6 +227,11 @@ class RankLoader:
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
         _check_one_packer(accumulators, packers)
         _check_packed_field(record_ops, accumulators[0])
+        # A packer of a plugin may check what comes before it (vlm's, its decoders): here, where every
+        # pipeline is bound, whether the packer came from its builder or was given to `apply`.
+        check_record_operators = getattr(accumulators[0], "check_record_operators", None)
+        if check_record_operators is not None:
+            check_record_operators(record_ops)
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
         _leave_cores_to_tokenizing_workers(record_ops, settings.runner)
