@@ -58,11 +58,12 @@ class Accumulator(Protocol):
     into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references, not
     copies, and rows a resume replays past are never assembled.
 
-    A packing *operator* may also offer `row_work(on_error)`: stateless work the loader has done on
-    each row a few rows before it takes it (vlm: decoding images packed encoded), never for rows a
-    resume replays past. It has `order(row)` (what the work needs, or None), a pure `run(order)`
-    that runs on the runner's workers, and `apply(row, result)` returning the finished row. A row
-    may then report `masked_documents`, (address, reason) pairs the ledger counts with the rows.
+    A packing *operator* may also offer `row_work(on_error, record_operators)`: stateless work the
+    loader has done on each row a few rows before it takes it (vlm: decoding the images its record
+    operators packed encoded), never for rows a resume replays past. It has `order(row)` (what the
+    work needs, or None), a pure `run(order)` that runs on the runner's workers, and
+    `apply(row, result)` returning the finished row. A row may then report `masked_documents`,
+    (address, reason) pairs the ledger counts with the rows.
     """
 
     def push(self, item: Any) -> list[Any]: ...

@@ -197,19 +197,20 @@ def test_an_operator_of_the_user_s_own_scoped_by_one_name_as_a_string_is_checked
 
 ROUTES = ("pack_multimodal", "apply")
 """The two ways a multimodal packer enters a pipeline: built by `pack_multimodal`, or made by the
-user and given to `Pipeline.apply`, which skipped the decoder checks."""
+user and given to `Pipeline.apply`, which skipped the builder's checks."""
 
 
-def _refused_when_packed(pipeline: Pipeline, route: str, message: str, placeholders=PLACEHOLDERS,
-                         spec: ImageSpec | None = None) -> None:
-    """`pipeline` (its decoders) refused by `pack_multimodal` as it builds the packer, or, for a
-    packer given to `Pipeline.apply`, when the pipeline is sharded, before any record is read."""
+def refused_when_packed(pipeline: Pipeline, route: str, message: str, placeholders=PLACEHOLDERS,
+                        **pack_options) -> None:
+    """`pipeline` (what comes before the packer) refused by `pack_multimodal(160, placeholders,
+    **pack_options)` as it builds the packer, or, for the `PackMultimodal` of those settings
+    given to `Pipeline.apply`, when the pipeline is sharded, before any record is read."""
     if route == "pack_multimodal":
         with pytest.raises(ConfigurationError, match=message):
-            pipeline.pack_multimodal(160, placeholders, spec=spec)
+            pipeline.pack_multimodal(160, placeholders, **pack_options)
         return
-    applied = pipeline.options(num_lanes=4, runner="inline").apply(PackMultimodal(160, placeholders, spec or SPEC))
-    applied = applied.batch(1)
+    packer = PackMultimodal(160, placeholders, **{"spec": SPEC, **pack_options})
+    applied = pipeline.options(num_lanes=4, runner="inline").apply(packer).batch(1)
     with pytest.raises(ConfigurationError, match=message):
         applied.shard(0, 1)
 
@@ -226,7 +227,7 @@ def test_decoders_running_on_one_dataset_are_refused(corpus, image_scope, video_
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
                 .decode_images(field="jpg", spec=SPEC, datasets=image_scope)
                 .decode_video(field="mp4", spec=VIDEO_SPEC, datasets=video_scope))
-    _refused_when_packed(pipeline, route, rf"decode_images\(.*\) and decode_video\(.*\) both decode {shared} "
+    refused_when_packed(pipeline, route, rf"decode_images\(.*\) and decode_video\(.*\) both decode {shared} "
                                           r"into 'pixels'.*give each decoder its own datasets")
 
 
@@ -236,7 +237,7 @@ def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus, r
                 .decode_images(field="jpg", spec=SPEC, datasets="photos")
                 .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=14)),
                               datasets="clips"))
-    _refused_when_packed(pipeline, route, r"different patches.*16px patches merged 1x1.*14px patches")
+    refused_when_packed(pipeline, route, r"different patches.*16px patches merged 1x1.*14px patches")
 
 
 class _PatchRowsProcessor:
@@ -264,12 +265,23 @@ def test_image_processors_merging_or_placing_their_grids_differently_are_refused
                 .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
                 .apply(DecodeImages(field="jpg", datasets=("clips",), **second)))
     merge = second["processor"].merge_size  # the last decoder's, which the placeholders and spec follow
-    _refused_when_packed(pipeline, route, "different patches.*" + why, QwenPlaceholders(3, 4, 5, merge_size=merge),
-                         ImageSpec(merge_size=merge))
+    refused_when_packed(pipeline, route, "different patches.*" + why, QwenPlaceholders(3, 4, 5, merge_size=merge),
+                        spec=ImageSpec(merge_size=merge))
     alike = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
              .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
              .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="clips"))
     alike.pack_multimodal(160, QwenPlaceholders(3, 4, 5, merge_size=2), spec=ImageSpec(merge_size=2))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_placeholders_merging_unlike_the_image_processor_are_refused(corpus, route):
+    """A processor merging 2x2 patches per token with placeholders merging 1x1: each image had 4x
+    the placeholder tokens the model expects. Only `pack_multimodal` refused it; a `PackMultimodal`
+    given to `Pipeline.apply` was taken."""
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos"))
+    refused_when_packed(pipeline, route, r"image processor merges 2x2 patches per token but the placeholders merge 1x1",
+                        QwenPlaceholders(3, 4, 5, merge_size=1))
 
 
 def test_a_scope_is_in_the_fingerprint_sorted():
