@@ -40,12 +40,15 @@ def check_dataset_names(value: object, user: str, setting: str = "datasets") -> 
 
 
 def work_source_dataset_names(source: object) -> tuple[str, ...] | None:
-    """The names of a work source's datasets, where it declares them (the mixture sources do);
-    None for a source that does not, whose bound plan is asked instead."""
-    datasets = getattr(source, "datasets", None)
-    if datasets is None:
+    """The names a work source declares as its `dataset_names` (the mixture sources do); None
+    for a source that does not, whose bound plan is asked instead. Not its `datasets`, which a
+    source of the user's own may hold for anything else: hub ids had a decoder scoped to a
+    dataset of the plan refused as naming none, and a count failed every pipeline with a bare
+    TypeError when sharded."""
+    names = getattr(source, "dataset_names", None)
+    if names is None:
         return None
-    return tuple(getattr(ds, "name", ds) for ds in datasets)
+    return (names,) if isinstance(names, str) else tuple(names)  # one name as a string: not its letters
 
 
 def check_dataset_scopes(operators: Iterable[object], dataset_names: Iterable[str]) -> None:

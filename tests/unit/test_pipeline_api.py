@@ -570,6 +570,37 @@ def test_an_operator_of_the_user_s_own_declaring_a_dataset_scope_has_it_checked(
         _noting_pipeline(spec_pipeline, demo_tokenizer_path, op).shard(0, 1)
 
 
+class _HubSource:
+    """A work source of the user's own that holds under `datasets` what it was made from (hub ids,
+    a count), not the names of its plan's datasets, and binds the mixture it wraps."""
+
+    def __init__(self, inner, datasets) -> None:
+        self.inner, self.datasets = inner, datasets
+
+    def bind(self, count_tokens, num_lanes):
+        return self.inner.bind(count_tokens, num_lanes)
+
+
+@pytest.mark.parametrize("datasets", [["allenai/c4", "org/news"], 3], ids=["hub ids", "a count"])
+def test_a_work_source_of_the_user_s_own_is_checked_by_its_plan_not_by_a_datasets_it_holds(
+        spec_pipeline, demo_tokenizer_path, datasets):
+    """The scopes were checked against any work source's `datasets`: hub ids had an operator
+    scoped to 'wiki', a dataset of the plan, refused as naming none, and a count failed every
+    pipeline, scoped or not, with a bare TypeError when sharded. Only `dataset_names` (the
+    mixture sources') is read before binding; another source's scopes are checked by its plan."""
+    source = _HubSource(spec_pipeline.source, datasets)
+
+    def pipeline(scope):
+        return (Pipeline(source).options(num_lanes=2, runner="inline").tokenize(str(demo_tokenizer_path))
+                .apply(_NoteDatasets([], dataset_scope=scope)).pack_flat(64).batch(2))
+
+    for scope in (None, "wiki"):
+        with pipeline(scope).shard(0, 1) as loader:
+            assert next(iter(loader)).tokens["input_ids"].shape == (2, 64)
+    with pytest.raises(ConfigurationError, match=r"'wikki' is no dataset .*did you mean 'wiki'\?"):
+        pipeline("wikki").shard(0, 1)
+
+
 def test_a_dataset_path_may_be_a_pathlib_path(demo_data_dir):
     assert Dataset.from_path("jargon", demo_data_dir / "jargon").fingerprint() == \
         Dataset.from_path("jargon", str(demo_data_dir / "jargon")).fingerprint()
