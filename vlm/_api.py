@@ -8,8 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_names
-from zephon._errors import ConfigurationError
-from zephon._record_ops import TokenizeOp
 
 from ._image import ImageSpec
 from ._packing import PackMultimodal
@@ -23,12 +21,6 @@ from ._stages import (
 from ._video import VideoSpec
 
 __all__ = ["decode_images", "decode_video", "pack_multimodal"]
-
-# Operators that write no field but their own `output_field` (a filter writes none): a pipeline of
-# only these holds no pixels but a decoder's and no token ids but a tokenize's. A map or a plugin's
-# operator may write any field.
-_WRITE_ONLY_THEIR_OUTPUT = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
-
 
 def decode_images(
     pipeline,
@@ -96,147 +88,27 @@ def pack_multimodal(
     the patch layout (dim, dtype) to what that stage produces (its processor's, if any), and
     `pixels_field` (and the grid field) to the fields that stage writes ("pixels" without one).
     `image_position="after_bos"` puts a document's images after its first token, taken to be the
-    BOS: refused after a `tokenize` of `field` that adds none (see `_check_bos`). A record that holds
+    BOS: refused after a `tokenize` of `field` that adds none. What comes before the packer is
+    checked as it is built (`PackMultimodal.check_record_operators`). A record that holds
     `offsets_field` has its images placed where that list says, whatever `image_position`.
     `mrope=True` (with `QwenPlaceholders`) adds `mrope_position_ids` to every row: the (temporal,
     height, width) rotary positions a Qwen2-VL-family model would compute itself (`vlm._mrope`)."""
-    if image_position == "after_bos":
-        _check_bos(pipeline, field)
     decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
     if pixels_field is None:
         pixels_field = decoder.output_field if decoder is not None else "pixels"
-    elif decoder is not None and all(getattr(op, "name", None) in _WRITE_ONLY_THEIR_OUTPUT
-                                     for op in pipeline.operators):
-        # No record would hold a field no decoder writes, so every document would be packed as its
-        # text alone, unsaid. A map (or a plugin's operator) may write it: only decided without one.
-        written = {op.output_field: op.name for op in pipeline.operators
-                   if isinstance(op, (DecodeImages, DecodeVideo))}
-        if pixels_field not in written:
-            raise ConfigurationError(
-                f"pack_multimodal(pixels_field={pixels_field!r}) reads a field no operator writes: "
-                + ", ".join(f"{name} writes {field!r}" for field, name in written.items())
-            )
-    writers = [op for op in pipeline.operators
-               if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == pixels_field]
-    _check_one_decoder_per_dataset(writers, pixels_field)
-    _check_one_patch_layout(writers, pixels_field)
     grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
     if spec is None:
         spec = decoder.spec if isinstance(decoder, DecodeImages) else (
             decoder.spec.image if isinstance(decoder, DecodeVideo) else ImageSpec())
     patch_dim = patch_dtype = None
     if isinstance(decoder, DecodeImages) and decoder.processor is not None:
-        # Qwen2-VL's processor merges patches per token side; a non-convention is refused below.
-        merge = getattr(decoder.processor, "merge_size", None)
-        if isinstance(merge, int) and merge != getattr(placeholders, "merge_size", merge):
-            # The grids are the processor's, so the token count must follow its merge, not the spec's.
-            raise ConfigurationError(
-                f"pack_multimodal: the image processor merges {merge}x{merge} patches per token but the "
-                f"placeholders merge {placeholders.merge_size}x{placeholders.merge_size}"
-            )
         dim, dtype = decoder.patch_layout()
         patch_dim, patch_dtype = dim, dtype.str
-    deferred, deferred_on_error = _deferred_policy(pipeline)
-    return pipeline.apply(PackMultimodal(
+    packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field, grid_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
-        deferred_images=deferred, deferred_on_error=deferred_on_error, mrope=mrope,
-    ))
-
-
-def _check_one_decoder_per_dataset(decoders: list[DecodeImages | DecodeVideo], pixels_field: str) -> None:
-    """Refuse two of `decoders` (those writing `pixels_field`, in pipeline order) that both run on
-    some dataset (one of them on every dataset, or both scoped to one): the later finds the
-    earlier's arrays where it expects encoded bytes, or no field of its own, and drops every record
-    of that dataset as bad media, counted but not what was meant. Scoping each decoder to its own
-    datasets is the remedy."""
-    for i, earlier in enumerate(decoders):
-        for later in decoders[i + 1:]:
-            if earlier.datasets is None and later.datasets is None:
-                shared = "every dataset's records"
-            else:  # None stands for every dataset: the other's scope is what they share
-                both = set(earlier.datasets or later.datasets) & set(later.datasets or earlier.datasets)
-                if not both:
-                    continue
-                shared = "the records of " + ", ".join(map(repr, sorted(both)))
-            raise ConfigurationError(
-                f"pack_multimodal: {_scoped_name(earlier)} and {_scoped_name(later)} both decode {shared} into "
-                f"{pixels_field!r}, so the later would drop those records as bad media: give each decoder its "
-                "own datasets (datasets=...)"
-            )
-
-
-def _scoped_name(decoder: DecodeImages | DecodeVideo) -> str:
-    """A decoder's stage name and the datasets it runs on, as a refusal names it."""
-    scope = "every dataset" if decoder.datasets is None else f"datasets={list(decoder.datasets)!r}"
-    return f"{decoder.name}({scope})"
-
-
-def _check_one_patch_layout(decoders: list[DecodeImages | DecodeVideo], pixels_field: str) -> None:
-    """Refuse `decoders` (those writing `pixels_field`) in different patch layouts (an image dataset's
-    ImageSpec and a video dataset's VideoSpec with different patch sizes or merges, an image
-    processor's patch rows beside frames, image processors merging differently or writing their
-    grids to different fields): the packer cuts every image of a row with one patch size into one
-    `pixel_values` array, reads one grid field and checks the last decoder's merge against the
-    placeholders, so the records of one of them would fail as data flows, or be given placeholder
-    tokens for another merge than their processor's."""
-    if len(decoders) < 2:
-        return
-    layouts = [(op, _patch_layout(op)) for op in decoders]  # a list: a stage holding a processor may not hash
-    if len({layout for _, layout in layouts}) > 1:
-        raise ConfigurationError(
-            f"pack_multimodal: the decoders writing {pixels_field!r} cut images into different patches, but a row "
-            "holds one patch layout: " + "; ".join(
-                f"{_scoped_name(op)} gives {layout}" for op, layout in layouts
-            ) + ": give the decoders the same patch_size and merge_size (image processors: the same merge_size "
-            "and grid_field)"
-        )
-
-
-def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
-    """How a decoder's images are cut into patches, in words that compare equal when they agree."""
-    if isinstance(decoder, DecodeImages) and decoder.processor is not None:
-        dim, dtype = decoder.patch_layout()
-        merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
-        merged = f" merged {merge}x{merge}" if isinstance(merge, int) else ""
-        return f"its image processor's patch rows of {dim} {dtype}{merged}, grids in {decoder.grid_field!r}"
-    spec = decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
-    return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"
-
-
-def _deferred_policy(pipeline) -> tuple[bool, str | None]:
-    """(whether the pipeline has `decode_images(defer=True)` stages, their error policy; None:
-    the pipeline's own).
-
-    Any such stage, not only the last decoder, gives the packer its row work: a `decode_video`
-    after it left its images to be decoded while the loader assembled batches, on its own thread
-    and failing fast whatever the policy. The row work has one policy, so stages that set
-    different ones are refused rather than one of them silently followed."""
-    policies = {op.on_error for op in pipeline.operators if isinstance(op, DecodeImages) and op.defer}
-    if len(policies) > 1:
-        raise ConfigurationError(
-            "pack_multimodal: the decode_images(defer=True) stages set different on_error policies "
-            f"{sorted(policies, key=str)}; their images are decoded after packing under one: give them the same"
-        )
-    return bool(policies), next(iter(policies), None)
-
-
-def _check_bos(pipeline, field: str) -> None:
-    """Refuse `image_position="after_bos"` where the `tokenize` that writes `field` adds no BOS.
-
-    The packer puts the images after a document's first token. `tokenize` encodes without the
-    tokenizer's own special tokens, so it starts a document with a BOS only when given `bos=`;
-    without one the images split every caption after its first word, unsaid. Ids read from the
-    data, or a `map` after the tokenize (it may add a BOS), are not decided here: their first
-    token is taken as the BOS, whatever it is."""
-    for op in reversed(pipeline.operators):
-        if isinstance(op, TokenizeOp) and op.output_field == field:
-            if op.bos is None:
-                raise ConfigurationError(
-                    f"pack_multimodal(image_position='after_bos') puts each document's images after its first "
-                    f"token, but the tokenize that writes {field!r} adds no BOS (bos=None): the images would "
-                    "split every caption after its first word; give tokenize(bos=...) or another image_position"
-                )
-            return
-        if getattr(op, "name", None) not in _WRITE_ONLY_THEIR_OUTPUT:  # it may write the ids
-            return
+        mrope=mrope,
+    )
+    # Refused now, as the pipeline is built; the loader checks again as it binds, for a packer applied.
+    packer.check_record_operators(pipeline.record_operators())
+    return pipeline.apply(packer)

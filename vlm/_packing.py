@@ -66,6 +66,7 @@ from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
+from ._operator_checks import check_operators_before, deferred_policy
 from ._placeholders import Placeholders, QwenPlaceholders
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
@@ -654,8 +655,9 @@ class PackMultimodal:
     Follows the core's accumulator-operator shape (`kind`, `name`, `field`, `max_length`,
     `factory(default_pad_id)`, `fingerprint(default_pad_id)`), so `Pipeline.apply` takes it. Its
     packers emit `RowPlan`s, which the loader assembles as it takes them into microbatches.
-    `pad_id=None` uses the pipeline's default pad id. `deferred_images` (set by `pack_multimodal`
-    after `decode_images(defer=True)`) gives it a `row_work`: the deferred images' decoding.
+    `pad_id=None` uses the pipeline's default pad id. After `decode_images(defer=True)` its
+    `row_work` decodes the deferred images, read from the record operators before it, so a packer
+    given to `Pipeline.apply` decodes them as one `pack_multimodal` built does.
     `mrope=True` adds each row's `mrope_position_ids` (Qwen2-VL's rotary positions, `vlm._mrope`).
     """
 
@@ -671,8 +673,6 @@ class PackMultimodal:
     max_open_rows: int = 16
     patch_dim: int | None = None
     patch_dtype: str | None = None
-    deferred_images: bool = False
-    deferred_on_error: str | None = None
     mrope: bool = False
     name: str = "pack_multimodal"
     kind = "accumulator"
@@ -691,6 +691,13 @@ class PackMultimodal:
         object.__setattr__(self, "max_open_rows", sizes[1])
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
+
+    def check_record_operators(self, operators) -> None:
+        """Refuse the record operators before this packer that it could not pack as meant
+        (`vlm._operator_checks`). The loader calls it as it binds the pipeline, before any record
+        is read, and `pack_multimodal` as it builds, so a packer given to `Pipeline.apply` is
+        refused what `pack_multimodal` refuses."""
+        check_operators_before(self, operators)
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id
@@ -711,13 +718,14 @@ class PackMultimodal:
         four int32 fields, and with `mrope` its three int32 positions."""
         return ROW_FIELD_BYTES + (3 * 4 if self.mrope else 0)
 
-    def row_work(self, on_error: str):
+    def row_work(self, on_error: str, record_operators):
         """The stateless work the loader has the runner do on each row before taking it, or None:
-        decoding the images `decode_images(defer=True)` left encoded (`deferred_on_error`, the
-        decode stage's own policy, else the pipeline's `on_error`)."""
-        if not self.deferred_images:
-            return None
-        return DecodeDeferred(self.deferred_on_error or on_error)
+        decoding the images the `decode_images(defer=True)` stages among `record_operators` left
+        encoded (under their own policy, else the pipeline's `on_error`). Without it the loader
+        decoded them on its own thread as it assembled each batch, failing fast on an image that
+        `on_error="skip"` masks."""
+        deferred, policy = deferred_policy(record_operators)
+        return DecodeDeferred(policy or on_error) if deferred else None
 
     def padding_row(self, default_pad_id: int) -> PackedSequence:
         """A padding-only row with empty ragged fields of the right shapes, for a lane whose finite

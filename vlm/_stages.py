@@ -289,6 +289,12 @@ class DecodeImages:
             raise ConfigurationError("decode_images: defer=True decodes with the ImageSpec after packing; "
                                      "an image processor's output cannot be deferred")
 
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        """`datasets`, as the operator protocol's scope that the loader checks against the work
+        source (`zephon._dataset_scope`); a property, so the constructor and fingerprint stay as they were."""
+        return self.datasets
+
     def build(self, on_error: str) -> DecodeImages:
         """This stage with the pipeline's error policy where it has none of its own."""
         return dataclasses.replace(self, on_error=self.on_error or on_error)
@@ -375,6 +381,12 @@ class DecodeVideo:
     def __post_init__(self) -> None:
         require_decoder("av", "decode_video")
         _check_common(self, VideoSpec)
+
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        """`datasets`, as the operator protocol's scope that the loader checks against the work
+        source (`zephon._dataset_scope`); a property, so the constructor and fingerprint stay as they were."""
+        return self.datasets
 
     def build(self, on_error: str) -> DecodeVideo:
         return dataclasses.replace(self, on_error=self.on_error or on_error)

@@ -58,12 +58,13 @@ class Accumulator(Protocol):
     into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references, not
     copies, and rows a resume replays past are never assembled.
 
-    A packing *operator* may also offer `row_work(on_error)`: stateless work the loader has done on
-    each row a few rows before it takes it (vlm: decoding images packed encoded), never for rows a
-    resume replays past. It has `order(row)` (what the work needs, or None), a pure `run(order)`
-    that runs on the runner's workers, and `apply(row, result)` returning the finished row. A row
-    may then report `masked_documents`, (address, reason) or (address, reason, detail) tuples the
-    ledger counts with the rows and `stats()["skipped_examples"]` names with their detail.
+    A packing *operator* may also offer `row_work(on_error, record_operators)`: stateless work the
+    loader has done on each row a few rows before it takes it (vlm: decoding the images its record
+    operators packed encoded), never for rows a resume replays past. It has `order(row)` (what the
+    work needs, or None), a pure `run(order)` that runs on the runner's workers, and
+    `apply(row, result)` returning the finished row. A row may then report `masked_documents`,
+    (address, reason) or (address, reason, detail) tuples the ledger counts with the rows and
+    `stats()["skipped_examples"]` names with their detail.
     """
 
     def push(self, item: Any) -> list[Any]: ...

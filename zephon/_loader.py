@@ -237,6 +237,11 @@ class RankLoader:
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
         _check_one_packer(accumulators, packers)
         _check_packed_field(record_ops, accumulators[0])
+        # A packer of a plugin may check what comes before it (vlm's: its decoders, its tokenize):
+        # here, where every pipeline is bound, whether the packer came from its builder or `apply`.
+        check_record_operators = getattr(accumulators[0], "check_record_operators", None)
+        if check_record_operators is not None:
+            check_record_operators(record_ops)
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
         _leave_cores_to_tokenizing_workers(record_ops, settings.runner)
@@ -285,8 +290,10 @@ class RankLoader:
         # lane its rows are done and the workers still hold the other lanes' next rows. It runs on
         # the workers of the stage with the most of them (the last such): no extra pool or worker
         # processes, and no more busy threads than cores.
+        # Given the record operators, as the packer may read its work from them (vlm's: whether a
+        # decoder left its images encoded), whether it came from its builder or was given to `apply`.
         row_work = getattr(packer, "row_work", None)
-        self._row_work = row_work(settings.on_error) if row_work else None
+        self._row_work = row_work(settings.on_error, record_ops) if row_work else None
         max_parallelism = max((s.parallelism for s in self.stages), default=1)
         self._row_stage = max(i for i, s in enumerate(self.stages) if s.parallelism == max_parallelism)
         self.rows_ahead = max(self.microbatch_size, 2 * max_parallelism)

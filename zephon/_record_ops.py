@@ -30,7 +30,11 @@ RecordFn = Callable[[ChunkRecords], ChunkRecords]
 
 
 class RecordOperator:
-    """Base of operators that run on workers. Subclasses are frozen dataclasses."""
+    """Base of operators that run on workers. Subclasses are frozen dataclasses.
+
+    One that runs on some datasets of a mixture only (vlm's decoders) declares them as
+    `dataset_scope` (None or their names), applies that scope itself, and has the names checked
+    against the work source's when the pipeline is sharded (`_dataset_scope`)."""
 
     kind = "record"
     name: str

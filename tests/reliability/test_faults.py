@@ -261,7 +261,7 @@ def test_system_exit_from_a_packers_row_work_stops_the_loader_as_itself(tmp_path
     """Row work reaches the loader through a done-callback; a SystemExit re-raised there used to
     escape it, ending the thread runner's pool thread or the process runner's reader thread and
     leaving the row pending for ever."""
-    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error: _ExitingRowWork(), raising=False)
+    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error, record_operators: _ExitingRowWork(), raising=False)
     pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=make)
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
         with pytest.raises(SystemExit, match="the row work exits"):
@@ -308,7 +308,7 @@ def test_the_loader_adds_one_done_callback_to_each_runner_future(tmp_path, make,
     """A done-callback raising a BaseException skips that future's later callbacks, as in
     concurrent.futures (runners/README.md). None of them is ever the loader's: it adds one callback
     to each future a runner gives it, a chunk's stage or a row's work, and nothing else adds any."""
-    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error: _PassingRowWork(), raising=False)
+    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error, record_operators: _PassingRowWork(), raising=False)
     added: list[tuple[str, list[int]]] = []
     runner = _counting_done_callbacks(make, added)
     pipeline = text_pipeline(jsonl_dataset(tmp_path / "data"), runner=runner, parallelism=2)
@@ -340,7 +340,8 @@ def test_row_work_that_always_crashes_its_worker_fails_naming_the_rows_records(t
     failed with WorkerCrashedError naming only the stage, so nothing said which records to look at."""
     from runners import WorkerCrashedError
 
-    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error: _CrashingRowWork(), raising=False)
+    monkeypatch.setattr(PackFlatOp, "row_work", lambda op, on_error, record_operators: _CrashingRowWork(),
+                        raising=False)
     dataset = jsonl_dataset(tmp_path / "data")
     pipeline = text_pipeline(dataset, runner=functools.partial(ProcessRunner, max_retries=0))
     with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:

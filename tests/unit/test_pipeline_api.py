@@ -7,12 +7,14 @@ import inspect
 import logging
 import re
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from runners import ThreadRunner
 from zephon import Batch, ConfigurationError, IGNORE_INDEX, PackedSequence, Pipeline, PADDING_DOCUMENT, global_batch_digest
+from zephon._record_ops import RecordOperator
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
@@ -494,10 +496,6 @@ def test_numpy_integers_are_counts_and_are_kept_as_plain_ints(spec_pipeline, dem
 def test_an_operator_from_a_plugin_may_make_the_packed_field(spec_pipeline, demo_tokenizer_path):
     """The packed-field check stands aside when an operator it cannot read (a plugin's, applied)
     may write the field: a recipe that worked before the check keeps working."""
-    from dataclasses import dataclass
-
-    from zephon._record_ops import RecordOperator
-
     def rename(batch):
         for record in batch.records:
             record["tokens"] = record.pop("input_ids")
@@ -518,6 +516,89 @@ def test_an_operator_from_a_plugin_may_make_the_packed_field(spec_pipeline, demo
                 .apply(Rename()).pack_flat(64, field="tokens").batch(2))
     with pipeline.shard(0, 1) as loader:
         assert next(iter(loader)).tokens["input_ids"].shape == (2, 64)
+
+
+@dataclass(frozen=True)
+class _NoteDatasets(RecordOperator):
+    """An operator of the user's own that lists the datasets of the chunks it sees in `seen`."""
+
+    seen: list
+    datasets: object = None
+    dataset_scope: object = None
+    parallelism: int = 1
+    name: str = "note"
+
+    def build(self, on_error):
+        def note(batch):
+            self.seen.append(batch.chunk.dataset)
+            return batch
+
+        return note
+
+    def fingerprint(self):
+        return {"op": self.name}
+
+
+def _noting_pipeline(spec_pipeline, demo_tokenizer_path, op):
+    return (Pipeline(spec_pipeline.source).options(num_lanes=2, runner="inline").tokenize(str(demo_tokenizer_path))
+            .apply(op).pack_flat(64).batch(2))
+
+
+@pytest.mark.parametrize("datasets", [
+    {"wiki": "the Hugging Face dataset it looks words up in"}, 3, ["allenai/c4"],
+], ids=["a dict", "a count", "other names"])
+def test_an_operator_of_the_user_s_own_with_an_attribute_named_datasets_runs_unscoped(
+        spec_pipeline, demo_tokenizer_path, datasets):
+    """Only `dataset_scope` scopes an operator: an attribute of the user's named `datasets` (what
+    vlm's decoders call their scope) was read as one and refused ("datasets must be None",
+    "'allenai/c4' is no dataset of the work source")."""
+    seen = []
+    with _noting_pipeline(spec_pipeline, demo_tokenizer_path, _NoteDatasets(seen, datasets)).shard(0, 1) as loader:
+        for _, _ in zip(range(8), loader):
+            pass
+    assert set(seen) == {"wiki", "news"}
+
+
+@pytest.mark.parametrize("scope, message", [
+    ("wikki", r"note\(datasets=\['wikki'\]\): 'wikki' is no dataset .*did you mean 'wiki'\?"),
+    (3, r"note: dataset_scope must be None \(every dataset\), a dataset's name or a list of them, got 3"),
+], ids=["a misnamed dataset", "a count"])
+def test_an_operator_of_the_user_s_own_declaring_a_dataset_scope_has_it_checked(
+        spec_pipeline, demo_tokenizer_path, scope, message):
+    op = _NoteDatasets([], dataset_scope=scope)
+    with pytest.raises(ConfigurationError, match=message):
+        _noting_pipeline(spec_pipeline, demo_tokenizer_path, op).shard(0, 1)
+
+
+class _HubSource:
+    """A work source of the user's own that holds under `datasets` what it was made from (hub ids,
+    a count), not the names of its plan's datasets, and binds the mixture it wraps."""
+
+    def __init__(self, inner, datasets) -> None:
+        self.inner, self.datasets = inner, datasets
+
+    def bind(self, count_tokens, num_lanes):
+        return self.inner.bind(count_tokens, num_lanes)
+
+
+@pytest.mark.parametrize("datasets", [["allenai/c4", "org/news"], 3], ids=["hub ids", "a count"])
+def test_a_work_source_of_the_user_s_own_is_checked_by_its_plan_not_by_a_datasets_it_holds(
+        spec_pipeline, demo_tokenizer_path, datasets):
+    """The scopes were checked against any work source's `datasets`: hub ids had an operator
+    scoped to 'wiki', a dataset of the plan, refused as naming none, and a count failed every
+    pipeline, scoped or not, with a bare TypeError when sharded. Only `dataset_names` (the
+    mixture sources') is read before binding; another source's scopes are checked by its plan."""
+    source = _HubSource(spec_pipeline.source, datasets)
+
+    def pipeline(scope):
+        return (Pipeline(source).options(num_lanes=2, runner="inline").tokenize(str(demo_tokenizer_path))
+                .apply(_NoteDatasets([], dataset_scope=scope)).pack_flat(64).batch(2))
+
+    for scope in (None, "wiki"):
+        with pipeline(scope).shard(0, 1) as loader:
+            assert next(iter(loader)).tokens["input_ids"].shape == (2, 64)
+    with pytest.raises(ConfigurationError, match=r"'wikki' is no dataset .*did you mean 'wiki'\?"):
+        pipeline("wikki").shard(0, 1)
 
 
 def test_a_dataset_path_may_be_a_pathlib_path(demo_data_dir):

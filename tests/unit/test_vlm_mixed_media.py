@@ -17,6 +17,7 @@ import pytest
 
 from tests.unit.test_vlm_assets import encode, gradient, make_video, package_dir
 from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders, VideoSpec
+from vlm._packing import PackMultimodal
 from vlm._stages import DecodeImages
 from vlm._video import decode_video
 from zephon import ConfigurationError, Pipeline
@@ -194,29 +195,49 @@ def test_an_operator_of_the_user_s_own_scoped_by_one_name_as_a_string_is_checked
         pipeline.shard(0, 1)
 
 
+ROUTES = ("pack_multimodal", "apply")
+"""The two ways a multimodal packer enters a pipeline: built by `pack_multimodal`, or made by the
+user and given to `Pipeline.apply`, which skipped the builder's checks."""
+
+
+def refused_when_packed(pipeline: Pipeline, route: str, message: str, placeholders=PLACEHOLDERS,
+                        **pack_options) -> None:
+    """`pipeline` (what comes before the packer) refused by `pack_multimodal(160, placeholders,
+    **pack_options)` as it builds the packer, or, for the `PackMultimodal` of those settings
+    given to `Pipeline.apply`, when the pipeline is sharded, before any record is read."""
+    if route == "pack_multimodal":
+        with pytest.raises(ConfigurationError, match=message):
+            pipeline.pack_multimodal(160, placeholders, **pack_options)
+        return
+    packer = PackMultimodal(160, placeholders, **{"spec": SPEC, **pack_options})
+    applied = pipeline.options(num_lanes=4, runner="inline").apply(packer).batch(1)
+    with pytest.raises(ConfigurationError, match=message):
+        applied.shard(0, 1)
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("image_scope, video_scope, shared", [
     (None, "clips", "the records of 'clips'"),
     (["photos", "clips"], ["clips"], "the records of 'clips'"),
     (None, None, "every dataset's records"),
 ])
-def test_decoders_running_on_one_dataset_are_refused(corpus, image_scope, video_scope, shared):
+def test_decoders_running_on_one_dataset_are_refused(corpus, image_scope, video_scope, shared, route):
     """The later decoder would find the earlier's arrays, or no field of its own, and drop every
     record they share as bad media."""
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
                 .decode_images(field="jpg", spec=SPEC, datasets=image_scope)
                 .decode_video(field="mp4", spec=VIDEO_SPEC, datasets=video_scope))
-    with pytest.raises(ConfigurationError, match=rf"decode_images\(.*\) and decode_video\(.*\) both decode {shared} "
-                                                 r"into 'pixels'.*give each decoder its own datasets"):
-        pipeline.pack_multimodal(160, PLACEHOLDERS)
+    refused_when_packed(pipeline, route, rf"decode_images\(.*\) and decode_video\(.*\) both decode {shared} "
+                                          r"into 'pixels'.*give each decoder its own datasets")
 
 
-def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus):
+@pytest.mark.parametrize("route", ROUTES)
+def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus, route):
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
                 .decode_images(field="jpg", spec=SPEC, datasets="photos")
                 .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=ImageSpec(patch_size=14)),
                               datasets="clips"))
-    with pytest.raises(ConfigurationError, match=r"different patches.*16px patches merged 1x1.*14px patches"):
-        pipeline.pack_multimodal(160, PLACEHOLDERS)
+    refused_when_packed(pipeline, route, r"different patches.*16px patches merged 1x1.*14px patches")
 
 
 class _PatchRowsProcessor:
@@ -230,11 +251,12 @@ class _PatchRowsProcessor:
         return {"pixel_values": np.zeros((16, 768), np.float32), "image_grid_thw": [[1, 4, 4]]}
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("second, why", [
     ({"processor": _PatchRowsProcessor(1)}, r"merged 2x2.*merged 1x1"),
     ({"processor": _PatchRowsProcessor(2), "grid_field": "clip_grid"}, r"grids in 'image_grid'.*grids in 'clip_grid'"),
 ], ids=["merge", "grid_field"])
-def test_image_processors_merging_or_placing_their_grids_differently_are_refused(corpus, second, why):
+def test_image_processors_merging_or_placing_their_grids_differently_are_refused(corpus, second, why, route):
     """Two scoped decoders with image processors of one patch width: the packer checked the last
     one's merge against the placeholders and read the last one's grid field only, so the first
     one's images had the wrong number of placeholder tokens for the model (merging unlike it) or
@@ -243,12 +265,23 @@ def test_image_processors_merging_or_placing_their_grids_differently_are_refused
                 .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
                 .apply(DecodeImages(field="jpg", datasets=("clips",), **second)))
     merge = second["processor"].merge_size  # the last decoder's, which the placeholders and spec follow
-    with pytest.raises(ConfigurationError, match="different patches.*" + why):
-        pipeline.pack_multimodal(160, QwenPlaceholders(3, 4, 5, merge_size=merge), spec=ImageSpec(merge_size=merge))
+    refused_when_packed(pipeline, route, "different patches.*" + why, QwenPlaceholders(3, 4, 5, merge_size=merge),
+                        spec=ImageSpec(merge_size=merge))
     alike = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
              .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
              .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="clips"))
     alike.pack_multimodal(160, QwenPlaceholders(3, 4, 5, merge_size=2), spec=ImageSpec(merge_size=2))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_placeholders_merging_unlike_the_image_processor_are_refused(corpus, route):
+    """A processor merging 2x2 patches per token with placeholders merging 1x1: each image had 4x
+    the placeholder tokens the model expects. Only `pack_multimodal` refused it; a `PackMultimodal`
+    given to `Pipeline.apply` was taken."""
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos"))
+    refused_when_packed(pipeline, route, r"image processor merges 2x2 patches per token but the placeholders merge 1x1",
+                        QwenPlaceholders(3, 4, 5, merge_size=1))
 
 
 def test_a_scope_is_in_the_fingerprint_sorted():

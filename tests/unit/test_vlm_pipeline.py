@@ -14,6 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.harness import dataset_counts_in
+from tests.unit.test_vlm_mixed_media import ROUTES, refused_when_packed
 from tests.unit.test_vlm_assets import (
     REAL_JPEGS,
     cmyk_jpeg,
@@ -280,7 +281,7 @@ def _with_video_frames(record: dict) -> dict:
     return out
 
 
-def _image_and_video_pipeline(root, *, defer: bool) -> Pipeline:
+def _image_and_video_pipeline(root, *, defer: bool, route: str = "pack_multimodal") -> Pipeline:
     source = StaticMixtureWorkSource([Dataset.from_path("clips", str(root))], seed=1, records_per_chunk=2,
                                      num_epochs=1)
     pipeline = (Pipeline(source).options(num_lanes=2, runner="thread", on_error="skip")
@@ -289,44 +290,87 @@ def _image_and_video_pipeline(root, *, defer: bool) -> Pipeline:
                 .decode_images(field="jpg", spec=SPEC, defer=defer)
                 .decode_video(field="mp4", output_field="frames", spec=VideoSpec(num_frames=2, image=SPEC))
                 .map(_with_video_frames))
+    if route == "apply":  # the packer pack_multimodal builds, made by hand
+        return pipeline.apply(PackMultimodal(512, PLACEHOLDERS, SPEC, pixels_field="pixels")).batch(1)
     return pipeline.pack_multimodal(512, PLACEHOLDERS, pixels_field="pixels").batch(1)
 
 
-def test_deferred_images_decode_after_packing_when_a_video_is_decoded_after_them(tmp_path):
-    """decode_images(defer=True) then decode_video: pack_multimodal took the last decoder, the
-    video's, as the one that decides, so the deferred images lost their row work. The loader
-    then decoded them itself while assembling, always failing fast: a truncated JPEG, which
-    on_error="skip" masks and counts, stopped the run with BadRecordError."""
-    video = make_video(tmp_path / "clip.mp4", frames=20).read_bytes()
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """clips/good and clips/bad: six records of a JPEG, a video and a caption each, the fourth
+    JPEG of clips/bad truncated (its header passes: it fails only when decoded)."""
+    root = tmp_path_factory.mktemp("clips")
+    video = make_video(root / "clip.mp4", frames=20).read_bytes()
     for name, bad in (("good", None), ("bad", 3)):
-        (tmp_path / name).mkdir()
-        with tarfile.open(tmp_path / name / "clips-000.tar", "w") as tar:
+        (root / name).mkdir()
+        with tarfile.open(root / name / "clips-000.tar", "w") as tar:
             for i in range(6):
                 image = truncated_jpeg() if i == bad else encode(gradient(40 + 8 * i, 64), "JPEG", quality=90)
                 for ext, payload in (("jpg", image), ("mp4", video), ("txt", f"clip number {i}".encode())):
                     info = tarfile.TarInfo(f"k{i:03d}.{ext}")
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))
-    assert _image_and_video_pipeline(tmp_path / "good", defer=True).packers()[0].row_work("skip") is not None
+    return root
 
-    def run(name: str, defer: bool):
-        with _image_and_video_pipeline(tmp_path / name, defer=defer).shard(0, 1) as loader:
-            return [batch.digest() for batch in loader], loader.stats()
 
-    eager, _ = run("good", defer=False)
-    assert len(eager) > 1 and run("good", defer=True)[0] == eager, "the same pixels, decoded after packing"
-    _, stats = run("bad", defer=True)
+def _run_clips(root, *, defer: bool, route: str = "pack_multimodal") -> tuple[list[str], dict]:
+    """The batches' SHA-256 digests and the stats of a run over `root`."""
+    with _image_and_video_pipeline(root, defer=defer, route=route).shard(0, 1) as loader:
+        return [batch.digest() for batch in loader], loader.stats()
+
+
+def test_deferred_images_decode_after_packing_when_a_video_is_decoded_after_them(clips):
+    """decode_images(defer=True) then decode_video: pack_multimodal took the last decoder, the
+    video's, as the one that decides, so the deferred images lost their row work. The loader
+    then decoded them itself while assembling, always failing fast: a truncated JPEG, which
+    on_error="skip" masks and counts, stopped the run with BadRecordError."""
+    pipeline = _image_and_video_pipeline(clips / "good", defer=True)
+    assert pipeline.packers()[0].row_work("skip", pipeline.record_operators()) is not None
+    eager, _ = _run_clips(clips / "good", defer=False)
+    assert len(eager) > 1 and _run_clips(clips / "good", defer=True)[0] == eager, \
+        "the same pixels, decoded after packing"
+    _, stats = _run_clips(clips / "bad", defer=True)
     masked = sum(lane.get("masked:truncated_image", 0) for lane in stats["lanes"].values())
     assert masked == 1 and stats["datasets"]["clips"]["total"]["emitted"] == 6
 
 
-def test_pack_multimodal_refuses_deferred_image_stages_with_different_error_policies(shards):
-    """Their images are decoded after packing by one row work with one policy."""
+def test_a_packer_given_to_apply_decodes_deferred_images_as_pack_multimodal_s_does(clips):
+    """Only pack_multimodal told its packer that decode_images(defer=True) left the images
+    encoded, so a PackMultimodal given to Pipeline.apply had no row work: the loader decoded the
+    images on its own thread as it assembled each batch, failing fast, and a truncated JPEG that
+    on_error="skip" masks stopped the run with BadRecordError. The packer now reads it from the
+    decoders before it: both ways give the same batches and mask the same document."""
+    for name in ("good", "bad"):
+        built, built_stats = _run_clips(clips / name, defer=True)
+        applied, applied_stats = _run_clips(clips / name, defer=True, route="apply")
+        assert len(built) > 1 and applied == built, f"{name}: the same batch SHA-256s"
+        assert applied_stats["lanes"] == built_stats["lanes"], f"{name}: the same rows and masked documents"
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("case", ["pixels_field", "after_bos", "deferred_policies"])
+def test_a_packer_given_to_apply_is_refused_what_pack_multimodal_refuses(shards, case, route):
+    """`pack_multimodal` refused, as it built the packer, a pixels field no decoder writes, an
+    `after_bos` after a tokenize adding no BOS, and deferred decoders with different error
+    policies; a `PackMultimodal` given to `Pipeline.apply` was taken and packed every caption
+    without its image, split every caption after its first word, or followed one of the policies.
+    It is refused when the pipeline is sharded, before any record is read."""
     source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(shards))], seed=3, records_per_chunk=3)
-    pipeline = decode_images(Pipeline(source), field="jpg", spec=SPEC, defer=True, on_error="raise")
-    pipeline = decode_images(pipeline, field="png", spec=SPEC, output_field="more", defer=True, on_error="skip")
-    with pytest.raises(ConfigurationError, match=r"decode_images\(defer=True\) stages set different on_error"):
-        pack_multimodal(pipeline, 256, PLACEHOLDERS, pixels_field="pixels")
+    tokenizer = str(package_dir("zephon") / "data" / "tokenizer.json")
+    pipeline = Pipeline(source)
+    if case == "pixels_field":
+        pipeline = pipeline.decode_images(spec=SPEC).tokenize(tokenizer, field="txt")
+        refused_when_packed(pipeline, route, r"pixels_field='image'.*decode_images writes 'pixels'",
+                            pixels_field="image")
+    elif case == "after_bos":
+        pipeline = pipeline.tokenize(tokenizer, field="txt").decode_images(spec=SPEC).filter(lambda record: True)
+        refused_when_packed(pipeline, route, r"image_position='after_bos'.*'input_ids' adds no BOS",
+                            image_position="after_bos")
+    else:
+        pipeline = (pipeline.decode_images(field="jpg", spec=SPEC, defer=True, on_error="raise")
+                    .decode_images(field="png", spec=SPEC, output_field="more", defer=True, on_error="skip"))
+        refused_when_packed(pipeline, route, r"decode_images\(defer=True\) stages set different on_error",
+                            pixels_field="pixels")
 
 
 def _video_paths_pipeline(shard, runner: str, on_error: str = "raise") -> Pipeline:

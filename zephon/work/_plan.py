@@ -74,7 +74,13 @@ class WorkPlan(Protocol):
 
 @runtime_checkable
 class WorkSource(Protocol):
-    """Turns datasets, a mixture and a seed into a WorkPlan once the pipeline can count tokens."""
+    """Turns datasets, a mixture and a seed into a WorkPlan once the pipeline can count tokens.
+
+    A source may also declare `dataset_names`, the names its plans' datasets will have (the
+    mixture sources do): a stage scoped to a name not among them is then refused before the
+    source is bound, which runs the stages on a token-estimation sample; without it, once the
+    plan is bound, against the plan's `datasets`. Only that name is read, so a source of the
+    user's own may hold a `datasets` of anything (hub ids, a count)."""
 
     def bind(self, count_tokens: TokenCounter | None, num_lanes: int) -> WorkPlan: ...
 
@@ -177,6 +183,12 @@ class _MixtureWorkSource:
         self.__dict__.update(state)
         self._measuring = threading.Lock()
         _fork.renew_in_child(self, _renew_measuring_in_child)
+
+    @property
+    def dataset_names(self) -> tuple[str, ...]:
+        """The datasets' names, in declaration order: what a stage's `dataset_scope` is checked
+        against before the source is bound (see `WorkSource`)."""
+        return tuple(d.name for d in self.datasets)
 
     def live_names(self) -> list[str]:
         """Datasets with a positive weight in some phase, in declaration order."""
