@@ -158,8 +158,20 @@ def _check_one_patch_layout(decoders: list[DecodeImages | DecodeVideo], pixels_f
             "holds one patch layout: " + "; ".join(
                 f"{_scoped_name(op)} gives {layout}" for op, layout in layouts
             ) + ": give the decoders the same patch_size and merge_size (image processors: the same merge_size "
-            "and grid_field)"
+            "and grid_field)" + _without_a_processor(decoders)
         )
+
+
+def _without_a_processor(decoders) -> str:
+    """Advice for an image processor's rows beside a video decoder, which takes no processor: the
+    advice above cannot be followed there, while one ImageSpec for both and the rows made on the
+    trainer's side (`qwen_pixel_values`) can."""
+    processed = any(isinstance(op, DecodeImages) and op.processor is not None for op in decoders)
+    if not processed or not any(isinstance(op, DecodeVideo) for op in decoders):
+        return ""
+    return (". decode_video takes no image processor: decode the images with the clips' ImageSpec "
+            "(ImageSpec.qwen2_vl() or qwen3_vl() for a Qwen model) and turn each batch's patches into the "
+            "processor's rows on the trainer's side with vlm.qwen_pixel_values")
 
 
 def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:

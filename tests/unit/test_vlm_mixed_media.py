@@ -240,6 +240,19 @@ def test_decoders_cutting_different_patches_into_one_field_are_refused(corpus, r
     refused_when_packed(pipeline, route, r"different patches.*16px patches merged 1x1.*14px patches")
 
 
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_image_processor_beside_a_video_decoder_is_refused_pointing_to_qwen_pixel_values(corpus, route):
+    """decode_video takes no processor, so 'give the decoders the same merge_size' could not be
+    followed: one ImageSpec for both and the processor's rows made on the trainer's side can."""
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
+                .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=ImageSpec(merge_size=2)),
+                              datasets="clips"))
+    refused_when_packed(pipeline, route, r"different patches.*decode_video takes no image processor.*"
+                                          r"vlm\.qwen_pixel_values", QwenPlaceholders(3, 4, 5, merge_size=2),
+                        spec=ImageSpec(merge_size=2))
+
+
 class _PatchRowsProcessor:
     """An image processor of the user's own, Qwen2-VL style: 768-wide float32 patch rows on a 4x4
     grid, merging `merge_size` x `merge_size` patches per token."""
