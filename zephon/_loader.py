@@ -230,12 +230,13 @@ class RankLoader:
             raise ConfigurationError(
                 "the pipeline needs a packing operator before batch: pack_flat(max_length) for text, "
                 "pack_multimodal(max_length, placeholders) for the images and videos decode_images and "
-                "decode_video give (pack_flat would pack their text alone)"
+                "decode_video give (pack_flat refuses them: it packs token ids alone)"
             )
         record_ops = pipeline.record_operators()
         if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
         _check_one_packer(accumulators, packers)
+        _check_media_carried(record_ops, accumulators[0])
         _check_packed_field(record_ops, accumulators[0])
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
@@ -1070,6 +1071,22 @@ def _check_one_packer(accumulators, packers) -> None:
         raise ConfigurationError(
             f"{accumulators[0].name} comes before {names[0]}: the packer must be the first accumulating operator "
             f"(a shuffle reorders packed rows; put it after {names[0]})"
+        )
+
+
+def _check_media_carried(record_ops, packer) -> None:
+    """Refuse a packer that says it carries no media (`carries_media = False`: `pack_flat`) after
+    operators that write some (`media_fields`: vlm's `decode_images`, `decode_video`), before any
+    record is read: the batches held the captions' tokens alone, every decoded image dropped with no
+    word. A packer that says nothing (a plugin's) is taken to know what it packs."""
+    if getattr(packer, "carries_media", True):
+        return
+    writes = [f"{op.name} writes {field!r}" for op in record_ops for field in getattr(op, "media_fields", ())]
+    if writes:
+        raise ConfigurationError(
+            f"{packer.name} packs token ids alone, but {', '.join(writes)}: every record's decoded images "
+            "and frames would be dropped from the batches, unsaid. Pack them with "
+            "pack_multimodal(max_length, placeholders), which places them in the rows"
         )
 
 

@@ -345,6 +345,7 @@ class PackFlatOp:
     max_open_rows: int = 16
     name: str = "pack_flat"
     kind = "accumulator"
+    carries_media = False  # token ids alone: the loader refuses operators declaring `media_fields`
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_length", check_count(self.max_length, "pack_flat: max_length"))

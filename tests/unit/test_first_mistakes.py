@@ -231,6 +231,18 @@ def test_a_misnamed_image_field_names_the_fields_the_records_have(tmp_path):
                                    "fields it has: '__key__', 'image', 'txt'; did you mean 'image'?")
 
 
+def _png_pairs(root):
+    """A WebDataset shard of 8 captioned PNGs (`txt`, `png`) in `root`, returned."""
+    root.mkdir()
+    with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(8):
+            for extension, data in (("txt", f"picture {i}".encode()), ("png", encode(gradient(), "PNG"))):
+                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return root
+
+
 def test_a_pack_length_no_image_fits_is_refused_at_planning_naming_the_packers_reason(tmp_path):
     """pack_multimodal(max_length) below one image's placeholder tokens: the packer drops every
     sampled record as `images_exceed_length`, and the planning refusal said only that the sample
@@ -238,14 +250,7 @@ def test_a_pack_length_no_image_fits_is_refused_at_planning_naming_the_packers_r
     before it were named)."""
     from vlm import PixtralPlaceholders
 
-    (tmp_path / "pairs").mkdir()
-    with tarfile.open(tmp_path / "pairs" / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(8):
-            for extension, data in (("txt", f"picture {i}".encode()), ("png", encode(gradient(), "PNG"))):
-                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(tmp_path / "pairs"))], num_epochs=1,
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(_png_pairs(tmp_path / "pairs")))], num_epochs=1,
                                      records_per_chunk=4, token_estimation=TokenEstimation())
     pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
                 .decode_images()
@@ -570,3 +575,25 @@ def test_a_vlm_pipeline_without_a_packer_is_told_of_pack_multimodal_not_only_pac
     pipeline = Pipeline(StaticMixtureWorkSource(datasets)).decode_images().batch(microbatch_size=1)
     with pytest.raises(ConfigurationError, match=r"pack_multimodal\(max_length, placeholders\) for the images"):
         pipeline.shard(0, 1)
+
+
+@pytest.mark.parametrize("decoder", ["decode_images", "decode_video"])
+def test_pack_flat_after_a_decoder_is_refused_before_a_record_is_read(tmp_path, monkeypatch, decoder):
+    """decode_images(...).tokenize(...).pack_flat(...) gave batches of the captions' tokens alone:
+    every decoded image dropped, with no word. The decoders declare the fields they write media
+    to, and pack_flat, which carries none, is refused naming them, before the token estimate or a
+    lane reads a record."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(_png_pairs(tmp_path / "pairs")))],
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    decode = {"decode_images": lambda p: p.decode_images(output_field="photo"),
+              "decode_video": lambda p: p.decode_video(field="png", output_field="photo")}[decoder]
+    pipeline = (decode(Pipeline(source).options(num_lanes=2, runner="inline"))
+                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>").pack_flat(64).batch(microbatch_size=1))
+    reads = []
+    monkeypatch.setattr(Dataset, "read_chunk", lambda self, *a, **k: reads.append(a))
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.shard(0, 1)
+    assert (f"pack_flat packs token ids alone, but {decoder} writes 'photo': every record's decoded images and "
+            "frames would be dropped from the batches" in str(refused.value)), str(refused.value)
+    assert "pack_multimodal(max_length, placeholders)" in str(refused.value)
+    assert reads == []
