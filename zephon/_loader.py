@@ -32,7 +32,6 @@ from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, 
 from ._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from ._dropped_datasets import DroppedDatasets
 from ._errors import CheckpointError, ConfigurationError, StateLacksLanesError, check_count
-from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
 from ._ledger import Ledger
 from ._lane import LaneStream
@@ -296,32 +295,29 @@ class RankLoader:
     def _token_counter(self, packer, fingerprints: dict[int, dict]):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
-        of its input field; the reasons the packer's counter refused records for (its
-        `drain_skips()`, where it has one) count among the drops. `fingerprints` holds the
-        operators' fingerprints by id."""
+        of its input field; the records the packer's counter refused (its `drain_skips()`, where it
+        has one, as an accumulator's: (address, reason) or (address, reason, detail)) count among
+        the drops. The first record of each reason is kept with its detail, for the refusal of a
+        sample without a token. `fingerprints` holds the operators' fingerprints by id."""
         fns = self._estimate_fns  # skipping and counting whatever `on_error`: see estimate_stages
-        record_ops = self.pipeline.record_operators()  # in the order of their functions
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
         tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
         packer_skips = getattr(tokens_of, "drain_skips", None)
 
         def count(batch: ChunkRecords) -> SampleCount:
-            absent = None
-            for op, fn in zip(record_ops, fns):
-                before = dict(zip(batch.addresses, batch.records)) if absent is None else None
-                seen = len(batch.skipped)
+            for fn in fns:
                 batch = fn(batch)
-                if before is not None:
-                    absent = first_absent_field(op, before, batch.skipped[seen:])
             dropped = Counter(reason for _, reason in batch.skipped)
             if batch.filtered:
                 dropped["filtered"] = len(batch.filtered)
+            # The first kept detail of each reason is its first skip: the chunk keeps them in order.
+            examples = {reason: next(iter(kept.items())) for reason, kept in batch.skip_details.items() if kept}
             tokens = sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
-            if packer_skips is not None:
-                dropped.update(packer_skips())
-            absent = absent or first_lacking_packed_field(packer, batch.addresses, batch.records)
-            return SampleCount(tokens, dropped, absent)
+            for address, reason, *detail in packer_skips() if packer_skips is not None else ():
+                dropped[reason] += 1
+                examples.setdefault(reason, (address, detail[0] if detail else ""))
+            return SampleCount(tokens, dropped, tuple((reason, *example) for reason, example in examples.items()))
 
         # Same key, same counts: lets the work source measure once for every loader of a pipeline.
         # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure
