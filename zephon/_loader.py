@@ -296,9 +296,10 @@ class RankLoader:
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
         of its input field; the records the packer's counter refused (its `drain_skips()`, where it
-        has one, as an accumulator's: (address, reason) or (address, reason, detail)) count among
-        the drops. The first record of each reason is kept with its detail, for the refusal of a
-        sample without a token. `fingerprints` holds the operators' fingerprints by id."""
+        has one, as an accumulator's: (address, reason) or (address, reason, detail); a bare reason,
+        as counters gave before details, counts without an example) count among the drops. The first
+        record of each reason is kept with its detail, for the refusal of a sample without a token.
+        `fingerprints` holds the operators' fingerprints by id."""
         fns = self._estimate_fns  # skipping and counting whatever `on_error`: see estimate_stages
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
@@ -314,7 +315,11 @@ class RankLoader:
             # The first kept detail of each reason is its first skip: the chunk keeps them in order.
             examples = {reason: next(iter(kept.items())) for reason, kept in batch.skip_details.items() if kept}
             tokens = sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
-            for address, reason, *detail in packer_skips() if packer_skips is not None else ():
+            for refused in packer_skips() if packer_skips is not None else ():
+                if isinstance(refused, str):  # unpacked, its letters were taken for an address and a reason
+                    dropped[refused] += 1
+                    continue
+                address, reason, *detail = refused
                 dropped[reason] += 1
                 examples.setdefault(reason, (address, detail[0] if detail else ""))
             return SampleCount(tokens, dropped, tuple((reason, *example) for reason, example in examples.items()))

@@ -46,6 +46,7 @@ DETAIL_CHARS = 500
 """The most of a detail an example keeps and logs: a user's image processor may raise with its
 input in the message, which made a log line and a `stats()` entry as long as that input."""
 
+
 def shown_detail(detail: str | Callable[[], str]) -> str:
     """A skip's detail as an example shows it: made where it is a function, cut to `DETAIL_CHARS`.
     The token estimate's refusal shows its sample's first skip of each reason in these words too."""

@@ -234,6 +234,29 @@ def test_a_misnamed_image_field_names_the_fields_the_records_have(tmp_path):
                                    "fields it has: '__key__', 'image', 'txt'; did you mean 'image'?")
 
 
+def test_a_packer_counter_draining_bare_reasons_has_them_counted_not_read_as_records(tmp_path):
+    """A plugin packer's token counter written before details drains its refusals as bare reasons:
+    unpacked as (address, reason, detail), "not_tokens" was read letter by letter, and the refusal
+    counted reason "o" at address "n"."""
+    from zephon._packing import PackFlatOp
+
+    class BareReasons(PackFlatOp):
+        def token_counter(self):
+            count = super().token_counter()
+            drain = count.drain_skips
+            count.drain_skips = lambda: [reason for _, reason, _ in drain()]
+            return count
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "part-0.jsonl").write_text("".join(json.dumps({"tokens": "5 6 7"}) + "\n" for _ in range(16)))
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(tmp_path / "d"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .apply(BareReasons(max_length=8, field="tokens")).batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: not_tokens 16\), so"):
+        pipeline.shard(0, 1, global_batch_size=2)
+
+
 def _png_pairs(root):
     """A WebDataset shard of 8 captioned PNGs (`txt`, `png`) in `root`, returned."""
     root.mkdir()
