@@ -59,7 +59,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._fingerprint import stable_description
-from zephon._packing import RefusedReasons, no_tokens_detail, token_ids
+from zephon._packing import RefusedRecords, no_tokens_detail, token_ids
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -739,13 +739,13 @@ class PackMultimodal:
         no_placeholder = next(i for i in range(len(self.placeholders.token_ids) + 1)
                               if i not in self.placeholders.token_ids)
         packer = self.factory(no_placeholder)(SegmentContext(lane=-1, segment=-1))
-        # Its reasons explain a sample that yields no token (`images_exceed_length` for a
-        # max_length below one image's tokens).
-        refused = RefusedReasons()
+        # Its refusals, with their details, explain a sample that yields no token
+        # (`images_exceed_length` for a max_length below one image's tokens).
+        refused = RefusedRecords()
 
         def count(address: RecordAddress, record: dict) -> int:
             doc = packer._document(address, record)
-            refused.extend(reason for _, reason, _ in packer.drain_skips())
+            refused.extend(packer.drain_skips())
             packer.drain_truncations()
             return 0 if doc is None else doc.length
 

@@ -5,7 +5,8 @@ Each stage is a frozen dataclass that is both the operator's configuration and i
 input is not modified; a chunk of a dataset outside its `datasets` is returned as it came), so it
 may run on any worker, in any order, any number of times. It has
 the core's record-operator shape (`kind`, `name`, `parallelism`, `build(on_error)`,
-`build_for_estimate()`, `fingerprint()`), so `Pipeline.apply(DecodeImages(...))` takes it.
+`build_for_estimate()`, `fingerprint()`, `media_fields`), so `Pipeline.apply(DecodeImages(...))`
+takes it, and a `pack_flat` after it is refused (it would drop the pixels).
 
 A record that cannot be decoded is dropped and reported in `skipped` with its reason
 (missing_image / missing_video when no candidate field is present or a video field holds an
@@ -310,6 +311,11 @@ class DecodeImages:
             "keep_source": self.keep_source, "grid_field": self.grid_field, "defer": self.defer,
         })
 
+    @property
+    def media_fields(self) -> tuple[str, ...]:
+        """The field of its pixels (see `zephon._record_ops.RecordOperator`): `pack_flat` is refused after it."""
+        return (self.output_field,)
+
     def patch_layout(self) -> tuple[int, np.dtype]:
         """(patch_dim, dtype) of the rows this stage's images become in `pixel_values`."""
         if self.processor is None:
@@ -390,6 +396,11 @@ class DecodeVideo:
 
     def build(self, on_error: str) -> DecodeVideo:
         return dataclasses.replace(self, on_error=self.on_error or on_error)
+
+    @property
+    def media_fields(self) -> tuple[str, ...]:
+        """The field of its frames, as `DecodeImages.media_fields`."""
+        return (self.output_field,)
 
     def build_for_estimate(self) -> DecodeVideo:
         return dataclasses.replace(self, on_error="skip")

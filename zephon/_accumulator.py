@@ -65,6 +65,9 @@ class Accumulator(Protocol):
     `apply(row, result)` returning the finished row. A row may then report `masked_documents`,
     (address, reason) or (address, reason, detail) tuples the ledger counts with the rows and
     `stats()["skipped_examples"]` names with their detail.
+    A packing operator that packs token ids alone says so with `carries_media = False`
+    (`pack_flat`): the loader then refuses it after a record operator declaring `media_fields`
+    (see `RecordOperator`), whose media it would drop.
     """
 
     def push(self, item: Any) -> list[Any]: ...

@@ -109,7 +109,9 @@ class Batch:
 @dataclass(frozen=True)
 class MicrobatchDigest:
     """A microbatch reduced to its SHA-256 (`sha256`) and what `global_batch_digest` checks a
-    global batch by: picklable, so `torch.distributed.all_gather_object` can gather it."""
+    global batch by: picklable, so `torch.distributed.all_gather_object` can gather it, and
+    written as plain JSON by `as_json()` for ranks that hand their results over in files (the
+    elastic demo's rank processes), so the global batch is checked there too, not only combined."""
 
     lane: int
     step: int
@@ -117,6 +119,20 @@ class MicrobatchDigest:
     sha256: str
     step_shape: StepShape | None = None
     ends_lane: bool = False
+
+    def as_json(self) -> dict:
+        """A dict of JSON's own types; `from_json` makes this digest again from it."""
+        shape = self.step_shape
+        return {"lane": self.lane, "step": self.step, "index": self.index, "sha256": self.sha256,
+                "step_shape": None if shape is None else [shape.num_lanes, shape.microbatches_per_lane, shape.finite],
+                "ends_lane": self.ends_lane}
+
+    @classmethod
+    def from_json(cls, data: dict) -> MicrobatchDigest:
+        """The digest `as_json()` wrote `data` from."""
+        shape = data["step_shape"]
+        return cls(data["lane"], data["step"], data["index"], data["sha256"],
+                   None if shape is None else StepShape(*shape), data["ends_lane"])
 
 
 _ID_FIELDS = frozenset({"input_ids", "labels", "position_ids", "document_ids", "mrope_position_ids"})

@@ -8,18 +8,13 @@ are worked out only when an error is built, from the one record the error is abo
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
-from ._records import RecordAddress
-
-__all__ = ["MISSING_FIELD_REASONS", "AbsentField", "fields_it_has", "first_absent_field", "first_lacking_packed_field"]
+__all__ = ["fields_it_has"]
 
 SHOWN_FIELDS = 12
 """Enough for the usual layouts (a WebDataset sample's extensions, a Parquet file's columns); a
 wide table is cut there with a count, so the message stays one readable line."""
-
-MISSING_FIELD_REASONS = frozenset({"missing_field", "missing_image", "missing_video"})
-"""The skip reasons that mean a record lacks the field (or every candidate field) a stage reads."""
 
 
 def fields_it_has(asked: str | Iterable[str], fields: Iterable[object]) -> str:
@@ -45,52 +40,3 @@ def fields_it_has(asked: str | Iterable[str], fields: Iterable[object]) -> str:
         close += [match for match in difflib.get_close_matches(name, names) if match not in close]
     guess = "; did you mean " + " or ".join(repr(name) for name in close) + "?" if close else ""
     return f"fields it has: {shown}{more}{guess}"
-
-
-class AbsentField(NamedTuple):
-    """A record that lacked the field a stage reads, as token estimation saw it: where it is, the
-    name (or candidate names) asked for, and the fields it had."""
-
-    address: RecordAddress
-    asked: tuple[str, ...]
-    fields: tuple[str, ...]
-
-    def describe(self) -> str:
-        asked = " or ".join(repr(name) for name in self.asked)
-        return f"record {self.address} lacks {asked}: {fields_it_has(self.asked, self.fields)}"
-
-
-def first_absent_field(
-    op: object, records: dict[RecordAddress, dict], skipped: list[tuple[RecordAddress, str]]
-) -> AbsentField | None:
-    """The first of `skipped` (what stage `op` just dropped, of `records` by address) dropped for
-    lacking its field, as an `AbsentField`; None if there is none. Token estimation calls it on its
-    sample only: a loader's counted skips never do.
-
-    A record holding a value at an asked field is passed over: `decode_video` drops a field holding
-    an empty list with the same reason, and such a record was said to lack the field, as null."""
-    asked = getattr(op, "field", None)
-    if asked is None:
-        return None
-    asked = (asked,) if isinstance(asked, str) else tuple(asked)
-    for address, reason in skipped:
-        record = records.get(address)
-        if reason in MISSING_FIELD_REASONS and record is not None and all(record.get(n) is None for n in asked):
-            return AbsentField(address, asked, tuple(sorted(map(str, record))))
-    return None
-
-
-def first_lacking_packed_field(
-    packer: object, addresses: list[RecordAddress], records: list[dict]
-) -> AbsentField | None:
-    """The first record that reached `packer` without the field it packs (`pack_flat`'s token ids),
-    as an `AbsentField`; None if every record has it or the packer names no field. The packer's
-    counter gives only its reason (`missing_field`), so the record is looked for here, on the sample
-    only, to name the fields it has."""
-    field = getattr(packer, "field", None)
-    if not isinstance(field, str):
-        return None
-    for address, record in zip(addresses, records):
-        if record.get(field) is None:
-            return AbsentField(address, (field,), tuple(sorted(map(str, record))))
-    return None

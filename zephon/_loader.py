@@ -32,7 +32,6 @@ from ._checkpoint import LaneCursor, dataset_summaries, make_state, read_state, 
 from ._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from ._dropped_datasets import DroppedDatasets
 from ._errors import CheckpointError, ConfigurationError, StateLacksLanesError, check_count
-from ._field_names import first_absent_field, first_lacking_packed_field
 from ._job_log import RankLog, config_level
 from ._ledger import Ledger
 from ._lane import LaneStream
@@ -230,12 +229,13 @@ class RankLoader:
             raise ConfigurationError(
                 "the pipeline needs a packing operator before batch: pack_flat(max_length) for text, "
                 "pack_multimodal(max_length, placeholders) for the images and videos decode_images and "
-                "decode_video give (pack_flat would pack their text alone)"
+                "decode_video give (pack_flat refuses them: it packs token ids alone)"
             )
         record_ops = pipeline.record_operators()
         if any(ops.index(r) > ops.index(accumulators[0]) for r in record_ops):
             raise ConfigurationError("stateless operators (map, filter, tokenize, …) must come before packing")
         _check_one_packer(accumulators, packers)
+        _check_media_carried(record_ops, accumulators[0])
         _check_packed_field(record_ops, accumulators[0])
         # A packer of a plugin may check what comes before it (vlm's: its decoders, its tokenize):
         # here, where every pipeline is bound, whether the packer came from its builder or `apply`.
@@ -302,32 +302,34 @@ class RankLoader:
     def _token_counter(self, packer, fingerprints: dict[int, dict]):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
-        of its input field; the reasons the packer's counter refused records for (its
-        `drain_skips()`, where it has one) count among the drops. `fingerprints` holds the
-        operators' fingerprints by id."""
+        of its input field; the records the packer's counter refused (its `drain_skips()`, where it
+        has one, as an accumulator's: (address, reason) or (address, reason, detail); a bare reason,
+        as counters gave before details, counts without an example) count among the drops. The first
+        record of each reason is kept with its detail, for the refusal of a sample without a token.
+        `fingerprints` holds the operators' fingerprints by id."""
         fns = self._estimate_fns  # skipping and counting whatever `on_error`: see estimate_stages
-        record_ops = self.pipeline.record_operators()  # in the order of their functions
         make_counter = getattr(packer, "token_counter", None)
         field = getattr(packer, "field", "input_ids")
         tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
         packer_skips = getattr(tokens_of, "drain_skips", None)
 
         def count(batch: ChunkRecords) -> SampleCount:
-            absent = None
-            for op, fn in zip(record_ops, fns):
-                before = dict(zip(batch.addresses, batch.records)) if absent is None else None
-                seen = len(batch.skipped)
+            for fn in fns:
                 batch = fn(batch)
-                if before is not None:
-                    absent = first_absent_field(op, before, batch.skipped[seen:])
             dropped = Counter(reason for _, reason in batch.skipped)
             if batch.filtered:
                 dropped["filtered"] = len(batch.filtered)
+            # The first kept detail of each reason is its first skip: the chunk keeps them in order.
+            examples = {reason: next(iter(kept.items())) for reason, kept in batch.skip_details.items() if kept}
             tokens = sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
-            if packer_skips is not None:
-                dropped.update(packer_skips())
-            absent = absent or first_lacking_packed_field(packer, batch.addresses, batch.records)
-            return SampleCount(tokens, dropped, absent)
+            for refused in packer_skips() if packer_skips is not None else ():
+                if isinstance(refused, str):  # unpacked, its letters were taken for an address and a reason
+                    dropped[refused] += 1
+                    continue
+                address, reason, *detail = refused
+                dropped[reason] += 1
+                examples.setdefault(reason, (address, detail[0] if detail else ""))
+            return SampleCount(tokens, dropped, tuple((reason, *example) for reason, example in examples.items()))
 
         # Same key, same counts: lets the work source measure once for every loader of a pipeline.
         # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure
@@ -1090,6 +1092,22 @@ def _check_one_packer(accumulators, packers) -> None:
         raise ConfigurationError(
             f"{accumulators[0].name} comes before {names[0]}: the packer must be the first accumulating operator "
             f"(a shuffle reorders packed rows; put it after {names[0]})"
+        )
+
+
+def _check_media_carried(record_ops, packer) -> None:
+    """Refuse a packer that says it carries no media (`carries_media = False`: `pack_flat`) after
+    operators that write some (`media_fields`: vlm's `decode_images`, `decode_video`), before any
+    record is read: the batches held the captions' tokens alone, every decoded image dropped with no
+    word. A packer that says nothing (a plugin's) is taken to know what it packs."""
+    if getattr(packer, "carries_media", True):
+        return
+    writes = [f"{op.name} writes {field!r}" for op in record_ops for field in getattr(op, "media_fields", ())]
+    if writes:
+        raise ConfigurationError(
+            f"{packer.name} packs token ids alone, but {', '.join(writes)}: every record's decoded images "
+            "and frames would be dropped from the batches, unsaid. Pack them with "
+            "pack_multimodal(max_length, placeholders), which places them in the rows"
         )
 
 

@@ -35,7 +35,7 @@ from ._first_fit import FirstFitRows
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "RefusedReasons", "WrapPacker", "assemble_row",
+__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "RefusedRecords", "WrapPacker", "assemble_row",
            "no_tokens_detail", "token_ids"]
 
 
@@ -323,15 +323,16 @@ class FirstFitPacker:
 ALGORITHMS = ("wrap", "first_fit")
 
 
-class RefusedReasons(list):
-    """The reasons of the records a packer's token counter refused, for its `drain_skips()`: what
-    the loader's planning refusal names when a dataset's sample yields no token."""
+class RefusedRecords(list):
+    """The records a packer's token counter refused, as (address, reason, detail), for its
+    `drain_skips()`: what the loader's planning refusal names (the reasons counted, the first record
+    of each with its detail) when a dataset's sample yields no token."""
 
-    def drain(self) -> list[str]:
-        """The reasons since the last call; this list is emptied."""
-        reasons = self.copy()
+    def drain(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
+        """The records since the last call; this list is emptied."""
+        records = self.copy()
         self.clear()
-        return reasons
+        return records
 
 
 @dataclass(frozen=True)
@@ -345,6 +346,7 @@ class PackFlatOp:
     max_open_rows: int = 16
     name: str = "pack_flat"
     kind = "accumulator"
+    carries_media = False  # token ids alone: the loader refuses operators declaring `media_fields`
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_length", check_count(self.max_length, "pack_flat: max_length"))
@@ -376,16 +378,16 @@ class PackFlatOp:
 
     def token_counter(self):
         """What token estimation counts of a record: the ids a packer places, none of one it refuses.
-        The reasons of the records it refused since the last call come from its `drain_skips()`,
-        as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused naming
-        `not_tokens`, where it said only that it yielded no token."""
+        The records it refused since the last call come from its `drain_skips()`, with what each
+        held, as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused
+        naming `not_tokens` and what the first record held, where it said only that it yielded no token."""
         field = self.field
-        refused = RefusedReasons()
+        refused = RefusedRecords()
 
         def count(address: RecordAddress, record: dict) -> int:
             ids = token_ids(record.get(field))
             if isinstance(ids, str):
-                refused.append(ids)
+                refused.append((address, ids, no_tokens_detail(ids, field, record)))
                 return 0
             return len(ids)
 

@@ -34,11 +34,18 @@ class RecordOperator:
 
     One that runs on some datasets of a mixture only (vlm's decoders) declares them as
     `dataset_scope` (None or their names), applies that scope itself, and has the names checked
-    against the work source's when the pipeline is sharded (`_dataset_scope`)."""
+    against the work source's when the pipeline is sharded (`_dataset_scope`).
+
+    An operator that writes decoded media (vlm's `decode_images` and `decode_video` write pixels
+    and frames; they follow this shape without subclassing it) names those fields in
+    `media_fields`: a packer that says it carries no media (`carries_media = False`, as
+    `pack_flat`) is then refused when the loader is built, since every record's media would be
+    dropped from the batches and its text packed alone, unsaid."""
 
     kind = "record"
     name: str
     parallelism: int
+    media_fields: tuple[str, ...] = ()
 
     def build(self, on_error: str) -> RecordFn:
         raise NotImplementedError

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from ._records import DETAILS_PER_REASON, ChunkRecords, RecordAddress
 
-__all__ = ["DETAIL_CHARS", "EXAMPLES_PER_REASON", "SkipExamples"]
+__all__ = ["DETAIL_CHARS", "EXAMPLES_PER_REASON", "SkipExamples", "shown_detail"]
 
 EXAMPLES_PER_REASON = DETAILS_PER_REASON
 """Examples kept per (dataset, reason): enough to tell one bad file from a pattern across shards,
@@ -45,6 +45,17 @@ few enough that a `stats()` of many datasets and reasons stays readable."""
 DETAIL_CHARS = 500
 """The most of a detail an example keeps and logs: a user's image processor may raise with its
 input in the message, which made a log line and a `stats()` entry as long as that input."""
+
+
+def shown_detail(detail: str | Callable[[], str]) -> str:
+    """A skip's detail as an example shows it: made where it is a function, cut to `DETAIL_CHARS`.
+    The token estimate's refusal shows its sample's first skip of each reason in these words too."""
+    if not isinstance(detail, str):
+        detail = detail()
+    if len(detail) > DETAIL_CHARS:
+        detail = f"{detail[:DETAIL_CHARS]}… ({len(detail) - DETAIL_CHARS} more characters)"
+    return detail
+
 
 _LATER = (
     "later skips are counted in loader.stats()['datasets'], and the first {n} of each dataset and reason "
@@ -95,10 +106,7 @@ class SkipExamples:
             return False
         if any(seen == address for _, seen, _ in examples):
             return True
-        if not isinstance(detail, str):
-            detail = detail()
-        if len(detail) > DETAIL_CHARS:
-            detail = f"{detail[:DETAIL_CHARS]}… ({len(detail) - DETAIL_CHARS} more characters)"
+        detail = shown_detail(detail)
         self._examples[key] = (*examples, (lane, address, detail))
         if not examples:
             self._log.warning(

@@ -2,8 +2,9 @@
 
 Joins the gloo process group torchrun set up, builds the harness text pipeline, lets `shard()`
 (or `ZephonDataLoader`) discover rank and world size from the process group, optionally resumes,
-consumes global steps [start, start + steps), all-gathers every microbatch digest, and has rank 0
-write the per-step global digests. The loader state is all-gathered too: in `core` mode rank 0
+consumes global steps [start, start + steps), all-gathers every microbatch's `to_digest()`, and has
+rank 0 write the per-step global digests (`global_batch_digest`, which refuses a step missing a
+rank's part rather than hashing the rest). The loader state is all-gathered too: in `core` mode rank 0
 writes `zephon.distributed.gather_state(loader)` to a JSON file; in `titan` mode the state goes
 through a real distributed checkpoint (TorchTitan's CheckpointManager when torchtitan imports,
 else torch.distributed.checkpoint with the `dataloader` key that manager uses).
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 from tests.harness import GLOBAL_BATCH, microbatches_per_rank_step, text_pipeline
-from zephon import combine_digests
+from zephon import global_batch_digest
 from zephon.distributed import gather_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def _core(args, pipeline) -> tuple[list, dict]:
             for _ in range(microbatches_per_rank_step(loader)):
                 batch = next(it)
                 assert batch.step == step, (dist.get_rank(), batch.step, step)
-                entries.append((batch.step, batch.lane, batch.index, batch.digest()))
+                entries.append(batch.to_digest())
         return entries, gather_state(loader)
     finally:
         loader.close()
@@ -128,7 +129,7 @@ def _titan(args, pipeline) -> tuple[list, dict]:
                 assert inputs["input"].shape == labels.shape == (args.local_batch_size, dataloader.loader.row_length)
                 for batch in dataloader.last_microbatches:
                     assert batch.step == step, (dist.get_rank(), batch.step, step)
-                    entries.append((batch.step, batch.lane, batch.index, batch.digest()))
+                    entries.append(batch.to_digest())
         state = json.loads(dataloader.state_dict()[STATE_KEY])
         if args.save:
             if manager is not None:
@@ -157,9 +158,9 @@ def main() -> None:
         if dist.get_rank() == 0:
             by_step: dict[int, list] = {}
             for g in gathered:
-                for step, lane, index, digest in g["entries"]:
-                    by_step.setdefault(step, []).append((lane, index, digest))
-            digests = {step: combine_digests(d for _, _, d in sorted(mbs)) for step, mbs in sorted(by_step.items())}
+                for microbatch in g["entries"]:
+                    by_step.setdefault(microbatch.step, []).append(microbatch)
+            digests = {step: global_batch_digest(mbs) for step, mbs in sorted(by_step.items())}
             result = {"world_size": dist.get_world_size(), "digests": digests, "runtime": _runtime(args)}
             Path(args.out).write_text(json.dumps(result))
             if args.save and args.mode == "core":

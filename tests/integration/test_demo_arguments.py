@@ -126,6 +126,39 @@ def test_elastic_demo_exits_3_when_a_rank_process_crashes_not_1_which_means_a_mi
     assert "reference: ranks [0, 1] failed" in capsys.readouterr().err
 
 
+def test_elastic_demo_exits_3_when_a_rank_hands_over_no_part_of_a_step_rather_than_comparing_the_rest(
+        monkeypatch, capsys):
+    """A rank process that exited 0 with its part of a step missing from its result: the digests
+    of the other ranks' microbatches were combined unchecked and compared as that step's. The
+    demo checks each step as global_batch_digest does and exits 3 (a rank failed), naming what
+    the step lacks, not 1 (MISMATCH) nor 0."""
+    import json
+    import subprocess
+
+    popen = subprocess.Popen
+
+    class RankLosingItsFirstStep:
+        def __init__(self, argv, **kwargs):
+            self.job = json.loads(open(argv[-1]).read())
+            self.process = popen(argv, **kwargs)
+
+        def wait(self):
+            code = self.process.wait()
+            if self.job["rank"] == 1:
+                with open(self.job["output"]) as f:
+                    result = json.load(f)
+                del result["digests"][str(self.job["start"])]
+                with open(self.job["output"], "w") as f:
+                    json.dump(result, f)
+            return code
+
+    monkeypatch.setattr(_elastic.subprocess, "Popen", RankLosingItsFirstStep)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "elastic", "--steps", "2", "--checkpoint-step", "1", "--to-world-sizes", "4"])
+    assert exc.value.code == 3
+    assert re.search(r"reference: step 0 lacks microbatches \(lane, index\) \[\(4, 0\), ", capsys.readouterr().err)
+
+
 @pytest.fixture
 def no_demo_work(monkeypatch, no_ranks):
     """Fail the test if any demo starts its work: ranks, a training run, a loader, or the VLM assets."""

@@ -83,7 +83,7 @@ def test_a_misnamed_text_field_is_refused_at_planning_naming_why_the_sample_had_
                                      token_estimation=TokenEstimation(sample_records=64))
     pipeline = readme_pipeline(source, demo_tokenizer_path, field="txt")
     with pytest.raises(ConfigurationError, match=r"dataset 'bible': .* yielded no token \(records dropped: "
-                                                 r"missing_field 64; record bible:\S+ lacks 'txt': "
+                                                 r"missing_field 64; first missing_field at bible:\S+: field 'txt'; "
                                                  r"fields it has: 'book', 'chapter', 'id', 'text'; "
                                                  r"did you mean 'text'\?\).*check its field names"):
         pipeline.shard(0, 1, global_batch_size=16)
@@ -146,7 +146,7 @@ def test_a_misnamed_field_refused_at_planning_names_the_fields_a_dropped_record_
     with pytest.raises(ConfigurationError) as refused:
         pipeline.shard(0, 1, global_batch_size=2)
     fields = MISNAMED_LAYOUTS[layout][1]
-    assert re.search(r"\(records dropped: missing_field 16; record d:\S+#0 lacks 'contents': "
+    assert re.search(r"\(records dropped: missing_field 16; first missing_field at d:\S+#0: field 'contents'; "
                      rf"fields it has: {fields}; did you mean 'content'\?\)", str(refused.value))
 
 
@@ -175,8 +175,9 @@ def test_a_misnamed_pack_flat_field_refused_at_planning_names_the_fields_the_rec
                 .pack_flat(max_length=8, field="tokens").batch(microbatch_size=1))
     with pytest.raises(ConfigurationError) as refused:
         pipeline.shard(0, 1, global_batch_size=2)
-    assert re.search(r"yielded no token \(records dropped: missing_field 16; record d:\S+#0 lacks 'tokens': "
-                     r"fields it has: 'id', 'token_ids'; did you mean 'token_ids'\?\)", str(refused.value))
+    assert re.search(r"yielded no token \(records dropped: missing_field 16; first missing_field at d:\S+#0: "
+                     r"it lacks 'tokens': fields it has: 'id', 'token_ids'; did you mean 'token_ids'\?\)",
+                     str(refused.value))
 
 
 def test_token_ids_stored_as_text_refused_at_planning_name_the_pack_flat_refusal(tmp_path):
@@ -190,7 +191,8 @@ def test_token_ids_stored_as_text_refused_at_planning_name_the_pack_flat_refusal
                                      records_per_chunk=4, token_estimation=TokenEstimation())
     pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
                 .pack_flat(max_length=8, field="tokens").batch(microbatch_size=1))
-    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: not_tokens 16\)"):
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: not_tokens 16; first not_tokens "
+                                                 r"at d:\S+#0: 'tokens' holds a string of 5 characters"):
         pipeline.shard(0, 1, global_batch_size=2)
 
 
@@ -221,14 +223,50 @@ def test_a_misnamed_image_field_names_the_fields_the_records_have(tmp_path):
     on_error="raise" fails naming the extensions the samples have, not the candidates alone."""
     with pytest.raises(ConfigurationError) as refused:
         _misnamed_images(tmp_path / "planned", "skip").shard(0, 1, global_batch_size=2)
-    assert re.search(r"\(records dropped: missing_image 8; record pairs:\S+#0 lacks 'img': "
-                     r"fields it has: '__key__', 'image', 'txt'; did you mean 'image'\?\)", str(refused.value))
+    assert re.search(r"\(records dropped: missing_image 8; first missing_image at pairs:\S+#0: none of the fields "
+                     r"\['img'\] is present; fields it has: '__key__', 'image', 'txt'; did you mean 'image'\?\)",
+                     str(refused.value))
     pipeline = _misnamed_images(tmp_path / "raised", "raise")
     with pytest.raises(BadRecordError) as raised, pipeline.shard(0, 1, global_batch_size=2) as loader:
         next(iter(loader))
     assert raised.value.reason == "missing_image"
     assert raised.value.detail == ("none of the fields ['img'] is present; "
                                    "fields it has: '__key__', 'image', 'txt'; did you mean 'image'?")
+
+
+def test_a_packer_counter_draining_bare_reasons_has_them_counted_not_read_as_records(tmp_path):
+    """A plugin packer's token counter written before details drains its refusals as bare reasons:
+    unpacked as (address, reason, detail), "not_tokens" was read letter by letter, and the refusal
+    counted reason "o" at address "n"."""
+    from zephon._packing import PackFlatOp
+
+    class BareReasons(PackFlatOp):
+        def token_counter(self):
+            count = super().token_counter()
+            drain = count.drain_skips
+            count.drain_skips = lambda: [reason for _, reason, _ in drain()]
+            return count
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "part-0.jsonl").write_text("".join(json.dumps({"tokens": "5 6 7"}) + "\n" for _ in range(16)))
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(tmp_path / "d"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .apply(BareReasons(max_length=8, field="tokens")).batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: not_tokens 16\), so"):
+        pipeline.shard(0, 1, global_batch_size=2)
+
+
+def _png_pairs(root):
+    """A WebDataset shard of 8 captioned PNGs (`txt`, `png`) in `root`, returned."""
+    root.mkdir()
+    with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(8):
+            for extension, data in (("txt", f"picture {i}".encode()), ("png", encode(gradient(), "PNG"))):
+                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return root
 
 
 def test_a_pack_length_no_image_fits_is_refused_at_planning_naming_the_packers_reason(tmp_path):
@@ -238,20 +276,14 @@ def test_a_pack_length_no_image_fits_is_refused_at_planning_naming_the_packers_r
     before it were named)."""
     from vlm import PixtralPlaceholders
 
-    (tmp_path / "pairs").mkdir()
-    with tarfile.open(tmp_path / "pairs" / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(8):
-            for extension, data in (("txt", f"picture {i}".encode()), ("png", encode(gradient(), "PNG"))):
-                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(tmp_path / "pairs"))], num_epochs=1,
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(_png_pairs(tmp_path / "pairs")))], num_epochs=1,
                                      records_per_chunk=4, token_estimation=TokenEstimation())
     pipeline = (Pipeline(source).options(num_lanes=2, runner="inline")
                 .decode_images()
                 .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>")
                 .pack_multimodal(4, PixtralPlaceholders(3, 4, 5)).batch(microbatch_size=1))
-    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: images_exceed_length 8\)"):
+    with pytest.raises(ConfigurationError, match=r"yielded no token \(records dropped: images_exceed_length 8; first "
+                                                 r"images_exceed_length at pairs:\S+#0: its 1 image\(s\) take \d+ tokens"):
         pipeline.shard(0, 1, global_batch_size=2)
 
 
@@ -273,6 +305,73 @@ def test_a_video_field_holding_an_empty_list_is_not_said_to_be_absent_or_null_at
     with pytest.raises(ConfigurationError, match=r"records dropped: missing_video 8") as refused:
         pipeline.shard(0, 1, global_batch_size=2)
     assert "null" not in str(refused.value) and "lacks" not in str(refused.value), str(refused.value)
+    assert re.search(r"first missing_video at clips:\S+#0: field 'mp4' holds an empty list\)", str(refused.value))
+
+
+def _bad_pairs(root):
+    """Captions whose image is garbage bytes (odd keys) or absent (even keys): every record dropped,
+    for two reasons."""
+    root.mkdir()
+    with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(8):
+            members = [("txt", f"picture {i}".encode())] + ([("jpg", b"\xff\xd8 not really")] if i % 2 else [])
+            for extension, data in members:
+                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return root
+
+
+def test_a_sample_without_a_token_is_refused_naming_each_reasons_first_record_as_skipped_examples_does(tmp_path):
+    """Every sampled record dropped as corrupt_image or missing_image: the refusal gave the counts
+    alone ("records dropped: missing_image 4, corrupt_image 4") and said to check the field names,
+    a record's detail shown only for a missing field. It names, for each reason, the sample's first
+    record so dropped and what was wrong with it, in the words loader.stats()["skipped_examples"]
+    gives (here the decoder's error)."""
+    from vlm import PixtralPlaceholders
+
+    def pipeline(estimation):
+        source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(tmp_path / "pairs"))], num_epochs=1,
+                                         records_per_chunk=4, token_estimation=estimation)
+        return (Pipeline(source).options(num_lanes=2, runner="inline").decode_images()
+                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>")
+                .pack_multimodal(256, PixtralPlaceholders(3, 4, 5)).batch(microbatch_size=1))
+
+    _bad_pairs(tmp_path / "pairs")
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline(TokenEstimation()).shard(0, 1, global_batch_size=2)
+    named = dict(re.findall(r"first (\w+) at (pairs:\S+#\d+):", str(refused.value)))  # reason: address
+    assert "records dropped: missing_image 4, corrupt_image 4;" in str(refused.value), str(refused.value)
+    assert set(named) == {"missing_image", "corrupt_image"}, str(refused.value)
+    assert named["missing_image"].endswith("#0") and named["corrupt_image"].endswith("#1")
+    with pipeline(None).shard(0, 1, global_batch_size=2) as loader:  # read as training reads it
+        with pytest.raises(ConfigurationError, match="handed over no row"):
+            next(iter(loader))
+        examples = loader.stats()["skipped_examples"]["pairs"]
+    for reason, address in named.items():
+        detail = next(e["detail"] for e in examples[reason] if e["address"] == address)
+        assert f"first {reason} at {address}: {detail}" in str(refused.value)
+    assert f"at {named['corrupt_image']}: no image format recognises these bytes" in str(refused.value)
+
+
+def test_an_image_field_holding_paths_is_refused_at_planning_showing_the_path(tmp_path):
+    """LLaVA-style records naming their image by file: every sampled record dropped as
+    not_media_bytes, the refusal said so by count; it shows the first record's path and why
+    decode_images does not open it."""
+    (tmp_path / "llava").mkdir()
+    lines = [json.dumps({"txt": f"picture {i}", "jpg": f"images/{i:03d}.jpg"}) for i in range(8)]
+    (tmp_path / "llava" / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+    source = StaticMixtureWorkSource([Dataset.from_path("llava", str(tmp_path / "llava"))], num_epochs=1,
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    from vlm import PixtralPlaceholders
+
+    pipeline = (Pipeline(source).options(num_lanes=2, runner="inline").decode_images()
+                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>")
+                .pack_multimodal(256, PixtralPlaceholders(3, 4, 5)).batch(microbatch_size=1))
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.shard(0, 1, global_batch_size=2)
+    assert re.search(r"records dropped: not_media_bytes 8; first not_media_bytes at llava:\S+#0: expected encoded "
+                     r"bytes, got the str 'images/000.jpg'; decode_images reads encoded bytes only", str(refused.value))
 
 
 def test_a_wide_record_names_its_first_fields_and_counts_the_rest():
@@ -570,3 +669,25 @@ def test_a_vlm_pipeline_without_a_packer_is_told_of_pack_multimodal_not_only_pac
     pipeline = Pipeline(StaticMixtureWorkSource(datasets)).decode_images().batch(microbatch_size=1)
     with pytest.raises(ConfigurationError, match=r"pack_multimodal\(max_length, placeholders\) for the images"):
         pipeline.shard(0, 1)
+
+
+@pytest.mark.parametrize("decoder", ["decode_images", "decode_video"])
+def test_pack_flat_after_a_decoder_is_refused_before_a_record_is_read(tmp_path, monkeypatch, decoder):
+    """decode_images(...).tokenize(...).pack_flat(...) gave batches of the captions' tokens alone:
+    every decoded image dropped, with no word. The decoders declare the fields they write media
+    to, and pack_flat, which carries none, is refused naming them, before the token estimate or a
+    lane reads a record."""
+    source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(_png_pairs(tmp_path / "pairs")))],
+                                     records_per_chunk=4, token_estimation=TokenEstimation())
+    decode = {"decode_images": lambda p: p.decode_images(output_field="photo"),
+              "decode_video": lambda p: p.decode_video(field="png", output_field="photo")}[decoder]
+    pipeline = (decode(Pipeline(source).options(num_lanes=2, runner="inline"))
+                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>").pack_flat(64).batch(microbatch_size=1))
+    reads = []
+    monkeypatch.setattr(Dataset, "read_chunk", lambda self, *a, **k: reads.append(a))
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.shard(0, 1)
+    assert (f"pack_flat packs token ids alone, but {decoder} writes 'photo': every record's decoded images and "
+            "frames would be dropped from the batches" in str(refused.value)), str(refused.value)
+    assert "pack_multimodal(max_length, placeholders)" in str(refused.value)
+    assert reads == []

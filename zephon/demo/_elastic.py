@@ -3,7 +3,9 @@
 Each rank is a real, separate Python process. The reference run goes uninterrupted; a second run
 stops at the checkpoint step; its ranks' states are merged into one small JSON file; then the
 stream is resumed from that file on several other world sizes and every later global step's
-SHA-256 is compared with the reference.
+SHA-256 is compared with the reference. Each step's digest is `global_batch_digest` of the
+microbatch digests the ranks wrote, so a step missing a rank's part is refused (exit 3), never
+compared.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import combine_digests, merge_states
+from .. import MicrobatchDigest, ZephonError, global_batch_digest, merge_states
 from ..barcode import BarcodeWriter
 from ..cli import check_checkpoint_step, check_resume_layout, usage_error
 from ._recipe import demo_pipeline
 
-RANK_FAILED = 3  # the exit code of a run whose rank process failed (1: batches differ, 2: usage)
+RANK_FAILED = 3  # the exit code of a run whose rank process failed or lacks its part (1: batches differ, 2: usage)
 
 
 def _run_ranks(workdir: Path, tag: str, world_size: int, start: int, stop: int, state: Path | None, args) -> dict:
@@ -46,7 +48,14 @@ def _run_ranks(workdir: Path, tag: str, world_size: int, start: int, stop: int, 
     for result in results:
         for step, entries in result["digests"].items():
             steps.setdefault(int(step), []).extend(entries)
-    digests = {step: combine_digests(d for _, _, d in sorted(entries)) for step, entries in steps.items()}
+    try:
+        digests = {step: global_batch_digest(map(MicrobatchDigest.from_json, entries))
+                   for step, entries in steps.items()}
+    except ZephonError as exc:  # a step missing a rank's part (PartialGlobalBatchError), or holding one twice
+        # A rank that exited 0 without its part of a step failed as surely as one that crashed, and
+        # comparing the digest of the rest would report about the wrong batch: exit 3, not 1.
+        print(f"zephon demo elastic: {tag}: {exc}", file=sys.stderr)
+        raise SystemExit(RANK_FAILED) from None
     return {"digests": digests, "state": merge_states(r["state"] for r in results)}
 
 

@@ -1,7 +1,8 @@
 """One data-parallel rank of the elastic demo, run as its own process.
 
 Reads a JSON job from argv[1], optionally loads a state, consumes global steps [start, stop) and
-writes a JSON result: its microbatch digests per step and its final state.
+writes a JSON result: its microbatches' digests per step (`MicrobatchDigest.as_json()`, what the
+parent checks each global batch by) and its final state.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def main(job_path: str) -> None:
             for _ in range(per_step):
                 batch = next(iterator)
                 assert batch.step == step, f"rank {job['rank']}: expected step {step}, got {batch.step}"
-                digests.setdefault(step, []).append([batch.lane, batch.index, batch.digest()])
+                digests.setdefault(step, []).append(batch.to_digest().as_json())
         result = {"digests": digests, "state": loader.state_dict()}
     with open(job["output"], "w") as f:
         json.dump(result, f)

@@ -15,9 +15,9 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 from .._errors import check_count, check_seed
-from .._field_names import AbsentField
 from .._random import SeededStream
-from .._records import Chunk, ChunkRecords
+from .._records import Chunk, ChunkRecords, RecordAddress
+from .._skip_examples import shown_detail
 
 if TYPE_CHECKING:
     from ..io import Dataset
@@ -33,8 +33,9 @@ class SampleCount(NamedTuple):
 
     tokens: int
     dropped: Mapping[str, int]
-    absent_field: AbsentField | None = None
-    """The chunk's first record dropped for lacking the field a stage reads, with the fields it had."""
+    examples: tuple[tuple[str, RecordAddress, str | Callable[[], str]], ...] = ()
+    """(reason, address, detail) of the chunk's first record skipped for each reason (none for
+    `filtered`), the detail as its stage or packer gave it: a string, or a function making it."""
 
 
 TokenCounter = Callable[[ChunkRecords], "int | SampleCount"]
@@ -57,9 +58,11 @@ class TokenStats:
     tokens_per_byte: float
     dropped: tuple[tuple[str, int], ...] = ()
     """Records of the sample dropped, by a stage or the packer, by reason, most first (where the counter says)."""
-    absent_field: AbsentField | None = None
-    """The sample's first record dropped for lacking a stage's field (where the counter says): the
-    fields of one real record, which a refusal names so a misnamed field needs no shard opened."""
+    examples: tuple[tuple[str, RecordAddress, str], ...] = ()
+    """(reason, address, detail) of the sample's first record skipped for each reason of `dropped`,
+    in its order (where the counter says): the detail in the words `stats()["skipped_examples"]`
+    gives (the fields a record lacking one has, the path in an image field, a decoder's error), which
+    a refusal names so that no shard need be opened to learn why every record was dropped."""
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,15 @@ class TokenEstimation:
         dataset.check_plannable()
         tokens = records = sample_bytes = 0
         dropped: Counter[str] = Counter()
-        absent_field = None
+        examples: dict[str, tuple[RecordAddress, str]] = {}
         for chunk in self._sample_chunks(dataset):
             counted = count_tokens(dataset.read_chunk(chunk, on_error="skip"))
             if isinstance(counted, SampleCount):
                 tokens += counted.tokens
                 dropped.update(counted.dropped)
-                absent_field = absent_field or counted.absent_field
+                for reason, address, detail in counted.examples:
+                    if reason not in examples:  # a detail given as a function is made for the first only
+                        examples[reason] = (address, shown_detail(detail))
             else:
                 tokens += counted
             sample_bytes += dataset.raw_bytes(chunk)
@@ -117,7 +122,7 @@ class TokenEstimation:
             tokens_per_record=per_record,
             tokens_per_byte=per_byte,
             dropped=tuple(dropped.most_common()),
-            absent_field=absent_field,
+            examples=tuple((reason, *examples[reason]) for reason, _ in dropped.most_common() if reason in examples),
         )
 
     def _sample_chunks(self, dataset: Dataset) -> list[Chunk]:

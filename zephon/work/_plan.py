@@ -467,7 +467,8 @@ class MixturePlan:
             found = "no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
             dropped = ", ".join(f"{reason} {count}" for reason, count in stats.dropped)
             why = [f"records dropped: {dropped}"] if dropped else []
-            why += [stats.absent_field.describe()] if stats.absent_field else []
+            why += [f"first {reason} at {address}" + (f": {detail}" if detail else "")
+                    for reason, address, detail in stats.examples]
             raise ConfigurationError(
                 f"dataset {dataset.name!r}: the token estimation sample of {stats.sampled_records} records "
                 f"({whole}) yielded {found}" + (f" ({'; '.join(why)})" if why else "")
