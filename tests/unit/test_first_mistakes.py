@@ -198,13 +198,7 @@ def test_token_ids_stored_as_text_refused_at_planning_name_the_pack_flat_refusal
 
 def _misnamed_images(root, on_error):
     """Pairs whose images are stored as `.image`, while decode_images is told "img"."""
-    root.mkdir()
-    with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(8):
-            for extension, data in (("txt", f"picture {i}".encode()), ("image", encode(gradient(), "PNG"))):
-                info = tarfile.TarInfo(f"k{i:03d}.{extension}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    _png_pairs(root, image_extension="image")
     from vlm import PixtralPlaceholders
 
     source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(root))], num_epochs=1, records_per_chunk=4,
@@ -257,12 +251,13 @@ def test_a_packer_counter_draining_bare_reasons_has_them_counted_not_read_as_rec
         pipeline.shard(0, 1, global_batch_size=2)
 
 
-def _png_pairs(root):
-    """A WebDataset shard of 8 captioned PNGs (`txt`, `png`) in `root`, returned."""
+def _png_pairs(root, image_extension: str = "png"):
+    """A WebDataset shard of 8 captioned PNGs (`txt`, and the image under `image_extension`) in
+    `root`, returned."""
     root.mkdir()
     with tarfile.open(root / "part-0.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
         for i in range(8):
-            for extension, data in (("txt", f"picture {i}".encode()), ("png", encode(gradient(), "PNG"))):
+            for extension, data in (("txt", f"picture {i}".encode()), (image_extension, encode(gradient(), "PNG"))):
                 info = tarfile.TarInfo(f"k{i:03d}.{extension}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
