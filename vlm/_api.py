@@ -34,13 +34,16 @@ def decode_images(
     on_error: str | None = None,
     defer: bool = False,
     datasets: str | list[str] | None = None,
+    paths: bool = False,
 ):
     """Append a `DecodeImages` stage (on_error=None follows the pipeline's policy; `defer=True`
     decodes each image after packing, just before its row is taken: see `vlm._deferred`).
     `datasets` (a name or a list; None: every dataset) limits it to those datasets' records, the
-    others passing unchanged: how image and video datasets are mixed in one pipeline."""
+    others passing unchanged: how image and video datasets are mixed in one pipeline. `paths=True`
+    reads the file an image field's path names (LLaVA-style JSON lines), a relative one beside the
+    record's shard, as `decode_video` does."""
     stage = DecodeImages(field, spec or ImageSpec(), output_field, processor, on_error, keep_source,
-                         parallelism=parallelism, defer=defer, datasets=datasets)
+                         parallelism=parallelism, defer=defer, datasets=datasets, paths=paths)
     return _append_scoped(pipeline, stage)
 
 

@@ -9,8 +9,11 @@ from zephon._errors import ZephonError
 
 __all__ = ["IMAGE_REASONS", "VIDEO_REASONS", "ImageDecodeError", "MediaDecodeError", "VideoDecodeError"]
 
-IMAGE_REASONS = frozenset({"corrupt_image", "truncated_image", "decompression_bomb"})
-"""Every reason `decode_image` can raise with."""
+IMAGE_FILE_REASONS = frozenset({"missing_image_file", "unopenable_image_file"})
+"""The reasons `decode_images(paths=True)` gives a path whose file cannot be read: no image was read."""
+
+IMAGE_REASONS = frozenset({"corrupt_image", "truncated_image", "decompression_bomb", *IMAGE_FILE_REASONS})
+"""Every reason `decode_image` can raise with, and those of an image read from a path."""
 
 VIDEO_FILE_REASONS = frozenset({"missing_video_file", "unopenable_video_file"})
 """The reasons `decode_video` gives a path whose file cannot be opened: no media was read."""
@@ -33,7 +36,8 @@ class MediaDecodeError(ZephonError):
 
 
 class ImageDecodeError(MediaDecodeError):
-    """An image was corrupt, truncated or a decompression bomb (see `IMAGE_REASONS`)."""
+    """An image was corrupt, truncated or a decompression bomb, or its path named no file or one
+    that cannot be read (see `IMAGE_REASONS`)."""
 
 
 class VideoDecodeError(MediaDecodeError):

@@ -11,11 +11,12 @@ takes it, and a `pack_flat` after it is refused (it would drop the pixels).
 A record that cannot be decoded is dropped and reported in `skipped` with its reason
 (missing_image / missing_video when no candidate field is present or a video field holds an
 empty list, several_videos when it holds more than one, not_media_bytes when the field holds
-something other than encoded bytes (or, for a video, a path), unresolvable_path when a video's
-relative path is in a shard that is not an absolute local path, the decode error's reason, or
-processor_error), or, with `on_error="raise"`, fails with `BadRecordError` naming its address.
-A video path whose file cannot be opened (missing_video_file, unopenable_video_file) has its
-detail name the path as the record writes it and the shard it was resolved beside.
+something other than encoded bytes (or, for a video, or an image with `paths=True`, a path),
+unresolvable_path when such a relative path is in a shard that is not an absolute local path,
+the decode error's reason, or processor_error), or, with `on_error="raise"`, fails with
+`BadRecordError` naming its address. A path whose file cannot be opened (missing_video_file,
+unopenable_video_file, missing_image_file, unopenable_image_file) has its detail name the path
+as the record writes it and the shard it was resolved beside.
 
 Thread-safety: stages hold no mutable state; a user's image processor must itself be safe to
 call from several threads when the thread runner runs this stage with parallelism > 1
@@ -39,10 +40,10 @@ from zephon._fingerprint import stable_description
 from zephon._records import ChunkRecords, RecordAddress
 from zephon._sha256 import sha256
 
-from ._errors import VIDEO_FILE_REASONS, MediaDecodeError, VideoDecodeError
+from ._errors import VIDEO_FILE_REASONS, ImageDecodeError, MediaDecodeError, VideoDecodeError
 from ._deferred import DeferredImage
 from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
-from ._paths import as_the_record_names_it, resolve_beside_shard
+from ._paths import as_the_record_names_it, read_image_file, resolve_beside_shard
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, decode_video
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "require_decoder",
@@ -131,9 +132,10 @@ def _items(value: Any, allow_paths: bool) -> tuple[list[Any], bool]:
 
 
 def _unwrap(value: Any, allow_paths: bool) -> Any:
-    """The media in one item: its bytes, or where paths are allowed (video) its path, bare or
-    as a Hugging Face struct holding only a path ({"bytes": None, "path": ...}, a local file's
-    row): one path, read alike whichever form carries it."""
+    """The media in one item: its bytes, or where paths are allowed (video, images with
+    `paths=True`) its path, bare or as a Hugging Face struct holding only a path
+    ({"bytes": None, "path": ...}, a local file's row): one path, read alike whichever form
+    carries it."""
     if isinstance(value, dict):
         if value.get("bytes") is not None:
             value = value["bytes"]
@@ -155,10 +157,29 @@ def _unwrap(value: Any, allow_paths: bool) -> Any:
 # What an image field holding a path is told: LLaVA-style JSON names its images by file, which a
 # user otherwise meets as `not_media_bytes` on every record with no way on.
 _IMAGE_PATHS_UNREAD = (
-    "decode_images reads encoded bytes only, never a path (decode_video opens paths): store each image's bytes "
-    "in the data (a WebDataset member, a Parquet binary column or an Image struct's bytes), or read the file into "
-    "the field with a map before decode_images"
+    "decode_images reads encoded bytes unless given paths=True: decode_images(paths=True) reads the file a path "
+    "names (a relative one beside the record's shard), or store each image's bytes in the data"
 )
+
+
+def _resolve(path: str | os.PathLike, address: RecordAddress) -> str:
+    """`path` resolved beside the record's shard (`vlm._paths`), or skipped as unresolvable_path."""
+    resolved = resolve_beside_shard(path, address.shard)
+    if resolved is None:
+        raise _Skip("unresolvable_path", f"the relative path {os.fspath(path)!r} is in the shard "
+                    f"{address.shard}, not an absolute local path: no directory to resolve it from")
+    return resolved
+
+
+def _image_bytes(item: Any, address: RecordAddress) -> bytes | bytearray | memoryview:
+    """An image item's encoded bytes: as held, or read from the file its path names, a failure to
+    read it naming the path as the record writes it and the shard it was resolved beside."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return item
+    try:
+        return read_image_file(_resolve(item, address))
+    except ImageDecodeError as exc:
+        raise ImageDecodeError(exc.reason, f"{exc.detail}; {as_the_record_names_it(item, address.shard)}") from None
 
 
 def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
@@ -265,6 +286,20 @@ class DecodeImages:
     `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just
     before the loader takes the row (see `vlm._deferred`; same pixels, a fraction of the memory).
 
+    With `paths=True` an item may also be a path, bare or as a Hugging Face struct
+    {"bytes": None, "path": ...} (LLaVA-style JSON lines name their images by file): the file is
+    read here, a relative path beside the record's shard as `DecodeVideo` resolves one
+    (unresolvable_path in a remote shard), and its bytes are decoded as if the record held them.
+    No file there is skipped as `missing_image_file`, what cannot be read as a file (a directory,
+    permission denied, a FIFO) as `unopenable_image_file`. With `defer=True` too, the
+    `DeferredImage` holds the bytes read, not the path: the file is read once a pass, the header
+    probed and the pixels decoded are of the same bytes (a file replaced between two reads would
+    give pixels the planned grid does not fit), and what crosses to the process runner's worker is
+    bytes it need not find on its own; the cost is the encoded bytes waiting in buffers, the memory
+    `defer` is designed around. Off by default: without it a path is skipped as `not_media_bytes`,
+    and reading it instead would change which records an existing recipe keeps; on, it enters the
+    fingerprint.
+
     `datasets` (None: every dataset) names the datasets whose records this stage decodes; the
     records of the others pass unchanged (see `_apply`), so that a `decode_video` scoped to the
     video datasets of the mixture decodes their records.
@@ -280,12 +315,14 @@ class DecodeImages:
     parallelism: int = 1
     defer: bool = False
     datasets: tuple[str, ...] | None = None
+    paths: bool = False
     name: str = "decode_images"
     kind = "record"
 
     def __post_init__(self) -> None:
         require_decoder("PIL", "decode_images")
-        _check_common(self, ImageSpec, flags=("keep_source", "defer"), names=("output_field", "grid_field"))
+        _check_common(self, ImageSpec, flags=("keep_source", "defer", "paths"),
+                      names=("output_field", "grid_field"))
         if self.defer and self.processor is not None:
             raise ConfigurationError("decode_images: defer=True decodes with the ImageSpec after packing; "
                                      "an image processor's output cannot be deferred")
@@ -305,11 +342,16 @@ class DecodeImages:
         return dataclasses.replace(self, on_error="skip")
 
     def fingerprint(self) -> dict:
-        return _with_scope(self, {
+        """The recipe's record of this stage; `paths` is in it only when on, so a recipe written
+        before the option existed keeps its digests and its checkpoints resume."""
+        fingerprint = _with_scope(self, {
             "op": self.name, "field": list(self.field), "spec": _describe(self.spec),
             "output_field": self.output_field, "processor": _describe(self.processor),
             "keep_source": self.keep_source, "grid_field": self.grid_field, "defer": self.defer,
         })
+        if self.paths:
+            fingerprint["paths"] = True
+        return fingerprint
 
     @property
     def media_fields(self) -> tuple[str, ...]:
@@ -326,11 +368,13 @@ class DecodeImages:
         return int(rows.shape[1]), rows.dtype
 
     def __call__(self, batch: ChunkRecords) -> ChunkRecords:
-        return _apply(self, batch, lambda record, _address: self._decode_record(record))
+        return _apply(self, batch, self._decode_record)
 
-    def _decode_record(self, record: dict) -> dict:
+    def _decode_record(self, record: dict, address: RecordAddress) -> dict:
         name, value = _first_present(record, self.field, "missing_image")
-        items, single = _items(value, allow_paths=False)
+        items, single = _items(value, allow_paths=self.paths)
+        if self.paths:
+            items = [_image_bytes(item, address) for item in items]
         out = dict(record)
         if not self.keep_source:
             del out[name]
@@ -427,10 +471,7 @@ class DecodeVideo:
         if isinstance(video, (bytes, bytearray, memoryview)):
             out[self.output_field] = decode_video(video, self.spec)
             return out
-        path = resolve_beside_shard(video, address.shard)
-        if path is None:
-            raise _Skip("unresolvable_path", f"the relative path {os.fspath(video)!r} is in the shard "
-                        f"{address.shard}, not an absolute local path: no directory to resolve it from")
+        path = _resolve(video, address)
         try:
             out[self.output_field] = decode_video(path, self.spec)
         except VideoDecodeError as exc:

@@ -50,6 +50,7 @@ from zephon._errors import ConfigurationError, check_count, check_finite
 from ._errors import VideoDecodeError
 from ._image import DEFAULT_SPEC, ImageSpec, image_grid
 from ._matroska import HEAD_BYTES, cut_short
+from ._paths import open_media_file
 
 __all__ = ["VideoSpec", "decode_video", "sample_times"]
 
@@ -135,32 +136,20 @@ def _open(source):
 
 def _unopenable_file(path: str) -> VideoDecodeError | None:
     """Why no media could be read at `path`, asked of the OS once FFmpeg has failed to open it:
-    missing_video_file where no file is there, unopenable_video_file where something is there
-    that cannot be opened as a file (a directory, permission denied, a symlink loop, a name holding
-    a NUL), corrupt_video saying so where the file holds 0 bytes (FFmpeg's words, "Invalid data",
-    sent the user looking for damage), None when the file opens and holds bytes, so that FFmpeg's
-    failure was about them (corrupt_video).
+    missing_video_file or unopenable_video_file where the OS cannot open a file there
+    (`vlm._paths.open_media_file`), corrupt_video saying so where the file holds 0 bytes (FFmpeg's
+    words, "Invalid data", sent the user looking for damage), None when the file opens and holds
+    bytes, so that FFmpeg's failure was about them (corrupt_video).
 
     A missing file is no damaged media: counted as corrupt_video, it sent an operator looking for
-    damage when a copy had left out a folder. The OS decides, not FFmpeg's error code, which a
-    demuxer may also return for bad bytes (EPERM, EINVAL), so a damaged file is never called
-    missing. Only on this failure path: a video that opens pays nothing for it.
+    damage when a copy had left out a folder. Only on this failure path: a video that opens pays
+    nothing for it.
     """
-    if "\x00" in path:  # the OS is not asked: it refuses such a name with a ValueError, not an OSError
-        return VideoDecodeError("unopenable_video_file", f"{path!r} holds a NUL character, which no file name can")
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO with no writer
-    except (FileNotFoundError, NotADirectoryError) as exc:  # no such name, or a parent that is a file
-        return VideoDecodeError("missing_video_file", f"no file at {path!r} ({type(exc).__name__}: {exc.strerror})")
-    except OSError as exc:
-        return VideoDecodeError("unopenable_video_file",
-                                f"{path!r} cannot be opened ({type(exc).__name__}: {exc.strerror})")
-    try:
-        status = os.fstat(descriptor)
-    finally:
-        os.close(descriptor)
-    if stat.S_ISDIR(status.st_mode):
-        return VideoDecodeError("unopenable_video_file", f"{path!r} is a directory, not a file")
+        descriptor, status = open_media_file(path, "video", VideoDecodeError)
+    except VideoDecodeError as exc:
+        return exc
+    os.close(descriptor)
     if stat.S_ISREG(status.st_mode) and status.st_size == 0:
         return VideoDecodeError("corrupt_video", _EMPTY.format(f"the file at {path!r}"))
     return None

@@ -238,3 +238,34 @@ def test_vlm_readme_recipe_mixing_photos_and_clips_runs_as_printed_and_packs_bot
         skipped = {name: entry["total"].get("skipped", {}) for name, entry in loader.stats()["datasets"].items()}
     assert documents["photos"] > 0 and documents["clips"] > 0, documents
     assert not skipped["clips"] and set(skipped["photos"]) <= {"missing_image"}, skipped
+
+
+@requires_torch
+def test_vlm_readme_recipe_for_images_named_by_path_runs_as_printed_and_reads_them_beside_the_shard(
+        tmp_path, monkeypatch):
+    """vlm/README.md's "Images named by path" block, in a directory holding `llava/` as it names it
+    (JSON Lines naming their images, the images beside them), with the pairs block's Tekken
+    tokenizer and placeholders, run from another directory: its rows hold the images, and the one
+    record whose files are not there is counted as such."""
+    from tests.unit.test_vlm_image_paths import write_corpus
+    from vlm import ImageSpec, PixtralPlaceholders
+    from vlm._assets import tekken_tokenizer
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    [block] = [b for b in python_blocks("vlm/README.md") if '"llava/"' in b]
+    write_corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    tokenizer = str(tekken_tokenizer())
+    namespace = {"tokenizer": tokenizer, "placeholders": PixtralPlaceholders.from_tokenizer(tokenizer),
+                 "Dataset": Dataset, "Pipeline": Pipeline, "StaticMixtureWorkSource": StaticMixtureWorkSource,
+                 "ImageSpec": ImageSpec}
+    exec(compile(block, "vlm/README.md", "exec"), namespace)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with namespace["pipeline"].shard(0, 1, global_batch_size=2) as loader:
+        images = [int(batch.ragged_counts["image_grid"].sum()) for _, batch in zip(range(6), loader)]
+        skipped = loader.stats()["datasets"]["llava"]["total"].get("skipped", {})
+    assert all(images) and sum(images) >= 6, images
+    assert set(skipped) <= {"missing_image_file"}, skipped

@@ -351,8 +351,8 @@ def test_a_sample_without_a_token_is_refused_naming_each_reasons_first_record_as
 
 def test_an_image_field_holding_paths_is_refused_at_planning_showing_the_path(tmp_path):
     """LLaVA-style records naming their image by file: every sampled record dropped as
-    not_media_bytes, the refusal said so by count; it shows the first record's path and why
-    decode_images does not open it."""
+    not_media_bytes, the refusal said so by count; it shows the first record's path and that
+    decode_images opens it only with paths=True."""
     (tmp_path / "llava").mkdir()
     lines = [json.dumps({"txt": f"picture {i}", "jpg": f"images/{i:03d}.jpg"}) for i in range(8)]
     (tmp_path / "llava" / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
@@ -366,7 +366,8 @@ def test_an_image_field_holding_paths_is_refused_at_planning_showing_the_path(tm
     with pytest.raises(ConfigurationError) as refused:
         pipeline.shard(0, 1, global_batch_size=2)
     assert re.search(r"records dropped: not_media_bytes 8; first not_media_bytes at llava:\S+#0: expected encoded "
-                     r"bytes, got the str 'images/000.jpg'; decode_images reads encoded bytes only", str(refused.value))
+                     r"bytes, got the str 'images/000.jpg'; decode_images reads encoded bytes unless given paths=True",
+                     str(refused.value))
 
 
 def test_a_wide_record_names_its_first_fields_and_counts_the_rest():

@@ -380,7 +380,7 @@ def test_a_relative_video_path_where_the_shard_is_not_a_local_file_is_skipped_as
 
 
 def test_a_hugging_face_image_struct_holding_only_a_path_is_skipped_naming_the_path():
-    """Images are read from bytes only (vlm/README.md): the skip says why, not "got dict"."""
+    """Images are read from bytes unless `paths=True` (vlm/README.md): the skip says why, not "got dict"."""
     with pytest.raises(BadRecordError, match=r"not_media_bytes.*holds no bytes, only the path 'x/y.jpg'"):
         DecodeImages(on_error="raise")(chunk_of([{"jpg": {"bytes": None, "path": "x/y.jpg"}}]))
 
@@ -388,14 +388,14 @@ def test_a_hugging_face_image_struct_holding_only_a_path_is_skipped_naming_the_p
 @pytest.mark.parametrize("value", ["images/a.jpg", {"bytes": None, "path": "images/a.jpg"}], ids=["bare", "struct"])
 def test_an_image_path_is_skipped_saying_images_are_read_from_bytes_and_how_to_get_them_there(value):
     """A LLaVA-style JSON line naming its image by file ({"image": "images/a.jpg"}) was skipped as
-    `expected encoded bytes, got str`: not which path, nor that decode_video opens paths and
-    decode_images does not, nor what to do, so a user looked for a missing file that was there."""
+    `expected encoded bytes, got str`: not which path, nor that decode_images reads paths only when
+    asked, so a user looked for a missing file that was there."""
     with pytest.raises(BadRecordError) as raised:
         DecodeImages("image", on_error="raise")(chunk_of([{"image": value}]))
     assert raised.value.reason == "not_media_bytes"
     assert "'images/a.jpg'" in raised.value.detail
-    assert "decode_images reads encoded bytes only, never a path" in raised.value.detail
-    assert "read the file into the field with a map before decode_images" in raised.value.detail
+    assert "decode_images reads encoded bytes unless given paths=True" in raised.value.detail
+    assert "decode_images(paths=True) reads the file a path names" in raised.value.detail
 
 
 @pytest.mark.parametrize("stage,module,package", [(DecodeImages, "PIL", "Pillow"), (DecodeVideo, "av", "PyAV")])

@@ -18,6 +18,7 @@ from tests.unit.test_vlm_assets import make_video, real_file
 from tests.unit.test_vlm_pipeline import _video_paths_pipeline
 import vlm._video
 from vlm import VIDEO_REASONS, DecodeVideo, ImageSpec, VideoDecodeError, VideoSpec, decode_video, sample_times
+from vlm._errors import VIDEO_FILE_REASONS
 from vlm._video import _choose_frames, _index
 from zephon._errors import BadRecordError, ConfigurationError
 from zephon._records import Chunk, ChunkRecords, RecordAddress
@@ -456,14 +457,15 @@ def test_a_damaged_video_is_refused_alike_whatever_the_cpus_the_decoder_may_use(
 
 def test_video_reasons_list_exactly_the_reasons_decode_video_raises():
     """VIDEO_REASONS is what a user matches the ledger's skip reasons against: read from the
-    module's source, every `VideoDecodeError(reason, ...)` it raises, and nothing else."""
+    module's source, every `VideoDecodeError(reason, ...)` it raises, and the file reasons the
+    OS's verdict on a path gives (`vlm._paths.open_media_file`, shared with images), nothing else."""
     tree = ast.parse(Path(vlm._video.__file__).read_text())
     raised = {
         node.args[0].value
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "VideoDecodeError"
     }
-    assert raised == VIDEO_REASONS
+    assert raised | VIDEO_FILE_REASONS == VIDEO_REASONS and not raised & VIDEO_FILE_REASONS
 
 
 @pytest.mark.parametrize("bad,field", [
