@@ -578,7 +578,9 @@ _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
     """Refuses a bad setting; returns (max_length, max_open_rows) as plain ints. The sizes are
     checked as pack_flat checks its own (`check_count`): a bool is refused, not taken as 1, and a
-    NumPy integer is taken, as a plain int, so that the fingerprint holds the number."""
+    NumPy integer is taken, as a plain int, so that the fingerprint holds the number. `mrope` is
+    checked before the spec: with Pixtral's placeholders a Qwen spec merges unlike them too, and
+    that refusal hid the one saying what was meant."""
     max_length = check_count(max_length, "pack_multimodal: max_length")
     if image_position not in IMAGE_POSITIONS:
         raise ConfigurationError(f"pack_multimodal: image_position must be one of {IMAGE_POSITIONS}, "
@@ -587,6 +589,13 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec, mro
     if not isinstance(placeholders, Placeholders):
         raise ConfigurationError(f"pack_multimodal: placeholders must be a Placeholders convention "
                                  f"(PixtralPlaceholders, QwenPlaceholders), got {type(placeholders).__name__}")
+    if not isinstance(mrope, bool):
+        raise ConfigurationError(f"pack_multimodal: mrope must be True or False, got {mrope!r}")
+    if mrope and not isinstance(placeholders, QwenPlaceholders):
+        # The positions follow Qwen2-VL's layout (start token, merged cells, end token); another
+        # convention's tokens would be given positions its model does not compute.
+        raise ConfigurationError(f"pack_multimodal: mrope=True gives Qwen2-VL's rotary positions and needs "
+                                 f"QwenPlaceholders, got {type(placeholders).__name__}")
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
     if placeholders.merge_size != spec.merge_size:
@@ -598,13 +607,6 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec, mro
             f"before pack_multimodal ({_PRESETS.get(type(placeholders).__name__, f'ImageSpec(merge_size={m})')}), "
             f"or give placeholders of merge_size={spec.merge_size}"
         )
-    if not isinstance(mrope, bool):
-        raise ConfigurationError(f"pack_multimodal: mrope must be True or False, got {mrope!r}")
-    if mrope and not isinstance(placeholders, QwenPlaceholders):
-        # The positions follow Qwen2-VL's layout (start token, merged cells, end token); another
-        # convention's tokens would be given positions its model does not compute.
-        raise ConfigurationError(f"pack_multimodal: mrope=True gives Qwen2-VL's rotary positions and needs "
-                                 f"QwenPlaceholders, got {type(placeholders).__name__}")
     return max_length, max_open_rows
 
 
