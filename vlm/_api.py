@@ -87,31 +87,21 @@ def pack_multimodal(
     max_open_rows: int = 16,
     mrope: bool = False,
 ):
-    """Append a `PackMultimodal` accumulator. `spec` defaults to the last `decode_images` stage's,
-    the patch layout (dim, dtype) to what that stage produces (its processor's, if any), and
-    `pixels_field` (and the grid field) to the fields that stage writes ("pixels" without one).
+    """Append a `PackMultimodal` accumulator, bound to the stages before it
+    (`PackMultimodal.bound_to`, which the loader calls again for a packer given to
+    `Pipeline.apply`): `spec` defaults to the last decoder's (`decode_images`', or `decode_video`'s
+    `VideoSpec.image`), the patch layout (dim, dtype) to what that stage produces (its processor's,
+    if any), and `pixels_field` (and the grid field) to the fields that stage writes ("pixels"
+    without one); a `spec` cutting other patches than that decoder's is refused.
     `image_position="after_bos"` puts a document's images after its first token, taken to be the
     BOS: refused after a `tokenize` of `field` that adds none. What comes before the packer is
-    checked as it is built (`PackMultimodal.check_record_operators`). A record that holds
-    `offsets_field` has its images placed where that list says, whatever `image_position`.
-    `mrope=True` (with `QwenPlaceholders`) adds `mrope_position_ids` to every row: the (temporal,
-    height, width) rotary positions a Qwen2-VL-family model would compute itself (`vlm._mrope`)."""
-    decoder = next((op for op in reversed(pipeline.operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
-    if pixels_field is None:
-        pixels_field = decoder.output_field if decoder is not None else "pixels"
-    grid_field = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
-    if spec is None:
-        spec = decoder.spec if isinstance(decoder, DecodeImages) else (
-            decoder.spec.image if isinstance(decoder, DecodeVideo) else ImageSpec())
-    patch_dim = patch_dtype = None
-    if isinstance(decoder, DecodeImages) and decoder.processor is not None:
-        dim, dtype = decoder.patch_layout()
-        patch_dim, patch_dtype = dim, dtype.str
+    checked as it is built. A record that holds `offsets_field` has its images placed where that
+    list says, whatever `image_position`. `mrope=True` (with `QwenPlaceholders`) adds
+    `mrope_position_ids` to every row: the (temporal, height, width) rotary positions a
+    Qwen2-VL-family model would compute itself (`vlm._mrope`)."""
     packer = PackMultimodal(
-        max_length, placeholders, spec, pad_id, image_position, field, pixels_field, grid_field,
-        offsets_field=offsets_field, max_open_rows=max_open_rows, patch_dim=patch_dim, patch_dtype=patch_dtype,
-        mrope=mrope,
+        max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
+        offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,
     )
-    # Refused now, as the pipeline is built; the loader checks again as it binds, for a packer applied.
-    packer.check_record_operators(pipeline.record_operators())
-    return pipeline.apply(packer)
+    # Refused now, as the pipeline is built; the loader binds it again, as it binds a packer applied.
+    return pipeline.apply(packer.bound_to(pipeline.record_operators()))

@@ -57,6 +57,11 @@ class DeferredImage:
         p = self.spec.patch_size
         return self.grid[0] * p, self.grid[1] * p, 3
 
+    @property
+    def dtype(self) -> np.dtype:
+        """uint8, what `decode()` returns: with `shape`, how a packer refusing the image describes it."""
+        return np.dtype(np.uint8)
+
     def decode(self) -> np.ndarray:
         """(H, W, 3) uint8 on the planned grid; `ImageDecodeError` if the bytes do not give it."""
         pixels = decode_image(self.data, self.spec, probed=True)  # `grid` came from probe_image

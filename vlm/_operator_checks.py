@@ -1,10 +1,12 @@
 """The record operators before a multimodal packer, checked and read before any record is read.
 
-`PackMultimodal.check_record_operators` refuses what it could not pack as meant; the loader calls
-it as it binds a pipeline (for a packer given to `Pipeline.apply`, which no builder saw), and
-`pack_multimodal` calls it as it builds, so both ways fail alike and as early. `deferred_policy`
-reads from the same operators whether the packer's rows carry images `decode_images(defer=True)`
-left encoded, which the packer's `row_work` then decodes.
+`PackMultimodal.bound_to` takes from them the settings the packer was not given
+(`followed_settings`: the last decoder's spec, fields and patch layout) and refuses what it could
+not pack as meant (`check_operators_before`); the loader calls it as it binds a pipeline (for a
+packer given to `Pipeline.apply`, which no builder saw), and `pack_multimodal` calls it as it
+builds, so both ways pack alike and fail alike and as early. `deferred_policy` reads from the same
+operators whether the packer's rows carry images `decode_images(defer=True)` left encoded, which
+the packer's `row_work` then decodes.
 """
 
 from __future__ import annotations
@@ -12,15 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from zephon._errors import ConfigurationError
 from zephon._record_ops import TokenizeOp
 
+from ._image import DEFAULT_SPEC, ImageSpec
 from ._stages import DecodeImages, DecodeVideo
 
 if TYPE_CHECKING:
     from ._packing import PackMultimodal
 
-__all__ = ["check_operators_before", "deferred_policy"]
+__all__ = ["check_operators_before", "deferred_policy", "followed_settings"]
 
 # Operators that write no field but their own `output_field` (a filter writes none): a pipeline of
 # only these holds no pixels but a decoder's and no token ids but a tokenize's. A map or a plugin's
@@ -28,10 +33,34 @@ __all__ = ["check_operators_before", "deferred_policy"]
 _WRITE_ONLY_THEIR_OUTPUT = frozenset({"decode_images", "decode_video", "tokenize", "filter"})
 
 
+def followed_settings(packer: PackMultimodal, operators: Sequence[object]) -> dict[str, object]:
+    """{setting: value} for the settings `packer` left None, from the last decoder among the record
+    `operators` (in pipeline order): its spec (a clip's `VideoSpec.image`) and output field, and an
+    image processor's grid field and patch layout. Without a decoder: `ImageSpec()`, "pixels",
+    "image_grid"; without a processor the patch layout stays None, the spec's uint8 patches. What
+    `pack_multimodal` always took, so its recipes keep their fingerprints."""
+    decoder = _last_decoder(operators)
+    out: dict[str, object] = {}
+    if packer.spec is None:
+        out["spec"] = DEFAULT_SPEC if decoder is None else _image_spec(decoder)
+    if packer.pixels_field is None:
+        out["pixels_field"] = "pixels" if decoder is None else decoder.output_field
+    if packer.grid_field is None:
+        out["grid_field"] = decoder.grid_field if isinstance(decoder, DecodeImages) else "image_grid"
+    if _processor_of(decoder) is not None and (packer.patch_dim is None or packer.patch_dtype is None):
+        dim, dtype = decoder.patch_layout()
+        if packer.patch_dim is None:
+            out["patch_dim"] = dim
+        if packer.patch_dtype is None:
+            out["patch_dtype"] = dtype.str
+    return out
+
+
 def check_operators_before(packer: PackMultimodal, operators: Sequence[object]) -> None:
-    """Refuse the record `operators` (in pipeline order) that `packer` could not pack as meant:
-    a pixels field no decoder writes, decoders writing it that share a dataset or cut different
-    patches or whose processor merges unlike the placeholders, `after_bos` without a BOS, and
+    """Refuse the record `operators` (in pipeline order) that `packer` (bound: its settings given
+    or followed) could not pack as meant: a pixels field no decoder writes, decoders writing it
+    that share a dataset or cut different patches or whose processor merges unlike the
+    placeholders, `after_bos` without a BOS, a setting given against the decoder it follows, and
     deferred decoders with different error policies."""
     if packer.image_position == "after_bos":
         _check_bos(operators, packer.field)
@@ -43,6 +72,7 @@ def check_operators_before(packer: PackMultimodal, operators: Sequence[object]) 
     decoders = [op for op in operators if isinstance(op, (DecodeImages, DecodeVideo))]
     if decoders:
         _check_processor_merge(decoders[-1], packer.placeholders)
+        _check_given_settings(packer, decoders[-1])
     deferred_policy(operators)
 
 
@@ -182,4 +212,59 @@ def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
         merged = f" merged {merge}x{merge}" if isinstance(merge, int) else ""
         return f"its image processor's patch rows of {dim} {dtype}{merged}, grids in {decoder.grid_field!r}"
     spec = decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
+    return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"
+
+
+def _last_decoder(operators: Sequence[object]) -> DecodeImages | DecodeVideo | None:
+    """The decoder whose settings the packer follows: the last, as `pack_multimodal` always took."""
+    return next((op for op in reversed(operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
+
+
+def _image_spec(decoder: DecodeImages | DecodeVideo) -> ImageSpec:
+    return decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
+
+
+def _processor_of(decoder: DecodeImages | DecodeVideo | None):
+    return decoder.processor if isinstance(decoder, DecodeImages) else None
+
+
+def _check_given_settings(packer: PackMultimodal, decoder: DecodeImages | DecodeVideo) -> None:
+    """Refuse a spec, grid field or patch layout of `packer` that contradicts `decoder`, the last,
+    whose settings it follows where it was given none: one given is not overridden, since the user
+    meant it, nor followed, since the batches would be wrong unsaid (a 16 px spec after a 14 px
+    decoder read a 224 px image as 14x14 patches of 16 px, 196 image tokens for its 256). Decided
+    only where the decoder writes the packer's pixels field (a map may write another, from
+    anything); a spec is not compared where an image processor cuts the patches."""
+    if decoder.output_field != packer.pixels_field:
+        return
+    given = (packer.spec.patch_dim if packer.patch_dim is None else packer.patch_dim,
+             np.dtype(np.uint8 if packer.patch_dtype is None else packer.patch_dtype))
+    wrong = []
+    if _processor_of(decoder) is None:
+        spec, theirs = packer.spec, _image_spec(decoder)
+        layout = theirs.patch_dim, np.dtype(np.uint8)
+        if (spec.patch_size, spec.merge_size) != (theirs.patch_size, theirs.merge_size):
+            wrong.append(f"its spec cuts {_cut(spec)} where the decoder's cuts {_cut(theirs)}")
+        elif given != layout:
+            wrong.append(f"its patch_dim/patch_dtype give {given[0]} {given[1]} where the decoder's pixels "
+                         f"make {layout[0]} {layout[1]}")
+    else:
+        layout = decoder.patch_layout()
+        if packer.grid_field != decoder.grid_field:
+            wrong.append(f"it reads grid_field={packer.grid_field!r} where the decoder writes its grids to "
+                         f"{decoder.grid_field!r}")
+        if given != layout:
+            wrong.append(f"its patch_dim/patch_dtype give {given[0]} {given[1]} where the decoder's image "
+                         f"processor makes {layout[0]} {layout[1]}")
+    if wrong:
+        raise ConfigurationError(
+            f"{packer.name} was given settings against {_scoped_name(decoder)}, whose images it packs: "
+            f"{'; '.join(wrong)}. It would read those images otherwise than they were cut: as another grid "
+            "of patches, with the wrong number of image tokens, unsaid, or failing as the data flows. Leave the "
+            "packer's spec, grid_field, patch_dim and patch_dtype unset (None) and it follows the decoder's, as "
+            "pack_multimodal does, or give the decoder the same"
+        )
+
+
+def _cut(spec: ImageSpec) -> str:
     return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"

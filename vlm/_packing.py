@@ -66,7 +66,7 @@ from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
-from ._operator_checks import check_operators_before, deferred_policy
+from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import Placeholders, QwenPlaceholders
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
@@ -77,6 +77,11 @@ _SHORT_TEXT = 128
 """Texts up to this many tokens are searched for placeholder ids as a list (see
 `MultimodalPacker._holds_a_placeholder`): with 3 ids the two ways cost the same at 200-250
 tokens, on 3.11 and 3.14t alike (6 and 9-12 µs at 128)."""
+
+_UNSET_UNTIL_BOUND = ("spec", "pixels_field", "grid_field")
+"""The settings of a `PackMultimodal` that None leaves to its decoder and that have no value until
+it is bound (`patch_dim` and `patch_dtype` left None follow it too, but None is a layout of their
+own: the spec's uint8 patches)."""
 
 _NO_TEXT = np.empty(0, dtype=np.int32)
 """The text of a document that is images alone (read-only: shared by every such document)."""
@@ -578,7 +583,10 @@ _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
     """Refuses a bad setting; returns (max_length, max_open_rows) as plain ints. The sizes are
     checked as pack_flat checks its own (`check_count`): a bool is refused, not taken as 1, and a
-    NumPy integer is taken, as a plain int, so that the fingerprint holds the number."""
+    NumPy integer is taken, as a plain int, so that the fingerprint holds the number. `mrope` is
+    checked before the spec: with Pixtral's placeholders a Qwen spec merges unlike them too, and
+    that refusal hid the one saying what was meant. A `spec` of None (a `PackMultimodal`'s, left to
+    follow its decoder) is checked once the packer is bound (`PackMultimodal.bound_to`)."""
     max_length = check_count(max_length, "pack_multimodal: max_length")
     if image_position not in IMAGE_POSITIONS:
         raise ConfigurationError(f"pack_multimodal: image_position must be one of {IMAGE_POSITIONS}, "
@@ -587,6 +595,20 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec, mro
     if not isinstance(placeholders, Placeholders):
         raise ConfigurationError(f"pack_multimodal: placeholders must be a Placeholders convention "
                                  f"(PixtralPlaceholders, QwenPlaceholders), got {type(placeholders).__name__}")
+    if not isinstance(mrope, bool):
+        raise ConfigurationError(f"pack_multimodal: mrope must be True or False, got {mrope!r}")
+    if mrope and not isinstance(placeholders, QwenPlaceholders):
+        # The positions follow Qwen2-VL's layout (start token, merged cells, end token); another
+        # convention's tokens would be given positions its model does not compute.
+        raise ConfigurationError(f"pack_multimodal: mrope=True gives Qwen2-VL's rotary positions and needs "
+                                 f"QwenPlaceholders, got {type(placeholders).__name__}")
+    if spec is not None:
+        _check_spec(spec, placeholders)
+    return max_length, max_open_rows
+
+
+def _check_spec(spec, placeholders: Placeholders) -> None:
+    """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
     if placeholders.merge_size != spec.merge_size:
@@ -598,14 +620,6 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec, mro
             f"before pack_multimodal ({_PRESETS.get(type(placeholders).__name__, f'ImageSpec(merge_size={m})')}), "
             f"or give placeholders of merge_size={spec.merge_size}"
         )
-    if not isinstance(mrope, bool):
-        raise ConfigurationError(f"pack_multimodal: mrope must be True or False, got {mrope!r}")
-    if mrope and not isinstance(placeholders, QwenPlaceholders):
-        # The positions follow Qwen2-VL's layout (start token, merged cells, end token); another
-        # convention's tokens would be given positions its model does not compute.
-        raise ConfigurationError(f"pack_multimodal: mrope=True gives Qwen2-VL's rotary positions and needs "
-                                 f"QwenPlaceholders, got {type(placeholders).__name__}")
-    return max_length, max_open_rows
 
 
 def _check_pad_id(pad_id: object, placeholders: Placeholders) -> int:
@@ -655,20 +669,24 @@ class PackMultimodal:
     Follows the core's accumulator-operator shape (`kind`, `name`, `field`, `max_length`,
     `factory(default_pad_id)`, `fingerprint(default_pad_id)`), so `Pipeline.apply` takes it. Its
     packers emit `RowPlan`s, which the loader assembles as it takes them into microbatches.
-    `pad_id=None` uses the pipeline's default pad id. After `decode_images(defer=True)` its
-    `row_work` decodes the deferred images, read from the record operators before it, so a packer
-    given to `Pipeline.apply` decodes them as one `pack_multimodal` built does.
+    `pad_id=None` uses the pipeline's default pad id. `spec`, `pixels_field`, `grid_field`,
+    `patch_dim` and `patch_dtype` left None follow the last decoder before the packer, as
+    `pack_multimodal` has them follow it (`bound_to`; without a decoder: `ImageSpec()`, "pixels",
+    "image_grid", the spec's uint8 patches); one given that contradicts that decoder is refused.
+    After `decode_images(defer=True)` its `row_work` decodes the deferred images, read from the
+    record operators before it, so a packer given to `Pipeline.apply` decodes them as one
+    `pack_multimodal` built does.
     `mrope=True` adds each row's `mrope_position_ids` (Qwen2-VL's rotary positions, `vlm._mrope`).
     """
 
     max_length: int
     placeholders: Placeholders
-    spec: ImageSpec = DEFAULT_SPEC
+    spec: ImageSpec | None = None
     pad_id: int | None = None
     image_position: str = "before_text"
     field: str = "input_ids"
-    pixels_field: str = "pixels"
-    grid_field: str = "image_grid"
+    pixels_field: str | None = None
+    grid_field: str | None = None
     offsets_field: str = "image_offsets"
     max_open_rows: int = 16
     patch_dim: int | None = None
@@ -682,6 +700,8 @@ class PackMultimodal:
         # every document was skipped (`field`) or packed without its images (`pixels_field`), unsaid.
         for name in ("field", "pixels_field", "grid_field", "offsets_field"):
             value = getattr(self, name)
+            if value is None and name in _UNSET_UNTIL_BOUND:
+                continue
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"pack_multimodal: {name} must be a record field's name (a non-empty str), "
                                          f"got {value!r}")
@@ -692,22 +712,35 @@ class PackMultimodal:
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
 
-    def check_record_operators(self, operators) -> None:
-        """Refuse the record operators before this packer that it could not pack as meant
-        (`vlm._operator_checks`). The loader calls it as it binds the pipeline, before any record
-        is read, and `pack_multimodal` as it builds, so a packer given to `Pipeline.apply` is
-        refused what `pack_multimodal` refuses."""
-        check_operators_before(self, operators)
+    def bound_to(self, record_operators) -> PackMultimodal:
+        """This packer as it packs after `record_operators` (the pipeline's, in order): a copy whose
+        settings left None are the last decoder's (`followed_settings`), refused what it could not
+        pack as meant, a setting given against that decoder among them (`check_operators_before`).
+        The loader calls it as it binds the pipeline, before any record is read, and packs and
+        fingerprints with the copy; `pack_multimodal` calls it as it builds. So a packer given to
+        `Pipeline.apply` packs, is refused and is fingerprinted as the one `pack_multimodal` builds:
+        only the builder followed the decoder, and a packer made by hand with the default 16 px
+        spec after a 14 px decoder read each image as a smaller grid of larger patches, unsaid."""
+        bound = dataclasses.replace(self, **followed_settings(self, record_operators))
+        check_operators_before(bound, record_operators)
+        return bound
+
+    def _settled(self) -> PackMultimodal:
+        """This packer where no loader bound it (one used on its own): the settings left to a
+        decoder at what none gives."""
+        return self.bound_to(()) if any(getattr(self, name) is None for name in _UNSET_UNTIL_BOUND) else self
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id
+        settled = self._settled()
 
         def make(ctx: SegmentContext) -> MultimodalPacker:
             return MultimodalPacker(
-                ctx, max_length=self.max_length, placeholders=self.placeholders, spec=self.spec, pad_id=pad,
-                image_position=self.image_position, text_field=self.field, pixels_field=self.pixels_field,
-                grid_field=self.grid_field, offsets_field=self.offsets_field, max_open_rows=self.max_open_rows,
-                patch_dim=self.patch_dim, patch_dtype=self.patch_dtype, assemble=False, mrope=self.mrope,
+                ctx, max_length=settled.max_length, placeholders=settled.placeholders, spec=settled.spec, pad_id=pad,
+                image_position=settled.image_position, text_field=settled.field, pixels_field=settled.pixels_field,
+                grid_field=settled.grid_field, offsets_field=settled.offsets_field,
+                max_open_rows=settled.max_open_rows, patch_dim=settled.patch_dim, patch_dtype=settled.patch_dtype,
+                assemble=False, mrope=settled.mrope,
             )
 
         return make
@@ -753,19 +786,23 @@ class PackMultimodal:
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
+        """The settings it packs with: the loader fingerprints its bound copy (`bound_to`), so a
+        packer given to `Pipeline.apply` that follows its decoder is fingerprinted as the one
+        `pack_multimodal` builds, which holds the same settings."""
+        settled = self._settled()
         out = {
-            "op": self.name,
-            "max_length": self.max_length,
-            "placeholders": _describe(self.placeholders),
-            "spec": _describe(self.spec),
-            "pad_id": self.pad_id if self.pad_id is not None else default_pad_id,
-            "image_position": self.image_position,
-            "fields": [self.field, self.pixels_field, self.grid_field, self.offsets_field],
-            "max_open_rows": self.max_open_rows,
-            "patch_dim": self.patch_dim,
-            "patch_dtype": None if self.patch_dtype is None else np.dtype(self.patch_dtype).str,
+            "op": settled.name,
+            "max_length": settled.max_length,
+            "placeholders": _describe(settled.placeholders),
+            "spec": _describe(settled.spec),
+            "pad_id": settled.pad_id if settled.pad_id is not None else default_pad_id,
+            "image_position": settled.image_position,
+            "fields": [settled.field, settled.pixels_field, settled.grid_field, settled.offsets_field],
+            "max_open_rows": settled.max_open_rows,
+            "patch_dim": settled.patch_dim,
+            "patch_dtype": None if settled.patch_dtype is None else np.dtype(settled.patch_dtype).str,
         }
-        if self.mrope:  # a key only when on: the recipes made before the option keep their fingerprint
+        if settled.mrope:  # a key only when on: the recipes made before the option keep their fingerprint
             out["mrope"] = True
         return json.loads(json.dumps(out, default=str))
 

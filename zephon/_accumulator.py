@@ -58,9 +58,10 @@ class Accumulator(Protocol):
     into a microbatch, so rows waiting in later accumulators (shuffle buffers) cost references, not
     copies, and rows a resume replays past are never assembled.
 
-    A packing *operator* may also offer `row_work(on_error, record_operators)`: stateless work the
-    loader has done on each row a few rows before it takes it (vlm: decoding the images its record
-    operators packed encoded), never for rows a resume replays past. It has `order(row)` (what the
+    A packing *operator* may offer `bound_to(record_operators)`, returning the operator the loader
+    uses in its place (see `Pipeline.apply`), and `row_work(on_error, record_operators)`: stateless
+    work the loader has done on each row a few rows before it takes it (vlm: decoding the images
+    its record operators packed encoded), never for rows a resume replays past. It has `order(row)` (what the
     work needs, or None), a pure `run(order)` that runs on the runner's workers, and
     `apply(row, result)` returning the finished row. A row may then report `masked_documents`,
     (address, reason) or (address, reason, detail) tuples the ledger counts with the rows and

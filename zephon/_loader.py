@@ -237,24 +237,27 @@ class RankLoader:
         _check_one_packer(accumulators, packers)
         _check_media_carried(record_ops, accumulators[0])
         _check_packed_field(record_ops, accumulators[0])
-        # A packer of a plugin may check what comes before it (vlm's: its decoders, its tokenize):
-        # here, where every pipeline is bound, whether the packer came from its builder or `apply`.
-        check_record_operators = getattr(accumulators[0], "check_record_operators", None)
-        if check_record_operators is not None:
-            check_record_operators(record_ops)
+        # A packer of a plugin may check what comes before it and take from it the settings it was
+        # not given (vlm's: its decoders' spec and fields, its tokenize's BOS): here, where every
+        # pipeline is bound, whether the packer came from its builder or `apply`. The loader packs,
+        # plans and fingerprints with the packer it returns.
+        bound_to = getattr(accumulators[0], "bound_to", None)
+        packer = bound_to(record_ops) if bound_to is not None else accumulators[0]
+        self.packer = packer
         self.default_pad_id = _default_pad_id(record_ops)
         on_error = settings.on_error
         _leave_cores_to_tokenizing_workers(record_ops, settings.runner)
         record_fns = [(op, op.build(on_error)) for op in record_ops]
         self.stages = fuse_stages(record_fns, settings.read_parallelism)
         self._estimate_fns = estimate_stages(record_ops)
-        packer = accumulators[0]
         self.row_length = packer.max_length
         # Once per loader, and before the token estimate runs the maps and filters: walking a
         # function's code and writing the globals it reads takes seconds for a lookup table of
         # 10**6 entries, and the estimate's key and the recipe must describe the same operators.
+        # Keyed by the pipeline's operators (the estimate's key names them); the packer's is its bound copy's.
         fingerprints = {
-            id(op): op.fingerprint() if op.kind == "record" else op.fingerprint(self.default_pad_id) for op in ops
+            id(op): op.fingerprint() if op.kind == "record" else
+            (packer if op is accumulators[0] else op).fingerprint(self.default_pad_id) for op in ops
         }
         # Before binding: its token estimate runs the stages, which a misnamed scope leaves undecoding.
         source_names = work_source_dataset_names(pipeline.source)
@@ -270,7 +273,7 @@ class RankLoader:
             name: ds.with_io_options(io_options) if io_options else ds for name, ds in self.plan.datasets.items()
         }
         self._reader = ChunkReader(read_datasets, on_error)
-        self.factories = [op.factory(self.default_pad_id) for op in accumulators]
+        self.factories = [op.factory(self.default_pad_id) for op in (packer, *accumulators[1:])]
         padding_row = getattr(packer, "padding_row", None)
         self._padding_row = (
             padding_row(self.default_pad_id) if padding_row else assemble_row([], self.row_length, self.default_pad_id)
@@ -335,9 +338,10 @@ class RankLoader:
         # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure
         # captured (a tokenizer by its type only) or an object's private attributes, so two pipelines
         # on one source differing only there took each other's measurement. The key also names the operator objects by id, which
-        # rank loaders of one pipeline share; `count.operators` keeps them alive for as long as the
-        # source keeps the counter with its measurement, so no other operator can take their ids.
-        operators = (*self.pipeline.record_operators(), packer)
+        # rank loaders of one pipeline share (the pipeline's packer, not the copy each one binds);
+        # `count.operators` keeps them alive for as long as the source keeps the counter with its
+        # measurement, so no other operator can take their ids.
+        operators = (*self.pipeline.record_operators(), self.pipeline.packers()[0])
         count.key = json.dumps(
             [fingerprints[id(op)] for op in operators] + [[id(op) for op in operators]], sort_keys=True
         )

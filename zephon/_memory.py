@@ -91,7 +91,7 @@ def memory_budget(
     operators = loader.pipeline.operators
     lanes = len(loader.lanes)
     accumulators = [op for op in operators if op.kind == "accumulator"]
-    packer = accumulators[0]
+    packer = loader.packer  # as the loader bound it: a PackMultimodal takes its spec from its decoder there
     buffered = sum(getattr(op, "buffer_size", 0) for op in accumulators)
     open_rows = 1 if getattr(packer, "algorithm", None) == "wrap" else getattr(packer, "max_open_rows", 1)
     field_bytes = getattr(packer, "row_field_bytes", ROW_FIELD_BYTES)  # a packer adding fields says so

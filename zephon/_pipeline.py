@@ -210,9 +210,11 @@ class Pipeline:
         accumulator operator (kind "accumulator": `factory(default_pad_id)` and
         `fingerprint(default_pad_id)`). This is how `vlm` adds its operators. A record operator
         scoped to some datasets declares them as `dataset_scope` (see `RecordOperator`); a packer
-        may offer `check_record_operators(operators)`, which the loader calls with the record
-        operators before it when the pipeline is sharded, to refuse those it cannot pack (its
-        `row_work(on_error, operators)` is given them too)."""
+        may offer `bound_to(operators)`, which the loader calls with the record operators before it
+        when the pipeline is sharded: it refuses those it cannot pack (ConfigurationError) and
+        returns the packer the loader packs and fingerprints with, its settings left unset taken
+        from them (vlm's: its decoders' spec and fields). Its `row_work(on_error, operators)` is
+        given them too."""
         if getattr(operator, "kind", None) not in ("record", "accumulator"):
             raise ConfigurationError(f"{operator!r} is neither a record nor an accumulator operator")
         return self._with(operator)

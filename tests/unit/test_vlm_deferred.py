@@ -257,3 +257,21 @@ def test_a_masked_document_zeroes_only_the_image_that_failed_and_masks_all_its_l
     assert np.array_equal(pixels[:first], patchify(decode_image(good, spec), spec.patch_size))
     assert not pixels[first:].any()
     assert (row.tokens["labels"] == IGNORE_INDEX).all()
+
+
+def test_a_deferred_image_off_the_packers_patch_grid_is_refused_naming_its_record():
+    """Images decoded with 14 px patches, deferred, given to a packer cutting 16 px ones (one made
+    by hand, reading a field a map wrote): its refusal described the image by a `dtype` a
+    DeferredImage lacked, so the run stopped with a bare AttributeError naming no record."""
+    from vlm import MultimodalPacker, PixtralPlaceholders
+    from zephon import ConfigurationError
+    from zephon._records import RecordAddress
+
+    spec = ImageSpec(patch_size=14, max_pixels=96 * 96)
+    data = encode(gradient(48, 64))
+    packer = MultimodalPacker(None, max_length=256, placeholders=PixtralPlaceholders(10, 12, 13),
+                              spec=ImageSpec(max_pixels=96 * 96), pad_id=0, assemble=False)
+    record = {"input_ids": np.arange(1000, 1005, dtype=np.int32),
+              "pixels": DeferredImage(data, probe_image(data, spec), spec)}
+    with pytest.raises(ConfigurationError, match=r"record ds:shard-0#0: image \(\d+, \d+, 3\) uint8 does not match"):
+        packer.push((RecordAddress("ds", "shard-0", 0), record))

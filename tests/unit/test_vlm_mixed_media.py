@@ -209,7 +209,7 @@ def refused_when_packed(pipeline: Pipeline, route: str, message: str, placeholde
         with pytest.raises(ConfigurationError, match=message):
             pipeline.pack_multimodal(160, placeholders, **pack_options)
         return
-    packer = PackMultimodal(160, placeholders, **{"spec": SPEC, **pack_options})
+    packer = PackMultimodal(160, placeholders, **pack_options)
     applied = pipeline.options(num_lanes=4, runner="inline").apply(packer).batch(1)
     with pytest.raises(ConfigurationError, match=message):
         applied.shard(0, 1)
@@ -245,7 +245,7 @@ def test_an_image_processor_beside_a_video_decoder_is_refused_pointing_to_qwen_p
     """decode_video takes no processor, so 'give the decoders the same merge_size' could not be
     followed: one ImageSpec for both and the processor's rows made on the trainer's side can."""
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
-                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
+                .decode_images(field="jpg", processor=PatchRowsProcessor(2), datasets="photos")
                 .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=ImageSpec(merge_size=2)),
                               datasets="clips"))
     refused_when_packed(pipeline, route, r"different patches.*decode_video takes no image processor.*"
@@ -253,7 +253,7 @@ def test_an_image_processor_beside_a_video_decoder_is_refused_pointing_to_qwen_p
                         spec=ImageSpec(merge_size=2))
 
 
-class _PatchRowsProcessor:
+class PatchRowsProcessor:
     """An image processor of the user's own, Qwen2-VL style: 768-wide float32 patch rows on a 4x4
     grid, merging `merge_size` x `merge_size` patches per token."""
 
@@ -266,8 +266,8 @@ class _PatchRowsProcessor:
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("second, why", [
-    ({"processor": _PatchRowsProcessor(1)}, r"merged 2x2.*merged 1x1"),
-    ({"processor": _PatchRowsProcessor(2), "grid_field": "clip_grid"}, r"grids in 'image_grid'.*grids in 'clip_grid'"),
+    ({"processor": PatchRowsProcessor(1)}, r"merged 2x2.*merged 1x1"),
+    ({"processor": PatchRowsProcessor(2), "grid_field": "clip_grid"}, r"grids in 'image_grid'.*grids in 'clip_grid'"),
 ], ids=["merge", "grid_field"])
 def test_image_processors_merging_or_placing_their_grids_differently_are_refused(corpus, second, why, route):
     """Two scoped decoders with image processors of one patch width: the packer checked the last
@@ -275,14 +275,14 @@ def test_image_processors_merging_or_placing_their_grids_differently_are_refused
     one's images had the wrong number of placeholder tokens for the model (merging unlike it) or
     failed when their first record was packed (their grids in another field)."""
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
-                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
+                .decode_images(field="jpg", processor=PatchRowsProcessor(2), datasets="photos")
                 .apply(DecodeImages(field="jpg", datasets=("clips",), **second)))
     merge = second["processor"].merge_size  # the last decoder's, which the placeholders and spec follow
     refused_when_packed(pipeline, route, "different patches.*" + why, QwenPlaceholders(3, 4, 5, merge_size=merge),
                         spec=ImageSpec(merge_size=merge))
     alike = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
-             .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos")
-             .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="clips"))
+             .decode_images(field="jpg", processor=PatchRowsProcessor(2), datasets="photos")
+             .decode_images(field="jpg", processor=PatchRowsProcessor(2), datasets="clips"))
     alike.pack_multimodal(160, QwenPlaceholders(3, 4, 5, merge_size=2), spec=ImageSpec(merge_size=2))
 
 
@@ -292,7 +292,7 @@ def test_placeholders_merging_unlike_the_image_processor_are_refused(corpus, rou
     the placeholder tokens the model expects. Only `pack_multimodal` refused it; a `PackMultimodal`
     given to `Pipeline.apply` was taken."""
     pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
-                .decode_images(field="jpg", processor=_PatchRowsProcessor(2), datasets="photos"))
+                .decode_images(field="jpg", processor=PatchRowsProcessor(2), datasets="photos"))
     refused_when_packed(pipeline, route, r"image processor merges 2x2 patches per token but the placeholders merge 1x1",
                         QwenPlaceholders(3, 4, 5, merge_size=1))
 

@@ -131,10 +131,13 @@ def test_rows_carry_no_mrope_positions_unless_asked_and_the_default_fingerprint_
     assert turned_on.fingerprint(0) == {**default.fingerprint(0), "mrope": True}
 
 
-def test_mrope_positions_are_refused_for_a_convention_other_than_qwens():
+@pytest.mark.parametrize("spec", [ImageSpec.pixtral(), SPEC], ids=["pixtral-spec", "qwen-spec"])
+def test_mrope_positions_are_refused_for_a_convention_other_than_qwens(spec):
+    """With a Qwen spec the refusal of its 2x2 merge, unlike Pixtral's placeholders, came first and
+    advised to change the spec, where what was wrong is asking Pixtral's tokens for Qwen's positions."""
     with pytest.raises(ConfigurationError, match="mrope=True gives Qwen2-VL's rotary positions and needs "
                                                  "QwenPlaceholders, got PixtralPlaceholders"):
-        PackMultimodal(32, PixtralPlaceholders(3, 4, 5), ImageSpec.pixtral(), mrope=True)
+        PackMultimodal(32, PixtralPlaceholders(3, 4, 5), spec, mrope=True)
     with pytest.raises(ConfigurationError, match="mrope must be True or False, got 'yes'"):
         PackMultimodal(32, PLACEHOLDERS, SPEC, mrope="yes")
 

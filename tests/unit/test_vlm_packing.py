@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tests.harness import assert_plans_collate_like_their_rows, printed_in_processes, refusals
 from vlm import (
+    DecodeImages,
     ImageSpec,
     MultimodalPacker,
     PackMultimodal,
@@ -354,7 +355,13 @@ def test_sizes_are_checked_like_pack_flats_a_numpy_integer_taken_and_a_bool_refu
 def test_a_field_name_that_is_not_a_non_empty_str_is_refused_like_pack_flats(setting, value):
     """A field of None or 3 is read from no record: `field=None` skipped every document as
     missing_text and `pixels_field=3` packed every caption without its images, unsaid, where a
-    pipeline with a map (which might write any field) is not checked against its decoders."""
+    pipeline with a map (which might write any field) is not checked against its decoders. The
+    pixels and grid fields left None follow the decoder's (`PackMultimodal.bound_to`)."""
+    if value is None and setting in ("pixels_field", "grid_field"):
+        packer = PackMultimodal(max_length=64, placeholders=PIXTRAL, spec=SPEC, **{setting: value})
+        assert getattr(packer.bound_to([DecodeImages(spec=SPEC, output_field="image", grid_field="grid")]), setting) \
+            == {"pixels_field": "image", "grid_field": "grid"}[setting]
+        return
     with pytest.raises(ConfigurationError, match=re.escape(
             f"pack_multimodal: {setting} must be a record field's name (a non-empty str), got {value!r}")):
         PackMultimodal(max_length=64, placeholders=PIXTRAL, spec=SPEC, **{setting: value})
