@@ -23,7 +23,8 @@ TOKENIZER = str(package_dir("zephon") / "data" / "tokenizer.json")
 MISMATCHED = 7  # the record whose text holds two markers for its one image
 
 
-def _text_and_images(k: int) -> tuple[str, int]:
+def text_and_images(k: int) -> tuple[str, int]:
+    """The text of record k of the corpus (shard k // 6, index k % 6), with its images' count."""
     if k == MISMATCHED:
         return "<image><image>\nTwo markers, one picture.", 1
     return [
@@ -34,7 +35,7 @@ def _text_and_images(k: int) -> tuple[str, int]:
     ][k % 4]
 
 
-def _write_corpus(root: Path) -> Path:
+def write_corpus(root: Path) -> Path:
     """`root/llava/part-00N.jsonl`: {"image": [paths], "text": with `<image>` markers}."""
     corpus = root / "llava"
     (corpus / "images").mkdir(parents=True)
@@ -42,7 +43,7 @@ def _write_corpus(root: Path) -> Path:
         lines = []
         for i in range(6):
             k = shard * 6 + i
-            text, images = _text_and_images(k)
+            text, images = text_and_images(k)
             names = [f"images/k{k:02d}-{n}.png" for n in range(images)]
             for n, name in enumerate(names):
                 (corpus / name).write_bytes(encode(gradient(20 + 7 * (k % 5) + 9 * n, 40 - 3 * (k % 4)), "PNG"))
@@ -53,7 +54,7 @@ def _write_corpus(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    return _write_corpus(tmp_path_factory.mktemp("markers"))
+    return write_corpus(tmp_path_factory.mktemp("markers"))
 
 
 def _pipeline(corpus: Path, runner: str, **tokenize_options) -> Pipeline:
@@ -67,14 +68,14 @@ def _pipeline(corpus: Path, runner: str, **tokenize_options) -> Pipeline:
             .batch(2))
 
 
-def _texts_in(arrays: dict) -> list[str]:
+def texts_in(arrays: dict, tokenizer: str = TOKENIZER, placeholders=PLACEHOLDERS) -> list[str]:
     """Each document of the batch's rows read back: its text ids decoded, with `<image>` written
     where an image's placeholders stood (found by `image_token_offset` and `image_grid`)."""
-    tokenizer = load_tokenizer(TOKENIZER).tokenizer
+    decoder = load_tokenizer(tokenizer).tokenizer
     image_rows = np.repeat(np.arange(len(arrays["input_ids"])), arrays["image_grid_counts"])
     images_at = {}
     for row, (rows, cols), at in zip(image_rows, arrays["image_grid"], arrays["image_token_offset"]):
-        expected = PLACEHOLDERS.tokens_for(int(rows), int(cols))
+        expected = placeholders.tokens_for(int(rows), int(cols))
         assert arrays["input_ids"][row, at : at + len(expected)].tolist() == expected.tolist()
         images_at[(int(row), int(at))] = len(expected)
     texts = []
@@ -92,7 +93,7 @@ def _texts_in(arrays: dict) -> list[str]:
             piece[-1].append(ids[at])
             at += 1
         for document in pieces.values():
-            texts.append("<image>".join(tokenizer.decode(p, skip_special_tokens=False) for p in document))
+            texts.append("<image>".join(decoder.decode(p, skip_special_tokens=False) for p in document))
     return texts
 
 
@@ -101,14 +102,14 @@ def _run(corpus: Path, runner: str) -> tuple[list[str], list[str], dict]:
     with _pipeline(corpus, runner).shard(0, 1) as loader:
         for batch in loader:
             digests.append(batch.digest())
-            texts += _texts_in(batch.to_numpy())
+            texts += texts_in(batch.to_numpy())
         stats = loader.stats()
     return digests, texts, stats
 
 
 def test_each_image_lands_in_the_row_where_its_marker_was_and_a_mismatch_is_skipped_by_name(corpus):
     digests, texts, stats = _run(corpus, "inline")
-    wanted = [_text_and_images(k)[0] for k in range(12) if k != MISMATCHED]
+    wanted = [text_and_images(k)[0] for k in range(12) if k != MISMATCHED]
     assert sorted(texts) == sorted(f"<|bos|>{text}<|eos|>" for text in wanted)
     assert stats["datasets"]["llava"]["total"]["skipped"] == {"marker_count_mismatch": 1}
     [example] = stats["skipped_examples"]["llava"]["marker_count_mismatch"]
