@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_names
+from zephon._markers import OFFSETS_FIELD
 
 from ._image import ImageSpec
 from ._packing import PackMultimodal
@@ -83,7 +84,7 @@ def pack_multimodal(
     image_position: str = "before_text",
     field: str = "input_ids",
     pixels_field: str | None = None,
-    offsets_field: str = "image_offsets",
+    offsets_field: str = OFFSETS_FIELD,
     max_open_rows: int = 16,
     mrope: bool = False,
 ):
@@ -96,9 +97,10 @@ def pack_multimodal(
     `image_position="after_bos"` puts a document's images after its first token, taken to be the
     BOS: refused after a `tokenize` of `field` that adds none. What comes before the packer is
     checked as it is built. A record that holds `offsets_field` has its images placed where that
-    list says, whatever `image_position`. `mrope=True` (with `QwenPlaceholders`) adds
-    `mrope_position_ids` to every row: the (temporal, height, width) rotary positions a
-    Qwen2-VL-family model would compute itself (`vlm._mrope`)."""
+    list says, whatever `image_position` (`tokenize(marker="<image>")` writes it from where the
+    text's markers were). `mrope=True` (with `QwenPlaceholders`) adds `mrope_position_ids` to
+    every row: the (temporal, height, width) rotary positions a Qwen2-VL-family model would
+    compute itself (`vlm._mrope`)."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,

@@ -60,10 +60,12 @@ def check_operators_before(packer: PackMultimodal, operators: Sequence[object]) 
     """Refuse the record `operators` (in pipeline order) that `packer` (bound: its settings given
     or followed) could not pack as meant: a pixels field no decoder writes, decoders writing it
     that share a dataset or cut different patches or whose processor merges unlike the
-    placeholders, `after_bos` without a BOS, a setting given against the decoder it follows, and
-    deferred decoders with different error policies."""
+    placeholders, `after_bos` without a BOS, a tokenize's marker offsets written where the packer
+    does not read them, a setting given against the decoder it follows, and deferred decoders
+    with different error policies."""
     if packer.image_position == "after_bos":
         _check_bos(operators, packer.field)
+    _check_marker_offsets_read(operators, packer)
     _check_pixels_field_written(operators, packer.pixels_field)
     writers = [op for op in operators
                if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == packer.pixels_field]
@@ -126,6 +128,20 @@ def _check_bos(operators: Sequence[object], field: str) -> None:
             return
         if getattr(op, "name", None) not in _WRITE_ONLY_THEIR_OUTPUT:  # it may write the ids
             return
+
+
+def _check_marker_offsets_read(operators: Sequence[object], packer: PackMultimodal) -> None:
+    """Refuse a `tokenize(marker=...)` of the packer's ids that writes the markers' offsets to
+    another field than the packer's `offsets_field`: the packer would place every image by its
+    `image_position`, the markers dropped from the text and their places lost, unsaid."""
+    for op in operators:
+        if isinstance(op, TokenizeOp) and op.marker is not None and op.output_field == packer.field \
+                and op.offsets_field != packer.offsets_field:
+            raise ConfigurationError(
+                f"pack_multimodal reads image offsets from {packer.offsets_field!r}, but tokenize(marker="
+                f"{op.marker!r}) writes them to {op.offsets_field!r}: the images would not go where the markers "
+                "were; give both the same offsets_field"
+            )
 
 
 def _check_processor_merge(decoder: DecodeImages | DecodeVideo, placeholders) -> None:

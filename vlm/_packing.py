@@ -19,7 +19,8 @@ placeholder id is skipped ("placeholder_in_text"): the model finds an image's sl
 so the text token would be taken for a slot of an image that is not there. A record without its
 text field is skipped ("missing_text"), one whose ids from the data are no flat list of token ids
 ("not_tokens"), and one with neither text nor images ("empty_document"); images alone are a
-document.
+document. One whose text's `<image>` markers (`tokenize(marker=...)`) are not as many as its
+images is skipped ("marker_count_mismatch").
 
 Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
 - tokens: `input_ids`; `labels` — at position i the token to predict next: the next token of the
@@ -59,6 +60,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._fingerprint import stable_description
+from zephon._markers import OFFSETS_FIELD, MarkerOffsets
 from zephon._packing import RefusedRecords, no_tokens_detail, token_ids
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
@@ -343,7 +345,7 @@ class MultimodalPacker:
         text_field: str = "input_ids",
         pixels_field: str = "pixels",
         grid_field: str = "image_grid",
-        offsets_field: str = "image_offsets",
+        offsets_field: str = OFFSETS_FIELD,
         max_open_rows: int = 16,
         patch_dim: int | None = None,
         patch_dtype: Any = None,
@@ -412,6 +414,9 @@ class MultimodalPacker:
             self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
         images = _as_images(record.get(self.pixels_field))
+        offsets = self._offsets(address, record, len(images), len(text))
+        if offsets is None:
+            return None
         grids = self._grids(address, record, images)
         lengths = self._lengths
         image_tokens = 0
@@ -427,7 +432,6 @@ class MultimodalPacker:
         if image_tokens + len(text) == 0:
             self._skips.append((address, "empty_document", f"{self.text_field!r} holds no token ids and it has no image"))
             return None
-        offsets = self._offsets(address, record, len(images), len(text))
         room = self.max_length - image_tokens
         if len(text) > room:
             self._truncations.append((address, len(text) - room))
@@ -503,8 +507,19 @@ class MultimodalPacker:
                 )
         return grids
 
-    def _offsets(self, address, record: dict, num_images: int, num_text: int) -> tuple[int, ...]:
+    def _offsets(self, address, record: dict, num_images: int, num_text: int) -> tuple[int, ...] | None:
+        """Where each image goes among the text tokens; None for a record skipped (reported).
+
+        Offsets `tokenize(marker=...)` wrote (`MarkerOffsets`) count the markers of the text: a
+        count unlike the images is that record's (a caption with two `<image>` and one image, or
+        none where it has one), skipped as `marker_count_mismatch`. Offsets from the data that do
+        not place each image are refused as a configuration error, naming the record."""
         given = record.get(self.offsets_field)
+        if isinstance(given, MarkerOffsets) and len(given) != num_images:
+            self._skips.append((address, "marker_count_mismatch", f"its text held {len(given)} {given.marker!r} "
+                                f"marker(s) ({self.offsets_field!r}) but it has {num_images} image(s) in "
+                                f"{self.pixels_field!r}: one marker per image (a video: per frame)"))
+            return None
         if given is not None:
             offsets = _whole_numbers(given)
             if offsets is None or len(offsets) != num_images or any(b < a for a, b in pairwise(offsets)) \
@@ -687,7 +702,7 @@ class PackMultimodal:
     field: str = "input_ids"
     pixels_field: str | None = None
     grid_field: str | None = None
-    offsets_field: str = "image_offsets"
+    offsets_field: str = OFFSETS_FIELD
     max_open_rows: int = 16
     patch_dim: int | None = None
     patch_dtype: str | None = None

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count
+from ._markers import OFFSETS_FIELD, check_marker
 from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
 from ._runner import Runner
@@ -139,6 +140,8 @@ class Pipeline:
         output_field: str = "input_ids",
         keep_field: bool = False,
         split_special_tokens: bool = SPLIT_SPECIAL_TOKENS,
+        marker: str | None = None,
+        offsets_field: str = OFFSETS_FIELD,
     ) -> Pipeline:
         """Append the tokenizer: `record[field]` (a str) becomes `record[output_field]`, int32 ids,
         with `bos`/`eos` (token strings) around them.
@@ -147,6 +150,16 @@ class Pipeline:
         in a web page about tokenizers) is tokenized as the text it is, so a document cannot put a
         control id (an EOS or the pad id, under a label that trains on it) in the middle of itself;
         False matches it as the special token, `tokenizers`' own default.
+
+        `marker` (None: off) is the string by which a text says where an image goes, LLaVA's
+        `"<image>"`: the text is split at each, the marker's text dropped (a newline after it is
+        text, kept), and the offset of each marker among the ids, BOS counted (the position of the
+        next text token), written to `record[offsets_field]` as a tuple, empty for a text without
+        one. `pack_multimodal` reads that field by default (its `offsets_field`, the same default)
+        and places image k there; a record whose markers are not as many as its images is skipped
+        there as `marker_count_mismatch`. The pieces are tokenized apart, so ids at a marker's seam
+        can differ from those of the whole text (` dog<image>.` is ` dog` and `.`, never one
+        token), as in LLaVA's own `tokenizer_image_token`.
         """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
@@ -154,15 +167,16 @@ class Pipeline:
         for name, flag in (("keep_field", keep_field), ("split_special_tokens", split_special_tokens)):
             if not isinstance(flag, bool):
                 raise ConfigurationError(f"tokenize: {name} must be True or False, got {flag!r}")
-        for name, value in (("field", field), ("output_field", output_field)):
+        for name, value in (("field", field), ("output_field", output_field), ("offsets_field", offsets_field)):
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
+        check_marker(marker, offsets_field, field, output_field)
         for name, token in (("bos", bos), ("eos", eos)):
             if token is not None and not isinstance(token, str):  # an id (bos=1) failed as a bare TypeError
                 raise ConfigurationError(f"tokenize: {name} must be a token's string or None, got {token!r}")
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
-            split_special_tokens,
+            split_special_tokens, marker, offsets_field,
         )
         handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
         handle.token_id(bos)

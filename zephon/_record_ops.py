@@ -18,6 +18,7 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._field_names import fields_it_has
 from ._fingerprint import _describe_callable, _fingerprint_callable
+from ._markers import OFFSETS_FIELD, MarkerOffsets, encode_at_markers
 from ._records import ChunkRecords
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
 
@@ -162,6 +163,10 @@ class TokenizeOp(RecordOperator):
     dropped after tokenization unless `keep_field`, so text does not travel further than needed.
     Records whose field is missing, not a string, or blank are skipped with reasons
     `missing_field`, `not_text`, `empty_document`.
+
+    With a `marker` (LLaVA's `<image>`) the text is split at each marker, which is dropped, and
+    the offset of each among the ids (BOS counted) is written to `offsets_field` as a
+    `MarkerOffsets`, empty for a text without one (`_markers`).
     """
 
     tokenizer_id: str
@@ -172,6 +177,8 @@ class TokenizeOp(RecordOperator):
     output_field: str = "input_ids"
     keep_field: bool = False
     split_special_tokens: bool = SPLIT_SPECIAL_TOKENS
+    marker: str | None = None
+    offsets_field: str = OFFSETS_FIELD
     name: str = "tokenize"
 
     def handle(self) -> TokenizerHandle:
@@ -197,6 +204,9 @@ class TokenizeOp(RecordOperator):
         # Only ids are used: `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets
         # and gives the same ids for ~20% less CPU.
         encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+        marker, offsets_field = self.marker, self.offsets_field
+        if marker is not None:  # the pieces between markers, in the same one call per chunk
+            encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             reasons = [_text_problem(record.get(field_name)) for record in batch.records]
@@ -223,6 +233,10 @@ class TokenizeOp(RecordOperator):
                 record[out_field] = np.fromiter(ids, dtype=np.int32, count=len(ids))
                 if not keep_field:
                     record.pop(field_name, None)
+            if marker is not None:  # a loop of its own: the texts without the option pay no test per record
+                shift = len(prefix)
+                for record, encoding in zip(batch.records, encodings):
+                    record[offsets_field] = MarkerOffsets([at + shift for at in encoding.offsets], marker)
             return batch
 
         return tokenize
@@ -231,7 +245,8 @@ class TokenizeOp(RecordOperator):
         """What decides the ids and what later stages see. `keep_field` only when True: the text it
         leaves may be read by a later map or filter, which then keeps other records (a resume that
         flipped it was accepted); left at its default it adds nothing, so the recipes that never set
-        it keep the digests their checkpoints hold."""
+        it keep the digests their checkpoints hold; `marker` and `offsets_field` likewise only with
+        a marker."""
         return {
             "op": self.name,
             "tokenizer": self.handle().digest,
@@ -241,6 +256,7 @@ class TokenizeOp(RecordOperator):
             "output_field": self.output_field,
             "split_special_tokens": self.split_special_tokens,
             **({"keep_field": True} if self.keep_field else {}),
+            **({"marker": self.marker, "offsets_field": self.offsets_field} if self.marker is not None else {}),
         }
 
 

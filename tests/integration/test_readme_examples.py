@@ -269,3 +269,39 @@ def test_vlm_readme_recipe_for_images_named_by_path_runs_as_printed_and_reads_th
         skipped = loader.stats()["datasets"]["llava"]["total"].get("skipped", {})
     assert all(images) and sum(images) >= 6, images
     assert set(skipped) <= {"missing_image_file"}, skipped
+
+
+@requires_torch
+def test_vlm_readme_recipe_for_image_markers_runs_as_printed_and_places_each_image_where_its_marker_was(
+        tmp_path, monkeypatch):
+    """vlm/README.md's "Images placed by markers in the text" block, in a directory holding
+    `llava_mix/` as it names it (LLaVA-style JSON Lines, `<image>` in their texts), with the pairs
+    block's Tekken tokenizer and placeholders: its rows hold the images, each image's placeholders
+    where its marker was, and the record with a marker too many is counted as such."""
+    from tests.unit.test_vlm_image_markers import text_and_images, texts_in, write_corpus
+    from vlm import ImageSpec, PixtralPlaceholders
+    from vlm._assets import tekken_tokenizer
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    [block] = [b for b in python_blocks("vlm/README.md") if '"llava_mix/"' in b]
+    write_corpus(tmp_path).rename(tmp_path / "llava_mix")
+    monkeypatch.chdir(tmp_path)
+    tokenizer = str(tekken_tokenizer())
+    placeholders = PixtralPlaceholders.from_tokenizer(tokenizer)
+    namespace = {"tokenizer": tokenizer, "placeholders": placeholders,
+                 "Dataset": Dataset, "Pipeline": Pipeline, "StaticMixtureWorkSource": StaticMixtureWorkSource,
+                 "ImageSpec": ImageSpec}
+    exec(compile(block, "vlm/README.md", "exec"), namespace)
+    wanted = {f"<s>{text}</s>" for text, _ in map(text_and_images, range(12))}
+    with namespace["pipeline"].shard(0, 1, global_batch_size=2) as loader:
+        texts, images = [], 0
+        for _, batch in zip(range(8), loader):
+            arrays = batch.to_numpy()
+            images += len(arrays["image_token_offset"])
+            texts += texts_in(arrays, tokenizer, placeholders)
+        skipped = loader.stats()["datasets"]["llava"]["total"].get("skipped", {})
+    assert images > 0 and len(set(texts)) >= 3, texts
+    assert set(texts) <= wanted, "each image where its marker was, the marker's text gone"
+    assert set(skipped) <= {"marker_count_mismatch"}, skipped

@@ -26,6 +26,7 @@ from vlm import (
 from vlm._packing import _SHORT_TEXT
 from zephon._accumulator import Accumulator, SegmentContext
 from zephon._errors import ConfigurationError
+from zephon._markers import MarkerOffsets
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT
 
@@ -155,6 +156,33 @@ def test_explicit_offsets_that_are_not_whole_numbers_are_refused_naming_the_reco
     whole = {**record, "image_offsets": np.array([1, 3], dtype=np.int64)}  # whole numbers in any integer form
     [row] = run(packer(16), [whole])
     assert row.ragged["image_token_offset"].tolist() == [1, 5]
+
+
+def test_offsets_from_markers_place_the_images_as_offsets_from_the_data_do():
+    record = {"input_ids": text(4), "pixels": [picture(1, 1, 0), picture(1, 2, 1)]}
+    [marked] = run(packer(16), [{**record, "image_offsets": MarkerOffsets([1, 3], "<image>")}])
+    [given] = run(packer(16), [{**record, "image_offsets": [1, 3]}])
+    assert marked.tokens["input_ids"].tolist() == given.tokens["input_ids"].tolist()
+    assert marked.ragged["image_token_offset"].tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("markers,images", [(1, 2), (3, 2), (0, 1), (1, 0)],
+                         ids=["fewer_markers", "more_markers", "no_marker", "no_image"])
+def test_markers_not_as_many_as_the_images_skip_the_record_counted_by_name(markers, images):
+    """A LLaVA caption with two `<image>` and one image (or none where it has one) is that
+    record's fault, not the pipeline's: skipped and counted, where offsets from the data that do not
+    place each image stay a configuration error (above)."""
+    pack = packer(16)
+    mismatched = {"input_ids": text(4), "pixels": [picture(1, 1, k) for k in range(images)],
+                  "image_offsets": MarkerOffsets([1] * markers, "<image>")}
+    rows = run(pack, [mismatched, {"input_ids": text(3), "image_offsets": MarkerOffsets([], "<image>")}])
+    assert [r.sources for r in rows] == [(address(1),)]
+    assert refusals(pack.drain_skips()) == [(
+        address(0), "marker_count_mismatch", f"its text held {markers} '<image>' marker(s) ('image_offsets') but "
+        f"it has {images} image(s) in 'pixels': one marker per image (a video: per frame)")]
+    counter = PackMultimodal(max_length=16, placeholders=PIXTRAL, spec=SPEC).token_counter()
+    assert counter(address(0), mismatched) == 0
+    assert [reason for _, reason, _ in counter.drain_skips()] == ["marker_count_mismatch"]
 
 
 def test_sample_whose_images_alone_exceed_the_length_is_skipped_and_reported_once():
