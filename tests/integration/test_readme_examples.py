@@ -208,26 +208,35 @@ def test_vlm_readme_recipe_for_ones_own_pairs_runs_as_printed_on_the_tokenizer_f
     assert len(batch["image_grid"]) >= 1, "the row holds images"
 
 
-@requires_torch
-def test_vlm_readme_recipe_mixing_photos_and_clips_runs_as_printed_and_packs_both(tmp_path, monkeypatch):
-    """vlm/README.md's "Mixing image and video datasets" block, in a directory holding `photos/`
-    and `clips/` as it names them, with the pairs block's Tekken tokenizer and placeholders: its
-    rows hold photos and clip frames, each decoded by its own scoped decoder."""
-    from tests.unit.test_vlm_mixed_media import write_mixed_corpus
+def run_vlm_block(needle: str) -> dict:
+    """Run the vlm/README.md block holding `needle` as a reader who ran its pairs block first: with
+    that block's Tekken `tokenizer` and `placeholders` and the names the blocks import defined.
+    Returns the block's namespace (its `pipeline`, ...)."""
     from vlm import ImageSpec, PixtralPlaceholders, VideoSpec
     from vlm._assets import tekken_tokenizer
     from zephon import Pipeline
     from zephon.io import Dataset
     from zephon.work import StaticMixtureWorkSource
 
-    [block] = [b for b in python_blocks("vlm/README.md") if 'datasets="photos"' in b]
-    write_mixed_corpus(tmp_path)
-    monkeypatch.chdir(tmp_path)
+    [block] = [b for b in python_blocks("vlm/README.md") if needle in b]
     tokenizer = str(tekken_tokenizer())
     namespace = {"tokenizer": tokenizer, "placeholders": PixtralPlaceholders.from_tokenizer(tokenizer),
                  "Dataset": Dataset, "Pipeline": Pipeline, "StaticMixtureWorkSource": StaticMixtureWorkSource,
                  "ImageSpec": ImageSpec, "VideoSpec": VideoSpec}
     exec(compile(block, "vlm/README.md", "exec"), namespace)
+    return namespace
+
+
+@requires_torch
+def test_vlm_readme_recipe_mixing_photos_and_clips_runs_as_printed_and_packs_both(tmp_path, monkeypatch):
+    """vlm/README.md's "Mixing image and video datasets" block, in a directory holding `photos/`
+    and `clips/` as it names them, with the pairs block's Tekken tokenizer and placeholders: its
+    rows hold photos and clip frames, each decoded by its own scoped decoder."""
+    from tests.unit.test_vlm_mixed_media import write_mixed_corpus
+
+    write_mixed_corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    namespace = run_vlm_block('datasets="photos"')
     documents = {"photos": 0, "clips": 0}
     with namespace["pipeline"].shard(0, 1) as loader:
         for _, batch in zip(range(12), loader):
@@ -248,20 +257,10 @@ def test_vlm_readme_recipe_for_images_named_by_path_runs_as_printed_and_reads_th
     tokenizer and placeholders, run from another directory: its rows hold the images, and the one
     record whose files are not there is counted as such."""
     from tests.unit.test_vlm_image_paths import write_corpus
-    from vlm import ImageSpec, PixtralPlaceholders
-    from vlm._assets import tekken_tokenizer
-    from zephon import Pipeline
-    from zephon.io import Dataset
-    from zephon.work import StaticMixtureWorkSource
 
-    [block] = [b for b in python_blocks("vlm/README.md") if '"llava/"' in b]
     write_corpus(tmp_path)
     monkeypatch.chdir(tmp_path)
-    tokenizer = str(tekken_tokenizer())
-    namespace = {"tokenizer": tokenizer, "placeholders": PixtralPlaceholders.from_tokenizer(tokenizer),
-                 "Dataset": Dataset, "Pipeline": Pipeline, "StaticMixtureWorkSource": StaticMixtureWorkSource,
-                 "ImageSpec": ImageSpec}
-    exec(compile(block, "vlm/README.md", "exec"), namespace)
+    namespace = run_vlm_block('"llava/"')
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     with namespace["pipeline"].shard(0, 1, global_batch_size=2) as loader:
@@ -279,21 +278,11 @@ def test_vlm_readme_recipe_for_image_markers_runs_as_printed_and_places_each_ima
     block's Tekken tokenizer and placeholders: its rows hold the images, each image's placeholders
     where its marker was, and the record with a marker too many is counted as such."""
     from tests.unit.test_vlm_image_markers import text_and_images, texts_in, write_corpus
-    from vlm import ImageSpec, PixtralPlaceholders
-    from vlm._assets import tekken_tokenizer
-    from zephon import Pipeline
-    from zephon.io import Dataset
-    from zephon.work import StaticMixtureWorkSource
 
-    [block] = [b for b in python_blocks("vlm/README.md") if '"llava_mix/"' in b]
     write_corpus(tmp_path).rename(tmp_path / "llava_mix")
     monkeypatch.chdir(tmp_path)
-    tokenizer = str(tekken_tokenizer())
-    placeholders = PixtralPlaceholders.from_tokenizer(tokenizer)
-    namespace = {"tokenizer": tokenizer, "placeholders": placeholders,
-                 "Dataset": Dataset, "Pipeline": Pipeline, "StaticMixtureWorkSource": StaticMixtureWorkSource,
-                 "ImageSpec": ImageSpec}
-    exec(compile(block, "vlm/README.md", "exec"), namespace)
+    namespace = run_vlm_block('"llava_mix/"')
+    tokenizer, placeholders = namespace["tokenizer"], namespace["placeholders"]
     wanted = {f"<s>{text}</s>" for text, _ in map(text_and_images, range(12))}
     with namespace["pipeline"].shard(0, 1, global_batch_size=2) as loader:
         texts, images = [], 0
