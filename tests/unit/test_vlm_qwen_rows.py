@@ -50,16 +50,27 @@ def test_the_spec_patches_turn_into_the_qwen_processors_rows_for_the_same_pixels
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+def torch_devices() -> list[str]:
+    """cpu, and cuda where this machine has a GPU (the device tool's runs): the rows are made where
+    the trainer's tensor already is."""
+    try:
+        import torch
+    except ImportError:
+        return ["cpu"]  # the test skips for lack of torch
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 @requires_torch
-def test_a_torch_batch_gives_the_same_rows_as_a_tensor_on_its_device():
+@pytest.mark.parametrize("device", torch_devices())
+def test_a_torch_batch_gives_the_same_rows_as_a_tensor_on_its_device(device):
     import torch
 
     images = pictures(14)
     ours = np.concatenate([patchify(image, 14) for image in images])
     grids = np.array([(image.shape[0] // 14, image.shape[1] // 14) for image in images], np.int32)
-    got = qwen_pixel_values(torch.from_numpy(ours), torch.from_numpy(grids))
-    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.device == torch.device("cpu")
-    assert np.array_equal(got.numpy(), qwen_pixel_values(ours, grids))
+    got = qwen_pixel_values(torch.from_numpy(ours).to(device), torch.from_numpy(grids).to(device))
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.device.type == device
+    np.testing.assert_allclose(got.cpu().numpy(), qwen_pixel_values(ours, grids), rtol=0, atol=1e-6)
 
 
 def test_a_mixed_image_and_video_batch_for_qwen_converts_every_image_and_frame(tmp_path):
