@@ -95,8 +95,11 @@ def test_tree_cpu_counts_a_worker_process_while_it_lives_and_after_it_is_reaped(
     alive = tree_cpu_s() - before
     child.communicate("")
     reaped = tree_cpu_s() - before
-    assert time.process_time() - own < 0.2  # so the 0.4 s can only be the child's
-    assert alive >= 0.39 and reaped >= alive
+    # /proc/<pid>/stat counts whole clock ticks, each of the four fields read here rounded down:
+    # three quarters of the child's 0.4 s is proof that it is counted (this process's own share
+    # stays below 0.2), and no rounding or tick missed by a loaded machine can fail it.
+    assert time.process_time() - own < 0.2  # so the 0.3 s can only be the child's
+    assert alive >= 0.3 and reaped >= alive
 
 
 def race(run_fields: dict, bound_images_per_s: float = 0.0) -> dict:
