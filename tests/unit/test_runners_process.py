@@ -1109,18 +1109,21 @@ def test_a_busy_worker_already_holds_its_next_item_unless_the_message_is_large(t
         assert runner.stats().items_sent == 3
 
 
-def test_when_a_worker_dies_only_the_item_it_was_running_counts_an_attempt():
+def test_when_a_worker_dies_only_the_item_it_was_running_counts_an_attempt(tmp_path):
+    sent = tmp_path / "item 1 sent"
+
     def crash_on_zero(x: int) -> int:
         if x == 0:
-            time.sleep(0.2)  # item 1 reaches this worker's pipe meanwhile
+            wait_for_text(sent, timeout=60)  # dies only once item 1 is in this worker's pipe
             os._exit(3)
         return x
 
     with ProcessRunner(max_retries=0) as runner:
         runner.start([Stage("fragile", crash_on_zero, 1)])
         crashed, waiting = runner.submit(0, 0), runner.submit(0, 1)
-        wait_until(lambda: runner.stats().items_sent == 2)
-        error = crashed.exception(10)
+        wait_until(lambda: runner.stats().items_sent == 2, timeout=60)
+        sent.write_text("sent")
+        error = crashed.exception(60)
         assert waiting.result(10) == 1  # re-sent to the replacement, not failed with the crash
         stats = runner.stats()
     assert isinstance(error, WorkerCrashedError) and error.attempts == 1
