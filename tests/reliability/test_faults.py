@@ -107,7 +107,10 @@ def test_worker_hung_past_task_timeout_is_killed_and_the_output_is_bit_identical
     runner = ProcessRunner(task_timeout_s=2.0)
     run = run_epoch(text_pipeline(dataset, runner=runner, map_fn=hang_once(marker)), keep_batches=False)
     assert marker.exists()
-    assert runner.stats().workers_replaced == 1  # killed and replaced, not waited for
+    # Killed and replaced, not waited for (the hang is 60 s). A chunk that a loaded machine holds
+    # up past the 2 s is killed and re-run as well, as it should be: at least one, not exactly one.
+    stats = runner.stats()
+    assert stats.workers_replaced >= 1 and stats.retries == stats.workers_replaced
     reference = _undisturbed(dataset, hang_once(marker))
     assert run.digests == reference.digests
     assert run.totals == reference.totals
