@@ -293,8 +293,12 @@ def dies_on_one_hangs_on_two(x: int) -> int:
 
 
 def test_every_way_a_process_runner_ends_a_future_is_done_for_wait_and_runs_its_callback_once():
-    """A result, the function's exception, a worker that always dies, one that always hangs."""
-    with ProcessRunner(task_timeout_s=0.5, max_retries=1) as runner:
+    """A result, the function's exception, a worker that always dies, one that always hangs.
+
+    Items 0 and 3 run under the same `task_timeout_s` as the hanging one: 5 s, so that only a
+    machine that held one of them up that long on both of its attempts could fail it (at 0.5 s a
+    stall of a second or two did); the hanging item waits it out twice."""
+    with ProcessRunner(task_timeout_s=5.0, max_retries=1) as runner:
         runner.start([Stage("mixed", dies_on_one_hangs_on_two, 2)])
         futures = [runner.submit(0, i) for i in range(4)]
         calls = counting_callbacks(futures)
