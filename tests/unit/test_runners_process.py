@@ -100,7 +100,13 @@ def child_pids() -> set[int]:
     return children
 
 
-def wait_for_text(path: Path, timeout: float = 10.0) -> str:
+# A polling helper's budget by default: a hang guard, far beyond what any awaited step takes on a
+# loaded machine (a worker noticing its parent died, cleaning up and exiting), since a budget
+# that ran out failed a correct runner; the helpers return as soon as the condition holds.
+POLL_GUARD_S = 60.0
+
+
+def wait_for_text(path: Path, timeout: float = POLL_GUARD_S) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and (text := path.read_text()):
@@ -1084,7 +1090,7 @@ def test_a_worker_that_dies_holding_no_item_is_reported_counted_and_replaced(end
     assert (stats.retries, stats.workers_replaced) == (0, 1)
 
 
-def wait_until(condition, timeout: float = 10.0) -> None:
+def wait_until(condition, timeout: float = POLL_GUARD_S) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition never held"
