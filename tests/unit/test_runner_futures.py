@@ -115,9 +115,11 @@ def test_items_still_queued_when_a_thread_runner_closes_are_done_for_wait_and_as
 
 def test_a_queued_item_its_caller_cancelled_is_done_for_wait_once_a_thread_runner_fails_its_queue():
     """Past task_timeout_s the runner fails its queued items; one its caller had cancelled stays
-    cancelled, and its waiters are told."""
+    cancelled, and its waiters are told. The caller cancels it after the stuck item has started:
+    a timeout of 5 s, not 0.2, leaves this thread that long to, however loaded the machine (a
+    cancel() after the runner had failed the queue returned False on a correct runner)."""
     release, started = threading.Event(), threading.Event()
-    runner = ThreadRunner(task_timeout_s=0.2)
+    runner = ThreadRunner(task_timeout_s=5.0)
     runner.start([Stage("stuck", held_until(release, started), 1)])
     stuck = runner.submit(0, 0)
     assert started.wait(GUARD_S)
