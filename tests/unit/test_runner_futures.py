@@ -184,7 +184,10 @@ def test_a_stage_thread_starts_no_queued_item_once_a_thread_runner_has_failed_pa
     still failing an earlier stage's queue, ran on a runner already failed; it now fails with
     the same RunnerFailedError. Stage 0's queued item's done-callback, run on the watch once every
     stage refuses new items, frees stage 1's thread and holds the watch until that thread has
-    ended the item queued behind, which makes the order the same on every build."""
+    ended the item queued behind, which makes the order the same on every build. The stuck item
+    times out at 5 s, not 0.2: this thread must put stage 1's held item on its thread before that,
+    however loaded the machine (one refused as the runner had failed never started, and the test
+    waited for it in vain)."""
     release, started = threading.Event(), threading.Event()
     release_next, next_started, ran = threading.Event(), threading.Event(), threading.Event()
     held_next = held_until(release_next, next_started)
@@ -195,7 +198,7 @@ def test_a_stage_thread_starts_no_queued_item_once_a_thread_runner_has_failed_pa
         ran.set()
         return x
 
-    runner = ThreadRunner(task_timeout_s=0.2)
+    runner = ThreadRunner(task_timeout_s=5.0)
     runner.start([Stage("first", held_until(release, started), 1), Stage("next", next_stage, 1)])
     returned = threading.Event()
     try:
