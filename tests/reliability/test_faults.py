@@ -107,7 +107,10 @@ def test_worker_hung_past_task_timeout_is_killed_and_the_output_is_bit_identical
     runner = ProcessRunner(task_timeout_s=2.0)
     run = run_epoch(text_pipeline(dataset, runner=runner, map_fn=hang_once(marker)), keep_batches=False)
     assert marker.exists()
-    assert runner.stats().workers_replaced == 1  # killed and replaced, not waited for
+    # Killed and replaced, not waited for (the hang is 60 s). A chunk that a loaded machine holds
+    # up past the 2 s is killed and re-run as well, as it should be: at least one, not exactly one.
+    stats = runner.stats()
+    assert stats.workers_replaced >= 1 and stats.retries == stats.workers_replaced
     reference = _undisturbed(dataset, hang_once(marker))
     assert run.digests == reference.digests
     assert run.totals == reference.totals
@@ -130,7 +133,9 @@ def test_a_map_hung_past_task_timeout_on_the_thread_runner_fails_the_loader_nami
         return record
 
     dataset = jsonl_dataset(tmp_path / "data")
-    runner = functools.partial(ThreadRunner, task_timeout_s=1, close_timeout_s=0.1)
+    # Every chunk runs under the timeout: 5 s, not 1, so that only the hung map meets it, however
+    # long a loaded machine holds up another (that one was failed first, stuck elsewhere).
+    runner = functools.partial(ThreadRunner, task_timeout_s=5, close_timeout_s=0.1)
     pipeline = text_pipeline(dataset, runner=runner, map_fn=wait_at_the_gate, parallelism=2)
     loader = pipeline.shard(0, 1, global_batch_size=global_batch(pipeline))
     raised: list[BaseException] = []
@@ -152,7 +157,7 @@ def test_a_map_hung_past_task_timeout_on_the_thread_runner_fails_the_loader_nami
         timed_out = raised[0].__cause__ if isinstance(raised[0], RunnerFailedError) else raised[0]
         assert isinstance(timed_out, WorkerCrashedError), raised
         message = str(timed_out)
-        assert "stage 'read+map" in message and "task_timeout_s=1 " in message, message
+        assert "stage 'read+map" in message and "task_timeout_s=5 " in message, message
         assert "in wait_at_the_gate" in message, message
     finally:
         loader.close()

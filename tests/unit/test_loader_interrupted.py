@@ -213,7 +213,7 @@ def _records_done(chunk):
 def _close_from_another_thread_at_random(make, take, seed: int, left_open=lambda subject: ()) -> Counter:
     """How often each outcome came in up to 300 rounds (10 s at most) of: a fresh subject from
     `make()`, a thread calling `take(subject)` (which returns what it got), and this thread closing
-    the subject after a pause of up to 1 ms drawn from `seed`, then waiting 10 s at most for the
+    the subject after a pause of up to 1 ms drawn from `seed`, then waiting 60 s at most for the
     taker. The taker's outcome counts as "closed" for a ConfigurationError naming the close, by its
     repr for any other exception; an exception of the close counts too, and so does whatever
     `left_open(subject)` names once the round is over. The switch interval is 1 us meanwhile: with
@@ -244,9 +244,9 @@ def _close_from_another_thread_at_random(make, take, seed: int, left_open=lambda
                 subject.close()
             except Exception as error:  # noqa: BLE001 - counted, to be named by the assertion
                 outcomes[f"close: {error!r}"] += 1
-            taker.join(10)
+            taker.join(60)  # a hang guard: a taker returns at once after a close
             if taker.is_alive():
-                outcomes["taker still waiting 10 s after the close"] += 1
+                outcomes["taker still waiting 60 s after the close"] += 1
                 break
             outcomes.update(taken)
             outcomes.update(left_open(subject))
@@ -278,8 +278,14 @@ def test_a_lane_closed_from_another_thread_while_it_hands_over_rows_ends_its_rea
     assert set(outcomes) == {"closed"}, outcomes
 
 
+# A guard only: each wait below ends when its event is set. An event not set by then changes the
+# order the test sets up (the close then comes before the start, or after it), so it must be far
+# longer than any stall of a loaded machine.
+ORDER_GUARD_S = 60
+
+
 class _StartsSlowly(ThreadRunner):
-    """A thread runner whose start waits (at most 5 s) until `closed` is set, having set `starting`."""
+    """A thread runner whose start waits (at most ORDER_GUARD_S) until `closed` is set, having set `starting`."""
 
     def __init__(self, starting: threading.Event, closed: threading.Event) -> None:
         super().__init__()
@@ -287,7 +293,7 @@ class _StartsSlowly(ThreadRunner):
 
     def start(self, stages) -> None:
         self.starting.set()
-        self.closed.wait(5)
+        self.closed.wait(ORDER_GUARD_S)
         super().start(stages)
 
 
@@ -308,7 +314,7 @@ def test_a_loader_closed_from_another_thread_while_its_runner_starts_closes_that
     threads_before = set(threading.enumerate())
 
     def close_once_starting() -> None:
-        starting.wait(5)
+        starting.wait(ORDER_GUARD_S)
         loader.close()
         closed.set()
 

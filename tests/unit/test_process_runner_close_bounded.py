@@ -36,6 +36,10 @@ from zephon._runner import Stage
 # Far beyond close_timeout_s and the margins close adds (a loaded CI machine included); a close
 # still running then is one that waits for ever.
 BOUND_S = 60.0
+# task_timeout_s of the tests whose ordinary items must come back while the runner times items
+# out (with max_retries=0, an ordinary item a loaded machine held up past it fails the test): long
+# enough for any stall, and the hanging item waits it out once.
+ITEMS_RUN_UNDER_S = 10.0
 
 
 def close_within_bound(runner: ProcessRunner) -> None:
@@ -213,7 +217,7 @@ def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_work
     SIGKILL with close's warning, leaving it to multiprocessing to forget."""
     marker = tmp_path / "running"
     hang_on_minus_one = hanging_on_minus_one(marker)
-    runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner = ProcessRunner(task_timeout_s=ITEMS_RUN_UNDER_S, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("nfs", hang_on_minus_one, 2)])
     stuck, _ = runner.worker_pids()
     never_exiting(runner, stuck)
@@ -229,7 +233,7 @@ def test_a_worker_killed_past_task_timeout_that_does_not_die_holds_no_other_work
         while not any("SIGKILL" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
             time.sleep(0.01)
         close_within_bound(runner)
-    assert isinstance(error, WorkerCrashedError) and "exceeded task_timeout_s=0.5" in str(error), error
+    assert isinstance(error, WorkerCrashedError) and f"exceeded task_timeout_s={ITEMS_RUN_UNDER_S}" in str(error), error
     unreaped = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
     assert len(unreaped) == 1 and f"stage 'nfs': worker (pid {stuck}) had not exited" in unreaped[0], unreaped
     assert stuck not in [p.pid for p in multiprocessing.active_children()]  # multiprocessing's exit joins it not
@@ -285,7 +289,7 @@ def test_a_worker_given_up_on_past_task_timeout_is_reaped_as_soon_as_it_exits_wh
     Here signals reach the worker only when the test sends them, as neither the reader's SIGKILL
     nor close's ends a process asleep on a hung NFS read."""
     marker = tmp_path / "running"
-    runner = ProcessRunner(task_timeout_s=0.5, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
+    runner = ProcessRunner(task_timeout_s=ITEMS_RUN_UNDER_S, max_retries=0, close_timeout_s=0.2, shm_root=str(tmp_path))
     runner.start([Stage("nfs", hanging_on_a_block_of_ones(marker), 1)])
     [worker] = runner._workers
     stuck = worker.process.pid

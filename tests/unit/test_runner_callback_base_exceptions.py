@@ -87,7 +87,10 @@ def test_the_task_timeout_watch_fails_every_item_after_a_done_callback_raises_a_
         release.wait(GUARD_S)
         return x
 
-    runner = ThreadRunner(task_timeout_s=0.2, close_timeout_s=GUARD_S)
+    # The callbacks below are added after the items are submitted: one added once the watch had
+    # failed its item ran on this thread instead, and raised here. A timeout of 5 s, not 0.2,
+    # leaves this thread that long for the five submits and two additions, however loaded the machine.
+    runner = ThreadRunner(task_timeout_s=5.0, close_timeout_s=GUARD_S)
     with caplog.at_level(logging.ERROR, logger="runners.thread"):
         runner.start([Stage("stuck", hang, parallelism=2)])
         stuck = [runner.submit(0, x) for x in range(2)]

@@ -115,9 +115,11 @@ def test_items_still_queued_when_a_thread_runner_closes_are_done_for_wait_and_as
 
 def test_a_queued_item_its_caller_cancelled_is_done_for_wait_once_a_thread_runner_fails_its_queue():
     """Past task_timeout_s the runner fails its queued items; one its caller had cancelled stays
-    cancelled, and its waiters are told."""
+    cancelled, and its waiters are told. The caller cancels it after the stuck item has started:
+    a timeout of 5 s, not 0.2, leaves this thread that long to, however loaded the machine (a
+    cancel() after the runner had failed the queue returned False on a correct runner)."""
     release, started = threading.Event(), threading.Event()
-    runner = ThreadRunner(task_timeout_s=0.2)
+    runner = ThreadRunner(task_timeout_s=5.0)
     runner.start([Stage("stuck", held_until(release, started), 1)])
     stuck = runner.submit(0, 0)
     assert started.wait(GUARD_S)
@@ -182,7 +184,10 @@ def test_a_stage_thread_starts_no_queued_item_once_a_thread_runner_has_failed_pa
     still failing an earlier stage's queue, ran on a runner already failed; it now fails with
     the same RunnerFailedError. Stage 0's queued item's done-callback, run on the watch once every
     stage refuses new items, frees stage 1's thread and holds the watch until that thread has
-    ended the item queued behind, which makes the order the same on every build."""
+    ended the item queued behind, which makes the order the same on every build. The stuck item
+    times out at 5 s, not 0.2: this thread must put stage 1's held item on its thread before that,
+    however loaded the machine (one refused as the runner had failed never started, and the test
+    waited for it in vain)."""
     release, started = threading.Event(), threading.Event()
     release_next, next_started, ran = threading.Event(), threading.Event(), threading.Event()
     held_next = held_until(release_next, next_started)
@@ -193,7 +198,7 @@ def test_a_stage_thread_starts_no_queued_item_once_a_thread_runner_has_failed_pa
         ran.set()
         return x
 
-    runner = ThreadRunner(task_timeout_s=0.2)
+    runner = ThreadRunner(task_timeout_s=5.0)
     runner.start([Stage("first", held_until(release, started), 1), Stage("next", next_stage, 1)])
     returned = threading.Event()
     try:
@@ -293,8 +298,12 @@ def dies_on_one_hangs_on_two(x: int) -> int:
 
 
 def test_every_way_a_process_runner_ends_a_future_is_done_for_wait_and_runs_its_callback_once():
-    """A result, the function's exception, a worker that always dies, one that always hangs."""
-    with ProcessRunner(task_timeout_s=0.5, max_retries=1) as runner:
+    """A result, the function's exception, a worker that always dies, one that always hangs.
+
+    Items 0 and 3 run under the same `task_timeout_s` as the hanging one: 5 s, so that only a
+    machine that held one of them up that long on both of its attempts could fail it (at 0.5 s a
+    stall of a second or two did); the hanging item waits it out twice."""
+    with ProcessRunner(task_timeout_s=5.0, max_retries=1) as runner:
         runner.start([Stage("mixed", dies_on_one_hangs_on_two, 2)])
         futures = [runner.submit(0, i) for i in range(4)]
         calls = counting_callbacks(futures)

@@ -100,7 +100,13 @@ def child_pids() -> set[int]:
     return children
 
 
-def wait_for_text(path: Path, timeout: float = 10.0) -> str:
+# A polling helper's budget by default: a hang guard, far beyond what any awaited step takes on a
+# loaded machine (a worker noticing its parent died, cleaning up and exiting), since a budget
+# that ran out failed a correct runner; the helpers return as soon as the condition holds.
+POLL_GUARD_S = 60.0
+
+
+def wait_for_text(path: Path, timeout: float = POLL_GUARD_S) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and (text := path.read_text()):
@@ -400,10 +406,12 @@ def test_a_worker_over_the_task_timeout_is_killed_and_its_item_rerun(tmp_path):
 
     with ProcessRunner(task_timeout_s=0.5) as runner:
         runner.start([Stage("cube", stage, 2)])
-        results = [runner.submit(0, x).result(10) for x in range(6)]  # the stall is 60 s: only a kill meets these
+        results = [runner.submit(0, x).result(60) for x in range(6)]  # the stall is 60 s: only a kill meets these
         stats = runner.stats()
         assert int(marker.read_text()) not in runner.worker_pids()
-    assert (stats.retries, stats.workers_replaced) == (1, 1)
+    # One kill and one re-run for the stall; a loaded machine that holds up any other item past
+    # 0.5 s has it killed and re-run too, as it should: each kill re-runs the one item it cut off.
+    assert stats.retries == stats.workers_replaced >= 1
     for x, result in enumerate(results):
         np.testing.assert_array_equal(result, cube(x))
 
@@ -1082,7 +1090,7 @@ def test_a_worker_that_dies_holding_no_item_is_reported_counted_and_replaced(end
     assert (stats.retries, stats.workers_replaced) == (0, 1)
 
 
-def wait_until(condition, timeout: float = 10.0) -> None:
+def wait_until(condition, timeout: float = POLL_GUARD_S) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition never held"
@@ -1109,18 +1117,21 @@ def test_a_busy_worker_already_holds_its_next_item_unless_the_message_is_large(t
         assert runner.stats().items_sent == 3
 
 
-def test_when_a_worker_dies_only_the_item_it_was_running_counts_an_attempt():
+def test_when_a_worker_dies_only_the_item_it_was_running_counts_an_attempt(tmp_path):
+    sent = tmp_path / "item 1 sent"
+
     def crash_on_zero(x: int) -> int:
         if x == 0:
-            time.sleep(0.2)  # item 1 reaches this worker's pipe meanwhile
+            wait_for_text(sent, timeout=60)  # dies only once item 1 is in this worker's pipe
             os._exit(3)
         return x
 
     with ProcessRunner(max_retries=0) as runner:
         runner.start([Stage("fragile", crash_on_zero, 1)])
         crashed, waiting = runner.submit(0, 0), runner.submit(0, 1)
-        wait_until(lambda: runner.stats().items_sent == 2)
-        error = crashed.exception(10)
+        wait_until(lambda: runner.stats().items_sent == 2, timeout=60)
+        sent.write_text("sent")
+        error = crashed.exception(60)
         assert waiting.result(10) == 1  # re-sent to the replacement, not failed with the crash
         stats = runner.stats()
     assert isinstance(error, WorkerCrashedError) and error.attempts == 1
@@ -1146,14 +1157,16 @@ def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_f
     runner.start([Stage("big", lambda n: np.ones(n)), Stage("slow", lambda x: time.sleep(60), 2)])
     directory, workers = runner.shm_directory, set(runner.worker_pids())
     assert workers <= child_pids() and len(workers) == 3
-    kept = runner.submit(0, MIB).result(10)
+    kept = runner.submit(0, MIB).result(60)
+    busy = {worker.process.pid for worker in runner._workers if worker.stage == 1}
     in_flight = [runner.submit(1, i) for i in range(3)]  # two running, one waiting in a worker's pipe
     runner.submit(0, 2 * MIB)  # may be in flight or finished when close() starts
-    time.sleep(0.2)
 
     runner.close()
     runner.close()
-    assert len(terminated) == 2 and set(terminated) <= workers  # the two busy workers, not waited for
+    # The two busy workers are terminated, not waited for; the first stage's too if its item was
+    # still in flight, which depends on how fast this machine ran it.
+    assert len(busy) == 2 and busy <= set(terminated) <= workers
     assert all(future.cancelled() for future in in_flight)
     assert child_pids() == children_before and multiprocessing.active_children() == []
     assert set(threading.enumerate()) == threads_before
@@ -1162,7 +1175,7 @@ def test_close_leaks_no_process_thread_or_shared_memory_file_even_with_work_in_f
     assert kept.sum() == MIB  # a result received before close outlives the directory
 
 
-def test_a_signal_handler_of_the_trainer_never_runs_in_a_worker_and_close_terminates_busy_ones_at_once(tmp_path):
+def test_a_signal_handler_of_the_trainer_never_runs_in_a_worker_and_close_terminates_busy_ones_at_once(tmp_path, caplog):
     """Workers are forked from the trainer and inherited its Python signal handlers: a preemption
     handler for SIGTERM (Lightning's, a job's own checkpoint-and-exit) ran inside every worker that
     got the signal, on its forked copy of the trainer's state, and the worker went on. So close(),
@@ -1174,21 +1187,26 @@ def test_a_signal_handler_of_the_trainer_never_runs_in_a_worker_and_close_termin
         with open(ran_in, "a") as record:
             record.write(f"{os.getpid()}\n")
 
+    def running_for_a_minute(x: int) -> None:
+        (tmp_path / f"running {x}").write_text("running")  # past the worker's start: its handlers are its own
+        time.sleep(60)
+
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         runner = ProcessRunner(close_timeout_s=20)
-        runner.start([Stage("slow", lambda x: time.sleep(60), 2)])
+        runner.start([Stage("slow", running_for_a_minute, 2)])
         workers = runner.worker_pids()
         busy = [runner.submit(0, i) for i in range(2)]
-        time.sleep(0.5)  # both running
-        began = time.monotonic()
-        runner.close()
-        took = time.monotonic() - began
+        for i in range(2):
+            wait_for_text(tmp_path / f"running {i}", timeout=60)
+        with caplog.at_level(logging.WARNING, logger="runners.process"):
+            runner.close()
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert all(future.cancelled() for future in busy)
     assert not ran_in.exists(), f"the trainer's handler ran in workers {ran_in.read_text().split()} of {workers}"
-    assert took < 10, f"close() took {took:.1f} s: the busy workers outlived SIGTERM"
+    outlived = [r.getMessage() for r in caplog.records if "after SIGTERM" in r.getMessage()]
+    assert outlived == [], f"the busy workers outlived SIGTERM: {outlived}"
 
 
 def _ignore_sigterm_and_hang(marker: str):
