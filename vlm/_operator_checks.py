@@ -149,9 +149,10 @@ def _check_processor_merge(decoder: DecodeImages | DecodeVideo, placeholders) ->
     (whose patch layout `pack_multimodal` takes; those writing the pixels field cut alike): the
     grids are the processor's, so each image's token count must follow its merge (Qwen2-VL's 2x2),
     else the model finds 4x the image tokens it expects."""
-    if not isinstance(decoder, DecodeImages) or decoder.processor is None:
+    processor = _processor_of(decoder)
+    if processor is None:
         return
-    merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
+    merge = getattr(processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
     if isinstance(merge, int) and merge != getattr(placeholders, "merge_size", merge):
         raise ConfigurationError(
             f"pack_multimodal: the image processor merges {merge}x{merge} patches per token but the "
@@ -212,7 +213,7 @@ def _without_a_processor(decoders) -> str:
     """Advice for an image processor's rows beside a video decoder, which takes no processor: the
     advice above cannot be followed there, while one ImageSpec for both and the rows made on the
     trainer's side (`qwen_pixel_values`) can."""
-    processed = any(isinstance(op, DecodeImages) and op.processor is not None for op in decoders)
+    processed = any(_processor_of(op) is not None for op in decoders)
     if not processed or not any(isinstance(op, DecodeVideo) for op in decoders):
         return ""
     return (". decode_video takes no image processor: decode the images with the clips' ImageSpec "
@@ -222,13 +223,13 @@ def _without_a_processor(decoders) -> str:
 
 def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
     """How a decoder's images are cut into patches, in words that compare equal when they agree."""
-    if isinstance(decoder, DecodeImages) and decoder.processor is not None:
+    processor = _processor_of(decoder)
+    if processor is not None:
         dim, dtype = decoder.patch_layout()
-        merge = getattr(decoder.processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
+        merge = getattr(processor, "merge_size", None)  # Qwen2-VL's; Pixtral's processor has none
         merged = f" merged {merge}x{merge}" if isinstance(merge, int) else ""
         return f"its image processor's patch rows of {dim} {dtype}{merged}, grids in {decoder.grid_field!r}"
-    spec = decoder.spec if isinstance(decoder, DecodeImages) else decoder.spec.image
-    return f"{spec.patch_size}px patches merged {spec.merge_size}x{spec.merge_size}"
+    return _cut(_image_spec(decoder))
 
 
 def _last_decoder(operators: Sequence[object]) -> DecodeImages | DecodeVideo | None:
