@@ -588,7 +588,7 @@ def _submit_from_a_done_callback(runner: ProcessRunner, item: int) -> Any:
     worker idle by then; the future of `item`."""
     submitted: list[Any] = []
     runner.submit(0, 0).add_done_callback(lambda _: submitted.append(runner.submit(0, item)))
-    wait_until(lambda: bool(submitted), timeout=60)
+    wait_until(lambda: bool(submitted))
     return submitted[0]
 
 
@@ -631,7 +631,7 @@ def _die_mid_reply_leaving_a_child_writing_on(pids: Path, hold: Path, go: Path, 
     descriptor it inherited), then sleeps. On item 0, it waits for `hold`; other items come back
     as they are."""
     if x == 0:
-        wait_for_text(hold, timeout=60)
+        wait_for_text(hold)
     if x != -1:
         return x
     fd, worker = worker_pipe().fileno(), os.getpid()
@@ -654,7 +654,7 @@ def _die_mid_reply_leaving_a_child_writing_on(pids: Path, hold: Path, go: Path, 
         time.sleep(600)
         os._exit(0)
     (pids.parent / "helper").write_text(str(helper))
-    wait_for_text(go, timeout=60)
+    wait_for_text(go)
     for start in range(0, sent, 4096):
         os.write(fd, whole[start : start + 4096])
     pids.write_text(f"{worker} {helper} {sent}")
@@ -688,7 +688,7 @@ def test_a_worker_that_dies_mid_reply_is_retired_by_its_exit_whatever_a_child_ho
             assert reader_held.wait(60)
             go.write_text("go")
             worker, _, sent = map(int, wait_for_text(pids).split())
-            wait_until(lambda: has_exited(worker), timeout=60)
+            wait_until(lambda: has_exited(worker))
             release.set()
             error = cut_short.exception(60)
             assert [runner.submit(0, x).result(60) for x in range(1, 5)] == list(range(1, 5))
@@ -725,7 +725,7 @@ def test_the_whole_replies_a_worker_wrote_before_it_died_answer_their_items_thou
             runner.submit(0, 0).add_done_callback(hold_the_reader)
             assert reader_held.wait(60)
             answered, died_on = runner.submit(1, 100_000), runner.submit(1, -1)
-            wait_until(lambda: has_exited(dying), timeout=60)
+            wait_until(lambda: has_exited(dying))
             release.set()
             assert answered.result(60) == bytes(100_000)
             error = died_on.exception(60)
@@ -781,7 +781,7 @@ def _a_forked_child_answers_before_the_worker(forked: Path, go: Path, x: int) ->
             answer = pickle.dumps((True, Envelope(pickle.dumps(99), None, ()), ()), protocol=5)
             send_reply(worker_pipe().fileno(), answer)
             os._exit(0)
-        wait_for_text(go, timeout=60)
+        wait_for_text(go)
     return x
 
 
@@ -799,7 +799,7 @@ def test_a_reply_the_worker_did_not_write_is_never_taken_for_its_answer(tmp_path
         [worker] = runner._workers
         pid = worker.process.pid
         answer = runner.submit(0, -1)
-        wait_until(lambda: answer.done() or runner.stats().workers_replaced, timeout=60)
+        wait_until(lambda: answer.done() or runner.stats().workers_replaced)
         go.write_text("go")
         assert answer.result(60) == -1
         assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
@@ -881,7 +881,7 @@ def test_a_worker_whose_pipe_ends_while_it_runs_is_killed_and_replaced_holding_u
         assert [runner.submit(0, x).result(60) for x in range(4)] == list(range(4))
         assert lost.result(60) == -1
         stats = runner.stats()
-        wait_until(lambda: has_exited(victim), timeout=60)
+        wait_until(lambda: has_exited(victim))
     assert (stats.retries, stats.workers_replaced) == (1, 1)
     assert f"worker (pid {victim}) was killed: its pipe closed while it was still running" in caplog.text, caplog.text
 
@@ -954,7 +954,7 @@ def _report_progress_to_the_reply_descriptor_later(go: Path, x: int) -> int:
         fd = worker_pipe().fileno()
 
         def report() -> None:
-            wait_for_text(go, timeout=60)
+            wait_for_text(go)
             os.write(fd, b"progress: 100%\n")
 
         threading.Thread(target=report, daemon=True).start()
@@ -973,7 +973,7 @@ def test_an_idle_worker_retired_for_text_on_its_reply_descriptor_is_reported(tmp
         [pid] = runner.worker_pids()
         assert runner.submit(0, -1).result(60) == -1
         go.write_text("go")
-        wait_until(lambda: runner.stats().workers_replaced == 1, timeout=60)
+        wait_until(lambda: runner.stats().workers_replaced == 1)
         assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
     length = int.from_bytes(b"progress", "big")
     assert f"worker (pid {pid}) was killed: its reply pipe carried a length of {length} bytes" in caplog.text, caplog.text
@@ -1058,7 +1058,7 @@ def _end_the_worker_with_code_7_once_go_exists(go: Path, x: int) -> int:
     if x == -1:
 
         def end() -> None:
-            wait_for_text(go, timeout=60)
+            wait_for_text(go)
             os._exit(7)
 
         threading.Thread(target=end, daemon=True).start()
@@ -1081,7 +1081,7 @@ def test_a_worker_that_dies_holding_no_item_is_reported_counted_and_replaced(end
             os.kill(pid, signal.SIGKILL)
         else:
             go.write_text("go")
-        wait_until(lambda: runner.stats().workers_replaced == 1, timeout=60)
+        wait_until(lambda: runner.stats().workers_replaced == 1)
         assert [runner.submit(0, x).result(60) for x in range(3)] == list(range(3))
         stats = runner.stats()
     told = [record for record in caplog.records if f"(pid {pid})" in record.getMessage()]
@@ -1122,14 +1122,14 @@ def test_when_a_worker_dies_only_the_item_it_was_running_counts_an_attempt(tmp_p
 
     def crash_on_zero(x: int) -> int:
         if x == 0:
-            wait_for_text(sent, timeout=60)  # dies only once item 1 is in this worker's pipe
+            wait_for_text(sent)  # dies only once item 1 is in this worker's pipe
             os._exit(3)
         return x
 
     with ProcessRunner(max_retries=0) as runner:
         runner.start([Stage("fragile", crash_on_zero, 1)])
         crashed, waiting = runner.submit(0, 0), runner.submit(0, 1)
-        wait_until(lambda: runner.stats().items_sent == 2, timeout=60)
+        wait_until(lambda: runner.stats().items_sent == 2)
         sent.write_text("sent")
         error = crashed.exception(60)
         assert waiting.result(10) == 1  # re-sent to the replacement, not failed with the crash
@@ -1198,7 +1198,7 @@ def test_a_signal_handler_of_the_trainer_never_runs_in_a_worker_and_close_termin
         workers = runner.worker_pids()
         busy = [runner.submit(0, i) for i in range(2)]
         for i in range(2):
-            wait_for_text(tmp_path / f"running {i}", timeout=60)
+            wait_for_text(tmp_path / f"running {i}")
         with caplog.at_level(logging.WARNING, logger="runners.process"):
             runner.close()
     finally:
