@@ -105,8 +105,8 @@ LOADERS: dict[str, dict] = {
 BOUNDS: dict[str, dict] = {
     "3.11 Pillow": {"venv": "project-3.11", "stack": "Pillow", "functions": ["ours", "work"], "variants": ["ours"]},
     "3.14t Pillow": {"venv": "project-3.14t", "stack": "Pillow", "functions": ["ours", "work"], "variants": ["ours"]},
-    "3.14t pillow-simd": {"venv": "simd314t", "stack": "pillow-simd", "functions": ["ours"]},
-    "3.11 pillow-simd": {"venv": "simd311", "stack": "pillow-simd", "functions": ["ours"]},
+    "3.14t pillow-simd": {"venv": "simd314t", "stack": "pillow-simd", "functions": ["ours"], "variants": ["ours"]},
+    "3.11 pillow-simd": {"venv": "simd311", "stack": "pillow-simd", "functions": ["ours"], "variants": ["ours"]},
 }
 
 # "at once": one copy per core, all running together, their rates added: what the machine gives
