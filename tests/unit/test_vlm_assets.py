@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 
 def package_dir(name: str) -> Path | None:
@@ -132,6 +132,29 @@ def rotated_jpeg(orientation: int) -> bytes:
     exif = Image.Exif()
     exif[0x0112] = orientation
     return encode(gradient(), "JPEG", quality=95, exif=exif.tobytes())
+
+
+def raw_profile_exif_png(orientation: int) -> bytes:
+    """A PNG whose orientation is in a "Raw profile type exif" text chunk before its pixel data,
+    as ImageMagick 6 writes it (hex EXIF after a blank line, a name and a length)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    raw = exif.tobytes()
+    hexed = raw.hex()
+    text = f"\nexif\n{len(raw):8d}\n" + "\n".join(hexed[i : i + 72] for i in range(0, len(hexed), 72)) + "\n"
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Raw profile type exif", text)
+    return encode(gradient(96, 160), pnginfo=info)
+
+
+def xmp_png(orientation: int) -> bytes:
+    """A PNG whose orientation is only in its XMP packet, an iTXt chunk before its pixel data."""
+    xmp = ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+           f'<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="{orientation}"/>'
+           "</rdf:RDF></x:xmpmeta>")
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt("XML:com.adobe.xmp", xmp)
+    return encode(gradient(96, 160), pnginfo=info)
 
 
 def make_video(path: Path, frames: int = 30, fps: int = 10, size=(128, 96), codec: str = "mpeg4") -> Path:

@@ -20,11 +20,13 @@ from tests.unit.test_vlm_assets import (
     palette_alpha_png,
     png_chunk,
     png_header_only,
+    raw_profile_exif_png,
     real_file,
     rotated_jpeg,
     sixteen_bit_png,
     stored_png,
     truncated_jpeg,
+    xmp_png,
 )
 from vlm import ImageDecodeError, ImageSpec, decode_image
 from vlm._deferred import DeferredImage
@@ -39,29 +41,6 @@ def _tiff(mode: str) -> bytes:
     return buffer.getvalue()
 
 
-def _raw_profile_png(orientation: int) -> bytes:
-    """A PNG whose orientation is in a "Raw profile type exif" text chunk before its pixel data,
-    as ImageMagick 6 writes it (hex EXIF after a blank line, a name and a length)."""
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    raw = exif.tobytes()
-    hexed = raw.hex()
-    text = f"\nexif\n{len(raw):8d}\n" + "\n".join(hexed[i : i + 72] for i in range(0, len(hexed), 72)) + "\n"
-    info = PngImagePlugin.PngInfo()
-    info.add_text("Raw profile type exif", text)
-    return encode(gradient(96, 160), pnginfo=info)
-
-
-def _xmp_png(orientation: int) -> bytes:
-    """A PNG whose orientation is only in its XMP packet, an iTXt chunk before its pixel data."""
-    xmp = ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
-           f'<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="{orientation}"/>'
-           "</rdf:RDF></x:xmpmeta>")
-    info = PngImagePlugin.PngInfo()
-    info.add_itxt("XML:com.adobe.xmp", xmp)
-    return encode(gradient(96, 160), pnginfo=info)
-
-
 IMAGES = {
     **{relative.rsplit("/", 1)[-1]: (package, relative) for package, relative in REAL_JPEGS + REAL_PNGS},
     "rotated-6.jpg": rotated_jpeg(6),
@@ -73,8 +52,8 @@ IMAGES = {
     "one-bit.tiff": _tiff("1"),
     "float.tiff": _tiff("F"),
     "tall.png": encode(gradient(700, 90)),
-    "raw-profile-exif-6.png": _raw_profile_png(6),
-    "xmp-orientation-8.png": _xmp_png(8),
+    "raw-profile-exif-6.png": raw_profile_exif_png(6),
+    "xmp-orientation-8.png": xmp_png(8),
 }
 
 
@@ -202,7 +181,7 @@ def test_an_orientation_found_only_after_a_pngs_pixels_fails_instead_of_changing
     assert _reason(DeferredImage(data, (rows, cols), spec).decode) == "corrupt_image"
 
 
-@pytest.mark.parametrize("data", [_raw_profile_png(6), _xmp_png(6)], ids=["raw-profile-exif", "xmp"])
+@pytest.mark.parametrize("data", [raw_profile_exif_png(6), xmp_png(6)], ids=["raw-profile-exif", "xmp"])
 def test_an_orientation_before_a_pngs_pixels_turns_the_planned_grid_without_decoding(data, monkeypatch):
     spec = ImageSpec()
     upright = decode_image(data, spec).shape[:2]
