@@ -163,10 +163,12 @@ def walk(data: bytes, fast: bool, encoding: str = "utf-8", errors: str = "surrog
     return steps
 
 
-@pytest.mark.parametrize("errors", ["surrogateescape", "strict"])
+@pytest.mark.parametrize("encoding, errors", [("utf-8", "surrogateescape"), ("utf-8", "strict"), ("ascii", "strict"),
+                                              ("latin-1", "strict")])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_walk_gives_tarfiles_members_offsets_and_end(case, errors):
-    assert walk(CASES[case], fast=True, errors=errors) == walk(CASES[case], fast=False, errors=errors)
+def test_the_walk_gives_tarfiles_members_offsets_and_end(case, encoding, errors):
+    fast, through_tarfile = (walk(CASES[case], fast, encoding, errors) for fast in (True, False))
+    assert fast == through_tarfile
 
 
 @pytest.mark.parametrize("tar_format", list(FORMATS))

@@ -50,6 +50,8 @@ def _unsigned_checksum(buf: bytes) -> int:
 
 def _text(buf: bytes, start: int, stop: int, encoding: str, errors: str) -> str:
     """`tarfile.nts(buf[start:stop], ...)`: the field up to its first NUL, decoded."""
+    if not buf[start]:  # most often: an empty link name, prefix, user or group name
+        return ""
     end = buf.find(0, start, stop)
     return buf[start:stop if end < 0 else end].decode(encoding, errors)
 
@@ -67,7 +69,8 @@ def _plain_member(buf: bytes, offset: int, encoding: str, errors: str) -> tarfil
         # signed bytes (old Sun tars) is tarfile's to accept.
         return None
     try:
-        name = _text(buf, 0, 100, encoding, errors)
+        end = buf.find(0, 0, 100)  # decoded even when empty: an unknown encoding raises, as in tarfile
+        name = buf[:100 if end < 0 else end].decode(encoding, errors)
         linkname = _text(buf, 157, 257, encoding, errors)
         uname = _text(buf, 265, 297, encoding, errors)
         gname = _text(buf, 297, 329, encoding, errors)
