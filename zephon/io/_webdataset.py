@@ -24,8 +24,10 @@ stores a hard link for a file it met before under another name. Its record is sk
 `not_a_file` (left out, the member was lost unsaid: a record of links alone was missing from the
 plan, and a record with one among its files was handed out without it).
 
-Record counting walks the tar headers only (tarfile seeks over member data), remembering the header
-offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record.
+Record counting walks the tar headers only (seeking over member data), remembering the header
+offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record. Plain
+headers (regular files and directories) are read by `_tar_walk` and payloads straight from the
+file, with the members and errors `tarfile` gives; every other header is `tarfile`'s to read.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class WebDataset:
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         assert seek is not None, "a webdataset shard is always scanned with seek points"
         import tarfile
+
+        from ._tar_walk import member_payload
         point = start // SEEK_STRIDE
         index = point * SEEK_STRIDE - 1
         slots: list[Slot] = []
@@ -124,7 +128,7 @@ class WebDataset:
                             not_a_file = not_a_file or _what_it_is(member)
                             record[extension] = b""
                             continue
-                        record[extension] = tar.extractfile(member).read()
+                        record[extension] = member_payload(tar, member)
                 if record is not None and index >= start:
                     if _ends_cut(f, tar.offset):
                         detail = "tar cut short: its last record may lack members"
@@ -171,7 +175,9 @@ def _check_archive_end(f, offset: int) -> None:
 def _members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
     """Members that belong to a record, with their key and extension, in tar order: every one but
     directories, whose names are no record's (`imgs.v2/` holds records, it is none)."""
-    while (member := tar.next()) is not None:
+    from ._tar_walk import next_member  # imports tarfile: only where a tar is read
+
+    while (member := next_member(tar)) is not None:
         # TarFile keeps every header it has read; a shard can hold millions, and we never look back.
         tar.members.clear()
         split = None if member.isdir() else split_member_name(member.name)
