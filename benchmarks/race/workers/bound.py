@@ -108,12 +108,8 @@ def text_bound(functions: str) -> tuple[dict, Passes]:
 def vlm_bound(functions: str) -> tuple[dict, Passes]:
     v = cfg["vlm"]
     ids = data["vlm_ids"]
-    shards = _work.pair_shards(data["pairs_dir"])
     tok = _work.load_tokenizer(data["vlm_tokenizer"])
     max_side, patch, length = v["max_side"], 16, v["max_length"]
-
-    def read(_):
-        return [pair for shard in shards for pair in _work.read_pair_shard(shard)]
 
     def tokenize(out):
         return [_work.encode_text(tok, c, ids["bos"], ids["eos"]) for _, c in out["read_s"]]
@@ -150,7 +146,11 @@ def vlm_bound(functions: str) -> tuple[dict, Passes]:
             rows = [row for r in records for row in packer.push((address, r))]
             return [row.tokens | row.ragged for row in rows + packer.flush()]
     else:
+        shards = _work.pair_shards(data["pairs_dir"])
         placeholders = _work.Placeholders(ids["img"], ids["img_break"], ids["img_end"])
+
+        def read(_):
+            return [pair for shard in shards for pair in _work.read_pair_shard(shard)]
 
         def decode(out):
             return [_work.decode_image(b, max_side, patch) for b, _ in out["read_s"]]
