@@ -65,6 +65,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError, relative_path_note
+from ._cache_layers import refuse_block_cache
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
@@ -395,6 +396,7 @@ def _list(url: str, storage_options: dict) -> tuple[AbstractFileSystem | LocalFi
     import fsspec  # only here: see _local for what importing it costs
 
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    refuse_block_cache(fs, url)
     has_glob = any(char in path for char in _GLOB_CHARS)
     if is_local(fs):
         return fs, list_local(path, has_glob)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
+from ._cache_layers import whole_file_layer
 from ._protocols import is_local
 
 if TYPE_CHECKING:
@@ -73,16 +74,30 @@ def reading_filesystem(
     fs: AbstractFileSystem | LocalFiles, cache: CacheOptions, planned_versions: Mapping[str, ShardVersion] | None = None
 ) -> AbstractFileSystem | LocalFiles:
     """`fs`, or the cache in front of it; `planned_versions` (path -> version, see `_version`) name
-    the copies a Dataset's reads look for, and planning's (the listing's)."""
+    the copies a Dataset's reads look for, and planning's (the listing's). A URL naming fsspec's
+    `simplecache::` or `filecache::` is read through this cache in the layer's directories, or in
+    the one `cache` names where it is enabled, and local files under it in place (`_cache_layers`)."""
+    layer = whole_file_layer(fs)
+    if layer is not None:
+        fs, directories = layer
+        if not cache.enabled and not is_local(fs):
+            return _atomic_cache_in(directories, fs, planned_versions)
     if not cache.enabled or is_local(fs):
         return fs
+    return _atomic_cache_in(cache.directory, fs, planned_versions)
+
+
+def _atomic_cache_in(
+    directories: str | list[str], fs: AbstractFileSystem, planned_versions: Mapping[str, ShardVersion] | None
+) -> AbstractFileSystem:
     from ._atomic_cache import AtomicSimpleCacheFileSystem  # imports fsspec, which a remote filesystem has already
 
     try:  # makes the directory if it is missing
-        return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=cache.directory, planned_versions=planned_versions)
+        return AtomicSimpleCacheFileSystem(fs=fs, cache_storage=directories, planned_versions=planned_versions)
     except OSError as error:  # else a bare "File exists" or "Not a directory", from planning or a worker
+        written = directories if isinstance(directories, str) else directories[-1]
         raise ConfigurationError(
-            f"cache directory {cache.directory} cannot be made ({error.strerror}: {error.filename}); "
+            f"cache directory {written} cannot be made ({error.strerror}: {error.filename}); "
             "set io cache options {'dir': ...} to a directory that can be written"
         ) from error
 
