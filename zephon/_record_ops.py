@@ -20,7 +20,7 @@ from ._field_names import fields_it_has
 from ._fingerprint import _describe_callable, _fingerprint_callable
 from ._markers import OFFSETS_FIELD, MarkerOffsets, encode_at_markers
 from ._records import ChunkRecords
-from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer
+from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer, tokenizers_pool_is_off
 
 __all__ = [
     "RecordOperator", "MapOp", "FilterOp", "TokenizeOp", "RecordFn", "check_parallelism", "check_user_function",
@@ -205,38 +205,44 @@ class TokenizeOp(RecordOperator):
         # and gives the same ids for ~20% less CPU.
         encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
         marker, offsets_field = self.marker, self.offsets_field
-        if marker is not None:  # the pieces between markers, in the same one call per chunk
+        if marker is not None:  # the pieces between markers of a call's texts, in that one call
             encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
+        shift = len(prefix)
+
+        def tokens_of(encoding) -> tuple[np.ndarray, MarkerOffsets | None]:
+            # `ids` is a new list at every access, so BOS/EOS go into it in place, and
+            # `fromiter` with a count fills the array in one pass: 3.14t, text race corpus,
+            # 39-41 -> 31 ns per token against two list concatenations and `np.array`.
+            ids = encoding.ids
+            ids += suffix
+            ids[:0] = prefix
+            tokens = np.fromiter(ids, dtype=np.int32, count=len(ids))
+            if marker is None:
+                return tokens, None
+            return tokens, MarkerOffsets([at + shift for at in encoding.offsets], marker)
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             reasons = [_text_problem(record.get(field_name)) for record in batch.records]
+            calls = _characters_per_call()
             try:
-                encodings = _encode(encode_batch, batch.records, field_name, reasons)
+                encoded = _encode(encode_batch, tokens_of, calls, batch.records, field_name, reasons)
             except TypeError:
                 # tokenizers refuses the whole batch (a bare TypeError) for one str without a UTF-8
                 # form: a lone surrogate, which a JSON `\ud800` escape makes. Only then is each text
                 # checked, so the usual batch pays nothing; such a record is `invalid_utf8`.
                 reasons = [reason or _unencodable(r[field_name]) for r, reason in zip(batch.records, reasons)]
-                encodings = _encode(encode_batch, batch.records, field_name, reasons)
+                encoded = _encode(encode_batch, tokens_of, calls, batch.records, field_name, reasons)
             if on_error == "raise":
                 for reason, address, record in zip(reasons, batch.addresses, batch.records):
                     if reason is not None:
                         raise BadRecordError(address, reason, _field_detail(field_name, reason, record))
             batch.skip(reasons, functools.partial(_field_detail, field_name))
-            for record, encoding in zip(batch.records, encodings):
-                # `ids` is a new list at every access, so BOS/EOS go into it in place, and
-                # `fromiter` with a count fills the array in one pass: 3.14t, text race corpus,
-                # 39-41 -> 31 ns per token against two list concatenations and `np.array`.
-                ids = encoding.ids
-                ids += suffix
-                ids[:0] = prefix
-                record[out_field] = np.fromiter(ids, dtype=np.int32, count=len(ids))
+            for record, (tokens, offsets) in zip(batch.records, encoded):
+                record[out_field] = tokens
                 if not keep_field:
                     record.pop(field_name, None)
-            if marker is not None:  # a loop of its own: the texts without the option pay no test per record
-                shift = len(prefix)
-                for record, encoding in zip(batch.records, encodings):
-                    record[offsets_field] = MarkerOffsets([at + shift for at in encoding.offsets], marker)
+                if offsets is not None:
+                    record[offsets_field] = offsets
             return batch
 
         return tokenize
@@ -260,10 +266,50 @@ class TokenizeOp(RecordOperator):
         }
 
 
-def _encode(encode_batch, records: list[dict], field_name: str, reasons: list[str | None]) -> list:
-    """The encodings of the records' texts that have no reason to be skipped, in order."""
+_CHARACTERS_PER_CALL = 1 << 16
+"""With tokenizers' own pool off, the texts of one call to the tokenizer hold at most this many
+characters, or are one text (see `_characters_per_call`)."""
+
+
+def _characters_per_call() -> int | None:
+    """How many characters of text one call to the tokenizer encodes (a text longer than that
+    alone): `_CHARACTERS_PER_CALL` where tokenizers' own pool is off (Zephon turns it off where
+    several workers tokenize: `leave_cores_to_workers`), else a chunk's all (None), a batch the
+    pool spreads over the cores. A call's encodings stay alive together, each token with its
+    string, offsets and masks (~100 bytes): a chunk of sixteen documents of 400k characters (1.8M
+    tokens) grew a worker's peak RSS by 167 MiB encoded at once, 85 MiB one at a time (3.14t),
+    in the same time. A call of its own for every text cost ~5 us a call, 1.1-1.5 % more time on
+    the race's text chunks (16 documents of 1.6k characters on average), which 64k characters a
+    call keeps to one call (alternating runs: within their 1 % noise of one call per chunk).
+    Asked at each chunk: the variable is tokenizers' only switch, read at every call."""
+    return _CHARACTERS_PER_CALL if tokenizers_pool_is_off() else None
+
+
+def _encode(encode_batch, tokens_of, per_call: int | None, records: list[dict], field_name: str,
+            reasons: list[str | None]) -> list:
+    """`tokens_of` each encoding of the records' texts that have no reason to be skipped, in
+    order, the texts encoded in consecutive runs of at most `per_call` characters or of one text
+    (None: all at once). Each run's encodings are dropped before the next run is encoded, and
+    nothing is written into a record until every text is: a TypeError (a text tokenizers
+    refuses) leaves the records as they were."""
     texts = [record[field_name] for record, reason in zip(records, reasons) if reason is None]
-    return encode_batch(texts, add_special_tokens=False) if texts else []
+    return [tokens_of(encoding) for run in _runs(texts, per_call)
+            for encoding in encode_batch(run, add_special_tokens=False)]
+
+
+def _runs(texts: list[str], characters: int | None) -> list[list[str]]:
+    """`texts` cut into consecutive runs of at most `characters` characters, a longer text alone."""
+    if characters is None or sum(map(len, texts)) <= characters:
+        return [texts] if texts else []
+    runs, run, held = [], [], 0
+    for text in texts:
+        if run and held + len(text) > characters:
+            runs.append(run)
+            run, held = [], 0
+        run.append(text)
+        held += len(text)
+    runs.append(run)
+    return runs
 
 
 def _field_detail(field_name: str, reason: str, record: dict) -> str:

@@ -14,7 +14,7 @@ from ._errors import ConfigurationError, relative_path_note
 from ._job_log import config_level
 from ._sha256 import sha256
 
-__all__ = ["SPLIT_SPECIAL_TOKENS", "TokenizerHandle", "load_tokenizer", "leave_cores_to_workers"]
+__all__ = ["SPLIT_SPECIAL_TOKENS", "TokenizerHandle", "load_tokenizer", "leave_cores_to_workers", "tokenizers_pool_is_off"]
 
 log = logging.getLogger("zephon")
 
@@ -223,6 +223,15 @@ def leave_cores_to_workers(parallelism: int) -> None:
                 "may run; set it to false before starting to give the workers the cores",
                 parallelism, _PARALLELISM_VARIABLE, _pool_decision.parallelism,
             )
+
+
+# The values tokenizers reads as "off" (its `parallelism` utilities, lower-cased); anything else is on.
+_POOL_OFF_VALUES = frozenset({"", "off", "false", "f", "no", "n", "0"})
+
+
+def tokenizers_pool_is_off() -> bool:
+    """Whether tokenizers' own pool is off now, as tokenizers reads its environment variable."""
+    return os.environ.get(_PARALLELISM_VARIABLE, "true").lower() in _POOL_OFF_VALUES
 
 
 class _PoolDecision:
