@@ -8,7 +8,6 @@ Dataset is planned) and how to read a record range (`read`, run per chunk, possi
 from __future__ import annotations
 
 import io
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
@@ -17,6 +16,7 @@ import numpy as np
 from ._cache_layer import raise_what_the_store_said
 from ._errors import ShardUnavailableError
 from ._policy import Slot
+from ._shared_handles import open_own
 from ._version import ShardVersion, check_opened
 
 if TYPE_CHECKING:
@@ -44,17 +44,10 @@ class ShardFile:
 
     def open(self) -> BinaryIO:
         try:
-            opened = self.fs.open(self.path, "rb")
+            opened, handle = open_own(self.fs, self.path)  # memory://, tar://, zip:// share file objects
         except FileNotFoundError:
             raise_what_the_store_said(self.fs, self.path)  # a cache in front of http(s) hides its status
             raise
-        handle = opened
-        memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
-        if memory is not None and type(opened) is memory.MemoryFile:
-            # fsspec's memory filesystem gives every opener the one file object it stores: reads
-            # of two chunks on two threads would move each other's position. A BytesIO of its
-            # bytes is private and shares them without a copy.
-            handle = io.BytesIO(opened.getvalue())
         try:
             check_opened(self.planned_version, opened, self.fs, self.path, self.url)
             if self.planned_nbytes is not None:
