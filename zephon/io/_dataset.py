@@ -397,5 +397,17 @@ def _make_reader(format: str, text_unit: str) -> ShardFormat:
 
 
 def _shard_url(fs: AbstractFileSystem | LocalFiles, path: str) -> str:
-    """Local shards keep their plain path (what a user recognises in a log); others their full URL."""
-    return path if is_local(fs) else fs.unstrip_protocol(path)
+    """Local shards keep their plain path (what a user recognises in a log); others their full URL,
+    with the server that ftp's, sftp's and smb's paths leave out (`ftp:///data/a.jsonl` named
+    none: two servers' shards at one path were one shard to a log and to the dataset's
+    fingerprint). The user is named as the URL named it; a password never."""
+    if is_local(fs):
+        return path
+    url = fs.unstrip_protocol(path)
+    scheme, no_server, rest = url.partition(":///")
+    options = getattr(fs, "storage_options", {})
+    if not no_server or not options.get("host"):
+        return url
+    user = f"{options['username']}@" if options.get("username") else ""
+    port = f":{options['port']}" if options.get("port") else ""
+    return f"{scheme}://{user}{options['host']}{port}/{rest}"

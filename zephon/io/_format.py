@@ -44,7 +44,7 @@ class ShardFile:
 
     def open(self) -> BinaryIO:
         try:
-            opened, handle = open_own(self.fs, self.path)  # memory://, tar://, zip:// share file objects
+            opened, handle = open_own(self.fs, self.path)  # memory://, tar://, zip://, ftp:// share files
         except FileNotFoundError:
             raise_what_the_store_said(self.fs, self.path)  # a cache in front of http(s) hides its status
             raise

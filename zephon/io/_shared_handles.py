@@ -1,8 +1,8 @@
-"""A handle of the opener's own where fsspec hands every opener of a file the same file object.
+"""A handle of the opener's own where fsspec's files share what cannot serve two threads at once.
 
 `ShardFile.open` promises each caller a handle with its own position: a Dataset reads chunks of one
 shard on several threads at once (planning counts shards on up to 16, a thread runner reads chunks
-on several). Three fsspec filesystems break that:
+on several). Four fsspec filesystems break that:
 
 - `memory://` gives every opener the one file object it stores: reads of two chunks on two threads
   moved each other's position. A `BytesIO` of its bytes is private and shares them without a copy.
@@ -17,6 +17,10 @@ on several). Three fsspec filesystems break that:
   `ZipFile.close`; a count that reached zero with members open would close the file under them).
   Members are opened and closed under the filesystem's lock; reads, decompression included, stay
   parallel.
+- `ftp://` sends every file's commands over the filesystem's one control connection: planning's
+  threads interleaved theirs, so no FTP dataset of more than one shard could be planned
+  (`error_reply('200 Type set to: Binary.')`, or a timeout), nor its chunks read on several
+  threads. Its files are opened, read and closed one call at a time, as tar's members are.
 """
 
 from __future__ import annotations
@@ -30,15 +34,15 @@ from typing import BinaryIO
 
 __all__ = ["open_own"]
 
-_archive_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_archive_locks_made = threading.Lock()
+_filesystem_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_filesystem_locks_made = threading.Lock()
 
 
 def open_own(fs, path: str) -> tuple[BinaryIO, BinaryIO]:
     """`path` opened for reading on `fs`: (the handle `fs` gave, the caller's own handle over it;
     the same one where `fs` gives each opener its own, see the module docstring)."""
-    archive = _archive_kind(fs)
-    if archive is None:
+    shared = _what_is_shared(fs)
+    if shared is None:
         opened = fs.open(path, "rb")
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
         if memory is not None and type(opened) is memory.MemoryFile:
@@ -47,28 +51,33 @@ def open_own(fs, path: str) -> tuple[BinaryIO, BinaryIO]:
     lock = _lock_of(fs)
     with lock:
         opened = fs.open(path, "rb")
-    return opened, io.BufferedReader(_ArchiveMember(opened, lock, reads_locked=archive == "tar"))
+    return opened, io.BufferedReader(_SharingFile(opened, lock, reads_locked=shared == "reads"))
 
 
-def _archive_kind(fs) -> str | None:
-    """"tar" or "zip" where `fs` is fsspec's filesystem of such an archive's members, else None."""
-    for kind, module, name in (("tar", "tar", "TarFileSystem"), ("zip", "zip", "ZipFileSystem")):
+# fsspec's filesystems whose files share what cannot serve two calls at once (module docstring):
+# "reads", every call on a file (one file object, one connection); "opens", opening and closing.
+_SHARING = (("tar", "TarFileSystem", "reads"), ("ftp", "FTPFileSystem", "reads"), ("zip", "ZipFileSystem", "opens"))
+
+
+def _what_is_shared(fs) -> str | None:
+    """"reads" or "opens" where `fs` is one of `_SHARING`'s filesystems, else None."""
+    for module, name, shared in _SHARING:
         implementation = sys.modules.get(f"fsspec.implementations.{module}")  # imported if fs is one
         if implementation is not None and isinstance(fs, getattr(implementation, name)):
-            return kind
+            return shared
     return None
 
 
-def _lock_of(archive) -> threading.Lock:
-    with _archive_locks_made:
-        lock = _archive_locks.get(archive)
+def _lock_of(fs) -> threading.Lock:
+    with _filesystem_locks_made:
+        lock = _filesystem_locks.get(fs)
         if lock is None:
-            lock = _archive_locks[archive] = threading.Lock()
+            lock = _filesystem_locks[fs] = threading.Lock()
         return lock
 
 
-class _ArchiveMember(io.RawIOBase):
-    """One opener's handle of a member (which keeps its own position), closed under the archive's
+class _SharingFile(io.RawIOBase):
+    """One opener's handle of a file (which keeps its own position), closed under its filesystem's
     lock, and read, sought and told under it too where `reads_locked` (module docstring)."""
 
     def __init__(self, member: BinaryIO, lock: threading.Lock, reads_locked: bool) -> None:

@@ -1,0 +1,58 @@
+"""Datasets on an FTP server (`ftp://host:port/dir`), served here by pyftpdlib from a local directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from zephon.io import Dataset
+
+# pyftpdlib is built on asyncore and asynchat, which 3.11 warns are deprecated (3.12+ take them from PyPI).
+pytestmark = pytest.mark.filterwarnings("ignore:The (asyncore|asynchat) module is deprecated:DeprecationWarning")
+
+
+@pytest.fixture
+def ftp_server(tmp_path):
+    """An anonymous read-only FTP server of tmp_path/root; yields its ftp:// URL."""
+    from pyftpdlib.authorizers import DummyAuthorizer
+    from pyftpdlib.handlers import FTPHandler
+    from pyftpdlib.servers import ThreadedFTPServer
+
+    root = tmp_path / "root"
+    root.mkdir()
+    authorizer = DummyAuthorizer()
+    authorizer.add_anonymous(str(root))
+    handler = type("Handler", (FTPHandler,), {"authorizer": authorizer})
+    logging.getLogger("pyftpdlib").setLevel(logging.WARNING)
+    server = ThreadedFTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"timeout": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"ftp://127.0.0.1:{server.address[1]}", root
+    finally:
+        server.close_all()
+        thread.join(timeout=10)
+
+
+def test_an_ftp_dataset_is_planned_and_read_on_many_threads_at_once_as_its_local_copy(ftp_server, tmp_path):
+    """fsspec's FTP filesystem sends every file's commands over its one control connection:
+    planning counts remote shards on up to 16 threads, whose commands interleaved, so no FTP
+    dataset of more than one shard could be planned (`error_reply('200 Type set to: Binary.')`),
+    nor its chunks read on several threads. Its shards were named without the server
+    (`ftp:///data/s0.jsonl`): two servers' shards at one path were one to a log and a fingerprint."""
+    url, root = ftp_server
+    (root / "data").mkdir()
+    for shard in range(8):
+        lines = (json.dumps({"shard": shard, "i": i, "pad": "x" * (i % 97)}) for i in range(600))
+        (root / "data" / f"s{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    local = Dataset.from_path("d", str(root / "data"))
+    expected = [local.read_chunk(chunk).records for chunk in local.chunks(50)]
+    ds = Dataset.from_path("d", f"{url}/data", retries=1)
+    with ThreadPoolExecutor(8) as pool:
+        chunks = list(pool.map(lambda chunk: ds.read_chunk(chunk, on_error="raise").records, ds.chunks(50)))
+    assert chunks == expected
+    assert [shard.url for shard in ds.shards] == [f"{url}/data/s{shard}.jsonl" for shard in range(8)]
