@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import gc
 import gzip
 import io
+import json
 import logging
 import multiprocessing
 import os
@@ -1694,3 +1696,33 @@ def test_a_cache_disk_that_is_full_or_read_only_is_a_named_error_at_once_not_a_f
         assert "free space on its disk" not in str(caught.value)
     assert len(downloads) <= 1, "a local disk error was retried as if the remote had failed"
     assert not list(directory.glob("*.part")), "the temporary copy was left behind"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_http_dataset_whose_server_answers_no_range_requests_is_read_chunk_by_chunk_from_each_shards_start(
+    scheme, fmt, tmp_path, caplog
+):
+    """`python -m http.server` answers a range request with the whole file. Zephon plans such a
+    directory, but fsspec refused every read of a chunk past the start of its shard ("The HTTP
+    server doesn't appear to support range requests", a ValueError that failed the loader), and
+    a Parquet shard's footer at planning. The shards are read from their start instead, chunks in
+    any order, with the records of the local copy, and the cost is said once per dataset with the
+    ways around it."""
+    root = tmp_path / "site"
+    (root / "data").mkdir(parents=True)
+    if fmt == "jsonl":
+        for shard in range(2):
+            rows = [{"shard": shard, "i": i, "text": "w" * (i % 200)} for i in range(3_000)]
+            (root / "data" / f"s{shard}.jsonl").write_bytes(jsonl_bytes(rows))
+    else:  # over fsspec's 5 MiB block: a smaller file is fetched whole by its first read
+        rows = [{"i": i, "text": base64.b64encode(os.urandom(1_200)).decode()} for i in range(6_000)]
+        (root / "data" / "s0.parquet").write_bytes(parquet_bytes(rows, row_group_size=500))
+    local = Dataset.from_path("d", str(root / "data"))
+    with serving_over_http(root) as server, caplog.at_level(logging.WARNING, logger="zephon"):
+        ds = Dataset.from_path("d", server.url("data/", scheme), retries=1)
+        chunks = ds.chunks(500)
+        read = {chunk: ds.read_chunk(chunk, on_error="raise").records for chunk in reversed(chunks)}
+    assert [read[chunk] for chunk in chunks] == [local.read_chunk(chunk).records for chunk in local.chunks(500)]
+    assert len(chunks) == 12
+    said = [r.getMessage() for r in caplog.records if "does not answer range requests" in r.getMessage()]
+    assert len(said) == 1 and "cache={'enabled': True}" in said[0]

@@ -22,6 +22,7 @@ from .._records import Chunk, ChunkRecords
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
 from ._locate import locate
+from ._no_ranges import ranges_refused
 from ._protocols import is_local
 from ._parquet import Parquet
 from ._policy import ErrorPolicy, Slot, collect
@@ -183,7 +184,14 @@ class Dataset:
             if located.nbytes[i] == 0:  # holds no record: never read, so its version is never asked
                 return ShardScan(0), None, None
             shard = ShardFile(urls[i], located.paths[i], located.compressions[i], fs)
+            try:
+                return scan_shard(shard)
+            except ValueError as error:  # a Parquet footer, on a server that refuses ranges
+                if not ranges_refused(error):
+                    raise
+                return scan_shard(replace(shard, planned_nbytes=located.nbytes[i], from_start=True))
 
+        def scan_shard(shard: ShardFile) -> tuple[ShardScan, ShardVersion | None, str | None]:
             def version_and_scan() -> tuple[ShardScan, ShardVersion | None, str | None]:
                 # The version first: a file rewritten during the scan is then refused at its reads,
                 # where asked after the scan it would be taken for the version the plan was made from.
@@ -268,15 +276,37 @@ class Dataset:
         shard = ShardFile(info.url, access.path, access.compression, reading_fs, info.nbytes,
                           None if cached else access.version)
         if chunk.num_records == 0:
-            slots = []
-        else:
-            def read() -> list[Slot]:
-                if cached:
-                    check_unchanged(access.version, fs, access.path, info.url)
-                return self._reader.read(shard, access.seek, chunk.start, chunk.stop)
+            return collect(chunk, info.url, [], policy)
+        from_start = chunk.shard in self.__dict__.get("_ranges_refused", ())
+        if from_start:
+            shard = replace(shard, planned_version=None, from_start=True)
 
+        def read() -> list[Slot]:
+            if cached or from_start:
+                check_unchanged(access.version, fs, access.path, info.url)
+            return self._reader.read(shard, access.seek, chunk.start, chunk.stop)
+
+        try:
             slots = self._retry.call(info.url, read)
+        except ValueError as error:
+            if from_start or not ranges_refused(error):
+                raise
+            self._read_from_start(chunk.shard, info.url)
+            return self.read_chunk(chunk, on_error=policy)
         return collect(chunk, info.url, slots, policy)
+
+    def _read_from_start(self, index: int, url: str) -> None:
+        """Read shard `index` from its start from now on in this process (`_no_ranges`), saying so
+        once per dataset and process."""
+        refused = self.__dict__.setdefault("_ranges_refused", set())
+        if not refused:
+            log.warning(
+                "dataset %r: the server of %s does not answer range requests, so each chunk of its shards is "
+                "read from the start of its shard, the bytes before it too; serve the files with a server that "
+                "answers them, or give cache={'enabled': True} to read one local copy of each shard",
+                self.name, url,
+            )
+        refused.add(index)
 
     def raw_bytes(self, chunk: Chunk) -> int:
         """Decompressed bytes of a chunk's records (see `raw_bytes_of`)."""
@@ -351,6 +381,7 @@ class Dataset:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_made_here", None)  # made on first read in the receiving process
+        state.pop("_ranges_refused", None)  # learnt again, and said again, by each process
         # Per-record offsets serve planning only, which happens where the Dataset was built.
         state["_access"] = tuple(
             replace(a, record_offsets=None, offsets_dropped=a.record_offsets is not None) for a in self._access

@@ -15,6 +15,7 @@ import numpy as np
 
 from ._cache_layer import raise_what_the_store_said
 from ._errors import ShardUnavailableError
+from ._no_ranges import RangesRefused
 from ._policy import Slot
 from ._shared_handles import open_own
 from ._version import ShardVersion, check_opened
@@ -41,8 +42,12 @@ class ShardFile:
     fs: AbstractFileSystem | LocalFiles
     planned_nbytes: int | None = None  # the size planning listed; None while planning
     planned_version: ShardVersion | None = None  # compared with the opened file's (see `_version`)
+    from_start: bool = False  # read through one stream from byte 0: its server refuses ranges (`_no_ranges`)
 
     def open(self) -> BinaryIO:
+        if self.from_start:  # its version is the caller's to check, as no handle tells it
+            return io.BufferedReader(
+                RangesRefused(lambda: self.fs.open(self.path, "rb", block_size=0), self.planned_nbytes))
         try:
             opened, handle = open_own(self.fs, self.path)  # memory://, tar://, zip://, ftp:// share files
         except FileNotFoundError:
