@@ -43,10 +43,10 @@ redirected to the slash or named with no suffix, is a ConfigurationError saying 
 format and compression of an http(s) file named directly are guessed from its URL's path: a signed
 URL's query (`?X-Amz-Signature=…`) is no part of its name.
 
-A URL behind fsspec's cache (`simplecache::https://host/data/`, `filecache::`, `blockcache::`) is
-listed as the URL without it: what it names is asked of the store under the cache
-(`_protocols.store_of`), which the cache hands such questions to anyway, so that an http(s) one
-gets all of the above; the cache is what its shards are read through. A URL with the slash whose
+A URL behind fsspec's cache (`simplecache::https://host/data/`, `filecache::`; `blockcache::` is
+refused, `_cache_layers`) is listed as the URL without it: what it names is asked of the store
+under the cache (`_protocols.store_of`), which the cache hands such questions to anyway, so that
+an http(s) one gets all of the above; the cache is what its shards are read through. A URL with the slash whose
 page is no directory listing is a ConfigurationError naming its Content-Type, not an empty
 directory (`_http_index.check_a_listing`).
 
