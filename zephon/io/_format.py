@@ -48,13 +48,13 @@ class ShardFile:
         if self.from_start:  # its version is the caller's to check, as no handle tells it
             return io.BufferedReader(
                 RangesRefused(lambda: self.fs.open(self.path, "rb", block_size=0), self.planned_nbytes))
-        try:
-            opened, handle = open_own(self.fs, self.path)  # memory://, tar://, zip://, ftp:// share files
+        try:  # memory://, tar://, zip://, ftp://, sftp:// share what their files read through
+            handle = open_own(self.fs, self.path,
+                              lambda opened: check_opened(self.planned_version, opened, self.fs, self.path, self.url))
         except FileNotFoundError:
             raise_what_the_store_said(self.fs, self.path)  # a cache in front of http(s) hides its status
             raise
         try:
-            check_opened(self.planned_version, opened, self.fs, self.path, self.url)
             if self.planned_nbytes is not None:
                 self._check_not_grown(handle)
         except BaseException:

@@ -2,7 +2,7 @@
 
 `ShardFile.open` promises each caller a handle with its own position: a Dataset reads chunks of one
 shard on several threads at once (planning counts shards on up to 16, a thread runner reads chunks
-on several). Four fsspec filesystems break that:
+on several). Five fsspec filesystems break that:
 
 - `memory://` gives every opener the one file object it stores: reads of two chunks on two threads
   moved each other's position. A `BytesIO` of its bytes is private and shares them without a copy.
@@ -21,6 +21,10 @@ on several). Four fsspec filesystems break that:
   threads interleaved theirs, so no FTP dataset of more than one shard could be planned
   (`error_reply('200 Type set to: Binary.')`, or a timeout), nor its chunks read on several
   threads. Its files are opened, read and closed one call at a time, as tar's members are.
+- `sftp://` sends every file's requests over paramiko's one SFTP client, which threads cannot
+  share (paramiko issue #1836): a dataset planned and read on eight threads failed with
+  `SFTPError('Garbage packet received')` or hung for good. Its files too are used one call at a
+  time, the check of the version a file was opened at (a `stat` over the same client) included.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import io
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import BinaryIO
 
 __all__ = ["open_own"]
@@ -38,25 +43,37 @@ _filesystem_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _filesystem_locks_made = threading.Lock()
 
 
-def open_own(fs, path: str) -> tuple[BinaryIO, BinaryIO]:
-    """`path` opened for reading on `fs`: (the handle `fs` gave, the caller's own handle over it;
-    the same one where `fs` gives each opener its own, see the module docstring)."""
+def open_own(fs, path: str, check: Callable[[BinaryIO], None]) -> BinaryIO:
+    """`path` opened for reading on `fs`, as a handle of the caller's own (module docstring), once
+    `check` (which may ask `fs` about the file) passed for the handle `fs` gave, under the lock
+    where the filesystem's calls are made one at a time."""
     shared = _what_is_shared(fs)
     if shared is None:
         opened = fs.open(path, "rb")
+        try:
+            check(opened)
+        except BaseException:
+            opened.close()
+            raise
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
         if memory is not None and type(opened) is memory.MemoryFile:
-            return opened, io.BytesIO(opened.getvalue())
-        return opened, opened
+            return io.BytesIO(opened.getvalue())
+        return opened
     lock = _lock_of(fs)
     with lock:
         opened = fs.open(path, "rb")
-    return opened, io.BufferedReader(_SharingFile(opened, lock, reads_locked=shared == "reads"))
+        try:
+            check(opened)
+        except BaseException:
+            opened.close()
+            raise
+    return io.BufferedReader(_SharingFile(opened, lock, reads_locked=shared == "reads"))
 
 
 # fsspec's filesystems whose files share what cannot serve two calls at once (module docstring):
 # "reads", every call on a file (one file object, one connection); "opens", opening and closing.
-_SHARING = (("tar", "TarFileSystem", "reads"), ("ftp", "FTPFileSystem", "reads"), ("zip", "ZipFileSystem", "opens"))
+_SHARING = (("tar", "TarFileSystem", "reads"), ("ftp", "FTPFileSystem", "reads"), ("sftp", "SFTPFileSystem", "reads"),
+            ("zip", "ZipFileSystem", "opens"))
 
 
 def _what_is_shared(fs) -> str | None:
@@ -96,7 +113,8 @@ class _SharingFile(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         with self._read_lock:
-            return self._member.seek(offset, whence)
+            self._member.seek(offset, whence)  # paramiko's (sftp) returns None
+            return self._member.tell()
 
     def tell(self) -> int:
         with self._read_lock:

@@ -1,0 +1,113 @@
+"""Datasets on an SFTP server (`sftp://user@host:port/dir`), served here by paramiko's server side
+from a local directory, read-only, password accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import paramiko
+import pytest
+
+from zephon.io import Dataset
+
+
+def _sftp_files(root: str):
+    """paramiko's SFTP server interface over `root`: listing, stat and opening for reading."""
+
+    class Handle(paramiko.SFTPHandle):
+        def stat(self):
+            return paramiko.SFTPAttributes.from_stat(os.fstat(self.readfile.fileno()))
+
+    class Files(paramiko.SFTPServerInterface):
+        def _local(self, path: str) -> str:
+            return os.path.join(root, path.lstrip("/"))
+
+        def list_folder(self, path):
+            listed = []
+            for name in os.listdir(self._local(path)):
+                attributes = paramiko.SFTPAttributes.from_stat(os.stat(os.path.join(self._local(path), name)))
+                attributes.filename = name
+                listed.append(attributes)
+            return listed
+
+        def stat(self, path):
+            return paramiko.SFTPAttributes.from_stat(os.stat(self._local(path)))
+
+        lstat = stat
+
+        def open(self, path, flags, attr):
+            handle = Handle(flags)
+            handle.readfile = open(self._local(path), "rb")  # noqa: SIM115 (closed by paramiko with the handle)
+            return handle
+
+        def canonicalize(self, path):
+            return "/" + path.lstrip("/") if path not in ("", ".") else "/"
+
+    return Files
+
+
+class _Accepting(paramiko.ServerInterface):
+    def check_auth_password(self, username, password):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def get_allowed_auths(self, username):
+        return "password"
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED
+
+
+@pytest.fixture
+def sftp_server(tmp_path):
+    """An SFTP server of tmp_path/root on a thread; yields its sftp:// URL (user `u`), its root and
+    the storage_options that log in."""
+    root = tmp_path / "root"
+    root.mkdir()
+    key = paramiko.RSAKey.generate(2048)
+    listener = socket.create_server(("127.0.0.1", 0))
+    transports = []
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed at teardown
+                return
+            transport = paramiko.Transport(connection)
+            transport.add_server_key(key)
+            transport.set_subsystem_handler("sftp", paramiko.SFTPServer, _sftp_files(str(root)))
+            transport.start_server(server=_Accepting())
+            transports.append(transport)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"sftp://u@127.0.0.1:{listener.getsockname()[1]}", root, {"username": "u", "password": "p"}
+    finally:
+        listener.close()
+        for transport in transports:
+            transport.close()
+        thread.join(timeout=10)
+
+
+def test_an_sftp_dataset_is_planned_and_read_on_many_threads_at_once_as_its_local_copy(sftp_server):
+    """fsspec's SFTP filesystem sends every file's requests over paramiko's one SFTP client, which
+    threads cannot share (paramiko issue #1836): planned and read on eight threads, a dataset
+    failed with `SFTPError('Garbage packet received')` or hung for good. Its shards were named
+    without the server (`sftp:///data/s0.jsonl`)."""
+    url, root, options = sftp_server
+    (root / "data").mkdir()
+    for shard in range(8):
+        lines = (json.dumps({"shard": shard, "i": i, "pad": "x" * (i % 97)}) for i in range(600))
+        (root / "data" / f"s{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    local = Dataset.from_path("d", str(root / "data"))
+    expected = [local.read_chunk(chunk).records for chunk in local.chunks(50)]
+    ds = Dataset.from_path("d", f"{url}/data", storage_options=options, retries=1)
+    with ThreadPoolExecutor(8) as pool:
+        chunks = list(pool.map(lambda chunk: ds.read_chunk(chunk, on_error="raise").records, ds.chunks(50)))
+    assert chunks == expected
+    assert [shard.url for shard in ds.shards] == [f"{url}/data/s{shard}.jsonl" for shard in range(8)]
