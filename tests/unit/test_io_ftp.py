@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from zephon.io import Dataset
+from .remote_shards import assert_read_on_many_threads_as_local, write_shards
 
 # pyftpdlib is built on asyncore and asynchat, which 3.11 warns are deprecated (3.12+ take them from PyPI).
 pytestmark = pytest.mark.filterwarnings("ignore:The (asyncore|asynchat) module is deprecated:DeprecationWarning")
@@ -45,14 +43,6 @@ def test_an_ftp_dataset_is_planned_and_read_on_many_threads_at_once_as_its_local
     nor its chunks read on several threads. Its shards were named without the server
     (`ftp:///data/s0.jsonl`): two servers' shards at one path were one to a log and a fingerprint."""
     url, root = ftp_server
-    (root / "data").mkdir()
-    for shard in range(8):
-        lines = (json.dumps({"shard": shard, "i": i, "pad": "x" * (i % 97)}) for i in range(600))
-        (root / "data" / f"s{shard}.jsonl").write_text("\n".join(lines) + "\n")
-    local = Dataset.from_path("d", str(root / "data"))
-    expected = [local.read_chunk(chunk).records for chunk in local.chunks(50)]
-    ds = Dataset.from_path("d", f"{url}/data", retries=1)
-    with ThreadPoolExecutor(8) as pool:
-        chunks = list(pool.map(lambda chunk: ds.read_chunk(chunk, on_error="raise").records, ds.chunks(50)))
-    assert chunks == expected
+    write_shards(root / "data")
+    ds = assert_read_on_many_threads_as_local(f"{url}/data", root / "data")
     assert [shard.url for shard in ds.shards] == [f"{url}/data/s{shard}.jsonl" for shard in range(8)]

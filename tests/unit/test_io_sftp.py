@@ -3,16 +3,14 @@ from a local directory, read-only, password accepted."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
 import pytest
 
-from zephon.io import Dataset
+from .remote_shards import assert_read_on_many_threads_as_local, write_shards
 
 
 def _sftp_files(root: str):
@@ -100,14 +98,6 @@ def test_an_sftp_dataset_is_planned_and_read_on_many_threads_at_once_as_its_loca
     failed with `SFTPError('Garbage packet received')` or hung for good. Its shards were named
     without the server (`sftp:///data/s0.jsonl`)."""
     url, root, options = sftp_server
-    (root / "data").mkdir()
-    for shard in range(8):
-        lines = (json.dumps({"shard": shard, "i": i, "pad": "x" * (i % 97)}) for i in range(600))
-        (root / "data" / f"s{shard}.jsonl").write_text("\n".join(lines) + "\n")
-    local = Dataset.from_path("d", str(root / "data"))
-    expected = [local.read_chunk(chunk).records for chunk in local.chunks(50)]
-    ds = Dataset.from_path("d", f"{url}/data", storage_options=options, retries=1)
-    with ThreadPoolExecutor(8) as pool:
-        chunks = list(pool.map(lambda chunk: ds.read_chunk(chunk, on_error="raise").records, ds.chunks(50)))
-    assert chunks == expected
+    write_shards(root / "data")
+    ds = assert_read_on_many_threads_as_local(f"{url}/data", root / "data", storage_options=options)
     assert [shard.url for shard in ds.shards] == [f"{url}/data/s{shard}.jsonl" for shard in range(8)]

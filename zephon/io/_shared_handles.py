@@ -49,25 +49,25 @@ def open_own(fs, path: str, check: Callable[[BinaryIO], None]) -> BinaryIO:
     where the filesystem's calls are made one at a time."""
     shared = _what_is_shared(fs)
     if shared is None:
-        opened = fs.open(path, "rb")
-        try:
-            check(opened)
-        except BaseException:
-            opened.close()
-            raise
+        opened = _open_checked(fs, path, check)
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
         if memory is not None and type(opened) is memory.MemoryFile:
             return io.BytesIO(opened.getvalue())
         return opened
     lock = _lock_of(fs)
     with lock:
-        opened = fs.open(path, "rb")
-        try:
-            check(opened)
-        except BaseException:
-            opened.close()
-            raise
+        opened = _open_checked(fs, path, check)
     return io.BufferedReader(_SharingFile(opened, lock, reads_locked=shared == "reads"))
+
+
+def _open_checked(fs, path: str, check: Callable[[BinaryIO], None]) -> BinaryIO:
+    opened = fs.open(path, "rb")
+    try:
+        check(opened)
+    except BaseException:
+        opened.close()
+        raise
+    return opened
 
 
 # fsspec's filesystems whose files share what cannot serve two calls at once (module docstring):

@@ -1,0 +1,29 @@
+"""A directory of JSONL shards on a remote filesystem, read on many threads against its local copy."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from zephon.io import Dataset
+
+
+def write_shards(directory: Path) -> None:
+    """Eight JSONL shards of 600 records into `directory`, made here."""
+    directory.mkdir()
+    for shard in range(8):
+        lines = (json.dumps({"shard": shard, "i": i, "pad": "x" * (i % 97)}) for i in range(600))
+        (directory / f"s{shard}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def assert_read_on_many_threads_as_local(url: str, local: Path, **options) -> Dataset:
+    """Plan the dataset at `url` and read its chunks on eight threads at once: the records are
+    those of its local copy `local`. Returns the dataset."""
+    plain = Dataset.from_path("d", str(local))
+    expected = [plain.read_chunk(chunk).records for chunk in plain.chunks(50)]
+    ds = Dataset.from_path("d", url, retries=1, **options)
+    with ThreadPoolExecutor(8) as pool:
+        chunks = list(pool.map(lambda chunk: ds.read_chunk(chunk, on_error="raise").records, ds.chunks(50)))
+    assert chunks == expected
+    return ds
