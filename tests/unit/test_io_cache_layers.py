@@ -1,5 +1,5 @@
 """fsspec's cache layers named in a dataset's URL: `simplecache::` and `filecache::` are read through
-Zephon's own cache in the layer's directory, `blockcache::` is refused (`zephon.io._cache_layers`)."""
+Zephon's own cache in the layer's directory, `blockcache::` is refused (`zephon.io._url_caches`)."""
 
 from __future__ import annotations
 

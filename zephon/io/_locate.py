@@ -44,7 +44,7 @@ format and compression of an http(s) file named directly are guessed from its UR
 URL's query (`?X-Amz-Signature=…`) is no part of its name.
 
 A URL behind fsspec's cache (`simplecache::https://host/data/`, `filecache::`; `blockcache::` is
-refused, `_cache_layers`) is listed as the URL without it: what it names is asked of the store
+refused, `_url_caches`) is listed as the URL without it: what it names is asked of the store
 under the cache (`_protocols.store_of`), which the cache hands such questions to anyway, so that
 an http(s) one gets all of the above; the cache is what its shards are read through. A URL with the slash whose
 page is no directory listing is a ConfigurationError naming its Content-Type, not an empty
@@ -65,7 +65,6 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError, relative_path_note
-from ._cache_layers import refuse_block_cache
 from ._compression import compression_of
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
@@ -74,6 +73,7 @@ from ._listing import Listing
 from ._local import LocalFiles, is_plain_path, list_local
 from ._protocols import is_http, is_local, store_of
 from ._retry import is_transient
+from ._url_caches import refuse_block_cache
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
-from ._cache_layers import whole_file_layer
 from ._protocols import is_local
+from ._url_caches import whole_file_layer
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -76,7 +76,7 @@ def reading_filesystem(
     """`fs`, or the cache in front of it; `planned_versions` (path -> version, see `_version`) name
     the copies a Dataset's reads look for, and planning's (the listing's). A URL naming fsspec's
     `simplecache::` or `filecache::` is read through this cache in the layer's directories, or in
-    the one `cache` names where it is enabled, and local files under it in place (`_cache_layers`)."""
+    the one `cache` names where it is enabled, and local files under it in place (`_url_caches`)."""
     layer = whole_file_layer(fs)
     if layer is not None:
         fs, directories = layer
