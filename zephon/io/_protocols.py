@@ -17,6 +17,7 @@ so every module that asks imports it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from ._local import LocalFiles
 
-__all__ = ["is_http", "is_local", "protocols_of", "store_of"]
+__all__ = ["caching_layers", "is_http", "is_local", "protocols_of", "store_of"]
 
 
 def protocols_of(fs: AbstractFileSystem | LocalFiles) -> tuple[str, ...]:
@@ -32,13 +33,20 @@ def protocols_of(fs: AbstractFileSystem | LocalFiles) -> tuple[str, ...]:
     return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
-def store_of(fs: AbstractFileSystem | LocalFiles) -> AbstractFileSystem | LocalFiles:
-    """The filesystem under `fs`'s caching layers, `fs` itself where it is none. fsspec's caching
+def caching_layers(fs: AbstractFileSystem | LocalFiles) -> Iterator[AbstractFileSystem]:
+    """`fs`'s caching layers, outermost first (none where `fs` is no cache). fsspec's caching
     module is looked up, never imported: a cache of it in hand means it is imported, and a local
     path is listed without importing fsspec at all (`_local`)."""
     cached = sys.modules.get("fsspec.implementations.cached")
     while cached is not None and isinstance(fs, cached.CachingFileSystem):
+        yield fs
         fs = fs.fs
+
+
+def store_of(fs: AbstractFileSystem | LocalFiles) -> AbstractFileSystem | LocalFiles:
+    """The filesystem under `fs`'s caching layers, `fs` itself where it is none."""
+    for layer in caching_layers(fs):
+        fs = layer.fs
     return fs
 
 

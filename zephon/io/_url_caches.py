@@ -26,6 +26,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
+from ._protocols import caching_layers
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -37,16 +38,14 @@ __all__ = ["refuse_block_cache", "whole_file_layer"]
 
 def refuse_block_cache(fs: AbstractFileSystem | LocalFiles, url: str) -> None:
     """Raise ConfigurationError where `fs`, or a layer under it, is fsspec's `blockcache`."""
-    cached = sys.modules.get("fsspec.implementations.cached")  # a cache in hand means it is imported
-    while cached is not None and isinstance(fs, cached.CachingFileSystem):
-        if not isinstance(fs, cached.WholeFileCacheFileSystem):
+    for layer in caching_layers(fs):  # a layer in hand: fsspec's caching module is imported
+        if not isinstance(layer, sys.modules["fsspec.implementations.cached"].WholeFileCacheFileSystem):
             raise ConfigurationError(
                 f"{url} is read through fsspec's blockcache, which marks a block as held before fetching "
                 "it: a read that failed and was retried, or a read of the same block on another thread, "
                 "reads zeros where the records are. Name the URL with simplecache:: instead (whole copies, "
                 "kept by Zephon whole and per version), or without a cache and give cache={'enabled': True}"
             )
-        fs = fs.fs
 
 
 def whole_file_layer(fs: AbstractFileSystem | LocalFiles) -> tuple[AbstractFileSystem, list[str]] | None:
