@@ -72,7 +72,7 @@ FREE_THREADING_IMPORTS = (
     "PIL.Image", "av", "zephon", "runners", "vlm", "aiohttp", "fsspec.implementations.http",
     "zephon.io", "zephon.work", "vlm._image", "vlm._video", "runners.thread", "runners.process",
     # not the library's path, but imported by tests in the same process as the thread-runner tests
-    "mistral_common.tokens.tokenizers.tekken", "paramiko", "pyftpdlib.servers",
+    "mistral_common.tokens.tokenizers.tekken", "paramiko", "pyftpdlib.servers", "s3fs", "moto.server",
 )
 
 

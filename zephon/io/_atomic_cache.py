@@ -198,7 +198,7 @@ def _current_version(fs, path: str, key: str | None = None) -> str:
     """The version `fs` reports for `path` now: as a plan records it (its field `key` where given),
     or fsspec's `ukey` where the filesystem tells none (an http(s) file: its URL, so it is taken as
     never changing)."""
-    version = version_of(fs, path, key)
+    version = version_of(fs, path, key, afresh=True)
     return version.stamp if version is not None else f"ukey {fs.ukey(path)}"
 
 

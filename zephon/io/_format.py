@@ -18,7 +18,7 @@ from ._errors import ShardUnavailableError
 from ._no_ranges import RangesRefused
 from ._policy import Slot
 from ._shared_handles import open_own
-from ._version import ShardVersion, check_opened
+from ._version import ShardVersion, check_opened, forget_listing_to_open
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -48,6 +48,8 @@ class ShardFile:
         if self.from_start:  # its version is the caller's to check, as no handle tells it
             return io.BufferedReader(
                 RangesRefused(lambda: self.fs.open(self.path, "rb", block_size=0), self.planned_nbytes))
+        if self.planned_version is not None and self.planned_version.key is not None:  # a remote file's
+            forget_listing_to_open(self.fs, self.path)  # else its handle tells the version planning listed
         try:  # memory://, tar://, zip://, ftp://, sftp:// share what their files read through
             handle = open_own(self.fs, self.path,
                               lambda opened: check_opened(self.planned_version, opened, self.fs, self.path, self.url))

@@ -29,7 +29,8 @@ means nothing is there. fsspec's `isdir` and `isfile`, asked before, say False f
 so a store out of reach (a refused connection, a 5xx, EIO from a mounted bucket) read as a URL
 naming nothing, a ConfigurationError no retry looks at; such an error now reaches the caller's
 retry. Permission denied is a ConfigurationError naming the URL, never retried: a denial lasts
-until the credentials, `storage_options` or the permissions change. fsspec's HTTP `info()` raises
+until the credentials, `storage_options` or the permissions change; so is a client that found no
+credentials to sign with (`_credentials`). fsspec's HTTP `info()` raises
 FileNotFoundError for every failure, so there the status under it is read (`_http_status`): a 401
 or 403 is a denial, a 5xx or a failed connection reaches the retry, a 404 is nothing there. A shard
 whose server tells no size (no Content-Length, or one of a Content-Encoding) is an UnsizedShardError
@@ -66,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
+from ._credentials import missing_credentials, no_credentials_for
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
@@ -253,6 +255,10 @@ def _locate_listed(url: str, format: str | None, storage_options: dict) -> Locat
         raise ConfigurationError(
             f"{url} may not be listed ({error}): check the credentials, storage_options or the path's permissions"
         ) from error
+    except Exception as error:
+        if missing_credentials(error):
+            raise no_credentials_for(url, error) from error
+        raise
     if listing is None:
         raise ConfigurationError(f"{url} is not a file, a directory or a glob that matches anything{_relative_to(url)}")
     if listing.kind == "file":

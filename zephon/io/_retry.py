@@ -17,6 +17,7 @@ from ._compression import CorruptStreamError
 from ._errors import ShardUnavailableError
 from ._http_status import TRANSIENT_STATUS
 from ._retry_after import retry_after_s
+from ._version import changed_after_planning, expired_while_open
 
 __all__ = ["MAX_RETRY_DELAY_S", "RetryPolicy", "is_transient"]
 
@@ -56,13 +57,21 @@ T = TypeVar("T")
 # OSError, by (module, class). huggingface_hub's HfFileSystem (hf://) raises its HTTP status errors
 # as OSError, but once its own backoff gives up, a timeout, reset or broken connection surfaces as
 # the TransportError of httpx (httpx2 in huggingface_hub 2). fsspec's HTTPFileSystem (http(s)://)
-# lets aiohttp's errors through as they are: a lost connection, or a body cut short. An error of
-# one of these modules means it is imported, so they are looked up in sys.modules, never imported.
+# lets aiohttp's errors through as they are: a lost connection, or a body cut short. s3fs lets
+# botocore's through once its own few quick tries are spent: an endpoint out of reach or a
+# connection refused (ConnectionError), a connection closed or a read timed out mid-response
+# (HTTPClientError), a body shorter than its Content-Length (IncompleteReadError); none is an
+# OSError, so a dropped connection to S3 ended the run with botocore's error, never retried. An
+# error of one of these modules means it is imported, so they are looked up in sys.modules, never
+# imported.
 _TRANSPORT_ERRORS = (
     ("httpx", "TransportError"),
     ("httpx2", "TransportError"),
     ("aiohttp", "ClientConnectionError"),
     ("aiohttp", "ClientPayloadError"),
+    ("botocore.exceptions", "ConnectionError"),
+    ("botocore.exceptions", "HTTPClientError"),
+    ("botocore.exceptions", "IncompleteReadError"),
 )
 
 MAX_RETRY_DELAY_S = 60.0
@@ -82,7 +91,8 @@ class RetryPolicy:
     missing-file failures (fsspec's own timeout, FSTimeoutError, is one on Python >= 3.11, as are
     requests' errors and huggingface_hub's HTTP errors), and the transport errors HTTP clients
     raise as their own types (`is_transient`). A compressed stream whose bytes do not decode is
-    not transient: it is reported at once as ShardUnavailableError. Anything else (a parse error,
+    not transient: it is reported at once as ShardUnavailableError, and so is an s3fs file that
+    refuses to read on because it changed after planning (`_version.expired_while_open`). Anything else (a parse error,
     a bug) surfaces as it is. A failed attempt that is retried is logged as a warning (logger
     `zephon`) naming the file, the attempt, the error and a Retry-After it honoured (or asked
     beyond the cap): the 1st, 2nd, 4th, … of the process (`_RetryLog`).
@@ -112,6 +122,8 @@ class RetryPolicy:
             except CorruptStreamError as error:  # reading the same bytes again cannot help
                 raise ShardUnavailableError(url, attempt + 1, str(error)) from error
             except Exception as error:
+                if expired_while_open(error):  # another attempt would open the other version
+                    raise changed_after_planning(url, f"it changed after planning ({error})") from error
                 if not is_transient(error):
                     raise
                 last = error

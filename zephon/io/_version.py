@@ -25,9 +25,12 @@ What counts as the version, cheapest first and strongest kept:
 Where each look comes from, since on an object store every `info()` is a HEAD request: planning
 takes the version from the listing it already made (`find`/`glob` with details; `info()` only for
 a shard whose listing entry tells no version); a read takes it from the handle it opened, which
-knows it without another request (a memory file's creation time; an fsspec buffered file, as
-s3fs, gcsfs and the hub open them, holds the `info()` its open made to learn its size), and asks
-`info()` only of a handle that does not tell the planned field.
+knows it without another request (a memory file's creation time; an fsspec buffered file holds
+the `info()` its open made to learn its size), and asks `info()` only of a handle that does not
+tell the planned field. s3fs, gcsfs and adlfs answer that `info()` from the listings they keep,
+planning's among them, so a read first drops the shard's (`forget_listing_to_open`) and the open asks the
+store: one request per chunk read. s3fs's reads also ask for the ETag their open saw, and refuse
+a file rewritten since (`expired_while_open`).
 
 The version is not part of a dataset's fingerprint: a checkpoint resumed on another node, or from
 a copy of the data, is judged by URLs, record counts and sizes, as before.
@@ -43,14 +46,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
-from ._protocols import is_local, store_of
+from ._protocols import is_local, protocols_of, store_of
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
     from ._local import LocalFiles
 
-__all__ = ["ShardVersion", "changed_after_planning", "check_opened", "check_unchanged", "version_in", "version_of"]
+__all__ = [
+    "ShardVersion", "changed_after_planning", "check_opened", "check_unchanged", "expired_while_open",
+    "forget_listing_to_open", "version_in", "version_of",
+]
 
 # Fields of fsspec `info()` that follow a file's content, those that change with nothing else first
 # (GCS, the Hugging Face hub, S3, Azure, HTTP), then those that change when it is written (SFTP,
@@ -96,15 +102,42 @@ def version_in(details: Mapping[str, Any], key: str | None = None) -> ShardVersi
     return ShardVersion(f"size={details.get('size')} {key}={value}", key=key)
 
 
-def version_of(fs: AbstractFileSystem | LocalFiles, path: str, key: str | None = None) -> ShardVersion | None:
-    """The version of `path` on `fs` now (`key` as in `version_in`), or None when the storage
-    tells none. May raise OSError (the file vanished, the storage failed), which the caller retries.
+def version_of(
+    fs: AbstractFileSystem | LocalFiles, path: str, key: str | None = None, *, afresh: bool = False
+) -> ShardVersion | None:
+    """The version of `path` on `fs` (`key` as in `version_in`), or None when the storage tells
+    none. May raise OSError (the file vanished, the storage failed), which the caller retries.
     Asked of the store under a cache in front of it (`_protocols.store_of`): fsspec's `filecache`
     and `blockcache` describe a file from a listing of its directory, which on http(s) tells no
-    version, so every read through them was refused as a file changed after planning."""
+    version, so every read through them was refused as a file changed after planning.
+
+    `afresh` asks the store itself, past the listings it keeps: s3fs, gcsfs and the hub answer
+    `info()` from the listing planning made, for the life of the filesystem, so a check of a
+    shard rewritten since then compared the planned version with itself and passed. Planning,
+    which has just listed, takes what it listed."""
     if is_local(fs):
         return _local_version(os.stat(path))
+    if afresh:
+        forget_listing(fs, path)
     return version_in(store_of(fs).info(path), key)
+
+
+def forget_listing(fs: AbstractFileSystem, path: str) -> None:
+    """Drop what the store under `fs` keeps of `path` from listings, so that the next `info()` or
+    open describes the file as it is now, not as planning listed it: s3fs, gcsfs, adlfs and the
+    hub keep every listing for the life of the filesystem and describe a file, and open it, from
+    there."""
+    store_of(fs).invalidate_cache(path)
+
+
+def forget_listing_to_open(fs: AbstractFileSystem, path: str) -> None:
+    """`forget_listing` before a chunk read opens `path`, but on the hub: its filesystem is made
+    with the planning process's listings in every worker (`Dataset.__getstate__`) so that reads
+    ask the hub, which limits requests, for none. So a hub file rewritten on its branch during a
+    run is seen only through the cache (one request per copy); a URL naming a commit (`@<sha>`)
+    reads that commit's files, which never change."""
+    if "hf" not in protocols_of(store_of(fs)):
+        forget_listing(fs, path)
 
 
 def check_unchanged(planned: ShardVersion | None, fs: AbstractFileSystem | LocalFiles, path: str, url: str) -> None:
@@ -113,7 +146,7 @@ def check_unchanged(planned: ShardVersion | None, fs: AbstractFileSystem | Local
     same other file."""
     if planned is None or not planned.comparable_here():
         return
-    _compare(planned, version_of(fs, path, planned.key), url)
+    _compare(planned, version_of(fs, path, planned.key, afresh=True), url)
 
 
 def check_opened(
@@ -124,7 +157,7 @@ def check_opened(
     if planned is None or not planned.comparable_here():
         return
     now = _version_of_handle(handle, planned)
-    _compare(planned, now if now is not None else version_of(fs, path, planned.key), url)
+    _compare(planned, now if now is not None else version_of(fs, path, planned.key, afresh=True), url)
 
 
 def _version_of_handle(handle: BinaryIO, planned: ShardVersion) -> ShardVersion | None:
@@ -149,6 +182,15 @@ def _compare(planned: ShardVersion, now: ShardVersion | None, url: str) -> None:
 def _local_version(status: os.stat_result) -> ShardVersion:
     stamp = f"size={status.st_size} inode={status.st_ino} mtime_ns={status.st_mtime_ns}"
     return ShardVersion(stamp, _this_host(), changed_ns=status.st_ctime_ns)
+
+
+def expired_while_open(error: BaseException) -> bool:
+    """Whether `error` is s3fs's refusal to read on in a file rewritten since it was opened: its
+    reads ask for the ETag the open saw (`FileExpired`, an OSError, which was retried as a failure
+    of the store and then reported as one). The open saw the planned version, or its check would
+    have refused it, so the file changed after planning."""
+    expired = getattr(sys.modules.get("s3fs.utils"), "FileExpired", None)  # imported where s3fs reads
+    return expired is not None and isinstance(error, expired)
 
 
 def changed_after_planning(url: str, what: str) -> ShardUnavailableError:
