@@ -288,16 +288,38 @@ def aiohttp(monkeypatch):
     return fake
 
 
+class _FakeGcsfsRetry(types.ModuleType):
+    """gcsfs.retry's HttpError, which gcsfs raises for a status other than 403, 404, 412 and 502
+    once its own six tries are spent (gcsfs is not installed here: its Google client needs grpcio,
+    which has no wheel for 3.14t); `code` is the status."""
+
+    class HttpError(Exception):
+        def __init__(self, message: str, code: int) -> None:
+            super().__init__(message)
+            self.code = code
+
+
+@pytest.fixture
+def gcsfs_errors(monkeypatch):
+    fake = _FakeGcsfsRetry("gcsfs.retry")
+    monkeypatch.setitem(sys.modules, "gcsfs.retry", fake)
+    return fake
+
+
 @pytest.mark.parametrize("error", [
     httpx2.ReadTimeout,
     httpx2.RemoteProtocolError,
     lambda message: _FakeAiohttp.ServerDisconnectedError(message),
     lambda message: _FakeAiohttp.ClientPayloadError(message),
     lambda message: _FakeAiohttp.ClientResponseError(message, status=503),
-], ids=["httpx2-timeout", "httpx2-protocol", "aiohttp-disconnected", "aiohttp-payload", "aiohttp-503"])
-def test_http_transport_errors_that_are_not_oserrors_are_retried(flaky, aiohttp, error):
-    """hf:// surfaces httpx2's errors once huggingface_hub's own backoff gives up, and http(s)://
-    surfaces aiohttp's as they are: neither is an OSError, and each is as transient as one."""
+    lambda message: _FakeGcsfsRetry.HttpError(message, code=503),
+    lambda message: _FakeGcsfsRetry.HttpError(message, code=429),
+], ids=["httpx2-timeout", "httpx2-protocol", "aiohttp-disconnected", "aiohttp-payload", "aiohttp-503", "gcsfs-503",
+        "gcsfs-429"])
+def test_http_transport_errors_that_are_not_oserrors_are_retried(flaky, aiohttp, gcsfs_errors, error):
+    """hf:// surfaces httpx2's errors once huggingface_hub's own backoff gives up, http(s)://
+    surfaces aiohttp's as they are, and gs:// gcsfs's HttpError for a 5xx or 429 once its own
+    tries are spent: none is an OSError, and each is as transient as one."""
     ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
     flaky.failures, flaky.opens, flaky.error = 2, 0, error
     assert ds.read_chunk(ds.chunks(5)[0]).records == [{"i": i} for i in range(5)]
@@ -307,8 +329,9 @@ def test_http_transport_errors_that_are_not_oserrors_are_retried(flaky, aiohttp,
 @pytest.mark.parametrize("error", [
     ValueError,
     lambda message: _FakeAiohttp.ClientResponseError(message, status=403),
-], ids=["bug", "aiohttp-403"])
-def test_errors_that_reading_again_cannot_mend_surface_at_once(flaky, aiohttp, error):
+    lambda message: _FakeGcsfsRetry.HttpError(message, code=400),
+], ids=["bug", "aiohttp-403", "gcsfs-400"])
+def test_errors_that_reading_again_cannot_mend_surface_at_once(flaky, aiohttp, gcsfs_errors, error):
     ds = Dataset.from_path("d", "flaky://bucket", retries=3, retry_delay=0.001)
     flaky.failures, flaky.opens, flaky.error = 2, 0, error
     with pytest.raises(Exception, match="flaky storage dropped") as caught:

@@ -74,6 +74,15 @@ _TRANSPORT_ERRORS = (
     ("botocore.exceptions", "IncompleteReadError"),
 )
 
+# Errors that carry an HTTP status, by (module, class, attribute holding it), looked up as above:
+# the ClientResponseError that HTTPFileSystem raises for every status but 404 (a
+# FileNotFoundError), and gcsfs's HttpError for every status but 403, 404, 412 and 502 (OSErrors),
+# raised once gcsfs's own tries are spent.
+_STATUS_ERRORS = (
+    ("aiohttp", "ClientResponseError", "status"),
+    ("gcsfs.retry", "HttpError", "code"),
+)
+
 MAX_RETRY_DELAY_S = 60.0
 """The longest the doubling wait between attempts grows to (a first wait asked longer is kept):
 unbounded, retries=20 waited three days before its last attempt, and past ~1,000 the wait
@@ -162,13 +171,16 @@ class RetryPolicy:
 
 def is_transient(error: Exception) -> bool:
     """Whether reading again may succeed where `error` failed (see `_TRANSPORT_ERRORS`); of the
-    ClientResponseError that HTTPFileSystem raises for every status but 404 (a FileNotFoundError),
-    only one of a status that says "try again" (`TRANSIENT_STATUS`)."""
+    errors that carry an HTTP status (`_STATUS_ERRORS`), only one of a status that says "try
+    again" (`TRANSIENT_STATUS`)."""
     if isinstance(error, OSError):
         return True
     for module_name, class_name in _TRANSPORT_ERRORS:
         kind = getattr(sys.modules.get(module_name), class_name, None)
         if kind is not None and isinstance(error, kind):
             return True
-    response_error = getattr(sys.modules.get("aiohttp"), "ClientResponseError", None)
-    return response_error is not None and isinstance(error, response_error) and error.status in TRANSIENT_STATUS
+    for module_name, class_name, status in _STATUS_ERRORS:
+        kind = getattr(sys.modules.get(module_name), class_name, None)
+        if kind is not None and isinstance(error, kind):
+            return getattr(error, status, None) in TRANSIENT_STATUS
+    return False
