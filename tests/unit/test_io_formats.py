@@ -791,6 +791,8 @@ def test_a_parquet_read_calls_into_python_only_on_its_own_thread_so_an_exit_afte
             return super().seek(*args)
 
     class Files:
+        protocol = "file"  # local files, opened with no fsspec options
+
         def open(self, path, mode="rb"):
             return Traced(path, mode)
 

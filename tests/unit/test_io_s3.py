@@ -4,19 +4,25 @@ an fsspec filesystem in for the store; these run s3fs, aiobotocore and botocore 
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import tarfile
 import uuid
 from pathlib import Path
 
 import boto3
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from moto.server import ThreadedMotoServer
+from s3fs.core import S3File
 from s3fs.utils import FileExpired
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
+from zephon.io._format import STREAM_READ_AHEAD
 from zephon.io._retry import RetryPolicy
 
 from tests.reliability.harness import jsonl_dataset, run_epoch, text_pipeline
@@ -90,6 +96,47 @@ def test_a_parquet_dataset_in_a_bucket_is_read_in_row_groups_as_its_local_copy(e
     assert [s.num_records for s in remote.shards] == [4000] * 3
     expected = [local.read_chunk(chunk).records for chunk in local.chunks(700)]
     assert [remote.read_chunk(chunk, on_error="raise").records for chunk in remote.chunks(700)] == expected
+
+
+def _shard_of(format: str, directory: Path) -> int:
+    """One shard of about 6 MiB in `directory`; the records a chunk of it holds."""
+    directory.mkdir()
+    rng = np.random.default_rng(0)
+    if format == "jsonl":
+        lines = (json.dumps({"i": i, "text": rng.bytes(48).hex()}) for i in range(50_000))
+        (directory / "a.jsonl").write_text("\n".join(lines) + "\n")
+        return 1000
+    if format == "parquet":
+        texts = [rng.bytes(60).hex() for _ in range(50_000)]
+        pq.write_table(pa.table({"i": range(50_000), "text": texts}), directory / "a.parquet", row_group_size=5000)
+        return 5000  # a row group a chunk: a chunk inside one reads all of it
+    with tarfile.open(directory / "a.tar", "w") as tar:
+        for i in range(120):
+            for extension, payload in (("txt", f"record {i}".encode()), ("bin", rng.bytes(50_000))):
+                member = tarfile.TarInfo(f"{i:05d}.{extension}")
+                member.size = len(payload)
+                tar.addfile(member, io.BytesIO(payload))
+    return 16
+
+
+@pytest.mark.parametrize("format", ["jsonl", "parquet", "webdataset"])
+def test_reading_every_chunk_of_a_shard_fetches_about_the_shard_not_a_block_per_chunk(
+        endpoint, tmp_path, monkeypatch, format):
+    """Each chunk read opens the shard anew, and an s3fs file fetches a 50 MiB block beyond each
+    read it cannot serve: reading a 24 MiB JSONL shard chunk by chunk fetched 2.4 GB. A chunk's
+    lines and Parquet's spans are fetched as read; a tar's, with STREAM_READ_AHEAD beyond."""
+    per_chunk = _shard_of(format, tmp_path / "local")
+    fetched = []
+    fetch = S3File._fetch_range
+    monkeypatch.setattr(S3File, "_fetch_range", lambda f, start, end: fetched.append(end - start) or fetch(f, start, end))
+    ds = Dataset.from_path("d", endpoint.bucket_with(tmp_path / "local"), storage_options=endpoint.options())
+    local = Dataset.from_path("d", str(tmp_path / "local"))
+    chunks = ds.chunks(per_chunk)
+    fetched.clear()
+    assert [ds.read_chunk(chunk).records for chunk in chunks] == [local.read_chunk(c).records for c in local.chunks(per_chunk)]
+    size = ds.shards[0].nbytes
+    bound = size + len(chunks) * STREAM_READ_AHEAD if format == "webdataset" else 1.2 * size
+    assert sum(fetched) <= bound, (sum(fetched), size, len(chunks))
 
 
 @pytest.mark.parametrize("runner", ["thread", "process"])

@@ -17,6 +17,7 @@ from ._cache_layer import raise_what_the_store_said
 from ._errors import ShardUnavailableError
 from ._no_ranges import RangesRefused
 from ._policy import Slot
+from ._protocols import is_local
 from ._shared_handles import open_own
 from ._version import ShardVersion, check_opened, forget_listing_to_open
 
@@ -25,7 +26,11 @@ if TYPE_CHECKING:
 
     from ._local import LocalFiles
 
-__all__ = ["ShardFile", "ShardScan", "ShardFormat"]
+__all__ = ["STREAM_READ_AHEAD", "ShardFile", "ShardScan", "ShardFormat"]
+
+STREAM_READ_AHEAD = 1 << 20
+"""Bytes a chunk read that streams in small reads (a tar's headers and members, a compressed
+stream) has a remote file fetch beyond each read its buffer cannot serve."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,14 @@ class ShardFile:
     planned_version: ShardVersion | None = None  # compared with the opened file's (see `_version`)
     from_start: bool = False  # read through one stream from byte 0: its server refuses ranges (`_no_ranges`)
 
-    def open(self) -> BinaryIO:
+    def open(self, read_ahead: int | None = None) -> BinaryIO:
+        """The shard for reading. `read_ahead`, for a chunk read: the bytes a remote file fetches
+        beyond each read its buffer cannot serve, 0 for exactly the bytes each read asks (a caller
+        that reads what it needs in a few large reads: a chunk's lines, Parquet's spans). A chunk
+        read opens the file anew, so what it fetched past its chunk is never read: with fsspec's
+        default, a whole block of the store's (s3fs's is 50 MiB; gcsfs's and http's 5 MiB), 200
+        chunk reads of a 24 MiB JSONL shard on S3 fetched 2.4 GB. None (planning, which scans
+        whole shards) keeps the store's own."""
         if self.from_start:  # its version is the caller's to check, as no handle tells it
             return io.BufferedReader(
                 RangesRefused(lambda: self.fs.open(self.path, "rb", block_size=0), self.planned_nbytes))
@@ -52,7 +64,8 @@ class ShardFile:
             forget_listing_to_open(self.fs, self.path)  # else its handle tells the version planning listed
         try:  # memory://, tar://, zip://, ftp://, sftp:// share what their files read through
             handle = open_own(self.fs, self.path,
-                              lambda opened: check_opened(self.planned_version, opened, self.fs, self.path, self.url))
+                              lambda opened: check_opened(self.planned_version, opened, self.fs, self.path, self.url),
+                              **({} if read_ahead is None or is_local(self.fs) else _fetching(read_ahead)))
         except FileNotFoundError:
             raise_what_the_store_said(self.fs, self.path)  # a cache in front of http(s) hides its status
             raise
@@ -83,6 +96,12 @@ class ShardFile:
                 self.url, 1, f"it is {size} bytes, {self.planned_nbytes} when planned: it changed after planning "
                 "(build the Dataset again to read it as it is now)"
             )
+
+
+def _fetching(read_ahead: int) -> dict[str, object]:
+    """fsspec's open options for a remote file that fetches `read_ahead` bytes beyond each read
+    it cannot serve, or (0) exactly each read's bytes."""
+    return {"cache_type": "none"} if read_ahead == 0 else {"cache_type": "readahead", "block_size": read_ahead}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ._compression import decompressed_blocks, raw_blocks
-from ._format import ShardFile, ShardScan
+from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 
 __all__ = ["UTF8_BOM", "read_lines", "scan_lines"]
 
@@ -101,7 +101,9 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
     first = 0
     lines: list[bytes] = []
     tail_is_cut = None
-    with shard.open() as f:
+    # With seek points the lines are read in one read, or in blocks of BLOCK_SIZE to the end;
+    # a compressed stream from its start, in smaller blocks.
+    with shard.open(read_ahead=0 if seek is not None else STREAM_READ_AHEAD) as f:
         if seek is not None:
             point = start // SEEK_STRIDE
             first = point * SEEK_STRIDE

@@ -63,7 +63,7 @@ class Parquet:
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         import pyarrow.parquet as pq
 
-        with shard.open() as f, _decoding(shard.url):
+        with shard.open(read_ahead=0) as f, _decoding(shard.url):  # the footer, then `spanned`'s spans
             metadata = pq.read_metadata(f)
             groups, first_row, row = [], 0, 0
             for group in range(metadata.num_row_groups):

@@ -2,9 +2,9 @@
 
 Zephon has pyarrow read a chunk on the calling thread (`pre_buffer=False`, see `_parquet`).
 Without pre-buffering pyarrow asks the file for each column chunk of each row group apart, and
-an fsspec file on an object store makes a ranged GET for each read its block cache does not hold:
-a shard whose column chunks outgrow the block (fsspec's default: 5 MiB) cost one request
-per column per row group, where pyarrow's pre-buffering had coalesced them into one per 32 MiB.
+a chunk read's remote file fetches exactly each read's bytes (`ShardFile.open(read_ahead=0)`):
+that cost one request per column per row group, where pyarrow's pre-buffering had coalesced them
+into one per 32 MiB.
 `spanned` reads ahead, from the first bytes pyarrow asks for, about as many bytes as the chunk's
 row groups hold (up to 32 MiB at once), on the calling thread, and serves pyarrow's reads from
 them; a read it does not hold reads ahead again. The spans are held until the chunk is decoded,

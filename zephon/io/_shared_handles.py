@@ -43,25 +43,25 @@ _filesystem_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _filesystem_locks_made = threading.Lock()
 
 
-def open_own(fs, path: str, check: Callable[[BinaryIO], None]) -> BinaryIO:
-    """`path` opened for reading on `fs`, as a handle of the caller's own (module docstring), once
-    `check` (which may ask `fs` about the file) passed for the handle `fs` gave, under the lock
-    where the filesystem's calls are made one at a time."""
+def open_own(fs, path: str, check: Callable[[BinaryIO], None], **options) -> BinaryIO:
+    """`path` opened for reading on `fs` (with fsspec's open `options`), as a handle of the
+    caller's own (module docstring), once `check` (which may ask `fs` about the file) passed for
+    the handle `fs` gave, under the lock where the filesystem's calls are made one at a time."""
     shared = _what_is_shared(fs)
     if shared is None:
-        opened = _open_checked(fs, path, check)
+        opened = _open_checked(fs, path, check, options)
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
         if memory is not None and type(opened) is memory.MemoryFile:
             return io.BytesIO(opened.getvalue())
         return opened
     lock = _lock_of(fs)
     with lock:
-        opened = _open_checked(fs, path, check)
+        opened = _open_checked(fs, path, check, options)
     return io.BufferedReader(_SharingFile(opened, lock, reads_locked=shared == "reads"))
 
 
-def _open_checked(fs, path: str, check: Callable[[BinaryIO], None]) -> BinaryIO:
-    opened = fs.open(path, "rb")
+def _open_checked(fs, path: str, check: Callable[[BinaryIO], None], options: dict) -> BinaryIO:
+    opened = fs.open(path, "rb", **options)
     try:
         check(opened)
     except BaseException:

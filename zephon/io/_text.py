@@ -8,7 +8,7 @@ import numpy as np
 
 from .._errors import ConfigurationError
 from ._compression import decompressed_blocks
-from ._format import ShardFile, ShardScan
+from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 from ._lines import SEEK_STRIDE, UTF8_BOM, read_lines, scan_lines
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
@@ -48,7 +48,7 @@ class Text:
             lines, short_detail = read_lines(shard, seek, start, stop)
             slots = [_decode(line[:-1] if line.endswith(b"\r") else line) for line in lines]
             return fill_truncated(slots, stop - start, short_detail)
-        with shard.open() as f:
+        with shard.open(read_ahead=0 if shard.compression is None else STREAM_READ_AHEAD) as f:  # BLOCK_SIZE reads
             try:
                 content = b"".join(decompressed_blocks(f, shard.compression))
             except EOFError as error:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._format import ShardFile, ShardScan
+from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 from ._lines import UTF8_BOM
 from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, NOT_A_FILE, Bad, Slot, fill_truncated, parse_json
 
@@ -108,7 +108,7 @@ class WebDataset:
         duplicate = None  # why `record` holds one field twice: its first member naming a field already held
         not_a_file = None  # what the first member of `record` that holds no payload is
         detail = "shard has fewer records than when it was planned"
-        with shard.open() as f:
+        with shard.open(read_ahead=STREAM_READ_AHEAD) as f:  # headers of 512 bytes, then members
             f.seek(int(seek[point]))
             try:
                 tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
