@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["STREAM_READ_AHEAD", "ShardFile", "ShardScan", "ShardFormat"]
 
 STREAM_READ_AHEAD = 1 << 20
-"""Bytes a chunk read that streams in small reads (a tar's headers and members, a compressed
-stream) has a remote file fetch beyond each read its buffer cannot serve."""
+"""Bytes a chunk read that streams in small reads to an end it does not know (a compressed
+stream, a tar of unknown size) has a remote file fetch beyond each read its buffer cannot serve."""
 
 
 @dataclass(frozen=True)

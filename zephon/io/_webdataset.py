@@ -108,7 +108,7 @@ class WebDataset:
         duplicate = None  # why `record` holds one field twice: its first member naming a field already held
         not_a_file = None  # what the first member of `record` that holds no payload is
         detail = "shard has fewer records than when it was planned"
-        with shard.open(read_ahead=STREAM_READ_AHEAD) as f:  # headers of 512 bytes, then members
+        with shard.open(read_ahead=_read_ahead(shard, seek, point, stop)) as f:
             f.seek(int(seek[point]))
             try:
                 tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
@@ -137,6 +137,21 @@ class WebDataset:
             except (tarfile.ReadError, EOFError) as error:
                 detail = f"tar cut short: {error}"
         return fill_truncated(slots, stop - start, detail)
+
+
+# Read past a chunk's planned bytes: the header of the record after it (which ends the chunk's
+# walk), a PAX or GNU long-name header before it included, or the end-of-archive blocks.
+_NEXT_HEADERS = 4096
+
+
+def _read_ahead(shard: ShardFile, seek: np.ndarray, point: int, stop: int) -> int:
+    """What a chunk read of records up to `stop` from seek point `point` has a remote file fetch
+    beyond its first read (a 512-byte header): the chunk's records up to the seek point at or after
+    `stop` (the end of the shard after the last), and the headers after them, so that the walk
+    reads the chunk in one request; STREAM_READ_AHEAD where the shard's size is not known."""
+    end_point = -(-stop // SEEK_STRIDE)
+    end = int(seek[end_point]) if end_point < len(seek) else shard.planned_nbytes
+    return STREAM_READ_AHEAD if end is None else max(0, end - int(seek[point])) + _NEXT_HEADERS
 
 
 def _ends_cut(f, offset: int) -> bool:
