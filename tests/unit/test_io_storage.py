@@ -281,11 +281,15 @@ class _FakeAiohttp(types.ModuleType):
             self.status = status
 
 
+def _installed(monkeypatch, fake: types.ModuleType) -> types.ModuleType:
+    """`fake` in sys.modules under its name for the test, where Zephon looks its errors up."""
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    return fake
+
+
 @pytest.fixture
 def aiohttp(monkeypatch):
-    fake = _FakeAiohttp("aiohttp")
-    monkeypatch.setitem(sys.modules, "aiohttp", fake)
-    return fake
+    return _installed(monkeypatch, _FakeAiohttp("aiohttp"))
 
 
 class _FakeGcsfsRetry(types.ModuleType):
@@ -301,9 +305,7 @@ class _FakeGcsfsRetry(types.ModuleType):
 
 @pytest.fixture
 def gcsfs_errors(monkeypatch):
-    fake = _FakeGcsfsRetry("gcsfs.retry")
-    monkeypatch.setitem(sys.modules, "gcsfs.retry", fake)
-    return fake
+    return _installed(monkeypatch, _FakeGcsfsRetry("gcsfs.retry"))
 
 
 @pytest.mark.parametrize("error", [
