@@ -138,13 +138,21 @@ def test_reading_every_chunk_of_a_shard_fetches_about_the_shard_not_a_block_per_
 
 
 @pytest.mark.parametrize("runner", ["thread", "process"])
-def test_a_text_pipeline_over_a_bucket_delivers_its_local_copy_s_batches(endpoint, tmp_path, runner):
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_text_pipeline_over_a_bucket_delivers_its_local_copy_s_batches(endpoint, tmp_path, runner, cached):
     """Two workers tokenizing; the process runner's are forked with the s3fs filesystem, whose
-    event loop is the parent's (`Dataset.__getstate__`)."""
+    event loop is the parent's (`Dataset.__getstate__`), and copy shards into the cache at their
+    first reads."""
     local = jsonl_dataset(tmp_path / "local")
     remote = Dataset.from_path("d", endpoint.bucket_with(tmp_path / "local"), storage_options=endpoint.options())
     expected = run_epoch(text_pipeline(local, parallelism=2), keep_batches=False).digests
-    assert run_epoch(text_pipeline(remote, runner=runner, parallelism=2), keep_batches=False).digests == expected
+    pipeline = text_pipeline(remote, runner=runner, parallelism=2)
+    if cached:
+        pipeline = pipeline.options(io_options={"cache": {"enabled": True, "dir": str(tmp_path / "cache")}})
+    assert run_epoch(pipeline, keep_batches=False).digests == expected
+    if cached:
+        copies = sorted(path.read_bytes() for path in (tmp_path / "cache").iterdir())
+        assert copies == sorted(path.read_bytes() for path in (tmp_path / "local").iterdir())
 
 
 @pytest.mark.parametrize("cached", [False, True])
