@@ -122,10 +122,13 @@ def draw_barcodes(a: dict[int, str], b: dict[int, str], path: str | Path, labels
 
     mismatch = np.array([[1, 0, 0] if (s in a and s in b and a[s] != b[s]) else [1, 1, 1] for s in steps])
     image = np.stack([colours(a), colours(b), mismatch])
-    fig, ax = plt.subplots(figsize=(max(4, len(steps) / 8), 1.6))
+    labels = [*labels, "differs"]
+    # The stripes' width, and room for the longest label (the CLI's are the files' paths, about
+    # 0.08 inch a character): a fixed width cramped them and warned "Tight layout not applied".
+    fig, ax = plt.subplots(figsize=(max(4, len(steps) / 8) + 0.08 * max(map(len, labels)), 1.6))
     try:  # closed even when the file cannot be written: pyplot would keep the figure for good
         ax.imshow(image, aspect="auto", interpolation="nearest")
-        ax.set_yticks([0, 1, 2], [*labels, "differs"])
+        ax.set_yticks([0, 1, 2], labels)
         ax.set_xlabel("global step")
         ticks = np.linspace(0, len(steps) - 1, min(len(steps), 10)).astype(int) if steps else []
         ax.set_xticks(ticks, [steps[i] for i in ticks])

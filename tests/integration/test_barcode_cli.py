@@ -121,6 +121,7 @@ def test_compare_png_draws_both_runs_and_marks_mismatches(harness_barcodes, tmp_
         png = tmp_path / f"{name}.png"
         done = zephon_cli("barcode", "compare", str(reference), str(other), "--png", str(png))
         assert done.returncode == code, done.stdout + done.stderr
+        assert "Warning" not in done.stderr  # the paths labelling the runs fit beside the stripes
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         pixels = image.imread(png)[..., :3]
         red_pixels[name] = int(((pixels[..., 0] > 0.9) & (pixels[..., 1] < 0.1) & (pixels[..., 2] < 0.1)).sum())
