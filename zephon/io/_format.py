@@ -62,10 +62,11 @@ class ShardFile:
                 RangesRefused(lambda: self.fs.open(self.path, "rb", block_size=0), self.planned_nbytes))
         if self.planned_version is not None and self.planned_version.key is not None:  # a remote file's
             forget_listing_to_open(self.fs, self.path)  # else its handle tells the version planning listed
+        fetching = {} if read_ahead is None or is_local(self.fs) else _fetching(read_ahead)
         try:  # memory://, tar://, zip://, ftp://, sftp:// share what their files read through
             handle = open_own(self.fs, self.path,
                               lambda opened: check_opened(self.planned_version, opened, self.fs, self.path, self.url),
-                              **({} if read_ahead is None or is_local(self.fs) else _fetching(read_ahead)))
+                              **fetching)
         except FileNotFoundError:
             raise_what_the_store_said(self.fs, self.path)  # a cache in front of http(s) hides its status
             raise

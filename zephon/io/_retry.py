@@ -53,33 +53,29 @@ _retry_log = _RetryLog()
 
 T = TypeVar("T")
 
-# Transport failures that the HTTP clients under fsspec backends raise as their own types, not as
-# OSError, by (module, class). huggingface_hub's HfFileSystem (hf://) raises its HTTP status errors
-# as OSError, but once its own backoff gives up, a timeout, reset or broken connection surfaces as
-# the TransportError of httpx (httpx2 in huggingface_hub 2). fsspec's HTTPFileSystem (http(s)://)
-# lets aiohttp's errors through as they are: a lost connection, or a body cut short. s3fs lets
-# botocore's through once its own few quick tries are spent: an endpoint out of reach or a
-# connection refused (ConnectionError), a connection closed or a read timed out mid-response
-# (HTTPClientError), a body shorter than its Content-Length (IncompleteReadError); none is an
-# OSError, so a dropped connection to S3 ended the run with botocore's error, never retried. An
-# error of one of these modules means it is imported, so they are looked up in sys.modules, never
-# imported.
-_TRANSPORT_ERRORS = (
-    ("httpx", "TransportError"),
-    ("httpx2", "TransportError"),
-    ("aiohttp", "ClientConnectionError"),
-    ("aiohttp", "ClientPayloadError"),
-    ("botocore.exceptions", "ConnectionError"),
-    ("botocore.exceptions", "HTTPClientError"),
-    ("botocore.exceptions", "IncompleteReadError"),
-)
-
-# Errors that carry an HTTP status, by (module, class, attribute holding it), looked up as above:
-# the ClientResponseError that HTTPFileSystem raises for every status but 404 (a
-# FileNotFoundError), and gcsfs's HttpError for every status but 403, 404, 412 and 502 (OSErrors),
-# raised once gcsfs's own tries are spent.
-_STATUS_ERRORS = (
+# Errors that the clients under fsspec backends raise as their own types, not as OSError, by
+# (module, class, the attribute holding its HTTP status): a transport failure (no status, None) is
+# transient; an error carrying a status is where that status says "try again" (`TRANSIENT_STATUS`).
+# huggingface_hub's HfFileSystem (hf://) raises its HTTP status errors as OSError, but once its own
+# backoff gives up, a timeout, reset or broken connection surfaces as the TransportError of httpx
+# (httpx2 in huggingface_hub 2). fsspec's HTTPFileSystem (http(s)://) lets aiohttp's errors through
+# as they are: a lost connection, a body cut short, and the ClientResponseError it raises for every
+# status but 404 (a FileNotFoundError). s3fs lets botocore's through once its own few quick tries
+# are spent: an endpoint out of reach or a connection refused (ConnectionError), a connection closed
+# or a read timed out mid-response (HTTPClientError), a body shorter than its Content-Length
+# (IncompleteReadError); none is an OSError, so a dropped connection to S3 ended the run with
+# botocore's error, never retried. gcsfs raises its HttpError for every status but 403, 404, 412
+# and 502 (OSErrors) once its own tries are spent. An error of one of these modules means it is
+# imported, so they are looked up in sys.modules, never imported.
+_CLIENT_ERRORS = (
+    ("httpx", "TransportError", None),
+    ("httpx2", "TransportError", None),
+    ("aiohttp", "ClientConnectionError", None),
+    ("aiohttp", "ClientPayloadError", None),
     ("aiohttp", "ClientResponseError", "status"),
+    ("botocore.exceptions", "ConnectionError", None),
+    ("botocore.exceptions", "HTTPClientError", None),
+    ("botocore.exceptions", "IncompleteReadError", None),
     ("gcsfs.retry", "HttpError", "code"),
 )
 
@@ -170,17 +166,11 @@ class RetryPolicy:
 
 
 def is_transient(error: Exception) -> bool:
-    """Whether reading again may succeed where `error` failed (see `_TRANSPORT_ERRORS`); of the
-    errors that carry an HTTP status (`_STATUS_ERRORS`), only one of a status that says "try
-    again" (`TRANSIENT_STATUS`)."""
+    """Whether reading again may succeed where `error` failed (see `_CLIENT_ERRORS`)."""
     if isinstance(error, OSError):
         return True
-    for module_name, class_name in _TRANSPORT_ERRORS:
+    for module_name, class_name, status in _CLIENT_ERRORS:
         kind = getattr(sys.modules.get(module_name), class_name, None)
         if kind is not None and isinstance(error, kind):
-            return True
-    for module_name, class_name, status in _STATUS_ERRORS:
-        kind = getattr(sys.modules.get(module_name), class_name, None)
-        if kind is not None and isinstance(error, kind):
-            return getattr(error, status, None) in TRANSIENT_STATUS
+            return status is None or getattr(error, status, None) in TRANSIENT_STATUS
     return False

@@ -48,7 +48,8 @@ class Text:
             lines, short_detail = read_lines(shard, seek, start, stop)
             slots = [_decode(line[:-1] if line.endswith(b"\r") else line) for line in lines]
             return fill_truncated(slots, stop - start, short_detail)
-        with shard.open(read_ahead=0 if shard.compression is None else STREAM_READ_AHEAD) as f:  # BLOCK_SIZE reads
+        # A plain file is read in reads of BLOCK_SIZE, each fetched as it is; a compressed one in smaller ones.
+        with shard.open(read_ahead=0 if shard.compression is None else STREAM_READ_AHEAD) as f:
             try:
                 content = b"".join(decompressed_blocks(f, shard.compression))
             except EOFError as error:
