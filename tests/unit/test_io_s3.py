@@ -42,20 +42,20 @@ class _Endpoint:
         self.url = f"http://{host}:{port}"
         self.client = boto3.client("s3", endpoint_url=self.url, region_name=_REGION, **_KEYS)
 
-    def options(self, **more) -> dict:
+    def options(self) -> dict:
         """s3fs's storage_options for this endpoint, botocore trying each request once (its own
         retries would wait seconds where a test stops the server)."""
         return {"key": _KEYS["aws_access_key_id"], "secret": _KEYS["aws_secret_access_key"],
                 "client_kwargs": {"endpoint_url": self.url, "region_name": _REGION},
-                "config_kwargs": {"retries": {"max_attempts": 1}}, **more}
+                "config_kwargs": {"retries": {"max_attempts": 1}}}
 
-    def bucket_with(self, directory: Path, prefix: str = "data") -> str:
-        """A new bucket holding `directory`'s files under `prefix`; its URL."""
+    def bucket_with(self, directory: Path) -> str:
+        """A new bucket holding `directory`'s files under `data/`; its URL."""
         bucket = f"b-{uuid.uuid4().hex[:16]}"
         self.client.create_bucket(Bucket=bucket)
         for path in sorted(directory.iterdir()):
-            self.client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
-        return f"s3://{bucket}/{prefix}/"
+            self.client.upload_file(str(path), bucket, f"data/{path.name}")
+        return f"s3://{bucket}/data/"
 
     def stop(self) -> None:
         self._server.stop()
