@@ -10,7 +10,7 @@ import threading
 import paramiko
 import pytest
 
-from .remote_shards import assert_read_on_many_threads_as_local, write_shards
+from .remote_shards import assert_read_on_many_threads_as_local, assert_rewrite_refused, write_shards
 
 
 def _sftp_files(root: str):
@@ -86,6 +86,7 @@ def sftp_server(tmp_path):
     try:
         yield f"sftp://u@127.0.0.1:{listener.getsockname()[1]}", root, {"username": "u", "password": "p"}
     finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes its accept(), which close() alone leaves waiting
         listener.close()
         for transport in transports:
             transport.close()
@@ -101,3 +102,21 @@ def test_an_sftp_dataset_is_planned_and_read_on_many_threads_at_once_as_its_loca
     write_shards(root / "data")
     ds = assert_read_on_many_threads_as_local(f"{url}/data", root / "data", storage_options=options)
     assert [shard.url for shard in ds.shards] == [f"{url}/data/s{shard}.jsonl" for shard in range(8)]
+
+
+@pytest.mark.timeout(120, method="thread")  # the old hang: the signal method's failure waits on the hung threads
+def test_an_sftp_dataset_with_a_cache_is_planned_and_read_on_many_threads_at_once_as_its_local_copy(sftp_server, tmp_path):
+    """The cache copies each shard through paramiko's one SFTP client: planning's threads copied at
+    once, and a dataset with a cache hung for good while it was planned."""
+    url, root, options = sftp_server
+    write_shards(root / "data")
+    assert_read_on_many_threads_as_local(f"{url}/data", root / "data", storage_options=options,
+                                         cache={"enabled": True, "dir": str(tmp_path / "c")})
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_an_sftp_shard_rewritten_after_planning_is_refused(sftp_server, tmp_path, cached):
+    url, root, options = sftp_server
+    write_shards(root / "data")
+    assert_rewrite_refused(f"{url}/data", root / "data", storage_options=options,
+                           cache={"enabled": cached, "dir": str(tmp_path / "c")})

@@ -25,6 +25,13 @@ on several). Five fsspec filesystems break that:
   share (paramiko issue #1836): a dataset planned and read on eight threads failed with
   `SFTPError('Garbage packet received')` or hung for good. Its files too are used one call at a
   time, the check of the version a file was opened at (a `stat` over the same client) included.
+
+A cache in front of one of them (`cache={"enabled": True}`) copies a shard through the same one
+connection or client: planning's threads copied at once, so an FTP dataset with a cache could not
+be planned (`error_reply('200 Type set to: Binary.')`) and an SFTP one hung for good. Opening
+through a cache, which copies the shard where no copy exists yet, is done under its store's lock;
+the copy it gives is a local file of the opener's own. So is every other call on such a store
+(`store_calls`): the version checks beside the opens.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ import weakref
 from collections.abc import Callable
 from typing import BinaryIO
 
-__all__ = ["open_own"]
+from ._protocols import store_of
+
+__all__ = ["open_own", "store_calls"]
 
 _filesystem_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _filesystem_locks_made = threading.Lock()
@@ -47,17 +56,27 @@ def open_own(fs, path: str, check: Callable[[BinaryIO], None], **options) -> Bin
     """`path` opened for reading on `fs` (with fsspec's open `options`), as a handle of the
     caller's own (module docstring), once `check` (which may ask `fs` about the file) passed for
     the handle `fs` gave, under the lock where the filesystem's calls are made one at a time."""
-    shared = _what_is_shared(fs)
+    store = store_of(fs)
+    shared = _what_is_shared(store)
     if shared is None:
         opened = _open_checked(fs, path, check, options)
         memory = sys.modules.get("fsspec.implementations.memory")  # not imported: not its file
         if memory is not None and type(opened) is memory.MemoryFile:
             return io.BytesIO(opened.getvalue())
         return opened
-    lock = _lock_of(fs)
+    lock = _lock_of(store)
     with lock:
         opened = _open_checked(fs, path, check, options)
+    if store is not fs:  # the cache's local copy, made under the lock
+        return opened
     return io.BufferedReader(_SharingFile(opened, lock, reads_locked=shared == "reads"))
+
+
+def store_calls(fs) -> contextlib.AbstractContextManager:
+    """Where the calls on the store under `fs` (`_protocols.store_of`) must be made one at a time
+    (module docstring): its lock, which the thread holding it may take again; else nothing."""
+    store = store_of(fs)
+    return contextlib.nullcontext() if _what_is_shared(store) is None else _lock_of(store)
 
 
 def _open_checked(fs, path: str, check: Callable[[BinaryIO], None], options: dict) -> BinaryIO:
@@ -85,11 +104,12 @@ def _what_is_shared(fs) -> str | None:
     return None
 
 
-def _lock_of(fs) -> threading.Lock:
+def _lock_of(fs) -> contextlib.AbstractContextManager:
+    """`fs`'s lock, reentrant: an open's check, made under it, asks the store for the version."""
     with _filesystem_locks_made:
         lock = _filesystem_locks.get(fs)
         if lock is None:
-            lock = _filesystem_locks[fs] = threading.Lock()
+            lock = _filesystem_locks[fs] = threading.RLock()
         return lock
 
 
@@ -97,7 +117,7 @@ class _SharingFile(io.RawIOBase):
     """One opener's handle of a file (which keeps its own position), closed under its filesystem's
     lock, and read, sought and told under it too where `reads_locked` (module docstring)."""
 
-    def __init__(self, member: BinaryIO, lock: threading.Lock, reads_locked: bool) -> None:
+    def __init__(self, member: BinaryIO, lock: contextlib.AbstractContextManager, reads_locked: bool) -> None:
         self._member, self._lock = member, lock
         self._read_lock = lock if reads_locked else contextlib.nullcontext()
 

@@ -28,8 +28,10 @@ a shard whose listing entry tells no version); a read takes it from the handle i
 knows it without another request (a memory file's creation time; an fsspec buffered file holds
 the `info()` its open made to learn its size), and asks `info()` only of a handle that does not
 tell the planned field. s3fs, gcsfs and adlfs answer that `info()` from the listings they keep,
-planning's among them, so a read first drops the shard's (`forget_listing_to_open`) and the open asks the
-store: one request per chunk read. s3fs's reads also ask for the ETag their open saw, and refuse
+planning's among them, and fsspec's FTP filesystem from its kept listing of the file's directory,
+so a read first drops the shard's and its directory's (`forget_listing_to_open`) and the open asks
+the store: one request per chunk read (on FTP a listing of the shard's directory: FTP's way to
+describe one file). s3fs's reads also ask for the ETag their open saw, and refuse
 a file rewritten since (`expired_while_open`).
 
 The version is not part of a dataset's fingerprint: a checkpoint resumed on another node, or from
@@ -39,6 +41,7 @@ a copy of the data, is judged by URLs, record counts and sizes, as before.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
 from ._protocols import is_local, protocols_of, store_of
+from ._shared_handles import store_calls
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -60,10 +64,17 @@ __all__ = [
 
 # Fields of fsspec `info()` that follow a file's content, those that change with nothing else first
 # (GCS, the Hugging Face hub, S3, Azure, HTTP), then those that change when it is written (SFTP,
-# HTTP, the memory filesystem). A version is the first one found.
+# HTTP, FTP, the memory filesystem). A version is the first one found.
 _VERSION_FIELDS = ("generation", "blob_id", "md5Hash", "crc32c", "checksum", "Content-MD5", "Digest",
                    "ETag", "etag", "version_id", "VersionId",
-                   "mtime", "LastModified", "last_modified", "Last-Modified", "modified", "updated", "created")
+                   "mtime", "LastModified", "last_modified", "Last-Modified", "modified", "updated", "modify",
+                   "created")
+
+_MLSD_TIME = re.compile(r"\d{14}(\.\d+)?")
+"""An FTP server's `modify` fact as its MLSD listing gives it (RFC 3659: UTC, YYYYMMDDHHMMSS, a
+fraction where it keeps one). fsspec fills `modify` from a plain LIST where the server has no
+MLSD, as the listing shows it: "Jun  5 06:30" until the file is six months old, then "Jun  5
+2026", so one file would read as two versions a run apart; that is taken for no version."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,7 @@ def version_in(details: Mapping[str, Any], key: str | None = None) -> ShardVersi
     if key is None:
         key = next((name for name in _VERSION_FIELDS if details.get(name) is not None), None)
     value = None if key is None else details.get(key)
-    if value is None:
+    if value is None or (key == "modify" and not _MLSD_TIME.fullmatch(str(value))):
         return None
     if isinstance(value, datetime):
         value = value.timestamp()
@@ -119,15 +130,19 @@ def version_of(
         return _local_version(os.stat(path))
     if afresh:
         forget_listing(fs, path)
-    return version_in(store_of(fs).info(path), key)
+    with store_calls(fs):  # ftp:// and sftp:// take one call at a time
+        return version_in(store_of(fs).info(path), key)
 
 
 def forget_listing(fs: AbstractFileSystem, path: str) -> None:
     """Drop what the store under `fs` keeps of `path` from listings, so that the next `info()` or
     open describes the file as it is now, not as planning listed it: s3fs, gcsfs, adlfs and the
     hub keep every listing for the life of the filesystem and describe a file, and open it, from
-    there."""
-    store_of(fs).invalidate_cache(path)
+    there. fsspec's FTP filesystem keeps them by directory and describes a file from its
+    directory's: dropping the file's alone left a rewritten shard read under the planned version."""
+    store = store_of(fs)
+    store.invalidate_cache(path)
+    store.invalidate_cache(store._parent(path))
 
 
 def forget_listing_to_open(fs: AbstractFileSystem, path: str) -> None:
