@@ -28,10 +28,11 @@ a shard whose listing entry tells no version); a read takes it from the handle i
 knows it without another request (a memory file's creation time; an fsspec buffered file holds
 the `info()` its open made to learn its size), and asks `info()` only of a handle that does not
 tell the planned field. s3fs, gcsfs and adlfs answer that `info()` from the listings they keep,
-planning's among them, and fsspec's FTP filesystem from its kept listing of the file's directory,
-so a read first drops the shard's and its directory's (`forget_listing_to_open`) and the open asks
-the store: one request per chunk read (on FTP a listing of the shard's directory: FTP's way to
-describe one file). s3fs's reads also ask for the ETag their open saw, and refuse
+planning's among them, so a read first drops the shard's (`forget_listing_to_open`) and the open
+asks the store: one request per chunk read. fsspec's FTP filesystem describes a file from its kept
+listing of the file's directory; there the open keeps that listing and the check asks the server
+for the one file by MLST (`_ftp_facts`), or, where it has no MLST, drops the directory's listing
+and lists it again. s3fs's reads also ask for the ETag their open saw, and refuse
 a file rewritten since (`expired_while_open`).
 
 The version is not part of a dataset's fingerprint: a checkpoint resumed on another node, or from
@@ -49,6 +50,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
+from ._ftp_facts import is_ftp, mlst_facts
 from ._protocols import is_local, protocols_of, store_of
 from ._shared_handles import store_calls
 
@@ -128,10 +130,13 @@ def version_of(
     which has just listed, takes what it listed."""
     if is_local(fs):
         return _local_version(os.stat(path))
-    if afresh:
-        forget_listing(fs, path)
+    store = store_of(fs)
     with store_calls(fs):  # ftp:// and sftp:// take one call at a time
-        return version_in(store_of(fs).info(path), key)
+        if afresh and is_ftp(store) and (facts := mlst_facts(store, path)) is not None:
+            return version_in(facts, key)
+        if afresh:
+            forget_listing(fs, path)
+        return version_in(store.info(path), key)
 
 
 def forget_listing(fs: AbstractFileSystem, path: str) -> None:
@@ -139,19 +144,23 @@ def forget_listing(fs: AbstractFileSystem, path: str) -> None:
     open describes the file as it is now, not as planning listed it: s3fs, gcsfs, adlfs and the
     hub keep every listing for the life of the filesystem and describe a file, and open it, from
     there. fsspec's FTP filesystem keeps them by directory and describes a file from its
-    directory's: dropping the file's alone left a rewritten shard read under the planned version."""
+    directory's, so the directory's listing goes too: dropping the file's alone left a rewritten
+    shard read under the planned version (an FTP server without MLST, `version_of`)."""
     store = store_of(fs)
     store.invalidate_cache(path)
     store.invalidate_cache(store._parent(path))
 
 
 def forget_listing_to_open(fs: AbstractFileSystem, path: str) -> None:
-    """`forget_listing` before a chunk read opens `path`, but on the hub: its filesystem is made
-    with the planning process's listings in every worker (`Dataset.__getstate__`) so that reads
-    ask the hub, which limits requests, for none. So a hub file rewritten on its branch during a
-    run is seen only through the cache (one request per copy); a URL naming a commit (`@<sha>`)
-    reads that commit's files, which never change."""
-    if "hf" not in protocols_of(store_of(fs)):
+    """`forget_listing` before a chunk read opens `path`, but on the hub and on FTP. The hub's
+    filesystem is made with the planning process's listings in every worker
+    (`Dataset.__getstate__`) so that reads ask the hub, which limits requests, for none. So a hub
+    file rewritten on its branch during a run is seen only through the cache (one request per
+    copy); a URL naming a commit (`@<sha>`) reads that commit's files, which never change. An FTP
+    file is opened at the size its directory's kept listing tells, and its version asked by MLST
+    (`_ftp_facts`), which spares listing the directory again at each read."""
+    store = store_of(fs)
+    if "hf" not in protocols_of(store) and not is_ftp(store):
         forget_listing(fs, path)
 
 
@@ -182,9 +191,16 @@ def _version_of_handle(handle: BinaryIO, planned: ShardVersion) -> ShardVersion 
     spec = sys.modules.get("fsspec.spec")
     if memory is not None and type(handle) is memory.MemoryFile:
         return version_in({"size": handle.size, "created": handle.created}, planned.key)
-    if spec is not None and isinstance(handle, spec.AbstractBufferedFile):
+    if spec is not None and isinstance(handle, spec.AbstractBufferedFile) and not _described_by_listing(handle):
         return version_in(handle.details, planned.key)
     return None
+
+
+def _described_by_listing(handle: BinaryIO) -> bool:
+    """Whether `handle`'s details are a kept listing's, not the store's answer now: an FTP file's
+    (`forget_listing_to_open`), whose version `version_of` asks by MLST instead."""
+    ftp = sys.modules.get("fsspec.implementations.ftp")
+    return ftp is not None and isinstance(handle, ftp.FTPFile)
 
 
 def _compare(planned: ShardVersion, now: ShardVersion | None, url: str) -> None:
