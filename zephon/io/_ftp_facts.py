@@ -13,13 +13,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["is_ftp", "mlst_facts"]
+__all__ = ["is_ftp", "is_ftp_file", "mlst_facts"]
 
 
 def is_ftp(store: Any) -> bool:
     """Whether `store` is fsspec's FTP filesystem (looked up, never imported)."""
     ftp = sys.modules.get("fsspec.implementations.ftp")
     return ftp is not None and isinstance(store, ftp.FTPFileSystem)
+
+
+def is_ftp_file(handle: Any) -> bool:
+    """Whether `handle` is a file fsspec's FTP filesystem opened (looked up, never imported)."""
+    ftp = sys.modules.get("fsspec.implementations.ftp")
+    return ftp is not None and isinstance(handle, ftp.FTPFile)
 
 
 def mlst_facts(store: Any, path: str) -> dict[str, Any] | None:

@@ -50,7 +50,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._errors import ShardUnavailableError
-from ._ftp_facts import is_ftp, mlst_facts
+from ._ftp_facts import is_ftp, is_ftp_file, mlst_facts
 from ._protocols import is_local, protocols_of, store_of
 from ._shared_handles import store_calls
 
@@ -132,9 +132,9 @@ def version_of(
         return _local_version(os.stat(path))
     store = store_of(fs)
     with store_calls(fs):  # ftp:// and sftp:// take one call at a time
-        if afresh and is_ftp(store) and (facts := mlst_facts(store, path)) is not None:
-            return version_in(facts, key)
         if afresh:
+            if is_ftp(store) and (facts := mlst_facts(store, path)) is not None:
+                return version_in(facts, key)
             forget_listing(fs, path)
         return version_in(store.info(path), key)
 
@@ -191,16 +191,11 @@ def _version_of_handle(handle: BinaryIO, planned: ShardVersion) -> ShardVersion 
     spec = sys.modules.get("fsspec.spec")
     if memory is not None and type(handle) is memory.MemoryFile:
         return version_in({"size": handle.size, "created": handle.created}, planned.key)
-    if spec is not None and isinstance(handle, spec.AbstractBufferedFile) and not _described_by_listing(handle):
+    # An FTP file's details are its directory's kept listing (`forget_listing_to_open`), not the
+    # server's answer now: its version is asked by MLST instead (`version_of`).
+    if spec is not None and isinstance(handle, spec.AbstractBufferedFile) and not is_ftp_file(handle):
         return version_in(handle.details, planned.key)
     return None
-
-
-def _described_by_listing(handle: BinaryIO) -> bool:
-    """Whether `handle`'s details are a kept listing's, not the store's answer now: an FTP file's
-    (`forget_listing_to_open`), whose version `version_of` asks by MLST instead."""
-    ftp = sys.modules.get("fsspec.implementations.ftp")
-    return ftp is not None and isinstance(handle, ftp.FTPFile)
 
 
 def _compare(planned: ShardVersion, now: ShardVersion | None, url: str) -> None:
