@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import tarfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -17,12 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from moto.server import ThreadedMotoServer
-from s3fs.core import S3File
+from s3fs.core import S3File, S3FileSystem
 from s3fs.utils import FileExpired
 
 from zephon import ConfigurationError
 from zephon.io import Dataset, ShardUnavailableError
 from zephon.io._retry import RetryPolicy
+from zephon.io._version import forget_listing
 
 from tests.reliability.harness import jsonl_dataset, run_epoch, text_pipeline
 
@@ -220,3 +222,34 @@ def test_a_bucket_listed_without_credentials_is_a_configuration_error_saying_wha
     with pytest.raises(ConfigurationError, match=r"found no credentials .*'anon': True") as caught:
         Dataset.from_path("d", url, storage_options=options, retry_delay=0)
     assert url in str(caught.value)
+
+
+def test_listings_dropped_on_many_threads_at_once_raise_nothing():
+    """Every chunk read drops its shard's listing and its directory's; fsspec's DirCache looks a key
+    up and then deletes it, so on a thread runner two reads of one prefix at once had the second
+    delete raise KeyError, which ended the run (3.14t). No request is made: dropping is local."""
+    fs = S3FileSystem(anon=True, skip_instance_cache=True)
+    listing = [{"name": "b/data/s0.jsonl", "size": 1, "type": "file"}]
+    errors, done = [], threading.Event()
+
+    def list_again() -> None:
+        while not done.is_set():
+            fs.dircache["b/data"] = listing
+
+    def drop() -> None:
+        try:
+            for _ in range(20_000):
+                forget_listing(fs, "b/data/s0.jsonl")
+        except KeyError as error:
+            errors.append(error)
+
+    lister = threading.Thread(target=list_again)
+    lister.start()
+    droppers = [threading.Thread(target=drop) for _ in range(4)]
+    for thread in droppers:
+        thread.start()
+    for thread in droppers:
+        thread.join()
+    done.set()
+    lister.join()
+    assert errors == []

@@ -44,6 +44,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -139,6 +140,13 @@ def version_of(
         return version_in(store.info(path), key)
 
 
+_forgetting = threading.Lock()
+"""Held while listings are dropped. fsspec's DirCache is no thread-safe mapping: its `pop` looks a
+key up, then deletes it, so two threads dropping one directory's listing at once (a thread runner's
+chunk reads of one S3 prefix) had the second's delete raise KeyError, which ended the run (3.14t,
+`test_io_s3.py`'s thread-runner pipeline: about 1 run in 7). Dropping is a few dict operations."""
+
+
 def forget_listing(fs: AbstractFileSystem, path: str) -> None:
     """Drop what the store under `fs` keeps of `path` from listings, so that the next `info()` or
     open describes the file as it is now, not as planning listed it: s3fs, gcsfs, adlfs and the
@@ -147,8 +155,9 @@ def forget_listing(fs: AbstractFileSystem, path: str) -> None:
     directory's, so the directory's listing goes too: dropping the file's alone left a rewritten
     shard read under the planned version (an FTP server without MLST, `version_of`)."""
     store = store_of(fs)
-    store.invalidate_cache(path)
-    store.invalidate_cache(store._parent(path))
+    with _forgetting:
+        store.invalidate_cache(path)
+        store.invalidate_cache(store._parent(path))
 
 
 def forget_listing_to_open(fs: AbstractFileSystem, path: str) -> None:
