@@ -100,7 +100,8 @@ def pack_multimodal(
     list says, whatever `image_position` (`tokenize(marker="<image>")` writes it from where the
     text's markers were). `mrope=True` (with `QwenPlaceholders`) adds `mrope_position_ids` to
     every row: the (temporal, height, width) rotary positions a Qwen2-VL-family model would
-    compute itself (`vlm._mrope`)."""
+    compute itself (`vlm._mrope`). `QwenPlaceholders(video_pad=...)` lays each decoded video out
+    as one Qwen2-VL video block, its frames in the rows' `video_*` fields (vlm/README.md)."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,

@@ -33,7 +33,9 @@ Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
   as (patch_row, patch_col, channel) uint8 when the pipeline decoded images itself, or the image
   processor's own rows when one was given; `image_grid` (num_images, 2) int32 (rows, cols) in
   patches; `image_token_offset` (num_images,) int32, the position in the row of each image's first
-  placeholder token;
+  placeholder token; with `QwenPlaceholders(video_pad=...)`, a video is one block of its own and
+  its frames go to `video_pixel_values`, `video_grid` (temporal patches, rows, cols) and
+  `video_token_offset` instead (`_allocate_videos`);
 - with `mrope=True` (Qwen2-VL-family models, `QwenPlaceholders` only), also `mrope_position_ids`
   (3, max_length) int32: each token's (temporal, height, width) rotary positions, restarting per
   document, 0 on padding (`vlm._mrope`).
@@ -69,7 +71,7 @@ from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
-from ._placeholders import Placeholders, QwenPlaceholders
+from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, temporal_patches
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
@@ -95,8 +97,11 @@ class PlacedDocument:
     """One document as the packer decided it: its (possibly cut) text and its images in order.
 
     `images[k]` is (H, W, 3) uint8 on the patch grid, or (rows * cols, patch_dim) rows from an
-    image processor; `grids[k]` its (rows, cols) in patches; it goes before text token
-    `offsets[k]`. `length` counts text and placeholder tokens.
+    image processor, or a (T, H, W, 3) video in Qwen's video layout; `grids[k]` its (rows, cols)
+    in patches (a video's frame's); it goes before text token `offsets[k]`. `length` counts text
+    and placeholder tokens. `video_frames[k]` is T for such a video and 0 for an image; it is
+    empty when the document has no video in that layout (every document without
+    `QwenPlaceholders(video_pad=...)`).
     """
 
     address: RecordAddress
@@ -105,6 +110,10 @@ class PlacedDocument:
     grids: tuple[tuple[int, int], ...]
     offsets: tuple[int, ...]
     length: int
+    video_frames: tuple[int, ...] = ()
+
+    def is_video(self, k: int) -> bool:
+        return bool(self.video_frames) and self.video_frames[k] > 0
 
 
 @dataclass(frozen=True)
@@ -162,11 +171,13 @@ class RowPlan:
 
     @property
     def images_by_dataset(self) -> dict[str, int]:
-        """{dataset: images} of the row's documents (a masked document's too: they keep their slots)."""
+        """{dataset: images} of the row's documents (a masked document's too: they keep their
+        slots). A video in Qwen's layout counts the frames the row holds for it (`video_frames`)."""
         out: dict[str, int] = {}
         for doc in self.documents:
             if doc.grids:
-                out[doc.address.dataset] = out.get(doc.address.dataset, 0) + len(doc.grids)
+                n = sum(video_frames(t) if t else 1 for t in doc.video_frames) if doc.video_frames else len(doc.grids)
+                out[doc.address.dataset] = out.get(doc.address.dataset, 0) + n
         return out
 
     @property
@@ -180,15 +191,15 @@ class RowPlan:
         copying every row's pixels again into the batch."""
         plans = [_decoded(plan) for plan in plans]
         tokens, ragged, counts = _allocate(plans)
-        patch_at = image_at = 0
+        starts = dict.fromkeys(ragged, 0)
         for i, plan in enumerate(plans):
             row = {name: array[i] for name, array in tokens.items()}
-            images = int(counts["image_grid"][i])
-            patches = int(counts["pixel_values"][i])
-            _fill_row(plan, row, ragged["pixel_values"][patch_at : patch_at + patches],
-                      ragged["image_token_offset"][image_at : image_at + images])
-            patch_at += patches
-            image_at += images
+            parts = {}
+            for name, array in ragged.items():
+                n = int(counts[name][i])
+                parts[name] = array[starts[name] : starts[name] + n]
+                starts[name] += n
+            _fill_row(plan, row, parts)
         return tokens, ragged, counts
 
 
@@ -197,7 +208,7 @@ def assemble_row(plan: RowPlan) -> PackedSequence:
     plan = _decoded(plan)
     tokens, ragged, _ = _allocate([plan])
     row = {name: array[0] for name, array in tokens.items()}
-    _fill_row(plan, row, ragged["pixel_values"], ragged["image_token_offset"])
+    _fill_row(plan, row, ragged)
     return PackedSequence(tokens=row, sources=plan.sources, ragged=ragged)
 
 
@@ -220,7 +231,7 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
     }
     if first.mrope:
         tokens["mrope_position_ids"] = np.zeros((len(plans), 3, first.max_length), dtype=np.int32)
-    grids = [[g for doc in plan.documents for g in doc.grids] for plan in plans]
+    grids = [[g for doc in plan.documents for k, g in enumerate(doc.grids) if not doc.is_video(k)] for plan in plans]
     patches = [sum(r * c for r, c in row) for row in grids]
     every = [g for row in grids for g in row]
     ragged = {
@@ -234,11 +245,43 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
         "image_grid": np.array(images, dtype=np.int64),
         "image_token_offset": np.array(images, dtype=np.int64),
     }
+    if video_layout(first.placeholders):
+        _allocate_videos(plans, ragged, counts)
     return tokens, ragged, counts
 
 
-def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarray, image_offset: np.ndarray) -> None:
-    """Write one row's tokens, labels, positions, documents, patches and image offsets in place.
+def _allocate_videos(plans: list[RowPlan], ragged: dict, counts: dict) -> None:
+    """The rows' video fields (Qwen's layout): `video_pixel_values`, every frame's uint8 patches
+    (p·p·3, raster order), the frames of each temporal patch in turn; `video_grid`, Qwen's
+    `video_grid_thw` (temporal patches, rows, cols); `video_token_offset`, each video's first
+    placeholder. Present, maybe empty, on every row of such a packer, so rows always batch."""
+    grids = [[(temporal_patches(doc.video_frames[k]), *g) for doc in plan.documents
+              for k, g in enumerate(doc.grids) if doc.is_video(k)] for plan in plans]
+    patches = [sum(QWEN_TEMPORAL_PATCH * t * r * c for t, r, c in row) for row in grids]
+    every = [g for row in grids for g in row]
+    p = plans[0].patch_size
+    ragged["video_pixel_values"] = np.empty((sum(patches), p * p * 3), dtype=np.uint8)
+    ragged["video_grid"] = np.array(every, dtype=np.int32).reshape(len(every), 3)
+    ragged["video_token_offset"] = np.empty(len(every), dtype=np.int32)
+    videos = np.array([len(row) for row in grids], dtype=np.int64)
+    counts.update(video_pixel_values=np.array(patches, dtype=np.int64), video_grid=videos,
+                  video_token_offset=videos.copy())
+
+
+def video_layout(placeholders: Placeholders) -> bool:
+    """Whether the convention lays a video out as one block of its own (`QwenPlaceholders`
+    given `video_pad`) rather than as one image per frame."""
+    return getattr(placeholders, "video_pad", None) is not None
+
+
+def video_frames(frames: int) -> int:
+    """The frames a row holds for a video of `frames` frames: whole temporal patches."""
+    return QWEN_TEMPORAL_PATCH * temporal_patches(frames)
+
+
+def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.ndarray]) -> None:
+    """Write one row's tokens, labels, positions, documents, patches and image (and video)
+    offsets in place; `ragged` holds the row's own part of each ragged field, its grids written.
 
     Position i's label is token i + 1 where that token is text of the same document, so each text
     run writes its own tokens as the labels of the positions just before them (`_write_text`);
@@ -251,28 +294,43 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], pixel_values: np.ndarra
     tokens_for = plan.placeholders.tokens_for
     p = plan.patch_size
     masked = {number for number, *_ in plan.masked}
+    pixel_values, image_offset = ragged["pixel_values"], ragged["image_token_offset"]
     at = patch_at = k = 0
+    video_patch_at = v = 0
+    item_offsets = []  # every image's and video's first placeholder, in row order (M-RoPE)
     for number, doc in enumerate(plan.documents):
         start, cut, text = at, 0, doc.text
         learns = None if number in masked else labels
-        for image, (rows, cols), offset in zip(doc.images, doc.grids, doc.offsets):
+        for index, (image, (rows, cols), offset) in enumerate(zip(doc.images, doc.grids, doc.offsets)):
             if offset > cut:
                 at = _write_text(text[cut:offset], at, start, input_ids, learns)
             cut = offset
-            tokens = tokens_for(rows, cols)
+            item_offsets.append(at)
+            if doc.is_video(index):
+                frames = video_frames(len(image))
+                tokens = plan.placeholders.video_tokens_for(frames // QWEN_TEMPORAL_PATCH, rows, cols)
+                ragged["video_token_offset"][v] = at
+                n = rows * cols
+                for f in range(frames):  # an odd count's last frame twice, as Qwen's processors pad
+                    target = ragged["video_pixel_values"][video_patch_at : video_patch_at + n]
+                    _write_patches(target, image[min(f, len(image) - 1)], rows, cols, p)
+                    video_patch_at += n
+                v += 1
+            else:
+                tokens = tokens_for(rows, cols)
+                image_offset[k] = at
+                n = rows * cols
+                _write_patches(pixel_values[patch_at : patch_at + n], image, rows, cols, p)
+                patch_at += n
+                k += 1
             input_ids[at : at + len(tokens)] = tokens
-            image_offset[k] = at
             at += len(tokens)
-            n = rows * cols
-            _write_patches(pixel_values[patch_at : patch_at + n], image, rows, cols, p)
-            patch_at += n
-            k += 1
         if len(text) > cut:
             at = _write_text(text[cut:], at, start, input_ids, learns)
         position_ids[start:at] = positions[: at - start]
         document_ids[start:at] = number
     if plan.mrope:
-        fill_mrope_positions(row["mrope_position_ids"], plan.documents, image_offset, plan.placeholders.merge_size)
+        fill_mrope_positions(row["mrope_position_ids"], plan.documents, item_offsets, plan.placeholders.merge_size)
 
 
 def _write_text(run: np.ndarray, at: int, start: int, input_ids: np.ndarray, labels: np.ndarray | None) -> int:
@@ -368,6 +426,7 @@ class MultimodalPacker:
         self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
         self.assemble = assemble
         self.mrope = mrope
+        self._video_layout = video_layout(placeholders)
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
@@ -413,17 +472,22 @@ class MultimodalPacker:
             # split_special_tokens, or an added token that is not special), or ids from the data.
             self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
-        images = _as_images(record.get(self.pixels_field))
+        images = _as_images(record.get(self.pixels_field), self._video_layout)
         offsets = self._offsets(address, record, len(images), len(text))
         if offsets is None:
             return None
         grids = self._grids(address, record, images)
+        frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
+        if not any(frames):
+            frames = ()
         lengths = self._lengths
         image_tokens = 0
-        for grid in grids:
-            n = lengths.get(grid)
+        for k, grid in enumerate(grids):
+            key = (temporal_patches(frames[k]), *grid) if frames and frames[k] else grid
+            n = lengths.get(key)
             if n is None:
-                n = lengths[grid] = self.placeholders.num_tokens(*grid)
+                n = lengths[key] = self.placeholders.video_num_tokens(*key) if len(key) == 3 \
+                    else self.placeholders.num_tokens(*grid)
             image_tokens += n
         if image_tokens > self.max_length:
             self._skips.append((address, "images_exceed_length", f"its {len(grids)} image(s) take {image_tokens} tokens "
@@ -438,7 +502,7 @@ class MultimodalPacker:
             # A copy: a view kept the whole text alive as long as the row waited (a shuffle buffer).
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
-        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text))
+        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames)
 
     def _placeholder_detail(self, text: np.ndarray) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
@@ -472,11 +536,11 @@ class MultimodalPacker:
                 if isinstance(image, DeferredImage):
                     grids.append(image.grid)
                     continue
-                if image.ndim != 3:
+                if image.ndim != 3 and not (self._video_layout and _is_video(image)):
                     raise ConfigurationError(
                         f"record {address}: an image of shape {image.shape} needs its grid in {self.grid_field!r}"
                     )
-                h, w = image.shape[:2]
+                h, w = image.shape[-3:-1]
                 if h % cell or w % cell:
                     raise ConfigurationError(
                         f"record {address}: a {h}x{w} image is not on the {cell}px grid of the packer's ImageSpec; "
@@ -495,6 +559,8 @@ class MultimodalPacker:
             if isinstance(image, DeferredImage):
                 ok = image.grid == (rows, cols) and image.spec.patch_size == p and image.spec.cell == cell \
                     and self.patch_dtype == np.uint8 and self.patch_dim == image.spec.patch_dim
+            elif self._video_layout and _is_video(image):  # the spec's frames, whatever the images' layout
+                ok = image.shape[1:] == (rows * p, cols * p, 3) and image.dtype == np.uint8 and len(image) > 0
             elif image.ndim == 3:
                 ok = image.shape[:2] == (rows * p, cols * p) and image.dtype == self.patch_dtype \
                     and image.shape[2] * p * p == self.patch_dim
@@ -518,7 +584,8 @@ class MultimodalPacker:
         if isinstance(given, MarkerOffsets) and len(given) != num_images:
             self._skips.append((address, "marker_count_mismatch", f"its text held {len(given)} {given.marker!r} "
                                 f"marker(s) ({self.offsets_field!r}) but it has {num_images} image(s) in "
-                                f"{self.pixels_field!r}: one marker per image (a video: per frame)"))
+                                f"{self.pixels_field!r}: one marker per image (a video: "
+                                f"{'one' if self._video_layout else 'per frame'})"))
             return None
         if given is not None:
             offsets = _whole_numbers(given)
@@ -546,17 +613,23 @@ class MultimodalPacker:
                        self.spec.patch_size, self.patch_dim, self.patch_dtype, mrope=self.mrope)
 
 
-def _as_images(value: Any) -> list[np.ndarray | DeferredImage]:
-    """None -> no image; (H, W, 3) or a DeferredImage -> one; (T, H, W, 3) video -> T frames; a list -> each."""
+def _as_images(value: Any, video_layout: bool) -> list[np.ndarray | DeferredImage]:
+    """None -> no image; (H, W, 3) or a DeferredImage -> one; (T, H, W, 3) video -> T frames, or
+    itself in a video layout; a list -> each."""
     if value is None:
         return []
     if isinstance(value, DeferredImage):
         return [value]
     if isinstance(value, np.ndarray):
-        if value.ndim == 4:
+        if value.ndim == 4 and not video_layout:
             return list(value)
         return [value]
     return [v if isinstance(v, DeferredImage) else np.asarray(v) for v in value]
+
+
+def _is_video(image: Any) -> bool:
+    """Whether a packer item is a video kept whole ((T, H, W, 3) frames, Qwen's video layout)."""
+    return not isinstance(image, DeferredImage) and image.ndim == 4
 
 
 def _whole_numbers(value: Any) -> list[int] | None:
@@ -657,11 +730,14 @@ def _describe(obj: Any) -> dict:
     field that JSON writes as it is (the built-in conventions' numbers, strings and tuples) stays
     as it is, so their fingerprints are unchanged; any other (a set, an array) is written by
     `stable_description`, as a map's arguments are: `json.dumps(default=str)` listed a set in the order
-    per-process string hashing gives and elided an array's middle."""
+    per-process string hashing gives and elided an array's middle. A field added since (its
+    metadata says `fingerprint="when set"`) is written only when set, so recipes made before it
+    keep their fingerprint."""
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
     if not dataclasses.is_dataclass(obj):
         return {"class": kind, "settings": stable_description(obj)}
-    fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+    fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if not f.name.startswith("_")
+              and not (f.metadata.get("fingerprint") == "when set" and getattr(obj, f.name) is None)}
     return {"class": kind, **{name: v if _json_native(v) else stable_description(v) for name, v in fields.items()}}
 
 

@@ -23,7 +23,8 @@ import numpy as np
 from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id"]
+__all__ = ["QWEN_TEMPORAL_PATCH", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id",
+           "temporal_patches"]
 
 
 @runtime_checkable
@@ -82,23 +83,26 @@ class _GridTokens:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "merge_size", check_count(self.merge_size, f"{type(self).__name__}: merge_size"))
-        for each in fields(self):
-            if each.init and each.name != "merge_size":
-                token_id = check_token_id(getattr(self, each.name), f"{type(self).__name__}: {each.name}")
-                object.__setattr__(self, each.name, token_id)
+        for name in self._id_fields():
+            if getattr(self, name) is not None:  # an optional id left out (QwenPlaceholders.video_pad)
+                object.__setattr__(self, name, check_token_id(getattr(self, name), f"{type(self).__name__}: {name}"))
         # The packer places and masks images by position, but the model finds an image's slots
         # by id: a row break, start or end sharing the slot id is one more slot than there are
         # patches, and two shared structural ids cannot be told apart. Nothing downstream can.
-        names = [each.name for each in fields(self) if each.init and each.name != "merge_size"]
-        if len(set(self.token_ids)) < len(names):
-            given = ", ".join(f"{name}={getattr(self, name)}" for name in names)
+        if len(set(self.token_ids)) < len(self.token_ids):
+            given = ", ".join(f"{name}={getattr(self, name)}" for name in self._id_fields()
+                              if getattr(self, name) is not None)
             raise ConfigurationError(f"{type(self).__name__}: the placeholder ids must be distinct, got {given}")
+
+    @classmethod
+    def _id_fields(cls) -> tuple[str, ...]:
+        return tuple(each.name for each in fields(cls) if each.init and each.name != "merge_size")
 
     @property
     def token_ids(self) -> tuple[int, ...]:
         """Every id the convention places. The model finds an image's slots by these ids, so a
         text token holding one would be taken for part of an image (see the packer)."""
-        return tuple(getattr(self, each.name) for each in fields(self) if each.init and each.name != "merge_size")
+        return tuple(getattr(self, name) for name in self._id_fields() if getattr(self, name) is not None)
 
     def tokens_for(self, rows: int, cols: int) -> np.ndarray:
         """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
@@ -147,22 +151,45 @@ class PixtralPlaceholders(_GridTokens):
         return grid.reshape(-1)
 
 
+QWEN_TEMPORAL_PATCH = 2
+"""Frames per temporal patch of Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision towers (their
+processors' `temporal_patch_size`): a video's frames are taken in pairs, the last repeated when
+their count is odd, as the processors do."""
+
+
+def temporal_patches(frames: int) -> int:
+    """Qwen's temporal patches of a video of `frames` frames: pairs, an odd count's last frame repeated."""
+    return -(-frames // QWEN_TEMPORAL_PATCH)
+
+
 @dataclass(frozen=True)
 class QwenPlaceholders(_GridTokens):
     """Qwen2-VL convention: `<|vision_start|>`, then one `<|image_pad|>` per merged cell
-    (rows * cols / merge_size**2 of them), then `<|vision_end|>`."""
+    (rows * cols / merge_size**2 of them), then `<|vision_end|>`.
+
+    With `video_pad` (`<|video_pad|>`'s id), a decoded video is laid out as Qwen2-VL and
+    Qwen2.5-VL lay out a video, one block for the whole clip: `<|vision_start|>`, one
+    `<|video_pad|>` per merged cell of every temporal patch (frame pair), `<|vision_end|>`; the
+    packer writes its frames to the rows' `video_*` fields. Without it, a video's frames are
+    packed as images, one block each.
+    """
 
     vision_start: int
     image_pad: int
     vision_end: int
     merge_size: int = 2
+    video_pad: int | None = field(default=None, metadata={"fingerprint": "when set"})
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 2, vision_start: str = "<|vision_start|>",
-                       image_pad: str = "<|image_pad|>", vision_end: str = "<|vision_end|>") -> QwenPlaceholders:
+                       image_pad: str = "<|image_pad|>", vision_end: str = "<|vision_end|>",
+                       video_pad: str | None = None) -> QwenPlaceholders:
+        """The ids looked up in the model's tokenizer; `video_pad="<|video_pad|>"` lays videos
+        out as Qwen videos (see the class)."""
         return cls(lookup_token_id(tokenizer, vision_start), lookup_token_id(tokenizer, image_pad),
-                   lookup_token_id(tokenizer, vision_end), merge_size)
+                   lookup_token_id(tokenizer, vision_end), merge_size,
+                   None if video_pad is None else lookup_token_id(tokenizer, video_pad))
 
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
@@ -173,3 +200,20 @@ class QwenPlaceholders(_GridTokens):
         tokens = np.full(self.num_tokens(rows, cols), self.image_pad, dtype=np.int32)
         tokens[0], tokens[-1] = self.vision_start, self.vision_end
         return tokens
+
+    def video_num_tokens(self, temporal: int, rows: int, cols: int) -> int:
+        """Tokens of a video of `temporal` temporal patches, each rows x cols patches."""
+        return temporal * (self.num_tokens(rows, cols) - 2) + 2
+
+    def video_tokens_for(self, temporal: int, rows: int, cols: int) -> np.ndarray:
+        """int32 placeholder ids of such a video (read-only, cached); needs `video_pad`."""
+        key = ("video", temporal, rows, cols)
+        cached = self._cache.get(key)
+        if cached is None:
+            if self.video_pad is None:
+                raise ConfigurationError("QwenPlaceholders: a video layout needs video_pad (<|video_pad|>'s id)")
+            cached = np.full(self.video_num_tokens(temporal, rows, cols), self.video_pad, dtype=np.int32)
+            cached[0], cached[-1] = self.vision_start, self.vision_end
+            cached.flags.writeable = False
+            self._cache[key] = cached
+        return cached

@@ -9,7 +9,10 @@ images and clips was refused for its two patch layouts, and the processor's rows
 deferred (`defer=True`) and are 8x the bytes of the uint8 patches (float32, twice over in time)
 in every prefetch window and shuffle buffer. `qwen_pixel_values` turns a batch's uint8 patches
 into the processor's rows where the model runs (a gather and a reshape, on the GPU if the tensor
-is there), the same values the processor gives for the same resized pixels.
+is there), the same values the processor gives for the same resized pixels. `qwen_video_pixel_values`
+does the same for the rows' videos in Qwen's layout (`QwenPlaceholders(video_pad=...)`): each
+row there holds two consecutive frames of a patch instead of one frame twice, as the video
+processor's `pixel_values_videos` do.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "qwen_pixel_values"]
+from ._placeholders import QWEN_TEMPORAL_PATCH
+
+__all__ = ["OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "qwen_pixel_values", "qwen_video_pixel_values"]
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 """Qwen2-VL's and Qwen2.5-VL's image mean (their processors' `image_mean`); Qwen3-VL's checkpoints use 0.5."""
@@ -38,40 +43,83 @@ def qwen_pixel_values(pixel_values: Any, image_grid: Any, *, merge_size: int = 2
     `temporal_patch_size` times, as the processor does for a single image. The defaults are
     Qwen2-VL's (and Qwen2.5-VL's); for Qwen3-VL give `mean=(0.5,) * 3, std=(0.5,) * 3`.
     """
-    grids = np.asarray(image_grid.cpu() if hasattr(image_grid, "cpu") else image_grid, dtype=np.int64).reshape(-1, 2)
+    grids = _grids(image_grid, 2, "image_grid")
+    grids = np.concatenate([np.ones((len(grids), 1), np.int64), grids], axis=1)
+    patch = _checked_patch(pixel_values, grids, 1, ("qwen_pixel_values", "pixel_values", "image_grid"))
+    order = _merged_cell_order(grids, merge_size, 1, "qwen_pixel_values")
+    order = np.repeat(order, temporal_patch_size, axis=1)  # an image is its one frame, twice over in time
+    return _rows(pixel_values, order, patch, mean, std)
+
+
+def qwen_video_pixel_values(video_pixel_values: Any, video_grid: Any, *, merge_size: int = 2,
+                            mean: tuple[float, float, float] = OPENAI_CLIP_MEAN,
+                            std: tuple[float, float, float] = OPENAI_CLIP_STD) -> Any:
+    """(patches, 3·2·p·p) float32 rows in Qwen's video processor's order (its
+    `pixel_values_videos`), from a batch's `video_pixel_values` ((frames·patches, p·p·3) uint8,
+    videos in row order, each video's frames in turn, each frame raster-order over its grid) and
+    `video_grid` ((videos, 3): temporal patches, rows, cols, which is Qwen's `video_grid_thw`).
+    Each row holds one patch of the two frames of a temporal patch; normalised as
+    `qwen_pixel_values` normalises. A torch tensor stays on its device.
+    """
+    grids = _grids(video_grid, 3, "video_grid")
+    names = ("qwen_video_pixel_values", "video_pixel_values", "video_grid")
+    patch = _checked_patch(video_pixel_values, grids, QWEN_TEMPORAL_PATCH, names)
+    order = _merged_cell_order(grids, merge_size, QWEN_TEMPORAL_PATCH, names[0])
+    return _rows(video_pixel_values, order, patch, mean, std)
+
+
+def _grids(grid: Any, width: int, field: str) -> np.ndarray:
+    grids = np.asarray(grid.cpu() if hasattr(grid, "cpu") else grid, dtype=np.int64)
+    if grids.size and (grids.ndim != 2 or grids.shape[1] != width):
+        raise ValueError(f"{field} must be of shape (n, {width}), got {grids.shape}")
+    return grids.reshape(-1, width)
+
+
+def _checked_patch(pixel_values: Any, grids: np.ndarray, frames_per_step: int, names: tuple[str, str, str]) -> int:
+    """The patch side of (patches, p·p·3) uint8 patches, refusing a processor's rows or patches
+    that are not the grids' (another batch's)."""
+    name, values, grid = names
     count, dim = pixel_values.shape
     patch = round((dim / 3) ** 0.5)
     if 3 * patch * patch != dim:
-        raise ValueError(f"qwen_pixel_values: rows of {dim} values are not RGB patches (p·p·3): "
+        raise ValueError(f"{name}: rows of {dim} values are not RGB patches (p·p·3): "
                          "give the uint8 pixel_values of an ImageSpec decode, not a processor's rows")
-    if count != int((grids[:, 0] * grids[:, 1]).sum()):
-        raise ValueError(f"qwen_pixel_values: {count} patches but the grids {grids.tolist()} hold "
-                         f"{int((grids[:, 0] * grids[:, 1]).sum())}: give the same batch's pixel_values and image_grid")
-    order = _merged_cell_order(grids, merge_size)
+    held = int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum()) * frames_per_step
+    if count != held:
+        raise ValueError(f"{name}: {count} patches but the grids {grids.tolist()} hold {held}: "
+                         f"give the same batch's {values} and {grid}")
+    return patch
+
+
+def _rows(pixel_values: Any, order: np.ndarray, patch: int, mean, std) -> Any:
+    """Gather `order` ((rows, frames) patch indices) from the uint8 patches, as normalised
+    (rows, 3·frames·p·p) float32 rows laid out (channel, frame, patch_row, patch_col)."""
+    rows, frames = order.shape
     if isinstance(pixel_values, np.ndarray):
-        rows = pixel_values[order].reshape(count, patch, patch, 3).transpose(0, 3, 1, 2).astype(np.float32)
-        mean_a, std_a = (np.asarray(v, np.float32).reshape(1, 3, 1, 1) for v in (mean, std))
-        rows = ((rows / 255 - mean_a) / std_a)[:, :, None]
-        rows = np.broadcast_to(rows, (count, 3, temporal_patch_size, patch, patch))
-        return np.ascontiguousarray(rows).reshape(count, -1)
+        out = pixel_values[order].reshape(rows, frames, patch, patch, 3).transpose(0, 4, 1, 2, 3).astype(np.float32)
+        mean_a, std_a = (np.asarray(v, np.float32).reshape(1, 3, 1, 1, 1) for v in (mean, std))
+        return np.ascontiguousarray((out / 255 - mean_a) / std_a).reshape(rows, -1)
     import torch
 
-    rows = pixel_values[torch.as_tensor(order, device=pixel_values.device)]
-    rows = rows.reshape(count, patch, patch, 3).permute(0, 3, 1, 2).to(torch.float32)
-    mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=rows.device).reshape(1, 3, 1, 1) for v in (mean, std))
-    rows = ((rows / 255 - mean_t) / std_t)[:, :, None]
-    return rows.expand(count, 3, temporal_patch_size, patch, patch).reshape(count, -1)
+    out = pixel_values[torch.as_tensor(order, device=pixel_values.device)]
+    out = out.reshape(rows, frames, patch, patch, 3).permute(0, 4, 1, 2, 3).to(torch.float32)
+    mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=out.device).reshape(1, 3, 1, 1, 1)
+                     for v in (mean, std))
+    return ((out / 255 - mean_t) / std_t).reshape(rows, -1)
 
 
-def _merged_cell_order(grids: np.ndarray, merge_size: int) -> np.ndarray:
-    """The raster-order patch index of each processor row: per image, its merged cells in raster
-    order and the merge_size x merge_size patches of each cell in raster order."""
+def _merged_cell_order(grids: np.ndarray, merge_size: int, frames_per_step: int, name: str) -> np.ndarray:
+    """(rows, frames_per_step) raster-order patch indices of each processor row: per image or
+    video (grids of temporal steps, rows, cols; frames_per_step frames a step), its temporal
+    steps in turn, each step's merged cells in raster order, the merge_size x merge_size patches
+    of each cell in raster order, one index per frame of the step."""
     m = merge_size
     parts, start = [], 0
-    for rows, cols in grids.tolist():
-        if rows % m or cols % m:
-            raise ValueError(f"qwen_pixel_values: a {rows}x{cols} patch grid is not whole {m}x{m} merged cells")
-        index = np.arange(rows * cols, dtype=np.int64).reshape(rows // m, m, cols // m, m).transpose(0, 2, 1, 3)
-        parts.append(start + index.reshape(-1))
-        start += rows * cols
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    for steps, rows, cols in grids.tolist():
+        if rows % m or cols % m or steps < 1:
+            raise ValueError(f"{name}: a {rows}x{cols} patch grid is not whole {m}x{m} merged cells")
+        index = np.arange(steps * frames_per_step * rows * cols, dtype=np.int64)
+        index = index.reshape(steps, frames_per_step, rows // m, m, cols // m, m).transpose(0, 2, 4, 3, 5, 1)
+        parts.append(start + index.reshape(-1, frames_per_step))
+        start += steps * frames_per_step * rows * cols
+    return np.concatenate(parts) if parts else np.zeros((0, frames_per_step), np.int64)

@@ -55,17 +55,27 @@ class PackedSequence:
     @property
     def images_by_dataset(self) -> dict[str, int]:
         """{dataset: images} of the row: an image is its document's at its first placeholder
-        (`image_token_offset`)."""
+        (`image_token_offset`). A video in a layout of its own (`video_token_offset`, Qwen's)
+        counts the frames the row holds for it: `video_grid`'s first column is its temporal
+        patches, of two frames each."""
+        document_ids = self.tokens["document_ids"]
         offsets = self.ragged.get("image_token_offset", ())
-        return self._by_dataset(self.tokens["document_ids"][offsets]) if len(offsets) else {}
+        out = self._by_dataset(document_ids[offsets]) if len(offsets) else {}
+        videos = self.ragged.get("video_token_offset", ())
+        if len(videos):
+            frames = 2 * self.ragged["video_grid"][:, 0].astype(np.int64)
+            for dataset, n in self._by_dataset(document_ids[videos], frames).items():
+                out[dataset] = out.get(dataset, 0) + n
+        return out
 
-    def _by_dataset(self, documents: np.ndarray) -> dict[str, int]:
-        """How often each document number occurs in `documents`, summed by its dataset.
+    def _by_dataset(self, documents: np.ndarray, weights: np.ndarray | None = None) -> dict[str, int]:
+        """How often each document number occurs in `documents` (or the sum of its `weights`),
+        summed by its dataset.
 
         A document `sources` names no record for is a ConfigurationError: its tokens were counted
         in the lane's `tokens` and for no dataset (a plugin's row made without `sources`), so the
         realised mixture fell short of the tokens handed over, and nothing said so."""
-        per_document = np.bincount(documents, minlength=len(self.sources))
+        per_document = np.bincount(documents, weights, minlength=len(self.sources)).astype(np.int64)
         if len(per_document) > len(self.sources):
             raise ConfigurationError(
                 f"a PackedSequence holds documents 0 to {len(per_document) - 1} and names the record of "

@@ -1,0 +1,299 @@
+"""Qwen2-VL's own video layout (`QwenPlaceholders(video_pad=...)`): a decoded video packed as one
+block of `<|video_pad|>` over its temporal patches (frame pairs), its frames in the rows' `video_*`
+fields, and its M-RoPE positions.
+
+The oracles are transformers' own code: the video processor's patchify (its frame pairing, the
+odd last frame repeated, and its row layout) for `qwen_video_pixel_values`, and the models'
+`get_rope_index` for the positions, wherever transformers' rule for the text after a video is
+the rule of Qwen's own training code (see `vlm._mrope`); where they part, the positions are
+written out by hand.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests.conftest import requires_torch
+from tests.unit.test_vlm_mixed_media import TOKENIZER, mixed_source, write_mixed_corpus
+from vlm import ImageSpec, QwenPlaceholders, VideoSpec, qwen_video_pixel_values
+from vlm._packing import MultimodalPacker, PackMultimodal
+from zephon import ConfigurationError, Pipeline
+from zephon._records import RecordAddress
+from zephon._sequence import IGNORE_INDEX
+
+VIDEO_PAD = 17
+PLACEHOLDERS = QwenPlaceholders(14, 15, 16, merge_size=2, video_pad=VIDEO_PAD)
+SPEC = ImageSpec.qwen2_vl(min_pixels=56 * 56, max_pixels=224 * 224)
+
+
+def _packer(max_length: int = 64, *, mrope: bool = False, placeholders=PLACEHOLDERS) -> MultimodalPacker:
+    return MultimodalPacker(None, max_length=max_length, placeholders=placeholders, spec=SPEC, pad_id=0, mrope=mrope)
+
+
+def _video(frames: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """(frames, rows·14, cols·14, 3) random uint8 frames, on the Qwen2-VL spec's patch grid."""
+    return np.random.default_rng(seed).integers(0, 256, (frames, rows * 14, cols * 14, 3), dtype=np.uint8)
+
+
+def _image(rows: int, cols: int) -> np.ndarray:
+    return np.full((rows * 14, cols * 14, 3), 9, np.uint8)
+
+
+def _text(*ids: int) -> np.ndarray:
+    return np.array(ids, dtype=np.int32)
+
+
+def _address(i: int = 0) -> RecordAddress:
+    return RecordAddress("clips", "shard-0", i)
+
+
+def _one_row(packer: MultimodalPacker, *records: dict):
+    for i, record in enumerate(records):
+        assert packer.push((_address(i), record)) == []
+    [row] = packer.flush()
+    return row
+
+
+# -- the layout ----------------------------------------------------------------------------------
+
+def test_a_video_is_one_block_of_video_pads_over_its_frame_pairs_and_learns_nothing_but_the_text_after():
+    """3 frames of 4x6 patches: 2 temporal patches (the third frame repeated) of 2x3 merged cells,
+    12 `<|video_pad|>` between one start and one end token; the image beside it keeps its own
+    layout and fields."""
+    row = _one_row(_packer(), {"input_ids": _text(40, 41), "pixels": _video(3, 4, 6),
+                               "image_offsets": [1]},
+                   {"input_ids": _text(50), "pixels": [_image(2, 2)]})
+    ids = row.tokens["input_ids"]
+    video_block = [14] + [VIDEO_PAD] * 12 + [16]
+    assert ids[:16].tolist() == [40] + video_block + [41]
+    assert ids[16:20].tolist() == [14, 15, 16, 50], "the image is laid out as before"
+    assert row.ragged["video_grid"].tolist() == [[2, 4, 6]]
+    assert row.ragged["video_token_offset"].tolist() == [1]
+    assert row.ragged["video_pixel_values"].shape == (2 * 2 * 4 * 6, 14 * 14 * 3)
+    assert row.ragged["image_grid"].tolist() == [[2, 2]] and row.ragged["image_token_offset"].tolist() == [16]
+    assert row.ragged["pixel_values"].shape == (4, 14 * 14 * 3)
+    labels = row.tokens["labels"]
+    assert labels[:15].tolist() == [IGNORE_INDEX] * 14 + [41], "only the video's end token predicts the text after"
+    assert row.num_real_tokens == 20
+    # Counted by the frames the row holds (4 for the 3-frame video) and the image, as its plan counts.
+    assert row.images_by_dataset == {"clips": 5}
+    planner = MultimodalPacker(None, max_length=64, placeholders=PLACEHOLDERS, spec=SPEC, pad_id=0, assemble=False)
+    plan = _one_row(planner, {"input_ids": _text(40, 41), "pixels": _video(3, 4, 6), "image_offsets": [1]},
+                    {"input_ids": _text(50), "pixels": [_image(2, 2)]})
+    assert plan.images_by_dataset == {"clips": 5}
+
+
+def video_processor_patchify():
+    """transformers' `Qwen2VLVideoProcessor.patchify`, its own code, compiled from its module's
+    source: the module imports torchvision, which the test environment lacks (its wheels are
+    built against the CUDA torch), while the method needs torch alone."""
+    import ast
+    import importlib.util
+
+    import torch
+
+    path = importlib.util.find_spec("transformers.models.qwen2_vl").submodule_search_locations[0]
+    tree = ast.parse(open(f"{path}/video_processing_qwen2_vl.py", encoding="utf-8").read())
+    [cls] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Qwen2VLVideoProcessor"]
+    [method] = [node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "patchify"]
+    namespace = {"torch": torch}
+    exec(compile(ast.Module([method], []), path, "exec"), namespace)  # noqa: S102 - transformers' own source
+    return namespace["patchify"]
+
+
+def test_a_video_s_frames_become_the_qwen_video_processors_rows_the_odd_last_one_repeated():
+    """`qwen_video_pixel_values` of the row's uint8 frames equals transformers' Qwen2-VL video
+    processor's patchify of the same frames, normalised alike: its pairing of frames (an odd
+    count's last frame twice), its merged-cell order and its (channel, frame, row, col) rows."""
+    torch = pytest.importorskip("torch")
+    from vlm import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    patchify = video_processor_patchify()
+
+    videos = [_video(3, 4, 6, seed=1), _video(4, 2, 2, seed=2)]
+    row = _one_row(_packer(96), *({"input_ids": _text(40 + i), "pixels": video} for i, video in enumerate(videos)))
+    got = qwen_video_pixel_values(row.ragged["video_pixel_values"], row.ragged["video_grid"])
+    mean = torch.tensor(OPENAI_CLIP_MEAN).reshape(1, 1, 3, 1, 1)
+    std = torch.tensor(OPENAI_CLIP_STD).reshape(1, 1, 3, 1, 1)
+    wants, grids = [], []
+    for video in videos:
+        frames = torch.from_numpy(video).permute(0, 3, 1, 2)[None].to(torch.float32)
+        frames = (frames / 255 - mean) / std
+        patches, t, h, w = patchify(None, frames, patch_size=14, merge_size=2, temporal_patch_size=2)
+        wants.append(patches[0].numpy())
+        grids.append([t, h, w])
+    assert row.ragged["video_grid"].tolist() == grids == [[2, 4, 6], [2, 2, 2]]
+    want = np.concatenate(wants)
+    assert got.shape == want.shape == (2 * 4 * 6 + 2 * 2 * 2, 3 * 2 * 14 * 14)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # The processor's token count for a video: its grid's product over the merged cell.
+    assert [row.tokens["input_ids"].tolist().count(VIDEO_PAD)] == [sum(t * h * w // 4 for t, h, w in grids)]
+
+
+def test_without_video_pad_a_video_is_packed_as_images_and_the_fingerprint_is_unchanged():
+    """The layout is opt-in: recipes made before it keep their rows and their fingerprint."""
+    frames_as_images = QwenPlaceholders(14, 15, 16, merge_size=2)
+    row = _one_row(_packer(placeholders=frames_as_images), {"input_ids": _text(40), "pixels": _video(3, 2, 2)})
+    assert row.ragged["image_grid"].tolist() == [[2, 2]] * 3 and "video_grid" not in row.ragged
+    assert PackMultimodal(64, frames_as_images, SPEC).fingerprint(0)["placeholders"] == {
+        "class": "vlm._placeholders.QwenPlaceholders", "vision_start": 14, "image_pad": 15, "vision_end": 16,
+        "merge_size": 2}
+    assert PackMultimodal(64, PLACEHOLDERS, SPEC).fingerprint(0)["placeholders"]["video_pad"] == VIDEO_PAD
+
+
+def test_video_pad_is_a_placeholder_id_text_and_padding_may_not_hold():
+    packer = _packer()
+    assert packer.push((_address(), {"input_ids": _text(40, VIDEO_PAD), "pixels": _video(2, 2, 2)})) == []
+    assert [reason for _, reason, _ in packer.drain_skips()] == ["placeholder_in_text"]
+    with pytest.raises(ConfigurationError, match="pad_id=17 is an image placeholder id"):
+        MultimodalPacker(None, max_length=64, placeholders=PLACEHOLDERS, spec=SPEC, pad_id=VIDEO_PAD)
+    with pytest.raises(ConfigurationError, match="must be distinct"):
+        QwenPlaceholders(14, 15, 16, video_pad=15)
+
+
+def test_a_video_too_long_for_a_row_is_skipped_by_name():
+    packer = _packer(32)
+    assert packer.push((_address(), {"input_ids": _text(40), "pixels": _video(16, 4, 4)})) == []
+    [(_, reason, detail)] = packer.drain_skips()
+    assert reason == "images_exceed_length" and "take 34 tokens" in detail  # 8 temporal patches x 4 cells + 2
+
+
+def test_a_text_s_markers_place_a_whole_video_once():
+    from zephon._markers import MarkerOffsets
+
+    packer = _packer()
+    per_frame = {"input_ids": _text(40, 41), "pixels": _video(2, 2, 2), "image_offsets": MarkerOffsets([1, 1], "<v>")}
+    assert packer.push((_address(0), per_frame)) == []
+    [(_, reason, detail)] = packer.drain_skips()
+    assert reason == "marker_count_mismatch" and "one marker per image (a video: one)" in detail
+    row = _one_row(packer, {"input_ids": _text(40, 41), "pixels": _video(2, 2, 2),
+                            "image_offsets": MarkerOffsets([1], "<v>")})
+    assert row.tokens["input_ids"][:5].tolist() == [40, 14, VIDEO_PAD, 16, 41]
+
+
+# -- M-RoPE ----------------------------------------------------------------------------------------
+
+def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, int, int]],
+                    kinds: list[str]) -> np.ndarray:
+    """(3, L) positions transformers' `get_rope_index` gives one document alone: its images and
+    videos in order (`kinds`), grids (t, rows, cols) in patches; Qwen2.5-VL's time scaled to one
+    position per temporal patch (tokens_per_second 2 x 0.5 s a temporal patch), Qwen2-VL's rule."""
+    import torch
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    cls = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel}[model]
+    vision = SimpleNamespace(spatial_merge_size=2, tokens_per_second=2)
+    stub = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
+    stub.get_vision_position_ids = partial(cls.get_vision_position_ids, stub)
+    ids = torch.tensor(np.asarray(input_ids, dtype=np.int64))[None]
+    types = (ids == PLACEHOLDERS.image_pad).int() + 2 * (ids == VIDEO_PAD).int()
+    images = [g for g, kind in zip(grids, kinds) if kind == "image"]
+    videos = [g for g, kind in zip(grids, kinds) if kind == "video"]
+    kwargs = {"image_grid_thw": torch.tensor(images) if images else None,
+              "video_grid_thw": torch.tensor(videos) if videos else None}
+    if model == "qwen2_5_vl" and videos:
+        kwargs["second_per_grid_ts"] = torch.tensor([0.5] * len(videos))
+    positions, _ = cls.get_rope_index(stub, ids, types, **kwargs)
+    return positions[:, 0].numpy()
+
+
+@requires_torch
+@pytest.mark.parametrize("model", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_positions_are_the_models_for_documents_of_videos_images_and_text(model):
+    """Documents of text, a video (temporal patches no more than its merged rows or columns, where
+    transformers' rule and Qwen's agree) and an image, several to a row: each document gets,
+    token for token, the positions the model computes for it alone."""
+    documents = [
+        ({"input_ids": _text(40, 41, 42), "pixels": _video(4, 4, 6), "image_offsets": [1]}, [(2, 4, 6)], ["video"]),
+        ({"input_ids": _text(43), "pixels": _video(3, 6, 4)}, [(2, 6, 4)], ["video"]),
+        ({"input_ids": _text(44, 45), "pixels": _video(2, 2, 2), "image_offsets": [2]}, [(1, 2, 2)], ["video"]),
+    ]
+    packer = _packer(128, mrope=True)
+    row = _one_row(packer, *(record for record, _, _ in documents))
+    mixed = {"input_ids": _text(46, 47), "pixels": [_image(4, 2)], "image_offsets": [1]}
+    packer.push((_address(9), mixed))
+    packer.push((_address(10), {"input_ids": _text(48), "pixels": _video(5, 6, 4), "image_offsets": [1]}))
+    [second] = packer.flush()
+    cases = [(row, documents), (second, [(mixed, [(1, 4, 2)], ["image"]), (None, [(3, 6, 4)], ["video"])])]
+    checked = 0
+    for packed, docs in cases:
+        mrope, doc_ids, ids = packed.tokens["mrope_position_ids"], packed.tokens["document_ids"], packed.tokens["input_ids"]
+        assert not mrope[:, doc_ids == -1].any(), "padding is position 0"
+        for number, (_, grids, kinds) in enumerate(docs):
+            where = np.flatnonzero(doc_ids == number)
+            want = model_positions(model, ids[where], grids, kinds)
+            np.testing.assert_array_equal(mrope[:, where], want, err_msg=f"document {number}")
+            checked += 1
+    assert checked == 5
+
+
+def test_the_text_after_a_video_longer_than_its_grid_resumes_past_its_last_temporal_position():
+    """Qwen's rule, written out: text, a video of 3 temporal patches of one merged cell, text. Its
+    cells sit at t = 2, 3, 4 (h = w = 2); the end token and the text after take one past the
+    largest position of the block, 5 and 6. (transformers' `get_rope_index` from 5.3 resumes one
+    past the spatial grid instead, at 3 and 4, below the block's own temporal positions.)"""
+    row = _one_row(_packer(16, mrope=True), {"input_ids": _text(40, 41), "pixels": _video(6, 2, 2),
+                                             "image_offsets": [1]})
+    assert row.tokens["input_ids"][:7].tolist() == [40, 14, VIDEO_PAD, VIDEO_PAD, VIDEO_PAD, 16, 41]
+    assert row.tokens["mrope_position_ids"][:, :7].tolist() == [
+        [0, 1, 2, 3, 4, 5, 6],
+        [0, 1, 2, 2, 2, 5, 6],
+        [0, 1, 2, 2, 2, 5, 6],
+    ]
+
+
+# -- through the pipeline ------------------------------------------------------------------------
+
+def _mixed_pipeline(root, runner: str):
+    spec = ImageSpec.qwen2_vl(max_pixels=56 * 56 * 4)
+    placeholders = QwenPlaceholders(3, 4, 5, video_pad=6)
+    return (
+        Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
+        .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
+        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2)
+        .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=spec), datasets="clips", parallelism=2)
+        .pack_multimodal(256, placeholders, mrope=True)
+        .shuffle(buffer_size=3, seed=2)
+        .batch(2)
+    )
+
+
+def _epoch(pipeline: Pipeline) -> tuple[list[str], list, dict]:
+    """The microbatches' SHA-256s in delivery order, the batches, and the loader's mixture stats."""
+    with pipeline.shard(0, 1) as loader:
+        batches = list(loader)
+        mixture = loader.stats()["mixture"]
+    return [batch.digest() for batch in batches], batches, mixture
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_mixed_corpus(tmp_path_factory.mktemp("mixed"))
+
+
+def test_photos_and_clips_in_qwen_s_layouts_are_the_same_bytes_on_every_runner(corpus):
+    """Photos and 3-frame clips mixed: every microbatch carries both layouts' fields (maybe
+    empty), clips only in the video fields, each counted by the frames its rows hold (two
+    temporal patches, 4 frames), and the batches' SHA-256s are the same from separately built
+    pipelines on the inline, thread and process runners."""
+    runs = {runner: _epoch(_mixed_pipeline(corpus, runner)) for runner in ("inline", "thread", "process")}
+    digests, batches, mixture = runs["inline"]
+    videos = images = 0
+    for batch in batches:
+        assert {"video_pixel_values", "video_grid", "video_token_offset", "pixel_values", "image_grid"} <= set(batch.ragged)
+        for sources, offsets in (("video_token_offset", "video_grid"), ("image_token_offset", "image_grid")):
+            assert len(batch.ragged[sources]) == len(batch.ragged[offsets])
+        assert (batch.ragged["video_grid"][:, 0] == 2).all()
+        videos += len(batch.ragged["video_grid"])
+        images += len(batch.ragged["image_grid"])
+        assert int((batch.tokens["input_ids"] == 6).sum()) == int(
+            (batch.ragged["video_grid"].prod(axis=1) // 4).sum())
+    assert videos > 0 and images > 0
+    assert mixture["clips"]["images"] == 4 * videos and mixture["photos"]["images"] == images
+    for runner, (other, _, _) in runs.items():
+        assert other == digests, runner
