@@ -297,3 +297,19 @@ def test_photos_and_clips_in_qwen_s_layouts_are_the_same_bytes_on_every_runner(c
     assert mixture["clips"]["images"] == 4 * videos and mixture["photos"]["images"] == images
     for runner, (other, _, _) in runs.items():
         assert other == digests, runner
+
+
+def test_photos_and_clips_in_qwen_s_layouts_saved_on_two_ranks_resume_on_four_with_the_same_global_batches(corpus):
+    """Saved after two microbatches on each of 2 ranks (thread runner), resumed on 4 (process
+    runner): every later global batch is the uninterrupted single-rank run's, by SHA-256."""
+    import json
+
+    from tests.determinism.test_vlm_mixed_media_elastic import global_digests
+    from tests.reliability.harness import checkpoint_after, run_epoch
+
+    reference = global_digests(run_epoch(_mixed_pipeline(corpus, "inline"), 1, keep_batches=False).digests)
+    state = json.loads(json.dumps(checkpoint_after(_mixed_pipeline(corpus, "thread"), 2, 2)))
+    rest = run_epoch(_mixed_pipeline(corpus, "process"), 4, state=state, keep_batches=False)
+    resumed = global_digests(rest.digests)
+    assert resumed and sorted(resumed) == sorted(set(reference) - {0})
+    assert resumed == {step: reference[step] for step in resumed}
