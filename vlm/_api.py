@@ -87,6 +87,7 @@ def pack_multimodal(
     offsets_field: str = OFFSETS_FIELD,
     max_open_rows: int = 16,
     mrope: bool = False,
+    mrope_tokens_per_second: float | None = None,
 ):
     """Append a `PackMultimodal` accumulator, bound to the stages before it
     (`PackMultimodal.bound_to`, which the loader calls again for a packer given to
@@ -101,10 +102,13 @@ def pack_multimodal(
     text's markers were). `mrope=True` (with `QwenPlaceholders`) adds `mrope_position_ids` to
     every row: the (temporal, height, width) rotary positions a Qwen2-VL-family model would
     compute itself (`vlm._mrope`). `QwenPlaceholders(video_pad=...)` lays each decoded video out
-    as one Qwen2-VL video block, its frames in the rows' `video_*` fields (vlm/README.md)."""
+    as one Qwen2-VL video block, its frames in the rows' `video_*` fields (vlm/README.md);
+    `mrope_tokens_per_second` (Qwen2.5-VL's `vision_config.tokens_per_second`) then spaces each
+    video's temporal positions by the seconds its temporal patches span, as Qwen2.5-VL does."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,
+        mrope_tokens_per_second=mrope_tokens_per_second,
     )
     # Refused now, as the pipeline is built; the loader binds it again, as it binds a packer applied.
     return pipeline.apply(packer.bound_to(pipeline.record_operators()))

@@ -13,8 +13,10 @@ cells row-major (the grid positions), one end token (text again, one past the la
 is one temporal step (t = 0). A video decoded by `decode_video` is packed as consecutive images,
 and positioned as images too, unless the placeholders lay videos out as Qwen videos
 (`video_pad`): then its temporal patches follow one another at t = 0, 1, 2, ... (Qwen2-VL's
-rule), each over the frame's merged grid, and the end token and the text after take one past
-the largest position of the block on any axis. That is the rule of Qwen's own training code
+rule), or, given Qwen2.5-VL's `tokens_per_second`, at each patch's index times that and the
+seconds a patch spans, rounded down (t = 0, 2, 4, ... at 2 tokens a second and 1 s a patch),
+each over the frame's merged grid, and the end token and the text after take one past the
+largest position of the block on any axis. That is the rule of Qwen's own training code
 and of transformers up to 5.2; transformers' `get_rope_index` from 5.3 resumes the text one
 past the spatial grid alone, lower than the block's last temporal positions where a video has
 more temporal patches than merged rows and columns (transformers issue 45381). Positions
@@ -38,14 +40,16 @@ __all__ = ["fill_mrope_positions", "ramp"]
 
 
 @cache
-def _vision_positions(temporal: int, rows: int, cols: int) -> tuple[np.ndarray, int]:
+def _vision_positions(temporal: int, rows: int, cols: int, step: float = 1.0) -> tuple[np.ndarray, int]:
     """An image's (temporal=1) or a video's placeholders relative to the position before it:
     (3, temporal * rows * cols + 2) int32 with the start token at 0, the merged cells of each
-    temporal patch row-major at 1 + (t, h, w), the end token one past the largest position on any
-    axis (read-only); and how far the block moves the position (start, grid, end)."""
-    span = max(rows, cols, temporal)
+    temporal patch row-major at 1 + (t, h, w), t the patch's index times `step` rounded down, the
+    end token one past the largest position on any axis (read-only); and how far the block moves
+    the position (start, grid, end)."""
+    times = temporal_positions(temporal, step)
+    span = max(rows, cols, int(times[-1]) + 1)
     cells = np.zeros((3, temporal, rows, cols), dtype=np.int32)
-    cells[0] = np.arange(temporal, dtype=np.int32)[:, None, None]
+    cells[0] = times[:, None, None]
     cells[1] = np.arange(rows, dtype=np.int32)[None, :, None]
     cells[2] = np.arange(cols, dtype=np.int32)[None, None, :]
     count = temporal * rows * cols
@@ -54,6 +58,12 @@ def _vision_positions(temporal: int, rows: int, cols: int) -> tuple[np.ndarray, 
     block[:, -1] = 1 + span
     block.flags.writeable = False
     return block, span + 2
+
+
+def temporal_positions(temporal: int, step: float) -> np.ndarray:
+    """t of each temporal patch: its index times `step`, rounded down, in float32 as the models
+    compute it (transformers' `get_vision_position_ids`: a float32 interval times the index)."""
+    return (np.arange(temporal, dtype=np.float32) * np.float32(step)).astype(np.int32)
 
 
 @cache
@@ -65,14 +75,19 @@ def ramp(length: int) -> np.ndarray:
     return out
 
 
-def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], merge_size: int) -> None:
+def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], merge_size: int,
+                         tokens_per_second: float | None = None) -> None:
     """Write the (3, L) positions of a row's documents into `out` (zeros on entry; padding stays 0).
 
     `documents` are the row's `PlacedDocument`s in order (their `grids` in patches, `video_frames`
     and `length`); `item_offsets[k]` is the row position of the k-th image's or video's first
     placeholder token. One slice assignment per text run and per image or video: no loop over
-    tokens. A position never exceeds its token's index in the document (a block's tokens
-    outnumber what it moves the position), so the ramp of the row's length covers every text run.
+    tokens. A video's temporal patches step by 1 (Qwen2-VL), or with `tokens_per_second` by that
+    times the seconds a patch spans (Qwen2.5-VL: `doc.video_seconds`, its `second_per_grid_ts`).
+    Without that scale a text position never exceeds its token's index in the document (a block's
+    tokens outnumber what it moves the position), so the ramp of the row's length covers every
+    text run; with it, a video may move the position past the row's length, and the text after
+    it is given a ramp of its own (`_text_run`).
     """
     positions = ramp(out.shape[1])
     offsets = iter(item_offsets)
@@ -82,13 +97,24 @@ def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], me
         for k, (rows, cols) in enumerate(doc.grids):
             at = next(offsets)
             if at > cursor:
-                out[:, cursor:at] = positions[position : position + at - cursor]
+                out[:, cursor:at] = _text_run(positions, position, at - cursor)
                 position += at - cursor
-            temporal = temporal_patches(doc.video_frames[k]) if doc.is_video(k) else 1
-            block, advance = _vision_positions(temporal, rows // merge_size, cols // merge_size)
+            temporal, step = 1, 1.0
+            if doc.is_video(k):
+                temporal = temporal_patches(doc.video_frames[k])
+                if tokens_per_second is not None:  # as the model: float32 product of the two
+                    step = float(np.float32(tokens_per_second) * np.float32(doc.video_seconds[k]))
+            block, advance = _vision_positions(temporal, rows // merge_size, cols // merge_size, step)
             cursor = at + block.shape[1]
             np.add(block, position, out=out[:, at:cursor])
             position += advance
         end = start + doc.length
-        out[:, cursor:end] = positions[position : position + end - cursor]
+        out[:, cursor:end] = _text_run(positions, position, end - cursor)
         start = end
+
+
+def _text_run(positions: np.ndarray, position: int, count: int) -> np.ndarray:
+    """position, position + 1, ... (count of them): a slice of the row's ramp where it reaches."""
+    if position + count <= len(positions):
+        return positions[position : position + count]
+    return np.arange(position, position + count, dtype=np.int32)

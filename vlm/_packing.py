@@ -72,6 +72,7 @@ from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, temporal_patches
+from ._video import frame_interval_field
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
@@ -99,9 +100,10 @@ class PlacedDocument:
     `images[k]` is (H, W, 3) uint8 on the patch grid, or (rows * cols, patch_dim) rows from an
     image processor, or a (T, H, W, 3) video in Qwen's video layout; `grids[k]` its (rows, cols)
     in patches (a video's frame's); it goes before text token `offsets[k]`. `length` counts text
-    and placeholder tokens. `video_frames[k]` is T for such a video and 0 for an image; it is
-    empty when the document has no video in that layout (every document without
-    `QwenPlaceholders(video_pad=...)`).
+    and placeholder tokens. `video_frames[k]` is T for such a video and 0 for an image, and
+    `video_seconds[k]` the seconds its temporal patches span (Qwen's `second_per_grid_ts`; 0 for
+    an image); both are empty when the document has no video in that layout (every document
+    without `QwenPlaceholders(video_pad=...)`).
     """
 
     address: RecordAddress
@@ -111,6 +113,7 @@ class PlacedDocument:
     offsets: tuple[int, ...]
     length: int
     video_frames: tuple[int, ...] = ()
+    video_seconds: tuple[float, ...] = ()
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -141,6 +144,8 @@ class RowPlan:
     keep their place but train nothing (see `vlm._deferred`)."""
     mrope: bool = False
     """Whether the row carries `mrope_position_ids` (see `vlm._mrope`)."""
+    mrope_tokens_per_second: float | None = None
+    """Qwen2.5-VL's temporal scale of a video's positions (`vlm._mrope`); None: Qwen2-VL's."""
 
     def assemble(self) -> PackedSequence:
         return assemble_row(self)
@@ -254,7 +259,9 @@ def _allocate_videos(plans: list[RowPlan], ragged: dict, counts: dict) -> None:
     """The rows' video fields (Qwen's layout): `video_pixel_values`, every frame's uint8 patches
     (p·p·3, raster order), the frames of each temporal patch in turn; `video_grid`, Qwen's
     `video_grid_thw` (temporal patches, rows, cols); `video_token_offset`, each video's first
-    placeholder. Present, maybe empty, on every row of such a packer, so rows always batch."""
+    placeholder; `video_second_per_grid`, the seconds each video's temporal patches span
+    (Qwen2.5-VL's `second_per_grid_ts`). Present, maybe empty, on every row of such a packer, so
+    rows always batch."""
     grids = [[(temporal_patches(doc.video_frames[k]), *g) for doc in plan.documents
               for k, g in enumerate(doc.grids) if doc.is_video(k)] for plan in plans]
     patches = [sum(QWEN_TEMPORAL_PATCH * t * r * c for t, r, c in row) for row in grids]
@@ -263,9 +270,12 @@ def _allocate_videos(plans: list[RowPlan], ragged: dict, counts: dict) -> None:
     ragged["video_pixel_values"] = np.empty((sum(patches), p * p * 3), dtype=np.uint8)
     ragged["video_grid"] = np.array(every, dtype=np.int32).reshape(len(every), 3)
     ragged["video_token_offset"] = np.empty(len(every), dtype=np.int32)
+    ragged["video_second_per_grid"] = np.array(
+        [doc.video_seconds[k] for plan in plans for doc in plan.documents for k in range(len(doc.grids))
+         if doc.is_video(k)], dtype=np.float32)
     videos = np.array([len(row) for row in grids], dtype=np.int64)
     counts.update(video_pixel_values=np.array(patches, dtype=np.int64), video_grid=videos,
-                  video_token_offset=videos.copy())
+                  video_token_offset=videos.copy(), video_second_per_grid=videos.copy())
 
 
 def video_layout(placeholders: Placeholders) -> bool:
@@ -330,7 +340,8 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
         position_ids[start:at] = positions[: at - start]
         document_ids[start:at] = number
     if plan.mrope:
-        fill_mrope_positions(row["mrope_position_ids"], plan.documents, item_offsets, plan.placeholders.merge_size)
+        fill_mrope_positions(row["mrope_position_ids"], plan.documents, item_offsets, plan.placeholders.merge_size,
+                             plan.mrope_tokens_per_second)
 
 
 def _write_text(run: np.ndarray, at: int, start: int, input_ids: np.ndarray, labels: np.ndarray | None) -> int:
@@ -409,8 +420,10 @@ class MultimodalPacker:
         patch_dtype: Any = None,
         assemble: bool = True,
         mrope: bool = False,
+        mrope_tokens_per_second: float | None = None,
     ) -> None:
         max_length, max_open_rows = _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope)
+        mrope_tokens_per_second = _check_tokens_per_second(mrope_tokens_per_second, mrope, placeholders)
         self.ctx = ctx
         self.max_length = max_length
         self.placeholders = placeholders
@@ -426,7 +439,9 @@ class MultimodalPacker:
         self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
         self.assemble = assemble
         self.mrope = mrope
+        self.mrope_tokens_per_second = mrope_tokens_per_second
         self._video_layout = video_layout(placeholders)
+        self._interval_field = frame_interval_field(pixels_field)
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
@@ -478,7 +493,10 @@ class MultimodalPacker:
             return None
         grids = self._grids(address, record, images)
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
-        if not any(frames):
+        seconds = ()
+        if any(frames):
+            seconds = self._seconds_per_temporal_patch(address, record, frames)
+        else:
             frames = ()
         lengths = self._lengths
         image_tokens = 0
@@ -502,7 +520,20 @@ class MultimodalPacker:
             # A copy: a view kept the whole text alive as long as the row waited (a shuffle buffer).
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
-        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames)
+        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds)
+
+    def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
+        """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
+        `decode_video` wrote it beside the frames) and 0 for an image. A video made otherwise (a
+        map of the user's) must say it too: Qwen2.5-VL spaces its positions by it."""
+        interval = record.get(self._interval_field)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float, np.floating, np.integer)) \
+                or not np.isfinite(interval) or interval <= 0:
+            raise ConfigurationError(
+                f"record {address}: a video in Qwen's video layout needs the seconds between its frames, a "
+                f"positive number, in {self._interval_field!r} (decode_video writes it), got {reprlib.repr(interval)}"
+            )
+        return tuple(QWEN_TEMPORAL_PATCH * float(interval) if n else 0.0 for n in frames)
 
     def _placeholder_detail(self, text: np.ndarray) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
@@ -610,7 +641,8 @@ class MultimodalPacker:
 
     def _plan(self, documents: list[PlacedDocument]) -> RowPlan:
         return RowPlan(tuple(documents), self.max_length, self.pad_id, self.placeholders,
-                       self.spec.patch_size, self.patch_dim, self.patch_dtype, mrope=self.mrope)
+                       self.spec.patch_size, self.patch_dim, self.patch_dtype, mrope=self.mrope,
+                       mrope_tokens_per_second=self.mrope_tokens_per_second)
 
 
 def _as_images(value: Any, video_layout: bool) -> list[np.ndarray | DeferredImage]:
@@ -695,6 +727,21 @@ def _validate(max_length, image_position, max_open_rows, placeholders, spec, mro
     return max_length, max_open_rows
 
 
+def _check_tokens_per_second(value, mrope: bool, placeholders: Placeholders) -> float | None:
+    """`mrope_tokens_per_second` as a float, or None: Qwen2.5-VL's config value, which scales a
+    video's temporal positions; refused where it would change nothing (no M-RoPE, or no video
+    layout to position), so a recipe does not believe its videos are spaced by time."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"pack_multimodal: mrope_tokens_per_second must be a positive number "
+                                 f"(Qwen2.5-VL's vision_config.tokens_per_second), got {value!r}")
+    if not mrope or not video_layout(placeholders):
+        raise ConfigurationError("pack_multimodal: mrope_tokens_per_second spaces the M-RoPE positions of videos in "
+                                 "Qwen's video layout: it needs mrope=True and QwenPlaceholders(video_pad=...)")
+    return float(value)
+
+
 def _check_spec(spec, placeholders: Placeholders) -> None:
     """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
@@ -767,7 +814,8 @@ class PackMultimodal:
     After `decode_images(defer=True)` its `row_work` decodes the deferred images, read from the
     record operators before it, so a packer given to `Pipeline.apply` decodes them as one
     `pack_multimodal` built does.
-    `mrope=True` adds each row's `mrope_position_ids` (Qwen2-VL's rotary positions, `vlm._mrope`).
+    `mrope=True` adds each row's `mrope_position_ids` (Qwen2-VL's rotary positions, `vlm._mrope`);
+    `mrope_tokens_per_second` spaces a video's temporal positions by time, as Qwen2.5-VL does.
     """
 
     max_length: int
@@ -783,6 +831,7 @@ class PackMultimodal:
     patch_dim: int | None = None
     patch_dtype: str | None = None
     mrope: bool = False
+    mrope_tokens_per_second: float | None = None
     name: str = "pack_multimodal"
     kind = "accumulator"
 
@@ -800,6 +849,8 @@ class PackMultimodal:
                           self.mrope)
         object.__setattr__(self, "max_length", sizes[0])
         object.__setattr__(self, "max_open_rows", sizes[1])
+        object.__setattr__(self, "mrope_tokens_per_second",
+                           _check_tokens_per_second(self.mrope_tokens_per_second, self.mrope, self.placeholders))
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
 
@@ -831,7 +882,7 @@ class PackMultimodal:
                 image_position=settled.image_position, text_field=settled.field, pixels_field=settled.pixels_field,
                 grid_field=settled.grid_field, offsets_field=settled.offsets_field,
                 max_open_rows=settled.max_open_rows, patch_dim=settled.patch_dim, patch_dtype=settled.patch_dtype,
-                assemble=False, mrope=settled.mrope,
+                assemble=False, mrope=settled.mrope, mrope_tokens_per_second=settled.mrope_tokens_per_second,
             )
 
         return make
@@ -841,6 +892,16 @@ class PackMultimodal:
         """Bytes per position of a row's fixed-length fields, for the memory budget: the core's
         four int32 fields, and with `mrope` its three int32 positions."""
         return ROW_FIELD_BYTES + (3 * 4 if self.mrope else 0)
+
+    @property
+    def pixel_bytes_per_token(self) -> int | None:
+        """Pixel bytes a placeholder token may carry, for the memory budget: a merged cell of uint8
+        RGB patches, in both frames of a temporal patch where videos have Qwen's layout; None
+        leaves the core's count (one cell) where no spec is bound yet."""
+        if self.spec is None:
+            return None
+        cell = self.spec.patch_size**2 * self.spec.merge_size**2 * 3
+        return cell * (QWEN_TEMPORAL_PATCH if video_layout(self.placeholders) else 1)
 
     def row_work(self, on_error: str, record_operators):
         """The stateless work the loader has the runner do on each row before taking it, or None:
@@ -895,5 +956,7 @@ class PackMultimodal:
         }
         if settled.mrope:  # a key only when on: the recipes made before the option keep their fingerprint
             out["mrope"] = True
+        if settled.mrope_tokens_per_second is not None:  # likewise
+            out["mrope_tokens_per_second"] = settled.mrope_tokens_per_second
         return json.loads(json.dumps(out, default=str))
 

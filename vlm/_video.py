@@ -52,7 +52,7 @@ from ._image import DEFAULT_SPEC, ImageSpec, image_grid
 from ._matroska import HEAD_BYTES, cut_short
 from ._paths import open_media_file
 
-__all__ = ["VideoSpec", "decode_video", "sample_times"]
+__all__ = ["VideoSpec", "decode_video", "frame_interval_field", "frame_interval_s", "sample_times", "sample_video"]
 
 _INTERPOLATION = {"nearest": "POINT", "box": "AREA", "bilinear": "BILINEAR", "hamming": "BICUBIC",
                   "bicubic": "BICUBIC", "lanczos": "LANCZOS"}
@@ -98,16 +98,35 @@ class VideoSpec:
 
 def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
     """Target times in seconds from the stream's start, ascending. Raises if the window is empty."""
+    span = _window_span(duration_s, spec)
+    if spec.num_frames is not None:
+        return [spec.start_s + (k + 0.5) * span / spec.num_frames for k in range(spec.num_frames)]
+    count = min(spec.max_frames, max(1, math.ceil(span * spec.fps)))
+    return [spec.start_s + k / spec.fps for k in range(count) if k / spec.fps < span] or [spec.start_s]
+
+
+def frame_interval_field(frames_field: str) -> str:
+    """The field `decode_video` writes a video's `frame_interval_s` to, beside its frames' field
+    (`pixels` -> `pixels_frame_interval_s`), where the packer looks for it."""
+    return f"{frames_field}_frame_interval_s"
+
+
+def frame_interval_s(duration_s: float, spec: VideoSpec) -> float:
+    """Seconds between two of the spec's sampled frames of a video lasting `duration_s`: the
+    window over `num_frames`, or 1/fps. Qwen2.5-VL spaces a video's temporal positions by it
+    (its `second_per_grid_ts` is two of these), so the stage writes it beside the frames."""
+    if spec.num_frames is not None:
+        return _window_span(duration_s, spec) / spec.num_frames
+    return 1 / spec.fps
+
+
+def _window_span(duration_s: float, spec: VideoSpec) -> float:
     end = duration_s if spec.end_s is None else min(spec.end_s, duration_s)
     if not end > spec.start_s:
         raise VideoDecodeError(
             "video_too_short", f"window starts at {spec.start_s}s but the video lasts {duration_s:.3f}s"
         )
-    span = end - spec.start_s
-    if spec.num_frames is not None:
-        return [spec.start_s + (k + 0.5) * span / spec.num_frames for k in range(spec.num_frames)]
-    count = min(spec.max_frames, max(1, math.ceil(span * spec.fps)))
-    return [spec.start_s + k / spec.fps for k in range(count) if k / spec.fps < span] or [spec.start_s]
+    return end - spec.start_s
 
 
 _EMPTY = "{} holds 0 bytes (an empty file or member)"
@@ -187,7 +206,13 @@ DEFAULT_VIDEO_SPEC = VideoSpec()
 
 
 def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
-    """Decode the spec's frames of a video to (T, H, W, 3) uint8.
+    """Decode the spec's frames of a video to (T, H, W, 3) uint8 (`sample_video`'s frames)."""
+    return sample_video(source, spec)[0]
+
+
+def sample_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> tuple[np.ndarray, float]:
+    """Decode the spec's frames of a video: (T, H, W, 3) uint8 and the seconds between two
+    sampled frames (`frame_interval_s`).
 
     Raises `VideoDecodeError`: corrupt_video (bytes FFmpeg cannot read, no video stream or no frame in it,
     decoder error, a frame decoded or a packet read on the way that FFmpeg marks damaged: `_undamaged`,
@@ -224,7 +249,7 @@ def _ffmpeg_said(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _decode(container, spec: VideoSpec) -> np.ndarray:
+def _decode(container, spec: VideoSpec) -> tuple[np.ndarray, float]:
     from av.video.reformatter import VideoReformatter
 
     # A cover picture (music files, podcasts) is listed as a video stream marked as attached;
@@ -253,7 +278,8 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
         # FFmpeg opens a JPEG, PNG, WebP... as a stream of one frame: it became `num_frames`
         # copies of the picture (a GIF of one frame, with no delay, "a video of 0.000s").
         raise VideoDecodeError("not_a_video", f"a single picture ({container.format.name}), not a video")
-    targets = [origin + _last_tick_at(t, time_base) for t in sample_times(_duration(container, stream, end), spec)]
+    duration = _duration(container, stream, end)
+    targets = [origin + _last_tick_at(t, time_base) for t in sample_times(duration, spec)]
     chosen = _choose_frames(container, stream, targets, keyframes)
     turns = _quarter_turns(chosen[0], spec.image)
     upright = (width, height) if turns % 2 else (height, width)
@@ -273,7 +299,7 @@ def _decode(container, spec: VideoSpec) -> np.ndarray:
                                           interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
             converted[key] = np.rot90(pixels, turns)
         frames.append(converted[key])
-    return np.stack(frames)
+    return np.stack(frames), frame_interval_s(duration, spec)
 
 
 def _quarter_turns(frame, image: ImageSpec) -> int:

@@ -5,7 +5,8 @@ settings let it buffer:
 
 - rows:      every lane holds at most `shuffle buffer + open packer rows + one microbatch` packed
              rows, each `max_length` x (4 int32 fields, or the packer's `row_field_bytes` where it
-             adds fields, + the pixel bytes an image token carries);
+             adds fields, + the pixel bytes an image token carries, or the packer's
+             `pixel_bytes_per_token`);
 - records:   every lane has at most `prefetch` chunks in flight, each the chunk's raw bytes as read,
              as text and as tokens (plus one read block per reading worker), and the token array
              of the largest document stays alive while rows are cut from it (a row cut from a
@@ -119,7 +120,11 @@ def memory_budget(
 
 
 def _pixel_bytes_per_token(packer) -> int:
-    """A multimodal row carries one merged cell of patches (uint8 RGB) per image token."""
+    """A multimodal row carries one merged cell of patches (uint8 RGB) per image token, or what
+    the packer says a token carries where it lays out more (a video token's cell in two frames)."""
+    said = getattr(packer, "pixel_bytes_per_token", None)
+    if said is not None:
+        return said
     spec = getattr(packer, "spec", None)
     if spec is None:
         return 0

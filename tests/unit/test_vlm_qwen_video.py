@@ -51,9 +51,17 @@ def _address(i: int = 0) -> RecordAddress:
     return RecordAddress("clips", "shard-0", i)
 
 
+FRAME_INTERVAL = 0.25
+"""Seconds between sampled frames, as `decode_video` writes them beside the frames."""
+
+
+def _push(packer: MultimodalPacker, i: int, record: dict) -> list:
+    return packer.push((_address(i), {"pixels_frame_interval_s": FRAME_INTERVAL, **record}))
+
+
 def _one_row(packer: MultimodalPacker, *records: dict):
     for i, record in enumerate(records):
-        assert packer.push((_address(i), record)) == []
+        assert _push(packer, i, record) == []
     [row] = packer.flush()
     return row
 
@@ -147,7 +155,7 @@ def test_without_video_pad_a_video_is_packed_as_images_and_the_fingerprint_is_un
 
 def test_video_pad_is_a_placeholder_id_text_and_padding_may_not_hold():
     packer = _packer()
-    assert packer.push((_address(), {"input_ids": _text(40, VIDEO_PAD), "pixels": _video(2, 2, 2)})) == []
+    assert _push(packer, 0, {"input_ids": _text(40, VIDEO_PAD), "pixels": _video(2, 2, 2)}) == []
     assert [reason for _, reason, _ in packer.drain_skips()] == ["placeholder_in_text"]
     with pytest.raises(ConfigurationError, match="pad_id=17 is an image placeholder id"):
         MultimodalPacker(None, max_length=64, placeholders=PLACEHOLDERS, spec=SPEC, pad_id=VIDEO_PAD)
@@ -157,7 +165,7 @@ def test_video_pad_is_a_placeholder_id_text_and_padding_may_not_hold():
 
 def test_a_video_too_long_for_a_row_is_skipped_by_name():
     packer = _packer(32)
-    assert packer.push((_address(), {"input_ids": _text(40), "pixels": _video(16, 4, 4)})) == []
+    assert _push(packer, 0, {"input_ids": _text(40), "pixels": _video(16, 4, 4)}) == []
     [(_, reason, detail)] = packer.drain_skips()
     assert reason == "images_exceed_length" and "take 34 tokens" in detail  # 8 temporal patches x 4 cells + 2
 
@@ -167,7 +175,7 @@ def test_a_text_s_markers_place_a_whole_video_once():
 
     packer = _packer()
     per_frame = {"input_ids": _text(40, 41), "pixels": _video(2, 2, 2), "image_offsets": MarkerOffsets([1, 1], "<v>")}
-    assert packer.push((_address(0), per_frame)) == []
+    assert _push(packer, 0, per_frame) == []
     [(_, reason, detail)] = packer.drain_skips()
     assert reason == "marker_count_mismatch" and "one marker per image (a video: one)" in detail
     row = _one_row(packer, {"input_ids": _text(40, 41), "pixels": _video(2, 2, 2),
@@ -178,16 +186,17 @@ def test_a_text_s_markers_place_a_whole_video_once():
 # -- M-RoPE ----------------------------------------------------------------------------------------
 
 def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, int, int]],
-                    kinds: list[str]) -> np.ndarray:
+                    kinds: list[str], seconds: list[float] | None = None, tokens_per_second: int = 2) -> np.ndarray:
     """(3, L) positions transformers' `get_rope_index` gives one document alone: its images and
-    videos in order (`kinds`), grids (t, rows, cols) in patches; Qwen2.5-VL's time scaled to one
-    position per temporal patch (tokens_per_second 2 x 0.5 s a temporal patch), Qwen2-VL's rule."""
+    videos in order (`kinds`), grids (t, rows, cols) in patches; Qwen2.5-VL's videos spaced by
+    `tokens_per_second` times `seconds` (each video's `second_per_grid_ts`), by default 0.5 s a
+    temporal patch: one position per temporal patch, Qwen2-VL's rule."""
     import torch
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
     cls = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel}[model]
-    vision = SimpleNamespace(spatial_merge_size=2, tokens_per_second=2)
+    vision = SimpleNamespace(spatial_merge_size=2, tokens_per_second=tokens_per_second)
     stub = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
     stub.get_vision_position_ids = partial(cls.get_vision_position_ids, stub)
     ids = torch.tensor(np.asarray(input_ids, dtype=np.int64))[None]
@@ -197,7 +206,7 @@ def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, in
     kwargs = {"image_grid_thw": torch.tensor(images) if images else None,
               "video_grid_thw": torch.tensor(videos) if videos else None}
     if model == "qwen2_5_vl" and videos:
-        kwargs["second_per_grid_ts"] = torch.tensor([0.5] * len(videos))
+        kwargs["second_per_grid_ts"] = torch.tensor(seconds or [0.5] * len(videos), dtype=torch.float32)
     positions, _ = cls.get_rope_index(stub, ids, types, **kwargs)
     return positions[:, 0].numpy()
 
@@ -216,8 +225,8 @@ def test_video_positions_are_the_models_for_documents_of_videos_images_and_text(
     packer = _packer(128, mrope=True)
     row = _one_row(packer, *(record for record, _, _ in documents))
     mixed = {"input_ids": _text(46, 47), "pixels": [_image(4, 2)], "image_offsets": [1]}
-    packer.push((_address(9), mixed))
-    packer.push((_address(10), {"input_ids": _text(48), "pixels": _video(5, 6, 4), "image_offsets": [1]}))
+    _push(packer, 9, mixed)
+    _push(packer, 10, {"input_ids": _text(48), "pixels": _video(5, 6, 4), "image_offsets": [1]})
     [second] = packer.flush()
     cases = [(row, documents), (second, [(mixed, [(1, 4, 2)], ["image"]), (None, [(3, 6, 4)], ["video"])])]
     checked = 0
@@ -257,7 +266,7 @@ def _mixed_pipeline(root, runner: str):
         .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
         .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2)
         .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=spec), datasets="clips", parallelism=2)
-        .pack_multimodal(256, placeholders, mrope=True)
+        .pack_multimodal(256, placeholders, mrope=True, mrope_tokens_per_second=2)
         .shuffle(buffer_size=3, seed=2)
         .batch(2)
     )
@@ -289,6 +298,8 @@ def test_photos_and_clips_in_qwen_s_layouts_are_the_same_bytes_on_every_runner(c
         for sources, offsets in (("video_token_offset", "video_grid"), ("image_token_offset", "image_grid")):
             assert len(batch.ragged[sources]) == len(batch.ragged[offsets])
         assert (batch.ragged["video_grid"][:, 0] == 2).all()
+        assert (batch.ragged["video_second_per_grid"] > 0).all()
+        assert len(batch.ragged["video_second_per_grid"]) == len(batch.ragged["video_grid"])
         videos += len(batch.ragged["video_grid"])
         images += len(batch.ragged["image_grid"])
         assert int((batch.tokens["input_ids"] == 6).sum()) == int(
@@ -313,3 +324,145 @@ def test_photos_and_clips_in_qwen_s_layouts_saved_on_two_ranks_resume_on_four_wi
     resumed = global_digests(rest.digests)
     assert resumed and sorted(resumed) == sorted(set(reference) - {0})
     assert resumed == {step: reference[step] for step in resumed}
+
+
+# -- Qwen2.5-VL's time-spaced positions: pack_multimodal(mrope_tokens_per_second=...) ---------------
+
+@requires_torch
+@pytest.mark.parametrize("interval", [0.5, 0.3, 0.125])
+def test_qwen2_5_vl_video_positions_are_spaced_by_time_as_the_model_spaces_them(interval):
+    """At 2 tokens a second, frames `interval` s apart: each temporal patch spans 2 x interval s,
+    its t the patch's index times 4 x interval, rounded down as the model rounds its float32
+    product (0.3 s: 0, 1, 2); the rows carry those seconds as `video_second_per_grid`. Videos
+    whose temporal positions stay within their merged grid, where transformers' rule for the
+    text after is Qwen's."""
+    packer = MultimodalPacker(None, max_length=128, placeholders=PLACEHOLDERS, spec=SPEC, pad_id=0, mrope=True,
+                              mrope_tokens_per_second=2)
+    records = [
+        {"input_ids": _text(40, 41), "pixels": _video(4, 8, 6), "image_offsets": [1], "pixels_frame_interval_s": interval},
+        {"input_ids": _text(42), "pixels": _video(3, 8, 8), "pixels_frame_interval_s": interval},
+    ]
+    row = _one_row(packer, *records)
+    seconds = row.ragged["video_second_per_grid"]
+    assert seconds.dtype == np.float32 and seconds.tolist() == pytest.approx([2 * interval] * 2)
+    ids, doc_ids, mrope = row.tokens["input_ids"], row.tokens["document_ids"], row.tokens["mrope_position_ids"]
+    for number, grid in enumerate([(2, 8, 6), (2, 8, 8)]):
+        where = np.flatnonzero(doc_ids == number)
+        want = model_positions("qwen2_5_vl", ids[where], [grid], ["video"], [float(seconds[number])])
+        np.testing.assert_array_equal(mrope[:, where], want, err_msg=f"document {number}")
+    # The first document's temporal patches (12 merged cells each) after its text token and start token.
+    steps = (np.arange(2, dtype=np.float32) * (np.float32(2) * np.float32(2 * interval))).astype(int)
+    assert mrope[0, 2:2 + 24:12].tolist() == (2 + steps).tolist() == {0.5: [2, 4], 0.3: [2, 3], 0.125: [2, 2]}[interval]
+
+
+def test_a_video_spaced_far_in_time_moves_the_text_after_it_past_the_row_s_length():
+    """Qwen's rule at 25 tokens a second and 1 s a temporal patch (0.5 s between frames): one
+    merged cell, 3 temporal patches at t = 0, 25, 50 past the start token (2, 27, 52); the end
+    token at 53 and the text after from 54, though the row is 12 tokens long."""
+    packer = MultimodalPacker(None, max_length=12, placeholders=PLACEHOLDERS, spec=SPEC, pad_id=0, mrope=True,
+                              mrope_tokens_per_second=25)
+    row = _one_row(packer, {"input_ids": _text(40, 41, 42), "pixels": _video(6, 2, 2), "image_offsets": [1],
+                            "pixels_frame_interval_s": 0.5})
+    assert row.tokens["mrope_position_ids"][:, :8].tolist() == [
+        [0, 1, 2, 27, 52, 53, 54, 55],
+        [0, 1, 2, 2, 2, 53, 54, 55],
+        [0, 1, 2, 2, 2, 53, 54, 55],
+    ]
+    assert row.tokens["position_ids"][:8].tolist() == list(range(8)), "the 1-D positions are the tokens' own"
+
+
+def test_time_spacing_is_refused_where_it_would_space_nothing_and_a_video_must_say_its_interval():
+    with pytest.raises(ConfigurationError, match="needs mrope=True and QwenPlaceholders"):
+        PackMultimodal(64, PLACEHOLDERS, SPEC, mrope_tokens_per_second=2)
+    with pytest.raises(ConfigurationError, match="needs mrope=True and QwenPlaceholders"):
+        PackMultimodal(64, QwenPlaceholders(14, 15, 16), SPEC, mrope=True, mrope_tokens_per_second=2)
+    for bad in (0, -1, float("nan"), True, "2"):
+        with pytest.raises(ConfigurationError, match="must be a positive number"):
+            PackMultimodal(64, PLACEHOLDERS, SPEC, mrope=True, mrope_tokens_per_second=bad)
+    spaced = PackMultimodal(64, PLACEHOLDERS, SPEC, mrope=True, mrope_tokens_per_second=2)
+    plain = PackMultimodal(64, PLACEHOLDERS, SPEC, mrope=True)
+    assert "mrope_tokens_per_second" not in plain.fingerprint(0)
+    assert spaced.fingerprint(0) == {**plain.fingerprint(0), "mrope_tokens_per_second": 2.0}
+    packer = _packer(mrope=True)
+    with pytest.raises(ConfigurationError, match="needs the seconds between its frames.*'pixels_frame_interval_s'"):
+        packer.push((_address(), {"input_ids": _text(40), "pixels": _video(2, 2, 2)}))
+
+
+def test_decode_video_writes_the_seconds_between_the_frames_it_sampled(tmp_path):
+    """A 0.6 s clip (6 frames at 10 fps): 3 frames at the centres of thirds are 0.2 s apart, and so
+    are frames taken at 5 fps."""
+    from tests.unit.test_vlm_assets import make_video
+    from vlm._stages import DecodeVideo
+
+    payload = make_video(tmp_path / "clip.mp4", frames=6, fps=10, size=(56, 56)).read_bytes()
+    for spec in (VideoSpec(num_frames=3, image=SPEC), VideoSpec(fps=5, image=SPEC)):
+        record = DecodeVideo(field="mp4", spec=spec).build("raise")._decode_record({"mp4": payload}, _address())
+        assert record["pixels"].shape[0] == 3
+        assert record["pixels_frame_interval_s"] == pytest.approx(0.2)
+
+
+@requires_torch
+def test_a_tiny_qwen2_5_vl_takes_every_batch_of_photos_and_clips(corpus):
+    """End to end: each microbatch of the mixed recipe, converted on the trainer's side, goes into a
+    tiny randomly initialised `Qwen2_5_VLForConditionalGeneration` as vlm/README.md shows. The
+    model itself checks that each layout's placeholders are as many as its vision tower's
+    features for the grids given (a video grid one temporal patch too long is refused so)."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from vlm import qwen_pixel_values
+
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, tokens_per_second=2,
+                           window_size=112, fullatt_block_indexes=[0]),
+        image_token_id=4, video_token_id=6, vision_start_token_id=3, vision_end_token_id=5,
+        bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    both = 0
+    with _mixed_pipeline(corpus, "inline").shard(0, 1) as loader:
+        for microbatch in loader:
+            batch = microbatch.to_training()
+            grid, videos = batch["image_grid"].long(), batch["video_grid"].long()
+            inputs = {"input_ids": batch["input_ids"], "use_cache": False,
+                      "position_ids": torch.cat([batch["position_ids"][None], batch["mrope_position_ids"].transpose(0, 1)])}
+            if len(grid):
+                inputs.update(pixel_values=qwen_pixel_values(batch["pixel_values"], grid),
+                              image_grid_thw=torch.cat([torch.ones_like(grid[:, :1]), grid], dim=1))
+            if len(videos):
+                inputs.update(pixel_values_videos=qwen_video_pixel_values(batch["video_pixel_values"], videos),
+                              video_grid_thw=videos, second_per_grid_ts=batch["video_second_per_grid"])
+                with_videos = inputs
+            with torch.no_grad():
+                logits = model(**inputs).logits
+            assert logits.shape == (*batch["input_ids"].shape, 8192) and torch.isfinite(logits).all()
+            both += bool(len(grid)) and bool(len(videos))
+    assert both > 0
+    longer = with_videos["video_grid_thw"].clone()
+    longer[:, 0] += 1
+    rows = torch.cat([with_videos["pixel_values_videos"]] * 2)[: int(longer.prod(dim=1).sum())]
+    with torch.no_grad(), pytest.raises(ValueError, match="Video features and video tokens do not match"):
+        model(**{**with_videos, "video_grid_thw": longer, "pixel_values_videos": rows})
+
+
+def test_the_memory_budget_counts_two_frames_of_pixels_a_video_token_may_carry(corpus):
+    """A `<|video_pad|>` stands for a merged cell in both frames of a temporal patch: a row of
+    video tokens holds twice the pixels of a row of image tokens, and the budget says so."""
+    from tests.reliability.harness import global_batch
+    from zephon._memory import memory_budget
+
+    def rows_budget(placeholders) -> tuple[int, int]:
+        spec = ImageSpec.qwen2_vl(max_pixels=56 * 56 * 4)
+        pipeline = (Pipeline(mixed_source(corpus)).options(num_lanes=4, runner="inline")
+                    .tokenize(TOKENIZER, field="txt").decode_video(field="mp4", spec=VideoSpec(2, image=spec))
+                    .pack_multimodal(256, placeholders).batch(1))
+        with pipeline.shard(0, 1, global_batch_size=global_batch(pipeline)) as loader:
+            return memory_budget(loader).rows, len(loader.lanes) * (16 + loader.microbatch_size)
+
+    (frames_as_images, rows), (videos, _) = rows_budget(QwenPlaceholders(3, 4, 5)), rows_budget(PLACEHOLDERS)
+    cell = 14 * 14 * 4 * 3
+    assert videos - frames_as_images == rows * 256 * cell
