@@ -18,8 +18,8 @@ seconds a patch spans, rounded down (t = 0, 2, 4, ... at 2 tokens a second and 1
 each over the frame's merged grid, and the end token and the text after take one past the
 largest position of the block on any axis. That is the rule of Qwen's own training code
 and of transformers up to 5.2; transformers' `get_rope_index` from 5.3 resumes the text one
-past the spatial grid alone, lower than the block's last temporal positions where a video has
-more temporal patches than merged rows and columns (transformers issue 45381). Positions
+past the spatial grid alone, lower than the block's last temporal positions where a video's
+last temporal position passes its merged rows and columns (transformers issue 45381). Positions
 restart at 0 for every document, as the model sees a packed document as a sequence of its own;
 padding stays 0.
 

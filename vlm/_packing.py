@@ -508,8 +508,10 @@ class MultimodalPacker:
                     else self.placeholders.num_tokens(*grid)
             image_tokens += n
         if image_tokens > self.max_length:
+            shown = [f"{temporal_patches(frames[k])} temporal x {h}x{w}" if frames and frames[k] else f"{h}x{w}"
+                     for k, (h, w) in enumerate(grids)]
             self._skips.append((address, "images_exceed_length", f"its {len(grids)} image(s) take {image_tokens} tokens "
-                                f"(patch grids {', '.join(f'{h}x{w}' for h, w in grids)}); a row holds {self.max_length}"))
+                                f"(patch grids {', '.join(shown)}); a row holds {self.max_length}"))
             return None
         if image_tokens + len(text) == 0:
             self._skips.append((address, "empty_document", f"{self.text_field!r} holds no token ids and it has no image"))

@@ -167,7 +167,7 @@ def test_a_video_too_long_for_a_row_is_skipped_by_name():
     packer = _packer(32)
     assert _push(packer, 0, {"input_ids": _text(40), "pixels": _video(16, 4, 4)}) == []
     [(_, reason, detail)] = packer.drain_skips()
-    assert reason == "images_exceed_length" and "take 34 tokens" in detail  # 8 temporal patches x 4 cells + 2
+    assert reason == "images_exceed_length" and "take 34 tokens (patch grids 8 temporal x 4x4)" in detail
 
 
 def test_a_text_s_markers_place_a_whole_video_once():
