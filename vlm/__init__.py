@@ -37,7 +37,7 @@ from ._stages import (
     DecodeVideo,
     run_processor,
 )
-from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_pixel_values, qwen_video_pixel_values
+from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
 from ._video import VideoSpec, decode_video, sample_times
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "load_rgb",
     "lookup_token_id",
     "patchify",
+    "qwen_model_inputs",
     "qwen_pixel_values",
     "qwen_video_pixel_values",
     "run_processor",

@@ -12,7 +12,8 @@ into the processor's rows where the model runs (a gather and a reshape, on the G
 is there), the same values the processor gives for the same resized pixels. `qwen_video_pixel_values`
 does the same for the rows' videos in Qwen's layout (`QwenPlaceholders(video_pad=...)`): each
 row there holds two consecutive frames of a patch instead of one frame twice, as the video
-processor's `pixel_values_videos` do.
+processor's `pixel_values_videos` do. `qwen_model_inputs` gathers a whole microbatch's arguments
+for the model's forward, so that a trainer does not pair fields and layouts by hand.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from ._placeholders import QWEN_TEMPORAL_PATCH
 
-__all__ = ["OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "qwen_pixel_values", "qwen_video_pixel_values"]
+__all__ = ["OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "qwen_model_inputs", "qwen_pixel_values", "qwen_video_pixel_values"]
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 """Qwen2-VL's and Qwen2.5-VL's image mean (their processors' `image_mean`); Qwen3-VL's checkpoints use 0.5."""
@@ -66,6 +67,45 @@ def qwen_video_pixel_values(video_pixel_values: Any, video_grid: Any, *, merge_s
     patch = _checked_patch(video_pixel_values, grids, QWEN_TEMPORAL_PATCH, names)
     order = _merged_cell_order(grids, merge_size, QWEN_TEMPORAL_PATCH, names[0])
     return _rows(video_pixel_values, order, patch, mean, std)
+
+
+def qwen_model_inputs(batch: dict, *, merge_size: int = 2, mean: tuple[float, float, float] = OPENAI_CLIP_MEAN,
+                      std: tuple[float, float, float] = OPENAI_CLIP_STD) -> dict:
+    """The keyword arguments of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL `...ForConditionalGeneration`
+    forward for one microbatch (`Batch.to_training()`'s torch tensors):
+
+    - `input_ids`; `position_ids` as the (4, B, L) the text model reads with `mrope_position_ids`
+      (the 1-D positions first: the document boundaries it masks attention by), else (B, L);
+    - where the microbatch holds images, `pixel_values` (uint8 patches turned into the vision
+      tower's rows by `qwen_pixel_values`; an image processor's rows as they are) and
+      `image_grid_thw`; where it holds videos in Qwen's layout, `pixel_values_videos`,
+      `video_grid_thw` and `second_per_grid_ts`. Each is given exactly where present: a model
+      given empty image arguments fails (transformers 5.25: `torch.cat(): expected a non-empty
+      list of Tensors`), and one not given them where the row holds placeholders embeds those as
+      text, unsaid.
+
+    Labels are not among them: the rows' `labels` are already shifted (vlm/README.md)."""
+    import torch
+
+    out = {"input_ids": batch["input_ids"]}
+    if "mrope_position_ids" in batch:
+        out["position_ids"] = torch.cat([batch["position_ids"][None], batch["mrope_position_ids"].transpose(0, 1)])
+    else:
+        out["position_ids"] = batch["position_ids"]
+    grid = batch["image_grid"].long()
+    if len(grid):
+        pixels = batch["pixel_values"]
+        if pixels.dtype == torch.uint8:
+            pixels = qwen_pixel_values(pixels, grid, merge_size=merge_size, mean=mean, std=std)
+        out["pixel_values"] = pixels
+        out["image_grid_thw"] = torch.cat([torch.ones_like(grid[:, :1]), grid], dim=1)
+    videos = batch["video_grid"].long() if "video_grid" in batch else grid[:0]
+    if len(videos):
+        out["pixel_values_videos"] = qwen_video_pixel_values(batch["video_pixel_values"], videos,
+                                                             merge_size=merge_size, mean=mean, std=std)
+        out["video_grid_thw"] = videos
+        out["second_per_grid_ts"] = batch["video_second_per_grid"]
+    return out
 
 
 def _grids(grid: Any, width: int, field: str) -> np.ndarray:

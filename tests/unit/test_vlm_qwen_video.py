@@ -403,14 +403,15 @@ def test_decode_video_writes_the_seconds_between_the_frames_it_sampled(tmp_path)
 
 @requires_torch
 def test_a_tiny_qwen2_5_vl_takes_every_batch_of_photos_and_clips(corpus):
-    """End to end: each microbatch of the mixed recipe, converted on the trainer's side, goes into a
-    tiny randomly initialised `Qwen2_5_VLForConditionalGeneration` as vlm/README.md shows. The
-    model itself checks that each layout's placeholders are as many as its vision tower's
+    """End to end: each microbatch of the mixed recipe, turned into the model's arguments by
+    `qwen_model_inputs` (image and video arguments only where the microbatch holds some), goes
+    into a tiny randomly initialised `Qwen2_5_VLForConditionalGeneration` as vlm/README.md shows.
+    The model itself checks that each layout's placeholders are as many as its vision tower's
     features for the grids given (a video grid one temporal patch too long is refused so)."""
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from vlm import qwen_pixel_values
+    from vlm import qwen_model_inputs
 
     config = Qwen2_5_VLConfig(
         text_config=dict(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -427,26 +428,21 @@ def test_a_tiny_qwen2_5_vl_takes_every_batch_of_photos_and_clips(corpus):
     with _mixed_pipeline(corpus, "inline").shard(0, 1) as loader:
         for microbatch in loader:
             batch = microbatch.to_training()
-            grid, videos = batch["image_grid"].long(), batch["video_grid"].long()
-            inputs = {"input_ids": batch["input_ids"], "use_cache": False,
-                      "position_ids": torch.cat([batch["position_ids"][None], batch["mrope_position_ids"].transpose(0, 1)])}
-            if len(grid):
-                inputs.update(pixel_values=qwen_pixel_values(batch["pixel_values"], grid),
-                              image_grid_thw=torch.cat([torch.ones_like(grid[:, :1]), grid], dim=1))
-            if len(videos):
-                inputs.update(pixel_values_videos=qwen_video_pixel_values(batch["video_pixel_values"], videos),
-                              video_grid_thw=videos, second_per_grid_ts=batch["video_second_per_grid"])
+            inputs = qwen_model_inputs(batch)
+            images, videos = len(batch["image_grid"]), len(batch["video_grid"])
+            assert ("pixel_values" in inputs) == bool(images) and ("pixel_values_videos" in inputs) == bool(videos)
+            if videos:
                 with_videos = inputs
             with torch.no_grad():
-                logits = model(**inputs).logits
+                logits = model(**inputs, use_cache=False).logits
             assert logits.shape == (*batch["input_ids"].shape, 8192) and torch.isfinite(logits).all()
-            both += bool(len(grid)) and bool(len(videos))
+            both += bool(images) and bool(videos)
     assert both > 0
     longer = with_videos["video_grid_thw"].clone()
     longer[:, 0] += 1
     rows = torch.cat([with_videos["pixel_values_videos"]] * 2)[: int(longer.prod(dim=1).sum())]
     with torch.no_grad(), pytest.raises(ValueError, match="Video features and video tokens do not match"):
-        model(**{**with_videos, "video_grid_thw": longer, "pixel_values_videos": rows})
+        model(**{**with_videos, "video_grid_thw": longer, "pixel_values_videos": rows}, use_cache=False)
 
 
 def test_the_memory_budget_counts_two_frames_of_pixels_a_video_token_may_carry(corpus):
@@ -466,3 +462,23 @@ def test_the_memory_budget_counts_two_frames_of_pixels_a_video_token_may_carry(c
     (frames_as_images, rows), (videos, _) = rows_budget(QwenPlaceholders(3, 4, 5)), rows_budget(PLACEHOLDERS)
     cell = 14 * 14 * 4 * 3
     assert videos - frames_as_images == rows * 256 * cell
+
+
+@requires_torch
+def test_model_inputs_carry_each_layout_only_where_present_and_take_processor_rows_as_they_are():
+    """A microbatch of images alone, without M-RoPE: (B, L) positions, the uint8 patches turned
+    into rows and no video argument; an image processor's float rows are passed as they are."""
+    import torch
+
+    from vlm import qwen_model_inputs, qwen_pixel_values
+
+    row = _one_row(_packer(), {"input_ids": _text(40), "pixels": [_image(2, 4)]})
+    batch = {name: torch.from_numpy(np.ascontiguousarray(array))[None] if name in row.tokens
+             else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+    inputs = qwen_model_inputs(batch)
+    assert set(inputs) == {"input_ids", "position_ids", "pixel_values", "image_grid_thw"}
+    assert inputs["position_ids"].shape == (1, 64)
+    assert inputs["image_grid_thw"].tolist() == [[1, 2, 4]]
+    assert torch.equal(inputs["pixel_values"], qwen_pixel_values(batch["pixel_values"], batch["image_grid"]))
+    processed = {**batch, "pixel_values": torch.rand(8, 1176)}
+    assert qwen_model_inputs(processed)["pixel_values"] is processed["pixel_values"]
