@@ -48,8 +48,8 @@ def qwen_pixel_values(pixel_values: Any, image_grid: Any, *, merge_size: int = 2
     grids = np.concatenate([np.ones((len(grids), 1), np.int64), grids], axis=1)
     patch = _checked_patch(pixel_values, grids, 1, ("qwen_pixel_values", "pixel_values", "image_grid"))
     order = _merged_cell_order(grids, merge_size, 1, "qwen_pixel_values")
-    order = np.repeat(order, temporal_patch_size, axis=1)  # an image is its one frame, twice over in time
-    return _rows(pixel_values, order, patch, mean, std)
+    # An image is its one frame, twice over in time: normalised once, then repeated.
+    return _rows(pixel_values, order, patch, mean, std, repeat=temporal_patch_size)
 
 
 def qwen_video_pixel_values(video_pixel_values: Any, video_grid: Any, *, merge_size: int = 2,
@@ -131,21 +131,27 @@ def _checked_patch(pixel_values: Any, grids: np.ndarray, frames_per_step: int, n
     return patch
 
 
-def _rows(pixel_values: Any, order: np.ndarray, patch: int, mean, std) -> Any:
+def _rows(pixel_values: Any, order: np.ndarray, patch: int, mean, std, repeat: int = 1) -> Any:
     """Gather `order` ((rows, frames) patch indices) from the uint8 patches, as normalised
-    (rows, 3·frames·p·p) float32 rows laid out (channel, frame, patch_row, patch_col)."""
+    (rows, 3·frames·repeat·p·p) float32 rows laid out (channel, frame, patch_row, patch_col),
+    each frame `repeat` times over. An image's one frame is normalised once and then repeated:
+    normalising both copies took twice as long (18 images of 8-24 patches a side, NumPy on this
+    2-core machine: 40 ms against 15-19 ms, as before video rows shared this code)."""
     rows, frames = order.shape
+    shape = (rows, 3, frames * repeat, patch, patch)
     if isinstance(pixel_values, np.ndarray):
         out = pixel_values[order].reshape(rows, frames, patch, patch, 3).transpose(0, 4, 1, 2, 3).astype(np.float32)
         mean_a, std_a = (np.asarray(v, np.float32).reshape(1, 3, 1, 1, 1) for v in (mean, std))
-        return np.ascontiguousarray((out / 255 - mean_a) / std_a).reshape(rows, -1)
+        out = (out / 255 - mean_a) / std_a
+        return np.ascontiguousarray(np.broadcast_to(out, shape) if repeat > 1 else out).reshape(rows, -1)
     import torch
 
     out = pixel_values[torch.as_tensor(order, device=pixel_values.device)]
     out = out.reshape(rows, frames, patch, patch, 3).permute(0, 4, 1, 2, 3).to(torch.float32)
     mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=out.device).reshape(1, 3, 1, 1, 1)
                      for v in (mean, std))
-    return ((out / 255 - mean_t) / std_t).reshape(rows, -1)
+    out = (out / 255 - mean_t) / std_t
+    return (out.expand(shape) if repeat > 1 else out).reshape(rows, -1)
 
 
 def _merged_cell_order(grids: np.ndarray, merge_size: int, frames_per_step: int, name: str) -> np.ndarray:
