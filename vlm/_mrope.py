@@ -46,7 +46,7 @@ def _vision_positions(temporal: int, rows: int, cols: int, step: float = 1.0) ->
     temporal patch row-major at 1 + (t, h, w), t the patch's index times `step` rounded down, the
     end token one past the largest position on any axis (read-only); and how far the block moves
     the position (start, grid, end)."""
-    times = temporal_positions(temporal, step)
+    times = _temporal_positions(temporal, step)
     span = max(rows, cols, int(times[-1]) + 1)
     cells = np.zeros((3, temporal, rows, cols), dtype=np.int32)
     cells[0] = times[:, None, None]
@@ -60,7 +60,7 @@ def _vision_positions(temporal: int, rows: int, cols: int, step: float = 1.0) ->
     return block, span + 2
 
 
-def temporal_positions(temporal: int, step: float) -> np.ndarray:
+def _temporal_positions(temporal: int, step: float) -> np.ndarray:
     """t of each temporal patch: its index times `step`, rounded down, in float32 as the models
     compute it (transformers' `get_vision_position_ids`: a float32 interval times the index)."""
     return (np.arange(temporal, dtype=np.float32) * np.float32(step)).astype(np.int32)

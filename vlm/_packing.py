@@ -181,7 +181,7 @@ class RowPlan:
         out: dict[str, int] = {}
         for doc in self.documents:
             if doc.grids:
-                n = sum(video_frames(t) if t else 1 for t in doc.video_frames) if doc.video_frames else len(doc.grids)
+                n = sum(video_frames(f) if f else 1 for f in doc.video_frames) if doc.video_frames else len(doc.grids)
                 out[doc.address.dataset] = out.get(doc.address.dataset, 0) + n
         return out
 
@@ -317,11 +317,12 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
             cut = offset
             item_offsets.append(at)
             if doc.is_video(index):
-                frames = video_frames(len(image))
-                tokens = plan.placeholders.video_tokens_for(frames // QWEN_TEMPORAL_PATCH, rows, cols)
+                temporal = temporal_patches(len(image))
+                tokens = plan.placeholders.video_tokens_for(temporal, rows, cols)
                 ragged["video_token_offset"][v] = at
                 n = rows * cols
-                for f in range(frames):  # an odd count's last frame twice, as Qwen's processors pad
+                # Whole temporal patches: an odd count's last frame twice, as Qwen's processors pad.
+                for f in range(QWEN_TEMPORAL_PATCH * temporal):
                     target = ragged["video_pixel_values"][video_patch_at : video_patch_at + n]
                     _write_patches(target, image[min(f, len(image) - 1)], rows, cols, p)
                     video_patch_at += n
@@ -501,11 +502,12 @@ class MultimodalPacker:
         lengths = self._lengths
         image_tokens = 0
         for k, grid in enumerate(grids):
-            key = (temporal_patches(frames[k]), *grid) if frames and frames[k] else grid
+            video = bool(frames) and frames[k] > 0  # in Qwen's layout: keyed (temporal patches, rows, cols)
+            key = (temporal_patches(frames[k]), *grid) if video else grid
             n = lengths.get(key)
             if n is None:
-                n = lengths[key] = self.placeholders.video_num_tokens(*key) if len(key) == 3 \
-                    else self.placeholders.num_tokens(*grid)
+                count = self.placeholders.video_num_tokens if video else self.placeholders.num_tokens
+                n = lengths[key] = count(*key)
             image_tokens += n
         if image_tokens > self.max_length:
             shown = [f"{temporal_patches(frames[k])} temporal x {h}x{w}" if frames and frames[k] else f"{h}x{w}"

@@ -99,8 +99,8 @@ def qwen_model_inputs(batch: dict, *, merge_size: int = 2, mean: tuple[float, fl
             pixels = qwen_pixel_values(pixels, grid, merge_size=merge_size, mean=mean, std=std)
         out["pixel_values"] = pixels
         out["image_grid_thw"] = torch.cat([torch.ones_like(grid[:, :1]), grid], dim=1)
-    videos = batch["video_grid"].long() if "video_grid" in batch else grid[:0]
-    if len(videos):
+    if len(batch.get("video_grid", ())):
+        videos = batch["video_grid"].long()
         out["pixel_values_videos"] = qwen_video_pixel_values(batch["video_pixel_values"], videos,
                                                              merge_size=merge_size, mean=mean, std=std)
         out["video_grid_thw"] = videos

@@ -38,21 +38,32 @@ MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 SPECS = {"qwen2_vl": SPEC, "qwen2_5_vl": SPEC, "qwen3_vl": QWEN3_SPEC}
 
 
-def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, int]]) -> np.ndarray:
+def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, int]], *,
+                    videos: list[tuple[int, int, int]] = (), video_pad: int | None = None,
+                    seconds: list[float] | None = None, tokens_per_second: int = 2) -> np.ndarray:
     """(3, len(input_ids)) positions transformers' `get_rope_index` gives one document alone,
-    its images (rows, cols) in patches, each an image of one temporal step."""
+    its images (rows, cols) in patches, each an image of one temporal step, and its videos in
+    Qwen's layout (temporal patches, rows, cols; placeholders `video_pad`). Qwen2.5-VL spaces a
+    video's temporal patches by `tokens_per_second` times its `seconds` (`second_per_grid_ts`),
+    0.5 s by default: one position a temporal patch, as Qwen2-VL."""
     import torch
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
     cls = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel, "qwen3_vl": Qwen3VLModel}[model]
-    vision = SimpleNamespace(spatial_merge_size=PLACEHOLDERS.merge_size, tokens_per_second=2)
+    vision = SimpleNamespace(spatial_merge_size=PLACEHOLDERS.merge_size, tokens_per_second=tokens_per_second)
     stub = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
     stub.get_vision_position_ids = partial(cls.get_vision_position_ids, stub)
     ids = torch.tensor(np.asarray(input_ids, dtype=np.int64))[None]
-    image_grid_thw = torch.tensor([(1, rows, cols) for rows, cols in grids]) if grids else None
-    positions, _ = cls.get_rope_index(stub, ids, (ids == PLACEHOLDERS.image_pad).int(), image_grid_thw=image_grid_thw)
+    types = (ids == PLACEHOLDERS.image_pad).int()
+    kwargs = {"image_grid_thw": torch.tensor([(1, rows, cols) for rows, cols in grids]) if grids else None}
+    if videos:
+        types = types + 2 * (ids == video_pad).int()
+        kwargs["video_grid_thw"] = torch.tensor(list(videos))
+        if model == "qwen2_5_vl":
+            kwargs["second_per_grid_ts"] = torch.tensor(seconds or [0.5] * len(videos), dtype=torch.float32)
+    positions, _ = cls.get_rope_index(stub, ids, types, **kwargs)
     return positions[:, 0].numpy()
 
 
