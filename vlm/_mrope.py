@@ -16,10 +16,13 @@ and positioned as images too, unless the placeholders lay videos out as Qwen vid
 rule), or, given Qwen2.5-VL's `tokens_per_second`, at each patch's index times that and the
 seconds a patch spans, rounded down (t = 0, 2, 4, ... at 2 tokens a second and 1 s a patch),
 each over the frame's merged grid, and the end token and the text after take one past the
-largest position of the block on any axis. That is the rule of Qwen's own training code
-and of transformers up to 5.2; transformers' `get_rope_index` from 5.3 resumes the text one
-past the spatial grid alone, lower than the block's last temporal positions where a video's
-last temporal position passes its merged rows and columns (transformers issue 45381). Positions
+largest position of the block on any axis. That is the rule of Qwen's own training code and
+of transformers up to 5.2; transformers' `get_rope_index` from 5.3 resumes the text one past
+the spatial grid alone, lower than the block's last temporal positions where a video's last
+temporal position passes its merged rows and columns (transformers issue 45381). Where the
+placeholders stamp a video's temporal patches with their times as text (Qwen3-VL,
+`video_timestamps`), each patch is an image of its own after its stamp's text, at t = 0, as
+Qwen3-VL's model splits a video. Positions
 restart at 0 for every document, as the model sees a packed document as a sequence of its own;
 padding stays 0.
 
@@ -75,13 +78,15 @@ def ramp(length: int) -> np.ndarray:
     return out
 
 
-def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], merge_size: int,
+def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], placeholders,
                          tokens_per_second: float | None = None) -> None:
     """Write the (3, L) positions of a row's documents into `out` (zeros on entry; padding stays 0).
 
     `documents` are the row's `PlacedDocument`s in order (their `grids` in patches, `video_frames`
     and `length`); `item_offsets[k]` is the row position of the k-th image's or video's first
-    placeholder token. One slice assignment per text run and per image or video: no loop over
+    placeholder token; `placeholders` the row's `QwenPlaceholders`. A video whose temporal patches
+    are stamped (Qwen3-VL, `video_timestamps`) is positioned as the model splits it: each patch's
+    stamp as text, then the patch as an image (t = 0). One slice assignment per text run and per image or video: no loop over
     tokens. A video's temporal patches step by 1 (Qwen2-VL), or with `tokens_per_second` by that
     times the seconds a patch spans (Qwen2.5-VL: `doc.video_seconds`, its `second_per_grid_ts`).
     Without that scale a text position never exceeds its token's index in the document (a block's
@@ -90,6 +95,7 @@ def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], me
     it is given a ramp of its own (`_text_run`).
     """
     positions = ramp(out.shape[1])
+    merge_size = placeholders.merge_size
     offsets = iter(item_offsets)
     start = 0
     for doc in documents:
@@ -99,18 +105,38 @@ def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], me
             if at > cursor:
                 out[:, cursor:at] = _text_run(positions, position, at - cursor)
                 position += at - cursor
+            grid = (rows // merge_size, cols // merge_size)
+            if doc.stamp_times(k):
+                cursor, position = _stamped_video(out, positions, at, position, grid, doc.stamp_times(k),
+                                                  placeholders.video_timestamps)
+                continue
             temporal, step = 1, 1.0
             if doc.is_video(k):
                 temporal = temporal_patches(doc.video_frames[k])
                 if tokens_per_second is not None:  # as the model: float32 product of the two
                     step = float(np.float32(tokens_per_second) * np.float32(doc.video_seconds[k]))
-            block, advance = _vision_positions(temporal, rows // merge_size, cols // merge_size, step)
+            block, advance = _vision_positions(temporal, *grid, step)
             cursor = at + block.shape[1]
             np.add(block, position, out=out[:, at:cursor])
             position += advance
         end = start + doc.length
         out[:, cursor:end] = _text_run(positions, position, end - cursor)
         start = end
+
+
+def _stamped_video(out: np.ndarray, positions: np.ndarray, at: int, position: int, grid: tuple[int, int],
+                   times: tuple[float, ...], stamps) -> tuple[int, int]:
+    """Write a stamped video's positions from row position `at`, the document's position being
+    `position`: per temporal patch, its stamp's tokens as text, then an image's block. Returns
+    the row position and the document's position after it."""
+    block, advance = _vision_positions(1, *grid)
+    for t in times:
+        n = len(stamps.ids(t))
+        out[:, at : at + n] = _text_run(positions, position, n)
+        at, position = at + n, position + n
+        np.add(block, position, out=out[:, at : at + block.shape[1]])
+        at, position = at + block.shape[1], position + advance
+    return at, position
 
 
 def _text_run(positions: np.ndarray, position: int, count: int) -> np.ndarray:

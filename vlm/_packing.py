@@ -33,8 +33,9 @@ Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
   as (patch_row, patch_col, channel) uint8 when the pipeline decoded images itself, or the image
   processor's own rows when one was given; `image_grid` (num_images, 2) int32 (rows, cols) in
   patches; `image_token_offset` (num_images,) int32, the position in the row of each image's first
-  placeholder token; with `QwenPlaceholders(video_pad=...)`, a video is one block of its own and
-  its frames go to `video_pixel_values`, `video_grid` (temporal patches, rows, cols) and
+  placeholder token; with `QwenPlaceholders(video_pad=...)`, a video is one block of its own (with
+  `video_timestamps`, one block per temporal patch, each after its time stamp's text) and its
+  frames go to `video_pixel_values`, `video_grid` (temporal patches, rows, cols) and
   `video_token_offset` instead (`_allocate_videos`);
 - with `mrope=True` (Qwen2-VL-family models, `QwenPlaceholders` only), also `mrope_position_ids`
   (3, max_length) int32: each token's (temporal, height, width) rotary positions, restarting per
@@ -71,8 +72,8 @@ from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
-from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, temporal_patches
-from ._video import frame_interval_field
+from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, patch_times, temporal_patches
+from ._video import frame_interval_field, frame_times_field
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
@@ -103,7 +104,9 @@ class PlacedDocument:
     and placeholder tokens. `video_frames[k]` is T for such a video and 0 for an image, and
     `video_seconds[k]` the seconds its temporal patches span (Qwen's `second_per_grid_ts`; 0 for
     an image); both are empty when the document has no video in that layout (every document
-    without `QwenPlaceholders(video_pad=...)`).
+    without `QwenPlaceholders(video_pad=...)`). `video_times[k]` holds the time of each of a
+    video's temporal patches where the placeholders stamp them (`video_timestamps`, Qwen3-VL),
+    () for an image; it is empty without stamps.
     """
 
     address: RecordAddress
@@ -114,9 +117,14 @@ class PlacedDocument:
     length: int
     video_frames: tuple[int, ...] = ()
     video_seconds: tuple[float, ...] = ()
+    video_times: tuple[tuple[float, ...], ...] = ()
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
+
+    def stamp_times(self, k: int) -> tuple[float, ...]:
+        """Item k's temporal patches' times where the placeholders stamp them, else ()."""
+        return self.video_times[k] if self.video_times else ()
 
 
 @dataclass(frozen=True)
@@ -318,7 +326,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
             item_offsets.append(at)
             if doc.is_video(index):
                 temporal = temporal_patches(len(image))
-                tokens = plan.placeholders.video_tokens_for(temporal, rows, cols)
+                tokens = plan.placeholders.video_tokens_for(temporal, rows, cols, doc.stamp_times(index))
                 ragged["video_token_offset"][v] = at
                 n = rows * cols
                 # Whole temporal patches: an odd count's last frame twice, as Qwen's processors pad.
@@ -341,7 +349,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
         position_ids[start:at] = positions[: at - start]
         document_ids[start:at] = number
     if plan.mrope:
-        fill_mrope_positions(row["mrope_position_ids"], plan.documents, item_offsets, plan.placeholders.merge_size,
+        fill_mrope_positions(row["mrope_position_ids"], plan.documents, item_offsets, plan.placeholders,
                              plan.mrope_tokens_per_second)
 
 
@@ -443,6 +451,8 @@ class MultimodalPacker:
         self.mrope_tokens_per_second = mrope_tokens_per_second
         self._video_layout = video_layout(placeholders)
         self._interval_field = frame_interval_field(pixels_field)
+        self._stamps = getattr(placeholders, "video_timestamps", None) is not None
+        self._times_field = frame_times_field(pixels_field)
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
@@ -494,9 +504,11 @@ class MultimodalPacker:
             return None
         grids = self._grids(address, record, images)
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
-        seconds = ()
+        seconds = times = ()
         if any(frames):
             seconds = self._seconds_per_temporal_patch(address, record, frames)
+            if self._stamps:
+                times = self._patch_times(address, record, frames)
         else:
             frames = ()
         lengths = self._lengths
@@ -504,6 +516,9 @@ class MultimodalPacker:
         for k, grid in enumerate(grids):
             video = bool(frames) and frames[k] > 0  # in Qwen's layout: keyed (temporal patches, rows, cols)
             key = (temporal_patches(frames[k]), *grid) if video else grid
+            if video and times:  # stamped: a count of its own times' texts, not cached by grid
+                image_tokens += self.placeholders.video_num_tokens(*key, times[k])
+                continue
             n = lengths.get(key)
             if n is None:
                 count = self.placeholders.video_num_tokens if video else self.placeholders.num_tokens
@@ -524,7 +539,8 @@ class MultimodalPacker:
             # A copy: a view kept the whole text alive as long as the row waited (a shuffle buffer).
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
-        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds)
+        return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
+                              times)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -538,6 +554,28 @@ class MultimodalPacker:
                 f"positive number, in {self._interval_field!r} (decode_video writes it), got {reprlib.repr(interval)}"
             )
         return tuple(QWEN_TEMPORAL_PATCH * float(interval) if n else 0.0 for n in frames)
+
+    def _patch_times(self, address, record: dict, frames: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+        """Per item, the times of a video's temporal patches, from the times its frames are shown
+        (`decode_video` writes them beside the frames), and () for an image. A video made
+        otherwise must say them too: Qwen3-VL writes them as text before each patch."""
+        shown = record.get(self._times_field)
+        try:
+            shown = None if shown is None or isinstance(shown, (str, bytes)) else np.asarray(shown, dtype=np.float64)
+        except (TypeError, ValueError):
+            shown = None
+        videos = [n for n in frames if n]
+        if len(videos) != 1:
+            raise ConfigurationError(f"record {address}: Qwen3-VL's stamped layout takes one video a record (as "
+                                     f"decode_video writes it), got {len(videos)}")
+        if shown is None or shown.ndim != 1 or len(shown) != videos[0] or not np.isfinite(shown).all() \
+                or (shown < 0).any():
+            raise ConfigurationError(
+                f"record {address}: a video in Qwen3-VL's stamped layout needs the time each of its {videos[0]} "
+                f"frames is shown, in seconds from its start and none negative, in {self._times_field!r} "
+                f"(decode_video writes them), got {reprlib.repr(record.get(self._times_field))}"
+            )
+        return tuple(patch_times(shown) if n else () for n in frames)
 
     def _placeholder_detail(self, text: np.ndarray) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
@@ -743,6 +781,10 @@ def _check_tokens_per_second(value, mrope: bool, placeholders: Placeholders) -> 
     if not mrope or not video_layout(placeholders):
         raise ConfigurationError("pack_multimodal: mrope_tokens_per_second spaces the M-RoPE positions of videos in "
                                  "Qwen's video layout: it needs mrope=True and QwenPlaceholders(video_pad=...)")
+    if getattr(placeholders, "video_timestamps", None) is not None:
+        raise ConfigurationError("pack_multimodal: mrope_tokens_per_second spaces videos by time as Qwen2.5-VL does; "
+                                 "with video_timestamps (Qwen3-VL) each temporal patch is its own block at t = 0 "
+                                 "and its time is in the stamp's text")
     return float(value)
 
 

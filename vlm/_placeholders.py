@@ -21,10 +21,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from zephon._errors import ConfigurationError, check_count, check_token_id
+from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "lookup_token_id",
-           "temporal_patches"]
+__all__ = ["QWEN_TEMPORAL_PATCH", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText",
+           "lookup_token_id", "patch_times", "temporal_patches"]
 
 
 @runtime_checkable
@@ -75,6 +76,10 @@ def _check_grid(rows: int, cols: int, merge: int) -> None:
         raise ValueError(f"a {rows}x{cols} patch grid is not a whole number of {merge}x{merge} merged cells")
 
 
+_NOT_IDS = ("merge_size", "video_timestamps")
+"""A convention's settings that are no token ids."""
+
+
 class _GridTokens:
     """What both conventions share: the merge check and one read-only array per grid, built once."""
 
@@ -96,7 +101,7 @@ class _GridTokens:
 
     @classmethod
     def _id_fields(cls) -> tuple[str, ...]:
-        return tuple(each.name for each in fields(cls) if each.init and each.name != "merge_size")
+        return tuple(each.name for each in fields(cls) if each.init and each.name not in _NOT_IDS)
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -162,6 +167,80 @@ def temporal_patches(frames: int) -> int:
     return -(-frames // QWEN_TEMPORAL_PATCH)
 
 
+def _tokenizers_tokenizer(tokenizer: Any):
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer, a `tokenizers.Tokenizer`,
+    or a `tokenizer_id` (`lookup_token_id`'s forms but mistral-common's, whose Qwen has none)."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(os.fspath(tokenizer)).tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # transformers' fast tokenizers
+    if not (hasattr(backend, "to_str") and hasattr(backend, "encode")):
+        raise ConfigurationError(f"TimestampText needs a tokenizers or transformers fast tokenizer, got "
+                                 f"{type(tokenizer).__name__}")
+    return backend
+
+
+@dataclass(frozen=True)
+class TimestampText:
+    """Qwen3-VL's time stamps: the text `template.format(seconds=t)` before each temporal patch of
+    a video, encoded with the model's tokenizer (`<0.5 seconds>` at Qwen3-VL's default, t the
+    mean time of the patch's two frames). The model learns a frame's time from this text, not
+    from its rotary positions.
+
+    `tokenizer_digest` (SHA-256 of the tokenizer's JSON, padding and truncation off) is what the
+    recipe's fingerprint holds of the tokenizer: a checkpoint resumes only with the ids it packed.
+    Make one with `from_tokenizer`. Encodings are cached per stamp's text (one entry for each
+    tenth of a second a dataset's clips reach); the packer asks from one thread.
+    """
+
+    tokenizer_digest: str
+    template: str = "<{seconds:.1f} seconds>"
+    _tokenizer: Any = field(default=None, repr=False, compare=False, hash=False)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self._tokenizer is None:
+            raise ConfigurationError("TimestampText: make it with TimestampText.from_tokenizer(tokenizer)")
+        try:
+            self.template.format(seconds=0.5)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigurationError(f"TimestampText: template {self.template!r} must format one float named "
+                                     f"'seconds': {exc!r}") from None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, template: str = "<{seconds:.1f} seconds>") -> TimestampText:
+        """A private copy of the tokenizer with padding and truncation off (a hub file may carry
+        them: a stamp padded to a fixed length would not be the model's)."""
+        from tokenizers import Tokenizer
+
+        own = Tokenizer.from_str(_tokenizers_tokenizer(tokenizer).to_str())
+        own.no_padding()
+        own.no_truncation()
+        return cls(sha256(own.to_str().encode()).hexdigest(), template, own)
+
+    def ids(self, seconds: float) -> np.ndarray:
+        """int32 ids of the stamp of a patch at `seconds` (read-only, cached by its text)."""
+        text = self.template.format(seconds=seconds)
+        cached = self._cache.get(text)
+        if cached is None:
+            cached = np.array(self._tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+            if not len(cached):
+                raise ConfigurationError(f"TimestampText: the tokenizer encodes the stamp {text!r} as no tokens")
+            cached.flags.writeable = False
+            self._cache[text] = cached
+        return cached
+
+
+def patch_times(frame_times: np.ndarray) -> tuple[float, ...]:
+    """The time of each temporal patch of a video whose frames are shown at `frame_times`: the
+    mean of its two frames' times (an odd count's last frame paired with itself), as Qwen3-VL's
+    processor stamps it."""
+    times = [float(t) for t in frame_times]
+    if len(times) % QWEN_TEMPORAL_PATCH:
+        times.append(times[-1])
+    last = QWEN_TEMPORAL_PATCH - 1
+    return tuple((times[i] + times[i + last]) / 2 for i in range(0, len(times), QWEN_TEMPORAL_PATCH))
+
+
 @dataclass(frozen=True)
 class QwenPlaceholders(_GridTokens):
     """Qwen2-VL convention: `<|vision_start|>`, then one `<|image_pad|>` per merged cell
@@ -170,8 +249,10 @@ class QwenPlaceholders(_GridTokens):
     With `video_pad` (`<|video_pad|>`'s id), a decoded video is laid out as Qwen2-VL and
     Qwen2.5-VL lay out a video, one block for the whole clip: `<|vision_start|>`, one
     `<|video_pad|>` per merged cell of every temporal patch (frame pair), `<|vision_end|>`; the
-    packer writes its frames to the rows' `video_*` fields. Without it, a video's frames are
-    packed as images, one block each.
+    packer writes its frames to the rows' `video_*` fields. With `video_timestamps` too, as
+    Qwen3-VL lays it out: each temporal patch a block of its own, `<|vision_start|>`, its cells'
+    `<|video_pad|>`, `<|vision_end|>`, after its time stamp's text (`TimestampText`). Without
+    `video_pad`, a video's frames are packed as images, one block each.
     """
 
     vision_start: int
@@ -179,17 +260,30 @@ class QwenPlaceholders(_GridTokens):
     vision_end: int
     merge_size: int = 2
     video_pad: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    video_timestamps: TimestampText | None = field(default=None, metadata={"fingerprint": "when set"})
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.video_timestamps is not None:
+            if not isinstance(self.video_timestamps, TimestampText):
+                raise ConfigurationError(f"QwenPlaceholders: video_timestamps must be a TimestampText, "
+                                         f"got {self.video_timestamps!r}")
+            if self.video_pad is None:
+                raise ConfigurationError("QwenPlaceholders: video_timestamps stamp the temporal patches of Qwen's "
+                                         "video layout: give video_pad (<|video_pad|>'s id) too")
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 2, vision_start: str = "<|vision_start|>",
                        image_pad: str = "<|image_pad|>", vision_end: str = "<|vision_end|>",
-                       video_pad: str | None = None) -> QwenPlaceholders:
+                       video_pad: str | None = None, video_timestamps: bool = False) -> QwenPlaceholders:
         """The ids looked up in the model's tokenizer; `video_pad="<|video_pad|>"` lays videos
-        out as Qwen videos (see the class)."""
+        out as Qwen2-VL's videos, and `video_timestamps=True` besides as Qwen3-VL's, their stamps
+        encoded with this tokenizer (see the class)."""
+        stamps = TimestampText.from_tokenizer(tokenizer) if video_timestamps else None
         return cls(lookup_token_id(tokenizer, vision_start), lookup_token_id(tokenizer, image_pad),
                    lookup_token_id(tokenizer, vision_end), merge_size,
-                   None if video_pad is None else lookup_token_id(tokenizer, video_pad))
+                   None if video_pad is None else lookup_token_id(tokenizer, video_pad), stamps)
 
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
@@ -201,19 +295,39 @@ class QwenPlaceholders(_GridTokens):
         tokens[0], tokens[-1] = self.vision_start, self.vision_end
         return tokens
 
-    def video_num_tokens(self, temporal: int, rows: int, cols: int) -> int:
-        """Tokens of a video of `temporal` temporal patches, each rows x cols patches."""
-        return temporal * (self.num_tokens(rows, cols) - 2) + 2
+    def video_num_tokens(self, temporal: int, rows: int, cols: int, times: tuple[float, ...] = ()) -> int:
+        """Tokens of a video of `temporal` temporal patches, each rows x cols patches; with
+        `video_timestamps`, `times` are the patches' (`patch_times`), each a block with its stamp."""
+        cells = self.num_tokens(rows, cols) - 2
+        if self.video_timestamps is None:
+            return temporal * cells + 2
+        return temporal * (cells + 2) + sum(len(self.video_timestamps.ids(t)) for t in self._stamped(temporal, times))
 
-    def video_tokens_for(self, temporal: int, rows: int, cols: int) -> np.ndarray:
-        """int32 placeholder ids of such a video (read-only, cached); needs `video_pad`."""
+    def video_tokens_for(self, temporal: int, rows: int, cols: int, times: tuple[float, ...] = ()) -> np.ndarray:
+        """int32 placeholder ids of such a video (read-only); needs `video_pad`. Cached by grid
+        without stamps; with them built each time (every clip's times differ)."""
+        if self.video_timestamps is not None:
+            frame = self._video_block(1, rows, cols)
+            stamp_ids = self.video_timestamps.ids
+            return np.concatenate([part for t in self._stamped(temporal, times) for part in (stamp_ids(t), frame)])
+        return self._video_block(temporal, rows, cols)
+
+    def _video_block(self, temporal: int, rows: int, cols: int) -> np.ndarray:
+        """`<|vision_start|>`, the cells of `temporal` patches, `<|vision_end|>` (read-only, cached)."""
         key = ("video", temporal, rows, cols)
         cached = self._cache.get(key)
         if cached is None:
             if self.video_pad is None:
                 raise ConfigurationError("QwenPlaceholders: a video layout needs video_pad (<|video_pad|>'s id)")
-            cached = np.full(self.video_num_tokens(temporal, rows, cols), self.video_pad, dtype=np.int32)
+            cells = self.num_tokens(rows, cols) - 2
+            cached = np.full(temporal * cells + 2, self.video_pad, dtype=np.int32)
             cached[0], cached[-1] = self.vision_start, self.vision_end
             cached.flags.writeable = False
             self._cache[key] = cached
         return cached
+
+    @staticmethod
+    def _stamped(temporal: int, times: tuple[float, ...]) -> tuple[float, ...]:
+        if len(times) != temporal:
+            raise ValueError(f"a video of {temporal} temporal patches needs as many stamp times, got {len(times)}")
+        return times

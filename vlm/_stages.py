@@ -44,7 +44,7 @@ from ._errors import VIDEO_FILE_REASONS, ImageDecodeError, MediaDecodeError, Vid
 from ._deferred import DeferredImage
 from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
 from ._paths import as_the_record_names_it, read_image_file, resolve_beside_shard
-from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, frame_interval_field, sample_video
+from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, frame_interval_field, frame_times_field, sample_video
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "require_decoder",
            "run_processor"]
@@ -415,7 +415,9 @@ class DecodeVideo:
 
     `record[output_field]` becomes (T, H, W, 3) uint8 (the spec's frames on its patch grid), and
     `record[output_field + "_frame_interval_s"]` the seconds between two of them (Qwen2.5-VL's
-    rotary positions space a video's temporal patches by it); the multimodal packer treats the T
+    rotary positions space a video's temporal patches by it), and `record[output_field +
+    "_frame_times_s"]` (T,) float64 the time each is shown at (Qwen3-VL writes it as text before
+    each temporal patch); the multimodal packer treats the T
     frames as T images, or as one video in Qwen's video layout. The source field is dropped unless
     `keep_source`. `datasets` scopes the stage as `DecodeImages`'s does.
     """
@@ -470,16 +472,20 @@ class DecodeVideo:
         if not self.keep_source:
             del out[name]
         video = items[0]
-        interval = frame_interval_field(self.output_field)
         if isinstance(video, (bytes, bytearray, memoryview)):
-            out[self.output_field], out[interval] = sample_video(video, self.spec)
-            return out
+            return self._with_frames(out, sample_video(video, self.spec))
         path = _resolve(video, address)
         try:
-            out[self.output_field], out[interval] = sample_video(path, self.spec)
+            sampled = sample_video(path, self.spec)
         except VideoDecodeError as exc:
             if exc.reason not in VIDEO_FILE_REASONS:
                 raise
             named = as_the_record_names_it(video, address.shard)
             raise VideoDecodeError(exc.reason, f"{exc.detail}; {named}") from None
+        return self._with_frames(out, sampled)
+
+    def _with_frames(self, out: dict, sampled) -> dict:
+        out[self.output_field] = sampled.frames
+        out[frame_interval_field(self.output_field)] = sampled.interval_s
+        out[frame_times_field(self.output_field)] = sampled.times_s
         return out

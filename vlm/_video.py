@@ -41,6 +41,7 @@ import math
 import os
 import stat
 from dataclasses import dataclass
+from typing import NamedTuple
 from fractions import Fraction
 
 import numpy as np
@@ -52,7 +53,8 @@ from ._image import DEFAULT_SPEC, ImageSpec, image_grid
 from ._matroska import HEAD_BYTES, cut_short
 from ._paths import open_media_file
 
-__all__ = ["VideoSpec", "decode_video", "frame_interval_field", "frame_interval_s", "sample_times", "sample_video"]
+__all__ = ["SampledVideo", "VideoSpec", "decode_video", "frame_interval_field", "frame_interval_s", "frame_times_field",
+           "sample_times", "sample_video"]
 
 _INTERPOLATION = {"nearest": "POINT", "box": "AREA", "bilinear": "BILINEAR", "hamming": "BICUBIC",
                   "bicubic": "BICUBIC", "lanczos": "LANCZOS"}
@@ -109,6 +111,12 @@ def frame_interval_field(frames_field: str) -> str:
     """The field `decode_video` writes a video's `frame_interval_s` to, beside its frames' field
     (`pixels` -> `pixels_frame_interval_s`), where the packer looks for it."""
     return f"{frames_field}_frame_interval_s"
+
+
+def frame_times_field(frames_field: str) -> str:
+    """The field `decode_video` writes a video's frame times to (`pixels` -> `pixels_frame_times_s`):
+    Qwen3-VL writes each temporal patch's time as text before it."""
+    return f"{frames_field}_frame_times_s"
 
 
 def frame_interval_s(duration_s: float, spec: VideoSpec) -> float:
@@ -205,14 +213,25 @@ DEFAULT_VIDEO_SPEC = VideoSpec()
 """8 frames over the whole video, sized like DEFAULT_SPEC images."""
 
 
+class SampledVideo(NamedTuple):
+    """What `sample_video` took from a video: `frames` (T, H, W, 3) uint8; `interval_s`, the
+    seconds between two sampled frames (`frame_interval_s`); `times_s` (T,) float64, each frame's
+    presentation time in seconds from the stream's start, 0 at the earliest (a frame shown at two
+    targets, twice)."""
+
+    frames: np.ndarray
+    interval_s: float
+    times_s: np.ndarray
+
+
 def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
     """Decode the spec's frames of a video to (T, H, W, 3) uint8 (`sample_video`'s frames)."""
-    return sample_video(source, spec)[0]
+    return sample_video(source, spec).frames
 
 
-def sample_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> tuple[np.ndarray, float]:
-    """Decode the spec's frames of a video: (T, H, W, 3) uint8 and the seconds between two
-    sampled frames (`frame_interval_s`).
+def sample_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> SampledVideo:
+    """Decode the spec's frames of a video, with the seconds between two sampled frames and the
+    time each frame is shown (`SampledVideo`).
 
     Raises `VideoDecodeError`: corrupt_video (bytes FFmpeg cannot read, no video stream or no frame in it,
     decoder error, a frame decoded or a packet read on the way that FFmpeg marks damaged: `_undamaged`,
@@ -249,7 +268,7 @@ def _ffmpeg_said(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _decode(container, spec: VideoSpec) -> tuple[np.ndarray, float]:
+def _decode(container, spec: VideoSpec) -> SampledVideo:
     from av.video.reformatter import VideoReformatter
 
     # A cover picture (music files, podcasts) is listed as a video stream marked as attached;
@@ -299,7 +318,9 @@ def _decode(container, spec: VideoSpec) -> tuple[np.ndarray, float]:
                                           interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
             converted[key] = np.rot90(pixels, turns)
         frames.append(converted[key])
-    return np.stack(frames), frame_interval_s(duration, spec)
+    # From the stream's start; a frame stamped before it (an edit list's lead-in) is shown at 0.
+    times = np.array([max(0.0, float((frame.pts - origin) * time_base)) for frame in chosen], dtype=np.float64)
+    return SampledVideo(np.stack(frames), frame_interval_s(duration, spec), times)
 
 
 def _quarter_turns(frame, image: ImageSpec) -> int:

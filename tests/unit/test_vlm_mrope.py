@@ -40,12 +40,13 @@ SPECS = {"qwen2_vl": SPEC, "qwen2_5_vl": SPEC, "qwen3_vl": QWEN3_SPEC}
 
 def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, int]], *,
                     videos: list[tuple[int, int, int]] = (), video_pad: int | None = None,
-                    seconds: list[float] | None = None, tokens_per_second: int = 2) -> np.ndarray:
+                    seconds: list[float] | None = None, tokens_per_second: int = 2,
+                    image_pad: int = PLACEHOLDERS.image_pad) -> np.ndarray:
     """(3, len(input_ids)) positions transformers' `get_rope_index` gives one document alone,
-    its images (rows, cols) in patches, each an image of one temporal step, and its videos in
-    Qwen's layout (temporal patches, rows, cols; placeholders `video_pad`). Qwen2.5-VL spaces a
-    video's temporal patches by `tokens_per_second` times its `seconds` (`second_per_grid_ts`),
-    0.5 s by default: one position a temporal patch, as Qwen2-VL."""
+    its images (rows, cols) in patches, each an image of one temporal step (placeholders
+    `image_pad`), and its videos in Qwen's layout (temporal patches, rows, cols; placeholders
+    `video_pad`). Qwen2.5-VL spaces a video's temporal patches by `tokens_per_second` times its
+    `seconds` (`second_per_grid_ts`), 0.5 s by default: one position a temporal patch, as Qwen2-VL."""
     import torch
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
@@ -56,7 +57,7 @@ def model_positions(model: str, input_ids: np.ndarray, grids: list[tuple[int, in
     stub = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
     stub.get_vision_position_ids = partial(cls.get_vision_position_ids, stub)
     ids = torch.tensor(np.asarray(input_ids, dtype=np.int64))[None]
-    types = (ids == PLACEHOLDERS.image_pad).int()
+    types = (ids == image_pad).int()
     kwargs = {"image_grid_thw": torch.tensor([(1, rows, cols) for rows, cols in grids]) if grids else None}
     if videos:
         types = types + 2 * (ids == video_pad).int()
