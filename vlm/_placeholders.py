@@ -189,7 +189,8 @@ class TimestampText:
     `tokenizer_digest` (SHA-256 of the tokenizer's JSON, padding and truncation off) is what the
     recipe's fingerprint holds of the tokenizer: a checkpoint resumes only with the ids it packed.
     Make one with `from_tokenizer`. Encodings are cached per stamp's text (one entry for each
-    tenth of a second a dataset's clips reach); the packer asks from one thread.
+    tenth of a second a dataset's clips reach); safe to share between lanes' packers, as
+    `tokens_for` is (a race encodes a text twice, to the same ids).
     """
 
     tokenizer_digest: str
