@@ -74,8 +74,8 @@ def qwen_model_inputs(batch: dict, *, merge_size: int = 2, mean: tuple[float, fl
     """The keyword arguments of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL `...ForConditionalGeneration`
     forward for one microbatch (`Batch.to_training()`'s torch tensors):
 
-    - `input_ids`; `position_ids` as the (4, B, L) the text model reads with `mrope_position_ids`
-      (the 1-D positions first: the document boundaries it masks attention by), else (B, L);
+    - `input_ids`; `position_ids` as the (4, B, L) the text model reads, the 1-D positions (the
+      document boundaries it masks attention by) on top of `mrope_position_ids`;
     - where the microbatch holds images, `pixel_values` (uint8 patches turned into the vision
       tower's rows by `qwen_pixel_values`; an image processor's rows as they are) and
       `image_grid_thw`; where it holds videos in Qwen's layout, `pixel_values_videos`,
@@ -84,14 +84,19 @@ def qwen_model_inputs(batch: dict, *, merge_size: int = 2, mean: tuple[float, fl
       list of Tensors`), and one not given them where the row holds placeholders embeds those as
       text, unsaid.
 
-    Labels are not among them: the rows' `labels` are already shifted (vlm/README.md)."""
+    Labels are not among them: the rows' `labels` are already shifted (vlm/README.md). Rows
+    packed without `mrope=True` are refused (ValueError): given (B, L) positions these models
+    place images as text and mask no document from the one before it in the row (a tiny
+    Qwen2.5-VL's logits of a row's second document then differ from the document's alone), and
+    left to compute them they position the row as one document."""
     import torch
 
-    out = {"input_ids": batch["input_ids"]}
-    if "mrope_position_ids" in batch:
-        out["position_ids"] = torch.cat([batch["position_ids"][None], batch["mrope_position_ids"].transpose(0, 1)])
-    else:
-        out["position_ids"] = batch["position_ids"]
+    if "mrope_position_ids" not in batch:
+        raise ValueError("qwen_model_inputs: the rows carry no mrope_position_ids; pack them with "
+                         "pack_multimodal(..., mrope=True): a Qwen-VL model given 1-D positions lets a packed "
+                         "document attend to the one before it and positions its images as text")
+    out = {"input_ids": batch["input_ids"],
+           "position_ids": torch.cat([batch["position_ids"][None], batch["mrope_position_ids"].transpose(0, 1)])}
     grid = batch["image_grid"].long()
     if len(grid):
         pixels = batch["pixel_values"]

@@ -434,19 +434,28 @@ def test_the_memory_budget_counts_two_frames_of_pixels_a_video_token_may_carry(c
 
 
 @requires_torch
-def test_model_inputs_carry_each_layout_only_where_present_and_take_processor_rows_as_they_are():
-    """A microbatch of images alone, without M-RoPE: (B, L) positions, the uint8 patches turned
-    into rows and no video argument; an image processor's float rows are passed as they are."""
+def test_model_inputs_carry_each_layout_only_where_present_and_refuse_rows_without_mrope():
+    """A microbatch of images alone: the 1-D positions on top of the M-RoPE rows, (4, B, L), the
+    uint8 patches turned into rows and no video argument; an image processor's float rows are
+    passed as they are. Rows packed without M-RoPE are refused: the model given their (B, L)
+    positions would let each document attend to the one before it."""
     import torch
 
     from vlm import qwen_model_inputs, qwen_pixel_values
 
-    row = _one_row(_packer(), {"input_ids": _text(40), "pixels": [_image(2, 4)]})
-    batch = {name: torch.from_numpy(np.ascontiguousarray(array))[None] if name in row.tokens
-             else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+    def microbatch(packer) -> dict:
+        row = _one_row(packer, {"input_ids": _text(40), "pixels": [_image(2, 4)]})
+        return {name: torch.from_numpy(np.ascontiguousarray(array))[None] if name in row.tokens
+                else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+
+    with pytest.raises(ValueError, match=r"mrope=True"):
+        qwen_model_inputs(microbatch(_packer()))
+    batch = microbatch(_packer(mrope=True))
     inputs = qwen_model_inputs(batch)
     assert set(inputs) == {"input_ids", "position_ids", "pixel_values", "image_grid_thw"}
-    assert inputs["position_ids"].shape == (1, 64)
+    assert inputs["position_ids"].shape == (4, 1, 64)
+    assert torch.equal(inputs["position_ids"][0], batch["position_ids"])
+    assert torch.equal(inputs["position_ids"][1:], batch["mrope_position_ids"].transpose(0, 1))
     assert inputs["image_grid_thw"].tolist() == [[1, 2, 4]]
     assert torch.equal(inputs["pixel_values"], qwen_pixel_values(batch["pixel_values"], batch["image_grid"]))
     processed = {**batch, "pixel_values": torch.rand(8, 1176)}
