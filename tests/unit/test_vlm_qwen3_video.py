@@ -255,9 +255,11 @@ def _stamps_in(batch, tokenizer_json: str = TOKENIZER) -> list[list[float]]:
 def test_photos_and_stamped_clips_are_the_same_bytes_on_every_runner(corpus):  # noqa: F811
     """Photos and 3-frame clips in Qwen3-VL's layout: every clip's two temporal patches are stamped
     blocks in time order, and the batches' SHA-256s are the same from separately built pipelines on
-    the inline, thread and process runners."""
+    the inline, thread and process runners, and on the thread runner with the photos decoded after
+    packing (`defer=True`)."""
     runs = {runner: _epoch(_mixed_pipeline(corpus, runner, STAMPED, tokens_per_second=None))
             for runner in ("inline", "thread", "process")}
+    runs["thread, deferred"] = _epoch(_mixed_pipeline(corpus, "thread", STAMPED, tokens_per_second=None, defer=True))
     batches, stats = runs["inline"]
     stamped = 0
     for batch in batches:

@@ -231,14 +231,15 @@ def test_the_text_after_a_video_longer_than_its_grid_resumes_past_its_last_tempo
 # -- through the pipeline ------------------------------------------------------------------------
 
 def _mixed_pipeline(root, runner: str, placeholders=QwenPlaceholders(3, 4, 5, video_pad=6), *,
-                    tokens_per_second: int | None = 2):
+                    tokens_per_second: int | None = 2, defer: bool = False):
     """Photos and 3-frame clips (`test_vlm_mixed_media`'s corpus) in rows of 256 with M-RoPE, in
-    Qwen2.5-VL's layout (time-spaced) unless told otherwise."""
+    Qwen2.5-VL's layout (time-spaced) unless told otherwise; `defer` decodes the photos after
+    packing."""
     spec = ImageSpec.qwen2_vl(max_pixels=56 * 56 * 4)
     return (
         Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
         .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
-        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2)
+        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2, defer=defer)
         .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=spec), datasets="clips", parallelism=2)
         .pack_multimodal(256, placeholders, mrope=True, mrope_tokens_per_second=tokens_per_second)
         .shuffle(buffer_size=3, seed=2)
