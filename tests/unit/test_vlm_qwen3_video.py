@@ -21,7 +21,11 @@ from tests.conftest import requires_torch
 from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch
 from tests.unit.test_vlm_mrope import QWEN3_SPEC, model_positions
-from tests.unit.test_vlm_qwen_video import _mixed_pipeline, corpus  # noqa: F401 - the corpus fixture
+from tests.unit.test_vlm_qwen_video import (  # noqa: F401 - the corpus fixture
+    _mixed_pipeline,
+    assert_a_video_one_temporal_patch_too_long_is_refused,
+    corpus,
+)
 from vlm import QwenPlaceholders, VideoSpec
 from vlm._packing import MultimodalPacker, PackMultimodal
 from vlm._placeholders import TimestampText, temporal_patches
@@ -324,8 +328,4 @@ def test_a_tiny_qwen3_vl_takes_every_batch_of_photos_and_stamped_clips(corpus): 
             if len(batch["video_grid"]):
                 videos, with_videos = videos + len(batch["video_grid"]), inputs
     assert videos > 0
-    longer = with_videos["video_grid_thw"].clone()
-    longer[:, 0] += 1
-    rows = torch.cat([with_videos["pixel_values_videos"]] * 2)[: int(longer.prod(dim=1).sum())]
-    with torch.no_grad(), pytest.raises(ValueError, match="Video features and video tokens do not match"):
-        model(**{**with_videos, "video_grid_thw": longer, "pixel_values_videos": rows}, use_cache=False)
+    assert_a_video_one_temporal_patch_too_long_is_refused(model, with_videos)

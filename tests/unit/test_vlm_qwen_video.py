@@ -408,11 +408,20 @@ def test_a_tiny_qwen2_5_vl_takes_every_batch_of_photos_and_clips(corpus):
             assert logits.shape == (*batch["input_ids"].shape, 8192) and torch.isfinite(logits).all()
             both += bool(images) and bool(videos)
     assert both > 0
-    longer = with_videos["video_grid_thw"].clone()
+    assert_a_video_one_temporal_patch_too_long_is_refused(model, with_videos)
+
+
+def assert_a_video_one_temporal_patch_too_long_is_refused(model, inputs: dict) -> None:
+    """The model checks that a video's placeholders are as many as its vision tower's features:
+    `inputs` (a microbatch's, holding videos) with every video grid one temporal patch longer,
+    and rows enough for it, are refused."""
+    import torch
+
+    longer = inputs["video_grid_thw"].clone()
     longer[:, 0] += 1
-    rows = torch.cat([with_videos["pixel_values_videos"]] * 2)[: int(longer.prod(dim=1).sum())]
+    rows = torch.cat([inputs["pixel_values_videos"]] * 2)[: int(longer.prod(dim=1).sum())]
     with torch.no_grad(), pytest.raises(ValueError, match="Video features and video tokens do not match"):
-        model(**{**with_videos, "video_grid_thw": longer, "pixel_values_videos": rows}, use_cache=False)
+        model(**{**inputs, "video_grid_thw": longer, "pixel_values_videos": rows}, use_cache=False)
 
 
 def test_the_memory_budget_counts_two_frames_of_pixels_a_video_token_may_carry(corpus):
