@@ -25,9 +25,11 @@ from ._packing import (
     assemble_row,
 )
 from ._placeholders import (
+    PadPlaceholders,
     PixtralPlaceholders,
     Placeholders,
     QwenPlaceholders,
+    TimestampText,
     lookup_token_id,
 )
 from ._stages import (
@@ -37,6 +39,7 @@ from ._stages import (
     DecodeVideo,
     run_processor,
 )
+from ._image_tensors import image_tensors
 from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
 from ._video import VideoSpec, decode_video, sample_times
 
@@ -56,17 +59,20 @@ __all__ = [
     "MediaDecodeError",
     "MultimodalPacker",
     "PackMultimodal",
+    "PadPlaceholders",
     "PixtralPlaceholders",
     "PlacedDocument",
     "Placeholders",
     "QwenPlaceholders",
     "RowPlan",
+    "TimestampText",
     "VideoDecodeError",
     "VideoSpec",
     "assemble_row",
     "decode_image",
     "decode_video",
     "image_grid",
+    "image_tensors",
     "load_rgb",
     "lookup_token_id",
     "patchify",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -97,6 +97,8 @@ class ImageSpec:
     - `fit="max_side"` (the mistral-common / Pixtral convention): the longest side is scaled down
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
+    - `fit="fixed"` (SigLIP's, Gemma 3's, PaliGemma's image processors): every image is resized to
+      `size` (height, width), whole cells, whatever its aspect ratio; the bounds are not used.
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -112,7 +114,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -120,6 +122,7 @@ class ImageSpec:
     draft: bool = True
     draft_gap: float = 2.0
     exif_transpose: bool = True
+    size: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -127,8 +130,9 @@ class ImageSpec:
             counts["max_side"] = 1
         for name, least in counts.items():
             object.__setattr__(self, name, check_count(getattr(self, name), f"ImageSpec: {name}", least))
-        if self.fit not in ("pixels", "max_side"):
-            raise ConfigurationError(f"ImageSpec: fit must be 'pixels' or 'max_side', got {self.fit!r}")
+        if self.fit not in ("pixels", "max_side", "fixed"):
+            raise ConfigurationError(f"ImageSpec: fit must be 'pixels', 'max_side' or 'fixed', got {self.fit!r}")
+        self._check_size()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
                                      f"got {self.min_pixels} and {self.max_pixels}")
@@ -150,6 +154,21 @@ class ImageSpec:
         if len(self.background) != 3 or not all(0 <= int(check_finite(c, "ImageSpec: background")) <= 255 for c in self.background):
             raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")
 
+    def _check_size(self) -> None:
+        """`size` is fit="fixed"'s, and there whole cells: a fixed grid the placeholders divide."""
+        if (self.fit == "fixed") != (self.size is not None):
+            raise ConfigurationError(f"ImageSpec: size (height, width) is given with fit='fixed' and only then, "
+                                     f"got fit={self.fit!r} and size={self.size!r}")
+        if self.size is None:
+            return
+        if isinstance(self.size, (str, bytes)) or len(self.size) != 2:
+            raise ConfigurationError(f"ImageSpec: size must be (height, width), got {self.size!r}")
+        sides = tuple(check_count(side, "ImageSpec: size") for side in self.size)
+        if any(side % self.cell for side in sides):
+            raise ConfigurationError(f"ImageSpec: size {sides} is not whole {self.cell}x{self.cell} grid cells "
+                                     f"(patch_size {self.patch_size} x merge_size {self.merge_size})")
+        object.__setattr__(self, "size", sides)
+
     @property
     def cell(self) -> int:
         """Side in pixels of what one placeholder token covers: patch_size * merge_size."""
@@ -164,6 +183,14 @@ class ImageSpec:
     def pixtral(cls, max_side: int = 1024, patch_size: int = 16, merge_size: int = 1, **kwargs) -> ImageSpec:
         """Pixtral-12B sizing as mistral-common encodes it (longest side <= 1024, 16 px patches)."""
         return cls(patch_size=patch_size, merge_size=merge_size, fit="max_side", max_side=max_side, **kwargs)
+
+    @classmethod
+    def gemma3(cls, **kwargs) -> ImageSpec:
+        """Gemma 3 sizing: every image 896x896 (SigLIP's 14 px patches, 64x64 of them, which the
+        model pools 4x4 into 256 tokens), resized bilinearly, as `Gemma3ImageProcessor` does
+        without pan and scan; pair with `PadPlaceholders.gemma3`."""
+        return cls(**{"patch_size": 14, "merge_size": 4, "fit": "fixed", "size": (896, 896), "resample": "bilinear",
+                      **kwargs})
 
     @classmethod
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
@@ -199,6 +226,8 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     if height < 1 or width < 1:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     cell = spec.cell
+    if spec.fit == "fixed":
+        return spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
     if spec.fit == "max_side":
         ratio = max(height, width) / spec.max_side
         if ratio > 1:

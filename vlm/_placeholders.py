@@ -24,7 +24,8 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText",
+__all__ = ["QWEN_TEMPORAL_PATCH", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
+           "TimestampText",
            "lookup_token_id", "patch_times", "temporal_patches"]
 
 
@@ -76,7 +77,7 @@ def _check_grid(rows: int, cols: int, merge: int) -> None:
         raise ValueError(f"a {rows}x{cols} patch grid is not a whole number of {merge}x{merge} merged cells")
 
 
-_NOT_IDS = ("merge_size", "video_timestamps")
+_NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after")
 """A convention's settings that are no token ids."""
 
 
@@ -154,6 +155,77 @@ class PixtralPlaceholders(_GridTokens):
         grid[:, -1] = self.break_id
         grid[-1, -1] = self.end_id
         return grid.reshape(-1)
+
+
+@dataclass(frozen=True)
+class PadPlaceholders(_GridTokens):
+    """One pad id per merged cell, between an optional start and end id, the whole optionally
+    between ids of plain text: the convention of models whose processor writes an image as a run
+    of one token, as many as the vision tower gives features. LLaVA: `<image>` per feature, no
+    start or end (`from_tokenizer(tokenizer, pad="<image>")`, merge_size 1, e.g. 576 at 336 px in
+    14 px patches); Gemma 3: `gemma3(tokenizer)`.
+
+    `text_before` and `text_after` are ids of ordinary text around each image (Gemma 3's `\n\n`),
+    encoded apart from the caption: they are no placeholder ids (a caption may hold them) and,
+    as the rest of the block, learn nothing. An image of rows x cols patches gives
+    rows * cols / merge_size**2 pads, plus the start, end and text ids.
+    """
+
+    pad: int
+    start: int | None = None
+    end: int | None = None
+    merge_size: int = 1
+    text_before: tuple[int, ...] = ()
+    text_after: tuple[int, ...] = ()
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("text_before", "text_after"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ConfigurationError(f"PadPlaceholders: {name} must be a sequence of token ids, got {value!r}")
+            ids = tuple(check_token_id(i, f"PadPlaceholders: {name}") for i in value)
+            if set(ids) & set(self.token_ids):
+                raise ConfigurationError(f"PadPlaceholders: {name} {ids} holds a placeholder id: the model would take "
+                                         f"that text for part of an image")
+            object.__setattr__(self, name, ids)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, pad: str, start: str | None = None, end: str | None = None,
+                       merge_size: int = 1, text_before: str = "", text_after: str = "") -> PadPlaceholders:
+        """The ids looked up in the model's tokenizer; `text_before` / `text_after` encoded by it."""
+        def ids_of(text: str) -> tuple[int, ...]:
+            if not text:
+                return ()
+            return tuple(_tokenizers_tokenizer(tokenizer).encode(text, add_special_tokens=False).ids)
+
+        def id_of(token: str | None) -> int | None:
+            return None if token is None else lookup_token_id(tokenizer, token)
+
+        return cls(lookup_token_id(tokenizer, pad), id_of(start), id_of(end), merge_size, ids_of(text_before),
+                   ids_of(text_after))
+
+    @classmethod
+    def gemma3(cls, tokenizer: Any) -> PadPlaceholders:
+        """Gemma 3's convention as its processor writes an image: `\n\n<start_of_image>`, 256
+        `<image_soft_token>` (a 64x64 patch grid pooled 4x4: `ImageSpec.gemma3()`),
+        `<end_of_image>\n\n`."""
+        return cls.from_tokenizer(tokenizer, pad="<image_soft_token>", start="<start_of_image>", end="<end_of_image>",
+                                  merge_size=4, text_before="\n\n", text_after="\n\n")
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        m = self.merge_size
+        _check_grid(rows, cols, m)
+        frame = (self.start is not None) + (self.end is not None) + len(self.text_before) + len(self.text_after)
+        return rows * cols // (m * m) + frame
+
+    def _build(self, rows: int, cols: int) -> np.ndarray:
+        m = self.merge_size
+        pads = [self.pad] * (rows * cols // (m * m))
+        start = [] if self.start is None else [self.start]
+        end = [] if self.end is None else [self.end]
+        return np.array([*self.text_before, *start, *pads, *end, *self.text_after], dtype=np.int32)
 
 
 QWEN_TEMPORAL_PATCH = 2

@@ -219,8 +219,9 @@ def _with_scope(stage, fingerprint: dict) -> dict:
 def _describe(obj: Any) -> Any:
     if obj is None:
         return None
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _describe(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if dataclasses.is_dataclass(obj):  # a field added since (`fingerprint="when set"`) only when set: old recipes keep theirs
+        return {f.name: _describe(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata.get("fingerprint") == "when set" and getattr(obj, f.name) is None)}
     if isinstance(obj, (str, int, float, bool)):
         return obj
     if isinstance(obj, (tuple, list)):

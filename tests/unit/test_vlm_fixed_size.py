@@ -1,0 +1,263 @@
+"""Fixed-size vision towers: `ImageSpec(fit="fixed")`, `PadPlaceholders` and `image_tensors`, for
+Gemma 3, SigLIP-style and LLaVA-style models.
+
+The oracles are transformers' own processors: `Gemma3Processor` (its PIL image processor and its
+text, `\\n\\n<start_of_image>` + 256 pads + `<end_of_image>\\n\\n`, encoded by the same tokenizer),
+`SiglipImageProcessorPil` for the pixels, and `LlavaProcessor` for LLaVA's `<image>` run.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
+from vlm import ImageSpec, PadPlaceholders, VideoSpec, decode_image, image_grid, image_tensors, patchify
+from vlm._packing import MultimodalPacker, PackMultimodal
+from zephon import ConfigurationError, Pipeline
+from zephon._records import RecordAddress
+from zephon._sequence import IGNORE_INDEX
+
+GEMMA3_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+SMALL_GEMMA3 = ImageSpec.gemma3(size=(224, 224), draft=False)
+"""Gemma 3's sizing at 224 px (16x16 patches, 4x4 pooled cells): its processor's rule at a size the
+tests resize quickly; `draft=False` resizes from the full decode, as the processor does."""
+
+
+def _png(pixels: np.ndarray, mode: str = "RGB") -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels, mode).save(out, "PNG")
+    return out.getvalue()
+
+
+def _images() -> list[bytes]:
+    """A wide and a tall picture, a small one to grow, and a JPEG."""
+    rng = np.random.default_rng(4)
+    jpeg = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (180, 240, 3), dtype=np.uint8)).save(jpeg, "JPEG", quality=90)
+    return [_png(rng.integers(0, 256, (300, 451, 3), dtype=np.uint8)),
+            _png(rng.integers(0, 256, (500, 120, 3), dtype=np.uint8)),
+            _png(rng.integers(0, 256, (17, 29, 3), dtype=np.uint8)),
+            jpeg.getvalue()]
+
+
+TRANSPARENT = _png(np.random.default_rng(5).integers(0, 256, (90, 70, 4), dtype=np.uint8), "RGBA")
+"""A picture whose every pixel has its own transparency: the worst case for compositing order."""
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer():
+    """The shipped tokenizer with Gemma 3's image tokens added as special tokens and named as
+    Gemma's tokenizer names them (no Gemma tokenizer ships offline)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+    tokenizer.add_tokens(list(GEMMA3_TOKENS), special_tokens=True)
+    for name, token in zip(("boi", "image", "eoi"), GEMMA3_TOKENS):
+        setattr(tokenizer, f"{name}_token", token)
+        setattr(tokenizer, f"{name}_token_id", tokenizer.convert_tokens_to_ids(token))
+    return tokenizer
+
+
+def _address(i: int = 0) -> RecordAddress:
+    return RecordAddress("photos", "shard-0", i)
+
+
+# -- sizing --------------------------------------------------------------------------------------
+
+def test_a_fixed_fit_gives_every_image_its_grid_whatever_its_size_or_aspect():
+    spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=(224, 112))
+    for height, width in ((1, 1), (224, 112), (3000, 20), (20, 3000), (113, 57)):
+        assert image_grid(height, width, spec) == (16, 8)
+    assert decode_image(_png(np.zeros((40, 300, 3), np.uint8)), spec).shape == (224, 112, 3)
+    assert ImageSpec.gemma3().size == (896, 896) and image_grid(10, 10, ImageSpec.gemma3()) == (64, 64)
+    for kwargs, words in (({"fit": "fixed"}, "only then"), ({"size": (224, 224)}, "only then"),
+                          ({"fit": "fixed", "size": (224, 200)}, "not whole 56x56"),
+                          ({"fit": "fixed", "size": (224,)}, "height, width"),
+                          ({"fit": "fixed", "size": "224"}, "height, width"),
+                          ({"fit": "fixed", "size": (0, 224)}, "size")):
+        with pytest.raises(ConfigurationError, match=words):
+            ImageSpec(**{"patch_size": 14, "merge_size": 4, **kwargs})
+
+
+def test_a_fixed_size_is_in_the_fingerprint_and_the_other_fits_keep_theirs():
+    from vlm._stages import DecodeImages
+
+    plain = DecodeImages(spec=ImageSpec.qwen2_vl()).fingerprint()["spec"]
+    assert "size" not in plain
+    assert DecodeImages(spec=ImageSpec.gemma3()).fingerprint()["spec"]["size"] == [896, 896]
+    packer = PackMultimodal(512, PadPlaceholders(7, merge_size=4), ImageSpec.gemma3()).fingerprint(0)
+    assert packer["spec"]["size"] == [896, 896]
+
+
+# -- pixels --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("spec", "processor"), [
+    (SMALL_GEMMA3, "gemma3"),
+    (ImageSpec.gemma3(draft=False), "gemma3-896"),
+    (ImageSpec(patch_size=14, fit="fixed", size=(224, 224), resample="bicubic", draft=False), "siglip"),
+])
+def test_image_tensors_equal_the_model_s_image_processor_s_for_the_same_images(spec, processor):
+    """Decoded with the spec and put back together by `image_tensors` (mean = std = 0.5), every
+    image equals, value for value, what the model's own image processor gives for it: Gemma 3's
+    (bilinear, at 224 and at its 896) and SigLIP's (bicubic), from transformers' PIL backends.
+    NumPy and torch give the same."""
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    size = {"height": spec.size[0], "width": spec.size[1]}
+    model_processor = (SiglipImageProcessorPil if processor == "siglip" else Gemma3ImageProcessorPil)(size=size)
+    encoded = _images() if processor != "gemma3-896" else _images()[:1]
+    patches = np.concatenate([patchify(decode_image(data, spec), spec.patch_size) for data in encoded])
+    grids = np.array([image_grid(1, 1, spec)] * len(encoded))
+    ours = image_tensors(patches, grids, mean=(0.5,) * 3, std=(0.5,) * 3)
+    want = model_processor(images=[Image.open(io.BytesIO(data)) for data in encoded], return_tensors="np")
+    np.testing.assert_array_equal(ours, want["pixel_values"])
+    try:
+        import torch
+    except ImportError:
+        return
+    np.testing.assert_array_equal(
+        image_tensors(torch.from_numpy(patches), torch.from_numpy(grids), mean=(0.5,) * 3, std=(0.5,) * 3).numpy(), ours)
+
+
+def test_a_transparent_image_differs_from_the_processor_s_by_a_few_levels_at_most():
+    """The decode composites transparency on white after resizing (Pillow resizes premultiplied
+    alpha), the processors before: with every pixel's alpha its own, values part by at most
+    3/255 of the pixel range (2 x 3/255 once normalised to [-1, 1])."""
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    ours = image_tensors(patchify(decode_image(TRANSPARENT, SMALL_GEMMA3), 14), np.array([[16, 16]]),
+                         mean=(0.5,) * 3, std=(0.5,) * 3)
+    want = Gemma3ImageProcessorPil(size={"height": 224, "width": 224})(
+        images=[Image.open(io.BytesIO(TRANSPARENT))], return_tensors="np")["pixel_values"]
+    difference = np.abs(ours - want).max()
+    assert 0 < difference <= 2 * 3 / 255 + 1e-6
+
+
+def test_image_tensors_refuse_images_of_several_sizes_and_another_batch_s_grids():
+    patches = np.zeros((4 + 8, 14 * 14 * 3), np.uint8)
+    with pytest.raises(ValueError, match="one tensor holds images of one size"):
+        image_tensors(patches, np.array([[2, 2], [2, 4]]), mean=(0.5,) * 3, std=(0.5,) * 3)
+    with pytest.raises(ValueError, match="12 patches but the grids"):
+        image_tensors(patches, np.array([[2, 2]]), mean=(0.5,) * 3, std=(0.5,) * 3)
+    assert image_tensors(patches[:0], np.zeros((0, 2), np.int64), mean=(0.5,) * 3, std=(0.5,) * 3).shape[0] == 0
+
+
+# -- tokens --------------------------------------------------------------------------------------
+
+def test_gemma3_rows_are_its_processor_s_input_ids_token_for_token(gemma3_tokenizer):
+    """A caption with its picture, packed after BOS: the row's document is `Gemma3Processor`'s
+    `input_ids` for `<bos><start_of_image>caption` (its `\\n\\n`, 16 pads at 224 px, `\\n\\n`)
+    and its pixels are the processor's `pixel_values`. The whole block learns nothing but its
+    last token, which predicts the caption; the pads are the processor's `token_type_ids`."""
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 224, "width": 224}),
+                                tokenizer=gemma3_tokenizer, image_seq_length=16)
+    placeholders = PadPlaceholders.gemma3(gemma3_tokenizer)
+    assert set(placeholders.token_ids) == set(gemma3_tokenizer.convert_tokens_to_ids(list(GEMMA3_TOKENS)))
+    packer = MultimodalPacker(None, max_length=96, placeholders=placeholders, spec=SMALL_GEMMA3, pad_id=2,
+                              image_position="after_bos")
+    caption = "a photo of something grey"
+    bos = gemma3_tokenizer.convert_tokens_to_ids("<|bos|>")
+    text = np.array([bos, *gemma3_tokenizer(caption, add_special_tokens=False)["input_ids"]], np.int32)
+    data = _images()[0]
+    pixels = decode_image(data, SMALL_GEMMA3)
+    assert packer.push((_address(), {"input_ids": text, "pixels": pixels})) == []
+    [row] = packer.flush()
+    want = processor(text=["<|bos|><start_of_image>" + caption], images=[[Image.open(io.BytesIO(data))]],
+                     return_tensors="np", add_special_tokens=False)
+    length = int((row.tokens["document_ids"] == 0).sum())
+    assert row.tokens["input_ids"][:length].tolist() == want["input_ids"][0].tolist()
+    np.testing.assert_array_equal(row.tokens["input_ids"][:length] == placeholders.pad, want["token_type_ids"][0] == 1)
+    np.testing.assert_array_equal(image_tensors(row.ragged["pixel_values"], row.ragged["image_grid"],
+                                                mean=(0.5,) * 3, std=(0.5,) * 3), want["pixel_values"])
+    labels = row.tokens["labels"]
+    block_end = length - (len(text) - 1)  # BOS, the block, then the caption
+    assert labels[0] == IGNORE_INDEX and (labels[1 : block_end - 1] == IGNORE_INDEX).all()
+    assert labels[block_end - 1 : length - 1].tolist() == text[1:].tolist()
+
+
+LLAVA_1_5_SIZES = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}}
+"""llava-hf/llava-1.5's preprocessor_config.json sizes (CLIP's class defaults are 224)."""
+
+
+def test_llava_rows_hold_its_processor_s_image_run():
+    """LLaVA-1.5 at 336 px in 14 px patches: `<image>` once per patch feature, 576 of them, as
+    `LlavaProcessor` (its default feature strategy, which drops CLIP's class token) expands it.
+    Its image processor crops the shorter side's square where `fit="fixed"` stretches the whole
+    image: the tokens agree, the pixels are not compared."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+    from transformers.models.llava.processing_llava import LlavaProcessor
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+    tokenizer.add_tokens(["<image>"], special_tokens=True)
+    tokenizer.image_token, tokenizer.image_token_id = "<image>", tokenizer.convert_tokens_to_ids("<image>")
+    processor = LlavaProcessor(image_processor=LlavaImageProcessorPil(**LLAVA_1_5_SIZES), tokenizer=tokenizer, patch_size=14,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    spec = ImageSpec(patch_size=14, fit="fixed", size=(336, 336))
+    packer = MultimodalPacker(None, max_length=640, placeholders=PadPlaceholders.from_tokenizer(tokenizer, pad="<image>"),
+                              spec=spec, pad_id=2)
+    caption = "what is in it?"
+    text = np.array(tokenizer(caption, add_special_tokens=False)["input_ids"], np.int32)
+    data = _images()[1]
+    assert packer.push((_address(), {"input_ids": text, "pixels": decode_image(data, spec)})) == []
+    [row] = packer.flush()
+    want = processor(text=["<image>" + caption], images=[Image.open(io.BytesIO(data))], return_tensors="np",
+                     add_special_tokens=False)["input_ids"][0]
+    assert len(want) == 576 + len(text)
+    assert row.tokens["input_ids"][: len(want)].tolist() == want.tolist()
+
+
+def test_pad_placeholders_refuse_ids_that_would_confuse_the_model():
+    with pytest.raises(ConfigurationError, match="distinct"):
+        PadPlaceholders(7, start=7)
+    with pytest.raises(ConfigurationError, match="holds a placeholder id"):
+        PadPlaceholders(7, start=8, text_before=(100, 8))
+    with pytest.raises(ConfigurationError, match="sequence of token ids"):
+        PadPlaceholders(7, text_after="\n\n")
+    with pytest.raises(ConfigurationError, match="2x2"):
+        MultimodalPacker(None, max_length=64, placeholders=PadPlaceholders(7, merge_size=2), spec=SMALL_GEMMA3, pad_id=0)
+    plain = PadPlaceholders(7, start=8, end=9, merge_size=4, text_before=(100,), text_after=(101, 102))
+    assert plain.token_ids == (7, 8, 9)
+    assert plain.tokens_for(8, 4).tolist() == [100, 8, 7, 7, 9, 101, 102] and plain.num_tokens(8, 4) == 7
+
+
+# -- through the pipeline ------------------------------------------------------------------------
+
+def _photos_pipeline(root, runner: str) -> Pipeline:
+    spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=(112, 168))
+    return (
+        Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
+        .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
+        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2)
+        .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=spec), datasets="clips")
+        .pack_multimodal(160, PadPlaceholders(3, start=4, end=5, merge_size=4), image_position="after_bos")
+        .shuffle(buffer_size=3, seed=2)
+        .batch(2)
+    )
+
+
+def test_fixed_size_photos_and_clips_are_the_same_bytes_on_every_runner(tmp_path):
+    """Photos and clips at one fixed size, in Gemma 3's kind of layout: every image is an 8x12
+    patch grid (6 pads between a start and an end), and the batches' SHA-256s are the same from
+    separately built pipelines on the inline, thread and process runners."""
+    root = write_mixed_corpus(tmp_path)
+    runs = {runner: _epoch(_photos_pipeline(root, runner)) for runner in ("inline", "thread", "process")}
+    batches, stats = runs["inline"]
+    images = 0
+    for batch in batches:
+        grids = batch.ragged["image_grid"]
+        assert (grids == [8, 12]).all()
+        assert int((batch.tokens["input_ids"] == 3).sum()) == 6 * len(grids)
+        images += len(grids)
+    assert images > 0 and stats["mixture"]["photos"]["images"] + stats["mixture"]["clips"]["images"] == images
+    digests = [batch.digest() for batch in batches]
+    for runner, (other, _) in runs.items():
+        assert [batch.digest() for batch in other] == digests, runner

@@ -1,0 +1,49 @@
+"""A batch's images as the (images, 3, height, width) tensor a fixed-size vision tower takes.
+
+SigLIP-style towers (Gemma 3's, PaliGemma's, LLaVA's CLIP) take whole images of one size,
+normalised per channel, where Qwen's take patch rows. A batch decoded with
+`ImageSpec(fit="fixed")` holds every image's uint8 patches in raster order (`pixel_values`) and
+one grid for all (`image_grid`); `image_tensors` puts the patches back together on the trainer's
+side (a reshape, a transpose and the normalisation, on the tensor's device), so the loader keeps
+carrying uint8, a quarter of the float32 bytes, through its windows and buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._qwen_rows import _checked_patch, _grids
+
+__all__ = ["image_tensors"]
+
+
+def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, float, float],
+                  std: tuple[float, float, float]) -> Any:
+    """(images, 3, rows·p, cols·p) float32, `(pixel / 255 - mean) / std` per channel, from a
+    batch's `pixel_values` ((images·rows·cols, p·p·3) uint8 patches) and `image_grid` ((images, 2)
+    rows, cols in patches), equal to what the model's image processor gives for the same resized
+    pixels. A NumPy array gives one, a torch tensor one on its device. The model's processor says
+    `mean` and `std` (`image_mean`, `image_std`: 0.5 each for SigLIP and Gemma 3, CLIP's for LLaVA).
+    Every image must have the same grid (`fit="fixed"`): a tower taking one tensor takes one size.
+    """
+    grids = _grids(image_grid, 2, "image_grid")
+    if len(np.unique(grids, axis=0)) > 1:
+        raise ValueError(f"image_tensors: the images have grids {np.unique(grids, axis=0).tolist()}; one tensor holds "
+                         "images of one size: decode with ImageSpec(fit='fixed', size=...)")
+    images = len(grids)
+    with_steps = np.concatenate([np.ones((images, 1), np.int64), grids], axis=1)
+    patch = _checked_patch(pixel_values, with_steps, 1, ("image_tensors", "pixel_values", "image_grid"))
+    rows, cols = (int(side) for side in grids[0]) if images else (0, 0)
+    shape = (images, rows, cols, patch, patch, 3)
+    if isinstance(pixel_values, np.ndarray):
+        out = pixel_values.reshape(shape).transpose(0, 5, 1, 3, 2, 4).astype(np.float32)
+        mean_a, std_a = (np.asarray(v, np.float32).reshape(1, 3, 1, 1, 1, 1) for v in (mean, std))
+        return ((out / 255 - mean_a) / std_a).reshape(images, 3, rows * patch, cols * patch)
+    import torch
+
+    out = pixel_values.reshape(shape).permute(0, 5, 1, 3, 2, 4).to(torch.float32)
+    mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=out.device).reshape(1, 3, 1, 1, 1, 1)
+                     for v in (mean, std))
+    return ((out / 255 - mean_t) / std_t).reshape(images, 3, rows * patch, cols * patch)
