@@ -39,6 +39,7 @@ from ._stages import (
     DecodeVideo,
     run_processor,
 )
+from ._gemma3 import gemma3_model_inputs
 from ._image_tensors import image_tensors
 from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
 from ._video import VideoSpec, decode_video, sample_times
@@ -71,6 +72,7 @@ __all__ = [
     "assemble_row",
     "decode_image",
     "decode_video",
+    "gemma3_model_inputs",
     "image_grid",
     "image_tensors",
     "load_rgb",

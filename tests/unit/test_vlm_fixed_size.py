@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import requires_torch
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
 from vlm import ImageSpec, PadPlaceholders, VideoSpec, decode_image, image_grid, image_tensors, patchify
 from vlm._packing import MultimodalPacker, PackMultimodal
@@ -261,3 +262,67 @@ def test_fixed_size_photos_and_clips_are_the_same_bytes_on_every_runner(tmp_path
     digests = [batch.digest() for batch in batches]
     for runner, (other, _) in runs.items():
         assert [batch.digest() for batch in other] == digests, runner
+
+
+# -- into the model ------------------------------------------------------------------------------
+
+@requires_torch
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_tiny_gemma3_gives_each_packed_document_what_it_gives_the_document_alone(attention):
+    """Rows of documents laid out unlike each other (a picture then its caption; text alone; a
+    caption, then a picture, then more text), through `gemma3_model_inputs` into a tiny randomly
+    initialised `Gemma3ForConditionalGeneration`: every document's logits are those the model
+    gives it alone, as its processor would give it (`token_type_ids`, no packing), image tokens
+    attending to each other both ways and the sliding window as the model's. Padding stays finite."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from vlm import gemma3_model_inputs
+
+    config = Gemma3Config(
+        text_config=dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=6,
+                         layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=56, patch_size=14),
+        mm_tokens_per_image=4, boi_token_index=100, eoi_token_index=101, image_token_index=102,
+        attn_implementation=attention)
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    spec = ImageSpec(patch_size=14, merge_size=2, fit="fixed", size=(56, 56))
+    placeholders = PadPlaceholders(102, start=100, end=101, merge_size=2, text_before=(7,), text_after=(7,))
+    rng = np.random.default_rng(1)
+
+    def text(n: int) -> np.ndarray:
+        return rng.integers(10, 90, n).astype(np.int32)
+
+    def picture() -> np.ndarray:
+        return rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)
+
+    records = [{"input_ids": text(5), "pixels": picture()}, {"input_ids": text(9)},
+               {"input_ids": text(8), "pixels": picture(), "image_offsets": [3]}]
+
+    def microbatch(documents: list[dict], length: int) -> dict:
+        packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec, pad_id=0)
+        rows = [row for i, record in enumerate(documents) for row in packer.push((_address(i), record))]
+        [row] = rows + packer.flush()
+        return {name: torch.from_numpy(np.ascontiguousarray(array))[None].long() if name in row.tokens
+                else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+
+    def logits(**inputs) -> torch.Tensor:
+        with torch.no_grad():
+            return model(**inputs, use_cache=False).logits[0]
+
+    batch = microbatch(records, 64)
+    packed = logits(**gemma3_model_inputs(batch, image_token_id=102, sliding_window=6, attn_implementation=attention))
+    assert torch.isfinite(packed).all()
+    documents = batch["document_ids"][0]
+    for number, record in enumerate(records):
+        alone = microbatch([record], int((documents == number).sum()))
+        inputs = {"input_ids": alone["input_ids"], "token_type_ids": (alone["input_ids"] == 102).long()}
+        if "pixels" in record:
+            inputs["pixel_values"] = torch.from_numpy(image_tensors(alone["pixel_values"].numpy(),
+                                                                    alone["image_grid"].numpy(),
+                                                                    mean=(0.5,) * 3, std=(0.5,) * 3))
+        torch.testing.assert_close(packed[documents == number], logits(**inputs), rtol=0, atol=1e-5,
+                                   msg=lambda m: f"document {number}: {m}")
