@@ -232,8 +232,8 @@ def test_pad_placeholders_refuse_ids_that_would_confuse_the_model():
 
 # -- through the pipeline ------------------------------------------------------------------------
 
-def _photos_pipeline(root, runner: str) -> Pipeline:
-    spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=(112, 168))
+def _photos_pipeline(root, runner: str, size: tuple[int, int] = (112, 168)) -> Pipeline:
+    spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=size)
     return (
         Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
         .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
@@ -262,6 +262,22 @@ def test_fixed_size_photos_and_clips_are_the_same_bytes_on_every_runner(tmp_path
     digests = [batch.digest() for batch in batches]
     for runner, (other, _) in runs.items():
         assert [batch.digest() for batch in other] == digests, runner
+
+
+def test_the_memory_budget_holds_each_decoded_image_at_its_fixed_size(tmp_path):
+    """Every image decodes to `size` whatever its source: the budget's decoded images are that
+    many RGB bytes each, twice as many for twice the area."""
+    from zephon._memory import memory_budget
+
+    root = write_mixed_corpus(tmp_path)
+
+    def images_budget(size: tuple[int, int]) -> int:
+        with _photos_pipeline(root, "inline", size).shard(0, 1) as loader:
+            return memory_budget(loader).images
+
+    small, large = images_budget((112, 168)), images_budget((224, 168))
+    assert small > 0 and large == 2 * small
+    assert small % (3 * 112 * 168) == 0
 
 
 # -- into the model ------------------------------------------------------------------------------
