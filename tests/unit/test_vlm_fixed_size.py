@@ -232,12 +232,12 @@ def test_pad_placeholders_refuse_ids_that_would_confuse_the_model():
 
 # -- through the pipeline ------------------------------------------------------------------------
 
-def _photos_pipeline(root, runner: str, size: tuple[int, int] = (112, 168)) -> Pipeline:
+def _photos_pipeline(root, runner: str, size: tuple[int, int] = (112, 168), *, defer: bool = False) -> Pipeline:
     spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=size)
     return (
         Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
         .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
-        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2)
+        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2, defer=defer)
         .decode_video(field="mp4", spec=VideoSpec(num_frames=2, image=spec), datasets="clips")
         .pack_multimodal(160, PadPlaceholders(3, start=4, end=5, merge_size=4), image_position="after_bos")
         .shuffle(buffer_size=3, seed=2)
@@ -248,9 +248,11 @@ def _photos_pipeline(root, runner: str, size: tuple[int, int] = (112, 168)) -> P
 def test_fixed_size_photos_and_clips_are_the_same_bytes_on_every_runner(tmp_path):
     """Photos and clips at one fixed size, in Gemma 3's kind of layout: every image is an 8x12
     patch grid (6 pads between a start and an end), and the batches' SHA-256s are the same from
-    separately built pipelines on the inline, thread and process runners."""
+    separately built pipelines on the inline, thread and process runners, and with the photos
+    decoded after packing (sized from their headers) on the process runner."""
     root = write_mixed_corpus(tmp_path)
     runs = {runner: _epoch(_photos_pipeline(root, runner)) for runner in ("inline", "thread", "process")}
+    runs["process, deferred"] = _epoch(_photos_pipeline(root, "process", defer=True))
     batches, stats = runs["inline"]
     images = 0
     for batch in batches:
