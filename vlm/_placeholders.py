@@ -196,9 +196,7 @@ class PadPlaceholders(_GridTokens):
                        merge_size: int = 1, text_before: str = "", text_after: str = "") -> PadPlaceholders:
         """The ids looked up in the model's tokenizer; `text_before` / `text_after` encoded by it."""
         def ids_of(text: str) -> tuple[int, ...]:
-            if not text:
-                return ()
-            return tuple(_tokenizers_tokenizer(tokenizer).encode(text, add_special_tokens=False).ids)
+            return _plain_ids(_tokenizers_tokenizer(tokenizer), text) if text else ()
 
         def id_of(token: str | None) -> int | None:
             return None if token is None else lookup_token_id(tokenizer, token)
@@ -239,6 +237,14 @@ def temporal_patches(frames: int) -> int:
     return -(-frames // QWEN_TEMPORAL_PATCH)
 
 
+def _plain_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """`text`'s ids from a `tokenizers.Tokenizer`, without special tokens and without the padding
+    a hub tokenizer.json may switch on (a stamp or a `\\n\\n` padded to a fixed length is not
+    what the model's processor writes)."""
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    return tuple(i for i, kept in zip(encoding.ids, encoding.attention_mask) if kept)
+
+
 def _tokenizers_tokenizer(tokenizer: Any):
     """The `tokenizers.Tokenizer` behind a transformers fast tokenizer, a `tokenizers.Tokenizer`,
     or a `tokenizer_id` (`lookup_token_id`'s forms but mistral-common's, whose Qwen has none)."""
@@ -258,8 +264,8 @@ class TimestampText:
     mean time of the patch's two frames). The model learns a frame's time from this text, not
     from its rotary positions.
 
-    `tokenizer_digest` (SHA-256 of the tokenizer's JSON, padding and truncation off) is what the
-    recipe's fingerprint holds of the tokenizer: a checkpoint resumes only with the ids it packed.
+    `tokenizer_digest` (SHA-256 of the tokenizer's JSON) is what the recipe's fingerprint holds
+    of the tokenizer: a checkpoint resumes only with the ids it packed.
     Make one with `from_tokenizer`. Encodings are cached per stamp's text (one entry for each
     tenth of a second a dataset's clips reach); safe to share between lanes' packers, as
     `tokens_for` is (a race encodes a text twice, to the same ids).
@@ -281,21 +287,17 @@ class TimestampText:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, template: str = "<{seconds:.1f} seconds>") -> TimestampText:
-        """A private copy of the tokenizer with padding and truncation off (a hub file may carry
-        them: a stamp padded to a fixed length would not be the model's)."""
-        from tokenizers import Tokenizer
-
-        own = Tokenizer.from_str(_tokenizers_tokenizer(tokenizer).to_str())
-        own.no_padding()
-        own.no_truncation()
-        return cls(sha256(own.to_str().encode()).hexdigest(), template, own)
+        """Stamps encoded with `tokenizer` (a transformers fast tokenizer, a `tokenizers.Tokenizer`
+        or a `tokenizer_id`)."""
+        backend = _tokenizers_tokenizer(tokenizer)
+        return cls(sha256(backend.to_str().encode()).hexdigest(), template, backend)
 
     def ids(self, seconds: float) -> np.ndarray:
         """int32 ids of the stamp of a patch at `seconds` (read-only, cached by its text)."""
         text = self.template.format(seconds=seconds)
         cached = self._cache.get(text)
         if cached is None:
-            cached = np.array(self._tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+            cached = np.array(_plain_ids(self._tokenizer, text), dtype=np.int32)
             if not len(cached):
                 raise ConfigurationError(f"TimestampText: the tokenizer encodes the stamp {text!r} as no tokens")
             cached.flags.writeable = False

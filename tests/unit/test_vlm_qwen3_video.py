@@ -329,3 +329,20 @@ def test_a_tiny_qwen3_vl_takes_every_batch_of_photos_and_stamped_clips(corpus): 
                 videos, with_videos = videos + len(batch["video_grid"]), inputs
     assert videos > 0
     assert_a_video_one_temporal_patch_too_long_is_refused(model, with_videos)
+
+
+def test_a_tokenizer_that_pads_gives_stamps_and_text_around_images_unpadded():
+    """A tokenizer.json may switch padding on (hub files saved for a fixed length): the stamps and
+    `PadPlaceholders`' text around an image are the text's ids alone, as without it."""
+    from tokenizers import Tokenizer
+
+    from vlm import PadPlaceholders
+
+    padding = Tokenizer.from_file(TOKENIZER)
+    padding.enable_padding(pad_id=2, length=32)
+    assert len(padding.encode("<2.5 seconds>").ids) == 32
+    plain = TimestampText.from_tokenizer(TOKENIZER)
+    assert TimestampText.from_tokenizer(padding).ids(2.5).tolist() == plain.ids(2.5).tolist()
+    around = PadPlaceholders.from_tokenizer(padding, pad="!", text_before="\n\n", text_after=" seen")
+    assert around.text_before == tuple(Tokenizer.from_file(TOKENIZER).encode("\n\n").ids)
+    assert 0 < len(around.text_after) < 32
