@@ -23,6 +23,7 @@ written once this module is imported (importing it adds one warning filter, see
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import warnings
@@ -38,7 +39,7 @@ from ._errors import ImageDecodeError
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
-    "probe_image",
+    "probe_image", "tile_arrangement", "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -99,6 +100,12 @@ class ImageSpec:
       `max_pixels` are not used.
     - `fit="fixed"` (SigLIP's, Gemma 3's, PaliGemma's image processors): every image is resized to
       `size` (height, width), whole cells, whatever its aspect ratio; the bounds are not used.
+    - `fit="tiles"` (InternVL's dynamic tiling): the image is resized to the arrangement of
+      `size` tiles, columns x rows, between `tiles` = (min, max) of them, nearest its aspect ratio
+      (`tile_arrangement`), cut into those tiles, and, where there is more than one, followed by
+      the whole image resized to one tile (`thumbnail`). The pixels are the tiles stacked top to
+      bottom in raster order, the thumbnail last: one tile wide, so each tile's patches are
+      consecutive in `pixel_values` (`image_tensors(..., tile=)` cuts them apart again).
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -114,7 +121,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "tiles"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -123,6 +130,8 @@ class ImageSpec:
     draft_gap: float = 2.0
     exif_transpose: bool = True
     size: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
+    tiles: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
+    thumbnail: bool | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -130,9 +139,10 @@ class ImageSpec:
             counts["max_side"] = 1
         for name, least in counts.items():
             object.__setattr__(self, name, check_count(getattr(self, name), f"ImageSpec: {name}", least))
-        if self.fit not in ("pixels", "max_side", "fixed"):
-            raise ConfigurationError(f"ImageSpec: fit must be 'pixels', 'max_side' or 'fixed', got {self.fit!r}")
+        if self.fit not in ("pixels", "max_side", "fixed", "tiles"):
+            raise ConfigurationError(f"ImageSpec: fit must be 'pixels', 'max_side', 'fixed' or 'tiles', got {self.fit!r}")
         self._check_size()
+        self._check_tiles()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
                                      f"got {self.min_pixels} and {self.max_pixels}")
@@ -155,10 +165,11 @@ class ImageSpec:
             raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")
 
     def _check_size(self) -> None:
-        """`size` is fit="fixed"'s, and there whole cells: a fixed grid the placeholders divide."""
-        if (self.fit == "fixed") != (self.size is not None):
-            raise ConfigurationError(f"ImageSpec: size (height, width) is given with fit='fixed' and only then, "
-                                     f"got fit={self.fit!r} and size={self.size!r}")
+        """`size` is fit="fixed"'s (a tile's with "tiles"), and there whole cells: a fixed grid the
+        placeholders divide."""
+        if (self.fit in ("fixed", "tiles")) != (self.size is not None):
+            raise ConfigurationError(f"ImageSpec: size (height, width) is given with fit='fixed' or 'tiles' and only "
+                                     f"then, got fit={self.fit!r} and size={self.size!r}")
         if self.size is None:
             return
         if isinstance(self.size, (str, bytes)) or len(self.size) != 2:
@@ -168,6 +179,24 @@ class ImageSpec:
             raise ConfigurationError(f"ImageSpec: size {sides} is not whole {self.cell}x{self.cell} grid cells "
                                      f"(patch_size {self.patch_size} x merge_size {self.merge_size})")
         object.__setattr__(self, "size", sides)
+
+    def _check_tiles(self) -> None:
+        """`tiles` (min, max) and `thumbnail` are fit="tiles"'s: (1, 12) and True unless given."""
+        if self.fit != "tiles":
+            if self.tiles is not None or self.thumbnail is not None:
+                raise ConfigurationError(f"ImageSpec: tiles and thumbnail are fit='tiles''s, got fit={self.fit!r}")
+            return
+        tiles = (1, 12) if self.tiles is None else self.tiles
+        if isinstance(tiles, (str, bytes)) or len(tiles) != 2:
+            raise ConfigurationError(f"ImageSpec: tiles must be (min, max), got {tiles!r}")
+        least, most = (check_count(n, "ImageSpec: tiles") for n in tiles)
+        if least > most:
+            raise ConfigurationError(f"ImageSpec: tiles must be (min, max) with min <= max, got {tiles!r}")
+        thumbnail = True if self.thumbnail is None else self.thumbnail
+        if not isinstance(thumbnail, bool):
+            raise ConfigurationError(f"ImageSpec: thumbnail must be True or False, got {thumbnail!r}")
+        object.__setattr__(self, "tiles", (least, most))
+        object.__setattr__(self, "thumbnail", thumbnail)
 
     @property
     def cell(self) -> int:
@@ -191,6 +220,16 @@ class ImageSpec:
         without pan and scan; pair with `PadPlaceholders.gemma3`."""
         return cls(**{"patch_size": 14, "merge_size": 4, "fit": "fixed", "size": (896, 896), "resample": "bilinear",
                       **kwargs})
+
+    @classmethod
+    def internvl(cls, **kwargs) -> ImageSpec:
+        """InternVL's dynamic tiling (InternVL 2.5, 3 and 3.5): 448x448 tiles of 14 px patches, 1 to
+        12 of them nearest the image's aspect ratio, and a thumbnail, resized bicubically as
+        `GotOcr2ImageProcessor(crop_to_patches=True)` does; each tile's 32x32 patches become 256
+        tokens (merge_size 2, the model's pixel shuffle). Pair with `PadPlaceholders` of
+        `<IMG_CONTEXT>` between `<img>` and `</img>`."""
+        return cls(**{"patch_size": 14, "merge_size": 2, "fit": "tiles", "size": (448, 448), "tiles": (1, 12),
+                      "thumbnail": True, "resample": "bicubic", **kwargs})
 
     @classmethod
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
@@ -228,6 +267,8 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     cell = spec.cell
     if spec.fit == "fixed":
         return spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
+    if spec.fit == "tiles":
+        return tile_count(height, width, spec) * spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
     if spec.fit == "max_side":
         ratio = max(height, width) / spec.max_side
         if ratio > 1:
@@ -260,6 +301,37 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     if not floor <= h_cells * w_cells <= cap:  # narrowing undid the widening: a window a few cells wide
         h_cells, w_cells = _grid_in_window(height, width, floor, cap)
     return h_cells * spec.merge_size, w_cells * spec.merge_size
+
+
+def tile_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """(columns, rows) of `fit="tiles"` tiles an image of this size is resized to: of the
+    arrangements of `spec.tiles` (min, max) tiles, the one whose aspect ratio is nearest the
+    image's; between equally near ones, taken by growing count, a later one replaces the kept
+    one while the image's area exceeds half the later one's tiles' area (InternVL's rule, as
+    transformers' `get_optimal_tiled_canvas` writes it)."""
+    return _tile_arrangement(height, width, spec.size, spec.tiles)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tile_arrangement(height: int, width: int, tile: tuple[int, int], tiles: tuple[int, int]) -> tuple[int, int]:
+    least, most = tiles
+    candidates = sorted(((columns, rows) for columns in range(1, most + 1) for rows in range(1, most + 1)
+                         if least <= columns * rows <= most), key=lambda each: each[0] * each[1])
+    ratio, area = width / height, width * height
+    best, nearest = (1, 1), math.inf
+    for columns, rows in candidates:
+        distance = abs(ratio - columns / rows)
+        if distance < nearest:
+            best, nearest = (columns, rows), distance
+        elif distance == nearest and area > 0.5 * tile[0] * tile[1] * columns * rows:
+            best = (columns, rows)
+    return best
+
+
+def tile_count(height: int, width: int, spec: ImageSpec) -> int:
+    """Tiles a `fit="tiles"` image of this size becomes, its thumbnail included."""
+    columns, rows = tile_arrangement(height, width, spec)
+    return columns * rows + (spec.thumbnail and columns * rows > 1)
 
 
 def _grid_in_window(height: int, width: int, floor: int, cap: int) -> tuple[int, int]:
@@ -514,6 +586,10 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
     if resize:
         rows, cols = _upright_grid(image, orientation, spec)
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
+        if spec.fit == "tiles":  # the canvas the tiles are cut from
+            upright = image.size[::-1] if swapped else image.size
+            columns, tile_rows = tile_arrangement(upright[1], upright[0], spec)
+            target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
         if spec.draft and image.format in _DRAFTABLE:
             # Capped at the stored size, which a draft never exceeds anyway (it only scales down),
@@ -529,6 +605,16 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
         image = _normalise_mode(image)
     except (ValueError, OSError) as exc:  # a mode Pillow cannot convert: unusable, not a crash
         raise ImageDecodeError("corrupt_image", f"cannot convert mode {image.mode}: {exc}") from None
+    if spec.fit == "tiles" and target is not None:
+        return _tiles(image, spec, target, box, orientation)
+    return _resized_upright(image, spec, target, box, orientation)
+
+
+def _resized_upright(image, spec: ImageSpec, target: tuple[int, int] | None, box, orientation: int):
+    """The decoded image resized to `target` (stored width, height; None: as it is), on the
+    background, upright."""
+    from PIL import Image
+
     if target is not None and (image.size != target or box is not None):
         image = image.resize(target, Image.Resampling[spec.resample.upper()], box=box,
                              reducing_gap=spec.draft_gap if spec.draft else None)
@@ -536,6 +622,20 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
     if orientation != 1:
         image = image.transpose(Image.Transpose[_EXIF_TRANSPOSE[orientation]])
     return image
+
+
+def _tiles(image, spec: ImageSpec, canvas: tuple[int, int], box, orientation: int) -> np.ndarray:
+    """fit="tiles": the image resized to its canvas of tiles (stored width, height), cut into
+    them in raster order, and the whole image resized to one tile after them where there is more
+    than one, stacked top to bottom: (tiles * tile_height, tile_width, 3)."""
+    tile_h, tile_w = spec.size
+    upright = np.asarray(_resized_upright(image, spec, canvas, box, orientation))
+    rows, columns = upright.shape[0] // tile_h, upright.shape[1] // tile_w
+    parts = [upright.reshape(rows, tile_h, columns, tile_w, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile_w, 3)]
+    if spec.thumbnail and rows * columns > 1:
+        stored = (tile_h, tile_w) if orientation in (5, 6, 7, 8) else (tile_w, tile_h)
+        parts.append(np.asarray(_resized_upright(image, spec, stored, box, orientation)))
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 DEFAULT_SPEC = ImageSpec()

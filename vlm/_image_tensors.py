@@ -20,15 +20,19 @@ __all__ = ["image_tensors"]
 
 
 def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, float, float],
-                  std: tuple[float, float, float]) -> Any:
+                  std: tuple[float, float, float], tile: int | None = None) -> Any:
     """(images, 3, rows·p, cols·p) float32, `(pixel / 255 - mean) / std` per channel, from a
     batch's `pixel_values` ((images·rows·cols, p·p·3) uint8 patches) and `image_grid` ((images, 2)
     rows, cols in patches), equal to what the model's image processor gives for the same resized
     pixels. A NumPy array gives one, a torch tensor one on its device. The model's processor says
     `mean` and `std` (`image_mean`, `image_std`: 0.5 each for SigLIP and Gemma 3, CLIP's for LLaVA).
     Every image must have the same grid (`fit="fixed"`): a tower taking one tensor takes one size.
+    With `tile` (a tile's side in patches, `fit="tiles"`: 32 for InternVL's 448 px tiles of 14 px
+    patches), each image's tiles are taken apart, one image each, in order: (tiles, 3, ...).
     """
     grids = _grids(image_grid, 2, "image_grid")
+    if tile is not None:
+        grids = _tiles_of(grids, tile)
     if len(np.unique(grids, axis=0)) > 1:
         raise ValueError(f"image_tensors: the images have grids {np.unique(grids, axis=0).tolist()}; one tensor holds "
                          "images of one size: decode with ImageSpec(fit='fixed', size=...)")
@@ -47,3 +51,10 @@ def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, floa
     mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=out.device).reshape(1, 3, 1, 1, 1, 1)
                      for v in (mean, std))
     return ((out / 255 - mean_t) / std_t).reshape(images, 3, rows * patch, cols * patch)
+
+
+def _tiles_of(grids: np.ndarray, tile: int) -> np.ndarray:
+    """Each (rows, cols) grid of stacked tiles as the grids of its tiles, (tile, cols) each."""
+    if (grids[:, 0] % tile).any():
+        raise ValueError(f"image_tensors: grids {grids.tolist()} are not whole tiles of {tile} patch rows")
+    return np.repeat(np.stack([np.full(len(grids), tile), grids[:, 1]], axis=1), grids[:, 0] // tile, axis=0)

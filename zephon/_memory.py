@@ -136,8 +136,9 @@ def _decoded_image_bytes(packer) -> int:
     spec = getattr(packer, "spec", None)
     if spec is None:
         return 0
-    if getattr(spec, "size", None):  # fit="fixed": every image is this size
-        return 3 * spec.size[0] * spec.size[1]
+    if getattr(spec, "size", None):  # fit="fixed": every image is this size; "tiles": at most this many tiles of it
+        tiles = spec.tiles[1] + bool(spec.thumbnail) if getattr(spec, "tiles", None) else 1
+        return 3 * spec.size[0] * spec.size[1] * tiles
     side = spec.max_side + spec.cell if spec.fit == "max_side" else 0
     return 3 * (side * side if side else spec.max_pixels)
 

@@ -1,9 +1,10 @@
-"""Fixed-size vision towers: `ImageSpec(fit="fixed")`, `PadPlaceholders` and `image_tensors`, for
-Gemma 3, SigLIP-style and LLaVA-style models.
+"""Fixed-size vision towers: `ImageSpec(fit="fixed")` and `fit="tiles"`, `PadPlaceholders` and
+`image_tensors`, for Gemma 3, SigLIP-style, LLaVA-style and InternVL models.
 
 The oracles are transformers' own processors: `Gemma3Processor` (its PIL image processor and its
 text, `\\n\\n<start_of_image>` + 256 pads + `<end_of_image>\\n\\n`, encoded by the same tokenizer),
-`SiglipImageProcessorPil` for the pixels, and `LlavaProcessor` for LLaVA's `<image>` run.
+`SiglipImageProcessorPil` for the pixels, `LlavaProcessor` for LLaVA's `<image>` run, and
+InternVL's `GotOcr2ImageProcessorPil(crop_to_patches=True)` and `InternVLProcessor` for its tiles.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from PIL import Image
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
 from vlm import ImageSpec, PadPlaceholders, VideoSpec, decode_image, image_grid, image_tensors, patchify
+from vlm._image import tile_arrangement
 from vlm._packing import MultimodalPacker, PackMultimodal
 from zephon import ConfigurationError, Pipeline
 from zephon._records import RecordAddress
@@ -148,6 +150,102 @@ def test_image_tensors_refuse_images_of_several_sizes_and_another_batch_s_grids(
     assert image_tensors(patches[:0], np.zeros((0, 2), np.int64), mean=(0.5,) * 3, std=(0.5,) * 3).shape[0] == 0
 
 
+# -- InternVL's tiles ---------------------------------------------------------------------------
+
+SMALL_INTERNVL = ImageSpec.internvl(size=(112, 112), tiles=(1, 6), draft=False)
+"""InternVL's tiling with 112 px tiles (8x8 patches) and at most 6 of them, quick to resize."""
+INTERNVL_MEAN, INTERNVL_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+"""InternVL's checkpoints' normalisation (ImageNet's)."""
+
+
+def _internvl_processor(spec: ImageSpec):
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    return GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=spec.tiles[0], max_patches=spec.tiles[1],
+                                    size={"height": spec.size[0], "width": spec.size[1]},
+                                    image_mean=INTERNVL_MEAN, image_std=INTERNVL_STD)
+
+
+@pytest.mark.parametrize("tiles", [(1, 12), (1, 6), (2, 4), (1, 1)])
+def test_tiles_are_arranged_as_internvl_arranges_them(tiles):
+    """The tile arrangement equals transformers' `get_optimal_tiled_canvas` for images of every
+    aspect ratio, ties between equally near arrangements included (1:1, 2:1, 3:2 images), and
+    the grid stacks the arrangement's tiles and, past one tile, a thumbnail."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
+
+    spec = ImageSpec.internvl(tiles=tiles)
+    rng = np.random.default_rng(6)
+    sizes = [(h, w) for h, w in rng.integers(1, 4000, (300, 2))] + [
+        (448, 448), (100, 100), (2000, 2000), (448, 896), (100, 200), (3000, 6000), (300, 200), (896, 448)]
+    for height, width in sizes:
+        height, width = int(height), int(width)
+        columns, rows = get_optimal_tiled_canvas((height, width), (448, 448), *tiles)
+        assert tile_arrangement(height, width, spec) == (columns, rows), (height, width)
+        count = columns * rows + (columns * rows > 1)
+        assert image_grid(height, width, spec) == (32 * count, 32)
+    assert image_grid(300, 900, ImageSpec.internvl(thumbnail=False, tiles=tiles)) == (
+        32 * int(np.prod(get_optimal_tiled_canvas((300, 900), (448, 448), *tiles))), 32)
+
+
+def test_tiles_equal_internvl_s_image_processor_s_tile_for_tile():
+    """Decoded with `fit="tiles"` (draft off) and cut apart by `image_tensors(..., tile=8)`, each
+    image's tiles and thumbnail equal `GotOcr2ImageProcessorPil(crop_to_patches=True)`'s
+    `pixel_values` value for value, and as many as its `num_patches`."""
+    processor = _internvl_processor(SMALL_INTERNVL)
+    rng = np.random.default_rng(7)
+    pictures = [_png(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+                for h, w in ((300, 451), (500, 120), (17, 29), (100, 100), (90, 400))] + _images()[3:]
+    patches = [patchify(decode_image(data, SMALL_INTERNVL), 14) for data in pictures]
+    grids = np.array([image_grid(*Image.open(io.BytesIO(data)).size[::-1], SMALL_INTERNVL) for data in pictures])
+    ours = image_tensors(np.concatenate(patches), grids, mean=INTERNVL_MEAN, std=INTERNVL_STD, tile=8)
+    want = processor(images=[Image.open(io.BytesIO(data)) for data in pictures], return_tensors="np")
+    assert (grids[:, 0] // 8).tolist() == list(want["num_patches"])
+    assert sorted(set(want["num_patches"])) == [1, 5, 7]  # one tile alone, and thumbnails after 4 and 6
+    np.testing.assert_array_equal(ours, want["pixel_values"])
+
+
+def test_internvl_rows_are_its_processor_s_text_token_for_token():
+    """A tiled picture before its caption: the row's document is the tokenizer's encoding of the
+    text `InternVLProcessor` writes for it (`<img>`, 16 `<IMG_CONTEXT>` per tile at 112 px,
+    `</img>`) and the caption."""
+    from types import SimpleNamespace
+
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.internvl.processing_internvl import InternVLProcessor
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+    tokenizer.add_tokens(["<img>", "</img>", "<IMG_CONTEXT>"], special_tokens=True)
+    placeholders = PadPlaceholders.from_tokenizer(tokenizer, pad="<IMG_CONTEXT>", start="<img>", end="</img>",
+                                                  merge_size=2)
+    data = _images()[0]
+    tiles = _internvl_processor(SMALL_INTERNVL)(images=[Image.open(io.BytesIO(data))])["num_patches"]
+    stub = SimpleNamespace(start_image_token="<img>", end_image_token="</img>", image_token="<IMG_CONTEXT>",
+                           image_seq_length=16)
+    caption = "tiles of a picture"
+    text = InternVLProcessor.replace_image_token(stub, {"num_patches": tiles}, 0) + caption
+    ids = np.array(tokenizer(caption, add_special_tokens=False)["input_ids"], np.int32)
+    packer = MultimodalPacker(None, max_length=160, placeholders=placeholders, spec=SMALL_INTERNVL, pad_id=2)
+    assert packer.push((_address(), {"input_ids": ids, "pixels": decode_image(data, SMALL_INTERNVL)})) == []
+    [row] = packer.flush()
+    want = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tiles[0] == 7 and len(want) == 2 + 16 * 7 + len(ids)
+    assert row.tokens["input_ids"][: len(want)].tolist() == want
+
+
+def test_tiles_are_refused_where_they_cannot_be_cut():
+    for kwargs, words in (({"tiles": (1, 4)}, "fit='tiles''s"), ({"thumbnail": True}, "fit='tiles''s"),
+                          ({"fit": "tiles", "size": (448, 448), "tiles": (3, 2)}, "min <= max"),
+                          ({"fit": "tiles", "size": (448, 448), "tiles": (0, 2)}, "tiles"),
+                          ({"fit": "tiles", "size": (448, 448), "thumbnail": "yes"}, "True or False")):
+        with pytest.raises(ConfigurationError, match=words):
+            ImageSpec(**{"patch_size": 14, "merge_size": 2, **kwargs})
+    with pytest.raises(ConfigurationError, match="not cut into tiles"):
+        VideoSpec(image=ImageSpec.internvl())
+    with pytest.raises(ValueError, match="not whole tiles of 8"):
+        image_tensors(np.zeros((12 * 8, 14 * 14 * 3), np.uint8), np.array([[12, 8]]), mean=(0.5,) * 3, std=(0.5,) * 3,
+                      tile=8)
+
+
 # -- tokens --------------------------------------------------------------------------------------
 
 def test_gemma3_rows_are_its_processor_s_input_ids_token_for_token(gemma3_tokenizer):
@@ -266,6 +364,39 @@ def test_fixed_size_photos_and_clips_are_the_same_bytes_on_every_runner(tmp_path
         assert [batch.digest() for batch in other] == digests, runner
 
 
+def _tiled_pipeline(root, runner: str, *, defer: bool = False) -> Pipeline:
+    spec = ImageSpec.internvl(size=(56, 56), tiles=(1, 4))
+    return (
+        Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
+        .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
+        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2, defer=defer)
+        .pack_multimodal(160, PadPlaceholders(3, start=4, end=5, merge_size=2))
+        .shuffle(buffer_size=3, seed=2)
+        .batch(2)
+    )
+
+
+def test_tiled_photos_are_the_same_bytes_on_every_runner(tmp_path):
+    """Photos cut into InternVL's tiles (56 px, at most 4 and a thumbnail): every image's grid is
+    whole 4x4-patch tiles stacked, 4 pads a tile, and the batches' SHA-256s are the same from
+    separately built pipelines on the inline, thread and process runners, and deferred (sized
+    from the headers) on the thread runner."""
+    root = write_mixed_corpus(tmp_path)
+    runs = {runner: _epoch(_tiled_pipeline(root, runner)) for runner in ("inline", "thread", "process")}
+    runs["thread, deferred"] = _epoch(_tiled_pipeline(root, "thread", defer=True))
+    batches, _ = runs["inline"]
+    tiles = set()
+    for batch in batches:
+        grids = batch.ragged["image_grid"]
+        assert (grids[:, 1] == 4).all() and not (grids[:, 0] % 4).any()
+        assert int((batch.tokens["input_ids"] == 3).sum()) == 4 * int(grids[:, 0].sum() // 4)
+        tiles |= set((grids[:, 0] // 4).tolist())
+    assert len(tiles) > 1, tiles  # the photos' shapes give more than one arrangement
+    digests = [batch.digest() for batch in batches]
+    for runner, (other, _) in runs.items():
+        assert [batch.digest() for batch in other] == digests, runner
+
+
 def test_the_memory_budget_holds_each_decoded_image_at_its_fixed_size(tmp_path):
     """Every image decodes to `size` whatever its source: the budget's decoded images are that
     many RGB bytes each, twice as many for twice the area."""
@@ -280,6 +411,8 @@ def test_the_memory_budget_holds_each_decoded_image_at_its_fixed_size(tmp_path):
     small, large = images_budget((112, 168)), images_budget((224, 168))
     assert small > 0 and large == 2 * small
     assert small % (3 * 112 * 168) == 0
+    with _tiled_pipeline(root, "inline").shard(0, 1) as loader:  # at most 4 tiles and a thumbnail of 56x56
+        assert memory_budget(loader).images == small // (112 * 168) * 5 * 56 * 56
 
 
 # -- into the model ------------------------------------------------------------------------------
