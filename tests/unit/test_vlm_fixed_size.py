@@ -417,6 +417,18 @@ def test_the_memory_budget_holds_each_decoded_image_at_its_fixed_size(tmp_path):
 
 # -- into the model ------------------------------------------------------------------------------
 
+def _microbatch(placeholders, spec: ImageSpec, documents: list[dict], length: int) -> dict:
+    """`documents` packed into one row of `length` tokens, as a microbatch of one row of torch
+    tensors (token fields int64, as `to_training()` gives them; ragged fields as they are)."""
+    import torch
+
+    packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec, pad_id=0)
+    rows = [row for i, record in enumerate(documents) for row in packer.push((_address(i), record))]
+    [row] = rows + packer.flush()
+    return {name: torch.from_numpy(np.ascontiguousarray(array))[None].long() if name in row.tokens
+            else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+
+
 @requires_torch
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_tiny_gemma3_gives_each_packed_document_what_it_gives_the_document_alone(attention):
@@ -454,11 +466,7 @@ def test_a_tiny_gemma3_gives_each_packed_document_what_it_gives_the_document_alo
                {"input_ids": text(8), "pixels": picture(), "image_offsets": [3]}]
 
     def microbatch(documents: list[dict], length: int) -> dict:
-        packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec, pad_id=0)
-        rows = [row for i, record in enumerate(documents) for row in packer.push((_address(i), record))]
-        [row] = rows + packer.flush()
-        return {name: torch.from_numpy(np.ascontiguousarray(array))[None].long() if name in row.tokens
-                else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+        return _microbatch(placeholders, spec, documents, length)
 
     def logits(**inputs) -> torch.Tensor:
         with torch.no_grad():
@@ -476,4 +484,51 @@ def test_a_tiny_gemma3_gives_each_packed_document_what_it_gives_the_document_alo
                                                                     alone["image_grid"].numpy(),
                                                                     mean=(0.5,) * 3, std=(0.5,) * 3))
         torch.testing.assert_close(packed[documents == number], logits(**inputs), rtol=0, atol=1e-5,
+                                   msg=lambda m: f"document {number}: {m}")
+
+
+@requires_torch
+def test_a_tiny_internvl_gives_each_packed_document_what_it_gives_the_document_alone():
+    """Rows of a picture of 4 tiles and a thumbnail then its caption, text alone, and text around
+    a one-tile picture, given to a tiny randomly initialised `InternVLForConditionalGeneration` as
+    vlm/README.md shows (`input_ids`, the rows' `position_ids`, no attention mask, the tiles by
+    `image_tensors(..., tile=)`): every document's logits are the document's alone. Its text
+    model masks each document from the one before it where the positions restart."""
+    import torch
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+    config = InternVLConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=[56, 56], patch_size=[14, 14]),
+        text_config=dict(model_type="qwen2", vocab_size=128, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
+        image_token_id=102, downsample_ratio=0.5)
+    torch.manual_seed(0)
+    model = InternVLForConditionalGeneration(config).eval()
+    spec = ImageSpec.internvl(size=(56, 56), tiles=(1, 4))
+    placeholders = PadPlaceholders(102, start=100, end=101, merge_size=2)
+    rng = np.random.default_rng(2)
+    records = [{"input_ids": rng.integers(10, 90, 5).astype(np.int32),
+                "pixels": decode_image(_png(rng.integers(0, 256, (60, 250, 3), dtype=np.uint8)), spec)},
+               {"input_ids": rng.integers(10, 90, 9).astype(np.int32)},
+               {"input_ids": rng.integers(10, 90, 6).astype(np.int32), "image_offsets": [2],
+                "pixels": decode_image(_png(rng.integers(0, 256, (50, 50, 3), dtype=np.uint8)), spec)}]
+    assert [len(record.get("pixels", ())) // 56 for record in records] == [5, 0, 1]
+
+    def logits(batch: dict, positions: bool) -> torch.Tensor:
+        inputs = {"input_ids": batch["input_ids"]}
+        if positions:
+            inputs["position_ids"] = batch["position_ids"]
+        if len(batch["image_grid"]):
+            inputs["pixel_values"] = image_tensors(batch["pixel_values"], batch["image_grid"], mean=INTERNVL_MEAN,
+                                                   std=INTERNVL_STD, tile=4)
+        with torch.no_grad():
+            return model(**inputs, use_cache=False).logits[0]
+
+    batch = _microbatch(placeholders, spec, records, 80)
+    packed = logits(batch, positions=True)
+    documents = batch["document_ids"][0]
+    for number, record in enumerate(records):
+        alone = _microbatch(placeholders, spec, [record], int((documents == number).sum()))
+        torch.testing.assert_close(packed[documents == number], logits(alone, positions=False), rtol=0, atol=1e-5,
                                    msg=lambda m: f"document {number}: {m}")
