@@ -41,8 +41,8 @@ import math
 import os
 import stat
 from dataclasses import dataclass
-from typing import NamedTuple
 from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 
