@@ -165,7 +165,7 @@ class PadPlaceholders(_GridTokens):
     start or end (`from_tokenizer(tokenizer, pad="<image>")`, merge_size 1, e.g. 576 at 336 px in
     14 px patches); Gemma 3: `gemma3(tokenizer)`.
 
-    `text_before` and `text_after` are ids of ordinary text around each image (Gemma 3's `\n\n`),
+    `text_before` and `text_after` are ids of ordinary text around each image (Gemma 3's `\\n\\n`),
     encoded apart from the caption: they are no placeholder ids (a caption may hold them) and,
     as the rest of the block, learn nothing. An image of rows x cols patches gives
     rows * cols / merge_size**2 pads, plus the start, end and text ids.
@@ -206,9 +206,9 @@ class PadPlaceholders(_GridTokens):
 
     @classmethod
     def gemma3(cls, tokenizer: Any) -> PadPlaceholders:
-        """Gemma 3's convention as its processor writes an image: `\n\n<start_of_image>`, 256
+        """Gemma 3's convention as its processor writes an image: `\\n\\n<start_of_image>`, 256
         `<image_soft_token>` (a 64x64 patch grid pooled 4x4: `ImageSpec.gemma3()`),
-        `<end_of_image>\n\n`."""
+        `<end_of_image>\\n\\n`."""
         return cls.from_tokenizer(tokenizer, pad="<image_soft_token>", start="<start_of_image>", end="<end_of_image>",
                                   merge_size=4, text_before="\n\n", text_after="\n\n")
 
@@ -252,8 +252,8 @@ def _tokenizers_tokenizer(tokenizer: Any):
         return load_tokenizer(os.fspath(tokenizer)).tokenizer
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # transformers' fast tokenizers
     if not (hasattr(backend, "to_str") and hasattr(backend, "encode")):
-        raise ConfigurationError(f"TimestampText needs a tokenizers or transformers fast tokenizer, got "
-                                 f"{type(tokenizer).__name__}")
+        raise ConfigurationError(f"time stamps and text around images are encoded with a tokenizers or transformers "
+                                 f"fast tokenizer, got {type(tokenizer).__name__}")
     return backend
 
 
