@@ -39,7 +39,7 @@ from ._errors import ImageDecodeError
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
-    "probe_image", "tile_arrangement", "tile_count",
+    "crop_scaled_size", "probe_image", "tile_arrangement", "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -68,6 +68,9 @@ def _silence_pillows_bomb_warning() -> None:
 _silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
+_FITS = ("pixels", "max_side", "fixed", "crop", "tiles")
+_SIZED_FITS = ("fixed", "crop", "tiles")
+"""The fits whose images are of `size` (a tile's, with "tiles")."""
 
 # EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
@@ -100,6 +103,9 @@ class ImageSpec:
       `max_pixels` are not used.
     - `fit="fixed"` (SigLIP's, Gemma 3's, PaliGemma's image processors): every image is resized to
       `size` (height, width), whole cells, whatever its aspect ratio; the bounds are not used.
+    - `fit="crop"` (CLIP's, LLaVA-1.5's image processors): the shorter side is scaled to the
+      longer side of `size`, the longer side in proportion (rounded down), and the middle `size`
+      cut out (`crop_scaled_size`).
     - `fit="tiles"` (InternVL's dynamic tiling): the image is resized to the arrangement of
       `size` tiles, columns x rows, between `tiles` = (min, max) of them, nearest its aspect ratio
       (`tile_arrangement`), cut into those tiles, and, where there is more than one, followed by
@@ -121,7 +127,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed", "tiles"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "crop", "tiles"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -139,8 +145,8 @@ class ImageSpec:
             counts["max_side"] = 1
         for name, least in counts.items():
             object.__setattr__(self, name, check_count(getattr(self, name), f"ImageSpec: {name}", least))
-        if self.fit not in ("pixels", "max_side", "fixed", "tiles"):
-            raise ConfigurationError(f"ImageSpec: fit must be 'pixels', 'max_side', 'fixed' or 'tiles', got {self.fit!r}")
+        if self.fit not in _FITS:
+            raise ConfigurationError(f"ImageSpec: fit must be one of {_FITS}, got {self.fit!r}")
         self._check_size()
         self._check_tiles()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
@@ -165,10 +171,10 @@ class ImageSpec:
             raise ConfigurationError(f"ImageSpec: background must be three values in 0..255, got {self.background}")
 
     def _check_size(self) -> None:
-        """`size` is fit="fixed"'s (a tile's with "tiles"), and there whole cells: a fixed grid the
-        placeholders divide."""
-        if (self.fit in ("fixed", "tiles")) != (self.size is not None):
-            raise ConfigurationError(f"ImageSpec: size (height, width) is given with fit='fixed' or 'tiles' and only "
+        """`size` is fit="fixed"'s and "crop"'s (a tile's with "tiles"), and there whole cells: a
+        fixed grid the placeholders divide."""
+        if (self.fit in _SIZED_FITS) != (self.size is not None):
+            raise ConfigurationError(f"ImageSpec: size (height, width) is given with fit in {_SIZED_FITS} and only "
                                      f"then, got fit={self.fit!r} and size={self.size!r}")
         if self.size is None:
             return
@@ -265,7 +271,7 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     if height < 1 or width < 1:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     cell = spec.cell
-    if spec.fit == "fixed":
+    if spec.fit in ("fixed", "crop"):
         return spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
     if spec.fit == "tiles":
         return tile_count(height, width, spec) * spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
@@ -301,6 +307,16 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     if not floor <= h_cells * w_cells <= cap:  # narrowing undid the widening: a window a few cells wide
         h_cells, w_cells = _grid_in_window(height, width, floor, cap)
     return h_cells * spec.merge_size, w_cells * spec.merge_size
+
+
+def crop_scaled_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """(height, width) a `fit="crop"` image is resized to before its middle `spec.size` is cut
+    out: the shorter side the size's longer, the longer side in proportion, rounded down (CLIP's
+    `shortest_edge` resize, as transformers' `get_resize_output_image_size` computes it)."""
+    side = max(spec.size)
+    if width <= height:
+        return int(side * height / width), side
+    return side, int(side * width / height)
 
 
 def tile_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
@@ -586,10 +602,12 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
     if resize:
         rows, cols = _upright_grid(image, orientation, spec)
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
+        upright = image.size[::-1] if swapped else image.size  # (width, height) as shown
         if spec.fit == "tiles":  # the canvas the tiles are cut from
-            upright = image.size[::-1] if swapped else image.size
             columns, tile_rows = tile_arrangement(upright[1], upright[0], spec)
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
+        elif spec.fit == "crop":  # the scaled image the middle is cut from
+            target_h, target_w = crop_scaled_size(upright[1], upright[0], spec)
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
         if spec.draft and image.format in _DRAFTABLE:
             # Capped at the stored size, which a draft never exceeds anyway (it only scales down),
@@ -607,7 +625,16 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
         raise ImageDecodeError("corrupt_image", f"cannot convert mode {image.mode}: {exc}") from None
     if spec.fit == "tiles" and target is not None:
         return _tiles(image, spec, target, box, orientation)
+    if spec.fit == "crop" and target is not None:
+        return _middle(np.asarray(_resized_upright(image, spec, target, box, orientation)), spec.size)
     return _resized_upright(image, spec, target, box, orientation)
+
+
+def _middle(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The middle `size` (height, width) of (H, W, 3) pixels, its top and left rounded down as
+    transformers' `center_crop` rounds them."""
+    top, left = (pixels.shape[0] - size[0]) // 2, (pixels.shape[1] - size[1]) // 2
+    return pixels[top : top + size[0], left : left + size[1]]
 
 
 def _resized_upright(image, spec: ImageSpec, target: tuple[int, int] | None, box, orientation: int):

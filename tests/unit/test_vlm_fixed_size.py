@@ -71,6 +71,30 @@ def _address(i: int = 0) -> RecordAddress:
 
 # -- sizing --------------------------------------------------------------------------------------
 
+def test_a_crop_fit_scales_the_shorter_side_and_cuts_the_middle_as_clip_does():
+    """`crop_scaled_size` is transformers' `get_resize_output_image_size` with CLIP's
+    `shortest_edge` for images of every shape, and each picture's crop is `LlavaImageProcessorPil`'s
+    (CLIP's resize and center crop), value for value, a wide, a tall, a tiny one and a JPEG."""
+    from transformers.image_transforms import get_resize_output_image_size
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    from vlm._image import crop_scaled_size
+
+    spec = ImageSpec(patch_size=14, fit="crop", size=(224, 224), draft=False, resample="bicubic")
+    rng = np.random.default_rng(8)
+    for height, width in [*rng.integers(1, 3000, (200, 2)).tolist(), (224, 224), (100, 300), (301, 100)]:
+        want = get_resize_output_image_size(np.zeros((height, width, 3), np.uint8), 224, default_to_square=False)
+        assert crop_scaled_size(height, width, spec) == tuple(want), (height, width)
+    assert image_grid(17, 3000, spec) == (16, 16)
+    processor = LlavaImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
+                                       image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
+    for data in _images():
+        ours = image_tensors(patchify(decode_image(data, spec), 14), np.array([[16, 16]]), mean=(0.5,) * 3,
+                             std=(0.5,) * 3)
+        np.testing.assert_array_equal(ours, processor(images=[Image.open(io.BytesIO(data))],
+                                                      return_tensors="np")["pixel_values"])
+
+
 def test_a_fixed_fit_gives_every_image_its_grid_whatever_its_size_or_aspect():
     spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=(224, 112))
     for height, width in ((1, 1), (224, 112), (3000, 20), (20, 3000), (113, 57)):
@@ -239,8 +263,9 @@ def test_tiles_are_refused_where_they_cannot_be_cut():
                           ({"fit": "tiles", "size": (448, 448), "thumbnail": "yes"}, "True or False")):
         with pytest.raises(ConfigurationError, match=words):
             ImageSpec(**{"patch_size": 14, "merge_size": 2, **kwargs})
-    with pytest.raises(ConfigurationError, match="not cut into tiles"):
-        VideoSpec(image=ImageSpec.internvl())
+    for spec in (ImageSpec.internvl(), ImageSpec(patch_size=14, fit="crop", size=(336, 336))):
+        with pytest.raises(ConfigurationError, match="resized whole, not cut"):
+            VideoSpec(image=spec)
     with pytest.raises(ValueError, match="not whole tiles of 8"):
         image_tensors(np.zeros((12 * 8, 14 * 14 * 3), np.uint8), np.array([[12, 8]]), mean=(0.5,) * 3, std=(0.5,) * 3,
                       tile=8)
@@ -286,11 +311,11 @@ LLAVA_1_5_SIZES = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, 
 """llava-hf/llava-1.5's preprocessor_config.json sizes (CLIP's class defaults are 224)."""
 
 
-def test_llava_rows_hold_its_processor_s_image_run():
+def test_llava_rows_hold_its_processor_s_image_run_and_pixels():
     """LLaVA-1.5 at 336 px in 14 px patches: `<image>` once per patch feature, 576 of them, as
-    `LlavaProcessor` (its default feature strategy, which drops CLIP's class token) expands it.
-    Its image processor crops the shorter side's square where `fit="fixed"` stretches the whole
-    image: the tokens agree, the pixels are not compared."""
+    `LlavaProcessor` (its default feature strategy, which drops CLIP's class token) expands it;
+    with `fit="crop"` (the shorter side scaled to 336, the middle square cut out) the pixels are
+    its image processor's, value for value."""
     from transformers import PreTrainedTokenizerFast
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
     from transformers.models.llava.processing_llava import LlavaProcessor
@@ -300,7 +325,7 @@ def test_llava_rows_hold_its_processor_s_image_run():
     tokenizer.image_token, tokenizer.image_token_id = "<image>", tokenizer.convert_tokens_to_ids("<image>")
     processor = LlavaProcessor(image_processor=LlavaImageProcessorPil(**LLAVA_1_5_SIZES), tokenizer=tokenizer, patch_size=14,
                                vision_feature_select_strategy="default", num_additional_image_tokens=1)
-    spec = ImageSpec(patch_size=14, fit="fixed", size=(336, 336))
+    spec = ImageSpec(patch_size=14, fit="crop", size=(336, 336), draft=False)
     packer = MultimodalPacker(None, max_length=640, placeholders=PadPlaceholders.from_tokenizer(tokenizer, pad="<image>"),
                               spec=spec, pad_id=2)
     caption = "what is in it?"
@@ -308,10 +333,14 @@ def test_llava_rows_hold_its_processor_s_image_run():
     data = _images()[1]
     assert packer.push((_address(), {"input_ids": text, "pixels": decode_image(data, spec)})) == []
     [row] = packer.flush()
-    want = processor(text=["<image>" + caption], images=[Image.open(io.BytesIO(data))], return_tensors="np",
-                     add_special_tokens=False)["input_ids"][0]
+    processed = processor(text=["<image>" + caption], images=[Image.open(io.BytesIO(data))], return_tensors="np",
+                          add_special_tokens=False)
+    want = processed["input_ids"][0]
     assert len(want) == 576 + len(text)
     assert row.tokens["input_ids"][: len(want)].tolist() == want.tolist()
+    clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    np.testing.assert_array_equal(image_tensors(row.ragged["pixel_values"], row.ragged["image_grid"], mean=clip_mean,
+                                                std=clip_std), processed["pixel_values"])
 
 
 def test_pad_placeholders_refuse_ids_that_would_confuse_the_model():
