@@ -608,6 +608,11 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
         elif spec.fit == "crop":  # the scaled image the middle is cut from
             target_h, target_w = crop_scaled_size(upright[1], upright[0], spec)
+            if target_h * target_w > spec.max_image_pixels:  # a thin strip scaled up: a bomb of our making
+                raise ImageDecodeError(
+                    "decompression_bomb", f"fit='crop' scales its {upright[0]}x{upright[1]} pixels to "
+                    f"{target_w}x{target_h} before cutting the middle, more than max_image_pixels="
+                    f"{spec.max_image_pixels}")
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
         if spec.draft and image.format in _DRAFTABLE:
             # Capped at the stored size, which a draft never exceeds anyway (it only scales down),

@@ -86,6 +86,12 @@ def test_a_crop_fit_scales_the_shorter_side_and_cuts_the_middle_as_clip_does():
         want = get_resize_output_image_size(np.zeros((height, width, 3), np.uint8), 224, default_to_square=False)
         assert crop_scaled_size(height, width, spec) == tuple(want), (height, width)
     assert image_grid(17, 3000, spec) == (16, 16)
+    from vlm import ImageDecodeError
+
+    strip = _png(np.zeros((1, 4000, 3), np.uint8))  # scaled to 224 x 896,000 before the cut
+    with pytest.raises(ImageDecodeError, match="scales its 4000x1 pixels to 896000x224") as refused:
+        decode_image(strip, spec)
+    assert refused.value.reason == "decompression_bomb"
     processor = LlavaImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
                                        image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
     for data in _images():
