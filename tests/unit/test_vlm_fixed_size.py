@@ -262,6 +262,30 @@ def test_internvl_rows_are_its_processor_s_text_token_for_token():
     assert row.tokens["input_ids"][: len(want)].tolist() == want
 
 
+@pytest.mark.parametrize("orientation", range(2, 9))
+@pytest.mark.parametrize("fit", ["tiles", "crop"])
+def test_a_picture_stored_turned_is_tiled_and_cut_as_shown(orientation, fit):
+    """A 150x60 picture stored turned or flipped, with the EXIF orientation that shows it upright
+    (a lossless PNG): its tiles, or its crop, are those of the upright picture, pixel for pixel,
+    and its header alone gives the same grid (deferred decoding)."""
+    from tests.unit.test_vlm_assets import gradient
+    from vlm._image import probe_image
+
+    spec = (ImageSpec.internvl(size=(56, 56), tiles=(1, 6), draft=False) if fit == "tiles"
+            else ImageSpec(patch_size=14, fit="crop", size=(56, 56), draft=False))
+    upright = Image.fromarray(gradient(60, 150))
+    inverse = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_90",
+               7: "TRANSVERSE", 8: "ROTATE_270"}[orientation]
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    stored = io.BytesIO()
+    upright.transpose(Image.Transpose[inverse]).save(stored, "PNG", exif=exif.tobytes())
+    want = decode_image(_png(np.asarray(upright)), spec)
+    assert want.shape[0] > want.shape[1] or fit == "crop"  # several tiles: the arrangement depends on the turn
+    np.testing.assert_array_equal(decode_image(stored.getvalue(), spec), want)
+    assert probe_image(stored.getvalue(), spec) == (want.shape[0] // 14, want.shape[1] // 14)
+
+
 def test_tiles_are_refused_where_they_cannot_be_cut():
     for kwargs, words in (({"tiles": (1, 4)}, "fit='tiles''s"), ({"thumbnail": True}, "fit='tiles''s"),
                           ({"fit": "tiles", "size": (448, 448), "tiles": (3, 2)}, "min <= max"),
