@@ -68,8 +68,8 @@ def _silence_pillows_bomb_warning() -> None:
 _silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
-_FITS = ("pixels", "max_side", "fixed", "crop", "tiles")
-_SIZED_FITS = ("fixed", "crop", "tiles")
+_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles")
+_SIZED_FITS = ("fixed", "crop", "pad", "tiles")
 """The fits whose images are of `size` (a tile's, with "tiles")."""
 
 # EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
@@ -106,6 +106,9 @@ class ImageSpec:
     - `fit="crop"` (CLIP's, LLaVA-1.5's image processors): the shorter side is scaled to the
       longer side of `size`, the longer side in proportion (rounded down), and the middle `size`
       cut out (`crop_scaled_size`).
+    - `fit="pad"` (LLaVA-1.5's training code, transformers' `LlavaImageProcessor(do_pad=True)`):
+      the upright image, transparency composited on `background`, is padded to a square of its
+      longer side with `pad_color` (centred, the odd pixel after), then resized to `size`.
     - `fit="tiles"` (InternVL's dynamic tiling): the image is resized to the arrangement of
       `size` tiles, columns x rows, between `tiles` = (min, max) of them, nearest its aspect ratio
       (`tile_arrangement`), cut into those tiles, and, where there is more than one, followed by
@@ -127,7 +130,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed", "crop", "tiles"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -138,6 +141,7 @@ class ImageSpec:
     size: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
     tiles: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
     thumbnail: bool | None = field(default=None, metadata={"fingerprint": "when set"})
+    pad_color: tuple[int, int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -149,6 +153,7 @@ class ImageSpec:
             raise ConfigurationError(f"ImageSpec: fit must be one of {_FITS}, got {self.fit!r}")
         self._check_size()
         self._check_tiles()
+        self._check_pad_color()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
                                      f"got {self.min_pixels} and {self.max_pixels}")
@@ -185,6 +190,18 @@ class ImageSpec:
             raise ConfigurationError(f"ImageSpec: size {sides} is not whole {self.cell}x{self.cell} grid cells "
                                      f"(patch_size {self.patch_size} x merge_size {self.merge_size})")
         object.__setattr__(self, "size", sides)
+
+    def _check_pad_color(self) -> None:
+        """`pad_color` is fit="pad"'s, and there given: a model's processor pads with its mean."""
+        if (self.fit == "pad") != (self.pad_color is not None):
+            raise ConfigurationError(f"ImageSpec: pad_color (r, g, b) is given with fit='pad' and only then, got "
+                                     f"fit={self.fit!r} and pad_color={self.pad_color!r}")
+        if self.pad_color is None:
+            return
+        if isinstance(self.pad_color, (str, bytes)) or len(self.pad_color) != 3 or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in self.pad_color):
+            raise ConfigurationError(f"ImageSpec: pad_color must be three ints in 0..255, got {self.pad_color!r}")
+        object.__setattr__(self, "pad_color", tuple(self.pad_color))
 
     def _check_tiles(self) -> None:
         """`tiles` (min, max) and `thumbnail` are fit="tiles"'s: (1, 12) and True unless given."""
@@ -271,7 +288,7 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     if height < 1 or width < 1:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     cell = spec.cell
-    if spec.fit in ("fixed", "crop"):
+    if spec.fit in ("fixed", "crop", "pad"):
         return spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
     if spec.fit == "tiles":
         return tile_count(height, width, spec) * spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
@@ -630,9 +647,31 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
         raise ImageDecodeError("corrupt_image", f"cannot convert mode {image.mode}: {exc}") from None
     if spec.fit == "tiles" and target is not None:
         return _tiles(image, spec, target, box, orientation)
+    if spec.fit == "pad" and target is not None:
+        return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
         return _middle(np.asarray(_resized_upright(image, spec, target, box, orientation)), spec.size)
     return _resized_upright(image, spec, target, box, orientation)
+
+
+def _padded_square(image, spec: ImageSpec, box, orientation: int):
+    """fit="pad": the upright image on the background, padded to a square of its longer side with
+    `pad_color` (the image centred, its start rounded down), resized to `size`; the order of
+    LLaVA's processor, so the pad's edge blends into the picture as there."""
+    from PIL import Image
+
+    if box is not None:  # a draft: the region of the drafted picture that is the image
+        image = image.crop(tuple(round(edge) for edge in box))
+    upright = _resized_upright(image, spec, None, None, orientation)
+    width, height = upright.size
+    side = max(width, height)
+    if side * side > spec.max_image_pixels:  # a thin strip padded: a bomb of our making
+        raise ImageDecodeError("decompression_bomb", f"fit='pad' pads its {width}x{height} pixels to {side}x{side} "
+                                                     f"before resizing, more than max_image_pixels={spec.max_image_pixels}")
+    square = Image.new("RGB", (side, side), spec.pad_color)
+    square.paste(upright, ((side - width) // 2, (side - height) // 2))
+    return square.resize(spec.size[::-1], Image.Resampling[spec.resample.upper()],
+                         reducing_gap=spec.draft_gap if spec.draft else None)
 
 
 def _middle(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:

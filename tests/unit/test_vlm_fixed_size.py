@@ -101,6 +101,31 @@ def test_a_crop_fit_scales_the_shorter_side_and_cuts_the_middle_as_clip_does():
                                                       return_tensors="np")["pixel_values"])
 
 
+def test_a_pad_fit_is_llava_s_padded_square_value_for_value():
+    """`fit="pad"` (LLaVA-1.5's training code) equals `LlavaImageProcessorPil(do_pad=True)`: the
+    picture padded to a square with the mean colour, then resized; transparency included, which
+    both composite on white first. A strip too thin to pad within max_image_pixels is refused."""
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    from vlm import ImageDecodeError
+
+    clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    spec = ImageSpec(patch_size=14, fit="pad", size=(224, 224), pad_color=tuple(int(c * 255) for c in clip_mean),
+                     draft=False, resample="bicubic")
+    processor = LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
+                                       image_mean=clip_mean, image_std=clip_std)  # it pads with its mean
+    for data in [*_images(), TRANSPARENT]:
+        ours = image_tensors(patchify(decode_image(data, spec), 14), np.array([[16, 16]]), mean=clip_mean, std=clip_std)
+        np.testing.assert_array_equal(ours, processor(images=[Image.open(io.BytesIO(data))],
+                                                      return_tensors="np")["pixel_values"])
+    with pytest.raises(ImageDecodeError, match="pads its 10x20000 pixels to 20000x20000") as refused:
+        decode_image(_png(np.zeros((20000, 10, 3), np.uint8)), spec)
+    assert refused.value.reason == "decompression_bomb"
+    for pad_color, words in ((None, "only then"), ((1, 2), "three ints"), ((0, 0, 256), "three ints")):
+        with pytest.raises(ConfigurationError, match=words):
+            ImageSpec(patch_size=14, fit="pad", size=(224, 224), pad_color=pad_color)
+
+
 def test_a_fixed_fit_gives_every_image_its_grid_whatever_its_size_or_aspect():
     spec = ImageSpec(patch_size=14, merge_size=4, fit="fixed", size=(224, 112))
     for height, width in ((1, 1), (224, 112), (3000, 20), (20, 3000), (113, 57)):
@@ -263,7 +288,7 @@ def test_internvl_rows_are_its_processor_s_text_token_for_token():
 
 
 @pytest.mark.parametrize("orientation", range(2, 9))
-@pytest.mark.parametrize("fit", ["tiles", "crop"])
+@pytest.mark.parametrize("fit", ["tiles", "crop", "pad"])
 def test_a_picture_stored_turned_is_tiled_and_cut_as_shown(orientation, fit):
     """A 150x60 picture stored turned or flipped, with the EXIF orientation that shows it upright
     (a lossless PNG): its tiles, or its crop, are those of the upright picture, pixel for pixel,
@@ -272,7 +297,8 @@ def test_a_picture_stored_turned_is_tiled_and_cut_as_shown(orientation, fit):
     from vlm._image import probe_image
 
     spec = (ImageSpec.internvl(size=(56, 56), tiles=(1, 6), draft=False) if fit == "tiles"
-            else ImageSpec(patch_size=14, fit="crop", size=(56, 56), draft=False))
+            else ImageSpec(patch_size=14, fit=fit, size=(56, 56), draft=False,
+                           pad_color=(9, 99, 199) if fit == "pad" else None))
     upright = Image.fromarray(gradient(60, 150))
     inverse = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_90",
                7: "TRANSVERSE", 8: "ROTATE_270"}[orientation]
@@ -281,7 +307,7 @@ def test_a_picture_stored_turned_is_tiled_and_cut_as_shown(orientation, fit):
     stored = io.BytesIO()
     upright.transpose(Image.Transpose[inverse]).save(stored, "PNG", exif=exif.tobytes())
     want = decode_image(_png(np.asarray(upright)), spec)
-    assert want.shape[0] > want.shape[1] or fit == "crop"  # several tiles: the arrangement depends on the turn
+    assert want.shape[0] > want.shape[1] or fit != "tiles"  # several tiles: the arrangement depends on the turn
     np.testing.assert_array_equal(decode_image(stored.getvalue(), spec), want)
     assert probe_image(stored.getvalue(), spec) == (want.shape[0] // 14, want.shape[1] // 14)
 
@@ -293,7 +319,8 @@ def test_tiles_are_refused_where_they_cannot_be_cut():
                           ({"fit": "tiles", "size": (448, 448), "thumbnail": "yes"}, "True or False")):
         with pytest.raises(ConfigurationError, match=words):
             ImageSpec(**{"patch_size": 14, "merge_size": 2, **kwargs})
-    for spec in (ImageSpec.internvl(), ImageSpec(patch_size=14, fit="crop", size=(336, 336))):
+    for spec in (ImageSpec.internvl(), ImageSpec(patch_size=14, fit="crop", size=(336, 336)),
+                 ImageSpec(patch_size=14, fit="pad", size=(336, 336), pad_color=(0, 0, 0))):
         with pytest.raises(ConfigurationError, match="resized whole, not cut"):
             VideoSpec(image=spec)
     with pytest.raises(ValueError, match="not whole tiles of 8"):
