@@ -19,6 +19,7 @@ run in one loop to compare like with like. Without the draft the pixels equal th
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -62,7 +63,7 @@ def test_photographs_to_model_pixels(benchmark, jpegs, case, way):
 
     spec, tile, mean, std = CASES[case]
     if way == "zephon, no draft":
-        spec = ImageSpec(**{**spec.__dict__, "draft": False})
+        spec = dataclasses.replace(spec, draft=False)
     benchmark.group = f"fixed-size: {case}"
     if way == "transformers":
         processor = _processor(case, spec, mean, std)

@@ -231,6 +231,19 @@ class ImageSpec:
         """Length of one flattened patch row in `pixel_values`: patch_size * patch_size * 3."""
         return self.patch_size * self.patch_size * 3
 
+    @property
+    def max_decoded_pixels(self) -> int:
+        """The most pixels an image decodes to under this spec, for the memory budget
+        (`zephon._memory`): `size`'s, at most `tiles[1]` tiles and the thumbnail of it with
+        "tiles", a square a cell past `max_side` with "max_side", else `max_pixels`."""
+        if self.fit == "tiles":
+            return self.size[0] * self.size[1] * (self.tiles[1] + self.thumbnail)
+        if self.size is not None:
+            return self.size[0] * self.size[1]
+        if self.fit == "max_side":
+            return (self.max_side + self.cell) ** 2
+        return self.max_pixels
+
     @classmethod
     def pixtral(cls, max_side: int = 1024, patch_size: int = 16, merge_size: int = 1, **kwargs) -> ImageSpec:
         """Pixtral-12B sizing as mistral-common encodes it (longest side <= 1024, 16 px patches)."""

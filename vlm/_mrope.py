@@ -86,8 +86,8 @@ def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], pl
     and `length`); `item_offsets[k]` is the row position of the k-th image's or video's first
     placeholder token; `placeholders` the row's `QwenPlaceholders`. A video whose temporal patches
     are stamped (Qwen3-VL, `video_timestamps`) is positioned as the model splits it: each patch's
-    stamp as text, then the patch as an image (t = 0). One slice assignment per text run and per image or video: no loop over
-    tokens. A video's temporal patches step by 1 (Qwen2-VL), or with `tokens_per_second` by that
+    stamp as text, then the patch as an image (t = 0). One slice assignment per text run and per
+    image or video: no loop over tokens. A video's temporal patches step by 1 (Qwen2-VL), or with `tokens_per_second` by that
     times the seconds a patch spans (Qwen2.5-VL: `doc.video_seconds`, its `second_per_grid_ts`).
     Without that scale a text position never exceeds its token's index in the document (a block's
     tokens outnumber what it moves the position), so the ramp of the row's length covers every
@@ -106,8 +106,9 @@ def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], pl
                 out[:, cursor:at] = _text_run(positions, position, at - cursor)
                 position += at - cursor
             grid = (rows // merge_size, cols // merge_size)
-            if doc.stamp_times(k):
-                cursor, position = _stamped_video(out, positions, at, position, grid, doc.stamp_times(k),
+            stamped = doc.stamp_times(k)
+            if stamped:
+                cursor, position = _stamped_video(out, positions, at, position, grid, stamped,
                                                   placeholders.video_timestamps)
                 continue
             temporal, step = 1, 1.0

@@ -25,8 +25,7 @@ from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
 __all__ = ["QWEN_TEMPORAL_PATCH", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
-           "TimestampText",
-           "lookup_token_id", "patch_times", "temporal_patches"]
+           "TimestampText", "lookup_token_id", "patch_times", "temporal_patches"]
 
 
 @runtime_checkable
@@ -82,7 +81,7 @@ _NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after")
 
 
 class _GridTokens:
-    """What both conventions share: the merge check and one read-only array per grid, built once."""
+    """What the conventions share: the merge check and one read-only array per grid, built once."""
 
     merge_size: int
     _cache: dict

@@ -132,15 +132,12 @@ def _pixel_bytes_per_token(packer) -> int:
 
 
 def _decoded_image_bytes(packer) -> int:
-    """A decoded image on its patch grid: at most the spec's pixel budget, RGB uint8."""
+    """A decoded image on its patch grid: at most the spec's pixels (its `max_decoded_pixels`,
+    which knows each way of sizing), RGB uint8."""
     spec = getattr(packer, "spec", None)
     if spec is None:
         return 0
-    if getattr(spec, "size", None):  # fit="fixed": every image is this size; "tiles": at most this many tiles of it
-        tiles = spec.tiles[1] + bool(spec.thumbnail) if getattr(spec, "tiles", None) else 1
-        return 3 * spec.size[0] * spec.size[1] * tiles
-    side = spec.max_side + spec.cell if spec.fit == "max_side" else 0
-    return 3 * (side * side if side else spec.max_pixels)
+    return 3 * spec.max_decoded_pixels
 
 
 def _records_per_chunk(plan) -> int:
