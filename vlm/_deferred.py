@@ -30,7 +30,7 @@ import numpy as np
 from zephon._errors import BadRecordError
 
 from ._errors import ImageDecodeError
-from ._image import ImageSpec, decode_image
+from ._image import ImageSpec, decode_image, decode_split_image
 
 __all__ = ["DecodeDeferred", "DeferredImage", "decode_row"]
 
@@ -46,10 +46,12 @@ class DeferredImage:
     data: bytes | memoryview
     grid: tuple[int, int]
     spec: ImageSpec
+    tiles: tuple[int, int] | None = None
+    """A `fit="split"` image's (rows, columns) of tiles, from the same header (`probe_split_image`)."""
 
     def __reduce_ex__(self, protocol: int):
         data = pickle.PickleBuffer(self.data) if protocol >= 5 else self.data
-        return (DeferredImage, (data, self.grid, self.spec))
+        return (DeferredImage, (data, self.grid, self.spec, self.tiles))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -64,11 +66,15 @@ class DeferredImage:
 
     def decode(self) -> np.ndarray:
         """(H, W, 3) uint8 on the planned grid; `ImageDecodeError` if the bytes do not give it."""
-        pixels = decode_image(self.data, self.spec, probed=True)  # `grid` came from probe_image
-        if pixels.shape != self.shape:
+        if self.tiles is None:
+            pixels, tiles = decode_image(self.data, self.spec, probed=True), None  # `grid` came from probe_image
+        else:
+            pixels, tiles = decode_split_image(self.data, self.spec, probed=True)
+        if pixels.shape != self.shape or tiles != self.tiles:
+            cut = "" if tiles == self.tiles else f" cut {tiles[0]}x{tiles[1]} instead of {self.tiles[0]}x{self.tiles[1]}"
             raise ImageDecodeError(
                 "corrupt_image",
-                f"decoded to {pixels.shape[:2]} instead of the {self.shape[:2]} its header announced "
+                f"decoded to {pixels.shape[:2]}{cut} instead of the {self.shape[:2]} its header announced "
                 "(an EXIF orientation after a PNG's pixel data)",
             )
         return pixels

@@ -28,7 +28,7 @@ import io
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -36,10 +36,13 @@ from zephon._errors import ConfigurationError, check_count, check_finite
 
 from . import _png
 from ._errors import ImageDecodeError
+from ._split import IDEFICS3_MAX_SIDE, split_canvas, split_first_size
+from ._split import split_arrangement as _split_arrangement
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
-    "crop_scaled_size", "probe_image", "tile_arrangement", "tile_count",
+    "SplitImage", "crop_scaled_size", "decode_split_image", "probe_image", "probe_split_image", "split_arrangement",
+    "tile_arrangement", "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -68,9 +71,11 @@ def _silence_pillows_bomb_warning() -> None:
 _silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
-_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles")
-_SIZED_FITS = ("fixed", "crop", "pad", "tiles")
-"""The fits whose images are of `size` (a tile's, with "tiles")."""
+_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split")
+_SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split")
+"""The fits whose images are of `size` (a tile's, with "tiles" and "split")."""
+_TILED_FITS = ("tiles", "split")
+"""The fits whose pixels are tiles stacked top to bottom, one tile wide."""
 
 # EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
@@ -115,6 +120,13 @@ class ImageSpec:
       the whole image resized to one tile (`thumbnail`). The pixels are the tiles stacked top to
       bottom in raster order, the thumbnail last: one tile wide, so each tile's patches are
       consecutive in `pixel_values` (`image_tensors(..., tile=)` cuts them apart again).
+    - `fit="split"` (Idefics3's image splitting: Idefics3, SmolVLM, SmolVLM2): the image's longer
+      side is resized to `longest_edge` (up or down), then each side up to whole square `size`
+      tiles (`vlm._split`); past one tile the tiles are cut in raster order and followed by the
+      whole resized to one tile (the model's "global" image), stacked as "tiles" stacks them. How
+      many rows and columns of tiles (`split_arrangement`) is written beside the pixels
+      (`decode_images` writes `record["pixels_tiles"]`), for the placeholders' text names each
+      tile by its row and column (`Idefics3Placeholders`).
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -130,7 +142,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -142,6 +154,7 @@ class ImageSpec:
     tiles: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
     thumbnail: bool | None = field(default=None, metadata={"fingerprint": "when set"})
     pad_color: tuple[int, int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
+    longest_edge: int | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -153,6 +166,7 @@ class ImageSpec:
             raise ConfigurationError(f"ImageSpec: fit must be one of {_FITS}, got {self.fit!r}")
         self._check_size()
         self._check_tiles()
+        self._check_split()
         self._check_pad_color()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
@@ -221,6 +235,22 @@ class ImageSpec:
         object.__setattr__(self, "tiles", (least, most))
         object.__setattr__(self, "thumbnail", thumbnail)
 
+    def _check_split(self) -> None:
+        """`longest_edge` is fit="split"'s (4 tiles unless given, as Idefics3's processor), at most
+        `IDEFICS3_MAX_SIDE`, and its tiles are square."""
+        if self.fit != "split":
+            if self.longest_edge is not None:
+                raise ConfigurationError(f"ImageSpec: longest_edge is fit='split''s, got fit={self.fit!r}")
+            return
+        if self.size[0] != self.size[1]:
+            raise ConfigurationError(f"ImageSpec: fit='split' cuts square tiles, got size={self.size}")
+        longest = 4 * self.size[0] if self.longest_edge is None else self.longest_edge
+        longest = check_count(longest, "ImageSpec: longest_edge")
+        if longest > IDEFICS3_MAX_SIDE:
+            raise ConfigurationError(f"ImageSpec: longest_edge must be at most {IDEFICS3_MAX_SIDE} (Idefics3's "
+                                     f"processor scales every picture within it), got {longest}")
+        object.__setattr__(self, "longest_edge", longest)
+
     @property
     def cell(self) -> int:
         """Side in pixels of what one placeholder token covers: patch_size * merge_size."""
@@ -235,9 +265,12 @@ class ImageSpec:
     def max_decoded_pixels(self) -> int:
         """The most pixels an image decodes to under this spec, for the memory budget
         (`zephon._memory`): `size`'s, at most `tiles[1]` tiles and the thumbnail of it with
-        "tiles", a square a cell past `max_side` with "max_side", else `max_pixels`."""
+        "tiles", the tiles of a `longest_edge` square and the global image with "split", a square
+        a cell past `max_side` with "max_side", else `max_pixels`."""
         if self.fit == "tiles":
             return self.size[0] * self.size[1] * (self.tiles[1] + self.thumbnail)
+        if self.fit == "split":
+            return self.size[0] * self.size[1] * (math.ceil(self.longest_edge / self.size[0]) ** 2 + 1)
         if self.size is not None:
             return self.size[0] * self.size[1]
         if self.fit == "max_side":
@@ -266,6 +299,23 @@ class ImageSpec:
         `<IMG_CONTEXT>` between `<img>` and `</img>`."""
         return cls(**{"patch_size": 14, "merge_size": 2, "fit": "tiles", "size": (448, 448), "tiles": (1, 12),
                       "thumbnail": True, "resample": "bicubic", **kwargs})
+
+    @classmethod
+    def idefics3(cls, **kwargs) -> ImageSpec:
+        """Idefics3's image splitting (Idefics3-8B): the longer side to 1456, 364x364 tiles of
+        14 px patches, each 26x26 patches becoming 169 tokens (merge_size 2, the model's pixel
+        shuffle), resized with Lanczos as `Idefics3ImageProcessor` does. Pair with
+        `Idefics3Placeholders.from_tokenizer(tokenizer, merge_size=2)`."""
+        return cls(**{"patch_size": 14, "merge_size": 2, "fit": "split", "size": (364, 364), "longest_edge": 1456,
+                      "resample": "lanczos", **kwargs})
+
+    @classmethod
+    def smolvlm(cls, **kwargs) -> ImageSpec:
+        """SmolVLM's (SmolVLM-256M and -500M, SmolVLM2): Idefics3's splitting with the longer side
+        to 2048 and 512x512 tiles of 16 px patches, each 32x32 patches becoming 64 tokens
+        (merge_size 4). Pair with `Idefics3Placeholders.from_tokenizer(tokenizer, merge_size=4)`."""
+        return cls(**{"patch_size": 16, "merge_size": 4, "fit": "split", "size": (512, 512), "longest_edge": 2048,
+                      "resample": "lanczos", **kwargs})
 
     @classmethod
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
@@ -303,7 +353,7 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     cell = spec.cell
     if spec.fit in ("fixed", "crop", "pad"):
         return spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
-    if spec.fit == "tiles":
+    if spec.fit in _TILED_FITS:
         return tile_count(height, width, spec) * spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
     if spec.fit == "max_side":
         ratio = max(height, width) / spec.max_side
@@ -374,8 +424,18 @@ def _tile_arrangement(height: int, width: int, tile: tuple[int, int], tiles: tup
     return best
 
 
+def split_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """(rows, columns) of tiles a `fit="split"` image of this upright size is cut into, (1, 1)
+    where it is not cut (Idefics3's `rows` and `cols`, which say 0 and 0 for it)."""
+    return _split_arrangement(height, width, spec.longest_edge, spec.size[0])
+
+
 def tile_count(height: int, width: int, spec: ImageSpec) -> int:
-    """Tiles a `fit="tiles"` image of this size becomes, its thumbnail included."""
+    """Tiles a `fit="tiles"` or `fit="split"` image of this size becomes, its thumbnail (its
+    global image) included."""
+    if spec.fit == "split":
+        rows, columns = split_arrangement(height, width, spec)
+        return rows * columns + (rows * columns > 1)
     columns, rows = tile_arrangement(height, width, spec)
     return columns * rows + (spec.thumbnail and columns * rows > 1)
 
@@ -636,6 +696,8 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
         if spec.fit == "tiles":  # the canvas the tiles are cut from
             columns, tile_rows = tile_arrangement(upright[1], upright[0], spec)
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
+        elif spec.fit == "split":  # the first of Idefics3's two resizes
+            target_h, target_w = split_first_size(upright[1], upright[0], spec.longest_edge)
         elif spec.fit == "crop":  # the scaled image the middle is cut from
             target_h, target_w = crop_scaled_size(upright[1], upright[0], spec)
             if target_h * target_w > spec.max_image_pixels:  # a thin strip scaled up: a bomb of our making
@@ -660,6 +722,8 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
         raise ImageDecodeError("corrupt_image", f"cannot convert mode {image.mode}: {exc}") from None
     if spec.fit == "tiles" and target is not None:
         return _tiles(image, spec, target, box, orientation)
+    if spec.fit == "split" and target is not None:
+        return SplitImage(_split(image, spec, target, box, orientation), split_arrangement(upright[1], upright[0], spec))
     if spec.fit == "pad" and target is not None:
         return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
@@ -722,6 +786,26 @@ def _tiles(image, spec: ImageSpec, canvas: tuple[int, int], box, orientation: in
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
+def _split(image, spec: ImageSpec, first: tuple[int, int], box, orientation: int) -> np.ndarray:
+    """fit="split": the image resized to its first size (stored width, height), upright, then to
+    its canvas of whole tiles; past one tile, the canvas cut into them in raster order and the
+    canvas resized to one tile after them, stacked top to bottom: (tiles * tile, tile, 3). Each
+    resize is from the one before, as Idefics3's processor resizes."""
+    from PIL import Image
+
+    tile = spec.size[0]
+    resample = Image.Resampling[spec.resample.upper()]
+    gap = spec.draft_gap if spec.draft else None
+    upright = _resized_upright(image, spec, first, box, orientation)
+    canvas_h, canvas_w = split_canvas(upright.height, upright.width, tile)
+    canvas = upright.resize((canvas_w, canvas_h), resample, reducing_gap=gap)
+    if canvas_h == canvas_w == tile:
+        return np.asarray(canvas)
+    rows, columns = canvas_h // tile, canvas_w // tile
+    tiles = np.asarray(canvas).reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
+    return np.concatenate([tiles, np.asarray(canvas.resize((tile, tile), resample, reducing_gap=gap))])
+
+
 DEFAULT_SPEC = ImageSpec()
 """The default ImageSpec (16 px patches, area in [32², 512²])."""
 
@@ -736,7 +820,24 @@ def decode_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC, *, probed: bool = 
     read-only. `probed`: these bytes passed `probe_image` (deferred decoding), so the checks it
     made are not made again (a PNG's pixel chunks' checksums: 7 µs of a race image's ~1.5 ms).
     """
-    return np.asarray(_decode(data, spec, resize=True, probed=probed))
+    decoded = _decode(data, spec, resize=True, probed=probed)
+    return decoded.pixels if isinstance(decoded, SplitImage) else np.asarray(decoded)
+
+
+class SplitImage(NamedTuple):
+    """A `fit="split"` image: its tiles and global image stacked, and how many rows and columns
+    of tiles the picture was cut into ((1, 1): not cut, the global image alone)."""
+
+    pixels: np.ndarray
+    tiles: tuple[int, int]
+
+
+def decode_split_image(data: bytes, spec: ImageSpec, *, probed: bool = False) -> SplitImage:
+    """`decode_image` of a `fit="split"` spec, with the arrangement of the tiles it cut, read
+    from the picture as decoded (its orientation included): what `Idefics3Placeholders` writes."""
+    if spec.fit != "split":
+        raise ConfigurationError(f"decode_split_image: the spec's fit is {spec.fit!r}, not 'split'")
+    return _decode(data, spec, resize=True, probed=probed)
 
 
 def load_rgb(data: bytes, spec: ImageSpec = DEFAULT_SPEC):
@@ -772,17 +873,29 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
     orientation 1. Every other image, and every refusal, is Pillow's as it was: the plain path
     accepts only what `Image.open` accepts, with the same size, and sends the rest to it.
     """
+    return image_grid(*_probed_size(data, spec), spec)
+
+
+def probe_split_image(data: bytes, spec: ImageSpec) -> tuple[tuple[int, int], tuple[int, int]]:
+    """`probe_image`'s grid of a `fit="split"` image and the (rows, columns) of tiles
+    `decode_split_image` will cut it into, from the same reading of the header."""
+    height, width = _probed_size(data, spec)
+    return image_grid(height, width, spec), split_arrangement(height, width, spec)
+
+
+def _probed_size(data: bytes, spec: ImageSpec) -> tuple[int, int]:
+    """(height, width) of the image as shown, from its header, refused as `probe_image` says."""
     _refuse_load_truncated_images()
     if (size := _plain_png_size(data, spec)) is not None:
-        width, height = size
-        grid = image_grid(height, width, spec)
         _png.check_pixel_data(data)
-        return grid
+        return size[::-1]
     image = _open(data, spec)
-    grid = _upright_grid(image, _header_orientation(image, spec), spec)
+    width, height = image.size
+    if _header_orientation(image, spec) in (5, 6, 7, 8):
+        width, height = height, width
     if image.format == "PNG":
         _png.check_pixel_data(data)
-    return grid
+    return height, width
 
 
 def _plain_png_size(data: bytes, spec: ImageSpec) -> tuple[int, int] | None:

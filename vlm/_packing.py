@@ -73,6 +73,7 @@ from ._image import DEFAULT_SPEC, ImageSpec
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, patch_times, temporal_patches
+from ._split import tiles_field
 from ._video import frame_interval_field, frame_times_field
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
@@ -118,6 +119,9 @@ class PlacedDocument:
     video_frames: tuple[int, ...] = ()
     video_seconds: tuple[float, ...] = ()
     video_times: tuple[tuple[float, ...], ...] = ()
+    tiles: tuple[tuple[int, int], ...] = ()
+    """Each image's (rows, columns) of tiles where the placeholders name them
+    (`Idefics3Placeholders`), else empty."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -336,7 +340,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
                     video_patch_at += n
                 v += 1
             else:
-                tokens = tokens_for(rows, cols)
+                tokens = tokens_for(rows, cols, doc.tiles[index]) if doc.tiles else tokens_for(rows, cols)
                 image_offset[k] = at
                 n = rows * cols
                 _write_patches(pixel_values[patch_at : patch_at + n], image, rows, cols, p)
@@ -453,6 +457,8 @@ class MultimodalPacker:
         self._interval_field = frame_interval_field(pixels_field)
         self._stamps = getattr(placeholders, "video_timestamps", None) is not None
         self._times_field = frame_times_field(pixels_field)
+        self._reads_tiles = getattr(placeholders, "reads_tiles", False)
+        self._tiles_field = tiles_field(pixels_field)
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
@@ -503,6 +509,7 @@ class MultimodalPacker:
         if offsets is None:
             return None
         grids = self._grids(address, record, images)
+        tiles = self._tile_arrangements(address, record, images, grids) if self._reads_tiles else ()
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
         seconds = times = ()
         if any(frames):
@@ -515,7 +522,7 @@ class MultimodalPacker:
         image_tokens = 0
         for k, grid in enumerate(grids):
             video = bool(frames) and frames[k] > 0  # in Qwen's layout: keyed (temporal patches, rows, cols)
-            key = (temporal_patches(frames[k]), *grid) if video else grid
+            key = (temporal_patches(frames[k]), *grid) if video else (*grid, tiles[k]) if tiles else grid
             if video and times:  # stamped: a count of its own times' texts, not cached by grid
                 image_tokens += self.placeholders.video_num_tokens(*key, times[k])
                 continue
@@ -540,7 +547,7 @@ class MultimodalPacker:
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times)
+                              times, tiles)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -576,6 +583,29 @@ class MultimodalPacker:
                 f"(decode_video writes them), got {reprlib.repr(record.get(self._times_field))}"
             )
         return tuple(patch_times(shown) if n else () for n in frames)
+
+    def _tile_arrangements(self, address, record: dict, images: list, grids) -> tuple[tuple[int, int], ...]:
+        """Per image, the (rows, columns) of tiles its stack was cut into: a deferred image's from
+        its header, a decoded one's from the record (`decode_images` writes them beside the
+        pixels). The stack alone does not say it (2x4 and 4x2 tiles stack alike), and the
+        placeholders name each tile by its row and column."""
+        if images and all(isinstance(image, DeferredImage) and image.tiles is not None for image in images):
+            arrangements = tuple(image.tiles for image in images)
+        else:
+            given = record.get(self._tiles_field)
+            arrangements = () if given is None else _given_grids(given)
+            if arrangements is None or len(arrangements) != len(images):
+                raise ConfigurationError(
+                    f"record {address}: {type(self.placeholders).__name__} names each tile by its row and column: "
+                    f"its {len(images)} image(s) need their (rows, columns) of tiles in {self._tiles_field!r} "
+                    f"(decode_images with a fit='split' ImageSpec writes them), got {reprlib.repr(given)}")
+        for (rows, cols), (tile_rows, tile_columns) in zip(grids, arrangements):
+            count = tile_rows * tile_columns
+            if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
+                raise ConfigurationError(
+                    f"record {address}: a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
+                    f"and their global image, as {self._tiles_field!r} says")
+        return arrangements
 
     def _placeholder_detail(self, text: np.ndarray) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
@@ -739,7 +769,8 @@ def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
 
 # The spec presets of each placeholder convention's models, which a merge mismatch's refusal names.
 _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
-            "PixtralPlaceholders": "ImageSpec.pixtral()"}
+            "PixtralPlaceholders": "ImageSpec.pixtral()",
+            "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()"}
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
@@ -792,6 +823,8 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
     """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
+    if getattr(placeholders, "reads_tiles", False):
+        _check_split_spec(spec, placeholders)
     if placeholders.merge_size != spec.merge_size:
         m = placeholders.merge_size
         raise ConfigurationError(
@@ -801,6 +834,21 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
             f"before pack_multimodal ({_PRESETS.get(type(placeholders).__name__, f'ImageSpec(merge_size={m})')}), "
             f"or give placeholders of merge_size={spec.merge_size}"
         )
+
+
+def _check_split_spec(spec: ImageSpec, placeholders: Placeholders) -> None:
+    """Placeholders that name tiles take `fit="split"` images, cut into no more rows or columns
+    of tiles than they have names for (`longest_edge` / the tile side, rounded up)."""
+    kind = type(placeholders).__name__
+    if spec.fit != "split":
+        presets = _PRESETS.get(kind, "ImageSpec(fit='split', ...)")
+        raise ConfigurationError(f"pack_multimodal: {kind} names the tiles of fit='split' images (Idefics3's "
+                                 f"splitting: {presets}), got an ImageSpec of fit={spec.fit!r}")
+    most = -(-spec.longest_edge // spec.size[0])
+    if most > min(placeholders.max_tiles):
+        raise ConfigurationError(f"pack_multimodal: a longest_edge of {spec.longest_edge} cuts up to {most}x{most} "
+                                 f"tiles of {spec.size[0]} px, and {kind} names at most "
+                                 f"{placeholders.max_tiles[0]}x{placeholders.max_tiles[1]}")
 
 
 def _check_pad_id(pad_id: object, placeholders: Placeholders) -> int:

@@ -24,7 +24,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
+__all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
            "TimestampText", "lookup_token_id", "patch_times", "temporal_patches"]
 
 
@@ -76,7 +76,7 @@ def _check_grid(rows: int, cols: int, merge: int) -> None:
         raise ValueError(f"a {rows}x{cols} patch grid is not a whole number of {merge}x{merge} merged cells")
 
 
-_NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after")
+_NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after", "tile_names", "row_end", "last_row_end")
 """A convention's settings that are no token ids."""
 
 
@@ -180,15 +180,7 @@ class PadPlaceholders(_GridTokens):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("text_before", "text_after"):
-            value = getattr(self, name)
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-                raise ConfigurationError(f"PadPlaceholders: {name} must be a sequence of token ids, got {value!r}")
-            ids = tuple(check_token_id(i, f"PadPlaceholders: {name}") for i in value)
-            if set(ids) & set(self.token_ids):
-                raise ConfigurationError(f"PadPlaceholders: {name} {ids} holds a placeholder id: the model would take "
-                                         f"that text for part of an image")
-            object.__setattr__(self, name, ids)
+        _check_text_ids(self, ("text_before", "text_after"))
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, pad: str, start: str | None = None, end: str | None = None,
@@ -223,6 +215,130 @@ class PadPlaceholders(_GridTokens):
         start = [] if self.start is None else [self.start]
         end = [] if self.end is None else [self.end]
         return np.array([*self.text_before, *start, *pads, *end, *self.text_after], dtype=np.int32)
+
+
+def _check_text_ids(convention, names: tuple[str, ...]) -> None:
+    """Each of `names`, ids of plain text a convention writes around its images, as a tuple of
+    token ids holding no placeholder id (the model would take that text for part of an image)."""
+    kind = type(convention).__name__
+    for name in names:
+        value = getattr(convention, name)
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise ConfigurationError(f"{kind}: {name} must be a sequence of token ids, got {value!r}")
+        ids = tuple(check_token_id(i, f"{kind}: {name}") for i in value)
+        if set(ids) & set(convention.token_ids):
+            raise ConfigurationError(f"{kind}: {name} {ids} holds a placeholder id: the model would take that text "
+                                     f"for part of an image")
+        object.__setattr__(convention, name, ids)
+
+
+@dataclass(frozen=True)
+class Idefics3Placeholders(_GridTokens):
+    """Idefics3's convention (Idefics3, SmolVLM, SmolVLM2) for `ImageSpec(fit="split")` images,
+    as `Idefics3Processor` writes it. A picture cut into rows x columns tiles is, tile by tile in
+    raster order, `<fake_token_around_image><row_r_col_c>` and a tile's `<image>` run, each row of
+    tiles ended by `\n`, the last by `\n\n`, then its global image; a picture not cut is its
+    global image alone: `<fake_token_around_image><global-img>`, the `<image>` run,
+    `<fake_token_around_image>`. A tile of cols x cols patches gives (cols / merge_size)**2
+    `<image>` (the processor's `image_seq_len`: 64 for SmolVLM's 512 px tiles, 169 for
+    Idefics3's 364 px).
+
+    `tile_names[r][c]` is the id of `<row_{r+1}_col_{c+1}>`; `row_end` and `last_row_end` are
+    ids of ordinary text (the tokenizer's `\n` and `\n\n`: between two special tokens the
+    processor's text is encoded apart), as `PadPlaceholders`' `text_before`. The pixels' stack
+    does not say how its tiles were arranged, so the packer reads it beside them
+    (`record["pixels_tiles"]`, written by `decode_images`) and asks `tokens_for(rows, cols,
+    tiles)`.
+    """
+
+    image: int
+    fake_around: int
+    global_image: int
+    tile_names: tuple[tuple[int, ...], ...]
+    merge_size: int = 1
+    row_end: tuple[int, ...] = ()
+    last_row_end: tuple[int, ...] = ()
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    reads_tiles = True
+    """The packer hands `tokens_for` and `num_tokens` each image's (rows, columns) of tiles."""
+
+    def __post_init__(self) -> None:
+        names = self.tile_names
+        if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__") or not names or any(
+                isinstance(row, (str, bytes)) or not hasattr(row, "__iter__") for row in names) \
+                or len({len(row) for row in names}) != 1 or not len(names[0]):
+            raise ConfigurationError(f"Idefics3Placeholders: tile_names must be rows of <row_r_col_c> ids, one per "
+                                     f"column, got {names!r}")
+        object.__setattr__(self, "tile_names", tuple(
+            tuple(check_token_id(i, "Idefics3Placeholders: tile_names") for i in row) for row in names))
+        super().__post_init__()
+        _check_text_ids(self, ("row_end", "last_row_end"))
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, merge_size: int, image: str = "<image>",
+                       fake_around: str = "<fake_token_around_image>", global_image: str = "<global-img>",
+                       tile_name: str = "<row_{row}_col_{column}>", max_tiles_per_side: int = 6,
+                       row_end: str = "\n", last_row_end: str = "\n\n") -> Idefics3Placeholders:
+        """The ids looked up in the model's tokenizer (its `<row_r_col_c>` up to 6 x 6, as
+        Idefics3's processor looks them up); `row_end` and `last_row_end` encoded by it."""
+        side = range(1, check_count(max_tiles_per_side, "Idefics3Placeholders: max_tiles_per_side") + 1)
+        names = tuple(tuple(lookup_token_id(tokenizer, tile_name.format(row=r, column=c)) for c in side) for r in side)
+        text = _tokenizers_tokenizer(tokenizer)
+        return cls(lookup_token_id(tokenizer, image), lookup_token_id(tokenizer, fake_around),
+                   lookup_token_id(tokenizer, global_image), names, merge_size, _plain_ids(text, row_end),
+                   _plain_ids(text, last_row_end))
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return (self.image, self.fake_around, self.global_image, *(i for row in self.tile_names for i in row))
+
+    @property
+    def max_tiles(self) -> tuple[int, int]:
+        """The most (rows, columns) of tiles it has names for."""
+        return len(self.tile_names), len(self.tile_names[0])
+
+    def num_tokens(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> int:
+        per_tile = self._per_tile(rows, cols, tiles)
+        tile_rows, tile_columns = tiles
+        whole = per_tile + 3
+        if tile_rows * tile_columns == 1:
+            return whole
+        return (tile_rows * tile_columns * (per_tile + 2) + (tile_rows - 1) * len(self.row_end)
+                + len(self.last_row_end) + whole)
+
+    def tokens_for(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> np.ndarray:
+        """int32 ids of a stack of rows x cols patches cut as `tiles` (rows, columns), read-only, cached."""
+        key = (rows, cols, tiles)
+        cached = self._cache.get(key)
+        if cached is None:
+            run = [self.image] * self._per_tile(rows, cols, tiles)
+            tile_rows, tile_columns = tiles
+            ids = []
+            if tile_rows * tile_columns > 1:
+                for r in range(tile_rows):
+                    for c in range(tile_columns):
+                        ids += [self.fake_around, self.tile_names[r][c], *run]
+                    ids += self.row_end if r < tile_rows - 1 else self.last_row_end
+            ids += [self.fake_around, self.global_image, *run, self.fake_around]
+            cached = np.array(ids, dtype=np.int32)
+            cached.flags.writeable = False
+            self._cache[key] = cached
+        return cached
+
+    def _per_tile(self, rows: int, cols: int, tiles: tuple[int, int]) -> int:
+        """`<image>` per tile, once the stack is checked to be `tiles` and their global image."""
+        m = self.merge_size
+        _check_grid(rows, cols, m)
+        tile_rows, tile_columns = tiles
+        count = tile_rows * tile_columns
+        if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
+            raise ValueError(f"a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
+                             f"of {cols}x{cols} patches and their global image")
+        if count > 1 and (tile_rows > len(self.tile_names) or tile_columns > len(self.tile_names[0])):
+            raise ValueError(f"{tile_rows}x{tile_columns} tiles: the convention names at most "
+                             f"{len(self.tile_names)}x{len(self.tile_names[0])}")
+        return (cols // m) ** 2
 
 
 QWEN_TEMPORAL_PATCH = 2

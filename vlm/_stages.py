@@ -42,7 +42,9 @@ from zephon._sha256 import sha256
 
 from ._errors import VIDEO_FILE_REASONS, ImageDecodeError, MediaDecodeError, VideoDecodeError
 from ._deferred import DeferredImage
-from ._image import DEFAULT_SPEC, ImageSpec, decode_image, load_rgb, patchify, probe_image
+from ._image import (DEFAULT_SPEC, ImageSpec, decode_image, decode_split_image, load_rgb, patchify, probe_image,
+                     probe_split_image)
+from ._split import tiles_field
 from ._paths import as_the_record_names_it, read_image_file, resolve_beside_shard
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, frame_interval_field, frame_times_field, sample_video
 
@@ -281,7 +283,9 @@ class DecodeImages:
     spec's patch grid, or a list of them. With a transformers `processor`, the image is decoded
     at full size (same refusals and RGB conversion) and handed to it; `record[output_field]`
     then holds its patch rows and `record[grid_field]` the (num_images, 2) int32 grid
-    (see `run_processor`). The source field is dropped unless `keep_source`.
+    (see `run_processor`). The source field is dropped unless `keep_source`. A `fit="split"`
+    spec's images also get their (rows, columns) of tiles, (num_images, 2) int32, in
+    `record[output_field + "_tiles"]`: `Idefics3Placeholders` names each tile by them.
 
     With `defer=True` (no processor) only the header is parsed and checked here: the field holds
     `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just
@@ -381,8 +385,16 @@ class DecodeImages:
             del out[name]
         if self.defer:
             encoded = [bytes(data) for data in items]  # bytes stay as they are; views are copied once
-            pixels = [DeferredImage(data, probe_image(data, self.spec), self.spec) for data in encoded]
+            if self.spec.fit == "split":
+                pixels = [DeferredImage(data, *probe_split_image(data, self.spec), self.spec) for data in encoded]
+            else:
+                pixels = [DeferredImage(data, probe_image(data, self.spec), self.spec) for data in encoded]
             out[self.output_field] = pixels[0] if single else pixels
+            return out
+        if self.processor is None and self.spec.fit == "split":
+            split = [decode_split_image(data, self.spec) for data in items]
+            out[self.output_field] = split[0].pixels if single else [image.pixels for image in split]
+            out[tiles_field(self.output_field)] = np.array([image.tiles for image in split], np.int32).reshape(-1, 2)
             return out
         if self.processor is None:
             pixels = [decode_image(data, self.spec) for data in items]
