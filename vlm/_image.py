@@ -787,23 +787,23 @@ def _tiles(image, spec: ImageSpec, canvas: tuple[int, int], box, orientation: in
 
 
 def _split(image, spec: ImageSpec, first: tuple[int, int], box, orientation: int) -> np.ndarray:
-    """fit="split": the image resized to its first size (stored width, height), upright, then to
-    its canvas of whole tiles; past one tile, the canvas cut into them in raster order and the
-    canvas resized to one tile after them, stacked top to bottom: (tiles * tile, tile, 3). Each
-    resize is from the one before, as Idefics3's processor resizes."""
-    from PIL import Image
-
+    """fit="split": the image resized to its first size (stored width, height), then to its
+    canvas of whole tiles; past one tile, the canvas cut into them in raster order and the canvas
+    resized to one tile after them, stacked top to bottom: (tiles * tile, tile, 3). Each resize is
+    from the one before, as Idefics3's processor resizes, and all of them as the picture is stored,
+    turned upright after, as the other fits turn theirs."""
     tile = spec.size[0]
-    resample = Image.Resampling[spec.resample.upper()]
-    gap = spec.draft_gap if spec.draft else None
-    upright = _resized_upright(image, spec, first, box, orientation)
-    canvas_h, canvas_w = split_canvas(upright.height, upright.width, tile)
-    canvas = upright.resize((canvas_w, canvas_h), resample, reducing_gap=gap)
+    swapped = orientation in (5, 6, 7, 8)
+    stored = _resized_upright(image, spec, first, box, 1)
+    height, width = (stored.width, stored.height) if swapped else (stored.height, stored.width)
+    canvas_h, canvas_w = split_canvas(height, width, tile)
+    stored_canvas = _resized_upright(stored, spec, (canvas_h, canvas_w) if swapped else (canvas_w, canvas_h), None, 1)
+    canvas = np.asarray(_resized_upright(stored_canvas, spec, None, None, orientation))
     if canvas_h == canvas_w == tile:
-        return np.asarray(canvas)
+        return canvas
     rows, columns = canvas_h // tile, canvas_w // tile
-    tiles = np.asarray(canvas).reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
-    return np.concatenate([tiles, np.asarray(canvas.resize((tile, tile), resample, reducing_gap=gap))])
+    tiles = canvas.reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
+    return np.concatenate([tiles, np.asarray(_resized_upright(stored_canvas, spec, (tile, tile), None, orientation))])
 
 
 DEFAULT_SPEC = ImageSpec()

@@ -599,12 +599,17 @@ class MultimodalPacker:
                     f"record {address}: {type(self.placeholders).__name__} names each tile by its row and column: "
                     f"its {len(images)} image(s) need their (rows, columns) of tiles in {self._tiles_field!r} "
                     f"(decode_images with a fit='split' ImageSpec writes them), got {reprlib.repr(given)}")
+        most_rows, most_columns = self.placeholders.max_tiles
         for (rows, cols), (tile_rows, tile_columns) in zip(grids, arrangements):
             count = tile_rows * tile_columns
             if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
                 raise ConfigurationError(
                     f"record {address}: a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
                     f"and their global image, as {self._tiles_field!r} says")
+            if count > 1 and (tile_rows > most_rows or tile_columns > most_columns):
+                raise ConfigurationError(
+                    f"record {address}: {tile_rows}x{tile_columns} tiles in {self._tiles_field!r}, and "
+                    f"{type(self.placeholders).__name__} names at most {most_rows}x{most_columns}")
         return arrangements
 
     def _placeholder_detail(self, text: np.ndarray) -> str:

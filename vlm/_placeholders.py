@@ -261,7 +261,8 @@ class Idefics3Placeholders(_GridTokens):
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     reads_tiles = True
-    """The packer hands `tokens_for` and `num_tokens` each image's (rows, columns) of tiles."""
+    """The packer hands `tokens_for` and `num_tokens` each image's (rows, columns) of tiles, no
+    more than `max_tiles`."""
 
     def __post_init__(self) -> None:
         names = self.tile_names

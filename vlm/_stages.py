@@ -386,7 +386,8 @@ class DecodeImages:
         if self.defer:
             encoded = [bytes(data) for data in items]  # bytes stay as they are; views are copied once
             if self.spec.fit == "split":
-                pixels = [DeferredImage(data, *probe_split_image(data, self.spec), self.spec) for data in encoded]
+                probed = [(data, *probe_split_image(data, self.spec)) for data in encoded]
+                pixels = [DeferredImage(data, grid, self.spec, tiles) for data, grid, tiles in probed]
             else:
                 pixels = [DeferredImage(data, probe_image(data, self.spec), self.spec) for data in encoded]
             out[self.output_field] = pixels[0] if single else pixels
