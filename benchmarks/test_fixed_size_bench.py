@@ -7,7 +7,9 @@ wheels' photographs) become what the model's forward takes, normalised float32 t
 - Gemma 3 (`ImageSpec.gemma3()`, 896x896): `decode_image` + `patchify` + `image_tensors`, with
   the JPEG draft decode (the default) and without it, against `Gemma3ImageProcessorPil`;
 - InternVL (`ImageSpec.internvl()`, up to 12 tiles of 448 and a thumbnail): the same against
-  `GotOcr2ImageProcessorPil(crop_to_patches=True)`.
+  `GotOcr2ImageProcessorPil(crop_to_patches=True)`;
+- SmolVLM (`ImageSpec.smolvlm()`, the longer side to 2048, tiles of 512 and the global image):
+  `decode_split_image` and the same against `SmolVLMImageProcessorPil`.
 
 In the loader the decode runs on the workers and `image_tensors` on the trainer's side; here both
 run in one loop to compare like with like. Without the draft the pixels equal the processor's
@@ -34,6 +36,7 @@ PHOTOGRAPHS = 6
 CASES = {
     "gemma3": (ImageSpec.gemma3(), None, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "internvl": (ImageSpec.internvl(), 32, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "smolvlm": (ImageSpec.smolvlm(), 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
 }
 
 
@@ -49,6 +52,11 @@ def _processor(case: str, spec: ImageSpec, mean, std):
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
         return Gemma3ImageProcessorPil(size={"height": spec.size[0], "width": spec.size[1]})
+    if case == "smolvlm":
+        from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+        return SmolVLMImageProcessorPil(size={"longest_edge": spec.longest_edge},
+                                        max_image_size={"longest_edge": spec.size[0]}, do_pad=False)
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
     return GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=spec.tiles[0], max_patches=spec.tiles[1],
@@ -68,8 +76,9 @@ def test_photographs_to_model_pixels(benchmark, jpegs, case, way):
     if way == "transformers":
         processor = _processor(case, spec, mean, std)
 
-        def run() -> int:
-            return sum(len(processor(images=[Image.open(io.BytesIO(data))], return_tensors="np")["pixel_values"])
+        def run() -> int:  # one picture a call: its tiles, as many as it gives
+            return sum(len(np.asarray(processor(images=[Image.open(io.BytesIO(data))],
+                                                return_tensors="np")["pixel_values"]).reshape(-1, 3, *spec.size))
                        for data in jpegs)
     else:
         def run() -> int:

@@ -17,7 +17,7 @@ from PIL import Image
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_fixed_size import _microbatch, _png
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
-from vlm import (DecodeImages, Idefics3Placeholders, ImageSpec, PadPlaceholders, decode_image, decode_split_image,
+from vlm import (DecodeImages, Idefics3Placeholders, ImageSpec, VideoSpec, decode_image, decode_split_image,
                  image_grid, image_tensors, patchify)
 from vlm._image import probe_split_image, split_arrangement
 from vlm._packing import MultimodalPacker
@@ -153,6 +153,8 @@ def test_split_specs_are_refused_where_they_cannot_be_cut():
         with pytest.raises(ConfigurationError, match=words):
             ImageSpec(**{"patch_size": 14, "merge_size": 2, **kwargs})
     assert ImageSpec(patch_size=14, merge_size=2, fit="split", size=(56, 56)).longest_edge == 224  # 4 tiles
+    with pytest.raises(ConfigurationError, match="resized whole, not cut"):
+        VideoSpec(image=ImageSpec.smolvlm())
     with pytest.raises(ConfigurationError, match="not 'split'"):
         decode_split_image(_pictures()[0], ImageSpec.internvl())
     assert ImageSpec.smolvlm().max_decoded_pixels == 512 * 512 * 17  # 4x4 tiles and the global image
