@@ -601,17 +601,30 @@ def test_a_tiny_internvl_gives_each_packed_document_what_it_gives_the_document_a
                 "pixels": decode_image(_png(rng.integers(0, 256, (50, 50, 3), dtype=np.uint8)), spec)}]
     assert [len(record.get("pixels", ())) // 56 for record in records] == [5, 0, 1]
 
+    assert_each_packed_document_is_its_own(
+        model, placeholders, spec, records, 80,
+        lambda batch: image_tensors(batch["pixel_values"], batch["image_grid"], mean=INTERNVL_MEAN, std=INTERNVL_STD,
+                                    tile=4))
+
+
+def assert_each_packed_document_is_its_own(model, placeholders, spec: ImageSpec, records: list[dict], length: int,
+                                           pixel_values) -> None:
+    """`records` packed into one row of `length` tokens, given to `model` with the row's
+    `position_ids` and no attention mask: every document's logits are those of the document packed
+    alone (positions from 0, nothing before it). `pixel_values(microbatch)` is the forward's
+    pixels of a microbatch that has images."""
+    import torch
+
     def logits(batch: dict, positions: bool) -> torch.Tensor:
         inputs = {"input_ids": batch["input_ids"]}
         if positions:
             inputs["position_ids"] = batch["position_ids"]
         if len(batch["image_grid"]):
-            inputs["pixel_values"] = image_tensors(batch["pixel_values"], batch["image_grid"], mean=INTERNVL_MEAN,
-                                                   std=INTERNVL_STD, tile=4)
+            inputs["pixel_values"] = pixel_values(batch)
         with torch.no_grad():
             return model(**inputs, use_cache=False).logits[0]
 
-    batch = _microbatch(placeholders, spec, records, 80)
+    batch = _microbatch(placeholders, spec, records, length)
     packed = logits(batch, positions=True)
     documents = batch["document_ids"][0]
     for number, record in enumerate(records):

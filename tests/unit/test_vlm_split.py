@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import requires_torch
-from tests.unit.test_vlm_fixed_size import _microbatch, _png
+from tests.unit.test_vlm_fixed_size import _png, assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
 from vlm import (DecodeImages, Idefics3Placeholders, ImageSpec, VideoSpec, decode_image, decode_split_image,
                  image_grid, image_tensors, patchify)
@@ -352,21 +352,7 @@ def test_a_tiny_idefics3_gives_each_packed_document_what_it_gives_the_document_a
     records = [record(5, (60, 100)), record(9), record(6, (100, 30), image_offsets=[2])]
     assert [r["pixels_tiles"].tolist() if "pixels" in r else None for r in records] == [[[2, 2]], None, [[2, 1]]]
 
-    def logits(batch: dict, positions: bool) -> torch.Tensor:
-        inputs = {"input_ids": batch["input_ids"]}
-        if positions:
-            inputs["position_ids"] = batch["position_ids"]
-        if len(batch["image_grid"]):
-            inputs["pixel_values"] = torch.from_numpy(image_tensors(batch["pixel_values"].numpy(),
-                                                                    batch["image_grid"].numpy(), mean=(0.5,) * 3,
-                                                                    std=(0.5,) * 3, tile=4))[None]
-        with torch.no_grad():
-            return model(**inputs, use_cache=False).logits[0]
-
-    batch = _microbatch(placeholders, spec, records, 120)
-    packed = logits(batch, positions=True)
-    documents = batch["document_ids"][0]
-    for number, each in enumerate(records):
-        alone = _microbatch(placeholders, spec, [each], int((documents == number).sum()))
-        torch.testing.assert_close(packed[documents == number], logits(alone, positions=False), rtol=0, atol=1e-5,
-                                   msg=lambda m: f"document {number}: {m}")
+    assert_each_packed_document_is_its_own(  # the model takes (batch, images, 3, H, W)
+        model, placeholders, spec, records, 120,
+        lambda batch: image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3, std=(0.5,) * 3,
+                                    tile=4)[None])
