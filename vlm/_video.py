@@ -40,7 +40,7 @@ import io
 import math
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -52,6 +52,7 @@ from ._errors import VideoDecodeError
 from ._image import DEFAULT_SPEC, ImageSpec, image_grid
 from ._matroska import HEAD_BYTES, cut_short
 from ._paths import open_media_file
+from ._video_pixels import video_grid
 
 __all__ = ["SampledVideo", "VideoSpec", "decode_video", "frame_interval_field", "frame_interval_s", "frame_times_field",
            "sample_times", "sample_video"]
@@ -70,6 +71,13 @@ class VideoSpec:
     of the stream. `image` sizes every frame exactly like `decode_image` sizes an image, upright:
     a display rotation of a quarter, half or three-quarter turn is applied unless
     `image.exif_transpose` is False (other angles are left as stored).
+
+    `video_pixels` = (min, max) sizes the frames of a video together instead, as Qwen3-VL's video
+    processor does (its `size`'s `shortest_edge` and `longest_edge`): the frames, counted in whole
+    pairs, times their pixels lie within the bounds, so a video of more frames gets smaller ones
+    (`vlm._video_pixels.video_grid`; `image` must have fit="pixels", whose cells it keeps and whose
+    per-frame bounds it replaces). `max_frame_tokens` also caps each frame at that many merged
+    cells, as qwen-vl-utils does (transformers' `cap_pixels_per_frame=True`, `max_video_tokens`).
     """
 
     num_frames: int | None = None
@@ -78,6 +86,8 @@ class VideoSpec:
     end_s: float | None = None
     image: ImageSpec = DEFAULT_SPEC
     max_frames: int = 256
+    video_pixels: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
+    max_frame_tokens: int | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         if self.num_frames is None and self.fps is None:
@@ -99,6 +109,41 @@ class VideoSpec:
         if self.image.fit in ("tiles", "split", "crop", "pad"):  # FFmpeg sizes a frame to its grid, whole
             raise ConfigurationError(f"VideoSpec: a frame is resized whole, not cut or padded (fit={self.image.fit!r}); "
                                      f"size frames with fit='fixed' (InternVL's video frames are one tile each)")
+        self._check_video_pixels()
+
+    def _check_video_pixels(self) -> None:
+        """`video_pixels` (min, max), with min <= max and room for a pair of one-cell frames, sizes
+        frames on the image's cells (fit="pixels"); `max_frame_tokens` narrows it and needs it."""
+        if self.video_pixels is None:
+            if self.max_frame_tokens is not None:
+                raise ConfigurationError("VideoSpec: max_frame_tokens caps a frame's share of video_pixels; give "
+                                         "video_pixels=(min, max) too")
+            return
+        if self.image.fit != "pixels":
+            raise ConfigurationError(f"VideoSpec: video_pixels sizes frames on the cells of an image spec of "
+                                     f"fit='pixels' (Qwen's), got fit={self.image.fit!r}")
+        bounds = self.video_pixels
+        if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+            raise ConfigurationError(f"VideoSpec: video_pixels must be (min, max), got {bounds!r}")
+        least, most = (check_count(n, "VideoSpec: video_pixels", 0) for n in bounds)
+        pair = 2 * self.image.cell**2
+        if not least <= most or most < pair:
+            raise ConfigurationError(f"VideoSpec: video_pixels must be (min, max) with min <= max and max at least "
+                                     f"two frames of one {self.image.cell}x{self.image.cell} cell ({pair}), got {bounds!r}")
+        object.__setattr__(self, "video_pixels", (least, most))
+        if self.max_frame_tokens is not None:
+            object.__setattr__(self, "max_frame_tokens", check_count(self.max_frame_tokens, "VideoSpec: max_frame_tokens"))
+
+    @classmethod
+    def qwen3_vl(cls, **kwargs) -> VideoSpec:
+        """Qwen3-VL's video sizing as transformers' `Qwen3VLVideoProcessor` states it: 2 frames a
+        second, at most 768, each of `ImageSpec.qwen3_vl()`'s 32 px cells, the whole video within
+        [128, 768] x 32 x 32 pixels (its `size`). A checkpoint's `video_preprocessor_config.json`
+        may set other bounds: `VideoSpec.qwen3_vl(video_pixels=(shortest_edge, longest_edge))`.
+        The frames are taken by Zephon's rule (`sample_times`: from the window's start, 1/fps
+        apart), not the processor's (evenly over the frame indices, at least 4)."""
+        return cls(**{"fps": 2.0, "max_frames": 768, "image": ImageSpec.qwen3_vl(),
+                      "video_pixels": (128 * 32 * 32, 768 * 32 * 32), **kwargs})
 
 
 def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
@@ -305,7 +350,10 @@ def _decode(container, spec: VideoSpec) -> SampledVideo:
     chosen = _choose_frames(container, stream, targets, keyframes)
     turns = _quarter_turns(chosen[0], spec.image)
     upright = (width, height) if turns % 2 else (height, width)
-    rows, cols = image_grid(*upright, spec.image)
+    if spec.video_pixels is None:
+        rows, cols = image_grid(*upright, spec.image)
+    else:
+        rows, cols = video_grid(len(chosen), *upright, spec.image, spec.video_pixels, spec.max_frame_tokens)
     size = (cols * spec.image.patch_size, rows * spec.image.patch_size)  # (width, height) upright
     stored = size[::-1] if turns % 2 else size
     # A reformatter of this call's own, not `frame.reformat`: PyAV 19 keeps one swscale context
