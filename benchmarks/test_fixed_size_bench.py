@@ -9,7 +9,7 @@ wheels' photographs) become what the model's forward takes, normalised float32 t
 - InternVL (`ImageSpec.internvl()`, up to 12 tiles of 448 and a thumbnail): the same against
   `GotOcr2ImageProcessorPil(crop_to_patches=True)`;
 - SmolVLM (`ImageSpec.smolvlm()`, the longer side to 2048, tiles of 512 and the global image):
-  `decode_split_image` and the same against `SmolVLMImageProcessorPil`.
+  the same against `SmolVLMImageProcessorPil`.
 
 In the loader the decode runs on the workers and `image_tensors` on the trainer's side; here both
 run in one loop to compare like with like. Without the draft the pixels equal the processor's

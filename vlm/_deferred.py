@@ -30,7 +30,7 @@ import numpy as np
 from zephon._errors import BadRecordError
 
 from ._errors import ImageDecodeError
-from ._image import ImageSpec, decode_image, decode_split_image
+from ._image import ImageSpec, decode_image, decode_image_with_size
 
 __all__ = ["DecodeDeferred", "DeferredImage", "decode_row"]
 
@@ -46,12 +46,13 @@ class DeferredImage:
     data: bytes | memoryview
     grid: tuple[int, int]
     spec: ImageSpec
-    tiles: tuple[int, int] | None = None
-    """A `fit="split"` image's (rows, columns) of tiles, from the same header (`probe_split_image`)."""
+    size: tuple[int, int] | None = None
+    """The (height, width) of the picture as shown, from the same header (`probe_image_with_size`),
+    where the placeholders count from it (`ImageSpec(fit="split")`'s)."""
 
     def __reduce_ex__(self, protocol: int):
         data = pickle.PickleBuffer(self.data) if protocol >= 5 else self.data
-        return (DeferredImage, (data, self.grid, self.spec, self.tiles))
+        return (DeferredImage, (data, self.grid, self.spec, self.size))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -66,15 +67,15 @@ class DeferredImage:
 
     def decode(self) -> np.ndarray:
         """(H, W, 3) uint8 on the planned grid; `ImageDecodeError` if the bytes do not give it."""
-        if self.tiles is None:
-            pixels, tiles = decode_image(self.data, self.spec, probed=True), None  # `grid` came from probe_image
+        if self.size is None:
+            pixels, size = decode_image(self.data, self.spec, probed=True), None  # `grid` came from probe_image
         else:
-            pixels, tiles = decode_split_image(self.data, self.spec, probed=True)
-        if pixels.shape != self.shape or tiles != self.tiles:
-            cut = "" if tiles == self.tiles else f" cut {tiles[0]}x{tiles[1]} instead of {self.tiles[0]}x{self.tiles[1]}"
+            pixels, size = decode_image_with_size(self.data, self.spec, probed=True)
+        if pixels.shape != self.shape or size != self.size:
+            shown = "" if size == self.size else f", a {size[0]}x{size[1]} picture,"
             raise ImageDecodeError(
                 "corrupt_image",
-                f"decoded to {pixels.shape[:2]}{cut} instead of the {self.shape[:2]} its header announced "
+                f"decoded to {pixels.shape[:2]}{shown} instead of the {self.shape[:2]} its header announced "
                 "(an EXIF orientation after a PNG's pixel data)",
             )
         return pixels

@@ -41,8 +41,8 @@ from ._split import split_arrangement as _split_arrangement
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
-    "SplitImage", "crop_scaled_size", "decode_split_image", "probe_image", "probe_split_image", "split_arrangement",
-    "tile_arrangement", "tile_count",
+    "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image", "probe_image_with_size",
+    "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -76,6 +76,9 @@ _SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split")
 """The fits whose images are of `size` (a tile's, with "tiles" and "split")."""
 _TILED_FITS = ("tiles", "split")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
+SHOWN_SIZE_FITS = ("split",)
+"""The fits whose placeholders are counted from each picture's size as shown (Idefics3's tiles,
+named by row and column), which decoding writes beside the pixels (`sizes_field`)."""
 
 # EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
@@ -123,10 +126,10 @@ class ImageSpec:
     - `fit="split"` (Idefics3's image splitting: Idefics3, SmolVLM, SmolVLM2): the image's longer
       side is resized to `longest_edge` (up or down), then each side up to whole square `size`
       tiles (`vlm._split`); past one tile the tiles are cut in raster order and followed by the
-      whole resized to one tile (the model's "global" image), stacked as "tiles" stacks them. How
-      many rows and columns of tiles (`split_arrangement`) is written beside the pixels
-      (`decode_images` writes `record["pixels_tiles"]`), for the placeholders' text names each
-      tile by its row and column (`Idefics3Placeholders`).
+      whole resized to one tile (the model's "global" image), stacked as "tiles" stacks them. The
+      size of each picture as shown is written beside the pixels (`record["pixels_sizes"]`), for
+      the placeholders' text names each tile by its row and column (`Idefics3Placeholders`), and
+      the stack does not say how many rows and columns there were (`split_arrangement`).
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -424,6 +427,12 @@ def _tile_arrangement(height: int, width: int, tile: tuple[int, int], tiles: tup
     return best
 
 
+def sizes_field(output_field: str) -> str:
+    """The record field `decode_images` writes the (height, width) of each picture as shown to,
+    beside its pixels in `output_field`, for the `SHOWN_SIZE_FITS`: an (images, 2) int32 array."""
+    return f"{output_field}_sizes"
+
+
 def split_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     """(rows, columns) of tiles a `fit="split"` image of this upright size is cut into, (1, 1)
     where it is not cut (Idefics3's `rows` and `cols`, which say 0 and 0 for it)."""
@@ -682,17 +691,22 @@ def _finish(image, spec: ImageSpec):
 
 
 def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False):
-    from PIL import Image
-
+    """(the image decoded, resized to the spec or not, and upright; its (height, width) as shown
+    before resizing)."""
     image = _open(data, spec)
     orientation = _orientation(image, spec)
+    upright = image.size[::-1] if orientation in (5, 6, 7, 8) else image.size  # (width, height) as shown
+    return _decoded_pixels(image, data, spec, orientation, upright, resize, probed), upright[::-1]
+
+
+def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, upright: tuple[int, int], resize: bool,
+                    probed: bool):
     swapped = orientation in (5, 6, 7, 8)
     box = None
     target = None
     if resize:
         rows, cols = _upright_grid(image, orientation, spec)
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
-        upright = image.size[::-1] if swapped else image.size  # (width, height) as shown
         if spec.fit == "tiles":  # the canvas the tiles are cut from
             columns, tile_rows = tile_arrangement(upright[1], upright[0], spec)
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
@@ -723,7 +737,7 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
     if spec.fit == "tiles" and target is not None:
         return _tiles(image, spec, target, box, orientation)
     if spec.fit == "split" and target is not None:
-        return SplitImage(_split(image, spec, target, box, orientation), split_arrangement(upright[1], upright[0], spec))
+        return _split(image, spec, target, box, orientation)
     if spec.fit == "pad" and target is not None:
         return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
@@ -820,24 +834,22 @@ def decode_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC, *, probed: bool = 
     read-only. `probed`: these bytes passed `probe_image` (deferred decoding), so the checks it
     made are not made again (a PNG's pixel chunks' checksums: 7 µs of a race image's ~1.5 ms).
     """
-    decoded = _decode(data, spec, resize=True, probed=probed)
-    return decoded.pixels if isinstance(decoded, SplitImage) else np.asarray(decoded)
+    return np.asarray(_decode(data, spec, resize=True, probed=probed)[0])
 
 
-class SplitImage(NamedTuple):
-    """A `fit="split"` image: its tiles and global image stacked, and how many rows and columns
-    of tiles the picture was cut into ((1, 1): not cut, the global image alone)."""
+class SizedImage(NamedTuple):
+    """An image decoded on its spec's grid, and the (height, width) of the picture as shown,
+    before resizing: what the placeholders of a split (Idefics3) or anyres (LLaVA-NeXT) picture
+    are counted from, and what LLaVA-NeXT's model is given as `image_sizes`."""
 
     pixels: np.ndarray
-    tiles: tuple[int, int]
+    size: tuple[int, int]
 
 
-def decode_split_image(data: bytes, spec: ImageSpec, *, probed: bool = False) -> SplitImage:
-    """`decode_image` of a `fit="split"` spec, with the arrangement of the tiles it cut, read
-    from the picture as decoded (its orientation included): what `Idefics3Placeholders` writes."""
-    if spec.fit != "split":
-        raise ConfigurationError(f"decode_split_image: the spec's fit is {spec.fit!r}, not 'split'")
-    return _decode(data, spec, resize=True, probed=probed)
+def decode_image_with_size(data: bytes, spec: ImageSpec = DEFAULT_SPEC, *, probed: bool = False) -> SizedImage:
+    """`decode_image`, and the size of the picture as decoded (its orientation applied)."""
+    pixels, size = _decode(data, spec, resize=True, probed=probed)
+    return SizedImage(np.asarray(pixels), size)
 
 
 def load_rgb(data: bytes, spec: ImageSpec = DEFAULT_SPEC):
@@ -845,7 +857,7 @@ def load_rgb(data: bytes, spec: ImageSpec = DEFAULT_SPEC):
 
     Same refusals and mode conversion as `decode_image`, no resize and no draft.
     """
-    return _decode(data, spec, resize=False)
+    return _decode(data, spec, resize=False)[0]
 
 
 def import_decoder() -> None:
@@ -876,11 +888,11 @@ def probe_image(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[int, int]:
     return image_grid(*_probed_size(data, spec), spec)
 
 
-def probe_split_image(data: bytes, spec: ImageSpec) -> tuple[tuple[int, int], tuple[int, int]]:
-    """`probe_image`'s grid of a `fit="split"` image and the (rows, columns) of tiles
-    `decode_split_image` will cut it into, from the same reading of the header."""
-    height, width = _probed_size(data, spec)
-    return image_grid(height, width, spec), split_arrangement(height, width, spec)
+def probe_image_with_size(data: bytes, spec: ImageSpec = DEFAULT_SPEC) -> tuple[tuple[int, int], tuple[int, int]]:
+    """`probe_image`'s grid and the (height, width) of the picture as shown, from the same
+    reading of the header: what `decode_image_with_size` will say of it."""
+    size = _probed_size(data, spec)
+    return image_grid(*size, spec), size
 
 
 def _probed_size(data: bytes, spec: ImageSpec) -> tuple[int, int]:

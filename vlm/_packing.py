@@ -69,11 +69,10 @@ from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
-from ._image import DEFAULT_SPEC, ImageSpec
+from ._image import DEFAULT_SPEC, ImageSpec, sizes_field, split_arrangement
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, patch_times, temporal_patches
-from ._split import tiles_field
 from ._video import frame_interval_field, frame_times_field
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
@@ -119,9 +118,9 @@ class PlacedDocument:
     video_frames: tuple[int, ...] = ()
     video_seconds: tuple[float, ...] = ()
     video_times: tuple[tuple[float, ...], ...] = ()
-    tiles: tuple[tuple[int, int], ...] = ()
-    """Each image's (rows, columns) of tiles where the placeholders name them
-    (`Idefics3Placeholders`), else empty."""
+    details: tuple[tuple[int, int], ...] = ()
+    """Per image, what the placeholders count its tokens from besides its grid (their
+    `image_detail`: the (rows, columns) of tiles `Idefics3Placeholders` name), else empty."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -340,7 +339,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
                     video_patch_at += n
                 v += 1
             else:
-                tokens = tokens_for(rows, cols, doc.tiles[index]) if doc.tiles else tokens_for(rows, cols)
+                tokens = tokens_for(rows, cols, doc.details[index]) if doc.details else tokens_for(rows, cols)
                 image_offset[k] = at
                 n = rows * cols
                 _write_patches(pixel_values[patch_at : patch_at + n], image, rows, cols, p)
@@ -457,8 +456,8 @@ class MultimodalPacker:
         self._interval_field = frame_interval_field(pixels_field)
         self._stamps = getattr(placeholders, "video_timestamps", None) is not None
         self._times_field = frame_times_field(pixels_field)
-        self._reads_tiles = getattr(placeholders, "reads_tiles", False)
-        self._tiles_field = tiles_field(pixels_field)
+        self._image_detail = getattr(placeholders, "image_detail", None)
+        self._sizes_field = sizes_field(pixels_field)
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
@@ -509,7 +508,7 @@ class MultimodalPacker:
         if offsets is None:
             return None
         grids = self._grids(address, record, images)
-        tiles = self._tile_arrangements(address, record, images, grids) if self._reads_tiles else ()
+        details = self._image_details(address, record, images) if self._image_detail else ()
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
         seconds = times = ()
         if any(frames):
@@ -522,14 +521,17 @@ class MultimodalPacker:
         image_tokens = 0
         for k, grid in enumerate(grids):
             video = bool(frames) and frames[k] > 0  # in Qwen's layout: keyed (temporal patches, rows, cols)
-            key = (temporal_patches(frames[k]), *grid) if video else (*grid, tiles[k]) if tiles else grid
+            key = (temporal_patches(frames[k]), *grid) if video else (*grid, details[k]) if details else grid
             if video and times:  # stamped: a count of its own times' texts, not cached by grid
                 image_tokens += self.placeholders.video_num_tokens(*key, times[k])
                 continue
             n = lengths.get(key)
             if n is None:
                 count = self.placeholders.video_num_tokens if video else self.placeholders.num_tokens
-                n = lengths[key] = count(*key)
+                try:
+                    n = lengths[key] = count(*key)
+                except ValueError as exc:  # an image the placeholders cannot write: its pixels are not the spec's
+                    raise ConfigurationError(f"record {address}: {exc}") from None
             image_tokens += n
         if image_tokens > self.max_length:
             shown = [f"{temporal_patches(frames[k])} temporal x {h}x{w}" if frames and frames[k] else f"{h}x{w}"
@@ -547,7 +549,7 @@ class MultimodalPacker:
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times, tiles)
+                              times, details)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -584,33 +586,24 @@ class MultimodalPacker:
             )
         return tuple(patch_times(shown) if n else () for n in frames)
 
-    def _tile_arrangements(self, address, record: dict, images: list, grids) -> tuple[tuple[int, int], ...]:
-        """Per image, the (rows, columns) of tiles its stack was cut into: a deferred image's from
-        its header, a decoded one's from the record (`decode_images` writes them beside the
-        pixels). The stack alone does not say it (2x4 and 4x2 tiles stack alike), and the
-        placeholders name each tile by its row and column."""
-        if images and all(isinstance(image, DeferredImage) and image.tiles is not None for image in images):
-            arrangements = tuple(image.tiles for image in images)
+    def _image_details(self, address, record: dict, images: list) -> tuple[tuple[int, int], ...]:
+        """Per image, what the placeholders count its tokens from besides its grid, worked out
+        from the size of the picture as shown: a deferred image's from its header, a decoded
+        one's from the record (`decode_images` writes it beside the pixels). The pixels alone do
+        not say it: 2x4 and 4x2 tiles stack alike, and Idefics3's text names each tile by its
+        row and column."""
+        if images and all(isinstance(image, DeferredImage) and image.size is not None for image in images):
+            sizes = tuple(image.size for image in images)
         else:
-            given = record.get(self._tiles_field)
-            arrangements = () if given is None else _given_grids(given)
-            if arrangements is None or len(arrangements) != len(images):
+            given = record.get(self._sizes_field)
+            sizes = () if given is None else _given_grids(given)
+            if sizes is None or len(sizes) != len(images) or any(h < 1 or w < 1 for h, w in sizes):
                 raise ConfigurationError(
-                    f"record {address}: {type(self.placeholders).__name__} names each tile by its row and column: "
-                    f"its {len(images)} image(s) need their (rows, columns) of tiles in {self._tiles_field!r} "
-                    f"(decode_images with a fit='split' ImageSpec writes them), got {reprlib.repr(given)}")
-        most_rows, most_columns = self.placeholders.max_tiles
-        for (rows, cols), (tile_rows, tile_columns) in zip(grids, arrangements):
-            count = tile_rows * tile_columns
-            if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
-                raise ConfigurationError(
-                    f"record {address}: a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
-                    f"and their global image, as {self._tiles_field!r} says")
-            if count > 1 and (tile_rows > most_rows or tile_columns > most_columns):
-                raise ConfigurationError(
-                    f"record {address}: {tile_rows}x{tile_columns} tiles in {self._tiles_field!r}, and "
-                    f"{type(self.placeholders).__name__} names at most {most_rows}x{most_columns}")
-        return arrangements
+                    f"record {address}: {type(self.placeholders).__name__} counts an image's tokens from the "
+                    f"(height, width) of the picture as shown: its {len(images)} image(s) need theirs in "
+                    f"{self._sizes_field!r} (decode_images with a fit='split' ImageSpec writes them), got "
+                    f"{reprlib.repr(given)}")
+        return tuple(split_arrangement(height, width, self.spec) for height, width in sizes)
 
     def _placeholder_detail(self, text: np.ndarray) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
@@ -828,7 +821,7 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
     """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
-    if getattr(placeholders, "reads_tiles", False):
+    if getattr(placeholders, "image_detail", None) == "tiles":
         _check_split_spec(spec, placeholders)
     if placeholders.merge_size != spec.merge_size:
         m = placeholders.merge_size

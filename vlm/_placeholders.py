@@ -246,9 +246,9 @@ class Idefics3Placeholders(_GridTokens):
     `tile_names[r][c]` is the id of `<row_{r+1}_col_{c+1}>`; `row_end` and `last_row_end` are
     ids of ordinary text (the tokenizer's `\n` and `\n\n`: between two special tokens the
     processor's text is encoded apart), as `PadPlaceholders`' `text_before`. The pixels' stack
-    does not say how its tiles were arranged, so the packer reads it beside them
-    (`record["pixels_tiles"]`, written by `decode_images`) and asks `tokens_for(rows, cols,
-    tiles)`.
+    does not say how its tiles were arranged, so the packer works it out from the size of the
+    picture as shown, written beside them (`record["pixels_sizes"]`, by `decode_images`), and
+    asks `tokens_for(rows, cols, tiles)`.
     """
 
     image: int
@@ -260,9 +260,9 @@ class Idefics3Placeholders(_GridTokens):
     last_row_end: tuple[int, ...] = ()
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
-    reads_tiles = True
-    """The packer hands `tokens_for` and `num_tokens` each image's (rows, columns) of tiles, no
-    more than `max_tiles`."""
+    image_detail = "tiles"
+    """What the packer hands `tokens_for` and `num_tokens` beside the grid: each image's (rows,
+    columns) of tiles (`split_arrangement` of the picture's size as shown)."""
 
     def __post_init__(self) -> None:
         names = self.tile_names

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["IDEFICS3_MAX_SIDE", "split_arrangement", "split_canvas", "split_first_size", "tiles_field"]
+__all__ = ["IDEFICS3_MAX_SIDE", "split_arrangement", "split_canvas", "split_first_size"]
 
 IDEFICS3_MAX_SIDE = 4096
 """The longest side Idefics3's processor resizes a picture to, whatever its `longest_edge`."""
@@ -62,9 +62,3 @@ def split_arrangement(height: int, width: int, longest_edge: int, tile: int) -> 
     is not cut (its canvas is one tile: the global image alone)."""
     canvas_h, canvas_w = split_canvas(*split_first_size(height, width, longest_edge), tile)
     return canvas_h // tile, canvas_w // tile
-
-
-def tiles_field(output_field: str) -> str:
-    """The record field `decode_images` writes each split image's (rows, columns) of tiles to,
-    beside its pixels in `output_field`: an (images, 2) int32 array."""
-    return f"{output_field}_tiles"

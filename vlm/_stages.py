@@ -42,9 +42,8 @@ from zephon._sha256 import sha256
 
 from ._errors import VIDEO_FILE_REASONS, ImageDecodeError, MediaDecodeError, VideoDecodeError
 from ._deferred import DeferredImage
-from ._image import (DEFAULT_SPEC, ImageSpec, decode_image, decode_split_image, load_rgb, patchify, probe_image,
-                     probe_split_image)
-from ._split import tiles_field
+from ._image import (DEFAULT_SPEC, SHOWN_SIZE_FITS, ImageSpec, decode_image, decode_image_with_size, load_rgb, patchify,
+                     probe_image, probe_image_with_size, sizes_field)
 from ._paths import as_the_record_names_it, read_image_file, resolve_beside_shard
 from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, frame_interval_field, frame_times_field, sample_video
 
@@ -283,9 +282,10 @@ class DecodeImages:
     spec's patch grid, or a list of them. With a transformers `processor`, the image is decoded
     at full size (same refusals and RGB conversion) and handed to it; `record[output_field]`
     then holds its patch rows and `record[grid_field]` the (num_images, 2) int32 grid
-    (see `run_processor`). The source field is dropped unless `keep_source`. A `fit="split"`
-    spec's images also get their (rows, columns) of tiles, (num_images, 2) int32, in
-    `record[output_field + "_tiles"]`: `Idefics3Placeholders` names each tile by them.
+    (see `run_processor`). The source field is dropped unless `keep_source`. The images of a
+    `fit="split"` spec also get the (height, width) of each picture as shown, (num_images, 2)
+    int32, in `record[output_field + "_sizes"]` (`sizes_field`): `Idefics3Placeholders` name
+    each tile by the arrangement it gives.
 
     With `defer=True` (no processor) only the header is parsed and checked here: the field holds
     `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just
@@ -385,17 +385,17 @@ class DecodeImages:
             del out[name]
         if self.defer:
             encoded = [bytes(data) for data in items]  # bytes stay as they are; views are copied once
-            if self.spec.fit == "split":
-                probed = [(data, *probe_split_image(data, self.spec)) for data in encoded]
-                pixels = [DeferredImage(data, grid, self.spec, tiles) for data, grid, tiles in probed]
+            if self.spec.fit in SHOWN_SIZE_FITS:
+                probed = [(data, *probe_image_with_size(data, self.spec)) for data in encoded]
+                pixels = [DeferredImage(data, grid, self.spec, size) for data, grid, size in probed]
             else:
                 pixels = [DeferredImage(data, probe_image(data, self.spec), self.spec) for data in encoded]
             out[self.output_field] = pixels[0] if single else pixels
             return out
-        if self.processor is None and self.spec.fit == "split":
-            split = [decode_split_image(data, self.spec) for data in items]
-            out[self.output_field] = split[0].pixels if single else [image.pixels for image in split]
-            out[tiles_field(self.output_field)] = np.array([image.tiles for image in split], np.int32).reshape(-1, 2)
+        if self.processor is None and self.spec.fit in SHOWN_SIZE_FITS:
+            sized = [decode_image_with_size(data, self.spec) for data in items]
+            out[self.output_field] = sized[0].pixels if single else [image.pixels for image in sized]
+            out[sizes_field(self.output_field)] = np.array([image.size for image in sized], np.int32).reshape(-1, 2)
             return out
         if self.processor is None:
             pixels = [decode_image(data, self.spec) for data in items]

@@ -17,9 +17,9 @@ from PIL import Image
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_fixed_size import _png, assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
-from vlm import (DecodeImages, Idefics3Placeholders, ImageSpec, VideoSpec, decode_image, decode_split_image,
+from vlm import (DecodeImages, Idefics3Placeholders, ImageSpec, VideoSpec, decode_image, decode_image_with_size,
                  image_grid, image_tensors, patchify)
-from vlm._image import probe_split_image, split_arrangement
+from vlm._image import probe_image_with_size, split_arrangement
 from vlm._packing import MultimodalPacker
 from zephon import ConfigurationError, Pipeline
 from zephon._records import RecordAddress
@@ -106,17 +106,17 @@ def test_split_pixels_equal_the_processor_s_tile_for_tile(smolvlm):
     pictures = _pictures()
     for spec in (SMALL_SPLIT, ImageSpec.idefics3(size=(56, 56), longest_edge=56, draft=False)):
         processor = _processor(spec, smolvlm)
-        decoded = [decode_split_image(data, spec) for data in pictures]
+        decoded = [decode_image_with_size(data, spec) for data in pictures]
         grids = np.array([(len(image.pixels) // 14, 4) for image in decoded])
         ours = image_tensors(np.concatenate([patchify(image.pixels, 14) for image in decoded]), grids,
                              mean=(0.5,) * 3, std=(0.5,) * 3, tile=4)
         want = processor(images=[[Image.open(io.BytesIO(data))] for data in pictures], return_row_col_info=True,
                          do_pad=False, return_tensors=None)
-        assert [image.tiles for image in decoded] == [(r, c) if r else (1, 1)
+        assert [split_arrangement(*image.size, spec) for image in decoded] == [(r, c) if r else (1, 1)
                                                      for r, c in zip(*(sum(want[k], []) for k in ("rows", "cols")))]
         frames = np.concatenate([np.stack(each) for each in want["pixel_values"]])
         np.testing.assert_array_equal(ours, frames)
-    assert {image.tiles for image in (decode_split_image(data, SMALL_SPLIT) for data in pictures)} >= {
+    assert {split_arrangement(*decode_image_with_size(data, SMALL_SPLIT).size, SMALL_SPLIT) for data in pictures} >= {
         (3, 4), (4, 1), (4, 4), (1, 4)}
 
 
@@ -137,12 +137,12 @@ def test_a_picture_stored_turned_is_cut_as_shown(orientation):
     exif[0x0112] = orientation
     stored = io.BytesIO()
     upright.transpose(Image.Transpose[inverse]).save(stored, "PNG", exif=exif.tobytes())
-    want = decode_split_image(_png(np.asarray(upright)), spec)
-    got = decode_split_image(stored.getvalue(), spec)
-    assert want.tiles == got.tiles == (4, 2)
+    want = decode_image_with_size(_png(np.asarray(upright)), spec)
+    got = decode_image_with_size(stored.getvalue(), spec)
+    assert want.size == got.size == (150, 60) and split_arrangement(*got.size, spec) == (4, 2)
     assert got.pixels.shape == want.pixels.shape
     assert np.abs(got.pixels.astype(int) - want.pixels).max() <= 1
-    assert probe_split_image(stored.getvalue(), spec) == ((len(want.pixels) // 14, 4), (4, 2))
+    assert probe_image_with_size(stored.getvalue(), spec) == ((len(want.pixels) // 14, 4), (150, 60))
 
 
 def test_split_specs_are_refused_where_they_cannot_be_cut():
@@ -155,8 +155,6 @@ def test_split_specs_are_refused_where_they_cannot_be_cut():
     assert ImageSpec(patch_size=14, merge_size=2, fit="split", size=(56, 56)).longest_edge == 224  # 4 tiles
     with pytest.raises(ConfigurationError, match="resized whole, not cut"):
         VideoSpec(image=ImageSpec.smolvlm())
-    with pytest.raises(ConfigurationError, match="not 'split'"):
-        decode_split_image(_pictures()[0], ImageSpec.internvl())
     assert ImageSpec.smolvlm().max_decoded_pixels == 512 * 512 * 17  # 4x4 tiles and the global image
 
 
@@ -191,10 +189,10 @@ def test_rows_are_idefics3_processor_s_input_ids_token_for_token(idefics3_tokeni
     def record(pieces: list[str], images: list[bytes], spec: ImageSpec) -> dict:
         """Text pieces with a picture before each but the first, as the processor reads
         `piece<image>piece<image>piece` (its special tokens split the text where ours are placed)."""
-        decoded = [decode_split_image(data, spec) for data in images]
+        decoded = [decode_image_with_size(data, spec) for data in images]
         encoded = [ids(piece) for piece in pieces]
         return {"input_ids": np.concatenate(encoded), "pixels": [image.pixels for image in decoded],
-                "pixels_tiles": np.array([image.tiles for image in decoded], np.int32),
+                "pixels_sizes": np.array([image.size for image in decoded], np.int32),
                 "image_offsets": np.cumsum([len(each) for each in encoded[:-1]]).tolist()}
 
     for spec, first in ((SMALL_SPLIT, pictures[0]), (unsplit, tiny)):
@@ -234,21 +232,21 @@ def test_idefics3_placeholders_refuse_what_would_confuse_the_model():
     assert placeholders.num_tokens(20, 4, (2, 2)) == len(placeholders.tokens_for(20, 4, (2, 2))) == 4 * 6 + 7
 
 
-def test_the_packer_refuses_a_split_image_without_its_arrangement_or_the_wrong_spec():
+def test_the_packer_refuses_a_split_image_without_its_size_or_the_wrong_spec():
     placeholders = Idefics3Placeholders(3, 4, 5, ((10, 11), (12, 13)), merge_size=2)
     spec = ImageSpec.idefics3(size=(56, 56), longest_edge=112)
-    image = decode_split_image(_pictures()[0], spec)
+    image = decode_image_with_size(_pictures()[0], spec)
     packer = MultimodalPacker(None, max_length=200, placeholders=placeholders, spec=spec, pad_id=0)
     text = np.array([20, 21], np.int32)
-    for tiles, words in ((None, "need their \\(rows, columns\\) of tiles in 'pixels_tiles'"),
-                         ([[1, 3]], "is not 1x3 square tiles"), ([[1, 4]], "names at most 2x2"),
-                         ([[2, 2], [1, 1]], "need their")):
+    for sizes, words in ((None, "need theirs in 'pixels_sizes'"), ([[1000, 10]], "is not 2x1 square tiles"),
+                         ([[300, 451], [10, 10]], "need theirs"), ([[0, 451]], "need theirs")):
         record = {"input_ids": text, "pixels": image.pixels}
-        if tiles is not None:
-            record["pixels_tiles"] = np.array(tiles, np.int32)
+        if sizes is not None:
+            record["pixels_sizes"] = np.array(sizes, np.int32)
         with pytest.raises(ConfigurationError, match=words):
             packer.push((_address(), record))
-    assert image.tiles == (2, 2)
+    assert image.size == (300, 451) and split_arrangement(*image.size, spec) == (2, 2)
+    assert packer.push((_address(), {"input_ids": text, "pixels": image.pixels, "pixels_sizes": [[300, 451]]})) == []
     with pytest.raises(ConfigurationError, match="names the tiles of fit='split' images"):
         MultimodalPacker(None, max_length=200, placeholders=placeholders, spec=ImageSpec.internvl(size=(56, 56)),
                          pad_id=0)
@@ -302,18 +300,18 @@ def test_split_photos_are_the_same_bytes_on_every_runner_and_deferred(tmp_path):
         assert [batch.digest() for batch in other] == digests, runner
 
 
-def test_decode_images_writes_each_split_image_s_arrangement_beside_it():
+def test_decode_images_writes_each_split_picture_s_size_beside_it():
     stage = DecodeImages(field="jpg", spec=SMALL_SPLIT)
     pictures = _pictures()
     record = stage._decode_record({"jpg": pictures[:2]}, _address())
-    assert record["pixels_tiles"].tolist() == [[3, 4], [4, 1]] and record["pixels_tiles"].dtype == np.int32
+    assert record["pixels_sizes"].tolist() == [[300, 451], [500, 120]] and record["pixels_sizes"].dtype == np.int32
     np.testing.assert_array_equal(record["pixels"][1], decode_image(pictures[1], SMALL_SPLIT))
     alone = stage._decode_record({"jpg": pictures[1]}, _address())
-    assert alone["pixels_tiles"].tolist() == [[4, 1]]
-    assert "pixels_tiles" not in DecodeImages(field="jpg", spec=ImageSpec.internvl(size=(56, 56)))._decode_record(
+    assert alone["pixels_sizes"].tolist() == [[500, 120]]
+    assert "pixels_sizes" not in DecodeImages(field="jpg", spec=ImageSpec.internvl(size=(56, 56)))._decode_record(
         {"jpg": pictures[1]}, _address())
     deferred = DecodeImages(field="jpg", spec=SMALL_SPLIT, defer=True)._decode_record({"jpg": pictures[1]}, _address())
-    assert deferred["pixels"].tiles == (4, 1) and "pixels_tiles" not in deferred
+    assert deferred["pixels"].size == (500, 120) and "pixels_sizes" not in deferred
     np.testing.assert_array_equal(deferred["pixels"].decode(), alone["pixels"])
 
 
@@ -345,12 +343,13 @@ def test_a_tiny_idefics3_gives_each_packed_document_what_it_gives_the_document_a
     def record(n: int, picture: tuple[int, int] | None = None, **fields) -> dict:
         out = {"input_ids": rng.integers(10, 90, n).astype(np.int32), **fields}
         if picture is not None:
-            image = decode_split_image(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
-            out.update(pixels=image.pixels, pixels_tiles=np.array([image.tiles]))
+            image = decode_image_with_size(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
+            out.update(pixels=image.pixels, pixels_sizes=np.array([image.size]))
         return out
 
     records = [record(5, (60, 100)), record(9), record(6, (100, 30), image_offsets=[2])]
-    assert [r["pixels_tiles"].tolist() if "pixels" in r else None for r in records] == [[[2, 2]], None, [[2, 1]]]
+    assert [split_arrangement(*r["pixels_sizes"][0], spec) if "pixels" in r else None for r in records] == [
+        (2, 2), None, (2, 1)]
 
     assert_each_packed_document_is_its_own(  # the model takes (batch, images, 3, H, W)
         model, placeholders, spec, records, 120,
