@@ -28,6 +28,7 @@ from ._packing import (
 )
 from ._placeholders import (
     Idefics3Placeholders,
+    LlavaNextPlaceholders,
     PadPlaceholders,
     PixtralPlaceholders,
     Placeholders,
@@ -61,6 +62,7 @@ __all__ = [
     "Idefics3Placeholders",
     "ImageDecodeError",
     "ImageSpec",
+    "LlavaNextPlaceholders",
     "MediaDecodeError",
     "MultimodalPacker",
     "PackMultimodal",

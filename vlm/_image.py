@@ -36,13 +36,14 @@ from zephon._errors import ConfigurationError, check_count, check_finite
 
 from . import _png
 from ._errors import ImageDecodeError
+from ._anyres import LLAVA_NEXT_PINPOINTS, best_resolution, fitted_size, unpadded_features
 from ._split import IDEFICS3_MAX_SIDE, split_canvas, split_first_size
 from ._split import split_arrangement as _split_arrangement
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
     "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image", "probe_image_with_size",
-    "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
+    "anyres_features", "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -71,14 +72,15 @@ def _silence_pillows_bomb_warning() -> None:
 _silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
-_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split")
-_SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split")
-"""The fits whose images are of `size` (a tile's, with "tiles" and "split")."""
-_TILED_FITS = ("tiles", "split")
+_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres")
+_SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres")
+"""The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
+_TILED_FITS = ("tiles", "split", "anyres")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
-SHOWN_SIZE_FITS = ("split",)
+SHOWN_SIZE_FITS = ("split", "anyres")
 """The fits whose placeholders are counted from each picture's size as shown (Idefics3's tiles,
-named by row and column), which decoding writes beside the pixels (`sizes_field`)."""
+named by row and column; LLaVA-NeXT's features, unpadded by it), which decoding writes beside
+the pixels (`sizes_field`)."""
 
 # EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
@@ -130,6 +132,13 @@ class ImageSpec:
       size of each picture as shown is written beside the pixels (`record["pixels_sizes"]`), for
       the placeholders' text names each tile by its row and column (`Idefics3Placeholders`), and
       the stack does not say how many rows and columns there were (`split_arrangement`).
+    - `fit="anyres"` (LLaVA-NeXT's): of `pinpoints`, canvases (height, width) of whole square
+      `size` tiles, the one that keeps most of the picture's pixels and wastes least
+      (`vlm._anyres`); the picture is resized into it with its aspect ratio kept, padded to it,
+      centred, with black, and cut into its tiles; the whole picture stretched to one tile (the
+      "base" image) goes first, then the tiles in raster order, stacked one tile wide. The size of
+      each picture as shown is written beside the pixels, as with "split": the model unpads its
+      features by it, and takes it (`image_sizes`).
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -145,7 +154,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -158,6 +167,7 @@ class ImageSpec:
     thumbnail: bool | None = field(default=None, metadata={"fingerprint": "when set"})
     pad_color: tuple[int, int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
     longest_edge: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    pinpoints: tuple[tuple[int, int], ...] | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -170,6 +180,7 @@ class ImageSpec:
         self._check_size()
         self._check_tiles()
         self._check_split()
+        self._check_pinpoints()
         self._check_pad_color()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
@@ -254,6 +265,31 @@ class ImageSpec:
                                      f"processor scales every picture within it), got {longest}")
         object.__setattr__(self, "longest_edge", longest)
 
+    def _check_pinpoints(self) -> None:
+        """`pinpoints` are fit="anyres"'s (LLaVA-NeXT's five unless given): (height, width) canvases
+        of whole square `size` tiles."""
+        if self.fit != "anyres":
+            if self.pinpoints is not None:
+                raise ConfigurationError(f"ImageSpec: pinpoints are fit='anyres''s, got fit={self.fit!r}")
+            return
+        tile = self.size[0]
+        if self.size[1] != tile:
+            raise ConfigurationError(f"ImageSpec: fit='anyres' cuts square tiles, got size={self.size}")
+        given = LLAVA_NEXT_PINPOINTS if self.pinpoints is None else self.pinpoints
+        if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+            raise ConfigurationError(f"ImageSpec: pinpoints must be (height, width) canvases, got {given!r}")
+        canvases = []
+        for canvas in given:
+            if isinstance(canvas, (str, bytes)) or not hasattr(canvas, "__len__") or len(canvas) != 2:
+                raise ConfigurationError(f"ImageSpec: pinpoints must be (height, width) canvases, got {given!r}")
+            sides = tuple(check_count(side, "ImageSpec: pinpoints") for side in canvas)
+            if any(side % tile for side in sides):
+                raise ConfigurationError(f"ImageSpec: pinpoint {sides} is not whole {tile} px tiles")
+            canvases.append(sides)
+        if not canvases:
+            raise ConfigurationError("ImageSpec: pinpoints must name at least one canvas")
+        object.__setattr__(self, "pinpoints", tuple(canvases))
+
     @property
     def cell(self) -> int:
         """Side in pixels of what one placeholder token covers: patch_size * merge_size."""
@@ -274,6 +310,8 @@ class ImageSpec:
             return self.size[0] * self.size[1] * (self.tiles[1] + self.thumbnail)
         if self.fit == "split":
             return self.size[0] * self.size[1] * (math.ceil(self.longest_edge / self.size[0]) ** 2 + 1)
+        if self.fit == "anyres":
+            return self.size[0] * self.size[1] + max(h * w for h, w in self.pinpoints)
         if self.size is not None:
             return self.size[0] * self.size[1]
         if self.fit == "max_side":
@@ -319,6 +357,14 @@ class ImageSpec:
         (merge_size 4). Pair with `Idefics3Placeholders.from_tokenizer(tokenizer, merge_size=4)`."""
         return cls(**{"patch_size": 16, "merge_size": 4, "fit": "split", "size": (512, 512), "longest_edge": 2048,
                       "resample": "lanczos", **kwargs})
+
+    @classmethod
+    def llava_next(cls, **kwargs) -> ImageSpec:
+        """LLaVA-NeXT's (LLaVA-1.6's) anyres sizing: 336x336 tiles of CLIP's 14 px patches (24x24
+        features each), on the canvas of `LLAVA_NEXT_PINPOINTS` that fits the picture best, the base
+        image first, resized bicubically as `LlavaNextImageProcessor` does. Pair with
+        `LlavaNextPlaceholders.from_tokenizer(tokenizer)`."""
+        return cls(**{"patch_size": 14, "fit": "anyres", "size": (336, 336), "resample": "bicubic", **kwargs})
 
     @classmethod
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
@@ -439,12 +485,24 @@ def split_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, in
     return _split_arrangement(height, width, spec.longest_edge, spec.size[0])
 
 
+def anyres_features(height: int, width: int, spec: ImageSpec) -> tuple[int, int, int]:
+    """(tiles, feature rows, feature columns) of a `fit="anyres"` picture of this size as shown:
+    its canvas's tiles, and the rows and columns of their features LLaVA-NeXT keeps once it has
+    dropped what only the padding filled (`vlm._anyres.unpadded_features`)."""
+    tile = spec.size[0]
+    canvas = best_resolution(height, width, spec.pinpoints)
+    return (canvas[0] // tile * (canvas[1] // tile), *unpadded_features(height, width, canvas, tile, tile // spec.cell))
+
+
 def tile_count(height: int, width: int, spec: ImageSpec) -> int:
-    """Tiles a `fit="tiles"` or `fit="split"` image of this size becomes, its thumbnail (its
-    global image) included."""
+    """Tiles a `fit="tiles"`, `"split"` or `"anyres"` image of this size becomes, its thumbnail
+    (its global image, its base image) included."""
     if spec.fit == "split":
         rows, columns = split_arrangement(height, width, spec)
         return rows * columns + (rows * columns > 1)
+    if spec.fit == "anyres":  # the base image and the canvas's tiles
+        canvas_h, canvas_w = best_resolution(height, width, spec.pinpoints)
+        return 1 + canvas_h // spec.size[0] * (canvas_w // spec.size[0])
     columns, rows = tile_arrangement(height, width, spec)
     return columns * rows + (spec.thumbnail and columns * rows > 1)
 
@@ -712,6 +770,9 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, uprig
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
         elif spec.fit == "split":  # the first of Idefics3's two resizes
             target_h, target_w = split_first_size(upright[1], upright[0], spec.longest_edge)
+        elif spec.fit == "anyres":  # the picture fitted into its canvas, before the padding
+            target_h, target_w = fitted_size(upright[1], upright[0],
+                                             best_resolution(upright[1], upright[0], spec.pinpoints))
         elif spec.fit == "crop":  # the scaled image the middle is cut from
             target_h, target_w = crop_scaled_size(upright[1], upright[0], spec)
             if target_h * target_w > spec.max_image_pixels:  # a thin strip scaled up: a bomb of our making
@@ -738,6 +799,8 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, uprig
         return _tiles(image, spec, target, box, orientation)
     if spec.fit == "split" and target is not None:
         return _split(image, spec, target, box, orientation)
+    if spec.fit == "anyres" and target is not None:
+        return _anyres(image, spec, target, box, orientation, (upright[1], upright[0]))
     if spec.fit == "pad" and target is not None:
         return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
@@ -818,6 +881,25 @@ def _split(image, spec: ImageSpec, first: tuple[int, int], box, orientation: int
     rows, columns = canvas_h // tile, canvas_w // tile
     tiles = canvas.reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
     return np.concatenate([tiles, np.asarray(_resized_upright(stored_canvas, spec, (tile, tile), None, orientation))])
+
+
+def _anyres(image, spec: ImageSpec, fitted: tuple[int, int], box, orientation: int,
+            shown: tuple[int, int]) -> np.ndarray:
+    """fit="anyres": the image stretched to one tile (the base image), then the tiles of its
+    canvas: the image resized to `fitted` (stored width, height), padded with black to the canvas,
+    centred (the odd pixel after), cut in raster order; stacked top to bottom, (tiles * tile,
+    tile, 3). Both resizes are from the decoded image, as LLaVA-NeXT's processor makes them; the
+    canvas is chosen by the picture's (height, width) as `shown`, not by a draft's."""
+    tile = spec.size[0]
+    picture = np.asarray(_resized_upright(image, spec, fitted, box, orientation))
+    height, width = picture.shape[:2]
+    canvas_h, canvas_w = best_resolution(*shown, spec.pinpoints)
+    canvas = np.zeros((canvas_h, canvas_w, 3), np.uint8)
+    top, left = (canvas_h - height) // 2, (canvas_w - width) // 2
+    canvas[top : top + height, left : left + width] = picture
+    rows, columns = canvas_h // tile, canvas_w // tile
+    tiles = canvas.reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
+    return np.concatenate([np.asarray(_resized_upright(image, spec, (tile, tile), box, orientation)), tiles])
 
 
 DEFAULT_SPEC = ImageSpec()

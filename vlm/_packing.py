@@ -69,7 +69,7 @@ from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
-from ._image import DEFAULT_SPEC, ImageSpec, sizes_field, split_arrangement
+from ._image import DEFAULT_SPEC, ImageSpec, anyres_features, sizes_field, split_arrangement
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, patch_times, temporal_patches
@@ -78,6 +78,11 @@ from ._video import frame_interval_field, frame_times_field
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
 IMAGE_POSITIONS = ("before_text", "after_bos", "after_text")
+
+_DETAILS = {"tiles": split_arrangement, "unpadded": anyres_features}
+"""What each `image_detail` of the placeholders is, from a picture's (height, width) as shown and the
+packer's spec, and the fit whose pictures it is of (`_DETAIL_FITS`)."""
+_DETAIL_FITS = {"tiles": "split", "unpadded": "anyres"}
 
 _SHORT_TEXT = 128
 """Texts up to this many tokens are searched for placeholder ids as a list (see
@@ -118,9 +123,13 @@ class PlacedDocument:
     video_frames: tuple[int, ...] = ()
     video_seconds: tuple[float, ...] = ()
     video_times: tuple[tuple[float, ...], ...] = ()
-    details: tuple[tuple[int, int], ...] = ()
-    """Per image, what the placeholders count its tokens from besides its grid (their
-    `image_detail`: the (rows, columns) of tiles `Idefics3Placeholders` name), else empty."""
+    sizes: tuple[tuple[int, int], ...] = ()
+    """Per image, the (height, width) of the picture as shown where the placeholders count from
+    it (they have an `image_detail`), else empty."""
+    details: tuple[tuple[int, ...], ...] = ()
+    """Per image, what the placeholders count its tokens from besides its grid, worked out from
+    its size (`_DETAILS`: the (rows, columns) of tiles `Idefics3Placeholders` name, the features
+    `LlavaNextPlaceholders` keep), else empty."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -261,6 +270,11 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
         "image_grid": np.array(images, dtype=np.int64),
         "image_token_offset": np.array(images, dtype=np.int64),
     }
+    if getattr(first.placeholders, "image_detail", None) == "unpadded":
+        # LLaVA-NeXT's model unpads each picture's features by its size as shown (`image_sizes`).
+        ragged["image_sizes"] = np.array([size for plan in plans for doc in plan.documents for k, size in
+                                          enumerate(doc.sizes) if not doc.is_video(k)], dtype=np.int32).reshape(-1, 2)
+        counts["image_sizes"] = counts["image_grid"].copy()
     if video_layout(first.placeholders):
         _allocate_videos(plans, ragged, counts)
     return tokens, ragged, counts
@@ -508,7 +522,8 @@ class MultimodalPacker:
         if offsets is None:
             return None
         grids = self._grids(address, record, images)
-        details = self._image_details(address, record, images) if self._image_detail else ()
+        sizes = self._shown_sizes(address, record, images) if self._image_detail else ()
+        details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
         seconds = times = ()
         if any(frames):
@@ -549,7 +564,7 @@ class MultimodalPacker:
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times, details)
+                              times, sizes, details)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -586,12 +601,11 @@ class MultimodalPacker:
             )
         return tuple(patch_times(shown) if n else () for n in frames)
 
-    def _image_details(self, address, record: dict, images: list) -> tuple[tuple[int, int], ...]:
-        """Per image, what the placeholders count its tokens from besides its grid, worked out
-        from the size of the picture as shown: a deferred image's from its header, a decoded
-        one's from the record (`decode_images` writes it beside the pixels). The pixels alone do
-        not say it: 2x4 and 4x2 tiles stack alike, and Idefics3's text names each tile by its
-        row and column."""
+    def _shown_sizes(self, address, record: dict, images: list) -> tuple[tuple[int, int], ...]:
+        """Per image, the (height, width) of the picture as shown, which the placeholders count
+        from: a deferred image's from its header, a decoded one's from the record
+        (`decode_images` writes it beside the pixels). The pixels alone do not say it: 2x4 and
+        4x2 tiles stack alike, and LLaVA-NeXT unpads by the size."""
         if images and all(isinstance(image, DeferredImage) and image.size is not None for image in images):
             sizes = tuple(image.size for image in images)
         else:
@@ -601,9 +615,9 @@ class MultimodalPacker:
                 raise ConfigurationError(
                     f"record {address}: {type(self.placeholders).__name__} counts an image's tokens from the "
                     f"(height, width) of the picture as shown: its {len(images)} image(s) need theirs in "
-                    f"{self._sizes_field!r} (decode_images with a fit='split' ImageSpec writes them), got "
-                    f"{reprlib.repr(given)}")
-        return tuple(split_arrangement(height, width, self.spec) for height, width in sizes)
+                    f"{self._sizes_field!r} (decode_images with a fit='split' or 'anyres' ImageSpec writes them), "
+                    f"got {reprlib.repr(given)}")
+        return sizes
 
     def _placeholder_detail(self, text: np.ndarray) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
@@ -768,7 +782,8 @@ def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
 # The spec presets of each placeholder convention's models, which a merge mismatch's refusal names.
 _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
             "PixtralPlaceholders": "ImageSpec.pixtral()",
-            "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()"}
+            "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()",
+            "LlavaNextPlaceholders": "ImageSpec.llava_next()"}
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
@@ -821,8 +836,8 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
     """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
-    if getattr(placeholders, "image_detail", None) == "tiles":
-        _check_split_spec(spec, placeholders)
+    if getattr(placeholders, "image_detail", None) is not None:
+        _check_detail_spec(spec, placeholders)
     if placeholders.merge_size != spec.merge_size:
         m = placeholders.merge_size
         raise ConfigurationError(
@@ -834,14 +849,20 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
         )
 
 
-def _check_split_spec(spec: ImageSpec, placeholders: Placeholders) -> None:
-    """Placeholders that name tiles take `fit="split"` images, cut into no more rows or columns
-    of tiles than they have names for (`longest_edge` / the tile side, rounded up)."""
-    kind = type(placeholders).__name__
-    if spec.fit != "split":
-        presets = _PRESETS.get(kind, "ImageSpec(fit='split', ...)")
-        raise ConfigurationError(f"pack_multimodal: {kind} names the tiles of fit='split' images (Idefics3's "
-                                 f"splitting: {presets}), got an ImageSpec of fit={spec.fit!r}")
+def _check_detail_spec(spec: ImageSpec, placeholders: Placeholders) -> None:
+    """Placeholders that count from a picture's size take the pictures of their fit (Idefics3's
+    `fit="split"`, LLaVA-NeXT's `"anyres"`); those that name tiles, pictures cut into no more rows
+    or columns of tiles than they have names for (`longest_edge` / the tile side, rounded up)."""
+    kind, detail = type(placeholders).__name__, placeholders.image_detail
+    fit = _DETAIL_FITS.get(detail)
+    if fit is None:
+        raise ConfigurationError(f"pack_multimodal: {kind}.image_detail={detail!r} is none of {tuple(_DETAILS)}")
+    if spec.fit != fit:
+        presets = _PRESETS.get(kind, f"ImageSpec(fit={fit!r}, ...)")
+        raise ConfigurationError(f"pack_multimodal: {kind} counts the tokens of fit={fit!r} images ({presets}), "
+                                 f"got an ImageSpec of fit={spec.fit!r}")
+    if detail != "tiles":
+        return
     most = -(-spec.longest_edge // spec.size[0])
     if most > min(placeholders.max_tiles):
         raise ConfigurationError(f"pack_multimodal: a longest_edge of {spec.longest_edge} cuts up to {most}x{most} "

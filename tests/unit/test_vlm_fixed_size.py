@@ -603,16 +603,16 @@ def test_a_tiny_internvl_gives_each_packed_document_what_it_gives_the_document_a
 
     assert_each_packed_document_is_its_own(
         model, placeholders, spec, records, 80,
-        lambda batch: image_tensors(batch["pixel_values"], batch["image_grid"], mean=INTERNVL_MEAN, std=INTERNVL_STD,
-                                    tile=4))
+        lambda batch: {"pixel_values": image_tensors(batch["pixel_values"], batch["image_grid"], mean=INTERNVL_MEAN,
+                                                     std=INTERNVL_STD, tile=4)})
 
 
 def assert_each_packed_document_is_its_own(model, placeholders, spec: ImageSpec, records: list[dict], length: int,
-                                           pixel_values) -> None:
+                                           image_inputs) -> None:
     """`records` packed into one row of `length` tokens, given to `model` with the row's
     `position_ids` and no attention mask: every document's logits are those of the document packed
-    alone (positions from 0, nothing before it). `pixel_values(microbatch)` is the forward's
-    pixels of a microbatch that has images."""
+    alone (positions from 0, nothing before it). `image_inputs(microbatch)` is the forward's image
+    arguments (`pixel_values`, ...) of a microbatch that has images."""
     import torch
 
     def logits(batch: dict, positions: bool) -> torch.Tensor:
@@ -620,7 +620,7 @@ def assert_each_packed_document_is_its_own(model, placeholders, spec: ImageSpec,
         if positions:
             inputs["position_ids"] = batch["position_ids"]
         if len(batch["image_grid"]):
-            inputs["pixel_values"] = pixel_values(batch)
+            inputs.update(image_inputs(batch))
         with torch.no_grad():
             return model(**inputs, use_cache=False).logits[0]
 

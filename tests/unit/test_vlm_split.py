@@ -247,7 +247,7 @@ def test_the_packer_refuses_a_split_image_without_its_size_or_the_wrong_spec():
             packer.push((_address(), record))
     assert image.size == (300, 451) and split_arrangement(*image.size, spec) == (2, 2)
     assert packer.push((_address(), {"input_ids": text, "pixels": image.pixels, "pixels_sizes": [[300, 451]]})) == []
-    with pytest.raises(ConfigurationError, match="names the tiles of fit='split' images"):
+    with pytest.raises(ConfigurationError, match="counts the tokens of fit='split' images"):
         MultimodalPacker(None, max_length=200, placeholders=placeholders, spec=ImageSpec.internvl(size=(56, 56)),
                          pad_id=0)
     with pytest.raises(ConfigurationError, match="cuts up to 4x4 tiles of 56 px, and Idefics3Placeholders names at "
@@ -353,5 +353,5 @@ def test_a_tiny_idefics3_gives_each_packed_document_what_it_gives_the_document_a
 
     assert_each_packed_document_is_its_own(  # the model takes (batch, images, 3, H, W)
         model, placeholders, spec, records, 120,
-        lambda batch: image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3, std=(0.5,) * 3,
-                                    tile=4)[None])
+        lambda batch: {"pixel_values": image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
+                                                     std=(0.5,) * 3, tile=4)[None]})
