@@ -9,7 +9,9 @@ wheels' photographs) become what the model's forward takes, normalised float32 t
 - InternVL (`ImageSpec.internvl()`, up to 12 tiles of 448 and a thumbnail): the same against
   `GotOcr2ImageProcessorPil(crop_to_patches=True)`;
 - SmolVLM (`ImageSpec.smolvlm()`, the longer side to 2048, tiles of 512 and the global image):
-  the same against `SmolVLMImageProcessorPil`.
+  the same against `SmolVLMImageProcessorPil`;
+- LLaVA-NeXT (`ImageSpec.llava_next()`, the base image and the best canvas's tiles of 336): the
+  same against `LlavaNextImageProcessorPil`.
 
 In the loader the decode runs on the workers and `image_tensors` on the trainer's side; here both
 run in one loop to compare like with like. Without the draft the pixels equal the processor's
@@ -27,7 +29,7 @@ import io
 import numpy as np
 import pytest
 
-from vlm import ImageSpec, decode_image, image_grid, image_tensors, patchify
+from vlm import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageSpec, decode_image, image_grid, image_tensors, patchify
 from vlm._assets import photographs
 
 PHOTOGRAPHS = 6
@@ -37,6 +39,7 @@ CASES = {
     "gemma3": (ImageSpec.gemma3(), None, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "internvl": (ImageSpec.internvl(), 32, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "smolvlm": (ImageSpec.smolvlm(), 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "llava_next": (ImageSpec.llava_next(), 24, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
 }
 
 
@@ -52,6 +55,12 @@ def _processor(case: str, spec: ImageSpec, mean, std):
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
         return Gemma3ImageProcessorPil(size={"height": spec.size[0], "width": spec.size[1]})
+    if case == "llava_next":
+        from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+        return LlavaNextImageProcessorPil(size={"shortest_edge": spec.size[0]},
+                                          crop_size={"height": spec.size[0], "width": spec.size[1]},
+                                          image_grid_pinpoints=[list(canvas) for canvas in spec.pinpoints])
     if case == "smolvlm":
         from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
