@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import requires_torch
 from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_qwen3_video import STAMPED, _address
 from vlm import DecodeVideo, ImageSpec, VideoSpec, decode_video, image_grid, sample_times
@@ -44,6 +45,7 @@ def _processor_sizes():
     return sizes
 
 
+@requires_torch  # transformers' video processors import torch
 @pytest.mark.parametrize("bounds", [(128 * 32 * 32, 768 * 32 * 32), (4096, 25_165_824), (64 * 64, 256 * 256)])
 @pytest.mark.parametrize("cap", [None, 768, 16])
 def test_the_grid_is_qwen3_vl_s_video_processor_s_for_every_video(bounds, cap):
