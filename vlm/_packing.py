@@ -34,7 +34,8 @@ Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
   processor's own rows when one was given; `image_grid` (num_images, 2) int32 (rows, cols) in
   patches; `image_token_offset` (num_images,) int32, the position in the row of each image's first
   placeholder token; with `LlavaNextPlaceholders`, `image_sizes` (num_images, 2) int32, each
-  picture's (height, width) as shown, by which LLaVA-NeXT unpads its features; with `QwenPlaceholders(video_pad=...)`, a video is one block of its own (with
+  picture's (height, width) as shown, by which LLaVA-NeXT unpads its features; with
+  `QwenPlaceholders(video_pad=...)`, a video is one block of its own (with
   `video_timestamps`, one block per temporal patch, each after its time stamp's text) and its
   frames go to `video_pixel_values`, `video_grid` (temporal patches, rows, cols) and
   `video_token_offset` instead (`_allocate_videos`);

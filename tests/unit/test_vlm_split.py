@@ -153,8 +153,9 @@ def test_split_specs_are_refused_where_they_cannot_be_cut():
         with pytest.raises(ConfigurationError, match=words):
             ImageSpec(**{"patch_size": 14, "merge_size": 2, **kwargs})
     assert ImageSpec(patch_size=14, merge_size=2, fit="split", size=(56, 56)).longest_edge == 224  # 4 tiles
-    with pytest.raises(ConfigurationError, match="resized whole, not cut"):
-        VideoSpec(image=ImageSpec.smolvlm())
+    for tiled in (ImageSpec.smolvlm(), ImageSpec.llava_next()):
+        with pytest.raises(ConfigurationError, match="resized whole, not cut"):
+            VideoSpec(image=tiled)
     assert ImageSpec.smolvlm().max_decoded_pixels == 512 * 512 * 17  # 4x4 tiles and the global image
 
 
