@@ -12,7 +12,8 @@ Order of work, chosen so that nothing large is allocated before it is known to b
 4. check a PNG's pixel chunks (`_png.check_pixel_data`); decode; convert exotic modes (1, P,
    CMYK, 16-bit, ...) to L, RGB, LA or RGBA;
 5. one resize to the target (Pillow premultiplies alpha itself), then composite any alpha on
-   `background`, then apply the EXIF orientation.
+   `background`, then apply the EXIF orientation; the fits that cut tiles, pad or crop make the
+   few further resizes, pads and cuts their models' processors make (`fit` below).
 
 Thread-safety: every function here is safe to call from many threads at once; nothing global is
 written once this module is imported (importing it adds one warning filter, see
@@ -304,8 +305,9 @@ class ImageSpec:
     def max_decoded_pixels(self) -> int:
         """The most pixels an image decodes to under this spec, for the memory budget
         (`zephon._memory`): `size`'s, at most `tiles[1]` tiles and the thumbnail of it with
-        "tiles", the tiles of a `longest_edge` square and the global image with "split", a square
-        a cell past `max_side` with "max_side", else `max_pixels`."""
+        "tiles", the tiles of a `longest_edge` square and the global image with "split", the base
+        image and the largest canvas with "anyres", a square a cell past `max_side` with
+        "max_side", else `max_pixels`."""
         if self.fit == "tiles":
             return self.size[0] * self.size[1] * (self.tiles[1] + self.thumbnail)
         if self.fit == "split":
