@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 
 from tests.conftest import requires_torch
-from tests.unit.test_vlm_fixed_size import _png, assert_each_packed_document_is_its_own
+from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, write_mixed_corpus
-from tests.unit.test_vlm_split import _pictures
+from tests.unit.test_vlm_split import _pictures, sized_record, turned_and_upright
 from vlm import (DecodeImages, ImageSpec, LlavaNextPlaceholders, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD,
                  decode_image_with_size, image_grid, image_tensors, patchify)
 from vlm._anyres import LLAVA_NEXT_PINPOINTS, best_resolution, fitted_size
@@ -118,20 +118,13 @@ def test_a_picture_stored_turned_is_fitted_as_shown(orientation):
     as shown, its canvas (3 tiles tall) and its grid are the upright picture's, from its header too
     (deferred decoding); its pixels are within one level of the upright picture's (resized as
     stored and turned after, as every fit does)."""
-    from tests.unit.test_vlm_assets import gradient
-
-    upright = Image.fromarray(gradient(150, 60))
-    inverse = {5: "TRANSPOSE", 6: "ROTATE_90", 8: "ROTATE_270"}[orientation]
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    stored = io.BytesIO()
-    upright.transpose(Image.Transpose[inverse]).save(stored, "PNG", exif=exif.tobytes())
-    want = decode_image_with_size(_png(np.asarray(upright)), SMALL_ANYRES)
-    got = decode_image_with_size(stored.getvalue(), SMALL_ANYRES)
+    stored, upright = turned_and_upright(orientation)
+    want = decode_image_with_size(upright, SMALL_ANYRES)
+    got = decode_image_with_size(stored, SMALL_ANYRES)
     assert want.size == got.size == (150, 60) and best_resolution(150, 60, SMALL_PINPOINTS) == (168, 56)
     assert got.pixels.shape == want.pixels.shape == (4 * 56, 56, 3)
     assert np.abs(got.pixels.astype(int) - want.pixels).max() <= 1
-    assert probe_image_with_size(stored.getvalue(), SMALL_ANYRES) == ((16, 4), (150, 60))
+    assert probe_image_with_size(stored, SMALL_ANYRES) == ((16, 4), (150, 60))
 
 
 def test_anyres_specs_are_refused_where_they_cannot_be_cut():
@@ -278,15 +271,8 @@ def test_a_tiny_llava_next_gives_each_packed_document_what_it_gives_the_document
     model = LlavaNextForConditionalGeneration(config).eval()
     spec = ImageSpec(patch_size=14, fit="anyres", size=(28, 28), pinpoints=pinpoints)
     rng = np.random.default_rng(2)
-
-    def record(n: int, picture: tuple[int, int] | None = None, **fields) -> dict:
-        out = {"input_ids": rng.integers(10, 90, n).astype(np.int32), **fields}
-        if picture is not None:
-            image = decode_image_with_size(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
-            out.update(pixels=image.pixels, pixels_sizes=np.array([image.size]))
-        return out
-
-    records = [record(5, (30, 70)), record(9), record(6, (90, 33), image_offsets=[2])]
+    records = [sized_record(rng, spec, 5, (30, 70)), sized_record(rng, spec, 9),
+               sized_record(rng, spec, 6, (90, 33), image_offsets=[2])]
     assert_each_packed_document_is_its_own(
         model, LlavaNextPlaceholders(102), spec, records, 120,
         lambda batch: {"pixel_values": image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,

@@ -65,6 +65,31 @@ def _address(i: int = 0) -> RecordAddress:
     return RecordAddress("photos", "shard-0", i)
 
 
+def turned_and_upright(orientation: int) -> tuple[bytes, bytes]:
+    """A 150x60 gradient as a PNG stored turned, with the EXIF `orientation` (5, 6 or 8) that shows
+    it upright, and as a PNG stored upright."""
+    from tests.unit.test_vlm_assets import gradient
+
+    upright = Image.fromarray(gradient(150, 60))
+    inverse = {5: "TRANSPOSE", 6: "ROTATE_90", 8: "ROTATE_270"}[orientation]
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    stored = io.BytesIO()
+    upright.transpose(Image.Transpose[inverse]).save(stored, "PNG", exif=exif.tobytes())
+    return stored.getvalue(), _png(np.asarray(upright))
+
+
+def sized_record(rng: np.random.Generator, spec: ImageSpec, tokens: int, picture: tuple[int, int] | None = None,
+                 **fields) -> dict:
+    """A record of `tokens` random text ids and, given a (height, width), a random picture of that
+    size decoded with `spec`, its size as shown beside it (what `decode_images` writes)."""
+    out = {"input_ids": rng.integers(10, 90, tokens).astype(np.int32), **fields}
+    if picture is not None:
+        image = decode_image_with_size(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
+        out.update(pixels=image.pixels, pixels_sizes=np.array([image.size]))
+    return out
+
+
 # -- sizing --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("longest_edge, tile", [(1456, 364), (2048, 512), (1536, 384), (224, 56), (300, 364)])
@@ -128,21 +153,14 @@ def test_a_picture_stored_turned_is_cut_as_shown(orientation):
     of the upright picture's: resized as stored and turned after, as every fit does, Pillow's
     horizontal pass runs where the upright picture's vertical one ran, and Lanczos rounds between
     them."""
-    from tests.unit.test_vlm_assets import gradient
-
     spec = ImageSpec.idefics3(size=(56, 56), longest_edge=224, draft=False)
-    upright = Image.fromarray(gradient(150, 60))
-    inverse = {5: "TRANSPOSE", 6: "ROTATE_90", 8: "ROTATE_270"}[orientation]
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    stored = io.BytesIO()
-    upright.transpose(Image.Transpose[inverse]).save(stored, "PNG", exif=exif.tobytes())
-    want = decode_image_with_size(_png(np.asarray(upright)), spec)
-    got = decode_image_with_size(stored.getvalue(), spec)
+    stored, upright = turned_and_upright(orientation)
+    want = decode_image_with_size(upright, spec)
+    got = decode_image_with_size(stored, spec)
     assert want.size == got.size == (150, 60) and split_arrangement(*got.size, spec) == (4, 2)
     assert got.pixels.shape == want.pixels.shape
     assert np.abs(got.pixels.astype(int) - want.pixels).max() <= 1
-    assert probe_image_with_size(stored.getvalue(), spec) == ((len(want.pixels) // 14, 4), (150, 60))
+    assert probe_image_with_size(stored, spec) == ((len(want.pixels) // 14, 4), (150, 60))
 
 
 def test_split_specs_are_refused_where_they_cannot_be_cut():
@@ -340,15 +358,8 @@ def test_a_tiny_idefics3_gives_each_packed_document_what_it_gives_the_document_a
     placeholders = Idefics3Placeholders(102, 100, 101, ((110, 111), (112, 113)), merge_size=2, row_end=(7,),
                                         last_row_end=(7, 7))
     rng = np.random.default_rng(2)
-
-    def record(n: int, picture: tuple[int, int] | None = None, **fields) -> dict:
-        out = {"input_ids": rng.integers(10, 90, n).astype(np.int32), **fields}
-        if picture is not None:
-            image = decode_image_with_size(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
-            out.update(pixels=image.pixels, pixels_sizes=np.array([image.size]))
-        return out
-
-    records = [record(5, (60, 100)), record(9), record(6, (100, 30), image_offsets=[2])]
+    records = [sized_record(rng, spec, 5, (60, 100)), sized_record(rng, spec, 9),
+               sized_record(rng, spec, 6, (100, 30), image_offsets=[2])]
     assert [split_arrangement(*r["pixels_sizes"][0], spec) if "pixels" in r else None for r in records] == [
         (2, 2), None, (2, 1)]
 
