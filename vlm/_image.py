@@ -43,7 +43,8 @@ from ._split import split_arrangement as _split_arrangement
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
-    "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image", "probe_image_with_size",
+    "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
+    "probe_image_with_size",
     "anyres_features", "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
 ]
 

@@ -24,8 +24,9 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "LlavaNextPlaceholders", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
-           "TimestampText", "lookup_token_id", "patch_times", "temporal_patches"]
+__all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "LlavaNextPlaceholders", "PadPlaceholders",
+           "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText", "lookup_token_id", "patch_times",
+           "temporal_patches"]
 
 
 @runtime_checkable

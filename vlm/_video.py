@@ -128,11 +128,13 @@ class VideoSpec:
         least, most = (check_count(n, "VideoSpec: video_pixels", 0) for n in bounds)
         pair = 2 * self.image.cell**2
         if not least <= most or most < pair:
+            cell = self.image.cell
             raise ConfigurationError(f"VideoSpec: video_pixels must be (min, max) with min <= max and max at least "
-                                     f"two frames of one {self.image.cell}x{self.image.cell} cell ({pair}), got {bounds!r}")
+                                     f"two frames of one {cell}x{cell} cell ({pair}), got {bounds!r}")
         object.__setattr__(self, "video_pixels", (least, most))
         if self.max_frame_tokens is not None:
-            object.__setattr__(self, "max_frame_tokens", check_count(self.max_frame_tokens, "VideoSpec: max_frame_tokens"))
+            tokens = check_count(self.max_frame_tokens, "VideoSpec: max_frame_tokens")
+            object.__setattr__(self, "max_frame_tokens", tokens)
 
     @classmethod
     def qwen3_vl(cls, **kwargs) -> VideoSpec:

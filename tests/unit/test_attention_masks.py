@@ -59,8 +59,8 @@ def _alone(q, k, v, document_ids):
 
     out = torch.empty_like(q)
     for row, start, end in _spans(document_ids):
-        out[row, :, start:end] = F.scaled_dot_product_attention(q[row:row + 1, :, start:end], k[row:row + 1, :, start:end],
-                                                                v[row:row + 1, :, start:end], is_causal=True)[0]
+        span = [t[row:row + 1, :, start:end] for t in (q, k, v)]
+        out[row, :, start:end] = F.scaled_dot_product_attention(*span, is_causal=True)[0]
     return out
 
 

@@ -185,7 +185,8 @@ def test_the_packer_refuses_an_anyres_picture_without_its_size_or_the_wrong_spec
     image = decode_image_with_size(_pictures()[0], SMALL_ANYRES)
     packer = MultimodalPacker(None, max_length=300, placeholders=placeholders, spec=SMALL_ANYRES, pad_id=0)
     text = np.array([20, 21], np.int32)
-    for sizes, words in ((None, "need theirs in 'pixels_sizes'"), ([[1000, 10]], "a 20x4 patch stack is not a base image and 3 tiles")):
+    for sizes, words in ((None, "need theirs in 'pixels_sizes'"),
+                         ([[1000, 10]], "a 20x4 patch stack is not a base image and 3 tiles")):
         record = {"input_ids": text, "pixels": image.pixels}
         if sizes is not None:
             record["pixels_sizes"] = sizes
@@ -226,7 +227,8 @@ def test_anyres_photos_are_the_same_bytes_on_every_runner_and_deferred(tmp_path)
     canvases = set()
     for batch in batches:
         grids, sizes = batch.ragged["image_grid"], batch.ragged["image_sizes"]
-        assert len(grids) == len(sizes) and (batch.ragged_counts["image_sizes"] == batch.ragged_counts["image_grid"]).all()
+        counts = batch.ragged_counts
+        assert len(grids) == len(sizes) and (counts["image_sizes"] == counts["image_grid"]).all()
         placed = sum(LlavaNextPlaceholders(3).num_tokens(*grid, anyres_features(*size, spec))
                      for grid, size in zip(grids.tolist(), sizes.tolist()))
         assert int((batch.tokens["input_ids"] == 3).sum()) == placed
@@ -239,10 +241,10 @@ def test_anyres_photos_are_the_same_bytes_on_every_runner_and_deferred(tmp_path)
 
 def test_decode_images_writes_each_anyres_picture_s_size_beside_it():
     pictures = _pictures()
-    record = DecodeImages(field="jpg", spec=SMALL_ANYRES)._decode_record({"jpg": pictures[:2]}, RecordAddress("p", "s", 0))
+    address = RecordAddress("p", "s", 0)
+    record = DecodeImages(field="jpg", spec=SMALL_ANYRES)._decode_record({"jpg": pictures[:2]}, address)
     assert record["pixels_sizes"].tolist() == [[300, 451], [500, 120]]
-    deferred = DecodeImages(field="jpg", spec=SMALL_ANYRES, defer=True)._decode_record({"jpg": pictures[1]},
-                                                                                         RecordAddress("p", "s", 0))
+    deferred = DecodeImages(field="jpg", spec=SMALL_ANYRES, defer=True)._decode_record({"jpg": pictures[1]}, address)
     assert deferred["pixels"].size == (500, 120)
     np.testing.assert_array_equal(deferred["pixels"].decode(), record["pixels"][1])
 

@@ -49,10 +49,11 @@ def _processor_sizes():
 @pytest.mark.parametrize("bounds", [(128 * 32 * 32, 768 * 32 * 32), (4096, 25_165_824), (64 * 64, 256 * 256)])
 @pytest.mark.parametrize("cap", [None, 768, 16])
 def test_the_grid_is_qwen3_vl_s_video_processor_s_for_every_video(bounds, cap):
-    """For 300 random (frames, height, width) and the edges (one frame, odd counts, frames thinner
-    than a cell, 768 frames, odd counts whose rounding up to pairs passes the budget), the grid is the one `Qwen3VLVideoProcessor.resize` resizes to, with
-    and without qwen-vl-utils' per-frame cap, at the processor's bounds, a checkpoint's wide ones
-    and a small test's."""
+    """For 300 random (frames, height, width) and 10 edges (two frames, frames thinner than a cell,
+    768 frames, odd counts whose rounding up to pairs passes the budget), the grid is the one
+    `Qwen3VLVideoProcessor.resize` resizes to, with and without qwen-vl-utils' per-frame cap, at
+    the processor's bounds, a checkpoint's wide ones and a small test's; one frame, which the
+    processor refuses, is sized as the pair the tower takes it as."""
     sizes = _processor_sizes()
     spec = VideoSpec(image=ImageSpec.qwen3_vl(), video_pixels=bounds, max_frame_tokens=cap)
     rng = np.random.default_rng(10)
@@ -105,7 +106,8 @@ def test_the_packer_counts_a_budgeted_video_s_tokens_from_its_frames(tmp_path):
 
 
 def test_video_pixels_are_refused_where_they_cannot_size_frames():
-    for kwargs, words in (({"image": ImageSpec(fit="fixed", size=(64, 64)), "video_pixels": (0, 10**6)}, "fit='pixels'"),
+    fixed = ImageSpec(fit="fixed", size=(64, 64))
+    for kwargs, words in (({"image": fixed, "video_pixels": (0, 10**6)}, "fit='pixels'"),
                           ({"max_frame_tokens": 10}, "give video_pixels"),
                           ({"video_pixels": (10**6, 10)}, "min <= max"),
                           ({"video_pixels": (0, 100)}, "at least two frames of one 16x16 cell"),
