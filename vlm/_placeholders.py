@@ -31,7 +31,9 @@ __all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "LlavaNextPlaceholders
 
 @runtime_checkable
 class Placeholders(Protocol):
-    """An image-token convention: the token ids an image of a given patch grid expands to."""
+    """An image-token convention: the token ids an image of a given patch grid expands to. One
+    that also counts from the picture's size as shown has an `image_detail` ("tiles",
+    "unpadded"), and the packer hands `tokens_for` and `num_tokens` that detail after the grid."""
 
     merge_size: int
 
@@ -110,17 +112,19 @@ class _GridTokens:
         text token holding one would be taken for part of an image (see the packer)."""
         return tuple(getattr(self, name) for name in self._id_fields() if getattr(self, name) is not None)
 
-    def tokens_for(self, rows: int, cols: int) -> np.ndarray:
-        """int32 placeholder ids for an image of rows x cols patches (read-only, cached)."""
-        cached = self._cache.get((rows, cols))
+    def tokens_for(self, rows: int, cols: int, *detail) -> np.ndarray:
+        """int32 placeholder ids for an image of rows x cols patches (read-only, cached); a
+        convention with an `image_detail` is handed that detail too, and keys its cache by it."""
+        key = (rows, cols, *detail)
+        cached = self._cache.get(key)
         if cached is None:
             _check_grid(rows, cols, self.merge_size)
-            cached = self._build(rows, cols)
+            cached = self._build(rows, cols, *detail)
             cached.flags.writeable = False
-            self._cache[(rows, cols)] = cached
+            self._cache[key] = cached
         return cached
 
-    def _build(self, rows: int, cols: int) -> np.ndarray:
+    def _build(self, rows: int, cols: int, *detail) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -309,24 +313,18 @@ class Idefics3Placeholders(_GridTokens):
         return (tile_rows * tile_columns * (per_tile + 2) + (tile_rows - 1) * len(self.row_end)
                 + len(self.last_row_end) + whole)
 
-    def tokens_for(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> np.ndarray:
-        """int32 ids of a stack of rows x cols patches cut as `tiles` (rows, columns), read-only, cached."""
-        key = (rows, cols, tiles)
-        cached = self._cache.get(key)
-        if cached is None:
-            run = [self.image] * self._per_tile(rows, cols, tiles)
-            tile_rows, tile_columns = tiles
-            ids = []
-            if tile_rows * tile_columns > 1:
-                for r in range(tile_rows):
-                    for c in range(tile_columns):
-                        ids += [self.fake_around, self.tile_names[r][c], *run]
-                    ids += self.row_end if r < tile_rows - 1 else self.last_row_end
-            ids += [self.fake_around, self.global_image, *run, self.fake_around]
-            cached = np.array(ids, dtype=np.int32)
-            cached.flags.writeable = False
-            self._cache[key] = cached
-        return cached
+    def _build(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> np.ndarray:
+        """The ids of a stack of rows x cols patches cut as `tiles` (rows, columns)."""
+        run = [self.image] * self._per_tile(rows, cols, tiles)
+        tile_rows, tile_columns = tiles
+        ids = []
+        if tile_rows * tile_columns > 1:
+            for r in range(tile_rows):
+                for c in range(tile_columns):
+                    ids += [self.fake_around, self.tile_names[r][c], *run]
+                ids += self.row_end if r < tile_rows - 1 else self.last_row_end
+        ids += [self.fake_around, self.global_image, *run, self.fake_around]
+        return np.array(ids, dtype=np.int32)
 
     def _per_tile(self, rows: int, cols: int, tiles: tuple[int, int]) -> int:
         """`<image>` per tile, once the stack is checked to be `tiles` and their global image."""
@@ -337,9 +335,10 @@ class Idefics3Placeholders(_GridTokens):
         if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
             raise ValueError(f"a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
                              f"of {cols}x{cols} patches and their global image")
-        if count > 1 and (tile_rows > len(self.tile_names) or tile_columns > len(self.tile_names[0])):
+        most_rows, most_columns = self.max_tiles
+        if count > 1 and (tile_rows > most_rows or tile_columns > most_columns):
             raise ValueError(f"{tile_rows}x{tile_columns} tiles: the convention names at most "
-                             f"{len(self.tile_names)}x{len(self.tile_names[0])}")
+                             f"{most_rows}x{most_columns}")
         return (cols // m) ** 2
 
 
@@ -377,15 +376,9 @@ class LlavaNextPlaceholders(_GridTokens):
                              f"patches")
         return (cols // m) ** 2 + feature_rows * (feature_columns + 1)
 
-    def tokens_for(self, rows: int, cols: int, kept: tuple[int, int, int]) -> np.ndarray:
-        """int32 ids of a stack of rows x cols patches whose tiles keep `kept` features, read-only, cached."""
-        key = (rows, cols, kept)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = np.full(self.num_tokens(rows, cols, kept), self.image, dtype=np.int32)
-            cached.flags.writeable = False
-            self._cache[key] = cached
-        return cached
+    def _build(self, rows: int, cols: int, kept: tuple[int, int, int]) -> np.ndarray:
+        """The ids of a stack of rows x cols patches whose tiles keep `kept` features."""
+        return np.full(self.num_tokens(rows, cols, kept), self.image, dtype=np.int32)
 
 
 QWEN_TEMPORAL_PATCH = 2
