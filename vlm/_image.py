@@ -79,6 +79,8 @@ _SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres")
 """The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
 _TILED_FITS = ("tiles", "split", "anyres")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
+_SQUARE_TILED_FITS = ("split", "anyres")
+"""The tiled fits whose models take square tiles only."""
 SHOWN_SIZE_FITS = ("split", "anyres")
 """The fits whose placeholders are counted from each picture's size as shown (Idefics3's tiles,
 named by row and column; LLaVA-NeXT's features, unpadded by it), which decoding writes beside
@@ -219,6 +221,8 @@ class ImageSpec:
         if any(side % self.cell for side in sides):
             raise ConfigurationError(f"ImageSpec: size {sides} is not whole {self.cell}x{self.cell} grid cells "
                                      f"(patch_size {self.patch_size} x merge_size {self.merge_size})")
+        if self.fit in _SQUARE_TILED_FITS and sides[0] != sides[1]:
+            raise ConfigurationError(f"ImageSpec: fit={self.fit!r} cuts square tiles, got size={sides}")
         object.__setattr__(self, "size", sides)
 
     def _check_pad_color(self) -> None:
@@ -258,8 +262,6 @@ class ImageSpec:
             if self.longest_edge is not None:
                 raise ConfigurationError(f"ImageSpec: longest_edge is fit='split''s, got fit={self.fit!r}")
             return
-        if self.size[0] != self.size[1]:
-            raise ConfigurationError(f"ImageSpec: fit='split' cuts square tiles, got size={self.size}")
         longest = 4 * self.size[0] if self.longest_edge is None else self.longest_edge
         longest = check_count(longest, "ImageSpec: longest_edge")
         if longest > IDEFICS3_MAX_SIDE:
@@ -275,8 +277,6 @@ class ImageSpec:
                 raise ConfigurationError(f"ImageSpec: pinpoints are fit='anyres''s, got fit={self.fit!r}")
             return
         tile = self.size[0]
-        if self.size[1] != tile:
-            raise ConfigurationError(f"ImageSpec: fit='anyres' cuts square tiles, got size={self.size}")
         given = LLAVA_NEXT_PINPOINTS if self.pinpoints is None else self.pinpoints
         if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
             raise ConfigurationError(f"ImageSpec: pinpoints must be (height, width) canvases, got {given!r}")
@@ -504,8 +504,7 @@ def tile_count(height: int, width: int, spec: ImageSpec) -> int:
         rows, columns = split_arrangement(height, width, spec)
         return rows * columns + (rows * columns > 1)
     if spec.fit == "anyres":  # the base image and the canvas's tiles
-        canvas_h, canvas_w = best_resolution(height, width, spec.pinpoints)
-        return 1 + canvas_h // spec.size[0] * (canvas_w // spec.size[0])
+        return 1 + anyres_features(height, width, spec)[0]
     columns, rows = tile_arrangement(height, width, spec)
     return columns * rows + (spec.thumbnail and columns * rows > 1)
 
@@ -666,14 +665,6 @@ def _orientation(image, spec: ImageSpec, read_exif=None) -> int:
     return value if value in _EXIF_TRANSPOSE else 1
 
 
-def _upright_grid(image, orientation: int, spec: ImageSpec) -> tuple[int, int]:
-    """The patch grid of the image as shown (after its EXIF orientation), from its header."""
-    width, height = image.size
-    if orientation in (5, 6, 7, 8):
-        width, height = height, width
-    return image_grid(height, width, spec)
-
-
 def _webp_cut_short(data: bytes) -> str | None:
     """Why a WebP is cut short, or None: its RIFF header declares more bytes than there are.
 
@@ -756,31 +747,31 @@ def _decode(data: bytes, spec: ImageSpec, *, resize: bool, probed: bool = False)
     before resizing)."""
     image = _open(data, spec)
     orientation = _orientation(image, spec)
-    upright = image.size[::-1] if orientation in (5, 6, 7, 8) else image.size  # (width, height) as shown
-    return _decoded_pixels(image, data, spec, orientation, upright, resize, probed), upright[::-1]
+    width, height = image.size
+    shown = (width, height) if orientation in (5, 6, 7, 8) else (height, width)  # (height, width) upright
+    return _decoded_pixels(image, data, spec, orientation, shown, resize, probed), shown
 
 
-def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, upright: tuple[int, int], resize: bool,
+def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, shown: tuple[int, int], resize: bool,
                     probed: bool):
     swapped = orientation in (5, 6, 7, 8)
     box = None
     target = None
     if resize:
-        rows, cols = _upright_grid(image, orientation, spec)
+        rows, cols = image_grid(*shown, spec)
         target_h, target_w = rows * spec.patch_size, cols * spec.patch_size
         if spec.fit == "tiles":  # the canvas the tiles are cut from
-            columns, tile_rows = tile_arrangement(upright[1], upright[0], spec)
+            columns, tile_rows = tile_arrangement(*shown, spec)
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
         elif spec.fit == "split":  # the first of Idefics3's two resizes
-            target_h, target_w = split_first_size(upright[1], upright[0], spec.longest_edge)
+            target_h, target_w = split_first_size(*shown, spec.longest_edge)
         elif spec.fit == "anyres":  # the picture fitted into its canvas, before the padding
-            target_h, target_w = fitted_size(upright[1], upright[0],
-                                             best_resolution(upright[1], upright[0], spec.pinpoints))
+            target_h, target_w = fitted_size(*shown, best_resolution(*shown, spec.pinpoints))
         elif spec.fit == "crop":  # the scaled image the middle is cut from
-            target_h, target_w = crop_scaled_size(upright[1], upright[0], spec)
+            target_h, target_w = crop_scaled_size(*shown, spec)
             if target_h * target_w > spec.max_image_pixels:  # a thin strip scaled up: a bomb of our making
                 raise ImageDecodeError(
-                    "decompression_bomb", f"fit='crop' scales its {upright[0]}x{upright[1]} pixels to "
+                    "decompression_bomb", f"fit='crop' scales its {shown[1]}x{shown[0]} pixels to "
                     f"{target_w}x{target_h} before cutting the middle, more than max_image_pixels="
                     f"{spec.max_image_pixels}")
         target = (target_h, target_w) if swapped else (target_w, target_h)  # stored (w, h)
@@ -803,7 +794,7 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, uprig
     if spec.fit == "split" and target is not None:
         return _split(image, spec, target, box, orientation)
     if spec.fit == "anyres" and target is not None:
-        return _anyres(image, spec, target, box, orientation, (upright[1], upright[0]))
+        return _anyres(image, spec, target, box, orientation, shown)
     if spec.fit == "pad" and target is not None:
         return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
@@ -858,12 +849,11 @@ def _tiles(image, spec: ImageSpec, canvas: tuple[int, int], box, orientation: in
     than one, stacked top to bottom: (tiles * tile_height, tile_width, 3)."""
     tile_h, tile_w = spec.size
     upright = np.asarray(_resized_upright(image, spec, canvas, box, orientation))
-    rows, columns = upright.shape[0] // tile_h, upright.shape[1] // tile_w
-    parts = [upright.reshape(rows, tile_h, columns, tile_w, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile_w, 3)]
-    if spec.thumbnail and rows * columns > 1:
-        stored = (tile_h, tile_w) if orientation in (5, 6, 7, 8) else (tile_w, tile_h)
-        parts.append(np.asarray(_resized_upright(image, spec, stored, box, orientation)))
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+    tiles = _cut_tiles(upright, tile_h, tile_w)
+    if not spec.thumbnail or len(tiles) == tile_h:  # one tile has no thumbnail
+        return tiles
+    stored = (tile_h, tile_w) if orientation in (5, 6, 7, 8) else (tile_w, tile_h)
+    return np.concatenate([tiles, np.asarray(_resized_upright(image, spec, stored, box, orientation))])
 
 
 def _split(image, spec: ImageSpec, first: tuple[int, int], box, orientation: int) -> np.ndarray:
@@ -881,9 +871,8 @@ def _split(image, spec: ImageSpec, first: tuple[int, int], box, orientation: int
     canvas = np.asarray(_resized_upright(stored_canvas, spec, None, None, orientation))
     if canvas_h == canvas_w == tile:
         return canvas
-    rows, columns = canvas_h // tile, canvas_w // tile
-    tiles = canvas.reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
-    return np.concatenate([tiles, np.asarray(_resized_upright(stored_canvas, spec, (tile, tile), None, orientation))])
+    global_image = np.asarray(_resized_upright(stored_canvas, spec, (tile, tile), None, orientation))
+    return np.concatenate([_cut_tiles(canvas, tile, tile), global_image])
 
 
 def _anyres(image, spec: ImageSpec, fitted: tuple[int, int], box, orientation: int,
@@ -900,9 +889,15 @@ def _anyres(image, spec: ImageSpec, fitted: tuple[int, int], box, orientation: i
     canvas = np.zeros((canvas_h, canvas_w, 3), np.uint8)
     top, left = (canvas_h - height) // 2, (canvas_w - width) // 2
     canvas[top : top + height, left : left + width] = picture
-    rows, columns = canvas_h // tile, canvas_w // tile
-    tiles = canvas.reshape(rows, tile, columns, tile, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile, 3)
-    return np.concatenate([np.asarray(_resized_upright(image, spec, (tile, tile), box, orientation)), tiles])
+    base = np.asarray(_resized_upright(image, spec, (tile, tile), box, orientation))
+    return np.concatenate([base, _cut_tiles(canvas, tile, tile)])
+
+
+def _cut_tiles(canvas: np.ndarray, tile_h: int, tile_w: int) -> np.ndarray:
+    """(H, W, 3) pixels of whole tiles -> the tiles in raster order, stacked top to bottom:
+    (tiles * tile_h, tile_w, 3)."""
+    rows, columns = canvas.shape[0] // tile_h, canvas.shape[1] // tile_w
+    return canvas.reshape(rows, tile_h, columns, tile_w, 3).transpose(0, 2, 1, 3, 4).reshape(-1, tile_w, 3)
 
 
 DEFAULT_SPEC = ImageSpec()
