@@ -43,7 +43,7 @@ from ._split import split_arrangement as _split_arrangement
 
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
-    "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
+    "CUT_FITS", "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
     "probe_image_with_size",
     "anyres_features", "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
 ]
@@ -79,6 +79,8 @@ _SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres")
 """The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
 _TILED_FITS = ("tiles", "split", "anyres")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
+CUT_FITS = (*_TILED_FITS, "crop", "pad")
+"""The fits that cut, crop or pad a picture rather than resize it whole (a video frame is resized whole)."""
 _SQUARE_TILED_FITS = ("split", "anyres")
 """The tiled fits whose models take square tiles only."""
 SHOWN_SIZE_FITS = ("split", "anyres")

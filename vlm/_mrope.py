@@ -87,9 +87,9 @@ def fill_mrope_positions(out: np.ndarray, documents, item_offsets: list[int], pl
     placeholder token; `placeholders` the row's `QwenPlaceholders`. A video whose temporal patches
     are stamped (Qwen3-VL, `video_timestamps`) is positioned as the model splits it: each patch's
     stamp as text, then the patch as an image (t = 0). One slice assignment per text run and per
-    image or video: no loop over tokens. A video's temporal patches step by 1 (Qwen2-VL), or with `tokens_per_second` by that
-    times the seconds a patch spans (Qwen2.5-VL: `doc.video_seconds`, its `second_per_grid_ts`).
-    Without that scale a text position never exceeds its token's index in the document (a block's
+    image or video: no loop over tokens. A video's temporal patches step by 1 (Qwen2-VL), or with
+    `tokens_per_second` by that times the seconds a patch spans (Qwen2.5-VL: `doc.video_seconds`,
+    its `second_per_grid_ts`). Without that scale a text position never exceeds its token's index in the document (a block's
     tokens outnumber what it moves the position), so the ramp of the row's length covers every
     text run; with it, a video may move the position past the row's length, and the text after
     it is given a ramp of its own (`_text_run`).

@@ -283,9 +283,9 @@ class DecodeImages:
     at full size (same refusals and RGB conversion) and handed to it; `record[output_field]`
     then holds its patch rows and `record[grid_field]` the (num_images, 2) int32 grid
     (see `run_processor`). The source field is dropped unless `keep_source`. The images of a
-    `fit="split"` spec also get the (height, width) of each picture as shown, (num_images, 2)
-    int32, in `record[output_field + "_sizes"]` (`sizes_field`): `Idefics3Placeholders` name
-    each tile by the arrangement it gives.
+    `fit="split"` or `"anyres"` spec also get the (height, width) of each picture as shown,
+    (num_images, 2) int32, in `record[output_field + "_sizes"]` (`sizes_field`):
+    `Idefics3Placeholders` name each tile by the arrangement it gives, and LLaVA-NeXT unpads by it.
 
     With `defer=True` (no processor) only the header is parsed and checked here: the field holds
     `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just

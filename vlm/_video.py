@@ -49,7 +49,7 @@ import numpy as np
 from zephon._errors import ConfigurationError, check_count, check_finite
 
 from ._errors import VideoDecodeError
-from ._image import DEFAULT_SPEC, ImageSpec, image_grid
+from ._image import CUT_FITS, DEFAULT_SPEC, ImageSpec, image_grid
 from ._matroska import HEAD_BYTES, cut_short
 from ._paths import open_media_file
 from ._video_pixels import video_grid
@@ -106,7 +106,7 @@ class VideoSpec:
             raise ConfigurationError(f"VideoSpec: need 0 <= start_s < end_s, got {self.start_s} and {self.end_s}")
         if not isinstance(self.image, ImageSpec):
             raise ConfigurationError(f"VideoSpec: image must be an ImageSpec, got {self.image!r}")
-        if self.image.fit in ("tiles", "split", "anyres", "crop", "pad"):  # FFmpeg sizes a frame to its grid, whole
+        if self.image.fit in CUT_FITS:  # FFmpeg sizes a frame to its grid, whole
             raise ConfigurationError(f"VideoSpec: a frame is resized whole, not cut or padded (fit={self.image.fit!r}); "
                                      f"size frames with fit='fixed' (InternVL's video frames are one tile each)")
         self._check_video_pixels()
