@@ -118,7 +118,10 @@ class ImageSpec:
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
     - `fit="fixed"` (SigLIP's, Gemma 3's, PaliGemma's image processors): every image is resized to
-      `size` (height, width), whole cells, whatever its aspect ratio; the bounds are not used.
+      `size` (height, width), whole cells, whatever its aspect ratio; the bounds are not used. With
+      `longest_edge` (Idefics3's and SmolVLM's processors without image splitting:
+      `ImageSpec.idefics3(split=False)`), first the longer side to `longest_edge` as "split" does,
+      then to `size`: two resizes, the second from the first, as the processor makes them.
     - `fit="crop"` (CLIP's, LLaVA-1.5's image processors): the shorter side is scaled to the
       longer side of `size`, the longer side in proportion (rounded down), and the middle `size`
       cut out (`crop_scaled_size`).
@@ -258,11 +261,12 @@ class ImageSpec:
         object.__setattr__(self, "thumbnail", thumbnail)
 
     def _check_split(self) -> None:
-        """`longest_edge` is fit="split"'s (4 tiles unless given, as Idefics3's processor), at most
-        `IDEFICS3_MAX_SIDE`, and its tiles are square."""
-        if self.fit != "split":
+        """`longest_edge` is fit="split"'s (4 tiles unless given, as Idefics3's processor) or, when
+        given, fit="fixed"'s first resize; at most `IDEFICS3_MAX_SIDE`."""
+        if self.fit != "split" and (self.fit != "fixed" or self.longest_edge is None):
             if self.longest_edge is not None:
-                raise ConfigurationError(f"ImageSpec: longest_edge is fit='split''s, got fit={self.fit!r}")
+                raise ConfigurationError(f"ImageSpec: longest_edge is fit='split''s and fit='fixed''s, "
+                                         f"got fit={self.fit!r}")
             return
         longest = 4 * self.size[0] if self.longest_edge is None else self.longest_edge
         longest = check_count(longest, "ImageSpec: longest_edge")
@@ -347,21 +351,24 @@ class ImageSpec:
                       "thumbnail": True, "resample": "bicubic", **kwargs})
 
     @classmethod
-    def idefics3(cls, **kwargs) -> ImageSpec:
+    def idefics3(cls, *, split: bool = True, **kwargs) -> ImageSpec:
         """Idefics3's image splitting (Idefics3-8B): the longer side to 1456, 364x364 tiles of
         14 px patches, each 26x26 patches becoming 169 tokens (merge_size 2, the model's pixel
-        shuffle), resized with Lanczos as `Idefics3ImageProcessor` does. Pair with
-        `Idefics3Placeholders.from_tokenizer(tokenizer, merge_size=2)`."""
-        return cls(**{"patch_size": 14, "merge_size": 2, "fit": "split", "size": (364, 364), "longest_edge": 1456,
-                      "resample": "lanczos", **kwargs})
+        shuffle), resized with Lanczos as `Idefics3ImageProcessor` does. `split=False` is the
+        processor's `do_image_splitting=False`: the longer side to 1456, then the whole picture to
+        one tile (fit="fixed"). Pair with `Idefics3Placeholders.from_tokenizer(tokenizer,
+        merge_size=2)`."""
+        return cls(**{"patch_size": 14, "merge_size": 2, "fit": "split" if split else "fixed", "size": (364, 364),
+                      "longest_edge": 1456, "resample": "lanczos", **kwargs})
 
     @classmethod
-    def smolvlm(cls, **kwargs) -> ImageSpec:
+    def smolvlm(cls, *, split: bool = True, **kwargs) -> ImageSpec:
         """SmolVLM's (SmolVLM-256M and -500M, SmolVLM2): Idefics3's splitting with the longer side
         to 2048 and 512x512 tiles of 16 px patches, each 32x32 patches becoming 64 tokens
-        (merge_size 4). Pair with `Idefics3Placeholders.from_tokenizer(tokenizer, merge_size=4)`."""
-        return cls(**{"patch_size": 16, "merge_size": 4, "fit": "split", "size": (512, 512), "longest_edge": 2048,
-                      "resample": "lanczos", **kwargs})
+        (merge_size 4); `split=False` as `idefics3`'s. Pair with
+        `Idefics3Placeholders.from_tokenizer(tokenizer, merge_size=4)`."""
+        return cls(**{"patch_size": 16, "merge_size": 4, "fit": "split" if split else "fixed", "size": (512, 512),
+                      "longest_edge": 2048, "resample": "lanczos", **kwargs})
 
     @classmethod
     def llava_next(cls, **kwargs) -> ImageSpec:
@@ -765,7 +772,7 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, shown
         if spec.fit == "tiles":  # the canvas the tiles are cut from
             columns, tile_rows = tile_arrangement(*shown, spec)
             target_h, target_w = tile_rows * spec.size[0], columns * spec.size[1]
-        elif spec.fit == "split":  # the first of Idefics3's two resizes
+        elif spec.longest_edge is not None:  # the first of Idefics3's two resizes ("split", "fixed")
             target_h, target_w = split_first_size(*shown, spec.longest_edge)
         elif spec.fit == "anyres":  # the picture fitted into its canvas, before the padding
             target_h, target_w = fitted_size(*shown, best_resolution(*shown, spec.pinpoints))
@@ -795,6 +802,10 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, shown
         return _tiles(image, spec, target, box, orientation)
     if spec.fit == "split" and target is not None:
         return _split(image, spec, target, box, orientation)
+    if spec.longest_edge is not None and target is not None:  # fit="fixed" after Idefics3's first resize
+        stored = _resized_upright(image, spec, target, box, 1)
+        size = spec.size if orientation in (5, 6, 7, 8) else spec.size[::-1]
+        return _resized_upright(stored, spec, size, None, orientation)
     if spec.fit == "anyres" and target is not None:
         return _anyres(image, spec, target, box, orientation, shown)
     if spec.fit == "pad" and target is not None:

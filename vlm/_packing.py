@@ -83,8 +83,10 @@ IMAGE_POSITIONS = ("before_text", "after_bos", "after_text")
 
 _DETAILS = {"tiles": split_arrangement, "unpadded": anyres_features}
 """What each `image_detail` of the placeholders is, from a picture's (height, width) as shown and the
-packer's spec, and the fit whose pictures it is of (`_DETAIL_FITS`)."""
-_DETAIL_FITS = {"tiles": "split", "unpadded": "anyres"}
+packer's spec, and the fits whose pictures it is of (`_DETAIL_FITS`): the first counts from the
+size as shown; Idefics3's pictures of fit="fixed" (not split) are each one tile, `tokens_for`'s
+default, and carry no size."""
+_DETAIL_FITS = {"tiles": ("split", "fixed"), "unpadded": ("anyres",)}
 
 _SHORT_TEXT = 128
 """Texts up to this many tokens are searched for placeholder ids as a list (see
@@ -272,7 +274,7 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
         "image_grid": np.array(images, dtype=np.int64),
         "image_token_offset": np.array(images, dtype=np.int64),
     }
-    if getattr(first.placeholders, "image_detail", None) == "unpadded":
+    if getattr(first.placeholders, "image_detail", None) == "unpadded":  # of fit="anyres" alone
         # LLaVA-NeXT's model unpads each picture's features by its size as shown (`image_sizes`).
         ragged["image_sizes"] = np.array([size for plan in plans for doc in plan.documents for k, size in
                                           enumerate(doc.sizes) if not doc.is_video(k)], dtype=np.int32).reshape(-1, 2)
@@ -472,7 +474,8 @@ class MultimodalPacker:
         self._interval_field = frame_interval_field(pixels_field)
         self._stamps = getattr(placeholders, "video_timestamps", None) is not None
         self._times_field = frame_times_field(pixels_field)
-        self._image_detail = getattr(placeholders, "image_detail", None)
+        detail = getattr(placeholders, "image_detail", None)
+        self._image_detail = detail if detail is not None and spec.fit == _DETAIL_FITS[detail][0] else None
         self._sizes_field = sizes_field(pixels_field)
         self._open: FirstFitRows[PlacedDocument] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
@@ -852,17 +855,24 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
 
 
 def _check_detail_spec(spec: ImageSpec, placeholders: Placeholders) -> None:
-    """Placeholders that count from a picture's size take the pictures of their fit (Idefics3's
-    `fit="split"`, LLaVA-NeXT's `"anyres"`); those that name tiles, pictures cut into no more rows
-    or columns of tiles than they have names for (`longest_edge` / the tile side, rounded up)."""
+    """Placeholders that count from a picture's size take the pictures of their fits (Idefics3's
+    `fit="split"`, or square `"fixed"` ones not split; LLaVA-NeXT's `"anyres"`); those that name
+    tiles, pictures cut into no more rows or columns of tiles than they have names for
+    (`longest_edge` / the tile side, rounded up)."""
     kind, detail = type(placeholders).__name__, placeholders.image_detail
-    fit = _DETAIL_FITS.get(detail)
-    if fit is None:
+    fits = _DETAIL_FITS.get(detail)
+    if fits is None:
         raise ConfigurationError(f"pack_multimodal: {kind}.image_detail={detail!r} is none of {tuple(_DETAILS)}")
-    if spec.fit != fit:
-        presets = _PRESETS.get(kind, f"ImageSpec(fit={fit!r}, ...)")
-        raise ConfigurationError(f"pack_multimodal: {kind} counts the tokens of fit={fit!r} images ({presets}), "
+    if spec.fit not in fits:
+        presets = _PRESETS.get(kind, f"ImageSpec(fit={fits[0]!r}, ...)")
+        named = " or ".join(repr(fit) for fit in fits)
+        raise ConfigurationError(f"pack_multimodal: {kind} counts the tokens of fit={named} images ({presets}), "
                                  f"got an ImageSpec of fit={spec.fit!r}")
+    if spec.fit == "fixed":
+        if spec.size[0] != spec.size[1]:
+            raise ConfigurationError(f"pack_multimodal: {kind} takes a picture not split as one square tile, got "
+                                     f"an ImageSpec of fit='fixed' and size={spec.size}")
+        return
     if detail != "tiles":
         return
     most = -(-spec.longest_edge // spec.size[0])

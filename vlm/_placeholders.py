@@ -240,7 +240,7 @@ def _check_text_ids(convention, names: tuple[str, ...]) -> None:
 @dataclass(frozen=True)
 class Idefics3Placeholders(_GridTokens):
     """Idefics3's convention (Idefics3, SmolVLM, SmolVLM2) for `ImageSpec(fit="split")` images,
-    as `Idefics3Processor` writes it. A picture cut into rows x columns tiles is, tile by tile in
+    and square `fit="fixed"` ones (not split: each one tile), as `Idefics3Processor` writes it. A picture cut into rows x columns tiles is, tile by tile in
     raster order, `<fake_token_around_image><row_r_col_c>` and a tile's `<image>` run, each row of
     tiles ended by `\n`, the last by `\n\n`, then its global image; a picture not cut is its
     global image alone: `<fake_token_around_image><global-img>`, the `<image>` run,

@@ -109,6 +109,10 @@ class VideoSpec:
         if self.image.fit in CUT_FITS:  # FFmpeg sizes a frame to its grid, whole
             raise ConfigurationError(f"VideoSpec: a frame is resized whole, not cut or padded (fit={self.image.fit!r}); "
                                      f"size frames with fit='fixed' (InternVL's video frames are one tile each)")
+        if self.image.longest_edge is not None:  # and in one step, straight to the spec's size
+            raise ConfigurationError(f"VideoSpec: a frame is resized once, straight to its size; longest_edge="
+                                     f"{self.image.longest_edge} (a first resize of pictures) does not apply to frames: "
+                                     f"give the image spec longest_edge=None")
         self._check_video_pixels()
 
     def _check_video_pixels(self) -> None:

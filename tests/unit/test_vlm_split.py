@@ -145,6 +145,35 @@ def test_split_pixels_equal_the_processor_s_tile_for_tile(smolvlm):
         (3, 4), (4, 1), (4, 4), (1, 4)}
 
 
+@pytest.mark.parametrize("smolvlm", [False, True])
+def test_pictures_not_split_equal_the_processor_s(smolvlm):
+    """`ImageSpec.idefics3(split=False)` and `ImageSpec.smolvlm(split=False)` (draft off): each
+    picture, wide, tall, tiny, thin or a JPEG, equals the processor's `pixel_values` under
+    `do_image_splitting=False` value for value (the longer side to `longest_edge`, then the whole
+    to one tile, each resize from the one before), one tile and no size beside it."""
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    preset = ImageSpec.smolvlm if smolvlm else ImageSpec.idefics3
+    kind = SmolVLMImageProcessorPil if smolvlm else Idefics3ImageProcessorPil
+    pictures = _pictures()
+    tile = 64 if smolvlm else 56  # whole cells of 16 px patches merged 4x4, of 14 px merged 2x2
+    for spec, longest in ((preset(split=False, draft=False), 2048 if smolvlm else 1456),
+                          (preset(split=False, size=(tile, tile), longest_edge=4 * tile, draft=False), 4 * tile)):
+        assert (spec.fit, spec.longest_edge) == ("fixed", longest)
+        processor = kind(size={"longest_edge": spec.longest_edge}, max_image_size={"longest_edge": spec.size[0]},
+                         do_image_splitting=False)
+        want = processor(images=[[Image.open(io.BytesIO(data))] for data in pictures], do_pad=False,
+                         do_rescale=False, do_normalize=False, return_tensors=None)["pixel_values"]
+        for data, (expected,) in zip(pictures, want, strict=True):
+            ours = decode_image(data, spec)
+            assert ours.shape == (*spec.size, 3)
+            np.testing.assert_array_equal(ours, np.rint(np.moveaxis(np.asarray(expected), 0, -1)).astype(np.uint8))
+        once = decode_image(pictures[0], ImageSpec(patch_size=spec.patch_size, merge_size=spec.merge_size, fit="fixed",
+                                                   size=spec.size, resample="lanczos", draft=False))
+        assert not np.array_equal(once, decode_image(pictures[0], spec))  # the first resize is made, not skipped
+
+
 @pytest.mark.parametrize("orientation", [5, 6, 8])
 def test_a_picture_stored_turned_is_cut_as_shown(orientation):
     """A 150x60 picture stored turned, with the EXIF orientation that shows it upright: its tiles
@@ -161,19 +190,27 @@ def test_a_picture_stored_turned_is_cut_as_shown(orientation):
     assert got.pixels.shape == want.pixels.shape
     assert np.abs(got.pixels.astype(int) - want.pixels).max() <= 1
     assert probe_image_with_size(stored, spec) == ((len(want.pixels) // 14, 4), (150, 60))
+    whole = ImageSpec.idefics3(split=False, size=(56, 56), longest_edge=224, draft=False)
+    not_split = decode_image(stored, whole)
+    assert not_split.shape == (56, 56, 3) and np.abs(not_split.astype(int) - decode_image(upright, whole)).max() <= 1
 
 
 def test_split_specs_are_refused_where_they_cannot_be_cut():
     for kwargs, words in (({"fit": "split", "size": (56, 112)}, "square tiles"),
                           ({"fit": "split", "size": (56, 56), "longest_edge": 5000}, "at most 4096"),
                           ({"fit": "split", "size": (56, 56), "longest_edge": 0}, "longest_edge"),
-                          ({"fit": "fixed", "size": (56, 56), "longest_edge": 224}, "fit='split''s")):
+                          ({"fit": "crop", "size": (56, 56), "longest_edge": 224}, "fit='split''s and fit='fixed''s"),
+                          ({"fit": "fixed", "size": (56, 56), "longest_edge": 5000}, "at most 4096")):
         with pytest.raises(ConfigurationError, match=words):
             ImageSpec(**{"patch_size": 14, "merge_size": 2, **kwargs})
     assert ImageSpec(patch_size=14, merge_size=2, fit="split", size=(56, 56)).longest_edge == 224  # 4 tiles
     for tiled in (ImageSpec.smolvlm(), ImageSpec.llava_next()):
         with pytest.raises(ConfigurationError, match="resized whole, not cut"):
             VideoSpec(image=tiled)
+    with pytest.raises(ConfigurationError, match="resized once, straight to its size; longest_edge=2048"):
+        VideoSpec(image=ImageSpec.smolvlm(split=False))
+    assert VideoSpec(image=ImageSpec.smolvlm(split=False, longest_edge=None)).image.size == (512, 512)
+    assert ImageSpec(patch_size=14, fit="fixed", size=(56, 56)).longest_edge is None  # one resize, as before
     assert ImageSpec.smolvlm().max_decoded_pixels == 512 * 512 * 17  # 4x4 tiles and the global image
 
 
@@ -214,7 +251,8 @@ def test_rows_are_idefics3_processor_s_input_ids_token_for_token(idefics3_tokeni
                 "pixels_sizes": np.array([image.size for image in decoded], np.int32),
                 "image_offsets": np.cumsum([len(each) for each in encoded[:-1]]).tolist()}
 
-    for spec, first in ((SMALL_SPLIT, pictures[0]), (unsplit, tiny)):
+    not_split = ImageSpec.idefics3(split=False, size=(56, 56), longest_edge=224, draft=False)
+    for spec, first in ((SMALL_SPLIT, pictures[0]), (unsplit, tiny), (not_split, pictures[0])):
         pieces = [["", "a photo of a cat"], ["left then", " right,", " below"]]
         records = [record(pieces[0], [first], spec), record(pieces[1], pictures[1:3], spec)]
         packer = MultimodalPacker(None, max_length=400, placeholders=placeholders, spec=spec, pad_id=0)
@@ -223,7 +261,8 @@ def test_rows_are_idefics3_processor_s_input_ids_token_for_token(idefics3_tokeni
         texts = ["<image>".join(each) for each in pieces]
         images = [[Image.open(io.BytesIO(first))], [Image.open(io.BytesIO(data)) for data in pictures[1:3]]]
         want = processor(text=texts, images=images, add_special_tokens=False, return_tensors=None,
-                         images_kwargs={"size": {"longest_edge": spec.longest_edge}, "do_pad": False})
+                         images_kwargs={"size": {"longest_edge": spec.longest_edge}, "do_pad": False,
+                                        "do_image_splitting": spec.fit == "split"})
         documents = row.tokens["document_ids"]
         for number, expected in enumerate(want["input_ids"]):
             assert row.tokens["input_ids"][documents == number].tolist() == expected, number
@@ -266,9 +305,17 @@ def test_the_packer_refuses_a_split_image_without_its_size_or_the_wrong_spec():
             packer.push((_address(), record))
     assert image.size == (300, 451) and split_arrangement(*image.size, spec) == (2, 2)
     assert packer.push((_address(), {"input_ids": text, "pixels": image.pixels, "pixels_sizes": [[300, 451]]})) == []
-    with pytest.raises(ConfigurationError, match="counts the tokens of fit='split' images"):
+    with pytest.raises(ConfigurationError, match="counts the tokens of fit='split' or 'fixed' images"):
         MultimodalPacker(None, max_length=200, placeholders=placeholders, spec=ImageSpec.internvl(size=(56, 56)),
                          pad_id=0)
+    with pytest.raises(ConfigurationError, match=r"one square tile, got an ImageSpec of fit='fixed' and size=\(56, 112\)"):
+        MultimodalPacker(None, max_length=200, placeholders=placeholders, pad_id=0,
+                         spec=ImageSpec(patch_size=14, merge_size=2, fit="fixed", size=(56, 112)))
+    whole = MultimodalPacker(None, max_length=200, placeholders=placeholders, pad_id=0,
+                             spec=ImageSpec.idefics3(split=False, size=(56, 56), longest_edge=112))
+    [row] = whole.push((_address(), {"input_ids": text, "pixels": decode_image(_pictures()[0], whole.spec)})) + \
+        whole.flush()  # no size needed: a picture not split is one tile
+    assert row.tokens["input_ids"][:7].tolist() == [4, 5, 3, 3, 3, 3, 4]
     with pytest.raises(ConfigurationError, match="cuts up to 4x4 tiles of 56 px, and Idefics3Placeholders names at "
                                                  "most 2x2"):
         MultimodalPacker(None, max_length=200, placeholders=placeholders, spec=SMALL_SPLIT, pad_id=0)
