@@ -43,6 +43,7 @@ from ._stages import (
     DecodeVideo,
     run_processor,
 )
+from ._frame_text import FrameText
 from ._gemma3 import gemma3_model_inputs
 from ._image_tensors import image_tensors
 from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
@@ -59,6 +60,7 @@ __all__ = [
     "VIDEO_REASONS",
     "DecodeImages",
     "DecodeVideo",
+    "FrameText",
     "Idefics3Placeholders",
     "ImageDecodeError",
     "ImageSpec",

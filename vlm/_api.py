@@ -10,6 +10,7 @@ from typing import Any
 from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_names
 from zephon._markers import OFFSETS_FIELD
 
+from ._frame_text import FrameText
 from ._image import ImageSpec
 from ._packing import PackMultimodal
 from ._placeholders import Placeholders
@@ -88,6 +89,7 @@ def pack_multimodal(
     max_open_rows: int = 16,
     mrope: bool = False,
     mrope_tokens_per_second: float | None = None,
+    frame_text: FrameText | None = None,
 ):
     """Append a `PackMultimodal` accumulator, bound to the stages before it
     (`PackMultimodal.bound_to`, which the loader calls again for a packer given to
@@ -104,11 +106,13 @@ def pack_multimodal(
     compute itself (`vlm._mrope`). `QwenPlaceholders(video_pad=...)` lays each decoded video out
     as one Qwen2-VL video block, its frames in the rows' `video_*` fields (vlm/README.md);
     `mrope_tokens_per_second` (Qwen2.5-VL's `vision_config.tokens_per_second`) then spaces each
-    video's temporal positions by the seconds its temporal patches span, as Qwen2.5-VL does."""
+    video's temporal positions by the seconds its temporal patches span, as Qwen2.5-VL does.
+    Where a video's frames are images (every other convention), `frame_text` (`FrameText`) writes
+    the text the model's processor puts around them: InternVL's frame numbers, SmolVLM2's times."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,
-        mrope_tokens_per_second=mrope_tokens_per_second,
+        mrope_tokens_per_second=mrope_tokens_per_second, frame_text=frame_text,
     )
     # Refused now, as the pipeline is built; the loader binds it again, as it binds a packer applied.
     return pipeline.apply(packer.bound_to(pipeline.record_operators()))

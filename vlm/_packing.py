@@ -71,11 +71,12 @@ from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
+from ._frame_text import FrameText
 from ._image import DEFAULT_SPEC, ImageSpec, anyres_features, sizes_field, split_arrangement
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, patch_times, temporal_patches
-from ._video import frame_interval_field, frame_times_field
+from ._video import frame_interval_field, frame_times_field, video_duration_field
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
 
@@ -134,6 +135,9 @@ class PlacedDocument:
     """Per image, what the placeholders count its tokens from besides its grid, worked out from
     its size (`_DETAILS`: the (rows, columns) of tiles `Idefics3Placeholders` name, the features
     `LlavaNextPlaceholders` keep), else empty."""
+    framing: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    """Per image, the ids of the text before and after its block where it is a video's frame and
+    the packer writes text around frames (`FrameText`), else empty."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -357,14 +361,17 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
                     video_patch_at += n
                 v += 1
             else:
+                if doc.framing:
+                    at = _write_ids(doc.framing[index][0], at, input_ids)
                 tokens = tokens_for(rows, cols, doc.details[index]) if doc.details else tokens_for(rows, cols)
                 image_offset[k] = at
                 n = rows * cols
                 _write_patches(pixel_values[patch_at : patch_at + n], image, rows, cols, p)
                 patch_at += n
                 k += 1
-            input_ids[at : at + len(tokens)] = tokens
-            at += len(tokens)
+            at = _write_ids(tokens, at, input_ids)
+            if doc.framing:
+                at = _write_ids(doc.framing[index][1], at, input_ids)
         if len(text) > cut:
             at = _write_text(text[cut:], at, start, input_ids, learns)
         position_ids[start:at] = positions[: at - start]
@@ -372,6 +379,13 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
     if plan.mrope:
         fill_mrope_positions(row["mrope_position_ids"], plan.documents, item_offsets, plan.placeholders,
                              plan.mrope_tokens_per_second)
+
+
+def _write_ids(ids: np.ndarray, at: int, input_ids: np.ndarray) -> int:
+    """Write ids no position learns (placeholders, the text around frames) at row position `at`;
+    returns the position after them."""
+    input_ids[at : at + len(ids)] = ids
+    return at + len(ids)
 
 
 def _write_text(run: np.ndarray, at: int, start: int, input_ids: np.ndarray, labels: np.ndarray | None) -> int:
@@ -451,9 +465,11 @@ class MultimodalPacker:
         assemble: bool = True,
         mrope: bool = False,
         mrope_tokens_per_second: float | None = None,
+        frame_text: FrameText | None = None,
     ) -> None:
         max_length, max_open_rows = _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope)
         mrope_tokens_per_second = _check_tokens_per_second(mrope_tokens_per_second, mrope, placeholders)
+        _check_frame_text(frame_text, mrope, placeholders)
         self.ctx = ctx
         self.max_length = max_length
         self.placeholders = placeholders
@@ -474,6 +490,8 @@ class MultimodalPacker:
         self._interval_field = frame_interval_field(pixels_field)
         self._stamps = getattr(placeholders, "video_timestamps", None) is not None
         self._times_field = frame_times_field(pixels_field)
+        self.frame_text = frame_text
+        self._duration_field = video_duration_field(pixels_field)
         detail = getattr(placeholders, "image_detail", None)
         self._image_detail = detail if detail is not None and spec.fit == _DETAIL_FITS[detail][0] else None
         self._sizes_field = sizes_field(pixels_field)
@@ -523,6 +541,7 @@ class MultimodalPacker:
             self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
         images = _as_images(record.get(self.pixels_field), self._video_layout)
+        framing = self._framing(address, record) if self.frame_text is not None else ()
         offsets = self._offsets(address, record, len(images), len(text))
         if offsets is None:
             return None
@@ -538,7 +557,7 @@ class MultimodalPacker:
         else:
             frames = ()
         lengths = self._lengths
-        image_tokens = 0
+        image_tokens = sum(len(before) + len(after) for before, after in framing)
         for k, grid in enumerate(grids):
             video = bool(frames) and frames[k] > 0  # in Qwen's layout: keyed (temporal patches, rows, cols)
             key = (temporal_patches(frames[k]), *grid) if video else (*grid, details[k]) if details else grid
@@ -569,7 +588,7 @@ class MultimodalPacker:
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times, sizes, details)
+                              times, sizes, details, framing)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -605,6 +624,36 @@ class MultimodalPacker:
                 f"(decode_video writes them), got {reprlib.repr(record.get(self._times_field))}"
             )
         return tuple(patch_times(shown) if n else () for n in frames)
+
+    def _framing(self, address, record: dict) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Per frame of the record's video, the ids of the `FrameText` before and after its block;
+        () for a record of images. A video made otherwise (a map of the user's) must carry the
+        frames' times and its duration where the text names them, as `decode_video` writes them."""
+        frames = record.get(self.pixels_field)
+        if not isinstance(frames, np.ndarray) or frames.ndim != 4:
+            return ()
+        count = len(frames)
+        times = self._given_seconds(address, record, self._times_field, count) if self.frame_text.needs_times else None
+        duration = None
+        if self.frame_text.needs_duration:
+            duration = float(self._given_seconds(address, record, self._duration_field, 1)[0])
+        pieces = self.frame_text.pieces(count, times, duration)
+        return tuple((pieces[k], pieces[count] if k == count - 1 else _NO_TEXT) for k in range(count))
+
+    def _given_seconds(self, address, record: dict, name: str, count: int) -> np.ndarray:
+        """`count` times in seconds (none negative) from the record's `name`, or a named error."""
+        given = record.get(name)
+        try:
+            seconds = None if given is None or isinstance(given, (str, bytes, bool)) else \
+                np.asarray(given, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            seconds = None
+        if seconds is None or len(seconds) != count or not np.isfinite(seconds).all() or (seconds < 0).any():
+            what = "its duration" if count == 1 else f"the time each of its {count} frames is shown"
+            raise ConfigurationError(f"record {address}: the text around a video's frames (FrameText) names "
+                                     f"{what}, in seconds and none negative, in {name!r} (decode_video writes it), "
+                                     f"got {reprlib.repr(given)}")
+        return seconds
 
     def _shown_sizes(self, address, record: dict, images: list) -> tuple[tuple[int, int], ...]:
         """Per image, the (height, width) of the picture as shown, which the placeholders count
@@ -837,6 +886,23 @@ def _check_tokens_per_second(value, mrope: bool, placeholders: Placeholders) -> 
     return float(value)
 
 
+def _check_frame_text(frame_text, mrope: bool, placeholders: Placeholders) -> None:
+    """`frame_text` is a `FrameText` or None, and only where frames are images: Qwen's video layout
+    has its own (`video_timestamps`), and M-RoPE would position text it does not know of."""
+    if frame_text is None:
+        return
+    if not isinstance(frame_text, FrameText):
+        raise ConfigurationError(f"pack_multimodal: frame_text must be a FrameText (FrameText.internvl(tokenizer), "
+                                 f"FrameText.smolvlm(tokenizer)), got {frame_text!r}")
+    if video_layout(placeholders):
+        raise ConfigurationError("pack_multimodal: frame_text writes text around a video's frames taken as images; "
+                                 "QwenPlaceholders(video_pad=...) lays a video out as one block (its times: "
+                                 "video_timestamps)")
+    if mrope:
+        raise ConfigurationError("pack_multimodal: frame_text and mrope=True: Qwen2-VL's rotary positions do not "
+                                 "place text between a video's frames")
+
+
 def _check_spec(spec, placeholders: Placeholders) -> None:
     """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
@@ -957,6 +1023,7 @@ class PackMultimodal:
     patch_dtype: str | None = None
     mrope: bool = False
     mrope_tokens_per_second: float | None = None
+    frame_text: FrameText | None = None
     name: str = "pack_multimodal"
     kind = "accumulator"
 
@@ -976,6 +1043,7 @@ class PackMultimodal:
         object.__setattr__(self, "max_open_rows", sizes[1])
         object.__setattr__(self, "mrope_tokens_per_second",
                            _check_tokens_per_second(self.mrope_tokens_per_second, self.mrope, self.placeholders))
+        _check_frame_text(self.frame_text, self.mrope, self.placeholders)
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
 
@@ -1008,6 +1076,7 @@ class PackMultimodal:
                 grid_field=settled.grid_field, offsets_field=settled.offsets_field,
                 max_open_rows=settled.max_open_rows, patch_dim=settled.patch_dim, patch_dtype=settled.patch_dtype,
                 assemble=False, mrope=settled.mrope, mrope_tokens_per_second=settled.mrope_tokens_per_second,
+                frame_text=settled.frame_text,
             )
 
         return make
@@ -1083,5 +1152,7 @@ class PackMultimodal:
             out["mrope"] = True
         if settled.mrope_tokens_per_second is not None:  # likewise
             out["mrope_tokens_per_second"] = settled.mrope_tokens_per_second
+        if settled.frame_text is not None:  # likewise
+            out["frame_text"] = _describe(settled.frame_text)
         return json.loads(json.dumps(out, default=str))
 

@@ -45,7 +45,8 @@ from ._deferred import DeferredImage
 from ._image import (DEFAULT_SPEC, SHOWN_SIZE_FITS, ImageSpec, decode_image, decode_image_with_size, load_rgb, patchify,
                      probe_image, probe_image_with_size, sizes_field)
 from ._paths import as_the_record_names_it, read_image_file, resolve_beside_shard
-from ._video import DEFAULT_VIDEO_SPEC, VideoSpec, frame_interval_field, frame_times_field, sample_video
+from ._video import (DEFAULT_VIDEO_SPEC, VideoSpec, frame_interval_field, frame_times_field, sample_video,
+                     video_duration_field)
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "DEFAULT_VIDEO_FIELDS", "DecodeImages", "DecodeVideo", "require_decoder",
            "run_processor"]
@@ -502,4 +503,5 @@ class DecodeVideo:
         out[self.output_field] = sampled.frames
         out[frame_interval_field(self.output_field)] = sampled.interval_s
         out[frame_times_field(self.output_field)] = sampled.times_s
+        out[video_duration_field(self.output_field)] = sampled.duration_s
         return out

@@ -55,7 +55,7 @@ from ._paths import open_media_file
 from ._video_pixels import video_grid
 
 __all__ = ["SampledVideo", "VideoSpec", "decode_video", "frame_interval_field", "frame_interval_s", "frame_times_field",
-           "sample_times", "sample_video"]
+           "sample_times", "sample_video", "video_duration_field"]
 
 _INTERPOLATION = {"nearest": "POINT", "box": "AREA", "bilinear": "BILINEAR", "hamming": "BICUBIC",
                   "bicubic": "BICUBIC", "lanczos": "LANCZOS"}
@@ -173,6 +173,12 @@ def frame_times_field(frames_field: str) -> str:
     return f"{frames_field}_frame_times_s"
 
 
+def video_duration_field(frames_field: str) -> str:
+    """The field `decode_video` writes a video's duration to (`pixels` -> `pixels_duration_s`):
+    SmolVLM2 writes the length of the video its frames come from as text before them."""
+    return f"{frames_field}_duration_s"
+
+
 def frame_interval_s(duration_s: float, spec: VideoSpec) -> float:
     """Seconds between two of the spec's sampled frames of a video lasting `duration_s`: the
     window over `num_frames`, or 1/fps. Qwen2.5-VL spaces a video's temporal positions by it
@@ -271,11 +277,12 @@ class SampledVideo(NamedTuple):
     """What `sample_video` took from a video: `frames` (T, H, W, 3) uint8; `interval_s`, the
     seconds between two sampled frames (`frame_interval_s`); `times_s` (T,) float64, each frame's
     presentation time in seconds from the stream's start, 0 at the earliest (a frame shown at two
-    targets, twice)."""
+    targets, twice); `duration_s`, the whole stream's, whatever window the frames were taken from."""
 
     frames: np.ndarray
     interval_s: float
     times_s: np.ndarray
+    duration_s: float
 
 
 def decode_video(source: bytes | str | os.PathLike, spec: VideoSpec = DEFAULT_VIDEO_SPEC) -> np.ndarray:
@@ -377,7 +384,7 @@ def _decode(container, spec: VideoSpec) -> SampledVideo:
         frames.append(converted[key])
     # From the stream's start; a frame stamped before it (an edit list's lead-in) is shown at 0.
     times = np.array([max(0.0, float((frame.pts - origin) * time_base)) for frame in chosen], dtype=np.float64)
-    return SampledVideo(np.stack(frames), frame_interval_s(duration, spec), times)
+    return SampledVideo(np.stack(frames), frame_interval_s(duration, spec), times, duration)
 
 
 def _quarter_turns(frame, image: ImageSpec) -> int:

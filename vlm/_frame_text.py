@@ -1,0 +1,154 @@
+"""The text a model's processor writes around a video's frames where it takes them as images.
+
+InternVL and SmolVLM2 feed a video to their vision tower frame by frame, each frame an image with
+its own placeholder block, and tell the model which frame is which in text: InternVL numbers them
+(`Frame1: <img>...</img>` and a newline between frames), SmolVLM2 opens with the count of frames
+and the video's length and stamps each frame with its time (`\\nFrame from 00:05:`). A frame's
+block is its placeholders' (`tokens_for`); this module is the text between, encoded with the
+model's tokenizer, so the packer can put it where the processor does.
+
+Each piece of text is what the processor's prompt holds between two blocks (which open and close
+with special tokens), encoded on its own, as the processor's tokenizer encodes the text between
+two special tokens: the intro and the first frame's text are one piece, the text after a frame
+and the next frame's another, the outro the last.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from datetime import timedelta
+from hashlib import sha256
+from typing import Any
+
+import numpy as np
+
+from zephon import ConfigurationError
+
+from ._placeholders import _plain_ids, _tokenizers_tokenizer
+
+__all__ = ["FrameText"]
+
+_NAMES = {"intro": ("frames", "frames_in_words", "duration"), "before_frame": ("number", "time"),
+          "between": (), "outro": ()}
+"""The fields each piece's template may name: the video's frame count (in digits and in English
+words), its duration as H:MM:SS, a frame's number from 1 and its time as MM:SS."""
+
+_NO_IDS = np.zeros(0, dtype=np.int32)
+_NO_IDS.flags.writeable = False
+
+
+@dataclass(frozen=True)
+class FrameText:
+    """Text around a video's frames where the placeholders take each frame as an image
+    (`pack_multimodal(frame_text=...)`): `intro` before the first frame, `before_frame` before
+    each, `between` after each but the last, `outro` after the last. Templates of `str.format`:
+    `intro` may name `{frames}`, `{frames_in_words}` (SmolVLM's `num2words`) and `{duration}` (the
+    video's length, whole seconds as H:MM:SS), `before_frame` `{number}` (from 1) and `{time}`
+    (the time the frame is shown, whole minutes and seconds as MM:SS).
+
+    `tokenizer_digest` (SHA-256 of the tokenizer's JSON) is what the recipe's fingerprint holds of
+    the tokenizer. Make one with `from_tokenizer`, `internvl` or `smolvlm`. Encodings are cached
+    per piece of text; safe to share between lanes' packers (a race encodes a text twice, to the
+    same ids).
+    """
+
+    tokenizer_digest: str
+    intro: str = ""
+    before_frame: str = ""
+    between: str = ""
+    outro: str = ""
+    _tokenizer: Any = field(default=None, repr=False, compare=False, hash=False)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self._tokenizer is None:
+            raise ConfigurationError("FrameText: make it with FrameText.from_tokenizer(tokenizer, ...)")
+        for piece, allowed in _NAMES.items():
+            template = getattr(self, piece)
+            if not isinstance(template, str):
+                raise ConfigurationError(f"FrameText: {piece} must be a str, got {template!r}")
+            for _, name, spec, conversion in _fields(template, piece):
+                if name not in allowed or spec or conversion:
+                    named = ", ".join("{" + each + "}" for each in allowed) or "no field"
+                    raise ConfigurationError(f"FrameText: {piece} {template!r} may name {named}, as they are, "
+                                             f"got {{{name}{'!' + conversion if conversion else ''}"
+                                             f"{':' + spec if spec else ''}}}")
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, intro: str = "", before_frame: str = "", between: str = "",
+                       outro: str = "") -> FrameText:
+        """Text encoded with `tokenizer` (a transformers fast tokenizer, a `tokenizers.Tokenizer`
+        or a `tokenizer_id`)."""
+        backend = _tokenizers_tokenizer(tokenizer)
+        return cls(sha256(backend.to_str().encode()).hexdigest(), intro, before_frame, between, outro, backend)
+
+    @classmethod
+    def internvl(cls, tokenizer: Any) -> FrameText:
+        """InternVL's (`InternVLProcessor`): `Frame1: ` before the first frame's `<img>`, a newline
+        and the next number between frames."""
+        return cls.from_tokenizer(tokenizer, before_frame="Frame{number}: ", between="\n")
+
+    @classmethod
+    def smolvlm(cls, tokenizer: Any) -> FrameText:
+        """SmolVLM2's (`SmolVLMProcessor`): the count of frames in words and the video's length,
+        then `\\nFrame from MM:SS:` before each frame, `\\n\\n` after the last. Needs `num2words`."""
+        return cls.from_tokenizer(
+            tokenizer, intro="You are provided the following series of {frames_in_words} frames from a {duration} "
+                             "[H:MM:SS] video.\n",
+            before_frame="\nFrame from {time}:", outro="\n\n")
+
+    @property
+    def needs_times(self) -> bool:
+        """Whether a frame's text names its time (the packer then needs the frames' times)."""
+        return any(name == "time" for _, name, _, _ in _fields(self.before_frame, "before_frame"))
+
+    @property
+    def needs_duration(self) -> bool:
+        """Whether the intro names the video's duration (the packer then needs it)."""
+        return any(name == "duration" for _, name, _, _ in _fields(self.intro, "intro"))
+
+    def pieces(self, frames: int, times: np.ndarray | None = None, duration_s: float | None = None) -> list[np.ndarray]:
+        """The `frames + 1` int32 id arrays around a video's frames: before the first (the intro
+        and its text), before each next (the text after the one before and its own), after the
+        last. `times` (seconds each frame is shown) and `duration_s` are read where the templates
+        name them."""
+        values = {"frames": frames, "duration": None if duration_s is None else str(timedelta(seconds=int(duration_s)))}
+        if any(name == "frames_in_words" for _, name, _, _ in _fields(self.intro, "intro")):
+            values["frames_in_words"] = _in_words(frames)
+        texts = []
+        for k in range(frames):
+            opening = self.intro.format(**values) if k == 0 else self.between
+            time = None if times is None else float(times[k])
+            texts.append(opening + self.before_frame.format(number=k + 1, time=None if time is None else
+                                                            f"{int(time // 60):02d}:{int(time % 60):02d}"))
+        texts.append(self.outro)
+        return [self._ids(text) for text in texts]
+
+    def _ids(self, text: str) -> np.ndarray:
+        """int32 ids of a piece of text (read-only, cached by it); none for no text."""
+        if not text:
+            return _NO_IDS
+        cached = self._cache.get(text)
+        if cached is None:
+            cached = np.array(_plain_ids(self._tokenizer, text), dtype=np.int32)
+            cached.flags.writeable = False
+            self._cache[text] = cached
+        return cached
+
+
+def _fields(template: str, piece: str) -> list[tuple]:
+    """The replacement fields of a template, or a named error where it does not parse."""
+    try:
+        return [part for part in string.Formatter().parse(template) if part[1] is not None]
+    except ValueError as exc:
+        raise ConfigurationError(f"FrameText: {piece} {template!r} is no format template: {exc}") from None
+
+
+def _in_words(count: int) -> str:
+    """A count in English words, as SmolVLM's processor writes it (`num2words`)."""
+    try:
+        from num2words import num2words
+    except ImportError:
+        raise ConfigurationError("FrameText: {frames_in_words} needs num2words (pip install 'zephon[vlm]')") from None
+    return num2words(count)
