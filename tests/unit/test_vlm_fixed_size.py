@@ -503,12 +503,13 @@ def test_the_memory_budget_holds_each_decoded_image_at_its_fixed_size(tmp_path):
 
 # -- into the model ------------------------------------------------------------------------------
 
-def _microbatch(placeholders, spec: ImageSpec, documents: list[dict], length: int) -> dict:
-    """`documents` packed into one row of `length` tokens, as a microbatch of one row of torch
-    tensors (token fields int64, as `to_training()` gives them; ragged fields as they are)."""
+def _microbatch(placeholders, spec: ImageSpec, documents: list[dict], length: int, **packing) -> dict:
+    """`documents` packed into one row of `length` tokens (`packing`: the packer's other settings),
+    as a microbatch of one row of torch tensors (token fields int64, as `to_training()` gives them;
+    ragged fields as they are)."""
     import torch
 
-    packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec, pad_id=0)
+    packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec, pad_id=0, **packing)
     rows = [row for i, record in enumerate(documents) for row in packer.push((_address(i), record))]
     [row] = rows + packer.flush()
     return {name: torch.from_numpy(np.ascontiguousarray(array))[None].long() if name in row.tokens
@@ -608,11 +609,12 @@ def test_a_tiny_internvl_gives_each_packed_document_what_it_gives_the_document_a
 
 
 def assert_each_packed_document_is_its_own(model, placeholders, spec: ImageSpec, records: list[dict], length: int,
-                                           image_inputs) -> None:
-    """`records` packed into one row of `length` tokens, given to `model` with the row's
-    `position_ids` and no attention mask: every document's logits are those of the document packed
-    alone (positions from 0, nothing before it). `image_inputs(microbatch)` is the forward's image
-    arguments (`pixel_values`, ...) of a microbatch that has images."""
+                                           image_inputs, **packing) -> None:
+    """`records` packed into one row of `length` tokens (`packing`: the packer's other settings),
+    given to `model` with the row's `position_ids` and no attention mask: every document's logits
+    are those of the document packed alone (positions from 0, nothing before it).
+    `image_inputs(microbatch)` is the forward's image arguments (`pixel_values`, ...) of a
+    microbatch that has images."""
     import torch
 
     def logits(batch: dict, positions: bool) -> torch.Tensor:
@@ -624,10 +626,10 @@ def assert_each_packed_document_is_its_own(model, placeholders, spec: ImageSpec,
         with torch.no_grad():
             return model(**inputs, use_cache=False).logits[0]
 
-    batch = _microbatch(placeholders, spec, records, length)
+    batch = _microbatch(placeholders, spec, records, length, **packing)
     packed = logits(batch, positions=True)
     documents = batch["document_ids"][0]
     for number, record in enumerate(records):
-        alone = _microbatch(placeholders, spec, [record], int((documents == number).sum()))
+        alone = _microbatch(placeholders, spec, [record], int((documents == number).sum()), **packing)
         torch.testing.assert_close(packed[documents == number], logits(alone, positions=False), rtol=0, atol=1e-5,
                                    msg=lambda m: f"document {number}: {m}")

@@ -13,11 +13,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.conftest import requires_torch
 from tests.unit.test_vlm_assets import make_video
+from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source
 from tests.unit.test_vlm_qwen_video import corpus  # noqa: F401 - the photos-and-clips corpus fixture
 from tests.unit.test_vlm_split import IMAGE_TOKENS
-from vlm import FrameText, Idefics3Placeholders, ImageSpec, PadPlaceholders, QwenPlaceholders, VideoSpec
+from vlm import FrameText, Idefics3Placeholders, ImageSpec, PadPlaceholders, QwenPlaceholders, VideoSpec, image_tensors
 from vlm._packing import MultimodalPacker, PackMultimodal
 from vlm._stages import DecodeVideo
 from zephon import ConfigurationError, Pipeline
@@ -246,3 +248,42 @@ def test_photos_and_framed_clips_are_the_same_bytes_on_every_runner(corpus):  # 
     digests = [batch.digest() for batch in batches]
     for runner, (other, _) in runs.items():
         assert [batch.digest() for batch in other] == digests, runner
+
+
+# -- into the model ------------------------------------------------------------------------------
+
+@requires_torch
+def test_a_tiny_smolvlm_gives_each_packed_document_of_framed_clips_what_it_gives_it_alone():
+    """Rows of a three-frame clip after SmolVLM2's text then its caption, text alone, and a
+    picture before its caption, given to a tiny randomly initialised
+    `SmolVLMForConditionalGeneration` as vlm/README.md shows (the frames and pictures as one batch
+    of images): every document's logits are the document's alone, so the model takes every frame
+    where its block is and nothing of the text around the frames leaks between documents."""
+    import torch
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+
+    config = SmolVLMConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=128, patch_size=16),
+        text_config=dict(model_type="llama", vocab_size=8256, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
+        image_token_id=8202, scale_factor=4)
+    torch.manual_seed(0)
+    model = SmolVLMForConditionalGeneration(config).eval()
+    placeholders = Idefics3Placeholders(8202, 8200, 8201, ((8210,),), merge_size=4)  # past the shipped vocabulary
+    frame_text = FrameText.from_tokenizer(TOKENIZER, intro="{frames} frames, {duration}\n",
+                                          before_frame="\nat {time}:", outro="\n\n")
+    rng = np.random.default_rng(4)
+
+    def text(n: int) -> np.ndarray:
+        return rng.integers(10, 90, n).astype(np.int32)
+
+    clip = {"input_ids": text(5), "pixels": rng.integers(0, 256, (3, 128, 128, 3), dtype=np.uint8),
+            "pixels_frame_times_s": np.array([0.0, 1.5, 3.0]), "pixels_duration_s": 4.0}
+    picture = {"input_ids": text(4), "pixels": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8)}
+
+    assert_each_packed_document_is_its_own(
+        model, placeholders, SMOL_FRAMES, [clip, {"input_ids": text(7)}, picture], 160,
+        lambda batch: {"pixel_values": image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
+                                                     std=(0.5,) * 3)[None]},
+        frame_text=frame_text)
