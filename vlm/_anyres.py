@@ -1,4 +1,5 @@
-"""LLaVA-NeXT's "anyres" sizing: a picture fitted into the best of a few canvases of tiles.
+"""LLaVA-NeXT's and LLaVA-OneVision's "anyres" sizing: a picture fitted into the best of a few
+canvases of tiles.
 
 LLaVA-NeXT's image processor picks, of its `image_grid_pinpoints` (canvas sizes, whole tiles),
 the one that keeps most of the picture's resolution and wastes least of the canvas; resizes the
@@ -7,18 +8,24 @@ centred, with black, and cuts the canvas into tiles; the whole picture stretched
 "base" image) goes first. The model takes every tile's features, drops the rows or columns that
 only the padding filled ("unpadding"), adds a learned newline feature after each remaining row
 and puts the base image's features first; the processor writes as many `<image>` as that gives.
-This module is that arithmetic, in the processor's floating-point steps (`select_best_resolution`,
-`get_patch_output_size`, `_get_unpadded_features`), so that the count matches it for every size.
+LLaVA-OneVision ("anyres_max_9") then shrinks the kept features, with their aspect ratio, to
+about nine tiles' worth where they are more (`capped_features`). This module is that arithmetic,
+in the processors' floating-point steps (`select_best_resolution`, `get_patch_output_size`,
+`_get_unpadded_features`), so that the count matches theirs for every size.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["LLAVA_NEXT_PINPOINTS", "best_resolution", "fitted_size", "unpadded_features"]
+__all__ = ["LLAVA_NEXT_PINPOINTS", "LLAVA_ONEVISION_PINPOINTS", "best_resolution", "capped_features", "fitted_size",
+           "unpadded_features"]
 
 LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 """LLaVA-NeXT's (LLaVA-1.6's) canvases, (height, width): transformers' `LlavaNextImageProcessor` default."""
+
+LLAVA_ONEVISION_PINPOINTS = tuple((384 * rows, 384 * columns) for rows in range(1, 7) for columns in range(1, 7))
+"""LLaVA-OneVision's canvases, 1x1 to 6x6 tiles of 384 px, rows first: `LlavaOnevisionImageProcessor`'s default."""
 
 
 def best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
@@ -56,4 +63,15 @@ def unpadded_features(height: int, width: int, canvas: tuple[int, int], tile: in
     else:
         kept = int(round(width * (rows / height), 7))
         columns -= (columns - kept) // 2 * 2
+    return rows, columns
+
+
+def capped_features(rows: int, columns: int, tile_features: int, most_tiles: int) -> tuple[int, int]:
+    """(rows, columns) of kept features once LLaVA-OneVision's "anyres_max_`most_tiles`" has
+    shrunk them: where they are more than 1.1 x the side of `most_tiles` tiles' worth
+    (`tile_features`² each), both sides are divided by that ratio and rounded down, as its model
+    interpolates them and its processor counts them."""
+    ratio = math.sqrt(rows * columns / (most_tiles * tile_features**2))
+    if ratio > 1.1:
+        return int(rows // ratio), int(columns // ratio)
     return rows, columns

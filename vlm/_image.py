@@ -37,7 +37,8 @@ from zephon._errors import ConfigurationError, check_count, check_finite
 
 from . import _png
 from ._errors import ImageDecodeError
-from ._anyres import LLAVA_NEXT_PINPOINTS, best_resolution, fitted_size, unpadded_features
+from ._anyres import (LLAVA_NEXT_PINPOINTS, LLAVA_ONEVISION_PINPOINTS, best_resolution, capped_features, fitted_size,
+                      unpadded_features)
 from ._split import IDEFICS3_MAX_SIDE, split_canvas, split_first_size
 from ._split import split_arrangement as _split_arrangement
 
@@ -147,7 +148,10 @@ class ImageSpec:
       centred, with black, and cut into its tiles; the whole picture stretched to one tile (the
       "base" image) goes first, then the tiles in raster order, stacked one tile wide. The size of
       each picture as shown is written beside the pixels, as with "split": the model unpads its
-      features by it, and takes it (`image_sizes`).
+      features by it, and takes it (`image_sizes`). `tile_features` is the features a side of a
+      tile gives where that is not its cells (LLaVA-OneVision's SigLIP: 27 of 14 px in 384 px, which
+      the pixels carry as 24 patches of 16), and `anyres_max` LLaVA-OneVision's cap on the kept
+      features, about that many tiles' worth (`ImageSpec.llava_onevision()`).
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -177,6 +181,8 @@ class ImageSpec:
     pad_color: tuple[int, int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
     longest_edge: int | None = field(default=None, metadata={"fingerprint": "when set"})
     pinpoints: tuple[tuple[int, int], ...] | None = field(default=None, metadata={"fingerprint": "when set"})
+    tile_features: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    anyres_max: int | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -277,11 +283,15 @@ class ImageSpec:
 
     def _check_pinpoints(self) -> None:
         """`pinpoints` are fit="anyres"'s (LLaVA-NeXT's five unless given): (height, width) canvases
-        of whole square `size` tiles."""
+        of whole square `size` tiles; so are `tile_features` and `anyres_max`, counts when given."""
         if self.fit != "anyres":
-            if self.pinpoints is not None:
-                raise ConfigurationError(f"ImageSpec: pinpoints are fit='anyres''s, got fit={self.fit!r}")
+            for name in ("pinpoints", "tile_features", "anyres_max"):
+                if getattr(self, name) is not None:
+                    raise ConfigurationError(f"ImageSpec: {name} are fit='anyres''s, got fit={self.fit!r}")
             return
+        for name in ("tile_features", "anyres_max"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_count(getattr(self, name), f"ImageSpec: {name}"))
         tile = self.size[0]
         given = LLAVA_NEXT_PINPOINTS if self.pinpoints is None else self.pinpoints
         if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
@@ -377,6 +387,17 @@ class ImageSpec:
         image first, resized bicubically as `LlavaNextImageProcessor` does. Pair with
         `LlavaNextPlaceholders.from_tokenizer(tokenizer)`."""
         return cls(**{"patch_size": 14, "fit": "anyres", "size": (336, 336), "resample": "bicubic", **kwargs})
+
+    @classmethod
+    def llava_onevision(cls, **kwargs) -> ImageSpec:
+        """LLaVA-OneVision's anyres_max_9: 384x384 tiles on the canvas of
+        `LLAVA_ONEVISION_PINPOINTS` (1x1 to 6x6 tiles) that fits the picture best, the base image
+        first, resized bicubically as `LlavaOnevisionImageProcessor` does; SigLIP makes 27x27
+        features of a tile (its 14 px patches; the pixels travel as 16 px ones, 384 being no whole
+        number of 14), and the kept features are shrunk to about 9 tiles' worth. Pair with
+        `LlavaNextPlaceholders.from_tokenizer(tokenizer)`."""
+        return cls(**{"patch_size": 16, "fit": "anyres", "size": (384, 384), "pinpoints": LLAVA_ONEVISION_PINPOINTS,
+                      "tile_features": 27, "anyres_max": 9, "resample": "bicubic", **kwargs})
 
     @classmethod
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
@@ -497,13 +518,19 @@ def split_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, in
     return _split_arrangement(height, width, spec.longest_edge, spec.size[0])
 
 
-def anyres_features(height: int, width: int, spec: ImageSpec) -> tuple[int, int, int]:
-    """(tiles, feature rows, feature columns) of a `fit="anyres"` picture of this size as shown:
-    its canvas's tiles, and the rows and columns of their features LLaVA-NeXT keeps once it has
-    dropped what only the padding filled (`vlm._anyres.unpadded_features`)."""
+def anyres_features(height: int, width: int, spec: ImageSpec) -> tuple[int, int, int, int]:
+    """(tiles, features a side of a tile, feature rows, feature columns) of a `fit="anyres"`
+    picture of this size as shown: its canvas's tiles, what the tower makes of each (the base
+    image's too), and the rows and columns of their features LLaVA-NeXT keeps once it has dropped
+    what only the padding filled (`vlm._anyres.unpadded_features`), shrunk as LLaVA-OneVision's
+    `anyres_max` shrinks them (`capped_features`)."""
     tile = spec.size[0]
+    side = tile // spec.cell if spec.tile_features is None else spec.tile_features
     canvas = best_resolution(height, width, spec.pinpoints)
-    return (canvas[0] // tile * (canvas[1] // tile), *unpadded_features(height, width, canvas, tile, tile // spec.cell))
+    rows, columns = unpadded_features(height, width, canvas, tile, side)
+    if spec.anyres_max is not None:
+        rows, columns = capped_features(rows, columns, side, spec.anyres_max)
+    return canvas[0] // tile * (canvas[1] // tile), side, rows, columns
 
 
 def tile_count(height: int, width: int, spec: ImageSpec) -> int:

@@ -837,7 +837,7 @@ def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
 _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
             "PixtralPlaceholders": "ImageSpec.pixtral()",
             "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()",
-            "LlavaNextPlaceholders": "ImageSpec.llava_next()"}
+            "LlavaNextPlaceholders": "ImageSpec.llava_next() or ImageSpec.llava_onevision()"}
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:

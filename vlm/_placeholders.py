@@ -344,15 +344,17 @@ class Idefics3Placeholders(_GridTokens):
 
 @dataclass(frozen=True)
 class LlavaNextPlaceholders(_GridTokens):
-    """LLaVA-NeXT's convention (LLaVA-1.6; transformers' `LlavaNextProcessor`) for
-    `ImageSpec(fit="anyres")` pictures: a run of `<image>`, one per feature the model keeps. Those
-    are the base image's (cols / merge_size)² (CLIP's class token dropped: the "default" feature
-    strategy of the LLaVA-NeXT checkpoints), the features of its tiles that remain once the rows or
-    columns only the padding filled are dropped, and one newline feature after each of their rows.
-    What remains depends on the picture's size as shown, which the stack of tiles does not hold:
-    the packer works it out from the size written beside the pixels (`record["pixels_sizes"]`) as
-    (tiles, feature rows, feature columns) (`anyres_features`) and asks `tokens_for(rows, cols,
-    that)`; its rows carry the sizes as `image_sizes`, by which the model unpads.
+    """LLaVA-NeXT's convention (LLaVA-1.6; transformers' `LlavaNextProcessor`; LLaVA-OneVision's
+    `LlavaOnevisionProcessor` for a document's only picture) for `ImageSpec(fit="anyres")`
+    pictures: a run of `<image>`, one per feature the model keeps. Those are the base image's
+    (a tile's features, squared: CLIP's class token dropped, the "default" feature strategy of the
+    LLaVA-NeXT checkpoints; SigLIP has none), the features of its tiles that remain once the rows
+    or columns only the padding filled are dropped (and, for OneVision, shrunk to its cap), and one
+    newline feature after each of their rows. What remains depends on the picture's size as shown,
+    which the stack of tiles does not hold: the packer works it out from the size written beside
+    the pixels (`record["pixels_sizes"]`) as (tiles, features a side of a tile, feature rows,
+    feature columns) (`anyres_features`) and asks `tokens_for(rows, cols, that)`; its rows carry
+    the sizes as `image_sizes`, by which the model unpads.
     """
 
     image: int
@@ -360,23 +362,23 @@ class LlavaNextPlaceholders(_GridTokens):
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     image_detail = "unpadded"
-    """What the packer hands `tokens_for` and `num_tokens` beside the grid: (tiles, feature rows,
-    feature columns) of the picture's features the model keeps (`anyres_features`)."""
+    """What the packer hands `tokens_for` and `num_tokens` beside the grid: (tiles, features a
+    side of a tile, feature rows, feature columns) of the picture's features the model keeps
+    (`anyres_features`)."""
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, image: str = "<image>", merge_size: int = 1) -> LlavaNextPlaceholders:
         return cls(lookup_token_id(tokenizer, image), merge_size)
 
-    def num_tokens(self, rows: int, cols: int, kept: tuple[int, int, int]) -> int:
-        m = self.merge_size
-        _check_grid(rows, cols, m)
-        tiles, feature_rows, feature_columns = kept
+    def num_tokens(self, rows: int, cols: int, kept: tuple[int, int, int, int]) -> int:
+        _check_grid(rows, cols, self.merge_size)
+        tiles, side, feature_rows, feature_columns = kept
         if tiles < 1 or rows != cols * (1 + tiles):
             raise ValueError(f"a {rows}x{cols} patch stack is not a base image and {tiles} tiles of {cols}x{cols} "
                              f"patches")
-        return (cols // m) ** 2 + feature_rows * (feature_columns + 1)
+        return side**2 + feature_rows * (feature_columns + 1)
 
-    def _build(self, rows: int, cols: int, kept: tuple[int, int, int]) -> np.ndarray:
+    def _build(self, rows: int, cols: int, kept: tuple[int, int, int, int]) -> np.ndarray:
         """The ids of a stack of rows x cols patches whose tiles keep `kept` features."""
         return np.full(self.num_tokens(rows, cols, kept), self.image, dtype=np.int32)
 
