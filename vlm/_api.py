@@ -94,7 +94,7 @@ def pack_multimodal(
     """Append a `PackMultimodal` accumulator, bound to the stages before it
     (`PackMultimodal.bound_to`, which the loader calls again for a packer given to
     `Pipeline.apply`): `spec` defaults to the last decoder's (`decode_images`', or `decode_video`'s
-    `VideoSpec.image`), the patch layout (dim, dtype) to what that stage produces (its processor's,
+    `VideoSpec.image`; with `Idefics3Placeholders`, the last `decode_images`'), the patch layout (dim, dtype) to what that stage produces (its processor's,
     if any), and `pixels_field` (and the grid field) to the fields that stage writes ("pixels"
     without one); a `spec` cutting other patches than that decoder's is refused.
     `image_position="after_bos"` puts a document's images after its first token, taken to be the

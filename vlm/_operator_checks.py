@@ -42,7 +42,7 @@ def followed_settings(packer: PackMultimodal, operators: Sequence[object]) -> di
     decoder = _last_decoder(operators)
     out: dict[str, object] = {}
     if packer.spec is None:
-        out["spec"] = DEFAULT_SPEC if decoder is None else _image_spec(decoder)
+        out["spec"] = DEFAULT_SPEC if decoder is None else _image_spec(_spec_decoder(packer, operators, decoder))
     if packer.pixels_field is None:
         out["pixels_field"] = "pixels" if decoder is None else decoder.output_field
     if packer.grid_field is None:
@@ -71,6 +71,7 @@ def check_operators_before(packer: PackMultimodal, operators: Sequence[object]) 
                if isinstance(op, (DecodeImages, DecodeVideo)) and op.output_field == packer.pixels_field]
     _check_one_decoder_per_dataset(writers, packer.pixels_field)
     _check_one_patch_layout(writers, packer.pixels_field)
+    _check_frames_countable(writers, packer.placeholders)
     decoders = [op for op in operators if isinstance(op, (DecodeImages, DecodeVideo))]
     if decoders:
         _check_processor_merge(decoders[-1], packer.placeholders)
@@ -232,9 +233,29 @@ def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
     return _cut(_image_spec(decoder))
 
 
+def _check_frames_countable(writers: Sequence[object], placeholders) -> None:
+    """Refuse a `decode_video` before placeholders that count a picture's features from its size
+    as shown and cannot count a frame's (LLaVA-NeXT's: a frame has no canvas to unpad)."""
+    if getattr(placeholders, "image_detail", None) not in (None, "tiles") and any(
+            isinstance(op, DecodeVideo) for op in writers):
+        raise ConfigurationError(f"pack_multimodal: {type(placeholders).__name__} counts a picture's features from "
+                                 f"its canvas of tiles, and a decode_video's frames have none")
+
+
 def _last_decoder(operators: Sequence[object]) -> DecodeImages | DecodeVideo | None:
     """The decoder whose settings the packer follows: the last, as `pack_multimodal` always took."""
     return next((op for op in reversed(operators) if isinstance(op, (DecodeImages, DecodeVideo))), None)
+
+
+def _spec_decoder(packer: PackMultimodal, operators: Sequence[object],
+                  last: DecodeImages | DecodeVideo) -> DecodeImages | DecodeVideo:
+    """The decoder whose spec the packer follows: the last, but where the placeholders count a
+    picture from its size as shown (Idefics3's) and a `decode_video` comes after the pictures'
+    decoder, that decoder, whose spec says how its pictures were cut (a video's frames are uncut
+    whatever the spec)."""
+    if getattr(packer.placeholders, "image_detail", None) != "tiles" or not isinstance(last, DecodeVideo):
+        return last
+    return next((op for op in reversed(operators) if isinstance(op, DecodeImages)), last)
 
 
 def _image_spec(decoder: DecodeImages | DecodeVideo) -> ImageSpec:

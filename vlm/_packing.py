@@ -546,7 +546,7 @@ class MultimodalPacker:
         if offsets is None:
             return None
         grids = self._grids(address, record, images)
-        sizes = self._shown_sizes(address, record, images) if self._image_detail else ()
+        sizes = self._shown_sizes(address, record, images) if self._counts_from_sizes(address, record) else ()
         details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
         seconds = times = ()
@@ -654,6 +654,21 @@ class MultimodalPacker:
                                      f"{what}, in seconds and none negative, in {name!r} (decode_video writes it), "
                                      f"got {reprlib.repr(given)}")
         return seconds
+
+    def _counts_from_sizes(self, address, record: dict) -> bool:
+        """Whether the record's pictures are counted from their sizes as shown: where the
+        placeholders count so, but not a video's frames, which Idefics3's models take uncut, one
+        tile each (SmolVLM2's), and LLaVA-NeXT's placeholders cannot count (their features are
+        pooled otherwise); a ConfigurationError for those."""
+        if not self._image_detail:
+            return False
+        frames = record.get(self.pixels_field)
+        if not (isinstance(frames, np.ndarray) and frames.ndim == 4):
+            return True
+        if self._image_detail != "tiles":
+            raise ConfigurationError(f"record {address}: {type(self.placeholders).__name__} counts a picture's "
+                                     f"tokens from its size as shown, and a video's frames have none to count by")
+        return False
 
     def _shown_sizes(self, address, record: dict, images: list) -> tuple[tuple[int, int], ...]:
         """Per image, the (height, width) of the picture as shown, which the placeholders count

@@ -18,8 +18,9 @@ from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source
 from tests.unit.test_vlm_qwen_video import corpus  # noqa: F401 - the photos-and-clips corpus fixture
-from tests.unit.test_vlm_split import IMAGE_TOKENS
-from vlm import FrameText, Idefics3Placeholders, ImageSpec, PadPlaceholders, QwenPlaceholders, VideoSpec, image_tensors
+from tests.unit.test_vlm_split import IMAGE_TOKENS, TILE_NAMES
+from vlm import (FrameText, Idefics3Placeholders, ImageSpec, LlavaNextPlaceholders, PadPlaceholders, QwenPlaceholders,
+                 VideoSpec, image_tensors)
 from vlm._packing import MultimodalPacker, PackMultimodal
 from vlm._stages import DecodeVideo
 from zephon import ConfigurationError, Pipeline
@@ -217,37 +218,56 @@ def test_the_fingerprint_holds_the_frame_text_where_it_is_on(tokenizer):
 
 # -- through the pipeline ------------------------------------------------------------------------
 
-def _framed_pipeline(root, runner: str) -> Pipeline:
-    """Photos and 3-frame clips (`test_vlm_mixed_media`'s corpus) in SmolVLM's layout without
-    splitting, the clips' frames after SmolVLM2's text, in rows of 256."""
-    spec = SMOL_FRAMES
-    return (
-        Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
-        .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2)
-        .decode_images(field="jpg", spec=spec, datasets="photos", parallelism=2)
-        .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=spec), datasets="clips", parallelism=2)
-        .pack_multimodal(256, Idefics3Placeholders(3, 4, 5, ((8176,),), merge_size=4),
-                         frame_text=FrameText.smolvlm(TOKENIZER))
-        .shuffle(buffer_size=3, seed=2)
-        .batch(2)
-    )
+SPLIT_PHOTOS = ImageSpec.smolvlm(size=(128, 128), longest_edge=512)
+"""SmolVLM's splitting at a quarter of its side: photos of up to 4x4 tiles of 128 px, 4 `<image>` a tile."""
 
 
-def test_photos_and_framed_clips_are_the_same_bytes_on_every_runner(corpus):  # noqa: F811
-    """Every clip's three frames follow SmolVLM2's intro ("three frames") and their times, and the
-    batches' SHA-256s are the same from separately built pipelines on the inline, thread and
-    process runners."""
+def _framed_pipeline(root, runner: str, *, video_last: bool = True) -> Pipeline:
+    """Photos split as SmolVLM splits them and 3-frame clips (`test_vlm_mixed_media`'s corpus),
+    the clips' frames uncut after SmolVLM2's text, in rows of 512; the video decoded after the
+    photos unless told otherwise."""
+    decoders = [lambda p: p.decode_images(field="jpg", spec=SPLIT_PHOTOS, datasets="photos", parallelism=2),
+                lambda p: p.decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=SMOL_FRAMES),
+                                         datasets="clips", parallelism=2)]
+    pipeline = (Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
+                .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2))
+    for decoder in decoders if video_last else decoders[::-1]:
+        pipeline = decoder(pipeline)
+    return (pipeline.pack_multimodal(512, Idefics3Placeholders(3, 4, 5, TILE_NAMES, merge_size=4),
+                                     frame_text=FrameText.smolvlm(TOKENIZER))
+            .shuffle(buffer_size=3, seed=2)
+            .batch(2))
+
+
+def test_split_photos_and_framed_clips_are_the_same_bytes_on_every_runner(corpus):  # noqa: F811
+    """Photos cut into tiles named by row and column, and clips whose three frames follow
+    SmolVLM2's intro ("three frames") and their times, each frame one tile: the batches' SHA-256s
+    are the same from separately built pipelines on the inline, thread and process runners, and
+    with the video decoded before the photos (the packer counts pictures by the photos' spec
+    wherever the video's decoder stands)."""
     from tokenizers import Tokenizer
 
     runs = {runner: _epoch(_framed_pipeline(corpus, runner)) for runner in ("inline", "thread", "process")}
+    runs["inline, video first"] = _epoch(_framed_pipeline(corpus, "inline", video_last=False))
     batches, stats = runs["inline"]
     decode = Tokenizer.from_file(TOKENIZER).decode
     intros = sum(decode(row.tolist(), skip_special_tokens=False).count("series of three frames")
                  for batch in batches for row in batch.tokens["input_ids"])
     assert intros > 0 and stats["mixture"]["clips"]["images"] == 3 * intros
+    named = sum(int(np.isin(batch.tokens["input_ids"], TILE_NAMES).sum()) for batch in batches)
+    assert named > 0  # photos cut into tiles
     digests = [batch.digest() for batch in batches]
     for runner, (other, _) in runs.items():
         assert [batch.digest() for batch in other] == digests, runner
+
+
+def test_llava_next_s_placeholders_are_refused_before_a_decode_video(corpus):  # noqa: F811
+    """LLaVA-NeXT's placeholders count a picture from its canvas of tiles, which a frame has not:
+    refused as the pipeline is built, not at the first clip."""
+    pipeline = (Pipeline(mixed_source(corpus)).tokenize(TOKENIZER, field="txt")
+                .decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=SMOL_FRAMES), datasets="clips"))
+    with pytest.raises(ConfigurationError, match="LlavaNextPlaceholders counts a picture's features from its canvas"):
+        pipeline.pack_multimodal(512, LlavaNextPlaceholders(3), spec=ImageSpec.llava_next())
 
 
 # -- into the model ------------------------------------------------------------------------------
