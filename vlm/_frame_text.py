@@ -16,16 +16,15 @@ and the next frame's another, the outro the last.
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from hashlib import sha256
 from typing import Any
 
 import numpy as np
 
 from zephon import ConfigurationError
 
-from ._placeholders import _plain_ids, _tokenizers_tokenizer
+from ._placeholders import _EncodedText
 
 __all__ = ["FrameText"]
 
@@ -39,7 +38,7 @@ _NO_IDS.flags.writeable = False
 
 
 @dataclass(frozen=True)
-class FrameText:
+class FrameText(_EncodedText):
     """Text around a video's frames where the placeholders take each frame as an image
     (`pack_multimodal(frame_text=...)`): `intro` before the first frame, `before_frame` before
     each, `between` after each but the last, `outro` after the last. Templates of `str.format`:
@@ -47,23 +46,17 @@ class FrameText:
     video's length, whole seconds as H:MM:SS), `before_frame` `{number}` (from 1) and `{time}`
     (the time the frame is shown, whole minutes and seconds as MM:SS).
 
-    `tokenizer_digest` (SHA-256 of the tokenizer's JSON) is what the recipe's fingerprint holds of
-    the tokenizer. Make one with `from_tokenizer`, `internvl` or `smolvlm`. Encodings are cached
-    per piece of text; safe to share between lanes' packers (a race encodes a text twice, to the
-    same ids).
+    Make one with `from_tokenizer`, `internvl` or `smolvlm`; the tokenizer and the cache (one
+    entry per piece of text) as `_EncodedText`'s.
     """
 
-    tokenizer_digest: str
     intro: str = ""
     before_frame: str = ""
     between: str = ""
     outro: str = ""
-    _tokenizer: Any = field(default=None, repr=False, compare=False, hash=False)
-    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self._tokenizer is None:
-            raise ConfigurationError("FrameText: make it with FrameText.from_tokenizer(tokenizer, ...)")
+        super().__post_init__()
         for piece, allowed in _NAMES.items():
             template = getattr(self, piece)
             if not isinstance(template, str):
@@ -80,8 +73,8 @@ class FrameText:
                        outro: str = "") -> FrameText:
         """Text encoded with `tokenizer` (a transformers fast tokenizer, a `tokenizers.Tokenizer`
         or a `tokenizer_id`)."""
-        backend = _tokenizers_tokenizer(tokenizer)
-        return cls(sha256(backend.to_str().encode()).hexdigest(), intro, before_frame, between, outro, backend)
+        backend, digest = cls._backend_and_digest(tokenizer)
+        return cls(digest, intro, before_frame, between, outro, _tokenizer=backend)
 
     @classmethod
     def internvl(cls, tokenizer: Any) -> FrameText:
@@ -127,14 +120,7 @@ class FrameText:
 
     def _ids(self, text: str) -> np.ndarray:
         """int32 ids of a piece of text (read-only, cached by it); none for no text."""
-        if not text:
-            return _NO_IDS
-        cached = self._cache.get(text)
-        if cached is None:
-            cached = np.array(_plain_ids(self._tokenizer, text), dtype=np.int32)
-            cached.flags.writeable = False
-            self._cache[text] = cached
-        return cached
+        return self._encoded(text) if text else _NO_IDS
 
 
 def _fields(template: str, piece: str) -> list[tuple]:

@@ -415,27 +415,51 @@ def _tokenizers_tokenizer(tokenizer: Any):
 
 
 @dataclass(frozen=True)
-class TimestampText:
+class _EncodedText:
+    """Text the placeholders write beside their tokens, encoded with the model's tokenizer:
+    `tokenizer_digest` (SHA-256 of the tokenizer's JSON) is what the recipe's fingerprint holds of
+    it, so a checkpoint resumes only with the ids it packed. Encodings are cached per text,
+    read-only; safe to share between lanes' packers (a race encodes a text twice, to the same ids)."""
+
+    tokenizer_digest: str
+    _tokenizer: Any = field(default=None, repr=False, compare=False, hash=False, kw_only=True)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self._tokenizer is None:
+            raise ConfigurationError(f"{type(self).__name__}: make it with {type(self).__name__}.from_tokenizer(tokenizer)")
+
+    @staticmethod
+    def _backend_and_digest(tokenizer: Any) -> tuple[Any, str]:
+        """The `tokenizers.Tokenizer` behind `tokenizer` and its digest."""
+        backend = _tokenizers_tokenizer(tokenizer)
+        return backend, sha256(backend.to_str().encode()).hexdigest()
+
+    def _encoded(self, text: str) -> np.ndarray:
+        """int32 ids of `text` (read-only, cached by it)."""
+        cached = self._cache.get(text)
+        if cached is None:
+            cached = np.array(_plain_ids(self._tokenizer, text), dtype=np.int32)
+            cached.flags.writeable = False
+            self._cache[text] = cached
+        return cached
+
+
+@dataclass(frozen=True)
+class TimestampText(_EncodedText):
     """Qwen3-VL's time stamps: the text `template.format(seconds=t)` before each temporal patch of
     a video, encoded with the model's tokenizer (`<0.5 seconds>` at Qwen3-VL's default, t the
     mean time of the patch's two frames). The model learns a frame's time from this text, not
     from its rotary positions.
 
-    `tokenizer_digest` (SHA-256 of the tokenizer's JSON) is what the recipe's fingerprint holds
-    of the tokenizer: a checkpoint resumes only with the ids it packed.
-    Make one with `from_tokenizer`. Encodings are cached per stamp's text (one entry for each
-    tenth of a second a dataset's clips reach); safe to share between lanes' packers, as
-    `tokens_for` is (a race encodes a text twice, to the same ids).
+    Make one with `from_tokenizer`; the tokenizer and the cache (one entry for each tenth of a
+    second a dataset's clips reach) as `_EncodedText`'s.
     """
 
-    tokenizer_digest: str
     template: str = "<{seconds:.1f} seconds>"
-    _tokenizer: Any = field(default=None, repr=False, compare=False, hash=False)
-    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self._tokenizer is None:
-            raise ConfigurationError("TimestampText: make it with TimestampText.from_tokenizer(tokenizer)")
+        super().__post_init__()
         try:
             self.template.format(seconds=0.5)
         except (KeyError, IndexError, ValueError) as exc:
@@ -446,20 +470,16 @@ class TimestampText:
     def from_tokenizer(cls, tokenizer: Any, *, template: str = "<{seconds:.1f} seconds>") -> TimestampText:
         """Stamps encoded with `tokenizer` (a transformers fast tokenizer, a `tokenizers.Tokenizer`
         or a `tokenizer_id`)."""
-        backend = _tokenizers_tokenizer(tokenizer)
-        return cls(sha256(backend.to_str().encode()).hexdigest(), template, backend)
+        backend, digest = cls._backend_and_digest(tokenizer)
+        return cls(digest, template, _tokenizer=backend)
 
     def ids(self, seconds: float) -> np.ndarray:
         """int32 ids of the stamp of a patch at `seconds` (read-only, cached by its text)."""
         text = self.template.format(seconds=seconds)
-        cached = self._cache.get(text)
-        if cached is None:
-            cached = np.array(_plain_ids(self._tokenizer, text), dtype=np.int32)
-            if not len(cached):
-                raise ConfigurationError(f"TimestampText: the tokenizer encodes the stamp {text!r} as no tokens")
-            cached.flags.writeable = False
-            self._cache[text] = cached
-        return cached
+        ids = self._encoded(text)
+        if not len(ids):
+            raise ConfigurationError(f"TimestampText: the tokenizer encodes the stamp {text!r} as no tokens")
+        return ids
 
 
 def patch_times(frame_times: np.ndarray) -> tuple[float, ...]:
