@@ -18,7 +18,7 @@ from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source
 from tests.unit.test_vlm_qwen_video import corpus  # noqa: F401 - the photos-and-clips corpus fixture
-from tests.unit.test_vlm_split import IMAGE_TOKENS, TILE_NAMES
+from tests.unit.test_vlm_split import IMAGE_TOKENS, TILE_NAMES, tiny_idefics3
 from vlm import (FrameText, Idefics3Placeholders, ImageSpec, LlavaNextPlaceholders, PadPlaceholders, QwenPlaceholders,
                  VideoSpec, image_tensors)
 from vlm._packing import MultimodalPacker, PackMultimodal
@@ -279,17 +279,7 @@ def test_a_tiny_smolvlm_gives_each_packed_document_of_framed_clips_what_it_gives
     `SmolVLMForConditionalGeneration` as vlm/README.md shows (the frames and pictures as one batch
     of images): every document's logits are the document's alone, so the model takes every frame
     where its block is and nothing of the text around the frames leaks between documents."""
-    import torch
-    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
-
-    config = SmolVLMConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=128, patch_size=16),
-        text_config=dict(model_type="llama", vocab_size=8256, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
-        image_token_id=8202, scale_factor=4)
-    torch.manual_seed(0)
-    model = SmolVLMForConditionalGeneration(config).eval()
+    model = tiny_idefics3("SmolVLM", image_size=128, patch_size=16, vocab_size=8256, image_token_id=8202, scale_factor=4)
     placeholders = Idefics3Placeholders(8202, 8200, 8201, ((8210,),), merge_size=4)  # past the shipped vocabulary
     frame_text = FrameText.from_tokenizer(TOKENIZER, intro="{frames} frames, {duration}\n",
                                           before_frame="\nat {time}:", outro="\n\n")

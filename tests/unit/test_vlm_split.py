@@ -383,6 +383,23 @@ def test_decode_images_writes_each_split_picture_s_size_beside_it():
 
 # -- into the model ------------------------------------------------------------------------------
 
+def tiny_idefics3(family: str, *, image_size: int, patch_size: int, vocab_size: int, image_token_id: int,
+                  scale_factor: int):
+    """A tiny randomly initialised `{family}ForConditionalGeneration` (Idefics3 or SmolVLM, whose
+    configs take the same settings), seeded, in eval mode."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=image_size, patch_size=patch_size),
+        text_config=dict(model_type="llama", vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
+        image_token_id=image_token_id, scale_factor=scale_factor)
+    torch.manual_seed(0)
+    return getattr(transformers, f"{family}ForConditionalGeneration")(config).eval()
+
+
 @requires_torch
 def test_a_tiny_idefics3_gives_each_packed_document_what_it_gives_the_document_alone():
     """Rows of a picture cut 2x2 then its caption, text alone, and text around a picture cut 2x1,
@@ -390,17 +407,7 @@ def test_a_tiny_idefics3_gives_each_packed_document_what_it_gives_the_document_a
     (`input_ids`, the rows' `position_ids`, the tiles by `image_tensors(..., tile=)` as one batch
     of images): every document's logits are the document's alone. Its text model masks each
     document from the one before it where the positions restart."""
-    import torch
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
-
-    config = Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=56, patch_size=14),
-        text_config=dict(model_type="llama", vocab_size=128, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
-        image_token_id=102, scale_factor=2)
-    torch.manual_seed(0)
-    model = Idefics3ForConditionalGeneration(config).eval()
+    model = tiny_idefics3("Idefics3", image_size=56, patch_size=14, vocab_size=128, image_token_id=102, scale_factor=2)
     spec = ImageSpec.idefics3(size=(56, 56), longest_edge=112)
     placeholders = Idefics3Placeholders(102, 100, 101, ((110, 111), (112, 113)), merge_size=2, row_end=(7,),
                                         last_row_end=(7, 7))
