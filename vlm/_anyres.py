@@ -68,9 +68,9 @@ def unpadded_features(height: int, width: int, canvas: tuple[int, int], tile: in
 
 def capped_features(rows: int, columns: int, tile_features: int, most_tiles: int) -> tuple[int, int]:
     """(rows, columns) of kept features once LLaVA-OneVision's "anyres_max_`most_tiles`" has
-    shrunk them: where they are more than 1.1 x the side of `most_tiles` tiles' worth
-    (`tile_features`² each), both sides are divided by that ratio and rounded down, as its model
-    interpolates them and its processor counts them."""
+    shrunk them: the ratio is the square root of their count over `most_tiles` tiles' worth
+    (`tile_features`² each); past 1.1, both sides are divided by it and rounded down, as its
+    model interpolates them and its processor counts them."""
     ratio = math.sqrt(rows * columns / (most_tiles * tile_features**2))
     if ratio > 1.1:
         return int(rows // ratio), int(columns // ratio)

@@ -105,7 +105,10 @@ class FrameText(_EncodedText):
         """The `frames + 1` int32 id arrays around a video's frames: before the first (the intro
         and its text), before each next (the text after the one before and its own), after the
         last. `times` (seconds each frame is shown) and `duration_s` are read where the templates
-        name them."""
+        name them, and must be given there."""
+        if (self.needs_times and times is None) or (self.needs_duration and duration_s is None):
+            raise ConfigurationError("FrameText: its templates name the frames' times or the video's duration, "
+                                     "and pieces() was given none")
         values = {"frames": frames, "duration": None if duration_s is None else str(timedelta(seconds=int(duration_s)))}
         if any(name == "frames_in_words" for _, name, _, _ in _fields(self.intro, "intro")):
             values["frames_in_words"] = _in_words(frames)

@@ -657,9 +657,9 @@ class MultimodalPacker:
 
     def _counts_from_sizes(self, address, record: dict) -> bool:
         """Whether the record's pictures are counted from their sizes as shown: where the
-        placeholders count so, but not a video's frames, which Idefics3's models take uncut, one
-        tile each (SmolVLM2's), and LLaVA-NeXT's placeholders cannot count (their features are
-        pooled otherwise); a ConfigurationError for those."""
+        placeholders count so, but for a video's frames, which Idefics3's models take uncut, one
+        tile each (SmolVLM2's). LLaVA-NeXT's placeholders cannot count a frame, which has no
+        canvas to unpad: a ConfigurationError."""
         if not self._image_detail:
             return False
         frames = record.get(self.pixels_field)

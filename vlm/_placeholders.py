@@ -240,13 +240,13 @@ def _check_text_ids(convention, names: tuple[str, ...]) -> None:
 @dataclass(frozen=True)
 class Idefics3Placeholders(_GridTokens):
     """Idefics3's convention (Idefics3, SmolVLM, SmolVLM2) for `ImageSpec(fit="split")` images,
-    and square `fit="fixed"` ones (not split: each one tile), as `Idefics3Processor` writes it. A picture cut into rows x columns tiles is, tile by tile in
-    raster order, `<fake_token_around_image><row_r_col_c>` and a tile's `<image>` run, each row of
-    tiles ended by `\n`, the last by `\n\n`, then its global image; a picture not cut is its
-    global image alone: `<fake_token_around_image><global-img>`, the `<image>` run,
-    `<fake_token_around_image>`. A tile of cols x cols patches gives (cols / merge_size)**2
-    `<image>` (the processor's `image_seq_len`: 64 for SmolVLM's 512 px tiles, 169 for
-    Idefics3's 364 px).
+    and square `fit="fixed"` ones (not split: each one tile), as `Idefics3Processor` writes it. A
+    picture cut into rows x columns tiles is, tile by tile in raster order,
+    `<fake_token_around_image><row_r_col_c>` and a tile's `<image>` run, each row of tiles ended by
+    `\n`, the last by `\n\n`, then its global image; a picture not cut is its global image alone:
+    `<fake_token_around_image><global-img>`, the `<image>` run, `<fake_token_around_image>`. A tile
+    of cols x cols patches gives (cols / merge_size)**2 `<image>` (the processor's
+    `image_seq_len`: 64 for SmolVLM's 512 px tiles, 169 for Idefics3's 364 px).
 
     `tile_names[r][c]` is the id of `<row_{r+1}_col_{c+1}>`; `row_end` and `last_row_end` are
     ids of ordinary text (the tokenizer's `\n` and `\n\n`: between two special tokens the

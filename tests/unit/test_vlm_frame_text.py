@@ -183,6 +183,8 @@ def test_frame_text_is_refused_where_it_cannot_be_written(tokenizer):
             FrameText.from_tokenizer(tokenizer, **kwargs)
     with pytest.raises(ConfigurationError, match="make it with FrameText.from_tokenizer"):
         FrameText("0" * 64)
+    with pytest.raises(ConfigurationError, match="name the frames' times or the video's duration"):
+        smolvlm.pieces(2, np.array([0.0, 1.0]))
 
 
 def test_a_video_without_the_times_or_length_its_text_names_is_refused_by_name(tokenizer):
