@@ -11,7 +11,9 @@ wheels' photographs) become what the model's forward takes, normalised float32 t
 - SmolVLM (`ImageSpec.smolvlm()`, the longer side to 2048, tiles of 512 and the global image):
   the same against `SmolVLMImageProcessorPil`;
 - LLaVA-NeXT (`ImageSpec.llava_next()`, the base image and the best canvas's tiles of 336): the
-  same against `LlavaNextImageProcessorPil`.
+  same against `LlavaNextImageProcessorPil`;
+- LLaVA-OneVision (`ImageSpec.llava_onevision()`, the base image and up to 6x6 tiles of 384): the
+  same against `LlavaOnevisionImageProcessorPil`.
 
 In the loader the decode runs on the workers and `image_tensors` on the trainer's side; here both
 run in one loop to compare like with like. Without the draft the pixels equal the processor's
@@ -40,6 +42,7 @@ CASES = {
     "internvl": (ImageSpec.internvl(), 32, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "smolvlm": (ImageSpec.smolvlm(), 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "llava_next": (ImageSpec.llava_next(), 24, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+    "llava_onevision": (ImageSpec.llava_onevision(), 24, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
 }
 
 
@@ -61,6 +64,12 @@ def _processor(case: str, spec: ImageSpec, mean, std):
         return LlavaNextImageProcessorPil(size={"shortest_edge": spec.size[0]},
                                           crop_size={"height": spec.size[0], "width": spec.size[1]},
                                           image_grid_pinpoints=[list(canvas) for canvas in spec.pinpoints])
+    if case == "llava_onevision":
+        from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+            LlavaOnevisionImageProcessorPil)
+
+        return LlavaOnevisionImageProcessorPil(size={"height": spec.size[0], "width": spec.size[1]},
+                                               image_grid_pinpoints=[list(canvas) for canvas in spec.pinpoints])
     if case == "smolvlm":
         from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
