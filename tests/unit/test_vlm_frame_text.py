@@ -263,6 +263,22 @@ def test_split_photos_and_framed_clips_are_the_same_bytes_on_every_runner(corpus
         assert [batch.digest() for batch in other] == digests, runner
 
 
+def test_split_photos_and_framed_clips_saved_on_two_ranks_resume_on_four_with_the_same_global_batches(
+        corpus):  # noqa: F811
+    """Saved after two microbatches on each of 2 ranks (thread runner), resumed on 4 (process
+    runner): every later global batch is the uninterrupted single-rank run's, by SHA-256."""
+    import json
+
+    from tests.determinism.test_vlm_mixed_media_elastic import global_digests
+    from tests.reliability.harness import checkpoint_after, run_epoch
+
+    reference = global_digests(run_epoch(_framed_pipeline(corpus, "inline"), 1, keep_batches=False).digests)
+    state = json.loads(json.dumps(checkpoint_after(_framed_pipeline(corpus, "thread"), 2, 2)))
+    resumed = global_digests(run_epoch(_framed_pipeline(corpus, "process"), 4, state=state, keep_batches=False).digests)
+    assert resumed and sorted(resumed) == sorted(set(reference) - {0})
+    assert resumed == {step: reference[step] for step in resumed}
+
+
 def test_llava_next_s_placeholders_are_refused_before_a_decode_video(corpus):  # noqa: F811
     """LLaVA-NeXT's placeholders count a picture from its canvas of tiles, which a frame has not:
     refused as the pipeline is built, not at the first clip."""
