@@ -45,6 +45,7 @@ from ._stages import (
 )
 from ._frame_text import FrameText
 from ._gemma3 import gemma3_model_inputs
+from ._gemma4 import gemma4_model_inputs
 from ._image_tensors import image_tensors
 from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
 from ._video import VideoSpec, decode_video, sample_times
@@ -83,6 +84,7 @@ __all__ = [
     "decode_image_with_size",
     "decode_video",
     "gemma3_model_inputs",
+    "gemma4_model_inputs",
     "image_grid",
     "image_tensors",
     "load_rgb",

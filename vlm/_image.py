@@ -39,6 +39,7 @@ from . import _png
 from ._errors import ImageDecodeError
 from ._anyres import (LLAVA_NEXT_PINPOINTS, LLAVA_ONEVISION_PINPOINTS, best_resolution, capped_features, fitted_size,
                       unpadded_features)
+from ._area import area_size
 from ._split import IDEFICS3_MAX_SIDE, split_canvas, split_first_size
 from ._split import split_arrangement as _split_arrangement
 
@@ -75,7 +76,7 @@ def _silence_pillows_bomb_warning() -> None:
 _silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
-_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres")
+_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area")
 _SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres")
 """The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
 _TILED_FITS = ("tiles", "split", "anyres")
@@ -99,6 +100,9 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 # format, a JpegImageFile subclass that decodes the first picture, as we do: its draft is that
 # picture's draft as a JPEG.
 _DRAFTABLE = ("JPEG", "MPO")
+
+GEMMA4_SOFT_TOKENS = (70, 140, 280, 560, 1120)
+"""The soft tokens a picture may become that Gemma 4's image processor takes (`max_soft_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,11 @@ class ImageSpec:
       the pixels carry as 24 patches of 16), and `anyres_max` LLaVA-OneVision's cap on the kept
       features, about that many tiles' worth (`ImageSpec.llava_onevision()`).
 
+    - `fit="area"` (Gemma 4's): the image scaled, its aspect ratio kept, up or down, to
+      `max_pixels`, each side rounded down to whole cells; a side that rounds to nothing is one
+      cell and the other the image's aspect ratio in whole cells (`vlm._area`). `min_pixels` is
+      not used.
+
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
     decoder itself, and any image is first reduced by an integer factor, both never below
@@ -167,7 +176,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -200,7 +209,7 @@ class ImageSpec:
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
                                      f"got {self.min_pixels} and {self.max_pixels}")
-        if self.fit == "pixels" and self.max_pixels < self.cell**2:
+        if self.fit in ("pixels", "area") and self.max_pixels < self.cell**2:
             raise ConfigurationError(f"ImageSpec: max_pixels={self.max_pixels} is below one grid cell "
                                      f"({self.cell}x{self.cell} pixels)")
         if self.fit == "pixels" and -(-self.min_pixels // self.cell**2) > self.max_pixels // self.cell**2:
@@ -389,6 +398,18 @@ class ImageSpec:
         return cls(**{"patch_size": 14, "fit": "anyres", "size": (336, 336), "resample": "bicubic", **kwargs})
 
     @classmethod
+    def gemma4(cls, max_soft_tokens: int = 280, **kwargs) -> ImageSpec:
+        """Gemma 4's sizing (`Gemma4ImageProcessor`): the picture scaled to `max_soft_tokens`
+        cells of 48 px (16 px patches the tower pools 3x3), its aspect ratio kept, resized
+        bicubically; each cell one soft token. `max_soft_tokens` is one of the processor's
+        70, 140, 280, 560 or 1120. Pair with `PadPlaceholders.gemma4(tokenizer)`."""
+        if max_soft_tokens not in GEMMA4_SOFT_TOKENS:
+            raise ConfigurationError(f"ImageSpec.gemma4: max_soft_tokens must be one of {GEMMA4_SOFT_TOKENS} (Gemma 4's "
+                                     f"processor takes no other), got {max_soft_tokens!r}")
+        return cls(**{"patch_size": 16, "merge_size": 3, "fit": "area", "max_pixels": max_soft_tokens * 48 * 48,
+                      "resample": "bicubic", **kwargs})
+
+    @classmethod
     def llava_onevision(cls, **kwargs) -> ImageSpec:
         """LLaVA-OneVision's anyres_max_9: 384x384 tiles on the canvas of
         `LLAVA_ONEVISION_PINPOINTS` (1x1 to 6x6 tiles) that fits the picture best, the base image
@@ -437,6 +458,9 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
         return spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
     if spec.fit in _TILED_FITS:
         return tile_count(height, width, spec) * spec.size[0] // spec.patch_size, spec.size[1] // spec.patch_size
+    if spec.fit == "area":
+        rows, cols = area_size(height, width, cell, spec.max_pixels)
+        return rows // spec.patch_size, cols // spec.patch_size
     if spec.fit == "max_side":
         ratio = max(height, width) / spec.max_side
         if ratio > 1:

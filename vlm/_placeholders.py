@@ -167,7 +167,7 @@ class PadPlaceholders(_GridTokens):
     between ids of plain text: the convention of models whose processor writes an image as a run
     of one token, as many as the vision tower gives features. LLaVA: `<image>` per feature, no
     start or end (`from_tokenizer(tokenizer, pad="<image>")`, merge_size 1, e.g. 576 at 336 px in
-    14 px patches); Gemma 3: `gemma3(tokenizer)`.
+    14 px patches); Gemma 3: `gemma3(tokenizer)`; Gemma 4: `gemma4(tokenizer)`.
 
     `text_before` and `text_after` are ids of ordinary text around each image (Gemma 3's `\\n\\n`),
     encoded apart from the caption: they are no placeholder ids (a caption may hold them) and,
@@ -207,6 +207,19 @@ class PadPlaceholders(_GridTokens):
         `<end_of_image>\\n\\n`."""
         return cls.from_tokenizer(tokenizer, pad="<image_soft_token>", start="<start_of_image>", end="<end_of_image>",
                                   merge_size=4, text_before="\n\n", text_after="\n\n")
+
+    @classmethod
+    def gemma4(cls, tokenizer: Any) -> PadPlaceholders:
+        """Gemma 4's convention as its processor writes an image: the tokenizer's `boi_token`, one
+        `image_token` per soft token (a cell of 3x3 patches: `ImageSpec.gemma4()`), its
+        `eoi_token`; the three read from the tokenizer, as the processor reads them."""
+        names = {name: getattr(tokenizer, name, None) for name in ("image_token", "boi_token", "eoi_token")}
+        missing = [name for name, token in names.items() if not isinstance(token, str)]
+        if missing:
+            raise ConfigurationError(f"PadPlaceholders.gemma4: the tokenizer names no {', '.join(missing)} (Gemma 4's "
+                                     f"does); give from_tokenizer(tokenizer, pad=, start=, end=, merge_size=3)")
+        return cls.from_tokenizer(tokenizer, pad=names["image_token"], start=names["boi_token"], end=names["eoi_token"],
+                                  merge_size=3)
 
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
