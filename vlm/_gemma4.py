@@ -5,10 +5,13 @@ patches in raster order, scaled to [0, 1] (its processor normalises no further),
 zeros to the budget's patches, and beside them each patch's (x, y) column and row, (-1, -1) for
 the padding (`image_position_ids`). The rows already carry the uint8 patches in that order
 (`patchify`'s (patch row, patch column, channel), the processor's own); this puts them into
-that shape on the trainer's side, on the tensors' device.
+that shape on the trainer's side (on the host: a picture's patches are a few hundred rows, and
+the float copy is made once; torch tensors come back on the batch's device).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ._image import ImageSpec
 
@@ -22,25 +25,31 @@ def gemma4_model_inputs(batch: dict, spec: ImageSpec) -> dict:
     the model keeps each packed document to itself) and, where the microbatch holds images,
     `pixel_values` (images, budget's patches, 768) float32 and `image_position_ids` (images,
     budget's patches, 2), as Gemma 4's processor gives them for the same pixels. `spec` is the
-    packer's: its `max_pixels` is the budget the processor pads every picture to. Labels are not
-    among them: the rows' are already shifted (vlm/README.md)."""
-    import torch
-
+    packer's: its `max_pixels` is the budget the processor pads every picture to. NumPy arrays
+    give NumPy arrays, torch tensors tensors on their device. Labels are not among them: the
+    rows' are already shifted (vlm/README.md)."""
     out = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
     grids = batch["image_grid"]
     if not len(grids):
         return out
+    grids = np.asarray(grids.tolist(), dtype=np.int64).reshape(-1, 2)
     patches = batch["pixel_values"]
     budget = spec.max_pixels // spec.patch_size**2
-    pixel_values = torch.zeros((len(grids), budget, patches.shape[-1]), dtype=torch.float32, device=patches.device)
-    positions = torch.full((len(grids), budget, 2), -1, dtype=torch.int64, device=patches.device)
-    start = 0
-    for k, (rows, cols) in enumerate(grids.tolist()):
+    pixel_values = np.zeros((len(grids), budget, patches.shape[-1]), dtype=np.float32)
+    positions = np.full((len(grids), budget, 2), -1, dtype=np.int64)
+    ends = np.cumsum(grids.prod(axis=1))
+    levels = np.arange(256, dtype=np.float32) / 255  # as the processor scales: float32 level / 255
+    host = patches if isinstance(patches, np.ndarray) else patches.cpu().numpy()
+    for k, ((rows, cols), end) in enumerate(zip(grids.tolist(), ends.tolist())):
         count = rows * cols
-        pixel_values[k, :count] = patches[start : start + count].to(torch.float32) / 255
-        row, col = torch.meshgrid(torch.arange(rows, device=patches.device), torch.arange(cols, device=patches.device),
-                                  indexing="ij")
-        positions[k, :count] = torch.stack([col.reshape(-1), row.reshape(-1)], dim=-1)
-        start += count
-    out.update(pixel_values=pixel_values, image_position_ids=positions)
+        pixel_values[k, :count] = levels[host[end - count : end]]
+        positions[k, :count, 0] = np.tile(np.arange(cols), rows)  # x: the patch's column
+        positions[k, :count, 1] = np.repeat(np.arange(rows), cols)  # y: its row
+    if isinstance(patches, np.ndarray):
+        out.update(pixel_values=pixel_values, image_position_ids=positions)
+    else:
+        import torch
+
+        out.update(pixel_values=torch.from_numpy(pixel_values).to(patches.device),
+                   image_position_ids=torch.from_numpy(positions).to(patches.device))
     return out
