@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._gemma_masks import document_masks
 from ._image import ImageSpec
 
 __all__ = ["gemma4_model_inputs"]
 
 
-def gemma4_model_inputs(batch: dict, spec: ImageSpec) -> dict:
+def gemma4_model_inputs(batch: dict, spec: ImageSpec, *, image_token_id: int | None = None,
+                        sliding_window: int | None = None, attn_implementation: str = "sdpa") -> dict:
     """The keyword arguments of a `Gemma4ForConditionalGeneration` forward for one microbatch
     (`Batch.to_training()`'s torch tensors, rows packed with `ImageSpec.gemma4()` and
     `PadPlaceholders.gemma4`): `input_ids`, `position_ids` (restarting per document, from which
@@ -27,8 +29,21 @@ def gemma4_model_inputs(batch: dict, spec: ImageSpec) -> dict:
     budget's patches, 2), as Gemma 4's processor gives them for the same pixels. `spec` is the
     packer's: its `max_pixels` is the budget the processor pads every picture to. NumPy arrays
     give NumPy arrays, torch tensors tensors on their device. Labels are not among them: the
-    rows' are already shifted (vlm/README.md)."""
+    rows' are already shifted (vlm/README.md).
+
+    For a checkpoint whose text config sets `use_bidirectional_attention="vision"`, give its
+    `image_token_id` and `text_config.sliding_window` (and `attn_implementation`, "sdpa" or
+    "eager"): `attention_mask` is then the model's two masks ready-made (`vlm._gemma_masks`), a
+    picture's tokens attending to each other both ways in the sliding-window layers, which its
+    processor's `mm_token_type_ids` say and packed rows cannot (torch tensors only)."""
     out = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    if (image_token_id is None) != (sliding_window is None):
+        raise ValueError("gemma4_model_inputs: give image_token_id and sliding_window together (the masks of a "
+                         "checkpoint whose pictures attend both ways), or neither")
+    if image_token_id is not None:
+        out["attention_mask"] = document_masks(batch["input_ids"], batch["document_ids"], image_token_id=image_token_id,
+                                               sliding_window=sliding_window, images_in_full_layers=False,
+                                               attn_implementation=attn_implementation, caller="gemma4_model_inputs")
     grids = batch["image_grid"]
     if not len(grids):
         return out

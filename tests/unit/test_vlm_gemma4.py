@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import requires_torch
-from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
+from tests.unit.test_vlm_fixed_size import _microbatch, assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER
 from tests.unit.test_vlm_split import _address, _pictures
 from vlm import ImageSpec, PadPlaceholders, decode_image, gemma4_model_inputs, image_grid, patchify
@@ -98,6 +98,8 @@ def test_gemma4_settings_are_refused_where_the_processor_refuses_them(gemma4_tok
         PadPlaceholders.gemma4(TOKENIZER)
     placeholders = PadPlaceholders.gemma4(gemma4_tokenizer)
     assert placeholders.merge_size == 3 and placeholders.num_tokens(18, 27) == 54 + 2
+    with pytest.raises(ValueError, match="give image_token_id and sliding_window together"):
+        gemma4_model_inputs({"input_ids": None, "position_ids": None}, ImageSpec.gemma4(), image_token_id=252)
 
 
 # -- tokens --------------------------------------------------------------------------------------
@@ -178,3 +180,60 @@ def test_a_tiny_gemma4_gives_each_packed_document_what_it_gives_the_document_alo
         model, PadPlaceholders(252, 250, 251, merge_size=3), spec, records, 160,
         lambda batch: {name: value for name, value in gemma4_model_inputs(batch, spec).items()
                        if name in ("pixel_values", "image_position_ids")})
+
+
+@requires_torch
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_tiny_gemma4_whose_pictures_attend_both_ways_gives_each_packed_document_its_own_logits(attention):
+    """A tiny `Gemma4ForConditionalGeneration` whose text config sets
+    `use_bidirectional_attention="vision"`, given rows of documents laid out unlike each other
+    through `gemma4_model_inputs(..., image_token_id=, sliding_window=)`: every document's logits
+    are those the model gives it alone as its processor would give it (`mm_token_type_ids`, no
+    packing), a picture's tokens attending to each other both ways in the sliding layers, not in
+    the full ones. Without the masks the packed rows' pictures attend causally and the logits
+    differ."""
+    import torch
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    config = Gemma4Config(
+        text_config=dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+                         vocab_size_per_layer_input=300, hidden_size_per_layer_input=8, sliding_window=40,
+                         layer_types=["sliding_attention", "full_attention"], use_bidirectional_attention="vision"),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16, position_embedding_size=64),
+        audio_config=None, boi_token_id=250, eoi_token_id=251, image_token_id=252, video_token_id=253,
+        boa_token_id=254, eoa_token_index=255, audio_token_id=256, attn_implementation=attention)
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(config).eval()
+    spec = ImageSpec.gemma4(70)
+    placeholders = PadPlaceholders(252, 250, 251, merge_size=3)
+    rng = np.random.default_rng(6)
+
+    def text(n: int) -> np.ndarray:
+        return rng.integers(10, 240, n).astype(np.int32)
+
+    def picture(height: int, width: int) -> np.ndarray:
+        return rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+    records = [{"input_ids": text(5), "pixels": picture(96, 144)}, {"input_ids": text(9)},
+               {"input_ids": text(8), "pixels": picture(144, 96), "image_offsets": [3]}]
+
+    def logits(**inputs) -> torch.Tensor:
+        with torch.no_grad():
+            return model(**inputs, use_cache=False).logits[0]
+
+    batch = _microbatch(placeholders, spec, records, 200)
+    inputs = gemma4_model_inputs(batch, spec, image_token_id=252, sliding_window=40, attn_implementation=attention)
+    packed = logits(**inputs)
+    causal = logits(**{name: value for name, value in inputs.items() if name != "attention_mask"})
+    documents = batch["document_ids"][0]
+    assert torch.isfinite(packed).all()
+    for number, record in enumerate(records):
+        alone = _microbatch(placeholders, spec, [record], int((documents == number).sum()))
+        own = gemma4_model_inputs(alone, spec)
+        own.pop("position_ids")
+        own["mm_token_type_ids"] = (alone["input_ids"] == 252).long()
+        torch.testing.assert_close(packed[documents == number], logits(**own), rtol=0, atol=1e-5,
+                                   msg=lambda m: f"document {number}: {m}")
+    assert not torch.allclose(causal[documents == 0], packed[documents == 0], rtol=0, atol=1e-4)
