@@ -10,7 +10,8 @@ model's tokenizer, so the packer can put it where the processor does.
 Each piece of text is what the processor's prompt holds between two blocks (which open and close
 with special tokens), encoded on its own, as the processor's tokenizer encodes the text between
 two special tokens: the intro and the first frame's text are one piece, the text after a frame
-and the next frame's another, the outro the last.
+and the next frame's another. The outro runs on into the document's text, which the processor
+encodes with it: it is encoded so (`FrameText.outro_before`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from zephon import ConfigurationError
 
-from ._placeholders import _EncodedText
+from ._placeholders import _EncodedText, _plain_ids
 
 __all__ = ["FrameText"]
 
@@ -35,6 +36,10 @@ words), its duration as H:MM:SS, a frame's number from 1 and its time as MM:SS."
 
 _NO_IDS = np.zeros(0, dtype=np.int32)
 _NO_IDS.flags.writeable = False
+
+_SEAM_TOKENS = 3
+"""Tokens of the text after the outro it is encoded with (`FrameText.outro_before`): enough for
+the seam's pre-tokenisation to see what follows it."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,28 @@ class FrameText(_EncodedText):
                                                             f"{int(time // 60):02d}:{int(time % 60):02d}"))
         texts.append(self.outro)
         return [self._ids(text) for text in texts]
+
+    def outro_before(self, following: np.ndarray) -> np.ndarray:
+        """The outro's ids where the document's text `following` (its token ids) runs straight on
+        after it, as the processor's prompt has it: the processor encodes the two as one text,
+        and a tokenizer may split the seam otherwise than the outro alone (a byte-level BPE
+        encodes `\n\n` alone as one token, before a word as two `\n`). The outro is encoded with
+        the following text's first tokens, decoded; where that encoding ends with those very
+        tokens, what comes before them is the outro's. Where it does not (the seam merges into
+        the text's own tokens, which are already packed), the outro alone."""
+        alone = self._ids(self.outro)
+        head = following[:_SEAM_TOKENS].tolist()
+        if not len(alone) or not head:
+            return alone
+        key = (self.outro, tuple(head))
+        cached = self._cache.get(key)
+        if cached is None:
+            joint = np.array(_plain_ids(self._tokenizer, self.outro + self._tokenizer.decode(head)), dtype=np.int32)
+            ends_with_head = len(joint) > len(head) and joint[-len(head):].tolist() == head
+            cached = joint[: -len(head)] if ends_with_head else alone
+            cached.flags.writeable = False
+            self._cache[key] = cached
+        return cached
 
     def _ids(self, text: str) -> np.ndarray:
         """int32 ids of a piece of text (read-only, cached by it); none for no text."""

@@ -541,10 +541,11 @@ class MultimodalPacker:
             self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
         images = _as_images(record.get(self.pixels_field), self._video_layout)
-        framing = self._framing(address, record) if self.frame_text is not None else ()
         offsets = self._offsets(address, record, len(images), len(text))
         if offsets is None:
             return None
+        framing = self._framing(address, record, text[offsets[-1]:] if offsets else text) \
+            if self.frame_text is not None else ()
         grids = self._grids(address, record, images)
         sizes = self._shown_sizes(address, record, images) if self._counts_from_sizes(address, record) else ()
         details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
@@ -625,10 +626,12 @@ class MultimodalPacker:
             )
         return tuple(patch_times(shown) if n else () for n in frames)
 
-    def _framing(self, address, record: dict) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        """Per frame of the record's video, the ids of the `FrameText` before and after its block;
-        () for a record of images. A video made otherwise (a map of the user's) must carry the
-        frames' times and its duration where the text names them, as `decode_video` writes them."""
+    def _framing(self, address, record: dict, following: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Per frame of the record's video, the ids of the `FrameText` before and after its block,
+        the outro as it is encoded before the document's text that `following` it
+        (`FrameText.outro_before`); () for a record of images. A video made otherwise (a map of
+        the user's) must carry the frames' times and its duration where the text names them, as
+        `decode_video` writes them."""
         frames = record.get(self.pixels_field)
         if not isinstance(frames, np.ndarray) or frames.ndim != 4:
             return ()
@@ -638,7 +641,8 @@ class MultimodalPacker:
         if self.frame_text.needs_duration:
             duration = float(self._given_seconds(address, record, self._duration_field, 1)[0])
         pieces = self.frame_text.pieces(count, times, duration)
-        return tuple((pieces[k], pieces[count] if k == count - 1 else _NO_TEXT) for k in range(count))
+        outro = self.frame_text.outro_before(following)
+        return tuple((pieces[k], outro if k == count - 1 else _NO_TEXT) for k in range(count))
 
     def _given_seconds(self, address, record: dict, name: str, count: int) -> np.ndarray:
         """`count` times in seconds (none negative) from the record's `name`, or a named error."""

@@ -121,6 +121,50 @@ def test_a_smolvlm2_video_is_token_for_token_the_processor_s_text(tmp_path, toke
     assert len(row.ragged["image_grid"]) == len(record["pixels"])
 
 
+@pytest.fixture(scope="module")
+def seam_tokenizer():
+    """A byte-level BPE trained here on text full of blank lines, so that it encodes `\n\n` alone
+    as one token and before a word as two `\n`, as GPT-2's and SmolLM2's do, with Idefics3's
+    image tokens special."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=IMAGE_TOKENS, show_progress=False)
+    backend.train_from_iterator(["a clip of grey frames\n\nseries of frames from a video\n\n\n\nFrame from"] * 50,
+                                trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_the_outro_is_encoded_with_the_caption_after_it_as_the_processor_encodes_them(tmp_path, seam_tokenizer):
+    """With a tokenizer that encodes `\n\n` alone as one token and before a word as two, a clip
+    packed before its caption is, token for token, the encoding of SmolVLM's processor's text
+    and the caption as one text: SmolVLM2's closing `\n\n` is split as the caption after it
+    splits it, not encoded on its own."""
+    tokenizer = seam_tokenizer
+    spec = VideoSpec(num_frames=2, image=SMOL_FRAMES)
+    record = _decoded(make_video(tmp_path / "clip.mp4", frames=8, fps=4, size=(64, 48)), spec)
+    caption = "a clip of grey frames"
+    caption_ids = np.array(_ids(tokenizer, caption), dtype=np.int32)
+    frame_text = FrameText.smolvlm(tokenizer)
+    alone, before_caption = frame_text.pieces(2, record["pixels_frame_times_s"], 2.0)[-1], \
+        frame_text.outro_before(caption_ids)
+    assert len(alone) == 1 and len(before_caption) == 2  # the seam matters to this tokenizer
+    packer = MultimodalPacker(None, max_length=300, placeholders=Idefics3Placeholders.from_tokenizer(tokenizer,
+                              merge_size=4), spec=SMOL_FRAMES, pad_id=300, frame_text=frame_text)
+    row = _one_row(packer, {**record, "input_ids": caption_ids})
+    video = smolvlm_video_text(record["pixels_frame_times_s"].tolist(), 2.0, image_seq_len=4)
+    length = int((row.tokens["document_ids"] == 0).sum())
+    assert row.tokens["input_ids"][:length].tolist() == _ids(tokenizer, video + caption)
+    video_only = _one_row(MultimodalPacker(None, max_length=300, placeholders=packer.placeholders, spec=SMOL_FRAMES,
+                                           pad_id=300, frame_text=frame_text), {**record, "input_ids": []})
+    ends = int((video_only.tokens["document_ids"] == 0).sum())
+    assert video_only.tokens["input_ids"][:ends].tolist() == _ids(tokenizer, video)  # nothing after: alone
+
+
 def test_the_smolvlm2_text_writes_minutes_and_hours_as_the_processor_does(tokenizer):
     """Past a minute, a frame's time is MM:SS and the length H:MM:SS, whole seconds rounded down,
     as `SmolVLMProcessor` writes them; the pieces are its text cut at the image blocks."""
