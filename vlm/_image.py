@@ -119,6 +119,9 @@ class ImageSpec:
       where that leaves the bounds (a window a few cells wide), the grid within them nearest the
       image's aspect ratio is taken. The bounds must hold a whole number of cells between them
       (refused otherwise).
+      With `min_side` (GLM-4V's processor: one cell), a picture with a side shorter than it is
+      first scaled up, both sides by the factor that brings that side to it (the products
+      truncated), and the rule applied to that size; the picture is still resized once.
     - `fit="max_side"` (the mistral-common / Pixtral convention): the longest side is scaled down
       (never up) to `max_side`, then each side is rounded *up* to whole cells. `min_pixels` and
       `max_pixels` are not used.
@@ -192,6 +195,7 @@ class ImageSpec:
     pinpoints: tuple[tuple[int, int], ...] | None = field(default=None, metadata={"fingerprint": "when set"})
     tile_features: int | None = field(default=None, metadata={"fingerprint": "when set"})
     anyres_max: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    min_side: int | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -205,6 +209,10 @@ class ImageSpec:
         self._check_tiles()
         self._check_split()
         self._check_pinpoints()
+        if self.min_side is not None:
+            if self.fit != "pixels":
+                raise ConfigurationError(f"ImageSpec: min_side is fit='pixels''s, got fit={self.fit!r}")
+            object.__setattr__(self, "min_side", check_count(self.min_side, "ImageSpec: min_side"))
         self._check_pad_color()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
@@ -426,6 +434,16 @@ class ImageSpec:
         return cls(patch_size=14, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
 
     @classmethod
+    def glm4v(cls, shortest_edge: int = 112 * 112, longest_edge: int = 28 * 28 * 15000, **kwargs) -> ImageSpec:
+        """GLM-4.1V's and GLM-4.5V's sizing (`Glm4vImageProcessor`): Qwen2-VL's 14 px patches
+        merged 2x2, resized bicubically, a picture with a side under one cell scaled up first
+        (`min_side=28`). `shortest_edge` and `longest_edge` are the processor's `size`, which
+        bound a picture's pixels times its two temporal frames: the spec's bounds are half of
+        them. Pair with `QwenPlaceholders.glm4v(tokenizer)`."""
+        return cls(**{"patch_size": 14, "merge_size": 2, "fit": "pixels", "min_pixels": shortest_edge // 2,
+                      "max_pixels": longest_edge // 2, "min_side": 28, "resample": "bicubic", **kwargs})
+
+    @classmethod
     def qwen3_vl(cls, min_pixels: int = 256 * 256, max_pixels: int = 4096 * 4096, **kwargs) -> ImageSpec:
         """Qwen3-VL sizing: 16 px patches merged 2x2 (32 px cells), area within [min_pixels, max_pixels].
 
@@ -468,6 +486,9 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
         rows, cols = -(-height // cell), -(-width // cell)
         return rows * spec.merge_size, cols * spec.merge_size
 
+    if spec.min_side is not None and min(height, width) < spec.min_side:  # GLM-4V's: thin pictures scaled up first
+        scale = max(spec.min_side / height, spec.min_side / width)
+        height, width = int(height * scale), int(width * scale)
     # Sides in cells. Python's round (half to even) on purpose: it is the convention's.
     h_cells, w_cells = round(height / cell), round(width / cell)
     area = h_cells * w_cells * cell * cell

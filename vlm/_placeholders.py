@@ -550,6 +550,15 @@ class QwenPlaceholders(_GridTokens):
                    lookup_token_id(tokenizer, vision_end), merge_size,
                    None if video_pad is None else lookup_token_id(tokenizer, video_pad), stamps)
 
+    @classmethod
+    def glm4v(cls, tokenizer: Any) -> QwenPlaceholders:
+        """GLM-4.1V's and GLM-4.5V's images, as their chat template and processor write them:
+        `<|begin_of_image|>`, one `<|image|>` per merged cell, `<|end_of_image|>`; Qwen2-VL's
+        layout under other names, its M-RoPE positions the same (`mrope=True`). Their videos,
+        each frame after its time, are not laid out here."""
+        return cls.from_tokenizer(tokenizer, vision_start="<|begin_of_image|>", image_pad="<|image|>",
+                                  vision_end="<|end_of_image|>")
+
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
         _check_grid(rows, cols, m)
