@@ -19,7 +19,7 @@ from PIL import Image
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_fixed_size import _microbatch, assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_mixed_media import TOKENIZER
-from tests.unit.test_vlm_split import _address, _pictures
+from tests.unit.test_vlm_split import _address, _pictures, sized_record
 from vlm import ImageSpec, PadPlaceholders, decode_image, gemma4_model_inputs, image_grid, patchify
 from vlm._image import GEMMA4_SOFT_TOKENS
 from vlm._packing import MultimodalPacker
@@ -161,15 +161,8 @@ def test_a_tiny_gemma4_gives_each_packed_document_what_it_gives_the_document_alo
     spec = ImageSpec.gemma4(70)
     rng = np.random.default_rng(5)
 
-    def record(tokens: int, picture: tuple[int, int] | None = None, **fields) -> dict:
-        out = {"input_ids": rng.integers(10, 240, tokens).astype(np.int32), **fields}
-        if picture is not None:
-            from tests.unit.test_vlm_fixed_size import _png
-
-            out["pixels"] = decode_image(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
-        return out
-
-    records = [record(5, (60, 200)), record(9), record(6, (190, 70), image_offsets=[2])]
+    records = [sized_record(rng, spec, 5, (60, 200)), sized_record(rng, spec, 9),
+               sized_record(rng, spec, 6, (190, 70), image_offsets=[2])]
     as_numpy = {"input_ids": None, "position_ids": None, "image_grid": np.array([[12, 42], [42, 15]]),
                 "pixel_values": rng.integers(0, 256, (12 * 42 + 42 * 15, 768), dtype=np.uint8)}
     as_torch = {name: value if value is None else torch.from_numpy(value) for name, value in as_numpy.items()}

@@ -17,9 +17,9 @@ import pytest
 from PIL import Image
 
 from tests.conftest import requires_torch
-from tests.unit.test_vlm_fixed_size import _microbatch, _png
+from tests.unit.test_vlm_fixed_size import _microbatch
 from tests.unit.test_vlm_mixed_media import TOKENIZER
-from tests.unit.test_vlm_split import _address, _pictures
+from tests.unit.test_vlm_split import _address, _pictures, sized_record
 from vlm import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageSpec, QwenPlaceholders, decode_image, image_grid, patchify
 from vlm import qwen_model_inputs, qwen_pixel_values
 from vlm._packing import MultimodalPacker
@@ -78,7 +78,7 @@ def test_glm4v_pixel_rows_equal_the_processor_s():
     want = Glm4vImageProcessorPil()(images=[Image.open(io.BytesIO(data)) for data in pictures], return_tensors="np")
     np.testing.assert_allclose(ours, want["pixel_values"], rtol=0, atol=1e-6)
     assert want["image_grid_thw"].tolist() == [[1, *grid] for grid in grids.tolist()]
-    assert min(_pictures_sizes := [min(Image.open(io.BytesIO(data)).size) for data in pictures]) < 28, _pictures_sizes
+    assert min(min(Image.open(io.BytesIO(data)).size) for data in pictures) < 28  # a thin one, scaled up first
 
 
 def test_min_side_is_fit_pixels_s():
@@ -155,13 +155,8 @@ def test_a_tiny_glm4v_gives_each_packed_document_what_it_gives_the_document_alon
     placeholders = QwenPlaceholders(3, 4, 5)
     rng = np.random.default_rng(7)
 
-    def record(tokens: int, picture: tuple[int, int] | None = None, **fields) -> dict:
-        out = {"input_ids": rng.integers(10, 90, tokens).astype(np.int32), **fields}
-        if picture is not None:
-            out["pixels"] = decode_image(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
-        return out
-
-    records = [record(5, (60, 200)), record(9), record(6, (190, 70), image_offsets=[2])]
+    records = [sized_record(rng, spec, 5, (60, 200)), sized_record(rng, spec, 9),
+               sized_record(rng, spec, 6, (190, 70), image_offsets=[2])]
 
     def logits(**inputs) -> torch.Tensor:
         with torch.no_grad():
