@@ -133,20 +133,17 @@ class FrameText(_EncodedText):
         encodes `\n\n` alone as one token, before a word as two `\n`). The outro is encoded with
         the following text's first tokens, decoded; where that encoding ends with those very
         tokens, what comes before them is the outro's. Where it does not (the seam merges into
-        the text's own tokens, which are already packed), the outro alone."""
+        the text's own tokens, which are already packed), the outro alone. Not cached: every
+        caption opens otherwise, and a cache by it would grow with the dataset; it is one short
+        encoding a video."""
         alone = self._ids(self.outro)
         head = following[:_SEAM_TOKENS].tolist()
         if not len(alone) or not head:
             return alone
-        key = (self.outro, tuple(head))
-        cached = self._cache.get(key)
-        if cached is None:
-            joint = np.array(_plain_ids(self._tokenizer, self.outro + self._tokenizer.decode(head)), dtype=np.int32)
-            ends_with_head = len(joint) > len(head) and joint[-len(head):].tolist() == head
-            cached = joint[: -len(head)] if ends_with_head else alone
-            cached.flags.writeable = False
-            self._cache[key] = cached
-        return cached
+        joint = np.array(_plain_ids(self._tokenizer, self.outro + self._tokenizer.decode(head)), dtype=np.int32)
+        if len(joint) > len(head) and joint[-len(head):].tolist() == head:
+            return joint[: -len(head)]
+        return alone
 
     def _ids(self, text: str) -> np.ndarray:
         """int32 ids of a piece of text (read-only, cached by it); none for no text."""
