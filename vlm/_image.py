@@ -110,7 +110,8 @@ class ImageSpec:
     """How an image becomes pixels on a patch grid.
 
     The output height and width are multiples of `patch_size * merge_size` (a "grid cell": what one
-    placeholder token stands for after merging). Two sizing rules:
+    placeholder token stands for after merging). `fit` names the sizing rule, each a model
+    family's processor's:
 
     - `fit="pixels"` (default; the Qwen2-VL convention): each side is rounded to the nearest
       multiple of a cell; if the area leaves [min_pixels, max_pixels] the image is scaled by the
