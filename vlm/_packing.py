@@ -540,14 +540,16 @@ class MultimodalPacker:
             # split_special_tokens, or an added token that is not special), or ids from the data.
             self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
-        images = _as_images(record.get(self.pixels_field), self._video_layout)
+        pixels = record.get(self.pixels_field)
+        images = _as_images(pixels, self._video_layout)
+        video_frames = None if self._video_layout or not _is_video_frames(pixels) else len(pixels)
         offsets = self._offsets(address, record, len(images), len(text))
         if offsets is None:
             return None
-        framing = self._framing(address, record, text[offsets[-1]:] if offsets else text) \
-            if self.frame_text is not None else ()
+        framing = self._framing(address, record, video_frames, text[offsets[-1]:] if offsets else text) \
+            if self.frame_text is not None and video_frames is not None else ()
         grids = self._grids(address, record, images)
-        sizes = self._shown_sizes(address, record, images) if self._counts_from_sizes(address, record) else ()
+        sizes = self._shown_sizes(address, record, images) if self._counts_from_sizes(address, video_frames) else ()
         details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
         seconds = times = ()
@@ -608,17 +610,12 @@ class MultimodalPacker:
         """Per item, the times of a video's temporal patches, from the times its frames are shown
         (`decode_video` writes them beside the frames), and () for an image. A video made
         otherwise must say them too: Qwen3-VL writes them as text before each patch."""
-        shown = record.get(self._times_field)
-        try:
-            shown = None if shown is None or isinstance(shown, (str, bytes)) else np.asarray(shown, dtype=np.float64)
-        except (TypeError, ValueError):
-            shown = None
         videos = [n for n in frames if n]
         if len(videos) != 1:
             raise ConfigurationError(f"record {address}: Qwen3-VL's stamped layout takes one video a record (as "
                                      f"decode_video writes it), got {len(videos)}")
-        if shown is None or shown.ndim != 1 or len(shown) != videos[0] or not np.isfinite(shown).all() \
-                or (shown < 0).any():
+        shown = _seconds(record.get(self._times_field), videos[0])
+        if shown is None:
             raise ConfigurationError(
                 f"record {address}: a video in Qwen3-VL's stamped layout needs the time each of its {videos[0]} "
                 f"frames is shown, in seconds from its start and none negative, in {self._times_field!r} "
@@ -626,48 +623,42 @@ class MultimodalPacker:
             )
         return tuple(patch_times(shown) if n else () for n in frames)
 
-    def _framing(self, address, record: dict, following: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        """Per frame of the record's video, the ids of the `FrameText` before and after its block,
-        the outro as it is encoded before the document's text that `following` it
-        (`FrameText.outro_before`); () for a record of images. A video made otherwise (a map of
-        the user's) must carry the frames' times and its duration where the text names them, as
+    def _framing(self, address, record: dict, count: int,
+                 following: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Per frame of the record's video of `count` frames, the ids of the `FrameText` before
+        and after its block, the outro as it is encoded before the document's text that
+        `following` it (`FrameText.outro_before`). A video made otherwise (a map of the user's)
+        must carry the frames' times and its duration where the text names them, as
         `decode_video` writes them."""
-        frames = record.get(self.pixels_field)
-        if not isinstance(frames, np.ndarray) or frames.ndim != 4:
-            return ()
-        count = len(frames)
-        times = self._given_seconds(address, record, self._times_field, count) if self.frame_text.needs_times else None
-        duration = None
+        times = duration = None
+        if self.frame_text.needs_times:
+            times = self._named_seconds(address, record, self._times_field, count,
+                                        f"the time each of its {count} frames is shown")
         if self.frame_text.needs_duration:
-            duration = float(self._given_seconds(address, record, self._duration_field, 1)[0])
+            duration = float(self._named_seconds(address, record, self._duration_field, 1, "its duration")[0])
         pieces = self.frame_text.pieces(count, times, duration)
         outro = self.frame_text.outro_before(following)
         return tuple((pieces[k], outro if k == count - 1 else _NO_TEXT) for k in range(count))
 
-    def _given_seconds(self, address, record: dict, name: str, count: int) -> np.ndarray:
-        """`count` times in seconds (none negative) from the record's `name`, or a named error."""
+    def _named_seconds(self, address, record: dict, name: str, count: int, what: str) -> np.ndarray:
+        """`count` seconds the `FrameText` names (`what`) from the record's `name`, flattened, or a
+        named error."""
         given = record.get(name)
-        try:
-            seconds = None if given is None or isinstance(given, (str, bytes, bool)) else \
-                np.asarray(given, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError):
-            seconds = None
-        if seconds is None or len(seconds) != count or not np.isfinite(seconds).all() or (seconds < 0).any():
-            what = "its duration" if count == 1 else f"the time each of its {count} frames is shown"
+        seconds = _seconds(given, count, flat=True)
+        if seconds is None:
             raise ConfigurationError(f"record {address}: the text around a video's frames (FrameText) names "
                                      f"{what}, in seconds and none negative, in {name!r} (decode_video writes it), "
                                      f"got {reprlib.repr(given)}")
         return seconds
 
-    def _counts_from_sizes(self, address, record: dict) -> bool:
+    def _counts_from_sizes(self, address, video_frames: int | None) -> bool:
         """Whether the record's pictures are counted from their sizes as shown: where the
-        placeholders count so, but for a video's frames, which Idefics3's models take uncut, one
-        tile each (SmolVLM2's). LLaVA-NeXT's placeholders cannot count a frame, which has no
-        canvas to unpad: a ConfigurationError."""
+        placeholders count so, but for a video's frames (`video_frames` not None), which
+        Idefics3's models take uncut, one tile each (SmolVLM2's). LLaVA-NeXT's placeholders cannot
+        count a frame, which has no canvas to unpad: a ConfigurationError."""
         if not self._image_detail:
             return False
-        frames = record.get(self.pixels_field)
-        if not (isinstance(frames, np.ndarray) and frames.ndim == 4):
+        if video_frames is None:
             return True
         if self._image_detail != "tiles":
             raise ConfigurationError(f"record {address}: {type(self.placeholders).__name__} counts a picture's "
@@ -814,6 +805,27 @@ def _as_images(value: Any, video_layout: bool) -> list[np.ndarray | DeferredImag
             return list(value)
         return [value]
     return [v if isinstance(v, DeferredImage) else np.asarray(v) for v in value]
+
+
+def _seconds(value: Any, count: int, *, flat: bool = False) -> np.ndarray | None:
+    """`count` times in seconds from the data as float64, 1-D (any shape of them where `flat`),
+    finite and none negative; None where `value` is not such (a string, a bool, the wrong count)."""
+    if value is None or isinstance(value, (str, bytes, bool)):
+        return None
+    try:
+        seconds = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if flat:
+        seconds = seconds.reshape(-1)
+    if seconds.ndim != 1 or len(seconds) != count or not np.isfinite(seconds).all() or (seconds < 0).any():
+        return None
+    return seconds
+
+
+def _is_video_frames(value: Any) -> bool:
+    """Whether a record's pixels are one decoded video, (T, H, W, 3) frames (`decode_video`'s)."""
+    return isinstance(value, np.ndarray) and value.ndim == 4
 
 
 def _is_video(image: Any) -> bool:
