@@ -17,7 +17,7 @@ encodes with it: it is encoded so (`FrameText.outro_before`).
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -59,19 +59,24 @@ class FrameText(_EncodedText):
     before_frame: str = ""
     between: str = ""
     outro: str = ""
+    _named: frozenset = field(default=frozenset(), init=False, repr=False, compare=False, hash=False)
+    """The fields the templates name, parsed once (a record's video reads them)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        named = set()
         for piece, allowed in _NAMES.items():
             template = getattr(self, piece)
             if not isinstance(template, str):
                 raise ConfigurationError(f"FrameText: {piece} must be a str, got {template!r}")
             for _, name, spec, conversion in _fields(template, piece):
                 if name not in allowed or spec or conversion:
-                    named = ", ".join("{" + each + "}" for each in allowed) or "no field"
-                    raise ConfigurationError(f"FrameText: {piece} {template!r} may name {named}, as they are, "
+                    shown = ", ".join("{" + each + "}" for each in allowed) or "no field"
+                    raise ConfigurationError(f"FrameText: {piece} {template!r} may name {shown}, as they are, "
                                              f"got {{{name}{'!' + conversion if conversion else ''}"
                                              f"{':' + spec if spec else ''}}}")
+                named.add(name)
+        object.__setattr__(self, "_named", frozenset(named))
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, intro: str = "", before_frame: str = "", between: str = "",
@@ -99,12 +104,12 @@ class FrameText(_EncodedText):
     @property
     def needs_times(self) -> bool:
         """Whether a frame's text names its time (the packer then needs the frames' times)."""
-        return any(name == "time" for _, name, _, _ in _fields(self.before_frame, "before_frame"))
+        return "time" in self._named
 
     @property
     def needs_duration(self) -> bool:
         """Whether the intro names the video's duration (the packer then needs it)."""
-        return any(name == "duration" for _, name, _, _ in _fields(self.intro, "intro"))
+        return "duration" in self._named
 
     def pieces(self, frames: int, times: np.ndarray | None = None, duration_s: float | None = None) -> list[np.ndarray]:
         """The `frames + 1` int32 id arrays around a video's frames: before the first (the intro
@@ -115,7 +120,7 @@ class FrameText(_EncodedText):
             raise ConfigurationError("FrameText: its templates name the frames' times or the video's duration, "
                                      "and pieces() was given none")
         values = {"frames": frames, "duration": None if duration_s is None else str(timedelta(seconds=int(duration_s)))}
-        if any(name == "frames_in_words" for _, name, _, _ in _fields(self.intro, "intro")):
+        if "frames_in_words" in self._named:
             values["frames_in_words"] = _in_words(frames)
         texts = []
         for k in range(frames):

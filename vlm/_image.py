@@ -46,8 +46,7 @@ from ._split import split_arrangement as _split_arrangement
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
     "CUT_FITS", "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
-    "probe_image_with_size",
-    "anyres_features", "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
+    "probe_image_with_size", "anyres_features", "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
