@@ -46,7 +46,8 @@ from ._split import split_arrangement as _split_arrangement
 __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
     "CUT_FITS", "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
-    "probe_image_with_size", "anyres_features", "sizes_field", "split_arrangement", "tile_arrangement", "tile_count",
+    "probe_image_with_size", "anyres_features", "sizes_field", "split_arrangement", "thin_scaled_up", "tile_arrangement",
+    "tile_count",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -486,9 +487,8 @@ def image_grid(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
         rows, cols = -(-height // cell), -(-width // cell)
         return rows * spec.merge_size, cols * spec.merge_size
 
-    if spec.min_side is not None and min(height, width) < spec.min_side:  # GLM-4V's: thin pictures scaled up first
-        scale = max(spec.min_side / height, spec.min_side / width)
-        height, width = int(height * scale), int(width * scale)
+    if spec.min_side is not None:  # GLM-4V's: thin pictures scaled up first
+        height, width = thin_scaled_up(height, width, spec.min_side)
     # Sides in cells. Python's round (half to even) on purpose: it is the convention's.
     h_cells, w_cells = round(height / cell), round(width / cell)
     area = h_cells * w_cells * cell * cell
@@ -561,6 +561,16 @@ def split_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, in
     """(rows, columns) of tiles a `fit="split"` image of this upright size is cut into, (1, 1)
     where it is not cut (Idefics3's `rows` and `cols`, which say 0 and 0 for it)."""
     return _split_arrangement(height, width, spec.longest_edge, spec.size[0])
+
+
+def thin_scaled_up(height: int, width: int, side: int) -> tuple[int, int]:
+    """(height, width) of a picture with a side under `side` scaled up, both sides by the factor
+    that brings that side to it, the products truncated; any other as it is. The first step of
+    GLM-4V's and Qwen3-VL's video processors' `smart_resize`."""
+    if height >= side and width >= side:
+        return height, width
+    scale = max(side / height, side / width)
+    return int(height * scale), int(width * scale)
 
 
 def anyres_features(height: int, width: int, spec: ImageSpec) -> tuple[int, int, int, int]:

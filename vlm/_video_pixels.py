@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ._image import ImageSpec
+from ._image import ImageSpec, thin_scaled_up
 
 __all__ = ["video_grid"]
 
@@ -37,9 +37,7 @@ def video_grid(frames: int, height: int, width: int, image: ImageSpec, video_pix
     if max_frame_tokens is not None:
         per_frame = max(min(max_frame_tokens * cell * cell, most // frames), int(least * 1.05))
         most = per_frame * frames
-    if height < cell or width < cell:
-        scale = max(cell / height, cell / width)
-        height, width = int(height * scale), int(width * scale)
+    height, width = thin_scaled_up(height, width, cell)
     rows, cols = round(height / cell) * cell, round(width / cell) * cell
     paired = round(frames / TEMPORAL_PAIR) * TEMPORAL_PAIR
     if paired * rows * cols > most:
