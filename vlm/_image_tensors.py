@@ -1,4 +1,5 @@
-"""A batch's images as the (images, 3, height, width) tensor a fixed-size vision tower takes.
+"""A batch's images as the (images, 3, height, width) tensor a fixed-size vision tower takes, and
+its videos as the (videos, frames, 3, height, width) one LLaVA-OneVision takes.
 
 SigLIP-style towers (Gemma 3's, PaliGemma's, LLaVA's CLIP) take whole images of one size,
 normalised per channel, where Qwen's take patch rows. A batch decoded with
@@ -16,7 +17,7 @@ import numpy as np
 
 from ._qwen_rows import _checked_patch, _grids
 
-__all__ = ["image_tensors"]
+__all__ = ["image_tensors", "video_tensors"]
 
 
 def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, float, float],
@@ -50,6 +51,24 @@ def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, floa
     mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=out.device).reshape(1, 3, 1, 1, 1, 1)
                      for v in (mean, std))
     return ((out / 255 - mean_t) / std_t).reshape(images, 3, rows * patch, cols * patch)
+
+
+def video_tensors(video_pixel_values: Any, video_grid: Any, *, mean: tuple[float, float, float],
+                  std: tuple[float, float, float]) -> Any:
+    """(videos, frames, 3, rows·p, cols·p) float32, as `image_tensors` normalises them, from a
+    batch's `video_pixel_values` and `video_grid` ((videos, 3) frames, rows, cols) in a layout of
+    one frame a temporal patch (`LlavaNextPlaceholders.llava_onevision`): LLaVA-OneVision's
+    `pixel_values_videos`. One tensor holds videos of one length: sample them with
+    `VideoSpec(num_frames=...)`, or take each video's frames apart (its `video_grid` row) where
+    they differ."""
+    grids = _grids(video_grid, 3, "video_grid")
+    if len(np.unique(grids[:, 0])) > 1:
+        raise ValueError(f"video_tensors: the videos have {sorted(set(grids[:, 0].tolist()))} frames; one tensor "
+                         "holds videos of one length: sample them with VideoSpec(num_frames=...)")
+    _checked_patch(video_pixel_values, grids, 1, ("video_tensors", "video_pixel_values", "video_grid"))
+    frames = np.repeat(grids[:, 1:], grids[:, 0], axis=0)
+    each = image_tensors(video_pixel_values, frames, mean=mean, std=std)
+    return each.reshape(len(grids), int(grids[0, 0]) if len(grids) else 0, *each.shape[1:])
 
 
 def _normalised_numpy(patches: np.ndarray, mean, std) -> np.ndarray:

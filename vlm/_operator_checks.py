@@ -20,6 +20,7 @@ from zephon._errors import ConfigurationError
 from zephon._record_ops import TokenizeOp
 
 from ._image import DEFAULT_SPEC, ImageSpec
+from ._placeholders import video_layout
 from ._stages import DecodeImages, DecodeVideo
 
 if TYPE_CHECKING:
@@ -235,11 +236,13 @@ def _patch_layout(decoder: DecodeImages | DecodeVideo) -> str:
 
 def _check_frames_countable(writers: Sequence[object], placeholders) -> None:
     """Refuse a `decode_video` before placeholders that count a picture's features from its size
-    as shown and cannot count a frame's (LLaVA-NeXT's: a frame has no canvas to unpad)."""
-    if getattr(placeholders, "image_detail", None) not in (None, "tiles") and any(
+    as shown and cannot count a frame's taken as an image (LLaVA-NeXT's: a frame has no canvas to
+    unpad), unless they lay a video out as one block of its own (LLaVA-OneVision's)."""
+    if getattr(placeholders, "image_detail", None) not in (None, "tiles") and not video_layout(placeholders) and any(
             isinstance(op, DecodeVideo) for op in writers):
         raise ConfigurationError(f"pack_multimodal: {type(placeholders).__name__} counts a picture's features from "
-                                 f"its canvas of tiles, and a decode_video's frames have none")
+                                 f"its canvas of tiles, and a decode_video's frames have none; a video is one block "
+                                 f"of its own with video_pad (LlavaNextPlaceholders.llava_onevision(tokenizer))")
 
 
 def _last_decoder(operators: Sequence[object]) -> DecodeImages | DecodeVideo | None:
@@ -250,10 +253,10 @@ def _last_decoder(operators: Sequence[object]) -> DecodeImages | DecodeVideo | N
 def _spec_decoder(packer: PackMultimodal, operators: Sequence[object],
                   last: DecodeImages | DecodeVideo) -> DecodeImages | DecodeVideo:
     """The decoder whose spec the packer follows: the last, but where the placeholders count a
-    picture from its size as shown (Idefics3's) and a `decode_video` comes after the pictures'
-    decoder, that decoder, whose spec says how its pictures were cut (a video's frames are uncut
-    whatever the spec)."""
-    if getattr(packer.placeholders, "image_detail", None) != "tiles" or not isinstance(last, DecodeVideo):
+    picture from its size as shown (Idefics3's, LLaVA-NeXT's) and a `decode_video` comes after the
+    pictures' decoder, that decoder, whose spec says how its pictures were cut (a video's frames
+    are uncut whatever the spec, and counted by their frames)."""
+    if getattr(packer.placeholders, "image_detail", None) is None or not isinstance(last, DecodeVideo):
         return last
     return next((op for op in reversed(operators) if isinstance(op, DecodeImages)), last)
 

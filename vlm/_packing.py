@@ -35,10 +35,10 @@ Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
   patches; `image_token_offset` (num_images,) int32, the position in the row of each image's first
   placeholder token; with `LlavaNextPlaceholders`, `image_sizes` (num_images, 2) int32, each
   picture's (height, width) as shown, by which LLaVA-NeXT unpads its features; with
-  `QwenPlaceholders(video_pad=...)`, a video is one block of its own (with
-  `video_timestamps`, one block per temporal patch, each after its time stamp's text) and its
-  frames go to `video_pixel_values`, `video_grid` (temporal patches, rows, cols) and
-  `video_token_offset` instead (`_allocate_videos`);
+  `QwenPlaceholders(video_pad=...)` or `LlavaNextPlaceholders(video_pad=...)`, a video is one
+  block of its own (with `video_timestamps`, one block per temporal patch, each after its time
+  stamp's text) and its frames go to `video_pixel_values`, `video_grid` (temporal patches, rows,
+  cols) and `video_token_offset` instead (`_allocate_videos`);
 - with `mrope=True` (Qwen2-VL-family models, `QwenPlaceholders` only), also `mrope_position_ids`
   (3, max_length) int32: each token's (temporal, height, width) rotary positions, restarting per
   document, 0 on padding (`vlm._mrope`).
@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ from ._frame_text import FrameText
 from ._image import DEFAULT_SPEC, ImageSpec, anyres_features, sizes_field, split_arrangement
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
-from ._placeholders import QWEN_TEMPORAL_PATCH, Placeholders, QwenPlaceholders, patch_times, temporal_patches
+from ._placeholders import Placeholders, QwenPlaceholders, patch_times, temporal_patches, video_layout
 from ._video import frame_interval_field, frame_times_field, video_duration_field
 
 __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocument", "RowPlan", "assemble_row"]
@@ -109,12 +110,12 @@ class PlacedDocument:
     """One document as the packer decided it: its (possibly cut) text and its images in order.
 
     `images[k]` is (H, W, 3) uint8 on the patch grid, or (rows * cols, patch_dim) rows from an
-    image processor, or a (T, H, W, 3) video in Qwen's video layout; `grids[k]` its (rows, cols)
-    in patches (a video's frame's); it goes before text token `offsets[k]`. `length` counts text
-    and placeholder tokens. `video_frames[k]` is T for such a video and 0 for an image, and
-    `video_seconds[k]` the seconds its temporal patches span (Qwen's `second_per_grid_ts`; 0 for
-    an image); both are empty when the document has no video in that layout (every document
-    without `QwenPlaceholders(video_pad=...)`). `video_times[k]` holds the time of each of a
+    image processor, or a (T, H, W, 3) video in a video layout (Qwen's, LLaVA-OneVision's);
+    `grids[k]` its (rows, cols) in patches (a video's frame's); it goes before text token
+    `offsets[k]`. `length` counts text and placeholder tokens. `video_frames[k]` is T for such a
+    video and 0 for an image (empty when the document has no video in such a layout), and in
+    Qwen's `video_seconds[k]` the seconds its temporal patches span (its `second_per_grid_ts`; 0
+    for an image; empty in LLaVA-OneVision's, whose model takes no time). `video_times[k]` holds the time of each of a
     video's temporal patches where the placeholders stamp them (`video_timestamps`, Qwen3-VL),
     () for an image; it is empty without stamps.
     """
@@ -205,11 +206,13 @@ class RowPlan:
     @property
     def images_by_dataset(self) -> dict[str, int]:
         """{dataset: images} of the row's documents (a masked document's too: they keep their
-        slots). A video in Qwen's layout counts the frames the row holds for it (`video_frames`)."""
+        slots). A video in a layout of its own counts the frames the row holds for it (`video_frames`)."""
+        per = getattr(self.placeholders, "video_temporal_patch", 1)
         out: dict[str, int] = {}
         for doc in self.documents:
             if doc.grids:
-                n = sum(video_frames(f) if f else 1 for f in doc.video_frames) if doc.video_frames else len(doc.grids)
+                n = sum(video_frames(f, per) if f else 1 for f in doc.video_frames) if doc.video_frames \
+                    else len(doc.grids)
                 out[doc.address.dataset] = out.get(doc.address.dataset, 0) + n
         return out
 
@@ -289,37 +292,41 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
 
 
 def _allocate_videos(plans: list[RowPlan], ragged: dict, counts: dict) -> None:
-    """The rows' video fields (Qwen's layout): `video_pixel_values`, every frame's uint8 patches
-    (p·p·3, raster order), the frames of each temporal patch in turn; `video_grid`, Qwen's
-    `video_grid_thw` (temporal patches, rows, cols); `video_token_offset`, each video's first
-    placeholder; `video_second_per_grid`, the seconds each video's temporal patches span
-    (Qwen2.5-VL's `second_per_grid_ts`). Present, maybe empty, on every row of such a packer, so
-    rows always batch."""
-    grids = [[(temporal_patches(doc.video_frames[k]), *g) for doc in plan.documents
+    """The rows' video fields: `video_pixel_values`, every frame's uint8 patches (p·p·3, raster
+    order), the frames of each temporal patch in turn; `video_grid` (temporal patches, rows, cols),
+    Qwen's `video_grid_thw`; `video_token_offset`, each video's first placeholder; in Qwen's
+    layout `video_second_per_grid`, the seconds each video's temporal patches span (Qwen2.5-VL's
+    `second_per_grid_ts`). Present, maybe empty, on every row of such a packer, so rows always
+    batch."""
+    placeholders = plans[0].placeholders
+    per = placeholders.video_temporal_patch
+    grids = [[(temporal_patches(doc.video_frames[k], per), *g) for doc in plan.documents
               for k, g in enumerate(doc.grids) if doc.is_video(k)] for plan in plans]
-    patches = [sum(QWEN_TEMPORAL_PATCH * t * r * c for t, r, c in row) for row in grids]
+    patches = [sum(per * t * r * c for t, r, c in row) for row in grids]
     every = [g for row in grids for g in row]
     p = plans[0].patch_size
     ragged["video_pixel_values"] = np.empty((sum(patches), p * p * 3), dtype=np.uint8)
     ragged["video_grid"] = np.array(every, dtype=np.int32).reshape(len(every), 3)
     ragged["video_token_offset"] = np.empty(len(every), dtype=np.int32)
-    ragged["video_second_per_grid"] = np.array(
-        [doc.video_seconds[k] for plan in plans for doc in plan.documents for k in range(len(doc.grids))
-         if doc.is_video(k)], dtype=np.float32)
     videos = np.array([len(row) for row in grids], dtype=np.int64)
     counts.update(video_pixel_values=np.array(patches, dtype=np.int64), video_grid=videos,
-                  video_token_offset=videos.copy(), video_second_per_grid=videos.copy())
+                  video_token_offset=videos.copy())
+    if spaces_videos_by_time(placeholders):
+        ragged["video_second_per_grid"] = np.array(
+            [doc.video_seconds[k] for plan in plans for doc in plan.documents for k in range(len(doc.grids))
+             if doc.is_video(k)], dtype=np.float32)
+        counts["video_second_per_grid"] = videos.copy()
 
 
-def video_layout(placeholders: Placeholders) -> bool:
-    """Whether the convention lays a video out as one block of its own (`QwenPlaceholders`
-    given `video_pad`) rather than as one image per frame."""
-    return getattr(placeholders, "video_pad", None) is not None
+def spaces_videos_by_time(placeholders: Placeholders) -> bool:
+    """Whether the convention's videos carry the seconds their temporal patches span: Qwen's,
+    whose M-RoPE (Qwen2.5-VL) spaces them so; LLaVA-OneVision's model takes no time."""
+    return video_layout(placeholders) and isinstance(placeholders, QwenPlaceholders)
 
 
-def video_frames(frames: int) -> int:
-    """The frames a row holds for a video of `frames` frames: whole temporal patches."""
-    return QWEN_TEMPORAL_PATCH * temporal_patches(frames)
+def video_frames(frames: int, per: int) -> int:
+    """The frames a row holds for a video of `frames` frames: whole temporal patches of `per`."""
+    return per * temporal_patches(frames, per)
 
 
 def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.ndarray]) -> None:
@@ -350,12 +357,13 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
             cut = offset
             item_offsets.append(at)
             if doc.is_video(index):
-                temporal = temporal_patches(len(image))
+                per = plan.placeholders.video_temporal_patch
+                temporal = temporal_patches(len(image), per)
                 tokens = plan.placeholders.video_tokens_for(temporal, rows, cols, doc.stamp_times(index))
                 ragged["video_token_offset"][v] = at
                 n = rows * cols
-                # Whole temporal patches: an odd count's last frame twice, as Qwen's processors pad.
-                for f in range(QWEN_TEMPORAL_PATCH * temporal):
+                # Whole temporal patches: Qwen's odd count's last frame twice, as its processors pad.
+                for f in range(per * temporal):
                     target = ragged["video_pixel_values"][video_patch_at : video_patch_at + n]
                     _write_patches(target, image[min(f, len(image) - 1)], rows, cols, p)
                     video_patch_at += n
@@ -487,6 +495,8 @@ class MultimodalPacker:
         self.mrope = mrope
         self.mrope_tokens_per_second = mrope_tokens_per_second
         self._video_layout = video_layout(placeholders)
+        self._per_temporal_patch = getattr(placeholders, "video_temporal_patch", 1)
+        self._video_seconds = spaces_videos_by_time(placeholders)
         self._interval_field = frame_interval_field(pixels_field)
         self._stamps = getattr(placeholders, "video_timestamps", None) is not None
         self._times_field = frame_times_field(pixels_field)
@@ -549,21 +559,24 @@ class MultimodalPacker:
         framing = self._framing(address, record, video_frames, text[offsets[-1]:] if offsets else text) \
             if self.frame_text is not None and video_frames is not None else ()
         grids = self._grids(address, record, images)
-        sizes = self._shown_sizes(address, record, images) if self._counts_from_sizes(address, video_frames) else ()
-        details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
         frames = tuple(len(image) if _is_video(image) else 0 for image in images) if self._video_layout else ()
+        if not any(frames):
+            frames = ()
+        sizes = self._shown_sizes(address, record, images) \
+            if self._counts_from_sizes(address, video_frames, frames) else ()
+        details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
         seconds = times = ()
-        if any(frames):
-            seconds = self._seconds_per_temporal_patch(address, record, frames)
+        if frames:
+            if self._video_seconds:
+                seconds = self._seconds_per_temporal_patch(address, record, frames)
             if self._stamps:
                 times = self._patch_times(address, record, frames)
-        else:
-            frames = ()
         lengths = self._lengths
+        per = self._per_temporal_patch
         image_tokens = sum(len(before) + len(after) for before, after in framing)
         for k, grid in enumerate(grids):
-            video = bool(frames) and frames[k] > 0  # in Qwen's layout: keyed (temporal patches, rows, cols)
-            key = (temporal_patches(frames[k]), *grid) if video else (*grid, details[k]) if details else grid
+            video = bool(frames) and frames[k] > 0  # in a video layout: keyed (temporal patches, rows, cols)
+            key = (temporal_patches(frames[k], per), *grid) if video else (*grid, details[k]) if details else grid
             if video and times:  # stamped: a count of its own times' texts, not cached by grid
                 image_tokens += self.placeholders.video_num_tokens(*key, times[k])
                 continue
@@ -576,7 +589,7 @@ class MultimodalPacker:
                     raise ConfigurationError(f"record {address}: {exc}") from None
             image_tokens += n
         if image_tokens > self.max_length:
-            shown = [f"{temporal_patches(frames[k])} temporal x {h}x{w}" if frames and frames[k] else f"{h}x{w}"
+            shown = [f"{temporal_patches(frames[k], per)} temporal x {h}x{w}" if frames and frames[k] else f"{h}x{w}"
                      for k, (h, w) in enumerate(grids)]
             self._skips.append((address, "images_exceed_length", f"its {len(grids)} image(s) take {image_tokens} tokens "
                                 f"(patch grids {', '.join(shown)}); a row holds {self.max_length}"))
@@ -604,7 +617,7 @@ class MultimodalPacker:
                 f"record {address}: a video in Qwen's video layout needs the seconds between its frames, a "
                 f"positive number, in {self._interval_field!r} (decode_video writes it), got {reprlib.repr(interval)}"
             )
-        return tuple(QWEN_TEMPORAL_PATCH * float(interval) if n else 0.0 for n in frames)
+        return tuple(self._per_temporal_patch * float(interval) if n else 0.0 for n in frames)
 
     def _patch_times(self, address, record: dict, frames: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
         """Per item, the times of a video's temporal patches, from the times its frames are shown
@@ -651,12 +664,21 @@ class MultimodalPacker:
                                      f"got {reprlib.repr(given)}")
         return seconds
 
-    def _counts_from_sizes(self, address, video_frames: int | None) -> bool:
+    def _counts_from_sizes(self, address, video_frames: int | None, frames: tuple[int, ...]) -> bool:
         """Whether the record's pictures are counted from their sizes as shown: where the
-        placeholders count so, but for a video's frames (`video_frames` not None), which
-        Idefics3's models take uncut, one tile each (SmolVLM2's). LLaVA-NeXT's placeholders cannot
-        count a frame, which has no canvas to unpad: a ConfigurationError."""
+        placeholders count so, but for a video's frames taken as images (`video_frames` not
+        None), which Idefics3's models take uncut, one tile each (SmolVLM2's), and for a video in
+        a layout of its own (`frames`), which the placeholders count by its frames. LLaVA-NeXT's
+        placeholders cannot count a frame taken as an image, which has no canvas to unpad, nor
+        pictures beside a video in one record, which has no size for the video: a
+        ConfigurationError."""
         if not self._image_detail:
+            return False
+        if frames:
+            if len(frames) > 1:
+                raise ConfigurationError(f"record {address}: {type(self.placeholders).__name__} counts a picture's "
+                                         f"tokens from its size as shown, and a record holding a video holds no "
+                                         f"picture beside it to count so (decode_video writes the video alone)")
             return False
         if video_frames is None:
             return True
@@ -926,9 +948,8 @@ def _check_frame_text(frame_text, mrope: bool, placeholders: Placeholders) -> No
         raise ConfigurationError(f"pack_multimodal: frame_text must be a FrameText (FrameText.internvl(tokenizer), "
                                  f"FrameText.smolvlm(tokenizer)), got {frame_text!r}")
     if video_layout(placeholders):
-        raise ConfigurationError("pack_multimodal: frame_text writes text around a video's frames taken as images; "
-                                 "QwenPlaceholders(video_pad=...) lays a video out as one block (its times: "
-                                 "video_timestamps)")
+        raise ConfigurationError(f"pack_multimodal: frame_text writes text around a video's frames taken as images; "
+                                 f"{type(placeholders).__name__}(video_pad=...) lays a video out as one block")
     if mrope:
         raise ConfigurationError("pack_multimodal: frame_text and mrope=True: Qwen2-VL's rotary positions do not "
                                  "place text between a video's frames")
@@ -1121,12 +1142,17 @@ class PackMultimodal:
     @property
     def pixel_bytes_per_token(self) -> int | None:
         """Pixel bytes a placeholder token may carry, for the memory budget: a merged cell of uint8
-        RGB patches, in both frames of a temporal patch where videos have Qwen's layout; None
-        leaves the core's count (one cell) where no spec is bound yet."""
+        RGB patches, or where videos have a layout of their own what a video token stands for if
+        that is more (a cell in both frames of Qwen's temporal patch, a pooled share of
+        LLaVA-OneVision's frame); None leaves the core's count (one cell) where no spec is bound
+        yet."""
         if self.spec is None:
             return None
-        cell = self.spec.patch_size**2 * self.spec.merge_size**2 * 3
-        return cell * (QWEN_TEMPORAL_PATCH if video_layout(self.placeholders) else 1)
+        patch = self.spec.patch_size**2 * 3
+        cell = patch * self.spec.merge_size**2
+        if not video_layout(self.placeholders):
+            return cell
+        return max(cell, math.ceil(patch * self.placeholders.video_patches_per_token))
 
     def row_work(self, on_error: str, record_operators):
         """The stateless work the loader has the runner do on each row before taking it, or None:

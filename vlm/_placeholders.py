@@ -26,7 +26,7 @@ from zephon._tokenizer import load_tokenizer
 
 __all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "LlavaNextPlaceholders", "PadPlaceholders",
            "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText", "lookup_token_id", "patch_times",
-           "temporal_patches"]
+           "temporal_patches", "video_layout"]
 
 
 @runtime_checkable
@@ -79,7 +79,8 @@ def _check_grid(rows: int, cols: int, merge: int) -> None:
         raise ValueError(f"a {rows}x{cols} patch grid is not a whole number of {merge}x{merge} merged cells")
 
 
-_NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after", "tile_names", "row_end", "last_row_end")
+_NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after", "tile_names", "row_end", "last_row_end",
+            "video_frame", "video_frame_tokens", "video_newline")
 """A convention's settings that are no token ids."""
 
 
@@ -368,10 +369,21 @@ class LlavaNextPlaceholders(_GridTokens):
     the pixels (`record["pixels_sizes"]`) as (tiles, features a side of a tile, feature rows,
     feature columns) (`anyres_features`) and asks `tokens_for(rows, cols, that)`; its rows carry
     the sizes as `image_sizes`, by which the model unpads.
+
+    With `video_pad` (`<video>`'s id), a decoded video is one block, as LLaVA-OneVision's
+    processor writes it (`llava_onevision`): `video_frame_tokens` `<video>` for each frame (the
+    frame's features pooled), then one more where `video_newline` (OneVision's newline feature
+    after the whole video). Every frame is one size, `video_frame` (rows, cols) patches: the model
+    pools a fixed grid of features, so a frame of another size is refused rather than counted
+    wrong. The packer writes the frames to the rows' `video_*` fields, one frame a temporal patch.
     """
 
     image: int
     merge_size: int = 1
+    video_pad: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    video_frame: tuple[int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
+    video_frame_tokens: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    video_newline: bool | None = field(default=None, metadata={"fingerprint": "when set"})
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     image_detail = "unpadded"
@@ -379,9 +391,46 @@ class LlavaNextPlaceholders(_GridTokens):
     side of a tile, feature rows, feature columns) of the picture's features the model keeps
     (`anyres_features`)."""
 
+    video_temporal_patch = 1
+    """Frames per temporal patch of its video layout: each frame is pooled on its own."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        video = (self.video_frame, self.video_frame_tokens, self.video_newline)
+        if self.video_pad is None:
+            if video != (None, None, None):
+                raise ConfigurationError("LlavaNextPlaceholders: video_frame, video_frame_tokens and video_newline "
+                                         "lay out a video's block: give video_pad (<video>'s id) too")
+            return
+        frame = self.video_frame
+        if isinstance(frame, (str, bytes)) or not hasattr(frame, "__len__") or len(frame) != 2:
+            raise ConfigurationError(f"LlavaNextPlaceholders: video_frame must be a frame's (rows, cols) in patches, "
+                                     f"got {frame!r}")
+        object.__setattr__(self, "video_frame", tuple(check_count(n, "LlavaNextPlaceholders: video_frame")
+                                                      for n in frame))
+        object.__setattr__(self, "video_frame_tokens",
+                           check_count(self.video_frame_tokens, "LlavaNextPlaceholders: video_frame_tokens"))
+        if self.video_newline is None:
+            object.__setattr__(self, "video_newline", False)
+        if not isinstance(self.video_newline, bool):
+            raise ConfigurationError(f"LlavaNextPlaceholders: video_newline must be True or False, "
+                                     f"got {self.video_newline!r}")
+
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, image: str = "<image>", merge_size: int = 1) -> LlavaNextPlaceholders:
         return cls(lookup_token_id(tokenizer, image), merge_size)
+
+    @classmethod
+    def llava_onevision(cls, tokenizer: Any, *, image: str = "<image>", video: str = "<video>",
+                        frame_patches: int = 24, frame_features: int = 27) -> LlavaNextPlaceholders:
+        """LLaVA-OneVision's pictures and videos as its processor writes them: a picture as
+        `from_tokenizer` does, a video as `<video>` once per pooled feature of every frame and
+        once for the newline after them. A frame is `VideoSpec.llava_onevision()`'s, 384 px:
+        `frame_patches` a side in the pixels' 16 px patches, `frame_features` a side in SigLIP's
+        14 px ones, which the model pools to ceil(27 / 2) = 14 a side, 196 `<video>` a frame."""
+        pooled = -(-check_count(frame_features, "LlavaNextPlaceholders: frame_features") // 2)
+        return cls(lookup_token_id(tokenizer, image), video_pad=lookup_token_id(tokenizer, video),
+                   video_frame=(frame_patches, frame_patches), video_frame_tokens=pooled**2, video_newline=True)
 
     def num_tokens(self, rows: int, cols: int, kept: tuple[int, int, int, int]) -> int:
         _check_grid(rows, cols, self.merge_size)
@@ -395,6 +444,31 @@ class LlavaNextPlaceholders(_GridTokens):
         """The ids of a stack of rows x cols patches whose tiles keep `kept` features."""
         return np.full(self.num_tokens(rows, cols, kept), self.image, dtype=np.int32)
 
+    @property
+    def video_patches_per_token(self) -> float:
+        """Patches a video token stands for: a frame's over its tokens (for the memory budget)."""
+        rows, cols = self.video_frame
+        return rows * cols / self.video_frame_tokens
+
+    def video_num_tokens(self, temporal: int, rows: int, cols: int, times: tuple[float, ...] = ()) -> int:
+        """Tokens of a video of `temporal` frames (one a temporal patch), each rows x cols patches."""
+        if (rows, cols) != self.video_frame:
+            frame_rows, frame_cols = self.video_frame
+            raise ValueError(f"a video's frames of {rows}x{cols} patches; the model pools frames of "
+                             f"{frame_rows}x{frame_cols} (size them with VideoSpec.llava_onevision(), or give "
+                             f"video_frame their grid)")
+        return temporal * self.video_frame_tokens + int(self.video_newline)
+
+    def video_tokens_for(self, temporal: int, rows: int, cols: int, times: tuple[float, ...] = ()) -> np.ndarray:
+        """int32 placeholder ids of such a video (read-only, cached by its frame count)."""
+        key = ("video", temporal, rows, cols)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = np.full(self.video_num_tokens(temporal, rows, cols), self.video_pad, dtype=np.int32)
+            cached.flags.writeable = False
+            self._cache[key] = cached
+        return cached
+
 
 QWEN_TEMPORAL_PATCH = 2
 """Frames per temporal patch of Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision towers (their
@@ -402,9 +476,16 @@ processors' `temporal_patch_size`): a video's frames are taken in pairs, the las
 their count is odd, as the processors do."""
 
 
-def temporal_patches(frames: int) -> int:
-    """Qwen's temporal patches of a video of `frames` frames: pairs, an odd count's last frame repeated."""
-    return -(-frames // QWEN_TEMPORAL_PATCH)
+def temporal_patches(frames: int, per: int = QWEN_TEMPORAL_PATCH) -> int:
+    """The temporal patches of a video of `frames` frames, `per` frames each (Qwen's pairs by
+    default), a last short one filled by repeating its last frame, as Qwen's processors do."""
+    return -(-frames // per)
+
+
+def video_layout(placeholders) -> bool:
+    """Whether the convention lays a video out as one block of its own (`QwenPlaceholders`,
+    `LlavaNextPlaceholders` given `video_pad`) rather than as one image per frame."""
+    return getattr(placeholders, "video_pad", None) is not None
 
 
 def _plain_ids(tokenizer, text: str) -> tuple[int, ...]:
@@ -528,6 +609,9 @@ class QwenPlaceholders(_GridTokens):
     video_timestamps: TimestampText | None = field(default=None, metadata={"fingerprint": "when set"})
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
+    video_temporal_patch = QWEN_TEMPORAL_PATCH
+    """Frames per temporal patch of its video layout: the tower takes them in pairs."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.video_timestamps is not None:
@@ -568,6 +652,12 @@ class QwenPlaceholders(_GridTokens):
         tokens = np.full(self.num_tokens(rows, cols), self.image_pad, dtype=np.int32)
         tokens[0], tokens[-1] = self.vision_start, self.vision_end
         return tokens
+
+    @property
+    def video_patches_per_token(self) -> float:
+        """Patches a video token stands for: a merged cell in both frames of its temporal patch
+        (for the memory budget)."""
+        return self.merge_size**2 * QWEN_TEMPORAL_PATCH
 
     def video_num_tokens(self, temporal: int, rows: int, cols: int, times: tuple[float, ...] = ()) -> int:
         """Tokens of a video of `temporal` temporal patches, each rows x cols patches; with

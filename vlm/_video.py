@@ -151,6 +151,16 @@ class VideoSpec:
         return cls(**{"fps": 2.0, "max_frames": 768, "image": ImageSpec.qwen3_vl(),
                       "video_pixels": (128 * 32 * 32, 768 * 32 * 32), **kwargs})
 
+    @classmethod
+    def llava_onevision(cls, **kwargs) -> VideoSpec:
+        """LLaVA-OneVision's frames as `LlavaOnevisionVideoProcessor` sizes them: each resized
+        whole to 384x384, bicubically (FFmpeg's), and travelling as 24x24 patches of 16 px, as
+        OneVision's pictures do; 8 frames at the centres of equal slices unless `num_frames` or
+        `fps` say otherwise (the processor takes the frames it is given). Pair with
+        `LlavaNextPlaceholders.llava_onevision(tokenizer)`."""
+        frames = ImageSpec(patch_size=16, fit="fixed", size=(384, 384), resample="bicubic")
+        return cls(**{"image": frames, **kwargs})
+
 
 def sample_times(duration_s: float, spec: VideoSpec) -> list[float]:
     """Target times in seconds from the stream's start, ascending. Raises if the window is empty."""

@@ -55,15 +55,19 @@ class PackedSequence:
     @property
     def images_by_dataset(self) -> dict[str, int]:
         """{dataset: images} of the row: an image is its document's at its first placeholder
-        (`image_token_offset`). A video in a layout of its own (`video_token_offset`, Qwen's)
-        counts the frames the row holds for it: `video_grid`'s first column is its temporal
-        patches, of two frames each."""
+        (`image_token_offset`). A video in a layout of its own (`video_token_offset`) counts the
+        frames the row holds for it: `video_grid`'s (temporal patches, rows, cols) times the
+        frames of a temporal patch, which the row's `video_pixel_values` say (its patches over the
+        videos' patches a frame: two frames a temporal patch in Qwen's layout, one in
+        LLaVA-OneVision's)."""
         document_ids = self.tokens["document_ids"]
         offsets = self.ragged.get("image_token_offset", ())
         out = self._by_dataset(document_ids[offsets]) if len(offsets) else {}
         videos = self.ragged.get("video_token_offset", ())
         if len(videos):
-            frames = 2 * self.ragged["video_grid"][:, 0].astype(np.int64)
+            grids = self.ragged["video_grid"].astype(np.int64)
+            per_patch = len(self.ragged["video_pixel_values"]) // int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum())
+            frames = per_patch * grids[:, 0]
             for dataset, n in self._by_dataset(document_ids[videos], frames).items():
                 out[dataset] = out.get(dataset, 0) + n
         return out

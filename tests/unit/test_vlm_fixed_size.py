@@ -614,14 +614,14 @@ def assert_each_packed_document_is_its_own(model, placeholders, spec: ImageSpec,
     given to `model` with the row's `position_ids` and no attention mask: every document's logits
     are those of the document packed alone (positions from 0, nothing before it).
     `image_inputs(microbatch)` is the forward's image arguments (`pixel_values`, ...) of a
-    microbatch that has images."""
+    microbatch that has images or videos."""
     import torch
 
     def logits(batch: dict, positions: bool) -> torch.Tensor:
         inputs = {"input_ids": batch["input_ids"]}
         if positions:
             inputs["position_ids"] = batch["position_ids"]
-        if len(batch["image_grid"]):
+        if len(batch["image_grid"]) or len(batch.get("video_grid", ())):
             inputs.update(image_inputs(batch))
         with torch.no_grad():
             return model(**inputs, use_cache=False).logits[0]
