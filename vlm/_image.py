@@ -47,7 +47,7 @@ __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
     "CUT_FITS", "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
     "probe_image_with_size", "anyres_features", "sizes_field", "split_arrangement", "thin_scaled_up", "tile_arrangement",
-    "tile_count",
+    "tile_count", "middle",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -81,8 +81,9 @@ _SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres")
 """The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
 _TILED_FITS = ("tiles", "split", "anyres")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
-CUT_FITS = (*_TILED_FITS, "crop", "pad")
-"""The fits that cut, crop or pad a picture rather than resize it whole (a video frame is resized whole)."""
+CUT_FITS = (*_TILED_FITS, "pad")
+"""The fits that cut a picture into tiles or pad it, which a video frame is not: FFmpeg resizes a
+frame whole, and for fit="crop" its middle is then cut out."""
 _SQUARE_TILED_FITS = ("split", "anyres")
 """The tiled fits whose models take square tiles only."""
 SHOWN_SIZE_FITS = ("split", "anyres")
@@ -893,7 +894,7 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, shown
     if spec.fit == "pad" and target is not None:
         return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
-        return _middle(np.asarray(_resized_upright(image, spec, target, box, orientation)), spec.size)
+        return middle(np.asarray(_resized_upright(image, spec, target, box, orientation)), spec.size)
     return _resized_upright(image, spec, target, box, orientation)
 
 
@@ -917,7 +918,7 @@ def _padded_square(image, spec: ImageSpec, box, orientation: int):
                          reducing_gap=spec.draft_gap if spec.draft else None)
 
 
-def _middle(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+def middle(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """The middle `size` (height, width) of (H, W, 3) pixels, its top and left rounded down as
     transformers' `center_crop` rounds them."""
     top, left = (pixels.shape[0] - size[0]) // 2, (pixels.shape[1] - size[1]) // 2

@@ -370,10 +370,10 @@ class LlavaNextPlaceholders(_GridTokens):
     feature columns) (`anyres_features`) and asks `tokens_for(rows, cols, that)`; its rows carry
     the sizes as `image_sizes`, by which the model unpads.
 
-    With `video_pad` (`<video>`'s id), a decoded video is one block, as LLaVA-OneVision's
-    processor writes it (`llava_onevision`): `video_frame_tokens` `<video>` for each frame (the
-    frame's features pooled), then one more where `video_newline` (OneVision's newline feature
-    after the whole video). Every frame is one size, `video_frame` (rows, cols) patches: the model
+    With `video_pad` (`<video>`'s id), a decoded video is one block, as LLaVA-OneVision's and
+    LLaVA-NeXT-Video's processors write it (`llava_onevision`, `llava_next_video`):
+    `video_frame_tokens` `<video>` for each frame (the frame's features pooled), then one more
+    where `video_newline` (OneVision's newline feature after the whole video). Every frame is one size, `video_frame` (rows, cols) patches: the model
     pools a fixed grid of features, so a frame of another size is refused rather than counted
     wrong. The packer writes the frames to the rows' `video_*` fields, one frame a temporal patch.
     """
@@ -432,6 +432,18 @@ class LlavaNextPlaceholders(_GridTokens):
         return cls(lookup_token_id(tokenizer, image), video_pad=lookup_token_id(tokenizer, video),
                    video_frame=(frame_patches, frame_patches), video_frame_tokens=pooled**2, video_newline=True)
 
+    @classmethod
+    def llava_next_video(cls, tokenizer: Any, *, image: str = "<image>", video: str = "<video>",
+                         frame_patches: int = 24) -> LlavaNextPlaceholders:
+        """LLaVA-NeXT-Video's pictures and videos as its processor writes them: a picture as
+        `from_tokenizer` does, a video as `<video>` once per pooled feature of every frame, no
+        newline. A frame is `VideoSpec.llava_next_video()`'s, 336 px: `frame_patches` a side in
+        CLIP's 14 px patches, which the model average-pools 2x2, (24 // 2)**2 = 144 `<video>` a
+        frame."""
+        side = check_count(frame_patches, "LlavaNextPlaceholders: frame_patches")
+        return cls(lookup_token_id(tokenizer, image), video_pad=lookup_token_id(tokenizer, video),
+                   video_frame=(side, side), video_frame_tokens=(side // 2) ** 2, video_newline=False)
+
     def num_tokens(self, rows: int, cols: int, kept: tuple[int, int, int, int]) -> int:
         _check_grid(rows, cols, self.merge_size)
         tiles, side, feature_rows, feature_columns = kept
@@ -455,8 +467,8 @@ class LlavaNextPlaceholders(_GridTokens):
         if (rows, cols) != self.video_frame:
             frame_rows, frame_cols = self.video_frame
             raise ValueError(f"a video's frames of {rows}x{cols} patches; the model pools frames of "
-                             f"{frame_rows}x{frame_cols} (size them with VideoSpec.llava_onevision(), or give "
-                             f"video_frame their grid)")
+                             f"{frame_rows}x{frame_cols} (size them with VideoSpec.llava_onevision() or "
+                             f"llava_next_video(), or give video_frame their grid)")
         return temporal * self.video_frame_tokens + int(self.video_newline)
 
     def video_tokens_for(self, temporal: int, rows: int, cols: int, times: tuple[float, ...] = ()) -> np.ndarray:

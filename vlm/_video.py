@@ -16,7 +16,9 @@ reached (again further back where a container's seek lands past the target), and
 after the last target. Chosen frames are converted to RGB and resized by swscale in one step, on the same
 patch grid rule as images (`image_grid`), then turned upright by the stream's display rotation (a
 phone's portrait video is stored landscape with a quarter turn to apply), as images are by
-their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`).
+their EXIF orientation, and under the same switch (`ImageSpec.exif_transpose`). With
+`fit="crop"` a frame is resized to the scaled size the rule gives (`crop_scaled_size`) and its
+middle cut out, as CLIP's processors crop (LLaVA-NeXT-Video's frames).
 
 A frame FFmpeg marks damaged (it conceals the damage with borrowed pixels and no error) refuses
 the video as corrupt_video when it is decoded on the way to the chosen frames (`_undamaged`), and
@@ -49,7 +51,7 @@ import numpy as np
 from zephon._errors import ConfigurationError, check_count, check_finite
 
 from ._errors import VideoDecodeError
-from ._image import CUT_FITS, DEFAULT_SPEC, ImageSpec, image_grid
+from ._image import CUT_FITS, DEFAULT_SPEC, ImageSpec, crop_scaled_size, image_grid, middle
 from ._matroska import HEAD_BYTES, cut_short
 from ._paths import open_media_file
 from ._video_pixels import video_grid
@@ -68,7 +70,8 @@ class VideoSpec:
     Give at most one of `num_frames` (that many frames, 8 when neither is given, at the centres of equal slices of the
     window) or `fps` (one frame every 1/fps seconds from the window's start, at most `max_frames`).
     The window is [start_s, end_s) in seconds from the stream's start; `end_s=None` means the end
-    of the stream. `image` sizes every frame exactly like `decode_image` sizes an image, upright:
+    of the stream. `image` sizes every frame as `decode_image` sizes an image, upright, resized
+    once by FFmpeg (with `fit="crop"`, then its middle cut out; tiles and padding are refused):
     a display rotation of a quarter, half or three-quarter turn is applied unless
     `image.exif_transpose` is False (other angles are left as stored).
 
@@ -107,8 +110,9 @@ class VideoSpec:
         if not isinstance(self.image, ImageSpec):
             raise ConfigurationError(f"VideoSpec: image must be an ImageSpec, got {self.image!r}")
         if self.image.fit in CUT_FITS:  # FFmpeg sizes a frame to its grid, whole
-            raise ConfigurationError(f"VideoSpec: a frame is resized whole, not cut or padded (fit={self.image.fit!r}); "
-                                     f"size frames with fit='fixed' (InternVL's video frames are one tile each)")
+            raise ConfigurationError(f"VideoSpec: a frame is resized whole, not cut into tiles or padded "
+                                     f"(fit={self.image.fit!r}); size frames with fit='fixed' (InternVL's video frames "
+                                     f"are one tile each) or 'crop'")
         if self.image.longest_edge is not None:  # and in one step, straight to the spec's size
             raise ConfigurationError(f"VideoSpec: a frame is resized once, straight to its size; longest_edge="
                                      f"{self.image.longest_edge} (a first resize of pictures) does not apply to frames: "
@@ -159,6 +163,17 @@ class VideoSpec:
         `fps` say otherwise (the processor takes the frames it is given). Pair with
         `LlavaNextPlaceholders.llava_onevision(tokenizer)`."""
         frames = ImageSpec(patch_size=16, fit="fixed", size=(384, 384), resample="bicubic")
+        return cls(**{"image": frames, **kwargs})
+
+    @classmethod
+    def llava_next_video(cls, **kwargs) -> VideoSpec:
+        """LLaVA-NeXT-Video's frames as its video processor sizes them (`shortest_edge`, then
+        `crop_size`), at the 336 px of the checkpoints' CLIP tower (their
+        `vision_config.image_size`; the processor class's own default is 224): the shorter side to
+        336, bicubically (FFmpeg's), the middle 336x336 cut out, 24x24 patches of 14 px; 8 frames
+        at the centres of equal slices unless `num_frames` or `fps` say otherwise. Pair with
+        `LlavaNextPlaceholders.llava_next_video(tokenizer)`."""
+        frames = ImageSpec(patch_size=14, fit="crop", size=(336, 336), resample="bicubic")
         return cls(**{"image": frames, **kwargs})
 
 
@@ -377,7 +392,9 @@ def _decode(container, spec: VideoSpec) -> SampledVideo:
         rows, cols = image_grid(*upright, spec.image)
     else:
         rows, cols = video_grid(len(chosen), *upright, spec.image, spec.video_pixels, spec.max_frame_tokens)
-    size = (cols * spec.image.patch_size, rows * spec.image.patch_size)  # (width, height) upright
+    cropped = spec.image.fit == "crop"  # resized whole to the scaled size, then its middle cut out
+    size = crop_scaled_size(*upright, spec.image)[::-1] if cropped else \
+        (cols * spec.image.patch_size, rows * spec.image.patch_size)  # (width, height) upright
     stored = size[::-1] if turns % 2 else size
     # A reformatter of this call's own, not `frame.reformat`: PyAV 19 keeps one swscale context
     # per thread for that, with FFmpeg 8's slice threads, and a forked worker inherits the forking
@@ -390,7 +407,8 @@ def _decode(container, spec: VideoSpec) -> SampledVideo:
         if key not in converted:
             pixels = reformatter.reformat(frame, width=stored[0], height=stored[1], format="rgb24",
                                           interpolation=_INTERPOLATION[spec.image.resample]).to_ndarray()
-            converted[key] = np.rot90(pixels, turns)
+            pixels = np.rot90(pixels, turns)
+            converted[key] = middle(pixels, spec.image.size) if cropped else pixels
         frames.append(converted[key])
     # From the stream's start; a frame stamped before it (an edit list's lead-in) is shown at 0.
     times = np.array([max(0.0, float((frame.pts - origin) * time_base)) for frame in chosen], dtype=np.float64)
