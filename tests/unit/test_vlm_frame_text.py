@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
-from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source
+from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source, photos_and_clips
 from tests.unit.test_vlm_qwen_video import corpus  # noqa: F401 - the photos-and-clips corpus fixture
 from tests.unit.test_vlm_split import IMAGE_TOKENS, TILE_NAMES, tiny_idefics3
 from vlm import (FrameText, Idefics3Placeholders, ImageSpec, LlavaNextPlaceholders, PadPlaceholders, QwenPlaceholders,
@@ -272,13 +272,8 @@ def _framed_pipeline(root, runner: str, *, video_last: bool = True) -> Pipeline:
     """Photos split as SmolVLM splits them and 3-frame clips (`test_vlm_mixed_media`'s corpus),
     the clips' frames uncut after SmolVLM2's text, in rows of 512; the video decoded after the
     photos unless told otherwise."""
-    decoders = [lambda p: p.decode_images(field="jpg", spec=SPLIT_PHOTOS, datasets="photos", parallelism=2),
-                lambda p: p.decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=SMOL_FRAMES),
-                                         datasets="clips", parallelism=2)]
-    pipeline = (Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
-                .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2))
-    for decoder in decoders if video_last else decoders[::-1]:
-        pipeline = decoder(pipeline)
+    pipeline = photos_and_clips(root, runner, SPLIT_PHOTOS, VideoSpec(num_frames=3, image=SMOL_FRAMES),
+                                video_last=video_last)
     return (pipeline.pack_multimodal(512, Idefics3Placeholders(3, 4, 5, TILE_NAMES, merge_size=4),
                                      frame_text=FrameText.smolvlm(TOKENIZER))
             .shuffle(buffer_size=3, seed=2)

@@ -11,6 +11,7 @@ and `center_crop` for the frames' sizing; and a tiny randomly initialised
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,23 +21,13 @@ from tests.conftest import requires_torch
 from tests.unit.test_vlm_anyres import SMALL_ANYRES
 from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
-from tests.unit.test_vlm_mixed_media import TOKENIZER
+from tests.unit.test_vlm_onevision_video import llava_model_inputs, random_clip
+from tests.unit.test_vlm_onevision_video import tokenizer  # noqa: F401 - the tokenizer fixture
 from tests.unit.test_vlm_split import sized_record
-from vlm import ImageSpec, LlavaNextPlaceholders, VideoSpec, image_tensors, video_tensors
+from vlm import ImageSpec, LlavaNextPlaceholders, VideoSpec
 from vlm._packing import MultimodalPacker
 from vlm._stages import DecodeVideo
 from zephon._records import RecordAddress
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    """The shipped tokenizer with `<image>` and `<video>` added as special tokens (no LLaVA
-    tokenizer ships offline)."""
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
-    tokenizer.add_tokens(["<image>", "<video>"], special_tokens=True)
-    return tokenizer
 
 
 def _address(i: int = 0) -> RecordAddress:
@@ -129,23 +120,9 @@ def test_a_tiny_llava_next_video_gives_each_packed_document_of_clips_and_picture
     model = LlavaNextVideoForConditionalGeneration(config).eval()
     rng = np.random.default_rng(5)
 
-    def clip(words: int, **extra) -> dict:
-        return {"input_ids": rng.integers(10, 90, words).astype(np.int32),
-                "pixels": rng.integers(0, 256, (3, 56, 56, 3), dtype=np.uint8), **extra}
-
-    def inputs(batch: dict) -> dict:
-        given = {}
-        if len(batch["video_grid"]):
-            given["pixel_values_videos"] = video_tensors(batch["video_pixel_values"], batch["video_grid"],
-                                                         mean=(0.5,) * 3, std=(0.5,) * 3)
-        if len(batch["image_grid"]):
-            given["pixel_values"] = image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
-                                                  std=(0.5,) * 3, tile=4)
-            given["image_sizes"] = batch["image_sizes"]
-        return given
-
     placeholders = LlavaNextPlaceholders(102, video_pad=103, video_frame=(4, 4), video_frame_tokens=4,
                                          video_newline=False)
-    records = [clip(5), {"input_ids": rng.integers(10, 90, 7).astype(np.int32)},
-               sized_record(rng, SMALL_ANYRES, 6, (60, 130)), clip(6, image_offsets=[2])]
-    assert_each_packed_document_is_its_own(model, placeholders, SMALL_ANYRES, records, 200, inputs)
+    records = [random_clip(rng, 5, 56), {"input_ids": rng.integers(10, 90, 7).astype(np.int32)},
+               sized_record(rng, SMALL_ANYRES, 6, (60, 130)), random_clip(rng, 6, 56, image_offsets=[2])]
+    assert_each_packed_document_is_its_own(model, placeholders, SMALL_ANYRES, records, 200,
+                                           partial(llava_model_inputs, tile=4))

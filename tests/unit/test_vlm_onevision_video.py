@@ -10,6 +10,7 @@ initialised `LlavaOnevisionForConditionalGeneration` for what the rows do in a m
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_assets import make_video
 from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
-from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, mixed_source
+from tests.unit.test_vlm_mixed_media import TOKENIZER, _epoch, photos_and_clips
 from tests.unit.test_vlm_onevision import SMALL_ONEVISION
 from tests.unit.test_vlm_qwen_video import corpus  # noqa: F401 - the photos-and-clips corpus fixture
 from tests.unit.test_vlm_split import sized_record
@@ -175,13 +176,8 @@ def _onevision_pipeline(root, runner: str, *, video_last: bool = True) -> Pipeli
     """`test_vlm_mixed_media`'s photos sized as OneVision sizes pictures (at 64 px tiles) and its
     clips as 3 frames of 64 px, in rows of 512; the video decoded after the photos unless told
     otherwise."""
-    decoders = [lambda p: p.decode_images(field="jpg", spec=SMALL_ONEVISION, datasets="photos", parallelism=2),
-                lambda p: p.decode_video(field="mp4", spec=VideoSpec(num_frames=3, image=SMALL_FRAMES),
-                                         datasets="clips", parallelism=2)]
-    pipeline = (Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
-                .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2))
-    for decoder in decoders if video_last else decoders[::-1]:
-        pipeline = decoder(pipeline)
+    pipeline = photos_and_clips(root, runner, SMALL_ONEVISION, VideoSpec(num_frames=3, image=SMALL_FRAMES),
+                                video_last=video_last)
     return (pipeline.pack_multimodal(512, LlavaNextPlaceholders(3, video_pad=4, **SMALL_VIDEO_PLACEHOLDERS))
             .shuffle(buffer_size=3, seed=2)
             .batch(2))
@@ -225,6 +221,27 @@ def test_photos_and_clips_saved_on_two_ranks_resume_on_four_with_the_same_global
 
 # -- into the model ------------------------------------------------------------------------------
 
+def random_clip(rng: np.random.Generator, words: int, side: int, **extra) -> dict:
+    """A record of `words` random text tokens and a clip of three random `side` px frames."""
+    return {"input_ids": rng.integers(10, 90, words).astype(np.int32),
+            "pixels": rng.integers(0, 256, (3, side, side, 3), dtype=np.uint8), **extra}
+
+
+def llava_model_inputs(batch: dict, *, tile: int) -> dict:
+    """The forward's image and video arguments of a LLaVA-OneVision or LLaVA-NeXT-Video
+    microbatch, as vlm/README.md shows them: each only where the microbatch holds some (SigLIP's
+    and the tiny CLIP's normalisation, 0.5 a channel)."""
+    given = {}
+    if len(batch["video_grid"]):
+        given["pixel_values_videos"] = video_tensors(batch["video_pixel_values"], batch["video_grid"],
+                                                     mean=(0.5,) * 3, std=(0.5,) * 3)
+    if len(batch["image_grid"]):
+        given["pixel_values"] = image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
+                                              std=(0.5,) * 3, tile=tile)
+        given["image_sizes"] = batch["image_sizes"]
+    return given
+
+
 @requires_torch
 def test_a_tiny_llava_onevision_gives_each_packed_document_of_clips_and_pictures_what_it_gives_it_alone():
     """Rows of a three-frame clip then its caption, text alone, a picture on OneVision's canvas
@@ -246,23 +263,8 @@ def test_a_tiny_llava_onevision_gives_each_packed_document_of_clips_and_pictures
     model = LlavaOnevisionForConditionalGeneration(config).eval()
     rng = np.random.default_rng(3)
 
-    def clip(words: int, **extra) -> dict:
-        return {"input_ids": rng.integers(10, 90, words).astype(np.int32),
-                "pixels": rng.integers(0, 256, (3, 64, 64, 3), dtype=np.uint8), **extra}
-
-    def inputs(batch: dict) -> dict:
-        given = {}
-        if len(batch["video_grid"]):
-            given["pixel_values_videos"] = video_tensors(batch["video_pixel_values"], batch["video_grid"],
-                                                         mean=(0.5,) * 3, std=(0.5,) * 3)
-        if len(batch["image_grid"]):
-            given["pixel_values"] = image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
-                                                  std=(0.5,) * 3, tile=4)
-            given["image_sizes"] = batch["image_sizes"]
-        return given
-
-    records = [clip(5), {"input_ids": rng.integers(10, 90, 7).astype(np.int32)},
-               sized_record(rng, SMALL_ONEVISION, 6, (60, 200)), clip(6, image_offsets=[2])]
+    records = [random_clip(rng, 5, 64), {"input_ids": rng.integers(10, 90, 7).astype(np.int32)},
+               sized_record(rng, SMALL_ONEVISION, 6, (60, 200)), random_clip(rng, 6, 64, image_offsets=[2])]
     assert_each_packed_document_is_its_own(
         model, LlavaNextPlaceholders(102, video_pad=103, **SMALL_VIDEO_PLACEHOLDERS), SMALL_ONEVISION, records, 200,
-        inputs)
+        partial(llava_model_inputs, tile=4))
