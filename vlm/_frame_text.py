@@ -1,9 +1,10 @@
 """The text a model's processor writes around a video's frames where it takes them as images.
 
-InternVL and SmolVLM2 feed a video to their vision tower frame by frame, each frame an image with
-its own placeholder block, and tell the model which frame is which in text: InternVL numbers them
-(`Frame1: <img>...</img>` and a newline between frames), SmolVLM2 opens with the count of frames
-and the video's length and stamps each frame with its time (`\\nFrame from 00:05:`). A frame's
+InternVL, SmolVLM2 and Gemma 4 feed a video to their vision tower frame by frame, each frame an
+image with its own placeholder block, and tell the model which frame is which in text: InternVL
+numbers them (`Frame1: <img>...</img>` and a newline between frames), SmolVLM2 opens with the
+count of frames and the video's length and stamps each frame with its time
+(`\\nFrame from 00:05:`), Gemma 4 writes each frame's time before it (`00:05 <boi>...`). A frame's
 block is its placeholders' (`tokens_for`); this module is the text between, encoded with the
 model's tokenizer, so the packer can put it where the processor does.
 
@@ -51,7 +52,7 @@ class FrameText(_EncodedText):
     video's length, whole seconds as H:MM:SS), `before_frame` `{number}` (from 1) and `{time}`
     (the time the frame is shown, whole minutes and seconds as MM:SS).
 
-    Make one with `from_tokenizer`, `internvl` or `smolvlm`; the tokenizer and the cache (one
+    Make one with `from_tokenizer`, `internvl`, `smolvlm` or `gemma4`; the tokenizer and the cache (one
     entry per piece of text) as `_EncodedText`'s.
     """
 
@@ -100,6 +101,12 @@ class FrameText(_EncodedText):
             tokenizer, intro="You are provided the following series of {frames_in_words} frames from a {duration} "
                              "[H:MM:SS] video.\n",
             before_frame="\nFrame from {time}:", outro="\n\n")
+
+    @classmethod
+    def gemma4(cls, tokenizer: Any) -> FrameText:
+        """Gemma 4's (`Gemma4Processor`): each frame's time as MM:SS and a space before its block,
+        a space between frames."""
+        return cls.from_tokenizer(tokenizer, before_frame="{time} ", between=" ")
 
     @property
     def needs_times(self) -> bool:

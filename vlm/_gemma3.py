@@ -30,7 +30,7 @@ def gemma3_model_inputs(batch: dict, *, image_token_id: int, sliding_window: int
     itself alone. Labels are not among them: the rows' are already shifted (vlm/README.md).
     """
     input_ids = batch["input_ids"]
-    masks = document_masks(input_ids, batch["document_ids"], image_token_id=image_token_id,
+    masks = document_masks(input_ids, batch["document_ids"], vision_token_ids=(image_token_id,),
                            sliding_window=sliding_window, images_in_full_layers=True,
                            attn_implementation=attn_implementation, caller="gemma3_model_inputs")
     out = {"input_ids": input_ids, "position_ids": batch["position_ids"], "attention_mask": masks}

@@ -15,11 +15,13 @@ import numpy as np
 
 from ._gemma_masks import document_masks
 from ._image import ImageSpec
+from ._video import VideoSpec
 
 __all__ = ["gemma4_model_inputs"]
 
 
-def gemma4_model_inputs(batch: dict, spec: ImageSpec, *, image_token_id: int | None = None,
+def gemma4_model_inputs(batch: dict, spec: ImageSpec, *, video_spec: VideoSpec | None = None,
+                        video_token_id: int | None = None, image_token_id: int | None = None,
                         sliding_window: int | None = None, attn_implementation: str = "sdpa") -> dict:
     """The keyword arguments of a `Gemma4ForConditionalGeneration` forward for one microbatch
     (`Batch.to_training()`'s torch tensors, rows packed with `ImageSpec.gemma4()` and
@@ -31,40 +33,95 @@ def gemma4_model_inputs(batch: dict, spec: ImageSpec, *, image_token_id: int | N
     give NumPy arrays, torch tensors tensors on their device. Labels are not among them: the
     rows' are already shifted (vlm/README.md).
 
+    Rows whose videos' frames are written with `<|video|>` (`PadPlaceholders.gemma4(tokenizer,
+    video=True)`): give its `video_token_id` and the clips' `video_spec`, whose budget the frames
+    are padded to; those frames go to `pixel_values_videos`, `video_position_ids` and
+    `num_frames_per_video` (each document's frames one video), the pictures as before.
+
     For a checkpoint whose text config sets `use_bidirectional_attention="vision"`, give its
     `image_token_id` and `text_config.sliding_window` (and `attn_implementation`, "sdpa" or
     "eager"): `attention_mask` is then the model's two masks ready-made (`vlm._gemma_masks`), a
-    picture's tokens attending to each other both ways in the sliding-window layers, which its
-    processor's `mm_token_type_ids` say and packed rows cannot (torch tensors only)."""
+    picture's or a frame's tokens attending to each other both ways in the sliding-window layers,
+    which its processor's `mm_token_type_ids` say and packed rows cannot (torch tensors only)."""
     out = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
     if (image_token_id is None) != (sliding_window is None):
         raise ValueError("gemma4_model_inputs: give image_token_id and sliding_window together (the masks of a "
                          "checkpoint whose pictures attend both ways), or neither")
+    if (video_token_id is None) != (video_spec is None):
+        raise ValueError("gemma4_model_inputs: give video_token_id and video_spec together (the frames of clips "
+                         "written with <|video|>, and the budget they are padded to), or neither")
     if image_token_id is not None:
-        out["attention_mask"] = document_masks(batch["input_ids"], batch["document_ids"], image_token_id=image_token_id,
+        vision = (image_token_id,) if video_token_id is None else (image_token_id, video_token_id)
+        out["attention_mask"] = document_masks(batch["input_ids"], batch["document_ids"], vision_token_ids=vision,
                                                sliding_window=sliding_window, images_in_full_layers=False,
                                                attn_implementation=attn_implementation, caller="gemma4_model_inputs")
-    grids = batch["image_grid"]
+    grids = np.asarray(batch["image_grid"].tolist(), dtype=np.int64).reshape(-1, 2)
     if not len(grids):
         return out
-    grids = np.asarray(grids.tolist(), dtype=np.int64).reshape(-1, 2)
     patches = batch["pixel_values"]
-    budget = spec.max_pixels // spec.patch_size**2
-    pixel_values = np.zeros((len(grids), budget, patches.shape[-1]), dtype=np.float32)
-    positions = np.full((len(grids), budget, 2), -1, dtype=np.int64)
-    ends = np.cumsum(grids.prod(axis=1))
-    levels = np.arange(256, dtype=np.float32) / 255  # as the processor scales: float32 level / 255
     host = patches if isinstance(patches, np.ndarray) else patches.cpu().numpy()
-    for k, ((rows, cols), end) in enumerate(zip(grids.tolist(), ends.tolist())):
+    ends = np.cumsum(grids.prod(axis=1))
+    frames = _frames(batch, video_token_id)
+    pictures = np.flatnonzero(~frames)
+    if len(pictures):
+        pixel_values, positions = _patch_rows(host, grids, ends, pictures, spec.max_pixels // spec.patch_size**2)
+        out.update(pixel_values=pixel_values, image_position_ids=positions)
+    if frames.any():
+        budget = video_spec.image.max_pixels // video_spec.image.patch_size**2
+        pixel_values, positions = _patch_rows(host, grids, ends, np.flatnonzero(frames), budget)
+        out.update(pixel_values_videos=pixel_values, video_position_ids=positions,
+                   num_frames_per_video=_frames_per_video(batch, frames))
+    if not isinstance(patches, np.ndarray):
+        import torch
+
+        out.update({name: torch.from_numpy(out[name]).to(patches.device) for name in _ARRAYS if name in out})
+    return out
+
+
+_ARRAYS = ("pixel_values", "image_position_ids", "pixel_values_videos", "video_position_ids", "num_frames_per_video")
+"""The arguments made here on the host, handed back on the batch's device."""
+
+
+def _patch_rows(host: np.ndarray, grids: np.ndarray, ends: np.ndarray, chosen: np.ndarray,
+                budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `chosen` images' patches as (images, `budget`, 768) float32 rows scaled to [0, 1],
+    zero-padded, and their (x, y) patch positions, (-1, -1) on the padding."""
+    pixel_values = np.zeros((len(chosen), budget, host.shape[-1]), dtype=np.float32)
+    positions = np.full((len(chosen), budget, 2), -1, dtype=np.int64)
+    levels = np.arange(256, dtype=np.float32) / 255  # as the processor scales: float32 level / 255
+    for k, image in enumerate(chosen.tolist()):
+        (rows, cols), end = grids[image].tolist(), int(ends[image])
         count = rows * cols
+        if count > budget:
+            raise ValueError(f"gemma4_model_inputs: an image of {rows}x{cols} patches is past the budget of {budget} "
+                             f"it is padded to: give the spec (or video_spec) it was decoded with")
         pixel_values[k, :count] = levels[host[end - count : end]]
         positions[k, :count, 0] = np.tile(np.arange(cols), rows)  # x: the patch's column
         positions[k, :count, 1] = np.repeat(np.arange(rows), cols)  # y: its row
-    if isinstance(patches, np.ndarray):
-        out.update(pixel_values=pixel_values, image_position_ids=positions)
-    else:
-        import torch
+    return pixel_values, positions
 
-        out.update(pixel_values=torch.from_numpy(pixel_values).to(patches.device),
-                   image_position_ids=torch.from_numpy(positions).to(patches.device))
-    return out
+
+def _frames(batch: dict, video_token_id: int | None) -> np.ndarray:
+    """Per image of the microbatch, whether it is a video's frame: its block's first pad (after
+    `boi`) is `video_token_id`."""
+    if video_token_id is None:
+        return np.zeros(len(batch["image_grid"]), dtype=bool)
+    return _host(batch["input_ids"])[_rows_of(batch), _host(batch["image_token_offset"]) + 1] == video_token_id
+
+
+def _frames_per_video(batch: dict, frames: np.ndarray) -> np.ndarray:
+    """How many frames each video has, in order: a document's frames are one video (decode_video
+    writes one a record)."""
+    documents = _host(batch["document_ids"])[_rows_of(batch), _host(batch["image_token_offset"])]
+    keys = np.stack([_rows_of(batch), documents], axis=1)[frames]
+    starts = np.concatenate([[True], (keys[1:] != keys[:-1]).any(axis=1)])
+    return np.diff(np.append(np.flatnonzero(starts), len(keys))).astype(np.int64)
+
+
+def _rows_of(batch: dict) -> np.ndarray:
+    """The row of each image of the microbatch (its `image_token_offset`s, counted per row)."""
+    return np.repeat(np.arange(len(batch["input_ids"])), _host(batch["image_token_offset_counts"]))
+
+
+def _host(values) -> np.ndarray:
+    return values if isinstance(values, np.ndarray) else values.cpu().numpy()

@@ -18,11 +18,11 @@ ATTENTIONS = ("sdpa", "eager")
 """The attention implementations the masks are built for."""
 
 
-def document_masks(input_ids, document_ids, *, image_token_id: int, sliding_window: int, images_in_full_layers: bool,
-                   attn_implementation: str, caller: str) -> dict:
+def document_masks(input_ids, document_ids, *, vision_token_ids: tuple[int, ...], sliding_window: int,
+                   images_in_full_layers: bool, attn_implementation: str, caller: str) -> dict:
     """{"full_attention": ..., "sliding_attention": ...}, (B, 1, L, L) masks: a query attends to a
-    key of its own document at or before it, or of the same picture (a run of `image_token_id`)
-    anywhere, in the full layers only where `images_in_full_layers`; in sliding layers only to keys
+    key of its own document at or before it, or of the same picture (a run of `vision_token_ids`:
+    a picture's pads, or a video frame's) anywhere, in the full layers only where `images_in_full_layers`; in sliding layers only to keys
     less than `sliding_window` before it. Padding (document -1) attends to itself. "sdpa" takes them
     boolean (True attends), "eager" additive in float32 (cast them with the model)."""
     import torch
@@ -34,7 +34,7 @@ def document_masks(input_ids, document_ids, *, image_token_id: int, sliding_wind
     positions = torch.arange(length, device=input_ids.device)
     query, key = positions[:, None], positions[None, :]
     same_document = (document_ids[:, :, None] == document_ids[:, None, :]) & (document_ids[:, :, None] >= 0)
-    image = input_ids == image_token_id
+    image = torch.isin(input_ids, torch.tensor(vision_token_ids, device=input_ids.device))
     starts = image & ~F.pad(image, (1, 0))[:, :-1]
     image_number = torch.where(image, torch.cumsum(starts.int(), dim=-1), -1)
     same_image = (image_number[:, :, None] == image_number[:, None, :]) & (image_number[:, :, None] >= 0)

@@ -139,6 +139,9 @@ class PlacedDocument:
     framing: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
     """Per image, the ids of the text before and after its block where it is a video's frame and
     the packer writes text around frames (`FrameText`), else empty."""
+    frames_as_images: bool = False
+    """Whether its images are a video's frames, each taken as an image (no video layout): the
+    placeholders may write them with a pad of their own (`PadPlaceholders.frame_pad`)."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -342,6 +345,8 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
     position_ids, document_ids = row["position_ids"], row["document_ids"]
     positions = ramp(plan.max_length)
     tokens_for = plan.placeholders.tokens_for
+    frame_tokens_for = plan.placeholders.frame_tokens_for if getattr(plan.placeholders, "frame_pad", None) is not None \
+        else tokens_for
     p = plan.patch_size
     masked = {number for number, *_ in plan.masked}
     pixel_values, image_offset = ragged["pixel_values"], ragged["image_token_offset"]
@@ -371,7 +376,10 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
             else:
                 if doc.framing:
                     at = _write_ids(doc.framing[index][0], at, input_ids)
-                tokens = tokens_for(rows, cols, doc.details[index]) if doc.details else tokens_for(rows, cols)
+                if doc.details:
+                    tokens = tokens_for(rows, cols, doc.details[index])
+                else:
+                    tokens = (frame_tokens_for if doc.frames_as_images else tokens_for)(rows, cols)
                 image_offset[k] = at
                 n = rows * cols
                 _write_patches(pixel_values[patch_at : patch_at + n], image, rows, cols, p)
@@ -604,7 +612,7 @@ class MultimodalPacker:
             text = text[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times, sizes, details, framing)
+                              times, sizes, details, framing, video_frames is not None)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as

@@ -14,6 +14,7 @@ Thread-safety: instances are immutable; `tokens_for` caches per grid and is safe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
@@ -174,6 +175,10 @@ class PadPlaceholders(_GridTokens):
     encoded apart from the caption: they are no placeholder ids (a caption may hold them) and,
     as the rest of the block, learn nothing. An image of rows x cols patches gives
     rows * cols / merge_size**2 pads, plus the start, end and text ids.
+
+    `frame_pad` is the pad of a video's frames, each taken as an image, where the model takes them
+    apart from pictures by it (Gemma 4's `<|video|>`): a frame's block is a picture's with
+    `frame_pad` for `pad` (`frame_tokens_for`).
     """
 
     pad: int
@@ -182,6 +187,7 @@ class PadPlaceholders(_GridTokens):
     merge_size: int = 1
     text_before: tuple[int, ...] = ()
     text_after: tuple[int, ...] = ()
+    frame_pad: int | None = field(default=None, metadata={"fingerprint": "when set"})
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -210,17 +216,23 @@ class PadPlaceholders(_GridTokens):
                                   merge_size=4, text_before="\n\n", text_after="\n\n")
 
     @classmethod
-    def gemma4(cls, tokenizer: Any) -> PadPlaceholders:
+    def gemma4(cls, tokenizer: Any, *, video: bool = False) -> PadPlaceholders:
         """Gemma 4's convention as its processor writes an image: the tokenizer's `boi_token`, one
         `image_token` per soft token (a cell of 3x3 patches: `ImageSpec.gemma4()`), its
-        `eoi_token`; the three read from the tokenizer, as the processor reads them."""
+        `eoi_token`; the three read from the tokenizer, as the processor reads them. With
+        `video=True`, a video's frames as its processor writes them, each a picture's block of
+        `<|video|>` (`frame_pad`; pair with `FrameText.gemma4(tokenizer)` for the time before
+        each frame)."""
         names = {name: getattr(tokenizer, name, None) for name in ("image_token", "boi_token", "eoi_token")}
         missing = [name for name, token in names.items() if not isinstance(token, str)]
         if missing:
             raise ConfigurationError(f"PadPlaceholders.gemma4: the tokenizer names no {', '.join(missing)} (Gemma 4's "
                                      f"does); give from_tokenizer(tokenizer, pad=, start=, end=, merge_size=3)")
-        return cls.from_tokenizer(tokenizer, pad=names["image_token"], start=names["boi_token"], end=names["eoi_token"],
-                                  merge_size=3)
+        placeholders = cls.from_tokenizer(tokenizer, pad=names["image_token"], start=names["boi_token"],
+                                          end=names["eoi_token"], merge_size=3)
+        if not video:
+            return placeholders
+        return dataclasses.replace(placeholders, frame_pad=lookup_token_id(tokenizer, GEMMA4_VIDEO_TOKEN))
 
     def num_tokens(self, rows: int, cols: int) -> int:
         m = self.merge_size
@@ -234,6 +246,24 @@ class PadPlaceholders(_GridTokens):
         start = [] if self.start is None else [self.start]
         end = [] if self.end is None else [self.end]
         return np.array([*self.text_before, *start, *pads, *end, *self.text_after], dtype=np.int32)
+
+    def frame_tokens_for(self, rows: int, cols: int) -> np.ndarray:
+        """int32 ids of a video's frame of rows x cols patches taken as an image (read-only,
+        cached): a picture's block with `frame_pad` for its pads; needs `frame_pad`."""
+        key = ("frame", rows, cols)
+        cached = self._cache.get(key)
+        if cached is None:
+            if self.frame_pad is None:
+                raise ConfigurationError("PadPlaceholders: a frame's block needs frame_pad (Gemma 4's <|video|> id)")
+            cached = self.tokens_for(rows, cols).copy()
+            cached[cached == self.pad] = self.frame_pad
+            cached.flags.writeable = False
+            self._cache[key] = cached
+        return cached
+
+
+GEMMA4_VIDEO_TOKEN = "<|video|>"
+"""The token Gemma 4's processor writes a video's frames with (it adds it to the tokenizer)."""
 
 
 def _check_text_ids(convention, names: tuple[str, ...]) -> None:

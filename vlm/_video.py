@@ -166,6 +166,16 @@ class VideoSpec:
         return cls(**{"image": frames, **kwargs})
 
     @classmethod
+    def gemma4(cls, max_soft_tokens: int = 70, **kwargs) -> VideoSpec:
+        """Gemma 4's frames as `Gemma4VideoProcessor` sizes them: each a picture of
+        `ImageSpec.gemma4(max_soft_tokens)` (70 soft tokens a frame, its default), 32 frames at
+        the centres of equal slices unless `num_frames` or `fps` say otherwise (the processor
+        spreads its 32 evenly over the frame indices). Pair with
+        `PadPlaceholders.gemma4(tokenizer, video=True)` and `FrameText.gemma4(tokenizer)`."""
+        frames = {} if "fps" in kwargs else {"num_frames": 32}
+        return cls(**{**frames, "image": ImageSpec.gemma4(max_soft_tokens), **kwargs})
+
+    @classmethod
     def llava_next_video(cls, **kwargs) -> VideoSpec:
         """LLaVA-NeXT-Video's frames as its video processor sizes them (`shortest_edge`, then
         `crop_size`), at the 336 px of the checkpoints' CLIP tower (their

@@ -9,6 +9,7 @@ import importlib.util
 import io
 import struct
 import zlib
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 
@@ -157,7 +158,7 @@ def xmp_png(orientation: int) -> bytes:
     return encode(gradient(96, 160), pnginfo=info)
 
 
-def make_video(path: Path, frames: int = 30, fps: int = 10, size=(128, 96), codec: str = "mpeg4") -> Path:
+def make_video(path: Path, frames: int = 30, fps: int | Fraction = 10, size=(128, 96), codec: str = "mpeg4") -> Path:
     """A small video whose frame k is filled with grey level 8*k, so a frame's index reads back
     from its pixels (every frame a keyframe at gop_size=1, or a GOP of 10 otherwise)."""
     import av

@@ -505,14 +505,15 @@ def test_the_memory_budget_holds_each_decoded_image_at_its_fixed_size(tmp_path):
 def _microbatch(placeholders, spec: ImageSpec, documents: list[dict], length: int, **packing) -> dict:
     """`documents` packed into one row of `length` tokens (`packing`: the packer's other settings),
     as a microbatch of one row of torch tensors (token fields int64, as `to_training()` gives them;
-    ragged fields as they are)."""
+    ragged fields as they are, each beside its `<name>_counts`)."""
     import torch
 
     packer = MultimodalPacker(None, max_length=length, placeholders=placeholders, spec=spec, pad_id=0, **packing)
     rows = [row for i, record in enumerate(documents) for row in packer.push((_address(i), record))]
     [row] = rows + packer.flush()
-    return {name: torch.from_numpy(np.ascontiguousarray(array))[None].long() if name in row.tokens
-            else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}
+    counts = {f"{name}_counts": torch.tensor([len(array)]) for name, array in row.ragged.items()}
+    return {**{name: torch.from_numpy(np.ascontiguousarray(array))[None].long() if name in row.tokens
+               else torch.from_numpy(array) for name, array in {**row.tokens, **row.ragged}.items()}, **counts}
 
 
 @requires_torch
