@@ -107,9 +107,14 @@ def test_a_batch_s_frames_go_to_the_video_arguments_and_its_pictures_to_the_imag
 
 
 def test_frame_pad_is_a_placeholder_id_and_written_only_for_frames(tokenizer):
-    """`<|video|>` is one of the placeholders' ids (a caption holding it is skipped, a pad id equal
-    to it refused), distinct from the others; pictures keep `<|image|>`."""
+    """`<|video|>` is one of the placeholders' ids, which the packer checks captions and the pad
+    id against (a pad id equal to it is refused), distinct from the others; pictures keep `<|image|>`; the fingerprint holds it
+    only when set, so recipes of pictures alone resume as before."""
+    from vlm._packing import _describe
+
     placeholders = PadPlaceholders.gemma4(tokenizer, video=True)
+    assert "frame_pad" not in _describe(PadPlaceholders.gemma4(tokenizer))
+    assert _describe(placeholders)["frame_pad"] == tokenizer.convert_tokens_to_ids("<|video|>")
     video, image = tokenizer.convert_tokens_to_ids("<|video|>"), tokenizer.convert_tokens_to_ids("<|image|>")
     assert placeholders.frame_pad == video and video in placeholders.token_ids
     assert set(placeholders.frame_tokens_for(6, 6).tolist()) == {placeholders.start, video, placeholders.end}
