@@ -22,9 +22,10 @@ def document_masks(input_ids, document_ids, *, vision_token_ids: tuple[int, ...]
                    images_in_full_layers: bool, attn_implementation: str, caller: str) -> dict:
     """{"full_attention": ..., "sliding_attention": ...}, (B, 1, L, L) masks: a query attends to a
     key of its own document at or before it, or of the same picture (a run of `vision_token_ids`:
-    a picture's pads, or a video frame's) anywhere, in the full layers only where `images_in_full_layers`; in sliding layers only to keys
-    less than `sliding_window` before it. Padding (document -1) attends to itself. "sdpa" takes them
-    boolean (True attends), "eager" additive in float32 (cast them with the model)."""
+    a picture's pads, or a video frame's) anywhere, in the full layers only where
+    `images_in_full_layers`; in sliding layers only to keys less than `sliding_window` before it.
+    Padding (document -1) attends to itself. "sdpa" takes them boolean (True attends), "eager"
+    additive in float32 (cast them with the model)."""
     import torch
     import torch.nn.functional as F
 

@@ -115,9 +115,9 @@ class PlacedDocument:
     `offsets[k]`. `length` counts text and placeholder tokens. `video_frames[k]` is T for such a
     video and 0 for an image (empty when the document has no video in such a layout), and in
     Qwen's `video_seconds[k]` the seconds its temporal patches span (its `second_per_grid_ts`; 0
-    for an image; empty in LLaVA-OneVision's, whose model takes no time). `video_times[k]` holds the time of each of a
-    video's temporal patches where the placeholders stamp them (`video_timestamps`, Qwen3-VL),
-    () for an image; it is empty without stamps.
+    for an image; empty in LLaVA-OneVision's, whose model takes no time). `video_times[k]` holds
+    the time of each of a video's temporal patches where the placeholders stamp them
+    (`video_timestamps`, Qwen3-VL), () for an image; it is empty without stamps.
     """
 
     address: RecordAddress

@@ -403,9 +403,10 @@ class LlavaNextPlaceholders(_GridTokens):
     With `video_pad` (`<video>`'s id), a decoded video is one block, as LLaVA-OneVision's and
     LLaVA-NeXT-Video's processors write it (`llava_onevision`, `llava_next_video`):
     `video_frame_tokens` `<video>` for each frame (the frame's features pooled), then one more
-    where `video_newline` (OneVision's newline feature after the whole video). Every frame is one size, `video_frame` (rows, cols) patches: the model
-    pools a fixed grid of features, so a frame of another size is refused rather than counted
-    wrong. The packer writes the frames to the rows' `video_*` fields, one frame a temporal patch.
+    where `video_newline` (OneVision's newline feature after the whole video). Every frame is one
+    size, `video_frame` (rows, cols) patches: the model pools a fixed grid of features, so a frame
+    of another size is refused rather than counted wrong. The packer writes the frames to the
+    rows' `video_*` fields, one frame a temporal patch.
     """
 
     image: int

@@ -108,8 +108,9 @@ def test_a_batch_s_frames_go_to_the_video_arguments_and_its_pictures_to_the_imag
 
 def test_frame_pad_is_a_placeholder_id_and_written_only_for_frames(tokenizer):
     """`<|video|>` is one of the placeholders' ids, which the packer checks captions and the pad
-    id against (a pad id equal to it is refused), distinct from the others; pictures keep `<|image|>`; the fingerprint holds it
-    only when set, so recipes of pictures alone resume as before."""
+    id against (a pad id equal to it is refused), distinct from the others; pictures keep
+    `<|image|>`; the fingerprint holds it only when set, so recipes of pictures alone resume as
+    before."""
     from vlm._packing import _describe
 
     placeholders = PadPlaceholders.gemma4(tokenizer, video=True)
