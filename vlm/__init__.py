@@ -28,6 +28,7 @@ from ._packing import (
 )
 from ._placeholders import (
     Idefics3Placeholders,
+    Llama4Placeholders,
     LlavaNextPlaceholders,
     PadPlaceholders,
     PixtralPlaceholders,
@@ -65,6 +66,7 @@ __all__ = [
     "Idefics3Placeholders",
     "ImageDecodeError",
     "ImageSpec",
+    "Llama4Placeholders",
     "LlavaNextPlaceholders",
     "MediaDecodeError",
     "MultimodalPacker",

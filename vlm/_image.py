@@ -40,6 +40,7 @@ from ._errors import ImageDecodeError
 from ._anyres import (LLAVA_NEXT_PINPOINTS, LLAVA_ONEVISION_PINPOINTS, best_resolution, capped_features, fitted_size,
                       unpadded_features)
 from ._area import area_size
+from ._canvas import best_canvas, canvas_fitted_size
 from ._split import IDEFICS3_MAX_SIDE, split_canvas, split_first_size
 from ._split import split_arrangement as _split_arrangement
 
@@ -47,7 +48,7 @@ __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
     "CUT_FITS", "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
     "probe_image_with_size", "anyres_features", "sizes_field", "split_arrangement", "thin_scaled_up", "tile_arrangement",
-    "tile_count", "middle",
+    "tile_count", "middle", "canvas_arrangement",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -76,17 +77,17 @@ def _silence_pillows_bomb_warning() -> None:
 _silence_pillows_bomb_warning()
 
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
-_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area")
-_SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres")
+_FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area", "canvas")
+_SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres", "canvas")
 """The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
-_TILED_FITS = ("tiles", "split", "anyres")
+_TILED_FITS = ("tiles", "split", "anyres", "canvas")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
 CUT_FITS = (*_TILED_FITS, "pad")
 """The fits that cut a picture into tiles or pad it, which a video frame is not: FFmpeg resizes a
 frame whole, and for fit="crop" its middle is then cut out."""
-_SQUARE_TILED_FITS = ("split", "anyres")
+_SQUARE_TILED_FITS = ("split", "anyres", "canvas")
 """The tiled fits whose models take square tiles only."""
-SHOWN_SIZE_FITS = ("split", "anyres")
+SHOWN_SIZE_FITS = ("split", "anyres", "canvas")
 """The fits whose placeholders are counted from each picture's size as shown (Idefics3's tiles,
 named by row and column; LLaVA-NeXT's features, unpadded by it), which decoding writes beside
 the pixels (`sizes_field`)."""
@@ -166,6 +167,14 @@ class ImageSpec:
       `max_pixels`, each side rounded down to whole cells; a side that rounds to nothing is one
       cell and the other the image's aspect ratio in whole cells (`vlm._area`). `min_pixels` is
       not used.
+    - `fit="canvas"` (Llama 4's): of the canvases of 1 to `tiles[1]` square `size` tiles, the
+      one that scales the picture up least, or down least where none scales it up (`vlm._canvas`);
+      the picture is resized into it with its aspect ratio kept (up to no more than one tile a
+      side), put at its top left, padded with black, and cut into its tiles in raster order,
+      followed past one tile by the whole picture resized to one tile (the global tile), stacked
+      one tile wide. The size of each picture as shown is written beside the pixels, as with
+      "split": the placeholders' text separates the tiles by row and column
+      (`Llama4Placeholders`).
 
     `draft` trades a little fidelity for a lot of speed on large downscales: JPEGs (MPOs too, the
     multi-picture JPEGs of phones and 3D cameras) are decoded at 1/2, 1/4 or 1/8 scale by the
@@ -181,7 +190,7 @@ class ImageSpec:
     merge_size: int = 1
     min_pixels: int = 32 * 32
     max_pixels: int = 512 * 512
-    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area"] = "pixels"
+    fit: Literal["pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area", "canvas"] = "pixels"
     max_side: int = 1024
     max_image_pixels: int = PILLOW_MAX_IMAGE_PIXELS
     resample: str = "bicubic"
@@ -268,12 +277,15 @@ class ImageSpec:
         object.__setattr__(self, "pad_color", tuple(self.pad_color))
 
     def _check_tiles(self) -> None:
-        """`tiles` (min, max) and `thumbnail` are fit="tiles"'s: (1, 12) and True unless given."""
-        if self.fit != "tiles":
+        """`tiles` (min, max) and `thumbnail` are fit="tiles"'s, (1, 12) and True unless given, and
+        fit="canvas"'s, (1, 16) and True unless given, and there from 1 tile with its global tile
+        (Llama 4's canvases)."""
+        if self.fit not in ("tiles", "canvas"):
             if self.tiles is not None or self.thumbnail is not None:
-                raise ConfigurationError(f"ImageSpec: tiles and thumbnail are fit='tiles''s, got fit={self.fit!r}")
+                raise ConfigurationError(f"ImageSpec: tiles and thumbnail are fit='tiles''s and fit='canvas''s, "
+                                         f"got fit={self.fit!r}")
             return
-        tiles = (1, 12) if self.tiles is None else self.tiles
+        tiles = ((1, 12) if self.fit == "tiles" else (1, 16)) if self.tiles is None else self.tiles
         if isinstance(tiles, (str, bytes)) or len(tiles) != 2:
             raise ConfigurationError(f"ImageSpec: tiles must be (min, max), got {tiles!r}")
         least, most = (check_count(n, "ImageSpec: tiles") for n in tiles)
@@ -282,6 +294,10 @@ class ImageSpec:
         thumbnail = True if self.thumbnail is None else self.thumbnail
         if not isinstance(thumbnail, bool):
             raise ConfigurationError(f"ImageSpec: thumbnail must be True or False, got {thumbnail!r}")
+        if self.fit == "canvas" and (least != 1 or not thumbnail):
+            raise ConfigurationError(f"ImageSpec: fit='canvas' takes every canvas from one tile, followed by the "
+                                     f"global tile (Llama 4's): give tiles=(1, max) and thumbnail=True, got "
+                                     f"tiles={tiles!r}, thumbnail={thumbnail!r}")
         object.__setattr__(self, "tiles", (least, most))
         object.__setattr__(self, "thumbnail", thumbnail)
 
@@ -431,6 +447,16 @@ class ImageSpec:
                       "tile_features": 27, "anyres_max": 9, "resample": "bicubic", **kwargs})
 
     @classmethod
+    def llama4(cls, **kwargs) -> ImageSpec:
+        """Llama 4's (Scout, Maverick; `Llama4ImageProcessor`): the picture fitted, its aspect
+        ratio kept, into the canvas of 1 to 16 tiles of 336 px that scales it least, padded at
+        its bottom and right, the tiles and past one the global tile, resized bilinearly; 14 px
+        patches, each tile's 24x24 becoming 144 tokens (merge_size 2, the model's pixel shuffle).
+        Pair with `Llama4Placeholders.from_tokenizer(tokenizer)`."""
+        return cls(**{"patch_size": 14, "merge_size": 2, "fit": "canvas", "size": (336, 336), "tiles": (1, 16),
+                      "resample": "bilinear", **kwargs})
+
+    @classmethod
     def qwen2_vl(cls, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280, **kwargs) -> ImageSpec:
         """Qwen2-VL sizing: 14 px patches merged 2x2, area within [min_pixels, max_pixels]."""
         return cls(patch_size=14, merge_size=2, min_pixels=min_pixels, max_pixels=max_pixels, fit="pixels", **kwargs)
@@ -564,6 +590,14 @@ def split_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, in
     return _split_arrangement(height, width, spec.longest_edge, spec.size[0])
 
 
+def canvas_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """(rows, columns) of tiles of the canvas a `fit="canvas"` picture of this upright size is
+    fitted into (Llama 4's `aspect_ratios`)."""
+    tile = spec.size[0]
+    canvas_h, canvas_w = best_canvas(height, width, tile, spec.tiles[1])
+    return canvas_h // tile, canvas_w // tile
+
+
 def thin_scaled_up(height: int, width: int, side: int) -> tuple[int, int]:
     """(height, width) of a picture with a side under `side` scaled up, both sides by the factor
     that brings that side to it, the products truncated; any other as it is. The first step of
@@ -590,8 +624,11 @@ def anyres_features(height: int, width: int, spec: ImageSpec) -> tuple[int, int,
 
 
 def tile_count(height: int, width: int, spec: ImageSpec) -> int:
-    """Tiles a `fit="tiles"`, `"split"` or `"anyres"` image of this size becomes, its thumbnail
-    (its global image, its base image) included."""
+    """Tiles a `fit="tiles"`, `"split"`, `"anyres"` or `"canvas"` image of this size becomes, its
+    thumbnail (its global image, its base image, its global tile) included."""
+    if spec.fit == "canvas":
+        rows, columns = canvas_arrangement(height, width, spec)
+        return rows * columns + (rows * columns > 1)
     if spec.fit == "split":
         rows, columns = split_arrangement(height, width, spec)
         return rows * columns + (rows * columns > 1)
@@ -859,6 +896,8 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, shown
             target_h, target_w = split_first_size(*shown, spec.longest_edge)
         elif spec.fit == "anyres":  # the picture fitted into its canvas, before the padding
             target_h, target_w = fitted_size(*shown, best_resolution(*shown, spec.pinpoints))
+        elif spec.fit == "canvas":  # the picture on its canvas, before the padding
+            target_h, target_w = canvas_fitted_size(*shown, spec.size[0], spec.tiles[1])
         elif spec.fit == "crop":  # the scaled image the middle is cut from
             target_h, target_w = crop_scaled_size(*shown, spec)
             if target_h * target_w > spec.max_image_pixels:  # a thin strip scaled up: a bomb of our making
@@ -891,6 +930,8 @@ def _decoded_pixels(image, data: bytes, spec: ImageSpec, orientation: int, shown
         return _resized_upright(stored, spec, size, None, orientation)
     if spec.fit == "anyres" and target is not None:
         return _anyres(image, spec, target, box, orientation, shown)
+    if spec.fit == "canvas" and target is not None:
+        return _canvas(image, spec, target, box, orientation, shown)
     if spec.fit == "pad" and target is not None:
         return _padded_square(image, spec, box, orientation)
     if spec.fit == "crop" and target is not None:
@@ -987,6 +1028,24 @@ def _anyres(image, spec: ImageSpec, fitted: tuple[int, int], box, orientation: i
     canvas[top : top + height, left : left + width] = picture
     base = np.asarray(_resized_upright(image, spec, (tile, tile), box, orientation))
     return np.concatenate([base, _cut_tiles(canvas, tile, tile)])
+
+
+def _canvas(image, spec: ImageSpec, fitted: tuple[int, int], box, orientation: int,
+            shown: tuple[int, int]) -> np.ndarray:
+    """fit="canvas": the image resized to `fitted` (stored width, height), at the top left of its
+    canvas, the rest black, cut in raster order; past one tile, the image resized to one tile
+    after them; stacked top to bottom, (tiles * tile, tile, 3). Both resizes are from the decoded
+    image, as Llama 4's processor makes them; the canvas is chosen by the picture's (height,
+    width) as `shown`, not by a draft's."""
+    tile = spec.size[0]
+    picture = np.asarray(_resized_upright(image, spec, fitted, box, orientation))
+    height, width = picture.shape[:2]
+    canvas = np.zeros((*best_canvas(*shown, tile, spec.tiles[1]), 3), np.uint8)
+    canvas[:height, :width] = picture
+    tiles = _cut_tiles(canvas, tile, tile)
+    if len(tiles) == tile:
+        return tiles
+    return np.concatenate([tiles, np.asarray(_resized_upright(image, spec, (tile, tile), box, orientation))])
 
 
 def _cut_tiles(canvas: np.ndarray, tile_h: int, tile_w: int) -> np.ndarray:

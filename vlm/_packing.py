@@ -73,7 +73,7 @@ from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._frame_text import FrameText
-from ._image import DEFAULT_SPEC, ImageSpec, anyres_features, sizes_field, split_arrangement
+from ._image import DEFAULT_SPEC, ImageSpec, anyres_features, canvas_arrangement, sizes_field, split_arrangement
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import Placeholders, QwenPlaceholders, patch_times, temporal_patches, video_layout
@@ -83,12 +83,12 @@ __all__ = ["IMAGE_POSITIONS", "MultimodalPacker", "PackMultimodal", "PlacedDocum
 
 IMAGE_POSITIONS = ("before_text", "after_bos", "after_text")
 
-_DETAILS = {"tiles": split_arrangement, "unpadded": anyres_features}
+_DETAILS = {"tiles": split_arrangement, "unpadded": anyres_features, "canvas": canvas_arrangement}
 """What each `image_detail` of the placeholders is, from a picture's (height, width) as shown and the
 packer's spec, and the fits whose pictures it is of (`_DETAIL_FITS`): the first counts from the
 size as shown; Idefics3's pictures of fit="fixed" (not split) are each one tile, `tokens_for`'s
-default, and carry no size."""
-_DETAIL_FITS = {"tiles": ("split", "fixed"), "unpadded": ("anyres",)}
+default, and carry no size. Llama 4's: the (rows, columns) of tiles of the picture's canvas."""
+_DETAIL_FITS = {"tiles": ("split", "fixed"), "unpadded": ("anyres",), "canvas": ("canvas",)}
 
 _SHORT_TEXT = 128
 """Texts up to this many tokens are searched for placeholder ids as a list (see
@@ -898,7 +898,8 @@ def _given_grids(value: Any) -> tuple[tuple[int, int], ...] | None:
 _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
             "PixtralPlaceholders": "ImageSpec.pixtral()",
             "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()",
-            "LlavaNextPlaceholders": "ImageSpec.llava_next() or ImageSpec.llava_onevision()"}
+            "LlavaNextPlaceholders": "ImageSpec.llava_next() or ImageSpec.llava_onevision()",
+            "Llama4Placeholders": "ImageSpec.llama4()"}
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
@@ -982,7 +983,8 @@ def _check_spec(spec, placeholders: Placeholders) -> None:
 
 def _check_detail_spec(spec: ImageSpec, placeholders: Placeholders) -> None:
     """Placeholders that count from a picture's size take the pictures of their fits (Idefics3's
-    `fit="split"`, or square `"fixed"` ones not split; LLaVA-NeXT's `"anyres"`); those that name
+    `fit="split"`, or square `"fixed"` ones not split; LLaVA-NeXT's `"anyres"`; Llama 4's
+    `"canvas"`); those that name
     tiles, pictures cut into no more rows or columns of tiles than they have names for
     (`longest_edge` / the tile side, rounded up)."""
     kind, detail = type(placeholders).__name__, placeholders.image_detail

@@ -25,9 +25,9 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "LlavaNextPlaceholders", "PadPlaceholders",
-           "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText", "lookup_token_id", "patch_times",
-           "temporal_patches", "video_layout"]
+__all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "Llama4Placeholders", "LlavaNextPlaceholders",
+           "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText",
+           "lookup_token_id", "patch_times", "temporal_patches", "video_layout"]
 
 
 @runtime_checkable
@@ -371,19 +371,26 @@ class Idefics3Placeholders(_GridTokens):
         return np.array(ids, dtype=np.int32)
 
     def _per_tile(self, rows: int, cols: int, tiles: tuple[int, int]) -> int:
-        """`<image>` per tile, once the stack is checked to be `tiles` and their global image."""
-        m = self.merge_size
-        _check_grid(rows, cols, m)
-        tile_rows, tile_columns = tiles
-        count = tile_rows * tile_columns
-        if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
-            raise ValueError(f"a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
-                             f"of {cols}x{cols} patches and their global image")
-        most_rows, most_columns = self.max_tiles
-        if count > 1 and (tile_rows > most_rows or tile_columns > most_columns):
+        """`<image>` per tile (`_tile_cells`), within the tiles the convention has names for."""
+        per_tile = _tile_cells(rows, cols, tiles, self.merge_size)
+        (tile_rows, tile_columns), (most_rows, most_columns) = tiles, self.max_tiles
+        if tile_rows * tile_columns > 1 and (tile_rows > most_rows or tile_columns > most_columns):
             raise ValueError(f"{tile_rows}x{tile_columns} tiles: the convention names at most "
                              f"{most_rows}x{most_columns}")
-        return (cols // m) ** 2
+        return per_tile
+
+
+def _tile_cells(rows: int, cols: int, tiles: tuple[int, int], merge: int) -> int:
+    """A tile's merged cells, once the stack of rows x cols patches is checked to be `tiles`
+    (rows, columns) of square tiles and, past one, their global tile (Idefics3's and Llama 4's
+    stacks)."""
+    _check_grid(rows, cols, merge)
+    tile_rows, tile_columns = tiles
+    count = tile_rows * tile_columns
+    if tile_rows < 1 or tile_columns < 1 or rows != cols * (count + (count > 1)):
+        raise ValueError(f"a {rows}x{cols} patch stack is not {tile_rows}x{tile_columns} square tiles "
+                         f"of {cols}x{cols} patches and their global tile")
+    return (cols // merge) ** 2
 
 
 @dataclass(frozen=True)
@@ -511,6 +518,55 @@ class LlavaNextPlaceholders(_GridTokens):
             cached.flags.writeable = False
             self._cache[key] = cached
         return cached
+
+
+@dataclass(frozen=True)
+class Llama4Placeholders(_GridTokens):
+    """Llama 4's convention (`Llama4Processor`) for `ImageSpec(fit="canvas")` pictures:
+    `<|image_start|>`, then past one tile each row of tiles, a tile's `<|patch|>` run after run
+    with `<|tile_x_separator|>` between them and `<|tile_y_separator|>` after the row, then
+    `<|image|>` and the global tile's (or the only tile's) run, `<|image_end|>`. A tile of
+    cols x cols patches gives (cols / merge_size)**2 `<|patch|>` (144 for 336 px tiles of 14 px
+    patches, pixel-shuffled 2x2). The stack of tiles does not say its canvas's rows and columns,
+    so the packer works them out from the size of the picture as shown, written beside the pixels
+    (`record["pixels_sizes"]`), and asks `tokens_for(rows, cols, (tile rows, tile columns))`.
+    """
+
+    image_start: int
+    image: int
+    image_end: int
+    patch: int
+    tile_x_separator: int
+    tile_y_separator: int
+    merge_size: int = 2
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    image_detail = "canvas"
+    """What the packer hands `tokens_for` and `num_tokens` beside the grid: the (rows, columns) of
+    tiles of the picture's canvas (`canvas_arrangement` of its size as shown)."""
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 2) -> Llama4Placeholders:
+        """The ids of Llama 4's six image tokens, looked up in the model's tokenizer."""
+        names = ("<|image_start|>", "<|image|>", "<|image_end|>", "<|patch|>", "<|tile_x_separator|>",
+                 "<|tile_y_separator|>")
+        return cls(*(lookup_token_id(tokenizer, name) for name in names), merge_size)
+
+    def num_tokens(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> int:
+        return len(self.tokens_for(rows, cols, tiles))
+
+    def _build(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> np.ndarray:
+        """The ids of a stack of rows x cols patches cut as `tiles` (rows, columns)."""
+        run = [self.patch] * _tile_cells(rows, cols, tiles, self.merge_size)
+        tile_rows, tile_columns = tiles
+        ids = [self.image_start]
+        if tile_rows * tile_columns > 1:
+            for _ in range(tile_rows):
+                for column in range(tile_columns):
+                    ids += run + ([self.tile_x_separator] if column < tile_columns - 1 else [])
+                ids.append(self.tile_y_separator)
+        ids += [self.image, *run, self.image_end]
+        return np.array(ids, dtype=np.int32)
 
 
 QWEN_TEMPORAL_PATCH = 2
