@@ -27,6 +27,7 @@ from ._packing import (
     assemble_row,
 )
 from ._placeholders import (
+    AyaVisionPlaceholders,
     Idefics3Placeholders,
     Llama4Placeholders,
     LlavaNextPlaceholders,
@@ -52,6 +53,7 @@ from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qw
 from ._video import VideoSpec, decode_video, sample_times
 
 __all__ = [
+    "AyaVisionPlaceholders",
     "DEFAULT_IMAGE_FIELDS",
     "DEFAULT_VIDEO_FIELDS",
     "IMAGE_POSITIONS",

@@ -396,6 +396,14 @@ class ImageSpec:
                       "thumbnail": True, "resample": "bicubic", **kwargs})
 
     @classmethod
+    def aya_vision(cls, **kwargs) -> ImageSpec:
+        """Aya Vision's tiling (`GotOcr2ImageProcessor(crop_to_patches=True)` at its checkpoints'
+        settings): InternVL's rule on 364x364 tiles of 14 px patches, 1 to 12 of them and a
+        thumbnail, resized bicubically; each tile's 26x26 patches become 169 tokens (merge_size 2,
+        the model's pixel shuffle). Pair with `AyaVisionPlaceholders.from_tokenizer(tokenizer)`."""
+        return cls.internvl(**{"size": (364, 364), **kwargs})
+
+    @classmethod
     def idefics3(cls, *, split: bool = True, **kwargs) -> ImageSpec:
         """Idefics3's image splitting (Idefics3-8B): the longer side to 1456, 364x364 tiles of
         14 px patches, each 26x26 patches becoming 169 tokens (merge_size 2, the model's pixel

@@ -899,7 +899,8 @@ _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
             "PixtralPlaceholders": "ImageSpec.pixtral()",
             "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()",
             "LlavaNextPlaceholders": "ImageSpec.llava_next() or ImageSpec.llava_onevision()",
-            "Llama4Placeholders": "ImageSpec.llama4()"}
+            "Llama4Placeholders": "ImageSpec.llama4()",
+            "AyaVisionPlaceholders": "ImageSpec.aya_vision()"}
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:
@@ -965,11 +966,14 @@ def _check_frame_text(frame_text, mrope: bool, placeholders: Placeholders) -> No
 
 
 def _check_spec(spec, placeholders: Placeholders) -> None:
-    """Refuse a spec that is no ImageSpec or merges unlike the placeholders."""
+    """Refuse a spec that is no ImageSpec, merges unlike the placeholders, or that they refuse
+    (a convention's own `check_spec`: Aya Vision's, of InternVL's tiles alone)."""
     if not isinstance(spec, ImageSpec):  # else a bare AttributeError on its merge_size below
         raise ConfigurationError(f"pack_multimodal: spec must be an ImageSpec, got {spec!r}")
     if getattr(placeholders, "image_detail", None) is not None:
         _check_detail_spec(spec, placeholders)
+    if hasattr(placeholders, "check_spec"):
+        placeholders.check_spec(spec)
     if placeholders.merge_size != spec.merge_size:
         m = placeholders.merge_size
         raise ConfigurationError(

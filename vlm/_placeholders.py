@@ -2,9 +2,8 @@
 
 The count is a pure function of the patch grid and the model family's convention; the model later
 replaces these tokens by the image's embeddings, so a count that differs from the model's own
-processor by one token breaks training silently. Both conventions here are checked in the tests
-against the reference implementations (mistral-common's image encoder, transformers' Qwen2-VL
-processor).
+processor by one token breaks training silently. Every convention here is checked in the tests
+against its reference implementation (mistral-common's image encoder, transformers' processors).
 
 Rows and cols are always in *patches* (patch_size pixels); with merge_size m, one placeholder
 token stands for an m x m block of patches, so rows and cols must be multiples of m.
@@ -25,16 +24,18 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "Idefics3Placeholders", "Llama4Placeholders", "LlavaNextPlaceholders",
-           "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders", "TimestampText",
-           "lookup_token_id", "patch_times", "temporal_patches", "video_layout"]
+__all__ = ["QWEN_TEMPORAL_PATCH", "AyaVisionPlaceholders", "Idefics3Placeholders", "Llama4Placeholders",
+           "LlavaNextPlaceholders", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
+           "TimestampText", "lookup_token_id", "patch_times", "temporal_patches", "video_layout"]
 
 
 @runtime_checkable
 class Placeholders(Protocol):
     """An image-token convention: the token ids an image of a given patch grid expands to. One
     that also counts from the picture's size as shown has an `image_detail` ("tiles",
-    "unpadded"), and the packer hands `tokens_for` and `num_tokens` that detail after the grid."""
+    "unpadded", "canvas"), and the packer hands `tokens_for` and `num_tokens` that detail after
+    the grid. One that takes pictures of some sizings only may say so with a
+    `check_spec(spec)`, which the packer calls as it is made (a `ConfigurationError` refuses)."""
 
     merge_size: int
 
@@ -81,7 +82,7 @@ def _check_grid(rows: int, cols: int, merge: int) -> None:
 
 
 _NOT_IDS = ("merge_size", "video_timestamps", "text_before", "text_after", "tile_names", "row_end", "last_row_end",
-            "video_frame", "video_frame_tokens", "video_newline")
+            "video_frame", "video_frame_tokens", "video_newline", "global_tile")
 """A convention's settings that are no token ids."""
 
 
@@ -269,16 +270,21 @@ GEMMA4_VIDEO_TOKEN = "<|video|>"
 def _check_text_ids(convention, names: tuple[str, ...]) -> None:
     """Each of `names`, ids of plain text a convention writes around its images, as a tuple of
     token ids holding no placeholder id (the model would take that text for part of an image)."""
-    kind = type(convention).__name__
     for name in names:
-        value = getattr(convention, name)
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-            raise ConfigurationError(f"{kind}: {name} must be a sequence of token ids, got {value!r}")
-        ids = tuple(check_token_id(i, f"{kind}: {name}") for i in value)
-        if set(ids) & set(convention.token_ids):
-            raise ConfigurationError(f"{kind}: {name} {ids} holds a placeholder id: the model would take that text "
-                                     f"for part of an image")
-        object.__setattr__(convention, name, ids)
+        object.__setattr__(convention, name, _text_ids(convention, name, getattr(convention, name)))
+
+
+def _text_ids(convention, name: str, value) -> tuple[int, ...]:
+    """`value`, ids of plain text the convention's `name` holds, as a tuple of token ids, refused
+    where it holds a placeholder id."""
+    kind = type(convention).__name__
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigurationError(f"{kind}: {name} must be a sequence of token ids, got {value!r}")
+    ids = tuple(check_token_id(i, f"{kind}: {name}") for i in value)
+    if set(ids) & set(convention.token_ids):
+        raise ConfigurationError(f"{kind}: {name} {ids} holds a placeholder id: the model would take that text "
+                                 f"for part of an image")
+    return ids
 
 
 @dataclass(frozen=True)
@@ -566,6 +572,77 @@ class Llama4Placeholders(_GridTokens):
                     ids += run + ([self.tile_x_separator] if column < tile_columns - 1 else [])
                 ids.append(self.tile_y_separator)
         ids += [self.image, *run, self.image_end]
+        return np.array(ids, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class AyaVisionPlaceholders(_GridTokens):
+    """Aya Vision's convention (`AyaVisionProcessor`) for `ImageSpec.aya_vision()` pictures
+    (InternVL's tiles, `fit="tiles"`, with their thumbnail): `<|START_OF_IMG|>`, then past one
+    tile each tile's name (`TILE_1`, `TILE_2`, ...) and its `<|IMG_PATCH|>` run, then
+    `TILE_GLOBAL` and the thumbnail's (or the only tile's) run, `<|END_OF_IMG|>`. A tile of
+    cols x cols patches gives (cols / merge_size)**2 `<|IMG_PATCH|>` (169 for 364 px tiles of
+    14 px patches, pixel-shuffled 2x2); the stack's tiles are its rows over its columns, so the
+    grid alone gives the count.
+
+    `tile_names[k]` are the ids of `TILE_{k+1}` and `global_tile` those of `TILE_GLOBAL`, text the
+    tokenizer encodes between two special tokens, as `Idefics3Placeholders`' `row_end` is: no
+    placeholder ids, learning nothing as the rest of the block.
+    """
+
+    start: int
+    patch: int
+    end: int
+    tile_names: tuple[tuple[int, ...], ...]
+    global_tile: tuple[int, ...]
+    merge_size: int = 2
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        names = self.tile_names
+        if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__") or not names:
+            raise ConfigurationError(f"AyaVisionPlaceholders: tile_names must be the ids of TILE_1, TILE_2, ..., "
+                                     f"got {names!r}")
+        super().__post_init__()
+        object.__setattr__(self, "tile_names", tuple(_text_ids(self, "tile_names", row) for row in names))
+        _check_text_ids(self, ("global_tile",))
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 2, max_tiles: int = 12) -> AyaVisionPlaceholders:
+        """The ids of Aya Vision's image tokens looked up in the model's tokenizer, and its tiles'
+        names up to `max_tiles` (the processor's `max_patches`) and `TILE_GLOBAL` encoded by it."""
+        text = _tokenizers_tokenizer(tokenizer)
+        count = check_count(max_tiles, "AyaVisionPlaceholders: max_tiles")
+        names = tuple(_plain_ids(text, f"TILE_{k}") for k in range(1, count + 1))
+        return cls(lookup_token_id(tokenizer, "<|START_OF_IMG|>"), lookup_token_id(tokenizer, "<|IMG_PATCH|>"),
+                   lookup_token_id(tokenizer, "<|END_OF_IMG|>"), names, _plain_ids(text, "TILE_GLOBAL"), merge_size)
+
+    def check_spec(self, spec) -> None:
+        """Refuse pictures of another sizing than InternVL's tiles with their thumbnail (the last
+        tile is written as the global one), or of more tiles than it has names for."""
+        if spec.fit != "tiles" or not spec.thumbnail or spec.tiles[1] > len(self.tile_names):
+            raise ConfigurationError(f"pack_multimodal: AyaVisionPlaceholders writes fit='tiles' pictures with "
+                                     f"their thumbnail, of at most {len(self.tile_names)} tiles "
+                                     f"(ImageSpec.aya_vision()), got fit={spec.fit!r}, tiles={spec.tiles!r}, "
+                                     f"thumbnail={spec.thumbnail!r}")
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        return len(self.tokens_for(rows, cols))
+
+    def _build(self, rows: int, cols: int) -> np.ndarray:
+        """The ids of a stack of rows x cols patches: its square tiles, the last the thumbnail."""
+        if rows % cols:
+            raise ValueError(f"a {rows}x{cols} patch stack is not square tiles of {cols}x{cols} patches")
+        tiles = rows // cols
+        if tiles - 1 > len(self.tile_names):
+            raise ValueError(f"{tiles} tiles (the thumbnail among them): the convention names at most "
+                             f"{len(self.tile_names)} and the global tile")
+        run = [self.patch] * (cols // self.merge_size) ** 2
+        ids = [self.start]
+        if tiles > 1:
+            for name in self.tile_names[: tiles - 1]:
+                ids += [*name, *run]
+        ids += [*self.global_tile, *run, self.end]
         return np.array(ids, dtype=np.int32)
 
 

@@ -11,7 +11,6 @@ what the rows do in a model.
 
 from __future__ import annotations
 
-import io
 from functools import cache, partial
 from types import SimpleNamespace
 
@@ -161,30 +160,39 @@ def test_the_placeholders_are_llama4_processor_s_text(tokenizer, arrangement):
     assert placeholders.num_tokens(rows, 24, arrangement) == len(want)
 
 
-def test_rows_are_the_processor_s_text_and_carry_the_picture_s_size(tokenizer):
-    """A picture cut 2x3 before its caption and text around a picture of one tile, packed into
-    one row: each document is the tokenizer's encoding of the processor's text where the picture
-    goes, and the row carries no size field (the model reads the tiles alone)."""
+def packed_processor_text(tokenizer, placeholders, spec: ImageSpec, pictures, block_text):
+    """A picture of `pictures[0]` (height, width) before its caption and one of `pictures[1]`
+    inside a caption, decoded with `spec` and packed into one row: asserts each document is the
+    tokenizer's encoding of the processor's text, `block_text(picture)` where the picture goes;
+    returns the row."""
     rng = np.random.default_rng(4)
 
     def ids(text: str) -> np.ndarray:
         return np.array(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
 
     pieces = [("", " a wide photo"), ("left", " then right")]
-    pictures = [(90, 160), (40, 40)]
     records = []
     for (before, after), picture in zip(pieces, pictures):
-        decoded = decode_image_with_size(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), SMALL)
+        decoded = decode_image_with_size(_png(rng.integers(0, 256, (*picture, 3), dtype=np.uint8)), spec)
         records.append({"input_ids": np.concatenate([ids(before), ids(after)]), "pixels": decoded.pixels,
                         "pixels_sizes": np.array([decoded.size]), "image_offsets": [len(ids(before))]})
-    packer = MultimodalPacker(None, max_length=200, placeholders=Llama4Placeholders.from_tokenizer(tokenizer),
-                              spec=SMALL, pad_id=0)
+    packer = MultimodalPacker(None, max_length=200, placeholders=placeholders, spec=spec, pad_id=0)
     assert [row for i, record in enumerate(records) for row in packer.push((_address(i), record))] == []
     [row] = packer.flush()
     documents = row.tokens["document_ids"]
     for number, ((before, after), picture) in enumerate(zip(pieces, pictures)):
-        text = _processor_text(canvas_arrangement(*picture, SMALL), 56)
-        assert row.tokens["input_ids"][documents == number].tolist() == ids(before + text + after).tolist(), number
+        text = before + block_text(picture) + after
+        assert row.tokens["input_ids"][documents == number].tolist() == ids(text).tolist(), number
+    return row
+
+
+def test_rows_are_the_processor_s_text_and_carry_no_size(tokenizer):
+    """A picture cut 2x3 before its caption and text around a picture of one tile, packed into
+    one row: each document is the tokenizer's encoding of the processor's text where the picture
+    goes, and the row carries no size field (the model reads the tiles alone)."""
+    assert canvas_arrangement(90, 160, SMALL) == (2, 3) and canvas_arrangement(40, 40, SMALL) == (1, 1)
+    row = packed_processor_text(tokenizer, Llama4Placeholders.from_tokenizer(tokenizer), SMALL, [(90, 160), (40, 40)],
+                                lambda picture: _processor_text(canvas_arrangement(*picture, SMALL), 56))
     assert "image_sizes" not in row.ragged
 
 
