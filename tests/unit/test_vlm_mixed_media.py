@@ -76,11 +76,12 @@ def mixed_source(root: Path, *, estimation: TokenEstimation | None = None) -> St
 
 
 def photos_and_clips(root: Path, runner: str, photos: ImageSpec, clips: VideoSpec, *,
-                     video_last: bool = True) -> Pipeline:
-    """The corpus's records tokenized, its photos decoded with `photos` and its clips with
-    `clips` (two workers each), the video decoded after the photos unless told otherwise:
-    a pipeline to pack (rows of several layouts, whichever decoder stands last)."""
-    decoders = [lambda p: p.decode_images(field="jpg", spec=photos, datasets="photos", parallelism=2),
+                     video_last: bool = True, defer: bool = False) -> Pipeline:
+    """The corpus's records tokenized, its photos decoded with `photos` (after packing with
+    `defer`) and its clips with `clips` (two workers each), the video decoded after the photos
+    unless told otherwise: a pipeline to pack (rows of several layouts, whichever decoder stands
+    last)."""
+    decoders = [lambda p: p.decode_images(field="jpg", spec=photos, datasets="photos", defer=defer, parallelism=2),
                 lambda p: p.decode_video(field="mp4", spec=clips, datasets="clips", parallelism=2)]
     pipeline = (Pipeline(mixed_source(root)).options(num_lanes=4, runner=runner, flush_every_chunks=2)
                 .tokenize(TOKENIZER, field="txt", bos="<|bos|>", eos="<|eos|>", parallelism=2))

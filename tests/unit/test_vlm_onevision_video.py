@@ -172,12 +172,12 @@ def test_the_memory_budget_counts_the_pixels_a_pooled_video_token_stands_for():
 
 # -- through the pipeline ------------------------------------------------------------------------
 
-def _onevision_pipeline(root, runner: str, *, video_last: bool = True) -> Pipeline:
+def _onevision_pipeline(root, runner: str, *, video_last: bool = True, defer: bool = False) -> Pipeline:
     """`test_vlm_mixed_media`'s photos sized as OneVision sizes pictures (at 64 px tiles) and its
     clips as 3 frames of 64 px, in rows of 512; the video decoded after the photos unless told
-    otherwise."""
+    otherwise, the photos after packing with `defer`."""
     pipeline = photos_and_clips(root, runner, SMALL_ONEVISION, VideoSpec(num_frames=3, image=SMALL_FRAMES),
-                                video_last=video_last)
+                                video_last=video_last, defer=defer)
     return (pipeline.pack_multimodal(512, LlavaNextPlaceholders(3, video_pad=4, **SMALL_VIDEO_PLACEHOLDERS))
             .shuffle(buffer_size=3, seed=2)
             .batch(2))
@@ -187,10 +187,12 @@ def test_photos_and_clips_in_onevision_s_layout_are_the_same_bytes_on_every_runn
     """Photos on OneVision's canvases and 3-frame clips each one block of `<video>`: the clips
     are counted by their frames, each `<video>` run is its frames' pooled features and the
     newline, and the batches' SHA-256s are the same from separately built pipelines on the
-    inline, thread and process runners, and with the video decoded before the photos (the
-    packer counts pictures by the photos' spec wherever the video's decoder stands)."""
+    inline, thread and process runners, with the video decoded before the photos (the packer
+    counts pictures by the photos' spec wherever the video's decoder stands), and with the photos
+    decoded after packing (counted from their headers' sizes)."""
     runs = {runner: _epoch(_onevision_pipeline(corpus, runner)) for runner in ("inline", "thread", "process")}
     runs["inline, video first"] = _epoch(_onevision_pipeline(corpus, "inline", video_last=False))
+    runs["process, photos deferred"] = _epoch(_onevision_pipeline(corpus, "process", defer=True))
     batches, stats = runs["inline"]
     videos = sum(len(batch.ragged["video_grid"]) for batch in batches)
     assert videos > 0 and stats["mixture"]["clips"]["images"] == 3 * videos
