@@ -48,7 +48,8 @@ class DeferredImage:
     spec: ImageSpec
     size: tuple[int, int] | None = None
     """The (height, width) of the picture as shown, from the same header (`probe_image_with_size`),
-    where the placeholders count from it (`ImageSpec(fit="split")`'s and `"anyres"`'s)."""
+    where the placeholders count from it (`ImageSpec(fit="split")`'s, `"anyres"`'s and
+    `"canvas"`'s)."""
 
     def __reduce_ex__(self, protocol: int):
         data = pickle.PickleBuffer(self.data) if protocol >= 5 else self.data

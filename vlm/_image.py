@@ -357,10 +357,10 @@ class ImageSpec:
     def max_decoded_pixels(self) -> int:
         """The most pixels an image decodes to under this spec, for the memory budget
         (`zephon._memory`): `size`'s, at most `tiles[1]` tiles and the thumbnail of it with
-        "tiles", the tiles of a `longest_edge` square and the global image with "split", the base
-        image and the largest canvas with "anyres", a square a cell past `max_side` with
-        "max_side", else `max_pixels`."""
-        if self.fit == "tiles":
+        "tiles" and "canvas", the tiles of a `longest_edge` square and the global image with
+        "split", the base image and the largest canvas with "anyres", a square a cell past
+        `max_side` with "max_side", else `max_pixels`."""
+        if self.fit in ("tiles", "canvas"):
             return self.size[0] * self.size[1] * (self.tiles[1] + self.thumbnail)
         if self.fit == "split":
             return self.size[0] * self.size[1] * (math.ceil(self.longest_edge / self.size[0]) ** 2 + 1)

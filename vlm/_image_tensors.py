@@ -28,9 +28,9 @@ def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, floa
     pixels. A NumPy array gives one, a torch tensor one on its device. The model's processor says
     `mean` and `std` (`image_mean`, `image_std`: 0.5 each for SigLIP and Gemma 3, CLIP's for LLaVA).
     Every image must have the same grid (`fit="fixed"`): a tower taking one tensor takes one size.
-    With `tile` (a tile's side in patches, for `fit="tiles"`, `"split"` and `"anyres"`: 32 for
-    InternVL's 448 px tiles of 14 px patches), each image's tiles are taken apart, one image each,
-    in order: (tiles, 3, ...).
+    With `tile` (a tile's side in patches, for `fit="tiles"`, `"split"`, `"anyres"` and
+    `"canvas"`: 32 for InternVL's 448 px tiles of 14 px patches), each image's tiles are taken
+    apart, one image each, in order: (tiles, 3, ...).
     """
     grids = _grids(image_grid, 2, "image_grid")
     if tile is not None:

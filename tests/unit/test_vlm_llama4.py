@@ -196,6 +196,15 @@ def test_rows_are_the_processor_s_text_and_carry_no_size(tokenizer):
     assert "image_sizes" not in row.ragged
 
 
+def test_the_memory_budget_holds_the_largest_canvas_and_the_global_tile():
+    """An image decodes to at most 16 tiles of 336 px and the global tile: the budget's bound, and
+    the pixels of a picture whose canvas is 16 tiles."""
+    spec = ImageSpec.llama4()
+    assert spec.max_decoded_pixels == 17 * 336 * 336
+    rows, cols = image_grid(336 * 4, 336 * 4, spec)
+    assert rows * cols * 14 * 14 == spec.max_decoded_pixels
+
+
 def test_what_cannot_be_written_as_llama4_s_is_refused():
     """A canvas from more than one tile or without its global tile, a non-square tile, and a
     stack that is not the tiles its arrangement says."""
