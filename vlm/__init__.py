@@ -48,7 +48,7 @@ from ._stages import (
 from ._frame_text import FrameText
 from ._gemma3 import gemma3_model_inputs
 from ._gemma4 import gemma4_model_inputs
-from ._image_tensors import image_tensors, video_tensors
+from ._image_tensors import batch_num_images, image_tensors, video_tensors
 from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
 from ._video import VideoSpec, decode_video, sample_times
 
@@ -84,6 +84,7 @@ __all__ = [
     "VideoDecodeError",
     "VideoSpec",
     "assemble_row",
+    "batch_num_images",
     "decode_image",
     "decode_image_with_size",
     "decode_video",

@@ -15,6 +15,7 @@ import numpy as np
 
 from ._gemma_masks import document_masks
 from ._image import ImageSpec
+from ._image_tensors import image_rows, on_host, pictures_per_document
 from ._video import VideoSpec
 
 __all__ = ["gemma4_model_inputs"]
@@ -59,7 +60,7 @@ def gemma4_model_inputs(batch: dict, spec: ImageSpec, *, video_spec: VideoSpec |
     if not len(grids):
         return out
     patches = batch["pixel_values"]
-    host = patches if isinstance(patches, np.ndarray) else patches.cpu().numpy()
+    host = on_host(patches)
     ends = np.cumsum(grids.prod(axis=1))
     frames = _frames(batch, video_token_id)
     pictures = np.flatnonzero(~frames)
@@ -70,7 +71,7 @@ def gemma4_model_inputs(batch: dict, spec: ImageSpec, *, video_spec: VideoSpec |
         budget = video_spec.image.max_pixels // video_spec.image.patch_size**2
         pixel_values, positions = _patch_rows(host, grids, ends, np.flatnonzero(frames), budget)
         out.update(pixel_values_videos=pixel_values, video_position_ids=positions,
-                   num_frames_per_video=_frames_per_video(batch, frames))
+                   num_frames_per_video=pictures_per_document(batch, frames))
     if not isinstance(patches, np.ndarray):
         import torch
 
@@ -106,22 +107,4 @@ def _frames(batch: dict, video_token_id: int | None) -> np.ndarray:
     `boi`) is `video_token_id`."""
     if video_token_id is None:
         return np.zeros(len(batch["image_grid"]), dtype=bool)
-    return _host(batch["input_ids"])[_rows_of(batch), _host(batch["image_token_offset"]) + 1] == video_token_id
-
-
-def _frames_per_video(batch: dict, frames: np.ndarray) -> np.ndarray:
-    """How many frames each video has, in order: a document's frames are one video (decode_video
-    writes one a record)."""
-    documents = _host(batch["document_ids"])[_rows_of(batch), _host(batch["image_token_offset"])]
-    keys = np.stack([_rows_of(batch), documents], axis=1)[frames]
-    starts = np.concatenate([[True], (keys[1:] != keys[:-1]).any(axis=1)])
-    return np.diff(np.append(np.flatnonzero(starts), len(keys))).astype(np.int64)
-
-
-def _rows_of(batch: dict) -> np.ndarray:
-    """The row of each image of the microbatch (its `image_token_offset`s, counted per row)."""
-    return np.repeat(np.arange(len(batch["input_ids"])), _host(batch["image_token_offset_counts"]))
-
-
-def _host(values) -> np.ndarray:
-    return values if isinstance(values, np.ndarray) else values.cpu().numpy()
+    return on_host(batch["input_ids"])[image_rows(batch), on_host(batch["image_token_offset"]) + 1] == video_token_id

@@ -24,6 +24,7 @@ written once this module is imported (importing it adds one warning filter, see
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import math
@@ -48,7 +49,7 @@ __all__ = [
     "PILLOW_MAX_IMAGE_PIXELS", "ImageSpec", "decode_image", "image_grid", "import_decoder", "load_rgb", "patchify",
     "CUT_FITS", "SHOWN_SIZE_FITS", "SizedImage", "crop_scaled_size", "decode_image_with_size", "probe_image",
     "probe_image_with_size", "anyres_features", "sizes_field", "split_arrangement", "thin_scaled_up", "tile_arrangement",
-    "tile_count", "middle", "canvas_arrangement",
+    "tile_count", "middle", "canvas_arrangement", "several_features",
 ]
 
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -102,6 +103,10 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 # format, a JpegImageFile subclass that decodes the first picture, as we do: its draft is that
 # picture's draft as a JPEG.
 _DRAFTABLE = ("JPEG", "MPO")
+
+ONEVISION_SEVERAL_PAD = (127, 127, 127)
+"""The colour LLaVA-OneVision's processor pads each picture of a document holding several with:
+its `image_mean` (SigLIP's 0.5 a channel) times 255, rounded down."""
 
 GEMMA4_SOFT_TOKENS = (70, 140, 280, 560, 1120)
 """The soft tokens a picture may become that Gemma 4's image processor takes (`max_soft_tokens`)."""
@@ -161,7 +166,10 @@ class ImageSpec:
       features by it, and takes it (`image_sizes`). `tile_features` is the features a side of a
       tile gives where that is not its cells (LLaVA-OneVision's SigLIP: 27 of 14 px in 384 px, which
       the pixels carry as 24 patches of 16), and `anyres_max` LLaVA-OneVision's cap on the kept
-      features, about that many tiles' worth (`ImageSpec.llava_onevision()`).
+      features, about that many tiles' worth (`ImageSpec.llava_onevision()`). With `several_pad`
+      (LLaVA-OneVision's multi-image rule), each picture of a record holding several is instead
+      padded to a square of that colour and resized to one tile, as fit="pad" does
+      (`for_pictures`).
 
     - `fit="area"` (Gemma 4's): the image scaled, its aspect ratio kept, up or down, to
       `max_pixels`, each side rounded down to whole cells; a side that rounds to nothing is one
@@ -207,6 +215,7 @@ class ImageSpec:
     tile_features: int | None = field(default=None, metadata={"fingerprint": "when set"})
     anyres_max: int | None = field(default=None, metadata={"fingerprint": "when set"})
     min_side: int | None = field(default=None, metadata={"fingerprint": "when set"})
+    several_pad: tuple[int, int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -225,6 +234,7 @@ class ImageSpec:
                 raise ConfigurationError(f"ImageSpec: min_side is fit='pixels''s, got fit={self.fit!r}")
             object.__setattr__(self, "min_side", check_count(self.min_side, "ImageSpec: min_side"))
         self._check_pad_color()
+        self._check_several_pad()
         if self.fit == "pixels" and not 0 <= self.min_pixels <= self.max_pixels:
             raise ConfigurationError(f"ImageSpec: need 0 <= min_pixels <= max_pixels, "
                                      f"got {self.min_pixels} and {self.max_pixels}")
@@ -275,6 +285,27 @@ class ImageSpec:
                 isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in self.pad_color):
             raise ConfigurationError(f"ImageSpec: pad_color must be three ints in 0..255, got {self.pad_color!r}")
         object.__setattr__(self, "pad_color", tuple(self.pad_color))
+
+    def _check_several_pad(self) -> None:
+        """`several_pad` is fit="anyres"'s, a colour (r, g, b) when given."""
+        if self.several_pad is None:
+            return
+        if self.fit != "anyres":
+            raise ConfigurationError(f"ImageSpec: several_pad is fit='anyres''s, got fit={self.fit!r}")
+        colour = self.several_pad
+        if isinstance(colour, (str, bytes)) or len(colour) != 3 or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in colour):
+            raise ConfigurationError(f"ImageSpec: several_pad must be three ints in 0..255, got {colour!r}")
+        object.__setattr__(self, "several_pad", tuple(colour))
+
+    def for_pictures(self, count: int) -> ImageSpec:
+        """The spec each of a record's `count` pictures is sized with: this one, or where the
+        record holds several and `several_pad` is set, one that pads each to a square of that
+        colour and resizes it to one tile (LLaVA-OneVision's processor's multi-image rule)."""
+        if count < 2 or self.several_pad is None:
+            return self
+        return dataclasses.replace(self, fit="pad", pad_color=self.several_pad, several_pad=None, pinpoints=None,
+                                   tile_features=None, anyres_max=None)
 
     def _check_tiles(self) -> None:
         """`tiles` (min, max) and `thumbnail` are fit="tiles"'s, (1, 12) and True unless given, and
@@ -449,10 +480,13 @@ class ImageSpec:
         `LLAVA_ONEVISION_PINPOINTS` (1x1 to 6x6 tiles) that fits the picture best, the base image
         first, resized bicubically as `LlavaOnevisionImageProcessor` does; SigLIP makes 27x27
         features of a tile (its 14 px patches; the pixels travel as 16 px ones, 384 being no whole
-        number of 14), and the kept features are shrunk to about 9 tiles' worth. Pair with
+        number of 14), and the kept features are shrunk to about 9 tiles' worth. Each picture of a
+        record holding several is padded to a square of `ONEVISION_SEVERAL_PAD` and resized to one
+        tile, as the processor sizes a document's pictures where it holds several. Pair with
         `LlavaNextPlaceholders.from_tokenizer(tokenizer)`."""
         return cls(**{"patch_size": 16, "fit": "anyres", "size": (384, 384), "pinpoints": LLAVA_ONEVISION_PINPOINTS,
-                      "tile_features": 27, "anyres_max": 9, "resample": "bicubic", **kwargs})
+                      "tile_features": 27, "anyres_max": 9, "several_pad": ONEVISION_SEVERAL_PAD, "resample": "bicubic",
+                      **kwargs})
 
     @classmethod
     def llama4(cls, **kwargs) -> ImageSpec:
@@ -629,6 +663,13 @@ def anyres_features(height: int, width: int, spec: ImageSpec) -> tuple[int, int,
     if spec.anyres_max is not None:
         rows, columns = capped_features(rows, columns, side, spec.anyres_max)
     return canvas[0] // tile * (canvas[1] // tile), side, rows, columns
+
+
+def several_features(spec: ImageSpec) -> tuple[int, int, int, int]:
+    """`anyres_features` of a picture of a record holding several, where the spec pads each to one
+    tile (`several_pad`): no tiles but the picture's own, its features a side, and no rows of
+    kept features (LLaVA-OneVision's model takes the base image's features and one newline)."""
+    return 0, spec.size[0] // spec.cell if spec.tile_features is None else spec.tile_features, 0, 0
 
 
 def tile_count(height: int, width: int, spec: ImageSpec) -> int:

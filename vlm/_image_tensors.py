@@ -17,7 +17,7 @@ import numpy as np
 
 from ._qwen_rows import _checked_patch, _grids
 
-__all__ = ["image_tensors", "video_tensors"]
+__all__ = ["batch_num_images", "image_rows", "image_tensors", "on_host", "pictures_per_document", "video_tensors"]
 
 
 def image_tensors(pixel_values: Any, image_grid: Any, *, mean: tuple[float, float, float],
@@ -69,6 +69,44 @@ def video_tensors(video_pixel_values: Any, video_grid: Any, *, mean: tuple[float
     frames = np.repeat(grids[:, 1:], grids[:, 0], axis=0)
     each = image_tensors(video_pixel_values, frames, mean=mean, std=std)
     return each.reshape(len(grids), int(grids[0, 0]) if len(grids) else 0, *each.shape[1:])
+
+
+def batch_num_images(batch: dict) -> Any:
+    """How many pictures each document of a microbatch holds, documents in row order, those with
+    none left out: LLaVA-OneVision's `batch_num_images`, by which its model tells a document's
+    only picture (its canvas's tiles) from one of several (one tile each:
+    `ImageSpec(several_pad=...)`). From `Batch.to_training()`'s `image_token_offset`, its
+    `image_token_offset_counts` and `document_ids`; NumPy arrays give a NumPy array, torch tensors
+    a tensor on their device."""
+    offsets = batch["image_token_offset"]
+    counts = pictures_per_document(batch, np.ones(len(offsets), dtype=bool))
+    if isinstance(offsets, np.ndarray):
+        return counts
+    import torch
+
+    return torch.from_numpy(counts).to(offsets.device)
+
+
+def pictures_per_document(batch: dict, chosen: np.ndarray) -> np.ndarray:
+    """How many of the microbatch's images marked in `chosen` each document holds, in row order
+    (documents with none left out): an image is the document's at its first placeholder."""
+    rows = image_rows(batch)
+    documents = on_host(batch["document_ids"])[rows, on_host(batch["image_token_offset"])]
+    keys = np.stack([rows, documents], axis=1)[chosen]
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[True], (keys[1:] != keys[:-1]).any(axis=1)])
+    return np.diff(np.append(np.flatnonzero(starts), len(keys))).astype(np.int64)
+
+
+def image_rows(batch: dict) -> np.ndarray:
+    """The row of each image of the microbatch (its `image_token_offset`s, counted per row)."""
+    return np.repeat(np.arange(len(batch["input_ids"])), on_host(batch["image_token_offset_counts"]))
+
+
+def on_host(values) -> np.ndarray:
+    """A NumPy array, or a torch tensor's values as one."""
+    return values if isinstance(values, np.ndarray) else values.cpu().numpy()
 
 
 def _normalised_numpy(patches: np.ndarray, mean, std) -> np.ndarray:

@@ -73,7 +73,8 @@ from zephon._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 from ._deferred import DecodeDeferred, DeferredImage, decode_row
 from ._frame_text import FrameText
-from ._image import DEFAULT_SPEC, ImageSpec, anyres_features, canvas_arrangement, sizes_field, split_arrangement
+from ._image import (DEFAULT_SPEC, ImageSpec, anyres_features, canvas_arrangement, several_features, sizes_field,
+                     split_arrangement)
 from ._mrope import fill_mrope_positions, ramp
 from ._operator_checks import check_operators_before, deferred_policy, followed_settings
 from ._placeholders import Placeholders, QwenPlaceholders, patch_times, temporal_patches, video_layout
@@ -89,6 +90,15 @@ packer's spec, and the fits whose pictures it is of (`_DETAIL_FITS`): the first 
 size as shown; Idefics3's pictures of fit="fixed" (not split) are each one tile, `tokens_for`'s
 default, and carry no size. Llama 4's: the (rows, columns) of tiles of the picture's canvas."""
 _DETAIL_FITS = {"tiles": ("split", "fixed"), "unpadded": ("anyres",), "canvas": ("canvas",)}
+
+def _details(detail: str | None, sizes: tuple[tuple[int, int], ...], spec: ImageSpec) -> tuple:
+    """Per picture of a record, what the placeholders count it from besides its grid (`_DETAILS`
+    of its size as shown); where the spec sizes a record's several pictures otherwise
+    (`ImageSpec.for_pictures`: LLaVA-OneVision's, each padded to one tile), those pictures'."""
+    if detail == "unpadded" and len(sizes) > 1 and spec.several_pad is not None:
+        return (several_features(spec),) * len(sizes)
+    return tuple(_DETAILS[detail](height, width, spec) for height, width in sizes)
+
 
 _SHORT_TEXT = 128
 """Texts up to this many tokens are searched for placeholder ids as a list (see
@@ -572,7 +582,7 @@ class MultimodalPacker:
             frames = ()
         sizes = self._shown_sizes(address, record, images) \
             if self._counts_from_sizes(address, video_frames, frames) else ()
-        details = tuple(_DETAILS[self._image_detail](height, width, self.spec) for height, width in sizes)
+        details = _details(self._image_detail, sizes, self.spec)
         seconds = times = ()
         if frames:
             if self._video_seconds:

@@ -402,16 +402,18 @@ def _tile_cells(rows: int, cols: int, tiles: tuple[int, int], merge: int) -> int
 @dataclass(frozen=True)
 class LlavaNextPlaceholders(_GridTokens):
     """LLaVA-NeXT's convention (LLaVA-1.6; transformers' `LlavaNextProcessor`; LLaVA-OneVision's
-    `LlavaOnevisionProcessor` for a document's only picture) for `ImageSpec(fit="anyres")`
-    pictures: a run of `<image>`, one per feature the model keeps. Those are the base image's
-    (a tile's features, squared: CLIP's class token dropped, the "default" feature strategy of the
-    LLaVA-NeXT checkpoints; SigLIP has none), the features of its tiles that remain once the rows
-    or columns only the padding filled are dropped (and, for OneVision, shrunk to its cap), and one
-    newline feature after each of their rows. What remains depends on the picture's size as shown,
-    which the stack of tiles does not hold: the packer works it out from the size written beside
-    the pixels (`record["pixels_sizes"]`) as (tiles, features a side of a tile, feature rows,
-    feature columns) (`anyres_features`) and asks `tokens_for(rows, cols, that)`; its rows carry
-    the sizes as `image_sizes`, by which the model unpads.
+    `LlavaOnevisionProcessor`) for `ImageSpec(fit="anyres")` pictures: a run of `<image>`, one per
+    feature the model keeps. Those are the base image's (a tile's features, squared: CLIP's class
+    token dropped, the "default" feature strategy of the LLaVA-NeXT checkpoints; SigLIP has none),
+    the features of its tiles that remain once the rows or columns only the padding filled are
+    dropped (and, for OneVision, shrunk to its cap), and one newline feature after each of their
+    rows. What remains depends on the picture's size as shown, which the stack of tiles does not
+    hold: the packer works it out from the size written beside the pixels
+    (`record["pixels_sizes"]`) as (tiles, features a side of a tile, feature rows, feature
+    columns) (`anyres_features`) and asks `tokens_for(rows, cols, that)`; its rows carry the sizes
+    as `image_sizes`, by which the model unpads. A picture of a record holding several, padded to
+    one tile (`ImageSpec(several_pad=...)`, LLaVA-OneVision's), is (0 tiles, features a side, 0,
+    0): its features and one newline.
 
     With `video_pad` (`<video>`'s id), a decoded video is one block, as LLaVA-OneVision's and
     LLaVA-NeXT-Video's processors write it (`llava_onevision`, `llava_next_video`):
@@ -491,9 +493,11 @@ class LlavaNextPlaceholders(_GridTokens):
     def num_tokens(self, rows: int, cols: int, kept: tuple[int, int, int, int]) -> int:
         _check_grid(rows, cols, self.merge_size)
         tiles, side, feature_rows, feature_columns = kept
-        if tiles < 1 or rows != cols * (1 + tiles):
+        if tiles < 0 or rows != cols * (1 + tiles):
             raise ValueError(f"a {rows}x{cols} patch stack is not a base image and {tiles} tiles of {cols}x{cols} "
                              f"patches")
+        if tiles == 0:  # one of a record's several pictures (`several_features`): its features and a newline
+            return side**2 + 1
         return side**2 + feature_rows * (feature_columns + 1)
 
     def _build(self, rows: int, cols: int, kept: tuple[int, int, int, int]) -> np.ndarray:

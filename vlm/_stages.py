@@ -284,9 +284,11 @@ class DecodeImages:
     at full size (same refusals and RGB conversion) and handed to it; `record[output_field]`
     then holds its patch rows and `record[grid_field]` the (num_images, 2) int32 grid
     (see `run_processor`). The source field is dropped unless `keep_source`. The images of a
-    `fit="split"` or `"anyres"` spec also get the (height, width) of each picture as shown,
-    (num_images, 2) int32, in `record[output_field + "_sizes"]` (`sizes_field`):
+    `fit="split"`, `"anyres"` or `"canvas"` spec also get the (height, width) of each picture as
+    shown, (num_images, 2) int32, in `record[output_field + "_sizes"]` (`sizes_field`):
     `Idefics3Placeholders` name each tile by the arrangement it gives, and LLaVA-NeXT unpads by it.
+    A record's pictures are sized by `spec.for_pictures(count)`: the spec, or for a record of
+    several under `several_pad` (LLaVA-OneVision's), each padded to one tile.
 
     With `defer=True` (no processor) only the header is parsed and checked here: the field holds
     `DeferredImage`s, and `pack_multimodal` has each row's images decoded on the workers just
@@ -384,22 +386,23 @@ class DecodeImages:
         out = dict(record)
         if not self.keep_source:
             del out[name]
+        spec = self.spec.for_pictures(len(items))  # LLaVA-OneVision sizes several pictures otherwise
         if self.defer:
             encoded = [bytes(data) for data in items]  # bytes stay as they are; views are copied once
             if self.spec.fit in SHOWN_SIZE_FITS:
-                probed = [(data, *probe_image_with_size(data, self.spec)) for data in encoded]
-                pixels = [DeferredImage(data, grid, self.spec, size) for data, grid, size in probed]
+                probed = [(data, *probe_image_with_size(data, spec)) for data in encoded]
+                pixels = [DeferredImage(data, grid, spec, size) for data, grid, size in probed]
             else:
-                pixels = [DeferredImage(data, probe_image(data, self.spec), self.spec) for data in encoded]
+                pixels = [DeferredImage(data, probe_image(data, spec), spec) for data in encoded]
             out[self.output_field] = pixels[0] if single else pixels
             return out
         if self.processor is None and self.spec.fit in SHOWN_SIZE_FITS:
-            sized = [decode_image_with_size(data, self.spec) for data in items]
+            sized = [decode_image_with_size(data, spec) for data in items]
             out[self.output_field] = sized[0].pixels if single else [image.pixels for image in sized]
             out[sizes_field(self.output_field)] = np.array([image.size for image in sized], np.int32).reshape(-1, 2)
             return out
         if self.processor is None:
-            pixels = [decode_image(data, self.spec) for data in items]
+            pixels = [decode_image(data, spec) for data in items]
             out[self.output_field] = pixels[0] if single else pixels
             return out
         rows, grids = [], []

@@ -21,8 +21,8 @@ from tests.conftest import requires_torch
 from tests.unit.test_vlm_anyres import llava_tokenizer  # noqa: F401 - the tokenizer fixture
 from tests.unit.test_vlm_fixed_size import assert_each_packed_document_is_its_own
 from tests.unit.test_vlm_split import _address, _pictures, sized_record
-from vlm import (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageSpec, LlavaNextPlaceholders, decode_image_with_size,
-                 image_grid, image_tensors, patchify)
+from vlm import (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageSpec, LlavaNextPlaceholders, batch_num_images,
+                 decode_image_with_size, image_grid, image_tensors, patchify)
 from vlm._anyres import LLAVA_ONEVISION_PINPOINTS
 from vlm._image import anyres_features
 from vlm._packing import MultimodalPacker
@@ -120,8 +120,13 @@ def test_onevision_settings_are_anyres_s_and_in_the_fingerprint():
     spec = ImageSpec.llava_onevision()
     assert spec.pinpoints == LLAVA_ONEVISION_PINPOINTS and len(spec.pinpoints) == 36
     assert (_describe(spec)["tile_features"], _describe(spec)["anyres_max"]) == (27, 9)
+    assert _describe(spec)["several_pad"] == [127, 127, 127]
     assert "tile_features" not in _describe(ImageSpec.llava_next())  # recipes made before keep their fingerprint
+    assert "several_pad" not in _describe(ImageSpec.llava_next())
     for kwargs, words in (({"fit": "fixed", "size": (64, 64), "tile_features": 4}, "tile_features are fit='anyres''s"),
+                          ({"fit": "fixed", "size": (64, 64), "several_pad": (0, 0, 0)},
+                           "several_pad is fit='anyres''s"),
+                          ({"fit": "anyres", "size": (336, 336), "several_pad": (0, 0, 256)}, "three ints in 0..255"),
                           ({"fit": "pixels", "anyres_max": 9}, "anyres_max are fit='anyres''s"),
                           ({"fit": "anyres", "size": (64, 64), "tile_features": 0}, "tile_features")):
         with pytest.raises(ConfigurationError, match=words):
@@ -174,6 +179,54 @@ def test_rows_are_llava_onevision_processor_s_input_ids_token_for_token(llava_to
     np.testing.assert_array_equal(pixels, np.concatenate(pixel_values))
 
 
+def _several(pictures: list[bytes], spec: ImageSpec = SMALL_ONEVISION, **fields) -> dict:
+    """A record of `pictures` as `decode_images` writes it (each picture sized by
+    `spec.for_pictures`, its size as shown beside it)."""
+    from vlm._stages import DecodeImages
+
+    record = DecodeImages(field="jpg", spec=spec).build("raise")._decode_record({"jpg": pictures}, _address())
+    return {**record, **fields}
+
+
+def test_several_pictures_of_a_record_are_padded_to_one_tile_as_the_processor_pads_them():
+    """A record of three pictures decoded by `decode_images` with OneVision's rule: each is padded
+    to a square of the mean colour and resized to one tile, equal value for value to
+    `LlavaOnevisionImageProcessorPil`'s `pixel_values` for a document of three pictures (its
+    `batch_num_images`, the checkpoints' mean of 0.5), their sizes as shown beside them as its
+    `image_sizes`; a record of one picture keeps its canvas of tiles."""
+    from vlm._image import ONEVISION_SEVERAL_PAD
+
+    pictures = [_pictures()[k] for k in (0, 1, 5)]  # wide, tall and a JPEG
+    record = _several(pictures)
+    grids = np.array([(len(pixels) // 16, 4) for pixels in record["pixels"]])
+    assert grids.tolist() == [[4, 4]] * 3 and ONEVISION_SEVERAL_PAD == (127,) * 3
+    ours = image_tensors(np.concatenate([patchify(pixels, 16) for pixels in record["pixels"]]), grids,
+                         mean=(0.5,) * 3, std=(0.5,) * 3, tile=4)
+    processor = _image_processor(SMALL_ONEVISION)
+    processor.image_mean = processor.image_std = [0.5] * 3
+    want = processor(images=[[Image.open(io.BytesIO(data)) for data in pictures]], do_pad=False, return_tensors=None)
+    assert list(want["batch_num_images"]) == [3]
+    np.testing.assert_array_equal(ours, np.concatenate([np.asarray(each) for each in want["pixel_values"]]))
+    assert record["pixels_sizes"].tolist() == [[int(n) for n in size] for size in want["image_sizes"]]
+    assert len(_several(pictures[:1])["pixels"][0]) == (1 + 6) * 64  # alone: the base image and 2x3 tiles
+
+
+def test_a_picture_among_several_takes_the_processor_s_count(llava_tokenizer):  # noqa: F811
+    """Packed, each of a record's three pictures is as many `<image>` as
+    `LlavaOnevisionProcessor.replace_image_token` writes for a picture of a document of three:
+    its tile's features and a newline; a record of one is counted from its canvas as before."""
+    stub = _processor_stub(SMALL_ONEVISION)
+    inputs = {"batch_num_images": [3], "image_sizes": [[300, 451]] * 3, "pixel_values": [np.zeros((1, 3, 64, 64))]}
+    count = stub.replace_image_token(inputs, 1).count("<image>")
+    record = _several([_pictures()[k] for k in (0, 1, 5)], input_ids=np.array([9, 9], np.int32))
+    packer = MultimodalPacker(None, max_length=200, placeholders=LlavaNextPlaceholders(3), spec=SMALL_ONEVISION,
+                              pad_id=0)
+    assert packer.push((_address(), record)) == []
+    [row] = packer.flush()
+    assert count == 4 * 4 + 1 and row.num_real_tokens == 3 * count + 2
+    assert row.ragged["image_sizes"].tolist() == record["pixels_sizes"].tolist()
+
+
 # -- into the model ------------------------------------------------------------------------------
 
 @requires_torch
@@ -206,3 +259,12 @@ def test_a_tiny_llava_onevision_gives_each_packed_document_what_it_gives_the_doc
         model, LlavaNextPlaceholders(102), spec, records, 200,
         lambda batch: {"pixel_values": image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
                                                      std=(0.5,) * 3, tile=4), "image_sizes": batch["image_sizes"]})
+    # A document of two pictures, each one padded tile, between documents of one: the model told
+    # which document holds several (`batch_num_images`) gives each its logits alone.
+    several = _several([_pictures()[0], _pictures()[3]], input_ids=rng.integers(10, 90, 7).astype(np.int32),
+                       image_offsets=[0, 4])
+    assert_each_packed_document_is_its_own(
+        model, LlavaNextPlaceholders(102), spec, [records[0], several, records[2]], 240,
+        lambda batch: {"pixel_values": image_tensors(batch["pixel_values"], batch["image_grid"], mean=(0.5,) * 3,
+                                                     std=(0.5,) * 3, tile=4), "image_sizes": batch["image_sizes"],
+                       "batch_num_images": batch_num_images(batch)})
