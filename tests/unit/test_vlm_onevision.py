@@ -179,13 +179,13 @@ def test_rows_are_llava_onevision_processor_s_input_ids_token_for_token(llava_to
     np.testing.assert_array_equal(pixels, np.concatenate(pixel_values))
 
 
-def _several(pictures: list[bytes], spec: ImageSpec = SMALL_ONEVISION, **fields) -> dict:
-    """A record of `pictures` as `decode_images` writes it (each picture sized by
-    `spec.for_pictures`, its size as shown beside it)."""
+def _several(pictures: list[bytes], *, defer: bool = False, **fields) -> dict:
+    """A record of `pictures` as `decode_images` with `SMALL_ONEVISION` writes it (each picture
+    sized by `for_pictures`, its size as shown beside it; left encoded with `defer`)."""
     from vlm._stages import DecodeImages
 
-    record = DecodeImages(field="jpg", spec=spec).build("raise")._decode_record({"jpg": pictures}, _address())
-    return {**record, **fields}
+    stage = DecodeImages(field="jpg", spec=SMALL_ONEVISION, defer=defer).build("raise")
+    return {**stage._decode_record({"jpg": pictures}, _address()), **fields}
 
 
 def test_several_pictures_of_a_record_are_padded_to_one_tile_as_the_processor_pads_them():
@@ -193,7 +193,8 @@ def test_several_pictures_of_a_record_are_padded_to_one_tile_as_the_processor_pa
     to a square of the mean colour and resized to one tile, equal value for value to
     `LlavaOnevisionImageProcessorPil`'s `pixel_values` for a document of three pictures (its
     `batch_num_images`, the checkpoints' mean of 0.5), their sizes as shown beside them as its
-    `image_sizes`; a record of one picture keeps its canvas of tiles."""
+    `image_sizes`, and decoded after packing alike; a record of one picture keeps its canvas of
+    tiles."""
     from vlm._image import ONEVISION_SEVERAL_PAD
 
     pictures = [_pictures()[k] for k in (0, 1, 5)]  # wide, tall and a JPEG
@@ -209,6 +210,10 @@ def test_several_pictures_of_a_record_are_padded_to_one_tile_as_the_processor_pa
     np.testing.assert_array_equal(ours, np.concatenate([np.asarray(each) for each in want["pixel_values"]]))
     assert record["pixels_sizes"].tolist() == [[int(n) for n in size] for size in want["image_sizes"]]
     assert len(_several(pictures[:1])["pixels"][0]) == (1 + 6) * 64  # alone: the base image and 2x3 tiles
+    later = _several(pictures, defer=True)["pixels"]  # decoded after packing: the same pictures and sizes
+    assert [image.size for image in later] == [tuple(size) for size in record["pixels_sizes"].tolist()]
+    for image, pixels in zip(later, record["pixels"]):
+        np.testing.assert_array_equal(image.decode(), pixels)
 
 
 def test_a_picture_among_several_takes_the_processor_s_count(llava_tokenizer):  # noqa: F811
