@@ -80,7 +80,7 @@ _silence_pillows_bomb_warning()
 _RESAMPLE = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 _FITS = ("pixels", "max_side", "fixed", "crop", "pad", "tiles", "split", "anyres", "area", "canvas")
 _SIZED_FITS = ("fixed", "crop", "pad", "tiles", "split", "anyres", "canvas")
-"""The fits whose images are of `size` (a tile's, with "tiles", "split" and "anyres")."""
+"""The fits whose images are of `size` (a tile's, with "tiles", "split", "anyres" and "canvas")."""
 _TILED_FITS = ("tiles", "split", "anyres", "canvas")
 """The fits whose pixels are tiles stacked top to bottom, one tile wide."""
 CUT_FITS = (*_TILED_FITS, "pad")
@@ -90,8 +90,8 @@ _SQUARE_TILED_FITS = ("split", "anyres", "canvas")
 """The tiled fits whose models take square tiles only."""
 SHOWN_SIZE_FITS = ("split", "anyres", "canvas")
 """The fits whose placeholders are counted from each picture's size as shown (Idefics3's tiles,
-named by row and column; LLaVA-NeXT's features, unpadded by it), which decoding writes beside
-the pixels (`sizes_field`)."""
+named by row and column; LLaVA-NeXT's features, unpadded by it; Llama 4's canvas, its tiles
+separated by row and column), which decoding writes beside the pixels (`sizes_field`)."""
 
 # EXIF orientation tag (0x0112) value -> the transpose that displays the image upright.
 _EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",

@@ -405,6 +405,10 @@ def _decode(container, spec: VideoSpec) -> SampledVideo:
     cropped = spec.image.fit == "crop"  # resized whole to the scaled size, then its middle cut out
     size = crop_scaled_size(*upright, spec.image)[::-1] if cropped else \
         (cols * spec.image.patch_size, rows * spec.image.patch_size)  # (width, height) upright
+    if size[0] * size[1] > spec.image.max_image_pixels:  # a thin strip scaled up: a bomb of our making
+        raise VideoDecodeError("decompression_bomb", f"fit='crop' scales its {width}x{height} frames to "
+                               f"{size[0]}x{size[1]} before cutting the middle, more than max_image_pixels="
+                               f"{spec.image.max_image_pixels}")
     stored = size[::-1] if turns % 2 else size
     # A reformatter of this call's own, not `frame.reformat`: PyAV 19 keeps one swscale context
     # per thread for that, with FFmpeg 8's slice threads, and a forked worker inherits the forking

@@ -78,6 +78,21 @@ def test_cropped_frames_are_the_middle_of_the_frames_scaled_as_the_processor_sca
     np.testing.assert_array_equal(cropped, want)
 
 
+def test_a_thin_clip_scaled_up_past_the_pixel_cap_is_refused_as_a_bomb(tmp_path):
+    """A 16x1024 clip's frames, their shorter side scaled to 336 before the middle is cut, would
+    be 21504x336: past a cap of 4 million pixels, it is skipped as `decompression_bomb` before
+    any frame is resized, as a picture scaled so is."""
+    from vlm import VideoDecodeError
+    from vlm._video import decode_video
+
+    path = make_video(tmp_path / "thin.mp4", frames=4, size=(1024, 16))
+    spec = VideoSpec.llava_next_video(num_frames=2, image=ImageSpec(patch_size=14, fit="crop", size=(336, 336),
+                                                                    max_image_pixels=4_000_000))
+    with pytest.raises(VideoDecodeError, match="1024x16 frames to 21504x336") as refused:
+        decode_video(path.read_bytes(), spec)
+    assert refused.value.reason == "decompression_bomb"
+
+
 def test_a_decoded_clip_is_token_for_token_the_processor_s_text(tmp_path, tokenizer):
     """A real clip decoded by `VideoSpec.llava_next_video(num_frames=4)` then its caption: the
     row's tokens are the processor's text encoded by the tokenizer, the frames (4, 24, 24) in
