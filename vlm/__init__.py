@@ -28,6 +28,7 @@ from ._packing import (
 )
 from ._placeholders import (
     AyaVisionPlaceholders,
+    Cohere2VisionPlaceholders,
     Idefics3Placeholders,
     Llama4Placeholders,
     LlavaNextPlaceholders,
@@ -54,6 +55,7 @@ from ._video import VideoSpec, decode_video, sample_times
 
 __all__ = [
     "AyaVisionPlaceholders",
+    "Cohere2VisionPlaceholders",
     "DEFAULT_IMAGE_FIELDS",
     "DEFAULT_VIDEO_FIELDS",
     "IMAGE_POSITIONS",

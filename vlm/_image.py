@@ -149,7 +149,10 @@ class ImageSpec:
       (`tile_arrangement`), cut into those tiles, and, where there is more than one, followed by
       the whole image resized to one tile (`thumbnail`). The pixels are the tiles stacked top to
       bottom in raster order, the thumbnail last: one tile wide, so each tile's patches are
-      consecutive in `pixel_values` (`image_tensors(..., tile=)` cuts them apart again).
+      consecutive in `pixel_values` (`image_tensors(..., tile=)` cuts them apart again). With
+      `tile_rule="least_scale"` (Command A Vision's, `Cohere2VisionImageProcessor`) the
+      arrangement is instead the one that scales the image up least, or down least where every
+      one shrinks it (`tile_arrangement`).
     - `fit="split"` (Idefics3's image splitting: Idefics3, SmolVLM, SmolVLM2): the image's longer
       side is resized to `longest_edge` (up or down), then each side up to whole square `size`
       tiles (`vlm._split`); past one tile the tiles are cut in raster order and followed by the
@@ -216,6 +219,7 @@ class ImageSpec:
     anyres_max: int | None = field(default=None, metadata={"fingerprint": "when set"})
     min_side: int | None = field(default=None, metadata={"fingerprint": "when set"})
     several_pad: tuple[int, int, int] | None = field(default=None, metadata={"fingerprint": "when set"})
+    tile_rule: str | None = field(default=None, metadata={"fingerprint": "when set"})
 
     def __post_init__(self) -> None:
         counts = {"patch_size": 1, "merge_size": 1, "max_image_pixels": 1, "min_pixels": 0, "max_pixels": 0}
@@ -312,9 +316,9 @@ class ImageSpec:
         fit="canvas"'s, (1, 16) and True unless given, and there from 1 tile with its global tile
         (Llama 4's canvases)."""
         if self.fit not in ("tiles", "canvas"):
-            if self.tiles is not None or self.thumbnail is not None:
-                raise ConfigurationError(f"ImageSpec: tiles and thumbnail are fit='tiles''s and fit='canvas''s, "
-                                         f"got fit={self.fit!r}")
+            if self.tiles is not None or self.thumbnail is not None or self.tile_rule is not None:
+                raise ConfigurationError(f"ImageSpec: tiles, thumbnail and tile_rule are fit='tiles''s (tiles and "
+                                         f"thumbnail fit='canvas''s too), got fit={self.fit!r}")
             return
         tiles = ((1, 12) if self.fit == "tiles" else (1, 16)) if self.tiles is None else self.tiles
         if isinstance(tiles, (str, bytes)) or len(tiles) != 2:
@@ -325,7 +329,10 @@ class ImageSpec:
         thumbnail = True if self.thumbnail is None else self.thumbnail
         if not isinstance(thumbnail, bool):
             raise ConfigurationError(f"ImageSpec: thumbnail must be True or False, got {thumbnail!r}")
-        if self.fit == "canvas" and (least != 1 or not thumbnail):
+        if self.tile_rule not in (None, "least_scale"):
+            raise ConfigurationError(f"ImageSpec: tile_rule must be None (InternVL's: the nearest aspect ratio) or "
+                                     f"'least_scale' (Command A Vision's), got {self.tile_rule!r}")
+        if self.fit == "canvas" and (least != 1 or not thumbnail or self.tile_rule is not None):
             raise ConfigurationError(f"ImageSpec: fit='canvas' takes every canvas from one tile, followed by the "
                                      f"global tile (Llama 4's): give tiles=(1, max) and thumbnail=True, got "
                                      f"tiles={tiles!r}, thumbnail={thumbnail!r}")
@@ -433,6 +440,15 @@ class ImageSpec:
         thumbnail, resized bicubically; each tile's 26x26 patches become 169 tokens (merge_size 2,
         the model's pixel shuffle). Pair with `AyaVisionPlaceholders.from_tokenizer(tokenizer)`."""
         return cls.internvl(**{"size": (364, 364), **kwargs})
+
+    @classmethod
+    def command_a_vision(cls, **kwargs) -> ImageSpec:
+        """Command A Vision's tiling (`Cohere2VisionImageProcessor`): the arrangement of at most 12
+        tiles of 512 px that scales the picture least (`tile_rule="least_scale"`), resized to it
+        bicubically and cut, and past one tile the thumbnail; SigLIP2's 16 px patches, each tile's
+        32x32 becoming 256 tokens (merge_size 2, the model's pixel shuffle). Pair with
+        `Cohere2VisionPlaceholders.from_tokenizer(tokenizer)`."""
+        return cls.internvl(**{"patch_size": 16, "size": (512, 512), "tile_rule": "least_scale", **kwargs})
 
     @classmethod
     def idefics3(cls, *, split: bool = True, **kwargs) -> ImageSpec:
@@ -600,8 +616,26 @@ def tile_arrangement(height: int, width: int, spec: ImageSpec) -> tuple[int, int
     arrangements of `spec.tiles` (min, max) tiles, the one whose aspect ratio is nearest the
     image's; between equally near ones, taken by growing count, a later one replaces the kept
     one while the image's area exceeds half the later one's tiles' area (InternVL's rule, as
-    transformers' `get_optimal_tiled_canvas` writes it)."""
+    transformers' `get_optimal_tiled_canvas` writes it). With `tile_rule="least_scale"`, Command A
+    Vision's (`_least_scale_arrangement`)."""
+    if spec.tile_rule == "least_scale":
+        return _least_scale_arrangement(height, width, spec.size[0], spec.tiles[1])
     return _tile_arrangement(height, width, spec.size, spec.tiles)
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_scale_arrangement(height: int, width: int, tile: int, most: int) -> tuple[int, int]:
+    """(columns, rows) of the arrangement of at most `most` square tiles whose limiting side scales
+    the image up least (at or above 1), or, where every one shrinks it, down least; the first such
+    of the arrangements ordered by tile count, columns then rows counting up, as
+    `Cohere2VisionImageProcessor`'s `get_optimal_tiled_canvas` takes it (it reads no minimum)."""
+    arrangements = sorted(((columns, rows) for columns in range(1, most + 1) for rows in range(1, most + 1)
+                           if columns * rows <= most), key=lambda each: each[0] * each[1])
+    scales = [min(columns * tile / width, rows * tile / height) for columns, rows in arrangements]
+    up = [scale if scale >= 1 else math.inf for scale in scales]
+    if min(up) == math.inf:
+        return arrangements[scales.index(max(scales))]
+    return arrangements[up.index(min(up))]
 
 
 @functools.lru_cache(maxsize=4096)

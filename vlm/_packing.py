@@ -910,7 +910,8 @@ _PRESETS = {"QwenPlaceholders": "ImageSpec.qwen2_vl() or ImageSpec.qwen3_vl()",
             "Idefics3Placeholders": "ImageSpec.idefics3() or ImageSpec.smolvlm()",
             "LlavaNextPlaceholders": "ImageSpec.llava_next() or ImageSpec.llava_onevision()",
             "Llama4Placeholders": "ImageSpec.llama4()",
-            "AyaVisionPlaceholders": "ImageSpec.aya_vision()"}
+            "AyaVisionPlaceholders": "ImageSpec.aya_vision()",
+            "Cohere2VisionPlaceholders": "ImageSpec.command_a_vision()"}
 
 
 def _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope) -> tuple[int, int]:

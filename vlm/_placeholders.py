@@ -24,9 +24,9 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._sha256 import sha256
 from zephon._tokenizer import load_tokenizer
 
-__all__ = ["QWEN_TEMPORAL_PATCH", "AyaVisionPlaceholders", "Idefics3Placeholders", "Llama4Placeholders",
-           "LlavaNextPlaceholders", "PadPlaceholders", "PixtralPlaceholders", "Placeholders", "QwenPlaceholders",
-           "TimestampText", "lookup_token_id", "patch_times", "temporal_patches", "video_layout"]
+__all__ = ["QWEN_TEMPORAL_PATCH", "AyaVisionPlaceholders", "Cohere2VisionPlaceholders", "Idefics3Placeholders",
+           "Llama4Placeholders", "LlavaNextPlaceholders", "PadPlaceholders", "PixtralPlaceholders", "Placeholders",
+           "QwenPlaceholders", "TimestampText", "lookup_token_id", "patch_times", "temporal_patches", "video_layout"]
 
 
 @runtime_checkable
@@ -224,11 +224,8 @@ class PadPlaceholders(_GridTokens):
         `video=True`, a video's frames as its processor writes them, each a picture's block of
         `<|video|>` (`frame_pad`; pair with `FrameText.gemma4(tokenizer)` for the time before
         each frame)."""
-        names = {name: getattr(tokenizer, name, None) for name in ("image_token", "boi_token", "eoi_token")}
-        missing = [name for name, token in names.items() if not isinstance(token, str)]
-        if missing:
-            raise ConfigurationError(f"PadPlaceholders.gemma4: the tokenizer names no {', '.join(missing)} (Gemma 4's "
-                                     f"does); give from_tokenizer(tokenizer, pad=, start=, end=, merge_size=3)")
+        names = _named_tokens(tokenizer, ("image_token", "boi_token", "eoi_token"), "PadPlaceholders.gemma4",
+                              "Gemma 4's does; give from_tokenizer(tokenizer, pad=, start=, end=, merge_size=3)")
         placeholders = cls.from_tokenizer(tokenizer, pad=names["image_token"], start=names["boi_token"],
                                           end=names["eoi_token"], merge_size=3)
         if not video:
@@ -261,6 +258,16 @@ class PadPlaceholders(_GridTokens):
             cached.flags.writeable = False
             self._cache[key] = cached
         return cached
+
+
+def _named_tokens(tokenizer: Any, names: tuple[str, ...], caller: str, advice: str) -> dict[str, str]:
+    """{name: token} of the image tokens a model's tokenizer names as attributes (its processor
+    reads them so), in the order of `names`; a named error for those it does not name."""
+    tokens = {name: getattr(tokenizer, name, None) for name in names}
+    missing = [name for name, token in tokens.items() if not isinstance(token, str)]
+    if missing:
+        raise ConfigurationError(f"{caller}: the tokenizer names no {', '.join(missing)} ({advice})")
+    return tokens
 
 
 GEMMA4_VIDEO_TOKEN = "<|video|>"
@@ -635,19 +642,66 @@ class AyaVisionPlaceholders(_GridTokens):
 
     def _build(self, rows: int, cols: int) -> np.ndarray:
         """The ids of a stack of rows x cols patches: its square tiles, the last the thumbnail."""
-        if rows % cols:
-            raise ValueError(f"a {rows}x{cols} patch stack is not square tiles of {cols}x{cols} patches")
+        run = [self.patch] * _square_tile_cells(rows, cols, self.merge_size)
         tiles = rows // cols
         if tiles - 1 > len(self.tile_names):
             raise ValueError(f"{tiles} tiles (the thumbnail among them): the convention names at most "
                              f"{len(self.tile_names)} and the global tile")
-        run = [self.patch] * (cols // self.merge_size) ** 2
         ids = [self.start]
         if tiles > 1:
             for name in self.tile_names[: tiles - 1]:
                 ids += [*name, *run]
         ids += [*self.global_tile, *run, self.end]
         return np.array(ids, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class Cohere2VisionPlaceholders(_GridTokens):
+    """Command A Vision's convention (`Cohere2VisionProcessor`) for `ImageSpec.command_a_vision()`
+    pictures (tiles with their thumbnail, `fit="tiles"`): the tokenizer's `boi_token`, then each
+    tile's `image_token` run followed by `img_line_break_token`, the thumbnail's last, then its
+    `eoi_token`. A tile of cols x cols patches gives (cols / merge_size)**2 image tokens (256 for
+    512 px tiles of 16 px patches, pixel-shuffled 2x2); the stack's rows over its columns give the
+    tiles, so the grid alone gives the count.
+    """
+
+    boi: int
+    image: int
+    line_break: int
+    eoi: int
+    merge_size: int = 2
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, *, merge_size: int = 2) -> Cohere2VisionPlaceholders:
+        """The four tokens the tokenizer names (`boi_token`, `image_token`, `img_line_break_token`,
+        `eoi_token`), as the processor reads them, looked up in it."""
+        tokens = _named_tokens(tokenizer, ("boi_token", "image_token", "img_line_break_token", "eoi_token"),
+                               "Cohere2VisionPlaceholders.from_tokenizer", "Command A Vision's does")
+        return cls(*(lookup_token_id(tokenizer, token) for token in tokens.values()), merge_size)
+
+    def check_spec(self, spec) -> None:
+        """Refuse pictures of another sizing than tiles with their thumbnail."""
+        if spec.fit != "tiles" or not spec.thumbnail:
+            raise ConfigurationError(f"pack_multimodal: Cohere2VisionPlaceholders writes fit='tiles' pictures with "
+                                     f"their thumbnail (ImageSpec.command_a_vision()), got fit={spec.fit!r}, "
+                                     f"thumbnail={spec.thumbnail!r}")
+
+    def num_tokens(self, rows: int, cols: int) -> int:
+        return len(self.tokens_for(rows, cols))
+
+    def _build(self, rows: int, cols: int) -> np.ndarray:
+        """The ids of a stack of rows x cols patches: its square tiles, the last the thumbnail."""
+        run = [*[self.image] * _square_tile_cells(rows, cols, self.merge_size), self.line_break]
+        return np.array([self.boi, *run * (rows // cols), self.eoi], dtype=np.int32)
+
+
+def _square_tile_cells(rows: int, cols: int, merge: int) -> int:
+    """A tile's merged cells in a stack of rows x cols patches of square tiles; refuses a stack
+    that is not whole square tiles."""
+    if rows % cols:
+        raise ValueError(f"a {rows}x{cols} patch stack is not square tiles of {cols}x{cols} patches")
+    return (cols // merge) ** 2
 
 
 QWEN_TEMPORAL_PATCH = 2

@@ -28,6 +28,18 @@ SMALL = ImageSpec.aya_vision(size=(56, 56), tiles=(1, 6), draft=False)
 of them."""
 
 
+TINY_COHERE2 = dict(model_type="cohere2", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=64,
+                    layer_types=["sliding_attention", "full_attention"], eos_token_id=None)
+"""A tiny Cohere2 text model's config (Aya Vision's and Command A Vision's language models)."""
+
+
+def tiny_siglip(**sizes) -> dict:
+    """A tiny SigLIP vision tower's config of the given `image_size` and `patch_size`."""
+    return dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, **sizes)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     """The shipped tokenizer with Aya Vision's image tokens added as special tokens and its tile
@@ -96,13 +108,8 @@ def test_a_tiny_aya_vision_gives_each_packed_document_what_it_gives_the_document
 
     from tests.unit.test_vlm_split import sized_record
 
-    config = AyaVisionConfig(
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14),
-        text_config=dict(model_type="cohere2", vocab_size=128, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         sliding_window=64, layer_types=["sliding_attention", "full_attention"], eos_token_id=None),
-        image_token_index=103, downsample_factor=2, vision_feature_layer=-1)
+    config = AyaVisionConfig(vision_config=tiny_siglip(image_size=56, patch_size=14), text_config=TINY_COHERE2,
+                             image_token_index=103, downsample_factor=2, vision_feature_layer=-1)
     torch.manual_seed(0)
     model = AyaVisionForConditionalGeneration(config).eval()
     rng = np.random.default_rng(2)
