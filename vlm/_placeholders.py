@@ -127,6 +127,11 @@ class _GridTokens:
             self._cache[key] = cached
         return cached
 
+    def num_tokens(self, rows: int, cols: int, *detail) -> int:
+        """How many ids `tokens_for` writes: its cached array's length, where a convention has no
+        arithmetic of its own (the tiled ones, whose text between tiles varies)."""
+        return len(self.tokens_for(rows, cols, *detail))
+
     def _build(self, rows: int, cols: int, *detail) -> np.ndarray:
         raise NotImplementedError
 
@@ -569,9 +574,6 @@ class Llama4Placeholders(_GridTokens):
                  "<|tile_y_separator|>")
         return cls(*(lookup_token_id(tokenizer, name) for name in names), merge_size)
 
-    def num_tokens(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> int:
-        return len(self.tokens_for(rows, cols, tiles))
-
     def _build(self, rows: int, cols: int, tiles: tuple[int, int] = (1, 1)) -> np.ndarray:
         """The ids of a stack of rows x cols patches cut as `tiles` (rows, columns)."""
         run = [self.patch] * _tile_cells(rows, cols, tiles, self.merge_size)
@@ -631,14 +633,7 @@ class AyaVisionPlaceholders(_GridTokens):
     def check_spec(self, spec) -> None:
         """Refuse pictures of another sizing than InternVL's tiles with their thumbnail (the last
         tile is written as the global one), or of more tiles than it has names for."""
-        if spec.fit != "tiles" or not spec.thumbnail or spec.tiles[1] > len(self.tile_names):
-            raise ConfigurationError(f"pack_multimodal: AyaVisionPlaceholders writes fit='tiles' pictures with "
-                                     f"their thumbnail, of at most {len(self.tile_names)} tiles "
-                                     f"(ImageSpec.aya_vision()), got fit={spec.fit!r}, tiles={spec.tiles!r}, "
-                                     f"thumbnail={spec.thumbnail!r}")
-
-    def num_tokens(self, rows: int, cols: int) -> int:
-        return len(self.tokens_for(rows, cols))
+        _check_thumbnailed_tiles(self, spec, "ImageSpec.aya_vision()", len(self.tile_names))
 
     def _build(self, rows: int, cols: int) -> np.ndarray:
         """The ids of a stack of rows x cols patches: its square tiles, the last the thumbnail."""
@@ -682,18 +677,22 @@ class Cohere2VisionPlaceholders(_GridTokens):
 
     def check_spec(self, spec) -> None:
         """Refuse pictures of another sizing than tiles with their thumbnail."""
-        if spec.fit != "tiles" or not spec.thumbnail:
-            raise ConfigurationError(f"pack_multimodal: Cohere2VisionPlaceholders writes fit='tiles' pictures with "
-                                     f"their thumbnail (ImageSpec.command_a_vision()), got fit={spec.fit!r}, "
-                                     f"thumbnail={spec.thumbnail!r}")
-
-    def num_tokens(self, rows: int, cols: int) -> int:
-        return len(self.tokens_for(rows, cols))
+        _check_thumbnailed_tiles(self, spec, "ImageSpec.command_a_vision()")
 
     def _build(self, rows: int, cols: int) -> np.ndarray:
         """The ids of a stack of rows x cols patches: its square tiles, the last the thumbnail."""
         run = [*[self.image] * _square_tile_cells(rows, cols, self.merge_size), self.line_break]
         return np.array([self.boi, *run * (rows // cols), self.eoi], dtype=np.int32)
+
+
+def _check_thumbnailed_tiles(convention, spec, preset: str, most: int | None = None) -> None:
+    """Refuse a spec whose pictures are not `fit="tiles"` tiles with their thumbnail (which a
+    convention writing the last tile as the global one needs), or, given `most`, of more tiles."""
+    if spec.fit != "tiles" or not spec.thumbnail or (most is not None and spec.tiles[1] > most):
+        within = "" if most is None else f", of at most {most} tiles"
+        raise ConfigurationError(f"pack_multimodal: {type(convention).__name__} writes fit='tiles' pictures with "
+                                 f"their thumbnail{within} ({preset}), got fit={spec.fit!r}, tiles={spec.tiles!r}, "
+                                 f"thumbnail={spec.thumbnail!r}")
 
 
 def _square_tile_cells(rows: int, cols: int, merge: int) -> int:
