@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_names
+from zephon._loss_mask import LOSS_MASK_FIELD
 from zephon._markers import OFFSETS_FIELD
 
 from ._frame_text import FrameText
@@ -90,6 +91,7 @@ def pack_multimodal(
     mrope: bool = False,
     mrope_tokens_per_second: float | None = None,
     frame_text: FrameText | None = None,
+    loss_mask_field: str = LOSS_MASK_FIELD,
 ):
     """Append a `PackMultimodal` accumulator, bound to the stages before it
     (`PackMultimodal.bound_to`, which the loader calls again for a packer given to
@@ -108,11 +110,13 @@ def pack_multimodal(
     `mrope_tokens_per_second` (Qwen2.5-VL's `vision_config.tokens_per_second`) then spaces each
     video's temporal positions by the seconds its temporal patches span, as Qwen2.5-VL does.
     Where a video's frames are images (every other convention), `frame_text` (`FrameText`) writes
-    the text the model's processor puts around them: InternVL's frame numbers, SmolVLM2's times."""
+    the text the model's processor puts around them: InternVL's frame numbers, SmolVLM2's times.
+    A record holding `loss_mask_field` (one bool per text id: `tokenize(prompt_field=...)` writes
+    it) trains only on the text it marks True, as `pack_flat` does."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,
-        mrope_tokens_per_second=mrope_tokens_per_second, frame_text=frame_text,
+        mrope_tokens_per_second=mrope_tokens_per_second, frame_text=frame_text, loss_mask_field=loss_mask_field,
     )
     # Refused now, as the pipeline is built; the loader binds it again, as it binds a packer applied.
     return pipeline.apply(packer.bound_to(pipeline.record_operators()))

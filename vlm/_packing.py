@@ -20,12 +20,14 @@ so the text token would be taken for a slot of an image that is not there. A rec
 text field is skipped ("missing_text"), one whose ids from the data are no flat list of token ids
 ("not_tokens"), and one with neither text nor images ("empty_document"); images alone are a
 document. One whose text's `<image>` markers (`tokenize(marker=...)`) are not as many as its
-images is skipped ("marker_count_mismatch").
+images is skipped ("marker_count_mismatch"), one whose loss mask is not one flag per text id
+("bad_loss_mask").
 
 Assembly (`assemble_row`, stateless): a few numpy copies per row. A row carries
 - tokens: `input_ids`; `labels` — at position i the token to predict next: the next token of the
-  same document if that token is text, IGNORE_INDEX if it is an image placeholder, at a
-  document's last token and on padding (the shifted form of "labels = -100 on image tokens");
+  same document if that token is text, IGNORE_INDEX if it is an image placeholder, a text token
+  the record's loss mask leaves out (`tokenize(prompt_field=...)`), at a document's last token
+  and on padding (the shifted form of "labels = -100 on image tokens");
   `position_ids` restarting at 0 for each document; `document_ids` 0, 1, … per document,
   PADDING_DOCUMENT on padding;
 - ragged: `pixel_values` (num_patches, patch_dim) — every image's patches concatenated in image
@@ -66,6 +68,7 @@ from zephon._errors import ConfigurationError, check_count, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._fingerprint import stable_description
+from zephon._loss_mask import LOSS_MASK_FIELD, loss_mask_detail, targets_of
 from zephon._markers import OFFSETS_FIELD, MarkerOffsets
 from zephon._packing import RefusedRecords, no_tokens_detail, token_ids
 from zephon._records import RecordAddress
@@ -152,6 +155,9 @@ class PlacedDocument:
     frames_as_images: bool = False
     """Whether its images are a video's frames, each taken as an image (no video layout): the
     placeholders may write them with a pad of their own (`PadPlaceholders.frame_pad`)."""
+    targets: np.ndarray | None = None
+    """The ids its text's positions learn, `text` with IGNORE_INDEX where the record's loss mask
+    leaves a token out (`zephon._loss_mask`); None: the text itself."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -365,10 +371,11 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
     item_offsets = []  # every image's and video's first placeholder, in row order (M-RoPE)
     for number, doc in enumerate(plan.documents):
         start, cut, text = at, 0, doc.text
+        targets = text if doc.targets is None else doc.targets
         learns = None if number in masked else labels
         for index, (image, (rows, cols), offset) in enumerate(zip(doc.images, doc.grids, doc.offsets)):
             if offset > cut:
-                at = _write_text(text[cut:offset], at, start, input_ids, learns)
+                at = _write_text(text[cut:offset], targets[cut:offset], at, start, input_ids, learns)
             cut = offset
             item_offsets.append(at)
             if doc.is_video(index):
@@ -399,7 +406,7 @@ def _fill_row(plan: RowPlan, row: dict[str, np.ndarray], ragged: dict[str, np.nd
             if doc.framing:
                 at = _write_ids(doc.framing[index][1], at, input_ids)
         if len(text) > cut:
-            at = _write_text(text[cut:], at, start, input_ids, learns)
+            at = _write_text(text[cut:], targets[cut:], at, start, input_ids, learns)
         position_ids[start:at] = positions[: at - start]
         document_ids[start:at] = number
     if plan.mrope:
@@ -414,18 +421,20 @@ def _write_ids(ids: np.ndarray, at: int, input_ids: np.ndarray) -> int:
     return at + len(ids)
 
 
-def _write_text(run: np.ndarray, at: int, start: int, input_ids: np.ndarray, labels: np.ndarray | None) -> int:
+def _write_text(run: np.ndarray, learned: np.ndarray, at: int, start: int, input_ids: np.ndarray,
+                labels: np.ndarray | None) -> int:
     """Write a document's text run at row position `at` (the document starts at `start`) and,
-    unless `labels` is None (a masked document), its tokens as the labels of the positions before
-    them: all of them, or all but the first where the run opens the document. Returns the
-    position after the run."""
+    unless `labels` is None (a masked document), its targets (`learned`: the run, IGNORE_INDEX
+    where its loss mask leaves a token out) as the labels of the positions before them: all of
+    them, or all but the first where the run opens the document. Returns the position after the
+    run."""
     end = at + len(run)
     input_ids[at:end] = run
     if labels is not None:
         if at > start:
-            labels[at - 1 : end - 1] = run
+            labels[at - 1 : end - 1] = learned
         else:
-            labels[at : end - 1] = run[1:]
+            labels[at : end - 1] = learned[1:]
     return end
 
 
@@ -489,6 +498,7 @@ class MultimodalPacker:
         patch_dim: int | None = None,
         patch_dtype: Any = None,
         assemble: bool = True,
+        loss_mask_field: str = LOSS_MASK_FIELD,
         mrope: bool = False,
         mrope_tokens_per_second: float | None = None,
         frame_text: FrameText | None = None,
@@ -506,6 +516,7 @@ class MultimodalPacker:
         self.image_position = image_position
         self.text_field, self.pixels_field = text_field, pixels_field
         self.grid_field, self.offsets_field = grid_field, offsets_field
+        self.loss_mask_field = loss_mask_field
         self.max_open_rows = max_open_rows
         self.patch_dim = spec.patch_dim if patch_dim is None else int(patch_dim)
         self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
@@ -568,6 +579,10 @@ class MultimodalPacker:
             # split_special_tokens, or an added token that is not special), or ids from the data.
             self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
             return None
+        targets = targets_of(text, record.get(self.loss_mask_field))
+        if isinstance(targets, str):
+            self._skips.append((address, targets, loss_mask_detail(self.loss_mask_field, self.text_field, record)))
+            return None
         pixels = record.get(self.pixels_field)
         images = _as_images(pixels, self._video_layout)
         video_frames = None if self._video_layout or not _is_video_frames(pixels) else len(pixels)
@@ -620,9 +635,10 @@ class MultimodalPacker:
             self._truncations.append((address, len(text) - room))
             # A copy: a view kept the whole text alive as long as the row waited (a shuffle buffer).
             text = text[:room].copy()
+            targets = None if targets is None else targets[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times, sizes, details, framing, video_frames is not None)
+                              times, sizes, details, framing, video_frames is not None, targets)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -1101,13 +1117,14 @@ class PackMultimodal:
     mrope: bool = False
     mrope_tokens_per_second: float | None = None
     frame_text: FrameText | None = None
+    loss_mask_field: str = LOSS_MASK_FIELD
     name: str = "pack_multimodal"
     kind = "accumulator"
 
     def __post_init__(self) -> None:
         # As pack_flat and tokenize check theirs: a field of None or 3 is read from no record, so
         # every document was skipped (`field`) or packed without its images (`pixels_field`), unsaid.
-        for name in ("field", "pixels_field", "grid_field", "offsets_field"):
+        for name in ("field", "pixels_field", "grid_field", "offsets_field", "loss_mask_field"):
             value = getattr(self, name)
             if value is None and name in _UNSET_UNTIL_BOUND:
                 continue
@@ -1153,7 +1170,7 @@ class PackMultimodal:
                 grid_field=settled.grid_field, offsets_field=settled.offsets_field,
                 max_open_rows=settled.max_open_rows, patch_dim=settled.patch_dim, patch_dtype=settled.patch_dtype,
                 assemble=False, mrope=settled.mrope, mrope_tokens_per_second=settled.mrope_tokens_per_second,
-                frame_text=settled.frame_text,
+                frame_text=settled.frame_text, loss_mask_field=settled.loss_mask_field,
             )
 
         return make
@@ -1236,5 +1253,7 @@ class PackMultimodal:
             out["mrope_tokens_per_second"] = settled.mrope_tokens_per_second
         if settled.frame_text is not None:  # likewise
             out["frame_text"] = _describe(settled.frame_text)
+        if settled.loss_mask_field != LOSS_MASK_FIELD:  # likewise
+            out["loss_mask_field"] = settled.loss_mask_field
         return json.loads(json.dumps(out, default=str))
 

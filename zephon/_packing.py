@@ -10,12 +10,13 @@ The accumulator decides which document pieces go into which row and emits that d
   `max_open_rows` rows stay open; the oldest is emitted (padded) when one more is needed.
 
 Every row carries `input_ids`, `labels` (the next token of the same document, IGNORE_INDEX at a
-document's end and on padding), `position_ids` (restarting at each document piece) and
+document's end, before a token its loss mask leaves out (`_loss_mask`) and on padding), `position_ids` (restarting at each document piece) and
 `document_ids` (0, 1, … per piece in the row, PADDING_DOCUMENT on padding).
 
 A record whose field holds no tokens to pack is refused and reported by `drain_skips()`:
 `missing_field`, `not_tokens` (not a flat sequence of integer ids in [0, 2**31)) or
-`empty_document` (no ids), with what the field held (`no_tokens_detail`). Without a tokenizer the
+`empty_document` (no ids), with what the field held (`no_tokens_detail`); so is one whose loss
+mask is not one flag per id (`bad_loss_mask`). Without a tokenizer the
 ids come from the data as it is stored.
 """
 
@@ -32,6 +33,7 @@ from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_token_id
 from ._field_names import fields_it_has
 from ._first_fit import FirstFitRows
+from ._loss_mask import LOSS_MASK_FIELD, loss_mask_detail, targets_of
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
@@ -50,6 +52,9 @@ class Piece(NamedTuple):
     start: int
     stop: int
     address: RecordAddress
+    targets: np.ndarray | None = None
+    """The ids its positions learn, IGNORE_INDEX where the document's loss mask leaves a token
+    out (`_loss_mask`); None: the tokens themselves."""
 
     @property
     def length(self) -> int:
@@ -136,7 +141,8 @@ def _what_it_holds(value: object) -> str:
     return "a bool among its ids"
 
 
-def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress) -> Piece:
+def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress,
+               targets: np.ndarray | None = None) -> Piece:
     """Tokens [start, stop) of a document longer than a row, as a piece holding a copy of them
     and of the token after them (its last position's label), not a view of the document.
 
@@ -144,8 +150,25 @@ def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress
     keeps a row or two of many documents, and held every one of them whole (documents of 20 rows
     through a 64-row buffer: 3x the tokens of the rows it held), beyond the memory budget's one
     document per lane. Only such documents are copied, once each (a memcpy per token, against
-    microseconds to tokenize it); a shorter one is referenced by at most two rows."""
-    return Piece(tokens[start : stop + 1].copy(), 0, stop - start, address)
+    microseconds to tokenize it); a shorter one is referenced by at most two rows. Its targets,
+    where it has its own, are copied alike."""
+    own = None if targets is None else targets[start : stop + 1].copy()
+    return Piece(tokens[start : stop + 1].copy(), 0, stop - start, address, own)
+
+
+def read_document(address: RecordAddress, record: dict, field: str, loss_mask_field: str,
+                  skips: list) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A record's (ids, targets) as a flat packer places them (targets None: the ids, every token
+    learned), or None where it is refused, its (address, reason, detail) appended to `skips`."""
+    tokens = token_ids(record.get(field))
+    if isinstance(tokens, str):
+        skips.append((address, tokens, no_tokens_detail(tokens, field, record)))
+        return None
+    targets = targets_of(tokens, record.get(loss_mask_field))
+    if isinstance(targets, str):
+        skips.append((address, targets, loss_mask_detail(loss_mask_field, field, record)))
+        return None
+    return tokens, targets
 
 
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
@@ -188,7 +211,7 @@ class FlatRowPlan:
         Summed here, per row, rather than listed per piece: the ledger then updates its counts
         once per dataset, not once per piece (on the loader's thread, for every row)."""
         out: dict[str, int] = {}
-        for _, start, stop, address in self.pieces:
+        for _, start, stop, address, _ in self.pieces:
             out[address.dataset] = out.get(address.dataset, 0) + stop - start
         return out
 
@@ -224,10 +247,11 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
     for i, pieces in enumerate(rows):
         row_ids, row_labels, row_positions, row_documents = input_ids[i], labels[i], position_ids[i], document_ids[i]
         at = 0
-        for doc, (tokens, start, stop, _) in enumerate(pieces):
+        for doc, (tokens, start, stop, _, targets) in enumerate(pieces):
             end = at + stop - start
             row_ids[at:end] = tokens[start:stop]
-            following = tokens[start + 1 : stop + 1]  # one shorter at the document's end
+            # One shorter at the document's end.
+            following = (tokens if targets is None else targets)[start + 1 : stop + 1]
             row_labels[at : at + len(following)] = following
             row_positions[at:end] = positions[: stop - start]
             row_documents[at:end] = doc
@@ -239,25 +263,26 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
 class WrapPacker:
     """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
 
-    def __init__(self, max_length: int, pad_id: int, field: str) -> None:
+    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str = LOSS_MASK_FIELD) -> None:
         self.max_length = max_length
         self.pad_id = pad_id
         self.field = field
+        self.loss_mask_field = loss_mask_field
         self._pieces: list[Piece] = []
         self._filled = 0
         self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        tokens = token_ids(record.get(self.field))
-        if isinstance(tokens, str):
-            self._skips.append((address, tokens, no_tokens_detail(tokens, self.field, record)))
+        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        if document is None:
             return []
+        tokens, targets = document
         start, out = 0, []
         cut = _own_piece if len(tokens) > self.max_length else Piece
         while start < len(tokens):
             take = min(len(tokens) - start, self.max_length - self._filled)
-            self._pieces.append(cut(tokens, start, start + take, address))
+            self._pieces.append(cut(tokens, start, start + take, address, targets))
             self._filled += take
             start += take
             if self._filled == self.max_length:
@@ -281,28 +306,30 @@ class WrapPacker:
 class FirstFitPacker:
     """First-fit bin packing that never splits a document shorter than a row. Thread-unsafe."""
 
-    def __init__(self, max_length: int, pad_id: int, field: str, max_open_rows: int) -> None:
+    def __init__(self, max_length: int, pad_id: int, field: str, max_open_rows: int,
+                 loss_mask_field: str = LOSS_MASK_FIELD) -> None:
         self.max_length = max_length
         self.pad_id = pad_id
         self.field = field
+        self.loss_mask_field = loss_mask_field
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
         self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        tokens = token_ids(record.get(self.field))
-        if isinstance(tokens, str):
-            self._skips.append((address, tokens, no_tokens_detail(tokens, self.field, record)))
+        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        if document is None:
             return []
+        tokens, targets = document
         out = []
         start = 0
         cut = _own_piece if len(tokens) > self.max_length else Piece
         while len(tokens) - start > self.max_length:
-            out.append(self._row([cut(tokens, start, start + self.max_length, address)]))
+            out.append(self._row([cut(tokens, start, start + self.max_length, address, targets)]))
             start += self.max_length
         if start < len(tokens):
-            out.extend(self._place(cut(tokens, start, len(tokens), address)))
+            out.extend(self._place(cut(tokens, start, len(tokens), address, targets)))
         return out
 
     def _place(self, piece: Piece) -> list[FlatRowPlan]:
@@ -344,6 +371,7 @@ class PackFlatOp:
     pad_id: int | None = None
     field: str = "input_ids"
     max_open_rows: int = 16
+    loss_mask_field: str = LOSS_MASK_FIELD
     name: str = "pack_flat"
     kind = "accumulator"
     carries_media = False  # token ids alone: the loader refuses operators declaring `media_fields`
@@ -355,8 +383,13 @@ class PackFlatOp:
         object.__setattr__(self, "max_open_rows", check_count(self.max_open_rows, "pack_flat: max_open_rows"))
         # As tokenize checks its fields: None (or a tuple) read no field of any record, so every
         # record was skipped as missing_field, and the loader's check of the field let None by.
-        if not isinstance(self.field, str) or not self.field:
-            raise ConfigurationError(f"pack_flat: field must be a record field's name (a non-empty str), got {self.field!r}")
+        for name in ("field", "loss_mask_field"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(f"pack_flat: {name} must be a record field's name (a non-empty str), got {value!r}")
+        if self.loss_mask_field == self.field:
+            raise ConfigurationError(f"pack_flat: loss_mask_field and field are both {self.field!r}; the ids and "
+                                     "their loss mask are two fields")
         if self.pad_id is not None:
             object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_flat: pad_id"))
 
@@ -365,8 +398,8 @@ class PackFlatOp:
 
         def make(ctx: SegmentContext):
             if self.algorithm == "wrap":
-                return WrapPacker(self.max_length, pad, self.field)
-            return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows)
+                return WrapPacker(self.max_length, pad, self.field, self.loss_mask_field)
+            return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows, self.loss_mask_field)
 
         return make
 
@@ -381,22 +414,20 @@ class PackFlatOp:
         The records it refused since the last call come from its `drain_skips()`, with what each
         held, as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused
         naming `not_tokens` and what the first record held, where it said only that it yielded no token."""
-        field = self.field
+        field, loss_mask_field = self.field, self.loss_mask_field
         refused = RefusedRecords()
 
         def count(address: RecordAddress, record: dict) -> int:
-            ids = token_ids(record.get(field))
-            if isinstance(ids, str):
-                refused.append((address, ids, no_tokens_detail(ids, field, record)))
-                return 0
-            return len(ids)
+            document = read_document(address, record, field, loss_mask_field, refused)
+            return 0 if document is None else len(document[0])
 
         count.drain_skips = refused.drain
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
         """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open,
-        and a setting it ignores must not refuse a resume."""
+        and a setting it ignores must not refuse a resume; `loss_mask_field` only where it is not
+        the default, so the recipes that never set it keep the digests their checkpoints hold."""
         return {
             "op": self.name,
             "max_length": self.max_length,
@@ -404,4 +435,5 @@ class PackFlatOp:
             "pad_id": self.pad_id if self.pad_id is not None else default_pad_id,
             "field": self.field,
             **({"max_open_rows": self.max_open_rows} if self.algorithm == "first_fit" else {}),
+            **({"loss_mask_field": self.loss_mask_field} if self.loss_mask_field != LOSS_MASK_FIELD else {}),
         }

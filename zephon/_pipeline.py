@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count
+from ._loss_mask import LOSS_MASK_FIELD, check_prompt
 from ._markers import OFFSETS_FIELD, check_marker
 from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
@@ -142,6 +143,8 @@ class Pipeline:
         split_special_tokens: bool = SPLIT_SPECIAL_TOKENS,
         marker: str | None = None,
         offsets_field: str = OFFSETS_FIELD,
+        prompt_field: str | None = None,
+        loss_mask_field: str = LOSS_MASK_FIELD,
     ) -> Pipeline:
         """Append the tokenizer: `record[field]` (a str) becomes `record[output_field]`, int32 ids,
         with `bos`/`eos` (token strings) around them.
@@ -160,6 +163,15 @@ class Pipeline:
         there as `marker_count_mismatch`. The pieces are tokenized apart, so ids at a marker's seam
         can differ from those of the whole text (` dog<image>.` is ` dog` and `.`, never one
         token), as in LLaVA's own `tokenizer_image_token`.
+
+        `prompt_field` (None: off) names a text the document is conditioned on and not trained on
+        (a question, PaliGemma's task prefix): the ids are BOS, the prompt's, the text's, EOS, and
+        `record[loss_mask_field]` is one bool per id, False over BOS and the prompt, which the
+        packers read (a label of IGNORE_INDEX before each such token). The two texts are encoded
+        apart, as a processor encodes a prompt and its answer, so put the space or newline between
+        them in the prompt. A marker may stand in either; its offset counts the prompt's ids. A
+        record whose prompt is missing or not a str is skipped (`missing_field`, `not_text`); an
+        empty prompt trains on the whole text.
         """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
@@ -171,12 +183,13 @@ class Pipeline:
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
         check_marker(marker, offsets_field, field, output_field)
+        check_prompt(prompt_field, loss_mask_field, (field, output_field, *((offsets_field,) if marker else ())))
         for name, token in (("bos", bos), ("eos", eos)):
             if token is not None and not isinstance(token, str):  # an id (bos=1) failed as a bare TypeError
                 raise ConfigurationError(f"tokenize: {name} must be a token's string or None, got {token!r}")
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
-            split_special_tokens, marker, offsets_field,
+            split_special_tokens, marker, offsets_field, prompt_field, loss_mask_field,
         )
         handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
         handle.token_id(bos)
@@ -191,13 +204,19 @@ class Pipeline:
         pad_id: int | None = None,
         field: str = "input_ids",
         max_open_rows: int = 16,
+        loss_mask_field: str = LOSS_MASK_FIELD,
     ) -> Pipeline:
         """Append the text packer: "wrap" cuts documents at every max_length tokens, "first_fit"
         places each whole document in the first open row with room (at most `max_open_rows` open;
         wrap keeps one and ignores it); a document longer than a row is first cut into max_length
         pieces that each fill a row alone, the rest placed first-fit. A record whose `field` is
-        absent, not token ids, or empty is skipped (`missing_field`, `not_tokens`, `empty_document`)."""
-        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows))
+        absent, not token ids, or empty is skipped (`missing_field`, `not_tokens`, `empty_document`).
+
+        A record that holds `loss_mask_field` (one bool, or 0/1, per id: what `tokenize(prompt_field=)`
+        writes) trains only on the tokens it marks True: the label before every other token is
+        IGNORE_INDEX. One that does not trains on every token; one whose mask is not one flag per
+        id is skipped (`bad_loss_mask`)."""
+        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
         """Append a seeded shuffle buffer of `buffer_size` rows per lane segment.

@@ -18,6 +18,7 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._field_names import fields_it_has
 from ._fingerprint import _describe_callable, _fingerprint_callable
+from ._loss_mask import LOSS_MASK_FIELD
 from ._markers import OFFSETS_FIELD, MarkerOffsets, encode_at_markers
 from ._records import ChunkRecords
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer, tokenizers_pool_is_off
@@ -167,6 +168,9 @@ class TokenizeOp(RecordOperator):
     With a `marker` (LLaVA's `<image>`) the text is split at each marker, which is dropped, and
     the offset of each among the ids (BOS counted) is written to `offsets_field` as a
     `MarkerOffsets`, empty for a text without one (`_markers`).
+
+    With a `prompt_field`, that field's text is encoded apart and its ids go between BOS and the
+    text's; `loss_mask_field` gets one bool per id, False over BOS and the prompt (`_loss_mask`).
     """
 
     tokenizer_id: str
@@ -179,6 +183,8 @@ class TokenizeOp(RecordOperator):
     split_special_tokens: bool = SPLIT_SPECIAL_TOKENS
     marker: str | None = None
     offsets_field: str = OFFSETS_FIELD
+    prompt_field: str | None = None
+    loss_mask_field: str = LOSS_MASK_FIELD
     name: str = "tokenize"
 
     def handle(self) -> TokenizerHandle:
@@ -208,41 +214,59 @@ class TokenizeOp(RecordOperator):
         if marker is not None:  # the pieces between markers of a call's texts, in that one call
             encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
         shift = len(prefix)
+        prompt_field, loss_mask_field = self.prompt_field, self.loss_mask_field
 
-        def tokens_of(encoding) -> tuple[np.ndarray, MarkerOffsets | None]:
+        def tokens_of(encoding, prompt=None) -> tuple[np.ndarray, MarkerOffsets | None, np.ndarray | None]:
             # `ids` is a new list at every access, so BOS/EOS go into it in place, and
             # `fromiter` with a count fills the array in one pass: 3.14t, text race corpus,
             # 39-41 -> 31 ns per token against two list concatenations and `np.array`.
             ids = encoding.ids
             ids += suffix
-            ids[:0] = prefix
+            lead = shift  # BOS and the prompt's ids: not learned
+            if prompt is None:
+                ids[:0] = prefix
+            else:
+                head = prompt.ids
+                lead += len(head)
+                ids[:0] = prefix + head
             tokens = np.fromiter(ids, dtype=np.int32, count=len(ids))
+            mask = None if prompt is None else np.arange(len(ids)) >= lead
             if marker is None:
-                return tokens, None
-            return tokens, MarkerOffsets([at + shift for at in encoding.offsets], marker)
+                return tokens, None, mask
+            before = [] if prompt is None else [shift + at for at in prompt.offsets]
+            return tokens, MarkerOffsets(before + [at + lead for at in encoding.offsets], marker), mask
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
-            reasons = [_text_problem(record.get(field_name)) for record in batch.records]
+            records = batch.records
+            reasons = [_text_problem(record.get(field_name)) for record in records]
+            if prompt_field is not None:
+                reasons = [reason or _prompt_problem(r.get(prompt_field)) for r, reason in zip(records, reasons)]
             calls = _characters_per_call()
             try:
-                encoded = _encode(encode_batch, tokens_of, calls, batch.records, field_name, reasons)
+                encoded = _encode(encode_batch, tokens_of, calls, records, field_name, reasons, prompt_field)
             except TypeError:
                 # tokenizers refuses the whole batch (a bare TypeError) for one str without a UTF-8
                 # form: a lone surrogate, which a JSON `\ud800` escape makes. Only then is each text
                 # checked, so the usual batch pays nothing; such a record is `invalid_utf8`.
-                reasons = [reason or _unencodable(r[field_name]) for r, reason in zip(batch.records, reasons)]
-                encoded = _encode(encode_batch, tokens_of, calls, batch.records, field_name, reasons)
+                reasons = [reason or _unencodable(r[field_name]) or (prompt_field and _unencodable(r[prompt_field]))
+                           or None for r, reason in zip(records, reasons)]
+                encoded = _encode(encode_batch, tokens_of, calls, records, field_name, reasons, prompt_field)
+            detail = functools.partial(_tokenize_detail, field_name, prompt_field)
             if on_error == "raise":
-                for reason, address, record in zip(reasons, batch.addresses, batch.records):
+                for reason, address, record in zip(reasons, batch.addresses, records):
                     if reason is not None:
-                        raise BadRecordError(address, reason, _field_detail(field_name, reason, record))
-            batch.skip(reasons, functools.partial(_field_detail, field_name))
-            for record, (tokens, offsets) in zip(batch.records, encoded):
+                        raise BadRecordError(address, reason, detail(reason, record))
+            batch.skip(reasons, detail)
+            for record, (tokens, offsets, mask) in zip(batch.records, encoded):  # the records kept
                 record[out_field] = tokens
                 if not keep_field:
                     record.pop(field_name, None)
                 if offsets is not None:
                     record[offsets_field] = offsets
+                if mask is not None:
+                    record[loss_mask_field] = mask
+                    if not self.keep_field:
+                        record.pop(prompt_field, None)
             return batch
 
         return tokenize
@@ -252,7 +276,7 @@ class TokenizeOp(RecordOperator):
         leaves may be read by a later map or filter, which then keeps other records (a resume that
         flipped it was accepted); left at its default it adds nothing, so the recipes that never set
         it keep the digests their checkpoints hold; `marker` and `offsets_field` likewise only with
-        a marker."""
+        a marker, `prompt_field` and `loss_mask_field` only with a prompt."""
         return {
             "op": self.name,
             "tokenizer": self.handle().digest,
@@ -263,6 +287,8 @@ class TokenizeOp(RecordOperator):
             "split_special_tokens": self.split_special_tokens,
             **({"keep_field": True} if self.keep_field else {}),
             **({"marker": self.marker, "offsets_field": self.offsets_field} if self.marker is not None else {}),
+            **({"prompt_field": self.prompt_field, "loss_mask_field": self.loss_mask_field}
+               if self.prompt_field is not None else {}),
         }
 
 
@@ -286,14 +312,20 @@ def _characters_per_call() -> int | None:
 
 
 def _encode(encode_batch, tokens_of, per_call: int | None, records: list[dict], field_name: str,
-            reasons: list[str | None]) -> list:
+            reasons: list[str | None], prompt_field: str | None = None) -> list:
     """`tokens_of` each encoding of the records' texts that have no reason to be skipped, in
     order, the texts encoded in consecutive runs of at most `per_call` characters or of one text
     (None: all at once). Each run's encodings are dropped before the next run is encoded, and
     nothing is written into a record until every text is: a TypeError (a text tokenizers
-    refuses) leaves the records as they were."""
-    texts = [record[field_name] for record, reason in zip(records, reasons) if reason is None]
-    return [tokens_of(encoding) for run in _runs(texts, per_call)
+    refuses) leaves the records as they were. With a `prompt_field`, the prompts are encoded
+    first, the same way, and each is handed to `tokens_of` with its text's encoding."""
+    kept = [record for record, reason in zip(records, reasons) if reason is None]
+    prompts = None
+    if prompt_field is not None:
+        prompts = iter([encoding for run in _runs([record[prompt_field] for record in kept], per_call)
+                        for encoding in encode_batch(run, add_special_tokens=False)])
+    return [tokens_of(encoding) if prompts is None else tokens_of(encoding, next(prompts))
+            for run in _runs([record[field_name] for record in kept], per_call)
             for encoding in encode_batch(run, add_special_tokens=False)]
 
 
@@ -310,6 +342,21 @@ def _runs(texts: list[str], characters: int | None) -> list[list[str]]:
         held += len(text)
     runs.append(run)
     return runs
+
+
+def _prompt_problem(value) -> str | None:
+    """Why a prompt cannot be tokenized, or None: an empty prompt conditions on nothing, but is one."""
+    if value is None:
+        return "missing_field"
+    return None if isinstance(value, str) else "not_text"
+
+
+def _tokenize_detail(field_name: str, prompt_field: str | None, reason: str, record: dict) -> str:
+    """`_field_detail` of the field a record was refused for: its text's, else its prompt's."""
+    text = record.get(field_name)
+    if prompt_field is None or (_text_problem(text) or _unencodable(text)) == reason:
+        return _field_detail(field_name, reason, record)
+    return _field_detail(prompt_field, reason, record)
 
 
 def _field_detail(field_name: str, reason: str, record: dict) -> str:
