@@ -1,0 +1,119 @@
+"""Image-grounded questions trained on their answers: `tokenize(marker=..., prompt_field=...)` then
+`pack_multimodal` learns the answer's tokens only, never the question's nor an image's, wherever
+the images stand, a caption cut to fit included (zephon/_loss_mask.py, vlm/_packing.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.unit.test_vlm_assets import encode, gradient, package_dir
+from tests.unit.test_vlm_packing import P, PAD, PIXTRAL, address, packer, picture, run, text
+from vlm import ImageSpec, PixtralPlaceholders
+from zephon import IGNORE_INDEX, Pipeline
+from zephon._tokenizer import load_tokenizer
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+TOKENIZER = str(package_dir("zephon") / "data" / "tokenizer.json")
+PLACEHOLDERS = PixtralPlaceholders(3, 4, 5)
+
+
+def learned_labels(ids: list[int], mask: list[bool]) -> list[int]:
+    """A document's text's labels as written from the definition: the next text id where the mask
+    keeps it; the last id learns nothing."""
+    return [ids[k + 1] if k + 1 < len(ids) and mask[k + 1] else IGNORE_INDEX for k in range(len(ids))]
+
+
+@pytest.mark.parametrize("image_position", ["before_text", "after_bos"])
+def test_the_answer_alone_is_learned_around_an_image(image_position):
+    ids, mask = text(9), np.array([False] * 4 + [True] * 5)
+    [row] = run(packer(40, image_position=image_position),
+                [{"input_ids": ids, "loss_mask": mask, "pixels": picture(1, 2, seed=1)}])
+    tokens = row.tokens["input_ids"].tolist()
+    labels = row.tokens["labels"].tolist()
+    placeholder = len(PIXTRAL.tokens_for(1, 2))
+    first = 0 if image_position == "before_text" else 1  # where the image's placeholders start
+    text_positions = [j for j in range(placeholder + 9) if not first <= j < first + placeholder]
+    assert [tokens[j] for j in text_positions] == ids.tolist()
+    learned = [labels[j] for j in range(placeholder + 9) if labels[j] != IGNORE_INDEX]
+    assert learned == ids[4:].tolist(), "the answer's ids and nothing else, the first one included"
+    # The position before each text token learns it only where the mask keeps it.
+    for k, j in enumerate(text_positions):
+        if j > 0:
+            assert labels[j - 1] == (ids[k] if mask[k] else IGNORE_INDEX), (k, j)
+
+
+def test_a_caption_cut_to_fit_keeps_its_mask_aligned():
+    ids = text(30)
+    mask = np.arange(30) % 3 != 0
+    pack = packer(16)
+    [row] = run(pack, [{"input_ids": ids, "loss_mask": mask, "pixels": picture(1, 1, seed=2)}])
+    placeholder = len(PIXTRAL.tokens_for(1, 1))
+    kept = 16 - placeholder
+    assert pack.drain_truncations() == [(address(0), 30 - kept)]
+    labels = row.tokens["labels"].tolist()
+    assert labels[placeholder - 1 :] == [ids[0] if mask[0] else IGNORE_INDEX] + \
+        learned_labels(ids[:kept].tolist(), mask[:kept].tolist())
+
+
+def test_a_bad_mask_is_skipped_by_name():
+    pack = packer(32)
+    assert run(pack, [{"input_ids": text(4), "loss_mask": [1, 0, 1], "pixels": picture(1, 1, seed=3)}]) == []
+    [(skipped, reason, describe)] = pack.drain_skips()
+    assert (skipped, reason) == (address(0), "bad_loss_mask")
+    assert describe() == "'loss_mask' holds 3 flags for the 4 ids of 'input_ids'"
+
+
+def write_corpus(root: Path) -> Path:
+    """`root/vqa/part-00N.jsonl`: {"image": [paths], "prompt": a question with `<image>`, "text": its answer}."""
+    corpus = root / "vqa"
+    (corpus / "images").mkdir(parents=True)
+    for shard in range(2):
+        lines = []
+        for i in range(6):
+            k = shard * 6 + i
+            name = f"images/k{k:02d}.png"
+            (corpus / name).write_bytes(encode(gradient(20 + 7 * (k % 5), 40 - 3 * (k % 4)), "PNG"))
+            prompt = f"<image>\nWhat is in picture {k}?\n" if k % 2 else f"Picture {k}: <image> Describe it.\n"
+            lines.append(json.dumps({"image": [name], "prompt": prompt, "text": f"A gradient, number {k} of twelve."}))
+        (corpus / f"part-{shard:03d}.jsonl").write_text("".join(line + "\n" for line in lines))
+    return corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("vqa"))
+
+
+def pipeline(corpus: Path, runner: str) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("vqa", str(corpus))], seed=5, records_per_chunk=3,
+                                     num_epochs=1)
+    return (Pipeline(source).options(num_lanes=2, runner=runner)
+            .decode_images(field="image", spec=ImageSpec(max_pixels=48 * 48), paths=True, parallelism=2)
+            .tokenize(TOKENIZER, field="text", bos="<|bos|>", eos="<|eos|>", marker="<image>", prompt_field="prompt",
+                      parallelism=2)
+            .pack_multimodal(160, PLACEHOLDERS)
+            .batch(2))
+
+
+def test_an_epoch_learns_every_answer_and_no_question_on_every_runner(corpus):
+    encoder = load_tokenizer(TOKENIZER).tokenizer
+    answers = []
+    for shard in sorted(corpus.glob("*.jsonl")):
+        for line in shard.read_text().splitlines():
+            answers += encoder.encode(json.loads(line)["text"], add_special_tokens=False).ids + [1]
+    digests = {}
+    for runner in ("inline", "thread", "process"):
+        learned, digests[runner] = [], []
+        with pipeline(corpus, runner).shard(0, 1) as loader:
+            for batch in loader:
+                digests[runner].append(batch.digest())
+                arrays = batch.to_numpy()
+                learned += arrays["labels"][arrays["labels"] != IGNORE_INDEX].tolist()
+        assert sorted(learned) == sorted(answers), runner
+    assert digests["thread"] == digests["inline"] == digests["process"]
+    assert len(digests["inline"]) > 1
