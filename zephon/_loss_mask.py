@@ -29,6 +29,8 @@ __all__ = ["LOSS_MASK_FIELD", "check_prompt", "loss_mask_detail", "targets_of"]
 LOSS_MASK_FIELD = "loss_mask"
 """The field `tokenize(prompt_field=...)` writes and packers read by default."""
 
+_IGNORED = np.int32(IGNORE_INDEX)
+
 
 def check_prompt(prompt_field: str | None, loss_mask_field: str, other_fields: tuple[str, ...]) -> None:
     """Refuse, as `tokenize` is called, a prompt or mask field that is no non-empty str, one that
@@ -53,7 +55,7 @@ def check_prompt(prompt_field: str | None, loss_mask_field: str, other_fields: t
 
 def targets_of(tokens: np.ndarray, value: object) -> np.ndarray | None | str:
     """The ids a document's positions learn: None where `value` (its `loss_mask` field) is absent
-    or marks every token (the ids themselves are the targets), else `tokens` with IGNORE_INDEX
+    (the ids themselves are the targets), else `tokens` (int32) with IGNORE_INDEX
     where the mask is False; or `"bad_loss_mask"` where `value` is not one bool (or 0/1) per id.
 
     A bool array (what `tokenize` writes) is taken as it is; a list (a mask stored in the data,
@@ -63,9 +65,9 @@ def targets_of(tokens: np.ndarray, value: object) -> np.ndarray | None | str:
     mask = value if type(value) is np.ndarray and value.dtype == np.bool_ else _as_mask(value)
     if mask is None or mask.shape != tokens.shape:
         return "bad_loss_mask"
-    if mask.all():
-        return None
-    return np.where(mask, tokens, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
+    # One NumPy call: this runs on the loader's thread for every masked document, where each call
+    # costs about a microsecond whatever the length (`benchmarks/test_loss_mask_bench.py`).
+    return np.where(mask, tokens, _IGNORED)
 
 
 def _as_mask(value: object) -> np.ndarray | None:

@@ -10,7 +10,9 @@ settings let it buffer:
 - records:   every lane has at most `prefetch` chunks in flight, each the chunk's raw bytes as read,
              as text and as tokens (plus one read block per reading worker), and the token array
              of the largest document stays alive while rows are cut from it (a row cut from a
-             document longer than a row holds a copy of its piece, not the document);
+             document longer than a row holds a copy of its piece, not the document); with
+             `tokenize(prompt_field=...)` a token also carries its loss-mask flag in flight and
+             its target where a packer holds it;
 - tokenizer: every tokenizing worker may hold the `tokenizers` Encoding of the largest document,
              about TOKENIZER_BYTES_PER_TOKEN per token, while it encodes it;
 - images:    every decoding worker may hold one image at its decoder's output size (JPEG draft
@@ -105,9 +107,12 @@ def memory_budget(
     largest_tokens = int(largest_chunk * tokens_per_byte) + 1
     inline = getattr(settings.runner, "name", settings.runner) == "inline"
     readers = 1 if inline else loader.stages[0].parallelism
+    # A recipe trained on part of each document carries a bool per id beside its ids in flight,
+    # and the document a packer holds carries its targets beside them (`_loss_mask`).
+    masked = any(getattr(op, "prompt_field", None) is not None for op in operators)
     records = (
-        lanes * loader.prefetch * (RECORD_COPIES * largest_chunk + 4 * largest_tokens)
-        + lanes * 4 * largest_tokens
+        lanes * loader.prefetch * (RECORD_COPIES * largest_chunk + (4 + masked) * largest_tokens)
+        + lanes * (8 if masked else 4) * largest_tokens
         + readers * READ_BLOCK_BYTES
     )
     workers = 1 if inline else max((s.parallelism for s in loader.stages), default=1)

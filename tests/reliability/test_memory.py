@@ -75,30 +75,39 @@ def _token_bytes_referenced(rows) -> int:
     owners = {}
     for row in rows:
         for piece in row.pieces:
-            owner = piece.tokens if piece.tokens.base is None else piece.tokens.base
-            owners[id(owner)] = owner.nbytes
+            for array in (piece.tokens, piece.targets):
+                if array is not None:
+                    owner = array if array.base is None else array.base
+                    owners[id(owner)] = owner.nbytes
     return sum(owners.values())
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
 @pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
-def test_rows_of_long_documents_waiting_in_a_shuffle_buffer_keep_only_their_own_tokens(algorithm):
+def test_rows_of_long_documents_waiting_in_a_shuffle_buffer_keep_only_their_own_tokens(algorithm, masked):
     """The budget's `rows` term gives a buffered row its own `max_length` positions and its
     `records` term one document per lane. A row cut from a document longer than a row must not
     keep the whole document alive: a shuffle buffer keeps a row or two of many documents, and
-    referenced by views, every one of those documents stayed whole in memory."""
+    referenced by views, every one of those documents stayed whole in memory. Nor its targets,
+    where a loss mask gives it some."""
     max_length, rows_per_document, buffer_size = 64, 20, 64
     packer = PackFlatOp(max_length, algorithm=algorithm).factory(0)(SegmentContext(0, 0))
     shuffle = ShuffleOp(buffer_size, seed=3).factory(0)(SegmentContext(0, 0))
     for i in range(400):
         tokens = np.full(rows_per_document * max_length + 7, i, dtype=np.int32)
-        for row in packer.push((RecordAddress("d", "s", i), {"input_ids": tokens})):
+        record = {"input_ids": tokens}
+        if masked:
+            record["loss_mask"] = np.arange(len(tokens)) % 2 == 0
+        for row in packer.push((RecordAddress("d", "s", i), record)):
             shuffle.push(row)
-        del tokens  # what the lane holds once the record's chunk is done
+        del tokens, record  # what the lane holds once the record's chunk is done
     buffered = shuffle._items
     assert len(buffered) == buffer_size
-    # A row's pieces: its max_length tokens, and the next token of its last document for its labels.
-    allowed = buffer_size * (max_length + 1) * 4
+    # A row's pieces: its max_length tokens (and targets), and the next token of its last document
+    # for its labels.
+    allowed = buffer_size * (max_length + 1) * 4 * (2 if masked else 1)
     assert _token_bytes_referenced(buffered) <= allowed
+    assert all(piece.targets is not None for row in buffered for piece in row.pieces) == masked
 
 
 def test_rows_cut_from_a_long_document_label_each_last_token_with_the_documents_next_one():

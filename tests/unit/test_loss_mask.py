@@ -173,3 +173,23 @@ def test_the_mask_field_is_fingerprinted_only_where_it_changes_what_is_read(demo
     assert {k: v for k, v in prompted.items() if k not in plain} == {"prompt_field": "prompt", "loss_mask_field": "loss_mask"}
     with pytest.raises(ConfigurationError, match="loss_mask_field and field are both 'input_ids'"):
         PackFlatOp(64, loss_mask_field="input_ids")
+
+
+def test_the_memory_budget_holds_the_mask_in_flight_and_the_targets_held(demo_data_dir, demo_tokenizer_path):
+    """A prompted recipe carries a bool per id in flight and int32 targets beside the document a
+    packer holds: the budget's `records` term grows by 1 and 4 bytes a token of those."""
+    from zephon._memory import _largest_chunk_raw_bytes, memory_budget
+
+    def loader(**options):
+        source = StaticMixtureWorkSource([Dataset.from_path("jargon", str(demo_data_dir / "jargon"))], seed=1,
+                                         records_per_chunk=16)
+        pipeline = (Pipeline(source).options(num_lanes=2).tokenize(str(demo_tokenizer_path), **options)
+                    .pack_flat(64).batch(2))
+        return pipeline.shard(0, 1)
+
+    with loader() as plain, loader(prompt_field="prompt") as prompted:
+        tokens = int(_largest_chunk_raw_bytes(plain.plan)) + 1  # no token estimation: a token a byte at most
+        lanes, prefetch = len(plain.lanes), plain.prefetch
+        assert prompted.prefetch == prefetch
+        grown = memory_budget(prompted).records - memory_budget(plain).records
+    assert grown == lanes * prefetch * tokens + lanes * 4 * tokens
