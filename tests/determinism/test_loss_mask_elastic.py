@@ -8,7 +8,6 @@ import json
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.harness import GLOBAL_BATCH, NUM_LANES, checkpoint_after, step_digests

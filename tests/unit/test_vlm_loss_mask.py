@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.unit.test_vlm_assets import encode, gradient, package_dir
-from tests.unit.test_vlm_packing import P, PAD, PIXTRAL, address, packer, picture, run, text
+from tests.unit.test_vlm_packing import PIXTRAL, address, packer, picture, run, text
 from vlm import ImageSpec, PixtralPlaceholders
 from zephon import IGNORE_INDEX, Pipeline
 from zephon._tokenizer import load_tokenizer
