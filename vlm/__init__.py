@@ -48,6 +48,7 @@ from ._stages import (
 )
 from ._frame_text import FrameText
 from ._gemma3 import gemma3_model_inputs
+from ._paligemma import paligemma_model_inputs
 from ._gemma4 import gemma4_model_inputs
 from ._image_tensors import batch_num_images, image_tensors, video_tensors
 from ._qwen_rows import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, qwen_model_inputs, qwen_pixel_values, qwen_video_pixel_values
@@ -96,6 +97,7 @@ __all__ = [
     "image_tensors",
     "load_rgb",
     "lookup_token_id",
+    "paligemma_model_inputs",
     "patchify",
     "qwen_model_inputs",
     "qwen_pixel_values",

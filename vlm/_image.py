@@ -424,6 +424,13 @@ class ImageSpec:
                       **kwargs})
 
     @classmethod
+    def paligemma(cls, size: int = 224, **kwargs) -> ImageSpec:
+        """PaliGemma's sizing (PaliGemma 1 and 2): every image `size` x `size` (224, 448 or 896, as
+        the checkpoint), resized bicubically as its `SiglipImageProcessor` does, one token per 14
+        px patch (256 at 224 px); pair with `PadPlaceholders.paligemma`."""
+        return cls(**{"patch_size": 14, "fit": "fixed", "size": (size, size), "resample": "bicubic", **kwargs})
+
+    @classmethod
     def internvl(cls, **kwargs) -> ImageSpec:
         """InternVL's dynamic tiling (InternVL 2.5, 3 and 3.5): 448x448 tiles of 14 px patches, 1 to
         12 of them nearest the image's aspect ratio, and a thumbnail, resized bicubically as

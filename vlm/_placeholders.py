@@ -222,6 +222,13 @@ class PadPlaceholders(_GridTokens):
                                   merge_size=4, text_before="\n\n", text_after="\n\n")
 
     @classmethod
+    def paligemma(cls, tokenizer: Any) -> PadPlaceholders:
+        """PaliGemma's convention as its processor writes a picture: one `<image>` per patch, nothing
+        around them (`ImageSpec.paligemma()`); the picture goes before the BOS
+        (`image_position="before_text"`)."""
+        return cls.from_tokenizer(tokenizer, pad="<image>")
+
+    @classmethod
     def gemma4(cls, tokenizer: Any, *, video: bool = False) -> PadPlaceholders:
         """Gemma 4's convention as its processor writes an image: the tokenizer's `boi_token`, one
         `image_token` per soft token (a cell of 3x3 patches: `ImageSpec.gemma4()`), its
