@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.conftest import requires_torch
 from tests.unit.test_vlm_assets import package_dir
-from vlm import ImageSpec, PadPlaceholders, decode_image, image_tensors
+from vlm import ImageSpec, PadPlaceholders, decode_image
 from vlm._packing import MultimodalPacker
 from zephon import IGNORE_INDEX
 from zephon._record_ops import TokenizeOp
