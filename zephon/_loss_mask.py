@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ._errors import ConfigurationError
+from ._field_names import fields_it_has
 from ._sequence import IGNORE_INDEX
 
 __all__ = ["LOSS_MASK_FIELD", "check_prompt", "loss_mask_detail", "targets_of"]
@@ -32,18 +33,28 @@ LOSS_MASK_FIELD = "loss_mask"
 _IGNORED = np.int32(IGNORE_INDEX)
 
 
-def check_prompt(prompt_field: str | None, loss_mask_field: str, other_fields: tuple[str, ...]) -> None:
+def check_prompt(prompt_field: str | None, segments: bool, loss_mask_field: str, other_fields: tuple[str, ...]) -> None:
     """Refuse, as `tokenize` is called, a prompt or mask field that is no non-empty str, one that
-    names a field `tokenize` reads or writes besides (`other_fields`), which it would replace, and
-    a `loss_mask_field` given without a prompt, which nothing would write."""
-    if prompt_field is None:
+    names a field `tokenize` reads or writes besides (`other_fields`), which it would replace, a
+    prompt beside segments, and a `loss_mask_field` given without either, which nothing would write."""
+    if not isinstance(segments, bool):
+        raise ConfigurationError(f"tokenize: segments must be True or False, got {segments!r}")
+    if segments and prompt_field is not None:
+        raise ConfigurationError(
+            "tokenize: prompt_field and segments=True both say what is learned; segments hold the prompt as a "
+            "segment not learned: give one"
+        )
+    if prompt_field is None and not segments:
         if loss_mask_field != LOSS_MASK_FIELD:
             raise ConfigurationError(
-                f"tokenize: loss_mask_field={loss_mask_field!r} is written only with a prompt: give prompt_field= "
-                "(the field holding the text not trained on) or leave loss_mask_field out"
+                f"tokenize: loss_mask_field={loss_mask_field!r} is written only with a prompt or segments: give "
+                "prompt_field= (the field holding the text not trained on) or segments=True, or leave "
+                "loss_mask_field out"
             )
         return
     for name, value in (("prompt_field", prompt_field), ("loss_mask_field", loss_mask_field)):
+        if value is None:  # segments: no prompt field
+            continue
         if not isinstance(value, str) or not value:
             raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
     for name, value in (("prompt_field", prompt_field), ("loss_mask_field", loss_mask_field)):
@@ -100,3 +111,75 @@ def _describe(field: str, ids_field: str, record: dict) -> str:
 def _sample(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- tokenize's side: a document's texts as (text, learned) segments ------------------------------
+
+def prompt_segments(prompt_field: str, field: str) -> Callable[[dict], list[tuple[str, bool]]]:
+    """A record's segments under `tokenize(prompt_field=...)`: its prompt, not learned, then its text."""
+    return lambda record: [(record[prompt_field], False), (record[field], True)]
+
+
+def record_segments(field: str) -> Callable[[dict], list[tuple[str, bool]]]:
+    """A record's segments under `tokenize(segments=True)`: its field's [text, learned] pairs."""
+    return lambda record: [(text, learned) for text, learned in record[field]]
+
+
+def segments_problem(value: object) -> str | None:
+    """Why `value` is no document of segments, or None: `missing_field`; `not_segments` where it is
+    not a list of [text, learned] pairs (a str and a bool, as JSON writes them); `empty_document`
+    where every text is blank."""
+    if value is None:
+        return "missing_field"
+    if not isinstance(value, (list, tuple)) or not all(_is_segment(item) for item in value):
+        return "not_segments"
+    return None if any(text.strip() for text, _ in value) else "empty_document"
+
+
+def _is_segment(item: object) -> bool:
+    return (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+            and isinstance(item[1], (bool, np.bool_)))
+
+
+def segments_detail(field: str, reason: str, record: dict) -> str:
+    """What a record's segments held, for a record `segments_problem` refused (or `invalid_utf8`)."""
+    value = record.get(field)
+    if reason == "missing_field":
+        return f"field {field!r}; {fields_it_has(field, record)}"
+    if reason == "empty_document":
+        return f"field {field!r} holds {len(value)} segment(s), every text blank" if value else \
+            f"field {field!r} holds no segment"
+    if reason == "invalid_utf8":
+        return (f"field {field!r} holds a text with a lone surrogate (as a JSON \\ud800 escape makes), which has "
+                "no UTF-8 form")
+    bad = value if not isinstance(value, (list, tuple)) else next(item for item in value if not _is_segment(item))
+    return f"field {field!r} holds {_sample(bad)}, not a list of [text, learned] pairs (a str and true or false)"
+
+
+def encode_segments(encoded_runs, documents: list[list[tuple[str, bool]]], prefix: list[int], suffix: list[int],
+                    marker: str | None) -> list[tuple[np.ndarray, object, np.ndarray]]:
+    """Each document of segments as (ids, marker offsets or None, loss mask): BOS (`prefix`), each
+    segment's ids, EOS (`suffix`); the mask False over BOS, each segment's ids flagged as it is,
+    and EOS as the last segment (an answer's end is learned with it). `encoded_runs(texts)` gives
+    each text's (ids, marker offsets): every segment of the chunk in one call, as `tokenize`
+    encodes a chunk's texts; a marker's offset counts every id before it."""
+    from ._markers import MarkerOffsets
+
+    pieces = iter(encoded_runs([text for segments in documents for text, _ in segments]))
+    out = []
+    for segments in documents:
+        ids, lengths, flags, offsets = list(prefix), [len(prefix)], [False], []
+        for _, learned in segments:
+            piece, marks = next(pieces)
+            if marker is not None:
+                offsets += [len(ids) + at for at in marks]
+            ids += piece
+            lengths.append(len(piece))
+            flags.append(bool(learned))
+        ids += suffix
+        lengths.append(len(suffix))
+        flags.append(flags[-1])
+        tokens = np.fromiter(ids, dtype=np.int32, count=len(ids))
+        mask = np.repeat(np.array(flags), lengths)
+        out.append((tokens, None if marker is None else MarkerOffsets(offsets, marker), mask))
+    return out

@@ -145,6 +145,7 @@ class Pipeline:
         offsets_field: str = OFFSETS_FIELD,
         prompt_field: str | None = None,
         loss_mask_field: str = LOSS_MASK_FIELD,
+        segments: bool = False,
     ) -> Pipeline:
         """Append the tokenizer: `record[field]` (a str) becomes `record[output_field]`, int32 ids,
         with `bos`/`eos` (token strings) around them.
@@ -172,6 +173,13 @@ class Pipeline:
         them in the prompt. A marker may stand in either; its offset counts the prompt's ids. A
         record whose prompt is missing or not a str is skipped (`missing_field`, `not_text`); an
         empty prompt trains on the whole text.
+
+        `segments=True` reads `record[field]` as a list of [text, learned] pairs (a chat's turns, as
+        a map writes them with the model's chat template: `[["USER: <image>\\nWhat is it?
+        ASSISTANT:", False], [" A dog.</s>", True], ...]`): each text is encoded apart, the ids are
+        BOS, every segment's, EOS, and `loss_mask_field` marks each segment's ids as it is flagged,
+        EOS as the last segment. A record whose field is not such a list is skipped
+        (`not_segments`), one whose texts are all blank as `empty_document`.
         """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
@@ -183,13 +191,14 @@ class Pipeline:
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
         check_marker(marker, offsets_field, field, output_field)
-        check_prompt(prompt_field, loss_mask_field, (field, output_field, *((offsets_field,) if marker else ())))
+        check_prompt(prompt_field, segments, loss_mask_field,
+                     (field, output_field, *((offsets_field,) if marker else ())))
         for name, token in (("bos", bos), ("eos", eos)):
             if token is not None and not isinstance(token, str):  # an id (bos=1) failed as a bare TypeError
                 raise ConfigurationError(f"tokenize: {name} must be a token's string or None, got {token!r}")
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
-            split_special_tokens, marker, offsets_field, prompt_field, loss_mask_field,
+            split_special_tokens, marker, offsets_field, prompt_field, loss_mask_field, segments,
         )
         handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
         handle.token_id(bos)

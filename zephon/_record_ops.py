@@ -18,7 +18,8 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._field_names import fields_it_has
 from ._fingerprint import _describe_callable, _fingerprint_callable
-from ._loss_mask import LOSS_MASK_FIELD
+from ._loss_mask import (LOSS_MASK_FIELD, encode_segments, prompt_segments, record_segments, segments_detail,
+                         segments_problem)
 from ._markers import OFFSETS_FIELD, MarkerOffsets, encode_at_markers
 from ._records import ChunkRecords
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer, tokenizers_pool_is_off
@@ -171,6 +172,8 @@ class TokenizeOp(RecordOperator):
 
     With a `prompt_field`, that field's text is encoded apart and its ids go between BOS and the
     text's; `loss_mask_field` gets one bool per id, False over BOS and the prompt (`_loss_mask`).
+    With `segments`, `field` holds [text, learned] pairs (a chat's turns), each encoded apart,
+    their ids joined and masked by their flags.
     """
 
     tokenizer_id: str
@@ -185,6 +188,7 @@ class TokenizeOp(RecordOperator):
     offsets_field: str = OFFSETS_FIELD
     prompt_field: str | None = None
     loss_mask_field: str = LOSS_MASK_FIELD
+    segments: bool = False
     name: str = "tokenize"
 
     def handle(self) -> TokenizerHandle:
@@ -215,43 +219,50 @@ class TokenizeOp(RecordOperator):
             encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
         shift = len(prefix)
         prompt_field, loss_mask_field = self.prompt_field, self.loss_mask_field
+        # Trained on part of each document: its texts as (text, learned) segments (`_loss_mask`).
+        segments_of = (prompt_segments(prompt_field, field_name) if prompt_field is not None
+                       else record_segments(field_name) if self.segments else None)
 
-        def tokens_of(encoding, prompt=None) -> tuple[np.ndarray, MarkerOffsets | None, np.ndarray | None]:
+        def tokens_of(encoding) -> tuple[np.ndarray, MarkerOffsets | None, None]:
             # `ids` is a new list at every access, so BOS/EOS go into it in place, and
             # `fromiter` with a count fills the array in one pass: 3.14t, text race corpus,
             # 39-41 -> 31 ns per token against two list concatenations and `np.array`.
             ids = encoding.ids
             ids += suffix
-            lead = shift  # BOS and the prompt's ids: not learned
-            if prompt is None:
-                ids[:0] = prefix
-            else:
-                head = prompt.ids
-                lead += len(head)
-                ids[:0] = prefix + head
+            ids[:0] = prefix
             tokens = np.fromiter(ids, dtype=np.int32, count=len(ids))
-            mask = None if prompt is None else np.arange(len(ids)) >= lead
             if marker is None:
-                return tokens, None, mask
-            before = [] if prompt is None else [shift + at for at in prompt.offsets]
-            return tokens, MarkerOffsets(before + [at + lead for at in encoding.offsets], marker), mask
+                return tokens, None, None
+            return tokens, MarkerOffsets([at + shift for at in encoding.offsets], marker), None
+
+        def encode(records: list[dict], reasons: list[str | None]) -> list:
+            calls = _characters_per_call()
+            if segments_of is None:
+                return _encode(encode_batch, tokens_of, calls, records, field_name, reasons)
+            documents = [segments_of(r) for r, reason in zip(records, reasons) if reason is None]
+            return encode_segments(functools.partial(_encoded_runs, encode_batch, calls, marker is not None), documents,
+                                   prefix, suffix, marker)
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             records = batch.records
-            reasons = [_text_problem(record.get(field_name)) for record in records]
+            if segments_of is None or prompt_field is not None:
+                reasons = [_text_problem(record.get(field_name)) for record in records]
+            else:
+                reasons = [segments_problem(record.get(field_name)) for record in records]
             if prompt_field is not None:
                 reasons = [reason or _prompt_problem(r.get(prompt_field)) for r, reason in zip(records, reasons)]
-            calls = _characters_per_call()
             try:
-                encoded = _encode(encode_batch, tokens_of, calls, records, field_name, reasons, prompt_field)
+                encoded = encode(records, reasons)
             except TypeError:
                 # tokenizers refuses the whole batch (a bare TypeError) for one str without a UTF-8
                 # form: a lone surrogate, which a JSON `\ud800` escape makes. Only then is each text
                 # checked, so the usual batch pays nothing; such a record is `invalid_utf8`.
-                reasons = [reason or _unencodable(r[field_name]) or (prompt_field and _unencodable(r[prompt_field]))
-                           or None for r, reason in zip(records, reasons)]
-                encoded = _encode(encode_batch, tokens_of, calls, records, field_name, reasons, prompt_field)
-            detail = functools.partial(_tokenize_detail, field_name, prompt_field)
+                texts = ((lambda r: [r[field_name]]) if segments_of is None
+                         else (lambda r: [text for text, _ in segments_of(r)]))
+                reasons = [reason or next(filter(None, map(_unencodable, texts(r))), None)
+                           for r, reason in zip(records, reasons)]
+                encoded = encode(records, reasons)
+            detail = functools.partial(_tokenize_detail, field_name, prompt_field, self.segments)
             if on_error == "raise":
                 for reason, address, record in zip(reasons, batch.addresses, records):
                     if reason is not None:
@@ -276,7 +287,7 @@ class TokenizeOp(RecordOperator):
         leaves may be read by a later map or filter, which then keeps other records (a resume that
         flipped it was accepted); left at its default it adds nothing, so the recipes that never set
         it keep the digests their checkpoints hold; `marker` and `offsets_field` likewise only with
-        a marker, `prompt_field` and `loss_mask_field` only with a prompt."""
+        a marker, `prompt_field` and `loss_mask_field` only with a prompt or segments."""
         return {
             "op": self.name,
             "tokenizer": self.handle().digest,
@@ -289,6 +300,7 @@ class TokenizeOp(RecordOperator):
             **({"marker": self.marker, "offsets_field": self.offsets_field} if self.marker is not None else {}),
             **({"prompt_field": self.prompt_field, "loss_mask_field": self.loss_mask_field}
                if self.prompt_field is not None else {}),
+            **({"segments": True, "loss_mask_field": self.loss_mask_field} if self.segments else {}),
         }
 
 
@@ -312,20 +324,22 @@ def _characters_per_call() -> int | None:
 
 
 def _encode(encode_batch, tokens_of, per_call: int | None, records: list[dict], field_name: str,
-            reasons: list[str | None], prompt_field: str | None = None) -> list:
+            reasons: list[str | None]) -> list:
     """`tokens_of` each encoding of the records' texts that have no reason to be skipped, in
     order, the texts encoded in consecutive runs of at most `per_call` characters or of one text
     (None: all at once). Each run's encodings are dropped before the next run is encoded, and
     nothing is written into a record until every text is: a TypeError (a text tokenizers
-    refuses) leaves the records as they were. With a `prompt_field`, the prompts are encoded
-    first, the same way, and each is handed to `tokens_of` with its text's encoding."""
-    kept = [record for record, reason in zip(records, reasons) if reason is None]
-    prompts = None
-    if prompt_field is not None:
-        prompts = iter([encoding for run in _runs([record[prompt_field] for record in kept], per_call)
-                        for encoding in encode_batch(run, add_special_tokens=False)])
-    return [tokens_of(encoding) if prompts is None else tokens_of(encoding, next(prompts))
-            for run in _runs([record[field_name] for record in kept], per_call)
+    refuses) leaves the records as they were."""
+    texts = [record[field_name] for record, reason in zip(records, reasons) if reason is None]
+    return [tokens_of(encoding) for run in _runs(texts, per_call)
+            for encoding in encode_batch(run, add_special_tokens=False)]
+
+
+def _encoded_runs(encode_batch, per_call: int | None, marked: bool,
+                  texts: list[str]) -> list[tuple[list[int], list[int] | None]]:
+    """(ids, marker offsets where `marked`) of each of `texts`, encoded as `_encode` encodes them,
+    in runs whose encodings are dropped before the next is encoded (only their ids are kept)."""
+    return [(encoding.ids, encoding.offsets if marked else None) for run in _runs(texts, per_call)
             for encoding in encode_batch(run, add_special_tokens=False)]
 
 
@@ -351,8 +365,11 @@ def _prompt_problem(value) -> str | None:
     return None if isinstance(value, str) else "not_text"
 
 
-def _tokenize_detail(field_name: str, prompt_field: str | None, reason: str, record: dict) -> str:
-    """`_field_detail` of the field a record was refused for: its text's, else its prompt's."""
+def _tokenize_detail(field_name: str, prompt_field: str | None, segments: bool, reason: str, record: dict) -> str:
+    """`_field_detail` of the field a record was refused for: its text's, else its prompt's; for
+    segments, what they hold."""
+    if segments:
+        return segments_detail(field_name, reason, record)
     text = record.get(field_name)
     if prompt_field is None or (_text_problem(text) or _unencodable(text)) == reason:
         return _field_detail(field_name, reason, record)

@@ -84,12 +84,76 @@ def test_a_record_whose_prompt_cannot_be_tokenized_is_skipped_naming_the_prompt(
     ({"prompt_field": "prompt", "loss_mask_field": "input_ids"}, "loss_mask_field='input_ids' is also another field"),
     ({"prompt_field": "prompt", "loss_mask_field": "prompt"}, "loss_mask_field='prompt' is also another field"),
     ({"prompt_field": ""}, "prompt_field must be a record field's name"),
-], ids=["mask_without_prompt", "prompt_is_text", "mask_is_ids", "mask_is_prompt", "empty_prompt_name"])
+    ({"prompt_field": "prompt", "segments": True}, "prompt_field and segments=True both say what is learned"),
+    ({"segments": "yes"}, "segments must be True or False"),
+    ({"segments": True, "loss_mask_field": "text"}, "loss_mask_field='text' is also another field"),
+], ids=["mask_without_prompt", "prompt_is_text", "mask_is_ids", "mask_is_prompt", "empty_prompt_name",
+        "prompt_and_segments", "segments_not_bool", "segments_mask_is_text"])
 def test_tokenize_refuses_prompt_fields_it_would_not_write_or_would_overwrite(demo_data_dir, demo_tokenizer_path,
                                                                             options, message):
     pipeline = Pipeline(StaticMixtureWorkSource([Dataset.from_path("jargon", str(demo_data_dir / "jargon"))]))
     with pytest.raises(ConfigurationError, match=message):
         pipeline.tokenize(str(demo_tokenizer_path), **options)
+
+
+CHAT = [["USER: <image>\nWhat is on the lane? ASSISTANT:", False], [" A shard.", True],
+        [" USER: And then? ASSISTANT:", False], [" A chunk, then a batch.", True]]
+
+
+@pytest.mark.parametrize("marker", [None, "<image>"], ids=["no_marker", "marker"])
+def test_segments_are_encoded_apart_joined_and_masked_by_their_flags(demo_tokenizer_path, marker):
+    """A chat's turns: each segment's ids as it alone encodes, in order between BOS and EOS, the
+    mask False over BOS and the user's turns, True over the answers and the EOS after the last."""
+    [record] = tokenize(demo_tokenizer_path, [{"text": CHAT}], segments=True, marker=marker).records
+    pieces = [text.split("<image>") if marker else [text] for text, _ in CHAT]
+    ids, mask, offsets = [BOS], [False], []
+    for parts, (_, learned) in zip(pieces, CHAT):
+        for k, part in enumerate(parts):
+            if k:
+                offsets.append(len(ids))
+            encoded = encode(demo_tokenizer_path, part)
+            ids += encoded
+            mask += [learned] * len(encoded)
+    assert record["input_ids"].tolist() == ids + [EOS]
+    assert record["loss_mask"].tolist() == mask + [True]
+    if marker:
+        assert record["image_offsets"] == tuple(offsets) and len(offsets) == 1
+    else:
+        assert "image_offsets" not in record
+    assert set(record) == {"input_ids", "loss_mask"} | ({"image_offsets"} if marker else set())
+
+
+def test_a_prompt_is_the_two_segments_it_stands_for(demo_tokenizer_path):
+    prompted = tokenize(demo_tokenizer_path, [{"prompt": "Q: a lane?\n", "text": "A stream."}],
+                        prompt_field="prompt").records[0]
+    segmented = tokenize(demo_tokenizer_path, [{"text": [["Q: a lane?\n", False], ["A stream.", True]]}],
+                         segments=True).records[0]
+    assert prompted["input_ids"].tolist() == segmented["input_ids"].tolist()
+    assert prompted["loss_mask"].tolist() == segmented["loss_mask"].tolist()
+
+
+def test_an_unlearned_last_segment_leaves_the_eos_out_too(demo_tokenizer_path):
+    [record] = tokenize(demo_tokenizer_path, [{"text": [["learned", True], [" read", False]]}], segments=True).records
+    assert record["loss_mask"].tolist() == [False] + [True] * len(encode(demo_tokenizer_path, "learned")) + \
+        [False] * (len(encode(demo_tokenizer_path, " read")) + 1)
+
+
+def test_records_that_are_no_list_of_segments_are_skipped_by_name(demo_tokenizer_path):
+    records = [{"text": "a plain text"}, {"text": [["a", 1]]}, {"text": [["a", True, "x"]]}, {"text": [["  ", True]]},
+               {"text": []}, {"body": []}, {"text": [["\ud800", True]]}, {"text": [["kept", True]]}]
+    out = tokenize(demo_tokenizer_path, records, segments=True)
+    assert [r["input_ids"].tolist() for r in out.records] == [[BOS, *encode(demo_tokenizer_path, "kept"), EOS]]
+    assert [reason for _, reason in out.skipped] == ["not_segments"] * 3 + ["empty_document"] * 2 + \
+        ["missing_field", "invalid_utf8"]
+    details = {reason: list(found.values()) for reason, found in out.skip_details.items()}
+    assert details["not_segments"] == [
+        "field 'text' holds 'a plain text', not a list of [text, learned] pairs (a str and true or false)",
+        "field 'text' holds ['a', 1], not a list of [text, learned] pairs (a str and true or false)",
+        "field 'text' holds ['a', True, 'x'], not a list of [text, learned] pairs (a str and true or false)"]
+    assert details["empty_document"] == ["field 'text' holds 1 segment(s), every text blank",
+                                         "field 'text' holds no segment"]
+    assert details["missing_field"] == ["field 'text'; fields it has: 'body'"]
+    assert details["invalid_utf8"][0].startswith("field 'text' holds a text with a lone surrogate")
 
 
 def expected_labels(ids: np.ndarray, mask: np.ndarray | None) -> list[int]:
@@ -171,6 +235,8 @@ def test_the_mask_field_is_fingerprinted_only_where_it_changes_what_is_read(demo
     assert not {"prompt_field", "loss_mask_field"} & set(plain)
     prompted = TokenizeOp(str(demo_tokenizer_path), prompt_field="prompt").fingerprint()
     assert {k: v for k, v in prompted.items() if k not in plain} == {"prompt_field": "prompt", "loss_mask_field": "loss_mask"}
+    segmented = TokenizeOp(str(demo_tokenizer_path), segments=True).fingerprint()
+    assert {k: v for k, v in segmented.items() if k not in plain} == {"segments": True, "loss_mask_field": "loss_mask"}
     with pytest.raises(ConfigurationError, match="loss_mask_field and field are both 'input_ids'"):
         PackFlatOp(64, loss_mask_field="input_ids")
 

@@ -79,7 +79,9 @@ def write_corpus(root: Path) -> Path:
             name = f"images/k{k:02d}.png"
             (corpus / name).write_bytes(encode(gradient(20 + 7 * (k % 5), 40 - 3 * (k % 4)), "PNG"))
             prompt = f"<image>\nWhat is in picture {k}?\n" if k % 2 else f"Picture {k}: <image> Describe it.\n"
-            lines.append(json.dumps({"image": [name], "prompt": prompt, "text": f"A gradient, number {k} of twelve."}))
+            answer = f"A gradient, number {k} of twelve."
+            turns = [[prompt, False], [answer, True], ["\nAnd its number?\n", False], [f" {k}.", True]]
+            lines.append(json.dumps({"image": [name], "prompt": prompt, "text": answer, "turns": turns}))
         (corpus / f"part-{shard:03d}.jsonl").write_text("".join(line + "\n" for line in lines))
     return corpus
 
@@ -89,27 +91,32 @@ def corpus(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("vqa"))
 
 
-def pipeline(corpus: Path, runner: str) -> Pipeline:
+def pipeline(corpus: Path, runner: str, **texts) -> Pipeline:
     source = StaticMixtureWorkSource([Dataset.from_path("vqa", str(corpus))], seed=5, records_per_chunk=3,
                                      num_epochs=1)
     return (Pipeline(source).options(num_lanes=2, runner=runner)
             .decode_images(field="image", spec=ImageSpec(max_pixels=48 * 48), paths=True, parallelism=2)
-            .tokenize(TOKENIZER, field="text", bos="<|bos|>", eos="<|eos|>", marker="<image>", prompt_field="prompt",
-                      parallelism=2)
+            .tokenize(TOKENIZER, bos="<|bos|>", eos="<|eos|>", marker="<image>", parallelism=2,
+                      **(texts or {"field": "text", "prompt_field": "prompt"}))
             .pack_multimodal(160, PLACEHOLDERS)
             .batch(2))
 
 
-def test_an_epoch_learns_every_answer_and_no_question_on_every_runner(corpus):
+@pytest.mark.parametrize("form", ["prompt", "turns"])
+def test_an_epoch_learns_every_answer_and_no_question_on_every_runner(corpus, form):
+    """A question and its answer (`prompt_field`), or two turns of a chat (`segments=True`)."""
     encoder = load_tokenizer(TOKENIZER).tokenizer
     answers = []
     for shard in sorted(corpus.glob("*.jsonl")):
         for line in shard.read_text().splitlines():
-            answers += encoder.encode(json.loads(line)["text"], add_special_tokens=False).ids + [1]
+            record = json.loads(line)
+            texts = [record["text"]] if form == "prompt" else [text for text, learned in record["turns"] if learned]
+            answers += [i for text in texts for i in encoder.encode(text, add_special_tokens=False).ids] + [1]
+    texts = {} if form == "prompt" else {"field": "turns", "segments": True}
     digests = {}
     for runner in ("inline", "thread", "process"):
         learned, digests[runner] = [], []
-        with pipeline(corpus, runner).shard(0, 1) as loader:
+        with pipeline(corpus, runner, **texts).shard(0, 1) as loader:
             for batch in loader:
                 digests[runner].append(batch.digest())
                 arrays = batch.to_numpy()
