@@ -4,10 +4,11 @@ Instruction data (a question and its answer, a task prefix and a caption, a chat
 trains on part of each document. A record says which part by a per-token mask beside its ids,
 `record["loss_mask"]`: one bool per id, True where that token is a target of the loss (the label
 of the position before it). `tokenize(prompt_field=...)` writes it (False over the BOS and the
-prompt's ids, True over the text's and the EOS); a `map` may write it for any layout (a chat's
-several assistant turns). A packer reads it where a record holds it and writes IGNORE_INDEX as the
-label before every token it marks False, so a row's labels stay "the next token of the same
-document, or ignored"; a record without it trains on every token, as before.
+prompt's ids, True over the text's and the EOS), `tokenize(segments=True)` from a chat's
+[text, learned] pairs, and a `map` may write it beside ids stored in the data. A packer reads it
+where a record holds it and writes IGNORE_INDEX as the label before every token it marks False,
+so a row's labels stay "the next token of the same document, or ignored"; a record without it
+trains on every token, as before.
 
 Packers turn a mask into the document's *targets*, its ids with IGNORE_INDEX where the mask is
 False, once per document, and cut and copy them beside the ids: a row's labels are then one slice
@@ -25,7 +26,8 @@ from ._errors import ConfigurationError
 from ._field_names import fields_it_has
 from ._sequence import IGNORE_INDEX
 
-__all__ = ["LOSS_MASK_FIELD", "check_prompt", "loss_mask_detail", "targets_of"]
+__all__ = ["LOSS_MASK_FIELD", "check_loss_mask_options", "encode_segments", "loss_mask_detail", "prompt_segments",
+           "record_segments", "segments_detail", "segments_problem", "targets_of"]
 
 LOSS_MASK_FIELD = "loss_mask"
 """The field `tokenize(prompt_field=...)` writes and packers read by default."""
@@ -33,7 +35,8 @@ LOSS_MASK_FIELD = "loss_mask"
 _IGNORED = np.int32(IGNORE_INDEX)
 
 
-def check_prompt(prompt_field: str | None, segments: bool, loss_mask_field: str, other_fields: tuple[str, ...]) -> None:
+def check_loss_mask_options(prompt_field: str | None, segments: bool, loss_mask_field: str,
+                            other_fields: tuple[str, ...]) -> None:
     """Refuse, as `tokenize` is called, a prompt or mask field that is no non-empty str, one that
     names a field `tokenize` reads or writes besides (`other_fields`), which it would replace, a
     prompt beside segments, and a `loss_mask_field` given without either, which nothing would write."""

@@ -11,8 +11,8 @@ settings let it buffer:
              as text and as tokens (plus one read block per reading worker), and the token array
              of the largest document stays alive while rows are cut from it (a row cut from a
              document longer than a row holds a copy of its piece, not the document); with
-             `tokenize(prompt_field=...)` a token also carries its loss-mask flag in flight and
-             its target where a packer holds it;
+             `tokenize(prompt_field=...)` or `segments=True` a token also carries its loss-mask
+             flag in flight and its target where a packer holds it;
 - tokenizer: every tokenizing worker may hold the `tokenizers` Encoding of the largest document,
              about TOKENIZER_BYTES_PER_TOKEN per token, while it encodes it;
 - images:    every decoding worker may hold one image at its decoder's output size (JPEG draft
@@ -109,7 +109,7 @@ def memory_budget(
     readers = 1 if inline else loader.stages[0].parallelism
     # A recipe trained on part of each document carries a bool per id beside its ids in flight,
     # and the document a packer holds carries its targets beside them (`_loss_mask`).
-    masked = any(getattr(op, "prompt_field", None) is not None for op in operators)
+    masked = any(getattr(op, "writes_loss_mask", False) for op in operators)
     records = (
         lanes * loader.prefetch * (RECORD_COPIES * largest_chunk + (4 + masked) * largest_tokens)
         + lanes * (8 if masked else 4) * largest_tokens

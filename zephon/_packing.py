@@ -10,14 +10,15 @@ The accumulator decides which document pieces go into which row and emits that d
   `max_open_rows` rows stay open; the oldest is emitted (padded) when one more is needed.
 
 Every row carries `input_ids`, `labels` (the next token of the same document, IGNORE_INDEX at a
-document's end, before a token its loss mask leaves out (`_loss_mask`) and on padding), `position_ids` (restarting at each document piece) and
-`document_ids` (0, 1, … per piece in the row, PADDING_DOCUMENT on padding).
+document's end, before a token its loss mask leaves out (`_loss_mask`) and on padding),
+`position_ids` (restarting at each document piece) and `document_ids` (0, 1, … per piece in the
+row, PADDING_DOCUMENT on padding).
 
 A record whose field holds no tokens to pack is refused and reported by `drain_skips()`:
 `missing_field`, `not_tokens` (not a flat sequence of integer ids in [0, 2**31)) or
 `empty_document` (no ids), with what the field held (`no_tokens_detail`); so is one whose loss
-mask is not one flag per id (`bad_loss_mask`). Without a tokenizer the
-ids come from the data as it is stored.
+mask is not one flag per id (`bad_loss_mask`). Without a tokenizer the ids come from the data as
+it is stored.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count
-from ._loss_mask import LOSS_MASK_FIELD, check_prompt
+from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
 from ._markers import OFFSETS_FIELD, check_marker
 from ._packing import PackFlatOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
@@ -191,7 +191,7 @@ class Pipeline:
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
         check_marker(marker, offsets_field, field, output_field)
-        check_prompt(prompt_field, segments, loss_mask_field,
+        check_loss_mask_options(prompt_field, segments, loss_mask_field,
                      (field, output_field, *((offsets_field,) if marker else ())))
         for name, token in (("bos", bos), ("eos", eos)):
             if token is not None and not isinstance(token, str):  # an id (bos=1) failed as a bare TypeError

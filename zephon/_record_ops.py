@@ -191,6 +191,11 @@ class TokenizeOp(RecordOperator):
     segments: bool = False
     name: str = "tokenize"
 
+    @property
+    def writes_loss_mask(self) -> bool:
+        """Whether it writes `loss_mask_field` (with a prompt or segments), for the memory budget."""
+        return self.prompt_field is not None or self.segments
+
     def handle(self) -> TokenizerHandle:
         """The tokenizer this operator encodes with and names in its fingerprint."""
         return self._handle

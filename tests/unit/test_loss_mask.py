@@ -253,9 +253,9 @@ def test_the_memory_budget_holds_the_mask_in_flight_and_the_targets_held(demo_da
                     .pack_flat(64).batch(2))
         return pipeline.shard(0, 1)
 
-    with loader() as plain, loader(prompt_field="prompt") as prompted:
+    with loader() as plain, loader(prompt_field="prompt") as prompted, loader(segments=True) as segmented:
         tokens = int(_largest_chunk_raw_bytes(plain.plan)) + 1  # no token estimation: a token a byte at most
         lanes, prefetch = len(plain.lanes), plain.prefetch
-        assert prompted.prefetch == prefetch
-        grown = memory_budget(prompted).records - memory_budget(plain).records
-    assert grown == lanes * prefetch * tokens + lanes * 4 * tokens
+        assert prompted.prefetch == segmented.prefetch == prefetch
+        grown = [memory_budget(masked).records - memory_budget(plain).records for masked in (prompted, segmented)]
+    assert grown == [lanes * prefetch * tokens + lanes * 4 * tokens] * 2
