@@ -111,8 +111,8 @@ def pack_multimodal(
     video's temporal positions by the seconds its temporal patches span, as Qwen2.5-VL does.
     Where a video's frames are images (every other convention), `frame_text` (`FrameText`) writes
     the text the model's processor puts around them: InternVL's frame numbers, SmolVLM2's times.
-    A record holding `loss_mask_field` (one bool per text id: `tokenize(prompt_field=...)` writes
-    it) trains only on the text it marks True, as `pack_flat` does."""
+    A record holding `loss_mask_field` (one bool per text id: `tokenize(prompt_field=...)` and
+    `tokenize(segments=True)` write it) trains only on the text it marks True, as `pack_flat` does."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,

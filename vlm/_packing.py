@@ -1131,6 +1131,9 @@ class PackMultimodal:
             if not isinstance(value, str) or not value:
                 raise ConfigurationError(f"pack_multimodal: {name} must be a record field's name (a non-empty str), "
                                          f"got {value!r}")
+        if self.loss_mask_field in (self.field, self.pixels_field, self.offsets_field):
+            raise ConfigurationError(f"pack_multimodal: loss_mask_field={self.loss_mask_field!r} is also the field of "
+                                     "the ids, the pixels or the image offsets; the loss mask is a field of its own")
         sizes = _validate(self.max_length, self.image_position, self.max_open_rows, self.placeholders, self.spec,
                           self.mrope)
         object.__setattr__(self, "max_length", sizes[0])

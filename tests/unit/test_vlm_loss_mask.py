@@ -124,3 +124,14 @@ def test_an_epoch_learns_every_answer_and_no_question_on_every_runner(corpus, fo
         assert sorted(learned) == sorted(answers), runner
     assert digests["thread"] == digests["inline"] == digests["process"]
     assert len(digests["inline"]) > 1
+
+
+def test_a_mask_field_naming_another_field_of_the_packer_is_refused():
+    from vlm._packing import PackMultimodal
+    from zephon import ConfigurationError
+
+    for field in ("input_ids", "image_offsets"):
+        with pytest.raises(ConfigurationError, match=f"loss_mask_field='{field}' is also the field of the ids"):
+            PackMultimodal(64, PIXTRAL, loss_mask_field=field)
+    assert "loss_mask_field" not in PackMultimodal(64, PIXTRAL).fingerprint(0)
+    assert PackMultimodal(64, PIXTRAL, loss_mask_field="mask").fingerprint(0)["loss_mask_field"] == "mask"
