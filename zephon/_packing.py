@@ -165,7 +165,10 @@ def read_document(address: RecordAddress, record: dict, field: str, loss_mask_fi
     if isinstance(tokens, str):
         skips.append((address, tokens, no_tokens_detail(tokens, field, record)))
         return None
-    targets = targets_of(tokens, record.get(loss_mask_field))
+    mask = record.get(loss_mask_field)
+    if mask is None:  # most documents: no call made for them
+        return tokens, None
+    targets = targets_of(tokens, mask)
     if isinstance(targets, str):
         skips.append((address, targets, loss_mask_detail(loss_mask_field, field, record)))
         return None
@@ -275,10 +278,12 @@ class WrapPacker:
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-        if document is None:
-            return []
-        tokens, targets = document
+        tokens, targets = token_ids(record.get(self.field)), None
+        if isinstance(tokens, str) or self.loss_mask_field in record:  # a refusal or a mask: the rare paths
+            document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+            if document is None:
+                return []
+            tokens, targets = document
         start, out = 0, []
         cut = _own_piece if len(tokens) > self.max_length else Piece
         while start < len(tokens):
@@ -319,10 +324,12 @@ class FirstFitPacker:
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-        if document is None:
-            return []
-        tokens, targets = document
+        tokens, targets = token_ids(record.get(self.field)), None
+        if isinstance(tokens, str) or self.loss_mask_field in record:  # a refusal or a mask: the rare paths
+            document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+            if document is None:
+                return []
+            tokens, targets = document
         out = []
         start = 0
         cut = _own_piece if len(tokens) > self.max_length else Piece
