@@ -264,26 +264,36 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
     return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "document_ids": document_ids}
 
 
-class WrapPacker:
-    """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
+class _FlatPacker:
+    """What the flat packers share: their settings and the records they refused."""
 
-    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str = LOSS_MASK_FIELD) -> None:
+    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str) -> None:
         self.max_length = max_length
         self.pad_id = pad_id
         self.field = field
         self.loss_mask_field = loss_mask_field
+        self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
+
+    def drain_skips(self) -> list[tuple[RecordAddress, str, Callable[[], str]]]:
+        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
+        skips, self._skips = self._skips, []
+        return skips
+
+
+class WrapPacker(_FlatPacker):
+    """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
+
+    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str = LOSS_MASK_FIELD) -> None:
+        super().__init__(max_length, pad_id, field, loss_mask_field)
         self._pieces: list[Piece] = []
         self._filled = 0
-        self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        tokens, targets = token_ids(record.get(self.field)), None
-        if isinstance(tokens, str) or self.loss_mask_field in record:  # a refusal or a mask: the rare paths
-            document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-            if document is None:
-                return []
-            tokens, targets = document
+        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        if document is None:
+            return []
+        tokens, targets = document
         start, out = 0, []
         cut = _own_piece if len(tokens) > self.max_length else Piece
         while start < len(tokens):
@@ -298,38 +308,27 @@ class WrapPacker:
     def flush(self) -> list[FlatRowPlan]:
         return [self._emit()] if self._pieces else []
 
-    def drain_skips(self) -> list[tuple[RecordAddress, str, Callable[[], str]]]:
-        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
-        skips, self._skips = self._skips, []
-        return skips
-
     def _emit(self) -> FlatRowPlan:
         row = FlatRowPlan(tuple(self._pieces), self.max_length, self.pad_id)
         self._pieces, self._filled = [], 0
         return row
 
 
-class FirstFitPacker:
+class FirstFitPacker(_FlatPacker):
     """First-fit bin packing that never splits a document shorter than a row. Thread-unsafe."""
 
     def __init__(self, max_length: int, pad_id: int, field: str, max_open_rows: int,
                  loss_mask_field: str = LOSS_MASK_FIELD) -> None:
-        self.max_length = max_length
-        self.pad_id = pad_id
-        self.field = field
-        self.loss_mask_field = loss_mask_field
+        super().__init__(max_length, pad_id, field, loss_mask_field)
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
-        self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        tokens, targets = token_ids(record.get(self.field)), None
-        if isinstance(tokens, str) or self.loss_mask_field in record:  # a refusal or a mask: the rare paths
-            document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-            if document is None:
-                return []
-            tokens, targets = document
+        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        if document is None:
+            return []
+        tokens, targets = document
         out = []
         start = 0
         cut = _own_piece if len(tokens) > self.max_length else Piece
@@ -345,11 +344,6 @@ class FirstFitPacker:
 
     def flush(self) -> list[FlatRowPlan]:
         return [self._row(row) for row in self._open.drain()]
-
-    def drain_skips(self) -> list[tuple[RecordAddress, str, Callable[[], str]]]:
-        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
-        skips, self._skips = self._skips, []
-        return skips
 
     def _row(self, pieces: Sequence[Piece]) -> FlatRowPlan:
         return FlatRowPlan(tuple(pieces), self.max_length, self.pad_id)
