@@ -35,19 +35,26 @@ def text_and_images(k: int) -> tuple[str, int]:
     ][k % 4]
 
 
-def write_corpus(root: Path) -> Path:
-    """`root/llava/part-00N.jsonl`: {"image": [paths], "text": with `<image>` markers}."""
-    corpus = root / "llava"
+def marked_text(k: int) -> tuple[dict, int]:
+    """Record k's fields besides its images, with its images' count."""
+    text, images = text_and_images(k)
+    return {"text": text}, images
+
+
+def write_corpus(root: Path, record_of=marked_text, name: str = "llava") -> Path:
+    """`root/<name>/part-00N.jsonl`: {"image": [paths], **fields} with `record_of(k)`'s fields (by
+    default a text with `<image>` markers), its PNG gradients beside the shards."""
+    corpus = root / name
     (corpus / "images").mkdir(parents=True)
     for shard in range(2):
         lines = []
         for i in range(6):
             k = shard * 6 + i
-            text, images = text_and_images(k)
+            fields, images = record_of(k)
             names = [f"images/k{k:02d}-{n}.png" for n in range(images)]
-            for n, name in enumerate(names):
-                (corpus / name).write_bytes(encode(gradient(20 + 7 * (k % 5) + 9 * n, 40 - 3 * (k % 4)), "PNG"))
-            lines.append(json.dumps({"image": names, "text": text}))
+            for n, path in enumerate(names):
+                (corpus / path).write_bytes(encode(gradient(20 + 7 * (k % 5) + 9 * n, 40 - 3 * (k % 4)), "PNG"))
+            lines.append(json.dumps({"image": names, **fields}))
         (corpus / f"part-{shard:03d}.jsonl").write_text("".join(line + "\n" for line in lines))
     return corpus
 

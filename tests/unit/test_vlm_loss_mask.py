@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.unit.test_vlm_assets import encode, gradient, package_dir
+from tests.unit.test_vlm_assets import package_dir
+from tests.unit.test_vlm_image_markers import write_corpus
 from tests.unit.test_vlm_packing import PIXTRAL, address, packer, picture, run, text
 from vlm import ImageSpec, PixtralPlaceholders
 from zephon import IGNORE_INDEX, Pipeline
@@ -68,27 +69,18 @@ def test_a_bad_mask_is_skipped_by_name():
     assert describe() == "'loss_mask' holds 3 flags for the 4 ids of 'input_ids'"
 
 
-def write_corpus(root: Path) -> Path:
-    """`root/vqa/part-00N.jsonl`: {"image": [paths], "prompt": a question with `<image>`, "text": its answer}."""
-    corpus = root / "vqa"
-    (corpus / "images").mkdir(parents=True)
-    for shard in range(2):
-        lines = []
-        for i in range(6):
-            k = shard * 6 + i
-            name = f"images/k{k:02d}.png"
-            (corpus / name).write_bytes(encode(gradient(20 + 7 * (k % 5), 40 - 3 * (k % 4)), "PNG"))
-            prompt = f"<image>\nWhat is in picture {k}?\n" if k % 2 else f"Picture {k}: <image> Describe it.\n"
-            answer = f"A gradient, number {k} of twelve."
-            turns = [[prompt, False], [answer, True], ["\nAnd its number?\n", False], [f" {k}.", True]]
-            lines.append(json.dumps({"image": [name], "prompt": prompt, "text": answer, "turns": turns}))
-        (corpus / f"part-{shard:03d}.jsonl").write_text("".join(line + "\n" for line in lines))
-    return corpus
+def question(k: int) -> tuple[dict, int]:
+    """Record k of the `vqa` corpus, its one picture aside: a question with `<image>` and its
+    answer, and the same as two turns of a chat."""
+    prompt = f"<image>\nWhat is in picture {k}?\n" if k % 2 else f"Picture {k}: <image> Describe it.\n"
+    answer = f"A gradient, number {k} of twelve."
+    turns = [[prompt, False], [answer, True], ["\nAnd its number?\n", False], [f" {k}.", True]]
+    return {"prompt": prompt, "text": answer, "turns": turns}, 1
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("vqa"))
+    return write_corpus(tmp_path_factory.mktemp("vqa"), question, "vqa")
 
 
 def pipeline(corpus: Path, runner: str, **texts) -> Pipeline:
