@@ -192,7 +192,7 @@ class Pipeline:
                 raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
         check_marker(marker, offsets_field, field, output_field)
         check_loss_mask_options(prompt_field, segments, loss_mask_field,
-                     (field, output_field, *((offsets_field,) if marker else ())))
+                                (field, output_field, *((offsets_field,) if marker else ())))
         for name, token in (("bos", bos), ("eos", eos)):
             if token is not None and not isinstance(token, str):  # an id (bos=1) failed as a bare TypeError
                 raise ConfigurationError(f"tokenize: {name} must be a token's string or None, got {token!r}")

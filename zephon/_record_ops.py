@@ -250,10 +250,8 @@ class TokenizeOp(RecordOperator):
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             records = batch.records
-            if segments_of is None or prompt_field is not None:
-                reasons = [_text_problem(record.get(field_name)) for record in records]
-            else:
-                reasons = [segments_problem(record.get(field_name)) for record in records]
+            problem = segments_problem if self.segments else _text_problem
+            reasons = [problem(record.get(field_name)) for record in records]
             if prompt_field is not None:
                 reasons = [reason or _prompt_problem(r.get(prompt_field)) for r, reason in zip(records, reasons)]
             try:
@@ -281,8 +279,8 @@ class TokenizeOp(RecordOperator):
                     record[offsets_field] = offsets
                 if mask is not None:
                     record[loss_mask_field] = mask
-                    if not self.keep_field:
-                        record.pop(prompt_field, None)
+                if prompt_field is not None and not self.keep_field:
+                    record.pop(prompt_field, None)
             return batch
 
         return tokenize
