@@ -17,6 +17,7 @@ import numpy as np
 
 from zephon import Pipeline, global_batch_digest, merge_states
 from zephon._batch import collate
+from zephon._sequence import IGNORE_INDEX
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -141,8 +142,8 @@ def consumed_keys(pipeline: Pipeline, world_size: int, steps: int, extra_microba
 
 def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
     """Every microbatch of `plans`, collated from the plans themselves (straight into the batch
-    arrays), has the digest, sources, real-token count and per-document counts (the ledger's
-    realised mixture) of the same rows assembled one by one."""
+    arrays), has the digest, sources, real-token count and per-dataset counts (the ledger's
+    realised mixture: tokens, images and learned tokens) of the same rows assembled one by one."""
     for start in range(0, len(plans), microbatch):
         group = plans[start : start + microbatch]
         direct = collate(group, lane=0, step=0, index=0)
@@ -153,13 +154,15 @@ def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
         for plan in group:
             assert plan.tokens_by_dataset == plan.assemble().tokens_by_dataset
             assert plan.images_by_dataset == plan.assemble().images_by_dataset
+            assert plan.learned_by_dataset == plan.assemble().learned_by_dataset
 
 
 def dataset_counts_in(batches) -> dict[int, dict[str, dict[str, int]]]:
-    """{lane: {dataset: {"tokens", "images"}}} read from the microbatches themselves, as
+    """{lane: {dataset: {"tokens", "images", "learned"}}} read from the microbatches themselves, as
     `stats()["lanes"][lane]["datasets"]` counts them: a document's tokens are where `document_ids`
-    holds its number, `sources` names its dataset, and an image is the document's at its first
-    placeholder (`image_token_offset`)."""
+    holds its number, `sources` names its dataset, an image is the document's at its first
+    placeholder (`image_token_offset`), and it learns the tokens of those positions whose label is
+    not IGNORE_INDEX."""
     out: dict[int, dict[str, dict[str, int]]] = {}
     for batch in batches:
         lane = out.setdefault(batch.lane, {})
@@ -169,10 +172,12 @@ def dataset_counts_in(batches) -> dict[int, dict[str, dict[str, int]]]:
         for row, sources in enumerate(batch.sources):
             documents = batch.tokens["document_ids"][row]
             images = documents[offsets[ends[row] - per_row[row] : ends[row]]]
+            learned = documents[batch.tokens["labels"][row] != IGNORE_INDEX]
             for number, address in enumerate(sources):
-                counts = lane.setdefault(address.dataset, {"tokens": 0, "images": 0})
+                counts = lane.setdefault(address.dataset, {"tokens": 0, "images": 0, "learned": 0})
                 counts["tokens"] += int(np.count_nonzero(documents == number))
                 counts["images"] += int(np.count_nonzero(images == number))
+                counts["learned"] += int(np.count_nonzero(learned == number))
     return {lane: dict(sorted(datasets.items())) for lane, datasets in sorted(out.items())}
 
 

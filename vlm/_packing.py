@@ -162,6 +162,15 @@ class PlacedDocument:
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
 
+    @property
+    def learned(self) -> int:
+        """The labels `_fill_row` writes for it that a loss counts: each text token its targets
+        keep, but for the document's first token where text opens it (no position before it)."""
+        targets = self.text if self.targets is None else self.targets
+        kept = len(targets) if self.targets is None else int(np.count_nonzero(targets != IGNORE_INDEX))
+        opens_with_text = len(targets) > 0 and (not self.offsets or self.offsets[0] > 0)
+        return kept - int(opens_with_text and targets[0] != IGNORE_INDEX)
+
     def stamp_times(self, k: int) -> tuple[float, ...]:
         """Item k's temporal patches' times where the placeholders stamp them, else ()."""
         return self.video_times[k] if self.video_times else ()
@@ -220,6 +229,18 @@ class RowPlan:
         out: dict[str, int] = {}
         for doc in self.documents:
             out[doc.address.dataset] = out.get(doc.address.dataset, 0) + doc.length
+        return out
+
+    @property
+    def learned_by_dataset(self) -> dict[str, int]:
+        """{dataset: learned tokens} of the row's documents (`PlacedDocument.learned`): a masked
+        document learns none, as it trains on nothing."""
+        masked = {number for number, *_ in self.masked}
+        out: dict[str, int] = {}
+        for number, doc in enumerate(self.documents):
+            learned = 0 if number in masked else doc.learned
+            if learned:
+                out[doc.address.dataset] = out.get(doc.address.dataset, 0) + learned
         return out
 
     @property

@@ -61,6 +61,12 @@ class Batch:
     def num_real_tokens(self) -> int:
         return int(np.count_nonzero(self.tokens["document_ids"] >= 0))
 
+    def learned_by_dataset(self, row: int) -> dict[str, int]:
+        """{dataset: learned tokens} of row `row`, read from its labels: the positions a loss
+        counts, each for its document's dataset (see `PackedSequence.learned_by_dataset`)."""
+        tokens = {name: self.tokens[name][row] for name in ("labels", "document_ids")}
+        return PackedSequence(tokens, self.sources[row]).learned_by_dataset
+
     def to_numpy(self) -> dict[str, np.ndarray]:
         """The microbatch's arrays by name, each ragged field beside its `<name>_counts` (entries
         per row); `to_training` gives the same as torch tensors."""

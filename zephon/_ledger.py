@@ -2,18 +2,18 @@
 
 Record counts (read, emitted, filtered, skipped by reason) are kept per lane *segment* as chunk
 results are consumed. Segments before a lane's replay point are *settled* and travel in the
-checkpoint; a resumed loader restores them into a new ledger, which it installs with the cursors
-in one step (so an interrupted load leaves the old ledger whole), and recounts the replayed
-segments from scratch, so no record is counted twice or lost across a resume, on any world size. Row counts (rows, tokens,
-padding, documents masked in them, and the tokens and images of each dataset in them: the realised
-mixture) are taken when rows are handed to the trainer and travel as they are: a microbatch's rows
-are counted into a copy of its lane's counts, which the loader stores in the statement that moves
-the lane's cursor past them (see `rows`).
+checkpoint; a resumed loader restores them into a new ledger, which it installs with the cursors in
+one step (so an interrupted load leaves the old ledger whole), and recounts the replayed segments
+from scratch, so no record is counted twice or lost across a resume, on any world size. Row counts
+(rows, tokens, padding, learned tokens, documents masked in them, and the tokens, images and learned
+tokens of each dataset in them: the realised mixture) are taken when rows are handed to the trainer
+and travel as they are: a microbatch's rows are counted into a copy of its lane's counts, which the
+loader stores in the statement that moves the lane's cursor past them (see `rows`).
 
-A lane's row counts are one flat Counter, per-dataset ones under `tokens:<dataset>` and
-`images:<dataset>` (as masked documents are under `masked:<reason>`), so they travel in a
-checkpoint in the shape it always had. A state saved before they were counted carries none: the
-per-dataset counts of a run resumed from it cover the rows handed over since.
+A lane's row counts are one flat Counter, per-dataset ones under `tokens:<dataset>`,
+`images:<dataset>` and `learned:<dataset>` (as masked documents are under `masked:<reason>`), so
+they travel in a checkpoint in the shape it always had. A state saved before a count was kept
+carries none of it: that count, in a run resumed from it, covers the rows handed over since.
 
 Record counts are kept per lane, then per segment: a rank may own hundreds of lanes, and settling
 or replaying one lane (every lane at each `state_dict`) must not walk the others' counts. Keyed by
@@ -28,7 +28,7 @@ per-lane dicts in one C call each (`list(d.items())`) and walks the copies. Coun
 by key, a snapshot could show a chunk read but its skips not yet counted, or a skip taken from
 `emitted` and not yet added to `skipped`, and a segment being settled in neither its settled nor
 its open counts. Under any snapshot, then, `read == emitted + filtered + skipped` for every dataset
-and lane, and a lane's per-dataset tokens add up to its `tokens`.
+and lane, and a lane's per-dataset tokens and learned tokens add up to its `tokens` and `learned`.
 """
 
 from __future__ import annotations
@@ -111,17 +111,22 @@ class Ledger:
         return Counter(self.rows.get(lane, ()))
 
     def count_rows(
-        self, counts: Counter, real_tokens: int, total_tokens: int, tokens_by_dataset: dict, images_by_dataset: dict
+        self, counts: Counter, real_tokens: int, total_tokens: int, tokens_by_dataset: dict, images_by_dataset: dict,
+        learned_by_dataset: dict,
     ) -> None:
         """One row handed to the trainer, counted into `counts` (from `rows_of`), with its
-        `tokens_by_dataset` (adding up to `real_tokens`) and `images_by_dataset`."""
+        `tokens_by_dataset` (adding up to `real_tokens`), `images_by_dataset` and
+        `learned_by_dataset` (the tokens a loss counts, adding up to the lane's `learned`)."""
         counts["rows"] += 1
         counts["tokens"] += real_tokens
         counts["padding"] += total_tokens - real_tokens
+        counts["learned"] += sum(learned_by_dataset.values())
         for dataset, tokens in tokens_by_dataset.items():
             counts["tokens:" + dataset] += tokens
         for dataset, images in images_by_dataset.items():
             counts["images:" + dataset] += images
+        for dataset, learned in learned_by_dataset.items():
+            counts["learned:" + dataset] += learned
 
     def count_masked(self, counts: Counter, masked) -> None:
         """Documents a row kept in place but trains nothing on (its row work failed on them), as
@@ -173,7 +178,8 @@ class Ledger:
 
     def snapshot(self) -> dict:
         """A fresh, JSON-able copy (never the live counters): record counts per dataset (per lane and
-        total); row counts per lane, each with its `datasets` ({dataset: {"tokens", "images"}}); and
+        total); row counts per lane, each with its `datasets` ({dataset: {"tokens", "images",
+        "learned"}}); and
         the `mixture`, those per-dataset row counts summed over the lanes."""
         records, rows = list(self._records.items()), list(self.rows.items())
         per_dataset: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
@@ -207,15 +213,19 @@ def _split(counts: Counter) -> dict:
     return out
 
 
+_PER_DATASET = ("tokens", "images", "learned")
+"""The row counts kept per dataset, as `<kind>:<dataset>`."""
+
+
 def _split_rows(counts: Counter) -> dict:
-    """A lane's row counts with its `tokens:<dataset>` and `images:<dataset>` ones gathered under
-    `datasets`, each dataset with both."""
-    out: dict = {}
+    """A lane's row counts with its `tokens:<dataset>`, `images:<dataset>` and `learned:<dataset>`
+    ones gathered under `datasets`, each dataset with all three."""
+    out: dict = {"learned": 0}  # a lane restored from a state saved before learned tokens were counted
     datasets: dict[str, dict[str, int]] = {}
     for key, value in counts.items():
         kind, per_dataset, dataset = key.partition(":")
-        if per_dataset and kind in ("tokens", "images"):
-            datasets.setdefault(dataset, {"tokens": 0, "images": 0})[kind] = value
+        if per_dataset and kind in _PER_DATASET:
+            datasets.setdefault(dataset, dict.fromkeys(_PER_DATASET, 0))[kind] = value
         else:
             out[key] = value
     out["datasets"] = dict(sorted(datasets.items()))

@@ -604,8 +604,8 @@ class RankLoader:
                 self._step_shapes[stream.finite], stream.finite and stream.exhausted,
             )
             segment, skip, counts = cursor.segment, cursor.skip, self._ledger.rows_of(lane)
-            for got in fetched:
-                segment, skip = self._account(lane, got, segment, skip, counts)
+            for row, got in enumerate(fetched):
+                segment, skip = self._account(lane, got, segment, skip, counts, batch, row)
             waits = _wait.after(self._waits, perf_counter() - called, called - asked)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
@@ -643,21 +643,26 @@ class RankLoader:
             if position or stream.has_more():
                 return  # the rank's step goes on with this lane, which looks past in turn
 
-    def _account(self, lane: int, got, segment: int, skip: int, counts) -> tuple[int, int]:
+    def _account(self, lane: int, got, segment: int, skip: int, counts, batch: Batch, index: int) -> tuple[int, int]:
         """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),
         counted into `counts` (the lane's row counts gathered for its microbatch, see
         `Ledger.rows`); returns where the cursor (at `segment`, `skip`) goes past it. Neither the
         cursor nor the ledger changes here: the caller stores both once the microbatch is counted.
-        Its masked documents are noted as examples (an observation, named once per record)."""
+        Its masked documents are noted as examples (an observation, named once per record).
+
+        Its learned tokens are the row's own count, or, for a plugin's row plan written before
+        rows counted them, read from its labels in the collated microbatch (`batch`, row `index`)."""
         if got is None:  # a finite plan ended inside this microbatch: pad the microbatch
-            self._ledger.count_rows(counts, 0, self._padding_row.length, {}, {})
+            self._ledger.count_rows(counts, 0, self._padding_row.length, {}, {}, {})
             return segment, skip
         row_segment, row = got  # a PackedSequence or a row plan (see Accumulator); collate assembles plans
         if row_segment != segment:
             segment, skip = row_segment, 0
+        learned = getattr(row, "learned_by_dataset", None)
         try:
             self._ledger.count_rows(
-                counts, row.num_real_tokens, row.length, row.tokens_by_dataset, row.images_by_dataset
+                counts, row.num_real_tokens, row.length, row.tokens_by_dataset, row.images_by_dataset,
+                batch.learned_by_dataset(index) if learned is None else learned,
             )
         except AttributeError as exc:
             if exc.obj is not row or exc.name not in _PER_DATASET_COUNTS:
@@ -938,9 +943,12 @@ class RankLoader:
 
     def stats(self) -> dict:
         """The ledger of this rank's lanes: records read/emitted/filtered/skipped by reason per
-        dataset and lane, and rows/tokens/padding handed to the trainer per lane, with each
-        dataset's tokens and images in those rows (`lanes[lane]["datasets"]`, summed over the
-        rank's lanes as `"mixture"`: the realised mixture, padding counted for none). Record counts
+        dataset and lane, and rows/tokens/padding/learned tokens handed to the trainer per lane,
+        with each dataset's tokens, images and learned tokens in those rows
+        (`lanes[lane]["datasets"]`, summed over the rank's lanes as `"mixture"`: the realised
+        mixture, padding counted for none). A learned token is one whose label a loss counts (not
+        IGNORE_INDEX): a document's tokens but its last, less those its loss mask leaves out and
+        its image placeholders; a masked document learns none. Record counts
         are taken when a lane takes a chunk's records into its packer (not while the chunk waits
         in the prefetch window), so they run ahead of the trainer by what each lane holds: the
         rest of that chunk, the packer's open rows, the shuffle buffer and the rows looked ahead.

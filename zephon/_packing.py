@@ -220,6 +220,22 @@ class FlatRowPlan:
         return out
 
     @property
+    def learned_by_dataset(self) -> dict[str, int]:
+        """{dataset: learned tokens} of the row's pieces: the labels `_assemble` writes that a loss
+        counts. A piece learns each token after its first up to one past its end, where its
+        document has one; a masked document's, where its targets keep them. Counted without the
+        arrays but for a masked piece's targets, as `tokens_by_dataset` counts its tokens."""
+        out: dict[str, int] = {}
+        for tokens, start, stop, address, targets in self.pieces:
+            if targets is None:
+                learned = min(stop, len(tokens) - 1) - start
+            else:
+                learned = int(np.count_nonzero(targets[start + 1 : stop + 1] != IGNORE_INDEX))
+            if learned:
+                out[address.dataset] = out.get(address.dataset, 0) + learned
+        return out
+
+    @property
     def images_by_dataset(self) -> dict[str, int]:
         """A text row holds no images."""
         return {}

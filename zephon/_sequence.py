@@ -53,6 +53,14 @@ class PackedSequence:
         return self._by_dataset(real[real != PADDING_DOCUMENT])
 
     @property
+    def learned_by_dataset(self) -> dict[str, int]:
+        """{dataset: learned tokens} of the row: the positions whose label a loss counts (not
+        IGNORE_INDEX), each for its document's dataset. A row plan says the same from its pieces."""
+        documents = self.tokens["document_ids"]
+        learned = (self.tokens["labels"] != IGNORE_INDEX) & (documents != PADDING_DOCUMENT)
+        return self._by_dataset(documents[learned])
+
+    @property
     def images_by_dataset(self) -> dict[str, int]:
         """{dataset: images} of the row: an image is its document's at its first placeholder
         (`image_token_offset`). A video in a layout of its own (`video_token_offset`) counts the

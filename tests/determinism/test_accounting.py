@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from tests.harness import GLOBAL_BATCH, MICROBATCH, NUM_LANES, checkpoint_after, dataset_counts_in, text_pipeline
 from zephon import Pipeline, RecordAddress
+from zephon._sequence import IGNORE_INDEX
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -154,13 +155,16 @@ def test_a_new_iteration_of_the_same_loader_counts_nothing_twice(dirty_corpora, 
 
 
 def _rows_handed(batches) -> dict[int, dict]:
-    """Per lane: rows, real tokens and padding tokens in the microbatches themselves, and the
-    tokens and images of each dataset in them."""
+    """Per lane: rows, real tokens, padding tokens and learned tokens (labels a loss counts) in the
+    microbatches themselves, and the tokens, images and learned tokens of each dataset in them."""
     counts: dict[int, Counter] = {}
     for batch in batches:
         rows, length = batch.tokens["input_ids"].shape
         real = batch.num_real_tokens
-        counts.setdefault(batch.lane, Counter()).update(rows=rows, tokens=real, padding=rows * length - real)
+        learned = int(np.count_nonzero(batch.tokens["labels"] != IGNORE_INDEX))
+        counts.setdefault(batch.lane, Counter()).update(
+            rows=rows, tokens=real, padding=rows * length - real, learned=learned
+        )
     datasets = dataset_counts_in(batches)
     return {lane: {**c, "datasets": datasets[lane]} for lane, c in sorted(counts.items())}
 
@@ -217,6 +221,9 @@ ID_RANGES = {"a": range(1000, 2000), "b": range(5000, 6000)}
 """The token ids of each dataset of `id_corpora`: a batch's ids say which dataset each token is
 from, whatever its `sources` and `document_ids` say (padding is id 0)."""
 
+ID_DOCUMENTS = {"a": 60, "b": 40}
+"""The documents `id_corpora` writes of each dataset, in two shards."""
+
 
 @pytest.fixture(scope="module")
 def id_corpora(tmp_path_factory):
@@ -229,7 +236,7 @@ def id_corpora(tmp_path_factory):
         (root / name).mkdir()
         for shard in range(2):
             lines = []
-            for _ in range(30 if name == "a" else 20):
+            for _ in range(ID_DOCUMENTS[name] // 2):
                 doc = rng.integers(ids.start, ids.stop, size=int(rng.integers(1, 91))).tolist()
                 written[name] += len(doc)
                 lines.append(json.dumps({"ids": doc}))
@@ -273,18 +280,22 @@ def _mixture_of_ranks(world_size: int, root: Path, state=None) -> tuple[dict, di
 def test_the_realised_mixture_is_each_dataset_s_tokens_in_the_rows_handed_over(id_corpora, algorithm):
     """stats()["mixture"] and each lane's "datasets" count the tokens of each dataset in the rows
     the trainer was handed (a document cut across rows in each row's share, padding in none), and
-    add up to the lane's `tokens`; told apart here by the ids themselves."""
+    add up to the lane's `tokens`; told apart here by the ids themselves. Every document is
+    learned whole but for its last token, which has no next token to learn."""
     root, written = id_corpora
     with _ids_pipeline(root, algorithm).shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
         batches = list(loader)
         stats = loader.stats()
     assert any(len(sources) > 1 for b in batches for sources in b.sources), "no row holds two documents"
-    assert stats["datasets"]["a"]["total"]["emitted"] == 60 and stats["datasets"]["b"]["total"]["emitted"] == 40
+    assert {name: stats["datasets"][name]["total"]["emitted"] for name in ID_DOCUMENTS} == ID_DOCUMENTS
     in_batches = _tokens_by_id_range(batches)
     assert in_batches == written, "every id of the epoch is in a batch once (the check below reads them all)"
-    assert stats["mixture"] == {name: {"tokens": n, "images": 0} for name, n in in_batches.items()}
+    assert stats["mixture"] == {
+        name: {"tokens": n, "images": 0, "learned": n - ID_DOCUMENTS[name]} for name, n in in_batches.items()
+    }
     for lane, counts in stats["lanes"].items():
         assert sum(d["tokens"] for d in counts["datasets"].values()) == counts["tokens"] > 0, lane
+        assert sum(d["learned"] for d in counts["datasets"].values()) == counts["learned"] > 0, lane
         assert counts["padding"] > 0, "padding counts for no dataset"
     assert {lane: counts["datasets"] for lane, counts in stats["lanes"].items()} == dataset_counts_in(batches)
 
@@ -296,7 +307,9 @@ def test_the_realised_mixture_carries_across_a_resume_on_another_rank_count(id_c
     counted again, and those handed over before the save are not lost."""
     root, written = id_corpora
     whole_lanes, whole_mixture = _mixture_of_ranks(1, root)
-    assert whole_mixture == {name: {"tokens": n, "images": 0} for name, n in written.items()}
+    assert whole_mixture == {
+        name: {"tokens": n, "images": 0, "learned": n - ID_DOCUMENTS[name]} for name, n in written.items()
+    }
     state = checkpoint_after(_ids_pipeline(root), 2, 2)
     assert any(counts["rows"]["rows"] for counts in state["ledger"].values()), "the state carries rows handed over"
     lanes, mixture = _mixture_of_ranks(world_size, root, state)

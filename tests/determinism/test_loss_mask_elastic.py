@@ -82,15 +82,19 @@ def test_a_resume_on_another_world_size_gives_the_uninterrupted_batches(corpora,
 
 def test_an_epoch_learns_every_answer_token_and_eos_and_no_prompt_token(corpora, demo_tokenizer_path):
     """Over one epoch the learned labels are, as a multiset, every record's text ids and EOS (a
-    web record's first text id too: its empty prompt leaves only BOS out); no prompt id is learned."""
+    web record's first text id too: its empty prompt leaves only BOS out); no prompt id is learned.
+    The ledger counts them, per dataset, in `stats()["mixture"][name]["learned"]`."""
     encode = load_tokenizer(str(demo_tokenizer_path)).tokenizer.encode
     expected: list[int] = []
+    expected_by_dataset = {corpus.name: 0 for corpus in corpora}
     prompts = 0
     for corpus in corpora:
         for shard in sorted(corpus.glob("*.jsonl")):
             for line in shard.read_text().splitlines():
                 record = json.loads(line)
-                expected += encode(record["text"], add_special_tokens=False).ids + [1]
+                answer = encode(record["text"], add_special_tokens=False).ids + [1]
+                expected += answer
+                expected_by_dataset[corpus.name] += len(answer)
                 prompts += len(encode(record.get("prompt", ""), add_special_tokens=False).ids)
     learned, positions = [], 0
     with pipeline(corpora, demo_tokenizer_path, num_epochs=1).shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
@@ -103,3 +107,5 @@ def test_an_epoch_learns_every_answer_token_and_eos_and_no_prompt_token(corpora,
     assert sorted(learned) == sorted(expected)
     assert prompts > 0 and positions == len(expected) + prompts + 120, "every record's BOS, prompt, text and EOS"
     assert all(not totals["total"].get("skipped") for totals in stats["datasets"].values())
+    assert {name: counts["learned"] for name, counts in stats["mixture"].items()} == expected_by_dataset
+    assert sum(lane["learned"] for lane in stats["lanes"].values()) == len(expected)

@@ -91,7 +91,7 @@ def test_reliability_stats_example_reads_the_keys_it_shows_and_its_ledger_balanc
         .pack_flat(max_length=16).batch(1)
     )
     with pipeline.shard(0, 1, global_batch_size=2) as loader:
-        rows = sum(len(batch.tokens["input_ids"]) for batch in loader)
+        batches = list(loader)
         namespace = {"loader": loader}
         exec(compile(stats_block, "docs/RELIABILITY.md", "exec"), namespace)
     stats = namespace["stats"]
@@ -102,10 +102,16 @@ def test_reliability_stats_example_reads_the_keys_it_shows_and_its_ledger_balanc
     assert set(lanes) == set(stats["lanes"]) == {0, 1}
     for lane in lanes.values():
         assert lane["read"] == lane["emitted"] + lane["filtered"] + sum(lane["skipped"].values())
-    assert {key for lane in stats["lanes"].values() for key in lane} == {"rows", "tokens", "padding", "datasets"}
-    assert sum(lane["rows"] for lane in stats["lanes"].values()) == rows
-    assert all(lane["datasets"] == {"web": {"tokens": lane["tokens"], "images": 0}} for lane in stats["lanes"].values())
-    assert stats["mixture"] == {"web": {"tokens": sum(lane["tokens"] for lane in stats["lanes"].values()), "images": 0}}
+    assert {key for lane in stats["lanes"].values() for key in lane} == {"rows", "tokens", "padding", "learned",
+                                                                         "datasets"}
+    assert sum(lane["rows"] for lane in stats["lanes"].values()) == sum(len(b.tokens["input_ids"]) for b in batches)
+    for number, lane in stats["lanes"].items():
+        learned = sum(int((b.tokens["labels"] >= 0).sum()) for b in batches if b.lane == number)
+        assert lane["learned"] == learned > 0
+        assert lane["datasets"] == {"web": {"tokens": lane["tokens"], "images": 0, "learned": learned}}
+    lanes = stats["lanes"].values()
+    assert stats["mixture"] == {"web": {"tokens": sum(lane["tokens"] for lane in lanes), "images": 0,
+                                        "learned": sum(lane["learned"] for lane in lanes)}}
 
 
 def test_io_readme_example_reads_a_datasets_chunks_as_printed(monkeypatch):

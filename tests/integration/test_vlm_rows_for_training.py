@@ -25,7 +25,7 @@ from PIL import Image
 
 from tests.unit.test_vlm_assets import stored_png
 from vlm import ImageSpec, PixtralPlaceholders, QwenPlaceholders
-from zephon import Pipeline
+from zephon import IGNORE_INDEX, Pipeline
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -253,8 +253,10 @@ def test_every_packed_row_is_what_the_model_expects_from_its_documents_and_their
     assert sum(lane["padding"] for lane in lanes) == sum(int((b.tokens["document_ids"] < 0).sum()) for b in batches), \
         "padding is counted as such, not as usable tokens"
     assert stats["mixture"] == {"docs": {"tokens": sum(lane["tokens"] for lane in lanes),
-                                         "images": sum(len(b.ragged["image_grid"]) for b in batches)}}, \
-        "the dataset's tokens (cut captions as cut) and images in the rows handed over"
+                                         "images": sum(len(b.ragged["image_grid"]) for b in batches),
+                                         "learned": sum(int((b.tokens["labels"] != IGNORE_INDEX).sum())
+                                                        for b in batches)}}, \
+        "the dataset's tokens (cut captions as cut), images and learned tokens in the rows handed over"
     assert any(len(sources) and not images for b in batches
                for sources, images in zip(b.sources, b.ragged_counts["image_grid"])), \
         "a row of documents without images was checked"
@@ -291,3 +293,5 @@ def test_a_document_whose_image_fails_after_packing_trains_nothing_and_its_row_n
     assert {key for key, r in by_address.items() if failing.intersection(r["images"])} <= set(packed)
     masked = sum(lane.get("masked:truncated_image", 0) for lane in stats["lanes"].values())
     assert masked == len(failing), "each masked document is counted by its reason"
+    learned = sum(int((b.tokens["labels"] != IGNORE_INDEX).sum()) for b in batches)
+    assert stats["mixture"]["docs"]["learned"] == learned, "a masked document learns nothing"

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from tests.harness import assert_plans_collate_like_their_rows
 from zephon import BadRecordError, ConfigurationError, IGNORE_INDEX, Pipeline
 from zephon._packing import FirstFitPacker, PackFlatOp, WrapPacker
 from zephon._record_ops import TokenizeOp
@@ -201,10 +202,14 @@ def test_every_row_s_labels_are_its_documents_next_tokens_where_their_masks_keep
             else:
                 assert label == IGNORE_INDEX
     assert packer.drain_skips() == []
+    learned = 0
     for index, record in enumerate(docs):
         mask = record.get("loss_mask")
-        assert got[index] == expected_labels(record["input_ids"], None if mask is None else np.asarray(mask, bool)), \
-            index
+        labels = expected_labels(record["input_ids"], None if mask is None else np.asarray(mask, bool))
+        assert got[index] == labels, index
+        learned += sum(label != IGNORE_INDEX for label in labels)
+    assert sum(plan.learned_by_dataset.get("d", 0) for plan in plans) == learned, "what the ledger counts"
+    assert_plans_collate_like_their_rows(plans, microbatch=3)
     assert any(label == IGNORE_INDEX for index in got for label in got[index][:-1]), "some mask left a token out"
 
 

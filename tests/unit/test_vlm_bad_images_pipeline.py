@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.harness import dataset_counts_in
 from tests.unit.test_vlm_assets import png_header_only
 from vlm import ImageSpec
 from vlm._assets import pair_shards, photographs, tekken_tokenizer
@@ -229,6 +230,8 @@ def test_deferred_decode_masks_an_image_that_fails_after_packing_and_counts_it(s
                 assert in_document.sum() > 0, "the masked document keeps its place in the row"
                 assert (batch.tokens["labels"][row][in_document] == -100).all(), "and trains nothing"
     assert found == 1
+    assert {lane: counts["datasets"] for lane, counts in stats["lanes"].items()} == dataset_counts_in(batches), \
+        "the masked document's tokens and image are counted, its learned tokens none"
     images = _images_by_key(batches, keys)
     assert not images["bad-truncated-jpeg"].any(), "its image is zeros"
     eager = _images_by_key(_run(shard, runner)[0], keys)

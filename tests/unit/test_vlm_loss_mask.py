@@ -113,6 +113,7 @@ def test_an_epoch_learns_every_answer_and_no_question_on_every_runner(corpus, fo
                 digests[runner].append(batch.digest())
                 arrays = batch.to_numpy()
                 learned += arrays["labels"][arrays["labels"] != IGNORE_INDEX].tolist()
+            assert loader.stats()["mixture"]["vqa"]["learned"] == len(answers), runner
         assert sorted(learned) == sorted(answers), runner
     assert digests["thread"] == digests["inline"] == digests["process"]
     assert len(digests["inline"]) > 1
