@@ -598,6 +598,18 @@ def test_a_data_recipe_mixture_that_is_not_shares_by_name_is_refused_naming_the_
         DataRecipe(datasets=[("kjv", str(DATA / "kjv"))], tokenizer=str(TOKENIZER), mixture=mixture)
 
 
+@pytest.mark.parametrize("num_epochs", [["kjv"], [("kjv", 1, 2)], ("kjv", 2)])
+def test_a_data_recipe_num_epochs_that_is_neither_a_count_nor_counts_by_name_is_refused_naming_the_field(num_epochs):
+    with pytest.raises(ConfigurationError, match="DataRecipe.num_epochs must be a count, or map dataset names to"):
+        DataRecipe(datasets=[("kjv", str(DATA / "kjv"))], tokenizer=str(TOKENIZER), num_epochs=num_epochs)
+
+
+def test_a_data_recipe_gives_each_dataset_the_passes_it_names():
+    recipe = DataRecipe(**{**_RECIPE, "num_epochs": {"jargon": 1, "kjv": 2}})
+    assert recipe.num_epochs == (("jargon", 1), ("kjv", 2)), "kept as pairs, like the mixture"
+    assert recipe.pipeline().source.epochs_of("kjv") == 2 and recipe.pipeline().source.epochs_of("jargon") == 1
+
+
 @pytest.mark.parametrize("flag", ["token_estimation", "cache"])
 @pytest.mark.parametrize("value", ["no", "false", 0, None])
 def test_a_data_recipe_switch_that_is_not_true_or_false_is_refused_naming_it(flag, value):
@@ -640,6 +652,7 @@ _RECIPE = dict(
         ({"datasets": [("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon" / "jargon-0000[01]-*"))]}, "datasets"),
         ({"token_estimation": True}, "token_estimation (or the text it measured)"),
         ({"num_lanes": 8}, "num_lanes"),
+        ({"num_epochs": {"kjv": 2, "jargon": 1}}, "num_epochs"),
         ({"global_batch_size": 32}, "global_batch_size (the loader's)"),
     ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,

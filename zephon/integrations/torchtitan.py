@@ -87,6 +87,8 @@ class DataRecipe:
 
     `datasets` are `(name, url)` pairs (any URL `zephon.io.Dataset.from_path` reads); a mapping is
     accepted and kept in its order. `mixture` maps names to token shares (normalised; None: equal).
+    `num_epochs` is one count of passes for every dataset, or maps names to counts, kept as pairs
+    like `mixture` (None: endless).
     `num_lanes` should be a common multiple of every data-parallel size the run may use.
     """
 
@@ -105,7 +107,7 @@ class DataRecipe:
     flush_every_chunks: int = 16
     records_per_chunk: int = 128
     token_estimation: bool = True
-    num_epochs: int | None = None
+    num_epochs: int | tuple[tuple[str, int], ...] | None = None
     parallelism: int = 1
     runner: str = "auto"
     cache: bool = False
@@ -129,6 +131,15 @@ class DataRecipe:
                     f"DataRecipe.mixture must map dataset names to token shares, got {self.mixture!r}"
                 ) from None
             object.__setattr__(self, "mixture", mixture)
+        if isinstance(self.num_epochs, (Mapping, list, tuple)):  # a count is the work source's to check
+            epochs = self.num_epochs.items() if isinstance(self.num_epochs, Mapping) else self.num_epochs
+            try:
+                epochs = tuple((str(name), count) for name, count in epochs)
+            except (TypeError, ValueError):
+                raise ConfigurationError(
+                    f"DataRecipe.num_epochs must be a count, or map dataset names to counts, got {self.num_epochs!r}"
+                ) from None
+            object.__setattr__(self, "num_epochs", epochs)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
         for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
@@ -149,7 +160,7 @@ class DataRecipe:
             token_estimation=TokenEstimation() if self.token_estimation else None,
             seed=self.seed,
             records_per_chunk=self.records_per_chunk,
-            num_epochs=self.num_epochs,
+            num_epochs=dict(self.num_epochs) if isinstance(self.num_epochs, tuple) else self.num_epochs,
         )
         return (
             Pipeline(source)

@@ -144,7 +144,7 @@ class _MixtureWorkSource:
         token_estimation: TokenEstimation | None,
         seed: int,
         records_per_chunk: int,
-        num_epochs: int | None,
+        num_epochs: int | Mapping[str, int] | None,
         round_size: int,
     ) -> None:
         names = [d.name for d in datasets]
@@ -152,8 +152,7 @@ class _MixtureWorkSource:
             raise ConfigurationError(f"dataset names must be unique, got {names}")
         records_per_chunk = check_count(records_per_chunk, "records_per_chunk")
         round_size = check_count(round_size, "round_size")
-        if num_epochs is not None:
-            num_epochs = check_count(num_epochs, "num_epochs (or None: endless)")
+        num_epochs = _checked_epochs(num_epochs, names)
         if token_estimation is not None and not isinstance(token_estimation, TokenEstimation):
             raise ConfigurationError(f"token_estimation must be a TokenEstimation instance or None, got {token_estimation!r}")
         self.datasets = tuple(datasets)
@@ -189,6 +188,10 @@ class _MixtureWorkSource:
         """The datasets' names, in declaration order: what a stage's `dataset_scope` is checked
         against before the source is bound (see `WorkSource`)."""
         return tuple(d.name for d in self.datasets)
+
+    def epochs_of(self, name: str) -> int | None:
+        """The passes over dataset `name` a finite plan makes (None: endless)."""
+        return self.num_epochs if not isinstance(self.num_epochs, dict) else self.num_epochs[name]
 
     def live_names(self) -> list[str]:
         """Datasets with a positive weight in some phase, in declaration order."""
@@ -248,6 +251,33 @@ def _check_datasets(datasets) -> None:
         raise ConfigurationError(f"datasets must be a sequence of zephon.io.Dataset, got {datasets!r}")
     if not datasets:
         raise ConfigurationError("a work source needs at least one dataset")
+
+
+def _checked_epochs(num_epochs, names: list[str]) -> int | dict[str, int] | None:
+    """`num_epochs` as a plan keeps it: None (endless), one count for every dataset, or a count per
+    dataset naming each exactly. Counts all alike are the one count: the same plan, so the same
+    fingerprint, and a checkpoint saved with either resumes with the other."""
+    if num_epochs is None:
+        return None
+    if not isinstance(num_epochs, Mapping):
+        return check_count(num_epochs, "num_epochs (or None: endless)")
+    _check_names("num_epochs", num_epochs, names, "count",
+                 "key it by the names given to Dataset.from_path, one count each, or give one count for all")
+    epochs = {name: check_count(num_epochs[name], f"num_epochs[{name!r}]") for name in names}
+    counts = set(epochs.values())
+    return counts.pop() if len(counts) == 1 else epochs
+
+
+def _check_names(argument: str, given: Mapping, names: list[str], value: str, remedy: str) -> None:
+    """Refuse a per-dataset mapping (`mixture`, `num_epochs`) that does not name every dataset
+    exactly once, saying which names are no dataset's and which datasets have no `value`."""
+    if set(given) == set(names):
+        return
+    unknown, unnamed = sorted(set(given) - set(names)), sorted(set(names) - set(given))
+    problems = ([f"{unknown} name no dataset"] if unknown else []) + ([f"{unnamed} have no {value}"] if unnamed else [])
+    raise ConfigurationError(
+        f"{argument} names {sorted(given)} do not match dataset names {sorted(names)}: {'; '.join(problems)}; {remedy}"
+    )
 
 
 def _validate_schedule(schedule, names: list[str]) -> Schedule:
@@ -314,8 +344,11 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
     `token_estimation`, weights are token shares; without one, they are record shares.
     `num_epochs=None` plans forever (each dataset restarts with a fresh permutation); an integer
     bounds each dataset to that many passes, after which it drops out and the plan ends once every
-    dataset is done. `records_per_chunk` is the unit of dispatch and of mixing; `round_size` is about
-    how many chunks a planning round holds.
+    dataset is done; a mapping gives each dataset its own count (`{"math": 3, "web": 1}`: three
+    passes over one, one over the other). The weights still say how the datasets interleave while
+    each lasts: for all of them to end together, weigh each by its passes times its tokens.
+    `records_per_chunk` is the unit of dispatch and of mixing; `round_size` is about how many
+    chunks a planning round holds.
     """
 
     def __init__(
@@ -326,7 +359,7 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
         seed: int = 0,
         *,
         records_per_chunk: int = 128,
-        num_epochs: int | None = None,
+        num_epochs: int | Mapping[str, int] | None = None,
         round_size: int = 1024,
     ) -> None:
         _check_datasets(datasets)
@@ -334,15 +367,8 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
             raise ConfigurationError(f"mixture maps dataset names to weights, got {mixture!r}")
         names = [d.name for d in datasets]
         mixture = dict(mixture) if mixture is not None else {n: 1.0 for n in names}
-        if set(mixture) != set(names):
-            unknown, unweighted = sorted(set(mixture) - set(names)), sorted(set(names) - set(mixture))
-            problems = [f"{unknown} name no dataset"] if unknown else []
-            if unweighted:
-                problems.append(f"{unweighted} have no weight")
-            raise ConfigurationError(
-                f"mixture names {sorted(mixture)} do not match dataset names {sorted(names)}: {'; '.join(problems)}; "
-                "key the mixture by the names given to Dataset.from_path, one weight each (0 leaves one out)"
-            )
+        _check_names("mixture", mixture, names, "weight",
+                     "key the mixture by the names given to Dataset.from_path, one weight each (0 leaves one out)")
         super().__init__(datasets, [(0, mixture)], token_estimation, seed, records_per_chunk, num_epochs, round_size)
 
     @property
@@ -352,7 +378,7 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
         return dict(self.schedule[0][1])
 
 
-def _check_finite_schedule(schedule: Schedule, live: list[str], num_epochs: int) -> None:
+def _check_finite_schedule(schedule: Schedule, live: list[str], num_epochs: int | dict[str, int]) -> None:
     """A finite plan ends when every dataset it draws on has finished its epochs; a dataset whose
     weight is 0 in the last phase stops being drawn there and would never finish, so the plan
     could neither deliver the rest of it nor end."""
@@ -385,7 +411,7 @@ class ScheduledMixtureWorkSource(_MixtureWorkSource):
         seed: int = 0,
         *,
         records_per_chunk: int = 128,
-        num_epochs: int | None = None,
+        num_epochs: int | Mapping[str, int] | None = None,
         round_size: int = 1024,
     ) -> None:
         _check_datasets(datasets)
@@ -445,7 +471,7 @@ class MixturePlan:
                 [(start / num_lanes, {n: w[n] for n in dealt}) for start, w in source.schedule],
                 seed=f"{source.seed}/lane/{lane}",
                 round_size=max(1, source.round_size // num_lanes),
-                num_epochs=source.num_epochs,
+                num_epochs=None if source.num_epochs is None else {n: source.epochs_of(n) for n in dealt},
             )
             for lane in range(num_lanes)
         ]
@@ -604,7 +630,8 @@ class TokenInterleave:
     target token shares. Thread-unsafe (it caches rounds): each loader binds its own plan.
     """
 
-    def __init__(self, chunks, weights, phases, *, seed: str, round_size: int, num_epochs: int | None) -> None:
+    def __init__(self, chunks, weights, phases, *, seed: str, round_size: int,
+                 num_epochs: dict[str, int] | None) -> None:
         self._names = list(chunks)
         self._chunks = chunks
         self._weights = weights
@@ -678,7 +705,8 @@ class TokenInterleave:
         return order, np.cumsum(weights) - weights / 2
 
     def _limit(self, name: str) -> int | None:
-        return None if self._num_epochs is None else self._num_epochs * len(self._chunks[name])
+        """The slots of `name` the lane's plan holds: its passes over the dataset's chunks."""
+        return None if self._num_epochs is None else self._num_epochs[name] * len(self._chunks[name])
 
     def _count_before(self, name: str, round_index: int) -> int:
         """How many chunks of `name` come before round `round_index`."""
