@@ -88,7 +88,8 @@ class DataRecipe:
     `datasets` are `(name, url)` pairs (any URL `zephon.io.Dataset.from_path` reads); a mapping is
     accepted and kept in its order. `mixture` maps names to token shares (normalised; None: equal).
     `num_epochs` is one count of passes for every dataset, or maps names to counts, kept as pairs
-    like `mixture` (None: endless).
+    like `mixture` (None: endless; a count may be a fraction of a pass, see
+    `StaticMixtureWorkSource`).
     `num_lanes` should be a common multiple of every data-parallel size the run may use.
     """
 
@@ -107,7 +108,7 @@ class DataRecipe:
     flush_every_chunks: int = 16
     records_per_chunk: int = 128
     token_estimation: bool = True
-    num_epochs: int | tuple[tuple[str, int], ...] | None = None
+    num_epochs: int | float | tuple[tuple[str, int | float], ...] | None = None
     parallelism: int = 1
     runner: str = "auto"
     cache: bool = False

@@ -130,6 +130,9 @@ measured again, on the same sample, to the same stats."""
 
 
 Schedule = tuple[tuple[int, dict[str, float]], ...]
+
+Passes = int | float
+"""Passes over a dataset (`num_epochs`): whole ones, or a fraction of one (0.5, 2.5)."""
 """Mixture phases: (global token count at which the phase starts, normalised weights)."""
 
 
@@ -144,7 +147,7 @@ class _MixtureWorkSource:
         token_estimation: TokenEstimation | None,
         seed: int,
         records_per_chunk: int,
-        num_epochs: int | Mapping[str, int] | None,
+        num_epochs: Passes | Mapping[str, Passes] | None,
         round_size: int,
     ) -> None:
         names = [d.name for d in datasets]
@@ -189,7 +192,7 @@ class _MixtureWorkSource:
         against before the source is bound (see `WorkSource`)."""
         return tuple(d.name for d in self.datasets)
 
-    def epochs_of(self, name: str) -> int | None:
+    def epochs_of(self, name: str) -> Passes | None:
         """The passes over dataset `name` a finite plan makes (None: endless)."""
         return self.num_epochs if not isinstance(self.num_epochs, dict) else self.num_epochs[name]
 
@@ -253,19 +256,29 @@ def _check_datasets(datasets) -> None:
         raise ConfigurationError("a work source needs at least one dataset")
 
 
-def _checked_epochs(num_epochs, names: list[str]) -> int | dict[str, int] | None:
-    """`num_epochs` as a plan keeps it: None (endless), one count for every dataset, or a count per
-    dataset naming each exactly. Counts all alike are the one count: the same plan, so the same
-    fingerprint, and a checkpoint saved with either resumes with the other."""
+def _checked_epochs(num_epochs, names: list[str]) -> Passes | dict[str, Passes] | None:
+    """`num_epochs` as a plan keeps it: None (endless), one count of passes for every dataset, or a
+    count per dataset naming each exactly. Counts all alike are the one count: the same plan, so
+    the same fingerprint, and a checkpoint saved with either resumes with the other."""
     if num_epochs is None:
         return None
     if not isinstance(num_epochs, Mapping):
-        return check_count(num_epochs, "num_epochs (or None: endless)")
+        return _passes(num_epochs, "num_epochs (or None: endless)")
     _check_names("num_epochs", num_epochs, names, "count",
                  "key it by the names given to Dataset.from_path, one count each, or give one count for all")
-    epochs = {name: check_count(num_epochs[name], f"num_epochs[{name!r}]") for name in names}
+    epochs = {name: _passes(num_epochs[name], f"num_epochs[{name!r}]") for name in names}
     counts = set(epochs.values())
     return counts.pop() if len(counts) == 1 else epochs
+
+
+def _passes(value: object, what: str) -> Passes:
+    """A positive number of passes, an int where it is whole (2.0 is 2: the same plan and
+    fingerprint), else a float. A bool, a string or a non-finite number is refused."""
+    if not is_finite_number(value) or not value > 0:
+        raise ConfigurationError(
+            f"{what} must be a positive number of passes (2, or 0.5 for half of one), got {value!r}"
+        )
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def _check_names(argument: str, given: Mapping, names: list[str], value: str, remedy: str) -> None:
@@ -345,8 +358,11 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
     `num_epochs=None` plans forever (each dataset restarts with a fresh permutation); an integer
     bounds each dataset to that many passes, after which it drops out and the plan ends once every
     dataset is done; a mapping gives each dataset its own count (`{"math": 3, "web": 1}`: three
-    passes over one, one over the other). The weights still say how the datasets interleave while
-    each lasts: for all of them to end together, weigh each by its passes times its tokens.
+    passes over one, one over the other). A fraction reads that share of a pass (`{"web": 0.5}`):
+    in each lane, the nearest whole number of its chunks of the dataset, at least one, in the
+    pass's seeded order, so about half of web's records, none twice. The weights still say how the
+    datasets interleave while each lasts: for all of them to end together, weigh each by its passes
+    times its tokens.
     `records_per_chunk` is the unit of dispatch and of mixing; `round_size` is about how many
     chunks a planning round holds.
     """
@@ -359,7 +375,7 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
         seed: int = 0,
         *,
         records_per_chunk: int = 128,
-        num_epochs: int | Mapping[str, int] | None = None,
+        num_epochs: Passes | Mapping[str, Passes] | None = None,
         round_size: int = 1024,
     ) -> None:
         _check_datasets(datasets)
@@ -378,7 +394,7 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
         return dict(self.schedule[0][1])
 
 
-def _check_finite_schedule(schedule: Schedule, live: list[str], num_epochs: int | dict[str, int]) -> None:
+def _check_finite_schedule(schedule: Schedule, live: list[str], num_epochs: Passes | dict[str, Passes]) -> None:
     """A finite plan ends when every dataset it draws on has finished its epochs; a dataset whose
     weight is 0 in the last phase stops being drawn there and would never finish, so the plan
     could neither deliver the rest of it nor end."""
@@ -411,7 +427,7 @@ class ScheduledMixtureWorkSource(_MixtureWorkSource):
         seed: int = 0,
         *,
         records_per_chunk: int = 128,
-        num_epochs: int | Mapping[str, int] | None = None,
+        num_epochs: Passes | Mapping[str, Passes] | None = None,
         round_size: int = 1024,
     ) -> None:
         _check_datasets(datasets)
@@ -631,7 +647,7 @@ class TokenInterleave:
     """
 
     def __init__(self, chunks, weights, phases, *, seed: str, round_size: int,
-                 num_epochs: dict[str, int] | None) -> None:
+                 num_epochs: dict[str, Passes] | None) -> None:
         self._names = list(chunks)
         self._chunks = chunks
         self._weights = weights
@@ -705,8 +721,12 @@ class TokenInterleave:
         return order, np.cumsum(weights) - weights / 2
 
     def _limit(self, name: str) -> int | None:
-        """The slots of `name` the lane's plan holds: its passes over the dataset's chunks."""
-        return None if self._num_epochs is None else self._num_epochs[name] * len(self._chunks[name])
+        """The slots of `name` the lane's plan holds: its passes over the dataset's chunks, a
+        fraction of a pass rounded to the nearest chunk (at least one: the lane mixes the dataset)."""
+        if self._num_epochs is None:
+            return None
+        passes, chunks = self._num_epochs[name], len(self._chunks[name])
+        return passes * chunks if isinstance(passes, int) else max(1, round(passes * chunks))
 
     def _count_before(self, name: str, round_index: int) -> int:
         """How many chunks of `name` come before round `round_index`."""
