@@ -41,8 +41,8 @@ nox.options.download_python = "never"  # no network here; find the interpreter o
 # transformers' dependency safetensors has a cp314t wheel only as the pre-release 0.9.0rc1; naming
 # a pre-release in the requirement lets pip take it for that one package without a global --pre.
 EXTRAS = {
-    PY311: ("-e", ".[test,torch,vlm,plot,http]", TORCH_PIN, "av<19"),
-    PY314T: ("-e", ".[test,vlm,plot,http]", "safetensors>=0.9.0rc1"),
+    PY311: ("-e", ".[test,torch,vlm,chat,plot,http]", TORCH_PIN, "av<19"),
+    PY314T: ("-e", ".[test,vlm,chat,plot,http]", "safetensors>=0.9.0rc1"),
 }
 
 # Modules whose tests skip where they are missing (tests/conftest.py) but must run in these

@@ -27,7 +27,7 @@ from ._field_names import fields_it_has
 from ._sequence import IGNORE_INDEX
 
 __all__ = ["LOSS_MASK_FIELD", "check_loss_mask_options", "encode_segments", "loss_mask_detail", "prompt_segments",
-           "record_segments", "segments_detail", "segments_problem", "targets_of"]
+           "record_segments", "sample", "segments_detail", "segments_problem", "targets_of"]
 
 LOSS_MASK_FIELD = "loss_mask"
 """The field `tokenize(prompt_field=...)` writes and packers read by default."""
@@ -107,25 +107,32 @@ def _describe(field: str, ids_field: str, record: dict) -> str:
     count = len(ids) if ids is not None and hasattr(ids, "__len__") else "no"
     mask = _as_mask(value)
     if mask is None:
-        return f"{field!r} holds {type(value).__name__} {_sample(value)}, not one bool (or 0/1) per id of {ids_field!r}"
+        return f"{field!r} holds {type(value).__name__} {sample(value)}, not one bool (or 0/1) per id of {ids_field!r}"
     return f"{field!r} holds {len(mask)} flags for the {count} ids of {ids_field!r}"
 
 
-def _sample(value: object) -> str:
+def sample(value: object) -> str:
+    """A value as a detail shows it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- tokenize's side: a document's texts as (text, learned) segments ------------------------------
 
-def prompt_segments(prompt_field: str, field: str) -> Callable[[dict], list[tuple[str, bool]]]:
+Segment = tuple[str, bool, bool]
+"""A text, whether its ids are learned, and whether it is a chat template's own text, whose special
+tokens' strings are the control tokens they name (`tokenize(segments=True)`'s third item)."""
+
+
+def prompt_segments(prompt_field: str, field: str) -> Callable[[dict], list[Segment]]:
     """A record's segments under `tokenize(prompt_field=...)`: its prompt, not learned, then its text."""
-    return lambda record: [(record[prompt_field], False), (record[field], True)]
+    return lambda record: [(record[prompt_field], False, False), (record[field], True, False)]
 
 
-def record_segments(field: str) -> Callable[[dict], list[tuple[str, bool]]]:
-    """A record's segments under `tokenize(segments=True)`: its field's [text, learned] pairs."""
-    return lambda record: [(text, learned) for text, learned in record[field]]
+def record_segments(field: str) -> Callable[[dict], list[Segment]]:
+    """A record's segments under `tokenize(segments=True)`: its field's [text, learned] pairs, or
+    [text, learned, template] triples."""
+    return lambda record: [(item[0], item[1], len(item) == 3 and bool(item[2])) for item in record[field]]
 
 
 def segments_problem(value: object) -> str | None:
@@ -136,12 +143,12 @@ def segments_problem(value: object) -> str | None:
         return "missing_field"
     if not isinstance(value, (list, tuple)) or not all(_is_segment(item) for item in value):
         return "not_segments"
-    return None if any(text.strip() for text, _ in value) else "empty_document"
+    return None if any(item[0].strip() for item in value) else "empty_document"
 
 
 def _is_segment(item: object) -> bool:
-    return (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
-            and isinstance(item[1], (bool, np.bool_)))
+    return (isinstance(item, (list, tuple)) and len(item) in (2, 3) and isinstance(item[0], str)
+            and all(isinstance(flag, (bool, np.bool_)) for flag in item[1:]))
 
 
 def segments_detail(field: str, reason: str, record: dict) -> str:
@@ -156,23 +163,26 @@ def segments_detail(field: str, reason: str, record: dict) -> str:
         return (f"field {field!r} holds a text with a lone surrogate (as a JSON \\ud800 escape makes), which has "
                 "no UTF-8 form")
     bad = value if not isinstance(value, (list, tuple)) else next(item for item in value if not _is_segment(item))
-    return f"field {field!r} holds {_sample(bad)}, not a list of [text, learned] pairs (a str and true or false)"
+    return (f"field {field!r} holds {sample(bad)}, not a list of [text, learned] pairs (a str and true or false) "
+            "or [text, learned, template] triples")
 
 
-def encode_segments(encoded_runs, documents: list[list[tuple[str, bool]]], prefix: list[int], suffix: list[int],
+def encode_segments(encoded_runs, documents: list[list[Segment]], prefix: list[int], suffix: list[int],
                     marker: str | None) -> list[tuple[np.ndarray, object, np.ndarray]]:
     """Each document of segments as (ids, marker offsets or None, loss mask): BOS (`prefix`), each
     segment's ids, EOS (`suffix`); the mask False over BOS, each segment's ids flagged as it is,
-    and EOS as the last segment (an answer's end is learned with it). `encoded_runs(texts)` gives
-    each text's (ids, marker offsets): every segment of the chunk in one call, as `tokenize`
-    encodes a chunk's texts; a marker's offset counts every id before it."""
+    and EOS as the last segment (an answer's end is learned with it). `encoded_runs(texts,
+    templates)` gives each text's (ids, marker offsets), a template's text with its control tokens
+    matched: every segment of the chunk in one call, as `tokenize` encodes a chunk's texts; a
+    marker's offset counts every id before it."""
     from ._markers import MarkerOffsets
 
-    pieces = iter(encoded_runs([text for segments in documents for text, _ in segments]))
+    every = [segment for segments in documents for segment in segments]
+    pieces = iter(encoded_runs([text for text, _, _ in every], [template for _, _, template in every]))
     out = []
     for segments in documents:
         ids, lengths, flags, offsets = list(prefix), [len(prefix)], [False], []
-        for _, learned in segments:
+        for _, learned, _ in segments:
             piece, marks = next(pieces)
             if marker is not None:
                 offsets += [len(ids) + at for at in marks]

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
+from ._chat import RenderChatOp, check_chat_options
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count
 from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
@@ -178,7 +179,10 @@ class Pipeline:
         a map writes them with the model's chat template: `[["USER: <image>\\nWhat is it?
         ASSISTANT:", False], [" A dog.</s>", True], ...]`): each text is encoded apart, the ids are
         BOS, every segment's, EOS, and `loss_mask_field` marks each segment's ids as it is flagged,
-        EOS as the last segment. A record whose field is not such a list is skipped
+        EOS as the last segment. A segment may be a triple, [text, learned, True], for a chat
+        template's own text (`zephon.ChatSegments` writes them): the special tokens' strings in it
+        are the control tokens they name, while in the other segments (the messages' contents) they
+        stay text as `split_special_tokens` says. A record whose field is not such a list is skipped
         (`not_segments`), one whose texts are all blank as `empty_document`.
         """
         if isinstance(tokenizer_id, os.PathLike):
@@ -203,6 +207,40 @@ class Pipeline:
         handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
         handle.token_id(bos)
         handle.token_id(eos)
+        return self._with(op)
+
+    def render_chat(
+        self,
+        tokenizer_dir: str | os.PathLike,
+        field: str = "messages",
+        *,
+        output_field: str = "segments",
+        learned_roles: tuple[str, ...] | list[str] = ("assistant",),
+        parallelism: int = 1,
+        keep_field: bool = False,
+    ) -> Pipeline:
+        """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
+        messages, becomes `record[output_field]`, the segments `tokenize(field=output_field,
+        segments=True)` reads, as the chat template of the tokenizer in `tokenizer_dir` writes the
+        chat (transformers' `apply_chat_template`; `pip install 'zephon[chat]'`). The messages of
+        `learned_roles` are learned, from past their generation prompt to the end of their turn as
+        the template writes it; the template's own text is flagged so that its control tokens are
+        matched while the messages' contents stay text (`zephon._chat`). The template is read
+        now, and its text enters the recipe. Give the tokenizer no `bos` where the template writes
+        the BOS itself.
+
+        Each message's text is found by rendering the chat one message longer each time, so a
+        chat of n messages costs about n + (its learned messages) renderings of its prefixes. A
+        chat the template refuses is skipped (`chat_template_error`), as is one it writes otherwise
+        once later messages follow (`chat_template_not_prefix`), one whose content it does not write
+        as given (`chat_content_not_found`) and one that is no list of messages (`not_messages`).
+        """
+        tokenizer_dir = check_chat_options(tokenizer_dir, field, output_field, learned_roles)
+        if not isinstance(keep_field, bool):
+            raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
+        op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
+                          check_parallelism(parallelism, "render_chat"), keep_field)
+        op.template  # read now: a directory without a template is refused here, not in a worker
         return self._with(op)
 
     def pack_flat(

@@ -173,7 +173,8 @@ class TokenizeOp(RecordOperator):
     With a `prompt_field`, that field's text is encoded apart and its ids go between BOS and the
     text's; `loss_mask_field` gets one bool per id, False over BOS and the prompt (`_loss_mask`).
     With `segments`, `field` holds [text, learned] pairs (a chat's turns), each encoded apart,
-    their ids joined and masked by their flags.
+    their ids joined and masked by their flags; a [text, learned, True] triple is a chat template's
+    own text, encoded with the special tokens' strings matched.
     """
 
     tokenizer_id: str
@@ -207,6 +208,21 @@ class TokenizeOp(RecordOperator):
         tokenizer than the one encoding. A new pipeline reads the new file."""
         return load_tokenizer(self.tokenizer_id, split_special_tokens=self.split_special_tokens)
 
+    @functools.cached_property
+    def _template_handle(self) -> TokenizerHandle:
+        """The tokenizer of a chat template's own texts (segments flagged as the template's): the
+        same one, matching its special tokens' strings. Loaded at the first such text, and refused
+        where the file changed since the recipe named the first."""
+        if not self.split_special_tokens:
+            return self.handle()
+        matching = load_tokenizer(self.tokenizer_id, split_special_tokens=False)
+        if matching.digest != self.handle().digest:
+            raise ConfigurationError(
+                f"tokenize: {self.tokenizer_id!r} changed on disk after this pipeline loaded it; "
+                "build the pipeline again"
+            )
+        return matching
+
     def build(self, on_error: str) -> RecordFn:
         handle = self.handle()
         tokenizer = handle.tokenizer
@@ -223,6 +239,12 @@ class TokenizeOp(RecordOperator):
         if marker is not None:  # the pieces between markers of a call's texts, in that one call
             encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
         shift = len(prefix)
+
+        def template_encoder():
+            matching = self._template_handle.tokenizer
+            encode = getattr(matching, "encode_batch_fast", None) or matching.encode_batch
+            return encode if marker is None else functools.partial(encode_at_markers, encode, marker)
+
         prompt_field, loss_mask_field = self.prompt_field, self.loss_mask_field
         # Trained on part of each document: its texts as (text, learned) segments (`_loss_mask`).
         segments_of = (prompt_segments(prompt_field, field_name) if prompt_field is not None
@@ -245,8 +267,8 @@ class TokenizeOp(RecordOperator):
             if segments_of is None:
                 return _encode(encode_batch, tokens_of, calls, records, field_name, reasons)
             documents = [segments_of(r) for r, reason in zip(records, reasons) if reason is None]
-            return encode_segments(functools.partial(_encoded_runs, encode_batch, calls, marker is not None), documents,
-                                   prefix, suffix, marker)
+            runs = functools.partial(_encoded_runs, encode_batch, template_encoder, calls, marker is not None)
+            return encode_segments(runs, documents, prefix, suffix, marker)
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             records = batch.records
@@ -261,7 +283,7 @@ class TokenizeOp(RecordOperator):
                 # form: a lone surrogate, which a JSON `\ud800` escape makes. Only then is each text
                 # checked, so the usual batch pays nothing; such a record is `invalid_utf8`.
                 texts = ((lambda r: [r[field_name]]) if segments_of is None
-                         else (lambda r: [text for text, _ in segments_of(r)]))
+                         else (lambda r: [text for text, *_ in segments_of(r)]))
                 reasons = [reason or next(filter(None, map(_unencodable, texts(r))), None)
                            for r, reason in zip(records, reasons)]
                 encoded = encode(records, reasons)
@@ -338,12 +360,21 @@ def _encode(encode_batch, tokens_of, per_call: int | None, records: list[dict], 
             for encoding in encode_batch(run, add_special_tokens=False)]
 
 
-def _encoded_runs(encode_batch, per_call: int | None, marked: bool,
-                  texts: list[str]) -> list[tuple[list[int], list[int] | None]]:
+def _encoded_runs(encode_batch, template_encoder, per_call: int | None, marked: bool, texts: list[str],
+                  templates: list[bool]) -> list[tuple[list[int], list[int] | None]]:
     """(ids, marker offsets where `marked`) of each of `texts`, encoded as `_encode` encodes them,
-    in runs whose encodings are dropped before the next is encoded (only their ids are kept)."""
-    return [(encoding.ids, encoding.offsets if marked else None) for run in _runs(texts, per_call)
-            for encoding in encode_batch(run, add_special_tokens=False)]
+    in runs whose encodings are dropped before the next is encoded (only their ids are kept); the
+    texts flagged in `templates` (a chat template's own) with `template_encoder()`'s batch
+    encoder, which matches the special tokens' strings, and in a call of their own."""
+    def encoded(encode, chosen: list[str]) -> list:
+        return [(encoding.ids, encoding.offsets if marked else None) for run in _runs(chosen, per_call)
+                for encoding in encode(run, add_special_tokens=False)]
+
+    if not any(templates):
+        return encoded(encode_batch, texts)
+    plain = iter(encoded(encode_batch, [t for t, template in zip(texts, templates) if not template]))
+    theirs = iter(encoded(template_encoder(), [t for t, template in zip(texts, templates) if template]))
+    return [next(theirs) if template else next(plain) for template in templates]
 
 
 def _runs(texts: list[str], characters: int | None) -> list[list[str]]:

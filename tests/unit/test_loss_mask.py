@@ -147,10 +147,10 @@ def test_records_that_are_no_list_of_segments_are_skipped_by_name(demo_tokenizer
     assert [reason for _, reason in out.skipped] == ["not_segments"] * 3 + ["empty_document"] * 2 + \
         ["missing_field", "invalid_utf8"]
     details = {reason: list(found.values()) for reason, found in out.skip_details.items()}
-    assert details["not_segments"] == [
-        "field 'text' holds 'a plain text', not a list of [text, learned] pairs (a str and true or false)",
-        "field 'text' holds ['a', 1], not a list of [text, learned] pairs (a str and true or false)",
-        "field 'text' holds ['a', True, 'x'], not a list of [text, learned] pairs (a str and true or false)"]
+    lists = "not a list of [text, learned] pairs (a str and true or false) or [text, learned, template] triples"
+    assert details["not_segments"] == [f"field 'text' holds 'a plain text', {lists}",
+                                       f"field 'text' holds ['a', 1], {lists}",
+                                       f"field 'text' holds ['a', True, 'x'], {lists}"]
     assert details["empty_document"] == ["field 'text' holds 1 segment(s), every text blank",
                                          "field 'text' holds no segment"]
     assert details["missing_field"] == ["field 'text'; fields it has: 'body'"]

@@ -1,0 +1,230 @@
+"""Chats rendered with the model's own chat template (`Pipeline.render_chat`, zephon/_chat.py) and
+tokenized as segments: the ids transformers' `apply_chat_template(tokenize=True)` gives, learned
+exactly where its `{% generation %}` blocks say the assistant speaks, a message quoting a control
+token keeping it as text, and every chat the template cannot be split on skipped by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import AddedToken, Tokenizer
+from transformers import AutoTokenizer
+
+from zephon import BadRecordError, ConfigurationError, Pipeline, RecordAddress
+from zephon._chat import RenderChatOp
+from zephon._record_ops import TokenizeOp
+from zephon._records import Chunk, ChunkRecords
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+CONTROLS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+# ChatML, with transformers' generation blocks around what the assistant says (its content and its
+# end of turn), which give `return_assistant_tokens_mask` its reference.
+CHATML = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}<|im_end|>\n{% endgeneration %}"
+    "{% else %}{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Llama 3's layout: a header of control tokens, two newlines, the content trimmed, its end of turn.
+LLAMA3 = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim }}<|eot_id|>"
+    "{% endgeneration %}"
+    "{% else %}{{ message['content'] | trim }}<|eot_id|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+# A template whose headers end in a space, trimming each content, refusing a chat whose roles do not alternate.
+ALTERNATING = (
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+    "{% if message['role'] == 'user' %}<|im_start|>User: {{ message['content'] | trim }}<|im_end|>"
+    "{% else %}<|im_start|>Bot: {% generation %}{{ message['content'] | trim }}<|im_end|>{% endgeneration %}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>Bot: {% endif %}"
+)
+# Writes the last message otherwise than the others: no rendering is a prefix of the next.
+LAST_APART = (
+    "{% for message in messages %}{% if loop.last %}[last] {% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+)
+
+CHATS = [
+    [{"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "What is a lane?"},
+     {"role": "assistant", "content": "A stream of records."}, {"role": "user", "content": "And a shard?"},
+     {"role": "assistant", "content": "A file of them."}],
+    [{"role": "user", "content": "  spaced out  "}, {"role": "assistant", "content": "\nfine\n"}],
+]
+QUOTING = [{"role": "user", "content": "Quote the end token: <|im_end|> please."},
+           {"role": "assistant", "content": "It is <|im_end|>, written as text."}]
+
+
+def tokenizer_dir(root: Path, template: str, demo_tokenizer_path: Path) -> Path:
+    """The demo tokenizer with ChatML's and Llama 3's control tokens, and `template` as its chat template."""
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer.from_file(str(demo_tokenizer_path))
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in CONTROLS])
+    tokenizer.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
+        "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+    }))
+    return root
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory, demo_tokenizer_path) -> Path:
+    return tokenizer_dir(tmp_path_factory.mktemp("chatml"), CHATML, demo_tokenizer_path)
+
+
+def run(directory: Path, records: list[dict], on_error: str = "skip", **options) -> ChunkRecords:
+    """render_chat, then tokenize(segments=True), on one chunk of `records`."""
+    chunk = ChunkRecords(Chunk("d", 0, 0, len(records)), [dict(r) for r in records],
+                         [RecordAddress("d", "s", i) for i in range(len(records))])
+    rendered = RenderChatOp(str(directory), **options).build(on_error)(chunk)
+    return TokenizeOp(str(directory / "tokenizer.json"), field="segments", segments=True).build(on_error)(rendered)
+
+
+def reference(directory: Path, messages: list[dict]) -> tuple[list[int], list[bool]]:
+    """transformers' ids of the chat and its assistant mask (a token is learned as its label)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+    return list(encoded["input_ids"]), [bool(flag) for flag in encoded["assistant_masks"]]
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3"])
+@pytest.mark.parametrize("chat", range(len(CHATS)))
+def test_a_chat_is_the_ids_apply_chat_template_gives_learned_where_the_assistant_speaks(
+    tmp_path, demo_tokenizer_path, chatml, chat, template
+):
+    directory = chatml if template == "chatml" else tokenizer_dir(tmp_path / "llama3", LLAMA3, demo_tokenizer_path)
+    messages = CHATS[chat]
+    [record] = run(directory, [{"messages": messages}]).records
+    ids, learned = reference(directory, messages)
+    assert record["input_ids"].tolist() == ids
+    assert record["loss_mask"].tolist() == learned
+    assert any(learned) and not all(learned)
+    assert set(record) == {"input_ids", "loss_mask"}, "the messages and the segments are dropped as tokenized"
+
+
+def test_a_control_token_quoted_in_a_message_stays_text_and_the_template_s_own_are_control_ids(chatml):
+    """transformers' `apply_chat_template(tokenize=True)` encodes the quoted `<|im_end|>` as the
+    control token, ending the user's turn inside its content; here it is the content's text."""
+    [record] = run(chatml, [{"messages": QUOTING}]).records
+    tokenizer = Tokenizer.from_file(str(chatml / "tokenizer.json"))
+    start, end = (tokenizer.token_to_id(token) for token in ("<|im_start|>", "<|im_end|>"))
+    ids = record["input_ids"].tolist()
+    assert ids[0] == tokenizer.token_to_id("<|bos|>")
+    assert ids.count(start) == 2 and ids.count(end) == 2, "one turn each for the user and the assistant"
+    tokenizer.encode_special_tokens = True
+    for message in QUOTING:
+        content = tokenizer.encode(message["content"], add_special_tokens=False).ids
+        assert any(ids[at : at + len(content)] == content for at in range(len(ids))), message["content"]
+    theirs, _ = reference(chatml, QUOTING)
+    assert theirs.count(end) == 4
+
+
+def test_a_template_that_trims_and_ends_its_headers_with_a_space_is_split_on_the_content_it_writes(
+    tmp_path, demo_tokenizer_path
+):
+    directory = tokenizer_dir(tmp_path / "alternating", ALTERNATING, demo_tokenizer_path)
+    messages = CHATS[1]
+    [record] = run(directory, [{"messages": messages}]).records
+    ids, learned = reference(directory, messages)
+    assert record["loss_mask"].tolist() == learned
+    assert record["input_ids"].tolist() == ids
+
+
+def test_only_the_roles_named_are_learned(chatml):
+    messages = CHATS[0]
+    [both] = run(chatml, [{"messages": messages}], learned_roles=("assistant", "user")).records
+    [assistant] = run(chatml, [{"messages": messages}]).records
+    assert both["input_ids"].tolist() == assistant["input_ids"].tolist()
+    assert both["loss_mask"].sum() > assistant["loss_mask"].sum()
+    assert (both["loss_mask"] | ~assistant["loss_mask"]).all(), "what the assistant learned is learned still"
+
+
+def test_chats_the_template_cannot_be_split_on_are_skipped_by_name_with_what_was_wrong(
+    tmp_path, chatml, demo_tokenizer_path
+):
+    alternating = tokenizer_dir(tmp_path / "alternating", ALTERNATING, demo_tokenizer_path)
+    out = run(alternating, [{"messages": [{"role": "assistant", "content": "first"}]}, {"messages": CHATS[1]},
+                            {"messages": "hello"}, {"messages": [{"role": "user"}]}, {"text": "no chat"}])
+    assert len(out.records) == 1
+    assert [reason for _, reason in out.skipped] == ["chat_template_error", "not_messages", "not_messages",
+                                                     "missing_field"]
+    details = {reason: list(found.values()) for reason, found in out.skip_details.items()}
+    assert details["chat_template_error"] == [
+        "rendering message 0 ('assistant'): TemplateError: roles must alternate user/assistant"]
+    assert details["not_messages"] == ["holds 'hello', not a list of messages",
+                                       "message 0 is {'role': 'user'}, not a {'role': str, 'content': str} message"]
+    assert details["missing_field"] == ["field 'messages'; fields it has: 'text'"]
+
+    last_apart = tokenizer_dir(tmp_path / "last_apart", LAST_APART, demo_tokenizer_path)
+    [(_, reason)] = run(last_apart, [{"messages": CHATS[1]}]).skipped
+    assert reason == "chat_template_not_prefix"
+    with pytest.raises(BadRecordError, match="chat_template_not_prefix"):
+        run(last_apart, [{"messages": CHATS[1]}], on_error="raise")
+
+
+def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_pipeline_is_built(
+    tmp_path, chatml, demo_tokenizer_path
+):
+    bare = tokenizer_dir(tmp_path / "bare", "", demo_tokenizer_path)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
+    with pytest.raises(ConfigurationError, match="holds no chat template"):
+        Pipeline(source).render_chat(bare)
+    for arguments, refusal in [({"learned_roles": "assistant"}, "learned_roles must be a list of roles"),
+                               ({"field": ""}, "field must be a record field's name"),
+                               ({"keep_field": "no"}, "keep_field must be True or False")]:
+        with pytest.raises(ConfigurationError, match=refusal):
+            Pipeline(source).render_chat(chatml, **arguments)
+
+
+def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, chatml, demo_tokenizer_path):
+    moved = tokenizer_dir(tmp_path / "moved", CHATML, demo_tokenizer_path)
+    other = tokenizer_dir(tmp_path / "other", CHATML.replace("\n{% if", "\n\n{% if"), demo_tokenizer_path)
+    assert RenderChatOp(str(moved)).fingerprint() == RenderChatOp(str(chatml)).fingerprint()
+    assert RenderChatOp(str(other)).fingerprint() != RenderChatOp(str(chatml)).fingerprint()
+    assert RenderChatOp(str(chatml), learned_roles=("user",)).fingerprint() != RenderChatOp(str(chatml)).fingerprint()
+
+
+def write_chats(root: Path, count: int) -> Path:
+    root.mkdir()
+    lines = []
+    for k in range(count):
+        messages = [{"role": "user", "content": f"Question {k}: " + "lane " * (k % 7)},
+                    {"role": "assistant", "content": f"Answer {k}." + " shard" * (k % 5)}]
+        lines.append(json.dumps({"messages": messages}))
+    (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_a_pipeline_of_chats_gives_the_same_batches_on_every_runner_and_learns_the_answers(
+    tmp_path, chatml
+):
+    corpus = write_chats(tmp_path / "chats", 40)
+    digests, learned = {}, {}
+    for runner in ("inline", "thread", "process"):
+        source = StaticMixtureWorkSource([Dataset.from_path("chats", str(corpus))], records_per_chunk=4, num_epochs=1)
+        pipeline = (Pipeline(source).options(num_lanes=2, runner=runner)
+                    .render_chat(chatml, parallelism=2)
+                    .tokenize(str(chatml / "tokenizer.json"), field="segments", segments=True, parallelism=2)
+                    .pack_flat(64).batch(2))
+        with pipeline.shard(0, 1) as loader:
+            batches = list(loader)
+            digests[runner] = [b.digest() for b in batches]
+            learned[runner] = loader.stats()["mixture"]["chats"]["learned"]
+        assert learned[runner] == sum(int((b.tokens["labels"] != -100).sum()) for b in batches)
+    assert digests["inline"] == digests["thread"] == digests["process"]
+    expected = sum(sum(reference(chatml, json.loads(line)["messages"])[1])
+                   for line in (corpus / "chats.jsonl").read_text().splitlines())
+    assert learned["inline"] == expected, "every answer token and end of turn, and nothing else"
+    assert np.unique(list(learned.values())).size == 1

@@ -1,0 +1,263 @@
+"""A chat's messages as the segments `tokenize(segments=True)` reads, rendered with the model's own
+chat template (`Pipeline.render_chat`).
+
+Instruction data comes as chats: `[{"role": "user", "content": ...}, {"role": "assistant", ...}]`.
+A model is trained on them as its chat template writes them, and on its assistant turns alone. The
+template is a Jinja program (transformers' `apply_chat_template`); what it writes for each message
+is found by rendering the chat one message longer each time: message k's text is what the first
+k + 1 messages render to past what the first k do. A learned message's text starts after the
+generation prompt (the first k rendered with `add_generation_prompt=True`: `<|im_start|>assistant\n`),
+which is not learned, as at inference the model is given it.
+
+Each message's text is then cut around its content, which the record wrote: the template's text on
+either side is flagged as the template's (`[text, learned, True]`), whose special tokens' strings
+`tokenize` matches as the control tokens they are, while the content stays text however it is
+spelled (`split_special_tokens`), so a message quoting `<|im_end|>` cannot end its turn.
+
+A chat the template cannot render (a role it refuses), one whose renderings are no prefixes of one
+another (a template that writes earlier messages otherwise once later ones follow), and one whose
+content the template does not write as given, are skipped by name, never trained on half-made.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+from ._errors import BadRecordError, ConfigurationError
+from ._field_names import fields_it_has
+from ._loss_mask import sample as _sample
+from ._record_ops import RecordFn, RecordOperator
+from ._records import ChunkRecords
+from ._sha256 import sha256
+
+__all__ = ["RenderChatOp", "chat_template_of", "check_chat_options"]
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(tokenizer_dir: str):
+    """transformers' tokenizer of `tokenizer_dir`, once per process: it renders the template."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ModuleNotFoundError("render_chat needs transformers: pip install 'zephon[chat]'",
+                                  name="transformers") from exc
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def _control_strings(tokenizer_dir: str) -> tuple[str, ...]:
+    """The strings of the tokenizer's special tokens: what `tokenize` encodes as text inside a
+    message's content (`split_special_tokens`) and as control tokens in the template's text."""
+    added = _tokenizer(tokenizer_dir).backend_tokenizer.get_added_tokens_decoder().values()
+    return tuple(sorted(token.content for token in added if token.special))
+
+
+def chat_template_of(tokenizer_dir: str) -> str:
+    """The chat template the tokenizer directory holds (its `chat_template.jinja`, or its
+    tokenizer_config.json's `chat_template`), refused by name where it holds none."""
+    template = getattr(_tokenizer(tokenizer_dir), "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the one a chat without tools uses
+        template = template.get("default")
+    if not isinstance(template, str) or not template:
+        raise ConfigurationError(
+            f"render_chat: {tokenizer_dir!r} holds no chat template (a chat_template.jinja, or a chat_template "
+            "in tokenizer_config.json): give the directory of the model's tokenizer"
+        )
+    return template
+
+
+@dataclass(frozen=True)
+class RenderChatOp(RecordOperator):
+    """Writes `record[field]`, a list of {"role", "content"} messages, as `record[output_field]`:
+    the [text, learned(, template)] segments of the chat as the template renders it, the messages
+    of `learned_roles` learned (see the module docstring). The messages' field is dropped unless
+    `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str role and
+    a str content), `chat_template_error` (the template raised), `chat_template_not_prefix`,
+    `chat_content_not_found`."""
+
+    tokenizer_dir: str
+    field: str = "messages"
+    output_field: str = "segments"
+    learned_roles: tuple[str, ...] = ("assistant",)
+    parallelism: int = 1
+    keep_field: bool = False
+    name: str = "render_chat"
+
+    @functools.cached_property
+    def template(self) -> str:
+        """Read once, when the pipeline is built: the recipe names this template, and every
+        worker renders with it, whatever the directory holds later."""
+        return chat_template_of(self.tokenizer_dir)
+
+    def build(self, on_error: str) -> RecordFn:
+        template, field, output_field = self.template, self.field, self.output_field
+        learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
+
+        def render(messages: list[dict], generation_prompt: bool = False) -> str:
+            return _tokenizer(tokenizer_dir).apply_chat_template(
+                messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
+            )
+
+        def render_chat(batch: ChunkRecords) -> ChunkRecords:
+            controls = _control_strings(tokenizer_dir)
+            outcomes = [_chat_segments(record.get(field), render, learned_roles, controls) for record in batch.records]
+            reasons = [reason for reason, _ in outcomes]
+            details = {id(record): detail for record, (_, detail) in zip(batch.records, outcomes)}
+            detail = functools.partial(_detail, field, details)
+            if on_error == "raise":
+                for reason, address, record in zip(reasons, batch.addresses, batch.records):
+                    if reason is not None:
+                        raise BadRecordError(address, reason, detail(reason, record))
+            kept = [detail_or_segments for reason, detail_or_segments in outcomes if reason is None]
+            batch.skip(reasons, detail)
+            for record, segments in zip(batch.records, kept):
+                record[output_field] = segments
+                if not keep_field and field != output_field:
+                    record.pop(field, None)
+            return batch
+
+        return render_chat
+
+    def fingerprint(self) -> dict:
+        """What decides the segments: the template's text and the special tokens' strings it is
+        given (`bos_token`, ...; not the directory's path: a copy of the model elsewhere renders
+        alike), the fields and the learned roles."""
+        specials = _tokenizer(self.tokenizer_dir).special_tokens_map
+        out = {"op": self.name, "template": sha256(self.template.encode()).hexdigest(),
+               "special_tokens": sorted((name, str(value)) for name, value in specials.items()), "field": self.field,
+               "output_field": self.output_field, "learned_roles": sorted(self.learned_roles)}
+        if self.keep_field:
+            out["keep_field"] = True
+        return out
+
+
+def _detail(field: str, details: dict, reason: str, record: dict) -> str:
+    """What was wrong with a skipped record, for `stats()["skipped_examples"]`."""
+    if reason == "missing_field":
+        return f"field {field!r}; {fields_it_has(field, record)}"
+    return details[id(record)]
+
+
+def _chat_segments(messages: object, render, learned_roles: frozenset,
+                   controls: tuple[str, ...]) -> tuple[str | None, object]:
+    """(None, segments) of a chat, or (reason, detail) where it is skipped."""
+    if messages is None:
+        return "missing_field", ""
+    problem = _messages_problem(messages)
+    if problem:
+        return "not_messages", problem
+    segments: list[list] = []
+    written = ""
+    for k, message in enumerate(messages):
+        learned = message["role"] in learned_roles
+        try:
+            if learned and message["role"] == "assistant":
+                prompted = render(messages[:k], generation_prompt=True) if k else _generation_prompt(render)
+                if not prompted.startswith(written):
+                    return "chat_template_not_prefix", _not_prefix(k, message, "its generation prompt")
+                segments += _template_text(prompted[len(written):], False)
+                written = prompted
+            rendered = render(messages[: k + 1])
+        except Exception as error:  # a template's raise_exception, an undefined name, a type it cannot take
+            return "chat_template_error", (
+                f"rendering message {k} ({message['role']!r}): {type(error).__name__}: {error}"
+            )
+        if not rendered.startswith(written):
+            return "chat_template_not_prefix", _not_prefix(k, message, "the chat before it")
+        text = rendered[len(written):]
+        content = message["content"]
+        at, spelled = _content_in(text, content)
+        if at < 0:
+            return "chat_content_not_found", (
+                f"message {k} ({message['role']!r}): the template writes {_sample(text)} "
+                f"for its content {_sample(content)}"
+            )
+        if any(control in spelled for control in controls):  # its own text apart, as text
+            segments += _template_text(text[:at], learned)
+            segments.append([spelled, learned])
+            segments += _template_text(text[at + len(spelled):], learned)
+        else:  # one text, encoded as the whole chat is: no seam inside the message
+            segments += _template_text(text, learned)
+        written = rendered
+    return None, _spaces_forward(segments, controls)
+
+
+def _spaces_forward(segments: list[list], controls: tuple[str, ...]) -> list[list]:
+    """The segments with the spaces that end one moved to the start of the next where that starts
+    with a word: a byte-level tokenizer writes a word's leading space into its first token (`Bot: `
+    and `fine` are `Bot`, `:`, ` fine`), so the generation prompt `Bot: ` encoded apart from the
+    answer would make a token of the space alone, which the whole chat encoded never holds. The
+    answer's first token carries the space, and is learned with it, as transformers' assistant
+    mask has it. Before a space or a control token a space is a token of its own: it stays."""
+    out: list[list] = []
+    for segment in segments:
+        text = segment[0]
+        if out and out[-1][0].endswith(" ") and text[:1].strip() and not text.startswith(controls):
+            kept = out[-1][0].rstrip(" ")
+            segment = [out[-1][0][len(kept):] + segment[0], *segment[1:]]
+            if kept:
+                out[-1] = [kept, *out[-1][1:]]
+            else:
+                out.pop()
+        out.append(segment)
+    return out
+
+
+def _generation_prompt(render) -> str:
+    """The generation prompt before a chat's first message, where that one is learned: rendered
+    for no message, or nothing where the template refuses an empty chat."""
+    try:
+        return render([], generation_prompt=True)
+    except Exception:
+        return ""
+
+
+def _template_text(text: str, learned: bool) -> list[list]:
+    """The template's own text as a segment ([text, learned, True]), none where it wrote none."""
+    return [[text, learned, True]] if text else []
+
+
+def _content_in(text: str, content: str) -> tuple[int, str]:
+    """Where a message's content stands in the text the template wrote for it, and as it is spelled
+    there: as given, else stripped (a template's `| trim`); the last place it stands, as the
+    template's text after it is its end of turn, shorter than the role's header before it."""
+    for spelled in (content, content.strip()):
+        at = text.rfind(spelled)
+        if at >= 0:
+            return at, spelled
+    return -1, content
+
+
+def _messages_problem(messages: object) -> str:
+    """Why `messages` is no chat, or "" where it is one."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return f"holds {_sample(messages)}, not a list of messages"
+    for k, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            return f"message {k} is {_sample(message)}, not a {{'role': str, 'content': str}} message"
+    return ""
+
+
+def _not_prefix(k: int, message: dict, what: str) -> str:
+    return (f"message {k} ({message['role']!r}): {what} renders otherwise once the message follows, so its text "
+            "cannot be told apart (a template that rewrites earlier messages)")
+
+
+def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object) -> str:
+    """Refuse `render_chat`'s arguments as it is called; returns the directory as a str."""
+    if isinstance(tokenizer_dir, os.PathLike):
+        tokenizer_dir = os.fspath(tokenizer_dir)
+    if not isinstance(tokenizer_dir, str) or not tokenizer_dir:
+        raise ConfigurationError(f"render_chat: tokenizer_dir must name a tokenizer's directory, got {tokenizer_dir!r}")
+    for name, value in (("field", field), ("output_field", output_field)):
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(
+                f"render_chat: {name} must be a record field's name (a non-empty str), got {value!r}"
+            )
+    if isinstance(learned_roles, str) or not isinstance(learned_roles, (list, tuple)) or not learned_roles \
+            or not all(isinstance(role, str) for role in learned_roles):
+        raise ConfigurationError(f"render_chat: learned_roles must be a list of roles, got {learned_roles!r}")
+    return tokenizer_dir
