@@ -5,14 +5,17 @@ Instruction data comes as chats: `[{"role": "user", "content": ...}, {"role": "a
 A model is trained on them as its chat template writes them, and on its assistant turns alone. The
 template is a Jinja program (transformers' `apply_chat_template`); what it writes for each message
 is found by rendering the chat one message longer each time: message k's text is what the first
-k + 1 messages render to past what the first k do. A learned message's text starts after the
+k + 1 messages render to past what the first k do. A learned assistant message's text starts after the
 generation prompt (the first k rendered with `add_generation_prompt=True`: `<|im_start|>assistant\n`),
-which is not learned, as at inference the model is given it.
+which is not learned, as at inference the model is given it; a learned message of another role
+(`learned_roles`) has no generation prompt, and is learned whole.
 
-Each message's text is then cut around its content, which the record wrote: the template's text on
-either side is flagged as the template's (`[text, learned, True]`), whose special tokens' strings
-`tokenize` matches as the control tokens they are, while the content stays text however it is
-spelled (`split_special_tokens`), so a message quoting `<|im_end|>` cannot end its turn.
+A message's text is one segment, flagged as the template's (`[text, learned, True]`), whose special
+tokens' strings `tokenize` matches as the control tokens they are: encoded whole, as transformers
+encodes the rendered chat. Where its content holds such a string itself (a message quoting
+`<|im_end|>`), the content is cut out as a segment of its own, which stays text
+(`split_special_tokens`), so that no message can end its turn. Spaces that end a segment before a
+word move into the next (`_spaces_forward`), as a byte-level tokenizer writes them.
 
 A chat the template cannot render (a role it refuses), one whose renderings are no prefixes of one
 another (a template that writes earlier messages otherwise once later ones follow), and one whose

@@ -223,8 +223,8 @@ class Pipeline:
         messages, becomes `record[output_field]`, the segments `tokenize(field=output_field,
         segments=True)` reads, as the chat template of the tokenizer in `tokenizer_dir` writes the
         chat (transformers' `apply_chat_template`; `pip install 'zephon[chat]'`). The messages of
-        `learned_roles` are learned, from past their generation prompt to the end of their turn as
-        the template writes it; the template's own text is flagged so that its control tokens are
+        `learned_roles` are learned: an assistant's from past its generation prompt to the end of
+        its turn as the template writes it, another role's whole text; the template's own text is flagged so that its control tokens are
         matched while the messages' contents stay text (`zephon._chat`). The template is read
         now, and its text enters the recipe. Give the tokenizer no `bos` where the template writes
         the BOS itself.
