@@ -199,3 +199,28 @@ def refusals(skips: list) -> list[tuple]:
     """An accumulator's `drain_skips()` with each detail made (a detail may be a function, made
     only for the skips kept as examples), to compare whole."""
     return [(address, reason, detail if isinstance(detail, str) else detail()) for address, reason, detail in skips]
+
+
+class RowsHandedOnAs:
+    """A plugin accumulator that hands each row on as `wrap(row)`: a row plan written to another
+    contract than the loader's, named `name` in the recipe."""
+
+    kind = "accumulator"
+
+    def __init__(self, name: str, wrap: Callable) -> None:
+        self.name, self._wrap = name, wrap
+
+    def factory(self, default_pad_id: int):
+        wrap = self._wrap
+
+        class Wrap:
+            def push(self, row):
+                return [wrap(row)]
+
+            def flush(self):
+                return []
+
+        return lambda ctx: Wrap()
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        return {"op": self.name}

@@ -12,13 +12,11 @@ import pytest
 from tests.reliability.harness import (
     assert_ledger_balances,
     checkpoint_after,
-    clean_records,
     global_batch,
-    jsonl_lines,
     run_epoch,
+    sharded_datasets,
     text_pipeline,
     tokens_by_record,
-    write_lines,
 )
 from zephon import ConfigurationError, RecipeMismatchError
 from zephon.io import Dataset
@@ -34,13 +32,7 @@ MIXTURE = {"big": 0.6, "mid": 0.3, "tiny": 0.1}
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory) -> list[Dataset]:
-    out = []
-    for name, sizes in SHARD_SIZES.items():
-        root = tmp_path_factory.mktemp(name)
-        for shard, size in enumerate(sizes):
-            write_lines(root / f"part-{shard:05d}.jsonl", jsonl_lines(clean_records(size, f"{name}/{shard}", name)))
-        out.append(Dataset.from_path(name, str(root)))
-    return out
+    return sharded_datasets(tmp_path_factory, SHARD_SIZES)
 
 
 def make(datasets, num_epochs=EPOCHS, runner: str = "inline", parallelism: int = 1):

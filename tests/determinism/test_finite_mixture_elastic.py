@@ -22,12 +22,10 @@ import pytest
 
 from tests.reliability.harness import (
     assert_ledger_balances,
-    clean_records,
     global_batch,
-    jsonl_lines,
     run_epoch,
+    sharded_datasets,
     text_pipeline,
-    write_lines,
 )
 from zephon import global_batch_digest, merge_states
 from zephon.io import Dataset
@@ -57,14 +55,7 @@ class DropMost:
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory) -> list[Dataset]:
-    out = []
-    for name, sizes in SHARD_SIZES.items():
-        root = tmp_path_factory.mktemp(name)
-        for shard, size in enumerate(sizes):
-            records = clean_records(size, f"{name}/{shard}", prefix=name)
-            write_lines(root / f"part-{shard:05d}.jsonl", jsonl_lines(records))
-        out.append(Dataset.from_path(name, str(root)))
-    return out
+    return sharded_datasets(tmp_path_factory, SHARD_SIZES)
 
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,17 @@ def jsonl_dataset(
     return Dataset.from_path(name, str(root), **options)
 
 
+def sharded_datasets(tmp_path_factory, shard_sizes: dict[str, list[int]]) -> list[Dataset]:
+    """One dataset of clean records per name, its shards holding the given numbers of records."""
+    out = []
+    for name, sizes in shard_sizes.items():
+        root = tmp_path_factory.mktemp(name)
+        for shard, size in enumerate(sizes):
+            write_lines(root / f"part-{shard:05d}.jsonl", jsonl_lines(clean_records(size, f"{name}/{shard}", name)))
+        out.append(Dataset.from_path(name, str(root)))
+    return out
+
+
 def address(dataset: Dataset, shard: int, index: int) -> RecordAddress:
     return RecordAddress(dataset.name, dataset.shards[shard].url, index)
 

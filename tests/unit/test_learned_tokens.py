@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from tests.harness import RowsHandedOnAs
 from zephon import IGNORE_INDEX, Pipeline
 from zephon._checkpoint import _checksum
 from zephon.io import Dataset
@@ -23,23 +24,6 @@ class _PlanWithoutLearnedCounts:
         self.num_real_tokens, self.length, self.sources = plan.num_real_tokens, plan.length, plan.sources
         self.tokens_by_dataset, self.images_by_dataset = plan.tokens_by_dataset, plan.images_by_dataset
         self.assemble = plan.assemble
-
-
-class _RowsWithoutLearnedCounts:
-    kind, name = "accumulator", "rows_without_learned_counts"
-
-    def factory(self, default_pad_id: int):
-        class Wrap:
-            def push(self, plan):
-                return [_PlanWithoutLearnedCounts(plan)]
-
-            def flush(self):
-                return []
-
-        return lambda ctx: Wrap()
-
-    def fingerprint(self, default_pad_id: int) -> dict:
-        return {"op": self.name}
 
 
 def _pipeline(demo_data_dir, demo_tokenizer_path, plugin=None) -> Pipeline:
@@ -80,7 +64,7 @@ def test_a_plugin_row_plan_that_does_not_count_learned_tokens_has_them_read_from
     with _pipeline(demo_data_dir, demo_tokenizer_path).shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
         counted = _take(loader, 40)
         stats = loader.stats()
-    plugin = _pipeline(demo_data_dir, demo_tokenizer_path, _RowsWithoutLearnedCounts())
+    plugin = _pipeline(demo_data_dir, demo_tokenizer_path, RowsHandedOnAs("rows_without_learned_counts", _PlanWithoutLearnedCounts))
     with plugin.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
         read = _take(loader, 40)
         plugin_stats = loader.stats()

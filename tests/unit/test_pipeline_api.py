@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from runners import ThreadRunner
+from tests.harness import RowsHandedOnAs
 from zephon import Batch, ConfigurationError, IGNORE_INDEX, PackedSequence, Pipeline, PADDING_DOCUMENT, global_batch_digest
 from zephon._record_ops import RecordOperator
 from zephon.io import Dataset
@@ -844,23 +845,6 @@ class _RowPlanOfTheOldContract:
         return self._row.assemble()
 
 
-class _OldContractRows:
-    kind, name = "accumulator", "old_contract_rows"
-
-    def factory(self, default_pad_id: int):
-        class Wrap:
-            def push(self, row):
-                return [_RowPlanOfTheOldContract(row)]
-
-            def flush(self):
-                return []
-
-        return lambda ctx: Wrap()
-
-    def fingerprint(self, default_pad_id: int) -> dict:
-        return {"op": self.name}
-
-
 def test_a_plugin_row_plan_without_per_dataset_counts_is_refused_naming_its_type_and_what_it_lacks(
     demo_data_dir, demo_tokenizer_path
 ):
@@ -870,7 +854,7 @@ def test_a_plugin_row_plan_without_per_dataset_counts_is_refused_naming_its_type
     pipeline = (
         Pipeline(source).options(num_lanes=2, runner="inline")
         .tokenize(tokenizer_id=str(demo_tokenizer_path), field="text")
-        .pack_flat(max_length=64).apply(_OldContractRows()).batch(microbatch_size=2)
+        .pack_flat(max_length=64).apply(RowsHandedOnAs("old_contract_rows", _RowPlanOfTheOldContract)).batch(microbatch_size=2)
     )
     with pipeline.shard(0, 1, global_batch_size=4) as loader:
         with pytest.raises(ConfigurationError, match="_RowPlanOfTheOldContract.*tokens_by_dataset"):
