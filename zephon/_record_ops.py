@@ -240,7 +240,7 @@ class TokenizeOp(RecordOperator):
             encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
         shift = len(prefix)
 
-        def template_encoder():
+        def template_encoder():  # asked only for a chunk holding a template's text
             matching = self._template_handle.tokenizer
             encode = getattr(matching, "encode_batch_fast", None) or matching.encode_batch
             return encode if marker is None else functools.partial(encode_at_markers, encode, marker)

@@ -18,7 +18,7 @@ from zephon._chat import RenderChatOp
 from zephon._record_ops import TokenizeOp
 from zephon._records import Chunk, ChunkRecords
 from zephon.io import Dataset
-from zephon.work import StaticMixtureWorkSource
+from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
 CONTROLS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
@@ -210,10 +210,12 @@ def write_chats(root: Path, count: int) -> Path:
 def test_a_pipeline_of_chats_gives_the_same_batches_on_every_runner_and_learns_the_answers(
     tmp_path, chatml
 ):
+    """Planned by the tokens the chats' sample renders to, on the inline, thread and process runners."""
     corpus = write_chats(tmp_path / "chats", 40)
     digests, learned = {}, {}
     for runner in ("inline", "thread", "process"):
-        source = StaticMixtureWorkSource([Dataset.from_path("chats", str(corpus))], records_per_chunk=4, num_epochs=1)
+        source = StaticMixtureWorkSource([Dataset.from_path("chats", str(corpus))], records_per_chunk=4, num_epochs=1,
+                                         token_estimation=TokenEstimation(sample_records=8))
         pipeline = (Pipeline(source).options(num_lanes=2, runner=runner)
                     .render_chat(chatml, parallelism=2)
                     .tokenize(str(chatml / "tokenizer.json"), field="segments", segments=True, parallelism=2)
