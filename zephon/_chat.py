@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ._errors import BadRecordError, ConfigurationError
@@ -75,7 +76,10 @@ def chat_template_of(tokenizer_dir: str) -> str:
 class RenderChatOp(RecordOperator):
     """Writes `record[field]`, a list of {"role", "content"} messages, as `record[output_field]`:
     the [text, learned(, template)] segments of the chat as the template renders it, the messages
-    of `learned_roles` learned (see the module docstring). The messages' field is dropped unless
+    of `learned_roles` learned (see the module docstring). Messages stored under other keys
+    (ShareGPT's and LLaVA-Instruct's {"from": "human", "value": ...}) are read by `role_key` and
+    `content_key`, their roles renamed to the template's by `roles` (pairs: ("human", "user"),
+    ("gpt", "assistant")) before `learned_roles` is asked. The messages' field is dropped unless
     `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str role and
     a str content), `chat_template_error` (the template raised), `chat_template_not_prefix`,
     `chat_content_not_found`."""
@@ -86,6 +90,9 @@ class RenderChatOp(RecordOperator):
     learned_roles: tuple[str, ...] = ("assistant",)
     parallelism: int = 1
     keep_field: bool = False
+    role_key: str = "role"
+    content_key: str = "content"
+    roles: tuple[tuple[str, str], ...] = ()
     name: str = "render_chat"
 
     @functools.cached_property
@@ -97,6 +104,8 @@ class RenderChatOp(RecordOperator):
     def build(self, on_error: str) -> RecordFn:
         template, field, output_field = self.template, self.field, self.output_field
         learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
+        read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
+                                          roles=dict(self.roles))
 
         def render(messages: list[dict], generation_prompt: bool = False) -> str:
             return _tokenizer(tokenizer_dir).apply_chat_template(
@@ -105,7 +114,8 @@ class RenderChatOp(RecordOperator):
 
         def render_chat(batch: ChunkRecords) -> ChunkRecords:
             controls = _control_strings(tokenizer_dir)
-            outcomes = [_chat_segments(record.get(field), render, learned_roles, controls) for record in batch.records]
+            outcomes = [_chat_segments(record.get(field), read_messages, render, learned_roles, controls)
+                        for record in batch.records]
             reasons = [reason for reason, _ in outcomes]
             details = {id(record): detail for record, (_, detail) in zip(batch.records, outcomes)}
             detail = functools.partial(_detail, field, details)
@@ -133,6 +143,10 @@ class RenderChatOp(RecordOperator):
                "output_field": self.output_field, "learned_roles": sorted(self.learned_roles)}
         if self.keep_field:
             out["keep_field"] = True
+        if (self.role_key, self.content_key) != ("role", "content"):
+            out["keys"] = [self.role_key, self.content_key]
+        if self.roles:
+            out["roles"] = sorted(self.roles)
         return out
 
 
@@ -143,14 +157,14 @@ def _detail(field: str, details: dict, reason: str, record: dict) -> str:
     return details[id(record)]
 
 
-def _chat_segments(messages: object, render, learned_roles: frozenset,
+def _chat_segments(value: object, read_messages, render, learned_roles: frozenset,
                    controls: tuple[str, ...]) -> tuple[str | None, object]:
     """(None, segments) of a chat, or (reason, detail) where it is skipped."""
-    if messages is None:
+    if value is None:
         return "missing_field", ""
-    problem = _messages_problem(messages)
-    if problem:
-        return "not_messages", problem
+    messages = read_messages(value)
+    if isinstance(messages, str):
+        return "not_messages", messages
     segments: list[list] = []
     written = ""
     for k, message in enumerate(messages):
@@ -233,15 +247,19 @@ def _content_in(text: str, content: str) -> tuple[int, str]:
     return -1, content
 
 
-def _messages_problem(messages: object) -> str:
-    """Why `messages` is no chat, or "" where it is one."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        return f"holds {_sample(messages)}, not a list of messages"
-    for k, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            return f"message {k} is {_sample(message)}, not a {{'role': str, 'content': str}} message"
-    return ""
+def _messages_of(value: object, role_key: str, content_key: str, roles: dict[str, str]) -> list[dict] | str:
+    """The chat `value` holds, as {"role", "content"} messages in the template's roles; or why it
+    holds none."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return f"holds {_sample(value)}, not a list of messages"
+    messages = []
+    for k, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get(role_key), str) \
+                or not isinstance(message.get(content_key), str):
+            return f"message {k} is {_sample(message)}, not a {{{role_key!r}: str, {content_key!r}: str}} message"
+        role = message[role_key]
+        messages.append({"role": roles.get(role, role), "content": message[content_key]})
+    return messages
 
 
 def _not_prefix(k: int, message: dict, what: str) -> str:
@@ -249,13 +267,21 @@ def _not_prefix(k: int, message: dict, what: str) -> str:
             "cannot be told apart (a template that rewrites earlier messages)")
 
 
-def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object) -> str:
-    """Refuse `render_chat`'s arguments as it is called; returns the directory as a str."""
+def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object,
+                       role_key: object, content_key: object, roles: object) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """Refuse `render_chat`'s arguments as it is called; returns the directory as a str and the
+    roles' renaming as sorted pairs."""
     if isinstance(tokenizer_dir, os.PathLike):
         tokenizer_dir = os.fspath(tokenizer_dir)
     if not isinstance(tokenizer_dir, str) or not tokenizer_dir:
         raise ConfigurationError(f"render_chat: tokenizer_dir must name a tokenizer's directory, got {tokenizer_dir!r}")
-    for name, value in (("field", field), ("output_field", output_field)):
+    if roles is None:
+        roles = {}
+    if not isinstance(roles, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items()):
+        raise ConfigurationError(f"render_chat: roles must map the data's roles to the template's (str to str), "
+                                 f"got {roles!r}")
+    for name, value in (("field", field), ("output_field", output_field), ("role_key", role_key),
+                        ("content_key", content_key)):
         if not isinstance(value, str) or not value:
             raise ConfigurationError(
                 f"render_chat: {name} must be a record field's name (a non-empty str), got {value!r}"
@@ -263,4 +289,6 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
     if isinstance(learned_roles, str) or not isinstance(learned_roles, (list, tuple)) or not learned_roles \
             or not all(isinstance(role, str) for role in learned_roles):
         raise ConfigurationError(f"render_chat: learned_roles must be a list of roles, got {learned_roles!r}")
-    return tokenizer_dir
+    if role_key == content_key:
+        raise ConfigurationError(f"render_chat: role_key and content_key are both {role_key!r}; give each its own")
+    return tokenizer_dir, tuple(sorted(roles.items()))

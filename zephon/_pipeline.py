@@ -218,13 +218,19 @@ class Pipeline:
         learned_roles: tuple[str, ...] | list[str] = ("assistant",),
         parallelism: int = 1,
         keep_field: bool = False,
+        role_key: str = "role",
+        content_key: str = "content",
+        roles: dict[str, str] | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages, becomes `record[output_field]`, the segments `tokenize(field=output_field,
         segments=True)` reads, as the chat template of the tokenizer in `tokenizer_dir` writes the
         chat (transformers' `apply_chat_template`; `pip install 'zephon[chat]'`). The messages of
         `learned_roles` are learned: an assistant's from past its generation prompt to the end of
-        its turn as the template writes it, another role's whole text; the template's own text is flagged so that its control tokens are
+        its turn as the template writes it, another role's whole text. Chats stored as ShareGPT's
+        and LLaVA-Instruct's `{"from": "human", "value": ...}` are read with `role_key="from",
+        content_key="value", roles={"human": "user", "gpt": "assistant"}` (the roles renamed to the
+        template's before `learned_roles` is asked); the template's own text is flagged so that its control tokens are
         matched while the messages' contents stay text (`zephon._chat`). The template is read
         now, and its text enters the recipe. Give the tokenizer no `bos` where the template writes
         the BOS itself.
@@ -235,11 +241,12 @@ class Pipeline:
         once later messages follow (`chat_template_not_prefix`), one whose content it does not write
         as given (`chat_content_not_found`) and one that is no list of messages (`not_messages`).
         """
-        tokenizer_dir = check_chat_options(tokenizer_dir, field, output_field, learned_roles)
+        tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
+                                                  content_key, roles)
         if not isinstance(keep_field, bool):
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
-                          check_parallelism(parallelism, "render_chat"), keep_field)
+                          check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles)
         op.template  # read now: a directory without a template is refused here, not in a worker
         return self._with(op)
 

@@ -139,6 +139,21 @@ def test_a_template_that_trims_and_ends_its_headers_with_a_space_is_split_on_the
     assert record["input_ids"].tolist() == ids
 
 
+def test_a_sharegpt_chat_read_by_its_keys_and_roles_is_the_same_chat(chatml):
+    """LLaVA-Instruct's and ShareGPT's `conversations` of {"from", "value"}, their roles renamed."""
+    roles = {"system": "system", "user": "human", "assistant": "gpt"}
+    stored = [{"from": roles[m["role"]], "value": m["content"]} for m in CHATS[0]]
+    [messages] = run(chatml, [{"messages": CHATS[0]}]).records
+    [sharegpt] = run(chatml, [{"conversations": stored}], field="conversations", role_key="from",
+                     content_key="value", roles=(("gpt", "assistant"), ("human", "user"))).records
+    assert sharegpt["input_ids"].tolist() == messages["input_ids"].tolist()
+    assert sharegpt["loss_mask"].tolist() == messages["loss_mask"].tolist()
+    out = run(chatml, [{"conversations": [{"role": "user", "content": "hi"}]}], field="conversations",
+              role_key="from", content_key="value")
+    assert list(out.skip_details["not_messages"].values()) == [
+        "message 0 is {'role': 'user', 'content': 'hi'}, not a {'from': str, 'value': str} message"]
+
+
 def test_only_the_roles_named_are_learned(chatml):
     messages = CHATS[0]
     [both] = run(chatml, [{"messages": messages}], learned_roles=("assistant", "user")).records
@@ -183,9 +198,13 @@ def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_p
         Pipeline(source).render_chat(bare)
     for arguments, refusal in [({"learned_roles": "assistant"}, "learned_roles must be a list of roles"),
                                ({"field": ""}, "field must be a record field's name"),
-                               ({"keep_field": "no"}, "keep_field must be True or False")]:
+                               ({"keep_field": "no"}, "keep_field must be True or False"),
+                               ({"roles": {"gpt": 1}}, "roles must map the data's roles to the template's"),
+                               ({"role_key": "text", "content_key": "text"}, "both 'text'; give each its own")]:
         with pytest.raises(ConfigurationError, match=refusal):
             Pipeline(source).render_chat(chatml, **arguments)
+    [op] = Pipeline(source).render_chat(chatml, roles={"human": "user", "gpt": "assistant"}).operators
+    assert op.roles == (("gpt", "assistant"), ("human", "user")), "kept as sorted pairs: one recipe for one renaming"
 
 
 def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, chatml, demo_tokenizer_path):
@@ -194,6 +213,8 @@ def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, cha
     assert RenderChatOp(str(moved)).fingerprint() == RenderChatOp(str(chatml)).fingerprint()
     assert RenderChatOp(str(other)).fingerprint() != RenderChatOp(str(chatml)).fingerprint()
     assert RenderChatOp(str(chatml), learned_roles=("user",)).fingerprint() != RenderChatOp(str(chatml)).fingerprint()
+    assert RenderChatOp(str(chatml), roles=(("gpt", "assistant"),)).fingerprint() != \
+        RenderChatOp(str(chatml)).fingerprint()
 
 
 def write_chats(root: Path, count: int) -> Path:
