@@ -1,6 +1,7 @@
 """Image-grounded questions trained on their answers: `tokenize(marker=..., prompt_field=...)` then
 `pack_multimodal` learns the answer's tokens only, never the question's nor an image's, wherever
-the images stand, a caption cut to fit included (zephon/_loss_mask.py, vlm/_packing.py)."""
+the images stand, a caption cut to fit included (zephon/_loss_mask.py, vlm/_packing.py); and
+LLaVA-Instruct's chats rendered by their template (`render_chat`, zephon/_chat.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
+from tests.unit.test_chat import CHATML, reference, tokenizer_dir
 from tests.unit.test_vlm_assets import package_dir
 from tests.unit.test_vlm_image_markers import write_corpus
 from tests.unit.test_vlm_packing import PIXTRAL, address, packer, picture, run, text
@@ -128,3 +131,66 @@ def test_a_mask_field_naming_another_field_of_the_packer_is_refused():
             PackMultimodal(64, PIXTRAL, loss_mask_field=field)
     assert "loss_mask_field" not in PackMultimodal(64, PIXTRAL).fingerprint(0)
     assert PackMultimodal(64, PIXTRAL, loss_mask_field="mask").fingerprint(0)["loss_mask_field"] == "mask"
+
+
+def llava_chat(k: int) -> tuple[dict, int]:
+    """Record k of the `vqa` corpus as LLaVA-Instruct stores it: its picture, then the question
+    (with `<image>`) and the answer as ShareGPT's turns."""
+    record, images = question(k)
+    turns = [{"from": "human", "value": record["prompt"]}, {"from": "gpt", "value": record["text"]}]
+    return {"conversations": turns}, images
+
+
+@pytest.fixture(scope="module")
+def chat_corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("llava_chat"), llava_chat, "vqa")
+
+
+def test_a_llava_instruct_chat_learns_its_answers_around_its_picture_on_every_runner(
+    chat_corpus, tmp_path_factory, demo_tokenizer_path
+):
+    """render_chat (ChatML) then tokenize(segments=True, marker="<image>") then pack_multimodal:
+    each picture is placed where its question's marker was, and an epoch learns exactly what
+    transformers' assistant masks say: every answer and its end of turn."""
+    chat_dir = tokenizer_dir(tmp_path_factory.mktemp("chatml"), CHATML, demo_tokenizer_path)
+    roles = {"human": "user", "gpt": "assistant"}
+    expected, before_picture = [], {}
+    matching = Tokenizer.from_file(str(chat_dir / "tokenizer.json"))
+    for shard in sorted(chat_corpus.glob("*.jsonl")):
+        for index, line in enumerate(shard.read_text().splitlines()):
+            messages = [{"role": roles[t["from"]], "content": t["value"]} for t in json.loads(line)["conversations"]]
+            ids, mask = reference(chat_dir, messages)
+            expected += [i for i, learned in zip(ids, mask) if learned]
+            question = messages[0]["content"]
+            text = "<|bos|><|im_start|>user\n" + question[: question.index("<image>")]
+            before_picture[(shard.name, index)] = matching.encode(text, add_special_tokens=False).ids
+    source = StaticMixtureWorkSource([Dataset.from_path("vqa", str(chat_corpus))], seed=5, records_per_chunk=3,
+                                     num_epochs=1)
+    digests = {}
+    for runner in ("inline", "thread", "process"):
+        pipeline = (Pipeline(source).options(num_lanes=2, runner=runner)
+                    .decode_images(field="image", spec=ImageSpec(max_pixels=48 * 48), paths=True, parallelism=2)
+                    .render_chat(chat_dir, field="conversations", role_key="from", content_key="value", roles=roles)
+                    .tokenize(str(chat_dir / "tokenizer.json"), field="segments", segments=True, marker="<image>",
+                              parallelism=2)
+                    .pack_multimodal(160, PLACEHOLDERS)
+                    .batch(2))
+        learned, images, digests[runner] = [], 0, []
+        with pipeline.shard(0, 1) as loader:
+            for batch in loader:
+                digests[runner].append(batch.digest())
+                labels = batch.tokens["labels"]
+                learned += labels[labels != IGNORE_INDEX].tolist()
+                images += len(batch.ragged["image_grid"])
+                offsets = iter(batch.ragged["image_token_offset"].tolist())
+                for row, sources in enumerate(batch.sources):
+                    documents = batch.tokens["document_ids"][row]
+                    for number, address in enumerate(sources):  # one picture each, in row order
+                        start, offset = int(np.argmax(documents == number)), next(offsets)
+                        placed = batch.tokens["input_ids"][row][start:offset].tolist()
+                        assert placed == before_picture[(Path(address.shard).name, address.index)], address
+                assert next(offsets, None) is None, "one picture a question"
+            assert loader.stats()["mixture"]["vqa"]["learned"] == len(expected), runner
+        assert sorted(learned) == sorted(expected), runner
+        assert images == 12, "every question's picture, at its marker"
+    assert digests["thread"] == digests["inline"] == digests["process"]
