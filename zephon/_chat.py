@@ -3,23 +3,24 @@ chat template (`Pipeline.render_chat`).
 
 Instruction data comes as chats: `[{"role": "user", "content": ...}, {"role": "assistant", ...}]`.
 A model is trained on them as its chat template writes them, and on its assistant turns alone. The
-template is a Jinja program (transformers' `apply_chat_template`); what it writes for each message
-is found by rendering the chat one message longer each time: message k's text is what the first
-k + 1 messages render to past what the first k do. A learned assistant message's text starts after the
-generation prompt (the first k rendered with `add_generation_prompt=True`: `<|im_start|>assistant\n`),
-which is not learned, as at inference the model is given it; a learned message of another role
-(`learned_roles`) has no generation prompt, and is learned whole.
+template is a Jinja program (transformers' `apply_chat_template`); what it writes for messages j to
+k is found by rendering the chat's prefixes: what the first k + 1 messages render to past what the
+first j do. A learned assistant message's text starts after its generation prompt (the first k
+rendered with `add_generation_prompt=True`: `<|im_start|>assistant\n`), which is not learned, as
+at inference the model is given it; a learned message of another role (`learned_roles`) has no
+generation prompt, and is learned whole.
 
-A message's text is one segment, flagged as the template's (`[text, learned, True]`), whose special
-tokens' strings `tokenize` matches as the control tokens they are: encoded whole, as transformers
-encodes the rendered chat. Where its content holds such a string itself (a message quoting
-`<|im_end|>`), the content is cut out as a segment of its own, which stays text
-(`split_special_tokens`), so that no message can end its turn. Spaces that end a segment before a
+Consecutive messages learned alike are one segment, flagged as the template's (`[text, learned,
+True]`), whose special tokens' strings `tokenize` matches as the control tokens they are: encoded
+whole, as transformers encodes the rendered chat, and rendered only where a segment ends. Where a
+message's content holds such a string itself (quoting `<|im_end|>`), the content is cut out as a
+segment of its own, which stays text (`split_special_tokens`), so that no message can end its turn. Spaces that end a segment before a
 word move into the next (`_spaces_forward`), as a byte-level tokenizer writes them.
 
 A chat the template cannot render (a role it refuses), one whose renderings are no prefixes of one
 another (a template that writes earlier messages otherwise once later ones follow), and one whose
-content the template does not write as given, are skipped by name, never trained on half-made.
+quoting content the template does not write as given, are skipped by name, never trained on
+half-made.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def _chat_segments(value: object, read_messages, render, learned_roles: frozense
                     return "chat_template_not_prefix", _not_prefix(k, message, "its generation prompt")
                 segments += _template_text(prompted[len(written):], False)
                 written = prompted
+            if not _ends_a_segment(messages, k, learned_roles, controls):
+                continue  # its text goes with the next message's: one segment, one rendering fewer
             rendered = render(messages[: k + 1])
         except Exception as error:  # a template's raise_exception, an undefined name, a type it cannot take
             return "chat_template_error", (
@@ -184,21 +187,38 @@ def _chat_segments(value: object, read_messages, render, learned_roles: frozense
         if not rendered.startswith(written):
             return "chat_template_not_prefix", _not_prefix(k, message, "the chat before it")
         text = rendered[len(written):]
-        content = message["content"]
-        at, spelled = _content_in(text, content)
-        if at < 0:
-            return "chat_content_not_found", (
-                f"message {k} ({message['role']!r}): the template writes {_sample(text)} "
-                f"for its content {_sample(content)}"
-            )
-        if any(control in spelled for control in controls):  # its own text apart, as text
+        if _quotes(message, controls):  # its content apart, as text
+            content = message["content"]
+            at, spelled = _content_in(text, content)
+            if at < 0:
+                return "chat_content_not_found", (
+                    f"message {k} ({message['role']!r}): the template writes {_sample(text)} "
+                    f"for its content {_sample(content)}"
+                )
             segments += _template_text(text[:at], learned)
             segments.append([spelled, learned])
             segments += _template_text(text[at + len(spelled):], learned)
-        else:  # one text, encoded as the whole chat is: no seam inside the message
+        else:  # one text, encoded as the whole chat is: no seam inside it
             segments += _template_text(text, learned)
         written = rendered
     return None, _spaces_forward(segments, controls)
+
+
+def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, controls: tuple[str, ...]) -> bool:
+    """Whether message k's text is rendered apart from what follows it: it is the last; its content
+    or the next one's quotes a control token (cut out as text); or what follows is learned otherwise
+    (the next message's text, or, before a learned assistant's, its generation prompt, not learned).
+    Otherwise the two go in one segment, rendered once."""
+    if k + 1 == len(messages) or _quotes(messages[k], controls) or _quotes(messages[k + 1], controls):
+        return True
+    following = messages[k + 1]["role"]
+    follows_learned = following in learned_roles and following != "assistant"
+    return follows_learned != (messages[k]["role"] in learned_roles)
+
+
+def _quotes(message: dict, controls: tuple[str, ...]) -> bool:
+    """Whether a message's content holds a special token's string."""
+    return any(control in message["content"] for control in controls)
 
 
 def _spaces_forward(segments: list[list], controls: tuple[str, ...]) -> list[list]:

@@ -235,11 +235,12 @@ class Pipeline:
         now, and its text enters the recipe. Give the tokenizer no `bos` where the template writes
         the BOS itself.
 
-        Each message's text is found by rendering the chat one message longer each time, so a
-        chat of n messages costs about n + (its learned messages) renderings of its prefixes. A
-        chat the template refuses is skipped (`chat_template_error`), as is one it writes otherwise
-        once later messages follow (`chat_template_not_prefix`), one whose content it does not write
-        as given (`chat_content_not_found`) and one that is no list of messages (`not_messages`).
+        The texts are found by rendering the chat's prefixes: one where the learned text starts or
+        ends, and one more for each assistant turn's generation prompt, about two a turn of a user
+        and an assistant. A chat the template refuses is skipped (`chat_template_error`), as is one
+        it writes otherwise once later messages follow (`chat_template_not_prefix`), one quoting a
+        control token in a content it does not write as given (`chat_content_not_found`) and one
+        that is no list of messages (`not_messages`).
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
                                                   content_key, roles)
