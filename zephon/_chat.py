@@ -14,8 +14,9 @@ Consecutive messages learned alike are one segment, flagged as the template's (`
 True]`), whose special tokens' strings `tokenize` matches as the control tokens they are: encoded
 whole, as transformers encodes the rendered chat, and rendered only where a segment ends. Where a
 message's content holds such a string itself (quoting `<|im_end|>`), the content is cut out as a
-segment of its own, which stays text (`split_special_tokens`), so that no message can end its turn. Spaces that end a segment before a
-word move into the next (`_spaces_forward`), as a byte-level tokenizer writes them.
+segment of its own, which stays text (`split_special_tokens`), so that no message can end its turn.
+Spaces that end a segment before a word move into the next (`_spaces_forward`), as a byte-level
+tokenizer writes them.
 
 A chat the template cannot render (a role it refuses), one whose renderings are no prefixes of one
 another (a template that writes earlier messages otherwise once later ones follow), and one whose
