@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from zephon._accumulator import SegmentContext
-from zephon._errors import ConfigurationError, check_count, check_token_id
+from zephon._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
 from zephon._fingerprint import stable_description
@@ -1147,11 +1147,8 @@ class PackMultimodal:
         # every document was skipped (`field`) or packed without its images (`pixels_field`), unsaid.
         for name in ("field", "pixels_field", "grid_field", "offsets_field", "loss_mask_field"):
             value = getattr(self, name)
-            if value is None and name in _UNSET_UNTIL_BOUND:
-                continue
-            if not isinstance(value, str) or not value:
-                raise ConfigurationError(f"pack_multimodal: {name} must be a record field's name (a non-empty str), "
-                                         f"got {value!r}")
+            if value is not None or name not in _UNSET_UNTIL_BOUND:
+                check_field_name(value, f"pack_multimodal: {name}")
         if self.loss_mask_field in (self.field, self.pixels_field, self.offsets_field):
             raise ConfigurationError(f"pack_multimodal: loss_mask_field={self.loss_mask_field!r} is also the field of "
                                      "the ids, the pixels or the image offsets; the loss mask is a field of its own")

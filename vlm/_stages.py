@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from zephon._dataset_scope import check_dataset_names
-from zephon._errors import BadRecordError, ConfigurationError, check_count
+from zephon._errors import BadRecordError, ConfigurationError, check_count, check_field_name
 from zephon._field_names import fields_it_has
 from zephon._fingerprint import stable_description
 from zephon._records import ChunkRecords, RecordAddress
@@ -95,9 +95,7 @@ def _check_common(stage, spec_type: type, flags: tuple[str, ...] = ("keep_source
         if not isinstance(getattr(stage, flag), bool):
             raise ConfigurationError(f"{stage.name}: {flag} must be True or False, got {getattr(stage, flag)!r}")
     for name in names:
-        if not isinstance(getattr(stage, name), str) or not getattr(stage, name):
-            raise ConfigurationError(f"{stage.name}: {name} must be a record field's name (a non-empty str), "
-                                     f"got {getattr(stage, name)!r}")
+        check_field_name(getattr(stage, name), f"{stage.name}: {name}")
     if stage.on_error is not None and stage.on_error not in ON_ERROR:
         raise ConfigurationError(f"{stage.name}: on_error must be one of {ON_ERROR}, got {stage.on_error!r}")
     object.__setattr__(stage, "parallelism", check_count(stage.parallelism, f"{stage.name}: parallelism"))

@@ -31,7 +31,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._errors import BadRecordError, ConfigurationError
+from ._errors import BadRecordError, ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._loss_mask import sample as _sample
 from ._record_ops import RecordFn, RecordOperator
@@ -303,10 +303,7 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
                                  f"got {roles!r}")
     for name, value in (("field", field), ("output_field", output_field), ("role_key", role_key),
                         ("content_key", content_key)):
-        if not isinstance(value, str) or not value:
-            raise ConfigurationError(
-                f"render_chat: {name} must be a record field's name (a non-empty str), got {value!r}"
-            )
+        check_field_name(value, f"render_chat: {name}")
     if isinstance(learned_roles, str) or not isinstance(learned_roles, (list, tuple)) or not learned_roles \
             or not all(isinstance(role, str) for role in learned_roles):
         raise ConfigurationError(f"render_chat: learned_roles must be a list of roles, got {learned_roles!r}")

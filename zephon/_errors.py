@@ -36,6 +36,15 @@ class ConfigurationError(ZephonError, ValueError):
     """The recipe or the layout (lanes, ranks, batch sizes) cannot work; raised at construction."""
 
 
+def check_field_name(value: object, what: str) -> str:
+    """`value` if it names a record field (a non-empty str), else ConfigurationError naming `what`:
+    None, 3 or "" is read from no record, so every record was skipped or packed without what the
+    field held, unsaid."""
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{what} must be a record field's name (a non-empty str), got {value!r}")
+    return value
+
+
 def check_count(value: object, what: str, least: int = 1) -> int:
     """`value` as a plain int if it is an integer (a NumPy one too) of at least `least`, else
     ConfigurationError naming `what`.

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._sequence import IGNORE_INDEX
 
@@ -56,10 +56,8 @@ def check_loss_mask_options(prompt_field: str | None, segments: bool, loss_mask_
             )
         return
     for name, value in (("prompt_field", prompt_field), ("loss_mask_field", loss_mask_field)):
-        if value is None:  # segments: no prompt field
-            continue
-        if not isinstance(value, str) or not value:
-            raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
+        if value is not None:  # segments: no prompt field
+            check_field_name(value, f"tokenize: {name}")
     for name, value in (("prompt_field", prompt_field), ("loss_mask_field", loss_mask_field)):
         if value in other_fields or (name == "loss_mask_field" and value == prompt_field):
             raise ConfigurationError(

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._accumulator import SegmentContext
-from ._errors import ConfigurationError, check_count, check_token_id
+from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._field_names import fields_it_has
 from ._first_fit import FirstFitRows
 from ._loss_mask import LOSS_MASK_FIELD, loss_mask_detail, targets_of
@@ -402,9 +402,7 @@ class PackFlatOp:
         # As tokenize checks its fields: None (or a tuple) read no field of any record, so every
         # record was skipped as missing_field, and the loader's check of the field let None by.
         for name in ("field", "loss_mask_field"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ConfigurationError(f"pack_flat: {name} must be a record field's name (a non-empty str), got {value!r}")
+            check_field_name(getattr(self, name), f"pack_flat: {name}")
         if self.loss_mask_field == self.field:
             raise ConfigurationError(f"pack_flat: loss_mask_field and field are both {self.field!r}; the ids and "
                                      "their loss mask are two fields")

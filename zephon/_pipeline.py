@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 from ._chat import RenderChatOp, check_chat_options
 from ._entry_points import find
-from ._errors import ConfigurationError, check_count
+from ._errors import ConfigurationError, check_count, check_field_name
 from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
 from ._markers import OFFSETS_FIELD, check_marker
 from ._packing import PackFlatOp
@@ -180,7 +180,7 @@ class Pipeline:
         ASSISTANT:", False], [" A dog.</s>", True], ...]`): each text is encoded apart, the ids are
         BOS, every segment's, EOS, and `loss_mask_field` marks each segment's ids as it is flagged,
         EOS as the last segment. A segment may be a triple, [text, learned, True], for a chat
-        template's own text (`zephon.ChatSegments` writes them): the special tokens' strings in it
+        template's own text (`render_chat` writes them): the special tokens' strings in it
         are the control tokens they name, while in the other segments (the messages' contents) they
         stay text as `split_special_tokens` says. A record whose field is not such a list is skipped
         (`not_segments`), one whose texts are all blank as `empty_document`.
@@ -192,8 +192,7 @@ class Pipeline:
             if not isinstance(flag, bool):
                 raise ConfigurationError(f"tokenize: {name} must be True or False, got {flag!r}")
         for name, value in (("field", field), ("output_field", output_field), ("offsets_field", offsets_field)):
-            if not isinstance(value, str) or not value:
-                raise ConfigurationError(f"tokenize: {name} must be a record field's name (a non-empty str), got {value!r}")
+            check_field_name(value, f"tokenize: {name}")
         check_marker(marker, offsets_field, field, output_field)
         check_loss_mask_options(prompt_field, segments, loss_mask_field,
                                 (field, output_field, *((offsets_field,) if marker else ())))
@@ -230,10 +229,10 @@ class Pipeline:
         its turn as the template writes it, another role's whole text. Chats stored as ShareGPT's
         and LLaVA-Instruct's `{"from": "human", "value": ...}` are read with `role_key="from",
         content_key="value", roles={"human": "user", "gpt": "assistant"}` (the roles renamed to the
-        template's before `learned_roles` is asked); the template's own text is flagged so that its control tokens are
-        matched while the messages' contents stay text (`zephon._chat`). The template is read
-        now, and its text enters the recipe. Give the tokenizer no `bos` where the template writes
-        the BOS itself.
+        template's before `learned_roles` is asked). The template's own text is flagged so that
+        its control tokens are matched while a content quoting one keeps it as text
+        (`zephon._chat`). The template is read now, and its text enters the recipe. Give the
+        tokenizer no `bos` where the template writes the BOS itself.
 
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
