@@ -1,9 +1,11 @@
 """A chat's messages as the segments `tokenize(segments=True)` reads, rendered with the model's own
 chat template (`Pipeline.render_chat`).
 
-Instruction data comes as chats: `[{"role": "user", "content": ...}, {"role": "assistant", ...}]`.
-A model is trained on them as its chat template writes them, and on its assistant turns alone. The
-template is a Jinja program (transformers' `apply_chat_template`); what it writes for messages j to
+Instruction data comes as chats: `[{"role": "user", "content": ...}, {"role": "assistant", ...}]`,
+a content a str or, in vision data, a list of parts (`[{"type": "image"}, {"type": "text", "text":
+...}]`) that the template writes itself (an image part as the model's image marker). A model is
+trained on them as its chat template writes them, and on its assistant turns alone. The template
+is a Jinja program (transformers' `apply_chat_template`); what it writes for messages j to
 k is found by rendering the chat's prefixes: what the first k + 1 messages render to past what the
 first j do. A learned assistant message's text starts after its generation prompt (the first k
 rendered with `add_generation_prompt=True`: `<|im_start|>assistant\n`), which is not learned, as
@@ -13,10 +15,10 @@ generation prompt, and is learned whole.
 Consecutive messages learned alike are one segment, flagged as the template's (`[text, learned,
 True]`), whose special tokens' strings `tokenize` matches as the control tokens they are: encoded
 whole, as transformers encodes the rendered chat, and rendered only where a segment ends. Where a
-message's content holds such a string itself (quoting `<|im_end|>`), the content is cut out as a
-segment of its own, which stays text (`split_special_tokens`), so that no message can end its turn.
-Spaces that end a segment before a word move into the next (`_spaces_forward`), as a byte-level
-tokenizer writes them.
+message's content holds such a string itself (quoting `<|im_end|>`), the content (each such text
+part) is cut out as a segment of its own, which stays text (`split_special_tokens`), so that no
+message can end its turn. Spaces that end a segment before a word move into the next
+(`_spaces_forward`), as a byte-level tokenizer writes them.
 
 A chat the template cannot render (a role it refuses), one whose renderings are no prefixes of one
 another (a template that writes earlier messages otherwise once later ones follow), and one whose
@@ -83,7 +85,8 @@ class RenderChatOp(RecordOperator):
     `content_key`, their roles renamed to the template's by `roles` (pairs: ("human", "user"),
     ("gpt", "assistant")) before `learned_roles` is asked. The messages' field is dropped unless
     `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str role and
-    a str content), `chat_template_error` (the template raised), `chat_template_not_prefix`,
+    a content that is a str or a list of {"type": str} parts, a text part's "text" a str),
+    `chat_template_error` (the template raised), `chat_template_not_prefix`,
     `chat_content_not_found`."""
 
     tokenizer_dir: str
@@ -188,19 +191,12 @@ def _chat_segments(value: object, read_messages, render, learned_roles: frozense
         if not rendered.startswith(written):
             return "chat_template_not_prefix", _not_prefix(k, message, "the chat before it")
         text = rendered[len(written):]
-        if _quotes(message, controls):  # its content apart, as text
-            content = message["content"]
-            at, spelled = _content_in(text, content)
-            if at < 0:
-                return "chat_content_not_found", (
-                    f"message {k} ({message['role']!r}): the template writes {_sample(text)} "
-                    f"for its content {_sample(content)}"
-                )
-            segments += _template_text(text[:at], learned)
-            segments.append([spelled, learned])
-            segments += _template_text(text[at + len(spelled):], learned)
-        else:  # one text, encoded as the whole chat is: no seam inside it
-            segments += _template_text(text, learned)
+        cut = _cut_out(text, _quoting(message, controls), learned)  # each quoting text apart, as text
+        if isinstance(cut, str):
+            return "chat_content_not_found", (
+                f"message {k} ({message['role']!r}): the template writes {_sample(text)} for its content {cut}"
+            )
+        segments += cut
         written = rendered
     return None, _spaces_forward(segments, controls)
 
@@ -210,16 +206,36 @@ def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, cont
     or the next one's quotes a control token (cut out as text); or what follows is learned otherwise
     (the next message's text, or, before a learned assistant's, its generation prompt, not learned).
     Otherwise the two go in one segment, rendered once."""
-    if k + 1 == len(messages) or _quotes(messages[k], controls) or _quotes(messages[k + 1], controls):
+    if k + 1 == len(messages) or _quoting(messages[k], controls) or _quoting(messages[k + 1], controls):
         return True
     following = messages[k + 1]["role"]
     follows_learned = following in learned_roles and following != "assistant"
     return follows_learned != (messages[k]["role"] in learned_roles)
 
 
-def _quotes(message: dict, controls: tuple[str, ...]) -> bool:
-    """Whether a message's content holds a special token's string."""
-    return any(control in message["content"] for control in controls)
+def _quoting(message: dict, controls: tuple[str, ...]) -> list[str]:
+    """The texts of a message's content (the content, or its text parts) that hold a special
+    token's string, in order."""
+    content = message["content"]
+    texts = [content] if isinstance(content, str) else [part["text"] for part in content if part["type"] == "text"]
+    return [text for text in texts if any(control in text for control in controls)]
+
+
+def _cut_out(text: str, pieces: list[str], learned: bool) -> list[list] | str:
+    """The segments of `text`, a message's as the template wrote it, with each of `pieces` (its
+    texts that quote a control token, in order) cut out as text and the rest the template's; where
+    one is not found as given, nor stripped, a sample of it. They are found from the last back,
+    each before the one after it: the template's text after a message's last text is its end of
+    turn, shorter than the role's header before its first."""
+    segments: list[list] = []
+    end = len(text)
+    for piece in reversed(pieces):
+        at, spelled = _content_in(text[:end], piece)
+        if at < 0:
+            return _sample(piece)
+        segments = [[spelled, learned], *_template_text(text[at + len(spelled):end], learned), *segments]
+        end = at
+    return _template_text(text[:end], learned) + segments
 
 
 def _spaces_forward(segments: list[list], controls: tuple[str, ...]) -> list[list]:
@@ -258,9 +274,8 @@ def _template_text(text: str, learned: bool) -> list[list]:
 
 
 def _content_in(text: str, content: str) -> tuple[int, str]:
-    """Where a message's content stands in the text the template wrote for it, and as it is spelled
-    there: as given, else stripped (a template's `| trim`); the last place it stands, as the
-    template's text after it is its end of turn, shorter than the role's header before it."""
+    """Where a message's text stands in `text`, and as it is spelled there: as given, else stripped
+    (a template's `| trim`); the last place it stands."""
     for spelled in (content, content.strip()):
         at = text.rfind(spelled)
         if at >= 0:
@@ -270,16 +285,25 @@ def _content_in(text: str, content: str) -> tuple[int, str]:
 
 def _messages_of(value: object, role_key: str, content_key: str, roles: dict[str, str]) -> list[dict] | str:
     """The chat `value` holds, as {"role", "content"} messages in the template's roles; or why it
-    holds none."""
+    holds none. A content is a str, or a list of parts as processors' templates take them
+    (`[{"type": "image"}, {"type": "text", "text": "What is this?"}]`), handed to the template as
+    they are."""
     if not isinstance(value, (list, tuple)) or not value:
         return f"holds {_sample(value)}, not a list of messages"
     messages = []
     for k, message in enumerate(value):
         if not isinstance(message, dict) or not isinstance(message.get(role_key), str) \
-                or not isinstance(message.get(content_key), str):
-            return f"message {k} is {_sample(message)}, not a {{{role_key!r}: str, {content_key!r}: str}} message"
+                or not isinstance(message.get(content_key), (str, list, tuple)):
+            return (f"message {k} is {_sample(message)}, not a {{{role_key!r}: str, {content_key!r}: str or a list "
+                    "of parts} message")
+        content = message[content_key]
+        for j, part in enumerate(() if isinstance(content, str) else content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str) \
+                    or (part["type"] == "text" and not isinstance(part.get("text"), str)):
+                return (f"message {k}'s part {j} is {_sample(part)}, not a {{'type': 'text', 'text': str}} part "
+                        "nor another {'type': str} one")
         role = message[role_key]
-        messages.append({"role": roles.get(role, role), "content": message[content_key]})
+        messages.append({"role": roles.get(role, role), "content": content})
     return messages
 
 

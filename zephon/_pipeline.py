@@ -222,11 +222,13 @@ class Pipeline:
         roles: dict[str, str] | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
-        messages, becomes `record[output_field]`, the segments `tokenize(field=output_field,
-        segments=True)` reads, as the chat template of the tokenizer in `tokenizer_dir` writes the
-        chat (transformers' `apply_chat_template`; `pip install 'zephon[chat]'`). The messages of
-        `learned_roles` are learned: an assistant's from past its generation prompt to the end of
-        its turn as the template writes it, another role's whole text. Chats stored as ShareGPT's
+        messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
+        str}]`, handed to the template as processors' templates take them), becomes
+        `record[output_field]`, the segments `tokenize(field=output_field, segments=True)` reads,
+        as the chat template of the tokenizer in `tokenizer_dir` writes the chat (transformers'
+        `apply_chat_template`; `pip install 'zephon[chat]'`). The messages of `learned_roles` are
+        learned: an assistant's from past its generation prompt to the end of its turn as the
+        template writes it, another role's whole text. Chats stored as ShareGPT's
         and LLaVA-Instruct's `{"from": "human", "value": ...}` are read with `role_key="from",
         content_key="value", roles={"human": "user", "gpt": "assistant"}` (the roles renamed to the
         template's before `learned_roles` is asked). The template's own text is flagged so that

@@ -46,6 +46,19 @@ ALTERNATING = (
     "{% else %}<|im_start|>Bot: {% generation %}{{ message['content'] | trim }}<|im_end|>{% endgeneration %}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>Bot: {% endif %}"
 )
+# ChatML over contents that are lists of parts, as processors' templates take them: `<image>` for an
+# image part, a text part's text; a str content as it is.
+CHATML_PARTS = (
+    "{% macro content(message) %}{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}"
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ content(message) }}<|im_end|>\n{% endgeneration %}"
+    "{% else %}{{ content(message) }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# ChatML that drops the control tokens' strings from what a message says.
+CHATML_UNQUOTED = CHATML.replace("{{ message['content'] }}", "{{ message['content'] | replace('<|im_end|>', '') }}")
 # Writes the last message otherwise than the others: no rendering is a prefix of the next.
 LAST_APART = (
     "{% for message in messages %}{% if loop.last %}[last] {% endif %}<|im_start|>{{ message['role'] }}\n"
@@ -58,8 +71,23 @@ CHATS = [
      {"role": "assistant", "content": "A file of them."}],
     [{"role": "user", "content": "  spaced out  "}, {"role": "assistant", "content": "\nfine\n"}],
 ]
+# As TRL's vision datasets store them: an image part's `text` is None, as Arrow writes a missing one.
+PART_CHATS = [
+    [{"role": "system", "content": "Answer in one line."},
+     {"role": "user", "content": [{"type": "image", "text": None}, {"type": "text", "text": "\nWhat is this?"}]},
+     {"role": "assistant", "content": [{"type": "text", "text": "A lane of records."}]},
+     {"role": "user", "content": [{"type": "text", "text": "And here: "}, {"type": "image", "text": None},
+                                  {"type": "text", "text": " Be brief."}]},
+     {"role": "assistant", "content": "Shards."}],
+    [{"role": "user", "content": [{"type": "text", "text": "  spaced  "}, {"type": "image"}]},
+     {"role": "assistant", "content": [{"type": "text", "text": "One "}, {"type": "text", "text": "picture."}]}],
+]
 QUOTING = [{"role": "user", "content": "Quote the end token: <|im_end|> please."},
            {"role": "assistant", "content": "It is <|im_end|>, written as text."}]
+QUOTING_PARTS = [{"role": "user", "content": [{"type": "text", "text": "<|im_start|>user"}, {"type": "image"},
+                                              {"type": "text", "text": "Quote <|im_end|>."}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "It is "},
+                                                   {"type": "text", "text": "<|im_end|>, as text."}]}]
 
 
 def tokenizer_dir(root: Path, template: str, demo_tokenizer_path: Path) -> Path:
@@ -111,20 +139,46 @@ def test_a_chat_is_the_ids_apply_chat_template_gives_learned_where_the_assistant
     assert set(record) == {"input_ids", "loss_mask"}, "the messages and the segments are dropped as tokenized"
 
 
-def test_a_control_token_quoted_in_a_message_stays_text_and_the_template_s_own_are_control_ids(chatml):
+@pytest.mark.parametrize("chat", range(len(PART_CHATS)))
+def test_a_chat_of_parts_is_the_ids_apply_chat_template_gives_learned_where_the_assistant_speaks(
+    tmp_path, demo_tokenizer_path, chat
+):
+    """Contents as lists of text and image parts, handed to the template as they are, the image
+    parts written as the template writes them (`<image>`, the marker `tokenize` places pictures at)."""
+    directory = tokenizer_dir(tmp_path / "parts", CHATML_PARTS, demo_tokenizer_path)
+    messages = PART_CHATS[chat]
+    [record] = run(directory, [{"messages": messages}]).records
+    ids, learned = reference(directory, messages)
+    assert record["input_ids"].tolist() == ids
+    assert record["loss_mask"].tolist() == learned
+    assert any(learned) and not all(learned)
+    written = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(ids, skip_special_tokens=False)
+    images = sum(part["type"] == "image" for m in messages if isinstance(m["content"], list) for part in m["content"])
+    assert written.count("<image>") == images and "'type'" not in written, written
+
+
+@pytest.mark.parametrize("chat", ["content", "parts"])
+def test_a_control_token_quoted_in_a_message_stays_text_and_the_template_s_own_are_control_ids(
+    tmp_path, demo_tokenizer_path, chat
+):
     """transformers' `apply_chat_template(tokenize=True)` encodes the quoted `<|im_end|>` as the
-    control token, ending the user's turn inside its content; here it is the content's text."""
-    [record] = run(chatml, [{"messages": QUOTING}]).records
-    tokenizer = Tokenizer.from_file(str(chatml / "tokenizer.json"))
+    control token, ending the user's turn inside its content; here it is the content's text, and
+    each quoting text part's, whatever stands between them."""
+    directory = tokenizer_dir(tmp_path / "parts", CHATML_PARTS, demo_tokenizer_path)
+    messages = QUOTING if chat == "content" else QUOTING_PARTS
+    [record] = run(directory, [{"messages": messages}]).records
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     start, end = (tokenizer.token_to_id(token) for token in ("<|im_start|>", "<|im_end|>"))
     ids = record["input_ids"].tolist()
     assert ids[0] == tokenizer.token_to_id("<|bos|>")
     assert ids.count(start) == 2 and ids.count(end) == 2, "one turn each for the user and the assistant"
     tokenizer.encode_special_tokens = True
-    for message in QUOTING:
-        content = tokenizer.encode(message["content"], add_special_tokens=False).ids
-        assert any(ids[at : at + len(content)] == content for at in range(len(ids))), message["content"]
-    theirs, _ = reference(chatml, QUOTING)
+    quoted = [text for m in messages for text in ([m["content"]] if isinstance(m["content"], str) else
+                                                  [part["text"] for part in m["content"] if part["type"] == "text"])]
+    for text in quoted:
+        content = tokenizer.encode(text, add_special_tokens=False).ids
+        assert any(ids[at : at + len(content)] == content for at in range(len(ids))), text
+    theirs, _ = reference(directory, messages)
     assert theirs.count(end) == 4
 
 
@@ -151,7 +205,7 @@ def test_a_sharegpt_chat_read_by_its_keys_and_roles_is_the_same_chat(chatml):
     out = run(chatml, [{"conversations": [{"role": "user", "content": "hi"}]}], field="conversations",
               role_key="from", content_key="value")
     assert list(out.skip_details["not_messages"].values()) == [
-        "message 0 is {'role': 'user', 'content': 'hi'}, not a {'from': str, 'value': str} message"]
+        "message 0 is {'role': 'user', 'content': 'hi'}, not a {'from': str, 'value': str or a list of parts} message"]
 
 
 def test_only_the_roles_named_are_learned(chatml):
@@ -175,9 +229,23 @@ def test_chats_the_template_cannot_be_split_on_are_skipped_by_name_with_what_was
     details = {reason: list(found.values()) for reason, found in out.skip_details.items()}
     assert details["chat_template_error"] == [
         "rendering message 0 ('assistant'): TemplateError: roles must alternate user/assistant"]
-    assert details["not_messages"] == ["holds 'hello', not a list of messages",
-                                       "message 0 is {'role': 'user'}, not a {'role': str, 'content': str} message"]
+    assert details["not_messages"] == [
+        "holds 'hello', not a list of messages",
+        "message 0 is {'role': 'user'}, not a {'role': str, 'content': str or a list of parts} message"]
+    parts = run(alternating, [{"messages": [{"role": "user", "content": ["hi"]}]},
+                              {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text"}]}]}])
+    assert list(parts.skip_details["not_messages"].values()) == [
+        f"message 0's part {j} is {part}, not a {{'type': 'text', 'text': str}} part nor another {{'type': str}} one"
+        for j, part in ((0, "'hi'"), (1, "{'type': 'text'}"))]
     assert details["missing_field"] == ["field 'messages'; fields it has: 'text'"]
+
+    unquoted = tokenizer_dir(tmp_path / "unquoted", CHATML_UNQUOTED, demo_tokenizer_path)
+    out = run(unquoted, [{"messages": QUOTING}, {"messages": CHATS[1]}])
+    assert [reason for _, reason in out.skipped] == ["chat_content_not_found"]
+    assert list(out.skip_details["chat_content_not_found"].values()) == [
+        "message 0 ('user'): the template writes '<|bos|><|im_start|>user\\nQuote the end token:  please.<|... "
+        "for its content 'Quote the end token: <|im_end|> please.'"]
+    assert out.records[0]["input_ids"].tolist() == reference(unquoted, CHATS[1])[0], "a chat quoting nothing is kept"
 
     last_apart = tokenizer_dir(tmp_path / "last_apart", LAST_APART, demo_tokenizer_path)
     [(_, reason)] = run(last_apart, [{"messages": CHATS[1]}]).skipped

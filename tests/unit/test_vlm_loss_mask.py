@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.unit.test_chat import CHATML, reference, tokenizer_dir
+from tests.unit.test_chat import CHATML_PARTS, reference, tokenizer_dir
 from tests.unit.test_vlm_assets import package_dir
 from tests.unit.test_vlm_image_markers import write_corpus
 from tests.unit.test_vlm_packing import PIXTRAL, address, packer, picture, run, text
@@ -134,11 +134,16 @@ def test_a_mask_field_naming_another_field_of_the_packer_is_refused():
 
 
 def llava_chat(k: int) -> tuple[dict, int]:
-    """Record k of the `vqa` corpus as LLaVA-Instruct stores it: its picture, then the question
-    (with `<image>`) and the answer as ShareGPT's turns."""
+    """Record k of the `vqa` corpus as a chat, stored as LLaVA-Instruct stores it (its picture, then
+    the question, with `<image>`, and the answer as ShareGPT's turns) and as TRL's vision datasets
+    do (messages whose contents are lists of parts, the picture an image part where `<image>` was)."""
     record, images = question(k)
     turns = [{"from": "human", "value": record["prompt"]}, {"from": "gpt", "value": record["text"]}]
-    return {"conversations": turns}, images
+    before, after = record["prompt"].split("<image>")
+    parts = [{"type": "text", "text": before}] * bool(before) + [{"type": "image"}, {"type": "text", "text": after}]
+    messages = [{"role": "user", "content": parts},
+                {"role": "assistant", "content": [{"type": "text", "text": record["text"]}]}]
+    return {"conversations": turns, "messages": messages}, images
 
 
 @pytest.fixture(scope="module")
@@ -146,22 +151,27 @@ def chat_corpus(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("llava_chat"), llava_chat, "vqa")
 
 
+@pytest.mark.parametrize("form", ["conversations", "messages"])
 def test_a_llava_instruct_chat_learns_its_answers_around_its_picture_on_every_runner(
-    chat_corpus, tmp_path_factory, demo_tokenizer_path
+    chat_corpus, tmp_path_factory, demo_tokenizer_path, form
 ):
-    """render_chat (ChatML) then tokenize(segments=True, marker="<image>") then pack_multimodal:
-    each picture is placed where its question's marker was, and an epoch learns exactly what
-    transformers' assistant masks say: every answer and its end of turn."""
-    chat_dir = tokenizer_dir(tmp_path_factory.mktemp("chatml"), CHATML, demo_tokenizer_path)
+    """render_chat (ChatML, writing an image part as `<image>`) then tokenize(segments=True,
+    marker="<image>") then pack_multimodal: each picture is placed where its question's marker
+    was, and an epoch learns exactly what transformers' assistant masks say: every answer and its
+    end of turn."""
+    chat_dir = tokenizer_dir(tmp_path_factory.mktemp("chatml"), CHATML_PARTS, demo_tokenizer_path)
     roles = {"human": "user", "gpt": "assistant"}
+    keys = {"role_key": "from", "content_key": "value", "roles": roles} if form == "conversations" else {}
     expected, before_picture = [], {}
     matching = Tokenizer.from_file(str(chat_dir / "tokenizer.json"))
     for shard in sorted(chat_corpus.glob("*.jsonl")):
         for index, line in enumerate(shard.read_text().splitlines()):
-            messages = [{"role": roles[t["from"]], "content": t["value"]} for t in json.loads(line)["conversations"]]
-            ids, mask = reference(chat_dir, messages)
+            record = json.loads(line)
+            turns = [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]
+            ids, mask = reference(chat_dir, turns if form == "conversations" else record["messages"])
+            assert ids == reference(chat_dir, turns)[0], "the two forms are one chat"
             expected += [i for i, learned in zip(ids, mask) if learned]
-            question = messages[0]["content"]
+            question = turns[0]["content"]
             text = "<|bos|><|im_start|>user\n" + question[: question.index("<image>")]
             before_picture[(shard.name, index)] = matching.encode(text, add_special_tokens=False).ids
     source = StaticMixtureWorkSource([Dataset.from_path("vqa", str(chat_corpus))], seed=5, records_per_chunk=3,
@@ -170,7 +180,7 @@ def test_a_llava_instruct_chat_learns_its_answers_around_its_picture_on_every_ru
     for runner in ("inline", "thread", "process"):
         pipeline = (Pipeline(source).options(num_lanes=2, runner=runner)
                     .decode_images(field="image", spec=ImageSpec(max_pixels=48 * 48), paths=True, parallelism=2)
-                    .render_chat(chat_dir, field="conversations", role_key="from", content_key="value", roles=roles)
+                    .render_chat(chat_dir, field=form, **keys)
                     .tokenize(str(chat_dir / "tokenizer.json"), field="segments", segments=True, marker="<image>",
                               parallelism=2)
                     .pack_multimodal(160, PLACEHOLDERS)
@@ -185,10 +195,10 @@ def test_a_llava_instruct_chat_learns_its_answers_around_its_picture_on_every_ru
                 offsets = iter(batch.ragged["image_token_offset"].tolist())
                 for row, sources in enumerate(batch.sources):
                     documents = batch.tokens["document_ids"][row]
-                    for number, address in enumerate(sources):  # one picture each, in row order
+                    for number, origin in enumerate(sources):  # one picture each, in row order
                         start, offset = int(np.argmax(documents == number)), next(offsets)
                         placed = batch.tokens["input_ids"][row][start:offset].tolist()
-                        assert placed == before_picture[(Path(address.shard).name, address.index)], address
+                        assert placed == before_picture[(Path(origin.shard).name, origin.index)], origin
                 assert next(offsets, None) is None, "one picture a question"
             assert loader.stats()["mixture"]["vqa"]["learned"] == len(expected), runner
         assert sorted(learned) == sorted(expected), runner
