@@ -241,10 +241,12 @@ def _cut_out(text: str, pieces: list[str], learned: bool) -> list[list] | str:
 def _spaces_forward(segments: list[list], controls: tuple[str, ...]) -> list[list]:
     """The segments with the spaces that end one moved to the start of the next where that starts
     with a word: a byte-level tokenizer writes a word's leading space into its first token (`Bot: `
-    and `fine` are `Bot`, `:`, ` fine`), so the generation prompt `Bot: ` encoded apart from the
-    answer would make a token of the space alone, which the whole chat encoded never holds. The
-    answer's first token carries the space, and is learned with it, as transformers' assistant
-    mask has it. Before a space or a control token a space is a token of its own: it stays."""
+    and `fine` are `Bot`, `:`, ` fine`). `tokenize` encodes the segments joined, but a content
+    quoting a control token apart from the template's text around it (`zephon._segment_encoding`),
+    and there the generation prompt `Bot: ` would make a token of the space alone, which the whole
+    chat encoded never holds. The answer's first token carries the space, and is learned with it,
+    as transformers' assistant mask has it. Before a space or a control token a space is a token
+    of its own: it stays."""
     out: list[list] = []
     for segment in segments:
         text = segment[0]

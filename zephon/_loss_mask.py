@@ -26,8 +26,8 @@ from ._errors import ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._sequence import IGNORE_INDEX
 
-__all__ = ["LOSS_MASK_FIELD", "check_loss_mask_options", "encode_segments", "loss_mask_detail", "prompt_segments",
-           "record_segments", "sample", "segments_detail", "segments_problem", "targets_of"]
+__all__ = ["LOSS_MASK_FIELD", "check_loss_mask_options", "loss_mask_detail", "prompt_segments", "record_segments",
+           "sample", "segments_detail", "segments_problem", "targets_of"]
 
 LOSS_MASK_FIELD = "loss_mask"
 """The field `tokenize(prompt_field=...)` writes and packers read by default."""
@@ -163,34 +163,3 @@ def segments_detail(field: str, reason: str, record: dict) -> str:
     bad = value if not isinstance(value, (list, tuple)) else next(item for item in value if not _is_segment(item))
     return (f"field {field!r} holds {sample(bad)}, not a list of [text, learned] pairs (a str and true or false) "
             "or [text, learned, template] triples")
-
-
-def encode_segments(encoded_runs, documents: list[list[Segment]], prefix: list[int], suffix: list[int],
-                    marker: str | None) -> list[tuple[np.ndarray, object, np.ndarray]]:
-    """Each document of segments as (ids, marker offsets or None, loss mask): BOS (`prefix`), each
-    segment's ids, EOS (`suffix`); the mask False over BOS, each segment's ids flagged as it is,
-    and EOS as the last segment (an answer's end is learned with it). `encoded_runs(texts,
-    templates)` gives each text's (ids, marker offsets), a template's text with its control tokens
-    matched: every segment of the chunk in one call, as `tokenize` encodes a chunk's texts; a
-    marker's offset counts every id before it."""
-    from ._markers import MarkerOffsets
-
-    every = [segment for segments in documents for segment in segments]
-    pieces = iter(encoded_runs([text for text, _, _ in every], [template for _, _, template in every]))
-    out = []
-    for segments in documents:
-        ids, lengths, flags, offsets = list(prefix), [len(prefix)], [False], []
-        for _, learned, _ in segments:
-            piece, marks = next(pieces)
-            if marker is not None:
-                offsets += [len(ids) + at for at in marks]
-            ids += piece
-            lengths.append(len(piece))
-            flags.append(bool(learned))
-        ids += suffix
-        lengths.append(len(suffix))
-        flags.append(flags[-1])
-        tokens = np.fromiter(ids, dtype=np.int32, count=len(ids))
-        mask = np.repeat(np.array(flags), lengths)
-        out.append((tokens, None if marker is None else MarkerOffsets(offsets, marker), mask))
-    return out

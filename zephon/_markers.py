@@ -41,17 +41,39 @@ class MarkerOffsets(tuple):
 
 
 class MarkedText(NamedTuple):
-    """One text's ids with its markers dropped, and each marker's offset among them (no BOS yet)."""
+    """One text's ids with its markers dropped, and each marker's offset among them (no BOS yet);
+    where asked, its pieces' encodings, to say which id holds a character (`char_to_token`)."""
 
     ids: list[int]
     offsets: list[int]
+    pieces: tuple = ()
+
+    def char_to_token(self, at: int) -> int | None:
+        """The index of the first id that holds character `at` of the text, None for a marker's,
+        as an `Encoding`'s `char_to_token` says."""
+        for start, base, encoding in reversed(self.pieces):
+            if at >= start:
+                token = encoding.char_to_token(at - start)
+                return None if token is None else base + token
+        return None
+
+    def token_to_chars(self, index: int) -> tuple[int, int] | None:
+        """The (start, end) characters of the text that id `index` holds, as an `Encoding`'s
+        `token_to_chars` says."""
+        for start, base, encoding in reversed(self.pieces):
+            if index >= base:
+                chars = encoding.token_to_chars(index - base)
+                return None if chars is None else (chars[0] + start, chars[1] + start)
+        return None
 
 
-def encode_at_markers(encode_batch, marker: str, texts: list[str], *, add_special_tokens: bool) -> list[MarkedText]:
+def encode_at_markers(encode_batch, marker: str, texts: list[str], *, add_special_tokens: bool,
+                      locate: bool = False) -> list[MarkedText]:
     """Each of `texts` encoded with `encode_batch` (one call for all their pieces) as its pieces
     between `marker`s, their ids joined: a marker's offset is the number of ids before it. A text
     without the marker is one piece, encoded as `tokenize` encodes it without `marker`. Bound to
-    its first two arguments it is called as `encode_batch` is."""
+    its first two arguments it is called as `encode_batch` is. With `locate`, each text keeps its
+    pieces' encodings (where each starts among the characters and among the ids)."""
     splits = [text.split(marker) for text in texts]
     # Empty pieces (a marker at either end, two adjacent) are not encoded: each costs a call's
     # setup in `tokenizers` for no id.
@@ -59,13 +81,18 @@ def encode_at_markers(encode_batch, marker: str, texts: list[str], *, add_specia
     encodings = iter(encode_batch(pieces, add_special_tokens=add_special_tokens) if pieces else ())
     out = []
     for parts in splits:
-        ids = next(encodings).ids if parts[0] else []
-        offsets = []
-        for piece in parts[1:]:
-            offsets.append(len(ids))
+        ids, offsets, at, kept = [], [], 0, []
+        for number, piece in enumerate(parts):
+            if number:
+                offsets.append(len(ids))
+                at += len(marker)
             if piece:
-                ids += next(encodings).ids
-        out.append(MarkedText(ids, offsets))
+                encoding = next(encodings)
+                if locate:
+                    kept.append((at, len(ids), encoding))
+                ids += encoding.ids
+            at += len(piece)
+        out.append(MarkedText(ids, offsets, tuple(kept)))
     return out
 
 

@@ -18,10 +18,10 @@ import numpy as np
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._field_names import fields_it_has
 from ._fingerprint import _describe_callable, _fingerprint_callable
-from ._loss_mask import (LOSS_MASK_FIELD, encode_segments, prompt_segments, record_segments, segments_detail,
-                         segments_problem)
+from ._loss_mask import LOSS_MASK_FIELD, prompt_segments, record_segments, segments_detail, segments_problem
 from ._markers import OFFSETS_FIELD, MarkerOffsets, encode_at_markers
 from ._records import ChunkRecords
+from ._segment_encoding import encode_segments, learned_ids
 from ._tokenizer import SPLIT_SPECIAL_TOKENS, TokenizerHandle, load_tokenizer, tokenizers_pool_is_off
 
 __all__ = [
@@ -172,9 +172,10 @@ class TokenizeOp(RecordOperator):
 
     With a `prompt_field`, that field's text is encoded apart and its ids go between BOS and the
     text's; `loss_mask_field` gets one bool per id, False over BOS and the prompt (`_loss_mask`).
-    With `segments`, `field` holds [text, learned] pairs (a chat's turns), each encoded apart,
-    their ids joined and masked by their flags; a [text, learned, True] triple is a chat template's
-    own text, encoded with the special tokens' strings matched.
+    With `segments`, `field` holds [text, learned] pairs (a chat's turns), joined and encoded as
+    one text, each id learned where a character it holds is (`_segment_encoding`); a [text,
+    learned, True] triple is a chat template's own text, encoded with the special tokens' strings
+    matched.
     """
 
     tokenizer_id: str
@@ -234,16 +235,14 @@ class TokenizeOp(RecordOperator):
         keep_field = self.keep_field or field_name == out_field
         # Only ids are used: `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets
         # and gives the same ids for ~20% less CPU.
-        encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+        # Joined segments (`_segment_encoding`) find their learned ids by the characters they hold.
+        joined = self.segments
         marker, offsets_field = self.marker, self.offsets_field
-        if marker is not None:  # the pieces between markers of a call's texts, in that one call
-            encode_batch = functools.partial(encode_at_markers, encode_batch, marker)
+        encode_batch = _batch_encoder(tokenizer, marker, locate=joined)
         shift = len(prefix)
 
         def template_encoder():  # asked only for a chunk holding a template's text
-            matching = self._template_handle.tokenizer
-            encode = getattr(matching, "encode_batch_fast", None) or matching.encode_batch
-            return encode if marker is None else functools.partial(encode_at_markers, encode, marker)
+            return _batch_encoder(self._template_handle.tokenizer, marker, locate=joined)
 
         prompt_field, loss_mask_field = self.prompt_field, self.loss_mask_field
         # Trained on part of each document: its texts as (text, learned) segments (`_loss_mask`).
@@ -268,7 +267,7 @@ class TokenizeOp(RecordOperator):
                 return _encode(encode_batch, tokens_of, calls, records, field_name, reasons)
             documents = [segments_of(r) for r, reason in zip(records, reasons) if reason is None]
             runs = functools.partial(_encoded_runs, encode_batch, template_encoder, calls, marker is not None)
-            return encode_segments(runs, documents, prefix, suffix, marker)
+            return encode_segments(runs, documents, prefix, suffix, marker, joined)
 
         def tokenize(batch: ChunkRecords) -> ChunkRecords:
             records = batch.records
@@ -325,7 +324,7 @@ class TokenizeOp(RecordOperator):
             **({"marker": self.marker, "offsets_field": self.offsets_field} if self.marker is not None else {}),
             **({"prompt_field": self.prompt_field, "loss_mask_field": self.loss_mask_field}
                if self.prompt_field is not None else {}),
-            **({"segments": True, "loss_mask_field": self.loss_mask_field} if self.segments else {}),
+            **({"segments": "joined", "loss_mask_field": self.loss_mask_field} if self.segments else {}),
         }
 
 
@@ -360,20 +359,35 @@ def _encode(encode_batch, tokens_of, per_call: int | None, records: list[dict], 
             for encoding in encode_batch(run, add_special_tokens=False)]
 
 
+def _batch_encoder(tokenizer, marker: str | None, locate: bool):
+    """The tokenizer's batch encoder `tokenize` calls: where no id is to be found by its
+    characters (`locate`), `encode_batch_fast` (tokenizers >= 0.20), which skips the offsets and
+    gives the same ids for ~20% less CPU; at a marker, over the pieces between markers of a call's
+    texts, in that call."""
+    encode = (None if locate else getattr(tokenizer, "encode_batch_fast", None)) or tokenizer.encode_batch
+    return encode if marker is None else functools.partial(encode_at_markers, encode, marker, locate=locate)
+
+
 def _encoded_runs(encode_batch, template_encoder, per_call: int | None, marked: bool, texts: list[str],
-                  templates: list[bool]) -> list[tuple[list[int], list[int] | None]]:
-    """(ids, marker offsets where `marked`) of each of `texts`, encoded as `_encode` encodes them,
-    in runs whose encodings are dropped before the next is encoded (only their ids are kept); the
-    texts flagged in `templates` (a chat template's own) with `template_encoder()`'s batch
-    encoder, which matches the special tokens' strings, and in a call of their own."""
-    def encoded(encode, chosen: list[str]) -> list:
-        return [(encoding.ids, encoding.offsets if marked else None) for run in _runs(chosen, per_call)
-                for encoding in encode(run, add_special_tokens=False)]
+                  templates: list[bool], spans: list) -> list[tuple[list[int], list | None, list[int] | None]]:
+    """(ids, `learned_ids` of the text's character `spans` where they are given, marker offsets
+    where `marked`) of each of `texts`, encoded as `_encode` encodes them, in runs whose encodings
+    are dropped before the next is encoded; the texts flagged in `templates` (a chat template's
+    own) with `template_encoder()`'s batch encoder, which matches the special tokens' strings,
+    and in a call of their own."""
+    def encoded(encode, chosen: list[int]) -> list:
+        out, wanted = [], iter(spans[k] for k in chosen)
+        for run in _runs([texts[k] for k in chosen], per_call):
+            for encoding in encode(run, add_special_tokens=False):
+                ids, learned = encoding.ids, next(wanted)
+                out.append((ids, None if learned is None else learned_ids(encoding, len(ids), learned),
+                            encoding.offsets if marked else None))
+        return out
 
     if not any(templates):
-        return encoded(encode_batch, texts)
-    plain = iter(encoded(encode_batch, [t for t, template in zip(texts, templates) if not template]))
-    theirs = iter(encoded(template_encoder(), [t for t, template in zip(texts, templates) if template]))
+        return encoded(encode_batch, range(len(texts)))
+    plain = iter(encoded(encode_batch, [k for k, template in enumerate(templates) if not template]))
+    theirs = iter(encoded(template_encoder(), [k for k, template in enumerate(templates) if template]))
     return [next(theirs) if template else next(plain) for template in templates]
 
 

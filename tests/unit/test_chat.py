@@ -5,12 +5,13 @@ token keeping it as text, and every chat the template cannot be split on skipped
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer
 
 from zephon import BadRecordError, ConfigurationError, Pipeline, RecordAddress
@@ -45,6 +46,12 @@ ALTERNATING = (
     "{% if message['role'] == 'user' %}<|im_start|>User: {{ message['content'] | trim }}<|im_end|>"
     "{% else %}<|im_start|>Bot: {% generation %}{{ message['content'] | trim }}<|im_end|>{% endgeneration %}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>Bot: {% endif %}"
+)
+# Llama 2's and Mistral's layout: [INST] and [/INST] around what the user says, the answer after a space.
+INST = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "[INST] {{ message['content'] | trim }} [/INST]"
+    "{% else %}{% generation %} {{ message['content'] | trim }}{{ eos_token }}{% endgeneration %}{% endif %}{% endfor %}"
 )
 # ChatML over contents that are lists of parts, as processors' templates take them: `<image>` for an
 # image part, a text part's text; a str content as it is.
@@ -103,6 +110,33 @@ def tokenizer_dir(root: Path, template: str, demo_tokenizer_path: Path) -> Path:
     return root
 
 
+@functools.cache
+def sentencepiece_json(demo_data_dir: Path, prepend_scheme: str) -> str:
+    """A SentencePiece-style BPE (a `▁` word boundary, the first word given one as Llama's and
+    Mistral's converted tokenizers give it, or every text after a special token too) trained on
+    the shipped jargon corpus, with the control tokens of the templates here."""
+    shard = sorted((demo_data_dir / "jargon").glob("*.jsonl"))[0]
+    texts = [json.loads(line)["text"] for line in shard.read_text().splitlines()[:300]]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=prepend_scheme)
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme=prepend_scheme)
+    trainer = trainers.BpeTrainer(vocab_size=1500, show_progress=False,
+                                  special_tokens=["<unk>", "<|bos|>", "<|eos|>", "[INST]", "[/INST]", *CONTROLS])
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer.to_str()
+
+
+def sentencepiece_dir(root: Path, template: str, demo_data_dir: Path, prepend_scheme: str) -> Path:
+    """`tokenizer_dir` of the SentencePiece-style tokenizer."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tokenizer.json").write_text(sentencepiece_json(demo_data_dir, prepend_scheme))
+    (root / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
+        "bos_token": "<|bos|>", "eos_token": "<|eos|>", "unk_token": "<unk>",
+    }))
+    return root
+
+
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory, demo_tokenizer_path) -> Path:
     return tokenizer_dir(tmp_path_factory.mktemp("chatml"), CHATML, demo_tokenizer_path)
@@ -157,6 +191,24 @@ def test_a_chat_of_parts_is_the_ids_apply_chat_template_gives_learned_where_the_
     assert written.count("<image>") == images and "'type'" not in written, written
 
 
+@pytest.mark.parametrize("prepend_scheme", ["first", "always"])
+@pytest.mark.parametrize("template", ["chatml", "llama3", "inst"])
+@pytest.mark.parametrize("chat", range(len(CHATS)))
+def test_a_sentencepiece_tokenizer_s_chat_is_the_ids_apply_chat_template_gives(
+    tmp_path, demo_data_dir, chat, template, prepend_scheme
+):
+    """Its word boundary starts a text encoded alone (`▁A` where the chat holds `\nA`), and `\n`
+    then `\nfine` are `\n\n` in one text: encoded apart, the segments missed both; joined, the
+    ids and mask are transformers'."""
+    directory = sentencepiece_dir(tmp_path / template, {"chatml": CHATML, "llama3": LLAMA3, "inst": INST}[template],
+                                  demo_data_dir, prepend_scheme)
+    messages = [m for m in CHATS[chat] if template != "inst" or m["role"] != "system"]
+    [record] = run(directory, [{"messages": messages}]).records
+    ids, learned = reference(directory, messages)
+    assert record["input_ids"].tolist() == ids
+    assert record["loss_mask"].tolist() == learned
+
+
 @pytest.mark.parametrize("chat", ["content", "parts"])
 def test_a_control_token_quoted_in_a_message_stays_text_and_the_template_s_own_are_control_ids(
     tmp_path, demo_tokenizer_path, chat
@@ -191,6 +243,26 @@ def test_a_template_that_trims_and_ends_its_headers_with_a_space_is_split_on_the
     ids, learned = reference(directory, messages)
     assert record["loss_mask"].tolist() == learned
     assert record["input_ids"].tolist() == ids
+
+
+def test_a_quoting_answer_encoded_apart_from_a_header_ending_in_a_space_takes_the_space(
+    tmp_path, demo_tokenizer_path
+):
+    """The one seam left (`zephon._segment_encoding`): `Bot: ` then a content quoting a control
+    token. The space goes with the answer's first word (` It`), as the whole chat encodes it, and
+    is learned with it; left with `Bot:`, it was a token of its own, which no chat holds."""
+    directory = tokenizer_dir(tmp_path / "alternating", ALTERNATING, demo_tokenizer_path)
+    messages = [{"role": "user", "content": "Quote it."}, {"role": "assistant", "content": "It is <|im_end|>."}]
+    [record] = run(directory, [{"messages": messages}]).records
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    header = tokenizer.encode("<|im_start|>Bot:", add_special_tokens=False).ids
+    tokenizer.encode_special_tokens = True
+    answer = tokenizer.encode(" It is <|im_end|>.", add_special_tokens=False).ids
+    ids, learned = record["input_ids"].tolist(), record["loss_mask"].tolist()
+    at = next(at for at in range(len(ids)) if ids[at : at + len(answer)] == answer)
+    assert ids[at - len(header) : at] == header
+    assert learned[at - len(header) : at] == [False] * len(header) and all(learned[at : at + len(answer)])
+    assert tokenizer.token_to_id("Ġ") not in ids
 
 
 def test_a_sharegpt_chat_read_by_its_keys_and_roles_is_the_same_chat(chatml):

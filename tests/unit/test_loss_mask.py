@@ -97,26 +97,38 @@ def test_tokenize_refuses_prompt_fields_it_would_not_write_or_would_overwrite(de
         pipeline.tokenize(str(demo_tokenizer_path), **options)
 
 
-CHAT = [["USER: <image>\nWhat is on the lane? ASSISTANT:", False], [" A shard.", True],
-        [" USER: And then? ASSISTANT:", False], [" A chunk, then a batch.", True]]
+# Cut inside words (`sha` + `rd`, `chu` + `nk`), where the document encoded whole has one token
+# across the cut (`ard`, `nk` after `Ġchu`... as its merges fall).
+CHAT = [["USER: <image>\nWhat is on the lane? ASSISTANT:", False], [" A sha", True], ["rd.", True],
+        [" USER: And then? ASSISTANT: A chu", False], ["nk, then a batch.", True]]
 
 
 @pytest.mark.parametrize("marker", [None, "<image>"], ids=["no_marker", "marker"])
-def test_segments_are_encoded_apart_joined_and_masked_by_their_flags(demo_tokenizer_path, marker):
-    """A chat's turns: each segment's ids as it alone encodes, in order between BOS and EOS, the
-    mask False over BOS and the user's turns, True over the answers and the EOS after the last."""
+def test_segments_are_the_document_encoded_whole_each_id_learned_where_a_character_it_covers_is(
+    demo_tokenizer_path, marker
+):
+    """A chat's turns: the ids of its text encoded whole (with a marker, its pieces between
+    markers), between BOS and EOS; an id is learned where any character of its span is, so one
+    straddling a cut into the answer is learned; the EOS as the last segment."""
     [record] = tokenize(demo_tokenizer_path, [{"text": CHAT}], segments=True, marker=marker).records
-    pieces = [text.split("<image>") if marker else [text] for text, _ in CHAT]
-    ids, mask, offsets = [BOS], [False], []
-    for parts, (_, learned) in zip(pieces, CHAT):
-        for k, part in enumerate(parts):
-            if k:
-                offsets.append(len(ids))
-            encoded = encode(demo_tokenizer_path, part)
-            ids += encoded
-            mask += [learned] * len(encoded)
+    text = "".join(segment for segment, _ in CHAT)
+    learned_at = [learned for segment, learned in CHAT for _ in segment]
+    tokenizer = load_tokenizer(str(demo_tokenizer_path)).tokenizer
+    ids, mask, offsets, at = [BOS], [False], [], 0
+    for k, piece in enumerate(text.split("<image>") if marker else [text]):
+        if k:
+            offsets.append(len(ids))
+            at += len("<image>")
+        encoding = tokenizer.encode(piece, add_special_tokens=False)
+        ids += encoding.ids
+        mask += [any(learned_at[at + start : at + max(end, start + 1)]) for start, end in encoding.offsets]
+        at += len(piece)
     assert record["input_ids"].tolist() == ids + [EOS]
     assert record["loss_mask"].tolist() == mask + [True]
+    apart = [i for segment, _ in CHAT for piece in segment.split("<image>") for i in encode(demo_tokenizer_path, piece)]
+    assert record["input_ids"].tolist() != [BOS, *apart, EOS], "the cuts are no seams"
+    straddling = tokenizer.token_to_id("ard")
+    assert straddling in ids and mask[ids.index(straddling)], "`ard` of `sha` + `rd` is learned"
     if marker:
         assert record["image_offsets"] == tuple(offsets) and len(offsets) == 1
     else:
@@ -124,13 +136,16 @@ def test_segments_are_encoded_apart_joined_and_masked_by_their_flags(demo_tokeni
     assert set(record) == {"input_ids", "loss_mask"} | ({"image_offsets"} if marker else set())
 
 
-def test_a_prompt_is_the_two_segments_it_stands_for(demo_tokenizer_path):
-    prompted = tokenize(demo_tokenizer_path, [{"prompt": "Q: a lane?\n", "text": "A stream."}],
-                        prompt_field="prompt").records[0]
-    segmented = tokenize(demo_tokenizer_path, [{"text": [["Q: a lane?\n", False], ["A stream.", True]]}],
-                         segments=True).records[0]
-    assert prompted["input_ids"].tolist() == segmented["input_ids"].tolist()
-    assert prompted["loss_mask"].tolist() == segmented["loss_mask"].tolist()
+def test_a_prompt_is_encoded_apart_from_its_text_and_segments_are_not(demo_tokenizer_path):
+    """`prompt_field` encodes a prefix and its suffix apart, as a processor does; the same two as
+    segments are one text: alike where the cut falls between words, not inside one."""
+    for prompt, text, alike in [("Q: a lane?\n", "A stream.", True), ("Q: a lane? A sha", "rd.", False)]:
+        prompted = tokenize(demo_tokenizer_path, [{"prompt": prompt, "text": text}], prompt_field="prompt").records[0]
+        segmented = tokenize(demo_tokenizer_path, [{"text": [[prompt, False], [text, True]]}], segments=True).records[0]
+        assert prompted["input_ids"].tolist() == [BOS, *encode(demo_tokenizer_path, prompt),
+                                                  *encode(demo_tokenizer_path, text), EOS]
+        assert segmented["input_ids"].tolist() == [BOS, *encode(demo_tokenizer_path, prompt + text), EOS]
+        assert (prompted["input_ids"].tolist() == segmented["input_ids"].tolist()) == alike
 
 
 def test_an_unlearned_last_segment_leaves_the_eos_out_too(demo_tokenizer_path):
@@ -241,7 +256,7 @@ def test_the_mask_field_is_fingerprinted_only_where_it_changes_what_is_read(demo
     prompted = TokenizeOp(str(demo_tokenizer_path), prompt_field="prompt").fingerprint()
     assert {k: v for k, v in prompted.items() if k not in plain} == {"prompt_field": "prompt", "loss_mask_field": "loss_mask"}
     segmented = TokenizeOp(str(demo_tokenizer_path), segments=True).fingerprint()
-    assert {k: v for k, v in segmented.items() if k not in plain} == {"segments": True, "loss_mask_field": "loss_mask"}
+    assert {k: v for k, v in segmented.items() if k not in plain} == {"segments": "joined", "loss_mask_field": "loss_mask"}
     with pytest.raises(ConfigurationError, match="loss_mask_field and field are both 'input_ids'"):
         PackFlatOp(64, loss_mask_field="input_ids")
 
