@@ -51,7 +51,8 @@ ALTERNATING = (
 INST = (
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
     "[INST] {{ message['content'] | trim }} [/INST]"
-    "{% else %}{% generation %} {{ message['content'] | trim }}{{ eos_token }}{% endgeneration %}{% endif %}{% endfor %}"
+    "{% else %}{% generation %} {{ message['content'] | trim }}{{ eos_token }}{% endgeneration %}{% endif %}"
+    "{% endfor %}"
 )
 # ChatML over contents that are lists of parts, as processors' templates take them: `<image>` for an
 # image part, a text part's text; a str content as it is.

@@ -256,7 +256,8 @@ def test_the_mask_field_is_fingerprinted_only_where_it_changes_what_is_read(demo
     prompted = TokenizeOp(str(demo_tokenizer_path), prompt_field="prompt").fingerprint()
     assert {k: v for k, v in prompted.items() if k not in plain} == {"prompt_field": "prompt", "loss_mask_field": "loss_mask"}
     segmented = TokenizeOp(str(demo_tokenizer_path), segments=True).fingerprint()
-    assert {k: v for k, v in segmented.items() if k not in plain} == {"segments": "joined", "loss_mask_field": "loss_mask"}
+    assert {k: v for k, v in segmented.items() if k not in plain} == {"segments": "joined",
+                                                                      "loss_mask_field": "loss_mask"}
     with pytest.raises(ConfigurationError, match="loss_mask_field and field are both 'input_ids'"):
         PackFlatOp(64, loss_mask_field="input_ids")
 
