@@ -183,8 +183,9 @@ class Pipeline:
         transformers' assistant mask), EOS as the last segment. A segment may be a triple, [text,
         learned, True], for a chat template's own text (`render_chat` writes them): the special
         tokens' strings in it are the control tokens they name, while in the other segments (the
-        messages' contents) they stay text as `split_special_tokens` says. A record whose field is not such a list is skipped
-        (`not_segments`), one whose texts are all blank as `empty_document`.
+        messages' contents) they stay text as `split_special_tokens` says. A record whose field is
+        not such a list is skipped (`not_segments`), one whose texts are all blank as
+        `empty_document`.
         """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
