@@ -15,10 +15,15 @@ generation prompt, and is learned whole.
 Consecutive messages learned alike are one segment, flagged as the template's (`[text, learned,
 True]`), whose special tokens' strings `tokenize` matches as the control tokens they are: encoded
 whole, as transformers encodes the rendered chat, and rendered only where a segment ends. Where a
-message's content holds such a string itself (quoting `<|im_end|>`), the content (each such text
-part) is cut out as a segment of its own, which stays text (`split_special_tokens`), so that no
-message can end its turn. Spaces that end a segment before a word move into the next
-(`_spaces_forward`), as a byte-level tokenizer writes them.
+message's text holds such a string itself (its content, a text part, a tool call's argument quoting
+`<|im_end|>`), that text is cut out as a segment of its own, which stays text
+(`split_special_tokens`), so that no message can end its turn; where it stands is found by
+rendering the message once more with a mark in its place (`_marked`). Spaces that end a segment
+before a word move into the next (`_spaces_forward`), as a byte-level tokenizer writes them.
+
+Tool-calling chats (OpenAI's layout: an assistant's `tool_calls`, the results as `tool` messages)
+keep every key of their messages for the template, and a record's tools (their JSON schemas) are
+handed to it as `tools`.
 
 A chat the template cannot render (a role it refuses), one whose renderings are no prefixes of one
 another (a template that writes earlier messages otherwise once later ones follow), and one whose
@@ -29,6 +34,7 @@ half-made.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,11 +89,12 @@ class RenderChatOp(RecordOperator):
     of `learned_roles` learned (see the module docstring). Messages stored under other keys
     (ShareGPT's and LLaVA-Instruct's {"from": "human", "value": ...}) are read by `role_key` and
     `content_key`, their roles renamed to the template's by `roles` (pairs: ("human", "user"),
-    ("gpt", "assistant")) before `learned_roles` is asked. The messages' field is dropped unless
-    `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str role and
-    a content that is a str or a list of {"type": str} parts, a text part's "text" a str),
-    `chat_template_error` (the template raised), `chat_template_not_prefix`,
-    `chat_content_not_found`."""
+    ("gpt", "assistant")) before `learned_roles` is asked. A record's `tools_field` (the tools'
+    schemas) is handed to the template as `tools`. The messages' and tools' fields are dropped
+    unless `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str
+    role and a content that is a str or a list of {"type": str} parts, a text part's "text" a str,
+    or None beside `tool_calls`), `not_tools`, `chat_template_error` (the template raised),
+    `chat_template_not_prefix`, `chat_content_not_found`."""
 
     tokenizer_dir: str
     field: str = "messages"
@@ -98,6 +105,7 @@ class RenderChatOp(RecordOperator):
     role_key: str = "role"
     content_key: str = "content"
     roles: tuple[tuple[str, str], ...] = ()
+    tools_field: str | None = None
     name: str = "render_chat"
 
     @functools.cached_property
@@ -109,18 +117,27 @@ class RenderChatOp(RecordOperator):
     def build(self, on_error: str) -> RecordFn:
         template, field, output_field = self.template, self.field, self.output_field
         learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
+        tools_field = self.tools_field
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
-        def render(messages: list[dict], generation_prompt: bool = False) -> str:
-            return _tokenizer(tokenizer_dir).apply_chat_template(
-                messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
-            )
+        def renderer(tools: list | None):
+            def render(messages: list[dict], generation_prompt: bool = False) -> str:
+                return _tokenizer(tokenizer_dir).apply_chat_template(
+                    messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt,
+                    tools=tools,
+                )
+            return render
+
+        def outcome(record: dict) -> tuple[str | None, object]:
+            tools = _tools_of(record.get(tools_field)) if tools_field is not None else None
+            if isinstance(tools, str):
+                return "not_tools", f"field {tools_field!r} {tools}"
+            return _chat_segments(record.get(field), read_messages, renderer(tools), learned_roles,
+                                  _control_strings(tokenizer_dir))
 
         def render_chat(batch: ChunkRecords) -> ChunkRecords:
-            controls = _control_strings(tokenizer_dir)
-            outcomes = [_chat_segments(record.get(field), read_messages, render, learned_roles, controls)
-                        for record in batch.records]
+            outcomes = [outcome(record) for record in batch.records]
             reasons = [reason for reason, _ in outcomes]
             details = {id(record): detail for record, (_, detail) in zip(batch.records, outcomes)}
             detail = functools.partial(_detail, field, details)
@@ -132,8 +149,10 @@ class RenderChatOp(RecordOperator):
             batch.skip(reasons, detail)
             for record, segments in zip(batch.records, kept):
                 record[output_field] = segments
-                if not keep_field and field != output_field:
-                    record.pop(field, None)
+                if not keep_field:
+                    for used in (field, tools_field):
+                        if used is not None and used != output_field:
+                            record.pop(used, None)
             return batch
 
         return render_chat
@@ -152,6 +171,8 @@ class RenderChatOp(RecordOperator):
             out["keys"] = [self.role_key, self.content_key]
         if self.roles:
             out["roles"] = sorted(self.roles)
+        if self.tools_field is not None:
+            out["tools_field"] = self.tools_field
         return out
 
 
@@ -184,14 +205,17 @@ def _chat_segments(value: object, read_messages, render, learned_roles: frozense
             if not _ends_a_segment(messages, k, learned_roles, controls):
                 continue  # its text goes with the next message's: one segment, one rendering fewer
             rendered = render(messages[: k + 1])
+            marked, quoted = _marked(message, controls)
+            # Where its quoting texts stand: the message rendered again with each one a mark.
+            with_marks = render([*messages[:k], marked]) if quoted else rendered
         except Exception as error:  # a template's raise_exception, an undefined name, a type it cannot take
             return "chat_template_error", (
                 f"rendering message {k} ({message['role']!r}): {type(error).__name__}: {error}"
             )
-        if not rendered.startswith(written):
+        if not rendered.startswith(written) or not with_marks.startswith(written):
             return "chat_template_not_prefix", _not_prefix(k, message, "the chat before it")
         text = rendered[len(written):]
-        cut = _cut_out(text, _quoting(message, controls), learned)  # each quoting text apart, as text
+        cut = _cut_out(text, with_marks[len(written):], quoted, learned)  # each quoting text apart, as text
         if isinstance(cut, str):
             return "chat_content_not_found", (
                 f"message {k} ({message['role']!r}): the template writes {_sample(text)} for its content {cut}"
@@ -206,36 +230,71 @@ def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, cont
     or the next one's quotes a control token (cut out as text); or what follows is learned otherwise
     (the next message's text, or, before a learned assistant's, its generation prompt, not learned).
     Otherwise the two go in one segment, rendered once."""
-    if k + 1 == len(messages) or _quoting(messages[k], controls) or _quoting(messages[k + 1], controls):
+    if k + 1 == len(messages) or _quotes(messages[k], controls) or _quotes(messages[k + 1], controls):
         return True
     following = messages[k + 1]["role"]
     follows_learned = following in learned_roles and following != "assistant"
     return follows_learned != (messages[k]["role"] in learned_roles)
 
 
-def _quoting(message: dict, controls: tuple[str, ...]) -> list[str]:
-    """The texts of a message's content (the content, or its text parts) that hold a special
-    token's string, in order."""
+def _quotes(message: dict, controls: tuple[str, ...]) -> bool:
+    """Whether a text of the message holds a special token's string (`_marked`)."""
+    return bool(_marked(message, controls)[1])
+
+
+_MARK = "\ue000zephon-quote-{}\ue001"
+"""What stands for a message's n-th quoting text when it is rendered to find where that stands:
+private-use characters, which no tokenizer's text holds and which a template writes as they are
+(`trim` and `tojson` keep them)."""
+
+
+def _marked(message: dict, controls: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """The message with each of its texts that hold a special token's string (its content, its
+    content's text parts, then every str of its tool calls) replaced by a mark of its own
+    (`_MARK`), and those texts, in order."""
+    quoted: list[str] = []
+
+    def mark(text: str) -> str:
+        if not any(control in text for control in controls):
+            return text
+        quoted.append(text)
+        return _MARK.format(len(quoted) - 1)
+
+    def walk(value):
+        if isinstance(value, str):
+            return mark(value)
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        return [walk(item) for item in value] if isinstance(value, (list, tuple)) else value
+
     content = message["content"]
-    texts = [content] if isinstance(content, str) else [part["text"] for part in content if part["type"] == "text"]
-    return [text for text in texts if any(control in text for control in controls)]
+    if isinstance(content, str):
+        content = mark(content)
+    elif content is not None:
+        content = [{**part, "text": mark(part["text"])} if part["type"] == "text" else part for part in content]
+    out = {**message, "content": content}
+    if "tool_calls" in message:
+        out["tool_calls"] = walk(message["tool_calls"])
+    return out, quoted
 
 
-def _cut_out(text: str, pieces: list[str], learned: bool) -> list[list] | str:
-    """The segments of `text`, a message's as the template wrote it, with each of `pieces` (its
-    texts that quote a control token, in order) cut out as text and the rest the template's; where
-    one is not found as given, nor stripped, a sample of it. They are found from the last back,
-    each before the one after it: the template's text after a message's last text is its end of
-    turn, shorter than the role's header before its first."""
+def _cut_out(text: str, with_marks: str, quoted: list[str], learned: bool) -> list[list] | str:
+    """The segments of `text`, a message's as the template wrote it, with each of its `quoted`
+    texts cut out as text and the rest the template's: each stands where its mark stands in
+    `with_marks` (the message rendered with its marks), past the texts before it, as given or
+    stripped (a template's `| trim`); where one does not, a sample of it."""
     segments: list[list] = []
-    end = len(text)
-    for piece in reversed(pieces):
-        at, spelled = _content_in(text[:end], piece)
-        if at < 0:
+    at = shift = 0
+    for n, piece in enumerate(quoted):
+        mark = _MARK.format(n)
+        start = with_marks.find(mark) + shift
+        spelled = next((s for s in (piece, piece.strip()) if text.startswith(s, start)), None)
+        if start < shift or spelled is None:
             return _sample(piece)
-        segments = [[spelled, learned], *_template_text(text[at + len(spelled):end], learned), *segments]
-        end = at
-    return _template_text(text[:end], learned) + segments
+        segments += [*_template_text(text[at:start], learned), [spelled, learned]]
+        at = start + len(spelled)
+        shift += len(spelled) - len(mark)
+    return segments + _template_text(text[at:], learned)
 
 
 def _spaces_forward(segments: list[list], controls: tuple[str, ...]) -> list[list]:
@@ -275,38 +334,44 @@ def _template_text(text: str, learned: bool) -> list[list]:
     return [[text, learned, True]] if text else []
 
 
-def _content_in(text: str, content: str) -> tuple[int, str]:
-    """Where a message's text stands in `text`, and as it is spelled there: as given, else stripped
-    (a template's `| trim`); the last place it stands."""
-    for spelled in (content, content.strip()):
-        at = text.rfind(spelled)
-        if at >= 0:
-            return at, spelled
-    return -1, content
-
-
 def _messages_of(value: object, role_key: str, content_key: str, roles: dict[str, str]) -> list[dict] | str:
-    """The chat `value` holds, as {"role", "content"} messages in the template's roles; or why it
-    holds none. A content is a str, or a list of parts as processors' templates take them
+    """The chat `value` holds, as {"role", "content", ...} messages in the template's roles; or why
+    it holds none. A content is a str, or a list of parts as processors' templates take them
     (`[{"type": "image"}, {"type": "text", "text": "What is this?"}]`), handed to the template as
-    they are."""
+    they are; an assistant's that calls tools (`tool_calls`) may be None or left out, as OpenAI's
+    chats have it (elsewhere a template would write None as `None`). A message's other keys
+    (`tool_calls`, `tool_call_id`, `name`, ...) are handed on as they are."""
     if not isinstance(value, (list, tuple)) or not value:
         return f"holds {_sample(value)}, not a list of messages"
     messages = []
     for k, message in enumerate(value):
+        content = message.get(content_key) if isinstance(message, dict) else None
         if not isinstance(message, dict) or not isinstance(message.get(role_key), str) \
-                or not isinstance(message.get(content_key), (str, list, tuple)):
+                or not (isinstance(content, (str, list, tuple)) or (content is None and message.get("tool_calls"))):
             return (f"message {k} is {_sample(message)}, not a {{{role_key!r}: str, {content_key!r}: str or a list "
                     "of parts} message")
-        content = message[content_key]
-        for j, part in enumerate(() if isinstance(content, str) else content):
+        for j, part in enumerate(content if isinstance(content, (list, tuple)) else ()):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str) \
                     or (part["type"] == "text" and not isinstance(part.get("text"), str)):
                 return (f"message {k}'s part {j} is {_sample(part)}, not a {{'type': 'text', 'text': str}} part "
                         "nor another {'type': str} one")
         role = message[role_key]
-        messages.append({"role": roles.get(role, role), "content": content})
+        others = {key: item for key, item in message.items() if key not in (role_key, content_key)}
+        messages.append({**others, "role": roles.get(role, role), "content": content})
     return messages
+
+
+def _tools_of(value: object) -> list | None | str:
+    """The tools a record offers the template (`tools_field`): a list of their JSON schemas, or
+    one stored as a JSON str; None for a record that offers none; else why not, as a str."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            return f"holds {_sample(value)}, not JSON: {error}"
+    if value is None or (isinstance(value, (list, tuple)) and all(isinstance(tool, dict) for tool in value)):
+        return None if value is None else list(value)
+    return f"holds {_sample(value)}, not a list of tools' schemas"
 
 
 def _not_prefix(k: int, message: dict, what: str) -> str:
@@ -315,7 +380,8 @@ def _not_prefix(k: int, message: dict, what: str) -> str:
 
 
 def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object,
-                       role_key: object, content_key: object, roles: object) -> tuple[str, tuple[tuple[str, str], ...]]:
+                       role_key: object, content_key: object, roles: object,
+                       tools_field: object = None) -> tuple[str, tuple[tuple[str, str], ...]]:
     """Refuse `render_chat`'s arguments as it is called; returns the directory as a str and the
     roles' renaming as sorted pairs."""
     if isinstance(tokenizer_dir, os.PathLike):
@@ -335,4 +401,9 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
         raise ConfigurationError(f"render_chat: learned_roles must be a list of roles, got {learned_roles!r}")
     if role_key == content_key:
         raise ConfigurationError(f"render_chat: role_key and content_key are both {role_key!r}; give each its own")
+    if tools_field is not None:
+        check_field_name(tools_field, "render_chat: tools_field")
+        if tools_field in (field, output_field):
+            raise ConfigurationError(f"render_chat: tools_field={tools_field!r} is also the chat's field or the "
+                                     "segments' field; give the tools a field of their own")
     return tokenizer_dir, tuple(sorted(roles.items()))

@@ -222,6 +222,7 @@ class Pipeline:
         role_key: str = "role",
         content_key: str = "content",
         roles: dict[str, str] | None = None,
+        tools_field: str | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -233,10 +234,15 @@ class Pipeline:
         template writes it, another role's whole text. Chats stored as ShareGPT's
         and LLaVA-Instruct's `{"from": "human", "value": ...}` are read with `role_key="from",
         content_key="value", roles={"human": "user", "gpt": "assistant"}` (the roles renamed to the
-        template's before `learned_roles` is asked). The template's own text is flagged so that
-        its control tokens are matched while a content quoting one keeps it as text
-        (`zephon._chat`). The template is read now, and its text enters the recipe. Give the
-        tokenizer no `bos` where the template writes the BOS itself.
+        template's before `learned_roles` is asked). Tool-calling chats (OpenAI's: an assistant's
+        `tool_calls`, its content None or left out, the results as `tool` messages) keep every key
+        of their messages for the template, and `tools_field` names a record's field of the
+        tools' JSON schemas (a list, or the list as a JSON str) handed to the template as
+        `tools`; a record without it offers none, one whose field holds no such list is skipped
+        (`not_tools`). The template's own text is flagged so that its control tokens are matched
+        while a content quoting one keeps it as text (`zephon._chat`). The template is read now,
+        and its text enters the recipe. Give the tokenizer no `bos` where the template writes the
+        BOS itself.
 
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
@@ -246,11 +252,12 @@ class Pipeline:
         that is no list of messages (`not_messages`).
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
-                                                  content_key, roles)
+                                                  content_key, roles, tools_field)
         if not isinstance(keep_field, bool):
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
-                          check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles)
+                          check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
+                          tools_field)
         op.template  # read now: a directory without a template is refused here, not in a worker
         return self._with(op)
 

@@ -65,6 +65,26 @@ CHATML_PARTS = (
     "{% else %}{{ content(message) }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# ChatML with tools, in Hermes' layout: the tools' schemas in a system turn, each call as JSON in
+# <tool_call> tags after what the assistant says, each result in a turn of the `tool` role.
+TOOLS = (
+    "{{ bos_token }}{% if tools %}<|im_start|>system\nTools:\n{% for tool in tools %}{{ tool | tojson }}\n"
+    "{% endfor %}<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{% if message['content'] %}{{ message['content'] }}"
+    "{% endif %}{% for call in message.tool_calls or [] %}<tool_call>{{ call['function'] | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endgeneration %}{% else %}{{ message['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WEATHER = [{"type": "function", "function": {
+    "name": "weather", "description": "Today's weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOL_CHAT = [
+    {"role": "user", "content": "Is it warm in Paris?"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call-0", "content": '{"celsius": 21}'},
+    {"role": "assistant", "content": "Yes, 21 degrees."},
+]
 # ChatML that drops the control tokens' strings from what a message says.
 CHATML_UNQUOTED = CHATML.replace("{{ message['content'] }}", "{{ message['content'] | replace('<|im_end|>', '') }}")
 # Writes the last message otherwise than the others: no rendering is a prefix of the next.
@@ -151,11 +171,11 @@ def run(directory: Path, records: list[dict], on_error: str = "skip", **options)
     return TokenizeOp(str(directory / "tokenizer.json"), field="segments", segments=True).build(on_error)(rendered)
 
 
-def reference(directory: Path, messages: list[dict]) -> tuple[list[int], list[bool]]:
+def reference(directory: Path, messages: list[dict], **options) -> tuple[list[int], list[bool]]:
     """transformers' ids of the chat and its assistant mask (a token is learned as its label)."""
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+                                            return_assistant_tokens_mask=True, **options)
     return list(encoded["input_ids"]), [bool(flag) for flag in encoded["assistant_masks"]]
 
 
@@ -266,6 +286,48 @@ def test_a_quoting_answer_encoded_apart_from_a_header_ending_in_a_space_takes_th
     assert tokenizer.token_to_id("Ġ") not in ids
 
 
+@pytest.mark.parametrize("stored", ["list", "json"])
+def test_a_tool_calling_chat_is_the_ids_apply_chat_template_gives_with_its_tools(tmp_path, demo_tokenizer_path, stored):
+    """OpenAI's layout: the call's message has no content, every key of a message reaches the
+    template, and the record's tools (a list, or the list as a JSON str) are its `tools`; the
+    calls are learned, the results not."""
+    directory = tokenizer_dir(tmp_path / "tools", TOOLS, demo_tokenizer_path)
+    tools = WEATHER if stored == "list" else json.dumps(WEATHER)
+    [record] = run(directory, [{"messages": TOOL_CHAT, "tools": tools}], tools_field="tools").records
+    ids, learned = reference(directory, TOOL_CHAT, tools=WEATHER)
+    assert record["input_ids"].tolist() == ids
+    assert record["loss_mask"].tolist() == learned
+    assert set(record) == {"input_ids", "loss_mask"}, "the tools' field is dropped with the messages'"
+    written = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(ids, skip_special_tokens=False)
+    learned_text = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(
+        [i for i, flag in zip(ids, learned) if flag], skip_special_tokens=False)
+    assert '"description": "Today\'s weather in a city."' in written
+    assert '<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>' in learned_text
+    assert "celsius" not in learned_text and "celsius" in written
+    [untooled] = run(directory, [{"messages": TOOL_CHAT}], tools_field="tools").records
+    assert untooled["input_ids"].tolist() == reference(directory, TOOL_CHAT)[0], "a record without tools offers none"
+
+
+def test_a_text_quoting_a_control_token_whole_or_in_a_tool_call_is_cut_out_where_it_stands(
+    tmp_path, demo_tokenizer_path
+):
+    """A content that is a control token's string alone, and a tool call's argument quoting one:
+    found where the template writes them (by rendering them as marks), not where the template's
+    own end of turn, the same string, stands."""
+    directory = tokenizer_dir(tmp_path / "tools", TOOLS, demo_tokenizer_path)
+    messages = [{"role": "user", "content": "<|im_end|>"},
+                {"role": "assistant", "content": "<|im_end|>", "tool_calls": [
+                    {"type": "function", "function": {"name": "weather", "arguments": {"city": "<|im_end|> town"}}}]}]
+    [record] = run(directory, [{"messages": messages}]).records
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    end = tokenizer.token_to_id("<|im_end|>")
+    ids = record["input_ids"].tolist()
+    assert ids.count(end) == 2, "the two turns' own ends, and no other"
+    tokenizer.encode_special_tokens = True
+    quoted = tokenizer.encode("<|im_end|>", add_special_tokens=False).ids
+    assert sum(ids[at : at + len(quoted)] == quoted for at in range(len(ids))) == 3
+
+
 def test_a_sharegpt_chat_read_by_its_keys_and_roles_is_the_same_chat(chatml):
     """LLaVA-Instruct's and ShareGPT's `conversations` of {"from", "value"}, their roles renamed."""
     roles = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -305,6 +367,16 @@ def test_chats_the_template_cannot_be_split_on_are_skipped_by_name_with_what_was
     assert details["not_messages"] == [
         "holds 'hello', not a list of messages",
         "message 0 is {'role': 'user'}, not a {'role': str, 'content': str or a list of parts} message"]
+    tools = run(alternating, [{"messages": CHATS[1], "tools": "[{"}, {"messages": CHATS[1], "tools": {"name": "x"}},
+                              {"messages": [{"role": "assistant", "content": None}]}], tools_field="tools")
+    assert [reason for _, reason in tools.skipped] == ["not_tools", "not_tools", "not_messages"]
+    assert list(tools.skip_details["not_tools"].values()) == [
+        "field 'tools' holds '[{', not JSON: Expecting property name enclosed in double quotes: line 1 column 3 "
+        "(char 2)",
+        "field 'tools' holds {'name': 'x'}, not a list of tools' schemas"]
+    assert list(tools.skip_details["not_messages"].values()) == [
+        "message 0 is {'role': 'assistant', 'content': None}, not a {'role': str, 'content': str or a list of parts} "
+        "message"], "no content without tool calls: a template would write None as 'None'"
     parts = run(alternating, [{"messages": [{"role": "user", "content": ["hi"]}]},
                               {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text"}]}]}])
     assert list(parts.skip_details["not_messages"].values()) == [
@@ -341,11 +413,15 @@ def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_p
                                ({"field": ""}, "field must be a record field's name"),
                                ({"keep_field": "no"}, "keep_field must be True or False"),
                                ({"roles": {"gpt": 1}}, "roles must map the data's roles to the template's"),
-                               ({"role_key": "text", "content_key": "text"}, "both 'text'; give each its own")]:
+                               ({"role_key": "text", "content_key": "text"}, "both 'text'; give each its own"),
+                               ({"tools_field": "messages"}, "tools_field='messages' is also the chat's field"),
+                               ({"tools_field": 3}, "tools_field must be a record field's name")]:
         with pytest.raises(ConfigurationError, match=refusal):
             Pipeline(source).render_chat(chatml, **arguments)
     [op] = Pipeline(source).render_chat(chatml, roles={"human": "user", "gpt": "assistant"}).operators
     assert op.roles == (("gpt", "assistant"), ("human", "user")), "kept as sorted pairs: one recipe for one renaming"
+    [op] = Pipeline(source).render_chat(chatml, tools_field="tools").operators
+    assert op.tools_field == "tools"
 
 
 def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, chatml, demo_tokenizer_path):
@@ -356,6 +432,8 @@ def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, cha
     assert RenderChatOp(str(chatml), learned_roles=("user",)).fingerprint() != RenderChatOp(str(chatml)).fingerprint()
     assert RenderChatOp(str(chatml), roles=(("gpt", "assistant"),)).fingerprint() != \
         RenderChatOp(str(chatml)).fingerprint()
+    assert RenderChatOp(str(chatml), tools_field="tools").fingerprint() == {**RenderChatOp(str(chatml)).fingerprint(),
+                                                                            "tools_field": "tools"}
 
 
 def write_chats(root: Path, count: int) -> Path:
