@@ -106,6 +106,7 @@ class RenderChatOp(RecordOperator):
     content_key: str = "content"
     roles: tuple[tuple[str, str], ...] = ()
     tools_field: str | None = None
+    on_rewrite: str = "skip"
     name: str = "render_chat"
 
     @functools.cached_property
@@ -117,7 +118,7 @@ class RenderChatOp(RecordOperator):
     def build(self, on_error: str) -> RecordFn:
         template, field, output_field = self.template, self.field, self.output_field
         learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
-        tools_field = self.tools_field
+        tools_field, learn_last = self.tools_field, self.on_rewrite == "learn_last"
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
@@ -134,7 +135,7 @@ class RenderChatOp(RecordOperator):
             if isinstance(tools, str):
                 return "not_tools", f"field {tools_field!r} {tools}"
             return _chat_segments(record.get(field), read_messages, renderer(tools), learned_roles,
-                                  _control_strings(tokenizer_dir))
+                                  _control_strings(tokenizer_dir), learn_last)
 
         def render_chat(batch: ChunkRecords) -> ChunkRecords:
             outcomes = [outcome(record) for record in batch.records]
@@ -173,6 +174,8 @@ class RenderChatOp(RecordOperator):
             out["roles"] = sorted(self.roles)
         if self.tools_field is not None:
             out["tools_field"] = self.tools_field
+        if self.on_rewrite != "skip":
+            out["on_rewrite"] = self.on_rewrite
         return out
 
 
@@ -183,14 +186,25 @@ def _detail(field: str, details: dict, reason: str, record: dict) -> str:
     return details[id(record)]
 
 
-def _chat_segments(value: object, read_messages, render, learned_roles: frozenset,
-                   controls: tuple[str, ...]) -> tuple[str | None, object]:
-    """(None, segments) of a chat, or (reason, detail) where it is skipped."""
+def _chat_segments(value: object, read_messages, render, learned_roles: frozenset, controls: tuple[str, ...],
+                   learn_last: bool) -> tuple[str | None, object]:
+    """(None, segments) of a chat, or (reason, detail) where it is skipped; the last turn alone
+    learned where the template rewrites earlier turns and `learn_last`."""
     if value is None:
         return "missing_field", ""
     messages = read_messages(value)
     if isinstance(messages, str):
         return "not_messages", messages
+    reason, detail = _turn_segments(messages, render, learned_roles, controls)
+    if reason == "chat_template_not_prefix" and learn_last:
+        return _last_turn_segments(messages, render, learned_roles, controls, detail)
+    return reason, detail
+
+
+def _turn_segments(messages: list[dict], render, learned_roles: frozenset,
+                   controls: tuple[str, ...]) -> tuple[str | None, object]:
+    """(None, segments) of a chat's every turn, found by rendering its prefixes (module
+    docstring), or (reason, detail) where they cannot be."""
     segments: list[list] = []
     written = ""
     for k, message in enumerate(messages):
@@ -248,17 +262,17 @@ private-use characters, which no tokenizer's text holds and which a template wri
 (`trim` and `tojson` keep them)."""
 
 
-def _marked(message: dict, controls: tuple[str, ...]) -> tuple[dict, list[str]]:
+def _marked(message: dict, controls: tuple[str, ...], first: int = 0) -> tuple[dict, list[str]]:
     """The message with each of its texts that hold a special token's string (its content, its
     content's text parts, then every str of its tool calls) replaced by a mark of its own
-    (`_MARK`), and those texts, in order."""
+    (`_MARK`, numbered from `first`), and those texts, in order."""
     quoted: list[str] = []
 
     def mark(text: str) -> str:
         if not any(control in text for control in controls):
             return text
         quoted.append(text)
-        return _MARK.format(len(quoted) - 1)
+        return _MARK.format(first + len(quoted) - 1)
 
     def walk(value):
         if isinstance(value, str):
@@ -278,14 +292,14 @@ def _marked(message: dict, controls: tuple[str, ...]) -> tuple[dict, list[str]]:
     return out, quoted
 
 
-def _cut_out(text: str, with_marks: str, quoted: list[str], learned: bool) -> list[list] | str:
+def _cut_out(text: str, with_marks: str, quoted: list[str], learned: bool, first: int = 0) -> list[list] | str:
     """The segments of `text`, a message's as the template wrote it, with each of its `quoted`
-    texts cut out as text and the rest the template's: each stands where its mark stands in
-    `with_marks` (the message rendered with its marks), past the texts before it, as given or
-    stripped (a template's `| trim`); where one does not, a sample of it."""
+    texts (marked from `first`) cut out as text and the rest the template's: each stands where
+    its mark stands in `with_marks` (the message rendered with its marks), past the texts before
+    it, as given or stripped (a template's `| trim`); where one does not, a sample of it."""
     segments: list[list] = []
     at = shift = 0
-    for n, piece in enumerate(quoted):
+    for n, piece in enumerate(quoted, start=first):
         mark = _MARK.format(n)
         start = with_marks.find(mark) + shift
         spelled = next((s for s in (piece, piece.strip()) if text.startswith(s, start)), None)
@@ -318,6 +332,44 @@ def _spaces_forward(segments: list[list], controls: tuple[str, ...]) -> list[lis
                 out.pop()
         out.append(segment)
     return out
+
+
+def _last_turn_segments(messages: list[dict], render, learned_roles: frozenset, controls: tuple[str, ...],
+                        rewritten: str) -> tuple[str | None, object]:
+    """(None, segments) of a chat whose template rewrites earlier turns once later ones follow
+    (`rewritten` says where), learning its last message alone: the chat before it as the template
+    writes it when that message is to come (with its generation prompt, for an assistant's), not
+    learned, then that message's text as the whole chat ends with it. What a reasoning model's
+    template keeps of earlier turns (not their thinking) is the context, as at inference. Where
+    the last message is not learned, or the chat before it is no prefix of the whole, (reason,
+    detail)."""
+    last = len(messages) - 1
+    role = messages[last]["role"]
+    if role not in learned_roles:
+        return "chat_template_not_prefix", f"{rewritten}; its last message ({role!r}) is not learned"
+    marked, quoted = [], []
+    for message in messages:
+        before = len(quoted)  # the marks before the last message's, once the loop is done
+        with_marks, texts = _marked(message, controls, first=before)
+        marked.append(with_marks)
+        quoted += texts
+    prompted = role == "assistant"
+    try:
+        context = (render(messages[:last], generation_prompt=prompted) if last else
+                   _generation_prompt(render) if prompted else "")
+        context_marks = render(marked[:last], generation_prompt=prompted) if last and before else context
+        whole = render(messages)
+        whole_marks = render(marked) if quoted else whole
+    except Exception as error:
+        return "chat_template_error", f"rendering the chat for its last message: {type(error).__name__}: {error}"
+    if not whole.startswith(context) or not whole_marks.startswith(context_marks):
+        return "chat_template_not_prefix", f"{rewritten}; and the chat before its last message is no prefix of it"
+    heads = _cut_out(context, context_marks, quoted[:before], False)
+    tail = _cut_out(whole[len(context):], whole_marks[len(context_marks):], quoted[before:], True, first=before)
+    for cut in (heads, tail):
+        if isinstance(cut, str):
+            return "chat_content_not_found", f"the template writes {_sample(whole)} for a content {cut}"
+    return None, _spaces_forward(heads + tail, controls)
 
 
 def _generation_prompt(render) -> str:
@@ -380,8 +432,8 @@ def _not_prefix(k: int, message: dict, what: str) -> str:
 
 
 def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object,
-                       role_key: object, content_key: object, roles: object,
-                       tools_field: object = None) -> tuple[str, tuple[tuple[str, str], ...]]:
+                       role_key: object, content_key: object, roles: object, tools_field: object = None,
+                       on_rewrite: object = "skip") -> tuple[str, tuple[tuple[str, str], ...]]:
     """Refuse `render_chat`'s arguments as it is called; returns the directory as a str and the
     roles' renaming as sorted pairs."""
     if isinstance(tokenizer_dir, os.PathLike):
@@ -401,6 +453,8 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
         raise ConfigurationError(f"render_chat: learned_roles must be a list of roles, got {learned_roles!r}")
     if role_key == content_key:
         raise ConfigurationError(f"render_chat: role_key and content_key are both {role_key!r}; give each its own")
+    if on_rewrite not in ("skip", "learn_last"):
+        raise ConfigurationError(f"render_chat: on_rewrite must be 'skip' or 'learn_last', got {on_rewrite!r}")
     if tools_field is not None:
         check_field_name(tools_field, "render_chat: tools_field")
         if tools_field in (field, output_field):

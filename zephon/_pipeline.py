@@ -223,6 +223,7 @@ class Pipeline:
         content_key: str = "content",
         roles: dict[str, str] | None = None,
         tools_field: str | None = None,
+        on_rewrite: str = "skip",
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -247,17 +248,20 @@ class Pipeline:
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
         and an assistant. A chat the template refuses is skipped (`chat_template_error`), as is one
-        it writes otherwise once later messages follow (`chat_template_not_prefix`), one quoting a
+        it writes otherwise once later messages follow (`chat_template_not_prefix`; with
+        `on_rewrite="learn_last"` such a chat, as a reasoning model's template that drops the
+        thinking of turns before the last question, learns its last message alone, the chat
+        before it the context the template gives it), one quoting a
         control token in a content it does not write as given (`chat_content_not_found`) and one
         that is no list of messages (`not_messages`).
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
-                                                  content_key, roles, tools_field)
+                                                  content_key, roles, tools_field, on_rewrite)
         if not isinstance(keep_field, bool):
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
-                          tools_field)
+                          tools_field, on_rewrite)
         op.template  # read now: a directory without a template is refused here, not in a worker
         return self._with(op)
 

@@ -85,6 +85,23 @@ TOOL_CHAT = [
     {"role": "tool", "tool_call_id": "call-0", "content": '{"celsius": 21}'},
     {"role": "assistant", "content": "Yes, 21 degrees."},
 ]
+# ChatML as a reasoning model's template writes it: an answer's thinking (`reasoning_content`) only
+# for the answers after the last question, so the first answer loses it once a second question follows.
+REASONING = (
+    "{% set state = namespace(last_question=-1) %}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{% set state.last_question = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['role'] == 'assistant' %}"
+    "{% generation %}{% if loop.index0 > state.last_question and message.reasoning_content %}"
+    "<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}{{ message['content'] }}<|im_end|>\n"
+    "{% endgeneration %}{% else %}{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+THINKING_CHAT = [
+    {"role": "user", "content": "How many lanes?"},
+    {"role": "assistant", "reasoning_content": "The recipe says four.", "content": "Four."},
+    {"role": "user", "content": "And ranks? Quote <|im_end|> too."},
+    {"role": "assistant", "reasoning_content": "Two ranks, each takes two lanes.", "content": "Two."},
+]
 # ChatML that drops the control tokens' strings from what a message says.
 CHATML_UNQUOTED = CHATML.replace("{{ message['content'] }}", "{{ message['content'] | replace('<|im_end|>', '') }}")
 # Writes the last message otherwise than the others: no rendering is a prefix of the next.
@@ -328,6 +345,35 @@ def test_a_text_quoting_a_control_token_whole_or_in_a_tool_call_is_cut_out_where
     assert sum(ids[at : at + len(quoted)] == quoted for at in range(len(ids))) == 3
 
 
+def test_a_chat_whose_template_rewrites_earlier_turns_learns_its_last_turn_alone_where_asked(
+    tmp_path, demo_tokenizer_path
+):
+    """A reasoning model's template drops the first answer's thinking once a second question
+    follows: no rendering of the first turns is a prefix of the chat's, so the chat is skipped;
+    with `on_rewrite="learn_last"` it is the chat as the template writes it, the last answer (its
+    thinking included) learned, and what comes before it the context it was answered in, as
+    transformers' mask has it for that answer; the question quoting `<|im_end|>` keeps it text."""
+    directory = tokenizer_dir(tmp_path / "reasoning", REASONING, demo_tokenizer_path)
+    skipped = run(directory, [{"messages": THINKING_CHAT}])
+    assert [reason for _, reason in skipped.skipped] == ["chat_template_not_prefix"]
+    [record] = run(directory, [{"messages": THINKING_CHAT}], on_rewrite="learn_last").records
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    end = tokenizer.token_to_id("<|im_end|>")
+    ids, learned = record["input_ids"].tolist(), record["loss_mask"].tolist()
+    theirs, their_mask = reference(directory, THINKING_CHAT)
+    first_answer_end = [at for at, i in enumerate(theirs) if i == end][1]
+    assert ids.count(end) == 4 and theirs.count(end) == 5, "the quoted end stays text here"
+    answer = len(ids) - learned[::-1].index(False)  # where the learned tail starts
+    assert ids[answer:] == theirs[len(theirs) - (len(ids) - answer):]
+    assert learned[answer:] == their_mask[len(theirs) - (len(ids) - answer):] and all(learned[answer:])
+    assert not any(learned[:answer]) and their_mask[first_answer_end], "the first answer is context"
+    written = tokenizer.decode(ids[answer:], skip_special_tokens=False)
+    assert written.startswith("<think>\nTwo ranks") and "The recipe says" not in tokenizer.decode(ids)
+    out = run(directory, [{"messages": THINKING_CHAT + [{"role": "user", "content": "?"}]}], on_rewrite="learn_last")
+    [detail] = out.skip_details["chat_template_not_prefix"].values()
+    assert detail.endswith("; its last message ('user') is not learned"), detail
+
+
 def test_a_sharegpt_chat_read_by_its_keys_and_roles_is_the_same_chat(chatml):
     """LLaVA-Instruct's and ShareGPT's `conversations` of {"from", "value"}, their roles renamed."""
     roles = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -415,7 +461,8 @@ def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_p
                                ({"roles": {"gpt": 1}}, "roles must map the data's roles to the template's"),
                                ({"role_key": "text", "content_key": "text"}, "both 'text'; give each its own"),
                                ({"tools_field": "messages"}, "tools_field='messages' is also the chat's field"),
-                               ({"tools_field": 3}, "tools_field must be a record field's name")]:
+                               ({"tools_field": 3}, "tools_field must be a record field's name"),
+                               ({"on_rewrite": "learn"}, "on_rewrite must be 'skip' or 'learn_last'")]:
         with pytest.raises(ConfigurationError, match=refusal):
             Pipeline(source).render_chat(chatml, **arguments)
     [op] = Pipeline(source).render_chat(chatml, roles={"human": "user", "gpt": "assistant"}).operators
@@ -434,6 +481,8 @@ def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, cha
         RenderChatOp(str(chatml)).fingerprint()
     assert RenderChatOp(str(chatml), tools_field="tools").fingerprint() == {**RenderChatOp(str(chatml)).fingerprint(),
                                                                             "tools_field": "tools"}
+    assert RenderChatOp(str(chatml), on_rewrite="learn_last").fingerprint() == {
+        **RenderChatOp(str(chatml)).fingerprint(), "on_rewrite": "learn_last"}
 
 
 def write_chats(root: Path, count: int) -> Path:
