@@ -196,18 +196,24 @@ def reference(directory: Path, messages: list[dict], **options) -> tuple[list[in
     return list(encoded["input_ids"]), [bool(flag) for flag in encoded["assistant_masks"]]
 
 
+def rendered_as_transformers_would(directory: Path, messages: list[dict], **options) -> dict:
+    """The record `messages` make through render_chat and tokenize, checked to be the ids and the
+    mask of `reference`, which learns some of them and not all."""
+    [record] = run(directory, [{"messages": messages}]).records
+    ids, learned = reference(directory, messages)
+    assert record["input_ids"].tolist() == ids
+    assert record["loss_mask"].tolist() == learned
+    assert any(learned) and not all(learned)
+    return record
+
+
 @pytest.mark.parametrize("template", ["chatml", "llama3"])
 @pytest.mark.parametrize("chat", range(len(CHATS)))
 def test_a_chat_is_the_ids_apply_chat_template_gives_learned_where_the_assistant_speaks(
     tmp_path, demo_tokenizer_path, chatml, chat, template
 ):
     directory = chatml if template == "chatml" else tokenizer_dir(tmp_path / "llama3", LLAMA3, demo_tokenizer_path)
-    messages = CHATS[chat]
-    [record] = run(directory, [{"messages": messages}]).records
-    ids, learned = reference(directory, messages)
-    assert record["input_ids"].tolist() == ids
-    assert record["loss_mask"].tolist() == learned
-    assert any(learned) and not all(learned)
+    record = rendered_as_transformers_would(directory, CHATS[chat])
     assert set(record) == {"input_ids", "loss_mask"}, "the messages and the segments are dropped as tokenized"
 
 
@@ -219,11 +225,7 @@ def test_a_chat_of_parts_is_the_ids_apply_chat_template_gives_learned_where_the_
     parts written as the template writes them (`<image>`, the marker `tokenize` places pictures at)."""
     directory = tokenizer_dir(tmp_path / "parts", CHATML_PARTS, demo_tokenizer_path)
     messages = PART_CHATS[chat]
-    [record] = run(directory, [{"messages": messages}]).records
-    ids, learned = reference(directory, messages)
-    assert record["input_ids"].tolist() == ids
-    assert record["loss_mask"].tolist() == learned
-    assert any(learned) and not all(learned)
+    ids = rendered_as_transformers_would(directory, messages)["input_ids"].tolist()
     written = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(ids, skip_special_tokens=False)
     images = sum(part["type"] == "image" for m in messages if isinstance(m["content"], list) for part in m["content"])
     assert written.count("<image>") == images and "'type'" not in written, written
@@ -240,11 +242,7 @@ def test_a_sentencepiece_tokenizer_s_chat_is_the_ids_apply_chat_template_gives(
     ids and mask are transformers'."""
     directory = sentencepiece_dir(tmp_path / template, {"chatml": CHATML, "llama3": LLAMA3, "inst": INST}[template],
                                   demo_data_dir, prepend_scheme)
-    messages = [m for m in CHATS[chat] if template != "inst" or m["role"] != "system"]
-    [record] = run(directory, [{"messages": messages}]).records
-    ids, learned = reference(directory, messages)
-    assert record["input_ids"].tolist() == ids
-    assert record["loss_mask"].tolist() == learned
+    rendered_as_transformers_would(directory, [m for m in CHATS[chat] if template != "inst" or m["role"] != "system"])
 
 
 @pytest.mark.parametrize("chat", ["content", "parts"])
@@ -275,12 +273,7 @@ def test_a_control_token_quoted_in_a_message_stays_text_and_the_template_s_own_a
 def test_a_template_that_trims_and_ends_its_headers_with_a_space_is_split_on_the_content_it_writes(
     tmp_path, demo_tokenizer_path
 ):
-    directory = tokenizer_dir(tmp_path / "alternating", ALTERNATING, demo_tokenizer_path)
-    messages = CHATS[1]
-    [record] = run(directory, [{"messages": messages}]).records
-    ids, learned = reference(directory, messages)
-    assert record["loss_mask"].tolist() == learned
-    assert record["input_ids"].tolist() == ids
+    rendered_as_transformers_would(tokenizer_dir(tmp_path / "alternating", ALTERNATING, demo_tokenizer_path), CHATS[1])
 
 
 def test_a_quoting_answer_encoded_apart_from_a_header_ending_in_a_space_takes_the_space(
