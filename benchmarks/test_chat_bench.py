@@ -5,6 +5,7 @@ segments it writes: the renderer's work runs on the runner's workers beside toke
 words) in ChatML, with the shipped tokenizer given ChatML's control tokens. Each round runs
 `render_chat` on the chats as one chunk, then `tokenize(segments=True)` on what it wrote;
 `extra_info` records µs per chat and ns per token of each, the fastest of 5 rounds.
+`test_long_chats` does the same on 20 chats of 8, 32 and 128 messages.
 
     pytest benchmarks/test_chat_bench.py --benchmark-only
 """
@@ -29,6 +30,7 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 CHATS = 200
+LONG_CHATS = 20
 ROUNDS = 5
 WORDS = "lane shard chunk token pack shuffle batch flush replay seed mixture rank epoch record row".split()
 
@@ -61,10 +63,10 @@ def _chunk(records: list[dict]) -> ChunkRecords:
                         [RecordAddress("d", "s", i) for i in range(len(records))])
 
 
-def test_render_chat_then_tokenize(benchmark, record_build, chatml_dir) -> None:
+def _render_then_tokenize(benchmark, record_build, chatml_dir: Path, chats: list[dict]) -> None:
+    """Times `render_chat` then `tokenize(segments=True)` on `chats` as one chunk."""
     render = RenderChatOp(str(chatml_dir)).build("skip")
     tokenize = TokenizeOp(str(chatml_dir / "tokenizer.json"), field="segments", segments=True).build("skip")
-    chats = _chats()
     rendering, tokenizing, tokens = [], [], []
 
     def run():
@@ -79,7 +81,23 @@ def test_render_chat_then_tokenize(benchmark, record_build, chatml_dir) -> None:
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     assert len(set(tokens)) == 1
     record_build.update(
-        chats=CHATS, tokens=tokens[0],
-        render_us_per_chat=min(rendering) / CHATS * 1e6, tokenize_us_per_chat=min(tokenizing) / CHATS * 1e6,
+        chats=len(chats), tokens=tokens[0],
+        render_us_per_chat=min(rendering) / len(chats) * 1e6, tokenize_us_per_chat=min(tokenizing) / len(chats) * 1e6,
         render_ns_per_token=min(rendering) / tokens[0] * 1e9, tokenize_ns_per_token=min(tokenizing) / tokens[0] * 1e9,
     )
+
+
+def test_render_chat_then_tokenize(benchmark, record_build, chatml_dir) -> None:
+    _render_then_tokenize(benchmark, record_build, chatml_dir, _chats())
+
+
+@pytest.mark.parametrize("messages", [8, 32, 128])
+def test_long_chats(benchmark, record_build, chatml_dir, messages: int) -> None:
+    """20 chats of `messages` alternating turns of 60 words: rendering renders ~1.5 prefixes a
+    message, each through the whole prefix, so its cost a chat grows with the square of the
+    messages, tokenizing's with their number."""
+    rng = random.Random(messages)
+    chats = [{"messages": [{"role": ("user", "assistant")[turn % 2],
+                            "content": " ".join(rng.choice(WORDS) for _ in range(60)).capitalize() + "."}
+                           for turn in range(messages)]} for _ in range(LONG_CHATS)]
+    _render_then_tokenize(benchmark, record_build, chatml_dir, chats)

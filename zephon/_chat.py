@@ -252,8 +252,22 @@ def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, cont
 
 
 def _quotes(message: dict, controls: tuple[str, ...]) -> bool:
-    """Whether a text of the message holds a special token's string (`_marked`)."""
-    return bool(_marked(message, controls)[1])
+    """Whether a text of the message (`_marked`) holds a special token's string."""
+    content, calls = message["content"], message.get("tool_calls")
+    texts = [content] if isinstance(content, str) else [
+        part["text"] for part in content or () if part["type"] == "text"]
+    if calls:
+        texts += _strings_in(calls)
+    return any(control in text for text in texts for control in controls)
+
+
+def _strings_in(value: object) -> list[str]:
+    """Every str inside a message's tool calls (names, arguments as a JSON str or as values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [text for item in value for text in _strings_in(item)] if isinstance(value, (list, tuple)) else []
 
 
 _MARK = "\ue000zephon-quote-{}\ue001"
@@ -266,6 +280,8 @@ def _marked(message: dict, controls: tuple[str, ...], first: int = 0) -> tuple[d
     """The message with each of its texts that hold a special token's string (its content, its
     content's text parts, then every str of its tool calls) replaced by a mark of its own
     (`_MARK`, numbered from `first`), and those texts, in order."""
+    if not _quotes(message, controls):
+        return message, []
     quoted: list[str] = []
 
     def mark(text: str) -> str:
