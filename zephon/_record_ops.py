@@ -233,9 +233,8 @@ class TokenizeOp(RecordOperator):
         field_name, out_field = self.field, self.output_field
         # Tokenized into its own field, the source is already replaced: dropping it drops the tokens.
         keep_field = self.keep_field or field_name == out_field
-        # Only ids are used: `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets
-        # and gives the same ids for ~20% less CPU.
-        # Joined segments (`_segment_encoding`) find their learned ids by the characters they hold.
+        # Joined segments (`_segment_encoding`) find their learned ids by the characters they hold;
+        # other texts need ids alone (`_batch_encoder`).
         joined = self.segments
         marker, offsets_field = self.marker, self.offsets_field
         encode_batch = _batch_encoder(tokenizer, marker, locate=joined)
