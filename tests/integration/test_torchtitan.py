@@ -671,6 +671,42 @@ def test_a_data_recipe_checkpoint_refused_by_another_recipe_names_the_data_recip
             changed.load_state_dict(state)
 
 
+def test_a_chat_data_recipe_is_render_chat_then_segments_and_a_change_of_its_field_is_named(
+    tmp_path, demo_tokenizer_path
+):
+    """`chat_field`: the chats rendered with the template beside the tokenizer (its
+    tokenizer_config.json), the answers learned and the rest -100, the stream the equivalent
+    pipeline gives; a checkpoint of it is refused by a recipe of another chat field, naming it."""
+    from tests.unit.test_chat import CHATML, tokenizer_dir, write_chats
+
+    directory = tokenizer_dir(tmp_path / "chatml", CHATML, demo_tokenizer_path)
+    corpus = write_chats(tmp_path / "chats", 40)
+    settings = dict(datasets=[("chats", str(corpus))], tokenizer=str(directory / "tokenizer.json"),
+                    chat_field="messages", max_length=64, shuffle_buffer=4, seed=3, num_lanes=2, microbatch_size=2,
+                    records_per_chunk=4, token_estimation=False, runner="inline")
+    source = StaticMixtureWorkSource([Dataset.from_path("chats", str(corpus))], seed=3, records_per_chunk=4)
+    expected = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .render_chat(directory, field="messages")
+                .tokenize(str(directory / "tokenizer.json"), field="segments", segments=True)
+                .pack_flat(64).shuffle(buffer_size=4, seed=3).batch(2))
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 8) as ours, expected.shard(0, 1, global_batch_size=8) as theirs:
+        inputs, labels = next(iter(ours))
+        mine = ours.last_microbatches
+        it = iter(theirs)
+        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
+        state = ours.state_dict()
+    questions = sum(int((b.tokens["labels"][:, :-1] == -100).sum()) for b in mine)
+    assert questions > sum(len(b.sources[0]) for b in mine), "the questions are -100, not only the documents' ends"
+    retemplated = tokenizer_dir(tmp_path / "other", CHATML.replace("\n{% if", "\n\n{% if"), demo_tokenizer_path)
+    for change, field in [({"chat_field": "chat"}, "chat_field"), ({"chat_field": None}, "chat_field"),
+                          ({"tokenizer": str(retemplated / "tokenizer.json")}, "tokenizer")]:
+        with ZephonDataLoader(DataRecipe(**{**settings, **change}), 0, 1, 8) as changed:
+            with pytest.raises(RecipeMismatchError, match=re.escape(f"DataRecipe fields that changed: {field}.")):
+                changed.load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="DataRecipe.chat_field must be a record field's name"):
+        DataRecipe(**{**settings, "chat_field": ""})
+
+
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
     """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
     config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank

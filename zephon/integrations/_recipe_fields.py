@@ -16,6 +16,10 @@ _FIELD_OF_KEY = {
     "tokenize.tokenizer": "tokenizer",
     "plan.schedule": "mixture",
     "tokenize.field": "text_field",
+    "render_chat.field": "chat_field",
+    "render_chat.template": "tokenizer",
+    "render_chat.special_tokens": "tokenizer",
+    "tokenize.segments": "chat_field",
     "tokenize.bos": "bos",
     "tokenize.eos": "eos",
     "pack_flat.max_length": "max_length",
@@ -36,7 +40,7 @@ _FIELD_OF_KEY = {
 # `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
 # digests, of sizes and counts, do not see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
-_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "bos", "eos"}
+_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "bos", "eos"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {
@@ -49,8 +53,23 @@ def data_recipe_fields(changed: Iterable[str], recipe_fields: Sequence[str]) -> 
     """The DataRecipe fields (and the loader's `global_batch_size`) behind the changed recipe keys,
     each once, in the order `recipe_fields` (DataRecipe's own) lists them, `global_batch_size` last;
     keys no field stands for are left out."""
+    changed = list(changed)
+    if _chat_step_added_or_dropped(changed):  # each operator after it compares with another: only that is said
+        changed = [key for key in changed if not key.startswith("operators[")] + ["operators[0].tokenize.segments"]
     keys = [key.split(".", 1)[1] if key.startswith("operators[") else key for key in changed]
     fields = {_FIELD_OF_KEY[key] for key in keys if key in _FIELD_OF_KEY}
     if _MEASURED_RATE in keys and not fields & _MEASURED_THROUGH:
         fields.add("token_estimation")
     return [_WORDING.get(field, field) for field in (*recipe_fields, "global_batch_size") if field in fields]
+
+
+def _chat_step_added_or_dropped(changed: list[str]) -> bool:
+    """Whether one side's pipeline has the `render_chat` step the other lacks (`chat_field` set or
+    left out): operators are compared by position, so one position then holds two operators'
+    keys, one of them render_chat's."""
+    ops_at: dict[str, set[str]] = {}
+    for key in changed:
+        if key.startswith("operators["):
+            at, rest = key.split(".", 1)
+            ops_at.setdefault(at, set()).add(rest.split(".", 1)[0])
+    return any(len(ops) > 1 and "render_chat" in ops for ops in ops_at.values())

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ import numpy as np
 from .._accepted_changes import accepted_keys
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT, TORCHTITAN_STATE_KEY
-from .._errors import CheckpointError, ConfigurationError, RecipeMismatchError, StateLacksLanesError, check_count
+from .._errors import (CheckpointError, ConfigurationError, RecipeMismatchError, StateLacksLanesError, check_count,
+                       check_field_name)
 from .._job_log import config_level
 from .._loader import check_layout
 from .._packing import PackFlatOp
@@ -77,8 +79,8 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `bos`, `eos`, `max_length`, `packing`, `shuffle_buffer`,
-    `seed`, `num_lanes`, `microbatch_size`, `flush_every_chunks`, `records_per_chunk`,
+    `mixture`, `tokenizer`, `text_field`, `chat_field`, `bos`, `eos`, `max_length`, `packing`,
+    `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`, `flush_every_chunks`, `records_per_chunk`,
     `token_estimation`, `num_epochs` — and the global batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
     `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
@@ -91,12 +93,17 @@ class DataRecipe:
     like `mixture` (None: endless; a count may be a fraction of a pass, see
     `StaticMixtureWorkSource`).
     `num_lanes` should be a common multiple of every data-parallel size the run may use.
+    `chat_field` names a field of chats (`{"role", "content"}` messages) to train on instead of
+    `text_field`'s text: rendered with the chat template in the tokenizer's directory
+    (`Pipeline.render_chat`, `pip install 'zephon[chat]'`) and tokenized as segments, the
+    assistant's turns learned and the rest labelled -100.
     """
 
     datasets: tuple[tuple[str, str], ...]
     tokenizer: str
     mixture: tuple[tuple[str, float], ...] | None = None
     text_field: str = "text"
+    chat_field: str | None = None
     bos: str | None = None
     eos: str | None = None
     max_length: int = 2048
@@ -143,12 +150,15 @@ class DataRecipe:
             object.__setattr__(self, "num_epochs", epochs)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
+        if self.chat_field is not None:
+            check_field_name(self.chat_field, "DataRecipe.chat_field")
         for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
 
     def pipeline(self) -> Pipeline:
-        """The Zephon pipeline this recipe describes: tokenize → pack → shuffle → batch."""
+        """The Zephon pipeline this recipe describes: (render the chats →) tokenize → pack → shuffle
+        → batch."""
         from ..io import Dataset
         from ..work import StaticMixtureWorkSource, TokenEstimation
 
@@ -163,10 +173,17 @@ class DataRecipe:
             records_per_chunk=self.records_per_chunk,
             num_epochs=dict(self.num_epochs) if isinstance(self.num_epochs, tuple) else self.num_epochs,
         )
+        pipeline = Pipeline(source).options(num_lanes=self.num_lanes, runner=self.runner,
+                                            flush_every_chunks=self.flush_every_chunks)
+        tokenize = {"parallelism": self.parallelism, "bos": self.bos, "eos": self.eos}
+        if self.chat_field is None:
+            pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, **tokenize)
+        else:  # a tokenizer.json's chat template is in its directory's tokenizer_config.json
+            directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
+            pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism)
+                        .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
         return (
-            Pipeline(source)
-            .options(num_lanes=self.num_lanes, runner=self.runner, flush_every_chunks=self.flush_every_chunks)
-            .tokenize(self.tokenizer, field=self.text_field, parallelism=self.parallelism, bos=self.bos, eos=self.eos)
+            pipeline
             .pack_flat(max_length=self.max_length, algorithm=self.packing)
             .shuffle(buffer_size=self.shuffle_buffer, seed=self.seed)
             .batch(microbatch_size=self.microbatch_size)
