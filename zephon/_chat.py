@@ -207,6 +207,7 @@ def _turn_segments(messages: list[dict], render, learned_roles: frozenset,
     docstring), or (reason, detail) where they cannot be."""
     segments: list[list] = []
     written = ""
+    quoting = [_quotes(message, controls) for message in messages]  # asked at each message's two ends
     for k, message in enumerate(messages):
         learned = message["role"] in learned_roles
         try:
@@ -216,7 +217,7 @@ def _turn_segments(messages: list[dict], render, learned_roles: frozenset,
                     return "chat_template_not_prefix", _not_prefix(k, message, "its generation prompt")
                 segments += _template_text(prompted[len(written):], False)
                 written = prompted
-            if not _ends_a_segment(messages, k, learned_roles, controls):
+            if not _ends_a_segment(messages, k, learned_roles, quoting):
                 continue  # its text goes with the next message's: one segment, one rendering fewer
             rendered = render(messages[: k + 1])
             marked, quoted = _marked(message, controls)
@@ -239,12 +240,12 @@ def _turn_segments(messages: list[dict], render, learned_roles: frozenset,
     return None, _spaces_forward(segments, controls)
 
 
-def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, controls: tuple[str, ...]) -> bool:
-    """Whether message k's text is rendered apart from what follows it: it is the last; its content
-    or the next one's quotes a control token (cut out as text); or what follows is learned otherwise
-    (the next message's text, or, before a learned assistant's, its generation prompt, not learned).
-    Otherwise the two go in one segment, rendered once."""
-    if k + 1 == len(messages) or _quotes(messages[k], controls) or _quotes(messages[k + 1], controls):
+def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, quoting: list[bool]) -> bool:
+    """Whether message k's text is rendered apart from what follows it: it is the last; it or the
+    next one quotes a control token (`quoting`, by message: cut out as text); or what follows is
+    learned otherwise (the next message's text, or, before a learned assistant's, its generation
+    prompt, not learned). Otherwise the two go in one segment, rendered once."""
+    if k + 1 == len(messages) or quoting[k] or quoting[k + 1]:
         return True
     following = messages[k + 1]["role"]
     follows_learned = following in learned_roles and following != "assistant"
