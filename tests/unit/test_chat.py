@@ -141,9 +141,14 @@ def tokenizer_dir(root: Path, template: str, demo_tokenizer_path: Path) -> Path:
     tokenizer = Tokenizer.from_file(str(demo_tokenizer_path))
     tokenizer.add_special_tokens([AddedToken(token, special=True) for token in CONTROLS])
     tokenizer.save(str(root / "tokenizer.json"))
+    return with_template(root, template)
+
+
+def with_template(root: Path, template: str, **tokens: str) -> Path:
+    """`root`, its tokenizer_config.json naming `template` and the BOS and EOS (and `tokens`)."""
     (root / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
-        "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+        "bos_token": "<|bos|>", "eos_token": "<|eos|>", **tokens,
     }))
     return root
 
@@ -168,11 +173,7 @@ def sentencepiece_dir(root: Path, template: str, demo_data_dir: Path, prepend_sc
     """`tokenizer_dir` of the SentencePiece-style tokenizer."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "tokenizer.json").write_text(sentencepiece_json(demo_data_dir, prepend_scheme))
-    (root / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
-        "bos_token": "<|bos|>", "eos_token": "<|eos|>", "unk_token": "<unk>",
-    }))
-    return root
+    return with_template(root, template, unk_token="<unk>")
 
 
 @pytest.fixture(scope="module")
