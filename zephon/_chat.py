@@ -5,7 +5,8 @@ Instruction data comes as chats: `[{"role": "user", "content": ...}, {"role": "a
 a content a str or, in vision data, a list of parts (`[{"type": "image"}, {"type": "text", "text":
 ...}]`) that the template writes itself (an image part as the model's image marker). A model is
 trained on them as its chat template writes them, and on its assistant turns alone. The template
-is a Jinja program (transformers' `apply_chat_template`); what it writes for messages j to
+is a Jinja program, rendered as transformers' `apply_chat_template` renders it (with the recipe's
+date for its clock: `zephon._chat_render`); what it writes for messages j to
 k is found by rendering the chat's prefixes: what the first k + 1 messages render to past what the
 first j do. A learned assistant message's text starts after its generation prompt (the first k
 rendered with `add_generation_prompt=True`: `<|im_start|>assistant\n`), which is not learned, as
@@ -39,6 +40,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._chat_render import _tokenizer, check_clock, renderer
 from ._errors import BadRecordError, ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._loss_mask import sample as _sample
@@ -47,17 +49,6 @@ from ._records import ChunkRecords
 from ._sha256 import sha256
 
 __all__ = ["RenderChatOp", "chat_template_of", "check_chat_options"]
-
-
-@functools.lru_cache(maxsize=8)
-def _tokenizer(tokenizer_dir: str):
-    """transformers' tokenizer of `tokenizer_dir`, once per process: it renders the template."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as exc:
-        raise ModuleNotFoundError("render_chat needs transformers: pip install 'zephon[chat]'",
-                                  name="transformers") from exc
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,13 +98,17 @@ class RenderChatOp(RecordOperator):
     roles: tuple[tuple[str, str], ...] = ()
     tools_field: str | None = None
     on_rewrite: str = "skip"
+    today: str | None = None
     name: str = "render_chat"
 
     @functools.cached_property
     def template(self) -> str:
         """Read once, when the pipeline is built: the recipe names this template, and every
-        worker renders with it, whatever the directory holds later."""
-        return chat_template_of(self.tokenizer_dir)
+        worker renders with it, whatever the directory holds later. One that reads the clock is
+        refused here without `today` (`zephon._chat_render`)."""
+        template = chat_template_of(self.tokenizer_dir)
+        check_clock(template, self.today)
+        return template
 
     def build(self, on_error: str) -> RecordFn:
         template, field, output_field = self.template, self.field, self.output_field
@@ -122,20 +117,14 @@ class RenderChatOp(RecordOperator):
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
-        def renderer(tools: list | None):
-            def render(messages: list[dict], generation_prompt: bool = False) -> str:
-                return _tokenizer(tokenizer_dir).apply_chat_template(
-                    messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt,
-                    tools=tools,
-                )
-            return render
+        prepare = renderer(tokenizer_dir, template, self.today)
 
         def outcome(record: dict) -> tuple[str | None, object]:
             tools = _tools_of(record.get(tools_field)) if tools_field is not None else None
             if isinstance(tools, str):
                 return "not_tools", f"field {tools_field!r} {tools}"
-            return _chat_segments(record.get(field), read_messages, renderer(tools), learned_roles,
-                                  _control_strings(tokenizer_dir), learn_last)
+            return _chat_segments(record.get(field), read_messages, functools.partial(prepare, tools=tools),
+                                  learned_roles, _control_strings(tokenizer_dir), learn_last)
 
         def render_chat(batch: ChunkRecords) -> ChunkRecords:
             outcomes = [outcome(record) for record in batch.records]
@@ -165,7 +154,8 @@ class RenderChatOp(RecordOperator):
         specials = _tokenizer(self.tokenizer_dir).special_tokens_map
         out = {"op": self.name, "template": sha256(self.template.encode()).hexdigest(),
                "special_tokens": sorted((name, str(value)) for name, value in specials.items()), "field": self.field,
-               "output_field": self.output_field, "learned_roles": sorted(self.learned_roles)}
+               "output_field": self.output_field, "learned_roles": sorted(self.learned_roles),
+               "rendering": 2}  # 2: the template handed the chat as transformers hands it, its prefixes compiled
         if self.keep_field:
             out["keep_field"] = True
         if (self.role_key, self.content_key) != ("role", "content"):
@@ -176,6 +166,8 @@ class RenderChatOp(RecordOperator):
             out["tools_field"] = self.tools_field
         if self.on_rewrite != "skip":
             out["on_rewrite"] = self.on_rewrite
+        if self.today is not None:
+            out["today"] = self.today
         return out
 
 
@@ -186,15 +178,20 @@ def _detail(field: str, details: dict, reason: str, record: dict) -> str:
     return details[id(record)]
 
 
-def _chat_segments(value: object, read_messages, render, learned_roles: frozenset, controls: tuple[str, ...],
+def _chat_segments(value: object, read_messages, prepare, learned_roles: frozenset, controls: tuple[str, ...],
                    learn_last: bool) -> tuple[str | None, object]:
     """(None, segments) of a chat, or (reason, detail) where it is skipped; the last turn alone
-    learned where the template rewrites earlier turns and `learn_last`."""
+    learned where the template rewrites earlier turns and `learn_last`. `prepare` gives the
+    messages as the template is handed them, and their renderer (`zephon._chat_render`)."""
     if value is None:
         return "missing_field", ""
     messages = read_messages(value)
     if isinstance(messages, str):
         return "not_messages", messages
+    try:
+        messages, render = prepare(messages)
+    except Exception as error:  # what transformers refuses to hand a template
+        return "chat_template_error", f"handing the chat to the template: {type(error).__name__}: {error}"
     reason, detail = _turn_segments(messages, render, learned_roles, controls)
     if reason == "chat_template_not_prefix" and learn_last:
         return _last_turn_segments(messages, render, learned_roles, controls, detail)
@@ -254,7 +251,7 @@ def _ends_a_segment(messages: list[dict], k: int, learned_roles: frozenset, quot
 
 def _quotes(message: dict, controls: tuple[str, ...]) -> bool:
     """Whether a text of the message (`_marked`) holds a special token's string."""
-    content, calls = message["content"], message.get("tool_calls")
+    content, calls = message.get("content"), message.get("tool_calls")
     texts = [content] if isinstance(content, str) else [
         part["text"] for part in content or () if part["type"] == "text"]
     if calls:
@@ -298,12 +295,13 @@ def _marked(message: dict, controls: tuple[str, ...], first: int = 0) -> tuple[d
             return {key: walk(item) for key, item in value.items()}
         return [walk(item) for item in value] if isinstance(value, (list, tuple)) else value
 
-    content = message["content"]
+    out = dict(message)
+    content = message.get("content")  # left out beside tool calls, as transformers hands such a message on
     if isinstance(content, str):
-        content = mark(content)
+        out["content"] = mark(content)
     elif content is not None:
-        content = [{**part, "text": mark(part["text"])} if part["type"] == "text" else part for part in content]
-    out = {**message, "content": content}
+        out["content"] = [{**part, "text": mark(part["text"])} if part["type"] == "text" else part
+                          for part in content]
     if "tool_calls" in message:
         out["tool_calls"] = walk(message["tool_calls"])
     return out, quoted

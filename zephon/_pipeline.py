@@ -7,11 +7,13 @@ builder method returns a new Pipeline, so a recipe can be shared and extended sa
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from ._chat import RenderChatOp, check_chat_options
+from ._chat_render import check_today
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count, check_field_name
 from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
@@ -224,6 +226,7 @@ class Pipeline:
         roles: dict[str, str] | None = None,
         tools_field: str | None = None,
         on_rewrite: str = "skip",
+        today: str | datetime.date | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -243,17 +246,20 @@ class Pipeline:
         (`not_tools`). The template's own text is flagged so that its control tokens are matched
         while a content quoting one keeps it as text (`zephon._chat`). The template is read now,
         and its text enters the recipe. Give the tokenizer no `bos` where the template writes the
-        BOS itself.
+        BOS itself. A template that reads the clock (`strftime_now`: Llama 3.1's "Today Date")
+        writes `today` ("YYYY-MM-DD", midnight), the recipe's date, so that a chat is the same ids
+        on any day; without it such a template is refused.
 
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
-        and an assistant. A chat the template refuses is skipped (`chat_template_error`), as is one
-        it writes otherwise once later messages follow (`chat_template_not_prefix`; with
-        `on_rewrite="learn_last"` such a chat, as a reasoning model's template that drops the
-        thinking of turns before the last question, learns its last message alone, the chat
-        before it the context the template gives it), one quoting a
-        control token in a content it does not write as given (`chat_content_not_found`) and one
-        that is no list of messages (`not_messages`).
+        and an assistant. transformers hands the template the chat once (as `apply_chat_template`
+        does) and its compiled template renders the prefixes (`zephon._chat_render`). A chat the
+        template refuses is skipped (`chat_template_error`), as is one it writes otherwise once
+        later messages follow (`chat_template_not_prefix`; with `on_rewrite="learn_last"` such a
+        chat, as a reasoning model's template that drops the thinking of turns before the last
+        question, learns its last message alone, the chat before it the context the template gives
+        it), one quoting a control token in a content it does not write as given
+        (`chat_content_not_found`) and one that is no list of messages (`not_messages`).
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
                                                   content_key, roles, tools_field, on_rewrite)
@@ -261,8 +267,8 @@ class Pipeline:
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
-                          tools_field, on_rewrite)
-        op.template  # read now: a directory without a template is refused here, not in a worker
+                          tools_field, on_rewrite, check_today(today))
+        op.template  # read now: a directory without a template, or a clock without today, is refused here
         return self._with(op)
 
     def pack_flat(

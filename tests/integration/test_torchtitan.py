@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from tests.harness import GLOBAL_BATCH, step_digests, text_pipeline
 from tests.integration._torchrun_worker import launch
@@ -705,6 +706,27 @@ def test_a_chat_data_recipe_is_render_chat_then_segments_and_a_change_of_its_fie
                 changed.load_state_dict(state)
     with pytest.raises(ConfigurationError, match="DataRecipe.chat_field must be a record field's name"):
         DataRecipe(**{**settings, "chat_field": ""})
+
+
+def test_a_chat_data_recipe_writes_its_chat_today_and_a_change_of_it_is_named(tmp_path, demo_tokenizer_path):
+    """A template that reads the clock writes `chat_today`; without one the recipe is refused as its
+    pipeline is built, and a checkpoint is refused by a recipe of another day, naming the field."""
+    from tests.unit.test_chat import CLOCK, tokenizer_dir, write_chats
+
+    directory = tokenizer_dir(tmp_path / "clock", CLOCK, demo_tokenizer_path)
+    settings = dict(datasets=[("chats", str(write_chats(tmp_path / "chats", 8)))],
+                    tokenizer=str(directory / "tokenizer.json"), chat_field="messages", chat_today="2021-12-06",
+                    max_length=64, num_lanes=2, records_per_chunk=4, token_estimation=False, runner="inline")
+    with pytest.raises(ConfigurationError, match="reads today's date"):
+        DataRecipe(**{**settings, "chat_today": None}).pipeline()
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 2) as ours:
+        next(iter(ours))
+        [ids] = ours.last_microbatches[0].tokens["input_ids"].tolist()
+        state = ours.state_dict()
+    assert "Today: 06 Dec 2021" in Tokenizer.from_file(str(directory / "tokenizer.json")).decode(ids)
+    with ZephonDataLoader(DataRecipe(**{**settings, "chat_today": "2024-07-26"}), 0, 1, 2) as changed:
+        with pytest.raises(RecipeMismatchError, match=re.escape("DataRecipe fields that changed: chat_today.")):
+            changed.load_state_dict(state)
 
 
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):

@@ -5,6 +5,7 @@ token keeping it as text, and every chat the template cannot be split on skipped
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 from pathlib import Path
@@ -104,6 +105,10 @@ THINKING_CHAT = [
 ]
 # ChatML that drops the control tokens' strings from what a message says.
 CHATML_UNQUOTED = CHATML.replace("{{ message['content'] }}", "{{ message['content'] | replace('<|im_end|>', '') }}")
+# ChatML after a system turn that holds today's date, read from the clock where no date is given (as Llama 3.1's).
+CLOCK = CHATML.replace("{{ bos_token }}", (
+    "{% if date_string is not defined %}{% set date_string = strftime_now('%d %b %Y') %}{% endif %}"
+    "{{ bos_token }}<|im_start|>system\nToday: {{ date_string }}<|im_end|>\n"))
 # Writes the last message otherwise than the others: no rendering is a prefix of the next.
 LAST_APART = (
     "{% for message in messages %}{% if loop.last %}[last] {% endif %}<|im_start|>{{ message['role'] }}\n"
@@ -115,6 +120,9 @@ CHATS = [
      {"role": "assistant", "content": "A stream of records."}, {"role": "user", "content": "And a shard?"},
      {"role": "assistant", "content": "A file of them."}],
     [{"role": "user", "content": "  spaced out  "}, {"role": "assistant", "content": "\nfine\n"}],
+    # The assistant speaks first: its generation prompt, rendered for no message, is not learned.
+    [{"role": "assistant", "content": "How can I help?"}, {"role": "user", "content": "Count the lanes."},
+     {"role": "assistant", "content": "Four."}],
 ]
 # As TRL's vision datasets store them: an image part's `text` is None, as Arrow writes a missing one.
 PART_CHATS = [
@@ -197,11 +205,12 @@ def reference(directory: Path, messages: list[dict], **options) -> tuple[list[in
     return list(encoded["input_ids"]), [bool(flag) for flag in encoded["assistant_masks"]]
 
 
-def rendered_as_transformers_would(directory: Path, messages: list[dict], **options) -> dict:
-    """The record `messages` make through render_chat and tokenize, checked to be the ids and the
-    mask of `reference`, which learns some of them and not all."""
-    [record] = run(directory, [{"messages": messages}]).records
-    ids, learned = reference(directory, messages)
+def rendered_as_transformers_would(directory: Path, messages: list[dict], rendered_with: dict | None = None,
+                                   **options) -> dict:
+    """The record `messages` make through render_chat (given `rendered_with`) and tokenize, checked
+    to be the ids and the mask of `reference` (given `options`), which learns some of them and not all."""
+    [record] = run(directory, [{"messages": messages}], **(rendered_with or {})).records
+    ids, learned = reference(directory, messages, **options)
     assert record["input_ids"].tolist() == ids
     assert record["loss_mask"].tolist() == learned
     assert any(learned) and not all(learned)
@@ -337,6 +346,20 @@ def test_a_text_quoting_a_control_token_whole_or_in_a_tool_call_is_cut_out_where
     tokenizer.encode_special_tokens = True
     quoted = tokenizer.encode("<|im_end|>", add_special_tokens=False).ids
     assert sum(ids[at : at + len(quoted)] == quoted for at in range(len(ids))) == 3
+
+
+def test_a_chat_is_handed_to_the_template_as_transformers_hands_it(tmp_path, demo_tokenizer_path):
+    """The thinking stored under an older name (`reasoning`, which transformers hands on as
+    `reasoning_content` too) and a tool call's content of None (a key transformers drops) are
+    written as `apply_chat_template` writes them."""
+    directory = tokenizer_dir(tmp_path / "reasoning", REASONING, demo_tokenizer_path)
+    chat = [{"role": "user", "content": "How many lanes?"},
+            {"role": "assistant", "reasoning": "The recipe says four.", "content": "Four."}]
+    rendered_as_transformers_would(directory, chat)
+    directory = tokenizer_dir(tmp_path / "none", TOOLS.replace("{% if message['content'] %}",
+                                                               "{% if message['content'] is defined %}"),
+                              demo_tokenizer_path)
+    rendered_as_transformers_would(directory, TOOL_CHAT)
 
 
 def test_a_chat_whose_template_rewrites_earlier_turns_learns_its_last_turn_alone_where_asked(
@@ -477,6 +500,30 @@ def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, cha
                                                                             "tools_field": "tools"}
     assert RenderChatOp(str(chatml), on_rewrite="learn_last").fingerprint() == {
         **RenderChatOp(str(chatml)).fingerprint(), "on_rewrite": "learn_last"}
+
+
+def test_a_template_that_reads_the_clock_writes_the_recipe_s_date_and_is_refused_without_one(
+    tmp_path, demo_tokenizer_path
+):
+    """The chat is the ids transformers gives when told that date, whatever day the test runs on;
+    the date enters the recipe; without one the pipeline is refused as it is built."""
+    directory = tokenizer_dir(tmp_path / "clock", CLOCK, demo_tokenizer_path)
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
+    with pytest.raises(ConfigurationError, match=r"reads today's date \(strftime_now\).*today='YYYY-MM-DD'"):
+        Pipeline(source).render_chat(directory)
+    record = rendered_as_transformers_would(directory, CHATS[0], {"today": "2021-12-06"}, date_string="06 Dec 2021")
+    written = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(record["input_ids"].tolist())
+    assert "Today: 06 Dec 2021" in written
+    rendered_with_python_date = rendered_as_transformers_would(
+        directory, CHATS[0], {"today": "2024-07-26"}, date_string="26 Jul 2024")
+    assert rendered_with_python_date["input_ids"].tolist() != record["input_ids"].tolist()
+    [op] = Pipeline(source).render_chat(directory, today=datetime.date(2021, 12, 6)).operators
+    assert op.fingerprint() == RenderChatOp(str(directory), today="2021-12-06").fingerprint()
+    assert op.fingerprint()["today"] == "2021-12-06"
+    assert RenderChatOp(str(directory), today="2024-07-26").fingerprint() != op.fingerprint()
+    for bad in ("06/12/2021", "2021-13-01", 20211206, datetime.datetime(2021, 12, 6)):
+        with pytest.raises(ConfigurationError, match="today must be a date, as 'YYYY-MM-DD'"):
+            Pipeline(source).render_chat(directory, today=bad)
 
 
 def write_chats(root: Path, count: int) -> Path:

@@ -79,7 +79,7 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `chat_field`, `bos`, `eos`, `max_length`, `packing`,
+    `mixture`, `tokenizer`, `text_field`, `chat_field`, `chat_today`, `bos`, `eos`, `max_length`, `packing`,
     `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`, `flush_every_chunks`, `records_per_chunk`,
     `token_estimation`, `num_epochs` — and the global batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
@@ -96,7 +96,8 @@ class DataRecipe:
     `chat_field` names a field of chats (`{"role", "content"}` messages) to train on instead of
     `text_field`'s text: rendered with the chat template in the tokenizer's directory
     (`Pipeline.render_chat`, `pip install 'zephon[chat]'`) and tokenized as segments, the
-    assistant's turns learned and the rest labelled -100.
+    assistant's turns learned and the rest labelled -100. `chat_today` ("YYYY-MM-DD") is the date
+    a template that reads the clock writes (Llama 3.1's "Today Date"; render_chat's `today`).
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -104,6 +105,7 @@ class DataRecipe:
     mixture: tuple[tuple[str, float], ...] | None = None
     text_field: str = "text"
     chat_field: str | None = None
+    chat_today: str | None = None
     bos: str | None = None
     eos: str | None = None
     max_length: int = 2048
@@ -180,7 +182,8 @@ class DataRecipe:
             pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, **tokenize)
         else:  # a tokenizer.json's chat template is in its directory's tokenizer_config.json
             directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
-            pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism)
+            pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism,
+                                             today=self.chat_today)
                         .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
         return (
             pipeline

@@ -1,0 +1,116 @@
+"""How `render_chat` renders a chat's prefixes: with the template transformers compiled, on the chat
+as transformers hands it to the template, and with the recipe's date for the template's clock.
+
+Why not `apply_chat_template` at each rendering: `zephon._chat` renders a chat once for each of its
+turns, and every call converts the whole prefix again (messages to plain data, reasoning fields
+aliased, keys holding None dropped). At 128 messages that conversion was 13 times the template's
+own work (`benchmarks/test_chat_bench.py`). So transformers converts a chat once, through
+`apply_chat_template` itself with a template that writes what it was handed as JSON, and each
+prefix of that is rendered by the compiled template as `apply_chat_template` renders it (the
+same arguments: the messages, `tools`, `documents`, `add_generation_prompt` and the tokenizer's
+special tokens).
+
+Why a date: templates read the clock (`strftime_now`: Llama 3.1's "Today Date: ..."), which would
+make a chat rendered today and one rendered tomorrow, or by a run resumed on another day, other
+ids. Here the clock reads `today`, the recipe's date, at midnight; a template that reads the clock
+is refused without one (`check_clock`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from collections.abc import Callable
+
+from ._errors import ConfigurationError
+
+__all__ = ["Renderer", "check_clock", "check_today", "renderer"]
+
+Renderer = Callable[..., str]
+"""`render(messages, generation_prompt=False)`: what the template writes for `messages`."""
+
+_AS_HANDED = "{{ {'messages': messages, 'tools': tools} | tojson }}"
+"""A template that writes what `apply_chat_template` hands a template, as JSON (its `tojson`
+writes it as `json.dumps` does, which `json.loads` reads back as it was)."""
+
+_CLOCK = "strftime_now"
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(tokenizer_dir: str):
+    """transformers' tokenizer of `tokenizer_dir`, once per process: it renders the template."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ModuleNotFoundError("render_chat needs transformers: pip install 'zephon[chat]'",
+                                  name="transformers") from exc
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def _compiled(template: str):
+    """The template as transformers compiles it for `apply_chat_template` (its sandbox, `tojson`,
+    `raise_exception`, the `{% generation %}` tag), cached there."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(template)
+
+
+def check_today(today: object) -> str | None:
+    """`render_chat(today=...)` as an ISO date str ("2026-12-06"), or None; refused by name otherwise."""
+    if isinstance(today, datetime.date) and not isinstance(today, datetime.datetime):
+        today = today.isoformat()
+    if today is None:
+        return None
+    try:
+        if isinstance(today, str) and datetime.date.fromisoformat(today).isoformat() == today:
+            return today
+    except ValueError:
+        pass
+    raise ConfigurationError(f"render_chat: today must be a date, as 'YYYY-MM-DD', got {today!r}")
+
+
+def check_clock(template: str, today: str | None) -> None:
+    """Refuse a template that reads the clock where the recipe gives it no date (module docstring)."""
+    if today is None and _CLOCK in template:
+        raise ConfigurationError(
+            f"render_chat: the chat template reads today's date ({_CLOCK}), so its chats would differ from one day "
+            "to the next; give render_chat the date it is to write: today='YYYY-MM-DD'"
+        )
+
+
+def _clock(today: str) -> Callable[[str], str]:
+    midnight = datetime.datetime.combine(datetime.date.fromisoformat(today), datetime.time())
+
+    def strftime_now(format: str) -> str:
+        return midnight.strftime(format)
+
+    return strftime_now
+
+
+def renderer(tokenizer_dir: str, template: str, today: str | None) -> Callable[[list[dict], list | None],
+                                                                               tuple[list[dict], Renderer]]:
+    """`prepare(messages, tools)`: the messages as transformers hands them to the template, and how
+    to render them and their prefixes (module docstring). Raises what the template raises."""
+
+    @functools.cache
+    def compiled_and_constants():  # on first use: in the worker that renders, not where the pipeline is built
+        constants = dict(_tokenizer(tokenizer_dir).special_tokens_map)
+        if today is not None:
+            constants[_CLOCK] = _clock(today)
+        return _compiled(template), constants
+
+    def prepare(messages: list[dict], tools: list | None) -> tuple[list[dict], Renderer]:
+        compiled, constants = compiled_and_constants()
+        as_handed = _tokenizer(tokenizer_dir).apply_chat_template(messages, chat_template=_AS_HANDED, tools=tools,
+                                                                  tokenize=False)
+        handed = json.loads(as_handed)
+        handed_tools = handed["tools"]
+
+        def render(prefix: list[dict], generation_prompt: bool = False) -> str:
+            return compiled.render(messages=prefix, tools=handed_tools, documents=None,
+                                   add_generation_prompt=generation_prompt, **constants)
+
+        return handed["messages"], render
+
+    return prepare
