@@ -40,7 +40,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._chat_render import _tokenizer, check_clock, renderer
+from ._chat_render import check_template, renderer, transformers_tokenizer
 from ._errors import BadRecordError, ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._loss_mask import sample as _sample
@@ -55,14 +55,14 @@ __all__ = ["RenderChatOp", "chat_template_of", "check_chat_options"]
 def _control_strings(tokenizer_dir: str) -> tuple[str, ...]:
     """The strings of the tokenizer's special tokens: what `tokenize` encodes as text inside a
     message's content (`split_special_tokens`) and as control tokens in the template's text."""
-    added = _tokenizer(tokenizer_dir).backend_tokenizer.get_added_tokens_decoder().values()
+    added = transformers_tokenizer(tokenizer_dir).backend_tokenizer.get_added_tokens_decoder().values()
     return tuple(sorted(token.content for token in added if token.special))
 
 
 def chat_template_of(tokenizer_dir: str) -> str:
     """The chat template the tokenizer directory holds (its `chat_template.jinja`, or its
     tokenizer_config.json's `chat_template`), refused by name where it holds none."""
-    template = getattr(_tokenizer(tokenizer_dir), "chat_template", None)
+    template = getattr(transformers_tokenizer(tokenizer_dir), "chat_template", None)
     if isinstance(template, dict):  # several named templates: the one a chat without tools uses
         template = template.get("default")
     if not isinstance(template, str) or not template:
@@ -104,10 +104,10 @@ class RenderChatOp(RecordOperator):
     @functools.cached_property
     def template(self) -> str:
         """Read once, when the pipeline is built: the recipe names this template, and every
-        worker renders with it, whatever the directory holds later. One that reads the clock is
-        refused here without `today` (`zephon._chat_render`)."""
+        worker renders with it, whatever the directory holds later. One that does not compile, or
+        reads the clock without `today`, is refused here (`zephon._chat_render`)."""
         template = chat_template_of(self.tokenizer_dir)
-        check_clock(template, self.today)
+        check_template(template, self.today)
         return template
 
     def build(self, on_error: str) -> RecordFn:
@@ -151,7 +151,7 @@ class RenderChatOp(RecordOperator):
         """What decides the segments: the template's text and the special tokens' strings it is
         given (`bos_token`, ...; not the directory's path: a copy of the model elsewhere renders
         alike), the fields and the learned roles."""
-        specials = _tokenizer(self.tokenizer_dir).special_tokens_map
+        specials = transformers_tokenizer(self.tokenizer_dir).special_tokens_map
         out = {"op": self.name, "template": sha256(self.template.encode()).hexdigest(),
                "special_tokens": sorted((name, str(value)) for name, value in specials.items()), "field": self.field,
                "output_field": self.output_field, "learned_roles": sorted(self.learned_roles),

@@ -13,7 +13,7 @@ special tokens).
 Why a date: templates read the clock (`strftime_now`: Llama 3.1's "Today Date: ..."), which would
 make a chat rendered today and one rendered tomorrow, or by a run resumed on another day, other
 ids. Here the clock reads `today`, the recipe's date, at midnight; a template that reads the clock
-is refused without one (`check_clock`).
+is refused without one (`check_template`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from ._errors import ConfigurationError
 
-__all__ = ["Renderer", "check_clock", "check_today", "renderer"]
+__all__ = ["Renderer", "check_template", "check_today", "renderer", "transformers_tokenizer"]
 
 Renderer = Callable[..., str]
 """`render(messages, generation_prompt=False)`: what the template writes for `messages`."""
@@ -38,7 +38,7 @@ _CLOCK = "strftime_now"
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(tokenizer_dir: str):
+def transformers_tokenizer(tokenizer_dir: str):
     """transformers' tokenizer of `tokenizer_dir`, once per process: it renders the template."""
     try:
         from transformers import AutoTokenizer
@@ -51,8 +51,13 @@ def _tokenizer(tokenizer_dir: str):
 def _compiled(template: str):
     """The template as transformers compiles it for `apply_chat_template` (its sandbox, `tojson`,
     `raise_exception`, the `{% generation %}` tag), cached there."""
-    from transformers.utils.chat_template_utils import _compile_jinja_template
-
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "render_chat renders with the chat templates transformers compiles "
+            "(transformers.utils.chat_template_utils, transformers 4.45 and later), which this transformers lacks",
+            name="transformers") from exc
     return _compile_jinja_template(template)
 
 
@@ -70,8 +75,15 @@ def check_today(today: object) -> str | None:
     raise ConfigurationError(f"render_chat: today must be a date, as 'YYYY-MM-DD', got {today!r}")
 
 
-def check_clock(template: str, today: str | None) -> None:
-    """Refuse a template that reads the clock where the recipe gives it no date (module docstring)."""
+def check_template(template: str, today: str | None) -> None:
+    """Refuse, as the pipeline is built, a template transformers cannot compile, and one that reads
+    the clock where the recipe gives it no date (module docstring)."""
+    try:
+        _compiled(template)
+    except ModuleNotFoundError:
+        raise
+    except Exception as error:  # jinja2's TemplateSyntaxError, or a sandbox refusal
+        raise ConfigurationError(f"render_chat: the chat template does not compile: {type(error).__name__}: {error}")
     if today is None and _CLOCK in template:
         raise ConfigurationError(
             f"render_chat: the chat template reads today's date ({_CLOCK}), so its chats would differ from one day "
@@ -95,15 +107,15 @@ def renderer(tokenizer_dir: str, template: str, today: str | None) -> Callable[[
 
     @functools.cache
     def compiled_and_constants():  # on first use: in the worker that renders, not where the pipeline is built
-        constants = dict(_tokenizer(tokenizer_dir).special_tokens_map)
+        constants = dict(transformers_tokenizer(tokenizer_dir).special_tokens_map)
         if today is not None:
             constants[_CLOCK] = _clock(today)
         return _compiled(template), constants
 
     def prepare(messages: list[dict], tools: list | None) -> tuple[list[dict], Renderer]:
         compiled, constants = compiled_and_constants()
-        as_handed = _tokenizer(tokenizer_dir).apply_chat_template(messages, chat_template=_AS_HANDED, tools=tools,
-                                                                  tokenize=False)
+        as_handed = transformers_tokenizer(tokenizer_dir).apply_chat_template(
+            messages, chat_template=_AS_HANDED, tools=tools, tokenize=False)
         handed = json.loads(as_handed)
         handed_tools = handed["tools"]
 

@@ -472,6 +472,10 @@ def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_p
     source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
     with pytest.raises(ConfigurationError, match="holds no chat template"):
         Pipeline(source).render_chat(bare)
+    unclosed = tokenizer_dir(tmp_path / "unclosed", "{% for message in messages %}{{ message.content }}",
+                             demo_tokenizer_path)
+    with pytest.raises(ConfigurationError, match="the chat template does not compile: TemplateSyntaxError"):
+        Pipeline(source).render_chat(unclosed)
     for arguments, refusal in [({"learned_roles": "assistant"}, "learned_roles must be a list of roles"),
                                ({"field": ""}, "field must be a record field's name"),
                                ({"keep_field": "no"}, "keep_field must be True or False"),
