@@ -40,7 +40,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._chat_render import check_template, renderer, transformers_tokenizer
+from ._chat_render import check_template, reads_clock, renderer, transformers_tokenizer
 from ._errors import BadRecordError, ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._loss_mask import sample as _sample
@@ -166,7 +166,7 @@ class RenderChatOp(RecordOperator):
             out["tools_field"] = self.tools_field
         if self.on_rewrite != "skip":
             out["on_rewrite"] = self.on_rewrite
-        if self.today is not None:
+        if self.today is not None and reads_clock(self.template):  # a date no template writes changes nothing
             out["today"] = self.today
         return out
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from ._errors import ConfigurationError
 
-__all__ = ["Renderer", "check_template", "check_today", "renderer", "transformers_tokenizer"]
+__all__ = ["Renderer", "check_template", "check_today", "reads_clock", "renderer", "transformers_tokenizer"]
 
 Renderer = Callable[..., str]
 """`render(messages, generation_prompt=False)`: what the template writes for `messages`."""
@@ -84,11 +84,16 @@ def check_template(template: str, today: str | None) -> None:
         raise
     except Exception as error:  # jinja2's TemplateSyntaxError, or a sandbox refusal
         raise ConfigurationError(f"render_chat: the chat template does not compile: {type(error).__name__}: {error}")
-    if today is None and _CLOCK in template:
+    if today is None and reads_clock(template):
         raise ConfigurationError(
             f"render_chat: the chat template reads today's date ({_CLOCK}), so its chats would differ from one day "
             "to the next; give render_chat the date it is to write: today='YYYY-MM-DD'"
         )
+
+
+def reads_clock(template: str) -> bool:
+    """Whether the template reads today's date (names transformers' `strftime_now`)."""
+    return _CLOCK in template
 
 
 def _clock(today: str) -> Callable[[str], str]:

@@ -525,6 +525,9 @@ def test_a_template_that_reads_the_clock_writes_the_recipe_s_date_and_is_refused
     assert op.fingerprint() == RenderChatOp(str(directory), today="2021-12-06").fingerprint()
     assert op.fingerprint()["today"] == "2021-12-06"
     assert RenderChatOp(str(directory), today="2024-07-26").fingerprint() != op.fingerprint()
+    chatml = tokenizer_dir(tmp_path / "chatml", CHATML, demo_tokenizer_path)
+    assert RenderChatOp(str(chatml), today="2024-07-26").fingerprint() == RenderChatOp(str(chatml)).fingerprint(), \
+        "a date no template writes changes nothing"
     for bad in ("06/12/2021", "2021-13-01", 20211206, datetime.datetime(2021, 12, 6)):
         with pytest.raises(ConfigurationError, match="today must be a date, as 'YYYY-MM-DD'"):
             Pipeline(source).render_chat(directory, today=bad)
