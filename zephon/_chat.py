@@ -150,7 +150,7 @@ class RenderChatOp(RecordOperator):
     def fingerprint(self) -> dict:
         """What decides the segments: the template's text and the special tokens' strings it is
         given (`bos_token`, ...; not the directory's path: a copy of the model elsewhere renders
-        alike), the fields and the learned roles."""
+        alike), the fields, the learned roles, and the date a template that reads the clock writes."""
         specials = transformers_tokenizer(self.tokenizer_dir).special_tokens_map
         out = {"op": self.name, "template": sha256(self.template.encode()).hexdigest(),
                "special_tokens": sorted((name, str(value)) for name, value in specials.items()), "field": self.field,

@@ -268,7 +268,7 @@ class Pipeline:
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
                           tools_field, on_rewrite, check_today(today))
-        op.template  # read now: a directory without a template, or a clock without today, is refused here
+        op.template  # read now: no template, one that does not compile or a clock without today is refused here
         return self._with(op)
 
     def pack_flat(
