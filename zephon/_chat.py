@@ -61,15 +61,39 @@ def _control_strings(tokenizer_dir: str) -> tuple[str, ...]:
 
 def chat_template_of(tokenizer_dir: str) -> str:
     """The chat template the tokenizer directory holds (its `chat_template.jinja`, or its
-    tokenizer_config.json's `chat_template`), refused by name where it holds none."""
+    tokenizer_config.json's `chat_template`; where the tokenizer has none, a processor's
+    `chat_template.json`, the only one many vision models' directories hold), refused by name
+    where it holds none."""
     template = getattr(transformers_tokenizer(tokenizer_dir), "chat_template", None)
     if isinstance(template, dict):  # several named templates: the one a chat without tools uses
         template = template.get("default")
     if not isinstance(template, str) or not template:
+        template = _processor_template(tokenizer_dir)
+    if not template:
         raise ConfigurationError(
-            f"render_chat: {tokenizer_dir!r} holds no chat template (a chat_template.jinja, or a chat_template "
-            "in tokenizer_config.json): give the directory of the model's tokenizer"
+            f"render_chat: {tokenizer_dir!r} holds no chat template (a chat_template.jinja, a chat_template "
+            f"in tokenizer_config.json, or a processor's {_PROCESSOR_TEMPLATE}): give the directory of the "
+            "model's tokenizer"
         )
+    return template
+
+
+_PROCESSOR_TEMPLATE = "chat_template.json"
+
+
+def _processor_template(tokenizer_dir: str) -> str | None:
+    """The template of the directory's `chat_template.json` ({"chat_template": str}, as processors
+    save it), None where there is none; one that holds no such str is refused naming it."""
+    path = os.path.join(tokenizer_dir, _PROCESSOR_TEMPLATE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            template = json.load(file).get("chat_template")
+    except (ValueError, AttributeError) as error:
+        raise ConfigurationError(f"render_chat: {path!r} is no processor's chat template: {error}") from None
+    if not isinstance(template, str) or not template:
+        raise ConfigurationError(f"render_chat: {path!r} holds no \"chat_template\" str, as processors save it")
     return template
 
 

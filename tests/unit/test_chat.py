@@ -241,6 +241,23 @@ def test_a_chat_of_parts_is_the_ids_apply_chat_template_gives_learned_where_the_
     assert written.count("<image>") == images and "'type'" not in written, written
 
 
+def test_a_processor_s_chat_template_json_is_read_where_the_tokenizer_holds_no_template(tmp_path, demo_tokenizer_path):
+    """Many vision models' directories hold their template only as a processor saves it
+    (`chat_template.json`, LLaVA's and Qwen2-VL's): the chat is the ids transformers gives with it."""
+    directory = tokenizer_dir(tmp_path / "processor", "", demo_tokenizer_path)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": CHATML_PARTS}))
+    rendered_as_transformers_would(directory, PART_CHATS[0], chat_template=CHATML_PARTS)
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
+    for saved, refusal in [("{", "is no processor's chat template"), ("[]", "is no processor's chat template"),
+                           ('{"template": "x"}', 'holds no "chat_template" str')]:
+        (directory / "chat_template.json").write_text(saved)
+        with pytest.raises(ConfigurationError, match=refusal):
+            Pipeline(source).render_chat(directory)
+
+
 @pytest.mark.parametrize("prepend_scheme", ["first", "always"])
 @pytest.mark.parametrize("template", ["chatml", "llama3", "inst"])
 @pytest.mark.parametrize("chat", range(len(CHATS)))
