@@ -105,7 +105,8 @@ class RenderChatOp(RecordOperator):
     (ShareGPT's and LLaVA-Instruct's {"from": "human", "value": ...}) are read by `role_key` and
     `content_key`, their roles renamed to the template's by `roles` (pairs: ("human", "user"),
     ("gpt", "assistant")) before `learned_roles` is asked. A record's `tools_field` (the tools'
-    schemas) is handed to the template as `tools`. The messages' and tools' fields are dropped
+    schemas) is handed to the template as `tools`; `template_kwargs`, (name, JSON) pairs, as the
+    names the template reads (Qwen3's `enable_thinking`). The messages' and tools' fields are dropped
     unless `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str
     role and a content that is a str or a list of {"type": str} parts, a text part's "text" a str,
     or None beside `tool_calls`), `not_tools`, `chat_template_error` (the template raised),
@@ -123,6 +124,7 @@ class RenderChatOp(RecordOperator):
     tools_field: str | None = None
     on_rewrite: str = "skip"
     today: str | None = None
+    template_kwargs: tuple[tuple[str, str], ...] = ()
     name: str = "render_chat"
 
     @functools.cached_property
@@ -141,7 +143,7 @@ class RenderChatOp(RecordOperator):
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
-        prepare = renderer(tokenizer_dir, template, self.today)
+        prepare = renderer(tokenizer_dir, template, self.today, self.template_kwargs)
 
         def outcome(record: dict) -> tuple[str | None, object]:
             tools = _tools_of(record.get(tools_field)) if tools_field is not None else None
@@ -174,7 +176,8 @@ class RenderChatOp(RecordOperator):
     def fingerprint(self) -> dict:
         """What decides the segments: the template's text and the special tokens' strings it is
         given (`bos_token`, ...; not the directory's path: a copy of the model elsewhere renders
-        alike), the fields, the learned roles, and the date a template that reads the clock writes."""
+        alike), the fields, the learned roles, the date a template that reads the clock writes and
+        the template's own switches."""
         specials = transformers_tokenizer(self.tokenizer_dir).special_tokens_map
         out = {"op": self.name, "template": sha256(self.template.encode()).hexdigest(),
                "special_tokens": sorted((name, str(value)) for name, value in specials.items()), "field": self.field,
@@ -192,6 +195,8 @@ class RenderChatOp(RecordOperator):
             out["on_rewrite"] = self.on_rewrite
         if self.today is not None and reads_clock(self.template):  # a date no template writes changes nothing
             out["today"] = self.today
+        if self.template_kwargs:
+            out["template_kwargs"] = [list(pair) for pair in self.template_kwargs]
         return out
 
 

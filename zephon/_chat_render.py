@@ -21,11 +21,12 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ._errors import ConfigurationError
 
-__all__ = ["Renderer", "check_template", "check_today", "reads_clock", "renderer", "transformers_tokenizer"]
+__all__ = ["Renderer", "check_template", "check_template_kwargs", "check_today", "reads_clock", "renderer",
+           "transformers_tokenizer"]
 
 Renderer = Callable[..., str]
 """`render(messages, generation_prompt=False)`: what the template writes for `messages`."""
@@ -105,14 +106,46 @@ def _clock(today: str) -> Callable[[str], str]:
     return strftime_now
 
 
-def renderer(tokenizer_dir: str, template: str, today: str | None) -> Callable[[list[dict], list | None],
-                                                                               tuple[list[dict], Renderer]]:
+_HANDED_BY_ZEPHON = frozenset({"messages", "tools", "documents", "add_generation_prompt", _CLOCK})
+
+
+def check_template_kwargs(value: object) -> tuple[tuple[str, str], ...]:
+    """`render_chat(template_kwargs=...)`, the template's own switches (Qwen3's `enable_thinking`),
+    as (name, value as JSON) pairs sorted by name: one recipe for one setting. Refused by name: a
+    name that is no Jinja name or is one Zephon hands the template itself, a value that is no JSON
+    value (the recipe holds it as JSON)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"render_chat: template_kwargs must map names to values, got {value!r}")
+    pairs = []
+    for name, item in value.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in _HANDED_BY_ZEPHON:
+            raise ConfigurationError(
+                f"render_chat: template_kwargs may not name {name!r}: a name the template reads, not one of "
+                f"{sorted(_HANDED_BY_ZEPHON)} (render_chat hands those itself; today is the clock's date)")
+        try:
+            text = json.dumps(item, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):
+            text = None
+        if text is None or json.loads(text) != item:
+            raise ConfigurationError(f"render_chat: template_kwargs[{name!r}] must be a JSON value, got {item!r}")
+        pairs.append((name, text))
+    return tuple(sorted(pairs))
+
+
+def renderer(tokenizer_dir: str, template: str, today: str | None,
+             template_kwargs: tuple[tuple[str, str], ...] = ()) -> Callable[[list[dict], list | None],
+                                                                           tuple[list[dict], Renderer]]:
     """`prepare(messages, tools)`: the messages as transformers hands them to the template, and how
-    to render them and their prefixes (module docstring). Raises what the template raises."""
+    to render them and their prefixes (module docstring), given the tokenizer's special tokens and
+    `template_kwargs` over them, as `apply_chat_template` gives its keyword arguments. Raises what
+    the template raises."""
 
     @functools.cache
     def compiled_and_constants():  # on first use: in the worker that renders, not where the pipeline is built
         constants = dict(transformers_tokenizer(tokenizer_dir).special_tokens_map)
+        constants.update((name, json.loads(text)) for name, text in template_kwargs)
         if today is not None:
             constants[_CLOCK] = _clock(today)
         return _compiled(template), constants

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from ._chat import RenderChatOp, check_chat_options
-from ._chat_render import check_today
+from ._chat_render import check_template_kwargs, check_today
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count, check_field_name
 from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
@@ -227,6 +227,7 @@ class Pipeline:
         tools_field: str | None = None,
         on_rewrite: str = "skip",
         today: str | datetime.date | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -248,7 +249,9 @@ class Pipeline:
         and its text enters the recipe. Give the tokenizer no `bos` where the template writes the
         BOS itself. A template that reads the clock (`strftime_now`: Llama 3.1's "Today Date")
         writes `today` ("YYYY-MM-DD", midnight), the recipe's date, so that a chat is the same ids
-        on any day; without it such a template is refused.
+        on any day; without it such a template is refused. `template_kwargs` are the switches the
+        template reads beside the chat, as `apply_chat_template`'s keyword arguments
+        (`{"enable_thinking": False}`, Qwen3's), JSON values; they enter the recipe.
 
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
@@ -267,7 +270,7 @@ class Pipeline:
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
-                          tools_field, on_rewrite, check_today(today))
+                          tools_field, on_rewrite, check_today(today), check_template_kwargs(template_kwargs))
         op.template  # read now: no template, one that does not compile or a clock without today is refused here
         return self._with(op)
 

@@ -109,6 +109,10 @@ CHATML_UNQUOTED = CHATML.replace("{{ message['content'] }}", "{{ message['conten
 CLOCK = CHATML.replace("{{ bos_token }}", (
     "{% if date_string is not defined %}{% set date_string = strftime_now('%d %b %Y') %}{% endif %}"
     "{{ bos_token }}<|im_start|>system\nToday: {{ date_string }}<|im_end|>\n"))
+# ChatML after a system turn saying `/no_think` where the template is switched so (as Qwen3's `enable_thinking`).
+SWITCHED = CHATML.replace("{{ bos_token }}", (
+    "{{ bos_token }}{% if enable_thinking is defined and not enable_thinking %}<|im_start|>system\n/no_think"
+    "<|im_end|>\n{% endif %}"))
 # Writes the last message otherwise than the others: no rendering is a prefix of the next.
 LAST_APART = (
     "{% for message in messages %}{% if loop.last %}[last] {% endif %}<|im_start|>{{ message['role'] }}\n"
@@ -548,6 +552,29 @@ def test_a_template_that_reads_the_clock_writes_the_recipe_s_date_and_is_refused
     for bad in ("06/12/2021", "2021-13-01", 20211206, datetime.datetime(2021, 12, 6)):
         with pytest.raises(ConfigurationError, match="today must be a date, as 'YYYY-MM-DD'"):
             Pipeline(source).render_chat(directory, today=bad)
+
+
+def test_the_template_s_own_switches_are_handed_to_it_and_enter_the_recipe(tmp_path, demo_tokenizer_path):
+    """`template_kwargs`, as `apply_chat_template`'s keyword arguments: the chat is the ids
+    transformers gives with them; names render_chat hands itself and values that are no JSON are refused."""
+    directory = tokenizer_dir(tmp_path / "switched", SWITCHED, demo_tokenizer_path)
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
+    [op] = Pipeline(source).render_chat(directory, template_kwargs={"enable_thinking": False}).operators
+    assert op.template_kwargs == (("enable_thinking", "false"),)
+    switched = rendered_as_transformers_would(directory, CHATS[0], {"template_kwargs": op.template_kwargs},
+                                              enable_thinking=False)
+    plain = rendered_as_transformers_would(directory, CHATS[0])
+    assert "/no_think" in Tokenizer.from_file(str(directory / "tokenizer.json")).decode(switched["input_ids"].tolist())
+    assert len(switched["input_ids"]) > len(plain["input_ids"])
+    assert op.fingerprint() == {**RenderChatOp(str(directory)).fingerprint(),
+                                "template_kwargs": [["enable_thinking", "false"]]}
+    for kwargs, refusal in [({"messages": []}, "may not name 'messages'"), ({"strftime_now": 1}, "may not name"),
+                            ({"not a name": 1}, "may not name 'not a name'"), ([("a", 1)], "must map names to values"),
+                            ({"when": datetime.date(2021, 1, 1)}, r"template_kwargs\['when'\] must be a JSON value"),
+                            ({"pair": (1, 2)}, "must be a JSON value"),
+                            ({"nan": float("nan")}, "must be a JSON value")]:
+        with pytest.raises(ConfigurationError, match=refusal):
+            Pipeline(source).render_chat(directory, template_kwargs=kwargs)
 
 
 def write_chats(root: Path, count: int) -> Path:
