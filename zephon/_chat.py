@@ -105,12 +105,13 @@ class RenderChatOp(RecordOperator):
     (ShareGPT's and LLaVA-Instruct's {"from": "human", "value": ...}) are read by `role_key` and
     `content_key`, their roles renamed to the template's by `roles` (pairs: ("human", "user"),
     ("gpt", "assistant")) before `learned_roles` is asked. A record's `tools_field` (the tools'
-    schemas) is handed to the template as `tools`; `template_kwargs`, (name, JSON) pairs, as the
-    names the template reads (Qwen3's `enable_thinking`). The messages' and tools' fields are dropped
-    unless `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str
-    role and a content that is a str or a list of {"type": str} parts, a text part's "text" a str,
-    or None beside `tool_calls`), `not_tools`, `chat_template_error` (the template raised),
-    `chat_template_not_prefix`, `chat_content_not_found`."""
+    schemas) is handed to the template as `tools`, its `documents_field` (a retrieval's documents)
+    as `documents`; `template_kwargs`, (name, JSON) pairs, as the names the template reads (Qwen3's
+    `enable_thinking`). The messages', tools' and documents' fields are dropped unless
+    `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str role
+    and a content that is a str or a list of {"type": str} parts, a text part's "text" a str, or
+    None beside `tool_calls`), `not_tools`, `not_documents`, `chat_template_error` (the template
+    raised), `chat_template_not_prefix`, `chat_content_not_found`."""
 
     tokenizer_dir: str
     field: str = "messages"
@@ -125,6 +126,7 @@ class RenderChatOp(RecordOperator):
     on_rewrite: str = "skip"
     today: str | None = None
     template_kwargs: tuple[tuple[str, str], ...] = ()
+    documents_field: str | None = None
     name: str = "render_chat"
 
     @functools.cached_property
@@ -139,17 +141,22 @@ class RenderChatOp(RecordOperator):
     def build(self, on_error: str) -> RecordFn:
         template, field, output_field = self.template, self.field, self.output_field
         learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
-        tools_field, learn_last = self.tools_field, self.on_rewrite == "learn_last"
+        tools_field, documents_field = self.tools_field, self.documents_field
+        learn_last = self.on_rewrite == "learn_last"
+        handed_fields = [(name, read) for name, read in (("tools", tools_field), ("documents", documents_field))
+                         if read is not None]
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
         prepare = renderer(tokenizer_dir, template, self.today, self.template_kwargs)
 
         def outcome(record: dict) -> tuple[str | None, object]:
-            tools = _tools_of(record.get(tools_field)) if tools_field is not None else None
-            if isinstance(tools, str):
-                return "not_tools", f"field {tools_field!r} {tools}"
-            return _chat_segments(record.get(field), read_messages, functools.partial(prepare, tools=tools),
+            handed = {}
+            for name, read in handed_fields:
+                handed[name] = _dicts_of(record.get(read), name)
+                if isinstance(handed[name], str):
+                    return f"not_{name}", f"field {read!r} {handed[name]}"
+            return _chat_segments(record.get(field), read_messages, functools.partial(prepare, **handed),
                                   learned_roles, _control_strings(tokenizer_dir), learn_last)
 
         def render_chat(batch: ChunkRecords) -> ChunkRecords:
@@ -166,7 +173,7 @@ class RenderChatOp(RecordOperator):
             for record, segments in zip(batch.records, kept):
                 record[output_field] = segments
                 if not keep_field:
-                    for used in (field, tools_field):
+                    for used in (field, tools_field, documents_field):
                         if used is not None and used != output_field:
                             record.pop(used, None)
             return batch
@@ -191,6 +198,8 @@ class RenderChatOp(RecordOperator):
             out["roles"] = sorted(self.roles)
         if self.tools_field is not None:
             out["tools_field"] = self.tools_field
+        if self.documents_field is not None:
+            out["documents_field"] = self.documents_field
         if self.on_rewrite != "skip":
             out["on_rewrite"] = self.on_rewrite
         if self.today is not None and reads_clock(self.template):  # a date no template writes changes nothing
@@ -457,17 +466,21 @@ def _messages_of(value: object, role_key: str, content_key: str, roles: dict[str
     return messages
 
 
-def _tools_of(value: object) -> list | None | str:
-    """The tools a record offers the template (`tools_field`): a list of their JSON schemas, or
-    one stored as a JSON str; None for a record that offers none; else why not, as a str."""
+_WHAT_THEY_ARE = {"tools": "tools' schemas", "documents": "documents ({'title': ..., 'text': ...})"}
+
+
+def _dicts_of(value: object, name: str) -> list | None | str:
+    """The tools (their JSON schemas) or the documents a record offers the template as `name`
+    (`tools_field`, `documents_field`): a list of dicts, or one stored as a JSON str; None for a
+    record that offers none; else why not, as a str."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError as error:
             return f"holds {_sample(value)}, not JSON: {error}"
-    if value is None or (isinstance(value, (list, tuple)) and all(isinstance(tool, dict) for tool in value)):
+    if value is None or (isinstance(value, (list, tuple)) and all(isinstance(item, dict) for item in value)):
         return None if value is None else list(value)
-    return f"holds {_sample(value)}, not a list of tools' schemas"
+    return f"holds {_sample(value)}, not a list of {_WHAT_THEY_ARE[name]}"
 
 
 def _not_prefix(k: int, message: dict, what: str) -> str:
@@ -477,7 +490,8 @@ def _not_prefix(k: int, message: dict, what: str) -> str:
 
 def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object,
                        role_key: object, content_key: object, roles: object, tools_field: object = None,
-                       on_rewrite: object = "skip") -> tuple[str, tuple[tuple[str, str], ...]]:
+                       on_rewrite: object = "skip", documents_field: object = None
+                       ) -> tuple[str, tuple[tuple[str, str], ...]]:
     """Refuse `render_chat`'s arguments as it is called; returns the directory as a str and the
     roles' renaming as sorted pairs."""
     if isinstance(tokenizer_dir, os.PathLike):
@@ -499,9 +513,12 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
         raise ConfigurationError(f"render_chat: role_key and content_key are both {role_key!r}; give each its own")
     if on_rewrite not in ("skip", "learn_last"):
         raise ConfigurationError(f"render_chat: on_rewrite must be 'skip' or 'learn_last', got {on_rewrite!r}")
-    if tools_field is not None:
-        check_field_name(tools_field, "render_chat: tools_field")
-        if tools_field in (field, output_field):
-            raise ConfigurationError(f"render_chat: tools_field={tools_field!r} is also the chat's field or the "
-                                     "segments' field; give the tools a field of their own")
+    for name, value, what in (("tools_field", tools_field, "the tools"),
+                              ("documents_field", documents_field, "the documents")):
+        if value is None:
+            continue
+        check_field_name(value, f"render_chat: {name}")
+        if value in (field, output_field) or (name == "documents_field" and value == tools_field):
+            raise ConfigurationError(f"render_chat: {name}={value!r} is also the chat's field, the segments' field "
+                                     f"or the tools'; give {what} a field of their own")
     return tokenizer_dir, tuple(sorted(roles.items()))

@@ -31,7 +31,7 @@ __all__ = ["Renderer", "check_template", "check_template_kwargs", "check_today",
 Renderer = Callable[..., str]
 """`render(messages, generation_prompt=False)`: what the template writes for `messages`."""
 
-_AS_HANDED = "{{ {'messages': messages, 'tools': tools} | tojson }}"
+_AS_HANDED = "{{ {'messages': messages, 'tools': tools, 'documents': documents} | tojson }}"
 """A template that writes what `apply_chat_template` hands a template, as JSON (its `tojson`
 writes it as `json.dumps` does, which `json.loads` reads back as it was)."""
 
@@ -135,12 +135,11 @@ def check_template_kwargs(value: object) -> tuple[tuple[str, str], ...]:
 
 
 def renderer(tokenizer_dir: str, template: str, today: str | None,
-             template_kwargs: tuple[tuple[str, str], ...] = ()) -> Callable[[list[dict], list | None],
-                                                                           tuple[list[dict], Renderer]]:
-    """`prepare(messages, tools)`: the messages as transformers hands them to the template, and how
-    to render them and their prefixes (module docstring), given the tokenizer's special tokens and
-    `template_kwargs` over them, as `apply_chat_template` gives its keyword arguments. Raises what
-    the template raises."""
+             template_kwargs: tuple[tuple[str, str], ...] = ()) -> Callable[..., tuple[list[dict], Renderer]]:
+    """`prepare(messages, tools=None, documents=None)`: the messages as transformers hands them to
+    the template, and how to render them and their prefixes (module docstring), given the
+    tokenizer's special tokens and `template_kwargs` over them, as `apply_chat_template` gives its
+    keyword arguments. Raises what the template raises."""
 
     @functools.cache
     def compiled_and_constants():  # on first use: in the worker that renders, not where the pipeline is built
@@ -150,15 +149,16 @@ def renderer(tokenizer_dir: str, template: str, today: str | None,
             constants[_CLOCK] = _clock(today)
         return _compiled(template), constants
 
-    def prepare(messages: list[dict], tools: list | None) -> tuple[list[dict], Renderer]:
+    def prepare(messages: list[dict], tools: list | None = None,
+                documents: list | None = None) -> tuple[list[dict], Renderer]:
         compiled, constants = compiled_and_constants()
         as_handed = transformers_tokenizer(tokenizer_dir).apply_chat_template(
-            messages, chat_template=_AS_HANDED, tools=tools, tokenize=False)
+            messages, chat_template=_AS_HANDED, tools=tools, documents=documents, tokenize=False)
         handed = json.loads(as_handed)
-        handed_tools = handed["tools"]
+        handed_tools, handed_documents = handed["tools"], handed["documents"]
 
         def render(prefix: list[dict], generation_prompt: bool = False) -> str:
-            return compiled.render(messages=prefix, tools=handed_tools, documents=None,
+            return compiled.render(messages=prefix, tools=handed_tools, documents=handed_documents,
                                    add_generation_prompt=generation_prompt, **constants)
 
         return handed["messages"], render

@@ -228,6 +228,7 @@ class Pipeline:
         on_rewrite: str = "skip",
         today: str | datetime.date | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        documents_field: str | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -244,7 +245,9 @@ class Pipeline:
         of their messages for the template, and `tools_field` names a record's field of the
         tools' JSON schemas (a list, or the list as a JSON str) handed to the template as
         `tools`; a record without it offers none, one whose field holds no such list is skipped
-        (`not_tools`). The template's own text is flagged so that its control tokens are matched
+        (`not_tools`); `documents_field` names one of documents (a retrieval's, `[{"title": ...,
+        "text": ...}]`, or that list as a JSON str) handed to it as `documents`, as RAG templates
+        read them (`not_documents`). The template's own text is flagged so that its control tokens are matched
         while a content quoting one keeps it as text (`zephon._chat`). The template is read now,
         and its text enters the recipe. Give the tokenizer no `bos` where the template writes the
         BOS itself. A template that reads the clock (`strftime_now`: Llama 3.1's "Today Date")
@@ -265,12 +268,13 @@ class Pipeline:
         (`chat_content_not_found`) and one that is no list of messages (`not_messages`).
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
-                                                  content_key, roles, tools_field, on_rewrite)
+                                                  content_key, roles, tools_field, on_rewrite, documents_field)
         if not isinstance(keep_field, bool):
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
-                          tools_field, on_rewrite, check_today(today), check_template_kwargs(template_kwargs))
+                          tools_field, on_rewrite, check_today(today), check_template_kwargs(template_kwargs),
+                          documents_field)
         op.template  # read now: no template, one that does not compile or a clock without today is refused here
         return self._with(op)
 

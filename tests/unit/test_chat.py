@@ -86,6 +86,12 @@ TOOL_CHAT = [
     {"role": "tool", "tool_call_id": "call-0", "content": '{"celsius": 21}'},
     {"role": "assistant", "content": "Yes, 21 degrees."},
 ]
+# ChatML after a system turn of the documents a retrieval found, as RAG templates (Command-R's, Granite's) write them.
+RAG = CHATML.replace("{{ bos_token }}", (
+    "{{ bos_token }}{% if documents %}<|im_start|>system\nDocuments:\n{% for document in documents %}"
+    "{{ document.title }}: {{ document.text }}\n{% endfor %}<|im_end|>\n{% endif %}"))
+LANE_DOCUMENTS = [{"title": "Lanes", "text": "A run deals 32 lanes to its ranks."},
+                  {"title": "Shards", "text": "A shard is a file of records."}]
 # ChatML as a reasoning model's template writes it: an answer's thinking (`reasoning_content`) only
 # for the answers after the last question, so the first answer loses it once a second question follows.
 REASONING = (
@@ -349,6 +355,26 @@ def test_a_tool_calling_chat_is_the_ids_apply_chat_template_gives_with_its_tools
     assert untooled["input_ids"].tolist() == reference(directory, TOOL_CHAT)[0], "a record without tools offers none"
 
 
+@pytest.mark.parametrize("stored", ["list", "json"])
+def test_a_record_s_documents_are_handed_to_the_template_as_apply_chat_template_hands_them(
+    tmp_path, demo_tokenizer_path, stored
+):
+    """`documents_field`: the ids transformers gives with `documents=`, the documents not learned;
+    a field that holds no list of documents is skipped by name."""
+    directory = tokenizer_dir(tmp_path / "rag", RAG, demo_tokenizer_path)
+    documents = LANE_DOCUMENTS if stored == "list" else json.dumps(LANE_DOCUMENTS)
+    [record] = run(directory, [{"messages": CHATS[1], "documents": documents}], documents_field="documents").records
+    ids, learned = reference(directory, CHATS[1], documents=LANE_DOCUMENTS)
+    assert record["input_ids"].tolist() == ids and record["loss_mask"].tolist() == learned
+    assert "A run deals 32 lanes" in Tokenizer.from_file(str(directory / "tokenizer.json")).decode(ids)
+    assert set(record) == {"input_ids", "loss_mask"}, "the documents' field is dropped with the messages'"
+    out = run(directory, [{"messages": CHATS[1], "documents": {"title": "one"}}], documents_field="documents")
+    assert [reason for _, reason in out.skipped] == ["not_documents"]
+    [detail] = out.skip_details["not_documents"].values()
+    assert detail.startswith("field 'documents' holds {") and detail.endswith("not a list of documents "
+                                                                              "({'title': ..., 'text': ...})")
+
+
 def test_a_text_quoting_a_control_token_whole_or_in_a_tool_call_is_cut_out_where_it_stands(
     tmp_path, demo_tokenizer_path
 ):
@@ -504,6 +530,8 @@ def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_p
                                ({"role_key": "text", "content_key": "text"}, "both 'text'; give each its own"),
                                ({"tools_field": "messages"}, "tools_field='messages' is also the chat's field"),
                                ({"tools_field": 3}, "tools_field must be a record field's name"),
+                               ({"documents_field": "segments"}, "documents_field='segments' is also the chat's"),
+                               ({"tools_field": "extra", "documents_field": "extra"}, "give the documents a field"),
                                ({"on_rewrite": "learn"}, "on_rewrite must be 'skip' or 'learn_last'")]:
         with pytest.raises(ConfigurationError, match=refusal):
             Pipeline(source).render_chat(chatml, **arguments)
@@ -521,6 +549,8 @@ def test_the_template_enters_the_recipe_and_its_directory_does_not(tmp_path, cha
     assert RenderChatOp(str(chatml), learned_roles=("user",)).fingerprint() != RenderChatOp(str(chatml)).fingerprint()
     assert RenderChatOp(str(chatml), roles=(("gpt", "assistant"),)).fingerprint() != \
         RenderChatOp(str(chatml)).fingerprint()
+    assert RenderChatOp(str(chatml), documents_field="docs").fingerprint() == {
+        **RenderChatOp(str(chatml)).fingerprint(), "documents_field": "docs"}
     assert RenderChatOp(str(chatml), tools_field="tools").fingerprint() == {**RenderChatOp(str(chatml)).fingerprint(),
                                                                             "tools_field": "tools"}
     assert RenderChatOp(str(chatml), on_rewrite="learn_last").fingerprint() == {
