@@ -729,6 +729,31 @@ def test_a_chat_data_recipe_writes_its_chat_today_and_a_change_of_it_is_named(tm
             changed.load_state_dict(state)
 
 
+def test_a_chat_data_recipe_hands_the_template_its_switches_and_a_change_of_them_is_named(
+    tmp_path, demo_tokenizer_path
+):
+    """`chat_template_kwargs`, given as a mapping and kept as pairs: the template writes what they
+    switch on, and a checkpoint is refused by a recipe switched otherwise, naming the field."""
+    from tests.unit.test_chat import SWITCHED, tokenizer_dir, write_chats
+
+    directory = tokenizer_dir(tmp_path / "switched", SWITCHED, demo_tokenizer_path)
+    settings = dict(datasets=[("chats", str(write_chats(tmp_path / "chats", 8)))],
+                    tokenizer=str(directory / "tokenizer.json"), chat_field="messages",
+                    chat_template_kwargs={"enable_thinking": False}, max_length=64, num_lanes=2, records_per_chunk=4,
+                    token_estimation=False, runner="inline")
+    recipe = DataRecipe(**settings)
+    assert recipe.chat_template_kwargs == (("enable_thinking", False),) and hash(recipe)
+    with ZephonDataLoader(recipe, 0, 1, 2) as ours:
+        next(iter(ours))
+        [ids] = ours.last_microbatches[0].tokens["input_ids"].tolist()
+        state = ours.state_dict()
+    assert "/no_think" in Tokenizer.from_file(str(directory / "tokenizer.json")).decode(ids)
+    with ZephonDataLoader(DataRecipe(**{**settings, "chat_template_kwargs": None}), 0, 1, 2) as changed:
+        refusal = re.escape("DataRecipe fields that changed: chat_template_kwargs.")
+        with pytest.raises(RecipeMismatchError, match=refusal):
+            changed.load_state_dict(state)
+
+
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
     """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
     config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank

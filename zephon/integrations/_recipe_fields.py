@@ -20,6 +20,7 @@ _FIELD_OF_KEY = {
     "render_chat.template": "tokenizer",
     "render_chat.special_tokens": "tokenizer",
     "render_chat.today": "chat_today",
+    "render_chat.template_kwargs": "chat_template_kwargs",
     "render_chat.rendering": "chat_field",
     "tokenize.segments": "chat_field",
     "tokenize.bos": "bos",
@@ -42,7 +43,8 @@ _FIELD_OF_KEY = {
 # `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
 # digests, of sizes and counts, do not see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
-_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "bos", "eos"}
+_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs", "bos",
+                     "eos"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {

@@ -79,9 +79,10 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `chat_field`, `chat_today`, `bos`, `eos`, `max_length`, `packing`,
-    `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`, `flush_every_chunks`, `records_per_chunk`,
-    `token_estimation`, `num_epochs` — and the global batch size, which the loader takes separately.
+    `mixture`, `tokenizer`, `text_field`, `chat_field`, `chat_today`, `chat_template_kwargs`, `bos`,
+    `eos`, `max_length`, `packing`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
+    `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `num_epochs` — and the global
+    batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
     `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
     every rank plans for itself at every start, and without it each one reads every JSON Lines or
@@ -97,7 +98,9 @@ class DataRecipe:
     `text_field`'s text: rendered with the chat template in the tokenizer's directory
     (`Pipeline.render_chat`, `pip install 'zephon[chat]'`) and tokenized as segments, the
     assistant's turns learned and the rest labelled -100. `chat_today` ("YYYY-MM-DD") is the date
-    a template that reads the clock writes (Llama 3.1's "Today Date"; render_chat's `today`).
+    a template that reads the clock writes (Llama 3.1's "Today Date"; render_chat's `today`), and
+    `chat_template_kwargs` the template's own switches (`{"enable_thinking": False}`, Qwen3's;
+    render_chat's `template_kwargs`), kept as pairs like `mixture`.
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -106,6 +109,7 @@ class DataRecipe:
     text_field: str = "text"
     chat_field: str | None = None
     chat_today: str | None = None
+    chat_template_kwargs: tuple[tuple[str, object], ...] | None = None
     bos: str | None = None
     eos: str | None = None
     max_length: int = 2048
@@ -154,6 +158,8 @@ class DataRecipe:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
         if self.chat_field is not None:
             check_field_name(self.chat_field, "DataRecipe.chat_field")
+        if isinstance(self.chat_template_kwargs, Mapping):  # hashable, as the recipe's other mappings
+            object.__setattr__(self, "chat_template_kwargs", tuple(self.chat_template_kwargs.items()))
         for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
@@ -182,8 +188,9 @@ class DataRecipe:
             pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, **tokenize)
         else:  # a tokenizer.json's chat template is in its directory's tokenizer_config.json
             directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
+            kwargs = dict(self.chat_template_kwargs) if self.chat_template_kwargs is not None else None
             pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism,
-                                             today=self.chat_today)
+                                             today=self.chat_today, template_kwargs=kwargs)
                         .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
         return (
             pipeline
