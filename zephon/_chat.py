@@ -48,7 +48,7 @@ from ._record_ops import RecordFn, RecordOperator
 from ._records import ChunkRecords
 from ._sha256 import sha256
 
-__all__ = ["RenderChatOp", "chat_template_of", "check_chat_options"]
+__all__ = ["RenderChatOp", "chat_templates_of", "check_chat_options"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -59,14 +59,15 @@ def _control_strings(tokenizer_dir: str) -> tuple[str, ...]:
     return tuple(sorted(token.content for token in added if token.special))
 
 
-def chat_template_of(tokenizer_dir: str) -> str:
-    """The chat template the tokenizer directory holds (its `chat_template.jinja`, or its
-    tokenizer_config.json's `chat_template`; where the tokenizer has none, a processor's
-    `chat_template.json`, the only one many vision models' directories hold), refused by name
-    where it holds none."""
+def chat_templates_of(tokenizer_dir: str) -> dict[str, str]:
+    """The chat templates the tokenizer directory holds, by name: its one template (its
+    `chat_template.jinja`, or its tokenizer_config.json's `chat_template`; where the tokenizer has
+    none, a processor's `chat_template.json`, the only one many vision models' directories hold)
+    as "default", or the templates it names (`tool_use`, `rag`: Hermes' and Command-R's, in
+    `additional_chat_templates/` or tokenizer_config.json's list); refused by name where it holds none."""
     template = getattr(transformers_tokenizer(tokenizer_dir), "chat_template", None)
-    if isinstance(template, dict):  # several named templates: the one a chat without tools uses
-        template = template.get("default")
+    if isinstance(template, dict):
+        return {name: text for name, text in template.items() if isinstance(text, str) and text}
     if not isinstance(template, str) or not template:
         template = _processor_template(tokenizer_dir)
     if not template:
@@ -75,7 +76,7 @@ def chat_template_of(tokenizer_dir: str) -> str:
             f"in tokenizer_config.json, or a processor's {_PROCESSOR_TEMPLATE}): give the directory of the "
             "model's tokenizer"
         )
-    return template
+    return {"default": template}
 
 
 _PROCESSOR_TEMPLATE = "chat_template.json"
@@ -127,19 +128,37 @@ class RenderChatOp(RecordOperator):
     today: str | None = None
     template_kwargs: tuple[tuple[str, str], ...] = ()
     documents_field: str | None = None
+    template_name: str | None = None
     name: str = "render_chat"
 
     @functools.cached_property
+    def templates(self) -> dict[str, str]:
+        """The templates rendered with, by name, read once, when the pipeline is built: the recipe
+        names them, and every worker renders with them, whatever the directory holds later. The
+        one `template_name` names; else the directory's default, and where records hand tools
+        (`tools_field`) its `tool_use` template for a chat with tools, as `apply_chat_template`
+        picks it. A name the directory lacks, a template that does not compile, or one that reads
+        the clock without `today`, is refused here (`zephon._chat_render`)."""
+        held = chat_templates_of(self.tokenizer_dir)
+        if self.template_name is not None:
+            names = [self.template_name]
+        else:
+            names = ["default", *(["tool_use"] if self.tools_field is not None and "tool_use" in held else [])]
+        for name in names:
+            if name not in held:
+                raise ConfigurationError(
+                    f"render_chat: {self.tokenizer_dir!r} holds no chat template named {name!r}, only "
+                    f"{sorted(held)}: name the one to render with, template_name=")
+            check_template(held[name], self.today)
+        return {name: held[name] for name in names}
+
+    @property
     def template(self) -> str:
-        """Read once, when the pipeline is built: the recipe names this template, and every
-        worker renders with it, whatever the directory holds later. One that does not compile, or
-        reads the clock without `today`, is refused here (`zephon._chat_render`)."""
-        template = chat_template_of(self.tokenizer_dir)
-        check_template(template, self.today)
-        return template
+        """The template a chat without tools is rendered with."""
+        return self.templates[self.template_name or "default"]
 
     def build(self, on_error: str) -> RecordFn:
-        template, field, output_field = self.template, self.field, self.output_field
+        field, output_field = self.field, self.output_field
         learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
         tools_field, documents_field = self.tools_field, self.documents_field
         learn_last = self.on_rewrite == "learn_last"
@@ -148,7 +167,9 @@ class RenderChatOp(RecordOperator):
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
-        prepare = renderer(tokenizer_dir, template, self.today, self.template_kwargs)
+        prepare = prepare_with_tools = renderer(tokenizer_dir, self.template, self.today, self.template_kwargs)
+        if "tool_use" in self.templates and self.template_name is None:  # a chat with tools: transformers' pick
+            prepare_with_tools = renderer(tokenizer_dir, self.templates["tool_use"], self.today, self.template_kwargs)
 
         def outcome(record: dict) -> tuple[str | None, object]:
             handed = {}
@@ -156,7 +177,8 @@ class RenderChatOp(RecordOperator):
                 handed[name] = _dicts_of(record.get(read), name)
                 if isinstance(handed[name], str):
                     return f"not_{name}", f"field {read!r} {handed[name]}"
-            return _chat_segments(record.get(field), read_messages, functools.partial(prepare, **handed),
+            chosen = prepare_with_tools if handed.get("tools") is not None else prepare
+            return _chat_segments(record.get(field), read_messages, functools.partial(chosen, **handed),
                                   learned_roles, _control_strings(tokenizer_dir), learn_last)
 
         def render_chat(batch: ChunkRecords) -> ChunkRecords:
@@ -202,7 +224,11 @@ class RenderChatOp(RecordOperator):
             out["documents_field"] = self.documents_field
         if self.on_rewrite != "skip":
             out["on_rewrite"] = self.on_rewrite
-        if self.today is not None and reads_clock(self.template):  # a date no template writes changes nothing
+        if "tool_use" in self.templates and self.template_name is None:
+            out["tool_use_template"] = sha256(self.templates["tool_use"].encode()).hexdigest()
+        if self.template_name is not None:
+            out["template_name"] = self.template_name
+        if self.today is not None and any(map(reads_clock, self.templates.values())):  # else it changes nothing
             out["today"] = self.today
         if self.template_kwargs:
             out["template_kwargs"] = [list(pair) for pair in self.template_kwargs]
@@ -490,7 +516,7 @@ def _not_prefix(k: int, message: dict, what: str) -> str:
 
 def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object,
                        role_key: object, content_key: object, roles: object, tools_field: object = None,
-                       on_rewrite: object = "skip", documents_field: object = None
+                       on_rewrite: object = "skip", documents_field: object = None, template_name: object = None
                        ) -> tuple[str, tuple[tuple[str, str], ...]]:
     """Refuse `render_chat`'s arguments as it is called; returns the directory as a str and the
     roles' renaming as sorted pairs."""
@@ -511,6 +537,9 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
         raise ConfigurationError(f"render_chat: learned_roles must be a list of roles, got {learned_roles!r}")
     if role_key == content_key:
         raise ConfigurationError(f"render_chat: role_key and content_key are both {role_key!r}; give each its own")
+    if template_name is not None and (not isinstance(template_name, str) or not template_name):
+        raise ConfigurationError(f"render_chat: template_name must name one of the directory's chat templates, "
+                                 f"got {template_name!r}")
     if on_rewrite not in ("skip", "learn_last"):
         raise ConfigurationError(f"render_chat: on_rewrite must be 'skip' or 'learn_last', got {on_rewrite!r}")
     for name, value, what in (("tools_field", tools_field, "the tools"),

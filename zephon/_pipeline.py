@@ -229,6 +229,7 @@ class Pipeline:
         today: str | datetime.date | None = None,
         template_kwargs: dict[str, Any] | None = None,
         documents_field: str | None = None,
+        template_name: str | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -249,7 +250,10 @@ class Pipeline:
         "text": ...}]`, or that list as a JSON str) handed to it as `documents`, as RAG templates
         read them (`not_documents`). The template's own text is flagged so that its control tokens are matched
         while a content quoting one keeps it as text (`zephon._chat`). The template is read now,
-        and its text enters the recipe. Give the tokenizer no `bos` where the template writes the
+        and its text enters the recipe. A directory of several named templates (Hermes' and
+        Command-R's `tool_use`, `rag`) renders a chat with tools with its `tool_use` one and others
+        with its default, as `apply_chat_template` picks them, or every chat with the one
+        `template_name` names. Give the tokenizer no `bos` where the template writes the
         BOS itself. A template that reads the clock (`strftime_now`: Llama 3.1's "Today Date")
         writes `today` ("YYYY-MM-DD", midnight), the recipe's date, so that a chat is the same ids
         on any day; without it such a template is refused. `template_kwargs` are the switches the
@@ -268,14 +272,15 @@ class Pipeline:
         (`chat_content_not_found`) and one that is no list of messages (`not_messages`).
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
-                                                  content_key, roles, tools_field, on_rewrite, documents_field)
+                                                  content_key, roles, tools_field, on_rewrite, documents_field,
+                                                  template_name)
         if not isinstance(keep_field, bool):
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
                           tools_field, on_rewrite, check_today(today), check_template_kwargs(template_kwargs),
-                          documents_field)
-        op.template  # read now: no template, one that does not compile or a clock without today is refused here
+                          documents_field, template_name)
+        op.templates  # read now: no template, one that does not compile or a clock without today is refused here
         return self._with(op)
 
     def pack_flat(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -162,7 +163,7 @@ def tokenizer_dir(root: Path, template: str, demo_tokenizer_path: Path) -> Path:
     return with_template(root, template)
 
 
-def with_template(root: Path, template: str, **tokens: str) -> Path:
+def with_template(root: Path, template: str | list[dict], **tokens: str) -> Path:
     """`root`, its tokenizer_config.json naming `template` and the BOS and EOS (and `tokens`)."""
     (root / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
@@ -373,6 +374,31 @@ def test_a_record_s_documents_are_handed_to_the_template_as_apply_chat_template_
     [detail] = out.skip_details["not_documents"].values()
     assert detail.startswith("field 'documents' holds {") and detail.endswith("not a list of documents "
                                                                               "({'title': ..., 'text': ...})")
+
+
+def test_a_directory_of_named_templates_renders_a_chat_with_tools_with_its_tool_use_one(tmp_path, demo_tokenizer_path):
+    """Hermes' and Command-R's layout: a default template and a `tool_use` one (tokenizer_config.json's
+    list of named templates). A chat with tools is rendered with `tool_use`, one without with the
+    default, as `apply_chat_template` picks them; `template_name` names one for every chat."""
+    directory = tokenizer_dir(tmp_path / "named", "", demo_tokenizer_path)
+    with_template(directory, [{"name": "default", "template": CHATML}, {"name": "tool_use", "template": TOOLS}])
+    records = [{"messages": TOOL_CHAT, "tools": WEATHER}, {"messages": CHATS[0]}]
+    with_tools, without = run(directory, records, tools_field="tools").records
+    assert with_tools["input_ids"].tolist() == reference(directory, TOOL_CHAT, tools=WEATHER)[0]
+    assert without["input_ids"].tolist() == reference(directory, CHATS[0])[0]
+    assert without["input_ids"].tolist() == reference(directory, CHATS[0], chat_template=CHATML)[0]
+    named = run(directory, records, tools_field="tools", template_name="default").records[0]
+    assert named["input_ids"].tolist() == reference(directory, TOOL_CHAT, tools=WEATHER, chat_template=CHATML)[0]
+    assert named["input_ids"].tolist() != with_tools["input_ids"].tolist()
+    plain = RenderChatOp(str(directory)).fingerprint()
+    assert RenderChatOp(str(directory), tools_field="tools").fingerprint() == {
+        **plain, "tools_field": "tools", "tool_use_template": hashlib.sha256(TOOLS.encode()).hexdigest()}
+    assert RenderChatOp(str(directory), template_name="tool_use").fingerprint()["template_name"] == "tool_use"
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
+    with pytest.raises(ConfigurationError, match=r"holds no chat template named 'rag', only \['default', 'tool_use'\]"):
+        Pipeline(source).render_chat(directory, template_name="rag")
+    with pytest.raises(ConfigurationError, match="template_name must name one of the directory's chat templates"):
+        Pipeline(source).render_chat(directory, template_name="")
 
 
 def test_a_text_quoting_a_control_token_whole_or_in_a_tool_call_is_cut_out_where_it_stands(

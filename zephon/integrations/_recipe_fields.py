@@ -19,6 +19,7 @@ _FIELD_OF_KEY = {
     "render_chat.field": "chat_field",
     "render_chat.template": "tokenizer",
     "render_chat.special_tokens": "tokenizer",
+    "render_chat.tool_use_template": "tokenizer",
     "render_chat.today": "chat_today",
     "render_chat.template_kwargs": "chat_template_kwargs",
     "render_chat.rendering": "chat_field",
