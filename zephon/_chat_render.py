@@ -4,11 +4,11 @@ as transformers hands it to the template, and with the recipe's date for the tem
 Why not `apply_chat_template` at each rendering: `zephon._chat` renders a chat once for each of its
 turns, and every call converts the whole prefix again (messages to plain data, reasoning fields
 aliased, keys holding None dropped). At 128 messages that conversion was 13 times the template's
-own work (`benchmarks/test_chat_bench.py`). So transformers converts a chat once, through
-`apply_chat_template` itself with a template that writes what it was handed as JSON, and each
-prefix of that is rendered by the compiled template as `apply_chat_template` renders it (the
-same arguments: the messages, `tools`, `documents`, `add_generation_prompt` and the tokenizer's
-special tokens).
+own work (`benchmarks/README.md`, `test_chat_bench.py`). So transformers converts a chat once,
+through `apply_chat_template` itself with a template that writes what it was handed as JSON, and
+each prefix of that is rendered by the compiled template as `apply_chat_template` renders it (the
+same arguments: the messages, `tools`, `documents`, `add_generation_prompt`, the tokenizer's
+special tokens and the keyword arguments, `template_kwargs`).
 
 Why a date: templates read the clock (`strftime_now`: Llama 3.1's "Today Date: ..."), which would
 make a chat rendered today and one rendered tomorrow, or by a run resumed on another day, other
