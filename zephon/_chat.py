@@ -203,10 +203,10 @@ class RenderChatOp(RecordOperator):
         return render_chat
 
     def fingerprint(self) -> dict:
-        """What decides the segments: the template's text and the special tokens' strings it is
-        given (`bos_token`, ...; not the directory's path: a copy of the model elsewhere renders
-        alike), the fields, the learned roles, the date a template that reads the clock writes and
-        the template's own switches."""
+        """What decides the segments: the templates' texts (and the name of the one named) and the
+        special tokens' strings they are given (`bos_token`, ...; not the directory's path: a copy
+        of the model elsewhere renders alike), the fields, the learned roles, the date a template
+        that reads the clock writes and the template's own switches."""
         specials = transformers_tokenizer(self.tokenizer_dir).special_tokens_map
         out = {"op": self.name, "template": sha256(self.template.encode()).hexdigest(),
                "special_tokens": sorted((name, str(value)) for name, value in specials.items()), "field": self.field,
