@@ -40,7 +40,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._chat_render import check_template, reads_clock, renderer, transformers_tokenizer
+from ._chat_render import check_template, keyword_as_json, reads_clock, renderer, transformers_tokenizer
 from ._errors import BadRecordError, ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._loss_mask import sample as _sample
@@ -108,11 +108,13 @@ class RenderChatOp(RecordOperator):
     ("gpt", "assistant")) before `learned_roles` is asked. A record's `tools_field` (the tools'
     schemas) is handed to the template as `tools`, its `documents_field` (a retrieval's documents)
     as `documents`; `template_kwargs`, (name, JSON) pairs, as the names the template reads (Qwen3's
-    `enable_thinking`). The messages', tools' and documents' fields are dropped unless
+    `enable_thinking`), and over them a record's `template_kwargs_field` (TRL's
+    `chat_template_kwargs` column). Those fields and the messages' are dropped unless
     `keep_field`. Skips: `missing_field`, `not_messages` (not a list of messages with a str role
     and a content that is a str or a list of {"type": str} parts, a text part's "text" a str, or
-    None beside `tool_calls`), `not_tools`, `not_documents`, `chat_template_error` (the template
-    raised), `chat_template_not_prefix`, `chat_content_not_found`."""
+    None beside `tool_calls`), `not_tools`, `not_documents`, `not_template_kwargs`,
+    `chat_template_error` (the template raised), `chat_template_not_prefix`,
+    `chat_content_not_found`."""
 
     tokenizer_dir: str
     field: str = "messages"
@@ -129,6 +131,7 @@ class RenderChatOp(RecordOperator):
     template_kwargs: tuple[tuple[str, str], ...] = ()
     documents_field: str | None = None
     template_name: str | None = None
+    template_kwargs_field: str | None = None
     name: str = "render_chat"
 
     @functools.cached_property
@@ -162,8 +165,9 @@ class RenderChatOp(RecordOperator):
         learned_roles, keep_field, tokenizer_dir = frozenset(self.learned_roles), self.keep_field, self.tokenizer_dir
         tools_field, documents_field = self.tools_field, self.documents_field
         learn_last = self.on_rewrite == "learn_last"
-        handed_fields = [(name, read) for name, read in (("tools", tools_field), ("documents", documents_field))
-                         if read is not None]
+        kwargs_field = self.template_kwargs_field
+        handed_fields = [(name, read) for name, read in (("tools", tools_field), ("documents", documents_field),
+                                                         ("keywords", kwargs_field)) if read is not None]
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
@@ -174,9 +178,11 @@ class RenderChatOp(RecordOperator):
         def outcome(record: dict) -> tuple[str | None, object]:
             handed = {}
             for name, read in handed_fields:
-                handed[name] = _dicts_of(record.get(read), name)
+                handed[name] = _keywords_of(record.get(read), read) if name == "keywords" else \
+                    _dicts_of(record.get(read), name)
                 if isinstance(handed[name], str):
-                    return f"not_{name}", f"field {read!r} {handed[name]}"
+                    reason = "not_template_kwargs" if name == "keywords" else f"not_{name}"
+                    return reason, f"field {read!r} {handed[name]}"
             chosen = prepare_with_tools if handed.get("tools") is not None else prepare
             return _chat_segments(record.get(field), read_messages, functools.partial(chosen, **handed),
                                   learned_roles, _control_strings(tokenizer_dir), learn_last)
@@ -195,7 +201,7 @@ class RenderChatOp(RecordOperator):
             for record, segments in zip(batch.records, kept):
                 record[output_field] = segments
                 if not keep_field:
-                    for used in (field, tools_field, documents_field):
+                    for used in (field, tools_field, documents_field, kwargs_field):
                         if used is not None and used != output_field:
                             record.pop(used, None)
             return batch
@@ -232,6 +238,8 @@ class RenderChatOp(RecordOperator):
             out["today"] = self.today
         if self.template_kwargs:
             out["template_kwargs"] = [list(pair) for pair in self.template_kwargs]
+        if self.template_kwargs_field is not None:
+            out["template_kwargs_field"] = self.template_kwargs_field
         return out
 
 
@@ -509,6 +517,26 @@ def _dicts_of(value: object, name: str) -> list | None | str:
     return f"holds {_sample(value)}, not a list of {_WHAT_THEY_ARE[name]}"
 
 
+def _keywords_of(value: object, field: str) -> dict | None | str:
+    """A record's keywords for the template (`template_kwargs_field`): a dict, or one stored as a
+    JSON str; None for a record that gives none; else why not, as a str (`keyword_as_json`)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            return f"holds {_sample(value)}, not JSON: {error}"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return f"holds {_sample(value)}, not a dict of the template's keywords"
+    try:
+        for name, item in value.items():
+            keyword_as_json(name, item, "its keywords")
+    except ValueError as error:
+        return f"holds {_sample(value)}: {error}"
+    return value
+
+
 def _not_prefix(k: int, message: dict, what: str) -> str:
     return (f"message {k} ({message['role']!r}): {what} renders otherwise once the message follows, so its text "
             "cannot be told apart (a template that rewrites earlier messages)")
@@ -516,8 +544,8 @@ def _not_prefix(k: int, message: dict, what: str) -> str:
 
 def check_chat_options(tokenizer_dir: object, field: object, output_field: object, learned_roles: object,
                        role_key: object, content_key: object, roles: object, tools_field: object = None,
-                       on_rewrite: object = "skip", documents_field: object = None, template_name: object = None
-                       ) -> tuple[str, tuple[tuple[str, str], ...]]:
+                       on_rewrite: object = "skip", documents_field: object = None, template_name: object = None,
+                       template_kwargs_field: object = None) -> tuple[str, tuple[tuple[str, str], ...]]:
     """Refuse `render_chat`'s arguments as it is called; returns the directory as a str and the
     roles' renaming as sorted pairs."""
     if isinstance(tokenizer_dir, os.PathLike):
@@ -542,12 +570,15 @@ def check_chat_options(tokenizer_dir: object, field: object, output_field: objec
                                  f"got {template_name!r}")
     if on_rewrite not in ("skip", "learn_last"):
         raise ConfigurationError(f"render_chat: on_rewrite must be 'skip' or 'learn_last', got {on_rewrite!r}")
+    taken = {field: "the chat's field", output_field: "the segments' field"}
     for name, value, what in (("tools_field", tools_field, "the tools"),
-                              ("documents_field", documents_field, "the documents")):
+                              ("documents_field", documents_field, "the documents"),
+                              ("template_kwargs_field", template_kwargs_field, "the template's keywords")):
         if value is None:
             continue
         check_field_name(value, f"render_chat: {name}")
-        if value in (field, output_field) or (name == "documents_field" and value == tools_field):
-            raise ConfigurationError(f"render_chat: {name}={value!r} is also the chat's field, the segments' field "
-                                     f"or the tools'; give {what} a field of their own")
+        if value in taken:
+            raise ConfigurationError(f"render_chat: {name}={value!r} is also {taken[value]}; give {what} a field of "
+                                     "their own")
+        taken[value] = name
     return tokenizer_dir, tuple(sorted(roles.items()))

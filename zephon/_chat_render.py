@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 
 from ._errors import ConfigurationError
 
-__all__ = ["Renderer", "check_template", "check_template_kwargs", "check_today", "reads_clock", "renderer",
-           "transformers_tokenizer"]
+__all__ = ["Renderer", "check_template", "check_template_kwargs", "check_today", "keyword_as_json", "reads_clock",
+           "renderer", "transformers_tokenizer"]
 
 Renderer = Callable[..., str]
 """`render(messages, generation_prompt=False)`: what the template writes for `messages`."""
@@ -109,37 +109,43 @@ def _clock(today: str) -> Callable[[str], str]:
 _HANDED_BY_ZEPHON = frozenset({"messages", "tools", "documents", "add_generation_prompt", _CLOCK})
 
 
+def keyword_as_json(name: object, value: object, given_as: str) -> str:
+    """A keyword the template is handed (`name` = `value`), as JSON; a ValueError saying, of
+    `given_as`, why it cannot be: a name that is no Jinja name or is one Zephon hands the template
+    itself, a value that is no JSON value (a recipe holds it as JSON)."""
+    if not isinstance(name, str) or not name.isidentifier() or name in _HANDED_BY_ZEPHON:
+        raise ValueError(f"{given_as} may not name {name!r}: a name the template reads, not one of "
+                         f"{sorted(_HANDED_BY_ZEPHON)} (render_chat hands those itself; today is the clock's date)")
+    try:
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or json.loads(text) != value:
+        raise ValueError(f"{given_as}[{name!r}] must be a JSON value, got {value!r}")
+    return text
+
+
 def check_template_kwargs(value: object) -> tuple[tuple[str, str], ...]:
     """`render_chat(template_kwargs=...)`, the template's own switches (Qwen3's `enable_thinking`),
-    as (name, value as JSON) pairs sorted by name: one recipe for one setting. Refused by name: a
-    name that is no Jinja name or is one Zephon hands the template itself, a value that is no JSON
-    value (the recipe holds it as JSON)."""
+    as (name, value as JSON) pairs sorted by name: one recipe for one setting; refused by name as
+    `keyword_as_json` says."""
     if value is None:
         return ()
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"render_chat: template_kwargs must map names to values, got {value!r}")
-    pairs = []
-    for name, item in value.items():
-        if not isinstance(name, str) or not name.isidentifier() or name in _HANDED_BY_ZEPHON:
-            raise ConfigurationError(
-                f"render_chat: template_kwargs may not name {name!r}: a name the template reads, not one of "
-                f"{sorted(_HANDED_BY_ZEPHON)} (render_chat hands those itself; today is the clock's date)")
-        try:
-            text = json.dumps(item, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError):
-            text = None
-        if text is None or json.loads(text) != item:
-            raise ConfigurationError(f"render_chat: template_kwargs[{name!r}] must be a JSON value, got {item!r}")
-        pairs.append((name, text))
-    return tuple(sorted(pairs))
+    try:
+        return tuple(sorted((name, keyword_as_json(name, item, "template_kwargs")) for name, item in value.items()))
+    except ValueError as error:
+        raise ConfigurationError(f"render_chat: {error}") from None
 
 
 def renderer(tokenizer_dir: str, template: str, today: str | None,
              template_kwargs: tuple[tuple[str, str], ...] = ()) -> Callable[..., tuple[list[dict], Renderer]]:
-    """`prepare(messages, tools=None, documents=None)`: the messages as transformers hands them to
-    the template, and how to render them and their prefixes (module docstring), given the
-    tokenizer's special tokens and `template_kwargs` over them, as `apply_chat_template` gives its
-    keyword arguments. Raises what the template raises."""
+    """`prepare(messages, tools=None, documents=None, keywords=None)`: the messages as transformers
+    hands them to the template, and how to render them and their prefixes (module docstring),
+    given the tokenizer's special tokens, `template_kwargs` over them and a record's `keywords`
+    over those, as `apply_chat_template` gives its keyword arguments. Raises what the template
+    raises."""
 
     @functools.cache
     def compiled_and_constants():  # on first use: in the worker that renders, not where the pipeline is built
@@ -149,9 +155,11 @@ def renderer(tokenizer_dir: str, template: str, today: str | None,
             constants[_CLOCK] = _clock(today)
         return _compiled(template), constants
 
-    def prepare(messages: list[dict], tools: list | None = None,
-                documents: list | None = None) -> tuple[list[dict], Renderer]:
+    def prepare(messages: list[dict], tools: list | None = None, documents: list | None = None,
+                keywords: dict | None = None) -> tuple[list[dict], Renderer]:
         compiled, constants = compiled_and_constants()
+        if keywords:
+            constants = {**constants, **keywords}
         as_handed = transformers_tokenizer(tokenizer_dir).apply_chat_template(
             messages, chat_template=_AS_HANDED, tools=tools, documents=documents, tokenize=False)
         handed = json.loads(as_handed)

@@ -230,6 +230,7 @@ class Pipeline:
         template_kwargs: dict[str, Any] | None = None,
         documents_field: str | None = None,
         template_name: str | None = None,
+        template_kwargs_field: str | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -259,6 +260,8 @@ class Pipeline:
         on any day; without it such a template is refused. `template_kwargs` are the switches the
         template reads beside the chat, as `apply_chat_template`'s keyword arguments
         (`{"enable_thinking": False}`, Qwen3's), JSON values; they enter the recipe.
+        `template_kwargs_field` names a record's own (a dict, or one as a JSON str; TRL's
+        `chat_template_kwargs` column), over `template_kwargs` (`not_template_kwargs`).
 
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
@@ -273,13 +276,13 @@ class Pipeline:
         """
         tokenizer_dir, roles = check_chat_options(tokenizer_dir, field, output_field, learned_roles, role_key,
                                                   content_key, roles, tools_field, on_rewrite, documents_field,
-                                                  template_name)
+                                                  template_name, template_kwargs_field)
         if not isinstance(keep_field, bool):
             raise ConfigurationError(f"render_chat: keep_field must be True or False, got {keep_field!r}")
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
                           tools_field, on_rewrite, check_today(today), check_template_kwargs(template_kwargs),
-                          documents_field, template_name)
+                          documents_field, template_name, template_kwargs_field)
         op.templates  # read now: no template, one that does not compile or a clock without today is refused here
         return self._with(op)
 

@@ -556,8 +556,11 @@ def test_a_directory_without_a_template_and_bad_arguments_are_refused_when_the_p
                                ({"role_key": "text", "content_key": "text"}, "both 'text'; give each its own"),
                                ({"tools_field": "messages"}, "tools_field='messages' is also the chat's field"),
                                ({"tools_field": 3}, "tools_field must be a record field's name"),
-                               ({"documents_field": "segments"}, "documents_field='segments' is also the chat's"),
-                               ({"tools_field": "extra", "documents_field": "extra"}, "give the documents a field"),
+                               ({"documents_field": "segments"}, "documents_field='segments' is also the segments'"),
+                               ({"tools_field": "extra", "documents_field": "extra"},
+                                "documents_field='extra' is also tools_field; give the documents a field"),
+                               ({"template_kwargs_field": "messages"}, "template_kwargs_field='messages' is also the "
+                                                                       "chat's field; give the template's keywords"),
                                ({"on_rewrite": "learn"}, "on_rewrite must be 'skip' or 'learn_last'")]:
         with pytest.raises(ConfigurationError, match=refusal):
             Pipeline(source).render_chat(chatml, **arguments)
@@ -631,6 +634,33 @@ def test_the_template_s_own_switches_are_handed_to_it_and_enter_the_recipe(tmp_p
                             ({"nan": float("nan")}, "must be a JSON value")]:
         with pytest.raises(ConfigurationError, match=refusal):
             Pipeline(source).render_chat(directory, template_kwargs=kwargs)
+
+
+def test_a_record_s_own_template_keywords_switch_its_chat_alone(tmp_path, demo_tokenizer_path):
+    """`template_kwargs_field` (TRL's `chat_template_kwargs` column): each record's keywords, a dict
+    or one as a JSON str, over `template_kwargs`, its chat the ids transformers gives with them;
+    a field that holds no such dict is skipped by name."""
+    directory = tokenizer_dir(tmp_path / "switched", SWITCHED, demo_tokenizer_path)
+    records = [{"messages": CHATS[0], "chat_template_kwargs": {"enable_thinking": False}}, {"messages": CHATS[0]},
+               {"messages": CHATS[0], "chat_template_kwargs": '{"enable_thinking": false}'},
+               {"messages": CHATS[0], "chat_template_kwargs": {"enable_thinking": True}},
+               {"messages": CHATS[0], "chat_template_kwargs": {"messages": []}},
+               {"messages": CHATS[0], "chat_template_kwargs": ["enable_thinking"]}]
+    out = run(directory, records, template_kwargs_field="chat_template_kwargs",
+              template_kwargs=(("enable_thinking", "false"),))
+    switched, recipe_s, from_json, own = [record["input_ids"].tolist() for record in out.records]
+    assert switched == recipe_s == from_json == reference(directory, CHATS[0], enable_thinking=False)[0]
+    assert own == reference(directory, CHATS[0])[0] != switched, "the record's keyword over the recipe's"
+    assert all(set(record) == {"input_ids", "loss_mask"} for record in out.records)
+    assert [reason for _, reason in out.skipped] == ["not_template_kwargs"] * 2
+    details = list(out.skip_details["not_template_kwargs"].values())
+    assert details[0].startswith("field 'chat_template_kwargs' holds {'messages': []}: its keywords may not name "
+                                 "'messages': a name the template reads"), details[0]
+    assert details[1] == ("field 'chat_template_kwargs' holds ['enable_thinking'], not a dict of the template's "
+                          "keywords"), details[1]
+    plain = RenderChatOp(str(directory)).fingerprint()
+    assert RenderChatOp(str(directory), template_kwargs_field="kw").fingerprint() == {
+        **plain, "template_kwargs_field": "kw"}
 
 
 def write_chats(root: Path, count: int) -> Path:
