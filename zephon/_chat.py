@@ -166,8 +166,10 @@ class RenderChatOp(RecordOperator):
         tools_field, documents_field = self.tools_field, self.documents_field
         learn_last = self.on_rewrite == "learn_last"
         kwargs_field = self.template_kwargs_field
-        handed_fields = [(name, read) for name, read in (("tools", tools_field), ("documents", documents_field),
-                                                         ("keywords", kwargs_field)) if read is not None]
+        handed_fields = [(name, read, reader, reason) for name, read, reader, reason in (
+            ("tools", tools_field, functools.partial(_dicts_of, name="tools"), "not_tools"),
+            ("documents", documents_field, functools.partial(_dicts_of, name="documents"), "not_documents"),
+            ("keywords", kwargs_field, _keywords_of, "not_template_kwargs")) if read is not None]
         read_messages = functools.partial(_messages_of, role_key=self.role_key, content_key=self.content_key,
                                           roles=dict(self.roles))
 
@@ -177,12 +179,11 @@ class RenderChatOp(RecordOperator):
 
         def outcome(record: dict) -> tuple[str | None, object]:
             handed = {}
-            for name, read in handed_fields:
-                handed[name] = _keywords_of(record.get(read), read) if name == "keywords" else \
-                    _dicts_of(record.get(read), name)
-                if isinstance(handed[name], str):
-                    reason = "not_template_kwargs" if name == "keywords" else f"not_{name}"
-                    return reason, f"field {read!r} {handed[name]}"
+            for name, read, reader, reason in handed_fields:
+                try:
+                    handed[name] = reader(record.get(read))
+                except ValueError as why:
+                    return reason, f"field {read!r} {why}"
             chosen = prepare_with_tools if handed.get("tools") is not None else prepare
             return _chat_segments(record.get(field), read_messages, functools.partial(chosen, **handed),
                                   learned_roles, _control_strings(tokenizer_dir), learn_last)
@@ -503,37 +504,41 @@ def _messages_of(value: object, role_key: str, content_key: str, roles: dict[str
 _WHAT_THEY_ARE = {"tools": "tools' schemas", "documents": "documents ({'title': ..., 'text': ...})"}
 
 
-def _dicts_of(value: object, name: str) -> list | None | str:
+def _parsed(value: object) -> object:
+    """A record's field as it is handed to the template: a str read as the JSON it stores
+    (`tools_field`, `documents_field`, `template_kwargs_field`); a ValueError where it is no JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as error:
+        raise ValueError(f"holds {_sample(value)}, not JSON: {error}") from None
+
+
+def _dicts_of(value: object, name: str) -> list | None:
     """The tools (their JSON schemas) or the documents a record offers the template as `name`
     (`tools_field`, `documents_field`): a list of dicts, or one stored as a JSON str; None for a
-    record that offers none; else why not, as a str."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as error:
-            return f"holds {_sample(value)}, not JSON: {error}"
+    record that offers none; else a ValueError saying why not."""
+    value = _parsed(value)
     if value is None or (isinstance(value, (list, tuple)) and all(isinstance(item, dict) for item in value)):
         return None if value is None else list(value)
-    return f"holds {_sample(value)}, not a list of {_WHAT_THEY_ARE[name]}"
+    raise ValueError(f"holds {_sample(value)}, not a list of {_WHAT_THEY_ARE[name]}")
 
 
-def _keywords_of(value: object, field: str) -> dict | None | str:
+def _keywords_of(value: object) -> dict | None:
     """A record's keywords for the template (`template_kwargs_field`): a dict, or one stored as a
-    JSON str; None for a record that gives none; else why not, as a str (`keyword_as_json`)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as error:
-            return f"holds {_sample(value)}, not JSON: {error}"
+    JSON str; None for a record that gives none; else a ValueError saying why not
+    (`keyword_as_json`)."""
+    value = _parsed(value)
     if value is None:
         return None
     if not isinstance(value, dict):
-        return f"holds {_sample(value)}, not a dict of the template's keywords"
+        raise ValueError(f"holds {_sample(value)}, not a dict of the template's keywords")
     try:
         for name, item in value.items():
             keyword_as_json(name, item, "its keywords")
     except ValueError as error:
-        return f"holds {_sample(value)}: {error}"
+        raise ValueError(f"holds {_sample(value)}: {error}") from None
     return value
 
 
