@@ -93,8 +93,13 @@ def check_template(template: str, today: str | None) -> None:
 
 
 def reads_clock(template: str) -> bool:
-    """Whether the template reads today's date (names transformers' `strftime_now`)."""
-    return _CLOCK in template
+    """Whether the template reads today's date: loads transformers' `strftime_now` anywhere in it,
+    a branch it may never take included. Asked of the template as jinja2 parses it, so the name in a
+    comment or a quoted text is no reading."""
+    from jinja2 import nodes
+
+    parsed = _compiled(template).environment.parse(template)
+    return any(node.name == _CLOCK and node.ctx == "load" for node in parsed.find_all(nodes.Name))
 
 
 def _clock(today: str) -> Callable[[str], str]:

@@ -613,6 +613,26 @@ def test_a_template_that_reads_the_clock_writes_the_recipe_s_date_and_is_refused
             Pipeline(source).render_chat(directory, today=bad)
 
 
+
+def test_the_clock_is_read_where_the_template_s_code_loads_it_not_where_its_text_names_it(tmp_path, demo_tokenizer_path):
+    """The clock is read where jinja2 loads `strftime_now` (in a macro, a branch, a `set`), not where
+    the name is only written: a comment or a quoted text needs no `today`, and a date given then
+    stays out of the recipe."""
+    source = StaticMixtureWorkSource([Dataset.from_path("d", str(demo_tokenizer_path.parent / "kjv"))])
+    mentions = CHATML.replace("{{ bos_token }}", "{# no strftime_now here #}{{ bos_token }}{{ '' ~ 'strftime_now' "
+                                                 "| replace('strftime_now', '') }}")
+    directory = tokenizer_dir(tmp_path / "mentions", mentions, demo_tokenizer_path)
+    [op] = Pipeline(source).render_chat(directory).operators
+    assert "today" not in RenderChatOp(str(directory), today="2021-12-06").fingerprint()
+    assert op.fingerprint() == RenderChatOp(str(directory), today="2021-12-06").fingerprint()
+    rendered_as_transformers_would(directory, CHATS[0])
+    in_a_macro = CHATML.replace("{{ bos_token }}", "{% macro day() %}{{ strftime_now('%d') }}{% endmacro %}"
+                                                   "{% if messages | length > 99 %}{{ day() }}{% endif %}{{ bos_token }}")
+    directory = tokenizer_dir(tmp_path / "macro", in_a_macro, demo_tokenizer_path)
+    with pytest.raises(ConfigurationError, match=r"reads today's date \(strftime_now\)"):
+        Pipeline(source).render_chat(directory)
+    assert RenderChatOp(str(directory), today="2021-12-06").fingerprint()["today"] == "2021-12-06"
+
 def test_the_template_s_own_switches_are_handed_to_it_and_enter_the_recipe(tmp_path, demo_tokenizer_path):
     """`template_kwargs`, as `apply_chat_template`'s keyword arguments: the chat is the ids
     transformers gives with them; names render_chat hands itself and values that are no JSON are refused."""
