@@ -754,6 +754,52 @@ def test_a_chat_data_recipe_hands_the_template_its_switches_and_a_change_of_them
             changed.load_state_dict(state)
 
 
+def test_a_chat_data_recipe_hands_the_template_each_record_s_own_fields_and_a_change_of_them_is_named(
+    tmp_path, demo_tokenizer_path
+):
+    """`chat_tools_field`, `chat_documents_field`, `chat_template_kwargs_field` and
+    `chat_template_name`: the stream the equivalent render_chat gives (a chat with tools rendered
+    with the directory's `tool_use` template), and a checkpoint refused by a recipe that changes one
+    of them, naming that one alone (not the tokenizer, whose `tool_use` template comes and goes
+    with `chat_tools_field`). They are refused without `chat_field`."""
+    from tests.unit.test_chat import CHATML, TOOL_CHAT, TOOLS, WEATHER, tokenizer_dir, with_template
+
+    directory = tokenizer_dir(tmp_path / "named", "", demo_tokenizer_path)
+    with_template(directory, [{"name": "default", "template": CHATML}, {"name": "tool_use", "template": TOOLS}])
+    corpus = tmp_path / "chats"
+    corpus.mkdir()
+    (corpus / "chats.jsonl").write_text("".join(json.dumps(
+        {"messages": TOOL_CHAT, "tools": WEATHER, "docs": [{"title": "t", "text": str(k)}], "switches": {}}) + "\n"
+        for k in range(8)))
+    settings = dict(datasets=[("chats", str(corpus))], tokenizer=str(directory / "tokenizer.json"),
+                    chat_field="messages", chat_tools_field="tools", max_length=128, num_lanes=2, records_per_chunk=4,
+                    token_estimation=False, runner="inline")
+    source = StaticMixtureWorkSource([Dataset.from_path("chats", str(corpus))], seed=0, records_per_chunk=4)
+    expected = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .render_chat(directory, field="messages", tools_field="tools")
+                .tokenize(str(directory / "tokenizer.json"), field="segments", segments=True)
+                .pack_flat(128).shuffle(buffer_size=1024, seed=0).batch(1))
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 2) as ours, expected.shard(0, 1, global_batch_size=2) as theirs:
+        next(iter(ours))
+        mine = ours.last_microbatches
+        it = iter(theirs)
+        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
+        state = ours.state_dict()
+    written = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(mine[0].tokens["input_ids"][0].tolist())
+    assert "Tools:" in written, "the chat with tools is rendered with the tool_use template"
+    for change, field in [({"chat_tools_field": None}, "chat_tools_field"),
+                          ({"chat_template_name": "tool_use"}, "chat_template_name"),
+                          ({"chat_documents_field": "docs"}, "chat_documents_field"),
+                          ({"chat_template_kwargs_field": "switches"}, "chat_template_kwargs_field")]:
+        with ZephonDataLoader(DataRecipe(**{**settings, **change}), 0, 1, 2) as changed:
+            with pytest.raises(RecipeMismatchError, match=re.escape(f"DataRecipe fields that changed: {field}.")):
+                changed.load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="DataRecipe.chat_tools_field is for chats: give chat_field"):
+        DataRecipe(**{**settings, "chat_field": None})
+    with pytest.raises(ConfigurationError, match="DataRecipe.chat_documents_field must be a record field's name"):
+        DataRecipe(**{**settings, "chat_documents_field": ""})
+
+
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
     """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
     config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank

@@ -22,6 +22,10 @@ _FIELD_OF_KEY = {
     "render_chat.tool_use_template": "tokenizer",
     "render_chat.today": "chat_today",
     "render_chat.template_kwargs": "chat_template_kwargs",
+    "render_chat.tools_field": "chat_tools_field",
+    "render_chat.documents_field": "chat_documents_field",
+    "render_chat.template_kwargs_field": "chat_template_kwargs_field",
+    "render_chat.template_name": "chat_template_name",
     "render_chat.rendering": "chat_field",
     "tokenize.segments": "chat_field",
     "tokenize.bos": "bos",
@@ -39,13 +43,21 @@ _FIELD_OF_KEY = {
     "global_batch_size": "global_batch_size",
 }
 
+# The directory's templates, and the keys that pick which of them are rendered with: a template's
+# key changes with those, the tokenizer (its directory) unchanged, and is then theirs to name.
+_PICKED_BY = {
+    "render_chat.template": {"render_chat.template_name"},
+    "render_chat.tool_use_template": {"render_chat.tools_field", "render_chat.template_name"},
+}
+
 # Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text field,
 # bos and eos: where one of those changed, the measurement followed it; otherwise it is
 # `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
 # digests, of sizes and counts, do not see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
-_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs", "bos",
-                     "eos"}
+_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs",
+                     "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field", "chat_template_name",
+                     "bos", "eos"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {
@@ -62,6 +74,7 @@ def data_recipe_fields(changed: Iterable[str], recipe_fields: Sequence[str]) -> 
     if _chat_step_added_or_dropped(changed):  # each operator after it compares with another: only that is said
         changed = [key for key in changed if not key.startswith("operators[")] + ["operators[0].tokenize.segments"]
     keys = [key.split(".", 1)[1] if key.startswith("operators[") else key for key in changed]
+    keys = [key for key in keys if _PICKED_BY.get(key, set()).isdisjoint(keys)]
     fields = {_FIELD_OF_KEY[key] for key in keys if key in _FIELD_OF_KEY}
     if _MEASURED_RATE in keys and not fields & _MEASURED_THROUGH:
         fields.add("token_estimation")

@@ -79,7 +79,7 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `chat_field`, `chat_today`, `chat_template_kwargs`, `bos`,
+    `mixture`, `tokenizer`, `text_field`, `chat_field` and the other `chat_` fields, `bos`,
     `eos`, `max_length`, `packing`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
     `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `num_epochs` — and the global
     batch size, which the loader takes separately.
@@ -100,7 +100,12 @@ class DataRecipe:
     assistant's turns learned and the rest labelled -100. `chat_today` ("YYYY-MM-DD") is the date
     a template that reads the clock writes (Llama 3.1's "Today Date"; render_chat's `today`), and
     `chat_template_kwargs` the template's own switches (`{"enable_thinking": False}`, Qwen3's;
-    render_chat's `template_kwargs`), kept as pairs like `mixture`.
+    render_chat's `template_kwargs`), kept as pairs like `mixture`. A record's own fields are handed
+    to the template where named: `chat_tools_field` (the tools' schemas, `tools`; a chat with tools
+    is rendered with the directory's `tool_use` template where it has one), `chat_documents_field`
+    (a retrieval's documents, `documents`) and `chat_template_kwargs_field` (its own switches over
+    the recipe's: TRL's `chat_template_kwargs` column). `chat_template_name` names the one of the
+    directory's templates every chat is rendered with. The `chat_` fields need `chat_field`.
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -110,6 +115,10 @@ class DataRecipe:
     chat_field: str | None = None
     chat_today: str | None = None
     chat_template_kwargs: tuple[tuple[str, object], ...] | None = None
+    chat_tools_field: str | None = None
+    chat_documents_field: str | None = None
+    chat_template_kwargs_field: str | None = None
+    chat_template_name: str | None = None
     bos: str | None = None
     eos: str | None = None
     max_length: int = 2048
@@ -158,6 +167,11 @@ class DataRecipe:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
         if self.chat_field is not None:
             check_field_name(self.chat_field, "DataRecipe.chat_field")
+        for name in _CHAT_OPTIONS:
+            if getattr(self, name) is not None and self.chat_field is None:
+                raise ConfigurationError(f"DataRecipe.{name} is for chats: give chat_field, the field of the chats")
+            if name.endswith("_field") and getattr(self, name) is not None:
+                check_field_name(getattr(self, name), f"DataRecipe.{name}")
         if isinstance(self.chat_template_kwargs, Mapping):  # hashable, as the recipe's other mappings
             object.__setattr__(self, "chat_template_kwargs", tuple(self.chat_template_kwargs.items()))
         for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
@@ -190,7 +204,11 @@ class DataRecipe:
             directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
             kwargs = dict(self.chat_template_kwargs) if self.chat_template_kwargs is not None else None
             pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism,
-                                             today=self.chat_today, template_kwargs=kwargs)
+                                             today=self.chat_today, template_kwargs=kwargs,
+                                             tools_field=self.chat_tools_field,
+                                             documents_field=self.chat_documents_field,
+                                             template_kwargs_field=self.chat_template_kwargs_field,
+                                             template_name=self.chat_template_name)
                         .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
         return (
             pipeline
@@ -199,6 +217,10 @@ class DataRecipe:
             .batch(microbatch_size=self.microbatch_size)
         )
 
+
+_CHAT_OPTIONS = ("chat_today", "chat_template_kwargs", "chat_tools_field", "chat_documents_field",
+                 "chat_template_kwargs_field", "chat_template_name")
+"""The DataRecipe fields that say how `chat_field`'s chats are rendered: nothing without it."""
 
 _DATA_RECIPE_FIELDS = tuple(field.name for field in dataclass_fields(DataRecipe))
 """DataRecipe's fields in the order it declares them, the order a refusal names the changed ones in."""
