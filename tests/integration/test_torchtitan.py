@@ -800,6 +800,51 @@ def test_a_chat_data_recipe_hands_the_template_each_record_s_own_fields_and_a_ch
         DataRecipe(**{**settings, "chat_documents_field": ""})
 
 
+def test_a_chat_data_recipe_reads_sharegpt_chats_by_their_keys_and_roles_and_a_change_of_them_is_named(
+    tmp_path, demo_tokenizer_path
+):
+    """`chat_keys` and `chat_roles` (a mapping, kept as pairs) read ShareGPT's `{"from", "value"}`
+    chats as the chats they are: the stream of the same chats stored as `{"role", "content"}`.
+    A checkpoint is refused by a recipe changing them, `chat_learned_roles` or `chat_on_rewrite`,
+    naming that field; `chat_keys` that are no pair of keys are refused by name."""
+    from tests.unit.test_chat import CHATML, tokenizer_dir
+
+    chatml = tokenizer_dir(tmp_path / "chatml", CHATML, demo_tokenizer_path)
+    chats = [[{"role": "user", "content": f"Question {k}?"}, {"role": "assistant", "content": f"Answer {k}."}]
+             for k in range(8)]
+    names = {"user": "human", "assistant": "gpt"}
+    for name, records in [("openai", [{"messages": chat} for chat in chats]),
+                          ("sharegpt", [{"conversations": [{"from": names[m["role"]], "value": m["content"]}
+                                                           for m in chat]} for chat in chats])]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "chats.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    common = dict(tokenizer=str(chatml / "tokenizer.json"), max_length=64, num_lanes=2, records_per_chunk=4,
+                  token_estimation=False, runner="inline")
+    settings = dict(datasets=[("chats", str(tmp_path / "sharegpt"))], chat_field="conversations",
+                    chat_keys=["from", "value"], chat_roles={"human": "user", "gpt": "assistant"}, **common)
+    recipe = DataRecipe(**settings)
+    assert recipe.chat_keys == ("from", "value") and recipe.chat_roles == (("human", "user"), ("gpt", "assistant"))
+    assert hash(recipe)
+    plain = DataRecipe(datasets=[("chats", str(tmp_path / "openai"))], chat_field="messages", **common)
+    with ZephonDataLoader(recipe, 0, 1, 2) as ours, ZephonDataLoader(plain, 0, 1, 2) as theirs:
+        for _ in range(3):
+            next(iter(ours)), next(iter(theirs))
+            assert [b.digest() for b in ours.last_microbatches] == [b.digest() for b in theirs.last_microbatches]
+        state = ours.state_dict()
+    for change, field in [({"chat_keys": ("from", "text")}, "chat_keys"),
+                          ({"chat_roles": {"human": "user", "gpt": "assistant", "system": "system"}}, "chat_roles"),
+                          ({"chat_learned_roles": ["assistant", "user"]}, "chat_learned_roles"),
+                          ({"chat_on_rewrite": "learn_last"}, "chat_on_rewrite")]:
+        with ZephonDataLoader(DataRecipe(**{**settings, **change}), 0, 1, 2) as changed:
+            with pytest.raises(RecipeMismatchError, match=re.escape(f"DataRecipe fields that changed: {field}.")):
+                changed.load_state_dict(state)
+    for keys in ("from", ("from",), ("from", "")):
+        with pytest.raises(ConfigurationError, match=r"DataRecipe.chat_keys must be the messages' \(role key, content"):
+            DataRecipe(**{**settings, "chat_keys": keys})
+    with pytest.raises(ConfigurationError, match="DataRecipe.chat_roles is for chats: give chat_field"):
+        DataRecipe(**{**settings, "chat_field": None, "chat_keys": None})
+
+
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
     """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
     config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank

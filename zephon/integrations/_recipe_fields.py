@@ -26,6 +26,10 @@ _FIELD_OF_KEY = {
     "render_chat.documents_field": "chat_documents_field",
     "render_chat.template_kwargs_field": "chat_template_kwargs_field",
     "render_chat.template_name": "chat_template_name",
+    "render_chat.keys": "chat_keys",
+    "render_chat.roles": "chat_roles",
+    "render_chat.learned_roles": "chat_learned_roles",
+    "render_chat.on_rewrite": "chat_on_rewrite",
     "render_chat.rendering": "chat_field",
     "tokenize.segments": "chat_field",
     "tokenize.bos": "bos",
@@ -57,7 +61,7 @@ _PICKED_BY = {
 _MEASURED_RATE = "plan.tokens_per_byte"
 _MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs",
                      "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field", "chat_template_name",
-                     "bos", "eos"}
+                     "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "bos", "eos"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {

@@ -105,7 +105,12 @@ class DataRecipe:
     is rendered with the directory's `tool_use` template where it has one), `chat_documents_field`
     (a retrieval's documents, `documents`) and `chat_template_kwargs_field` (its own switches over
     the recipe's: TRL's `chat_template_kwargs` column). `chat_template_name` names the one of the
-    directory's templates every chat is rendered with. The `chat_` fields need `chat_field`.
+    directory's templates every chat is rendered with. Chats stored as ShareGPT's (`{"from": "human",
+    "value": ...}`) are read with `chat_keys=("from", "value")` (the role's key and the content's)
+    and `chat_roles={"human": "user", "gpt": "assistant"}`, kept as pairs; `chat_learned_roles`
+    (default the assistant's) and `chat_on_rewrite` ("learn_last": where the template rewrites
+    earlier turns, as a reasoning model's drops their thinking, the last answer alone is learned)
+    are render_chat's. The `chat_` fields need `chat_field`.
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -119,6 +124,10 @@ class DataRecipe:
     chat_documents_field: str | None = None
     chat_template_kwargs_field: str | None = None
     chat_template_name: str | None = None
+    chat_keys: tuple[str, str] | None = None
+    chat_roles: tuple[tuple[str, str], ...] | None = None
+    chat_learned_roles: tuple[str, ...] | None = None
+    chat_on_rewrite: str | None = None
     bos: str | None = None
     eos: str | None = None
     max_length: int = 2048
@@ -172,8 +181,17 @@ class DataRecipe:
                 raise ConfigurationError(f"DataRecipe.{name} is for chats: give chat_field, the field of the chats")
             if name.endswith("_field") and getattr(self, name) is not None:
                 check_field_name(getattr(self, name), f"DataRecipe.{name}")
-        if isinstance(self.chat_template_kwargs, Mapping):  # hashable, as the recipe's other mappings
-            object.__setattr__(self, "chat_template_kwargs", tuple(self.chat_template_kwargs.items()))
+        for name in ("chat_template_kwargs", "chat_roles"):  # hashable, as the recipe's other mappings
+            if isinstance(getattr(self, name), Mapping):
+                object.__setattr__(self, name, tuple(getattr(self, name).items()))
+        if isinstance(self.chat_learned_roles, list):
+            object.__setattr__(self, "chat_learned_roles", tuple(self.chat_learned_roles))
+        if self.chat_keys is not None:
+            keys = tuple(self.chat_keys) if isinstance(self.chat_keys, (list, tuple)) else ()
+            if len(keys) != 2 or not all(isinstance(key, str) and key for key in keys):
+                raise ConfigurationError(f"DataRecipe.chat_keys must be the messages' (role key, content key), as "
+                                         f"('from', 'value') for ShareGPT's, got {self.chat_keys!r}")
+            object.__setattr__(self, "chat_keys", keys)
         for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
@@ -202,13 +220,8 @@ class DataRecipe:
             pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, **tokenize)
         else:  # a tokenizer.json's chat template is in its directory's tokenizer_config.json
             directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
-            kwargs = dict(self.chat_template_kwargs) if self.chat_template_kwargs is not None else None
             pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism,
-                                             today=self.chat_today, template_kwargs=kwargs,
-                                             tools_field=self.chat_tools_field,
-                                             documents_field=self.chat_documents_field,
-                                             template_kwargs_field=self.chat_template_kwargs_field,
-                                             template_name=self.chat_template_name)
+                                             **self._render_chat_options())
                         .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
         return (
             pipeline
@@ -217,9 +230,27 @@ class DataRecipe:
             .batch(microbatch_size=self.microbatch_size)
         )
 
+    def _render_chat_options(self) -> dict:
+        """render_chat's keyword arguments for the `chat_` fields given (its defaults for the rest)."""
+        options = {"today": self.chat_today, "tools_field": self.chat_tools_field,
+                   "documents_field": self.chat_documents_field, "template_name": self.chat_template_name,
+                   "template_kwargs_field": self.chat_template_kwargs_field}
+        if self.chat_template_kwargs is not None:
+            options["template_kwargs"] = dict(self.chat_template_kwargs)
+        if self.chat_keys is not None:
+            options["role_key"], options["content_key"] = self.chat_keys
+        if self.chat_roles is not None:
+            options["roles"] = dict(self.chat_roles)
+        if self.chat_learned_roles is not None:
+            options["learned_roles"] = self.chat_learned_roles
+        if self.chat_on_rewrite is not None:
+            options["on_rewrite"] = self.chat_on_rewrite
+        return options
+
 
 _CHAT_OPTIONS = ("chat_today", "chat_template_kwargs", "chat_tools_field", "chat_documents_field",
-                 "chat_template_kwargs_field", "chat_template_name")
+                 "chat_template_kwargs_field", "chat_template_name", "chat_keys", "chat_roles", "chat_learned_roles",
+                 "chat_on_rewrite")
 """The DataRecipe fields that say how `chat_field`'s chats are rendered: nothing without it."""
 
 _DATA_RECIPE_FIELDS = tuple(field.name for field in dataclass_fields(DataRecipe))
