@@ -14,6 +14,11 @@ document's end, before a token its loss mask leaves out (`_loss_mask`) and on pa
 `position_ids` (restarting at each document piece) and `document_ids` (0, 1, … per piece in the
 row, PADDING_DOCUMENT on padding).
 
+A document longer than a row is cut into pieces by default (`overlong="split"`): a chat or an
+answer cut so trains its later pieces without what came before them. `overlong="truncate"` keeps
+its first `max_length` tokens and drops the rest, reported by `drain_truncations()` (the ledger's
+`truncated` and `truncated_tokens`); `overlong="skip"` refuses it (`document_too_long`).
+
 A record whose field holds no tokens to pack is refused and reported by `drain_skips()`:
 `missing_field`, `not_tokens` (not a flat sequence of integer ids in [0, 2**31)) or
 `empty_document` (no ids), with what the field held (`no_tokens_detail`); so is one whose loss
@@ -38,8 +43,8 @@ from ._loss_mask import LOSS_MASK_FIELD, loss_mask_detail, targets_of
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "RefusedRecords", "WrapPacker", "assemble_row",
-           "no_tokens_detail", "token_ids"]
+__all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "RefusedRecords", "WrapPacker",
+           "assemble_row", "fit_document", "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -175,6 +180,28 @@ def read_document(address: RecordAddress, record: dict, field: str, loss_mask_fi
     return tokens, targets
 
 
+OVERLONG = ("split", "truncate", "skip")
+"""What `pack_flat` does with a document longer than a row (module docstring)."""
+
+
+def fit_document(document: tuple[np.ndarray, np.ndarray | None], address: RecordAddress, max_length: int,
+                 overlong: str, skips: list, truncations: list | None) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A document's (ids, targets) as `overlong` lets it into rows of `max_length`: as it is when
+    it fits or is to be split; its first `max_length` tokens, copied (a view would keep the whole
+    document alive while its row waits), with (address, tokens dropped) appended to `truncations`
+    (None: not counted); or None, (address, "document_too_long", detail) appended to `skips`."""
+    tokens, targets = document
+    if len(tokens) <= max_length or overlong == "split":
+        return document
+    if overlong == "skip":
+        skips.append((address, "document_too_long",
+                      f"{len(tokens)} tokens, more than a row's max_length={max_length} (pack_flat overlong='skip')"))
+        return None
+    if truncations is not None:
+        truncations.append((address, len(tokens) - max_length))
+    return tokens[:max_length].copy(), None if targets is None else targets[:max_length].copy()
+
+
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
     """Build one packed row from document pieces (a stateless function)."""
     return FlatRowPlan(tuple(pieces), max_length, pad_id).assemble()
@@ -283,30 +310,46 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
 class _FlatPacker:
     """What the flat packers share: their settings and the records they refused."""
 
-    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str) -> None:
+    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str, overlong: str) -> None:
         self.max_length = max_length
         self.pad_id = pad_id
         self.field = field
         self.loss_mask_field = loss_mask_field
-        self._skips: list[tuple[RecordAddress, str, Callable[[], str]]] = []
+        self.overlong = overlong
+        self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
+        self._truncations: list[tuple[RecordAddress, int]] = []
 
-    def drain_skips(self) -> list[tuple[RecordAddress, str, Callable[[], str]]]:
+    def _document(self, address: RecordAddress, record: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The record's (ids, targets) to place, or None where it is refused (`drain_skips`)."""
+        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        if document is None:
+            return None
+        return fit_document(document, address, self.max_length, self.overlong, self._skips, self._truncations)
+
+    def drain_skips(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
         """Records refused since the last call, as (address, reason, detail); the list is handed over."""
         skips, self._skips = self._skips, []
         return skips
+
+    def drain_truncations(self) -> list[tuple[RecordAddress, int]]:
+        """Documents cut to a row since the last call (`overlong="truncate"`), as (address, tokens
+        dropped); the list is handed over."""
+        cuts, self._truncations = self._truncations, []
+        return cuts
 
 
 class WrapPacker(_FlatPacker):
     """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
 
-    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str = LOSS_MASK_FIELD) -> None:
-        super().__init__(max_length, pad_id, field, loss_mask_field)
+    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str = LOSS_MASK_FIELD,
+                 overlong: str = "split") -> None:
+        super().__init__(max_length, pad_id, field, loss_mask_field, overlong)
         self._pieces: list[Piece] = []
         self._filled = 0
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        document = self._document(address, record)
         if document is None:
             return []
         tokens, targets = document
@@ -334,14 +377,14 @@ class FirstFitPacker(_FlatPacker):
     """First-fit bin packing that never splits a document shorter than a row. Thread-unsafe."""
 
     def __init__(self, max_length: int, pad_id: int, field: str, max_open_rows: int,
-                 loss_mask_field: str = LOSS_MASK_FIELD) -> None:
-        super().__init__(max_length, pad_id, field, loss_mask_field)
+                 loss_mask_field: str = LOSS_MASK_FIELD, overlong: str = "split") -> None:
+        super().__init__(max_length, pad_id, field, loss_mask_field, overlong)
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         address, record = item
-        document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
+        document = self._document(address, record)
         if document is None:
             return []
         tokens, targets = document
@@ -390,6 +433,7 @@ class PackFlatOp:
     field: str = "input_ids"
     max_open_rows: int = 16
     loss_mask_field: str = LOSS_MASK_FIELD
+    overlong: str = "split"
     name: str = "pack_flat"
     kind = "accumulator"
     carries_media = False  # token ids alone: the loader refuses operators declaring `media_fields`
@@ -398,6 +442,8 @@ class PackFlatOp:
         object.__setattr__(self, "max_length", check_count(self.max_length, "pack_flat: max_length"))
         if self.algorithm not in ALGORITHMS:
             raise ConfigurationError(f"pack_flat: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.overlong not in OVERLONG:
+            raise ConfigurationError(f"pack_flat: overlong must be one of {OVERLONG}, got {self.overlong!r}")
         object.__setattr__(self, "max_open_rows", check_count(self.max_open_rows, "pack_flat: max_open_rows"))
         # As tokenize checks its fields: None (or a tuple) read no field of any record, so every
         # record was skipped as missing_field, and the loader's check of the field let None by.
@@ -414,8 +460,9 @@ class PackFlatOp:
 
         def make(ctx: SegmentContext):
             if self.algorithm == "wrap":
-                return WrapPacker(self.max_length, pad, self.field, self.loss_mask_field)
-            return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows, self.loss_mask_field)
+                return WrapPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong)
+            return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows, self.loss_mask_field,
+                                  self.overlong)
 
         return make
 
@@ -430,11 +477,13 @@ class PackFlatOp:
         The records it refused since the last call come from its `drain_skips()`, with what each
         held, as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused
         naming `not_tokens` and what the first record held, where it said only that it yielded no token."""
-        field, loss_mask_field = self.field, self.loss_mask_field
+        field, loss_mask_field, max_length, overlong = self.field, self.loss_mask_field, self.max_length, self.overlong
         refused = RefusedRecords()
 
         def count(address: RecordAddress, record: dict) -> int:
             document = read_document(address, record, field, loss_mask_field, refused)
+            if document is not None:
+                document = fit_document(document, address, max_length, overlong, refused, None)
             return 0 if document is None else len(document[0])
 
         count.drain_skips = refused.drain
@@ -442,8 +491,9 @@ class PackFlatOp:
 
     def fingerprint(self, default_pad_id: int) -> dict:
         """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open,
-        and a setting it ignores must not refuse a resume; `loss_mask_field` only where it is not
-        the default, so the recipes that never set it keep the digests their checkpoints hold."""
+        and a setting it ignores must not refuse a resume; `loss_mask_field` and `overlong` only
+        where they are not the default, so the recipes that never set them keep the digests their
+        checkpoints hold."""
         return {
             "op": self.name,
             "max_length": self.max_length,
@@ -452,4 +502,5 @@ class PackFlatOp:
             "field": self.field,
             **({"max_open_rows": self.max_open_rows} if self.algorithm == "first_fit" else {}),
             **({"loss_mask_field": self.loss_mask_field} if self.loss_mask_field != LOSS_MASK_FIELD else {}),
+            **({"overlong": self.overlong} if self.overlong != "split" else {}),
         }

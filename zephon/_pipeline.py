@@ -295,6 +295,7 @@ class Pipeline:
         field: str = "input_ids",
         max_open_rows: int = 16,
         loss_mask_field: str = LOSS_MASK_FIELD,
+        overlong: str = "split",
     ) -> Pipeline:
         """Append the text packer: "wrap" cuts documents at every max_length tokens, "first_fit"
         places each whole document in the first open row with room (at most `max_open_rows` open;
@@ -305,8 +306,14 @@ class Pipeline:
         A record that holds `loss_mask_field` (one bool, or 0/1, per id: what `tokenize(prompt_field=)`
         writes) trains only on the tokens it marks True: the label before every other token is
         IGNORE_INDEX. One that does not trains on every token; one whose mask is not one flag per
-        id is skipped (`bad_loss_mask`)."""
-        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field))
+        id is skipped (`bad_loss_mask`).
+
+        `overlong` says what becomes of a document longer than a row: "split" (the default) cuts it
+        into pieces as above, whose later ones train without what came before them (a chat cut
+        mid-answer); "truncate" keeps its first `max_length` tokens (its last one then has no
+        label), counted per dataset in `stats()` as `truncated` and `truncated_tokens`; "skip"
+        skips it (`document_too_long`)."""
+        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field, overlong))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
         """Append a seeded shuffle buffer of `buffer_size` rows per lane segment.

@@ -650,6 +650,7 @@ _RECIPE = dict(
         ({"shuffle_buffer": 16}, "shuffle_buffer"),
         ({"text_field": "body"}, "text_field"),
         ({"packing": "first_fit"}, "packing"),
+        ({"overlong": "truncate"}, "overlong"),
         ({"datasets": [("kjv", str(DATA / "kjv")), ("jargon", str(DATA / "jargon" / "jargon-0000[01]-*"))]}, "datasets"),
         ({"token_estimation": True}, "token_estimation (or the text it measured)"),
         ({"num_lanes": 8}, "num_lanes"),

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.harness import assert_plans_collate_like_their_rows, refusals
-from zephon import IGNORE_INDEX, PADDING_DOCUMENT, SegmentContext
+from zephon import IGNORE_INDEX, PADDING_DOCUMENT, ConfigurationError, SegmentContext
 from zephon._first_fit import FirstFitRows
 from zephon._packing import FirstFitPacker, FlatRowPlan, PackFlatOp, WrapPacker
 from zephon._records import RecordAddress
@@ -177,6 +177,47 @@ def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reaso
         assert packer.drain_skips() == []
     count = PackFlatOp(4).token_counter()  # token estimation counts what the packers place
     assert [count(address, record) for address, record in items] == [5, 0, 0, 0, 0, 3]
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents, st.integers(min_value=1, max_value=64), st.sampled_from(["wrap", "first_fit"]),
+       st.sampled_from(["truncate", "skip"]))
+def test_a_document_longer_than_a_row_is_cut_to_its_first_ids_or_refused_and_reported(lengths, max_length, algorithm,
+                                                                                     overlong):
+    """`overlong`: every row holds the documents that fit whole and, truncated, only the first
+    `max_length` ids of a longer one, its last learning nothing; each long one is reported once, as
+    (address, ids dropped) or (address, "document_too_long", detail). Token estimation counts what
+    is placed."""
+    docs = _docs(lengths)
+    packer = (WrapPacker(max_length, 0, "input_ids", overlong=overlong) if algorithm == "wrap"
+              else FirstFitPacker(max_length, 0, "input_ids", 4, overlong=overlong))
+    rows = _run(packer, docs)
+    kept = [(i, min(n, max_length)) for i, n in enumerate(lengths) if n <= max_length or overlong == "truncate"]
+    expected = np.concatenate([np.arange(n, dtype=np.int32) + 1000 * (i + 1) for i, n in kept] or [np.zeros(0)])
+    np.testing.assert_array_equal(np.sort(_real_tokens(rows)), np.sort(expected))
+    learned = sum(int((row.tokens["labels"] != IGNORE_INDEX).sum()) for row in rows)
+    assert learned == sum(n - 1 for _, n in kept), "each document learns every id but its first, the last kept ends it"
+    long = [(RecordAddress("d", "s", i), n) for i, n in enumerate(lengths) if n > max_length]
+    if overlong == "truncate":
+        assert packer.drain_truncations() == [(address, n - max_length) for address, n in long]
+        assert packer.drain_skips() == []
+    else:
+        detail = "{} tokens, more than a row's max_length={} (pack_flat overlong='skip')"
+        assert refusals(packer.drain_skips()) == [
+            (address, "document_too_long", detail.format(n, max_length)) for address, n in long]
+        assert packer.drain_truncations() == []
+    count = PackFlatOp(max_length, algorithm, overlong=overlong).token_counter()
+    assert sum(count(address, record) for address, record in docs) == sum(n for _, n in kept)
+
+
+def test_overlong_enters_the_recipe_only_where_it_is_not_the_default_split():
+    """The recipes made before it keep the digests their checkpoints hold; another value is refused by name."""
+    assert PackFlatOp(64).fingerprint(0) == PackFlatOp(64, overlong="split").fingerprint(0)
+    assert "overlong" not in PackFlatOp(64).fingerprint(0)
+    assert PackFlatOp(64, overlong="truncate").fingerprint(0) == {**PackFlatOp(64).fingerprint(0),
+                                                                  "overlong": "truncate"}
+    with pytest.raises(ConfigurationError, match=r"pack_flat: overlong must be one of \('split', 'truncate', 'skip'\)"):
+        PackFlatOp(64, overlong="drop")
 
 
 @pytest.mark.parametrize("value, held", [

@@ -36,6 +36,7 @@ _FIELD_OF_KEY = {
     "tokenize.eos": "eos",
     "pack_flat.max_length": "max_length",
     "pack_flat.algorithm": "packing",
+    "pack_flat.overlong": "overlong",
     "shuffle.buffer_size": "shuffle_buffer",
     "plan.seed": "seed",
     "shuffle.seed": "seed",
@@ -55,13 +56,15 @@ _PICKED_BY = {
 }
 
 # Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text field,
-# bos and eos: where one of those changed, the measurement followed it; otherwise it is
-# `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
-# digests, of sizes and counts, do not see), whatever else changed beside it.
+# bos and eos (and the chat fields), as many as the packer places (max_length, overlong): where one
+# of those changed, the measurement followed it; otherwise it is `token_estimation` switched, or the
+# text of a shard rewritten at its size (which the dataset digests, of sizes and counts, do not
+# see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
 _MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs",
                      "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field", "chat_template_name",
-                     "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "bos", "eos"}
+                     "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "bos", "eos", "max_length",
+                     "overlong"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {

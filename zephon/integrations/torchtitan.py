@@ -80,7 +80,7 @@ class DataRecipe:
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
     `mixture`, `tokenizer`, `text_field`, `chat_field` and the other `chat_` fields, `bos`,
-    `eos`, `max_length`, `packing`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
+    `eos`, `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
     `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `num_epochs` — and the global
     batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
@@ -110,7 +110,9 @@ class DataRecipe:
     and `chat_roles={"human": "user", "gpt": "assistant"}`, kept as pairs; `chat_learned_roles`
     (default the assistant's) and `chat_on_rewrite` ("learn_last": where the template rewrites
     earlier turns, as a reasoning model's drops their thinking, the last answer alone is learned)
-    are render_chat's. The `chat_` fields need `chat_field`.
+    are render_chat's. The `chat_` fields need `chat_field`. `overlong` is what becomes of a
+    document longer than `max_length` (`pack_flat`'s: "split" across rows, "truncate" to its first
+    `max_length` tokens, or "skip"; chats are best truncated or skipped).
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -132,6 +134,7 @@ class DataRecipe:
     eos: str | None = None
     max_length: int = 2048
     packing: str = "wrap"
+    overlong: str = "split"
     shuffle_buffer: int = 1024
     seed: int = 0
     num_lanes: int = 32
@@ -225,7 +228,7 @@ class DataRecipe:
                         .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
         return (
             pipeline
-            .pack_flat(max_length=self.max_length, algorithm=self.packing)
+            .pack_flat(max_length=self.max_length, algorithm=self.packing, overlong=self.overlong)
             .shuffle(buffer_size=self.shuffle_buffer, seed=self.seed)
             .batch(microbatch_size=self.microbatch_size)
         )
