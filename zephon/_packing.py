@@ -322,8 +322,8 @@ class _FlatPacker:
     def _document(self, address: RecordAddress, record: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The record's (ids, targets) to place, or None where it is refused (`drain_skips`)."""
         document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-        if document is None:
-            return None
+        if document is None or len(document[0]) <= self.max_length:  # most documents: no call made for them
+            return document
         return fit_document(document, address, self.max_length, self.overlong, self._skips, self._truncations)
 
     def drain_skips(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
