@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ._chat_render import check_template, keyword_as_json, reads_clock, renderer, transformers_tokenizer
+from ._dataset_scope import scoped, with_scope
 from ._errors import BadRecordError, ConfigurationError, check_field_name
 from ._field_names import fields_it_has
 from ._loss_mask import sample as _sample
@@ -132,7 +133,12 @@ class RenderChatOp(RecordOperator):
     documents_field: str | None = None
     template_name: str | None = None
     template_kwargs_field: str | None = None
+    datasets: tuple[str, ...] | None = None
     name: str = "render_chat"
+
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        return self.datasets
 
     @functools.cached_property
     def templates(self) -> dict[str, str]:
@@ -207,7 +213,7 @@ class RenderChatOp(RecordOperator):
                             record.pop(used, None)
             return batch
 
-        return render_chat
+        return scoped(render_chat, self.datasets)
 
     def fingerprint(self) -> dict:
         """What decides the segments: the templates' texts (and the name of the one named) and the
@@ -241,7 +247,7 @@ class RenderChatOp(RecordOperator):
             out["template_kwargs"] = [list(pair) for pair in self.template_kwargs]
         if self.template_kwargs_field is not None:
             out["template_kwargs_field"] = self.template_kwargs_field
-        return out
+        return with_scope(out, self.datasets)
 
 
 def _detail(field: str, details: dict, reason: str, record: dict) -> str:

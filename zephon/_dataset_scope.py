@@ -12,11 +12,11 @@ here, naming the datasets there are, before any record is read.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ._errors import ConfigurationError
 
-__all__ = ["check_dataset_names", "check_dataset_scopes", "work_source_dataset_names"]
+__all__ = ["check_dataset_names", "check_dataset_scopes", "scoped", "with_scope", "work_source_dataset_names"]
 
 
 def check_dataset_names(value: object, user: str, setting: str = "datasets") -> tuple[str, ...] | None:
@@ -70,3 +70,22 @@ def check_dataset_scopes(operators: Iterable[object], dataset_names: Iterable[st
                     f"{user}(datasets={list(scope)}): {name!r} is no dataset of "
                     f"the work source, whose datasets are {known}{guess}"
                 )
+
+
+def scoped(fn: Callable, scope: tuple[str, ...] | None) -> Callable:
+    """The stage function `fn` run on the chunks of the datasets in `scope` (None: on every chunk),
+    the chunks of the others handed on as they came, neither changed nor counted: a mixture of
+    text and chats tokenizes each with the stages scoped to it."""
+    if scope is None:
+        return fn
+
+    def run_in_scope(batch):
+        return fn(batch) if batch.chunk.dataset in scope else batch
+
+    return run_in_scope
+
+
+def with_scope(fingerprint: dict, scope: tuple[str, ...] | None) -> dict:
+    """A stage's fingerprint with its scope, where it has one: a stage on every dataset keeps the
+    fingerprint it had before stages could be scoped, and the checkpoints that hold it resume."""
+    return fingerprint if scope is None else {**fingerprint, "datasets": list(scope)}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 
 from ._chat import RenderChatOp, check_chat_options
 from ._chat_render import check_template_kwargs, check_today
+from ._dataset_scope import check_dataset_names
 from ._entry_points import find
 from ._errors import ConfigurationError, check_count, check_field_name
 from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
@@ -121,17 +122,23 @@ class Pipeline:
             raise ConfigurationError(f"unknown pipeline options {sorted(unknown)}; known: {sorted(known)}")
         return Pipeline(self.source, operators=self.operators, options=replace(self.settings, **settings))
 
-    def map(self, fn: Callable[[dict], dict | None], *, parallelism: int = 1) -> Pipeline:
+    def map(self, fn: Callable[[dict], dict | None], *, parallelism: int = 1,
+            datasets: str | list[str] | None = None) -> Pipeline:
         """Append `fn(record) -> record | None` (None drops the record as filtered). What `fn`
         returns is copied before later stages change it, so it may return one dict for many
-        records (a default, a cache): each gets its own copy, on every runner."""
-        return self._with(MapOp(check_user_function(fn, "map"), check_parallelism(parallelism, "map")))
+        records (a default, a cache): each gets its own copy, on every runner. `datasets` (None:
+        every one) names the datasets of the mixture whose records it maps; the others' pass
+        unchanged (`tokenize` has the same)."""
+        return self._with(MapOp(check_user_function(fn, "map"), check_parallelism(parallelism, "map"),
+                                check_dataset_names(datasets, "map")))
 
-    def filter(self, fn: Callable[[dict], bool], *, parallelism: int = 1) -> Pipeline:
+    def filter(self, fn: Callable[[dict], bool], *, parallelism: int = 1,
+               datasets: str | list[str] | None = None) -> Pipeline:
         """Append `fn(record) -> bool`: a record it returns false for is dropped, counted as
         `filtered`. A coroutine or generator returned (an `async def`, a `yield`) is refused, since
-        it is true whatever it holds and would keep every record."""
-        return self._with(FilterOp(check_user_function(fn, "filter"), check_parallelism(parallelism, "filter")))
+        it is true whatever it holds and would keep every record. `datasets` as `map`'s."""
+        return self._with(FilterOp(check_user_function(fn, "filter"), check_parallelism(parallelism, "filter"),
+                                   check_dataset_names(datasets, "filter")))
 
     def tokenize(
         self,
@@ -149,6 +156,7 @@ class Pipeline:
         prompt_field: str | None = None,
         loss_mask_field: str = LOSS_MASK_FIELD,
         segments: bool = False,
+        datasets: str | list[str] | None = None,
     ) -> Pipeline:
         """Append the tokenizer: `record[field]` (a str) becomes `record[output_field]`, int32 ids,
         with `bos`/`eos` (token strings) around them.
@@ -188,6 +196,12 @@ class Pipeline:
         messages' contents) they stay text as `split_special_tokens` says. A record whose field is
         not such a list is skipped (`not_segments`), one whose texts are all blank as
         `empty_document`.
+
+        `datasets` (None: every one) names the datasets of the mixture whose records this stage
+        tokenizes; the others' pass it unchanged, so that a mixture of text and chats tokenizes
+        each its own way: `.render_chat(..., datasets="chats").tokenize(..., field="segments",
+        segments=True, datasets="chats").tokenize(..., field="text", datasets="web")`. A name that
+        is no dataset of the work source is refused when the pipeline is sharded.
         """
         if isinstance(tokenizer_id, os.PathLike):
             tokenizer_id = os.fspath(tokenizer_id)
@@ -206,6 +220,7 @@ class Pipeline:
         op = TokenizeOp(
             tokenizer_id, field, check_parallelism(parallelism, "tokenize"), bos, eos, output_field, keep_field,
             split_special_tokens, marker, offsets_field, prompt_field, loss_mask_field, segments,
+            check_dataset_names(datasets, "tokenize"),
         )
         handle = op.handle()  # fail now, not in a worker, if the tokenizer or its special tokens are missing
         handle.token_id(bos)
@@ -231,6 +246,7 @@ class Pipeline:
         documents_field: str | None = None,
         template_name: str | None = None,
         template_kwargs_field: str | None = None,
+        datasets: str | list[str] | None = None,
     ) -> Pipeline:
         """Append a chat renderer: `record[field]`, a list of {"role": str, "content": str}
         messages (or contents as lists of parts, `[{"type": "image"}, {"type": "text", "text":
@@ -262,6 +278,8 @@ class Pipeline:
         (`{"enable_thinking": False}`, Qwen3's), JSON values; they enter the recipe.
         `template_kwargs_field` names a record's own (a dict, or one as a JSON str; TRL's
         `chat_template_kwargs` column), over `template_kwargs` (`not_template_kwargs`).
+        `datasets` (None: every one) names the datasets of chats in a mixture; the others' records
+        pass unchanged, to be tokenized as text (`tokenize(datasets=...)`).
 
         The texts are found by rendering the chat's prefixes: one where the learned text starts or
         ends, and one more for each assistant turn's generation prompt, about two a turn of a user
@@ -282,7 +300,8 @@ class Pipeline:
         op = RenderChatOp(tokenizer_dir, field, output_field, tuple(learned_roles),
                           check_parallelism(parallelism, "render_chat"), keep_field, role_key, content_key, roles,
                           tools_field, on_rewrite, check_today(today), check_template_kwargs(template_kwargs),
-                          documents_field, template_name, template_kwargs_field)
+                          documents_field, template_name, template_kwargs_field,
+                          check_dataset_names(datasets, "render_chat"))
         op.templates  # read now: no template, one that does not compile or a clock without today is refused here
         return self._with(op)
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from ._dataset_scope import scoped, with_scope
 from ._errors import BadRecordError, ConfigurationError, UserFunctionError, check_count
 from ._field_names import fields_it_has
 from ._fingerprint import _describe_callable, _fingerprint_callable
@@ -86,9 +87,17 @@ class MapOp(RecordOperator):
 
     fn: Callable[[dict], dict | None]
     parallelism: int = 1
+    datasets: tuple[str, ...] | None = None
     name: str = "map"
 
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        return self.datasets
+
     def build(self, on_error: str) -> RecordFn:
+        return scoped(self._build(), self.datasets)
+
+    def _build(self) -> RecordFn:
         fn, name = self.fn, self.name
 
         def apply_map(batch: ChunkRecords) -> ChunkRecords:
@@ -111,7 +120,7 @@ class MapOp(RecordOperator):
         return apply_map
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "fn": _fingerprint_callable(self.fn)}
+        return with_scope({"op": self.name, "fn": _fingerprint_callable(self.fn)}, self.datasets)
 
 
 _NOT_A_VERDICT = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
@@ -125,9 +134,17 @@ class FilterOp(RecordOperator):
 
     fn: Callable[[dict], bool]
     parallelism: int = 1
+    datasets: tuple[str, ...] | None = None
     name: str = "filter"
 
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        return self.datasets
+
     def build(self, on_error: str) -> RecordFn:
+        return scoped(self._build(), self.datasets)
+
+    def _build(self) -> RecordFn:
         fn, name = self.fn, self.name
 
         def apply_filter(batch: ChunkRecords) -> ChunkRecords:
@@ -153,7 +170,7 @@ class FilterOp(RecordOperator):
         return apply_filter
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "fn": _fingerprint_callable(self.fn)}
+        return with_scope({"op": self.name, "fn": _fingerprint_callable(self.fn)}, self.datasets)
 
 
 @dataclass(frozen=True)
@@ -191,7 +208,12 @@ class TokenizeOp(RecordOperator):
     prompt_field: str | None = None
     loss_mask_field: str = LOSS_MASK_FIELD
     segments: bool = False
+    datasets: tuple[str, ...] | None = None
     name: str = "tokenize"
+
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        return self.datasets
 
     @property
     def writes_loss_mask(self) -> bool:
@@ -303,15 +325,16 @@ class TokenizeOp(RecordOperator):
                     record.pop(prompt_field, None)
             return batch
 
-        return tokenize
+        return scoped(tokenize, self.datasets)
 
     def fingerprint(self) -> dict:
         """What decides the ids and what later stages see. `keep_field` only when True: the text it
         leaves may be read by a later map or filter, which then keeps other records (a resume that
         flipped it was accepted); left at its default it adds nothing, so the recipes that never set
         it keep the digests their checkpoints hold; `marker` and `offsets_field` likewise only with
-        a marker, `prompt_field` and `loss_mask_field` only with a prompt or segments."""
-        return {
+        a marker, `prompt_field` and `loss_mask_field` only with a prompt or segments, `datasets`
+        only where it is scoped."""
+        return with_scope({
             "op": self.name,
             "tokenizer": self.handle().digest,
             "field": self.field,
@@ -324,7 +347,7 @@ class TokenizeOp(RecordOperator):
             **({"prompt_field": self.prompt_field, "loss_mask_field": self.loss_mask_field}
                if self.prompt_field is not None else {}),
             **({"segments": "joined", "loss_mask_field": self.loss_mask_field} if self.segments else {}),
-        }
+        }, self.datasets)
 
 
 _CHARACTERS_PER_CALL = 1 << 16
