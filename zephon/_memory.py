@@ -96,7 +96,7 @@ def memory_budget(
     accumulators = [op for op in operators if op.kind == "accumulator"]
     packer = loader.packer  # as the loader bound it: a PackMultimodal takes its spec from its decoder there
     buffered = sum(getattr(op, "buffer_size", 0) for op in accumulators)
-    open_rows = 1 if getattr(packer, "algorithm", None) == "wrap" else getattr(packer, "max_open_rows", 1)
+    open_rows = 1 if getattr(packer, "algorithm", None) in ("wrap", "pad") else getattr(packer, "max_open_rows", 1)
     field_bytes = getattr(packer, "row_field_bytes", ROW_FIELD_BYTES)  # a packer adding fields says so
     row_bytes = packer.max_length * (field_bytes + _pixel_bytes_per_token(packer))
     rows = lanes * (buffered + open_rows + loader.microbatch_size) * row_bytes

@@ -8,6 +8,8 @@ The accumulator decides which document pieces go into which row and emits that d
 - `first_fit`: a document is placed in the first open row with room for it; a document that fits
   in a row is never split (longer ones are cut into `max_length` pieces first). Up to
   `max_open_rows` rows stay open; the oldest is emitted (padded) when one more is needed.
+- `pad`: no packing, each document in a row of its own, padded (a longer one cut into
+  `max_length` pieces, each a row): what a model trained or evaluated on one sample a row takes.
 
 Every row carries `input_ids`, `labels` (the next token of the same document, IGNORE_INDEX at a
 document's end, before a token its loss mask leaves out (`_loss_mask`) and on padding),
@@ -43,8 +45,8 @@ from ._loss_mask import LOSS_MASK_FIELD, loss_mask_detail, targets_of
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "Piece", "RefusedRecords", "WrapPacker",
-           "assemble_row", "fit_document", "no_tokens_detail", "token_ids"]
+__all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "PadPacker", "Piece", "RefusedRecords",
+           "WrapPacker", "assemble_row", "fit_document", "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -408,7 +410,24 @@ class FirstFitPacker(_FlatPacker):
         return FlatRowPlan(tuple(pieces), self.max_length, self.pad_id)
 
 
-ALGORITHMS = ("wrap", "first_fit")
+class PadPacker(_FlatPacker):
+    """One document a row, padded; keeps nothing between pushes. Thread-unsafe."""
+
+    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
+        address, record = item
+        document = self._document(address, record)
+        if document is None:
+            return []
+        tokens, targets = document
+        cut = _own_piece if len(tokens) > self.max_length else Piece
+        return [FlatRowPlan((cut(tokens, start, min(start + self.max_length, len(tokens)), address, targets),),
+                            self.max_length, self.pad_id) for start in range(0, len(tokens), self.max_length)]
+
+    def flush(self) -> list[FlatRowPlan]:
+        return []
+
+
+ALGORITHMS = ("wrap", "first_fit", "pad")
 
 
 class RefusedRecords(list):
@@ -461,6 +480,8 @@ class PackFlatOp:
         def make(ctx: SegmentContext):
             if self.algorithm == "wrap":
                 return WrapPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong)
+            if self.algorithm == "pad":
+                return PadPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong)
             return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows, self.loss_mask_field,
                                   self.overlong)
 
@@ -490,7 +511,7 @@ class PackFlatOp:
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
-        """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open,
+        """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open (pad none),
         and a setting it ignores must not refuse a resume; `loss_mask_field` and `overlong` only
         where they are not the default, so the recipes that never set them keep the digests their
         checkpoints hold."""

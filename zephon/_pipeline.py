@@ -319,7 +319,8 @@ class Pipeline:
         """Append the text packer: "wrap" cuts documents at every max_length tokens, "first_fit"
         places each whole document in the first open row with room (at most `max_open_rows` open;
         wrap keeps one and ignores it); a document longer than a row is first cut into max_length
-        pieces that each fill a row alone, the rest placed first-fit. A record whose `field` is
+        pieces that each fill a row alone, the rest placed first-fit. "pad" packs nothing: each
+        document (each max_length piece of a longer one) is a row of its own, padded. A record whose `field` is
         absent, not token ids, or empty is skipped (`missing_field`, `not_tokens`, `empty_document`).
 
         A record that holds `loss_mask_field` (one bool, or 0/1, per id: what `tokenize(prompt_field=)`

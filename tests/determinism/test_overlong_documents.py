@@ -1,7 +1,8 @@
-"""Documents longer than a row, truncated or skipped (`pack_flat(overlong=...)`): the same
-global-batch SHA-256s on every runner and world size and after a resume on another one; over an
-epoch every long document is held by one row, its first `max_length` ids, or by none, and the
-ledger counts it, per dataset, as `truncated` (with the ids dropped) or `skipped:document_too_long`."""
+"""Documents longer than a row, truncated or skipped (`pack_flat(overlong=...)`), packed or one a
+row (`algorithm="pad"`): the same global-batch SHA-256s on every runner and world size and after a
+resume on another one; over an epoch every long document is held by one row, its first
+`max_length` ids, or by none, and the ledger counts it, per dataset, as `truncated` (with the ids
+dropped) or `skipped:document_too_long`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tests.determinism.test_loss_mask_elastic import no_prompt_is_an_empty_one, write_corpora
 from tests.harness import GLOBAL_BATCH, NUM_LANES, checkpoint_after, step_digests
 from zephon import IGNORE_INDEX, Pipeline
+from zephon._packing import ALGORITHMS
 from zephon._tokenizer import load_tokenizer
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
@@ -55,6 +57,14 @@ def test_the_same_global_batches_on_every_runner_and_world_size(corpora, demo_to
     assert digests == references[overlong]
 
 
+def test_unpacked_rows_are_the_same_on_every_runner_and_world_size(corpora, demo_tokenizer_path):
+    """`algorithm="pad"`: one document a row, the rows dealt and shuffled as packed ones are."""
+    reference = step_digests(pipeline(corpora, demo_tokenizer_path, "truncate", algorithm="pad"), 1, STEPS)
+    for runner, world_size in [("thread", 4), ("process", 2)]:
+        unpacked = pipeline(corpora, demo_tokenizer_path, "truncate", algorithm="pad", runner=runner)
+        assert step_digests(unpacked, world_size, STEPS) == reference
+
+
 @pytest.mark.parametrize("overlong", ["truncate", "skip"])
 def test_a_resume_on_another_world_size_gives_the_uninterrupted_batches(corpora, demo_tokenizer_path, references,
                                                                         overlong):
@@ -82,7 +92,7 @@ def _records(corpora, tokenizer) -> dict[tuple[str, str, int], tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("algorithm", ["wrap", "first_fit"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("overlong", ["truncate", "skip"])
 def test_an_epoch_holds_each_long_document_cut_to_a_row_or_not_at_all_and_counts_it(corpora, demo_tokenizer_path,
                                                                                     overlong, algorithm):

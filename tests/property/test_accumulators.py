@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.harness import assert_plans_collate_like_their_rows, refusals
 from zephon import IGNORE_INDEX, PADDING_DOCUMENT, ConfigurationError, SegmentContext
 from zephon._first_fit import FirstFitRows
-from zephon._packing import FirstFitPacker, FlatRowPlan, PackFlatOp, WrapPacker
+from zephon._packing import ALGORITHMS, FirstFitPacker, FlatRowPlan, PackFlatOp, WrapPacker
 from zephon._records import RecordAddress
 from zephon._shuffle import ShuffleBuffer
 
@@ -37,6 +37,12 @@ def _plans(packer, docs):
 def _run(packer, docs):
     """The packed rows, each assembled on its own."""
     return [plan.assemble() for plan in _plans(packer, docs)]
+
+
+def _packer(algorithm: str, max_length: int, pad_id: int = 0, max_open_rows: int = 4, overlong: str = "split"):
+    """The packer `pack_flat` makes for one lane segment."""
+    op = PackFlatOp(max_length, algorithm, max_open_rows=max_open_rows, overlong=overlong)
+    return op.factory(pad_id)(SegmentContext(lane=0, segment=0))
 
 
 def _real_tokens(rows):
@@ -139,12 +145,31 @@ def test_segment_rng_depends_only_on_seed_lane_and_segment():
     assert draw(0, 0) != draw(0, 0, seed=2)
 
 
+@settings(max_examples=200, deadline=None)
+@given(documents, st.integers(min_value=1, max_value=64))
+def test_pad_places_each_document_in_rows_of_its_own_in_order(lengths, max_length):
+    """No packing: every row holds one document, or one `max_length` piece of a longer one, in the
+    order pushed, the rest padding; a flush has nothing left to give."""
+    packer = _packer("pad", max_length, pad_id=7)
+    rows = []
+    for doc in _docs(lengths):
+        pushed = packer.push(doc)
+        assert len(pushed) == -(-len(doc[1]["input_ids"]) // max_length), "each piece its row, at once"
+        rows += [plan.assemble() for plan in pushed]
+    assert packer.flush() == []
+    np.testing.assert_array_equal(_real_tokens(rows), np.concatenate([r["input_ids"] for _, r in _docs(lengths)]
+                                                                      or [np.zeros(0, np.int32)]))
+    for row in rows:
+        real = row.tokens["document_ids"] != PADDING_DOCUMENT
+        assert set(row.tokens["document_ids"][real].tolist()) == {0} and len(row.sources) == 1
+        assert (row.tokens["input_ids"][~real] == 7).all() and real[: real.sum()].all(), "the document first"
+
+
 @settings(max_examples=100, deadline=None)
 @given(documents, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=5),
-       st.sampled_from(["wrap", "first_fit"]))
+       st.sampled_from(ALGORITHMS))
 def test_a_microbatch_of_flat_plans_equals_its_rows_assembled_one_by_one(lengths, max_length, microbatch, algorithm):
-    packer = (WrapPacker(max_length, pad_id=7, field="input_ids") if algorithm == "wrap"
-              else FirstFitPacker(max_length, pad_id=7, field="input_ids", max_open_rows=3))
+    packer = _packer(algorithm, max_length, pad_id=7, max_open_rows=3)
     plans = _plans(packer, _docs(lengths))
     assert all(isinstance(plan, FlatRowPlan) for plan in plans)
     assert_plans_collate_like_their_rows(plans, microbatch)
@@ -180,7 +205,7 @@ def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reaso
 
 
 @settings(max_examples=200, deadline=None)
-@given(documents, st.integers(min_value=1, max_value=64), st.sampled_from(["wrap", "first_fit"]),
+@given(documents, st.integers(min_value=1, max_value=64), st.sampled_from(ALGORITHMS),
        st.sampled_from(["truncate", "skip"]))
 def test_a_document_longer_than_a_row_is_cut_to_its_first_ids_or_refused_and_reported(lengths, max_length, algorithm,
                                                                                      overlong):
@@ -189,8 +214,7 @@ def test_a_document_longer_than_a_row_is_cut_to_its_first_ids_or_refused_and_rep
     (address, ids dropped) or (address, "document_too_long", detail). Token estimation counts what
     is placed."""
     docs = _docs(lengths)
-    packer = (WrapPacker(max_length, 0, "input_ids", overlong=overlong) if algorithm == "wrap"
-              else FirstFitPacker(max_length, 0, "input_ids", 4, overlong=overlong))
+    packer = _packer(algorithm, max_length, overlong=overlong)
     rows = _run(packer, docs)
     kept = [(i, min(n, max_length)) for i, n in enumerate(lengths) if n <= max_length or overlong == "truncate"]
     expected = np.concatenate([np.arange(n, dtype=np.int32) + 1000 * (i + 1) for i, n in kept] or [np.zeros(0)])
@@ -260,15 +284,14 @@ def test_the_recipe_fingerprint_holds_max_open_rows_only_where_the_packer_uses_i
 
 @settings(max_examples=200, deadline=None)
 @given(documents, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=3),
-       st.sampled_from(["wrap", "first_fit"]))
+       st.sampled_from(ALGORITHMS))
 def test_a_rows_sources_name_each_document_by_its_document_id_even_when_a_record_repeats(lengths, max_length,
                                                                                       records, algorithm):
     """`sources[d]` is the record of the tokens where `document_ids == d`, the way a trainer
     attributes tokens to records; a record read again (the next epoch) may fill a row twice."""
     occurrences = _docs(lengths)  # token values say which occurrence they came from
     docs = [(RecordAddress("d", "s", i % records), record) for i, (_, record) in enumerate(occurrences)]
-    packer = (WrapPacker(max_length, pad_id=0, field="input_ids") if algorithm == "wrap"
-              else FirstFitPacker(max_length, pad_id=0, field="input_ids", max_open_rows=4))
+    packer = _packer(algorithm, max_length)
     for row in _run(packer, docs):
         document_ids = row.tokens["document_ids"]
         assert len(row.sources) == len(np.unique(document_ids[document_ids != PADDING_DOCUMENT]))
