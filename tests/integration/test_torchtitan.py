@@ -846,6 +846,52 @@ def test_a_chat_data_recipe_reads_sharegpt_chats_by_their_keys_and_roles_and_a_c
         DataRecipe(**{**settings, "chat_field": None, "chat_keys": None})
 
 
+def test_a_data_recipe_mixing_text_and_chats_tokenizes_each_its_way_and_a_change_of_chat_datasets_is_named(
+    tmp_path, demo_tokenizer_path
+):
+    """`chat_datasets`: the chats rendered and learned on their answers, the other datasets' texts
+    learned whole, the stream of the equivalent scoped pipeline; a checkpoint is refused by a recipe
+    that renders every dataset as chats, naming `chat_datasets` alone. Names no dataset of the
+    recipe holds are refused."""
+    from tests.unit.test_chat import CHATML, tokenizer_dir, write_chats
+
+    directory = tokenizer_dir(tmp_path / "chatml", CHATML, demo_tokenizer_path)
+    chats, web = write_chats(tmp_path / "chats", 16), tmp_path / "web"
+    web.mkdir()
+    lines = [json.dumps({"body": f"Lane {k} reads shard {k}."}) for k in range(16)]
+    (web / "web.jsonl").write_text("".join(line + "\n" for line in lines))
+    tokenizer = str(directory / "tokenizer.json")
+    settings = dict(datasets=[("chats", str(chats)), ("web", str(web))], tokenizer=tokenizer, text_field="body",
+                    chat_field="messages", chat_datasets=["chats"], eos="<|eos|>", max_length=64, num_lanes=2,
+                    records_per_chunk=4, token_estimation=False, runner="inline")
+    recipe = DataRecipe(**settings)
+    assert recipe.chat_datasets == ("chats",)
+    source = StaticMixtureWorkSource([Dataset.from_path("chats", str(chats)), Dataset.from_path("web", str(web))],
+                                     seed=0, records_per_chunk=4)
+    expected = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .render_chat(directory, field="messages", datasets="chats")
+                .tokenize(tokenizer, field="segments", segments=True, eos="<|eos|>", datasets="chats")
+                .tokenize(tokenizer, field="body", eos="<|eos|>", datasets="web")
+                .pack_flat(64).shuffle(buffer_size=1024, seed=0).batch(1))
+    with ZephonDataLoader(recipe, 0, 1, 2) as ours, expected.shard(0, 1, global_batch_size=2) as theirs:
+        it = iter(theirs)
+        for _ in range(4):
+            next(iter(ours))
+            assert [b.digest() for b in ours.last_microbatches] == [next(it).digest() for _ in ours.last_microbatches]
+        assert {name: counts["total"]["skipped"] for name, counts in ours.stats()["datasets"].items()} == {
+            "chats": {}, "web": {}}
+        state = ours.state_dict()
+    for change in ({"chat_datasets": None}, {"chat_datasets": ["chats", "web"]}):
+        with ZephonDataLoader(DataRecipe(**{**settings, **change}), 0, 1, 2) as changed:
+            with pytest.raises(RecipeMismatchError, match=re.escape("DataRecipe fields that changed: chat_datasets.")):
+                changed.load_state_dict(state)
+    with pytest.raises(ConfigurationError, match=r"DataRecipe.chat_datasets names \['chat'\], no dataset of the "
+                                                 r"recipe's \['chats', 'web'\]"):
+        DataRecipe(**{**settings, "chat_datasets": "chat"})
+    with pytest.raises(ConfigurationError, match="DataRecipe.chat_datasets is for chats: give chat_field"):
+        DataRecipe(**{**settings, "chat_field": None})
+
+
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
     """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
     config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank

@@ -30,6 +30,8 @@ _FIELD_OF_KEY = {
     "render_chat.roles": "chat_roles",
     "render_chat.learned_roles": "chat_learned_roles",
     "render_chat.on_rewrite": "chat_on_rewrite",
+    "render_chat.datasets": "chat_datasets",
+    "tokenize.datasets": "chat_datasets",
     "render_chat.rendering": "chat_field",
     "tokenize.segments": "chat_field",
     "tokenize.bos": "bos",
@@ -63,8 +65,8 @@ _PICKED_BY = {
 _MEASURED_RATE = "plan.tokens_per_byte"
 _MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs",
                      "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field", "chat_template_name",
-                     "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "bos", "eos", "max_length",
-                     "overlong"}
+                     "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "chat_datasets", "bos", "eos",
+                     "max_length", "overlong"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {
@@ -78,8 +80,9 @@ def data_recipe_fields(changed: Iterable[str], recipe_fields: Sequence[str]) -> 
     each once, in the order `recipe_fields` (DataRecipe's own) lists them, `global_batch_size` last;
     keys no field stands for are left out."""
     changed = list(changed)
-    if _chat_step_added_or_dropped(changed):  # each operator after it compares with another: only that is said
-        changed = [key for key in changed if not key.startswith("operators[")] + ["operators[0].tokenize.segments"]
+    added_or_dropped = _step_added_or_dropped(changed)
+    if added_or_dropped is not None:  # each operator after it compares with another: only that is said
+        changed = [key for key in changed if not key.startswith("operators[")] + [added_or_dropped]
     keys = [key.split(".", 1)[1] if key.startswith("operators[") else key for key in changed]
     keys = [key for key in keys if _PICKED_BY.get(key, set()).isdisjoint(keys)]
     fields = {_FIELD_OF_KEY[key] for key in keys if key in _FIELD_OF_KEY}
@@ -88,13 +91,17 @@ def data_recipe_fields(changed: Iterable[str], recipe_fields: Sequence[str]) -> 
     return [_WORDING.get(field, field) for field in (*recipe_fields, "global_batch_size") if field in fields]
 
 
-def _chat_step_added_or_dropped(changed: list[str]) -> bool:
-    """Whether one side's pipeline has the `render_chat` step the other lacks (`chat_field` set or
-    left out): operators are compared by position, so one position then holds two operators'
-    keys, one of them render_chat's."""
+def _step_added_or_dropped(changed: list[str]) -> str | None:
+    """The key standing for a step one side's pipeline has and the other lacks, or None: the
+    `render_chat` step (`chat_field` set or left out), else the `tokenize` of the plain text beside
+    the chats (`chat_datasets` set or left out, or naming every dataset). Operators are compared by
+    position, so one position then holds two operators' keys."""
     ops_at: dict[str, set[str]] = {}
     for key in changed:
         if key.startswith("operators["):
             at, rest = key.split(".", 1)
             ops_at.setdefault(at, set()).add(rest.split(".", 1)[0])
-    return any(len(ops) > 1 and "render_chat" in ops for ops in ops_at.values())
+    shifted = [ops for ops in ops_at.values() if len(ops) > 1]
+    if not shifted:
+        return None
+    return "tokenize.segments" if any("render_chat" in ops for ops in shifted) else "tokenize.datasets"

@@ -41,6 +41,7 @@ import numpy as np
 from .._accepted_changes import accepted_keys
 from .._batch import Batch
 from .._checkpoint import STATE_FORMAT, TORCHTITAN_STATE_KEY
+from .._dataset_scope import check_dataset_names
 from .._errors import (CheckpointError, ConfigurationError, RecipeMismatchError, StateLacksLanesError, check_count,
                        check_field_name)
 from .._job_log import config_level
@@ -110,7 +111,9 @@ class DataRecipe:
     and `chat_roles={"human": "user", "gpt": "assistant"}`, kept as pairs; `chat_learned_roles`
     (default the assistant's) and `chat_on_rewrite` ("learn_last": where the template rewrites
     earlier turns, as a reasoning model's drops their thinking, the last answer alone is learned)
-    are render_chat's. The `chat_` fields need `chat_field`. `overlong` is what becomes of a
+    are render_chat's. `chat_datasets` names the datasets that hold chats where others hold
+    plain text (`text_field`, learned whole): a mixture of pretraining text and chats. The `chat_`
+    fields need `chat_field`. `overlong` is what becomes of a
     document longer than `max_length` (`pack_flat`'s: "split" across rows, "truncate" to its first
     `max_length` tokens, or "skip"; chats are best truncated or skipped).
     """
@@ -130,6 +133,7 @@ class DataRecipe:
     chat_roles: tuple[tuple[str, str], ...] | None = None
     chat_learned_roles: tuple[str, ...] | None = None
     chat_on_rewrite: str | None = None
+    chat_datasets: tuple[str, ...] | None = None
     bos: str | None = None
     eos: str | None = None
     max_length: int = 2048
@@ -189,6 +193,13 @@ class DataRecipe:
                 object.__setattr__(self, name, tuple(getattr(self, name).items()))
         if isinstance(self.chat_learned_roles, list):
             object.__setattr__(self, "chat_learned_roles", tuple(self.chat_learned_roles))
+        if self.chat_datasets is not None:
+            chats = check_dataset_names(self.chat_datasets, "DataRecipe", "chat_datasets")
+            unknown = sorted(set(chats) - {name for name, _ in datasets})
+            if unknown:
+                raise ConfigurationError(f"DataRecipe.chat_datasets names {unknown}, no dataset of the recipe's "
+                                         f"{[name for name, _ in datasets]}")
+            object.__setattr__(self, "chat_datasets", chats)
         if self.chat_keys is not None:
             keys = tuple(self.chat_keys) if isinstance(self.chat_keys, (list, tuple)) else ()
             if len(keys) != 2 or not all(isinstance(key, str) and key for key in keys):
@@ -223,9 +234,13 @@ class DataRecipe:
             pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, **tokenize)
         else:  # a tokenizer.json's chat template is in its directory's tokenizer_config.json
             directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
+            chats = self.chat_datasets
             pipeline = (pipeline.render_chat(directory, field=self.chat_field, parallelism=self.parallelism,
-                                             **self._render_chat_options())
-                        .tokenize(self.tokenizer, field="segments", segments=True, **tokenize))
+                                             datasets=chats, **self._render_chat_options())
+                        .tokenize(self.tokenizer, field="segments", segments=True, datasets=chats, **tokenize))
+            texts = [name for name, _ in self.datasets if chats is not None and name not in chats]
+            if texts:
+                pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, datasets=texts, **tokenize)
         return (
             pipeline
             .pack_flat(max_length=self.max_length, algorithm=self.packing, overlong=self.overlong)
@@ -253,7 +268,7 @@ class DataRecipe:
 
 _CHAT_OPTIONS = ("chat_today", "chat_template_kwargs", "chat_tools_field", "chat_documents_field",
                  "chat_template_kwargs_field", "chat_template_name", "chat_keys", "chat_roles", "chat_learned_roles",
-                 "chat_on_rewrite")
+                 "chat_on_rewrite", "chat_datasets")
 """The DataRecipe fields that say how `chat_field`'s chats are rendered: nothing without it."""
 
 _DATA_RECIPE_FIELDS = tuple(field.name for field in dataclass_fields(DataRecipe))
