@@ -305,7 +305,8 @@ class RankLoader:
     def _token_counter(self, packer, fingerprints: dict[int, dict]):
         """Runs the stateless stages on a chunk and counts the tokens the packer will place: the
         packer's own `token_counter()` when it has one (e.g. image placeholders), else the length
-        of its input field; the records the packer's counter refused (its `drain_skips()`, where it
+        of its input field, and of them the tokens a loss learns where that counter's `learned`
+        counts them; the records the packer's counter refused (its `drain_skips()`, where it
         has one, as an accumulator's: (address, reason) or (address, reason, detail); a bare reason,
         as counters gave before details, counts without an example) count among the drops. The first
         record of each reason is kept with its detail, for the refusal of a sample without a token.
@@ -315,6 +316,7 @@ class RankLoader:
         field = getattr(packer, "field", "input_ids")
         tokens_of = make_counter() if make_counter else (lambda address, record: len(record.get(field, ())))
         packer_skips = getattr(tokens_of, "drain_skips", None)
+        learned_of = getattr(tokens_of, "learned", None)  # where the packer counts the tokens a loss learns
 
         def count(batch: ChunkRecords) -> SampleCount:
             for fn in fns:
@@ -325,6 +327,7 @@ class RankLoader:
             # The first kept detail of each reason is its first skip: the chunk keeps them in order.
             examples = {reason: next(iter(kept.items())) for reason, kept in batch.skip_details.items() if kept}
             tokens = sum(tokens_of(a, r) for a, r in zip(batch.addresses, batch.records))
+            learned = None if learned_of is None else sum(map(learned_of, batch.addresses, batch.records))
             for refused in packer_skips() if packer_skips is not None else ():
                 if isinstance(refused, str):  # unpacked, its letters were taken for an address and a reason
                     dropped[refused] += 1
@@ -332,7 +335,8 @@ class RankLoader:
                 address, reason, *detail = refused
                 dropped[reason] += 1
                 examples.setdefault(reason, (address, detail[0] if detail else ""))
-            return SampleCount(tokens, dropped, tuple((reason, *example) for reason, example in examples.items()))
+            return SampleCount(tokens, dropped, tuple((reason, *example) for reason, example in examples.items()),
+                               learned)
 
         # Same key, same counts: lets the work source measure once for every loader of a pipeline.
         # Fingerprints alone are not enough: they cannot see everything a map's or filter's closure

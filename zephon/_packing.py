@@ -494,20 +494,33 @@ class PackFlatOp:
         return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id)
 
     def token_counter(self):
-        """What token estimation counts of a record: the ids a packer places, none of one it refuses.
+        """What token estimation counts of a record: the ids a packer places, none of one it
+        refuses; `learned`, of them those a loss learns (`TokenEstimation(count="learned")`).
         The records it refused since the last call come from its `drain_skips()`, with what each
         held, as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused
         naming `not_tokens` and what the first record held, where it said only that it yielded no token."""
         field, loss_mask_field, max_length, overlong = self.field, self.loss_mask_field, self.max_length, self.overlong
         refused = RefusedRecords()
 
+        def placed(address: RecordAddress, record: dict, skips: list) -> tuple[np.ndarray, np.ndarray | None] | None:
+            document = read_document(address, record, field, loss_mask_field, skips)
+            return None if document is None else fit_document(document, address, max_length, overlong, skips, None)
+
         def count(address: RecordAddress, record: dict) -> int:
-            document = read_document(address, record, field, loss_mask_field, refused)
-            if document is not None:
-                document = fit_document(document, address, max_length, overlong, refused, None)
+            document = placed(address, record, refused)
             return 0 if document is None else len(document[0])
 
+        def learned(address: RecordAddress, record: dict) -> int:
+            """The labels its rows will hold that a loss counts: every token's but the first, or
+            those its loss mask keeps (as `FlatRowPlan.learned_by_dataset` counts them)."""
+            document = placed(address, record, [])  # refused by `count` already
+            if document is None:
+                return 0
+            tokens, targets = document
+            return len(tokens) - 1 if targets is None else int(np.count_nonzero(targets[1:] != IGNORE_INDEX))
+
         count.drain_skips = refused.drain
+        count.learned = learned
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:

@@ -16,6 +16,8 @@ _MEANING = {
     "ScheduledMixtureWorkSource's schedule=)",
     "plan.tokens_per_byte": "the tokens per byte TokenEstimation measured on each dataset's sample "
     "(TokenEstimation added or removed, or the sampled text or the tokenizer changed)",
+    "plan.learned_per_byte": "the learned tokens per byte TokenEstimation(count='learned') measured on each "
+    "dataset's sample (count='learned' set or left out, or the sampled text, the tokenizer or the loss masks changed)",
 }
 
 

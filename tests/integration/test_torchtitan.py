@@ -591,6 +591,22 @@ def test_a_multimodal_pipeline_is_refused_at_construction_not_stripped_of_its_im
         ZephonDataLoader(pipeline, 0, 1, 16)
 
 
+def test_a_data_recipe_mixing_learned_tokens_is_named_where_a_checkpoint_of_a_token_mixture_is_refused():
+    """`mixture_count="learned"`: `TokenEstimation(count="learned")`, its measured rates in the
+    recipe; named where a checkpoint of a mixture of every token is refused. Without
+    `token_estimation` there is nothing to count by: refused."""
+    settings = {**_RECIPE, "token_estimation": True}
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 16) as saved:
+        state = saved.state_dict()
+    learned = DataRecipe(**settings, mixture_count="learned")
+    assert learned.pipeline().source.token_estimation.count == "learned"
+    with ZephonDataLoader(learned, 0, 1, 16) as changed:
+        with pytest.raises(RecipeMismatchError, match=re.escape("DataRecipe fields that changed: mixture_count.")):
+            changed.load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="DataRecipe.mixture_count='learned' is measured by token_estimation"):
+        DataRecipe(**_RECIPE, mixture_count="learned")
+
+
 @pytest.mark.parametrize("mixture", [{"kjv": "much"}, {"kjv": None}, ["kjv"], 5])
 def test_a_data_recipe_mixture_that_is_not_shares_by_name_is_refused_naming_the_field(mixture):
     """It raised float()'s or unpacking's bare TypeError / ValueError, naming neither the field

@@ -63,6 +63,7 @@ _PICKED_BY = {
 # text of a shard rewritten at its size (which the dataset digests, of sizes and counts, do not
 # see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
+_LEARNED_RATE = "plan.learned_per_byte"  # in the recipe with mixture_count="learned" alone
 _MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs",
                      "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field", "chat_template_name",
                      "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "chat_datasets", "bos", "eos",
@@ -88,6 +89,8 @@ def data_recipe_fields(changed: Iterable[str], recipe_fields: Sequence[str]) -> 
     fields = {_FIELD_OF_KEY[key] for key in keys if key in _FIELD_OF_KEY}
     if _MEASURED_RATE in keys and not fields & _MEASURED_THROUGH:
         fields.add("token_estimation")
+    elif _LEARNED_RATE in keys and not fields & _MEASURED_THROUGH:
+        fields.add("mixture_count")
     return [_WORDING.get(field, field) for field in (*recipe_fields, "global_batch_size") if field in fields]
 
 

@@ -82,7 +82,7 @@ class DataRecipe:
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
     `mixture`, `tokenizer`, `text_field`, `chat_field` and the other `chat_` fields, `bos`,
     `eos`, `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
-    `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `num_epochs` — and the global
+    `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `mixture_count`, `num_epochs` — and the global
     batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
     `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
@@ -115,7 +115,9 @@ class DataRecipe:
     plain text (`text_field`, learned whole): a mixture of pretraining text and chats. The `chat_`
     fields need `chat_field`. `overlong` is what becomes of a
     document longer than `max_length` (`pack_flat`'s: "split" across rows, "truncate" to its first
-    `max_length` tokens, or "skip"; chats are best truncated or skipped).
+    `max_length` tokens, or "skip"; chats are best truncated or skipped). `mixture_count="learned"`
+    makes `mixture` shares of the tokens a loss learns rather than of every token
+    (`TokenEstimation(count=...)`): chats mixed with text get their weight of the training signal.
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -146,6 +148,7 @@ class DataRecipe:
     flush_every_chunks: int = 16
     records_per_chunk: int = 128
     token_estimation: bool = True
+    mixture_count: str = "tokens"
     num_epochs: int | float | tuple[tuple[str, int | float], ...] | None = None
     parallelism: int = 1
     runner: str = "auto"
@@ -206,6 +209,9 @@ class DataRecipe:
                 raise ConfigurationError(f"DataRecipe.chat_keys must be the messages' (role key, content key), as "
                                          f"('from', 'value') for ShareGPT's, got {self.chat_keys!r}")
             object.__setattr__(self, "chat_keys", keys)
+        if self.mixture_count != "tokens" and not self.token_estimation:
+            raise ConfigurationError(f"DataRecipe.mixture_count={self.mixture_count!r} is measured by "
+                                     "token_estimation, which is False: without it the mixture is of records")
         for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
@@ -222,7 +228,7 @@ class DataRecipe:
                 Dataset.from_path(name, url, cache=cache, scan_cache=self.scan_cache) for name, url in self.datasets
             ],
             mixture=dict(self.mixture) if self.mixture is not None else None,
-            token_estimation=TokenEstimation() if self.token_estimation else None,
+            token_estimation=TokenEstimation(count=self.mixture_count) if self.token_estimation else None,
             seed=self.seed,
             records_per_chunk=self.records_per_chunk,
             num_epochs=dict(self.num_epochs) if isinstance(self.num_epochs, tuple) else self.num_epochs,

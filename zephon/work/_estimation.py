@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
-from .._errors import check_count, check_seed
+from .._errors import ConfigurationError, check_count, check_seed
 from .._random import SeededStream
 from .._records import Chunk, ChunkRecords, RecordAddress
 from .._skip_examples import shown_detail
@@ -22,7 +22,10 @@ from .._skip_examples import shown_detail
 if TYPE_CHECKING:
     from ..io import Dataset
 
-__all__ = ["TokenEstimation", "TokenStats", "TokenCounter", "SampleCount"]
+__all__ = ["COUNTS", "TokenEstimation", "TokenStats", "TokenCounter", "SampleCount"]
+
+COUNTS = ("tokens", "learned")
+"""What `TokenEstimation(count=...)` plans a mixture's shares by."""
 
 
 class SampleCount(NamedTuple):
@@ -36,6 +39,9 @@ class SampleCount(NamedTuple):
     examples: tuple[tuple[str, RecordAddress, str | Callable[[], str]], ...] = ()
     """(reason, address, detail) of the chunk's first record skipped for each reason (none for
     `filtered`), the detail as its stage or packer gave it: a string, or a function making it."""
+    learned: int | None = None
+    """Of `tokens`, the positions whose label a loss counts, where the packer counts them (None:
+    it does not); what `TokenEstimation(count="learned")` plans by."""
 
 
 TokenCounter = Callable[[ChunkRecords], "int | SampleCount"]
@@ -58,6 +64,9 @@ class TokenStats:
     tokens_per_byte: float
     dropped: tuple[tuple[str, int], ...] = ()
     """Records of the sample dropped, by a stage or the packer, by reason, most first (where the counter says)."""
+    learned_per_byte: float | None = None
+    """Learned tokens (positions whose label a loss counts) per raw byte, where the counter counts
+    them; with `TokenEstimation(count="learned")`, what the dataset's share is planned by."""
     examples: tuple[tuple[str, RecordAddress, str], ...] = ()
     """(reason, address, detail) of the sample's first record skipped for each reason of `dropped`,
     in its order (where the counter says): the detail in the words `stats()["skipped_examples"]`
@@ -84,11 +93,18 @@ class TokenEstimation:
     sample_records: int = 512
     sample_chunks: int = 16
     seed: int = 0
+    count: str = "tokens"
+    """What a mixture's weights are shares of: "tokens", every token packed, or "learned", the
+    tokens a loss learns (a label not -100): prompts and questions left out, so that a mixture of
+    chats and plain text gives each dataset its weight of the training signal, not of the rows; a
+    `ScheduledMixtureWorkSource`'s phases then start at counts of learned tokens."""
 
     def __post_init__(self) -> None:
         for name in ("sample_records", "sample_chunks"):
             object.__setattr__(self, name, check_count(getattr(self, name), f"TokenEstimation: {name}"))
         object.__setattr__(self, "seed", check_seed(self.seed, "TokenEstimation: seed"))
+        if self.count not in COUNTS:
+            raise ConfigurationError(f"TokenEstimation: count must be one of {COUNTS}, got {self.count!r}")
 
     def measure(self, dataset: Dataset, count_tokens: TokenCounter) -> TokenStats:
         """Tokens per raw (decompressed) byte on the sample, scaled by the dataset's raw bytes.
@@ -98,10 +114,13 @@ class TokenEstimation:
         """
         dataset.check_plannable()
         tokens = records = sample_bytes = 0
+        learned: int | None = 0
         dropped: Counter[str] = Counter()
         examples: dict[str, tuple[RecordAddress, str]] = {}
         for chunk in self._sample_chunks(dataset):
             counted = count_tokens(dataset.read_chunk(chunk, on_error="skip"))
+            counted_learned = counted.learned if isinstance(counted, SampleCount) else None
+            learned = None if learned is None or counted_learned is None else learned + counted_learned
             if isinstance(counted, SampleCount):
                 tokens += counted.tokens
                 dropped.update(counted.dropped)
@@ -112,6 +131,10 @@ class TokenEstimation:
                 tokens += counted
             sample_bytes += dataset.raw_bytes(chunk)
             records += chunk.num_records
+        if learned is None and self.count == "learned":
+            raise ConfigurationError(
+                "TokenEstimation(count='learned') plans by the tokens a loss learns, which this pipeline's packer "
+                "does not count (pack_flat does); plan by every token, count='tokens'")
         per_byte = tokens / sample_bytes if sample_bytes else 0.0
         total_bytes = sum(shard.raw_bytes for shard in dataset.shards)
         per_record = per_byte * total_bytes / dataset.num_records if dataset.num_records else 0.0
@@ -123,6 +146,7 @@ class TokenEstimation:
             tokens_per_byte=per_byte,
             dropped=tuple(dropped.most_common()),
             examples=tuple((reason, *examples[reason]) for reason, _ in dropped.most_common() if reason in examples),
+            learned_per_byte=None if learned is None else (learned / sample_bytes if sample_bytes else 0.0),
         )
 
     def _sample_chunks(self, dataset: Dataset) -> list[Chunk]:

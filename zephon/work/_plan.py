@@ -354,7 +354,8 @@ class StaticMixtureWorkSource(_MixtureWorkSource):
 
     `mixture` maps dataset names to weights (normalised; default: equal; a positive weight below
     2**-52 of the total is refused, see SMALLEST_SHARE). With a
-    `token_estimation`, weights are token shares; without one, they are record shares.
+    `token_estimation`, weights are token shares (with `TokenEstimation(count="learned")`, shares of
+    the tokens a loss learns); without one, they are record shares.
     `num_epochs=None` plans forever (each dataset restarts with a fresh permutation); an integer
     bounds each dataset to that many passes, after which it drops out and the plan ends once every
     dataset is done; a mapping gives each dataset its own count (`{"math": 3, "web": 1}`: three
@@ -499,14 +500,16 @@ class MixturePlan:
         the others are weighted by tokens would read it hundreds of times over its share, and no
         weight gives a dataset without tokens a token share."""
         stats = self.stats.get(dataset.name)
+        rate = None if stats is None else self._rate(stats)
         if stats is None:
             weights = chunks.num_records().astype(np.float64)
-        elif stats.tokens_per_byte > 0:
+        elif rate > 0:
             dataset.check_plannable()
-            weights = chunks.raw_bytes(dataset).astype(np.float64) * stats.tokens_per_byte
+            weights = chunks.raw_bytes(dataset).astype(np.float64) * rate
         else:
             whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
-            found = "no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
+            found = ("no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
+                     if stats.tokens_per_byte == 0 else "no token a loss learns (TokenEstimation(count='learned'))")
             dropped = ", ".join(f"{reason} {count}" for reason, count in stats.dropped)
             why = [f"records dropped: {dropped}"] if dropped else []
             why += [f"first {reason} at {address}" + (f": {detail}" if detail else "")
@@ -519,6 +522,13 @@ class MixturePlan:
                 + filtered_note(dict(stats.dropped))
             )
         return np.maximum(weights, 1e-9)
+
+    def _rate(self, stats: TokenStats) -> float:
+        """What a byte of the dataset weighs in the mixture: its tokens, or with
+        `TokenEstimation(count="learned")` the tokens a loss learns."""
+        if self.source.token_estimation.count == "learned":
+            return stats.learned_per_byte
+        return stats.tokens_per_byte
 
     def slot(self, lane: int, s: int) -> Chunk | None:
         return self._lanes[lane].slot(s)
@@ -561,6 +571,9 @@ class MixturePlan:
             "num_epochs": self.source.num_epochs,
             "round_size": self.source.round_size,
             "tokens_per_byte": {n: s.tokens_per_byte for n, s in sorted(self.stats.items())},
+            **({"learned_per_byte": {n: s.learned_per_byte for n, s in sorted(self.stats.items())}}
+               if self.source.token_estimation is not None and self.source.token_estimation.count == "learned"
+               else {}),
         }
 
 
