@@ -511,8 +511,9 @@ class PackFlatOp:
             return 0 if document is None else len(document[0])
 
         def learned(address: RecordAddress, record: dict) -> int:
-            """The labels its rows will hold that a loss counts: every token's but the first, or
-            those its loss mask keeps (as `FlatRowPlan.learned_by_dataset` counts them)."""
+            """The labels its rows will hold that a loss counts: every token but the first (each the
+            label of the one before it), or those its loss mask keeps, as
+            `FlatRowPlan.learned_by_dataset` counts them."""
             document = placed(address, record, [])  # refused by `count` already
             if document is None:
                 return 0
@@ -524,10 +525,10 @@ class PackFlatOp:
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:
-        """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open (pad none),
-        and a setting it ignores must not refuse a resume; `loss_mask_field` and `overlong` only
-        where they are not the default, so the recipes that never set them keep the digests their
-        checkpoints hold."""
+        """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open
+        and pad none, and a setting they ignore must not refuse a resume; `loss_mask_field` and
+        `overlong` only where they are not the default, so the recipes that never set them keep the
+        digests their checkpoints hold."""
         return {
             "op": self.name,
             "max_length": self.max_length,

@@ -320,8 +320,9 @@ class Pipeline:
         places each whole document in the first open row with room (at most `max_open_rows` open;
         wrap keeps one and ignores it); a document longer than a row is first cut into max_length
         pieces that each fill a row alone, the rest placed first-fit. "pad" packs nothing: each
-        document (each max_length piece of a longer one) is a row of its own, padded. A record whose `field` is
-        absent, not token ids, or empty is skipped (`missing_field`, `not_tokens`, `empty_document`).
+        document (each max_length piece of a longer one) is a row of its own, padded. A record
+        whose `field` is absent, not token ids, or empty is skipped (`missing_field`, `not_tokens`,
+        `empty_document`).
 
         A record that holds `loss_mask_field` (one bool, or 0/1, per id: what `tokenize(prompt_field=)`
         writes) trains only on the tokens it marks True: the label before every other token is

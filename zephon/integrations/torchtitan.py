@@ -49,6 +49,7 @@ from .._loader import check_layout
 from .._packing import PackFlatOp
 from .._pipeline import Pipeline
 from ..distributed import gather_state, group_size, rank_and_world_size
+from ..work._estimation import COUNTS
 from ._recipe_fields import data_recipe_fields
 
 __all__ = ["STATE_KEY", "TORCHTITAN_VERSION", "DataRecipe", "ZephonDataLoader", "build_zephon_dataloader"]
@@ -80,10 +81,10 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `chat_field` and the other `chat_` fields, `bos`,
-    `eos`, `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
-    `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `mixture_count`, `num_epochs` — and the global
-    batch size, which the loader takes separately.
+    `mixture`, `tokenizer`, `text_field`, `chat_field` and the other `chat_` fields, `bos`, `eos`,
+    `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
+    `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `mixture_count`, `num_epochs` —
+    and the global batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
     `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
     every rank plans for itself at every start, and without it each one reads every JSON Lines or
@@ -113,11 +114,12 @@ class DataRecipe:
     earlier turns, as a reasoning model's drops their thinking, the last answer alone is learned)
     are render_chat's. `chat_datasets` names the datasets that hold chats where others hold
     plain text (`text_field`, learned whole): a mixture of pretraining text and chats. The `chat_`
-    fields need `chat_field`. `overlong` is what becomes of a
-    document longer than `max_length` (`pack_flat`'s: "split" across rows, "truncate" to its first
-    `max_length` tokens, or "skip"; chats are best truncated or skipped). `mixture_count="learned"`
-    makes `mixture` shares of the tokens a loss learns rather than of every token
-    (`TokenEstimation(count=...)`): chats mixed with text get their weight of the training signal.
+    fields need `chat_field`.
+    `overlong` is what becomes of a document longer than `max_length` (`pack_flat`'s: "split"
+    across rows, "truncate" to its first `max_length` tokens, or "skip"; chats are best truncated
+    or skipped). `mixture_count="learned"` makes `mixture` shares of the tokens a loss learns
+    rather than of every token (`TokenEstimation(count=...)`): chats mixed with text get their
+    weight of the training signal.
     """
 
     datasets: tuple[tuple[str, str], ...]
@@ -184,6 +186,19 @@ class DataRecipe:
             object.__setattr__(self, "num_epochs", epochs)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
+        self._settle_chat_fields([name for name, _ in datasets])
+        for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.mixture_count not in COUNTS:
+            raise ConfigurationError(f"DataRecipe.mixture_count must be one of {COUNTS}, got {self.mixture_count!r}")
+        if self.mixture_count != "tokens" and not self.token_estimation:
+            raise ConfigurationError(f"DataRecipe.mixture_count={self.mixture_count!r} is measured by "
+                                     "token_estimation, which is False: without it the mixture is of records")
+
+    def _settle_chat_fields(self, dataset_names: list[str]) -> None:
+        """Refuse the `chat_` fields without `chat_field` and those that are no such field or
+        dataset names; keep mappings and lists as tuples, hashable, as the recipe's other mappings."""
         if self.chat_field is not None:
             check_field_name(self.chat_field, "DataRecipe.chat_field")
         for name in _CHAT_OPTIONS:
@@ -191,17 +206,17 @@ class DataRecipe:
                 raise ConfigurationError(f"DataRecipe.{name} is for chats: give chat_field, the field of the chats")
             if name.endswith("_field") and getattr(self, name) is not None:
                 check_field_name(getattr(self, name), f"DataRecipe.{name}")
-        for name in ("chat_template_kwargs", "chat_roles"):  # hashable, as the recipe's other mappings
+        for name in ("chat_template_kwargs", "chat_roles"):
             if isinstance(getattr(self, name), Mapping):
                 object.__setattr__(self, name, tuple(getattr(self, name).items()))
         if isinstance(self.chat_learned_roles, list):
             object.__setattr__(self, "chat_learned_roles", tuple(self.chat_learned_roles))
         if self.chat_datasets is not None:
             chats = check_dataset_names(self.chat_datasets, "DataRecipe", "chat_datasets")
-            unknown = sorted(set(chats) - {name for name, _ in datasets})
+            unknown = sorted(set(chats) - set(dataset_names))
             if unknown:
                 raise ConfigurationError(f"DataRecipe.chat_datasets names {unknown}, no dataset of the recipe's "
-                                         f"{[name for name, _ in datasets]}")
+                                         f"{dataset_names}")
             object.__setattr__(self, "chat_datasets", chats)
         if self.chat_keys is not None:
             keys = tuple(self.chat_keys) if isinstance(self.chat_keys, (list, tuple)) else ()
@@ -209,12 +224,6 @@ class DataRecipe:
                 raise ConfigurationError(f"DataRecipe.chat_keys must be the messages' (role key, content key), as "
                                          f"('from', 'value') for ShareGPT's, got {self.chat_keys!r}")
             object.__setattr__(self, "chat_keys", keys)
-        if self.mixture_count != "tokens" and not self.token_estimation:
-            raise ConfigurationError(f"DataRecipe.mixture_count={self.mixture_count!r} is measured by "
-                                     "token_estimation, which is False: without it the mixture is of records")
-        for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
 
     def pipeline(self) -> Pipeline:
         """The Zephon pipeline this recipe describes: (render the chats →) tokenize → pack → shuffle
