@@ -310,7 +310,8 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
 
 
 class _FlatPacker:
-    """What the flat packers share: their settings and the records they refused."""
+    """What the flat packers share: their settings, how a record becomes the document they place
+    (`push`; each packer places it its own way, `_place`) and the records they refused or cut."""
 
     def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str, overlong: str) -> None:
         self.max_length = max_length
@@ -321,12 +322,22 @@ class _FlatPacker:
         self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
         self._truncations: list[tuple[RecordAddress, int]] = []
 
-    def _document(self, address: RecordAddress, record: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The record's (ids, targets) to place, or None where it is refused (`drain_skips`)."""
+    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
+        """The rows the record's document completes; none where it is refused (`drain_skips`)."""
+        address, record = item
         document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-        if document is None or len(document[0]) <= self.max_length:  # most documents: no call made for them
-            return document
-        return fit_document(document, address, self.max_length, self.overlong, self._skips, self._truncations)
+        if document is not None and len(document[0]) > self.max_length:  # most documents: no call made for them
+            document = fit_document(document, address, self.max_length, self.overlong, self._skips, self._truncations)
+        if document is None:
+            return []
+        tokens, targets = document
+        return self._place(tokens, targets, address, _own_piece if len(tokens) > self.max_length else Piece)
+
+    def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
+               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
+        """The rows completed by placing a document, whose pieces `cut(tokens, start, stop,
+        address, targets)` makes (copies of a document longer than a row: `_own_piece`)."""
+        raise NotImplementedError
 
     def drain_skips(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
         """Records refused since the last call, as (address, reason, detail); the list is handed over."""
@@ -349,14 +360,9 @@ class WrapPacker(_FlatPacker):
         self._pieces: list[Piece] = []
         self._filled = 0
 
-    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
-        address, record = item
-        document = self._document(address, record)
-        if document is None:
-            return []
-        tokens, targets = document
+    def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
+               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
         start, out = 0, []
-        cut = _own_piece if len(tokens) > self.max_length else Piece
         while start < len(tokens):
             take = min(len(tokens) - start, self.max_length - self._filled)
             self._pieces.append(cut(tokens, start, start + take, address, targets))
@@ -384,24 +390,17 @@ class FirstFitPacker(_FlatPacker):
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
 
-    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
-        address, record = item
-        document = self._document(address, record)
-        if document is None:
-            return []
-        tokens, targets = document
+    def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
+               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
         out = []
         start = 0
-        cut = _own_piece if len(tokens) > self.max_length else Piece
         while len(tokens) - start > self.max_length:
             out.append(self._row([cut(tokens, start, start + self.max_length, address, targets)]))
             start += self.max_length
         if start < len(tokens):
-            out.extend(self._place(cut(tokens, start, len(tokens), address, targets)))
+            piece = cut(tokens, start, len(tokens), address, targets)
+            out.extend(self._row(row) for row in self._open.place(piece, piece.length))
         return out
-
-    def _place(self, piece: Piece) -> list[FlatRowPlan]:
-        return [self._row(row) for row in self._open.place(piece, piece.length)]
 
     def flush(self) -> list[FlatRowPlan]:
         return [self._row(row) for row in self._open.drain()]
@@ -413,13 +412,8 @@ class FirstFitPacker(_FlatPacker):
 class PadPacker(_FlatPacker):
     """One document a row, padded; keeps nothing between pushes. Thread-unsafe."""
 
-    def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
-        address, record = item
-        document = self._document(address, record)
-        if document is None:
-            return []
-        tokens, targets = document
-        cut = _own_piece if len(tokens) > self.max_length else Piece
+    def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
+               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
         return [FlatRowPlan((cut(tokens, start, min(start + self.max_length, len(tokens)), address, targets),),
                             self.max_length, self.pad_id) for start in range(0, len(tokens), self.max_length)]
 
