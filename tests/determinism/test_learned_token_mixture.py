@@ -15,7 +15,7 @@ import pytest
 from tests.harness import GLOBAL_BATCH, NUM_LANES, step_digests
 from zephon import ConfigurationError, IGNORE_INDEX, Pipeline
 from zephon.io import Dataset
-from zephon.work import StaticMixtureWorkSource, TokenEstimation
+from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
 WORDS = "the of and a to in lane shard chunk token pack shuffle batch flush replay seed".split()
 
@@ -97,6 +97,31 @@ def test_the_same_global_batches_on_every_runner_and_world_size_and_the_count_en
     assert measured["learned_per_byte"]["web"] < measured["tokens_per_byte"]["web"]
     with pipeline(corpora, "tokens").shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
         assert "learned_per_byte" not in loader.plan.fingerprint()
+
+
+@pytest.mark.parametrize("count", ["tokens", "learned"])
+def test_a_schedule_of_learned_tokens_switches_after_as_many_learned_tokens(corpora, count):
+    """Question-and-answer records alone until 20,000 tokens, plain text after: the answers hand
+    out 20,000 of what the plan counts, learned tokens or every token, to within what the estimate
+    from 128 records misses by (4 % here, learned tokens per byte varying more than tokens) and a
+    chunk a lane."""
+    qa, web = corpora
+    source = ScheduledMixtureWorkSource(
+        [Dataset.from_path("qa", str(qa)), Dataset.from_path("web", str(web))],
+        schedule=[(0, {"qa": 1, "web": 0}), (20_000, {"qa": 0, "web": 1})],
+        token_estimation=TokenEstimation(sample_records=128, count=count), seed=4, records_per_chunk=4)
+    scheduled = (Pipeline(source).options(num_lanes=NUM_LANES, runner="inline", flush_every_chunks=2)
+                 .map(_prompt_or_none).tokenize(str(_tokenizer()), eos="<|eos|>", prompt_field="prompt")
+                 .pack_flat(256, algorithm="first_fit").batch(2))
+    with scheduled.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
+        batches = iter(loader)
+        while sum(counts["tokens"] for counts in loader.stats()["mixture"].values()) < 400_000:
+            next(batches)  # well past the switch on every lane: 160,000 tokens of answers and questions
+        qa_counts = loader.stats()["mixture"]["qa"]
+    qa_tokens, qa_learned = qa_counts["tokens"], qa_counts["learned"]
+    chunk_a_lane = NUM_LANES * 4 * (120 if count == "tokens" else 14)  # 4 records of at most so many
+    assert abs((qa_learned if count == "learned" else qa_tokens) - 20_000) < 0.05 * 20_000 + chunk_a_lane, qa_counts
+    assert qa_learned < 0.25 * qa_tokens
 
 
 def _learns_nothing(record: dict) -> dict:

@@ -416,7 +416,8 @@ class ScheduledMixtureWorkSource(_MixtureWorkSource):
     hands out over all lanes (each lane switches at start_token / num_lanes of its own tokens), so the
     switch point is a pure function of the recipe — the same on every layout and after every resume.
     Without a `token_estimation` the plan weighs chunks by records, as StaticMixtureWorkSource does:
-    weights are record shares and start counts are global record counts.
+    weights are record shares and start counts are global record counts; with
+    `TokenEstimation(count="learned")` both count the tokens a loss learns.
     Datasets carry on where they were when a phase changes (no epoch restarts).
     """
 
