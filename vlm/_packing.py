@@ -1233,7 +1233,8 @@ class PackMultimodal:
 
     def token_counter(self):
         """(address, record) -> the tokens that record becomes (text plus image placeholders), so
-        token estimation weighs VLM datasets by what they really put in a row."""
+        token estimation weighs VLM datasets by what they really put in a row; its `learned`, the
+        text's tokens a loss learns, for `TokenEstimation(count="learned")`."""
         # The pad id does not change a count: any one the packer takes (no placeholder id) does.
         no_placeholder = next(i for i in range(len(self.placeholders.token_ids) + 1)
                               if i not in self.placeholders.token_ids)
@@ -1248,7 +1249,15 @@ class PackMultimodal:
             packer.drain_truncations()
             return 0 if doc is None else doc.length
 
+        def learned(address: RecordAddress, record: dict) -> int:
+            """Of them, the text's tokens a loss learns (`PlacedDocument.learned`: no placeholder)."""
+            doc = packer._document(address, record)
+            packer.drain_skips()  # refused by `count` already
+            packer.drain_truncations()
+            return 0 if doc is None else doc.learned
+
         count.drain_skips = refused.drain
+        count.learned = learned  # for TokenEstimation(count="learned")
         return count
 
     def fingerprint(self, default_pad_id: int) -> dict:

@@ -174,6 +174,19 @@ def test_the_token_estimate_runs_each_decoder_on_its_own_datasets_only(corpus):
     assert stats["notes"].tokens > 0
 
 
+def test_a_mixture_of_learned_tokens_counts_the_captions_alone(corpus):
+    """`TokenEstimation(count="learned")`: the learned tokens are the captions' (each token's label
+    but a document's last), never a placeholder's, and they are in the recipe."""
+    estimation = TokenEstimation(sample_records=8, count="learned")
+    with mixed_pipeline(corpus, estimation=estimation).shard(0, 1) as loader:
+        stats, fingerprint = loader.plan.stats, loader.plan.fingerprint()
+    assert set(fingerprint["learned_per_byte"]) == {"photos", "clips", "notes"}
+    for name in ("photos", "clips"):  # most of their tokens are their images' placeholders
+        assert 0 < stats[name].learned_per_byte < stats[name].tokens_per_byte / 2, name
+    notes = stats["notes"]  # text alone: every token learned but each document's last
+    assert notes.learned_per_byte == pytest.approx(notes.tokens_per_byte * (1 - notes.sampled_records / notes.tokens))
+
+
 def _first_clip(root: Path) -> bytes:
     with tarfile.open(root / "clips" / "clips-000.tar") as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith(".mp4"))

@@ -134,7 +134,8 @@ class TokenEstimation:
         if learned is None and self.count == "learned":
             raise ConfigurationError(
                 "TokenEstimation(count='learned') plans by the tokens a loss learns, which this pipeline's packer "
-                "does not count (pack_flat does); plan by every token, count='tokens'")
+                "does not count (pack_flat's and pack_multimodal's do: their token counter's `learned`); plan by "
+                "every token, count='tokens'")
         per_byte = tokens / sample_bytes if sample_bytes else 0.0
         total_bytes = sum(shard.raw_bytes for shard in dataset.shards)
         per_record = per_byte * total_bytes / dataset.num_records if dataset.num_records else 0.0
