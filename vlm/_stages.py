@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon._dataset_scope import check_dataset_names
+from zephon._dataset_scope import check_dataset_names, with_scope
 from zephon._errors import BadRecordError, ConfigurationError, check_count, check_field_name
 from zephon._field_names import fields_it_has
 from zephon._fingerprint import stable_description
@@ -207,15 +207,6 @@ def _apply(stage, batch: ChunkRecords, decode_record) -> ChunkRecords:
     return out
 
 
-def _with_scope(stage, fingerprint: dict) -> dict:
-    """The fingerprint with the stage's `datasets` (sorted) where it has them. Without, it is the
-    fingerprint of a stage that has no such setting, byte for byte, so a checkpoint saved before
-    the setting existed still resumes."""
-    if stage.datasets is not None:
-        fingerprint["datasets"] = list(stage.datasets)
-    return fingerprint
-
-
 def _describe(obj: Any) -> Any:
     if obj is None:
         return None
@@ -350,11 +341,11 @@ class DecodeImages:
     def fingerprint(self) -> dict:
         """The recipe's record of this stage; `paths` is in it only when on, so a recipe written
         before the option existed keeps its digests and its checkpoints resume."""
-        fingerprint = _with_scope(self, {
+        fingerprint = with_scope({
             "op": self.name, "field": list(self.field), "spec": _describe(self.spec),
             "output_field": self.output_field, "processor": _describe(self.processor),
             "keep_source": self.keep_source, "grid_field": self.grid_field, "defer": self.defer,
-        })
+        }, self.datasets)
         if self.paths:
             fingerprint["paths"] = True
         return fingerprint
@@ -470,8 +461,8 @@ class DecodeVideo:
         return dataclasses.replace(self, on_error="skip")
 
     def fingerprint(self) -> dict:
-        return _with_scope(self, {"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
-                                  "output_field": self.output_field, "keep_source": self.keep_source})
+        return with_scope({"op": self.name, "field": list(self.field), "spec": _describe(self.spec),
+                           "output_field": self.output_field, "keep_source": self.keep_source}, self.datasets)
 
     def __call__(self, batch: ChunkRecords) -> ChunkRecords:
         return _apply(self, batch, self._decode_record)
