@@ -409,7 +409,7 @@ WRONG_OPTIONS = {
                                "retry_delay must be a finite number, got '1'"),
     "max_length": (lambda p, tok: tok.pack_flat(64.5), "pack_flat: max_length must be an integer >= 1, got 64.5"),
     "algorithm": (lambda p, tok: tok.pack_flat(64, algorithm="first-fit"),
-                  "pack_flat: algorithm must be one of ('wrap', 'first_fit'), got 'first-fit'"),
+                  "pack_flat: algorithm must be one of ('wrap', 'first_fit', 'pad'), got 'first-fit'"),
     "pad_id": (lambda p, tok: tok.pack_flat(64, pad_id=10**12), "does not fit the int32 token arrays"),
     # None read no field: every record skipped as missing_field, the field check having let it by.
     "pack_flat field": (lambda p, tok: p.pack_flat(64, field=None),
