@@ -908,6 +908,39 @@ def test_a_data_recipe_mixing_text_and_chats_tokenizes_each_its_way_and_a_change
         DataRecipe(**{**settings, "chat_field": None})
 
 
+def test_a_data_recipe_of_prompt_completion_records_learns_the_completions_and_a_change_of_prompt_field_is_named(
+    tmp_path, demo_tokenizer_path
+):
+    """`prompt_field`: TRL's prompt-completion records, the stream of `tokenize(prompt_field=...)`,
+    each prompt's ids labelled -100; a checkpoint is refused by a recipe without it, naming it. With
+    chat_field and no chat_datasets no record is text: refused."""
+    corpus = tmp_path / "qa"
+    corpus.mkdir()
+    lines = [json.dumps({"prompt": f"Which lane reads shard {k}? ", "completion": f"Lane {k % 4}."}) for k in range(16)]
+    (corpus / "qa.jsonl").write_text("".join(line + "\n" for line in lines))
+    tokenizer = str(demo_tokenizer_path)
+    settings = dict(datasets=[("qa", str(corpus))], tokenizer=tokenizer, text_field="completion",
+                    prompt_field="prompt", eos="<|eos|>", max_length=64, packing="first_fit", num_lanes=2,
+                    records_per_chunk=4, token_estimation=False, runner="inline")
+    source = StaticMixtureWorkSource([Dataset.from_path("qa", str(corpus))], seed=0, records_per_chunk=4)
+    expected = (Pipeline(source).options(num_lanes=2, runner="inline")
+                .tokenize(tokenizer, field="completion", prompt_field="prompt", eos="<|eos|>")
+                .pack_flat(64, algorithm="first_fit").shuffle(buffer_size=1024, seed=0).batch(1))
+    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 2) as ours, expected.shard(0, 1, global_batch_size=2) as theirs:
+        next(iter(ours))
+        mine = ours.last_microbatches
+        it = iter(theirs)
+        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
+        state = ours.state_dict()
+    labels, documents = mine[0].tokens["labels"][0], mine[0].tokens["document_ids"][0]
+    assert (labels[documents >= 0] == -100).sum() > 2 * (documents.max() + 1), "the prompts are not learned"
+    with ZephonDataLoader(DataRecipe(**{**settings, "prompt_field": None}), 0, 1, 2) as changed:
+        with pytest.raises(RecipeMismatchError, match=re.escape("DataRecipe fields that changed: prompt_field.")):
+            changed.load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="DataRecipe.prompt_field is for the records of text_field"):
+        DataRecipe(**{**settings, "chat_field": "messages"})
+
+
 def test_a_config_naming_a_changed_setting_in_accept_changes_resumes_the_checkpoint_with_it(caplog):
     """The trainer calls load_state_dict(state) alone: a deliberate change is named in the loader's
     config, and the loader resumes the checkpoint's cursors with the new recipe, as the rank

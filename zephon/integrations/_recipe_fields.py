@@ -16,6 +16,7 @@ _FIELD_OF_KEY = {
     "tokenize.tokenizer": "tokenizer",
     "plan.schedule": "mixture",
     "tokenize.field": "text_field",
+    "tokenize.prompt_field": "prompt_field",
     "render_chat.field": "chat_field",
     "render_chat.template": "tokenizer",
     "render_chat.special_tokens": "tokenizer",
@@ -57,17 +58,17 @@ _PICKED_BY = {
     "render_chat.tool_use_template": {"render_chat.tools_field", "render_chat.template_name"},
 }
 
-# Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text field,
+# Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text and prompt fields,
 # bos and eos (and the chat fields), as many as the packer places (max_length, overlong): where one
 # of those changed, the measurement followed it; otherwise it is `token_estimation` switched, or the
 # text of a shard rewritten at its size (which the dataset digests, of sizes and counts, do not
 # see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
 _LEARNED_RATE = "plan.learned_per_byte"  # in the recipe with mixture_count="learned" alone
-_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "chat_field", "chat_today", "chat_template_kwargs",
-                     "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field", "chat_template_name",
-                     "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite", "chat_datasets", "bos", "eos",
-                     "max_length", "overlong"}
+_MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "prompt_field", "chat_field", "chat_today",
+                     "chat_template_kwargs", "chat_tools_field", "chat_documents_field", "chat_template_kwargs_field",
+                     "chat_template_name", "chat_keys", "chat_roles", "chat_learned_roles", "chat_on_rewrite",
+                     "chat_datasets", "bos", "eos", "max_length", "overlong"}
 
 # How a refusal words the fields whose name alone would mislead.
 _WORDING = {

@@ -81,7 +81,7 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `chat_field` and the other `chat_` fields, `bos`, `eos`,
+    `mixture`, `tokenizer`, `text_field`, `prompt_field`, `chat_field` and the other `chat_` fields, `bos`, `eos`,
     `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
     `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `mixture_count`, `num_epochs` —
     and the global batch size, which the loader takes separately.
@@ -96,6 +96,10 @@ class DataRecipe:
     like `mixture` (None: endless; a count may be a fraction of a pass, see
     `StaticMixtureWorkSource`).
     `num_lanes` should be a common multiple of every data-parallel size the run may use.
+    `prompt_field` names the text each record's `text_field` is conditioned on and not trained on
+    (`tokenize(prompt_field=...)`; TRL's prompt-completion records: `prompt_field="prompt",
+    text_field="completion"`): its ids come first and are labelled -100; a record without it is
+    skipped as `missing_field`.
     `chat_field` names a field of chats (`{"role", "content"}` messages) to train on instead of
     `text_field`'s text: rendered with the chat template in the tokenizer's directory
     (`Pipeline.render_chat`, `pip install 'zephon[chat]'`) and tokenized as segments, the
@@ -126,6 +130,7 @@ class DataRecipe:
     tokenizer: str
     mixture: tuple[tuple[str, float], ...] | None = None
     text_field: str = "text"
+    prompt_field: str | None = None
     chat_field: str | None = None
     chat_today: str | None = None
     chat_template_kwargs: tuple[tuple[str, object], ...] | None = None
@@ -201,6 +206,12 @@ class DataRecipe:
         dataset names; keep mappings and lists as tuples, hashable, as the recipe's other mappings."""
         if self.chat_field is not None:
             check_field_name(self.chat_field, "DataRecipe.chat_field")
+        if self.prompt_field is not None:
+            check_field_name(self.prompt_field, "DataRecipe.prompt_field")
+            if self.chat_field is not None and self.chat_datasets is None:
+                raise ConfigurationError(
+                    "DataRecipe.prompt_field is for the records of text_field, and with chat_field every dataset "
+                    "holds chats: name those that do in chat_datasets, or leave prompt_field out")
         for name in _CHAT_OPTIONS:
             if getattr(self, name) is not None and self.chat_field is None:
                 raise ConfigurationError(f"DataRecipe.{name} is for chats: give chat_field, the field of the chats")
@@ -245,8 +256,9 @@ class DataRecipe:
         pipeline = Pipeline(source).options(num_lanes=self.num_lanes, runner=self.runner,
                                             flush_every_chunks=self.flush_every_chunks)
         tokenize = {"parallelism": self.parallelism, "bos": self.bos, "eos": self.eos}
+        text = {"field": self.text_field, "prompt_field": self.prompt_field}
         if self.chat_field is None:
-            pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, **tokenize)
+            pipeline = pipeline.tokenize(self.tokenizer, **text, **tokenize)
         else:  # a tokenizer.json's chat template is in its directory's tokenizer_config.json
             directory = os.path.dirname(self.tokenizer) if self.tokenizer.endswith(".json") else self.tokenizer
             chats = self.chat_datasets
@@ -255,7 +267,7 @@ class DataRecipe:
                         .tokenize(self.tokenizer, field="segments", segments=True, datasets=chats, **tokenize))
             texts = [name for name, _ in self.datasets if chats is not None and name not in chats]
             if texts:
-                pipeline = pipeline.tokenize(self.tokenizer, field=self.text_field, datasets=texts, **tokenize)
+                pipeline = pipeline.tokenize(self.tokenizer, **text, datasets=texts, **tokenize)
         return (
             pipeline
             .pack_flat(max_length=self.max_length, algorithm=self.packing, overlong=self.overlong)
