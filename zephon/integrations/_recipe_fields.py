@@ -58,11 +58,11 @@ _PICKED_BY = {
     "render_chat.tool_use_template": {"render_chat.tools_field", "render_chat.template_name"},
 }
 
-# Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text and prompt fields,
-# bos and eos (and the chat fields), as many as the packer places (max_length, overlong): where one
-# of those changed, the measurement followed it; otherwise it is `token_estimation` switched, or the
-# text of a shard rewritten at its size (which the dataset digests, of sizes and counts, do not
-# see), whatever else changed beside it.
+# Tokens per byte are measured on the datasets' records, tokenized with the tokenizer, text and
+# prompt fields, bos and eos (and the chat fields), as many as the packer places (max_length,
+# overlong): where one of those changed, the measurement followed it; otherwise it is
+# `token_estimation` switched, or the text of a shard rewritten at its size (which the dataset
+# digests, of sizes and counts, do not see), whatever else changed beside it.
 _MEASURED_RATE = "plan.tokens_per_byte"
 _LEARNED_RATE = "plan.learned_per_byte"  # in the recipe with mixture_count="learned" alone
 _MEASURED_THROUGH = {"datasets", "tokenizer", "text_field", "prompt_field", "chat_field", "chat_today",
