@@ -689,6 +689,18 @@ def test_a_data_recipe_checkpoint_refused_by_another_recipe_names_the_data_recip
             changed.load_state_dict(state)
 
 
+def _first_local_batch_as(recipe: DataRecipe, expected: Pipeline, global_batch: int) -> tuple[list, dict]:
+    """The microbatches of the recipe's first local batch on one replica, checked to be the
+    equivalent pipeline's (digests compared), and the state saved after them."""
+    with ZephonDataLoader(recipe, 0, 1, global_batch) as ours, \
+            expected.shard(0, 1, global_batch_size=global_batch) as theirs:
+        next(iter(ours))
+        mine = ours.last_microbatches
+        it = iter(theirs)
+        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
+        return mine, ours.state_dict()
+
+
 def test_a_chat_data_recipe_is_render_chat_then_segments_and_a_change_of_its_field_is_named(
     tmp_path, demo_tokenizer_path
 ):
@@ -707,12 +719,7 @@ def test_a_chat_data_recipe_is_render_chat_then_segments_and_a_change_of_its_fie
                 .render_chat(directory, field="messages")
                 .tokenize(str(directory / "tokenizer.json"), field="segments", segments=True)
                 .pack_flat(64).shuffle(buffer_size=4, seed=3).batch(2))
-    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 8) as ours, expected.shard(0, 1, global_batch_size=8) as theirs:
-        inputs, labels = next(iter(ours))
-        mine = ours.last_microbatches
-        it = iter(theirs)
-        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
-        state = ours.state_dict()
+    mine, state = _first_local_batch_as(DataRecipe(**settings), expected, 8)
     questions = sum(int((b.tokens["labels"][:, :-1] == -100).sum()) for b in mine)
     assert questions > sum(len(b.sources[0]) for b in mine), "the questions are -100, not only the documents' ends"
     retemplated = tokenizer_dir(tmp_path / "other", CHATML.replace("\n{% if", "\n\n{% if"), demo_tokenizer_path)
@@ -796,12 +803,7 @@ def test_a_chat_data_recipe_hands_the_template_each_record_s_own_fields_and_a_ch
                 .render_chat(directory, field="messages", tools_field="tools")
                 .tokenize(str(directory / "tokenizer.json"), field="segments", segments=True)
                 .pack_flat(128).shuffle(buffer_size=1024, seed=0).batch(1))
-    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 2) as ours, expected.shard(0, 1, global_batch_size=2) as theirs:
-        next(iter(ours))
-        mine = ours.last_microbatches
-        it = iter(theirs)
-        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
-        state = ours.state_dict()
+    mine, state = _first_local_batch_as(DataRecipe(**settings), expected, 2)
     written = Tokenizer.from_file(str(directory / "tokenizer.json")).decode(mine[0].tokens["input_ids"][0].tolist())
     assert "Tools:" in written, "the chat with tools is rendered with the tool_use template"
     for change, field in [({"chat_tools_field": None}, "chat_tools_field"),
@@ -926,12 +928,7 @@ def test_a_data_recipe_of_prompt_completion_records_learns_the_completions_and_a
     expected = (Pipeline(source).options(num_lanes=2, runner="inline")
                 .tokenize(tokenizer, field="completion", prompt_field="prompt", eos="<|eos|>")
                 .pack_flat(64, algorithm="first_fit").shuffle(buffer_size=1024, seed=0).batch(1))
-    with ZephonDataLoader(DataRecipe(**settings), 0, 1, 2) as ours, expected.shard(0, 1, global_batch_size=2) as theirs:
-        next(iter(ours))
-        mine = ours.last_microbatches
-        it = iter(theirs)
-        assert [b.digest() for b in mine] == [next(it).digest() for _ in mine]
-        state = ours.state_dict()
+    mine, state = _first_local_batch_as(DataRecipe(**settings), expected, 2)
     labels, documents = mine[0].tokens["labels"][0], mine[0].tokens["document_ids"][0]
     assert (labels[documents >= 0] == -100).sum() > 2 * (documents.max() + 1), "the prompts are not learned"
     with ZephonDataLoader(DataRecipe(**{**settings, "prompt_field": None}), 0, 1, 2) as changed:

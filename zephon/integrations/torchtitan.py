@@ -81,10 +81,10 @@ class DataRecipe:
     """Everything that decides the data, plus the performance knobs to run it with.
 
     Recipe (must stay the same across a resume; a change is refused naming the field): `datasets`,
-    `mixture`, `tokenizer`, `text_field`, `prompt_field`, `chat_field` and the other `chat_` fields, `bos`, `eos`,
-    `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`, `microbatch_size`,
-    `flush_every_chunks`, `records_per_chunk`, `token_estimation`, `mixture_count`, `num_epochs` —
-    and the global batch size, which the loader takes separately.
+    `mixture`, `tokenizer`, `text_field`, `prompt_field`, `chat_field` and the other `chat_` fields,
+    `bos`, `eos`, `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`,
+    `microbatch_size`, `flush_every_chunks`, `records_per_chunk`, `token_estimation`,
+    `mixture_count`, `num_epochs` — and the global batch size, which the loader takes separately.
     Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
     `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
     every rank plans for itself at every start, and without it each one reads every JSON Lines or
@@ -202,8 +202,9 @@ class DataRecipe:
                                      "token_estimation, which is False: without it the mixture is of records")
 
     def _settle_chat_fields(self, dataset_names: list[str]) -> None:
-        """Refuse the `chat_` fields without `chat_field` and those that are no such field or
-        dataset names; keep mappings and lists as tuples, hashable, as the recipe's other mappings."""
+        """Refuse the `chat_` fields without `chat_field`, those that are no such field or dataset
+        names, and a `prompt_field` where no record is text; keep mappings and lists as tuples,
+        hashable, as the recipe's other mappings."""
         if self.chat_field is not None:
             check_field_name(self.chat_field, "DataRecipe.chat_field")
         if self.prompt_field is not None:
