@@ -294,13 +294,11 @@ class DataRecipe:
         return options
 
 
-_CHAT_OPTIONS = ("chat_today", "chat_template_kwargs", "chat_tools_field", "chat_documents_field",
-                 "chat_template_kwargs_field", "chat_template_name", "chat_keys", "chat_roles", "chat_learned_roles",
-                 "chat_on_rewrite", "chat_datasets")
-"""The DataRecipe fields that say how `chat_field`'s chats are rendered: nothing without it."""
-
 _DATA_RECIPE_FIELDS = tuple(field.name for field in dataclass_fields(DataRecipe))
 """DataRecipe's fields in the order it declares them, the order a refusal names the changed ones in."""
+
+_CHAT_OPTIONS = tuple(name for name in _DATA_RECIPE_FIELDS if name.startswith("chat_") and name != "chat_field")
+"""The DataRecipe fields that say how `chat_field`'s chats are rendered: nothing without it."""
 
 
 class _DataLoaderContract(ABC):

@@ -119,16 +119,16 @@ class TokenEstimation:
         examples: dict[str, tuple[RecordAddress, str]] = {}
         for chunk in self._sample_chunks(dataset):
             counted = count_tokens(dataset.read_chunk(chunk, on_error="skip"))
-            counted_learned = counted.learned if isinstance(counted, SampleCount) else None
-            learned = None if learned is None or counted_learned is None else learned + counted_learned
             if isinstance(counted, SampleCount):
                 tokens += counted.tokens
+                learned = None if learned is None or counted.learned is None else learned + counted.learned
                 dropped.update(counted.dropped)
                 for reason, address, detail in counted.examples:
                     if reason not in examples:  # a detail given as a function is made for the first only
                         examples[reason] = (address, shown_detail(detail))
-            else:
+            else:  # an int: tokens alone
                 tokens += counted
+                learned = None
             sample_bytes += dataset.raw_bytes(chunk)
             records += chunk.num_records
         if learned is None and self.count == "learned":

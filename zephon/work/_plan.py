@@ -509,8 +509,12 @@ class MixturePlan:
             weights = chunks.raw_bytes(dataset).astype(np.float64) * rate
         else:
             whole = "all" if stats.sampled_records >= dataset.num_records else f"of {dataset.num_records}"
-            found = ("no token" if stats.tokens == 0 else f"{stats.tokens} tokens in 0 raw bytes"
-                     if stats.tokens_per_byte == 0 else "no token a loss learns (TokenEstimation(count='learned'))")
+            if stats.tokens == 0:
+                found = "no token"
+            elif stats.tokens_per_byte == 0:
+                found = f"{stats.tokens} tokens in 0 raw bytes"
+            else:  # tokens, none of them learned, in a mixture of learned tokens
+                found = "no token a loss learns (TokenEstimation(count='learned'))"
             dropped = ", ".join(f"{reason} {count}" for reason, count in stats.dropped)
             why = [f"records dropped: {dropped}"] if dropped else []
             why += [f"first {reason} at {address}" + (f": {detail}" if detail else "")
@@ -524,12 +528,15 @@ class MixturePlan:
             )
         return np.maximum(weights, 1e-9)
 
+    @property
+    def _by_learned(self) -> bool:
+        """Whether shares are of the tokens a loss learns (`TokenEstimation(count="learned")`)."""
+        estimation = self.source.token_estimation
+        return estimation is not None and estimation.count == "learned"
+
     def _rate(self, stats: TokenStats) -> float:
-        """What a byte of the dataset weighs in the mixture: its tokens, or with
-        `TokenEstimation(count="learned")` the tokens a loss learns."""
-        if self.source.token_estimation.count == "learned":
-            return stats.learned_per_byte
-        return stats.tokens_per_byte
+        """What a byte of the dataset weighs in the mixture: its tokens, or the tokens a loss learns."""
+        return stats.learned_per_byte if self._by_learned else stats.tokens_per_byte
 
     def slot(self, lane: int, s: int) -> Chunk | None:
         return self._lanes[lane].slot(s)
@@ -573,8 +580,7 @@ class MixturePlan:
             "round_size": self.source.round_size,
             "tokens_per_byte": {n: s.tokens_per_byte for n, s in sorted(self.stats.items())},
             **({"learned_per_byte": {n: s.learned_per_byte for n, s in sorted(self.stats.items())}}
-               if self.source.token_estimation is not None and self.source.token_estimation.count == "learned"
-               else {}),
+               if self._by_learned else {}),
         }
 
 
