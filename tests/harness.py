@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
 
 from zephon import Pipeline, global_batch_digest, merge_states
 from zephon._batch import collate
+from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
@@ -157,13 +159,13 @@ def assert_plans_collate_like_their_rows(plans: list, microbatch: int) -> None:
             assert plan.learned_by_dataset == plan.assemble().learned_by_dataset
 
 
-def dataset_counts_in(batches) -> dict[int, dict[str, dict[str, int]]]:
+def dataset_counts_in(batches, by: Callable[[RecordAddress], Hashable] = attrgetter("dataset")) -> dict:
     """{lane: {dataset: {"tokens", "images", "learned"}}} read from the microbatches themselves, as
     `stats()["lanes"][lane]["datasets"]` counts them: a document's tokens are where `document_ids`
     holds its number, `sources` names its dataset, an image is the document's at its first
     placeholder (`image_token_offset`), and it learns the tokens of those positions whose label is
-    not IGNORE_INDEX."""
-    out: dict[int, dict[str, dict[str, int]]] = {}
+    not IGNORE_INDEX. `by` keys the counts by something else of a document's address (its record)."""
+    out: dict[int, dict[Hashable, dict[str, int]]] = {}
     for batch in batches:
         lane = out.setdefault(batch.lane, {})
         offsets = batch.ragged.get("image_token_offset", np.empty(0, np.int64))
@@ -174,11 +176,22 @@ def dataset_counts_in(batches) -> dict[int, dict[str, dict[str, int]]]:
             images = documents[offsets[ends[row] - per_row[row] : ends[row]]]
             learned = documents[batch.tokens["labels"][row] != IGNORE_INDEX]
             for number, address in enumerate(sources):
-                counts = lane.setdefault(address.dataset, {"tokens": 0, "images": 0, "learned": 0})
+                counts = lane.setdefault(by(address), {"tokens": 0, "images": 0, "learned": 0})
                 counts["tokens"] += int(np.count_nonzero(documents == number))
                 counts["images"] += int(np.count_nonzero(images == number))
                 counts["learned"] += int(np.count_nonzero(learned == number))
     return {lane: dict(sorted(datasets.items())) for lane, datasets in sorted(out.items())}
+
+
+def summed_over_lanes(counts_by_lane: dict) -> dict:
+    """`dataset_counts_in`'s counts of every lane added up: {key: {"tokens", "images", "learned"}}."""
+    out: dict = {}
+    for counts in counts_by_lane.values():
+        for key, kinds in counts.items():
+            total = out.setdefault(key, dict.fromkeys(kinds, 0))
+            for kind, n in kinds.items():
+                total[kind] += n
+    return out
 
 
 def printed_in_processes(code: str, seeds=range(4)) -> set[str]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 
 import numpy as np
 import pytest
 
-from tests.harness import GLOBAL_BATCH, NUM_LANES, step_digests
-from zephon import ConfigurationError, IGNORE_INDEX, Pipeline
+from tests.harness import GLOBAL_BATCH, NUM_LANES, dataset_counts_in, step_digests, summed_over_lanes
+from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
 from zephon.work import ScheduledMixtureWorkSource, StaticMixtureWorkSource, TokenEstimation
 
@@ -61,19 +60,16 @@ def _tokenizer():
 
 def realised(pipeline, min_tokens: int) -> tuple[dict[str, float], dict[str, float]]:
     """(each dataset's share of the tokens packed, its share of the labels learned)."""
-    tokens, learned = Counter(), Counter()
+    batches = []
     with pipeline.shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
         for batch in loader:
-            arrays = batch.to_numpy()
-            for row, sources in enumerate(batch.sources):
-                for piece, address in enumerate(sources):
-                    at = arrays["document_ids"][row] == piece
-                    tokens[address.dataset] += int(at.sum())
-                    learned[address.dataset] += int(np.count_nonzero(arrays["labels"][row][at] != IGNORE_INDEX))
-            if sum(tokens.values()) >= min_tokens:
+            batches.append(batch)
+            if sum(b.num_real_tokens for b in batches) >= min_tokens:
                 break
-    return ({name: n / sum(tokens.values()) for name, n in tokens.items()},
-            {name: n / sum(learned.values()) for name, n in learned.items()})
+    counts = summed_over_lanes(dataset_counts_in(batches))
+    shares = {kind: {name: c[kind] / sum(d[kind] for d in counts.values()) for name, c in counts.items()}
+              for kind in ("tokens", "learned")}
+    return shares["tokens"], shares["learned"]
 
 
 def test_a_mixture_of_learned_tokens_gives_each_dataset_its_weight_of_the_labels_a_loss_counts(corpora):

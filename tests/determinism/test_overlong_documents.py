@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from tests.determinism.test_loss_mask_elastic import no_prompt_is_an_empty_one, write_corpora
-from tests.harness import GLOBAL_BATCH, NUM_LANES, checkpoint_after, step_digests
-from zephon import IGNORE_INDEX, Pipeline
+from tests.harness import GLOBAL_BATCH, NUM_LANES, checkpoint_after, dataset_counts_in, step_digests, summed_over_lanes
+from zephon import Pipeline
 from zephon._packing import ALGORITHMS
 from zephon._tokenizer import load_tokenizer
 from zephon.io import Dataset
@@ -101,18 +101,13 @@ def test_an_epoch_holds_each_long_document_cut_to_a_row_or_not_at_all_and_counts
     records = _records(corpora, demo_tokenizer_path)
     long = Counter(name for (name, _, _), (ids, _) in records.items() if ids > MAX_LENGTH)
     assert set(long) == {"qa", "web"} and sum(long.values()) < len(records) / 2
-    placed, learned = Counter(), Counter()
     with pipeline(corpora, demo_tokenizer_path, overlong, algorithm=algorithm,
                   num_epochs=1).shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
-        for batch in loader:
-            arrays = batch.to_numpy()
-            for row, source in enumerate(batch.sources):
-                for number, address in enumerate(source):
-                    at = arrays["document_ids"][row] == number
-                    key = address.dataset, address.shard.rsplit("/", 1)[-1], address.index
-                    placed[key] += int(at.sum())
-                    learned[key] += int((arrays["labels"][row][at] != IGNORE_INDEX).sum())
+        by_record = summed_over_lanes(dataset_counts_in(
+            list(loader), by=lambda address: (address.dataset, address.shard.rsplit("/", 1)[-1], address.index)))
         stats = loader.stats()
+    placed = {key: counts["tokens"] for key, counts in by_record.items()}
+    learned = {key: counts["learned"] for key, counts in by_record.items()}
     kept = {key: min(ids, MAX_LENGTH) for key, (ids, _) in records.items()
             if overlong == "truncate" or ids <= MAX_LENGTH}
     assert placed == kept

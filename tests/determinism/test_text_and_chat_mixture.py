@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from tests.harness import GLOBAL_BATCH, NUM_LANES, checkpoint_after, step_digests
+from tests.harness import GLOBAL_BATCH, NUM_LANES, checkpoint_after, dataset_counts_in, step_digests, summed_over_lanes
 from tests.unit.test_chat import CHATML, tokenizer_dir, write_chats
-from zephon import ConfigurationError, IGNORE_INDEX, Pipeline
+from zephon import ConfigurationError, Pipeline
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -63,17 +63,11 @@ def test_a_resume_on_another_world_size_gives_the_uninterrupted_batches(corpora,
 
 def test_an_epoch_packs_every_record_of_both_the_texts_whole_and_the_chats_on_their_answers(corpora):
     """Unscoped, each dataset's records would be skipped by the other's stages (`missing_field`)."""
-    learned = {"chats": 0, "web": 0}
-    positions = dict(learned)
     with pipeline(corpora, num_epochs=1).shard(0, 1, global_batch_size=GLOBAL_BATCH) as loader:
-        for batch in loader:
-            arrays = batch.to_numpy()
-            for row, source in enumerate(batch.sources):
-                for number, address in enumerate(source):
-                    at = arrays["document_ids"][row] == number
-                    positions[address.dataset] += int(at.sum())
-                    learned[address.dataset] += int((arrays["labels"][row][at] != IGNORE_INDEX).sum())
+        counts = summed_over_lanes(dataset_counts_in(list(loader)))
         stats = loader.stats()
+    positions = {name: c["tokens"] for name, c in counts.items()}
+    learned = {name: c["learned"] for name, c in counts.items()}
     for name in ("chats", "web"):
         total = stats["datasets"][name]["total"]
         assert (total["read"], total["emitted"], total["skipped"]) == (40, 40, {}), name
