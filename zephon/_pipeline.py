@@ -20,6 +20,7 @@ from ._errors import ConfigurationError, check_count, check_field_name
 from ._loss_mask import LOSS_MASK_FIELD, check_loss_mask_options
 from ._markers import OFFSETS_FIELD, check_marker
 from ._packing import PackFlatOp
+from ._preference import PackPairsOp
 from ._record_ops import FilterOp, MapOp, RecordOperator, TokenizeOp, check_parallelism, check_user_function
 from ._runner import Runner
 from ._shuffle import ShuffleOp
@@ -335,6 +336,40 @@ class Pipeline:
         label), counted per dataset in `stats()` as `truncated` and `truncated_tokens`; "skip"
         skips it (`document_too_long`)."""
         return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field, overlong))
+
+    def pack_pairs(
+        self,
+        max_length: int,
+        algorithm: str = "first_fit",
+        *,
+        pad_id: int | None = None,
+        chosen_field: str = "chosen_ids",
+        rejected_field: str = "rejected_ids",
+        chosen_loss_mask_field: str = "chosen_loss_mask",
+        rejected_loss_mask_field: str = "rejected_loss_mask",
+        max_open_rows: int = 16,
+        overlong: str = "skip",
+    ) -> Pipeline:
+        """Append the preference-pair packer (DPO and its kin): each record's chosen and rejected
+        documents, the ids two `tokenize` stages write to `chosen_field` and `rejected_field` (with
+        their loss masks in `chosen_loss_mask_field` and `rejected_loss_mask_field`, where they have
+        a prompt or are chats), go into one row, never split: the chosen as document 2k of the row,
+        its rejected as 2k+1, so that a loss summing each document's log-probabilities over its
+        learned labels pairs document 2k with 2k+1. "first_fit" places a pair in the first open row
+        with room (at most `max_open_rows` open); "pad" gives each pair a row of its own.
+
+        A record where either document is absent, not token ids, empty, or has a bad loss mask is
+        skipped once, for the first of the two refused (`missing_field`, ...). `overlong` says what
+        becomes of a pair longer than a row: "skip" (the default) skips it (`pair_too_long`);
+        "truncate" keeps each document's first tokens, the shorter whole where it takes at most
+        half the row, counted in `stats()` as `truncated` and `truncated_tokens`, and skips it as
+        `pair_too_long` where either would then learn nothing.
+
+        A `tokenize` writing one of the two documents whose loss mask goes to another field than
+        this packer reads it from is refused when the pipeline is sharded: it would train on the
+        prompt, or read the other document's mask."""
+        return self._with(PackPairsOp(max_length, algorithm, pad_id, chosen_field, rejected_field,
+                                      chosen_loss_mask_field, rejected_loss_mask_field, max_open_rows, overlong))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
         """Append a seeded shuffle buffer of `buffer_size` rows per lane segment.
