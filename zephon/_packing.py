@@ -18,8 +18,10 @@ row, PADDING_DOCUMENT on padding).
 
 A document longer than a row is cut into pieces by default (`overlong="split"`): a chat or an
 answer cut so trains its later pieces without what came before them. `overlong="truncate"` keeps
-its first `max_length` tokens and drops the rest, reported by `drain_truncations()` (the ledger's
-`truncated` and `truncated_tokens`); `overlong="skip"` refuses it (`document_too_long`).
+its first `max_length` tokens and drops the rest, `overlong="keep_end"` its last (TRL's
+`truncation_mode="keep_end"`: the answer kept, the start of its prompt dropped), reported by
+`drain_truncations()` (the ledger's `truncated` and `truncated_tokens`); `overlong="skip"` refuses
+it (`document_too_long`).
 
 A record whose field holds no tokens to pack is refused and reported by `drain_skips()`:
 `missing_field`, `not_tokens` (not a flat sequence of integer ids in [0, 2**31)) or
@@ -46,7 +48,7 @@ from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 __all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "PadPacker", "Piece", "RefusedRecords",
-           "WrapPacker", "assemble_row", "fit_document", "no_tokens_detail", "token_ids"]
+           "WrapPacker", "assemble_row", "fit_document", "kept_part", "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -182,17 +184,27 @@ def read_document(address: RecordAddress, record: dict, field: str, loss_mask_fi
     return tokens, targets
 
 
-OVERLONG = ("split", "truncate", "skip")
+OVERLONG = ("split", "truncate", "keep_end", "skip")
 """What `pack_flat` does with a document longer than a row (module docstring)."""
+
+
+def kept_part(document: tuple[np.ndarray, np.ndarray | None], keep: int,
+              from_end: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """A document's first `keep` (ids, targets), or its last ones `from_end`, copied: a view would
+    keep the whole document alive while its row waits. The first id kept from the end is no label
+    (the one before it is gone), as a document's first never is."""
+    tokens, targets = document
+    part = slice(len(tokens) - keep, None) if from_end else slice(keep)
+    return tokens[part].copy(), None if targets is None else targets[part].copy()
 
 
 def fit_document(document: tuple[np.ndarray, np.ndarray | None], address: RecordAddress, max_length: int,
                  overlong: str, skips: list, truncations: list | None) -> tuple[np.ndarray, np.ndarray | None] | None:
     """A document's (ids, targets) as `overlong` lets it into rows of `max_length`: as it is when
-    it fits or is to be split; its first `max_length` tokens, copied (a view would keep the whole
-    document alive while its row waits), with (address, tokens dropped) appended to `truncations`
-    (None: not counted); or None, (address, "document_too_long", detail) appended to `skips`."""
-    tokens, targets = document
+    it fits or is to be split; its first (last, "keep_end") `max_length` tokens, copied
+    (`kept_part`), with (address, tokens dropped) appended to `truncations` (None: not counted); or
+    None, (address, "document_too_long", detail) appended to `skips`."""
+    tokens = document[0]
     if len(tokens) <= max_length or overlong == "split":
         return document
     if overlong == "skip":
@@ -201,7 +213,7 @@ def fit_document(document: tuple[np.ndarray, np.ndarray | None], address: Record
         return None
     if truncations is not None:
         truncations.append((address, len(tokens) - max_length))
-    return tokens[:max_length].copy(), None if targets is None else targets[:max_length].copy()
+    return kept_part(document, max_length, overlong == "keep_end")
 
 
 def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:

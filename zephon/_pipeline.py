@@ -333,8 +333,9 @@ class Pipeline:
         `overlong` says what becomes of a document longer than a row: "split" (the default) cuts it
         into pieces as above, whose later ones train without what came before them (a chat cut
         mid-answer); "truncate" keeps its first `max_length` tokens (its last one then has no
-        label), counted per dataset in `stats()` as `truncated` and `truncated_tokens`; "skip"
-        skips it (`document_too_long`)."""
+        label), "keep_end" its last (TRL's `truncation_mode="keep_end"`: the answer kept, the start
+        of its prompt dropped), counted per dataset in `stats()` as `truncated` and
+        `truncated_tokens`; "skip" skips it (`document_too_long`)."""
         return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field, overlong))
 
     def pack_pairs(
@@ -361,8 +362,8 @@ class Pipeline:
         A record where either document is absent, not token ids, empty, or has a bad loss mask is
         skipped once, for the first of the two refused (`missing_field`, ...). `overlong` says what
         becomes of a pair longer than a row: "skip" (the default) skips it (`pair_too_long`);
-        "truncate" keeps each document's first tokens, the shorter whole where it takes at most
-        half the row, counted in `stats()` as `truncated` and `truncated_tokens`, and skips it as
+        "truncate" keeps each document's first tokens, "keep_end" its last (the answers kept, the
+        starts of their prompts dropped), the shorter whole where it takes at most half the row, counted in `stats()` as `truncated` and `truncated_tokens`, and skips it as
         `pair_too_long` where either would then learn nothing.
 
         A `tokenize` writing one of the two documents whose loss mask goes to another field than

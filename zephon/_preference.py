@@ -11,9 +11,10 @@ loss sums each document's log-probabilities over the positions whose label is no
 
 Two ways of filling rows: "first_fit" (pairs in the first open row with room, never split) and
 "pad" (one pair a row, padded). A pair longer than a row is skipped (`pair_too_long`) by default;
-`overlong="truncate"` keeps the first tokens of each, the row shared between them (the shorter kept
-whole where it takes at most half), counted as `truncated` and `truncated_tokens`, unless either
-then learns nothing, when it is skipped as `pair_too_long` all the same.
+`overlong="truncate"` keeps the first tokens of each, `overlong="keep_end"` the last (the answers
+kept, the starts of their prompts dropped), the row shared between them (the shorter kept whole
+where it takes at most half), counted as `truncated` and `truncated_tokens`, unless either then
+learns nothing, when it is skipped as `pair_too_long` all the same.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ import numpy as np
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._first_fit import FirstFitRows
-from ._packing import FlatRowPlan, Piece, RefusedRecords, assemble_row, read_document
+from ._packing import FlatRowPlan, Piece, RefusedRecords, assemble_row, kept_part, read_document
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PackedSequence
 
 __all__ = ["PAIR_ALGORITHMS", "PAIR_OVERLONG", "PackPairsOp", "PairPacker"]
 
 PAIR_ALGORITHMS = ("first_fit", "pad")
-PAIR_OVERLONG = ("skip", "truncate")
+PAIR_OVERLONG = ("skip", "truncate", "keep_end")
 
 Document = tuple[np.ndarray, "np.ndarray | None"]
 """(ids, targets) as the flat packers read a document (`read_document`)."""
@@ -81,9 +82,9 @@ def learned_in(document: Document) -> int:
 def fit_pair(pair: tuple[Document, Document], address: RecordAddress, max_length: int, overlong: str,
              skips: list, truncations: list | None) -> tuple[Document, Document] | None:
     """The pair as `overlong` lets it into a row: as it is where it fits; each document's first
-    tokens by `row_shares`, copied (a view would keep the whole document alive while its row
-    waits), with (address, tokens dropped) appended to `truncations` (None: not counted); or None,
-    (address, "pair_too_long", detail) appended to `skips`."""
+    (last, "keep_end") tokens by `row_shares`, copied (`kept_part`), with (address, tokens dropped)
+    appended to `truncations` (None: not counted); or None, (address, "pair_too_long", detail)
+    appended to `skips`."""
     (chosen, _), (rejected, _) = pair
     if len(chosen) + len(rejected) <= max_length:
         return pair
@@ -91,21 +92,15 @@ def fit_pair(pair: tuple[Document, Document], address: RecordAddress, max_length
     if overlong == "skip":
         skips.append((address, "pair_too_long", f"{detail} (pack_pairs overlong='skip')"))
         return None
-    kept = tuple(_first(document, keep) for document, keep in zip(pair, row_shares(len(chosen), len(rejected),
-                                                                                    max_length)))
+    shares = row_shares(len(chosen), len(rejected), max_length)
+    kept = tuple(document if keep == len(document[0]) else kept_part(document, keep, overlong == "keep_end")
+                 for document, keep in zip(pair, shares))
     if not all(map(learned_in, kept)):
         skips.append((address, "pair_too_long", f"{detail}; cut to fit, one of the two would learn nothing"))
         return None
     if truncations is not None:
         truncations.append((address, len(chosen) + len(rejected) - max_length))
     return kept
-
-
-def _first(document: Document, keep: int) -> Document:
-    tokens, targets = document
-    if len(tokens) <= keep:
-        return document
-    return tokens[:keep].copy(), None if targets is None else targets[:keep].copy()
 
 
 class PairPacker:

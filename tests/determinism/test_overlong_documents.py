@@ -1,7 +1,7 @@
 """Documents longer than a row, truncated or skipped (`pack_flat(overlong=...)`), packed or one a
 row (`algorithm="pad"`): the same global-batch SHA-256s on every runner and world size and after a
 resume on another one; over an epoch every long document is placed once, its first `max_length`
-ids, or not at all, and the ledger counts it, per dataset, as `truncated` (with the ids dropped) or
+ids (its last, "keep_end"), or not at all, and the ledger counts it, per dataset, as `truncated` (with the ids dropped) or
 `skipped:document_too_long`."""
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ def pipeline(corpora, tokenizer, overlong: str, *, algorithm: str = "first_fit",
 @pytest.fixture(scope="module")
 def references(corpora, demo_tokenizer_path) -> dict[str, list[str]]:
     return {overlong: step_digests(pipeline(corpora, demo_tokenizer_path, overlong), 1, STEPS)
-            for overlong in ("truncate", "skip")}
+            for overlong in ("truncate", "keep_end", "skip")}
 
 
-@pytest.mark.parametrize("overlong", ["truncate", "skip"])
+@pytest.mark.parametrize("overlong", ["truncate", "keep_end", "skip"])
 @pytest.mark.parametrize("runner, world_size", [("inline", 2), ("thread", 4), ("process", 2)])
 def test_the_same_global_batches_on_every_runner_and_world_size(corpora, demo_tokenizer_path, references, overlong,
                                                                 runner, world_size):
@@ -72,7 +72,7 @@ def test_a_resume_on_another_world_size_gives_the_uninterrupted_batches(corpora,
                                                    2, 2)))
     resumed = step_digests(pipeline(corpora, demo_tokenizer_path, overlong), 4, STEPS - 2, state=state, start_step=2)
     assert resumed == references[overlong][2:]
-    assert references["truncate"] != references["skip"]
+    assert len({tuple(digests) for digests in references.values()}) == 3
     split = step_digests(pipeline(corpora, demo_tokenizer_path, "split"), 1, STEPS)
     assert split not in references.values(), "the corpus holds documents longer than a row"
 
@@ -93,7 +93,7 @@ def _records(corpora, tokenizer) -> dict[tuple[str, str, int], tuple[int, int]]:
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("overlong", ["truncate", "skip"])
+@pytest.mark.parametrize("overlong", ["truncate", "keep_end", "skip"])
 def test_an_epoch_holds_each_long_document_cut_to_a_row_or_not_at_all_and_counts_it(corpora, demo_tokenizer_path,
                                                                                     overlong, algorithm):
     """Each document placed is placed once: whole, or its first max_length ids, whose last one
@@ -108,14 +108,16 @@ def test_an_epoch_holds_each_long_document_cut_to_a_row_or_not_at_all_and_counts
         stats = loader.stats()
     placed = {key: counts["tokens"] for key, counts in by_record.items()}
     learned = {key: counts["learned"] for key, counts in by_record.items()}
-    kept = {key: min(ids, MAX_LENGTH) for key, (ids, _) in records.items()
-            if overlong == "truncate" or ids <= MAX_LENGTH}
+    kept = {key: min(ids, MAX_LENGTH) for key, (ids, _) in records.items() if overlong != "skip" or ids <= MAX_LENGTH}
     assert placed == kept
-    assert learned == {key: max(0, ids - 1 - prompt) for key, (_, prompt) in records.items()
-                       if key in kept for ids in [kept[key]]}, "every id after the prompt learned but the last kept"
+    # The ids learned are those after BOS and the prompt, of the ids kept after the first kept.
+    first_learned = {key: 1 + prompt for key, (_, prompt) in records.items()}
+    first_kept = {key: records[key][0] - ids if overlong == "keep_end" else 0 for key, ids in kept.items()}
+    assert learned == {key: max(0, first_kept[key] + ids - max(first_learned[key], first_kept[key] + 1))
+                       for key, ids in kept.items()}, "every id after the prompt learned but the first kept"
     for name, count in long.items():
         total = stats["datasets"][name]["total"]
-        if overlong == "truncate":
+        if overlong != "skip":
             dropped = sum(ids - MAX_LENGTH for (dataset, _, _), (ids, _) in records.items()
                           if dataset == name and ids > MAX_LENGTH)
             assert (total["truncated"], total["truncated_tokens"]) == (count, dropped)

@@ -3,7 +3,7 @@ prompt/chosen/rejected texts and its conversational pairs with the prompt inside
 global-batch SHA-256s on every runner and world size and after a resume on another one; over an
 epoch each record's pair is in one row as documents 2k and 2k+1, its ids those the tokenizer and
 the chat template make of it, learning the answers alone, and the pairs longer than a row are
-skipped or cut to share it, counted."""
+skipped or cut to share it (their first ids kept or their last), counted."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def _learned_where(ids: list[int], learned: list[bool]) -> tuple[np.ndarray, np.
 
 
 @pytest.mark.parametrize("algorithm", ["first_fit", "pad"])
-@pytest.mark.parametrize("overlong", ["skip", "truncate"])
+@pytest.mark.parametrize("overlong", ["skip", "truncate", "keep_end"])
 def test_an_epoch_holds_each_pair_once_in_one_row_learning_its_answers(corpora, overlong, algorithm):
     expected = _expected(corpora)
     long = {key for key, ((chosen, _), (rejected, _)) in expected.items() if len(chosen) + len(rejected) > MAX_LENGTH}
@@ -148,8 +148,9 @@ def test_an_epoch_holds_each_pair_once_in_one_row_learning_its_answers(corpora, 
     for key, pair in placed.items():
         lengths = [len(ids) for ids, _ in pair]
         for (ids, labels), (full, targets), length in zip(pair, expected[key], lengths):
-            np.testing.assert_array_equal(ids, full[:length])
-            np.testing.assert_array_equal(labels[:-1], targets[1:length])
+            first = len(full) - length if overlong == "keep_end" else 0
+            np.testing.assert_array_equal(ids, full[first : first + length])
+            np.testing.assert_array_equal(labels[:-1], targets[first + 1 : first + length])
             assert labels[-1] == IGNORE_INDEX and (labels != IGNORE_INDEX).any(), "each learns, but not past its end"
         assert sum(lengths) <= MAX_LENGTH
     for name in ("texts", "chats"):
@@ -158,7 +159,7 @@ def test_an_epoch_holds_each_pair_once_in_one_row_learning_its_answers(corpora, 
         cut = [key for key in placed if key in long and key[0] == name]
         skipped = sum(key[0] == name for key in missing)
         assert total["skipped"] == ({"pair_too_long": skipped} if skipped else {})
-        if overlong == "truncate":
+        if overlong != "skip":
             dropped = sum(sum(len(full) for full, _ in expected[key]) - MAX_LENGTH for key in cut)
             assert (total.get("truncated", 0), total.get("truncated_tokens", 0)) == (len(cut), dropped)
             assert cut, "some pairs were cut to fit"

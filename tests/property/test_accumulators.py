@@ -206,23 +206,26 @@ def test_flat_packers_refuse_a_record_without_ids_to_pack_and_report_it_by_reaso
 
 @settings(max_examples=200, deadline=None)
 @given(documents, st.integers(min_value=1, max_value=64), st.sampled_from(ALGORITHMS),
-       st.sampled_from(["truncate", "skip"]))
+       st.sampled_from(["truncate", "keep_end", "skip"]))
 def test_a_document_longer_than_a_row_is_cut_to_its_first_ids_or_refused_and_reported(lengths, max_length, algorithm,
                                                                                      overlong):
     """`overlong`: every row holds the documents that fit whole and, truncated, only the first
-    `max_length` ids of a longer one, its last learning nothing; each long one is reported once, as
-    (address, ids dropped) or (address, "document_too_long", detail). Token estimation counts what
-    is placed."""
+    `max_length` ids of a longer one, its last learning nothing (the last ones, "keep_end", its
+    first learning nothing); each long one is reported once, as (address, ids dropped) or (address,
+    "document_too_long", detail). Token estimation counts what is placed."""
     docs = _docs(lengths)
     packer = _packer(algorithm, max_length, overlong=overlong)
     rows = _run(packer, docs)
-    kept = [(i, min(n, max_length)) for i, n in enumerate(lengths) if n <= max_length or overlong == "truncate"]
-    expected = np.concatenate([np.arange(n, dtype=np.int32) + 1000 * (i + 1) for i, n in kept] or [np.zeros(0)])
+    cut = overlong in ("truncate", "keep_end")
+    kept = [(i, n) for i, n in enumerate(lengths) if n <= max_length or cut]
+    ids = [np.arange(n, dtype=np.int32)[-max_length:] if overlong == "keep_end" else np.arange(min(n, max_length),
+           dtype=np.int32) for _, n in kept]
+    expected = np.concatenate([part + 1000 * (i + 1) for (i, _), part in zip(kept, ids)] or [np.zeros(0)])
     np.testing.assert_array_equal(np.sort(_real_tokens(rows)), np.sort(expected))
     learned = sum(int((row.tokens["labels"] != IGNORE_INDEX).sum()) for row in rows)
-    assert learned == sum(n - 1 for _, n in kept), "each document learns every id but its first, the last kept ends it"
+    assert learned == sum(len(part) - 1 for part in ids), "each document learns every id kept but its first"
     long = [(RecordAddress("d", "s", i), n) for i, n in enumerate(lengths) if n > max_length]
-    if overlong == "truncate":
+    if cut:
         assert packer.drain_truncations() == [(address, n - max_length) for address, n in long]
         assert packer.drain_skips() == []
     else:
@@ -231,7 +234,7 @@ def test_a_document_longer_than_a_row_is_cut_to_its_first_ids_or_refused_and_rep
             (address, "document_too_long", detail.format(n, max_length)) for address, n in long]
         assert packer.drain_truncations() == []
     count = PackFlatOp(max_length, algorithm, overlong=overlong).token_counter()
-    assert sum(count(address, record) for address, record in docs) == sum(n for _, n in kept)
+    assert sum(count(address, record) for address, record in docs) == sum(map(len, ids))
 
 
 def test_overlong_enters_the_recipe_only_where_it_is_not_the_default_split():
@@ -240,7 +243,7 @@ def test_overlong_enters_the_recipe_only_where_it_is_not_the_default_split():
     assert "overlong" not in PackFlatOp(64).fingerprint(0)
     assert PackFlatOp(64, overlong="truncate").fingerprint(0) == {**PackFlatOp(64).fingerprint(0),
                                                                   "overlong": "truncate"}
-    with pytest.raises(ConfigurationError, match=r"pack_flat: overlong must be one of \('split', 'truncate', 'skip'\)"):
+    with pytest.raises(ConfigurationError, match=r"pack_flat: overlong must be one of \('split', 'truncate', 'keep_end', 'skip'\)"):
         PackFlatOp(64, overlong="drop")
 
 

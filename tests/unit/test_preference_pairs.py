@@ -98,6 +98,20 @@ def test_truncate_keeps_each_documents_first_ids_and_counts_the_pair_once():
     assert packer.drain_skips() == []
 
 
+def test_keep_end_keeps_each_documents_last_ids_so_a_long_prompt_loses_its_start_not_the_answer():
+    """A 10-id prompt in a 16-id row: cut from the start, each keeps its 8 last ids, answers whole."""
+    packer = _packer(16, overlong="keep_end")
+    (plan,) = _plans(packer, [_pair(0, 14, 12, prompt=10)])
+    row = plan.assemble()
+    _, record = _pair(0, 14, 12)
+    for document, side in enumerate(("chosen_ids", "rejected_ids")):
+        at = row.tokens["document_ids"] == document
+        np.testing.assert_array_equal(row.tokens["input_ids"][at], record[side][-8:])
+        learned = row.tokens["labels"][at]
+        np.testing.assert_array_equal(learned[learned != IGNORE_INDEX], record[side][10:])
+    assert packer.drain_truncations() == [(RecordAddress("prefs", "s", 0), 10)]
+
+
 def test_a_pair_cut_so_that_one_learns_nothing_is_skipped_rather_than_trained_on_its_prompt():
     """A 10-id prompt in a 16-id row: each cut to 8 ids holds no answer."""
     packer = _packer(16, overlong="truncate")
