@@ -47,8 +47,8 @@ from ._loss_mask import LOSS_MASK_FIELD, loss_mask_detail, targets_of
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
-__all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "PadPacker", "Piece", "RefusedRecords",
-           "WrapPacker", "assemble_row", "fit_document", "kept_part", "no_tokens_detail", "token_ids"]
+__all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "PadPacker", "Piece", "RefusedAndCut",
+           "RefusedRecords", "WrapPacker", "assemble_row", "fit_document", "kept_part", "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -321,18 +321,37 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
     return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "document_ids": document_ids}
 
 
-class _FlatPacker:
+class RefusedAndCut:
+    """The records a packer refused or cut to fit since the ledger last asked: its `_skips` and
+    `_truncations`, which `drain_skips()` and `drain_truncations()` hand over (see `Accumulator`)."""
+
+    def __init__(self) -> None:
+        self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
+        self._truncations: list[tuple[RecordAddress, int]] = []
+
+    def drain_skips(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
+        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
+        skips, self._skips = self._skips, []
+        return skips
+
+    def drain_truncations(self) -> list[tuple[RecordAddress, int]]:
+        """Records cut to a row since the last call (`overlong`), as (address, tokens dropped); the
+        list is handed over."""
+        cuts, self._truncations = self._truncations, []
+        return cuts
+
+
+class _FlatPacker(RefusedAndCut):
     """What the flat packers share: their settings, how a record becomes the document they place
     (`push`; each packer places it its own way, `_place`) and the records they refused or cut."""
 
     def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str, overlong: str) -> None:
+        super().__init__()
         self.max_length = max_length
         self.pad_id = pad_id
         self.field = field
         self.loss_mask_field = loss_mask_field
         self.overlong = overlong
-        self._skips: list[tuple[RecordAddress, str, str | Callable[[], str]]] = []
-        self._truncations: list[tuple[RecordAddress, int]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         """The rows the record's document completes; none where it is refused (`drain_skips`)."""
@@ -350,17 +369,6 @@ class _FlatPacker:
         """The rows completed by placing a document, whose pieces `cut(tokens, start, stop,
         address, targets)` makes (copies of a document longer than a row: `_own_piece`)."""
         raise NotImplementedError
-
-    def drain_skips(self) -> list[tuple[RecordAddress, str, str | Callable[[], str]]]:
-        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
-        skips, self._skips = self._skips, []
-        return skips
-
-    def drain_truncations(self) -> list[tuple[RecordAddress, int]]:
-        """Documents cut to a row since the last call (`overlong="truncate"`), as (address, tokens
-        dropped); the list is handed over."""
-        cuts, self._truncations = self._truncations, []
-        return cuts
 
 
 class WrapPacker(_FlatPacker):

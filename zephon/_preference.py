@@ -27,7 +27,7 @@ import numpy as np
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._first_fit import FirstFitRows
-from ._packing import FlatRowPlan, Piece, RefusedRecords, assemble_row, kept_part, read_document
+from ._packing import FlatRowPlan, Piece, RefusedAndCut, RefusedRecords, assemble_row, kept_part, read_document
 from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PackedSequence
 
@@ -103,19 +103,18 @@ def fit_pair(pair: tuple[Document, Document], address: RecordAddress, max_length
     return kept
 
 
-class PairPacker:
+class PairPacker(RefusedAndCut):
     """Places each record's pair in one row, chosen then rejected. Thread-unsafe; one per lane segment."""
 
     def __init__(self, max_length: int, pad_id: int, fields: PairFields, algorithm: str, max_open_rows: int,
                  overlong: str) -> None:
+        super().__init__()
         self.max_length = max_length
         self.pad_id = pad_id
         self.fields = fields
         self.overlong = overlong
         self._open: FirstFitRows[tuple[Piece, Piece]] | None = (
             FirstFitRows(max_length, max_open_rows) if algorithm == "first_fit" else None)
-        self._skips: list = []
-        self._truncations: list[tuple[RecordAddress, int]] = []
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         """The rows the record's pair completes; none where it is refused (`drain_skips`)."""
@@ -135,16 +134,6 @@ class PairPacker:
 
     def _row(self, pairs: Sequence[tuple[Piece, Piece]]) -> FlatRowPlan:
         return FlatRowPlan(tuple(piece for pair in pairs for piece in pair), self.max_length, self.pad_id)
-
-    def drain_skips(self) -> list:
-        """Records refused since the last call, as (address, reason, detail); the list is handed over."""
-        skips, self._skips = self._skips, []
-        return skips
-
-    def drain_truncations(self) -> list[tuple[RecordAddress, int]]:
-        """Pairs cut to a row since the last call, as (address, tokens dropped); the list is handed over."""
-        cuts, self._truncations = self._truncations, []
-        return cuts
 
 
 @dataclass(frozen=True)
