@@ -185,17 +185,17 @@ class PackPairsOp:
         (it would train on the prompt, or on the other completion's mask); and, where tokenizers and
         filters are the whole of the stages, a document no tokenizer writes."""
         tokenizers = [op for op in record_operators if op.name == "tokenize"]
+        only_tokenizers = all(op.name in ("tokenize", "filter") for op in record_operators)
         for side, ids, mask in (("chosen", self.chosen_field, self.chosen_loss_mask_field),
                                 ("rejected", self.rejected_field, self.rejected_loss_mask_field)):
             writers = [op for op in tokenizers if op.output_field == ids]
-            masked = [op for op in writers if op.prompt_field is not None or op.segments]
-            if masked and masked[-1].loss_mask_field != mask:
-                raise ConfigurationError(
-                    f"pack_pairs reads the {side} document's loss mask from {mask!r}, but tokenize(output_field="
-                    f"{ids!r}) writes it to {masked[-1].loss_mask_field!r}: give that tokenize "
-                    f"loss_mask_field={mask!r} (or pack_pairs {side}_loss_mask_field="
-                    f"{masked[-1].loss_mask_field!r})")
-            only_tokenizers = all(op.name in ("tokenize", "filter") for op in record_operators)
+            # Each of them: tokenizers scoped to datasets (texts and chats) may write one document.
+            for op in writers:
+                if (op.prompt_field is not None or op.segments) and op.loss_mask_field != mask:
+                    raise ConfigurationError(
+                        f"pack_pairs reads the {side} document's loss mask from {mask!r}, but tokenize(output_field="
+                        f"{ids!r}) writes it to {op.loss_mask_field!r}: give that tokenize loss_mask_field={mask!r} "
+                        f"(or pack_pairs {side}_loss_mask_field={op.loss_mask_field!r})")
             if tokenizers and only_tokenizers and not writers:
                 raise ConfigurationError(
                     f"pack_pairs({side}_field={ids!r}) packs a field no operator writes: the tokenizers write "

@@ -197,3 +197,16 @@ def test_a_pipeline_of_pairs_hands_over_its_pair(tmp_path, demo_tokenizer_path):
         (sources,) = next(iter(loader)).sources
     assert len(sources) % 2 == 0 and len(set(sources)) == 2
     assert all(sources[k] == sources[k + 1] for k in range(0, len(sources), 2))
+
+
+def test_every_tokenize_writing_a_document_is_checked_not_only_the_last(tmp_path, demo_tokenizer_path):
+    """Two datasets' tokenizers write the chosen document (texts and chats, each scoped): the
+    first's loss mask going elsewhere is refused though the last's is right."""
+    tokenizer = str(demo_tokenizer_path)
+    pipeline = _pipeline(tmp_path, demo_tokenizer_path)
+    first, *rest = [op for op in pipeline.operators if op.kind == "record"]
+    astray = Pipeline(pipeline.source).tokenize(tokenizer, field="chosen", prompt_field="prompt",
+                                                 output_field="chosen_ids", datasets="prefs").operators[0]
+    assert PackPairsOp(32).bound_to([first, *rest]).chosen_field == "chosen_ids"
+    with pytest.raises(ConfigurationError, match="writes it to 'loss_mask'"):
+        PackPairsOp(32).bound_to([astray, first, *rest])
