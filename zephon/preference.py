@@ -1,0 +1,68 @@
+"""Each preference pair's log-probabilities from a batch of `pack_pairs` rows, for a DPO-style loss.
+
+`pack_pairs` puts a record's chosen document at `document_ids == 2k` of a row and its rejected one
+at `2k + 1`. A preference loss needs, per pair, the log-probability the model gives each document's
+learned tokens (its answer), summed: `pair_log_probs` sums a (B, L) tensor of per-position
+log-probabilities of the labels over each document's positions whose label is not IGNORE_INDEX,
+and returns them pair by pair, in the order of the rows and of the pairs in each row, with the
+number of tokens each sum holds (for the losses that average, as SimPO's and IPO's do):
+
+    logits = model(input_ids, position_ids=position_ids, ...)         # (B, L, V), documents apart
+    token_log_probs = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    pairs = pair_log_probs(token_log_probs, labels, document_ids)
+    # with the reference model's `ref` alike:
+    loss = -F.logsigmoid(beta * ((pairs.chosen - ref.chosen) - (pairs.rejected - ref.rejected))).mean()
+
+The model must keep the row's documents apart (`zephon.attention`), or the rejected answer is
+conditioned on the chosen one packed before it. torch is imported by the function, never by
+importing this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._sequence import IGNORE_INDEX
+
+__all__ = ["PairLogProbs", "pair_log_probs"]
+
+
+class PairLogProbs(NamedTuple):
+    """Per pair (P,): the summed log-probabilities of the chosen and of the rejected document's
+    learned tokens, and how many tokens each sum holds."""
+
+    chosen: Any
+    rejected: Any
+    chosen_tokens: Any
+    rejected_tokens: Any
+
+
+def pair_log_probs(token_log_probs: Any, labels: Any, document_ids: Any) -> PairLogProbs:
+    """Sum `token_log_probs` (B, L float: position i's log-probability of `labels[:, i]`; any value
+    where the label is IGNORE_INDEX) over each document's learned positions, per pair. Gradients
+    flow to `token_log_probs`. A row whose documents are not pairs (an odd count: rows of another
+    packer) is refused with ValueError, as are tensors of other shapes."""
+    import torch
+
+    for name, tensor in (("token_log_probs", token_log_probs), ("labels", labels), ("document_ids", document_ids)):
+        if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or tensor.shape != document_ids.shape:
+            raise ValueError(f"pair_log_probs: {name} must be a (rows, length) torch tensor shaped as document_ids "
+                             f"{tuple(getattr(document_ids, 'shape', ()))}, got {type(tensor).__name__} "
+                             f"{tuple(getattr(tensor, 'shape', ()))}")
+    rows, _ = document_ids.shape
+    documents_in_row = document_ids.max(dim=1).values + 1  # padding is -1: a row of padding holds none
+    odd = torch.nonzero(documents_in_row % 2).reshape(-1)
+    if len(odd):
+        raise ValueError(f"pair_log_probs: row {int(odd[0])} holds {int(documents_in_row[odd[0]])} documents, not "
+                         "pairs: its rows were not packed by pack_pairs")
+    width = max(int(documents_in_row.max()), 0) if rows else 0
+    learned = (labels != IGNORE_INDEX) & (document_ids >= 0)
+    # Each learned position's document, numbered across the rows: row b's document d is b·width + d.
+    slot = (torch.arange(rows, device=document_ids.device)[:, None] * width + document_ids)[learned]
+    sums = torch.zeros(rows * width, dtype=token_log_probs.dtype, device=token_log_probs.device)
+    sums = sums.index_add(0, slot, token_log_probs[learned])
+    counts = torch.zeros(rows * width, dtype=torch.int64, device=document_ids.device)
+    counts = counts.index_add(0, slot, torch.ones_like(slot))
+    present = (torch.arange(width, device=document_ids.device)[None, :] < documents_in_row[:, None]).reshape(-1)
+    sums, counts = sums[present], counts[present]
+    return PairLogProbs(sums[0::2], sums[1::2], counts[0::2], counts[1::2])
