@@ -48,7 +48,8 @@ from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 __all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "PadPacker", "Piece", "RefusedAndCut",
-           "RefusedRecords", "WrapPacker", "assemble_row", "fit_document", "kept_part", "no_tokens_detail", "token_ids"]
+           "RefusedRecords", "WrapPacker", "assemble_row", "fit_document", "kept_part", "learned_labels",
+           "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -182,6 +183,14 @@ def read_document(address: RecordAddress, record: dict, field: str, loss_mask_fi
         skips.append((address, targets, loss_mask_detail(loss_mask_field, field, record)))
         return None
     return tokens, targets
+
+
+def learned_labels(document: tuple[np.ndarray, np.ndarray | None]) -> int:
+    """The labels a document's rows hold that a loss counts: every id but the first (each the
+    label of the one before it), or those its loss mask keeps, as `FlatRowPlan.learned_by_dataset`
+    counts them."""
+    tokens, targets = document
+    return len(tokens) - 1 if targets is None else int(np.count_nonzero(targets[1:] != IGNORE_INDEX))
 
 
 OVERLONG = ("split", "truncate", "keep_end", "skip")
@@ -525,14 +534,8 @@ class PackFlatOp:
             return 0 if document is None else len(document[0])
 
         def learned(address: RecordAddress, record: dict) -> int:
-            """The labels its rows will hold that a loss counts: every token but the first (each the
-            label of the one before it), or those its loss mask keeps, as
-            `FlatRowPlan.learned_by_dataset` counts them."""
             document = placed(address, record, [])  # refused by `count` already
-            if document is None:
-                return 0
-            tokens, targets = document
-            return len(tokens) - 1 if targets is None else int(np.count_nonzero(targets[1:] != IGNORE_INDEX))
+            return 0 if document is None else learned_labels(document)
 
         count.drain_skips = refused.drain
         count.learned = learned

@@ -27,9 +27,10 @@ import numpy as np
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._first_fit import FirstFitRows
-from ._packing import FlatRowPlan, Piece, RefusedAndCut, RefusedRecords, assemble_row, kept_part, read_document
+from ._packing import (FlatRowPlan, Piece, RefusedAndCut, RefusedRecords, assemble_row, kept_part, learned_labels,
+                       read_document)
 from ._records import RecordAddress
-from ._sequence import IGNORE_INDEX, PackedSequence
+from ._sequence import PackedSequence
 
 __all__ = ["PAIR_ALGORITHMS", "PAIR_OVERLONG", "PackPairsOp", "PairPacker"]
 
@@ -72,13 +73,6 @@ def row_shares(chosen: int, rejected: int, max_length: int) -> tuple[int, int]:
     return max_length - half, half
 
 
-def learned_in(document: Document) -> int:
-    """The labels a document's row holds that a loss counts: every id but the first (each the
-    label of the one before it), or those its loss mask keeps."""
-    tokens, targets = document
-    return len(tokens) - 1 if targets is None else int(np.count_nonzero(targets[1:] != IGNORE_INDEX))
-
-
 def fit_pair(pair: tuple[Document, Document], address: RecordAddress, max_length: int, overlong: str,
              skips: list, truncations: list | None) -> tuple[Document, Document] | None:
     """The pair as `overlong` lets it into a row: as it is where it fits; each document's first
@@ -95,7 +89,7 @@ def fit_pair(pair: tuple[Document, Document], address: RecordAddress, max_length
     shares = row_shares(len(chosen), len(rejected), max_length)
     kept = tuple(document if keep == len(document[0]) else kept_part(document, keep, overlong == "keep_end")
                  for document, keep in zip(pair, shares))
-    if not all(map(learned_in, kept)):
+    if not all(map(learned_labels, kept)):
         skips.append((address, "pair_too_long", f"{detail}; cut to fit, one of the two would learn nothing"))
         return None
     if truncations is not None:
@@ -231,7 +225,7 @@ class PackPairsOp:
 
         def learned(address: RecordAddress, record: dict) -> int:
             pair = placed(address, record, [])  # refused by `count` already
-            return 0 if pair is None else learned_in(pair[0]) + learned_in(pair[1])
+            return 0 if pair is None else learned_labels(pair[0]) + learned_labels(pair[1])
 
         count.drain_skips = refused.drain
         count.learned = learned
