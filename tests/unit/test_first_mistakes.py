@@ -667,23 +667,24 @@ def test_a_vlm_pipeline_without_a_packer_is_told_of_pack_multimodal_not_only_pac
         pipeline.shard(0, 1)
 
 
+@pytest.mark.parametrize("packer", ["pack_flat", "pack_pairs"])
 @pytest.mark.parametrize("decoder", ["decode_images", "decode_video"])
-def test_pack_flat_after_a_decoder_is_refused_before_a_record_is_read(tmp_path, monkeypatch, decoder):
+def test_pack_flat_after_a_decoder_is_refused_before_a_record_is_read(tmp_path, monkeypatch, decoder, packer):
     """decode_images(...).tokenize(...).pack_flat(...) gave batches of the captions' tokens alone:
     every decoded image dropped, with no word. The decoders declare the fields they write media
-    to, and pack_flat, which carries none, is refused naming them, before the token estimate or a
-    lane reads a record."""
+    to, and pack_flat (and pack_pairs), which carry none, are refused naming them, before the token
+    estimate or a lane reads a record."""
     source = StaticMixtureWorkSource([Dataset.from_path("pairs", str(_png_pairs(tmp_path / "pairs")))],
                                      records_per_chunk=4, token_estimation=TokenEstimation())
     decode = {"decode_images": lambda p: p.decode_images(output_field="photo"),
               "decode_video": lambda p: p.decode_video(field="png", output_field="photo")}[decoder]
-    pipeline = (decode(Pipeline(source).options(num_lanes=2, runner="inline"))
-                .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>").pack_flat(64).batch(microbatch_size=1))
+    pipeline = (getattr(decode(Pipeline(source).options(num_lanes=2, runner="inline"))
+                        .tokenize(str(TOKENIZER), field="txt", eos="<|eos|>"), packer)(64).batch(microbatch_size=1))
     reads = []
     monkeypatch.setattr(Dataset, "read_chunk", lambda self, *a, **k: reads.append(a))
     with pytest.raises(ConfigurationError) as refused:
         pipeline.shard(0, 1)
-    assert (f"pack_flat packs token ids alone, but {decoder} writes 'photo': every record's decoded images and "
+    assert (f"{packer} packs token ids alone, but {decoder} writes 'photo': every record's decoded images and "
             "frames would be dropped from the batches" in str(refused.value)), str(refused.value)
     assert "pack_multimodal(max_length, placeholders)" in str(refused.value)
     assert reads == []
