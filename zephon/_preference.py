@@ -62,9 +62,9 @@ def read_pair(address: RecordAddress, record: dict, fields: PairFields, skips: l
 
 
 def row_shares(chosen: int, rejected: int, max_length: int) -> tuple[int, int]:
-    """How many of each document's first tokens a row of `max_length` keeps of a pair longer than
-    it: the shorter one whole where it takes at most half, the longer the rest; else half each
-    (the chosen one the odd token)."""
+    """How many of each document's tokens (its first, or its last) a row of `max_length` keeps of
+    a pair longer than it: the shorter one whole where it takes at most half, the longer the rest;
+    else half each (the chosen one the odd token)."""
     half = max_length // 2
     if chosen <= half:
         return chosen, max_length - chosen
