@@ -1,4 +1,4 @@
-"""Each preference pair's log-probabilities from a batch of `pack_pairs` rows, for a DPO-style loss.
+"""Each preference pair's log-probabilities, or rewards, from a batch of `pack_pairs` rows.
 
 `pack_pairs` puts a record's chosen document at `document_ids == 2k` of a row and its rejected one
 at `2k + 1`. A preference loss needs, per pair, the log-probability the model gives each document's
@@ -13,8 +13,12 @@ number of tokens each sum holds (for the losses that average, as SimPO's and IPO
     # with the reference model's `ref` alike:
     loss = -F.logsigmoid(beta * ((pairs.chosen - ref.chosen) - (pairs.rejected - ref.rejected))).mean()
 
+A reward model is trained on the same rows: `pair_scores` takes a (B, L) tensor of per-position
+scores (its value head's) and returns each document's at its last position, the end of its answer,
+pair by pair, for a Bradley-Terry loss, `-F.logsigmoid(scores.chosen - scores.rejected).mean()`.
+
 The model must keep the row's documents apart (`zephon.attention`), or the rejected answer is
-conditioned on the chosen one packed before it. torch is imported by the function, never by
+conditioned on the chosen one packed before it. torch is imported by the functions, never by
 importing this module.
 """
 
@@ -24,7 +28,7 @@ from typing import Any, NamedTuple
 
 from ._sequence import IGNORE_INDEX
 
-__all__ = ["PairLogProbs", "pair_log_probs"]
+__all__ = ["PairLogProbs", "PairScores", "pair_log_probs", "pair_scores"]
 
 
 class PairLogProbs(NamedTuple):
@@ -37,6 +41,13 @@ class PairLogProbs(NamedTuple):
     rejected_tokens: Any
 
 
+class PairScores(NamedTuple):
+    """Per pair (P,): the chosen and the rejected document's score at its last position."""
+
+    chosen: Any
+    rejected: Any
+
+
 def pair_log_probs(token_log_probs: Any, labels: Any, document_ids: Any) -> PairLogProbs:
     """Sum `token_log_probs` (B, L float: position i's log-probability of `labels[:, i]`; any value
     where the label is IGNORE_INDEX) over each document's learned positions, per pair. Gradients
@@ -44,17 +55,8 @@ def pair_log_probs(token_log_probs: Any, labels: Any, document_ids: Any) -> Pair
     packer) is refused with ValueError, as are tensors of other shapes."""
     import torch
 
-    for name, tensor in (("token_log_probs", token_log_probs), ("labels", labels), ("document_ids", document_ids)):
-        if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or tensor.shape != document_ids.shape:
-            raise ValueError(f"pair_log_probs: {name} must be a (rows, length) torch tensor shaped as document_ids "
-                             f"{tuple(getattr(document_ids, 'shape', ()))}, got {type(tensor).__name__} "
-                             f"{tuple(getattr(tensor, 'shape', ()))}")
+    documents_in_row = _pairs_checked("pair_log_probs", document_ids, token_log_probs=token_log_probs, labels=labels)
     rows, _ = document_ids.shape
-    documents_in_row = document_ids.max(dim=1).values + 1  # padding is -1: a row of padding holds none
-    odd = torch.nonzero(documents_in_row % 2).reshape(-1)
-    if len(odd):
-        raise ValueError(f"pair_log_probs: row {int(odd[0])} holds {int(documents_in_row[odd[0]])} documents, not "
-                         "pairs: its rows were not packed by pack_pairs")
     width = max(int(documents_in_row.max()), 0) if rows else 0
     learned = (labels != IGNORE_INDEX) & (document_ids >= 0)
     # Each learned position's document, numbered across the rows: row b's document d is b·width + d.
@@ -66,3 +68,34 @@ def pair_log_probs(token_log_probs: Any, labels: Any, document_ids: Any) -> Pair
     present = (torch.arange(width, device=document_ids.device)[None, :] < documents_in_row[:, None]).reshape(-1)
     sums, counts = sums[present], counts[present]
     return PairLogProbs(sums[0::2], sums[1::2], counts[0::2], counts[1::2])
+
+
+def pair_scores(token_scores: Any, document_ids: Any) -> PairScores:
+    """Each document's score in `token_scores` (B, L float) at its last position, per pair, in the
+    order `pair_log_probs` gives them. Gradients flow to `token_scores`. Rows that are not pairs and
+    tensors of other shapes are refused with ValueError."""
+    import torch
+
+    _pairs_checked("pair_scores", document_ids, token_scores=token_scores)
+    following = torch.full_like(document_ids[:, :1], -1)
+    last = (document_ids >= 0) & (document_ids != torch.cat([document_ids[:, 1:], following], dim=1))
+    scores = token_scores[last]  # row by row, each row's documents in order
+    return PairScores(scores[0::2], scores[1::2])
+
+
+def _pairs_checked(caller: str, document_ids: Any, **tensors: Any) -> Any:
+    """The number of documents in each row of `document_ids`, after refusing tensors not shaped as it
+    and rows whose documents are not pairs (an odd count)."""
+    import torch
+
+    for name, tensor in (("document_ids", document_ids), *tensors.items()):
+        if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or tensor.shape != document_ids.shape:
+            raise ValueError(f"{caller}: {name} must be a (rows, length) torch tensor shaped as document_ids "
+                             f"{tuple(getattr(document_ids, 'shape', ()))}, got {type(tensor).__name__} "
+                             f"{tuple(getattr(tensor, 'shape', ()))}")
+    documents_in_row = document_ids.max(dim=1).values + 1 if len(document_ids) else document_ids.new_zeros(0)
+    odd = torch.nonzero(documents_in_row % 2).reshape(-1)  # padding is -1: a row of padding holds none
+    if len(odd):
+        raise ValueError(f"{caller}: row {int(odd[0])} holds {int(documents_in_row[odd[0]])} documents, not "
+                         "pairs: its rows were not packed by pack_pairs")
+    return documents_in_row
