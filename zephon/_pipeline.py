@@ -363,12 +363,14 @@ class Pipeline:
         skipped once, for the first of the two refused (`missing_field`, ...). `overlong` says what
         becomes of a pair longer than a row: "skip" (the default) skips it (`pair_too_long`);
         "truncate" keeps each document's first tokens, "keep_end" its last (the answers kept, the
-        starts of their prompts dropped), the shorter whole where it takes at most half the row, counted in `stats()` as `truncated` and `truncated_tokens`, and skips it as
-        `pair_too_long` where either would then learn nothing.
+        starts of their prompts dropped), the shorter whole where it takes at most half the row,
+        counted in `stats()` as `truncated` and `truncated_tokens`, and skips it as `pair_too_long`
+        where either would then learn nothing.
 
         A `tokenize` writing one of the two documents whose loss mask goes to another field than
         this packer reads it from is refused when the pipeline is sharded: it would train on the
-        prompt, or read the other document's mask."""
+        prompt, or read the other document's mask. `zephon.preference` reads the pairs back from a
+        batch: `pair_log_probs` (a DPO-style loss) and `pair_scores` (a reward model's)."""
         return self._with(PackPairsOp(max_length, algorithm, pad_id, chosen_field, rejected_field,
                                       chosen_loss_mask_field, rejected_loss_mask_field, max_open_rows, overlong))
 

@@ -51,7 +51,8 @@ class PairFields:
     rejected_loss_mask: str
 
 
-def read_pair(address: RecordAddress, record: dict, fields: PairFields, skips: list) -> tuple[Document, Document] | None:
+def read_pair(address: RecordAddress, record: dict, fields: PairFields,
+              skips: list) -> tuple[Document, Document] | None:
     """The record's (chosen, rejected) documents, or None where either is refused: its one skip
     (the first refused of the two) appended to `skips`, so that a record is skipped once."""
     chosen = read_document(address, record, fields.chosen, fields.chosen_loss_mask, skips)

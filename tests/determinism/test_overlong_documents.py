@@ -1,8 +1,8 @@
 """Documents longer than a row, truncated or skipped (`pack_flat(overlong=...)`), packed or one a
 row (`algorithm="pad"`): the same global-batch SHA-256s on every runner and world size and after a
 resume on another one; over an epoch every long document is placed once, its first `max_length`
-ids (its last, "keep_end"), or not at all, and the ledger counts it, per dataset, as `truncated` (with the ids dropped) or
-`skipped:document_too_long`."""
+ids (its last, "keep_end"), or not at all, and the ledger counts it, per dataset, as `truncated`
+(with the ids dropped) or `skipped:document_too_long`."""
 
 from __future__ import annotations
 

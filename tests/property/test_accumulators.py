@@ -243,7 +243,8 @@ def test_overlong_enters_the_recipe_only_where_it_is_not_the_default_split():
     assert "overlong" not in PackFlatOp(64).fingerprint(0)
     assert PackFlatOp(64, overlong="truncate").fingerprint(0) == {**PackFlatOp(64).fingerprint(0),
                                                                   "overlong": "truncate"}
-    with pytest.raises(ConfigurationError, match=r"pack_flat: overlong must be one of \('split', 'truncate', 'keep_end', 'skip'\)"):
+    with pytest.raises(ConfigurationError,
+                       match=r"pack_flat: overlong must be one of \('split', 'truncate', 'keep_end', 'skip'\)"):
         PackFlatOp(64, overlong="drop")
 
 
