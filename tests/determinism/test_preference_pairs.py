@@ -3,7 +3,8 @@ prompt/chosen/rejected texts and its conversational pairs with the prompt inside
 global-batch SHA-256s on every runner and world size and after a resume on another one; over an
 epoch each record's pair is in one row as documents 2k and 2k+1, its ids those the tokenizer and
 the chat template make of it, learning the answers alone, and the pairs longer than a row are
-skipped or cut to share it (their first ids kept or their last), counted."""
+skipped or cut to share it (their first ids kept or their last), counted. A mixture of pairs by
+learned tokens gives each dataset its weight of the answers."""
 
 from __future__ import annotations
 
@@ -164,3 +165,35 @@ def test_an_epoch_holds_each_pair_once_in_one_row_learning_its_answers(corpora, 
             dropped = sum(sum(len(full) for full, _ in expected[key]) - MAX_LENGTH for key in cut)
             assert (total.get("truncated", 0), total.get("truncated_tokens", 0)) == (len(cut), dropped)
             assert cut, "some pairs were cut to fit"
+
+
+def test_a_mixture_of_pairs_by_learned_tokens_gives_each_dataset_its_weight_of_the_answers(tmp_path,
+                                                                                          demo_tokenizer_path):
+    """Pairs under long questions mixed with pairs under short ones: by every token each dataset
+    fills half the rows and the long questions' answers are a small part of what is learned; by
+    learned tokens (`TokenEstimation(count="learned")`, the pair packer's counter) each gets half of
+    the labels a loss counts."""
+    from tests.determinism.test_learned_token_mixture import realised
+
+    rng = random.Random("pairs")
+    for name, prompt, answer in (("long", (40, 60), (2, 6)), ("short", (2, 6), (10, 20))):
+        (tmp_path / name).mkdir()
+        records = [{"prompt": _words(rng, *prompt) + "?\n", "chosen": _words(rng, *answer),
+                    "rejected": _words(rng, *answer)} for _ in range(300)]
+        (tmp_path / name / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def mixture(count: str) -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path(name, str(tmp_path / name)) for name in ("long", "short")],
+                                         mixture={"long": 0.5, "short": 0.5}, seed=3, records_per_chunk=4,
+                                         token_estimation=TokenEstimation(sample_records=128, count=count))
+        pipe = Pipeline(source).options(num_lanes=NUM_LANES, flush_every_chunks=2)
+        for side in ("chosen", "rejected"):
+            pipe = pipe.tokenize(str(demo_tokenizer_path), field=side, prompt_field="prompt",
+                                 keep_field=side == "chosen", bos="<|bos|>", eos="<|eos|>", output_field=f"{side}_ids",
+                                 loss_mask_field=f"{side}_loss_mask")
+        return pipe.pack_pairs(512).shuffle(8, seed=3).batch(2)
+
+    tokens, learned = realised(mixture("tokens"), 200_000)
+    assert abs(tokens["long"] - 0.5) < 0.03 and learned["long"] < 0.25, (tokens, learned)
+    tokens, learned = realised(mixture("learned"), 200_000)
+    assert abs(learned["long"] - 0.5) < 0.03 and tokens["long"] > 0.75, (tokens, learned)
