@@ -48,8 +48,8 @@ from ._records import RecordAddress
 from ._sequence import IGNORE_INDEX, PADDING_DOCUMENT, PackedSequence
 
 __all__ = ["OVERLONG", "FirstFitPacker", "FlatRowPlan", "PackFlatOp", "PadPacker", "Piece", "RefusedAndCut",
-           "RefusedRecords", "WrapPacker", "assemble_row", "fit_document", "kept_part", "learned_labels",
-           "no_tokens_detail", "token_ids"]
+           "RefusedRecords", "WrapPacker", "assemble_row", "counter_of_placed", "fit_document", "kept_part",
+           "learned_labels", "no_tokens_detail", "token_ids"]
 
 
 class Piece(NamedTuple):
@@ -453,6 +453,26 @@ class PadPacker(_FlatPacker):
 ALGORITHMS = ("wrap", "first_fit", "pad")
 
 
+def counter_of_placed(placed: Callable[[RecordAddress, dict, list], Sequence | None]):
+    """The token counter of a packer that places, of a record, the documents `placed(address,
+    record, skips)` returns ((ids, targets) each; None where it refuses the record, its skip
+    appended to `skips`): it counts their ids, and `learned`, of them those a loss learns
+    (`learned_labels`); the records it refused since the last call come from its `drain_skips()`."""
+    refused = RefusedRecords()
+
+    def count(address: RecordAddress, record: dict) -> int:
+        documents = placed(address, record, refused)
+        return 0 if documents is None else sum(len(tokens) for tokens, _ in documents)
+
+    def learned(address: RecordAddress, record: dict) -> int:
+        documents = placed(address, record, [])  # refused by `count` already
+        return 0 if documents is None else sum(map(learned_labels, documents))
+
+    count.drain_skips = refused.drain
+    count.learned = learned
+    return count
+
+
 class RefusedRecords(list):
     """The records a packer's token counter refused, as (address, reason, detail), for its
     `drain_skips()`: what the loader's planning refusal names (the reasons counted, the first record
@@ -523,23 +543,15 @@ class PackFlatOp:
         held, as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused
         naming `not_tokens` and what the first record held, where it said only that it yielded no token."""
         field, loss_mask_field, max_length, overlong = self.field, self.loss_mask_field, self.max_length, self.overlong
-        refused = RefusedRecords()
 
-        def placed(address: RecordAddress, record: dict, skips: list) -> tuple[np.ndarray, np.ndarray | None] | None:
+        def placed(address: RecordAddress, record: dict,
+                   skips: list) -> tuple[tuple[np.ndarray, np.ndarray | None]] | None:
             document = read_document(address, record, field, loss_mask_field, skips)
-            return None if document is None else fit_document(document, address, max_length, overlong, skips, None)
+            if document is not None:
+                document = fit_document(document, address, max_length, overlong, skips, None)
+            return None if document is None else (document,)
 
-        def count(address: RecordAddress, record: dict) -> int:
-            document = placed(address, record, refused)
-            return 0 if document is None else len(document[0])
-
-        def learned(address: RecordAddress, record: dict) -> int:
-            document = placed(address, record, [])  # refused by `count` already
-            return 0 if document is None else learned_labels(document)
-
-        count.drain_skips = refused.drain
-        count.learned = learned
-        return count
+        return counter_of_placed(placed)
 
     def fingerprint(self, default_pad_id: int) -> dict:
         """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open

@@ -27,8 +27,8 @@ import numpy as np
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._first_fit import FirstFitRows
-from ._packing import (FlatRowPlan, Piece, RefusedAndCut, RefusedRecords, assemble_row, kept_part, learned_labels,
-                       read_document)
+from ._packing import (FlatRowPlan, Piece, RefusedAndCut, assemble_row, counter_of_placed, kept_part,
+                       learned_labels, read_document)
 from ._records import RecordAddress
 from ._sequence import PackedSequence
 
@@ -214,23 +214,12 @@ class PackPairsOp:
         """What token estimation counts of a record: the ids of its pair as placed, none of one
         refused (whose reasons come from its `drain_skips()`); `learned`, of them those a loss learns."""
         fields, max_length, overlong = self.fields, self.max_length, self.overlong
-        refused = RefusedRecords()
 
         def placed(address: RecordAddress, record: dict, skips: list) -> tuple[Document, Document] | None:
             pair = read_pair(address, record, fields, skips)
             return None if pair is None else fit_pair(pair, address, max_length, overlong, skips, None)
 
-        def count(address: RecordAddress, record: dict) -> int:
-            pair = placed(address, record, refused)
-            return 0 if pair is None else len(pair[0][0]) + len(pair[1][0])
-
-        def learned(address: RecordAddress, record: dict) -> int:
-            pair = placed(address, record, [])  # refused by `count` already
-            return 0 if pair is None else learned_labels(pair[0]) + learned_labels(pair[1])
-
-        count.drain_skips = refused.drain
-        count.learned = learned
-        return count
+        return counter_of_placed(placed)
 
     def fingerprint(self, default_pad_id: int) -> dict:
         """What decides the rows; `max_open_rows` only for first_fit, which alone keeps rows open."""
