@@ -121,9 +121,9 @@ class DataRecipe:
     fields need `chat_field`.
     `overlong` is what becomes of a document longer than `max_length` (`pack_flat`'s: "split"
     across rows, "truncate" to its first `max_length` tokens, "keep_end" to its last, or "skip";
-    chats are best truncated or skipped). `mixture_count="learned"` makes `mixture` shares of the tokens a loss learns
-    rather than of every token (`TokenEstimation(count=...)`): chats mixed with text get their
-    weight of the training signal.
+    chats are best truncated or skipped). `mixture_count="learned"` makes `mixture` shares of the
+    tokens a loss learns rather than of every token (`TokenEstimation(count=...)`): chats mixed
+    with text get their weight of the training signal.
     """
 
     datasets: tuple[tuple[str, str], ...]
