@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._accumulator import SegmentContext
+from ._document_values import check_value_names, read_values, value_arrays
 from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._field_names import fields_it_has
 from ._first_fit import FirstFitRows
@@ -66,6 +67,8 @@ class Piece(NamedTuple):
     targets: np.ndarray | None = None
     """The ids its positions learn, IGNORE_INDEX where the document's loss mask leaves a token
     out (`_loss_mask`); None: the tokens themselves."""
+    values: tuple[float, ...] = ()
+    """Its record's `document_values` (`_document_values`), in the packer's order of names."""
 
     @property
     def length(self) -> int:
@@ -153,7 +156,7 @@ def _what_it_holds(value: object) -> str:
 
 
 def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress,
-               targets: np.ndarray | None = None) -> Piece:
+               targets: np.ndarray | None = None, values: tuple[float, ...] = ()) -> Piece:
     """Tokens [start, stop) of a document longer than a row, as a piece holding a copy of them
     and of the token after them (its last position's label), not a view of the document.
 
@@ -164,7 +167,7 @@ def _own_piece(tokens: np.ndarray, start: int, stop: int, address: RecordAddress
     microseconds to tokenize it); a shorter one is referenced by at most two rows. Its targets,
     where it has its own, are copied alike."""
     own = None if targets is None else targets[start : stop + 1].copy()
-    return Piece(tokens[start : stop + 1].copy(), 0, stop - start, address, own)
+    return Piece(tokens[start : stop + 1].copy(), 0, stop - start, address, own, values)
 
 
 def read_document(address: RecordAddress, record: dict, field: str, loss_mask_field: str,
@@ -225,9 +228,10 @@ def fit_document(document: tuple[np.ndarray, np.ndarray | None], address: Record
     return kept_part(document, max_length, overlong == "keep_end")
 
 
-def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int) -> PackedSequence:
+def assemble_row(pieces: Sequence[Piece], max_length: int, pad_id: int,
+                 value_names: tuple[str, ...] = ()) -> PackedSequence:
     """Build one packed row from document pieces (a stateless function)."""
-    return FlatRowPlan(tuple(pieces), max_length, pad_id).assemble()
+    return FlatRowPlan(tuple(pieces), max_length, pad_id, value_names).assemble()
 
 
 @dataclass(frozen=True)
@@ -238,15 +242,19 @@ class FlatRowPlan:
     Packers emit plans and the loader assembles them only when it collates a microbatch
     (`assemble_batch`, straight into the microbatch's arrays), so a row is written once instead
     of being built, kept in a shuffle buffer as four arrays, and copied again into its batch.
+    `value_names` are the packer's `document_values`: each names a ragged field of the row, one
+    value a document (`_document_values`).
     """
 
     pieces: tuple[Piece, ...]
     max_length: int
     pad_id: int
+    value_names: tuple[str, ...] = ()
 
     def assemble(self) -> PackedSequence:
-        tokens = _assemble([self.pieces], self.max_length, self.pad_id)
-        return PackedSequence(tokens={name: array[0] for name, array in tokens.items()}, sources=self.sources)
+        tokens, ragged, _ = self.assemble_batch([self])
+        return PackedSequence(tokens={name: array[0] for name, array in tokens.items()}, sources=self.sources,
+                              ragged=ragged)
 
     @property
     def sources(self) -> tuple[RecordAddress, ...]:
@@ -265,7 +273,7 @@ class FlatRowPlan:
         Summed here, per row, rather than listed per piece: the ledger then updates its counts
         once per dataset, not once per piece (on the loader's thread, for every row)."""
         out: dict[str, int] = {}
-        for _, start, stop, address, _ in self.pieces:
+        for _, start, stop, address, _, _ in self.pieces:
             out[address.dataset] = out.get(address.dataset, 0) + stop - start
         return out
 
@@ -276,7 +284,7 @@ class FlatRowPlan:
         document has one; a masked document's, where its targets keep them. Counted without the
         arrays but for a masked piece's targets, as `tokens_by_dataset` counts its tokens."""
         out: dict[str, int] = {}
-        for tokens, start, stop, address, targets in self.pieces:
+        for tokens, start, stop, address, targets, _ in self.pieces:
             if targets is None:
                 learned = min(stop, len(tokens) - 1) - start
             else:
@@ -296,9 +304,15 @@ class FlatRowPlan:
 
     @staticmethod
     def assemble_batch(plans: list[FlatRowPlan]) -> tuple[dict, dict, dict]:
-        """(tokens, {}, {}) of a microbatch: what stacking `[p.assemble() for p in plans]` gives."""
-        # One packer's plans: one length and one pad id.
-        return _assemble([plan.pieces for plan in plans], plans[0].max_length, plans[0].pad_id), {}, {}
+        """(tokens, ragged, counts) of a microbatch: what stacking `[p.assemble() for p in plans]` gives;
+        ragged and counts empty but for `document_values`."""
+        # One packer's plans: one length, one pad id and one list of values.
+        first = plans[0]
+        tokens = _assemble([plan.pieces for plan in plans], first.max_length, first.pad_id)
+        if not first.value_names:
+            return tokens, {}, {}
+        ragged, counts = value_arrays([[piece.values for piece in plan.pieces] for plan in plans], first.value_names)
+        return tokens, ragged, counts
 
 
 def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -317,7 +331,7 @@ def _assemble(rows: Sequence[Sequence[Piece]], max_length: int, pad_id: int) -> 
     for i, pieces in enumerate(rows):
         row_ids, row_labels, row_positions, row_documents = input_ids[i], labels[i], position_ids[i], document_ids[i]
         at = 0
-        for doc, (tokens, start, stop, _, targets) in enumerate(pieces):
+        for doc, (tokens, start, stop, _, targets, _) in enumerate(pieces):
             end = at + stop - start
             row_ids[at:end] = tokens[start:stop]
             # One shorter at the document's end.
@@ -354,47 +368,55 @@ class _FlatPacker(RefusedAndCut):
     """What the flat packers share: their settings, how a record becomes the document they place
     (`push`; each packer places it its own way, `_place`) and the records they refused or cut."""
 
-    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str, overlong: str) -> None:
+    def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str, overlong: str,
+                 value_names: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.max_length = max_length
         self.pad_id = pad_id
         self.field = field
         self.loss_mask_field = loss_mask_field
         self.overlong = overlong
+        self.value_names = value_names
 
     def push(self, item: tuple[RecordAddress, dict]) -> list[FlatRowPlan]:
         """The rows the record's document completes; none where it is refused (`drain_skips`)."""
         address, record = item
         document = read_document(address, record, self.field, self.loss_mask_field, self._skips)
-        if document is not None and len(document[0]) > self.max_length:  # most documents: no call made for them
+        values = () if document is None or not self.value_names else read_values(
+            address, record, self.value_names, self._skips)
+        if document is not None and values is not None and len(document[0]) > self.max_length:
+            # Most documents fit: no call made for them.
             document = fit_document(document, address, self.max_length, self.overlong, self._skips, self._truncations)
-        if document is None:
+        if document is None or values is None:
             return []
         tokens, targets = document
-        return self._place(tokens, targets, address, _own_piece if len(tokens) > self.max_length else Piece)
+        return self._place(tokens, targets, address, values, _own_piece if len(tokens) > self.max_length else Piece)
 
     def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
-               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
+               values: tuple[float, ...], cut: Callable[..., Piece]) -> list[FlatRowPlan]:
         """The rows completed by placing a document, whose pieces `cut(tokens, start, stop,
-        address, targets)` makes (copies of a document longer than a row: `_own_piece`)."""
+        address, targets, values)` makes (copies of a document longer than a row: `_own_piece`)."""
         raise NotImplementedError
+
+    def _row(self, pieces: Sequence[Piece]) -> FlatRowPlan:
+        return FlatRowPlan(tuple(pieces), self.max_length, self.pad_id, self.value_names)
 
 
 class WrapPacker(_FlatPacker):
     """Concatenate-and-cut packing. Thread-unsafe; one per lane segment."""
 
     def __init__(self, max_length: int, pad_id: int, field: str, loss_mask_field: str = LOSS_MASK_FIELD,
-                 overlong: str = "split") -> None:
-        super().__init__(max_length, pad_id, field, loss_mask_field, overlong)
+                 overlong: str = "split", value_names: tuple[str, ...] = ()) -> None:
+        super().__init__(max_length, pad_id, field, loss_mask_field, overlong, value_names)
         self._pieces: list[Piece] = []
         self._filled = 0
 
     def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
-               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
+               values: tuple[float, ...], cut: Callable[..., Piece]) -> list[FlatRowPlan]:
         start, out = 0, []
         while start < len(tokens):
             take = min(len(tokens) - start, self.max_length - self._filled)
-            self._pieces.append(cut(tokens, start, start + take, address, targets))
+            self._pieces.append(cut(tokens, start, start + take, address, targets, values))
             self._filled += take
             start += take
             if self._filled == self.max_length:
@@ -405,7 +427,7 @@ class WrapPacker(_FlatPacker):
         return [self._emit()] if self._pieces else []
 
     def _emit(self) -> FlatRowPlan:
-        row = FlatRowPlan(tuple(self._pieces), self.max_length, self.pad_id)
+        row = self._row(self._pieces)
         self._pieces, self._filled = [], 0
         return row
 
@@ -414,37 +436,35 @@ class FirstFitPacker(_FlatPacker):
     """First-fit bin packing that never splits a document shorter than a row. Thread-unsafe."""
 
     def __init__(self, max_length: int, pad_id: int, field: str, max_open_rows: int,
-                 loss_mask_field: str = LOSS_MASK_FIELD, overlong: str = "split") -> None:
-        super().__init__(max_length, pad_id, field, loss_mask_field, overlong)
+                 loss_mask_field: str = LOSS_MASK_FIELD, overlong: str = "split",
+                 value_names: tuple[str, ...] = ()) -> None:
+        super().__init__(max_length, pad_id, field, loss_mask_field, overlong, value_names)
         self.max_open_rows = max_open_rows
         self._open: FirstFitRows[Piece] = FirstFitRows(max_length, max_open_rows)
 
     def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
-               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
+               values: tuple[float, ...], cut: Callable[..., Piece]) -> list[FlatRowPlan]:
         out = []
         start = 0
         while len(tokens) - start > self.max_length:
-            out.append(self._row([cut(tokens, start, start + self.max_length, address, targets)]))
+            out.append(self._row([cut(tokens, start, start + self.max_length, address, targets, values)]))
             start += self.max_length
         if start < len(tokens):
-            piece = cut(tokens, start, len(tokens), address, targets)
+            piece = cut(tokens, start, len(tokens), address, targets, values)
             out.extend(self._row(row) for row in self._open.place(piece, piece.length))
         return out
 
     def flush(self) -> list[FlatRowPlan]:
         return [self._row(row) for row in self._open.drain()]
 
-    def _row(self, pieces: Sequence[Piece]) -> FlatRowPlan:
-        return FlatRowPlan(tuple(pieces), self.max_length, self.pad_id)
-
 
 class PadPacker(_FlatPacker):
     """One document a row, padded; keeps nothing between pushes. Thread-unsafe."""
 
     def _place(self, tokens: np.ndarray, targets: np.ndarray | None, address: RecordAddress,
-               cut: Callable[..., Piece]) -> list[FlatRowPlan]:
-        return [FlatRowPlan((cut(tokens, start, min(start + self.max_length, len(tokens)), address, targets),),
-                            self.max_length, self.pad_id) for start in range(0, len(tokens), self.max_length)]
+               values: tuple[float, ...], cut: Callable[..., Piece]) -> list[FlatRowPlan]:
+        return [self._row([cut(tokens, start, min(start + self.max_length, len(tokens)), address, targets, values)])
+                for start in range(0, len(tokens), self.max_length)]
 
     def flush(self) -> list[FlatRowPlan]:
         return []
@@ -496,6 +516,7 @@ class PackFlatOp:
     max_open_rows: int = 16
     loss_mask_field: str = LOSS_MASK_FIELD
     overlong: str = "split"
+    document_values: tuple[str, ...] = ()
     name: str = "pack_flat"
     kind = "accumulator"
     carries_media = False  # token ids alone: the loader refuses operators declaring `media_fields`
@@ -516,17 +537,20 @@ class PackFlatOp:
                                      "their loss mask are two fields")
         if self.pad_id is not None:
             object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_flat: pad_id"))
+        object.__setattr__(self, "document_values", check_value_names(
+            self.document_values, "pack_flat", documents=(self.field, self.loss_mask_field)))
 
     def factory(self, default_pad_id: int):
         pad = self.pad_id if self.pad_id is not None else default_pad_id
 
         def make(ctx: SegmentContext):
+            values = self.document_values
             if self.algorithm == "wrap":
-                return WrapPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong)
+                return WrapPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong, values)
             if self.algorithm == "pad":
-                return PadPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong)
+                return PadPacker(self.max_length, pad, self.field, self.loss_mask_field, self.overlong, values)
             return FirstFitPacker(self.max_length, pad, self.field, self.max_open_rows, self.loss_mask_field,
-                                  self.overlong)
+                                  self.overlong, values)
 
         return make
 
@@ -534,19 +558,24 @@ class PackFlatOp:
         """The row that fills the microbatch of a lane whose finite plan ran out: padding with the
         pad id this packer pads its own rows with (`pad_id`, else the pipeline's default), so a
         batch never holds two pad ids."""
-        return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id)
+        return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id,
+                            self.document_values)
 
     def token_counter(self):
         """What token estimation counts of a record: the ids a packer places, none of one it
-        refuses; `learned`, of them those a loss learns (`TokenEstimation(count="learned")`).
+        refuses (for its ids, its loss mask or its `document_values`); `learned`, of them those a
+        loss learns (`TokenEstimation(count="learned")`).
         The records it refused since the last call come from its `drain_skips()`, with what each
         held, as `pack_multimodal`'s do: a sample whose ids are all stored as text is then refused
         naming `not_tokens` and what the first record held, where it said only that it yielded no token."""
         field, loss_mask_field, max_length, overlong = self.field, self.loss_mask_field, self.max_length, self.overlong
+        value_names = self.document_values
 
         def placed(address: RecordAddress, record: dict,
                    skips: list) -> tuple[tuple[np.ndarray, np.ndarray | None]] | None:
             document = read_document(address, record, field, loss_mask_field, skips)
+            if document is not None and value_names and read_values(address, record, value_names, skips) is None:
+                return None
             if document is not None:
                 document = fit_document(document, address, max_length, overlong, skips, None)
             return None if document is None else (document,)
@@ -556,8 +585,8 @@ class PackFlatOp:
     def fingerprint(self, default_pad_id: int) -> dict:
         """What decides the rows. `max_open_rows` only for first_fit: wrap keeps a single row open
         and pad none, and a setting they ignore must not refuse a resume; `loss_mask_field` and
-        `overlong` only where they are not the default, so the recipes that never set them keep the
-        digests their checkpoints hold."""
+        `overlong` and `document_values` only where they are not the default, so the recipes that
+        never set them keep the digests their checkpoints hold."""
         return {
             "op": self.name,
             "max_length": self.max_length,
@@ -567,4 +596,5 @@ class PackFlatOp:
             **({"max_open_rows": self.max_open_rows} if self.algorithm == "first_fit" else {}),
             **({"loss_mask_field": self.loss_mask_field} if self.loss_mask_field != LOSS_MASK_FIELD else {}),
             **({"overlong": self.overlong} if self.overlong != "split" else {}),
+            **({"document_values": list(self.document_values)} if self.document_values else {}),
         }

@@ -10,7 +10,7 @@ import copy
 import datetime
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ._chat import RenderChatOp, check_chat_options
 from ._chat_render import check_template_kwargs, check_today
@@ -316,6 +316,7 @@ class Pipeline:
         max_open_rows: int = 16,
         loss_mask_field: str = LOSS_MASK_FIELD,
         overlong: str = "split",
+        document_values: Sequence[str] = (),
     ) -> Pipeline:
         """Append the text packer: "wrap" cuts documents at every max_length tokens, "first_fit"
         places each whole document in the first open row with room (at most `max_open_rows` open;
@@ -335,8 +336,15 @@ class Pipeline:
         mid-answer); "truncate" keeps its first `max_length` tokens (its last one then has no
         label), "keep_end" its last (TRL's `truncation_mode="keep_end"`: the answer kept, the start
         of its prompt dropped), counted per dataset in `stats()` as `truncated` and
-        `truncated_tokens`; "skip" skips it (`document_too_long`)."""
-        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field, overlong))
+        `truncated_tokens`; "skip" skips it (`document_too_long`).
+
+        `document_values` names number fields of the records (a KTO label, a reward, a loss weight)
+        that each row carries one per document: the ragged field of each name holds, row by row,
+        the value of the record of each document (`document_ids == d`), float64, in the order
+        `zephon.preference.document_log_probs` gives the documents. A record without one is
+        skipped (`missing_field`), one whose value is no finite number as `bad_document_value`."""
+        return self._with(PackFlatOp(max_length, algorithm, pad_id, field, max_open_rows, loss_mask_field, overlong,
+                                     document_values))
 
     def pack_pairs(
         self,
@@ -350,6 +358,7 @@ class Pipeline:
         rejected_loss_mask_field: str = "rejected_loss_mask",
         max_open_rows: int = 16,
         overlong: str = "skip",
+        document_values: Sequence[str] = (),
     ) -> Pipeline:
         """Append the preference-pair packer (DPO and its kin): each record's chosen and rejected
         documents, the ids two `tokenize` stages write to `chosen_field` and `rejected_field` (with
@@ -370,9 +379,12 @@ class Pipeline:
         A `tokenize` writing one of the two documents whose loss mask goes to another field than
         this packer reads it from is refused when the pipeline is sharded: it would train on the
         prompt, or read the other document's mask. `zephon.preference` reads the pairs back from a
-        batch: `pair_log_probs` (a DPO-style loss) and `pair_scores` (a reward model's)."""
+        batch: `pair_log_probs` (a DPO-style loss) and `pair_scores` (a reward model's).
+        `document_values` carries a record's number fields (a pair's margin) into the row, as
+        `pack_flat`'s does, each value twice: for the chosen document and for the rejected."""
         return self._with(PackPairsOp(max_length, algorithm, pad_id, chosen_field, rejected_field,
-                                      chosen_loss_mask_field, rejected_loss_mask_field, max_open_rows, overlong))
+                                      chosen_loss_mask_field, rejected_loss_mask_field, max_open_rows, overlong,
+                                      document_values))
 
     def shuffle(self, buffer_size: int, seed: int = 0) -> Pipeline:
         """Append a seeded shuffle buffer of `buffer_size` rows per lane segment.

@@ -27,6 +27,7 @@ import numpy as np
 from ._accumulator import SegmentContext
 from ._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from ._first_fit import FirstFitRows
+from ._document_values import check_value_names, read_values
 from ._packing import (FlatRowPlan, Piece, RefusedAndCut, assemble_row, counter_of_placed, kept_part,
                        learned_labels, read_document)
 from ._records import RecordAddress
@@ -102,12 +103,13 @@ class PairPacker(RefusedAndCut):
     """Places each record's pair in one row, chosen then rejected. Thread-unsafe; one per lane segment."""
 
     def __init__(self, max_length: int, pad_id: int, fields: PairFields, algorithm: str, max_open_rows: int,
-                 overlong: str) -> None:
+                 overlong: str, value_names: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.max_length = max_length
         self.pad_id = pad_id
         self.fields = fields
         self.overlong = overlong
+        self.value_names = value_names
         self._open: FirstFitRows[tuple[Piece, Piece]] | None = (
             FirstFitRows(max_length, max_open_rows) if algorithm == "first_fit" else None)
 
@@ -115,11 +117,13 @@ class PairPacker(RefusedAndCut):
         """The rows the record's pair completes; none where it is refused (`drain_skips`)."""
         address, record = item
         pair = read_pair(address, record, self.fields, self._skips)
-        if pair is not None:
+        values = () if pair is None or not self.value_names else read_values(
+            address, record, self.value_names, self._skips)
+        if pair is not None and values is not None:
             pair = fit_pair(pair, address, self.max_length, self.overlong, self._skips, self._truncations)
-        if pair is None:
+        if pair is None or values is None:
             return []
-        pieces = tuple(Piece(tokens, 0, len(tokens), address, targets) for tokens, targets in pair)
+        pieces = tuple(Piece(tokens, 0, len(tokens), address, targets, values) for tokens, targets in pair)
         if self._open is None:
             return [self._row([pieces])]
         return [self._row(row) for row in self._open.place(pieces, pieces[0].length + pieces[1].length)]
@@ -128,7 +132,8 @@ class PairPacker(RefusedAndCut):
         return [] if self._open is None else [self._row(row) for row in self._open.drain()]
 
     def _row(self, pairs: Sequence[tuple[Piece, Piece]]) -> FlatRowPlan:
-        return FlatRowPlan(tuple(piece for pair in pairs for piece in pair), self.max_length, self.pad_id)
+        return FlatRowPlan(tuple(piece for pair in pairs for piece in pair), self.max_length, self.pad_id,
+                           self.value_names)
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ class PackPairsOp:
     rejected_loss_mask_field: str = "rejected_loss_mask"
     max_open_rows: int = 16
     overlong: str = "skip"
+    document_values: tuple[str, ...] = ()
     name: str = "pack_pairs"
     kind = "accumulator"
     carries_media = False  # token ids alone: the loader refuses operators declaring `media_fields`
@@ -168,6 +174,8 @@ class PackPairsOp:
                                      "document twice")
         if self.pad_id is not None:
             object.__setattr__(self, "pad_id", check_token_id(self.pad_id, "pack_pairs: pad_id"))
+        object.__setattr__(self, "document_values",
+                           check_value_names(self.document_values, "pack_pairs", documents=values))
 
     @property
     def fields(self) -> PairFields:
@@ -201,23 +209,27 @@ class PackPairsOp:
         pad = self.pad_id if self.pad_id is not None else default_pad_id
 
         def make(ctx: SegmentContext) -> PairPacker:
-            return PairPacker(self.max_length, pad, self.fields, self.algorithm, self.max_open_rows, self.overlong)
+            return PairPacker(self.max_length, pad, self.fields, self.algorithm, self.max_open_rows, self.overlong,
+                              self.document_values)
 
         return make
 
     def padding_row(self, default_pad_id: int) -> PackedSequence:
         """The row that fills the microbatch of a lane whose finite plan ran out, padded with this
         packer's pad id (see `PackFlatOp.padding_row`)."""
-        return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id)
+        return assemble_row([], self.max_length, self.pad_id if self.pad_id is not None else default_pad_id,
+                            self.document_values)
 
     def token_counter(self):
         """What token estimation counts of a record: the ids of its pair as placed, none of one
         refused (whose reasons come from its `drain_skips()`); `learned`, of them those a loss learns."""
-        fields, max_length, overlong = self.fields, self.max_length, self.overlong
+        fields, max_length, overlong, value_names = self.fields, self.max_length, self.overlong, self.document_values
 
         def placed(address: RecordAddress, record: dict, skips: list) -> tuple[Document, Document] | None:
             pair = read_pair(address, record, fields, skips)
-            return None if pair is None else fit_pair(pair, address, max_length, overlong, skips, None)
+            if pair is None or (value_names and read_values(address, record, value_names, skips) is None):
+                return None
+            return fit_pair(pair, address, max_length, overlong, skips, None)
 
         return counter_of_placed(placed)
 
@@ -232,4 +244,5 @@ class PackPairsOp:
                        self.rejected_loss_mask_field],
             **({"max_open_rows": self.max_open_rows} if self.algorithm == "first_fit" else {}),
             "overlong": self.overlong,
+            **({"document_values": list(self.document_values)} if self.document_values else {}),
         }
