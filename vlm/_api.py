@@ -5,6 +5,7 @@ points, so the core never imports this package): `decode_images`, `decode_video`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from zephon._dataset_scope import check_dataset_scopes, work_source_dataset_names
@@ -92,6 +93,7 @@ def pack_multimodal(
     mrope_tokens_per_second: float | None = None,
     frame_text: FrameText | None = None,
     loss_mask_field: str = LOSS_MASK_FIELD,
+    document_values: Sequence[str] = (),
 ):
     """Append a `PackMultimodal` accumulator, bound to the stages before it
     (`PackMultimodal.bound_to`, which the loader calls again for a packer given to
@@ -112,11 +114,15 @@ def pack_multimodal(
     Where a video's frames are images (every other convention), `frame_text` (`FrameText`) writes
     the text the model's processor puts around them: InternVL's frame numbers, SmolVLM2's times.
     A record holding `loss_mask_field` (one bool per text id: `tokenize(prompt_field=...)` and
-    `tokenize(segments=True)` write it) trains only on the text it marks True, as `pack_flat` does."""
+    `tokenize(segments=True)` write it) trains only on the text it marks True, as `pack_flat` does.
+    `document_values` carries a record's number fields (a KTO label, a loss weight) into each row
+    holding its document, one float64 a document, as `pack_flat`'s does; a record without one is
+    skipped (`missing_field`), one whose value is no finite number as `bad_document_value`."""
     packer = PackMultimodal(
         max_length, placeholders, spec, pad_id, image_position, field, pixels_field,
         offsets_field=offsets_field, max_open_rows=max_open_rows, mrope=mrope,
         mrope_tokens_per_second=mrope_tokens_per_second, frame_text=frame_text, loss_mask_field=loss_mask_field,
+        document_values=document_values,
     )
     # Refused now, as the pipeline is built; the loader binds it again, as it binds a packer applied.
     return pipeline.apply(packer.bound_to(pipeline.record_operators()))

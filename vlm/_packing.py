@@ -64,6 +64,8 @@ from typing import Any
 import numpy as np
 
 from zephon._accumulator import SegmentContext
+from zephon._document_values import ROW_FIELDS as TEXT_ROW_FIELDS
+from zephon._document_values import check_value_names, read_values, value_arrays
 from zephon._errors import ConfigurationError, check_count, check_field_name, check_token_id
 from zephon._first_fit import FirstFitRows
 from zephon._memory import ROW_FIELD_BYTES
@@ -113,6 +115,10 @@ _UNSET_UNTIL_BOUND = ("spec", "pixels_field", "grid_field")
 it is bound (`patch_dim` and `patch_dtype` left None follow it too, but None is a layout of their
 own: the spec's uint8 patches)."""
 
+ROW_FIELDS = (*TEXT_ROW_FIELDS, "mrope_position_ids", "pixel_values", "image_grid", "image_token_offset", "image_sizes",
+              "video_pixel_values", "video_grid", "video_token_offset", "video_second_per_grid")
+"""Every field a row of this packer may hold, which no `document_values` may be named as."""
+
 _NO_TEXT = np.empty(0, dtype=np.int32)
 """The text of a document that is images alone (read-only: shared by every such document)."""
 _NO_TEXT.flags.writeable = False
@@ -158,6 +164,8 @@ class PlacedDocument:
     targets: np.ndarray | None = None
     """The ids its text's positions learn, `text` with IGNORE_INDEX where the record's loss mask
     leaves a token out (`zephon._loss_mask`); None: the text itself."""
+    values: tuple[float, ...] = ()
+    """Its record's `document_values` (`zephon._document_values`), in the packer's order of names."""
 
     def is_video(self, k: int) -> bool:
         return bool(self.video_frames) and self.video_frames[k] > 0
@@ -203,6 +211,8 @@ class RowPlan:
     """Whether the row carries `mrope_position_ids` (see `vlm._mrope`)."""
     mrope_tokens_per_second: float | None = None
     """Qwen2.5-VL's temporal scale of a video's positions (`vlm._mrope`); None: Qwen2-VL's."""
+    value_names: tuple[str, ...] = ()
+    """The packer's `document_values`: each a ragged field of one value a document (a masked one's too)."""
 
     def assemble(self) -> PackedSequence:
         return assemble_row(self)
@@ -328,6 +338,11 @@ def _allocate(plans: list[RowPlan]) -> tuple[dict, dict, dict]:
         counts["image_sizes"] = counts["image_grid"].copy()
     if video_layout(first.placeholders):
         _allocate_videos(plans, ragged, counts)
+    if first.value_names:
+        values, value_counts = value_arrays([[doc.values for doc in plan.documents] for plan in plans],
+                                            first.value_names)
+        ragged.update(values)
+        counts.update(value_counts)
     return tokens, ragged, counts
 
 
@@ -523,6 +538,7 @@ class MultimodalPacker:
         mrope: bool = False,
         mrope_tokens_per_second: float | None = None,
         frame_text: FrameText | None = None,
+        document_values: tuple[str, ...] = (),
     ) -> None:
         max_length, max_open_rows = _validate(max_length, image_position, max_open_rows, placeholders, spec, mrope)
         mrope_tokens_per_second = _check_tokens_per_second(mrope_tokens_per_second, mrope, placeholders)
@@ -538,6 +554,7 @@ class MultimodalPacker:
         self.text_field, self.pixels_field = text_field, pixels_field
         self.grid_field, self.offsets_field = grid_field, offsets_field
         self.loss_mask_field = loss_mask_field
+        self.value_names = document_values
         self.max_open_rows = max_open_rows
         self.patch_dim = spec.patch_dim if patch_dim is None else int(patch_dim)
         self.patch_dtype = np.dtype(np.uint8 if patch_dtype is None else patch_dtype)
@@ -604,6 +621,9 @@ class MultimodalPacker:
         if isinstance(targets, str):
             self._skips.append((address, targets, loss_mask_detail(self.loss_mask_field, self.text_field, record)))
             return None
+        values = read_values(address, record, self.value_names, self._skips) if self.value_names else ()
+        if values is None:
+            return None
         pixels = record.get(self.pixels_field)
         images = _as_images(pixels, self._video_layout)
         video_frames = None if self._video_layout or not _is_video_frames(pixels) else len(pixels)
@@ -659,7 +679,7 @@ class MultimodalPacker:
             targets = None if targets is None else targets[:room].copy()
             offsets = tuple(min(o, room) for o in offsets)
         return PlacedDocument(address, text, tuple(images), grids, offsets, image_tokens + len(text), frames, seconds,
-                              times, sizes, details, framing, video_frames is not None, targets)
+                              times, sizes, details, framing, video_frames is not None, targets, values)
 
     def _seconds_per_temporal_patch(self, address, record: dict, frames: tuple[int, ...]) -> tuple[float, ...]:
         """Per item, the seconds a video's temporal patch spans (two of its frame intervals, as
@@ -867,7 +887,7 @@ class MultimodalPacker:
     def _plan(self, documents: list[PlacedDocument]) -> RowPlan:
         return RowPlan(tuple(documents), self.max_length, self.pad_id, self.placeholders,
                        self.spec.patch_size, self.patch_dim, self.patch_dtype, mrope=self.mrope,
-                       mrope_tokens_per_second=self.mrope_tokens_per_second)
+                       mrope_tokens_per_second=self.mrope_tokens_per_second, value_names=self.value_names)
 
 
 def _as_images(value: Any, video_layout: bool) -> list[np.ndarray | DeferredImage]:
@@ -1121,6 +1141,8 @@ class PackMultimodal:
     `pack_multimodal` built does.
     `mrope=True` adds each row's `mrope_position_ids` (Qwen2-VL's rotary positions, `vlm._mrope`);
     `mrope_tokens_per_second` spaces a video's temporal positions by time, as Qwen2.5-VL does.
+    `document_values` carries record fields' numbers into the rows, one a document, as
+    `pack_flat`'s does (`zephon._document_values`).
     """
 
     max_length: int
@@ -1139,6 +1161,7 @@ class PackMultimodal:
     mrope_tokens_per_second: float | None = None
     frame_text: FrameText | None = None
     loss_mask_field: str = LOSS_MASK_FIELD
+    document_values: tuple[str, ...] = ()
     name: str = "pack_multimodal"
     kind = "accumulator"
 
@@ -1161,6 +1184,9 @@ class PackMultimodal:
         _check_frame_text(self.frame_text, self.mrope, self.placeholders)
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
+        documents = (self.field, self.pixels_field, self.grid_field, self.offsets_field, self.loss_mask_field)
+        object.__setattr__(self, "document_values", check_value_names(
+            self.document_values, "pack_multimodal", documents=documents, row_fields=ROW_FIELDS))
 
     def bound_to(self, record_operators) -> PackMultimodal:
         """This packer as it packs after `record_operators` (the pipeline's, in order): a copy whose
@@ -1192,6 +1218,7 @@ class PackMultimodal:
                 max_open_rows=settled.max_open_rows, patch_dim=settled.patch_dim, patch_dtype=settled.patch_dtype,
                 assemble=False, mrope=settled.mrope, mrope_tokens_per_second=settled.mrope_tokens_per_second,
                 frame_text=settled.frame_text, loss_mask_field=settled.loss_mask_field,
+                document_values=settled.document_values,
             )
 
         return make
@@ -1285,5 +1312,7 @@ class PackMultimodal:
             out["frame_text"] = _describe(settled.frame_text)
         if settled.loss_mask_field != LOSS_MASK_FIELD:  # likewise
             out["loss_mask_field"] = settled.loss_mask_field
+        if settled.document_values:  # likewise
+            out["document_values"] = list(settled.document_values)
         return json.loads(json.dumps(out, default=str))
 

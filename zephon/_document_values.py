@@ -37,11 +37,12 @@ _EXACT_INTEGERS = 2**53
 """The integers float64 holds exactly: beyond them an id or a count would come back another."""
 
 
-def check_value_names(value: object, caller: str, documents: Sequence[str]) -> tuple[str, ...]:
+def check_value_names(value: object, caller: str, documents: Sequence[str | None],
+                      row_fields: Sequence[str] = ROW_FIELDS) -> tuple[str, ...]:
     """The names of `document_values` as a tuple of distinct record fields, else ConfigurationError:
-    one of the `documents` fields the packer reads ids and loss masks from holds no number; a name a
-    row already holds, or one that ends in `_counts`, would stand where the batch writes another
-    field (`Batch.to_numpy` writes each ragged field's counts as `<name>_counts`)."""
+    one of the `documents` fields the packer reads ids, loss masks (or images) from holds no number;
+    a name of the packer's `row_fields`, or one that ends in `_counts`, would stand where the batch
+    writes another field (`Batch.to_numpy` writes each ragged field's counts as `<name>_counts`)."""
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ConfigurationError(f"{caller}: document_values must be a list of record fields' names, got {value!r}")
     names = tuple(check_field_name(name, f"{caller}: document_values' names") for name in value)
@@ -49,10 +50,10 @@ def check_value_names(value: object, caller: str, documents: Sequence[str]) -> t
         raise ConfigurationError(f"{caller}: document_values names a field twice: {list(names)}")
     for name in names:
         if name in documents:
-            raise ConfigurationError(f"{caller}: document_values names {name!r}, the field of a document's ids or "
-                                     "loss mask, not of a number")
-        if name in ROW_FIELDS or name.endswith("_counts"):
-            stands = (f"the rows hold their own {name!r}" if name in ROW_FIELDS else
+            raise ConfigurationError(f"{caller}: document_values names {name!r}, the field of a document's ids, "
+                                     "loss mask or images, not of a number")
+        if name in row_fields or name.endswith("_counts"):
+            stands = (f"the rows hold their own {name!r}" if name in row_fields else
                       "a batch names each value's counts '<name>_counts'")
             raise ConfigurationError(f"{caller}: document_values cannot carry {name!r} into the rows: {stands}; "
                                      "give the field another name with a map")
