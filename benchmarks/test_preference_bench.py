@@ -1,11 +1,14 @@
-"""What packing preference pairs costs the loader's thread, against packing the same documents alone.
+"""What packing preference pairs, or labelled documents, costs the loader's thread, against packing
+the same documents alone.
 
 The shipped corpus tokenized once (`test_loss_mask_bench.documents`), each document cut to its first
 1,024 ids so that every pair fits a 2,048-id row, each with a loss mask leaving out its first quarter
 (a prompt). Each round, "pairs" pushes documents 2i and 2i+1 as one record's chosen and rejected
 through `pack_pairs`' first-fit packer; "single" pushes every document alone through `pack_flat`'s
-first-fit packer; both assemble their rows eight at a time, as the loader collates microbatches.
-`extra_info` records ns per token; the ratio of the two is what keeping a pair together costs.
+first-fit packer; "labelled" pushes them alone with a KTO label and a weight each, carried into the
+rows (`document_values`); all assemble their rows eight at a time, as the loader collates
+microbatches. `extra_info` records ns per token; the ratios to "single" are what keeping a pair
+together and carrying a document's values cost.
 
     pytest benchmarks/test_preference_bench.py --benchmark-only
 """
@@ -33,10 +36,11 @@ def _masked(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids, np.arange(len(ids)) >= len(ids) // 4
 
 
-def _records(documents: list[np.ndarray], pairs: bool) -> list[tuple[RecordAddress, dict]]:
+def _records(documents: list[np.ndarray], kind: str) -> list[tuple[RecordAddress, dict]]:
     masked = [_masked(ids) for ids in documents]
-    if not pairs:
-        return [(RecordAddress("d", "s", i), {"input_ids": ids, "loss_mask": mask})
+    if kind != "pairs":
+        values = (lambda i: {"label": i % 3 != 0, "weight": 1 + i / 1000}) if kind == "labelled" else (lambda i: {})
+        return [(RecordAddress("d", "s", i), {"input_ids": ids, "loss_mask": mask, **values(i)})
                 for i, (ids, mask) in enumerate(masked)]
     return [(RecordAddress("d", "s", i), {"chosen_ids": masked[2 * i][0], "chosen_loss_mask": masked[2 * i][1],
                                           "rejected_ids": masked[2 * i + 1][0],
@@ -44,10 +48,14 @@ def _records(documents: list[np.ndarray], pairs: bool) -> list[tuple[RecordAddre
             for i in range(len(masked) // 2)]
 
 
-@pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
-def test_pack_and_assemble(benchmark, record_build, documents, pairs: bool) -> None:  # noqa: F811
-    records = _records(documents[: len(documents) // 2 * 2], pairs)
-    op = PackPairsOp(ROW) if pairs else PackFlatOp(ROW, "first_fit")
+OPS = {"single": PackFlatOp(ROW, "first_fit"), "pairs": PackPairsOp(ROW),
+       "labelled": PackFlatOp(ROW, "first_fit", document_values=("label", "weight"))}
+
+
+@pytest.mark.parametrize("kind", list(OPS))
+def test_pack_and_assemble(benchmark, record_build, documents, kind: str) -> None:  # noqa: F811
+    records = _records(documents[: len(documents) // 2 * 2], kind)
+    op = OPS[kind]
     timings, tokens = [], []
 
     def run():
@@ -61,4 +69,4 @@ def test_pack_and_assemble(benchmark, record_build, documents, pairs: bool) -> N
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     assert len(set(tokens)) == 1, "every round packs the same tokens"
-    record_build.update(pairs=pairs, tokens=tokens[0], ns_per_token=min(timings) / tokens[0] * 1e9)
+    record_build.update(kind=kind, tokens=tokens[0], ns_per_token=min(timings) / tokens[0] * 1e9)
