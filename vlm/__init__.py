@@ -26,6 +26,7 @@ from ._packing import (
     RowPlan,
     assemble_row,
 )
+from ._pairs import MultimodalPairPacker, PackMultimodalPairs
 from ._placeholders import (
     AyaVisionPlaceholders,
     Cohere2VisionPlaceholders,
@@ -75,7 +76,9 @@ __all__ = [
     "LlavaNextPlaceholders",
     "MediaDecodeError",
     "MultimodalPacker",
+    "MultimodalPairPacker",
     "PackMultimodal",
+    "PackMultimodalPairs",
     "PadPlaceholders",
     "PixtralPlaceholders",
     "PlacedDocument",

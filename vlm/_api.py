@@ -1,6 +1,6 @@
 """Pipeline builder methods contributed by `vlm` (registered under the `zephon.pipeline` entry
 points, so the core never imports this package): `decode_images`, `decode_video`,
-`pack_multimodal`. Each takes the pipeline first and returns a new pipeline.
+`pack_multimodal`, `pack_multimodal_pairs`. Each takes the pipeline first and returns a new pipeline.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from zephon._markers import OFFSETS_FIELD
 from ._frame_text import FrameText
 from ._image import ImageSpec
 from ._packing import PackMultimodal
+from ._pairs import PackMultimodalPairs
 from ._placeholders import Placeholders
 from ._stages import (
     DEFAULT_IMAGE_FIELDS,
@@ -24,7 +25,7 @@ from ._stages import (
 )
 from ._video import VideoSpec
 
-__all__ = ["decode_images", "decode_video", "pack_multimodal"]
+__all__ = ["decode_images", "decode_video", "pack_multimodal", "pack_multimodal_pairs"]
 
 def decode_images(
     pipeline,
@@ -125,4 +126,41 @@ def pack_multimodal(
         document_values=document_values,
     )
     # Refused now, as the pipeline is built; the loader binds it again, as it binds a packer applied.
+    return pipeline.apply(packer.bound_to(pipeline.record_operators()))
+
+
+def pack_multimodal_pairs(
+    pipeline,
+    max_length: int,
+    placeholders: Placeholders,
+    *,
+    spec: ImageSpec | None = None,
+    pad_id: int | None = None,
+    image_position: str = "before_text",
+    chosen_field: str = "chosen_ids",
+    rejected_field: str = "rejected_ids",
+    chosen_loss_mask_field: str = "chosen_loss_mask",
+    rejected_loss_mask_field: str = "rejected_loss_mask",
+    chosen_offsets_field: str = "chosen_image_offsets",
+    rejected_offsets_field: str = "rejected_image_offsets",
+    pixels_field: str | None = None,
+    max_open_rows: int = 16,
+    mrope: bool = False,
+    document_values: Sequence[str] = (),
+):
+    """Append a `PackMultimodalPairs` accumulator (`vlm._pairs`): preference pairs whose prompt
+    shows images (multimodal DPO). Each record's chosen and rejected documents (two `tokenize`
+    stages write their ids, loss masks and, with `marker=`, image offsets to the fields named
+    here), each with the record's images placed as `pack_multimodal` places them, go into one row
+    as documents 2k and 2k+1, never split, the images in both; `zephon.preference.pair_log_probs`
+    reads the pairs back. A pair longer than a row is skipped (`pair_too_long`); a record missing
+    either document is skipped once, for the first refused. The settings are `pack_multimodal`'s,
+    checked alike for each side, and a `tokenize` writing a side's loss mask to another field than
+    this reads it from is refused as `pack_pairs` refuses it."""
+    packer = PackMultimodalPairs(
+        max_length, placeholders, spec, pad_id, image_position, chosen_field, pixels_field,
+        offsets_field=chosen_offsets_field, max_open_rows=max_open_rows, mrope=mrope,
+        loss_mask_field=chosen_loss_mask_field, document_values=document_values, rejected_field=rejected_field,
+        rejected_loss_mask_field=rejected_loss_mask_field, rejected_offsets_field=rejected_offsets_field,
+    )
     return pipeline.apply(packer.bound_to(pipeline.record_operators()))

@@ -94,8 +94,11 @@ class DecodeDeferred:
     on_error: str
 
     def order(self, plan) -> tuple[DeferredImage, ...] | None:
-        deferred = tuple(image for doc in plan.documents for image in doc.images if isinstance(image, DeferredImage))
-        return deferred or None
+        """Each deferred image of the row once: a preference pair's two documents hold the same ones
+        (`vlm._pairs`), decoded once for both."""
+        deferred = dict.fromkeys(image for doc in plan.documents for image in doc.images
+                                 if isinstance(image, DeferredImage))  # by identity: no two compare equal
+        return tuple(deferred) or None
 
     @staticmethod
     def run(order: tuple[DeferredImage, ...]) -> list[np.ndarray | tuple[str, str]]:
@@ -112,7 +115,7 @@ class DecodeDeferred:
         """The plan with the pixels in place; a document with a failed image is masked (that image
         zero, its other images as decoded), or with `on_error="raise"` the failure raises
         `BadRecordError` naming its record."""
-        decoded = iter(done)
+        decoded = dict(zip(self.order(plan) or (), done))
         documents, masked = [], []
         for number, doc in enumerate(plan.documents):
             if not any(isinstance(image, DeferredImage) for image in doc.images):
@@ -121,7 +124,7 @@ class DecodeDeferred:
             images, failure = [], None
             for index, image in enumerate(doc.images):
                 if isinstance(image, DeferredImage):
-                    pixels = next(decoded)
+                    pixels = decoded[image]
                     if isinstance(pixels, tuple):
                         reason, detail = pixels
                         if self.on_error == "raise":

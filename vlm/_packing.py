@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -122,6 +122,14 @@ ROW_FIELDS = (*TEXT_ROW_FIELDS, "mrope_position_ids", "pixel_values", "image_gri
 _NO_TEXT = np.empty(0, dtype=np.int32)
 """The text of a document that is images alone (read-only: shared by every such document)."""
 _NO_TEXT.flags.writeable = False
+
+
+class DocumentFields(NamedTuple):
+    """The fields a document's text, loss mask and image offsets are read from."""
+
+    text: str
+    loss_mask: str
+    offsets: str
 
 
 @dataclass(frozen=True)
@@ -601,25 +609,37 @@ class MultimodalPacker:
         return assemble_row(self._plan([]))
 
     # -- decisions --------------------------------------------------------------------------
-    def _document(self, address: RecordAddress, record: dict) -> PlacedDocument | None:
-        text = record.get(self.text_field)
+    def placed(self, address: RecordAddress, record: dict) -> tuple[PlacedDocument, ...] | None:
+        """The documents a record becomes, as they would be placed (one here), or None where it is
+        skipped: what the token counter counts."""
+        doc = self._document(address, record)
+        return None if doc is None else (doc,)
+
+    def _document(self, address: RecordAddress, record: dict,
+                  side: DocumentFields | None = None) -> PlacedDocument | None:
+        """The record's document as placed, its text, loss mask and image offsets read from `side`'s
+        fields (None: the packer's own), or None where it is skipped (reported)."""
+        text_field, loss_mask_field, offsets_field = side or (self.text_field, self.loss_mask_field,
+                                                              self.offsets_field)
+        text = record.get(text_field)
         if text is None:
-            self._skips.append((address, "missing_text", no_tokens_detail("missing_text", self.text_field, record)))
+            self._skips.append((address, "missing_text", no_tokens_detail("missing_text", text_field, record)))
             return None
         text = token_ids(text)
         if isinstance(text, str):
             if text != "empty_document":  # ids stored in the data: not a flat list of int32 ids
-                self._skips.append((address, text, no_tokens_detail(text, self.text_field, record)))
+                self._skips.append((address, text, no_tokens_detail(text, text_field, record)))
                 return None
             text = _NO_TEXT  # a document may be images alone
         elif self._holds_a_placeholder(text):
             # A caption that spells a placeholder with a tokenizer that does not split it (not
             # split_special_tokens, or an added token that is not special), or ids from the data.
-            self._skips.append((address, "placeholder_in_text", functools.partial(self._placeholder_detail, text)))
+            self._skips.append((address, "placeholder_in_text",
+                                functools.partial(self._placeholder_detail, text, text_field)))
             return None
-        targets = targets_of(text, record.get(self.loss_mask_field))
+        targets = targets_of(text, record.get(loss_mask_field))
         if isinstance(targets, str):
-            self._skips.append((address, targets, loss_mask_detail(self.loss_mask_field, self.text_field, record)))
+            self._skips.append((address, targets, loss_mask_detail(loss_mask_field, text_field, record)))
             return None
         values = read_values(address, record, self.value_names, self._skips) if self.value_names else ()
         if values is None:
@@ -627,7 +647,7 @@ class MultimodalPacker:
         pixels = record.get(self.pixels_field)
         images = _as_images(pixels, self._video_layout)
         video_frames = None if self._video_layout or not _is_video_frames(pixels) else len(pixels)
-        offsets = self._offsets(address, record, len(images), len(text))
+        offsets = self._offsets(address, record, len(images), len(text), offsets_field)
         if offsets is None:
             return None
         framing = self._framing(address, record, video_frames, text[offsets[-1]:] if offsets else text) \
@@ -669,7 +689,7 @@ class MultimodalPacker:
                                 f"(patch grids {', '.join(shown)}); a row holds {self.max_length}"))
             return None
         if image_tokens + len(text) == 0:
-            self._skips.append((address, "empty_document", f"{self.text_field!r} holds no token ids and it has no image"))
+            self._skips.append((address, "empty_document", f"{text_field!r} holds no token ids and it has no image"))
             return None
         room = self.max_length - image_tokens
         if len(text) > room:
@@ -780,9 +800,9 @@ class MultimodalPacker:
                     f"got {reprlib.repr(given)}")
         return sizes
 
-    def _placeholder_detail(self, text: np.ndarray) -> str:
+    def _placeholder_detail(self, text: np.ndarray, text_field: str) -> str:
         where = np.flatnonzero(np.isin(text, self._placeholder_ids))
-        return (f"{self.text_field!r} holds the placeholder id {int(text[where[0]])} at token {int(where[0])} "
+        return (f"{text_field!r} holds the placeholder id {int(text[where[0]])} at token {int(where[0])} "
                 f"({len(where)} in all): a tokenizer that does not split special tokens, or ids stored in the data")
 
     def _holds_a_placeholder(self, text: np.ndarray) -> bool:
@@ -849,17 +869,18 @@ class MultimodalPacker:
                 )
         return grids
 
-    def _offsets(self, address, record: dict, num_images: int, num_text: int) -> tuple[int, ...] | None:
+    def _offsets(self, address, record: dict, num_images: int, num_text: int,
+                 offsets_field: str) -> tuple[int, ...] | None:
         """Where each image goes among the text tokens; None for a record skipped (reported).
 
         Offsets `tokenize(marker=...)` wrote (`MarkerOffsets`) count the markers of the text: a
         count unlike the images is that record's (a caption with two `<image>` and one image, or
         none where it has one), skipped as `marker_count_mismatch`. Offsets from the data that do
         not place each image are refused as a configuration error, naming the record."""
-        given = record.get(self.offsets_field)
+        given = record.get(offsets_field)
         if isinstance(given, MarkerOffsets) and len(given) != num_images:
             self._skips.append((address, "marker_count_mismatch", f"its text held {len(given)} {given.marker!r} "
-                                f"marker(s) ({self.offsets_field!r}) but it has {num_images} image(s) in "
+                                f"marker(s) ({offsets_field!r}) but it has {num_images} image(s) in "
                                 f"{self.pixels_field!r}: one marker per image (a video: "
                                 f"{'one' if self._video_layout else 'per frame'})"))
             return None
@@ -869,7 +890,7 @@ class MultimodalPacker:
                     or (offsets and (offsets[0] < 0 or offsets[-1] > num_text)):
                 shown = reprlib.repr(given) if offsets is None else offsets
                 raise ConfigurationError(
-                    f"record {address}: {self.offsets_field}={shown} must give one non-decreasing "
+                    f"record {address}: {offsets_field}={shown} must give one non-decreasing "
                     f"offset in [0, {num_text}] per image ({num_images}), each a whole number"
                 )
             return tuple(offsets)
@@ -1186,7 +1207,7 @@ class PackMultimodal:
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
         documents = (self.field, self.pixels_field, self.grid_field, self.offsets_field, self.loss_mask_field)
         object.__setattr__(self, "document_values", check_value_names(
-            self.document_values, "pack_multimodal", documents=documents, row_fields=ROW_FIELDS))
+            self.document_values, self.name, documents=documents, row_fields=ROW_FIELDS))
 
     def bound_to(self, record_operators) -> PackMultimodal:
         """This packer as it packs after `record_operators` (the pipeline's, in order): a copy whose
@@ -1211,17 +1232,24 @@ class PackMultimodal:
         settled = self._settled()
 
         def make(ctx: SegmentContext) -> MultimodalPacker:
-            return MultimodalPacker(
-                ctx, max_length=settled.max_length, placeholders=settled.placeholders, spec=settled.spec, pad_id=pad,
-                image_position=settled.image_position, text_field=settled.field, pixels_field=settled.pixels_field,
-                grid_field=settled.grid_field, offsets_field=settled.offsets_field,
-                max_open_rows=settled.max_open_rows, patch_dim=settled.patch_dim, patch_dtype=settled.patch_dtype,
-                assemble=False, mrope=settled.mrope, mrope_tokens_per_second=settled.mrope_tokens_per_second,
-                frame_text=settled.frame_text, loss_mask_field=settled.loss_mask_field,
-                document_values=settled.document_values,
-            )
+            return settled._packer(ctx, pad)
 
         return make
+
+    def _packer(self, ctx: SegmentContext, pad: int) -> MultimodalPacker:
+        """A packer of this configuration (settled) padding with `pad`."""
+        return MultimodalPacker(ctx, **self._packer_settings(pad))
+
+    def _packer_settings(self, pad: int) -> dict:
+        """The keyword arguments of a `MultimodalPacker` of this configuration (settled), emitting plans."""
+        return dict(
+            max_length=self.max_length, placeholders=self.placeholders, spec=self.spec, pad_id=pad,
+            image_position=self.image_position, text_field=self.field, pixels_field=self.pixels_field,
+            grid_field=self.grid_field, offsets_field=self.offsets_field, max_open_rows=self.max_open_rows,
+            patch_dim=self.patch_dim, patch_dtype=self.patch_dtype, assemble=False, mrope=self.mrope,
+            mrope_tokens_per_second=self.mrope_tokens_per_second, frame_text=self.frame_text,
+            loss_mask_field=self.loss_mask_field, document_values=self.document_values,
+        )
 
     @property
     def row_field_bytes(self) -> int:
@@ -1271,17 +1299,17 @@ class PackMultimodal:
         refused = RefusedRecords()
 
         def count(address: RecordAddress, record: dict) -> int:
-            doc = packer._document(address, record)
+            documents = packer.placed(address, record)
             refused.extend(packer.drain_skips())
             packer.drain_truncations()
-            return 0 if doc is None else doc.length
+            return 0 if documents is None else sum(doc.length for doc in documents)
 
         def learned(address: RecordAddress, record: dict) -> int:
             """Of them, the text's tokens a loss learns (`PlacedDocument.learned`: no placeholder)."""
-            doc = packer._document(address, record)
+            documents = packer.placed(address, record)
             packer.drain_skips()  # refused by `count` already
             packer.drain_truncations()
-            return 0 if doc is None else doc.learned
+            return 0 if documents is None else sum(doc.learned for doc in documents)
 
         count.drain_skips = refused.drain
         count.learned = learned  # for TokenEstimation(count="learned")

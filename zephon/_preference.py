@@ -33,7 +33,7 @@ from ._packing import (FlatRowPlan, Piece, RefusedAndCut, assemble_row, counter_
 from ._records import RecordAddress
 from ._sequence import PackedSequence
 
-__all__ = ["PAIR_ALGORITHMS", "PAIR_OVERLONG", "PackPairsOp", "PairPacker"]
+__all__ = ["PAIR_ALGORITHMS", "PAIR_OVERLONG", "PackPairsOp", "PairFields", "PairPacker", "check_pair_tokenizers"]
 
 PAIR_ALGORITHMS = ("first_fit", "pad")
 PAIR_OVERLONG = ("skip", "truncate", "keep_end")
@@ -97,6 +97,29 @@ def fit_pair(pair: tuple[Document, Document], address: RecordAddress, max_length
     if truncations is not None:
         truncations.append((address, len(chosen) + len(rejected) - max_length))
     return kept
+
+
+def check_pair_tokenizers(fields: PairFields, record_operators, caller: str) -> None:
+    """Refuse, before anything is read, what would pack the wrong pair: a `tokenize` writing one
+    of the two documents whose loss mask goes to another field than the packer reads it from (it
+    would train on the prompt, or on the other completion's mask); and, where tokenizers and
+    filters are the whole of the stages, a document no tokenizer writes."""
+    tokenizers = [op for op in record_operators if op.name == "tokenize"]
+    only_tokenizers = all(op.name in ("tokenize", "filter") for op in record_operators)
+    for side, ids, mask in (("chosen", fields.chosen, fields.chosen_loss_mask),
+                            ("rejected", fields.rejected, fields.rejected_loss_mask)):
+        writers = [op for op in tokenizers if op.output_field == ids]
+        # Each of them: tokenizers scoped to datasets (texts and chats) may write one document.
+        for op in writers:
+            if (op.prompt_field is not None or op.segments) and op.loss_mask_field != mask:
+                raise ConfigurationError(
+                    f"{caller} reads the {side} document's loss mask from {mask!r}, but tokenize(output_field="
+                    f"{ids!r}) writes it to {op.loss_mask_field!r}: give that tokenize loss_mask_field={mask!r} "
+                    f"(or {caller} {side}_loss_mask_field={op.loss_mask_field!r})")
+        if tokenizers and only_tokenizers and not writers:
+            raise ConfigurationError(
+                f"{caller}({side}_field={ids!r}) packs a field no operator writes: the tokenizers write "
+                f"{sorted({op.output_field for op in tokenizers})}")
 
 
 class PairPacker(RefusedAndCut):
@@ -183,26 +206,8 @@ class PackPairsOp:
                           self.rejected_loss_mask_field)
 
     def bound_to(self, record_operators) -> PackPairsOp:
-        """Refuse, before anything is read, what would pack the wrong pair: a `tokenize` writing one
-        of the two documents whose loss mask goes to another field than this packer reads it from
-        (it would train on the prompt, or on the other completion's mask); and, where tokenizers and
-        filters are the whole of the stages, a document no tokenizer writes."""
-        tokenizers = [op for op in record_operators if op.name == "tokenize"]
-        only_tokenizers = all(op.name in ("tokenize", "filter") for op in record_operators)
-        for side, ids, mask in (("chosen", self.chosen_field, self.chosen_loss_mask_field),
-                                ("rejected", self.rejected_field, self.rejected_loss_mask_field)):
-            writers = [op for op in tokenizers if op.output_field == ids]
-            # Each of them: tokenizers scoped to datasets (texts and chats) may write one document.
-            for op in writers:
-                if (op.prompt_field is not None or op.segments) and op.loss_mask_field != mask:
-                    raise ConfigurationError(
-                        f"pack_pairs reads the {side} document's loss mask from {mask!r}, but tokenize(output_field="
-                        f"{ids!r}) writes it to {op.loss_mask_field!r}: give that tokenize loss_mask_field={mask!r} "
-                        f"(or pack_pairs {side}_loss_mask_field={op.loss_mask_field!r})")
-            if tokenizers and only_tokenizers and not writers:
-                raise ConfigurationError(
-                    f"pack_pairs({side}_field={ids!r}) packs a field no operator writes: the tokenizers write "
-                    f"{sorted({op.output_field for op in tokenizers})}")
+        """Refuse, before anything is read, what would pack the wrong pair (`check_pair_tokenizers`)."""
+        check_pair_tokenizers(self.fields, record_operators, "pack_pairs")
         return self
 
     def factory(self, default_pad_id: int):

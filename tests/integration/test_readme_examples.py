@@ -276,6 +276,31 @@ def test_vlm_readme_recipe_for_images_named_by_path_runs_as_printed_and_reads_th
     assert set(skipped) <= {"missing_image_file"}, skipped
 
 
+def test_vlm_readme_recipe_for_preference_pairs_runs_as_printed_and_packs_each_pair_in_one_row(
+        tmp_path, monkeypatch):
+    """vlm/README.md's "Preference pairs with pictures" block, in a directory holding `prefs/` as it
+    names it (JSON Lines of a question, two answers and an image's path), with the pairs block's
+    Tekken tokenizer and placeholders: each row holds pairs, each pair's two documents one record's,
+    each with its image."""
+    from tests.unit.test_vlm_image_paths import write_corpus
+
+    images = write_corpus(tmp_path) / "images"
+    (tmp_path / "prefs").mkdir()
+    images.rename(tmp_path / "prefs" / "images")
+    names = sorted(path.name for path in (tmp_path / "prefs" / "images").glob("*.jpg"))
+    records = [{"image": f"images/{names[k % len(names)]}", "question": f"What is picture {k}?",
+                "chosen": f"Picture {k}.", "rejected": f"Picture {k + 1}."} for k in range(24)]
+    (tmp_path / "prefs" / "part-000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.chdir(tmp_path)
+    namespace = run_vlm_block('"prefs/"')
+    with namespace["pipeline"].shard(0, 1, global_batch_size=4) as loader:
+        for _, batch in zip(range(4), loader):
+            for row, sources in enumerate(batch.sources):
+                assert len(sources) % 2 == 0 and all(sources[k] == sources[k + 1] for k in range(0, len(sources), 2))
+            assert int(batch.ragged_counts["image_grid"].sum()) == sum(len(s) for s in batch.sources)
+        assert loader.stats()["datasets"]["prefs"]["total"].get("skipped", {}) == {}
+
+
 @requires_torch
 def test_vlm_readme_recipe_for_image_markers_runs_as_printed_and_places_each_image_where_its_marker_was(
         tmp_path, monkeypatch):

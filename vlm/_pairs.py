@@ -1,0 +1,133 @@
+"""Preference pairs with pictures (multimodal DPO): each record's chosen and rejected answers to a
+prompt that shows images, packed side by side in one row.
+
+A vision-language preference record (RLAIF-V's, VLFeedback's, TRL's vision DPO datasets) is a
+prompt with its images and two answers. Each answer makes a document of its own, the images and
+the prompt before it as the model is given them, and both go into one row as documents 2k and
+2k+1, never split, as `pack_pairs` packs text pairs: `zephon.preference.pair_log_probs` reads them
+back alike. The images are the record's, in each document, so the row's `pixel_values` hold them
+twice, as a trainer that concatenates the chosen and the rejected sequence hands its vision tower
+each (TRL's DPO does); decoded after packing (`decode_images(defer=True)`), each is decoded once
+for both (`vlm._deferred`).
+
+Each side's ids, loss mask and image offsets come from fields of its own: two `tokenize` stages
+with their `output_field`, `loss_mask_field` and, with `marker=`, `offsets_field`. A pair whose
+two documents together take more than a row is skipped (`pair_too_long`): its images cannot be
+cut, and an answer cut short would be compared with a whole one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from zephon._accumulator import SegmentContext
+from zephon._errors import ConfigurationError, check_field_name
+from zephon._preference import PairFields, check_pair_tokenizers
+from zephon._records import RecordAddress
+
+from ._packing import DocumentFields, MultimodalPacker, PackMultimodal, PlacedDocument
+
+__all__ = ["MultimodalPairPacker", "PackMultimodalPairs"]
+
+
+class MultimodalPairPacker(MultimodalPacker):
+    """First-fit packer of a record's two documents as one item, the chosen (read from the
+    packer's own fields) then the rejected (`rejected`'s). Thread-unsafe; one per lane segment."""
+
+    def __init__(self, ctx: SegmentContext | None, *, rejected: DocumentFields, **settings) -> None:
+        super().__init__(ctx, **settings)
+        self.rejected = rejected
+
+    def push(self, item: tuple[RecordAddress, dict]) -> list:
+        pair = self.placed(*item)
+        if pair is None:
+            return []
+        chosen, rejected = pair
+        return [self._emit_rows(_documents(row)) for row in self._open.place(pair, chosen.length + rejected.length)]
+
+    def flush(self) -> list:
+        return [self._emit_rows(_documents(row)) for row in self._open.drain()]
+
+    def placed(self, address: RecordAddress, record: dict) -> tuple[PlacedDocument, PlacedDocument] | None:
+        """The record's (chosen, rejected) documents, or None where either is refused (its one skip
+        reported, the first refused of the two) or the two take more than a row (`pair_too_long`).
+        Neither is cut: a document `_document` cut to fit a row alone is no truncation here."""
+        before = len(self._truncations)
+        chosen = self._document(address, record)
+        between = len(self._truncations)
+        rejected = None if chosen is None else self._document(address, record, self.rejected)
+        dropped = [sum(n for _, n in self._truncations[start:stop])
+                   for start, stop in ((before, between), (between, len(self._truncations)))]
+        del self._truncations[before:]
+        if rejected is None:
+            return None
+        lengths = [doc.length + cut for doc, cut in zip((chosen, rejected), dropped)]
+        if sum(lengths) > self.max_length:
+            self._skips.append((address, "pair_too_long", f"{lengths[0]} + {lengths[1]} tokens (text and image "
+                                f"placeholders), more than a row's max_length={self.max_length}"))
+            return None
+        return chosen, rejected
+
+
+def _documents(pairs: list[tuple[PlacedDocument, PlacedDocument]]) -> list[PlacedDocument]:
+    return [doc for pair in pairs for doc in pair]
+
+
+@dataclass(frozen=True)
+class PackMultimodalPairs(PackMultimodal):
+    """Configuration of `pack_multimodal_pairs`: a `PackMultimodal` whose `field`,
+    `loss_mask_field` and `offsets_field` are the chosen document's, with the rejected one's
+    beside them; builds one `MultimodalPairPacker` per lane segment."""
+
+    field: str = "chosen_ids"
+    offsets_field: str = "chosen_image_offsets"
+    loss_mask_field: str = "chosen_loss_mask"
+    rejected_field: str = "rejected_ids"
+    rejected_loss_mask_field: str = "rejected_loss_mask"
+    rejected_offsets_field: str = "rejected_image_offsets"
+    name: str = "pack_multimodal_pairs"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        names = ("field", "rejected_field", "loss_mask_field", "rejected_loss_mask_field", "offsets_field",
+                 "rejected_offsets_field", "pixels_field")
+        for name in names[1:6:2]:
+            check_field_name(getattr(self, name), f"{self.name}: {name}")
+        given = [getattr(self, name) for name in names if getattr(self, name) is not None]
+        if len(set(given)) < len(given):
+            raise ConfigurationError(
+                f"{self.name}: {', '.join(f'{n}={getattr(self, n)!r}' for n in names)} must be fields of their own: "
+                "a pair's two documents read from one field would be one document twice")
+        clash = sorted(set(self.document_values) & set(given))
+        if clash:
+            raise ConfigurationError(f"{self.name}: document_values names {clash[0]!r}, the field of a document's "
+                                     "ids, loss mask or images, not of a number")
+
+    @property
+    def rejected_side(self) -> DocumentFields:
+        return DocumentFields(self.rejected_field, self.rejected_loss_mask_field, self.rejected_offsets_field)
+
+    def bound_to(self, record_operators) -> PackMultimodalPairs:
+        """`PackMultimodal.bound_to` for each side (the rejected one's ids, loss mask and offsets
+        checked as the chosen one's are), and the tokenizers' loss masks as `pack_pairs` checks them."""
+        bound = super().bound_to(record_operators)
+        bound._as_one_document(bound.rejected_side).bound_to(record_operators)
+        check_pair_tokenizers(PairFields(bound.field, bound.rejected_field, bound.loss_mask_field,
+                                         bound.rejected_loss_mask_field), record_operators, self.name)
+        return bound
+
+    def _as_one_document(self, side: DocumentFields) -> PackMultimodal:
+        """The `pack_multimodal` that packs one side's documents as this packs the pair's."""
+        settings = {field.name: getattr(self, field.name) for field in dataclasses.fields(PackMultimodal)}
+        return PackMultimodal(**{**settings, "field": side.text, "loss_mask_field": side.loss_mask,
+                                 "offsets_field": side.offsets})
+
+    def _packer(self, ctx: SegmentContext, pad: int) -> MultimodalPairPacker:
+        return MultimodalPairPacker(ctx, rejected=self.rejected_side, **self._packer_settings(pad))
+
+    def fingerprint(self, default_pad_id: int) -> dict:
+        """`PackMultimodal`'s, named `pack_multimodal_pairs`, with the rejected document's fields."""
+        out = super().fingerprint(default_pad_id)
+        out["rejected_fields"] = list(self._settled().rejected_side)
+        return out
