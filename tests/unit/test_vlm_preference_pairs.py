@@ -5,6 +5,7 @@ the pairs it refuses, once each; the configurations it refuses."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from tests.unit.test_vlm_packing import PIXTRAL, SPEC, picture, text
 from vlm import PackMultimodalPairs
 from vlm._deferred import DecodeDeferred, DeferredImage, decode_row
 from vlm._image import probe_image
-from zephon import ConfigurationError, Pipeline, SegmentContext
+from zephon import IGNORE_INDEX, ConfigurationError, Pipeline, SegmentContext
 from zephon._batch import collate
 from zephon._records import RecordAddress
 from zephon.io import Dataset
@@ -123,7 +124,7 @@ def test_a_pairs_deferred_images_are_decoded_once_and_a_failure_masks_both_docum
     pixels = row.ragged["pixel_values"]
     np.testing.assert_array_equal(pixels[:grid_patches], pixels[grid_patches : 2 * grid_patches])
     assert pixels[:grid_patches].any() and not pixels[2 * grid_patches :].any()
-    assert (row.tokens["labels"][row.tokens["document_ids"] >= 2] == -100).all()
+    assert (row.tokens["labels"][row.tokens["document_ids"] >= 2] == IGNORE_INDEX).all()
 
 
 def _png(pixels: np.ndarray) -> bytes:
@@ -188,3 +189,70 @@ def test_pairs_batch_with_the_padding_row():
     [plan] = _plans(op.factory(0)(SegmentContext(0, 0)), [_pair(0, 4, 4, [picture(1, 2, seed=0)])])
     batch = collate([plan.assemble(), op.padding_row(0)], lane=0, step=0, index=0)
     assert batch.ragged_counts["image_grid"].tolist() == [2, 0]
+
+
+def trl_vision_pair(k: int) -> tuple[dict, int]:
+    """Record k as TRL's conversational vision preference datasets store it: a `prompt` of
+    messages whose content holds an image part, the `chosen` and `rejected` answers as assistant
+    messages (the rejected one names another picture), and its one picture aside."""
+    from tests.unit.test_vlm_loss_mask import llava_chat
+
+    chat, images = llava_chat(k)
+    prompt, answer = chat["messages"]
+    wrong = {"role": "assistant", "content": [{"type": "text", "text": f"A photograph, number {k + 1}."}]}
+    return {"prompt": [prompt], "chosen": [answer], "rejected": [wrong]}, images
+
+
+def with_prompt_before_each_answer(record: dict) -> dict:
+    return {**record, "chosen": record["prompt"] + record["chosen"], "rejected": record["prompt"] + record["rejected"]}
+
+
+def test_trls_conversational_vision_pairs_learn_each_answer_after_the_picture_at_its_marker(
+        tmp_path_factory, demo_tokenizer_path):
+    """render_chat (ChatML, an image part written `<image>`) and tokenize(segments=True,
+    marker="<image>") on each side, each writing its own ids, mask and offsets: every pair in one
+    row, each document's picture where its question's marker was, each learning what
+    transformers' assistant mask says of its chat; the same on every runner."""
+    from tests.unit.test_chat import CHATML_PARTS, reference, tokenizer_dir
+    from tests.unit.test_vlm_image_markers import write_corpus
+    from tests.unit.test_vlm_loss_mask import PLACEHOLDERS
+    from vlm import ImageSpec
+
+    corpus = write_corpus(tmp_path_factory.mktemp("trl_vision"), trl_vision_pair, "prefs")
+    chat_dir = tokenizer_dir(tmp_path_factory.mktemp("chatml"), CHATML_PARTS, demo_tokenizer_path)
+    expected = {}
+    for shard in sorted(corpus.glob("*.jsonl")):
+        for index, line in enumerate(shard.read_text().splitlines()):
+            record = with_prompt_before_each_answer(json.loads(line))
+            expected[shard.name, index] = [[i for i, learned in zip(*reference(chat_dir, record[side])) if learned]
+                                           for side in ("chosen", "rejected")]
+    source = StaticMixtureWorkSource([Dataset.from_path("prefs", str(corpus))], seed=5, records_per_chunk=3,
+                                     num_epochs=1)
+    digests = {}
+    for runner in ("inline", "thread", "process"):
+        pipeline = (Pipeline(source).options(num_lanes=2, runner=runner).map(with_prompt_before_each_answer)
+                    .decode_images(field="image", spec=ImageSpec(max_pixels=48 * 48), paths=True, defer=True))
+        for side in ("chosen", "rejected"):
+            pipeline = (pipeline.render_chat(chat_dir, field=side, output_field=f"{side}_segments")
+                        .tokenize(str(chat_dir / "tokenizer.json"), field=f"{side}_segments", segments=True,
+                                  marker="<image>", output_field=f"{side}_ids", loss_mask_field=f"{side}_loss_mask",
+                                  offsets_field=f"{side}_image_offsets"))
+        pipeline = pipeline.pack_multimodal_pairs(320, PLACEHOLDERS).batch(2)
+        placed, digests[runner] = {}, []
+        with pipeline.shard(0, 1) as loader:
+            for batch in loader:
+                digests[runner].append(batch.digest())
+                offsets = iter(batch.ragged["image_token_offset"].tolist())
+                for row, sources in enumerate(batch.sources):
+                    ids, labels = batch.tokens["input_ids"][row], batch.tokens["labels"][row]
+                    documents = batch.tokens["document_ids"][row]
+                    for k in range(0, len(sources), 2):
+                        assert sources[k] == sources[k + 1]
+                        key = sources[k].shard.rsplit("/", 1)[-1], sources[k].index
+                        placed[key] = [labels[(documents == d) & (labels != IGNORE_INDEX)].tolist() for d in (k, k + 1)]
+                        marks = [int(np.argmax(documents == d)) for d in (k, k + 1)]
+                        before = [ids[start:next(offsets)].tolist() for start in marks]
+                        assert before[0] == before[1] and before[0], "the picture where the question's marker was"
+            assert loader.stats()["datasets"]["prefs"]["total"].get("skipped", {}) == {}
+        assert placed == expected, runner
+    assert digests["thread"] == digests["inline"] == digests["process"]
