@@ -256,3 +256,37 @@ def test_trls_conversational_vision_pairs_learn_each_answer_after_the_picture_at
             assert loader.stats()["datasets"]["prefs"]["total"].get("skipped", {}) == {}
         assert placed == expected, runner
     assert digests["thread"] == digests["inline"] == digests["process"]
+
+
+@pytest.mark.parametrize("position", ["before_text", "after_bos", "after_text"])
+def test_each_document_of_a_pair_is_the_row_pack_multimodal_makes_of_that_side_alone(position):
+    """With Qwen2-VL's placeholders and rotary positions: a document's ids, labels, positions,
+    3-D positions and patches in the pair's row are those of the row `pack_multimodal` makes of the
+    record's one side (its fields named as the document's), shifted to where it stands."""
+    from tests.unit.test_vlm_mrope import PLACEHOLDERS as QWEN
+    from tests.unit.test_vlm_mrope import SPEC as QWEN_SPEC
+    from vlm import PackMultimodal
+
+    def image(seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).integers(0, 256, (56, 84, 3), dtype=np.uint8)
+
+    records = [_pair(i, 4 + i, 3 + 2 * i, [image(i)] * (1 + i % 2)) for i in range(4)]
+    pairs = PackMultimodalPairs(400, QWEN, QWEN_SPEC, pixels_field="pixels", image_position=position, mrope=True)
+    [plan] = _plans(pairs.factory(0)(SegmentContext(0, 0)), records)
+    row = plan.assemble()
+    patches_at, documents = 0, row.tokens["document_ids"]
+    for d, address in enumerate(row.sources):
+        side = ("chosen", "rejected")[d % 2]
+        alone = PackMultimodal(400, QWEN, QWEN_SPEC, field=f"{side}_ids", loss_mask_field=f"{side}_loss_mask",
+                               pixels_field="pixels", image_position=position, mrope=True)
+        [single] = _plans(alone.factory(0)(SegmentContext(0, 0)), [records[address.index]])
+        single = single.assemble()
+        at, n = int(np.argmax(documents == d)), int(np.count_nonzero(documents == d))
+        assert n == int(np.count_nonzero(single.tokens["document_ids"] == 0))
+        for name in ("input_ids", "labels", "position_ids", "mrope_position_ids"):
+            np.testing.assert_array_equal(row.tokens[name][..., at : at + n], single.tokens[name][..., :n])
+        patches = len(single.ragged["pixel_values"])
+        np.testing.assert_array_equal(row.ragged["pixel_values"][patches_at : patches_at + patches],
+                                      single.ragged["pixel_values"])
+        patches_at += patches
+    assert patches_at == len(row.ragged["pixel_values"]) and len(row.sources) == 8
