@@ -71,6 +71,7 @@ class MultimodalPairPacker(MultimodalPacker):
 
 
 def _documents(pairs: list[tuple[PlacedDocument, PlacedDocument]]) -> list[PlacedDocument]:
+    """A row's documents from its pairs, in order: each pair's chosen, then its rejected."""
     return [doc for pair in pairs for doc in pair]
 
 

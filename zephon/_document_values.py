@@ -4,11 +4,12 @@ its document, one value per document.
 Some losses weigh or label each sequence, not each token: KTO's desirable or undesirable
 completion, a reward-weighted regression's reward, a per-sample loss weight, a reward model's margin
 between a pair. A trainer reading them from its own table would need each document's record, which
-only `Batch.sources` names; `pack_flat(document_values=("label",))` and `pack_pairs(...)` write them
-into the row instead, as the ragged field `label`: (documents of the row,) float64 values, value d
-that of the document at `document_ids == d`. A batch concatenates its rows' (`label_counts`: how
-many each row holds), so row by row and document by document, the order in which
-`zephon.preference.document_log_probs` gives each document's summed log-probabilities.
+only `Batch.sources` names; `pack_flat(document_values=("label",))` (and `pack_pairs`,
+`pack_multimodal`, `pack_multimodal_pairs`) write them into the row instead, as the ragged field
+`label`: (documents of the row,) float64 values, value d that of the document at
+`document_ids == d`. A batch concatenates its rows' (`label_counts`: how many each row holds), so
+row by row and document by document, the order in which `zephon.preference.document_log_probs`
+gives each document's summed log-probabilities.
 
 float64 holds every JSON number (a double) and every integer up to 2**53 as it is. A record whose
 value is missing is skipped (`missing_field`), one whose value is no finite number, or an integer
