@@ -147,14 +147,17 @@ def pack_multimodal_pairs(
     max_open_rows: int = 16,
     mrope: bool = False,
     document_values: Sequence[str] = (),
+    overlong: str = "skip",
 ):
     """Append a `PackMultimodalPairs` accumulator (`vlm._pairs`): preference pairs whose prompt
     shows images (multimodal DPO). Each record's chosen and rejected documents (two `tokenize`
     stages write their ids, loss masks and, with `marker=`, image offsets to the fields named
     here), each with the record's images placed as `pack_multimodal` places them, go into one row
     as documents 2k and 2k+1, never split, the images in both; `zephon.preference.pair_log_probs`
-    reads the pairs back. A pair longer than a row is skipped (`pair_too_long`); a record missing
-    either document is skipped once, for the first refused. The settings are `pack_multimodal`'s,
+    reads the pairs back. A pair longer than a row is skipped (`pair_too_long`), or with
+    `overlong="truncate"` its images kept and the room beside them shared between its two texts,
+    each keeping its first tokens (counted as `truncated`); a record missing either document is
+    skipped once, for the first refused. The settings are `pack_multimodal`'s,
     checked alike for each side, and a `tokenize` writing a side's loss mask to another field than
     this reads it from is refused as `pack_pairs` refuses it."""
     packer = PackMultimodalPairs(
@@ -162,5 +165,6 @@ def pack_multimodal_pairs(
         offsets_field=chosen_offsets_field, max_open_rows=max_open_rows, mrope=mrope,
         loss_mask_field=chosen_loss_mask_field, document_values=document_values, rejected_field=rejected_field,
         rejected_loss_mask_field=rejected_loss_mask_field, rejected_offsets_field=rejected_offsets_field,
+        overlong=overlong,
     )
     return pipeline.apply(packer.bound_to(pipeline.record_operators()))

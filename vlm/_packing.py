@@ -615,10 +615,12 @@ class MultimodalPacker:
         doc = self._document(address, record)
         return None if doc is None else (doc,)
 
-    def _document(self, address: RecordAddress, record: dict,
-                  side: DocumentFields | None = None) -> PlacedDocument | None:
+    def _document(self, address: RecordAddress, record: dict, side: DocumentFields | None = None,
+                  text_room: int | None = None) -> PlacedDocument | None:
         """The record's document as placed, its text, loss mask and image offsets read from `side`'s
-        fields (None: the packer's own), or None where it is skipped (reported)."""
+        fields (None: the packer's own), or None where it is skipped (reported). Its text is cut
+        to what a row leaves beside its images, and to `text_room` tokens where given (a pair's
+        share of a row)."""
         text_field, loss_mask_field, offsets_field = side or (self.text_field, self.loss_mask_field,
                                                               self.offsets_field)
         text = record.get(text_field)
@@ -691,7 +693,7 @@ class MultimodalPacker:
         if image_tokens + len(text) == 0:
             self._skips.append((address, "empty_document", f"{text_field!r} holds no token ids and it has no image"))
             return None
-        room = self.max_length - image_tokens
+        room = self.max_length - image_tokens if text_room is None else min(text_room, self.max_length - image_tokens)
         if len(text) > room:
             self._truncations.append((address, len(text) - room))
             # A copy: a view kept the whole text alive as long as the row waited (a shuffle buffer).

@@ -290,3 +290,51 @@ def test_each_document_of_a_pair_is_the_row_pack_multimodal_makes_of_that_side_a
                                       single.ragged["pixel_values"])
         patches_at += patches
     assert patches_at == len(row.ragged["pixel_values"]) and len(row.sources) == 8
+
+
+def test_truncate_keeps_the_images_and_shares_the_rest_of_the_row_between_the_two_texts():
+    """Each document is the row `pack_multimodal` makes of its side with its text cut to its share
+    (`row_shares`: the shorter whole where it takes at most half); the pair counted once."""
+    from vlm import PackMultimodal
+    from zephon._preference import row_shares
+
+    image = picture(2, 2, seed=4)  # 6 placeholder tokens in each document: 28 of 40 for the texts
+    records = [_pair(0, 30, 5, [image]), _pair(1, 20, 22, [image])]
+    packer = _packer(40, overlong="truncate")
+    plans = _plans(packer, records)
+    assert packer.drain_skips() == []
+    assert packer.drain_truncations() == [(records[0][0], 30 + 5 - 28), (records[1][0], 20 + 22 - 28)]
+    for plan, (address, record) in zip(plans, records):
+        row = plan.assemble()
+        shares = row_shares(len(record["chosen_ids"]), len(record["rejected_ids"]), 28)
+        at = 0
+        for d, (side, share) in enumerate(zip(("chosen", "rejected"), shares)):
+            cut = {**record, f"{side}_ids": record[f"{side}_ids"][:share],
+                   f"{side}_loss_mask": record[f"{side}_loss_mask"][:share]}
+            alone = PackMultimodal(40, PIXTRAL, SPEC, field=f"{side}_ids", loss_mask_field=f"{side}_loss_mask",
+                                   pixels_field="pixels")
+            [single] = _plans(alone.factory(0)(SegmentContext(0, 0)), [(address, cut)])
+            single = single.assemble()
+            n = 6 + share
+            assert int(np.count_nonzero(row.tokens["document_ids"] == d)) == n
+            for name in ("input_ids", "labels", "position_ids"):
+                np.testing.assert_array_equal(row.tokens[name][at : at + n], single.tokens[name][:n])
+            at += n
+        assert at == 40 and len(row.ragged["image_grid"]) == 2
+
+
+def test_truncate_skips_a_pair_whose_cut_would_leave_an_answer_learning_nothing():
+    packer = _packer(24, overlong="truncate")
+    too_short = _pair(0, 30, 30, [picture(2, 2, seed=0)])  # 12 ids for the two texts: 6 each, 2 of them prompt
+    assert len(_plans(packer, [too_short])) == 1
+    packer = _packer(16, overlong="truncate")  # 4 ids: 2 each, both prompt
+    assert _plans(packer, [too_short]) == [] and packer.drain_truncations() == []
+    [(_, reason, detail)] = refusals(packer.drain_skips())
+    assert reason == "pair_too_long" and detail.endswith("cut to fit, one of the two would learn nothing")
+
+
+def test_keep_end_is_refused_and_truncate_enters_the_fingerprint():
+    with pytest.raises(ConfigurationError, match="overlong must be one of .*the start of its prompt"):
+        PackMultimodalPairs(48, PIXTRAL, SPEC, overlong="keep_end")
+    assert "overlong" not in PackMultimodalPairs(48, PIXTRAL, SPEC).fingerprint(0)
+    assert PackMultimodalPairs(48, PIXTRAL, SPEC, overlong="truncate").fingerprint(0)["overlong"] == "truncate"
