@@ -157,9 +157,9 @@ def pack_multimodal_pairs(
     reads the pairs back. A pair longer than a row is skipped (`pair_too_long`), or with
     `overlong="truncate"` its images kept and the room beside them shared between its two texts,
     each keeping its first tokens (counted as `truncated`); a record missing either document is
-    skipped once, for the first refused. The settings are `pack_multimodal`'s,
-    checked alike for each side, and a `tokenize` writing a side's loss mask to another field than
-    this reads it from is refused as `pack_pairs` refuses it."""
+    skipped once, for the first refused. The settings are `pack_multimodal`'s, checked alike for
+    each side, and a `tokenize` writing a side's loss mask to another field than this reads it
+    from is refused as `pack_pairs` refuses it."""
     packer = PackMultimodalPairs(
         max_length, placeholders, spec, pad_id, image_position, chosen_field, pixels_field,
         offsets_field=chosen_offsets_field, max_open_rows=max_open_rows, mrope=mrope,

@@ -1207,9 +1207,14 @@ class PackMultimodal:
         _check_frame_text(self.frame_text, self.mrope, self.placeholders)
         if self.pad_id is not None:  # checked as pack_flat checks its own: it fills the int32 input_ids
             object.__setattr__(self, "pad_id", _check_pad_id(self.pad_id, self.placeholders))
-        documents = (self.field, self.pixels_field, self.grid_field, self.offsets_field, self.loss_mask_field)
         object.__setattr__(self, "document_values", check_value_names(
-            self.document_values, self.name, documents=documents, row_fields=ROW_FIELDS))
+            self.document_values, self.name, documents=self.document_fields, row_fields=ROW_FIELDS))
+
+    @property
+    def document_fields(self) -> tuple[str | None, ...]:
+        """The record fields a document is read from (its ids, pixels, grids, image offsets and loss
+        mask; None where a decoder is yet to name one): none holds a document's value."""
+        return self.field, self.pixels_field, self.grid_field, self.offsets_field, self.loss_mask_field
 
     def bound_to(self, record_operators) -> PackMultimodal:
         """This packer as it packs after `record_operators` (the pipeline's, in order): a copy whose

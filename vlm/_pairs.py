@@ -137,10 +137,11 @@ class PackMultimodalPairs(PackMultimodal):
             raise ConfigurationError(
                 f"{self.name}: {', '.join(f'{n}={getattr(self, n)!r}' for n in names)} must be fields of their own: "
                 "a pair's two documents read from one field would be one document twice")
-        clash = sorted(set(self.document_values) & set(given))
-        if clash:
-            raise ConfigurationError(f"{self.name}: document_values names {clash[0]!r}, the field of a document's "
-                                     "ids, loss mask or images, not of a number")
+
+    @property
+    def document_fields(self) -> tuple[str | None, ...]:
+        """`PackMultimodal.document_fields` and the rejected document's."""
+        return (*super().document_fields, *self.rejected_side)
 
     @property
     def rejected_side(self) -> DocumentFields:

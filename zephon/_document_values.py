@@ -91,7 +91,7 @@ def _exact_number(value: object) -> float | None:
         return float(value)
     if kind is int:
         return float(value) if -_EXACT_INTEGERS <= value <= _EXACT_INTEGERS else None
-    if isinstance(value, (bool, np.bool_)):
+    if isinstance(value, np.bool_):
         return float(value)
     if isinstance(value, numbers.Integral):
         return float(value) if abs(int(value)) <= _EXACT_INTEGERS else None

@@ -29,8 +29,8 @@ row and document by document, the order of the batch's ragged `label` (one value
 regressed on a per-document reward (`document_values=("reward",)`).
 
 The model must keep the row's documents apart (`zephon.attention`), or each is conditioned on
-those packed before it (the rejected answer on the chosen). torch is imported by the functions, never by
-importing this module.
+those packed before it (the rejected answer on the chosen). torch is imported by the functions,
+never by importing this module.
 """
 
 from __future__ import annotations
