@@ -1,4 +1,4 @@
-"""Fuzzing the shard readers: random bytes and structures as JSON Lines, tar and Parquet shards.
+"""Fuzzing the shard readers: random bytes and structures as JSON Lines, tar, Parquet and Arrow shards.
 
 What must hold for any input:
 - planning a shard either works or fails naming the shard (never a bare error from deep inside);
@@ -258,6 +258,45 @@ def test_parquet_reader_accounts_for_every_row(data, records_per_chunk):
     data, intact = data
     with shard_dir() as root:
         (root / "shard.parquet").write_bytes(data)
+        dataset = plan(root, "shard", intact=intact)
+        if dataset is None:
+            return
+        check_every_slot_accounted(dataset, records_per_chunk, unreadable_ok=True)
+
+
+# -- Arrow IPC ------------------------------------------------------------------------------------
+@st.composite
+def arrow_shards(draw) -> tuple[bytes, bool]:
+    """An Arrow IPC shard's bytes (a stream or a file, in random record batches, buffers compressed
+    or not), and whether they are the writer's own (no byte changed, none cut)."""
+    names = draw(st.lists(st.sampled_from(["text", "id", "body", "meta"]), min_size=1, max_size=3, unique=True))
+    kinds = {name: draw(st.sampled_from(sorted(column_values))) for name in names}
+    rows = draw(st.integers(0, 25))
+    table = pa.table({name: [draw(st.none() | column_values[kind]) for _ in range(rows)]
+                      for name, kind in kinds.items()})
+    sink = io.BytesIO()
+    new = draw(st.sampled_from([pa.ipc.new_stream, pa.ipc.new_file]))
+    options = pa.ipc.IpcWriteOptions(compression=draw(st.sampled_from([None, "zstd"])))
+    with new(sink, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=draw(st.integers(1, 10)))
+    written = sink.getvalue()
+    data = bytearray(written)
+    for _ in range(draw(st.integers(0, 2))):
+        if data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    return bytes(data), bytes(data) == written
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(data=arrow_shards(), records_per_chunk=st.integers(1, 8))
+def test_arrow_reader_accounts_for_every_row(data, records_per_chunk):
+    """A damaged message header or buffer is refused naming the shard, at planning or at the read
+    of a chunk holding it; no damage reaches Python as a bare error or crashes the process."""
+    data, intact = data
+    with shard_dir() as root:
+        (root / "shard.arrow").write_bytes(data)
         dataset = plan(root, "shard", intact=intact)
         if dataset is None:
             return

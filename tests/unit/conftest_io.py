@@ -46,6 +46,26 @@ def parquet_bytes(rows: list[dict], row_group_size: int) -> bytes:
     return sink.getvalue()
 
 
+def arrow_bytes(table: pa.Table, batch_rows: list[int], *, layout: str = "stream",
+                compression: str | None = None) -> bytes:
+    """`table` as an Arrow stream or file, in record batches of `batch_rows` rows (0: an empty batch)."""
+    sink = io.BytesIO()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    new = pa.ipc.new_stream if layout == "stream" else pa.ipc.new_file
+    # An empty batch sliced from the table's own keeps its dictionaries: a file holds one per column.
+    empty = table.combine_chunks().to_batches()[0].slice(0, 0) if table.num_rows else None
+    with new(sink, table.schema, options=options) as writer:
+        start = 0
+        for rows in batch_rows:
+            if rows:
+                writer.write_table(table.slice(start, rows))
+            else:
+                writer.write_batch(empty if empty is not None else pa.RecordBatch.from_pylist([], schema=table.schema))
+            start += rows
+    assert start == table.num_rows
+    return sink.getvalue()
+
+
 def tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:
     """A tar of (name, payload) members; a None payload makes a directory member."""
     sink = io.BytesIO()

@@ -418,7 +418,7 @@ def _directory(tmp_path, where: str, names: list[str]) -> str:
     return root
 
 
-_ANY_FORMAT = "file of a format read here (jsonl, parquet, text, webdataset, by suffix)"
+_ANY_FORMAT = "file of a format read here (arrow, jsonl, parquet, text, webdataset, by suffix)"
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
@@ -663,22 +663,6 @@ def test_a_directory_of_several_formats_names_a_file_of_each_so_a_sidecar_is_fou
     assert [s.url.rpartition("/")[2] for s in Dataset.from_path("d", str(tmp_path), format="webdataset").shards] == [
         "00000.tar", "00001.tar", "00002.tar"
     ]
-
-
-def test_a_directory_saved_by_hugging_face_datasets_as_arrow_is_a_named_error_not_its_json_files_planned(tmp_path):
-    """`datasets.Dataset.save_to_disk` writes `data-00000-of-00001.arrow` beside `state.json` and
-    `dataset_info.json`: the Arrow files were passed over like a README and the two JSON files
-    planned as JSON Lines, so the run read ten-odd lines of pretty-printed JSON as malformed and
-    ended saying every record was dropped."""
-    (tmp_path / "data-00000-of-00001.arrow").write_bytes(b"ARROW1\x00\x00")
-    (tmp_path / "dataset_info.json").write_text('{\n  "description": ""\n}\n')
-    (tmp_path / "state.json").write_text('{\n  "_split": "train"\n}\n')
-    with pytest.raises(ConfigurationError) as raised:
-        Dataset.from_path("d", str(tmp_path))
-    assert "data-00000-of-00001.arrow" in str(raised.value) and "to_parquet" in str(raised.value)
-    (tmp_path / "train.parquet").write_bytes(parquet_bytes([{"text": "a"}], row_group_size=10))
-    declared = Dataset.from_path("d", str(tmp_path), format="parquet")  # the other files, named by format=
-    assert [s.url.rpartition("/")[2] for s in declared.shards] == ["train.parquet"]
 
 
 @pytest.mark.parametrize("compression", [None, "gz", "zst"])

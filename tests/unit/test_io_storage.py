@@ -43,6 +43,7 @@ from .conftest_io import (
     FlakyFileSystem,
     ListingKeepingStore,
     ObjectStoreFileSystem,
+    arrow_bytes,
     jsonl_bytes,
     memory_root,
     parquet_bytes,
@@ -86,13 +87,14 @@ def test_shard_that_vanished_after_planning_raises_naming_its_url():
     assert ds.shards[0].url in str(caught.value) and "3 attempt" in str(caught.value)
 
 
-@pytest.mark.parametrize("shard_format", ["jsonl", "parquet"])
+@pytest.mark.parametrize("shard_format", ["jsonl", "parquet", "arrow"])
 def test_a_shard_grown_after_planning_raises_naming_it_instead_of_handing_out_other_records(shard_format):
     """A shard regenerated in place with longer records was read at its planned offsets: a JSON
     Lines chunk began inside a line and handed out later lines under earlier addresses, a
     Parquet chunk handed out the new file's rows, with no error."""
     root = memory_root()
-    write = {"jsonl": jsonl_bytes, "parquet": lambda rows: parquet_bytes(rows, row_group_size=8)}[shard_format]
+    write = {"jsonl": jsonl_bytes, "parquet": lambda rows: parquet_bytes(rows, row_group_size=8),
+             "arrow": lambda rows: arrow_bytes(pa.Table.from_pylist(rows), [8] * 8)}[shard_format]
     url = put(f"{root}/a.{shard_format}", write([{"i": i} for i in range(64)]))
     ds = Dataset.from_path("d", root, retry_delay=0)
     put(url, write([{"i": i, "pad": "x" * 40} for i in range(64)]))
@@ -116,6 +118,8 @@ def _same_size_rewrites(shard_format: str) -> tuple[bytes, bytes]:
         "text": lambda: (b"".join(b"old line %03d\n" % i for i in range(64)),
                          b"".join(b"new %03d\nline\n" % i for i in range(64))),
         "parquet": lambda: (parquet("old"), parquet("new")),
+        "arrow": lambda: (arrow_bytes(pa.Table.from_pylist([{"s": f"old {i:03d}"} for i in range(64)]), [8] * 8),
+                          arrow_bytes(pa.Table.from_pylist([{"s": f"new {i:03d}"} for i in range(64)]), [8] * 8)),
         "webdataset": lambda: (tar_bytes([(f"{i:03d}.txt", b"old") for i in range(64)]),
                                tar_bytes([(f"{i:03d}.txt", b"new") for i in range(64)])),
     }[shard_format]()
@@ -131,7 +135,7 @@ def _rewrite_keeping_size(path: pathlib.Path, data: bytes) -> None:
     os.utime(path, ns=(planned.st_atime_ns, planned.st_mtime_ns + 10**9))
 
 
-@pytest.mark.parametrize("shard_format", ["jsonl", "text", "parquet", "webdataset"])
+@pytest.mark.parametrize("shard_format", ["jsonl", "text", "parquet", "webdataset", "arrow"])
 def test_a_local_shard_rewritten_after_planning_with_as_many_bytes_raises_naming_it_instead_of_handing_out_other_records(
     tmp_path, shard_format
 ):

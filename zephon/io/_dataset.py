@@ -19,6 +19,7 @@ import numpy as np
 from .._errors import ConfigurationError
 from .._job_log import RankLog
 from .._records import Chunk, ChunkRecords
+from ._arrow import ArrowIPC
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
 from ._locate import locate
@@ -139,8 +140,8 @@ class Dataset:
     ) -> Dataset:
         """List and count the shards at `url` (any fsspec URL, a directory, a glob or `hf://`).
 
-        `format` ("jsonl", "parquet", "text", "webdataset") is inferred from file suffixes, in any
-        case, when None; a file named like a shard but compressed in a way it is not read in
+        `format` ("arrow", "jsonl", "parquet", "text", "webdataset") is inferred from file suffixes,
+        in any case, when None; a file named like a shard but compressed in a way it is not read in
         (`a.jsonl.bz2`, `s.tar.gz`, `p.parquet.gz`) is a `ConfigurationError` naming it, not passed
         over. `text_unit` ("line" or "file") says what a text record is.
         `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. `scan_cache`, a
@@ -424,7 +425,7 @@ def _make_reader(format: str, text_unit: str) -> ShardFormat:
         raise ConfigurationError(f"text_unit={text_unit!r} is not one of {TEXT_UNITS}")
     if format == "text":
         return Text(text_unit)
-    return {"jsonl": JsonLines, "parquet": Parquet, "webdataset": WebDataset}[format]()
+    return {"arrow": ArrowIPC, "jsonl": JsonLines, "parquet": Parquet, "webdataset": WebDataset}[format]()
 
 
 def _shard_url(fs: AbstractFileSystem | LocalFiles, path: str) -> str:

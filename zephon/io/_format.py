@@ -107,7 +107,9 @@ def _fetching(read_ahead: int) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class ShardScan:
-    """The planning facts of one shard. `seek[j]` is the byte offset of record `j * stride`.
+    """The planning facts of one shard. `seek` is the format's index into it: for a line format,
+    `seek[j]` is the byte offset of record `j * stride`; for Arrow IPC (`_arrow`), two rows, where
+    each record batch's bytes begin and its first record.
 
     `raw_bytes` is the size of the records as stored, decompressed (None: use the file size);
     `record_offsets[i]` is where record i starts in that decompressed stream (one more entry for
@@ -129,6 +131,7 @@ class ShardFormat(Protocol):
     """A way of storing records in a shard. Implementations are stateless and thread-safe."""
 
     name: str
+    seek_ndim: int  # the dimensions of its scans' `seek` (`ShardScan`), which the scan cache checks
 
     @property
     def scan_key(self) -> str:

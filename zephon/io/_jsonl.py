@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ class JsonLines:
     """
 
     name: str = "jsonl"
+    seek_ndim: ClassVar[int] = 1
 
     @property
     def scan_key(self) -> str:

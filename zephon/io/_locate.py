@@ -14,8 +14,8 @@ like a README. Only the comparison ignores case, never the path: `a.jsonl` and `
 files, and two shards.
 
 A file named like a shard of the dataset's format under a compression Zephon does not read
-(`part-7.jsonl.bz2`, `shard-3.tar.gz`, `shard-4.txz`, `S.TGZ`: tar and Parquet need random access,
-so only line formats may be gzip or zstd) is a ConfigurationError naming it: passed over like a
+(`part-7.jsonl.bz2`, `shard-3.tar.gz`, `shard-4.txz`, `S.TGZ`: tar, Parquet and Arrow need random
+access, so only line formats may be gzip or zstd) is a ConfigurationError naming it: passed over like a
 README, its records were missing from the plan unsaid. Names that only add a suffix (`a.jsonl.md5`,
 `a.JSONL.MD5`, `a.tar.bak`) are no shards, as before.
 
@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from .._errors import ConfigurationError, relative_path_note
 from ._compression import compression_of
 from ._credentials import missing_credentials, no_credentials_for
+from ._datasets_layout import ARROW_SUFFIXES, without_datasets_sidecars
 from ._errors import UnsizedShardError
 from ._fsspec_walk import links_to_nothing, lister
 from ._http_status import DENIED_STATUS, TRANSIENT_STATUS, refused_by_its_server, status_of
@@ -82,10 +83,10 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMATS", "Located", "infer_format", "hf_parquet_url", "locate"]
 
-FORMATS = ("jsonl", "parquet", "text", "webdataset")
+FORMATS = ("arrow", "jsonl", "parquet", "text", "webdataset")
 
 _LINE_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
-_PLAIN_SUFFIXES = {".parquet": "parquet", ".tar": "webdataset"}
+_PLAIN_SUFFIXES = {".parquet": "parquet", ".tar": "webdataset", **{suffix: "arrow" for suffix in ARROW_SUFFIXES}}
 _HUB_REPO_TYPES = ("datasets", "models", "spaces")
 _GLOB_CHARS = "*?["
 # Compressions of whole files that no format here decodes, and the suffixes that mean "a compressed
@@ -113,7 +114,7 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
     """(format, compression) named by a file's suffixes in any case, or None when they name no known
     format.
 
-    Only line formats may be compressed: Parquet and tar need random access.
+    Only line formats may be compressed: Parquet, Arrow and tar need random access.
     """
     name = path.lower()
     compression = compression_of(name)
@@ -181,7 +182,7 @@ def _unreadable_shard(path: str) -> tuple[str, str] | None:
     stem, dot, suffix = name.rpartition(".")
     if compression_of(name) is not None:
         plain = infer_format(stem)
-        if plain is not None and plain[0] in ("parquet", "webdataset"):
+        if plain is not None and plain[0] in ("arrow", "parquet", "webdataset"):
             return plain[0], f"({written}: {plain[0]} shards are read by seeking, so they cannot be compressed)"
         return None
     if dot + suffix in _UNREAD_COMPRESSIONS and (plain := infer_format(stem)) is not None and plain[1] is None:
@@ -268,10 +269,10 @@ def _locate_listed(url: str, format: str | None, storage_options: dict) -> Locat
     if not files and listing.kind == "glob":
         passed_over = _passed_over_in_hidden_directories(listing)
         raise ConfigurationError(f"{url} matches no files{passed_over}{_relative_to(url)}")
+    if format in (None, "arrow"):
+        files = without_datasets_sidecars(url, listing, files)
     inferred = {p: infer_format(p) for p in files}
     unreadable = {p: u for p in files if (u := _unreadable_shard(p)) is not None}
-    if format is None and (arrow := sorted(p for p in files if p.lower().endswith(".arrow"))):
-        raise _arrow_files(url, listing, arrow)
     if format is None:
         found = sorted({fc[0] for fc in [*inferred.values(), *unreadable.values()] if fc is not None})
         if not found and listing.kind == "directory":
@@ -325,20 +326,6 @@ def _relative_to(url: str) -> str:
 
 
 _NAMES_SHOWN = 5
-
-
-def _arrow_files(url: str, listing: Listing, paths: list[str]) -> ConfigurationError:
-    """The error for a directory or glob holding Arrow files and no `format=`: what Hugging Face
-    `datasets`' `save_to_disk` (and its cache) writes, beside `state.json` and `dataset_info.json`.
-    Zephon reads no Arrow, and passing the Arrow files over planned those two JSON files as JSON
-    Lines: a run that read nothing but malformed lines, where the user meant the Arrow rows."""
-    prefix = listing.path.rstrip("/") + "/"
-    more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
-    return ConfigurationError(
-        f"{url} holds Arrow files ({paths[0].removeprefix(prefix)}{more}), as Hugging Face datasets' save_to_disk "
-        "writes them, and Zephon reads no Arrow: write the dataset as Parquet (`load_from_disk(...).to_parquet(...)`) "
-        f"or JSON Lines and name those files; or pass format= (one of {FORMATS}) to plan the other files without them"
-    )
 
 
 _NAMES_SHOWN_PER_FORMAT = 2

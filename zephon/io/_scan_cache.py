@@ -116,7 +116,7 @@ class ScanCache:
         key = f"{shard_key}\nversion={version.stamp}\nchanged_ns={version.changed_ns}"
         versions = os.path.join(self.directory, _name(shard_key))
         entry = os.path.join(versions, _name(key) + _ENTRY)
-        found, distrusted = _load(entry, key)
+        found, distrusted = _load(entry, key, reader.seek_ndim)
         if found is not None:
             return found, None
         try:
@@ -126,7 +126,7 @@ class ScanCache:
             raise self._unwritable(error, url) from error
         try:
             if locked:  # whoever held the lock has stored it meanwhile
-                found, _ = _load(entry, key)
+                found, _ = _load(entry, key, reader.seek_ndim)
                 if found is not None:
                     return found, distrusted
             scanned = reader.scan(shard)
@@ -201,9 +201,9 @@ def _remove_entry(stem: str) -> None:
             os.unlink(leftover)
 
 
-def _load(entry: str, key: str) -> tuple[ShardScan | None, str | None]:
-    """The scan stored at `entry` for `key`; (None, None) where there is none, (None, why) where
-    the one there is not to be trusted."""
+def _load(entry: str, key: str, seek_ndim: int) -> tuple[ShardScan | None, str | None]:
+    """The scan stored at `entry` for `key` (its seek of `seek_ndim` dimensions, the format's);
+    (None, None) where there is none, (None, why) where the one there is not to be trusted."""
     try:
         with np.load(entry, allow_pickle=False) as stored:
             fields = {name: stored[name] for name in stored.files}
@@ -212,21 +212,22 @@ def _load(entry: str, key: str) -> tuple[ShardScan | None, str | None]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         return None, f"{entry}: {type(error).__name__}: {error}"
     try:
-        return _checked(fields, key), None
+        return _checked(fields, key, seek_ndim), None
     except (ValueError, KeyError, TypeError) as error:
         return None, f"{entry}: {error}"
 
 
-def _checked(fields: dict[str, np.ndarray], key: str) -> ShardScan:
-    """The ShardScan `fields` hold, if they are one a format could have returned for `key`."""
+def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int) -> ShardScan:
+    """The ShardScan `fields` hold, if they are one a format whose seek has `seek_ndim` dimensions
+    could have returned for `key`."""
     if fields.pop("key").tolist() != key:
         raise ValueError("it holds the scan of another shard, version or format")
     arrays = {name: fields.pop(name, None) for name in ("num_records", "raw_bytes", "seek", "record_offsets")}
     if fields:
         raise ValueError(f"it holds unknown fields {sorted(fields)}")
     for name, array in arrays.items():
-        scalar = name in ("num_records", "raw_bytes")
-        if array is not None and (array.dtype != np.int64 or array.ndim != (0 if scalar else 1)):
+        dimensions = 0 if name in ("num_records", "raw_bytes") else seek_ndim if name == "seek" else 1
+        if array is not None and (array.dtype != np.int64 or array.ndim != dimensions):
             raise ValueError(f"its {name} is {array.dtype} of {array.ndim} dimensions")
     num_records, raw_bytes = int(arrays["num_records"]), arrays["raw_bytes"]
     seek, offsets = arrays["seek"], arrays["record_offsets"]
@@ -235,7 +236,10 @@ def _checked(fields: dict[str, np.ndarray], key: str) -> ShardScan:
     for name, points in (("seek", seek), ("record_offsets", offsets)):
         if points is not None and (np.any(points < 0) or np.any(np.diff(points) < 0)):
             raise ValueError(f"its {name} are not ascending offsets")
-    if seek is not None and len(seek) > max(1, num_records):
+    if seek is not None and seek.ndim == 2:  # Arrow's: byte positions, and first records from 0 to all
+        if len(seek) != 2 or not 0 < seek.shape[1] <= num_records + 1 or seek[1, 0] != 0 or seek[1, -1] != num_records:
+            raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records")
+    elif seek is not None and len(seek) > max(1, num_records):
         raise ValueError(f"it holds {len(seek)} seek points for {num_records} records")
     if offsets is not None and (len(offsets) != num_records + 1 or raw_bytes is None or offsets[-1] != raw_bytes):
         raise ValueError(f"its record offsets do not bound {num_records} records of {raw_bytes} bytes")

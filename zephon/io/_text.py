@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ class Text:
 
     unit: str = "line"
     name: str = "text"
+    seek_ndim: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if self.unit not in TEXT_UNITS:

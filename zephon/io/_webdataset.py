@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -70,6 +70,7 @@ NAME_ENCODING = "utf-8"
 @dataclass(frozen=True)
 class WebDataset:
     name: str = "webdataset"
+    seek_ndim: ClassVar[int] = 1
 
     @property
     def scan_key(self) -> str:

@@ -1,0 +1,152 @@
+"""Arrow IPC shards (`.arrow`, `.feather`): a record is one row as a dict, as in Parquet.
+
+Hugging Face `datasets` keeps every dataset it saves (`save_to_disk`) or caches as Arrow streams
+(`data-00000-of-00001.arrow` beside `state.json` and `dataset_info.json`), so a corpus prepared
+with it is read where it lies instead of being written out again as Parquet first. Both of Arrow's
+layouts are read: the stream, which `datasets` writes, and the file (Feather v2, `ARROW1` at both
+ends), which is a stream with a footer around it; the footer is not needed.
+
+Neither layout says where a row is: a stream has no index, and a file's footer gives its record
+batches' offsets but not their rows. Planning walks the shard's messages once and keeps, for each
+record batch holding rows, where its bytes begin and its first row (`seek`, two rows: byte
+positions and first rows, one more column for the end). A local shard is memory-mapped, so only
+the messages' headers are read; a remote one is read once, as counting a JSON Lines shard reads it.
+
+A chunk read fetches the schema's bytes and those of the batches that hold its rows, two ranged
+reads on an object store, and decodes them alone. A schema with dictionary-encoded columns is read
+from its first batch on instead: its dictionaries come before that batch, and a batch cannot be
+decoded without them. Decoding runs on the reading thread (`use_threads=False`), as Parquet's does
+(`_parquet`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, ClassVar
+
+import numpy as np
+
+from ._arrow_rows import decoding, table_rows
+from ._errors import ShardUnavailableError
+from ._format import ShardFile, ShardScan
+from ._policy import Slot, fill_truncated
+from ._protocols import is_local
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["ArrowIPC"]
+
+_FILE_MAGIC = b"ARROW1"  # a file (Feather v2) starts with it and 2 bytes of padding, then its stream
+_FEATHER_V1_MAGIC = b"FEA1"
+_WHAT = "Arrow IPC"
+
+
+@dataclass(frozen=True)
+class ArrowIPC:
+    name: str = "arrow"
+    seek_ndim: ClassVar[int] = 2  # the seek table of the module docstring
+
+    @property
+    def scan_key(self) -> str:
+        return "arrow"
+
+    def scan(self, shard: ShardFile) -> ShardScan:
+        import pyarrow as pa
+
+        if is_local(shard.fs):
+            with pa.memory_map(shard.path) as mapped, decoding(shard.url, _WHAT, reads_storage=False):
+                return ShardScan(*_batches(mapped, shard.url))
+        with shard.open() as f, pa.PythonFile(f, mode="r") as source, decoding(shard.url, _WHAT):
+            return ShardScan(*_batches(source, shard.url))
+
+    def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
+        import pyarrow as pa
+
+        positions, first_rows = seek
+        first = int(np.searchsorted(first_rows, start, side="right")) - 1  # the batch holding row `start`
+        last = int(np.searchsorted(first_rows, stop, side="left"))  # one past the batch holding `stop - 1`
+        with shard.open(read_ahead=0) as f:
+            schema_stream = _stream_of(_span(f, 0, int(positions[0]))[0], shard.url)
+            with decoding(shard.url, _WHAT, reads_storage=False):
+                schema = pa.ipc.read_schema(pa.py_buffer(schema_stream))
+            if _has_dictionaries(schema.types):
+                first = 0
+            body, short = _span(f, int(positions[first]), int(positions[last]))
+        with decoding(shard.url, _WHAT, reads_storage=False):
+            batches = _decoded(schema_stream + body, complete=not short)
+        table = pa.Table.from_batches(batches, schema=schema) if batches else None
+        offset = start - int(first_rows[first])
+        rows = [] if table is None else table_rows(table.slice(offset, stop - start))
+        return fill_truncated(rows, stop - start, "shard has fewer rows than when it was planned")
+
+
+def _batches(source: pa.NativeFile, url: str) -> tuple[int, np.ndarray]:
+    """(rows, seek) of the stream in `source`: the seek table of the module docstring."""
+    import pyarrow as pa
+
+    start = source.read(len(_FILE_MAGIC))
+    _stream_of(start, url)  # refuses a Feather v1 file by name
+    source.seek(8 if start == _FILE_MAGIC else 0)
+    reader = pa.ipc.open_stream(source, options=pa.ipc.IpcReadOptions(use_threads=False))
+    positions, first_rows = [source.tell()], [0]
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+        if batch.num_rows:  # an empty batch's bytes go with the next batch holding rows
+            positions.append(source.tell())
+            first_rows.append(first_rows[-1] + batch.num_rows)
+    return first_rows[-1], np.array([positions, first_rows], dtype=np.int64)
+
+
+def _stream_of(head: bytes, url: str) -> bytes:
+    """The stream part of a shard's first bytes: after a file's magic and padding, or all of them."""
+    if head.startswith(_FEATHER_V1_MAGIC):
+        raise ShardUnavailableError(
+            url, 1, "a Feather v1 file (written before Arrow 0.17), which is not Arrow IPC: write it again as "
+            "Feather v2 (`pyarrow.feather.write_feather`, its default) or as Parquet"
+        )
+    return head[8:] if head.startswith(_FILE_MAGIC) else head
+
+
+def _span(f: BinaryIO, begin: int, end: int) -> tuple[bytes, bool]:
+    """The shard's bytes in [begin, end), and whether it ended before `end` (cut short since planning)."""
+    f.seek(begin)
+    data = f.read(end - begin)
+    return data, len(data) < end - begin
+
+
+def _decoded(stream: bytes, complete: bool) -> list[pa.RecordBatch]:
+    """The record batches of `stream` (a schema, then batches), each validated in full: the IPC
+    reader checks a batch's buffers against its length but not the offsets inside them, and a
+    string whose offset points past its data (a damaged byte) crashed the process when its row
+    became a Python object. A stream cut short (not `complete`) keeps its whole batches."""
+    import pyarrow as pa
+
+    reader = pa.ipc.open_stream(pa.py_buffer(stream), options=pa.ipc.IpcReadOptions(use_threads=False))
+    batches = []
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return batches
+        except (pa.ArrowException, OSError):  # a message cut short: ArrowInvalid, or a short read's OSError
+            if complete:
+                raise
+            return batches
+        batch.validate(full=True)
+        batches.append(batch)
+
+
+def _has_dictionaries(types) -> bool:
+    """Whether any of these types, or a type nested in one, is dictionary-encoded."""
+    import pyarrow as pa
+
+    for kind in types:
+        if pa.types.is_dictionary(kind):
+            return True
+        if kind.num_fields and _has_dictionaries(kind.field(i).type for i in range(kind.num_fields)):
+            return True
+    return False
