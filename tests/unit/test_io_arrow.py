@@ -272,3 +272,12 @@ def test_a_batch_whose_string_offsets_point_past_its_data_is_refused_naming_the_
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "undecodable Arrow IPC" in done.stdout and "out of bounds" in done.stdout and "a.arrow" in done.stdout
+
+
+def test_a_column_name_damaged_to_bytes_that_are_no_utf8_names_the_shard(tmp_path):
+    """Found by fuzzing: pyarrow raised UnicodeDecodeError as it made the name a str, out of the read."""
+    data = arrow_bytes(pa.table({"text": ["a", "b"]}), [2])
+    (tmp_path / "a.arrow").write_bytes(data.replace(b"text", b"\x80ext", 1))
+    ds = Dataset.from_path("d", str(tmp_path), retry_delay=0)
+    with pytest.raises(ShardUnavailableError, match="undecodable Arrow IPC: UnicodeDecodeError"):
+        ds.read_chunk(ds.chunks(2)[0])

@@ -96,12 +96,13 @@ def decoding(url: str, what: str, reads_storage: bool = True) -> Iterator[None]:
     shard (`url`) and its format (`what`: "Parquet", "Arrow IPC"). Where pyarrow also reads the
     shard (`reads_storage`), an OSError goes on as it is, as it may be the storage's, which the
     caller retries; decoding bytes already read or mapped, pyarrow's OSError (a message cut short)
-    is the data's."""
+    is the data's. A column name whose bytes are not UTF-8 fails as pyarrow makes it a str
+    (UnicodeDecodeError)."""
     import pyarrow as pa
 
     try:
         yield
-    except (pa.ArrowException, OSError) as error:  # a short read is a bare OSError
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
         if isinstance(error, OSError) and reads_storage:
             raise  # maybe storage: the caller retries it
         raise ShardUnavailableError(url, 1, f"undecodable {what}: {type(error).__name__}: {error}") from error

@@ -1,0 +1,70 @@
+"""What reading a chunk costs in each format a corpus is commonly kept in, the same records each time.
+
+The shipped corpus (both datasets, 3,496 records, 5.6 MB of text) written to a temporary directory
+as JSON Lines, as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy) and as
+an Arrow stream in record batches of 1,000 rows, as Hugging Face `datasets`' `save_to_disk` writes
+it. Each round reads every chunk of 128 records (the work sources' default) on the calling thread,
+through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is the same Arrow read
+with the full validation of each batch taken out (`_arrow._validate`), which is what that
+validation costs. `extra_info` records records/s and MB/s of text; the ratios between the rows are
+the measurement, not their absolute times.
+
+    pytest benchmarks/test_reader_bench.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from zephon.io import Dataset, _arrow
+
+DATA = Path(__file__).resolve().parents[1] / "zephon" / "data"
+CHUNK = 128
+BATCH_ROWS = 1000
+ROUNDS = 5
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, int]:
+    """A directory per format holding the shipped records, and their text's bytes."""
+    records = []
+    for path in sorted((DATA / "kjv").glob("*.jsonl.zst")) + sorted((DATA / "jargon").glob("*.jsonl")):
+        raw = path.read_bytes()
+        if path.suffix == ".zst":
+            raw = zstandard.ZstdDecompressor().stream_reader(raw).read()
+        records += [json.loads(line) for line in raw.decode().splitlines() if line]
+    records = [{"id": r["id"], "text": r["text"]} for r in records]
+    root = tmp_path_factory.mktemp("formats")
+    for name in ("jsonl", "parquet", "arrow"):
+        (root / name).mkdir()
+    (root / "jsonl" / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = pa.Table.from_pylist(records)
+    pq.write_table(table, root / "parquet" / "corpus.parquet", row_group_size=BATCH_ROWS)
+    with pa.ipc.new_stream(str(root / "arrow" / "data-00000-of-00001.arrow"), table.schema) as writer:
+        writer.write_table(table, max_chunksize=BATCH_ROWS)
+    return root, sum(len(r["text"].encode()) for r in records)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "arrow", "arrow, unvalidated"])
+def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, kind: str) -> None:
+    root, text_bytes = corpus
+    if kind == "arrow, unvalidated":
+        monkeypatch.setattr(_arrow, "_validate", lambda batch: None)
+    dataset = Dataset.from_path("corpus", str(root / kind.split(",")[0]))
+    chunks = dataset.chunks(CHUNK)
+
+    def read_all() -> int:
+        return sum(len(dataset.read_chunk(chunk).records) for chunk in chunks)
+
+    started = time.perf_counter()
+    records = benchmark.pedantic(read_all, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    assert records == dataset.num_records == 3496
+    mean = benchmark.stats.stats.mean if benchmark.stats else (time.perf_counter() - started) / (ROUNDS + 1)
+    record_build.update(records_per_s=round(records / mean), text_mb_per_s=round(text_bytes / mean / 1e6, 1))
