@@ -231,18 +231,17 @@ column_values = {
 }
 
 
-@st.composite
-def parquet_shards(draw) -> tuple[bytes, bool]:
-    """A Parquet shard's bytes, and whether they are the writer's own (no byte changed, none cut)."""
+def _random_table(draw) -> pa.Table:
+    """Up to 25 rows of 1 to 3 columns of random kinds, nulls among their values."""
     names = draw(st.lists(st.sampled_from(["text", "id", "body", "meta"]), min_size=1, max_size=3, unique=True))
     kinds = {name: draw(st.sampled_from(sorted(column_values))) for name in names}
     rows = draw(st.integers(0, 25))
-    columns = {
-        name: [draw(st.none() | column_values[kind]) for _ in range(rows)] for name, kind in kinds.items()
-    }
-    sink = io.BytesIO()
-    pq.write_table(pa.table(columns), sink, row_group_size=draw(st.integers(1, 10)))
-    written = sink.getvalue()
+    return pa.table({name: [draw(st.none() | column_values[kind]) for _ in range(rows)]
+                     for name, kind in kinds.items()})
+
+
+def _maybe_damaged(draw, written: bytes) -> tuple[bytes, bool]:
+    """`written` with up to 2 bytes changed and maybe cut short, and whether it is still as written."""
     data = bytearray(written)
     for _ in range(draw(st.integers(0, 2))):
         if data:
@@ -252,16 +251,28 @@ def parquet_shards(draw) -> tuple[bytes, bool]:
     return bytes(data), bytes(data) == written
 
 
+@st.composite
+def parquet_shards(draw) -> tuple[bytes, bool]:
+    """A Parquet shard's bytes, and whether they are the writer's own (no byte changed, none cut)."""
+    sink = io.BytesIO()
+    pq.write_table(_random_table(draw), sink, row_group_size=draw(st.integers(1, 10)))
+    return _maybe_damaged(draw, sink.getvalue())
+
+
 @fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
 @given(data=parquet_shards(), records_per_chunk=st.integers(1, 8))
 def test_parquet_reader_accounts_for_every_row(data, records_per_chunk):
-    data, intact = data
+    _plan_and_read_a_shard("shard.parquet", *data, records_per_chunk)
+
+
+def _plan_and_read_a_shard(name: str, data: bytes, intact: bool, records_per_chunk: int) -> None:
+    """Plan a shard of `data` named `name` and read every chunk of it (`plan`,
+    `check_every_slot_accounted`); a shard pyarrow cannot decode may fail a read, naming it."""
     with shard_dir() as root:
-        (root / "shard.parquet").write_bytes(data)
-        dataset = plan(root, "shard", intact=intact)
-        if dataset is None:
-            return
-        check_every_slot_accounted(dataset, records_per_chunk, unreadable_ok=True)
+        (root / name).write_bytes(data)
+        dataset = plan(root, name.partition(".")[0], intact=intact)
+        if dataset is not None:
+            check_every_slot_accounted(dataset, records_per_chunk, unreadable_ok=True)
 
 
 # -- Arrow IPC ------------------------------------------------------------------------------------
@@ -269,24 +280,13 @@ def test_parquet_reader_accounts_for_every_row(data, records_per_chunk):
 def arrow_shards(draw) -> tuple[bytes, bool]:
     """An Arrow IPC shard's bytes (a stream or a file, in random record batches, buffers compressed
     or not), and whether they are the writer's own (no byte changed, none cut)."""
-    names = draw(st.lists(st.sampled_from(["text", "id", "body", "meta"]), min_size=1, max_size=3, unique=True))
-    kinds = {name: draw(st.sampled_from(sorted(column_values))) for name in names}
-    rows = draw(st.integers(0, 25))
-    table = pa.table({name: [draw(st.none() | column_values[kind]) for _ in range(rows)]
-                      for name, kind in kinds.items()})
+    table = _random_table(draw)
     sink = io.BytesIO()
     new = draw(st.sampled_from([pa.ipc.new_stream, pa.ipc.new_file]))
     options = pa.ipc.IpcWriteOptions(compression=draw(st.sampled_from([None, "zstd"])))
     with new(sink, table.schema, options=options) as writer:
         writer.write_table(table, max_chunksize=draw(st.integers(1, 10)))
-    written = sink.getvalue()
-    data = bytearray(written)
-    for _ in range(draw(st.integers(0, 2))):
-        if data:
-            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
-    if draw(st.booleans()):
-        data = data[: draw(st.integers(0, len(data)))]
-    return bytes(data), bytes(data) == written
+    return _maybe_damaged(draw, sink.getvalue())
 
 
 @fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
@@ -294,13 +294,7 @@ def arrow_shards(draw) -> tuple[bytes, bool]:
 def test_arrow_reader_accounts_for_every_row(data, records_per_chunk):
     """A damaged message header or buffer is refused naming the shard, at planning or at the read
     of a chunk holding it; no damage reaches Python as a bare error or crashes the process."""
-    data, intact = data
-    with shard_dir() as root:
-        (root / "shard.arrow").write_bytes(data)
-        dataset = plan(root, "shard", intact=intact)
-        if dataset is None:
-            return
-        check_every_slot_accounted(dataset, records_per_chunk, unreadable_ok=True)
+    _plan_and_read_a_shard("shard.arrow", *data, records_per_chunk)
 
 
 # -- the whole pipeline's ledger ---------------------------------------------------------------------
