@@ -1727,7 +1727,7 @@ def test_a_cache_disk_that_is_full_or_read_only_is_a_named_error_at_once_not_a_f
     assert not list(directory.glob("*.part")), "the temporary copy was left behind"
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow"])
 def test_an_http_dataset_whose_server_answers_no_range_requests_is_read_chunk_by_chunk_from_each_shards_start(
     scheme, fmt, tmp_path, caplog
 ):
@@ -1745,7 +1745,9 @@ def test_an_http_dataset_whose_server_answers_no_range_requests_is_read_chunk_by
             (root / "data" / f"s{shard}.jsonl").write_bytes(jsonl_bytes(rows))
     else:  # over fsspec's 5 MiB block: a smaller file is fetched whole by its first read
         rows = [{"i": i, "text": base64.b64encode(os.urandom(1_200)).decode()} for i in range(6_000)]
-        (root / "data" / "s0.parquet").write_bytes(parquet_bytes(rows, row_group_size=500))
+        (root / "data" / f"s0.{fmt}").write_bytes(
+            parquet_bytes(rows, row_group_size=500) if fmt == "parquet"
+            else arrow_bytes(pa.Table.from_pylist(rows), [500] * 12))
     local = Dataset.from_path("d", str(root / "data"))
     with serving_over_http(root) as server, caplog.at_level(logging.WARNING, logger="zephon"):
         ds = Dataset.from_path("d", server.url("data/", scheme), retries=1)
