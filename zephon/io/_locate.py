@@ -6,7 +6,9 @@ marker next to the data is not mistaken for a shard; hidden files (basename star
 ignored, and so are the files of a hidden directory below the URL that the URL does not name (a
 Hugging Face snapshot's `.cache/`, Jupyter's `.ipynb_checkpoints/`). A link whose target is gone is a missing shard when its name is a shard's (a
 ConfigurationError naming the link and its target), and passed over like any other file otherwise.
-Paths are sorted, so the same URL always gives the same shards in the same order.
+Paths are sorted, so the same URL always gives the same shards in the same order. Beside Arrow
+files, the JSON files Hugging Face `datasets` writes there are no shards, and two of its layouts
+that would be read as something else than one dataset are refused (`_datasets_layout`).
 
 Suffixes are compared in any case: `B.JSONL`, `C.Jsonl.GZ` (gzip), `D.PARQUET` and `E.TAR`, as
 Windows tools and some exporters write them, are shards of their format, where they were passed over
