@@ -9,8 +9,11 @@ ends), which is a stream with a footer around it; the footer is not needed.
 Neither layout says where a row is: a stream has no index, and a file's footer gives its record
 batches' offsets but not their rows. Planning walks the shard's messages once and keeps, for each
 record batch holding rows, where its bytes begin and its first row (`seek`, two rows: byte
-positions and first rows, one more column for the end). A local shard is memory-mapped, so only
-the messages' headers are read; a remote one is read once, as counting a JSON Lines shard reads it.
+positions and first rows, one more column for the end). A local shard is read by pyarrow's own
+file (a 200 MB shard in 7-12 ms from the page cache here; memory-mapped, 3 ms, but a file cut
+short by another process meanwhile then ended the process with SIGBUS, where read it ends the
+stream early and the read of a chunk finds the file changed); a remote one is read once, as
+counting a JSON Lines shard reads it.
 
 A chunk read fetches the schema's bytes and those of the batches that hold its rows, two ranged
 reads on an object store, and decodes them alone. A schema with dictionary-encoded columns is read
@@ -54,9 +57,9 @@ class ArrowIPC:
     def scan(self, shard: ShardFile) -> ShardScan:
         import pyarrow as pa
 
-        if is_local(shard.fs):
-            with pa.memory_map(shard.path) as mapped, decoding(shard.url, _WHAT, reads_storage=False):
-                return ShardScan(*_batches(mapped, shard.url))
+        if is_local(shard.fs):  # read by pyarrow, not mapped: a file cut meanwhile would end the process (SIGBUS)
+            with pa.OSFile(shard.path) as local, decoding(shard.url, _WHAT, reads_storage=False):
+                return ShardScan(*_batches(local, shard.url))
         with shard.open() as f, pa.PythonFile(f, mode="r") as source, decoding(shard.url, _WHAT):
             return ShardScan(*_batches(source, shard.url))
 
