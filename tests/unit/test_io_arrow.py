@@ -281,3 +281,39 @@ def test_a_column_name_damaged_to_bytes_that_are_no_utf8_names_the_shard(tmp_pat
     ds = Dataset.from_path("d", str(tmp_path), retry_delay=0)
     with pytest.raises(ShardUnavailableError, match="undecodable Arrow IPC: UnicodeDecodeError"):
         ds.read_chunk(ds.chunks(2)[0])
+
+
+def test_a_local_shard_cut_short_while_it_is_planned_is_named_when_read_not_a_crash(tmp_path):
+    """Planned through a memory map, a file another process cut meanwhile ended the process with
+    SIGBUS as its next message was touched. Read through pyarrow's file, the scan ends where the
+    file now does, and the chunk read finds the file changed since its version was taken. In a
+    child, which cuts the file after the scan's first batch: a crash is this test's failure."""
+    path = tmp_path / "a.arrow"
+    path.write_bytes(arrow_bytes(pa.table({"text": ["x" * 1000] * 200}), [20] * 10))
+    code = f"""
+import os, pyarrow.ipc
+from zephon.io import Dataset, ShardUnavailableError
+open_stream = pyarrow.ipc.open_stream
+
+class CutAfterTheFirstBatch:
+    def __init__(self, reader):
+        self.reader, self.read = reader, 0
+    def read_next_batch(self):
+        self.read += 1
+        if self.read == 2:
+            os.truncate({str(path)!r}, 9_000)
+        return self.reader.read_next_batch()
+
+pyarrow.ipc.open_stream = lambda *args, **kwargs: CutAfterTheFirstBatch(open_stream(*args, **kwargs))
+ds = Dataset.from_path("d", {str(path)!r}, retry_delay=0)
+pyarrow.ipc.open_stream = open_stream
+print("planned", ds.num_records)
+try:
+    ds.read_chunk(ds.chunks(20)[0])
+except ShardUnavailableError as error:
+    print(error)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "changed after planning" in done.stdout, done.stdout
