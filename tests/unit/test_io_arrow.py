@@ -192,8 +192,10 @@ def test_a_compressed_arrow_shard_is_refused_naming_it(tmp_path):
 def test_a_dataset_dict_saved_whole_is_refused_naming_its_splits_and_one_split_is_read(tmp_path):
     """`DatasetDict.save_to_disk` (written by datasets: `tests/data/hf_datasets/splits`) holds a
     directory per split: read whole, its train and test splits were one dataset."""
-    with pytest.raises(ConfigurationError, match=r"holds a DatasetDict .* splits \(test, train\) would be read as one"):
+    read_as_one = r"holds a DatasetDict .* splits \(test, train\) would be read as one"
+    with pytest.raises(ConfigurationError, match=read_as_one) as raised:
         Dataset.from_path("d", str(HF / "splits"))
+    assert str(raised.value).endswith(f"name one split's directory ({HF / 'splits' / 'train'})")
     train = Dataset.from_path("d", str(HF / "splits" / "train"))
     assert [r["term"] for r in _read_all(train, 4)[0]] == [
         json.loads(line)["term"] for line in itertools.islice(JARGON.open(encoding="utf-8"), 6)]

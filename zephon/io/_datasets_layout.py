@@ -42,10 +42,11 @@ def without_datasets_sidecars(url: str, listing: Listing, files: Mapping[str, in
     prefix = listing.path.rstrip("/") + "/"
     if listing.kind == "directory":
         if (splits := _dataset_dict_splits(files, arrow)) is not None:
+            example = next((split for split in splits if split.endswith("/train")), splits[0])
             raise ConfigurationError(
                 f"{url} holds a DatasetDict saved by Hugging Face datasets ({_DATASET_DICT}), whose splits "
                 f"({', '.join(name.removeprefix(prefix) for name in splits)}) would be read as one dataset: "
-                f"name one split's directory ({splits[0]})"
+                f"name one split's directory ({example})"
             )
         if cached := [path for path in arrow if posixpath.basename(path).startswith(_CACHE_PREFIX)]:
             shown = ", ".join(path.removeprefix(prefix) for path in cached[:_NAMES_SHOWN])
