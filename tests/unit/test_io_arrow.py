@@ -9,8 +9,6 @@ import itertools
 import json
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,23 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.harness import printed_in_processes
 from zephon import ConfigurationError
 from zephon.io import DUPLICATE_COLUMN, TRUNCATED_SHARD, Dataset, ShardUnavailableError, _dataset
 
 from . import conftest_io
 from .conftest_io import BufferedCountingStore, CountingStore, arrow_bytes, jsonl_bytes, memory_root, put, registered
+from .test_io_formats import read_all
 
 HF = Path(__file__).resolve().parents[1] / "data" / "hf_datasets"
 JARGON = Path(__file__).resolve().parents[2] / "zephon" / "data" / "jargon" / "jargon-00000-of-00003.jsonl"
-
-
-def _read_all(ds: Dataset, records_per_chunk: int) -> tuple[list, list]:
-    records, skipped = [], []
-    for chunk in ds.chunks(records_per_chunk):
-        out = ds.read_chunk(chunk)
-        records += out.records
-        skipped += out.skipped
-    return records, skipped
 
 
 def test_a_directory_datasets_saved_is_read_as_its_records_in_order_its_json_files_no_records():
@@ -50,7 +41,7 @@ def test_a_directory_datasets_saved_is_read_as_its_records_in_order_its_json_fil
     assert [Path(s.url).name for s in ds.shards] == ["data-00000-of-00002.arrow", "data-00001-of-00002.arrow"]
     assert [s.num_records for s in ds.shards] == [100, 100]
     for records_per_chunk in (1, 7, 16, 33, 100, 128):
-        records, skipped = _read_all(ds, records_per_chunk)
+        records, skipped = read_all(ds, records_per_chunk)
         assert records == expected and skipped == []
 
 
@@ -58,7 +49,7 @@ def test_an_image_column_datasets_wrote_reads_as_its_bytes_and_path():
     """datasets stores an `Image()` column as a struct of the encoded bytes and a path: each record
     holds `{"bytes": ..., "path": None}`, which the VLM decoders read (vlm/README.md)."""
     ds = Dataset.from_path("pictures", str(HF / "pictures"))
-    records, _ = _read_all(ds, 4)
+    records, _ = read_all(ds, 4)
     assert [r["caption"] for r in records] == [f"picture {i}" for i in range(6)]
     assert all(r["image"]["path"] is None for r in records)
     assert [r["image"]["bytes"][:4] for r in records] == [b"\x89PNG", b"\xff\xd8\xff\xe0"] * 3
@@ -123,7 +114,7 @@ def test_a_remote_shard_is_planned_and_read_through_fsspec_as_a_local_one():
     put(f"{root}/b.feather", arrow_bytes(table, [50], layout="file"))
     ds = Dataset.from_path("d", root, retry_delay=0)
     assert [s.num_records for s in ds.shards] == [50, 50]
-    assert _read_all(ds, 12)[0] == table.to_pylist() * 2
+    assert read_all(ds, 12)[0] == table.to_pylist() * 2
 
 
 def test_the_scan_cache_keeps_an_arrow_shards_index_and_the_plan_is_the_same(tmp_path):
@@ -136,7 +127,7 @@ def test_the_scan_cache_keeps_an_arrow_shards_index_and_the_plan_is_the_same(tmp
     again = Dataset.from_path("d", str(data), scan_cache=str(cache))
     assert any(cache.iterdir())
     assert np.array_equal(first._access[0].seek, again._access[0].seek)
-    assert _read_all(again, 25)[0] == table.to_pylist()
+    assert read_all(again, 25)[0] == table.to_pylist()
 
 
 def test_an_arrow_file_that_is_no_arrow_or_cut_short_when_planned_is_named_not_read(tmp_path):
@@ -171,7 +162,7 @@ def test_a_shard_cut_short_after_planning_counts_its_lost_rows_where_storage_tel
     ds = Dataset.from_path("d", str(tmp_path), retry_delay=0)
     positions = ds._access[0].seek[0]
     path.write_bytes(path.read_bytes()[: int(positions[3]) - 5])  # inside the third batch
-    records, skipped = _read_all(ds, 40)
+    records, skipped = read_all(ds, 40)
     assert records == table.slice(0, 20).to_pylist()
     assert [reason for _, reason in skipped] == [TRUNCATED_SHARD] * 20
 
@@ -179,7 +170,7 @@ def test_a_shard_cut_short_after_planning_counts_its_lost_rows_where_storage_tel
 def test_columns_of_one_name_make_each_row_a_duplicate_column_as_in_parquet(tmp_path):
     table = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array(["c", "d"])], names=["text", "text"])
     (tmp_path / "a.arrow").write_bytes(arrow_bytes(table, [2]))
-    records, skipped = _read_all(Dataset.from_path("d", str(tmp_path)), 2)
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 2)
     assert records == [] and [reason for _, reason in skipped] == [DUPLICATE_COLUMN] * 2
 
 
@@ -197,7 +188,7 @@ def test_a_dataset_dict_saved_whole_is_refused_naming_its_splits_and_one_split_i
         Dataset.from_path("d", str(HF / "splits"))
     assert str(raised.value).endswith(f"name one split's directory ({HF / 'splits' / 'train'})")
     train = Dataset.from_path("d", str(HF / "splits" / "train"))
-    assert [r["term"] for r in _read_all(train, 4)[0]] == [
+    assert [r["term"] for r in read_all(train, 4)[0]] == [
         json.loads(line)["term"] for line in itertools.islice(JARGON.open(encoding="utf-8"), 6)]
 
 
@@ -253,7 +244,7 @@ def test_a_scan_cache_entry_whose_arrow_index_does_not_fit_its_shard_is_not_trus
     with caplog.at_level("WARNING", logger="zephon"):
         ds = Dataset.from_path("d", str(tmp_path / "a.arrow"), scan_cache=str(cache))
     assert any("could not be trusted" in r.getMessage() for r in caplog.records)
-    assert _read_all(ds, 7)[0] == table.to_pylist()
+    assert read_all(ds, 7)[0] == table.to_pylist()
 
 
 def test_a_batch_whose_string_offsets_point_past_its_data_is_refused_naming_the_shard_not_read(tmp_path):
@@ -270,10 +261,8 @@ def test_a_batch_whose_string_offsets_point_past_its_data_is_refused_naming_the_
         f"ds = Dataset.from_path('d', {str(tmp_path)!r}, retry_delay=0)\n"
         "try:\n    ds.read_chunk(ds.chunks(4)[0])\nexcept ShardUnavailableError as error:\n    print(error)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr
-    assert "undecodable Arrow IPC" in done.stdout and "out of bounds" in done.stdout and "a.arrow" in done.stdout
+    [printed] = printed_in_processes(code, seeds=[0])  # a child that dies fails the test (check=True)
+    assert "undecodable Arrow IPC" in printed and "out of bounds" in printed and "a.arrow" in printed
 
 
 def test_a_column_name_damaged_to_bytes_that_are_no_utf8_names_the_shard(tmp_path):
@@ -315,7 +304,5 @@ try:
 except ShardUnavailableError as error:
     print(error)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, (done.returncode, done.stderr)
-    assert "changed after planning" in done.stdout, done.stdout
+    [printed] = printed_in_processes(code, seeds=[0])  # a child that dies fails the test (check=True)
+    assert "changed after planning" in printed, printed

@@ -69,7 +69,7 @@ def _dataset_dict_splits(files: Mapping[str, int | None], arrow: list[str]) -> l
     for path in files:
         if posixpath.basename(path) == _DATASET_DICT:
             top = posixpath.dirname(path) + "/"
-            below = {posixpath.dirname(path) for path in arrow if path.startswith(top)}
+            below = {posixpath.dirname(arrow_file) for arrow_file in arrow if arrow_file.startswith(top)}
             splits = sorted(folder for folder in below if folder + "/" != top)
             if splits:
                 return splits
