@@ -20,6 +20,7 @@ from .._errors import ConfigurationError
 from .._job_log import RankLog
 from .._records import Chunk, ChunkRecords
 from ._arrow import ArrowIPC
+from ._decode_units import wasteful_decoding
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
 from ._locate import locate
@@ -260,6 +261,13 @@ class Dataset:
         first = np.cumsum(per_shard) - per_shard
         start = (np.arange(len(shard), dtype=np.int64) - first[shard]) * records_per_chunk
         return shard, start, np.minimum(start + records_per_chunk, counts[shard])
+
+    def wasteful_decoding(self, records_per_chunk: int) -> str | None:
+        """A warning where reading this dataset's chunks decodes many more records than they hold
+        (Parquet shards in large row groups, Arrow in large record batches: `_decode_units`)."""
+        seeks = [access.seek for access in self._access]
+        counts = [shard.num_records for shard in self.shards]
+        return wasteful_decoding(self._reader, self.name, seeks, counts, records_per_chunk)
 
     def read_chunk(self, chunk: Chunk, *, on_error: str | ErrorPolicy = "skip") -> ChunkRecords:
         """The records of `chunk`; bad ones are skipped with their reason or raise BadRecordError.

@@ -109,7 +109,7 @@ def _fetching(read_ahead: int) -> dict[str, object]:
 class ShardScan:
     """The planning facts of one shard. `seek` is the format's index into it: for a line format,
     `seek[j]` is the byte offset of record `j * stride`; for Arrow IPC (`_arrow`), two rows, where
-    each record batch's bytes begin and its first record.
+    each record batch's bytes begin and its first record; for Parquet, each row group's first record.
 
     `raw_bytes` is the size of the records as stored, decompressed (None: use the file size);
     `record_offsets[i]` is where record i starts in that decompressed stream (one more entry for
@@ -141,7 +141,8 @@ class ShardFormat(Protocol):
 
     def scan(self, shard: ShardFile) -> ShardScan:
         """Count the shard's records, reading as little as the format allows. A change to what it
-        returns for the same file bumps `_scan_cache.SCAN_CACHE_VERSION`."""
+        returns for the same file changes `scan_key` (the format's entries are scanned again) or
+        bumps `_scan_cache.SCAN_CACHE_VERSION` (every format's)."""
         ...
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:

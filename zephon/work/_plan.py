@@ -482,6 +482,8 @@ class MixturePlan:
             uneven = _uneven_lanes(ds, source.records_per_chunk, [float(w.sum()) for w in weights[ds.name]])
             if uneven and source.num_epochs is None:
                 self.configuration_warnings.append(uneven)
+            if wasteful := ds.wasteful_decoding(source.records_per_chunk):
+                self.configuration_warnings.append(wasteful)
         self._lanes = [
             TokenInterleave(
                 {n: dealt[n][lane] for n in dealt},

@@ -1,0 +1,110 @@
+"""Parquet and Arrow shards whose row groups or record batches dwarf a chunk: planning warns of
+what reading them decodes (`zephon/io/_decode_units.py`), and a Parquet chunk read stops decoding
+its row group where the chunk ends (`_parquet._decoded_until`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon import Pipeline
+from zephon.io import Dataset, ShardUnavailableError
+from zephon.work import StaticMixtureWorkSource
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "zephon" / "data" / "tokenizer.json"
+RECORDS = 990  # 99 chunks of 10: a chunk read decodes (99 + 1) / 2 = 50 records per record in one row group
+
+
+def _table(records: int = RECORDS) -> pa.Table:
+    return pa.table({"id": list(range(records)), "text": [f"record {i} " * 4 for i in range(records)]})
+
+
+def _parquet(directory: Path, row_group_size: int, records: int = RECORDS, **options) -> Path:
+    directory.mkdir()
+    pq.write_table(_table(records), directory / "part.parquet", row_group_size=row_group_size, **options)
+    return directory
+
+
+def _arrow(directory: Path, batch_rows: int) -> Path:
+    directory.mkdir()
+    table = _table()
+    with pa.ipc.new_stream(str(directory / "data-00000-of-00001.arrow"), table.schema) as writer:
+        writer.write_table(table, max_chunksize=batch_rows)
+    return directory
+
+
+def test_one_parquet_row_group_read_in_small_chunks_is_warned_of_with_what_to_write_instead(tmp_path):
+    dataset = Dataset.from_path("wide", str(_parquet(tmp_path / "one", RECORDS)))
+    said = dataset.wasteful_decoding(10)
+    assert said == (
+        f"dataset 'wide': its row groups hold up to {RECORDS} records and a chunk read decodes its row groups from "
+        "their start to its end, so reading its chunks of 10 records decodes about 50 records for each one read; "
+        "the same records written in row groups of 10 to 1,000 records "
+        "(pyarrow.parquet.write_table(table, where, row_group_size=1000)) decode a few"
+    )
+    assert dataset.wasteful_decoding(RECORDS) is None  # one chunk per row group
+    regrouped = Dataset.from_path("wide", str(_parquet(tmp_path / "hundreds", 100)))
+    assert regrouped.wasteful_decoding(10) is None  # (10 + 1) / 2 records per record
+
+
+def test_an_arrow_stream_in_one_record_batch_is_warned_of_as_decoded_whole(tmp_path):
+    said = Dataset.from_path("wide", str(_arrow(tmp_path / "one", RECORDS))).wasteful_decoding(10)
+    assert re.fullmatch(
+        rf"dataset 'wide': its record batches hold up to {RECORDS} records and a chunk read decodes its record "
+        r"batches whole, so reading its chunks of 10 records decodes about 99 records for each one read; the same "
+        r"records written in record batches of 10 to 1,000 records \(a writer's write_table\(table, "
+        r"max_chunksize=1000\), as datasets' save_to_disk does\) decode a few", said), said
+    assert Dataset.from_path("wide", str(_arrow(tmp_path / "small", 100))).wasteful_decoding(10) is None
+
+
+def test_line_shards_and_empty_parquet_shards_are_not_warned_of(tmp_path):
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "part.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(RECORDS)))
+    assert Dataset.from_path("lines", str(tmp_path / "lines")).wasteful_decoding(1) is None
+    (tmp_path / "empty").mkdir()
+    pq.write_table(_table(0), tmp_path / "empty" / "part.parquet")
+    pq.write_table(_table(), tmp_path / "empty" / "full.parquet", row_group_size=10)
+    assert Dataset.from_path("empty", str(tmp_path / "empty")).wasteful_decoding(10) is None
+
+
+def test_the_row_groups_are_kept_in_the_scan_cache_and_warned_of_from_it(tmp_path):
+    """A plan from kept scans is the plan a scan makes: the warning too. Entries kept before the
+    seek held the row groups had the scan key "parquet", which no longer names an entry."""
+    shards, cache = _parquet(tmp_path / "one", RECORDS), tmp_path / "scans"
+    scanned = Dataset.from_path("wide", str(shards), scan_cache=str(cache)).wasteful_decoding(10)
+    (kept,) = [entry for entry in cache.rglob("*.npz")]
+    warm = Dataset.from_path("wide", str(shards), scan_cache=str(cache)).wasteful_decoding(10)
+    assert scanned is not None and warm == scanned
+    assert [entry for entry in cache.rglob("*.npz")] == [kept]
+
+
+def test_the_loader_logs_the_warning_on_rank_0(tmp_path, caplog):
+    source = StaticMixtureWorkSource([Dataset.from_path("wide", str(_parquet(tmp_path / "one", RECORDS)))],
+                                     seed=1, records_per_chunk=10, num_epochs=1)
+    pipeline = Pipeline(source).options(num_lanes=2).tokenize(str(TOKENIZER), field="text").pack_flat(64).batch(2)
+    with caplog.at_level(logging.WARNING, logger="zephon"), pipeline.shard(0, 1) as loader:
+        next(iter(loader))
+    warned = [r.getMessage() for r in caplog.records if "decodes about 50 records for each one read" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("dataset 'wide': its row groups"), warned
+
+
+def test_a_parquet_chunk_read_decodes_its_row_group_no_further_than_its_end(tmp_path):
+    """A byte changed in the last page of a row group of 5,000 records (its checksum then fails) is
+    decoded by a read of the last chunk only: a chunk at the start of the row group no longer
+    decodes it. Read whole, as before, the row group made every chunk's read fail."""
+    path = _parquet(tmp_path / "one", 5000, 5000, data_page_size=256, write_batch_size=10,
+                    use_dictionary=False, write_page_checksum=True) / "part.parquet"
+    data = bytearray(path.read_bytes())
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[footer - 20] ^= 0xFF  # inside the text column's last page
+    path.write_bytes(bytes(data))
+    dataset = Dataset.from_path("wide", str(path.parent))
+    first, *_, last = dataset.chunks(10)
+    assert [r["id"] for r in dataset.read_chunk(first).records] == list(range(10))
+    with pytest.raises(ShardUnavailableError, match="undecodable Parquet"):
+        dataset.read_chunk(last)
