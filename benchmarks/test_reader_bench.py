@@ -3,7 +3,8 @@
 The shipped corpus (both datasets, 3,496 records, 5.6 MB of text) written to a temporary directory
 as JSON Lines, as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy; and in
 one row group, as `pyarrow.parquet.write_table` writes up to 1,048,576 rows) and as an Arrow stream
-in record batches of 1,000 rows, as Hugging Face `datasets`' `save_to_disk` writes it. Each round
+in record batches of 1,000 rows, as Hugging Face `datasets`' `save_to_disk` writes it (and in one
+record batch, as a writer's `write_table` does with a table of one chunk). Each round
 reads every chunk of 128 records (the work sources' default) on the calling thread, through
 `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is the same Arrow read
 with the full validation of each batch taken out (`_arrow._validate`), which is what that
@@ -36,6 +37,7 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "parquet, one row group": "parquet_one_group",
     "arrow": "arrow",
     "arrow, unvalidated": "arrow",
+    "arrow, one record batch": "arrow_one_batch",
 }
 
 
@@ -58,6 +60,8 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
     pq.write_table(table, root / "parquet_one_group" / "corpus.parquet")
     with pa.ipc.new_stream(str(root / "arrow" / "data-00000-of-00001.arrow"), table.schema) as writer:
         writer.write_table(table, max_chunksize=BATCH_ROWS)
+    with pa.ipc.new_stream(str(root / "arrow_one_batch" / "data-00000-of-00001.arrow"), table.schema) as writer:
+        writer.write_table(table.combine_chunks())
     return root, sum(len(r["text"].encode()) for r in records)
 
 

@@ -81,9 +81,9 @@ class ArrowIPC:
                 schema = pa.ipc.read_schema(pa.py_buffer(schema_stream))
             if _has_dictionaries(schema.types):
                 first = 0
-            body, short = _span(f, int(positions[first]), int(positions[last]))
+            stream, short = _after(schema_stream, f, int(positions[first]), int(positions[last]))
         with decoding(shard.url, _WHAT, reads_storage=False):
-            batches = _decoded(schema_stream + body, complete=not short)
+            batches = _decoded(stream, complete=not short)
             wanted = pa.Table.from_batches(batches, schema=schema).slice(start - int(first_rows[first]), stop - start)
             _validate(wanted)
         return fill_truncated(table_rows(wanted), stop - start, "shard has fewer rows than when it was planned")
@@ -126,12 +126,29 @@ def _span(f: BinaryIO, begin: int, end: int) -> tuple[bytes, bool]:
     return data, len(data) < end - begin
 
 
-def _decoded(stream: bytes, complete: bool) -> list[pa.RecordBatch]:
+def _after(head: bytes, f: BinaryIO, begin: int, end: int) -> tuple[pa.Buffer, bool]:
+    """`head`, then the shard's bytes in [begin, end) read straight after it, and whether the
+    shard ended before `end`. The bytes are read once into a buffer of pyarrow's, which is not
+    zeroed first: read and then joined to the schema's, or into a zeroed bytearray, a chunk's record
+    batches were written twice more, which took most of a chunk read where batches dwarf chunks."""
+    import pyarrow as pa
+
+    stream = pa.allocate_buffer(len(head) + end - begin)
+    with memoryview(stream).cast("B") as view:  # pyarrow's format is signed bytes
+        view[: len(head)] = head
+        f.seek(begin)
+        got = len(head)
+        while got < len(view) and (n := f.readinto(view[got:])):
+            got += n
+    return stream.slice(0, got), got < len(stream)
+
+
+def _decoded(stream: pa.Buffer, complete: bool) -> list[pa.RecordBatch]:
     """The record batches of `stream` (a schema, then batches). A stream cut short (not
     `complete`) keeps its whole batches."""
     import pyarrow as pa
 
-    reader = pa.ipc.open_stream(pa.py_buffer(stream), options=pa.ipc.IpcReadOptions(use_threads=False))
+    reader = pa.ipc.open_stream(stream, options=pa.ipc.IpcReadOptions(use_threads=False))
     batches = []
     while True:
         try:

@@ -110,9 +110,13 @@ class Parquet:
 def _decoded_until(parquet: pq.ParquetFile, groups: list[int], rows: int) -> pa.Table:
     """The first `rows` rows of row groups `groups` (at least; whole batches), decoded in batches of
     `_BATCH_ROWS` and no further: a chunk's rows are a small part of a large row group, and the
-    pages after them are not decompressed. pyarrow cannot skip the pages before them."""
+    pages after them are not decompressed. pyarrow cannot skip the pages before them. Where the
+    rows reach into the groups' last batch, the groups are decoded whole, in one call: decoding
+    in batches cost 3-5 % more there (row groups of 1,000 rows, `benchmarks/test_reader_bench.py`)."""
     import pyarrow as pa
 
+    if rows + _BATCH_ROWS > sum(parquet.metadata.row_group(group).num_rows for group in groups):
+        return parquet.read_row_groups(groups, use_threads=False)
     batches, decoded = [], 0
     reader = parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, use_threads=False)
     while decoded < rows and (batch := next(reader, None)) is not None:
