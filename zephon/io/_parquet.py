@@ -8,11 +8,11 @@ chunk's first row, so a chunk at the end of a large row group decodes all of it.
 
 Bytes pyarrow cannot decode (a corrupt footer or page, or a page whose stored checksum fails)
 make the shard unreadable where a read decodes them: it raises ShardUnavailableError naming the
-shard, at once. A chunk before the damaged page in its row group reads, as it decodes no further. pyarrow reports
-some corruption (a page snappy cannot decompress) as a bare OSError, like a failed read: while a
-chunk's row groups are decoded, an OSError is the data's unless a read of the shard raised
-(`_Spans.storage_failed`), so only a storage error is retried. At planning (the footer) an OSError is
-still retried as a storage error first and then reported the same way.
+shard, at once (a chunk before the damaged page in its row group reads: it decodes no further).
+pyarrow reports some corruption (a page snappy cannot decompress) as a bare OSError, like a failed
+read: while a chunk's row groups are decoded, an OSError is the data's unless a read of the shard
+raised (`_Spans.storage_failed`), so only a storage error is retried. At planning (the footer) an
+OSError is still retried as a storage error first and then reported the same way.
 
 pyarrow is imported on first use (`_arrow_rows`).
 
