@@ -1,9 +1,11 @@
-"""Parquet and Arrow shards whose row groups or record batches dwarf a chunk: planning warns of
-what reading them decodes (`zephon/io/_decode_units.py`), and a Parquet chunk read stops decoding
-its row group where the chunk ends (`_parquet._decoded_until`)."""
+"""Parquet and Arrow shards whose row groups or record batches dwarf a chunk, and compressed JSON
+Lines or text shards of many chunks: planning warns of what reading them decodes
+(`zephon/io/_decode_units.py`), and a Parquet chunk read stops decoding its row group where the
+chunk ends (`_parquet._decoded_until`)."""
 
 from __future__ import annotations
 
+import gzip
 import logging
 import re
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from zephon import Pipeline
 from zephon.io import Dataset, ShardUnavailableError
@@ -42,9 +45,9 @@ def test_one_parquet_row_group_read_in_small_chunks_is_warned_of_with_what_to_wr
     dataset = Dataset.from_path("wide", str(_parquet(tmp_path / "one", RECORDS)))
     said = dataset.wasteful_decoding(10)
     assert said == (
-        f"dataset 'wide': its row groups hold up to {RECORDS} records and a chunk read decodes its row groups from "
-        "their start to its end, so reading its chunks of 10 records decodes about 50 records for each one read; "
-        "the same records written in row groups of 10 to 1,000 records "
+        f"dataset 'wide': its row groups hold up to {RECORDS} records and a chunk read decodes the row groups holding "
+        "it from their start up to its last record, so reading its chunks of 10 records decodes about 50 records for "
+        "each one read; the same records written in row groups of 1,000 records or fewer "
         "(pyarrow.parquet.write_table(table, where, row_group_size=1000)) decode a few"
     )
     assert dataset.wasteful_decoding(RECORDS) is None  # one chunk per row group
@@ -55,14 +58,37 @@ def test_one_parquet_row_group_read_in_small_chunks_is_warned_of_with_what_to_wr
 def test_an_arrow_stream_in_one_record_batch_is_warned_of_as_decoded_whole(tmp_path):
     said = Dataset.from_path("wide", str(_arrow(tmp_path / "one", RECORDS))).wasteful_decoding(10)
     assert re.fullmatch(
-        rf"dataset 'wide': its record batches hold up to {RECORDS} records and a chunk read decodes its record "
-        r"batches whole, so reading its chunks of 10 records decodes about 99 records for each one read; the same "
-        r"records written in record batches of 10 to 1,000 records \(a writer's write_table\(table, "
+        rf"dataset 'wide': its record batches hold up to {RECORDS} records and a chunk read decodes the record "
+        r"batches holding it whole, so reading its chunks of 10 records decodes about 99 records for each one read; "
+        r"the same records written in record batches of 1,000 records or fewer \(a writer's write_table\(table, "
         r"max_chunksize=1000\), as datasets' save_to_disk does\) decode a few", said), said
     assert Dataset.from_path("wide", str(_arrow(tmp_path / "small", 100))).wasteful_decoding(10) is None
 
 
-def test_line_shards_and_empty_parquet_shards_are_not_warned_of(tmp_path):
+@pytest.mark.parametrize("suffix, format", [(".jsonl.zst", None), (".jsonl.gz", None), (".txt.gz", "text")])
+def test_a_compressed_line_shard_of_many_chunks_is_warned_of_as_decompressed_from_its_start(tmp_path, suffix, format):
+    """A gzip or zstd stream is decompressed from its start for every chunk read of it: 990
+    records in chunks of 10 decompress 50 records per record read, as one Parquet row group does."""
+    lines = "".join((f'{{"text": "r{i}"}}' if format is None else f"r{i}") + "\n" for i in range(RECORDS)).encode()
+    compress = zstandard.ZstdCompressor().compress if suffix.endswith(".zst") else gzip.compress
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / f"part{suffix}").write_bytes(compress(lines))
+    said = Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10)
+    assert said == (
+        f"dataset 'packed': its compressed shards hold up to {RECORDS} records and a chunk read decodes the "
+        "compressed shards holding it from their start up to its last record, so reading its chunks of 10 records "
+        "decodes about 50 records for each one read; the same records stored uncompressed (zstd -d, gunzip: a read "
+        "seeks into those) or in compressed shards of 1,000 records or fewer decode a few"
+    )
+    (tmp_path / "many").mkdir()
+    for k in range(0, RECORDS, 90):  # 11 shards of 9 chunks: 5 records per record
+        (tmp_path / "many" / f"part-{k:04d}{suffix}").write_bytes(compress(b"".join(lines.splitlines(True)[k:k + 90])))
+    assert Dataset.from_path("packed", str(tmp_path / "many"), format=format).wasteful_decoding(10) is None
+    (tmp_path / "one" / f"part-plain{suffix.rsplit('.', 1)[0]}").write_bytes(lines)  # (50 + 1) / 2 per record
+    assert Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10) is None
+
+
+def test_uncompressed_line_shards_and_empty_parquet_shards_are_not_warned_of(tmp_path):
     (tmp_path / "lines").mkdir()
     (tmp_path / "lines" / "part.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(RECORDS)))
     assert Dataset.from_path("lines", str(tmp_path / "lines")).wasteful_decoding(1) is None

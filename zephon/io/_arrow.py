@@ -51,7 +51,10 @@ class ArrowIPC:
     seek_ndim: ClassVar[int] = 2  # the seek table of the module docstring
     decode_units: ClassVar[str] = "record batches"
     stops_at_chunk_end: ClassVar[bool] = False
-    how_to_rewrite: ClassVar[str] = "a writer's write_table(table, max_chunksize=1000), as datasets' save_to_disk does"
+    how_to_rewrite: ClassVar[str] = (
+        "written in record batches of 1,000 records or fewer (a writer's write_table(table, max_chunksize=1000), "
+        "as datasets' save_to_disk does)"
+    )
 
     @property
     def scan_key(self) -> str:
@@ -66,7 +69,7 @@ class ArrowIPC:
         with shard.open() as f, pa.PythonFile(f, mode="r") as source, decoding(shard.url, _WHAT):
             return ShardScan(*_batches(source, shard.url))
 
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int) -> np.ndarray | None:
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
         return None if seek is None else seek[1]
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:

@@ -264,10 +264,10 @@ class Dataset:
 
     def wasteful_decoding(self, records_per_chunk: int) -> str | None:
         """A warning where reading this dataset's chunks decodes many more records than they hold
-        (Parquet shards in large row groups, Arrow in large record batches: `_decode_units`)."""
-        seeks = [access.seek for access in self._access]
-        counts = [shard.num_records for shard in self.shards]
-        return wasteful_decoding(self._reader, self.name, seeks, counts, records_per_chunk)
+        (Parquet shards in large row groups, Arrow in large record batches, large compressed line
+        shards: `_decode_units`)."""
+        shards = [(a.seek, s.num_records, a.compression) for a, s in zip(self._access, self.shards, strict=True)]
+        return wasteful_decoding(self._reader, self.name, shards, records_per_chunk)
 
     def read_chunk(self, chunk: Chunk, *, on_error: str | ErrorPolicy = "skip") -> ChunkRecords:
         """The records of `chunk`; bad ones are skipped with their reason or raise BadRecordError.

@@ -60,7 +60,10 @@ class Parquet:
     seek_ndim: ClassVar[int] = 1
     decode_units: ClassVar[str] = "row groups"
     stops_at_chunk_end: ClassVar[bool] = True
-    how_to_rewrite: ClassVar[str] = "pyarrow.parquet.write_table(table, where, row_group_size=1000)"
+    how_to_rewrite: ClassVar[str] = (
+        "written in row groups of 1,000 records or fewer "
+        "(pyarrow.parquet.write_table(table, where, row_group_size=1000))"
+    )
 
     @property
     def scan_key(self) -> str:
@@ -76,7 +79,7 @@ class Parquet:
         first_rows = (np.cumsum(sizes) - sizes)[sizes > 0] if sizes.sum() == metadata.num_rows else None
         return ShardScan(metadata.num_rows, seek=first_rows, raw_bytes=sum(group.total_byte_size for group in groups))
 
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int) -> np.ndarray | None:
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
         return None if seek is None else np.append(seek, num_records)
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
