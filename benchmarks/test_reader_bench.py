@@ -1,7 +1,8 @@
 """What reading a chunk costs in each format a corpus is commonly kept in, the same records each time.
 
 The shipped corpus (both datasets, 3,496 records, 5.6 MB of text) written to a temporary directory
-as JSON Lines, as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy; and in
+as JSON Lines (and compressed with zstd, one shard, which every chunk read decompresses from its
+start), as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy; and in
 one row group, as `pyarrow.parquet.write_table` writes up to 1,048,576 rows) and as an Arrow stream
 in record batches of 1,000 rows, as Hugging Face `datasets`' `save_to_disk` writes it (and in one
 record batch, as a writer's `write_table` does with a table of one chunk). Each round
@@ -33,6 +34,7 @@ BATCH_ROWS = 1000
 ROUNDS = 5
 DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "jsonl": "jsonl",
+    "jsonl.zst, one shard": "jsonl_zst",
     "parquet": "parquet",
     "parquet, one row group": "parquet_one_group",
     "arrow": "arrow",
@@ -54,7 +56,9 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
     root = tmp_path_factory.mktemp("formats")
     for name in set(DIRECTORY.values()):
         (root / name).mkdir()
-    (root / "jsonl" / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    (root / "jsonl" / "corpus.jsonl").write_text(lines)
+    (root / "jsonl_zst" / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
     table = pa.Table.from_pylist(records)
     pq.write_table(table, root / "parquet" / "corpus.parquet", row_group_size=BATCH_ROWS)
     pq.write_table(table, root / "parquet_one_group" / "corpus.parquet")
