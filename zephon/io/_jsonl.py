@@ -10,22 +10,14 @@ import numpy as np
 
 from ._format import ShardFile, ShardScan
 from .._errors import ConfigurationError
-from ._lines import (
-    COMPRESSED_REWRITE,
-    COMPRESSED_UNITS,
-    SEEK_STRIDE,
-    UTF8_BOM,
-    compressed_bounds,
-    read_lines,
-    scan_lines,
-)
+from ._lines import SEEK_STRIDE, UTF8_BOM, DecompressedFromStart, read_lines, scan_lines
 from ._policy import INVALID_UTF8, MALFORMED_JSON, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
 
 __all__ = ["JsonLines"]
 
 
 @dataclass(frozen=True)
-class JsonLines:
+class JsonLines(DecompressedFromStart):
     """Every line is a record slot, blank lines included, so that each bad line has an address.
 
     A line must decode as UTF-8 (else `invalid_utf8`), parse as JSON (else `malformed_json`; a blank
@@ -37,16 +29,10 @@ class JsonLines:
 
     name: str = "jsonl"
     seek_ndim: ClassVar[int] = 1
-    decode_units: ClassVar[str] = COMPRESSED_UNITS
-    stops_at_chunk_end: ClassVar[bool] = True
-    how_to_rewrite: ClassVar[str] = COMPRESSED_REWRITE
 
     @property
     def scan_key(self) -> str:
         return f"jsonl stride={SEEK_STRIDE}"
-
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
-        return compressed_bounds(num_records, compression)
 
     def scan(self, shard: ShardFile) -> ShardScan:
         return scan_lines(shard, functools.partial(_refuse_one_array, shard.url))

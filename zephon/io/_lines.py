@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import BinaryIO
+from typing import BinaryIO, ClassVar
 
 import numpy as np
 
@@ -25,19 +25,20 @@ __all__ = ["UTF8_BOM", "read_lines", "scan_lines"]
 # a line. At 256 reading and splitting the surplus took ~20 % as long as tokenizing (race profile).
 SEEK_STRIDE = 16
 
-COMPRESSED_UNITS = "compressed shards"
-"""What a chunk read of a compressed line shard decodes from its start (`_decode_units`)."""
+class DecompressedFromStart:
+    """What a line format's read decodes, for planning's warning (`_decode_units.DecodesInUnits`):
+    a compressed shard is one unit, decompressed from its start up to a chunk's last line; an
+    uncompressed one is read from the seek point at most SEEK_STRIDE lines before a chunk."""
 
-COMPRESSED_REWRITE = (
-    "stored uncompressed (zstd -d, gunzip: a read seeks into those) or in compressed shards of 1,000 records or fewer"
-)
-"""How the same records decode a few, for planning's warning of compressed shards (`_decode_units`)."""
+    decode_units: ClassVar[str] = "compressed shards"
+    stops_at_chunk_end: ClassVar[bool] = True
+    how_to_rewrite: ClassVar[str] = (
+        "stored uncompressed (zstd -d, gunzip: a read seeks into those) or in compressed shards of 1,000 records "
+        "or fewer"
+    )
 
-
-def compressed_bounds(num_records: int, compression: str | None) -> np.ndarray | None:
-    """A compressed line shard is one unit a read decodes from its start (`_decode_units`); an
-    uncompressed one is read from the seek point at most SEEK_STRIDE records before a chunk."""
-    return None if compression is None else np.array([0, num_records], dtype=np.int64)
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
+        return None if compression is None else np.array([0, num_records], dtype=np.int64)
 
 SCAN_BLOCK_SIZE = 1 << 17
 """Bytes per block while counting an uncompressed shard's lines. Planning counts on threads, and

@@ -10,15 +10,7 @@ import numpy as np
 from .._errors import ConfigurationError
 from ._compression import decompressed_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
-from ._lines import (
-    COMPRESSED_REWRITE,
-    COMPRESSED_UNITS,
-    SEEK_STRIDE,
-    UTF8_BOM,
-    compressed_bounds,
-    read_lines,
-    scan_lines,
-)
+from ._lines import SEEK_STRIDE, UTF8_BOM, DecompressedFromStart, read_lines, scan_lines
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
 __all__ = ["Text", "TEXT_UNITS"]
@@ -27,7 +19,7 @@ TEXT_UNITS = ("line", "file")
 
 
 @dataclass(frozen=True)
-class Text:
+class Text(DecompressedFromStart):
     """Records are {"text": str}. With `unit="line"` empty lines stay records (a trailing b"\\r" is
     dropped), so that later stages count them as empty documents instead of losing them unseen.
     With `unit="file"` a non-empty file is one record holding its whole content. A UTF-8 byte order
@@ -37,9 +29,6 @@ class Text:
     unit: str = "line"
     name: str = "text"
     seek_ndim: ClassVar[int] = 1
-    decode_units: ClassVar[str] = COMPRESSED_UNITS
-    stops_at_chunk_end: ClassVar[bool] = True
-    how_to_rewrite: ClassVar[str] = COMPRESSED_REWRITE
 
     def __post_init__(self) -> None:
         if self.unit not in TEXT_UNITS:
@@ -48,9 +37,6 @@ class Text:
     @property
     def scan_key(self) -> str:
         return f"text unit={self.unit} stride={SEEK_STRIDE}"
-
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
-        return compressed_bounds(num_records, compression)
 
     def scan(self, shard: ShardFile) -> ShardScan:
         if self.unit == "line":
