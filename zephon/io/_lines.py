@@ -19,26 +19,11 @@ import numpy as np
 from ._compression import decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 
-__all__ = ["UTF8_BOM", "read_lines", "scan_lines"]
+__all__ = ["UTF8_BOM", "DecompressedFromStart", "read_lines", "scan_lines"]
 
 # A chunk read covers at most 2 * SEEK_STRIDE lines more than it needs, and the index costs 0.5 byte
 # a line. At 256 reading and splitting the surplus took ~20 % as long as tokenizing (race profile).
 SEEK_STRIDE = 16
-
-class DecompressedFromStart:
-    """What a line format's read decodes, for planning's warning (`_decode_units.DecodesInUnits`):
-    a compressed shard is one unit, decompressed from its start up to a chunk's last line; an
-    uncompressed one is read from the seek point at most SEEK_STRIDE lines before a chunk."""
-
-    decode_units: ClassVar[str] = "compressed shards"
-    stops_at_chunk_end: ClassVar[bool] = True
-    how_to_rewrite: ClassVar[str] = (
-        "stored uncompressed (zstd -d, gunzip: a read seeks into those) or in compressed shards of 1,000 records "
-        "or fewer"
-    )
-
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
-        return None if compression is None else np.array([0, num_records], dtype=np.int64)
 
 SCAN_BLOCK_SIZE = 1 << 17
 """Bytes per block while counting an uncompressed shard's lines. Planning counts on threads, and
@@ -54,6 +39,22 @@ UTF8_BOM = b"\xef\xbb\xbf"  # opens some shards; it marks their encoding and is 
 
 OPENING_BYTES = 64
 """How many of a shard's first decompressed bytes `scan_lines` hands its `check_opening`."""
+
+
+class DecompressedFromStart:
+    """What a line format's read decodes, for planning's warning (`_decode_units.DecodesInUnits`):
+    a compressed shard is one unit, decompressed from its start up to a chunk's last line; an
+    uncompressed one is read from the seek point at most SEEK_STRIDE lines before a chunk."""
+
+    decode_units: ClassVar[str] = "compressed shards"
+    stops_at_chunk_end: ClassVar[bool] = True
+    how_to_rewrite: ClassVar[str] = (
+        "stored uncompressed (zstd -d, gunzip: a read seeks into those) or in compressed shards of 1,000 records "
+        "or fewer"
+    )
+
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
+        return None if compression is None else np.array([0, num_records], dtype=np.int64)
 
 
 def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | None = None) -> ShardScan:
