@@ -87,13 +87,14 @@ class Parquet:
 
         with shard.open(read_ahead=0) as f, decoding(shard.url, "Parquet"):  # the footer, then `spanned`'s spans
             metadata = pq.read_metadata(f)
-            groups, first_row, row = [], 0, 0
+            groups, first_row, end_row, row = [], 0, 0, 0
             for group in range(metadata.num_row_groups):
                 size = metadata.row_group(group).num_rows
                 if row < stop and row + size > start:
                     if not groups:
                         first_row = row
                     groups.append(group)
+                    end_row = row + size
                 row += size
             rows = []
             if groups:
@@ -101,7 +102,7 @@ class Parquet:
                 spans = spanned(f, metadata, groups)
                 parquet = pq.ParquetFile(spans, metadata=metadata, page_checksum_verification=True, pre_buffer=False)
                 try:
-                    table = _decoded_until(parquet, groups, stop - first_row)
+                    table = _decoded_until(parquet, groups, stop - first_row, end_row - first_row)
                 except OSError as error:
                     if spans.storage_failed:
                         raise  # storage: the caller retries it
@@ -110,15 +111,16 @@ class Parquet:
         return fill_truncated(rows, stop - start, "shard has fewer rows than when it was planned")
 
 
-def _decoded_until(parquet: pq.ParquetFile, groups: list[int], rows: int) -> pa.Table:
-    """The first `rows` rows of row groups `groups` (at least; whole batches), decoded in batches of
-    `_BATCH_ROWS` and no further: a chunk's rows are a small part of a large row group, and the
-    pages after them are not decompressed. pyarrow cannot skip the pages before them. Where the
-    rows reach into the groups' last batch, the groups are decoded whole, in one call: decoding
-    in batches cost 3-5 % more there (row groups of 1,000 rows, `benchmarks/test_reader_bench.py`)."""
+def _decoded_until(parquet: pq.ParquetFile, groups: list[int], rows: int, in_groups: int) -> pa.Table:
+    """The first `rows` rows (at least; whole batches) of row groups `groups`, which hold `in_groups`
+    rows, decoded in batches of `_BATCH_ROWS` and no further: a chunk's rows are a small part of a
+    large row group, and the pages after them are not decompressed. pyarrow cannot skip the pages
+    before them. Where the rows reach into the groups' last batch, the groups are decoded whole, in
+    one call: decoding in batches cost 3-5 % more there (row groups of 1,000 rows,
+    `benchmarks/test_reader_bench.py`)."""
     import pyarrow as pa
 
-    if rows + _BATCH_ROWS > sum(parquet.metadata.row_group(group).num_rows for group in groups):
+    if rows + _BATCH_ROWS > in_groups:
         return parquet.read_row_groups(groups, use_threads=False)
     batches, decoded = [], 0
     reader = parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, use_threads=False)
