@@ -138,14 +138,20 @@ def _one_array(data: bytes) -> bool:
     body=st.lists(lines, max_size=30),
     final_newline=st.booleans(),
     compression=st.sampled_from([None, "gz", "zst"]),
+    frame_ends=st.lists(st.floats(0, 1), max_size=4),
     cut=st.none() | st.floats(0, 1),
     flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=3),
     records_per_chunk=st.integers(1, 7),
 )
-def test_jsonl_reader_accounts_for_every_line(body, final_newline, compression, cut, flips, records_per_chunk):
+def test_jsonl_reader_accounts_for_every_line(body, final_newline, compression, frame_ends, cut, flips,
+                                              records_per_chunk):
+    """`frame_ends` cut a compressed shard into frames or members anywhere, inside a line too: a
+    read may enter at one (`_lines.entry_points`)."""
     data = b"\n".join(body) + (b"\n" if final_newline and body else b"")
     suffix = {None: "", "gz": ".gz", "zst": ".zst"}[compression]
-    stored = {None: lambda b: b, "gz": gzip.compress, "zst": zstandard.ZstdCompressor().compress}[compression](data)
+    codec = {None: lambda b: b, "gz": gzip.compress, "zst": zstandard.ZstdCompressor().compress}[compression]
+    ends = sorted({int(end * len(data)) for end in frame_ends} - {0} | {len(data)}) if compression else [len(data)]
+    stored = b"".join(codec(data[begin:end]) for begin, end in zip([0, *ends], ends))
     damaged = bytearray(stored)
     for where, value in flips if compression else ():  # a corrupt compressed stream
         if damaged:

@@ -68,18 +68,23 @@ def test_an_arrow_stream_in_one_record_batch_is_warned_of_as_decoded_whole(tmp_p
 @pytest.mark.parametrize("suffix, format", [(".jsonl.zst", None), (".jsonl.gz", None), (".txt.gz", "text")])
 def test_a_compressed_line_shard_of_many_chunks_is_warned_of_as_decompressed_from_its_start(tmp_path, suffix, format):
     """A gzip or zstd stream is decompressed from its start for every chunk read of it: 990
-    records in chunks of 10 decompress 50 records per record read, as one Parquet row group does."""
+    records in chunks of 10 decompress 50 records per record read, as one Parquet row group does.
+    The same records in many frames or members, or many shards, decompress a few."""
     lines = "".join((f'{{"text": "r{i}"}}' if format is None else f"r{i}") + "\n" for i in range(RECORDS)).encode()
     compress = zstandard.ZstdCompressor().compress if suffix.endswith(".zst") else gzip.compress
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / f"part{suffix}").write_bytes(compress(lines))
     said = Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10)
     assert said == (
-        f"dataset 'packed': its compressed shards hold up to {RECORDS} records and a chunk read decodes the "
-        "compressed shards holding it from their start up to its last record, so reading its chunks of 10 records "
-        "decodes about 50 records for each one read; the same records stored uncompressed (zstd -d, gunzip: a read "
-        "seeks into those) or in compressed shards of 1,000 records or fewer decode a few"
+        f"dataset 'packed': its zstd frames or gzip members hold up to {RECORDS} records and a chunk read decodes "
+        "the zstd frames or gzip members holding it from their start up to its last record, so reading its chunks "
+        "of 10 records decodes about 50 records for each one read; the same records stored uncompressed (zstd -d, "
+        "gunzip: a read seeks into those) or compressed in small frames or members, a read entering at the last "
+        "before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of 64 KiB) decode a few"
     )
+    framed = b"".join(compress(b"".join(lines.splitlines(True)[k:k + 90])) for k in range(0, RECORDS, 90))
+    (tmp_path / "one" / f"part{suffix}").write_bytes(framed)  # 11 frames or members of 9 chunks
+    assert Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10) is None
     (tmp_path / "many").mkdir()
     for k in range(0, RECORDS, 90):  # 11 shards of 9 chunks: 5 records per record
         (tmp_path / "many" / f"part-{k:04d}{suffix}").write_bytes(compress(b"".join(lines.splitlines(True)[k:k + 90])))

@@ -48,7 +48,6 @@ _WHAT = "Arrow IPC"
 @dataclass(frozen=True)
 class ArrowIPC:
     name: str = "arrow"
-    seek_ndim: ClassVar[int] = 2  # the seek table of the module docstring
     decode_units: ClassVar[str] = "record batches"
     stops_at_chunk_end: ClassVar[bool] = False
     how_to_rewrite: ClassVar[str] = (
@@ -59,6 +58,10 @@ class ArrowIPC:
     @property
     def scan_key(self) -> str:
         return "arrow"
+
+    @staticmethod
+    def seek_ndim(compression: str | None) -> int:
+        return 2  # the seek table of the module docstring
 
     def scan(self, shard: ShardFile) -> ShardScan:
         import pyarrow as pa

@@ -91,22 +91,32 @@ def raw_blocks(f: BinaryIO, size: int = BLOCK_SIZE) -> Iterator[bytes]:
         yield block
 
 
-def decompressed_blocks(f: BinaryIO, compression: str | None) -> Iterator[bytes]:
-    """The decompressed bytes of `f` in blocks; `EOFError` if it ends inside a frame."""
+def decompressed_blocks(f: BinaryIO, compression: str | None,
+                        frame_starts: list[tuple[int, int]] | None = None) -> Iterator[bytes]:
+    """The decompressed bytes of `f` in blocks; `EOFError` if it ends inside a frame.
+
+    `frame_starts`, where given, gets (where in `f` it begins, how many decompressed bytes come
+    before it) for each gzip member or zstd frame, the first included: a decoder made anew may
+    start at any of them (`_lines`' entry points). Offsets count from where `f` stood."""
     if compression is None:
         yield from raw_blocks(f)
         return
     new, codec_errors, padding = _CODECS[compression]()
     decoder, inside_frame, after_frame = new(), False, False
+    read = decompressed = 0
     for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
+        read += len(block)  # `block` is always the last len(block) bytes read so far
         if after_frame:  # padding may run on across blocks
             block = block.lstrip(padding)
         while block:
+            if frame_starts is not None and not inside_frame:
+                frame_starts.append((read - len(block), decompressed))
             try:
                 out = decoder.decompress(block)
             except codec_errors as error:
                 raise CorruptStreamError(f"undecodable {compression} stream: {error}{_advice(error)}") from error
             if out:
+                decompressed += len(out)
                 yield out
             if decoder.eof:
                 block, decoder, inside_frame, after_frame = decoder.unused_data.lstrip(padding), new(), False, True

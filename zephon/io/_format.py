@@ -108,7 +108,8 @@ def _fetching(read_ahead: int) -> dict[str, object]:
 @dataclass(frozen=True)
 class ShardScan:
     """The planning facts of one shard. `seek` is the format's index into it: for a line format,
-    `seek[j]` is the byte offset of record `j * stride`; for Arrow IPC (`_arrow`), two rows, where
+    `seek[j]` is the byte offset of record `j * stride`, or for a compressed shard of many frames
+    three rows, its entry points (`_lines.entry_points`); for Arrow IPC (`_arrow`), two rows, where
     each record batch's bytes begin and its first record; for Parquet, each row group's first record.
 
     `raw_bytes` is the size of the records as stored, decompressed (None: use the file size);
@@ -131,12 +132,16 @@ class ShardFormat(Protocol):
     """A way of storing records in a shard. Implementations are stateless and thread-safe."""
 
     name: str
-    seek_ndim: int  # the dimensions of its scans' `seek` (`ShardScan`), which the scan cache checks
 
     @property
     def scan_key(self) -> str:
         """What `scan` returns depends on besides the file's bytes (the format, its options, its
         seek stride): part of the name of a shard's entry in the scan cache (`_scan_cache`)."""
+        ...
+
+    def seek_ndim(self, compression: str | None) -> int:
+        """The dimensions of its scans' `seek` (`ShardScan`) for a shard of `compression`, which the
+        scan cache checks."""
         ...
 
     def scan(self, shard: ShardFile) -> ShardScan:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -28,11 +27,10 @@ class JsonLines(DecompressedFromStart):
     """
 
     name: str = "jsonl"
-    seek_ndim: ClassVar[int] = 1
 
     @property
     def scan_key(self) -> str:
-        return f"jsonl stride={SEEK_STRIDE}"
+        return f"jsonl stride={SEEK_STRIDE} entry-points"  # "jsonl stride=16": before compressed shards had them
 
     def scan(self, shard: ShardFile) -> ShardScan:
         return scan_lines(shard, functools.partial(_refuse_one_array, shard.url))

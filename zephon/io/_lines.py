@@ -4,7 +4,13 @@ A line is what lies between two b"\\n" (a final line without one counts too). Co
 byte once at planning time; for uncompressed shards the same scan records the byte offset of every
 SEEK_STRIDE-th line (see ShardScan), so a chunk read seeks close to its first line and reads only up
 to the seek point after its last line instead of re-reading the shard.
-Compressed shards cannot seek: each read decompresses from the start and skips lines.
+
+A gzip or zstd stream cannot be entered in its middle, but a new decoder can start at any of its
+members or frames: a shard written as many (`bgzip`'s 64 KiB members, `pzstd`'s frames, frames
+compressed a few thousand lines at a time and concatenated) is entered at the last one before a
+chunk's first line (`entry_points`), decompressed from there up to the chunk's last line. One
+written as a single stream (`gzip`, `zstd`, Python's `gzip` and `zstandard` writers) has one entry
+point, its start, and every chunk read decompresses it from there.
 """
 
 from __future__ import annotations
@@ -43,18 +49,29 @@ OPENING_BYTES = 64
 
 class DecompressedFromStart:
     """What a line format's read decodes, for planning's warning (`_decode_units.DecodesInUnits`):
-    a compressed shard is one unit, decompressed from its start up to a chunk's last line; an
-    uncompressed one is read from the seek point at most SEEK_STRIDE lines before a chunk."""
+    a compressed shard is decompressed from the entry point before a chunk (its start, where the
+    shard is one stream) up to the chunk's last line; an uncompressed one is read from the seek
+    point at most SEEK_STRIDE lines before a chunk. Its scans' seek: `seek_ndim`."""
 
-    decode_units: ClassVar[str] = "compressed shards"
+    decode_units: ClassVar[str] = "zstd frames or gzip members"
     stops_at_chunk_end: ClassVar[bool] = True
     how_to_rewrite: ClassVar[str] = (
-        "stored uncompressed (zstd -d, gunzip: a read seeks into those) or in compressed shards of 1,000 records "
-        "or fewer"
+        "stored uncompressed (zstd -d, gunzip: a read seeks into those) or compressed in small frames or members, "
+        "a read entering at the last before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of "
+        "64 KiB)"
     )
 
+    @staticmethod
+    def seek_ndim(compression: str | None) -> int:
+        """An uncompressed shard's seek points are one row of byte offsets; a compressed one's entry
+        points a table (`entry_points`)."""
+        return 1 if compression is None else 2
+
     def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
-        return None if compression is None else np.array([0, num_records], dtype=np.int64)
+        if compression is None:
+            return None
+        first_lines = seek[1] if seek is not None else np.zeros(1, dtype=np.int64)
+        return np.append(first_lines, num_records)
 
 
 def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | None = None) -> ShardScan:
@@ -76,9 +93,10 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     cut = False
     opening = b""
     starts = [np.zeros(1, dtype=np.int64)]
+    frame_starts: list[tuple[int, int]] = []
     with shard.open() as f:
         try:
-            for block in _blocks_to_count(f, shard.compression):
+            for block in _blocks_to_count(f, shard.compression, frame_starts):
                 if check_opening is not None and len(opening) < OPENING_BYTES:  # a first frame may be short
                     opening += bytes(block[: OPENING_BYTES - len(opening)])
                 positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
@@ -93,19 +111,46 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     offsets = np.append(offsets[:num_lines], size)  # starts of every line, then the end
     if check_opening is not None:
         check_opening(opening, num_lines)
-    seek = offsets[:num_lines:SEEK_STRIDE] if shard.compression is None else None
+    if shard.compression is None:
+        seek = offsets[:num_lines:SEEK_STRIDE]
+    else:
+        seek = entry_points(frame_starts, offsets[:num_lines])
     return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets)
 
 
-def _blocks_to_count(f: BinaryIO, compression: str | None) -> Iterator[np.ndarray | bytes]:
-    """The shard's decompressed bytes in blocks, each valid only until the next is asked for.
+def entry_points(frame_starts: list[tuple[int, int]], line_starts: np.ndarray) -> np.ndarray | None:
+    """Where a chunk read may enter a compressed shard, from (where in the shard, how many
+    decompressed bytes before it) of each of its frames or members, and each line's decompressed
+    start: a table of three rows, for each entry point the compressed offset a new decoder starts
+    at, the first line starting there or after, and the decompressed bytes before that line's
+    start (a frame may begin inside a line, as `bgzip` and `pzstd` cut where their blocks fill).
+    At most one entry point is kept per SEEK_STRIDE lines, the first: a read starts fewer than
+    2 * SEEK_STRIDE lines before its chunk, as in an uncompressed shard, and a shard of one-line
+    frames keeps an entry point per SEEK_STRIDE lines, not per line. None where the shard has one,
+    its start (a single stream: reads decompress it from there)."""
+    if len(frame_starts) < 2 or len(line_starts) == 0:
+        return None
+    compressed, decompressed = np.array(frame_starts, dtype=np.int64).T
+    first_line = np.searchsorted(line_starts, decompressed, side="left")
+    holds_a_start = first_line < len(line_starts)  # a frame after the last line's start enters no line
+    kept = np.flatnonzero(holds_a_start & np.diff(first_line // SEEK_STRIDE, prepend=-1).astype(bool))
+    if len(kept) < 2:
+        return None
+    first_line = first_line[kept]
+    return np.stack([compressed[kept], first_line, line_starts[first_line] - decompressed[kept]])
+
+
+def _blocks_to_count(f: BinaryIO, compression: str | None,
+                     frame_starts: list[tuple[int, int]]) -> Iterator[np.ndarray | bytes]:
+    """The shard's decompressed bytes in blocks, each valid only until the next is asked for; a
+    compressed shard's frames noted in `frame_starts` (`decompressed_blocks`).
 
     An uncompressed shard is read into one reused buffer of SCAN_BLOCK_SIZE: a new `bytes` per
     block would leave each planning thread's allocator holding freed blocks (on 3.14t, 7 threads
     planning the race's 5.6 MB text corpus kept ~2.5 MiB more PSS that way).
     """
     if compression is not None:
-        yield from decompressed_blocks(f, compression)
+        yield from decompressed_blocks(f, compression, frame_starts)
         return
     buffer = np.empty(SCAN_BLOCK_SIZE, dtype=np.uint8)
     while filled := f.readinto(buffer):
@@ -117,10 +162,11 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
     first = 0
     lines: list[bytes] = []
     tail_is_cut = None
-    # With seek points the lines are read in one read, or in blocks of BLOCK_SIZE to the end;
-    # a compressed stream from its start, in smaller blocks.
-    with shard.open(read_ahead=0 if seek is not None else STREAM_READ_AHEAD) as f:
-        if seek is not None:
+    # With seek points the lines are read in one read, or in blocks of BLOCK_SIZE to the end; a
+    # compressed stream from its entry point before `start` (or its start), in smaller blocks.
+    exact = seek is not None and shard.compression is None
+    with shard.open(read_ahead=0 if exact else STREAM_READ_AHEAD) as f:
+        if exact:
             point = start // SEEK_STRIDE
             first = point * SEEK_STRIDE
             end_point = -(-stop // SEEK_STRIDE)  # the first seek point at or after `stop`
@@ -131,6 +177,11 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
             else:
                 blocks = raw_blocks(f)
                 tail_is_cut = functools.partial(_ended_before_planned, f, shard.planned_nbytes)
+        elif seek is not None:  # a compressed shard's entry points (`entry_points`)
+            point = int(np.searchsorted(seek[1], start, side="right")) - 1
+            f.seek(int(seek[0, point]))
+            first = int(seek[1, point])
+            blocks = _after(decompressed_blocks(f, shard.compression), int(seek[2, point]))
         else:
             blocks = decompressed_blocks(f, shard.compression)
         try:
@@ -138,6 +189,17 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
         except EOFError as error:
             return _without_bom(lines, start), str(error)
     return _without_bom(lines, start), "shard has fewer lines than when it was planned"
+
+
+def _after(blocks: Iterator[bytes], skipped: int) -> Iterator[bytes]:
+    """`blocks` without their first `skipped` bytes: the end of a line begun before the frame a
+    read entered at."""
+    for block in blocks:
+        if skipped >= len(block):
+            skipped -= len(block)
+            continue
+        yield block[skipped:] if skipped else block
+        skipped = 0
 
 
 def _whole_lines(data: bytes, planned: int) -> bytes:

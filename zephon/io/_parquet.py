@@ -55,9 +55,6 @@ a 100,000-row group in the same time here."""
 @dataclass(frozen=True)
 class Parquet:
     name: str = "parquet"
-    # The seek is the first row of each row group holding rows, for planning (`_decode_units`); a
-    # chunk read finds its row groups in the footer, which it reads to decode them anyway.
-    seek_ndim: ClassVar[int] = 1
     decode_units: ClassVar[str] = "row groups"
     stops_at_chunk_end: ClassVar[bool] = True
     how_to_rewrite: ClassVar[str] = (
@@ -68,6 +65,12 @@ class Parquet:
     @property
     def scan_key(self) -> str:
         return "parquet row-groups"  # "parquet": before its seek held the row groups (entries without it)
+
+    @staticmethod
+    def seek_ndim(compression: str | None) -> int:
+        """The seek is the first row of each row group holding rows, for planning (`_decode_units`);
+        a chunk read finds its row groups in the footer, which it reads to decode them anyway."""
+        return 1
 
     def scan(self, shard: ShardFile) -> ShardScan:
         import pyarrow.parquet as pq

@@ -116,7 +116,7 @@ class ScanCache:
         key = f"{shard_key}\nversion={version.stamp}\nchanged_ns={version.changed_ns}"
         versions = os.path.join(self.directory, _name(shard_key))
         entry = os.path.join(versions, _name(key) + _ENTRY)
-        found, distrusted = _load(entry, key, reader.seek_ndim)
+        found, distrusted = _load(entry, key, reader.seek_ndim(shard.compression))
         if found is not None:
             return found, None
         try:
@@ -126,7 +126,7 @@ class ScanCache:
             raise self._unwritable(error, url) from error
         try:
             if locked:  # whoever held the lock has stored it meanwhile
-                found, _ = _load(entry, key, reader.seek_ndim)
+                found, _ = _load(entry, key, reader.seek_ndim(shard.compression))
                 if found is not None:
                     return found, distrusted
             scanned = reader.scan(shard)
@@ -233,17 +233,31 @@ def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int) -> ShardSc
     seek, offsets = arrays["seek"], arrays["record_offsets"]
     if num_records < 0 or (raw_bytes is not None and raw_bytes < 0):
         raise ValueError("it holds a negative count")
-    for name, points in (("seek", seek), ("record_offsets", offsets)):
+    ascending = seek if seek is None or seek.ndim == 1 else seek[:2]  # an entry-point table's third row is not
+    for name, points in (("seek", ascending), ("record_offsets", offsets)):
         if points is not None and (np.any(points < 0) or np.any(np.diff(points) < 0)):
             raise ValueError(f"its {name} are not ascending offsets")
-    if seek is not None and seek.ndim == 2:  # Arrow's: byte positions, and first records from 0 to all
-        if len(seek) != 2 or not 0 < seek.shape[1] <= num_records + 1 or seek[1, 0] != 0 or seek[1, -1] != num_records:
-            raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records")
+    if seek is not None and seek.ndim == 2:
+        _check_table(seek, num_records)
     elif seek is not None and len(seek) > max(1, num_records):
         raise ValueError(f"it holds {len(seek)} seek points for {num_records} records")
     if offsets is not None and (len(offsets) != num_records + 1 or raw_bytes is None or offsets[-1] != raw_bytes):
         raise ValueError(f"its record offsets do not bound {num_records} records of {raw_bytes} bytes")
     return ShardScan(num_records, seek, None if raw_bytes is None else int(raw_bytes), offsets)
+
+
+def _check_table(seek: np.ndarray, num_records: int) -> None:
+    """A seek table indexes the shard's records: Arrow's two rows, byte positions and first records
+    from 0 to all; a compressed line shard's three, entry points from its first line (`_lines`),
+    each entered by its first line's decompressed distance (none negative)."""
+    rows, points = seek.shape
+    if rows == 2:
+        indexes = 0 < points <= num_records + 1 and seek[1, 0] == 0 and seek[1, -1] == num_records
+    else:
+        indexes = (rows == 3 and 1 < points <= num_records and seek[1, 0] == 0 and seek[1, -1] < num_records
+                   and not np.any(seek[2] < 0))
+    if not indexes:
+        raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records")
 
 
 def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:

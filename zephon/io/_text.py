@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -28,7 +27,6 @@ class Text(DecompressedFromStart):
 
     unit: str = "line"
     name: str = "text"
-    seek_ndim: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if self.unit not in TEXT_UNITS:
@@ -36,7 +34,7 @@ class Text(DecompressedFromStart):
 
     @property
     def scan_key(self) -> str:
-        return f"text unit={self.unit} stride={SEEK_STRIDE}"
+        return f"text unit={self.unit} stride={SEEK_STRIDE} entry-points"  # without: before compressed shards had them
 
     def scan(self, shard: ShardFile) -> ShardScan:
         if self.unit == "line":

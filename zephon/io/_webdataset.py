@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,11 +70,14 @@ NAME_ENCODING = "utf-8"
 @dataclass(frozen=True)
 class WebDataset:
     name: str = "webdataset"
-    seek_ndim: ClassVar[int] = 1
 
     @property
     def scan_key(self) -> str:
         return f"webdataset stride={SEEK_STRIDE}"
+
+    @staticmethod
+    def seek_ndim(compression: str | None) -> int:
+        return 1
 
     def scan(self, shard: ShardFile) -> ShardScan:
         import tarfile  # here, not at the top: it brings shutil and four codecs to every process that reads no tar
