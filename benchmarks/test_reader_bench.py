@@ -2,7 +2,8 @@
 
 The shipped corpus (both datasets, 3,496 records, 5.6 MB of text) written to a temporary directory
 as JSON Lines (and compressed with zstd, one shard, which every chunk read decompresses from its
-start), as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy; and in
+start; and in zstd frames or gzip members of 1,000 lines each, as pzstd and bgzip write many, which a chunk
+read enters at the one holding its first line), as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy; and in
 one row group, as `pyarrow.parquet.write_table` writes up to 1,048,576 rows) and as an Arrow stream
 in record batches of 1,000 rows, as Hugging Face `datasets`' `save_to_disk` writes it (and in one
 record batch, as a writer's `write_table` does with a table of one chunk). Each round
@@ -17,6 +18,7 @@ the measurement, not their absolute times.
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from pathlib import Path
@@ -35,6 +37,8 @@ ROUNDS = 5
 DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "jsonl": "jsonl",
     "jsonl.zst, one shard": "jsonl_zst",
+    "jsonl.zst, one shard in frames": "jsonl_zst_frames",
+    "jsonl.gz, one shard in members": "jsonl_gz_members",
     "parquet": "parquet",
     "parquet, one row group": "parquet_one_group",
     "arrow": "arrow",
@@ -59,6 +63,11 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
     lines = "".join(json.dumps(r) + "\n" for r in records)
     (root / "jsonl" / "corpus.jsonl").write_text(lines)
     (root / "jsonl_zst" / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    pieces = ["".join(json.dumps(r) + "\n" for r in records[k:k + BATCH_ROWS]).encode()
+              for k in range(0, len(records), BATCH_ROWS)]
+    (root / "jsonl_zst_frames" / "corpus.jsonl.zst").write_bytes(
+        b"".join(map(zstandard.ZstdCompressor().compress, pieces)))
+    (root / "jsonl_gz_members" / "corpus.jsonl.gz").write_bytes(b"".join(map(gzip.compress, pieces)))
     table = pa.Table.from_pylist(records)
     pq.write_table(table, root / "parquet" / "corpus.parquet", row_group_size=BATCH_ROWS)
     pq.write_table(table, root / "parquet_one_group" / "corpus.parquet")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from zephon.io import Dataset, _dataset, _lines
+from zephon.io import Dataset, ShardUnavailableError, _dataset, _lines
 
 _CODECS = {"gz": gzip.compress, "zst": zstandard.ZstdCompressor().compress}
 _SKIPPABLE = (0x184D2A50).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"about"  # as pzstd writes before each
@@ -171,3 +171,26 @@ def test_entry_points_are_kept_in_the_scan_cache_and_a_damaged_table_is_scanned_
         again = Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)._access[0].seek
     assert np.array_equal(again, planned)
     assert any("could not be trusted" in r.getMessage() and "seek table" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_damage_in_one_frame_fails_only_the_chunk_reads_that_decompress_it(tmp_path, compression, monkeypatch):
+    """A byte corrupted after planning (on storage that tells no version) is named unreadable by
+    each chunk read decompressing its frame; chunks entering at a later frame read as planned."""
+    monkeypatch.setattr(_dataset, "version_of", lambda fs, path: None)
+    records = _records(400)
+    data = bytearray(_framed(_lines_of(records), compression, 100))
+    path = tmp_path / f"a.jsonl.{compression}"
+    path.write_bytes(bytes(data))
+    ds = Dataset.from_path("d", str(tmp_path))
+    middle = (int(ds._access[0].seek[0, 1]) + int(ds._access[0].seek[0, 2])) // 2  # inside lines 100-199's frame
+    data[middle] ^= 0xFF
+    path.write_bytes(bytes(data))
+    failed, read = [], []
+    for chunk in ds.chunks(50):
+        try:
+            read += ds.read_chunk(chunk).records
+        except ShardUnavailableError as error:
+            assert "undecodable" in str(error)
+            failed.append(chunk.start)
+    assert failed == [100, 150] and read == records[:100] + records[200:]

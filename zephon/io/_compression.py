@@ -21,7 +21,11 @@ from typing import BinaryIO, Protocol
 __all__ = ["BLOCK_SIZE", "CorruptStreamError", "compression_of", "decompressed_blocks", "raw_blocks"]
 
 BLOCK_SIZE = 1 << 20  # bytes per read: large enough for object stores, small enough to bound memory
-_COMPRESSED_BLOCK_SIZE = 1 << 18  # a compressed block may expand many times over
+# A compressed block may expand many times over, and all of it is decoded at once: a chunk read
+# decodes up to a block's output past its last line. The shipped corpus in zstd frames or gzip
+# members of 1,000 lines, every chunk of 128 read: 12 % and 10 % faster than with 256 KiB blocks;
+# scanning 82 MB of zstd as fast.
+_COMPRESSED_BLOCK_SIZE = 1 << 16
 
 _SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 

@@ -122,12 +122,13 @@ def entry_points(frame_starts: list[tuple[int, int]], line_starts: np.ndarray) -
     """Where a chunk read may enter a compressed shard, from (where in the shard, how many
     decompressed bytes before it) of each of its frames or members, and each line's decompressed
     start: a table of three rows, for each entry point the compressed offset a new decoder starts
-    at, the first line starting there or after, and the decompressed bytes before that line's
-    start (a frame may begin inside a line, as `bgzip` and `pzstd` cut where their blocks fill).
-    At most one entry point is kept per SEEK_STRIDE lines, the first: a read starts fewer than
-    2 * SEEK_STRIDE lines before its chunk, as in an uncompressed shard, and a shard of one-line
-    frames keeps an entry point per SEEK_STRIDE lines, not per line. None where the shard has one,
-    its start (a single stream: reads decompress it from there)."""
+    at, the first line starting there or after, and the decompressed bytes from there to that
+    line's start (a frame may begin inside a line, as `bgzip` and `pzstd` cut where their blocks fill).
+    Of the frames whose first lines fall in one run of SEEK_STRIDE lines only the first is kept:
+    a shard of one-line frames keeps an entry point per SEEK_STRIDE lines, not per line, and its
+    reads start fewer than SEEK_STRIDE lines before their chunks, as an uncompressed shard's do.
+    None where the shard has one entry point, its start (a single stream: reads decompress it
+    from there)."""
     if len(frame_starts) < 2 or len(line_starts) == 0:
         return None
     compressed, decompressed = np.array(frame_starts, dtype=np.int64).T
