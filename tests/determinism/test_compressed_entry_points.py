@@ -1,0 +1,71 @@
+"""A corpus of gzip or zstd JSON Lines shards written as many frames or members (cut inside lines,
+as `pzstd` and `bgzip` cut them) trains as the same records stored uncompressed or in one stream
+do: the same global-batch SHA-256s on every runner and world size, and after a resume on another
+world size, each chunk read entered at the frame holding its first line."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from tests.harness import checkpoint_after, step_digests, text_pipeline
+
+STEPS = 6
+MAX_LENGTH = 2048  # about a KJV chapter a row: the steps take records from many chunks, not a few
+_PIECE = 2500  # bytes of text a frame or member holds: a KJV chapter is 1-8 KB, so most begin inside a line
+
+
+def _lines_of(kjv: Path) -> dict[str, bytes]:
+    """Each shipped KJV shard's text, by its name without the compression suffix."""
+    return {path.name.removesuffix(".zst"): zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).read()
+            for path in sorted(kjv.glob("*.jsonl.zst"))}
+
+
+@pytest.fixture(scope="module")
+def kjv_stored(tmp_path_factory, demo_data_dir) -> dict[str, Path]:
+    """The shipped KJV shards stored four ways: uncompressed, in one zstd stream (as shipped), in
+    zstd frames and in gzip members of `_PIECE` bytes of text."""
+    codecs = {"zst": zstandard.ZstdCompressor().compress, "gz": gzip.compress}
+    stored = {}
+    for way in ("plain", "zstd stream", "zstd frames", "gzip members"):
+        root = stored[way] = tmp_path_factory.mktemp(way.replace(" ", "-"))
+        for name, text in _lines_of(demo_data_dir / "kjv").items():
+            if way == "plain":
+                (root / name).write_bytes(text)
+            elif way == "zstd stream":
+                (root / f"{name}.zst").write_bytes(codecs["zst"](text))
+            else:
+                suffix = "zst" if way == "zstd frames" else "gz"
+                pieces = (codecs[suffix](text[at:at + _PIECE]) for at in range(0, len(text), _PIECE))
+                (root / f"{name}.{suffix}").write_bytes(b"".join(pieces))
+    return stored
+
+
+@pytest.fixture(scope="module")
+def reference(kjv_stored, demo_data_dir, demo_tokenizer_path) -> list[str]:
+    return step_digests(text_pipeline(demo_data_dir / "jargon", kjv_stored["plain"], demo_tokenizer_path,
+                                      max_length=MAX_LENGTH), 1, STEPS)
+
+
+@pytest.mark.parametrize("way, runner, world_size", [
+    ("zstd stream", "inline", 1), ("zstd frames", "thread", 4), ("gzip members", "process", 2),
+    ("zstd frames", "inline", 2),
+])
+def test_compressed_shards_give_the_global_batches_their_records_give_uncompressed(
+        reference, kjv_stored, demo_data_dir, demo_tokenizer_path, way, runner, world_size):
+    pipeline = text_pipeline(demo_data_dir / "jargon", kjv_stored[way], demo_tokenizer_path, runner=runner,
+                             parallelism=2, max_length=MAX_LENGTH)
+    assert step_digests(pipeline, world_size, STEPS) == reference
+
+
+def test_a_run_reading_shards_of_many_frames_resumes_on_another_world_size(
+        reference, kjv_stored, demo_data_dir, demo_tokenizer_path):
+    def pipeline(runner: str):
+        return text_pipeline(demo_data_dir / "jargon", kjv_stored["gzip members"], demo_tokenizer_path,
+                             runner=runner, parallelism=2, max_length=MAX_LENGTH)
+
+    state = checkpoint_after(pipeline("process"), 2, 3)
+    assert step_digests(pipeline("thread"), 4, STEPS - 3, state=state, start_step=3) == reference[3:]
