@@ -15,6 +15,7 @@ frames are frames the decoder itself passes over.
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, Protocol
 
@@ -95,13 +96,14 @@ def raw_blocks(f: BinaryIO, size: int = BLOCK_SIZE) -> Iterator[bytes]:
         yield block
 
 
-def decompressed_blocks(f: BinaryIO, compression: str | None,
-                        frame_starts: list[tuple[int, int]] | None = None) -> Iterator[bytes]:
+def decompressed_blocks(f: BinaryIO, compression: str | None, frame_starts: array | None = None) -> Iterator[bytes]:
     """The decompressed bytes of `f` in blocks; `EOFError` if it ends inside a frame.
 
-    `frame_starts`, where given, gets (where in `f` it begins, how many decompressed bytes come
-    before it) for each gzip member or zstd frame, the first included: a decoder made anew may
-    start at any of them (`_lines`' entry points). Offsets count from where `f` stood."""
+    `frame_starts`, where given (an array of "q"), gets where in `f` it begins and how many
+    decompressed bytes come before it, two numbers, for each gzip member or zstd frame, the first
+    included: a decoder made anew may start at any of them (`_lines`' entry points). Offsets count
+    from where `f` stood. Not a list of pairs: planning a shard of a million one-line zstd frames
+    peaked at 299 MiB of Python heap with one, 178 MiB with this (153 without noting frames)."""
     if compression is None:
         yield from raw_blocks(f)
         return
@@ -114,7 +116,7 @@ def decompressed_blocks(f: BinaryIO, compression: str | None,
             block = block.lstrip(padding)
         while block:
             if frame_starts is not None and not inside_frame:
-                frame_starts.append((read - len(block), decompressed))
+                frame_starts.extend((read - len(block), decompressed))
             try:
                 out = decoder.decompress(block)
             except codec_errors as error:

@@ -16,6 +16,7 @@ point, its start, and every chunk read decompresses it from there.
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import BinaryIO, ClassVar
@@ -93,7 +94,7 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     cut = False
     opening = b""
     starts = [np.zeros(1, dtype=np.int64)]
-    frame_starts: list[tuple[int, int]] = []
+    frame_starts = array("q")
     with shard.open() as f:
         try:
             for block in _blocks_to_count(f, shard.compression, frame_starts):
@@ -118,10 +119,10 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets)
 
 
-def entry_points(frame_starts: list[tuple[int, int]], line_starts: np.ndarray) -> np.ndarray | None:
-    """Where a chunk read may enter a compressed shard, from (where in the shard, how many
-    decompressed bytes before it) of each of its frames or members, and each line's decompressed
-    start: a table of three rows, for each entry point the compressed offset a new decoder starts
+def entry_points(frame_starts: array, line_starts: np.ndarray) -> np.ndarray | None:
+    """Where a chunk read may enter a compressed shard, from where in the shard each of its frames
+    or members begins and how many decompressed bytes come before it (`frame_starts`, in turn),
+    and each line's decompressed start: a table of three rows, for each entry point the compressed offset a new decoder starts
     at, the first line starting there or after, and the decompressed bytes from there to that
     line's start (a frame may begin inside a line, as `bgzip` and `pzstd` cut where their blocks fill).
     Of the frames whose first lines fall in one run of SEEK_STRIDE lines only the first is kept:
@@ -129,9 +130,9 @@ def entry_points(frame_starts: list[tuple[int, int]], line_starts: np.ndarray) -
     reads start fewer than SEEK_STRIDE lines before their chunks, as an uncompressed shard's do.
     None where the shard has one entry point, its start (a single stream: reads decompress it
     from there)."""
-    if len(frame_starts) < 2 or len(line_starts) == 0:
+    if len(frame_starts) < 4 or len(line_starts) == 0:  # one frame
         return None
-    compressed, decompressed = np.array(frame_starts, dtype=np.int64).T
+    compressed, decompressed = np.frombuffer(frame_starts, dtype=np.int64).reshape(-1, 2).T
     first_line = np.searchsorted(line_starts, decompressed, side="left")
     holds_a_start = first_line < len(line_starts)  # a frame after the last line's start enters no line
     kept = np.flatnonzero(holds_a_start & np.diff(first_line // SEEK_STRIDE, prepend=-1).astype(bool))
@@ -141,8 +142,7 @@ def entry_points(frame_starts: list[tuple[int, int]], line_starts: np.ndarray) -
     return np.stack([compressed[kept], first_line, line_starts[first_line] - decompressed[kept]])
 
 
-def _blocks_to_count(f: BinaryIO, compression: str | None,
-                     frame_starts: list[tuple[int, int]]) -> Iterator[np.ndarray | bytes]:
+def _blocks_to_count(f: BinaryIO, compression: str | None, frame_starts: array) -> Iterator[np.ndarray | bytes]:
     """The shard's decompressed bytes in blocks, each valid only until the next is asked for; a
     compressed shard's frames noted in `frame_starts` (`decompressed_blocks`).
 
