@@ -122,9 +122,10 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
 def entry_points(frame_starts: array, line_starts: np.ndarray) -> np.ndarray | None:
     """Where a chunk read may enter a compressed shard, from where in the shard each of its frames
     or members begins and how many decompressed bytes come before it (`frame_starts`, in turn),
-    and each line's decompressed start: a table of three rows, for each entry point the compressed offset a new decoder starts
-    at, the first line starting there or after, and the decompressed bytes from there to that
-    line's start (a frame may begin inside a line, as `bgzip` and `pzstd` cut where their blocks fill).
+    and each line's decompressed start: a table of three rows, for each entry point the compressed
+    offset a new decoder starts at, the first line starting there or after, and the decompressed
+    bytes from there to that line's start (a frame may begin inside a line, as `bgzip` and `pzstd`
+    cut where their blocks fill).
     Of the frames whose first lines fall in one run of SEEK_STRIDE lines only the first is kept:
     a shard of one-line frames keeps an entry point per SEEK_STRIDE lines, not per line, and its
     reads start fewer than SEEK_STRIDE lines before their chunks, as an uncompressed shard's do.
