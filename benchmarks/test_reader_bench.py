@@ -11,7 +11,8 @@ reads every chunk of 128 records (the work sources' default) on the calling thre
 `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is the same Arrow read
 with the full validation of each batch taken out (`_arrow._validate`), which is what that
 validation costs. `extra_info` records records/s and MB/s of text; the ratios between the rows are
-the measurement, not their absolute times.
+the measurement, not their absolute times. A last benchmark reads chunks of one Parquet shard of
+1,000,000 short rows in 1,000 row groups, whose footer each chunk read looks its row groups up in.
 
     pytest benchmarks/test_reader_bench.py --benchmark-only
 """
@@ -94,3 +95,29 @@ def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, kind:
     assert records == dataset.num_records == 3496
     mean = benchmark.stats.stats.mean if benchmark.stats else (time.perf_counter() - started) / (ROUNDS + 1)
     record_build.update(records_per_s=round(records / mean), text_mb_per_s=round(text_bytes / mean / 1e6, 1))
+
+
+@pytest.fixture(scope="module")
+def many_row_groups(tmp_path_factory) -> Path:
+    """One Parquet shard of 1,000,000 short rows in 1,000 row groups (two columns, a 491 KB footer),
+    as a corpus written in one file with `row_group_size=1000` is."""
+    root = tmp_path_factory.mktemp("many-row-groups")
+    rows = 1_000_000
+    table = pa.table({"id": pa.array(range(rows)), "text": [("word%d " % (i % 1000)) * 20 for i in range(rows)]})
+    pq.write_table(table, root / "corpus.parquet", row_group_size=BATCH_ROWS)
+    return root
+
+
+def test_reading_chunks_of_a_parquet_shard_of_many_row_groups(benchmark, record_build, many_row_groups) -> None:
+    """Every 20th chunk of 128 rows (391 reads, each finding its row group in the shard's footer)."""
+    dataset = Dataset.from_path("corpus", str(many_row_groups))
+    chunks = dataset.chunks(CHUNK)[::20]
+
+    def read_some() -> int:
+        return sum(len(dataset.read_chunk(chunk).records) for chunk in chunks)
+
+    started = time.perf_counter()
+    records = benchmark.pedantic(read_some, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    assert records == len(chunks) * CHUNK
+    mean = benchmark.stats.stats.mean if benchmark.stats else (time.perf_counter() - started) / (ROUNDS + 1)
+    record_build.update(records_per_s=round(records / mean), ms_per_chunk_read=round(mean / len(chunks) * 1e3, 3))

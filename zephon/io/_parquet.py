@@ -3,7 +3,8 @@
 Planning reads only the footer, and keeps where each row group begins (`_decode_units` warns of
 row groups far larger than a chunk). A chunk read decodes only the row groups that overlap its
 range, and those only up to the chunk's end (`_decoded_until`), then slices: reading a small chunk
-of a large file costs at most one row group, not the file. pyarrow cannot skip the pages before a
+of a large file costs at most one row group, not the file. It finds them in the shard's footer,
+parsed once per process and version of the file (`_parquet_footers`). pyarrow cannot skip the pages before a
 chunk's first row, so a chunk at the end of a large row group decodes all of it.
 
 Bytes pyarrow cannot decode (a corrupt footer or page, or a page whose stored checksum fails)
@@ -37,6 +38,7 @@ import numpy as np
 from ._arrow_rows import decoding, table_rows
 from ._errors import ShardUnavailableError
 from ._format import ShardFile, ShardScan
+from ._parquet_footers import footer
 from ._parquet_spans import spanned
 from ._policy import Slot, fill_truncated
 
@@ -89,7 +91,7 @@ class Parquet:
         import pyarrow.parquet as pq
 
         with shard.open(read_ahead=0) as f, decoding(shard.url, "Parquet"):  # the footer, then `spanned`'s spans
-            metadata = pq.read_metadata(f)
+            metadata = footer(shard.url, shard.planned_version, lambda: pq.read_metadata(f))
             groups, first_row, end_row, row = [], 0, 0, 0
             for group in range(metadata.num_row_groups):
                 size = metadata.row_group(group).num_rows
