@@ -9,14 +9,14 @@ import numpy as np
 
 from ._format import ShardFile, ShardScan
 from .._errors import ConfigurationError
-from ._lines import SEEK_STRIDE, UTF8_BOM, DecompressedFromStart, read_lines, scan_lines
+from ._lines import SEEK_STRIDE, UTF8_BOM, DecompressedFromFrames, read_lines, scan_lines
 from ._policy import INVALID_UTF8, MALFORMED_JSON, NOT_AN_OBJECT, Bad, Slot, fill_truncated, parse_json
 
 __all__ = ["JsonLines"]
 
 
 @dataclass(frozen=True)
-class JsonLines(DecompressedFromStart):
+class JsonLines(DecompressedFromFrames):
     """Every line is a record slot, blank lines included, so that each bad line has an address.
 
     A line must decode as UTF-8 (else `invalid_utf8`), parse as JSON (else `malformed_json`; a blank

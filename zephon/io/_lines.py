@@ -26,7 +26,7 @@ import numpy as np
 from ._compression import decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 
-__all__ = ["UTF8_BOM", "DecompressedFromStart", "read_lines", "scan_lines"]
+__all__ = ["UTF8_BOM", "DecompressedFromFrames", "entry_points", "read_lines", "scan_lines"]
 
 # A chunk read covers at most 2 * SEEK_STRIDE lines more than it needs, and the index costs 0.5 byte
 # a line. At 256 reading and splitting the surplus took ~20 % as long as tokenizing (race profile).
@@ -48,7 +48,7 @@ OPENING_BYTES = 64
 """How many of a shard's first decompressed bytes `scan_lines` hands its `check_opening`."""
 
 
-class DecompressedFromStart:
+class DecompressedFromFrames:
     """What a line format's read decodes, for planning's warning (`_decode_units.DecodesInUnits`):
     a compressed shard is decompressed from the entry point before a chunk (its start, where the
     shard is one stream) up to the chunk's last line; an uncompressed one is read from the seek
@@ -84,7 +84,8 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     shard that is no such format (JSON Lines: `_jsonl`) without opening it a second time.
 
     The starts give every chunk's exact raw size for mixture planning; for uncompressed shards every
-    SEEK_STRIDE-th start is also the seek index of chunk reads.
+    SEEK_STRIDE-th start is also the seek index of chunk reads, and for compressed ones they and
+    where the frames begin give the entry points (`entry_points`).
     A compressed shard cut short counts its complete lines plus one for the damaged tail (how many
     records the tail held is unknowable), so that reading it reports at least one truncated record
     instead of the plan silently omitting the loss.

@@ -9,7 +9,7 @@ import numpy as np
 from .._errors import ConfigurationError
 from ._compression import decompressed_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
-from ._lines import SEEK_STRIDE, UTF8_BOM, DecompressedFromStart, read_lines, scan_lines
+from ._lines import SEEK_STRIDE, UTF8_BOM, DecompressedFromFrames, read_lines, scan_lines
 from ._policy import INVALID_UTF8, Bad, Slot, fill_truncated
 
 __all__ = ["Text", "TEXT_UNITS"]
@@ -18,7 +18,7 @@ TEXT_UNITS = ("line", "file")
 
 
 @dataclass(frozen=True)
-class Text(DecompressedFromStart):
+class Text(DecompressedFromFrames):
     """Records are {"text": str}. With `unit="line"` empty lines stay records (a trailing b"\\r" is
     dropped), so that later stages count them as empty documents instead of losing them unseen.
     With `unit="file"` a non-empty file is one record holding its whole content. A UTF-8 byte order
