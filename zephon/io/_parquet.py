@@ -4,8 +4,8 @@ Planning reads only the footer, and keeps where each row group begins (`_decode_
 row groups far larger than a chunk). A chunk read decodes only the row groups that overlap its
 range, and those only up to the chunk's end (`_decoded_until`), then slices: reading a small chunk
 of a large file costs at most one row group, not the file. It finds them in the shard's footer,
-parsed once per process and version of the file (`_parquet_footers`). pyarrow cannot skip the pages before a
-chunk's first row, so a chunk at the end of a large row group decodes all of it.
+parsed once per process and version of the file (`_parquet_footers`). pyarrow cannot skip the
+pages before a chunk's first row, so a chunk at the end of a large row group decodes all of it.
 
 Bytes pyarrow cannot decode (a corrupt footer or page, or a page whose stored checksum fails)
 make the shard unreadable where a read decodes them: it raises ShardUnavailableError naming the
