@@ -136,7 +136,7 @@ def test_a_parquet_chunk_is_read_in_one_ranged_get_for_its_row_groups_not_one_pe
     each column chunk of each row group apart: a ranged GET each where the file's block cache
     (fsspec's default block: 5 MiB) is smaller than a column chunk, 1 + 8 columns x 2 row
     groups here, where pre-buffering coalesced them into one. Now one GET reads the footer and one
-    the chunk's row groups."""
+    the chunk's row groups; a later chunk of the shard its row groups alone (`_parquet_footers`)."""
     monkeypatch.setattr(BufferedCountingStore, "block_size", 2048)
     text = random.Random(0)
     rows = [{f"c{i}": text.randbytes(400).hex() for i in range(8)} for _ in range(64)]
@@ -147,3 +147,6 @@ def test_a_parquet_chunk_is_read_in_one_ranged_get_for_its_row_groups_not_one_pe
         CountingStore.asked.clear()
         assert ds.read_chunk(chunk).records == rows[:32]
         assert CountingStore.asked_of("get", [url]) == 2
+        CountingStore.asked.clear()  # the next chunk's row groups only: the footer was parsed and kept
+        assert ds.read_chunk(ds.chunks(32)[1]).records == rows[32:]
+        assert CountingStore.asked_of("get", [url]) == 1
