@@ -2,17 +2,18 @@
 
 The shipped corpus (both datasets, 3,496 records, 5.6 MB of text) written to a temporary directory
 as JSON Lines (and compressed with zstd, one shard, which every chunk read decompresses from its
-start; and in zstd frames or gzip members of 1,000 lines each, as pzstd and bgzip write many, which a chunk
-read enters at the one holding its first line), as Parquet (row groups of 1,000 rows, pyarrow's default compression, snappy; and in
-one row group, as `pyarrow.parquet.write_table` writes up to 1,048,576 rows) and as an Arrow stream
-in record batches of 1,000 rows, as Hugging Face `datasets`' `save_to_disk` writes it (and in one
-record batch, as a writer's `write_table` does with a table of one chunk). Each round
-reads every chunk of 128 records (the work sources' default) on the calling thread, through
-`Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is the same Arrow read
-with the full validation of each batch taken out (`_arrow._validate`), which is what that
-validation costs. `extra_info` records records/s and MB/s of text; the ratios between the rows are
-the measurement, not their absolute times. A last benchmark reads chunks of one Parquet shard of
-1,000,000 short rows in 1,000 row groups, whose footer each chunk read looks its row groups up in.
+start; and in zstd frames or gzip members of 1,000 lines each, as pzstd and bgzip write many, which
+a chunk read enters at the one holding its first line), as Parquet (row groups of 1,000 rows,
+pyarrow's default compression, snappy; and in one row group, as `pyarrow.parquet.write_table` writes
+up to 1,048,576 rows) and as an Arrow stream in record batches of 1,000 rows, as Hugging Face
+`datasets`' `save_to_disk` writes it (and in one record batch, as a writer's `write_table` does with
+a table of one chunk). Each round reads every chunk of 128 records (the work sources' default) on
+the calling thread, through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is
+the same Arrow read with the full validation of each batch taken out (`_arrow._validate`), which is
+what that validation costs. `extra_info` records records/s and MB/s of text; the ratios between the
+rows are the measurement, not their absolute times. A last benchmark reads chunks of one Parquet
+shard of 1,000,000 short rows in 1,000 row groups, whose footer each chunk read looks its row groups
+up in.
 
     pytest benchmarks/test_reader_bench.py --benchmark-only
 """
@@ -61,11 +62,10 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
     root = tmp_path_factory.mktemp("formats")
     for name in set(DIRECTORY.values()):
         (root / name).mkdir()
-    lines = "".join(json.dumps(r) + "\n" for r in records)
-    (root / "jsonl" / "corpus.jsonl").write_text(lines)
-    (root / "jsonl_zst" / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
-    pieces = ["".join(json.dumps(r) + "\n" for r in records[k:k + BATCH_ROWS]).encode()
-              for k in range(0, len(records), BATCH_ROWS)]
+    lines = [(json.dumps(r) + "\n").encode() for r in records]
+    (root / "jsonl" / "corpus.jsonl").write_bytes(b"".join(lines))
+    (root / "jsonl_zst" / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines)))
+    pieces = [b"".join(lines[k:k + BATCH_ROWS]) for k in range(0, len(lines), BATCH_ROWS)]
     (root / "jsonl_zst_frames" / "corpus.jsonl.zst").write_bytes(
         b"".join(map(zstandard.ZstdCompressor().compress, pieces)))
     (root / "jsonl_gz_members" / "corpus.jsonl.gz").write_bytes(b"".join(map(gzip.compress, pieces)))
@@ -87,14 +87,20 @@ def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, kind:
     dataset = Dataset.from_path("corpus", str(root / DIRECTORY[kind]))
     chunks = dataset.chunks(CHUNK)
 
-    def read_all() -> int:
+    records, mean = _read_in_rounds(benchmark, dataset, chunks)
+    assert records == dataset.num_records == 3496
+    record_build.update(records_per_s=round(records / mean), text_mb_per_s=round(text_bytes / mean / 1e6, 1))
+
+
+def _read_in_rounds(benchmark, dataset: Dataset, chunks: list) -> tuple[int, float]:
+    """The records of `chunks`, read `ROUNDS` times after one warm-up round, and a round's mean seconds."""
+    def read() -> int:
         return sum(len(dataset.read_chunk(chunk).records) for chunk in chunks)
 
     started = time.perf_counter()
-    records = benchmark.pedantic(read_all, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    assert records == dataset.num_records == 3496
+    records = benchmark.pedantic(read, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     mean = benchmark.stats.stats.mean if benchmark.stats else (time.perf_counter() - started) / (ROUNDS + 1)
-    record_build.update(records_per_s=round(records / mean), text_mb_per_s=round(text_bytes / mean / 1e6, 1))
+    return records, mean
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +118,6 @@ def test_reading_chunks_of_a_parquet_shard_of_many_row_groups(benchmark, record_
     """Every 20th chunk of 128 rows (391 reads, each finding its row group in the shard's footer)."""
     dataset = Dataset.from_path("corpus", str(many_row_groups))
     chunks = dataset.chunks(CHUNK)[::20]
-
-    def read_some() -> int:
-        return sum(len(dataset.read_chunk(chunk).records) for chunk in chunks)
-
-    started = time.perf_counter()
-    records = benchmark.pedantic(read_some, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    records, mean = _read_in_rounds(benchmark, dataset, chunks)
     assert records == len(chunks) * CHUNK
-    mean = benchmark.stats.stats.mean if benchmark.stats else (time.perf_counter() - started) / (ROUNDS + 1)
     record_build.update(records_per_s=round(records / mean), ms_per_chunk_read=round(mean / len(chunks) * 1e3, 3))

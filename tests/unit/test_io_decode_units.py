@@ -82,12 +82,12 @@ def test_a_compressed_line_shard_of_many_chunks_is_warned_of_as_decompressed_fro
         "gunzip: a read seeks into those) or compressed in small frames or members, a read entering at the last "
         "before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of 64 KiB) decode a few"
     )
-    framed = b"".join(compress(b"".join(lines.splitlines(True)[k:k + 90])) for k in range(0, RECORDS, 90))
-    (tmp_path / "one" / f"part{suffix}").write_bytes(framed)  # 11 frames or members of 9 chunks
+    pieces = [b"".join(lines.splitlines(True)[k:k + 90]) for k in range(0, RECORDS, 90)]  # 11 of 9 chunks
+    (tmp_path / "one" / f"part{suffix}").write_bytes(b"".join(map(compress, pieces)))  # 11 frames or members
     assert Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10) is None
     (tmp_path / "many").mkdir()
-    for k in range(0, RECORDS, 90):  # 11 shards of 9 chunks: 5 records per record
-        (tmp_path / "many" / f"part-{k:04d}{suffix}").write_bytes(compress(b"".join(lines.splitlines(True)[k:k + 90])))
+    for k, piece in enumerate(pieces):  # 11 shards: 5 records per record
+        (tmp_path / "many" / f"part-{k * 90:04d}{suffix}").write_bytes(compress(piece))
     assert Dataset.from_path("packed", str(tmp_path / "many"), format=format).wasteful_decoding(10) is None
     (tmp_path / "one" / f"part-plain{suffix.rsplit('.', 1)[0]}").write_bytes(lines)  # (50 + 1) / 2 per record
     assert Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10) is None

@@ -71,7 +71,7 @@ class Parquet:
     @staticmethod
     def seek_ndim(compression: str | None) -> int:
         """The seek is the first row of each row group holding rows, for planning (`_decode_units`);
-        a chunk read finds its row groups in the footer, which it reads to decode them anyway."""
+        a chunk read finds its row groups in the footer (`_parquet_footers`)."""
         return 1
 
     def scan(self, shard: ShardFile) -> ShardScan:
