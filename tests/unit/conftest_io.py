@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fsspec
 import pyarrow as pa
@@ -24,6 +25,9 @@ import zstandard
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.registry import _registry
+
+if TYPE_CHECKING:
+    from zephon.io import Dataset
 
 _COMPRESS = {None: lambda b: b, "gz": gzip.compress, "zst": lambda b: zstandard.ZstdCompressor().compress(b)}
 
@@ -38,6 +42,16 @@ def jsonl_bytes(records: list[dict], compression: str | None = None) -> bytes:
 
 def compress(data: bytes, compression: str | None) -> bytes:
     return _COMPRESS[compression](data)
+
+
+def read_all(ds: Dataset, records_per_chunk: int, on_error: str = "skip") -> tuple[list[dict], list]:
+    """Every record of `ds` read chunk by chunk, and every record skipped."""
+    records, skipped = [], []
+    for chunk in ds.chunks(records_per_chunk):
+        out = ds.read_chunk(chunk, on_error=on_error)
+        records += out.records
+        skipped += out.skipped
+    return records, skipped
 
 
 def parquet_bytes(rows: list[dict], row_group_size: int) -> bytes:

@@ -23,8 +23,8 @@ from zephon import ConfigurationError
 from zephon.io import DUPLICATE_COLUMN, TRUNCATED_SHARD, Dataset, ShardUnavailableError, _dataset
 
 from . import conftest_io
-from .conftest_io import BufferedCountingStore, CountingStore, arrow_bytes, jsonl_bytes, memory_root, put, registered
-from .test_io_formats import read_all
+from .conftest_io import (BufferedCountingStore, CountingStore, arrow_bytes, jsonl_bytes, memory_root, put, read_all,
+                          registered)
 
 HF = Path(__file__).resolve().parents[1] / "data" / "hf_datasets"
 JARGON = Path(__file__).resolve().parents[2] / "zephon" / "data" / "jargon" / "jargon-00000-of-00003.jsonl"

@@ -3,18 +3,16 @@ read, at the last frame before the chunk's first line (`zephon/io/_lines.py`, `e
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import random
 
 import numpy as np
 import pytest
-import zstandard
 
 from zephon.io import Dataset, ShardUnavailableError, _dataset, _lines
 
-_CODECS = {"gz": gzip.compress, "zst": zstandard.ZstdCompressor().compress}
+from .conftest_io import compress, read_all
 _SKIPPABLE = (0x184D2A50).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"about"  # as pzstd writes before each
 
 
@@ -29,8 +27,7 @@ def _lines_of(records: list[dict]) -> list[bytes]:
 
 def _framed(lines: list[bytes], compression: str, lines_per_frame: int, between: bytes = b"") -> bytes:
     """The lines compressed `lines_per_frame` at a time, the frames concatenated, `between` before each."""
-    codec = _CODECS[compression]
-    return b"".join(between + codec(b"".join(lines[k:k + lines_per_frame]))
+    return b"".join(between + compress(b"".join(lines[k:k + lines_per_frame]), compression)
                     for k in range(0, len(lines), lines_per_frame))
 
 
@@ -39,18 +36,9 @@ def _cut_anywhere(data: bytes, compression: str, seed: int) -> bytes:
     rng, pieces, at = random.Random(seed), [], 0
     while at < len(data):
         size = rng.randrange(1, 300)
-        pieces.append(_CODECS[compression](data[at:at + size]))
+        pieces.append(compress(data[at:at + size], compression))
         at += size
     return b"".join(pieces)
-
-
-def _read_all(ds: Dataset, records_per_chunk: int) -> tuple[list[dict], list]:
-    records, skipped = [], []
-    for chunk in ds.chunks(records_per_chunk):
-        out = ds.read_chunk(chunk)
-        records += out.records
-        skipped += out.skipped
-    return records, skipped
 
 
 @pytest.fixture
@@ -75,11 +63,11 @@ def test_each_chunk_of_a_shard_of_many_frames_is_read_from_the_frame_holding_its
     (tmp_path / f"a.jsonl.{compression}").write_bytes(data)
     ds = Dataset.from_path("d", str(tmp_path))
     seek = ds._access[0].seek
-    frame_sizes = [len(_CODECS[compression](b"".join(_lines_of(records)[k:k + 100]))) for k in range(0, 1000, 100)]
+    frame_sizes = [len(compress(b"".join(_lines_of(records)[k:k + 100]), compression)) for k in range(0, 1000, 100)]
     assert seek.tolist() == [np.cumsum([0, *frame_sizes[:-1]]).tolist(), list(range(0, 1000, 100)), [0] * 10]
     entered_at.clear()
     for records_per_chunk in (1, 37, 128):
-        assert _read_all(ds, records_per_chunk) == (records, [])
+        assert read_all(ds, records_per_chunk) == (records, [])
     chunk = ds.chunks(37)[20]  # lines 740-776, in the frame of lines 700-799
     entered_at.clear()
     assert [r["i"] for r in ds.read_chunk(chunk).records] == list(range(740, 777))
@@ -103,7 +91,7 @@ def test_frames_cut_inside_lines_are_entered_at_the_first_line_starting_in_them(
     assert len(first_lines) > 60 and first_lines[0] == 0 and np.all(np.diff(first_lines // 2) > 0)
     assert np.any(skipped > 0)  # frames beginning inside lines were kept
     for records_per_chunk in (1, 2, 3, 7, 64):
-        assert _read_all(ds, records_per_chunk) == (records, [])
+        assert read_all(ds, records_per_chunk) == (records, [])
 
 
 def test_one_line_frames_keep_an_entry_point_per_seek_stride_lines_not_per_line(tmp_path):
@@ -116,10 +104,10 @@ def test_one_line_frames_keep_an_entry_point_per_seek_stride_lines_not_per_line(
 @pytest.mark.parametrize("compression", ["gz", "zst"])
 def test_a_shard_written_as_one_stream_is_read_from_its_start_as_before(tmp_path, compression, entered_at):
     records = _records(300)
-    (tmp_path / f"a.jsonl.{compression}").write_bytes(_CODECS[compression](b"".join(_lines_of(records))))
+    (tmp_path / f"a.jsonl.{compression}").write_bytes(compress(b"".join(_lines_of(records)), compression))
     ds = Dataset.from_path("d", str(tmp_path))
     assert ds._access[0].seek is None
-    assert _read_all(ds, 50) == (records, [])
+    assert read_all(ds, 50) == (records, [])
     assert set(entered_at) == {0}
 
 
@@ -134,7 +122,7 @@ def test_skippable_frames_and_nul_padding_between_members_are_passed_over_from_a
     ds = Dataset.from_path("d", str(tmp_path))
     assert ds._access[0].seek.shape[1] >= 12
     for records_per_chunk in (1, 33):
-        assert _read_all(ds, records_per_chunk) == (records, [])
+        assert read_all(ds, records_per_chunk) == (records, [])
 
 
 @pytest.mark.parametrize("compression", ["gz", "zst"])
@@ -149,7 +137,7 @@ def test_a_shard_of_many_frames_cut_after_planning_counts_the_records_it_lost(tm
     ds = Dataset.from_path("d", str(tmp_path))
     cut_in = int(ds._access[0].seek[0, 6]) + 10  # inside the frame of lines 300-349
     path.write_bytes(data[:cut_in])
-    kept, skipped = _read_all(ds, 32)
+    kept, skipped = read_all(ds, 32)
     assert kept == records[:len(kept)] and 300 <= len(kept) < 350
     assert [reason for _, reason in skipped] == ["truncated_shard"] * (600 - len(kept))
 

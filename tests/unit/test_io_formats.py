@@ -16,16 +16,7 @@ from zephon import BadRecordError, Chunk, RecordAddress
 from zephon.io import Dataset, ShardUnavailableError, _dataset, _lines
 from zephon.io._compression import decompressed_blocks, raw_blocks
 
-from .conftest_io import compress, jsonl_bytes, lines_bytes, parquet_bytes, tar_bytes
-
-
-def read_all(ds: Dataset, records_per_chunk: int, on_error: str = "skip"):
-    records, skipped = [], []
-    for chunk in ds.chunks(records_per_chunk):
-        out = ds.read_chunk(chunk, on_error=on_error)
-        records += out.records
-        skipped += out.skipped
-    return records, skipped
+from .conftest_io import compress, jsonl_bytes, lines_bytes, parquet_bytes, read_all, tar_bytes
 
 
 @pytest.fixture
