@@ -61,20 +61,22 @@ def parquet_bytes(rows: list[dict], row_group_size: int) -> bytes:
 
 
 def arrow_bytes(table: pa.Table, batch_rows: list[int], *, layout: str = "stream",
-                compression: str | None = None) -> bytes:
-    """`table` as an Arrow stream or file, in record batches of `batch_rows` rows (0: an empty batch)."""
+                compression: str | None = None, dictionary_deltas: bool = False) -> bytes:
+    """`table` as an Arrow stream or file, in record batches of `batch_rows` rows (0: an empty batch);
+    a dictionary that grows between batches written as deltas where `dictionary_deltas`, else
+    replaced (a stream only)."""
     sink = io.BytesIO()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
+    options = pa.ipc.IpcWriteOptions(compression=compression, emit_dictionary_deltas=dictionary_deltas)
     new = pa.ipc.new_stream if layout == "stream" else pa.ipc.new_file
-    # An empty batch sliced from the table's own keeps its dictionaries: a file holds one per column.
-    empty = table.combine_chunks().to_batches()[0].slice(0, 0) if table.num_rows else None
+    # An empty batch is sliced from the batch written before it (the table's first before any), so it
+    # keeps that batch's dictionaries: a file holds one per column, or deltas to it.
+    last = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
     with new(sink, table.schema, options=options) as writer:
         start = 0
         for rows in batch_rows:
             if rows:
-                writer.write_table(table.slice(start, rows))
-            else:
-                writer.write_batch(empty if empty is not None else pa.RecordBatch.from_pylist([], schema=table.schema))
+                last = table.slice(start, rows).combine_chunks().to_batches()[0]
+            writer.write_batch(last if rows else last.slice(0, 0))
             start += rows
     assert start == table.num_rows
     return sink.getvalue()

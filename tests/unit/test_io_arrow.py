@@ -55,27 +55,35 @@ def test_an_image_column_datasets_wrote_reads_as_its_bytes_and_path():
     assert [r["image"]["bytes"][:4] for r in records] == [b"\x89PNG", b"\xff\xd8\xff\xe0"] * 3
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     batch_rows=st.lists(st.integers(0, 9), min_size=1, max_size=12),
     layout=st.sampled_from(["stream", "file"]),
     compression=st.sampled_from([None, "zstd", "lz4"]),
-    dictionary=st.booleans(),
+    dictionaries=st.sampled_from(["none", "ahead", "replaced", "deltas"]),
+    kinds=st.integers(1, 30),
     records_per_chunk=st.integers(1, 40),
 )
 def test_every_chunk_reads_its_rows_whatever_the_batches_layout_and_encoding(
-    tmp_path_factory, batch_rows, layout, compression, dictionary, records_per_chunk
+    tmp_path_factory, batch_rows, layout, compression, dictionaries, kinds, records_per_chunk
 ):
     """Random batch sizes (empty batches among them), both layouts, compressed buffers, and a
-    dictionary-encoded column (whose dictionaries stand before the first batch): each chunk's
-    records are the table's rows in its range."""
+    dictionary-encoded column whose dictionary stands before the first batch ("ahead") or grows
+    from batch to batch, replaced (a stream only) or extended by deltas: each chunk's records are
+    the table's rows in its range. A batch holding rows is a unit of its own but where the
+    dictionary changes after the first batch, which makes the shard one unit (a batch needs every
+    dictionary before it)."""
+    if dictionaries == "replaced" and layout == "file":
+        layout = "stream"  # a file holds one dictionary per column, or deltas to it
     n = sum(batch_rows)
+    kind = [f"kind {i % kinds}" for i in range(n)]
     table = pa.table({"text": [f"row {i} " + "x" * (i % 7) for i in range(n)], "i": list(range(n)),
-                      "kind": pa.array([["a", "b", "c"][i % 3] for i in range(n)], pa.string())})
-    if dictionary:
-        table = table.set_column(2, "kind", table.column("kind").dictionary_encode())
+                      "kind": _dictionary_encoded(kind, batch_rows) if dictionaries in ("replaced", "deltas")
+                      else pa.array(kind, pa.string()).dictionary_encode() if dictionaries == "ahead"
+                      else pa.array(kind, pa.string())})
     root = tmp_path_factory.mktemp("arrow")
-    (root / "part.arrow").write_bytes(arrow_bytes(table, batch_rows, layout=layout, compression=compression))
+    (root / "part.arrow").write_bytes(arrow_bytes(table, batch_rows, layout=layout, compression=compression,
+                                                  dictionary_deltas=dictionaries == "deltas"))
     if n == 0:
         assert Dataset.from_path("d", str(root)).num_records == 0
         return
@@ -83,19 +91,42 @@ def test_every_chunk_reads_its_rows_whatever_the_batches_layout_and_encoding(
     assert ds.num_records == n
     for chunk in ds.chunks(records_per_chunk):
         assert ds.read_chunk(chunk).records == table.slice(chunk.start, chunk.stop - chunk.start).to_pylist()
+    first_dictionary = set(kind[:max(batch_rows[0], 1)])  # that of the first batch, empty or not
+    grows = dictionaries in ("replaced", "deltas") and len(first_dictionary) < len(set(kind))
+    units = 1 if grows else sum(1 for rows in batch_rows if rows)
+    assert ds._access[0].seek.shape == (2, units + 1)
 
 
+def _dictionary_encoded(values: list[str], batch_rows: list[int]) -> pa.ChunkedArray:
+    """`values` dictionary-encoded batch by batch, each batch's dictionary the values seen up to
+    its end in the order first seen, so that each extends the one before (an empty batch's before
+    the first value holds that value: pyarrow writes no delta to an empty dictionary)."""
+    seen = dict.fromkeys(values[:1], 0)
+    chunks, start = [], 0
+    for rows in batch_rows:
+        for value in values[start:start + rows]:
+            seen.setdefault(value, len(seen))
+        indices = pa.array([seen[value] for value in values[start:start + rows]], pa.int32())
+        chunks.append(pa.DictionaryArray.from_arrays(indices, pa.array(list(seen), pa.string())))
+        start += rows
+    return pa.chunked_array(chunks)
+
+
+@pytest.mark.parametrize("dictionary", [False, True])
 @pytest.mark.parametrize("layout", ["stream", "file"])
-def test_a_remote_chunk_fetches_the_schema_and_its_own_batches_in_two_ranged_reads(monkeypatch, layout):
-    """On an object store a chunk asks for two byte ranges, the schema's and its batches', and
-    fetches a small part of a large shard, not the shard (the file's block cache here 2 KiB, where
-    fsspec's default block, 5 MiB, would hold the whole shard)."""
+def test_a_remote_chunk_fetches_the_schema_and_its_own_batches_in_two_ranged_reads(monkeypatch, layout, dictionary):
+    """On an object store a chunk asks for two byte ranges, the schema's (and the dictionaries'
+    before the first batch, where a column is dictionary-encoded) and its batches', and fetches a
+    small part of a large shard, not the shard (the file's block cache here 2 KiB, where fsspec's
+    default block, 5 MiB, would hold the whole shard)."""
     monkeypatch.setattr(BufferedCountingStore, "block_size", 2048)
     fetched = []
     fetch_range = conftest_io._RangeReadFile._fetch_range
     monkeypatch.setattr(conftest_io._RangeReadFile, "_fetch_range",
                         lambda self, start, end: fetched.append(end - start) or fetch_range(self, start, end))
     table = pa.table({"text": [f"record {i} " + "y" * 200 for i in range(1280)]})
+    if dictionary:
+        table = table.append_column("kind", pa.array([f"kind {i % 50}" for i in range(1280)]).dictionary_encode())
     with registered(BufferedCountingStore):
         url = put("bufstore://bucket/data/part-000.arrow", arrow_bytes(table, [32] * 40, layout=layout))
         ds = Dataset.from_path("d", url, retry_delay=0)
@@ -289,6 +320,8 @@ open_stream = pyarrow.ipc.open_stream
 class CutAfterTheFirstBatch:
     def __init__(self, reader):
         self.reader, self.read = reader, 0
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
     def read_next_batch(self):
         self.read += 1
         if self.read == 2:

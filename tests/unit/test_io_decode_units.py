@@ -33,9 +33,9 @@ def _parquet(directory: Path, row_group_size: int, records: int = RECORDS, **opt
     return directory
 
 
-def _arrow(directory: Path, batch_rows: int) -> Path:
+def _arrow(directory: Path, batch_rows: int, table: pa.Table | None = None) -> Path:
     directory.mkdir()
-    table = _table()
+    table = _table() if table is None else table
     with pa.ipc.new_stream(str(directory / "data-00000-of-00001.arrow"), table.schema) as writer:
         writer.write_table(table, max_chunksize=batch_rows)
     return directory
@@ -61,8 +61,23 @@ def test_an_arrow_stream_in_one_record_batch_is_warned_of_as_decoded_whole(tmp_p
         rf"dataset 'wide': its record batches hold up to {RECORDS} records and a chunk read decodes the record "
         r"batches holding it whole, so reading its chunks of 10 records decodes about 99 records for each one read; "
         r"the same records written in record batches of 1,000 records or fewer \(a writer's write_table\(table, "
-        r"max_chunksize=1000\), as datasets' save_to_disk does\) decode a few", said), said
+        r"max_chunksize=1000\), as datasets' save_to_disk does\), a dictionary-encoded column with one dictionary "
+        r"for the shard \(table.unify_dictionaries\(\)\) decode a few", said), said
     assert Dataset.from_path("wide", str(_arrow(tmp_path / "small", 100))).wasteful_decoding(10) is None
+
+
+def test_an_arrow_stream_whose_dictionaries_change_between_batches_is_warned_of_and_one_dictionary_is_not(tmp_path):
+    """A batch of a stream whose dictionary is replaced between batches needs every dictionary
+    message before it, so its chunks are read from the first batch on and planning warns, naming
+    unify_dictionaries; the same column with one dictionary for the shard reads batch by batch."""
+    table = _table()
+    kinds = [f"kind {i // 100}" for i in range(RECORDS)]  # a kind more in each batch of 100
+    batches = [pa.array(kinds[k:k + 100]).dictionary_encode() for k in range(0, RECORDS, 100)]
+    replaced = table.append_column("kind", pa.chunked_array(batches))
+    said = Dataset.from_path("kinds", str(_arrow(tmp_path / "replaced", 100, replaced))).wasteful_decoding(10)
+    assert said is not None and f"hold up to {RECORDS} records" in said and "unify_dictionaries()" in said, said
+    unified = table.append_column("kind", pa.array(kinds).dictionary_encode())
+    assert Dataset.from_path("kinds", str(_arrow(tmp_path / "unified", 100, unified))).wasteful_decoding(10) is None
 
 
 @pytest.mark.parametrize("suffix, format", [(".jsonl.zst", None), (".jsonl.gz", None), (".txt.gz", "text")])

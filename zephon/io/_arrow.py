@@ -9,17 +9,21 @@ ends), which is a stream with a footer around it; the footer is not needed.
 Neither layout says where a row is: a stream has no index, and a file's footer gives its record
 batches' offsets but not their rows. Planning walks the shard's messages once and keeps, for each
 record batch holding rows, where its bytes begin and its first row (`seek`, two rows: byte
-positions and first rows, one more column for the end). A local shard is read by pyarrow's own
+positions and first rows, one more column for the end). The first batch's bytes begin after the
+schema and the dictionaries of dictionary-encoded columns that stand before it, so the shard's
+bytes before it are all a batch needs beside its own (`_batches_start`). A local shard is read by pyarrow's own
 file (a 200 MB shard in 7-12 ms from the page cache here; memory-mapped, 3 ms, but a file cut
 short by another process meanwhile then ended the process with SIGBUS, where read it ends the
 stream early and the read of a chunk finds the file changed); a remote one is read once, as
 counting a JSON Lines shard reads it.
 
-A chunk read fetches the schema's bytes and those of the batches that hold its rows, two ranged
-reads on an object store, and decodes them alone. A schema with dictionary-encoded columns is read
-from its first batch on instead: its dictionaries come before that batch, and a batch cannot be
-decoded without them. Decoding runs on the reading thread (`use_threads=False`), as Parquet's does
-(`_parquet`).
+A chunk read fetches those bytes (the schema's and the dictionaries') and those of the batches that
+hold its rows, two ranged reads on an object store, and decodes them alone. A stream whose
+dictionaries change between its batches (a replacement or a delta, which only a stream may hold)
+has one unit: a batch there needs every dictionary message before it, so its chunks are read from
+its first batch on, and planning warns of that as of a shard of one batch. Until the fifty-ninth
+session every shard with a dictionary-encoded column was read so. Decoding runs on the reading
+thread (`use_threads=False`), as Parquet's does (`_parquet`).
 """
 
 from __future__ import annotations
@@ -52,12 +56,13 @@ class ArrowIPC:
     stops_at_chunk_end: ClassVar[bool] = False
     how_to_rewrite: ClassVar[str] = (
         "written in record batches of 1,000 records or fewer (a writer's write_table(table, max_chunksize=1000), "
-        "as datasets' save_to_disk does)"
+        "as datasets' save_to_disk does), a dictionary-encoded column with one dictionary for the shard "
+        "(table.unify_dictionaries())"
     )
 
     @property
     def scan_key(self) -> str:
-        return "arrow"
+        return "arrow dictionaries-ahead"  # a seek whose first batch begins after the dictionaries (module docstring)
 
     @staticmethod
     def seek_ndim(compression: str | None) -> int:
@@ -82,14 +87,10 @@ class ArrowIPC:
         first = int(np.searchsorted(first_rows, start, side="right")) - 1  # the batch holding row `start`
         last = int(np.searchsorted(first_rows, stop, side="left"))  # one past the batch holding `stop - 1`
         with shard.open(read_ahead=0) as f:
-            schema_stream = _stream_of(_span(f, 0, int(positions[0]))[0], shard.url)
-            with decoding(shard.url, _WHAT, reads_storage=False):
-                schema = pa.ipc.read_schema(pa.py_buffer(schema_stream))
-            if _has_dictionaries(schema.types):
-                first = 0
-            stream, short = _after(schema_stream, f, int(positions[first]), int(positions[last]))
+            head = _stream_of(_span(f, 0, int(positions[0]))[0], shard.url)  # the schema and dictionaries
+            stream, short = _after(head, f, int(positions[first]), int(positions[last]))
         with decoding(shard.url, _WHAT, reads_storage=False):
-            batches = _decoded(stream, complete=not short)
+            schema, batches = _decoded(stream, complete=not short)
             wanted = pa.Table.from_batches(batches, schema=schema).slice(start - int(first_rows[first]), stop - start)
             _validate(wanted)
         return fill_truncated(table_rows(wanted), stop - start, "shard has fewer rows than when it was planned")
@@ -101,9 +102,11 @@ def _batches(source: pa.NativeFile, url: str) -> tuple[int, np.ndarray]:
 
     start = source.read(len(_FILE_MAGIC))
     _stream_of(start, url)  # refuses a Feather v1 file by name
-    source.seek(8 if start == _FILE_MAGIC else 0)
+    stream_start = 8 if start == _FILE_MAGIC else 0
+    first_batch, dictionaries_ahead = _batches_start(source, stream_start)
+    source.seek(stream_start)
     reader = pa.ipc.open_stream(source, options=pa.ipc.IpcReadOptions(use_threads=False))
-    positions, first_rows = [source.tell()], [0]
+    positions, first_rows = [first_batch], [0]
     while True:
         try:
             batch = reader.read_next_batch()
@@ -112,7 +115,28 @@ def _batches(source: pa.NativeFile, url: str) -> tuple[int, np.ndarray]:
         if batch.num_rows:  # an empty batch's bytes go with the next batch holding rows
             positions.append(source.tell())
             first_rows.append(first_rows[-1] + batch.num_rows)
+    if reader.stats.num_dictionary_batches > dictionaries_ahead and len(positions) > 2:
+        positions, first_rows = [positions[0], positions[-1]], [0, first_rows[-1]]  # one unit (module docstring)
     return first_rows[-1], np.array([positions, first_rows], dtype=np.int64)
+
+
+def _batches_start(source: pa.NativeFile, stream_start: int) -> tuple[int, int]:
+    """Where the stream's first record batch begins (after its schema and the dictionary messages
+    standing before that batch), and how many dictionary messages stand there."""
+    import pyarrow as pa
+
+    source.seek(stream_start)
+    messages = pa.ipc.MessageReader.open_stream(source)
+    position, dictionaries = stream_start, 0
+    while True:
+        try:
+            message = messages.read_next_message()
+        except StopIteration:
+            return position, dictionaries
+        if message.type == "record batch":
+            return position, dictionaries
+        dictionaries += message.type == "dictionary"
+        position = source.tell()
 
 
 def _stream_of(head: bytes, url: str) -> bytes:
@@ -149,9 +173,9 @@ def _after(head: bytes, f: BinaryIO, begin: int, end: int) -> tuple[pa.Buffer, b
     return stream.slice(0, got), got < len(stream)
 
 
-def _decoded(stream: pa.Buffer, complete: bool) -> list[pa.RecordBatch]:
-    """The record batches of `stream` (a schema, then batches). A stream cut short (not
-    `complete`) keeps its whole batches."""
+def _decoded(stream: pa.Buffer, complete: bool) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """The schema and record batches of `stream` (a schema, dictionaries, then batches). A stream
+    cut short (not `complete`) keeps its whole batches."""
     import pyarrow as pa
 
     reader = pa.ipc.open_stream(stream, options=pa.ipc.IpcReadOptions(use_threads=False))
@@ -160,11 +184,11 @@ def _decoded(stream: pa.Buffer, complete: bool) -> list[pa.RecordBatch]:
         try:
             batches.append(reader.read_next_batch())
         except StopIteration:
-            return batches
+            return reader.schema, batches
         except (pa.ArrowException, OSError):  # a message cut short: ArrowInvalid, or a short read's OSError
             if complete:
                 raise
-            return batches
+            return reader.schema, batches
 
 
 def _validate(rows: pa.Table) -> None:
@@ -174,15 +198,3 @@ def _validate(rows: pa.Table) -> None:
     object. The full check reads each of the chunk's offsets and strings once, not its batches'
     other rows (`benchmarks/test_reader_bench.py`)."""
     rows.validate(full=True)
-
-
-def _has_dictionaries(types) -> bool:
-    """Whether any of these types, or a type nested in one, is dictionary-encoded."""
-    import pyarrow as pa
-
-    for kind in types:
-        if pa.types.is_dictionary(kind):
-            return True
-        if kind.num_fields and _has_dictionaries(kind.field(i).type for i in range(kind.num_fields)):
-            return True
-    return False
