@@ -7,7 +7,8 @@ a chunk read enters at the one holding its first line), as Parquet (row groups o
 pyarrow's default compression, snappy; and in one row group, as `pyarrow.parquet.write_table` writes
 up to 1,048,576 rows) and as an Arrow stream in record batches of 1,000 rows, as Hugging Face
 `datasets`' `save_to_disk` writes it (and in one record batch, as a writer's `write_table` does with
-a table of one chunk). Each round reads every chunk of 128 records (the work sources' default) on
+a table of one chunk; and with a dictionary-encoded column more, each record's source, whose
+dictionary stands before the first batch). Each round reads every chunk of 128 records (the work sources' default) on
 the calling thread, through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is
 the same Arrow read with the full validation of each batch taken out (`_arrow._validate`), which is
 what that validation costs. `extra_info` records records/s and MB/s of text; the ratios between the
@@ -46,18 +47,20 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "arrow": "arrow",
     "arrow, unvalidated": "arrow",
     "arrow, one record batch": "arrow_one_batch",
+    "arrow, a dictionary-encoded column": "arrow_dictionary",
 }
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[Path, int]:
     """A directory per format holding the shipped records, and their text's bytes."""
-    records = []
+    records, sources = [], []
     for path in sorted((DATA / "kjv").glob("*.jsonl.zst")) + sorted((DATA / "jargon").glob("*.jsonl")):
         raw = path.read_bytes()
         if path.suffix == ".zst":
             raw = zstandard.ZstdDecompressor().stream_reader(raw).read()
         records += [json.loads(line) for line in raw.decode().splitlines() if line]
+        sources += [path.parent.name] * (len(records) - len(sources))
     records = [{"id": r["id"], "text": r["text"]} for r in records]
     root = tmp_path_factory.mktemp("formats")
     for name in set(DIRECTORY.values()):
@@ -76,6 +79,9 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
         writer.write_table(table, max_chunksize=BATCH_ROWS)
     with pa.ipc.new_stream(str(root / "arrow_one_batch" / "data-00000-of-00001.arrow"), table.schema) as writer:
         writer.write_table(table.combine_chunks())
+    sourced = table.append_column("source", pa.array(sources).dictionary_encode())
+    with pa.ipc.new_stream(str(root / "arrow_dictionary" / "data-00000-of-00001.arrow"), sourced.schema) as writer:
+        writer.write_table(sourced, max_chunksize=BATCH_ROWS)
     return root, sum(len(r["text"].encode()) for r in records)
 
 

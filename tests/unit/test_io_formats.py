@@ -707,6 +707,46 @@ print(repr((records, skipped)))
 """
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_dictionary_encoded_columns_read_as_their_values_nested_ones_and_nanoseconds_included(tmp_path, suffix):
+    """A dictionary-encoded column (a pandas categorical, or one written so) reads as its values,
+    which the read decodes before making them Python objects (`_arrow_rows._for_python`): in a
+    struct and a list too, and a dictionary of nanosecond timestamps by the microsecond rule (its
+    row with a part below a microsecond `unconvertible_value`)."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def encoded(values, kind=None):
+        return pa.array(values, kind).dictionary_encode()
+
+    ns = 1_700_000_000 * 10**9
+    table = pa.table({
+        "source": encoded(["kjv", "jargon", "kjv", "kjv", "jargon", None]),
+        "n": encoded([1, 2, 3, 1, 2, 3]),
+        "meta": pa.StructArray.from_arrays([encoded(["a", "b", "a", "b", "a", "b"])], ["tag"]),
+        "tags": pa.ListArray.from_arrays(pa.array([0, 1, 1, 2, 3, 5, 6]), encoded(["x", "y", "x", "y", "y", "x"])),
+        "ts": encoded([ns, ns, ns, ns, ns + 1, ns], pa.timestamp("ns")),
+    })
+    if suffix == ".parquet":
+        pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
+    else:
+        with pa.ipc.new_stream(str(tmp_path / "a.arrow"), table.schema) as writer:
+            writer.write_table(table, max_chunksize=4)
+    records, skipped = read_all(Dataset.from_path("d", str(tmp_path)), 2)
+    moment = datetime.datetime(2023, 11, 14, 22, 13, 20)
+    assert records == [
+        {"source": "kjv", "n": 1, "meta": {"tag": "a"}, "tags": ["x"], "ts": moment},
+        {"source": "jargon", "n": 2, "meta": {"tag": "b"}, "tags": [], "ts": moment},
+        {"source": "kjv", "n": 3, "meta": {"tag": "a"}, "tags": ["y"], "ts": moment},
+        {"source": "kjv", "n": 1, "meta": {"tag": "b"}, "tags": ["x"], "ts": moment},
+        {"source": None, "n": 3, "meta": {"tag": "b"}, "tags": ["x"], "ts": moment},
+    ]
+    assert all(type(record["source"]) in (str, type(None)) for record in records)
+    assert [(a.index, reason) for a, reason in skipped] == [(4, "unconvertible_value")]
+
+
 def test_parquet_nanosecond_values_read_the_same_whether_or_not_pandas_is_installed(tmp_path):
     """pyarrow turns a nanosecond timestamp or duration into a pandas object when pandas can be
     imported, and refuses one with a part below a microsecond otherwise: a row was kept (holding a
