@@ -74,7 +74,31 @@ def estimate_stages(record_ops) -> list[RecordFn]:
 
 
 @dataclass(frozen=True)
-class MapOp(RecordOperator):
+class _EachRecord(RecordOperator):
+    """A user's function run on each record of a chunk (`map`, `filter`), on the records of
+    `datasets` only where given; recorded in the recipe by its name and its code."""
+
+    fn: Callable[[dict], object]
+    parallelism: int = 1
+    datasets: tuple[str, ...] | None = None
+    name: str = ""
+
+    @property
+    def dataset_scope(self) -> tuple[str, ...] | None:
+        return self.datasets
+
+    def build(self, on_error: str) -> RecordFn:
+        return scoped(self._build(), self.datasets)
+
+    def _build(self) -> RecordFn:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict:
+        return with_scope({"op": self.name, "fn": _fingerprint_callable(self.fn)}, self.datasets)
+
+
+@dataclass(frozen=True)
+class MapOp(_EachRecord):
     """`fn(record) -> record` (a new or the same dict). Returning None drops the record as filtered.
 
     What `fn` returns is copied (shallowly) before later stages see it, because they may set and
@@ -86,16 +110,7 @@ class MapOp(RecordOperator):
     """
 
     fn: Callable[[dict], dict | None]
-    parallelism: int = 1
-    datasets: tuple[str, ...] | None = None
     name: str = "map"
-
-    @property
-    def dataset_scope(self) -> tuple[str, ...] | None:
-        return self.datasets
-
-    def build(self, on_error: str) -> RecordFn:
-        return scoped(self._build(), self.datasets)
 
     def _build(self) -> RecordFn:
         fn, name = self.fn, self.name
@@ -119,9 +134,6 @@ class MapOp(RecordOperator):
 
         return apply_map
 
-    def fingerprint(self) -> dict:
-        return with_scope({"op": self.name, "fn": _fingerprint_callable(self.fn)}, self.datasets)
-
 
 _NOT_A_VERDICT = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
 """What a filter may return that is true whatever it holds: a coroutine or generator keeps
@@ -129,20 +141,11 @@ every record, so the filter did nothing, unsaid."""
 
 
 @dataclass(frozen=True)
-class FilterOp(RecordOperator):
+class FilterOp(_EachRecord):
     """Keeps records for which `fn(record)` is true; the others are counted as filtered."""
 
     fn: Callable[[dict], bool]
-    parallelism: int = 1
-    datasets: tuple[str, ...] | None = None
     name: str = "filter"
-
-    @property
-    def dataset_scope(self) -> tuple[str, ...] | None:
-        return self.datasets
-
-    def build(self, on_error: str) -> RecordFn:
-        return scoped(self._build(), self.datasets)
 
     def _build(self) -> RecordFn:
         fn, name = self.fn, self.name
@@ -168,9 +171,6 @@ class FilterOp(RecordOperator):
             return batch
 
         return apply_filter
-
-    def fingerprint(self) -> dict:
-        return with_scope({"op": self.name, "fn": _fingerprint_callable(self.fn)}, self.datasets)
 
 
 @dataclass(frozen=True)
