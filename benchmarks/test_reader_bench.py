@@ -7,8 +7,9 @@ a chunk read enters at the one holding its first line), as Parquet (row groups o
 pyarrow's default compression, snappy; and in one row group, as `pyarrow.parquet.write_table` writes
 up to 1,048,576 rows) and as an Arrow stream in record batches of 1,000 rows, as Hugging Face
 `datasets`' `save_to_disk` writes it (and in one record batch, as a writer's `write_table` does with
-a table of one chunk; and with a dictionary-encoded column more, each record's source, whose
-dictionary stands before the first batch). Each round reads every chunk of 128 records (the work sources' default) on
+a table of one chunk; and with a dictionary-encoded column more, each record's source, its
+dictionary before the first batch or replaced at every batch, as pandas categoricals written a
+frame at a time are). Each round reads every chunk of 128 records (the work sources' default) on
 the calling thread, through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is
 the same Arrow read with the full validation of each batch taken out (`_arrow._validate`), which is
 what that validation costs. `extra_info` records records/s and MB/s of text; the ratios between the
@@ -48,6 +49,7 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "arrow, unvalidated": "arrow",
     "arrow, one record batch": "arrow_one_batch",
     "arrow, a dictionary-encoded column": "arrow_dictionary",
+    "arrow, a dictionary replaced at every batch": "arrow_dictionaries",
 }
 
 
@@ -82,6 +84,10 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
     sourced = table.append_column("source", pa.array(sources).dictionary_encode())
     with pa.ipc.new_stream(str(root / "arrow_dictionary" / "data-00000-of-00001.arrow"), sourced.schema) as writer:
         writer.write_table(sourced, max_chunksize=BATCH_ROWS)
+    with pa.ipc.new_stream(str(root / "arrow_dictionaries" / "data-00000-of-00001.arrow"), sourced.schema) as writer:
+        for k in range(0, len(records), BATCH_ROWS):  # each batch's own dictionary, as pa.RecordBatch.from_pandas
+            source = pa.array(sources[k:k + BATCH_ROWS]).dictionary_encode()
+            writer.write_table(table.slice(k, BATCH_ROWS).append_column("source", source))
     return root, sum(len(r["text"].encode()) for r in records)
 
 

@@ -2,7 +2,7 @@
 trains as the same records in JSON Lines do: the same global-batch SHA-256s, on every runner and
 world size, and after a resume on another world size, read by chunks from the middle of its
 record batches; and so do the same shards with their text dictionary-encoded, one dictionary a
-shard or one a batch (a stream whose dictionaries change between batches)."""
+shard or one replaced every two batches (a stream whose dictionary changes between batches)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def jargon_dictionary_encoded(request, tmp_path_factory) -> Path:
     """`make.py`'s shards with their text column dictionary-encoded, in its batches of 16: the
     dictionary of the whole shard before the first batch (None), or one for every 2 batches, each
     replacing the one before, so that a batch may need a dictionary written before the batch
-    ahead of it (a stream may hold such; its chunks are read from its first batch)."""
+    ahead of it (a stream may hold such; a read starts at the batch its dictionary was replaced
+    before)."""
     root = tmp_path_factory.mktemp("jargon-dictionary")
     for shard in sorted(HF_JARGON.glob("*.arrow")):
         with pa.ipc.open_stream(str(shard)) as reader:

@@ -70,9 +70,7 @@ def test_every_chunk_reads_its_rows_whatever_the_batches_layout_and_encoding(
     """Random batch sizes (empty batches among them), both layouts, compressed buffers, and a
     dictionary-encoded column whose dictionary stands before the first batch ("ahead") or grows
     from batch to batch, replaced (a stream only) or extended by deltas: each chunk's records are
-    the table's rows in its range. A batch holding rows is a unit of its own but where the
-    dictionary changes after the first batch, which makes the shard one unit (a batch needs every
-    dictionary before it)."""
+    the table's rows in its range; the seek lists the units `_units` says."""
     if dictionaries == "replaced" and layout == "file":
         layout = "stream"  # a file holds one dictionary per column, or deltas to it
     n = sum(batch_rows)
@@ -91,10 +89,50 @@ def test_every_chunk_reads_its_rows_whatever_the_batches_layout_and_encoding(
     assert ds.num_records == n
     for chunk in ds.chunks(records_per_chunk):
         assert ds.read_chunk(chunk).records == table.slice(chunk.start, chunk.stop - chunk.start).to_pylist()
-    first_dictionary = set(kind[:max(batch_rows[0], 1)])  # that of the first batch, empty or not
-    grows = dictionaries in ("replaced", "deltas") and len(first_dictionary) < len(set(kind))
-    units = 1 if grows else sum(1 for rows in batch_rows if rows)
-    assert ds._access[0].seek.shape == (2, units + 1)
+    assert ds._access[0].seek.shape == (2, _units(batch_rows, kind, dictionaries) + 1)
+
+
+def _units(batch_rows: list[int], kind: list[str], dictionaries: str) -> int:
+    """How many units the seek lists: every batch holding rows up to the first change of the
+    dictionary, then (the one dictionary-encoded column's) each such batch its dictionary was
+    replaced just before, never one after a delta alone."""
+    ends = np.cumsum(batch_rows)
+    sizes = [len(set(kind[:max(end, 1)])) for end in ends]  # each batch's dictionary (`_dictionary_encoded`)
+    grows = dictionaries in ("replaced", "deltas")
+    changed = [grows and i > 0 and sizes[i] != sizes[i - 1] for i in range(len(batch_rows))]
+    holding = [i for i, rows in enumerate(batch_rows) if rows]
+    units = 1
+    for before, batch in zip(holding, holding[1:]):
+        unchanged = not any(changed[:batch + 1])
+        replaced = dictionaries == "replaced" and any(changed[before + 1:batch + 1])
+        units += unchanged or replaced
+    return units
+
+
+def test_a_stream_replacing_the_dictionaries_of_two_columns_at_different_batches_reads_every_chunk(tmp_path):
+    """Replacements are told apart by count, not by column: with two dictionary-encoded columns, one
+    replaced at every batch and the other every third, a batch after the first replacement needs
+    messages before earlier batches, so the rest of the stream is one unit; read so, every chunk
+    holds its own rows. Each batch is a unit where only one column is dictionary-encoded."""
+    rows = 60
+    batches = []
+    for first in range(0, rows, 5):
+        often = pa.array([f"often {first} {i % 2}" for i in range(5)]).dictionary_encode()
+        group = first // 15  # a new dictionary every third batch
+        rarely = pa.array([f"rarely {group} {i % 3}" for i in range(5)]).dictionary_encode()
+        batches.append(pa.record_batch({"i": list(range(first, first + 5)), "often": often, "rarely": rarely}))
+    for name, columns in [("two", ["i", "often", "rarely"]), ("one", ["i", "often"])]:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batches[0].select(columns).schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch.select(columns))
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part.arrow").write_bytes(sink.getvalue().to_pybytes())
+        expected = pa.Table.from_batches([b.select(columns) for b in batches]).to_pylist()
+        ds = Dataset.from_path(name, str(tmp_path / name))
+        for records_per_chunk in (1, 3, 7):
+            assert read_all(ds, records_per_chunk) == (expected, [])
+        assert ds._access[0].seek.shape == (2, 2 if name == "two" else 13)  # one unit, or 12 and the end
 
 
 def _dictionary_encoded(values: list[str], batch_rows: list[int]) -> pa.ChunkedArray:

@@ -33,10 +33,11 @@ def _parquet(directory: Path, row_group_size: int, records: int = RECORDS, **opt
     return directory
 
 
-def _arrow(directory: Path, batch_rows: int, table: pa.Table | None = None) -> Path:
+def _arrow(directory: Path, batch_rows: int, table: pa.Table | None = None,
+           options: pa.ipc.IpcWriteOptions | None = None) -> Path:
     directory.mkdir()
     table = _table() if table is None else table
-    with pa.ipc.new_stream(str(directory / "data-00000-of-00001.arrow"), table.schema) as writer:
+    with pa.ipc.new_stream(str(directory / "data-00000-of-00001.arrow"), table.schema, options=options) as writer:
         writer.write_table(table, max_chunksize=batch_rows)
     return directory
 
@@ -66,16 +67,23 @@ def test_an_arrow_stream_in_one_record_batch_is_warned_of_as_decoded_whole(tmp_p
     assert Dataset.from_path("wide", str(_arrow(tmp_path / "small", 100))).wasteful_decoding(10) is None
 
 
-def test_an_arrow_stream_whose_dictionaries_change_between_batches_is_warned_of_and_one_dictionary_is_not(tmp_path):
-    """A batch of a stream whose dictionary is replaced between batches needs every dictionary
-    message before it, so its chunks are read from the first batch on and planning warns, naming
-    unify_dictionaries; the same column with one dictionary for the shard reads batch by batch."""
+def test_an_arrow_stream_whose_dictionary_grows_by_deltas_is_warned_of_and_one_replaced_or_unified_is_not(tmp_path):
+    """A batch of a stream whose dictionary grows by deltas needs every delta before it, so from the
+    first batch on the stream is one unit, read from there for every chunk: planning warns, naming
+    unify_dictionaries. The same column with its dictionary replaced at each batch (as pandas
+    categoricals written a frame at a time are), or one dictionary for the shard, reads batch by
+    batch, unwarned."""
     table = _table()
     kinds = [f"kind {i // 100}" for i in range(RECORDS)]  # a kind more in each batch of 100
-    batches = [pa.array(kinds[k:k + 100]).dictionary_encode() for k in range(0, RECORDS, 100)]
-    replaced = table.append_column("kind", pa.chunked_array(batches))
-    said = Dataset.from_path("kinds", str(_arrow(tmp_path / "replaced", 100, replaced))).wasteful_decoding(10)
+    grown = [pa.DictionaryArray.from_arrays(pa.array([k // 100] * len(kinds[k:k + 100]), pa.int32()),
+                                            pa.array([f"kind {j}" for j in range(k // 100 + 1)]))
+             for k in range(0, RECORDS, 100)]
+    deltas = _arrow(tmp_path / "deltas", 100, table.append_column("kind", pa.chunked_array(grown)),
+                    pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True))
+    said = Dataset.from_path("kinds", str(deltas)).wasteful_decoding(10)
     assert said is not None and f"hold up to {RECORDS} records" in said and "unify_dictionaries()" in said, said
+    replaced = table.append_column("kind", pa.chunked_array(grown))  # each batch's dictionary replaces the last
+    assert Dataset.from_path("kinds", str(_arrow(tmp_path / "replaced", 100, replaced))).wasteful_decoding(10) is None
     unified = table.append_column("kind", pa.array(kinds).dictionary_encode())
     assert Dataset.from_path("kinds", str(_arrow(tmp_path / "unified", 100, unified))).wasteful_decoding(10) is None
 
