@@ -11,11 +11,11 @@ batches' offsets but not their rows. Planning walks the shard's messages once an
 record batch holding rows (each unit: below), where its bytes begin and its first row (`seek`,
 two rows: byte positions and first rows, one more column for the end). The first batch's bytes
 begin after the schema and the dictionaries of dictionary-encoded columns that stand before it,
-so the shard's bytes before it are all a batch needs beside its own (`_batches_start`). A local shard is read
-by pyarrow's own file (a 200 MB shard in 7-12 ms from the page cache here; memory-mapped, 3 ms,
-but a file cut short by another process meanwhile then ended the process with SIGBUS, where read
-it ends the stream early and the read of a chunk finds the file changed); a remote one is read
-once, as counting a JSON Lines shard reads it.
+so the shard's bytes before it are all a batch needs beside its own (`_batches_start`). A local
+shard is read by pyarrow's own file (a 200 MB shard in 7-12 ms from the page cache here;
+memory-mapped, 3 ms, but a file cut short by another process meanwhile then ended the process
+with SIGBUS, where read it ends the stream early and the read of a chunk finds the file changed);
+a remote one is read once, as counting a JSON Lines shard reads it.
 
 A chunk read fetches those bytes (the schema's and the dictionaries') and those of the batches that
 hold its rows, two ranged reads on an object store, and decodes them alone. A stream may also
