@@ -106,10 +106,16 @@ def _batches(source: pa.NativeFile, url: str) -> tuple[int, np.ndarray]:
     start = source.read(len(_FILE_MAGIC))
     _stream_of(start, url)  # refuses a Feather v1 file by name
     stream_start = 8 if start == _FILE_MAGIC else 0
-    first_batch, dictionaries_ahead = _batches_start(source, stream_start)
     source.seek(stream_start)
-    reader = pa.ipc.open_stream(source, options=pa.ipc.IpcReadOptions(use_threads=False))
-    one_dictionary = _dictionary_columns(reader.schema.types) == 1
+    options = pa.ipc.IpcReadOptions(use_threads=False)
+    reader = pa.ipc.open_stream(source, options=options)
+    first_batch, dictionaries_ahead = source.tell(), 0  # the schema's end
+    dictionary_columns = _dictionary_columns(reader.schema.types)
+    if dictionary_columns:  # the first batch begins after the dictionaries standing before it
+        first_batch, dictionaries_ahead = _batches_start(source, first_batch, dictionary_columns)
+        source.seek(stream_start)
+        reader = pa.ipc.open_stream(source, options=options)
+    one_dictionary = dictionary_columns == 1
     starts, first_rows = [first_batch], [0]  # where each unit's bytes begin, and its first row
     position, rows, replaced = first_batch, 0, 0
     while True:
@@ -144,23 +150,26 @@ def _dictionary_columns(types) -> int:
     return count
 
 
-def _batches_start(source: pa.NativeFile, stream_start: int) -> tuple[int, int]:
-    """Where the stream's first record batch begins (after its schema and the dictionary messages
-    standing before that batch), and how many dictionary messages stand there."""
+def _batches_start(source: pa.NativeFile, schema_end: int, dictionaries: int) -> tuple[int, int]:
+    """Where the stream's first record batch begins, after its schema (which ends at `schema_end`)
+    and the dictionary messages standing before that batch, one for each of the schema's
+    `dictionaries`; and how many dictionary messages stand there. It stops at the last of them,
+    not reading the batch after them (a whole shard, where it is one batch): a delta standing
+    before the first batch too is then read with that batch, and the scan counts it as a change."""
     import pyarrow as pa
 
-    source.seek(stream_start)
+    source.seek(schema_end)
     messages = pa.ipc.MessageReader.open_stream(source)
-    position, dictionaries = stream_start, 0
-    while True:
+    position, found = schema_end, 0
+    while found < dictionaries:
         try:
             message = messages.read_next_message()
         except StopIteration:
-            return position, dictionaries
-        if message.type == "record batch":
-            return position, dictionaries
-        dictionaries += message.type == "dictionary"
-        position = source.tell()
+            break
+        if message.type != "dictionary":
+            break
+        position, found = source.tell(), found + 1
+    return position, found
 
 
 def _stream_of(head: bytes, url: str) -> bytes:
