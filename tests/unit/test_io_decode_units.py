@@ -90,17 +90,19 @@ def test_an_arrow_stream_whose_dictionary_grows_by_deltas_is_warned_of_and_one_r
 
 @pytest.mark.parametrize("suffix, format", [(".jsonl.zst", None), (".jsonl.gz", None), (".txt.gz", "text")])
 def test_a_compressed_line_shard_of_many_chunks_is_warned_of_as_decompressed_from_its_start(tmp_path, suffix, format):
-    """A gzip or zstd stream is decompressed from its start for every chunk read of it: 990
-    records in chunks of 10 decompress 50 records per record read, as one Parquet row group does.
+    """A gzip or zstd stream is decompressed from its start for every chunk read of it (a gzip one
+    of under a megabyte holds no resume points): 990 records in chunks of 10 decompress 50 records
+    per record read, as one Parquet row group does.
     The same records in many frames or members, or many shards, decompress a few."""
     lines = "".join((f'{{"text": "r{i}"}}' if format is None else f"r{i}") + "\n" for i in range(RECORDS)).encode()
     compress = zstandard.ZstdCompressor().compress if suffix.endswith(".zst") else gzip.compress
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / f"part{suffix}").write_bytes(compress(lines))
     said = Dataset.from_path("packed", str(tmp_path / "one"), format=format).wasteful_decoding(10)
+    units = "zstd frames, gzip members or stretches of a gzip stream between resume points"
     assert said == (
-        f"dataset 'packed': its zstd frames or gzip members hold up to {RECORDS} records and a chunk read decodes "
-        "the zstd frames or gzip members holding it from their start up to its last record, so reading its chunks "
+        f"dataset 'packed': its {units} hold up to {RECORDS} records and a chunk read decodes the {units} holding it "
+        "from their start up to its last record, so reading its chunks "
         "of 10 records decodes about 50 records for each one read; the same records stored uncompressed (zstd -d, "
         "gunzip: a read seeks into those) or compressed in small frames or members, a read entering at the last "
         "before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of 64 KiB) decode a few"

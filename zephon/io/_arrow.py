@@ -80,7 +80,8 @@ class ArrowIPC:
         with shard.open() as f, pa.PythonFile(f, mode="r") as source, decoding(shard.url, _WHAT):
             return ShardScan(*_batches(source, shard.url))
 
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
+                    read_together: int) -> np.ndarray | None:
         return None if seek is None else seek[1]
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:

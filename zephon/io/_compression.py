@@ -17,9 +17,11 @@ from __future__ import annotations
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-__all__ = ["BLOCK_SIZE", "CorruptStreamError", "compression_of", "decompressed_blocks", "raw_blocks"]
+__all__ = ["BLOCK_SIZE", "CorruptStreamError", "Decompression", "StreamPoint", "compression_of", "decoders_copy",
+           "decompressed_blocks", "raw_blocks"]
 
 BLOCK_SIZE = 1 << 20  # bytes per read: large enough for object stores, small enough to bound memory
 # A compressed block may expand many times over, and all of it is decoded at once: a chunk read
@@ -80,6 +82,11 @@ _CODECS: dict[str, Callable[[], _Codec]] = {
 }
 
 
+def decoders_copy(compression: str) -> bool:
+    """Whether the codec's decoders can be copied, so that a pass notes points (`Decompression.point`)."""
+    return hasattr(_CODECS[compression]()[0](), "copy")
+
+
 def compression_of(path: str) -> str | None:
     """The codec named by the path's last suffix in any case (`.gz`, `.GZ`, `.Zst`: Windows tools and
     some exporters write suffixes in upper case), or None for an uncompressed file."""
@@ -107,26 +114,83 @@ def decompressed_blocks(f: BinaryIO, compression: str | None, frame_starts: arra
     if compression is None:
         yield from raw_blocks(f)
         return
-    new, codec_errors, padding = _CODECS[compression]()
-    decoder, inside_frame, after_frame = new(), False, False
-    read = decompressed = 0
-    for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
-        read += len(block)  # `block` is always the last len(block) bytes read so far
-        if after_frame:  # padding may run on across blocks
-            block = block.lstrip(padding)
-        while block:
-            if frame_starts is not None and not inside_frame:
-                frame_starts.extend((read - len(block), decompressed))
-            try:
-                out = decoder.decompress(block)
-            except codec_errors as error:
-                raise CorruptStreamError(f"undecodable {compression} stream: {error}{_advice(error)}") from error
-            if out:
-                decompressed += len(out)
-                yield out
-            if decoder.eof:
-                block, decoder, inside_frame, after_frame = decoder.unused_data.lstrip(padding), new(), False, True
-            else:
-                block, inside_frame, after_frame = b"", True, False
-    if inside_frame:
-        raise EOFError(f"{compression} stream ends inside a frame")
+    yield from Decompression(compression, frame_starts).blocks(f)
+
+
+@dataclass(frozen=True)
+class StreamPoint:
+    """Where a decompression stood between two compressed blocks, with a copy of its decoder: a
+    new decompression may go on from there (`Decompression(point=...)`), `f` placed at
+    `compressed`. Only a decoder that can be copied gives one: zlib's can, so a gzip stream's;
+    zstandard's cannot."""
+
+    compressed: int  # bytes of the stream read before it
+    decompressed: int  # bytes decompressed before it
+    decoder: _Decompressor  # never fed: each decompression from here feeds a copy of it
+    inside_frame: bool
+    after_frame: bool
+
+
+class Decompression:
+    """One pass of a decoder over a compressed stream (`blocks`), which can tell, between two of
+    the stream's blocks, where it stands (`point`): a gzip stream written as one member has no
+    other place a decoder may begin at, and a copy of its decoder taken on the way is one."""
+
+    def __init__(self, compression: str, frame_starts: array | None = None, point: StreamPoint | None = None):
+        self.compression, self._frame_starts = compression, frame_starts
+        self._new, self._codec_errors, self._padding = _CODECS[compression]()
+        if point is None:
+            self._state = (0, 0, self._new(), False, False)
+        else:
+            self._state = (point.compressed, point.decompressed, point.decoder.copy(), point.inside_frame,
+                           point.after_frame)
+        self._between_blocks = False  # whether `_state` is where the pass stands, as `blocks` last yielded
+
+    @property
+    def notes_points(self) -> bool:
+        """Whether `point` can give one: the codec's decoder can be copied (`decoders_copy`)."""
+        return hasattr(self._state[2], "copy")
+
+    @property
+    def decompressed_between_blocks(self) -> int | None:
+        """The bytes decompressed so far where the last block yielded ended a compressed block
+        (the only places `point` can note), None elsewhere."""
+        return self._state[1] if self._between_blocks else None
+
+    def point(self) -> StreamPoint | None:
+        """Where the pass stands, if the last block yielded ended a compressed block and the
+        codec's decoder can be copied; None otherwise. The copy is taken now, before `blocks`
+        feeds the decoder again."""
+        if not self._between_blocks or not self.notes_points:
+            return None
+        read, decompressed, decoder, inside_frame, after_frame = self._state
+        return StreamPoint(read, decompressed, decoder.copy(), inside_frame, after_frame)
+
+    def blocks(self, f: BinaryIO) -> Iterator[bytes]:
+        """The decompressed bytes, `f` standing where the pass begins (its start, or the point's
+        `compressed`); `EOFError` if the stream ends inside a frame."""
+        read, decompressed, decoder, inside_frame, after_frame = self._state
+        new, codec_errors, padding, frame_starts = self._new, self._codec_errors, self._padding, self._frame_starts
+        for block in raw_blocks(f, _COMPRESSED_BLOCK_SIZE):
+            read += len(block)  # `block` is always the last len(block) bytes read so far
+            if after_frame:  # padding may run on across blocks
+                block = block.lstrip(padding)
+            while block:
+                if frame_starts is not None and not inside_frame:
+                    frame_starts.extend((read - len(block), decompressed))
+                try:
+                    out = decoder.decompress(block)
+                except codec_errors as error:
+                    undecodable = f"undecodable {self.compression} stream: {error}{_advice(error)}"
+                    raise CorruptStreamError(undecodable) from error
+                if decoder.eof:
+                    block, decoder, inside_frame, after_frame = decoder.unused_data.lstrip(padding), new(), False, True
+                else:
+                    block, inside_frame, after_frame = b"", True, False
+                if out:
+                    decompressed += len(out)
+                    self._state = (read, decompressed, decoder, inside_frame, after_frame)
+                    self._between_blocks = not block
+                    yield out
+        if inside_frame:
+            raise EOFError(f"{self.compression} stream ends inside a frame")

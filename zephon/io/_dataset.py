@@ -266,7 +266,8 @@ class Dataset:
         """A warning where reading this dataset's chunks decodes many more records than they hold
         (Parquet shards in large row groups, Arrow in large record batches, large compressed line
         shards: `_decode_units`)."""
-        shards = [(a.seek, s.num_records, a.compression) for a, s in zip(self._access, self.shards, strict=True)]
+        shards = [(a.seek, s.num_records, a.compression, s.raw_bytes)
+                  for a, s in zip(self._access, self.shards, strict=True)]
         return wasteful_decoding(self._reader, self.name, shards, records_per_chunk)
 
     def read_chunk(self, chunk: Chunk, *, on_error: str | ErrorPolicy = "skip") -> ChunkRecords:

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DecodesInUnits", "Shard", "WASTEFUL_DECODING", "wasteful_decoding"]
 
-Shard = tuple["np.ndarray | None", int, "str | None"]
-"""What of a shard's plan tells what its reads decode: its scan's seek, its records, its compression."""
+Shard = tuple["np.ndarray | None", int, "str | None", int]
+"""What of a shard's plan tells what its reads decode: its scan's seek, its records, its compression,
+its decompressed bytes."""
 
 WASTEFUL_DECODING = 32
 """Records decoded per record read from which planning warns. Those Parquet records of 800 bytes
@@ -50,10 +51,12 @@ class DecodesInUnits(Protocol):
     stops_at_chunk_end: bool  # a read decodes its first unit from its start up to the chunk's end only
     how_to_rewrite: str  # how the same records decode a few, for the warning: "written in ... (write_table(...))"
 
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
+                    read_together: int) -> np.ndarray | None:
         """The first record of each unit of a shard holding records, then `num_records`, from
-        its scan's `seek` and its compression; None where a read decodes about its own records,
-        or where the seek does not tell."""
+        its scan's `seek`, its compression and its decompressed bytes, its dataset's shards
+        holding `read_together` in all; None where a read decodes about its own records, or where
+        the seek does not tell."""
         ...
 
 
@@ -86,11 +89,12 @@ def wasteful_decoding(reader: object, name: str, shards: Sequence[Shard], record
 
 def _decoding(reader: DecodesInUnits, shards: Sequence[Shard], records_per_chunk: int) -> _Decoding | None:
     decoded = records = largest = 0
-    for seek, count, compression in shards:
+    read_together = sum(raw_bytes for *_, raw_bytes in shards)
+    for seek, count, compression, raw_bytes in shards:
         if count == 0:
             continue
         records += count
-        bounds = reader.unit_bounds(seek, count, compression)
+        bounds = reader.unit_bounds(seek, count, compression, raw_bytes, read_together)
         if bounds is None or len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != count:
             decoded += count  # about its own records (an uncompressed line shard), or a seek that does not tell
             continue

@@ -10,7 +10,8 @@ members or frames: a shard written as many (`bgzip`'s 64 KiB members, `pzstd`'s 
 compressed a few thousand lines at a time and concatenated) is entered at the last one before a
 chunk's first line (`entry_points`), decompressed from there up to the chunk's last line. One
 written as a single stream (`gzip`, `zstd`, Python's `gzip` and `zstandard` writers) has one entry
-point, its start, and every chunk read decompresses it from there.
+point, its start: a gzip one is decompressed from the last place this process's reads noted
+before a chunk (`_resume_points`), a zstd one from its start.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import BinaryIO, ClassVar
 
 import numpy as np
 
-from ._compression import decompressed_blocks, raw_blocks
+from ._compression import Decompression, decoders_copy, decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
+from ._resume_points import FIRST_SPACING, ResumePoint, resume_points, settled_spacing
 
 __all__ = ["UTF8_BOM", "DecompressedFromFrames", "entry_points", "read_lines", "scan_lines"]
 
@@ -50,11 +52,12 @@ OPENING_BYTES = 64
 
 class DecompressedFromFrames:
     """What a line format's read decodes, for planning's warning (`_decode_units.DecodesInUnits`):
-    a compressed shard is decompressed from the entry point before a chunk (its start, where the
-    shard is one stream) up to the chunk's last line; an uncompressed one is read from the seek
-    point at most SEEK_STRIDE lines before a chunk. Its scans' seek: `seek_ndim`."""
+    a compressed shard is decompressed from the entry point before a chunk (where the shard is one
+    stream, its start, or for gzip the resume point before the chunk, `_resume_points`) up to the
+    chunk's last line; an uncompressed one is read from the seek point at most SEEK_STRIDE lines
+    before a chunk. Its scans' seek: `seek_ndim`."""
 
-    decode_units: ClassVar[str] = "zstd frames or gzip members"
+    decode_units: ClassVar[str] = "zstd frames, gzip members or stretches of a gzip stream between resume points"
     stops_at_chunk_end: ClassVar[bool] = True
     how_to_rewrite: ClassVar[str] = (
         "stored uncompressed (zstd -d, gunzip: a read seeks into those) or compressed in small frames or members, "
@@ -68,11 +71,17 @@ class DecompressedFromFrames:
         points a table (`entry_points`)."""
         return 1 if compression is None else 2
 
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
+                    read_together: int) -> np.ndarray | None:
         if compression is None:
             return None
-        first_lines = seek[1] if seek is not None else np.zeros(1, dtype=np.int64)
-        return np.append(first_lines, num_records)
+        if seek is not None:
+            return np.append(seek[1], num_records)
+        spacing = settled_spacing(raw_bytes, read_together) if decoders_copy(compression) else raw_bytes
+        if spacing >= raw_bytes:  # decompressed from its start for every chunk
+            return np.array([0, num_records], dtype=np.int64)
+        records_apart = max(1, num_records * spacing // raw_bytes)  # `_resume_points`, the records spread evenly
+        return np.append(np.arange(0, num_records, records_apart, dtype=np.int64), num_records)
 
 
 def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | None = None) -> ShardScan:
@@ -165,6 +174,7 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
     first = 0
     lines: list[bytes] = []
     tail_is_cut = None
+    read: Iterator[bytes] | None = None  # the lines from line `first` on
     # With seek points the lines are read in one read, or in blocks of BLOCK_SIZE to the end; a
     # compressed stream from its entry point before `start` (or its start), in smaller blocks.
     exact = seek is not None and shard.compression is None
@@ -185,13 +195,49 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
             f.seek(int(seek[0, point]))
             first = int(seek[1, point])
             blocks = _after(decompressed_blocks(f, shard.compression), int(seek[2, point]))
+        elif shard.compression is not None and (key := _resume_key(shard)) is not None:
+            read, first = _from_resume_point(f, shard.compression, key, start)
         else:
             blocks = decompressed_blocks(f, shard.compression)
+        if read is None:
+            read = _split_lines(blocks, tail_is_cut)
         try:
-            lines.extend(islice(_split_lines(blocks, tail_is_cut), start - first, stop - first))
+            lines.extend(islice(read, start - first, stop - first))
         except EOFError as error:
             return _without_bom(lines, start), str(error)
     return _without_bom(lines, start), "shard has fewer lines than when it was planned"
+
+
+def _resume_key(shard: ShardFile) -> tuple | None:
+    """What names this shard's bytes for `_resume_points`: its URL with the size and version
+    planning listed; None while planning (no version yet) or where the shard is read through
+    from its start anyway (its server refuses ranges)."""
+    if shard.planned_version is None or shard.from_start:
+        return None
+    return shard.url, shard.planned_nbytes, shard.planned_version
+
+
+def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) -> tuple[Iterator[bytes], int]:
+    """The lines of a shard written as one stream from the last point this process noted at or
+    before line `start` (its start where there is none), and that point's line; the read notes
+    new points as it goes (`_resume_points`)."""
+    point = resume_points.before_line(key, start)
+    if point is not None:
+        f.seek(point.stream.compressed)
+    decompression = Decompression(compression, point=None if point is None else point.stream)
+    first = 0 if point is None else point.line
+    begun = b"" if point is None else point.begun
+
+    def note(lines_ended: int, pieces: list[bytes]) -> None:
+        offset = decompression.decompressed_between_blocks
+        if offset is None or sum(map(len, pieces)) > FIRST_SPACING or not resume_points.wants(key, offset):
+            return  # not between compressed blocks, inside a line too long to keep, or near a point
+        stream = decompression.point()
+        if stream is not None:
+            resume_points.note(key, ResumePoint(first + lines_ended, b"".join(pieces), stream))
+
+    at_block_end = note if decompression.notes_points else None
+    return _split_lines(decompression.blocks(f), begun=begun, at_block_end=at_block_end), first
 
 
 def _after(blocks: Iterator[bytes], skipped: int) -> Iterator[bytes]:
@@ -226,13 +272,17 @@ def _without_bom(lines: list[bytes], start: int) -> list[bytes]:
     return lines
 
 
-def _split_lines(blocks: Iterable[bytes], tail_is_cut: Callable[[], bool] | None = None) -> Iterator[bytes]:
+def _split_lines(blocks: Iterable[bytes], tail_is_cut: Callable[[], bool] | None = None, begun: bytes = b"",
+                 at_block_end: Callable[[int, list[bytes]], None] | None = None) -> Iterator[bytes]:
     """The lines of a stream given in blocks. The pieces of a line that spans blocks are joined once,
     when its end arrives: prepending the unfinished line to each block copied a line spanning N
     blocks N times (one 200 MB line: 15 s instead of 0.15 s). Splitting each block on its own also spares
     the common case, many lines a block, a copy of the whole block. A tail without b"\\n" is a
-    last line unless `tail_is_cut()`, asked once the blocks have ended, says it is a cut one's piece."""
-    pieces: list[bytes] = []  # the line begun in earlier blocks, not ended yet
+    last line unless `tail_is_cut()`, asked once the blocks have ended, says it is a cut one's piece.
+    `begun` is a line's beginning read before the first block; `at_block_end(lines, pieces)`, where
+    given, is called after each block with the lines ended so far and the pieces of the next."""
+    pieces: list[bytes] = [begun] if begun else []  # the line begun in earlier blocks, not ended yet
+    ended = 0
     for block in blocks:
         lines = block.split(b"\n")
         end = lines.pop()
@@ -241,7 +291,10 @@ def _split_lines(blocks: Iterable[bytes], tail_is_cut: Callable[[], bool] | None
                 pieces.append(lines[0])
                 lines[0] = b"".join(pieces)
                 pieces.clear()
+            ended += len(lines)
             yield from lines
         pieces.append(end)
+        if at_block_end is not None:
+            at_block_end(ended, pieces)
     if (rest := b"".join(pieces)) and (tail_is_cut is None or not tail_is_cut()):
         yield rest

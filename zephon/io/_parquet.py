@@ -84,7 +84,8 @@ class Parquet:
         first_rows = (np.cumsum(sizes) - sizes)[sizes > 0] if sizes.sum() == metadata.num_rows else None
         return ShardScan(metadata.num_rows, seek=first_rows, raw_bytes=sum(group.total_byte_size for group in groups))
 
-    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None) -> np.ndarray | None:
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
+                    read_together: int) -> np.ndarray | None:
         return None if seek is None else np.append(seek, num_records)
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:

@@ -1,0 +1,166 @@
+"""Places inside a shard written as one gzip stream where this process's reads may start again.
+
+Such a shard has one entry point, its start (`_lines`): without these, every chunk read
+decompresses it from there up to its chunk, and a lane reads a dataset's chunks in a seeded
+order, so reading a shard of N chunks decompressed it about N / 2 times over. zlib's decoder can be
+copied, so a read notes, between compressed blocks, a copy of its decoder with the line it stood
+in (`ResumePoint`), a point every `spacing` decompressed bytes at most; a later read of the same
+shard in this process starts from the last point before its chunk's first line. After about one
+pass over a shard a chunk read decompresses at most about `spacing` bytes before its chunk.
+
+A copy costs about 38 KiB (zlib's 32 KiB window and its state), so points are few: at most
+POINTS_PER_SHARD a shard, every other one dropped and the shard's spacing doubled when there would
+be more (a shard of 64 MiB decompressed keeps points 1 MiB apart, one of 1 GiB 16 MiB apart), and
+at most POINTS_PER_PROCESS in all, thinned out the same way in the shard holding most: a process
+reading many shards keeps each one's points further apart, down to none (every chunk read from
+the shard's start, as without points) where it reads more than 256 spacings' worth: more than
+256 MiB of decompressed shards hold points 2 MiB apart, 64 GiB none. Planning's warning counts
+the spacing a dataset's shards settle at (`settled_spacing`).
+
+Only gzip: zstandard's decoders cannot be copied, so a shard written as one zstd stream is still
+decompressed from its start for every chunk (planning warns of it). Points are kept per process
+and never written anywhere: a worker process finds its own, and a shard whose version changes is
+another key (`ShardFile.planned_version`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Hashable
+
+from .. import _fork
+from ._compression import StreamPoint
+
+__all__ = ["FIRST_SPACING", "POINTS_PER_PROCESS", "POINTS_PER_SHARD", "ResumePoint", "ResumePoints", "resume_points",
+           "settled_spacing"]
+
+FIRST_SPACING = 1 << 20
+"""Decompressed bytes between a shard's points until it holds POINTS_PER_SHARD. A gzip stream
+decompresses at about 400 MB/s here, so a read from a point 1 MiB before its chunk spends under
+3 ms more than one from its chunk's first line."""
+
+POINTS_PER_SHARD = 64
+POINTS_PER_PROCESS = 256  # about 10 MiB of decoder copies
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A read may start at `stream` (`Decompression(point=...)`): the lines before it are
+    `line`, and `begun` is what was decompressed of line `line` before it."""
+
+    line: int
+    begun: bytes
+    stream: StreamPoint
+
+
+@dataclass
+class _ShardPoints:
+    spacing: int = FIRST_SPACING
+    offsets: list[int] = field(default_factory=list)  # each point's decompressed offset, ascending
+    points: list[ResumePoint] = field(default_factory=list)  # in the same order
+
+    def before_line(self, line: int) -> ResumePoint | None:
+        """The last point whose line is at or before `line` (points' lines ascend as their offsets do)."""
+        lines = [point.line for point in self.points]
+        at = bisect.bisect_right(lines, line)
+        return self.points[at - 1] if at else None
+
+    def wants(self, offset: int) -> bool:
+        """Whether a point at `offset` is at least `spacing` from both its neighbours."""
+        at = bisect.bisect_left(self.offsets, offset)
+        return ((at == 0 or offset - self.offsets[at - 1] >= self.spacing)
+                and (at == len(self.offsets) or self.offsets[at] - offset >= self.spacing))
+
+    def add(self, point: ResumePoint) -> None:
+        at = bisect.bisect_left(self.offsets, point.stream.decompressed)
+        self.offsets.insert(at, point.stream.decompressed)
+        self.points.insert(at, point)
+        if len(self.points) > POINTS_PER_SHARD:
+            self.thin()
+
+    def thin(self) -> None:
+        """Every other point dropped, and new ones noted twice as far apart."""
+        del self.offsets[1::2], self.points[1::2]
+        self.spacing *= 2
+
+
+class ResumePoints:
+    """The points this process noted, by shard. Thread-safe: reads of one shard on several threads
+    look up and note points under one lock (noting copies no decoder: the caller copied it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shards: OrderedDict[Hashable, _ShardPoints] = OrderedDict()  # least recently read first
+        self._count = 0
+
+    def before_line(self, shard: Hashable, line: int) -> ResumePoint | None:
+        """Where a read of `shard` wanting `line` on may start: the last point at or before it."""
+        with self._lock:
+            points = self._shards.get(shard)
+            if points is None:
+                return None
+            self._shards.move_to_end(shard)
+            return points.before_line(line)
+
+    def wants(self, shard: Hashable, offset: int) -> bool:
+        """Whether a point of `shard` at decompressed `offset` would be noted (asked before copying
+        a decoder for it)."""
+        with self._lock:
+            points = self._shards.get(shard)
+            return points is None or points.wants(offset)
+
+    def note(self, shard: Hashable, point: ResumePoint) -> None:
+        with self._lock:
+            points = self._shards.setdefault(shard, _ShardPoints())
+            self._shards.move_to_end(shard)
+            if not points.wants(point.stream.decompressed):  # another thread noted one near it meanwhile
+                return
+            self._count -= len(points.points)
+            points.add(point)
+            self._count += len(points.points)
+            while self._count > POINTS_PER_PROCESS:
+                self._make_room()
+
+    def _make_room(self) -> None:
+        """Thin out the points of the shard holding most (every other one, its spacing doubled),
+        so that shards read together share the process's points about evenly, as
+        `settled_spacing` counts on; a shard down to one point is forgotten, the least recently
+        read first."""
+        fullest = max(self._shards.values(), key=lambda points: len(points.points))
+        if len(fullest.points) > 1:
+            self._count -= len(fullest.points)
+            fullest.thin()
+            self._count += len(fullest.points)
+        else:
+            _, dropped = self._shards.popitem(last=False)
+            self._count -= len(dropped.points)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._shards.clear()
+            self._count = 0
+
+    def _renew_in_child(self) -> None:
+        """A child forked while another thread held the lock would wait on it for ever; its points
+        are the parent's copies, still right, but cleared so that each process holds only its own."""
+        self._lock = threading.Lock()
+        self._shards, self._count = OrderedDict(), 0
+
+
+def settled_spacing(raw_bytes: int, read_together: int) -> int:
+    """About how far apart a shard's points end up once read through, for planning's warning
+    (`_lines.DecompressedFromFrames`): `raw_bytes` decompressed, in a process reading shards of
+    `read_together` decompressed bytes in all (its dataset's) in a mixed order. Each shard holds at
+    most POINTS_PER_SHARD and they share POINTS_PER_PROCESS (`ResumePoints._make_room`)."""
+    spacing = FIRST_SPACING
+    while spacing < raw_bytes and (raw_bytes > spacing * POINTS_PER_SHARD
+                                   or read_together > spacing * POINTS_PER_PROCESS):
+        spacing *= 2
+    return spacing
+
+
+resume_points = ResumePoints()
+_fork.call_in_child(resume_points._renew_in_child)
