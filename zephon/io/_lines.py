@@ -26,7 +26,8 @@ import numpy as np
 
 from ._compression import Decompression, decoders_copy, decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
-from ._resume_points import FIRST_SPACING, ResumePoint, resume_points, settled_spacing
+from . import _resume_points
+from ._resume_points import ResumePoint, settled_spacing
 
 __all__ = ["UTF8_BOM", "DecompressedFromFrames", "entry_points", "read_lines", "scan_lines"]
 
@@ -221,7 +222,8 @@ def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) ->
     """The lines of a shard written as one stream from the last point this process noted at or
     before line `start` (its start where there is none), and that point's line; the read notes
     new points as it goes (`_resume_points`)."""
-    point = resume_points.before_line(key, start)
+    points = _resume_points.resume_points
+    point = points.before_line(key, start)
     if point is not None:
         f.seek(point.stream.compressed)
     decompression = Decompression(compression, point=None if point is None else point.stream)
@@ -230,11 +232,11 @@ def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) ->
 
     def note(lines_ended: int, pieces: list[bytes]) -> None:
         offset = decompression.decompressed_between_blocks
-        if offset is None or sum(map(len, pieces)) > FIRST_SPACING or not resume_points.wants(key, offset):
+        if offset is None or sum(map(len, pieces)) > points.first_spacing or not points.wants(key, offset):
             return  # not between compressed blocks, inside a line too long to keep, or near a point
         stream = decompression.point()
         if stream is not None:
-            resume_points.note(key, ResumePoint(first + lines_ended, b"".join(pieces), stream))
+            points.note(key, ResumePoint(first + lines_ended, b"".join(pieces), stream))
 
     at_block_end = note if decompression.notes_points else None
     return _split_lines(decompression.blocks(f), begun=begun, at_block_end=at_block_end), first

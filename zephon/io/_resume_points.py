@@ -58,7 +58,8 @@ class ResumePoint:
 
 @dataclass
 class _ShardPoints:
-    spacing: int = FIRST_SPACING
+    spacing: int
+    most: int  # points it may hold
     offsets: list[int] = field(default_factory=list)  # each point's decompressed offset, ascending
     points: list[ResumePoint] = field(default_factory=list)  # in the same order
 
@@ -78,7 +79,7 @@ class _ShardPoints:
         at = bisect.bisect_left(self.offsets, point.stream.decompressed)
         self.offsets.insert(at, point.stream.decompressed)
         self.points.insert(at, point)
-        if len(self.points) > POINTS_PER_SHARD:
+        if len(self.points) > self.most:
             self.thin()
 
     def thin(self) -> None:
@@ -91,7 +92,9 @@ class ResumePoints:
     """The points this process noted, by shard. Thread-safe: reads of one shard on several threads
     look up and note points under one lock (noting copies no decoder: the caller copied it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_spacing: int = FIRST_SPACING, per_shard: int = POINTS_PER_SHARD,
+                 per_process: int = POINTS_PER_PROCESS) -> None:
+        self.first_spacing, self._per_shard, self._per_process = first_spacing, per_shard, per_process
         self._lock = threading.Lock()
         self._shards: OrderedDict[Hashable, _ShardPoints] = OrderedDict()  # least recently read first
         self._count = 0
@@ -114,14 +117,16 @@ class ResumePoints:
 
     def note(self, shard: Hashable, point: ResumePoint) -> None:
         with self._lock:
-            points = self._shards.setdefault(shard, _ShardPoints())
+            points = self._shards.get(shard)
+            if points is None:
+                points = self._shards[shard] = _ShardPoints(self.first_spacing, self._per_shard)
             self._shards.move_to_end(shard)
             if not points.wants(point.stream.decompressed):  # another thread noted one near it meanwhile
                 return
             self._count -= len(points.points)
             points.add(point)
             self._count += len(points.points)
-            while self._count > POINTS_PER_PROCESS:
+            while self._count > self._per_process:
                 self._make_room()
 
     def _make_room(self) -> None:
@@ -138,10 +143,10 @@ class ResumePoints:
             _, dropped = self._shards.popitem(last=False)
             self._count -= len(dropped.points)
 
-    def clear(self) -> None:
+    def count(self) -> int:
+        """The points held, all shards'."""
         with self._lock:
-            self._shards.clear()
-            self._count = 0
+            return self._count
 
     def _renew_in_child(self) -> None:
         """A child forked while another thread held the lock would wait on it for ever; its points
@@ -163,4 +168,10 @@ def settled_spacing(raw_bytes: int, read_together: int) -> int:
 
 
 resume_points = ResumePoints()
-_fork.call_in_child(resume_points._renew_in_child)
+
+
+def _renew_in_child() -> None:
+    resume_points._renew_in_child()
+
+
+_fork.call_in_child(_renew_in_child)
