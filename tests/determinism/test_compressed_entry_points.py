@@ -1,7 +1,8 @@
 """A corpus of gzip or zstd JSON Lines shards written as many frames or members (cut inside lines,
 as `pzstd` and `bgzip` cut them) trains as the same records stored uncompressed or in one stream
 do: the same global-batch SHA-256s on every runner and world size, and after a resume on another
-world size, each chunk read entered at the frame holding its first line."""
+world size, each chunk read entered at the frame holding its first line; and one written as a
+single gzip stream, its reads starting from the resume points they noted (`_resume_points`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import zstandard
 
 from tests.harness import checkpoint_after, step_digests, text_pipeline
+from zephon.io import _compression, _resume_points
 
 STEPS = 6
 MAX_LENGTH = 2048  # about a KJV chapter a row: the steps take records from many chunks, not a few
@@ -26,17 +28,18 @@ def _lines_of(kjv: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def kjv_stored(tmp_path_factory, demo_data_dir) -> dict[str, Path]:
-    """The shipped KJV shards stored four ways: uncompressed, in one zstd stream (as shipped), in
-    zstd frames and in gzip members of `_PIECE` bytes of text."""
+    """The shipped KJV shards stored five ways: uncompressed, in one zstd stream (as shipped), in one
+    gzip stream, in zstd frames and in gzip members of `_PIECE` bytes of text."""
     codecs = {"zst": zstandard.ZstdCompressor().compress, "gz": gzip.compress}
     stored = {}
-    for way in ("plain", "zstd stream", "zstd frames", "gzip members"):
+    for way in ("plain", "zstd stream", "gzip stream", "zstd frames", "gzip members"):
         root = stored[way] = tmp_path_factory.mktemp(way.replace(" ", "-"))
         for name, text in _lines_of(demo_data_dir / "kjv").items():
             if way == "plain":
                 (root / name).write_bytes(text)
-            elif way == "zstd stream":
-                (root / f"{name}.zst").write_bytes(codecs["zst"](text))
+            elif way in ("zstd stream", "gzip stream"):
+                suffix = "zst" if way == "zstd stream" else "gz"
+                (root / f"{name}.{suffix}").write_bytes(codecs[suffix](text))
             else:
                 suffix = "zst" if way == "zstd frames" else "gz"
                 pieces = (codecs[suffix](text[at:at + _PIECE]) for at in range(0, len(text), _PIECE))
@@ -50,15 +53,24 @@ def reference(kjv_stored, demo_data_dir, demo_tokenizer_path) -> list[str]:
                                       max_length=MAX_LENGTH), 1, STEPS)
 
 
+@pytest.fixture
+def close_resume_points(monkeypatch) -> None:
+    """Resume points 8 KiB apart, read in blocks of 1 KiB: a gzip stream's reads start from many."""
+    monkeypatch.setattr(_resume_points, "resume_points", _resume_points.ResumePoints(first_spacing=8192))
+    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", 1024)
+
+
 @pytest.mark.parametrize("way, runner, world_size", [
     ("zstd stream", "inline", 1), ("zstd frames", "thread", 4), ("gzip members", "process", 2),
-    ("zstd frames", "inline", 2),
+    ("zstd frames", "inline", 2), ("gzip stream", "thread", 4), ("gzip stream", "process", 2),
 ])
 def test_compressed_shards_give_the_global_batches_their_records_give_uncompressed(
-        reference, kjv_stored, demo_data_dir, demo_tokenizer_path, way, runner, world_size):
+        reference, kjv_stored, demo_data_dir, demo_tokenizer_path, close_resume_points, way, runner, world_size):
     pipeline = text_pipeline(demo_data_dir / "jargon", kjv_stored[way], demo_tokenizer_path, runner=runner,
                              parallelism=2, max_length=MAX_LENGTH)
     assert step_digests(pipeline, world_size, STEPS) == reference
+    if way == "gzip stream" and runner == "thread":  # read on this process's threads, from the points they noted
+        assert _resume_points.resume_points.count() > 10
 
 
 def test_a_run_reading_shards_of_many_frames_resumes_on_another_world_size(

@@ -7,6 +7,7 @@ none of its parent's."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import multiprocessing
 import random
@@ -205,3 +206,31 @@ def test_planning_warns_of_a_large_gzip_stream_only_where_its_points_would_be_fa
     assert Dataset.from_path("gz", str(tmp_path / "gz")).wasteful_decoding(128) is None
     said = Dataset.from_path("zst", str(tmp_path / "zst")).wasteful_decoding(128)
     assert said is not None and "hold up to 12,000 records" in said
+
+
+@pytest.mark.parametrize("layout", ["one member", "members ending inside blocks", "padded members"])
+def test_a_decompression_from_any_point_it_gave_decodes_the_rest_of_the_stream(monkeypatch, layout):
+    """Every point a pass gives, between two compressed blocks, starts a pass that decompresses
+    exactly what follows it: never where a member ended inside a block with more to decode."""
+    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", 300)
+    text = b"".join(b"line %d %s\n" % (i, b"abc" * (i % 50)) for i in range(2000))
+    if layout == "one member":
+        stream = gzip.compress(text)
+    else:
+        cuts = range(0, len(text), 1700)
+        padding = b"\0" * 7 if layout == "padded members" else b""
+        stream = b"".join(gzip.compress(text[at:at + 1700]) + padding for at in cuts)
+    pass_ = _compression.Decompression("gzip")
+    source = io.BytesIO(stream)
+    decoded, points = b"", []
+    for block in pass_.blocks(source):
+        decoded += block
+        if (point := pass_.point()) is not None:
+            assert point.decompressed == len(decoded)
+            points.append(point)
+    assert decoded == text and len(points) > 20
+    for point in points:
+        source = io.BytesIO(stream)
+        source.seek(point.compressed)
+        rest = b"".join(_compression.Decompression("gzip", point=point).blocks(source))
+        assert rest == text[point.decompressed:]
