@@ -2,8 +2,11 @@
 
 The shipped corpus (both datasets, 3,496 records, 5.6 MB of text) written to a temporary directory
 as JSON Lines (and compressed with zstd, one shard, which every chunk read decompresses from its
-start; and in zstd frames or gzip members of 1,000 lines each, as pzstd and bgzip write many, which
-a chunk read enters at the one holding its first line), as Parquet (row groups of 1,000 rows,
+start; with gzip, one shard, read in a lane's seeded order from the resume points earlier rounds
+noted, with none at each round's start, and with none at all, every read from its start; and in
+zstd frames or gzip members of 1,000 lines
+each, as pzstd and bgzip write many, which a chunk read enters at the one holding its first
+line), as Parquet (row groups of 1,000 rows,
 pyarrow's default compression, snappy; and in one row group, as `pyarrow.parquet.write_table` writes
 up to 1,048,576 rows) and as an Arrow stream in record batches of 1,000 rows, as Hugging Face
 `datasets`' `save_to_disk` writes it (and in one record batch, as a writer's `write_table` does with
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import time
 from pathlib import Path
 
@@ -32,7 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from zephon.io import Dataset, _arrow
+from zephon.io import Dataset, _arrow, _lines, _resume_points
 
 DATA = Path(__file__).resolve().parents[1] / "zephon" / "data"
 CHUNK = 128
@@ -42,6 +46,9 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "jsonl": "jsonl",
     "jsonl.zst, one shard": "jsonl_zst",
     "jsonl.zst, one shard in frames": "jsonl_zst_frames",
+    "jsonl.gz, one shard": "jsonl_gz",
+    "jsonl.gz, one shard, no resume point yet": "jsonl_gz",
+    "jsonl.gz, one shard, resume points off": "jsonl_gz",
     "jsonl.gz, one shard in members": "jsonl_gz_members",
     "parquet": "parquet",
     "parquet, one row group": "parquet_one_group",
@@ -70,6 +77,7 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
     lines = [(json.dumps(r) + "\n").encode() for r in records]
     (root / "jsonl" / "corpus.jsonl").write_bytes(b"".join(lines))
     (root / "jsonl_zst" / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines)))
+    (root / "jsonl_gz" / "corpus.jsonl.gz").write_bytes(gzip.compress(b"".join(lines)))
     pieces = [b"".join(lines[k:k + BATCH_ROWS]) for k in range(0, len(lines), BATCH_ROWS)]
     (root / "jsonl_zst_frames" / "corpus.jsonl.zst").write_bytes(
         b"".join(map(zstandard.ZstdCompressor().compress, pieces)))
@@ -98,19 +106,28 @@ def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, kind:
         monkeypatch.setattr(_arrow, "_validate", lambda batch: None)
     dataset = Dataset.from_path("corpus", str(root / DIRECTORY[kind]))
     chunks = dataset.chunks(CHUNK)
+    forget = None
+    if kind.startswith("jsonl.gz, one shard"):  # in a lane's seeded order, as resume points meet it
+        chunks = random.Random(0).sample(chunks, len(chunks))
+        _resume_points.resume_points.forget()  # no point left by an earlier kind
+        if kind.endswith("no resume point yet"):
+            forget = _resume_points.resume_points.forget
+        if kind.endswith("resume points off"):  # every read from the shard's start, as before them
+            monkeypatch.setattr(_lines, "_resume_key", lambda shard: None)
 
-    records, mean = _read_in_rounds(benchmark, dataset, chunks)
+    records, mean = _read_in_rounds(benchmark, dataset, chunks, setup=forget)
     assert records == dataset.num_records == 3496
     record_build.update(records_per_s=round(records / mean), text_mb_per_s=round(text_bytes / mean / 1e6, 1))
 
 
-def _read_in_rounds(benchmark, dataset: Dataset, chunks: list) -> tuple[int, float]:
-    """The records of `chunks`, read `ROUNDS` times after one warm-up round, and a round's mean seconds."""
+def _read_in_rounds(benchmark, dataset: Dataset, chunks: list, setup=None) -> tuple[int, float]:
+    """The records of `chunks`, read `ROUNDS` times after one warm-up round (`setup()` before each
+    round, where given), and a round's mean seconds."""
     def read() -> int:
         return sum(len(dataset.read_chunk(chunk).records) for chunk in chunks)
 
     started = time.perf_counter()
-    records = benchmark.pedantic(read, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    records = benchmark.pedantic(read, rounds=ROUNDS, iterations=1, warmup_rounds=1, setup=setup)
     mean = benchmark.stats.stats.mean if benchmark.stats else (time.perf_counter() - started) / (ROUNDS + 1)
     return records, mean
 

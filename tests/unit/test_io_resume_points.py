@@ -175,6 +175,7 @@ def _count_in_child(queue) -> None:
     queue.put(_resume_points.resume_points.count())
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_forked_child_holds_none_of_its_parent_s_points(tmp_path, points):
     _write(tmp_path / "one", _records(600, seed=9))
     ds = Dataset.from_path("one", str(tmp_path / "one"))

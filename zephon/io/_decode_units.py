@@ -6,7 +6,8 @@ group before a chunk's first row, so a Parquet chunk read decodes its row group 
 up to the chunk's end (`_parquet`), and an Arrow chunk read decodes its record batches whole
 (`_arrow`). A gzip or zstd stream cannot be entered in its middle either: a chunk read of a
 compressed JSON Lines or text shard decompresses the zstd frame or gzip member holding its first
-line from its start, the whole shard's start where the shard is one stream (`_lines`).
+line from its start, the whole shard's start where the shard is one stream (`_lines`), or, one
+gzip stream, from the last resume point this process noted before the chunk (`_resume_points`).
 
 Units of about a chunk cost little: `datasets`' 1,000-row batches read a chunk of 128 records in
 half a JSON Lines chunk's time (`benchmarks/test_reader_bench.py`). Units of many chunks decode

@@ -148,11 +148,16 @@ class ResumePoints:
         with self._lock:
             return self._count
 
+    def forget(self) -> None:
+        """Drop every point: reads start from their shards' starts again until they note new ones."""
+        with self._lock:
+            self._shards, self._count = OrderedDict(), 0
+
     def _renew_in_child(self) -> None:
         """A child forked while another thread held the lock would wait on it for ever; its points
-        are the parent's copies, still right, but cleared so that each process holds only its own."""
+        are the parent's copies, still right, but forgotten so that each process holds only its own."""
         self._lock = threading.Lock()
-        self._shards, self._count = OrderedDict(), 0
+        self.forget()
 
 
 def settled_spacing(raw_bytes: int, read_together: int) -> int:
