@@ -14,6 +14,7 @@ frames are frames the decoder itself passes over.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
@@ -82,6 +83,7 @@ _CODECS: dict[str, Callable[[], _Codec]] = {
 }
 
 
+@functools.cache
 def decoders_copy(compression: str) -> bool:
     """Whether the codec's decoders can be copied, so that a pass notes points (`Decompression.point`)."""
     return hasattr(_CODECS[compression]()[0](), "copy")

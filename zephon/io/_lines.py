@@ -24,9 +24,9 @@ from typing import BinaryIO, ClassVar
 
 import numpy as np
 
+from . import _resume_points
 from ._compression import Decompression, decoders_copy, decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
-from . import _resume_points
 from ._resume_points import ResumePoint, settled_spacing
 
 __all__ = ["UTF8_BOM", "DecompressedFromFrames", "entry_points", "read_lines", "scan_lines"]
