@@ -110,6 +110,20 @@ def test_a_read_after_the_first_pass_decompresses_about_its_chunk_and_a_spacing(
     assert sum(decompressed) < first_pass_from_start / 10
 
 
+def test_no_point_keeps_more_of_an_unfinished_line_than_the_longest_begun(tmp_path, points, monkeypatch):
+    monkeypatch.setattr(_resume_points, "LONGEST_BEGUN", 1000)
+    records = _records(1500, seed=10)
+    _write(tmp_path / "one", records)
+    ds = Dataset.from_path("one", str(tmp_path / "one"))
+    chunks = ds.chunks(16)
+    order = random.Random(3).sample(range(len(chunks)), len(chunks))
+    got = dict(zip(order, _read_in(ds, [chunks[k] for k in order])))
+    assert [r for k in range(len(chunks)) for r in got[k]] == records
+    kept = [point for shard in points._shards.values() for point in shard.points]
+    assert len(kept) > 10 and max(len(point.begun) for point in kept) <= 1000
+    assert any(point.begun for point in kept)  # some stand inside a line
+
+
 def test_reads_on_threads_at_once_give_the_records(tmp_path, points):
     records = _records(1200, seed=3)
     _write(tmp_path / "one", records, member_at=5)  # one entry point still; a point may stand after a member

@@ -232,7 +232,7 @@ def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) ->
 
     def note(lines_ended: int, pieces: list[bytes]) -> None:
         offset = decompression.decompressed_between_blocks
-        if offset is None or sum(map(len, pieces)) > points.first_spacing or not points.wants(key, offset):
+        if offset is None or sum(map(len, pieces)) > _resume_points.LONGEST_BEGUN or not points.wants(key, offset):
             return  # not between compressed blocks, inside a line too long to keep, or near a point
         stream = decompression.point()
         if stream is not None:

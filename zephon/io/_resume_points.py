@@ -34,8 +34,8 @@ from typing import Hashable
 from .. import _fork
 from ._compression import StreamPoint
 
-__all__ = ["FIRST_SPACING", "POINTS_PER_PROCESS", "POINTS_PER_SHARD", "ResumePoint", "ResumePoints", "resume_points",
-           "settled_spacing"]
+__all__ = ["FIRST_SPACING", "LONGEST_BEGUN", "POINTS_PER_PROCESS", "POINTS_PER_SHARD", "ResumePoint", "ResumePoints",
+           "resume_points", "settled_spacing"]
 
 FIRST_SPACING = 1 << 20
 """Decompressed bytes between a shard's points until it holds POINTS_PER_SHARD. A gzip stream
@@ -44,6 +44,12 @@ decompresses at about 400 MB/s here, so a read from a point 1 MiB before its chu
 
 POINTS_PER_SHARD = 64
 POINTS_PER_PROCESS = 256  # about 10 MiB of decoder copies
+
+LONGEST_BEGUN = 1 << 15
+"""The most of an unfinished line a point keeps (`ResumePoint.begun`): between two compressed
+blocks inside a longer line no point is noted, so that 256 points hold at most 8 MiB of text
+besides their decoders. A compressed block decompresses to about 250 KiB of text, so in a shard
+of lines of megabytes about one line in eight still has a point near its start."""
 
 
 @dataclass(frozen=True)
