@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from tests.fuzz.conftest import fuzz_settings
 from tests.reliability.harness import assert_ledger_balances, run_epoch, text_pipeline
 from zephon import BadRecordError, ConfigurationError
-from zephon.io import REASONS, Dataset, ShardUnavailableError, _dataset
+from zephon.io import REASONS, Dataset, ShardUnavailableError, _compression, _dataset, _lines, _resume_points
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -173,6 +173,53 @@ def test_jsonl_reader_accounts_for_every_line(body, final_newline, compression, 
             expected = [_expected_reason(line) for line in slots]
             assert dataset.num_records == len(expected)
             assert skipped == sum(r is not None for r in expected)
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(
+    body=st.lists(lines | st.binary(min_size=200, max_size=3000).map(lambda b: b.replace(b"\n", b"")), min_size=1,
+                  max_size=60),
+    bom=st.booleans(),
+    member_end=st.none() | st.integers(1, 15),
+    padding=st.integers(0, 3),
+    cut=st.none() | st.floats(0, 1),
+    block=st.integers(4, 64),
+    spacing=st.integers(1, 300),
+    longest_begun=st.integers(0, 4000),
+    records_per_chunk=st.integers(1, 7),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_gzip_stream_read_from_resume_points_gives_what_its_start_gives(
+        body, bom, member_end, padding, cut, block, spacing, longest_begun, records_per_chunk, order):
+    """Reads of a shard written as one gzip stream (or as members whose first lines all fall in its
+    first SEEK_STRIDE lines: one entry point still, and a point may stand after a member), in any
+    order and entering at the resume points earlier reads noted (`_resume_points`), give each chunk
+    the records and skips a read from the shard's start gives, a stream cut short included."""
+    data = (b"\xef\xbb\xbf" if bom else b"") + b"".join(line + b"\n" for line in body)
+    lines_of = data.split(b"\n")
+    first = b"".join(line + b"\n" for line in lines_of[:member_end]) if member_end else data
+    stored = gzip.compress(first) + b"\0" * padding + (gzip.compress(data[len(first):]) if member_end else b"")
+    if cut is not None:
+        stored = stored[: int(len(stored) * cut)]
+    store = _resume_points.ResumePoints(first_spacing=spacing)
+    with shard_dir() as root, mock.patch.object(_resume_points, "resume_points", store), \
+            mock.patch.object(_compression, "_COMPRESSED_BLOCK_SIZE", block), \
+            mock.patch.object(_resume_points, "LONGEST_BEGUN", longest_begun):
+        (root / "shard.jsonl.gz").write_bytes(stored)
+        dataset = plan(root, "shard", intact=cut is None and not _one_array(data))
+        if dataset is None:
+            return
+        chunks = dataset.chunks(records_per_chunk)
+        with mock.patch.object(_lines, "_resume_key", lambda shard: None):
+            from_start = [_read(dataset, chunk) for chunk in chunks]
+        shuffled = order.sample(range(len(chunks)), len(chunks))
+        for k in shuffled + shuffled[::-1]:  # the second time round, from the points the first noted
+            assert _read(dataset, chunks[k]) == from_start[k], k
+
+
+def _read(dataset: Dataset, chunk) -> tuple:
+    out = dataset.read_chunk(chunk, on_error="skip")
+    return out.records, out.addresses, out.skipped
 
 
 # -- WebDataset tar -----------------------------------------------------------------------------
