@@ -4,18 +4,19 @@ Such a shard has one entry point, its start (`_lines`): without these, every chu
 decompresses it from there up to its chunk, and a lane reads a dataset's chunks in a seeded
 order, so reading a shard of N chunks decompressed it about N / 2 times over. zlib's decoder can be
 copied, so a read notes, between compressed blocks, a copy of its decoder with the line it stood
-in (`ResumePoint`), a point every `spacing` decompressed bytes at most; a later read of the same
+in (`ResumePoint`), points at least `spacing` decompressed bytes apart; a later read of the same
 shard in this process starts from the last point before its chunk's first line. After about one
-pass over a shard a chunk read decompresses at most about `spacing` bytes before its chunk.
+pass over a shard a chunk read decompresses about `spacing` bytes before its chunk, at most two
+spacings and a compressed block's output (`tests/unit/test_io_resume_points.py`).
 
 A copy costs about 38 KiB (zlib's 32 KiB window and its state), so points are few: at most
 POINTS_PER_SHARD a shard, every other one dropped and the shard's spacing doubled when there would
 be more (a shard of 64 MiB decompressed keeps points 1 MiB apart, one of 1 GiB 16 MiB apart), and
 at most POINTS_PER_PROCESS in all, thinned out the same way in the shard holding most: a process
-reading many shards keeps each one's points further apart, down to none (every chunk read from
-the shard's start, as without points) where it reads more than 256 spacings' worth: more than
-256 MiB of decompressed shards hold points 2 MiB apart, 64 GiB none. Planning's warning counts
-the spacing a dataset's shards settle at (`settled_spacing`).
+reading D decompressed bytes of such shards in a mixed order keeps their points about D / 256
+apart (512 MiB of shards: 2 MiB apart), and a shard shorter than that holds none, every chunk of
+it read from its start as without points (256 shards of 256 MiB: none in any). Planning's
+warning counts the spacing a dataset's shards settle at (`settled_spacing`).
 
 Only gzip: zstandard's decoders cannot be copied, so a shard written as one zstd stream is still
 decompressed from its start for every chunk (planning warns of it). Points are kept per process
@@ -122,6 +123,8 @@ class ResumePoints:
             return points is None or points.wants(offset)
 
     def note(self, shard: Hashable, point: ResumePoint) -> None:
+        """Keep `point` of `shard`, unless another read noted one near it meanwhile; then thin
+        out points where there are more than the bounds take."""
         with self._lock:
             points = self._shards.get(shard)
             if points is None:
@@ -160,8 +163,9 @@ class ResumePoints:
             self._shards, self._count = OrderedDict(), 0
 
     def _renew_in_child(self) -> None:
-        """A child forked while another thread held the lock would wait on it for ever; its points
-        are the parent's copies, still right, but forgotten so that each process holds only its own."""
+        """A child forked while another thread held the lock would wait on it for ever, and its
+        points are forgotten too: a thread of the parent may have been copying one's decoder,
+        whose own lock the child would then find held."""
         self._lock = threading.Lock()
         self.forget()
 
