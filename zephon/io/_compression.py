@@ -149,11 +149,6 @@ class Decompression:
         self._between_blocks = False  # whether `_state` is where the pass stands, as `blocks` last yielded
 
     @property
-    def notes_points(self) -> bool:
-        """Whether `point` can give one: the codec's decoder can be copied (`decoders_copy`)."""
-        return hasattr(self._state[2], "copy")
-
-    @property
     def decompressed_between_blocks(self) -> int | None:
         """The bytes decompressed so far where the last block yielded ended a compressed block
         (the only places `point` can note), None elsewhere."""
@@ -163,7 +158,7 @@ class Decompression:
         """Where the pass stands, if the last block yielded ended a compressed block and the
         codec's decoder can be copied; None otherwise. The copy is taken now, before `blocks`
         feeds the decoder again."""
-        if not self._between_blocks or not self.notes_points:
+        if not self._between_blocks or not decoders_copy(self.compression):
             return None
         read, decompressed, decoder, inside_frame, after_frame = self._state
         return StreamPoint(read, decompressed, decoder.copy(), inside_frame, after_frame)

@@ -196,7 +196,7 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
             f.seek(int(seek[0, point]))
             first = int(seek[1, point])
             blocks = _after(decompressed_blocks(f, shard.compression), int(seek[2, point]))
-        elif shard.compression is not None and (key := _resume_key(shard)) is not None:
+        elif shard.compression is not None and decoders_copy(shard.compression) and (key := _resume_key(shard)):
             read, first = _from_resume_point(f, shard.compression, key, start)
         else:
             blocks = decompressed_blocks(f, shard.compression)
@@ -219,7 +219,8 @@ def _resume_key(shard: ShardFile) -> tuple | None:
 
 
 def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) -> tuple[Iterator[bytes], int]:
-    """The lines of a shard written as one stream from the last point this process noted at or
+    """The lines of a shard written as one stream, in a codec whose decoders copy (`decoders_copy`),
+    from the last point this process noted at or
     before line `start` (its start where there is none), and that point's line; the read notes
     new points as it goes (`_resume_points`)."""
     points = _resume_points.resume_points
@@ -238,8 +239,7 @@ def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) ->
         if stream is not None:
             points.note(key, ResumePoint(first + lines_ended, b"".join(pieces), stream))
 
-    at_block_end = note if decompression.notes_points else None
-    return _split_lines(decompression.blocks(f), begun=begun, at_block_end=at_block_end), first
+    return _split_lines(decompression.blocks(f), begun=begun, at_block_end=note), first
 
 
 def _after(blocks: Iterator[bytes], skipped: int) -> Iterator[bytes]:

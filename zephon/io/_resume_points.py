@@ -67,32 +67,36 @@ class ResumePoint:
 class _ShardPoints:
     spacing: int
     most: int  # points it may hold
-    offsets: list[int] = field(default_factory=list)  # each point's decompressed offset, ascending
-    points: list[ResumePoint] = field(default_factory=list)  # in the same order
+    points: list[ResumePoint] = field(default_factory=list)  # by decompressed offset (their lines ascend too)
 
     def before_line(self, line: int) -> ResumePoint | None:
-        """The last point whose line is at or before `line` (points' lines ascend as their offsets do)."""
-        lines = [point.line for point in self.points]
-        at = bisect.bisect_right(lines, line)
+        """The last point whose line is at or before `line`."""
+        at = bisect.bisect_right(self.points, line, key=_line)
         return self.points[at - 1] if at else None
 
     def wants(self, offset: int) -> bool:
         """Whether a point at `offset` is at least `spacing` from both its neighbours."""
-        at = bisect.bisect_left(self.offsets, offset)
-        return ((at == 0 or offset - self.offsets[at - 1] >= self.spacing)
-                and (at == len(self.offsets) or self.offsets[at] - offset >= self.spacing))
+        at = bisect.bisect_left(self.points, offset, key=_offset)
+        return ((at == 0 or offset - _offset(self.points[at - 1]) >= self.spacing)
+                and (at == len(self.points) or _offset(self.points[at]) - offset >= self.spacing))
 
     def add(self, point: ResumePoint) -> None:
-        at = bisect.bisect_left(self.offsets, point.stream.decompressed)
-        self.offsets.insert(at, point.stream.decompressed)
-        self.points.insert(at, point)
+        bisect.insort_left(self.points, point, key=_offset)
         if len(self.points) > self.most:
             self.thin()
 
     def thin(self) -> None:
         """Every other point dropped, and new ones noted twice as far apart."""
-        del self.offsets[1::2], self.points[1::2]
+        del self.points[1::2]
         self.spacing *= 2
+
+
+def _line(point: ResumePoint) -> int:
+    return point.line
+
+
+def _offset(point: ResumePoint) -> int:
+    return point.stream.decompressed
 
 
 class ResumePoints:
@@ -104,7 +108,6 @@ class ResumePoints:
         self.first_spacing, self._per_shard, self._per_process = first_spacing, per_shard, per_process
         self._lock = threading.Lock()
         self._shards: OrderedDict[Hashable, _ShardPoints] = OrderedDict()  # least recently read first
-        self._count = 0
 
     def before_line(self, shard: Hashable, line: int) -> ResumePoint | None:
         """Where a read of `shard` wanting `line` on may start: the last point at or before it."""
@@ -132,10 +135,8 @@ class ResumePoints:
             self._shards.move_to_end(shard)
             if not points.wants(point.stream.decompressed):  # another thread noted one near it meanwhile
                 return
-            self._count -= len(points.points)
             points.add(point)
-            self._count += len(points.points)
-            while self._count > self._per_process:
+            while self._held() > self._per_process:
                 self._make_room()
 
     def _make_room(self) -> None:
@@ -145,22 +146,22 @@ class ResumePoints:
         read first."""
         fullest = max(self._shards.values(), key=lambda points: len(points.points))
         if len(fullest.points) > 1:
-            self._count -= len(fullest.points)
             fullest.thin()
-            self._count += len(fullest.points)
         else:
-            _, dropped = self._shards.popitem(last=False)
-            self._count -= len(dropped.points)
+            self._shards.popitem(last=False)
+
+    def _held(self) -> int:
+        return sum(len(points.points) for points in self._shards.values())
 
     def count(self) -> int:
         """The points held, all shards'."""
         with self._lock:
-            return self._count
+            return self._held()
 
     def forget(self) -> None:
         """Drop every point: reads start from their shards' starts again until they note new ones."""
         with self._lock:
-            self._shards, self._count = OrderedDict(), 0
+            self._shards = OrderedDict()
 
     def _renew_in_child(self) -> None:
         """A child forked while another thread held the lock would wait on it for ever, and its
