@@ -9,12 +9,13 @@ those microseconds is taken from the workers.
 
 Image: each reply is a decoded image of the race's VLM recipe (448 × 336 RGB, 441 KiB), which the
 parent copies into a batch array and lets go, through the worker's reply arena or (arena off) a
-buffer file of its own. Timed: the CPU of the parent and of the workers together, per item.
+buffer file of its own, or (arena off, the buffer directory's filesystem full) the pipe. Timed: the
+CPU of the parent and of the workers together, per item.
 
 Encoded row: each item is what the parent sends to have one row of the race's VLM recipe decoded,
 six encoded images of 30 KB (the race's mean), through the runner's request arena or (arena off) a
-buffer file per item; the worker reads every byte and answers with a number. Timed: the CPU of the
-parent and of the workers together, per item.
+buffer file per item, or the pipe as above; the worker reads every byte and answers with a number.
+Timed: the CPU of the parent and of the workers together, per item.
 
     python -m pytest benchmarks/test_transport_bench.py --benchmark-only    # under a minute
 
@@ -24,13 +25,14 @@ parent and of the workers together, per item.
 from __future__ import annotations
 
 import collections
+import errno
 import resource
 
 import numpy as np
 import pytest
 
 from benchmarks.race.workers._runtime import tree_cpu_s
-from runners import ProcessRunner
+from runners import ProcessRunner, _transport
 from zephon._runner import Stage
 
 ITEMS = 3_000
@@ -97,13 +99,21 @@ def test_process_runner_round_trip_of_a_text_chunk_reply(benchmark, record_build
 
 
 IMAGES = 1_000
+PATHS = ["arena", "files", "pipe (shm full)"]
 
 
-@pytest.mark.parametrize("arena", ["arena", "files"])
-def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, arena) -> None:
+def no_room(fd: int, buffer: memoryview, offset: int) -> None:
+    """A buffer file's write on a full filesystem (a container's small /dev/shm)."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("arena", PATHS)
+def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, arena, monkeypatch) -> None:
     image = np.random.default_rng(0).integers(0, 256, (336, 448, 3), dtype=np.uint8)
     batch = np.empty((IN_FLIGHT, *image.shape), dtype=np.uint8)
     options = {} if arena == "arena" else {"reply_arena_bytes": 0}
+    if arena == "pipe (shm full)":
+        monkeypatch.setattr(_transport, "_pwrite_all", no_room)  # the workers forked after inherit it
     with ProcessRunner(**options) as runner:
         runner.start([Stage("decoded", lambda _: image, WORKERS)])
         for _ in range(50):
@@ -119,6 +129,7 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         np.testing.assert_array_equal(runner.submit(0, 0).result(10), image)
+        assert (runner.stats().shm_full_bytes > 0) == (arena == "pipe (shm full)")  # the path named was taken
     record_layout(record_build)
     record_build["images_per_round"] = IMAGES
     record_build["cpu_us_per_image_last_round"] = round(cpu / IMAGES * 1e6, 1)
@@ -127,11 +138,13 @@ def test_process_runner_round_trip_of_a_decoded_image(benchmark, record_build, a
 ROWS = 2_000
 
 
-@pytest.mark.parametrize("arena", ["arena", "files"])
-def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_build, arena) -> None:
+@pytest.mark.parametrize("arena", PATHS)
+def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_build, arena, monkeypatch) -> None:
     rng = np.random.default_rng(0)
     rows = [[rng.integers(0, 256, 30_000, dtype=np.uint8) for _ in range(6)] for _ in range(IN_FLIGHT)]
     options = {} if arena == "arena" else {"request_arena_bytes": 0}
+    if arena == "pipe (shm full)":
+        monkeypatch.setattr(_transport, "_pwrite_all", no_room)
     with ProcessRunner(**options) as runner:
         runner.start([Stage("checksum", lambda row: sum(int(image.sum()) for image in row), WORKERS)])
         for _ in range(50):
@@ -144,6 +157,7 @@ def test_process_runner_request_of_a_row_of_encoded_images(benchmark, record_bui
 
         cpu = benchmark.pedantic(run, rounds=3, iterations=1)
         assert runner.submit(0, rows[1]).result(10) == sum(int(image.sum()) for image in rows[1])
+        assert (runner.stats().shm_full_bytes > 0) == (arena == "pipe (shm full)")
     record_layout(record_build)
     record_build["rows_per_round"] = ROWS
     record_build["cpu_us_per_row_last_round"] = round(cpu / ROWS * 1e6, 1)

@@ -15,6 +15,12 @@ page faults.
 Only C- or Fortran-contiguous buffers take the shared-memory path; NumPy pickles a non-contiguous
 array in-band as a copy.
 
+A buffer file that the directory's filesystem has no room for (a container's /dev/shm, 64 MiB by
+Docker's default, filled by replies that did not fit their arena) is not an error of the item: its
+buffers go in-band instead, through the pipe, whole (a large array slower), and the envelope says
+how many bytes went so (`shm_full_bytes`) for the runner to count and warn of. Before, the write's ENOSPC
+failed the item, and with it the loader, of a job whose data was fine.
+
 One-dimensional arrays of plain numbers (token ids, lengths: most of what crosses) are pickled as a
 single `numpy.frombuffer` call on their buffer instead of NumPy's own reduction, which goes through
 a Python helper and a reshape on receipt. Sixteen token arrays (a text chunk) unpickle in 7 instead
@@ -31,6 +37,7 @@ allocates its blocks under its own lock.
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import mmap
 import os
@@ -45,7 +52,10 @@ import numpy as np
 from ._arena import Arena, layout
 from ._libc import MAP_FAILED, libc
 
-__all__ = ["Envelope", "decode", "discard", "encode"]
+__all__ = ["Envelope", "decode", "discard", "encode", "shm_full_warning"]
+
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""A buffer file's write errors that say its filesystem has no room for it."""
 
 
 class Envelope(NamedTuple):
@@ -53,13 +63,15 @@ class Envelope(NamedTuple):
 
     The buffers wait in the file at `path`, or in the block of the sender's arena that `block`
     gives as (offset, length); `spans` are each buffer's (offset, length) in the file or
-    the block.
+    the block. `shm_full_bytes` are those of buffers that went in the stream because the
+    directory's filesystem was full (module docstring).
     """
 
     stream: bytes
     path: str | None
     spans: tuple[tuple[int, int], ...]
     block: tuple[int, int] | None = None
+    shm_full_bytes: int = 0
 
     @property
     def shm_bytes(self) -> int:
@@ -68,7 +80,8 @@ class Envelope(NamedTuple):
 
 def encode(obj: Any, directory: str, threshold: int, arena: Arena | None = None) -> Envelope:
     """Pickle `obj`, writing buffers of at least `threshold` bytes into a block of `arena` when
-    one is given and has room, else into a new file in `directory`."""
+    one is given and has room, else into a new file in `directory`, else, where its filesystem is
+    full, into the stream."""
     large: list[memoryview] = []
 
     def route(buffer: pickle.PickleBuffer) -> bool:
@@ -87,13 +100,20 @@ def encode(obj: Any, directory: str, threshold: int, arena: Arena | None = None)
         block, spans = placed
         return Envelope(stream, None, spans, block)
     path = os.path.join(directory, uuid.uuid4().hex)
-    return Envelope(stream, path, _write(path, large))
+    try:
+        return Envelope(stream, path, _write(path, large))
+    except OSError as error:
+        if error.errno not in _FULL:
+            raise
+    in_band = io.BytesIO()
+    _Pickler(in_band, protocol=5).dump(obj)
+    return Envelope(in_band.getvalue(), None, (), None, sum(buffer.nbytes for buffer in large))
 
 
 def decode(envelope: Envelope, arena: Arena | None = None) -> Any:
     """The object back; its large buffers are views of the (already unlinked) file's pages, or of
     the block the envelope names in `arena`, the one the sender wrote into."""
-    stream, path, spans, block = envelope
+    stream, path, spans, block, _ = envelope
     if block is not None:
         view = arena.receive(*block)
     elif path is not None:
@@ -124,6 +144,22 @@ def discard(envelope: Envelope | None) -> None:
             os.unlink(envelope.path)
         except FileNotFoundError:
             pass
+
+
+def shm_full_warning(directory: str | None) -> str:
+    """What a runner tells the operator the first time a buffer file found no room in `directory`."""
+    try:
+        room = os.statvfs(directory)
+        free, size = (blocks * room.f_frsize / 2**20 for blocks in (room.f_bavail, room.f_blocks))
+        sizes = f" ({free:,.0f} of {size:,.0f} MiB free)"
+    except (OSError, TypeError):  # gone with a runner closing meanwhile
+        sizes = ""
+    return (
+        f"process runner: the filesystem of its buffer directory {directory} is full{sizes}, so arrays that do not "
+        "fit an arena cross in the pipe instead, slower for large ones, nothing lost (runner.stats().shm_full_bytes "
+        "counts them); give the job more shared memory (docker run --shm-size=8g or --ipc=host; on Kubernetes an "
+        "emptyDir with medium: Memory at /dev/shm), or ProcessRunner(shm_root=...) a directory with room"
+    )
 
 
 def _map_private(fd: int, size: int) -> memoryview:

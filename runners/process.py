@@ -69,7 +69,7 @@ from ._process_close import (
     ProcessRunnerClose,
     close_at_exit,
 )
-from ._transport import Envelope, decode, discard, encode
+from ._transport import Envelope, decode, discard, encode, shm_full_warning
 from ._worker import serve
 
 __all__ = ["ProcessRunner", "TransportStats"]
@@ -123,6 +123,9 @@ class TransportStats:
     files and arenas.
     A healthy array pipeline shows the arrays' size under `shm_bytes` and only a few hundred bytes
     per item under `pipe_bytes`. `items_sent` counts dispatches, re-runs included.
+    `shm_full_bytes` counts the buffers that crossed in the pipe because the buffer directory's
+    filesystem had no room for their file (a container's small /dev/shm), which a WARNING names
+    once per runner; they are in `pipe_bytes` too.
     """
 
     items_sent: int
@@ -130,6 +133,7 @@ class TransportStats:
     shm_bytes: int
     retries: int
     workers_replaced: int
+    shm_full_bytes: int = 0
 
 
 @dataclass(eq=False)
@@ -281,6 +285,7 @@ class ProcessRunner(ProcessRunnerClose):
         # one of the threads that may end it at once (the reader, a submitter, a closer) does.
         self._held: set[Future] = set()
         self._items_sent = self._pipe_bytes = self._shm_bytes = self._retries = self._replaced = 0
+        self._shm_full_bytes = 0
 
     # -- public surface ---------------------------------------------------------------------------
 
@@ -297,7 +302,8 @@ class ProcessRunner(ProcessRunnerClose):
     def stats(self) -> TransportStats:
         with self._lock:
             return TransportStats(
-                self._items_sent, self._pipe_bytes, self._shm_bytes, self._retries, self._replaced
+                self._items_sent, self._pipe_bytes, self._shm_bytes, self._retries, self._replaced,
+                self._shm_full_bytes,
             )
 
     def start(self, stages: Sequence[Stage]) -> None:
@@ -548,6 +554,7 @@ class ProcessRunner(ProcessRunnerClose):
         self._items_sent += 1
         self._pipe_bytes += len(message)
         self._shm_bytes += task.envelope.shm_bytes
+        self._count_shm_full_locked(task.envelope.shm_full_bytes)
         if len(worker.tasks) == 1 and self._task_timeout_s is not None:
             worker.deadline = time.monotonic() + self._task_timeout_s
         # The reader watches its deadline, or polls its exit (no pidfd), from now on: woken for it
@@ -636,9 +643,10 @@ class ProcessRunner(ProcessRunnerClose):
         resolutions: list[_Resolution] = []
         untrusted: set[_Worker] = set()  # whose pipe brought a reply not of their making
         with self._lock:
-            for worker, number, ok, value, released, pipe_bytes, shm_bytes in decoded:
+            for worker, number, ok, value, released, pipe_bytes, shm_bytes, shm_full_bytes in decoded:
                 self._pipe_bytes += pipe_bytes
                 self._shm_bytes += shm_bytes
+                self._count_shm_full_locked(shm_full_bytes)
                 if worker in untrusted:
                     continue
                 if not worker.tasks:
@@ -704,9 +712,10 @@ class ProcessRunner(ProcessRunnerClose):
 
     def _decode_reply(
         self, worker: _Worker, message: bytes
-    ) -> tuple[int | object | None, bool, Any, tuple[int, ...], int, int]:
-        """(number, ok, value, request blocks the worker released, pipe bytes, shm bytes) of one
-        reply; a reply whose value cannot be decoded fails its item. The number is None for a
+    ) -> tuple[int | object | None, bool, Any, tuple[int, ...], int, int, int]:
+        """(number, ok, value, request blocks the worker released, pipe bytes, shm bytes, bytes
+        that crossed in the pipe for a full shm directory) of one reply; a reply whose value cannot
+        be decoded fails its item. The number is None for a
         message that is no reply at all (the worker's loop pickles every one it writes): another
         process wrote it, which the reader retires the worker for, as for a wrong number. It is
         `_DUE` for one the parent lacked the memory to unpickle (a large reply pickled in-band,
@@ -715,13 +724,24 @@ class ProcessRunner(ProcessRunnerClose):
         try:
             ok, envelope, released, number = pickle.loads(message)
         except MemoryError as exc:
-            return _DUE, False, self._undecodable(worker, exc), (), len(message), 0
+            return _DUE, False, self._undecodable(worker, exc), (), len(message), 0, 0
         except Exception:  # noqa: BLE001 - whatever it was, the worker did not write it
-            return None, False, None, (), len(message), 0
+            return None, False, None, (), len(message), 0, 0
         try:
-            return number, ok, decode(envelope, worker.arena), released, len(message), envelope.shm_bytes
+            sizes = len(message), envelope.shm_bytes, envelope.shm_full_bytes
+            return number, ok, decode(envelope, worker.arena), released, *sizes
         except Exception as exc:
-            return number, False, self._undecodable(worker, exc), released, len(message), 0
+            return number, False, self._undecodable(worker, exc), released, len(message), 0, 0
+
+    def _count_shm_full_locked(self, nbytes: int) -> None:
+        """Count `nbytes` that crossed in the pipe because the buffer directory's filesystem was
+        full (`_transport`), warning the first time: every such item still runs, slower, and the
+        operator can give the job the shared memory it lacks."""
+        if not nbytes:
+            return
+        if not self._shm_full_bytes:
+            _log.warning(shm_full_warning(self._directory))
+        self._shm_full_bytes += nbytes
 
     def _undecodable(self, worker: _Worker, exc: Exception) -> RuntimeError:
         """The error a reply of `worker` that could not be unpickled fails its item with."""

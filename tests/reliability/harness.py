@@ -1,13 +1,17 @@
 """Shared harness of the reliability tests: dirty corpora, a one-dataset pipeline, whole-epoch runs.
 
 Every helper builds real shards on disk (or in a real fsspec filesystem) and runs the real
-Pipeline -> shard -> iterate path; nothing here stubs a reader, a runner or the ledger.
+Pipeline -> shard -> iterate path; nothing here stubs a reader, a runner or the ledger. A full
+shared-memory filesystem, which a test cannot make without mounting one, is met at the one write
+that would meet it (`fill_the_shm_directory`).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import random
 import tarfile
 from collections import Counter
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runners import _transport
 from zephon import ConfigurationError, Pipeline, RecordAddress, merge_states
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
@@ -312,3 +317,15 @@ def pixels_by_address(batches) -> dict[RecordAddress, np.ndarray]:
                 out[address] = arrays["pixel_values"][starts[image] : starts[image + 1]]
                 image += 1
     return out
+
+
+def fill_the_shm_directory(monkeypatch, error: int = errno.ENOSPC) -> None:
+    """Every buffer file from now on, in this process and the workers forked after, finds its
+    filesystem full halfway through its first buffer (`error`), as a container's 64 MiB /dev/shm
+    does once replies that did not fit their arena fill it."""
+
+    def half_then_full(fd: int, buffer: memoryview, offset: int) -> None:
+        os.pwrite(fd, buffer[: buffer.nbytes // 2], offset)
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(_transport, "_pwrite_all", half_then_full)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ from tests.reliability.harness import (
     address,
     assert_ledger_balances,
     clean_records,
+    fill_the_shm_directory,
     global_batch,
     jsonl_dataset,
     jsonl_lines,
@@ -99,6 +101,24 @@ def test_worker_killed_mid_run_is_replaced_and_the_output_is_bit_identical(tmp_p
     assert run.digests == reference.digests
     assert run.totals == reference.totals
     assert_ledger_balances(run, {"d": SHARDS * PER_SHARD})
+
+
+def test_a_full_shm_directory_slows_the_process_runner_and_its_batches_stay_bit_identical(tmp_path, monkeypatch,
+                                                                                            caplog):
+    """A container's small /dev/shm filled up: each token array that would have crossed in a buffer
+    file of its own (no arenas, every array above 64 bytes) crosses in the pipe instead, and the
+    epoch's batches are those of a run with shared memory to spare."""
+    dataset = jsonl_dataset(tmp_path / "data")
+    fill_the_shm_directory(monkeypatch)
+    runner = ProcessRunner(reply_arena_bytes=0, request_arena_bytes=0, oob_threshold_bytes=64)
+    with caplog.at_level(logging.WARNING, logger="runners.process"):
+        run = run_epoch(text_pipeline(dataset, runner=runner, parallelism=2), keep_batches=False)
+    stats = runner.stats()
+    assert stats.shm_full_bytes > 0 and stats.shm_bytes == 0
+    assert sum("is full" in r.getMessage() for r in caplog.records) == 1
+    reference = run_epoch(text_pipeline(dataset), keep_batches=False)
+    assert run.digests == reference.digests
+    assert run.totals == reference.totals
 
 
 def test_worker_hung_past_task_timeout_is_killed_and_the_output_is_bit_identical(tmp_path):

@@ -4,6 +4,7 @@ Everything here uses real forked processes, real signals and the real /dev/shm d
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import logging
@@ -31,6 +32,7 @@ import pytest
 from runners import InlineRunner, ProcessRunner, WorkerCrashedError, _buffer_directory, process
 from runners._frames import send_reply
 from runners._transport import Envelope
+from tests.reliability.harness import fill_the_shm_directory
 from tests.unit.worker_replies import framed, half_of_a_reply, worker_pipe
 from zephon._errors import BadRecordError, ConfigurationError, ZephonError
 from zephon.io import ShardUnavailableError
@@ -1780,6 +1782,48 @@ def test_the_arenas_can_be_turned_off_and_their_sizes_must_not_be_negative():
         ProcessRunner(reply_arena_bytes=-1)
     with pytest.raises(ConfigurationError, match="request_arena_bytes"):
         ProcessRunner(request_arena_bytes=-1)
+
+
+def doubled_where_it_arrived(x: np.ndarray) -> tuple[bool, np.ndarray]:
+    return in_shared_memory(x), x * 2
+
+
+def test_items_and_replies_that_find_the_shm_directory_full_cross_in_the_pipe_whole_counted_and_warned_once(
+        monkeypatch, caplog):
+    """A buffer file's ENOSPC failed its item, and with it the loader of a job in a container whose
+    /dev/shm was small: the arrays now cross in the pipe instead, both ways, whole, counted in
+    `shm_full_bytes`, with one WARNING naming the directory and what to do; no part of a file
+    stays behind."""
+    fill_the_shm_directory(monkeypatch)
+    items = [np.full(MIB, i, dtype=np.uint8) for i in range(4)]
+    with caplog.at_level(logging.WARNING, logger="runners.process"), \
+            ProcessRunner(reply_arena_bytes=0, request_arena_bytes=0) as runner:
+        runner.start([Stage("double", doubled_where_it_arrived, 2)])
+        results = [future.result(30) for future in [runner.submit(0, item) for item in items]]
+        assert os.listdir(runner.shm_directory) == [_buffer_directory.LOCK]
+        stats, directory = runner.stats(), runner.shm_directory
+    for item, (arrived_shared, doubled) in zip(items, results, strict=True):
+        assert not arrived_shared and not in_shared_memory(doubled)
+        assert doubled.flags.writeable
+        np.testing.assert_array_equal(doubled, item * 2)
+    assert stats.shm_full_bytes == 2 * sum(item.nbytes for item in items)  # items and replies
+    assert stats.shm_bytes == 0 and stats.pipe_bytes > stats.shm_full_bytes
+    warnings = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"buffer directory {directory} is full" in warnings[0] and "--shm-size" in warnings[0]
+
+
+def test_a_buffer_file_that_fails_for_another_reason_still_fails_its_item(monkeypatch):
+    """Only a full filesystem sends arrays through the pipe: any other write error is the item's,
+    as before, and the runner serves on."""
+    fill_the_shm_directory(monkeypatch, errno.EIO)
+    with ProcessRunner(reply_arena_bytes=0, request_arena_bytes=0) as runner:
+        runner.start([Stage("double", doubled_where_it_arrived, 1)])
+        with pytest.raises(OSError) as failed:
+            runner.submit(0, np.ones(MIB, dtype=np.uint8)).result(30)
+        assert failed.value.errno == errno.EIO
+        assert runner.submit(0, np.arange(3)).result(30)[1].tolist() == [0, 2, 4]
+        assert runner.stats().shm_full_bytes == 0
 
 
 def summary(x: np.ndarray) -> tuple[bool, int, int]:
