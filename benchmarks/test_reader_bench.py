@@ -12,7 +12,9 @@ up to 1,048,576 rows) and as an Arrow stream in record batches of 1,000 rows, as
 `datasets`' `save_to_disk` writes it (and in one record batch, as a writer's `write_table` does with
 a table of one chunk; and with a dictionary-encoded column more, each record's source, its
 dictionary before the first batch or replaced at every batch, as pandas categoricals written a
-frame at a time are). Each round reads every chunk of 128 records (the work sources' default) on
+frame at a time are); and as a WebDataset tar of one `.txt` member a record, plain, compressed whole
+as one gzip stream (from resume points, and with them off), in gzip members of 64 KiB of tar, as
+one zstd stream and in zstd frames of 64 KiB. Each round reads every chunk of 128 records (the work sources' default) on
 the calling thread, through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is
 the same Arrow read with the full validation of each batch taken out (`_arrow._validate`), which is
 what that validation costs. `extra_info` records records/s and MB/s of text; the ratios between the
@@ -26,8 +28,10 @@ up in.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import random
+import tarfile
 import time
 from pathlib import Path
 
@@ -36,7 +40,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from zephon.io import Dataset, _arrow, _lines, _resume_points
+from zephon.io import Dataset, _arrow, _resume_points
 
 DATA = Path(__file__).resolve().parents[1] / "zephon" / "data"
 CHUNK = 128
@@ -57,7 +61,14 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "arrow, one record batch": "arrow_one_batch",
     "arrow, a dictionary-encoded column": "arrow_dictionary",
     "arrow, a dictionary replaced at every batch": "arrow_dictionaries",
+    "tar": "tar",
+    "tar.gz, one shard": "tar_gz",
+    "tar.gz, one shard, resume points off": "tar_gz",
+    "tar.gz, one shard in members": "tar_gz_members",
+    "tar.zst, one shard": "tar_zst",
+    "tar.zst, one shard in frames": "tar_zst_frames",
 }
+TAR_PIECE = 1 << 16  # bytes of tar a gzip member or zstd frame holds, as bgzip's
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +107,27 @@ def corpus(tmp_path_factory) -> tuple[Path, int]:
         for k in range(0, len(records), BATCH_ROWS):  # each batch's own dictionary, as pa.RecordBatch.from_pandas
             source = pa.array(sources[k:k + BATCH_ROWS]).dictionary_encode()
             writer.write_table(table.slice(k, BATCH_ROWS).append_column("source", source))
+    tar = _tar_of(records)
+    (root / "tar" / "corpus.tar").write_bytes(tar)
+    (root / "tar_gz" / "corpus.tar.gz").write_bytes(gzip.compress(tar))
+    tar_pieces = [tar[k:k + TAR_PIECE] for k in range(0, len(tar), TAR_PIECE)]
+    (root / "tar_gz_members" / "corpus.tgz").write_bytes(b"".join(map(gzip.compress, tar_pieces)))
+    (root / "tar_zst" / "corpus.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(tar))
+    (root / "tar_zst_frames" / "corpus.tzst").write_bytes(
+        b"".join(map(zstandard.ZstdCompressor().compress, tar_pieces)))
     return root, sum(len(r["text"].encode()) for r in records)
+
+
+def _tar_of(records: list[dict]) -> bytes:
+    """The records as a WebDataset tar, each its text as one `<id>.txt` member."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w") as tar:
+        for number, record in enumerate(records):
+            text = record["text"].encode()
+            info = tarfile.TarInfo(f"{number:06d}.txt")
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    return sink.getvalue()
 
 
 @pytest.mark.parametrize("kind", list(DIRECTORY))
@@ -107,13 +138,13 @@ def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, kind:
     dataset = Dataset.from_path("corpus", str(root / DIRECTORY[kind]))
     chunks = dataset.chunks(CHUNK)
     forget = None
-    if kind.startswith("jsonl.gz, one shard"):  # in a lane's seeded order, as resume points meet it
+    if kind.startswith(("jsonl.gz, one shard", "tar.gz, one shard")):  # in a lane's seeded order, as points meet it
         chunks = random.Random(0).sample(chunks, len(chunks))
         _resume_points.resume_points.forget()  # no point left by an earlier kind
         if kind.endswith("no resume point yet"):
             forget = _resume_points.resume_points.forget
         if kind.endswith("resume points off"):  # every read from the shard's start, as before them
-            monkeypatch.setattr(_lines, "_resume_key", lambda shard: None)
+            monkeypatch.setattr(_resume_points, "key_of", lambda shard: None)
 
     records, mean = _read_in_rounds(benchmark, dataset, chunks, setup=forget)
     assert records == dataset.num_records == 3496

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from tests.fuzz.conftest import fuzz_settings
 from tests.reliability.harness import assert_ledger_balances, run_epoch, text_pipeline
 from zephon import BadRecordError, ConfigurationError
-from zephon.io import REASONS, Dataset, ShardUnavailableError, _compression, _dataset, _lines, _resume_points
+from zephon.io import REASONS, Dataset, ShardUnavailableError, _compression, _dataset, _resume_points
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -210,7 +210,7 @@ def test_a_gzip_stream_read_from_resume_points_gives_what_its_start_gives(
         if dataset is None:
             return
         chunks = dataset.chunks(records_per_chunk)
-        with mock.patch.object(_lines, "_resume_key", lambda shard: None):
+        with mock.patch.object(_resume_points, "key_of", lambda shard: None):
             from_start = [_read(dataset, chunk) for chunk in chunks]
         shuffled = order.sample(range(len(chunks)), len(chunks))
         for k in shuffled + shuffled[::-1]:  # the second time round, from the points the first noted

@@ -60,13 +60,13 @@ def test_format_is_inferred_and_a_mixed_directory_needs_it_declared(tmp_path):
 @pytest.mark.parametrize("declared", [None, "jsonl", "webdataset", "parquet"])
 @pytest.mark.parametrize(
     "shard, fmt",
-    [("b.jsonl.bz2", "jsonl"), ("b.json.xz", "jsonl"), ("b.jsonl.lz4", "jsonl"), ("b.tar.gz", "webdataset"),
-     ("b.tgz", "webdataset"), ("b.tbz2", "webdataset"), ("b.txz", "webdataset"), ("b.tzst", "webdataset"),
-     ("b.tar.zst", "webdataset"), ("b.parquet.gz", "parquet"), ("b.JSONL.BZ2", "jsonl"), ("b.Json.Xz", "jsonl"),
-     ("b.TAR.GZ", "webdataset"), ("b.TGZ", "webdataset"), ("b.Tar.Zst", "webdataset"), ("b.PARQUET.GZ", "parquet")],
+    [("b.jsonl.bz2", "jsonl"), ("b.json.xz", "jsonl"), ("b.jsonl.lz4", "jsonl"), ("b.tar.bz2", "webdataset"),
+     ("b.tar.xz", "webdataset"), ("b.tbz2", "webdataset"), ("b.txz", "webdataset"), ("b.taz", "webdataset"),
+     ("b.parquet.gz", "parquet"), ("b.JSONL.BZ2", "jsonl"), ("b.Json.Xz", "jsonl"), ("b.TAR.XZ", "webdataset"),
+     ("b.TBZ2", "webdataset"), ("b.PARQUET.GZ", "parquet")],
 )
 def test_a_shard_compressed_in_a_way_zephon_cannot_read_is_a_named_error_not_left_out(tmp_path, shard, fmt, declared):
-    """A directory listing `part-7.jsonl.bz2` or `shard-3.tar.gz` beside shards it reads passed
+    """A directory listing `part-7.jsonl.bz2` or `shard-3.tar.xz` beside shards it reads passed
     over them as if they were a README: their records were missing from the plan unsaid."""
     readable = {"jsonl": "a.jsonl", "webdataset": "a.tar", "parquet": "a.parquet"}[fmt]
     (tmp_path / readable).write_bytes(b"{}\n" if fmt == "jsonl" else b"")
@@ -97,7 +97,9 @@ _CASED_SHARDS = {
               ("p2.json.zst", "P2.JSON.ZST", "zst"), ("p3.jsonl.zstd", "P3.jsonl.Zstd", "zst")],
     "text": [("p0.txt", "P0.TXT", None), ("p1.txt.gz", "P1.Txt.Gz", "gz")],
     "parquet": [("p0.parquet", "P0.PARQUET", None), ("p1.parquet", "P1.Parquet", None)],
-    "webdataset": [("p0.tar", "P0.TAR", None), ("p1.tar", "P1.Tar", None)],
+    "webdataset": [("p0.tar", "P0.TAR", None), ("p1.tar", "P1.Tar", None), ("p2.tar.gz", "P2.TAR.GZ", "gz"),
+                   ("p3.tgz", "P3.Tgz", "gz"), ("p4.tar.zst", "P4.Tar.Zst", "zst"), ("p5.tzst", "P5.TZST", "zst"),
+                   ("p6.tar.zstd", "P6.TAR.ZSTD", "zst")],
 }
 
 
@@ -110,7 +112,8 @@ def _write_cased_shards(root, fmt: str, cased: bool) -> list[str]:
         if fmt == "parquet":
             data = parquet_bytes(records, row_group_size=2)
         elif fmt == "webdataset":
-            data = tar_bytes([(f"k{r}.txt", rec["text"].encode()) for r, rec in enumerate(records)])
+            data = compress(tar_bytes([(f"k{r}.txt", rec["text"].encode()) for r, rec in enumerate(records)]),
+                            compression)
         elif fmt == "text":
             data = compress("".join(rec["text"] + "\n" for rec in records).encode(), compression)
         else:

@@ -16,7 +16,7 @@ import zlib
 
 import pytest
 
-from zephon.io import Dataset, _compression, _lines, _resume_points
+from zephon.io import Dataset, _compression, _resume_points
 from zephon.io._resume_points import ResumePoints, settled_spacing
 
 from .conftest_io import compress
@@ -172,7 +172,7 @@ def test_a_cut_stream_read_from_a_point_gives_what_a_read_from_its_start_gives(t
     ds = Dataset.from_path("one", str(tmp_path / "one"))
     chunks = ds.chunks(16)
     with monkeypatch.context() as without_points:
-        without_points.setattr(_lines, "_resume_key", lambda shard: None)
+        without_points.setattr(_resume_points, "key_of", lambda shard: None)
         from_start = [(c.records, c.skipped) for c in map(ds.read_chunk, chunks)]
     assert points.count() == 0 and from_start[-1][1]  # truncated records are counted, not lost
     last_first = [(c.records, c.skipped) for c in map(ds.read_chunk, reversed(chunks))][::-1]

@@ -196,7 +196,8 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
             f.seek(int(seek[0, point]))
             first = int(seek[1, point])
             blocks = _after(decompressed_blocks(f, shard.compression), int(seek[2, point]))
-        elif shard.compression is not None and decoders_copy(shard.compression) and (key := _resume_key(shard)):
+        elif (shard.compression is not None and decoders_copy(shard.compression)
+              and (key := _resume_points.key_of(shard))):
             read, first = _from_resume_point(f, shard.compression, key, start)
         else:
             blocks = decompressed_blocks(f, shard.compression)
@@ -207,15 +208,6 @@ def read_lines(shard: ShardFile, seek: np.ndarray | None, start: int, stop: int)
         except EOFError as error:
             return _without_bom(lines, start), str(error)
     return _without_bom(lines, start), "shard has fewer lines than when it was planned"
-
-
-def _resume_key(shard: ShardFile) -> tuple | None:
-    """What names this shard's bytes for `_resume_points`: its URL with the size and version
-    planning listed; None while planning (no version yet) or where the shard is read through
-    from its start anyway (its server refuses ranges)."""
-    if shard.planned_version is None or shard.from_start:
-        return None
-    return shard.url, shard.planned_nbytes, shard.planned_version
 
 
 def _from_resume_point(f: BinaryIO, compression: str, key: tuple, start: int) -> tuple[Iterator[bytes], int]:

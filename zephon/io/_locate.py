@@ -16,9 +16,10 @@ like a README. Only the comparison ignores case, never the path: `a.jsonl` and `
 files, and two shards.
 
 A file named like a shard of the dataset's format under a compression Zephon does not read
-(`part-7.jsonl.bz2`, `shard-3.tar.gz`, `shard-4.txz`, `S.TGZ`: tar, Parquet and Arrow need random
-access, so only line formats may be gzip or zstd) is a ConfigurationError naming it: passed over like a
-README, its records were missing from the plan unsaid. Names that only add a suffix (`a.jsonl.md5`,
+(`part-7.jsonl.bz2`, `shard-4.txz`, `p.parquet.gz`: Parquet and Arrow are read by seeking, so only
+line formats and tars may be gzip or zstd, a tar as `.tar.gz`, `.tgz`, `.tar.zst` or `.tzst`) is a
+ConfigurationError naming it: passed over like a README, its records were missing from the plan
+unsaid. Names that only add a suffix (`a.jsonl.md5`,
 `a.JSONL.MD5`, `a.tar.bak`) are no shards, as before.
 
 A URL that names an existing file or directory as written is that file or directory, even when its
@@ -89,12 +90,15 @@ FORMATS = ("arrow", "jsonl", "parquet", "text", "webdataset")
 
 _LINE_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text"}
 _PLAIN_SUFFIXES = {".parquet": "parquet", ".tar": "webdataset", **{suffix: "arrow" for suffix in ARROW_SUFFIXES}}
+_SUFFIXES = {**_LINE_SUFFIXES, **_PLAIN_SUFFIXES}
+_COMPRESSIBLE_SUFFIXES = {**_LINE_SUFFIXES, ".tar": "webdataset"}  # what a .gz or .zst may follow
 _HUB_REPO_TYPES = ("datasets", "models", "spaces")
 _GLOB_CHARS = "*?["
 # Compressions of whole files that no format here decodes, and the suffixes that mean "a compressed
 # tar" in one (those GNU tar's --auto-compress knows).
 _UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".br", ".snappy", ".zip", ".7z")
-_COMPRESSED_TAR = (".tgz", ".taz", ".tbz", ".tbz2", ".tb2", ".txz", ".tlz", ".tzst")
+_COMPRESSED_TAR = (".taz", ".tbz", ".tbz2", ".tb2", ".txz", ".tlz")
+_READ_COMPRESSED_TAR = {".tgz": "gzip", ".tzst": "zstd"}  # what `.tar.gz` and `.tar.zst` are short for
 
 
 @dataclass(frozen=True)
@@ -116,16 +120,19 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
     """(format, compression) named by a file's suffixes in any case, or None when they name no known
     format.
 
-    Only line formats may be compressed: Parquet, Arrow and tar need random access.
+    Only line formats and tars may be compressed: Parquet and Arrow are read by seeking into them.
     """
     name = path.lower()
+    for suffix, compression in _READ_COMPRESSED_TAR.items():
+        if name.endswith(suffix):
+            return "webdataset", compression
     compression = compression_of(name)
     stem = name[: name.rfind(".")] if compression else name
-    for suffixes in (_LINE_SUFFIXES,) if compression else (_LINE_SUFFIXES, _PLAIN_SUFFIXES):
-        for suffix, fmt in suffixes.items():
-            if stem.endswith(suffix):
-                return fmt, compression
+    for suffix, fmt in (_COMPRESSIBLE_SUFFIXES if compression else _SUFFIXES).items():
+        if stem.endswith(suffix):
+            return fmt, compression
     return None
+
 
 
 def _hidden(path: str) -> bool:
@@ -179,16 +186,16 @@ def _unreadable_shard(path: str) -> tuple[str, str] | None:
     name = path.lower()
     written = path[path.rfind(".") :]
     if name.endswith(_COMPRESSED_TAR):
-        why = "a compressed tar: tar shards are read by seeking, so they cannot be compressed"
+        why = "a compressed tar in a compression Zephon does not read: a tar may be .tar.gz, .tgz, .tar.zst or .tzst"
         return "webdataset", f"({written}, {why})"
     stem, dot, suffix = name.rpartition(".")
     if compression_of(name) is not None:
         plain = infer_format(stem)
-        if plain is not None and plain[0] in ("arrow", "parquet", "webdataset"):
+        if plain is not None and plain[0] in ("arrow", "parquet"):
             return plain[0], f"({written}: {plain[0]} shards are read by seeking, so they cannot be compressed)"
         return None
     if dot + suffix in _UNREAD_COMPRESSIONS and (plain := infer_format(stem)) is not None and plain[1] is None:
-        return plain[0], f"({written} is no compression Zephon reads: line shards may be .gz, .zst or .zstd)"
+        return plain[0], f"({written} is no compression Zephon reads: line shards and tars may be .gz, .zst or .zstd)"
     return None
 
 
@@ -494,7 +501,9 @@ def _single_file(
         if inferred is None:
             raise ConfigurationError(f"cannot infer the format of {url} from its name; pass format=")
         format = inferred[0]
-    compression = compression_of(name) if format in ("jsonl", "text") else None
+    compression = (compression_of(name) if format in ("jsonl", "text")
+                   else inferred[1] if format == "webdataset" and inferred is not None and inferred[0] == format
+                   else None)
     size = fs.size(path) if details is None else details["size"]
     if size is None:
         raise UnsizedShardError(url, url)

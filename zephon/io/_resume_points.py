@@ -30,13 +30,16 @@ import bisect
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import TYPE_CHECKING, Hashable
 
 from .. import _fork
 from ._compression import StreamPoint
 
+if TYPE_CHECKING:
+    from ._format import ShardFile
+
 __all__ = ["FIRST_SPACING", "LONGEST_BEGUN", "POINTS_PER_PROCESS", "POINTS_PER_SHARD", "ResumePoint", "ResumePoints",
-           "resume_points", "settled_spacing"]
+           "key_of", "resume_points", "settled_spacing"]
 
 FIRST_SPACING = 1 << 20
 """Decompressed bytes between a shard's points until it holds POINTS_PER_SHARD. A gzip stream
@@ -56,7 +59,9 @@ of lines of megabytes about one line in eight still has a point near its start."
 @dataclass(frozen=True)
 class ResumePoint:
     """A read may start at `stream` (`Decompression(point=...)`): the lines before it are
-    `line`, and `begun` is what was decompressed of line `line` before it."""
+    `line`, and `begun` is what was decompressed of line `line` before it. A compressed tar is
+    entered by byte, not by line (`_decompressed_view`): its points' `line` is the decompressed
+    bytes before them, and `begun` empty."""
 
     line: int
     begun: bytes
@@ -169,6 +174,15 @@ class ResumePoints:
         whose own lock the child would then find held."""
         self._lock = threading.Lock()
         self.forget()
+
+
+def key_of(shard: ShardFile) -> tuple | None:
+    """What names a shard's bytes here: its URL with the size and version planning listed; None
+    while planning (no version yet) or where the shard is read through from its start anyway (its
+    server refuses ranges)."""
+    if shard.planned_version is None or shard.from_start:
+        return None
+    return shard.url, shard.planned_nbytes, shard.planned_version
 
 
 def settled_spacing(raw_bytes: int, read_together: int) -> int:

@@ -116,7 +116,7 @@ class ScanCache:
         key = f"{shard_key}\nversion={version.stamp}\nchanged_ns={version.changed_ns}"
         versions = os.path.join(self.directory, _name(shard_key))
         entry = os.path.join(versions, _name(key) + _ENTRY)
-        found, distrusted = _load(entry, key, reader.seek_ndim(shard.compression))
+        found, distrusted = _load(entry, key, reader, shard.compression)
         if found is not None:
             return found, None
         try:
@@ -126,7 +126,7 @@ class ScanCache:
             raise self._unwritable(error, url) from error
         try:
             if locked:  # whoever held the lock has stored it meanwhile
-                found, _ = _load(entry, key, reader.seek_ndim(shard.compression))
+                found, _ = _load(entry, key, reader, shard.compression)
                 if found is not None:
                     return found, distrusted
             scanned = reader.scan(shard)
@@ -201,8 +201,8 @@ def _remove_entry(stem: str) -> None:
             os.unlink(leftover)
 
 
-def _load(entry: str, key: str, seek_ndim: int) -> tuple[ShardScan | None, str | None]:
-    """The scan stored at `entry` for `key` (its seek of `seek_ndim` dimensions, the format's);
+def _load(entry: str, key: str, reader: ShardFormat, compression: str | None) -> tuple[ShardScan | None, str | None]:
+    """The scan stored at `entry` for `key` (a scan `reader` returns for a shard of `compression`);
     (None, None) where there is none, (None, why) where the one there is not to be trusted."""
     try:
         with np.load(entry, allow_pickle=False) as stored:
@@ -212,14 +212,14 @@ def _load(entry: str, key: str, seek_ndim: int) -> tuple[ShardScan | None, str |
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         return None, f"{entry}: {type(error).__name__}: {error}"
     try:
-        return _checked(fields, key, seek_ndim), None
+        return _checked(fields, key, reader.seek_ndim(compression), reader.name), None
     except (ValueError, KeyError, TypeError) as error:
         return None, f"{entry}: {error}"
 
 
-def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int) -> ShardScan:
-    """The ShardScan `fields` hold, if they are one a format whose seek has `seek_ndim` dimensions
-    could have returned for `key`."""
+def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int, format_name: str) -> ShardScan:
+    """The ShardScan `fields` hold, if they are one format `format_name`, whose seek has `seek_ndim`
+    dimensions, could have returned for `key`."""
     if fields.pop("key").tolist() != key:
         raise ValueError("it holds the scan of another shard, version or format")
     arrays = {name: fields.pop(name, None) for name in ("num_records", "raw_bytes", "seek", "record_offsets")}
@@ -238,7 +238,7 @@ def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int) -> ShardSc
         if points is not None and (np.any(points < 0) or np.any(np.diff(points) < 0)):
             raise ValueError(f"its {name} are not ascending offsets")
     if seek is not None and seek.ndim == 2:
-        _check_table(seek, num_records)
+        (_check_tar_table if format_name == "webdataset" else _check_table)(seek, num_records)
     elif seek is not None and len(seek) > max(1, num_records):
         raise ValueError(f"it holds {len(seek)} seek points for {num_records} records")
     if offsets is not None and (len(offsets) != num_records + 1 or raw_bytes is None or offsets[-1] != raw_bytes):
@@ -258,6 +258,18 @@ def _check_table(seek: np.ndarray, num_records: int) -> None:
                    and not np.any(seek[2] < 0))
     if not indexes:
         raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records")
+
+
+def _check_tar_table(seek: np.ndarray, num_records: int) -> None:
+    """A compressed tar's seek table (`_webdataset`): a point every SEEK_STRIDE records, each point's
+    decompressed offset (ascending, checked above) at or after where its entry's member begins, and
+    the entries' decompressed starts ascending with their compressed ones."""
+    from ._webdataset import SEEK_STRIDE
+
+    rows, points = seek.shape
+    if (rows != 3 or points != -(-num_records // SEEK_STRIDE) or np.any(seek[2] < 0) or np.any(seek[2] > seek[0])
+            or np.any(np.diff(seek[2]) < 0)):
+        raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records of a tar")
 
 
 def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:

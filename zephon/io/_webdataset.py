@@ -28,19 +28,33 @@ Record counting walks the tar headers only (seeking over member data), rememberi
 offset of every SEEK_STRIDE-th record so that a chunk read starts near its first record. Plain
 headers (regular files and directories) are read by `_tar_walk` and payloads straight from the
 file, with the members and errors `tarfile` gives; every other header is `tarfile`'s to read.
+
+A tar compressed whole (`.tar.gz`, `.tgz`, `.tar.zst`, `.tzst`, as the WebDataset library reads
+them too) is walked the same way over its decompressed stream (`_decompressed_view`): its
+offsets are the decompressed stream's, and beside each seek point planning keeps where a decoder
+may start before it (the start of its gzip member or zstd frame). A chunk read decompresses from
+there, or from a resume point this process noted in a gzip stream, up to its chunk's end:
+planning warns of shards whose reads decompress much more than their chunks
+(`_decode_units`), as of compressed JSON Lines. Decompressed, the tar is the plain tar's bytes,
+so a compressed shard plans and reads as its plain tar does, batch for batch.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
 import numpy as np
 
+from . import _resume_points
+from ._compression import decoders_copy
+from ._decompressed_view import DecompressedView
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 from ._lines import UTF8_BOM
 from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, NOT_A_FILE, Bad, Slot, fill_truncated, parse_json
+from ._resume_points import settled_spacing
 
 if TYPE_CHECKING:
     import tarfile
@@ -70,6 +84,13 @@ NAME_ENCODING = "utf-8"
 @dataclass(frozen=True)
 class WebDataset:
     name: str = "webdataset"
+    decode_units: ClassVar[str] = "gzip members, zstd frames or stretches of a gzip stream between resume points"
+    stops_at_chunk_end: ClassVar[bool] = True
+    how_to_rewrite: ClassVar[str] = (
+        "stored as plain tars (gunzip, zstd -d: a read seeks into those; images gain little from compression "
+        "anyway) or compressed in small members or frames, a read entering at the last before its chunk (bgzip "
+        "writes gzip members of 64 KiB, pzstd -1 zstd frames of 2 MiB)"
+    )
 
     @property
     def scan_key(self) -> str:
@@ -77,14 +98,39 @@ class WebDataset:
 
     @staticmethod
     def seek_ndim(compression: str | None) -> int:
-        return 1
+        """A plain tar's seek is one row, each seek point's offset; a compressed one's three:
+        that offset in the decompressed stream, and where a decoder may start before it, in the
+        shard and in the decompressed stream (`_with_entries`)."""
+        return 1 if compression is None else 2
+
+    def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
+                    read_together: int) -> np.ndarray | None:
+        """For planning's warning (`_decode_units`): a compressed tar's reads decompress from the
+        entry before their chunk, or in one gzip stream from about the resume point before it."""
+        if compression is None or seek is None or num_records == 0:
+            return None
+        entries = seek[2]
+        if entries[-1] > 0:  # several members or frames: a unit runs from the first seek point of each
+            firsts = np.flatnonzero(np.diff(entries, prepend=-1)) * SEEK_STRIDE
+            return np.append(firsts, num_records)
+        spacing = settled_spacing(raw_bytes, read_together) if decoders_copy(compression) else raw_bytes
+        if spacing >= raw_bytes:
+            return np.array([0, num_records], dtype=np.int64)
+        records_apart = max(1, num_records * spacing // raw_bytes)
+        return np.append(np.arange(0, num_records, records_apart, dtype=np.int64), num_records)
 
     def scan(self, shard: ShardFile) -> ShardScan:
         import tarfile  # here, not at the top: it brings shutil and four codecs to every process that reads no tar
 
         count, seek = 0, []
-        with shard.open() as f:
-            tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
+        frame_starts = array("q")
+        with shard.open() as raw:
+            f = raw if shard.compression is None else DecompressedView(raw, shard.compression,
+                                                                        frame_starts=frame_starts)
+            try:
+                tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
+            except EOFError as error:  # a compressed tar cut inside its first header, as a plain one's refusal
+                raise tarfile.ReadError(f"truncated header: {error}") from error
             previous = None
             try:
                 for member, key, _ in _members(tar):
@@ -97,7 +143,11 @@ class WebDataset:
                 pass
             else:
                 _check_archive_end(f, tar.offset)
-        return ShardScan(count, np.asarray(seek, dtype=np.int64))
+            if shard.compression is None:
+                return ShardScan(count, np.asarray(seek, dtype=np.int64))
+            # The tar's size, as a plain tar's file size counts (`Dataset` weighs chunks by it).
+            decompressed = f.decompressed_length()
+        return ShardScan(count, _with_entries(np.asarray(seek, dtype=np.int64), frame_starts), raw_bytes=decompressed)
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         assert seek is not None, "a webdataset shard is always scanned with seek points"
@@ -112,8 +162,8 @@ class WebDataset:
         duplicate = None  # why `record` holds one field twice: its first member naming a field already held
         not_a_file = None  # what the first member of `record` that holds no payload is
         detail = "shard has fewer records than when it was planned"
-        with shard.open(read_ahead=_read_ahead(shard, seek, point, stop)) as f:
-            f.seek(int(seek[point]))
+        with shard.open(read_ahead=_read_ahead(shard, seek, point, stop)) as raw:
+            f = _positioned(raw, shard, seek, point)
             try:
                 tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
                 for member, key, extension in _members(tar):
@@ -148,11 +198,35 @@ class WebDataset:
 _NEXT_HEADERS = 4096
 
 
+def _with_entries(seek: np.ndarray, frame_starts: array) -> np.ndarray:
+    """A compressed tar's seek (`WebDataset.seek_ndim`) from its seek points' decompressed offsets
+    and where its members or frames begin (`decompressed_blocks`' pairs): for each point, the last
+    one beginning at or before it."""
+    starts = np.frombuffer(frame_starts, dtype=np.int64).reshape(-1, 2) if frame_starts else np.zeros((1, 2), np.int64)
+    entry = np.searchsorted(starts[:, 1], seek, side="right") - 1
+    return np.stack([seek, starts[entry, 0], starts[entry, 1]])
+
+
+def _positioned(raw: BinaryIO, shard: ShardFile, seek: np.ndarray, point: int) -> BinaryIO | DecompressedView:
+    """The tar of `raw` at seek point `point`: the file itself, or a compressed shard's stream
+    entered at the point's entry (or a resume point after it) and decompressed up to it."""
+    if shard.compression is None:
+        raw.seek(int(seek[point]))
+        return raw
+    entry = (int(seek[1, point]), int(seek[2, point]))
+    f = DecompressedView(raw, shard.compression, entry=entry, resume_key=_resume_points.key_of(shard))
+    f.seek(int(seek[0, point]))
+    return f
+
+
 def _read_ahead(shard: ShardFile, seek: np.ndarray, point: int, stop: int) -> int:
     """What a chunk read of records up to `stop` from seek point `point` has a remote file fetch
     beyond its first read (a 512-byte header): the chunk's records up to the seek point at or after
     `stop` (the end of the shard after the last), and the headers after them, so that the walk
-    reads the chunk in one request; STREAM_READ_AHEAD where the shard's size is not known."""
+    reads the chunk in one request; STREAM_READ_AHEAD where the shard's size is not known, or where
+    it is compressed (its chunk's compressed bytes are not known)."""
+    if shard.compression is not None:
+        return STREAM_READ_AHEAD
     end_point = -(-stop // SEEK_STRIDE)
     end = int(seek[end_point]) if end_point < len(seek) else shard.planned_nbytes
     return STREAM_READ_AHEAD if end is None else max(0, end - int(seek[point])) + _NEXT_HEADERS
