@@ -27,7 +27,7 @@ import numpy as np
 from . import _resume_points
 from ._compression import Decompression, decoders_copy, decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
-from ._resume_points import ResumePoint, settled_spacing
+from ._resume_points import ResumePoint, single_stream_units
 
 __all__ = ["UTF8_BOM", "DecompressedFromFrames", "entry_points", "read_lines", "scan_lines"]
 
@@ -78,11 +78,7 @@ class DecompressedFromFrames:
             return None
         if seek is not None:
             return np.append(seek[1], num_records)
-        spacing = settled_spacing(raw_bytes, read_together) if decoders_copy(compression) else raw_bytes
-        if spacing >= raw_bytes:  # decompressed from its start for every chunk
-            return np.array([0, num_records], dtype=np.int64)
-        records_apart = max(1, num_records * spacing // raw_bytes)  # `_resume_points`, the records spread evenly
-        return np.append(np.arange(0, num_records, records_apart, dtype=np.int64), num_records)
+        return single_stream_units(num_records, compression, raw_bytes, read_together)
 
 
 def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | None = None) -> ShardScan:

@@ -33,13 +33,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable
 
 from .. import _fork
-from ._compression import StreamPoint
+import numpy as np
+
+from ._compression import StreamPoint, decoders_copy
 
 if TYPE_CHECKING:
     from ._format import ShardFile
 
 __all__ = ["FIRST_SPACING", "LONGEST_BEGUN", "POINTS_PER_PROCESS", "POINTS_PER_SHARD", "ResumePoint", "ResumePoints",
-           "key_of", "resume_points", "settled_spacing"]
+           "key_of", "resume_points", "settled_spacing", "single_stream_units"]
 
 FIRST_SPACING = 1 << 20
 """Decompressed bytes between a shard's points until it holds POINTS_PER_SHARD. A gzip stream
@@ -183,6 +185,19 @@ def key_of(shard: ShardFile) -> tuple | None:
     if shard.planned_version is None or shard.from_start:
         return None
     return shard.url, shard.planned_nbytes, shard.planned_version
+
+
+def single_stream_units(num_records: int, compression: str, raw_bytes: int, read_together: int) -> np.ndarray:
+    """The units planning's warning counts (`_decode_units.DecodesInUnits.unit_bounds`) in a shard
+    written as one stream of `raw_bytes` decompressed, its dataset's such shards holding
+    `read_together`: stretches between resume points as far apart as they settle, the records
+    taken as spread evenly; the whole shard where its codec's decoders cannot be copied or the
+    points settle further apart than it is long."""
+    spacing = settled_spacing(raw_bytes, read_together) if decoders_copy(compression) else raw_bytes
+    if spacing >= raw_bytes:  # decompressed from its start for every chunk
+        return np.array([0, num_records], dtype=np.int64)
+    records_apart = max(1, num_records * spacing // raw_bytes)
+    return np.append(np.arange(0, num_records, records_apart, dtype=np.int64), num_records)
 
 
 def settled_spacing(raw_bytes: int, read_together: int) -> int:

@@ -49,12 +49,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 import numpy as np
 
 from . import _resume_points
-from ._compression import decoders_copy
 from ._decompressed_view import DecompressedView
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 from ._lines import UTF8_BOM
 from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, NOT_A_FILE, Bad, Slot, fill_truncated, parse_json
-from ._resume_points import settled_spacing
+from ._resume_points import single_stream_units
 
 if TYPE_CHECKING:
     import tarfile
@@ -113,11 +112,7 @@ class WebDataset:
         if entries[-1] > 0:  # several members or frames: a unit runs from the first seek point of each
             firsts = np.flatnonzero(np.diff(entries, prepend=-1)) * SEEK_STRIDE
             return np.append(firsts, num_records)
-        spacing = settled_spacing(raw_bytes, read_together) if decoders_copy(compression) else raw_bytes
-        if spacing >= raw_bytes:
-            return np.array([0, num_records], dtype=np.int64)
-        records_apart = max(1, num_records * spacing // raw_bytes)
-        return np.append(np.arange(0, num_records, records_apart, dtype=np.int64), num_records)
+        return single_stream_units(num_records, compression, raw_bytes, read_together)
 
     def scan(self, shard: ShardFile) -> ShardScan:
         import tarfile  # here, not at the top: it brings shutil and four codecs to every process that reads no tar
