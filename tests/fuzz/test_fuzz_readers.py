@@ -16,6 +16,7 @@ import io
 import json
 import tarfile
 import tempfile
+import zlib
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest import mock
@@ -272,6 +273,65 @@ def test_tar_reader_accounts_for_every_record(data, records_per_chunk, shrink_af
         if shrink_after_planning is not None:  # the shard changes between planning and reading
             shard.write_bytes(data[: int(len(data) * shrink_after_planning)])
         check_every_slot_accounted(dataset, records_per_chunk)
+
+
+def _compressed_tar(tar: bytes, layout: str, piece: int) -> bytes:
+    """`tar` compressed whole as one gzip stream, or in gzip members or zstd frames of `piece` bytes."""
+    if layout == "gzip stream":
+        return gzip.compress(tar)
+    compress = gzip.compress if layout == "gzip members" else zstandard.ZstdCompressor().compress
+    return b"".join(compress(tar[at:at + piece]) for at in range(0, len(tar), piece))
+
+
+def _decompressed_prefix(stored: bytes, layout: str) -> bytes:
+    """What `stored`, maybe cut short, decompresses to before its end, by its codec's own library."""
+    out, rest = [], stored
+    while rest:
+        decoder = (zstandard.ZstdDecompressor().decompressobj() if layout.startswith("zstd")
+                   else zlib.decompressobj(wbits=zlib.MAX_WBITS | 16))
+        out.append(decoder.decompress(rest))
+        rest = decoder.unused_data
+    return b"".join(out)
+
+
+def _tar_read(dataset: Dataset, chunk) -> tuple:
+    """A chunk's records and (index, reason) skips: what does not name the shard's file."""
+    read = dataset.read_chunk(chunk, on_error="skip")
+    return read.records, [(address.index, reason) for address, reason in read.skipped]
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(data=tar_shards(), layout=st.sampled_from(["gzip stream", "gzip members", "zstd frames"]),
+       piece=st.integers(64, 3000), cut=st.none() | st.floats(0, 1), block=st.integers(16, 512),
+       spacing=st.integers(1, 3000), records_per_chunk=st.integers(1, 5), order=st.randoms(use_true_random=False))
+def test_a_compressed_tar_plans_and_reads_as_the_tar_it_decompresses_to(data, layout, piece, cut, block, spacing,
+                                                                        records_per_chunk, order):
+    """A tar (damaged or not) compressed whole, its stream maybe cut, read in any order from its
+    members' or frames' starts and from resume points: planned and read as the plain tar of what
+    it decompresses to, record for record and reason for reason, or refused where that tar is."""
+    stored = _compressed_tar(data[0], layout, piece)
+    if cut is not None:
+        stored = stored[: int(len(stored) * cut)]
+    plain_bytes = _decompressed_prefix(stored, layout)
+    store = _resume_points.ResumePoints(first_spacing=spacing)
+    with shard_dir() as plain_root, shard_dir() as root, mock.patch.object(_resume_points, "resume_points", store), \
+            mock.patch.object(_compression, "_COMPRESSED_BLOCK_SIZE", block):
+        (plain_root / "shard.tar").write_bytes(plain_bytes)
+        (root / ("shard.tar.zst" if layout.startswith("zstd") else "shard.tar.gz")).write_bytes(stored)
+        plain = plan(plain_root, "shard", intact=False)
+        compressed = plan(root, "shard", intact=False)
+        if not plain_bytes and stored:  # cut before anything decompressed: refused, where no tar is empty
+            assert compressed is None
+            return
+        assert (plain is None) == (compressed is None)
+        if plain is None:
+            return
+        assert compressed.num_records == plain.num_records
+        chunks = compressed.chunks(records_per_chunk)
+        expected = [_tar_read(plain, chunk) for chunk in plain.chunks(records_per_chunk)]
+        shuffled = order.sample(range(len(chunks)), len(chunks))
+        for k in shuffled + shuffled[::-1]:  # the second time round, from the points the first noted
+            assert _tar_read(compressed, chunks[k]) == expected[k], k
 
 
 # -- Parquet --------------------------------------------------------------------------------------
