@@ -12,6 +12,7 @@ import logging
 import random
 import tarfile
 import zlib
+from array import array
 
 import pytest
 import zstandard
@@ -187,3 +188,18 @@ def test_a_compressed_tar_s_scan_is_kept_in_the_scan_cache_and_planned_from_it(t
         patched.setattr(WebDataset, "scan", lambda self, shard: pytest.fail(f"{shard.url} was scanned again"))
         assert facts(Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)) == scanned
     assert not [r for r in caplog.records if "scan cache" in r.getMessage()]
+
+
+def test_a_view_sent_back_to_its_start_while_planning_notes_each_member_once():
+    """Planning notes where each member begins (its entry points); a seek back past what the view
+    keeps starts the decoder again, and the members it passes again are not noted twice."""
+    data = bytes(random.Random(1).getrandbits(8) for _ in range(300_000))
+    stored = _gzip_members(data)
+    once = array("q")
+    DecompressedView(io.BytesIO(stored), "gzip", frame_starts=once).decompressed_length()
+    again = array("q")
+    view = DecompressedView(io.BytesIO(stored), "gzip", frame_starts=again)
+    assert view.read(200_000) == data[:200_000]
+    view.seek(10)  # further back than the view keeps
+    assert view.read() == data[10:]
+    assert again == once and len(once) == 2 * 300

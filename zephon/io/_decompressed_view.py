@@ -38,8 +38,9 @@ class DecompressedView:
     decompressed offset `entry[1]` on through a decoder started at compressed offset `entry[0]`.
 
     `resume_key` names the shard for `_resume_points` (None while planning: no points);
-    `frame_starts`, where given, gets each member's or frame's start as `decompressed_blocks`
-    gives them, offsets from `entry`. Not thread-safe: one read's own, as its file is."""
+    `frame_starts`, where given (planning, from the stream's start), gets each member's or
+    frame's start as `decompressed_blocks` gives them. Not thread-safe: one read's own, as its
+    file is."""
 
     def __init__(self, raw: BinaryIO, compression: str, *, entry: tuple[int, int] = (0, 0),
                  resume_key: Hashable | None = None, frame_starts: array | None = None) -> None:
@@ -60,6 +61,8 @@ class DecompressedView:
             self._decompression = Decompression(self._compression, point=point.stream)
             self._base, self._kept_start = 0, point.line  # a point's offsets are the stream's own
         else:
+            if self._frame_starts is not None:  # planning, from the start again: noted anew, not twice
+                del self._frame_starts[:]
             self._raw.seek(compressed)
             self._decompression = Decompression(self._compression, self._frame_starts)
             self._base = self._kept_start = decompressed

@@ -95,7 +95,7 @@ _COMPRESSIBLE_SUFFIXES = {**_LINE_SUFFIXES, ".tar": "webdataset"}  # what a .gz 
 _HUB_REPO_TYPES = ("datasets", "models", "spaces")
 _GLOB_CHARS = "*?["
 # Compressions of whole files that no format here decodes, and the suffixes that mean "a compressed
-# tar" in one (those GNU tar's --auto-compress knows).
+# tar" in one of them (those GNU tar's --auto-compress knows, but .tgz and .tzst: gzip and zstd).
 _UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".br", ".snappy", ".zip", ".7z")
 _COMPRESSED_TAR = (".taz", ".tbz", ".tbz2", ".tb2", ".txz", ".tlz")
 _READ_COMPRESSED_TAR = {".tgz": "gzip", ".tzst": "zstd"}  # what `.tar.gz` and `.tar.zst` are short for
@@ -132,7 +132,6 @@ def infer_format(path: str) -> tuple[str, str | None] | None:
         if stem.endswith(suffix):
             return fmt, compression
     return None
-
 
 
 def _hidden(path: str) -> bool:

@@ -19,7 +19,9 @@ it read from its start as without points (256 shards of 256 MiB: none in any). P
 warning counts the spacing a dataset's shards settle at (`settled_spacing`).
 
 Only gzip: zstandard's decoders cannot be copied, so a shard written as one zstd stream is still
-decompressed from its start for every chunk (planning warns of it). Points are kept per process
+decompressed from its start for every chunk (planning warns of it). A tar compressed as one gzip
+stream notes and takes points the same way (`_decompressed_view`), by decompressed offset, not
+by line. Points are kept per process
 and never written anywhere: a worker process finds its own, and a shard whose version changes is
 another key (`ShardFile.planned_version`).
 """
