@@ -404,6 +404,9 @@ class ProcessRunner(ProcessRunnerClose):
         try:
             with _fork_warning_silenced():
                 process.start()
+        except OSError as error:  # the fork itself refused: a bare "Resource temporarily unavailable" said no more
+            parent_conn.close()
+            raise type(error)(error.errno, _fork_refused(stage.name, error)) from error
         except BaseException:
             parent_conn.close()
             raise
@@ -857,6 +860,16 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _fork_refused(stage: str, error: OSError) -> str:
+    """What the system's refusal of a worker process (EAGAIN at a process limit, ENOMEM) means and
+    what to do, in place of its bare strerror."""
+    return (
+        f"stage {stage!r}: the system refused a worker process ({error.strerror}): at a limit of processes "
+        "(a container's pids.max or ulimit -u, where every thread of the trainer counts too) or of memory; raise "
+        "the limit, give the stage fewer workers (parallelism), or run it on runner='thread'"
+    )
 
 
 def _describe_exit(process: multiprocessing.process.BaseProcess) -> str:

@@ -1773,6 +1773,28 @@ def test_a_full_arena_sends_replies_through_files_and_loses_nothing():
         assert in_arena(runner.submit(0, 10).result(10))
 
 
+@pytest.mark.parametrize("refusal", [errno.EAGAIN, errno.ENOMEM])
+def test_a_worker_process_the_system_refuses_is_an_error_naming_the_stage_and_what_to_do(monkeypatch, refusal):
+    """A fork refused at a process limit (a container's pids.max, where every thread of the trainer
+    counts) or for memory raised a bare "Resource temporarily unavailable" from inside
+    multiprocessing: now the same error type and errno, saying which stage and what to do; the
+    runner is closed, its directory removed."""
+    children = child_pids()
+
+    def refused() -> int:
+        raise OSError(refusal, os.strerror(refusal))
+
+    runner = ProcessRunner()
+    monkeypatch.setattr(os, "fork", refused)
+    with pytest.raises(OSError) as raised:
+        runner.start([Stage("tokenize", lambda x: x, 2)])
+    monkeypatch.undo()
+    assert raised.value.errno == refusal and isinstance(raised.value, type(OSError(refusal, "")))
+    assert "stage 'tokenize': the system refused a worker process" in str(raised.value)
+    assert "pids.max" in str(raised.value) and "runner='thread'" in str(raised.value)
+    assert runner.shm_directory is None and child_pids() == children
+
+
 def test_the_arenas_can_be_turned_off_and_their_sizes_must_not_be_negative():
     with ProcessRunner(reply_arena_bytes=0, request_arena_bytes=0) as runner:
         runner.start([Stage("echo", lambda x: (backed_by_shm_file(x), x))])
