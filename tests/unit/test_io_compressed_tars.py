@@ -14,6 +14,7 @@ import tarfile
 import zlib
 from array import array
 
+import numpy as np
 import pytest
 import zstandard
 
@@ -203,3 +204,30 @@ def test_a_view_sent_back_to_its_start_while_planning_notes_each_member_once():
     view.seek(10)  # further back than the view keeps
     assert view.read() == data[10:]
     assert again == once and len(once) == 2 * 300
+
+
+@pytest.mark.parametrize("damage", ["entry past its point", "entries out of order", "a point fewer"])
+def test_a_damaged_compressed_tar_table_in_the_scan_cache_is_scanned_again(tmp_path, caplog, damage):
+    """The rows the generic check leaves (entries' decompressed starts) and the points' count are
+    the tar's own to check: a table they do not fit is not trusted, and the shard is scanned again."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.tgz").write_bytes(_gzip_members(records(range(100)) + END))
+    scans = tmp_path / "scans"
+    planned = Dataset.from_path("d", str(tmp_path / "data"))._access[0].seek
+    Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)
+    (entry,) = scans.glob("*/*.npz")
+    with np.load(entry) as stored:
+        fields = dict(stored)
+    seek = fields["seek"].copy()
+    if damage == "entry past its point":
+        seek[2, 3] = seek[0, 3] + 1
+    elif damage == "entries out of order":
+        seek[2, 2], seek[2, 3] = seek[2, 3], seek[2, 2] - 1
+    else:
+        seek = seek[:, :-1]
+    fields["seek"] = seek
+    np.savez(entry, **fields)
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        again = Dataset.from_path("d", str(tmp_path / "data"), scan_cache=scans)._access[0].seek
+    assert np.array_equal(again, planned)
+    assert any("could not be trusted" in r.getMessage() and "seek table" in r.getMessage() for r in caplog.records)

@@ -71,6 +71,12 @@ class ArrowIPC:
     def seek_ndim(compression: str | None) -> int:
         return 2  # the seek table of the module docstring
 
+    @staticmethod
+    def indexes(table: np.ndarray, num_records: int) -> bool:
+        """Two rows, byte positions and first records from 0 to all."""
+        rows, points = table.shape
+        return rows == 2 and 0 < points <= num_records + 1 and table[1, 0] == 0 and table[1, -1] == num_records
+
     def scan(self, shard: ShardFile) -> ShardScan:
         import pyarrow as pa
 

@@ -144,6 +144,12 @@ class ShardFormat(Protocol):
         scan cache checks."""
         ...
 
+    def indexes(self, table: np.ndarray, num_records: int) -> bool:
+        """Whether `table`, a two-dimensional seek, is one its scans give for a shard of
+        `num_records` (asked by the scan cache of an entry it found, its first two rows already
+        checked to ascend); only formats whose `seek_ndim` can be 2 are asked."""
+        ...
+
     def scan(self, shard: ShardFile) -> ShardScan:
         """Count the shard's records, reading as little as the format allows. A change to what it
         returns for the same file changes `scan_key` (the format's entries are scanned again) or

@@ -72,6 +72,14 @@ class DecompressedFromFrames:
         points a table (`entry_points`)."""
         return 1 if compression is None else 2
 
+    @staticmethod
+    def indexes(table: np.ndarray, num_records: int) -> bool:
+        """Three rows, entry points from the first line (`entry_points`), each entered by its first
+        line's decompressed distance (none negative)."""
+        rows, points = table.shape
+        return (rows == 3 and 1 < points <= num_records and table[1, 0] == 0 and table[1, -1] < num_records
+                and not np.any(table[2] < 0))
+
     def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
                     read_together: int) -> np.ndarray | None:
         if compression is None:

@@ -34,9 +34,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable
 
-from .. import _fork
 import numpy as np
 
+from .. import _fork
 from ._compression import StreamPoint, decoders_copy
 
 if TYPE_CHECKING:

@@ -212,14 +212,15 @@ def _load(entry: str, key: str, reader: ShardFormat, compression: str | None) ->
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         return None, f"{entry}: {type(error).__name__}: {error}"
     try:
-        return _checked(fields, key, reader.seek_ndim(compression), reader.name), None
+        return _checked(fields, key, reader, compression), None
     except (ValueError, KeyError, TypeError) as error:
         return None, f"{entry}: {error}"
 
 
-def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int, format_name: str) -> ShardScan:
-    """The ShardScan `fields` hold, if they are one format `format_name`, whose seek has `seek_ndim`
-    dimensions, could have returned for `key`."""
+def _checked(fields: dict[str, np.ndarray], key: str, reader: ShardFormat, compression: str | None) -> ShardScan:
+    """The ShardScan `fields` hold, if they are one `reader` could have returned for `key`, a shard
+    of `compression`."""
+    seek_ndim = reader.seek_ndim(compression)
     if fields.pop("key").tolist() != key:
         raise ValueError("it holds the scan of another shard, version or format")
     arrays = {name: fields.pop(name, None) for name in ("num_records", "raw_bytes", "seek", "record_offsets")}
@@ -238,38 +239,13 @@ def _checked(fields: dict[str, np.ndarray], key: str, seek_ndim: int, format_nam
         if points is not None and (np.any(points < 0) or np.any(np.diff(points) < 0)):
             raise ValueError(f"its {name} are not ascending offsets")
     if seek is not None and seek.ndim == 2:
-        (_check_tar_table if format_name == "webdataset" else _check_table)(seek, num_records)
+        if not reader.indexes(seek, num_records):
+            raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records")
     elif seek is not None and len(seek) > max(1, num_records):
         raise ValueError(f"it holds {len(seek)} seek points for {num_records} records")
     if offsets is not None and (len(offsets) != num_records + 1 or raw_bytes is None or offsets[-1] != raw_bytes):
         raise ValueError(f"its record offsets do not bound {num_records} records of {raw_bytes} bytes")
     return ShardScan(num_records, seek, None if raw_bytes is None else int(raw_bytes), offsets)
-
-
-def _check_table(seek: np.ndarray, num_records: int) -> None:
-    """A seek table indexes the shard's records: Arrow's two rows, byte positions and first records
-    from 0 to all; a compressed line shard's three, entry points from its first line (`_lines`),
-    each entered by its first line's decompressed distance (none negative)."""
-    rows, points = seek.shape
-    if rows == 2:
-        indexes = 0 < points <= num_records + 1 and seek[1, 0] == 0 and seek[1, -1] == num_records
-    else:
-        indexes = (rows == 3 and 1 < points <= num_records and seek[1, 0] == 0 and seek[1, -1] < num_records
-                   and not np.any(seek[2] < 0))
-    if not indexes:
-        raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records")
-
-
-def _check_tar_table(seek: np.ndarray, num_records: int) -> None:
-    """A compressed tar's seek table (`_webdataset`): a point every SEEK_STRIDE records, each point's
-    decompressed offset (ascending, checked above) at or after where its entry's member begins, and
-    the entries' decompressed starts ascending with their compressed ones."""
-    from ._webdataset import SEEK_STRIDE
-
-    rows, points = seek.shape
-    if (rows != 3 or points != -(-num_records // SEEK_STRIDE) or np.any(seek[2] < 0) or np.any(seek[2] > seek[0])
-            or np.any(np.diff(seek[2]) < 0)):
-        raise ValueError(f"its seek table of shape {seek.shape} does not index {num_records} records of a tar")
 
 
 def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:

@@ -102,6 +102,14 @@ class WebDataset:
         shard and in the decompressed stream (`_with_entries`)."""
         return 1 if compression is None else 2
 
+    @staticmethod
+    def indexes(table: np.ndarray, num_records: int) -> bool:
+        """A compressed tar's three rows: a point every SEEK_STRIDE records, each at or after the
+        decompressed start of its entry's member, those starts ascending."""
+        rows, points = table.shape
+        return (rows == 3 and points == -(-num_records // SEEK_STRIDE) and not np.any(table[2] < 0)
+                and not np.any(table[2] > table[0]) and not np.any(np.diff(table[2]) < 0))
+
     def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
                     read_together: int) -> np.ndarray | None:
         """For planning's warning (`_decode_units`): a compressed tar's reads decompress from the
