@@ -14,7 +14,9 @@ a table of one chunk; and with a dictionary-encoded column more, each record's s
 dictionary before the first batch or replaced at every batch, as pandas categoricals written a
 frame at a time are); and as a WebDataset tar of one `.txt` member a record, plain, compressed whole
 as one gzip stream (from resume points, and with them off), in gzip members of 64 KiB of tar, as
-one zstd stream and in zstd frames of 64 KiB. Each round reads every chunk of 128 records (the work sources' default) on
+one zstd stream and in zstd frames of 64 KiB; and the JSON Lines in one zstd or gzip stream
+read from the seekable copies planning keeps in its scan cache (`seekable_copies=True`), in their
+seeded order too. Each round reads every chunk of 128 records (the work sources' default) on
 the calling thread, through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is
 the same Arrow read with the full validation of each batch taken out (`_arrow._validate`), which is
 what that validation costs. `extra_info` records records/s and MB/s of text; the ratios between the
@@ -54,6 +56,8 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "jsonl.gz, one shard, no resume point yet": "jsonl_gz",
     "jsonl.gz, one shard, resume points off": "jsonl_gz",
     "jsonl.gz, one shard in members": "jsonl_gz_members",
+    "jsonl.zst, one shard, seekable copy": "jsonl_zst",
+    "jsonl.gz, one shard, seekable copy": "jsonl_gz",
     "parquet": "parquet",
     "parquet, one row group": "parquet_one_group",
     "arrow": "arrow",
@@ -131,14 +135,19 @@ def _tar_of(records: list[dict]) -> bytes:
 
 
 @pytest.mark.parametrize("kind", list(DIRECTORY))
-def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, kind: str) -> None:
+def test_reading_every_chunk(benchmark, record_build, corpus, monkeypatch, tmp_path, kind: str) -> None:
     root, text_bytes = corpus
     if kind == "arrow, unvalidated":
         monkeypatch.setattr(_arrow, "_validate", lambda batch: None)
-    dataset = Dataset.from_path("corpus", str(root / DIRECTORY[kind]))
+    copies = {"scan_cache": tmp_path / "scans", "seekable_copies": True} if kind.endswith("seekable copy") else {}
+    dataset = Dataset.from_path("corpus", str(root / DIRECTORY[kind]), **copies)
     chunks = dataset.chunks(CHUNK)
     forget = None
-    if kind.startswith(("jsonl.gz, one shard", "tar.gz, one shard")):  # in a lane's seeded order, as points meet it
+    if copies:  # what the copy costs on disk beside the shard
+        shard, = (root / DIRECTORY[kind]).iterdir()
+        record_build.update(copy_bytes=sum(p.stat().st_size for p in (tmp_path / "scans").glob("*/*.zst")),
+                            shard_bytes=shard.stat().st_size)
+    if copies or kind.startswith(("jsonl.gz, one shard", "tar.gz, one shard")):  # in a lane's seeded order
         chunks = random.Random(0).sample(chunks, len(chunks))
         _resume_points.resume_points.forget()  # no point left by an earlier kind
         if kind.endswith("no resume point yet"):

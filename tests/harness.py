@@ -20,7 +20,7 @@ from zephon import Pipeline, global_batch_digest, merge_states
 from zephon._batch import collate
 from zephon._records import RecordAddress
 from zephon._sequence import IGNORE_INDEX
-from zephon.io import Dataset
+from zephon.io import Dataset, _compression, _resume_points
 from zephon.work import StaticMixtureWorkSource, TokenEstimation
 
 NUM_LANES = 8
@@ -45,10 +45,13 @@ def text_pipeline(
     shuffle_seed: int | None = None,
     map_fn: Callable[[dict], dict | None] | None = None,
     estimate_tokens: bool = True,
+    dataset_options: dict | None = None,
 ) -> Pipeline:
-    """The text recipe of the determinism tests; `map_fn`, if given, is mapped before tokenize."""
+    """The text recipe of the determinism tests; `map_fn`, if given, is mapped before tokenize;
+    `dataset_options` are both datasets' `Dataset.from_path` options."""
+    options = dataset_options or {}
     source = StaticMixtureWorkSource(
-        datasets=[Dataset.from_path("a", str(corpus_a)), Dataset.from_path("b", str(corpus_b))],
+        datasets=[Dataset.from_path("a", str(corpus_a), **options), Dataset.from_path("b", str(corpus_b), **options)],
         mixture=mixture or {"a": 0.5, "b": 0.5},
         token_estimation=TokenEstimation(sample_records=64) if estimate_tokens else None,
         seed=seed,
@@ -237,3 +240,12 @@ class RowsHandedOnAs:
 
     def fingerprint(self, default_pad_id: int) -> dict:
         return {"op": self.name}
+
+
+def space_resume_points(monkeypatch, spacing: int) -> _resume_points.ResumePoints:
+    """This process's resume points `spacing` decompressed bytes apart, read in blocks of an
+    eighth of that, for the test (`monkeypatch`): a gzip stream's reads then start from many."""
+    points = _resume_points.ResumePoints(first_spacing=spacing)
+    monkeypatch.setattr(_resume_points, "resume_points", points)
+    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", spacing // 8)
+    return points

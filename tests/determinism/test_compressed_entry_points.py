@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from tests.harness import checkpoint_after, step_digests, text_pipeline
-from zephon.io import _compression, _resume_points
+from tests.harness import checkpoint_after, space_resume_points, step_digests, text_pipeline
+from zephon.io import _resume_points
 
 STEPS = 6
 MAX_LENGTH = 2048  # about a KJV chapter a row: the steps take records from many chunks, not a few
@@ -55,9 +55,7 @@ def reference(kjv_stored, demo_data_dir, demo_tokenizer_path) -> list[str]:
 
 @pytest.fixture
 def close_resume_points(monkeypatch) -> None:
-    """Resume points 8 KiB apart, read in blocks of 1 KiB: a gzip stream's reads start from many."""
-    monkeypatch.setattr(_resume_points, "resume_points", _resume_points.ResumePoints(first_spacing=8192))
-    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", 1024)
+    space_resume_points(monkeypatch, 8192)
 
 
 @pytest.mark.parametrize("way, runner, world_size", [
@@ -71,6 +69,28 @@ def test_compressed_shards_give_the_global_batches_their_records_give_uncompress
     assert step_digests(pipeline, world_size, STEPS) == reference
     if way == "gzip stream" and runner == "thread":  # read on this process's threads, from the points they noted
         assert _resume_points.resume_points.count() > 10
+
+
+@pytest.mark.parametrize("way, runner, world_size", [
+    ("zstd stream", "process", 2), ("gzip stream", "thread", 4), ("zstd stream", "inline", 1),
+])
+def test_shards_in_one_stream_read_from_their_seekable_copies_give_the_same_global_batches(
+        reference, kjv_stored, demo_data_dir, demo_tokenizer_path, tmp_path, way, runner, world_size):
+    copies = {"scan_cache": tmp_path, "seekable_copies": True}
+    pipeline = text_pipeline(demo_data_dir / "jargon", kjv_stored[way], demo_tokenizer_path, runner=runner,
+                             parallelism=2, max_length=MAX_LENGTH, dataset_options=copies)
+    assert len(list(tmp_path.glob("*/*.zst"))) == len(list(kjv_stored[way].iterdir()))
+    assert step_digests(pipeline, world_size, STEPS) == reference
+
+
+def test_a_run_reading_seekable_copies_resumes_without_them_on_another_world_size(
+        reference, kjv_stored, demo_data_dir, demo_tokenizer_path, tmp_path):
+    def pipeline(runner: str, copies: dict | None):
+        return text_pipeline(demo_data_dir / "jargon", kjv_stored["zstd stream"], demo_tokenizer_path,
+                             runner=runner, parallelism=2, max_length=MAX_LENGTH, dataset_options=copies)
+
+    state = checkpoint_after(pipeline("process", {"scan_cache": tmp_path, "seekable_copies": True}), 2, 3)
+    assert step_digests(pipeline("thread", None), 4, STEPS - 3, state=state, start_step=3) == reference[3:]
 
 
 def test_a_run_reading_shards_of_many_frames_resumes_on_another_world_size(

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from tests.harness import checkpoint_after, step_digests
+from tests.harness import checkpoint_after, space_resume_points, step_digests
 from vlm import ImageSpec
 from vlm._assets import pair_shards, tekken_tokenizer
 from vlm._demo import vlm_pipeline
-from zephon.io import _compression, _resume_points
+from zephon.io import _resume_points
 
 SPEC = ImageSpec.pixtral(max_side=128)
 STEPS = 3
@@ -59,9 +59,7 @@ def reference(stored) -> list[str]:
 
 @pytest.fixture
 def close_resume_points(monkeypatch) -> None:
-    """Resume points 16 KiB apart, read in blocks of 2 KiB: a gzip stream's reads start from many."""
-    monkeypatch.setattr(_resume_points, "resume_points", _resume_points.ResumePoints(first_spacing=16384))
-    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", 2048)
+    space_resume_points(monkeypatch, 16384)
 
 
 @pytest.mark.parametrize("way, runner, world_size", [

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from tests.fuzz.conftest import fuzz_settings
 from tests.reliability.harness import assert_ledger_balances, run_epoch, text_pipeline
 from zephon import BadRecordError, ConfigurationError
-from zephon.io import REASONS, Dataset, ShardUnavailableError, _compression, _dataset, _resume_points
+from zephon.io import (REASONS, Dataset, ShardUnavailableError, _compression, _dataset, _resume_points,
+                       _seekable_copy)
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -216,6 +217,45 @@ def test_a_gzip_stream_read_from_resume_points_gives_what_its_start_gives(
         shuffled = order.sample(range(len(chunks)), len(chunks))
         for k in shuffled + shuffled[::-1]:  # the second time round, from the points the first noted
             assert _read(dataset, chunks[k]) == from_start[k], k
+
+
+@fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
+@given(
+    body=st.lists(lines | st.binary(min_size=200, max_size=3000).map(lambda b: b.replace(b"\n", b"")), min_size=1,
+                  max_size=60),
+    bom=st.booleans(),
+    final_newline=st.booleans(),
+    compression=st.sampled_from(["gz", "zst"]),
+    frame=st.integers(1, 3000),
+    cut=st.none() | st.floats(0, 1),
+    records_per_chunk=st.integers(1, 7),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_shard_in_one_stream_read_from_its_seekable_copy_gives_what_the_shard_gives(
+        body, bom, final_newline, compression, frame, cut, records_per_chunk, order):
+    """Planned with a seekable copy in frames of `frame` bytes of text (`_seekable_copy`), reads in
+    any order give each chunk the records and skips a read of the shard itself gives; a stream cut
+    short gets no copy and is read from itself."""
+    data = (b"\xef\xbb\xbf" if bom else b"") + b"\n".join(body) + (b"\n" if final_newline else b"")
+    whole = (gzip.compress if compression == "gz" else zstandard.ZstdCompressor().compress)(data)
+    stored = whole if cut is None else whole[: int(len(whole) * cut)]
+    intact = stored == whole
+    with shard_dir() as root, tempfile.TemporaryDirectory(prefix="zephon-fuzz-scans-") as scans, \
+            mock.patch.object(_seekable_copy, "COPY_FRAME_BYTES", frame):
+        (root / f"shard.jsonl.{compression}").write_bytes(stored)
+        plain = plan(root, "shard", intact=intact and not _one_array(data))
+        if plain is None:
+            return
+        copied = plan(root, "shard", intact=True, scan_cache=scans, seekable_copies=True)
+        assert copied.shards == plain.shards
+        copies = list(Path(scans).glob("*/*.zst*"))
+        assert [str(path) for path in copies] == ([copied._access[0].copy] if copied._access[0].copy else [])
+        assert not (copies and not intact), "a copy of a stream cut short"
+        chunks = plain.chunks(records_per_chunk)
+        with mock.patch.object(_resume_points, "key_of", lambda shard: None):
+            expected = [_read(plain, chunk) for chunk in chunks]
+        for k in order.sample(range(len(chunks)), len(chunks)):
+            assert _read(copied, chunks[k]) == expected[k], k
 
 
 def _read(dataset: Dataset, chunk) -> tuple:

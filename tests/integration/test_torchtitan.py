@@ -1028,6 +1028,24 @@ def test_a_data_recipe_scan_cache_changes_no_batch_and_may_be_switched_on_at_a_r
         assert first_half + _local_batch_digests(after, 2) == uninterrupted
 
 
+def test_a_data_recipe_with_seekable_copies_reads_its_shards_in_one_stream_from_them_alone(tmp_path):
+    """The shipped KJV shards, each one zstd stream, on an object store: planning reads each once,
+    writing its copy, and no chunk read opens one; the batches are those read from the shards."""
+    with registered(CountingStore):
+        urls = [put(f"countstore://bucket/kjv/{path.name}", path.read_bytes())
+                for path in sorted((DATA / "kjv").glob("*.jsonl.zst"))]
+        settings = dict(datasets=[("kjv", "countstore://bucket/kjv")], tokenizer=str(TOKENIZER), eos="<|eos|>",
+                        max_length=128, shuffle_buffer=16, num_lanes=4, microbatch_size=2, records_per_chunk=16,
+                        runner="inline")
+        with ZephonDataLoader(DataRecipe(**settings), 0, 1, 16) as plain:
+            expected = _local_batch_digests(plain, 4)
+        before = CountingStore.asked_of("open", urls)
+        copied = DataRecipe(**settings, scan_cache=str(tmp_path / "scans"), seekable_copies=True)
+        with ZephonDataLoader(copied, 0, 1, 16) as loader:
+            assert _local_batch_digests(loader, 4) == expected
+        assert CountingStore.asked_of("open", urls) - before == len(urls)
+
+
 def test_torchrun_checkpoint_on_two_ranks_resumes_on_four(corpora, demo_tokenizer_path, reference, tmp_path):
     """Real processes, gloo, a real distributed checkpoint of the `dataloader` state (through
     TorchTitan's CheckpointManager where torchtitan imports)."""

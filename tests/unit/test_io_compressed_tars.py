@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import zstandard
 
+from tests.harness import space_resume_points
 from tests.unit.test_io_tar_walk import END, outcomes, records, shards
-from zephon.io import Dataset, ShardUnavailableError, _compression, _resume_points
+from zephon.io import Dataset, ShardUnavailableError, _resume_points
 from zephon.io._decompressed_view import DecompressedView
 from zephon.io._webdataset import WebDataset
 
@@ -45,11 +46,7 @@ LAYOUTS = {
 
 @pytest.fixture
 def close_resume_points(monkeypatch) -> _resume_points.ResumePoints:
-    """Resume points 2 KiB apart, read in blocks of 256 bytes: a gzip stream's reads start from many."""
-    points = _resume_points.ResumePoints(first_spacing=2048)
-    monkeypatch.setattr(_resume_points, "resume_points", points)
-    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", 256)
-    return points
+    return space_resume_points(monkeypatch, 2048)
 
 
 def _as_plain(outcome: list, name: str) -> str:

@@ -105,7 +105,9 @@ def test_a_compressed_line_shard_of_many_chunks_is_warned_of_as_decompressed_fro
         "from their start up to its last record, so reading its chunks "
         "of 10 records decodes about 50 records for each one read; the same records stored uncompressed (zstd -d, "
         "gunzip: a read seeks into those) or compressed in small frames or members, a read entering at the last "
-        "before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of 64 KiB) decode a few"
+        "before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of 64 KiB), or planned with "
+        "Dataset.from_path(..., scan_cache=DIR, seekable_copies=True) (a copy of each shard in one stream kept in "
+        "such frames in DIR) decode a few"
     )
     pieces = [b"".join(lines.splitlines(True)[k:k + 90]) for k in range(0, RECORDS, 90)]  # 11 of 9 chunks
     (tmp_path / "one" / f"part{suffix}").write_bytes(b"".join(map(compress, pieces)))  # 11 frames or members

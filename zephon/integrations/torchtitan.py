@@ -85,10 +85,12 @@ class DataRecipe:
     `bos`, `eos`, `max_length`, `packing`, `overlong`, `shuffle_buffer`, `seed`, `num_lanes`,
     `microbatch_size`, `flush_every_chunks`, `records_per_chunk`, `token_estimation`,
     `mixture_count`, `num_epochs` — and the global batch size, which the loader takes separately.
-    Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`.
-    `scan_cache`, a local directory, keeps each shard's scan (`Dataset.from_path(scan_cache=)`):
-    every rank plans for itself at every start, and without it each one reads every JSON Lines or
-    text shard through to count its records.
+    Performance (free to change on resume): `parallelism`, `runner`, `cache`, `scan_cache`,
+    `seekable_copies`. `scan_cache`, a local directory, keeps each shard's scan
+    (`Dataset.from_path(scan_cache=)`): every rank plans for itself at every start, and without it
+    each one reads every JSON Lines or text shard through to count its records. `seekable_copies`
+    (with `scan_cache`) keeps there a copy in zstd frames of each such shard written as one gzip or
+    zstd stream, which chunk reads enter near their records (`Dataset.from_path(seekable_copies=)`).
 
     `datasets` are `(name, url)` pairs (any URL `zephon.io.Dataset.from_path` reads); a mapping is
     accepted and kept in its order. `mixture` maps names to token shares (normalised; None: equal).
@@ -161,6 +163,7 @@ class DataRecipe:
     runner: str = "auto"
     cache: bool = False
     scan_cache: str | None = None
+    seekable_copies: bool = False
 
     def __post_init__(self) -> None:
         datasets = self.datasets.items() if isinstance(self.datasets, Mapping) else self.datasets
@@ -192,7 +195,7 @@ class DataRecipe:
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigurationError(f"DataRecipe.tokenizer must name a tokenizer, got {self.tokenizer!r}")
         self._settle_chat_fields([name for name, _ in datasets])
-        for name in ("token_estimation", "cache"):  # "no" is true: it would switch on what it names
+        for name in ("token_estimation", "cache", "seekable_copies"):  # "no" is true: it would switch on what it names
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"DataRecipe.{name} must be True or False, got {getattr(self, name)!r}")
         if self.mixture_count not in COUNTS:
@@ -246,7 +249,9 @@ class DataRecipe:
         cache = {"enabled": True} if self.cache else None
         source = StaticMixtureWorkSource(
             datasets=[
-                Dataset.from_path(name, url, cache=cache, scan_cache=self.scan_cache) for name, url in self.datasets
+                Dataset.from_path(name, url, cache=cache, scan_cache=self.scan_cache,
+                                  seekable_copies=self.seekable_copies)
+                for name, url in self.datasets
             ],
             mixture=dict(self.mixture) if self.mixture is not None else None,
             token_estimation=TokenEstimation(count=self.mixture_count) if self.token_estimation else None,

@@ -23,6 +23,7 @@ from ._arrow import ArrowIPC
 from ._decode_units import wasteful_decoding
 from ._format import ShardFile, ShardFormat, ShardScan
 from ._jsonl import JsonLines
+from ._local import LocalFiles
 from ._locate import locate
 from ._no_ranges import ranges_refused
 from ._protocols import is_local
@@ -38,7 +39,6 @@ from ._webdataset import WebDataset
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-    from ._local import LocalFiles
 
 __all__ = ["Dataset", "ShardInfo", "check_io_options"]
 
@@ -101,6 +101,7 @@ class _ShardAccess:
     record_offsets: np.ndarray | None = field(default=None, compare=False)
     offsets_dropped: bool = field(default=False, compare=False)  # by a pickle: see Dataset.check_plannable
     version: ShardVersion | None = field(default=None, compare=False)
+    copy: str | None = field(default=None, compare=False)  # its seekable copy, which `seek` indexes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +137,7 @@ class Dataset:
         text_unit: str = "line",
         cache: dict | None = None,
         scan_cache: str | os.PathLike | None = None,
+        seekable_copies: bool = False,
         retries: int = 3,
         retry_delay: float = 0.5,
     ) -> Dataset:
@@ -148,7 +150,10 @@ class Dataset:
         `cache={"enabled": True, "dir": ...}` copies remote shards to local disk. `scan_cache`, a
         local directory, keeps what counting each shard found, so that the next planning of the
         same version of a shard (another rank, a resumed run) reads none of it (`_scan_cache`);
-        the plan is the same either way. A storage error,
+        the plan is the same either way. `seekable_copies=True` (with `scan_cache`) also keeps
+        there a copy of each JSON Lines or text shard written as one gzip or zstd stream, in zstd
+        frames, which its chunk reads enter near their lines instead of decompressing the shard from
+        its start (`_seekable_copy`): about the shard's size again on that disk. A storage error,
         listing or reading, is retried: `retries` counts the attempts in all, the first one
         included (1: no retry), waiting `retry_delay` seconds before the second and doubling, up to
         a minute. Listing, only "no such file" means nothing is at `url`, and permission denied is a
@@ -165,7 +170,11 @@ class Dataset:
                 f"storage_options={storage_options!r} must be a dict of the filesystem's options, e.g. {{'anon': True}}"
             )
         retry = RetryPolicy(retries, retry_delay)
-        scans_kept = None if scan_cache is None else ScanCache(scan_cache)
+        if not isinstance(seekable_copies, bool):
+            raise ConfigurationError(f"seekable_copies={seekable_copies!r} must be True or False")
+        if seekable_copies and scan_cache is None:
+            raise ConfigurationError("seekable_copies=True keeps the copies in the scan cache: give scan_cache=DIR too")
+        scans_kept = None if scan_cache is None else ScanCache(scan_cache, seekable_copies)
         options = _copied_options(dict(storage_options or {}))
         try:  # listing a remote store fails as transiently as reading it (a hub out of reach)
             located = retry.call(url, lambda: locate(url, format, options))
@@ -221,7 +230,7 @@ class Dataset:
         facts = zip(urls, located.paths, located.nbytes, located.compressions, scans, strict=True)
         planned = [
             (ShardInfo(u, s.num_records, n, n if s.raw_bytes is None else s.raw_bytes),
-             _ShardAccess(p, c, s.seek, s.record_offsets, version=v))
+             _ShardAccess(p, c, s.seek, s.record_offsets, version=v, copy=s.copy))
             for u, p, n, c, (s, v, _) in facts
         ]
         return cls(
@@ -292,9 +301,16 @@ class Dataset:
             shard = replace(shard, planned_version=None, from_start=True)
 
         def read() -> list[Slot]:
+            if access.copy is not None and chunk.shard not in self.__dict__.get("_copies_gone", ()):
+                copy = ShardFile(info.url, access.copy, "zstd", LocalFiles())
+                try:
+                    return self._reader.read(copy, access.seek, chunk.start, chunk.stop)
+                except FileNotFoundError:
+                    self._copy_gone(chunk.shard, access.copy)
             if cached or from_start:
                 check_unchanged(access.version, fs, access.path, info.url)
-            return self._reader.read(shard, access.seek, chunk.start, chunk.stop)
+            seek = None if access.copy is not None else access.seek  # the copy's, where it has one
+            return self._reader.read(shard, seek, chunk.start, chunk.stop)
 
         try:
             slots = self._retry.call(info.url, read)
@@ -304,6 +320,16 @@ class Dataset:
             self._read_from_start(chunk.shard, info.url)
             return self.read_chunk(chunk, on_error=policy)
         return collect(chunk, info.url, slots, policy)
+
+    def _copy_gone(self, index: int, copy: str) -> None:
+        """Read shard `index` itself from now on in this process, its seekable copy `copy` gone
+        (a scan cache cleared meanwhile), saying so once per shard and process."""
+        gone = self.__dict__.setdefault("_copies_gone", set())
+        if index not in gone:
+            log.warning("dataset %r: the seekable copy %s of shard %s is gone, so its chunks are read from the "
+                        "shard itself, each decompressing it from its start; plan again to copy it again",
+                        self.name, copy, self.shards[index].url)
+        gone.add(index)
 
     def _read_from_start(self, index: int, url: str) -> None:
         """Read shard `index` from its start from now on in this process (`_no_ranges`), saying so
@@ -392,6 +418,7 @@ class Dataset:
         state = dict(self.__dict__)
         state.pop("_made_here", None)  # made on first read in the receiving process
         state.pop("_ranges_refused", None)  # learnt again, and said again, by each process
+        state.pop("_copies_gone", None)
         # Per-record offsets serve planning only, which happens where the Dataset was built.
         state["_access"] = tuple(
             replace(a, record_offsets=None, offsets_dropped=a.record_offsets is not None) for a in self._access

@@ -48,6 +48,7 @@ class ShardFile:
     planned_nbytes: int | None = None  # the size planning listed; None while planning
     planned_version: ShardVersion | None = None  # compared with the opened file's (see `_version`)
     from_start: bool = False  # read through one stream from byte 0: its server refuses ranges (`_no_ranges`)
+    copy_to: str | None = None  # planning: where a line format may write a seekable copy (`_seekable_copy`)
 
     def open(self, read_ahead: int | None = None) -> BinaryIO:
         """The shard for reading. `read_ahead`, for a chunk read: the bytes a remote file fetches
@@ -120,12 +121,16 @@ class ShardScan:
 
     Each format picks its stride: a read starts at most `stride` records before its range, and the
     index costs 8 bytes per `stride` records on the (pickled) Dataset.
+
+    `copy`, where planning wrote one (`_seekable_copy`), is the path of the shard's seekable copy,
+    which `seek` then indexes: reads go to it, not to the shard.
     """
 
     num_records: int
     seek: np.ndarray | None = None
     raw_bytes: int | None = None
     record_offsets: np.ndarray | None = None
+    copy: str | None = None
 
 
 class ShardFormat(Protocol):

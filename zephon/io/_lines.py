@@ -11,7 +11,8 @@ compressed a few thousand lines at a time and concatenated) is entered at the la
 chunk's first line (`entry_points`), decompressed from there up to the chunk's last line. One
 written as a single stream (`gzip`, `zstd`, Python's `gzip` and `zstandard` writers) has one entry
 point, its start: a gzip one is decompressed from the last place this process's reads noted
-before a chunk (`_resume_points`), a zstd one from its start.
+before a chunk (`_resume_points`), a zstd one from its start; unless planning, asked to, wrote a
+seekable copy of it in frames (`_seekable_copy`), whose entry points its reads then enter at.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from . import _resume_points
 from ._compression import Decompression, decoders_copy, decompressed_blocks, raw_blocks
 from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 from ._resume_points import ResumePoint, single_stream_units
+from ._seekable_copy import FramedCopy
 
 __all__ = ["UTF8_BOM", "DecompressedFromFrames", "entry_points", "read_lines", "scan_lines"]
 
@@ -60,10 +62,12 @@ class DecompressedFromFrames:
 
     decode_units: ClassVar[str] = "zstd frames, gzip members or stretches of a gzip stream between resume points"
     stops_at_chunk_end: ClassVar[bool] = True
+    copies_streams: ClassVar[bool] = True  # its scans copy one stream where asked (`_seekable_copy`)
     how_to_rewrite: ClassVar[str] = (
         "stored uncompressed (zstd -d, gunzip: a read seeks into those) or compressed in small frames or members, "
         "a read entering at the last before its chunk (pzstd -1 writes frames of 2 MiB of text, bgzip members of "
-        "64 KiB)"
+        "64 KiB), or planned with Dataset.from_path(..., scan_cache=DIR, seekable_copies=True) (a copy of each "
+        "shard in one stream kept in such frames in DIR)"
     )
 
     @staticmethod
@@ -110,28 +114,58 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
     opening = b""
     starts = [np.zeros(1, dtype=np.int64)]
     frame_starts = array("q")
-    with shard.open() as f:
-        try:
-            for block in _blocks_to_count(f, shard.compression, frame_starts):
-                if check_opening is not None and len(opening) < OPENING_BYTES:  # a first frame may be short
-                    opening += bytes(block[: OPENING_BYTES - len(opening)])
-                positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
-                starts.append(positions.astype(np.int64) + size + 1)  # line m + 1 starts after newline m
-                size += len(block)
-                ends_with_newline = block[-1] == _NEWLINE
-        except EOFError:
-            cut = True
-    offsets = np.concatenate(starts)
-    unterminated = cut or not ends_with_newline
-    num_lines = len(offsets) - 1 + (1 if unterminated else 0)
-    offsets = np.append(offsets[:num_lines], size)  # starts of every line, then the end
-    if check_opening is not None:
-        check_opening(opening, num_lines)
-    if shard.compression is None:
-        seek = offsets[:num_lines:SEEK_STRIDE]
-    else:
-        seek = entry_points(frame_starts, offsets[:num_lines])
-    return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets)
+    copy = FramedCopy(shard.copy_to) if shard.copy_to is not None and shard.compression is not None else None
+    try:
+        with shard.open() as f:
+            try:
+                for block in _blocks_to_count(f, shard.compression, frame_starts):
+                    if copy is not None and len(frame_starts) > 2:  # a second frame: entry points of its own
+                        copy.abandon()
+                        copy = None
+                    elif copy is not None:
+                        copy.write(block)
+                    if check_opening is not None and len(opening) < OPENING_BYTES:  # a first frame may be short
+                        opening += bytes(block[: OPENING_BYTES - len(opening)])
+                    positions = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
+                    starts.append(positions.astype(np.int64) + size + 1)  # line m + 1 starts after newline m
+                    size += len(block)
+                    ends_with_newline = block[-1] == _NEWLINE
+            except EOFError:
+                cut = True
+        offsets = np.concatenate(starts)
+        unterminated = cut or not ends_with_newline
+        num_lines = len(offsets) - 1 + (1 if unterminated else 0)
+        offsets = np.append(offsets[:num_lines], size)  # starts of every line, then the end
+        if check_opening is not None:
+            check_opening(opening, num_lines)
+        if shard.compression is None:
+            seek = offsets[:num_lines:SEEK_STRIDE]
+        else:
+            seek = entry_points(frame_starts, offsets[:num_lines])
+        copied = None
+        if copy is not None:
+            seek, copied = _into_copy(copy, seek, cut, offsets[:num_lines])
+    except BaseException:
+        if copy is not None:
+            copy.abandon()
+        raise
+    return ShardScan(num_lines, seek, raw_bytes=size, record_offsets=offsets, copy=copied)
+
+
+def _into_copy(copy: FramedCopy, seek: np.ndarray | None, cut: bool,
+               line_starts: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """(seek, the copy's path) of a shard scanned as one stream with its copy written as it went:
+    the copy's entry points where it has several (`_seekable_copy`); else the shard's own seek and
+    no copy, the copy removed (a shard cut short, or whose text fits one frame of the copy)."""
+    if seek is not None or cut:
+        copy.abandon()
+        return seek, None
+    copy.finish()
+    into_copy = entry_points(copy.frame_starts, line_starts)
+    if into_copy is None:
+        copy.abandon()
+        return None, None
+    return into_copy, copy.path
 
 
 def entry_points(frame_starts: array, line_starts: np.ndarray) -> np.ndarray | None:

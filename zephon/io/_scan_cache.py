@@ -58,6 +58,7 @@ import errno
 import functools
 import os
 import zipfile
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,6 +67,7 @@ from .._errors import ConfigurationError
 from .._file_lock import lock, remove_if_unlocked, still_at
 from .._sha256 import sha256
 from ._format import ShardScan
+from ._seekable_copy import COPY_FRAME_BYTES, CopyNotWritten
 from ._unwritable import unwritable_remedy
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ written by an older Zephon are never read as this one's. 2: entries in a directo
 time too. 3: a JSON Lines shard that is one JSON array is refused by its scan, where a 2 entry
 held its count of malformed lines and planned it."""
 
-_ENTRY, _LOCK, _PART = ".npz", ".lock", ".part"
+_ENTRY, _LOCK, _PART, _COPY = ".npz", ".lock", ".part", ".zst"
 _NAME_LENGTH = 64  # the hex digits of a SHA-256, which every file of an entry is named by first
 
 # A disk that cannot take the entry: full, over quota, read-only, not writable by this user.
@@ -89,15 +91,18 @@ _UNWRITABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.E
 
 
 class ScanCache:
-    """A directory of shard scans. Thread-safe and process-safe: it holds no state but its path."""
+    """A directory of shard scans, and with `seekable_copies` the seekable copies planning writes of
+    line shards in one compressed stream (`_seekable_copy`). Thread-safe and process-safe: it
+    holds no state but its path and that choice."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, seekable_copies: bool = False) -> None:
+        self.seekable_copies = seekable_copies
         if not isinstance(directory, (str, os.PathLike)):
             raise ConfigurationError(f"scan_cache={directory!r} must be a local directory path (a str or os.PathLike)")
         path = os.fspath(directory)
         if not path or "://" in path:
             raise ConfigurationError(f"scan_cache={path!r} must be a local directory path, not a URL")
-        self.directory = os.path.expanduser(path)
+        self.directory = os.path.abspath(os.path.expanduser(path))  # a copy's path is read in other processes
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as error:
@@ -114,6 +119,9 @@ class ScanCache:
         shard_key = "\n".join([f"zephon scan cache {SCAN_CACHE_VERSION}", f"url={url}", f"host={version.host}",
                                f"compression={shard.compression}", f"format={reader.scan_key}"])
         key = f"{shard_key}\nversion={version.stamp}\nchanged_ns={version.changed_ns}"
+        copying = self.seekable_copies and shard.compression is not None and getattr(reader, "copies_streams", False)
+        if copying:  # an entry of a planning without copies holds no copy: another entry
+            key += f"\nseekable copy in zstd frames of {COPY_FRAME_BYTES} bytes"
         versions = os.path.join(self.directory, _name(shard_key))
         entry = os.path.join(versions, _name(key) + _ENTRY)
         found, distrusted = _load(entry, key, reader, shard.compression)
@@ -129,11 +137,17 @@ class ScanCache:
                 found, _ = _load(entry, key, reader, shard.compression)
                 if found is not None:
                     return found, distrusted
-            scanned = reader.scan(shard)
+            try:
+                scanned = _scan_and_copy(shard, reader, entry, locked) if copying else reader.scan(shard)
+            except CopyNotWritten as error:
+                raise self._unwritable(error.os_error, url) from error.os_error
             try:
                 _store(entry, key, scanned, locked)
-            except OSError as error:
-                if error.errno in _UNWRITABLE_ERRNOS:
+            except BaseException as error:
+                if scanned.copy is not None:  # no entry will name it
+                    with contextlib.suppress(OSError):
+                        os.unlink(scanned.copy)
+                if isinstance(error, OSError) and error.errno in _UNWRITABLE_ERRNOS:
                     raise self._unwritable(error, url) from error
                 raise
             with contextlib.suppress(OSError):  # what cannot be removed now is tried again at the next store
@@ -181,9 +195,39 @@ def _locked(path: str) -> tuple[int, bool]:
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o666), False
 
 
+def _scan_and_copy(shard: ShardFile, reader: ShardFormat, entry: str, locked: bool) -> ShardScan:
+    """`reader.scan` of `shard`, asked to write a seekable copy (`_seekable_copy`), which, where it
+    wrote one, is put in place beside `entry` under the name `_load` looks for. Under the entry's
+    lock the copy is written under the entry's own temporary name; without one, a unique one."""
+    final = entry.removesuffix(_ENTRY) + _COPY
+    if locked:
+        partial = final + _PART
+    else:
+        import tempfile
+
+        try:
+            handle, partial = tempfile.mkstemp(dir=os.path.dirname(entry), prefix=os.path.basename(final) + ".",
+                                               suffix=_PART)
+        except OSError as error:
+            raise CopyNotWritten(error) from error
+        os.close(handle)
+    try:
+        scanned = reader.scan(replace(shard, copy_to=partial))
+        if scanned.copy is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)  # the unique name made for it
+            return scanned
+        os.replace(partial, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise
+    return replace(scanned, copy=final)
+
+
 def _remove_superseded(versions: str, kept: str) -> None:
     """Remove from `versions`, the directory of one shard's entries, every entry but `kept`, with
-    its lock file and temporary `.part`: one of another version of the shard, which its listing
+    its lock file, seekable copy and temporary `.part`s: one of another version of the shard, which its listing
     no longer reports. Each is removed under its lock, taken without waiting, so never while
     another rank scans or stores that version; where the lock is held, or the filesystem takes
     none, it is left for the next entry stored."""
@@ -196,7 +240,7 @@ def _remove_superseded(versions: str, kept: str) -> None:
 
 def _remove_entry(stem: str) -> None:
     """The lock file last: until it is gone, the next store finds the rest by it."""
-    for leftover in (stem + _ENTRY, stem + _ENTRY + _PART, stem + _LOCK):
+    for leftover in (stem + _ENTRY, stem + _ENTRY + _PART, stem + _COPY, stem + _COPY + _PART, stem + _LOCK):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(leftover)
 
@@ -212,22 +256,24 @@ def _load(entry: str, key: str, reader: ShardFormat, compression: str | None) ->
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         return None, f"{entry}: {type(error).__name__}: {error}"
     try:
-        return _checked(fields, key, reader, compression), None
+        return _checked(fields, key, reader, compression, entry.removesuffix(_ENTRY) + _COPY), None
     except (ValueError, KeyError, TypeError) as error:
         return None, f"{entry}: {error}"
 
 
-def _checked(fields: dict[str, np.ndarray], key: str, reader: ShardFormat, compression: str | None) -> ShardScan:
+def _checked(fields: dict[str, np.ndarray], key: str, reader: ShardFormat, compression: str | None,
+             copy: str) -> ShardScan:
     """The ShardScan `fields` hold, if they are one `reader` could have returned for `key`, a shard
-    of `compression`."""
+    of `compression`, its seekable copy, where it names one, at `copy` and of the size it says."""
     seek_ndim = reader.seek_ndim(compression)
     if fields.pop("key").tolist() != key:
         raise ValueError("it holds the scan of another shard, version or format")
-    arrays = {name: fields.pop(name, None) for name in ("num_records", "raw_bytes", "seek", "record_offsets")}
+    arrays = {name: fields.pop(name, None)
+              for name in ("num_records", "raw_bytes", "seek", "record_offsets", "copy_bytes")}
     if fields:
         raise ValueError(f"it holds unknown fields {sorted(fields)}")
     for name, array in arrays.items():
-        dimensions = 0 if name in ("num_records", "raw_bytes") else seek_ndim if name == "seek" else 1
+        dimensions = 0 if name in ("num_records", "raw_bytes", "copy_bytes") else seek_ndim if name == "seek" else 1
         if array is not None and (array.dtype != np.int64 or array.ndim != dimensions):
             raise ValueError(f"its {name} is {array.dtype} of {array.ndim} dimensions")
     num_records, raw_bytes = int(arrays["num_records"]), arrays["raw_bytes"]
@@ -245,7 +291,23 @@ def _checked(fields: dict[str, np.ndarray], key: str, reader: ShardFormat, compr
         raise ValueError(f"it holds {len(seek)} seek points for {num_records} records")
     if offsets is not None and (len(offsets) != num_records + 1 or raw_bytes is None or offsets[-1] != raw_bytes):
         raise ValueError(f"its record offsets do not bound {num_records} records of {raw_bytes} bytes")
-    return ShardScan(num_records, seek, None if raw_bytes is None else int(raw_bytes), offsets)
+    if (copy_bytes := arrays["copy_bytes"]) is not None:
+        _check_copy(copy, int(copy_bytes), seek)
+    return ShardScan(num_records, seek, None if raw_bytes is None else int(raw_bytes), offsets,
+                     None if copy_bytes is None else copy)
+
+
+def _check_copy(copy: str, copy_bytes: int, seek: np.ndarray | None) -> None:
+    """Refuse an entry whose seekable copy is gone, or not of the size stored (cut short, or
+    another planning's), or that holds no entry points into it."""
+    try:
+        size = os.stat(copy).st_size
+    except FileNotFoundError:
+        raise ValueError(f"its seekable copy {copy} is gone") from None
+    if size != copy_bytes:
+        raise ValueError(f"its seekable copy {copy} is {size} bytes, {copy_bytes} when stored")
+    if seek is None or seek.ndim != 2:
+        raise ValueError("it holds a seekable copy but no entry points into it")
 
 
 def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:
@@ -255,6 +317,8 @@ def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:
     for name in ("raw_bytes", "seek", "record_offsets"):
         if (value := getattr(scanned, name)) is not None:
             arrays[name] = np.asarray(value, dtype=np.int64)
+    if scanned.copy is not None:
+        arrays["copy_bytes"] = np.int64(os.path.getsize(scanned.copy))
     if locked:
         partial = entry + _PART
         handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
