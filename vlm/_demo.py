@@ -52,7 +52,7 @@ def placeholders_for(tokenizer: str | Path):
 
 
 def vlm_pipeline(
-    shards: str | Path,
+    shards: str | Path | Dataset,
     tokenizer: str | Path,
     *,
     runner: Any = "auto",
@@ -70,7 +70,8 @@ def vlm_pipeline(
     image_fields: tuple[str, ...] = ("png", "jpg"),
     defer: bool = False,
 ) -> Pipeline:
-    """The VLM recipe on a directory of WebDataset shards of {png|jpg, txt} pairs.
+    """The VLM recipe on a directory of WebDataset shards of {png|jpg, txt} pairs, or on a Dataset
+of them planned with options of its own (`Dataset.from_path("pairs", ..., scan_cache=DIR)`).
 
     `tokenizer` is a tokenizer.json or its directory with Pixtral's control tokens (`<s>`, `</s>`,
     `[IMG]`, `[IMG_BREAK]`, `[IMG_END]`; see `vlm._assets.tekken_tokenizer`). `spec` defaults to
@@ -110,8 +111,8 @@ def vlm_pipeline(
     )
 
 
-def _scan_pairs(shards: str | Path) -> Dataset:
-    dataset = Dataset.from_path("pairs", str(shards), format="webdataset")
+def _scan_pairs(shards: str | Path | Dataset) -> Dataset:
+    dataset = shards if isinstance(shards, Dataset) else Dataset.from_path("pairs", str(shards), format="webdataset")
     if importlib.util.find_spec("PIL") is not None:  # else decode_images refuses, naming the package
         import_decoder()
     return dataset

@@ -15,7 +15,7 @@ from tests.harness import checkpoint_after, space_resume_points, step_digests
 from vlm import ImageSpec
 from vlm._assets import pair_shards, tekken_tokenizer
 from vlm._demo import vlm_pipeline
-from zephon.io import _resume_points
+from zephon.io import Dataset, _resume_points
 
 SPEC = ImageSpec.pixtral(max_side=128)
 STEPS = 3
@@ -46,7 +46,7 @@ def stored(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _pipeline(directory: Path, runner: str = "inline", parallelism: int = 1):
+def _pipeline(directory: Path | Dataset, runner: str = "inline", parallelism: int = 1):
     return vlm_pipeline(directory, tekken_tokenizer(), runner=runner, parallelism=parallelism, spec=SPEC, num_lanes=8,
                         max_length=256, microbatch_size=2, records_per_chunk=4, flush_every_chunks=2,
                         shuffle_buffer=4, seed=5, defer=True)
@@ -71,6 +71,15 @@ def test_compressed_tars_give_the_global_batches_their_plain_tars_give(stored, r
     assert step_digests(_pipeline(stored[way], runner, 2), world_size, STEPS) == reference
     if way == "gzip stream" and runner == "thread":  # read on this process's threads, from the points they noted
         assert _resume_points.resume_points.count() > 10
+
+
+@pytest.mark.parametrize("way, runner, world_size", [("gzip stream", "process", 2), ("zstd frame", "thread", 4)])
+def test_tars_in_one_stream_read_from_their_seekable_copies_give_the_global_batches_their_plain_tars_give(
+        stored, reference, tmp_path, way, runner, world_size):
+    copied = Dataset.from_path("pairs", str(stored[way]), format="webdataset", scan_cache=tmp_path,
+                               seekable_copies=True)
+    assert len(list(tmp_path.glob("*/*.zst"))) == len(list(stored[way].iterdir()))
+    assert step_digests(_pipeline(copied, runner, 2), world_size, STEPS) == reference
 
 
 def test_a_run_reading_a_gzip_stream_of_tar_resumes_on_another_world_size(stored, reference, close_resume_points):

@@ -1,14 +1,17 @@
-"""`Dataset.from_path(..., scan_cache=DIR, seekable_copies=True)`: a JSON Lines or text shard written
-as one gzip or zstd stream is copied in zstd frames into DIR while planning counts it, and its chunk
-reads enter the copy at the frame before their lines, reading what the shard holds."""
+"""`Dataset.from_path(..., scan_cache=DIR, seekable_copies=True)`: a JSON Lines, text or WebDataset
+tar shard written as one gzip or zstd stream is copied in zstd frames into DIR while planning counts
+it, and its chunk reads enter the copy at the frame before their records, reading what the shard
+holds."""
 
 from __future__ import annotations
 
 import errno
 import gzip
+import io
 import logging
 import os
 import random
+import tarfile
 
 import pytest
 import zstandard
@@ -172,7 +175,8 @@ def test_storing_a_shard_s_new_version_removes_its_old_copy(tmp_path):
 def test_planning_with_copies_does_not_warn_of_decompressing_each_chunk_s_shard_from_its_start(tmp_path):
     root = _shard(tmp_path, _text(), "zst")
     assert "seekable_copies=True" in Dataset.from_path("d", root).wasteful_decoding(10)
-    assert Dataset.from_path("d", root, scan_cache=tmp_path / "scans", seekable_copies=True).wasteful_decoding(10) is None
+    copied = Dataset.from_path("d", root, scan_cache=tmp_path / "scans", seekable_copies=True)
+    assert copied.wasteful_decoding(10) is None
 
 
 def test_a_disk_too_full_for_a_copy_is_a_configuration_error_naming_the_scan_cache(tmp_path, monkeypatch):
@@ -201,3 +205,64 @@ def test_a_disk_too_full_for_a_copy_is_a_configuration_error_naming_the_scan_cac
 def test_seekable_copies_are_asked_with_a_scan_cache_and_a_bool(tmp_path, options, said):
     with pytest.raises(ConfigurationError, match=said):
         Dataset.from_path("d", _shard(tmp_path, _text(50), "zst"), **options)
+
+
+def _tar(records: int = 300, seed: int = 0) -> bytes:
+    """A WebDataset tar of `records` records, each a `.txt` and a `.bin` member of 20 to 900 bytes."""
+    rng = random.Random(seed)
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w") as tar:
+        for number in range(records):
+            for extension in ("txt", "bin"):
+                payload = (b"%d " % number) + bytes(rng.randrange(97, 123) for _ in range(rng.randrange(20, 900)))
+                info = tarfile.TarInfo(f"{number:05d}.{extension}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return sink.getvalue()
+
+
+def _tar_shard(tmp_path, data: bytes, suffix: str) -> str:
+    root = tmp_path / "tars"
+    root.mkdir()
+    (root / f"part.tar.{suffix}").write_bytes(_COMPRESS[suffix](data))
+    return str(root)
+
+
+@pytest.mark.parametrize("suffix", ["zst", "gz"])
+def test_a_tar_in_one_stream_is_read_from_its_copy_as_the_plain_tar_reads(tmp_path, suffix):
+    data = _tar()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "part.tar").write_bytes(data)
+    expected, _ = read_all(Dataset.from_path("d", str(tmp_path / "plain")), 1000)
+    root, scans = _tar_shard(tmp_path, data, suffix), tmp_path / "scans"
+    copied = Dataset.from_path("d", root, scan_cache=scans, seekable_copies=True)
+    assert len(_copies(scans)) == 1 and copied._access[0].copy is not None
+    assert copied.wasteful_decoding(4) is None
+    assert "seekable_copies=True" in Dataset.from_path("d", root).wasteful_decoding(4)
+    os.unlink(os.path.join(root, f"part.tar.{suffix}"))  # its reads go to the copy alone
+    for records_per_chunk in (1, 7, 100):
+        assert _in_any_order(copied, records_per_chunk) == expected
+
+
+def test_a_tar_whose_copy_is_gone_while_reading_is_read_from_itself(tmp_path, caplog):
+    root, scans = _tar_shard(tmp_path, _tar(), "gz"), tmp_path / "scans"
+    copied = Dataset.from_path("d", root, scan_cache=scans, seekable_copies=True)
+    expected = read_all(copied, 16)
+    os.unlink(copied._access[0].copy)
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        assert read_all(copied, 16) == expected
+    assert sum("seekable copy" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("kind", ["members", "cut"])
+def test_no_copy_is_kept_of_a_tar_in_members_or_cut_short(tmp_path, kind):
+    data = _tar()
+    stored = (b"".join(gzip.compress(data[at:at + 30000]) for at in range(0, len(data), 30000)) if kind == "members"
+              else gzip.compress(data)[:-300])
+    root = tmp_path / "tars"
+    root.mkdir()
+    (root / "part.tar.gz").write_bytes(stored)
+    scans = tmp_path / "scans"
+    copied = Dataset.from_path("d", str(root), scan_cache=scans, seekable_copies=True)
+    assert copied._access[0].copy is None and _copies(scans) == []
+    assert read_all(copied, 16) == read_all(Dataset.from_path("d", str(root)), 16)

@@ -89,8 +89,9 @@ class DataRecipe:
     `seekable_copies`. `scan_cache`, a local directory, keeps each shard's scan
     (`Dataset.from_path(scan_cache=)`): every rank plans for itself at every start, and without it
     each one reads every JSON Lines or text shard through to count its records. `seekable_copies`
-    (with `scan_cache`) keeps there a copy in zstd frames of each such shard written as one gzip or
-    zstd stream, which chunk reads enter near their records (`Dataset.from_path(seekable_copies=)`).
+    (with `scan_cache`) keeps there a copy in zstd frames of each such shard, or WebDataset tar,
+    written as one gzip or zstd stream, which chunk reads enter near their records
+    (`Dataset.from_path(seekable_copies=)`).
 
     `datasets` are `(name, url)` pairs (any URL `zephon.io.Dataset.from_path` reads); a mapping is
     accepted and kept in its order. `mixture` maps names to token shares (normalised; None: equal).

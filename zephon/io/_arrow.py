@@ -55,6 +55,7 @@ _WHAT = "Arrow IPC"
 @dataclass(frozen=True)
 class ArrowIPC:
     name: str = "arrow"
+    copies_streams: ClassVar[bool] = False  # no shard of it is one compressed stream
     decode_units: ClassVar[str] = "record batches"
     stops_at_chunk_end: ClassVar[bool] = False
     how_to_rewrite: ClassVar[str] = (

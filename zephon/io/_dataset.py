@@ -151,9 +151,9 @@ class Dataset:
         local directory, keeps what counting each shard found, so that the next planning of the
         same version of a shard (another rank, a resumed run) reads none of it (`_scan_cache`);
         the plan is the same either way. `seekable_copies=True` (with `scan_cache`) also keeps
-        there a copy of each JSON Lines or text shard written as one gzip or zstd stream, in zstd
-        frames, which its chunk reads enter near their lines instead of decompressing the shard from
-        its start (`_seekable_copy`): about the shard's size again on that disk. A storage error,
+        there a copy of each JSON Lines, text or WebDataset tar shard written as one gzip or zstd
+        stream, in zstd frames, which its chunk reads enter near their records instead of
+        decompressing the shard from its start (`_seekable_copy`): about the shard's size again on that disk. A storage error,
         listing or reading, is retried: `retries` counts the attempts in all, the first one
         included (1: no retry), waiting `retry_delay` seconds before the second and doubling, up to
         a minute. Listing, only "no such file" means nothing is at `url`, and permission denied is a
@@ -309,7 +309,7 @@ class Dataset:
                     self._copy_gone(chunk.shard, access.copy)
             if cached or from_start:
                 check_unchanged(access.version, fs, access.path, info.url)
-            seek = None if access.copy is not None else access.seek  # the copy's, where it has one
+            seek = access.seek if access.copy is None else self._reader.stream_seek(access.seek)
             return self._reader.read(shard, seek, chunk.start, chunk.stop)
 
         try:

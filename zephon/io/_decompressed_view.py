@@ -25,6 +25,7 @@ from typing import BinaryIO
 from . import _resume_points
 from ._compression import Decompression, decoders_copy
 from ._resume_points import ResumePoint
+from ._seekable_copy import FramedCopy
 
 __all__ = ["KEPT", "DecompressedView"]
 
@@ -39,13 +40,18 @@ class DecompressedView:
 
     `resume_key` names the shard for `_resume_points` (None while planning: no points);
     `frame_starts`, where given (planning, from the stream's start), gets each member's or
-    frame's start as `decompressed_blocks` gives them. Not thread-safe: one read's own, as its
-    file is."""
+    frame's start as `decompressed_blocks` gives them; `copy`, where given (planning), each
+    decompressed byte once, in order (`_seekable_copy`). `cut` says, once the stream has been
+    decompressed to its end, whether it ended inside a frame. Not thread-safe: one read's own, as
+    its file is."""
 
     def __init__(self, raw: BinaryIO, compression: str, *, entry: tuple[int, int] = (0, 0),
-                 resume_key: Hashable | None = None, frame_starts: array | None = None) -> None:
+                 resume_key: Hashable | None = None, frame_starts: array | None = None,
+                 copy: FramedCopy | None = None) -> None:
         self._raw, self._compression, self._frame_starts = raw, compression, frame_starts
         self._entry = entry
+        self._copy, self._copied = copy, 0  # the decompressed bytes given to `copy` so far
+        self.cut = False
         self._key = resume_key if resume_key is not None and decoders_copy(compression) else None
         self._position = self._kept_start = entry[1]
         self._kept = b""
@@ -80,6 +86,10 @@ class DecompressedView:
         if block is None:
             self._blocks = None
             return False
+        if (self._copy is not None and self._kept_end <= self._copied < self._kept_end + len(block)
+                and len(self._frame_starts) <= 2):  # no more once the stream shows frames of its own
+            self._copy.write(block[self._copied - self._kept_end:])  # a view started again copies no byte twice
+            self._copied = self._kept_end + len(block)
         if keep and self._kept:
             behind = self._kept[-KEPT:]
             self._kept_start = self._kept_end - len(behind)
@@ -126,7 +136,7 @@ class DecompressedView:
             while self._next_block(keep=False):
                 pass
         except EOFError:
-            pass
+            self.cut = True
         return self._kept_end
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:

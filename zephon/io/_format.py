@@ -137,6 +137,10 @@ class ShardFormat(Protocol):
     """A way of storing records in a shard. Implementations are stateless and thread-safe."""
 
     name: str
+    copies_streams: bool
+    """Whether its `scan` of a shard in one compressed stream writes a seekable copy where its
+    ShardFile has `copy_to` (`_seekable_copy`); such a format's `stream_seek(seek)` gives the
+    shard's own seek from its copy's, for a read of the shard where the copy is gone."""
 
     @property
     def scan_key(self) -> str:

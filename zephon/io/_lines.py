@@ -84,6 +84,11 @@ class DecompressedFromFrames:
         return (rows == 3 and 1 < points <= num_records and table[1, 0] == 0 and table[1, -1] < num_records
                 and not np.any(table[2] < 0))
 
+    @staticmethod
+    def stream_seek(seek: np.ndarray) -> None:
+        """The seek of a shard in one stream, from its copy's: none (read from its start)."""
+        return None
+
     def unit_bounds(self, seek: np.ndarray | None, num_records: int, compression: str | None, raw_bytes: int,
                     read_together: int) -> np.ndarray | None:
         if compression is None:

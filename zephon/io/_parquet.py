@@ -57,6 +57,7 @@ a 100,000-row group in the same time here."""
 @dataclass(frozen=True)
 class Parquet:
     name: str = "parquet"
+    copies_streams: ClassVar[bool] = False  # no shard of it is one compressed stream
     decode_units: ClassVar[str] = "row groups"
     stops_at_chunk_end: ClassVar[bool] = True
     how_to_rewrite: ClassVar[str] = (

@@ -119,7 +119,7 @@ class ScanCache:
         shard_key = "\n".join([f"zephon scan cache {SCAN_CACHE_VERSION}", f"url={url}", f"host={version.host}",
                                f"compression={shard.compression}", f"format={reader.scan_key}"])
         key = f"{shard_key}\nversion={version.stamp}\nchanged_ns={version.changed_ns}"
-        copying = self.seekable_copies and shard.compression is not None and getattr(reader, "copies_streams", False)
+        copying = self.seekable_copies and shard.compression is not None and reader.copies_streams
         if copying:  # an entry of a planning without copies holds no copy: another entry
             key += f"\nseekable copy in zstd frames of {COPY_FRAME_BYTES} bytes"
         versions = os.path.join(self.directory, _name(shard_key))

@@ -1,6 +1,7 @@
-"""A seekable copy of a line shard written as one gzip or zstd stream: its decompressed bytes again,
-in zstd frames of COPY_FRAME_BYTES each, kept in the scan cache, so that a chunk read enters at the
-frame before its first line instead of decompressing the shard from its start.
+"""A seekable copy of a JSON Lines, text or WebDataset tar shard written as one gzip or zstd stream:
+its decompressed bytes again, in zstd frames of COPY_FRAME_BYTES each, kept in the scan cache, so
+that a chunk read enters at the frame before its first record instead of decompressing the shard
+from its start.
 
 Why: one stream has one place a decoder may start, its start. A zstd stream's chunk reads each
 decompress everything before their chunk, half the shard on average, and a gzip stream's start
@@ -8,13 +9,13 @@ from this process's resume points (`_resume_points`), which each process notes a
 spread further apart as it reads more shards. Corpora are often shipped that way (`zstd` and
 `gzip` write one stream, and so do Python's writers), and recompressing them is the user's chore
 that planning's warning names. With `Dataset.from_path(..., scan_cache=DIR, seekable_copies=True)`
-planning writes the copy in the pass that counts the shard's lines, which decompresses it anyway.
+planning writes the copy in the pass that counts the shard's records, which decompresses it anyway.
 
 The copy holds the decompressed bytes planned, so a read of it gives what a read of the shard
 would; reads never open the shard itself, so a shard rewritten after planning is read as planned.
 It is not written where it would not help: for a shard already in many frames or members (it has
 entry points of its own), one cut short (its tail is read as truncated from the shard), or one
-whose text fits one frame of the copy (nothing to skip). Frames of 256 KiB of text compressed at
+whose bytes fit one frame of the copy (nothing to skip). Frames of 256 KiB of text compressed at
 level 1 take about as much disk as the shard (`benchmarks/README.md`), and a read enters at most
 a frame before its chunk.
 """

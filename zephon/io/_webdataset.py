@@ -35,8 +35,10 @@ offsets are the decompressed stream's, and beside each seek point planning keeps
 may start before it (the start of its gzip member or zstd frame). A chunk read decompresses from
 there, or from a resume point this process noted in a gzip stream, up to its chunk's end:
 planning warns of shards whose reads decompress much more than their chunks
-(`_decode_units`), as of compressed JSON Lines. Decompressed, the tar is the plain tar's bytes,
-so a compressed shard plans and reads as its plain tar does, batch for batch.
+(`_decode_units`), as of compressed JSON Lines; a tar in one stream planned with a seekable copy
+(`_seekable_copy`, written from the view as planning decompresses it) is read from the copy's
+frames instead. Decompressed, the tar is the plain tar's bytes, so a compressed shard plans and
+reads as its plain tar does, batch for batch.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from ._format import STREAM_READ_AHEAD, ShardFile, ShardScan
 from ._lines import UTF8_BOM
 from ._policy import DUPLICATE_MEMBER, INVALID_UTF8, NOT_A_FILE, Bad, Slot, fill_truncated, parse_json
 from ._resume_points import single_stream_units
+from ._seekable_copy import FramedCopy
 
 if TYPE_CHECKING:
     import tarfile
@@ -83,12 +86,14 @@ NAME_ENCODING = "utf-8"
 @dataclass(frozen=True)
 class WebDataset:
     name: str = "webdataset"
+    copies_streams: ClassVar[bool] = True  # its scans copy one stream where asked (`_seekable_copy`)
     decode_units: ClassVar[str] = "gzip members, zstd frames or stretches of a gzip stream between resume points"
     stops_at_chunk_end: ClassVar[bool] = True
     how_to_rewrite: ClassVar[str] = (
         "stored as plain tars (gunzip, zstd -d: a read seeks into those; images gain little from compression "
         "anyway) or compressed in small members or frames, a read entering at the last before its chunk (bgzip "
-        "writes gzip members of 64 KiB, pzstd -1 zstd frames of 2 MiB)"
+        "writes gzip members of 64 KiB, pzstd -1 zstd frames of 2 MiB), or planned with Dataset.from_path(..., "
+        "scan_cache=DIR, seekable_copies=True) (a copy of each shard in one stream kept in such frames in DIR)"
     )
 
     @property
@@ -123,13 +128,22 @@ class WebDataset:
         return single_stream_units(num_records, compression, raw_bytes, read_together)
 
     def scan(self, shard: ShardFile) -> ShardScan:
+        copy = FramedCopy(shard.copy_to) if shard.copy_to is not None and shard.compression is not None else None
+        try:
+            return self._scan(shard, copy)
+        except BaseException:
+            if copy is not None:
+                copy.abandon()
+            raise
+
+    def _scan(self, shard: ShardFile, copy: FramedCopy | None) -> ShardScan:
         import tarfile  # here, not at the top: it brings shutil and four codecs to every process that reads no tar
 
         count, seek = 0, []
         frame_starts = array("q")
         with shard.open() as raw:
             f = raw if shard.compression is None else DecompressedView(raw, shard.compression,
-                                                                        frame_starts=frame_starts)
+                                                                        frame_starts=frame_starts, copy=copy)
             try:
                 tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
             except EOFError as error:  # a compressed tar cut inside its first header, as a plain one's refusal
@@ -150,7 +164,20 @@ class WebDataset:
                 return ShardScan(count, np.asarray(seek, dtype=np.int64))
             # The tar's size, as a plain tar's file size counts (`Dataset` weighs chunks by it).
             decompressed = f.decompressed_length()
-        return ShardScan(count, _with_entries(np.asarray(seek, dtype=np.int64), frame_starts), raw_bytes=decompressed)
+        points = np.asarray(seek, dtype=np.int64)
+        if copy is not None and len(frame_starts) == 2 and not f.cut:  # one stream, whole
+            copy.finish()
+            if len(copy.frame_starts) > 2:
+                return ShardScan(count, _with_entries(points, copy.frame_starts), raw_bytes=decompressed,
+                                 copy=copy.path)
+        if copy is not None:  # members or frames of its own, cut short, or one frame of copy: nothing to skip
+            copy.abandon()
+        return ShardScan(count, _with_entries(points, frame_starts), raw_bytes=decompressed)
+
+    @staticmethod
+    def stream_seek(seek: np.ndarray) -> np.ndarray:
+        """The seek of a tar in one stream from its copy's: the same points, each entered at the start."""
+        return np.stack([seek[0], np.zeros_like(seek[0]), np.zeros_like(seek[0])])
 
     def read(self, shard: ShardFile, seek: np.ndarray | None, start: int, stop: int) -> list[Slot]:
         assert seek is not None, "a webdataset shard is always scanned with seek points"
