@@ -343,23 +343,28 @@ def _tar_read(dataset: Dataset, chunk) -> tuple:
 @fuzz_settings(ci=40, suppress_health_check=SLOW_OK)
 @given(data=tar_shards(), layout=st.sampled_from(["gzip stream", "gzip members", "zstd frames"]),
        piece=st.integers(64, 3000), cut=st.none() | st.floats(0, 1), block=st.integers(16, 512),
-       spacing=st.integers(1, 3000), records_per_chunk=st.integers(1, 5), order=st.randoms(use_true_random=False))
+       spacing=st.integers(1, 3000), records_per_chunk=st.integers(1, 5), order=st.randoms(use_true_random=False),
+       copy_frame=st.none() | st.integers(64, 4000))
 def test_a_compressed_tar_plans_and_reads_as_the_tar_it_decompresses_to(data, layout, piece, cut, block, spacing,
-                                                                        records_per_chunk, order):
+                                                                        records_per_chunk, order, copy_frame):
     """A tar (damaged or not) compressed whole, its stream maybe cut, read in any order from its
-    members' or frames' starts and from resume points: planned and read as the plain tar of what
-    it decompresses to, record for record and reason for reason, or refused where that tar is."""
+    members' or frames' starts and from resume points, or with `copy_frame` from a seekable copy
+    in frames of that many bytes (`_seekable_copy`): planned and read as the plain tar of what it
+    decompresses to, record for record and reason for reason, or refused where that tar is."""
     stored = _compressed_tar(data[0], layout, piece)
     if cut is not None:
         stored = stored[: int(len(stored) * cut)]
     plain_bytes = _decompressed_prefix(stored, layout)
     store = _resume_points.ResumePoints(first_spacing=spacing)
-    with shard_dir() as plain_root, shard_dir() as root, mock.patch.object(_resume_points, "resume_points", store), \
-            mock.patch.object(_compression, "_COMPRESSED_BLOCK_SIZE", block):
+    with shard_dir() as plain_root, shard_dir() as root, shard_dir() as scans, \
+            mock.patch.object(_resume_points, "resume_points", store), \
+            mock.patch.object(_compression, "_COMPRESSED_BLOCK_SIZE", block), \
+            mock.patch.object(_seekable_copy, "COPY_FRAME_BYTES", copy_frame or 1):
         (plain_root / "shard.tar").write_bytes(plain_bytes)
         (root / ("shard.tar.zst" if layout.startswith("zstd") else "shard.tar.gz")).write_bytes(stored)
         plain = plan(plain_root, "shard", intact=False)
-        compressed = plan(root, "shard", intact=False)
+        copies = {"scan_cache": scans, "seekable_copies": True} if copy_frame else {}
+        compressed = plan(root, "shard", intact=False, **copies)
         if not plain_bytes and stored:  # cut before anything decompressed: refused, where no tar is empty
             assert compressed is None
             return

@@ -12,12 +12,13 @@ import logging
 import os
 import random
 import tarfile
+from array import array
 
 import pytest
 import zstandard
 
 from zephon import ConfigurationError
-from zephon.io import Dataset, _jsonl, _lines, _seekable_copy
+from zephon.io import Dataset, _compression, _decompressed_view, _jsonl, _lines, _seekable_copy
 
 from .conftest_io import read_all
 
@@ -266,3 +267,23 @@ def test_no_copy_is_kept_of_a_tar_in_members_or_cut_short(tmp_path, kind):
     copied = Dataset.from_path("d", str(root), scan_cache=scans, seekable_copies=True)
     assert copied._access[0].copy is None and _copies(scans) == []
     assert read_all(copied, 16) == read_all(Dataset.from_path("d", str(root)), 16)
+
+
+
+def test_a_copy_written_from_a_view_sent_back_to_its_start_holds_each_byte_once(tmp_path, monkeypatch):
+    """Planning a tar copies what its view decompresses (`_decompressed_view`); a seek back past
+    what the view keeps starts the stream again, and what is decompressed twice is copied once."""
+    monkeypatch.setattr(_compression, "_COMPRESSED_BLOCK_SIZE", 1024)  # blocks of ~2 KB: the view keeps 64 KiB
+    rng = random.Random(1)
+    data = b" ".join(b"%d" % rng.randrange(10**9) for _ in range(40_000))
+    copy = _seekable_copy.FramedCopy(str(tmp_path / "copy.zst"))
+    view = _decompressed_view.DecompressedView(io.BytesIO(gzip.compress(data)), "gzip", frame_starts=array("q"),
+                                               copy=copy)
+    assert view.read(200_000) == data[:200_000]
+    started = []
+    monkeypatch.setattr(view, "_start", lambda target, start=view._start: started.append(target) or start(target))
+    view.seek(10)  # further back than the view keeps: decompressed again from the start
+    assert view.read() == data[10:] and started == [10]
+    copy.finish()
+    with open(copy.path, "rb") as f:
+        assert zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read() == data

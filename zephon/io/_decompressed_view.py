@@ -41,8 +41,8 @@ class DecompressedView:
     `resume_key` names the shard for `_resume_points` (None while planning: no points);
     `frame_starts`, where given (planning, from the stream's start), gets each member's or
     frame's start as `decompressed_blocks` gives them; `copy`, where given (planning), each
-    decompressed byte once, in order (`_seekable_copy`). `cut` says, once the stream has been
-    decompressed to its end, whether it ended inside a frame. Not thread-safe: one read's own, as
+    decompressed byte once, in order (`_seekable_copy`). `cut` says whether a read has found the
+    stream ending inside a frame. Not thread-safe: one read's own, as
     its file is."""
 
     def __init__(self, raw: BinaryIO, compression: str, *, entry: tuple[int, int] = (0, 0),
@@ -82,7 +82,11 @@ class DecompressedView:
     def _next_block(self, keep: bool) -> bool:
         """Decompress one more block, kept after the last `KEPT` bytes of what was (or, not `keep`:
         a seek passing over it, in place of them); False at the stream's end."""
-        block = next(self._blocks, None) if self._blocks is not None else None
+        try:
+            block = next(self._blocks, None) if self._blocks is not None else None
+        except EOFError:
+            self.cut = True
+            raise
         if block is None:
             self._blocks = None
             return False
@@ -136,7 +140,7 @@ class DecompressedView:
             while self._next_block(keep=False):
                 pass
         except EOFError:
-            self.cut = True
+            pass
         return self._kept_end
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
