@@ -14,9 +14,9 @@ a table of one chunk; and with a dictionary-encoded column more, each record's s
 dictionary before the first batch or replaced at every batch, as pandas categoricals written a
 frame at a time are); and as a WebDataset tar of one `.txt` member a record, plain, compressed whole
 as one gzip stream (from resume points, and with them off), in gzip members of 64 KiB of tar, as
-one zstd stream and in zstd frames of 64 KiB; and the JSON Lines in one zstd or gzip stream
-read from the seekable copies planning keeps in its scan cache (`seekable_copies=True`), in their
-seeded order too. Each round reads every chunk of 128 records (the work sources' default) on
+one zstd stream and in zstd frames of 64 KiB; and the JSON Lines and the tar in one zstd or gzip
+stream read from the seekable copies planning keeps in its scan cache (`seekable_copies=True`), in
+a seeded order too, each recording the copy's size beside the shard's. Each round reads every chunk of 128 records (the work sources' default) on
 the calling thread, through `Dataset.read_chunk`, as a runner's worker does; "arrow, unvalidated" is
 the same Arrow read with the full validation of each batch taken out (`_arrow._validate`), which is
 what that validation costs. `extra_info` records records/s and MB/s of text; the ratios between the
@@ -71,6 +71,8 @@ DIRECTORY = {  # each kind of read, and the directory of the corpus it reads
     "tar.gz, one shard in members": "tar_gz_members",
     "tar.zst, one shard": "tar_zst",
     "tar.zst, one shard in frames": "tar_zst_frames",
+    "tar.gz, one shard, seekable copy": "tar_gz",
+    "tar.zst, one shard, seekable copy": "tar_zst",
 }
 TAR_PIECE = 1 << 16  # bytes of tar a gzip member or zstd frame holds, as bgzip's
 
