@@ -42,8 +42,7 @@ class DecompressedView:
     `frame_starts`, where given (planning, from the stream's start), gets each member's or
     frame's start as `decompressed_blocks` gives them; `copy`, where given (planning), each
     decompressed byte once, in order (`_seekable_copy`). `cut` says whether a read has found the
-    stream ending inside a frame. Not thread-safe: one read's own, as
-    its file is."""
+    stream ending inside a frame. Not thread-safe: one read's own, as its file is."""
 
     def __init__(self, raw: BinaryIO, compression: str, *, entry: tuple[int, int] = (0, 0),
                  resume_key: Hashable | None = None, frame_starts: array | None = None,

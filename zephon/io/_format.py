@@ -48,7 +48,7 @@ class ShardFile:
     planned_nbytes: int | None = None  # the size planning listed; None while planning
     planned_version: ShardVersion | None = None  # compared with the opened file's (see `_version`)
     from_start: bool = False  # read through one stream from byte 0: its server refuses ranges (`_no_ranges`)
-    copy_to: str | None = None  # planning: where a line format may write a seekable copy (`_seekable_copy`)
+    copy_to: str | None = None  # planning: where its format may write a seekable copy (`_seekable_copy`)
 
     def open(self, read_ahead: int | None = None) -> BinaryIO:
         """The shard for reading. `read_ahead`, for a chunk read: the bytes a remote file fetches
