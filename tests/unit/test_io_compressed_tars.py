@@ -129,6 +129,29 @@ def test_a_compressed_tar_cut_short_plans_and_reads_as_the_tar_it_held_up_to_the
     assert plain[0] == "refused" or ("truncated_shard" in {reason for _, reason in plain[2]})
 
 
+def test_a_compressed_tar_cut_inside_its_end_of_archive_blocks_reads_its_last_record_as_the_plain_tar_does(tmp_path):
+    """A cut in the zeros after the last member loses no member: the plain tar cut there reads its
+    last record, and so does the compressed one (its view reads short at the cut, as a file cut
+    there does; it raised EOFError, and the record was counted `truncated_shard`)."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w") as tar:
+        for number in range(3):
+            info = tarfile.TarInfo(f"{number}.txt")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    whole = sink.getvalue()
+    last_member_end = 3 * 2 * tarfile.BLOCKSIZE
+    stored = b"".join(gzip.compress(whole[at:at + 64]) for at in range(0, last_member_end + 320, 64))
+    stored += gzip.compress(whole[last_member_end + 320:])[:20]  # a member cut inside the end-of-archive zeros
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.tar").write_bytes(_decompressed_before_the_cut(stored, "a.tgz"))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "a.tgz").write_bytes(stored)
+    plain, cut = (Dataset.from_path("d", str(tmp_path / where)) for where in ("plain", "cut"))
+    assert [cut.read_chunk(c).records for c in cut.chunks(1)] == [plain.read_chunk(c).records for c in plain.chunks(1)]
+    assert [r["__key__"] for c in cut.chunks(1) for r in cut.read_chunk(c).records] == ["0", "1", "2"]
+
+
 @pytest.mark.parametrize("name", ["a.tar.gz", "a.tar.zst"])
 def test_undecodable_bytes_in_a_compressed_tar_fail_planning_naming_the_shard_as_in_a_jsonl_shard(tmp_path, name):
     tar = shards()["pax-long-names"]

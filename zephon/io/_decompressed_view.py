@@ -42,7 +42,8 @@ class DecompressedView:
     `frame_starts`, where given (planning, from the stream's start), gets each member's or
     frame's start as `decompressed_blocks` gives them; `copy`, where given (planning), each
     decompressed byte once, in order (`_seekable_copy`). `cut` says whether a read has found the
-    stream ending inside a frame. Not thread-safe: one read's own, as its file is."""
+    stream ending inside a frame, where it reads as a file cut there. Not thread-safe: one read's
+    own, as its file is."""
 
     def __init__(self, raw: BinaryIO, compression: str, *, entry: tuple[int, int] = (0, 0),
                  resume_key: Hashable | None = None, frame_starts: array | None = None,
@@ -80,12 +81,12 @@ class DecompressedView:
 
     def _next_block(self, keep: bool) -> bool:
         """Decompress one more block, kept after the last `KEPT` bytes of what was (or, not `keep`:
-        a seek passing over it, in place of them); False at the stream's end."""
+        a seek passing over it, in place of them); False at the stream's end, or at a cut, where
+        the stream ends inside a frame (`cut`): read as a file cut there reads."""
         try:
             block = next(self._blocks, None) if self._blocks is not None else None
         except EOFError:
-            self.cut = True
-            raise
+            self.cut, block = True, None
         if block is None:
             self._blocks = None
             return False
@@ -112,7 +113,9 @@ class DecompressedView:
 
     def read(self, size: int | None = -1) -> bytes:
         """Up to `size` bytes from the position (all to the end where `size` is None or negative);
-        `EOFError` where the stream is cut, `CorruptStreamError` where it cannot be decoded."""
+        fewer where the stream is cut (`cut`), as a tar file cut at the same byte reads, so a
+        compressed tar walks as the plain tar of what it decompresses to; `CorruptStreamError`
+        where it cannot be decoded."""
         if self._decompression is None:
             self._start(self._position)
         while self._position >= self._kept_end:  # a seek passed beyond what is decompressed
@@ -135,10 +138,7 @@ class DecompressedView:
         before the cut (what a walk of it found is planned, the rest read as truncated)."""
         if self._decompression is None:
             self._start(self._position)
-        try:
-            while self._next_block(keep=False):
-                pass
-        except EOFError:
+        while self._next_block(keep=False):
             pass
         return self._kept_end
 

@@ -146,8 +146,11 @@ class WebDataset:
                                                                         frame_starts=frame_starts, copy=copy)
             try:
                 tar = tarfile.TarFile(fileobj=f, mode="r", encoding=NAME_ENCODING)
-            except EOFError as error:  # a compressed tar cut inside its first header, as a plain one's refusal
-                raise tarfile.ReadError(f"truncated header: {error}") from error
+            except tarfile.ReadError as error:
+                if f is not raw and f.cut:  # cut before its first header ended: not "empty file"
+                    cut = f"truncated header: {shard.compression} stream ends inside a frame"
+                    raise tarfile.ReadError(cut) from error
+                raise
             previous = None
             try:
                 for member, key, _ in _members(tar):
