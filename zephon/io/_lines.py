@@ -159,15 +159,13 @@ def scan_lines(shard: ShardFile, check_opening: Callable[[bytes, int], None] | N
 
 def _into_copy(copy: FramedCopy, seek: np.ndarray | None, cut: bool,
                line_starts: np.ndarray) -> tuple[np.ndarray | None, str | None]:
-    """(seek, the copy's path) of a shard scanned as one stream with its copy written as it went:
-    the copy's entry points where it has several (`_seekable_copy`); else the shard's own seek and
-    no copy, the copy removed (a shard cut short, or whose text fits one frame of the copy)."""
-    if seek is not None or cut:
-        copy.abandon()
+    """(seek, the copy's path) of a shard scanned with its copy written as it went: the copy's
+    entry points where it keeps one with several (`_seekable_copy`); else the shard's own seek and
+    no copy, the copy removed."""
+    if not copy.kept(whole_stream=seek is None and not cut):
         return seek, None
-    copy.finish()
     into_copy = entry_points(copy.frame_starts, line_starts)
-    if into_copy is None:
+    if into_copy is None:  # its lines start in one run of SEEK_STRIDE: nothing to skip
         copy.abandon()
         return None, None
     return into_copy, copy.path

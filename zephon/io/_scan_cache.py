@@ -92,7 +92,7 @@ _UNWRITABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.E
 
 class ScanCache:
     """A directory of shard scans, and with `seekable_copies` the seekable copies planning writes of
-    line shards in one compressed stream (`_seekable_copy`). Thread-safe and process-safe: it
+    shards in one compressed stream (`_seekable_copy`). Thread-safe and process-safe: it
     holds no state but its path and that choice."""
 
     def __init__(self, directory: str | os.PathLike, seekable_copies: bool = False) -> None:
@@ -196,26 +196,20 @@ def _locked(path: str) -> tuple[int, bool]:
 
 
 def _scan_and_copy(shard: ShardFile, reader: ShardFormat, entry: str, locked: bool) -> ShardScan:
-    """`reader.scan` of `shard`, asked to write a seekable copy (`_seekable_copy`), which, where it
-    wrote one, is put in place beside `entry` under the name `_load` looks for. Under the entry's
-    lock the copy is written under the entry's own temporary name; without one, a unique one."""
+    """`reader.scan` of `shard`, asked to write a seekable copy (`_seekable_copy`) to a temporary
+    name (`_temporary`), which, where it wrote one, is put in place beside `entry` under the name
+    `_load` looks for."""
     final = entry.removesuffix(_ENTRY) + _COPY
-    if locked:
-        partial = final + _PART
-    else:
-        import tempfile
-
-        try:
-            handle, partial = tempfile.mkstemp(dir=os.path.dirname(entry), prefix=os.path.basename(final) + ".",
-                                               suffix=_PART)
-        except OSError as error:
-            raise CopyNotWritten(error) from error
-        os.close(handle)
+    try:
+        handle, partial = _temporary(final, locked)
+    except OSError as error:
+        raise CopyNotWritten(error) from error
+    os.close(handle)  # the format writes it
     try:
         scanned = reader.scan(replace(shard, copy_to=partial))
         if scanned.copy is None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(partial)  # the unique name made for it
+                os.unlink(partial)  # made for it, left empty
             return scanned
         os.replace(partial, final)
     except BaseException:
@@ -225,10 +219,22 @@ def _scan_and_copy(shard: ShardFile, reader: ShardFormat, entry: str, locked: bo
     return replace(scanned, copy=final)
 
 
+def _temporary(final: str, locked: bool) -> tuple[int, str]:
+    """A file `final` is written to before it is renamed into place, open for writing, and its
+    path. Under the entry's lock it is `final`'s own `.part`, overwritten by the next holder if a
+    writer was killed; without one, a unique name."""
+    if locked:
+        partial = final + _PART
+        return os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), partial
+    import tempfile  # here: a planning without a scan cache never writes an entry
+
+    return tempfile.mkstemp(dir=os.path.dirname(final), prefix=os.path.basename(final) + ".", suffix=_PART)
+
+
 def _remove_superseded(versions: str, kept: str) -> None:
     """Remove from `versions`, the directory of one shard's entries, every entry but `kept`, with
-    its lock file, seekable copy and temporary `.part`s: one of another version of the shard, which its listing
-    no longer reports. Each is removed under its lock, taken without waiting, so never while
+    its lock file, seekable copy and temporary `.part`s: one of another version of the shard,
+    which its listing no longer reports. Each is removed under its lock, taken without waiting, so never while
     another rank scans or stores that version; where the lock is held, or the filesystem takes
     none, it is left for the next entry stored."""
     kept_name = os.path.basename(kept).removesuffix(_ENTRY)
@@ -306,27 +312,19 @@ def _check_copy(copy: str, copy_bytes: int, seek: np.ndarray | None) -> None:
         raise ValueError(f"its seekable copy {copy} is gone") from None
     if size != copy_bytes:
         raise ValueError(f"its seekable copy {copy} is {size} bytes, {copy_bytes} when stored")
-    if seek is None or seek.ndim != 2:
+    if seek is None:  # a compressed shard's seek, checked above, is its entry points
         raise ValueError("it holds a seekable copy but no entry points into it")
 
 
 def _store(entry: str, key: str, scanned: ShardScan, locked: bool) -> None:
-    """Write `entry` whole or not at all. Under the entry's lock the temporary name is the entry's
-    own, overwritten by the next holder if a writer was killed; without one it is unique."""
+    """Write `entry` whole or not at all: to a temporary name (`_temporary`), renamed into place."""
     arrays = {"key": np.array(key), "num_records": np.int64(scanned.num_records)}
     for name in ("raw_bytes", "seek", "record_offsets"):
         if (value := getattr(scanned, name)) is not None:
             arrays[name] = np.asarray(value, dtype=np.int64)
     if scanned.copy is not None:
         arrays["copy_bytes"] = np.int64(os.path.getsize(scanned.copy))
-    if locked:
-        partial = entry + _PART
-        handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    else:
-        import tempfile  # here: a planning without a scan cache never writes an entry
-
-        handle, partial = tempfile.mkstemp(dir=os.path.dirname(entry), prefix=os.path.basename(entry) + ".",
-                                           suffix=_PART)
+    handle, partial = _temporary(entry, locked)
     try:
         with os.fdopen(handle, "wb") as f:
             np.savez(f, **arrays)

@@ -66,6 +66,16 @@ class FramedCopy:
             self._frame(bytes(self._pending[:COPY_FRAME_BYTES]))
             del self._pending[:COPY_FRAME_BYTES]
 
+    def kept(self, whole_stream: bool) -> bool:
+        """Whether the copy is kept: finished where the shard proved one stream, whole, and the copy
+        holds several frames; else removed (the module docstring says why)."""
+        if whole_stream:
+            self.finish()
+            if len(self.frame_starts) > 2:
+                return True
+        self.abandon()
+        return False
+
     def finish(self) -> int:
         """Write what is left as the last frame and close the file; its size."""
         if self._pending:

@@ -168,13 +168,8 @@ class WebDataset:
             # The tar's size, as a plain tar's file size counts (`Dataset` weighs chunks by it).
             decompressed = f.decompressed_length()
         points = np.asarray(seek, dtype=np.int64)
-        if copy is not None and len(frame_starts) == 2 and not f.cut:  # one stream, whole
-            copy.finish()
-            if len(copy.frame_starts) > 2:
-                return ShardScan(count, _with_entries(points, copy.frame_starts), raw_bytes=decompressed,
-                                 copy=copy.path)
-        if copy is not None:  # members or frames of its own, cut short, or one frame of copy: nothing to skip
-            copy.abandon()
+        if copy is not None and copy.kept(whole_stream=len(frame_starts) == 2 and not f.cut):
+            return ShardScan(count, _with_entries(points, copy.frame_starts), raw_bytes=decompressed, copy=copy.path)
         return ShardScan(count, _with_entries(points, frame_starts), raw_bytes=decompressed)
 
     @staticmethod
