@@ -144,6 +144,14 @@ class LaneStream:
         microbatch never counted."""
         self._ahead.extendleft(reversed(rows))
 
+    def forget_end(self) -> None:
+        """Be not `exhausted` until asked again: the loader found that this lane gives no more rows
+        while it took another lane's microbatch (`RankLoader._look_past`), then failed to hand that
+        microbatch over (Ctrl-C while it collated it), so a checkpoint taken then must not save the
+        lane as finished before the trainer could know it. The plan's end is found again, reading
+        nothing, when the lane is next asked."""
+        self._rows_done = False
+
     def skip(self) -> bool:
         """Drop the next row without doing its row work (a resume replaying past rows the trainer
         already had); False once a finite plan is used up."""

@@ -593,15 +593,16 @@ class RankLoader:
         microbatch handed over, so a checkpoint or a new iteration taken then starts again with
         this microbatch's first row instead of skipping the rows taken before the exception.
         The rows go back to the stream then: the lane may have found its end while they were
-        taken, and must not read as finished (see `_finished`) before they are counted."""
+        taken, and must not read as finished (see `_finished`) before they are counted; nor may
+        the later lanes found then to give no row at all (`_look_past`)."""
         m, cursor, stream = self.microbatch_size, self._cursors[lane], self._streams[lane]
-        fetched = []
+        fetched, ended_ahead = [], []
         try:
             for _ in range(m):
                 fetched.append(stream.next())
             end = (step + 1) * self.rows_per_step
             if stream.finite and (cursor.position + m >= end or stream.exhausted):
-                self._look_past(lane, end)
+                self._look_past(lane, end, ended_ahead)
             index = (cursor.position % self.rows_per_step) // m
             batch = collate(
                 [self._padding_row if got is None else got[1] for got in fetched], lane, step, index,
@@ -613,6 +614,8 @@ class RankLoader:
             waits = _wait.after(self._waits, perf_counter() - called, called - asked)
         except BaseException:
             stream.give_back([got for got in fetched if got is not None])
+            for later in ended_ahead:
+                later.forget_end()
             raise
         # One statement, after the counting, with no call in it (where an interrupt could land)
         # nor between it and the hand-over. An interrupt while the rows were counted used to leave
@@ -625,7 +628,7 @@ class RankLoader:
         ) = (segment, skip, cursor.position + m, step + 1, self._rows_taken + m * self.world_size, counts, waits)
         return batch
 
-    def _look_past(self, lane: int, end: int) -> None:
+    def _look_past(self, lane: int, end: int, ended: list[LaneStream]) -> None:
         """Before handing over the microbatch that ends `lane`'s part of the step, turn to the
         rank's lanes after it that have handed over no row yet, as the loader would next, until
         one has a row: a lane that never gives one (every record of it dropped) is then known
@@ -639,13 +642,17 @@ class RankLoader:
         A rank's lanes are consecutive numbers, so the lanes after `lane` are counted up from it:
         finding `lane` in the rank's list and copying the rest of it cost every call all the
         rank's lanes, and a step, made of one call per lane, their square (1,024 lanes: 11 ms a
-        step). A call now costs only the lanes it looks at, up to the first that goes on."""
+        step). A call now costs only the lanes it looks at, up to the first that goes on.
+
+        Each stream found to give no row is added to `ended` as it is found: should the caller fail
+        to hand its microbatch over, it has them forget their end (`LaneStream.forget_end`)."""
         for later in range(lane + 1, self.lanes[-1] + 1):
             stream, position = self._streams[later], self._cursors[later].position
             if stream.exhausted or position >= end:
                 continue  # no part in this step
             if position or stream.has_more():
                 return  # the rank's step goes on with this lane, which looks past in turn
+            ended.append(stream)
 
     def _account(self, lane: int, got, segment: int, skip: int, counts, batch: Batch, index: int) -> tuple[int, int]:
         """The row a lane's stream gave (`got`: (segment, row), or None once a finite plan ended),

@@ -364,6 +364,62 @@ def test_a_lane_that_gives_no_row_at_all_is_found_finished_before_its_rank_ends_
             assert microbatch_digests(make(), world, until_step=10**6, state=merged) == rest, (steps, world)
 
 
+class _Interrupt(BaseException):
+    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
+
+
+def test_an_interrupt_while_collating_the_microbatch_that_found_a_later_lane_empty_saves_it_as_live(
+    make_jsonl_corpus, demo_tokenizer_path, monkeypatch
+):
+    """Lane 3 gives no row (a filter drops its records). Rank 0 of 2 finds that out as it takes
+    the microbatch ending lane 2's part of step 0 (`_look_past`). Ctrl-C while collating that
+    microbatch must leave the state as it was before it: lane 3 still live. The save said lane 3
+    was finished, although the trainer had not been given the microbatch that found it out.
+    Found by the long fuzz of `test_fuzz_resume.py`. Iterating again hands over the rest, and
+    once that microbatch is handed over the save says lane 3 is finished."""
+    from zephon import _loader
+
+    corpora = make_jsonl_corpus(3, 40, 11), make_jsonl_corpus(2, 40, 12)
+    plain = text_pipeline(*corpora, demo_tokenizer_path, num_epochs=1, estimate_tokens=False)
+    dropped = _lane_records(plain, [3])
+    pipeline = text_pipeline(
+        *corpora, demo_tokenizer_path, num_epochs=1, estimate_tokens=False,
+        map_fn=lambda record: None if record["text"] in dropped else record,
+    )
+    key = lambda batch: (batch.step, batch.lane, batch.index, batch.digest())
+    with pipeline.shard(0, 2, global_batch_size=GLOBAL_BATCH) as loader:
+        uninterrupted = list(map(key, loader))
+    finding = next(i for i, (step, lane, _, _) in enumerate(uninterrupted)
+                   if lane == 2 and (i + 1 == len(uninterrupted) or uninterrupted[i + 1][0] > step))
+    with pipeline.shard(0, 2, global_batch_size=GLOBAL_BATCH) as loader:
+        for _ in islice(loader, finding):
+            pass
+        expected = loader.state_dict()
+    assert 3 not in expected["finished"]  # the scenario: no save before that microbatch knows it
+
+    collate, calls = _loader.collate, Counter()
+
+    def interrupted(*args):
+        calls["n"] += 1
+        if calls["n"] == finding + 1:
+            raise _Interrupt
+        return collate(*args)
+
+    with pipeline.shard(0, 2, global_batch_size=GLOBAL_BATCH) as loader:
+        seen = []
+        with monkeypatch.context() as patch:
+            patch.setattr(_loader, "collate", interrupted)
+            with pytest.raises(_Interrupt):
+                for batch in loader:
+                    seen.append(key(batch))
+        assert loader.state_dict() == expected
+        rest = iter(loader)
+        seen.append(key(next(rest)))
+        assert 3 in loader.state_dict()["finished"]
+        seen += map(key, rest)
+    assert seen == uninterrupted
+
+
 def test_a_rank_whose_every_lane_gives_no_row_saves_as_finished_though_never_asked_and_every_save_merges(
     make_jsonl_corpus, demo_tokenizer_path
 ):
