@@ -386,13 +386,14 @@ class _Interrupt(BaseException):
 
 
 @fuzz_settings(ci=20)
-@given(recipe=finite_recipes(), where=st.sampled_from(["row", "collate", "count"]), data=st.data())
+@given(recipe=finite_recipes(), where=st.sampled_from(["ask", "row", "collate", "count"]), data=st.data())
 def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_trainer_is(recipe, where, data):
-    """An interrupt while a rank's microbatch is taken (waiting for one of its rows), stacked
-    into arrays or counted, a lane's last one included: the state saved then is the state saved
-    before that microbatch, its ledger too (the rows counted before an interrupt in the counting
-    stayed counted), and iterating again hands over the rest of the rank's uninterrupted
-    microbatches."""
+    """An interrupt while a rank's microbatch is taken (waiting while the loader asks a lane
+    whether it has more, its own or, looking past it, a later one; waiting for one of its rows),
+    stacked into arrays or counted, a lane's last one included: the state saved then is the
+    state saved before that microbatch, its ledger too (the rows counted before an interrupt in
+    the counting stayed counted), and iterating again hands over the rest of the rank's
+    uninterrupted microbatches."""
     from zephon import _lane, _ledger, _loader
 
     world = recipe.worlds[0]
@@ -405,11 +406,23 @@ def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_t
     lasts = sorted({lane: i for i, (_, lane, _, _) in enumerate(mine)}.values())  # where a lane finds its end
     before = data.draw(st.sampled_from(lasts) | st.integers(0, len(mine) - 1))
     pipeline = finite_pipeline(recipe)
+    asks, has_more = Counter(), _lane.LaneStream.has_more
+    counting_asks = lambda stream: asks.update(["n"]) or has_more(stream)
     with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
-        for _ in islice(loader, before):
-            pass
-        expected = loader.state_dict()
-    if where == "collate":
+        with pytest.MonkeyPatch.context() as patch:  # the asks up to the next microbatch, then its own
+            patch.setattr(_lane.LaneStream, "has_more", counting_asks)
+            taken = iter(loader)
+            for _ in islice(taken, before):
+                pass
+            asked_before = asks["n"]
+            patch.undo()
+            expected = loader.state_dict()  # its asks, on streams of its own, are not the iteration's
+            patch.setattr(_lane.LaneStream, "has_more", counting_asks)
+            next(taken)
+    if where == "ask":
+        target, name = _lane.LaneStream, "has_more"
+        nth = data.draw(st.integers(asked_before + 1, asks["n"]))
+    elif where == "collate":
         target, name, nth = _loader, "collate", before + 1
     else:
         target, name = (_lane.LaneStream, "next") if where == "row" else (_ledger.Ledger, "count_rows")
