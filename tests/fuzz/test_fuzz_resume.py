@@ -151,7 +151,8 @@ TestIterateCheckpointResume = IterateCheckpointResume.TestCase
 # Lanes of a finite plan end at different steps; later global batches hold only the lanes that
 # still have data, and a rank whose lanes are all done stops. Every save a trainer takes there
 # must merge and resume on any world size as the rest of the uninterrupted run, with the ledger
-# carried on exactly.
+# carried on exactly; also where other datasets are mixed in and end their passes (whole or part
+# of one) before or after the first, dropping out of the mixture.
 
 
 @dataclass(frozen=True)
@@ -171,10 +172,17 @@ class FiniteRecipe:
     drop_per_mille: int  # records a filter drops, by a hash of their text
     lanes_losing_last_chunk: frozenset  # lanes whose last chunk the filter drops whole
     worlds: tuple[int, int, int]  # saved on, resumed on, resumed on again
+    # Datasets mixed in beside "d", as (shard sizes, weight, passes): "d" has weight 1 and
+    # `num_epochs` passes; a dataset whose passes end before the others' drops out of the mixture.
+    others: tuple[tuple[tuple[int, ...], float, float], ...] = ()
 
     @property
     def global_batch_size(self) -> int:
         return self.num_lanes * self.microbatch_size * self.microbatches_per_lane_step
+
+    @property
+    def passes(self) -> dict[str, float]:
+        return {"d": self.num_epochs, **{f"o{i}": passes for i, (_, _, passes) in enumerate(self.others)}}
 
 
 @st.composite
@@ -182,7 +190,11 @@ def finite_recipes(draw) -> FiniteRecipe:
     shard_sizes = tuple(draw(st.lists(st.integers(20, 40), min_size=2, max_size=3)))
     bad = draw(st.sets(st.tuples(st.integers(0, len(shard_sizes) - 1), st.integers(0, 19)), max_size=4))
     num_lanes = draw(st.sampled_from([1, 2, 4, 8]))
+    records_per_chunk = draw(st.integers(2, 4))
     divisors = [d for d in range(1, num_lanes + 1) if num_lanes % d == 0]
+    enough = num_lanes * records_per_chunk  # every lane needs a chunk of every dataset
+    other_shards = st.tuples(st.integers(enough, enough + 20)) | st.tuples(st.integers(enough, enough + 20),
+                                                                           st.integers(1, 30))
     return FiniteRecipe(
         shard_sizes=shard_sizes,
         bad_lines=frozenset(bad),
@@ -193,12 +205,14 @@ def finite_recipes(draw) -> FiniteRecipe:
         algorithm=draw(st.sampled_from(["wrap", "first_fit"])),
         max_length=draw(st.sampled_from([16, 32, 64])),
         flush_every_chunks=draw(st.integers(1, 3)),
-        records_per_chunk=draw(st.integers(2, 4)),
+        records_per_chunk=records_per_chunk,
         shuffle_buffer=draw(st.sampled_from([1, 4, 8])),
         seed=draw(st.integers(0, 99)),
         drop_per_mille=draw(st.sampled_from([0, 200, 600])),
         lanes_losing_last_chunk=frozenset(draw(st.sets(st.integers(0, num_lanes - 1)))),
         worlds=tuple(draw(st.sampled_from(divisors)) for _ in range(3)),
+        others=tuple(draw(st.lists(
+            st.tuples(other_shards, st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([0.5, 1, 2])), max_size=2))),
     )
 
 
@@ -207,30 +221,33 @@ atexit.register(shutil.rmtree, _FINITE_ROOT, ignore_errors=True)
 
 
 @cache
-def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset) -> Dataset:
+def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset, name: str = "d") -> Dataset:
     root = Path(tempfile.mkdtemp(dir=_FINITE_ROOT))
     for shard, size in enumerate(shard_sizes):
-        lines = jsonl_lines(clean_records(size, f"ragged/{shard}"))
+        lines = jsonl_lines(clean_records(size, f"ragged/{shard}" if name == "d" else f"ragged/{name}/{shard}"))
         for s, index in sorted(bad_lines):
             if s == shard:
                 lines[index] = b"{not json" if index % 2 else json.dumps({"id": "blank", "text": " "}).encode()
         write_lines(root / f"part-{shard:05d}.jsonl", lines)
-    return Dataset.from_path("d", str(root))
+    return Dataset.from_path(name, str(root))
 
 
 def finite_pipeline(recipe: FiniteRecipe, runner: str | None = "inline"):
     """The recipe's dataset -> filter -> tokenize -> pack_flat -> shuffle -> batch, on a finite plan
     (`runner=None`: without the filter)."""
-    dataset = _finite_dataset(recipe.shard_sizes, recipe.bad_lines)
+    datasets = [_finite_dataset(recipe.shard_sizes, recipe.bad_lines)] + [
+        _finite_dataset(sizes, frozenset(), f"o{i}") for i, (sizes, _, _) in enumerate(recipe.others)]
+    mixture = {"d": 1.0, **{f"o{i}": weight for i, (_, weight, _) in enumerate(recipe.others)}}
     options = dict(
-        num_lanes=recipe.num_lanes, microbatch_size=recipe.microbatch_size, num_epochs=recipe.num_epochs,
+        mixture=mixture, num_lanes=recipe.num_lanes, microbatch_size=recipe.microbatch_size,
+        num_epochs=recipe.passes if recipe.others else recipe.num_epochs,
         algorithm=recipe.algorithm, max_length=recipe.max_length, flush_every_chunks=recipe.flush_every_chunks,
         records_per_chunk=recipe.records_per_chunk, shuffle_buffer=recipe.shuffle_buffer, seed=recipe.seed,
     )
     if runner is None:  # the pipeline without the filter, to find what it drops
-        return text_pipeline(dataset, **options)
+        return text_pipeline(datasets, **options)
     dropped = _last_chunks_texts(recipe)
-    return text_pipeline(dataset, runner=runner, filter_fn=_Keep(dropped, recipe.drop_per_mille), **options)
+    return text_pipeline(datasets, runner=runner, filter_fn=_Keep(dropped, recipe.drop_per_mille), **options)
 
 
 @cache
@@ -292,9 +309,14 @@ def _run(recipe: FiniteRecipe, world: int, state=None, runner: str = "inline") -
 @cache
 def finite_reference(recipe: FiniteRecipe) -> tuple[dict, Counter]:
     digests, ledger = _run(recipe, 1)
-    skipped = sum(n for key, n in ledger.items() if key.startswith("d:skipped:"))
-    assert ledger["d:read"] == ledger["d:emitted"] + ledger["d:filtered"] + skipped, ledger
-    assert ledger["d:read"] == recipe.num_epochs * sum(recipe.shard_sizes)
+    sizes = {"d": recipe.shard_sizes, **{f"o{i}": sizes for i, (sizes, _, _) in enumerate(recipe.others)}}
+    for name, passes in recipe.passes.items():
+        skipped = sum(n for key, n in ledger.items() if key.startswith(f"{name}:skipped:"))
+        assert ledger[f"{name}:read"] == ledger[f"{name}:emitted"] + ledger[f"{name}:filtered"] + skipped, ledger
+        if passes == int(passes):
+            assert ledger[f"{name}:read"] == passes * sum(sizes[name]), (name, ledger)
+        else:  # part of a pass: in each lane the nearest whole number of its chunks, at least one
+            assert 0 < ledger[f"{name}:read"] <= sum(sizes[name]), (name, ledger)
     return digests, ledger
 
 
