@@ -233,8 +233,8 @@ def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset, name: st
 
 
 def finite_pipeline(recipe: FiniteRecipe, runner: str | None = "inline"):
-    """The recipe's dataset -> filter -> tokenize -> pack_flat -> shuffle -> batch, on a finite plan
-    (`runner=None`: without the filter)."""
+    """The recipe's datasets, mixed -> filter -> tokenize -> pack_flat -> shuffle -> batch, on a
+    finite plan (`runner=None`: without the filter)."""
     datasets = [_finite_dataset(recipe.shard_sizes, recipe.bad_lines)] + [
         _finite_dataset(sizes, frozenset(), f"o{i}") for i, (sizes, _, _) in enumerate(recipe.others)]
     mixture = {"d": 1.0, **{f"o{i}": weight for i, (_, weight, _) in enumerate(recipe.others)}}
