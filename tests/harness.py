@@ -1,5 +1,6 @@
 """Shared harnesses: build a text pipeline, run it on any layout, collect per-step global digests;
-check that row plans collate like their rows; make an accumulator's refusals' details; print what code gives under several PYTHONHASHSEEDs.
+check that row plans collate like their rows; raise an interrupt (`Interrupt`); make an
+accumulator's refusals' details; print what code gives under several PYTHONHASHSEEDs.
 
 Determinism tests compare real SHA-256s of real batches from separately constructed pipelines;
 every helper here builds a fresh Pipeline and fresh loaders on each call.
@@ -26,6 +27,11 @@ from zephon.work import StaticMixtureWorkSource, TokenEstimation
 NUM_LANES = 8
 MICROBATCH = 2
 GLOBAL_BATCH = NUM_LANES * MICROBATCH * 2  # two microbatches per lane per step
+
+
+class Interrupt(BaseException):
+    """What a signal or preemption handler raises while the loader works or waits (like
+    KeyboardInterrupt, but the test runner ignores it)."""
 
 
 def text_pipeline(

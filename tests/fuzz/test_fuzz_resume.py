@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from tests.fuzz.conftest import fuzz_settings
+from tests.harness import Interrupt
 from tests.reliability.harness import (
     clean_records, global_batch, jsonl_dataset, jsonl_lines, text_pipeline, write_lines,
 )
@@ -403,10 +404,6 @@ def test_a_save_after_as_many_microbatches_per_rank_in_a_finite_plan_resumes_the
     assert resumed_ledger == ledger, recipe
 
 
-class _Interrupt(BaseException):
-    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
-
-
 @fuzz_settings(ci=20)
 @given(recipe=finite_recipes(), where=st.sampled_from(["ask", "row", "collate", "count"]), data=st.data())
 def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_trainer_is(recipe, where, data):
@@ -454,14 +451,14 @@ def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_t
     def interrupted(*args):
         calls["n"] += 1
         if calls["n"] == nth:
-            raise _Interrupt
+            raise Interrupt
         return original(*args)
 
     with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
         seen = []
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(target, name, interrupted)
-            with pytest.raises(_Interrupt):
+            with pytest.raises(Interrupt):
                 for batch in loader:
                     seen.append((batch.step, batch.lane, batch.index, batch.digest()))
         assert len(seen) == before

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.harness import GLOBAL_BATCH, step_digests, text_pipeline
+from tests.harness import GLOBAL_BATCH, Interrupt, step_digests, text_pipeline
 from tests.integration._torchrun_worker import launch
 from tests.unit.conftest_io import CountingStore, put, registered
 from zephon import _lane
@@ -332,10 +332,6 @@ def test_pickling_a_zephon_data_loader_says_to_send_its_recipe_not_to_call_pipel
     message = str(refused.value)
     assert "a ZephonDataLoader cannot be pickled" in message and "build a ZephonDataLoader" in message
     assert "pipeline.shard" not in message
-
-
-class Interrupt(BaseException):
-    """What a preemption handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
 
 
 def _local_batch_digests(loader, yields: int = 6) -> list[str]:

@@ -9,7 +9,9 @@ from itertools import islice
 
 import pytest
 
-from tests.harness import GLOBAL_BATCH, MICROBATCH, NUM_LANES, microbatch_digests, microbatches_per_rank_step, text_pipeline
+from tests.harness import (
+    GLOBAL_BATCH, MICROBATCH, NUM_LANES, Interrupt, microbatch_digests, microbatches_per_rank_step, text_pipeline,
+)
 from zephon import CheckpointError, merge_states
 
 
@@ -364,10 +366,6 @@ def test_a_lane_that_gives_no_row_at_all_is_found_finished_before_its_rank_ends_
             assert microbatch_digests(make(), world, until_step=10**6, state=merged) == rest, (steps, world)
 
 
-class _Interrupt(BaseException):
-    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
-
-
 def test_an_interrupt_while_collating_the_microbatch_that_found_a_later_lane_empty_saves_it_as_live(
     make_jsonl_corpus, demo_tokenizer_path, monkeypatch
 ):
@@ -402,14 +400,14 @@ def test_an_interrupt_while_collating_the_microbatch_that_found_a_later_lane_emp
     def interrupted(*args):
         calls["n"] += 1
         if calls["n"] == finding + 1:
-            raise _Interrupt
+            raise Interrupt
         return collate(*args)
 
     with pipeline.shard(0, 2, global_batch_size=GLOBAL_BATCH) as loader:
         seen = []
         with monkeypatch.context() as patch:
             patch.setattr(_loader, "collate", interrupted)
-            with pytest.raises(_Interrupt):
+            with pytest.raises(Interrupt):
                 for batch in loader:
                     seen.append(key(batch))
         assert loader.state_dict() == expected

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
+from tests.harness import Interrupt
 from zephon._lane import LaneStream
 from zephon._records import Chunk, ChunkRecords, RecordAddress
 from zephon.work import Flush
@@ -78,10 +79,6 @@ def test_skipping_past_the_end_reports_it():
     stream = _stream([], chunks=1)
     assert all(stream.skip() for _ in range(ROWS_PER_CHUNK))
     assert not stream.skip() and stream.exhausted and stream.next() is None
-
-
-class Interrupt(BaseException):
-    """What a signal handler raises while the loader waits (like KeyboardInterrupt)."""
 
 
 def test_a_lane_interrupted_while_waiting_for_its_last_rows_work_is_not_exhausted():

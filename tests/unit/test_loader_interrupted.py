@@ -24,16 +24,13 @@ from concurrent.futures import Future
 import pytest
 
 from runners import ProcessRunner, ThreadRunner
+from tests.harness import Interrupt
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
 from tests.unit.test_runners_process import child_pids, interrupt_next_join
 from zephon import _lane
 from zephon._errors import ConfigurationError
 from zephon._records import Chunk, ChunkRecords, RecordAddress
 from zephon._runner_closer import THREAD_NAME as RUNNER_CLOSER
-
-
-class Interrupt(BaseException):
-    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
 
 
 def digests(loader, limit=None) -> list[tuple[int, int, int, str]]:

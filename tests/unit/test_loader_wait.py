@@ -14,15 +14,12 @@ import time
 
 import pytest
 
+from tests.harness import Interrupt
 from tests.reliability.harness import global_batch, jsonl_dataset, text_pipeline
 from tests.unit.test_loader_runner_start import SaysWhenWaitedFor
 from zephon import _lane, _loader
 
 NO_WAIT = {"batches": 0, "total_s": 0.0, "first_s": None, "last_s": None, "longest_s": 0.0}
-
-
-class Interrupt(BaseException):
-    """What a signal handler raises (like KeyboardInterrupt, but the test runner ignores it)."""
 
 
 class MapClock:
