@@ -154,10 +154,11 @@ class Dataset:
         there a copy of each JSON Lines, text or WebDataset tar shard written as one gzip or zstd
         stream, in zstd frames, which its chunk reads enter near their records instead of
         decompressing the shard from its start (`_seekable_copy`): about the shard's size again on
-        that disk. A storage error, listing or reading, is retried: `retries` counts the attempts in all, the first one
-        included (1: no retry), waiting `retry_delay` seconds before the second and doubling, up to
-        a minute. Listing, only "no such file" means nothing is at `url`, and permission denied is a
-        `ConfigurationError` at once; every error of listing is noted with the dataset's name.
+        that disk. A storage error, listing or reading, is retried: `retries` counts the attempts
+        in all, the first one included (1: no retry), waiting `retry_delay` seconds before the
+        second and doubling, up to a minute. Listing, only "no such file" means nothing is at `url`,
+        and permission denied is a `ConfigurationError` at once; every error of listing is noted
+        with the dataset's name.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a dataset needs a non-empty name, got {name!r}")

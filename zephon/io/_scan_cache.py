@@ -234,9 +234,9 @@ def _temporary(final: str, locked: bool) -> tuple[int, str]:
 def _remove_superseded(versions: str, kept: str) -> None:
     """Remove from `versions`, the directory of one shard's entries, every entry but `kept`, with
     its lock file, seekable copy and temporary `.part`s: one of another version of the shard,
-    which its listing no longer reports. Each is removed under its lock, taken without waiting, so never while
-    another rank scans or stores that version; where the lock is held, or the filesystem takes
-    none, it is left for the next entry stored."""
+    which its listing no longer reports. Each is removed under its lock, taken without waiting,
+    so never while another rank scans or stores that version; where the lock is held, or the
+    filesystem takes none, it is left for the next entry stored."""
     kept_name = os.path.basename(kept).removesuffix(_ENTRY)
     names = {name[:_NAME_LENGTH] for name in os.listdir(versions)} - {kept_name}
     for name in sorted(names):
