@@ -8,7 +8,8 @@ A checkpoint of ranks that have taken different numbers of rows is refused by na
 rest unevenly over the ranks, and the run resumes on the world size it ran on instead.
 
 The tests after it fuzz the ragged end of finite plans (1 or 2 epochs, filters that drop records
-and whole last chunks of lanes, skipped bad lines, both packers): every step-end save merges and
+and whole last chunks of lanes, skipped bad lines, both text packers, or captioned pictures decoded
+before packing or as their rows are taken, some failing to decode): every step-end save merges and
 resumes on any world size, a save after as many microbatches per rank resumes the rest, and an
 interrupt inside a microbatch leaves the state where the trainer is; the ledger always ends where
 the uninterrupted run's does.
@@ -21,6 +22,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache
@@ -35,14 +37,17 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from tests.fuzz.conftest import fuzz_settings
 from tests.harness import Interrupt
 from tests.reliability.harness import (
-    clean_records, global_batch, jsonl_dataset, jsonl_lines, text_pipeline, write_lines,
+    TOKENIZER, clean_records, global_batch, jsonl_dataset, jsonl_lines, text_pipeline, write_lines,
 )
-from zephon import CheckpointError, merge_states
+from tests.unit.test_vlm_assets import encode, gradient
+from vlm import ImageSpec, PixtralPlaceholders
+from zephon import CheckpointError, Pipeline, merge_states
 from zephon.io import Dataset
-from zephon.work import Flush, lane_plan
+from zephon.work import Flush, StaticMixtureWorkSource, lane_plan
 
 STEPS = 8  # the horizon: microbatches of later steps are not taken
 WORLD_SIZES = (1, 2, 4)
+PICTURES = ImageSpec(max_pixels=48 * 48)  # 1 to 9 patches of 16 px a side
 
 
 @cache
@@ -164,7 +169,7 @@ class FiniteRecipe:
     microbatch_size: int
     microbatches_per_lane_step: int
     num_epochs: int
-    algorithm: str
+    algorithm: str  # pack_flat's; pictures are packed by pack_multimodal, first fit
     max_length: int
     flush_every_chunks: int
     records_per_chunk: int
@@ -176,6 +181,10 @@ class FiniteRecipe:
     # Datasets mixed in beside "d", as (shard sizes, weight, passes): "d" has weight 1 and
     # `num_epochs` passes; a dataset whose passes end before the others' drops out of the mixture.
     others: tuple[tuple[tuple[int, ...], float, float], ...] = ()
+    # "text", or each record naming a picture beside its shard, decoded on the workers ("images") or
+    # as its row is taken ("deferred images"), and packed with its caption (pack_multimodal).
+    media: str = "text"
+    bad_images: frozenset = frozenset()  # (shard, index) of "d" whose picture does not decode
 
     @property
     def global_batch_size(self) -> int:
@@ -190,6 +199,7 @@ class FiniteRecipe:
 def finite_recipes(draw) -> FiniteRecipe:
     shard_sizes = tuple(draw(st.lists(st.integers(20, 40), min_size=2, max_size=3)))
     bad = draw(st.sets(st.tuples(st.integers(0, len(shard_sizes) - 1), st.integers(0, 19)), max_size=4))
+    bad_images = st.sets(st.tuples(st.integers(0, len(shard_sizes) - 1), st.integers(0, 19)), max_size=3)
     num_lanes = draw(st.sampled_from([1, 2, 4, 8]))
     records_per_chunk = draw(st.integers(2, 4))
     divisors = [d for d in range(1, num_lanes + 1) if num_lanes % d == 0]
@@ -214,6 +224,8 @@ def finite_recipes(draw) -> FiniteRecipe:
         worlds=tuple(draw(st.sampled_from(divisors)) for _ in range(3)),
         others=tuple(draw(st.lists(
             st.tuples(other_shards, st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([0.5, 1, 2])), max_size=2))),
+        media=(media := draw(st.sampled_from(["text", "images", "deferred images"]))),
+        bad_images=frozenset() if media == "text" else frozenset(draw(bad_images)),
     )
 
 
@@ -222,10 +234,14 @@ atexit.register(shutil.rmtree, _FINITE_ROOT, ignore_errors=True)
 
 
 @cache
-def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset, name: str = "d") -> Dataset:
+def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset, name: str = "d", pictures: bool = False,
+                    bad_images: frozenset = frozenset()) -> Dataset:
     root = Path(tempfile.mkdtemp(dir=_FINITE_ROOT))
     for shard, size in enumerate(shard_sizes):
-        lines = jsonl_lines(clean_records(size, f"ragged/{shard}" if name == "d" else f"ragged/{name}/{shard}"))
+        records = clean_records(size, f"ragged/{shard}" if name == "d" else f"ragged/{name}/{shard}")
+        for index, record in enumerate(records if pictures else ()):
+            record["image"] = _write_picture(root, shard, index, bad=(shard, index) in bad_images)
+        lines = jsonl_lines(records)
         for s, index in sorted(bad_lines):
             if s == shard:
                 lines[index] = b"{not json" if index % 2 else json.dumps({"id": "blank", "text": " "}).encode()
@@ -233,22 +249,49 @@ def _finite_dataset(shard_sizes: tuple[int, ...], bad_lines: frozenset, name: st
     return Dataset.from_path(name, str(root))
 
 
+def _write_picture(root: Path, shard: int, index: int, bad: bool) -> str:
+    """A PNG of 8-60 px a side beside the shards, its name as a record holds it. A `bad` one keeps
+    half its compressed pixels: at an odd index in a well-formed chunk (the header and the chunks
+    check, the pixels do not decode: a deferred picture fails as its row is taken), at an even one
+    by the file cut in half (the checks refuse it before packing)."""
+    data = encode(gradient(8 + (7 * index + 3 * shard) % 53, 8 + (11 * index + 5 * shard) % 53))
+    if bad and index % 2:
+        at = data.index(b"IDAT")
+        pixels = data[at + 4 : at + 4 + int.from_bytes(data[at - 4 : at], "big") // 2]
+        chunk = len(pixels).to_bytes(4, "big") + b"IDAT" + pixels + zlib.crc32(b"IDAT" + pixels).to_bytes(4, "big")
+        data = data[: at - 4] + chunk + data[data.index(b"IEND") - 4 :]
+    elif bad:
+        data = data[: len(data) // 2]
+    name = f"images/{shard}-{index}.png"
+    (root / "images").mkdir(exist_ok=True)
+    (root / name).write_bytes(data)
+    return name
+
+
 def finite_pipeline(recipe: FiniteRecipe, runner: str | None = "inline"):
     """The recipe's datasets, mixed -> filter -> tokenize -> pack_flat -> shuffle -> batch, on a
-    finite plan (`runner=None`: without the filter)."""
-    datasets = [_finite_dataset(recipe.shard_sizes, recipe.bad_lines)] + [
-        _finite_dataset(sizes, frozenset(), f"o{i}") for i, (sizes, _, _) in enumerate(recipe.others)]
+    finite plan (`runner=None`: without the filter); with pictures, mixed -> filter -> decode_images
+    -> tokenize -> pack_multimodal -> shuffle -> batch."""
+    pictures = recipe.media != "text"
+    datasets = [_finite_dataset(recipe.shard_sizes, recipe.bad_lines, "d", pictures, recipe.bad_images)] + [
+        _finite_dataset(sizes, frozenset(), f"o{i}", pictures) for i, (sizes, _, _) in enumerate(recipe.others)]
     mixture = {"d": 1.0, **{f"o{i}": weight for i, (_, weight, _) in enumerate(recipe.others)}}
-    options = dict(
-        mixture=mixture, num_lanes=recipe.num_lanes, microbatch_size=recipe.microbatch_size,
-        num_epochs=recipe.passes if recipe.others else recipe.num_epochs,
-        algorithm=recipe.algorithm, max_length=recipe.max_length, flush_every_chunks=recipe.flush_every_chunks,
-        records_per_chunk=recipe.records_per_chunk, shuffle_buffer=recipe.shuffle_buffer, seed=recipe.seed,
-    )
-    if runner is None:  # the pipeline without the filter, to find what it drops
-        return text_pipeline(datasets, **options)
-    dropped = _last_chunks_texts(recipe)
-    return text_pipeline(datasets, runner=runner, filter_fn=_Keep(dropped, recipe.drop_per_mille), **options)
+    source = StaticMixtureWorkSource(datasets, mixture=mixture, seed=recipe.seed,
+                                     records_per_chunk=recipe.records_per_chunk,
+                                     num_epochs=recipe.passes if recipe.others else recipe.num_epochs)
+    pipeline = Pipeline(source).options(num_lanes=recipe.num_lanes, runner=runner or "inline",
+                                        flush_every_chunks=recipe.flush_every_chunks)
+    if runner is not None:  # without the filter: to find what it drops
+        pipeline = pipeline.filter(_Keep(_last_chunks_texts(recipe), recipe.drop_per_mille))
+    if pictures:
+        pipeline = (pipeline.decode_images(field="image", spec=PICTURES, defer=recipe.media == "deferred images",
+                                           paths=True)
+                    .tokenize(str(TOKENIZER), field="text", bos="<|bos|>", eos="<|eos|>")
+                    .pack_multimodal(recipe.max_length, PixtralPlaceholders(3, 4, 5)))
+    else:
+        pipeline = (pipeline.tokenize(str(TOKENIZER), field="text", eos="<|eos|>")
+                    .pack_flat(recipe.max_length, algorithm=recipe.algorithm))
+    return pipeline.shuffle(buffer_size=recipe.shuffle_buffer, seed=recipe.seed).batch(recipe.microbatch_size)
 
 
 @cache
@@ -405,14 +448,15 @@ def test_a_save_after_as_many_microbatches_per_rank_in_a_finite_plan_resumes_the
 
 
 @fuzz_settings(ci=20)
-@given(recipe=finite_recipes(), where=st.sampled_from(["ask", "row", "collate", "count"]), data=st.data())
+@given(recipe=finite_recipes(), where=st.sampled_from(["ask", "row", "decode", "collate", "count"]), data=st.data())
 def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_trainer_is(recipe, where, data):
     """An interrupt while a rank's microbatch is taken (waiting while the loader asks a lane
-    whether it has more, its own or, looking past it, a later one; waiting for one of its rows),
-    stacked into arrays or counted, a lane's last one included: the state saved then is the
-    state saved before that microbatch, its ledger too (the rows counted before an interrupt in
-    the counting stayed counted), and iterating again hands over the rest of the rank's
-    uninterrupted microbatches."""
+    whether it has more, its own or, looking past it, a later one; waiting for one of its rows;
+    decoding a deferred row's pictures or putting their pixels in the row), stacked into arrays or
+    counted, a lane's last one included: the state saved then is the state saved before that
+    microbatch, its ledger too (the rows counted before an interrupt in the counting stayed
+    counted), and iterating again hands over the rest of the rank's uninterrupted microbatches."""
+    from vlm._deferred import DecodeDeferred
     from zephon import _lane, _ledger, _loader
 
     world = recipe.worlds[0]
@@ -424,45 +468,44 @@ def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_t
         return
     lasts = sorted({lane: i for i, (_, lane, _, _) in enumerate(mine)}.values())  # where a lane finds its end
     before = data.draw(st.sampled_from(lasts) | st.integers(0, len(mine) - 1))
-    pipeline = finite_pipeline(recipe)
-    asks, has_more = Counter(), _lane.LaneStream.has_more
-    counting_asks = lambda stream: asks.update(["n"]) or has_more(stream)
-    with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
-        with pytest.MonkeyPatch.context() as patch:  # the asks up to the next microbatch, then its own
-            patch.setattr(_lane.LaneStream, "has_more", counting_asks)
-            taken = iter(loader)
-            for _ in islice(taken, before):
-                pass
-            asked_before = asks["n"]
-            patch.undo()
-            expected = loader.state_dict()  # its asks, on streams of its own, are not the iteration's
-            patch.setattr(_lane.LaneStream, "has_more", counting_asks)
-            next(taken)
-    if where == "ask":
-        target, name = _lane.LaneStream, "has_more"
-        nth = data.draw(st.integers(asked_before + 1, asks["n"]))
-    elif where == "collate":
-        target, name, nth = _loader, "collate", before + 1
-    else:
-        target, name = (_lane.LaneStream, "next") if where == "row" else (_ledger.Ledger, "count_rows")
-        nth = before * recipe.microbatch_size + data.draw(st.integers(1, recipe.microbatch_size))
-    original, calls = getattr(target, name), Counter()
+    target, name = {
+        "ask": (_lane.LaneStream, "has_more"), "row": (_lane.LaneStream, "next"), "collate": (_loader, "collate"),
+        "count": (_ledger.Ledger, "count_rows"), "decode": (DecodeDeferred, where == "decode" and data.draw(
+            st.sampled_from(["run", "apply"]))),
+    }[where]
+    original, calls, interrupt_at = getattr(target, name), Counter(), []
 
-    def interrupted(*args):
-        calls["n"] += 1
-        if calls["n"] == nth:
+    def watched(*args):
+        """Counts the calls while `calls["on"]`; raises at the call `interrupt_at` names."""
+        calls["n"] += calls["on"]
+        if calls["on"] and [calls["n"]] == interrupt_at:
             raise Interrupt
         return original(*args)
 
-    with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
-        seen = []
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(target, name, interrupted)
+    pipeline = finite_pipeline(recipe)
+    with pytest.MonkeyPatch.context() as patch:  # before the loaders: a runner's stages hold the row work's `run`
+        patch.setattr(target, name, staticmethod(watched) if name == "run" else watched)
+        with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
+            calls["on"] = 1  # the calls up to the next microbatch, then its own
+            taken = iter(loader)
+            for _ in islice(taken, before):
+                pass
+            calls_before, calls["on"] = calls["n"], 0
+            expected = loader.state_dict()  # its asks, on streams of its own, are not the iteration's
+            calls["on"] = 1
+            next(taken)
+        if calls["n"] == calls_before:  # none while that microbatch was taken (its rows were decoded before)
+            return
+        interrupt_at.append(data.draw(st.integers(calls_before + 1, calls["n"])))
+        calls["n"] = 0
+        with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
+            seen = []
             with pytest.raises(Interrupt):
                 for batch in loader:
                     seen.append((batch.step, batch.lane, batch.index, batch.digest()))
-        assert len(seen) == before
-        state = loader.state_dict()
-        assert state == expected, recipe
-        seen += [(batch.step, batch.lane, batch.index, batch.digest()) for batch in loader]
+            calls["on"] = 0
+            assert len(seen) == before
+            state = loader.state_dict()
+            assert state == expected, recipe
+            seen += [(batch.step, batch.lane, batch.index, batch.digest()) for batch in loader]
     assert sorted(seen) == mine, recipe
