@@ -1,11 +1,13 @@
 """A Hypothesis state machine over pipeline iteration: take microbatches on any rank, checkpoint,
-resume on another world size (and runner) from the last checkpoint, in any order.
+resume on another world size (and runner) from the last checkpoint, in any order; on text, and on
+captioned pictures decoded as their rows are taken.
 
 Invariant: every microbatch ever delivered, at (step, lane, index), has the digest of the
 uninterrupted single-rank run at the same (step, lane, index) — whatever was taken, saved and
 resumed before it, and however often a resume re-delivers what came after the checkpoint.
-A checkpoint of ranks that have taken different numbers of rows is refused by name, and the last good checkpoint stays; so is a resume that would split a step's
-rest unevenly over the ranks, and the run resumes on the world size it ran on instead.
+A checkpoint of ranks that have taken different numbers of rows is refused by name, and the last
+good checkpoint stays; so is a resume that would split a step's rest unevenly over the ranks, and
+the run resumes on the world size it ran on instead.
 
 The tests after it fuzz the ragged end of finite plans (1 or 2 epochs, filters that drop records
 and whole last chunks of lanes, skipped bad lines, both text packers, or captioned pictures decoded
@@ -37,7 +39,8 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from tests.fuzz.conftest import fuzz_settings
 from tests.harness import Interrupt
 from tests.reliability.harness import (
-    TOKENIZER, clean_records, global_batch, jsonl_dataset, jsonl_lines, text_pipeline, write_lines,
+    MICROBATCH, NUM_LANES, RECORDS_PER_CHUNK, TOKENIZER, clean_records, global_batch, jsonl_dataset, jsonl_lines,
+    text_pipeline, write_lines,
 )
 from tests.unit.test_vlm_assets import encode, gradient
 from vlm import ImageSpec, PixtralPlaceholders
@@ -51,21 +54,27 @@ PICTURES = ImageSpec(max_pixels=48 * 48)  # 1 to 9 patches of 16 px a side
 
 
 @cache
-def _dataset():
+def _dataset(media: str) -> Dataset:
+    if media != "text":  # two shards of 16 captioned pictures, two of which do not decode
+        return _finite_dataset((16, 16), frozenset(), "d", True, frozenset({(0, 3), (1, 6)}))
     root = Path(tempfile.mkdtemp(prefix="zephon-fuzz-resume-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     return jsonl_dataset(root)
 
 
-def pipeline(runner: str = "inline"):
+def pipeline(runner: str = "inline", media: str = "text"):
     """An endless plan (num_epochs=None), a flush every 2 chunks, a shuffle buffer of 8 rows."""
-    return text_pipeline(_dataset(), runner=runner, num_epochs=None, max_length=48)
+    if media == "text":
+        return text_pipeline(_dataset(media), runner=runner, num_epochs=None, max_length=48)
+    source = StaticMixtureWorkSource([_dataset(media)], seed=7, records_per_chunk=RECORDS_PER_CHUNK, num_epochs=None)
+    p = Pipeline(source).options(num_lanes=NUM_LANES, runner=runner, flush_every_chunks=2)
+    return _packed(p, media, 48).shuffle(buffer_size=8, seed=7).batch(MICROBATCH)
 
 
 @cache
-def reference() -> dict[tuple[int, int, int], str]:
+def reference(media: str) -> dict[tuple[int, int, int], str]:
     out = {}
-    p = pipeline()
+    p = pipeline(media=media)
     with p.shard(0, 1, global_batch_size=global_batch(p)) as loader:
         for batch in loader:
             if batch.step >= STEPS:
@@ -75,6 +84,8 @@ def reference() -> dict[tuple[int, int, int], str]:
 
 
 class IterateCheckpointResume(RuleBasedStateMachine):
+    media = "text"
+
     def __init__(self) -> None:
         super().__init__()
         self.checkpoint = None
@@ -82,7 +93,7 @@ class IterateCheckpointResume(RuleBasedStateMachine):
         self._open(1, "inline")
 
     def _open(self, world: int, runner: str) -> None:
-        p = pipeline(runner)
+        p = pipeline(runner, self.media)
         self.world = world
         self.loaders = [p.shard(rank, world, global_batch_size=global_batch(p)) for rank in range(world)]
         if self.checkpoint is not None:
@@ -106,7 +117,7 @@ class IterateCheckpointResume(RuleBasedStateMachine):
             if batch.step >= STEPS:
                 self.at_horizon[rank] = True
                 return
-            assert batch.digest() == reference()[key], f"microbatch {key} differs from the uninterrupted run"
+            assert batch.digest() == reference(self.media)[key], f"microbatch {key} differs from the uninterrupted run"
             self.delivered += 1
 
     @rule()
@@ -149,8 +160,16 @@ def _rows_taken(loader) -> int:
     return loader.state_dict()["rows_taken"]
 
 
+class IterateCheckpointResumeWithPictures(IterateCheckpointResume):
+    """The same, on captioned pictures decoded as their rows are taken, two of which do not decode."""
+
+    media = "deferred images"
+
+
 IterateCheckpointResume.TestCase.settings = fuzz_settings(ci=25, stateful_step_count=15)
 TestIterateCheckpointResume = IterateCheckpointResume.TestCase
+IterateCheckpointResumeWithPictures.TestCase.settings = fuzz_settings(ci=15, stateful_step_count=15)
+TestIterateCheckpointResumeWithPictures = IterateCheckpointResumeWithPictures.TestCase
 
 
 # -- the ragged end of finite plans ------------------------------------------------------------
@@ -269,9 +288,8 @@ def _write_picture(root: Path, shard: int, index: int, bad: bool) -> str:
 
 
 def finite_pipeline(recipe: FiniteRecipe, runner: str | None = "inline"):
-    """The recipe's datasets, mixed -> filter -> tokenize -> pack_flat -> shuffle -> batch, on a
-    finite plan (`runner=None`: without the filter); with pictures, mixed -> filter -> decode_images
-    -> tokenize -> pack_multimodal -> shuffle -> batch."""
+    """The recipe's datasets, mixed -> filter -> packed (`_packed`) -> shuffle -> batch, on a finite
+    plan (`runner=None`: without the filter)."""
     pictures = recipe.media != "text"
     datasets = [_finite_dataset(recipe.shard_sizes, recipe.bad_lines, "d", pictures, recipe.bad_images)] + [
         _finite_dataset(sizes, frozenset(), f"o{i}", pictures) for i, (sizes, _, _) in enumerate(recipe.others)]
@@ -283,15 +301,18 @@ def finite_pipeline(recipe: FiniteRecipe, runner: str | None = "inline"):
                                         flush_every_chunks=recipe.flush_every_chunks)
     if runner is not None:  # without the filter: to find what it drops
         pipeline = pipeline.filter(_Keep(_last_chunks_texts(recipe), recipe.drop_per_mille))
-    if pictures:
-        pipeline = (pipeline.decode_images(field="image", spec=PICTURES, defer=recipe.media == "deferred images",
-                                           paths=True)
-                    .tokenize(str(TOKENIZER), field="text", bos="<|bos|>", eos="<|eos|>")
-                    .pack_multimodal(recipe.max_length, PixtralPlaceholders(3, 4, 5)))
-    else:
-        pipeline = (pipeline.tokenize(str(TOKENIZER), field="text", eos="<|eos|>")
-                    .pack_flat(recipe.max_length, algorithm=recipe.algorithm))
-    return pipeline.shuffle(buffer_size=recipe.shuffle_buffer, seed=recipe.seed).batch(recipe.microbatch_size)
+    packed = _packed(pipeline, recipe.media, recipe.max_length, recipe.algorithm)
+    return packed.shuffle(buffer_size=recipe.shuffle_buffer, seed=recipe.seed).batch(recipe.microbatch_size)
+
+
+def _packed(pipeline: Pipeline, media: str, max_length: int, algorithm: str = "wrap") -> Pipeline:
+    """tokenize -> pack_flat for text; for pictures decode_images (deferred or not) -> tokenize ->
+    pack_multimodal."""
+    if media == "text":
+        return pipeline.tokenize(str(TOKENIZER), field="text", eos="<|eos|>").pack_flat(max_length, algorithm=algorithm)
+    return (pipeline.decode_images(field="image", spec=PICTURES, defer=media == "deferred images", paths=True)
+            .tokenize(str(TOKENIZER), field="text", bos="<|bos|>", eos="<|eos|>")
+            .pack_multimodal(max_length, PixtralPlaceholders(3, 4, 5)))
 
 
 @cache
