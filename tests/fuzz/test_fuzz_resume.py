@@ -473,10 +473,11 @@ def test_a_save_after_as_many_microbatches_per_rank_in_a_finite_plan_resumes_the
 def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_trainer_is(recipe, where, data):
     """An interrupt while a rank's microbatch is taken (waiting while the loader asks a lane
     whether it has more, its own or, looking past it, a later one; waiting for one of its rows;
-    decoding a deferred row's pictures or putting their pixels in the row), stacked into arrays or
-    counted, a lane's last one included: the state saved then is the state saved before that
-    microbatch, its ledger too (the rows counted before an interrupt in the counting stayed
-    counted), and iterating again hands over the rest of the rank's uninterrupted microbatches."""
+    decoding a deferred row's pictures or putting their pixels in the row, inline), stacked into
+    arrays or counted, a lane's last one included, inline or with the thread runner: the state
+    saved then is the state saved before that microbatch, its ledger too (the rows counted before
+    an interrupt in the counting stayed counted), and iterating again hands over the rest of the
+    rank's uninterrupted microbatches."""
     from vlm._deferred import DecodeDeferred
     from zephon import _lane, _ledger, _loader
 
@@ -503,7 +504,9 @@ def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_t
             raise Interrupt
         return original(*args)
 
-    pipeline = finite_pipeline(recipe)
+    # Threads run the decode itself, and call `apply` as they finish it: not where a signal lands.
+    runner = "inline" if where == "decode" else data.draw(st.sampled_from(["inline", "thread"]))
+    pipeline = finite_pipeline(recipe, runner)
     with pytest.MonkeyPatch.context() as patch:  # before the loaders: a runner's stages hold the row work's `run`
         patch.setattr(target, name, staticmethod(watched) if name == "run" else watched)
         with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
