@@ -493,12 +493,12 @@ def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_t
     else:
         target, name = {"ask": (_lane.LaneStream, "has_more"), "row": (_lane.LaneStream, "next"),
                         "collate": (_loader, "collate"), "count": (_ledger.Ledger, "count_rows")}[where]
-    original, calls, interrupt_at = getattr(target, name), Counter(), []
+    original, calls = getattr(target, name), Counter()
 
     def watched(*args):
-        """Counts the calls while `calls["on"]`; raises at the call `interrupt_at` names."""
+        """Counts the calls while `calls["on"]`; raises at call number `calls["at"]` (0: at none)."""
         calls["n"] += calls["on"]
-        if calls["on"] and [calls["n"]] == interrupt_at:
+        if calls["on"] and calls["n"] == calls["at"]:
             raise Interrupt
         return original(*args)
 
@@ -516,10 +516,9 @@ def test_an_interrupted_microbatch_in_a_finite_plan_leaves_the_state_where_the_t
             expected = loader.state_dict()  # its asks, on streams of its own, are not the iteration's
             calls["on"] = 1
             next(taken)
-        if calls["n"] == calls_before:  # none while that microbatch was taken (its rows were decoded before)
+        if calls["n"] == calls_before:  # none while that microbatch was taken (text, or its rows decoded before)
             return
-        interrupt_at.append(data.draw(st.integers(calls_before + 1, calls["n"])))
-        calls["n"] = 0
+        calls["at"], calls["n"] = data.draw(st.integers(calls_before + 1, calls["n"])), 0
         with pipeline.shard(rank, world, global_batch_size=recipe.global_batch_size) as loader:
             seen = []
             with pytest.raises(Interrupt):
